@@ -1,0 +1,445 @@
+//! Data intervals, `WHEN` parsing and the expansion of a `--from`/`--to` range into intervals.
+//!
+//! Rules (see the README, "Intervals"):
+//! - `--from` is inclusive: the first interval is the first fire time `>= from`.
+//! - `--to` is inclusive on the interval start. A date-only `--to` covers the whole local day;
+//!   a datetime `--to` is inclusive at that instant.
+//! - Times without an offset are wall-clock times in the DAG's timezone.
+
+use std::fmt;
+
+use chrono::{DateTime, Duration, NaiveDate, NaiveDateTime, SecondsFormat, Utc};
+use chrono_tz::Tz;
+
+use crate::schedule::{Schedule, resolve_local};
+
+/// `[start, end)` between two consecutive fire times of a schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DataInterval {
+    pub start: DateTime<Utc>,
+    pub end: DateTime<Utc>,
+}
+
+impl DataInterval {
+    pub fn new(start: DateTime<Utc>, end: DateTime<Utc>) -> Self {
+        Self { start, end }
+    }
+
+    /// Builds an interval from unix seconds as stored in the manifest.
+    pub fn from_unix(start: i64, end: i64) -> Self {
+        Self {
+            start: from_unix(start),
+            end: from_unix(end),
+        }
+    }
+
+    /// The local date of the interval start in `tz` (`ds`), as `YYYY-MM-DD`.
+    pub fn ds(&self, tz: Tz) -> String {
+        self.start.with_timezone(&tz).format("%Y-%m-%d").to_string()
+    }
+
+    pub fn duration(&self) -> Duration {
+        self.end - self.start
+    }
+}
+
+impl fmt::Display for DataInterval {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} .. {}", rfc3339(self.start), rfc3339(self.end))
+    }
+}
+
+/// RFC 3339 in UTC with a `Z` suffix and whole seconds.
+pub fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+pub fn from_unix(secs: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp(secs, 0).unwrap_or_default()
+}
+
+/// A parsed `WHEN` argument, before it is resolved against a timezone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum When {
+    /// A calendar date in the DAG timezone (`2026-09-01`, `today`, `yesterday`, `today-7d`).
+    Date(NaiveDate),
+    /// A wall-clock time in the DAG timezone (`2026-09-01T06:00`).
+    Local(NaiveDateTime),
+    /// An absolute instant (RFC 3339 with offset, `now`, `now-6h`).
+    Instant(DateTime<Utc>),
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RangeError {
+    #[error(
+        "cannot read `{input}` as a time: {reason}; use 2026-09-01, 2026-09-01T06:00, an RFC 3339 instant, today, yesterday, today-7d or now-6h"
+    )]
+    BadWhen { input: String, reason: String },
+    #[error("--from {from} is after --to {to}; swap them or pick a later --to")]
+    FromAfterTo { from: String, to: String },
+    #[error(
+        "no interval of schedule `{schedule}` starts between --from {from} and --to {to}; widen the range"
+    )]
+    Empty {
+        schedule: String,
+        from: String,
+        to: String,
+    },
+}
+
+/// Parses a `WHEN` argument. `now` is the clock's current instant; `tz` the DAG timezone,
+/// which decides what `today` is.
+pub fn parse_when(input: &str, now: DateTime<Utc>, tz: Tz) -> Result<When, RangeError> {
+    let bad = |reason: &str| RangeError::BadWhen {
+        input: input.to_string(),
+        reason: reason.to_string(),
+    };
+    let s = input.trim();
+    let today = now.with_timezone(&tz).date_naive();
+    if let Some(rest) = s.strip_prefix("today") {
+        return Ok(When::Date(today + parse_day_offset(rest).ok_or_else(|| {
+            bad("expected today, today-Nd or today+Nd")
+        })?));
+    }
+    if s == "yesterday" {
+        return Ok(When::Date(today - Duration::days(1)));
+    }
+    if let Some(rest) = s.strip_prefix("now") {
+        if rest.is_empty() {
+            return Ok(When::Instant(now));
+        }
+        let (sign, amount) = rest.split_at(1);
+        let d = humantime::parse_duration(amount)
+            .map_err(|e| bad(&format!("bad duration `{amount}`: {e}")))?;
+        let d = Duration::from_std(d).map_err(|_| bad("duration too large"))?;
+        return match sign {
+            "-" => Ok(When::Instant(now - d)),
+            "+" => Ok(When::Instant(now + d)),
+            _ => Err(bad("expected now, now-6h or now+30m")),
+        };
+    }
+    if let Ok(d) = NaiveDate::parse_from_str(s, "%Y-%m-%d") {
+        return Ok(When::Date(d));
+    }
+    if let Ok(t) = DateTime::parse_from_rfc3339(s) {
+        return Ok(When::Instant(t.with_timezone(&Utc)));
+    }
+    for format in ["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M"] {
+        if let Ok(t) = NaiveDateTime::parse_from_str(s, format) {
+            return Ok(When::Local(t));
+        }
+    }
+    Err(bad("not a date, a datetime or a relative time"))
+}
+
+fn parse_day_offset(rest: &str) -> Option<Duration> {
+    if rest.is_empty() {
+        return Some(Duration::zero());
+    }
+    let (sign, digits) = rest.split_at(1);
+    let days: i64 = digits.strip_suffix('d')?.parse().ok()?;
+    match sign {
+        "-" => Some(Duration::days(-days)),
+        "+" => Some(Duration::days(days)),
+        _ => None,
+    }
+}
+
+/// A resolved range: interval starts `s` with `start <= s < end_exclusive`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Range {
+    pub start: DateTime<Utc>,
+    pub end_exclusive: DateTime<Utc>,
+}
+
+/// Resolves `--from` and `--to` in `tz` into a range of interval starts.
+pub fn resolve_range(from: When, to: When, tz: Tz) -> Result<Range, RangeError> {
+    let start = match from {
+        When::Date(d) => local_midnight(tz, d),
+        When::Local(t) => resolve_local(tz, t),
+        When::Instant(t) => t,
+    };
+    let end_exclusive = match to {
+        When::Date(d) => local_midnight(tz, d + Duration::days(1)),
+        When::Local(t) => resolve_local(tz, t) + Duration::nanoseconds(1),
+        When::Instant(t) => t + Duration::nanoseconds(1),
+    };
+    if start >= end_exclusive {
+        return Err(RangeError::FromAfterTo {
+            from: describe_when(from),
+            to: describe_when(to),
+        });
+    }
+    Ok(Range {
+        start,
+        end_exclusive,
+    })
+}
+
+fn describe_when(w: When) -> String {
+    match w {
+        When::Date(d) => d.to_string(),
+        When::Local(t) => t.format("%Y-%m-%dT%H:%M:%S").to_string(),
+        When::Instant(t) => rfc3339(t),
+    }
+}
+
+fn local_midnight(tz: Tz, d: NaiveDate) -> DateTime<Utc> {
+    resolve_local(tz, d.and_time(chrono::NaiveTime::MIN))
+}
+
+/// The data intervals of `schedule` whose start lies in `range`, ascending.
+pub fn expand(schedule: &Schedule, range: Range) -> Vec<DataInterval> {
+    let starts = schedule.fire_times(range.start, range.end_exclusive);
+    let Some(&last) = starts.last() else {
+        return Vec::new();
+    };
+    let Some(last_end) = schedule.next_after(last) else {
+        return Vec::new();
+    };
+    let mut out = Vec::with_capacity(starts.len());
+    for pair in starts.windows(2) {
+        out.push(DataInterval::new(pair[0], pair[1]));
+    }
+    out.push(DataInterval::new(last, last_end));
+    out
+}
+
+/// Like [`expand`], but an empty result is an error that names the range.
+pub fn expand_nonempty(
+    schedule: &Schedule,
+    range: Range,
+    from: &str,
+    to: &str,
+) -> Result<Vec<DataInterval>, RangeError> {
+    let intervals = expand(schedule, range);
+    if intervals.is_empty() {
+        return Err(RangeError::Empty {
+            schedule: schedule.expr().to_string(),
+            from: from.to_string(),
+            to: to.to_string(),
+        });
+    }
+    Ok(intervals)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn utc(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    fn berlin() -> Tz {
+        "Europe/Berlin".parse().unwrap()
+    }
+
+    fn intervals(expr: &str, tz: Tz, from: &str, to: &str) -> Vec<DataInterval> {
+        let now = utc("2026-11-29T12:00:00Z");
+        let s = Schedule::parse(expr, tz).unwrap();
+        let range = resolve_range(
+            parse_when(from, now, tz).unwrap(),
+            parse_when(to, now, tz).unwrap(),
+            tz,
+        )
+        .unwrap();
+        expand(&s, range)
+    }
+
+    fn hours(i: &DataInterval) -> i64 {
+        i.duration().num_hours()
+    }
+
+    #[test]
+    fn daily_berlin_spring_forward_has_a_23_hour_interval() {
+        let got = intervals("0 0 * * *", berlin(), "2026-03-27", "2026-03-31");
+        let starts: Vec<_> = got.iter().map(|i| rfc3339(i.start)).collect();
+        assert_eq!(
+            starts,
+            [
+                "2026-03-26T23:00:00Z",
+                "2026-03-27T23:00:00Z",
+                "2026-03-28T23:00:00Z",
+                "2026-03-29T22:00:00Z",
+                "2026-03-30T22:00:00Z",
+            ]
+        );
+        assert_eq!(
+            got.iter().map(hours).collect::<Vec<_>>(),
+            [24, 24, 23, 24, 24]
+        );
+        assert_eq!(got[2].ds(berlin()), "2026-03-29");
+        assert_eq!(rfc3339(got[4].end), "2026-03-31T22:00:00Z");
+    }
+
+    #[test]
+    fn daily_berlin_fall_back_has_a_25_hour_interval() {
+        let got = intervals("0 0 * * *", berlin(), "2026-10-23", "2026-10-27");
+        assert_eq!(
+            got.iter().map(hours).collect::<Vec<_>>(),
+            [24, 24, 25, 24, 24]
+        );
+        assert_eq!(rfc3339(got[2].start), "2026-10-24T22:00:00Z");
+        assert_eq!(rfc3339(got[2].end), "2026-10-25T23:00:00Z");
+        assert_eq!(got[2].ds(berlin()), "2026-10-25");
+    }
+
+    #[test]
+    fn hourly_berlin_on_the_25_hour_day_gives_25_intervals() {
+        let got = intervals("@hourly", berlin(), "2026-10-25", "2026-10-25");
+        assert_eq!(got.len(), 25);
+        assert_eq!(rfc3339(got[0].start), "2026-10-24T22:00:00Z");
+        assert_eq!(rfc3339(got[24].end), "2026-10-25T23:00:00Z");
+        assert!(got.iter().all(|i| hours(i) == 1));
+    }
+
+    #[test]
+    fn hourly_berlin_on_the_23_hour_day_gives_23_intervals() {
+        let got = intervals("@hourly", berlin(), "2026-03-29", "2026-03-29");
+        assert_eq!(got.len(), 23);
+    }
+
+    #[test]
+    fn monthly_utc_from_mid_month_gives_two_intervals() {
+        let got = intervals("@monthly", Tz::UTC, "2026-01-15", "2026-03-31");
+        assert_eq!(
+            got,
+            vec![
+                DataInterval::new(utc("2026-02-01T00:00:00Z"), utc("2026-03-01T00:00:00Z")),
+                DataInterval::new(utc("2026-03-01T00:00:00Z"), utc("2026-04-01T00:00:00Z")),
+            ]
+        );
+    }
+
+    #[test]
+    fn datetime_to_is_inclusive_at_that_instant() {
+        let got = intervals("@hourly", Tz::UTC, "2026-01-01T03:00", "2026-01-01T05:00");
+        assert_eq!(got.len(), 3);
+        let got = intervals("@hourly", Tz::UTC, "2026-01-01T03:00", "2026-01-01T04:59");
+        assert_eq!(got.len(), 2);
+    }
+
+    #[test]
+    fn local_times_are_in_the_dag_timezone() {
+        let got = intervals("@hourly", berlin(), "2026-01-01T03:00", "2026-01-01T03:00");
+        assert_eq!(rfc3339(got[0].start), "2026-01-01T02:00:00Z");
+        let got = intervals(
+            "@hourly",
+            berlin(),
+            "2026-01-01T03:00:00Z",
+            "2026-01-01T03:00:00+00:00",
+        );
+        assert_eq!(rfc3339(got[0].start), "2026-01-01T03:00:00Z");
+    }
+
+    #[test]
+    fn relative_whens() {
+        let now = utc("2026-11-29T12:34:00Z");
+        let tz = Tz::UTC;
+        let date = |s: &str| When::Date(NaiveDate::parse_from_str(s, "%Y-%m-%d").unwrap());
+        assert_eq!(parse_when("today", now, tz), Ok(date("2026-11-29")));
+        assert_eq!(parse_when("yesterday", now, tz), Ok(date("2026-11-28")));
+        assert_eq!(parse_when("today-7d", now, tz), Ok(date("2026-11-22")));
+        assert_eq!(parse_when("today+1d", now, tz), Ok(date("2026-11-30")));
+        assert_eq!(
+            parse_when("now-6h", now, tz),
+            Ok(When::Instant(utc("2026-11-29T06:34:00Z")))
+        );
+        assert_eq!(parse_when("now", now, tz), Ok(When::Instant(now)));
+        // `today` is the DAG's local day: 23:30 UTC is already tomorrow in Tokyo.
+        let late = utc("2026-11-29T23:30:00Z");
+        let tokyo: Tz = "Asia/Tokyo".parse().unwrap();
+        assert_eq!(parse_when("today", late, tokyo), Ok(date("2026-11-30")));
+        for bad in ["tomorrow", "today-7", "now-6x", "2026-13-01", "2026-09-01T25:00"] {
+            assert!(parse_when(bad, now, tz).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn from_after_to_is_an_error() {
+        let now = utc("2026-11-29T12:00:00Z");
+        let from = parse_when("2026-09-02", now, Tz::UTC).unwrap();
+        let to = parse_when("2026-09-01", now, Tz::UTC).unwrap();
+        let err = resolve_range(from, to, Tz::UTC).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--from 2026-09-02 is after --to 2026-09-01; swap them or pick a later --to"
+        );
+    }
+
+    #[test]
+    fn empty_range_is_an_error() {
+        let s = Schedule::parse("@monthly", Tz::UTC).unwrap();
+        let now = utc("2026-11-29T12:00:00Z");
+        let range = resolve_range(
+            parse_when("2026-01-02", now, Tz::UTC).unwrap(),
+            parse_when("2026-01-20", now, Tz::UTC).unwrap(),
+            Tz::UTC,
+        )
+        .unwrap();
+        assert!(expand_nonempty(&s, range, "2026-01-02", "2026-01-20").is_err());
+    }
+
+    const SCHEDULES: &[&str] = &[
+        "@hourly",
+        "@daily",
+        "@weekly",
+        "@monthly",
+        "*/20 * * * *",
+        "30 2 * * *",
+        "15 1,2,3 * * 1-5",
+        "0 */6 * * *",
+    ];
+    const ZONES: &[&str] = &[
+        "UTC",
+        "Europe/Berlin",
+        "America/New_York",
+        "Australia/Lord_Howe",
+        "Asia/Kolkata",
+        "America/Sao_Paulo",
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        /// The intervals of any range tile it: each ends where the next starts, none is empty,
+        /// every start lies in the range, and no fire time in the range is missed.
+        #[test]
+        fn intervals_tile_the_range(
+            schedule in 0..SCHEDULES.len(),
+            zone in 0..ZONES.len(),
+            start_minute in 0i64..(3 * 365 * 24 * 60),
+            length_minutes in 1i64..(40 * 24 * 60),
+        ) {
+            let tz: Tz = ZONES[zone].parse().unwrap();
+            let s = Schedule::parse(SCHEDULES[schedule], tz).unwrap();
+            let base = utc("2025-01-01T00:00:00Z");
+            let range = Range {
+                start: base + Duration::minutes(start_minute),
+                end_exclusive: base + Duration::minutes(start_minute + length_minutes),
+            };
+            let got = expand(&s, range);
+            for pair in got.windows(2) {
+                prop_assert_eq!(pair[0].end, pair[1].start);
+            }
+            for i in &got {
+                prop_assert!(i.start < i.end);
+                prop_assert!(i.start >= range.start && i.start < range.end_exclusive);
+                prop_assert!(i.end - i.start <= Duration::days(32));
+            }
+            // Nothing missed before the first start or after the last.
+            match (got.first(), got.last()) {
+                (Some(first), Some(last)) => {
+                    prop_assert_eq!(s.next_at_or_after(range.start), Some(first.start));
+                    let after = s.next_after(last.start).unwrap();
+                    prop_assert!(after >= range.end_exclusive);
+                }
+                _ => {
+                    let next = s.next_at_or_after(range.start).unwrap();
+                    prop_assert!(next >= range.end_exclusive);
+                }
+            }
+        }
+    }
+}

@@ -2,3 +2,6 @@
 
 pub mod interval;
 pub mod schedule;
+pub mod plan;
+pub mod project;
+pub mod task;

@@ -1,0 +1,368 @@
+//! Planning, as a pure function: intervals + the latest run state of each + options -> a plan
+//! (run, or skip with a reason), in execution order.
+//!
+//! | latest run of the interval | none | failed | completed |
+//! |---|---|---|---|
+//! | none yet | run | run | run |
+//! | queued or running (live lease) | skip: in flight | skip: in flight | skip: in flight |
+//! | succeeded | skip: already exists | skip: already exists | run |
+//! | failed, rejected or cancelled | skip: already exists | run | run |
+//!
+//! Intervals whose end is in the future are skipped as `not yet complete`. With
+//! `depends_on_past`, an interval runs only if the previous one succeeded or runs before it in
+//! this plan; otherwise it is skipped as `previous interval not successful`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+
+use crate::interval::DataInterval;
+
+/// Which earlier runs a backfill reprocesses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reprocess {
+    /// Only intervals that never ran.
+    #[default]
+    None,
+    /// Also intervals whose latest run failed, was rejected or cancelled.
+    Failed,
+    /// Every interval, even those that succeeded.
+    Completed,
+}
+
+impl Reprocess {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Failed => "failed",
+            Self::Completed => "completed",
+        }
+    }
+}
+
+impl FromStr for Reprocess {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(Self::None),
+            "failed" => Ok(Self::Failed),
+            "completed" => Ok(Self::Completed),
+            other => Err(format!("unknown reprocess behavior `{other}`")),
+        }
+    }
+}
+
+/// The state of one run (one attempt at one interval).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunState {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Rejected,
+    Cancelled,
+}
+
+impl RunState {
+    pub const ALL: [RunState; 6] = [
+        Self::Queued,
+        Self::Running,
+        Self::Succeeded,
+        Self::Failed,
+        Self::Rejected,
+        Self::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Rejected => "rejected",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn is_finished(self) -> bool {
+        !matches!(self, Self::Queued | Self::Running)
+    }
+}
+
+impl FromStr for RunState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| format!("unknown run state `{s}`"))
+    }
+}
+
+impl fmt::Display for RunState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why an interval is not run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SkipReason {
+    AlreadyExists,
+    InFlight,
+    NotYetComplete,
+    PreviousNotSuccessful,
+}
+
+impl SkipReason {
+    pub const ALL: [SkipReason; 4] = [
+        Self::AlreadyExists,
+        Self::InFlight,
+        Self::NotYetComplete,
+        Self::PreviousNotSuccessful,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AlreadyExists => "already exists",
+            Self::InFlight => "in flight",
+            Self::NotYetComplete => "not yet complete",
+            Self::PreviousNotSuccessful => "previous interval not successful",
+        }
+    }
+}
+
+impl FromStr for SkipReason {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| format!("unknown skip reason `{s}`"))
+    }
+}
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Run,
+    Skip(SkipReason),
+}
+
+/// What the manifest knows about an interval before planning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Prior {
+    /// State of the latest run of the interval, if any.
+    pub latest: Option<RunState>,
+    /// Another backfill holds a live lease on the interval.
+    pub in_flight: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    pub reprocess: Reprocess,
+    pub run_backwards: bool,
+    pub depends_on_past: bool,
+    pub now: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanRow {
+    pub interval: DataInterval,
+    pub action: Action,
+}
+
+/// Plans `intervals` (ascending) given `prior[i]` for each and the latest state of the interval
+/// just before the range (for `depends_on_past`). Returns rows in execution order.
+pub fn plan(
+    intervals: &[DataInterval],
+    prior: &[Prior],
+    before_range: Option<RunState>,
+    opts: Options,
+) -> Vec<PlanRow> {
+    debug_assert_eq!(intervals.len(), prior.len());
+    let mut rows = Vec::with_capacity(intervals.len());
+    // Whether the previous interval has succeeded or will run earlier in this plan.
+    let mut previous_ok = matches!(before_range, None | Some(RunState::Succeeded));
+    for (interval, p) in intervals.iter().zip(prior) {
+        let mut action = judge(interval, *p, opts);
+        if opts.depends_on_past {
+            match action {
+                Action::Run if !previous_ok => {
+                    action = Action::Skip(SkipReason::PreviousNotSuccessful);
+                }
+                Action::Run => {}
+                Action::Skip(_) => {
+                    previous_ok = p.latest == Some(RunState::Succeeded) && !p.in_flight;
+                }
+            }
+        }
+        rows.push(PlanRow {
+            interval: *interval,
+            action,
+        });
+    }
+    if opts.run_backwards {
+        rows.reverse();
+    }
+    rows
+}
+
+/// The reprocess table for one interval.
+fn judge(interval: &DataInterval, p: Prior, opts: Options) -> Action {
+    if interval.end > opts.now {
+        return Action::Skip(SkipReason::NotYetComplete);
+    }
+    if p.in_flight {
+        return Action::Skip(SkipReason::InFlight);
+    }
+    let run_again = match p.latest {
+        None => true,
+        Some(RunState::Succeeded) => opts.reprocess == Reprocess::Completed,
+        // A queued or running run without a live lease was abandoned: it counts as cancelled.
+        Some(
+            RunState::Failed
+            | RunState::Rejected
+            | RunState::Cancelled
+            | RunState::Queued
+            | RunState::Running,
+        ) => opts.reprocess != Reprocess::None,
+    };
+    if run_again {
+        Action::Run
+    } else {
+        Action::Skip(SkipReason::AlreadyExists)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::Duration;
+
+    fn day(n: i64) -> DataInterval {
+        let base = DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        DataInterval::new(base + Duration::days(n), base + Duration::days(n + 1))
+    }
+
+    fn opts(reprocess: Reprocess) -> Options {
+        Options {
+            reprocess,
+            run_backwards: false,
+            depends_on_past: false,
+            now: DateTime::parse_from_rfc3339("2026-11-29T00:00:00Z")
+                .unwrap()
+                .with_timezone(&Utc),
+        }
+    }
+
+    fn prior(latest: Option<RunState>, in_flight: bool) -> Prior {
+        Prior { latest, in_flight }
+    }
+
+    #[test]
+    fn the_reprocess_table() {
+        use Action::*;
+        use SkipReason::*;
+        let exists = Skip(AlreadyExists);
+        let cases = [
+            (prior(None, false), [Run, Run, Run]),
+            (prior(Some(RunState::Running), true), [Skip(InFlight); 3]),
+            (prior(Some(RunState::Queued), true), [Skip(InFlight); 3]),
+            (prior(None, true), [Skip(InFlight); 3]),
+            (prior(Some(RunState::Succeeded), false), [exists, exists, Run]),
+            (prior(Some(RunState::Failed), false), [exists, Run, Run]),
+            (prior(Some(RunState::Rejected), false), [exists, Run, Run]),
+            (prior(Some(RunState::Cancelled), false), [exists, Run, Run]),
+            (prior(Some(RunState::Running), false), [exists, Run, Run]),
+        ];
+        for (p, expected) in cases {
+            for (reprocess, want) in [Reprocess::None, Reprocess::Failed, Reprocess::Completed]
+                .into_iter()
+                .zip(expected)
+            {
+                let got = plan(&[day(0)], &[p], None, opts(reprocess));
+                assert_eq!(got[0].action, want, "{p:?} with {reprocess:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn future_intervals_are_not_yet_complete() {
+        let mut o = opts(Reprocess::Completed);
+        o.now = day(3).start + Duration::hours(1);
+        let intervals = [day(1), day(2), day(3)];
+        let got = plan(&intervals, &[Prior::default(); 3], None, o);
+        let actions: Vec<_> = got.iter().map(|r| r.action).collect();
+        assert_eq!(
+            actions,
+            [
+                Action::Run,
+                Action::Run,
+                Action::Skip(SkipReason::NotYetComplete)
+            ]
+        );
+    }
+
+    #[test]
+    fn backwards_reverses_the_order() {
+        let mut o = opts(Reprocess::None);
+        o.run_backwards = true;
+        let intervals = [day(1), day(2), day(3)];
+        let got = plan(&intervals, &[Prior::default(); 3], None, o);
+        let starts: Vec<_> = got.iter().map(|r| r.interval).collect();
+        assert_eq!(starts, [day(3), day(2), day(1)]);
+    }
+
+    #[test]
+    fn depends_on_past_skips_after_an_unsuccessful_interval() {
+        let mut o = opts(Reprocess::None);
+        o.depends_on_past = true;
+        let intervals = [day(1), day(2), day(3), day(4), day(5)];
+        let priors = [
+            Prior::default(),
+            prior(Some(RunState::Succeeded), false),
+            prior(Some(RunState::Failed), false),
+            Prior::default(),
+            Prior::default(),
+        ];
+        let got: Vec<_> = plan(&intervals, &priors, None, o)
+            .iter()
+            .map(|r| r.action)
+            .collect();
+        let not_ok = Action::Skip(SkipReason::PreviousNotSuccessful);
+        assert_eq!(
+            got,
+            [
+                Action::Run,
+                Action::Skip(SkipReason::AlreadyExists),
+                Action::Skip(SkipReason::AlreadyExists),
+                not_ok,
+                not_ok
+            ]
+        );
+        // The interval before the range decides the first one.
+        let got = plan(&[day(1)], &[Prior::default()], Some(RunState::Failed), o);
+        assert_eq!(got[0].action, not_ok);
+        let got = plan(&[day(1)], &[Prior::default()], Some(RunState::Succeeded), o);
+        assert_eq!(got[0].action, Action::Run);
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for s in RunState::ALL {
+            assert_eq!(s.as_str().parse::<RunState>(), Ok(s));
+        }
+        for r in SkipReason::ALL {
+            assert_eq!(r.as_str().parse::<SkipReason>(), Ok(r));
+        }
+    }
+}

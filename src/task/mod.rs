@@ -1,0 +1,3 @@
+//! Tasks: command tasks (process groups, templating, environment, logs, result JSON).
+
+pub mod template;

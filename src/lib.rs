@@ -5,3 +5,4 @@ pub mod schedule;
 pub mod plan;
 pub mod project;
 pub mod task;
+pub mod manifest;

@@ -1,0 +1,341 @@
+//! Read queries behind `list`, `show` and `runs`. Each is a fixed number of indexed queries
+//! whatever the number of intervals (no query per row).
+
+use std::collections::HashMap;
+
+use rusqlite::{Connection, params};
+use serde::Serialize;
+
+use super::{BACKFILL_COLUMNS, Backfill, backfill_from_row};
+use crate::interval::{from_unix, rfc3339};
+
+fn ms_to_rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(rfc3339)
+        .unwrap_or_default()
+}
+
+/// One backfill with counts of its intervals by outcome.
+#[derive(Debug, Clone, Serialize)]
+pub struct BackfillSummary {
+    pub id: i64,
+    pub dag_id: String,
+    pub state: String,
+    pub from: String,
+    pub to: String,
+    pub reprocess_behavior: String,
+    pub max_active_runs: u32,
+    pub run_backwards: bool,
+    pub allow_drift: bool,
+    pub conf: serde_json::Value,
+    pub created_at: String,
+    pub finished_at: Option<String>,
+    pub owner_pid: Option<i64>,
+    pub owner_host: Option<String>,
+    pub intervals: Counts,
+}
+
+/// Interval counts: how many were planned to run or skipped, and the latest outcome of each
+/// interval this backfill ran.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct Counts {
+    pub total: i64,
+    pub planned: i64,
+    pub skipped: i64,
+    pub succeeded: i64,
+    pub failed: i64,
+    pub rejected: i64,
+    pub cancelled: i64,
+    pub running: i64,
+    pub pending: i64,
+}
+
+impl Counts {
+    fn add_state(&mut self, state: &str, n: i64) {
+        match state {
+            "succeeded" => self.succeeded += n,
+            "failed" => self.failed += n,
+            "rejected" => self.rejected += n,
+            "cancelled" => self.cancelled += n,
+            _ => self.running += n,
+        }
+    }
+
+    fn finish(&mut self) {
+        let started = self.succeeded + self.failed + self.rejected + self.cancelled + self.running;
+        self.pending = (self.planned - started).max(0);
+    }
+}
+
+fn summary(b: Backfill, counts: Counts) -> BackfillSummary {
+    BackfillSummary {
+        id: b.id,
+        dag_id: b.dag_id,
+        state: b.state.as_str().to_string(),
+        from: b.from_arg,
+        to: b.to_arg,
+        reprocess_behavior: b.reprocess.as_str().to_string(),
+        max_active_runs: b.max_active_runs,
+        run_backwards: b.run_backwards,
+        allow_drift: b.allow_drift,
+        conf: serde_json::from_str(&b.conf).unwrap_or(serde_json::Value::Null),
+        created_at: ms_to_rfc3339(b.created_at),
+        finished_at: b.finished_at.map(ms_to_rfc3339),
+        owner_pid: b.owner_pid,
+        owner_host: b.owner_host,
+        intervals: counts,
+    }
+}
+
+/// Backfills, newest last, optionally of one DAG and/or only the running ones.
+pub fn list(
+    conn: &Connection,
+    dag_id: Option<&str>,
+    active_only: bool,
+) -> anyhow::Result<Vec<BackfillSummary>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {BACKFILL_COLUMNS} FROM backfills
+         WHERE (?1 IS NULL OR dag_id = ?1) AND (?2 = 0 OR state = 'running') ORDER BY id"
+    ))?;
+    let backfills: Vec<Backfill> = stmt
+        .query_map(params![dag_id, active_only], backfill_from_row)?
+        .collect::<Result<_, _>>()?;
+    let mut counts: HashMap<i64, Counts> = HashMap::new();
+    let mut stmt = conn.prepare(
+        "SELECT backfill_id, action, COUNT(*) FROM plan GROUP BY backfill_id, action",
+    )?;
+    let mut rows = stmt.query([])?;
+    while let Some(r) = rows.next()? {
+        let c = counts.entry(r.get(0)?).or_default();
+        let n: i64 = r.get(2)?;
+        c.total += n;
+        if r.get::<_, String>(1)? == "run" {
+            c.planned += n;
+        } else {
+            c.skipped += n;
+        }
+    }
+    let mut stmt = conn.prepare(
+        "SELECT r.backfill_id, r.state, COUNT(*) FROM runs r
+         JOIN (SELECT MAX(id) AS id FROM runs GROUP BY backfill_id, interval_start) m ON m.id = r.id
+         GROUP BY r.backfill_id, r.state",
+    )?;
+    let mut rows = stmt.query([])?;
+    while let Some(r) = rows.next()? {
+        let state: String = r.get(1)?;
+        counts
+            .entry(r.get(0)?)
+            .or_default()
+            .add_state(&state, r.get(2)?);
+    }
+    Ok(backfills
+        .into_iter()
+        .map(|b| {
+            let mut c = counts.remove(&b.id).unwrap_or_default();
+            c.finish();
+            summary(b, c)
+        })
+        .collect())
+}
+
+/// One interval of a backfill, as `show` prints it.
+#[derive(Debug, Clone, Serialize)]
+pub struct IntervalDetail {
+    pub ord: i64,
+    pub start: String,
+    pub end: String,
+    pub action: String,
+    pub reason: Option<String>,
+    /// State of this backfill's latest run of the interval.
+    pub state: Option<String>,
+    /// Runs of this interval by this backfill (a resume adds one).
+    pub attempts: i64,
+    /// Task tries of the latest run.
+    pub tries: i64,
+    /// Rows reported by the latest run's tasks.
+    pub rows: Option<i64>,
+    pub verdict: Option<String>,
+    pub duration_ms: Option<i64>,
+    pub error: Option<String>,
+    /// Log of the latest run's last failed try.
+    pub log: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BackfillDetail {
+    #[serde(flatten)]
+    pub backfill: BackfillSummary,
+    pub interval_details: Vec<IntervalDetail>,
+}
+
+#[derive(Default)]
+struct RunAgg {
+    run_id: i64,
+    state: String,
+    attempts: i64,
+    started: i64,
+    ended: Option<i64>,
+    error: Option<String>,
+}
+
+#[derive(Default)]
+struct TryAgg {
+    tries: i64,
+    rows: Option<i64>,
+    verdict: Option<String>,
+    log: Option<String>,
+    error: Option<String>,
+}
+
+/// A backfill and every interval of its plan; `None` when there is no such backfill.
+pub fn show(conn: &Connection, id: i64) -> anyhow::Result<Option<BackfillDetail>> {
+    let Some(summary) = list_one(conn, id)? else {
+        return Ok(None);
+    };
+    let mut runs: HashMap<i64, RunAgg> = HashMap::new();
+    let mut stmt = conn.prepare(
+        "SELECT interval_start, id, state, started_at, ended_at, error FROM runs
+         WHERE backfill_id = ?1 ORDER BY interval_start, id",
+    )?;
+    let mut rows = stmt.query([id])?;
+    while let Some(r) = rows.next()? {
+        let agg = runs.entry(r.get(0)?).or_default();
+        agg.attempts += 1;
+        agg.run_id = r.get(1)?;
+        agg.state = r.get(2)?;
+        agg.started = r.get(3)?;
+        agg.ended = r.get(4)?;
+        agg.error = r.get(5)?;
+    }
+    let mut tries: HashMap<i64, TryAgg> = HashMap::new();
+    let mut stmt = conn.prepare(
+        "SELECT t.run_id, t.state, t.rows, t.verdict, t.log_path, t.error FROM task_tries t
+         JOIN runs r ON r.id = t.run_id WHERE r.backfill_id = ?1 ORDER BY t.id",
+    )?;
+    let mut rows = stmt.query([id])?;
+    while let Some(r) = rows.next()? {
+        let agg = tries.entry(r.get(0)?).or_default();
+        agg.tries += 1;
+        let state: String = r.get(1)?;
+        if let Some(n) = r.get::<_, Option<i64>>(2)? {
+            if state == "succeeded" {
+                agg.rows = Some(agg.rows.unwrap_or(0) + n);
+            }
+        }
+        if let Some(v) = r.get::<_, Option<String>>(3)? {
+            agg.verdict = Some(v);
+        }
+        if state != "succeeded" {
+            agg.log = r.get(4)?;
+            agg.error = r.get(5)?;
+        }
+    }
+    let mut stmt = conn.prepare(
+        "SELECT ord, interval_start, interval_end, action, reason FROM plan
+         WHERE backfill_id = ?1 ORDER BY ord",
+    )?;
+    let mut out = Vec::new();
+    let mut rows = stmt.query([id])?;
+    while let Some(r) = rows.next()? {
+        let start: i64 = r.get(1)?;
+        let run = runs.get(&start);
+        let t = run.and_then(|run| tries.get(&run.run_id));
+        out.push(IntervalDetail {
+            ord: r.get(0)?,
+            start: rfc3339(from_unix(start)),
+            end: rfc3339(from_unix(r.get(2)?)),
+            action: r.get(3)?,
+            reason: r.get(4)?,
+            state: run.map(|x| x.state.clone()),
+            attempts: run.map_or(0, |x| x.attempts),
+            tries: t.map_or(0, |t| t.tries),
+            rows: t.and_then(|t| t.rows),
+            verdict: t.and_then(|t| t.verdict.clone()),
+            duration_ms: run.and_then(|x| x.ended.map(|e| e - x.started)),
+            error: run
+                .and_then(|x| x.error.clone())
+                .or_else(|| t.and_then(|t| t.error.clone())),
+            log: t.and_then(|t| t.log.clone()),
+        });
+    }
+    Ok(Some(BackfillDetail {
+        backfill: summary,
+        interval_details: out,
+    }))
+}
+
+fn list_one(conn: &Connection, id: i64) -> anyhow::Result<Option<BackfillSummary>> {
+    let Some(b) = super::get_backfill(conn, id)? else {
+        return Ok(None);
+    };
+    let mut c = Counts::default();
+    let mut stmt =
+        conn.prepare("SELECT action, COUNT(*) FROM plan WHERE backfill_id = ?1 GROUP BY action")?;
+    let mut rows = stmt.query([id])?;
+    while let Some(r) = rows.next()? {
+        let n: i64 = r.get(1)?;
+        c.total += n;
+        if r.get::<_, String>(0)? == "run" {
+            c.planned += n;
+        } else {
+            c.skipped += n;
+        }
+    }
+    let mut stmt = conn.prepare(
+        "SELECT r.state, COUNT(*) FROM runs r
+         JOIN (SELECT MAX(id) AS id FROM runs WHERE backfill_id = ?1 GROUP BY interval_start) m
+           ON m.id = r.id
+         GROUP BY r.state",
+    )?;
+    let mut rows = stmt.query([id])?;
+    while let Some(r) = rows.next()? {
+        let state: String = r.get(0)?;
+        c.add_state(&state, r.get(1)?);
+    }
+    c.finish();
+    Ok(Some(summary(b, c)))
+}
+
+/// One run in the history of a DAG.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunHistory {
+    pub run_id: i64,
+    pub backfill_id: i64,
+    pub start: String,
+    pub end: String,
+    pub state: String,
+    pub started_at: String,
+    pub duration_ms: Option<i64>,
+    pub tries: i64,
+    pub rows: Option<i64>,
+    pub error: Option<String>,
+}
+
+/// Every run of a DAG whose interval starts in `[lo, hi]`, by interval then attempt.
+pub fn runs(conn: &Connection, dag_id: &str, lo: i64, hi: i64) -> anyhow::Result<Vec<RunHistory>> {
+    let mut stmt = conn.prepare(
+        "SELECT r.id, r.backfill_id, r.interval_start, r.interval_end, r.state, r.started_at,
+                r.ended_at, r.error, COUNT(t.id),
+                SUM(CASE WHEN t.state = 'succeeded' THEN t.rows END)
+         FROM runs r LEFT JOIN task_tries t ON t.run_id = r.id
+         WHERE r.dag_id = ?1 AND r.interval_start BETWEEN ?2 AND ?3
+         GROUP BY r.id ORDER BY r.interval_start, r.id",
+    )?;
+    let rows = stmt.query_map(params![dag_id, lo, hi], |r| {
+        let started: i64 = r.get(5)?;
+        let ended: Option<i64> = r.get(6)?;
+        Ok(RunHistory {
+            run_id: r.get(0)?,
+            backfill_id: r.get(1)?,
+            start: rfc3339(from_unix(r.get(2)?)),
+            end: rfc3339(from_unix(r.get(3)?)),
+            state: r.get(4)?,
+            started_at: ms_to_rfc3339(started),
+            duration_ms: ended.map(|e| e - started),
+            error: r.get(7)?,
+            tries: r.get(8)?,
+            rows: r.get(9)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}

@@ -1,8 +1,17 @@
 //! `backfill`: a crash-safe backfill orchestrator for batch data pipelines.
+//!
+//! The binary is a thin shell over [`commands::run`]; the modules follow the product's
+//! vocabulary: schedules and intervals, the plan, the runner, tasks, the manifest, reports.
 
+pub mod cli;
+pub mod clock;
+pub mod commands;
+pub mod exit;
 pub mod interval;
-pub mod schedule;
+pub mod manifest;
 pub mod plan;
 pub mod project;
+pub mod report;
+pub mod runner;
+pub mod schedule;
 pub mod task;
-pub mod manifest;

@@ -548,6 +548,77 @@ pub fn finish_backfill(
     Ok(())
 }
 
+/// Why a backfill cannot be resumed now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TakeOverRefused {
+    Unknown,
+    OwnerAlive { pid: Option<i64>, host: Option<String> },
+}
+
+/// Takes over a backfill whose process is gone (or that was cancelled) for this process: kills
+/// what its dead process left running, records those runs as cancelled, makes this process the
+/// owner, and leases the intervals still to run. Intervals that another live backfill holds
+/// are skipped as `in flight`. Returns the intervals to run, in plan order.
+pub fn take_over(
+    conn: &Connection,
+    backfill_id: i64,
+    ctx: &LeaseCtx,
+) -> anyhow::Result<Result<(Backfill, Vec<DataInterval>), TakeOverRefused>> {
+    let Some(b) = get_backfill(conn, backfill_id)? else {
+        return Ok(Err(TakeOverRefused::Unknown));
+    };
+    if b.owner_alive(ctx) {
+        return Ok(Err(TakeOverRefused::OwnerAlive {
+            pid: b.owner_pid,
+            host: b.owner_host,
+        }));
+    }
+    abandon_runs(conn, backfill_id, ctx)?;
+    conn.execute("DELETE FROM leases WHERE backfill_id = ?1", [backfill_id])?;
+    repair_stale_leases(conn, &b.dag_id, ctx)?;
+    conn.execute(
+        "UPDATE backfills SET state = 'running', owner_pid = ?2, owner_host = ?3, heartbeat_at = ?4,
+            cancel_requested = 0, finished_at = NULL WHERE id = ?1",
+        params![backfill_id, ctx.pid, ctx.host, ctx.now_ms],
+    )?;
+    let mut stmt = conn.prepare(
+        "SELECT p.interval_start, p.interval_end FROM plan p
+         WHERE p.backfill_id = ?1 AND p.action = 'run' AND NOT EXISTS (
+            SELECT 1 FROM runs r WHERE r.backfill_id = p.backfill_id
+              AND r.interval_start = p.interval_start
+              AND r.state IN ('succeeded', 'failed', 'rejected'))
+         ORDER BY p.ord",
+    )?;
+    let remaining: Vec<DataInterval> = stmt
+        .query_map([backfill_id], |r| Ok(DataInterval::from_unix(r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    let (lo, hi) = remaining.iter().fold((i64::MAX, i64::MIN), |(lo, hi), i| {
+        (lo.min(i.start.timestamp()), hi.max(i.start.timestamp()))
+    });
+    let busy = live_leases(conn, &b.dag_id, lo, hi, ctx)?;
+    let mut free = Vec::with_capacity(remaining.len());
+    for interval in remaining {
+        let start = interval.start.timestamp();
+        if busy.contains(&start) {
+            skip_planned(conn, backfill_id, &b.dag_id, start, crate::plan::SkipReason::InFlight.as_str())?;
+        } else {
+            free.push(interval);
+        }
+    }
+    take_leases(conn, backfill_id, &b.dag_id, free.iter().copied(), ctx)?;
+    let b = get_backfill(conn, backfill_id)?.unwrap_or(b);
+    Ok(Ok((b, free)))
+}
+
+/// Asks the process running a backfill to stop (it polls the flag with its heartbeat).
+pub fn request_cancel(conn: &Connection, backfill_id: i64) -> anyhow::Result<()> {
+    conn.execute(
+        "UPDATE backfills SET cancel_requested = 1 WHERE id = ?1",
+        [backfill_id],
+    )?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,157 @@
+//! The command line (clap definitions only). Commands turn these into validated requests.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "backfill",
+    version,
+    about = "Reprocess a range of partitions of a batch pipeline, safely.",
+    long_about = "Reprocess a range of partitions of a batch pipeline, safely: every interval runs \
+                  once, with bounded concurrency, retries and timeouts; every outcome is recorded \
+                  in a SQLite run manifest; a crash or Ctrl-C can be resumed."
+)]
+pub struct Cli {
+    /// The project folder (holding backfill.toml); default: the nearest ancestor that has one.
+    #[arg(short = 'C', long = "project", global = true, value_name = "DIR")]
+    pub project: Option<PathBuf>,
+
+    /// The run manifest; default: `manifest` in backfill.toml, else .backfill/manifest.db.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub manifest: Option<PathBuf>,
+
+    /// `json` prints one JSON document on stdout; messages for humans go to stderr.
+    #[arg(long, global = true, value_enum, default_value_t = Output::Human)]
+    pub output: Output,
+
+    /// Print more: each interval as it starts.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    /// Print less: no progress, no per-interval lines, no summary table.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Human,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Plan and run a backfill of a DAG over a range of intervals.
+    Create(CreateArgs),
+    /// Continue an interrupted backfill (crash, Ctrl-C, kill, cancel).
+    Resume {
+        /// The backfill id.
+        id: i64,
+    },
+    /// Stop a backfill, also one running in another process.
+    Cancel {
+        /// The backfill id.
+        id: i64,
+    },
+    /// List backfills.
+    List {
+        /// Only backfills of this DAG.
+        #[arg(long)]
+        dag: Option<String>,
+        /// Only running backfills.
+        #[arg(long)]
+        active: bool,
+    },
+    /// Show a backfill's intervals: action, state, attempts, rows, verdict, duration.
+    Show {
+        /// The backfill id.
+        id: i64,
+    },
+    /// The manifest's run history of a DAG, per interval.
+    Runs {
+        #[arg(long)]
+        dag: String,
+        #[arg(long, value_name = "WHEN", requires = "to")]
+        from: Option<String>,
+        #[arg(long, value_name = "WHEN", requires = "from")]
+        to: Option<String>,
+    },
+    /// List the project's DAGs, or validate every DAG file.
+    Dags {
+        #[command(subcommand)]
+        action: Option<DagsAction>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DagsAction {
+    /// Check every DAG file; exit 2 on any error.
+    Validate,
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// The DAG to backfill.
+    #[arg(long)]
+    pub dag: String,
+    /// First interval: the first one starting at or after WHEN.
+    #[arg(long, value_name = "WHEN")]
+    pub from: String,
+    /// Last interval: the last one starting at or before WHEN (a date covers its whole day).
+    #[arg(long, value_name = "WHEN")]
+    pub to: String,
+    /// Which intervals that already ran are run again.
+    #[arg(long, value_enum, default_value_t = ReprocessArg::None)]
+    pub reprocess_behavior: ReprocessArg,
+    /// Most intervals in flight at once; default: the DAG's max_active_runs, else 1.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_active_runs: Option<u32>,
+    /// Run the newest interval first.
+    #[arg(long)]
+    pub run_backwards: bool,
+    /// A JSON object available to tasks as `conf` and BACKFILL_CONF.
+    #[arg(long, value_name = "JSON")]
+    pub conf: Option<String>,
+    /// Print the plan and write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Skip the gate's drift check against the published partition.
+    #[arg(long)]
+    pub allow_drift: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReprocessArg {
+    /// Only intervals that never ran.
+    None,
+    /// Also intervals whose latest run failed, was rejected or cancelled.
+    Failed,
+    /// Every interval, including succeeded ones.
+    Completed,
+}
+
+impl From<ReprocessArg> for crate::plan::Reprocess {
+    fn from(r: ReprocessArg) -> Self {
+        match r {
+            ReprocessArg::None => Self::None,
+            ReprocessArg::Failed => Self::Failed,
+            ReprocessArg::Completed => Self::Completed,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,23 @@
+//! The one clock that decides what "now" is for planning: which intervals are complete, and
+//! what `today` and `now-6h` mean. `BACKFILL_NOW` (an RFC 3339 instant) pins it, for tests and
+//! for replaying what a past nightly run would have done. Heartbeats and durations always use
+//! the real clock.
+
+use chrono::{DateTime, Utc};
+
+use crate::exit::Error;
+
+pub const ENV: &str = "BACKFILL_NOW";
+
+pub fn now() -> Result<DateTime<Utc>, Error> {
+    match std::env::var(ENV) {
+        Ok(s) => DateTime::parse_from_rfc3339(&s)
+            .map(|t| t.with_timezone(&Utc))
+            .map_err(|e| {
+                Error::Usage(format!(
+                    "{ENV}={s} is not an RFC 3339 instant ({e}); write it like 2026-09-01T00:00:00Z or unset it"
+                ))
+            }),
+        Err(_) => Ok(Utc::now()),
+    }
+}

@@ -1,0 +1,161 @@
+//! `backfill create`: validate everything, plan against the manifest and lease the intervals in
+//! one transaction, then run them (or, with `--dry-run`, print the plan and write nothing).
+
+use super::Global;
+use super::execute::{Execution, execute};
+use crate::cli::CreateArgs;
+use crate::clock;
+use crate::exit::{self, Error};
+use crate::interval::{DataInterval, expand_nonempty, parse_when, rfc3339, resolve_range};
+use crate::manifest::{self, NewBackfill, lease::LeaseCtx, writer::Writer};
+use crate::plan::{self, Action, Prior, Reprocess};
+use crate::project::{Dag, TaskKind};
+use crate::report::tables;
+use crate::task::{command, template};
+
+pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
+    let project = g.project()?;
+    let dag = project.dag(&args.dag)?;
+    if args.run_backwards && dag.depends_on_past {
+        return Err(Error::Usage(format!(
+            "--run-backwards cannot be used with DAG `{}`: it sets depends_on_past = true in {}, so each interval needs the one before it; drop --run-backwards",
+            dag.id, dag.file
+        )));
+    }
+    let conf = parse_conf(args.conf.as_deref())?;
+    let now = clock::now()?;
+    let from = parse_when(&args.from, now, dag.tz)?;
+    let to = parse_when(&args.to, now, dag.tz)?;
+    let range = resolve_range(from, to, dag.tz)?;
+    let intervals = expand_nonempty(&dag.schedule, range, &args.from, &args.to)?;
+    check_commands_render(&dag, &conf, intervals[0])?;
+    let reprocess = Reprocess::from(args.reprocess_behavior);
+    let max_active_runs = args.max_active_runs.or(dag.max_active_runs).unwrap_or(1);
+    let options = plan::Options {
+        reprocess,
+        run_backwards: args.run_backwards,
+        depends_on_past: dag.depends_on_past,
+        now,
+    };
+    let manifest_path = g.manifest_path(Some(&project))?;
+    let ctx = LeaseCtx::new(project.lease_timeout);
+
+    if args.dry_run {
+        let (prior, before) = match manifest::open_existing(&manifest_path)? {
+            Some(conn) => manifest::priors(&conn, &dag.id, &intervals, &ctx)?,
+            None => (vec![Prior::default(); intervals.len()], None),
+        };
+        let rows = plan::plan(&intervals, &prior, before, options);
+        tables::print_plan(
+            &dag,
+            &rows,
+            reprocess.as_str(),
+            args.run_backwards,
+            max_active_runs,
+            g.json,
+        );
+        return Ok(exit::OK);
+    }
+
+    let request = NewBackfill {
+        dag_id: dag.id.clone(),
+        from_arg: args.from.clone(),
+        to_arg: args.to.clone(),
+        range_start: range.start.timestamp(),
+        range_end: range.end_exclusive.timestamp(),
+        reprocess,
+        max_active_runs,
+        run_backwards: args.run_backwards,
+        allow_drift: args.allow_drift,
+        conf: conf.to_string(),
+    };
+    let (writer, thread) = Writer::spawn(manifest::open(&manifest_path)?)?;
+    let dag_id = dag.id.clone();
+    let (backfill_id, rows) = writer.call_blocking(move |c| {
+        manifest::repair_stale_leases(c, &dag_id, &ctx)?;
+        let (prior, before) = manifest::priors(c, &dag_id, &intervals, &ctx)?;
+        let rows = plan::plan(&intervals, &prior, before, options);
+        let id = manifest::insert_backfill(c, &request, &rows, &ctx)?;
+        let to_run = rows.iter().filter(|r| r.action == Action::Run).map(|r| r.interval);
+        manifest::take_leases(c, id, &dag_id, to_run, &ctx)?;
+        Ok((id, rows))
+    })?;
+    let to_run: Vec<DataInterval> = rows
+        .iter()
+        .filter(|r| r.action == Action::Run)
+        .map(|r| r.interval)
+        .collect();
+    if !g.quiet && !g.json {
+        eprintln!(
+            "backfill {backfill_id} of {}: {} intervals, {} to run, {} skipped, up to {max_active_runs} at a time",
+            dag.id,
+            rows.len(),
+            to_run.len(),
+            rows.len() - to_run.len()
+        );
+    }
+    execute(
+        g,
+        &project,
+        &manifest_path,
+        Execution {
+            backfill_id,
+            dag,
+            conf,
+            max_active_runs,
+            intervals: to_run,
+        },
+        writer,
+        thread,
+    )
+}
+
+/// `--conf` must be a JSON object.
+fn parse_conf(conf: Option<&str>) -> Result<serde_json::Value, Error> {
+    let Some(text) = conf else {
+        return Ok(serde_json::Value::Object(serde_json::Map::new()));
+    };
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(v @ serde_json::Value::Object(_)) => Ok(v),
+        Ok(_) => Err(Error::Usage(format!(
+            "--conf must be a JSON object such as '{{\"region\": \"eu\"}}', got `{text}`"
+        ))),
+        Err(e) => Err(Error::Usage(format!(
+            "--conf is not valid JSON ({e}); pass an object such as '{{\"region\": \"eu\"}}'"
+        ))),
+    }
+}
+
+/// Renders every command once for the first interval, so that a template using a `conf` key
+/// that was not given fails now, before anything is written.
+fn check_commands_render(
+    dag: &Dag,
+    conf: &serde_json::Value,
+    first: DataInterval,
+) -> Result<(), Error> {
+    let ds = first.ds(dag.tz);
+    let ds_nodash = ds.replace('-', "");
+    let (start, end) = (rfc3339(first.start), rfc3339(first.end));
+    for task in &dag.tasks {
+        let ctx = template::Context {
+            ds: &ds,
+            ds_nodash: &ds_nodash,
+            data_interval_start: &start,
+            data_interval_end: &end,
+            dag_id: &dag.id,
+            task_id: &task.id,
+            run_id: "0",
+            try_number: 1,
+            conf,
+        };
+        match &task.kind {
+            TaskKind::Command(spec) => command::render(spec, &ctx).map_err(|e| {
+                Error::Usage(format!(
+                    "{}: task `{}`: {e}; pass the missing value with --conf",
+                    dag.file, task.id
+                ))
+            })?,
+        };
+    }
+    Ok(())
+}

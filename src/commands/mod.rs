@@ -1,0 +1,66 @@
+//! One module per subcommand. Each validates its input completely before it writes anything.
+
+mod cancel;
+mod create;
+mod dags;
+mod execute;
+mod read;
+mod resume;
+
+use std::path::PathBuf;
+
+use crate::cli::{Cli, Command, Output};
+use crate::exit::Error;
+use crate::project::Project;
+
+/// Options that every command shares.
+pub struct Global {
+    pub project_dir: Option<PathBuf>,
+    pub manifest: Option<PathBuf>,
+    pub json: bool,
+    pub quiet: bool,
+    pub verbose: bool,
+}
+
+impl Global {
+    pub fn project(&self) -> Result<Project, Error> {
+        Ok(Project::discover(self.project_dir.as_deref())?)
+    }
+
+    /// `--manifest`, else the project's manifest.
+    pub fn manifest_path(&self, project: Option<&Project>) -> Result<PathBuf, Error> {
+        match (&self.manifest, project) {
+            (Some(p), _) => Ok(p.clone()),
+            (None, Some(project)) => Ok(project.manifest_path.clone()),
+            (None, None) => Ok(self.project()?.manifest_path),
+        }
+    }
+}
+
+/// Runs the command; returns the exit code.
+pub fn run(cli: Cli) -> Result<u8, Error> {
+    let g = Global {
+        project_dir: cli.project,
+        manifest: cli.manifest,
+        json: cli.output == Output::Json,
+        quiet: cli.quiet,
+        verbose: cli.verbose > 0,
+    };
+    match cli.command {
+        Command::Create(args) => create::run(&g, args),
+        Command::Resume { id } => resume::run(&g, id),
+        Command::Cancel { id } => cancel::run(&g, id),
+        Command::List { dag, active } => read::list(&g, dag.as_deref(), active),
+        Command::Show { id } => read::show(&g, id),
+        Command::Runs { dag, from, to } => read::runs(&g, &dag, from.as_deref(), to.as_deref()),
+        Command::Dags { action } => dags::run(&g, action.is_some()),
+    }
+}
+
+/// The error for a backfill id the manifest does not have.
+fn unknown_backfill(id: i64, manifest: &std::path::Path) -> Error {
+    Error::Usage(format!(
+        "no backfill {id} in the manifest {}; `backfill list` shows the backfills",
+        manifest.display()
+    ))
+}

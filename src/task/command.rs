@@ -1,0 +1,223 @@
+//! Command tasks: one try is one process in its own process group, with its stdout and stderr in
+//! a log file. Timeout and cancellation send SIGTERM to the whole group, then SIGKILL after the
+//! grace period (at once on a hard stop). When the main process exits, anything it left running
+//! in its group is killed, so a finished try leaves no process behind.
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use serde::Deserialize;
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep, sleep_until};
+
+use crate::manifest::lease::signal_group;
+use crate::project::CommandSpec;
+use crate::task::template::{self, Context};
+
+/// How far a backfill is from stopping. Sent to every running try.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Stop {
+    /// Keep running.
+    Run,
+    /// Stop dispatching; SIGTERM running tries, SIGKILL after their grace period.
+    Graceful,
+    /// SIGKILL running tries now.
+    Kill,
+}
+
+/// Renders a command into the argument vector to execute.
+pub fn render(spec: &CommandSpec, ctx: &Context<'_>) -> Result<Vec<String>, String> {
+    match spec {
+        CommandSpec::Argv(args) => args.iter().map(|a| template::render(a, ctx)).collect(),
+        CommandSpec::Shell(line) => Ok(vec![
+            "sh".to_string(),
+            "-c".to_string(),
+            template::render(line, ctx)?,
+        ]),
+    }
+}
+
+/// A started try.
+pub struct Spawned {
+    child: Child,
+    pub pgid: i64,
+}
+
+/// Starts `argv` in its own process group with stdout and stderr appended to `log_path`.
+pub fn spawn(
+    argv: &[String],
+    env: &[(String, String)],
+    cwd: &Path,
+    log_path: &Path,
+) -> std::io::Result<Spawned> {
+    if let Some(dir) = log_path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_path)?;
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| std::io::Error::other("empty command"))?;
+    let child = Command::new(program)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log.try_clone()?))
+        .stderr(Stdio::from(log))
+        .process_group(0)
+        .kill_on_drop(false)
+        .spawn()?;
+    let pgid = child.id().map(i64::from).unwrap_or(0);
+    Ok(Spawned { child, pgid })
+}
+
+/// How a try ended.
+#[derive(Debug)]
+pub enum Ended {
+    Exited(ExitStatus),
+    TimedOut,
+    Cancelled,
+}
+
+/// Waits for a try, enforcing its timeout and reacting to `stop`.
+pub async fn supervise(
+    mut spawned: Spawned,
+    timeout: Option<Duration>,
+    grace: Duration,
+    stop: &mut watch::Receiver<Stop>,
+) -> std::io::Result<Ended> {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let mut stop_open = true;
+    loop {
+        if *stop.borrow() != Stop::Run {
+            terminate(&mut spawned, grace, stop).await?;
+            return Ok(Ended::Cancelled);
+        }
+        tokio::select! {
+            status = spawned.child.wait() => {
+                // Leftovers of the group (background grandchildren) go with the try.
+                signal_group(spawned.pgid, Signal::SIGKILL);
+                return Ok(Ended::Exited(status?));
+            }
+            () = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                terminate(&mut spawned, grace, stop).await?;
+                return Ok(Ended::TimedOut);
+            }
+            changed = stop.changed(), if stop_open => {
+                if changed.is_err() {
+                    stop_open = false;
+                }
+            }
+        }
+    }
+}
+
+/// SIGTERM to the group, SIGKILL after `grace` (or at once on [`Stop::Kill`]), then reap.
+async fn terminate(
+    spawned: &mut Spawned,
+    grace: Duration,
+    stop: &mut watch::Receiver<Stop>,
+) -> std::io::Result<()> {
+    if *stop.borrow() != Stop::Kill {
+        signal_group(spawned.pgid, Signal::SIGTERM);
+        let deadline = sleep(grace);
+        tokio::pin!(deadline);
+        let mut stop_open = true;
+        loop {
+            tokio::select! {
+                status = spawned.child.wait() => { status?; break; }
+                () = &mut deadline => break,
+                changed = stop.changed(), if stop_open => {
+                    if changed.is_err() {
+                        stop_open = false;
+                    } else if *stop.borrow() == Stop::Kill {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    signal_group(spawned.pgid, Signal::SIGKILL);
+    spawned.child.wait().await?;
+    Ok(())
+}
+
+/// What a task may report in the file named by `BACKFILL_RESULT`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TaskResult {
+    pub rows: Option<i64>,
+    pub partitions: Option<Vec<serde_json::Value>>,
+    pub inputs: Option<Vec<serde_json::Value>>,
+    pub fingerprint: Option<String>,
+}
+
+/// Reads the result JSON if the task wrote one.
+pub fn read_result(path: &Path) -> Result<Option<TaskResult>, String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text).map(Some).map_err(|e| {
+            format!(
+                "the result file {} is not valid: {e}; expected {{\"rows\": N, \"partitions\": [...], \"inputs\": [...], \"fingerprint\": \"...\"}}",
+                path.display()
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("cannot read the result file {}: {e}", path.display())),
+    }
+}
+
+/// The last `lines` lines of a log file.
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return String::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let from = len.saturating_sub(16 * 1024);
+    if f.seek(SeekFrom::Start(from)).is_err() {
+        return String::new();
+    }
+    let mut buf = Vec::new();
+    let _ = f.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Describes how a process exited, for the manifest.
+pub fn describe_exit(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit code {code}"),
+        (None, Some(sig)) => match Signal::try_from(sig) {
+            Ok(s) => format!("killed by {s}"),
+            Err(_) => format!("killed by signal {sig}"),
+        },
+        _ => "ended abnormally".to_string(),
+    }
+}
+
+/// Where a try's log and result file live.
+pub fn try_paths(
+    logs_dir: &Path,
+    dag_id: &str,
+    interval_start: chrono::DateTime<chrono::Utc>,
+    task_id: &str,
+    run_id: i64,
+    try_number: u32,
+) -> (PathBuf, PathBuf) {
+    let dir = logs_dir
+        .join(dag_id)
+        .join(interval_start.format("%Y%m%dT%H%M%SZ").to_string())
+        .join(task_id);
+    (
+        dir.join(format!("run{run_id}.try{try_number}.log")),
+        dir.join(format!("run{run_id}.try{try_number}.result.json")),
+    )
+}

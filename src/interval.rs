@@ -97,9 +97,11 @@ pub fn parse_when(input: &str, now: DateTime<Utc>, tz: Tz) -> Result<When, Range
     let s = input.trim();
     let today = now.with_timezone(&tz).date_naive();
     if let Some(rest) = s.strip_prefix("today") {
-        return Ok(When::Date(today + parse_day_offset(rest).ok_or_else(|| {
-            bad("expected today, today-Nd or today+Nd")
-        })?));
+        return Ok(When::Date(
+            today
+                + parse_day_offset(rest)
+                    .ok_or_else(|| bad("expected today, today-Nd or today+Nd"))?,
+        ));
     }
     if s == "yesterday" {
         return Ok(When::Date(today - Duration::days(1)));
@@ -124,7 +126,12 @@ pub fn parse_when(input: &str, now: DateTime<Utc>, tz: Tz) -> Result<When, Range
     if let Ok(t) = DateTime::parse_from_rfc3339(s) {
         return Ok(When::Instant(t.with_timezone(&Utc)));
     }
-    for format in ["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M"] {
+    for format in [
+        "%Y-%m-%dT%H:%M:%S",
+        "%Y-%m-%dT%H:%M",
+        "%Y-%m-%d %H:%M:%S",
+        "%Y-%m-%d %H:%M",
+    ] {
         if let Ok(t) = NaiveDateTime::parse_from_str(s, format) {
             return Ok(When::Local(t));
         }
@@ -352,7 +359,13 @@ mod tests {
         let late = utc("2026-11-29T23:30:00Z");
         let tokyo: Tz = "Asia/Tokyo".parse().unwrap();
         assert_eq!(parse_when("today", late, tokyo), Ok(date("2026-11-30")));
-        for bad in ["tomorrow", "today-7", "now-6x", "2026-13-01", "2026-09-01T25:00"] {
+        for bad in [
+            "tomorrow",
+            "today-7",
+            "now-6x",
+            "2026-13-01",
+            "2026-09-01T25:00",
+        ] {
             assert!(parse_when(bad, now, tz).is_err(), "{bad}");
         }
     }

@@ -278,7 +278,10 @@ mod tests {
             (prior(Some(RunState::Running), true), [Skip(InFlight); 3]),
             (prior(Some(RunState::Queued), true), [Skip(InFlight); 3]),
             (prior(None, true), [Skip(InFlight); 3]),
-            (prior(Some(RunState::Succeeded), false), [exists, exists, Run]),
+            (
+                prior(Some(RunState::Succeeded), false),
+                [exists, exists, Run],
+            ),
             (prior(Some(RunState::Failed), false), [exists, Run, Run]),
             (prior(Some(RunState::Rejected), false), [exists, Run, Run]),
             (prior(Some(RunState::Cancelled), false), [exists, Run, Run]),

@@ -106,8 +106,8 @@ impl Project {
         let path = root.join(PROJECT_FILE);
         let shown = PROJECT_FILE.to_string();
         let text = read(&path, &shown)?;
-        let raw: RawProject =
-            toml::from_str(&text).map_err(|e| ProjectError::Config(vec![toml_error(&shown, &text, &e)]))?;
+        let raw: RawProject = toml::from_str(&text)
+            .map_err(|e| ProjectError::Config(vec![toml_error(&shown, &text, &e)]))?;
         let lease_timeout = match &raw.lease_timeout {
             Some(s) => parse_duration(s, &shown, &text, "lease_timeout")
                 .map_err(|e| ProjectError::Config(vec![e]))?,
@@ -310,15 +310,10 @@ impl Dag {
             text: &text,
             errors: Vec::new(),
         };
-        let id = raw
-            .id
-            .as_ref()
-            .map(|s| s.get_ref().clone())
-            .unwrap_or(stem);
+        let id = raw.id.as_ref().map(|s| s.get_ref().clone()).unwrap_or(stem);
         if !valid_id(&id) {
-            let message = format!(
-                "invalid DAG id `{id}`: use letters, digits, `_`, `-` and `.` only"
-            );
+            let message =
+                format!("invalid DAG id `{id}`: use letters, digits, `_`, `-` and `.` only");
             match &raw.id {
                 Some(s) => errs.at(s, message),
                 None => errs.errors.push(ConfigError {
@@ -351,15 +346,19 @@ impl Dag {
                 None
             }
         });
-        let max_active_runs = raw.max_active_runs.as_ref().and_then(|m| {
-            match u32::try_from(*m.get_ref()) {
-                Ok(n) if n > 0 => Some(n),
-                _ => {
-                    errs.at(m, "key `max_active_runs` must be a whole number of at least 1".into());
-                    None
-                }
-            }
-        });
+        let max_active_runs =
+            raw.max_active_runs
+                .as_ref()
+                .and_then(|m| match u32::try_from(*m.get_ref()) {
+                    Ok(n) if n > 0 => Some(n),
+                    _ => {
+                        errs.at(
+                            m,
+                            "key `max_active_runs` must be a whole number of at least 1".into(),
+                        );
+                        None
+                    }
+                });
         let defaults = TaskDefaults {
             retries: count(&raw.retries, "retries", &mut errs).unwrap_or(0),
             retry_delay: duration(&raw.retry_delay, "retry_delay", &mut errs)
@@ -411,7 +410,10 @@ fn load_tasks(raw: &[RawTask], defaults: &TaskDefaults, errs: &mut FileErrors<'_
             );
         }
         if ids.insert(id, i).is_some() {
-            errs.at(&t.id, format!("task id `{id}` is used twice; task ids must be unique"));
+            errs.at(
+                &t.id,
+                format!("task id `{id}` is used twice; task ids must be unique"),
+            );
         }
     }
     for t in raw {
@@ -558,13 +560,20 @@ fn count(value: &Option<Spanned<i64>>, key: &str, errs: &mut FileErrors<'_>) -> 
     match u32::try_from(*v.get_ref()) {
         Ok(n) => Some(n),
         Err(_) => {
-            errs.at(v, format!("key `{key}` must be a whole number of at least 0"));
+            errs.at(
+                v,
+                format!("key `{key}` must be a whole number of at least 0"),
+            );
             None
         }
     }
 }
 
-fn duration(value: &Option<Spanned<String>>, key: &str, errs: &mut FileErrors<'_>) -> Option<Duration> {
+fn duration(
+    value: &Option<Spanned<String>>,
+    key: &str,
+    errs: &mut FileErrors<'_>,
+) -> Option<Duration> {
     let v = value.as_ref()?;
     match parse_duration(v, errs.file, errs.text, key) {
         Ok(d) => Some(d),
@@ -676,17 +685,29 @@ command = ["echo", "{{ data_interval_start }}", "{{ conf.region }}"]
         );
         assert!(first_error("schedule = \"@daily\"\ntimezone = \"Mars/Olympus\"\n[[tasks]]\nid = \"a\"\ncommand = \"true\"\n")
             .starts_with("dags/demo.toml:2:12: unknown timezone `Mars/Olympus`"));
-        assert!(first_error("schedule = \"0 25 * * *\"\n[[tasks]]\nid = \"a\"\ncommand = \"true\"\n")
-            .starts_with("dags/demo.toml:1:12: key `schedule`: invalid schedule `0 25 * * *`"));
-        assert!(first_error("[[tasks]]\nid = \"a\"\ncommand = \"true\"\n").contains("missing field `schedule`"));
+        assert!(
+            first_error("schedule = \"0 25 * * *\"\n[[tasks]]\nid = \"a\"\ncommand = \"true\"\n")
+                .starts_with("dags/demo.toml:1:12: key `schedule`: invalid schedule `0 25 * * *`")
+        );
+        assert!(
+            first_error("[[tasks]]\nid = \"a\"\ncommand = \"true\"\n")
+                .contains("missing field `schedule`")
+        );
         assert_eq!(
             first_error(&format!("{base}depends_on = [\"b\"]\n")),
             "dags/demo.toml:5:15: task `a` depends on unknown task `b`; known tasks: a"
         );
-        assert!(first_error(&format!("{base}timeout = \"soon\"\n"))
-            .starts_with("dags/demo.toml:5:11: key `timeout`: cannot read `soon` as a duration"));
-        assert!(first_error("schedule = \"@daily\"\n[[tasks]]\nid = \"a\"\ncommand = \"echo {{ dss }}\"\n")
-            .contains("unknown template variable `dss`"));
+        assert!(
+            first_error(&format!("{base}timeout = \"soon\"\n")).starts_with(
+                "dags/demo.toml:5:11: key `timeout`: cannot read `soon` as a duration"
+            )
+        );
+        assert!(
+            first_error(
+                "schedule = \"@daily\"\n[[tasks]]\nid = \"a\"\ncommand = \"echo {{ dss }}\"\n"
+            )
+            .contains("unknown template variable `dss`")
+        );
     }
 
     #[test]

@@ -172,7 +172,11 @@ pub fn resolve_local(tz: Tz, naive: NaiveDateTime) -> DateTime<Utc> {
         LocalResult::None => {
             // The first instant after the gap is the transition itself, whose wall-clock time is
             // the first minute that exists again. Gaps last at most a few hours.
-            let mut probe = naive.with_second(0).unwrap_or(naive).with_nanosecond(0).unwrap_or(naive);
+            let mut probe = naive
+                .with_second(0)
+                .unwrap_or(naive)
+                .with_nanosecond(0)
+                .unwrap_or(naive);
             for _ in 0..(24 * 60) {
                 probe += Duration::minutes(1);
                 match tz.from_local_datetime(&probe) {

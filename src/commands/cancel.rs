@@ -6,7 +6,11 @@ use std::time::{Duration, Instant};
 
 use super::{Global, unknown_backfill};
 use crate::exit::{self, Error};
-use crate::manifest::{self, BackfillState, lease::{self, LeaseCtx}, writer::Writer};
+use crate::manifest::{
+    self, BackfillState,
+    lease::{self, LeaseCtx},
+    writer::Writer,
+};
 
 /// How long to wait for a live owner to stop before reporting that it was asked.
 const WAIT: Duration = Duration::from_secs(60);
@@ -21,10 +25,13 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
         return Err(unknown_backfill(id, &manifest_path));
     };
     if backfill.state != BackfillState::Running {
-        eprintln!("backfill {id} is already {}; nothing to cancel", backfill.state);
+        eprintln!(
+            "backfill {id} is already {}; nothing to cancel",
+            backfill.state
+        );
         return Ok(exit::OK);
     }
-    let (writer, thread) = Writer::spawn(manifest::open(&manifest_path)?)?;
+    let writer = Writer::spawn(manifest::open(&manifest_path)?)?;
     let ctx = LeaseCtx::new(project.lease_timeout);
     if backfill.owner_alive(&ctx) {
         writer.call_blocking(move |c| manifest::request_cancel(c, id))?;
@@ -51,24 +58,29 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
     let mut ctx = LeaseCtx::new(project.lease_timeout);
     ctx.now_ms = lease::now_ms();
     writer.call_blocking(move |c| {
-        if let Some(b) = manifest::get_backfill(c, id)? {
-            if b.state == BackfillState::Running && !b.owner_alive(&ctx) {
-                manifest::abandon_runs(c, id, &ctx)?;
-                manifest::finish_backfill(c, id, BackfillState::Cancelled, ctx.now_ms)?;
-            }
+        if let Some(b) = manifest::get_backfill(c, id)?
+            && b.state == BackfillState::Running
+            && !b.owner_alive(&ctx)
+        {
+            manifest::abandon_runs(c, id, &ctx)?;
+            manifest::finish_backfill(c, id, BackfillState::Cancelled, ctx.now_ms)?;
         }
         Ok(())
     })?;
     drop(writer);
-    drop(thread);
     let state = manifest::get_backfill(&conn, id)?.map(|b| b.state);
     match state {
         Some(BackfillState::Running) => {
-            eprintln!("backfill {id} was asked to stop but is still running after {}s", WAIT.as_secs());
+            eprintln!(
+                "backfill {id} was asked to stop but is still running after {}s",
+                WAIT.as_secs()
+            );
             Ok(exit::INTERNAL)
         }
         _ => {
-            eprintln!("backfill {id} cancelled; its process was gone, so its leases were released here; `backfill resume {id}` continues it");
+            eprintln!(
+                "backfill {id} cancelled; its process was gone, so its leases were released here; `backfill resume {id}` continues it"
+            );
             Ok(exit::OK)
         }
     }

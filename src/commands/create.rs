@@ -6,7 +6,7 @@ use super::execute::{Execution, execute};
 use crate::cli::CreateArgs;
 use crate::clock;
 use crate::exit::{self, Error};
-use crate::interval::{DataInterval, expand_nonempty, parse_when, rfc3339, resolve_range};
+use crate::interval::{DataInterval, expand_nonempty, parse_when, resolve_range, rfc3339};
 use crate::manifest::{self, NewBackfill, lease::LeaseCtx, writer::Writer};
 use crate::plan::{self, Action, Prior, Reprocess};
 use crate::project::{Dag, TaskKind};
@@ -69,14 +69,17 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         allow_drift: args.allow_drift,
         conf: conf.to_string(),
     };
-    let (writer, thread) = Writer::spawn(manifest::open(&manifest_path)?)?;
+    let writer = Writer::spawn(manifest::open(&manifest_path)?)?;
     let dag_id = dag.id.clone();
     let (backfill_id, rows) = writer.call_blocking(move |c| {
         manifest::repair_stale_leases(c, &dag_id, &ctx)?;
         let (prior, before) = manifest::priors(c, &dag_id, &intervals, &ctx)?;
         let rows = plan::plan(&intervals, &prior, before, options);
         let id = manifest::insert_backfill(c, &request, &rows, &ctx)?;
-        let to_run = rows.iter().filter(|r| r.action == Action::Run).map(|r| r.interval);
+        let to_run = rows
+            .iter()
+            .filter(|r| r.action == Action::Run)
+            .map(|r| r.interval);
         manifest::take_leases(c, id, &dag_id, to_run, &ctx)?;
         Ok((id, rows))
     })?;
@@ -106,7 +109,6 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
             intervals: to_run,
         },
         writer,
-        thread,
     )
 }
 

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, watch};
 use super::Global;
 use crate::exit::{self, Error};
 use crate::interval::DataInterval;
-use crate::manifest::writer::{Writer, WriterThread};
+use crate::manifest::writer::Writer;
 use crate::manifest::{self, BackfillState, lease};
 use crate::project::{Dag, Project};
 use crate::report::{self, Reporter};
@@ -35,7 +35,6 @@ pub fn execute(
     manifest_path: &std::path::Path,
     e: Execution,
     writer: Writer,
-    thread: WriterThread,
 ) -> Result<u8, Error> {
     let began = Instant::now();
     let backfill_id = e.backfill_id;
@@ -100,7 +99,6 @@ pub fn execute(
         manifest::finish_backfill(c, backfill_id, state, lease::now_ms())
     })?;
     drop(writer);
-    drop(thread);
     let detail = manifest::open(manifest_path)
         .and_then(|c| manifest::queries::show(&c, backfill_id))?
         .unwrap_or(detail);

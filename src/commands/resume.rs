@@ -19,7 +19,7 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
     let dag = project.dag(&backfill.dag_id)?;
     let conf: serde_json::Value = serde_json::from_str(&backfill.conf)
         .map_err(|e| Error::Internal(anyhow::anyhow!("backfill {id} has unreadable conf: {e}")))?;
-    let (writer, thread) = Writer::spawn(manifest::open(&manifest_path)?)?;
+    let writer = Writer::spawn(manifest::open(&manifest_path)?)?;
     let ctx = LeaseCtx::new(project.lease_timeout);
     let taken = writer.call_blocking(move |c| manifest::take_over(c, id, &ctx))?;
     let (backfill, intervals) = match taken {
@@ -52,7 +52,6 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
             intervals,
         },
         writer,
-        thread,
     )?;
     Ok(if code == exit::OK { exit::OK } else { code })
 }

@@ -132,8 +132,18 @@ mod tests {
         // Finished owners hold nothing.
         assert!(!ctx.owner_alive("cancelled", Some(me), Some("here"), Some(90_000)));
         // A dead pid on this host.
-        assert!(!ctx.owner_alive("running", Some(i64::from(i32::MAX)), Some("here"), Some(90_000)));
+        assert!(!ctx.owner_alive(
+            "running",
+            Some(i64::from(i32::MAX)),
+            Some("here"),
+            Some(90_000)
+        ));
         // Another host: only the heartbeat can tell.
-        assert!(ctx.owner_alive("running", Some(i64::from(i32::MAX)), Some("there"), Some(90_000)));
+        assert!(ctx.owner_alive(
+            "running",
+            Some(i64::from(i32::MAX)),
+            Some("there"),
+            Some(90_000)
+        ));
     }
 }

@@ -29,14 +29,42 @@ pub fn open(path: &Path) -> anyhow::Result<Connection> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the manifest folder {}", dir.display()))?;
     }
-    let conn = Connection::open(path)
-        .with_context(|| format!("cannot open the manifest {}", path.display()))?;
-    conn.busy_timeout(Duration::from_secs(30))?;
-    conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", "FULL")?;
-    conn.pragma_update(None, "foreign_keys", "ON")?;
-    migrate(&conn).with_context(|| format!("cannot migrate the manifest {}", path.display()))?;
-    Ok(conn)
+    let setup = || -> anyhow::Result<Connection> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(Duration::from_secs(30))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        migrate(&conn)?;
+        Ok(conn)
+    };
+    // Two processes creating the manifest at once both try to switch it to WAL; SQLite then
+    // reports busy at once, without its busy handler (lock escalation deadlock). Retry.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match setup() {
+            Err(e) if is_busy(&e) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(
+                    5 + u64::from(std::process::id() % 20),
+                ));
+            }
+            result => {
+                return result
+                    .with_context(|| format!("cannot open the manifest {}", path.display()));
+            }
+        }
+    }
+}
+
+fn is_busy(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<rusqlite::Error>().is_some_and(|e| {
+            matches!(
+                e.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+            )
+        })
+    })
 }
 
 /// Opens an existing manifest for reading; `None` when there is none yet (nothing recorded).
@@ -273,7 +301,12 @@ fn live_leases(
     let mut live = HashSet::new();
     while let Some(r) = rows.next()? {
         let state: String = r.get(1)?;
-        if ctx.owner_alive(&state, r.get(2)?, r.get::<_, Option<String>>(3)?.as_deref(), r.get(4)?) {
+        if ctx.owner_alive(
+            &state,
+            r.get(2)?,
+            r.get::<_, Option<String>>(3)?.as_deref(),
+            r.get(4)?,
+        ) {
             live.insert(r.get(0)?);
         }
     }
@@ -291,7 +324,12 @@ pub fn repair_stale_leases(conn: &Connection, dag_id: &str, ctx: &LeaseCtx) -> a
     let mut rows = stmt.query([dag_id])?;
     while let Some(r) = rows.next()? {
         let state: String = r.get(2)?;
-        if !ctx.owner_alive(&state, r.get(3)?, r.get::<_, Option<String>>(4)?.as_deref(), r.get(5)?) {
+        if !ctx.owner_alive(
+            &state,
+            r.get(3)?,
+            r.get::<_, Option<String>>(4)?.as_deref(),
+            r.get(5)?,
+        ) {
             stale.push((r.get(0)?, r.get(1)?));
         }
     }
@@ -401,7 +439,14 @@ pub fn take_leases(
          VALUES (?1, ?2, ?3, NULL, ?4, ?5, ?6)",
     )?;
     for i in intervals {
-        stmt.execute(params![dag_id, i.start.timestamp(), backfill_id, ctx.pid, ctx.host, ctx.now_ms])?;
+        stmt.execute(params![
+            dag_id,
+            i.start.timestamp(),
+            backfill_id,
+            ctx.pid,
+            ctx.host,
+            ctx.now_ms
+        ])?;
     }
     Ok(())
 }
@@ -430,7 +475,13 @@ pub fn start_run(
         "UPDATE leases SET run_id = ?1, heartbeat_at = ?2
          WHERE dag_id = ?3 AND interval_start = ?4 AND backfill_id = ?5",
     )?
-    .execute(params![run_id, now_ms, dag_id, interval.start.timestamp(), backfill_id])?;
+    .execute(params![
+        run_id,
+        now_ms,
+        dag_id,
+        interval.start.timestamp(),
+        backfill_id
+    ])?;
     Ok(run_id)
 }
 
@@ -485,7 +536,12 @@ pub struct TryRecord {
     pub fingerprint: Option<String>,
 }
 
-pub fn finish_try(conn: &Connection, try_id: i64, rec: &TryRecord, now_ms: i64) -> anyhow::Result<()> {
+pub fn finish_try(
+    conn: &Connection,
+    try_id: i64,
+    rec: &TryRecord,
+    now_ms: i64,
+) -> anyhow::Result<()> {
     conn.prepare_cached(
         "UPDATE task_tries SET state = ?2, ended_at = ?3, exit_code = ?4, error = ?5, rows = ?6,
             partitions = ?7, inputs = ?8, fingerprint = ?9
@@ -552,7 +608,10 @@ pub fn finish_backfill(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TakeOverRefused {
     Unknown,
-    OwnerAlive { pid: Option<i64>, host: Option<String> },
+    OwnerAlive {
+        pid: Option<i64>,
+        host: Option<String>,
+    },
 }
 
 /// Takes over a backfill whose process is gone (or that was cancelled) for this process: kills
@@ -590,7 +649,9 @@ pub fn take_over(
          ORDER BY p.ord",
     )?;
     let remaining: Vec<DataInterval> = stmt
-        .query_map([backfill_id], |r| Ok(DataInterval::from_unix(r.get(0)?, r.get(1)?)))?
+        .query_map([backfill_id], |r| {
+            Ok(DataInterval::from_unix(r.get(0)?, r.get(1)?))
+        })?
         .collect::<Result<_, _>>()?;
     let (lo, hi) = remaining.iter().fold((i64::MAX, i64::MIN), |(lo, hi), i| {
         (lo.min(i.start.timestamp()), hi.max(i.start.timestamp()))
@@ -600,7 +661,13 @@ pub fn take_over(
     for interval in remaining {
         let start = interval.start.timestamp();
         if busy.contains(&start) {
-            skip_planned(conn, backfill_id, &b.dag_id, start, crate::plan::SkipReason::InFlight.as_str())?;
+            skip_planned(
+                conn,
+                backfill_id,
+                &b.dag_id,
+                start,
+                crate::plan::SkipReason::InFlight.as_str(),
+            )?;
         } else {
             free.push(interval);
         }
@@ -629,9 +696,13 @@ mod tests {
         let path = dir.path().join("sub/manifest.db");
         drop(open(&path).unwrap());
         let conn = open(&path).unwrap();
-        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
         assert_eq!(version, MIGRATIONS.last().unwrap().0);
-        let mode: String = conn.pragma_query_value(None, "journal_mode", |r| r.get(0)).unwrap();
+        let mode: String = conn
+            .pragma_query_value(None, "journal_mode", |r| r.get(0))
+            .unwrap();
         assert_eq!(mode, "wal");
     }
 
@@ -643,6 +714,9 @@ mod tests {
         conn.pragma_update(None, "user_version", 99).unwrap();
         drop(conn);
         let err = format!("{:#}", open(&path).unwrap_err());
-        assert!(err.contains("newer than this backfill understands"), "{err}");
+        assert!(
+            err.contains("newer than this backfill understands"),
+            "{err}"
+        );
     }
 }

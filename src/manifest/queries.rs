@@ -101,9 +101,8 @@ pub fn list(
         .query_map(params![dag_id, active_only], backfill_from_row)?
         .collect::<Result<_, _>>()?;
     let mut counts: HashMap<i64, Counts> = HashMap::new();
-    let mut stmt = conn.prepare(
-        "SELECT backfill_id, action, COUNT(*) FROM plan GROUP BY backfill_id, action",
-    )?;
+    let mut stmt = conn
+        .prepare("SELECT backfill_id, action, COUNT(*) FROM plan GROUP BY backfill_id, action")?;
     let mut rows = stmt.query([])?;
     while let Some(r) = rows.next()? {
         let c = counts.entry(r.get(0)?).or_default();
@@ -217,10 +216,10 @@ pub fn show(conn: &Connection, id: i64) -> anyhow::Result<Option<BackfillDetail>
         let agg = tries.entry(r.get(0)?).or_default();
         agg.tries += 1;
         let state: String = r.get(1)?;
-        if let Some(n) = r.get::<_, Option<i64>>(2)? {
-            if state == "succeeded" {
-                agg.rows = Some(agg.rows.unwrap_or(0) + n);
-            }
+        if let Some(n) = r.get::<_, Option<i64>>(2)?
+            && state == "succeeded"
+        {
+            agg.rows = Some(agg.rows.unwrap_or(0) + n);
         }
         if let Some(v) = r.get::<_, Option<String>>(3)? {
             agg.verdict = Some(v);

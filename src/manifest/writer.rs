@@ -7,7 +7,6 @@
 //! acknowledged.
 
 use std::sync::mpsc;
-use std::thread::JoinHandle;
 
 use anyhow::{Context as _, anyhow};
 use rusqlite::Connection;
@@ -27,26 +26,17 @@ pub struct Writer {
     tx: mpsc::Sender<Job>,
 }
 
-/// Joins the writer thread when dropped last, after every handle is gone.
-pub struct WriterThread(Option<JoinHandle<()>>);
-
-impl Drop for WriterThread {
-    fn drop(&mut self) {
-        if let Some(h) = self.0.take() {
-            let _ = h.join();
-        }
-    }
-}
-
 impl Writer {
-    /// Starts the writer thread on an open connection.
-    pub fn spawn(conn: Connection) -> anyhow::Result<(Writer, WriterThread)> {
+    /// Starts the writer thread on an open connection. The thread ends (closing the
+    /// connection) when the last handle is dropped. It is never joined: every write a caller
+    /// was told about is already committed, so nothing is lost if the process exits first.
+    pub fn spawn(conn: Connection) -> anyhow::Result<Writer> {
         let (tx, rx) = mpsc::channel::<Job>();
-        let handle = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("manifest-writer".into())
             .spawn(move || run(conn, rx))
             .context("cannot start the manifest writer thread")?;
-        Ok((Writer { tx }, WriterThread(Some(handle))))
+        Ok(Writer { tx })
     }
 
     /// Queues `f`; the receiver answers once the transaction that ran it has committed.

@@ -97,7 +97,10 @@ impl Reporter {
             Event::IntervalStarted { interval, run_id } => {
                 self.running += 1;
                 if self.verbose {
-                    self.line(&format!("started    {} (run {run_id})", label(interval, self.tz)));
+                    self.line(&format!(
+                        "started    {} (run {run_id})",
+                        label(interval, self.tz)
+                    ));
                 }
             }
             Event::TryFailed {
@@ -109,7 +112,11 @@ impl Reporter {
                 log_path,
                 log_tail,
             } => {
-                let then = if *will_retry { "will retry" } else { "no retries left" };
+                let then = if *will_retry {
+                    "will retry"
+                } else {
+                    "no retries left"
+                };
                 let mut text = format!(
                     "try {try_number} of task `{task_id}` for {} failed: {error} ({then})\n  log: {log_path}",
                     label(interval, self.tz)
@@ -149,7 +156,11 @@ impl Reporter {
                 }
             }
             Event::IntervalSkipped { interval, reason } => {
-                self.line(&format!("{:<10} {} ({reason})", "skipped", label(interval, self.tz)));
+                self.line(&format!(
+                    "{:<10} {} ({reason})",
+                    "skipped",
+                    label(interval, self.tz)
+                ));
                 if let Mode::Bar(bar) = &self.mode {
                     bar.inc(1);
                 }
@@ -259,7 +270,10 @@ pub fn print_summary(s: &Summary<'_>, json: bool, quiet: bool) {
                 f.state,
                 f.start,
                 f.error.as_deref().unwrap_or("-"),
-                f.log.as_ref().map(|l| format!("\n  log: {l}")).unwrap_or_default()
+                f.log
+                    .as_ref()
+                    .map(|l| format!("\n  log: {l}"))
+                    .unwrap_or_default()
             );
         }
     }

@@ -104,7 +104,14 @@ pub fn print_plan(
         });
         return;
     }
-    let mut t = table(vec!["#", "interval", "start (UTC)", "end (UTC)", "action", "reason"]);
+    let mut t = table(vec![
+        "#",
+        "interval",
+        "start (UTC)",
+        "end (UTC)",
+        "action",
+        "reason",
+    ]);
     let shown: Vec<(usize, &PlanRow)> = if rows.len() > PLAN_TABLE_LIMIT {
         let half = PLAN_TABLE_LIMIT / 2;
         rows.iter()
@@ -160,7 +167,17 @@ pub fn print_list(list: &[BackfillSummary], json: bool) {
         return;
     }
     let mut t = table(vec![
-        "id", "dag", "state", "from", "to", "reprocess", "run", "skip", "ok", "failed", "created",
+        "id",
+        "dag",
+        "state",
+        "from",
+        "to",
+        "reprocess",
+        "run",
+        "skip",
+        "ok",
+        "failed",
+        "created",
     ]);
     for b in list {
         let c = &b.intervals;
@@ -256,7 +273,14 @@ pub fn print_runs(runs: &[RunHistory], json: bool) {
         return;
     }
     let mut t = table(vec![
-        "interval start", "run", "backfill", "state", "started", "duration", "tries", "rows",
+        "interval start",
+        "run",
+        "backfill",
+        "state",
+        "started",
+        "duration",
+        "tries",
+        "rows",
         "error",
     ]);
     for r in runs {

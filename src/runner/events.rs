@@ -34,5 +34,8 @@ pub enum Event {
         reason: SkipReason,
     },
     /// A stop was requested: by a signal, or by `backfill cancel`.
-    Stopping { hard: bool, why: String },
+    Stopping {
+        hard: bool,
+        why: String,
+    },
 }

@@ -80,7 +80,8 @@ pub async fn run(
             let Some(interval) = queue.pop_front() else {
                 break;
             };
-            if depends_on_past && succeeded_by_end.get(&interval.start.timestamp()) == Some(&false) {
+            if depends_on_past && succeeded_by_end.get(&interval.start.timestamp()) == Some(&false)
+            {
                 let reason = SkipReason::PreviousNotSuccessful;
                 let dag_id = shared.spec.dag.id.clone();
                 let id = shared.spec.backfill_id;
@@ -90,7 +91,9 @@ pub async fn run(
                     .call(move |c| manifest::skip_planned(c, id, &dag_id, start, reason.as_str()))
                     .await?;
                 succeeded_by_end.insert(interval.end.timestamp(), false);
-                let _ = shared.events.send(Event::IntervalSkipped { interval, reason });
+                let _ = shared
+                    .events
+                    .send(Event::IntervalSkipped { interval, reason });
                 continue;
             }
             running.spawn(run_interval(shared.clone(), interval, stop.clone()));
@@ -123,7 +126,9 @@ async fn run_interval(
         .writer
         .call(move |c| manifest::start_run(c, id, &dag_id, interval, now_ms()))
         .await?;
-    let _ = shared.events.send(Event::IntervalStarted { interval, run_id });
+    let _ = shared
+        .events
+        .send(Event::IntervalStarted { interval, run_id });
     let mut state = RunState::Succeeded;
     let mut error = None;
     for task in &shared.spec.dag.tasks {
@@ -218,8 +223,17 @@ async fn run_task(
                 Ok(argv) => {
                     let env = environment(&ctx, &shared.conf_text, &result_path);
                     let _ = std::fs::remove_file(&result_path);
-                    run_command(shared, try_id, &argv, &env, &log_path, &result_path, task, stop)
-                        .await?
+                    run_command(
+                        shared,
+                        try_id,
+                        &argv,
+                        &env,
+                        &log_path,
+                        &result_path,
+                        task,
+                        stop,
+                    )
+                    .await?
                 }
             },
         };
@@ -296,7 +310,10 @@ enum Attempt {
     Cancelled,
 }
 
-#[expect(clippy::too_many_arguments, reason = "one call site; the pieces of one try")]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one call site; the pieces of one try"
+)]
 async fn run_command(
     shared: &Shared,
     try_id: i64,
@@ -348,14 +365,24 @@ async fn run_command(
 }
 
 /// The `BACKFILL_*` environment of a try.
-fn environment(ctx: &Context<'_>, conf: &str, result_path: &std::path::Path) -> Vec<(String, String)> {
+fn environment(
+    ctx: &Context<'_>,
+    conf: &str,
+    result_path: &std::path::Path,
+) -> Vec<(String, String)> {
     vec![
         ("BACKFILL_DAG_ID".into(), ctx.dag_id.into()),
         ("BACKFILL_TASK_ID".into(), ctx.task_id.into()),
         ("BACKFILL_RUN_ID".into(), ctx.run_id.into()),
         ("BACKFILL_TRY_NUMBER".into(), ctx.try_number.to_string()),
-        ("BACKFILL_DATA_INTERVAL_START".into(), ctx.data_interval_start.into()),
-        ("BACKFILL_DATA_INTERVAL_END".into(), ctx.data_interval_end.into()),
+        (
+            "BACKFILL_DATA_INTERVAL_START".into(),
+            ctx.data_interval_start.into(),
+        ),
+        (
+            "BACKFILL_DATA_INTERVAL_END".into(),
+            ctx.data_interval_end.into(),
+        ),
         ("BACKFILL_DS".into(), ctx.ds.into()),
         ("BACKFILL_DS_NODASH".into(), ctx.ds_nodash.into()),
         ("BACKFILL_CONF".into(), conf.into()),
@@ -372,7 +399,11 @@ pub fn retry_delay(base: Duration, try_number: u32) -> Duration {
 }
 
 /// Sleeps before the next try; returns false when a stop came first.
-async fn wait_before_retry(base: Duration, try_number: u32, stop: &mut watch::Receiver<Stop>) -> bool {
+async fn wait_before_retry(
+    base: Duration,
+    try_number: u32,
+    stop: &mut watch::Receiver<Stop>,
+) -> bool {
     let sleep = tokio::time::sleep(retry_delay(base, try_number));
     tokio::pin!(sleep);
     loop {

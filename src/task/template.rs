@@ -44,9 +44,12 @@ pub fn check(text: &str) -> Result<(), String> {
         return Ok(());
     }
     let env = environment();
-    let template = env
-        .template_from_str(text)
-        .map_err(|e| format!("template error in `{text}`: {}", e.detail().unwrap_or("syntax error")))?;
+    let template = env.template_from_str(text).map_err(|e| {
+        format!(
+            "template error in `{text}`: {}",
+            e.detail().unwrap_or("syntax error")
+        )
+    })?;
     let mut unknown: Vec<String> = template
         .undeclared_variables(false)
         .into_iter()
@@ -68,11 +71,13 @@ pub fn render(text: &str, ctx: &Context<'_>) -> Result<String, String> {
         return Ok(text.to_string());
     }
     let env = environment();
-    env.render_str(text, Value::from(Serde(ctx)))
-        .map_err(|e| {
-            let detail = e.detail().map(str::to_string).unwrap_or_else(|| e.to_string());
-            format!("cannot render `{text}`: {detail}")
-        })
+    env.render_str(text, Value::from(Serde(ctx))).map_err(|e| {
+        let detail = e
+            .detail()
+            .map(str::to_string)
+            .unwrap_or_else(|| e.to_string());
+        format!("cannot render `{text}`: {detail}")
+    })
 }
 
 #[cfg(test)]
@@ -97,7 +102,10 @@ mod tests {
     fn renders_known_names_and_conf() {
         let conf = serde_json::json!({"region": "eu"});
         assert_eq!(
-            render("{{ ds }}/{{ ds_nodash }}/{{ conf.region }}/{{ try_number }}", &ctx(&conf)),
+            render(
+                "{{ ds }}/{{ ds_nodash }}/{{ conf.region }}/{{ try_number }}",
+                &ctx(&conf)
+            ),
             Ok("2026-09-01/20260901/eu/2".to_string())
         );
     }
@@ -105,8 +113,16 @@ mod tests {
     #[test]
     fn unknown_names_fail_instead_of_rendering_empty() {
         let conf = serde_json::json!({});
-        assert!(render("{{ conf.region }}", &ctx(&conf)).unwrap_err().contains("undefined"));
-        assert!(check("{{ dss }}").unwrap_err().contains("unknown template variable `dss`"));
+        assert!(
+            render("{{ conf.region }}", &ctx(&conf))
+                .unwrap_err()
+                .contains("undefined")
+        );
+        assert!(
+            check("{{ dss }}")
+                .unwrap_err()
+                .contains("unknown template variable `dss`")
+        );
         assert!(check("{{ ds ").is_err());
         assert!(check("{{ conf.anything }} {{ ds }}").is_ok());
     }

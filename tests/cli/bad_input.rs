@@ -1,0 +1,331 @@
+//! Bad input: exit code 2, a message that names the problem, and the manifest unchanged.
+//! Also the other exit codes that are not covered elsewhere (0 nothing to do, 1 internal).
+
+use crate::support::Project;
+
+const GOOD: &str = "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n";
+
+/// A project with a manifest that already holds one backfill, plus broken DAG files.
+fn project() -> Project {
+    let p = Project::new()
+        .dag("good", GOOD)
+        .dag(
+            "past",
+            "schedule = \"@daily\"\ndepends_on_past = true\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+        )
+        .dag(
+            "badtz",
+            "schedule = \"@daily\"\ntimezone = \"Europe/Atlantis\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+        )
+        .dag(
+            "badcron",
+            "schedule = \"0 0 * * * *\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+        )
+        .dag(
+            "badkey",
+            "schedule = \"@daily\"\nretires = 3\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+        )
+        .dag(
+            "cycle",
+            "schedule = \"@daily\"\n[[tasks]]\nid = \"a\"\ndepends_on = [\"b\"]\ncommand = \"true\"\n[[tasks]]\nid = \"b\"\ndepends_on = [\"a\"]\ncommand = \"true\"\n",
+        )
+        .dag(
+            "unknowndep",
+            "schedule = \"@daily\"\n[[tasks]]\nid = \"a\"\ndepends_on = [\"nope\"]\ncommand = \"true\"\n",
+        );
+    p.run(&[
+        "create",
+        "--dag",
+        "good",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+    ])
+    .code(0);
+    p
+}
+
+fn create(extra: &[&str]) -> Vec<String> {
+    let mut args = vec!["create"];
+    args.extend_from_slice(extra);
+    args.into_iter().map(str::to_string).collect()
+}
+
+#[test]
+fn bad_input_exits_2_names_the_problem_and_writes_nothing() {
+    let p = project();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            create(&[
+                "--dag",
+                "good",
+                "--from",
+                "2026-01-05",
+                "--to",
+                "2026-01-01",
+            ]),
+            "--from 2026-01-05 is after --to 2026-01-01",
+        ),
+        (
+            create(&[
+                "--dag",
+                "nope",
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-02",
+            ]),
+            "unknown DAG `nope`; known DAGs: good, past",
+        ),
+        (
+            create(&[
+                "--dag",
+                "badtz",
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-02",
+            ]),
+            "dags/badtz.toml:2:12: unknown timezone `Europe/Atlantis`",
+        ),
+        (
+            create(&[
+                "--dag",
+                "badcron",
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-02",
+            ]),
+            "dags/badcron.toml:1:12: key `schedule`: invalid schedule `0 0 * * * *`",
+        ),
+        (
+            create(&[
+                "--dag",
+                "badkey",
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-02",
+            ]),
+            "dags/badkey.toml:2:1: unknown field `retires`",
+        ),
+        (
+            create(&[
+                "--dag",
+                "cycle",
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-02",
+            ]),
+            "dags/cycle.toml:3:6: the tasks' depends_on form a cycle: a -> b -> a",
+        ),
+        (
+            create(&[
+                "--dag",
+                "unknowndep",
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-02",
+            ]),
+            "task `a` depends on unknown task `nope`",
+        ),
+        (
+            create(&[
+                "--dag",
+                "good",
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-02",
+                "--conf",
+                "{region: eu}",
+            ]),
+            "--conf is not valid JSON",
+        ),
+        (
+            create(&[
+                "--dag",
+                "good",
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-02",
+                "--conf",
+                "[1]",
+            ]),
+            "--conf must be a JSON object",
+        ),
+        (
+            create(&[
+                "--dag",
+                "past",
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-02",
+                "--run-backwards",
+            ]),
+            "--run-backwards cannot be used with DAG `past`: it sets depends_on_past = true",
+        ),
+        (
+            create(&[
+                "--dag",
+                "good",
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-02",
+                "--max-active-runs",
+                "0",
+            ]),
+            "invalid value '0' for '--max-active-runs <N>'",
+        ),
+        (
+            create(&[
+                "--dag",
+                "good",
+                "--from",
+                "yesterdayish",
+                "--to",
+                "2026-01-02",
+            ]),
+            "cannot read `yesterdayish` as a time",
+        ),
+        (
+            create(&[
+                "--dag",
+                "good",
+                "--from",
+                "2026-01-01T10:00",
+                "--to",
+                "2026-01-01T20:00",
+            ]),
+            "no interval of schedule `@daily` starts between --from 2026-01-01T10:00 and --to 2026-01-01T20:00",
+        ),
+        (
+            create(&[
+                "--dag",
+                "good",
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-02",
+                "--reprocess-behavior",
+                "all",
+            ]),
+            "invalid value 'all' for '--reprocess-behavior",
+        ),
+        (
+            vec!["resume".into(), "42".into()],
+            "no backfill 42 in the manifest",
+        ),
+        (
+            vec!["cancel".into(), "42".into()],
+            "no backfill 42 in the manifest",
+        ),
+        (
+            vec!["show".into(), "42".into()],
+            "no backfill 42 in the manifest",
+        ),
+    ];
+    for (args, message) in cases {
+        let before = p.dump();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        p.run(&args).code(2).stderr_has(message);
+        assert_eq!(p.dump(), before, "{args:?} changed the manifest");
+    }
+}
+
+#[test]
+fn bad_input_on_a_fresh_project_creates_no_manifest() {
+    let p = Project::new().dag("good", GOOD);
+    p.run(&[
+        "create",
+        "--dag",
+        "good",
+        "--from",
+        "2026-01-05",
+        "--to",
+        "2026-01-01",
+    ])
+    .code(2);
+    p.run(&[
+        "create",
+        "--dag",
+        "good",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+        "--dry-run",
+    ])
+    .code(0);
+    p.run(&["list"]).code(0);
+    assert!(!p.manifest_path().exists());
+}
+
+#[test]
+fn dags_validate_lists_every_error_and_exits_2() {
+    let p = project();
+    let out = p.run(&["dags", "validate"]);
+    out.code(2).stderr_has("5 error(s) in DAG files");
+    for file in ["badcron", "badkey", "badtz", "cycle", "unknowndep"] {
+        out.stderr_has(&format!("dags/{file}.toml:"));
+    }
+}
+
+#[test]
+fn no_project_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_backfill"))
+        .args(["-C", dir.path().to_str().unwrap(), "dags"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no backfill.toml in"));
+}
+
+#[test]
+fn nothing_to_do_exits_0_and_running_twice_is_safe() {
+    let p = project();
+    let out = p.run(&[
+        "create",
+        "--dag",
+        "good",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+        "--output",
+        "json",
+    ]);
+    out.code(0);
+    let doc = out.json();
+    assert_eq!(doc["intervals"]["skipped"], 2);
+    assert_eq!(doc["intervals"]["succeeded"], 0);
+    assert_eq!(p.count("SELECT COUNT(*) FROM runs"), 2, "nothing ran again");
+}
+
+#[test]
+fn an_unreadable_manifest_is_an_internal_error_exit_1() {
+    let p = Project::new().dag("good", GOOD);
+    p.write(
+        ".backfill/manifest.db",
+        "this is not a database, it is a text file that is long enough to have a header",
+    );
+    p.run(&[
+        "create",
+        "--dag",
+        "good",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+    ])
+    .code(1)
+    .stderr_has("manifest");
+}

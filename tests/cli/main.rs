@@ -1,0 +1,7 @@
+//! End-to-end tests: the real `backfill` binary against projects in temporary folders.
+
+mod bad_input;
+mod interrupt;
+mod reprocess;
+mod running;
+mod support;

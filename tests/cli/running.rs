@@ -1,0 +1,491 @@
+//! Running backfills: order, bounded concurrency, task order, retries, the task environment,
+//! result files, logs, depends_on_past, and the read commands.
+
+use crate::support::{Project, day, day_unix};
+
+fn ordered_dag() -> &'static str {
+    r#"
+schedule = "@daily"
+[[tasks]]
+id = "record"
+command = "echo {{ ds }} >> order.txt"
+"#
+}
+
+#[test]
+fn forward_order_starts_oldest_first_and_backwards_newest_first() {
+    let p = Project::new().dag("d", ordered_dag());
+    p.run(&[
+        "create",
+        "--dag",
+        "d",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-05",
+        "--max-active-runs",
+        "1",
+    ])
+    .code(0);
+    assert_eq!(
+        p.read("order.txt"),
+        "2026-01-01\n2026-01-02\n2026-01-03\n2026-01-04\n2026-01-05\n"
+    );
+    std::fs::remove_file(p.path("order.txt")).unwrap();
+    p.run(&[
+        "create",
+        "--dag",
+        "d",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-05",
+        "--max-active-runs",
+        "1",
+        "--run-backwards",
+        "--reprocess-behavior",
+        "completed",
+    ])
+    .code(0);
+    assert_eq!(
+        p.read("order.txt"),
+        "2026-01-05\n2026-01-04\n2026-01-03\n2026-01-02\n2026-01-01\n"
+    );
+}
+
+#[test]
+fn at_most_max_active_runs_intervals_overlap_and_that_many_do() {
+    let p = Project::new().dag(
+        "d",
+        r#"
+schedule = "@daily"
+[[tasks]]
+id = "slow"
+command = "echo start $(date +%s%N) >> events.txt; sleep 0.3; echo end $(date +%s%N) >> events.txt"
+"#,
+    );
+    p.run(&[
+        "create",
+        "--dag",
+        "d",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-09",
+        "--max-active-runs",
+        "3",
+    ])
+    .code(0);
+    let mut events: Vec<(u128, i32)> = p
+        .read("events.txt")
+        .lines()
+        .map(|l| {
+            let (kind, t) = l.split_once(' ').unwrap();
+            // Ends sort before starts at the same instant.
+            (t.parse().unwrap(), if kind == "start" { 1 } else { -1 })
+        })
+        .collect();
+    assert_eq!(events.len(), 18);
+    events.sort();
+    let (mut now, mut most) = (0, 0);
+    for (_, delta) in events {
+        now += delta;
+        most = most.max(now);
+    }
+    assert_eq!(most, 3, "exactly 3 intervals overlap at the peak");
+}
+
+#[test]
+fn tasks_run_in_depends_on_order_with_the_environment_and_templates() {
+    let p = Project::new().dag(
+        "env",
+        r#"
+schedule = "@daily"
+timezone = "Europe/Berlin"
+
+[[tasks]]
+id = "second"
+depends_on = ["first"]
+command = ["sh", "-c", "echo second >> order.txt; env | grep ^BACKFILL_ | sort > env-second.txt"]
+
+[[tasks]]
+id = "first"
+command = ["sh", "-c", "echo first >> order.txt; echo $0 > args.txt", "{{ ds }}|{{ ds_nodash }}|{{ data_interval_start }}|{{ data_interval_end }}|{{ dag_id }}|{{ task_id }}|{{ try_number }}|{{ conf.region }}"]
+"#,
+    );
+    p.run(&[
+        "create",
+        "--dag",
+        "env",
+        "--from",
+        "2026-03-29",
+        "--to",
+        "2026-03-29",
+        "--conf",
+        r#"{"region": "eu"}"#,
+    ])
+    .code(0);
+    assert_eq!(p.read("order.txt"), "first\nsecond\n");
+    // The local day 2026-03-29 in Berlin is the 23-hour day.
+    assert_eq!(
+        p.read("args.txt"),
+        "2026-03-29|20260329|2026-03-28T23:00:00Z|2026-03-29T22:00:00Z|env|first|1|eu\n"
+    );
+    let env = p.read("env-second.txt");
+    let run_id = p.rows("SELECT id FROM runs")[0][0].clone();
+    for line in [
+        "BACKFILL_DAG_ID=env".to_string(),
+        "BACKFILL_TASK_ID=second".to_string(),
+        format!("BACKFILL_RUN_ID={run_id}"),
+        "BACKFILL_TRY_NUMBER=1".to_string(),
+        "BACKFILL_DATA_INTERVAL_START=2026-03-28T23:00:00Z".to_string(),
+        "BACKFILL_DATA_INTERVAL_END=2026-03-29T22:00:00Z".to_string(),
+        "BACKFILL_DS=2026-03-29".to_string(),
+        r#"BACKFILL_CONF={"region":"eu"}"#.to_string(),
+    ] {
+        assert!(env.lines().any(|l| l == line), "missing {line} in\n{env}");
+    }
+    assert!(env.contains("BACKFILL_RESULT="));
+}
+
+#[test]
+fn a_missing_conf_key_is_an_error_before_anything_is_written() {
+    let p = Project::new().dag(
+        "env",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"a\"\ncommand = \"echo {{ conf.region }}\"\n",
+    );
+    p.run(&[
+        "create",
+        "--dag",
+        "env",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-01",
+    ])
+    .code(2)
+    .stderr_has("dags/env.toml: task `a`")
+    .stderr_has("undefined");
+    assert!(!p.manifest_path().exists());
+}
+
+#[test]
+fn the_result_file_and_log_path_are_recorded_per_try() {
+    let p = Project::new().dag(
+        "r",
+        r#"
+schedule = "@daily"
+[[tasks]]
+id = "load"
+command = '''echo "loading {{ ds }}"; printf '{"rows": 42, "partitions": ["ds={{ ds }}"], "inputs": ["raw/{{ ds }}"], "fingerprint": "abc"}' > "$BACKFILL_RESULT"'''
+"#,
+    );
+    p.run(&[
+        "create",
+        "--dag",
+        "r",
+        "--from",
+        "2026-01-02",
+        "--to",
+        "2026-01-02",
+    ])
+    .code(0);
+    let rows =
+        p.rows("SELECT state, rows, partitions, inputs, fingerprint, log_path FROM task_tries");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(
+        rows[0][..5],
+        [
+            "succeeded",
+            "42",
+            r#"["ds=2026-01-02"]"#,
+            r#"["raw/2026-01-02"]"#,
+            "abc"
+        ]
+    );
+    assert_eq!(
+        std::fs::read_to_string(&rows[0][5]).unwrap(),
+        "loading 2026-01-02\n"
+    );
+    let show = p.run(&["show", "1", "--output", "json"]);
+    show.code(0);
+    assert_eq!(show.json()["interval_details"][0]["rows"], 42);
+}
+
+#[test]
+fn a_failing_task_is_retried_then_fails_the_interval_with_exit_3_and_its_log_tail() {
+    let p = Project::new().dag(
+        "f",
+        r#"
+schedule = "@daily"
+retries = 2
+retry_delay = "10ms"
+[[tasks]]
+id = "flaky"
+command = '''n=$(cat tries-{{ ds }} 2>/dev/null || echo 0); echo $((n+1)) > tries-{{ ds }}; echo "boom on try {{ try_number }}"; [ "{{ ds }}" != 2026-01-02 ] || [ $n -ge 1 ]'''
+[[tasks]]
+id = "after"
+depends_on = ["flaky"]
+command = "echo after {{ ds }} >> after.txt"
+"#,
+    );
+    // 2026-01-02 fails once and succeeds on the retry; 2026-01-03 never fails.
+    p.run(&[
+        "create",
+        "--dag",
+        "f",
+        "--from",
+        "2026-01-02",
+        "--to",
+        "2026-01-03",
+    ])
+    .code(0);
+    assert_eq!(p.read("tries-2026-01-02"), "2\n");
+    assert_eq!(p.read("after.txt").lines().count(), 2);
+
+    let p = Project::new().dag(
+        "f",
+        r#"
+schedule = "@daily"
+retries = 2
+retry_delay = "10ms"
+[[tasks]]
+id = "broken"
+command = "echo 'boom on try {{ try_number }}'; exit 7"
+[[tasks]]
+id = "after"
+depends_on = ["broken"]
+command = "touch after-ran"
+"#,
+    );
+    let out = p.run(&[
+        "create",
+        "--dag",
+        "f",
+        "--from",
+        "2026-01-02",
+        "--to",
+        "2026-01-02",
+    ]);
+    out.code(3)
+        .stderr_has("try 3 of task `broken` for 2026-01-02 failed: exit code 7 (no retries left)")
+        .stderr_has("| boom on try 3")
+        .stderr_has("--reprocess-behavior failed");
+    let tries = p.rows("SELECT try_number, state, exit_code, error FROM task_tries ORDER BY id");
+    assert_eq!(
+        tries,
+        [
+            ["1", "failed", "7", "exit code 7"],
+            ["2", "failed", "7", "exit code 7"],
+            ["3", "failed", "7", "exit code 7"],
+        ]
+    );
+    assert!(
+        !p.path("after-ran").exists(),
+        "a task after a failed one does not run"
+    );
+    assert_eq!(
+        p.rows("SELECT state, error FROM runs"),
+        [["failed", "task `broken` failed: exit code 7"]]
+    );
+    assert_eq!(p.rows("SELECT state FROM backfills"), [["failed"]]);
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM leases"),
+        0,
+        "leases are released"
+    );
+}
+
+#[test]
+fn depends_on_past_skips_intervals_after_a_failure() {
+    let p = Project::new().dag(
+        "p",
+        r#"
+schedule = "@daily"
+depends_on_past = true
+max_active_runs = 4
+[[tasks]]
+id = "t"
+command = '''echo {{ ds }} >> ran.txt; [ "{{ ds }}" != 2026-01-03 ]'''
+"#,
+    );
+    let out = p.run(&[
+        "create",
+        "--dag",
+        "p",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-05",
+        "--output",
+        "json",
+    ]);
+    out.code(3);
+    assert_eq!(p.read("ran.txt"), "2026-01-01\n2026-01-02\n2026-01-03\n");
+    let plan = p.rows("SELECT interval_start, action, COALESCE(reason, '') FROM plan ORDER BY ord");
+    let expect =
+        |d: u32, a: &str, r: &str| vec![day_unix(d).to_string(), a.to_string(), r.to_string()];
+    assert_eq!(
+        plan,
+        [
+            expect(1, "run", ""),
+            expect(2, "run", ""),
+            expect(3, "run", ""),
+            expect(4, "skip", "previous interval not successful"),
+            expect(5, "skip", "previous interval not successful"),
+        ]
+    );
+    // A later backfill judges the first interval on the one before it.
+    let out = p.run(&[
+        "create",
+        "--dag",
+        "p",
+        "--from",
+        "2026-01-04",
+        "--to",
+        "2026-01-05",
+        "--dry-run",
+        "--output",
+        "json",
+    ]);
+    let doc = out.json();
+    assert_eq!(
+        doc["intervals"][0]["reason"],
+        "previous interval not successful"
+    );
+}
+
+#[test]
+fn list_show_runs_and_dags_read_the_manifest() {
+    let p = Project::new().dag("d", ordered_dag());
+    let out = p.run(&[
+        "create",
+        "--dag",
+        "d",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-03",
+        "--output",
+        "json",
+    ]);
+    out.code(0);
+    let summary = out.json();
+    assert_eq!(summary["backfill_id"], 1);
+    assert_eq!(summary["state"], "completed");
+    assert_eq!(summary["intervals"]["succeeded"], 3);
+
+    let list = p.run(&["list", "--output", "json"]).json();
+    assert_eq!(list[0]["id"], 1);
+    assert_eq!(list[0]["dag_id"], "d");
+    assert_eq!(list[0]["state"], "completed");
+    assert_eq!(
+        p.run(&["list", "--active", "--output", "json"]).json(),
+        serde_json::json!([])
+    );
+
+    let show = p.run(&["show", "1", "--output", "json"]).json();
+    let intervals = show["interval_details"].as_array().unwrap();
+    assert_eq!(intervals.len(), 3);
+    assert_eq!(intervals[0]["start"], day(1));
+    assert_eq!(intervals[0]["state"], "succeeded");
+    assert_eq!(intervals[0]["attempts"], 1);
+    assert_eq!(intervals[0]["tries"], 1);
+    p.run(&["show", "1"])
+        .code(0)
+        .stderr_has("backfill 1 of d: completed");
+
+    let runs = p
+        .run(&[
+            "runs",
+            "--dag",
+            "d",
+            "--from",
+            "2026-01-02",
+            "--to",
+            "2026-01-03",
+            "--output",
+            "json",
+        ])
+        .json();
+    let starts: Vec<&str> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["start"].as_str().unwrap())
+        .collect();
+    assert_eq!(starts, [day(2), day(3)]);
+
+    let dags = p.run(&["dags", "--output", "json"]).json();
+    assert_eq!(dags[0]["id"], "d");
+    assert_eq!(dags[0]["schedule"], "@daily");
+    assert_eq!(dags[0]["tasks"][0]["id"], "record");
+    p.run(&["dags", "validate"])
+        .code(0)
+        .stderr_has("1 DAG files OK");
+}
+
+#[test]
+fn hourly_berlin_on_the_fall_back_day_plans_25_intervals() {
+    let p = Project::new().dag(
+        "h",
+        "schedule = \"@hourly\"\ntimezone = \"Europe/Berlin\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+    );
+    let doc = p
+        .run(&[
+            "create",
+            "--dag",
+            "h",
+            "--from",
+            "2026-10-25",
+            "--to",
+            "2026-10-25",
+            "--dry-run",
+            "--output",
+            "json",
+        ])
+        .json();
+    let intervals = doc["intervals"].as_array().unwrap();
+    assert_eq!(intervals.len(), 25);
+    assert_eq!(intervals[0]["start"], "2026-10-24T22:00:00Z");
+    assert_eq!(intervals[24]["end"], "2026-10-25T23:00:00Z");
+}
+
+#[test]
+fn relative_ranges_use_the_clock_and_future_intervals_are_not_yet_complete() {
+    let p = Project::new().dag("d", ordered_dag());
+    // BACKFILL_NOW is 2026-11-29T12:00Z: today's interval has not ended yet.
+    let doc = p
+        .run(&[
+            "create",
+            "--dag",
+            "d",
+            "--from",
+            "today-2d",
+            "--to",
+            "today",
+            "--dry-run",
+            "--output",
+            "json",
+        ])
+        .json();
+    let plan: Vec<(&str, &str)> = doc["intervals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["start"].as_str().unwrap(),
+                i["reason"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        plan,
+        [
+            ("2026-11-27T00:00:00Z", ""),
+            ("2026-11-28T00:00:00Z", ""),
+            ("2026-11-29T00:00:00Z", "not yet complete"),
+        ]
+    );
+}

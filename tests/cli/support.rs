@@ -1,0 +1,229 @@
+//! A tiny builder for end-to-end tests: a project in a temporary folder, the real binary, and
+//! direct reads of the manifest.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+
+/// The instant the binary believes it is (`BACKFILL_NOW`).
+pub const NOW: &str = "2026-11-29T12:00:00Z";
+
+pub struct Project {
+    dir: tempfile::TempDir,
+}
+
+/// What a finished command printed and returned.
+#[derive(Debug)]
+pub struct Out {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Out {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e}):\n{}\n{}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+
+    #[track_caller]
+    pub fn code(&self, expected: i32) -> &Self {
+        assert_eq!(
+            self.code, expected,
+            "exit code\n--- stdout\n{}\n--- stderr\n{}",
+            self.stdout, self.stderr
+        );
+        self
+    }
+
+    #[track_caller]
+    pub fn stderr_has(&self, needle: &str) -> &Self {
+        assert!(
+            self.stderr.contains(needle),
+            "stderr lacks {needle:?}:\n{}",
+            self.stderr
+        );
+        self
+    }
+}
+
+impl Project {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(
+            dir.path().join("backfill.toml"),
+            "lease_timeout = \"30s\"\n",
+        )
+        .unwrap();
+        std::fs::create_dir(dir.path().join("dags")).unwrap();
+        Self { dir }
+    }
+
+    /// Adds `dags/{id}.toml`.
+    pub fn dag(self, id: &str, toml: &str) -> Self {
+        self.write(&format!("dags/{id}.toml"), toml);
+        self
+    }
+
+    pub fn write(&self, rel: &str, content: &str) {
+        let path = self.path(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).unwrap();
+        }
+        std::fs::write(path, content).unwrap();
+    }
+
+    pub fn read(&self, rel: &str) -> String {
+        std::fs::read_to_string(self.path(rel)).unwrap_or_default()
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn manifest_path(&self) -> PathBuf {
+        self.path(".backfill/manifest.db")
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_backfill"));
+        c.arg("-C")
+            .arg(self.dir.path())
+            .args(args)
+            .env("BACKFILL_NOW", NOW)
+            .stdin(Stdio::null());
+        c
+    }
+
+    pub fn run(&self, args: &[&str]) -> Out {
+        let out = self.command(args).output().expect("run backfill");
+        Out {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// Starts the binary in the background; its output goes to `{name}.out` and `{name}.err`.
+    pub fn spawn(&self, name: &str, args: &[&str]) -> Child {
+        let stdout = std::fs::File::create(self.path(&format!("{name}.out"))).unwrap();
+        let stderr = std::fs::File::create(self.path(&format!("{name}.err"))).unwrap();
+        self.command(args)
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn backfill")
+    }
+
+    /// Waits for a background run and returns its exit code and output.
+    pub fn wait(&self, name: &str, mut child: Child) -> Out {
+        let status = child.wait().unwrap();
+        Out {
+            code: status.code().unwrap_or(-1),
+            stdout: self.read(&format!("{name}.out")),
+            stderr: self.read(&format!("{name}.err")),
+        }
+    }
+
+    pub fn db(&self) -> Connection {
+        let c = Connection::open(self.manifest_path()).expect("open manifest");
+        c.busy_timeout(Duration::from_secs(10)).unwrap();
+        c
+    }
+
+    /// One string per row of every manifest table: equal dumps mean an unchanged manifest.
+    pub fn dump(&self) -> String {
+        if !self.manifest_path().exists() {
+            return "no manifest".into();
+        }
+        let db = self.db();
+        let mut out = String::new();
+        for table in ["backfills", "plan", "runs", "task_tries", "leases"] {
+            let mut stmt = db.prepare(&format!("SELECT * FROM {table}")).unwrap();
+            let n = stmt.column_count();
+            let mut rows = stmt.query([]).unwrap();
+            while let Some(r) = rows.next().unwrap() {
+                let cells: Vec<String> = (0..n)
+                    .map(|i| format!("{:?}", r.get_ref(i).unwrap()))
+                    .collect();
+                out.push_str(&format!("{table}: {}\n", cells.join(" | ")));
+            }
+        }
+        out
+    }
+
+    /// Rows of a query, each as strings.
+    pub fn rows(&self, sql: &str) -> Vec<Vec<String>> {
+        let db = self.db();
+        let mut stmt = db.prepare(sql).unwrap();
+        let n = stmt.column_count();
+        let mut rows = stmt.query([]).unwrap();
+        let mut out = Vec::new();
+        while let Some(r) = rows.next().unwrap() {
+            out.push(
+                (0..n)
+                    .map(|i| match r.get_ref(i).unwrap() {
+                        rusqlite::types::ValueRef::Null => "NULL".to_string(),
+                        rusqlite::types::ValueRef::Integer(v) => v.to_string(),
+                        rusqlite::types::ValueRef::Real(v) => v.to_string(),
+                        rusqlite::types::ValueRef::Text(t) => {
+                            String::from_utf8_lossy(t).into_owned()
+                        }
+                        rusqlite::types::ValueRef::Blob(_) => "<blob>".to_string(),
+                    })
+                    .collect(),
+            );
+        }
+        out
+    }
+
+    pub fn count(&self, sql: &str) -> i64 {
+        self.db().query_row(sql, [], |r| r.get(0)).unwrap()
+    }
+}
+
+/// Polls `condition` every 20 ms; panics with `what` after `timeout`.
+#[track_caller]
+pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether a process exists (and is not a zombie).
+pub fn alive(pid: i32) -> bool {
+    if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err() {
+        return false;
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next())
+                != Some("Z")
+        })
+        .unwrap_or(false)
+}
+
+pub fn signal(child: &Child, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
+}
+
+/// `2026-01-0N` as the RFC 3339 start of that UTC day.
+pub fn day(d: u32) -> String {
+    format!("2026-01-{d:02}T00:00:00Z")
+}
+
+/// Unix seconds of the start of `2026-01-dd` UTC.
+pub fn day_unix(d: u32) -> i64 {
+    chrono::DateTime::parse_from_rfc3339(&day(d))
+        .unwrap()
+        .timestamp()
+}

@@ -58,7 +58,7 @@ fn kill_9_then_resume_finishes_every_interval_without_overlap() {
         "two intervals done and two running",
         Duration::from_secs(20),
         || {
-            p.manifest_path().exists()
+            p.has_manifest()
                 && p.count("SELECT COUNT(*) FROM runs WHERE state = 'succeeded'") >= 2
                 && p.count(
                     "SELECT COUNT(*) FROM task_tries WHERE state = 'running' AND pgid IS NOT NULL",
@@ -109,8 +109,7 @@ fn resume_refuses_while_the_owner_is_alive() {
         ],
     );
     wait_until("the interval to run", Duration::from_secs(20), || {
-        p.manifest_path().exists()
-            && p.count("SELECT COUNT(*) FROM runs WHERE state = 'running'") == 1
+        p.has_manifest() && p.count("SELECT COUNT(*) FROM runs WHERE state = 'running'") == 1
     });
     let before = p.count("SELECT COUNT(*) FROM runs");
     p.run(&["resume", "1"])
@@ -347,8 +346,7 @@ fn cancel_stops_a_backfill_running_in_another_process() {
         ],
     );
     wait_until("three intervals running", Duration::from_secs(20), || {
-        p.manifest_path().exists()
-            && p.count("SELECT COUNT(*) FROM runs WHERE state = 'running'") == 3
+        p.has_manifest() && p.count("SELECT COUNT(*) FROM runs WHERE state = 'running'") == 3
     });
     let started = std::time::Instant::now();
     p.run(&["cancel", "1"])
@@ -384,7 +382,7 @@ fn cancel_of_a_dead_backfill_marks_it_cancelled_and_releases_its_leases() {
         ],
     );
     wait_until("two intervals running", Duration::from_secs(20), || {
-        p.manifest_path().exists()
+        p.has_manifest()
             && p.count(
                 "SELECT COUNT(*) FROM task_tries WHERE state = 'running' AND pgid IS NOT NULL",
             ) == 2

@@ -1,6 +1,7 @@
 //! End-to-end tests: the real `backfill` binary against projects in temporary folders.
 
 mod bad_input;
+mod example;
 mod interrupt;
 mod reprocess;
 mod running;

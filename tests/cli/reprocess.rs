@@ -46,7 +46,7 @@ fn scenario() -> (Project, Child) {
         ],
     );
     wait_until("2026-01-07 to be running", Duration::from_secs(10), || {
-        p.manifest_path().exists()
+        p.has_manifest()
             && p.count(&format!(
                 "SELECT COUNT(*) FROM runs WHERE interval_start = {} AND state = 'running'",
                 day_unix(7)

@@ -131,6 +131,15 @@ impl Project {
         }
     }
 
+    /// Whether the manifest exists and its schema is in place (for waiting on a background run).
+    pub fn has_manifest(&self) -> bool {
+        self.manifest_path().exists()
+            && self
+                .db()
+                .pragma_query_value(None, "user_version", |r| r.get::<_, i64>(0))
+                .is_ok_and(|v| v > 0)
+    }
+
     pub fn db(&self) -> Connection {
         let c = Connection::open(self.manifest_path()).expect("open manifest");
         c.busy_timeout(Duration::from_secs(10)).unwrap();

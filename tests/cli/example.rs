@@ -1,0 +1,61 @@
+//! The example project of the README, run as the README runs it.
+
+use std::path::Path;
+
+use crate::support::Project;
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        if name == ".backfill" || name == "out" {
+            continue;
+        }
+        let target = to.join(&name);
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn the_quickstart_backfills_september_and_a_second_run_has_nothing_to_do() {
+    let p = Project::new();
+    copy_dir(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/quickstart"),
+        &p.path(""),
+    );
+    let args = [
+        "create",
+        "--dag",
+        "daily_report",
+        "--from",
+        "2026-09-01",
+        "--to",
+        "2026-09-30",
+    ];
+    p.run(&args)
+        .code(0)
+        .stderr_has("backfill 1 of daily_report: completed — 30 succeeded");
+    for day in 1..=30 {
+        let part = p.read(&format!("out/report/ds=2026-09-{day:02}/part.csv"));
+        assert_eq!(part.lines().count(), 3, "three regions on 2026-09-{day:02}");
+    }
+    assert_eq!(
+        p.count("SELECT SUM(rows) FROM task_tries WHERE task_id = 'report'"),
+        90
+    );
+    let before = p.read("out/report/ds=2026-09-15/part.csv");
+    p.run(&args).code(0).stderr_has("30 skipped");
+    p.run(&[&args[..], &["--reprocess-behavior", "completed"]].concat())
+        .code(0)
+        .stderr_has("30 succeeded");
+    assert_eq!(
+        p.read("out/report/ds=2026-09-15/part.csv"),
+        before,
+        "reruns are idempotent"
+    );
+}

@@ -4,7 +4,7 @@
 //! A loaded [`Dag`] is fully checked: schedule, timezone, durations, the task graph (unknown
 //! dependencies, cycles) and the template names used by commands.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -70,6 +70,17 @@ pub struct Project {
     pub logs_dir: PathBuf,
     /// A lease whose owner has not sent a heartbeat for this long is stale.
     pub lease_timeout: Duration,
+    /// SQLite warehouses by name.
+    pub warehouses: BTreeMap<String, Warehouse>,
+}
+
+/// A SQLite warehouse declared in `backfill.toml`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warehouse {
+    pub name: String,
+    pub path: PathBuf,
+    /// SQL files run once, in order, in one transaction, when the database file does not exist.
+    pub init: Vec<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -78,6 +89,16 @@ struct RawProject {
     manifest: Option<String>,
     logs: Option<String>,
     lease_timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    warehouse: BTreeMap<String, Spanned<RawWarehouse>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWarehouse {
+    path: String,
+    #[serde(default)]
+    init: Vec<String>,
 }
 
 impl Project {
@@ -113,10 +134,45 @@ impl Project {
                 .map_err(|e| ProjectError::Config(vec![e]))?,
             None => Duration::from_secs(30),
         };
+        let mut warehouses = BTreeMap::new();
+        let mut errors = Vec::new();
+        for (name, w) in &raw.warehouse {
+            if !sql_identifier(name) {
+                errors.push(ConfigError {
+                    location: location(&shown, &text, w.span().start),
+                    message: format!(
+                        "invalid warehouse name `{name}`: use letters, digits and `_`, starting with a letter or `_`"
+                    ),
+                });
+            }
+            let init: Vec<PathBuf> = w.get_ref().init.iter().map(|f| root.join(f)).collect();
+            for (file, full) in w.get_ref().init.iter().zip(&init) {
+                if !full.is_file() {
+                    errors.push(ConfigError {
+                        location: location(&shown, &text, w.span().start),
+                        message: format!(
+                            "warehouse `{name}`: init file `{file}` does not exist (paths are relative to the project folder)"
+                        ),
+                    });
+                }
+            }
+            warehouses.insert(
+                name.clone(),
+                Warehouse {
+                    name: name.clone(),
+                    path: root.join(&w.get_ref().path),
+                    init,
+                },
+            );
+        }
+        if !errors.is_empty() {
+            return Err(ProjectError::Config(errors));
+        }
         Ok(Self {
             manifest_path: root.join(raw.manifest.as_deref().unwrap_or(".backfill/manifest.db")),
             logs_dir: root.join(raw.logs.as_deref().unwrap_or(".backfill/logs")),
             lease_timeout,
+            warehouses,
             root,
         })
     }
@@ -143,7 +199,7 @@ impl Project {
         let mut seen: HashMap<String, String> = HashMap::new();
         for path in self.dag_files() {
             let shown = self.display_path(&path);
-            match Dag::load(&path, &shown) {
+            match Dag::load(&path, &shown, &self.warehouses) {
                 Ok(dag) => {
                     if let Some(other) = seen.get(&dag.id) {
                         errors.push(ConfigError {
@@ -219,6 +275,10 @@ pub struct Task {
     pub id: String,
     pub depends_on: Vec<String>,
     pub kind: TaskKind,
+    /// Checks that decide whether a try's output is published.
+    pub gate: Option<Gate>,
+    /// For command tasks: runs only after the gate passed.
+    pub publish: Option<CommandSpec>,
     pub retries: u32,
     pub retry_delay: Duration,
     pub timeout: Option<Duration>,
@@ -228,6 +288,34 @@ pub struct Task {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TaskKind {
+    Command(CommandSpec),
+    Sql(SqlTask),
+}
+
+/// A SQL task: a SELECT over a warehouse whose rows replace one partition of `target`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqlTask {
+    pub warehouse: Warehouse,
+    pub target: String,
+    pub partition_column: String,
+    pub sql: String,
+}
+
+/// The publication gate of a task (`[tasks.gate]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gate {
+    pub unique_key: Vec<String>,
+    pub source_count: Option<SourceCount>,
+    pub tolerance: f64,
+    pub allow_empty: bool,
+}
+
+/// How to count the source rows of an interval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceCount {
+    /// A query in the task's warehouse, with the interval's bind parameters.
+    Sql(String),
+    /// A command that prints one integer.
     Command(CommandSpec),
 }
 
@@ -262,10 +350,26 @@ struct RawTask {
     #[serde(default)]
     depends_on: Vec<Spanned<String>>,
     command: Option<Spanned<RawCommand>>,
+    warehouse: Option<Spanned<String>>,
+    target: Option<Spanned<String>>,
+    partition_column: Option<Spanned<String>>,
+    sql: Option<Spanned<String>>,
+    gate: Option<Spanned<RawGate>>,
+    publish: Option<Spanned<RawCommand>>,
     retries: Option<Spanned<i64>>,
     retry_delay: Option<Spanned<String>>,
     timeout: Option<Spanned<String>>,
     grace_period: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGate {
+    #[serde(default)]
+    unique_key: Vec<Spanned<String>>,
+    source_count: Option<Spanned<RawCommand>>,
+    tolerance: Option<Spanned<f64>>,
+    allow_empty: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -292,7 +396,11 @@ impl<'a> FileErrors<'a> {
 }
 
 impl Dag {
-    fn load(path: &Path, shown: &str) -> Result<Self, Vec<ConfigError>> {
+    fn load(
+        path: &Path,
+        shown: &str,
+        warehouses: &BTreeMap<String, Warehouse>,
+    ) -> Result<Self, Vec<ConfigError>> {
         let text = read(path, shown).map_err(|e| match e {
             ProjectError::Config(v) => v,
             other => vec![ConfigError {
@@ -373,7 +481,7 @@ impl Dag {
                 message: "the DAG has no tasks; add at least one [[tasks]] table".into(),
             });
         }
-        let tasks = load_tasks(&raw.tasks, &defaults, &mut errs);
+        let tasks = load_tasks(&raw.tasks, &defaults, warehouses, &mut errs);
 
         match (errs.errors.is_empty(), schedule, tz) {
             (true, Some(schedule), Some(tz)) => Ok(Self {
@@ -398,7 +506,12 @@ struct TaskDefaults {
     grace_period: Duration,
 }
 
-fn load_tasks(raw: &[RawTask], defaults: &TaskDefaults, errs: &mut FileErrors<'_>) -> Vec<Task> {
+fn load_tasks(
+    raw: &[RawTask],
+    defaults: &TaskDefaults,
+    warehouses: &BTreeMap<String, Warehouse>,
+    errs: &mut FileErrors<'_>,
+) -> Vec<Task> {
     let mut tasks = Vec::new();
     let mut ids: HashMap<&str, usize> = HashMap::new();
     for (i, t) in raw.iter().enumerate() {
@@ -431,42 +544,31 @@ fn load_tasks(raw: &[RawTask], defaults: &TaskDefaults, errs: &mut FileErrors<'_
                 );
             }
         }
-        let kind = match &t.command {
-            Some(c) => {
-                let spec = match c.get_ref() {
-                    RawCommand::Argv(v) if v.is_empty() => {
-                        errs.at(c, "key `command` is an empty array; name a program".into());
-                        continue;
-                    }
-                    RawCommand::Argv(v) => CommandSpec::Argv(v.clone()),
-                    RawCommand::Shell(s) => CommandSpec::Shell(s.clone()),
-                };
-                let texts: Vec<&str> = match &spec {
-                    CommandSpec::Argv(v) => v.iter().map(String::as_str).collect(),
-                    CommandSpec::Shell(s) => vec![s.as_str()],
-                };
-                for text in texts {
-                    if let Err(e) = template::check(text) {
-                        errs.at(c, format!("key `command`: {e}"));
-                    }
-                }
-                TaskKind::Command(spec)
-            }
-            None => {
+        let Some(kind) = task_kind(t, warehouses, errs) else {
+            continue;
+        };
+        let gate = t
+            .gate
+            .as_ref()
+            .and_then(|g| load_gate(t, g, matches!(kind, TaskKind::Sql(_)), errs));
+        let publish = match (&t.publish, &kind) {
+            (None, _) => None,
+            (Some(p), TaskKind::Sql(_)) => {
                 errs.at(
-                    &t.id,
-                    format!(
-                        "task `{}` has no `command`; give it `command = [\"prog\", \"arg\"]` or `command = \"shell line\"`",
-                        t.id.get_ref()
-                    ),
+                    p,
+                    "key `publish`: a SQL task publishes its audited rows itself; remove `publish`"
+                        .into(),
                 );
-                continue;
+                None
             }
+            (Some(p), TaskKind::Command(_)) => command_spec(p, "publish", errs),
         };
         tasks.push(Task {
             id: t.id.get_ref().clone(),
             depends_on: t.depends_on.iter().map(|d| d.get_ref().clone()).collect(),
             kind,
+            gate,
+            publish,
             retries: count(&t.retries, "retries", errs).unwrap_or(defaults.retries),
             retry_delay: duration(&t.retry_delay, "retry_delay", errs)
                 .unwrap_or(defaults.retry_delay),
@@ -499,6 +601,213 @@ fn load_tasks(raw: &[RawTask], defaults: &TaskDefaults, errs: &mut FileErrors<'_
             tasks
         }
     }
+}
+
+/// A command (array or shell line) whose templates use only known names.
+fn command_spec(
+    c: &Spanned<RawCommand>,
+    key: &str,
+    errs: &mut FileErrors<'_>,
+) -> Option<CommandSpec> {
+    let spec = match c.get_ref() {
+        RawCommand::Argv(v) if v.is_empty() => {
+            errs.at(c, format!("key `{key}` is an empty array; name a program"));
+            return None;
+        }
+        RawCommand::Argv(v) => CommandSpec::Argv(v.clone()),
+        RawCommand::Shell(s) => CommandSpec::Shell(s.clone()),
+    };
+    let texts: Vec<&str> = match &spec {
+        CommandSpec::Argv(v) => v.iter().map(String::as_str).collect(),
+        CommandSpec::Shell(s) => vec![s.as_str()],
+    };
+    let mut ok = true;
+    for text in texts {
+        if let Err(e) = template::check(text) {
+            errs.at(c, format!("key `{key}`: {e}"));
+            ok = false;
+        }
+    }
+    ok.then_some(spec)
+}
+
+/// A command task or a SQL task, never both.
+fn task_kind(
+    t: &RawTask,
+    warehouses: &BTreeMap<String, Warehouse>,
+    errs: &mut FileErrors<'_>,
+) -> Option<TaskKind> {
+    let id = t.id.get_ref();
+    match (&t.command, &t.sql) {
+        (Some(c), None) => {
+            for (key, present) in [
+                ("warehouse", t.warehouse.is_some()),
+                ("target", t.target.is_some()),
+                ("partition_column", t.partition_column.is_some()),
+            ] {
+                if present {
+                    errs.at(
+                        c,
+                        format!("task `{id}`: key `{key}` belongs to SQL tasks; a command task cannot have it"),
+                    );
+                }
+            }
+            command_spec(c, "command", errs).map(TaskKind::Command)
+        }
+        (None, Some(sql)) => {
+            let mut missing = Vec::new();
+            let mut field = |v: &Option<Spanned<String>>, key: &'static str, ident: bool| match v {
+                None => {
+                    missing.push(key);
+                    None
+                }
+                Some(v) if ident && !sql_identifier(v.get_ref()) => {
+                    errs.at(
+                        v,
+                        format!(
+                            "key `{key}`: `{}` is not a plain SQL name (letters, digits and `_`, starting with a letter or `_`)",
+                            v.get_ref()
+                        ),
+                    );
+                    None
+                }
+                Some(v) => Some(v.get_ref().clone()),
+            };
+            let warehouse = field(&t.warehouse, "warehouse", false);
+            let target = field(&t.target, "target", true);
+            let partition_column = field(&t.partition_column, "partition_column", true);
+            if !missing.is_empty() {
+                errs.at(
+                    sql,
+                    format!(
+                        "SQL task `{id}` needs {}; see the README's SQL tasks section",
+                        missing
+                            .iter()
+                            .map(|k| format!("`{k}`"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                );
+                return None;
+            }
+            let name = warehouse?;
+            let Some(warehouse) = warehouses.get(&name) else {
+                let known: Vec<&str> = warehouses.keys().map(String::as_str).collect();
+                if let Some(w) = &t.warehouse {
+                    errs.at(
+                        w,
+                        format!(
+                            "unknown warehouse `{name}`; declare it in backfill.toml as [warehouse.{name}] (known: {})",
+                            if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                        ),
+                    );
+                }
+                return None;
+            };
+            Some(TaskKind::Sql(SqlTask {
+                warehouse: warehouse.clone(),
+                target: target?,
+                partition_column: partition_column?,
+                sql: sql.get_ref().clone(),
+            }))
+        }
+        (Some(c), Some(_)) => {
+            errs.at(
+                c,
+                format!("task `{id}` has both `command` and `sql`; a task is one or the other"),
+            );
+            None
+        }
+        (None, None) => {
+            errs.at(
+                &t.id,
+                format!(
+                    "task `{id}` has neither `command` nor `sql`; give it `command = [\"prog\", \"arg\"]`, `command = \"shell line\"`, or a SQL task's `warehouse`, `target`, `partition_column` and `sql`"
+                ),
+            );
+            None
+        }
+    }
+}
+
+fn load_gate(
+    t: &RawTask,
+    g: &Spanned<RawGate>,
+    is_sql: bool,
+    errs: &mut FileErrors<'_>,
+) -> Option<Gate> {
+    let raw = g.get_ref();
+    let mut ok = true;
+    if !raw.unique_key.is_empty() && !is_sql {
+        errs.at(
+            g,
+            format!(
+                "task `{}`: `unique_key` needs a SQL task (its rows are audited in a table); remove it or make the task a SQL task",
+                t.id.get_ref()
+            ),
+        );
+        ok = false;
+    }
+    for k in &raw.unique_key {
+        if !sql_identifier(k.get_ref()) {
+            errs.at(
+                k,
+                format!(
+                    "key `unique_key`: `{}` is not a plain SQL column name",
+                    k.get_ref()
+                ),
+            );
+            ok = false;
+        }
+    }
+    let tolerance = match &raw.tolerance {
+        None => 0.0,
+        Some(v) if v.get_ref().is_finite() && *v.get_ref() >= 0.0 => *v.get_ref(),
+        Some(v) => {
+            errs.at(
+                v,
+                "key `tolerance` must be a fraction of at least 0, such as 0.02 for 2%".into(),
+            );
+            ok = false;
+            0.0
+        }
+    };
+    let source_count = match &raw.source_count {
+        None => None,
+        Some(c) if is_sql => match c.get_ref() {
+            RawCommand::Shell(sql) => Some(SourceCount::Sql(sql.clone())),
+            RawCommand::Argv(_) => {
+                errs.at(
+                    c,
+                    "key `source_count`: in a SQL task it is a SQL query string".into(),
+                );
+                ok = false;
+                None
+            }
+        },
+        Some(c) => match command_spec(c, "source_count", errs) {
+            Some(spec) => Some(SourceCount::Command(spec)),
+            None => {
+                ok = false;
+                None
+            }
+        },
+    };
+    ok.then(|| Gate {
+        unique_key: raw.unique_key.iter().map(|k| k.get_ref().clone()).collect(),
+        source_count,
+        tolerance,
+        allow_empty: raw.allow_empty.unwrap_or(false),
+    })
+}
+
+/// A name that may be spliced into SQL: letters, digits and `_`, not starting with a digit.
+pub fn sql_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// Orders tasks so that each comes after its dependencies, keeping file order where free.
@@ -636,7 +945,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("demo.toml");
         std::fs::write(&path, text).unwrap();
-        Dag::load(&path, "dags/demo.toml")
+        Dag::load(&path, "dags/demo.toml", &BTreeMap::new())
     }
 
     fn first_error(text: &str) -> String {
@@ -681,7 +990,7 @@ command = ["echo", "{{ data_interval_start }}", "{{ conf.region }}"]
         let base = "schedule = \"@daily\"\n[[tasks]]\nid = \"a\"\ncommand = \"true\"\n";
         assert_eq!(
             first_error(&format!("{base}retires = 3\n")),
-            "dags/demo.toml:5:1: unknown field `retires`, expected one of `id`, `depends_on`, `command`, `retries`, `retry_delay`, `timeout`, `grace_period`; remove or rename the key"
+            "dags/demo.toml:5:1: unknown field `retires`, expected one of `id`, `depends_on`, `command`, `warehouse`, `target`, `partition_column`, `sql`, `gate`, `publish`, `retries`, `retry_delay`, `timeout`, `grace_period`; remove or rename the key"
         );
         assert!(first_error("schedule = \"@daily\"\ntimezone = \"Mars/Olympus\"\n[[tasks]]\nid = \"a\"\ncommand = \"true\"\n")
             .starts_with("dags/demo.toml:2:12: unknown timezone `Mars/Olympus`"));

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Global, unknown_backfill};
+use super::{Global, repair, unknown_backfill};
 use crate::exit::{self, Error};
 use crate::manifest::{
     self, BackfillState,
@@ -57,11 +57,15 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
     // The owner is gone (or never answered): clean up on its behalf.
     let mut ctx = LeaseCtx::new(project.lease_timeout);
     ctx.now_ms = lease::now_ms();
+    let dag = project.dag(&backfill.dag_id).ok();
     writer.call_blocking(move |c| {
         if let Some(b) = manifest::get_backfill(c, id)?
             && b.state == BackfillState::Running
             && !b.owner_alive(&ctx)
         {
+            if let Some(dag) = &dag {
+                repair::publishes(c, dag, id)?;
+            }
             manifest::abandon_runs(c, id, &ctx)?;
             manifest::finish_backfill(c, id, BackfillState::Cancelled, ctx.now_ms)?;
         }

@@ -1,17 +1,18 @@
 //! `backfill create`: validate everything, plan against the manifest and lease the intervals in
 //! one transaction, then run them (or, with `--dry-run`, print the plan and write nothing).
 
-use super::Global;
 use super::execute::{Execution, execute};
+use super::{Global, repair};
 use crate::cli::CreateArgs;
 use crate::clock;
 use crate::exit::{self, Error};
 use crate::interval::{DataInterval, expand_nonempty, parse_when, resolve_range, rfc3339};
 use crate::manifest::{self, NewBackfill, lease::LeaseCtx, writer::Writer};
 use crate::plan::{self, Action, Prior, Reprocess};
-use crate::project::{Dag, TaskKind};
+use crate::project::{CommandSpec, Dag, Gate, SourceCount, TaskKind};
 use crate::report::tables;
 use crate::task::{command, template};
+use crate::warehouse;
 
 pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
     let project = g.project()?;
@@ -28,7 +29,7 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
     let to = parse_when(&args.to, now, dag.tz)?;
     let range = resolve_range(from, to, dag.tz)?;
     let intervals = expand_nonempty(&dag.schedule, range, &args.from, &args.to)?;
-    check_commands_render(&dag, &conf, intervals[0])?;
+    check_tasks(&dag, &conf, intervals[0])?;
     let reprocess = Reprocess::from(args.reprocess_behavior);
     let max_active_runs = args.max_active_runs.or(dag.max_active_runs).unwrap_or(1);
     let options = plan::Options {
@@ -71,7 +72,12 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
     };
     let writer = Writer::spawn(manifest::open(&manifest_path)?)?;
     let dag_id = dag.id.clone();
+    let repair_dag = dag.clone();
     let (backfill_id, rows) = writer.call_blocking(move |c| {
+        // Finish what dead owners had decided to publish, then take their intervals over.
+        for owner in manifest::stale_owners(c, &dag_id, &ctx)? {
+            repair::publishes(c, &repair_dag, owner)?;
+        }
         manifest::repair_stale_leases(c, &dag_id, &ctx)?;
         let (prior, before) = manifest::priors(c, &dag_id, &intervals, &ctx)?;
         let rows = plan::plan(&intervals, &prior, before, options);
@@ -107,6 +113,7 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
             conf,
             max_active_runs,
             intervals: to_run,
+            allow_drift: args.allow_drift,
         },
         writer,
     )
@@ -128,17 +135,16 @@ fn parse_conf(conf: Option<&str>) -> Result<serde_json::Value, Error> {
     }
 }
 
-/// Renders every command once for the first interval, so that a template using a `conf` key
-/// that was not given fails now, before anything is written.
-fn check_commands_render(
-    dag: &Dag,
-    conf: &serde_json::Value,
-    first: DataInterval,
-) -> Result<(), Error> {
+/// Checks every task before anything is written: each command (and `publish` and
+/// `source_count` command) renders for the first interval, so that a template using a `conf`
+/// key that was not given fails now; each SQL task prepares against its warehouse (created from
+/// its init files if needed) with known bind parameters and columns the target has.
+fn check_tasks(dag: &Dag, conf: &serde_json::Value, first: DataInterval) -> Result<(), Error> {
     let ds = first.ds(dag.tz);
     let ds_nodash = ds.replace('-', "");
     let (start, end) = (rfc3339(first.start), rfc3339(first.end));
     for task in &dag.tasks {
+        let problem = |e: String| Error::Usage(format!("{}: task `{}`: {e}", dag.file, task.id));
         let ctx = template::Context {
             ds: &ds,
             ds_nodash: &ds_nodash,
@@ -150,14 +156,26 @@ fn check_commands_render(
             try_number: 1,
             conf,
         };
+        let mut commands: Vec<&CommandSpec> = task.publish.iter().collect();
+        if let Some(Gate {
+            source_count: Some(SourceCount::Command(c)),
+            ..
+        }) = &task.gate
+        {
+            commands.push(c);
+        }
         match &task.kind {
-            TaskKind::Command(spec) => command::render(spec, &ctx).map_err(|e| {
-                Error::Usage(format!(
-                    "{}: task `{}`: {e}; pass the missing value with --conf",
-                    dag.file, task.id
-                ))
-            })?,
-        };
+            TaskKind::Command(spec) => commands.push(spec),
+            TaskKind::Sql(sql) => {
+                let conn =
+                    warehouse::open(&sql.warehouse).map_err(|e| problem(format!("{e:#}")))?;
+                warehouse::check_task(&conn, sql, task.gate.as_ref()).map_err(problem)?;
+            }
+        }
+        for spec in commands {
+            command::render(spec, &ctx)
+                .map_err(|e| problem(format!("{e}; pass the missing value with --conf")))?;
+        }
     }
     Ok(())
 }

@@ -26,6 +26,7 @@ pub struct Execution {
     pub conf: serde_json::Value,
     pub max_active_runs: u32,
     pub intervals: Vec<DataInterval>,
+    pub allow_drift: bool,
 }
 
 /// Runs the intervals, then prints the summary and returns the exit code.
@@ -49,6 +50,8 @@ pub fn execute(
         host: lease::hostname(),
         max_active_runs: e.max_active_runs as usize,
         intervals: e.intervals,
+        allow_drift: e.allow_drift,
+        fault: std::env::var("BACKFILL_FAULT").ok(),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -5,6 +5,7 @@ mod create;
 mod dags;
 mod execute;
 mod read;
+mod repair;
 mod resume;
 
 use std::path::PathBuf;

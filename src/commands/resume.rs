@@ -2,7 +2,7 @@
 //! interrupted or cancelled. Refuses while the owner process is alive.
 
 use super::execute::{Execution, execute};
-use super::{Global, unknown_backfill};
+use super::{Global, repair, unknown_backfill};
 use crate::exit::{self, Error};
 use crate::manifest::{self, TakeOverRefused, lease::LeaseCtx, writer::Writer};
 
@@ -21,7 +21,14 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
         .map_err(|e| Error::Internal(anyhow::anyhow!("backfill {id} has unreadable conf: {e}")))?;
     let writer = Writer::spawn(manifest::open(&manifest_path)?)?;
     let ctx = LeaseCtx::new(project.lease_timeout);
-    let taken = writer.call_blocking(move |c| manifest::take_over(c, id, &ctx))?;
+    let repair_dag = dag.clone();
+    let taken = writer.call_blocking(move |c| {
+        match manifest::get_backfill(c, id)? {
+            Some(b) if !b.owner_alive(&ctx) => repair::publishes(c, &repair_dag, id)?,
+            _ => {}
+        }
+        manifest::take_over(c, id, &ctx)
+    })?;
     let (backfill, intervals) = match taken {
         Ok(t) => t,
         Err(TakeOverRefused::Unknown) => return Err(unknown_backfill(id, &manifest_path)),
@@ -50,6 +57,7 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
             conf,
             max_active_runs: backfill.max_active_runs,
             intervals,
+            allow_drift: backfill.allow_drift,
         },
         writer,
     )?;

@@ -21,7 +21,10 @@ use crate::plan::{Action, PlanRow, Prior, Reprocess, RunState};
 use lease::LeaseCtx;
 
 /// `(user_version after applying, SQL)`, in order.
-pub const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../../migrations/0001_init.sql"))];
+pub const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../../migrations/0001_init.sql")),
+    (2, include_str!("../../migrations/0002_publication.sql")),
+];
 
 /// Opens the manifest for writing, creating it and applying migrations as needed.
 pub fn open(path: &Path) -> anyhow::Result<Connection> {
@@ -363,7 +366,7 @@ pub fn abandon_runs(conn: &Connection, backfill_id: i64, ctx: &LeaseCtx) -> anyh
     let why = format!("abandoned: the process of backfill {backfill_id} is gone");
     conn.execute(
         "UPDATE task_tries SET state = 'cancelled', ended_at = ?2, error = ?3
-         WHERE state = 'running' AND run_id IN
+         WHERE state = 'running' AND publishing = 0 AND run_id IN
            (SELECT id FROM runs WHERE backfill_id = ?1 AND state IN ('queued', 'running'))",
         params![backfill_id, ctx.now_ms, why],
     )?;
@@ -534,6 +537,11 @@ pub struct TryRecord {
     pub partitions: Option<String>,
     pub inputs: Option<String>,
     pub fingerprint: Option<String>,
+    /// Gate: source rows, rows of the published try compared with, verdict and reasons.
+    pub source_rows: Option<i64>,
+    pub previous_rows: Option<i64>,
+    pub verdict: Option<String>,
+    pub reasons: Option<String>,
 }
 
 pub fn finish_try(
@@ -544,7 +552,8 @@ pub fn finish_try(
 ) -> anyhow::Result<()> {
     conn.prepare_cached(
         "UPDATE task_tries SET state = ?2, ended_at = ?3, exit_code = ?4, error = ?5, rows = ?6,
-            partitions = ?7, inputs = ?8, fingerprint = ?9
+            partitions = ?7, inputs = ?8, fingerprint = ?9, source_rows = ?10, previous_rows = ?11,
+            verdict = ?12, reasons = ?13, publishing = 0
          WHERE id = ?1",
     )?
     .execute(params![
@@ -556,9 +565,174 @@ pub fn finish_try(
         rec.rows,
         rec.partitions,
         rec.inputs,
-        rec.fingerprint
+        rec.fingerprint,
+        rec.source_rows,
+        rec.previous_rows,
+        rec.verdict,
+        rec.reasons
     ])?;
     Ok(())
+}
+
+/// Records the gate's decision to publish before the warehouse is touched: a crash between this
+/// and [`mark_published`] is repaired by redoing the publish.
+pub fn record_publish_intent(
+    conn: &Connection,
+    try_id: i64,
+    audit_table: Option<&str>,
+    rec: &TryRecord,
+) -> anyhow::Result<()> {
+    conn.prepare_cached(
+        "UPDATE task_tries SET publishing = 1, audit_table = ?2, rows = ?3, fingerprint = ?4,
+            source_rows = ?5, previous_rows = ?6, verdict = ?7, reasons = ?8
+         WHERE id = ?1",
+    )?
+    .execute(params![
+        try_id,
+        audit_table,
+        rec.rows,
+        rec.fingerprint,
+        rec.source_rows,
+        rec.previous_rows,
+        rec.verdict,
+        rec.reasons
+    ])?;
+    Ok(())
+}
+
+/// Makes `try_id` the published try of its task and interval.
+pub fn mark_published(
+    conn: &Connection,
+    try_id: i64,
+    dag_id: &str,
+    task_id: &str,
+    interval: DataInterval,
+    rows: i64,
+    fingerprint: Option<&str>,
+    now_ms: i64,
+) -> anyhow::Result<()> {
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO published
+            (dag_id, task_id, interval_start, interval_end, try_id, rows, fingerprint, published_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?
+    .execute(params![
+        dag_id,
+        task_id,
+        interval.start.timestamp(),
+        interval.end.timestamp(),
+        try_id,
+        rows,
+        fingerprint,
+        now_ms
+    ])?;
+    Ok(())
+}
+
+/// The currently published try of a task and interval: `(try_id, rows)`.
+pub fn published(
+    conn: &Connection,
+    dag_id: &str,
+    task_id: &str,
+    interval_start: i64,
+) -> anyhow::Result<Option<(i64, i64)>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT try_id, rows FROM published
+             WHERE dag_id = ?1 AND task_id = ?2 AND interval_start = ?3",
+        )?
+        .query_row(params![dag_id, task_id, interval_start], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()?)
+}
+
+/// A try that decided to publish but may not have finished.
+#[derive(Debug, Clone)]
+pub struct PendingPublish {
+    pub try_id: i64,
+    pub task_id: String,
+    pub interval: DataInterval,
+    pub audit_table: Option<String>,
+    pub record: TryRecord,
+}
+
+/// Tries of a backfill's runs that recorded a publish intent and never finished it.
+pub fn pending_publishes(
+    conn: &Connection,
+    backfill_id: i64,
+) -> anyhow::Result<Vec<PendingPublish>> {
+    let mut stmt = conn.prepare(
+        "SELECT t.id, t.task_id, r.interval_start, r.interval_end, t.audit_table, t.rows,
+                t.fingerprint, t.source_rows, t.previous_rows, t.verdict, t.reasons
+         FROM task_tries t JOIN runs r ON r.id = t.run_id
+         WHERE r.backfill_id = ?1 AND t.publishing = 1 ORDER BY t.id",
+    )?;
+    let rows = stmt.query_map([backfill_id], |r| {
+        Ok(PendingPublish {
+            try_id: r.get(0)?,
+            task_id: r.get(1)?,
+            interval: DataInterval::from_unix(r.get(2)?, r.get(3)?),
+            audit_table: r.get(4)?,
+            record: TryRecord {
+                state: "succeeded".into(),
+                rows: r.get(5)?,
+                fingerprint: r.get(6)?,
+                source_rows: r.get(7)?,
+                previous_rows: r.get(8)?,
+                verdict: r.get(9)?,
+                reasons: r.get(10)?,
+                ..TryRecord::default()
+            },
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Marks the unfinished runs of a backfill whose every task has a succeeded try as succeeded
+/// (a crash after the last publish, before the run was recorded) and releases their leases.
+pub fn complete_finished_runs(
+    conn: &Connection,
+    backfill_id: i64,
+    task_count: usize,
+    now_ms: i64,
+) -> anyhow::Result<()> {
+    let done: Vec<i64> = conn
+        .prepare(
+            "SELECT r.id FROM runs r WHERE r.backfill_id = ?1 AND r.state IN ('queued', 'running')
+               AND (SELECT COUNT(DISTINCT t.task_id) FROM task_tries t
+                    WHERE t.run_id = r.id AND t.state = 'succeeded') = ?2",
+        )?
+        .query_map(params![backfill_id, i64::try_from(task_count)?], |r| {
+            r.get(0)
+        })?
+        .collect::<Result<_, _>>()?;
+    for run_id in done {
+        finish_run(conn, run_id, RunState::Succeeded, None, now_ms)?;
+    }
+    Ok(())
+}
+
+/// Backfills of `dag_id` that hold a stale lease.
+pub fn stale_owners(conn: &Connection, dag_id: &str, ctx: &LeaseCtx) -> anyhow::Result<Vec<i64>> {
+    let mut stmt = conn.prepare(
+        "SELECT DISTINCT b.id, b.state, b.owner_pid, b.owner_host, b.heartbeat_at
+         FROM leases l JOIN backfills b ON b.id = l.backfill_id WHERE l.dag_id = ?1",
+    )?;
+    let mut rows = stmt.query([dag_id])?;
+    let mut stale = Vec::new();
+    while let Some(r) = rows.next()? {
+        let state: String = r.get(1)?;
+        if !ctx.owner_alive(
+            &state,
+            r.get(2)?,
+            r.get::<_, Option<String>>(3)?.as_deref(),
+            r.get(4)?,
+        ) {
+            stale.push(r.get(0)?);
+        }
+    }
+    Ok(stale)
 }
 
 /// Changes a planned interval to a skip (decided while running, e.g. `depends_on_past`).

@@ -335,6 +335,7 @@ pub fn print_dags(dags: &[Dag], json: bool) {
                         id: &t.id,
                         kind: match t.kind {
                             TaskKind::Command(_) => "command",
+                            TaskKind::Sql(_) => "sql",
                         },
                         depends_on: &t.depends_on,
                     })

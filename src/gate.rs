@@ -1,0 +1,295 @@
+//! The publication gate, as a pure function: what was measured about a try's output -> publish,
+//! publish an explicit empty partition, or reject with a reason.
+//!
+//! Checks, in order; the first failure rejects:
+//! 1. every output row lies inside the interval (`row outside interval`);
+//! 2. the `unique_key` columns are unique in the output;
+//! 3. the source has rows but the output has none (`zero rows while source has data`);
+//! 4. source and output are both empty: published as an explicit empty partition with
+//!    `allow_empty = true`, rejected otherwise;
+//! 5. |output - source| / source > tolerance;
+//! 6. |output - published| / published > tolerance against the currently published try, unless
+//!    `--allow-drift`.
+
+use std::fmt;
+
+/// What was measured about one try's output.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Measures {
+    pub rows: i64,
+    /// Rows whose partition column lies outside the interval (SQL tasks).
+    pub outside: Option<i64>,
+    /// Values of the unique key that occur more than once (SQL tasks with `unique_key`).
+    pub duplicate_keys: Option<i64>,
+    /// Source rows of the interval, when the gate has a `source_count`.
+    pub source: Option<i64>,
+    /// Rows of the currently published try of this task and interval.
+    pub published: Option<i64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rules {
+    pub tolerance: f64,
+    pub allow_empty: bool,
+    pub allow_drift: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Publish,
+    /// Delete the partition and record a published empty partition.
+    PublishEmpty,
+    Reject(String),
+}
+
+impl Verdict {
+    /// The verdict as the manifest records it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Publish => "published",
+            Self::PublishEmpty => "published empty",
+            Self::Reject(_) => "rejected",
+        }
+    }
+
+    /// The reason recorded with the verdict.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Self::Publish => None,
+            Self::PublishEmpty => Some("empty source"),
+            Self::Reject(r) => Some(r),
+        }
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.reason() {
+            Some(r) => write!(f, "{}: {r}", self.as_str()),
+            None => f.write_str(self.as_str()),
+        }
+    }
+}
+
+fn percent(x: f64) -> String {
+    format!("{:.1}%", x * 100.0)
+}
+
+/// Relative difference of `a` against a non-zero `base`.
+fn relative(a: i64, base: i64) -> f64 {
+    (a - base).abs() as f64 / base as f64
+}
+
+pub fn judge(m: &Measures, r: &Rules) -> Verdict {
+    if let Some(n) = m.outside.filter(|n| *n > 0) {
+        return Verdict::Reject(format!(
+            "row outside interval: {n} of {} rows have a partition value outside the interval",
+            m.rows
+        ));
+    }
+    if let Some(n) = m.duplicate_keys.filter(|n| *n > 0) {
+        return Verdict::Reject(format!(
+            "unique_key violated: {n} key values occur more than once"
+        ));
+    }
+    match m.source {
+        Some(source) if source > 0 && m.rows == 0 => {
+            return Verdict::Reject(format!(
+                "zero rows while source has data ({source} source rows)"
+            ));
+        }
+        Some(0) | None if m.rows == 0 => {
+            return if r.allow_empty {
+                Verdict::PublishEmpty
+            } else {
+                Verdict::Reject(
+                    "zero rows and an empty source; set allow_empty = true in [tasks.gate] to publish an empty partition"
+                        .to_string(),
+                )
+            };
+        }
+        Some(0) => {
+            return Verdict::Reject(format!("{} rows while the source is empty", m.rows));
+        }
+        Some(source) => {
+            let diff = relative(m.rows, source);
+            if diff > r.tolerance {
+                return Verdict::Reject(format!(
+                    "row count {} differs from the source count {source} by {} (tolerance {})",
+                    m.rows,
+                    percent(diff),
+                    percent(r.tolerance)
+                ));
+            }
+        }
+        None => {}
+    }
+    if !r.allow_drift
+        && let Some(published) = m.published.filter(|p| *p > 0)
+    {
+        let diff = relative(m.rows, published);
+        if diff > r.tolerance {
+            return Verdict::Reject(format!(
+                "drift: row count {} differs from the published {published} by {} (tolerance {}); rerun with --allow-drift to accept",
+                m.rows,
+                percent(diff),
+                percent(r.tolerance)
+            ));
+        }
+    }
+    Verdict::Publish
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RULES: Rules = Rules {
+        tolerance: 0.02,
+        allow_empty: false,
+        allow_drift: false,
+    };
+
+    fn m(rows: i64) -> Measures {
+        Measures {
+            rows,
+            outside: Some(0),
+            duplicate_keys: Some(0),
+            source: Some(rows),
+            published: None,
+        }
+    }
+
+    fn reason(v: Verdict) -> String {
+        match v {
+            Verdict::Reject(r) => r,
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_clean_output_is_published() {
+        assert_eq!(judge(&m(100), &RULES), Verdict::Publish);
+        assert_eq!(
+            judge(
+                &Measures {
+                    published: Some(101),
+                    ..m(100)
+                },
+                &RULES
+            ),
+            Verdict::Publish
+        );
+    }
+
+    #[test]
+    fn checks_run_in_order_and_the_first_failure_rejects() {
+        // Everything wrong at once: the boundary check wins.
+        let all_wrong = Measures {
+            rows: 0,
+            outside: Some(3),
+            duplicate_keys: Some(2),
+            source: Some(50),
+            published: Some(100),
+        };
+        assert!(reason(judge(&all_wrong, &RULES)).starts_with("row outside interval: 3"));
+        let dupes = Measures {
+            outside: Some(0),
+            ..all_wrong
+        };
+        assert!(reason(judge(&dupes, &RULES)).starts_with("unique_key violated: 2"));
+        let zero = Measures {
+            duplicate_keys: Some(0),
+            ..dupes
+        };
+        assert_eq!(
+            reason(judge(&zero, &RULES)),
+            "zero rows while source has data (50 source rows)"
+        );
+    }
+
+    #[test]
+    fn empty_source_and_output_needs_allow_empty() {
+        let empty = Measures {
+            source: Some(0),
+            ..m(0)
+        };
+        assert!(reason(judge(&empty, &RULES)).contains("set allow_empty = true"));
+        let rules = Rules {
+            allow_empty: true,
+            ..RULES
+        };
+        assert_eq!(judge(&empty, &rules), Verdict::PublishEmpty);
+        assert_eq!(Verdict::PublishEmpty.reason(), Some("empty source"));
+        // Without a source count, zero rows is treated the same way.
+        let unknown = Measures {
+            source: None,
+            ..m(0)
+        };
+        assert_eq!(judge(&unknown, &rules), Verdict::PublishEmpty);
+        assert!(matches!(judge(&unknown, &RULES), Verdict::Reject(_)));
+    }
+
+    #[test]
+    fn rows_from_an_empty_source_are_rejected() {
+        let v = judge(
+            &Measures {
+                source: Some(0),
+                ..m(5)
+            },
+            &RULES,
+        );
+        assert_eq!(reason(v), "5 rows while the source is empty");
+    }
+
+    #[test]
+    fn source_tolerance() {
+        let within = Measures {
+            source: Some(100),
+            ..m(98)
+        };
+        assert_eq!(judge(&within, &RULES), Verdict::Publish);
+        let beyond = Measures {
+            source: Some(100),
+            ..m(97)
+        };
+        assert_eq!(
+            reason(judge(&beyond, &RULES)),
+            "row count 97 differs from the source count 100 by 3.0% (tolerance 2.0%)"
+        );
+    }
+
+    #[test]
+    fn drift_against_the_published_try_unless_allowed() {
+        let drifted = Measures {
+            published: Some(100),
+            ..m(95)
+        };
+        assert!(reason(judge(&drifted, &RULES)).starts_with(
+            "drift: row count 95 differs from the published 100 by 5.0% (tolerance 2.0%)"
+        ));
+        let rules = Rules {
+            allow_drift: true,
+            ..RULES
+        };
+        assert_eq!(judge(&drifted, &rules), Verdict::Publish);
+        // An empty published partition does not make late data drift.
+        let after_empty = Measures {
+            published: Some(0),
+            ..m(95)
+        };
+        assert_eq!(judge(&after_empty, &RULES), Verdict::Publish);
+    }
+
+    #[test]
+    fn checks_without_measures_are_skipped() {
+        let command_task = Measures {
+            rows: 10,
+            outside: None,
+            duplicate_keys: None,
+            source: None,
+            published: None,
+        };
+        assert_eq!(judge(&command_task, &RULES), Verdict::Publish);
+    }
+}

@@ -81,6 +81,19 @@ pub enum Command {
         #[arg(long, value_name = "WHEN", requires = "from")]
         to: Option<String>,
     },
+    /// Check that tasks are deterministic: compute each interval twice without publishing and
+    /// compare row counts and fingerprints.
+    Verify {
+        #[arg(long)]
+        dag: String,
+        #[arg(long, value_name = "WHEN")]
+        from: String,
+        #[arg(long, value_name = "WHEN")]
+        to: String,
+        /// A JSON object available to tasks as `conf` and BACKFILL_CONF.
+        #[arg(long, value_name = "JSON")]
+        conf: Option<String>,
+    },
     /// List the project's DAGs, or validate every DAG file.
     Dags {
         #[command(subcommand)]

@@ -350,7 +350,7 @@ pub fn measure(
         in_interval(&task.partition_column)
     ))?;
     binds.bind(&mut stmt)?;
-    let outside: i64 = stmt.query_row([], |r| r.get(0))?;
+    let outside: i64 = first_value(&mut stmt)?.unwrap_or(0);
     let duplicate_keys = match gate {
         Some(g) if !g.unique_key.is_empty() => {
             let key = g
@@ -382,10 +382,16 @@ pub fn measure(
 pub fn source_count(conn: &Connection, sql: &str, binds: &Binds) -> anyhow::Result<i64> {
     let mut stmt = conn.prepare(strip(sql))?;
     binds.bind(&mut stmt)?;
-    let n: Option<i64> = stmt
-        .query_row([], |r| r.get(0))
-        .context("gate.source_count returned no row")?;
-    n.ok_or_else(|| anyhow!("gate.source_count returned NULL"))
+    first_value(&mut stmt)?.ok_or_else(|| anyhow!("gate.source_count returned no row or NULL"))
+}
+
+/// The first column of the first row of a statement whose parameters are already bound.
+fn first_value(stmt: &mut Statement<'_>) -> anyhow::Result<Option<i64>> {
+    let mut rows = stmt.raw_query();
+    match rows.next()? {
+        Some(row) => Ok(row.get(0)?),
+        None => Ok(None),
+    }
 }
 
 /// Row count and an order-independent fingerprint of a table: the wrapping sum of a 64-bit

@@ -7,6 +7,7 @@ mod execute;
 mod read;
 mod repair;
 mod resume;
+mod verify;
 
 use std::path::PathBuf;
 
@@ -54,6 +55,12 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
         Command::List { dag, active } => read::list(&g, dag.as_deref(), active),
         Command::Show { id } => read::show(&g, id),
         Command::Runs { dag, from, to } => read::runs(&g, &dag, from.as_deref(), to.as_deref()),
+        Command::Verify {
+            dag,
+            from,
+            to,
+            conf,
+        } => verify::run(&g, &dag, &from, &to, conf.as_deref()),
         Command::Dags { action } => dags::run(&g, action.is_some()),
     }
 }

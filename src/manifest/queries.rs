@@ -154,6 +154,8 @@ pub struct IntervalDetail {
     /// Rows reported by the latest run's tasks.
     pub rows: Option<i64>,
     pub verdict: Option<String>,
+    /// Why the gate rejected the output, or `empty source` for an explicit empty partition.
+    pub reasons: Option<String>,
     pub duration_ms: Option<i64>,
     pub error: Option<String>,
     /// Log of the latest run's last failed try.
@@ -182,6 +184,7 @@ struct TryAgg {
     tries: i64,
     rows: Option<i64>,
     verdict: Option<String>,
+    reasons: Option<String>,
     log: Option<String>,
     error: Option<String>,
 }
@@ -208,7 +211,7 @@ pub fn show(conn: &Connection, id: i64) -> anyhow::Result<Option<BackfillDetail>
     }
     let mut tries: HashMap<i64, TryAgg> = HashMap::new();
     let mut stmt = conn.prepare(
-        "SELECT t.run_id, t.state, t.rows, t.verdict, t.log_path, t.error FROM task_tries t
+        "SELECT t.run_id, t.state, t.rows, t.verdict, t.log_path, t.error, t.reasons FROM task_tries t
          JOIN runs r ON r.id = t.run_id WHERE r.backfill_id = ?1 ORDER BY t.id",
     )?;
     let mut rows = stmt.query([id])?;
@@ -223,6 +226,7 @@ pub fn show(conn: &Connection, id: i64) -> anyhow::Result<Option<BackfillDetail>
         }
         if let Some(v) = r.get::<_, Option<String>>(3)? {
             agg.verdict = Some(v);
+            agg.reasons = r.get(6)?;
         }
         if state != "succeeded" {
             agg.log = r.get(4)?;
@@ -250,6 +254,7 @@ pub fn show(conn: &Connection, id: i64) -> anyhow::Result<Option<BackfillDetail>
             tries: t.map_or(0, |t| t.tries),
             rows: t.and_then(|t| t.rows),
             verdict: t.and_then(|t| t.verdict.clone()),
+            reasons: t.and_then(|t| t.reasons.clone()),
             duration_ms: run.and_then(|x| x.ended.map(|e| e - x.started)),
             error: run
                 .and_then(|x| x.error.clone())
@@ -307,6 +312,9 @@ pub struct RunHistory {
     pub duration_ms: Option<i64>,
     pub tries: i64,
     pub rows: Option<i64>,
+    /// The gate verdict of the run's last gated try, and its reasons.
+    pub verdict: Option<String>,
+    pub reasons: Option<String>,
     pub error: Option<String>,
 }
 
@@ -315,7 +323,11 @@ pub fn runs(conn: &Connection, dag_id: &str, lo: i64, hi: i64) -> anyhow::Result
     let mut stmt = conn.prepare(
         "SELECT r.id, r.backfill_id, r.interval_start, r.interval_end, r.state, r.started_at,
                 r.ended_at, r.error, COUNT(t.id),
-                SUM(CASE WHEN t.state = 'succeeded' THEN t.rows END)
+                SUM(CASE WHEN t.state = 'succeeded' THEN t.rows END),
+                (SELECT v.verdict FROM task_tries v WHERE v.run_id = r.id AND v.verdict IS NOT NULL
+                 ORDER BY v.id DESC LIMIT 1),
+                (SELECT v.reasons FROM task_tries v WHERE v.run_id = r.id AND v.verdict IS NOT NULL
+                 ORDER BY v.id DESC LIMIT 1)
          FROM runs r LEFT JOIN task_tries t ON t.run_id = r.id
          WHERE r.dag_id = ?1 AND r.interval_start BETWEEN ?2 AND ?3
          GROUP BY r.id ORDER BY r.interval_start, r.id",
@@ -334,6 +346,8 @@ pub fn runs(conn: &Connection, dag_id: &str, lo: i64, hi: i64) -> anyhow::Result
             error: r.get(7)?,
             tries: r.get(8)?,
             rows: r.get(9)?,
+            verdict: r.get(10)?,
+            reasons: r.get(11)?,
         })
     })?;
     Ok(rows.collect::<Result<_, _>>()?)

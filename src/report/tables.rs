@@ -236,7 +236,7 @@ pub fn print_show(detail: &BackfillDetail, tz: Option<Tz>, json: bool) {
     drop(err);
     let mut t = table(vec![
         "#", "interval", "action", "reason", "state", "attempts", "tries", "rows", "verdict",
-        "duration", "error",
+        "gate reasons", "duration", "error",
     ]);
     for i in &detail.interval_details {
         let shown_start = match (tz, chrono::DateTime::parse_from_rfc3339(&i.start)) {
@@ -256,6 +256,7 @@ pub fn print_show(detail: &BackfillDetail, tz: Option<Tz>, json: bool) {
             i.tries.to_string(),
             or_dash(i.rows),
             or_dash(i.verdict.as_ref()),
+            i.reasons.clone().unwrap_or_default(),
             duration_ms(i.duration_ms),
             i.error.clone().unwrap_or_default(),
         ]);
@@ -293,6 +294,11 @@ pub fn print_runs(runs: &[RunHistory], json: bool) {
             duration_ms(r.duration_ms),
             r.tries.to_string(),
             or_dash(r.rows),
+            match (&r.verdict, &r.reasons) {
+                (Some(v), Some(why)) => format!("{v}: {why}"),
+                (Some(v), None) => v.clone(),
+                _ => "-".into(),
+            },
             r.error.clone().unwrap_or_default(),
         ]);
     }

@@ -122,7 +122,7 @@ pub(super) async fn run_task(
         let input = TryInput {
             try_id,
             interval,
-            env: environment(&ctx, &shared.conf_text, &result_path),
+            env: command::environment(&ctx, &shared.conf_text, &result_path),
             ctx,
             log_path,
             result_path,
@@ -642,28 +642,6 @@ impl TryLog {
             let _ = writeln!(f, "{text}");
         }
     }
-}
-
-/// The `BACKFILL_*` environment of a try.
-fn environment(ctx: &Context<'_>, conf: &str, result_path: &Path) -> Vec<(String, String)> {
-    vec![
-        ("BACKFILL_DAG_ID".into(), ctx.dag_id.into()),
-        ("BACKFILL_TASK_ID".into(), ctx.task_id.into()),
-        ("BACKFILL_RUN_ID".into(), ctx.run_id.into()),
-        ("BACKFILL_TRY_NUMBER".into(), ctx.try_number.to_string()),
-        (
-            "BACKFILL_DATA_INTERVAL_START".into(),
-            ctx.data_interval_start.into(),
-        ),
-        (
-            "BACKFILL_DATA_INTERVAL_END".into(),
-            ctx.data_interval_end.into(),
-        ),
-        ("BACKFILL_DS".into(), ctx.ds.into()),
-        ("BACKFILL_DS_NODASH".into(), ctx.ds_nodash.into()),
-        ("BACKFILL_CONF".into(), conf.into()),
-        ("BACKFILL_RESULT".into(), result_path.display().to_string()),
-    ]
 }
 
 /// `retry_delay * 2^(try_number - 1)`, capped.

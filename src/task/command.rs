@@ -221,3 +221,25 @@ pub fn try_paths(
         dir.join(format!("run{run_id}.try{try_number}.result.json")),
     )
 }
+
+/// The `BACKFILL_*` environment of a try.
+pub fn environment(ctx: &Context<'_>, conf: &str, result_path: &Path) -> Vec<(String, String)> {
+    vec![
+        ("BACKFILL_DAG_ID".into(), ctx.dag_id.into()),
+        ("BACKFILL_TASK_ID".into(), ctx.task_id.into()),
+        ("BACKFILL_RUN_ID".into(), ctx.run_id.into()),
+        ("BACKFILL_TRY_NUMBER".into(), ctx.try_number.to_string()),
+        (
+            "BACKFILL_DATA_INTERVAL_START".into(),
+            ctx.data_interval_start.into(),
+        ),
+        (
+            "BACKFILL_DATA_INTERVAL_END".into(),
+            ctx.data_interval_end.into(),
+        ),
+        ("BACKFILL_DS".into(), ctx.ds.into()),
+        ("BACKFILL_DS_NODASH".into(), ctx.ds_nodash.into()),
+        ("BACKFILL_CONF".into(), conf.into()),
+        ("BACKFILL_RESULT".into(), result_path.display().to_string()),
+    ]
+}

@@ -139,7 +139,11 @@ pub(super) fn parse_conf(conf: Option<&str>) -> Result<serde_json::Value, Error>
 /// `source_count` command) renders for the first interval, so that a template using a `conf`
 /// key that was not given fails now; each SQL task prepares against its warehouse (created from
 /// its init files if needed) with known bind parameters and columns the target has.
-pub(super) fn check_tasks(dag: &Dag, conf: &serde_json::Value, first: DataInterval) -> Result<(), Error> {
+pub(super) fn check_tasks(
+    dag: &Dag,
+    conf: &serde_json::Value,
+    first: DataInterval,
+) -> Result<(), Error> {
     let ds = first.ds(dag.tz);
     let ds_nodash = ds.replace('-', "");
     let (start, end) = (rfc3339(first.start), rfc3339(first.end));

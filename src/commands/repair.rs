@@ -49,16 +49,15 @@ pub fn publishes(conn: &Connection, dag: &Dag, backfill_id: i64) -> anyhow::Resu
         };
         let now = now_ms();
         manifest::finish_try(conn, p.try_id, &record, now)?;
-        manifest::mark_published(
-            conn,
-            p.try_id,
-            &dag.id,
-            &task.id,
-            p.interval,
+        let publication = manifest::Publication {
+            try_id: p.try_id,
+            dag_id: &dag.id,
+            task_id: &task.id,
+            interval: p.interval,
             rows,
-            record.fingerprint.as_deref(),
-            now,
-        )?;
+            fingerprint: record.fingerprint.as_deref(),
+        };
+        manifest::mark_published(conn, &publication, now)?;
     }
     manifest::complete_finished_runs(conn, backfill_id, dag.tasks.len(), now_ms())
 }

@@ -14,7 +14,7 @@ use super::Global;
 use super::create::{check_tasks, parse_conf};
 use crate::clock;
 use crate::exit::{self, Error};
-use crate::interval::{DataInterval, expand_nonempty, parse_when, rfc3339, resolve_range};
+use crate::interval::{DataInterval, expand_nonempty, parse_when, resolve_range, rfc3339};
 use crate::project::{Dag, Project, Task, TaskKind};
 use crate::report::{label, tables};
 use crate::task::command::{self, Ended, Stop};
@@ -41,12 +41,22 @@ struct Check {
     deterministic: bool,
 }
 
-pub fn run(g: &Global, dag_id: &str, from: &str, to: &str, conf: Option<&str>) -> Result<u8, Error> {
+pub fn run(
+    g: &Global,
+    dag_id: &str,
+    from: &str,
+    to: &str,
+    conf: Option<&str>,
+) -> Result<u8, Error> {
     let project = g.project()?;
     let dag = project.dag(dag_id)?;
     let conf = parse_conf(conf)?;
     let now = clock::now()?;
-    let range = resolve_range(parse_when(from, now, dag.tz)?, parse_when(to, now, dag.tz)?, dag.tz)?;
+    let range = resolve_range(
+        parse_when(from, now, dag.tz)?,
+        parse_when(to, now, dag.tz)?,
+        dag.tz,
+    )?;
     let intervals: Vec<DataInterval> = expand_nonempty(&dag.schedule, range, from, to)?
         .into_iter()
         .filter(|i| i.end <= now)
@@ -81,7 +91,8 @@ pub fn run(g: &Global, dag_id: &str, from: &str, to: &str, conf: Option<&str>) -
     for interval in &intervals {
         for task in &dag.tasks {
             let Some((a, b)) = results.next() else { break };
-            let deterministic = matches!((&a, &b), (Ok(x), Ok(y)) if x == y && x.fingerprint.is_some());
+            let deterministic =
+                matches!((&a, &b), (Ok(x), Ok(y)) if x == y && x.fingerprint.is_some());
             checks.push(Check {
                 start: rfc3339(interval.start),
                 end: rfc3339(interval.end),
@@ -102,7 +113,8 @@ pub fn run(g: &Global, dag_id: &str, from: &str, to: &str, conf: Option<&str>) -
         let why = match (&c.first, &c.second) {
             (Err(e), _) | (_, Err(e)) => format!("it failed: {e}"),
             (Ok(a), _) if a.fingerprint.is_none() => {
-                "it reports no fingerprint; write {\"fingerprint\": ...} to $BACKFILL_RESULT".to_string()
+                "it reports no fingerprint; write {\"fingerprint\": ...} to $BACKFILL_RESULT"
+                    .to_string()
             }
             (Ok(a), Ok(b)) => format!(
                 "two computations differ: {} rows ({}) vs {} rows ({})",
@@ -112,7 +124,10 @@ pub fn run(g: &Global, dag_id: &str, from: &str, to: &str, conf: Option<&str>) -
                 b.fingerprint.as_deref().unwrap_or("-")
             ),
         };
-        eprintln!("task `{}` is not deterministic for interval {}: {why}", c.task_id, c.start);
+        eprintln!(
+            "task `{}` is not deterministic for interval {}: {why}",
+            c.task_id, c.start
+        );
     }
     eprintln!(
         "verified {} task intervals of {}: {} deterministic, {} not",
@@ -121,13 +136,25 @@ pub fn run(g: &Global, dag_id: &str, from: &str, to: &str, conf: Option<&str>) -
         checks.len() - bad.len(),
         bad.len()
     );
-    Ok(if bad.is_empty() { exit::OK } else { exit::FAILED })
+    Ok(if bad.is_empty() {
+        exit::OK
+    } else {
+        exit::FAILED
+    })
 }
 
 fn print_checks(dag: &Dag, checks: &[Check]) {
     let mut t = comfy_table::Table::new();
     t.load_style(comfy_table::presets::UTF8_FULL_CONDENSED);
-    t.set_header(vec!["interval", "task", "rows", "fingerprint", "rows (again)", "fingerprint (again)", "result"]);
+    t.set_header(vec![
+        "interval",
+        "task",
+        "rows",
+        "fingerprint",
+        "rows (again)",
+        "fingerprint (again)",
+        "result",
+    ]);
     let show = |r: &Result<Computed, String>| match r {
         Ok(c) => (
             c.rows.map_or("-".into(), |n| n.to_string()),
@@ -148,7 +175,12 @@ fn print_checks(dag: &Dag, checks: &[Check]) {
             f1,
             r2,
             f2,
-            if c.deterministic { "deterministic" } else { "NOT deterministic" }.to_string(),
+            if c.deterministic {
+                "deterministic"
+            } else {
+                "NOT deterministic"
+            }
+            .to_string(),
         ]);
     }
     eprintln!("{t}");

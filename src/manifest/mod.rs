@@ -600,30 +600,32 @@ pub fn record_publish_intent(
     Ok(())
 }
 
-/// Makes `try_id` the published try of its task and interval.
-pub fn mark_published(
-    conn: &Connection,
-    try_id: i64,
-    dag_id: &str,
-    task_id: &str,
-    interval: DataInterval,
-    rows: i64,
-    fingerprint: Option<&str>,
-    now_ms: i64,
-) -> anyhow::Result<()> {
+/// A try's output that became the published partition of its task and interval.
+#[derive(Debug, Clone)]
+pub struct Publication<'a> {
+    pub try_id: i64,
+    pub dag_id: &'a str,
+    pub task_id: &'a str,
+    pub interval: DataInterval,
+    pub rows: i64,
+    pub fingerprint: Option<&'a str>,
+}
+
+/// Makes a try the published try of its task and interval.
+pub fn mark_published(conn: &Connection, p: &Publication<'_>, now_ms: i64) -> anyhow::Result<()> {
     conn.prepare_cached(
         "INSERT OR REPLACE INTO published
             (dag_id, task_id, interval_start, interval_end, try_id, rows, fingerprint, published_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?
     .execute(params![
-        dag_id,
-        task_id,
-        interval.start.timestamp(),
-        interval.end.timestamp(),
-        try_id,
-        rows,
-        fingerprint,
+        p.dag_id,
+        p.task_id,
+        p.interval.start.timestamp(),
+        p.interval.end.timestamp(),
+        p.try_id,
+        p.rows,
+        p.fingerprint,
         now_ms
     ])?;
     Ok(())

@@ -235,8 +235,18 @@ pub fn print_show(detail: &BackfillDetail, tz: Option<Tz>, json: bool) {
     );
     drop(err);
     let mut t = table(vec![
-        "#", "interval", "action", "reason", "state", "attempts", "tries", "rows", "verdict",
-        "gate reasons", "duration", "error",
+        "#",
+        "interval",
+        "action",
+        "reason",
+        "state",
+        "attempts",
+        "tries",
+        "rows",
+        "verdict",
+        "gate reasons",
+        "duration",
+        "error",
     ]);
     for i in &detail.interval_details {
         let shown_start = match (tz, chrono::DateTime::parse_from_rfc3339(&i.start)) {

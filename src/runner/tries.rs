@@ -149,16 +149,15 @@ pub(super) async fn run_task(
                 let now = now_ms();
                 manifest::finish_try(c, try_id, &record, now)?;
                 if let Some(p) = published {
-                    manifest::mark_published(
-                        c,
+                    let publication = manifest::Publication {
                         try_id,
-                        &dag_id,
-                        &task_id,
+                        dag_id: &dag_id,
+                        task_id: &task_id,
                         interval,
-                        p.rows,
-                        p.fingerprint.as_deref(),
-                        now,
-                    )?;
+                        rows: p.rows,
+                        fingerprint: p.fingerprint.as_deref(),
+                    };
+                    manifest::mark_published(c, &publication, now)?;
                 }
                 Ok(())
             })

@@ -1,0 +1,713 @@
+//! The publication gate against the fixture warehouse of `examples/shop`.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+use crate::support::{Out, Project, wait_until};
+
+/// The example's warehouse, created once from its init files and copied into each test.
+fn template_warehouse() -> &'static Path {
+    static TEMPLATE: OnceLock<PathBuf> = OnceLock::new();
+    TEMPLATE.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap().keep();
+        let shop = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/shop");
+        let w = backfill::project::Warehouse {
+            name: "shop".into(),
+            path: dir.join("warehouse.db"),
+            init: vec![shop.join("schema.sql"), shop.join("seed.sql")],
+        };
+        let conn = backfill::warehouse::open(&w).unwrap();
+        conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode = DELETE")
+            .unwrap();
+        w.path
+    })
+}
+
+/// A copy of `examples/shop` with its warehouse already created.
+fn shop() -> Project {
+    let p = Project::new();
+    let shop = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/shop");
+    for file in [
+        "backfill.toml",
+        "schema.sql",
+        "seed.sql",
+        "dags/daily_orders.toml",
+        "dags/orders_fact.toml",
+    ] {
+        p.write(file, &std::fs::read_to_string(shop.join(file)).unwrap());
+    }
+    std::fs::copy(template_warehouse(), p.path("warehouse.db")).unwrap();
+    p
+}
+
+fn wh(p: &Project) -> Connection {
+    let c = Connection::open(p.path("warehouse.db")).unwrap();
+    c.busy_timeout(Duration::from_secs(10)).unwrap();
+    c
+}
+
+/// Every row of a warehouse query as one string, in order.
+fn wh_rows(p: &Project, sql: &str) -> Vec<String> {
+    let c = wh(p);
+    let mut stmt = c.prepare(sql).unwrap();
+    let n = stmt.column_count();
+    stmt.query_map([], |r| {
+        Ok((0..n)
+            .map(|i| format!("{:?}", r.get::<_, rusqlite::types::Value>(i).unwrap()))
+            .collect::<Vec<_>>()
+            .join("|"))
+    })
+    .unwrap()
+    .collect::<Result<_, _>>()
+    .unwrap()
+}
+
+fn wh_count(p: &Project, sql: &str) -> i64 {
+    wh(p).query_row(sql, [], |r| r.get(0)).unwrap()
+}
+
+fn create(p: &Project, dag: &str, from: &str, to: &str, extra: &[&str]) -> Out {
+    let mut args = vec!["create", "--dag", dag, "--from", from, "--to", to];
+    args.extend_from_slice(extra);
+    p.run(&args)
+}
+
+/// The daily_orders partition of a day, straight from the raw orders.
+const EXPECTED_SEPTEMBER: &str =
+    "SELECT date(order_ts), region, COUNT(*), SUM(amount_cents) FROM raw_orders
+     WHERE order_ts >= '2026-09-01' AND order_ts < '2026-10-01' GROUP BY 1, 2 ORDER BY 1, 2";
+const PUBLISHED_SEPTEMBER: &str = "SELECT day, region, orders, revenue_cents FROM daily_orders
+     WHERE day BETWEEN '2026-09-01' AND '2026-09-30' ORDER BY 1, 2";
+
+/// Replaces `old` by `new` in a DAG file (`new` must differ).
+fn edit_dag(p: &Project, dag: &str, old: &str, new: &str) {
+    let file = format!("dags/{dag}.toml");
+    let text = p.read(&file);
+    assert!(text.contains(old), "{old:?} not in {file}");
+    p.write(&file, &text.replacen(old, new, 1));
+}
+
+#[test]
+fn a_double_run_publishes_identical_partitions_and_records_both_tries() {
+    let p = shop();
+    create(
+        &p,
+        "daily_orders",
+        "2026-09-01",
+        "2026-09-30",
+        &["--max-active-runs", "4"],
+    )
+    .code(0)
+    .stderr_has("30 succeeded");
+    let first = wh_rows(&p, PUBLISHED_SEPTEMBER);
+    // Four intervals published into one table at once, and every partition landed intact.
+    assert_eq!(first, wh_rows(&p, EXPECTED_SEPTEMBER));
+    assert_eq!(first.len(), 150);
+    create(
+        &p,
+        "daily_orders",
+        "2026-09-01",
+        "2026-09-30",
+        &[
+            "--max-active-runs",
+            "4",
+            "--reprocess-behavior",
+            "completed",
+        ],
+    )
+    .code(0);
+    assert_eq!(
+        wh_rows(&p, PUBLISHED_SEPTEMBER),
+        first,
+        "identical row for row"
+    );
+    assert_eq!(
+        wh_count(
+            &p,
+            "SELECT COUNT(*) - COUNT(DISTINCT day || region) FROM daily_orders"
+        ),
+        0,
+        "no duplicates"
+    );
+    // Two published tries per interval with equal counts and fingerprints.
+    let per_interval = p.rows(
+        "SELECT r.interval_start, COUNT(*), COUNT(DISTINCT t.rows), COUNT(DISTINCT t.fingerprint), MIN(t.rows)
+         FROM task_tries t JOIN runs r ON r.id = t.run_id
+         WHERE t.verdict = 'published' GROUP BY r.interval_start",
+    );
+    assert_eq!(per_interval.len(), 30);
+    assert!(
+        per_interval.iter().all(|r| r[1..] == ["2", "1", "1", "5"]),
+        "{per_interval:?}"
+    );
+    // The published table points at the second backfill's tries.
+    assert_eq!(
+        p.count(
+            "SELECT COUNT(*) FROM published p JOIN task_tries t ON t.id = p.try_id
+             JOIN runs r ON r.id = t.run_id WHERE r.backfill_id = 2"
+        ),
+        30
+    );
+    // No audit table is left behind.
+    assert_eq!(
+        wh_count(
+            &p,
+            "SELECT COUNT(*) FROM sqlite_master WHERE name LIKE '_backfill_%'"
+        ),
+        0
+    );
+}
+
+fn orders_fact_is_exact(p: &Project, days: &[&str]) {
+    for day in days {
+        let published = wh_count(
+            p,
+            &format!("SELECT COUNT(*) FROM orders_fact WHERE order_day = '{day}'"),
+        );
+        let raw = wh_count(
+            p,
+            &format!("SELECT COUNT(*) FROM raw_orders WHERE date(order_ts) = '{day}'"),
+        );
+        assert_eq!(published, raw, "exactly one copy of {day}");
+    }
+    assert_eq!(
+        wh_count(
+            p,
+            "SELECT COUNT(*) - COUNT(DISTINCT order_id) FROM orders_fact"
+        ),
+        0
+    );
+}
+
+#[test]
+fn a_crash_right_after_the_publish_commit_is_repaired_without_recomputing() {
+    let p = shop();
+    let crashed = p
+        .command(&[
+            "create",
+            "--dag",
+            "orders_fact",
+            "--from",
+            "2026-09-01",
+            "--to",
+            "2026-09-03",
+            "--max-active-runs",
+            "1",
+        ])
+        .env("BACKFILL_FAULT", "after-publish")
+        .output()
+        .unwrap();
+    assert_eq!(crashed.status.code(), None, "the process died of a signal");
+    // The warehouse has the partition; the manifest only knows the intent.
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = 1"),
+        1
+    );
+    assert_eq!(p.count("SELECT COUNT(*) FROM published"), 0);
+    p.run(&["resume", "1"]).code(0);
+    orders_fact_is_exact(&p, &["2026-09-01", "2026-09-02", "2026-09-03"]);
+    assert_eq!(p.count("SELECT COUNT(*) FROM published"), 3);
+    // The crashed try was completed, not recomputed: one try, one run for 2026-09-01.
+    assert_eq!(
+        p.rows("SELECT r.state, COUNT(t.id) FROM runs r JOIN task_tries t ON t.run_id = r.id GROUP BY r.id ORDER BY r.id"),
+        [["succeeded", "1"], ["succeeded", "1"], ["succeeded", "1"]]
+    );
+}
+
+#[test]
+fn a_crash_before_the_publish_is_repaired_from_the_audit_table() {
+    let p = shop();
+    let crashed = p
+        .command(&[
+            "create",
+            "--dag",
+            "orders_fact",
+            "--from",
+            "2026-09-01",
+            "--to",
+            "2026-09-02",
+            "--max-active-runs",
+            "1",
+        ])
+        .env("BACKFILL_FAULT", "before-publish")
+        .output()
+        .unwrap();
+    assert_eq!(crashed.status.code(), None);
+    assert_eq!(
+        wh_count(&p, "SELECT COUNT(*) FROM orders_fact"),
+        0,
+        "nothing published yet"
+    );
+    let audit = p.rows("SELECT audit_table FROM task_tries WHERE publishing = 1");
+    assert_eq!(audit.len(), 1);
+    assert_eq!(
+        wh_count(
+            &p,
+            &format!(
+                "SELECT COUNT(*) FROM sqlite_master WHERE name = '{}'",
+                audit[0][0]
+            )
+        ),
+        1
+    );
+    p.run(&["resume", "1"]).code(0);
+    orders_fact_is_exact(&p, &["2026-09-01", "2026-09-02"]);
+    assert_eq!(
+        wh_count(
+            &p,
+            "SELECT COUNT(*) FROM sqlite_master WHERE name LIKE '_backfill_%'"
+        ),
+        0
+    );
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM task_tries"),
+        2,
+        "nothing was recomputed"
+    );
+}
+
+#[test]
+fn a_zero_row_rerun_is_rejected_and_an_empty_source_needs_allow_empty() {
+    let p = shop();
+    create(&p, "daily_orders", "2026-09-18", "2026-09-18", &[]).code(0);
+    let day = "SELECT * FROM daily_orders WHERE day = '2026-09-18' ORDER BY region";
+    let before = wh_rows(&p, day);
+    assert_eq!(before.len(), 5);
+
+    // A wrong date format: the filter matches nothing although the orders exist.
+    let good = "WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end\nGROUP BY";
+    let wrong = "WHERE order_ts >= :ds_nodash AND order_ts < :next_ds\nGROUP BY";
+    edit_dag(&p, "daily_orders", good, wrong);
+    create(
+        &p,
+        "daily_orders",
+        "2026-09-18",
+        "2026-09-18",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(3)
+    .stderr_has("rejected: zero rows while source has data (5 source rows)");
+    assert_eq!(
+        wh_rows(&p, day),
+        before,
+        "the published partition is intact"
+    );
+    let rejected = p.rows(
+        "SELECT state, rows, source_rows, previous_rows, verdict, reasons FROM task_tries ORDER BY id DESC LIMIT 1",
+    );
+    assert_eq!(
+        rejected,
+        [[
+            "rejected",
+            "0",
+            "5",
+            "5",
+            "rejected",
+            "zero rows while source has data (5 source rows)"
+        ]]
+    );
+    edit_dag(&p, "daily_orders", wrong, good);
+
+    // The source really is empty now: rejected unless empty partitions are allowed.
+    wh(&p)
+        .execute_batch(
+            "DELETE FROM raw_orders WHERE order_ts >= '2026-09-18' AND order_ts < '2026-09-19'",
+        )
+        .unwrap();
+    create(
+        &p,
+        "daily_orders",
+        "2026-09-18",
+        "2026-09-18",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(3)
+    .stderr_has("zero rows and an empty source; set allow_empty = true");
+    assert_eq!(wh_rows(&p, day), before);
+
+    edit_dag(
+        &p,
+        "daily_orders",
+        "tolerance = 0.02",
+        "tolerance = 0.02\nallow_empty = true",
+    );
+    create(
+        &p,
+        "daily_orders",
+        "2026-09-18",
+        "2026-09-18",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    assert_eq!(
+        wh_rows(&p, day),
+        Vec::<String>::new(),
+        "the partition was deleted explicitly"
+    );
+    assert_eq!(
+        p.rows("SELECT rows FROM published"),
+        [["0"]],
+        "a published empty partition"
+    );
+    let show = p.run(&["show", "4", "--output", "json"]).json();
+    assert_eq!(show["interval_details"][0]["verdict"], "published empty");
+    assert_eq!(show["interval_details"][0]["reasons"], "empty source");
+    assert_eq!(show["interval_details"][0]["rows"], 0);
+}
+
+#[test]
+fn drift_against_the_published_partition_is_rejected_unless_allowed() {
+    let p = shop();
+    create(&p, "orders_fact", "2026-09-10", "2026-09-10", &[]).code(0);
+    let published = wh_count(
+        &p,
+        "SELECT COUNT(*) FROM orders_fact WHERE order_day = '2026-09-10'",
+    );
+    // Delete 5% of the day's raw orders.
+    wh(&p)
+        .execute_batch(
+            "DELETE FROM raw_orders WHERE order_ts >= '2026-09-10' AND order_ts < '2026-09-11' AND order_id % 20 = 0",
+        )
+        .unwrap();
+    let source = wh_count(
+        &p,
+        "SELECT COUNT(*) FROM raw_orders WHERE date(order_ts) = '2026-09-10'",
+    );
+    assert!(source < published * 96 / 100);
+    let out = create(
+        &p,
+        "orders_fact",
+        "2026-09-10",
+        "2026-09-10",
+        &["--reprocess-behavior", "completed"],
+    );
+    out.code(3).stderr_has(&format!(
+        "drift: row count {source} differs from the published {published}"
+    ));
+    assert_eq!(
+        wh_count(
+            &p,
+            "SELECT COUNT(*) FROM orders_fact WHERE order_day = '2026-09-10'"
+        ),
+        published,
+        "the published partition is intact"
+    );
+    // The source check passed: the output matches the source exactly.
+    assert_eq!(
+        p.rows("SELECT rows, source_rows, previous_rows FROM task_tries ORDER BY id DESC LIMIT 1"),
+        [[
+            source.to_string(),
+            source.to_string(),
+            published.to_string()
+        ]]
+    );
+    let runs = p.run(&["runs", "--dag", "orders_fact"]);
+    runs.code(0).stderr_has("rejected: drift");
+    create(
+        &p,
+        "orders_fact",
+        "2026-09-10",
+        "2026-09-10",
+        &["--reprocess-behavior", "completed", "--allow-drift"],
+    )
+    .code(0);
+    assert_eq!(
+        wh_count(
+            &p,
+            "SELECT COUNT(*) FROM orders_fact WHERE order_day = '2026-09-10'"
+        ),
+        source
+    );
+}
+
+#[test]
+fn rows_outside_the_interval_are_rejected() {
+    let p = shop();
+    edit_dag(
+        &p,
+        "daily_orders",
+        "AND order_ts < :data_interval_end\nGROUP BY",
+        "AND order_ts < datetime(:data_interval_end, '+1 hour')\nGROUP BY",
+    );
+    create(&p, "daily_orders", "2026-09-18", "2026-09-18", &[])
+        .code(3)
+        .stderr_has("rejected: row outside interval: 5 of 10 rows");
+    assert_eq!(wh_count(&p, "SELECT COUNT(*) FROM daily_orders"), 0);
+    assert_eq!(p.rows("SELECT state FROM runs"), [["rejected"]]);
+}
+
+#[test]
+fn duplicated_rows_are_rejected_on_the_unique_key() {
+    let p = shop();
+    edit_dag(
+        &p,
+        "daily_orders",
+        "GROUP BY 1, 2\n\"\"\"",
+        "GROUP BY 1, 2\nUNION ALL\nSELECT date(order_ts), region, 1, 1 FROM raw_orders\nWHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end AND region = 'eu'\n\"\"\"",
+    );
+    create(&p, "daily_orders", "2026-09-18", "2026-09-18", &[])
+        .code(3)
+        .stderr_has("rejected: unique_key violated");
+    assert_eq!(wh_count(&p, "SELECT COUNT(*) FROM daily_orders"), 0);
+}
+
+#[test]
+fn verify_passes_on_daily_orders_and_catches_the_current_time() {
+    let p = shop();
+    let out = p.run(&[
+        "verify",
+        "--dag",
+        "daily_orders",
+        "--from",
+        "2026-09-01",
+        "--to",
+        "2026-09-02",
+        "--output",
+        "json",
+    ]);
+    out.code(0).stderr_has("2 deterministic, 0 not");
+    let checks = out.json();
+    assert_eq!(checks.as_array().unwrap().len(), 2);
+    assert_eq!(checks[0]["first"]["Ok"], checks[0]["second"]["Ok"]);
+    assert_eq!(checks[0]["first"]["Ok"]["rows"], 5);
+    assert!(!p.manifest_path().exists(), "verify records nothing");
+    assert_eq!(
+        wh_count(&p, "SELECT COUNT(*) FROM daily_orders"),
+        0,
+        "and publishes nothing"
+    );
+
+    wh(&p)
+        .execute_batch("ALTER TABLE daily_orders ADD COLUMN loaded_at TEXT")
+        .unwrap();
+    edit_dag(
+        &p,
+        "daily_orders",
+        "SUM(amount_cents) AS revenue_cents",
+        "SUM(amount_cents) AS revenue_cents, CURRENT_TIMESTAMP AS loaded_at",
+    );
+    p.run(&[
+        "verify",
+        "--dag",
+        "daily_orders",
+        "--from",
+        "2026-09-01",
+        "--to",
+        "2026-09-01",
+    ])
+    .code(3)
+    .stderr_has("task `aggregate` is not deterministic for interval 2026-09-01T00:00:00Z");
+}
+
+#[test]
+fn a_day_that_failed_before_is_the_only_one_rerun_and_the_rest_stay_untouched() {
+    let p = shop();
+    edit_dag(
+        &p,
+        "daily_orders",
+        "[[tasks]]\nid = \"aggregate\"",
+        "[[tasks]]\nid = \"source_ready\"\nretries = 0\ncommand = '''if [ -f \"late-{{ ds }}\" ]; then rm \"late-{{ ds }}\"; exit 1; fi'''\n\n[[tasks]]\nid = \"aggregate\"\ndepends_on = [\"source_ready\"]",
+    );
+    p.write("late-2026-09-18", "");
+    create(
+        &p,
+        "daily_orders",
+        "2026-09-01",
+        "2026-09-30",
+        &["--max-active-runs", "4"],
+    )
+    .code(3)
+    .stderr_has("29 succeeded, 1 failed");
+    let before = p.rows("SELECT interval_start, try_id FROM published ORDER BY interval_start");
+    assert_eq!(before.len(), 29);
+    let out = create(
+        &p,
+        "daily_orders",
+        "2026-09-01",
+        "2026-09-30",
+        &[
+            "--reprocess-behavior",
+            "failed",
+            "--max-active-runs",
+            "3",
+            "--run-backwards",
+            "--output",
+            "json",
+        ],
+    );
+    out.code(0);
+    let summary = out.json();
+    assert_eq!(summary["intervals"]["succeeded"], 1);
+    assert_eq!(summary["skipped"]["already exists"], 29);
+    let after = p.rows("SELECT interval_start, try_id FROM published ORDER BY interval_start");
+    assert_eq!(after.len(), 30);
+    let sept_18 = chrono::DateTime::parse_from_rfc3339("2026-09-18T00:00:00Z")
+        .unwrap()
+        .timestamp()
+        .to_string();
+    let untouched: Vec<_> = after.iter().filter(|r| r[0] != sept_18).cloned().collect();
+    assert_eq!(
+        untouched, before,
+        "the other 29 published tries are unchanged"
+    );
+    assert_eq!(
+        wh_rows(&p, PUBLISHED_SEPTEMBER),
+        wh_rows(&p, EXPECTED_SEPTEMBER)
+    );
+}
+
+#[test]
+fn a_locked_warehouse_is_waited_for_not_failed() {
+    let p = shop();
+    let holder = wh(&p);
+    // As after any earlier use: readers go on while another process writes.
+    holder
+        .execute_batch("PRAGMA journal_mode = WAL; BEGIN IMMEDIATE")
+        .unwrap();
+    let child = p.spawn(
+        "run",
+        &[
+            "create",
+            "--dag",
+            "daily_orders",
+            "--from",
+            "2026-09-01",
+            "--to",
+            "2026-09-02",
+        ],
+    );
+    wait_until("the backfill to start", Duration::from_secs(20), || {
+        p.has_manifest() && p.count("SELECT COUNT(*) FROM runs") >= 1
+    });
+    std::thread::sleep(Duration::from_millis(1200));
+    holder.execute_batch("COMMIT").unwrap();
+    p.wait("run", child).code(0);
+    assert_eq!(
+        p.rows("SELECT DISTINCT state, try_number FROM task_tries"),
+        [["succeeded", "1"]],
+        "no try failed while the warehouse was locked"
+    );
+}
+
+#[test]
+fn a_gated_command_task_publishes_only_after_its_gate_passed() {
+    let p = Project::new().dag(
+        "cmd",
+        r#"
+schedule = "@daily"
+[[tasks]]
+id = "export"
+command = '''printf '{"rows": 10, "fingerprint": "f"}' > "$BACKFILL_RESULT"'''
+publish = "touch published-{{ ds }}"
+[tasks.gate]
+source_count = "cat source-{{ ds }}"
+tolerance = 0.0
+"#,
+    );
+    p.write("source-2026-01-01", "10\n");
+    p.write("source-2026-01-02", "20\n");
+    p.write("source-2026-01-03", "ten\n");
+    let out = create(
+        &p,
+        "cmd",
+        "2026-01-01",
+        "2026-01-03",
+        &["--max-active-runs", "1"],
+    );
+    out.code(3)
+        .stderr_has("row count 10 differs from the source count 20 by 50.0%")
+        .stderr_has("source_count command printed `ten`, not one integer");
+    assert!(p.path("published-2026-01-01").exists());
+    assert!(
+        !p.path("published-2026-01-02").exists(),
+        "no publish after a rejection"
+    );
+    assert!(!p.path("published-2026-01-03").exists());
+    assert_eq!(
+        p.rows("SELECT interval_start, rows FROM published"),
+        [[crate::support::day_unix(1).to_string(), "10".to_string()]]
+    );
+    assert_eq!(
+        p.rows("SELECT state FROM runs ORDER BY interval_start"),
+        [["succeeded"], ["rejected"], ["failed"]]
+    );
+}
+
+#[test]
+fn sql_task_mistakes_are_exit_2_before_anything_is_written() {
+    let p = shop();
+    let cases = [
+        (
+            "warehouse = \"shop\"",
+            "warehouse = \"shop2\"",
+            "unknown warehouse `shop2`",
+        ),
+        (
+            "AS revenue_cents",
+            "AS revenue",
+            "returns column `revenue`, which target table `daily_orders` does not have",
+        ),
+        (
+            ":data_interval_end\nGROUP BY",
+            ":end\nGROUP BY",
+            "uses bind parameter `:end`",
+        ),
+        (
+            "partition_column = \"day\"",
+            "partition_column = \"day; DROP TABLE x\"",
+            "is not a plain SQL name",
+        ),
+        (
+            "unique_key = [\"day\", \"region\"]",
+            "unique_key = [\"day\", \"city\"]",
+            "must return column `city`",
+        ),
+    ];
+    for (old, new, message) in cases {
+        let original = p.read("dags/daily_orders.toml");
+        edit_dag(&p, "daily_orders", old, new);
+        create(&p, "daily_orders", "2026-09-01", "2026-09-01", &[])
+            .code(2)
+            .stderr_has(message);
+        assert!(!p.manifest_path().exists(), "{message}: nothing written");
+        p.write("dags/daily_orders.toml", &original);
+    }
+}
+
+#[test]
+fn a_manifest_of_the_previous_schema_is_upgraded() {
+    let p = Project::new().dag(
+        "daily",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+    );
+    std::fs::create_dir_all(p.path(".backfill")).unwrap();
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/manifest-v1.db"),
+        p.manifest_path(),
+    )
+    .unwrap();
+    let show = p.run(&["show", "1", "--output", "json"]);
+    show.code(0);
+    let doc = show.json();
+    assert_eq!(doc["state"], "failed");
+    assert_eq!(doc["intervals"]["succeeded"], 2);
+    assert_eq!(doc["intervals"]["failed"], 1);
+    let version: i64 = p
+        .db()
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 2);
+    // The upgraded manifest keeps working: rerun the failure.
+    create(
+        &p,
+        "daily",
+        "2026-01-01",
+        "2026-01-03",
+        &["--reprocess-behavior", "failed"],
+    )
+    .code(0)
+    .stderr_has("1 succeeded");
+}

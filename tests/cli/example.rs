@@ -9,7 +9,10 @@ fn copy_dir(from: &Path, to: &Path) {
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
         let name = entry.file_name();
-        if name == ".backfill" || name == "out" {
+        if name == ".backfill"
+            || name == "out"
+            || name.to_string_lossy().starts_with("warehouse.db")
+        {
             continue;
         }
         let target = to.join(&name);
@@ -58,4 +61,35 @@ fn the_quickstart_backfills_september_and_a_second_run_has_nothing_to_do() {
         before,
         "reruns are idempotent"
     );
+}
+
+#[test]
+fn the_shop_example_creates_its_warehouse_and_publishes_september() {
+    let p = Project::new();
+    copy_dir(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/shop"),
+        &p.path(""),
+    );
+    p.run(&[
+        "create",
+        "--dag",
+        "daily_orders",
+        "--from",
+        "2026-09-01",
+        "--to",
+        "2026-09-30",
+    ])
+    .code(0)
+    .stderr_has("backfill 1 of daily_orders: completed — 30 succeeded");
+    assert_eq!(p.count("SELECT COUNT(*) FROM published"), 30);
+    let wh = rusqlite::Connection::open(p.path("warehouse.db")).unwrap();
+    let (rows, days): (i64, i64) = wh
+        .query_row(
+            "SELECT COUNT(*), COUNT(DISTINCT day) FROM daily_orders",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!((rows, days), (150, 30), "five regions on each of 30 days");
+    p.run(&["show", "1"]).code(0).stderr_has("published");
 }

@@ -711,3 +711,52 @@ fn a_manifest_of_the_previous_schema_is_upgraded() {
     .code(0)
     .stderr_has("1 succeeded");
 }
+
+#[test]
+fn a_gated_command_task_without_a_row_count_fails_with_a_clear_message() {
+    let p = Project::new().dag(
+        "cmd",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"export\"\ncommand = \"true\"\n[tasks.gate]\nallow_empty = true\n",
+    );
+    create(&p, "cmd", "2026-01-01", "2026-01-01", &[])
+        .code(3)
+        .stderr_has("task `export` has a gate but reported no row count; write {\"rows\": N} to $BACKFILL_RESULT");
+    assert_eq!(p.count("SELECT COUNT(*) FROM published"), 0);
+}
+
+#[test]
+fn verify_compares_the_fingerprints_that_command_tasks_report() {
+    let p = Project::new()
+        .dag(
+            "steady",
+            r#"
+schedule = "@daily"
+[[tasks]]
+id = "export"
+command = '''[ "$BACKFILL_VERIFY" = 1 ] && printf '{"rows": 3, "fingerprint": "{{ ds }}"}' > "$BACKFILL_RESULT"'''
+"#,
+        )
+        .dag(
+            "clock",
+            r#"
+schedule = "@daily"
+[[tasks]]
+id = "export"
+command = '''printf '{"rows": 3, "fingerprint": "%s"}' "$(date +%s%N)" > "$BACKFILL_RESULT"'''
+"#,
+        );
+    p.run(&[
+        "verify",
+        "--dag",
+        "steady",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+    ])
+    .code(0)
+    .stderr_has("2 deterministic, 0 not");
+    p.run(&["verify", "--dag", "clock", "--from", "2026-01-01", "--to", "2026-01-01"])
+        .code(3)
+        .stderr_has("task `export` is not deterministic for interval 2026-01-01T00:00:00Z: two computations differ");
+}

@@ -473,19 +473,7 @@ pub fn start_run(
         interval.end.timestamp(),
         now_ms
     ])?;
-    let run_id = conn.last_insert_rowid();
-    conn.prepare_cached(
-        "UPDATE leases SET run_id = ?1, heartbeat_at = ?2
-         WHERE dag_id = ?3 AND interval_start = ?4 AND backfill_id = ?5",
-    )?
-    .execute(params![
-        run_id,
-        now_ms,
-        dag_id,
-        interval.start.timestamp(),
-        backfill_id
-    ])?;
-    Ok(run_id)
+    Ok(conn.last_insert_rowid())
 }
 
 /// Records a finished run and releases its lease.
@@ -498,8 +486,12 @@ pub fn finish_run(
 ) -> anyhow::Result<()> {
     conn.prepare_cached("UPDATE runs SET state = ?2, ended_at = ?3, error = ?4 WHERE id = ?1")?
         .execute(params![run_id, state.as_str(), now_ms, error])?;
-    conn.prepare_cached("DELETE FROM leases WHERE run_id = ?1")?
-        .execute([run_id])?;
+    // By primary key: the lease of this run's interval, if this run's backfill holds it.
+    conn.prepare_cached(
+        "DELETE FROM leases WHERE (dag_id, interval_start, backfill_id) IN
+           (SELECT dag_id, interval_start, backfill_id FROM runs WHERE id = ?1)",
+    )?
+    .execute([run_id])?;
     Ok(())
 }
 

@@ -21,7 +21,7 @@ pub use crate::task::command::Stop;
 pub use events::Event;
 
 use crate::interval::DataInterval;
-use crate::manifest::{self, lease::now_ms, writer::Writer};
+use crate::manifest::{self, writer::Writer};
 use crate::plan::{RunState, SkipReason};
 use crate::project::Dag;
 use tries::TaskEnd;
@@ -121,47 +121,50 @@ async fn run_interval(
     mut stop: watch::Receiver<Stop>,
 ) -> anyhow::Result<(DataInterval, RunState)> {
     let began = Instant::now();
-    let (id, dag_id) = (shared.spec.backfill_id, shared.spec.dag.id.clone());
-    let run_id = shared
-        .writer
-        .call(move |c| manifest::start_run(c, id, &dag_id, interval, now_ms()))
-        .await?;
-    let _ = shared
-        .events
-        .send(Event::IntervalStarted { interval, run_id });
+    // The run is recorded with its first try (one commit), and its end with its last try's.
+    let mut run_id = None;
     let mut state = RunState::Succeeded;
     let mut error = None;
-    for task in &shared.spec.dag.tasks {
-        match tries::run_task(&shared, task, interval, run_id, &mut stop).await? {
-            TaskEnd::Succeeded => {}
+    let tasks = &shared.spec.dag.tasks;
+    for (i, task) in tasks.iter().enumerate() {
+        let (end, last_try) =
+            tries::run_task(&shared, task, interval, &mut run_id, &mut stop).await?;
+        let ends_run = match end {
+            TaskEnd::Succeeded => i + 1 == tasks.len(),
             TaskEnd::Failed(e) => {
                 state = RunState::Failed;
                 error = Some(format!("task `{}` failed: {e}", task.id));
-                break;
+                true
             }
             TaskEnd::Rejected(reason) => {
                 state = RunState::Rejected;
                 error = Some(format!("task `{}` rejected: {reason}", task.id));
-                break;
+                true
             }
             TaskEnd::Cancelled => {
                 state = RunState::Cancelled;
                 error = Some(format!("cancelled during task `{}`", task.id));
-                break;
+                true
             }
+        };
+        let Some(run) = run_id else {
+            // Stopped before anything started: the interval stays planned, for `resume`.
+            return Ok((interval, RunState::Cancelled));
+        };
+        let run_end = ends_run.then(|| (state, error.clone()));
+        tries::record_end(&shared, run, last_try, run_end).await?;
+        if ends_run {
+            break;
         }
     }
-    let recorded_error = error.clone();
-    shared
-        .writer
-        .call(move |c| manifest::finish_run(c, run_id, state, recorded_error.as_deref(), now_ms()))
-        .await?;
-    let _ = shared.events.send(Event::IntervalFinished {
-        interval,
-        run_id,
-        state,
-        elapsed: began.elapsed(),
-        error,
-    });
+    if let Some(run_id) = run_id {
+        let _ = shared.events.send(Event::IntervalFinished {
+            interval,
+            run_id,
+            state,
+            elapsed: began.elapsed(),
+            error,
+        });
+    }
     Ok((interval, state))
 }

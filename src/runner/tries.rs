@@ -14,6 +14,7 @@ use super::{Event, Shared, Stop};
 use crate::gate::{self, Measures, Rules, Verdict};
 use crate::interval::{DataInterval, rfc3339};
 use crate::manifest::{self, TryRecord, lease::now_ms};
+use crate::plan::RunState;
 use crate::project::{CommandSpec, Gate, SourceCount, SqlTask, Task, TaskKind};
 use crate::task::command::{self, Ended, TaskResult};
 use crate::task::template::Context;
@@ -72,42 +73,115 @@ struct TryInput<'a> {
     result_path: PathBuf,
 }
 
+/// A try's end, not yet recorded: it is committed together with the end of its run when it is
+/// the run's last.
+pub(super) struct LastTry {
+    try_id: i64,
+    task_id: String,
+    interval: DataInterval,
+    record: TryRecord,
+    published: Option<Published>,
+}
+
+/// Records the end of a task's last try and, when given, of the run, in one commit.
+pub(super) async fn record_end(
+    shared: &Shared,
+    run_id: i64,
+    last_try: Option<LastTry>,
+    run_end: Option<(RunState, Option<String>)>,
+) -> anyhow::Result<()> {
+    let dag_id = shared.spec.dag.id.clone();
+    shared
+        .writer
+        .call(move |c| {
+            let now = now_ms();
+            if let Some(t) = last_try {
+                manifest::finish_try(c, t.try_id, &t.record, now)?;
+                if let Some(p) = t.published {
+                    let publication = manifest::Publication {
+                        try_id: t.try_id,
+                        dag_id: &dag_id,
+                        task_id: &t.task_id,
+                        interval: t.interval,
+                        rows: p.rows,
+                        fingerprint: p.fingerprint.as_deref(),
+                    };
+                    manifest::mark_published(c, &publication, now)?;
+                }
+            }
+            if let Some((state, error)) = run_end {
+                manifest::finish_run(c, run_id, state, error.as_deref(), now)?;
+            }
+            Ok(())
+        })
+        .await
+}
+
+/// Records a try as started, and the run too for the interval's first try: one commit.
+async fn start_try(
+    shared: &Shared,
+    task: &Task,
+    interval: DataInterval,
+    run_id: Option<i64>,
+    try_number: u32,
+) -> anyhow::Result<(i64, i64, PathBuf, PathBuf)> {
+    let spec = &shared.spec;
+    let (backfill_id, dag_id, task_id) = (spec.backfill_id, spec.dag.id.clone(), task.id.clone());
+    let logs_dir = spec.logs_dir.clone();
+    shared
+        .writer
+        .call(move |c| {
+            let now = now_ms();
+            let run_id = match run_id {
+                Some(id) => id,
+                None => manifest::start_run(c, backfill_id, &dag_id, interval, now)?,
+            };
+            let (log, result) = command::try_paths(
+                &logs_dir,
+                &dag_id,
+                interval.start,
+                &task_id,
+                run_id,
+                try_number,
+            );
+            let log_text = log.display().to_string();
+            let try_id = manifest::start_try(c, run_id, &task_id, try_number, &log_text, now)?;
+            Ok((run_id, try_id, log, result))
+        })
+        .await
+}
+
 /// Runs the tries of one task until one succeeds, is rejected, the retries are used up, or a
-/// stop.
+/// stop. Starts the run with the first try when `run_id` is `None`. The final try is returned
+/// unrecorded, for [`record_end`].
 pub(super) async fn run_task(
     shared: &Shared,
     task: &Task,
     interval: DataInterval,
-    run_id: i64,
+    run_id: &mut Option<i64>,
     stop: &mut watch::Receiver<Stop>,
-) -> anyhow::Result<TaskEnd> {
+) -> anyhow::Result<(TaskEnd, Option<LastTry>)> {
     let spec = &shared.spec;
     let ds = interval.ds(spec.dag.tz);
     let ds_nodash = ds.replace('-', "");
     let (start, end) = (rfc3339(interval.start), rfc3339(interval.end));
-    let run_id_text = run_id.to_string();
     let attempts = task.retries + 1;
     let mut last_error = String::new();
     for try_number in 1..=attempts {
         if *stop.borrow() != Stop::Run {
-            return Ok(TaskEnd::Cancelled);
+            return Ok((TaskEnd::Cancelled, None));
         }
-        let (log_path, result_path) = command::try_paths(
-            &spec.logs_dir,
-            &spec.dag.id,
-            interval.start,
-            &task.id,
-            run_id,
-            try_number,
-        );
+        let (run, try_id, log_path, result_path) =
+            start_try(shared, task, interval, *run_id, try_number).await?;
+        if run_id.is_none() {
+            *run_id = Some(run);
+            let _ = shared.events.send(Event::IntervalStarted {
+                interval,
+                run_id: run,
+            });
+        }
         let log_text = log_path.display().to_string();
-        let (task_id, log_for_row) = (task.id.clone(), log_text.clone());
-        let try_id = shared
-            .writer
-            .call(move |c| {
-                manifest::start_try(c, run_id, &task_id, try_number, &log_for_row, now_ms())
-            })
-            .await?;
+        let run_id_text = run.to_string();
         let ctx = Context {
             ds: &ds,
             ds_nodash: &ds_nodash,
@@ -142,28 +216,15 @@ pub(super) async fn run_task(
                 (r, None, None)
             }
         };
-        let (dag_id, task_id) = (spec.dag.id.clone(), task.id.clone());
-        shared
-            .writer
-            .call(move |c| {
-                let now = now_ms();
-                manifest::finish_try(c, try_id, &record, now)?;
-                if let Some(p) = published {
-                    let publication = manifest::Publication {
-                        try_id,
-                        dag_id: &dag_id,
-                        task_id: &task_id,
-                        interval,
-                        rows: p.rows,
-                        fingerprint: p.fingerprint.as_deref(),
-                    };
-                    manifest::mark_published(c, &publication, now)?;
-                }
-                Ok(())
-            })
-            .await?;
+        let last = LastTry {
+            try_id,
+            task_id: task.id.clone(),
+            interval,
+            record,
+            published,
+        };
         if let Some(end) = end {
-            return Ok(end);
+            return Ok((end, Some(last)));
         }
         let will_retry = try_number < attempts;
         let _ = shared.events.send(Event::TryFailed {
@@ -175,11 +236,19 @@ pub(super) async fn run_task(
             log_path: log_text,
             log_tail: command::log_tail(&input.log_path, 20),
         });
-        if will_retry && !wait_before_retry(task.retry_delay, try_number, stop).await {
-            return Ok(TaskEnd::Cancelled);
+        if !will_retry {
+            return Ok((TaskEnd::Failed(last_error), Some(last)));
+        }
+        let (try_id, record) = (last.try_id, last.record);
+        shared
+            .writer
+            .call(move |c| manifest::finish_try(c, try_id, &record, now_ms()))
+            .await?;
+        if !wait_before_retry(task.retry_delay, try_number, stop).await {
+            return Ok((TaskEnd::Cancelled, None));
         }
     }
-    Ok(TaskEnd::Failed(last_error))
+    Ok((TaskEnd::Failed(last_error), None))
 }
 
 /// Runs a command to its end; `Err` describes a failure to start it.
@@ -240,7 +309,6 @@ async fn command_try(
         Ok(argv) => argv,
         Err(e) => return Ok(failed(e, None)),
     };
-    let _ = std::fs::remove_file(&input.result_path);
     let ended = match run_process(
         shared,
         input.try_id,

@@ -203,7 +203,8 @@ pub fn describe_exit(status: ExitStatus) -> String {
     }
 }
 
-/// Where a try's log and result file live.
+/// Where a try's log and result file live: `LOGS/DAG/TASK/INTERVAL.runR.tryN.log`. Run ids are
+/// never reused, so the result file of a new try cannot exist yet.
 pub fn try_paths(
     logs_dir: &Path,
     dag_id: &str,
@@ -212,13 +213,15 @@ pub fn try_paths(
     run_id: i64,
     try_number: u32,
 ) -> (PathBuf, PathBuf) {
-    let dir = logs_dir
-        .join(dag_id)
-        .join(interval_start.format("%Y%m%dT%H%M%SZ").to_string())
-        .join(task_id);
+    // One folder per task, created once: a folder per interval would cost two inodes a try.
+    let dir = logs_dir.join(dag_id).join(task_id);
+    let stem = format!(
+        "{}.run{run_id}.try{try_number}",
+        interval_start.format("%Y%m%dT%H%M%SZ")
+    );
     (
-        dir.join(format!("run{run_id}.try{try_number}.log")),
-        dir.join(format!("run{run_id}.try{try_number}.result.json")),
+        dir.join(format!("{stem}.log")),
+        dir.join(format!("{stem}.result.json")),
     )
 }
 

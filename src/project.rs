@@ -13,6 +13,7 @@ use chrono_tz::Tz;
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::manifest::Durability;
 use crate::schedule::Schedule;
 use crate::task::template;
 
@@ -72,6 +73,8 @@ pub struct Project {
     pub lease_timeout: Duration,
     /// SQLite warehouses by name.
     pub warehouses: BTreeMap<String, Warehouse>,
+    /// How the manifest's commits reach the disk.
+    pub durability: Durability,
 }
 
 /// A SQLite warehouse declared in `backfill.toml`.
@@ -89,6 +92,7 @@ struct RawProject {
     manifest: Option<String>,
     logs: Option<String>,
     lease_timeout: Option<Spanned<String>>,
+    durability: Option<Spanned<String>>,
     #[serde(default)]
     warehouse: BTreeMap<String, Spanned<RawWarehouse>>,
 }
@@ -136,6 +140,19 @@ impl Project {
         };
         let mut warehouses = BTreeMap::new();
         let mut errors = Vec::new();
+        let durability = match raw.durability.as_ref().map(|d| (d, d.get_ref().as_str())) {
+            None | Some((_, "normal")) => Durability::Normal,
+            Some((_, "full")) => Durability::Full,
+            Some((d, other)) => {
+                errors.push(ConfigError {
+                    location: location(&shown, &text, d.span().start),
+                    message: format!(
+                        "key `durability`: `{other}` is neither \"normal\" (survives kill -9) nor \"full\" (also survives a power cut)"
+                    ),
+                });
+                Durability::Normal
+            }
+        };
         for (name, w) in &raw.warehouse {
             if !sql_identifier(name) {
                 errors.push(ConfigError {
@@ -173,6 +190,7 @@ impl Project {
             logs_dir: root.join(raw.logs.as_deref().unwrap_or(".backfill/logs")),
             lease_timeout,
             warehouses,
+            durability,
             root,
         })
     }

@@ -31,7 +31,7 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
         );
         return Ok(exit::OK);
     }
-    let writer = Writer::spawn(manifest::open(&manifest_path)?)?;
+    let writer = Writer::spawn(manifest::open_writer(&manifest_path, project.durability)?)?;
     let ctx = LeaseCtx::new(project.lease_timeout);
     if backfill.owner_alive(&ctx) {
         writer.call_blocking(move |c| manifest::request_cancel(c, id))?;

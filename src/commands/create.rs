@@ -70,7 +70,7 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         allow_drift: args.allow_drift,
         conf: conf.to_string(),
     };
-    let writer = Writer::spawn(manifest::open(&manifest_path)?)?;
+    let writer = Writer::spawn(manifest::open_writer(&manifest_path, project.durability)?)?;
     let dag_id = dag.id.clone();
     let repair_dag = dag.clone();
     let (backfill_id, rows) = writer.call_blocking(move |c| {

@@ -53,7 +53,10 @@ pub fn execute(
         allow_drift: e.allow_drift,
         fault: std::env::var("BACKFILL_FAULT").ok(),
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    // Two workers: spawning a task blocks its thread until the child has exec'd (vfork), and
+    // the other worker keeps reaping, recording and dispatching meanwhile.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()
         .map_err(|e| Error::Internal(e.into()))?;

@@ -19,7 +19,7 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
     let dag = project.dag(&backfill.dag_id)?;
     let conf: serde_json::Value = serde_json::from_str(&backfill.conf)
         .map_err(|e| Error::Internal(anyhow::anyhow!("backfill {id} has unreadable conf: {e}")))?;
-    let writer = Writer::spawn(manifest::open(&manifest_path)?)?;
+    let writer = Writer::spawn(manifest::open_writer(&manifest_path, project.durability)?)?;
     let ctx = LeaseCtx::new(project.lease_timeout);
     let repair_dag = dag.clone();
     let taken = writer.call_blocking(move |c| {

@@ -36,7 +36,7 @@ pub fn open(path: &Path) -> anyhow::Result<Connection> {
         let conn = Connection::open(path)?;
         conn.busy_timeout(Duration::from_secs(30))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.pragma_update(None, "synchronous", Durability::default().pragma())?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         migrate(&conn)?;
         Ok(conn)
@@ -68,6 +68,33 @@ fn is_busy(e: &anyhow::Error) -> bool {
             )
         })
     })
+}
+
+/// How hard a commit of the manifest's writer tries to reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// WAL with `synchronous=NORMAL`: a commit survives the process dying (`kill -9`, a crash);
+    /// an OS crash or power cut may lose the last commits, never the manifest's consistency.
+    #[default]
+    Normal,
+    /// `synchronous=FULL`: every commit is fsynced and survives a power cut too.
+    Full,
+}
+
+impl Durability {
+    fn pragma(self) -> &'static str {
+        match self {
+            Self::Normal => "NORMAL",
+            Self::Full => "FULL",
+        }
+    }
+}
+
+/// Opens the manifest for the writer thread, with the project's durability.
+pub fn open_writer(path: &Path, durability: Durability) -> anyhow::Result<Connection> {
+    let conn = open(path)?;
+    conn.pragma_update(None, "synchronous", durability.pragma())?;
+    Ok(conn)
 }
 
 /// Opens an existing manifest for reading; `None` when there is none yet (nothing recorded).

@@ -169,18 +169,21 @@ pub struct BackfillDetail {
     pub interval_details: Vec<IntervalDetail>,
 }
 
-#[derive(Default)]
-struct RunAgg {
+/// The latest run of an interval in a backfill, and how many runs it had.
+struct LatestRun {
+    interval_start: i64,
     run_id: i64,
     state: String,
-    attempts: i64,
     started: i64,
     ended: Option<i64>,
     error: Option<String>,
+    attempts: i64,
 }
 
+/// The tries of one run, aggregated.
 #[derive(Default)]
 struct TryAgg {
+    run_id: i64,
     tries: i64,
     rows: Option<i64>,
     verdict: Option<String>,
@@ -190,59 +193,99 @@ struct TryAgg {
 }
 
 /// A backfill and every interval of its plan; `None` when there is no such backfill.
+///
+/// Three ordered range scans whatever the size, merged here: the backfill's runs in
+/// `(interval_start, id)` index order, their tries in `run_id` index order, and the plan by
+/// primary key. No per-row lookups and no sorts.
 pub fn show(conn: &Connection, id: i64) -> anyhow::Result<Option<BackfillDetail>> {
     let Some(summary) = list_one(conn, id)? else {
         return Ok(None);
     };
-    let mut runs: HashMap<i64, RunAgg> = HashMap::new();
+    let mut latest: Vec<LatestRun> = Vec::new();
     let mut stmt = conn.prepare(
         "SELECT interval_start, id, state, started_at, ended_at, error FROM runs
          WHERE backfill_id = ?1 ORDER BY interval_start, id",
     )?;
     let mut rows = stmt.query([id])?;
     while let Some(r) = rows.next()? {
-        let agg = runs.entry(r.get(0)?).or_default();
-        agg.attempts += 1;
-        agg.run_id = r.get(1)?;
-        agg.state = r.get(2)?;
-        agg.started = r.get(3)?;
-        agg.ended = r.get(4)?;
-        agg.error = r.get(5)?;
+        let interval_start: i64 = r.get(0)?;
+        let run = LatestRun {
+            interval_start,
+            run_id: r.get(1)?,
+            state: r.get(2)?,
+            started: r.get(3)?,
+            ended: r.get(4)?,
+            error: r.get(5)?,
+            attempts: 1,
+        };
+        match latest.last_mut() {
+            Some(prev) if prev.interval_start == interval_start => {
+                *prev = LatestRun {
+                    attempts: prev.attempts + 1,
+                    ..run
+                };
+            }
+            _ => latest.push(run),
+        }
     }
-    let mut tries: HashMap<i64, TryAgg> = HashMap::new();
-    let mut stmt = conn.prepare(
-        "SELECT t.run_id, t.state, t.rows, t.verdict, t.log_path, t.error, t.reasons FROM task_tries t
-         JOIN runs r ON r.id = t.run_id WHERE r.backfill_id = ?1 ORDER BY t.id",
-    )?;
-    let mut rows = stmt.query([id])?;
-    while let Some(r) = rows.next()? {
-        let agg = tries.entry(r.get(0)?).or_default();
-        agg.tries += 1;
-        let state: String = r.get(1)?;
-        if let Some(n) = r.get::<_, Option<i64>>(2)?
-            && state == "succeeded"
-        {
-            agg.rows = Some(agg.rows.unwrap_or(0) + n);
-        }
-        if let Some(v) = r.get::<_, Option<String>>(3)? {
-            agg.verdict = Some(v);
-            agg.reasons = r.get(6)?;
-        }
-        if state != "succeeded" {
-            agg.log = r.get(4)?;
-            agg.error = r.get(5)?;
+    drop(rows);
+    let mut run_ids: Vec<i64> = latest.iter().map(|r| r.run_id).collect();
+    run_ids.sort_unstable();
+    let mut tries: Vec<TryAgg> = Vec::with_capacity(run_ids.len());
+    if let (Some(lo), Some(hi)) = (run_ids.first(), run_ids.last()) {
+        let mut stmt = conn.prepare(
+            "SELECT run_id, state, rows, verdict, reasons, log_path, error FROM task_tries
+             WHERE run_id BETWEEN ?1 AND ?2 ORDER BY run_id, id",
+        )?;
+        let mut rows = stmt.query([lo, hi])?;
+        while let Some(r) = rows.next()? {
+            let run_id: i64 = r.get(0)?;
+            if run_ids.binary_search(&run_id).is_err() {
+                continue;
+            }
+            if tries.last().is_none_or(|t| t.run_id != run_id) {
+                tries.push(TryAgg {
+                    run_id,
+                    ..TryAgg::default()
+                });
+            }
+            let Some(agg) = tries.last_mut() else {
+                continue;
+            };
+            agg.tries += 1;
+            let state = r.get_ref(1)?.as_str()?;
+            let succeeded = state == "succeeded";
+            if succeeded && let Some(n) = r.get::<_, Option<i64>>(2)? {
+                agg.rows = Some(agg.rows.unwrap_or(0) + n);
+            }
+            if let Some(v) = r.get::<_, Option<String>>(3)? {
+                agg.verdict = Some(v);
+                agg.reasons = r.get(4)?;
+            }
+            if !succeeded {
+                agg.log = r.get(5)?;
+                agg.error = r.get(6)?;
+            }
         }
     }
     let mut stmt = conn.prepare(
         "SELECT ord, interval_start, interval_end, action, reason FROM plan
          WHERE backfill_id = ?1 ORDER BY ord",
     )?;
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(usize::try_from(summary.intervals.total).unwrap_or(0));
     let mut rows = stmt.query([id])?;
     while let Some(r) = rows.next()? {
         let start: i64 = r.get(1)?;
-        let run = runs.get(&start);
-        let t = run.and_then(|run| tries.get(&run.run_id));
+        let run = latest
+            .binary_search_by_key(&start, |l| l.interval_start)
+            .ok()
+            .map(|i| &latest[i]);
+        let t = run.and_then(|run| {
+            tries
+                .binary_search_by_key(&run.run_id, |t| t.run_id)
+                .ok()
+                .map(|i| &tries[i])
+        });
         out.push(IntervalDetail {
             ord: r.get(0)?,
             start: rfc3339(from_unix(start)),
@@ -318,37 +361,59 @@ pub struct RunHistory {
     pub error: Option<String>,
 }
 
-/// Every run of a DAG whose interval starts in `[lo, hi]`, by interval then attempt.
+/// Every run of a DAG whose interval starts in `[lo, hi]`, by interval then attempt: the runs
+/// in index order and their tries in `run_id` order, merged here.
 pub fn runs(conn: &Connection, dag_id: &str, lo: i64, hi: i64) -> anyhow::Result<Vec<RunHistory>> {
     let mut stmt = conn.prepare(
-        "SELECT r.id, r.backfill_id, r.interval_start, r.interval_end, r.state, r.started_at,
-                r.ended_at, r.error, COUNT(t.id),
-                SUM(CASE WHEN t.state = 'succeeded' THEN t.rows END),
-                (SELECT v.verdict FROM task_tries v WHERE v.run_id = r.id AND v.verdict IS NOT NULL
-                 ORDER BY v.id DESC LIMIT 1),
-                (SELECT v.reasons FROM task_tries v WHERE v.run_id = r.id AND v.verdict IS NOT NULL
-                 ORDER BY v.id DESC LIMIT 1)
-         FROM runs r LEFT JOIN task_tries t ON t.run_id = r.id
-         WHERE r.dag_id = ?1 AND r.interval_start BETWEEN ?2 AND ?3
-         GROUP BY r.id ORDER BY r.interval_start, r.id",
+        "SELECT id, backfill_id, interval_start, interval_end, state, started_at, ended_at, error
+         FROM runs WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
+         ORDER BY interval_start, id",
     )?;
-    let rows = stmt.query_map(params![dag_id, lo, hi], |r| {
-        let started: i64 = r.get(5)?;
-        let ended: Option<i64> = r.get(6)?;
-        Ok(RunHistory {
-            run_id: r.get(0)?,
-            backfill_id: r.get(1)?,
-            start: rfc3339(from_unix(r.get(2)?)),
-            end: rfc3339(from_unix(r.get(3)?)),
-            state: r.get(4)?,
-            started_at: ms_to_rfc3339(started),
-            duration_ms: ended.map(|e| e - started),
-            error: r.get(7)?,
-            tries: r.get(8)?,
-            rows: r.get(9)?,
-            verdict: r.get(10)?,
-            reasons: r.get(11)?,
-        })
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    let mut out: Vec<RunHistory> = stmt
+        .query_map(params![dag_id, lo, hi], |r| {
+            let started: i64 = r.get(5)?;
+            let ended: Option<i64> = r.get(6)?;
+            Ok(RunHistory {
+                run_id: r.get(0)?,
+                backfill_id: r.get(1)?,
+                start: rfc3339(from_unix(r.get(2)?)),
+                end: rfc3339(from_unix(r.get(3)?)),
+                state: r.get(4)?,
+                started_at: ms_to_rfc3339(started),
+                duration_ms: ended.map(|e| e - started),
+                error: r.get(7)?,
+                tries: 0,
+                rows: None,
+                verdict: None,
+                reasons: None,
+            })
+        })?
+        .collect::<Result<_, _>>()?;
+    let mut by_id: Vec<(i64, usize)> = out.iter().enumerate().map(|(i, r)| (r.run_id, i)).collect();
+    by_id.sort_unstable();
+    if let (Some(first), Some(last)) = (by_id.first(), by_id.last()) {
+        let mut stmt = conn.prepare(
+            "SELECT run_id, state, rows, verdict, reasons FROM task_tries
+             WHERE run_id BETWEEN ?1 AND ?2 ORDER BY run_id, id",
+        )?;
+        let mut rows = stmt.query([first.0, last.0])?;
+        while let Some(r) = rows.next()? {
+            let run_id: i64 = r.get(0)?;
+            let Ok(i) = by_id.binary_search_by_key(&run_id, |x| x.0) else {
+                continue;
+            };
+            let run = &mut out[by_id[i].1];
+            run.tries += 1;
+            if r.get_ref(1)?.as_str()? == "succeeded"
+                && let Some(n) = r.get::<_, Option<i64>>(2)?
+            {
+                run.rows = Some(run.rows.unwrap_or(0) + n);
+            }
+            if let Some(v) = r.get::<_, Option<String>>(3)? {
+                run.verdict = Some(v);
+                run.reasons = r.get(4)?;
+            }
+        }
+    }
+    Ok(out)
 }

@@ -63,8 +63,31 @@ struct PlanItem {
     reason: Option<&'static str>,
 }
 
-/// Rows of a human plan table beyond which only the head and tail are shown.
-const PLAN_TABLE_LIMIT: usize = 200;
+/// Rows of a human table beyond which only the first and last half of this are shown.
+const TABLE_LIMIT: usize = 200;
+
+/// The row indices a human table shows: all of them, or the first and last `TABLE_LIMIT / 2`;
+/// and, when rows are left out, before which index and how many. `--output json` lists all.
+fn shown_rows(len: usize) -> (Vec<usize>, Option<(usize, usize)>) {
+    if len <= TABLE_LIMIT {
+        return ((0..len).collect(), None);
+    }
+    let half = TABLE_LIMIT / 2;
+    let shown = (0..half).chain(len - half..len).collect();
+    (shown, Some((len - half, len - TABLE_LIMIT)))
+}
+
+/// Adds the row that says how many rows were left out, just before index `gap.0`.
+fn gap_row(t: &mut Table, gap: Option<(usize, usize)>, i: usize) {
+    if let Some((before, left_out)) = gap
+        && before == i
+    {
+        t.add_row(vec![
+            "…".to_string(),
+            format!("{left_out} more rows; --output json lists all"),
+        ]);
+    }
+}
 
 pub fn print_plan(
     dag: &Dag,
@@ -112,24 +135,10 @@ pub fn print_plan(
         "action",
         "reason",
     ]);
-    let shown: Vec<(usize, &PlanRow)> = if rows.len() > PLAN_TABLE_LIMIT {
-        let half = PLAN_TABLE_LIMIT / 2;
-        rows.iter()
-            .enumerate()
-            .filter(|(i, _)| *i < half || *i >= rows.len() - half)
-            .collect()
-    } else {
-        rows.iter().enumerate().collect()
-    };
-    let mut previous = None;
-    for (i, r) in shown {
-        if previous.is_some_and(|p: usize| i > p + 1) {
-            t.add_row(vec![
-                "…".to_string(),
-                format!("{} more", i - previous.unwrap_or(0) - 1),
-            ]);
-        }
-        previous = Some(i);
+    let (shown, gap) = shown_rows(rows.len());
+    for i in shown {
+        gap_row(&mut t, gap, i);
+        let r = &rows[i];
         let (action, reason) = match r.action {
             Action::Run => ("run", String::new()),
             Action::Skip(reason) => ("skip", reason.to_string()),
@@ -248,7 +257,10 @@ pub fn print_show(detail: &BackfillDetail, tz: Option<Tz>, json: bool) {
         "duration",
         "error",
     ]);
-    for i in &detail.interval_details {
+    let (shown, gap) = shown_rows(detail.interval_details.len());
+    for index in shown {
+        gap_row(&mut t, gap, index);
+        let i = &detail.interval_details[index];
         let shown_start = match (tz, chrono::DateTime::parse_from_rfc3339(&i.start)) {
             (Some(tz), Ok(s)) => {
                 let s = s.with_timezone(&chrono::Utc);
@@ -294,7 +306,10 @@ pub fn print_runs(runs: &[RunHistory], json: bool) {
         "rows",
         "error",
     ]);
-    for r in runs {
+    let (shown, gap) = shown_rows(runs.len());
+    for index in shown {
+        gap_row(&mut t, gap, index);
+        let r = &runs[index];
         t.add_row(vec![
             r.start.clone(),
             r.run_id.to_string(),

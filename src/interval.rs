@@ -51,7 +51,54 @@ impl fmt::Display for DataInterval {
 
 /// RFC 3339 in UTC with a `Z` suffix and whole seconds.
 pub fn rfc3339(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+    Rfc3339(t).to_string()
+}
+
+/// An instant displayed and serialized as RFC 3339 UTC (`2026-09-01T00:00:00Z`), its digits
+/// written directly: chrono's formatter parses its pattern anew for every value, and plans and
+/// listings print millions of them.
+#[derive(Debug, Clone, Copy)]
+pub struct Rfc3339(pub DateTime<Utc>);
+
+impl Rfc3339 {
+    /// The 20 ASCII bytes, for years 0 to 9999 (`None` outside).
+    pub fn bytes(self) -> Option<[u8; 20]> {
+        use chrono::{Datelike, Timelike};
+        let t = self.0;
+        let year = u32::try_from(t.year()).ok().filter(|y| *y <= 9999)?;
+        let mut b = *b"0000-00-00T00:00:00Z";
+        let mut put = |at: usize, value: u32, digits: u32| {
+            for i in 0..digits {
+                let d = (value / 10u32.pow(digits - 1 - i)) % 10;
+                b[at + i as usize] = b'0' + d as u8;
+            }
+        };
+        put(0, year, 4);
+        put(5, t.month(), 2);
+        put(8, t.day(), 2);
+        put(11, t.hour(), 2);
+        put(14, t.minute(), 2);
+        put(17, t.second(), 2);
+        Some(b)
+    }
+}
+
+impl fmt::Display for Rfc3339 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.bytes() {
+            Some(b) => f.write_str(std::str::from_utf8(&b).map_err(|_| fmt::Error)?),
+            None => f.write_str(&self.0.to_rfc3339_opts(SecondsFormat::Secs, true)),
+        }
+    }
+}
+
+impl serde::Serialize for Rfc3339 {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.bytes() {
+            Some(b) => s.serialize_str(std::str::from_utf8(&b).map_err(serde::ser::Error::custom)?),
+            None => s.collect_str(self),
+        }
+    }
 }
 
 pub fn from_unix(secs: i64) -> DateTime<Utc> {
@@ -339,6 +386,20 @@ mod tests {
             "2026-01-01T03:00:00+00:00",
         );
         assert_eq!(rfc3339(got[0].start), "2026-01-01T03:00:00Z");
+    }
+
+    #[test]
+    fn rfc3339_matches_chrono() {
+        for t in [
+            "2026-09-01T00:00:00Z",
+            "1999-12-31T23:59:59Z",
+            "2026-03-29T01:00:00Z",
+            "0999-01-02T03:04:05Z",
+            "9999-12-31T23:59:59Z",
+        ] {
+            let t = utc(t);
+            assert_eq!(rfc3339(t), t.to_rfc3339_opts(SecondsFormat::Secs, true));
+        }
     }
 
     #[test]

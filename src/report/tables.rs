@@ -7,7 +7,7 @@ use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use serde::Serialize;
 
 use super::label;
-use crate::interval::{DataInterval, rfc3339};
+use crate::interval::{DataInterval, Rfc3339, rfc3339};
 use crate::manifest::queries::{BackfillDetail, BackfillSummary, RunHistory};
 use crate::plan::{Action, PlanRow};
 use crate::project::{Dag, TaskKind};
@@ -52,15 +52,36 @@ struct PlanDoc<'a> {
     max_active_runs: u32,
     to_run: usize,
     to_skip: usize,
-    intervals: Vec<PlanItem>,
+    intervals: PlanItems<'a>,
 }
+
+/// The plan's intervals, serialized one by one without building strings first: a plan may
+/// hold a million intervals.
+struct PlanItems<'a>(&'a [PlanRow]);
 
 #[derive(Serialize)]
 struct PlanItem {
-    start: String,
-    end: String,
+    start: Rfc3339,
+    end: Rfc3339,
     action: &'static str,
     reason: Option<&'static str>,
+}
+
+impl Serialize for PlanItems<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|r| PlanItem {
+            start: Rfc3339(r.interval.start),
+            end: Rfc3339(r.interval.end),
+            action: match r.action {
+                Action::Run => "run",
+                Action::Skip(_) => "skip",
+            },
+            reason: match r.action {
+                Action::Run => None,
+                Action::Skip(reason) => Some(reason.as_str()),
+            },
+        }))
+    }
 }
 
 /// Rows of a human table beyond which only the first and last half of this are shown.
@@ -109,21 +130,7 @@ pub fn print_plan(
             max_active_runs,
             to_run,
             to_skip,
-            intervals: rows
-                .iter()
-                .map(|r| PlanItem {
-                    start: rfc3339(r.interval.start),
-                    end: rfc3339(r.interval.end),
-                    action: match r.action {
-                        Action::Run => "run",
-                        Action::Skip(_) => "skip",
-                    },
-                    reason: match r.action {
-                        Action::Run => None,
-                        Action::Skip(reason) => Some(reason.as_str()),
-                    },
-                })
-                .collect(),
+            intervals: PlanItems(rows),
         });
         return;
     }

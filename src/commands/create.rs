@@ -94,19 +94,20 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         .filter(|r| r.action == Action::Run)
         .map(|r| r.interval)
         .collect();
+    let planned = rows.len();
+    drop(rows);
     if !g.quiet && !g.json {
         eprintln!(
             "backfill {backfill_id} of {}: {} intervals, {} to run, {} skipped, up to {max_active_runs} at a time",
             dag.id,
-            rows.len(),
+            planned,
             to_run.len(),
-            rows.len() - to_run.len()
+            planned - to_run.len()
         );
     }
     execute(
         g,
         &project,
-        &manifest_path,
         Execution {
             backfill_id,
             dag,

@@ -30,13 +30,7 @@ pub struct Execution {
 }
 
 /// Runs the intervals, then prints the summary and returns the exit code.
-pub fn execute(
-    g: &Global,
-    project: &Project,
-    manifest_path: &std::path::Path,
-    e: Execution,
-    writer: Writer,
-) -> Result<u8, Error> {
+pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> Result<u8, Error> {
     let began = Instant::now();
     let backfill_id = e.backfill_id;
     let tz = e.dag.tz;
@@ -88,12 +82,13 @@ pub fn execute(
         let stopped = *stop_tx.borrow() != Stop::Run;
         Ok::<bool, anyhow::Error>(stopped)
     })?;
-    // How the backfill ended, judged on its own runs in the manifest.
-    let detail = writer.call_blocking(move |c| {
-        manifest::queries::show(c, backfill_id)?
+    // How the backfill ended, judged on its own runs in the manifest. The outcome holds counts
+    // and the failed intervals only, so memory does not grow with the number of intervals.
+    let mut outcome = writer.call_blocking(move |c| {
+        manifest::queries::outcome(c, backfill_id)?
             .ok_or_else(|| anyhow::anyhow!("backfill {backfill_id} vanished from the manifest"))
     })?;
-    let counts = &detail.backfill.intervals;
+    let counts = &outcome.backfill.intervals;
     let (state, code) = if stopped || counts.pending > 0 || counts.cancelled > 0 {
         (BackfillState::Cancelled, exit::INTERRUPTED)
     } else if counts.failed + counts.rejected > 0 {
@@ -104,12 +99,9 @@ pub fn execute(
     writer.call_blocking(move |c| {
         manifest::finish_backfill(c, backfill_id, state, lease::now_ms())
     })?;
-    drop(writer);
-    let detail = manifest::open(manifest_path)
-        .and_then(|c| manifest::queries::show(&c, backfill_id))?
-        .unwrap_or(detail);
+    outcome.backfill.state = state.as_str().to_string();
     report::print_summary(
-        &report::summary(&detail, code, began.elapsed()),
+        &report::summary(&outcome, code, began.elapsed()),
         g.json,
         g.quiet,
     );

@@ -50,7 +50,6 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
     let code = execute(
         g,
         &project,
-        &manifest_path,
         Execution {
             backfill_id: id,
             dag,

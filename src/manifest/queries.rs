@@ -137,6 +137,61 @@ pub fn list(
         .collect())
 }
 
+/// A failed or rejected interval, for the summary at the end of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct FailedInterval {
+    pub start: String,
+    pub state: String,
+    pub error: Option<String>,
+    pub log: Option<String>,
+}
+
+/// How a backfill stands: its counts, skips by reason, and the intervals whose latest run
+/// failed or was rejected. Its size does not grow with the number of intervals that went well.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub backfill: BackfillSummary,
+    pub skipped: std::collections::BTreeMap<String, i64>,
+    pub failed: Vec<FailedInterval>,
+}
+
+pub fn outcome(conn: &Connection, id: i64) -> anyhow::Result<Option<Outcome>> {
+    let Some(backfill) = list_one(conn, id)? else {
+        return Ok(None);
+    };
+    let mut stmt = conn.prepare(
+        "SELECT COALESCE(reason, ''), COUNT(*) FROM plan
+         WHERE backfill_id = ?1 AND action = 'skip' GROUP BY reason",
+    )?;
+    let skipped = stmt
+        .query_map([id], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    let mut stmt = conn.prepare(
+        "SELECT r.interval_start, r.state, r.error,
+                (SELECT t.log_path FROM task_tries t WHERE t.run_id = r.id AND t.state != 'succeeded'
+                 ORDER BY t.id DESC LIMIT 1)
+         FROM runs r
+         JOIN (SELECT MAX(id) AS id FROM runs WHERE backfill_id = ?1 GROUP BY interval_start) m
+           ON m.id = r.id
+         WHERE r.state IN ('failed', 'rejected') ORDER BY r.interval_start",
+    )?;
+    let failed = stmt
+        .query_map([id], |r| {
+            Ok(FailedInterval {
+                start: rfc3339(from_unix(r.get(0)?)),
+                state: r.get(1)?,
+                error: r.get(2)?,
+                log: r.get(3)?,
+            })
+        })?
+        .collect::<Result<_, _>>()?;
+    Ok(Some(Outcome {
+        backfill,
+        skipped,
+        failed,
+    }))
+}
+
 /// One interval of a backfill, as `show` prints it.
 #[derive(Debug, Clone, Serialize)]
 pub struct IntervalDetail {

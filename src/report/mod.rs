@@ -13,7 +13,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
 use crate::interval::DataInterval;
-use crate::manifest::queries::{BackfillDetail, Counts};
+use crate::manifest::queries::{Counts, FailedInterval, Outcome};
 use crate::plan::RunState;
 use crate::runner::Event;
 
@@ -192,46 +192,21 @@ pub struct Summary<'a> {
     pub state: &'a str,
     pub exit_code: u8,
     pub intervals: &'a Counts,
-    pub skipped: std::collections::BTreeMap<String, i64>,
-    pub failed: Vec<FailedInterval>,
+    pub skipped: &'a std::collections::BTreeMap<String, i64>,
+    pub failed: &'a [FailedInterval],
     pub elapsed_seconds: f64,
 }
 
-#[derive(Debug, Serialize)]
-pub struct FailedInterval {
-    pub start: String,
-    pub state: String,
-    pub error: Option<String>,
-    pub log: Option<String>,
-}
-
-/// Builds the summary of a finished (or stopped) backfill from the manifest.
-pub fn summary<'a>(detail: &'a BackfillDetail, exit_code: u8, elapsed: Duration) -> Summary<'a> {
-    let mut skipped = std::collections::BTreeMap::new();
-    let mut failed = Vec::new();
-    for i in &detail.interval_details {
-        if i.action == "skip" {
-            *skipped
-                .entry(i.reason.clone().unwrap_or_default())
-                .or_insert(0) += 1;
-        }
-        if matches!(i.state.as_deref(), Some("failed" | "rejected")) {
-            failed.push(FailedInterval {
-                start: i.start.clone(),
-                state: i.state.clone().unwrap_or_default(),
-                error: i.error.clone(),
-                log: i.log.clone(),
-            });
-        }
-    }
+/// Builds the summary of a finished (or stopped) backfill from its outcome in the manifest.
+pub fn summary<'a>(outcome: &'a Outcome, exit_code: u8, elapsed: Duration) -> Summary<'a> {
     Summary {
-        backfill_id: detail.backfill.id,
-        dag_id: &detail.backfill.dag_id,
-        state: &detail.backfill.state,
+        backfill_id: outcome.backfill.id,
+        dag_id: &outcome.backfill.dag_id,
+        state: &outcome.backfill.state,
         exit_code,
-        intervals: &detail.backfill.intervals,
-        skipped,
-        failed,
+        intervals: &outcome.backfill.intervals,
+        skipped: &outcome.skipped,
+        failed: &outcome.failed,
         elapsed_seconds: elapsed.as_secs_f64(),
     }
 }
@@ -259,11 +234,11 @@ pub fn print_summary(s: &Summary<'_>, json: bool, quiet: bool) {
                 table.add_row(vec![name.to_string(), n.to_string()]);
             }
         }
-        for (reason, n) in &s.skipped {
+        for (reason, n) in s.skipped {
             table.add_row(vec![format!("skipped: {reason}"), n.to_string()]);
         }
         let _ = writeln!(err, "{table}");
-        for f in &s.failed {
+        for f in s.failed {
             let _ = writeln!(
                 err,
                 "{} {}: {}{}",

@@ -105,7 +105,9 @@ pub async fn run(
             joined = running.join_next() => {
                 if let Some(joined) = joined {
                     let (interval, state) = joined??;
-                    succeeded_by_end.insert(interval.end.timestamp(), state == RunState::Succeeded);
+                    if depends_on_past {
+                        succeeded_by_end.insert(interval.end.timestamp(), state == RunState::Succeeded);
+                    }
                 }
             }
             _ = stop_rx.changed() => {}

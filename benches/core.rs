@@ -1,0 +1,166 @@
+//! Benchmarks of the pure and storage hot spots: schedule expansion, planning against a large
+//! manifest, and the gate over an audit table. Run with `cargo bench`; the whole-process figures
+//! (orchestration overhead, `show`, dry runs) come from `examples/bench/overhead.sh`.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
+use criterion::{Criterion, criterion_group, criterion_main};
+
+use backfill::gate::{self, Measures, Rules};
+use backfill::interval::{DataInterval, Range, expand};
+use backfill::manifest::{self, NewBackfill, lease::LeaseCtx};
+use backfill::plan::{self, Action, Options, Reprocess, RunState};
+use backfill::project::{Gate, SqlTask, Warehouse};
+use backfill::schedule::Schedule;
+use backfill::warehouse::{self, Binds};
+
+fn utc(s: &str) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+}
+
+fn ten_years() -> Range {
+    Range {
+        start: utc("2016-01-01T00:00:00Z"),
+        end_exclusive: utc("2026-01-01T00:00:00Z"),
+    }
+}
+
+fn schedules(c: &mut Criterion) {
+    let mut g = c.benchmark_group("expand");
+    g.sample_size(10).measurement_time(Duration::from_secs(5));
+    let berlin: Tz = "Europe/Berlin".parse().unwrap();
+    for (name, expr, tz) in [
+        ("hourly_utc_10y", "@hourly", Tz::UTC),
+        ("hourly_berlin_10y", "@hourly", berlin),
+        ("daily_berlin_10y", "@daily", berlin),
+        ("weekdays_0315_berlin_10y", "15 3 * * 1-5", berlin),
+    ] {
+        let s = Schedule::parse(expr, tz).unwrap();
+        g.bench_function(name, |b| {
+            b.iter(|| black_box(expand(&s, ten_years())).len())
+        });
+    }
+    g.finish();
+}
+
+/// A manifest holding a succeeded run for every hourly interval of ten years.
+fn large_manifest(dir: &std::path::Path, intervals: &[DataInterval]) -> rusqlite::Connection {
+    let conn = manifest::open(&dir.join("manifest.db")).unwrap();
+    let ctx = LeaseCtx::new(Duration::from_secs(30));
+    conn.execute_batch("BEGIN").unwrap();
+    let rows: Vec<plan::PlanRow> = intervals
+        .iter()
+        .map(|i| plan::PlanRow {
+            interval: *i,
+            action: Action::Run,
+        })
+        .collect();
+    let request = NewBackfill {
+        dag_id: "hourly".into(),
+        from_arg: "2016-01-01".into(),
+        to_arg: "2025-12-31".into(),
+        range_start: 0,
+        range_end: 0,
+        reprocess: Reprocess::None,
+        max_active_runs: 8,
+        run_backwards: false,
+        allow_drift: false,
+        conf: "{}".into(),
+    };
+    let id = manifest::insert_backfill(&conn, &request, &rows, &ctx).unwrap();
+    for i in intervals {
+        let run = manifest::start_run(&conn, id, "hourly", *i, 0).unwrap();
+        manifest::finish_run(&conn, run, RunState::Succeeded, None, 1).unwrap();
+    }
+    conn.execute_batch("COMMIT").unwrap();
+    conn
+}
+
+fn planning(c: &mut Criterion) {
+    let s = Schedule::parse("@hourly", Tz::UTC).unwrap();
+    let intervals = expand(&s, ten_years());
+    let dir = tempfile::tempdir().unwrap();
+    let conn = large_manifest(dir.path(), &intervals);
+    let ctx = LeaseCtx::new(Duration::from_secs(30));
+    let options = Options {
+        reprocess: Reprocess::Failed,
+        run_backwards: false,
+        depends_on_past: false,
+        now: utc("2026-11-29T00:00:00Z"),
+    };
+    let mut g = c.benchmark_group("plan");
+    g.sample_size(10).measurement_time(Duration::from_secs(5));
+    g.bench_function("priors_87672_runs", |b| {
+        b.iter(|| black_box(manifest::priors(&conn, "hourly", &intervals, &ctx).unwrap()))
+    });
+    let (prior, before) = manifest::priors(&conn, "hourly", &intervals, &ctx).unwrap();
+    g.bench_function("plan_87672", |b| {
+        b.iter(|| black_box(plan::plan(&intervals, &prior, before, options)).len())
+    });
+    g.finish();
+}
+
+fn gate_checks(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let w = Warehouse {
+        name: "bench".into(),
+        path: dir.path().join("warehouse.db"),
+        init: Vec::new(),
+    };
+    let conn = warehouse::open(&w).unwrap();
+    // One day of orders, as in the shop example: 3,000 rows.
+    conn.execute_batch(
+        "CREATE TABLE audit AS
+         WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 2999)
+         SELECT i AS order_id, '2026-09-18' AS order_day,
+                datetime('2026-09-18', '+' || (i * 28) || ' seconds') AS order_ts,
+                'eu' AS region, i * 7 AS amount_cents
+         FROM n",
+    )
+    .unwrap();
+    let task = SqlTask {
+        warehouse: w.clone(),
+        target: "orders_fact".into(),
+        partition_column: "order_day".into(),
+        sql: String::new(),
+    };
+    let g = Gate {
+        unique_key: vec!["order_id".into()],
+        source_count: None,
+        tolerance: 0.02,
+        allow_empty: false,
+    };
+    let binds = Binds::new(
+        DataInterval::new(utc("2026-09-18T00:00:00Z"), utc("2026-09-19T00:00:00Z")),
+        Tz::UTC,
+    );
+    let mut group = c.benchmark_group("gate");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(5));
+    group.bench_function("measure_3000_rows", |b| {
+        b.iter(|| black_box(warehouse::measure(&conn, &task, Some(&g), "audit", &binds).unwrap()))
+    });
+    let measures = Measures {
+        rows: 3000,
+        outside: Some(0),
+        duplicate_keys: Some(0),
+        source: Some(3000),
+        published: Some(2990),
+    };
+    let rules = Rules {
+        tolerance: 0.02,
+        allow_empty: false,
+        allow_drift: false,
+    };
+    group.bench_function("judge", |b| {
+        b.iter(|| black_box(gate::judge(black_box(&measures), &rules)))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, schedules, planning, gate_checks);
+criterion_main!(benches);

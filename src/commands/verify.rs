@@ -241,6 +241,8 @@ async fn compute(
                 .join(interval.start.format("%Y%m%dT%H%M%SZ").to_string());
             let log = dir.join(format!("{}.pass{pass}.log", task.id));
             let result_path = dir.join(format!("{}.pass{pass}.result.json", task.id));
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
             let _ = std::fs::remove_file(&result_path);
             let mut env = command::environment(&ctx, &conf.to_string(), &result_path);
             env.push(("BACKFILL_VERIFY".into(), "1".into()));

@@ -64,6 +64,12 @@ pub async fn run(
     } else {
         spec.max_active_runs.max(1)
     };
+    // Each task's folder for logs and result files, once: tries only add files to it.
+    for task in &spec.dag.tasks {
+        let dir = spec.logs_dir.join(&spec.dag.id).join(&task.id);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| anyhow::anyhow!("cannot create the log folder {}: {e}", dir.display()))?;
+    }
     let mut queue: VecDeque<DataInterval> = spec.intervals.iter().copied().collect();
     let shared = Arc::new(Shared {
         conf_text: spec.conf.to_string(),

@@ -3,6 +3,7 @@
 //! grace period (at once on a hard stop). When the main process exits, anything it left running
 //! in its group is killed, so a finished try leaves no process behind.
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -44,37 +45,79 @@ pub fn render(spec: &CommandSpec, ctx: &Context<'_>) -> Result<Vec<String>, Stri
 pub struct Spawned {
     child: Child,
     pub pgid: i64,
+    /// Copies the try's output into its log file.
+    log: tokio::task::JoinHandle<()>,
 }
 
-/// Starts `argv` in its own process group with stdout and stderr appended to `log_path`.
+/// How long a finished try's output may take to drain after its process group is gone: a
+/// daemon that left the group may hold the pipe open forever.
+const LOG_DRAIN: Duration = Duration::from_secs(2);
+
+/// Starts `argv` in its own process group. Its stdout and stderr share one pipe, copied into
+/// `log_path`, which is created (with its folder) when the first byte arrives: a try that prints
+/// nothing costs no file. Must be called inside the async runtime.
 pub fn spawn(
     argv: &[String],
     env: &[(String, String)],
     cwd: &Path,
     log_path: &Path,
 ) -> std::io::Result<Spawned> {
-    if let Some(dir) = log_path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log_path)?;
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| std::io::Error::other("empty command"))?;
+    let (reader, writer) = std::io::pipe()?;
     let child = Command::new(program)
         .args(args)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .current_dir(cwd)
         .stdin(Stdio::null())
-        .stdout(Stdio::from(log.try_clone()?))
-        .stderr(Stdio::from(log))
+        .stdout(Stdio::from(writer.try_clone()?))
+        .stderr(Stdio::from(writer))
         .process_group(0)
         .kill_on_drop(false)
         .spawn()?;
+    // The command (and with it this process's copies of the pipe's write end) is gone now, so
+    // the pipe reaches its end once every process of the try has closed it.
     let pgid = child.id().map(i64::from).unwrap_or(0);
-    Ok(Spawned { child, pgid })
+    let reader = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(reader))?;
+    let log = tokio::spawn(copy_to_log(reader, log_path.to_path_buf()));
+    Ok(Spawned { child, pgid, log })
+}
+
+async fn copy_to_log(mut pipe: tokio::net::unix::pipe::Receiver, path: PathBuf) {
+    use std::io::Write;
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut file: Option<std::fs::File> = None;
+    loop {
+        let n = match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if file.is_none() {
+            if let Some(dir) = path.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .ok();
+        }
+        if let Some(f) = &mut file {
+            let _ = f.write_all(&buf[..n]);
+        }
+    }
+}
+
+/// Waits until the try's output is in its log (or gives up after [`LOG_DRAIN`]).
+async fn drain_log(spawned: &mut Spawned) {
+    if tokio::time::timeout(LOG_DRAIN, &mut spawned.log)
+        .await
+        .is_err()
+    {
+        spawned.log.abort();
+    }
 }
 
 /// How a try ended.
@@ -97,16 +140,19 @@ pub async fn supervise(
     loop {
         if *stop.borrow() != Stop::Run {
             terminate(&mut spawned, grace, stop).await?;
+            drain_log(&mut spawned).await;
             return Ok(Ended::Cancelled);
         }
         tokio::select! {
             status = spawned.child.wait() => {
                 // Leftovers of the group (background grandchildren) go with the try.
                 signal_group(spawned.pgid, Signal::SIGKILL);
+                drain_log(&mut spawned).await;
                 return Ok(Ended::Exited(status?));
             }
             () = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
                 terminate(&mut spawned, grace, stop).await?;
+                drain_log(&mut spawned).await;
                 return Ok(Ended::TimedOut);
             }
             changed = stop.changed(), if stop_open => {

@@ -489,3 +489,35 @@ fn relative_ranges_use_the_clock_and_future_intervals_are_not_yet_complete() {
         ]
     );
 }
+
+#[test]
+fn logs_keep_stdout_and_stderr_in_order_and_silent_tries_leave_no_file() {
+    let p = Project::new().dag(
+        "l",
+        r#"
+schedule = "@daily"
+[[tasks]]
+id = "talk"
+command = '''if [ "{{ ds }}" = 2026-01-01 ]; then echo one; echo two >&2; echo three; fi'''
+"#,
+    );
+    p.run(&[
+        "create",
+        "--dag",
+        "l",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+    ])
+    .code(0);
+    let logs = p.rows("SELECT log_path FROM task_tries ORDER BY id");
+    assert_eq!(
+        std::fs::read_to_string(&logs[0][0]).unwrap(),
+        "one\ntwo\nthree\n"
+    );
+    assert!(
+        !std::path::Path::new(&logs[1][0]).exists(),
+        "a silent try has no log file"
+    );
+}

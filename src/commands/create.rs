@@ -6,7 +6,7 @@ use super::{Global, repair};
 use crate::cli::CreateArgs;
 use crate::clock;
 use crate::exit::{self, Error};
-use crate::interval::{DataInterval, expand_nonempty, parse_when, resolve_range, rfc3339};
+use crate::interval::{DataInterval, expand_nonempty, parse_when, resolve_range};
 use crate::manifest::{self, NewBackfill, lease::LeaseCtx, writer::Writer};
 use crate::plan::{self, Action, Prior, Reprocess};
 use crate::project::{CommandSpec, Dag, Gate, SourceCount, TaskKind};
@@ -145,22 +145,10 @@ pub(super) fn check_tasks(
     conf: &serde_json::Value,
     first: DataInterval,
 ) -> Result<(), Error> {
-    let ds = first.ds(dag.tz);
-    let ds_nodash = ds.replace('-', "");
-    let (start, end) = (rfc3339(first.start), rfc3339(first.end));
+    let values = template::IntervalValues::new(first, dag.tz);
     for task in &dag.tasks {
         let problem = |e: String| Error::Usage(format!("{}: task `{}`: {e}", dag.file, task.id));
-        let ctx = template::Context {
-            ds: &ds,
-            ds_nodash: &ds_nodash,
-            data_interval_start: &start,
-            data_interval_end: &end,
-            dag_id: &dag.id,
-            task_id: &task.id,
-            run_id: "0",
-            try_number: 1,
-            conf,
-        };
+        let ctx = values.context(&dag.id, &task.id, "0", 1, conf);
         let mut commands: Vec<&CommandSpec> = task.publish.iter().collect();
         if let Some(Gate {
             source_count: Some(SourceCount::Command(c)),

@@ -18,7 +18,7 @@ use crate::interval::{DataInterval, expand_nonempty, parse_when, resolve_range, 
 use crate::project::{Dag, Project, Task, TaskKind};
 use crate::report::{label, tables};
 use crate::task::command::{self, Ended, Stop};
-use crate::task::template::Context;
+use crate::task::template::IntervalValues;
 use crate::warehouse::{self, Binds};
 
 /// Least time between the two computations of an interval.
@@ -219,20 +219,8 @@ async fn compute(
                 .map_err(|e| format!("{e:#}"))
         }
         TaskKind::Command(spec) => {
-            let ds = interval.ds(dag.tz);
-            let ds_nodash = ds.replace('-', "");
-            let (start, end) = (rfc3339(interval.start), rfc3339(interval.end));
-            let ctx = Context {
-                ds: &ds,
-                ds_nodash: &ds_nodash,
-                data_interval_start: &start,
-                data_interval_end: &end,
-                dag_id: &dag.id,
-                task_id: &task.id,
-                run_id: "verify",
-                try_number: pass,
-                conf,
-            };
+            let values = IntervalValues::new(interval, dag.tz);
+            let ctx = values.context(&dag.id, &task.id, "verify", pass, conf);
             let argv = command::render(spec, &ctx)?;
             let dir = project
                 .logs_dir

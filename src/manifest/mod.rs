@@ -314,6 +314,13 @@ pub fn priors(
     Ok((prior, before))
 }
 
+/// Whether the owner in columns `at..at + 4` of a row (state, pid, host, heartbeat) is alive.
+fn owner_alive_at(ctx: &LeaseCtx, r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<bool> {
+    let state: String = r.get(at)?;
+    let host: Option<String> = r.get(at + 2)?;
+    Ok(ctx.owner_alive(&state, r.get(at + 1)?, host.as_deref(), r.get(at + 3)?))
+}
+
 /// Interval starts in `[lo, hi]` leased by a live backfill.
 fn live_leases(
     conn: &Connection,
@@ -330,13 +337,7 @@ fn live_leases(
     let mut rows = stmt.query(params![dag_id, lo, hi])?;
     let mut live = HashSet::new();
     while let Some(r) = rows.next()? {
-        let state: String = r.get(1)?;
-        if ctx.owner_alive(
-            &state,
-            r.get(2)?,
-            r.get::<_, Option<String>>(3)?.as_deref(),
-            r.get(4)?,
-        ) {
+        if owner_alive_at(ctx, r, 1)? {
             live.insert(r.get(0)?);
         }
     }
@@ -353,13 +354,7 @@ pub fn repair_stale_leases(conn: &Connection, dag_id: &str, ctx: &LeaseCtx) -> a
     let mut stale: Vec<(i64, i64)> = Vec::new();
     let mut rows = stmt.query([dag_id])?;
     while let Some(r) = rows.next()? {
-        let state: String = r.get(2)?;
-        if !ctx.owner_alive(
-            &state,
-            r.get(3)?,
-            r.get::<_, Option<String>>(4)?.as_deref(),
-            r.get(5)?,
-        ) {
+        if !owner_alive_at(ctx, r, 2)? {
             stale.push((r.get(0)?, r.get(1)?));
         }
     }
@@ -743,13 +738,7 @@ pub fn stale_owners(conn: &Connection, dag_id: &str, ctx: &LeaseCtx) -> anyhow::
     let mut rows = stmt.query([dag_id])?;
     let mut stale = Vec::new();
     while let Some(r) = rows.next()? {
-        let state: String = r.get(1)?;
-        if !ctx.owner_alive(
-            &state,
-            r.get(2)?,
-            r.get::<_, Option<String>>(3)?.as_deref(),
-            r.get(4)?,
-        ) {
+        if !owner_alive_at(ctx, r, 1)? {
             stale.push(r.get(0)?);
         }
     }

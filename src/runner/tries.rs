@@ -12,12 +12,12 @@ use tokio::sync::watch;
 
 use super::{Event, Shared, Stop};
 use crate::gate::{self, Measures, Rules, Verdict};
-use crate::interval::{DataInterval, rfc3339};
+use crate::interval::DataInterval;
 use crate::manifest::{self, TryRecord, lease::now_ms};
 use crate::plan::RunState;
 use crate::project::{CommandSpec, Gate, SourceCount, SqlTask, Task, TaskKind};
 use crate::task::command::{self, Ended, TaskResult};
-use crate::task::template::Context;
+use crate::task::template::{Context, IntervalValues};
 use crate::warehouse::{self, Binds, Cancel};
 
 /// Longest wait between two tries, whatever the backoff computes.
@@ -162,9 +162,7 @@ pub(super) async fn run_task(
     stop: &mut watch::Receiver<Stop>,
 ) -> anyhow::Result<(TaskEnd, Option<LastTry>)> {
     let spec = &shared.spec;
-    let ds = interval.ds(spec.dag.tz);
-    let ds_nodash = ds.replace('-', "");
-    let (start, end) = (rfc3339(interval.start), rfc3339(interval.end));
+    let values = IntervalValues::new(interval, spec.dag.tz);
     let attempts = task.retries + 1;
     let mut last_error = String::new();
     for try_number in 1..=attempts {
@@ -182,17 +180,7 @@ pub(super) async fn run_task(
         }
         let log_text = log_path.display().to_string();
         let run_id_text = run.to_string();
-        let ctx = Context {
-            ds: &ds,
-            ds_nodash: &ds_nodash,
-            data_interval_start: &start,
-            data_interval_end: &end,
-            dag_id: &spec.dag.id,
-            task_id: &task.id,
-            run_id: &run_id_text,
-            try_number,
-            conf: &spec.conf,
-        };
+        let ctx = values.context(&spec.dag.id, &task.id, &run_id_text, try_number, &spec.conf);
         let input = TryInput {
             try_id,
             interval,
@@ -298,6 +286,35 @@ fn timed_out(task: &Task) -> String {
     )
 }
 
+/// Renders and runs one command of a try (the task's own, `publish` or `source_count`) with its
+/// output in `log`; `Err` is the outcome when it did not succeed, its error prefixed by `what`.
+async fn run_step(
+    shared: &Shared,
+    task: &Task,
+    spec: &CommandSpec,
+    input: &TryInput<'_>,
+    log: &Path,
+    what: Option<&str>,
+    stop: &mut watch::Receiver<Stop>,
+) -> anyhow::Result<Result<(), Outcome>> {
+    let argv = match command::render(spec, &input.ctx) {
+        Ok(argv) => argv,
+        Err(e) => return Ok(Err(failed(e, None))),
+    };
+    let ended = match run_process(shared, input.try_id, &argv, &input.env, log, task, stop).await? {
+        Ok(ended) => ended,
+        Err(e) => return Ok(Err(failed(e, None))),
+    };
+    Ok(match (unsuccessful(&ended, task), what) {
+        (None, _) => Ok(()),
+        (Some(Outcome::Failed(mut r)), Some(what)) => {
+            r.error = r.error.map(|e| format!("{what} failed: {e}"));
+            Err(Outcome::Failed(r))
+        }
+        (Some(other), _) => Err(other),
+    })
+}
+
 async fn command_try(
     shared: &Shared,
     task: &Task,
@@ -305,25 +322,7 @@ async fn command_try(
     input: &TryInput<'_>,
     stop: &mut watch::Receiver<Stop>,
 ) -> anyhow::Result<Outcome> {
-    let argv = match command::render(spec, &input.ctx) {
-        Ok(argv) => argv,
-        Err(e) => return Ok(failed(e, None)),
-    };
-    let ended = match run_process(
-        shared,
-        input.try_id,
-        &argv,
-        &input.env,
-        &input.log_path,
-        task,
-        stop,
-    )
-    .await?
-    {
-        Ok(ended) => ended,
-        Err(e) => return Ok(failed(e, None)),
-    };
-    if let Some(outcome) = unsuccessful(&ended, task) {
+    if let Err(outcome) = run_step(shared, task, spec, input, &input.log_path, None, stop).await? {
         return Ok(outcome);
     }
     let result = match command::read_result(&input.result_path) {
@@ -396,34 +395,19 @@ async fn gated_command(
         record.state = "rejected".into();
         return Ok(Outcome::Rejected(record, reason));
     }
-    if let Some(publish) = &task.publish {
-        let argv = match command::render(publish, &input.ctx) {
-            Ok(argv) => argv,
-            Err(e) => return Ok(failed(e, None)),
-        };
-        let ended = match run_process(
+    if let Some(publish) = &task.publish
+        && let Err(outcome) = run_step(
             shared,
-            input.try_id,
-            &argv,
-            &input.env,
-            &input.log_path,
             task,
+            publish,
+            input,
+            &input.log_path,
+            Some("publish command"),
             stop,
         )
         .await?
-        {
-            Ok(ended) => ended,
-            Err(e) => return Ok(failed(e, None)),
-        };
-        if let Some(outcome) = unsuccessful(&ended, task) {
-            return Ok(match outcome {
-                Outcome::Failed(mut r) => {
-                    r.error = r.error.map(|e| format!("publish command failed: {e}"));
-                    Outcome::Failed(r)
-                }
-                other => other,
-            });
-        }
+    {
+        return Ok(outcome);
     }
     let fingerprint = record.fingerprint.clone();
     Ok(Outcome::Succeeded(
@@ -440,25 +424,20 @@ async fn count_command(
     input: &TryInput<'_>,
     stop: &mut watch::Receiver<Stop>,
 ) -> anyhow::Result<Result<i64, Outcome>> {
-    let argv = match command::render(spec, &input.ctx) {
-        Ok(argv) => argv,
-        Err(e) => return Ok(Err(failed(e, None))),
-    };
     let out = input.log_path.with_extension("source_count.out");
     let _ = std::fs::remove_file(&out);
-    let ended = match run_process(shared, input.try_id, &argv, &input.env, &out, task, stop).await?
+    if let Err(outcome) = run_step(
+        shared,
+        task,
+        spec,
+        input,
+        &out,
+        Some("source_count command"),
+        stop,
+    )
+    .await?
     {
-        Ok(ended) => ended,
-        Err(e) => return Ok(Err(failed(e, None))),
-    };
-    if let Some(outcome) = unsuccessful(&ended, task) {
-        return Ok(Err(match outcome {
-            Outcome::Failed(mut r) => {
-                r.error = r.error.map(|e| format!("source_count command failed: {e}"));
-                Outcome::Failed(r)
-            }
-            other => other,
-        }));
+        return Ok(Err(outcome));
     }
     let text = std::fs::read_to_string(&out).unwrap_or_default();
     Ok(text.trim().parse::<i64>().map_err(|_| {

@@ -1,9 +1,12 @@
 //! Strict templating of task commands with minijinja: an unknown name is an error, never an
 //! empty string.
 
+use chrono_tz::Tz;
 use minijinja::value::{Serde, Value};
 use minijinja::{Environment, UndefinedBehavior};
 use serde::Serialize;
+
+use crate::interval::{DataInterval, rfc3339};
 
 /// Names a command template may use.
 pub const NAMES: &[&str] = &[
@@ -30,6 +33,49 @@ pub struct Context<'a> {
     pub run_id: &'a str,
     pub try_number: u32,
     pub conf: &'a serde_json::Value,
+}
+
+/// An interval's values as templates and the `BACKFILL_*` environment see them.
+#[derive(Debug, Clone)]
+pub struct IntervalValues {
+    pub ds: String,
+    pub ds_nodash: String,
+    pub start: String,
+    pub end: String,
+}
+
+impl IntervalValues {
+    pub fn new(interval: DataInterval, tz: Tz) -> Self {
+        let ds = interval.ds(tz);
+        Self {
+            ds_nodash: ds.replace('-', ""),
+            ds,
+            start: rfc3339(interval.start),
+            end: rfc3339(interval.end),
+        }
+    }
+
+    /// The template context of one try.
+    pub fn context<'a>(
+        &'a self,
+        dag_id: &'a str,
+        task_id: &'a str,
+        run_id: &'a str,
+        try_number: u32,
+        conf: &'a serde_json::Value,
+    ) -> Context<'a> {
+        Context {
+            ds: &self.ds,
+            ds_nodash: &self.ds_nodash,
+            data_interval_start: &self.start,
+            data_interval_end: &self.end,
+            dag_id,
+            task_id,
+            run_id,
+            try_number,
+            conf,
+        }
+    }
 }
 
 fn environment() -> Environment<'static> {

@@ -12,7 +12,7 @@ use super::Global;
 use crate::exit::{self, Error};
 use crate::interval::DataInterval;
 use crate::manifest::writer::Writer;
-use crate::manifest::{self, BackfillState, lease};
+use crate::manifest::{self, BackfillState, Heartbeat, lease};
 use crate::project::{Dag, Project};
 use crate::report::{self, Reporter};
 use crate::runner::{self, Event, RunSpec, Stop};
@@ -96,9 +96,17 @@ pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> R
     } else {
         (BackfillState::Completed, exit::OK)
     };
-    writer.call_blocking(move |c| {
-        manifest::finish_backfill(c, backfill_id, state, lease::now_ms())
+    let recorded = writer.call_blocking(move |c| {
+        manifest::finish_backfill(c, backfill_id, state, lease::now_ms())?;
+        Ok(manifest::get_backfill(c, backfill_id)?.map(|b| b.state))
     })?;
+    // A fenced backfill was already recorded as cancelled by the process that took it over.
+    let state = recorded.unwrap_or(state);
+    let code = if state == BackfillState::Cancelled {
+        exit::INTERRUPTED
+    } else {
+        code
+    };
     outcome.backfill.state = state.as_str().to_string();
     report::print_summary(
         &report::summary(&outcome, code, began.elapsed()),
@@ -141,14 +149,21 @@ async fn keep_alive(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let cancel = writer
+        let beat = writer
             .call(move |c| manifest::heartbeat(c, backfill_id, lease::now_ms()))
             .await;
-        if matches!(cancel, Ok(true)) && *stop.borrow() == Stop::Run {
+        let why = match beat {
+            Ok(Heartbeat::CancelRequested) => "cancelled by `backfill cancel`",
+            Ok(Heartbeat::Fenced) => {
+                "another backfill took the intervals over (no heartbeat within lease_timeout)"
+            }
+            Ok(Heartbeat::Carry) | Err(_) => continue,
+        };
+        if *stop.borrow() == Stop::Run {
             let _ = stop.send(Stop::Graceful);
             let _ = events.send(Event::Stopping {
                 hard: false,
-                why: "cancelled by `backfill cancel`".to_string(),
+                why: why.to_string(),
             });
         }
     }

@@ -93,12 +93,33 @@ pub fn signal_group(pgid: i64, signal: Signal) -> bool {
     }
 }
 
-/// Whether any process of the group still exists (zombies included).
-pub fn group_exists(pgid: i64) -> bool {
-    match i32::try_from(pgid) {
+/// Whether any process of the group is still alive. Zombies do not count: they have exited and
+/// only wait for their parent, which may be the very process that is frozen.
+pub fn group_alive(pgid: i64) -> bool {
+    let exists = match i32::try_from(pgid) {
         Ok(raw) if raw > 1 => killpg(Pid::from_raw(raw), None).is_ok(),
         _ => false,
+    };
+    if !exists {
+        return false;
     }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    entries.filter_map(Result::ok).any(|e| {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            return false;
+        };
+        // After the command name: state, ppid, pgrp, ...
+        let mut fields = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace())
+            .into_iter()
+            .flatten();
+        let state = fields.next();
+        let pgrp = fields.nth(1).and_then(|g| g.parse::<i64>().ok());
+        pgrp == Some(pgid) && state != Some("Z")
+    })
 }
 
 /// Kills an orphaned process group left by a dead backfill and waits (up to `wait`) until it
@@ -108,7 +129,7 @@ pub fn kill_orphan_group(pgid: i64, wait: Duration) {
         return;
     }
     let deadline = std::time::Instant::now() + wait;
-    while group_exists(pgid) && std::time::Instant::now() < deadline {
+    while group_alive(pgid) && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
 }

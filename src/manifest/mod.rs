@@ -362,6 +362,12 @@ pub fn repair_stale_leases(conn: &Connection, dag_id: &str, ctx: &LeaseCtx) -> a
     let owners: HashSet<i64> = stale.iter().map(|s| s.1).collect();
     for owner in owners {
         abandon_runs(conn, owner, ctx)?;
+        // Fence it: should the silent owner wake up, its heartbeat tells it to stop.
+        conn.execute(
+            "UPDATE backfills SET state = 'cancelled', finished_at = ?2
+             WHERE id = ?1 AND state = 'running'",
+            params![owner, ctx.now_ms],
+        )?;
     }
     for (start, owner) in stale {
         conn.execute(
@@ -476,6 +482,31 @@ pub fn take_leases(
     Ok(())
 }
 
+/// Whether `backfill_id` still holds the lease of an interval (a taker may have fenced it).
+pub fn holds_lease(
+    conn: &Connection,
+    backfill_id: i64,
+    dag_id: &str,
+    interval_start: i64,
+) -> anyhow::Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT 1 FROM leases WHERE dag_id = ?1 AND interval_start = ?2 AND backfill_id = ?3",
+        )?
+        .query_row(params![dag_id, interval_start, backfill_id], |_| Ok(()))
+        .optional()?
+        .is_some())
+}
+
+/// Whether a run is still in progress (not abandoned by a taker).
+pub fn run_in_progress(conn: &Connection, run_id: i64) -> anyhow::Result<bool> {
+    Ok(conn
+        .prepare_cached("SELECT state FROM runs WHERE id = ?1")?
+        .query_row([run_id], |r| r.get::<_, String>(0))
+        .optional()?
+        .is_some_and(|s| s == "running" || s == "queued"))
+}
+
 /// Records that an interval's run started; returns the run id.
 pub fn start_run(
     conn: &Connection,
@@ -506,8 +537,12 @@ pub fn finish_run(
     error: Option<&str>,
     now_ms: i64,
 ) -> anyhow::Result<()> {
-    conn.prepare_cached("UPDATE runs SET state = ?2, ended_at = ?3, error = ?4 WHERE id = ?1")?
-        .execute(params![run_id, state.as_str(), now_ms, error])?;
+    // Only a run still in progress: a run that a taker recorded as abandoned stays so.
+    conn.prepare_cached(
+        "UPDATE runs SET state = ?2, ended_at = ?3, error = ?4
+         WHERE id = ?1 AND state IN ('queued', 'running')",
+    )?
+    .execute(params![run_id, state.as_str(), now_ms, error])?;
     // By primary key: the lease of this run's interval, if this run's backfill holds it.
     conn.prepare_cached(
         "DELETE FROM leases WHERE (dag_id, interval_start, backfill_id) IN
@@ -568,7 +603,7 @@ pub fn finish_try(
         "UPDATE task_tries SET state = ?2, ended_at = ?3, exit_code = ?4, error = ?5, rows = ?6,
             partitions = ?7, inputs = ?8, fingerprint = ?9, source_rows = ?10, previous_rows = ?11,
             verdict = ?12, reasons = ?13, publishing = 0
-         WHERE id = ?1",
+         WHERE id = ?1 AND state = 'running'",
     )?
     .execute(params![
         try_id,
@@ -589,17 +624,18 @@ pub fn finish_try(
 }
 
 /// Records the gate's decision to publish before the warehouse is touched: a crash between this
-/// and [`mark_published`] is repaired by redoing the publish.
+/// and [`mark_published`] is repaired by redoing the publish. Returns false, recording nothing,
+/// when the try is no longer running (its backfill was fenced): it must not publish.
 pub fn record_publish_intent(
     conn: &Connection,
     try_id: i64,
     audit_table: Option<&str>,
     rec: &TryRecord,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<bool> {
     conn.prepare_cached(
         "UPDATE task_tries SET publishing = 1, audit_table = ?2, rows = ?3, fingerprint = ?4,
             source_rows = ?5, previous_rows = ?6, verdict = ?7, reasons = ?8
-         WHERE id = ?1",
+         WHERE id = ?1 AND state = 'running'",
     )?
     .execute(params![
         try_id,
@@ -610,8 +646,9 @@ pub fn record_publish_intent(
         rec.previous_rows,
         rec.verdict,
         rec.reasons
-    ])?;
-    Ok(())
+    ])
+    .map(|changed| changed == 1)
+    .map_err(Into::into)
 }
 
 /// A try's output that became the published partition of its task and interval.
@@ -764,13 +801,31 @@ pub fn skip_planned(
     Ok(())
 }
 
-/// Refreshes the owner heartbeat; returns whether a cancel was requested.
-pub fn heartbeat(conn: &Connection, backfill_id: i64, now_ms: i64) -> anyhow::Result<bool> {
+/// What the owner of a running backfill learns from its heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heartbeat {
+    Carry,
+    /// `backfill cancel` asked it to stop.
+    CancelRequested,
+    /// Another process judged it dead (silent past the lease timeout) and took its intervals
+    /// over: it must stop and start nothing more.
+    Fenced,
+}
+
+/// Refreshes the owner heartbeat and reads what the owner must do.
+pub fn heartbeat(conn: &Connection, backfill_id: i64, now_ms: i64) -> anyhow::Result<Heartbeat> {
     conn.prepare_cached("UPDATE backfills SET heartbeat_at = ?2 WHERE id = ?1")?
         .execute(params![backfill_id, now_ms])?;
-    Ok(conn
-        .prepare_cached("SELECT cancel_requested FROM backfills WHERE id = ?1")?
-        .query_row([backfill_id], |r| r.get(0))?)
+    let (cancel, state): (bool, String) = conn
+        .prepare_cached("SELECT cancel_requested, state FROM backfills WHERE id = ?1")?
+        .query_row([backfill_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(if state != "running" {
+        Heartbeat::Fenced
+    } else if cancel {
+        Heartbeat::CancelRequested
+    } else {
+        Heartbeat::Carry
+    })
 }
 
 /// Records the end of a backfill and releases whatever leases it still holds.
@@ -781,7 +836,8 @@ pub fn finish_backfill(
     now_ms: i64,
 ) -> anyhow::Result<()> {
     conn.execute(
-        "UPDATE backfills SET state = ?2, finished_at = ?3, heartbeat_at = ?3 WHERE id = ?1",
+        "UPDATE backfills SET state = ?2, finished_at = ?3, heartbeat_at = ?3
+         WHERE id = ?1 AND state = 'running'",
         params![backfill_id, state.as_str(), now_ms],
     )?;
     conn.execute("DELETE FROM leases WHERE backfill_id = ?1", [backfill_id])?;

@@ -117,14 +117,15 @@ pub(super) async fn record_end(
         .await
 }
 
-/// Records a try as started, and the run too for the interval's first try: one commit.
+/// Records a try as started, and the run too for the interval's first try: one commit. `None`
+/// when this backfill was fenced: its lease (or its run) was taken over by another process.
 async fn start_try(
     shared: &Shared,
     task: &Task,
     interval: DataInterval,
     run_id: Option<i64>,
     try_number: u32,
-) -> anyhow::Result<(i64, i64, PathBuf, PathBuf)> {
+) -> anyhow::Result<Option<(i64, i64, PathBuf, PathBuf)>> {
     let spec = &shared.spec;
     let (backfill_id, dag_id, task_id) = (spec.backfill_id, spec.dag.id.clone(), task.id.clone());
     let logs_dir = spec.logs_dir.clone();
@@ -133,8 +134,17 @@ async fn start_try(
         .call(move |c| {
             let now = now_ms();
             let run_id = match run_id {
-                Some(id) => id,
-                None => manifest::start_run(c, backfill_id, &dag_id, interval, now)?,
+                Some(id) if manifest::run_in_progress(c, id)? => id,
+                None if manifest::holds_lease(
+                    c,
+                    backfill_id,
+                    &dag_id,
+                    interval.start.timestamp(),
+                )? =>
+                {
+                    manifest::start_run(c, backfill_id, &dag_id, interval, now)?
+                }
+                _ => return Ok(None),
             };
             let (log, result) = command::try_paths(
                 &logs_dir,
@@ -146,7 +156,7 @@ async fn start_try(
             );
             let log_text = log.display().to_string();
             let try_id = manifest::start_try(c, run_id, &task_id, try_number, &log_text, now)?;
-            Ok((run_id, try_id, log, result))
+            Ok(Some((run_id, try_id, log, result)))
         })
         .await
 }
@@ -169,8 +179,11 @@ pub(super) async fn run_task(
         if *stop.borrow() != Stop::Run {
             return Ok((TaskEnd::Cancelled, None));
         }
-        let (run, try_id, log_path, result_path) =
-            start_try(shared, task, interval, *run_id, try_number).await?;
+        let Some((run, try_id, log_path, result_path)) =
+            start_try(shared, task, interval, *run_id, try_number).await?
+        else {
+            return Ok((TaskEnd::Cancelled, None));
+        };
         if run_id.is_none() {
             *run_id = Some(run);
             let _ = shared.events.send(Event::IntervalStarted {
@@ -618,10 +631,15 @@ async fn sql_try(
     }
     let (intent, audit_name) = (record.clone(), audit.clone());
     let try_id = input.try_id;
-    shared
+    let may_publish = shared
         .writer
         .call(move |c| manifest::record_publish_intent(c, try_id, Some(&audit_name), &intent))
         .await?;
+    if !may_publish {
+        // Fenced: another process took this interval over; its result stands.
+        drop_audit(sql, &audit).await;
+        return Ok(cancelled());
+    }
     fault_point(shared, "before-publish");
     // A started publish is short and always finished: stopping halfway would help nobody.
     let (s, a, b) = (sql.clone(), audit.clone(), binds.clone());

@@ -412,3 +412,71 @@ fn cancel_of_a_dead_backfill_marks_it_cancelled_and_releases_its_leases() {
     .code(0);
     assert_eq!(p.read("overlaps.txt"), "");
 }
+
+#[test]
+fn a_silent_owner_is_taken_over_and_stops_when_it_wakes() {
+    let p = Project::new().dag("c", &locked_dag("2", ""));
+    p.write("backfill.toml", "lease_timeout = \"1s\"\n");
+    let frozen = p.spawn(
+        "frozen",
+        &[
+            "create",
+            "--dag",
+            "c",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+            "--max-active-runs",
+            "1",
+        ],
+    );
+    wait_until("the first interval to run", Duration::from_secs(20), || {
+        p.has_manifest()
+            && p.count(
+                "SELECT COUNT(*) FROM task_tries WHERE state = 'running' AND pgid IS NOT NULL",
+            ) == 1
+    });
+    // Alive but silent: no heartbeat for longer than the lease timeout.
+    signal(&frozen, Signal::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(1600));
+    p.write("dags/c.toml", &locked_dag("0.2", ""));
+    let taker = p.run(&[
+        "create",
+        "--dag",
+        "c",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+        "--reprocess-behavior",
+        "failed",
+        "--output",
+        "json",
+    ]);
+    taker.code(0);
+    assert_eq!(
+        taker.json()["intervals"]["succeeded"],
+        2,
+        "both intervals were taken over"
+    );
+    assert_eq!(
+        p.read("overlaps.txt"),
+        "",
+        "the silent owner's task was killed first"
+    );
+    signal(&frozen, Signal::SIGCONT);
+    p.wait("frozen", frozen)
+        .code(130)
+        .stderr_has("another backfill took the intervals over");
+    // The woken owner overwrote nothing and started nothing.
+    assert_eq!(
+        p.rows("SELECT state FROM backfills ORDER BY id"),
+        [["cancelled"], ["completed"]]
+    );
+    assert_eq!(
+        p.rows("SELECT backfill_id, state FROM runs ORDER BY id"),
+        [["1", "cancelled"], ["2", "succeeded"], ["2", "succeeded"]]
+    );
+    assert_eq!(p.count("SELECT COUNT(*) FROM leases"), 0);
+}

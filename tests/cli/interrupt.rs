@@ -437,7 +437,12 @@ fn a_silent_owner_is_taken_over_and_stops_when_it_wakes() {
                 "SELECT COUNT(*) FROM task_tries WHERE state = 'running' AND pgid IS NOT NULL",
             ) == 1
     });
-    // Alive but silent: no heartbeat for longer than the lease timeout.
+    // Alive but silent: no heartbeat for longer than the lease timeout. Freeze it right after a
+    // heartbeat commit, so that it is not frozen inside a transaction holding SQLite's write lock
+    // (which nobody can take from a frozen process).
+    let beat = || p.count("SELECT heartbeat_at FROM backfills WHERE id = 1");
+    let last = beat();
+    wait_until("a heartbeat", Duration::from_secs(10), || beat() != last);
     signal(&frozen, Signal::SIGSTOP);
     std::thread::sleep(Duration::from_millis(1600));
     p.write("dags/c.toml", &locked_dag("0.2", ""));

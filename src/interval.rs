@@ -230,6 +230,11 @@ pub fn resolve_range(from: When, to: When, tz: Tz) -> Result<Range, RangeError> 
     })
 }
 
+/// Parses and resolves `--from` and `--to` in `tz`, with `now` deciding relative times.
+pub fn resolve_args(from: &str, to: &str, now: DateTime<Utc>, tz: Tz) -> Result<Range, RangeError> {
+    resolve_range(parse_when(from, now, tz)?, parse_when(to, now, tz)?, tz)
+}
+
 fn describe_when(w: When) -> String {
     match w {
         When::Date(d) => d.to_string(),

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Global, repair, unknown_backfill};
+use super::{Global, find_backfill, repair};
 use crate::exit::{self, Error};
 use crate::manifest::{
     self, BackfillState,
@@ -16,14 +16,7 @@ use crate::manifest::{
 const WAIT: Duration = Duration::from_secs(60);
 
 pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
-    let project = g.project()?;
-    let manifest_path = g.manifest_path(Some(&project))?;
-    let Some(conn) = manifest::open_existing(&manifest_path)? else {
-        return Err(unknown_backfill(id, &manifest_path));
-    };
-    let Some(backfill) = manifest::get_backfill(&conn, id)? else {
-        return Err(unknown_backfill(id, &manifest_path));
-    };
+    let (project, manifest_path, conn, backfill) = find_backfill(g, id)?;
     if backfill.state != BackfillState::Running {
         eprintln!(
             "backfill {id} is already {}; nothing to cancel",

@@ -6,7 +6,7 @@ use super::{Global, repair};
 use crate::cli::CreateArgs;
 use crate::clock;
 use crate::exit::{self, Error};
-use crate::interval::{DataInterval, expand_nonempty, parse_when, resolve_range};
+use crate::interval::{DataInterval, expand_nonempty, resolve_args};
 use crate::manifest::{self, NewBackfill, lease::LeaseCtx, writer::Writer};
 use crate::plan::{self, Action, Prior, Reprocess};
 use crate::project::{CommandSpec, Dag, Gate, SourceCount, TaskKind};
@@ -25,9 +25,7 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
     }
     let conf = parse_conf(args.conf.as_deref())?;
     let now = clock::now()?;
-    let from = parse_when(&args.from, now, dag.tz)?;
-    let to = parse_when(&args.to, now, dag.tz)?;
-    let range = resolve_range(from, to, dag.tz)?;
+    let range = resolve_args(&args.from, &args.to, now, dag.tz)?;
     let intervals = expand_nonempty(&dag.schedule, range, &args.from, &args.to)?;
     check_tasks(&dag, &conf, intervals[0])?;
     let reprocess = Reprocess::from(args.reprocess_behavior);

@@ -65,6 +65,31 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
     }
 }
 
+/// The project, its manifest's path, a read connection and backfill `id`; exit 2 when the
+/// manifest or the backfill does not exist.
+fn find_backfill(
+    g: &Global,
+    id: i64,
+) -> Result<
+    (
+        Project,
+        PathBuf,
+        rusqlite::Connection,
+        crate::manifest::Backfill,
+    ),
+    Error,
+> {
+    let project = g.project()?;
+    let path = g.manifest_path(Some(&project))?;
+    let Some(conn) = crate::manifest::open_existing(&path)? else {
+        return Err(unknown_backfill(id, &path));
+    };
+    let Some(backfill) = crate::manifest::get_backfill(&conn, id)? else {
+        return Err(unknown_backfill(id, &path));
+    };
+    Ok((project, path, conn, backfill))
+}
+
 /// The error for a backfill id the manifest does not have.
 fn unknown_backfill(id: i64, manifest: &std::path::Path) -> Error {
     Error::Usage(format!(

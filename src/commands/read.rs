@@ -3,7 +3,7 @@
 use super::{Global, unknown_backfill};
 use crate::clock;
 use crate::exit::{self, Error};
-use crate::interval::{parse_when, resolve_range};
+use crate::interval::resolve_args;
 use crate::manifest::{self, queries};
 use crate::report::tables;
 
@@ -41,12 +41,7 @@ pub fn runs(g: &Global, dag_id: &str, from: Option<&str>, to: Option<&str>) -> R
     let (lo, hi) = match (from, to) {
         (Some(from), Some(to)) => {
             let dag = project.dag(dag_id)?;
-            let now = clock::now()?;
-            let range = resolve_range(
-                parse_when(from, now, dag.tz)?,
-                parse_when(to, now, dag.tz)?,
-                dag.tz,
-            )?;
+            let range = resolve_args(from, to, clock::now()?, dag.tz)?;
             (range.start.timestamp(), range.end_exclusive.timestamp() - 1)
         }
         _ => (i64::MIN, i64::MAX),

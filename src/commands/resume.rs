@@ -2,19 +2,12 @@
 //! interrupted or cancelled. Refuses while the owner process is alive.
 
 use super::execute::{Execution, execute};
-use super::{Global, repair, unknown_backfill};
+use super::{Global, find_backfill, repair, unknown_backfill};
 use crate::exit::{self, Error};
 use crate::manifest::{self, TakeOverRefused, lease::LeaseCtx, writer::Writer};
 
 pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
-    let project = g.project()?;
-    let manifest_path = g.manifest_path(Some(&project))?;
-    let Some(conn) = manifest::open_existing(&manifest_path)? else {
-        return Err(unknown_backfill(id, &manifest_path));
-    };
-    let Some(backfill) = manifest::get_backfill(&conn, id)? else {
-        return Err(unknown_backfill(id, &manifest_path));
-    };
+    let (project, manifest_path, conn, backfill) = find_backfill(g, id)?;
     drop(conn);
     let dag = project.dag(&backfill.dag_id)?;
     let conf: serde_json::Value = serde_json::from_str(&backfill.conf)

@@ -14,7 +14,7 @@ use super::Global;
 use super::create::{check_tasks, parse_conf};
 use crate::clock;
 use crate::exit::{self, Error};
-use crate::interval::{DataInterval, expand_nonempty, parse_when, resolve_range, rfc3339};
+use crate::interval::{DataInterval, expand_nonempty, resolve_args, rfc3339};
 use crate::project::{Dag, Project, Task, TaskKind};
 use crate::report::{label, tables};
 use crate::task::command::{self, Ended, Stop};
@@ -52,11 +52,7 @@ pub fn run(
     let dag = project.dag(dag_id)?;
     let conf = parse_conf(conf)?;
     let now = clock::now()?;
-    let range = resolve_range(
-        parse_when(from, now, dag.tz)?,
-        parse_when(to, now, dag.tz)?,
-        dag.tz,
-    )?;
+    let range = resolve_args(from, to, now, dag.tz)?;
     let intervals: Vec<DataInterval> = expand_nonempty(&dag.schedule, range, from, to)?
         .into_iter()
         .filter(|i| i.end <= now)

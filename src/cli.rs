@@ -44,9 +44,15 @@ pub enum Output {
     Json,
 }
 
+/// What `--from` and `--to` accept, shown after the options of the commands that take them.
+const WHEN_HELP: &str = "WHEN is a date (2026-09-01), a wall-clock time (2026-09-01T06:00), an RFC 3339 instant \
+(2026-09-01T06:00:00Z), or relative: today, yesterday, today-7d, now, now-6h. Dates and times \
+without an offset are in the DAG's timezone; a date as --to covers its whole day.";
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Plan and run a backfill of a DAG over a range of intervals.
+    #[command(after_help = WHEN_HELP)]
     Create(CreateArgs),
     /// Continue an interrupted backfill (crash, Ctrl-C, kill, cancel).
     Resume {
@@ -73,6 +79,7 @@ pub enum Command {
         id: i64,
     },
     /// The manifest's run history of a DAG, per interval.
+    #[command(after_help = WHEN_HELP)]
     Runs {
         #[arg(long)]
         dag: String,
@@ -83,6 +90,7 @@ pub enum Command {
     },
     /// Check that tasks are deterministic: compute each interval twice without publishing and
     /// compare row counts and fingerprints.
+    #[command(after_help = WHEN_HELP)]
     Verify {
         #[arg(long)]
         dag: String,

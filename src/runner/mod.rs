@@ -35,7 +35,7 @@ pub struct RunSpec {
     pub logs_dir: PathBuf,
     pub host: String,
     pub max_active_runs: usize,
-    /// Intervals to run, in plan order.
+    /// Intervals to run, in plan order (moved into the runner's queue).
     pub intervals: Vec<DataInterval>,
     /// `--allow-drift`: the gate skips its drift check.
     pub allow_drift: bool,
@@ -53,7 +53,7 @@ struct Shared {
 
 /// Runs the backfill until every interval finished or a stop was requested.
 pub async fn run(
-    spec: RunSpec,
+    mut spec: RunSpec,
     writer: Writer,
     events: mpsc::UnboundedSender<Event>,
     stop: watch::Receiver<Stop>,
@@ -70,7 +70,7 @@ pub async fn run(
         std::fs::create_dir_all(&dir)
             .map_err(|e| anyhow::anyhow!("cannot create the log folder {}: {e}", dir.display()))?;
     }
-    let mut queue: VecDeque<DataInterval> = spec.intervals.iter().copied().collect();
+    let mut queue: VecDeque<DataInterval> = std::mem::take(&mut spec.intervals).into();
     let shared = Arc::new(Shared {
         conf_text: spec.conf.to_string(),
         spec,

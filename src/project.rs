@@ -240,9 +240,9 @@ impl Project {
 
     /// Loads one DAG by id. A broken file of another DAG does not prevent it.
     pub fn dag(&self, id: &str) -> Result<Dag, ProjectError> {
-        let (dags, errors) = self.load_all();
-        if let Some(dag) = dags.into_iter().find(|d| d.id == id) {
-            return Ok(dag);
+        let (mut dags, errors) = self.load_all();
+        if let Some(i) = dags.iter().position(|d| d.id == id) {
+            return Ok(dags.swap_remove(i));
         }
         // The DAG may be the one whose file is broken: report that file's errors.
         let own: Vec<ConfigError> = errors
@@ -257,7 +257,6 @@ impl Project {
         if !own.is_empty() {
             return Err(ProjectError::Config(own));
         }
-        let (dags, _) = self.load_all();
         Err(ProjectError::UnknownDag {
             id: id.to_string(),
             known: dags.into_iter().map(|d| d.id).collect(),

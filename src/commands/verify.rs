@@ -14,7 +14,7 @@ use super::Global;
 use super::create::{check_tasks, parse_conf};
 use crate::clock;
 use crate::exit::{self, Error};
-use crate::interval::{DataInterval, expand_nonempty, resolve_args, rfc3339};
+use crate::interval::{DataInterval, Rfc3339, expand_nonempty, resolve_args};
 use crate::project::{Dag, Project, Task, TaskKind};
 use crate::report::{label, tables};
 use crate::task::command::{self, Ended, Stop};
@@ -33,8 +33,8 @@ struct Computed {
 
 #[derive(Debug, Serialize)]
 struct Check {
-    start: String,
-    end: String,
+    start: Rfc3339,
+    end: Rfc3339,
     task_id: String,
     first: Result<Computed, String>,
     second: Result<Computed, String>,
@@ -90,8 +90,8 @@ pub fn run(
             let deterministic =
                 matches!((&a, &b), (Ok(x), Ok(y)) if x == y && x.fingerprint.is_some());
             checks.push(Check {
-                start: rfc3339(interval.start),
-                end: rfc3339(interval.end),
+                start: Rfc3339(interval.start),
+                end: Rfc3339(interval.end),
                 task_id: task.id.clone(),
                 first: a,
                 second: b,
@@ -159,13 +159,10 @@ fn print_checks(dag: &Dag, checks: &[Check]) {
         Err(_) => ("error".into(), "-".into()),
     };
     for c in checks {
-        let start = chrono::DateTime::parse_from_rfc3339(&c.start)
-            .map(|s| s.with_timezone(&chrono::Utc))
-            .unwrap_or_default();
         let (r1, f1) = show(&c.first);
         let (r2, f2) = show(&c.second);
         t.add_row(vec![
-            label(&DataInterval::new(start, start), dag.tz),
+            label(c.start.0, dag.tz),
             c.task_id.clone(),
             r1,
             f1,

@@ -7,7 +7,7 @@ use rusqlite::{Connection, params};
 use serde::Serialize;
 
 use super::{BACKFILL_COLUMNS, Backfill, backfill_from_row};
-use crate::interval::{from_unix, rfc3339};
+use crate::interval::{Rfc3339, from_unix, rfc3339};
 
 fn ms_to_rfc3339(ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(ms)
@@ -100,38 +100,11 @@ pub fn list(
     let backfills: Vec<Backfill> = stmt
         .query_map(params![dag_id, active_only], backfill_from_row)?
         .collect::<Result<_, _>>()?;
-    let mut counts: HashMap<i64, Counts> = HashMap::new();
-    let mut stmt = conn
-        .prepare("SELECT backfill_id, action, COUNT(*) FROM plan GROUP BY backfill_id, action")?;
-    let mut rows = stmt.query([])?;
-    while let Some(r) = rows.next()? {
-        let c = counts.entry(r.get(0)?).or_default();
-        let n: i64 = r.get(2)?;
-        c.total += n;
-        if r.get::<_, String>(1)? == "run" {
-            c.planned += n;
-        } else {
-            c.skipped += n;
-        }
-    }
-    let mut stmt = conn.prepare(
-        "SELECT r.backfill_id, r.state, COUNT(*) FROM runs r
-         JOIN (SELECT MAX(id) AS id FROM runs GROUP BY backfill_id, interval_start) m ON m.id = r.id
-         GROUP BY r.backfill_id, r.state",
-    )?;
-    let mut rows = stmt.query([])?;
-    while let Some(r) = rows.next()? {
-        let state: String = r.get(1)?;
-        counts
-            .entry(r.get(0)?)
-            .or_default()
-            .add_state(&state, r.get(2)?);
-    }
+    let mut counts = counts(conn, None)?;
     Ok(backfills
         .into_iter()
         .map(|b| {
-            let mut c = counts.remove(&b.id).unwrap_or_default();
-            c.finish();
+            let c = counts.remove(&b.id).unwrap_or_default();
             summary(b, c)
         })
         .collect())
@@ -196,8 +169,8 @@ pub fn outcome(conn: &Connection, id: i64) -> anyhow::Result<Option<Outcome>> {
 #[derive(Debug, Clone, Serialize)]
 pub struct IntervalDetail {
     pub ord: i64,
-    pub start: String,
-    pub end: String,
+    pub start: Rfc3339,
+    pub end: Rfc3339,
     pub action: String,
     pub reason: Option<String>,
     /// State of this backfill's latest run of the interval.
@@ -343,8 +316,8 @@ pub fn show(conn: &Connection, id: i64) -> anyhow::Result<Option<BackfillDetail>
         });
         out.push(IntervalDetail {
             ord: r.get(0)?,
-            start: rfc3339(from_unix(start)),
-            end: rfc3339(from_unix(r.get(2)?)),
+            start: Rfc3339(from_unix(start)),
+            end: Rfc3339(from_unix(r.get(2)?)),
             action: r.get(3)?,
             reason: r.get(4)?,
             state: run.map(|x| x.state.clone()),
@@ -370,32 +343,51 @@ fn list_one(conn: &Connection, id: i64) -> anyhow::Result<Option<BackfillSummary
     let Some(b) = super::get_backfill(conn, id)? else {
         return Ok(None);
     };
-    let mut c = Counts::default();
-    let mut stmt =
-        conn.prepare("SELECT action, COUNT(*) FROM plan WHERE backfill_id = ?1 GROUP BY action")?;
-    let mut rows = stmt.query([id])?;
+    let c = counts(conn, Some(id))?.remove(&id).unwrap_or_default();
+    Ok(Some(summary(b, c)))
+}
+
+/// Interval counts of one backfill, or of all: the plan's actions, and the state of the latest
+/// run of each interval.
+fn counts(conn: &Connection, id: Option<i64>) -> anyhow::Result<HashMap<i64, Counts>> {
+    // A literal filter rather than `?1 IS NULL OR ...`, so that one backfill's counts use the
+    // primary key and index.
+    let only = |column: &str| id.map_or(String::new(), |id| format!("WHERE {column} = {id}"));
+    let mut counts: HashMap<i64, Counts> = HashMap::new();
+    let mut stmt = conn.prepare(&format!(
+        "SELECT backfill_id, action, COUNT(*) FROM plan {} GROUP BY backfill_id, action",
+        only("backfill_id")
+    ))?;
+    let mut rows = stmt.query([])?;
     while let Some(r) = rows.next()? {
-        let n: i64 = r.get(1)?;
+        let c = counts.entry(r.get(0)?).or_default();
+        let n: i64 = r.get(2)?;
         c.total += n;
-        if r.get::<_, String>(0)? == "run" {
+        if r.get::<_, String>(1)? == "run" {
             c.planned += n;
         } else {
             c.skipped += n;
         }
     }
-    let mut stmt = conn.prepare(
-        "SELECT r.state, COUNT(*) FROM runs r
-         JOIN (SELECT MAX(id) AS id FROM runs WHERE backfill_id = ?1 GROUP BY interval_start) m
+    let mut stmt = conn.prepare(&format!(
+        "SELECT r.backfill_id, r.state, COUNT(*) FROM runs r
+         JOIN (SELECT MAX(id) AS id FROM runs {} GROUP BY backfill_id, interval_start) m
            ON m.id = r.id
-         GROUP BY r.state",
-    )?;
-    let mut rows = stmt.query([id])?;
+         GROUP BY r.backfill_id, r.state",
+        only("backfill_id")
+    ))?;
+    let mut rows = stmt.query([])?;
     while let Some(r) = rows.next()? {
-        let state: String = r.get(0)?;
-        c.add_state(&state, r.get(1)?);
+        let state: String = r.get(1)?;
+        counts
+            .entry(r.get(0)?)
+            .or_default()
+            .add_state(&state, r.get(2)?);
     }
-    c.finish();
-    Ok(Some(summary(b, c)))
+    for c in counts.values_mut() {
+        c.finish();
+    }
+    Ok(counts)
 }
 
 /// One run in the history of a DAG.

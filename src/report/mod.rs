@@ -7,20 +7,21 @@ pub mod tables;
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
+use chrono::{DateTime, NaiveTime, Utc};
 use chrono_tz::Tz;
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
-use crate::interval::DataInterval;
 use crate::manifest::queries::{Counts, FailedInterval, Outcome};
 use crate::plan::RunState;
 use crate::runner::Event;
 
-/// A human label for an interval: its local date for midnight starts, else local date and time.
-pub fn label(interval: &DataInterval, tz: Tz) -> String {
-    let local = interval.start.with_timezone(&tz);
-    if local.format("%H:%M:%S").to_string() == "00:00:00" {
+/// A human label for an interval start: its local date for midnight starts, else local date
+/// and time with the offset.
+pub fn label(start: DateTime<Utc>, tz: Tz) -> String {
+    let local = start.with_timezone(&tz);
+    if local.time() == NaiveTime::MIN {
         local.format("%Y-%m-%d").to_string()
     } else {
         local.format("%Y-%m-%d %H:%M%:z").to_string()
@@ -99,7 +100,7 @@ impl Reporter {
                 if self.verbose {
                     self.line(&format!(
                         "started    {} (run {run_id})",
-                        label(interval, self.tz)
+                        label(interval.start, self.tz)
                     ));
                 }
             }
@@ -119,7 +120,7 @@ impl Reporter {
                 };
                 let mut text = format!(
                     "try {try_number} of task `{task_id}` for {} failed: {error} ({then})\n  log: {log_path}",
-                    label(interval, self.tz)
+                    label(interval.start, self.tz)
                 );
                 if !*will_retry && !log_tail.is_empty() {
                     for l in log_tail.lines() {
@@ -143,7 +144,7 @@ impl Reporter {
                 let mut text = format!(
                     "{:<10} {} ({})",
                     state.as_str(),
-                    label(interval, self.tz),
+                    label(interval.start, self.tz),
                     seconds(*elapsed)
                 );
                 if let Some(e) = error {
@@ -159,7 +160,7 @@ impl Reporter {
                 self.line(&format!(
                     "{:<10} {} ({reason})",
                     "skipped",
-                    label(interval, self.tz)
+                    label(interval.start, self.tz)
                 ));
                 if let Mode::Bar(bar) = &self.mode {
                     bar.inc(1);

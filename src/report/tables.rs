@@ -7,7 +7,7 @@ use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use serde::Serialize;
 
 use super::label;
-use crate::interval::{DataInterval, Rfc3339, rfc3339};
+use crate::interval::{Rfc3339, rfc3339};
 use crate::manifest::queries::{BackfillDetail, BackfillSummary, RunHistory};
 use crate::plan::{Action, PlanRow};
 use crate::project::{Dag, TaskKind};
@@ -152,7 +152,7 @@ pub fn print_plan(
         };
         t.add_row(vec![
             (i + 1).to_string(),
-            label(&r.interval, dag.tz),
+            label(r.interval.start, dag.tz),
             rfc3339(r.interval.start),
             rfc3339(r.interval.end),
             action.to_string(),
@@ -268,12 +268,9 @@ pub fn print_show(detail: &BackfillDetail, tz: Option<Tz>, json: bool) {
     for index in shown {
         gap_row(&mut t, gap, index);
         let i = &detail.interval_details[index];
-        let shown_start = match (tz, chrono::DateTime::parse_from_rfc3339(&i.start)) {
-            (Some(tz), Ok(s)) => {
-                let s = s.with_timezone(&chrono::Utc);
-                label(&DataInterval::new(s, s), tz)
-            }
-            _ => i.start.clone(),
+        let shown_start = match tz {
+            Some(tz) => label(i.start.0, tz),
+            None => i.start.to_string(),
         };
         t.add_row(vec![
             (i.ord + 1).to_string(),

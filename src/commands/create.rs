@@ -72,11 +72,8 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
     let dag_id = dag.id.clone();
     let repair_dag = dag.clone();
     let (backfill_id, rows) = writer.call_blocking(move |c| {
-        // Finish what dead owners had decided to publish, then take their intervals over.
-        for owner in manifest::stale_owners(c, &dag_id, &ctx)? {
-            repair::publishes(c, &repair_dag, owner)?;
-        }
-        manifest::repair_stale_leases(c, &dag_id, &ctx)?;
+        let finish = |c: &rusqlite::Connection, owner| repair::publishes(c, &repair_dag, owner);
+        manifest::repair_stale_leases(c, &dag_id, &ctx, &finish)?;
         let (prior, before) = manifest::priors(c, &dag_id, &intervals, &ctx)?;
         let rows = plan::plan(&intervals, &prior, before, options);
         let id = manifest::insert_backfill(c, &request, &rows, &ctx)?;

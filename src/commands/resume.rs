@@ -16,11 +16,8 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
     let ctx = LeaseCtx::new(project.lease_timeout);
     let repair_dag = dag.clone();
     let taken = writer.call_blocking(move |c| {
-        match manifest::get_backfill(c, id)? {
-            Some(b) if !b.owner_alive(&ctx) => repair::publishes(c, &repair_dag, id)?,
-            _ => {}
-        }
-        manifest::take_over(c, id, &ctx)
+        let finish = |c: &rusqlite::Connection, owner| repair::publishes(c, &repair_dag, owner);
+        manifest::take_over(c, id, &ctx, &finish)
     })?;
     let (backfill, intervals) = match taken {
         Ok(t) => t,

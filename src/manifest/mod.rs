@@ -344,9 +344,20 @@ fn live_leases(
     Ok(live)
 }
 
-/// Releases every stale lease of `dag_id`: kills the process groups its dead owner left
-/// running on this host, records their runs and tries as cancelled, and deletes the lease.
-pub fn repair_stale_leases(conn: &Connection, dag_id: &str, ctx: &LeaseCtx) -> anyhow::Result<()> {
+/// Finishes, for a dead owner backfill, the publishes it had decided on. It runs before the
+/// owner's unfinished runs are abandoned, so a run whose every task was published is recorded
+/// as succeeded rather than cancelled. The manifest does not know warehouses: the caller does.
+pub type FinishPublishes<'a> = &'a dyn Fn(&Connection, i64) -> anyhow::Result<()>;
+
+/// Releases every stale lease of `dag_id`: finishes its dead owner's publishes, kills the
+/// process groups it left running on this host, records its runs and tries as cancelled, fences
+/// it, and deletes the lease.
+pub fn repair_stale_leases(
+    conn: &Connection,
+    dag_id: &str,
+    ctx: &LeaseCtx,
+    finish_publishes: FinishPublishes<'_>,
+) -> anyhow::Result<()> {
     let mut stmt = conn.prepare_cached(
         "SELECT l.interval_start, l.backfill_id, b.state, b.owner_pid, b.owner_host, b.heartbeat_at
          FROM leases l JOIN backfills b ON b.id = l.backfill_id WHERE l.dag_id = ?1",
@@ -361,6 +372,7 @@ pub fn repair_stale_leases(conn: &Connection, dag_id: &str, ctx: &LeaseCtx) -> a
     drop(rows);
     let owners: HashSet<i64> = stale.iter().map(|s| s.1).collect();
     for owner in owners {
+        finish_publishes(conn, owner)?;
         abandon_runs(conn, owner, ctx)?;
         // Fence it: should the silent owner wake up, its heartbeat tells it to stop.
         conn.execute(
@@ -766,22 +778,6 @@ pub fn complete_finished_runs(
     Ok(())
 }
 
-/// Backfills of `dag_id` that hold a stale lease.
-pub fn stale_owners(conn: &Connection, dag_id: &str, ctx: &LeaseCtx) -> anyhow::Result<Vec<i64>> {
-    let mut stmt = conn.prepare(
-        "SELECT DISTINCT b.id, b.state, b.owner_pid, b.owner_host, b.heartbeat_at
-         FROM leases l JOIN backfills b ON b.id = l.backfill_id WHERE l.dag_id = ?1",
-    )?;
-    let mut rows = stmt.query([dag_id])?;
-    let mut stale = Vec::new();
-    while let Some(r) = rows.next()? {
-        if !owner_alive_at(ctx, r, 1)? {
-            stale.push(r.get(0)?);
-        }
-    }
-    Ok(stale)
-}
-
 /// Changes a planned interval to a skip (decided while running, e.g. `depends_on_past`).
 pub fn skip_planned(
     conn: &Connection,
@@ -862,6 +858,7 @@ pub fn take_over(
     conn: &Connection,
     backfill_id: i64,
     ctx: &LeaseCtx,
+    finish_publishes: FinishPublishes<'_>,
 ) -> anyhow::Result<Result<(Backfill, Vec<DataInterval>), TakeOverRefused>> {
     let Some(b) = get_backfill(conn, backfill_id)? else {
         return Ok(Err(TakeOverRefused::Unknown));
@@ -872,9 +869,10 @@ pub fn take_over(
             host: b.owner_host,
         }));
     }
+    finish_publishes(conn, backfill_id)?;
     abandon_runs(conn, backfill_id, ctx)?;
     conn.execute("DELETE FROM leases WHERE backfill_id = ?1", [backfill_id])?;
-    repair_stale_leases(conn, &b.dag_id, ctx)?;
+    repair_stale_leases(conn, &b.dag_id, ctx, finish_publishes)?;
     conn.execute(
         "UPDATE backfills SET state = 'running', owner_pid = ?2, owner_host = ?3, heartbeat_at = ?4,
             cancel_requested = 0, finished_at = NULL WHERE id = ?1",

@@ -760,3 +760,32 @@ command = '''printf '{"rows": 3, "fingerprint": "%s"}' "$(date +%s%N)" > "$BACKF
         .code(3)
         .stderr_has("task `export` is not deterministic for interval 2026-01-01T00:00:00Z: two computations differ");
 }
+
+#[test]
+fn taking_over_a_dead_owner_finishes_its_publish_before_abandoning_its_run() {
+    let p = shop();
+    create(&p, "orders_fact", "2026-09-05", "2026-09-05", &[]).code(0);
+    let crashed = p
+        .command(&[
+            "create",
+            "--dag",
+            "orders_fact",
+            "--from",
+            "2026-09-01",
+            "--to",
+            "2026-09-01",
+        ])
+        .env("BACKFILL_FAULT", "after-publish")
+        .output()
+        .unwrap();
+    assert_eq!(crashed.status.code(), None, "the process died of a signal");
+    // Resuming the other backfill takes the dead one's stale lease over.
+    p.run(&["resume", "1"]).code(0);
+    assert_eq!(
+        p.rows("SELECT backfill_id, state FROM runs ORDER BY id"),
+        [["1", "succeeded"], ["2", "succeeded"]],
+        "the crashed run was published, so it is recorded as succeeded"
+    );
+    assert_eq!(p.count("SELECT COUNT(*) FROM published"), 2);
+    orders_fact_is_exact(&p, &["2026-09-01", "2026-09-05"]);
+}

@@ -6,11 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::{Global, find_backfill, repair};
 use crate::exit::{self, Error};
-use crate::manifest::{
-    self, BackfillState,
-    lease::{self, LeaseCtx},
-    writer::Writer,
-};
+use crate::manifest::{self, BackfillState, lease::LeaseCtx, writer::Writer};
 
 /// How long to wait for a live owner to stop before reporting that it was asked.
 const WAIT: Duration = Duration::from_secs(60);
@@ -48,8 +44,7 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
         }
     }
     // The owner is gone (or never answered): clean up on its behalf.
-    let mut ctx = LeaseCtx::new(project.lease_timeout);
-    ctx.now_ms = lease::now_ms();
+    let ctx = LeaseCtx::new(project.lease_timeout);
     let dag = project.dag(&backfill.dag_id).ok();
     writer.call_blocking(move |c| {
         if let Some(b) = manifest::get_backfill(c, id)?

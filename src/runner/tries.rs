@@ -584,19 +584,15 @@ async fn sql_try(
     .await;
     let (measures, source) = match step {
         Step::Done(Ok(v)) => v,
-        Step::Done(Err(e)) => {
+        unfinished => {
             drop_audit(sql, &audit).await;
-            log.line(&format!("failed: {e:#}"));
-            return Ok(failed(format!("{e:#}"), None));
-        }
-        Step::TimedOut => {
-            drop_audit(sql, &audit).await;
-            log.line(&timed_out(task));
-            return Ok(failed(timed_out(task), None));
-        }
-        Step::Cancelled => {
-            drop_audit(sql, &audit).await;
-            return Ok(cancelled());
+            let error = match unfinished {
+                Step::Done(Err(e)) => format!("{e:#}"),
+                Step::TimedOut => timed_out(task),
+                Step::Done(Ok(_)) | Step::Cancelled => return Ok(cancelled()),
+            };
+            log.line(&error);
+            return Ok(failed(error, None));
         }
     };
     let published = published_rows(shared, task, input.interval).await?;

@@ -11,7 +11,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 
 use backfill::gate::{self, Measures, Rules};
 use backfill::interval::{DataInterval, Range, expand};
-use backfill::manifest::{self, NewBackfill, lease::LeaseCtx};
+use backfill::manifest::{self, Durability, NewBackfill, backfills, leases::LeaseCtx, plans, runs};
 use backfill::plan::{self, Action, Options, Reprocess, RunState};
 use backfill::project::{Gate, SqlTask, Warehouse};
 use backfill::schedule::Schedule;
@@ -48,7 +48,7 @@ fn schedules(c: &mut Criterion) {
 
 /// A manifest holding a succeeded run for every hourly interval of ten years.
 fn large_manifest(dir: &std::path::Path, intervals: &[DataInterval]) -> rusqlite::Connection {
-    let conn = manifest::open(&dir.join("manifest.db")).unwrap();
+    let conn = manifest::open(&dir.join("manifest.db"), Durability::Normal).unwrap();
     let ctx = LeaseCtx::new(Duration::from_secs(30));
     conn.execute_batch("BEGIN").unwrap();
     let rows: Vec<plan::PlanRow> = intervals
@@ -70,10 +70,18 @@ fn large_manifest(dir: &std::path::Path, intervals: &[DataInterval]) -> rusqlite
         allow_drift: false,
         conf: "{}".into(),
     };
-    let id = manifest::insert_backfill(&conn, &request, &rows, &ctx).unwrap();
+    let owner = backfills::insert(&conn, &request, &ctx).unwrap();
+    let ordered: Vec<(i64, plan::PlanRow)> = rows
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| (i as i64, r))
+        .collect();
+    plans::insert_chunk(&conn, owner, "hourly", &ordered, &ctx).unwrap();
     for i in intervals {
-        let run = manifest::start_run(&conn, id, "hourly", *i, 0).unwrap();
-        manifest::finish_run(&conn, run, RunState::Succeeded, None, 1).unwrap();
+        let run = runs::start_run(&conn, owner, "hourly", *i, 0)
+            .unwrap()
+            .unwrap();
+        runs::finish_run(&conn, owner, run, RunState::Succeeded, None, 1).unwrap();
     }
     conn.execute_batch("COMMIT").unwrap();
     conn
@@ -94,9 +102,10 @@ fn planning(c: &mut Criterion) {
     let mut g = c.benchmark_group("plan");
     g.sample_size(10).measurement_time(Duration::from_secs(5));
     g.bench_function("priors_87672_runs", |b| {
-        b.iter(|| black_box(manifest::priors(&conn, "hourly", &intervals, &ctx).unwrap()))
+        b.iter(|| black_box(plans::priors(&conn, "hourly", &intervals, &ctx).unwrap()))
     });
-    let (prior, before) = manifest::priors(&conn, "hourly", &intervals, &ctx).unwrap();
+    let prior = plans::priors(&conn, "hourly", &intervals, &ctx).unwrap();
+    let before = None;
     g.bench_function("plan_87672", |b| {
         b.iter(|| black_box(plan::plan(&intervals, &prior, before, options)).len())
     });
@@ -111,9 +120,11 @@ fn gate_checks(c: &mut Criterion) {
         init: Vec::new(),
     };
     let conn = warehouse::open(&w).unwrap();
-    // One day of orders, as in the shop example: 3,000 rows.
+    // One day of orders, as in the shop example: 3,000 rows, in an attached audit file.
+    let audit = warehouse::AuditFile::create(dir.path(), "try-1.db").unwrap();
+    audit.attach(&conn).unwrap();
     conn.execute_batch(
-        "CREATE TABLE audit AS
+        "CREATE TABLE audit.rows AS
          WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 2999)
          SELECT i AS order_id, '2026-09-18' AS order_day,
                 datetime('2026-09-18', '+' || (i * 28) || ' seconds') AS order_ts,
@@ -142,7 +153,20 @@ fn gate_checks(c: &mut Criterion) {
         .sample_size(20)
         .measurement_time(Duration::from_secs(5));
     group.bench_function("measure_3000_rows", |b| {
-        b.iter(|| black_box(warehouse::measure(&conn, &task, Some(&g), "audit", &binds).unwrap()))
+        b.iter(|| {
+            black_box(
+                warehouse::audit::measure(
+                    &conn,
+                    &task,
+                    Some(&g),
+                    Some(warehouse::Repr::Date),
+                    &binds,
+                    Tz::UTC,
+                    None,
+                )
+                .unwrap(),
+            )
+        })
     });
     let measures = Measures {
         rows: 3000,
@@ -150,6 +174,7 @@ fn gate_checks(c: &mut Criterion) {
         duplicate_keys: Some(0),
         source: Some(3000),
         published: Some(2990),
+        mixed: None,
     };
     let rules = Rules {
         tolerance: 0.02,

@@ -1,19 +1,21 @@
-//! Exit codes, and the error type that maps onto them. Every exit code of the binary is here.
+//! Exit codes, and the error type that maps onto them. Every exit code of the binary is here,
+//! and an error's code is decided by its kind alone.
 
 use crate::interval::RangeError;
 use crate::project::ProjectError;
 
 /// Every planned interval succeeded, or there was nothing to do.
 pub const OK: u8 = 0;
-/// An internal error: a bug, or the manifest could not be read or written.
+/// An internal error: a bug, or the manifest or a warehouse could not be read or written.
 pub const INTERNAL: u8 = 1;
 /// Bad usage, bad configuration or bad input; nothing was written.
 pub const USAGE: u8 = 2;
 /// One or more intervals failed or were rejected; the rest completed.
 pub const FAILED: u8 = 3;
-/// Interrupted (Ctrl-C, SIGTERM, `backfill cancel`); resumable with `backfill resume ID`.
+/// Interrupted (Ctrl-C, SIGTERM, SIGHUP, `backfill cancel`); resumable with `backfill resume ID`.
 pub const INTERRUPTED: u8 = 130;
 
+/// Every error the library reports.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Bad arguments or input, found before anything was written.
@@ -23,15 +25,49 @@ pub enum Error {
     Project(#[from] ProjectError),
     #[error(transparent)]
     Range(#[from] RangeError),
-    #[error("{0:#}")]
-    Internal(#[from] anyhow::Error),
+    #[error(transparent)]
+    Manifest(#[from] crate::manifest::Error),
+    #[error(transparent)]
+    Warehouse(#[from] crate::warehouse::Error),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+    /// A failure with no better kind: a bug.
+    #[error("{0}")]
+    Internal(String),
 }
 
 impl Error {
+    /// The exit code of this kind of error.
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Usage(_) | Self::Project(_) | Self::Range(_) => USAGE,
-            Self::Internal(_) => INTERNAL,
+            Self::Manifest(crate::manifest::Error::Missing { .. }) => USAGE,
+            Self::Manifest(_) | Self::Warehouse(_) | Self::Io { .. } | Self::Internal(_) => {
+                INTERNAL
+            }
+        }
+    }
+
+    /// A short name of the kind, for `{"error": {"kind": ..}}`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Usage(_) => "usage",
+            Self::Project(_) => "configuration",
+            Self::Range(_) => "range",
+            Self::Manifest(_) => "manifest",
+            Self::Warehouse(_) => "warehouse",
+            Self::Io { .. } => "io",
+            Self::Internal(_) => "internal",
+        }
+    }
+
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            context: context.into(),
+            source,
         }
     }
 }
@@ -41,12 +77,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn errors_map_to_their_codes() {
+    fn errors_map_to_their_codes_by_kind() {
         assert_eq!(Error::Usage("x".into()).exit_code(), USAGE);
         assert_eq!(
             Error::Project(ProjectError::NotFound(".".into())).exit_code(),
             USAGE
         );
-        assert_eq!(Error::Internal(anyhow::anyhow!("x")).exit_code(), INTERNAL);
+        assert_eq!(Error::Internal("x".into()).exit_code(), INTERNAL);
+        assert_eq!(
+            Error::Manifest(crate::manifest::Error::WriterGone).exit_code(),
+            INTERNAL
+        );
+        assert_eq!(
+            Error::Manifest(crate::manifest::Error::Missing {
+                path: "m.db".into()
+            })
+            .exit_code(),
+            USAGE
+        );
     }
 }

@@ -10,11 +10,14 @@
 //! 5. |output - source| / source > tolerance;
 //! 6. |output - published| / published > tolerance against the currently published try, unless
 //!    `--allow-drift`.
+//!
+//! The numbers come from tasks and commands and are not trusted: a negative count is not a
+//! verdict but a failed try, and the arithmetic cannot overflow.
 
 use std::fmt;
 
 /// What was measured about one try's output.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Measures {
     pub rows: i64,
     /// Rows whose partition column lies outside the interval (SQL tasks).
@@ -25,6 +28,8 @@ pub struct Measures {
     pub source: Option<i64>,
     /// Rows of the currently published try of this task and interval.
     pub published: Option<i64>,
+    /// Why the output's partition values are not of one representation (SQL tasks).
+    pub mixed: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -75,12 +80,39 @@ fn percent(x: f64) -> String {
     format!("{:.1}%", x * 100.0)
 }
 
-/// Relative difference of `a` against a non-zero `base`.
+/// Relative difference of `a` against a positive `base`, without overflow.
 fn relative(a: i64, base: i64) -> f64 {
-    (a - base).abs() as f64 / base as f64
+    (i128::from(a) - i128::from(base)).abs() as f64 / base as f64
 }
 
-pub fn judge(m: &Measures, r: &Rules) -> Verdict {
+/// The counts a task or command reported, checked before any verdict: `Err` says why the try
+/// failed.
+pub fn check_counts(m: &Measures) -> Result<(), String> {
+    if m.rows < 0 {
+        return Err(format!(
+            "the task reported {} rows; a row count cannot be negative",
+            m.rows
+        ));
+    }
+    if let Some(source) = m.source.filter(|s| *s < 0) {
+        return Err(format!(
+            "source_count gave {source}; a row count cannot be negative"
+        ));
+    }
+    Ok(())
+}
+
+/// The verdict on a try's output; `Err` when its counts cannot be trusted (a failed try, see
+/// [`check_counts`]).
+pub fn judge(m: &Measures, r: &Rules) -> Result<Verdict, String> {
+    check_counts(m)?;
+    Ok(verdict(m, r))
+}
+
+fn verdict(m: &Measures, r: &Rules) -> Verdict {
+    if let Some(why) = &m.mixed {
+        return Verdict::Reject(format!("row outside interval: {why}"));
+    }
     if let Some(n) = m.outside.filter(|n| *n > 0) {
         return Verdict::Reject(format!(
             "row outside interval: {n} of {} rows have a partition value outside the interval",
@@ -157,7 +189,12 @@ mod tests {
             duplicate_keys: Some(0),
             source: Some(rows),
             published: None,
+            mixed: None,
         }
+    }
+
+    fn judged(m: &Measures, r: &Rules) -> Verdict {
+        judge(m, r).unwrap()
     }
 
     fn reason(v: Verdict) -> String {
@@ -169,9 +206,9 @@ mod tests {
 
     #[test]
     fn a_clean_output_is_published() {
-        assert_eq!(judge(&m(100), &RULES), Verdict::Publish);
+        assert_eq!(judged(&m(100), &RULES), Verdict::Publish);
         assert_eq!(
-            judge(
+            judged(
                 &Measures {
                     published: Some(101),
                     ..m(100)
@@ -191,19 +228,20 @@ mod tests {
             duplicate_keys: Some(2),
             source: Some(50),
             published: Some(100),
+            mixed: None,
         };
-        assert!(reason(judge(&all_wrong, &RULES)).starts_with("row outside interval: 3"));
+        assert!(reason(judged(&all_wrong, &RULES)).starts_with("row outside interval: 3"));
         let dupes = Measures {
             outside: Some(0),
             ..all_wrong
         };
-        assert!(reason(judge(&dupes, &RULES)).starts_with("unique_key violated: 2"));
+        assert!(reason(judged(&dupes, &RULES)).starts_with("unique_key violated: 2"));
         let zero = Measures {
             duplicate_keys: Some(0),
             ..dupes
         };
         assert_eq!(
-            reason(judge(&zero, &RULES)),
+            reason(judged(&zero, &RULES)),
             "zero rows while source has data (50 source rows)"
         );
     }
@@ -214,25 +252,25 @@ mod tests {
             source: Some(0),
             ..m(0)
         };
-        assert!(reason(judge(&empty, &RULES)).contains("set allow_empty = true"));
+        assert!(reason(judged(&empty, &RULES)).contains("set allow_empty = true"));
         let rules = Rules {
             allow_empty: true,
             ..RULES
         };
-        assert_eq!(judge(&empty, &rules), Verdict::PublishEmpty);
+        assert_eq!(judged(&empty, &rules), Verdict::PublishEmpty);
         assert_eq!(Verdict::PublishEmpty.reason(), Some("empty source"));
         // Without a source count, zero rows is treated the same way.
         let unknown = Measures {
             source: None,
             ..m(0)
         };
-        assert_eq!(judge(&unknown, &rules), Verdict::PublishEmpty);
-        assert!(matches!(judge(&unknown, &RULES), Verdict::Reject(_)));
+        assert_eq!(judged(&unknown, &rules), Verdict::PublishEmpty);
+        assert!(matches!(judged(&unknown, &RULES), Verdict::Reject(_)));
     }
 
     #[test]
     fn rows_from_an_empty_source_are_rejected() {
-        let v = judge(
+        let v = judged(
             &Measures {
                 source: Some(0),
                 ..m(5)
@@ -248,13 +286,13 @@ mod tests {
             source: Some(100),
             ..m(98)
         };
-        assert_eq!(judge(&within, &RULES), Verdict::Publish);
+        assert_eq!(judged(&within, &RULES), Verdict::Publish);
         let beyond = Measures {
             source: Some(100),
             ..m(97)
         };
         assert_eq!(
-            reason(judge(&beyond, &RULES)),
+            reason(judged(&beyond, &RULES)),
             "row count 97 differs from the source count 100 by 3.0% (tolerance 2.0%)"
         );
     }
@@ -265,20 +303,20 @@ mod tests {
             published: Some(100),
             ..m(95)
         };
-        assert!(reason(judge(&drifted, &RULES)).starts_with(
+        assert!(reason(judged(&drifted, &RULES)).starts_with(
             "drift: row count 95 differs from the published 100 by 5.0% (tolerance 2.0%)"
         ));
         let rules = Rules {
             allow_drift: true,
             ..RULES
         };
-        assert_eq!(judge(&drifted, &rules), Verdict::Publish);
+        assert_eq!(judged(&drifted, &rules), Verdict::Publish);
         // An empty published partition does not make late data drift.
         let after_empty = Measures {
             published: Some(0),
             ..m(95)
         };
-        assert_eq!(judge(&after_empty, &RULES), Verdict::Publish);
+        assert_eq!(judged(&after_empty, &RULES), Verdict::Publish);
     }
 
     #[test]
@@ -289,7 +327,69 @@ mod tests {
             duplicate_keys: None,
             source: None,
             published: None,
+            mixed: None,
         };
-        assert_eq!(judge(&command_task, &RULES), Verdict::Publish);
+        assert_eq!(judged(&command_task, &RULES), Verdict::Publish);
+    }
+
+    #[test]
+    fn untrusted_counts_fail_the_try_instead_of_deciding() {
+        let negative_source = Measures {
+            source: Some(-1),
+            ..m(1_000_000)
+        };
+        assert_eq!(
+            judge(
+                &negative_source,
+                &Rules {
+                    tolerance: 0.0,
+                    ..RULES
+                }
+            ),
+            Err("source_count gave -1; a row count cannot be negative".to_string())
+        );
+        let negative_rows = Measures {
+            rows: -5,
+            source: None,
+            ..m(0)
+        };
+        assert_eq!(
+            judge(&negative_rows, &RULES),
+            Err("the task reported -5 rows; a row count cannot be negative".to_string())
+        );
+        // Extreme values compare without overflow.
+        let extreme = Measures {
+            rows: i64::MAX,
+            source: Some(1),
+            published: None,
+            ..m(0)
+        };
+        assert!(
+            reason(judged(&extreme, &RULES)).starts_with("row count 9223372036854775807 differs")
+        );
+        let drift = Measures {
+            rows: 0,
+            source: None,
+            published: Some(i64::MAX),
+            ..m(0)
+        };
+        assert!(matches!(
+            judged(
+                &drift,
+                &Rules {
+                    allow_empty: true,
+                    ..RULES
+                }
+            ),
+            Verdict::PublishEmpty
+        ));
+        let mixed = Measures {
+            mixed: Some("mixes YYYY-MM-DD dates and unix seconds".into()),
+            ..m(10)
+        };
+        assert_eq!(
+            reason(judged(&mixed, &RULES)),
+            "row outside interval: mixes YYYY-MM-DD dates and unix seconds"
+        );
     }
 }

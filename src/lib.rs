@@ -1,19 +1,24 @@
 //! `backfill`: a crash-safe backfill orchestrator for batch data pipelines.
 //!
 //! The binary is a thin shell over [`commands::run`]; the modules follow the product's
-//! vocabulary: schedules and intervals, the plan, the runner, tasks, the manifest, reports.
+//! vocabulary: schedules and intervals, the plan, the runner, tasks, processes, the gate,
+//! warehouses, the manifest, recovery and reports.
 
 pub mod cli;
 pub mod clock;
 pub mod commands;
 pub mod exit;
+pub mod fault;
 pub mod gate;
 pub mod interval;
 pub mod manifest;
 pub mod plan;
+pub mod process;
 pub mod project;
+pub mod recovery;
 pub mod report;
 pub mod runner;
 pub mod schedule;
+pub mod state;
 pub mod task;
 pub mod warehouse;

@@ -18,6 +18,7 @@ use std::str::FromStr;
 use chrono::{DateTime, Utc};
 
 use crate::interval::DataInterval;
+pub use crate::state::RunState;
 
 /// Which earlier runs a backfill reprocesses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -50,59 +51,6 @@ impl FromStr for Reprocess {
             "completed" => Ok(Self::Completed),
             other => Err(format!("unknown reprocess behavior `{other}`")),
         }
-    }
-}
-
-/// The state of one run (one attempt at one interval).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RunState {
-    Queued,
-    Running,
-    Succeeded,
-    Failed,
-    Rejected,
-    Cancelled,
-}
-
-impl RunState {
-    pub const ALL: [RunState; 6] = [
-        Self::Queued,
-        Self::Running,
-        Self::Succeeded,
-        Self::Failed,
-        Self::Rejected,
-        Self::Cancelled,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::Running => "running",
-            Self::Succeeded => "succeeded",
-            Self::Failed => "failed",
-            Self::Rejected => "rejected",
-            Self::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn is_finished(self) -> bool {
-        !matches!(self, Self::Queued | Self::Running)
-    }
-}
-
-impl FromStr for RunState {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Self::ALL
-            .into_iter()
-            .find(|r| r.as_str() == s)
-            .ok_or_else(|| format!("unknown run state `{s}`"))
-    }
-}
-
-impl fmt::Display for RunState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -178,6 +126,51 @@ pub struct PlanRow {
     pub action: Action,
 }
 
+/// Plans intervals one at a time, ascending, so that a large plan can be written in chunks:
+/// it carries what `depends_on_past` needs from one interval to the next.
+#[derive(Debug, Clone)]
+pub struct Planner {
+    opts: Options,
+    /// Whether the previous interval has succeeded or will run earlier in this plan.
+    previous_ok: bool,
+}
+
+impl Planner {
+    /// `before_range` is the latest state of the interval just before the first one.
+    pub fn new(before_range: Option<RunState>, opts: Options) -> Self {
+        Self {
+            opts,
+            previous_ok: matches!(before_range, None | Some(RunState::Succeeded)),
+        }
+    }
+
+    /// The action for the next interval (ascending).
+    pub fn next(&mut self, interval: &DataInterval, p: Prior) -> Action {
+        let mut action = judge(interval, p, self.opts);
+        if self.opts.depends_on_past {
+            match action {
+                Action::Run if !self.previous_ok => {
+                    action = Action::Skip(SkipReason::PreviousNotSuccessful);
+                }
+                Action::Run => {}
+                Action::Skip(_) => {
+                    self.previous_ok = p.latest == Some(RunState::Succeeded) && !p.in_flight;
+                }
+            }
+        }
+        action
+    }
+}
+
+/// The position of the `index`-th interval (ascending) of `total` in execution order.
+pub fn ord(index: usize, total: usize, run_backwards: bool) -> usize {
+    if run_backwards {
+        total - 1 - index
+    } else {
+        index
+    }
+}
+
 /// Plans `intervals` (ascending) given `prior[i]` for each and the latest state of the interval
 /// just before the range (for `depends_on_past`). Returns rows in execution order.
 pub fn plan(
@@ -187,27 +180,15 @@ pub fn plan(
     opts: Options,
 ) -> Vec<PlanRow> {
     debug_assert_eq!(intervals.len(), prior.len());
-    let mut rows = Vec::with_capacity(intervals.len());
-    // Whether the previous interval has succeeded or will run earlier in this plan.
-    let mut previous_ok = matches!(before_range, None | Some(RunState::Succeeded));
-    for (interval, p) in intervals.iter().zip(prior) {
-        let mut action = judge(interval, *p, opts);
-        if opts.depends_on_past {
-            match action {
-                Action::Run if !previous_ok => {
-                    action = Action::Skip(SkipReason::PreviousNotSuccessful);
-                }
-                Action::Run => {}
-                Action::Skip(_) => {
-                    previous_ok = p.latest == Some(RunState::Succeeded) && !p.in_flight;
-                }
-            }
-        }
-        rows.push(PlanRow {
+    let mut planner = Planner::new(before_range, opts);
+    let mut rows: Vec<PlanRow> = intervals
+        .iter()
+        .zip(prior)
+        .map(|(interval, p)| PlanRow {
             interval: *interval,
-            action,
-        });
-    }
+            action: planner.next(interval, *p),
+        })
+        .collect();
     if opts.run_backwards {
         rows.reverse();
     }
@@ -361,9 +342,6 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for s in RunState::ALL {
-            assert_eq!(s.as_str().parse::<RunState>(), Ok(s));
-        }
         for r in SkipReason::ALL {
             assert_eq!(r.as_str().parse::<SkipReason>(), Ok(r));
         }

@@ -4,9 +4,13 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Global, find_backfill, repair};
+use super::{Global, find_backfill, warn};
 use crate::exit::{self, Error};
-use crate::manifest::{self, BackfillState, lease::LeaseCtx, writer::Writer};
+use crate::manifest::leases::LeaseCtx;
+use crate::manifest::writer::Writer;
+use crate::manifest::{self, backfills};
+use crate::recovery::{self, Dags};
+use crate::state::BackfillState;
 
 /// How long to wait for a live owner to stop before reporting that it was asked.
 const WAIT: Duration = Duration::from_secs(60);
@@ -20,18 +24,34 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
         );
         return Ok(exit::OK);
     }
-    let writer = Writer::spawn(manifest::open_writer(&manifest_path, project.durability)?)?;
-    let ctx = LeaseCtx::new(project.lease_timeout);
-    if backfill.owner_alive(&ctx) {
-        writer.call_blocking(move |c| manifest::request_cancel(c, id))?;
+    let writer = Writer::spawn(
+        manifest::open(&manifest_path, project.durability)?,
+        &manifest_path,
+    )?;
+    let result = cancel(g, &project, &writer, &conn, id, &backfill);
+    writer.close();
+    result
+}
+
+fn cancel(
+    g: &Global,
+    project: &crate::project::Project,
+    writer: &Writer,
+    conn: &rusqlite::Connection,
+    id: i64,
+    backfill: &manifest::Backfill,
+) -> Result<u8, Error> {
+    let path = writer.path().to_path_buf();
+    if backfill.owner_alive(&LeaseCtx::new(project.lease_timeout)) {
+        writer.call_blocking(move |c| backfills::request_cancel(c, id))?;
         eprintln!(
             "asked backfill {id} (pid {}) to stop…",
             backfill.owner_pid.unwrap_or_default()
         );
         let deadline = Instant::now() + WAIT;
-        while Instant::now() < deadline {
+        loop {
             std::thread::sleep(Duration::from_millis(50));
-            let Some(now) = manifest::get_backfill(&conn, id)? else {
+            let Some(now) = backfills::get(conn, id).map_err(|e| e.at(&path))? else {
                 break;
             };
             if now.state != BackfillState::Running {
@@ -41,39 +61,27 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
             if !now.owner_alive(&LeaseCtx::new(project.lease_timeout)) {
                 break;
             }
+            if Instant::now() >= deadline {
+                eprintln!(
+                    "backfill {id} was asked to stop and is still stopping after {}s (its tasks get SIGTERM and then SIGKILL after their grace_period); `backfill show {id}` tells when it has",
+                    WAIT.as_secs()
+                );
+                return Ok(exit::OK);
+            }
         }
     }
-    // The owner is gone (or never answered): clean up on its behalf.
-    let ctx = LeaseCtx::new(project.lease_timeout);
-    let dag = project.dag(&backfill.dag_id).ok();
-    writer.call_blocking(move |c| {
-        if let Some(b) = manifest::get_backfill(c, id)?
-            && b.state == BackfillState::Running
-            && !b.owner_alive(&ctx)
-        {
-            if let Some(dag) = &dag {
-                repair::publishes(c, dag, id)?;
+    // The owner is gone (or went away while asked): clean up on its behalf.
+    let dags = Dags::of(project);
+    match recovery::cancel_dead(writer, &dags, id, &LeaseCtx::new(project.lease_timeout))? {
+        Some(report) => {
+            for w in &report.warnings {
+                warn(g, w);
             }
-            manifest::abandon_runs(c, id, &ctx)?;
-            manifest::finish_backfill(c, id, BackfillState::Cancelled, ctx.now_ms)?;
-        }
-        Ok(())
-    })?;
-    drop(writer);
-    let state = manifest::get_backfill(&conn, id)?.map(|b| b.state);
-    match state {
-        Some(BackfillState::Running) => {
-            eprintln!(
-                "backfill {id} was asked to stop but is still running after {}s",
-                WAIT.as_secs()
-            );
-            Ok(exit::INTERNAL)
-        }
-        _ => {
             eprintln!(
                 "backfill {id} cancelled; its process was gone, so its leases were released here; `backfill resume {id}` continues it"
             );
-            Ok(exit::OK)
         }
+        None => eprintln!("backfill {id} is running again (resumed meanwhile); nothing done"),
     }
+    Ok(exit::OK)
 }

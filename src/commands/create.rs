@@ -1,18 +1,28 @@
-//! `backfill create`: validate everything, plan against the manifest and lease the intervals in
-//! one transaction, then run them (or, with `--dry-run`, print the plan and write nothing).
+//! `backfill create`: validate everything, recover what dead owners left on the DAG's leases,
+//! write the plan and lease its intervals in bounded chunks, then run them (or, with
+//! `--dry-run`, print the plan and write nothing).
+
+use std::collections::{HashMap, HashSet};
 
 use super::execute::{Execution, execute};
-use super::{Global, repair};
+use super::{Global, warn};
 use crate::cli::CreateArgs;
 use crate::clock;
 use crate::exit::{self, Error};
-use crate::interval::{DataInterval, expand_nonempty, resolve_args};
-use crate::manifest::{self, NewBackfill, lease::LeaseCtx, writer::Writer};
-use crate::plan::{self, Action, Prior, Reprocess};
+use crate::interval::{DataInterval, Range, expand_nonempty, resolve_args};
+use crate::manifest::leases::LeaseCtx;
+use crate::manifest::writer::Writer;
+use crate::manifest::{self, NewBackfill, Owner, backfills, plans};
+use crate::plan::{self, Action, PlanRow, Planner, Prior, Reprocess};
 use crate::project::{CommandSpec, Dag, Gate, SourceCount, TaskKind};
+use crate::recovery::{self, Dags};
 use crate::report::tables;
 use crate::task::{command, template};
-use crate::warehouse;
+use crate::warehouse::{self, Repr};
+
+/// Intervals planned and leased per manifest transaction: small enough that other backfills'
+/// heartbeats never wait long for the write lock.
+pub const PLAN_CHUNK: usize = 5_000;
 
 pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
     let project = g.project()?;
@@ -27,7 +37,7 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
     let now = clock::now()?;
     let range = resolve_args(&args.from, &args.to, now, dag.tz)?;
     let intervals = expand_nonempty(&dag.schedule, range, &args.from, &args.to)?;
-    check_tasks(&dag, &conf, intervals[0])?;
+    let reprs = check_tasks(&dag, &conf, &intervals)?;
     let reprocess = Reprocess::from(args.reprocess_behavior);
     let max_active_runs = args.max_active_runs.or(dag.max_active_runs).unwrap_or(1);
     let options = plan::Options {
@@ -40,8 +50,14 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
     let ctx = LeaseCtx::new(project.lease_timeout);
 
     if args.dry_run {
-        let (prior, before) = match manifest::open_existing(&manifest_path)? {
-            Some(conn) => manifest::priors(&conn, &dag.id, &intervals, &ctx)?,
+        let (prior, before) = match manifest::open_if_exists(&manifest_path)? {
+            Some(conn) => {
+                let before = plans::state_before(&conn, &dag.id, intervals[0].start.timestamp())
+                    .map_err(|e| e.at(&manifest_path))?;
+                let prior = plans::priors(&conn, &dag.id, &intervals, &ctx)
+                    .map_err(|e| e.at(&manifest_path))?;
+                (prior, before)
+            }
             None => (vec![Prior::default(); intervals.len()], None),
         };
         let rows = plan::plan(&intervals, &prior, before, options);
@@ -56,63 +72,153 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         return Ok(exit::OK);
     }
 
+    let (range_start, range_end) = unix_range(range);
     let request = NewBackfill {
         dag_id: dag.id.clone(),
         from_arg: args.from.clone(),
         to_arg: args.to.clone(),
-        range_start: range.start.timestamp(),
-        range_end: range.end_exclusive.timestamp(),
+        range_start,
+        range_end,
         reprocess,
         max_active_runs,
         run_backwards: args.run_backwards,
         allow_drift: args.allow_drift,
         conf: conf.to_string(),
     };
-    let writer = Writer::spawn(manifest::open_writer(&manifest_path, project.durability)?)?;
-    let dag_id = dag.id.clone();
-    let repair_dag = dag.clone();
-    let (backfill_id, rows) = writer.call_blocking(move |c| {
-        let finish = |c: &rusqlite::Connection, owner| repair::publishes(c, &repair_dag, owner);
-        manifest::repair_stale_leases(c, &dag_id, &ctx, &finish)?;
-        let (prior, before) = manifest::priors(c, &dag_id, &intervals, &ctx)?;
-        let rows = plan::plan(&intervals, &prior, before, options);
-        let id = manifest::insert_backfill(c, &request, &rows, &ctx)?;
-        let to_run = rows
-            .iter()
-            .filter(|r| r.action == Action::Run)
-            .map(|r| r.interval);
-        manifest::take_leases(c, id, &dag_id, to_run, &ctx)?;
-        Ok((id, rows))
-    })?;
-    let to_run: Vec<DataInterval> = rows
-        .iter()
-        .filter(|r| r.action == Action::Run)
-        .map(|r| r.interval)
-        .collect();
-    let planned = rows.len();
-    drop(rows);
+    let writer = Writer::spawn(
+        manifest::open(&manifest_path, project.durability)?,
+        &manifest_path,
+    )?;
+    let dags = Dags::of(&project);
+    let report = recovery::release_stale(&writer, &dags, &dag.id, &ctx)?;
+    for w in &report.warnings {
+        warn(g, w);
+    }
+    let first = ctx.clone();
+    let owner = writer.call_blocking(move |c| backfills::insert(c, &request, &first))?;
+    let planned = write_plan(
+        &writer,
+        owner,
+        &dag,
+        &intervals,
+        options,
+        &HashSet::new(),
+        &ctx,
+    )?;
+    let to_run = planned.to_run;
     if !g.quiet && !g.json {
         eprintln!(
-            "backfill {backfill_id} of {}: {} intervals, {} to run, {} skipped, up to {max_active_runs} at a time",
+            "backfill {} of {}: {} intervals, {} to run, {} skipped, up to {max_active_runs} at a time",
+            owner.backfill_id,
             dag.id,
-            planned,
+            planned.total,
             to_run.len(),
-            planned - to_run.len()
+            planned.total - to_run.len()
         );
     }
     execute(
         g,
         &project,
         Execution {
-            backfill_id,
+            owner,
             dag,
             conf,
             max_active_runs,
             intervals: to_run,
             allow_drift: args.allow_drift,
+            reprs,
         },
         writer,
     )
+}
+
+/// Interval starts `s` with `start <= s < end` in whole unix seconds, for the manifest.
+pub(super) fn unix_range(range: Range) -> (i64, i64) {
+    let ceil = |t: chrono::DateTime<chrono::Utc>| {
+        if t.timestamp_subsec_nanos() > 0 {
+            t.timestamp().saturating_add(1)
+        } else {
+            t.timestamp()
+        }
+    };
+    (ceil(range.start), ceil(range.end_exclusive))
+}
+
+/// The plan as written.
+pub(super) struct Planned {
+    pub total: usize,
+    /// The intervals to run, in execution order.
+    pub to_run: Vec<DataInterval>,
+}
+
+/// Plans `intervals` (ascending) and writes the plan with its leases in chunks of
+/// [`PLAN_CHUNK`], one transaction each, then records the plan as complete. Intervals whose
+/// start is in `already` have a plan row from an earlier, interrupted planning and are left out.
+pub(super) fn write_plan(
+    writer: &Writer,
+    owner: Owner,
+    dag: &Dag,
+    intervals: &[DataInterval],
+    options: plan::Options,
+    already: &HashSet<i64>,
+    ctx: &LeaseCtx,
+) -> Result<Planned, Error> {
+    let total = intervals.len();
+    let todo: Vec<(usize, DataInterval)> = intervals
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|(_, i)| !already.contains(&i.start.timestamp()))
+        .collect();
+    let mut planner: Option<Planner> = None;
+    let mut to_run: Vec<(usize, DataInterval)> = Vec::new();
+    for chunk in todo.chunks(PLAN_CHUNK) {
+        let (dag_id, ctx) = (dag.id.clone(), ctx.refreshed());
+        let chunk_intervals: Vec<DataInterval> = chunk.iter().map(|(_, i)| *i).collect();
+        let ords: Vec<usize> = chunk
+            .iter()
+            .map(|(index, _)| plan::ord(*index, total, options.run_backwards))
+            .collect();
+        let mut carried = planner.take();
+        let (rows, carried) = writer.call_blocking(move |c| {
+            let mut p = match carried.take() {
+                Some(p) => p,
+                None => Planner::new(
+                    plans::state_before(c, &dag_id, chunk_intervals[0].start.timestamp())?,
+                    options,
+                ),
+            };
+            let prior = plans::priors(c, &dag_id, &chunk_intervals, &ctx)?;
+            let rows: Vec<(i64, PlanRow)> = chunk_intervals
+                .iter()
+                .zip(prior)
+                .zip(ords)
+                .map(|((interval, prior), ord)| {
+                    (
+                        i64::try_from(ord).unwrap_or(i64::MAX),
+                        PlanRow {
+                            interval: *interval,
+                            action: p.next(interval, prior),
+                        },
+                    )
+                })
+                .collect();
+            plans::insert_chunk(c, owner, &dag_id, &rows, &ctx)?;
+            Ok((rows, p))
+        })?;
+        planner = Some(carried);
+        to_run.extend(
+            rows.iter()
+                .filter(|(_, r)| r.action == Action::Run)
+                .map(|(ord, r)| (usize::try_from(*ord).unwrap_or(usize::MAX), r.interval)),
+        );
+    }
+    writer.call_blocking(move |c| backfills::planned(c, owner))?;
+    to_run.sort_unstable_by_key(|(ord, _)| *ord);
+    Ok(Planned {
+        total,
+        to_run: to_run.into_iter().map(|(_, i)| i).collect(),
+    })
 }
 
 /// `--conf` must be a JSON object.
@@ -133,14 +239,20 @@ pub(super) fn parse_conf(conf: Option<&str>) -> Result<serde_json::Value, Error>
 
 /// Checks every task before anything is written: each command (and `publish` and
 /// `source_count` command) renders for the first interval, so that a template using a `conf`
-/// key that was not given fails now; each SQL task prepares against its warehouse (created from
-/// its init files if needed) with known bind parameters and columns the target has.
+/// key that was not given fails now; each SQL task prepares exactly what it will run against
+/// its warehouse (created from its init files if needed), and its partition column's
+/// representation is decided over the range. Returns those representations by task.
 pub(super) fn check_tasks(
     dag: &Dag,
     conf: &serde_json::Value,
-    first: DataInterval,
-) -> Result<(), Error> {
-    let values = template::IntervalValues::new(first, dag.tz);
+    intervals: &[DataInterval],
+) -> Result<HashMap<String, Option<Repr>>, Error> {
+    let (Some(first), Some(last)) = (intervals.first(), intervals.last()) else {
+        return Ok(HashMap::new());
+    };
+    let window = DataInterval::new(first.start, last.end);
+    let values = template::IntervalValues::new(*first, dag.tz);
+    let mut reprs = HashMap::new();
     for task in &dag.tasks {
         let problem = |e: String| Error::Usage(format!("{}: task `{}`: {e}", dag.file, task.id));
         let ctx = values.context(&dag.id, &task.id, "0", 1, conf);
@@ -155,9 +267,10 @@ pub(super) fn check_tasks(
         match &task.kind {
             TaskKind::Command(spec) => commands.push(spec),
             TaskKind::Sql(sql) => {
-                let conn =
-                    warehouse::open(&sql.warehouse).map_err(|e| problem(format!("{e:#}")))?;
+                let conn = warehouse::open(&sql.warehouse).map_err(|e| problem(e.to_string()))?;
                 warehouse::check_task(&conn, sql, task.gate.as_ref()).map_err(problem)?;
+                let repr = warehouse::decide_repr(&conn, sql, window, dag.tz).map_err(problem)?;
+                reprs.insert(task.id.clone(), repr);
             }
         }
         for spec in commands {
@@ -165,5 +278,5 @@ pub(super) fn check_tasks(
                 .map_err(|e| problem(format!("{e}; pass the missing value with --conf")))?;
         }
     }
-    Ok(())
+    Ok(reprs)
 }

@@ -1,8 +1,13 @@
 //! Runs a backfill that this process owns (after `create` or `resume`): the dispatcher that
-//! owns the outside world. It watches signals and the manifest's cancel flag, sends the
-//! heartbeat, feeds runner events to the reporter, and records how the backfill ended.
+//! owns the outside world. It watches signals (SIGINT, SIGTERM, SIGHUP) and the manifest's
+//! cancel flag, sends the heartbeat, feeds runner events to the reporter, and records how the
+//! backfill ended.
+//!
+//! An owner that cannot write its heartbeat stops by itself before its lease could be judged
+//! stale: another process would otherwise take its intervals over while its tries still run.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::signal::unix::{SignalKind, signal};
@@ -11,41 +16,52 @@ use tokio::sync::{mpsc, watch};
 use super::Global;
 use crate::exit::{self, Error};
 use crate::interval::DataInterval;
+use crate::manifest::backfills::{self, Heartbeat};
+use crate::manifest::leases::HEARTBEAT;
 use crate::manifest::writer::Writer;
-use crate::manifest::{self, BackfillState, Heartbeat, lease};
+use crate::manifest::{self, Owner, leases};
 use crate::project::{Dag, Project};
 use crate::report::{self, Reporter};
 use crate::runner::{self, Event, RunSpec, Stop};
-
-/// How often the owner's heartbeat is written and the cancel flag read.
-const HEARTBEAT: Duration = Duration::from_millis(250);
+use crate::state::BackfillState;
+use crate::warehouse::Repr;
 
 pub struct Execution {
-    pub backfill_id: i64,
+    pub owner: Owner,
     pub dag: Dag,
     pub conf: serde_json::Value,
     pub max_active_runs: u32,
     pub intervals: Vec<DataInterval>,
     pub allow_drift: bool,
+    pub reprs: HashMap<String, Option<Repr>>,
 }
 
-/// Runs the intervals, then prints the summary and returns the exit code.
+/// Runs the intervals, then prints the summary and returns the exit code. The writer is closed
+/// (its WAL checkpointed) before returning.
 pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> Result<u8, Error> {
+    let result = run(g, project, e, &writer);
+    writer.close();
+    result
+}
+
+fn run(g: &Global, project: &Project, e: Execution, writer: &Writer) -> Result<u8, Error> {
     let began = Instant::now();
-    let backfill_id = e.backfill_id;
+    let owner = e.owner;
+    let backfill_id = owner.backfill_id;
     let tz = e.dag.tz;
     let total = e.intervals.len() as u64;
     let spec = RunSpec {
-        backfill_id,
+        owner,
         dag: Arc::new(e.dag),
         conf: e.conf,
         project_root: project.root.clone(),
         logs_dir: project.logs_dir.clone(),
-        host: lease::hostname(),
+        manifest_path: writer.path().to_path_buf(),
+        host: leases::hostname(),
         max_active_runs: e.max_active_runs as usize,
         intervals: e.intervals,
         allow_drift: e.allow_drift,
-        fault: std::env::var("BACKFILL_FAULT").ok(),
+        reprs: e.reprs,
     };
     // Two workers: spawning a task blocks its thread until the child has exec'd (vfork), and
     // the other worker keeps reaping, recording and dispatching meanwhile.
@@ -53,17 +69,21 @@ pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> R
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(|e| Error::Internal(e.into()))?;
+        .map_err(|e| Error::io("cannot start the async runtime", e))?;
     let (quiet, verbose) = (g.quiet || g.json, g.verbose);
-    let stopped = runtime.block_on(async {
-        let (stop_tx, stop_rx) = watch::channel(Stop::Run);
+    let heartbeat_error: Arc<Mutex<Option<Error>>> = Arc::default();
+    let lease_timeout = project.lease_timeout;
+    let outcome = runtime.block_on(async {
+        let (stop_tx, _) = watch::channel(Stop::Run);
         let (events_tx, mut events_rx) = mpsc::unbounded_channel::<Event>();
         let signals = tokio::spawn(watch_signals(stop_tx.clone(), events_tx.clone()));
         let heartbeat = tokio::spawn(keep_alive(
             writer.clone(),
-            backfill_id,
+            owner,
+            lease_timeout,
             stop_tx.clone(),
             events_tx.clone(),
+            heartbeat_error.clone(),
         ));
         let reporter = tokio::spawn(async move {
             let mut reporter = Reporter::new(total, tz, quiet, verbose);
@@ -72,21 +92,26 @@ pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> R
             }
             reporter.finish();
         });
-        let result = runner::run(spec, writer.clone(), events_tx, stop_rx).await;
+        let result = runner::run(spec, writer.clone(), events_tx, stop_tx.clone()).await;
         signals.abort();
         heartbeat.abort();
         let _ = signals.await;
         let _ = heartbeat.await;
         let _ = reporter.await;
-        result?;
         let stopped = *stop_tx.borrow() != Stop::Run;
-        Ok::<bool, anyhow::Error>(stopped)
-    })?;
+        (result, stopped)
+    });
+    let (result, stopped) = outcome;
+    result?;
+    if let Some(e) = heartbeat_error.lock().ok().and_then(|mut h| h.take()) {
+        return Err(e);
+    }
     // How the backfill ended, judged on its own runs in the manifest. The outcome holds counts
     // and the failed intervals only, so memory does not grow with the number of intervals.
     let mut outcome = writer.call_blocking(move |c| {
-        manifest::queries::outcome(c, backfill_id)?
-            .ok_or_else(|| anyhow::anyhow!("backfill {backfill_id} vanished from the manifest"))
+        manifest::queries::outcome(c, backfill_id)?.ok_or_else(|| {
+            manifest::Error::Invalid(format!("backfill {backfill_id} vanished from the manifest"))
+        })
     })?;
     let counts = &outcome.backfill.intervals;
     let (state, code) = if stopped || counts.pending > 0 || counts.cancelled > 0 {
@@ -96,16 +121,13 @@ pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> R
     } else {
         (BackfillState::Completed, exit::OK)
     };
-    let recorded = writer.call_blocking(move |c| {
-        manifest::finish_backfill(c, backfill_id, state, lease::now_ms())?;
-        Ok(manifest::get_backfill(c, backfill_id)?.map(|b| b.state))
-    })?;
-    // A fenced backfill was already recorded as cancelled by the process that took it over.
-    let state = recorded.unwrap_or(state);
-    let code = if state == BackfillState::Cancelled {
-        exit::INTERRUPTED
-    } else {
-        code
+    let recorded =
+        writer.call_blocking(move |c| backfills::finish(c, owner, state, leases::now_ms()));
+    let (state, code) = match recorded {
+        Ok(()) => (state, code),
+        // Taken over: the process that took it over recorded it; this one was interrupted.
+        Err(manifest::Error::Fenced { .. }) => (BackfillState::Cancelled, exit::INTERRUPTED),
+        Err(e) => return Err(e.into()),
     };
     outcome.backfill.state = state.as_str().to_string();
     report::print_summary(
@@ -116,11 +138,13 @@ pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> R
     Ok(code)
 }
 
-/// First SIGINT or SIGTERM: stop gracefully. A second one: kill now.
+/// First SIGINT, SIGTERM or SIGHUP (the terminal closed): stop gracefully. A second one: kill
+/// now.
 async fn watch_signals(stop: watch::Sender<Stop>, events: mpsc::UnboundedSender<Event>) {
-    let (Ok(mut int), Ok(mut term)) = (
+    let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
     ) else {
         return;
     };
@@ -128,6 +152,7 @@ async fn watch_signals(stop: watch::Sender<Stop>, events: mpsc::UnboundedSender<
         let name = tokio::select! {
             _ = int.recv() => "interrupted (SIGINT)",
             _ = term.recv() => "terminated (SIGTERM)",
+            _ = hup.recv() => "hung up (SIGHUP)",
         };
         let hard = *stop.borrow() != Stop::Run;
         let _ = stop.send(if hard { Stop::Kill } else { Stop::Graceful });
@@ -138,33 +163,53 @@ async fn watch_signals(stop: watch::Sender<Stop>, events: mpsc::UnboundedSender<
     }
 }
 
-/// Writes the heartbeat and reacts to `backfill cancel` from another process.
+/// Writes the heartbeat, reacts to `backfill cancel` from another process and to being taken
+/// over, and stops the backfill when the heartbeat cannot be written for half the lease
+/// timeout.
 async fn keep_alive(
     writer: Writer,
-    backfill_id: i64,
+    owner: Owner,
+    lease_timeout: Duration,
     stop: watch::Sender<Stop>,
     events: mpsc::UnboundedSender<Event>,
+    failure: Arc<Mutex<Option<Error>>>,
 ) {
     let mut tick = tokio::time::interval(HEARTBEAT);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_ok = Instant::now();
     loop {
         tick.tick().await;
         let beat = writer
-            .call(move |c| manifest::heartbeat(c, backfill_id, lease::now_ms()))
+            .call(move |c| backfills::heartbeat(c, owner, leases::now_ms()))
             .await;
         let why = match beat {
-            Ok(Heartbeat::CancelRequested) => "cancelled by `backfill cancel`",
-            Ok(Heartbeat::Fenced) => {
-                "another backfill took the intervals over (no heartbeat within lease_timeout)"
+            Ok(Heartbeat::Carry) => {
+                last_ok = Instant::now();
+                continue;
             }
-            Ok(Heartbeat::Carry) | Err(_) => continue,
+            Ok(Heartbeat::CancelRequested) => "cancelled by `backfill cancel`".to_string(),
+            Err(manifest::Error::Fenced { .. }) => {
+                tracing::warn!(
+                    backfill = owner.backfill_id,
+                    epoch = owner.epoch,
+                    "fenced by a newer owner"
+                );
+                "another backfill took the intervals over (no heartbeat within lease_timeout)"
+                    .to_string()
+            }
+            Err(e) if last_ok.elapsed() > lease_timeout / 2 => {
+                tracing::error!(backfill = owner.backfill_id, error = %e, "the heartbeat cannot be written");
+                let why = format!("internal error: cannot write the heartbeat: {e}");
+                if let Ok(mut slot) = failure.lock() {
+                    slot.get_or_insert(Error::Manifest(e));
+                }
+                why
+            }
+            Err(_) => continue,
         };
         if *stop.borrow() == Stop::Run {
             let _ = stop.send(Stop::Graceful);
-            let _ = events.send(Event::Stopping {
-                hard: false,
-                why: why.to_string(),
-            });
+            let _ = events.send(Event::Stopping { hard: false, why });
         }
     }
 }

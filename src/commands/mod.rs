@@ -5,7 +5,6 @@ mod create;
 mod dags;
 mod execute;
 mod read;
-mod repair;
 mod resume;
 mod verify;
 
@@ -65,7 +64,12 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
     }
 }
 
-/// The project, its manifest's path, a read connection and backfill `id`; exit 2 when the
+/// A warning for the user, on stderr (also with `-q`: something needs attention).
+fn warn(_g: &Global, text: &str) {
+    eprintln!("warning: {text}");
+}
+
+/// The project, its manifest's path, a read-only connection and backfill `id`; exit 2 when the
 /// manifest or the backfill does not exist.
 fn find_backfill(
     g: &Global,
@@ -81,10 +85,11 @@ fn find_backfill(
 > {
     let project = g.project()?;
     let path = g.manifest_path(Some(&project))?;
-    let Some(conn) = crate::manifest::open_existing(&path)? else {
+    let Some(conn) = crate::manifest::open_if_exists(&path)? else {
         return Err(unknown_backfill(id, &path));
     };
-    let Some(backfill) = crate::manifest::get_backfill(&conn, id)? else {
+    let Some(backfill) = crate::manifest::backfills::get(&conn, id).map_err(|e| e.at(&path))?
+    else {
         return Err(unknown_backfill(id, &path));
     };
     Ok((project, path, conn, backfill))

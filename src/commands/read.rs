@@ -9,7 +9,7 @@ use crate::report::tables;
 
 pub fn list(g: &Global, dag: Option<&str>, active: bool) -> Result<u8, Error> {
     let path = g.manifest_path(None)?;
-    let rows = match manifest::open_existing(&path)? {
+    let rows = match manifest::open_if_exists(&path)? {
         Some(conn) => queries::list(&conn, dag, active)?,
         None => Vec::new(),
     };
@@ -19,7 +19,7 @@ pub fn list(g: &Global, dag: Option<&str>, active: bool) -> Result<u8, Error> {
 
 pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
     let path = g.manifest_path(None)?;
-    let Some(conn) = manifest::open_existing(&path)? else {
+    let Some(conn) = manifest::open_if_exists(&path)? else {
         return Err(unknown_backfill(id, &path));
     };
     let Some(detail) = queries::show(&conn, id)? else {
@@ -46,7 +46,7 @@ pub fn runs(g: &Global, dag_id: &str, from: Option<&str>, to: Option<&str>) -> R
         }
         _ => (i64::MIN, i64::MAX),
     };
-    let rows = match manifest::open_existing(&path)? {
+    let rows = match manifest::open_if_exists(&path)? {
         Some(conn) => queries::runs(&conn, dag_id, lo, hi)?,
         None => Vec::new(),
     };

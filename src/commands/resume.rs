@@ -1,35 +1,97 @@
 //! `backfill resume ID`: continue a backfill whose process is gone (crash, kill) or that was
-//! interrupted or cancelled. Refuses while the owner process is alive.
+//! interrupted or cancelled. Refuses while the owner process is alive. Taking it over gives it
+//! a new epoch, so that its old process, should it wake up, is refused everything.
 
+use std::collections::HashSet;
+
+use super::create::{check_tasks, write_plan};
 use super::execute::{Execution, execute};
-use super::{Global, find_backfill, repair, unknown_backfill};
+use super::{Global, find_backfill, unknown_backfill, warn};
+use crate::clock;
 use crate::exit::{self, Error};
-use crate::manifest::{self, TakeOverRefused, lease::LeaseCtx, writer::Writer};
+use crate::interval::{DataInterval, Range, expand_nonempty};
+use crate::manifest::leases::LeaseCtx;
+use crate::manifest::writer::Writer;
+use crate::manifest::{self, plans};
+use crate::plan;
+use crate::recovery::{self, Dags};
 
 pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
     let (project, manifest_path, conn, backfill) = find_backfill(g, id)?;
+    let pending = plans::unfinished(&conn, id).map_err(|e| e.at(&manifest_path))?;
     drop(conn);
     let dag = project.dag(&backfill.dag_id)?;
-    let conf: serde_json::Value = serde_json::from_str(&backfill.conf)
-        .map_err(|e| Error::Internal(anyhow::anyhow!("backfill {id} has unreadable conf: {e}")))?;
-    let writer = Writer::spawn(manifest::open_writer(&manifest_path, project.durability)?)?;
-    let ctx = LeaseCtx::new(project.lease_timeout);
-    let repair_dag = dag.clone();
-    let taken = writer.call_blocking(move |c| {
-        let finish = |c: &rusqlite::Connection, owner| repair::publishes(c, &repair_dag, owner);
-        manifest::take_over(c, id, &ctx, &finish)
+    let conf: serde_json::Value = serde_json::from_str(&backfill.conf).map_err(|e| {
+        Error::Internal(format!(
+            "backfill {id} has an unreadable conf in the manifest: {e}"
+        ))
     })?;
-    let (backfill, intervals) = match taken {
-        Ok(t) => t,
-        Err(TakeOverRefused::Unknown) => return Err(unknown_backfill(id, &manifest_path)),
-        Err(TakeOverRefused::OwnerAlive { pid, host }) => {
-            return Err(Error::Usage(format!(
-                "backfill {id} is still running (pid {}, host {}); wait for it, or stop it with `backfill cancel {id}`",
-                pid.map_or("?".to_string(), |p| p.to_string()),
-                host.as_deref().unwrap_or("?")
-            )));
-        }
+    let now = clock::now()?;
+    // The range as recorded: interval starts in [range_start, range_end).
+    let range = Range {
+        start: crate::interval::from_unix(backfill.range_start),
+        end_exclusive: crate::interval::from_unix(backfill.range_end),
     };
+    let intervals = if backfill.planning {
+        expand_nonempty(&dag.schedule, range, &backfill.from_arg, &backfill.to_arg)?
+    } else {
+        Vec::new()
+    };
+    let mut window = if backfill.planning {
+        intervals.clone()
+    } else {
+        pending
+    };
+    window.sort_unstable();
+    let reprs = check_tasks(&dag, &conf, &window)?;
+    let writer = Writer::spawn(
+        manifest::open(&manifest_path, project.durability)?,
+        &manifest_path,
+    )?;
+    let ctx = LeaseCtx::new(project.lease_timeout);
+    let dags = Dags::of(&project);
+    let Some((owner, report)) = recovery::take_over(&writer, &dags, id, &ctx)? else {
+        let current = manifest::backfills::get(&manifest::open_read_only(&manifest_path)?, id)
+            .map_err(|e| e.at(&manifest_path))?;
+        writer.close();
+        let Some(b) = current else {
+            return Err(unknown_backfill(id, &manifest_path));
+        };
+        return Err(Error::Usage(format!(
+            "backfill {id} is still running (pid {}, host {}); wait for it, or stop it with `backfill cancel {id}`",
+            b.owner_pid.map_or("?".to_string(), |p| p.to_string()),
+            b.owner_host.as_deref().unwrap_or("?")
+        )));
+    };
+    for w in &report.warnings {
+        warn(g, w);
+    }
+    let stale = recovery::release_stale(&writer, &dags, &dag.id, &ctx.refreshed())?;
+    for w in &stale.warnings {
+        warn(g, w);
+    }
+    if backfill.planning {
+        // The plan was being written when the owner died: finish it.
+        let already: HashSet<i64> = writer.call_blocking(move |c| plans::planned_starts(c, id))?;
+        let options = plan::Options {
+            reprocess: backfill.reprocess,
+            run_backwards: backfill.run_backwards,
+            depends_on_past: dag.depends_on_past,
+            now,
+        };
+        write_plan(
+            &writer,
+            owner,
+            &dag,
+            &intervals,
+            options,
+            &already,
+            &ctx.refreshed(),
+        )?;
+    }
+    let (dag_id, c) = (dag.id.clone(), ctx.refreshed());
+    let intervals: Vec<DataInterval> =
+        writer.call_blocking(move |conn| recovery::lease_remaining(conn, owner, &dag_id, &c))?;
     if !g.quiet && !g.json {
         eprintln!(
             "resuming backfill {id} of {}: {} intervals left to run",
@@ -41,12 +103,13 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
         g,
         &project,
         Execution {
-            backfill_id: id,
+            owner,
             dag,
             conf,
             max_active_runs: backfill.max_active_runs,
             intervals,
             allow_drift: backfill.allow_drift,
+            reprs,
         },
         writer,
     )?;

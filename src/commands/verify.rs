@@ -1,13 +1,18 @@
 //! `backfill verify`: computes every task of every interval twice, without publishing and
 //! without touching the manifest, and compares row counts and order-independent fingerprints.
-//! SQL tasks are computed into audit tables; command tasks are run with `BACKFILL_VERIFY=1` and
-//! compared on the fingerprint of their result file. The two computations of an interval are at
-//! least 1.1 s apart, so a task that writes the current time (even with one-second resolution)
-//! is caught.
+//! SQL tasks are computed into audit files that are removed right after; command tasks are run
+//! with `BACKFILL_VERIFY=1` (never their `publish` command) and compared on the fingerprint of
+//! their result file. The two computations of an interval are at least 1.1 s apart, so a task
+//! that writes the current time (even with one-second resolution) is caught.
+//!
+//! Ctrl-C, SIGTERM or SIGHUP stop it as they stop a backfill: running tasks get SIGTERM (then
+//! SIGKILL after their grace period), audit files are removed, and it exits 130.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
 use super::Global;
@@ -15,11 +20,13 @@ use super::create::{check_tasks, parse_conf};
 use crate::clock;
 use crate::exit::{self, Error};
 use crate::interval::{DataInterval, Rfc3339, expand_nonempty, resolve_args};
+use crate::process::{self, Ended, Stop};
 use crate::project::{Dag, Project, Task, TaskKind};
 use crate::report::{label, tables};
-use crate::task::command::{self, Ended, Stop};
+use crate::runner::{Step, blocking_step};
+use crate::task::command;
 use crate::task::template::IntervalValues;
-use crate::warehouse::{self, Binds};
+use crate::warehouse::{self, AuditFile, Binds, Repr, audit};
 
 /// Least time between the two computations of an interval.
 const GAP: Duration = Duration::from_millis(1100);
@@ -29,6 +36,41 @@ const GAP: Duration = Duration::from_millis(1100);
 struct Computed {
     rows: Option<i64>,
     fingerprint: Option<String>,
+    /// Why the computation failed.
+    error: Option<String>,
+}
+
+impl Computed {
+    fn failed(error: String) -> Self {
+        Self {
+            rows: None,
+            fingerprint: None,
+            error: Some(error),
+        }
+    }
+}
+
+/// What `verify` concluded about one task and interval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Verdict {
+    Deterministic,
+    NotDeterministic,
+    /// The task reports no fingerprint: nothing to compare.
+    Unverifiable,
+    /// A computation failed.
+    Failed,
+}
+
+impl Verdict {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Deterministic => "deterministic",
+            Self::NotDeterministic => "NOT deterministic",
+            Self::Unverifiable => "unverifiable",
+            Self::Failed => "failed",
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -36,9 +78,9 @@ struct Check {
     start: Rfc3339,
     end: Rfc3339,
     task_id: String,
-    first: Result<Computed, String>,
-    second: Result<Computed, String>,
-    deterministic: bool,
+    first: Computed,
+    second: Computed,
+    result: Verdict,
 }
 
 pub fn run(
@@ -57,86 +99,138 @@ pub fn run(
         .into_iter()
         .filter(|i| i.end <= now)
         .collect();
-    let Some(first) = intervals.first() else {
+    if intervals.is_empty() {
         return Err(Error::Usage(format!(
             "no complete interval between --from {from} and --to {to}; verify needs intervals that have ended"
         )));
-    };
-    check_tasks(&dag, &conf, *first)?;
+    }
+    let reprs = check_tasks(&dag, &conf, &intervals)?;
+    let audit_dir = warehouse::audit_dir(&g.manifest_path(Some(&project))?);
+    // Verify files that a killed verify left behind (their lock is free) go first.
+    warehouse::audit::sweep(&audit_dir, &|t| t.is_some());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| Error::Internal(e.into()))?;
-    let started = Instant::now();
-    let pass = |n: u32| -> Vec<Result<Computed, String>> {
-        let mut out = Vec::new();
-        for interval in &intervals {
-            for task in &dag.tasks {
-                out.push(runtime.block_on(compute(&project, &dag, task, *interval, &conf, n)));
+        .map_err(|e| Error::io("cannot start the async runtime", e))?;
+    let (checks, stopped) = runtime.block_on(async {
+        let (stop_tx, stop) = watch::channel(Stop::Run);
+        let signals = tokio::spawn(watch_signals(stop_tx));
+        let verifier = Verifier {
+            project: &project,
+            dag: &dag,
+            conf: &conf,
+            reprs: &reprs,
+            audit_dir: &audit_dir,
+        };
+        let started = Instant::now();
+        let first = verifier.pass(&intervals, 1, stop.clone()).await;
+        if let Some(rest) = GAP.checked_sub(started.elapsed()) {
+            let mut s = stop.clone();
+            tokio::select! {
+                () = tokio::time::sleep(rest) => {}
+                _ = s.wait_for(|s| *s != Stop::Run) => {}
             }
         }
-        out
-    };
-    let first_pass = pass(1);
-    if let Some(rest) = GAP.checked_sub(started.elapsed()) {
-        std::thread::sleep(rest);
+        let second = verifier.pass(&intervals, 2, stop.clone()).await;
+        signals.abort();
+        let stopped = *stop.borrow() != Stop::Run;
+        (judge(&dag, &intervals, first, second), stopped)
+    });
+    if stopped {
+        eprintln!("verify interrupted; its tasks were stopped and its audit files removed");
+        return Ok(exit::INTERRUPTED);
     }
-    let second_pass = pass(2);
+    if g.json {
+        tables::print_json(&checks);
+    } else {
+        print_checks(&dag, &checks);
+    }
+    let mut bad = 0;
+    for c in &checks {
+        let why = match c.result {
+            Verdict::Deterministic => continue,
+            Verdict::Unverifiable => {
+                if !g.quiet {
+                    eprintln!(
+                        "task `{}` for {} is unverifiable: it reports no fingerprint; write {{\"fingerprint\": ...}} to $BACKFILL_RESULT",
+                        c.task_id,
+                        label(c.start.0, dag.tz)
+                    );
+                }
+                continue;
+            }
+            Verdict::Failed => format!(
+                "a computation failed: {}",
+                c.first
+                    .error
+                    .as_deref()
+                    .or(c.second.error.as_deref())
+                    .unwrap_or("-")
+            ),
+            Verdict::NotDeterministic => format!(
+                "two computations differ: {} rows ({}) vs {} rows ({})",
+                c.first.rows.unwrap_or(0),
+                c.first.fingerprint.as_deref().unwrap_or("-"),
+                c.second.rows.unwrap_or(0),
+                c.second.fingerprint.as_deref().unwrap_or("-")
+            ),
+        };
+        bad += 1;
+        eprintln!(
+            "task `{}` is not deterministic for interval {}: {why}",
+            c.task_id,
+            label(c.start.0, dag.tz)
+        );
+    }
+    if !g.quiet {
+        let unverifiable = checks
+            .iter()
+            .filter(|c| c.result == Verdict::Unverifiable)
+            .count();
+        eprintln!(
+            "verified {} task intervals of {}: {} deterministic, {} not, {unverifiable} unverifiable",
+            checks.len(),
+            dag.id,
+            checks.len() - bad - unverifiable,
+            bad,
+        );
+    }
+    Ok(if bad == 0 { exit::OK } else { exit::FAILED })
+}
+
+fn judge(
+    dag: &Dag,
+    intervals: &[DataInterval],
+    first: Vec<Computed>,
+    second: Vec<Computed>,
+) -> Vec<Check> {
     let mut checks = Vec::new();
-    let mut results = first_pass.into_iter().zip(second_pass);
-    for interval in &intervals {
+    let mut results = first.into_iter().zip(second);
+    for interval in intervals {
         for task in &dag.tasks {
-            let Some((a, b)) = results.next() else { break };
-            let deterministic =
-                matches!((&a, &b), (Ok(x), Ok(y)) if x == y && x.fingerprint.is_some());
+            let Some((a, b)) = results.next() else {
+                return checks;
+            };
+            let result = if a.error.is_some() || b.error.is_some() {
+                Verdict::Failed
+            } else if a.fingerprint.is_none() || b.fingerprint.is_none() {
+                Verdict::Unverifiable
+            } else if a == b {
+                Verdict::Deterministic
+            } else {
+                Verdict::NotDeterministic
+            };
             checks.push(Check {
                 start: Rfc3339(interval.start),
                 end: Rfc3339(interval.end),
                 task_id: task.id.clone(),
                 first: a,
                 second: b,
-                deterministic,
+                result,
             });
         }
     }
-    let bad: Vec<&Check> = checks.iter().filter(|c| !c.deterministic).collect();
-    if g.json {
-        tables::print_json(&checks);
-    } else {
-        print_checks(&dag, &checks);
-    }
-    for c in &bad {
-        let why = match (&c.first, &c.second) {
-            (Err(e), _) | (_, Err(e)) => format!("it failed: {e}"),
-            (Ok(a), _) if a.fingerprint.is_none() => {
-                "it reports no fingerprint; write {\"fingerprint\": ...} to $BACKFILL_RESULT"
-                    .to_string()
-            }
-            (Ok(a), Ok(b)) => format!(
-                "two computations differ: {} rows ({}) vs {} rows ({})",
-                a.rows.unwrap_or(0),
-                a.fingerprint.as_deref().unwrap_or("-"),
-                b.rows.unwrap_or(0),
-                b.fingerprint.as_deref().unwrap_or("-")
-            ),
-        };
-        eprintln!(
-            "task `{}` is not deterministic for interval {}: {why}",
-            c.task_id, c.start
-        );
-    }
-    eprintln!(
-        "verified {} task intervals of {}: {} deterministic, {} not",
-        checks.len(),
-        dag.id,
-        checks.len() - bad.len(),
-        bad.len()
-    );
-    Ok(if bad.is_empty() {
-        exit::OK
-    } else {
-        exit::FAILED
-    })
+    checks
 }
 
 fn print_checks(dag: &Dag, checks: &[Check]) {
@@ -151,12 +245,12 @@ fn print_checks(dag: &Dag, checks: &[Check]) {
         "fingerprint (again)",
         "result",
     ]);
-    let show = |r: &Result<Computed, String>| match r {
-        Ok(c) => (
+    let show = |c: &Computed| match &c.error {
+        None => (
             c.rows.map_or("-".into(), |n| n.to_string()),
             c.fingerprint.clone().unwrap_or_else(|| "-".into()),
         ),
-        Err(_) => ("error".into(), "-".into()),
+        Some(_) => ("error".into(), "-".into()),
     };
     for c in checks {
         let (r1, f1) = show(&c.first);
@@ -168,80 +262,162 @@ fn print_checks(dag: &Dag, checks: &[Check]) {
             f1,
             r2,
             f2,
-            if c.deterministic {
-                "deterministic"
-            } else {
-                "NOT deterministic"
-            }
-            .to_string(),
+            c.result.as_str().to_string(),
         ]);
     }
-    eprintln!("{t}");
+    tables::print_table(&t);
 }
 
-/// Computes one task for one interval without publishing.
-async fn compute(
-    project: &Project,
-    dag: &Dag,
-    task: &Task,
-    interval: DataInterval,
-    conf: &serde_json::Value,
-    pass: u32,
-) -> Result<Computed, String> {
-    match &task.kind {
-        TaskKind::Sql(sql) => {
-            let binds = Binds::new(interval, dag.tz);
-            let audit = format!(
-                "_backfill_verify_{}_{}_{}_{pass}",
-                sql.target,
-                std::process::id(),
-                interval.start.timestamp()
-            );
-            let result = (|| {
-                let conn = warehouse::open(&sql.warehouse)?;
-                warehouse::write_audit(&conn, sql, &audit, &binds, None)?;
-                let fingerprint = warehouse::fingerprint(&conn, &audit);
-                warehouse::drop_audit(&conn, &audit)?;
-                fingerprint
-            })();
-            result
-                .map(|(rows, fingerprint)| Computed {
-                    rows: Some(rows),
-                    fingerprint: Some(fingerprint),
-                })
-                .map_err(|e| format!("{e:#}"))
+/// First SIGINT, SIGTERM or SIGHUP: stop gracefully. A second one: kill now.
+async fn watch_signals(stop: watch::Sender<Stop>) {
+    let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+            _ = hup.recv() => {}
         }
-        TaskKind::Command(spec) => {
-            let values = IntervalValues::new(interval, dag.tz);
-            let ctx = values.context(&dag.id, &task.id, "verify", pass, conf);
-            let argv = command::render(spec, &ctx)?;
-            let dir = project
-                .logs_dir
-                .join(&dag.id)
-                .join("verify")
-                .join(interval.start.format("%Y%m%dT%H%M%SZ").to_string());
-            let log = dir.join(format!("{}.pass{pass}.log", task.id));
-            let result_path = dir.join(format!("{}.pass{pass}.result.json", task.id));
-            std::fs::create_dir_all(&dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-            let _ = std::fs::remove_file(&result_path);
-            let mut env = command::environment(&ctx, &conf.to_string(), &result_path);
-            env.push(("BACKFILL_VERIFY".into(), "1".into()));
-            let spawned = command::spawn(&argv, &env, &project.root, &log)
-                .map_err(|e| format!("cannot start `{}`: {e}", argv[0]))?;
-            let (_keep, mut stop) = watch::channel(Stop::Run);
-            match command::supervise(spawned, task.timeout, task.grace_period, &mut stop).await {
-                Ok(Ended::Exited(status)) if status.success() => {}
-                Ok(Ended::Exited(status)) => return Err(command::describe_exit(status)),
-                Ok(Ended::TimedOut) => return Err("timed out".into()),
-                Ok(Ended::Cancelled) => return Err("cancelled".into()),
-                Err(e) => return Err(e.to_string()),
+        let hard = *stop.borrow() != Stop::Run;
+        let _ = stop.send(if hard { Stop::Kill } else { Stop::Graceful });
+    }
+}
+
+struct Verifier<'a> {
+    project: &'a Project,
+    dag: &'a Dag,
+    conf: &'a serde_json::Value,
+    reprs: &'a std::collections::HashMap<String, Option<Repr>>,
+    audit_dir: &'a std::path::Path,
+}
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+impl Verifier<'_> {
+    async fn pass(
+        &self,
+        intervals: &[DataInterval],
+        n: u32,
+        stop: watch::Receiver<Stop>,
+    ) -> Vec<Computed> {
+        let mut out = Vec::new();
+        for interval in intervals {
+            for task in &self.dag.tasks {
+                if *stop.borrow() != Stop::Run {
+                    out.push(Computed::failed("interrupted".into()));
+                    continue;
+                }
+                out.push(self.compute(task, *interval, n, stop.clone()).await);
             }
-            let result = command::read_result(&result_path)?.unwrap_or_default();
-            Ok(Computed {
-                rows: result.rows,
-                fingerprint: result.fingerprint,
-            })
         }
+        out
+    }
+
+    /// Computes one task for one interval without publishing.
+    async fn compute(
+        &self,
+        task: &Task,
+        interval: DataInterval,
+        pass: u32,
+        mut stop: watch::Receiver<Stop>,
+    ) -> Computed {
+        match &task.kind {
+            TaskKind::Sql(sql) => {
+                let binds = Binds::new(interval, self.dag.tz);
+                let name = format!(
+                    "verify-{}-{}.db",
+                    std::process::id(),
+                    SEQ.fetch_add(1, Ordering::Relaxed)
+                );
+                let (dir, s, g) = (self.audit_dir.to_path_buf(), sql.clone(), task.gate.clone());
+                let (repr, tz) = (self.reprs.get(&task.id).copied().flatten(), self.dag.tz);
+                let step = blocking_step(task.timeout, &mut stop, move |cancel, interrupt| {
+                    let file = AuditFile::create(&dir, &name)?;
+                    let result = (|| {
+                        let conn = warehouse::open(&s.warehouse)?;
+                        if let Ok(mut slot) = interrupt.lock() {
+                            *slot = Some(conn.get_interrupt_handle());
+                        }
+                        file.attach(&conn)?;
+                        let m = audit::write_and_measure(
+                            &conn,
+                            &s,
+                            g.as_ref(),
+                            repr,
+                            &binds,
+                            tz,
+                            Some(cancel.flag()),
+                        );
+                        audit::detach(&conn);
+                        m
+                    })();
+                    file.remove();
+                    result
+                })
+                .await;
+                match step {
+                    Step::Done(Ok(m)) => Computed {
+                        rows: Some(m.rows),
+                        fingerprint: Some(m.fingerprint),
+                        error: None,
+                    },
+                    Step::Done(Err(e)) => Computed::failed(e.at(&sql.warehouse).to_string()),
+                    Step::TimedOut => Computed::failed("timed out".into()),
+                    Step::Cancelled => Computed::failed("interrupted".into()),
+                }
+            }
+            TaskKind::Command(spec) => {
+                match self.command(task, spec, interval, pass, &mut stop).await {
+                    Ok(c) => c,
+                    Err(e) => Computed::failed(e),
+                }
+            }
+        }
+    }
+
+    async fn command(
+        &self,
+        task: &Task,
+        spec: &crate::project::CommandSpec,
+        interval: DataInterval,
+        pass: u32,
+        stop: &mut watch::Receiver<Stop>,
+    ) -> Result<Computed, String> {
+        let values = IntervalValues::new(interval, self.dag.tz);
+        let ctx = values.context(&self.dag.id, &task.id, "verify", pass, self.conf);
+        let program = command::render(spec, &ctx)?;
+        let dir = self
+            .project
+            .logs_dir
+            .join(&self.dag.id)
+            .join("verify")
+            .join(interval.start.format("%Y%m%dT%H%M%SZ").to_string());
+        let log = dir.join(format!("{}.pass{pass}.log", task.id));
+        let result_path = dir.join(format!("{}.pass{pass}.result.json", task.id));
+        process::private_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let _ = std::fs::remove_file(&result_path);
+        let mut env = command::environment(&ctx, &self.conf.to_string(), &result_path);
+        env.push(("BACKFILL_VERIFY".into(), "1".into()));
+        let mut spawned = process::spawn(&program, &env, &self.project.root, &log)
+            .map_err(|e| format!("cannot start `{}`: {e}", program.name()))?;
+        let _ = spawned.release();
+        match process::supervise(spawned, task.timeout, task.grace_period, stop).await {
+            Ok(Ended::Exited(status)) if status.success() => {}
+            Ok(Ended::Exited(status)) => return Err(process::describe_exit(status)),
+            Ok(Ended::TimedOut) => return Err("timed out".into()),
+            Ok(Ended::Cancelled) => return Err("interrupted".into()),
+            Err(e) => return Err(e.to_string()),
+        }
+        let result = command::read_result(&result_path)?.unwrap_or_default();
+        Ok(Computed {
+            rows: result.rows,
+            fingerprint: result.fingerprint,
+            error: None,
+        })
     }
 }

@@ -6,8 +6,10 @@ use std::collections::HashMap;
 use rusqlite::{Connection, params};
 use serde::Serialize;
 
-use super::{BACKFILL_COLUMNS, Backfill, backfill_from_row};
+use super::Result;
+use super::backfills::{self, Backfill};
 use crate::interval::{Rfc3339, from_unix, rfc3339};
+use crate::state::TryState;
 
 fn ms_to_rfc3339(ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(ms)
@@ -92,14 +94,15 @@ pub fn list(
     conn: &Connection,
     dag_id: Option<&str>,
     active_only: bool,
-) -> anyhow::Result<Vec<BackfillSummary>> {
+) -> Result<Vec<BackfillSummary>> {
     let mut stmt = conn.prepare(&format!(
-        "SELECT {BACKFILL_COLUMNS} FROM backfills
-         WHERE (?1 IS NULL OR dag_id = ?1) AND (?2 = 0 OR state = 'running') ORDER BY id"
+        "SELECT {} FROM backfills
+         WHERE (?1 IS NULL OR dag_id = ?1) AND (?2 = 0 OR state = 'running') ORDER BY id",
+        backfills::COLUMNS
     ))?;
     let backfills: Vec<Backfill> = stmt
-        .query_map(params![dag_id, active_only], backfill_from_row)?
-        .collect::<Result<_, _>>()?;
+        .query_map(params![dag_id, active_only], backfills::from_row)?
+        .collect::<rusqlite::Result<_>>()?;
     let mut counts = counts(conn, None)?;
     Ok(backfills
         .into_iter()
@@ -128,7 +131,7 @@ pub struct Outcome {
     pub failed: Vec<FailedInterval>,
 }
 
-pub fn outcome(conn: &Connection, id: i64) -> anyhow::Result<Option<Outcome>> {
+pub fn outcome(conn: &Connection, id: i64) -> Result<Option<Outcome>> {
     let Some(backfill) = list_one(conn, id)? else {
         return Ok(None);
     };
@@ -138,7 +141,7 @@ pub fn outcome(conn: &Connection, id: i64) -> anyhow::Result<Option<Outcome>> {
     )?;
     let skipped = stmt
         .query_map([id], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<Result<_, _>>()?;
+        .collect::<rusqlite::Result<_>>()?;
     let mut stmt = conn.prepare(
         "SELECT r.interval_start, r.state, r.error,
                 (SELECT t.log_path FROM task_tries t WHERE t.run_id = r.id AND t.state != 'succeeded'
@@ -157,7 +160,7 @@ pub fn outcome(conn: &Connection, id: i64) -> anyhow::Result<Option<Outcome>> {
                 log: r.get(3)?,
             })
         })?
-        .collect::<Result<_, _>>()?;
+        .collect::<rusqlite::Result<_>>()?;
     Ok(Some(Outcome {
         backfill,
         skipped,
@@ -225,7 +228,7 @@ struct TryAgg {
 /// Three ordered range scans whatever the size, merged here: the backfill's runs in
 /// `(interval_start, id)` index order, their tries in `run_id` index order, and the plan by
 /// primary key. No per-row lookups and no sorts.
-pub fn show(conn: &Connection, id: i64) -> anyhow::Result<Option<BackfillDetail>> {
+pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
     let Some(summary) = list_one(conn, id)? else {
         return Ok(None);
     };
@@ -281,8 +284,8 @@ pub fn show(conn: &Connection, id: i64) -> anyhow::Result<Option<BackfillDetail>
                 continue;
             };
             agg.tries += 1;
-            let state = r.get_ref(1)?.as_str()?;
-            let succeeded = state == "succeeded";
+            let state: TryState = r.get(1)?;
+            let succeeded = state == TryState::Succeeded;
             if succeeded && let Some(n) = r.get::<_, Option<i64>>(2)? {
                 agg.rows = Some(agg.rows.unwrap_or(0) + n);
             }
@@ -339,8 +342,8 @@ pub fn show(conn: &Connection, id: i64) -> anyhow::Result<Option<BackfillDetail>
     }))
 }
 
-fn list_one(conn: &Connection, id: i64) -> anyhow::Result<Option<BackfillSummary>> {
-    let Some(b) = super::get_backfill(conn, id)? else {
+fn list_one(conn: &Connection, id: i64) -> Result<Option<BackfillSummary>> {
+    let Some(b) = backfills::get(conn, id)? else {
         return Ok(None);
     };
     let c = counts(conn, Some(id))?.remove(&id).unwrap_or_default();
@@ -349,7 +352,7 @@ fn list_one(conn: &Connection, id: i64) -> anyhow::Result<Option<BackfillSummary
 
 /// Interval counts of one backfill, or of all: the plan's actions, and the state of the latest
 /// run of each interval.
-fn counts(conn: &Connection, id: Option<i64>) -> anyhow::Result<HashMap<i64, Counts>> {
+fn counts(conn: &Connection, id: Option<i64>) -> Result<HashMap<i64, Counts>> {
     // A literal filter rather than `?1 IS NULL OR ...`, so that one backfill's counts use the
     // primary key and index.
     let only = |column: &str| id.map_or(String::new(), |id| format!("WHERE {column} = {id}"));
@@ -410,7 +413,7 @@ pub struct RunHistory {
 
 /// Every run of a DAG whose interval starts in `[lo, hi]`, by interval then attempt: the runs
 /// in index order and their tries in `run_id` order, merged here.
-pub fn runs(conn: &Connection, dag_id: &str, lo: i64, hi: i64) -> anyhow::Result<Vec<RunHistory>> {
+pub fn runs(conn: &Connection, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<RunHistory>> {
     let mut stmt = conn.prepare(
         "SELECT id, backfill_id, interval_start, interval_end, state, started_at, ended_at, error
          FROM runs WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
@@ -435,7 +438,7 @@ pub fn runs(conn: &Connection, dag_id: &str, lo: i64, hi: i64) -> anyhow::Result
                 reasons: None,
             })
         })?
-        .collect::<Result<_, _>>()?;
+        .collect::<rusqlite::Result<_>>()?;
     let mut by_id: Vec<(i64, usize)> = out.iter().enumerate().map(|(i, r)| (r.run_id, i)).collect();
     by_id.sort_unstable();
     if let (Some(first), Some(last)) = (by_id.first(), by_id.last()) {
@@ -451,7 +454,7 @@ pub fn runs(conn: &Connection, dag_id: &str, lo: i64, hi: i64) -> anyhow::Result
             };
             let run = &mut out[by_id[i].1];
             run.tries += 1;
-            if r.get_ref(1)?.as_str()? == "succeeded"
+            if r.get::<_, TryState>(1)? == TryState::Succeeded
                 && let Some(n) = r.get::<_, Option<i64>>(2)?
             {
                 run.rows = Some(run.rows.unwrap_or(0) + n);

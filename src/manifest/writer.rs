@@ -4,96 +4,121 @@
 //! in one `BEGIN IMMEDIATE` transaction, each inside its own savepoint (a failing job rolls back
 //! alone), commits once, and only then answers each caller. An answered job is therefore
 //! durable: this is group commit, and a `kill -9` never loses a state change that was
-//! acknowledged.
+//! acknowledged. [`Writer::close`] checkpoints the WAL into the database file.
 
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
-use anyhow::{Context as _, anyhow};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
+
+use super::{Error, Result};
 
 /// Most jobs committed in one transaction.
 const MAX_BATCH: usize = 1024;
 
 /// Called after the commit with `None` on success or the commit error.
-type Finish = Box<dyn FnOnce(Option<&str>) + Send>;
-/// Runs against the open transaction; `None` when the transaction could not be started.
-type Job = Box<dyn FnOnce(Option<&Connection>) -> Finish + Send>;
+type Finish = Box<dyn FnOnce(Option<&rusqlite::Error>) + Send>;
+/// Runs against the open transaction; `Err` when the transaction could not be started.
+type Job = Box<dyn FnOnce(std::result::Result<&Connection, &rusqlite::Error>) -> Finish + Send>;
+
+enum Message {
+    Job(Job),
+    /// Checkpoint, close the connection, and answer.
+    Close(std::sync::mpsc::Sender<()>),
+}
 
 /// A handle to the writer thread. Cheap to clone.
 #[derive(Clone)]
 pub struct Writer {
-    tx: mpsc::Sender<Job>,
+    tx: mpsc::Sender<Message>,
+    path: PathBuf,
 }
 
 impl Writer {
-    /// Starts the writer thread on an open connection. The thread ends (closing the
-    /// connection) when the last handle is dropped. It is never joined: every write a caller
-    /// was told about is already committed, so nothing is lost if the process exits first.
-    pub fn spawn(conn: Connection) -> anyhow::Result<Writer> {
-        let (tx, rx) = mpsc::channel::<Job>();
+    /// Starts the writer thread on an open connection to the manifest at `path`. The thread
+    /// ends when [`Writer::close`] is called or the last handle is dropped. Every write a
+    /// caller was told about is already committed, so nothing is lost if the process exits
+    /// without closing.
+    pub fn spawn(conn: Connection, path: &Path) -> Result<Writer> {
+        let (tx, rx) = mpsc::channel::<Message>();
         std::thread::Builder::new()
             .name("manifest-writer".into())
             .spawn(move || run(conn, rx))
-            .context("cannot start the manifest writer thread")?;
-        Ok(Writer { tx })
+            .map_err(|e| Error::Invalid(format!("cannot start the manifest writer thread: {e}")))?;
+        Ok(Writer {
+            tx,
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Queues `f`; the receiver answers once the transaction that ran it has committed.
-    pub fn submit<R, F>(&self, f: F) -> oneshot::Receiver<anyhow::Result<R>>
+    pub fn submit<R, F>(&self, f: F) -> oneshot::Receiver<Result<R>>
     where
         R: Send + 'static,
-        F: FnOnce(&Connection) -> anyhow::Result<R> + Send + 'static,
+        F: FnOnce(&Connection) -> Result<R> + Send + 'static,
     {
         let (reply, rx) = oneshot::channel();
+        let path = self.path.clone();
         let job: Job = Box::new(move |conn| {
             let result = match conn {
-                Some(conn) => in_savepoint(conn, f),
-                None => Err(anyhow!("cannot start a manifest transaction")),
+                Ok(conn) => in_savepoint(conn, f),
+                Err(e) => Err(Error::Invalid(format!("cannot start a transaction: {e}"))),
             };
-            Box::new(move |commit_error: Option<&str>| {
+            Box::new(move |commit_error: Option<&rusqlite::Error>| {
                 let result = match commit_error {
                     None => result,
-                    Some(e) => Err(anyhow!("manifest commit failed: {e}")),
+                    Some(e) => Err(Error::Invalid(format!("commit failed: {e}"))),
                 };
-                let _ = reply.send(result);
+                let _ = reply.send(result.map_err(|e| match e {
+                    Error::Invalid(why) => Error::Invalid(format!("{}: {why}", path.display())),
+                    other => other.at(&path),
+                }));
             })
         });
-        if self.tx.send(job).is_err() {
+        if self.tx.send(Message::Job(job)).is_err() {
             let (reply, rx) = oneshot::channel();
-            let _ = reply.send(Err(anyhow!("the manifest writer has stopped")));
+            let _ = reply.send(Err(Error::WriterGone));
             return rx;
         }
         rx
     }
 
     /// Runs `f` in the writer and waits until it is committed.
-    pub async fn call<R, F>(&self, f: F) -> anyhow::Result<R>
+    pub async fn call<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
-        F: FnOnce(&Connection) -> anyhow::Result<R> + Send + 'static,
+        F: FnOnce(&Connection) -> Result<R> + Send + 'static,
     {
-        self.submit(f)
-            .await
-            .map_err(|_| anyhow!("the manifest writer has stopped"))?
+        self.submit(f).await.map_err(|_| Error::WriterGone)?
     }
 
     /// Like [`Writer::call`], for code outside the async runtime.
-    pub fn call_blocking<R, F>(&self, f: F) -> anyhow::Result<R>
+    pub fn call_blocking<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
-        F: FnOnce(&Connection) -> anyhow::Result<R> + Send + 'static,
+        F: FnOnce(&Connection) -> Result<R> + Send + 'static,
     {
         self.submit(f)
             .blocking_recv()
-            .map_err(|_| anyhow!("the manifest writer has stopped"))?
+            .map_err(|_| Error::WriterGone)?
+    }
+
+    /// Waits for every queued job, checkpoints the WAL into the database file and closes the
+    /// connection, so that the manifest file alone is a complete copy.
+    pub fn close(self) {
+        let (done, wait) = std::sync::mpsc::channel();
+        if self.tx.send(Message::Close(done)).is_ok() {
+            let _ = wait.recv();
+        }
     }
 }
 
-fn in_savepoint<R>(
-    conn: &Connection,
-    f: impl FnOnce(&Connection) -> anyhow::Result<R>,
-) -> anyhow::Result<R> {
+fn in_savepoint<R>(conn: &Connection, f: impl FnOnce(&Connection) -> Result<R>) -> Result<R> {
     conn.execute_batch("SAVEPOINT job")?;
     match f(conn) {
         Ok(r) => {
@@ -107,28 +132,53 @@ fn in_savepoint<R>(
     }
 }
 
-fn run(conn: Connection, rx: mpsc::Receiver<Job>) {
+fn run(conn: Connection, rx: mpsc::Receiver<Message>) {
+    let mut closing = None;
     while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
+        let mut batch = Vec::new();
+        let mut next = Some(first);
+        while let Some(message) = next.take() {
+            match message {
+                Message::Job(job) => batch.push(job),
+                Message::Close(done) => {
+                    closing = Some(done);
+                    break;
+                }
+            }
+            if batch.len() < MAX_BATCH {
+                next = rx.try_recv().ok();
             }
         }
-        if conn.execute_batch("BEGIN IMMEDIATE").is_err() {
-            for job in batch {
-                job(None)(Some("cannot start a transaction"));
-            }
-            continue;
+        if !batch.is_empty() {
+            commit(&conn, batch);
         }
-        let finishers: Vec<Finish> = batch.into_iter().map(|job| job(Some(&conn))).collect();
-        let commit = conn.execute_batch("COMMIT").err().map(|e| e.to_string());
-        if commit.is_some() {
-            let _ = conn.execute_batch("ROLLBACK");
+        if closing.is_some() {
+            break;
         }
-        for finish in finishers {
-            finish(commit.as_deref());
+    }
+    let _ = super::checkpoint(&conn);
+    drop(conn);
+    if let Some(done) = closing {
+        let _ = done.send(());
+    }
+}
+
+fn commit(conn: &Connection, batch: Vec<Job>) {
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        for job in batch {
+            job(Err(&e))(None);
         }
+        return;
+    }
+    let finishers: Vec<Finish> = batch.into_iter().map(|job| job(Ok(conn))).collect();
+    if let Some(delay) = crate::fault::slow_commit() {
+        std::thread::sleep(delay);
+    }
+    let commit = conn.execute_batch("COMMIT").err();
+    if commit.is_some() {
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    for finish in finishers {
+        finish(commit.as_ref());
     }
 }

@@ -21,7 +21,7 @@ pub fn print_json<T: Serialize + ?Sized>(value: &T) {
     let _ = out.flush();
 }
 
-fn print_table(table: &Table) {
+pub fn print_table(table: &Table) {
     let mut err = std::io::stderr().lock();
     let _ = writeln!(err, "{table}");
 }

@@ -4,43 +4,52 @@
 //!
 //! It talks to the manifest only through the writer and to the outside world only through
 //! [`Event`]s; it never prints. Signals and the cancel flag are watched by the caller, which
-//! turns them into [`Stop`] levels.
+//! turns them into [`Stop`] levels. The runner stops by itself, the same way, when it learns
+//! that another process took the backfill over (fenced) or when a manifest write fails: then it
+//! waits for every running try to stop before it returns, so nothing is left running.
 
 pub mod events;
+mod interval;
+mod record;
+mod sql_try;
 mod tries;
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
-use tokio::time::Instant;
 
-pub use crate::task::command::Stop;
+pub use crate::process::Stop;
 pub use events::Event;
+pub(crate) use sql_try::{Step, blocking_step};
 
+use crate::exit::Error;
 use crate::interval::DataInterval;
-use crate::manifest::{self, writer::Writer};
+use crate::manifest::{Owner, plans, writer::Writer};
 use crate::plan::{RunState, SkipReason};
 use crate::project::Dag;
-use tries::TaskEnd;
+use crate::warehouse::Repr;
 
 /// Everything the runner needs for one backfill.
 pub struct RunSpec {
-    pub backfill_id: i64,
+    pub owner: Owner,
     pub dag: Arc<Dag>,
     pub conf: serde_json::Value,
     pub project_root: PathBuf,
     pub logs_dir: PathBuf,
+    /// The manifest: SQL tries keep their audit files next to it and ask it before publishing.
+    pub manifest_path: PathBuf,
     pub host: String,
     pub max_active_runs: usize,
     /// Intervals to run, in plan order (moved into the runner's queue).
     pub intervals: Vec<DataInterval>,
     /// `--allow-drift`: the gate skips its drift check.
     pub allow_drift: bool,
-    /// A crash injection point for tests (`BACKFILL_FAULT`).
-    pub fault: Option<String>,
+    /// The partition column's representation of each SQL task, as decided before the start
+    /// (`None`: decided by the first output).
+    pub reprs: HashMap<String, Option<Repr>>,
 }
 
 /// Shared by the interval tasks of one backfill.
@@ -49,15 +58,29 @@ struct Shared {
     writer: Writer,
     events: mpsc::UnboundedSender<Event>,
     conf_text: String,
+    stop: watch::Sender<Stop>,
+    reprs: Mutex<HashMap<String, Option<Repr>>>,
 }
 
-/// Runs the backfill until every interval finished or a stop was requested.
+impl Shared {
+    /// Stops the backfill from inside (fenced, or a manifest write failed), as a signal would.
+    fn stop_because(&self, why: String) {
+        if *self.stop.borrow() == Stop::Run {
+            let _ = self.stop.send(Stop::Graceful);
+            let _ = self.events.send(Event::Stopping { hard: false, why });
+        }
+    }
+}
+
+/// Runs the backfill until every interval finished or a stop was requested. On an error, stops
+/// the running tries as for Ctrl-C, waits for them, and returns the first error.
 pub async fn run(
     mut spec: RunSpec,
     writer: Writer,
     events: mpsc::UnboundedSender<Event>,
-    stop: watch::Receiver<Stop>,
-) -> anyhow::Result<()> {
+    stop_tx: watch::Sender<Stop>,
+) -> Result<(), Error> {
+    let stop = stop_tx.subscribe();
     let depends_on_past = spec.dag.depends_on_past;
     let max = if depends_on_past {
         1
@@ -67,20 +90,24 @@ pub async fn run(
     // Each task's folder for logs and result files, once: tries only add files to it.
     for task in &spec.dag.tasks {
         let dir = spec.logs_dir.join(&spec.dag.id).join(&task.id);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| anyhow::anyhow!("cannot create the log folder {}: {e}", dir.display()))?;
+        crate::process::private_dir(&dir)
+            .map_err(|e| Error::io(format!("cannot create the log folder {}", dir.display()), e))?;
     }
     let mut queue: VecDeque<DataInterval> = std::mem::take(&mut spec.intervals).into();
+    let reprs = Mutex::new(spec.reprs.clone());
     let shared = Arc::new(Shared {
         conf_text: spec.conf.to_string(),
         spec,
         writer,
         events,
+        stop: stop_tx,
+        reprs,
     });
     // For depends_on_past: whether the interval ending at this instant succeeded here.
     let mut succeeded_by_end: HashMap<i64, bool> = HashMap::new();
-    let mut running: JoinSet<anyhow::Result<(DataInterval, RunState)>> = JoinSet::new();
+    let mut running: JoinSet<Result<(DataInterval, RunState), Error>> = JoinSet::new();
     let mut stop_rx = stop.clone();
+    let mut first_error: Option<Error> = None;
     loop {
         while running.len() < max && *stop.borrow() == Stop::Run {
             let Some(interval) = queue.pop_front() else {
@@ -88,91 +115,72 @@ pub async fn run(
             };
             if depends_on_past && succeeded_by_end.get(&interval.start.timestamp()) == Some(&false)
             {
-                let reason = SkipReason::PreviousNotSuccessful;
-                let dag_id = shared.spec.dag.id.clone();
-                let id = shared.spec.backfill_id;
-                let start = interval.start.timestamp();
-                shared
-                    .writer
-                    .call(move |c| manifest::skip_planned(c, id, &dag_id, start, reason.as_str()))
-                    .await?;
+                if let Err(e) = skip(&shared, interval).await {
+                    fail(&shared, &mut first_error, e);
+                    break;
+                }
                 succeeded_by_end.insert(interval.end.timestamp(), false);
-                let _ = shared
-                    .events
-                    .send(Event::IntervalSkipped { interval, reason });
                 continue;
             }
-            running.spawn(run_interval(shared.clone(), interval, stop.clone()));
+            running.spawn(interval::run(shared.clone(), interval, stop.clone()));
         }
         if running.is_empty() {
             break;
         }
         tokio::select! {
             joined = running.join_next() => {
-                if let Some(joined) = joined {
-                    let (interval, state) = joined??;
-                    if depends_on_past {
+                match joined {
+                    Some(Ok(Ok((interval, state)))) if depends_on_past => {
                         succeeded_by_end.insert(interval.end.timestamp(), state == RunState::Succeeded);
                     }
+                    Some(Ok(Err(e))) => fail(&shared, &mut first_error, e),
+                    Some(Err(e)) => fail(&shared, &mut first_error, Error::Internal(format!("an interval's task panicked: {e}"))),
+                    Some(Ok(Ok(_))) | None => {}
                 }
             }
             _ = stop_rx.changed() => {}
         }
     }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Records a `depends_on_past` skip decided while running.
+async fn skip(shared: &Arc<Shared>, interval: DataInterval) -> Result<(), Error> {
+    let reason = SkipReason::PreviousNotSuccessful;
+    let dag_id = shared.spec.dag.id.clone();
+    let owner = shared.spec.owner;
+    let start = interval.start.timestamp();
+    shared
+        .writer
+        .call(move |c| plans::skip_planned(c, owner, &dag_id, start, reason))
+        .await?;
+    let _ = shared
+        .events
+        .send(Event::IntervalSkipped { interval, reason });
     Ok(())
 }
 
-/// Runs every task of one interval; records the run.
-async fn run_interval(
-    shared: Arc<Shared>,
-    interval: DataInterval,
-    mut stop: watch::Receiver<Stop>,
-) -> anyhow::Result<(DataInterval, RunState)> {
-    let began = Instant::now();
-    // The run is recorded with its first try (one commit), and its end with its last try's.
-    let mut run_id = None;
-    let mut state = RunState::Succeeded;
-    let mut error = None;
-    let tasks = &shared.spec.dag.tasks;
-    for (i, task) in tasks.iter().enumerate() {
-        let (end, last_try) =
-            tries::run_task(&shared, task, interval, &mut run_id, &mut stop).await?;
-        let ends_run = match end {
-            TaskEnd::Succeeded => i + 1 == tasks.len(),
-            TaskEnd::Failed(e) => {
-                state = RunState::Failed;
-                error = Some(format!("task `{}` failed: {e}", task.id));
-                true
-            }
-            TaskEnd::Rejected(reason) => {
-                state = RunState::Rejected;
-                error = Some(format!("task `{}` rejected: {reason}", task.id));
-                true
-            }
-            TaskEnd::Cancelled => {
-                state = RunState::Cancelled;
-                error = Some(format!("cancelled during task `{}`", task.id));
-                true
-            }
-        };
-        let Some(run) = run_id else {
-            // Stopped before anything started: the interval stays planned, for `resume`.
-            return Ok((interval, RunState::Cancelled));
-        };
-        let run_end = ends_run.then(|| (state, error.clone()));
-        tries::record_end(&shared, run, last_try, run_end).await?;
-        if ends_run {
-            break;
-        }
+/// An interval ended in an error: being fenced stops the backfill as a cancel would; anything
+/// else is kept (the first one is returned) and stops it too.
+fn fail(shared: &Shared, first_error: &mut Option<Error>, e: Error) {
+    if let Error::Manifest(m) = &e
+        && m.is_fenced()
+    {
+        tracing::warn!(
+            backfill = shared.spec.owner.backfill_id,
+            "fenced: another process took this backfill over"
+        );
+        shared.stop_because(
+            "another backfill took the intervals over (no heartbeat within lease_timeout)".into(),
+        );
+        return;
     }
-    if let Some(run_id) = run_id {
-        let _ = shared.events.send(Event::IntervalFinished {
-            interval,
-            run_id,
-            state,
-            elapsed: began.elapsed(),
-            error,
-        });
+    tracing::error!(backfill = shared.spec.owner.backfill_id, error = %e, "stopping after an internal error");
+    shared.stop_because(format!("internal error: {e}"));
+    if first_error.is_none() {
+        *first_error = Some(e);
     }
-    Ok((interval, state))
 }

@@ -241,26 +241,31 @@ fn a_crash_before_the_publish_is_repaired_from_the_audit_table() {
         0,
         "nothing published yet"
     );
-    let audit = p.rows("SELECT audit_table FROM task_tries WHERE publishing = 1");
+    let audit = p.rows("SELECT audit_path FROM task_tries WHERE publishing = 1");
     assert_eq!(audit.len(), 1);
-    assert_eq!(
-        wh_count(
-            &p,
-            &format!(
-                "SELECT COUNT(*) FROM sqlite_master WHERE name = '{}'",
-                audit[0][0]
-            )
-        ),
-        1
+    let audit_file = PathBuf::from(&audit[0][0]);
+    assert!(
+        audit_file.starts_with(p.path(".backfill/audit")),
+        "{audit_file:?}"
     );
+    assert!(audit_file.exists(), "the audited rows wait in their file");
     p.run(&["resume", "1"]).code(0);
     orders_fact_is_exact(&p, &["2026-09-01", "2026-09-02"]);
+    assert!(!audit_file.exists(), "the audit file went with the publish");
+    assert_eq!(
+        std::fs::read_dir(p.path(".backfill/audit"))
+            .unwrap()
+            .count(),
+        0,
+        "no audit file is left"
+    );
     assert_eq!(
         wh_count(
             &p,
             "SELECT COUNT(*) FROM sqlite_master WHERE name LIKE '_backfill_%'"
         ),
-        0
+        0,
+        "the warehouse holds no table of backfill's"
     );
     assert_eq!(
         p.count("SELECT COUNT(*) FROM task_tries"),
@@ -471,8 +476,10 @@ fn verify_passes_on_daily_orders_and_catches_the_current_time() {
     out.code(0).stderr_has("2 deterministic, 0 not");
     let checks = out.json();
     assert_eq!(checks.as_array().unwrap().len(), 2);
-    assert_eq!(checks[0]["first"]["Ok"], checks[0]["second"]["Ok"]);
-    assert_eq!(checks[0]["first"]["Ok"]["rows"], 5);
+    assert_eq!(checks[0]["first"], checks[0]["second"]);
+    assert_eq!(checks[0]["first"]["rows"], 5);
+    assert_eq!(checks[0]["first"]["error"], serde_json::Value::Null);
+    assert_eq!(checks[0]["result"], "deterministic");
     assert!(!p.manifest_path().exists(), "verify records nothing");
     assert_eq!(
         wh_count(&p, "SELECT COUNT(*) FROM daily_orders"),
@@ -499,7 +506,9 @@ fn verify_passes_on_daily_orders_and_catches_the_current_time() {
         "2026-09-01",
     ])
     .code(3)
-    .stderr_has("task `aggregate` is not deterministic for interval 2026-09-01T00:00:00Z");
+    .stderr_has(
+        "task `aggregate` is not deterministic for interval 2026-09-01: two computations differ",
+    );
 }
 
 #[test]
@@ -699,7 +708,11 @@ fn a_manifest_of_the_previous_schema_is_upgraded() {
         .db()
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 2);
+    assert_eq!(
+        version,
+        backfill::manifest::MIGRATIONS.last().unwrap().0,
+        "upgraded to the latest schema"
+    );
     // The upgraded manifest keeps working: rerun the failure.
     create(
         &p,
@@ -756,9 +769,19 @@ command = '''printf '{"rows": 3, "fingerprint": "%s"}' "$(date +%s%N)" > "$BACKF
     ])
     .code(0)
     .stderr_has("2 deterministic, 0 not");
-    p.run(&["verify", "--dag", "clock", "--from", "2026-01-01", "--to", "2026-01-01"])
-        .code(3)
-        .stderr_has("task `export` is not deterministic for interval 2026-01-01T00:00:00Z: two computations differ");
+    p.run(&[
+        "verify",
+        "--dag",
+        "clock",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-01",
+    ])
+    .code(3)
+    .stderr_has(
+        "task `export` is not deterministic for interval 2026-01-01: two computations differ",
+    );
 }
 
 #[test]

@@ -1,0 +1,105 @@
+//! Fault injection for the crash and chaos tests: `BACKFILL_FAULT=POINT[@N][:ACTION],...` makes
+//! the process abort (`abort`, the default, as `kill -9` or a power cut would), freeze itself
+//! (`stop`, as SIGSTOP), or fail (`fail`, as a full disk would) the N-th time (default: the
+//! first) it reaches POINT; `slow-commit:DURATION` delays every manifest commit (a slow disk).
+//!
+//! Compiled in only with the `fault-injection` cargo feature, which the tests enable; release
+//! builds ignore the variable.
+
+/// What to do at a fault point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Abort,
+    Stop,
+    Fail,
+}
+
+#[cfg(feature = "fault-injection")]
+mod imp {
+    use std::collections::HashMap;
+    use std::sync::{LazyLock, Mutex};
+    use std::time::Duration;
+
+    use super::Action;
+
+    struct Plan {
+        points: HashMap<String, (u32, Action)>,
+        hits: HashMap<String, u32>,
+        slow_commit: Option<Duration>,
+    }
+
+    static PLAN: LazyLock<Mutex<Plan>> = LazyLock::new(|| {
+        let mut plan = Plan {
+            points: HashMap::new(),
+            hits: HashMap::new(),
+            slow_commit: None,
+        };
+        let spec = std::env::var("BACKFILL_FAULT").unwrap_or_default();
+        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (point, action) = item.split_once(':').unwrap_or((item, "abort"));
+            if point == "slow-commit" {
+                plan.slow_commit = humantime::parse_duration(action).ok();
+                continue;
+            }
+            let (name, nth) = point.split_once('@').unwrap_or((point, "1"));
+            let action = match action {
+                "stop" => Action::Stop,
+                "fail" => Action::Fail,
+                _ => Action::Abort,
+            };
+            plan.points
+                .insert(name.to_string(), (nth.parse().unwrap_or(1), action));
+        }
+        Mutex::new(plan)
+    });
+
+    pub fn reached(point: &str) -> Option<Action> {
+        let mut plan = PLAN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let &(nth, action) = plan.points.get(point)?;
+        let hits = plan.hits.entry(point.to_string()).or_insert(0);
+        *hits += 1;
+        (*hits == nth).then_some(action)
+    }
+
+    pub fn slow_commit() -> Option<Duration> {
+        PLAN.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .slow_commit
+    }
+}
+
+/// Reaches a fault point: aborts or freezes the process when configured to; returns true when
+/// the caller must fail as if its write had failed.
+pub fn point(name: &str) -> bool {
+    #[cfg(feature = "fault-injection")]
+    {
+        match imp::reached(name) {
+            Some(Action::Abort) => std::process::abort(),
+            Some(Action::Stop) => {
+                let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+                false
+            }
+            Some(Action::Fail) => true,
+            None => false,
+        }
+    }
+    #[cfg(not(feature = "fault-injection"))]
+    {
+        let _ = name;
+        false
+    }
+}
+
+/// How long to delay each manifest commit (a slow disk), if configured.
+pub fn slow_commit() -> Option<std::time::Duration> {
+    #[cfg(feature = "fault-injection")]
+    {
+        imp::slow_commit()
+    }
+    #[cfg(not(feature = "fault-injection"))]
+    {
+        None
+    }
+}

@@ -1,0 +1,262 @@
+//! Backfill rows: the request, its owner (pid, host, heartbeat) and its ownership epoch.
+//!
+//! Every change of ownership bumps `epoch`. The owner process is given an [`Owner`] (id and
+//! epoch) and every write it makes first checks, in the same transaction, that its epoch is
+//! still current and the backfill still running ([`fence`]); a frozen owner that wakes up after
+//! a takeover is refused everything and stops.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::leases::LeaseCtx;
+use super::{Error, Result};
+use crate::plan::Reprocess;
+use crate::state::BackfillState;
+
+/// The right to act for a backfill: its id and the epoch this process was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Owner {
+    pub backfill_id: i64,
+    pub epoch: i64,
+}
+
+/// A backfill request as recorded.
+#[derive(Debug, Clone)]
+pub struct NewBackfill {
+    pub dag_id: String,
+    pub from_arg: String,
+    pub to_arg: String,
+    /// Interval starts `s` with `range_start <= s < range_end` (unix seconds).
+    pub range_start: i64,
+    pub range_end: i64,
+    pub reprocess: Reprocess,
+    pub max_active_runs: u32,
+    pub run_backwards: bool,
+    pub allow_drift: bool,
+    pub conf: String,
+}
+
+/// A backfill row.
+#[derive(Debug, Clone)]
+pub struct Backfill {
+    pub id: i64,
+    pub dag_id: String,
+    pub from_arg: String,
+    pub to_arg: String,
+    pub range_start: i64,
+    pub range_end: i64,
+    pub reprocess: Reprocess,
+    pub max_active_runs: u32,
+    pub run_backwards: bool,
+    pub allow_drift: bool,
+    pub conf: String,
+    pub state: BackfillState,
+    pub owner_pid: Option<i64>,
+    pub owner_host: Option<String>,
+    pub heartbeat_at: Option<i64>,
+    pub cancel_requested: bool,
+    pub created_at: i64,
+    pub finished_at: Option<i64>,
+    pub epoch: i64,
+    /// The plan is still being written (a crash during planning; `resume` finishes it).
+    pub planning: bool,
+}
+
+impl Backfill {
+    pub fn owner_alive(&self, ctx: &LeaseCtx) -> bool {
+        ctx.owner_alive(
+            self.state,
+            self.owner_pid,
+            self.owner_host.as_deref(),
+            self.heartbeat_at,
+        )
+    }
+}
+
+pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning";
+
+pub fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Backfill> {
+    let reprocess: String = r.get(6)?;
+    Ok(Backfill {
+        id: r.get(0)?,
+        dag_id: r.get(1)?,
+        from_arg: r.get(2)?,
+        to_arg: r.get(3)?,
+        range_start: r.get(4)?,
+        range_end: r.get(5)?,
+        reprocess: reprocess.parse().map_err(|e: String| {
+            rusqlite::Error::FromSqlConversionFailure(
+                6,
+                rusqlite::types::Type::Text,
+                Box::new(std::io::Error::other(e)),
+            )
+        })?,
+        max_active_runs: r.get(7)?,
+        run_backwards: r.get(8)?,
+        allow_drift: r.get(9)?,
+        conf: r.get(10)?,
+        state: r.get(11)?,
+        owner_pid: r.get(12)?,
+        owner_host: r.get(13)?,
+        heartbeat_at: r.get(14)?,
+        cancel_requested: r.get(15)?,
+        created_at: r.get(16)?,
+        finished_at: r.get(17)?,
+        epoch: r.get(18)?,
+        planning: r.get(19)?,
+    })
+}
+
+pub fn get(conn: &Connection, id: i64) -> Result<Option<Backfill>> {
+    Ok(conn
+        .prepare_cached(&format!("SELECT {COLUMNS} FROM backfills WHERE id = ?1"))?
+        .query_row([id], from_row)
+        .optional()?)
+}
+
+/// Checks, inside the caller's transaction, that `owner` may still act: its epoch is current
+/// and the backfill is running.
+pub fn fence(conn: &Connection, owner: Owner) -> Result<()> {
+    let row: Option<(i64, BackfillState)> = conn
+        .prepare_cached("SELECT epoch, state FROM backfills WHERE id = ?1")?
+        .query_row([owner.backfill_id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    match row {
+        Some((epoch, BackfillState::Running)) if epoch == owner.epoch => Ok(()),
+        _ => Err(Error::Fenced {
+            backfill_id: owner.backfill_id,
+        }),
+    }
+}
+
+/// Records a new backfill owned by this process, its plan still to be written.
+pub fn insert(conn: &Connection, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
+    conn.execute(
+        "INSERT INTO backfills (dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior,
+            max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host,
+            heartbeat_at, created_at, epoch, planning)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1)",
+        params![
+            b.dag_id,
+            b.from_arg,
+            b.to_arg,
+            b.range_start,
+            b.range_end,
+            b.reprocess.as_str(),
+            b.max_active_runs,
+            b.run_backwards,
+            b.allow_drift,
+            b.conf,
+            BackfillState::Running,
+            ctx.pid,
+            ctx.host,
+            ctx.now_ms
+        ],
+    )?;
+    Ok(Owner {
+        backfill_id: conn.last_insert_rowid(),
+        epoch: 0,
+    })
+}
+
+/// Records that the plan is complete.
+pub fn planned(conn: &Connection, owner: Owner) -> Result<()> {
+    fence(conn, owner)?;
+    conn.execute(
+        "UPDATE backfills SET planning = 0 WHERE id = ?1",
+        [owner.backfill_id],
+    )?;
+    Ok(())
+}
+
+/// What the owner of a running backfill learns from its heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heartbeat {
+    Carry,
+    /// `backfill cancel` asked it to stop.
+    CancelRequested,
+}
+
+/// Refreshes the owner heartbeat and reads what the owner must do; [`Error::Fenced`] when
+/// another process took the backfill over.
+pub fn heartbeat(conn: &Connection, owner: Owner, now_ms: i64) -> Result<Heartbeat> {
+    fence(conn, owner)?;
+    conn.prepare_cached("UPDATE backfills SET heartbeat_at = ?2 WHERE id = ?1")?
+        .execute(params![owner.backfill_id, now_ms])?;
+    let cancel: bool = conn
+        .prepare_cached("SELECT cancel_requested FROM backfills WHERE id = ?1")?
+        .query_row([owner.backfill_id], |r| r.get(0))?;
+    Ok(if cancel {
+        Heartbeat::CancelRequested
+    } else {
+        Heartbeat::Carry
+    })
+}
+
+/// Records the end of a backfill by its owner and releases whatever leases it still holds.
+pub fn finish(conn: &Connection, owner: Owner, state: BackfillState, now_ms: i64) -> Result<()> {
+    fence(conn, owner)?;
+    conn.execute(
+        "UPDATE backfills SET state = ?2, finished_at = ?3, heartbeat_at = ?3 WHERE id = ?1",
+        params![owner.backfill_id, state, now_ms],
+    )?;
+    // A run still in progress holds a try that could not be stopped: its lease stays, so that
+    // its interval is not run again until the try is gone.
+    conn.execute(
+        "DELETE FROM leases WHERE backfill_id = ?1 AND (run_id IS NULL OR run_id NOT IN
+           (SELECT id FROM runs WHERE backfill_id = ?1 AND state IN ('queued', 'running')))",
+        [owner.backfill_id],
+    )?;
+    Ok(())
+}
+
+/// Asks the process running a backfill to stop (it polls the flag with its heartbeat).
+pub fn request_cancel(conn: &Connection, backfill_id: i64) -> Result<()> {
+    conn.execute(
+        "UPDATE backfills SET cancel_requested = 1 WHERE id = ?1",
+        [backfill_id],
+    )?;
+    Ok(())
+}
+
+/// Takes the ownership of a backfill whose owner is gone away from it: a new epoch, so that
+/// the old owner, should it wake up, is refused everything. With `me`, this process becomes
+/// the owner and the backfill runs again; without, the backfill ends as `cancelled`. Returns
+/// the new [`Owner`], or `None` when the backfill's owner is alive after all (nothing changed).
+pub fn take_ownership(
+    conn: &Connection,
+    backfill_id: i64,
+    ctx: &LeaseCtx,
+    me: bool,
+) -> Result<Option<Owner>> {
+    let Some(b) = get(conn, backfill_id)? else {
+        return Ok(None);
+    };
+    if b.owner_alive(ctx) {
+        return Ok(None);
+    }
+    let epoch = b.epoch + 1;
+    if me {
+        conn.execute(
+            "UPDATE backfills SET state = ?2, epoch = ?3, owner_pid = ?4, owner_host = ?5,
+                heartbeat_at = ?6, cancel_requested = 0, finished_at = NULL WHERE id = ?1",
+            params![
+                backfill_id,
+                BackfillState::Running,
+                epoch,
+                ctx.pid,
+                ctx.host,
+                ctx.now_ms
+            ],
+        )?;
+    } else {
+        // Only a running backfill changes state; a finished one keeps it.
+        conn.execute(
+            "UPDATE backfills SET epoch = ?2,
+                state = CASE WHEN state = 'running' THEN 'cancelled' ELSE state END,
+                finished_at = CASE WHEN state = 'running' THEN ?3 ELSE finished_at END
+             WHERE id = ?1",
+            params![backfill_id, epoch, ctx.now_ms],
+        )?;
+    }
+    Ok(Some(Owner { backfill_id, epoch }))
+}

@@ -1,0 +1,263 @@
+//! Leases: who may run an interval.
+//!
+//! A lease names its owner backfill; the owner row carries pid, host, heartbeat and epoch. A
+//! lease is live while its owner is `running`, has sent a heartbeat within the lease timeout,
+//! and — when it runs on this host — its process exists. A lease whose owner is gone is still
+//! live while the run holding it has a try whose process group may be running: on another host
+//! (it cannot be checked from here) or on this host and still alive (it could not be killed).
+//! Anything else is stale and may be taken over.
+
+use std::collections::HashSet;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::Result;
+use crate::interval::DataInterval;
+use crate::process::{self, Group};
+use crate::state::BackfillState;
+
+/// How often an owner writes its heartbeat (and reads the cancel flag).
+pub const HEARTBEAT: Duration = Duration::from_millis(250);
+
+/// Everything needed to judge liveness and to stamp new leases.
+#[derive(Debug, Clone)]
+pub struct LeaseCtx {
+    pub now_ms: i64,
+    pub host: String,
+    pub pid: i64,
+    pub timeout_ms: i64,
+}
+
+impl LeaseCtx {
+    pub fn new(timeout: Duration) -> Self {
+        Self {
+            now_ms: now_ms(),
+            host: hostname(),
+            pid: i64::from(std::process::id()),
+            timeout_ms: i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX),
+        }
+    }
+
+    /// The same context at the current time.
+    pub fn refreshed(&self) -> Self {
+        Self {
+            now_ms: now_ms(),
+            ..self.clone()
+        }
+    }
+
+    /// Whether a backfill with this owner information is alive.
+    pub fn owner_alive(
+        &self,
+        state: BackfillState,
+        pid: Option<i64>,
+        host: Option<&str>,
+        heartbeat_ms: Option<i64>,
+    ) -> bool {
+        if state != BackfillState::Running {
+            return false;
+        }
+        let fresh = heartbeat_ms.is_some_and(|hb| self.now_ms.saturating_sub(hb) < self.timeout_ms);
+        fresh && (!self.is_here(host) || pid.is_some_and(process::pid_alive))
+    }
+
+    pub fn is_here(&self, host: Option<&str>) -> bool {
+        host == Some(self.host.as_str())
+    }
+
+    /// Whether a try's recorded process group may still be running: always when it is on
+    /// another host (nothing here can tell), else when a member is alive.
+    pub fn group_may_run(&self, host: Option<&str>, group: Group) -> bool {
+        !self.is_here(host) || process::group_alive(group)
+    }
+}
+
+/// Wall-clock milliseconds since the epoch, for event timestamps and heartbeats.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+pub fn hostname() -> String {
+    nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "localhost".to_string())
+}
+
+/// The columns [`lease_alive`] reads, for a `leases l JOIN backfills b` with the run's
+/// unfinished try `t` left-joined.
+pub const LIVENESS_COLUMNS: &str =
+    "b.state, b.owner_pid, b.owner_host, b.heartbeat_at, t.pgid, t.pgid_start, t.host";
+
+/// The join that [`LIVENESS_COLUMNS`] reads from.
+pub const LIVENESS_JOIN: &str = "leases l JOIN backfills b ON b.id = l.backfill_id
+     LEFT JOIN task_tries t ON t.run_id = l.run_id AND t.state = 'running' AND t.pgid IS NOT NULL";
+
+/// Whether the lease in columns `at..at + 7` of a row ([`LIVENESS_COLUMNS`]) is live.
+pub fn lease_alive(ctx: &LeaseCtx, r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<bool> {
+    let state: BackfillState = r.get(at)?;
+    let host: Option<String> = r.get(at + 2)?;
+    if ctx.owner_alive(state, r.get(at + 1)?, host.as_deref(), r.get(at + 3)?) {
+        return Ok(true);
+    }
+    let pgid: Option<i64> = r.get(at + 4)?;
+    let try_host: Option<String> = r.get(at + 6)?;
+    Ok(match pgid {
+        Some(pgid) => ctx.group_may_run(
+            try_host.as_deref(),
+            Group {
+                pgid,
+                leader_start: r.get(at + 5)?,
+            },
+        ),
+        None => false,
+    })
+}
+
+/// Interval starts of `dag_id` in `[lo, hi]` whose lease is live.
+pub fn live(
+    conn: &Connection,
+    dag_id: &str,
+    lo: i64,
+    hi: i64,
+    ctx: &LeaseCtx,
+) -> Result<HashSet<i64>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT l.interval_start, {LIVENESS_COLUMNS} FROM {LIVENESS_JOIN}
+         WHERE l.dag_id = ?1 AND l.interval_start BETWEEN ?2 AND ?3"
+    ))?;
+    let mut rows = stmt.query(params![dag_id, lo, hi])?;
+    let mut live = HashSet::new();
+    while let Some(r) = rows.next()? {
+        if lease_alive(ctx, r, 1)? {
+            live.insert(r.get(0)?);
+        }
+    }
+    Ok(live)
+}
+
+/// The leases of `dag_id` whose owner is gone: `(interval_start, owner backfill)`. Their owners
+/// are to be recovered (a lease whose run's try is still running after that stays live, see
+/// [`live`]).
+pub fn stale(conn: &Connection, dag_id: &str, ctx: &LeaseCtx) -> Result<Vec<(i64, i64)>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT l.interval_start, l.backfill_id, b.state, b.owner_pid, b.owner_host, b.heartbeat_at
+         FROM leases l JOIN backfills b ON b.id = l.backfill_id WHERE l.dag_id = ?1",
+    )?;
+    let mut rows = stmt.query([dag_id])?;
+    let mut stale = Vec::new();
+    while let Some(r) = rows.next()? {
+        let host: Option<String> = r.get(4)?;
+        if !ctx.owner_alive(r.get(2)?, r.get(3)?, host.as_deref(), r.get(5)?) {
+            stale.push((r.get(0)?, r.get(1)?));
+        }
+    }
+    Ok(stale)
+}
+
+/// Leases `intervals` for `backfill_id`. The caller has checked (in this transaction) that no
+/// live lease exists on them; stale ones are replaced.
+pub fn take(
+    conn: &Connection,
+    backfill_id: i64,
+    dag_id: &str,
+    intervals: impl Iterator<Item = DataInterval>,
+    ctx: &LeaseCtx,
+) -> Result<()> {
+    let mut stmt = conn.prepare_cached(
+        "INSERT OR REPLACE INTO leases (dag_id, interval_start, backfill_id, run_id, pid, host, heartbeat_at)
+         VALUES (?1, ?2, ?3, NULL, ?4, ?5, ?6)",
+    )?;
+    for i in intervals {
+        stmt.execute(params![
+            dag_id,
+            i.start.timestamp(),
+            backfill_id,
+            ctx.pid,
+            ctx.host,
+            ctx.now_ms
+        ])?;
+    }
+    Ok(())
+}
+
+/// Whether `backfill_id` still holds the lease of an interval.
+pub fn holds(
+    conn: &Connection,
+    backfill_id: i64,
+    dag_id: &str,
+    interval_start: i64,
+) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT 1 FROM leases WHERE dag_id = ?1 AND interval_start = ?2 AND backfill_id = ?3",
+        )?
+        .query_row(params![dag_id, interval_start, backfill_id], |_| Ok(()))
+        .optional()?
+        .is_some())
+}
+
+/// Releases one lease if `backfill_id` holds it.
+pub fn release(
+    conn: &Connection,
+    backfill_id: i64,
+    dag_id: &str,
+    interval_start: i64,
+) -> Result<()> {
+    conn.prepare_cached(
+        "DELETE FROM leases WHERE dag_id = ?1 AND interval_start = ?2 AND backfill_id = ?3",
+    )?
+    .execute(params![dag_id, interval_start, backfill_id])?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn liveness_rules() {
+        let ctx = LeaseCtx {
+            now_ms: 100_000,
+            host: "here".into(),
+            pid: 1,
+            timeout_ms: 30_000,
+        };
+        let me = i64::from(std::process::id());
+        let running = BackfillState::Running;
+        assert!(ctx.owner_alive(running, Some(me), Some("here"), Some(90_000)));
+        // Silent for longer than the timeout.
+        assert!(!ctx.owner_alive(running, Some(me), Some("here"), Some(60_000)));
+        // Finished owners hold nothing.
+        assert!(!ctx.owner_alive(
+            BackfillState::Cancelled,
+            Some(me),
+            Some("here"),
+            Some(90_000)
+        ));
+        // A dead pid on this host.
+        assert!(!ctx.owner_alive(
+            running,
+            Some(i64::from(i32::MAX)),
+            Some("here"),
+            Some(90_000)
+        ));
+        // Another host: only the heartbeat can tell.
+        assert!(ctx.owner_alive(
+            running,
+            Some(i64::from(i32::MAX)),
+            Some("there"),
+            Some(90_000)
+        ));
+        // A try's group on another host may run; one here that is gone does not.
+        let gone = Group {
+            pgid: i64::from(i32::MAX),
+            leader_start: None,
+        };
+        assert!(ctx.group_may_run(Some("there"), gone));
+        assert!(!ctx.group_may_run(Some("here"), gone));
+    }
+}

@@ -1,0 +1,158 @@
+//! Plans: what the manifest knows about intervals before planning, and the plan rows of a
+//! backfill (one per interval, in execution order). A plan is written in chunks, each in its own
+//! transaction together with the leases it takes, so that a large plan never holds the
+//! manifest's write lock for long.
+
+use std::collections::HashMap;
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::Result;
+use super::backfills::{Owner, fence};
+use super::leases::{self, LeaseCtx};
+use crate::interval::DataInterval;
+use crate::plan::{Action, PlanRow, Prior, SkipReason};
+use crate::state::RunState;
+
+/// What the manifest knows about each interval (ascending), for planning. Stale leases count as
+/// free.
+pub fn priors(
+    conn: &Connection,
+    dag_id: &str,
+    intervals: &[DataInterval],
+    ctx: &LeaseCtx,
+) -> Result<Vec<Prior>> {
+    let (Some(first), Some(last)) = (intervals.first(), intervals.last()) else {
+        return Ok(Vec::new());
+    };
+    let (lo, hi) = (first.start.timestamp(), last.start.timestamp());
+    let mut latest: HashMap<i64, RunState> = HashMap::new();
+    let mut stmt = conn.prepare_cached(
+        "SELECT r.interval_start, r.state FROM runs r
+         JOIN (SELECT MAX(id) AS id FROM runs
+               WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
+               GROUP BY interval_start) m ON r.id = m.id",
+    )?;
+    let mut rows = stmt.query(params![dag_id, lo, hi])?;
+    while let Some(row) = rows.next()? {
+        latest.insert(row.get(0)?, row.get(1)?);
+    }
+    let in_flight = leases::live(conn, dag_id, lo, hi, ctx)?;
+    Ok(intervals
+        .iter()
+        .map(|i| {
+            let start = i.start.timestamp();
+            Prior {
+                latest: latest.get(&start).copied(),
+                in_flight: in_flight.contains(&start),
+            }
+        })
+        .collect())
+}
+
+/// The latest state of the interval that ends where `start` begins, if any (for
+/// `depends_on_past`).
+pub fn state_before(conn: &Connection, dag_id: &str, start: i64) -> Result<Option<RunState>> {
+    let before: Option<(i64, RunState)> = conn
+        .prepare_cached(
+            "SELECT interval_end, state FROM runs
+             WHERE dag_id = ?1 AND interval_start < ?2
+             ORDER BY interval_start DESC, id DESC LIMIT 1",
+        )?
+        .query_row(params![dag_id, start], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    Ok(before.and_then(|(end, state)| (end == start).then_some(state)))
+}
+
+/// Writes plan rows (`(ord, row)`) and leases the intervals to run, for the owner.
+pub fn insert_chunk(
+    conn: &Connection,
+    owner: Owner,
+    dag_id: &str,
+    rows: &[(i64, PlanRow)],
+    ctx: &LeaseCtx,
+) -> Result<()> {
+    fence(conn, owner)?;
+    let mut insert = conn.prepare_cached(
+        "INSERT INTO plan (backfill_id, ord, interval_start, interval_end, action, reason)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?;
+    for (ord, row) in rows {
+        let (action, reason) = match row.action {
+            Action::Run => ("run", None),
+            Action::Skip(r) => ("skip", Some(r.as_str())),
+        };
+        insert.execute(params![
+            owner.backfill_id,
+            ord,
+            row.interval.start.timestamp(),
+            row.interval.end.timestamp(),
+            action,
+            reason
+        ])?;
+    }
+    leases::take(
+        conn,
+        owner.backfill_id,
+        dag_id,
+        rows.iter()
+            .filter(|(_, r)| r.action == Action::Run)
+            .map(|(_, r)| r.interval),
+        ctx,
+    )
+}
+
+/// Interval starts that already have a plan row in a backfill.
+pub fn planned_starts(
+    conn: &Connection,
+    backfill_id: i64,
+) -> Result<std::collections::HashSet<i64>> {
+    let mut stmt = conn.prepare_cached("SELECT interval_start FROM plan WHERE backfill_id = ?1")?;
+    let rows = stmt.query_map([backfill_id], |r| r.get(0))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Changes a planned interval to a skip (decided while running, e.g. `depends_on_past`) and
+/// releases its lease.
+pub fn skip_planned(
+    conn: &Connection,
+    owner: Owner,
+    dag_id: &str,
+    interval_start: i64,
+    reason: SkipReason,
+) -> Result<()> {
+    fence(conn, owner)?;
+    mark_skipped(conn, owner.backfill_id, interval_start, reason)?;
+    leases::release(conn, owner.backfill_id, dag_id, interval_start)
+}
+
+/// Records a planned interval as skipped.
+pub fn mark_skipped(
+    conn: &Connection,
+    backfill_id: i64,
+    interval_start: i64,
+    reason: SkipReason,
+) -> Result<()> {
+    conn.prepare_cached(
+        "UPDATE plan SET action = 'skip', reason = ?3 WHERE backfill_id = ?1 AND interval_start = ?2",
+    )?
+    .execute(params![backfill_id, interval_start, reason.as_str()])?;
+    Ok(())
+}
+
+/// The planned intervals of a backfill that have not finished (`succeeded`, `failed` or
+/// `rejected`) in it, in plan order.
+pub fn unfinished(conn: &Connection, backfill_id: i64) -> Result<Vec<DataInterval>> {
+    let mut stmt = conn.prepare(
+        "SELECT p.interval_start, p.interval_end FROM plan p
+         WHERE p.backfill_id = ?1 AND p.action = 'run' AND NOT EXISTS (
+            SELECT 1 FROM runs r WHERE r.backfill_id = p.backfill_id
+              AND r.interval_start = p.interval_start
+              AND r.state IN ('succeeded', 'failed', 'rejected'))
+         ORDER BY p.ord",
+    )?;
+    let rows = stmt.query_map([backfill_id], |r| {
+        Ok(DataInterval::from_unix(r.get(0)?, r.get(1)?))
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}

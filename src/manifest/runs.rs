@@ -1,0 +1,475 @@
+//! Runs, task tries and publications. The owner's writes are fenced (see
+//! [`super::backfills::fence`]); the writes of a process that recovers what a dead owner left are
+//! conditional on the state they found, so that two recoverers never undo each other.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::Result;
+use super::backfills::{Owner, fence};
+use super::leases;
+use crate::interval::DataInterval;
+use crate::process::Group;
+use crate::state::{RunState, TryState};
+
+/// Records that an interval's run started and names it in the interval's lease; returns the run
+/// id, or `None` when the owner no longer holds the lease.
+pub fn start_run(
+    conn: &Connection,
+    owner: Owner,
+    dag_id: &str,
+    interval: DataInterval,
+    now_ms: i64,
+) -> Result<Option<i64>> {
+    fence(conn, owner)?;
+    let start = interval.start.timestamp();
+    if !leases::holds(conn, owner.backfill_id, dag_id, start)? {
+        return Ok(None);
+    }
+    conn.prepare_cached(
+        "INSERT INTO runs (backfill_id, dag_id, interval_start, interval_end, state, started_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![
+        owner.backfill_id,
+        dag_id,
+        start,
+        interval.end.timestamp(),
+        RunState::Running,
+        now_ms
+    ])?;
+    let run_id = conn.last_insert_rowid();
+    conn.prepare_cached(
+        "UPDATE leases SET run_id = ?4 WHERE dag_id = ?1 AND interval_start = ?2 AND backfill_id = ?3",
+    )?
+    .execute(params![dag_id, start, owner.backfill_id, run_id])?;
+    Ok(Some(run_id))
+}
+
+/// Whether a run is still in progress (not abandoned by a taker).
+pub fn in_progress(conn: &Connection, run_id: i64) -> Result<bool> {
+    Ok(conn
+        .prepare_cached("SELECT state FROM runs WHERE id = ?1")?
+        .query_row([run_id], |r| r.get::<_, RunState>(0))
+        .optional()?
+        .is_some_and(|s| !s.is_finished()))
+}
+
+/// Records a finished run and releases its lease.
+pub fn finish_run(
+    conn: &Connection,
+    owner: Owner,
+    run_id: i64,
+    state: RunState,
+    error: Option<&str>,
+    now_ms: i64,
+) -> Result<()> {
+    fence(conn, owner)?;
+    end_run(conn, run_id, state, error, now_ms)
+}
+
+/// Ends a run still in progress and releases the lease it holds.
+fn end_run(
+    conn: &Connection,
+    run_id: i64,
+    state: RunState,
+    error: Option<&str>,
+    now_ms: i64,
+) -> Result<()> {
+    conn.prepare_cached(
+        "UPDATE runs SET state = ?2, ended_at = ?3, error = ?4
+         WHERE id = ?1 AND state IN ('queued', 'running')",
+    )?
+    .execute(params![run_id, state, now_ms, error])?;
+    // By primary key: the lease of this run's interval, if this run's backfill holds it.
+    conn.prepare_cached(
+        "DELETE FROM leases WHERE (dag_id, interval_start, backfill_id) IN
+           (SELECT dag_id, interval_start, backfill_id FROM runs WHERE id = ?1)",
+    )?
+    .execute([run_id])?;
+    Ok(())
+}
+
+/// Records that a try started; returns its id, or `None` when its run was abandoned.
+pub fn start_try(
+    conn: &Connection,
+    owner: Owner,
+    run_id: i64,
+    task_id: &str,
+    try_number: u32,
+    log_path: &str,
+    now_ms: i64,
+) -> Result<Option<i64>> {
+    fence(conn, owner)?;
+    if !in_progress(conn, run_id)? {
+        return Ok(None);
+    }
+    conn.prepare_cached(
+        "INSERT INTO task_tries (run_id, task_id, try_number, state, started_at, log_path)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![
+        run_id,
+        task_id,
+        try_number,
+        TryState::Running,
+        now_ms,
+        log_path
+    ])?;
+    Ok(Some(conn.last_insert_rowid()))
+}
+
+/// Records the process group of a try before it is let go; `false` when the try is no longer
+/// running (it must then never be let go).
+pub fn set_try_group(
+    conn: &Connection,
+    owner: Owner,
+    try_id: i64,
+    group: Group,
+    host: &str,
+) -> Result<bool> {
+    fence(conn, owner)?;
+    let changed = conn
+        .prepare_cached(
+            "UPDATE task_tries SET pgid = ?2, pgid_start = ?3, host = ?4
+             WHERE id = ?1 AND state = 'running'",
+        )?
+        .execute(params![try_id, group.pgid, group.leader_start, host])?;
+    Ok(changed == 1)
+}
+
+/// Records the audit file of a SQL try, so that it can be removed should the owner die.
+pub fn set_try_audit(conn: &Connection, owner: Owner, try_id: i64, path: &str) -> Result<()> {
+    fence(conn, owner)?;
+    conn.prepare_cached(
+        "UPDATE task_tries SET audit_path = ?2 WHERE id = ?1 AND state = 'running'",
+    )?
+    .execute(params![try_id, path])?;
+    Ok(())
+}
+
+/// What a finished try recorded.
+#[derive(Debug, Clone)]
+pub struct TryRecord {
+    pub state: TryState,
+    pub exit_code: Option<i32>,
+    pub error: Option<String>,
+    pub rows: Option<i64>,
+    pub partitions: Option<String>,
+    pub inputs: Option<String>,
+    pub fingerprint: Option<String>,
+    /// Gate: source rows, rows of the published try compared with, verdict and reasons.
+    pub source_rows: Option<i64>,
+    pub previous_rows: Option<i64>,
+    pub verdict: Option<String>,
+    pub reasons: Option<String>,
+}
+
+impl TryRecord {
+    pub fn new(state: TryState) -> Self {
+        Self {
+            state,
+            exit_code: None,
+            error: None,
+            rows: None,
+            partitions: None,
+            inputs: None,
+            fingerprint: None,
+            source_rows: None,
+            previous_rows: None,
+            verdict: None,
+            reasons: None,
+        }
+    }
+}
+
+/// Records the end of a try of the owner.
+pub fn finish_try(
+    conn: &Connection,
+    owner: Owner,
+    try_id: i64,
+    rec: &TryRecord,
+    now_ms: i64,
+) -> Result<()> {
+    fence(conn, owner)?;
+    end_try(conn, try_id, rec, now_ms)
+}
+
+/// Records the end of a try that is still running or publishing.
+pub fn end_try(conn: &Connection, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()> {
+    conn.prepare_cached(
+        "UPDATE task_tries SET state = ?2, ended_at = ?3, exit_code = ?4, error = ?5, rows = ?6,
+            partitions = ?7, inputs = ?8, fingerprint = ?9, source_rows = ?10, previous_rows = ?11,
+            verdict = ?12, reasons = ?13, publishing = 0
+         WHERE id = ?1 AND state = 'running'",
+    )?
+    .execute(params![
+        try_id,
+        rec.state,
+        now_ms,
+        rec.exit_code,
+        rec.error,
+        rec.rows,
+        rec.partitions,
+        rec.inputs,
+        rec.fingerprint,
+        rec.source_rows,
+        rec.previous_rows,
+        rec.verdict,
+        rec.reasons
+    ])?;
+    Ok(())
+}
+
+/// Records the gate's decision to publish before the warehouse is touched: a crash between this
+/// and [`mark_published`] is repaired by redoing the publish from the audit file.
+pub fn record_publish_intent(
+    conn: &Connection,
+    owner: Owner,
+    try_id: i64,
+    audit_path: &str,
+    rec: &TryRecord,
+) -> Result<bool> {
+    fence(conn, owner)?;
+    let changed = conn
+        .prepare_cached(
+            "UPDATE task_tries SET publishing = 1, audit_path = ?2, rows = ?3, fingerprint = ?4,
+                source_rows = ?5, previous_rows = ?6, verdict = ?7, reasons = ?8
+             WHERE id = ?1 AND state = 'running'",
+        )?
+        .execute(params![
+            try_id,
+            audit_path,
+            rec.rows,
+            rec.fingerprint,
+            rec.source_rows,
+            rec.previous_rows,
+            rec.verdict,
+            rec.reasons
+        ])?;
+    Ok(changed == 1)
+}
+
+/// A try's output that became the published partition of its task and interval.
+#[derive(Debug, Clone)]
+pub struct Publication<'a> {
+    pub try_id: i64,
+    pub dag_id: &'a str,
+    pub task_id: &'a str,
+    pub interval: DataInterval,
+    pub rows: i64,
+    pub fingerprint: Option<&'a str>,
+}
+
+/// Makes a try the published try of its task and interval.
+pub fn mark_published(conn: &Connection, p: &Publication<'_>, now_ms: i64) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO published
+            (dag_id, task_id, interval_start, interval_end, try_id, rows, fingerprint, published_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?
+    .execute(params![
+        p.dag_id,
+        p.task_id,
+        p.interval.start.timestamp(),
+        p.interval.end.timestamp(),
+        p.try_id,
+        p.rows,
+        p.fingerprint,
+        now_ms
+    ])?;
+    Ok(())
+}
+
+/// The currently published try of a task and interval: `(try_id, rows)`.
+pub fn published(
+    conn: &Connection,
+    dag_id: &str,
+    task_id: &str,
+    interval_start: i64,
+) -> Result<Option<(i64, i64)>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT try_id, rows FROM published
+             WHERE dag_id = ?1 AND task_id = ?2 AND interval_start = ?3",
+        )?
+        .query_row(params![dag_id, task_id, interval_start], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()?)
+}
+
+/// A try that decided to publish but may not have finished.
+#[derive(Debug, Clone)]
+pub struct PendingPublish {
+    pub try_id: i64,
+    pub run_id: i64,
+    pub dag_id: String,
+    pub task_id: String,
+    pub interval: DataInterval,
+    /// The audit file (or, for a manifest of an older version, the audit table in the
+    /// warehouse).
+    pub audit_path: Option<String>,
+    pub audit_table: Option<String>,
+    pub record: TryRecord,
+}
+
+/// An unfinished try of a backfill: what a recoverer must kill, remove or finish.
+#[derive(Debug, Clone)]
+pub struct UnfinishedTry {
+    pub try_id: i64,
+    pub run_id: i64,
+    pub dag_id: String,
+    pub interval_start: i64,
+    pub group: Option<Group>,
+    pub host: Option<String>,
+    pub audit_path: Option<String>,
+    pub publishing: bool,
+}
+
+/// The tries of a backfill's runs that are still running or publishing.
+pub fn unfinished_tries(conn: &Connection, backfill_id: i64) -> Result<Vec<UnfinishedTry>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT t.id, t.run_id, r.dag_id, r.interval_start, t.pgid, t.pgid_start, t.host,
+                t.audit_path, t.publishing
+         FROM runs r JOIN task_tries t ON t.run_id = r.id
+         WHERE r.backfill_id = ?1 AND (t.state = 'running' OR t.publishing = 1)
+         ORDER BY t.id",
+    )?;
+    let rows = stmt.query_map([backfill_id], |r| {
+        let pgid: Option<i64> = r.get(4)?;
+        let leader_start: Option<i64> = r.get(5)?;
+        Ok(UnfinishedTry {
+            try_id: r.get(0)?,
+            run_id: r.get(1)?,
+            dag_id: r.get(2)?,
+            interval_start: r.get(3)?,
+            group: pgid.map(|pgid| Group { pgid, leader_start }),
+            host: r.get(6)?,
+            audit_path: r.get(7)?,
+            publishing: r.get(8)?,
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Tries of a backfill's runs that recorded a publish intent and never finished it.
+pub fn pending_publishes(conn: &Connection, backfill_id: i64) -> Result<Vec<PendingPublish>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT t.id, t.run_id, r.dag_id, t.task_id, r.interval_start, r.interval_end,
+                t.audit_path, t.audit_table, t.rows, t.fingerprint, t.source_rows,
+                t.previous_rows, t.verdict, t.reasons
+         FROM runs r JOIN task_tries t ON t.run_id = r.id
+         WHERE r.backfill_id = ?1 AND t.publishing = 1 ORDER BY t.id",
+    )?;
+    let rows = stmt.query_map([backfill_id], |r| {
+        Ok(PendingPublish {
+            try_id: r.get(0)?,
+            run_id: r.get(1)?,
+            dag_id: r.get(2)?,
+            task_id: r.get(3)?,
+            interval: DataInterval::from_unix(r.get(4)?, r.get(5)?),
+            audit_path: r.get(6)?,
+            audit_table: r.get(7)?,
+            record: TryRecord {
+                rows: r.get(8)?,
+                fingerprint: r.get(9)?,
+                source_rows: r.get(10)?,
+                previous_rows: r.get(11)?,
+                verdict: r.get(12)?,
+                reasons: r.get(13)?,
+                ..TryRecord::new(TryState::Succeeded)
+            },
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Whether a try still has an unfinished publish intent.
+pub fn publishing(conn: &Connection, try_id: i64) -> Result<bool> {
+    Ok(conn
+        .prepare_cached("SELECT publishing FROM task_tries WHERE id = ?1")?
+        .query_row([try_id], |r| r.get::<_, bool>(0))
+        .optional()?
+        .unwrap_or(false))
+}
+
+/// Records the end of a try of a dead owner (killed, never started, or its publish finished by
+/// the recoverer). Only a try still unfinished changes.
+pub fn end_abandoned_try(
+    conn: &Connection,
+    try_id: i64,
+    rec: &TryRecord,
+    now_ms: i64,
+) -> Result<()> {
+    conn.prepare_cached(
+        "UPDATE task_tries SET state = ?2, ended_at = ?3, error = COALESCE(?4, error),
+            rows = COALESCE(?5, rows), publishing = 0
+         WHERE id = ?1 AND (state = 'running' OR publishing = 1)",
+    )?
+    .execute(params![try_id, rec.state, now_ms, rec.error, rec.rows])?;
+    Ok(())
+}
+
+/// Ends the unfinished runs of a dead backfill: a run whose every task has a succeeded try
+/// succeeded (a crash after its last publish); the others are cancelled, except those whose
+/// interval is still held by a try that could not be stopped (`keep`). Releases their leases.
+pub fn end_abandoned_runs(
+    conn: &Connection,
+    backfill_id: i64,
+    task_counts: &dyn Fn(&str) -> Option<usize>,
+    keep: &[i64],
+    why: &str,
+    now_ms: i64,
+) -> Result<()> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT r.id, r.dag_id,
+                (SELECT COUNT(DISTINCT t.task_id) FROM task_tries t
+                 WHERE t.run_id = r.id AND t.state = 'succeeded')
+         FROM runs r WHERE r.backfill_id = ?1 AND r.state IN ('queued', 'running')",
+    )?;
+    let runs: Vec<(i64, String, i64)> = stmt
+        .query_map([backfill_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    for (run_id, dag_id, succeeded) in runs {
+        if keep.contains(&run_id) {
+            continue;
+        }
+        let done = task_counts(&dag_id)
+            .is_some_and(|n| usize::try_from(succeeded).is_ok_and(|s| s == n && n > 0));
+        if done {
+            end_run(conn, run_id, RunState::Succeeded, None, now_ms)?;
+        } else {
+            end_run(conn, run_id, RunState::Cancelled, Some(why), now_ms)?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether a try may publish now: its intent is recorded and not finished, no newer try of its
+/// task and interval is published, and (for the owner's own publish) the owner's epoch is
+/// current. Asked inside the warehouse's publish transaction.
+pub fn may_publish(conn: &Connection, try_id: i64, owner: Option<Owner>) -> Result<bool> {
+    let row: Option<(bool, i64, i64, String, String, i64)> = conn
+        .prepare_cached(
+            "SELECT t.publishing, b.id, b.epoch, r.dag_id, t.task_id, r.interval_start
+             FROM task_tries t JOIN runs r ON r.id = t.run_id JOIN backfills b ON b.id = r.backfill_id
+             WHERE t.id = ?1",
+        )?
+        .query_row([try_id], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+        })
+        .optional()?;
+    let Some((publishing, backfill_id, epoch, dag_id, task_id, start)) = row else {
+        return Ok(false);
+    };
+    if !publishing {
+        return Ok(false);
+    }
+    if let Some(o) = owner
+        && (o.backfill_id != backfill_id || o.epoch != epoch)
+    {
+        return Ok(false);
+    }
+    let newer = published(conn, &dag_id, &task_id, start)?.is_some_and(|(t, _)| t > try_id);
+    Ok(!newer)
+}

@@ -1,0 +1,523 @@
+//! Recovery: what happens to a backfill whose owner is gone (killed, crashed, frozen past its
+//! lease timeout). One module, three steps, never acting inside a manifest transaction:
+//!
+//! 1. **claim** (one manifest transaction): bump the dead owner's epoch, so that should it wake
+//!    up it is refused everything, and read what it left: tries whose process group is
+//!    recorded, audit files, publishes it had decided on;
+//! 2. **act** (outside any transaction): kill the recorded process groups on this host and wait
+//!    until they are gone; finish the decided publishes from their audit files (the warehouse
+//!    transaction asks the manifest again, so two recoverers never publish twice over a newer
+//!    output); remove audit files nobody needs;
+//! 3. **record** (one manifest transaction): the killed tries and their runs as `cancelled`,
+//!    finished publishes as published, runs whose every task had succeeded as `succeeded`; then
+//!    release the leases.
+//!
+//! A try whose group could not be proven gone (it survived SIGKILL, or it runs on another host
+//! that this one cannot check) keeps its run and lease: its interval stays in flight rather than
+//! being run a second time, and a warning says so.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+use crate::exit::Error;
+use crate::interval::DataInterval;
+use crate::manifest::leases::{self, LeaseCtx, now_ms};
+use crate::manifest::runs::{self, PendingPublish, UnfinishedTry};
+use crate::manifest::writer::Writer;
+use crate::manifest::{self, Owner, TryRecord, backfills};
+use crate::project::{Dag, Project, SqlTask, TaskKind};
+use crate::state::TryState;
+use crate::warehouse::{self, AuditFile, Repr, partition};
+
+/// How long a killed group may take to disappear before it counts as unstoppable.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// What a claim found for one dead owner.
+#[derive(Debug, Clone)]
+struct Claim {
+    owner: Owner,
+    tries: Vec<UnfinishedTry>,
+    publishes: Vec<PendingPublish>,
+}
+
+/// How the act step left each thing it touched.
+#[derive(Debug, Default)]
+struct Acted {
+    /// Tries whose process is gone (or never started).
+    stopped: Vec<i64>,
+    /// Runs whose try could not be proven gone, and why.
+    blocked: Vec<(i64, String)>,
+    /// Publishes finished: try id -> rows.
+    published: HashMap<i64, i64>,
+    /// Publishes not needed any more (superseded or already finished).
+    dropped: Vec<(i64, String)>,
+    /// Publishes that could not be finished: try id -> why.
+    failed: Vec<(i64, String)>,
+}
+
+/// What recovery did, for the caller to report.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub warnings: Vec<String>,
+    pub owners: Vec<i64>,
+}
+
+/// The DAGs of the project by id, for finishing publishes of any of them.
+pub struct Dags(HashMap<String, Dag>);
+
+impl Dags {
+    pub fn of(project: &Project) -> Self {
+        Self(
+            project
+                .load_all()
+                .0
+                .into_iter()
+                .map(|d| (d.id.clone(), d))
+                .collect(),
+        )
+    }
+
+    fn sql_task(&self, dag_id: &str, task_id: &str) -> Option<(&SqlTask, chrono_tz::Tz)> {
+        let dag = self.0.get(dag_id)?;
+        let task = dag.tasks.iter().find(|t| t.id == task_id)?;
+        match &task.kind {
+            TaskKind::Sql(sql) => Some((sql, dag.tz)),
+            TaskKind::Command(_) => None,
+        }
+    }
+}
+
+fn claim_owner(
+    conn: &Connection,
+    backfill_id: i64,
+    ctx: &LeaseCtx,
+    me: bool,
+) -> manifest::Result<Option<Claim>> {
+    let Some(owner) = backfills::take_ownership(conn, backfill_id, ctx, me)? else {
+        return Ok(None);
+    };
+    Ok(Some(Claim {
+        owner,
+        tries: runs::unfinished_tries(conn, backfill_id)?,
+        publishes: runs::pending_publishes(conn, backfill_id)?,
+    }))
+}
+
+/// Releases the stale leases of a DAG: recovers every dead owner that holds one. Run before
+/// planning, so that the plan sees them free.
+pub fn release_stale(
+    writer: &Writer,
+    dags: &Dags,
+    dag_id: &str,
+    ctx: &LeaseCtx,
+) -> Result<Report, Error> {
+    let (dag, c) = (dag_id.to_string(), ctx.clone());
+    let claims = writer.call_blocking(move |conn| {
+        let stale = leases::stale(conn, &dag, &c)?;
+        let owners: HashSet<i64> = stale.iter().map(|s| s.1).collect();
+        let mut owners: Vec<i64> = owners.into_iter().collect();
+        owners.sort_unstable();
+        let mut claims = Vec::new();
+        for id in owners {
+            if let Some(claim) = claim_owner(conn, id, &c, false)? {
+                claims.push(claim);
+            }
+        }
+        Ok(claims)
+    })?;
+    recover(writer, dags, claims, ctx, false)
+}
+
+/// Makes this process the owner of a backfill whose owner is gone, after recovering what the
+/// old owner left. `None` when the owner is alive.
+pub fn take_over(
+    writer: &Writer,
+    dags: &Dags,
+    backfill_id: i64,
+    ctx: &LeaseCtx,
+) -> Result<Option<(Owner, Report)>, Error> {
+    let c = ctx.clone();
+    let claim = writer.call_blocking(move |conn| claim_owner(conn, backfill_id, &c, true))?;
+    let Some(claim) = claim else {
+        return Ok(None);
+    };
+    let owner = claim.owner;
+    let report = recover(writer, dags, vec![claim], ctx, true)?;
+    Ok(Some((owner, report)))
+}
+
+/// Ends a backfill whose owner is gone as `cancelled`, after recovering what it left, and
+/// releases its leases. `false` when the owner is alive.
+pub fn cancel_dead(
+    writer: &Writer,
+    dags: &Dags,
+    backfill_id: i64,
+    ctx: &LeaseCtx,
+) -> Result<Option<Report>, Error> {
+    let c = ctx.clone();
+    let claim = writer.call_blocking(move |conn| claim_owner(conn, backfill_id, &c, false))?;
+    let Some(claim) = claim else {
+        return Ok(None);
+    };
+    recover(writer, dags, vec![claim], ctx, false).map(Some)
+}
+
+/// Acts on the claims, then records what happened.
+fn recover(
+    writer: &Writer,
+    dags: &Dags,
+    claims: Vec<Claim>,
+    ctx: &LeaseCtx,
+    keep_owner: bool,
+) -> Result<Report, Error> {
+    let mut report = Report::default();
+    let mut acted = Vec::new();
+    for claim in &claims {
+        tracing::info!(
+            backfill = claim.owner.backfill_id,
+            epoch = claim.owner.epoch,
+            tries = claim.tries.len(),
+            publishes = claim.publishes.len(),
+            "recovering what a gone owner left"
+        );
+        let a = act(writer.path(), dags, claim, ctx);
+        for (_, why) in &a.blocked {
+            report.warnings.push(why.clone());
+        }
+        for (try_id, why) in &a.failed {
+            report.warnings.push(format!(
+                "try {try_id}: the publish it had decided on could not be finished: {why}"
+            ));
+        }
+        report.owners.push(claim.owner.backfill_id);
+        acted.push(a);
+    }
+    let task_counts: HashMap<String, usize> = dags
+        .0
+        .iter()
+        .map(|(id, d)| (id.clone(), d.tasks.len()))
+        .collect();
+    let claims_for_record = claims.clone();
+    let now = now_ms();
+    writer.call_blocking(move |conn| {
+        for (claim, a) in claims_for_record.iter().zip(&acted) {
+            record(conn, claim, a, &task_counts, keep_owner, now)?;
+        }
+        Ok(())
+    })?;
+    sweep_audits(writer)?;
+    Ok(report)
+}
+
+/// Step 2 for one dead owner.
+fn act(manifest_path: &Path, dags: &Dags, claim: &Claim, ctx: &LeaseCtx) -> Acted {
+    let mut acted = Acted::default();
+    let backfill_id = claim.owner.backfill_id;
+    for t in claim.tries.iter().filter(|t| !t.publishing) {
+        let gone = match t.group {
+            None => true,
+            Some(group) if ctx.is_here(t.host.as_deref()) => {
+                let gone = crate::process::kill_group(group, KILL_WAIT);
+                tracing::info!(
+                    backfill = backfill_id,
+                    try_id = t.try_id,
+                    pgid = group.pgid,
+                    gone,
+                    "killed the process group of a gone owner's try"
+                );
+                gone
+            }
+            Some(_) => false,
+        };
+        if gone {
+            if let Some(path) = &t.audit_path
+                && let Some(file) = AuditFile::existing(Path::new(path))
+            {
+                file.remove();
+            }
+            acted.stopped.push(t.try_id);
+        } else {
+            let why = match (&t.group, &t.host) {
+                (Some(g), Some(host)) if !ctx.is_here(Some(host)) => format!(
+                    "try {} of backfill {backfill_id} runs as process group {} on host {host}, which cannot be checked from here; its interval stays in flight (run `backfill cancel {backfill_id}` on {host} to stop it)",
+                    t.try_id, g.pgid
+                ),
+                (Some(g), _) => format!(
+                    "try {} of backfill {backfill_id} (process group {}) survived SIGKILL for {}s; its interval stays in flight until it is gone",
+                    t.try_id,
+                    g.pgid,
+                    KILL_WAIT.as_secs()
+                ),
+                _ => format!(
+                    "try {} of backfill {backfill_id} could not be stopped",
+                    t.try_id
+                ),
+            };
+            tracing::warn!(backfill = backfill_id, try_id = t.try_id, "{why}");
+            acted.blocked.push((t.run_id, why));
+        }
+    }
+    for p in &claim.publishes {
+        match finish_publish(manifest_path, dags, p) {
+            Ok(Finished::Published(rows)) => {
+                tracing::info!(
+                    backfill = backfill_id,
+                    try_id = p.try_id,
+                    rows,
+                    "finished the publish of a gone owner"
+                );
+                acted.published.insert(p.try_id, rows);
+            }
+            Ok(Finished::Dropped(why)) => acted.dropped.push((p.try_id, why)),
+            Err(why) => {
+                tracing::warn!(backfill = backfill_id, try_id = p.try_id, "{why}");
+                acted.failed.push((p.try_id, why));
+            }
+        }
+    }
+    acted
+}
+
+enum Finished {
+    Published(i64),
+    Dropped(String),
+}
+
+/// Finishes one decided publish from its audit file. The publish transaction asks the
+/// manifest whether the intent still stands, so a publish finished by someone else, or
+/// superseded by a newer one, is not redone.
+fn finish_publish(
+    manifest_path: &Path,
+    dags: &Dags,
+    p: &PendingPublish,
+) -> Result<Finished, String> {
+    let Some((task, tz)) = dags.sql_task(&p.dag_id, &p.task_id) else {
+        return Err(format!(
+            "task `{}` of DAG `{}` is no longer a SQL task of the project",
+            p.task_id, p.dag_id
+        ));
+    };
+    let reader = manifest::open_read_only(manifest_path).map_err(|e| e.to_string())?;
+    let wh = warehouse::open(&task.warehouse).map_err(|e| e.to_string())?;
+    let audit = match (&p.audit_path, &p.audit_table) {
+        (Some(path), _) => AuditFile::existing(Path::new(path)),
+        (None, Some(table)) => legacy_audit(&wh, table, manifest_path, p.try_id)?,
+        (None, None) => None,
+    };
+    let Some(audit) = audit else {
+        // The audit file is removed only after the publish committed.
+        return if runs::may_publish(&reader, p.try_id, None).map_err(|e| e.to_string())? {
+            Ok(Finished::Published(p.record.rows.unwrap_or(0)))
+        } else {
+            Ok(Finished::Dropped("already finished".into()))
+        };
+    };
+    let repr = publish_repr(&wh, task, &audit);
+    let allowed = || runs::may_publish(&reader, p.try_id, None).map_err(|e| e.to_string());
+    let publish = warehouse::publish::Publish {
+        task,
+        interval: p.interval,
+        tz,
+        repr,
+        audit: Some(&audit),
+        expect_fingerprint: p.record.fingerprint.as_deref(),
+    };
+    let result = warehouse::publish::publish(&wh, &publish, &allowed);
+    match result {
+        Ok(rows) => {
+            audit.remove();
+            Ok(Finished::Published(rows))
+        }
+        Err(warehouse::Error::Refused) => {
+            audit.remove();
+            Ok(Finished::Dropped(
+                "superseded by a newer publish, or finished by another process".into(),
+            ))
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A publish intent recorded by an older version kept its rows in a table of the warehouse:
+/// copy them into an audit file.
+fn legacy_audit(
+    wh: &Connection,
+    table: &str,
+    manifest_path: &Path,
+    try_id: i64,
+) -> Result<Option<AuditFile>, String> {
+    if warehouse::table_columns(wh, "main", table)
+        .map_err(|e| e.to_string())?
+        .is_empty()
+    {
+        return Ok(None);
+    }
+    let dir = warehouse::audit_dir(manifest_path);
+    let file =
+        AuditFile::create(&dir, &format!("legacy-{try_id}.db")).map_err(|e| e.to_string())?;
+    let copy = || -> warehouse::Result<()> {
+        file.attach(wh)?;
+        wh.execute_batch(&format!(
+            "CREATE TABLE audit.rows AS SELECT * FROM main.{}; DETACH DATABASE audit; DROP TABLE main.{};",
+            warehouse::quote(table),
+            warehouse::quote(table)
+        ))?;
+        Ok(())
+    };
+    copy().map_err(|e| e.to_string())?;
+    Ok(Some(file))
+}
+
+/// The representation to publish an audit file with: the one its rows have, else the
+/// target's, else the declared type's.
+fn publish_repr(wh: &Connection, task: &SqlTask, audit: &AuditFile) -> Option<Repr> {
+    let from_audit = (|| -> warehouse::Result<Option<Repr>> {
+        audit.attach(wh)?;
+        let classes = partition::classes(wh, warehouse::audit::TABLE, &task.partition_column, None);
+        warehouse::audit::detach(wh);
+        let classes = classes?;
+        Ok(match classes.reprs.as_slice() {
+            [one] => Some(*one),
+            _ => None,
+        })
+    })();
+    if let Ok(Some(r)) = from_audit {
+        return Some(r);
+    }
+    let table = format!("main.{}", warehouse::quote(&task.target));
+    if let Ok(c) = partition::endpoint_classes(wh, &table, &task.partition_column)
+        && let [one] = c.reprs.as_slice()
+    {
+        return Some(*one);
+    }
+    warehouse::declared_type(wh, &task.target, &task.partition_column)
+        .ok()
+        .and_then(|t| Repr::from_declared(&t))
+}
+
+/// Step 3 for one dead owner.
+fn record(
+    conn: &Connection,
+    claim: &Claim,
+    a: &Acted,
+    task_counts: &HashMap<String, usize>,
+    keep_owner: bool,
+    now: i64,
+) -> manifest::Result<()> {
+    let backfill_id = claim.owner.backfill_id;
+    let why = format!("abandoned: the process of backfill {backfill_id} is gone");
+    for try_id in &a.stopped {
+        let mut rec = TryRecord::new(TryState::Cancelled);
+        rec.error = Some(why.clone());
+        runs::end_abandoned_try(conn, *try_id, &rec, now)?;
+    }
+    for p in &claim.publishes {
+        if let Some(rows) = a.published.get(&p.try_id) {
+            let mut rec = p.record.clone();
+            rec.state = TryState::Succeeded;
+            rec.rows = Some(*rows);
+            runs::end_abandoned_try(conn, p.try_id, &rec, now)?;
+            runs::mark_published(
+                conn,
+                &manifest::Publication {
+                    try_id: p.try_id,
+                    dag_id: &p.dag_id,
+                    task_id: &p.task_id,
+                    interval: p.interval,
+                    rows: *rows,
+                    fingerprint: p.record.fingerprint.as_deref(),
+                },
+                now,
+            )?;
+        } else if let Some((_, reason)) = a.dropped.iter().find(|d| d.0 == p.try_id) {
+            let mut rec = TryRecord::new(TryState::Cancelled);
+            rec.error = Some(format!("interrupted while publishing; {reason}"));
+            runs::end_abandoned_try(conn, p.try_id, &rec, now)?;
+        } else if let Some((_, reason)) = a.failed.iter().find(|d| d.0 == p.try_id) {
+            let mut rec = TryRecord::new(TryState::Failed);
+            rec.error = Some(format!(
+                "interrupted while publishing, and the publish could not be finished: {reason}"
+            ));
+            runs::end_abandoned_try(conn, p.try_id, &rec, now)?;
+        }
+    }
+    let keep: Vec<i64> = a.blocked.iter().map(|b| b.0).collect();
+    let counts = |dag: &str| task_counts.get(dag).copied();
+    runs::end_abandoned_runs(conn, backfill_id, &counts, &keep, &why, now)?;
+    if !keep_owner {
+        // Leases of runs that could not be stopped stay, so their intervals stay in flight.
+        conn.execute(
+            "DELETE FROM leases WHERE backfill_id = ?1 AND (run_id IS NULL OR run_id NOT IN
+               (SELECT r.id FROM runs r WHERE r.backfill_id = ?1 AND r.state IN ('queued', 'running')))",
+            [backfill_id],
+        )?;
+    }
+    Ok(())
+}
+
+/// Removes the audit files that no live process holds and no pending publish needs.
+pub fn sweep_audits(writer: &Writer) -> Result<usize, Error> {
+    let dir = warehouse::audit_dir(writer.path());
+    if !dir.exists() {
+        return Ok(0);
+    }
+    let pending: HashSet<i64> = writer.call_blocking(|conn| {
+        let mut stmt = conn.prepare("SELECT id FROM task_tries WHERE publishing = 1")?;
+        let ids = stmt.query_map([], |r| r.get(0))?;
+        Ok(ids.collect::<rusqlite::Result<_>>()?)
+    })?;
+    let removed = warehouse::audit::sweep(&dir, &|t| t.is_some_and(|t| pending.contains(&t)));
+    if removed > 0 {
+        tracing::info!(removed, dir = %dir.display(), "removed audit files left by processes that died");
+    }
+    Ok(removed)
+}
+
+/// The intervals of a backfill's plan still to run, leased for its new owner; intervals that a
+/// live lease of another backfill holds are recorded as skipped (`in flight`).
+pub fn lease_remaining(
+    conn: &Connection,
+    owner: Owner,
+    dag_id: &str,
+    ctx: &LeaseCtx,
+) -> manifest::Result<Vec<DataInterval>> {
+    backfills::fence(conn, owner)?;
+    let remaining = manifest::plans::unfinished(conn, owner.backfill_id)?;
+    let (lo, hi) = remaining.iter().fold((i64::MAX, i64::MIN), |(lo, hi), i| {
+        (lo.min(i.start.timestamp()), hi.max(i.start.timestamp()))
+    });
+    let busy = leases::live(conn, dag_id, lo, hi, ctx)?;
+    // A run of this backfill still in progress after recovery holds a try that could not be
+    // stopped: its interval stays in flight.
+    let blocked: HashSet<i64> = conn
+        .prepare(
+            "SELECT interval_start FROM runs WHERE backfill_id = ?1 AND state IN ('queued', 'running')",
+        )?
+        .query_map([owner.backfill_id], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut free = Vec::with_capacity(remaining.len());
+    for interval in remaining {
+        let start = interval.start.timestamp();
+        let mine = leases::holds(conn, owner.backfill_id, dag_id, start)?;
+        if blocked.contains(&start) || (busy.contains(&start) && !mine) {
+            manifest::plans::mark_skipped(
+                conn,
+                owner.backfill_id,
+                start,
+                crate::plan::SkipReason::InFlight,
+            )?;
+        } else {
+            free.push(interval);
+        }
+    }
+    leases::take(conn, owner.backfill_id, dag_id, free.iter().copied(), ctx)?;
+    Ok(free)
+}
+
+/// Where a manifest's audit files are, for messages.
+pub fn audit_dir(manifest: &Path) -> PathBuf {
+    warehouse::audit_dir(manifest)
+}

@@ -1,0 +1,68 @@
+//! One interval: its tasks in `depends_on` order, each until it succeeds, is rejected or fails
+//! after its retries; then the run's end.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::record::record_end;
+use super::tries::{TaskEnd, run_task};
+use super::{Event, Shared, Stop};
+use crate::exit::Error;
+use crate::interval::DataInterval;
+use crate::plan::RunState;
+
+/// Runs every task of one interval; records the run.
+pub(super) async fn run(
+    shared: Arc<Shared>,
+    interval: DataInterval,
+    mut stop: watch::Receiver<Stop>,
+) -> Result<(DataInterval, RunState), Error> {
+    let began = Instant::now();
+    // The run is recorded with its first try (one commit), and its end with its last try's.
+    let mut run_id = None;
+    let mut state = RunState::Succeeded;
+    let mut error = None;
+    let tasks = &shared.spec.dag.tasks;
+    for (i, task) in tasks.iter().enumerate() {
+        let (end, last_try) = run_task(&shared, task, interval, &mut run_id, &mut stop).await?;
+        let ends_run = match end {
+            TaskEnd::Succeeded => i + 1 == tasks.len(),
+            TaskEnd::Failed(e) => {
+                state = RunState::Failed;
+                error = Some(format!("task `{}` failed: {e}", task.id));
+                true
+            }
+            TaskEnd::Rejected(reason) => {
+                state = RunState::Rejected;
+                error = Some(format!("task `{}` rejected: {reason}", task.id));
+                true
+            }
+            TaskEnd::Cancelled => {
+                state = RunState::Cancelled;
+                error = Some(format!("cancelled during task `{}`", task.id));
+                true
+            }
+        };
+        let Some(run) = run_id else {
+            // Stopped before anything started: the interval stays planned, for `resume`.
+            return Ok((interval, RunState::Cancelled));
+        };
+        let run_end = ends_run.then(|| (state, error.clone()));
+        record_end(&shared, run, last_try, run_end).await?;
+        if ends_run {
+            break;
+        }
+    }
+    if let Some(run_id) = run_id {
+        let _ = shared.events.send(Event::IntervalFinished {
+            interval,
+            run_id,
+            state,
+            elapsed: began.elapsed(),
+            error,
+        });
+    }
+    Ok((interval, state))
+}

@@ -1,0 +1,147 @@
+//! The runner's writes to the manifest for tries and runs, each fenced by the owner's epoch.
+
+use std::path::PathBuf;
+
+use super::Shared;
+use crate::exit::Error;
+use crate::interval::DataInterval;
+use crate::manifest::leases::now_ms;
+use crate::manifest::{Publication, TryRecord, runs};
+use crate::plan::RunState;
+use crate::project::{Task, TaskKind};
+use crate::task::command;
+use crate::warehouse;
+
+/// What a published try wrote.
+pub(super) struct Published {
+    pub rows: i64,
+    pub fingerprint: Option<String>,
+}
+
+/// A try's end, not yet recorded: it is committed together with the end of its run when it is
+/// the run's last.
+pub(super) struct LastTry {
+    pub try_id: i64,
+    pub task_id: String,
+    pub interval: DataInterval,
+    pub record: TryRecord,
+    pub published: Option<Published>,
+}
+
+/// Records the end of a task's last try and, when given, of the run, in one commit.
+pub(super) async fn record_end(
+    shared: &Shared,
+    run_id: i64,
+    last_try: Option<LastTry>,
+    run_end: Option<(RunState, Option<String>)>,
+) -> Result<(), Error> {
+    if crate::fault::point("record-end") {
+        return Err(Error::Manifest(crate::manifest::Error::Invalid(
+            "disk I/O error (injected)".into(),
+        )));
+    }
+    let dag_id = shared.spec.dag.id.clone();
+    let owner = shared.spec.owner;
+    shared
+        .writer
+        .call(move |c| {
+            let now = now_ms();
+            if let Some(t) = last_try {
+                runs::finish_try(c, owner, t.try_id, &t.record, now)?;
+                if let Some(p) = t.published {
+                    let publication = Publication {
+                        try_id: t.try_id,
+                        dag_id: &dag_id,
+                        task_id: &t.task_id,
+                        interval: t.interval,
+                        rows: p.rows,
+                        fingerprint: p.fingerprint.as_deref(),
+                    };
+                    runs::mark_published(c, &publication, now)?;
+                }
+            }
+            if let Some((state, error)) = run_end {
+                runs::finish_run(c, owner, run_id, state, error.as_deref(), now)?;
+            }
+            Ok(())
+        })
+        .await?;
+    Ok(())
+}
+
+/// A started try: its run, its id, its log and result paths, and (SQL tasks) its audit file.
+pub(super) struct Started {
+    pub run_id: i64,
+    pub try_id: i64,
+    pub log: PathBuf,
+    pub result: PathBuf,
+    pub audit: Option<PathBuf>,
+}
+
+/// Records a try as started, and the run too for the interval's first try: one commit. `None`
+/// when the interval's lease or run was taken over meanwhile.
+pub(super) async fn start_try(
+    shared: &Shared,
+    task: &Task,
+    interval: DataInterval,
+    run_id: Option<i64>,
+    try_number: u32,
+) -> Result<Option<Started>, Error> {
+    let spec = &shared.spec;
+    let (owner, dag_id, task_id) = (spec.owner, spec.dag.id.clone(), task.id.clone());
+    let logs_dir = spec.logs_dir.clone();
+    let audit_dir =
+        matches!(task.kind, TaskKind::Sql(_)).then(|| warehouse::audit_dir(&spec.manifest_path));
+    Ok(shared
+        .writer
+        .call(move |c| {
+            let now = now_ms();
+            let run_id = match run_id {
+                Some(id) => id,
+                None => match runs::start_run(c, owner, &dag_id, interval, now)? {
+                    Some(id) => id,
+                    None => return Ok(None),
+                },
+            };
+            let (log, result) = command::try_paths(
+                &logs_dir,
+                &dag_id,
+                interval.start,
+                &task_id,
+                run_id,
+                try_number,
+            );
+            let log_text = log.display().to_string();
+            let Some(try_id) =
+                runs::start_try(c, owner, run_id, &task_id, try_number, &log_text, now)?
+            else {
+                return Ok(None);
+            };
+            let audit = audit_dir.map(|dir| dir.join(warehouse::audit::try_file(try_id)));
+            if let Some(path) = &audit {
+                runs::set_try_audit(c, owner, try_id, &path.display().to_string())?;
+            }
+            Ok(Some(Started {
+                run_id,
+                try_id,
+                log,
+                result,
+                audit,
+            }))
+        })
+        .await?)
+}
+
+/// The currently published rows of a task and interval.
+pub(super) async fn published_rows(
+    shared: &Shared,
+    task: &Task,
+    interval: DataInterval,
+) -> Result<Option<i64>, Error> {
+    let (dag_id, task_id) = (shared.spec.dag.id.clone(), task.id.clone());
+    Ok(shared
+        .writer
+        .call(move |c| runs::published(c, &dag_id, &task_id, interval.start.timestamp()))
+        .await?
+        .map(|(_, rows)| rows))
+}

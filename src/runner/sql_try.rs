@@ -1,0 +1,300 @@
+//! SQL tries, write-audit-publish: the rows, measures and source count are computed into the
+//! try's audit file from one read snapshot (no warehouse lock, so tries audit in parallel); the
+//! gate judges; the decision to publish is recorded before the warehouse is touched; the publish
+//! is one short transaction that the manifest must still allow. A crash after the intent is
+//! repaired by finishing the publish from the audit file (see `recovery`).
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rusqlite::{Connection, InterruptHandle};
+use tokio::sync::watch;
+
+use super::record::{Published, published_rows};
+use super::tries::{Outcome, TryInput, apply_verdict, cancelled, failed, rules, timed_out};
+use super::{Shared, Stop};
+use crate::exit::Error;
+use crate::gate::{self, Measures, Verdict};
+use crate::manifest::leases::now_ms;
+use crate::manifest::{self, TryRecord, runs};
+use crate::project::{SqlTask, Task};
+use crate::state::TryState;
+use crate::warehouse::{self, AuditFile, AuditMeasures, Binds, Cancel, audit, publish};
+
+/// A blocking warehouse step that can be cancelled or timed out.
+pub(crate) enum Step<T> {
+    Done(Result<T, warehouse::Error>),
+    TimedOut,
+    Cancelled,
+}
+
+pub(crate) type Interrupt = Arc<Mutex<Option<InterruptHandle>>>;
+
+/// Runs a blocking warehouse step on the blocking pool; a timeout or a stop interrupts its
+/// SQLite statement and waits for it to return.
+pub(crate) async fn blocking_step<T: Send + 'static>(
+    timeout: Option<Duration>,
+    stop: &mut watch::Receiver<Stop>,
+    f: impl FnOnce(&Cancel, &Interrupt) -> Result<T, warehouse::Error> + Send + 'static,
+) -> Step<T> {
+    let cancel = Cancel::default();
+    let interrupt: Interrupt = Arc::default();
+    let (c, i) = (cancel.clone(), interrupt.clone());
+    let mut job = tokio::task::spawn_blocking(move || f(&c, &i));
+    let deadline = tokio::time::sleep(timeout.unwrap_or(Duration::MAX / 4));
+    tokio::pin!(deadline);
+    let mut stop_open = true;
+    let why = loop {
+        if *stop.borrow() != Stop::Run {
+            break Step::Cancelled;
+        }
+        tokio::select! {
+            joined = &mut job => {
+                return Step::Done(joined.unwrap_or_else(|e| Err(warehouse::Error::Message(format!("warehouse step panicked: {e}")))));
+            }
+            () = &mut deadline, if timeout.is_some() => break Step::TimedOut,
+            changed = stop.changed(), if stop_open => {
+                if changed.is_err() {
+                    stop_open = false;
+                }
+            }
+        }
+    };
+    cancel.set();
+    if let Ok(slot) = interrupt.lock()
+        && let Some(handle) = slot.as_ref()
+    {
+        handle.interrupt();
+    }
+    let _ = job.await;
+    why
+}
+
+/// The audit step's result: the connection (reused to publish), the audit file and measures.
+type Audited = (Connection, AuditFile, AuditMeasures);
+
+pub(super) async fn sql_try(
+    shared: &Shared,
+    task: &Task,
+    sql: &SqlTask,
+    input: &TryInput<'_>,
+    stop: &mut watch::Receiver<Stop>,
+) -> Result<Outcome, Error> {
+    let tz = shared.spec.dag.tz;
+    let binds = Binds::new(input.interval, tz);
+    let Some(audit_path) = input.audit_path.clone() else {
+        return Err(Error::Internal("a SQL try without an audit file".into()));
+    };
+    let known_repr = shared
+        .reprs
+        .lock()
+        .ok()
+        .and_then(|r| r.get(&task.id).copied().flatten());
+    let mut log = TryLog::open(&input.log_path);
+    log.line(&format!(
+        "warehouse `{}`: computing {} for [{}, {}) into {}",
+        sql.warehouse.name,
+        sql.target,
+        binds.data_interval_start,
+        binds.data_interval_end,
+        audit_path.display()
+    ));
+    let (s, g, b) = (sql.clone(), task.gate.clone(), binds.clone());
+    let step = blocking_step(
+        task.timeout,
+        stop,
+        move |cancel, interrupt| -> Result<Audited, warehouse::Error> {
+            let dir = audit_path.parent().unwrap_or_else(|| Path::new("."));
+            let name = audit_path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let file = AuditFile::create(dir, &name)?;
+            let measured = (|| -> Result<_, warehouse::Error> {
+                let conn = warehouse::open(&s.warehouse)?;
+                if let Ok(mut slot) = interrupt.lock() {
+                    *slot = Some(conn.get_interrupt_handle());
+                }
+                file.attach(&conn)?;
+                let m = audit::write_and_measure(
+                    &conn,
+                    &s,
+                    g.as_ref(),
+                    known_repr,
+                    &b,
+                    tz,
+                    Some(cancel.flag()),
+                );
+                audit::detach(&conn);
+                Ok((conn, m?))
+            })();
+            match measured {
+                Ok((conn, m)) => Ok((conn, file, m)),
+                Err(e) => {
+                    file.remove();
+                    Err(e.at(&s.warehouse))
+                }
+            }
+        },
+    )
+    .await;
+    let (conn, file, measures) = match step {
+        Step::Done(Ok(v)) => v,
+        Step::Done(Err(e)) => {
+            let error = e.to_string();
+            log.line(&error);
+            return Ok(failed(error, None));
+        }
+        Step::TimedOut => {
+            let error = timed_out(task);
+            log.line(&error);
+            return Ok(failed(error, None));
+        }
+        Step::Cancelled => return Ok(cancelled("cancelled")),
+    };
+    crate::fault::point("after-audit");
+    if known_repr.is_none()
+        && let (Some(r), Ok(mut reprs)) = (measures.repr, shared.reprs.lock())
+    {
+        reprs.insert(task.id.clone(), Some(r));
+    }
+    let published = published_rows(shared, task, input.interval).await?;
+    let gate_measures = Measures {
+        rows: measures.rows,
+        outside: Some(measures.outside),
+        duplicate_keys: measures.duplicate_keys,
+        source: measures.source,
+        published,
+        mixed: measures.mixed.clone(),
+    };
+    let verdict = match gate::judge(
+        &gate_measures,
+        &rules(task.gate.as_ref(), shared.spec.allow_drift),
+    ) {
+        Ok(v) => v,
+        Err(why) => {
+            file.remove();
+            log.line(&why);
+            return Ok(failed(why, None));
+        }
+    };
+    log.line(&format!(
+        "rows {} (source {}, published {}), fingerprint {}: {verdict}",
+        measures.rows,
+        measures.source.map_or("-".into(), |n| n.to_string()),
+        published.map_or("-".into(), |n| n.to_string()),
+        measures.fingerprint
+    ));
+    let mut record = TryRecord::new(TryState::Succeeded);
+    record.rows = Some(measures.rows);
+    record.fingerprint = Some(measures.fingerprint.clone());
+    apply_verdict(&mut record, &verdict, measures.source, published);
+    if let Verdict::Reject(reason) = verdict {
+        file.remove();
+        record.state = TryState::Rejected;
+        return Ok(Outcome::Rejected(record, reason));
+    }
+    let (intent, path_text, owner, try_id) = (
+        record.clone(),
+        file.path.display().to_string(),
+        shared.spec.owner,
+        input.try_id,
+    );
+    let may_publish = shared
+        .writer
+        .call(move |c| runs::record_publish_intent(c, owner, try_id, &path_text, &intent))
+        .await;
+    match may_publish {
+        Ok(true) => {}
+        Ok(false) => {
+            file.remove();
+            return Ok(cancelled("cancelled"));
+        }
+        Err(e) => {
+            file.remove();
+            return Err(e.into());
+        }
+    }
+    crate::fault::point("before-publish");
+    let (s, manifest_path) = (sql.clone(), shared.spec.manifest_path.clone());
+    let repr = measures.repr.or(known_repr);
+    let interval = input.interval;
+    let empty = verdict == Verdict::PublishEmpty;
+    let joined = tokio::task::spawn_blocking(move || {
+        let reader = manifest::open_read_only(&manifest_path);
+        let result = match &reader {
+            Ok(reader) => {
+                let allowed =
+                    || runs::may_publish(reader, try_id, Some(owner)).map_err(|e| e.to_string());
+                let p = publish::Publish {
+                    task: &s,
+                    interval,
+                    tz,
+                    repr,
+                    audit: (!empty).then_some(&file),
+                    expect_fingerprint: None,
+                };
+                publish::publish(&conn, &p, &allowed)
+            }
+            Err(e) => Err(warehouse::Error::Message(format!(
+                "cannot read the manifest: {e}"
+            ))),
+        };
+        (file, result)
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("publish panicked: {e}")))?;
+    let (file, result) = joined;
+    match result {
+        Ok(rows) => {
+            crate::fault::point("after-publish");
+            file.remove();
+            log.line(&format!("published {rows} rows into {}", sql.target));
+            Ok(Outcome::Succeeded(
+                record,
+                Some(Published {
+                    rows,
+                    fingerprint: Some(measures.fingerprint),
+                }),
+            ))
+        }
+        Err(warehouse::Error::Refused) => {
+            // Taken over: whoever took the interval over decides what is published.
+            file.remove();
+            log.line("not published: another process took this interval over");
+            Ok(cancelled("taken over by another process before publishing"))
+        }
+        Err(e) => {
+            let error = format!("publish failed: {e}");
+            log.line(&error);
+            // Recorded before the audit file goes: a recorded intent without its file would
+            // read as a publish that committed.
+            let mut rec = TryRecord::new(TryState::Failed);
+            rec.error = Some(error.clone());
+            let done = rec.clone();
+            shared
+                .writer
+                .call(move |c| runs::finish_try(c, owner, try_id, &done, now_ms()))
+                .await?;
+            file.remove();
+            Ok(Outcome::Failed(rec))
+        }
+    }
+}
+
+/// The log file of a SQL try.
+struct TryLog(Option<std::fs::File>);
+
+impl TryLog {
+    fn open(path: &Path) -> Self {
+        Self(crate::process::open_log(path).ok())
+    }
+
+    fn line(&mut self, text: &str) {
+        use std::io::Write;
+        if let Some(f) = &mut self.0 {
+            let _ = writeln!(f, "{text}");
+        }
+    }
+}

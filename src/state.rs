@@ -1,0 +1,124 @@
+//! The states the manifest records, as enums: a backfill's, a run's and a task try's. Each maps
+//! to the text the manifest stores (and its `CHECK` constraints allow) through `ToSql`/`FromSql`,
+//! so no state is ever spelled as a string outside this module.
+
+use std::fmt;
+use std::str::FromStr;
+
+use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
+
+/// Declares a state enum with its stored names, `Display`, `FromStr` and the SQL mapping.
+macro_rules! stored_enum {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum $name {
+            $($(#[$vdoc])* $variant),+
+        }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text),+
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                Self::ALL
+                    .iter()
+                    .copied()
+                    .find(|v| v.as_str() == s)
+                    .ok_or_else(|| format!("unknown {} `{s}`", stringify!($name)))
+            }
+        }
+
+        impl ToSql for $name {
+            fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+                Ok(ToSqlOutput::from(self.as_str()))
+            }
+        }
+
+        impl FromSql for $name {
+            fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
+                let text = value.as_str()?;
+                text.parse()
+                    .map_err(|e: String| FromSqlError::Other(e.into()))
+            }
+        }
+    };
+}
+
+stored_enum! {
+    /// Where a backfill stands.
+    BackfillState {
+        Running => "running",
+        Completed => "completed",
+        Failed => "failed",
+        Cancelled => "cancelled",
+    }
+}
+
+stored_enum! {
+    /// The state of one run (one attempt at one interval).
+    RunState {
+        Queued => "queued",
+        Running => "running",
+        Succeeded => "succeeded",
+        Failed => "failed",
+        Rejected => "rejected",
+        Cancelled => "cancelled",
+    }
+}
+
+stored_enum! {
+    /// The state of one task try.
+    TryState {
+        Running => "running",
+        Succeeded => "succeeded",
+        Failed => "failed",
+        Rejected => "rejected",
+        Cancelled => "cancelled",
+    }
+}
+
+impl RunState {
+    pub fn is_finished(self) -> bool {
+        !matches!(self, Self::Queued | Self::Running)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_through_sql() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        for s in RunState::ALL {
+            let back: RunState = conn.query_row("SELECT ?1", [s], |r| r.get(0)).unwrap();
+            assert_eq!(back, *s);
+            assert_eq!(s.as_str().parse::<RunState>(), Ok(*s));
+        }
+        for s in TryState::ALL {
+            let back: TryState = conn.query_row("SELECT ?1", [s], |r| r.get(0)).unwrap();
+            assert_eq!(back, *s);
+        }
+        for s in BackfillState::ALL {
+            let back: BackfillState = conn.query_row("SELECT ?1", [s], |r| r.get(0)).unwrap();
+            assert_eq!(back, *s);
+        }
+        let bad: rusqlite::Result<RunState> = conn.query_row("SELECT 'exploded'", [], |r| r.get(0));
+        assert!(bad.is_err());
+    }
+}

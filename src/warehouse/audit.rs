@@ -1,0 +1,393 @@
+//! Audit files: each SQL try computes its rows into a table of its own small SQLite database,
+//! attached to the warehouse connection as `audit`. Writing it takes no lock on the warehouse
+//! (only a read snapshot), so tries audit in parallel; the same snapshot gives the source count,
+//! so the two compare the same moment.
+//!
+//! The file is created in the audit folder next to the manifest and locked (`flock`) by the
+//! process that uses it for as long as it does. A file whose lock is free belongs to a process
+//! that died: [`sweep`] removes it unless the manifest still needs it to finish a publish.
+
+use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+use rusqlite::Connection;
+use rusqlite::types::ValueRef;
+
+use super::partition::{self, Classes, Repr};
+use super::{Binds, Error, Result, quote, retry_busy, source_count_query, wrapped_query};
+use crate::project::{Gate, SqlTask};
+
+/// The table of an audit file that holds the try's rows.
+pub const TABLE: &str = "audit.rows";
+
+/// An audit file, locked by this process while it exists (unless it was found locked by a
+/// frozen process and is only read, to finish that process's publish).
+#[derive(Debug)]
+pub struct AuditFile {
+    pub path: PathBuf,
+    lock: Option<File>,
+}
+
+impl AuditFile {
+    /// Creates `dir/name` (which must not exist) and locks it.
+    pub fn create(dir: &Path, name: &str) -> Result<Self> {
+        let path = dir.join(name);
+        let io = |source| Error::Audit {
+            path: path.clone(),
+            source,
+        };
+        crate::process::private_dir(dir).map_err(io)?;
+        let lock = File::options()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io)?;
+        lock.try_lock()
+            .map_err(|e| io(std::io::Error::other(e.to_string())))?;
+        Ok(Self {
+            path,
+            lock: Some(lock),
+        })
+    }
+
+    /// Opens an existing audit file left by a process that died, locking it; `None` when there
+    /// is no such file or a live process holds it.
+    pub fn adopt(path: &Path) -> Option<Self> {
+        let lock = File::options().write(true).open(path).ok()?;
+        lock.try_lock().ok()?;
+        Some(Self {
+            path: path.to_path_buf(),
+            lock: Some(lock),
+        })
+    }
+
+    /// An existing audit file, to finish the publish of an owner that was taken over: locked
+    /// when its owner is dead, only read when the owner is frozen and still holds it. `None`
+    /// when it does not exist.
+    pub fn existing(path: &Path) -> Option<Self> {
+        if !path.is_file() {
+            return None;
+        }
+        Some(Self::adopt(path).unwrap_or_else(|| Self {
+            path: path.to_path_buf(),
+            lock: None,
+        }))
+    }
+
+    /// Attaches the file to a warehouse connection as `audit`, as a scratch database: no
+    /// journal, no syncs (a crash before the publish intent throws it away; after it, the
+    /// publish checks the recorded fingerprint first).
+    pub fn attach(&self, conn: &Connection) -> Result<()> {
+        conn.execute(
+            "ATTACH DATABASE ?1 AS audit",
+            [self.path.to_string_lossy().as_ref()],
+        )?;
+        conn.execute_batch("PRAGMA audit.journal_mode = OFF; PRAGMA audit.synchronous = OFF;")?;
+        Ok(())
+    }
+
+    /// Removes the file; the lock goes with it.
+    pub fn remove(self) {
+        let _ = std::fs::remove_file(&self.path);
+        drop(self.lock);
+    }
+}
+
+/// Detaches the audit file from a connection, if attached.
+pub fn detach(conn: &Connection) {
+    let _ = conn.execute_batch("DETACH DATABASE audit");
+}
+
+/// What the gate needs to know about a try's output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditMeasures {
+    pub rows: i64,
+    /// Rows whose partition value lies outside the interval (NULL included), or is not of the
+    /// column's representation.
+    pub outside: i64,
+    pub duplicate_keys: Option<i64>,
+    pub fingerprint: String,
+    /// The representation of the output's partition values (`None` when it has no rows).
+    pub repr: Option<Repr>,
+    /// The output mixes representations: why.
+    pub mixed: Option<String>,
+    pub source: Option<i64>,
+}
+
+/// Computes the task's rows for the interval into the attached audit file, then measures them
+/// and counts the source, all from one read snapshot of the warehouse. `repr` is the partition
+/// column's representation, when known; otherwise the output's decides.
+pub fn write_and_measure(
+    conn: &Connection,
+    task: &SqlTask,
+    gate: Option<&Gate>,
+    repr: Option<Repr>,
+    binds: &Binds,
+    tz: chrono_tz::Tz,
+    cancel: Option<&AtomicBool>,
+) -> Result<AuditMeasures> {
+    retry_busy(cancel, || {
+        conn.execute_batch("BEGIN")?;
+        let result = (|| {
+            conn.execute_batch(&format!("DROP TABLE IF EXISTS {TABLE}"))?;
+            let mut stmt = conn.prepare(&format!(
+                "CREATE TABLE {TABLE} AS {}",
+                wrapped_query(&task.sql)
+            ))?;
+            binds.bind(&mut stmt)?;
+            stmt.raw_execute()?;
+            drop(stmt);
+            let source = match gate.and_then(|g| g.source_count.as_ref()) {
+                Some(crate::project::SourceCount::Sql(q)) => Some(source_count(conn, q, binds)?),
+                _ => None,
+            };
+            measure(conn, task, gate, repr, binds, tz, source)
+        })();
+        match result {
+            Ok(m) => {
+                conn.execute_batch("COMMIT")?;
+                Ok(m)
+            }
+            Err(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                Err(e)
+            }
+        }
+    })
+}
+
+fn source_count(conn: &Connection, sql: &str, binds: &Binds) -> Result<i64> {
+    let mut stmt = conn.prepare(&source_count_query(sql))?;
+    binds.bind(&mut stmt)?;
+    let mut rows = stmt.raw_query();
+    match rows.next()? {
+        Some(row) => match row.get_ref(0)? {
+            ValueRef::Integer(n) => Ok(n),
+            ValueRef::Null => Err(Error::Message(
+                "gate.source_count returned NULL; it must return one integer".into(),
+            )),
+            other => Err(Error::Message(format!(
+                "gate.source_count returned {}, not an integer",
+                describe(other)
+            ))),
+        },
+        None => Err(Error::Message(
+            "gate.source_count returned no row; it must return one integer".into(),
+        )),
+    }
+}
+
+fn describe(v: ValueRef<'_>) -> String {
+    match v {
+        ValueRef::Null => "NULL".into(),
+        ValueRef::Integer(i) => i.to_string(),
+        ValueRef::Real(f) => f.to_string(),
+        ValueRef::Text(t) => format!("'{}'", String::from_utf8_lossy(t)),
+        ValueRef::Blob(_) => "a blob".into(),
+    }
+}
+
+/// Measures the audited rows: count, fingerprint, rows outside the interval, duplicate keys.
+pub fn measure(
+    conn: &Connection,
+    task: &SqlTask,
+    gate: Option<&Gate>,
+    repr: Option<Repr>,
+    binds: &Binds,
+    tz: chrono_tz::Tz,
+    source: Option<i64>,
+) -> Result<AuditMeasures> {
+    let (rows, fingerprint) = fingerprint(conn, TABLE)?;
+    let found: Classes = partition::classes(conn, TABLE, &task.partition_column, None)?;
+    let (repr, mixed) = match (repr, found.reprs.as_slice(), &found.other) {
+        (_, _, Some(_)) => (repr, Some(partition::describe_mix(&found))),
+        (Some(r), [], None) => (Some(r), None),
+        (None, [], None) => (None, None),
+        (Some(r), [one], None) if *one == r => (Some(r), None),
+        (None, [one], None) => (Some(*one), None),
+        (Some(r), _, None) => (
+            Some(r),
+            Some(format!(
+                "{}, while the target's `{}` holds {r}",
+                partition::describe_mix(&found),
+                task.partition_column
+            )),
+        ),
+        (None, _, None) => (None, Some(partition::describe_mix(&found))),
+    };
+    let inside = match repr {
+        Some(r) if mixed.is_none() => {
+            let (lo, hi) = r.bounds(binds.interval, tz);
+            conn.query_row(
+                &format!(
+                    "SELECT COUNT(*) FROM {TABLE} WHERE {}",
+                    r.predicate(&task.partition_column, 1)
+                ),
+                rusqlite::params![lo, hi],
+                |r| r.get::<_, i64>(0),
+            )?
+        }
+        _ => 0,
+    };
+    let duplicate_keys = match gate {
+        Some(g) if !g.unique_key.is_empty() => {
+            let key = g
+                .unique_key
+                .iter()
+                .map(|k| quote(k))
+                .collect::<Vec<_>>()
+                .join(", ");
+            Some(conn.query_row(
+                &format!(
+                    "SELECT COUNT(*) FROM (SELECT 1 FROM {TABLE} GROUP BY {key} HAVING COUNT(*) > 1)"
+                ),
+                [],
+                |r| r.get(0),
+            )?)
+        }
+        _ => None,
+    };
+    Ok(AuditMeasures {
+        rows,
+        outside: rows - inside,
+        duplicate_keys,
+        fingerprint,
+        repr,
+        mixed,
+        source,
+    })
+}
+
+/// Row count and an order-independent fingerprint of a table: the wrapping sum of a 64-bit
+/// FNV-1a hash of each row's typed values, in hex.
+pub fn fingerprint(conn: &Connection, table: &str) -> Result<(i64, String)> {
+    let mut stmt = conn.prepare(&format!("SELECT * FROM {table}"))?;
+    let n = stmt.column_count();
+    let mut rows = stmt.query([])?;
+    let (mut count, mut sum) = (0i64, 0u64);
+    while let Some(r) = rows.next()? {
+        let mut h = Fnv::new();
+        for i in 0..n {
+            match r.get_ref(i)? {
+                ValueRef::Null => h.write(&[0]),
+                ValueRef::Integer(v) => {
+                    h.write(&[1]);
+                    h.write(&v.to_le_bytes());
+                }
+                ValueRef::Real(v) => {
+                    h.write(&[2]);
+                    h.write(&v.to_bits().to_le_bytes());
+                }
+                ValueRef::Text(t) => {
+                    h.write(&[3]);
+                    h.write(&(t.len() as u64).to_le_bytes());
+                    h.write(t);
+                }
+                ValueRef::Blob(b) => {
+                    h.write(&[4]);
+                    h.write(&(b.len() as u64).to_le_bytes());
+                    h.write(b);
+                }
+            }
+        }
+        sum = sum.wrapping_add(h.0);
+        count += 1;
+    }
+    Ok((count, format!("{sum:016x}")))
+}
+
+/// 64-bit FNV-1a: tiny, stable across versions and platforms.
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+}
+
+/// The audit file name of a try.
+pub fn try_file(try_id: i64) -> String {
+    format!("try-{try_id}.db")
+}
+
+/// The try an audit file belongs to, from its name.
+pub fn try_of(name: &str) -> Option<i64> {
+    name.strip_prefix("try-")?.strip_suffix(".db")?.parse().ok()
+}
+
+/// Removes the audit files of the folder that no live process holds and that `keep` does not
+/// name (`keep` gets the try id of a try's file, `None` for other files such as a `verify`
+/// pass's). Returns how many were removed.
+pub fn sweep(dir: &Path, keep: &dyn Fn(Option<i64>) -> bool) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.filter_map(std::result::Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.ends_with(".db") {
+            // SQLite's side files of an attached audit database go with it.
+            continue;
+        }
+        if keep(try_of(&name)) {
+            continue;
+        }
+        if let Some(file) = AuditFile::adopt(&entry.path()) {
+            for suffix in ["-journal", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(dir.join(format!("{name}{suffix}")));
+            }
+            file.remove();
+            removed += 1;
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints_ignore_row_order_and_see_every_value() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(
+            "CREATE TABLE a (x, y); INSERT INTO a VALUES (1, 'p'), (2, 'q'), (3, NULL);
+             CREATE TABLE b (x, y); INSERT INTO b VALUES (3, NULL), (1, 'p'), (2, 'q');
+             CREATE TABLE c (x, y); INSERT INTO c VALUES (1, 'p'), (2, 'q'), (3, 'r');",
+        )
+        .unwrap();
+        let (na, fa) = fingerprint(&conn, "a").unwrap();
+        let (nb, fb) = fingerprint(&conn, "b").unwrap();
+        let (_, fc) = fingerprint(&conn, "c").unwrap();
+        assert_eq!((na, &fa), (nb, &fb));
+        assert_ne!(fa, fc);
+    }
+
+    #[test]
+    fn the_sweep_removes_only_unlocked_files_it_may() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = AuditFile::create(dir.path(), &try_file(1)).unwrap();
+        std::fs::write(dir.path().join(try_file(2)), "").unwrap();
+        std::fs::write(dir.path().join(try_file(3)), "").unwrap();
+        std::fs::write(dir.path().join("verify-99-1.db"), "").unwrap();
+        let removed = sweep(dir.path(), &|t| t == Some(3));
+        assert_eq!(removed, 2);
+        assert!(held.path.exists(), "a file in use is kept");
+        assert!(!dir.path().join(try_file(2)).exists());
+        assert!(
+            dir.path().join(try_file(3)).exists(),
+            "a pending publish keeps its file"
+        );
+        assert!(!dir.path().join("verify-99-1.db").exists());
+    }
+}

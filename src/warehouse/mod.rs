@@ -1,0 +1,410 @@
+//! The built-in SQLite warehouse: fixture creation from init files, the bind parameters of SQL
+//! tasks, pre-flight checks, audit files, partition predicates and the publish transaction.
+//!
+//! Write-audit-publish: a try's rows are computed into a table of its own audit file (a small
+//! SQLite database attached to the warehouse connection), together with the gate's measures and
+//! the source count, all from one read snapshot of the warehouse and without its write lock.
+//! Publishing deletes exactly the target rows of the interval (a range on the partition column
+//! that its index serves) and inserts the audited rows, in one short transaction; publishes of
+//! one process queue on a lock rather than retrying. Interval values are always bound as
+//! parameters, never spliced into SQL; the names that are spliced (tables, columns) were checked
+//! to be plain identifiers when the DAG was loaded.
+
+pub mod audit;
+pub mod init;
+pub mod partition;
+pub mod publish;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use rusqlite::{Connection, ErrorCode, Statement};
+
+use crate::interval::DataInterval;
+use crate::project::{Gate, SourceCount, SqlTask, Warehouse};
+
+pub use audit::{AuditFile, AuditMeasures};
+pub use partition::Repr;
+
+/// What can go wrong in a warehouse.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("warehouse `{name}` ({}): {source}", path.display())]
+    Db {
+        name: String,
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("warehouse `{name}` ({}): {message}", path.display())]
+    Other {
+        name: String,
+        path: PathBuf,
+        message: String,
+    },
+    #[error("{0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("{0}")]
+    Message(String),
+    #[error("audit file {}: {source}", path.display())]
+    Audit {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cancelled while the warehouse was locked")]
+    Cancelled,
+    /// The manifest no longer lets this try publish (it was fenced or already published).
+    #[error("the manifest no longer allows this publish (taken over or already published)")]
+    Refused,
+}
+
+impl Error {
+    /// Names the warehouse in an error that does not say which database it is about.
+    pub fn at(self, w: &Warehouse) -> Self {
+        match self {
+            Self::Sql(source) => Self::Db {
+                name: w.name.clone(),
+                path: w.path.clone(),
+                source,
+            },
+            Self::Message(message) => Self::Other {
+                name: w.name.clone(),
+                path: w.path.clone(),
+                message,
+            },
+            other => other,
+        }
+    }
+
+    fn is_busy(&self) -> bool {
+        let sqlite = match self {
+            Self::Sql(e) | Self::Db { source: e, .. } => e,
+            _ => return false,
+        };
+        matches!(
+            sqlite.sqlite_error_code(),
+            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+        )
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How long a statement waits for another process's write lock before the retry loop takes
+/// over.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The bind parameters a SQL task may use.
+pub const PARAMS: &[&str] = &[
+    ":data_interval_start",
+    ":data_interval_end",
+    ":ds",
+    ":next_ds",
+    ":ds_nodash",
+];
+
+/// Values of the bind parameters for one interval.
+#[derive(Debug, Clone)]
+pub struct Binds {
+    /// `YYYY-MM-DD HH:MM:SS` in UTC: SQLite's own format, comparable with `datetime()`.
+    pub data_interval_start: String,
+    pub data_interval_end: String,
+    /// Local dates (DAG timezone) of the interval start and end.
+    pub ds: String,
+    pub next_ds: String,
+    pub ds_nodash: String,
+    pub interval: DataInterval,
+}
+
+impl Binds {
+    pub fn new(interval: DataInterval, tz: chrono_tz::Tz) -> Self {
+        let sqlite = |t: chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%d %H:%M:%S").to_string();
+        let ds = interval.ds(tz);
+        Self {
+            data_interval_start: sqlite(interval.start),
+            data_interval_end: sqlite(interval.end),
+            ds_nodash: ds.replace('-', ""),
+            next_ds: interval
+                .end
+                .with_timezone(&tz)
+                .format("%Y-%m-%d")
+                .to_string(),
+            ds,
+            interval,
+        }
+    }
+
+    fn value(&self, name: &str) -> Option<&str> {
+        Some(match name {
+            ":data_interval_start" => &self.data_interval_start,
+            ":data_interval_end" => &self.data_interval_end,
+            ":ds" => &self.ds,
+            ":next_ds" => &self.next_ds,
+            ":ds_nodash" => &self.ds_nodash,
+            _ => return None,
+        })
+    }
+
+    /// Binds every parameter of `stmt`; an unknown name is an error.
+    pub fn bind(&self, stmt: &mut Statement<'_>) -> Result<()> {
+        for i in 1..=stmt.parameter_count() {
+            let name = stmt.parameter_name(i).unwrap_or("?").to_string();
+            let value = self.value(&name).ok_or_else(|| {
+                Error::Message(format!(
+                    "unknown bind parameter `{name}`; use {}",
+                    PARAMS.join(", ")
+                ))
+            })?;
+            stmt.raw_bind_parameter(i, value)?;
+        }
+        Ok(())
+    }
+}
+
+/// Quotes an identifier for SQLite.
+pub fn quote(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Opens a warehouse, creating it from its init files first when the file does not exist.
+pub fn open(w: &Warehouse) -> Result<Connection> {
+    init::ensure(w)?;
+    let setup = || -> Result<Connection> {
+        let conn = Connection::open(&w.path)?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        retry_busy(None, || {
+            conn.pragma_update(None, "journal_mode", "WAL")
+                .map_err(Into::into)
+        })?;
+        Ok(conn)
+    };
+    setup().map_err(|e| e.at(w))
+}
+
+/// Runs `f` until it does not fail with SQLITE_BUSY beyond the busy timeout: a warehouse locked
+/// by another process is waited for, never reported as a failure. Stops when `cancel` is set.
+pub fn retry_busy<R>(cancel: Option<&AtomicBool>, mut f: impl FnMut() -> Result<R>) -> Result<R> {
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match f() {
+            Err(e) if e.is_busy() => {
+                if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                    return Err(Error::Cancelled);
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(200));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A SQL task's query as it runs: wrapped as a subquery on lines of its own, so that a trailing
+/// `-- comment` or `;` cannot swallow the closing parenthesis.
+pub fn wrapped_query(sql: &str) -> String {
+    format!("SELECT * FROM (\n{}\n)", strip(sql))
+}
+
+/// A statement's text without surrounding blanks and trailing semicolons.
+pub fn strip(sql: &str) -> &str {
+    sql.trim()
+        .trim_end_matches(|c: char| c == ';' || c.is_whitespace())
+}
+
+/// Checks a SQL task against its warehouse before anything runs: the statements that will run
+/// prepare (exactly as they will run), use only known bind parameters, and produce columns that
+/// the target table has.
+pub fn check_task(conn: &Connection, task: &SqlTask, gate: Option<&Gate>) -> Result<(), String> {
+    let stmt = conn
+        .prepare(&wrapped_query(&task.sql))
+        .map_err(|e| format!("key `sql` does not prepare: {e}"))?;
+    check_params(&stmt, "sql")?;
+    let columns: Vec<String> = stmt.column_names().map(str::to_string).collect();
+    drop(stmt);
+    let target_columns = table_columns(conn, "main", &task.target).map_err(|e| e.to_string())?;
+    if target_columns.is_empty() {
+        return Err(format!(
+            "target table `{}` does not exist in warehouse `{}`; create it in the warehouse's init files",
+            task.target, task.warehouse.name
+        ));
+    }
+    if !target_columns.contains(&task.partition_column) {
+        return Err(format!(
+            "target table `{}` has no column `{}` (partition_column)",
+            task.target, task.partition_column
+        ));
+    }
+    for c in &columns {
+        if !target_columns.contains(c) {
+            return Err(format!(
+                "the query returns column `{c}`, which target table `{}` does not have (it has: {})",
+                task.target,
+                target_columns.join(", ")
+            ));
+        }
+    }
+    let mut needed = vec![&task.partition_column];
+    if let Some(g) = gate {
+        needed.extend(g.unique_key.iter());
+    }
+    for c in needed {
+        if !columns.contains(c) {
+            return Err(format!(
+                "the query must return column `{c}` (partition_column or unique_key); it returns: {}",
+                columns.join(", ")
+            ));
+        }
+    }
+    if let Some(Gate {
+        source_count: Some(SourceCount::Sql(sql)),
+        ..
+    }) = gate
+    {
+        let stmt = conn
+            .prepare(&source_count_query(sql))
+            .map_err(|e| format!("key `gate.source_count` does not prepare: {e}"))?;
+        check_params(&stmt, "gate.source_count")?;
+        if stmt.column_count() != 1 {
+            return Err("key `gate.source_count` must return exactly one column".into());
+        }
+    }
+    Ok(())
+}
+
+/// The source count query as it runs.
+pub fn source_count_query(sql: &str) -> String {
+    format!("{}\n", strip(sql))
+}
+
+fn check_params(stmt: &Statement<'_>, key: &str) -> Result<(), String> {
+    for i in 1..=stmt.parameter_count() {
+        match stmt.parameter_name(i) {
+            Some(name) if PARAMS.contains(&name) => {}
+            other => {
+                return Err(format!(
+                    "key `{key}` uses bind parameter `{}`; use named parameters {}",
+                    other.unwrap_or("?"),
+                    PARAMS.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Column names of a table in schema `schema` (empty when there is no such table).
+pub fn table_columns(conn: &Connection, schema: &str, table: &str) -> Result<Vec<String>> {
+    let mut stmt = conn.prepare(&format!(
+        "PRAGMA {}.table_info({})",
+        quote(schema),
+        quote(table)
+    ))?;
+    let names = stmt
+        .query_map([], |r| r.get::<_, String>(1))?
+        .collect::<rusqlite::Result<_>>()?;
+    Ok(names)
+}
+
+/// The declared type of a column, upper-cased (empty when none was declared).
+pub fn declared_type(conn: &Connection, table: &str, column: &str) -> Result<String> {
+    let mut stmt = conn.prepare(&format!("PRAGMA main.table_info({})", quote(table)))?;
+    let mut rows = stmt.query([])?;
+    while let Some(r) = rows.next()? {
+        if r.get::<_, String>(1)? == column {
+            return Ok(r.get::<_, String>(2)?.to_ascii_uppercase());
+        }
+    }
+    Ok(String::new())
+}
+
+/// Decides the representation of a SQL task's partition column before a backfill starts, from
+/// its values in the backfill's window (served by the column's index), else from the ends of the
+/// column, else from its declared type. `None` when the table is empty and its type says
+/// nothing: the first output decides. A column that mixes representations is an error.
+pub fn decide_repr(
+    conn: &Connection,
+    task: &SqlTask,
+    window: DataInterval,
+    tz: chrono_tz::Tz,
+) -> Result<Option<Repr>, String> {
+    let table = format!("main.{}", quote(&task.target));
+    let column = &task.partition_column;
+    let mixed = |c: &partition::Classes| {
+        format!(
+            "partition_column `{column}` of table `{}` {}; a partition column must hold one representation, so that the rows of an interval are one range of its index",
+            task.target,
+            partition::describe_mix(c)
+        )
+    };
+    let in_window =
+        partition::classes(conn, &table, column, Some((window, tz))).map_err(|e| e.to_string())?;
+    if in_window.other.is_some() || in_window.reprs.len() > 1 {
+        return Err(mixed(&in_window));
+    }
+    if let [one] = in_window.reprs.as_slice() {
+        return Ok(Some(*one));
+    }
+    let ends = partition::endpoint_classes(conn, &table, column).map_err(|e| e.to_string())?;
+    if ends.other.is_some() || ends.reprs.len() > 1 {
+        return Err(mixed(&ends));
+    }
+    if let [one] = ends.reprs.as_slice() {
+        return Ok(Some(*one));
+    }
+    let declared = declared_type(conn, &task.target, column).map_err(|e| e.to_string())?;
+    Ok(Repr::from_declared(&declared))
+}
+
+/// A cancel flag shared with a blocking SQL step.
+#[derive(Clone, Default)]
+pub struct Cancel(pub Arc<AtomicBool>);
+
+impl Cancel {
+    pub fn set(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    pub fn flag(&self) -> &AtomicBool {
+        &self.0
+    }
+}
+
+/// The folder of audit files next to a manifest.
+pub fn audit_dir(manifest: &Path) -> PathBuf {
+    manifest
+        .parent()
+        .unwrap_or_else(|| Path::new("."))
+        .join("audit")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trailing_comment_does_not_swallow_the_wrapper() {
+        let conn = Connection::open_in_memory().unwrap();
+        let sql = "SELECT 1 AS x -- one row\n;";
+        let mut stmt = conn.prepare(&wrapped_query(sql)).unwrap();
+        let n: i64 = stmt.query_row([], |r| r.get(0)).unwrap();
+        assert_eq!(n, 1);
+    }
+
+    #[test]
+    fn unknown_bind_parameters_are_errors() {
+        let conn = Connection::open_in_memory().unwrap();
+        let mut stmt = conn.prepare("SELECT :ds, :dss").unwrap();
+        let t = |s: &str| {
+            chrono::DateTime::parse_from_rfc3339(s)
+                .unwrap()
+                .with_timezone(&chrono::Utc)
+        };
+        let interval = DataInterval::new(t("2026-09-01T00:00:00Z"), t("2026-09-02T00:00:00Z"));
+        let err = Binds::new(interval, chrono_tz::Tz::UTC)
+            .bind(&mut stmt)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown bind parameter `:dss`"), "{err}");
+    }
+}

@@ -1,0 +1,160 @@
+//! The publish transaction: delete exactly the target rows of the interval and insert the
+//! audited rows, in one short transaction. Publishes of one process into one warehouse queue on
+//! a lock (no busy retries between them); another process's write lock is waited for by
+//! SQLite's busy handler. Inside the transaction, once the warehouse's write lock is held, the
+//! caller's check asks the manifest whether this publish is still allowed: a frozen owner that
+//! was taken over, or a publish that a recoverer already finished, is refused, so a stale
+//! output never overwrites a newer one.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use rusqlite::Connection;
+
+use super::audit::{self, AuditFile};
+use super::partition::Repr;
+use super::{Error, Result, quote, retry_busy, table_columns};
+use crate::interval::DataInterval;
+use crate::project::{SqlTask, Warehouse};
+
+/// One lock per warehouse file: the publishes of this process take turns.
+static LOCKS: LazyLock<Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>> = LazyLock::new(Mutex::default);
+
+fn lock_for(w: &Warehouse) -> Arc<Mutex<()>> {
+    let mut locks = LOCKS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    locks.entry(w.path.clone()).or_default().clone()
+}
+
+/// What to publish.
+pub struct Publish<'a> {
+    pub task: &'a SqlTask,
+    pub interval: DataInterval,
+    pub tz: chrono_tz::Tz,
+    /// The partition column's representation; `None` when the table and output are empty and
+    /// its declared type says nothing (every representation's range is then cleared).
+    pub repr: Option<Repr>,
+    /// The audited rows; `None` publishes an explicit empty partition.
+    pub audit: Option<&'a AuditFile>,
+    /// The fingerprint the gate saw, checked again before a recovered publish.
+    pub expect_fingerprint: Option<&'a str>,
+}
+
+/// Publishes into the warehouse: returns the rows inserted. `allowed` runs inside the
+/// transaction, after the write lock is taken; when it says no, nothing changes and the result
+/// is [`Error::Refused`]. Redoing a publish gives the same result.
+pub fn publish(
+    conn: &Connection,
+    p: &Publish<'_>,
+    allowed: &dyn Fn() -> std::result::Result<bool, String>,
+) -> Result<i64> {
+    let w = &p.task.warehouse;
+    if let Some(a) = p.audit {
+        a.attach(conn)?;
+    }
+    let result = (|| {
+        if let (Some(_), Some(expected)) = (p.audit, p.expect_fingerprint) {
+            let (_, found) = audit::fingerprint(conn, audit::TABLE)?;
+            if found != expected {
+                return Err(Error::Message(format!(
+                    "the audit file's rows (fingerprint {found}) are not the audited ones ({expected}); it was damaged"
+                )));
+            }
+        }
+        let lock = lock_for(w);
+        let _turn = lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        retry_busy(None, || transaction(conn, p, allowed))
+    })();
+    if p.audit.is_some() {
+        audit::detach(conn);
+    }
+    result.map_err(|e| e.at(w))
+}
+
+fn transaction(
+    conn: &Connection,
+    p: &Publish<'_>,
+    allowed: &dyn Fn() -> std::result::Result<bool, String>,
+) -> Result<i64> {
+    conn.execute_batch("BEGIN")?;
+    let result = (|| {
+        delete_partition(conn, p.task, p.repr, p.interval, p.tz)?;
+        match allowed() {
+            Ok(true) => {}
+            Ok(false) => return Err(Error::Refused),
+            Err(e) => return Err(Error::Message(format!("cannot ask the manifest: {e}"))),
+        }
+        let inserted = match p.audit {
+            None => 0,
+            Some(_) => {
+                let columns = table_columns(conn, "audit", "rows")?;
+                if columns.is_empty() {
+                    return Err(Error::Message("the audit file has no rows table".into()));
+                }
+                let list = columns
+                    .iter()
+                    .map(|c| quote(c))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                conn.execute(
+                    &format!(
+                        "INSERT INTO main.{} ({list}) SELECT {list} FROM {}",
+                        quote(&p.task.target),
+                        audit::TABLE
+                    ),
+                    [],
+                )?
+            }
+        };
+        Ok(i64::try_from(inserted).unwrap_or(i64::MAX))
+    })();
+    match result {
+        Ok(n) => {
+            conn.execute_batch("COMMIT")?;
+            Ok(n)
+        }
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// The statement that deletes the interval's rows, for `EXPLAIN QUERY PLAN` and for use.
+pub fn delete_sql(task: &SqlTask, repr: Repr) -> String {
+    format!(
+        "DELETE FROM main.{} WHERE {}",
+        quote(&task.target),
+        repr.predicate(&task.partition_column, 1)
+    )
+}
+
+/// Deletes the target rows of the interval: the first statement of the transaction, so that it
+/// takes the write lock. Without a known representation, every representation's range.
+fn delete_partition(
+    conn: &Connection,
+    task: &SqlTask,
+    repr: Option<Repr>,
+    interval: DataInterval,
+    tz: chrono_tz::Tz,
+) -> Result<()> {
+    let reprs = match repr {
+        Some(r) => vec![r],
+        None => vec![
+            Repr::Date,
+            Repr::Timestamp(' '),
+            Repr::Timestamp('T'),
+            Repr::UnixSeconds,
+        ],
+    };
+    for r in reprs {
+        let (lo, hi) = r.bounds(interval, tz);
+        conn.prepare_cached(&delete_sql(task, r))?
+            .execute(rusqlite::params![lo, hi])?;
+    }
+    Ok(())
+}

@@ -235,7 +235,11 @@ pub(super) async fn sql_try(
                     audit: (!empty).then_some(&file),
                     expect_fingerprint: None,
                 };
-                publish::publish(&conn, &p, &allowed)
+                if crate::fault::point("publish") {
+                    Err(warehouse::Error::Message("disk I/O error (injected)".into()))
+                } else {
+                    publish::publish(&conn, &p, &allowed)
+                }
             }
             Err(e) => Err(warehouse::Error::Message(format!(
                 "cannot read the manifest: {e}"

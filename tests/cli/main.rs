@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod example;
+mod faults;
 mod gate;
 mod interrupt;
 mod reprocess;

@@ -112,13 +112,33 @@ impl Project {
 
     /// Starts the binary in the background; its output goes to `{name}.out` and `{name}.err`.
     pub fn spawn(&self, name: &str, args: &[&str]) -> Child {
+        self.spawn_with(name, args, &[])
+    }
+
+    /// Like [`Project::spawn`], with extra environment variables (`BACKFILL_FAULT`).
+    pub fn spawn_with(&self, name: &str, args: &[&str], env: &[(&str, &str)]) -> Child {
         let stdout = std::fs::File::create(self.path(&format!("{name}.out"))).unwrap();
         let stderr = std::fs::File::create(self.path(&format!("{name}.err"))).unwrap();
         self.command(args)
+            .envs(env.iter().copied())
             .stdout(stdout)
             .stderr(stderr)
             .spawn()
             .expect("spawn backfill")
+    }
+
+    /// Runs the binary to its end with extra environment variables.
+    pub fn run_with(&self, args: &[&str], env: &[(&str, &str)]) -> Out {
+        let out = self
+            .command(args)
+            .envs(env.iter().copied())
+            .output()
+            .expect("run backfill");
+        Out {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
     }
 
     /// Waits for a background run and returns its exit code and output.
@@ -217,6 +237,17 @@ pub fn alive(pid: i32) -> bool {
             s.rsplit_once(')')
                 .and_then(|(_, r)| r.split_whitespace().next())
                 != Some("Z")
+        })
+        .unwrap_or(false)
+}
+
+/// Whether a process is stopped (SIGSTOP), as `/proc` says.
+pub fn stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next())
+                == Some("T")
         })
         .unwrap_or(false)
 }

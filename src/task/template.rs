@@ -135,10 +135,16 @@ pub fn check(text: &str) -> Result<(), String> {
     unknown.sort();
     match unknown.first() {
         None => Ok(()),
-        Some(name) => Err(format!(
-            "unknown template variable `{name}` in `{text}`; known: {}",
-            NAMES.join(", ")
-        )),
+        Some(name) => {
+            let hint = match crate::project::closest(name, NAMES) {
+                Some(near) => format!("did you mean `{near}`? "),
+                None => String::new(),
+            };
+            Err(format!(
+                "unknown template variable `{name}` in `{text}`; {hint}known: {}",
+                NAMES.join(", ")
+            ))
+        }
     }
 }
 

@@ -86,14 +86,21 @@ pub enum CommandSpec {
     Shell(String),
 }
 
+/// The longest a DAG id or task id may be.
+const MAX_ID_LEN: usize = 100;
 /// The most retries a task may have: tries are counted in a `u32`.
 const MAX_RETRIES: u32 = 1000;
 
-fn valid_id(id: &str) -> bool {
-    !id.is_empty()
-        && id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+const ID_RULE: &str = "start with a letter, digit or `_`, then use letters, digits, `_`, `-` and `.` only; at most 100 characters";
+
+/// A DAG id or task id: a plain name that is safe as a folder name of the logs.
+pub(crate) fn valid_id(id: &str) -> bool {
+    let mut chars = id.chars();
+    id.len() <= MAX_ID_LEN
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
 }
 
 /// One DAG file, loaded: the id it declares (else its file stem) and the DAG or its errors.
@@ -166,8 +173,7 @@ impl Dag {
         errs: &mut FileErrors<'_>,
     ) -> Option<Self> {
         if !valid_id(id) {
-            let message =
-                format!("invalid DAG id `{id}`: use letters, digits, `_`, `-` and `.` only");
+            let message = format!("invalid DAG id `{id}`: {ID_RULE}");
             match &raw.id {
                 Some(s) => errs.at(s, message),
                 None => errs.in_file(format!(
@@ -283,13 +289,7 @@ fn load_tasks(
             continue;
         };
         if !valid_id(id.get_ref()) {
-            errs.at(
-                id,
-                format!(
-                    "invalid task id `{}`: use letters, digits, `_`, `-` and `.` only",
-                    id.get_ref()
-                ),
-            );
+            errs.at(id, format!("invalid task id `{}`: {ID_RULE}", id.get_ref()));
         }
         if !seen.insert(id.get_ref()) {
             errs.at(

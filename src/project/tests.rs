@@ -188,6 +188,52 @@ fn every_syntax_error_is_reported_in_words() {
 }
 
 #[test]
+fn ids_are_plain_names_that_cannot_leave_the_logs_folder() {
+    let dag = |id: &str| {
+        format!("id = \"{id}\"\nschedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n")
+    };
+    let task =
+        |id: &str| format!("schedule = \"@daily\"\n[[tasks]]\nid = \"{id}\"\ncommand = \"true\"\n");
+    let long = "a".repeat(100);
+    for ok in ["daily_orders", "v1.2", "_x", "9am", "a-b", long.as_str()] {
+        assert!(load(&dag(ok)).is_ok(), "DAG id {ok}");
+        assert!(load(&task(ok)).is_ok(), "task id {ok}");
+    }
+    let too_long = "a".repeat(101);
+    for bad in [
+        ".",
+        "..",
+        "",
+        ".hidden",
+        "-x",
+        "a/b",
+        "a b",
+        "é",
+        too_long.as_str(),
+    ] {
+        assert_eq!(
+            first_error(&dag(bad)),
+            format!(
+                "dags/demo.toml:1:6: invalid DAG id `{bad}`: start with a letter, digit or `_`, then use letters, digits, `_`, `-` and `.` only; at most 100 characters"
+            )
+        );
+        assert!(
+            first_error(&task(bad)).starts_with(&format!(
+                "dags/demo.toml:3:6: invalid task id `{bad}`: start with a letter"
+            )),
+            "task id {bad}"
+        );
+    }
+    // The id from the file name is checked too.
+    let from_stem = Dag::parse(&task("t"), "dags/...toml", "..", &BTreeMap::new()).dag;
+    assert!(
+        from_stem.unwrap_err()[0]
+            .to_string()
+            .contains("invalid DAG id `..`")
+    );
+}
+
+#[test]
 fn numbers_out_of_range_are_errors_with_the_range() {
     let base = "schedule = \"@daily\"\n[[tasks]]\nid = \"a\"\ncommand = \"true\"\n";
     for (line, message) in [

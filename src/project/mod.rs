@@ -27,8 +27,13 @@ use raw::RawProject;
 pub const PROJECT_FILE: &str = "backfill.toml";
 pub const DAGS_DIR: &str = "dags";
 
+/// How often a running backfill writes its heartbeat into the manifest.
+pub const HEARTBEAT: Duration = Duration::from_millis(250);
+/// The shortest `lease_timeout`: several heartbeats, so that a live backfill is never judged
+/// dead because one heartbeat was late.
+pub const MIN_LEASE_TIMEOUT: Duration = Duration::from_secs(1);
 /// `lease_timeout` when `backfill.toml` does not set it.
-const DEFAULT_LEASE_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_LEASE_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProjectError {
@@ -65,7 +70,8 @@ pub struct Project {
     pub root: PathBuf,
     pub manifest_path: PathBuf,
     pub logs_dir: PathBuf,
-    /// A lease whose owner has not sent a heartbeat for this long is stale.
+    /// A lease whose owner has not sent a heartbeat for this long is stale; at least
+    /// [`MIN_LEASE_TIMEOUT`].
     pub lease_timeout: Duration,
     /// SQLite warehouses by name.
     pub warehouses: BTreeMap<String, Warehouse>,
@@ -133,6 +139,19 @@ impl Project {
         let lease_timeout = match &raw.lease_timeout {
             None => DEFAULT_LEASE_TIMEOUT,
             Some(v) => match parse_duration(v.get_ref()) {
+                Ok(d) if d < MIN_LEASE_TIMEOUT => {
+                    errs.at(
+                        v,
+                        format!(
+                            "key `lease_timeout`: `{}` is too short; a running backfill writes a heartbeat every {}, and a shorter timeout would judge a live one dead; use at least \"{}\" (the default is \"{}\")",
+                            v.get_ref(),
+                            humantime::format_duration(HEARTBEAT),
+                            humantime::format_duration(MIN_LEASE_TIMEOUT),
+                            humantime::format_duration(DEFAULT_LEASE_TIMEOUT),
+                        ),
+                    );
+                    DEFAULT_LEASE_TIMEOUT
+                }
                 Ok(d) => d,
                 Err(e) => {
                     errs.at(v, format!("key `lease_timeout`: {e}"));

@@ -362,8 +362,8 @@ fn backfill_toml_defaults_and_every_error() {
     let p = settings("").unwrap();
     assert_eq!(p.lease_timeout, Duration::from_secs(30));
     assert!(p.manifest_path.ends_with(".backfill/manifest.db"));
-    let p = settings("lease_timeout = \"2s\"\ndurability = \"full\"\n[warehouse.shop]\npath = \"w.db\"\ninit = [\"schema.sql\"]\n").unwrap();
-    assert_eq!(p.lease_timeout, Duration::from_secs(2));
+    let p = settings("lease_timeout = \"1s\"\ndurability = \"full\"\n[warehouse.shop]\npath = \"w.db\"\ninit = [\"schema.sql\"]\n").unwrap();
+    assert_eq!(p.lease_timeout, MIN_LEASE_TIMEOUT);
     assert_eq!(p.durability, Durability::Full);
     assert_eq!(p.warehouses["shop"].init.len(), 1);
 
@@ -380,6 +380,23 @@ fn backfill_toml_defaults_and_every_error() {
             "backfill.toml:5:9: warehouse `my shop`: init file `missing.sql` does not exist (paths are relative to the project folder)",
             "backfill.toml:8:12: warehouse `nopath` needs `path`, its SQLite database file, such as path = \"warehouse.db\"",
         ]
+    );
+}
+
+#[test]
+fn a_lease_timeout_shorter_than_a_second_is_refused() {
+    for short in ["0s", "100ms", "999ms"] {
+        let found = settings(&format!("lease_timeout = \"{short}\"\n")).unwrap_err();
+        assert_eq!(
+            found,
+            [format!(
+                "backfill.toml:1:17: key `lease_timeout`: `{short}` is too short; a running backfill writes a heartbeat every 250ms, and a shorter timeout would judge a live one dead; use at least \"1s\" (the default is \"30s\")"
+            )]
+        );
+    }
+    assert!(
+        settings("lease_timeout = 30\n").unwrap_err()[0]
+            .contains("key `lease_timeout` must be a string such as \"30s\", not an integer")
     );
 }
 

@@ -44,6 +44,23 @@ pub struct Task {
     pub timeout: Option<Duration>,
     /// How long a task may take to stop after SIGTERM before it gets SIGKILL.
     pub grace_period: Duration,
+    /// Where the task's keys are written, for messages about them.
+    pub locations: TaskLocations,
+}
+
+/// Where a task's keys are written in its DAG file, each as `file:line:col` of the value.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskLocations {
+    /// The task's `id`.
+    pub id: String,
+    /// `command`, for a command task.
+    pub command: Option<String>,
+    /// `publish`, when the task has one.
+    pub publish: Option<String>,
+    /// `gate.source_count`, when it is a command.
+    pub source_count: Option<String>,
+    /// `target`, for a SQL task.
+    pub target: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +101,92 @@ pub enum SourceCount {
 pub enum CommandSpec {
     Argv(Vec<String>),
     Shell(String),
+}
+
+impl CommandSpec {
+    /// The templates of the command: each element of an array, or the shell line.
+    pub(crate) fn templates(&self) -> Vec<&str> {
+        match self {
+            Self::Argv(v) => v.iter().map(String::as_str).collect(),
+            Self::Shell(s) => vec![s.as_str()],
+        }
+    }
+}
+
+impl Task {
+    /// The task's commands with the key that holds each and where it is written: `command`,
+    /// `publish` and a command `gate.source_count`.
+    pub(crate) fn commands(&self) -> Vec<(&'static str, &CommandSpec, &str)> {
+        let mut out = Vec::new();
+        if let (TaskKind::Command(spec), Some(at)) = (&self.kind, &self.locations.command) {
+            out.push(("command", spec, at.as_str()));
+        }
+        if let (Some(spec), Some(at)) = (&self.publish, &self.locations.publish) {
+            out.push(("publish", spec, at.as_str()));
+        }
+        if let (
+            Some(Gate {
+                source_count: Some(SourceCount::Command(spec)),
+                ..
+            }),
+            Some(at),
+        ) = (&self.gate, &self.locations.source_count)
+        {
+            out.push(("source_count", spec, at.as_str()));
+        }
+        out
+    }
+}
+
+/// One error per `conf` key that a command template of `task` uses and `conf` (the `--conf`
+/// object) does not give, at the command's `file:line:col`.
+pub fn missing_conf(task: &Task, conf: &serde_json::Value) -> Vec<ConfigError> {
+    let mut errors = Vec::new();
+    for (_, spec, at) in task.commands() {
+        let mut reported = HashSet::new();
+        for text in spec.templates() {
+            for path in template::conf_keys(text) {
+                if conf_gives(conf, &path) || !reported.insert(path.clone()) {
+                    continue;
+                }
+                let keys: Vec<&str> = path.split('.').collect();
+                errors.push(ConfigError {
+                    location: at.to_string(),
+                    message: format!(
+                        "task `{}`: template uses `conf.{}`, which --conf does not give; pass it with --conf '{}'",
+                        task.id,
+                        path,
+                        conf_example(&keys)
+                    ),
+                });
+            }
+        }
+    }
+    errors
+}
+
+/// Whether `conf` gives a dotted path. A path that leads into a value that is not an object
+/// counts as given: `conf.name.upper()` is a method call on `name`, not a key lookup.
+fn conf_gives(conf: &serde_json::Value, path: &str) -> bool {
+    let mut at = Some(conf);
+    for (i, key) in path.split('.').enumerate() {
+        match at {
+            Some(serde_json::Value::Object(object)) => at = object.get(key),
+            // `--conf` itself is always an object; anything else gives no key at all.
+            Some(_) if i > 0 => return true,
+            Some(_) | None => return false,
+        }
+    }
+    at.is_some()
+}
+
+/// `{"a": {"b": ...}}` for the path `a.b`.
+fn conf_example(keys: &[&str]) -> String {
+    let mut out = String::from("...");
+    for key in keys.iter().rev() {
+        out = format!("{{{}: {out}}}", serde_json::Value::from(*key));
+    }
+    out
 }
 
 /// The longest a DAG id or task id may be.
@@ -395,6 +498,26 @@ fn load_task(
         None => Some(defaults.grace_period),
         Some(d) => duration(d, "grace_period", errs),
     };
+    let locations = TaskLocations {
+        id: errs.location(t.id.as_ref()?.span().start),
+        command: t
+            .command
+            .as_ref()
+            .filter(|_| !is_sql)
+            .map(|c| errs.location(c.span().start)),
+        publish: t.publish.as_ref().map(|p| errs.location(p.span().start)),
+        source_count: t
+            .gate
+            .as_ref()
+            .and_then(|g| g.get_ref().source_count.as_ref())
+            .filter(|_| !is_sql)
+            .map(|c| errs.location(c.span().start)),
+        target: t
+            .target
+            .as_ref()
+            .filter(|_| is_sql)
+            .map(|c| errs.location(c.span().start)),
+    };
     Some(Task {
         id: id.to_string(),
         depends_on: t.depends_on.iter().map(|d| d.get_ref().clone()).collect(),
@@ -405,6 +528,7 @@ fn load_task(
         retry_delay: retry_delay?,
         timeout: timeout?,
         grace_period: grace_period?,
+        locations,
     })
 }
 

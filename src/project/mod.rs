@@ -15,7 +15,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use dag::{CommandSpec, Dag, Gate, SourceCount, SqlTask, Task, TaskKind};
+pub use dag::{
+    CommandSpec, Dag, Gate, SourceCount, SqlTask, Task, TaskKind, TaskLocations, missing_conf,
+};
 pub use diagnostics::ConfigError;
 pub(crate) use diagnostics::closest;
 

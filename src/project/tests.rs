@@ -75,6 +75,20 @@ command = ["echo", "{{ data_interval_start }}", "{{ conf.region }}"]
     assert_eq!(dag.tasks[0].retry_delay, Duration::from_secs(5));
     assert_eq!(dag.tasks[0].timeout, Some(Duration::from_secs(600)));
     assert_eq!(dag.tasks[0].grace_period, Duration::from_secs(10));
+    assert_eq!(
+        dag.tasks[1].locations,
+        TaskLocations {
+            id: "dags/demo.toml:10:6".into(),
+            command: Some("dags/demo.toml:12:11".into()),
+            publish: Some("dags/demo.toml:13:11".into()),
+            source_count: None,
+            target: None,
+        }
+    );
+    assert_eq!(
+        dag.tasks[0].locations.command.as_deref(),
+        Some("dags/demo.toml:18:11")
+    );
 }
 
 #[test]
@@ -280,6 +294,8 @@ tolerance = 1
     )
     .unwrap();
     let t = &dag.tasks[0];
+    assert_eq!(t.locations.target.as_deref(), Some("dags/demo.toml:5:10"));
+    assert_eq!(t.locations.command, None);
     assert_eq!(t.gate.as_ref().map(|g| g.tolerance), Some(1.0));
 
     let found = match load_with(
@@ -311,6 +327,34 @@ tolerance = -1
     for (found, expected) in found.iter().zip(expected) {
         assert!(found.starts_with(expected), "{found}");
     }
+}
+
+#[test]
+fn missing_conf_names_each_key_at_its_command() {
+    let dag = load(
+        r#"schedule = "@daily"
+[[tasks]]
+id = "t"
+command = "load --region {{ conf.region }} --db {{ conf.db.host }} {{ conf.x | upper }}"
+publish = ["publish", "{{ conf.region }}"]
+"#,
+    )
+    .unwrap();
+    let task = &dag.tasks[0];
+    let found: Vec<String> = missing_conf(task, &serde_json::json!({"x": "a", "db": {}}))
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        found,
+        [
+            "dags/demo.toml:4:11: task `t`: template uses `conf.db.host`, which --conf does not give; pass it with --conf '{\"db\": {\"host\": ...}}'",
+            "dags/demo.toml:4:11: task `t`: template uses `conf.region`, which --conf does not give; pass it with --conf '{\"region\": ...}'",
+            "dags/demo.toml:5:11: task `t`: template uses `conf.region`, which --conf does not give; pass it with --conf '{\"region\": ...}'",
+        ]
+    );
+    let all = serde_json::json!({"x": "a", "db": {"host": "h"}, "region": "eu"});
+    assert!(missing_conf(task, &all).is_empty());
 }
 
 /// A project folder with `backfill.toml` and DAG files.

@@ -33,6 +33,17 @@ pub(crate) fn location(file: &str, text: &str, offset: usize) -> String {
     format!("{file}:{line}:{col}")
 }
 
+/// The line and column of a `file:line:col` location, for ordering; `(0, 0)` without them.
+pub(crate) fn line_col(location: &str) -> (usize, usize) {
+    let mut parts = location.rsplitn(3, ':');
+    let col = parts.next().and_then(|c| c.parse().ok());
+    let line = parts.next().and_then(|l| l.parse().ok());
+    match (line, col) {
+        (Some(line), Some(col)) if parts.next().is_some() => (line, col),
+        _ => (0, 0),
+    }
+}
+
 /// Every error found in one file, each with its byte offset so that they are reported in the
 /// order of the file.
 pub(crate) struct FileErrors<'a> {
@@ -220,6 +231,8 @@ mod tests {
         // Inside a multi-byte character and past the end: never a panic.
         assert_eq!(location("f.toml", text, 8), "f.toml:2:2");
         assert_eq!(location("f.toml", text, 999), "f.toml:3:1");
+        assert_eq!(line_col("dags/a.toml:12:3"), (12, 3));
+        assert_eq!(line_col("dags/a.toml"), (0, 0));
     }
 
     #[test]

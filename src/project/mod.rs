@@ -2,8 +2,8 @@
 //! timeout, durability, warehouses) and its DAG files, loaded all at once.
 //!
 //! Every configuration error names the file, the line and column, the key, and what to do, and
-//! loading reports every error of every file rather than stopping at the first. The rule that
-//! spans files lives here: DAG ids are unique.
+//! loading reports every error of every file rather than stopping at the first. Rules that span
+//! files live here: DAG ids are unique, and a table has one producer.
 
 mod dag;
 mod diagnostics;
@@ -23,7 +23,7 @@ pub(crate) use diagnostics::closest;
 
 use crate::manifest::Durability;
 use dag::DagFile;
-use diagnostics::{FileErrors, parse_duration};
+use diagnostics::{FileErrors, line_col, parse_duration};
 use raw::RawProject;
 
 pub const PROJECT_FILE: &str = "backfill.toml";
@@ -202,6 +202,19 @@ impl Project {
                     continue;
                 }
             };
+            if let Some(other) = warehouses
+                .values()
+                .find(|o| o.path.components().eq(path.components()))
+                && let Some(p) = &w.path
+            {
+                errs.at(
+                    p,
+                    format!(
+                        "warehouse `{name}` uses the same file as warehouse `{}`; give each warehouse its own file",
+                        other.name
+                    ),
+                );
+            }
             let mut init = Vec::new();
             for file in &w.init {
                 let full = root.join(file.get_ref());
@@ -253,7 +266,8 @@ impl Project {
         files
     }
 
-    /// Loads every DAG file and applies the rule between files: a DAG id is used once.
+    /// Loads every DAG file and applies the rules between files: a DAG id is used once, and a
+    /// table has one producer.
     fn load_files(&self) -> Vec<DagFile> {
         let mut files: Vec<DagFile> = self
             .dag_files()
@@ -278,6 +292,7 @@ impl Project {
                 }
             }
         }
+        one_producer_per_table(&mut files);
         files
     }
 
@@ -294,7 +309,8 @@ impl Project {
         (dags, errors)
     }
 
-    /// Loads one DAG by id. A broken file of another DAG does not prevent it.
+    /// Loads one DAG by id. A broken file of another DAG does not prevent it, unless the two
+    /// publish into one table.
     pub fn dag(&self, id: &str) -> Result<Dag, ProjectError> {
         let mut broken = None;
         let mut known = Vec::new();
@@ -325,6 +341,74 @@ impl Project {
             .unwrap_or(path)
             .display()
             .to_string()
+    }
+}
+
+/// Two tasks publishing into one table would delete each other's partitions: every SQL task's
+/// (warehouse, target) is unique across the project. Both DAGs of a conflict become unusable.
+fn one_producer_per_table(files: &mut [DagFile]) {
+    struct Producer {
+        file: usize,
+        task: String,
+        at: String,
+    }
+    let mut producers: HashMap<(String, String), Producer> = HashMap::new();
+    let mut conflicts: Vec<(usize, ConfigError)> = Vec::new();
+    for (i, f) in files.iter().enumerate() {
+        let Ok(dag) = &f.dag else { continue };
+        let mut sql: Vec<(&Task, &SqlTask, &str)> = dag
+            .tasks
+            .iter()
+            .filter_map(|t| match &t.kind {
+                TaskKind::Sql(s) => Some((t, s, t.locations.target.as_deref().unwrap_or(&f.file))),
+                TaskKind::Command(_) => None,
+            })
+            .collect();
+        // In file order, so that "first" means first in the file.
+        sql.sort_by_key(|(_, _, at)| line_col(at));
+        for (task, s, at) in sql {
+            // SQLite table names are case-insensitive.
+            let key = (s.warehouse.name.clone(), s.target.to_ascii_lowercase());
+            let Some(first) = producers.get(&key) else {
+                producers.insert(
+                    key,
+                    Producer {
+                        file: i,
+                        task: task.id.clone(),
+                        at: at.to_string(),
+                    },
+                );
+                continue;
+            };
+            conflicts.push((
+                i,
+                ConfigError {
+                    location: at.to_string(),
+                    message: format!(
+                        "table `{}` of warehouse `{}` is already the target of task `{}` in {}; a table has one producer",
+                        s.target, s.warehouse.name, first.task, first.at
+                    ),
+                },
+            ));
+            if first.file != i {
+                conflicts.push((
+                    first.file,
+                    ConfigError {
+                        location: first.at.clone(),
+                        message: format!(
+                            "table `{}` of warehouse `{}` is also the target of task `{}` in {}; a table has one producer",
+                            s.target, s.warehouse.name, task.id, at
+                        ),
+                    },
+                ));
+            }
+        }
+    }
+    for (i, e) in conflicts {
+        match &mut files[i].dag {
+            Err(errors) => errors.push(e),
+            ok @ Ok(_) => *ok = Err(vec![e]),
+        }
     }
 }
 

@@ -369,6 +369,61 @@ fn project(settings: &str, dags: &[(&str, &str)]) -> (tempfile::TempDir, Project
     (dir, p)
 }
 
+fn sql_dag(task: &str, target: &str) -> String {
+    format!(
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"{task}\"\nwarehouse = \"shop\"\ntarget = \"{target}\"\npartition_column = \"day\"\nsql = \"SELECT 1 AS day\"\n"
+    )
+}
+
+const SHOP: &str = "[warehouse.shop]\npath = \"warehouse.db\"\n";
+
+#[test]
+fn a_table_has_one_producer_across_dags() {
+    let (_dir, p) = project(
+        SHOP,
+        &[
+            ("a_orders", &sql_dag("aggregate", "daily_orders")),
+            ("b_orders", &sql_dag("recount", "Daily_Orders")),
+            ("c_other", &sql_dag("other", "weekly_orders")),
+        ],
+    );
+    let (dags, errors) = p.load_all();
+    let ids: Vec<_> = dags.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(ids, ["c_other"]);
+    let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        errors,
+        [
+            "dags/a_orders.toml:5:10: table `Daily_Orders` of warehouse `shop` is also the target of task `recount` in dags/b_orders.toml:5:10; a table has one producer",
+            "dags/b_orders.toml:5:10: table `Daily_Orders` of warehouse `shop` is already the target of task `aggregate` in dags/a_orders.toml:5:10; a table has one producer",
+        ]
+    );
+    for id in ["a_orders", "b_orders"] {
+        match p.dag(id) {
+            Err(ProjectError::Config(e)) => assert!(e[0].message.contains("one producer")),
+            other => panic!("{id}: {other:?}"),
+        }
+    }
+    assert!(p.dag("c_other").is_ok());
+}
+
+#[test]
+fn a_table_has_one_producer_within_a_dag() {
+    let two = format!(
+        "{}[[tasks]]\nid = \"again\"\nwarehouse = \"shop\"\ntarget = \"daily_orders\"\npartition_column = \"day\"\nsql = \"SELECT 2 AS day\"\n",
+        sql_dag("aggregate", "daily_orders")
+    );
+    let (_dir, p) = project(SHOP, &[("orders", &two)]);
+    let (dags, errors) = p.load_all();
+    assert!(dags.is_empty());
+    assert_eq!(
+        errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        [
+            "dags/orders.toml:11:10: table `daily_orders` of warehouse `shop` is already the target of task `aggregate` in dags/orders.toml:5:10; a table has one producer"
+        ]
+    );
+}
+
 #[test]
 fn a_broken_dag_does_not_prevent_another() {
     let good = "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n";
@@ -422,6 +477,7 @@ fn backfill_toml_defaults_and_every_error() {
             "backfill.toml:2:14: key `durability`: `fast` is neither \"normal\" (survives kill -9) nor \"full\" (also survives a power cut)",
             "backfill.toml:3:12: invalid warehouse name `my shop`: use letters, digits and `_`, starting with a letter or `_`",
             "backfill.toml:5:9: warehouse `my shop`: init file `missing.sql` does not exist (paths are relative to the project folder)",
+            "backfill.toml:7:8: warehouse `copy` uses the same file as warehouse `my shop`; give each warehouse its own file",
             "backfill.toml:8:12: warehouse `nopath` needs `path`, its SQLite database file, such as path = \"warehouse.db\"",
         ]
     );

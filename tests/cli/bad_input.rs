@@ -109,7 +109,7 @@ fn bad_input_exits_2_names_the_problem_and_writes_nothing() {
                 "--to",
                 "2026-01-02",
             ]),
-            "dags/badkey.toml:2:1: unknown field `retires`",
+            "dags/badkey.toml:2:1: unknown key `retires`; did you mean `retries`?",
         ),
         (
             create(&[

@@ -1,0 +1,862 @@
+//! The validated model of a DAG ([`Dag`], [`Task`] and their parts) and how a DAG file becomes
+//! one: every key is checked (ids, schedule, timezone, numbers, durations, commands and their
+//! templates, SQL tasks, gates, the task graph) and every error of the file is collected.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+use std::time::Duration;
+
+use chrono_tz::Tz;
+use toml::Spanned;
+
+use super::diagnostics::{ConfigError, FileErrors, closest, parse_duration};
+use super::raw::{RawCommand, RawDag, RawGate, RawTask};
+use super::{Warehouse, sql_identifier};
+use crate::schedule::Schedule;
+use crate::task::template;
+
+/// A validated DAG.
+#[derive(Debug, Clone)]
+pub struct Dag {
+    pub id: String,
+    /// The file, relative to the project root.
+    pub file: String,
+    pub description: Option<String>,
+    pub schedule: Schedule,
+    pub tz: Tz,
+    pub max_active_runs: Option<u32>,
+    pub depends_on_past: bool,
+    /// Tasks in an order that respects `depends_on`.
+    pub tasks: Vec<Task>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Task {
+    pub id: String,
+    pub depends_on: Vec<String>,
+    pub kind: TaskKind,
+    /// Checks that decide whether a try's output is published.
+    pub gate: Option<Gate>,
+    /// For command tasks: runs only after the gate passed.
+    pub publish: Option<CommandSpec>,
+    pub retries: u32,
+    pub retry_delay: Duration,
+    pub timeout: Option<Duration>,
+    /// How long a task may take to stop after SIGTERM before it gets SIGKILL.
+    pub grace_period: Duration,
+    /// Where the task's keys are written, for messages about them.
+    pub locations: TaskLocations,
+}
+
+/// Where a task's keys are written in its DAG file, each as `file:line:col` of the value.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskLocations {
+    /// The task's `id`.
+    pub id: String,
+    /// `command`, for a command task.
+    pub command: Option<String>,
+    /// `publish`, when the task has one.
+    pub publish: Option<String>,
+    /// `gate.source_count`, when it is a command.
+    pub source_count: Option<String>,
+    /// `target`, for a SQL task.
+    pub target: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskKind {
+    Command(CommandSpec),
+    Sql(SqlTask),
+}
+
+/// A SQL task: a SELECT over a warehouse whose rows replace one partition of `target`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqlTask {
+    pub warehouse: Warehouse,
+    pub target: String,
+    pub partition_column: String,
+    pub sql: String,
+}
+
+/// The publication gate of a task (`[tasks.gate]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gate {
+    pub unique_key: Vec<String>,
+    pub source_count: Option<SourceCount>,
+    pub tolerance: f64,
+    pub allow_empty: bool,
+}
+
+/// How to count the source rows of an interval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceCount {
+    /// A query in the task's warehouse, with the interval's bind parameters.
+    Sql(String),
+    /// A command that prints one integer.
+    Command(CommandSpec),
+}
+
+/// A command: an argument vector run without a shell, or a line run by `sh -c`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommandSpec {
+    Argv(Vec<String>),
+    Shell(String),
+}
+
+impl CommandSpec {
+    /// The templates of the command: each element of an array, or the shell line.
+    pub(crate) fn templates(&self) -> Vec<&str> {
+        match self {
+            Self::Argv(v) => v.iter().map(String::as_str).collect(),
+            Self::Shell(s) => vec![s.as_str()],
+        }
+    }
+}
+
+impl Task {
+    /// The task's commands with the key that holds each and where it is written: `command`,
+    /// `publish` and a command `gate.source_count`.
+    pub(crate) fn commands(&self) -> Vec<(&'static str, &CommandSpec, &str)> {
+        let mut out = Vec::new();
+        if let (TaskKind::Command(spec), Some(at)) = (&self.kind, &self.locations.command) {
+            out.push(("command", spec, at.as_str()));
+        }
+        if let (Some(spec), Some(at)) = (&self.publish, &self.locations.publish) {
+            out.push(("publish", spec, at.as_str()));
+        }
+        if let (
+            Some(Gate {
+                source_count: Some(SourceCount::Command(spec)),
+                ..
+            }),
+            Some(at),
+        ) = (&self.gate, &self.locations.source_count)
+        {
+            out.push(("source_count", spec, at.as_str()));
+        }
+        out
+    }
+}
+
+/// One error per `conf` key that a command template of `task` uses and `conf` (the `--conf`
+/// object) does not give, at the command's `file:line:col`.
+pub fn missing_conf(task: &Task, conf: &serde_json::Value) -> Vec<ConfigError> {
+    let mut errors = Vec::new();
+    for (_, spec, at) in task.commands() {
+        let mut reported = HashSet::new();
+        for text in spec.templates() {
+            for path in template::conf_keys(text) {
+                if conf_gives(conf, &path) || !reported.insert(path.clone()) {
+                    continue;
+                }
+                let keys: Vec<&str> = path.split('.').collect();
+                errors.push(ConfigError {
+                    location: at.to_string(),
+                    message: format!(
+                        "task `{}`: template uses `conf.{}`, which --conf does not give; pass it with --conf '{}'",
+                        task.id,
+                        path,
+                        conf_example(&keys)
+                    ),
+                });
+            }
+        }
+    }
+    errors
+}
+
+/// Whether `conf` gives a dotted path. A path that leads into a value that is not an object
+/// counts as given: `conf.name.upper()` is a method call on `name`, not a key lookup.
+fn conf_gives(conf: &serde_json::Value, path: &str) -> bool {
+    let mut at = Some(conf);
+    for (i, key) in path.split('.').enumerate() {
+        match at {
+            Some(serde_json::Value::Object(object)) => at = object.get(key),
+            // `--conf` itself is always an object; anything else gives no key at all.
+            Some(_) if i > 0 => return true,
+            Some(_) | None => return false,
+        }
+    }
+    at.is_some()
+}
+
+/// `{"a": {"b": ...}}` for the path `a.b`.
+fn conf_example(keys: &[&str]) -> String {
+    let mut out = String::from("...");
+    for key in keys.iter().rev() {
+        out = format!("{{{}: {out}}}", serde_json::Value::from(*key));
+    }
+    out
+}
+
+/// The longest a DAG id or task id may be.
+const MAX_ID_LEN: usize = 100;
+/// The most retries a task may have: tries are counted in a `u32`.
+const MAX_RETRIES: u32 = 1000;
+
+const ID_RULE: &str = "start with a letter, digit or `_`, then use letters, digits, `_`, `-` and `.` only; at most 100 characters";
+
+/// A DAG id or task id: a plain name that is safe as a folder name of the logs.
+pub(crate) fn valid_id(id: &str) -> bool {
+    let mut chars = id.chars();
+    id.len() <= MAX_ID_LEN
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
+/// One DAG file, loaded: the id it declares (else its file stem) and the DAG or its errors.
+#[derive(Debug)]
+pub(crate) struct DagFile {
+    /// The file, relative to the project root.
+    pub(crate) file: String,
+    pub(crate) id: String,
+    pub(crate) dag: Result<Dag, Vec<ConfigError>>,
+}
+
+impl Dag {
+    /// Reads and validates one DAG file; `shown` is its path in messages.
+    pub(crate) fn load(
+        path: &Path,
+        shown: &str,
+        warehouses: &BTreeMap<String, Warehouse>,
+    ) -> DagFile {
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        match std::fs::read_to_string(path) {
+            Ok(text) => Self::parse(&text, shown, &stem, warehouses),
+            Err(e) => DagFile {
+                file: shown.to_string(),
+                id: stem,
+                dag: Err(vec![ConfigError {
+                    location: shown.to_string(),
+                    message: format!("cannot read the file: {e}"),
+                }]),
+            },
+        }
+    }
+
+    /// Validates the text of a DAG file whose file name without `.toml` is `stem`.
+    pub(crate) fn parse(
+        text: &str,
+        shown: &str,
+        stem: &str,
+        warehouses: &BTreeMap<String, Warehouse>,
+    ) -> DagFile {
+        let mut errs = FileErrors::new(shown, text);
+        let Some(raw) = RawDag::read(text, &mut errs) else {
+            return DagFile {
+                file: shown.to_string(),
+                id: stem.to_string(),
+                dag: Err(errs.into_errors()),
+            };
+        };
+        let id = raw
+            .id
+            .as_ref()
+            .map_or_else(|| stem.to_string(), |s| s.get_ref().clone());
+        let dag = Self::validate(raw, &id, warehouses, &mut errs);
+        DagFile {
+            file: shown.to_string(),
+            id,
+            dag: match dag {
+                Some(dag) if errs.is_empty() => Ok(dag),
+                _ => Err(errs.into_errors()),
+            },
+        }
+    }
+
+    fn validate(
+        raw: RawDag,
+        id: &str,
+        warehouses: &BTreeMap<String, Warehouse>,
+        errs: &mut FileErrors<'_>,
+    ) -> Option<Self> {
+        if !valid_id(id) {
+            let message = format!("invalid DAG id `{id}`: {ID_RULE}");
+            match &raw.id {
+                Some(s) => errs.at(s, message),
+                None => errs.in_file(format!(
+                    "{message} (the id is the file name: rename the file or set `id`)"
+                )),
+            }
+        }
+        let tz = match &raw.timezone {
+            None => Some(Tz::UTC),
+            Some(s) => match s.get_ref().parse::<Tz>() {
+                Ok(tz) => Some(tz),
+                Err(_) => {
+                    errs.at(
+                        s,
+                        format!(
+                            "unknown timezone `{}` in key `timezone`; use an IANA name such as `UTC` or `Europe/Berlin`",
+                            s.get_ref()
+                        ),
+                    );
+                    None
+                }
+            },
+        };
+        // Checked in UTC when the timezone is wrong, so that both mistakes are reported.
+        let schedule = match &raw.schedule {
+            None => {
+                errs.in_file(
+                    "missing key `schedule`; add one such as schedule = \"@daily\" or a 5-field cron such as schedule = \"15 3 * * 1-5\"",
+                );
+                None
+            }
+            Some(s) => match Schedule::parse(s.get_ref(), tz.unwrap_or(Tz::UTC)) {
+                Ok(schedule) => Some(schedule),
+                Err(e) => {
+                    errs.at(s, format!("key `schedule`: {e}"));
+                    None
+                }
+            },
+        };
+        let max_active_runs =
+            raw.max_active_runs
+                .as_ref()
+                .and_then(|m| match u32::try_from(*m.get_ref()) {
+                    Ok(n) if n > 0 => Some(n),
+                    _ => {
+                        errs.at(
+                            m,
+                            format!(
+                                "key `max_active_runs` must be a whole number from 1 to {}",
+                                u32::MAX
+                            ),
+                        );
+                        None
+                    }
+                });
+        // A wrong default is reported once, here; the tasks then use the built-in default.
+        let defaults = TaskDefaults {
+            retries: raw
+                .retries
+                .as_ref()
+                .and_then(|r| retries(r, errs))
+                .unwrap_or(0),
+            retry_delay: raw
+                .retry_delay
+                .as_ref()
+                .and_then(|d| duration(d, "retry_delay", errs))
+                .unwrap_or(Duration::from_secs(30)),
+            timeout: raw.timeout.as_ref().and_then(|d| timeout(d, errs)),
+            grace_period: raw
+                .grace_period
+                .as_ref()
+                .and_then(|d| duration(d, "grace_period", errs))
+                .unwrap_or(Duration::from_secs(10)),
+        };
+        if raw.tasks.is_empty() {
+            errs.in_file("the DAG has no tasks; add at least one [[tasks]] table");
+        }
+        let tasks = load_tasks(&raw.tasks, &defaults, warehouses, errs);
+        Some(Self {
+            id: id.to_string(),
+            file: errs.file.to_string(),
+            description: raw.description.map(Spanned::into_inner),
+            schedule: schedule?,
+            tz: tz?,
+            max_active_runs,
+            depends_on_past: raw.depends_on_past.unwrap_or(false),
+            tasks: tasks?,
+        })
+    }
+}
+
+struct TaskDefaults {
+    retries: u32,
+    retry_delay: Duration,
+    timeout: Option<Duration>,
+    grace_period: Duration,
+}
+
+/// Validates every task; the tasks in `depends_on` order when all of them are valid.
+fn load_tasks(
+    raw: &[RawTask],
+    defaults: &TaskDefaults,
+    warehouses: &BTreeMap<String, Warehouse>,
+    errs: &mut FileErrors<'_>,
+) -> Option<Vec<Task>> {
+    let mut seen: HashSet<&str> = HashSet::new();
+    for t in raw {
+        let Some(id) = &t.id else {
+            errs.at_offset(
+                t.at,
+                "a [[tasks]] table needs an `id`; add one such as id = \"extract\"",
+            );
+            continue;
+        };
+        if !valid_id(id.get_ref()) {
+            errs.at(id, format!("invalid task id `{}`: {ID_RULE}", id.get_ref()));
+        }
+        if !seen.insert(id.get_ref()) {
+            errs.at(
+                id,
+                format!(
+                    "task id `{}` is used twice; task ids must be unique",
+                    id.get_ref()
+                ),
+            );
+        }
+    }
+    let known: Vec<&str> = raw
+        .iter()
+        .filter_map(|t| t.id.as_ref().map(|i| i.get_ref().as_str()))
+        .collect();
+    let mut tasks = Vec::new();
+    for t in raw {
+        let name = t.id.as_ref().map_or("", |i| i.get_ref().as_str());
+        for dep in &t.depends_on {
+            if !seen.contains(dep.get_ref().as_str()) {
+                let hint = match closest(dep.get_ref(), &known) {
+                    Some(near) => format!("did you mean `{near}`? "),
+                    None => String::new(),
+                };
+                errs.at(
+                    dep,
+                    format!(
+                        "task `{name}` depends on unknown task `{}`; {hint}known tasks: {}",
+                        dep.get_ref(),
+                        known.join(", ")
+                    ),
+                );
+            }
+        }
+        tasks.push(load_task(t, name, defaults, warehouses, errs));
+    }
+    let ids: Vec<&str> = raw
+        .iter()
+        .map(|t| t.id.as_ref().map_or("", |i| i.get_ref().as_str()))
+        .collect();
+    let deps: Vec<Vec<&str>> = raw
+        .iter()
+        .map(|t| t.depends_on.iter().map(|d| d.get_ref().as_str()).collect())
+        .collect();
+    match topo_order(&ids, &deps) {
+        Ok(order) => {
+            let mut tasks: Vec<Option<Task>> = tasks;
+            order.into_iter().map(|i| tasks[i].take()).collect()
+        }
+        Err(cycle) => {
+            let message = format!(
+                "the tasks' depends_on form a cycle: {}; remove one of these edges",
+                cycle.join(" -> ")
+            );
+            match raw
+                .iter()
+                .find_map(|t| t.id.as_ref().filter(|i| Some(i.get_ref()) == cycle.first()))
+            {
+                Some(span) => errs.at(span, message),
+                None => errs.in_file(message),
+            }
+            None
+        }
+    }
+}
+
+/// One task, every key checked; `None` when any is wrong.
+fn load_task(
+    t: &RawTask,
+    id: &str,
+    defaults: &TaskDefaults,
+    warehouses: &BTreeMap<String, Warehouse>,
+    errs: &mut FileErrors<'_>,
+) -> Option<Task> {
+    let kind = task_kind(t, id, warehouses, errs);
+    let is_sql = t.sql.is_some() && t.command.is_none();
+    let gate = t.gate.as_ref().map(|g| load_gate(id, g, is_sql, errs));
+    let publish = match &t.publish {
+        None => None,
+        Some(p) if is_sql => {
+            errs.at(
+                p,
+                "key `publish`: a SQL task publishes its audited rows itself; remove `publish`",
+            );
+            Some(None)
+        }
+        Some(p) => Some(command_spec(p, "publish", errs)),
+    };
+    // Each is `None` when the key is wrong (and reported).
+    let retries = match &t.retries {
+        None => Some(defaults.retries),
+        Some(r) => retries(r, errs),
+    };
+    let retry_delay = match &t.retry_delay {
+        None => Some(defaults.retry_delay),
+        Some(d) => duration(d, "retry_delay", errs),
+    };
+    let timeout = match &t.timeout {
+        None => Some(defaults.timeout),
+        Some(d) => timeout(d, errs).map(Some),
+    };
+    let grace_period = match &t.grace_period {
+        None => Some(defaults.grace_period),
+        Some(d) => duration(d, "grace_period", errs),
+    };
+    let locations = TaskLocations {
+        id: errs.location(t.id.as_ref()?.span().start),
+        command: t
+            .command
+            .as_ref()
+            .filter(|_| !is_sql)
+            .map(|c| errs.location(c.span().start)),
+        publish: t.publish.as_ref().map(|p| errs.location(p.span().start)),
+        source_count: t
+            .gate
+            .as_ref()
+            .and_then(|g| g.get_ref().source_count.as_ref())
+            .filter(|_| !is_sql)
+            .map(|c| errs.location(c.span().start)),
+        target: t
+            .target
+            .as_ref()
+            .filter(|_| is_sql)
+            .map(|c| errs.location(c.span().start)),
+    };
+    Some(Task {
+        id: id.to_string(),
+        depends_on: t.depends_on.iter().map(|d| d.get_ref().clone()).collect(),
+        kind: kind?,
+        gate: gate.map_or(Some(None), |g| g.map(Some))?,
+        publish: publish.map_or(Some(None), |p| p.map(Some))?,
+        retries: retries?,
+        retry_delay: retry_delay?,
+        timeout: timeout?,
+        grace_period: grace_period?,
+        locations,
+    })
+}
+
+/// A command (array or shell line) whose templates use only known names.
+fn command_spec(
+    c: &Spanned<RawCommand>,
+    key: &str,
+    errs: &mut FileErrors<'_>,
+) -> Option<CommandSpec> {
+    let mut ok = true;
+    let mut check = |errs: &mut FileErrors<'_>, offset: usize, text: &str| {
+        if let Err(e) = template::check(text) {
+            errs.at_offset(offset, format!("key `{key}`: {e}"));
+            ok = false;
+        }
+    };
+    let spec = match c.get_ref() {
+        RawCommand::Argv(v) => {
+            match v.first() {
+                None => {
+                    errs.at(
+                        c,
+                        format!(
+                            "key `{key}` is an empty array; name a program, as in [\"prog\", \"arg\"]"
+                        ),
+                    );
+                    return None;
+                }
+                Some(program) if program.get_ref().trim().is_empty() => {
+                    errs.at(
+                        program,
+                        format!("key `{key}`: the program (the first element) is empty"),
+                    );
+                    return None;
+                }
+                Some(_) => {}
+            }
+            for arg in v {
+                check(errs, arg.span().start, arg.get_ref());
+            }
+            CommandSpec::Argv(v.iter().map(|a| a.get_ref().clone()).collect())
+        }
+        RawCommand::Shell(s) if s.trim().is_empty() => {
+            errs.at(
+                c,
+                format!("key `{key}` is empty; write the command line to run"),
+            );
+            return None;
+        }
+        RawCommand::Shell(s) => {
+            check(errs, c.span().start, s);
+            CommandSpec::Shell(s.clone())
+        }
+    };
+    ok.then_some(spec)
+}
+
+/// A command task or a SQL task, never both.
+fn task_kind(
+    t: &RawTask,
+    id: &str,
+    warehouses: &BTreeMap<String, Warehouse>,
+    errs: &mut FileErrors<'_>,
+) -> Option<TaskKind> {
+    match (&t.command, &t.sql) {
+        (Some(c), None) => {
+            for (key, value) in [
+                ("warehouse", &t.warehouse),
+                ("target", &t.target),
+                ("partition_column", &t.partition_column),
+            ] {
+                if let Some(v) = value {
+                    errs.at(
+                        v,
+                        format!(
+                            "task `{id}`: key `{key}` belongs to SQL tasks; a command task cannot have it"
+                        ),
+                    );
+                }
+            }
+            let spec = command_spec(c, "command", errs)?;
+            let sql_keys = t.warehouse.is_some() || t.target.is_some();
+            (!sql_keys && t.partition_column.is_none()).then_some(TaskKind::Command(spec))
+        }
+        (None, Some(sql)) => {
+            let mut missing = Vec::new();
+            let mut field = |v: &Option<Spanned<String>>, key: &'static str, ident: bool| match v {
+                None => {
+                    missing.push(key);
+                    None
+                }
+                Some(v) if ident && !sql_identifier(v.get_ref()) => {
+                    errs.at(
+                        v,
+                        format!(
+                            "key `{key}`: `{}` is not a plain SQL name (letters, digits and `_`, starting with a letter or `_`)",
+                            v.get_ref()
+                        ),
+                    );
+                    None
+                }
+                Some(v) => Some(v.get_ref().clone()),
+            };
+            let warehouse = field(&t.warehouse, "warehouse", false);
+            let target = field(&t.target, "target", true);
+            let partition_column = field(&t.partition_column, "partition_column", true);
+            if !missing.is_empty() {
+                errs.at(
+                    sql,
+                    format!(
+                        "SQL task `{id}` needs {}; see the README's SQL tasks section",
+                        missing
+                            .iter()
+                            .map(|k| format!("`{k}`"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                );
+            }
+            if sql.get_ref().trim().is_empty() {
+                errs.at(
+                    sql,
+                    "key `sql` is empty; write the SELECT whose rows fill the interval's partition",
+                );
+            }
+            let warehouse = match (&t.warehouse, warehouse) {
+                (Some(w), Some(name)) => match warehouses.get(&name) {
+                    Some(warehouse) => Some(warehouse),
+                    None => {
+                        let known: Vec<&str> = warehouses.keys().map(String::as_str).collect();
+                        errs.at(
+                            w,
+                            format!(
+                                "unknown warehouse `{name}`; declare it in backfill.toml as [warehouse.{name}] (known: {})",
+                                if known.is_empty() {
+                                    "none".to_string()
+                                } else {
+                                    known.join(", ")
+                                }
+                            ),
+                        );
+                        None
+                    }
+                },
+                _ => None,
+            };
+            if sql.get_ref().trim().is_empty() {
+                return None;
+            }
+            Some(TaskKind::Sql(SqlTask {
+                warehouse: warehouse?.clone(),
+                target: target?,
+                partition_column: partition_column?,
+                sql: sql.get_ref().clone(),
+            }))
+        }
+        (Some(c), Some(_)) => {
+            errs.at(
+                c,
+                format!("task `{id}` has both `command` and `sql`; a task is one or the other"),
+            );
+            None
+        }
+        (None, None) => {
+            let message = format!(
+                "task `{id}` has neither `command` nor `sql`; give it `command = [\"prog\", \"arg\"]`, `command = \"shell line\"`, or a SQL task's `warehouse`, `target`, `partition_column` and `sql`"
+            );
+            match &t.id {
+                Some(i) => errs.at(i, message),
+                None => errs.at_offset(t.at, message),
+            }
+            None
+        }
+    }
+}
+
+fn load_gate(
+    task: &str,
+    g: &Spanned<RawGate>,
+    is_sql: bool,
+    errs: &mut FileErrors<'_>,
+) -> Option<Gate> {
+    let raw = g.get_ref();
+    let mut ok = true;
+    if !raw.unique_key.is_empty() && !is_sql {
+        errs.at(
+            g,
+            format!(
+                "task `{task}`: `unique_key` needs a SQL task (its rows are audited in a table); remove it or make the task a SQL task"
+            ),
+        );
+        ok = false;
+    }
+    for k in &raw.unique_key {
+        if !sql_identifier(k.get_ref()) {
+            errs.at(
+                k,
+                format!(
+                    "key `unique_key`: `{}` is not a plain SQL column name",
+                    k.get_ref()
+                ),
+            );
+            ok = false;
+        }
+    }
+    let tolerance = match &raw.tolerance {
+        None => 0.0,
+        Some(v) if v.get_ref().is_finite() && *v.get_ref() >= 0.0 => *v.get_ref(),
+        Some(v) => {
+            errs.at(
+                v,
+                "key `tolerance` must be a fraction of at least 0, such as 0.02 for 2%",
+            );
+            ok = false;
+            0.0
+        }
+    };
+    let source_count = match &raw.source_count {
+        None => None,
+        Some(c) if is_sql => match c.get_ref() {
+            RawCommand::Shell(sql) if !sql.trim().is_empty() => Some(SourceCount::Sql(sql.clone())),
+            RawCommand::Shell(_) => {
+                errs.at(
+                    c,
+                    "key `source_count` is empty; write a query that counts the source rows",
+                );
+                ok = false;
+                None
+            }
+            RawCommand::Argv(_) => {
+                errs.at(
+                    c,
+                    "key `source_count`: in a SQL task it is a SQL query string",
+                );
+                ok = false;
+                None
+            }
+        },
+        Some(c) => match command_spec(c, "source_count", errs) {
+            Some(spec) => Some(SourceCount::Command(spec)),
+            None => {
+                ok = false;
+                None
+            }
+        },
+    };
+    ok.then(|| Gate {
+        unique_key: raw.unique_key.iter().map(|k| k.get_ref().clone()).collect(),
+        source_count,
+        tolerance,
+        allow_empty: raw.allow_empty.unwrap_or(false),
+    })
+}
+
+/// Orders tasks so that each comes after its dependencies, keeping file order where free.
+/// Unknown dependencies are ignored (they are reported elsewhere). On a cycle, returns the task
+/// ids along one cycle, the first repeated at the end.
+fn topo_order(ids: &[&str], deps: &[Vec<&str>]) -> Result<Vec<usize>, Vec<String>> {
+    let index: HashMap<&str, usize> = ids.iter().enumerate().map(|(i, t)| (*t, i)).collect();
+    let mut done = vec![false; ids.len()];
+    let mut order = Vec::with_capacity(ids.len());
+    while order.len() < ids.len() {
+        let ready = (0..ids.len()).find(|&i| {
+            !done[i]
+                && deps[i]
+                    .iter()
+                    .all(|d| index.get(d).is_none_or(|&j| done[j]))
+        });
+        match ready {
+            Some(i) => {
+                done[i] = true;
+                order.push(i);
+            }
+            None => {
+                // Every remaining task waits on another remaining one: walk until a repeat.
+                let mut path: Vec<usize> = Vec::new();
+                let mut at = (0..ids.len()).find(|&i| !done[i]).unwrap_or(0);
+                while !path.contains(&at) {
+                    path.push(at);
+                    at = deps[at]
+                        .iter()
+                        .filter_map(|d| index.get(d).copied())
+                        .find(|&j| !done[j])
+                        .unwrap_or(at);
+                }
+                let start = path.iter().position(|&p| p == at).unwrap_or(0);
+                let mut cycle: Vec<String> =
+                    path[start..].iter().map(|&i| ids[i].to_string()).collect();
+                cycle.push(ids[at].to_string());
+                return Err(cycle);
+            }
+        }
+    }
+    Ok(order)
+}
+
+fn retries(v: &Spanned<i128>, errs: &mut FileErrors<'_>) -> Option<u32> {
+    match u32::try_from(*v.get_ref()) {
+        Ok(n) if n <= MAX_RETRIES => Some(n),
+        _ => {
+            errs.at(
+                v,
+                format!("key `retries` must be a whole number from 0 to {MAX_RETRIES}"),
+            );
+            None
+        }
+    }
+}
+
+fn duration(v: &Spanned<String>, key: &str, errs: &mut FileErrors<'_>) -> Option<Duration> {
+    match parse_duration(v.get_ref()) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            errs.at(v, format!("key `{key}`: {e}"));
+            None
+        }
+    }
+}
+
+/// A try's timeout: a duration longer than zero.
+fn timeout(v: &Spanned<String>, errs: &mut FileErrors<'_>) -> Option<Duration> {
+    let d = duration(v, "timeout", errs)?;
+    if d.is_zero() {
+        errs.at(
+            v,
+            "key `timeout` must be longer than 0s; leave it out for no timeout",
+        );
+        return None;
+    }
+    Some(d)
+}

@@ -1,0 +1,290 @@
+//! Diagnostics of the project's files: [`ConfigError`] and its `file:line:column`, the collector
+//! of every error of one file (reported in file order), TOML syntax errors, unknown keys and
+//! durations, all in the project's words with what to write instead.
+
+use std::fmt;
+use std::time::Duration;
+
+use toml::Spanned;
+
+/// A configuration problem with its location.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// `path:line:col`, or just the path when the position is unknown.
+    pub location: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.location, self.message)
+    }
+}
+
+/// `file:line:col` of a byte offset (1-based; the column counts characters).
+pub(crate) fn location(file: &str, text: &str, offset: usize) -> String {
+    let mut offset = offset.min(text.len());
+    while !text.is_char_boundary(offset) {
+        offset -= 1;
+    }
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    format!("{file}:{line}:{col}")
+}
+
+/// The line and column of a `file:line:col` location, for ordering; `(0, 0)` without them.
+pub(crate) fn line_col(location: &str) -> (usize, usize) {
+    let mut parts = location.rsplitn(3, ':');
+    let col = parts.next().and_then(|c| c.parse().ok());
+    let line = parts.next().and_then(|l| l.parse().ok());
+    match (line, col) {
+        (Some(line), Some(col)) if parts.next().is_some() => (line, col),
+        _ => (0, 0),
+    }
+}
+
+/// Every error found in one file, each with its byte offset so that they are reported in the
+/// order of the file.
+pub(crate) struct FileErrors<'a> {
+    pub(crate) file: &'a str,
+    pub(crate) text: &'a str,
+    found: Vec<(usize, ConfigError)>,
+}
+
+impl<'a> FileErrors<'a> {
+    pub(crate) fn new(file: &'a str, text: &'a str) -> Self {
+        Self {
+            file,
+            text,
+            found: Vec::new(),
+        }
+    }
+
+    /// An error at a byte offset of the file.
+    pub(crate) fn at_offset(&mut self, offset: usize, message: impl Into<String>) {
+        let location = self.location(offset);
+        self.found.push((
+            offset,
+            ConfigError {
+                location,
+                message: message.into(),
+            },
+        ));
+    }
+
+    /// An error at the start of a spanned value or key.
+    pub(crate) fn at<T>(&mut self, spanned: &Spanned<T>, message: impl Into<String>) {
+        self.at_offset(spanned.span().start, message);
+    }
+
+    /// An error about the whole file, reported before those with a position.
+    pub(crate) fn in_file(&mut self, message: impl Into<String>) {
+        self.found.push((
+            0,
+            ConfigError {
+                location: self.file.to_string(),
+                message: message.into(),
+            },
+        ));
+    }
+
+    /// `file:line:col` of a byte offset of this file.
+    pub(crate) fn location(&self, offset: usize) -> String {
+        location(self.file, self.text, offset)
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.found.is_empty()
+    }
+
+    /// The errors in file order (errors at one position keep the order they were found in).
+    pub(crate) fn into_errors(mut self) -> Vec<ConfigError> {
+        self.found.sort_by_key(|(offset, _)| *offset);
+        self.found.into_iter().map(|(_, e)| e).collect()
+    }
+}
+
+/// A TOML syntax error in the project's words, with what to write instead.
+pub(crate) fn syntax_error(errs: &mut FileErrors<'_>, e: &toml::de::Error) {
+    let span = e.span().unwrap_or(0..0);
+    let message = e.message().trim().replace('\n', " ");
+    let found = errs
+        .text
+        .get(span.clone())
+        .filter(|s| !s.trim().is_empty())
+        .map(str::trim);
+    let text = if message.starts_with("duplicate key") {
+        match found {
+            Some(key) => {
+                format!("key `{key}` is set twice in one table; keep one of them")
+            }
+            None => "a key is set twice in one table; keep one of them".to_string(),
+        }
+    } else if message.starts_with("string values must be quoted") {
+        "not valid TOML: a text value needs double quotes, as in timezone = \"Europe/Berlin\""
+            .to_string()
+    } else {
+        format!(
+            "not valid TOML ({message}); write `key = value` lines, text in double quotes, \
+             tables as [name] and tasks as [[tasks]]"
+        )
+    };
+    errs.at_offset(span.start, text);
+}
+
+/// `unknown key` with the closest known key as a suggestion, or the list of known keys.
+pub(crate) fn unknown_key(key: &str, table: &str, known: &[&str]) -> String {
+    let place = if table.is_empty() {
+        String::new()
+    } else {
+        format!(" in {table}")
+    };
+    match closest(key, known) {
+        Some(near) => format!("unknown key `{key}`{place}; did you mean `{near}`?"),
+        None => format!(
+            "unknown key `{key}`{place}; remove it or use one of: {}",
+            known.join(", ")
+        ),
+    }
+}
+
+/// The known name nearest to `name` when it is a plausible typo (a few edits away).
+pub(crate) fn closest<'k>(name: &str, known: &[&'k str]) -> Option<&'k str> {
+    let lower = name.to_ascii_lowercase();
+    known
+        .iter()
+        .map(|k| (edit_distance(&lower, k), *k))
+        .filter(|(d, k)| *d <= (k.chars().count() / 3).max(1) && *d < lower.chars().count())
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance over characters (adjacent swaps count as one edit).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    // Typos are short; a long name is nothing like any key.
+    if a.len().abs_diff(b.len()) > 3 || a.len() > 64 {
+        return usize::MAX;
+    }
+    let mut prev2: Vec<usize> = Vec::new();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for i in 1..=a.len() {
+        let mut row = vec![i; b.len() + 1];
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            row[j] = (prev[j] + 1).min(row[j - 1] + 1).min(prev[j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                row[j] = row[j].min(prev2[j - 2] + 1);
+            }
+        }
+        prev2 = std::mem::replace(&mut prev, row);
+    }
+    prev[b.len()]
+}
+
+/// The longest duration a file may give: a year. Longer is a typo, and would overflow the
+/// clock arithmetic of timeouts.
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Reads a duration such as `30s`, `5m` or `1h 30m`; the error says why not, in a sentence that
+/// follows "key `KEY`: ".
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
+    let why = match humantime::parse_duration(text) {
+        Ok(d) if d > MAX_DURATION => format!("`{text}` is longer than a year"),
+        Ok(d) => return Ok(d),
+        Err(e) => {
+            let reason = match e {
+                humantime::DurationError::Empty => "it is empty".to_string(),
+                humantime::DurationError::UnknownUnit { unit, .. } if unit.is_empty() => {
+                    "a number needs a unit".to_string()
+                }
+                humantime::DurationError::UnknownUnit { unit, .. } => {
+                    format!("`{unit}` is not a unit of time")
+                }
+                humantime::DurationError::NumberOverflow => "the number is too large".to_string(),
+                humantime::DurationError::InvalidCharacter(_)
+                | humantime::DurationError::NumberExpected(_) => {
+                    "expected a whole number followed by a unit".to_string()
+                }
+            };
+            format!("cannot read `{text}` as a duration: {reason}")
+        }
+    };
+    Err(format!(
+        "{why}; write it like \"30s\", \"5m\" or \"1h 30m\" (units: ms, s, m, h, d)"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_count_lines_and_characters_from_one() {
+        let text = "a = 1\nbé = \"x\"\n";
+        assert_eq!(location("f.toml", text, 0), "f.toml:1:1");
+        assert_eq!(location("f.toml", text, 6), "f.toml:2:1");
+        // After `bé = `: 5 characters, 6 bytes.
+        assert_eq!(location("f.toml", text, 12), "f.toml:2:6");
+        // Inside a multi-byte character and past the end: never a panic.
+        assert_eq!(location("f.toml", text, 8), "f.toml:2:2");
+        assert_eq!(location("f.toml", text, 999), "f.toml:3:1");
+        assert_eq!(line_col("dags/a.toml:12:3"), (12, 3));
+        assert_eq!(line_col("dags/a.toml"), (0, 0));
+    }
+
+    #[test]
+    fn errors_come_out_in_file_order() {
+        let mut errs = FileErrors::new("f.toml", "a = 1\nb = 2\n");
+        errs.at_offset(6, "second");
+        errs.at_offset(0, "first");
+        errs.in_file("whole file");
+        let errors = errs.into_errors();
+        let messages: Vec<_> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            messages,
+            [
+                "f.toml:1:1: first",
+                "f.toml: whole file",
+                "f.toml:2:1: second"
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_keys_suggest_the_nearest_known_key() {
+        let known = ["retries", "retry_delay", "timeout"];
+        assert_eq!(
+            unknown_key("retires", "[[tasks]]", &known),
+            "unknown key `retires` in [[tasks]]; did you mean `retries`?"
+        );
+        assert_eq!(
+            unknown_key("colour", "", &known),
+            "unknown key `colour`; remove it or use one of: retries, retry_delay, timeout"
+        );
+        assert_eq!(closest("TIMEOUT", &known), Some("timeout"));
+    }
+
+    #[test]
+    fn durations_are_read_or_explained() {
+        assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        for (text, reason) in [
+            (
+                "soon",
+                "cannot read `soon` as a duration: expected a whole number",
+            ),
+            ("5", "a number needs a unit"),
+            ("5 parsecs", "`parsecs` is not a unit of time"),
+            ("", "it is empty"),
+            ("99999999999999999999s", "the number is too large"),
+            ("2y", "`2y` is longer than a year"),
+        ] {
+            let e = parse_duration(text).unwrap_err();
+            assert!(e.contains(reason), "{text}: {e}");
+            assert!(e.ends_with("(units: ms, s, m, h, d)"), "{e}");
+        }
+    }
+}

@@ -1,0 +1,422 @@
+//! A project: found like cargo finds `Cargo.toml`, its `backfill.toml` (manifest, logs, lease
+//! timeout, durability, warehouses) and its DAG files, loaded all at once.
+//!
+//! Every configuration error names the file, the line and column, the key, and what to do, and
+//! loading reports every error of every file rather than stopping at the first. Rules that span
+//! files live here: DAG ids are unique, and a table has one producer.
+
+mod dag;
+mod diagnostics;
+mod raw;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use dag::{
+    CommandSpec, Dag, Gate, SourceCount, SqlTask, Task, TaskKind, TaskLocations, missing_conf,
+};
+pub use diagnostics::ConfigError;
+pub(crate) use diagnostics::closest;
+
+use crate::manifest::Durability;
+use dag::DagFile;
+use diagnostics::{FileErrors, line_col, parse_duration};
+use raw::RawProject;
+
+pub const PROJECT_FILE: &str = "backfill.toml";
+pub const DAGS_DIR: &str = "dags";
+
+/// How often a running backfill writes its heartbeat into the manifest.
+pub const HEARTBEAT: Duration = Duration::from_millis(250);
+/// The shortest `lease_timeout`: several heartbeats, so that a live backfill is never judged
+/// dead because one heartbeat was late.
+pub const MIN_LEASE_TIMEOUT: Duration = Duration::from_secs(1);
+/// `lease_timeout` when `backfill.toml` does not set it.
+pub(crate) const DEFAULT_LEASE_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProjectError {
+    #[error(
+        "no {PROJECT_FILE} in {} or any parent directory; run inside a project or pass -C DIR",
+        .0.display()
+    )]
+    NotFound(PathBuf),
+    #[error("{}", join_errors(.0))]
+    Config(Vec<ConfigError>),
+    #[error("unknown DAG `{id}`; {}", known_hint(.known))]
+    UnknownDag { id: String, known: Vec<String> },
+}
+
+fn join_errors(errors: &[ConfigError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn known_hint(known: &[String]) -> String {
+    if known.is_empty() {
+        format!("the project has no DAG files in {DAGS_DIR}/")
+    } else {
+        format!("known DAGs: {}", known.join(", "))
+    }
+}
+
+/// A loaded project: its root, settings and DAG files.
+#[derive(Debug, Clone)]
+pub struct Project {
+    pub root: PathBuf,
+    pub manifest_path: PathBuf,
+    pub logs_dir: PathBuf,
+    /// A lease whose owner has not sent a heartbeat for this long is stale; at least
+    /// [`MIN_LEASE_TIMEOUT`].
+    pub lease_timeout: Duration,
+    /// SQLite warehouses by name.
+    pub warehouses: BTreeMap<String, Warehouse>,
+    /// How the manifest's commits reach the disk.
+    pub durability: Durability,
+}
+
+/// A SQLite warehouse declared in `backfill.toml`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warehouse {
+    pub name: String,
+    pub path: PathBuf,
+    /// SQL files run once, in order, in one transaction, when the database file does not exist.
+    pub init: Vec<PathBuf>,
+}
+
+impl Project {
+    /// Finds the project: `dir` itself when given (`-C`), else the nearest ancestor of the
+    /// current directory holding `backfill.toml`.
+    pub fn discover(dir: Option<&Path>) -> Result<Self, ProjectError> {
+        let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+        let root = match dir {
+            Some(d) => {
+                let d = cwd.join(d);
+                if !d.join(PROJECT_FILE).is_file() {
+                    return Err(ProjectError::NotFound(d));
+                }
+                d
+            }
+            None => cwd
+                .ancestors()
+                .find(|a| a.join(PROJECT_FILE).is_file())
+                .map(Path::to_path_buf)
+                .ok_or_else(|| ProjectError::NotFound(cwd.clone()))?,
+        };
+        let text = std::fs::read_to_string(root.join(PROJECT_FILE)).map_err(|e| {
+            ProjectError::Config(vec![ConfigError {
+                location: PROJECT_FILE.to_string(),
+                message: format!("cannot read the file: {e}"),
+            }])
+        })?;
+        Self::parse(root, &text).map_err(ProjectError::Config)
+    }
+
+    /// Validates the text of `backfill.toml` of the project in `root`; every error at once.
+    pub(crate) fn parse(root: PathBuf, text: &str) -> Result<Self, Vec<ConfigError>> {
+        let mut errs = FileErrors::new(PROJECT_FILE, text);
+        let Some(raw) = RawProject::read(text, &mut errs) else {
+            return Err(errs.into_errors());
+        };
+        let mut file = |key: &str, value: &Option<toml::Spanned<String>>, default: &str| match value
+        {
+            Some(v) if v.get_ref().trim().is_empty() => {
+                errs.at(
+                    v,
+                    format!("key `{key}` is empty; leave it out for \"{default}\""),
+                );
+                root.join(default)
+            }
+            Some(v) => root.join(v.get_ref()),
+            None => root.join(default),
+        };
+        let manifest_path = file("manifest", &raw.manifest, ".backfill/manifest.db");
+        let logs_dir = file("logs", &raw.logs, ".backfill/logs");
+        let lease_timeout = match &raw.lease_timeout {
+            None => DEFAULT_LEASE_TIMEOUT,
+            Some(v) => match parse_duration(v.get_ref()) {
+                Ok(d) if d < MIN_LEASE_TIMEOUT => {
+                    errs.at(
+                        v,
+                        format!(
+                            "key `lease_timeout`: `{}` is too short; a running backfill writes a heartbeat every {}, and a shorter timeout would judge a live one dead; use at least \"{}\" (the default is \"{}\")",
+                            v.get_ref(),
+                            humantime::format_duration(HEARTBEAT),
+                            humantime::format_duration(MIN_LEASE_TIMEOUT),
+                            humantime::format_duration(DEFAULT_LEASE_TIMEOUT),
+                        ),
+                    );
+                    DEFAULT_LEASE_TIMEOUT
+                }
+                Ok(d) => d,
+                Err(e) => {
+                    errs.at(v, format!("key `lease_timeout`: {e}"));
+                    DEFAULT_LEASE_TIMEOUT
+                }
+            },
+        };
+        let durability = match raw.durability.as_ref().map(|d| (d, d.get_ref().as_str())) {
+            None | Some((_, "normal")) => Durability::Normal,
+            Some((_, "full")) => Durability::Full,
+            Some((d, other)) => {
+                errs.at(
+                    d,
+                    format!(
+                        "key `durability`: `{other}` is neither \"normal\" (survives kill -9) nor \"full\" (also survives a power cut)"
+                    ),
+                );
+                Durability::Normal
+            }
+        };
+        let mut warehouses: BTreeMap<String, Warehouse> = BTreeMap::new();
+        for w in &raw.warehouses {
+            let name = w.name.get_ref();
+            if !sql_identifier(name) {
+                errs.at(
+                    &w.name,
+                    format!(
+                        "invalid warehouse name `{name}`: use letters, digits and `_`, starting with a letter or `_`"
+                    ),
+                );
+            }
+            let path = match &w.path {
+                Some(p) if !p.get_ref().trim().is_empty() => root.join(p.get_ref()),
+                Some(p) => {
+                    errs.at(
+                        p,
+                        format!("warehouse `{name}`: key `path` is empty; name the SQLite database file, such as path = \"warehouse.db\""),
+                    );
+                    continue;
+                }
+                None => {
+                    errs.at(
+                        &w.name,
+                        format!("warehouse `{name}` needs `path`, its SQLite database file, such as path = \"warehouse.db\""),
+                    );
+                    continue;
+                }
+            };
+            if let Some(other) = warehouses
+                .values()
+                .find(|o| o.path.components().eq(path.components()))
+                && let Some(p) = &w.path
+            {
+                errs.at(
+                    p,
+                    format!(
+                        "warehouse `{name}` uses the same file as warehouse `{}`; give each warehouse its own file",
+                        other.name
+                    ),
+                );
+            }
+            let mut init = Vec::new();
+            for file in &w.init {
+                let full = root.join(file.get_ref());
+                if !full.is_file() {
+                    errs.at(
+                        file,
+                        format!(
+                            "warehouse `{name}`: init file `{}` does not exist (paths are relative to the project folder)",
+                            file.get_ref()
+                        ),
+                    );
+                }
+                init.push(full);
+            }
+            warehouses.insert(
+                name.clone(),
+                Warehouse {
+                    name: name.clone(),
+                    path,
+                    init,
+                },
+            );
+        }
+        if !errs.is_empty() {
+            return Err(errs.into_errors());
+        }
+        Ok(Self {
+            manifest_path,
+            logs_dir,
+            lease_timeout,
+            warehouses,
+            durability,
+            root,
+        })
+    }
+
+    /// Paths of every DAG file, sorted.
+    pub fn dag_files(&self) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(self.root.join(DAGS_DIR))
+            .map(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        files.sort();
+        files
+    }
+
+    /// Loads every DAG file and applies the rules between files: a DAG id is used once, and a
+    /// table has one producer.
+    fn load_files(&self) -> Vec<DagFile> {
+        let mut files: Vec<DagFile> = self
+            .dag_files()
+            .iter()
+            .map(|path| Dag::load(path, &self.display_path(path), &self.warehouses))
+            .collect();
+        let mut seen: HashMap<String, String> = HashMap::new();
+        for f in &mut files {
+            let Ok(dag) = &f.dag else { continue };
+            match seen.get(&dag.id) {
+                Some(other) => {
+                    f.dag = Err(vec![ConfigError {
+                        location: f.file.clone(),
+                        message: format!(
+                            "DAG id `{}` is already used by {other}; ids must be unique",
+                            dag.id
+                        ),
+                    }]);
+                }
+                None => {
+                    seen.insert(dag.id.clone(), f.file.clone());
+                }
+            }
+        }
+        one_producer_per_table(&mut files);
+        files
+    }
+
+    /// Loads every DAG file. Returns the valid DAGs and every error found.
+    pub fn load_all(&self) -> (Vec<Dag>, Vec<ConfigError>) {
+        let mut dags = Vec::new();
+        let mut errors = Vec::new();
+        for f in self.load_files() {
+            match f.dag {
+                Ok(dag) => dags.push(dag),
+                Err(mut e) => errors.append(&mut e),
+            }
+        }
+        (dags, errors)
+    }
+
+    /// Loads one DAG by id. A broken file of another DAG does not prevent it, unless the two
+    /// publish into one table.
+    pub fn dag(&self, id: &str) -> Result<Dag, ProjectError> {
+        let mut broken = None;
+        let mut known = Vec::new();
+        for f in self.load_files() {
+            let stem_matches = Path::new(&f.file).file_stem().is_some_and(|s| s == id);
+            match f.dag {
+                Ok(dag) if dag.id == id => return Ok(dag),
+                Ok(dag) => known.push(dag.id),
+                // The DAG may be the one whose file is broken: report that file's errors.
+                Err(errors) if broken.is_none() && (f.id == id || stem_matches) => {
+                    broken = Some(errors);
+                }
+                Err(_) => {}
+            }
+        }
+        match broken {
+            Some(errors) => Err(ProjectError::Config(errors)),
+            None => Err(ProjectError::UnknownDag {
+                id: id.to_string(),
+                known,
+            }),
+        }
+    }
+
+    /// A path relative to the project root, for messages.
+    pub fn display_path(&self, path: &Path) -> String {
+        path.strip_prefix(&self.root)
+            .unwrap_or(path)
+            .display()
+            .to_string()
+    }
+}
+
+/// Two tasks publishing into one table would delete each other's partitions: every SQL task's
+/// (warehouse, target) is unique across the project. Both DAGs of a conflict become unusable.
+fn one_producer_per_table(files: &mut [DagFile]) {
+    struct Producer {
+        file: usize,
+        task: String,
+        at: String,
+    }
+    let mut producers: HashMap<(String, String), Producer> = HashMap::new();
+    let mut conflicts: Vec<(usize, ConfigError)> = Vec::new();
+    for (i, f) in files.iter().enumerate() {
+        let Ok(dag) = &f.dag else { continue };
+        let mut sql: Vec<(&Task, &SqlTask, &str)> = dag
+            .tasks
+            .iter()
+            .filter_map(|t| match &t.kind {
+                TaskKind::Sql(s) => Some((t, s, t.locations.target.as_deref().unwrap_or(&f.file))),
+                TaskKind::Command(_) => None,
+            })
+            .collect();
+        // In file order, so that "first" means first in the file.
+        sql.sort_by_key(|(_, _, at)| line_col(at));
+        for (task, s, at) in sql {
+            // SQLite table names are case-insensitive.
+            let key = (s.warehouse.name.clone(), s.target.to_ascii_lowercase());
+            let Some(first) = producers.get(&key) else {
+                producers.insert(
+                    key,
+                    Producer {
+                        file: i,
+                        task: task.id.clone(),
+                        at: at.to_string(),
+                    },
+                );
+                continue;
+            };
+            conflicts.push((
+                i,
+                ConfigError {
+                    location: at.to_string(),
+                    message: format!(
+                        "table `{}` of warehouse `{}` is already the target of task `{}` in {}; a table has one producer",
+                        s.target, s.warehouse.name, first.task, first.at
+                    ),
+                },
+            ));
+            if first.file != i {
+                conflicts.push((
+                    first.file,
+                    ConfigError {
+                        location: first.at.clone(),
+                        message: format!(
+                            "table `{}` of warehouse `{}` is also the target of task `{}` in {}; a table has one producer",
+                            s.target, s.warehouse.name, task.id, at
+                        ),
+                    },
+                ));
+            }
+        }
+    }
+    for (i, e) in conflicts {
+        match &mut files[i].dag {
+            Err(errors) => errors.push(e),
+            ok @ Ok(_) => *ok = Err(vec![e]),
+        }
+    }
+}
+
+/// A name that may be spliced into SQL: letters, digits and `_`, not starting with a digit.
+pub fn sql_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}

@@ -1,0 +1,472 @@
+//! The raw structs that mirror `backfill.toml` and `dags/*.toml`, read from the parsed TOML
+//! tree with every key's position kept. Reading never stops at the first mistake: a syntax
+//! error, an unknown key or a value of the wrong type is reported, the key is left out, and the
+//! rest of the file is still read, so that one run lists every error of the file.
+
+use toml::Spanned;
+use toml::de::{DeTable, DeValue};
+
+use super::diagnostics::{FileErrors, syntax_error, unknown_key};
+
+type Value<'i> = Spanned<DeValue<'i>>;
+
+pub(crate) const PROJECT_KEYS: &[&str] = &[
+    "manifest",
+    "logs",
+    "lease_timeout",
+    "durability",
+    "warehouse",
+];
+pub(crate) const WAREHOUSE_KEYS: &[&str] = &["path", "init"];
+pub(crate) const DAG_KEYS: &[&str] = &[
+    "id",
+    "description",
+    "schedule",
+    "timezone",
+    "max_active_runs",
+    "retries",
+    "retry_delay",
+    "timeout",
+    "grace_period",
+    "depends_on_past",
+    "tasks",
+];
+pub(crate) const TASK_KEYS: &[&str] = &[
+    "id",
+    "depends_on",
+    "command",
+    "warehouse",
+    "target",
+    "partition_column",
+    "sql",
+    "gate",
+    "publish",
+    "retries",
+    "retry_delay",
+    "timeout",
+    "grace_period",
+];
+pub(crate) const GATE_KEYS: &[&str] = &["unique_key", "source_count", "tolerance", "allow_empty"];
+
+/// `backfill.toml`.
+#[derive(Debug, Default)]
+pub(crate) struct RawProject {
+    pub(crate) manifest: Option<Spanned<String>>,
+    pub(crate) logs: Option<Spanned<String>>,
+    pub(crate) lease_timeout: Option<Spanned<String>>,
+    pub(crate) durability: Option<Spanned<String>>,
+    pub(crate) warehouses: Vec<RawWarehouse>,
+}
+
+/// A `[warehouse.NAME]` table.
+#[derive(Debug)]
+pub(crate) struct RawWarehouse {
+    /// The name, spanned at `NAME` in the table header.
+    pub(crate) name: Spanned<String>,
+    pub(crate) path: Option<Spanned<String>>,
+    pub(crate) init: Vec<Spanned<String>>,
+}
+
+/// A DAG file.
+#[derive(Debug, Default)]
+pub(crate) struct RawDag {
+    pub(crate) id: Option<Spanned<String>>,
+    pub(crate) description: Option<Spanned<String>>,
+    pub(crate) schedule: Option<Spanned<String>>,
+    pub(crate) timezone: Option<Spanned<String>>,
+    pub(crate) max_active_runs: Option<Spanned<i128>>,
+    pub(crate) retries: Option<Spanned<i128>>,
+    pub(crate) retry_delay: Option<Spanned<String>>,
+    pub(crate) timeout: Option<Spanned<String>>,
+    pub(crate) grace_period: Option<Spanned<String>>,
+    pub(crate) depends_on_past: Option<bool>,
+    pub(crate) tasks: Vec<RawTask>,
+}
+
+/// A `[[tasks]]` table.
+#[derive(Debug)]
+pub(crate) struct RawTask {
+    /// Byte offset of the table (its `[[tasks]]` header).
+    pub(crate) at: usize,
+    pub(crate) id: Option<Spanned<String>>,
+    pub(crate) depends_on: Vec<Spanned<String>>,
+    pub(crate) command: Option<Spanned<RawCommand>>,
+    pub(crate) warehouse: Option<Spanned<String>>,
+    pub(crate) target: Option<Spanned<String>>,
+    pub(crate) partition_column: Option<Spanned<String>>,
+    pub(crate) sql: Option<Spanned<String>>,
+    pub(crate) gate: Option<Spanned<RawGate>>,
+    pub(crate) publish: Option<Spanned<RawCommand>>,
+    pub(crate) retries: Option<Spanned<i128>>,
+    pub(crate) retry_delay: Option<Spanned<String>>,
+    pub(crate) timeout: Option<Spanned<String>>,
+    pub(crate) grace_period: Option<Spanned<String>>,
+}
+
+/// A `[tasks.gate]` table.
+#[derive(Debug)]
+pub(crate) struct RawGate {
+    pub(crate) unique_key: Vec<Spanned<String>>,
+    pub(crate) source_count: Option<Spanned<RawCommand>>,
+    pub(crate) tolerance: Option<Spanned<f64>>,
+    pub(crate) allow_empty: Option<bool>,
+}
+
+/// A command as written: an array of strings or one string.
+#[derive(Debug, Clone)]
+pub(crate) enum RawCommand {
+    Argv(Vec<Spanned<String>>),
+    Shell(String),
+}
+
+/// Parses a file into its table of keys; `None` after reporting every syntax error.
+fn parse<'i>(text: &'i str, errs: &mut FileErrors<'_>) -> Option<DeTable<'i>> {
+    let (table, errors) = DeTable::parse_recoverable(text);
+    if errors.is_empty() {
+        return Some(table.into_inner());
+    }
+    for e in &errors {
+        syntax_error(errs, e);
+    }
+    None
+}
+
+impl RawProject {
+    /// Reads `backfill.toml`; `None` when it is not valid TOML.
+    pub(crate) fn read(text: &str, errs: &mut FileErrors<'_>) -> Option<Self> {
+        let table = parse(text, errs)?;
+        unknown_keys(&table, "", PROJECT_KEYS, errs);
+        let mut warehouses = Vec::new();
+        if let Some(w) = get(&table, "warehouse") {
+            match w.get_ref() {
+                DeValue::Table(all) => {
+                    for (name, value) in all {
+                        let name = Spanned::new(name.span(), name.get_ref().to_string());
+                        match value.get_ref() {
+                            DeValue::Table(t) => {
+                                let header = format!("[warehouse.{}]", name.get_ref());
+                                unknown_keys(t, &header, WAREHOUSE_KEYS, errs);
+                                warehouses.push(RawWarehouse {
+                                    path: string(t, "path", "\"warehouse.db\"", errs),
+                                    init: strings(t, "init", "[\"schema.sql\"]", errs),
+                                    name,
+                                });
+                            }
+                            other => errs.at(
+                                value,
+                                format!(
+                                    "[warehouse] holds one table per warehouse, such as [warehouse.shop] with path = \"warehouse.db\"; `{}` is {}",
+                                    name.get_ref(),
+                                    a_type(other)
+                                ),
+                            ),
+                        }
+                    }
+                }
+                other => errs.at(
+                    w,
+                    format!(
+                        "key `warehouse` must be tables such as [warehouse.shop], not {}",
+                        a_type(other)
+                    ),
+                ),
+            }
+        }
+        // The table keeps keys sorted by name; messages follow the file.
+        warehouses.sort_by_key(|w| w.name.span().start);
+        Some(Self {
+            manifest: string(&table, "manifest", "\".backfill/manifest.db\"", errs),
+            logs: string(&table, "logs", "\".backfill/logs\"", errs),
+            lease_timeout: string(&table, "lease_timeout", "\"30s\"", errs),
+            durability: string(&table, "durability", "\"normal\"", errs),
+            warehouses,
+        })
+    }
+}
+
+impl RawDag {
+    /// Reads a DAG file; `None` when it is not valid TOML.
+    pub(crate) fn read(text: &str, errs: &mut FileErrors<'_>) -> Option<Self> {
+        let table = parse(text, errs)?;
+        unknown_keys(&table, "", DAG_KEYS, errs);
+        let mut tasks = Vec::new();
+        if let Some(value) = get(&table, "tasks") {
+            match value.get_ref() {
+                DeValue::Array(items) => {
+                    for item in items {
+                        match item.get_ref() {
+                            DeValue::Table(t) => tasks.push(RawTask::read(item, t, errs)),
+                            other => errs.at(
+                                item,
+                                format!(
+                                    "each task is a [[tasks]] table with an `id`, not {}",
+                                    a_type(other)
+                                ),
+                            ),
+                        }
+                    }
+                }
+                other => errs.at(
+                    value,
+                    format!(
+                        "key `tasks` must be [[tasks]] tables (double brackets), not {}",
+                        a_type(other)
+                    ),
+                ),
+            }
+        }
+        Some(Self {
+            id: string(&table, "id", "\"daily_orders\"", errs),
+            description: string(&table, "description", "\"What the DAG does\"", errs),
+            schedule: string(&table, "schedule", "\"@daily\"", errs),
+            timezone: string(&table, "timezone", "\"Europe/Berlin\"", errs),
+            max_active_runs: integer(&table, "max_active_runs", "4", errs),
+            retries: integer(&table, "retries", "2", errs),
+            retry_delay: string(&table, "retry_delay", "\"30s\"", errs),
+            timeout: string(&table, "timeout", "\"1h\"", errs),
+            grace_period: string(&table, "grace_period", "\"10s\"", errs),
+            depends_on_past: boolean(&table, "depends_on_past", errs),
+            tasks,
+        })
+    }
+}
+
+impl RawTask {
+    fn read(item: &Value<'_>, t: &DeTable<'_>, errs: &mut FileErrors<'_>) -> Self {
+        unknown_keys(t, "[[tasks]]", TASK_KEYS, errs);
+        let gate = get(t, "gate").and_then(|g| match g.get_ref() {
+            DeValue::Table(gt) => {
+                unknown_keys(gt, "[tasks.gate]", GATE_KEYS, errs);
+                let gate = RawGate {
+                    unique_key: strings(gt, "unique_key", "[\"day\", \"region\"]", errs),
+                    source_count: command(gt, "source_count", errs),
+                    tolerance: number(gt, "tolerance", "0.02", errs),
+                    allow_empty: boolean(gt, "allow_empty", errs),
+                };
+                Some(Spanned::new(g.span(), gate))
+            }
+            other => {
+                errs.at(
+                    g,
+                    format!(
+                        "key `gate` must be a [tasks.gate] table, not {}",
+                        a_type(other)
+                    ),
+                );
+                None
+            }
+        });
+        Self {
+            at: item.span().start,
+            id: string(t, "id", "\"extract\"", errs),
+            depends_on: strings(t, "depends_on", "[\"extract\"]", errs),
+            command: command(t, "command", errs),
+            warehouse: string(t, "warehouse", "\"shop\"", errs),
+            target: string(t, "target", "\"daily_orders\"", errs),
+            partition_column: string(t, "partition_column", "\"day\"", errs),
+            sql: string(t, "sql", "\"SELECT ...\"", errs),
+            gate,
+            publish: command(t, "publish", errs),
+            retries: integer(t, "retries", "2", errs),
+            retry_delay: string(t, "retry_delay", "\"30s\"", errs),
+            timeout: string(t, "timeout", "\"1h\"", errs),
+            grace_period: string(t, "grace_period", "\"10s\"", errs),
+        }
+    }
+}
+
+/// Reports every key of `table` that is not in `known`, at the key.
+fn unknown_keys(table: &DeTable<'_>, name: &str, known: &[&str], errs: &mut FileErrors<'_>) {
+    for key in table.keys() {
+        if !known.contains(&key.get_ref().as_ref()) {
+            errs.at(key, unknown_key(key.get_ref(), name, known));
+        }
+    }
+}
+
+fn get<'t, 'i>(table: &'t DeTable<'i>, key: &str) -> Option<&'t Value<'i>> {
+    table.get_key_value(key).map(|(_, v)| v)
+}
+
+/// "a string", "an integer", ... for messages.
+fn a_type(value: &DeValue<'_>) -> &'static str {
+    match value {
+        DeValue::String(_) => "a string",
+        DeValue::Integer(_) => "an integer",
+        DeValue::Float(_) => "a fraction",
+        DeValue::Boolean(_) => "true or false",
+        DeValue::Datetime(_) => "a date",
+        DeValue::Array(_) => "an array",
+        DeValue::Table(_) => "a table",
+    }
+}
+
+fn wrong_type(errs: &mut FileErrors<'_>, key: &str, expected: &str, value: &Value<'_>) {
+    errs.at(
+        value,
+        format!(
+            "key `{key}` must be {expected}, not {}",
+            a_type(value.get_ref())
+        ),
+    );
+}
+
+fn string(
+    table: &DeTable<'_>,
+    key: &str,
+    example: &str,
+    errs: &mut FileErrors<'_>,
+) -> Option<Spanned<String>> {
+    let value = get(table, key)?;
+    match value.get_ref() {
+        DeValue::String(s) => Some(Spanned::new(value.span(), s.to_string())),
+        _ => {
+            wrong_type(errs, key, &format!("a string such as {example}"), value);
+            None
+        }
+    }
+}
+
+/// An integer of any size TOML allows (range checks belong to the caller, in its words).
+fn integer(
+    table: &DeTable<'_>,
+    key: &str,
+    example: &str,
+    errs: &mut FileErrors<'_>,
+) -> Option<Spanned<i128>> {
+    let value = get(table, key)?;
+    match value.get_ref() {
+        DeValue::Integer(i) => match i128::from_str_radix(i.as_str(), i.radix()) {
+            Ok(n) => Some(Spanned::new(value.span(), n)),
+            Err(_) => {
+                errs.at(
+                    value,
+                    format!("key `{key}`: the number is too large; write a whole number such as {example}"),
+                );
+                None
+            }
+        },
+        _ => {
+            wrong_type(
+                errs,
+                key,
+                &format!("a whole number such as {example}"),
+                value,
+            );
+            None
+        }
+    }
+}
+
+/// A number, whole or not.
+fn number(
+    table: &DeTable<'_>,
+    key: &str,
+    example: &str,
+    errs: &mut FileErrors<'_>,
+) -> Option<Spanned<f64>> {
+    let value = get(table, key)?;
+    let parsed = match value.get_ref() {
+        DeValue::Float(f) => f.as_str().parse::<f64>().ok(),
+        DeValue::Integer(i) => i128::from_str_radix(i.as_str(), i.radix())
+            .ok()
+            .map(|n| n as f64),
+        _ => {
+            wrong_type(errs, key, &format!("a number such as {example}"), value);
+            return None;
+        }
+    };
+    if parsed.is_none() {
+        errs.at(
+            value,
+            format!("key `{key}`: cannot read the number; write one such as {example}"),
+        );
+    }
+    parsed.map(|n| Spanned::new(value.span(), n))
+}
+
+fn boolean(table: &DeTable<'_>, key: &str, errs: &mut FileErrors<'_>) -> Option<bool> {
+    let value = get(table, key)?;
+    match value.get_ref() {
+        DeValue::Boolean(b) => Some(*b),
+        _ => {
+            wrong_type(errs, key, "true or false", value);
+            None
+        }
+    }
+}
+
+/// An array of strings; a wrong element is reported and left out.
+fn strings(
+    table: &DeTable<'_>,
+    key: &str,
+    example: &str,
+    errs: &mut FileErrors<'_>,
+) -> Vec<Spanned<String>> {
+    let Some(value) = get(table, key) else {
+        return Vec::new();
+    };
+    let DeValue::Array(items) = value.get_ref() else {
+        wrong_type(
+            errs,
+            key,
+            &format!("an array of strings such as {example}"),
+            value,
+        );
+        return Vec::new();
+    };
+    string_items(items, key, errs)
+}
+
+fn string_items(
+    items: &toml::de::DeArray<'_>,
+    key: &str,
+    errs: &mut FileErrors<'_>,
+) -> Vec<Spanned<String>> {
+    items
+        .into_iter()
+        .filter_map(|item| match item.get_ref() {
+            DeValue::String(s) => Some(Spanned::new(item.span(), s.to_string())),
+            other => {
+                errs.at(
+                    item,
+                    format!(
+                        "key `{key}`: every element must be a string (in double quotes), not {}",
+                        a_type(other)
+                    ),
+                );
+                None
+            }
+        })
+        .collect()
+}
+
+/// A command: `["prog", "arg"]` (no shell) or `"shell line"`.
+fn command(
+    table: &DeTable<'_>,
+    key: &str,
+    errs: &mut FileErrors<'_>,
+) -> Option<Spanned<RawCommand>> {
+    let value = get(table, key)?;
+    let command = match value.get_ref() {
+        DeValue::String(s) => RawCommand::Shell(s.to_string()),
+        DeValue::Array(items) => {
+            let before = items.len();
+            let argv = string_items(items, key, errs);
+            if argv.len() != before {
+                return None;
+            }
+            RawCommand::Argv(argv)
+        }
+        _ => {
+            wrong_type(
+                errs,
+                key,
+                "an array such as [\"prog\", \"arg\"] or a shell line such as \"prog arg\"",
+                value,
+            );
+            return None;
+        }
+    };
+    Some(Spanned::new(value.span(), command))
+}

@@ -240,7 +240,7 @@ pub async fn supervise(
     grace: Duration,
     stop: &mut watch::Receiver<Stop>,
 ) -> std::io::Result<Ended> {
-    let deadline = timeout.map(|t| Instant::now() + t);
+    let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
     let mut stop_open = true;
     loop {
         if *stop.borrow() != Stop::Run {

@@ -14,7 +14,9 @@ use crate::manifest::leases::LeaseCtx;
 use crate::manifest::writer::Writer;
 use crate::manifest::{self, NewBackfill, Owner, backfills, plans};
 use crate::plan::{self, Action, PlanRow, Planner, Prior, Reprocess};
-use crate::project::{CommandSpec, Dag, Gate, SourceCount, TaskKind};
+use crate::project::{
+    self, CommandSpec, ConfigError, Dag, Gate, ProjectError, SourceCount, TaskKind,
+};
 use crate::recovery::{self, Dags};
 use crate::report::tables;
 use crate::task::{command, template};
@@ -251,6 +253,15 @@ pub(super) fn check_tasks(
         return Ok(HashMap::new());
     };
     let window = DataInterval::new(first.start, last.end);
+    // Every `conf` key a template needs and --conf does not give, each at its command.
+    let missing: Vec<ConfigError> = dag
+        .tasks
+        .iter()
+        .flat_map(|t| project::missing_conf(t, conf))
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::Project(ProjectError::Config(missing)));
+    }
     let values = template::IntervalValues::new(*first, dag.tz);
     let mut reprs = HashMap::new();
     for task in &dag.tasks {
@@ -274,8 +285,7 @@ pub(super) fn check_tasks(
             }
         }
         for spec in commands {
-            command::render(spec, &ctx)
-                .map_err(|e| problem(format!("{e}; pass the missing value with --conf")))?;
+            command::render(spec, &ctx).map_err(problem)?;
         }
     }
     Ok(reprs)

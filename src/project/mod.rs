@@ -29,8 +29,7 @@ use raw::RawProject;
 pub const PROJECT_FILE: &str = "backfill.toml";
 pub const DAGS_DIR: &str = "dags";
 
-/// How often a running backfill writes its heartbeat into the manifest.
-pub const HEARTBEAT: Duration = Duration::from_millis(250);
+pub use crate::manifest::leases::HEARTBEAT;
 /// The shortest `lease_timeout`: several heartbeats, so that a live backfill is never judged
 /// dead because one heartbeat was late.
 pub const MIN_LEASE_TIMEOUT: Duration = Duration::from_secs(1);

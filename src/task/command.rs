@@ -11,7 +11,7 @@ use crate::project::CommandSpec;
 use crate::task::template::{self, Context};
 
 /// Renders a command for one try: each element of an argument vector on its own (each stays
-/// one argument), or a shell line.
+/// one argument), or a shell line whose inserted values are quoted as one shell word each.
 pub fn render(spec: &CommandSpec, ctx: &Context<'_>) -> Result<Program, String> {
     match spec {
         CommandSpec::Argv(args) => args
@@ -19,7 +19,7 @@ pub fn render(spec: &CommandSpec, ctx: &Context<'_>) -> Result<Program, String> 
             .map(|a| template::render(a, ctx))
             .collect::<Result<_, _>>()
             .map(Program::Argv),
-        CommandSpec::Shell(line) => template::render(line, ctx).map(Program::Shell),
+        CommandSpec::Shell(line) => template::render_shell(line, ctx).map(Program::Shell),
     }
 }
 

@@ -164,8 +164,7 @@ fn a_missing_conf_key_is_an_error_before_anything_is_written() {
         "2026-01-01",
     ])
     .code(2)
-    .stderr_has("dags/env.toml: task `a`")
-    .stderr_has("undefined");
+    .stderr_has("error: dags/env.toml:4:11: task `a`: template uses `conf.region`, which --conf does not give; pass it with --conf '{\"region\": ...}'");
     assert!(!p.manifest_path().exists());
 }
 

@@ -329,3 +329,86 @@ fn an_unreadable_manifest_is_an_internal_error_exit_1() {
     .code(1)
     .stderr_has("manifest");
 }
+
+#[test]
+fn ids_are_plain_names_so_logs_stay_in_their_folder() {
+    let p = Project::new().dag(
+        "dots",
+        "id = \"..\"\nschedule = \"@daily\"\n[[tasks]]\nid = \".\"\ncommand = \"true\"\n",
+    );
+    let out = p.run(&["dags", "validate"]);
+    out.code(2)
+        .stderr_has("dags/dots.toml:1:6: invalid DAG id `..`")
+        .stderr_has("dags/dots.toml:4:6: invalid task id `.`");
+    assert!(!p.path(".backfill").exists());
+}
+
+#[test]
+fn a_lease_timeout_below_the_minimum_is_refused() {
+    let p = Project::new().dag("good", GOOD);
+    p.write("backfill.toml", "lease_timeout = \"100ms\"\n");
+    p.run(&["create", "--dag", "good", "--from", "2026-01-01", "--to", "2026-01-01"])
+        .code(2)
+        .stderr_has("backfill.toml:1:17: key `lease_timeout`")
+        .stderr_has("use at least \"1s\"");
+    assert!(!p.manifest_path().exists());
+}
+
+#[test]
+fn two_tasks_publishing_into_one_table_are_refused() {
+    let sql = |target: &str| {
+        format!(
+            "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\nwarehouse = \"w\"\ntarget = \"{target}\"\npartition_column = \"day\"\nsql = \"SELECT :ds AS day\"\n"
+        )
+    };
+    let p = Project::new().dag("a", &sql("daily")).dag("b", &sql("daily"));
+    p.write(
+        "backfill.toml",
+        "[warehouse.w]\npath = \"w.db\"\ninit = [\"init.sql\"]\n",
+    );
+    p.write("init.sql", "CREATE TABLE daily (day TEXT);");
+    let out = p.run(&["create", "--dag", "b", "--from", "2026-01-01", "--to", "2026-01-01"]);
+    out.code(2)
+        .stderr_has("dags/b.toml:5:10: table `daily` of warehouse `w` is already the target of task `t` in dags/a.toml:5:10");
+    assert!(!p.manifest_path().exists());
+}
+
+#[test]
+fn conf_values_cannot_inject_shell_commands() {
+    let p = Project::new().dag(
+        "q",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"echo {{ conf.x }} > said.txt\"\n",
+    );
+    p.run(&[
+        "create",
+        "--dag",
+        "q",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-01",
+        "--conf",
+        r#"{"x": "a; touch PWNED #"}"#,
+    ])
+    .code(0);
+    assert!(!p.path("PWNED").exists(), "the value ran as a command");
+    assert_eq!(p.read("said.txt"), "a; touch PWNED #\n");
+    // `| safe` is the explicit way to insert shell text.
+    p.write(
+        "dags/q.toml",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"echo {{ conf.x | safe }} > said.txt\"\n",
+    );
+    p.run(&[
+        "create",
+        "--dag",
+        "q",
+        "--from",
+        "2026-01-02",
+        "--to",
+        "2026-01-02",
+        "--conf",
+        r#"{"x": "one; echo two"}"#,
+    ])
+    .code(0);
+    assert_eq!(p.read("said.txt"), "two\n");
+}

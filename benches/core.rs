@@ -118,6 +118,7 @@ fn gate_checks(c: &mut Criterion) {
         name: "bench".into(),
         path: dir.path().join("warehouse.db"),
         init: Vec::new(),
+        busy_timeout: backfill::project::DEFAULT_BUSY_TIMEOUT,
     };
     let conn = warehouse::open(&w).unwrap();
     // One day of orders, as in the shop example: 3,000 rows, in an attached audit file.

@@ -87,7 +87,13 @@ pub struct Warehouse {
     pub path: PathBuf,
     /// SQL files run once, in order, in one transaction, when the database file does not exist.
     pub init: Vec<PathBuf>,
+    /// How long a statement waits for another process's write lock before backfill's own
+    /// retry loop takes over (`busy_timeout`, default 5s).
+    pub busy_timeout: Duration,
 }
+
+/// The default `busy_timeout` of a warehouse.
+pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Project {
     /// Finds the project: `dir` itself when given (`-C`), else the nearest ancestor of the
@@ -228,12 +234,23 @@ impl Project {
                 }
                 init.push(full);
             }
+            let busy_timeout = match &w.busy_timeout {
+                None => DEFAULT_BUSY_TIMEOUT,
+                Some(b) => match diagnostics::parse_duration(b.get_ref()) {
+                    Ok(d) => d,
+                    Err(why) => {
+                        errs.at(b, format!("warehouse `{name}`: key `busy_timeout`: {why}"));
+                        DEFAULT_BUSY_TIMEOUT
+                    }
+                },
+            };
             warehouses.insert(
                 name.clone(),
                 Warehouse {
                     name: name.clone(),
                     path,
                     init,
+                    busy_timeout,
                 },
             );
         }

@@ -17,7 +17,7 @@ pub(crate) const PROJECT_KEYS: &[&str] = &[
     "durability",
     "warehouse",
 ];
-pub(crate) const WAREHOUSE_KEYS: &[&str] = &["path", "init"];
+pub(crate) const WAREHOUSE_KEYS: &[&str] = &["path", "init", "busy_timeout"];
 pub(crate) const DAG_KEYS: &[&str] = &[
     "id",
     "description",
@@ -65,6 +65,7 @@ pub(crate) struct RawWarehouse {
     pub(crate) name: Spanned<String>,
     pub(crate) path: Option<Spanned<String>>,
     pub(crate) init: Vec<Spanned<String>>,
+    pub(crate) busy_timeout: Option<Spanned<String>>,
 }
 
 /// A DAG file.
@@ -149,6 +150,7 @@ impl RawProject {
                                 warehouses.push(RawWarehouse {
                                     path: string(t, "path", "\"warehouse.db\"", errs),
                                     init: strings(t, "init", "[\"schema.sql\"]", errs),
+                                    busy_timeout: string(t, "busy_timeout", "\"5s\"", errs),
                                     name,
                                 });
                             }

@@ -38,6 +38,7 @@ fn shop() -> BTreeMap<String, Warehouse> {
             name: "shop".into(),
             path: PathBuf::from("/nonexistent/warehouse.db"),
             init: Vec::new(),
+            busy_timeout: crate::project::DEFAULT_BUSY_TIMEOUT,
         },
     )])
 }

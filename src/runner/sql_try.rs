@@ -218,6 +218,7 @@ pub(super) async fn sql_try(
     }
     crate::fault::point("before-publish");
     let (s, manifest_path) = (sql.clone(), shared.spec.manifest_path.clone());
+    let log_path = input.log_path.clone();
     let repr = measures.repr.or(known_repr);
     let interval = input.interval;
     let empty = verdict == Verdict::PublishEmpty;
@@ -235,10 +236,11 @@ pub(super) async fn sql_try(
                     audit: (!empty).then_some(&file),
                     expect_fingerprint: None,
                 };
+                let mut waiting = waiting_log(&log_path);
                 if crate::fault::point("publish") {
                     Err(warehouse::Error::Message("disk I/O error (injected)".into()))
                 } else {
-                    publish::publish(&conn, &p, &allowed)
+                    publish::publish_noting(&conn, &p, &allowed, &mut waiting)
                 }
             }
             Err(e) => Err(warehouse::Error::Message(format!(
@@ -283,6 +285,16 @@ pub(super) async fn sql_try(
                 .await?;
             file.remove();
             Ok(Outcome::Failed(rec))
+        }
+    }
+}
+
+/// Notes in the try's log, once, that the publish waits for another writer.
+fn waiting_log(path: &Path) -> impl FnMut() + use<> {
+    let mut log = Some(TryLog::open(path));
+    move || {
+        if let Some(mut l) = log.take() {
+            l.line("the warehouse is locked by another writer; waiting for it");
         }
     }
 }

@@ -91,10 +91,6 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// How long a statement waits for another process's write lock before the retry loop takes
-/// over.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// The bind parameters a SQL task may use.
 pub const PARAMS: &[&str] = &[
     ":data_interval_start",
@@ -172,7 +168,7 @@ pub fn open(w: &Warehouse) -> Result<Connection> {
     init::ensure(w)?;
     let setup = || -> Result<Connection> {
         let conn = Connection::open(&w.path)?;
-        conn.busy_timeout(BUSY_TIMEOUT)?;
+        conn.busy_timeout(w.busy_timeout)?;
         retry_busy(None, || {
             conn.pragma_update(None, "journal_mode", "WAL")
                 .map_err(Into::into)
@@ -184,11 +180,21 @@ pub fn open(w: &Warehouse) -> Result<Connection> {
 
 /// Runs `f` until it does not fail with SQLITE_BUSY beyond the busy timeout: a warehouse locked
 /// by another process is waited for, never reported as a failure. Stops when `cancel` is set.
-pub fn retry_busy<R>(cancel: Option<&AtomicBool>, mut f: impl FnMut() -> Result<R>) -> Result<R> {
+pub fn retry_busy<R>(cancel: Option<&AtomicBool>, f: impl FnMut() -> Result<R>) -> Result<R> {
+    retry_busy_noting(cancel, &mut || {}, f)
+}
+
+/// [`retry_busy`], calling `waiting` each time the lock was not had within the busy timeout.
+pub fn retry_busy_noting<R>(
+    cancel: Option<&AtomicBool>,
+    waiting: &mut dyn FnMut(),
+    mut f: impl FnMut() -> Result<R>,
+) -> Result<R> {
     let mut pause = Duration::from_millis(5);
     loop {
         match f() {
             Err(e) if e.is_busy() => {
+                waiting();
                 if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
                     return Err(Error::Cancelled);
                 }

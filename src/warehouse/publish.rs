@@ -14,7 +14,7 @@ use rusqlite::Connection;
 
 use super::audit::{self, AuditFile};
 use super::partition::Repr;
-use super::{Error, Result, quote, retry_busy, table_columns};
+use super::{Error, Result, quote, retry_busy_noting, table_columns};
 use crate::interval::DataInterval;
 use crate::project::{SqlTask, Warehouse};
 
@@ -42,6 +42,16 @@ pub struct Publish<'a> {
     pub expect_fingerprint: Option<&'a str>,
 }
 
+impl Publish<'_> {
+    /// Called when another process holds the warehouse's write lock past the busy timeout.
+    fn note_wait(&self, waits: &mut u32) {
+        *waits += 1;
+        if *waits == 1 {
+            tracing::info!(warehouse = %self.task.warehouse.name, target = %self.task.target, "the warehouse is locked by another writer; waiting");
+        }
+    }
+}
+
 /// Publishes into the warehouse: returns the rows inserted. `allowed` runs inside the
 /// transaction, after the write lock is taken; when it says no, nothing changes and the result
 /// is [`Error::Refused`]. Redoing a publish gives the same result.
@@ -49,6 +59,17 @@ pub fn publish(
     conn: &Connection,
     p: &Publish<'_>,
     allowed: &dyn Fn() -> std::result::Result<bool, String>,
+) -> Result<i64> {
+    publish_noting(conn, p, allowed, &mut || {})
+}
+
+/// [`publish`], calling `waiting` each time another process's write lock was not released
+/// within the busy timeout (the publish keeps waiting).
+pub fn publish_noting(
+    conn: &Connection,
+    p: &Publish<'_>,
+    allowed: &dyn Fn() -> std::result::Result<bool, String>,
+    waiting: &mut dyn FnMut(),
 ) -> Result<i64> {
     let w = &p.task.warehouse;
     if let Some(a) = p.audit {
@@ -67,7 +88,12 @@ pub fn publish(
         let _turn = lock
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        retry_busy(None, || transaction(conn, p, allowed))
+        let mut waits = 0;
+        let mut noted = || {
+            p.note_wait(&mut waits);
+            waiting();
+        };
+        retry_busy_noting(None, &mut noted, || transaction(conn, p, allowed))
     })();
     if p.audit.is_some() {
         audit::detach(conn);

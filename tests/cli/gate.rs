@@ -18,6 +18,7 @@ fn template_warehouse() -> &'static Path {
             name: "shop".into(),
             path: dir.join("warehouse.db"),
             init: vec![shop.join("schema.sql"), shop.join("seed.sql")],
+            busy_timeout: backfill::project::DEFAULT_BUSY_TIMEOUT,
         };
         let conn = backfill::warehouse::open(&w).unwrap();
         conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode = DELETE")
@@ -571,6 +572,13 @@ fn a_day_that_failed_before_is_the_only_one_rerun_and_the_rest_stay_untouched() 
 #[test]
 fn a_locked_warehouse_is_waited_for_not_failed() {
     let p = shop();
+    // A busy timeout far shorter than the lock is held: SQLite gives up waiting by itself, and
+    // backfill's own retry loop must keep waiting rather than fail the try.
+    let toml = p.read("backfill.toml").replace(
+        "init = [\"schema.sql\", \"seed.sql\"]",
+        "init = [\"schema.sql\", \"seed.sql\"]\nbusy_timeout = \"50ms\"",
+    );
+    p.write("backfill.toml", &toml);
     let holder = wh(&p);
     // As after any earlier use: readers go on while another process writes.
     holder
@@ -588,10 +596,15 @@ fn a_locked_warehouse_is_waited_for_not_failed() {
             "2026-09-02",
         ],
     );
-    wait_until("the backfill to start", Duration::from_secs(20), || {
-        p.has_manifest() && p.count("SELECT COUNT(*) FROM runs") >= 1
+    let log = p.path(".backfill/logs/daily_orders/aggregate/20260901T000000Z.run1.try1.log");
+    wait_until("the publish to wait past its busy timeout", Duration::from_secs(20), || {
+        std::fs::read_to_string(&log)
+            .is_ok_and(|l| l.contains("the warehouse is locked by another writer; waiting"))
     });
-    std::thread::sleep(Duration::from_millis(1200));
+    // Audits take no write lock: both days are audited and wait to publish.
+    wait_until("both days to wait to publish", Duration::from_secs(20), || {
+        p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = 1") == 2
+    });
     holder.execute_batch("COMMIT").unwrap();
     p.wait("run", child).code(0);
     assert_eq!(

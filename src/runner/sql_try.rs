@@ -238,7 +238,9 @@ pub(super) async fn sql_try(
                 };
                 let mut waiting = waiting_log(&log_path);
                 if crate::fault::point("publish") {
-                    Err(warehouse::Error::Message("disk I/O error (injected)".into()))
+                    Err(warehouse::Error::Message(
+                        "disk I/O error (injected)".into(),
+                    ))
                 } else {
                     publish::publish_noting(&conn, &p, &allowed, &mut waiting)
                 }

@@ -347,10 +347,18 @@ fn ids_are_plain_names_so_logs_stay_in_their_folder() {
 fn a_lease_timeout_below_the_minimum_is_refused() {
     let p = Project::new().dag("good", GOOD);
     p.write("backfill.toml", "lease_timeout = \"100ms\"\n");
-    p.run(&["create", "--dag", "good", "--from", "2026-01-01", "--to", "2026-01-01"])
-        .code(2)
-        .stderr_has("backfill.toml:1:17: key `lease_timeout`")
-        .stderr_has("use at least \"1s\"");
+    p.run(&[
+        "create",
+        "--dag",
+        "good",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-01",
+    ])
+    .code(2)
+    .stderr_has("backfill.toml:1:17: key `lease_timeout`")
+    .stderr_has("use at least \"1s\"");
     assert!(!p.manifest_path().exists());
 }
 
@@ -361,13 +369,23 @@ fn two_tasks_publishing_into_one_table_are_refused() {
             "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\nwarehouse = \"w\"\ntarget = \"{target}\"\npartition_column = \"day\"\nsql = \"SELECT :ds AS day\"\n"
         )
     };
-    let p = Project::new().dag("a", &sql("daily")).dag("b", &sql("daily"));
+    let p = Project::new()
+        .dag("a", &sql("daily"))
+        .dag("b", &sql("daily"));
     p.write(
         "backfill.toml",
         "[warehouse.w]\npath = \"w.db\"\ninit = [\"init.sql\"]\n",
     );
     p.write("init.sql", "CREATE TABLE daily (day TEXT);");
-    let out = p.run(&["create", "--dag", "b", "--from", "2026-01-01", "--to", "2026-01-01"]);
+    let out = p.run(&[
+        "create",
+        "--dag",
+        "b",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-01",
+    ]);
     out.code(2)
         .stderr_has("dags/b.toml:5:10: table `daily` of warehouse `w` is already the target of task `t` in dags/a.toml:5:10");
     assert!(!p.manifest_path().exists());

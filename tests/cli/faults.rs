@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use crate::support::{Project, alive, signal, stopped, wait_until};
+use crate::support::{Project, alive, signal, stopped, wait_stale, wait_until};
 
 /// A task that holds a per-interval lock while it runs (another try of the same interval at
 /// the same time is recorded in overlaps.txt) and logs its start and end.
@@ -52,20 +52,6 @@ fn latest_states(p: &Project, backfill: i64) -> Vec<String> {
     .collect()
 }
 
-/// Waits until the owner's heartbeat is older than `ms` (it is frozen).
-fn wait_stale(p: &Project, backfill: i64, ms: i64) {
-    wait_until("the owner's lease to go stale", Duration::from_secs(20), || {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as i64;
-        let beat = p.count(&format!(
-            "SELECT heartbeat_at FROM backfills WHERE id = {backfill}"
-        ));
-        now - beat > ms
-    });
-}
-
 const THREE_DAYS: &[&str] = &[
     "create",
     "--dag",
@@ -94,10 +80,7 @@ fn a_kill_right_after_a_try_is_spawned_never_lets_that_try_run() {
     assert_eq!(p.read("overlaps.txt"), "");
     assert_eq!(
         p.rows("SELECT state, error FROM task_tries WHERE id = 1"),
-        [[
-            "cancelled",
-            "abandoned: the process of backfill 1 is gone"
-        ]]
+        [["cancelled", "abandoned: the process of backfill 1 is gone"]]
     );
 }
 
@@ -105,11 +88,18 @@ fn a_kill_right_after_a_try_is_spawned_never_lets_that_try_run() {
 fn an_owner_frozen_before_letting_a_try_go_is_taken_over_without_overlap() {
     let p = Project::new().dag("c", &locked_dag("0.3", ""));
     p.write("backfill.toml", "lease_timeout = \"1s\"\n");
-    let frozen = p.spawn_with("frozen", THREE_DAYS, &[("BACKFILL_FAULT", "before-release:stop")]);
+    let frozen = p.spawn_with(
+        "frozen",
+        THREE_DAYS,
+        &[("BACKFILL_FAULT", "before-release:stop")],
+    );
     wait_until("the owner to freeze", Duration::from_secs(20), || {
         stopped(frozen.id())
     });
-    assert_eq!(p.count("SELECT COUNT(*) FROM task_tries WHERE pgid IS NOT NULL"), 1);
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM task_tries WHERE pgid IS NOT NULL"),
+        1
+    );
     wait_stale(&p, 1, 1500);
     let mut taker = THREE_DAYS.to_vec();
     taker.extend(["--reprocess-behavior", "failed"]);
@@ -147,16 +137,21 @@ fn resuming_the_same_backfill_fences_its_frozen_owner() {
     wait_stale(&p, 1, 1500);
     let resumer = p.spawn("resumer", &["resume", "1"]);
     let resumer_pid = resumer.id();
-    wait_until("the resume to own the backfill", Duration::from_secs(20), || {
-        p.count("SELECT owner_pid FROM backfills WHERE id = 1") == i64::from(resumer_pid)
-    });
+    wait_until(
+        "the resume to own the backfill",
+        Duration::from_secs(20),
+        || p.count("SELECT owner_pid FROM backfills WHERE id = 1") == i64::from(resumer_pid),
+    );
     signal(&frozen, Signal::SIGCONT);
     p.wait("frozen", frozen)
         .code(130)
         .stderr_has("another backfill took the intervals over");
     p.wait("resumer", resumer).code(0);
     assert_eq!(p.read("overlaps.txt"), "", "never two copies at once");
-    assert_eq!(p.rows("SELECT state, epoch FROM backfills"), [["completed", "1"]]);
+    assert_eq!(
+        p.rows("SELECT state, epoch FROM backfills"),
+        [["completed", "1"]]
+    );
     assert_eq!(latest_states(&p, 1), vec!["succeeded"; 3]);
     assert_eq!(
         p.count("SELECT COUNT(*) FROM runs WHERE state = 'succeeded'"),
@@ -194,7 +189,15 @@ fn pids(p: &Project) -> Vec<i32> {
 fn a_failing_manifest_write_stops_every_running_try_before_exiting() {
     let p = Project::new().dag("s", SLOW_BUT_FIRST);
     let out = p.run_with(
-        &["create", "--dag", "s", "--from", "2026-01-01", "--to", "2026-01-03"],
+        &[
+            "create",
+            "--dag",
+            "s",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-03",
+        ],
         &[("BACKFILL_FAULT", "record-end:fail")],
     );
     out.code(1).stderr_has("disk I/O error (injected)");
@@ -210,9 +213,19 @@ fn sighup_stops_a_backfill_as_sigterm_does() {
     let p = Project::new().dag("s", SLOW_BUT_FIRST);
     let child = p.spawn(
         "run",
-        &["create", "--dag", "s", "--from", "2026-01-02", "--to", "2026-01-03"],
+        &[
+            "create",
+            "--dag",
+            "s",
+            "--from",
+            "2026-01-02",
+            "--to",
+            "2026-01-03",
+        ],
     );
-    wait_until("two tries running", Duration::from_secs(20), || pids(&p).len() == 2);
+    wait_until("two tries running", Duration::from_secs(20), || {
+        pids(&p).len() == 2
+    });
     signal(&child, Signal::SIGHUP);
     p.wait("run", child)
         .code(130)
@@ -270,7 +283,10 @@ fn an_audit_file_left_by_a_crash_before_the_publish_intent_is_removed() {
     let crashed = p.run_with(FACT_TWO_DAYS, &[("BACKFILL_FAULT", "after-audit")]);
     assert_eq!(crashed.code, -1, "aborted: {}", crashed.stderr);
     assert_eq!(audit_files(&p), ["try-1.db"], "the dead try's audit file");
-    assert_eq!(p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = 1"), 0);
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = 1"),
+        0
+    );
     p.run(&["resume", "1"]).code(0);
     assert_eq!(audit_files(&p), Vec::<String>::new(), "nothing left behind");
     let wh = rusqlite::Connection::open(p.path("warehouse.db")).unwrap();
@@ -326,9 +342,19 @@ command = '''echo $$ >> pids.txt; sleep 30'''
     );
     let child = p.spawn(
         "verify",
-        &["verify", "--dag", "slow", "--from", "2026-01-01", "--to", "2026-01-01"],
+        &[
+            "verify",
+            "--dag",
+            "slow",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+        ],
     );
-    wait_until("the task to run", Duration::from_secs(20), || pids(&p).len() == 1);
+    wait_until("the task to run", Duration::from_secs(20), || {
+        pids(&p).len() == 1
+    });
     signal(&child, Signal::SIGINT);
     p.wait("verify", child)
         .code(130)
@@ -358,7 +384,15 @@ SELECT :ds AS day, COUNT(*) AS n FROM c
     );
     let child = p.spawn(
         "verify",
-        &["verify", "--dag", "slow", "--from", "2026-01-01", "--to", "2026-01-01"],
+        &[
+            "verify",
+            "--dag",
+            "slow",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+        ],
     );
     wait_until("the audit file", Duration::from_secs(20), || {
         audit_files(&p).iter().any(|f| f.starts_with("verify-"))
@@ -383,11 +417,25 @@ source_count = "echo -1"
 tolerance = 0
 "#,
     );
-    p.run(&["create", "--dag", "g", "--from", "2026-01-01", "--to", "2026-01-01"])
-        .code(3)
-        .stderr_has("source_count gave -1; a row count cannot be negative");
-    assert!(!p.path("published").exists(), "the publish command never ran");
-    assert_eq!(p.rows("SELECT state, verdict FROM task_tries"), [["failed", "NULL"]]);
+    p.run(&[
+        "create",
+        "--dag",
+        "g",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-01",
+    ])
+    .code(3)
+    .stderr_has("source_count gave -1; a row count cannot be negative");
+    assert!(
+        !p.path("published").exists(),
+        "the publish command never ran"
+    );
+    assert_eq!(
+        p.rows("SELECT state, verdict FROM task_tries"),
+        [["failed", "NULL"]]
+    );
     p.write(
         "dags/g.toml",
         r#"
@@ -436,8 +484,16 @@ SELECT :ds AS day, 1 AS n -- one row per day
         "[warehouse.w]\npath = \"w.db\"\ninit = [\"init.sql\"]\n",
     );
     p.write("init.sql", "CREATE TABLE t (day TEXT, n INTEGER);");
-    p.run(&["create", "--dag", "s", "--from", "2026-01-01", "--to", "2026-01-02"])
-        .code(0);
+    p.run(&[
+        "create",
+        "--dag",
+        "s",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+    ])
+    .code(0);
     let wh = rusqlite::Connection::open(p.path("w.db")).unwrap();
     let days: Vec<String> = wh
         .prepare("SELECT day FROM t ORDER BY day")
@@ -455,8 +511,16 @@ fn logs_are_private_and_never_written_through_a_symlink() {
         "l",
         "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"echo secret\"\n",
     );
-    p.run(&["create", "--dag", "l", "--from", "2026-01-01", "--to", "2026-01-01"])
-        .code(0);
+    p.run(&[
+        "create",
+        "--dag",
+        "l",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-01",
+    ])
+    .code(0);
     let log = p.path(".backfill/logs/l/t/20260101T000000Z.run1.try1.log");
     assert_eq!(std::fs::read_to_string(&log).unwrap(), "secret\n");
     let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
@@ -466,8 +530,16 @@ fn logs_are_private_and_never_written_through_a_symlink() {
     p.write("victim", "untouched\n");
     let next = p.path(".backfill/logs/l/t/20260102T000000Z.run2.try1.log");
     std::os::unix::fs::symlink(p.path("victim"), &next).unwrap();
-    p.run(&["create", "--dag", "l", "--from", "2026-01-02", "--to", "2026-01-02"])
-        .code(0);
+    p.run(&[
+        "create",
+        "--dag",
+        "l",
+        "--from",
+        "2026-01-02",
+        "--to",
+        "2026-01-02",
+    ])
+    .code(0);
     assert_eq!(p.read("victim"), "untouched\n");
 }
 
@@ -477,8 +549,16 @@ fn read_commands_work_on_a_manifest_they_cannot_write() {
         "r",
         "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
     );
-    p.run(&["create", "--dag", "r", "--from", "2026-01-01", "--to", "2026-01-03"])
-        .code(0);
+    p.run(&[
+        "create",
+        "--dag",
+        "r",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-03",
+    ])
+    .code(0);
     // The command checkpointed its WAL: the database file alone is a complete copy.
     let copy = tempfile::tempdir().unwrap();
     let alone = copy.path().join("manifest.db");
@@ -498,7 +578,16 @@ fn read_commands_work_on_a_manifest_they_cannot_write() {
         vec!["list"],
         vec!["show", "1"],
         vec!["runs", "--dag", "r"],
-        vec!["create", "--dag", "r", "--from", "2026-01-01", "--to", "2026-01-03", "--dry-run"],
+        vec![
+            "create",
+            "--dag",
+            "r",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-03",
+            "--dry-run",
+        ],
     ] {
         let mut full = vec!["--manifest", m];
         full.extend(args.iter().copied());
@@ -554,15 +643,21 @@ fn leftovers_of_a_killed_warehouse_creation_are_removed() {
 
 #[test]
 fn a_large_plan_never_holds_the_manifest_long_enough_to_starve_a_heartbeat() {
-    let p = Project::new()
-        .dag("c", &locked_dag("30", ""))
-        .dag(
-            "minutely",
-            "schedule = \"* * * * *\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
-        );
+    let p = Project::new().dag("c", &locked_dag("30", "")).dag(
+        "minutely",
+        "schedule = \"* * * * *\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+    );
     let owner = p.spawn(
         "owner",
-        &["create", "--dag", "c", "--from", "2026-01-01", "--to", "2026-01-01"],
+        &[
+            "create",
+            "--dag",
+            "c",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+        ],
     );
     wait_until("the owner to run", Duration::from_secs(20), || {
         p.has_manifest() && p.count("SELECT COUNT(*) FROM runs WHERE state = 'running'") == 1

@@ -596,15 +596,26 @@ fn a_locked_warehouse_is_waited_for_not_failed() {
             "2026-09-02",
         ],
     );
-    let log = p.path(".backfill/logs/daily_orders/aggregate/20260901T000000Z.run1.try1.log");
-    wait_until("the publish to wait past its busy timeout", Duration::from_secs(20), || {
-        std::fs::read_to_string(&log)
-            .is_ok_and(|l| l.contains("the warehouse is locked by another writer; waiting"))
-    });
+    let logs = p.path(".backfill/logs/daily_orders/aggregate");
+    wait_until(
+        "a publish to wait past its busy timeout",
+        Duration::from_secs(20),
+        || {
+            std::fs::read_dir(&logs).is_ok_and(|d| {
+                d.filter_map(Result::ok).any(|e| {
+                    std::fs::read_to_string(e.path()).is_ok_and(|l| {
+                        l.contains("the warehouse is locked by another writer; waiting")
+                    })
+                })
+            })
+        },
+    );
     // Audits take no write lock: both days are audited and wait to publish.
-    wait_until("both days to wait to publish", Duration::from_secs(20), || {
-        p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = 1") == 2
-    });
+    wait_until(
+        "both days to wait to publish",
+        Duration::from_secs(20),
+        || p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = 1") == 2,
+    );
     holder.execute_batch("COMMIT").unwrap();
     p.wait("run", child).code(0);
     assert_eq!(

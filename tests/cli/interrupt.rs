@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use crate::support::{Project, alive, day_unix, signal, wait_until};
+use crate::support::{Project, alive, day_unix, signal, wait_stale, wait_until};
 
 /// A task that takes `secs`, holds a per-interval lock while it runs (an overlap with another
 /// try of the same interval is recorded in overlaps.txt) and logs its start and end.
@@ -273,7 +273,11 @@ command = '''trap "" TERM; echo $$ >> pids.txt; sleep 60 & echo $! >> pids.txt; 
         pids(&p).len() >= 2
     });
     signal(&child, Signal::SIGINT);
-    std::thread::sleep(Duration::from_millis(200));
+    wait_until(
+        "the first Ctrl-C to be handled",
+        Duration::from_secs(20),
+        || p.read("run.err").contains("interrupted (SIGINT)"),
+    );
     let started = std::time::Instant::now();
     signal(&child, Signal::SIGINT);
     p.wait("run", child)
@@ -444,7 +448,7 @@ fn a_silent_owner_is_taken_over_and_stops_when_it_wakes() {
     let last = beat();
     wait_until("a heartbeat", Duration::from_secs(10), || beat() != last);
     signal(&frozen, Signal::SIGSTOP);
-    std::thread::sleep(Duration::from_millis(1600));
+    wait_stale(&p, 1, 1500);
     p.write("dags/c.toml", &locked_dag("0.2", ""));
     let taker = p.run(&[
         "create",

@@ -227,6 +227,24 @@ pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> 
     }
 }
 
+/// Waits until the owner's heartbeat is older than `ms` (it is frozen).
+pub fn wait_stale(p: &Project, backfill: i64, ms: i64) {
+    wait_until(
+        "the owner's lease to go stale",
+        Duration::from_secs(20),
+        || {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as i64;
+            let beat = p.count(&format!(
+                "SELECT heartbeat_at FROM backfills WHERE id = {backfill}"
+            ));
+            now - beat > ms
+        },
+    );
+}
+
 /// Whether a process exists (and is not a zombie).
 pub fn alive(pid: i32) -> bool {
     if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err() {

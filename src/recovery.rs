@@ -498,11 +498,33 @@ pub fn lease_remaining(
         )?
         .query_map([owner.backfill_id], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
+    // An interval another backfill ran to success meanwhile already exists, as the reprocess
+    // behaviour judges it: for `completed`, only when that run started after this backfill
+    // was created (it is the reprocessing that was asked for).
+    let latest = manifest::plans::latest_runs(conn, dag_id, lo, hi)?;
+    let backfill = backfills::get(conn, owner.backfill_id)?;
+    let done_elsewhere = |start: i64| {
+        latest.get(&start).is_some_and(|&(state, by, started_at)| {
+            state == crate::state::RunState::Succeeded
+                && by != owner.backfill_id
+                && backfill.as_ref().is_some_and(|b| {
+                    b.reprocess != crate::plan::Reprocess::Completed || started_at >= b.created_at
+                })
+        })
+    };
     let mut free = Vec::with_capacity(remaining.len());
     for interval in remaining {
         let start = interval.start.timestamp();
         let mine = leases::holds(conn, owner.backfill_id, dag_id, start)?;
-        if blocked.contains(&start) || (busy.contains(&start) && !mine) {
+        if done_elsewhere(start) && !blocked.contains(&start) {
+            manifest::plans::mark_skipped(
+                conn,
+                owner.backfill_id,
+                start,
+                crate::plan::SkipReason::AlreadyExists,
+            )?;
+            leases::release(conn, owner.backfill_id, dag_id, start)?;
+        } else if blocked.contains(&start) || (busy.contains(&start) && !mine) {
             manifest::plans::mark_skipped(
                 conn,
                 owner.backfill_id,

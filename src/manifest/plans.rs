@@ -156,3 +156,23 @@ pub fn unfinished(conn: &Connection, backfill_id: i64) -> Result<Vec<DataInterva
     })?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
+
+/// The latest run of each interval of `dag_id` starting in `[lo, hi]`: its state, backfill and
+/// start time (unix milliseconds).
+pub fn latest_runs(
+    conn: &Connection,
+    dag_id: &str,
+    lo: i64,
+    hi: i64,
+) -> Result<HashMap<i64, (RunState, i64, i64)>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT r.interval_start, r.state, r.backfill_id, r.started_at FROM runs r
+         JOIN (SELECT MAX(id) AS id FROM runs
+               WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
+               GROUP BY interval_start) m ON r.id = m.id",
+    )?;
+    let rows = stmt.query_map(params![dag_id, lo, hi], |r| {
+        Ok((r.get(0)?, (r.get(1)?, r.get(2)?, r.get(3)?)))
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}

@@ -1,0 +1,496 @@
+//! Chaos: backfills of a command DAG and of a SQL DAG are killed (`kill -9`), frozen
+//! (SIGSTOP/SIGCONT), crashed at fault points, taken over and resumed at random moments, with
+//! concurrent backfills over overlapping ranges. After each iteration, once everything is left
+//! to finish, the invariants the README promises must hold:
+//!
+//! - every interval of the range succeeded exactly once in the final state;
+//! - no two copies of an interval ever ran at once (the tasks detect it with `flock -n`);
+//! - the warehouse equals a direct computation: no duplicate and no missing partition;
+//! - nothing is left behind: no audit file or table, temporary file, lease or process;
+//! - the manifest and the warehouse pass `PRAGMA integrity_check`.
+//!
+//! `cargo test` runs a few iterations; `examples/chaos/run.sh ITERATIONS SEED` runs many
+//! (`CHAOS_ITERATIONS`, `CHAOS_SEED`).
+
+#[path = "cli/support.rs"]
+#[expect(
+    dead_code,
+    reason = "the chaos suite uses part of the end-to-end helpers"
+)]
+mod support;
+
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use support::{Out, Project, alive, signal};
+
+/// A small seeded generator (xorshift64*): the same seed replays the same choices.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len() as u64) as usize]
+    }
+}
+
+const CMD_DAG: &str = r#"
+schedule = "@daily"
+max_active_runs = 3
+retries = 1
+retry_delay = "10ms"
+grace_period = "500ms"
+[[tasks]]
+id = "work"
+command = '''
+mkdir -p locks out
+exec 9> "locks/{{ ds }}"
+if ! flock -n 9; then echo "{{ ds }} $BACKFILL_RUN_ID" >> overlaps.txt; exit 1; fi
+echo $$ >> pids.txt
+sleep 0.$(( {{ ds_nodash }} % 3 + 1 ))
+printf '%s\n' "{{ ds }}" > "out/{{ ds }}.tmp" && mv "out/{{ ds }}.tmp" "out/{{ ds }}"
+'''
+"#;
+
+const SQL_DAG: &str = r#"
+schedule = "@daily"
+max_active_runs = 3
+retries = 2
+retry_delay = "10ms"
+[[tasks]]
+id = "totals"
+warehouse = "w"
+target = "daily_totals"
+partition_column = "day"
+sql = """
+SELECT date(ts) AS day, region, COUNT(*) AS n, SUM(amount) AS total
+FROM raw WHERE ts >= :data_interval_start AND ts < :data_interval_end
+GROUP BY 1, 2
+"""
+[tasks.gate]
+unique_key = ["day", "region"]
+source_count = """
+SELECT COUNT(DISTINCT region) FROM raw
+WHERE ts >= :data_interval_start AND ts < :data_interval_end
+"""
+"#;
+
+const INIT_SQL: &str = "
+CREATE TABLE raw (ts TEXT NOT NULL, region TEXT NOT NULL, amount INTEGER NOT NULL);
+CREATE INDEX raw_ts ON raw (ts);
+INSERT INTO raw
+  WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 5999)
+  SELECT datetime('2026-01-01', '+' || (i * 211) || ' seconds'),
+         CASE i % 4 WHEN 0 THEN 'eu' WHEN 1 THEN 'us' WHEN 2 THEN 'apac' ELSE 'latam' END,
+         (i * 37) % 1000
+  FROM n;
+CREATE TABLE daily_totals (day TEXT NOT NULL, region TEXT NOT NULL, n INTEGER, total INTEGER);
+CREATE INDEX daily_totals_day ON daily_totals (day);
+";
+
+/// The range every backfill of an iteration works on: 2026-01-01 .. 2026-01-12.
+const FROM: &str = "2026-01-01";
+const TO: &str = "2026-01-12";
+const DAYS: usize = 12;
+
+fn project() -> Project {
+    let p = Project::new().dag("cmd", CMD_DAG).dag("sql", SQL_DAG);
+    p.write(
+        "backfill.toml",
+        "lease_timeout = \"1s\"\n[warehouse.w]\npath = \"w.db\"\ninit = [\"init.sql\"]\n",
+    );
+    p.write("init.sql", INIT_SQL);
+    p
+}
+
+/// Fault points a process may be started with (at most one each).
+const FAULTS: &[&str] = &[
+    "",
+    "",
+    "",
+    "after-spawn@2",
+    "before-release@3:stop",
+    "after-audit@2",
+    "before-publish@2",
+    "after-publish@3",
+    "publish@1:fail",
+    "slow-commit:15ms",
+    "record-end@2:fail",
+];
+
+struct Chaos {
+    p: Project,
+    rng: Rng,
+    /// Every process started, with its name and fault; all must have exited at the end.
+    procs: Vec<(String, Child)>,
+    faults: Vec<&'static str>,
+    log: Vec<String>,
+    seq: usize,
+}
+
+impl Chaos {
+    fn start(&mut self, args: &[&str]) -> usize {
+        let fault = *self.rng.pick(FAULTS);
+        self.seq += 1;
+        let name = format!("p{}", self.seq);
+        let child = self.p.spawn_with(&name, args, &[("BACKFILL_FAULT", fault)]);
+        self.log.push(format!(
+            "{name} pid {} {args:?} fault {fault:?}",
+            child.id()
+        ));
+        self.procs.push((name, child));
+        self.faults.push(fault);
+        self.procs.len() - 1
+    }
+
+    fn sleep(&mut self, max_ms: u64) {
+        std::thread::sleep(Duration::from_millis(self.rng.below(max_ms)));
+    }
+
+    /// The id of the newest backfill of `dag`, once it exists.
+    fn newest(&self, dag: &str) -> Option<i64> {
+        if !self.p.has_manifest() {
+            return None;
+        }
+        let id = self.p.count(&format!(
+            "SELECT COALESCE(MAX(id), 0) FROM backfills WHERE dag_id = '{dag}'"
+        ));
+        (id > 0).then_some(id)
+    }
+
+    fn running(&mut self, i: usize) -> bool {
+        matches!(self.procs[i].1.try_wait(), Ok(None))
+    }
+
+    /// One round of disruption of the process `i`.
+    fn disrupt(&mut self, i: usize, dag: &str) {
+        let action = self.rng.below(4);
+        self.sleep(700);
+        if !self.running(i) {
+            return;
+        }
+        match action {
+            0 => {
+                self.log.push(format!("kill -9 {}", self.procs[i].0));
+                signal(&self.procs[i].1, Signal::SIGKILL);
+                let _ = self.procs[i].1.wait();
+                if let Some(id) = self.newest(dag) {
+                    self.start(&["resume", &id.to_string()]);
+                }
+            }
+            1 => {
+                self.log.push(format!("freeze {}", self.procs[i].0));
+                signal(&self.procs[i].1, Signal::SIGSTOP);
+                self.sleep(1800);
+                if self.rng.below(2) == 0
+                    && let Some(id) = self.newest(dag)
+                {
+                    self.start(&["resume", &id.to_string()]);
+                    self.sleep(1200);
+                }
+                self.log.push(format!("thaw {}", self.procs[i].0));
+                signal(&self.procs[i].1, Signal::SIGCONT);
+            }
+            _ => {
+                let behavior = *self.rng.pick(&["none", "failed"]);
+                self.start(&[
+                    "create",
+                    "--dag",
+                    dag,
+                    "--from",
+                    FROM,
+                    "--to",
+                    TO,
+                    "--reprocess-behavior",
+                    behavior,
+                ]);
+            }
+        }
+    }
+
+    /// Lets every process finish: thaws them all and waits. A process that does not end in
+    /// time fails the iteration.
+    fn settle(&mut self) {
+        for (_, child) in &self.procs {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                Signal::SIGCONT,
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        for k in 0..self.procs.len() {
+            loop {
+                match self.procs[k].1.try_wait() {
+                    Ok(Some(status)) => {
+                        let name = self.procs[k].0.clone();
+                        let out = self.p.read(&format!("{name}.err"));
+                        self.log.push(format!("{name} ended: {status}"));
+                        // A failing manifest write is an internal error by design.
+                        let injected = self.faults[k].starts_with("record-end");
+                        assert!(
+                            status.code() != Some(1) || injected,
+                            "{name} hit an internal error:\n{out}\n{}",
+                            self.log.join("\n")
+                        );
+                        break;
+                    }
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    _ => panic!("{} did not end:\n{}", self.procs[k].0, self.log.join("\n")),
+                }
+            }
+        }
+    }
+
+    fn run(&self, args: &[&str]) -> Out {
+        self.p.run(args)
+    }
+}
+
+/// Finishes everything that is unfinished, without faults: resumes what can be resumed, then
+/// reruns what failed or was cancelled.
+fn converge(c: &mut Chaos, dag: &str) {
+    for _ in 0..4 {
+        if c.p.has_manifest() {
+            let open: Vec<Vec<String>> = c.p.rows(&format!(
+                "SELECT id FROM backfills WHERE dag_id = '{dag}' AND state != 'completed' ORDER BY id"
+            ));
+            for row in open {
+                let out = c.run(&["resume", &row[0]]);
+                c.log.push(format!("resume {}: exit {}", row[0], out.code));
+                assert_ne!(out.code, 1, "resume hit an internal error:\n{}", out.stderr);
+            }
+        }
+        let out = c.run(&[
+            "create",
+            "--dag",
+            dag,
+            "--from",
+            FROM,
+            "--to",
+            TO,
+            "--reprocess-behavior",
+            "failed",
+        ]);
+        c.log.push(format!("final create: exit {}", out.code));
+        assert_ne!(out.code, 1, "create hit an internal error:\n{}", out.stderr);
+        if out.code == 0 {
+            return;
+        }
+    }
+    panic!("{dag} did not converge:\n{}", c.log.join("\n"));
+}
+
+/// Processes whose working folder is the project: tries left running.
+fn processes_in(dir: &std::path::Path) -> Vec<i64> {
+    let Ok(dir) = dir.canonicalize() else {
+        return Vec::new();
+    };
+    let me = i64::from(std::process::id());
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<i64>().ok())
+        .filter(|pid| *pid != me)
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd == dir)
+                && alive(*pid as i32)
+        })
+        .collect()
+}
+
+fn check(c: &Chaos, dag: &str) {
+    let p = &c.p;
+    let why = || c.log.join("\n");
+    // Every interval succeeded exactly once.
+    let succeeded = p.rows(&format!(
+        "SELECT interval_start, COUNT(*) FROM runs WHERE dag_id = '{dag}' AND state = 'succeeded'
+         GROUP BY interval_start ORDER BY interval_start"
+    ));
+    assert_eq!(succeeded.len(), DAYS, "{}", why());
+    assert!(
+        succeeded.iter().all(|r| r[1] == "1"),
+        "an interval succeeded twice: {succeeded:?}\n{}",
+        why()
+    );
+    let latest_not_ok = p.count(&format!(
+        "SELECT COUNT(*) FROM runs r JOIN (SELECT MAX(id) id FROM runs WHERE dag_id = '{dag}'
+           GROUP BY interval_start) m ON m.id = r.id WHERE r.state != 'succeeded'"
+    ));
+    assert_eq!(latest_not_ok, 0, "{}", why());
+    // No two copies at once.
+    assert_eq!(p.read("overlaps.txt"), "", "{}", why());
+    // Nothing left behind.
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM leases"),
+        0,
+        "leases left\n{}",
+        why()
+    );
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM task_tries WHERE state = 'running' OR publishing = 1"),
+        0,
+        "unfinished tries\n{}",
+        why()
+    );
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM backfills WHERE state = 'running'"),
+        0,
+        "{}",
+        why()
+    );
+    let audit: Vec<String> = std::fs::read_dir(p.path(".backfill/audit"))
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(audit.is_empty(), "audit files left: {audit:?}\n{}", why());
+    let temp: Vec<String> = std::fs::read_dir(p.path(""))
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".init-") || n.ends_with(".tmp"))
+        .collect();
+    assert!(temp.is_empty(), "temporary files left: {temp:?}\n{}", why());
+    let left = processes_in(&p.path(""));
+    assert!(left.is_empty(), "processes left: {left:?}\n{}", why());
+    for pid in p
+        .read("pids.txt")
+        .lines()
+        .filter_map(|l| l.trim().parse::<i32>().ok())
+    {
+        assert!(!alive(pid), "try process {pid} left\n{}", why());
+    }
+    // Integrity of the manifest.
+    assert_eq!(
+        p.rows("PRAGMA integrity_check"),
+        [["ok"]],
+        "manifest integrity\n{}",
+        why()
+    );
+    match dag {
+        "cmd" => {
+            let mut out: Vec<String> = std::fs::read_dir(p.path("out"))
+                .into_iter()
+                .flatten()
+                .filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            out.sort();
+            let expected: Vec<String> = (1..=DAYS).map(|d| format!("2026-01-{d:02}")).collect();
+            assert_eq!(out, expected, "{}", why());
+        }
+        _ => {
+            let wh = rusqlite::Connection::open(p.path("w.db")).unwrap();
+            let rows = |sql: &str| -> Vec<String> {
+                let mut stmt = wh.prepare(sql).unwrap();
+                let n = stmt.column_count();
+                stmt.query_map([], |r| {
+                    Ok((0..n)
+                        .map(|i| format!("{:?}", r.get::<_, rusqlite::types::Value>(i).unwrap()))
+                        .collect::<Vec<_>>()
+                        .join("|"))
+                })
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap()
+            };
+            let published = rows("SELECT day, region, n, total FROM daily_totals ORDER BY 1, 2");
+            let direct = rows(
+                "SELECT date(ts), region, COUNT(*), SUM(amount) FROM raw
+                 WHERE ts >= '2026-01-01' AND ts < '2026-01-13' GROUP BY 1, 2 ORDER BY 1, 2",
+            );
+            assert_eq!(
+                published,
+                direct,
+                "the warehouse differs from a direct computation\n{}",
+                why()
+            );
+            assert_eq!(rows("PRAGMA integrity_check"), ["Text(\"ok\")"]);
+            assert_eq!(
+                rows("SELECT name FROM sqlite_master WHERE name LIKE '_backfill%'"),
+                Vec::<String>::new()
+            );
+            // One published try per day, and it is a succeeded one.
+            assert_eq!(
+                p.count(
+                    "SELECT COUNT(*) FROM published pb JOIN task_tries t ON t.id = pb.try_id
+                     WHERE t.state = 'succeeded'"
+                ),
+                DAYS as i64,
+                "{}",
+                why()
+            );
+        }
+    }
+}
+
+fn iteration(seed: u64, n: u64) {
+    let mut c = Chaos {
+        p: project(),
+        rng: Rng(seed.wrapping_mul(6364136223846793005).wrapping_add(n) | 1),
+        procs: Vec::new(),
+        faults: Vec::new(),
+        log: Vec::new(),
+        seq: 0,
+    };
+    let dag = if c.rng.below(2) == 0 { "cmd" } else { "sql" };
+    c.log.push(format!("seed {seed} iteration {n}: {dag}"));
+    let first = c.start(&["create", "--dag", dag, "--from", FROM, "--to", TO]);
+    let rounds = 1 + c.rng.below(3);
+    for _ in 0..rounds {
+        // Disrupt whichever process is still running, newest first.
+        let target = (0..c.procs.len())
+            .rev()
+            .find(|&i| c.running(i))
+            .unwrap_or(first);
+        c.disrupt(target, dag);
+    }
+    c.settle();
+    converge(&mut c, dag);
+    check(&c, dag);
+}
+
+#[test]
+fn kills_freezes_and_crashes_never_break_the_guarantees() {
+    let iterations: u64 = std::env::var("CHAOS_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    let seed: u64 = std::env::var("CHAOS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20261130);
+    let began = Instant::now();
+    for n in 0..iterations {
+        iteration(seed, n);
+        if iterations > 10 && (n + 1) % 10 == 0 {
+            eprintln!(
+                "chaos: {} of {iterations} iterations passed ({:.0}s)",
+                n + 1,
+                began.elapsed().as_secs_f64()
+            );
+        }
+    }
+    eprintln!(
+        "chaos: {iterations} iterations with seed {seed} passed in {:.0}s",
+        began.elapsed().as_secs_f64()
+    );
+}

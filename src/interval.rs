@@ -206,6 +206,17 @@ pub struct Range {
     pub end_exclusive: DateTime<Utc>,
 }
 
+impl Range {
+    /// The first and the last whole unix second at which an interval of the range can start,
+    /// both inclusive: the bounds that select this range's intervals among recorded ones.
+    pub fn unix_start_bounds(&self) -> (i64, i64) {
+        let first = self.start.timestamp() + i64::from(self.start.timestamp_subsec_nanos() > 0);
+        let end = self.end_exclusive;
+        let last = end.timestamp() - i64::from(end.timestamp_subsec_nanos() == 0);
+        (first, last)
+    }
+}
+
 /// Resolves `--from` and `--to` in `tz` into a range of interval starts.
 pub fn resolve_range(from: When, to: When, tz: Tz) -> Result<Range, RangeError> {
     let start = match from {
@@ -459,6 +470,46 @@ mod tests {
         )
         .unwrap();
         assert!(expand_nonempty(&s, range, "2026-01-02", "2026-01-20").is_err());
+    }
+
+    #[test]
+    fn unix_start_bounds_are_the_starts_create_runs() {
+        let now = utc("2026-11-29T12:00:00Z");
+        let bounds = |from: &str, to: &str, tz: Tz| {
+            resolve_args(from, to, now, tz).unwrap().unix_start_bounds()
+        };
+        let secs = |s: &str| utc(s).timestamp();
+        // A datetime --to is inclusive at that instant: 05:00 is the start of the last interval.
+        assert_eq!(
+            bounds("2026-01-01T03:00", "2026-01-01T05:00", Tz::UTC),
+            (secs("2026-01-01T03:00:00Z"), secs("2026-01-01T05:00:00Z"))
+        );
+        // A date --to covers its whole local day.
+        assert_eq!(
+            bounds("2026-01-01", "2026-01-02", berlin()),
+            (secs("2025-12-31T23:00:00Z"), secs("2026-01-02T22:59:59Z"))
+        );
+        // An RFC 3339 --to is inclusive at that instant too.
+        assert_eq!(
+            bounds(
+                "2026-01-01T00:00:00Z",
+                "2026-01-01T05:00:00+02:00",
+                berlin()
+            ),
+            (secs("2026-01-01T00:00:00Z"), secs("2026-01-01T03:00:00Z"))
+        );
+        // Sub-second bounds round inwards to whole seconds.
+        assert_eq!(
+            bounds("2026-01-01T00:00:00.5Z", "2026-01-01T00:00:09.5Z", Tz::UTC),
+            (secs("2026-01-01T00:00:01Z"), secs("2026-01-01T00:00:09Z"))
+        );
+        // Exactly the starts that expand gives.
+        let s = Schedule::parse("@hourly", Tz::UTC).unwrap();
+        let range = resolve_args("2026-01-01T03:00", "2026-01-01T05:00", now, Tz::UTC).unwrap();
+        let (first, last) = range.unix_start_bounds();
+        let got = expand(&s, range);
+        assert_eq!(got.first().map(|i| i.start.timestamp()), Some(first));
+        assert_eq!(got.last().map(|i| i.start.timestamp()), Some(last));
     }
 
     const SCHEDULES: &[&str] = &[

@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use chrono::{DateTime, Duration, NaiveDate, NaiveDateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Duration, NaiveDate, NaiveDateTime, NaiveTime, SecondsFormat, Utc};
 use chrono_tz::Tz;
 
 use crate::schedule::{Schedule, resolve_local};
@@ -116,6 +116,11 @@ pub enum When {
     Instant(DateTime<Utc>),
 }
 
+/// The most intervals one backfill may hold: a bound on the memory and time of planning.
+pub const MAX_INTERVALS: usize = 1_000_000;
+
+const OUT_OF_RANGE: &str = "out of range";
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RangeError {
     #[error(
@@ -132,6 +137,42 @@ pub enum RangeError {
         from: String,
         to: String,
     },
+    #[error(
+        "the range --from {from} --to {to} holds more than {} intervals of schedule `{schedule}`; split it into several backfills: the first up to --to {}, the next from --from {}",
+        grouped(*.limit),
+        in_zone(.next_start.checked_sub_signed(Duration::seconds(1)).unwrap_or(*.next_start), *.tz),
+        in_zone(*.next_start, *.tz)
+    )]
+    TooMany {
+        schedule: String,
+        from: String,
+        to: String,
+        limit: usize,
+        /// The start of the first interval beyond the limit: the first part ends one second
+        /// before it, the next one starts with it.
+        next_start: DateTime<Utc>,
+        /// The DAG timezone, in which the split is shown.
+        tz: Tz,
+    },
+}
+
+/// An instant in RFC 3339 with the offset of `tz` (`Z` for UTC): a `WHEN` a user can paste.
+fn in_zone(t: DateTime<Utc>, tz: Tz) -> String {
+    t.with_timezone(&tz)
+        .to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+/// `1000000` as `1,000,000`.
+fn grouped(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Parses a `WHEN` argument. `now` is the clock's current instant; `tz` the DAG timezone,
@@ -219,16 +260,23 @@ impl Range {
 
 /// Resolves `--from` and `--to` in `tz` into a range of interval starts.
 pub fn resolve_range(from: When, to: When, tz: Tz) -> Result<Range, RangeError> {
+    let out_of_range = |w: When| RangeError::BadWhen {
+        input: describe_when(w),
+        reason: OUT_OF_RANGE.to_string(),
+    };
+    let just_after = |t: DateTime<Utc>| t.checked_add_signed(Duration::nanoseconds(1));
     let start = match from {
         When::Date(d) => local_midnight(tz, d),
         When::Local(t) => resolve_local(tz, t),
-        When::Instant(t) => t,
-    };
+        When::Instant(t) => Some(t),
+    }
+    .ok_or_else(|| out_of_range(from))?;
     let end_exclusive = match to {
-        When::Date(d) => local_midnight(tz, d + Duration::days(1)),
-        When::Local(t) => resolve_local(tz, t) + Duration::nanoseconds(1),
-        When::Instant(t) => t + Duration::nanoseconds(1),
-    };
+        When::Date(d) => d.succ_opt().and_then(|next| local_midnight(tz, next)),
+        When::Local(t) => resolve_local(tz, t).and_then(just_after),
+        When::Instant(t) => just_after(t),
+    }
+    .ok_or_else(|| out_of_range(to))?;
     if start >= end_exclusive {
         return Err(RangeError::FromAfterTo {
             from: describe_when(from),
@@ -254,35 +302,67 @@ fn describe_when(w: When) -> String {
     }
 }
 
-fn local_midnight(tz: Tz, d: NaiveDate) -> DateTime<Utc> {
-    resolve_local(tz, d.and_time(chrono::NaiveTime::MIN))
+/// The first instant of local day `d` in `tz`.
+fn local_midnight(tz: Tz, d: NaiveDate) -> Option<DateTime<Utc>> {
+    resolve_local(tz, d.and_time(NaiveTime::MIN))
 }
 
-/// The data intervals of `schedule` whose start lies in `range`, ascending.
-pub fn expand(schedule: &Schedule, range: Range) -> Vec<DataInterval> {
-    let starts = schedule.fire_times(range.start, range.end_exclusive);
-    let Some(&last) = starts.last() else {
-        return Vec::new();
+/// A range holds more intervals than allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Overflow {
+    /// The start of the first interval beyond the limit.
+    pub first_excluded: DateTime<Utc>,
+}
+
+/// The data intervals of `schedule` whose start lies in `range`, ascending, as long as there are
+/// at most `limit`: fire times are computed only up to the one that would exceed it.
+pub fn expand(
+    schedule: &Schedule,
+    range: Range,
+    limit: usize,
+) -> Result<Vec<DataInterval>, Overflow> {
+    let mut out = Vec::new();
+    // The fire time after the last start ends the last interval.
+    let mut fires = schedule.fire_times(range.start, DateTime::<Utc>::MAX_UTC);
+    let Some(mut start) = fires.next() else {
+        return Ok(out);
     };
-    let Some(last_end) = schedule.next_after(last) else {
-        return Vec::new();
-    };
-    let mut out = Vec::with_capacity(starts.len());
-    for pair in starts.windows(2) {
-        out.push(DataInterval::new(pair[0], pair[1]));
+    if start >= range.end_exclusive {
+        return Ok(out);
     }
-    out.push(DataInterval::new(last, last_end));
-    out
+    for end in fires {
+        if out.len() == limit {
+            return Err(Overflow {
+                first_excluded: start,
+            });
+        }
+        out.push(DataInterval::new(start, end));
+        if end >= range.end_exclusive {
+            break;
+        }
+        start = end;
+    }
+    // A last start that the schedule never follows has no interval.
+    Ok(out)
 }
 
-/// Like [`expand`], but an empty result is an error that names the range.
+/// Like [`expand`] with at most [`MAX_INTERVALS`], but an empty result or too many intervals is
+/// an error that names the range.
 pub fn expand_nonempty(
     schedule: &Schedule,
     range: Range,
     from: &str,
     to: &str,
 ) -> Result<Vec<DataInterval>, RangeError> {
-    let intervals = expand(schedule, range);
+    let intervals =
+        expand(schedule, range, MAX_INTERVALS).map_err(|overflow| RangeError::TooMany {
+            schedule: schedule.expr().to_string(),
+            from: from.to_string(),
+            to: to.to_string(),
+            limit: MAX_INTERVALS,
+            next_start: overflow.first_excluded,
+            tz: schedule.tz(),
+        })?;
     if intervals.is_empty() {
         return Err(RangeError::Empty {
             schedule: schedule.expr().to_string(),
@@ -315,7 +395,7 @@ mod tests {
             tz,
         )
         .unwrap();
-        expand(&s, range)
+        expand(&s, range, MAX_INTERVALS).unwrap()
     }
 
     fn hours(i: &DataInterval) -> i64 {
@@ -473,6 +553,38 @@ mod tests {
     }
 
     #[test]
+    fn ranges_at_the_edges_of_time_are_errors() {
+        let (min, max) = (DateTime::<Utc>::MIN_UTC, DateTime::<Utc>::MAX_UTC);
+        let out_of_range = |w: When| RangeError::BadWhen {
+            input: describe_when(w),
+            reason: "out of range".to_string(),
+        };
+        let from = When::Instant(min);
+        for to in [When::Instant(max), When::Date(NaiveDate::MAX)] {
+            assert_eq!(resolve_range(from, to, Tz::UTC), Err(out_of_range(to)));
+        }
+        // West of UTC the last wall-clock time would come after the last instant.
+        let west: Tz = "America/New_York".parse().unwrap();
+        let to = When::Local(NaiveDateTime::MAX);
+        assert_eq!(resolve_range(from, to, west), Err(out_of_range(to)));
+        let from = When::Date(NaiveDate::MIN);
+        assert_eq!(
+            resolve_range(from, When::Instant(min), berlin()),
+            Err(out_of_range(from))
+        );
+        // The widest range that exists is fine, and expanding it stops at the limit.
+        let range = resolve_range(When::Instant(min), When::Date(NaiveDate::MIN), Tz::UTC);
+        assert!(range.is_ok());
+        let range = Range {
+            start: min,
+            end_exclusive: max,
+        };
+        let daily = Schedule::parse("@daily", berlin()).unwrap();
+        let overflow = expand(&daily, range, 10).unwrap_err();
+        assert_eq!(chrono::Datelike::year(&overflow.first_excluded), 1);
+    }
+
+    #[test]
     fn unix_start_bounds_are_the_starts_create_runs() {
         let now = utc("2026-11-29T12:00:00Z");
         let bounds = |from: &str, to: &str, tz: Tz| {
@@ -507,9 +619,80 @@ mod tests {
         let s = Schedule::parse("@hourly", Tz::UTC).unwrap();
         let range = resolve_args("2026-01-01T03:00", "2026-01-01T05:00", now, Tz::UTC).unwrap();
         let (first, last) = range.unix_start_bounds();
-        let got = expand(&s, range);
+        let got = expand(&s, range, MAX_INTERVALS).unwrap();
         assert_eq!(got.first().map(|i| i.start.timestamp()), Some(first));
         assert_eq!(got.last().map(|i| i.start.timestamp()), Some(last));
+    }
+
+    #[test]
+    fn expansion_stops_after_the_limit() {
+        let s = Schedule::parse("@hourly", Tz::UTC).unwrap();
+        let range = Range {
+            start: utc("2026-01-01T00:00:00Z"),
+            end_exclusive: utc("2026-01-01T10:00:00Z"),
+        };
+        assert_eq!(expand(&s, range, 10).map(|v| v.len()), Ok(10));
+        assert_eq!(
+            expand(&s, range, 9),
+            Err(Overflow {
+                first_excluded: utc("2026-01-01T09:00:00Z")
+            })
+        );
+    }
+
+    #[test]
+    fn a_minutely_range_of_three_centuries_is_too_many() {
+        let s = Schedule::parse("* * * * *", Tz::UTC).unwrap();
+        let now = utc("2026-11-29T12:00:00Z");
+        let range = resolve_args("1900-01-01", "2200-01-01", now, Tz::UTC).unwrap();
+        let err = expand_nonempty(&s, range, "1900-01-01", "2200-01-01").unwrap_err();
+        // Interval 1,000,001 starts 1,000,000 minutes after the first.
+        let next = utc("1900-01-01T00:00:00Z") + Duration::minutes(1_000_000);
+        assert_eq!(rfc3339(next), "1901-11-26T10:40:00Z");
+        assert_eq!(
+            err,
+            RangeError::TooMany {
+                schedule: "* * * * *".to_string(),
+                from: "1900-01-01".to_string(),
+                to: "2200-01-01".to_string(),
+                limit: MAX_INTERVALS,
+                next_start: next,
+                tz: Tz::UTC,
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "the range --from 1900-01-01 --to 2200-01-01 holds more than 1,000,000 intervals of schedule `* * * * *`; split it into several backfills: the first up to --to 1901-11-26T10:39:59Z, the next from --from 1901-11-26T10:40:00Z"
+        );
+        // The suggested --to keeps exactly the first 1,000,000 intervals.
+        let first = resolve_args("1900-01-01", "1901-11-26T10:39:59Z", now, Tz::UTC).unwrap();
+        let kept = expand_nonempty(&s, first, "1900-01-01", "1901-11-26T10:39:59Z").unwrap();
+        assert_eq!(kept.len(), MAX_INTERVALS);
+        assert_eq!(kept.last().map(|i| i.end), Some(next));
+    }
+
+    #[test]
+    fn the_suggested_split_is_in_the_dag_timezone() {
+        let s = Schedule::parse("@hourly", berlin()).unwrap();
+        let now = utc("2026-11-29T12:00:00Z");
+        let range = resolve_args("2000-01-01", "2200-01-01", now, berlin()).unwrap();
+        let err = expand_nonempty(&s, range, "2000-01-01", "2200-01-01").unwrap_err();
+        let RangeError::TooMany { next_start, .. } = err else {
+            panic!("{err}");
+        };
+        // 2114-01-29T15:00:00Z is 1,000,000 hours after 2000-01-01T00:00+01:00.
+        assert_eq!(
+            next_start,
+            utc("1999-12-31T23:00:00Z") + Duration::hours(1_000_000)
+        );
+        assert_eq!(
+            err.to_string(),
+            "the range --from 2000-01-01 --to 2200-01-01 holds more than 1,000,000 intervals of schedule `@hourly`; split it into several backfills: the first up to --to 2114-01-29T15:59:59+01:00, the next from --from 2114-01-29T16:00:00+01:00"
+        );
+        assert_eq!(
+            parse_when("2114-01-29T16:00:00+01:00", now, berlin()),
+            Ok(When::Instant(next_start))
+        );
     }
 
     const SCHEDULES: &[&str] = &[
@@ -549,7 +732,7 @@ mod tests {
                 start: base + Duration::minutes(start_minute),
                 end_exclusive: base + Duration::minutes(start_minute + length_minutes),
             };
-            let got = expand(&s, range);
+            let got = expand(&s, range, MAX_INTERVALS).unwrap();
             for pair in got.windows(2) {
                 prop_assert_eq!(pair[0].end, pair[1].start);
             }

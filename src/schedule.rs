@@ -9,17 +9,34 @@
 //! - A schedule that fires every hour (or more often) steps in absolute time: every instant whose
 //!   local time matches fires, so a 25-hour local day has 25 hourly intervals and a 23-hour day 23.
 //!
-//! Fire times are computed by enumerating wall-clock matches with croner over a window that is
-//! padded by a few hours on both sides, mapping them to instants with the rules above, then sorting
-//! and trimming to the requested range. The padding makes the result exact at the window edges.
+//! Fire times are enumerated lazily, one local day at a time: croner finds the next day on which
+//! the expression matches, every time of day of the expression is mapped to its instants with the
+//! rules above, and an instant is handed out once no later day can produce an earlier one. So a
+//! range can be walked until a bound is reached without collecting it first.
 
-use chrono::{DateTime, Duration, LocalResult, NaiveDateTime, TimeZone, Timelike, Utc};
-use chrono_tz::Tz;
+use std::collections::VecDeque;
+
+use chrono::{
+    DateTime, Datelike, Duration, LocalResult, NaiveDate, NaiveDateTime, NaiveTime, Offset,
+    TimeZone, Timelike, Utc,
+};
+use chrono_tz::{GapInfo, Tz};
 use croner::Cron;
 use croner::parser::{CronParser, Seconds};
 
-/// Padding around a search window: larger than any UTC offset change.
-const PAD_HOURS: i64 = 3;
+/// UTC offsets of the tz database stay under 16 hours either way (the largest is Manila's
+/// local mean time before 1845, -15:56), so the instant of a wall-clock time is never earlier than
+/// that wall-clock time read as UTC minus 16 hours.
+const MAX_UTC_OFFSET: Duration = Duration::hours(16);
+
+/// A wall clock never jumps by more than a day (Samoa skipped 2011-12-30; Alaska repeated a day in
+/// 1867), and the tz database that chrono-tz bundles never changes a zone's offset twice within 48
+/// hours. So an instant at or after `t` has a wall-clock time no earlier than that of `t` minus
+/// this.
+const MAX_CLOCK_JUMP: Duration = Duration::hours(25);
+
+/// The last year croner searches; no schedule fires later.
+const LAST_YEAR: i32 = croner::YEAR_UPPER_LIMIT;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ScheduleError {
@@ -35,6 +52,8 @@ pub struct Schedule {
     expr: String,
     cron: Cron,
     tz: Tz,
+    /// The wall-clock times of day at which it fires on a matching day, ascending.
+    times: Vec<NaiveTime>,
     /// Fires every hour: step in absolute time rather than on the wall clock.
     absolute: bool,
 }
@@ -64,22 +83,37 @@ impl Schedule {
                 fields.len()
             )));
         }
-        let cron = CronParser::builder()
-            .seconds(Seconds::Disallowed)
-            .build()
+        let cron = cron_parser()
             .parse(pattern)
             .map_err(|e| invalid(e.to_string()))?;
         // Probe that the pattern can ever fire (e.g. `0 0 31 2 *` never does).
-        let probe = NaiveDateTime::parse_from_str("2000-01-01 00:00", "%Y-%m-%d %H:%M")
-            .map_err(|e| invalid(e.to_string()))?;
-        cron.find_next_occurrence(&probe, true)
-            .map_err(|_| invalid("the expression never fires".to_string()))?;
-        let absolute = matches!(fields[1], "*" | "*/1" | "0-23");
+        let never = || {
+            invalid(
+                "the expression never fires: no date matches its day and month fields".to_string(),
+            )
+        };
+        let probe = NaiveDate::from_ymd_opt(2000, 1, 1).ok_or_else(never)?;
+        cron.find_next_occurrence(&probe.and_time(NaiveTime::MIN), true)
+            .map_err(|_| never())?;
+        let hours = cron.pattern.hours.values();
+        let minutes = cron.pattern.minutes.values();
+        let times: Vec<NaiveTime> = hours
+            .iter()
+            .flat_map(|h| {
+                minutes
+                    .iter()
+                    .filter_map(move |m| NaiveTime::from_hms_opt(u32::from(*h), u32::from(*m), 0))
+            })
+            .collect();
+        if times.is_empty() {
+            return Err(never());
+        }
         Ok(Self {
             expr: expr.trim().to_string(),
+            absolute: hours.len() == 24,
             cron,
             tz,
-            absolute,
+            times,
         })
     }
 
@@ -91,57 +125,82 @@ impl Schedule {
         self.tz
     }
 
-    /// All fire times `t` with `start <= t < end`, ascending.
-    pub fn fire_times(&self, start: DateTime<Utc>, end: DateTime<Utc>) -> Vec<DateTime<Utc>> {
-        if start >= end {
-            return Vec::new();
+    /// The fire times `t` with `start <= t < end`, ascending, computed as they are consumed:
+    /// taking the first `n` costs `n` fire times and a day or two around them, however long the
+    /// range.
+    pub fn fire_times(&self, start: DateTime<Utc>, end: DateTime<Utc>) -> FireTimes<'_> {
+        // Every wall-clock time that maps to an instant at or after `start` lies on this day or
+        // later: its wall clock is at most a clock jump before that of `start`, which is at most
+        // an offset before `start` read as UTC.
+        let first_day = start
+            .naive_utc()
+            .checked_sub_signed(MAX_UTC_OFFSET + MAX_CLOCK_JUMP)
+            .map_or(NaiveDate::MIN, |t| t.date())
+            .max(first_searchable_day());
+        FireTimes {
+            schedule: self,
+            start,
+            end,
+            next_day: (start < end).then_some(first_day),
+            watermark: earliest_instant_of_day(first_day),
+            pending: VecDeque::new(),
+            last: None,
         }
-        let pad = Duration::hours(PAD_HOURS);
-        let lo = self.naive_local(start) - pad;
-        let hi = self.naive_local(end) + pad;
-        let mut out = Vec::new();
-        let mut cursor = lo;
-        let mut inclusive = true;
-        while let Ok(naive) = self.cron.find_next_occurrence(&cursor, inclusive) {
-            if naive > hi {
-                break;
-            }
-            self.push_instants(naive, &mut out);
-            cursor = naive;
-            inclusive = false;
-        }
-        out.sort_unstable();
-        out.dedup();
-        out.retain(|t| *t >= start && *t < end);
-        out
     }
 
     /// The first fire time `>= t`, or `None` when the schedule never fires again.
     pub fn next_at_or_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let mut lo = t;
-        // Each step advances by at least a day, and croner jumps straight to the next wall-clock
-        // match, so sparse schedules (yearly) need few iterations.
-        for _ in 0..10_000 {
-            let from = self.naive_local(lo) - Duration::hours(PAD_HOURS);
-            let next = self.cron.find_next_occurrence(&from, true).ok()?;
-            let guess = Utc.from_utc_datetime(&next) - Duration::hours(PAD_HOURS * 10);
-            let hi = guess.max(lo) + Duration::days(2);
-            if let Some(first) = self.fire_times(lo, hi).first() {
-                return Some(*first);
-            }
-            lo = hi;
-        }
-        None
+        self.fire_times(t, DateTime::<Utc>::MAX_UTC).next()
     }
 
     /// The first fire time strictly after `t`.
     pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        self.next_at_or_after(t + Duration::nanoseconds(1))
+        self.next_at_or_after(t.checked_add_signed(Duration::nanoseconds(1))?)
     }
 
-    /// Wall-clock time of an instant in this schedule's timezone.
-    fn naive_local(&self, t: DateTime<Utc>) -> NaiveDateTime {
-        t.with_timezone(&self.tz).naive_local()
+    /// The first day at or after `day` on which the expression matches.
+    fn next_matching_day(&self, day: NaiveDate) -> Option<NaiveDate> {
+        if day.year() > LAST_YEAR {
+            return None;
+        }
+        let found = self
+            .cron
+            .find_next_occurrence(&day.and_time(NaiveTime::MIN), true)
+            .ok()?;
+        Some(found.date())
+    }
+
+    /// Adds the instants at which the wall-clock times of a matching `day` fire to `pending`,
+    /// keeping it ascending.
+    fn push_day(&self, day: NaiveDate, pending: &mut VecDeque<DateTime<Utc>>) {
+        let (Some(first), Some(last)) = (self.times.first(), self.times.last()) else {
+            return;
+        };
+        let offset_at = |t: &NaiveTime| match self.tz.offset_from_local_datetime(&day.and_time(*t))
+        {
+            LocalResult::Single(o) => Some(o.fix()),
+            _ => None,
+        };
+        // The same offset at the first and the last time of the day means no change in between
+        // (no zone changes its offset twice within 48 hours): every time maps to one instant.
+        match (offset_at(first), offset_at(last)) {
+            (Some(a), Some(b)) if a == b => {
+                for t in &self.times {
+                    if let Some(utc) = day.and_time(*t).checked_sub_offset(a) {
+                        insert_sorted(pending, utc.and_utc());
+                    }
+                }
+            }
+            _ => {
+                let mut instants = Vec::with_capacity(self.times.len() + 1);
+                for t in &self.times {
+                    self.push_instants(day.and_time(*t), &mut instants);
+                }
+                for t in instants {
+                    insert_sorted(pending, t);
+                }
+            }
+        }
     }
 
     /// Maps one wall-clock match to the instants at which it fires.
@@ -156,44 +215,142 @@ impl Schedule {
             }
             LocalResult::None => {
                 if !self.absolute {
-                    out.push(resolve_local(self.tz, naive));
+                    out.extend(first_instant_after_gap(self.tz, naive));
                 }
             }
         }
     }
 }
 
-/// Resolves a wall-clock time to an instant with the project's DST rules: the first occurrence of
-/// a repeated time, and the first instant after the gap for a time that does not exist.
-pub fn resolve_local(tz: Tz, naive: NaiveDateTime) -> DateTime<Utc> {
-    match tz.from_local_datetime(&naive) {
-        LocalResult::Single(t) => t.with_timezone(&Utc),
-        LocalResult::Ambiguous(first, _) => first.with_timezone(&Utc),
-        LocalResult::None => {
-            // The first instant after the gap is the transition itself, whose wall-clock time is
-            // the first minute that exists again. Gaps last at most a few hours.
-            let mut probe = naive
-                .with_second(0)
-                .unwrap_or(naive)
-                .with_nanosecond(0)
-                .unwrap_or(naive);
-            for _ in 0..(24 * 60) {
-                probe += Duration::minutes(1);
-                match tz.from_local_datetime(&probe) {
-                    LocalResult::Single(t) => return t.with_timezone(&Utc),
-                    LocalResult::Ambiguous(first, _) => return first.with_timezone(&Utc),
-                    LocalResult::None => {}
+/// The fire times of a schedule in a range, ascending: see [`Schedule::fire_times`].
+#[derive(Debug)]
+pub struct FireTimes<'a> {
+    schedule: &'a Schedule,
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
+    /// The next day to look for matches from; `None` once no later day can fire in the range.
+    next_day: Option<NaiveDate>,
+    /// Every instant not yet in `pending` is at or after this one.
+    watermark: DateTime<Utc>,
+    /// Instants found but not handed out yet, ascending.
+    pending: VecDeque<DateTime<Utc>>,
+    last: Option<DateTime<Utc>>,
+}
+
+impl Iterator for FireTimes<'_> {
+    type Item = DateTime<Utc>;
+
+    fn next(&mut self) -> Option<DateTime<Utc>> {
+        loop {
+            match self.pending.front().copied() {
+                Some(t) if t < self.watermark || self.next_day.is_none() => {
+                    self.pending.pop_front();
+                    if t >= self.end {
+                        // Everything still to come is later.
+                        self.pending.clear();
+                        self.next_day = None;
+                        return None;
+                    }
+                    // A time in a DST gap moves onto the first time after it: fire once.
+                    if t < self.start || self.last == Some(t) {
+                        continue;
+                    }
+                    self.last = Some(t);
+                    return Some(t);
                 }
+                None if self.next_day.is_none() => return None,
+                _ => self.advance(),
             }
-            // Unreachable with real timezone data; read the time as UTC rather than fail.
-            Utc.from_utc_datetime(&naive)
         }
     }
+}
+
+impl FireTimes<'_> {
+    /// Maps the next matching day to its instants, or ends the search.
+    fn advance(&mut self) {
+        let Some(day) = self.next_day.take() else {
+            return;
+        };
+        if self.watermark >= self.end {
+            return;
+        }
+        let Some(day) = self.schedule.next_matching_day(day) else {
+            return;
+        };
+        self.schedule.push_day(day, &mut self.pending);
+        if let Some(next) = day.succ_opt() {
+            self.next_day = Some(next);
+            self.watermark = earliest_instant_of_day(next);
+        }
+    }
+}
+
+/// A lower bound of the instants whose wall-clock time lies on `day` or later, in any zone.
+fn earliest_instant_of_day(day: NaiveDate) -> DateTime<Utc> {
+    day.and_time(NaiveTime::MIN)
+        .and_utc()
+        .checked_sub_signed(MAX_UTC_OFFSET)
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+/// Croner searches years 1 to 5000.
+fn first_searchable_day() -> NaiveDate {
+    NaiveDate::from_ymd_opt(1, 1, 1).unwrap_or(NaiveDate::MIN)
+}
+
+fn insert_sorted(pending: &mut VecDeque<DateTime<Utc>>, t: DateTime<Utc>) {
+    match pending.back() {
+        Some(last) if *last > t => {
+            let at = pending.partition_point(|x| *x <= t);
+            pending.insert(at, t);
+        }
+        _ => pending.push_back(t),
+    }
+}
+
+fn cron_parser() -> CronParser {
+    CronParser::builder().seconds(Seconds::Disallowed).build()
+}
+
+/// Resolves a wall-clock time to an instant with the project's DST rules: the first occurrence of
+/// a repeated time, and the first instant after the gap for a time that does not exist. `None`
+/// only for a wall-clock time at the edge of the range of instants that can be represented.
+pub fn resolve_local(tz: Tz, naive: NaiveDateTime) -> Option<DateTime<Utc>> {
+    match tz.from_local_datetime(&naive) {
+        LocalResult::Single(t) => Some(t.with_timezone(&Utc)),
+        LocalResult::Ambiguous(first, _) => Some(first.with_timezone(&Utc)),
+        LocalResult::None => first_instant_after_gap(tz, naive),
+    }
+}
+
+/// The instant at which the clock jumps over the gap holding `naive`: its wall-clock time is the
+/// first one that exists again.
+fn first_instant_after_gap(tz: Tz, naive: NaiveDateTime) -> Option<DateTime<Utc>> {
+    // Not a gap of the zone: the wall-clock time lies beyond the representable instants.
+    let gap = GapInfo::new(&naive, &tz)?;
+    if let Some(end) = gap.end {
+        return Some(end.with_timezone(&Utc));
+    }
+    // A gap whose end the zone data does not name: the first minute that exists again.
+    let mut probe = naive
+        .date()
+        .and_hms_opt(naive.time().hour(), naive.time().minute(), 0)?;
+    for _ in 0..MAX_CLOCK_JUMP.num_minutes() {
+        probe = probe.checked_add_signed(Duration::minutes(1))?;
+        match tz.from_local_datetime(&probe) {
+            LocalResult::Single(t) | LocalResult::Ambiguous(t, _) => {
+                return Some(t.with_timezone(&Utc));
+            }
+            LocalResult::None => {}
+        }
+    }
+    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn utc(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
@@ -201,6 +358,10 @@ mod tests {
 
     fn berlin() -> Tz {
         "Europe/Berlin".parse().unwrap()
+    }
+
+    fn every(first: &str, step: Duration, count: i64) -> Vec<DateTime<Utc>> {
+        (0..count).map(|i| utc(first) + step * i as i32).collect()
     }
 
     #[test]
@@ -237,7 +398,9 @@ mod tests {
     fn spring_forward_gap_moves_to_first_instant_after_gap() {
         // 02:30 does not exist in Berlin on 2026-03-29: it fires at 03:00 CEST = 01:00 UTC.
         let s = Schedule::parse("30 2 * * *", berlin()).unwrap();
-        let fires = s.fire_times(utc("2026-03-28T00:00:00Z"), utc("2026-03-31T00:00:00Z"));
+        let fires = s
+            .fire_times(utc("2026-03-28T00:00:00Z"), utc("2026-03-31T00:00:00Z"))
+            .collect::<Vec<_>>();
         assert_eq!(
             fires,
             vec![
@@ -252,7 +415,9 @@ mod tests {
     fn repeated_hour_fires_once_at_first_occurrence() {
         // 02:30 happens twice in Berlin on 2026-10-25: fire at the first (CEST, 00:30 UTC).
         let s = Schedule::parse("30 2 * * *", berlin()).unwrap();
-        let fires = s.fire_times(utc("2026-10-24T12:00:00Z"), utc("2026-10-26T12:00:00Z"));
+        let fires = s
+            .fire_times(utc("2026-10-24T12:00:00Z"), utc("2026-10-26T12:00:00Z"))
+            .collect::<Vec<_>>();
         assert_eq!(
             fires,
             vec![utc("2026-10-25T00:30:00Z"), utc("2026-10-26T01:30:00Z")]
@@ -263,11 +428,15 @@ mod tests {
     fn hourly_steps_in_absolute_time_across_dst() {
         let s = Schedule::parse("@hourly", berlin()).unwrap();
         // Local 2026-10-25 lasts 25 hours: 22:00Z on the 24th to 23:00Z on the 25th.
-        let fall = s.fire_times(utc("2026-10-24T22:00:00Z"), utc("2026-10-25T23:00:00Z"));
+        let fall = s
+            .fire_times(utc("2026-10-24T22:00:00Z"), utc("2026-10-25T23:00:00Z"))
+            .collect::<Vec<_>>();
         assert_eq!(fall.len(), 25);
         assert!(fall.windows(2).all(|w| w[1] - w[0] == Duration::hours(1)));
         // Local 2026-03-29 lasts 23 hours.
-        let spring = s.fire_times(utc("2026-03-28T23:00:00Z"), utc("2026-03-29T22:00:00Z"));
+        let spring = s
+            .fire_times(utc("2026-03-28T23:00:00Z"), utc("2026-03-29T22:00:00Z"))
+            .collect::<Vec<_>>();
         assert_eq!(spring.len(), 23);
         assert!(spring.windows(2).all(|w| w[1] - w[0] == Duration::hours(1)));
     }
@@ -295,11 +464,148 @@ mod tests {
         let naive = |s: &str| NaiveDateTime::parse_from_str(s, "%Y-%m-%d %H:%M").unwrap();
         assert_eq!(
             resolve_local(berlin(), naive("2026-03-29 02:15")),
-            utc("2026-03-29T01:00:00Z")
+            Some(utc("2026-03-29T01:00:00Z"))
         );
         assert_eq!(
             resolve_local(berlin(), naive("2026-10-25 02:15")),
-            utc("2026-10-25T00:15:00Z")
+            Some(utc("2026-10-25T00:15:00Z"))
         );
+    }
+
+    #[test]
+    fn wall_clock_edges_of_the_representable_range() {
+        let naive = |s: &str| NaiveDateTime::parse_from_str(s, "%Y-%m-%d %H:%M").unwrap();
+        // The last wall-clock time east of UTC is an hour before the last instant; west of
+        // UTC it would come after it.
+        let west: Tz = "America/New_York".parse().unwrap();
+        assert_eq!(
+            resolve_local(berlin(), NaiveDateTime::MAX),
+            NaiveDateTime::MAX
+                .and_utc()
+                .checked_sub_signed(Duration::hours(1))
+        );
+        assert_eq!(resolve_local(west, NaiveDateTime::MAX), None);
+        assert_eq!(resolve_local(berlin(), NaiveDateTime::MIN), None);
+        assert_eq!(
+            resolve_local(Tz::UTC, NaiveDateTime::MIN),
+            Some(NaiveDateTime::MIN.and_utc())
+        );
+        assert_eq!(
+            resolve_local(berlin(), naive("2026-06-01 12:00")),
+            Some(utc("2026-06-01T10:00:00Z"))
+        );
+    }
+
+    #[test]
+    fn a_skipped_day_fires_once_right_after_it() {
+        // Samoa skipped 2011-12-30: the 29th ended at 10:00 UTC (-10:00) and the 31st began
+        // (+14:00). The 30th's noon fires when the 31st begins.
+        let apia: Tz = "Pacific/Apia".parse().unwrap();
+        let s = Schedule::parse("0 12 * * *", apia).unwrap();
+        let fires: Vec<_> = s
+            .fire_times(utc("2011-12-28T00:00:00Z"), utc("2011-12-31T00:00:00Z"))
+            .collect();
+        assert_eq!(
+            fires,
+            [
+                utc("2011-12-28T22:00:00Z"),
+                utc("2011-12-29T22:00:00Z"),
+                utc("2011-12-30T10:00:00Z"),
+                utc("2011-12-30T22:00:00Z"),
+            ]
+        );
+        // Hourly steps in absolute time: the skipped day has no hour at all.
+        let s = Schedule::parse("@hourly", apia).unwrap();
+        let hours: Vec<_> = s
+            .fire_times(utc("2011-12-30T08:00:00Z"), utc("2011-12-30T12:00:00Z"))
+            .collect();
+        assert_eq!(hours, every("2011-12-30T08:00:00Z", Duration::hours(1), 4));
+    }
+
+    #[test]
+    fn a_repeated_day_fires_once_at_its_first_occurrence() {
+        // Sitka moved from Russian to American time in 1867: the wall clock went back a day
+        // (+14:58:47 to -09:01:13), so most of 1867-10-19 happened twice.
+        let sitka: Tz = "America/Sitka".parse().unwrap();
+        let s = Schedule::parse("0 12 * * *", sitka).unwrap();
+        let fires: Vec<_> = s
+            .fire_times(utc("1867-10-17T00:00:00Z"), utc("1867-10-21T00:00:00Z"))
+            .map(|t| t.with_timezone(&sitka).naive_local().to_string())
+            .collect();
+        assert_eq!(
+            fires,
+            [
+                "1867-10-18 12:00:00",
+                "1867-10-19 12:00:00",
+                "1867-10-20 12:00:00",
+            ]
+        );
+        // The noon of the 19th repeated after the change does not fire again.
+        let daily = s
+            .fire_times(utc("1867-10-17T00:00:00Z"), utc("1867-10-21T00:00:00Z"))
+            .collect::<Vec<_>>();
+        assert_eq!(daily[2] - daily[1], Duration::hours(48));
+        // Hourly steps in absolute time: a day later by the calendar, an hour later by the clock.
+        let s = Schedule::parse("@hourly", sitka).unwrap();
+        let hours: Vec<_> = s
+            .fire_times(utc("1867-10-18T12:00:00Z"), utc("1867-10-19T12:00:00Z"))
+            .collect();
+        assert_eq!(hours, every("1867-10-18T12:01:13Z", Duration::hours(1), 24));
+        // The same east of UTC: Samoa lived 1892-07-04 twice, going from +12:33 to -11:26.
+        let apia: Tz = "Pacific/Apia".parse().unwrap();
+        let s = Schedule::parse("@hourly", apia).unwrap();
+        let hours: Vec<_> = s
+            .fire_times(utc("1892-07-03T00:00:00Z"), utc("1892-07-06T00:00:00Z"))
+            .collect();
+        assert_eq!(hours.len(), 72);
+        assert!(hours.windows(2).all(|w| w[1] - w[0] == Duration::hours(1)));
+    }
+
+    #[test]
+    fn fire_times_at_the_edges_of_time() {
+        let (min, max) = (DateTime::<Utc>::MIN_UTC, DateTime::<Utc>::MAX_UTC);
+        for tz in [Tz::UTC, berlin(), "Pacific/Kiritimati".parse().unwrap()] {
+            let s = Schedule::parse("@hourly", tz).unwrap();
+            // Croner searches the years 1 to 5000.
+            let first = s.next_at_or_after(min).unwrap();
+            assert!(first.year() <= 1, "{first}");
+            assert_eq!(s.fire_times(min, max).take(3).count(), 3);
+            let last = s.next_at_or_after(utc("5000-12-31T00:00:00Z")).unwrap();
+            assert!(last.year() >= 5000, "{last}");
+            assert_eq!(s.next_at_or_after(utc("5002-01-01T00:00:00Z")), None);
+            assert_eq!(s.next_at_or_after(max), None);
+            assert_eq!(s.next_after(max), None);
+            assert_eq!(s.fire_times(max, min).next(), None);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn fire_times_never_panic_on_any_instant(
+            seconds in prop_oneof![
+                DateTime::<Utc>::MIN_UTC.timestamp()..=DateTime::<Utc>::MAX_UTC.timestamp(),
+                // The years croner searches, and a little around them.
+                -62_200_000_000i64..95_700_000_000,
+            ],
+            expr in prop::sample::select(vec!["@hourly", "@daily", "30 2 * * *", "*/20 * * * *", "0 0 29 2 *"]),
+            zone in prop::sample::select(vec!["UTC", "Europe/Berlin", "Pacific/Apia", "America/Sitka", "Asia/Manila"]),
+        ) {
+            let tz: Tz = zone.parse().unwrap();
+            let s = Schedule::parse(expr, tz).unwrap();
+            let t = DateTime::from_timestamp(seconds, 0).unwrap();
+            let soon = t.checked_add_signed(Duration::days(2)).unwrap_or(DateTime::<Utc>::MAX_UTC);
+            let fires: Vec<_> = s.fire_times(t, soon).collect();
+            prop_assert!(fires.iter().all(|f| *f >= t && *f < soon));
+            // The first fire time of the range is the next one; without one, the next is later.
+            match (fires.first(), s.next_at_or_after(t)) {
+                (Some(first), next) => prop_assert_eq!(Some(*first), next),
+                (None, Some(next)) => prop_assert!(next >= soon),
+                (None, None) => {}
+            }
+            if let Some(after) = s.next_after(t) {
+                prop_assert!(after > t);
+            }
+            let _ = resolve_local(tz, t.naive_utc());
+        }
     }
 }

@@ -8,7 +8,10 @@
 
 use std::fmt;
 
-use chrono::{DateTime, Duration, NaiveDate, NaiveDateTime, NaiveTime, SecondsFormat, Utc};
+use chrono::{
+    DateTime, Days, Duration, NaiveDate, NaiveDateTime, NaiveTime, Offset, SecondsFormat, TimeZone,
+    Utc,
+};
 use chrono_tz::Tz;
 
 use crate::schedule::{Schedule, resolve_local};
@@ -176,37 +179,54 @@ fn grouped(n: usize) -> String {
 }
 
 /// Parses a `WHEN` argument. `now` is the clock's current instant; `tz` the DAG timezone,
-/// which decides what `today` is.
+/// which decides what `today` is. Never panics: a time that cannot be represented is an error.
 pub fn parse_when(input: &str, now: DateTime<Utc>, tz: Tz) -> Result<When, RangeError> {
     let bad = |reason: &str| RangeError::BadWhen {
         input: input.to_string(),
         reason: reason.to_string(),
     };
     let s = input.trim();
-    let today = now.with_timezone(&tz).date_naive();
+    let today = || {
+        wall_clock(now, tz)
+            .map(|t| t.date())
+            .ok_or_else(|| bad(OUT_OF_RANGE))
+    };
     if let Some(rest) = s.strip_prefix("today") {
-        return Ok(When::Date(
-            today
-                + parse_day_offset(rest)
-                    .ok_or_else(|| bad("expected today, today-Nd or today+Nd"))?,
-        ));
+        let (forward, days) = parse_day_offset(rest)
+            .ok_or_else(|| bad("expected today, today-Nd or today+Nd"))?
+            .ok_or_else(|| bad(OUT_OF_RANGE))?;
+        let days = Days::new(days);
+        let date = if forward {
+            today()?.checked_add_days(days)
+        } else {
+            today()?.checked_sub_days(days)
+        };
+        return date.map(When::Date).ok_or_else(|| bad(OUT_OF_RANGE));
     }
     if s == "yesterday" {
-        return Ok(When::Date(today - Duration::days(1)));
+        return today()?
+            .pred_opt()
+            .map(When::Date)
+            .ok_or_else(|| bad(OUT_OF_RANGE));
     }
     if let Some(rest) = s.strip_prefix("now") {
         if rest.is_empty() {
             return Ok(When::Instant(now));
         }
-        let (sign, amount) = rest.split_at(1);
+        let (forward, amount) = match (rest.strip_prefix('+'), rest.strip_prefix('-')) {
+            (Some(amount), _) => (true, amount),
+            (_, Some(amount)) => (false, amount),
+            _ => return Err(bad("expected now, now-6h or now+30m")),
+        };
         let d = humantime::parse_duration(amount)
             .map_err(|e| bad(&format!("bad duration `{amount}`: {e}")))?;
-        let d = Duration::from_std(d).map_err(|_| bad("duration too large"))?;
-        return match sign {
-            "-" => Ok(When::Instant(now - d)),
-            "+" => Ok(When::Instant(now + d)),
-            _ => Err(bad("expected now, now-6h or now+30m")),
+        let d = Duration::from_std(d).map_err(|_| bad(OUT_OF_RANGE))?;
+        let t = if forward {
+            now.checked_add_signed(d)
+        } else {
+            now.checked_sub_signed(d)
         };
+        return t.map(When::Instant).ok_or_else(|| bad(OUT_OF_RANGE));
     }
     if let Ok(d) = NaiveDate::parse_from_str(s, "%Y-%m-%d") {
         return Ok(When::Date(d));
@@ -227,17 +247,28 @@ pub fn parse_when(input: &str, now: DateTime<Utc>, tz: Tz) -> Result<When, Range
     Err(bad("not a date, a datetime or a relative time"))
 }
 
-fn parse_day_offset(rest: &str) -> Option<Duration> {
+/// Reads the `-Nd` / `+Nd` after `today`: `None` when it is not of that form, `Some(None)` when
+/// the number is too large to be a count of days.
+fn parse_day_offset(rest: &str) -> Option<Option<(bool, u64)>> {
     if rest.is_empty() {
-        return Some(Duration::zero());
+        return Some(Some((true, 0)));
     }
-    let (sign, digits) = rest.split_at(1);
-    let days: i64 = digits.strip_suffix('d')?.parse().ok()?;
-    match sign {
-        "-" => Some(Duration::days(-days)),
-        "+" => Some(Duration::days(days)),
-        _ => None,
+    let (forward, digits) = match (rest.strip_prefix('+'), rest.strip_prefix('-')) {
+        (Some(digits), _) => (true, digits),
+        (_, Some(digits)) => (false, digits),
+        _ => return None,
+    };
+    let digits = digits.strip_suffix('d')?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
     }
+    Some(digits.parse().ok().map(|days| (forward, days)))
+}
+
+/// The wall-clock time of an instant in `tz`; `None` past the edge of what can be represented.
+fn wall_clock(t: DateTime<Utc>, tz: Tz) -> Option<NaiveDateTime> {
+    let utc = t.naive_utc();
+    utc.checked_add_offset(tz.offset_from_utc_datetime(&utc).fix())
 }
 
 /// A resolved range: interval starts `s` with `start <= s < end_exclusive`.
@@ -553,6 +584,46 @@ mod tests {
     }
 
     #[test]
+    fn whens_that_used_to_panic_are_errors() {
+        let now = utc("2026-11-29T12:34:00Z");
+        for (input, reason) in [
+            ("nowé", "expected now, now-6h or now+30m"),
+            ("todayé", "expected today, today-Nd or today+Nd"),
+            ("today-éd", "expected today, today-Nd or today+Nd"),
+            ("today--5d", "expected today, today-Nd or today+Nd"),
+            ("today-99999999999d", "out of range"),
+            ("today+99999999999d", "out of range"),
+            ("today-9999999999999999d", "out of range"),
+            ("today-99999999999999999999999d", "out of range"),
+            ("now-500000y", "out of range"),
+            ("now+500000y", "out of range"),
+        ] {
+            assert_eq!(
+                parse_when(input, now, Tz::UTC),
+                Err(RangeError::BadWhen {
+                    input: input.to_string(),
+                    reason: reason.to_string(),
+                }),
+                "{input}"
+            );
+        }
+        let message = parse_when("today-99999999999d", now, Tz::UTC)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            message,
+            "cannot read `today-99999999999d` as a time: out of range; use 2026-09-01, 2026-09-01T06:00, an RFC 3339 instant, today, yesterday, today-7d or now-6h"
+        );
+        // At the edges of time, `today` and `yesterday` may not exist.
+        let (min, max) = (DateTime::<Utc>::MIN_UTC, DateTime::<Utc>::MAX_UTC);
+        assert!(parse_when("yesterday", min, Tz::UTC).is_err());
+        assert!(parse_when("today", max, berlin()).is_err());
+        assert!(parse_when("today+1d", max, Tz::UTC).is_err());
+        assert!(parse_when("now+1s", max, Tz::UTC).is_err());
+        assert_eq!(parse_when("now", max, berlin()), Ok(When::Instant(max)));
+    }
+
+    #[test]
     fn ranges_at_the_edges_of_time_are_errors() {
         let (min, max) = (DateTime::<Utc>::MIN_UTC, DateTime::<Utc>::MAX_UTC);
         let out_of_range = |w: When| RangeError::BadWhen {
@@ -693,6 +764,67 @@ mod tests {
             parse_when("2114-01-29T16:00:00+01:00", now, berlin()),
             Ok(When::Instant(next_start))
         );
+    }
+
+    fn arbitrary_now() -> impl Strategy<Value = DateTime<Utc>> {
+        prop_oneof![
+            Just(utc("2026-11-29T12:34:00Z")),
+            (DateTime::<Utc>::MIN_UTC.timestamp()..=DateTime::<Utc>::MAX_UTC.timestamp())
+                .prop_map(|s| DateTime::from_timestamp(s, 0).unwrap_or_default()),
+        ]
+    }
+
+    fn zone() -> impl Strategy<Value = Tz> {
+        prop::sample::select(vec![
+            Tz::UTC,
+            berlin(),
+            "Pacific/Kiritimati".parse().unwrap(),
+            "Pacific/Pago_Pago".parse().unwrap(),
+        ])
+    }
+
+    /// Parses and resolves `input` as both ends of a range against fixed and extreme ones.
+    fn parse_and_resolve(input: &str, now: DateTime<Utc>, tz: Tz) {
+        let Ok(when) = parse_when(input, now, tz) else {
+            return;
+        };
+        for other in [
+            When::Instant(DateTime::<Utc>::MIN_UTC),
+            When::Instant(DateTime::<Utc>::MAX_UTC),
+            When::Date(NaiveDate::MIN),
+            When::Date(NaiveDate::MAX),
+            When::Local(NaiveDateTime::MIN),
+            When::Local(NaiveDateTime::MAX),
+            When::Instant(now),
+        ] {
+            let _ = resolve_range(when, other, tz).map(|r| r.unix_start_bounds());
+            let _ = resolve_range(other, when, tz).map(|r| r.unix_start_bounds());
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn parse_when_never_panics_on_any_string(input in any::<String>(), now in arbitrary_now(), tz in zone()) {
+            parse_and_resolve(&input, now, tz);
+        }
+
+        #[test]
+        fn parse_when_never_panics_on_near_relative_times(
+            input in "(today|now|yesterday)[+-][0-9]{0,25}[a-zé]{0,3}",
+            now in arbitrary_now(),
+            tz in zone(),
+        ) {
+            parse_and_resolve(&input, now, tz);
+        }
+
+        #[test]
+        fn parse_when_never_panics_on_near_dates(
+            input in "[+-]?[0-9]{1,6}-[0-9]{1,3}-[0-9]{1,3}(T[0-9:]{0,9})?([+-][0-9]{2}:[0-9]{2}|Z)?",
+            now in arbitrary_now(),
+            tz in zone(),
+        ) {
+            parse_and_resolve(&input, now, tz);
+        }
     }
 
     const SCHEDULES: &[&str] = &[

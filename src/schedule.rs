@@ -85,7 +85,7 @@ impl Schedule {
         }
         let cron = cron_parser()
             .parse(pattern)
-            .map_err(|e| invalid(e.to_string()))?;
+            .map_err(|_| invalid(explain(&fields)))?;
         // Probe that the pattern can ever fire (e.g. `0 0 31 2 *` never does).
         let never = || {
             invalid(
@@ -312,6 +312,195 @@ fn cron_parser() -> CronParser {
     CronParser::builder().seconds(Seconds::Disallowed).build()
 }
 
+/// One field of a 5-field cron expression, for error messages.
+struct Field {
+    name: &'static str,
+    min: u16,
+    max: u16,
+}
+
+const FIELDS: [Field; 5] = [
+    Field {
+        name: "minute",
+        min: 0,
+        max: 59,
+    },
+    Field {
+        name: "hour",
+        min: 0,
+        max: 23,
+    },
+    Field {
+        name: "day-of-month",
+        min: 1,
+        max: 31,
+    },
+    Field {
+        name: "month",
+        min: 1,
+        max: 12,
+    },
+    Field {
+        name: "day-of-week",
+        min: 0,
+        max: 7,
+    },
+];
+
+/// Says in the project's words why croner rejected a 5-field expression: the first field that
+/// is wrong and what is wrong with it.
+fn explain(fields: &[&str]) -> String {
+    for (field, text) in FIELDS.iter().zip(fields) {
+        if let Err(reason) = check_field(field, text) {
+            return reason;
+        }
+    }
+    // A field using croner's extensions (L, W, #): find the one croner rejects on its own.
+    for (i, (field, text)) in FIELDS.iter().zip(fields).enumerate() {
+        let mut alone = ["*"; 5];
+        alone[i] = text;
+        if cron_parser().parse(&alone.join(" ")).is_err() {
+            return not_a_field(field, text);
+        }
+    }
+    "not a valid 5-field cron expression".to_string()
+}
+
+fn not_a_field(field: &Field, text: &str) -> String {
+    format!(
+        "{} `{text}` is not a number ({}-{}), a range (1-5), a step (*/15) or a list of them (1,15)",
+        field.name, field.min, field.max
+    )
+}
+
+/// Checks one field against the standard cron grammar, as croner reads it (names of months and
+/// weekdays, `?` for `*`), leaving croner's extensions (L, W, #) alone.
+fn check_field(field: &Field, text: &str) -> Result<(), String> {
+    let mut value = text.to_uppercase();
+    for (name, number) in [
+        ("-SUN", "-7"),
+        ("SUN", "0"),
+        ("MON", "1"),
+        ("TUE", "2"),
+        ("WED", "3"),
+        ("THU", "4"),
+        ("FRI", "5"),
+        ("SAT", "6"),
+        ("JAN", "1"),
+        ("FEB", "2"),
+        ("MAR", "3"),
+        ("APR", "4"),
+        ("MAY", "5"),
+        ("JUN", "6"),
+        ("JUL", "7"),
+        ("AUG", "8"),
+        ("SEP", "9"),
+        ("OCT", "10"),
+        ("NOV", "11"),
+        ("DEC", "12"),
+    ] {
+        value = value.replace(name, number);
+    }
+    let extensions: &[char] = match field.name {
+        "day-of-month" => &['L', 'W'],
+        "day-of-week" => &['L', '#'],
+        _ => &[],
+    };
+    if !extensions.is_empty() {
+        value = value.replace('?', "*");
+    }
+    if field.name == "day-of-week" {
+        value = value.strip_prefix('+').unwrap_or(&value).to_string();
+    }
+    if value == "*" {
+        return Ok(());
+    }
+    for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        if part.chars().any(|c| extensions.contains(&c)) {
+            continue;
+        }
+        if !part
+            .chars()
+            .all(|c| c.is_ascii_digit() || matches!(c, '*' | '/' | '-'))
+        {
+            return Err(not_a_field(field, text));
+        }
+        check_part(field, part)?;
+    }
+    Ok(())
+}
+
+/// Checks one item of a list: a number, a range `a-b`, or a step `*/n` or `a-b/n`.
+fn check_part(field: &Field, part: &str) -> Result<(), String> {
+    let name = field.name;
+    let Some((range, step)) = part.split_once('/') else {
+        return match part.split_once('-') {
+            Some((a, b)) => check_range(field, a, b, part),
+            None => check_number(field, part, part).map(|_| ()),
+        };
+    };
+    if step.is_empty() || !step.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "{name} `{part}` is not a step; write */15 or 1-30/15"
+        ));
+    }
+    let Ok(step_value) = step.parse::<u16>() else {
+        return Err(format!("the step of {name} `{part}` is too large"));
+    };
+    if step_value == 0 {
+        return Err(format!(
+            "the step of {name} `{part}` is 0; a step is at least 1"
+        ));
+    }
+    if range == "*" {
+        return Ok(());
+    }
+    if range.is_empty() {
+        return Err(format!(
+            "{name} `{part}` has nothing before the /; write */{step}"
+        ));
+    }
+    match range.split_once('-') {
+        Some((a, b)) => check_range(field, a, b, part),
+        None => {
+            check_number(field, range, part)?;
+            Err(format!(
+                "{name} `{part}` steps from a single value; write {range}-{}/{step}, or */{step} to start at {}",
+                field.max, field.min
+            ))
+        }
+    }
+}
+
+fn check_range(field: &Field, a: &str, b: &str, part: &str) -> Result<(), String> {
+    let start = check_number(field, a, part)?;
+    let end = check_number(field, b, part)?;
+    if start > end {
+        return Err(format!(
+            "{} range {start}-{end} runs backwards; ranges do not wrap around, so write {start}-{},{}-{end}",
+            field.name, field.max, field.min
+        ));
+    }
+    Ok(())
+}
+
+fn check_number(field: &Field, text: &str, part: &str) -> Result<u16, String> {
+    let name = field.name;
+    if text.is_empty() || !text.chars().all(|c| c.is_ascii_digit()) {
+        return Err(format!(
+            "{name} `{part}` is not a number ({}-{}), a range (1-5) or a step (*/15)",
+            field.min, field.max
+        ));
+    }
+    match text.parse::<u16>() {
+        Ok(v) if (field.min..=field.max).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "{name} {text} is out of range {}-{}",
+            field.min, field.max
+        )),
+    }
+}
+
 /// Resolves a wall-clock time to an instant with the project's DST rules: the first occurrence of
 /// a repeated time, and the first instant after the gap for a time that does not exist. `None`
 /// only for a wall-clock time at the edge of the range of instants that can be represented.
@@ -351,6 +540,7 @@ fn first_instant_after_gap(tz: Tz, naive: NaiveDateTime) -> Option<DateTime<Utc>
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use proptest::test_runner::TestCaseError;
 
     fn utc(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
@@ -381,17 +571,106 @@ mod tests {
 
     #[test]
     fn invalid_expressions_are_rejected_with_the_reason() {
-        for expr in [
-            "@fortnightly",
-            "0 0 * *",
-            "0 0 0 * * *",
-            "61 * * * *",
-            "0 0 31 2 *",
-            "banana",
+        for (expr, reason) in [
+            ("@fortnightly", "unknown preset"),
+            (
+                "0 0 * *",
+                "expected 5 fields (minute hour day-of-month month day-of-week), found 4",
+            ),
+            (
+                "0 0 0 * * *",
+                "expected 5 fields (minute hour day-of-month month day-of-week), found 6",
+            ),
+            (
+                "banana",
+                "expected 5 fields (minute hour day-of-month month day-of-week), found 1",
+            ),
+            ("61 * * * *", "minute 61 is out of range 0-59"),
+            ("0 24 * * *", "hour 24 is out of range 0-23"),
+            ("0 0 0 * *", "day-of-month 0 is out of range 1-31"),
+            ("0 0 1 13 *", "month 13 is out of range 1-12"),
+            ("0 0 * * 8", "day-of-week 8 is out of range 0-7"),
+            ("0 0 * * 1-9", "day-of-week 9 is out of range 0-7"),
+            (
+                "0 0 * JAN-FOO *",
+                "month `JAN-FOO` is not a number (1-12), a range (1-5), a step (*/15) or a list of them (1,15)",
+            ),
+            (
+                "0 0 * JAN-DEC/0 *",
+                "the step of month `1-12/0` is 0; a step is at least 1",
+            ),
+            (
+                "0 0 * * FRI-MON",
+                "day-of-week range 5-1 runs backwards; ranges do not wrap around, so write 5-7,0-1",
+            ),
+            ("99999 * * * *", "minute 99999 is out of range 0-59"),
+            (
+                "0 22-2 * * *",
+                "hour range 22-2 runs backwards; ranges do not wrap around, so write 22-23,0-2",
+            ),
+            (
+                "*/0 * * * *",
+                "the step of minute `*/0` is 0; a step is at least 1",
+            ),
+            (
+                "*/ * * * *",
+                "minute `*/` is not a step; write */15 or 1-30/15",
+            ),
+            (
+                "*/5/5 * * * *",
+                "minute `*/5/5` is not a step; write */15 or 1-30/15",
+            ),
+            (
+                "*/-5 * * * *",
+                "minute `*/-5` is not a step; write */15 or 1-30/15",
+            ),
+            (
+                "*/99999 * * * *",
+                "the step of minute `*/99999` is too large",
+            ),
+            (
+                "/5 * * * *",
+                "minute `/5` has nothing before the /; write */5",
+            ),
+            (
+                "5/15 * * * *",
+                "minute `5/15` steps from a single value; write 5-59/15, or */15 to start at 0",
+            ),
+            (
+                "x * * * *",
+                "minute `x` is not a number (0-59), a range (1-5), a step (*/15) or a list of them (1,15)",
+            ),
+            (
+                "0 L * * *",
+                "hour `L` is not a number (0-23), a range (1-5), a step (*/15) or a list of them (1,15)",
+            ),
+            (
+                "0 0 * * 1#9",
+                "day-of-week `1#9` is not a number (0-7), a range (1-5), a step (*/15) or a list of them (1,15)",
+            ),
+            (
+                "0 0 31 2 *",
+                "the expression never fires: no date matches its day and month fields",
+            ),
         ] {
-            let err = Schedule::parse(expr, Tz::UTC).unwrap_err().to_string();
-            assert!(err.contains(expr), "{err}");
+            match Schedule::parse(expr, Tz::UTC) {
+                Err(ScheduleError::Invalid {
+                    expr: echoed,
+                    reason: got,
+                }) => {
+                    assert_eq!(echoed, expr);
+                    assert_eq!(got, reason, "{expr}");
+                }
+                Ok(_) => panic!("`{expr}` was accepted"),
+            }
         }
+        let message = Schedule::parse("61 * * * *", Tz::UTC)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            message,
+            "invalid schedule `61 * * * *`: minute 61 is out of range 0-59; use a preset (@hourly, @daily, @weekly, @monthly, @yearly) or a 5-field cron expression such as `0 3 * * *`"
+        );
     }
 
     #[test]
@@ -579,7 +858,54 @@ mod tests {
         }
     }
 
+    fn check_parse(expr: &str) -> Result<(), TestCaseError> {
+        match Schedule::parse(expr, berlin()) {
+            Ok(s) => {
+                let from = utc("2026-03-28T00:00:00Z");
+                let fires: Vec<_> = s.fire_times(from, from + Duration::days(3)).collect();
+                prop_assert!(fires.windows(2).all(|w| w[0] < w[1]));
+                let next = s.next_after(from);
+                prop_assert!(next.is_some());
+            }
+            Err(e) => {
+                let message = e.to_string();
+                for croner in [
+                    "Component error",
+                    "CronPattern",
+                    "CronScheduler",
+                    "Invalid pattern",
+                    "Pattern ",
+                    "out of bounds",
+                    "Nth specifier",
+                    "Invalid ",
+                ] {
+                    prop_assert!(!message.contains(croner), "{}", message);
+                }
+            }
+        }
+        Ok(())
+    }
+
     proptest! {
+        #[test]
+        fn parse_never_panics_on_any_string(expr in any::<String>()) {
+            check_parse(&expr)?;
+        }
+
+        #[test]
+        fn parse_never_panics_on_near_cron(
+            expr in "[0-9*/,-]{1,6} [0-9*/,-]{1,6} [0-9*/,-]{1,6} [0-9*/,-]{1,6} [0-9*/,-]{1,6}",
+        ) {
+            check_parse(&expr)?;
+        }
+
+        #[test]
+        fn parse_never_panics_on_cron_with_names_and_extensions(
+            expr in "[0-9*/,?LW#+A-Z-]{1,7} [0-9*/,?LW#+A-Z-]{1,7} [0-9*/,?LW#+A-Z-]{1,7} [0-9*/,?LW#+A-Z-]{1,7} [0-9*/,?LW#+A-Za-z-]{1,7}",
+        ) {
+            check_parse(&expr)?;
+        }
+
         #[test]
         fn fire_times_never_panic_on_any_instant(
             seconds in prop_oneof![

@@ -550,23 +550,92 @@ mod tests {
         "Europe/Berlin".parse().unwrap()
     }
 
+    fn fires(expr: &str, from: &str, to: &str) -> Vec<DateTime<Utc>> {
+        Schedule::parse(expr, Tz::UTC)
+            .unwrap()
+            .fire_times(utc(from), utc(to))
+            .collect()
+    }
+
     fn every(first: &str, step: Duration, count: i64) -> Vec<DateTime<Utc>> {
         (0..count).map(|i| utc(first) + step * i as i32).collect()
     }
 
     #[test]
-    fn presets_and_cron_parse() {
-        for expr in [
-            "@hourly",
-            "@daily",
-            "@weekly",
-            "@monthly",
-            "@yearly",
-            "*/15 * * * *",
-            "0 3 * * 1-5",
-        ] {
-            Schedule::parse(expr, Tz::UTC).unwrap();
+    fn presets_and_cron_fire_when_they_say() {
+        let jan = "2026-01-01T00:00:00Z";
+        // Every hour on the hour.
+        assert_eq!(
+            fires("@hourly", jan, "2026-01-03T00:00:00Z"),
+            every(jan, Duration::hours(1), 48)
+        );
+        // Every midnight.
+        for daily in ["@daily", "@midnight", "0 0 * * *"] {
+            assert_eq!(
+                fires(daily, jan, "2026-01-04T00:00:00Z"),
+                every(jan, Duration::days(1), 3)
+            );
         }
+        // Sundays at midnight: 2026-01-04 is the first Sunday of the year.
+        assert_eq!(
+            fires("@weekly", jan, "2026-02-01T00:00:00Z"),
+            every("2026-01-04T00:00:00Z", Duration::weeks(1), 4)
+        );
+        // The first of every month at midnight.
+        let firsts: Vec<_> = (1..=12)
+            .map(|m| utc(&format!("2026-{m:02}-01T00:00:00Z")))
+            .collect();
+        assert_eq!(fires("@monthly", jan, "2027-01-01T00:00:00Z"), firsts);
+        // January 1st at midnight.
+        for yearly in ["@yearly", "@annually"] {
+            assert_eq!(
+                fires(yearly, "2025-06-01T00:00:00Z", "2029-01-01T00:00:00Z"),
+                [
+                    utc("2026-01-01T00:00:00Z"),
+                    utc("2027-01-01T00:00:00Z"),
+                    utc("2028-01-01T00:00:00Z"),
+                ]
+            );
+        }
+        assert_eq!(
+            fires("*/15 * * * *", jan, "2026-01-01T02:00:00Z"),
+            every(jan, Duration::minutes(15), 8)
+        );
+        // Weekdays at 03:00: Monday 2026-01-05 to Friday 2026-01-09, not the weekends around.
+        assert_eq!(
+            fires(
+                "0 3 * * 1-5",
+                "2026-01-03T00:00:00Z",
+                "2026-01-12T00:00:00Z"
+            ),
+            every("2026-01-05T03:00:00Z", Duration::days(1), 5)
+        );
+        // Day of month and day of week both restricted: either matches (cron's rule).
+        assert_eq!(
+            fires(
+                "0 12 13 * 5",
+                "2026-03-01T00:00:00Z",
+                "2026-03-21T00:00:00Z"
+            ),
+            [
+                utc("2026-03-06T12:00:00Z"),
+                utc("2026-03-13T12:00:00Z"),
+                utc("2026-03-20T12:00:00Z"),
+            ]
+        );
+        assert_eq!(
+            fires(
+                "0 12 14 * 5",
+                "2026-03-01T00:00:00Z",
+                "2026-03-21T00:00:00Z"
+            ),
+            [
+                utc("2026-03-06T12:00:00Z"),
+                utc("2026-03-13T12:00:00Z"),
+                utc("2026-03-14T12:00:00Z"),
+                utc("2026-03-20T12:00:00Z"),
+            ]
+        );
     }
 
     #[test]

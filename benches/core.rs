@@ -10,7 +10,7 @@ use chrono_tz::Tz;
 use criterion::{Criterion, criterion_group, criterion_main};
 
 use backfill::gate::{self, Measures, Rules};
-use backfill::interval::{DataInterval, Range, expand};
+use backfill::interval::{DataInterval, MAX_INTERVALS, Range, expand};
 use backfill::manifest::{self, Durability, NewBackfill, backfills, leases::LeaseCtx, plans, runs};
 use backfill::plan::{self, Action, Options, Reprocess, RunState};
 use backfill::project::{Gate, SqlTask, Warehouse};
@@ -40,7 +40,7 @@ fn schedules(c: &mut Criterion) {
     ] {
         let s = Schedule::parse(expr, tz).unwrap();
         g.bench_function(name, |b| {
-            b.iter(|| black_box(expand(&s, ten_years())).len())
+            b.iter(|| black_box(expand(&s, ten_years(), MAX_INTERVALS).unwrap()).len())
         });
     }
     g.finish();
@@ -89,7 +89,7 @@ fn large_manifest(dir: &std::path::Path, intervals: &[DataInterval]) -> rusqlite
 
 fn planning(c: &mut Criterion) {
     let s = Schedule::parse("@hourly", Tz::UTC).unwrap();
-    let intervals = expand(&s, ten_years());
+    let intervals = expand(&s, ten_years(), MAX_INTERVALS).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let conn = large_manifest(dir.path(), &intervals);
     let ctx = LeaseCtx::new(Duration::from_secs(30));

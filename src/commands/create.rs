@@ -134,16 +134,11 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
     )
 }
 
-/// Interval starts `s` with `start <= s < end` in whole unix seconds, for the manifest.
+/// Interval starts `s` with `start <= s < end` in whole unix seconds, for the manifest: the
+/// same bounds every command resolves a range to.
 pub(super) fn unix_range(range: Range) -> (i64, i64) {
-    let ceil = |t: chrono::DateTime<chrono::Utc>| {
-        if t.timestamp_subsec_nanos() > 0 {
-            t.timestamp().saturating_add(1)
-        } else {
-            t.timestamp()
-        }
-    };
-    (ceil(range.start), ceil(range.end_exclusive))
+    let (first, last) = range.unix_start_bounds();
+    (first, last.saturating_add(1))
 }
 
 /// The plan as written.

@@ -41,8 +41,8 @@ pub fn runs(g: &Global, dag_id: &str, from: Option<&str>, to: Option<&str>) -> R
     let (lo, hi) = match (from, to) {
         (Some(from), Some(to)) => {
             let dag = project.dag(dag_id)?;
-            let range = resolve_args(from, to, clock::now()?, dag.tz)?;
-            (range.start.timestamp(), range.end_exclusive.timestamp() - 1)
+            // The interval starts `create` would run for the same --from and --to.
+            resolve_args(from, to, clock::now()?, dag.tz)?.unix_start_bounds()
         }
         _ => (i64::MIN, i64::MAX),
     };

@@ -430,3 +430,82 @@ fn conf_values_cannot_inject_shell_commands() {
     .code(0);
     assert_eq!(p.read("said.txt"), "two\n");
 }
+
+#[test]
+fn no_input_panics() {
+    let p = Project::new().dag("good", GOOD);
+    for when in [
+        "nowé",
+        "today-99999999999d",
+        "today-9999999999999999d",
+        "now-500000y",
+        "now+é",
+        "9999999-01-01",
+    ] {
+        let out = p.run(&["create", "--dag", "good", "--from", when, "--to", "today"]);
+        out.code(2)
+            .stderr_has(&format!("cannot read `{when}` as a time"));
+        let out = p.run(&[
+            "runs",
+            "--dag",
+            "good",
+            "--from",
+            "2026-01-01",
+            "--to",
+            when,
+        ]);
+        assert_eq!(out.code, 2, "runs --to {when}: {}", out.stderr);
+    }
+    assert!(!p.manifest_path().exists());
+}
+
+#[test]
+fn a_range_of_more_than_a_million_intervals_is_refused_with_a_split() {
+    let p = Project::new().dag(
+        "minutely",
+        "schedule = \"* * * * *\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+    );
+    p.run(&[
+        "create",
+        "--dag",
+        "minutely",
+        "--from",
+        "1900-01-01",
+        "--to",
+        "2200-01-01",
+    ])
+    .code(2)
+    .stderr_has("error: the range --from 1900-01-01 --to 2200-01-01 holds more than 1,000,000 intervals of schedule `* * * * *`; split it into several backfills: the first up to --to 1901-11-26T10:39:59Z, the next from --from 1901-11-26T10:40:00Z");
+    assert!(!p.manifest_path().exists());
+}
+
+#[test]
+fn runs_selects_the_interval_starts_that_create_runs() {
+    let p = Project::new().dag(
+        "hourly",
+        "schedule = \"@hourly\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+    );
+    let range = ["--from", "2026-01-01T03:00", "--to", "2026-01-01T05:00"];
+    let mut create = vec!["create", "--dag", "hourly"];
+    create.extend(range);
+    p.run(&create).code(0);
+    let mut runs = vec!["runs", "--dag", "hourly", "--output", "json"];
+    runs.extend(range);
+    let out = p.run(&runs);
+    out.code(0);
+    let starts: Vec<String> = out
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["start"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        starts,
+        [
+            "2026-01-01T03:00:00Z",
+            "2026-01-01T04:00:00Z",
+            "2026-01-01T05:00:00Z"
+        ]
+    );
+}

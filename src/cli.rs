@@ -63,6 +63,10 @@ pub enum Command {
     Cancel {
         /// The backfill id.
         id: i64,
+        /// How long to wait for a live owner to stop (it stops within about a second, plus
+        /// its tasks' grace periods).
+        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_wait)]
+        wait: std::time::Duration,
     },
     /// List backfills.
     List {
@@ -144,6 +148,12 @@ pub struct CreateArgs {
     /// Skip the gate's drift check against the published partition.
     #[arg(long)]
     pub allow_drift: bool,
+}
+
+/// A duration such as `30s`, `2m` or `500ms`.
+fn parse_wait(text: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|e| format!("cannot read `{text}` as a duration ({e}); write it like 30s or 2m"))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

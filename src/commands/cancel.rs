@@ -12,10 +12,7 @@ use crate::manifest::{self, backfills};
 use crate::recovery::{self, Dags};
 use crate::state::BackfillState;
 
-/// How long to wait for a live owner to stop before reporting that it was asked.
-const WAIT: Duration = Duration::from_secs(60);
-
-pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
+pub fn run(g: &Global, id: i64, wait: Duration) -> Result<u8, Error> {
     let (project, manifest_path, conn, backfill) = find_backfill(g, id)?;
     if backfill.state != BackfillState::Running {
         eprintln!(
@@ -28,7 +25,7 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
         manifest::open(&manifest_path, project.durability)?,
         &manifest_path,
     )?;
-    let result = cancel(g, &project, &writer, &conn, id, &backfill);
+    let result = cancel(g, &project, &writer, &conn, id, &backfill, wait);
     writer.close();
     result
 }
@@ -40,6 +37,7 @@ fn cancel(
     conn: &rusqlite::Connection,
     id: i64,
     backfill: &manifest::Backfill,
+    wait: Duration,
 ) -> Result<u8, Error> {
     let path = writer.path().to_path_buf();
     if backfill.owner_alive(&LeaseCtx::new(project.lease_timeout)) {
@@ -48,7 +46,9 @@ fn cancel(
             "asked backfill {id} (pid {}) to stop…",
             backfill.owner_pid.unwrap_or_default()
         );
-        let deadline = Instant::now() + WAIT;
+        let deadline = Instant::now()
+            .checked_add(wait)
+            .unwrap_or_else(Instant::now);
         loop {
             std::thread::sleep(Duration::from_millis(50));
             let Some(now) = backfills::get(conn, id).map_err(|e| e.at(&path))? else {
@@ -63,8 +63,8 @@ fn cancel(
             }
             if Instant::now() >= deadline {
                 eprintln!(
-                    "backfill {id} was asked to stop and is still stopping after {}s (its tasks get SIGTERM and then SIGKILL after their grace_period); `backfill show {id}` tells when it has",
-                    WAIT.as_secs()
+                    "backfill {id} was asked to stop and is still stopping after {} (its tasks get SIGTERM, then SIGKILL after their grace_period); `backfill show {id}` tells when it has",
+                    humantime::format_duration(wait)
                 );
                 return Ok(exit::OK);
             }

@@ -50,7 +50,7 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
     match cli.command {
         Command::Create(args) => create::run(&g, args),
         Command::Resume { id } => resume::run(&g, id),
-        Command::Cancel { id } => cancel::run(&g, id),
+        Command::Cancel { id, wait } => cancel::run(&g, id, wait),
         Command::List { dag, active } => read::list(&g, dag.as_deref(), active),
         Command::Show { id } => read::show(&g, id),
         Command::Runs { dag, from, to } => read::runs(&g, &dag, from.as_deref(), to.as_deref()),

@@ -489,3 +489,38 @@ fn a_silent_owner_is_taken_over_and_stops_when_it_wakes() {
     );
     assert_eq!(p.count("SELECT COUNT(*) FROM leases"), 0);
 }
+
+#[test]
+fn cancel_that_waits_in_vain_says_so_and_exits_0() {
+    // The task ignores SIGTERM and has a long grace period: the owner stops only after it.
+    let p = Project::new().dag(
+        "s",
+        r#"
+schedule = "@daily"
+grace_period = "60s"
+[[tasks]]
+id = "deaf"
+command = '''trap "" TERM; echo $$ >> pids.txt; sleep 60 & wait; wait'''
+"#,
+    );
+    let child = p.spawn(
+        "run",
+        &[
+            "create",
+            "--dag",
+            "s",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+        ],
+    );
+    wait_until("the task to run", Duration::from_secs(20), || {
+        pids(&p).len() == 1
+    });
+    p.run(&["cancel", "1", "--wait", "300ms"])
+        .code(0)
+        .stderr_has("backfill 1 was asked to stop and is still stopping after 300ms");
+    signal(&child, Signal::SIGINT);
+    p.wait("run", child).code(130);
+}

@@ -11,7 +11,8 @@ use criterion::{Criterion, criterion_group, criterion_main};
 
 use backfill::gate::{self, Measures, Rules};
 use backfill::interval::{DataInterval, MAX_INTERVALS, Range, expand};
-use backfill::manifest::{self, Durability, NewBackfill, backfills, leases::LeaseCtx, plans, runs};
+use backfill::manifest::leases::{self, LeaseCtx};
+use backfill::manifest::{self, Durability, NewBackfill, backfills, plans, runs};
 use backfill::plan::{self, Action, Options, Reprocess, RunState};
 use backfill::project::{Gate, SqlTask, Warehouse};
 use backfill::schedule::Schedule;
@@ -102,9 +103,13 @@ fn planning(c: &mut Criterion) {
     let mut g = c.benchmark_group("plan");
     g.sample_size(10).measurement_time(Duration::from_secs(5));
     g.bench_function("priors_87672_runs", |b| {
-        b.iter(|| black_box(plans::priors(&conn, "hourly", &intervals, &ctx).unwrap()))
+        b.iter(|| {
+            black_box(
+                plans::priors(&conn, "hourly", &intervals, &ctx, leases::Judge::Strict).unwrap(),
+            )
+        })
     });
-    let prior = plans::priors(&conn, "hourly", &intervals, &ctx).unwrap();
+    let prior = plans::priors(&conn, "hourly", &intervals, &ctx, leases::Judge::Strict).unwrap();
     let before = None;
     g.bench_function("plan_87672", |b| {
         b.iter(|| black_box(plan::plan(&intervals, &prior, before, options)).len())

@@ -41,6 +41,8 @@ struct Claim {
     owner: Owner,
     tries: Vec<UnfinishedTry>,
     publishes: Vec<PendingPublish>,
+    /// Its runs still in progress when it was claimed: the only ones this claim may end.
+    runs: Vec<i64>,
 }
 
 /// How the act step left each thing it touched.
@@ -103,6 +105,7 @@ fn claim_owner(
         owner,
         tries: runs::unfinished_tries(conn, backfill_id)?,
         publishes: runs::pending_publishes(conn, backfill_id)?,
+        runs: runs::runs_in_progress(conn, backfill_id)?,
     }))
 }
 
@@ -113,11 +116,16 @@ pub fn release_stale(
     dags: &Dags,
     dag_id: &str,
     ctx: &LeaseCtx,
+    except: Option<i64>,
 ) -> Result<Report, Error> {
     let (dag, c) = (dag_id.to_string(), ctx.clone());
     let claims = writer.call_blocking(move |conn| {
         let stale = leases::stale(conn, &dag, &c)?;
-        let owners: HashSet<i64> = stale.iter().map(|s| s.1).collect();
+        let owners: HashSet<i64> = stale
+            .iter()
+            .map(|s| s.1)
+            .filter(|o| Some(*o) != except)
+            .collect();
         let mut owners: Vec<i64> = owners.into_iter().collect();
         owners.sort_unstable();
         let mut claims = Vec::new();
@@ -131,22 +139,36 @@ pub fn release_stale(
     recover(writer, dags, claims, ctx, false)
 }
 
-/// Makes this process the owner of a backfill whose owner is gone, after recovering what the
-/// old owner left. `None` when the owner is alive.
+/// A backfill this process took ownership of, with what its old owner left still to recover.
+pub struct TakenOver {
+    pub owner: Owner,
+    claim: Claim,
+}
+
+/// Makes this process the owner of a backfill whose owner is gone (a new epoch, in one
+/// transaction). `None` when the owner is alive. The caller starts its heartbeat, then calls
+/// [`finish_takeover`].
 pub fn take_over(
     writer: &Writer,
-    dags: &Dags,
     backfill_id: i64,
     ctx: &LeaseCtx,
-) -> Result<Option<(Owner, Report)>, Error> {
+) -> Result<Option<TakenOver>, Error> {
     let c = ctx.clone();
     let claim = writer.call_blocking(move |conn| claim_owner(conn, backfill_id, &c, true))?;
-    let Some(claim) = claim else {
-        return Ok(None);
-    };
-    let owner = claim.owner;
-    let report = recover(writer, dags, vec![claim], ctx, true)?;
-    Ok(Some((owner, report)))
+    Ok(claim.map(|claim| TakenOver {
+        owner: claim.owner,
+        claim,
+    }))
+}
+
+/// Recovers what the old owner of a backfill taken over left.
+pub fn finish_takeover(
+    writer: &Writer,
+    dags: &Dags,
+    taken: TakenOver,
+    ctx: &LeaseCtx,
+) -> Result<Report, Error> {
+    recover(writer, dags, vec![taken.claim], ctx, true)
 }
 
 /// Ends a backfill whose owner is gone as `cancelled`, after recovering what it left, and
@@ -200,6 +222,7 @@ fn recover(
         .iter()
         .map(|(id, d)| (id.clone(), d.tasks.len()))
         .collect();
+    crate::fault::point("before-record");
     let claims_for_record = claims.clone();
     let now = now_ms();
     writer.call_blocking(move |conn| {
@@ -308,11 +331,17 @@ fn finish_publish(
         (None, None) => None,
     };
     let Some(audit) = audit else {
-        // The audit file is removed only after the publish committed.
-        return if runs::may_publish(&reader, p.try_id, None).map_err(|e| e.to_string())? {
-            Ok(Finished::Published(p.record.rows.unwrap_or(0)))
-        } else {
-            Ok(Finished::Dropped("already finished".into()))
+        // The audit file is removed only once the publish committed (or the intent was
+        // settled): check that the partition holds the audited rows before recording it.
+        if !runs::may_publish(&reader, p.try_id, None).map_err(|e| e.to_string())? {
+            return Ok(Finished::Dropped("already finished".into()));
+        }
+        return match published_matches(&wh, task, p, tz) {
+            Ok(true) => Ok(Finished::Published(p.record.rows.unwrap_or(0))),
+            Ok(false) => Err(
+                "its audit file is gone and the partition does not hold the audited rows".into(),
+            ),
+            Err(e) => Err(e.to_string()),
         };
     };
     let repr = publish_repr(&wh, task, &audit);
@@ -339,6 +368,38 @@ fn finish_publish(
         }
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// Whether the target's partition holds exactly the rows the gate audited (same count and
+/// fingerprint over the query's columns).
+fn published_matches(
+    wh: &Connection,
+    task: &SqlTask,
+    p: &PendingPublish,
+    tz: chrono_tz::Tz,
+) -> warehouse::Result<bool> {
+    let columns: Vec<String> = wh
+        .prepare(&warehouse::wrapped_query(&task.sql))?
+        .column_names()
+        .map(warehouse::quote)
+        .collect();
+    let table = format!("main.{}", warehouse::quote(&task.target));
+    let repr = partition::endpoint_classes(wh, &table, &task.partition_column)?;
+    let [repr] = repr.reprs.as_slice() else {
+        return Ok(p.record.rows == Some(0));
+    };
+    let (lo, hi) = repr.bounds(p.interval, tz);
+    let mut stmt = wh.prepare(&format!(
+        "SELECT {} FROM {table} WHERE {}",
+        columns.join(", "),
+        repr.predicate(&task.partition_column, 1)
+    ))?;
+    let (rows, fingerprint) =
+        warehouse::audit::fingerprint_rows(&mut stmt, rusqlite::params![lo, hi])?;
+    Ok(
+        Some(rows) == p.record.rows
+            && Some(fingerprint.as_str()) == p.record.fingerprint.as_deref(),
+    )
 }
 
 /// A publish intent recorded by an older version kept its rows in a table of the warehouse:
@@ -398,7 +459,9 @@ fn publish_repr(wh: &Connection, task: &SqlTask, audit: &AuditFile) -> Option<Re
         .and_then(|t| Repr::from_declared(&t))
 }
 
-/// Step 3 for one dead owner.
+/// Step 3 for one dead owner. When another process claimed the backfill after this one (a newer
+/// epoch), only what this claim itself did is recorded (the tries it stopped, the publishes it
+/// finished); the runs and leases are the newer claimer's to settle.
 fn record(
     conn: &Connection,
     claim: &Claim,
@@ -408,6 +471,7 @@ fn record(
     now: i64,
 ) -> manifest::Result<()> {
     let backfill_id = claim.owner.backfill_id;
+    let current = backfills::get(conn, backfill_id)?.is_some_and(|b| b.epoch == claim.owner.epoch);
     let why = format!("abandoned: the process of backfill {backfill_id} is gone");
     for try_id in &a.stopped {
         let mut rec = TryRecord::new(TryState::Cancelled);
@@ -419,19 +483,21 @@ fn record(
             let mut rec = p.record.clone();
             rec.state = TryState::Succeeded;
             rec.rows = Some(*rows);
-            runs::end_abandoned_try(conn, p.try_id, &rec, now)?;
-            runs::mark_published(
-                conn,
-                &manifest::Publication {
-                    try_id: p.try_id,
-                    dag_id: &p.dag_id,
-                    task_id: &p.task_id,
-                    interval: p.interval,
-                    rows: *rows,
-                    fingerprint: p.record.fingerprint.as_deref(),
-                },
-                now,
-            )?;
+            // Only the recoverer that finishes the try records its publication.
+            if runs::end_abandoned_try(conn, p.try_id, &rec, now)? {
+                runs::mark_published(
+                    conn,
+                    &manifest::Publication {
+                        try_id: p.try_id,
+                        dag_id: &p.dag_id,
+                        task_id: &p.task_id,
+                        interval: p.interval,
+                        rows: *rows,
+                        fingerprint: p.record.fingerprint.as_deref(),
+                    },
+                    now,
+                )?;
+            }
         } else if let Some((_, reason)) = a.dropped.iter().find(|d| d.0 == p.try_id) {
             let mut rec = TryRecord::new(TryState::Cancelled);
             rec.error = Some(format!("interrupted while publishing; {reason}"));
@@ -444,9 +510,17 @@ fn record(
             runs::end_abandoned_try(conn, p.try_id, &rec, now)?;
         }
     }
+    if !current {
+        tracing::info!(
+            backfill = backfill_id,
+            epoch = claim.owner.epoch,
+            "claimed again meanwhile: leaving its runs and leases to the newer claim"
+        );
+        return Ok(());
+    }
     let keep: Vec<i64> = a.blocked.iter().map(|b| b.0).collect();
     let counts = |dag: &str| task_counts.get(dag).copied();
-    runs::end_abandoned_runs(conn, backfill_id, &counts, &keep, &why, now)?;
+    runs::end_abandoned_runs(conn, &claim.runs, &counts, &keep, &why, now)?;
     if !keep_owner {
         // Leases of runs that could not be stopped stay, so their intervals stay in flight.
         conn.execute(
@@ -489,7 +563,7 @@ pub fn lease_remaining(
     let (lo, hi) = remaining.iter().fold((i64::MAX, i64::MIN), |(lo, hi), i| {
         (lo.min(i.start.timestamp()), hi.max(i.start.timestamp()))
     });
-    let busy = leases::live(conn, dag_id, lo, hi, ctx)?;
+    let busy = leases::held(conn, dag_id, lo, hi, ctx, leases::Judge::Strict)?;
     // A run of this backfill still in progress after recovery holds a try that could not be
     // stopped: its interval stays in flight.
     let blocked: HashSet<i64> = conn

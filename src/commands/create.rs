@@ -4,13 +4,14 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::beat::Beating;
 use super::execute::{Execution, execute};
 use super::{Global, warn};
 use crate::cli::CreateArgs;
 use crate::clock;
 use crate::exit::{self, Error};
 use crate::interval::{DataInterval, Range, expand_nonempty, resolve_args};
-use crate::manifest::leases::LeaseCtx;
+use crate::manifest::leases::{Judge, LeaseCtx};
 use crate::manifest::writer::Writer;
 use crate::manifest::{self, NewBackfill, Owner, backfills, plans};
 use crate::plan::{self, Action, PlanRow, Planner, Prior, Reprocess};
@@ -56,7 +57,7 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
             Some(conn) => {
                 let before = plans::state_before(&conn, &dag.id, intervals[0].start.timestamp())
                     .map_err(|e| e.at(&manifest_path))?;
-                let prior = plans::priors(&conn, &dag.id, &intervals, &ctx)
+                let prior = plans::priors(&conn, &dag.id, &intervals, &ctx, Judge::Predict)
                     .map_err(|e| e.at(&manifest_path))?;
                 (prior, before)
             }
@@ -92,21 +93,34 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         &manifest_path,
     )?;
     let dags = Dags::of(&project);
-    let report = recovery::release_stale(&writer, &dags, &dag.id, &ctx)?;
-    for w in &report.warnings {
-        warn(g, w);
-    }
-    let first = ctx.clone();
-    let owner = writer.call_blocking(move |c| backfills::insert(c, &request, &first))?;
-    let planned = write_plan(
-        &writer,
-        owner,
-        &dag,
-        &intervals,
-        options,
-        &HashSet::new(),
-        &ctx,
-    )?;
+    let result = (|| {
+        let report = recovery::release_stale(&writer, &dags, &dag.id, &ctx, None)?;
+        for w in &report.warnings {
+            warn(g, w);
+        }
+        crate::fault::point("after-release-stale");
+        let first = ctx.refreshed();
+        let owner = writer.call_blocking(move |c| backfills::insert(c, &request, &first))?;
+        let beat = Beating::start(&writer, owner);
+        let planned = write_plan(
+            &writer,
+            owner,
+            &dag,
+            &intervals,
+            options,
+            &HashSet::new(),
+            &ctx,
+        )?;
+        drop(beat);
+        Ok::<_, Error>((owner, planned))
+    })();
+    let (owner, planned) = match result {
+        Ok(v) => v,
+        Err(e) => {
+            writer.close();
+            return taken_over(e);
+        }
+    };
     let to_run = planned.to_run;
     if !g.quiet && !g.json {
         eprintln!(
@@ -132,6 +146,20 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         },
         writer,
     )
+}
+
+/// A backfill taken over by another process while this one recovered or planned ends here as
+/// interrupted (130); any other error stays what it is.
+pub(super) fn taken_over(e: Error) -> Result<u8, Error> {
+    match e {
+        Error::Manifest(manifest::Error::Fenced { backfill_id }) => {
+            eprintln!(
+                "backfill {backfill_id} was taken over by another process while it was being prepared; `backfill show {backfill_id}` tells what it did"
+            );
+            Ok(exit::INTERRUPTED)
+        }
+        other => Err(other),
+    }
 }
 
 /// Interval starts `s` with `start <= s < end` in whole unix seconds, for the manifest: the
@@ -185,7 +213,7 @@ pub(super) fn write_plan(
                     options,
                 ),
             };
-            let prior = plans::priors(c, &dag_id, &chunk_intervals, &ctx)?;
+            let prior = plans::priors(c, &dag_id, &chunk_intervals, &ctx, Judge::Strict)?;
             let rows: Vec<(i64, PlanRow)> = chunk_intervals
                 .iter()
                 .zip(prior)
@@ -273,6 +301,8 @@ pub(super) fn check_tasks(
         match &task.kind {
             TaskKind::Command(spec) => commands.push(spec),
             TaskKind::Sql(sql) => {
+                // What a killed creation of the warehouse left goes first.
+                warehouse::init::remove_abandoned(&sql.warehouse.path);
                 let conn = warehouse::open(&sql.warehouse).map_err(|e| problem(e.to_string()))?;
                 warehouse::check_task(&conn, sql, task.gate.as_ref()).map_err(problem)?;
                 let repr = warehouse::decide_repr(&conn, sql, window, dag.tz).map_err(problem)?;
@@ -284,4 +314,24 @@ pub(super) fn check_tasks(
         }
     }
     Ok(reprs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// `--conf` is any string a user can type: it parses into an object or is refused with
+        /// a message, never a panic.
+        #[test]
+        fn conf_never_panics(text in any::<String>(), json in "[{}\\[\\]\":,0-9a-zé ]{0,40}") {
+            for t in [text, json] {
+                match parse_conf(Some(&t)) {
+                    Ok(v) => prop_assert!(v.is_object()),
+                    Err(e) => prop_assert!(e.to_string().contains("--conf")),
+                }
+            }
+        }
+    }
 }

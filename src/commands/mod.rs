@@ -1,5 +1,6 @@
 //! One module per subcommand. Each validates its input completely before it writes anything.
 
+mod beat;
 mod cancel;
 mod create;
 mod dags;

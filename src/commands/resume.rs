@@ -4,7 +4,8 @@
 
 use std::collections::HashSet;
 
-use super::create::{check_tasks, write_plan};
+use super::beat::Beating;
+use super::create::{check_tasks, taken_over, write_plan};
 use super::execute::{Execution, execute};
 use super::{Global, find_backfill, unknown_backfill, warn};
 use crate::clock;
@@ -50,7 +51,7 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
     )?;
     let ctx = LeaseCtx::new(project.lease_timeout);
     let dags = Dags::of(&project);
-    let Some((owner, report)) = recovery::take_over(&writer, &dags, id, &ctx)? else {
+    let Some(taken) = recovery::take_over(&writer, id, &ctx)? else {
         let current = manifest::backfills::get(&manifest::open_read_only(&manifest_path)?, id)
             .map_err(|e| e.at(&manifest_path))?;
         writer.close();
@@ -63,35 +64,52 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
             b.owner_host.as_deref().unwrap_or("?")
         )));
     };
-    for w in &report.warnings {
-        warn(g, w);
-    }
-    let stale = recovery::release_stale(&writer, &dags, &dag.id, &ctx.refreshed())?;
-    for w in &stale.warnings {
-        warn(g, w);
-    }
-    if backfill.planning {
-        // The plan was being written when the owner died: finish it.
-        let already: HashSet<i64> = writer.call_blocking(move |c| plans::planned_starts(c, id))?;
-        let options = plan::Options {
-            reprocess: backfill.reprocess,
-            run_backwards: backfill.run_backwards,
-            depends_on_past: dag.depends_on_past,
-            now,
-        };
-        write_plan(
-            &writer,
-            owner,
-            &dag,
-            &intervals,
-            options,
-            &already,
-            &ctx.refreshed(),
-        )?;
-    }
-    let (dag_id, c) = (dag.id.clone(), ctx.refreshed());
-    let intervals: Vec<DataInterval> =
-        writer.call_blocking(move |conn| recovery::lease_remaining(conn, owner, &dag_id, &c))?;
+    let owner = taken.owner;
+    // The heartbeat runs while the old owner's leftovers are recovered and the plan finished.
+    let beat = Beating::start(&writer, owner);
+    let prepared = (|| {
+        let report = recovery::finish_takeover(&writer, &dags, taken, &ctx)?;
+        for w in &report.warnings {
+            warn(g, w);
+        }
+        let stale = recovery::release_stale(&writer, &dags, &dag.id, &ctx.refreshed(), Some(id))?;
+        for w in &stale.warnings {
+            warn(g, w);
+        }
+        if backfill.planning {
+            // The plan was being written when the owner died: finish it.
+            let already: HashSet<i64> =
+                writer.call_blocking(move |c| plans::planned_starts(c, id))?;
+            let options = plan::Options {
+                reprocess: backfill.reprocess,
+                run_backwards: backfill.run_backwards,
+                depends_on_past: dag.depends_on_past,
+                now,
+            };
+            write_plan(
+                &writer,
+                owner,
+                &dag,
+                &intervals,
+                options,
+                &already,
+                &ctx.refreshed(),
+            )?;
+        }
+        let (dag_id, c) = (dag.id.clone(), ctx.refreshed());
+        Ok::<_, Error>(
+            writer
+                .call_blocking(move |conn| recovery::lease_remaining(conn, owner, &dag_id, &c))?,
+        )
+    })();
+    drop(beat);
+    let intervals: Vec<DataInterval> = match prepared {
+        Ok(v) => v,
+        Err(e) => {
+            writer.close();
+            return taken_over(e);
+        }
+    };
     if !g.quiet && !g.json {
         eprintln!(
             "resuming backfill {id} of {}: {} intervals left to run",

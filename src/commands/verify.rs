@@ -367,8 +367,8 @@ impl Verifier<'_> {
                         error: None,
                     },
                     Step::Done(Err(e)) => Computed::failed(e.at(&sql.warehouse).to_string()),
-                    Step::TimedOut => Computed::failed("timed out".into()),
-                    Step::Cancelled => Computed::failed("interrupted".into()),
+                    Step::TimedOut(_) => Computed::failed("timed out".into()),
+                    Step::Cancelled(_) => Computed::failed("interrupted".into()),
                 }
             }
             TaskKind::Command(spec) => {

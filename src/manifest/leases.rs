@@ -1,11 +1,11 @@
 //! Leases: who may run an interval.
 //!
-//! A lease names its owner backfill; the owner row carries pid, host, heartbeat and epoch. A
-//! lease is live while its owner is `running`, has sent a heartbeat within the lease timeout,
-//! and — when it runs on this host — its process exists. A lease whose owner is gone is still
-//! live while the run holding it has a try whose process group may be running: on another host
-//! (it cannot be checked from here) or on this host and still alive (it could not be killed).
-//! Anything else is stale and may be taken over.
+//! A lease names its owner backfill; the owner row carries pid, host, heartbeat and epoch. An
+//! owner is alive while it is `running`, has sent a heartbeat within the lease timeout, and —
+//! when it runs on this host — its process exists. A lease whose owner is not alive is stale:
+//! its owner must be recovered (claimed with a new epoch, its processes killed, its runs
+//! recorded; see `recovery`) before anyone else takes the lease. So a lease is only ever
+//! replaced when its owner is no longer `running` and its run is finished.
 
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -87,56 +87,60 @@ pub fn hostname() -> String {
         .unwrap_or_else(|_| "localhost".to_string())
 }
 
-/// The columns [`lease_alive`] reads, for a `leases l JOIN backfills b` with the run's
-/// unfinished try `t` left-joined.
-pub const LIVENESS_COLUMNS: &str =
-    "b.state, b.owner_pid, b.owner_host, b.heartbeat_at, t.pgid, t.pgid_start, t.host";
-
-/// The join that [`LIVENESS_COLUMNS`] reads from.
-pub const LIVENESS_JOIN: &str = "leases l JOIN backfills b ON b.id = l.backfill_id
-     LEFT JOIN task_tries t ON t.run_id = l.run_id AND t.state = 'running' AND t.pgid IS NOT NULL";
-
-/// Whether the lease in columns `at..at + 7` of a row ([`LIVENESS_COLUMNS`]) is live.
-pub fn lease_alive(ctx: &LeaseCtx, r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<bool> {
-    let state: BackfillState = r.get(at)?;
-    let host: Option<String> = r.get(at + 2)?;
-    if ctx.owner_alive(state, r.get(at + 1)?, host.as_deref(), r.get(at + 3)?) {
-        return Ok(true);
-    }
-    let pgid: Option<i64> = r.get(at + 4)?;
-    let try_host: Option<String> = r.get(at + 6)?;
-    Ok(match pgid {
-        Some(pgid) => ctx.group_may_run(
-            try_host.as_deref(),
-            Group {
-                pgid,
-                leader_start: r.get(at + 5)?,
-            },
-        ),
-        None => false,
-    })
+/// How strictly [`held`] judges a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Judge {
+    /// For taking leases: a lease is held while its owner is `running` (even silent: a silent
+    /// owner is freed only by being claimed and recovered, never by being overwritten) or while
+    /// its run is unfinished (a claim whose recovery is not recorded yet, or a try that could
+    /// not be stopped).
+    Strict,
+    /// For a dry run's prediction: a lease is held while its owner is alive, or its run's try
+    /// may still be running; a gone owner would be recovered first.
+    Predict,
 }
 
-/// Interval starts of `dag_id` in `[lo, hi]` whose lease is live.
-pub fn live(
+/// Interval starts of `dag_id` in `[lo, hi]` whose lease is held, as `judge` says.
+pub fn held(
     conn: &Connection,
     dag_id: &str,
     lo: i64,
     hi: i64,
     ctx: &LeaseCtx,
+    judge: Judge,
 ) -> Result<HashSet<i64>> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT l.interval_start, {LIVENESS_COLUMNS} FROM {LIVENESS_JOIN}
-         WHERE l.dag_id = ?1 AND l.interval_start BETWEEN ?2 AND ?3"
-    ))?;
+    let mut stmt = conn.prepare_cached(
+        "SELECT l.interval_start, b.state, b.owner_pid, b.owner_host, b.heartbeat_at,
+                r.state, t.pgid, t.pgid_start, t.host
+         FROM leases l JOIN backfills b ON b.id = l.backfill_id
+         LEFT JOIN runs r ON r.id = l.run_id
+         LEFT JOIN task_tries t ON t.run_id = l.run_id AND t.state = 'running' AND t.pgid IS NOT NULL
+         WHERE l.dag_id = ?1 AND l.interval_start BETWEEN ?2 AND ?3",
+    )?;
     let mut rows = stmt.query(params![dag_id, lo, hi])?;
-    let mut live = HashSet::new();
+    let mut held = HashSet::new();
     while let Some(r) = rows.next()? {
-        if lease_alive(ctx, r, 1)? {
-            live.insert(r.get(0)?);
+        let state: BackfillState = r.get(1)?;
+        let run: Option<crate::state::RunState> = r.get(5)?;
+        let unfinished_run = run.is_some_and(|s| !s.is_finished());
+        let yes = match judge {
+            Judge::Strict => state == BackfillState::Running || unfinished_run,
+            Judge::Predict => {
+                let host: Option<String> = r.get(3)?;
+                let try_host: Option<String> = r.get(8)?;
+                let group = r.get::<_, Option<i64>>(6)?.map(|pgid| Group {
+                    pgid,
+                    leader_start: r.get(7).ok().flatten(),
+                });
+                ctx.owner_alive(state, r.get(2)?, host.as_deref(), r.get(4)?)
+                    || group.is_some_and(|g| ctx.group_may_run(try_host.as_deref(), g))
+            }
+        };
+        if yes {
+            held.insert(r.get(0)?);
         }
     }
-    Ok(live)
+    Ok(held)
 }
 
 /// The leases of `dag_id` whose owner is gone: `(interval_start, owner backfill)`. Their owners
@@ -158,8 +162,9 @@ pub fn stale(conn: &Connection, dag_id: &str, ctx: &LeaseCtx) -> Result<Vec<(i64
     Ok(stale)
 }
 
-/// Leases `intervals` for `backfill_id`. The caller has checked (in this transaction) that no
-/// live lease exists on them; stale ones are replaced.
+/// Leases `intervals` for `backfill_id`. The caller has checked (in this transaction, with
+/// [`Judge::Strict`]) that no other backfill holds them; a lease of a finished or recovered
+/// backfill is replaced.
 pub fn take(
     conn: &Connection,
     backfill_id: i64,

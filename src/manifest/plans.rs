@@ -14,13 +14,14 @@ use crate::interval::DataInterval;
 use crate::plan::{Action, PlanRow, Prior, SkipReason};
 use crate::state::RunState;
 
-/// What the manifest knows about each interval (ascending), for planning. Stale leases count as
-/// free.
+/// What the manifest knows about each interval (ascending), for planning: the latest run, and
+/// whether a lease is held as `judge` says.
 pub fn priors(
     conn: &Connection,
     dag_id: &str,
     intervals: &[DataInterval],
     ctx: &LeaseCtx,
+    judge: leases::Judge,
 ) -> Result<Vec<Prior>> {
     let (Some(first), Some(last)) = (intervals.first(), intervals.last()) else {
         return Ok(Vec::new());
@@ -37,7 +38,7 @@ pub fn priors(
     while let Some(row) = rows.next()? {
         latest.insert(row.get(0)?, row.get(1)?);
     }
-    let in_flight = leases::live(conn, dag_id, lo, hi, ctx)?;
+    let in_flight = leases::held(conn, dag_id, lo, hi, ctx, judge)?;
     Ok(intervals
         .iter()
         .map(|i| {

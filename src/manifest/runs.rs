@@ -45,6 +45,35 @@ pub fn start_run(
     Ok(Some(run_id))
 }
 
+/// Whether the backfill of a try's run still holds that interval's lease: a try whose interval
+/// was taken over may neither be let go nor publish.
+pub fn try_holds_lease(conn: &Connection, try_id: i64) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT 1 FROM task_tries t JOIN runs r ON r.id = t.run_id
+             JOIN leases l ON l.dag_id = r.dag_id AND l.interval_start = r.interval_start
+                          AND l.backfill_id = r.backfill_id
+             WHERE t.id = ?1",
+        )?
+        .query_row([try_id], |_| Ok(()))
+        .optional()?
+        .is_some())
+}
+
+/// Whether the backfill of a run still holds that interval's lease.
+fn run_holds_lease(conn: &Connection, run_id: i64) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT 1 FROM runs r
+             JOIN leases l ON l.dag_id = r.dag_id AND l.interval_start = r.interval_start
+                          AND l.backfill_id = r.backfill_id
+             WHERE r.id = ?1",
+        )?
+        .query_row([run_id], |_| Ok(()))
+        .optional()?
+        .is_some())
+}
+
 /// Whether a run is still in progress (not abandoned by a taker).
 pub fn in_progress(conn: &Connection, run_id: i64) -> Result<bool> {
     Ok(conn
@@ -100,7 +129,7 @@ pub fn start_try(
     now_ms: i64,
 ) -> Result<Option<i64>> {
     fence(conn, owner)?;
-    if !in_progress(conn, run_id)? {
+    if !in_progress(conn, run_id)? || !run_holds_lease(conn, run_id)? {
         return Ok(None);
     }
     conn.prepare_cached(
@@ -128,6 +157,9 @@ pub fn set_try_group(
     host: &str,
 ) -> Result<bool> {
     fence(conn, owner)?;
+    if !try_holds_lease(conn, try_id)? {
+        return Ok(false);
+    }
     let changed = conn
         .prepare_cached(
             "UPDATE task_tries SET pgid = ?2, pgid_start = ?3, host = ?4
@@ -230,6 +262,9 @@ pub fn record_publish_intent(
     rec: &TryRecord,
 ) -> Result<bool> {
     fence(conn, owner)?;
+    if !try_holds_lease(conn, try_id)? {
+        return Ok(false);
+    }
     let changed = conn
         .prepare_cached(
             "UPDATE task_tries SET publishing = 1, audit_path = ?2, rows = ?3, fingerprint = ?4,
@@ -394,46 +429,62 @@ pub fn publishing(conn: &Connection, try_id: i64) -> Result<bool> {
 }
 
 /// Records the end of a try of a dead owner (killed, never started, or its publish finished by
-/// the recoverer). Only a try still unfinished changes.
+/// the recoverer). Only a try still unfinished changes; returns whether it did.
 pub fn end_abandoned_try(
     conn: &Connection,
     try_id: i64,
     rec: &TryRecord,
     now_ms: i64,
-) -> Result<()> {
-    conn.prepare_cached(
-        "UPDATE task_tries SET state = ?2, ended_at = ?3, error = COALESCE(?4, error),
-            rows = COALESCE(?5, rows), publishing = 0
-         WHERE id = ?1 AND (state = 'running' OR publishing = 1)",
-    )?
-    .execute(params![try_id, rec.state, now_ms, rec.error, rec.rows])?;
-    Ok(())
+) -> Result<bool> {
+    let changed = conn
+        .prepare_cached(
+            "UPDATE task_tries SET state = ?2, ended_at = ?3, error = COALESCE(?4, error),
+                rows = COALESCE(?5, rows), publishing = 0
+             WHERE id = ?1 AND (state = 'running' OR publishing = 1)",
+        )?
+        .execute(params![try_id, rec.state, now_ms, rec.error, rec.rows])?;
+    Ok(changed == 1)
 }
 
-/// Ends the unfinished runs of a dead backfill: a run whose every task has a succeeded try
-/// succeeded (a crash after its last publish); the others are cancelled, except those whose
-/// interval is still held by a try that could not be stopped (`keep`). Releases their leases.
+/// The runs of a backfill still in progress.
+pub fn runs_in_progress(conn: &Connection, backfill_id: i64) -> Result<Vec<i64>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id FROM runs WHERE backfill_id = ?1 AND state IN ('queued', 'running')",
+    )?;
+    let rows = stmt.query_map([backfill_id], |r| r.get(0))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Ends runs of a dead backfill that are still in progress (from `runs`, as claimed): a run
+/// whose every task has a succeeded try succeeded (a crash after its last publish); the others
+/// are cancelled, except those whose interval is still held by a try that could not be stopped
+/// (`keep`). Releases their leases.
 pub fn end_abandoned_runs(
     conn: &Connection,
-    backfill_id: i64,
+    runs: &[i64],
     task_counts: &dyn Fn(&str) -> Option<usize>,
     keep: &[i64],
     why: &str,
     now_ms: i64,
 ) -> Result<()> {
     let mut stmt = conn.prepare_cached(
-        "SELECT r.id, r.dag_id,
+        "SELECT r.dag_id,
                 (SELECT COUNT(DISTINCT t.task_id) FROM task_tries t
                  WHERE t.run_id = r.id AND t.state = 'succeeded')
-         FROM runs r WHERE r.backfill_id = ?1 AND r.state IN ('queued', 'running')",
+         FROM runs r WHERE r.id = ?1 AND r.state IN ('queued', 'running')",
     )?;
-    let runs: Vec<(i64, String, i64)> = stmt
-        .query_map([backfill_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-        .collect::<rusqlite::Result<_>>()?;
-    for (run_id, dag_id, succeeded) in runs {
+    for &run_id in runs {
         if keep.contains(&run_id) {
             continue;
         }
+        let Some((dag_id, succeeded)) = stmt
+            .query_row([run_id], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+            })
+            .optional()?
+        else {
+            continue;
+        };
         let done = task_counts(&dag_id)
             .is_some_and(|n| usize::try_from(succeeded).is_ok_and(|s| s == n && n > 0));
         if done {
@@ -445,9 +496,10 @@ pub fn end_abandoned_runs(
     Ok(())
 }
 
-/// Whether a try may publish now: its intent is recorded and not finished, no newer try of its
-/// task and interval is published, and (for the owner's own publish) the owner's epoch is
-/// current. Asked inside the warehouse's publish transaction.
+/// Whether a try may publish now: its intent is recorded and not finished, its backfill still
+/// holds the interval's lease, no newer try of its task and interval is published, and (for the
+/// owner's own publish) the owner's epoch is current. Asked inside the warehouse's publish
+/// transaction, after the warehouse's write lock is taken.
 pub fn may_publish(conn: &Connection, try_id: i64, owner: Option<Owner>) -> Result<bool> {
     let row: Option<(bool, i64, i64, String, String, i64)> = conn
         .prepare_cached(
@@ -462,7 +514,7 @@ pub fn may_publish(conn: &Connection, try_id: i64, owner: Option<Owner>) -> Resu
     let Some((publishing, backfill_id, epoch, dag_id, task_id, start)) = row else {
         return Ok(false);
     };
-    if !publishing {
+    if !publishing || !try_holds_lease(conn, try_id)? {
         return Ok(false);
     }
     if let Some(o) = owner

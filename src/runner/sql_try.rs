@@ -25,8 +25,10 @@ use crate::warehouse::{self, AuditFile, AuditMeasures, Binds, Cancel, audit, pub
 /// A blocking warehouse step that can be cancelled or timed out.
 pub(crate) enum Step<T> {
     Done(Result<T, warehouse::Error>),
-    TimedOut,
-    Cancelled,
+    /// Timed out; the step's own result, when it still finished.
+    TimedOut(Option<Result<T, warehouse::Error>>),
+    /// Stopped; the step's own result, when it still finished.
+    Cancelled(Option<Result<T, warehouse::Error>>),
 }
 
 pub(crate) type Interrupt = Arc<Mutex<Option<InterruptHandle>>>;
@@ -45,15 +47,15 @@ pub(crate) async fn blocking_step<T: Send + 'static>(
     let deadline = tokio::time::sleep(timeout.unwrap_or(Duration::MAX / 4));
     tokio::pin!(deadline);
     let mut stop_open = true;
-    let why = loop {
+    let timed_out = loop {
         if *stop.borrow() != Stop::Run {
-            break Step::Cancelled;
+            break false;
         }
         tokio::select! {
             joined = &mut job => {
                 return Step::Done(joined.unwrap_or_else(|e| Err(warehouse::Error::Message(format!("warehouse step panicked: {e}")))));
             }
-            () = &mut deadline, if timeout.is_some() => break Step::TimedOut,
+            () = &mut deadline, if timeout.is_some() => break true,
             changed = stop.changed(), if stop_open => {
                 if changed.is_err() {
                     stop_open = false;
@@ -67,8 +69,14 @@ pub(crate) async fn blocking_step<T: Send + 'static>(
     {
         handle.interrupt();
     }
-    let _ = job.await;
-    why
+    // The step may have finished meanwhile: its result goes back, so that what it made (an
+    // audit file) is removed.
+    let late = job.await.ok();
+    if timed_out {
+        Step::TimedOut(late)
+    } else {
+        Step::Cancelled(late)
+    }
 }
 
 /// The audit step's result: the connection (reused to publish), the audit file and measures.
@@ -146,12 +154,16 @@ pub(super) async fn sql_try(
             log.line(&error);
             return Ok(failed(error, None));
         }
-        Step::TimedOut => {
+        Step::TimedOut(late) => {
+            discard(late);
             let error = timed_out(task);
             log.line(&error);
             return Ok(failed(error, None));
         }
-        Step::Cancelled => return Ok(cancelled("cancelled")),
+        Step::Cancelled(late) => {
+            discard(late);
+            return Ok(cancelled("cancelled"));
+        }
     };
     crate::fault::point("after-audit");
     if known_repr.is_none()
@@ -268,8 +280,10 @@ pub(super) async fn sql_try(
             ))
         }
         Err(warehouse::Error::Refused) => {
-            // Taken over: whoever took the interval over decides what is published.
-            file.remove();
+            // Taken over: whoever took the interval over decides what is published. The file
+            // stays: a recorded intent without its file would read as a publish that
+            // committed; the recoverer (or the sweep, once the intent is settled) removes it.
+            file.keep();
             log.line("not published: another process took this interval over");
             Ok(cancelled("taken over by another process before publishing"))
         }
@@ -288,6 +302,13 @@ pub(super) async fn sql_try(
             file.remove();
             Ok(Outcome::Failed(rec))
         }
+    }
+}
+
+/// Removes the audit file of an audit step that finished after it was given up.
+fn discard(late: Option<Result<Audited, warehouse::Error>>) {
+    if let Some(Ok((_, file, _))) = late {
+        file.remove();
     }
 }
 

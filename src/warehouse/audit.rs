@@ -31,7 +31,8 @@ pub struct AuditFile {
 }
 
 impl AuditFile {
-    /// Creates `dir/name` (which must not exist) and locks it.
+    /// Creates `dir/name` (which must not exist) and locks it. The file is created and locked
+    /// under a name the sweep ignores, then renamed: a sweep never sees it unlocked.
     pub fn create(dir: &Path, name: &str) -> Result<Self> {
         let path = dir.join(name);
         let io = |source| Error::Audit {
@@ -39,14 +40,21 @@ impl AuditFile {
             source,
         };
         crate::process::private_dir(dir).map_err(io)?;
+        let fresh = dir.join(format!(".{name}.new"));
         let lock = File::options()
             .write(true)
             .create_new(true)
             .mode(0o600)
-            .open(&path)
+            .open(&fresh)
             .map_err(io)?;
-        lock.try_lock()
-            .map_err(|e| io(std::io::Error::other(e.to_string())))?;
+        let locked = lock
+            .try_lock()
+            .map_err(|e| io(std::io::Error::other(e.to_string())))
+            .and_then(|()| std::fs::rename(&fresh, &path).map_err(io));
+        if let Err(e) = locked {
+            let _ = std::fs::remove_file(&fresh);
+            return Err(e);
+        }
         Ok(Self {
             path,
             lock: Some(lock),
@@ -81,12 +89,17 @@ impl AuditFile {
     /// journal, no syncs (a crash before the publish intent throws it away; after it, the
     /// publish checks the recorded fingerprint first).
     pub fn attach(&self, conn: &Connection) -> Result<()> {
-        conn.execute(
-            "ATTACH DATABASE ?1 AS audit",
-            [self.path.to_string_lossy().as_ref()],
-        )?;
+        // `mode=rw`: a file that is gone (removed by whoever finished its publish) is an error,
+        // never silently created empty.
+        conn.execute("ATTACH DATABASE ?1 AS audit", [uri(&self.path)])?;
         conn.execute_batch("PRAGMA audit.journal_mode = OFF; PRAGMA audit.synchronous = OFF;")?;
         Ok(())
+    }
+
+    /// Lets go of the file without removing it: whoever finishes its publish (or the sweep, once
+    /// the manifest no longer needs it) removes it.
+    pub fn keep(self) {
+        drop(self.lock);
     }
 
     /// Removes the file; the lock goes with it.
@@ -94,6 +107,21 @@ impl AuditFile {
         let _ = std::fs::remove_file(&self.path);
         drop(self.lock);
     }
+}
+
+/// A `file:` URI for SQLite that opens an existing file for reading and writing only.
+fn uri(path: &Path) -> String {
+    let mut out = String::from("file:");
+    for b in path.as_os_str().as_encoded_bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'/' | b'.' | b'_' | b'-' => {
+                out.push(char::from(*b));
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out.push_str("?mode=rw");
+    out
 }
 
 /// Detaches the audit file from a connection, if attached.
@@ -265,8 +293,16 @@ pub fn measure(
 /// FNV-1a hash of each row's typed values, in hex.
 pub fn fingerprint(conn: &Connection, table: &str) -> Result<(i64, String)> {
     let mut stmt = conn.prepare(&format!("SELECT * FROM {table}"))?;
+    fingerprint_rows(&mut stmt, [])
+}
+
+/// Row count and fingerprint of the rows of a statement.
+pub fn fingerprint_rows(
+    stmt: &mut rusqlite::Statement<'_>,
+    params: impl rusqlite::Params,
+) -> Result<(i64, String)> {
     let n = stmt.column_count();
-    let mut rows = stmt.query([])?;
+    let mut rows = stmt.query(params)?;
     let (mut count, mut sum) = (0i64, 0u64);
     while let Some(r) = rows.next()? {
         let mut h = Fnv::new();
@@ -371,6 +407,22 @@ mod tests {
         let (_, fc) = fingerprint(&conn, "c").unwrap();
         assert_eq!((na, &fa), (nb, &fb));
         assert_ne!(fa, fc);
+    }
+
+    #[test]
+    fn a_removed_audit_file_is_never_created_again_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let odd = dir.path().join("a dir with spaces?#%");
+        let file = AuditFile::create(&odd, &try_file(7)).unwrap();
+        let conn = Connection::open_in_memory().unwrap();
+        file.attach(&conn).unwrap();
+        conn.execute_batch("CREATE TABLE audit.rows AS SELECT 1 AS x")
+            .unwrap();
+        detach(&conn);
+        let path = file.path.clone();
+        std::fs::remove_file(&path).unwrap();
+        assert!(file.attach(&conn).is_err());
+        assert!(!path.exists());
     }
 
     #[test]

@@ -707,3 +707,95 @@ fn big_running(p: &Project) -> bool {
     p.count("SELECT COUNT(*) FROM backfills WHERE id = 2") == 0
         || p.count("SELECT planning FROM backfills WHERE id = 2") == 1
 }
+
+#[test]
+fn an_owner_that_goes_silent_after_another_backfill_recovered_leases_keeps_its_interval() {
+    let p = Project::new().dag("c", &locked_dag("2", ""));
+    p.write("backfill.toml", "lease_timeout = \"1s\"\n");
+    let one_day = [
+        "create",
+        "--dag",
+        "c",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-01",
+    ];
+    let a = p.spawn("a", &one_day);
+    wait_until("A's try to run", Duration::from_secs(20), || {
+        p.has_manifest() && p.count("SELECT COUNT(*) FROM task_tries WHERE pgid IS NOT NULL") == 1
+    });
+    // B has recovered stale leases (there were none) and stops before planning.
+    let mut b_args = one_day.to_vec();
+    b_args.extend(["--reprocess-behavior", "failed"]);
+    let b = p.spawn_with(
+        "b",
+        &b_args,
+        &[("BACKFILL_FAULT", "after-release-stale:stop")],
+    );
+    wait_until("B to stop before planning", Duration::from_secs(20), || {
+        stopped(b.id())
+    });
+    // Now A goes silent, and B plans: A was never claimed, so its lease still counts.
+    let beat = || p.count("SELECT heartbeat_at FROM backfills WHERE id = 1");
+    let last = beat();
+    wait_until("a heartbeat", Duration::from_secs(10), || beat() != last);
+    signal(&a, Signal::SIGSTOP);
+    wait_stale(&p, 1, 1500);
+    signal(&b, Signal::SIGCONT);
+    p.wait("b", b).code(0);
+    signal(&a, Signal::SIGCONT);
+    p.wait("a", a).code(0);
+    assert_eq!(p.read("overlaps.txt"), "");
+    assert_eq!(starts(&p), ["2026-01-01"], "the interval ran once");
+    assert_eq!(
+        p.rows("SELECT action, reason FROM plan WHERE backfill_id = 2"),
+        [["skip", "in flight"]]
+    );
+}
+
+#[test]
+fn a_recoverer_superseded_by_a_newer_claim_settles_only_what_it_did() {
+    let p = Project::new().dag("c", &locked_dag("1", ""));
+    p.write("backfill.toml", "lease_timeout = \"1s\"\n");
+    let two_days = [
+        "create",
+        "--dag",
+        "c",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+    ];
+    let crashed = p.run_with(&two_days, &[("BACKFILL_FAULT", "after-spawn@2")]);
+    assert_eq!(crashed.code, -1, "{}", crashed.stderr);
+    // `cancel` claims the dead backfill, acts, and stops before it records.
+    let cancel = p.spawn_with(
+        "cancel",
+        &["cancel", "1"],
+        &[("BACKFILL_FAULT", "before-record:stop")],
+    );
+    wait_until(
+        "cancel to stop before recording",
+        Duration::from_secs(20),
+        || stopped(cancel.id()),
+    );
+    // Meanwhile `resume` claims it again and runs it.
+    let resume = p.spawn("resume", &["resume", "1"]);
+    wait_until(
+        "the resumed interval to run",
+        Duration::from_secs(20),
+        || {
+            p.count("SELECT epoch FROM backfills WHERE id = 1") == 2
+                && p.count("SELECT COUNT(*) FROM runs WHERE backfill_id = 1 AND state = 'running'")
+                    >= 1
+        },
+    );
+    signal(&cancel, Signal::SIGCONT);
+    p.wait("cancel", cancel).code(0);
+    p.wait("resume", resume).code(0);
+    assert_eq!(p.read("overlaps.txt"), "");
+    assert_eq!(p.rows("SELECT state FROM backfills"), [["completed"]]);
+    assert_eq!(latest_states(&p, 1), ["succeeded", "succeeded"]);
+    assert_eq!(p.count("SELECT COUNT(*) FROM leases"), 0);
+}

@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""SQL tasks against the bare write: backfill's gated write-audit-publish per partition, side by
+side with a plain loop of `BEGIN; DELETE partition; INSERT ... SELECT; COMMIT` per day, on a
+generated warehouse (700,000 raw events over 2025, raw indexed on its timestamp, the target
+indexed on its partition column, one gated SQL task per day with a unique key and an exact
+source count). Each measurement alternates the two, on fresh copies, and reports medians.
+
+    examples/bench/sql.py [--rounds N]        (default 3 rounds)
+
+Targets (exit status 1 when one is missed):
+  1. 365 daily partitions into an empty target: backfill <= 1.5x the bare loop
+  2. the same again into the full target (--reprocess-behavior completed): <= 1.5x
+  3. the last 10% of partitions take at most 1.2x the time of the first 10%
+  4. --max-active-runs 4 at least 1.4x faster than --max-active-runs 1
+Wall and CPU seconds come from GNU time (/usr/bin/time). Needs Python 3 and a Rust toolchain.
+"""
+
+import argparse
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+NOW = "2026-11-29T12:00:00Z"
+DAYS = 365
+
+SCHEMA = """
+CREATE TABLE raw_events (
+    event_id INTEGER PRIMARY KEY,
+    event_ts TEXT    NOT NULL,
+    region   TEXT    NOT NULL,
+    amount   INTEGER NOT NULL
+);
+CREATE TABLE events_fact (
+    event_id  INTEGER NOT NULL,
+    event_day TEXT    NOT NULL,
+    event_ts  TEXT    NOT NULL,
+    region    TEXT    NOT NULL,
+    amount    INTEGER NOT NULL
+);
+CREATE INDEX events_fact_by_day ON events_fact (event_day);
+"""
+
+# 700,000 events spread evenly over 2025, with deterministic pseudo-random fields.
+SEED = """
+WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 699999)
+INSERT INTO raw_events (event_id, event_ts, region, amount)
+SELECT i,
+       datetime(2460676.5 + (i * 365.0 / 700000)),
+       CASE (i * 2654435761 % 4294967296) / 858993460
+         WHEN 0 THEN 'eu' WHEN 1 THEN 'us' WHEN 2 THEN 'apac' WHEN 3 THEN 'latam' ELSE 'mea' END,
+       (i * 40503) % 25000
+FROM n;
+CREATE INDEX raw_events_by_ts ON raw_events (event_ts);
+"""
+
+QUERY = """SELECT event_id, date(event_ts) AS event_day, event_ts, region, amount
+FROM raw_events
+WHERE event_ts >= :data_interval_start AND event_ts < :data_interval_end"""
+
+DAG = f'''schedule = "@daily"
+timezone = "UTC"
+
+[[tasks]]
+id = "load"
+warehouse = "bench"
+target = "events_fact"
+partition_column = "event_day"
+sql = """
+{QUERY}
+"""
+
+[tasks.gate]
+unique_key = ["event_id"]
+source_count = """
+SELECT COUNT(*) FROM raw_events
+WHERE event_ts >= :data_interval_start AND event_ts < :data_interval_end
+"""
+'''
+
+
+def build():
+    print("building the release binary...", file=sys.stderr)
+    subprocess.run(
+        ["cargo", "build", "--release", "--quiet", "--manifest-path", os.path.join(ROOT, "Cargo.toml")],
+        check=True,
+    )
+    return os.path.join(ROOT, "target", "release", "backfill")
+
+
+def template(work):
+    """The generated warehouse, created once."""
+    path = os.path.join(work, "template.db")
+    conn = sqlite3.connect(path)
+    conn.executescript(SCHEMA)
+    conn.executescript(SEED)
+    conn.commit()
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.close()
+    return path
+
+
+def fresh_project(work, name, warehouse):
+    """A project folder holding a copy of `warehouse` and the DAG, with no manifest."""
+    d = os.path.join(work, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(os.path.join(d, "dags"))
+    shutil.copy(warehouse, os.path.join(d, "warehouse.db"))
+    with open(os.path.join(d, "backfill.toml"), "w") as f:
+        f.write('[warehouse.bench]\npath = "warehouse.db"\n')
+    with open(os.path.join(d, "dags", "events.toml"), "w") as f:
+        f.write(DAG)
+    return d
+
+
+def timed(argv, env=None):
+    """Runs a command under GNU time: (wall, cpu) seconds."""
+    out = os.path.join(tempfile.gettempdir(), f"bench-time-{os.getpid()}")
+    subprocess.run(
+        ["/usr/bin/time", "-f", "%e %U %S", "-o", out] + argv,
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wall, user, system = open(out).read().split()[-3:]
+    return float(wall), float(user) + float(system)
+
+
+BARE = r"""
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+for d in range(365):
+    conn.execute("BEGIN")
+    day = conn.execute("SELECT date('2025-01-01', ?)", (f"+{d} days",)).fetchone()[0]
+    nxt = conn.execute("SELECT date('2025-01-01', ?)", (f"+{d + 1} days",)).fetchone()[0]
+    conn.execute("DELETE FROM events_fact WHERE event_day = ?", (day,))
+    conn.execute(
+        "INSERT INTO events_fact SELECT event_id, date(event_ts), event_ts, region, amount "
+        "FROM raw_events WHERE event_ts >= ? AND event_ts < ?",
+        (day + " 00:00:00", nxt + " 00:00:00"),
+    )
+    conn.execute("COMMIT")
+"""
+
+
+def bare(project):
+    return timed([sys.executable, "-c", BARE, os.path.join(project, "warehouse.db")])
+
+
+def backfill(binary, project, *extra):
+    env = dict(os.environ, BACKFILL_NOW=NOW)
+    argv = [binary, "-C", project, "-q", "create", "--dag", "events", "--from", "2025-01-01",
+            "--to", "2025-12-31"] + list(extra)
+    return timed(argv, env)
+
+
+def partition_times(project):
+    """Each try's duration (ms), in interval order."""
+    conn = sqlite3.connect(os.path.join(project, ".backfill", "manifest.db"))
+    rows = conn.execute(
+        "SELECT t.ended_at - t.started_at FROM task_tries t JOIN runs r ON r.id = t.run_id "
+        "WHERE r.backfill_id = (SELECT MAX(id) FROM backfills) ORDER BY r.interval_start"
+    ).fetchall()
+    conn.close()
+    return [r[0] for r in rows]
+
+
+def count(project, sql):
+    conn = sqlite3.connect(os.path.join(project, "warehouse.db"))
+    n = conn.execute(sql).fetchone()[0]
+    conn.close()
+    return n
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    binary = build()
+    work = tempfile.mkdtemp(prefix="backfill-sql-bench.")
+    try:
+        print("generating the warehouse (700,000 raw events)...", file=sys.stderr)
+        empty = template(work)
+        # A full target: the bare loop's result, also what backfill publishes.
+        full = os.path.join(work, "full.db")
+        shutil.copy(empty, full)
+        bare(fresh_project(work, "fill", empty))
+        shutil.copy(os.path.join(work, "fill", "warehouse.db"), full)
+        results = {k: [] for k in ("bare_empty", "bf_empty", "bare_full", "bf_full", "bf_empty_1")}
+        cpu = {k: [] for k in results}
+        growth = []
+        for r in range(args.rounds):
+            print(f"round {r + 1} of {args.rounds}...", file=sys.stderr)
+            # 1. Into an empty target, alternated.
+            w, c = bare(fresh_project(work, "a", empty))
+            results["bare_empty"].append(w)
+            cpu["bare_empty"].append(c)
+            p = fresh_project(work, "b", empty)
+            w, c = backfill(binary, p, "--max-active-runs", "4")
+            results["bf_empty"].append(w)
+            cpu["bf_empty"].append(c)
+            assert count(p, "SELECT COUNT(*) FROM events_fact") == 700000
+            # 2. Into the full target, everything reprocessed.
+            w, c = bare(fresh_project(work, "c", full))
+            results["bare_full"].append(w)
+            cpu["bare_full"].append(c)
+            w, c = backfill(binary, p, "--max-active-runs", "4", "--reprocess-behavior", "completed")
+            results["bf_full"].append(w)
+            cpu["bf_full"].append(c)
+            assert count(p, "SELECT COUNT(*) FROM events_fact") == 700000
+            # 3 and 4. One at a time, into an empty target.
+            p1 = fresh_project(work, "d", empty)
+            w, c = backfill(binary, p1, "--max-active-runs", "1")
+            results["bf_empty_1"].append(w)
+            cpu["bf_empty_1"].append(c)
+            times = partition_times(p1)
+            tenth = len(times) // 10
+            growth.append(statistics.median(times[-tenth:]) / max(statistics.median(times[:tenth]), 1))
+        med = {k: statistics.median(v) for k, v in results.items()}
+        cmed = {k: statistics.median(v) for k, v in cpu.items()}
+        checks = [
+            ("365 partitions into an empty target, --max-active-runs 4",
+             med["bf_empty"] / med["bare_empty"], "<=", 1.5,
+             f'{med["bf_empty"]:.2f} s (cpu {cmed["bf_empty"]:.2f} s) vs bare {med["bare_empty"]:.2f} s (cpu {cmed["bare_empty"]:.2f} s)'),
+            ("the same into the full target, reprocess completed",
+             med["bf_full"] / med["bare_full"], "<=", 1.5,
+             f'{med["bf_full"]:.2f} s (cpu {cmed["bf_full"]:.2f} s) vs bare {med["bare_full"]:.2f} s (cpu {cmed["bare_full"]:.2f} s)'),
+            ("last 10% of partitions / first 10% (median try time)",
+             statistics.median(growth), "<=", 1.2, "one at a time, into an empty target"),
+            ("--max-active-runs 1 / --max-active-runs 4",
+             med["bf_empty_1"] / med["bf_empty"], ">=", 1.4,
+             f'{med["bf_empty_1"]:.2f} s (cpu {cmed["bf_empty_1"]:.2f} s) vs {med["bf_empty"]:.2f} s'),
+        ]
+        print(f"medians of {args.rounds} rounds:")
+        missed = 0
+        for name, value, op, limit, detail in checks:
+            ok = value <= limit if op == "<=" else value >= limit
+            missed += not ok
+            print(f"  {name:<55} {value:5.2f}x  (target {op} {limit}x: {'ok' if ok else 'MISSED'})  {detail}")
+        sys.exit(1 if missed else 0)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

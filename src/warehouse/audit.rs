@@ -32,7 +32,9 @@ pub struct AuditFile {
 
 impl AuditFile {
     /// Creates `dir/name` (which must not exist) and locks it. The file is created and locked
-    /// under a name the sweep ignores, then renamed: a sweep never sees it unlocked.
+    /// under a name that carries this process's id (`.NAME.PID.new`), then renamed: a sweep
+    /// never sees it unlocked under its final name, and removes a `.new` file only once its
+    /// process is gone.
     pub fn create(dir: &Path, name: &str) -> Result<Self> {
         let path = dir.join(name);
         let io = |source| Error::Audit {
@@ -40,7 +42,7 @@ impl AuditFile {
             source,
         };
         crate::process::private_dir(dir).map_err(io)?;
-        let fresh = dir.join(format!(".{name}.new"));
+        let fresh = dir.join(format!(".{name}.{}.new", std::process::id()));
         let lock = File::options()
             .write(true)
             .create_new(true)
@@ -371,6 +373,18 @@ pub fn sweep(dir: &Path, keep: &dyn Fn(Option<i64>) -> bool) -> usize {
     let mut removed = 0;
     for entry in entries.filter_map(std::result::Result::ok) {
         let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(pid) = name
+            .strip_suffix(".new")
+            .and_then(|n| n.rsplit_once('.'))
+            .and_then(|(_, pid)| pid.parse::<i64>().ok())
+        {
+            // A file still being created: its creator's, until that process is gone.
+            if !crate::process::pid_alive(pid) {
+                let _ = std::fs::remove_file(entry.path());
+                removed += 1;
+            }
+            continue;
+        }
         if !name.ends_with(".db") {
             // SQLite's side files of an attached audit database go with it.
             continue;
@@ -432,8 +446,14 @@ mod tests {
         std::fs::write(dir.path().join(try_file(2)), "").unwrap();
         std::fs::write(dir.path().join(try_file(3)), "").unwrap();
         std::fs::write(dir.path().join("verify-99-1.db"), "").unwrap();
+        let dead = format!(".{}.{}.new", try_file(4), i32::MAX);
+        let creating = format!(".{}.{}.new", try_file(5), std::process::id());
+        std::fs::write(dir.path().join(&dead), "").unwrap();
+        std::fs::write(dir.path().join(&creating), "").unwrap();
         let removed = sweep(dir.path(), &|t| t == Some(3));
-        assert_eq!(removed, 2);
+        assert_eq!(removed, 3);
+        assert!(!dir.path().join(dead).exists(), "its creator is gone");
+        assert!(dir.path().join(creating).exists(), "its creator is alive");
         assert!(held.path.exists(), "a file in use is kept");
         assert!(!dir.path().join(try_file(2)).exists());
         assert!(

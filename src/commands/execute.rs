@@ -40,6 +40,8 @@ pub struct Execution {
 /// (its WAL checkpointed) before returning.
 pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> Result<u8, Error> {
     let result = run(g, project, e, &writer);
+    crate::warehouse::pool::close_all();
+    crate::manifest::close_readers();
     writer.close();
     result
 }

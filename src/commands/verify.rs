@@ -403,9 +403,12 @@ impl Verifier<'_> {
         let _ = std::fs::remove_file(&result_path);
         let mut env = command::environment(&ctx, &self.conf.to_string(), &result_path);
         env.push(("BACKFILL_VERIFY".into(), "1".into()));
-        let mut spawned = process::spawn(&program, &env, &self.project.root, &log)
+        let spawned = process::spawn(&program, &env, &self.project.root, &log)
+            .await
+            .map_err(|e| format!("cannot start `{}`: {e}", program.name()))?
+            .release()
+            .await
             .map_err(|e| format!("cannot start `{}`: {e}", program.name()))?;
-        let _ = spawned.release();
         match process::supervise(spawned, task.timeout, task.grace_period, stop).await {
             Ok(Ended::Exited(status)) if status.success() => {}
             Ok(Ended::Exited(status)) => return Err(process::describe_exit(status)),

@@ -8,6 +8,7 @@ pub mod backfills;
 pub mod leases;
 pub mod plans;
 pub mod queries;
+mod reader;
 pub mod runs;
 pub mod writer;
 
@@ -17,6 +18,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags};
 
 pub use backfills::{Backfill, NewBackfill, Owner};
+pub use reader::{Reader, close_readers};
 pub use runs::{PendingPublish, Publication, TryRecord};
 
 /// `(user_version after applying, SQL)`, in order.

@@ -132,16 +132,21 @@ pub(super) async fn start_try(
         .await?)
 }
 
-/// The currently published rows of a task and interval.
+/// The currently published rows of a task and interval, read outside the writer (a read
+/// needs no write transaction).
 pub(super) async fn published_rows(
     shared: &Shared,
     task: &Task,
     interval: DataInterval,
 ) -> Result<Option<i64>, Error> {
     let (dag_id, task_id) = (shared.spec.dag.id.clone(), task.id.clone());
-    Ok(shared
-        .writer
-        .call(move |c| runs::published(c, &dag_id, &task_id, interval.start.timestamp()))
-        .await?
-        .map(|(_, rows)| rows))
+    let path = shared.spec.manifest_path.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        let reader = crate::manifest::Reader::take(&path)?;
+        runs::published(&reader, &dag_id, &task_id, interval.start.timestamp())
+            .map_err(|e| e.at(&path))
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("reading the manifest panicked: {e}")))?;
+    Ok(read?.map(|(_, rows)| rows))
 }

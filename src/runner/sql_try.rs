@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rusqlite::{Connection, InterruptHandle};
+use rusqlite::InterruptHandle;
 use tokio::sync::watch;
 
 use super::record::{Published, published_rows};
@@ -80,7 +80,7 @@ pub(crate) async fn blocking_step<T: Send + 'static>(
 }
 
 /// The audit step's result: the connection (reused to publish), the audit file and measures.
-type Audited = (Connection, AuditFile, AuditMeasures);
+type Audited = (warehouse::pool::Pooled, AuditFile, AuditMeasures);
 
 pub(super) async fn sql_try(
     shared: &Shared,
@@ -120,9 +120,12 @@ pub(super) async fn sql_try(
                 .unwrap_or_default();
             let file = AuditFile::create(dir, &name)?;
             let measured = (|| -> Result<_, warehouse::Error> {
-                let conn = warehouse::open(&s.warehouse)?;
+                let conn = warehouse::pool::take(&s.warehouse)?;
                 if let Ok(mut slot) = interrupt.lock() {
                     *slot = Some(conn.get_interrupt_handle());
+                }
+                if cancel.flag().load(std::sync::atomic::Ordering::Relaxed) {
+                    return Err(warehouse::Error::Cancelled);
                 }
                 file.attach(&conn)?;
                 let m = audit::write_and_measure(
@@ -235,7 +238,7 @@ pub(super) async fn sql_try(
     let interval = input.interval;
     let empty = verdict == Verdict::PublishEmpty;
     let joined = tokio::task::spawn_blocking(move || {
-        let reader = manifest::open_read_only(&manifest_path);
+        let reader = manifest::Reader::take(&manifest_path);
         let result = match &reader {
             Ok(reader) => {
                 let allowed =

@@ -176,12 +176,12 @@ async fn run_process(
     task: &Task,
     stop: &mut watch::Receiver<Stop>,
 ) -> Result<Result<Ended, String>, Error> {
-    let mut spawned = match process::spawn(program, env, &shared.spec.project_root, log) {
+    let gated = match process::spawn(program, env, &shared.spec.project_root, log).await {
         Ok(s) => s,
         Err(e) => return Ok(Err(format!("cannot start `{}`: {e}", program.name()))),
     };
     crate::fault::point("after-spawn");
-    let (group, host, owner) = (spawned.group, shared.spec.host.clone(), shared.spec.owner);
+    let (group, host, owner) = (gated.group, shared.spec.host.clone(), shared.spec.owner);
     let recorded = shared
         .writer
         .call(move |c| runs::set_try_group(c, owner, try_id, group, &host))
@@ -189,18 +189,19 @@ async fn run_process(
     match recorded {
         Ok(true) => {}
         Ok(false) => {
-            spawned.discard().await;
+            gated.discard().await;
             return Ok(Ok(Ended::Cancelled));
         }
         Err(e) => {
-            spawned.discard().await;
+            gated.discard().await;
             return Err(e.into());
         }
     }
     crate::fault::point("before-release");
-    // A try that is gone already (killed by a process that took the backfill over) shows as
-    // such when supervised.
-    let _ = spawned.release();
+    let spawned = match gated.release().await {
+        Ok(s) => s,
+        Err(e) => return Ok(Err(format!("cannot start `{}`: {e}", program.name()))),
+    };
     Ok(Ok(process::supervise(
         spawned,
         task.timeout,

@@ -94,7 +94,12 @@ impl AuditFile {
         // `mode=rw`: a file that is gone (removed by whoever finished its publish) is an error,
         // never silently created empty.
         conn.execute("ATTACH DATABASE ?1 AS audit", [uri(&self.path)])?;
-        conn.execute_batch("PRAGMA audit.journal_mode = OFF; PRAGMA audit.synchronous = OFF;")?;
+        // Private to this process: no other connection ever opens it while it is attached, so
+        // it is locked once (no lock calls per transaction) and its page cache stays valid.
+        conn.execute_batch(
+            "PRAGMA audit.journal_mode = OFF; PRAGMA audit.synchronous = OFF; \
+             PRAGMA audit.locking_mode = EXCLUSIVE;",
+        )?;
         Ok(())
     }
 
@@ -162,7 +167,6 @@ pub fn write_and_measure(
     retry_busy(cancel, || {
         conn.execute_batch("BEGIN")?;
         let result = (|| {
-            conn.execute_batch(&format!("DROP TABLE IF EXISTS {TABLE}"))?;
             let mut stmt = conn.prepare(&format!(
                 "CREATE TABLE {TABLE} AS {}",
                 wrapped_query(&task.sql)
@@ -220,7 +224,8 @@ fn describe(v: ValueRef<'_>) -> String {
     }
 }
 
-/// Measures the audited rows: count, fingerprint, rows outside the interval, duplicate keys.
+/// Measures the audited rows: count, fingerprint, the representation of their partition values
+/// and how many lie outside the interval, in one pass; then duplicate keys.
 pub fn measure(
     conn: &Connection,
     task: &SqlTask,
@@ -230,8 +235,68 @@ pub fn measure(
     tz: chrono_tz::Tz,
     source: Option<i64>,
 ) -> Result<AuditMeasures> {
-    let (rows, fingerprint) = fingerprint(conn, TABLE)?;
-    let found: Classes = partition::classes(conn, TABLE, &task.partition_column, None)?;
+    const REPRS: [Repr; 4] = [
+        Repr::Date,
+        Repr::Timestamp(' '),
+        Repr::Timestamp('T'),
+        Repr::UnixSeconds,
+    ];
+    let bounds = REPRS.map(|r| r.bounds(binds.interval, tz));
+    let mut inside = [0i64; 4];
+    let mut found = Classes::default();
+    let mut stmt = conn.prepare(&format!("SELECT * FROM {TABLE}"))?;
+    let column = stmt
+        .column_names()
+        .position(|c| c == task.partition_column)
+        .ok_or_else(|| {
+            Error::Message(format!(
+                "the output has no column `{}`",
+                task.partition_column
+            ))
+        })?;
+    let names: Vec<String> = stmt.column_names().map(String::from).collect();
+    let key: Vec<usize> = gate
+        .map(|g| {
+            g.unique_key
+                .iter()
+                .filter_map(|k| names.iter().position(|c| c == k))
+                .collect()
+        })
+        .unwrap_or_default();
+    // Keys are hashed on the way; only when two hashes meet does SQL count exactly.
+    let mut keys: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    let mut key_collision = false;
+    let mut hasher = Fingerprint::default();
+    let n = stmt.column_count();
+    let mut rows = stmt.query([])?;
+    while let Some(r) = rows.next()? {
+        hasher.add_row(r, n)?;
+        if !key.is_empty() && !key_collision {
+            let mut h = Fnv::new();
+            for &i in &key {
+                // As GROUP BY compares: 1 and 1.0 are one key.
+                match r.get_ref(i)? {
+                    ValueRef::Real(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => {
+                        hash_value(&mut h, ValueRef::Integer(f as i64));
+                    }
+                    v => hash_value(&mut h, v),
+                }
+            }
+            key_collision = !keys.insert(h.0);
+        }
+        let v = r.get_ref(column)?;
+        let class = partition::classify(v);
+        found.add_class(class, || partition::show(v));
+        if let partition::Class::Of(of) = class
+            && let Some(i) = REPRS.iter().position(|x| *x == of)
+            && of.contains(v, &bounds[i].0, &bounds[i].1)
+        {
+            inside[i] += 1;
+        }
+    }
+    drop(rows);
+    drop(stmt);
+    let (rows, fingerprint) = hasher.finish();
     let (repr, mixed) = match (repr, found.reprs.as_slice(), &found.other) {
         (_, _, Some(_)) => (repr, Some(partition::describe_mix(&found))),
         (Some(r), [], None) => (Some(r), None),
@@ -249,20 +314,11 @@ pub fn measure(
         (None, _, None) => (None, Some(partition::describe_mix(&found))),
     };
     let inside = match repr {
-        Some(r) if mixed.is_none() => {
-            let (lo, hi) = r.bounds(binds.interval, tz);
-            conn.query_row(
-                &format!(
-                    "SELECT COUNT(*) FROM {TABLE} WHERE {}",
-                    r.predicate(&task.partition_column, 1)
-                ),
-                rusqlite::params![lo, hi],
-                |r| r.get::<_, i64>(0),
-            )?
-        }
+        Some(r) if mixed.is_none() => REPRS.iter().position(|x| *x == r).map_or(0, |i| inside[i]),
         _ => 0,
     };
     let duplicate_keys = match gate {
+        Some(g) if !g.unique_key.is_empty() && !key_collision => Some(0),
         Some(g) if !g.unique_key.is_empty() => {
             let key = g
                 .unique_key
@@ -305,36 +361,59 @@ pub fn fingerprint_rows(
 ) -> Result<(i64, String)> {
     let n = stmt.column_count();
     let mut rows = stmt.query(params)?;
-    let (mut count, mut sum) = (0i64, 0u64);
+    let mut f = Fingerprint::default();
     while let Some(r) = rows.next()? {
-        let mut h = Fnv::new();
-        for i in 0..n {
-            match r.get_ref(i)? {
-                ValueRef::Null => h.write(&[0]),
-                ValueRef::Integer(v) => {
-                    h.write(&[1]);
-                    h.write(&v.to_le_bytes());
-                }
-                ValueRef::Real(v) => {
-                    h.write(&[2]);
-                    h.write(&v.to_bits().to_le_bytes());
-                }
-                ValueRef::Text(t) => {
-                    h.write(&[3]);
-                    h.write(&(t.len() as u64).to_le_bytes());
-                    h.write(t);
-                }
-                ValueRef::Blob(b) => {
-                    h.write(&[4]);
-                    h.write(&(b.len() as u64).to_le_bytes());
-                    h.write(b);
-                }
-            }
-        }
-        sum = sum.wrapping_add(h.0);
-        count += 1;
+        f.add_row(r, n)?;
     }
-    Ok((count, format!("{sum:016x}")))
+    Ok(f.finish())
+}
+
+/// The order-independent fingerprint of rows, built one row at a time.
+#[derive(Default)]
+struct Fingerprint {
+    count: i64,
+    sum: u64,
+}
+
+impl Fingerprint {
+    fn add_row(&mut self, r: &rusqlite::Row<'_>, columns: usize) -> Result<()> {
+        let mut h = Fnv::new();
+        for i in 0..columns {
+            hash_value(&mut h, r.get_ref(i)?);
+        }
+        self.sum = self.sum.wrapping_add(h.0);
+        self.count += 1;
+        Ok(())
+    }
+
+    fn finish(&self) -> (i64, String) {
+        (self.count, format!("{:016x}", self.sum))
+    }
+}
+
+/// Feeds one typed value to a hash.
+fn hash_value(h: &mut Fnv, v: ValueRef<'_>) {
+    match v {
+        ValueRef::Null => h.write(&[0]),
+        ValueRef::Integer(v) => {
+            h.write(&[1]);
+            h.write(&v.to_le_bytes());
+        }
+        ValueRef::Real(v) => {
+            h.write(&[2]);
+            h.write(&v.to_bits().to_le_bytes());
+        }
+        ValueRef::Text(t) => {
+            h.write(&[3]);
+            h.write(&(t.len() as u64).to_le_bytes());
+            h.write(t);
+        }
+        ValueRef::Blob(b) => {
+            h.write(&[4]);
+            h.write(&(b.len() as u64).to_le_bytes());
+            h.write(b);
+        }
+    }
 }
 
 /// 64-bit FNV-1a: tiny, stable across versions and platforms.

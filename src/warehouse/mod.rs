@@ -13,6 +13,7 @@
 pub mod audit;
 pub mod init;
 pub mod partition;
+pub mod pool;
 pub mod publish;
 
 use std::path::{Path, PathBuf};
@@ -90,6 +91,9 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Bytes of a warehouse file mapped into memory for reading.
+const MMAP_SIZE: i64 = 1 << 30;
 
 /// The bind parameters a SQL task may use.
 pub const PARAMS: &[&str] = &[
@@ -173,6 +177,9 @@ pub fn open(w: &Warehouse) -> Result<Connection> {
             conn.pragma_update(None, "journal_mode", "WAL")
                 .map_err(Into::into)
         })?;
+        // Pages are read through a memory map rather than one read call each: connections of
+        // a backfill reread the source after every publish of another connection.
+        conn.pragma_update(None, "mmap_size", MMAP_SIZE)?;
         Ok(conn)
     };
     setup().map_err(|e| e.at(w))

@@ -124,6 +124,77 @@ impl Repr {
     }
 }
 
+/// What one value of a partition column is, as [`class_sql`] says for a column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    Of(Repr),
+    Null,
+    Other,
+}
+
+fn digits(b: &[u8]) -> bool {
+    b.iter().all(u8::is_ascii_digit)
+}
+
+/// The class of one value: the same rules as [`class_sql`], without SQL.
+pub fn classify(v: rusqlite::types::ValueRef<'_>) -> Class {
+    use rusqlite::types::ValueRef;
+    match v {
+        ValueRef::Integer(_) | ValueRef::Real(_) => Class::Of(Repr::UnixSeconds),
+        ValueRef::Null => Class::Null,
+        ValueRef::Blob(_) => Class::Other,
+        ValueRef::Text(t) => {
+            let date = |b: &[u8]| {
+                b.len() >= 10
+                    && digits(&b[0..4])
+                    && b[4] == b'-'
+                    && digits(&b[5..7])
+                    && b[7] == b'-'
+                    && digits(&b[8..10])
+            };
+            if t.len() == 10 && date(t) {
+                return Class::Of(Repr::Date);
+            }
+            let time = t.len() >= 19
+                && date(t)
+                && digits(&t[11..13])
+                && t[13] == b':'
+                && digits(&t[14..16])
+                && t[16] == b':'
+                && digits(&t[17..19])
+                && (t.len() == 19 || matches!(t[19], b'.' | b'Z'));
+            match (time, t.get(10)) {
+                (true, Some(b' ')) => Class::Of(Repr::Timestamp(' ')),
+                (true, Some(b'T')) => Class::Of(Repr::Timestamp('T')),
+                _ => Class::Other,
+            }
+        }
+    }
+}
+
+impl Repr {
+    /// Whether a value of this representation lies in `[lo, hi)` (bounds from
+    /// [`Repr::bounds`]), as [`Repr::predicate`] judges it in SQL.
+    pub fn contains(self, v: rusqlite::types::ValueRef<'_>, lo: &Value, hi: &Value) -> bool {
+        use rusqlite::types::ValueRef;
+        match (self, v, lo, hi) {
+            (Self::UnixSeconds, ValueRef::Integer(x), Value::Integer(l), Value::Integer(h)) => {
+                x >= *l && x < *h
+            }
+            (Self::UnixSeconds, ValueRef::Real(x), Value::Integer(l), Value::Integer(h)) => {
+                x >= *l as f64 && x < *h as f64
+            }
+            (
+                Self::Date | Self::Timestamp(_),
+                ValueRef::Text(t),
+                Value::Text(l),
+                Value::Text(h),
+            ) => classify(v) == Class::Of(self) && t >= l.as_bytes() && t < h.as_bytes(),
+            _ => false,
+        }
+    }
+}
+
 /// The representations found among some values, by class.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Classes {
@@ -133,6 +204,19 @@ pub struct Classes {
 }
 
 impl Classes {
+    /// Adds the class of one value (`example` names it should it be of no representation).
+    pub fn add_class(&mut self, class: Class, example: impl FnOnce() -> String) {
+        match class {
+            Class::Of(r) if !self.reprs.contains(&r) => self.reprs.push(r),
+            Class::Of(_) | Class::Null => {}
+            Class::Other => {
+                if self.other.is_none() {
+                    self.other = Some(example());
+                }
+            }
+        }
+    }
+
     fn add(&mut self, class: &str, example: Option<String>) {
         match Repr::from_class(class) {
             Some(r) if !self.reprs.contains(&r) => self.reprs.push(r),
@@ -208,6 +292,11 @@ pub fn endpoint_classes(conn: &Connection, table: &str, column: &str) -> Result<
         }
     }
     Ok(out)
+}
+
+/// A value as the messages show it.
+pub fn show(v: rusqlite::types::ValueRef<'_>) -> String {
+    example(v).unwrap_or_default()
 }
 
 fn example(v: rusqlite::types::ValueRef<'_>) -> Option<String> {
@@ -328,6 +417,33 @@ mod tests {
         assert_eq!(Repr::from_declared("date"), Some(Repr::Date));
         assert_eq!(Repr::from_declared("BIGINT"), Some(Repr::UnixSeconds));
         assert_eq!(Repr::from_declared("TEXT"), None);
+    }
+
+    proptest::proptest! {
+        /// The Rust classification and range check agree with the SQL ones for any value.
+        #[test]
+        fn rust_and_sql_agree(
+            text in "(20[0-9]{2}-[01][0-9]-[0-3][0-9]([ T][0-2][0-9]:[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,3})?Z?)?|[0-9 :TZ.+-]{0,22})",
+            int in proptest::prelude::any::<i32>(),
+        ) {
+            let conn = Connection::open_in_memory().unwrap();
+            let window = day("2026-09-01");
+            for value in [rusqlite::types::Value::Text(text.clone()), rusqlite::types::Value::Integer(1_788_220_800 + i64::from(int % 200_000))] {
+                let sql_class: String = conn
+                    .query_row(&format!("SELECT {} FROM (SELECT ?1 AS p)", class_sql("p")), [&value], |r| r.get(0))
+                    .unwrap();
+                let rust = classify((&value).into());
+                proptest::prop_assert_eq!(Repr::from_class(&sql_class), match rust { Class::Of(r) => Some(r), _ => None }, "{:?}", value);
+                for repr in [Repr::Date, Repr::Timestamp(' '), Repr::Timestamp('T'), Repr::UnixSeconds] {
+                    let (lo, hi) = repr.bounds(window, chrono_tz::Tz::UTC);
+                    let in_sql: bool = conn
+                        .query_row(&format!("SELECT {} FROM (SELECT ?3 AS p)", repr.predicate("p", 1)), rusqlite::params![lo, hi, value], |r| r.get::<_, Option<bool>>(0))
+                        .unwrap()
+                        .unwrap_or(false);
+                    proptest::prop_assert_eq!(repr.contains((&value).into(), &lo, &hi), in_sql, "{:?} {:?}", repr, value);
+                }
+            }
+        }
     }
 
     #[test]

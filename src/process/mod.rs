@@ -2,25 +2,28 @@
 //! is in the manifest before it can do any work; stopping is SIGTERM to the group, a grace
 //! period, then SIGKILL; liveness of pids and groups; killing what a dead owner left running.
 //!
-//! The gate: a try is started as `sh` reading one line from a pipe on its stdin before it runs
-//! the command (an argument vector is `exec`ed, a shell line follows in the same shell). The
-//! owner writes that line only after the group is committed to the manifest. If the owner dies
-//! first, the pipe closes, `read` fails and the shell exits without running anything; so a try
-//! whose group is not recorded has never run, and one that is recorded can be killed by whoever
-//! takes over.
+//! The gate: between `fork` and `exec`, the child puts itself in a new process group, writes
+//! its pid on one pipe and waits for a byte on another. The owner records the group in the
+//! manifest and only then writes that byte; the child then `exec`s the command. If the owner
+//! dies first, the pipe closes, the read ends with nothing and the child exits without ever
+//! running the command. So a try whose group is not recorded has never run, and one that is
+//! recorded can be killed by whoever takes over. There is no extra process and no shell in
+//! between: an array command is `exec`ed directly, a string by `sh -c`.
 
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
-use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until};
+
+mod spawn;
+pub use spawn::Child;
 
 /// How far a backfill is from stopping. Sent to every running try.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -50,12 +53,6 @@ impl Program {
     }
 }
 
-/// The exit code of a gated try whose owner went away before letting it start.
-pub const GATE_CLOSED: i32 = 125;
-
-/// The shell that waits at the gate: one line on stdin, then stdin becomes /dev/null.
-const GATE: &str = "read -r _ || exit 125; exec </dev/null";
-
 /// A process group as recorded in the manifest: the group id and its leader's start time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Group {
@@ -65,108 +62,114 @@ pub struct Group {
     pub leader_start: Option<i64>,
 }
 
-/// A try started behind its gate.
+/// A try's process, forked and waiting at its gate.
+pub struct Gated {
+    pub group: Group,
+    gate: Option<std::os::fd::OwnedFd>,
+    /// The spawn, which returns once the child has `exec`ed (or failed to).
+    spawn: tokio::task::JoinHandle<std::io::Result<Child>>,
+    log: tokio::task::JoinHandle<()>,
+}
+
+/// A released try, running its command.
 pub struct Spawned {
     child: Child,
     pub group: Group,
-    gate: Option<std::io::PipeWriter>,
     /// Copies the try's output into its log file.
     log: tokio::task::JoinHandle<()>,
 }
 
-/// Whether `program` can be found (a path that exists, or a name on `PATH`), so that a missing
-/// program is reported as such rather than as the gate shell's exit code 127.
-fn check_program(program: &str, cwd: &Path, env: &[(String, String)]) -> std::io::Result<()> {
-    let found = if program.contains('/') {
-        cwd.join(program).exists()
-    } else {
-        let path = env
-            .iter()
-            .find(|(k, _)| k == "PATH")
-            .map(|(_, v)| v.clone())
-            .or_else(|| std::env::var("PATH").ok())
-            .unwrap_or_default();
-        std::env::split_paths(&path).any(|dir| dir.join(program).is_file())
-    };
-    if found {
-        Ok(())
-    } else {
-        Err(std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            "no such program (not a file, and not found on PATH)",
-        ))
-    }
-}
-
-/// Starts `program` in its own process group, waiting at its gate. Its stdout and stderr share
-/// one pipe, copied into `log_path` (created, without following symlinks and readable by its
-/// owner only, when the first byte arrives: a try that prints nothing costs no file). Must be
-/// called inside the async runtime; [`Spawned::release`] lets it run.
-pub fn spawn(
+/// Forks `program` in its own process group, stopped at its gate before `exec`. Its stdout and
+/// stderr share one pipe, copied into `log_path` (created, without following symlinks and
+/// readable by its owner only, when the first byte arrives: a try that prints nothing costs no
+/// file). Must be called inside the async runtime; [`Gated::release`] lets it run and
+/// [`Gated::discard`] makes it exit without running anything.
+pub async fn spawn(
     program: &Program,
     env: &[(String, String)],
     cwd: &Path,
     log_path: &Path,
-) -> std::io::Result<Spawned> {
-    let mut command = Command::new("sh");
-    match program {
-        Program::Argv(argv) => {
-            let name = argv
-                .first()
-                .ok_or_else(|| std::io::Error::other("empty command"))?;
-            check_program(name, cwd, env)?;
-            command
-                .arg("-c")
-                .arg(format!("{GATE}; exec \"$@\""))
-                .arg("sh")
-                .args(argv);
-        }
-        Program::Shell(line) => {
-            command.arg("-c").arg(format!("{GATE}\n{line}"));
-        }
-    }
-    let (gate_reader, gate_writer) = std::io::pipe()?;
+) -> std::io::Result<Gated> {
+    use std::ffi::OsStr;
+    let argv: Vec<&OsStr> = match program {
+        Program::Argv(argv) => argv.iter().map(OsStr::new).collect(),
+        Program::Shell(line) => vec![OsStr::new("sh"), OsStr::new("-c"), OsStr::new(line)],
+    };
+    let prepared = spawn::Prepared::new(&argv, env, cwd)?;
+    let (hello_r, hello_w) = std::io::pipe()?;
+    let (gate_r, gate_w) = std::io::pipe()?;
     let (reader, writer) = std::io::pipe()?;
-    let child = command
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .current_dir(cwd)
-        .stdin(Stdio::from(gate_reader))
-        .stdout(Stdio::from(writer.try_clone()?))
-        .stderr(Stdio::from(writer))
-        .process_group(0)
-        .kill_on_drop(false)
-        .spawn()?;
-    // The command (and with it this process's copies of the pipes' child ends) is gone now, so
-    // the output pipe reaches its end once every process of the try has closed it.
-    let pid = child.id().map(i64::from).unwrap_or(0);
+    let wiring = spawn::Wiring {
+        stdin: OwnedFd::from(std::fs::File::open("/dev/null")?),
+        out: OwnedFd::from(writer),
+        hello: OwnedFd::from(hello_w),
+        gate: OwnedFd::from(gate_r),
+    };
+    // The clone blocks its thread until the child passes the gate and execs; the child's ends
+    // of the pipes are closed in this process once it has.
+    let spawn = tokio::task::spawn_blocking(move || spawn::clone_gated(&prepared, wiring));
+    let pid = {
+        use tokio::io::AsyncReadExt;
+        let mut hello = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(hello_r))?;
+        let mut pid = [0u8; 4];
+        hello
+            .read_exact(&mut pid)
+            .await
+            .ok()
+            .map(|_| i32::from_le_bytes(pid))
+    };
+    let Some(pid) = pid else {
+        // No pid: the start failed before the gate; its error says why.
+        return match spawn.await.map_err(std::io::Error::other)? {
+            Ok(mut child) => {
+                let _ = child.wait().await;
+                Err(std::io::Error::other("the try ended before its gate"))
+            }
+            Err(e) => Err(e),
+        };
+    };
+    let pid = i64::from(pid);
     let group = Group {
         pgid: pid,
         leader_start: start_time(pid),
     };
     let reader = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(reader))?;
     let log = tokio::spawn(copy_to_log(reader, log_path.to_path_buf()));
-    Ok(Spawned {
-        child,
+    Ok(Gated {
         group,
-        gate: Some(gate_writer),
+        gate: Some(OwnedFd::from(gate_w)),
+        spawn,
         log,
     })
 }
 
-impl Spawned {
-    /// Opens the gate: the try starts its work. Fails when the try is already gone.
-    pub fn release(&mut self) -> std::io::Result<()> {
-        match self.gate.take() {
-            Some(mut gate) => gate.write_all(b"go\n"),
-            None => Ok(()),
+/// The exit code of a gated try whose owner went away before letting it start.
+pub const GATE_CLOSED: i32 = 125;
+
+impl Gated {
+    /// Opens the gate: the try `exec`s its command. `Err` when it could not start (a program
+    /// that cannot be executed).
+    pub async fn release(mut self) -> std::io::Result<Spawned> {
+        if let Some(gate) = self.gate.take() {
+            let mut file = std::fs::File::from(gate);
+            // A try killed meanwhile shows as such once it is waited for.
+            let _ = file.write_all(b"g");
         }
+        let child = self.spawn.await.map_err(std::io::Error::other)??;
+        Ok(Spawned {
+            child,
+            group: self.group,
+            log: self.log,
+        })
     }
 
-    /// Kills a try that was never released and reaps it.
+    /// Closes the gate without letting the try run: it is killed before it runs anything.
     pub async fn discard(mut self) {
         self.gate = None;
         signal_group(self.group.pgid, Signal::SIGKILL);
-        let _ = self.child.wait().await;
+        if let Ok(Ok(mut child)) = self.spawn.await {
+            let _ = child.wait().await;
+        }
         self.log.abort();
     }
 }

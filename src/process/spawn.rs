@@ -1,0 +1,313 @@
+//! Starting a try's process with its gate between `fork` and `exec`, as cheaply as
+//! `posix_spawn`: the child is created with `clone(CLONE_VM | CLONE_VFORK)` on a small stack of
+//! its own (no copy of the parent's memory), puts itself in a new process group, writes its pid
+//! on a pipe, waits for the gate, sets up its stdio and folder, and `exec`s. Only the calling
+//! thread waits meanwhile (that is what `CLONE_VFORK` suspends); other threads read the pid,
+//! record the group and open the gate.
+//!
+//! The child shares the parent's memory until `exec`, so it only makes system calls on data
+//! prepared beforehand, with every signal blocked and every handler reset to the default (a
+//! handler would run on the parent's memory). Its exit status is waited for through a pidfd.
+
+use std::ffi::{CString, OsStr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::process::ExitStatus;
+
+use nix::libc;
+use tokio::io::unix::AsyncFd;
+
+use super::GATE_CLOSED;
+
+/// Everything the child needs, prepared in the parent (no allocation after `clone`).
+pub(super) struct Prepared {
+    path: CString,
+    argv: Vec<CString>,
+    envp: Vec<CString>,
+    cwd: CString,
+}
+
+fn cstring(bytes: &[u8]) -> std::io::Result<CString> {
+    CString::new(bytes).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a command, argument or environment value contains a NUL byte",
+        )
+    })
+}
+
+impl Prepared {
+    /// `argv[0]` is looked up on the `PATH` of `env` (else of this process) unless it contains
+    /// a `/`; the environment is this process's plus `env`.
+    pub(super) fn new(
+        argv: &[&OsStr],
+        env: &[(String, String)],
+        cwd: &Path,
+    ) -> std::io::Result<Self> {
+        let name = argv
+            .first()
+            .ok_or_else(|| std::io::Error::other("empty command"))?;
+        let mut vars: std::collections::BTreeMap<std::ffi::OsString, std::ffi::OsString> =
+            std::env::vars_os().collect();
+        for (k, v) in env {
+            vars.insert(k.into(), v.into());
+        }
+        let path = if name.as_bytes().contains(&b'/') {
+            let p = cwd.join(name);
+            if !p.exists() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no such program (not a file, and not found on PATH)",
+                ));
+            }
+            name.as_bytes().to_vec()
+        } else {
+            let search = vars.get(OsStr::new("PATH")).cloned().unwrap_or_default();
+            std::env::split_paths(&search)
+                .map(|dir| cwd.join(dir).join(name))
+                .find(|p| p.is_file())
+                .ok_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "no such program (not a file, and not found on PATH)",
+                    )
+                })?
+                .into_os_string()
+                .into_vec()
+        };
+        Ok(Self {
+            path: cstring(&path)?,
+            argv: argv
+                .iter()
+                .map(|a| cstring(a.as_bytes()))
+                .collect::<Result<_, _>>()?,
+            envp: vars
+                .iter()
+                .map(|(k, v)| {
+                    let mut kv = k.as_bytes().to_vec();
+                    kv.push(b'=');
+                    kv.extend_from_slice(v.as_bytes());
+                    cstring(&kv)
+                })
+                .collect::<Result<_, _>>()?,
+            cwd: cstring(cwd.as_os_str().as_bytes())?,
+        })
+    }
+}
+
+use std::os::unix::ffi::OsStringExt;
+
+/// What the child reads; it lives on the parent's stack while the parent waits in `clone`.
+struct ChildArgs {
+    path: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+    cwd: *const libc::c_char,
+    stdin: RawFd,
+    out: RawFd,
+    hello: RawFd,
+    gate: RawFd,
+    parent: libc::pid_t,
+    mask: libc::sigset_t,
+    /// The `errno` of a failed `chdir` or `exec`, written by the child.
+    error: libc::c_int,
+}
+
+/// Reads exactly `buf.len()` bytes; false on end of file or error. Async-signal-safe.
+pub(super) fn read_exact(fd: RawFd, buf: &mut [u8]) -> bool {
+    let mut at = 0;
+    while at < buf.len() {
+        // SAFETY: read(2) into a live buffer of the given length.
+        let n = unsafe { libc::read(fd, buf[at..].as_mut_ptr().cast(), buf.len() - at) };
+        if n > 0 {
+            at += n as usize;
+        } else if n == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return false;
+        }
+    }
+    true
+}
+
+extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` points to the parent's `ChildArgs`, alive and unchanged while the parent is
+    // suspended in `clone`; only async-signal-safe system calls follow.
+    unsafe {
+        let a = &mut *arg.cast::<ChildArgs>();
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        for sig in 1..65 {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::sigaction(sig, &dfl, std::ptr::null_mut());
+            }
+        }
+        libc::setpgid(0, 0);
+        // Should the owner die while this waits at the gate, the kernel kills it: the gate's
+        // end of file cannot be relied on, as other children may hold copies of its write end.
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        if libc::getppid() != a.parent {
+            libc::_exit(GATE_CLOSED);
+        }
+        let pid = libc::getpid().to_le_bytes();
+        let written = libc::write(a.hello, pid.as_ptr().cast(), pid.len());
+        let mut go = [0u8; 1];
+        if written != pid.len() as isize || !read_exact(a.gate, &mut go) {
+            // The owner let go (or went away) before recording this try: never run it.
+            libc::_exit(GATE_CLOSED);
+        }
+        if libc::dup2(a.stdin, 0) < 0 || libc::dup2(a.out, 1) < 0 || libc::dup2(a.out, 2) < 0 {
+            a.error = *libc::__errno_location();
+            libc::_exit(127);
+        }
+        if libc::chdir(a.cwd) != 0 {
+            a.error = *libc::__errno_location();
+            libc::_exit(127);
+        }
+        libc::prctl(libc::PR_SET_PDEATHSIG, 0);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &a.mask, std::ptr::null_mut());
+        libc::execve(a.path, a.argv, a.envp);
+        a.error = *libc::__errno_location();
+        libc::_exit(127)
+    }
+}
+
+/// The pipes a child is started with: its pid goes out on `hello`, the gate opens on `gate`.
+pub(super) struct Wiring {
+    pub stdin: OwnedFd,
+    pub out: OwnedFd,
+    pub hello: OwnedFd,
+    pub gate: OwnedFd,
+}
+
+/// Clones the child and returns once it has `exec`ed (or ended before). Blocks the calling
+/// thread while the child waits at its gate.
+pub(super) fn clone_gated(p: &Prepared, wiring: Wiring) -> std::io::Result<Child> {
+    let ptrs = |v: &[CString]| -> Vec<*const libc::c_char> {
+        v.iter()
+            .map(|c| c.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect()
+    };
+    let argv = ptrs(&p.argv);
+    let envp = ptrs(&p.envp);
+    let mut args = ChildArgs {
+        path: p.path.as_ptr(),
+        argv: argv.as_ptr(),
+        envp: envp.as_ptr(),
+        cwd: p.cwd.as_ptr(),
+        stdin: wiring.stdin.as_raw_fd(),
+        out: wiring.out.as_raw_fd(),
+        hello: wiring.hello.as_raw_fd(),
+        gate: wiring.gate.as_raw_fd(),
+        parent: std::process::id() as libc::pid_t,
+        // SAFETY: a sigset_t is plain data; filled below.
+        mask: unsafe { std::mem::zeroed() },
+        error: 0,
+    };
+    let mut stack = vec![0u8; 64 * 1024];
+    // SAFETY: the stack outlives the child's use of it (the parent is suspended until exec);
+    // the top is aligned down to 16 bytes as the ABI wants.
+    let top = unsafe { stack.as_mut_ptr().add(stack.len()) } as usize & !15;
+    // SAFETY: every signal is blocked around clone, so that no handler runs in the child on
+    // the parent's memory; the previous mask is restored in the parent and, before exec, in
+    // the child.
+    let pid = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut args.mask);
+        let pid = libc::clone(
+            child,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            std::ptr::addr_of_mut!(args).cast(),
+        );
+        libc::pthread_sigmask(libc::SIG_SETMASK, &args.mask, std::ptr::null_mut());
+        pid
+    };
+    drop(stack);
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut child = Child::new(pid);
+    if args.error != 0 {
+        child.reap_now();
+        return Err(std::io::Error::from_raw_os_error(args.error));
+    }
+    Ok(child)
+}
+
+/// A child process of ours, waited for through a pidfd.
+pub struct Child {
+    pid: libc::pid_t,
+    pidfd: Option<AsyncFd<OwnedFd>>,
+    status: Option<ExitStatus>,
+}
+
+impl Child {
+    fn new(pid: libc::pid_t) -> Self {
+        // SAFETY: pidfd_open(2) on our own child; the returned descriptor is owned here.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        let pidfd = (fd >= 0)
+            .then(|| {
+                // SAFETY: a new descriptor that nothing else owns; an OwnedFd keeps it open
+                // and unchanged for as long as the AsyncFd holds it.
+                unsafe {
+                    let owned = OwnedFd::from_raw_fd(fd as RawFd);
+                    AsyncFd::register_with_interest(owned, tokio::io::Interest::READABLE).ok()
+                }
+            })
+            .flatten();
+        Self {
+            pid,
+            pidfd,
+            status: None,
+        }
+    }
+
+    pub fn id(&self) -> i64 {
+        i64::from(self.pid)
+    }
+
+    /// Reaps the child if it has ended.
+    fn try_reap(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(s) = self.status {
+            return Ok(Some(s));
+        }
+        let mut raw = 0;
+        // SAFETY: waitpid(2) on our own child.
+        let r = unsafe { libc::waitpid(self.pid, &mut raw, libc::WNOHANG) };
+        match r {
+            0 => Ok(None),
+            r if r == self.pid => {
+                let s = ExitStatus::from_raw(raw);
+                self.status = Some(s);
+                Ok(Some(s))
+            }
+            _ => Err(std::io::Error::last_os_error()),
+        }
+    }
+
+    /// Waits for a child that must be gone already or soon (an exec that failed).
+    fn reap_now(&mut self) {
+        let mut raw = 0;
+        // SAFETY: waitpid(2) on our own child.
+        unsafe { libc::waitpid(self.pid, &mut raw, 0) };
+    }
+
+    /// Waits until the child ends. Cancel-safe.
+    pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        loop {
+            if let Some(s) = self.try_reap()? {
+                return Ok(s);
+            }
+            match &self.pidfd {
+                Some(fd) => {
+                    let mut ready = fd.readable().await?;
+                    ready.clear_ready();
+                }
+                None => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+            }
+        }
+    }
+}

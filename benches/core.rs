@@ -72,6 +72,7 @@ fn large_manifest(dir: &std::path::Path, intervals: &[DataInterval]) -> rusqlite
         conf: "{}".into(),
     };
     let owner = backfills::insert(&conn, &request, &ctx).unwrap();
+    let owner = backfills::fence(&conn, owner).unwrap();
     let ordered: Vec<(i64, plan::PlanRow)> = rows
         .into_iter()
         .enumerate()

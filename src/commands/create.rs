@@ -228,7 +228,7 @@ pub(super) fn write_plan(
                     )
                 })
                 .collect();
-            plans::insert_chunk(c, owner, &dag_id, &rows, &ctx)?;
+            plans::insert_chunk(c, backfills::fence(c, owner)?, &dag_id, &rows, &ctx)?;
             Ok((rows, p))
         })?;
         planner = Some(carried);

@@ -113,15 +113,34 @@ pub fn get(conn: &Connection, id: i64) -> Result<Option<Backfill>> {
         .optional()?)
 }
 
+/// Proof, inside one manifest transaction, that an owner's epoch was current and its backfill
+/// running when it was checked. The owner's writes take it, so none can skip the check; one
+/// check serves every write of the transaction (writes are serialized, so the epoch cannot
+/// change under it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fenced {
+    owner: Owner,
+}
+
+impl Fenced {
+    pub fn owner(&self) -> Owner {
+        self.owner
+    }
+
+    pub fn backfill_id(&self) -> i64 {
+        self.owner.backfill_id
+    }
+}
+
 /// Checks, inside the caller's transaction, that `owner` may still act: its epoch is current
 /// and the backfill is running.
-pub fn fence(conn: &Connection, owner: Owner) -> Result<()> {
+pub fn fence(conn: &Connection, owner: Owner) -> Result<Fenced> {
     let row: Option<(i64, BackfillState)> = conn
         .prepare_cached("SELECT epoch, state FROM backfills WHERE id = ?1")?
         .query_row([owner.backfill_id], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     match row {
-        Some((epoch, BackfillState::Running)) if epoch == owner.epoch => Ok(()),
+        Some((epoch, BackfillState::Running)) if epoch == owner.epoch => Ok(Fenced { owner }),
         _ => Err(Error::Fenced {
             backfill_id: owner.backfill_id,
         }),
@@ -160,7 +179,7 @@ pub fn insert(conn: &Connection, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owne
 
 /// Records that the plan is complete.
 pub fn planned(conn: &Connection, owner: Owner) -> Result<()> {
-    fence(conn, owner)?;
+    let owner = fence(conn, owner)?.owner();
     conn.execute(
         "UPDATE backfills SET planning = 0 WHERE id = ?1",
         [owner.backfill_id],
@@ -179,7 +198,7 @@ pub enum Heartbeat {
 /// Refreshes the owner heartbeat and reads what the owner must do; [`Error::Fenced`] when
 /// another process took the backfill over.
 pub fn heartbeat(conn: &Connection, owner: Owner, now_ms: i64) -> Result<Heartbeat> {
-    fence(conn, owner)?;
+    let owner = fence(conn, owner)?.owner();
     conn.prepare_cached("UPDATE backfills SET heartbeat_at = ?2 WHERE id = ?1")?
         .execute(params![owner.backfill_id, now_ms])?;
     let cancel: bool = conn
@@ -194,7 +213,7 @@ pub fn heartbeat(conn: &Connection, owner: Owner, now_ms: i64) -> Result<Heartbe
 
 /// Records the end of a backfill by its owner and releases whatever leases it still holds.
 pub fn finish(conn: &Connection, owner: Owner, state: BackfillState, now_ms: i64) -> Result<()> {
-    fence(conn, owner)?;
+    let owner = fence(conn, owner)?.owner();
     conn.execute(
         "UPDATE backfills SET state = ?2, finished_at = ?3, heartbeat_at = ?3 WHERE id = ?1",
         params![owner.backfill_id, state, now_ms],

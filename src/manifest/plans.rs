@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::Result;
-use super::backfills::{Owner, fence};
+use super::backfills::Fenced;
 use super::leases::{self, LeaseCtx};
 use crate::interval::DataInterval;
 use crate::plan::{Action, PlanRow, Prior, SkipReason};
@@ -68,12 +68,11 @@ pub fn state_before(conn: &Connection, dag_id: &str, start: i64) -> Result<Optio
 /// Writes plan rows (`(ord, row)`) and leases the intervals to run, for the owner.
 pub fn insert_chunk(
     conn: &Connection,
-    owner: Owner,
+    f: Fenced,
     dag_id: &str,
     rows: &[(i64, PlanRow)],
     ctx: &LeaseCtx,
 ) -> Result<()> {
-    fence(conn, owner)?;
     let mut insert = conn.prepare_cached(
         "INSERT INTO plan (backfill_id, ord, interval_start, interval_end, action, reason)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -84,7 +83,7 @@ pub fn insert_chunk(
             Action::Skip(r) => ("skip", Some(r.as_str())),
         };
         insert.execute(params![
-            owner.backfill_id,
+            f.backfill_id(),
             ord,
             row.interval.start.timestamp(),
             row.interval.end.timestamp(),
@@ -94,7 +93,7 @@ pub fn insert_chunk(
     }
     leases::take(
         conn,
-        owner.backfill_id,
+        f.backfill_id(),
         dag_id,
         rows.iter()
             .filter(|(_, r)| r.action == Action::Run)
@@ -117,14 +116,13 @@ pub fn planned_starts(
 /// releases its lease.
 pub fn skip_planned(
     conn: &Connection,
-    owner: Owner,
+    f: Fenced,
     dag_id: &str,
     interval_start: i64,
     reason: SkipReason,
 ) -> Result<()> {
-    fence(conn, owner)?;
-    mark_skipped(conn, owner.backfill_id, interval_start, reason)?;
-    leases::release(conn, owner.backfill_id, dag_id, interval_start)
+    mark_skipped(conn, f.backfill_id(), interval_start, reason)?;
+    leases::release(conn, f.backfill_id(), dag_id, interval_start)
 }
 
 /// Records a planned interval as skipped.

@@ -5,7 +5,7 @@
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::Result;
-use super::backfills::{Owner, fence};
+use super::backfills::{Fenced, Owner};
 use super::leases;
 use crate::interval::DataInterval;
 use crate::process::Group;
@@ -15,14 +15,13 @@ use crate::state::{RunState, TryState};
 /// id, or `None` when the owner no longer holds the lease.
 pub fn start_run(
     conn: &Connection,
-    owner: Owner,
+    fenced: Fenced,
     dag_id: &str,
     interval: DataInterval,
     now_ms: i64,
 ) -> Result<Option<i64>> {
-    fence(conn, owner)?;
     let start = interval.start.timestamp();
-    if !leases::holds(conn, owner.backfill_id, dag_id, start)? {
+    if !leases::holds(conn, fenced.backfill_id(), dag_id, start)? {
         return Ok(None);
     }
     conn.prepare_cached(
@@ -30,7 +29,7 @@ pub fn start_run(
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?
     .execute(params![
-        owner.backfill_id,
+        fenced.backfill_id(),
         dag_id,
         start,
         interval.end.timestamp(),
@@ -41,7 +40,7 @@ pub fn start_run(
     conn.prepare_cached(
         "UPDATE leases SET run_id = ?4 WHERE dag_id = ?1 AND interval_start = ?2 AND backfill_id = ?3",
     )?
-    .execute(params![dag_id, start, owner.backfill_id, run_id])?;
+    .execute(params![dag_id, start, fenced.backfill_id(), run_id])?;
     Ok(Some(run_id))
 }
 
@@ -86,13 +85,12 @@ pub fn in_progress(conn: &Connection, run_id: i64) -> Result<bool> {
 /// Records a finished run and releases its lease.
 pub fn finish_run(
     conn: &Connection,
-    owner: Owner,
+    _fenced: Fenced,
     run_id: i64,
     state: RunState,
     error: Option<&str>,
     now_ms: i64,
 ) -> Result<()> {
-    fence(conn, owner)?;
     end_run(conn, run_id, state, error, now_ms)
 }
 
@@ -118,20 +116,33 @@ fn end_run(
     Ok(())
 }
 
-/// Records that a try started; returns its id, or `None` when its run was abandoned.
+/// Records that a try started; returns its id, or `None` when its run was abandoned or its
+/// interval taken over.
 pub fn start_try(
     conn: &Connection,
-    owner: Owner,
+    fenced: Fenced,
     run_id: i64,
     task_id: &str,
     try_number: u32,
     log_path: &str,
     now_ms: i64,
 ) -> Result<Option<i64>> {
-    fence(conn, owner)?;
     if !in_progress(conn, run_id)? || !run_holds_lease(conn, run_id)? {
         return Ok(None);
     }
+    insert_try(conn, fenced, run_id, task_id, try_number, log_path, now_ms).map(Some)
+}
+
+/// Records the first try of a run started in the same transaction (which checked the lease).
+pub fn insert_try(
+    conn: &Connection,
+    _fenced: Fenced,
+    run_id: i64,
+    task_id: &str,
+    try_number: u32,
+    log_path: &str,
+    now_ms: i64,
+) -> Result<i64> {
     conn.prepare_cached(
         "INSERT INTO task_tries (run_id, task_id, try_number, state, started_at, log_path)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -144,19 +155,18 @@ pub fn start_try(
         now_ms,
         log_path
     ])?;
-    Ok(Some(conn.last_insert_rowid()))
+    Ok(conn.last_insert_rowid())
 }
 
 /// Records the process group of a try before it is let go; `false` when the try is no longer
 /// running (it must then never be let go).
 pub fn set_try_group(
     conn: &Connection,
-    owner: Owner,
+    _fenced: Fenced,
     try_id: i64,
     group: Group,
     host: &str,
 ) -> Result<bool> {
-    fence(conn, owner)?;
     if !try_holds_lease(conn, try_id)? {
         return Ok(false);
     }
@@ -170,8 +180,7 @@ pub fn set_try_group(
 }
 
 /// Records the audit file of a SQL try, so that it can be removed should the owner die.
-pub fn set_try_audit(conn: &Connection, owner: Owner, try_id: i64, path: &str) -> Result<()> {
-    fence(conn, owner)?;
+pub fn set_try_audit(conn: &Connection, _fenced: Fenced, try_id: i64, path: &str) -> Result<()> {
     conn.prepare_cached(
         "UPDATE task_tries SET audit_path = ?2 WHERE id = ?1 AND state = 'running'",
     )?
@@ -217,12 +226,11 @@ impl TryRecord {
 /// Records the end of a try of the owner.
 pub fn finish_try(
     conn: &Connection,
-    owner: Owner,
+    _fenced: Fenced,
     try_id: i64,
     rec: &TryRecord,
     now_ms: i64,
 ) -> Result<()> {
-    fence(conn, owner)?;
     end_try(conn, try_id, rec, now_ms)
 }
 
@@ -256,12 +264,11 @@ pub fn end_try(conn: &Connection, try_id: i64, rec: &TryRecord, now_ms: i64) -> 
 /// and [`mark_published`] is repaired by redoing the publish from the audit file.
 pub fn record_publish_intent(
     conn: &Connection,
-    owner: Owner,
+    _fenced: Fenced,
     try_id: i64,
     audit_path: &str,
     rec: &TryRecord,
 ) -> Result<bool> {
-    fence(conn, owner)?;
     if !try_holds_lease(conn, try_id)? {
         return Ok(false);
     }

@@ -65,7 +65,7 @@ pub struct Group {
 /// A try's process, forked and waiting at its gate.
 pub struct Gated {
     pub group: Group,
-    gate: Option<std::os::fd::OwnedFd>,
+    gate: Option<tokio::net::UnixStream>,
     /// The spawn, which returns once the child has `exec`ed (or failed to).
     spawn: tokio::task::JoinHandle<std::io::Result<Child>>,
     log: tokio::task::JoinHandle<()>,
@@ -96,24 +96,24 @@ pub async fn spawn(
         Program::Shell(line) => vec![OsStr::new("sh"), OsStr::new("-c"), OsStr::new(line)],
     };
     let prepared = spawn::Prepared::new(&argv, env, cwd)?;
-    let (hello_r, hello_w) = std::io::pipe()?;
-    let (gate_r, gate_w) = std::io::pipe()?;
+    // One socket pair is the gate: the child writes its pid on its end and waits there for the
+    // owner's byte.
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
     let (reader, writer) = std::io::pipe()?;
     let wiring = spawn::Wiring {
-        stdin: OwnedFd::from(std::fs::File::open("/dev/null")?),
+        stdin: spawn::dev_null()?,
         out: OwnedFd::from(writer),
-        hello: OwnedFd::from(hello_w),
-        gate: OwnedFd::from(gate_r),
+        gate: OwnedFd::from(theirs),
     };
     // The clone blocks its thread until the child passes the gate and execs; the child's ends
-    // of the pipes are closed in this process once it has.
+    // are closed in this process once it has.
     let spawn = tokio::task::spawn_blocking(move || spawn::clone_gated(&prepared, wiring));
+    ours.set_nonblocking(true)?;
+    let mut gate = tokio::net::UnixStream::from_std(ours)?;
     let pid = {
         use tokio::io::AsyncReadExt;
-        let mut hello = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(hello_r))?;
         let mut pid = [0u8; 4];
-        hello
-            .read_exact(&mut pid)
+        gate.read_exact(&mut pid)
             .await
             .ok()
             .map(|_| i32::from_le_bytes(pid))
@@ -137,7 +137,7 @@ pub async fn spawn(
     let log = tokio::spawn(copy_to_log(reader, log_path.to_path_buf()));
     Ok(Gated {
         group,
-        gate: Some(OwnedFd::from(gate_w)),
+        gate: Some(gate),
         spawn,
         log,
     })
@@ -150,10 +150,10 @@ impl Gated {
     /// Opens the gate: the try `exec`s its command. `Err` when it could not start (a program
     /// that cannot be executed).
     pub async fn release(mut self) -> std::io::Result<Spawned> {
-        if let Some(gate) = self.gate.take() {
-            let mut file = std::fs::File::from(gate);
+        if let Some(mut gate) = self.gate.take() {
+            use tokio::io::AsyncWriteExt;
             // A try killed meanwhile shows as such once it is waited for.
-            let _ = file.write_all(b"g");
+            let _ = gate.write_all(b"g").await;
         }
         let child = self.spawn.await.map_err(std::io::Error::other)??;
         Ok(Spawned {

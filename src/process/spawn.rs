@@ -64,17 +64,7 @@ impl Prepared {
             name.as_bytes().to_vec()
         } else {
             let search = vars.get(OsStr::new("PATH")).cloned().unwrap_or_default();
-            std::env::split_paths(&search)
-                .map(|dir| cwd.join(dir).join(name))
-                .find(|p| p.is_file())
-                .ok_or_else(|| {
-                    std::io::Error::new(
-                        std::io::ErrorKind::NotFound,
-                        "no such program (not a file, and not found on PATH)",
-                    )
-                })?
-                .into_os_string()
-                .into_vec()
+            lookup(&search, cwd, name)?.into_os_string().into_vec()
         };
         Ok(Self {
             path: cstring(&path)?,
@@ -98,6 +88,35 @@ impl Prepared {
 
 use std::os::unix::ffi::OsStringExt;
 
+type Found = std::collections::HashMap<
+    (std::ffi::OsString, std::path::PathBuf, std::ffi::OsString),
+    std::path::PathBuf,
+>;
+
+/// Where a program name is found on a search path, remembered for the process (as a shell
+/// hashes the commands it ran).
+fn lookup(search: &OsStr, cwd: &Path, name: &OsStr) -> std::io::Result<std::path::PathBuf> {
+    static FOUND: std::sync::LazyLock<std::sync::Mutex<Found>> =
+        std::sync::LazyLock::new(Default::default);
+    let key = (search.to_owned(), cwd.to_path_buf(), name.to_owned());
+    if let Some(p) = FOUND.lock().ok().and_then(|f| f.get(&key).cloned()) {
+        return Ok(p);
+    }
+    let found = std::env::split_paths(search)
+        .map(|dir| cwd.join(dir).join(name))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no such program (not a file, and not found on PATH)",
+            )
+        })?;
+    if let Ok(mut f) = FOUND.lock() {
+        f.insert(key, found.clone());
+    }
+    Ok(found)
+}
+
 /// What the child reads; it lives on the parent's stack while the parent waits in `clone`.
 struct ChildArgs {
     path: *const libc::c_char,
@@ -106,7 +125,6 @@ struct ChildArgs {
     cwd: *const libc::c_char,
     stdin: RawFd,
     out: RawFd,
-    hello: RawFd,
     gate: RawFd,
     parent: libc::pid_t,
     mask: libc::sigset_t,
@@ -149,7 +167,7 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
             libc::_exit(GATE_CLOSED);
         }
         let pid = libc::getpid().to_le_bytes();
-        let written = libc::write(a.hello, pid.as_ptr().cast(), pid.len());
+        let written = libc::write(a.gate, pid.as_ptr().cast(), pid.len());
         let mut go = [0u8; 1];
         if written != pid.len() as isize || !read_exact(a.gate, &mut go) {
             // The owner let go (or went away) before recording this try: never run it.
@@ -171,12 +189,21 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
     }
 }
 
-/// The pipes a child is started with: its pid goes out on `hello`, the gate opens on `gate`.
+/// What a child is started with: its stdin, its stdout and stderr, and its end of the gate
+/// (it writes its pid there, then waits for a byte).
 pub(super) struct Wiring {
     pub stdin: OwnedFd,
     pub out: OwnedFd,
-    pub hello: OwnedFd,
     pub gate: OwnedFd,
+}
+
+/// `/dev/null`, opened once for the process and duplicated for each child.
+pub(super) fn dev_null() -> std::io::Result<OwnedFd> {
+    static NULL: std::sync::OnceLock<std::io::Result<OwnedFd>> = std::sync::OnceLock::new();
+    match NULL.get_or_init(|| std::fs::File::open("/dev/null").map(OwnedFd::from)) {
+        Ok(fd) => fd.try_clone(),
+        Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
+    }
 }
 
 /// Clones the child and returns once it has `exec`ed (or ended before). Blocks the calling
@@ -197,7 +224,6 @@ pub(super) fn clone_gated(p: &Prepared, wiring: Wiring) -> std::io::Result<Child
         cwd: p.cwd.as_ptr(),
         stdin: wiring.stdin.as_raw_fd(),
         out: wiring.out.as_raw_fd(),
-        hello: wiring.hello.as_raw_fd(),
         gate: wiring.gate.as_raw_fd(),
         parent: std::process::id() as libc::pid_t,
         // SAFETY: a sigset_t is plain data; filled below.

@@ -27,6 +27,7 @@ pub(crate) use sql_try::{Step, blocking_step};
 
 use crate::exit::Error;
 use crate::interval::DataInterval;
+use crate::manifest::backfills::fence;
 use crate::manifest::{Owner, plans, writer::Writer};
 use crate::plan::{RunState, SkipReason};
 use crate::project::Dag;
@@ -155,7 +156,7 @@ async fn skip(shared: &Arc<Shared>, interval: DataInterval) -> Result<(), Error>
     let start = interval.start.timestamp();
     shared
         .writer
-        .call(move |c| plans::skip_planned(c, owner, &dag_id, start, reason))
+        .call(move |c| plans::skip_planned(c, fence(c, owner)?, &dag_id, start, reason))
         .await?;
     let _ = shared
         .events

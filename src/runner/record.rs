@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use super::Shared;
 use crate::exit::Error;
 use crate::interval::DataInterval;
+use crate::manifest::backfills::fence;
 use crate::manifest::leases::now_ms;
 use crate::manifest::{Publication, TryRecord, runs};
 use crate::plan::RunState;
@@ -46,8 +47,9 @@ pub(super) async fn record_end(
         .writer
         .call(move |c| {
             let now = now_ms();
+            let f = fence(c, owner)?;
             if let Some(t) = last_try {
-                runs::finish_try(c, owner, t.try_id, &t.record, now)?;
+                runs::finish_try(c, f, t.try_id, &t.record, now)?;
                 if let Some(p) = t.published {
                     let publication = Publication {
                         try_id: t.try_id,
@@ -61,7 +63,7 @@ pub(super) async fn record_end(
                 }
             }
             if let Some((state, error)) = run_end {
-                runs::finish_run(c, owner, run_id, state, error.as_deref(), now)?;
+                runs::finish_run(c, f, run_id, state, error.as_deref(), now)?;
             }
             Ok(())
         })
@@ -96,10 +98,11 @@ pub(super) async fn start_try(
         .writer
         .call(move |c| {
             let now = now_ms();
-            let run_id = match run_id {
-                Some(id) => id,
-                None => match runs::start_run(c, owner, &dag_id, interval, now)? {
-                    Some(id) => id,
+            let f = fence(c, owner)?;
+            let (run_id, fresh) = match run_id {
+                Some(id) => (id, false),
+                None => match runs::start_run(c, f, &dag_id, interval, now)? {
+                    Some(id) => (id, true),
                     None => return Ok(None),
                 },
             };
@@ -112,14 +115,18 @@ pub(super) async fn start_try(
                 try_number,
             );
             let log_text = log.display().to_string();
-            let Some(try_id) =
-                runs::start_try(c, owner, run_id, &task_id, try_number, &log_text, now)?
-            else {
-                return Ok(None);
+            // A run started in this transaction checked its lease already.
+            let try_id = if fresh {
+                runs::insert_try(c, f, run_id, &task_id, try_number, &log_text, now)?
+            } else {
+                match runs::start_try(c, f, run_id, &task_id, try_number, &log_text, now)? {
+                    Some(id) => id,
+                    None => return Ok(None),
+                }
             };
             let audit = audit_dir.map(|dir| dir.join(warehouse::audit::try_file(try_id)));
             if let Some(path) = &audit {
-                runs::set_try_audit(c, owner, try_id, &path.display().to_string())?;
+                runs::set_try_audit(c, f, try_id, &path.display().to_string())?;
             }
             Ok(Some(Started {
                 run_id,

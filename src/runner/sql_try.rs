@@ -16,6 +16,7 @@ use super::tries::{Outcome, TryInput, apply_verdict, cancelled, failed, rules, t
 use super::{Shared, Stop};
 use crate::exit::Error;
 use crate::gate::{self, Measures, Verdict};
+use crate::manifest::backfills::fence;
 use crate::manifest::leases::now_ms;
 use crate::manifest::{self, TryRecord, runs};
 use crate::project::{SqlTask, Task};
@@ -218,7 +219,9 @@ pub(super) async fn sql_try(
     );
     let may_publish = shared
         .writer
-        .call(move |c| runs::record_publish_intent(c, owner, try_id, &path_text, &intent))
+        .call(move |c| {
+            runs::record_publish_intent(c, fence(c, owner)?, try_id, &path_text, &intent)
+        })
         .await;
     match may_publish {
         Ok(true) => {}
@@ -300,7 +303,7 @@ pub(super) async fn sql_try(
             let done = rec.clone();
             shared
                 .writer
-                .call(move |c| runs::finish_try(c, owner, try_id, &done, now_ms()))
+                .call(move |c| runs::finish_try(c, fence(c, owner)?, try_id, &done, now_ms()))
                 .await?;
             file.remove();
             Ok(Outcome::Failed(rec))

@@ -14,6 +14,7 @@ use super::{Event, Shared, Stop};
 use crate::exit::Error;
 use crate::gate::{self, Measures, Rules, Verdict};
 use crate::interval::DataInterval;
+use crate::manifest::backfills::fence;
 use crate::manifest::leases::now_ms;
 use crate::manifest::{TryRecord, runs};
 use crate::process::{self, Ended};
@@ -156,7 +157,7 @@ pub(super) async fn run_task(
         let (try_id, record, owner) = (last.try_id, last.record, spec.owner);
         shared
             .writer
-            .call(move |c| runs::finish_try(c, owner, try_id, &record, now_ms()))
+            .call(move |c| runs::finish_try(c, fence(c, owner)?, try_id, &record, now_ms()))
             .await?;
         if !wait_before_retry(task.retry_delay, try_number, stop).await {
             return Ok((TaskEnd::Cancelled, None));
@@ -184,7 +185,7 @@ async fn run_process(
     let (group, host, owner) = (gated.group, shared.spec.host.clone(), shared.spec.owner);
     let recorded = shared
         .writer
-        .call(move |c| runs::set_try_group(c, owner, try_id, group, &host))
+        .call(move |c| runs::set_try_group(c, fence(c, owner)?, try_id, group, &host))
         .await;
     match recorded {
         Ok(true) => {}

@@ -229,7 +229,7 @@ struct TryAgg {
 /// `(interval_start, id)` index order, their tries in `run_id` index order, and the plan by
 /// primary key. No per-row lookups and no sorts.
 pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
-    let Some(summary) = list_one(conn, id)? else {
+    let Some(b) = backfills::get(conn, id)? else {
         return Ok(None);
     };
     let mut latest: Vec<LatestRun> = Vec::new();
@@ -303,7 +303,7 @@ pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
         "SELECT ord, interval_start, interval_end, action, reason FROM plan
          WHERE backfill_id = ?1 ORDER BY ord",
     )?;
-    let mut out = Vec::with_capacity(usize::try_from(summary.intervals.total).unwrap_or(0));
+    let mut out = Vec::new();
     let mut rows = stmt.query([id])?;
     while let Some(r) = rows.next()? {
         let start: i64 = r.get(1)?;
@@ -336,8 +336,22 @@ pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
             log: t.and_then(|t| t.log.clone()),
         });
     }
+    // The counts come from what was just read, not from another pass over the runs.
+    let mut counts = Counts::default();
+    for i in &out {
+        counts.total += 1;
+        if i.action == "run" {
+            counts.planned += 1;
+        } else {
+            counts.skipped += 1;
+        }
+    }
+    for run in &latest {
+        counts.add_state(&run.state, 1);
+    }
+    counts.finish();
     Ok(Some(BackfillDetail {
-        backfill: summary,
+        backfill: summary(b, counts),
         interval_details: out,
     }))
 }

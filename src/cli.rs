@@ -26,13 +26,17 @@ pub struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = Output::Human)]
     pub output: Output,
 
-    /// Print more: each interval as it starts.
+    /// Print more: -v each interval as it starts, -vv also diagnostics (as BACKFILL_LOG=debug).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
 
-    /// Print less: no progress, no per-interval lines, no summary table.
+    /// Print nothing on success; on failure, only the failures and how to rerun them.
     #[arg(short, long, global = true, conflicts_with = "verbose")]
     pub quiet: bool,
+
+    /// How diagnostics (BACKFILL_LOG, -vv) are written on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 
     #[command(subcommand)]
     pub command: Command,
@@ -44,7 +48,35 @@ pub enum Output {
     Json,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Shells that `backfill completions` writes a script for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Shell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
 /// What `--from` and `--to` accept, shown after the options of the commands that take them.
+const CREATE_HELP: &str = "Examples:
+  backfill create --dag daily_orders --from 2026-09-01 --to 2026-09-30
+  backfill create --dag daily_orders --from 2026-09-01 --to 2026-09-30 --dry-run
+  backfill create --dag daily_orders --from today-7d --to yesterday --reprocess-behavior failed -q
+  backfill create --dag hourly_events --from 2026-10-25T00:00 --to 2026-10-25T23:00 --max-active-runs 4
+  backfill create --dag export --from 2026-09-01 --to 2026-09-07 --conf '{\"region\": \"eu\"}'
+
+WHEN is a date (2026-09-01), a wall-clock time (2026-09-01T06:00), an RFC 3339 instant \
+(2026-09-01T06:00:00Z), or relative: today, yesterday, today-7d, now, now-6h. Dates and times \
+without an offset are in the DAG's timezone; a date as --to covers its whole day.
+
+Exit codes: 0 every interval succeeded or nothing to do, 1 internal error, 2 bad input \
+(nothing written), 3 an interval failed or was rejected, 130 interrupted (backfill resume ID).";
+
 const WHEN_HELP: &str = "WHEN is a date (2026-09-01), a wall-clock time (2026-09-01T06:00), an RFC 3339 instant \
 (2026-09-01T06:00:00Z), or relative: today, yesterday, today-7d, now, now-6h. Dates and times \
 without an offset are in the DAG's timezone; a date as --to covers its whole day.";
@@ -52,7 +84,7 @@ without an offset are in the DAG's timezone; a date as --to covers its whole day
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Plan and run a backfill of a DAG over a range of intervals.
-    #[command(after_help = WHEN_HELP)]
+    #[command(after_help = CREATE_HELP)]
     Create(CreateArgs),
     /// Continue an interrupted backfill (crash, Ctrl-C, kill, cancel).
     Resume {
@@ -111,6 +143,18 @@ pub enum Command {
         #[command(subcommand)]
         action: Option<DagsAction>,
     },
+    /// Start a project: write backfill.toml and a working dags/example.toml into DIR.
+    Init {
+        /// The folder (created if needed); default: the current one.
+        dir: Option<PathBuf>,
+    },
+    /// Print a shell completion script: `backfill completions bash > ~/.local/share/bash-completion/completions/backfill`.
+    Completions {
+        #[arg(value_enum)]
+        shell: Shell,
+    },
+    /// Print the manual page (roff): `backfill man > backfill.1; man ./backfill.1`.
+    Man,
 }
 
 #[derive(Debug, Subcommand)]

@@ -37,6 +37,9 @@ pub enum Error {
     /// A failure with no better kind: a bug.
     #[error("{0}")]
     Internal(String),
+    /// stdout was closed by its reader (`backfill show 1 | head`): not an error.
+    #[error("stdout was closed")]
+    ClosedPipe,
 }
 
 impl Error {
@@ -48,6 +51,7 @@ impl Error {
             Self::Manifest(_) | Self::Warehouse(_) | Self::Io { .. } | Self::Internal(_) => {
                 INTERNAL
             }
+            Self::ClosedPipe => OK,
         }
     }
 
@@ -61,6 +65,7 @@ impl Error {
             Self::Warehouse(_) => "warehouse",
             Self::Io { .. } => "io",
             Self::Internal(_) => "internal",
+            Self::ClosedPipe => "closed pipe",
         }
     }
 

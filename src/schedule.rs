@@ -117,6 +117,12 @@ impl Schedule {
         })
     }
 
+    /// Whether it fires at most once a day (one time of day): its intervals are named by their
+    /// date.
+    pub fn at_most_daily(&self) -> bool {
+        self.times.len() == 1
+    }
+
     pub fn expr(&self) -> &str {
         &self.expr
     }

@@ -67,11 +67,13 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         tables::print_plan(
             &dag,
             &rows,
-            reprocess.as_str(),
-            args.run_backwards,
-            max_active_runs,
+            &tables::PlanOptions {
+                reprocess: reprocess.as_str(),
+                run_backwards: args.run_backwards,
+                max_active_runs,
+            },
             g.json,
-        );
+        )?;
         return Ok(exit::OK);
     }
 
@@ -240,6 +242,13 @@ pub(super) fn write_plan(
     }
     writer.call_blocking(move |c| backfills::planned(c, owner))?;
     to_run.sort_unstable_by_key(|(ord, _)| *ord);
+    tracing::info!(
+        backfill = owner.backfill_id,
+        dag = %dag.id,
+        intervals = total,
+        to_run = to_run.len(),
+        "planned and leased"
+    );
     Ok(Planned {
         total,
         to_run: to_run.into_iter().map(|(_, i)| i).collect(),

@@ -1,35 +1,45 @@
-//! `dags` lists the project's DAGs; `dags validate` checks every file and exits 2 on any error.
+//! `dags` lists the project's DAGs; `dags validate` checks every file, reports every error of
+//! every file (each with `file:line:column`), and exits 2 on any.
 
 use super::Global;
 use crate::exit::{self, Error};
-use crate::report::tables;
+use crate::report::{out, tables};
 
 pub fn run(g: &Global, validate: bool) -> Result<u8, Error> {
     let project = g.project()?;
     let (dags, errors) = project.load_all();
     for e in &errors {
-        eprintln!("error: {e}");
+        out::note(&format!("error: {e}"));
     }
     if validate {
+        if g.json {
+            let listed: Vec<serde_json::Value> = errors
+                .iter()
+                .map(|e| serde_json::json!({"location": e.location, "message": e.message}))
+                .collect();
+            tables::print_json(&serde_json::json!({
+                "valid": errors.is_empty(),
+                "dags": dags.len(),
+                "errors": listed,
+            }))?;
+        }
+        let files = project.dag_files().len();
         if errors.is_empty() {
-            eprintln!("{} DAG files OK", dags.len());
-            if g.json {
-                tables::print_json(
-                    &serde_json::json!({"valid": true, "dags": dags.len(), "errors": []}),
-                );
+            if !g.quiet && !g.json {
+                out::note(&format!(
+                    "{} OK",
+                    out::plural(i64::try_from(files).unwrap_or(0), "DAG file", "DAG files")
+                ));
             }
             return Ok(exit::OK);
         }
-        if g.json {
-            let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
-            tables::print_json(
-                &serde_json::json!({"valid": false, "dags": dags.len(), "errors": errors}),
-            );
-        }
-        eprintln!("{} error(s) in DAG files", errors.len());
+        out::note(&format!(
+            "{} in DAG files",
+            out::plural(i64::try_from(errors.len()).unwrap_or(0), "error", "errors")
+        ));
         return Ok(exit::USAGE);
     }
-    tables::print_dags(&dags, g.json);
+    tables::print_dags(&dags, g.json)?;
     Ok(if errors.is_empty() {
         exit::OK
     } else {

@@ -39,18 +39,55 @@ pub struct Execution {
 /// Runs the intervals, then prints the summary and returns the exit code. The writer is closed
 /// (its WAL checkpointed) before returning.
 pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> Result<u8, Error> {
+    let notify = e.dag.notify.over(&project.notify);
+    let (backfill_id, dag_id) = (e.owner.backfill_id, e.dag.id.clone());
     let result = run(g, project, e, &writer);
     crate::warehouse::pool::close_all();
     crate::manifest::close_readers();
     writer.close();
-    result
+    let ended = match &result {
+        Ok(end) => crate::notify::Ended {
+            backfill_id,
+            dag_id: &dag_id,
+            state: &end.state,
+            exit_code: end.code,
+            summary: end.summary.clone(),
+        },
+        Err(e) => crate::notify::Ended {
+            backfill_id,
+            dag_id: &dag_id,
+            state: "failed",
+            exit_code: e.exit_code(),
+            summary: serde_json::json!({
+                "backfill_id": backfill_id,
+                "dag_id": dag_id,
+                "state": "failed",
+                "exit_code": e.exit_code(),
+                "error": {"kind": e.kind(), "message": e.to_string()},
+            })
+            .to_string(),
+        },
+    };
+    for warning in crate::notify::run(&notify, &project.root, &project.logs_dir, &ended) {
+        super::warn(g, &warning);
+    }
+    result.map(|end| end.code)
 }
 
-fn run(g: &Global, project: &Project, e: Execution, writer: &Writer) -> Result<u8, Error> {
+/// How a backfill ended: its exit code, state and JSON summary.
+struct End {
+    code: u8,
+    state: String,
+    summary: String,
+}
+
+fn run(g: &Global, project: &Project, e: Execution, writer: &Writer) -> Result<End, Error> {
     let began = Instant::now();
     let owner = e.owner;
     let backfill_id = owner.backfill_id;
-    let tz = e.dag.tz;
+    let labels = crate::report::Labeler::new(&e.dag);
+    let rerun_conf = e.conf.clone();
+    let allow_drift = e.allow_drift;
     let total = e.intervals.len() as u64;
     let spec = RunSpec {
         owner,
@@ -88,7 +125,7 @@ fn run(g: &Global, project: &Project, e: Execution, writer: &Writer) -> Result<u
             heartbeat_error.clone(),
         ));
         let reporter = tokio::spawn(async move {
-            let mut reporter = Reporter::new(total, tz, quiet, verbose);
+            let mut reporter = Reporter::new(total, labels, quiet, verbose);
             while let Some(event) = events_rx.recv().await {
                 reporter.handle(&event);
             }
@@ -132,12 +169,27 @@ fn run(g: &Global, project: &Project, e: Execution, writer: &Writer) -> Result<u
         Err(e) => return Err(e.into()),
     };
     outcome.backfill.state = state.as_str().to_string();
-    report::print_summary(
-        &report::summary(&outcome, code, began.elapsed()),
-        g.json,
-        g.quiet,
+    let rerun = report::rerun_command(
+        &outcome,
+        &labels,
+        &report::Rerun {
+            project_dir: g.project_dir.as_deref(),
+            conf: &rerun_conf,
+            allow_drift,
+        },
     );
-    Ok(code)
+    let summary = report::summary(&outcome, code, began.elapsed(), rerun);
+    let json = serde_json::to_string(&summary)
+        .map_err(|e| Error::Internal(format!("cannot write the summary: {e}")))?;
+    match report::print_summary(&summary, &labels, g.json, g.quiet) {
+        Ok(()) | Err(Error::ClosedPipe) => {}
+        Err(e) => return Err(e),
+    }
+    Ok(End {
+        code,
+        state: state.as_str().to_string(),
+        summary: json,
+    })
 }
 
 /// First SIGINT, SIGTERM or SIGHUP (the terminal closed): stop gracefully. A second one: kill

@@ -4,7 +4,9 @@ mod beat;
 mod cancel;
 mod create;
 mod dags;
+mod docs;
 mod execute;
+mod init;
 mod read;
 mod resume;
 mod verify;
@@ -62,6 +64,9 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
             conf,
         } => verify::run(&g, &dag, &from, &to, conf.as_deref()),
         Command::Dags { action } => dags::run(&g, action.is_some()),
+        Command::Init { dir } => init::run(&g, dir.as_deref()),
+        Command::Completions { shell } => docs::completions(shell),
+        Command::Man => docs::man(),
     }
 }
 

@@ -1,43 +1,83 @@
-//! `list`, `show` and `runs`: read the manifest; never create or change it.
+//! `list`, `show` and `runs`: read the manifest (read-only); never create or change it. Their
+//! tables and JSON documents go to stdout.
+
+use std::path::PathBuf;
+
+use rusqlite::Connection;
 
 use super::{Global, unknown_backfill};
 use crate::clock;
 use crate::exit::{self, Error};
 use crate::interval::resolve_args;
-use crate::manifest::{self, queries};
-use crate::report::tables;
+use crate::manifest::leases::LeaseCtx;
+use crate::manifest::queries::{self, BackfillSummary};
+use crate::manifest::{self};
+use crate::project::Project;
+use crate::report::{Labeler, tables};
+use crate::state::BackfillState;
+
+/// The manifest to read: `None` when the project's own has not been created yet (nothing was
+/// recorded). A `--manifest` path that does not exist is an error.
+fn open(g: &Global, project: Option<&Project>) -> Result<(PathBuf, Option<Connection>), Error> {
+    let path = g.manifest_path(project)?;
+    let conn = if g.manifest.is_some() {
+        Some(manifest::open_read_only(&path)?)
+    } else {
+        manifest::open_if_exists(&path)?
+    };
+    Ok((path, conn))
+}
+
+/// Says whether each running backfill's owner is alive.
+fn judge_owners(list: &mut [BackfillSummary], project: Option<&Project>) {
+    let timeout = project.map_or(crate::project::DEFAULT_LEASE_TIMEOUT, |p| p.lease_timeout);
+    let ctx = LeaseCtx::new(timeout);
+    for b in list {
+        let state = b.state.parse().unwrap_or(BackfillState::Running);
+        let host = b.owner_host.clone();
+        b.owner_alive = ctx.owner_alive(state, b.owner_pid, host.as_deref(), b.heartbeat_at);
+    }
+}
 
 pub fn list(g: &Global, dag: Option<&str>, active: bool) -> Result<u8, Error> {
-    let path = g.manifest_path(None)?;
-    let rows = match manifest::open_if_exists(&path)? {
-        Some(conn) => queries::list(&conn, dag, active)?,
+    let project = g.project().ok();
+    let (path, conn) = open(g, project.as_ref())?;
+    let mut rows = match conn {
+        Some(conn) => queries::list(&conn, dag, active).map_err(|e| e.at(&path))?,
         None => Vec::new(),
     };
-    tables::print_list(&rows, g.json);
+    judge_owners(&mut rows, project.as_ref());
+    let what = match (dag, active) {
+        (Some(d), true) => format!("no active backfills of DAG {d}"),
+        (Some(d), false) => format!("no backfills of DAG {d}"),
+        (None, true) => "no active backfills".to_string(),
+        (None, false) => "no backfills yet".to_string(),
+    };
+    tables::print_list(&rows, g.json, &what)?;
     Ok(exit::OK)
 }
 
 pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
-    let path = g.manifest_path(None)?;
-    let Some(conn) = manifest::open_if_exists(&path)? else {
+    let project = g.project().ok();
+    let (path, conn) = open(g, project.as_ref())?;
+    let Some(conn) = conn else {
         return Err(unknown_backfill(id, &path));
     };
-    let Some(detail) = queries::show(&conn, id)? else {
+    let Some(mut detail) = queries::show(&conn, id).map_err(|e| e.at(&path))? else {
         return Err(unknown_backfill(id, &path));
     };
-    // Local labels when the DAG is still in the project; UTC otherwise.
-    let tz = g
-        .project()
-        .ok()
-        .and_then(|p| p.dag(&detail.backfill.dag_id).ok())
-        .map(|d| d.tz);
-    tables::print_show(&detail, tz, g.json);
+    judge_owners(std::slice::from_mut(&mut detail.backfill), project.as_ref());
+    // Labels in the DAG's timezone while the DAG is in the project; UTC otherwise.
+    let dag = project
+        .as_ref()
+        .and_then(|p| p.dag(&detail.backfill.dag_id).ok());
+    tables::print_show(&detail, &Labeler::of(dag.as_ref()), g.json)?;
     Ok(exit::OK)
 }
 
 pub fn runs(g: &Global, dag_id: &str, from: Option<&str>, to: Option<&str>) -> Result<u8, Error> {
     let project = g.project()?;
-    let path = g.manifest_path(Some(&project))?;
+    let dag = project.dag(dag_id).ok();
     let (lo, hi) = match (from, to) {
         (Some(from), Some(to)) => {
             let dag = project.dag(dag_id)?;
@@ -46,10 +86,15 @@ pub fn runs(g: &Global, dag_id: &str, from: Option<&str>, to: Option<&str>) -> R
         }
         _ => (i64::MIN, i64::MAX),
     };
-    let rows = match manifest::open_if_exists(&path)? {
-        Some(conn) => queries::runs(&conn, dag_id, lo, hi)?,
+    let (path, conn) = open(g, Some(&project))?;
+    let rows = match conn {
+        Some(conn) => queries::runs(&conn, dag_id, lo, hi).map_err(|e| e.at(&path))?,
         None => Vec::new(),
     };
-    tables::print_runs(&rows, g.json);
+    let what = match (from, to) {
+        (Some(f), Some(t)) => format!("no runs of DAG {dag_id} between --from {f} and --to {t}"),
+        _ => format!("no runs of DAG {dag_id}"),
+    };
+    tables::print_runs(&rows, &Labeler::of(dag.as_ref()), g.json, &what)?;
     Ok(exit::OK)
 }

@@ -22,7 +22,8 @@ use crate::exit::{self, Error};
 use crate::interval::{DataInterval, Rfc3339, expand_nonempty, resolve_args};
 use crate::process::{self, Ended, Stop};
 use crate::project::{Dag, Project, Task, TaskKind};
-use crate::report::{label, tables};
+use crate::report::Labeler;
+use crate::report::tables::{self, Grid};
 use crate::runner::{Step, blocking_step};
 use crate::task::command;
 use crate::task::template::IntervalValues;
@@ -141,9 +142,9 @@ pub fn run(
         return Ok(exit::INTERRUPTED);
     }
     if g.json {
-        tables::print_json(&checks);
+        tables::print_json(&checks)?;
     } else {
-        print_checks(&dag, &checks);
+        print_checks(&dag, &checks)?;
     }
     let mut bad = 0;
     for c in &checks {
@@ -154,7 +155,7 @@ pub fn run(
                     eprintln!(
                         "task `{}` for {} is unverifiable: it reports no fingerprint; write {{\"fingerprint\": ...}} to $BACKFILL_RESULT",
                         c.task_id,
-                        label(c.start.0, dag.tz)
+                        Labeler::new(&dag).label(c.start.0)
                     );
                 }
                 continue;
@@ -179,7 +180,7 @@ pub fn run(
         eprintln!(
             "task `{}` is not deterministic for interval {}: {why}",
             c.task_id,
-            label(c.start.0, dag.tz)
+            Labeler::new(&dag).label(c.start.0)
         );
     }
     if !g.quiet {
@@ -233,10 +234,9 @@ fn judge(
     checks
 }
 
-fn print_checks(dag: &Dag, checks: &[Check]) {
-    let mut t = comfy_table::Table::new();
-    t.load_style(comfy_table::presets::UTF8_FULL_CONDENSED);
-    t.set_header(vec![
+fn print_checks(dag: &Dag, checks: &[Check]) -> Result<(), Error> {
+    let labels = Labeler::new(dag);
+    let mut t = Grid::new(vec![
         "interval",
         "task",
         "rows",
@@ -247,16 +247,16 @@ fn print_checks(dag: &Dag, checks: &[Check]) {
     ]);
     let show = |c: &Computed| match &c.error {
         None => (
-            c.rows.map_or("-".into(), |n| n.to_string()),
-            c.fingerprint.clone().unwrap_or_else(|| "-".into()),
+            c.rows.map_or(String::new(), |n| n.to_string()),
+            c.fingerprint.clone().unwrap_or_default(),
         ),
-        Some(_) => ("error".into(), "-".into()),
+        Some(_) => ("error".into(), String::new()),
     };
     for c in checks {
         let (r1, f1) = show(&c.first);
         let (r2, f2) = show(&c.second);
-        t.add_row(vec![
-            label(c.start.0, dag.tz),
+        t.row(vec![
+            labels.label(c.start.0),
             c.task_id.clone(),
             r1,
             f1,
@@ -265,7 +265,7 @@ fn print_checks(dag: &Dag, checks: &[Check]) {
             c.result.as_str().to_string(),
         ]);
     }
-    tables::print_table(&t);
+    t.print()
 }
 
 /// First SIGINT, SIGTERM or SIGHUP: stop gracefully. A second one: kill now.

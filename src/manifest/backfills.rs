@@ -254,6 +254,14 @@ pub fn take_ownership(
         return Ok(None);
     }
     let epoch = b.epoch + 1;
+    tracing::info!(
+        backfill = backfill_id,
+        epoch,
+        owner_pid = b.owner_pid,
+        owner_host = b.owner_host.as_deref().unwrap_or("?"),
+        me,
+        "taking ownership from a gone owner"
+    );
     if me {
         conn.execute(
             "UPDATE backfills SET state = ?2, epoch = ?3, owner_pid = ?4, owner_host = ?5,

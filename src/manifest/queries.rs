@@ -34,6 +34,11 @@ pub struct BackfillSummary {
     pub finished_at: Option<String>,
     pub owner_pid: Option<i64>,
     pub owner_host: Option<String>,
+    /// Whether the process running it is alive (false for a backfill that is not running).
+    pub owner_alive: bool,
+    /// The owner's last heartbeat (unix milliseconds), to judge `owner_alive`.
+    #[serde(skip)]
+    pub heartbeat_at: Option<i64>,
     pub intervals: Counts,
 }
 
@@ -85,6 +90,8 @@ fn summary(b: Backfill, counts: Counts) -> BackfillSummary {
         finished_at: b.finished_at.map(ms_to_rfc3339),
         owner_pid: b.owner_pid,
         owner_host: b.owner_host,
+        owner_alive: false,
+        heartbeat_at: b.heartbeat_at,
         intervals: counts,
     }
 }
@@ -116,8 +123,10 @@ pub fn list(
 /// A failed or rejected interval, for the summary at the end of a run.
 #[derive(Debug, Clone, Serialize)]
 pub struct FailedInterval {
-    pub start: String,
+    pub start: Rfc3339,
     pub state: String,
+    /// The task whose try failed or was rejected.
+    pub task: Option<String>,
     pub error: Option<String>,
     pub log: Option<String>,
 }
@@ -145,6 +154,8 @@ pub fn outcome(conn: &Connection, id: i64) -> Result<Option<Outcome>> {
     let mut stmt = conn.prepare(
         "SELECT r.interval_start, r.state, r.error,
                 (SELECT t.log_path FROM task_tries t WHERE t.run_id = r.id AND t.state != 'succeeded'
+                 ORDER BY t.id DESC LIMIT 1),
+                (SELECT t.task_id FROM task_tries t WHERE t.run_id = r.id AND t.state != 'succeeded'
                  ORDER BY t.id DESC LIMIT 1)
          FROM runs r
          JOIN (SELECT MAX(id) AS id FROM runs WHERE backfill_id = ?1 GROUP BY interval_start) m
@@ -154,8 +165,9 @@ pub fn outcome(conn: &Connection, id: i64) -> Result<Option<Outcome>> {
     let failed = stmt
         .query_map([id], |r| {
             Ok(FailedInterval {
-                start: rfc3339(from_unix(r.get(0)?)),
+                start: Rfc3339(from_unix(r.get(0)?)),
                 state: r.get(1)?,
+                task: r.get(4)?,
                 error: r.get(2)?,
                 log: r.get(3)?,
             })
@@ -412,8 +424,8 @@ fn counts(conn: &Connection, id: Option<i64>) -> Result<HashMap<i64, Counts>> {
 pub struct RunHistory {
     pub run_id: i64,
     pub backfill_id: i64,
-    pub start: String,
-    pub end: String,
+    pub start: Rfc3339,
+    pub end: Rfc3339,
     pub state: String,
     pub started_at: String,
     pub duration_ms: Option<i64>,
@@ -440,8 +452,8 @@ pub fn runs(conn: &Connection, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<Run
             Ok(RunHistory {
                 run_id: r.get(0)?,
                 backfill_id: r.get(1)?,
-                start: rfc3339(from_unix(r.get(2)?)),
-                end: rfc3339(from_unix(r.get(3)?)),
+                start: Rfc3339(from_unix(r.get(2)?)),
+                end: Rfc3339(from_unix(r.get(3)?)),
                 state: r.get(4)?,
                 started_at: ms_to_rfc3339(started),
                 duration_ms: ended.map(|e| e - started),

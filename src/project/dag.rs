@@ -26,8 +26,87 @@ pub struct Dag {
     pub tz: Tz,
     pub max_active_runs: Option<u32>,
     pub depends_on_past: bool,
+    /// Commands run when a backfill of this DAG ends; each key overrides the project's.
+    pub notify: Notify,
     /// Tasks in an order that respects `depends_on`.
     pub tasks: Vec<Task>,
+}
+
+/// The `[notify]` commands: run when a `create` or `resume` ends, with the JSON summary on
+/// stdin. Not templated: they read `BACKFILL_ID`, `BACKFILL_DAG`, `BACKFILL_STATE` and
+/// `BACKFILL_EXIT_CODE` from their environment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Notify {
+    /// When an interval failed or was rejected, or the backfill hit an internal error.
+    pub on_failure: Option<CommandSpec>,
+    /// When every planned interval succeeded.
+    pub on_success: Option<CommandSpec>,
+    /// Whenever it ends, also when it is interrupted.
+    pub on_finish: Option<CommandSpec>,
+    /// How long each may take (default 30s).
+    pub timeout: Option<Duration>,
+}
+
+impl Notify {
+    /// These settings, each key that is not set taken from `base`.
+    pub fn over(&self, base: &Notify) -> Notify {
+        Notify {
+            on_failure: self.on_failure.clone().or_else(|| base.on_failure.clone()),
+            on_success: self.on_success.clone().or_else(|| base.on_success.clone()),
+            on_finish: self.on_finish.clone().or_else(|| base.on_finish.clone()),
+            timeout: self.timeout.or(base.timeout),
+        }
+    }
+}
+
+/// Reads a `[notify]` table.
+pub(crate) fn notify(raw: Option<&super::raw::RawNotify>, errs: &mut FileErrors<'_>) -> Notify {
+    let Some(raw) = raw else {
+        return Notify::default();
+    };
+    let spec = |c: &Option<Spanned<RawCommand>>, key: &str, errs: &mut FileErrors<'_>| {
+        let c = c.as_ref()?;
+        match c.get_ref() {
+            RawCommand::Argv(v) if v.first().is_none_or(|p| p.get_ref().trim().is_empty()) => {
+                errs.at(
+                    c,
+                    format!("key `notify.{key}` names no program; write [\"prog\", \"arg\"] or a shell line"),
+                );
+                None
+            }
+            RawCommand::Argv(v) => Some(CommandSpec::Argv(
+                v.iter().map(|a| a.get_ref().clone()).collect(),
+            )),
+            RawCommand::Shell(s) if s.trim().is_empty() => {
+                errs.at(
+                    c,
+                    format!("key `notify.{key}` is empty; write a shell line"),
+                );
+                None
+            }
+            RawCommand::Shell(s) => Some(CommandSpec::Shell(s.clone())),
+        }
+    };
+    let timeout =
+        raw.timeout
+            .as_ref()
+            .and_then(|t| match super::diagnostics::parse_duration(t.get_ref()) {
+                Ok(d) if d.is_zero() => {
+                    errs.at(t, "key `notify.timeout` must be longer than 0s".to_string());
+                    None
+                }
+                Ok(d) => Some(d),
+                Err(why) => {
+                    errs.at(t, format!("key `notify.timeout`: {why}"));
+                    None
+                }
+            });
+    Notify {
+        on_failure: spec(&raw.on_failure, "on_failure", errs),
+        on_success: spec(&raw.on_success, "on_success", errs),
+        on_finish: spec(&raw.on_finish, "on_finish", errs),
+        timeout,
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -355,6 +434,7 @@ impl Dag {
             errs.in_file("the DAG has no tasks; add at least one [[tasks]] table");
         }
         let tasks = load_tasks(&raw.tasks, &defaults, warehouses, errs);
+        let notify = notify(raw.notify.as_ref(), errs);
         Some(Self {
             id: id.to_string(),
             file: errs.file.to_string(),
@@ -363,6 +443,7 @@ impl Dag {
             tz: tz?,
             max_active_runs,
             depends_on_past: raw.depends_on_past.unwrap_or(false),
+            notify,
             tasks: tasks?,
         })
     }

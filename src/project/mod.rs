@@ -16,7 +16,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use dag::{
-    CommandSpec, Dag, Gate, SourceCount, SqlTask, Task, TaskKind, TaskLocations, missing_conf,
+    CommandSpec, Dag, Gate, Notify, SourceCount, SqlTask, Task, TaskKind, TaskLocations,
+    missing_conf,
 };
 pub use diagnostics::ConfigError;
 pub(crate) use diagnostics::closest;
@@ -34,7 +35,7 @@ pub use crate::manifest::leases::HEARTBEAT;
 /// dead because one heartbeat was late.
 pub const MIN_LEASE_TIMEOUT: Duration = Duration::from_secs(1);
 /// `lease_timeout` when `backfill.toml` does not set it.
-pub(crate) const DEFAULT_LEASE_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DEFAULT_LEASE_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProjectError {
@@ -78,6 +79,8 @@ pub struct Project {
     pub warehouses: BTreeMap<String, Warehouse>,
     /// How the manifest's commits reach the disk.
     pub durability: Durability,
+    /// The `[notify]` commands (a DAG's own override them key by key).
+    pub notify: Notify,
 }
 
 /// A SQLite warehouse declared in `backfill.toml`.
@@ -254,6 +257,7 @@ impl Project {
                 },
             );
         }
+        let notify = dag::notify(raw.notify.as_ref(), &mut errs);
         if !errs.is_empty() {
             return Err(errs.into_errors());
         }
@@ -263,6 +267,7 @@ impl Project {
             lease_timeout,
             warehouses,
             durability,
+            notify,
             root,
         })
     }

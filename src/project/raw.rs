@@ -16,6 +16,7 @@ pub(crate) const PROJECT_KEYS: &[&str] = &[
     "lease_timeout",
     "durability",
     "warehouse",
+    "notify",
 ];
 pub(crate) const WAREHOUSE_KEYS: &[&str] = &["path", "init", "busy_timeout"];
 pub(crate) const DAG_KEYS: &[&str] = &[
@@ -29,6 +30,7 @@ pub(crate) const DAG_KEYS: &[&str] = &[
     "timeout",
     "grace_period",
     "depends_on_past",
+    "notify",
     "tasks",
 ];
 pub(crate) const TASK_KEYS: &[&str] = &[
@@ -47,6 +49,43 @@ pub(crate) const TASK_KEYS: &[&str] = &[
     "grace_period",
 ];
 pub(crate) const GATE_KEYS: &[&str] = &["unique_key", "source_count", "tolerance", "allow_empty"];
+pub(crate) const NOTIFY_KEYS: &[&str] = &["on_failure", "on_success", "on_finish", "timeout"];
+
+/// A `[notify]` table (in `backfill.toml`, or a DAG file's to override it).
+#[derive(Debug, Default)]
+pub(crate) struct RawNotify {
+    pub(crate) on_failure: Option<Spanned<RawCommand>>,
+    pub(crate) on_success: Option<Spanned<RawCommand>>,
+    pub(crate) on_finish: Option<Spanned<RawCommand>>,
+    pub(crate) timeout: Option<Spanned<String>>,
+}
+
+impl RawNotify {
+    fn read(table: &DeTable<'_>, errs: &mut FileErrors<'_>) -> Option<Self> {
+        let n = get(table, "notify")?;
+        match n.get_ref() {
+            DeValue::Table(t) => {
+                unknown_keys(t, "[notify]", NOTIFY_KEYS, errs);
+                Some(Self {
+                    on_failure: command(t, "on_failure", errs),
+                    on_success: command(t, "on_success", errs),
+                    on_finish: command(t, "on_finish", errs),
+                    timeout: string(t, "timeout", "\"30s\"", errs),
+                })
+            }
+            other => {
+                errs.at(
+                    n,
+                    format!(
+                        "key `notify` must be a [notify] table, not {}",
+                        a_type(other)
+                    ),
+                );
+                None
+            }
+        }
+    }
+}
 
 /// `backfill.toml`.
 #[derive(Debug, Default)]
@@ -56,6 +95,7 @@ pub(crate) struct RawProject {
     pub(crate) lease_timeout: Option<Spanned<String>>,
     pub(crate) durability: Option<Spanned<String>>,
     pub(crate) warehouses: Vec<RawWarehouse>,
+    pub(crate) notify: Option<RawNotify>,
 }
 
 /// A `[warehouse.NAME]` table.
@@ -81,6 +121,7 @@ pub(crate) struct RawDag {
     pub(crate) timeout: Option<Spanned<String>>,
     pub(crate) grace_period: Option<Spanned<String>>,
     pub(crate) depends_on_past: Option<bool>,
+    pub(crate) notify: Option<RawNotify>,
     pub(crate) tasks: Vec<RawTask>,
 }
 
@@ -181,6 +222,7 @@ impl RawProject {
             logs: string(&table, "logs", "\".backfill/logs\"", errs),
             lease_timeout: string(&table, "lease_timeout", "\"30s\"", errs),
             durability: string(&table, "durability", "\"normal\"", errs),
+            notify: RawNotify::read(&table, errs),
             warehouses,
         })
     }
@@ -228,6 +270,7 @@ impl RawDag {
             timeout: string(&table, "timeout", "\"1h\"", errs),
             grace_period: string(&table, "grace_period", "\"10s\"", errs),
             depends_on_past: boolean(&table, "depends_on_past", errs),
+            notify: RawNotify::read(&table, errs),
             tasks,
         })
     }

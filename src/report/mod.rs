@@ -1,47 +1,50 @@
-//! Turns runner events into what people and programs read: a progress bar on a terminal
-//! (done/total, running, failed, ETA), one plain line per finished interval otherwise, and a
-//! summary at the end (a table on stderr, or one JSON document on stdout).
+//! Turns runner events into what people and programs read, on stderr while a backfill runs: a
+//! progress bar on a terminal that can draw one (done/total, running, failed, ETA), one plain
+//! line per finished interval otherwise (cron, CI, a pipe, `TERM=dumb`), nothing with `-q`.
+//! At the end, a summary: a table and a line for humans (stderr), or one JSON document
+//! (stdout); a failed backfill always lists its failures and the command that reruns them on
+//! stderr, with `-q` and `--output json` too.
 
+pub mod label;
+pub mod out;
 pub mod tables;
 
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
-use chrono::{DateTime, NaiveTime, Utc};
-use chrono_tz::Tz;
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
+pub use label::Labeler;
+
+use crate::exit::{self, Error};
 use crate::manifest::queries::{Counts, FailedInterval, Outcome};
 use crate::plan::RunState;
 use crate::runner::Event;
-
-/// A human label for an interval start: its local date for midnight starts, else local date
-/// and time with the offset.
-pub fn label(start: DateTime<Utc>, tz: Tz) -> String {
-    let local = start.with_timezone(&tz);
-    if local.time() == NaiveTime::MIN {
-        local.format("%Y-%m-%d").to_string()
-    } else {
-        local.format("%Y-%m-%d %H:%M%:z").to_string()
-    }
-}
 
 fn seconds(d: Duration) -> String {
     format!("{:.2}s", d.as_secs_f64())
 }
 
+/// How progress is shown.
 enum Mode {
     Bar(ProgressBar),
     Lines,
     Quiet,
 }
 
+/// Whether stderr is a terminal that can redraw a progress bar: `TERM=dumb` (or no `TERM`)
+/// gets plain lines.
+fn can_draw() -> bool {
+    std::io::stderr().is_terminal()
+        && std::env::var("TERM").is_ok_and(|t| !t.is_empty() && t != "dumb")
+}
+
 /// Renders events as they come.
 pub struct Reporter {
     mode: Mode,
-    tz: Tz,
+    labels: Labeler,
     verbose: bool,
     running: u64,
     failed: u64,
@@ -49,16 +52,19 @@ pub struct Reporter {
 
 impl Reporter {
     /// `total` is the number of intervals to run; `quiet` suppresses per-interval output.
-    pub fn new(total: u64, tz: Tz, quiet: bool, verbose: bool) -> Self {
+    pub fn new(total: u64, labels: Labeler, quiet: bool, verbose: bool) -> Self {
         let mode = if quiet {
             Mode::Quiet
-        } else if std::io::stderr().is_terminal() {
+        } else if can_draw() {
             let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+            let template = if std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty()) {
+                "{bar:30} {pos}/{len} intervals · {msg} · {elapsed_precise} elapsed · ETA {eta}"
+            } else {
+                "{bar:30.cyan/blue} {pos}/{len} intervals · {msg} · {elapsed_precise} elapsed · ETA {eta}"
+            };
             bar.set_style(
-                ProgressStyle::with_template(
-                    "{bar:30.cyan/blue} {pos}/{len} intervals · {msg} · {elapsed_precise} elapsed · ETA {eta}",
-                )
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                ProgressStyle::with_template(template)
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
             );
             bar.enable_steady_tick(Duration::from_millis(200));
             Mode::Bar(bar)
@@ -67,7 +73,7 @@ impl Reporter {
         };
         let reporter = Self {
             mode,
-            tz,
+            labels,
             verbose,
             running: 0,
             failed: 0,
@@ -79,10 +85,7 @@ impl Reporter {
     fn line(&self, text: &str) {
         match &self.mode {
             Mode::Bar(bar) => bar.println(text),
-            Mode::Lines => {
-                let mut err = std::io::stderr().lock();
-                let _ = writeln!(err, "{text}");
-            }
+            Mode::Lines => out::note(text),
             Mode::Quiet => {}
         }
     }
@@ -100,7 +103,7 @@ impl Reporter {
                 if self.verbose {
                     self.line(&format!(
                         "started    {} (run {run_id})",
-                        label(interval.start, self.tz)
+                        self.labels.label(interval.start)
                     ));
                 }
             }
@@ -120,7 +123,7 @@ impl Reporter {
                 };
                 let mut text = format!(
                     "try {try_number} of task `{task_id}` for {} failed: {error} ({then})\n  log: {log_path}",
-                    label(interval.start, self.tz)
+                    self.labels.label(interval.start)
                 );
                 if !*will_retry && !log_tail.is_empty() {
                     for l in log_tail.lines() {
@@ -144,7 +147,7 @@ impl Reporter {
                 let mut text = format!(
                     "{:<10} {} ({})",
                     state.as_str(),
-                    label(interval.start, self.tz),
+                    self.labels.label(interval.start),
                     seconds(*elapsed)
                 );
                 if let Some(e) = error {
@@ -160,7 +163,7 @@ impl Reporter {
                 self.line(&format!(
                     "{:<10} {} ({reason})",
                     "skipped",
-                    label(interval.start, self.tz)
+                    self.labels.label(interval.start)
                 ));
                 if let Mode::Bar(bar) = &self.mode {
                     bar.inc(1);
@@ -172,7 +175,12 @@ impl Reporter {
                 } else {
                     "stopping: no new intervals; running tasks get SIGTERM (Ctrl-C again to kill now)"
                 };
-                self.line(&format!("{why}: {how}"));
+                // Stopping is always said, also with -q: the exit code alone does not say why.
+                let text = format!("{why}: {how}");
+                match &self.mode {
+                    Mode::Quiet => out::note(&text),
+                    _ => self.line(&text),
+                }
             }
         }
         self.update_message();
@@ -196,10 +204,63 @@ pub struct Summary<'a> {
     pub skipped: &'a std::collections::BTreeMap<String, i64>,
     pub failed: &'a [FailedInterval],
     pub elapsed_seconds: f64,
+    /// The command that reruns the failed and rejected intervals, when there are any.
+    pub rerun: Option<String>,
+}
+
+/// What a rerun hint needs to know about the command that ran.
+pub struct Rerun<'a> {
+    /// `-C DIR` as given, if it was.
+    pub project_dir: Option<&'a std::path::Path>,
+    pub conf: &'a serde_json::Value,
+    pub allow_drift: bool,
+}
+
+/// Quotes a word for a POSIX shell when it needs it.
+fn shell_word(word: &str) -> String {
+    shlex::try_quote(word).map_or_else(|_| word.to_string(), |q| q.into_owned())
+}
+
+/// The complete command that reruns exactly the failed and rejected intervals of a backfill.
+pub fn rerun_command(outcome: &Outcome, labels: &Labeler, how: &Rerun<'_>) -> Option<String> {
+    let first = outcome.failed.iter().map(|f| f.start.0).min()?;
+    let last = outcome.failed.iter().map(|f| f.start.0).max()?;
+    let mut words = vec!["backfill".to_string()];
+    if let Some(dir) = how.project_dir {
+        words.push("-C".into());
+        words.push(shell_word(&dir.display().to_string()));
+    }
+    words.extend(
+        [
+            "create",
+            "--dag",
+            &shell_word(&outcome.backfill.dag_id),
+            "--from",
+            &shell_word(&labels.when(first)),
+            "--to",
+            &shell_word(&labels.when(last)),
+            "--reprocess-behavior",
+            "failed",
+        ]
+        .map(String::from),
+    );
+    if how.conf.as_object().is_some_and(|o| !o.is_empty()) {
+        words.push("--conf".into());
+        words.push(shell_word(&how.conf.to_string()));
+    }
+    if how.allow_drift {
+        words.push("--allow-drift".into());
+    }
+    Some(words.join(" "))
 }
 
 /// Builds the summary of a finished (or stopped) backfill from its outcome in the manifest.
-pub fn summary<'a>(outcome: &'a Outcome, exit_code: u8, elapsed: Duration) -> Summary<'a> {
+pub fn summary<'a>(
+    outcome: &'a Outcome,
+    exit_code: u8,
+    elapsed: Duration,
+    rerun: Option<String>,
+) -> Summary<'a> {
     Summary {
         backfill_id: outcome.backfill.id,
         dag_id: &outcome.backfill.dag_id,
@@ -209,18 +270,25 @@ pub fn summary<'a>(outcome: &'a Outcome, exit_code: u8, elapsed: Duration) -> Su
         skipped: &outcome.skipped,
         failed: &outcome.failed,
         elapsed_seconds: elapsed.as_secs_f64(),
+        rerun,
     }
 }
 
-/// Prints the summary: a table for humans on stderr, or JSON on stdout.
-pub fn print_summary(s: &Summary<'_>, json: bool, quiet: bool) {
+/// Prints the summary: JSON on stdout with `--output json`, else a table and a line on stderr
+/// (nothing on success with `-q`). Failures are always listed on stderr, with the command that
+/// reruns them.
+pub fn print_summary(
+    s: &Summary<'_>,
+    labels: &Labeler,
+    json: bool,
+    quiet: bool,
+) -> Result<(), Error> {
     if json {
-        tables::print_json(s);
-        return;
+        out::json(s)?;
     }
     let c = s.intervals;
     let mut err = std::io::stderr().lock();
-    if !quiet {
+    if !json && !quiet {
         let mut table = Table::new();
         table.load_style(UTF8_FULL_CONDENSED);
         table.set_header(vec!["intervals", "count"]);
@@ -239,39 +307,41 @@ pub fn print_summary(s: &Summary<'_>, json: bool, quiet: bool) {
             table.add_row(vec![format!("skipped: {reason}"), n.to_string()]);
         }
         let _ = writeln!(err, "{table}");
-        for f in s.failed {
-            let _ = writeln!(
-                err,
-                "{} {}: {}{}",
-                f.state,
-                f.start,
-                f.error.as_deref().unwrap_or("-"),
-                f.log
-                    .as_ref()
-                    .map(|l| format!("\n  log: {l}"))
-                    .unwrap_or_default()
-            );
-        }
     }
-    let next = match s.exit_code {
-        crate::exit::INTERRUPTED => format!("; continue with `backfill resume {}`", s.backfill_id),
-        crate::exit::FAILED => format!(
-            "; rerun the failures with `backfill create --dag {} ... --reprocess-behavior failed`",
-            s.dag_id
-        ),
+    for f in s.failed {
+        let _ = writeln!(
+            err,
+            "{} {}: {}{}",
+            f.state,
+            labels.label(f.start.0),
+            f.error.as_deref().unwrap_or("-"),
+            f.log
+                .as_ref()
+                .map(|l| format!("\n  log: {l}"))
+                .unwrap_or_default()
+        );
+    }
+    let next = match (s.exit_code, &s.rerun) {
+        (exit::INTERRUPTED, _) => format!("; continue with `backfill resume {}`", s.backfill_id),
+        (exit::FAILED, Some(rerun)) => format!("; rerun the failures with `{rerun}`"),
         _ => String::new(),
     };
-    let _ = writeln!(
-        err,
-        "backfill {} of {}: {} — {} succeeded, {} failed, {} rejected, {} cancelled, {} skipped in {:.1}s{next}",
-        s.backfill_id,
-        s.dag_id,
-        s.state,
-        c.succeeded,
-        c.failed,
-        c.rejected,
-        c.cancelled,
-        c.skipped,
-        s.elapsed_seconds
-    );
+    if !json && (!quiet || s.exit_code != exit::OK) {
+        let _ = writeln!(
+            err,
+            "backfill {} of {}: {} — {} succeeded, {} failed, {} rejected, {} cancelled, {} skipped in {:.1}s{next}",
+            s.backfill_id,
+            s.dag_id,
+            s.state,
+            c.succeeded,
+            c.failed,
+            c.rejected,
+            c.cancelled,
+            c.skipped,
+            s.elapsed_seconds
+        );
+    } else if json && !next.is_empty() {
+        let _ = writeln!(err, "backfill {}: {}{next}", s.backfill_id, s.state);
+    }
+    Ok(())
 }

@@ -1,45 +1,98 @@
-//! Tables for humans (stderr) and JSON documents (stdout) for the read commands and the plan.
+//! The data the read commands and the dry run print: human tables, or JSON documents with
+//! `--output json`, always on stdout. Every column has its heading; a column empty in every row
+//! is left out; tables longer than [`TABLE_LIMIT`] rows show their first and last halves with
+//! a line of their own saying how many rows were left out.
 
-use std::io::{BufWriter, Write};
-
-use chrono_tz::Tz;
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use serde::Serialize;
 
-use super::label;
-use crate::interval::{Rfc3339, rfc3339};
+use super::Labeler;
+use super::out::{self, plural};
+use crate::exit::Error;
+use crate::interval::Rfc3339;
 use crate::manifest::queries::{BackfillDetail, BackfillSummary, RunHistory};
 use crate::plan::{Action, PlanRow};
 use crate::project::{Dag, TaskKind};
 
-/// Writes one JSON document and a newline to stdout.
-pub fn print_json<T: Serialize + ?Sized>(value: &T) {
-    let stdout = std::io::stdout();
-    let mut out = BufWriter::with_capacity(1 << 16, stdout.lock());
-    let _ = serde_json::to_writer(&mut out, value);
-    let _ = out.write_all(b"\n");
-    let _ = out.flush();
+pub use out::json as print_json;
+
+/// Rows of a human table beyond which only the first and last half of this are shown.
+pub const TABLE_LIMIT: usize = 200;
+
+/// A table being built: headings and rows of cells.
+pub struct Grid {
+    headings: Vec<&'static str>,
+    rows: Vec<Vec<String>>,
 }
 
-pub fn print_table(table: &Table) {
-    let mut err = std::io::stderr().lock();
-    let _ = writeln!(err, "{table}");
-}
+impl Grid {
+    pub fn new(headings: Vec<&'static str>) -> Self {
+        Self {
+            headings,
+            rows: Vec::new(),
+        }
+    }
 
-fn table(header: Vec<&str>) -> Table {
-    let mut t = Table::new();
-    t.load_style(UTF8_FULL_CONDENSED);
-    t.set_header(header);
-    t
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// The table as text, columns that are empty in every row left out.
+    pub fn render(&self) -> String {
+        let keep: Vec<usize> = (0..self.headings.len())
+            .filter(|&i| {
+                self.rows
+                    .iter()
+                    .any(|r| r.get(i).is_some_and(|c| !c.is_empty() && c != "-"))
+            })
+            .collect();
+        let table = |rows: &[Vec<String>]| {
+            let mut t = Table::new();
+            t.load_style(UTF8_FULL_CONDENSED);
+            t.set_header(keep.iter().map(|&i| self.headings[i]).collect::<Vec<_>>());
+            for r in rows {
+                t.add_row(
+                    keep.iter()
+                        .map(|&i| r.get(i).cloned().unwrap_or_default())
+                        .collect::<Vec<_>>(),
+                );
+            }
+            t.to_string()
+        };
+        if self.rows.len() <= TABLE_LIMIT {
+            return table(&self.rows);
+        }
+        let half = TABLE_LIMIT / 2;
+        let left_out = self.rows.len() - TABLE_LIMIT;
+        format!(
+            "{}\n… {} left out; --output json lists every row\n{}",
+            table(&self.rows[..half]),
+            plural(i64::try_from(left_out).unwrap_or(i64::MAX), "row", "rows"),
+            table(&self.rows[self.rows.len() - half..])
+        )
+    }
+
+    /// Prints the table on stdout.
+    pub fn print(&self) -> Result<(), Error> {
+        out::data(&self.render())
+    }
 }
 
 fn duration_ms(ms: Option<i64>) -> String {
     ms.map(|ms| format!("{:.2}s", ms as f64 / 1000.0))
-        .unwrap_or_else(|| "-".into())
+        .unwrap_or_default()
 }
 
-fn or_dash<T: ToString>(v: Option<T>) -> String {
-    v.map(|v| v.to_string()).unwrap_or_else(|| "-".into())
+fn or_empty<T: ToString>(v: Option<T>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_default()
 }
 
 #[derive(Serialize)]
@@ -84,57 +137,36 @@ impl Serialize for PlanItems<'_> {
     }
 }
 
-/// Rows of a human table beyond which only the first and last half of this are shown.
-const TABLE_LIMIT: usize = 200;
-
-/// The row indices a human table shows: all of them, or the first and last `TABLE_LIMIT / 2`;
-/// and, when rows are left out, before which index and how many. `--output json` lists all.
-fn shown_rows(len: usize) -> (Vec<usize>, Option<(usize, usize)>) {
-    if len <= TABLE_LIMIT {
-        return ((0..len).collect(), None);
-    }
-    let half = TABLE_LIMIT / 2;
-    let shown = (0..half).chain(len - half..len).collect();
-    (shown, Some((len - half, len - TABLE_LIMIT)))
-}
-
-/// Adds the row that says how many rows were left out, just before index `gap.0`.
-fn gap_row(t: &mut Table, gap: Option<(usize, usize)>, i: usize) {
-    if let Some((before, left_out)) = gap
-        && before == i
-    {
-        t.add_row(vec![
-            "…".to_string(),
-            format!("{left_out} more rows; --output json lists all"),
-        ]);
-    }
+/// How a plan was asked for.
+pub struct PlanOptions<'a> {
+    pub reprocess: &'a str,
+    pub run_backwards: bool,
+    pub max_active_runs: u32,
 }
 
 pub fn print_plan(
     dag: &Dag,
     rows: &[PlanRow],
-    reprocess: &str,
-    run_backwards: bool,
-    max_active_runs: u32,
+    o: &PlanOptions<'_>,
     json: bool,
-) {
+) -> Result<(), Error> {
     let to_run = rows.iter().filter(|r| r.action == Action::Run).count();
     let to_skip = rows.len() - to_run;
     if json {
-        print_json(&PlanDoc {
+        return out::json(&PlanDoc {
             dag_id: &dag.id,
             schedule: dag.schedule.expr(),
             timezone: dag.tz.name(),
-            reprocess_behavior: reprocess,
-            run_backwards,
-            max_active_runs,
+            reprocess_behavior: o.reprocess,
+            run_backwards: o.run_backwards,
+            max_active_runs: o.max_active_runs,
             to_run,
             to_skip,
             intervals: PlanItems(rows),
         });
-        return;
     }
-    let mut t = table(vec![
+    let labels = Labeler::new(dag);
+    let mut t = Grid::new(vec![
         "#",
         "interval",
         "start (UTC)",
@@ -142,47 +174,62 @@ pub fn print_plan(
         "action",
         "reason",
     ]);
-    let (shown, gap) = shown_rows(rows.len());
-    for i in shown {
-        gap_row(&mut t, gap, i);
-        let r = &rows[i];
+    for (i, r) in rows.iter().enumerate() {
         let (action, reason) = match r.action {
             Action::Run => ("run", String::new()),
             Action::Skip(reason) => ("skip", reason.to_string()),
         };
-        t.add_row(vec![
+        t.row(vec![
             (i + 1).to_string(),
-            label(r.interval.start, dag.tz),
-            rfc3339(r.interval.start),
-            rfc3339(r.interval.end),
+            labels.label(r.interval.start),
+            Rfc3339(r.interval.start).to_string(),
+            Rfc3339(r.interval.end).to_string(),
             action.to_string(),
             reason,
         ]);
     }
-    print_table(&t);
-    let mut err = std::io::stderr().lock();
-    let _ = writeln!(
-        err,
-        "plan for {} ({} in {}): {} to run, {} to skip; --reprocess-behavior {reprocess}, --max-active-runs {max_active_runs}{} (dry run: nothing written)",
+    t.print()?;
+    out::data(&format!(
+        "plan for {} ({} in {}): {} to run, {} to skip; --reprocess-behavior {}, --max-active-runs {}{} (dry run: nothing written)",
         dag.id,
         dag.schedule.expr(),
         dag.tz.name(),
-        to_run,
+        plural(
+            i64::try_from(to_run).unwrap_or(i64::MAX),
+            "interval",
+            "intervals"
+        ),
         to_skip,
-        if run_backwards { ", newest first" } else { "" }
-    );
+        o.reprocess,
+        o.max_active_runs,
+        if o.run_backwards {
+            ", newest first"
+        } else {
+            ""
+        }
+    ))
 }
 
-pub fn print_list(list: &[BackfillSummary], json: bool) {
+/// A backfill's state as a person should read it: a running backfill whose owner is gone says
+/// so, and how to continue it.
+pub fn state_text(b: &BackfillSummary) -> String {
+    if b.state == "running" && !b.owner_alive {
+        format!("running (owner gone: backfill resume {})", b.id)
+    } else {
+        b.state.clone()
+    }
+}
+
+/// `what` is what was asked, for the message when nothing matches (`no active backfills`).
+pub fn print_list(list: &[BackfillSummary], json: bool, what: &str) -> Result<(), Error> {
     if json {
-        print_json(list);
-        return;
+        return out::json(list);
     }
     if list.is_empty() {
-        eprintln!("no backfills yet");
-        return;
+        out::note(what);
+        return Ok(());
     }
-    let mut t = table(vec![
+    let mut t = Grid::new(vec![
         "id",
         "dag",
         "state",
@@ -197,10 +244,10 @@ pub fn print_list(list: &[BackfillSummary], json: bool) {
     ]);
     for b in list {
         let c = &b.intervals;
-        t.add_row(vec![
+        t.row(vec![
             b.id.to_string(),
             b.dag_id.clone(),
-            b.state.clone(),
+            state_text(b),
             b.from.clone(),
             b.to.clone(),
             b.reprocess_behavior.clone(),
@@ -211,24 +258,21 @@ pub fn print_list(list: &[BackfillSummary], json: bool) {
             b.created_at.clone(),
         ]);
     }
-    print_table(&t);
+    t.print()
 }
 
-pub fn print_show(detail: &BackfillDetail, tz: Option<Tz>, json: bool) {
+pub fn print_show(detail: &BackfillDetail, labels: &Labeler, json: bool) -> Result<(), Error> {
     if json {
-        print_json(detail);
-        return;
+        return out::json(detail);
     }
     let b = &detail.backfill;
     let c = &b.intervals;
-    let mut err = std::io::stderr().lock();
-    let _ = writeln!(
-        err,
+    out::data(&format!(
         "backfill {} of {}: {} · --from {} --to {} · reprocess {} · max active runs {}{}\n\
-         created {}{} · {} intervals: {} to run ({} succeeded, {} failed, {} rejected, {} cancelled, {} running, {} not started), {} skipped",
+         created {}{} · {}: {} to run ({} succeeded, {} failed, {} rejected, {} cancelled, {} running, {} not started), {} skipped",
         b.id,
         b.dag_id,
-        b.state,
+        state_text(b),
         b.from,
         b.to,
         b.reprocess_behavior,
@@ -239,7 +283,7 @@ pub fn print_show(detail: &BackfillDetail, tz: Option<Tz>, json: bool) {
             .as_ref()
             .map(|f| format!(" · finished {f}"))
             .unwrap_or_default(),
-        c.total,
+        plural(c.total, "interval", "intervals"),
         c.planned,
         c.succeeded,
         c.failed,
@@ -248,9 +292,8 @@ pub fn print_show(detail: &BackfillDetail, tz: Option<Tz>, json: bool) {
         c.running,
         c.pending,
         c.skipped,
-    );
-    drop(err);
-    let mut t = table(vec![
+    ))?;
+    let mut t = Grid::new(vec![
         "#",
         "interval",
         "action",
@@ -264,74 +307,61 @@ pub fn print_show(detail: &BackfillDetail, tz: Option<Tz>, json: bool) {
         "duration",
         "error",
     ]);
-    let (shown, gap) = shown_rows(detail.interval_details.len());
-    for index in shown {
-        gap_row(&mut t, gap, index);
-        let i = &detail.interval_details[index];
-        let shown_start = match tz {
-            Some(tz) => label(i.start.0, tz),
-            None => i.start.to_string(),
-        };
-        t.add_row(vec![
+    for i in &detail.interval_details {
+        t.row(vec![
             (i.ord + 1).to_string(),
-            shown_start,
+            labels.label(i.start.0),
             i.action.clone(),
             i.reason.clone().unwrap_or_default(),
-            or_dash(i.state.as_ref()),
+            or_empty(i.state.as_ref()),
             i.attempts.to_string(),
             i.tries.to_string(),
-            or_dash(i.rows),
-            or_dash(i.verdict.as_ref()),
+            or_empty(i.rows),
+            or_empty(i.verdict.as_ref()),
             i.reasons.clone().unwrap_or_default(),
             duration_ms(i.duration_ms),
             i.error.clone().unwrap_or_default(),
         ]);
     }
-    print_table(&t);
+    t.print()
 }
 
-pub fn print_runs(runs: &[RunHistory], json: bool) {
+pub fn print_runs(
+    runs: &[RunHistory],
+    labels: &Labeler,
+    json: bool,
+    what: &str,
+) -> Result<(), Error> {
     if json {
-        print_json(runs);
-        return;
+        return out::json(runs);
     }
     if runs.is_empty() {
-        eprintln!("no runs recorded");
-        return;
+        out::note(what);
+        return Ok(());
     }
-    let mut t = table(vec![
-        "interval start",
-        "run",
-        "backfill",
-        "state",
-        "started",
-        "duration",
-        "tries",
-        "rows",
+    let mut t = Grid::new(vec![
+        "interval", "run", "backfill", "state", "started", "duration", "tries", "rows", "verdict",
         "error",
     ]);
-    let (shown, gap) = shown_rows(runs.len());
-    for index in shown {
-        gap_row(&mut t, gap, index);
-        let r = &runs[index];
-        t.add_row(vec![
-            r.start.clone(),
+    for r in runs {
+        t.row(vec![
+            labels.label(r.start.0),
             r.run_id.to_string(),
             r.backfill_id.to_string(),
             r.state.clone(),
             r.started_at.clone(),
             duration_ms(r.duration_ms),
             r.tries.to_string(),
-            or_dash(r.rows),
+            or_empty(r.rows),
             match (&r.verdict, &r.reasons) {
                 (Some(v), Some(why)) => format!("{v}: {why}"),
                 (Some(v), None) => v.clone(),
-                _ => "-".into(),
+                _ => String::new(),
             },
             r.error.clone().unwrap_or_default(),
         ]);
     }
-    print_table(&t);
+    t.print()
 }
 
 #[derive(Serialize)]
@@ -352,7 +382,7 @@ struct TaskDoc<'a> {
     depends_on: &'a [String],
 }
 
-pub fn print_dags(dags: &[Dag], json: bool) {
+pub fn print_dags(dags: &[Dag], json: bool) -> Result<(), Error> {
     if json {
         let docs: Vec<DagDoc<'_>> = dags
             .iter()
@@ -377,16 +407,15 @@ pub fn print_dags(dags: &[Dag], json: bool) {
                     .collect(),
             })
             .collect();
-        print_json(&docs);
-        return;
+        return out::json(&docs);
     }
     if dags.is_empty() {
-        eprintln!("no DAGs: add TOML files to dags/");
-        return;
+        out::note("no DAGs: add TOML files to dags/");
+        return Ok(());
     }
-    let mut t = table(vec!["dag", "schedule", "timezone", "tasks", "file"]);
+    let mut t = Grid::new(vec!["dag", "schedule", "timezone", "tasks", "file"]);
     for d in dags {
-        t.add_row(vec![
+        t.row(vec![
             d.id.clone(),
             d.schedule.expr().to_string(),
             d.tz.name().to_string(),
@@ -398,5 +427,28 @@ pub fn print_dags(dags: &[Dag], json: bool) {
             d.file.clone(),
         ]);
     }
-    print_table(&t);
+    t.print()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_columns_are_left_out_and_long_tables_say_what_they_skip() {
+        let mut g = Grid::new(vec!["a", "empty", "b"]);
+        for i in 0..3 {
+            g.row(vec![i.to_string(), String::new(), "-".repeat(i)]);
+        }
+        let text = g.render();
+        assert!(!text.contains("empty"), "{text}");
+        assert!(text.contains(" b "), "{text}");
+        let mut long = Grid::new(vec!["n"]);
+        for i in 0..250 {
+            long.row(vec![i.to_string()]);
+        }
+        let text = long.render();
+        assert!(text.contains("\n… 50 rows left out; --output json lists every row\n"));
+        assert!(text.contains(" 99 ") && text.contains(" 150 ") && !text.contains(" 120 "));
+    }
 }

@@ -277,6 +277,15 @@ pub(super) async fn sql_try(
             crate::fault::point("after-publish");
             file.remove();
             log.line(&format!("published {rows} rows into {}", sql.target));
+            tracing::debug!(
+                backfill = owner.backfill_id,
+                dag = %shared.spec.dag.id,
+                task = %task.id,
+                interval = %input.interval,
+                try_id,
+                rows,
+                "published"
+            );
             Ok(Outcome::Succeeded(
                 record,
                 Some(Published {

@@ -199,6 +199,13 @@ async fn run_process(
         }
     }
     crate::fault::point("before-release");
+    tracing::debug!(
+        backfill = owner.backfill_id,
+        task = %task.id,
+        try_id,
+        pgid = group.pgid,
+        "process group recorded; letting the try go"
+    );
     let spawned = match gated.release().await {
         Ok(s) => s,
         Err(e) => return Ok(Err(format!("cannot start `{}`: {e}", program.name()))),

@@ -272,7 +272,7 @@ fn bad_input_on_a_fresh_project_creates_no_manifest() {
 fn dags_validate_lists_every_error_and_exits_2() {
     let p = project();
     let out = p.run(&["dags", "validate"]);
-    out.code(2).stderr_has("5 error(s) in DAG files");
+    out.code(2).stderr_has("5 errors in DAG files");
     for file in ["badcron", "badkey", "badtz", "cycle", "unknowndep"] {
         out.stderr_has(&format!("dags/{file}.toml:"));
     }

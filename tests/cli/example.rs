@@ -91,5 +91,5 @@ fn the_shop_example_creates_its_warehouse_and_publishes_september() {
         )
         .unwrap();
     assert_eq!((rows, days), (150, 30), "five regions on each of 30 days");
-    p.run(&["show", "1"]).code(0).stderr_has("published");
+    p.run(&["show", "1"]).code(0).stdout_has("published");
 }

@@ -394,7 +394,7 @@ fn list_show_runs_and_dags_read_the_manifest() {
     assert_eq!(intervals[0]["tries"], 1);
     p.run(&["show", "1"])
         .code(0)
-        .stderr_has("backfill 1 of d: completed");
+        .stdout_has("backfill 1 of d: completed");
 
     let runs = p
         .run(&[
@@ -423,7 +423,7 @@ fn list_show_runs_and_dags_read_the_manifest() {
     assert_eq!(dags[0]["tasks"][0]["id"], "record");
     p.run(&["dags", "validate"])
         .code(0)
-        .stderr_has("1 DAG files OK");
+        .stderr_has("1 DAG file OK");
 }
 
 #[test]

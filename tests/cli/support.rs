@@ -43,6 +43,17 @@ impl Out {
     }
 
     #[track_caller]
+    pub fn stdout_has(&self, needle: &str) -> &Self {
+        assert!(
+            self.stdout.contains(needle),
+            "stdout lacks {needle:?}:\n{}\n--- stderr\n{}",
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+
+    #[track_caller]
     pub fn stderr_has(&self, needle: &str) -> &Self {
         assert!(
             self.stderr.contains(needle),

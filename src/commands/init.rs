@@ -1,0 +1,73 @@
+//! `backfill init [DIR]`: starts a project with a `backfill.toml` and a working example DAG;
+//! refuses to overwrite anything.
+
+use std::path::Path;
+
+use super::Global;
+use crate::exit::{self, Error};
+use crate::report::out;
+
+pub const PROJECT: &str = r#"# backfill.toml: the project's settings. Every key is optional.
+# manifest = ".backfill/manifest.db"   # the run manifest (SQLite)
+# logs = ".backfill/logs"              # one log file per task try
+# lease_timeout = "30s"                # a backfill silent for this long is considered gone
+#
+# A SQLite warehouse for SQL tasks, created from SQL files when its file does not exist:
+# [warehouse.shop]
+# path = "warehouse.db"
+# init = ["schema.sql"]
+#
+# Commands run when a create or resume ends (JSON summary on stdin):
+# [notify]
+# on_failure = "mail -s 'backfill failed' you@example.com"
+"#;
+
+pub const EXAMPLE_DAG: &str = r#"# An example DAG: one file per day under out/, replaced atomically (write, then rename).
+# Try it:  backfill create --dag example --from yesterday --to yesterday
+description = "Writes out/DAY.txt for each day."
+schedule = "@daily"
+timezone = "UTC"
+max_active_runs = 2
+retries = 1
+retry_delay = "5s"
+
+[[tasks]]
+id = "hello"
+command = '''
+mkdir -p out
+printf 'hello from %s\n' {{ ds }} > out/{{ ds }}.tmp
+mv out/{{ ds }}.tmp out/{{ ds }}.txt
+printf '{"rows": 1, "fingerprint": "%s"}' {{ ds }} > "$BACKFILL_RESULT"
+'''
+"#;
+
+pub fn run(_g: &Global, dir: Option<&Path>) -> Result<u8, Error> {
+    let dir = dir.unwrap_or_else(|| Path::new("."));
+    let project = dir.join(crate::project::PROJECT_FILE);
+    let dag = dir.join(crate::project::DAGS_DIR).join("example.toml");
+    for path in [&project, &dag] {
+        if path.exists() {
+            return Err(Error::Usage(format!(
+                "{} exists already; `backfill init` only starts a new project and never overwrites (remove it, or pick another folder)",
+                path.display()
+            )));
+        }
+    }
+    let write = |path: &Path, text: &str| -> Result<(), Error> {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| Error::io(format!("cannot create {}", parent.display()), e))?;
+        }
+        std::fs::write(path, text)
+            .map_err(|e| Error::io(format!("cannot write {}", path.display()), e))
+    };
+    write(&project, PROJECT)?;
+    write(&dag, EXAMPLE_DAG)?;
+    out::note(&format!(
+        "wrote {} and {}; try: backfill -C {} create --dag example --from yesterday --to yesterday",
+        project.display(),
+        dag.display(),
+        dir.display()
+    ));
+    Ok(exit::OK)
+}

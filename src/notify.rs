@@ -32,7 +32,7 @@ pub struct Ended<'a> {
 }
 
 /// The hooks that apply to an end, in the order they run.
-fn due<'a>(notify: &'a Notify, exit_code: u8) -> Vec<(&'static str, &'a CommandSpec)> {
+fn due(notify: &Notify, exit_code: u8) -> Vec<(&'static str, &CommandSpec)> {
     let mut hooks = Vec::new();
     match exit_code {
         exit::OK => hooks.extend(notify.on_success.as_ref().map(|c| ("on_success", c))),

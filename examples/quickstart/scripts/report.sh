@@ -1,10 +1,13 @@
 #!/bin/sh
 # Aggregates one day's staged events per region into the report partition, replacing it
-# atomically, and tells backfill what it wrote through $BACKFILL_RESULT.
+# atomically, and tells backfill what it wrote through $BACKFILL_RESULT. Under
+# `backfill verify` (BACKFILL_VERIFY=1) it reads and writes beside the published data.
 set -eu
 ds="$1"
-in="out/staging/ds=$ds/events.csv"
-dir="out/report/ds=$ds"
+root=out
+[ "${BACKFILL_VERIFY:-}" = 1 ] && root=out/verify
+in="$root/staging/ds=$ds/events.csv"
+dir="$root/report/ds=$ds"
 mkdir -p "$dir"
 awk -F, '{ n[$3]++; s[$3] += $4 } END { for (r in n) printf "%s,%s,%d,%.2f\n", $1, r, n[r], s[r] }' "$in" \
   | sort > "$dir/part.csv.tmp"

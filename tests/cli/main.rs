@@ -5,6 +5,8 @@ mod example;
 mod faults;
 mod gate;
 mod interrupt;
+mod operations;
 mod reprocess;
 mod running;
 mod support;
+mod tables;

@@ -1,0 +1,357 @@
+//! What cron, CI and a terminal expect: data on stdout and messages on stderr, a closed pipe,
+//! quiet success and loud failure, JSON errors, alerts, diagnostics, one way to write an
+//! interval, tables that read well, honest states, getting started.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use crate::support::{Project, signal, wait_until};
+
+/// A DAG whose 2026-01-02 fails (its task exits 1 unless `fixed` exists).
+const FLAKY: &str = r#"
+schedule = "@daily"
+[[tasks]]
+id = "load"
+command = '''if [ {{ ds }} = 2026-01-02 ] && [ ! -f fixed ]; then echo "no data for {{ ds }}" >&2; exit 1; fi'''
+"#;
+
+fn three_days(dag: &str) -> Vec<&str> {
+    vec![
+        "create", "--dag", dag, "--from", "2026-01-01", "--to", "2026-01-03",
+    ]
+}
+
+#[test]
+fn tables_and_documents_go_to_stdout_and_progress_to_stderr() {
+    let p = Project::new().dag("ok", "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n");
+    let created = p.run(&three_days("ok"));
+    created.code(0);
+    assert_eq!(created.stdout, "", "create prints its progress and summary on stderr");
+    created.stderr_has("succeeded  2026-01-01").stderr_has("backfill 1 of ok: completed");
+    for args in [
+        vec!["show", "1"],
+        vec!["list"],
+        vec!["runs", "--dag", "ok"],
+        vec!["dags"],
+        vec!["create", "--dag", "ok", "--from", "2026-01-01", "--to", "2026-01-03", "--dry-run"],
+    ] {
+        let out = p.run(&args);
+        out.code(0);
+        assert!(!out.stdout.is_empty(), "{args:?} prints its table on stdout");
+        assert_eq!(out.stderr, "", "{args:?} prints nothing else");
+    }
+    let valid = p.run(&["dags", "validate"]);
+    valid.code(0);
+    assert_eq!(valid.stdout, "");
+    assert_eq!(valid.stderr, "1 DAG file OK\n");
+    let quiet = p.run(&["-q", "dags", "validate"]);
+    assert_eq!((quiet.code, quiet.stdout.as_str(), quiet.stderr.as_str()), (0, "", ""));
+    let json = p.run(&["dags", "validate", "--output", "json"]);
+    assert_eq!(json.json()["valid"], true);
+    assert_eq!(json.stderr, "");
+}
+
+#[test]
+fn a_closed_pipe_is_not_an_error() {
+    let p = Project::new().dag("ok", "schedule = \"@hourly\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n");
+    p.run(&["create", "--dag", "ok", "--from", "2026-01-01", "--to", "2026-01-02"]).code(0);
+    for args in [vec!["show", "1"], vec!["runs", "--dag", "ok"], vec!["show", "1", "--output", "json"]] {
+        // The reading end is closed before the command writes: every write fails with EPIPE.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = p
+            .command(&args)
+            .stdout(Stdio::from(writer))
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), "", "{args:?} ends quietly");
+    }
+}
+
+#[test]
+fn quiet_success_says_nothing_and_a_failure_says_what_and_how_to_rerun() {
+    let p = Project::new().dag("ok", "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n");
+    let mut quiet = vec!["-q"];
+    quiet.extend(three_days("ok"));
+    let out = p.run(&quiet);
+    assert_eq!((out.code, out.stdout.as_str(), out.stderr.as_str()), (0, "", ""));
+
+    let p = Project::new().dag("flaky", FLAKY);
+    let mut quiet = vec!["-q"];
+    quiet.extend(three_days("flaky"));
+    let out = p.run(&quiet);
+    out.code(3);
+    assert_eq!(out.stdout, "");
+    let log = p.path(".backfill/logs/flaky/load/20260102T000000Z.run2.try1.log");
+    let expected = format!(
+        "failed 2026-01-02: task `load` failed: exit code 1\n  log: {}\n\
+         backfill 1 of flaky: failed — 2 succeeded, 1 failed, 0 rejected, 0 cancelled, 0 skipped in ",
+        log.display()
+    );
+    assert!(out.stderr.starts_with(&expected), "{}", out.stderr);
+    // The hint is a complete command: run it as printed.
+    let hint = out
+        .stderr
+        .split("rerun the failures with `")
+        .nth(1)
+        .and_then(|s| s.split('`').next())
+        .unwrap();
+    assert_eq!(
+        hint,
+        format!(
+            "backfill -C {} create --dag flaky --from 2026-01-02 --to 2026-01-02 --reprocess-behavior failed",
+            p.path("").display().to_string().trim_end_matches('/')
+        )
+    );
+    p.write("fixed", "");
+    let words = shlex::split(hint).unwrap();
+    let rerun = std::process::Command::new(env!("CARGO_BIN_EXE_backfill"))
+        .args(&words[1..])
+        .env("BACKFILL_NOW", crate::support::NOW)
+        .output()
+        .unwrap();
+    assert_eq!(rerun.status.code(), Some(0), "{}", String::from_utf8_lossy(&rerun.stderr));
+    assert_eq!(
+        p.rows("SELECT backfill_id, state FROM runs ORDER BY id"),
+        [["1", "succeeded"], ["1", "failed"], ["1", "succeeded"], ["2", "succeeded"]]
+    );
+}
+
+#[test]
+fn json_output_keeps_failures_on_stderr_and_errors_as_documents() {
+    let p = Project::new().dag("flaky", FLAKY);
+    let mut args = three_days("flaky");
+    args.extend(["--output", "json"]);
+    let out = p.run(&args);
+    out.code(3);
+    let doc = out.json();
+    assert_eq!(doc["state"], "failed");
+    assert_eq!(doc["failed"][0]["start"], "2026-01-02T00:00:00Z");
+    assert_eq!(doc["failed"][0]["task"], "load");
+    assert_eq!(
+        doc["rerun"],
+        format!(
+            "backfill -C {} create --dag flaky --from 2026-01-02 --to 2026-01-02 --reprocess-behavior failed",
+            p.path("").display().to_string().trim_end_matches('/')
+        )
+    );
+    out.stderr_has("failed 2026-01-02: task `load` failed: exit code 1");
+
+    let missing = p.run(&["show", "99", "--output", "json"]);
+    missing.code(2);
+    let doc = missing.json();
+    assert_eq!(doc["exit_code"], 2);
+    assert_eq!(doc["error"]["kind"], "usage");
+    assert!(
+        doc["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("no backfill 99 in the manifest"),
+        "{doc}"
+    );
+    let bad = p.run(&["create", "--dag", "flaky", "--output", "json"]);
+    bad.code(2);
+    assert_eq!(bad.json()["error"]["kind"], "usage");
+}
+
+#[test]
+fn notify_hooks_run_when_a_backfill_ends_and_never_change_its_exit_code() {
+    let p = Project::new().dag("flaky", FLAKY);
+    p.write(
+        "backfill.toml",
+        r#"
+[notify]
+on_failure = "echo \"$BACKFILL_ID $BACKFILL_DAG $BACKFILL_STATE $BACKFILL_EXIT_CODE\" > failure.txt; cat > summary.json"
+on_success = ["sh", "-c", "echo success > success.txt"]
+on_finish = "echo finished >> finish.txt; exit 4"
+timeout = "5s"
+"#,
+    );
+    let out = p.run(&three_days("flaky"));
+    out.code(3)
+        .stderr_has("warning: notify hook `on_finish` failed: exit code 4 (log: ");
+    assert_eq!(p.read("failure.txt"), "1 flaky failed 3\n");
+    let summary: serde_json::Value = serde_json::from_str(&p.read("summary.json")).unwrap();
+    assert_eq!(summary["backfill_id"], 1);
+    assert_eq!(summary["intervals"]["failed"], 1);
+    assert_eq!(p.read("finish.txt"), "finished\n");
+    assert!(!p.path("success.txt").exists());
+    // A DAG's [notify] overrides the project's, key by key; a hook that hangs is killed.
+    p.write("fixed", "");
+    p.write(
+        "dags/flaky.toml",
+        &format!("{FLAKY}\n[notify]\non_success = \"sleep 30\"\ntimeout = \"200ms\"\n"),
+    );
+    let out = p.run(&["create", "--dag", "flaky", "--from", "2026-01-02", "--to", "2026-01-02", "--reprocess-behavior", "failed"]);
+    out.code(0)
+        .stderr_has("warning: notify hook `on_success` timed out after 200ms and was killed");
+    assert_eq!(p.read("finish.txt"), "finished\nfinished\n");
+}
+
+#[test]
+fn diagnostics_explain_takeovers_through_tracing() {
+    let p = Project::new().dag("ok", "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n");
+    let out = p.run_with(&three_days("ok"), &[("BACKFILL_LOG", "debug")]);
+    out.code(0)
+        .stderr_has("planned and leased")
+        .stderr_has("backfill=1");
+    let mut args = vec!["--log-format", "json", "-vv"];
+    args.extend(three_days("ok"));
+    args.extend(["--reprocess-behavior", "completed"]);
+    let out = p.run(&args);
+    out.code(0);
+    let events: Vec<serde_json::Value> = out
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["fields"]["message"] == "planned and leased" && e["fields"]["backfill"] == 2),
+        "{}",
+        out.stderr
+    );
+    p.run_with(&["list"], &[("BACKFILL_LOG", "backfill=loud")])
+        .code(2)
+        .stderr_has("BACKFILL_LOG=backfill=loud is not a filter directive");
+}
+
+#[test]
+fn intervals_are_written_one_way_in_the_dags_timezone() {
+    let berlin = FLAKY.replace("schedule = \"@daily\"", "schedule = \"@daily\"\ntimezone = \"Europe/Berlin\"");
+    let p = Project::new().dag("flaky", &berlin);
+    let out = p.run(&three_days("flaky"));
+    out.code(3)
+        .stderr_has("failed     2026-01-02 (")
+        .stderr_has("failed 2026-01-02: task `load` failed")
+        .stderr_has("--from 2026-01-02 --to 2026-01-02");
+    p.run(&["runs", "--dag", "flaky"]).code(0).stdout_has("│ 2026-01-02 ");
+    // Hourly intervals carry the time, and the offset where a wall time repeats.
+    let hourly = "schedule = \"@hourly\"\ntimezone = \"Europe/Berlin\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n";
+    let p = Project::new().dag("h", hourly);
+    let plan = p.run(&["create", "--dag", "h", "--from", "2026-10-25T02:00", "--to", "2026-10-25T03:00", "--dry-run"]);
+    plan.code(0)
+        .stdout_has("2026-10-25 02:00+02:00")
+        .stdout_has("2026-10-25 02:00+01:00")
+        .stdout_has("2026-10-25 03:00 ");
+}
+
+#[test]
+fn a_backfill_whose_owner_died_says_so() {
+    let p = Project::new().dag("slow", "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"sleep 30\"\n");
+    let child = p.spawn("run", &["create", "--dag", "slow", "--from", "2026-01-01", "--to", "2026-01-01"]);
+    wait_until("the try to run", Duration::from_secs(20), || {
+        p.has_manifest() && p.count("SELECT COUNT(*) FROM task_tries WHERE pgid IS NOT NULL") == 1
+    });
+    let live = p.run(&["list", "--output", "json"]).json();
+    assert_eq!(live[0]["owner_alive"], true);
+    signal(&child, Signal::SIGKILL);
+    p.wait("run", child);
+    p.run(&["list"]).code(0).stdout_has("running (owner gone: backfill resume 1)");
+    p.run(&["show", "1"]).code(0).stdout_has("running (owner gone: backfill resume 1)");
+    assert_eq!(p.run(&["list", "--output", "json"]).json()[0]["owner_alive"], false);
+    p.run(&["cancel", "1"]).code(0);
+    // Empty results say what was asked.
+    let none = p.run(&["list", "--active"]);
+    assert_eq!((none.stdout.as_str(), none.stderr.as_str()), ("", "no active backfills\n"));
+    p.run(&["list", "--dag", "nope"]).code(0).stderr_has("no backfills of DAG nope");
+    p.run(&["--manifest", "/nonexistent/manifest.db", "list"])
+        .code(2)
+        .stderr_has("manifest /nonexistent/manifest.db: no such file");
+}
+
+#[test]
+fn verify_calls_a_task_without_a_fingerprint_unverifiable_and_never_publishes() {
+    let p = Project::new().dag(
+        "v",
+        r#"
+schedule = "@daily"
+[[tasks]]
+id = "export"
+command = "true"
+publish = "touch published"
+[[tasks]]
+id = "sum"
+depends_on = ["export"]
+command = '''printf '{"rows": 1, "fingerprint": "{{ ds }}"}' > "$BACKFILL_RESULT"'''
+"#,
+    );
+    let out = p.run(&["verify", "--dag", "v", "--from", "2026-01-01", "--to", "2026-01-01"]);
+    out.code(0)
+        .stdout_has("unverifiable")
+        .stdout_has("deterministic")
+        .stderr_has("task `export` for 2026-01-01 is unverifiable")
+        .stderr_has("1 deterministic, 0 not, 1 unverifiable");
+    assert!(!p.path("published").exists(), "verify never runs publish");
+}
+
+#[test]
+fn terminals_without_cursor_control_get_plain_lines() {
+    // `script` gives the command a terminal; TERM=dumb says it cannot redraw a bar.
+    let p = Project::new().dag("ok", "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n");
+    let command = format!(
+        "{} -C {} create --dag ok --from 2026-01-01 --to 2026-01-02",
+        env!("CARGO_BIN_EXE_backfill"),
+        p.path("").display()
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .env("TERM", "dumb")
+        .env("BACKFILL_NOW", crate::support::NOW)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("succeeded  2026-01-01"), "{text}");
+    assert!(text.contains("succeeded  2026-01-02"), "{text}");
+}
+
+#[test]
+fn init_starts_a_working_project_and_never_overwrites() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("pipelines");
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_backfill"))
+            .args(args)
+            .env("BACKFILL_NOW", crate::support::NOW)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["init", root.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(root.join("backfill.toml").is_file());
+    let out = run(&["-C", root.to_str().unwrap(), "create", "--dag", "example", "--from", "2026-01-01", "--to", "2026-01-02"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        std::fs::read_to_string(root.join("out/2026-01-02.txt")).unwrap(),
+        "hello from 2026-01-02\n"
+    );
+    let again = run(&["init", root.to_str().unwrap()]);
+    assert_eq!(again.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("backfill.toml exists already"));
+}
+
+#[test]
+fn completions_man_page_and_examples_in_help() {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_backfill"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(run(&["completions", "bash"]).contains("_backfill()"));
+    assert!(run(&["completions", "zsh"]).contains("#compdef backfill"));
+    assert!(run(&["completions", "fish"]).contains("complete -c backfill"));
+    let man = run(&["man"]);
+    assert!(man.contains(".TH backfill"), "{man}");
+    let help = run(&["create", "--help"]);
+    assert!(help.contains("Examples:\n  backfill create --dag daily_orders --from 2026-09-01 --to 2026-09-30"), "{help}");
+}

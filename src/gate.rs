@@ -14,6 +14,7 @@
 //! The numbers come from tasks and commands and are not trusted: a negative count is not a
 //! verdict but a failed try, and the arithmetic cannot overflow.
 
+use crate::report::out::plural;
 use std::fmt;
 
 /// What was measured about one try's output.
@@ -115,19 +116,26 @@ fn verdict(m: &Measures, r: &Rules) -> Verdict {
     }
     if let Some(n) = m.outside.filter(|n| *n > 0) {
         return Verdict::Reject(format!(
-            "row outside interval: {n} of {} rows have a partition value outside the interval",
-            m.rows
+            "row outside interval: {n} of {} {} a partition value outside the interval",
+            plural(m.rows, "row", "rows"),
+            if n == 1 { "has" } else { "have" }
         ));
     }
     if let Some(n) = m.duplicate_keys.filter(|n| *n > 0) {
         return Verdict::Reject(format!(
-            "unique_key violated: {n} key values occur more than once"
+            "unique_key violated: {} more than once",
+            if n == 1 {
+                "1 key value occurs".to_string()
+            } else {
+                format!("{n} key values occur")
+            }
         ));
     }
     match m.source {
         Some(source) if source > 0 && m.rows == 0 => {
             return Verdict::Reject(format!(
-                "zero rows while source has data ({source} source rows)"
+                "zero rows while source has data ({})",
+                plural(source, "source row", "source rows")
             ));
         }
         Some(0) | None if m.rows == 0 => {
@@ -141,7 +149,10 @@ fn verdict(m: &Measures, r: &Rules) -> Verdict {
             };
         }
         Some(0) => {
-            return Verdict::Reject(format!("{} rows while the source is empty", m.rows));
+            return Verdict::Reject(format!(
+                "{} while the source is empty",
+                plural(m.rows, "row", "rows")
+            ));
         }
         Some(source) => {
             let diff = relative(m.rows, source);

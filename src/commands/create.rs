@@ -126,10 +126,10 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
     let to_run = planned.to_run;
     if !g.quiet && !g.json {
         eprintln!(
-            "backfill {} of {}: {} intervals, {} to run, {} skipped, up to {max_active_runs} at a time",
+            "backfill {} of {}: {}, {} to run, {} skipped, up to {max_active_runs} at a time",
             owner.backfill_id,
             dag.id,
-            planned.total,
+            crate::report::out::plural(planned.total as i64, "interval", "intervals"),
             to_run.len(),
             planned.total - to_run.len()
         );

@@ -112,9 +112,9 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
     };
     if !g.quiet && !g.json {
         eprintln!(
-            "resuming backfill {id} of {}: {} intervals left to run",
+            "resuming backfill {id} of {}: {} left to run",
             dag.id,
-            intervals.len()
+            crate::report::out::plural(intervals.len() as i64, "interval", "intervals")
         );
     }
     let code = execute(

@@ -276,7 +276,11 @@ pub(super) async fn sql_try(
         Ok(rows) => {
             crate::fault::point("after-publish");
             file.remove();
-            log.line(&format!("published {rows} rows into {}", sql.target));
+            log.line(&format!(
+                "published {} into {}",
+                crate::report::out::plural(rows, "row", "rows"),
+                sql.target
+            ));
             tracing::debug!(
                 backfill = owner.backfill_id,
                 dag = %shared.spec.dag.id,

@@ -2,27 +2,7 @@
 
 use std::path::Path;
 
-use crate::support::Project;
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let name = entry.file_name();
-        if name == ".backfill"
-            || name == "out"
-            || name.to_string_lossy().starts_with("warehouse.db")
-        {
-            continue;
-        }
-        let target = to.join(&name);
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
+use crate::support::{Project, copy_dir};
 
 #[test]
 fn the_quickstart_backfills_september_and_a_second_run_has_nothing_to_do() {

@@ -1,11 +1,13 @@
 //! End-to-end tests: the real `backfill` binary against projects in temporary folders.
 
+mod airflow;
 mod bad_input;
 mod example;
 mod faults;
 mod gate;
 mod interrupt;
 mod operations;
+mod readme;
 mod reprocess;
 mod running;
 mod support;

@@ -19,27 +19,53 @@ command = '''if [ {{ ds }} = 2026-01-02 ] && [ ! -f fixed ]; then echo "no data 
 
 fn three_days(dag: &str) -> Vec<&str> {
     vec![
-        "create", "--dag", dag, "--from", "2026-01-01", "--to", "2026-01-03",
+        "create",
+        "--dag",
+        dag,
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-03",
     ]
 }
 
 #[test]
 fn tables_and_documents_go_to_stdout_and_progress_to_stderr() {
-    let p = Project::new().dag("ok", "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n");
+    let p = Project::new().dag(
+        "ok",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+    );
     let created = p.run(&three_days("ok"));
     created.code(0);
-    assert_eq!(created.stdout, "", "create prints its progress and summary on stderr");
-    created.stderr_has("succeeded  2026-01-01").stderr_has("backfill 1 of ok: completed");
+    assert_eq!(
+        created.stdout, "",
+        "create prints its progress and summary on stderr"
+    );
+    created
+        .stderr_has("succeeded  2026-01-01")
+        .stderr_has("backfill 1 of ok: completed");
     for args in [
         vec!["show", "1"],
         vec!["list"],
         vec!["runs", "--dag", "ok"],
         vec!["dags"],
-        vec!["create", "--dag", "ok", "--from", "2026-01-01", "--to", "2026-01-03", "--dry-run"],
+        vec![
+            "create",
+            "--dag",
+            "ok",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-03",
+            "--dry-run",
+        ],
     ] {
         let out = p.run(&args);
         out.code(0);
-        assert!(!out.stdout.is_empty(), "{args:?} prints its table on stdout");
+        assert!(
+            !out.stdout.is_empty(),
+            "{args:?} prints its table on stdout"
+        );
         assert_eq!(out.stderr, "", "{args:?} prints nothing else");
     }
     let valid = p.run(&["dags", "validate"]);
@@ -47,7 +73,10 @@ fn tables_and_documents_go_to_stdout_and_progress_to_stderr() {
     assert_eq!(valid.stdout, "");
     assert_eq!(valid.stderr, "1 DAG file OK\n");
     let quiet = p.run(&["-q", "dags", "validate"]);
-    assert_eq!((quiet.code, quiet.stdout.as_str(), quiet.stderr.as_str()), (0, "", ""));
+    assert_eq!(
+        (quiet.code, quiet.stdout.as_str(), quiet.stderr.as_str()),
+        (0, "", "")
+    );
     let json = p.run(&["dags", "validate", "--output", "json"]);
     assert_eq!(json.json()["valid"], true);
     assert_eq!(json.stderr, "");
@@ -55,9 +84,25 @@ fn tables_and_documents_go_to_stdout_and_progress_to_stderr() {
 
 #[test]
 fn a_closed_pipe_is_not_an_error() {
-    let p = Project::new().dag("ok", "schedule = \"@hourly\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n");
-    p.run(&["create", "--dag", "ok", "--from", "2026-01-01", "--to", "2026-01-02"]).code(0);
-    for args in [vec!["show", "1"], vec!["runs", "--dag", "ok"], vec!["show", "1", "--output", "json"]] {
+    let p = Project::new().dag(
+        "ok",
+        "schedule = \"@hourly\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+    );
+    p.run(&[
+        "create",
+        "--dag",
+        "ok",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+    ])
+    .code(0);
+    for args in [
+        vec!["show", "1"],
+        vec!["runs", "--dag", "ok"],
+        vec!["show", "1", "--output", "json"],
+    ] {
         // The reading end is closed before the command writes: every write fails with EPIPE.
         let (reader, writer) = std::io::pipe().unwrap();
         drop(reader);
@@ -68,17 +113,27 @@ fn a_closed_pipe_is_not_an_error() {
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(0), "{args:?}");
-        assert_eq!(String::from_utf8_lossy(&out.stderr), "", "{args:?} ends quietly");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            "",
+            "{args:?} ends quietly"
+        );
     }
 }
 
 #[test]
 fn quiet_success_says_nothing_and_a_failure_says_what_and_how_to_rerun() {
-    let p = Project::new().dag("ok", "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n");
+    let p = Project::new().dag(
+        "ok",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+    );
     let mut quiet = vec!["-q"];
     quiet.extend(three_days("ok"));
     let out = p.run(&quiet);
-    assert_eq!((out.code, out.stdout.as_str(), out.stderr.as_str()), (0, "", ""));
+    assert_eq!(
+        (out.code, out.stdout.as_str(), out.stderr.as_str()),
+        (0, "", "")
+    );
 
     let p = Project::new().dag("flaky", FLAKY);
     let mut quiet = vec!["-q"];
@@ -114,10 +169,20 @@ fn quiet_success_says_nothing_and_a_failure_says_what_and_how_to_rerun() {
         .env("BACKFILL_NOW", crate::support::NOW)
         .output()
         .unwrap();
-    assert_eq!(rerun.status.code(), Some(0), "{}", String::from_utf8_lossy(&rerun.stderr));
+    assert_eq!(
+        rerun.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&rerun.stderr)
+    );
     assert_eq!(
         p.rows("SELECT backfill_id, state FROM runs ORDER BY id"),
-        [["1", "succeeded"], ["1", "failed"], ["1", "succeeded"], ["2", "succeeded"]]
+        [
+            ["1", "succeeded"],
+            ["1", "failed"],
+            ["1", "succeeded"],
+            ["2", "succeeded"]
+        ]
     );
 }
 
@@ -186,7 +251,17 @@ timeout = "5s"
         "dags/flaky.toml",
         &format!("{FLAKY}\n[notify]\non_success = \"sleep 30\"\ntimeout = \"200ms\"\n"),
     );
-    let out = p.run(&["create", "--dag", "flaky", "--from", "2026-01-02", "--to", "2026-01-02", "--reprocess-behavior", "failed"]);
+    let out = p.run(&[
+        "create",
+        "--dag",
+        "flaky",
+        "--from",
+        "2026-01-02",
+        "--to",
+        "2026-01-02",
+        "--reprocess-behavior",
+        "failed",
+    ]);
     out.code(0)
         .stderr_has("warning: notify hook `on_success` timed out after 200ms and was killed");
     assert_eq!(p.read("finish.txt"), "finished\nfinished\n");
@@ -194,7 +269,10 @@ timeout = "5s"
 
 #[test]
 fn diagnostics_explain_takeovers_through_tracing() {
-    let p = Project::new().dag("ok", "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n");
+    let p = Project::new().dag(
+        "ok",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+    );
     let out = p.run_with(&three_days("ok"), &[("BACKFILL_LOG", "debug")]);
     out.code(0)
         .stderr_has("planned and leased")
@@ -224,18 +302,32 @@ fn diagnostics_explain_takeovers_through_tracing() {
 
 #[test]
 fn intervals_are_written_one_way_in_the_dags_timezone() {
-    let berlin = FLAKY.replace("schedule = \"@daily\"", "schedule = \"@daily\"\ntimezone = \"Europe/Berlin\"");
+    let berlin = FLAKY.replace(
+        "schedule = \"@daily\"",
+        "schedule = \"@daily\"\ntimezone = \"Europe/Berlin\"",
+    );
     let p = Project::new().dag("flaky", &berlin);
     let out = p.run(&three_days("flaky"));
     out.code(3)
         .stderr_has("failed     2026-01-02 (")
         .stderr_has("failed 2026-01-02: task `load` failed")
         .stderr_has("--from 2026-01-02 --to 2026-01-02");
-    p.run(&["runs", "--dag", "flaky"]).code(0).stdout_has("│ 2026-01-02 ");
+    p.run(&["runs", "--dag", "flaky"])
+        .code(0)
+        .stdout_has("│ 2026-01-02 ");
     // Hourly intervals carry the time, and the offset where a wall time repeats.
     let hourly = "schedule = \"@hourly\"\ntimezone = \"Europe/Berlin\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n";
     let p = Project::new().dag("h", hourly);
-    let plan = p.run(&["create", "--dag", "h", "--from", "2026-10-25T02:00", "--to", "2026-10-25T03:00", "--dry-run"]);
+    let plan = p.run(&[
+        "create",
+        "--dag",
+        "h",
+        "--from",
+        "2026-10-25T02:00",
+        "--to",
+        "2026-10-25T03:00",
+        "--dry-run",
+    ]);
     plan.code(0)
         .stdout_has("2026-10-25 02:00+02:00")
         .stdout_has("2026-10-25 02:00+01:00")
@@ -244,8 +336,22 @@ fn intervals_are_written_one_way_in_the_dags_timezone() {
 
 #[test]
 fn a_backfill_whose_owner_died_says_so() {
-    let p = Project::new().dag("slow", "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"sleep 30\"\n");
-    let child = p.spawn("run", &["create", "--dag", "slow", "--from", "2026-01-01", "--to", "2026-01-01"]);
+    let p = Project::new().dag(
+        "slow",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"sleep 30\"\n",
+    );
+    let child = p.spawn(
+        "run",
+        &[
+            "create",
+            "--dag",
+            "slow",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+        ],
+    );
     wait_until("the try to run", Duration::from_secs(20), || {
         p.has_manifest() && p.count("SELECT COUNT(*) FROM task_tries WHERE pgid IS NOT NULL") == 1
     });
@@ -253,14 +359,26 @@ fn a_backfill_whose_owner_died_says_so() {
     assert_eq!(live[0]["owner_alive"], true);
     signal(&child, Signal::SIGKILL);
     p.wait("run", child);
-    p.run(&["list"]).code(0).stdout_has("running (owner gone: backfill resume 1)");
-    p.run(&["show", "1"]).code(0).stdout_has("running (owner gone: backfill resume 1)");
-    assert_eq!(p.run(&["list", "--output", "json"]).json()[0]["owner_alive"], false);
+    p.run(&["list"])
+        .code(0)
+        .stdout_has("running (owner gone: backfill resume 1)");
+    p.run(&["show", "1"])
+        .code(0)
+        .stdout_has("running (owner gone: backfill resume 1)");
+    assert_eq!(
+        p.run(&["list", "--output", "json"]).json()[0]["owner_alive"],
+        false
+    );
     p.run(&["cancel", "1"]).code(0);
     // Empty results say what was asked.
     let none = p.run(&["list", "--active"]);
-    assert_eq!((none.stdout.as_str(), none.stderr.as_str()), ("", "no active backfills\n"));
-    p.run(&["list", "--dag", "nope"]).code(0).stderr_has("no backfills of DAG nope");
+    assert_eq!(
+        (none.stdout.as_str(), none.stderr.as_str()),
+        ("", "no active backfills\n")
+    );
+    p.run(&["list", "--dag", "nope"])
+        .code(0)
+        .stderr_has("no backfills of DAG nope");
     p.run(&["--manifest", "/nonexistent/manifest.db", "list"])
         .code(2)
         .stderr_has("manifest /nonexistent/manifest.db: no such file");
@@ -282,7 +400,15 @@ depends_on = ["export"]
 command = '''printf '{"rows": 1, "fingerprint": "{{ ds }}"}' > "$BACKFILL_RESULT"'''
 "#,
     );
-    let out = p.run(&["verify", "--dag", "v", "--from", "2026-01-01", "--to", "2026-01-01"]);
+    let out = p.run(&[
+        "verify",
+        "--dag",
+        "v",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-01",
+    ]);
     out.code(0)
         .stdout_has("unverifiable")
         .stdout_has("deterministic")
@@ -294,7 +420,10 @@ command = '''printf '{"rows": 1, "fingerprint": "{{ ds }}"}' > "$BACKFILL_RESULT
 #[test]
 fn terminals_without_cursor_control_get_plain_lines() {
     // `script` gives the command a terminal; TERM=dumb says it cannot redraw a bar.
-    let p = Project::new().dag("ok", "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n");
+    let p = Project::new().dag(
+        "ok",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+    );
     let command = format!(
         "{} -C {} create --dag ok --from 2026-01-01 --to 2026-01-02",
         env!("CARGO_BIN_EXE_backfill"),
@@ -326,8 +455,23 @@ fn init_starts_a_working_project_and_never_overwrites() {
     let out = run(&["init", root.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0));
     assert!(root.join("backfill.toml").is_file());
-    let out = run(&["-C", root.to_str().unwrap(), "create", "--dag", "example", "--from", "2026-01-01", "--to", "2026-01-02"]);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(&[
+        "-C",
+        root.to_str().unwrap(),
+        "create",
+        "--dag",
+        "example",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(
         std::fs::read_to_string(root.join("out/2026-01-02.txt")).unwrap(),
         "hello from 2026-01-02\n"
@@ -353,5 +497,10 @@ fn completions_man_page_and_examples_in_help() {
     let man = run(&["man"]);
     assert!(man.contains(".TH backfill"), "{man}");
     let help = run(&["create", "--help"]);
-    assert!(help.contains("Examples:\n  backfill create --dag daily_orders --from 2026-09-01 --to 2026-09-30"), "{help}");
+    assert!(
+        help.contains(
+            "Examples:\n  backfill create --dag daily_orders --from 2026-09-01 --to 2026-09-30"
+        ),
+        "{help}"
+    );
 }

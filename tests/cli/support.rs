@@ -1,7 +1,7 @@
 //! A tiny builder for end-to-end tests: a project in a temporary folder, the real binary, and
 //! direct reads of the manifest.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -295,4 +295,42 @@ pub fn day_unix(d: u32) -> i64 {
     chrono::DateTime::parse_from_rfc3339(&day(d))
         .unwrap()
         .timestamp()
+}
+
+/// Copies an example project, leaving out what running it creates (manifest, output, warehouse).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        if name == ".backfill"
+            || name == "out"
+            || name.to_string_lossy().starts_with("warehouse.db")
+        {
+            continue;
+        }
+        let target = to.join(&name);
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// The repository's `README.md`.
+pub fn readme() -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap()
+}
+
+/// The first fenced block of language `lang` after the heading `heading` of the README.
+pub fn readme_block(heading: &str, lang: &str) -> String {
+    let text = readme();
+    let start = text
+        .find(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("README has no heading {heading:?}"));
+    let rest = &text[start..];
+    let open = format!("```{lang}\n");
+    let body = &rest[rest.find(&open).expect("a fenced block") + open.len()..];
+    body[..body.find("```").expect("a closed block")].to_string()
 }

@@ -22,8 +22,16 @@ source_count = "echo 10"
 
 fn project() -> Project {
     let p = Project::new().dag("sales", GATED);
-    p.run(&["create", "--dag", "sales", "--from", "2026-01-01", "--to", "2026-01-04"])
-        .code(3);
+    p.run(&[
+        "create",
+        "--dag",
+        "sales",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-04",
+    ])
+    .code(3);
     p
 }
 
@@ -101,7 +109,15 @@ fn a_dry_run_pins_its_plan() {
 #[test]
 fn the_end_of_a_run_pins_its_summary() {
     let p = Project::new().dag("sales", GATED);
-    let out = p.run(&["create", "--dag", "sales", "--from", "2026-01-01", "--to", "2026-01-04"]);
+    let out = p.run(&[
+        "create",
+        "--dag",
+        "sales",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-04",
+    ]);
     out.code(3);
     insta::assert_snapshot!("summary", settle(&p, &out.stderr));
 }
@@ -113,7 +129,14 @@ fn a_long_table_says_how_many_rows_it_leaves_out_on_a_line_of_its_own() {
         "schedule = \"@hourly\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
     );
     let plan = p.run(&[
-        "create", "--dag", "hourly", "--from", "2026-01-01", "--to", "2026-01-09", "--dry-run",
+        "create",
+        "--dag",
+        "hourly",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-09",
+        "--dry-run",
     ]);
     let text = stdout(&p, plan);
     let gap: Vec<&str> = text.lines().filter(|l| l.starts_with('…')).collect();

@@ -1,0 +1,237 @@
+//! The README's recipes, run as a user would paste them: the cron line with cron's environment,
+//! every `backfill` step of the CI job, and the notification example.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use crate::support::{NOW, Out, Project, copy_dir, readme_block};
+
+fn bin_dir() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_backfill")).parent().unwrap()
+}
+
+fn output(c: &mut Command) -> Out {
+    let out = c.stdin(Stdio::null()).output().expect("run");
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+const DAILY_ORDERS: &str = r#"
+schedule = "@daily"
+
+[[tasks]]
+id = "load"
+command = "test ! -e fail-{{ ds }}"
+"#;
+
+#[test]
+fn the_cron_recipe_works_as_pasted() {
+    let block = readme_block("## Nightly reruns from cron", "cron");
+    let var = |name: &str| {
+        block
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("the recipe sets {name}"))
+            .to_string()
+    };
+    assert!(var("MAILTO").contains('@'), "failures are mailed");
+    let path = var("PATH");
+    assert!(
+        path.starts_with("/home/etl/.cargo/bin:"),
+        "the recipe puts cargo's bin folder on PATH: {path}"
+    );
+    let path = path.replace("/home/etl/.cargo/bin", &bin_dir().display().to_string());
+    let job = block
+        .lines()
+        .find(|l| l.starts_with(|c: char| c.is_ascii_digit()))
+        .expect("a crontab line");
+    assert!(!job.contains('%'), "cron turns % into a newline: {job}");
+    let command = job.split_whitespace().skip(5).collect::<Vec<_>>().join(" ");
+
+    let p = Project::new().dag("daily_orders", DAILY_ORDERS);
+    let project = p.path("");
+    let command = command.replace("/srv/pipelines", &project.display().to_string());
+    // cron runs the line with `sh -c`, the variables of the crontab, HOME, LOGNAME and SHELL.
+    let cron = || {
+        let mut c = Command::new("/bin/sh");
+        c.arg("-c")
+            .arg(&command)
+            .current_dir("/")
+            .env_clear()
+            .env("PATH", &path)
+            .env("HOME", &project)
+            .env("LOGNAME", "etl")
+            .env("SHELL", "/bin/sh")
+            .env("BACKFILL_NOW", NOW);
+        output(&mut c)
+    };
+    let history = || -> Vec<serde_json::Value> {
+        p.read(".backfill/history/daily_orders.jsonl")
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+
+    // A night with a failure: cron mails what is printed, and it says what failed and how to rerun.
+    p.write("fail-2026-11-27", "");
+    let night = cron();
+    night.code(3);
+    assert_eq!(night.stdout, "", "stdout goes to the history");
+    night
+        .stderr_has("failed 2026-11-27: task `load` failed: exit code 1")
+        .stderr_has("  log: ")
+        .stderr_has("rerun the failures with `backfill create --dag daily_orders --from 2026-11-27 --to 2026-11-27 --reprocess-behavior failed`");
+    let nights = history();
+    assert_eq!(nights.len(), 1);
+    assert_eq!(nights[0]["state"], "failed");
+    assert_eq!(nights[0]["intervals"]["total"], 7, "today-7d to yesterday");
+    assert_eq!(nights[0]["intervals"]["succeeded"], 6);
+
+    // The rerun command in the mail works as pasted in the project folder.
+    std::fs::remove_file(p.path("fail-2026-11-27")).unwrap();
+    let rerun = nights[0]["rerun"].as_str().unwrap().to_string();
+    let words = shlex::split(&rerun).unwrap();
+    assert_eq!(words[0], "backfill");
+    output(
+        Command::new(env!("CARGO_BIN_EXE_backfill"))
+            .args(&words[1..])
+            .current_dir(&project)
+            .env("BACKFILL_NOW", NOW),
+    )
+    .code(0)
+    .stderr_has("completed — 1 succeeded");
+
+    // The next nights have nothing to do, and say nothing: no mail.
+    for n in 2..=3 {
+        let night = cron();
+        night.code(0);
+        assert_eq!((night.stdout.as_str(), night.stderr.as_str()), ("", ""));
+        let nights = history();
+        assert_eq!(nights.len(), n);
+        assert_eq!(nights[n - 1]["state"], "completed");
+        assert_eq!(nights[n - 1]["intervals"]["skipped"], 7);
+    }
+}
+
+#[test]
+fn the_ci_recipe_passes_on_the_example() {
+    let block = readme_block("## CI smoke tests", "yaml");
+    assert!(block.contains("run: cargo install --locked --path ."));
+    let steps: Vec<Vec<String>> = block
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("run: backfill "))
+        .map(|rest| shlex::split(rest).unwrap())
+        .collect();
+    let kinds: Vec<&str> = steps
+        .iter()
+        .map(|s| {
+            let c = s.iter().position(|w| w == "-C").unwrap();
+            if s.iter().any(|w| w == "--dry-run") {
+                "dry run"
+            } else {
+                s[c + 2].as_str()
+            }
+        })
+        .collect();
+    assert_eq!(kinds, ["dags", "dry run", "create", "verify"]);
+
+    let p = Project::new();
+    let shop = p.path("shop");
+    copy_dir(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/shop"),
+        &shop,
+    );
+    for step in &steps {
+        let args: Vec<String> = step
+            .iter()
+            .map(|w| {
+                if w == "examples/shop" {
+                    shop.display().to_string()
+                } else {
+                    w.clone()
+                }
+            })
+            .collect();
+        output(
+            Command::new(env!("CARGO_BIN_EXE_backfill"))
+                .args(&args)
+                .current_dir(p.path(""))
+                .env("BACKFILL_NOW", NOW),
+        )
+        .code(0);
+    }
+    let warehouse = rusqlite::Connection::open(shop.join("warehouse.db")).unwrap();
+    let days: Vec<String> = warehouse
+        .prepare("SELECT DISTINCT day FROM daily_orders ORDER BY day")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let week: Vec<String> = (1..=7).map(|d| format!("2026-09-{d:02}")).collect();
+    assert_eq!(
+        days, week,
+        "the smoke backfill published the week, nothing else"
+    );
+}
+
+const FLAKY: &str = r#"
+schedule = "@daily"
+
+[[tasks]]
+id = "load"
+command = "test {{ ds }} != 2026-01-02"
+"#;
+
+#[test]
+fn the_notification_example_posts_to_the_chat_webhook() {
+    let block = readme_block("## Notifications", "toml");
+    let p = Project::new().dag("flaky", FLAKY);
+    p.write("backfill.toml", &block);
+    // A `curl` that records its arguments, one per line, instead of posting them.
+    let fake = p.path("bin");
+    p.write(
+        "bin/curl",
+        "#!/bin/sh\nfor a in \"$@\"; do printf '%s\\n' \"$a\"; done > curl.args\n",
+    );
+    std::fs::set_permissions(
+        fake.join("curl"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let path = format!("{}:{}", fake.display(), std::env::var("PATH").unwrap());
+    p.run_with(
+        &[
+            "create",
+            "--dag",
+            "flaky",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-03",
+        ],
+        &[
+            ("PATH", &path),
+            ("CHAT_WEBHOOK_URL", "https://chat.example.com/hooks/T0"),
+        ],
+    )
+    .code(3);
+    let args: Vec<String> = p.read("curl.args").lines().map(String::from).collect();
+    let data = args.iter().position(|a| a == "--data").expect("--data");
+    let body: serde_json::Value = serde_json::from_str(&args[data + 1]).unwrap();
+    assert_eq!(
+        body["text"],
+        "backfill 1 of flaky: failed (exit 3); see backfill show 1"
+    );
+    assert_eq!(
+        args.last().map(String::as_str),
+        Some("https://chat.example.com/hooks/T0")
+    );
+    assert!(
+        args.contains(&"-fsS".to_string()),
+        "curl fails on an HTTP error"
+    );
+}

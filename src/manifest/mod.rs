@@ -172,6 +172,9 @@ pub fn open_read_only(path: &Path) -> Result<Connection> {
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
+        // Reading a large backfill touches most pages once: map them rather than copy each
+        // into the page cache.
+        conn.pragma_update(None, "mmap_size", 1i64 << 30)?;
         let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
         let known = MIGRATIONS.last().map_or(0, |m| m.0);
         if version > known {

@@ -233,6 +233,9 @@ struct TryAgg {
     reasons: Option<String>,
     log: Option<String>,
     error: Option<String>,
+    /// The ids of the tries `verdict` and `error` come from: the latest of each wins.
+    verdict_try: i64,
+    error_try: i64,
 }
 
 /// A backfill and every interval of its plan; `None` when there is no such backfill.
@@ -277,8 +280,8 @@ pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
     let mut tries: Vec<TryAgg> = Vec::with_capacity(run_ids.len());
     if let (Some(lo), Some(hi)) = (run_ids.first(), run_ids.last()) {
         let mut stmt = conn.prepare(
-            "SELECT run_id, state, rows, verdict, reasons, log_path, error FROM task_tries
-             WHERE run_id BETWEEN ?1 AND ?2 ORDER BY run_id, id",
+            "SELECT run_id, state, rows, verdict, reasons, log_path, error, id FROM task_tries
+             WHERE run_id BETWEEN ?1 AND ?2 ORDER BY run_id",
         )?;
         let mut rows = stmt.query([lo, hi])?;
         while let Some(r) = rows.next()? {
@@ -301,13 +304,19 @@ pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
             if succeeded && let Some(n) = r.get::<_, Option<i64>>(2)? {
                 agg.rows = Some(agg.rows.unwrap_or(0) + n);
             }
-            if let Some(v) = r.get::<_, Option<String>>(3)? {
+            // The index yields a run's tries by task, not in the order they ran.
+            let try_id: i64 = r.get(7)?;
+            if try_id > agg.verdict_try
+                && let Some(v) = r.get::<_, Option<String>>(3)?
+            {
                 agg.verdict = Some(v);
                 agg.reasons = r.get(4)?;
+                agg.verdict_try = try_id;
             }
-            if !succeeded {
+            if !succeeded && try_id > agg.error_try {
                 agg.log = r.get(5)?;
                 agg.error = r.get(6)?;
+                agg.error_try = try_id;
             }
         }
     }
@@ -469,25 +478,33 @@ pub fn runs(conn: &Connection, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<Run
     by_id.sort_unstable();
     if let (Some(first), Some(last)) = (by_id.first(), by_id.last()) {
         let mut stmt = conn.prepare(
-            "SELECT run_id, state, rows, verdict, reasons FROM task_tries
-             WHERE run_id BETWEEN ?1 AND ?2 ORDER BY run_id, id",
+            "SELECT run_id, state, rows, verdict, reasons, id FROM task_tries
+             WHERE run_id BETWEEN ?1 AND ?2 ORDER BY run_id",
         )?;
+        // The index yields a run's tries by task, not in the order they ran: the verdict of
+        // the latest gated try wins.
+        let mut verdict_try = vec![0i64; out.len()];
         let mut rows = stmt.query([first.0, last.0])?;
         while let Some(r) = rows.next()? {
             let run_id: i64 = r.get(0)?;
             let Ok(i) = by_id.binary_search_by_key(&run_id, |x| x.0) else {
                 continue;
             };
-            let run = &mut out[by_id[i].1];
+            let at = by_id[i].1;
+            let run = &mut out[at];
             run.tries += 1;
             if r.get::<_, TryState>(1)? == TryState::Succeeded
                 && let Some(n) = r.get::<_, Option<i64>>(2)?
             {
                 run.rows = Some(run.rows.unwrap_or(0) + n);
             }
-            if let Some(v) = r.get::<_, Option<String>>(3)? {
+            let try_id: i64 = r.get(5)?;
+            if try_id > verdict_try[at]
+                && let Some(v) = r.get::<_, Option<String>>(3)?
+            {
                 run.verdict = Some(v);
                 run.reasons = r.get(4)?;
+                verdict_try[at] = try_id;
             }
         }
     }

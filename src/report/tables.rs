@@ -23,13 +23,25 @@ pub const TABLE_LIMIT: usize = 200;
 pub struct Grid {
     headings: Vec<&'static str>,
     rows: Vec<Vec<String>>,
+    /// Rows added with [`Grid::row_at`] that will not be printed.
+    left_out: usize,
+    /// Which columns have content in a row left out.
+    filled: Vec<bool>,
+}
+
+/// Whether a cell counts as content (a column whose every cell is empty is left out).
+fn has_content(cell: &str) -> bool {
+    !cell.is_empty() && cell != "-"
 }
 
 impl Grid {
     pub fn new(headings: Vec<&'static str>) -> Self {
+        let filled = vec![false; headings.len()];
         Self {
             headings,
             rows: Vec::new(),
+            left_out: 0,
+            filled,
         }
     }
 
@@ -37,21 +49,45 @@ impl Grid {
         self.rows.push(cells);
     }
 
+    /// Adds row `index` of a table of `total` rows, formatting its `cells` only if it will be
+    /// printed: a long table prints its first and last rows, and formatting the rest would
+    /// cost more than reading them. For a row left out, `filled` says which of its cells have
+    /// content, so that which columns are shown does not depend on which rows are.
+    pub fn row_at(
+        &mut self,
+        index: usize,
+        total: usize,
+        cells: impl FnOnce() -> Vec<String>,
+        filled: impl FnOnce() -> Vec<bool>,
+    ) {
+        let half = TABLE_LIMIT / 2;
+        if total <= TABLE_LIMIT || index < half || index >= total - half {
+            self.rows.push(cells());
+        } else {
+            self.left_out += 1;
+            for (column, f) in self.filled.iter_mut().zip(filled()) {
+                *column |= f;
+            }
+        }
+    }
+
     pub fn len(&self) -> usize {
-        self.rows.len()
+        self.rows.len() + self.left_out
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
+        self.len() == 0
     }
 
     /// The table as text, columns that are empty in every row left out.
     pub fn render(&self) -> String {
         let keep: Vec<usize> = (0..self.headings.len())
             .filter(|&i| {
-                self.rows
-                    .iter()
-                    .any(|r| r.get(i).is_some_and(|c| !c.is_empty() && c != "-"))
+                self.filled[i]
+                    || self
+                        .rows
+                        .iter()
+                        .any(|r| r.get(i).is_some_and(|c| has_content(c)))
             })
             .collect();
         let table = |rows: &[Vec<String>]| {
@@ -67,11 +103,11 @@ impl Grid {
             }
             t.to_string()
         };
-        if self.rows.len() <= TABLE_LIMIT {
+        if self.len() <= TABLE_LIMIT {
             return table(&self.rows);
         }
         let half = TABLE_LIMIT / 2;
-        let left_out = self.rows.len() - TABLE_LIMIT;
+        let left_out = self.len() - TABLE_LIMIT;
         format!(
             "{}\n… {} left out; --output json lists every row\n{}",
             table(&self.rows[..half]),
@@ -307,21 +343,45 @@ pub fn print_show(detail: &BackfillDetail, labels: &Labeler, json: bool) -> Resu
         "duration",
         "error",
     ]);
-    for i in &detail.interval_details {
-        t.row(vec![
-            (i.ord + 1).to_string(),
-            labels.label(i.start.0),
-            i.action.clone(),
-            i.reason.clone().unwrap_or_default(),
-            or_empty(i.state.as_ref()),
-            i.attempts.to_string(),
-            i.tries.to_string(),
-            or_empty(i.rows),
-            or_empty(i.verdict.as_ref()),
-            i.reasons.clone().unwrap_or_default(),
-            duration_ms(i.duration_ms),
-            i.error.clone().unwrap_or_default(),
-        ]);
+    let total = detail.interval_details.len();
+    for (k, i) in detail.interval_details.iter().enumerate() {
+        t.row_at(
+            k,
+            total,
+            || {
+                vec![
+                    (i.ord + 1).to_string(),
+                    labels.label(i.start.0),
+                    i.action.clone(),
+                    i.reason.clone().unwrap_or_default(),
+                    or_empty(i.state.as_ref()),
+                    i.attempts.to_string(),
+                    i.tries.to_string(),
+                    or_empty(i.rows),
+                    or_empty(i.verdict.as_ref()),
+                    i.reasons.clone().unwrap_or_default(),
+                    duration_ms(i.duration_ms),
+                    i.error.clone().unwrap_or_default(),
+                ]
+            },
+            || {
+                let text = |v: &Option<String>| v.as_deref().is_some_and(has_content);
+                vec![
+                    true,
+                    true,
+                    has_content(&i.action),
+                    text(&i.reason),
+                    text(&i.state),
+                    true,
+                    true,
+                    i.rows.is_some(),
+                    text(&i.verdict),
+                    text(&i.reasons),
+                    i.duration_ms.is_some(),
+                    text(&i.error),
+                ]
+            },
+        );
     }
     t.print()
 }
@@ -343,23 +403,44 @@ pub fn print_runs(
         "interval", "run", "backfill", "state", "started", "duration", "tries", "rows", "verdict",
         "error",
     ]);
-    for r in runs {
-        t.row(vec![
-            labels.label(r.start.0),
-            r.run_id.to_string(),
-            r.backfill_id.to_string(),
-            r.state.clone(),
-            r.started_at.clone(),
-            duration_ms(r.duration_ms),
-            r.tries.to_string(),
-            or_empty(r.rows),
-            match (&r.verdict, &r.reasons) {
-                (Some(v), Some(why)) => format!("{v}: {why}"),
-                (Some(v), None) => v.clone(),
-                _ => String::new(),
+    for (k, r) in runs.iter().enumerate() {
+        t.row_at(
+            k,
+            runs.len(),
+            || {
+                vec![
+                    labels.label(r.start.0),
+                    r.run_id.to_string(),
+                    r.backfill_id.to_string(),
+                    r.state.clone(),
+                    r.started_at.clone(),
+                    duration_ms(r.duration_ms),
+                    r.tries.to_string(),
+                    or_empty(r.rows),
+                    match (&r.verdict, &r.reasons) {
+                        (Some(v), Some(why)) => format!("{v}: {why}"),
+                        (Some(v), None) => v.clone(),
+                        _ => String::new(),
+                    },
+                    r.error.clone().unwrap_or_default(),
+                ]
             },
-            r.error.clone().unwrap_or_default(),
-        ]);
+            || {
+                let text = |v: &Option<String>| v.as_deref().is_some_and(has_content);
+                vec![
+                    true,
+                    true,
+                    true,
+                    has_content(&r.state),
+                    has_content(&r.started_at),
+                    r.duration_ms.is_some(),
+                    true,
+                    r.rows.is_some(),
+                    text(&r.verdict),
+                    text(&r.error),
+                ]
+            },
+        );
     }
     t.print()
 }
@@ -450,5 +531,34 @@ mod tests {
         let text = long.render();
         assert!(text.contains("\n… 50 rows left out; --output json lists every row\n"));
         assert!(text.contains(" 99 ") && text.contains(" 150 ") && !text.contains(" 120 "));
+    }
+
+    #[test]
+    fn rows_left_out_are_not_formatted_but_still_decide_the_columns() {
+        let cells = |i: usize| {
+            vec![
+                i.to_string(),
+                if i == 120 { "x".into() } else { String::new() },
+            ]
+        };
+        let mut eager = Grid::new(vec!["n", "rare"]);
+        let mut lazy = Grid::new(vec!["n", "rare"]);
+        let mut formatted = 0;
+        for i in 0..250 {
+            eager.row(cells(i));
+            lazy.row_at(
+                i,
+                250,
+                || {
+                    formatted += 1;
+                    cells(i)
+                },
+                || vec![true, i == 120],
+            );
+        }
+        assert_eq!(formatted, TABLE_LIMIT);
+        assert_eq!(lazy.len(), 250);
+        assert_eq!(lazy.render(), eager.render());
+        assert!(lazy.render().contains("rare"), "row 120 fills the column");
     }
 }

@@ -836,3 +836,49 @@ fn taking_over_a_dead_owner_finishes_its_publish_before_abandoning_its_run() {
     assert_eq!(p.count("SELECT COUNT(*) FROM published"), 2);
     orders_fact_is_exact(&p, &["2026-09-01", "2026-09-05"]);
 }
+
+#[test]
+fn show_and_runs_give_the_verdict_of_the_latest_gated_try() {
+    // `z_load` runs first and passes its gate; `a_report` runs after it and is rejected. The
+    // run's verdict is the later one's, although `a_report` sorts first by name.
+    let p = Project::new().dag(
+        "two",
+        r#"
+schedule = "@daily"
+[[tasks]]
+id = "z_load"
+command = "echo '{\"rows\": 5}' > $BACKFILL_RESULT"
+[tasks.gate]
+[[tasks]]
+id = "a_report"
+depends_on = ["z_load"]
+command = "echo '{\"rows\": 0}' > $BACKFILL_RESULT"
+[tasks.gate]
+"#,
+    );
+    p.run(&[
+        "create",
+        "--dag",
+        "two",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-01",
+        "-q",
+    ])
+    .code(3);
+    let show = p.run(&["show", "1", "--output", "json"]).json();
+    let detail = &show["interval_details"][0];
+    let runs = p.run(&["runs", "--dag", "two", "--output", "json"]).json();
+    for doc in [detail, &runs[0]] {
+        assert_eq!(doc["verdict"], "rejected", "{doc}");
+        assert_eq!(doc["tries"], 2);
+        assert!(
+            doc["reasons"]
+                .as_str()
+                .unwrap()
+                .starts_with("zero rows and an empty source"),
+            "{doc}"
+        );
+    }
+}

@@ -107,12 +107,24 @@ fn end_run(
          WHERE id = ?1 AND state IN ('queued', 'running')",
     )?
     .execute(params![run_id, state, now_ms, error])?;
-    // By primary key: the lease of this run's interval, if this run's backfill holds it.
-    conn.prepare_cached(
-        "DELETE FROM leases WHERE (dag_id, interval_start, backfill_id) IN
-           (SELECT dag_id, interval_start, backfill_id FROM runs WHERE id = ?1)",
-    )?
-    .execute([run_id])?;
+    // By primary key: the lease of this run's interval, if this run's backfill holds it. (A
+    // `DELETE ... WHERE (key) IN (SELECT ...)` would build a temporary table for every run.)
+    let key = conn
+        .prepare_cached("SELECT dag_id, interval_start, backfill_id FROM runs WHERE id = ?1")?
+        .query_row([run_id], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })
+        .optional()?;
+    if let Some((dag_id, interval_start, backfill_id)) = key {
+        conn.prepare_cached(
+            "DELETE FROM leases WHERE dag_id = ?1 AND interval_start = ?2 AND backfill_id = ?3",
+        )?
+        .execute(params![dag_id, interval_start, backfill_id])?;
+    }
     Ok(())
 }
 

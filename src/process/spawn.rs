@@ -48,8 +48,11 @@ impl Prepared {
         let name = argv
             .first()
             .ok_or_else(|| std::io::Error::other("empty command"))?;
-        let mut vars: std::collections::BTreeMap<std::ffi::OsString, std::ffi::OsString> =
-            std::env::vars_os().collect();
+        // This process's environment does not change while it runs: read it once.
+        static BASE: std::sync::OnceLock<
+            std::collections::BTreeMap<std::ffi::OsString, std::ffi::OsString>,
+        > = std::sync::OnceLock::new();
+        let mut vars = BASE.get_or_init(|| std::env::vars_os().collect()).clone();
         for (k, v) in env {
             vars.insert(k.into(), v.into());
         }

@@ -174,6 +174,8 @@ pub fn write_and_measure(
             binds.bind(&mut stmt)?;
             stmt.raw_execute()?;
             drop(stmt);
+            // The tests freeze here and change the source: the count must not see it.
+            crate::fault::point("before-source-count");
             let source = match gate.and_then(|g| g.source_count.as_ref()) {
                 Some(crate::project::SourceCount::Sql(q)) => Some(source_count(conn, q, binds)?),
                 _ => None,

@@ -882,3 +882,59 @@ command = "echo '{\"rows\": 0}' > $BACKFILL_RESULT"
         );
     }
 }
+
+#[test]
+fn the_source_count_and_the_audit_see_the_same_moment() {
+    // Frozen between writing the audit and counting the source, the try sees an order land in
+    // the source; with one snapshot, the count misses it as the output does, and the exact
+    // tolerance passes. (Counted later, the source would be one row ahead: rejected.)
+    let p = shop();
+    edit_dag(&p, "orders_fact", "tolerance = 0.02", "tolerance = 0");
+    let day = "SELECT COUNT(*) FROM raw_orders
+               WHERE order_ts >= '2026-09-10' AND order_ts < '2026-09-11'";
+    let before = wh_count(&p, day);
+    let child = p.spawn_with(
+        "frozen",
+        &[
+            "create",
+            "--dag",
+            "orders_fact",
+            "--from",
+            "2026-09-10",
+            "--to",
+            "2026-09-10",
+        ],
+        &[("BACKFILL_FAULT", "before-source-count:stop")],
+    );
+    wait_until("the try to freeze", Duration::from_secs(20), || {
+        crate::support::stopped(child.id())
+    });
+    wh(&p)
+        .execute(
+            "INSERT INTO raw_orders (order_ts, region, amount_cents)
+             VALUES ('2026-09-10 12:00:00', 'north', 100)",
+            [],
+        )
+        .unwrap();
+    crate::support::signal(&child, nix::sys::signal::Signal::SIGCONT);
+    p.wait("frozen", child)
+        .code(0)
+        .stderr_has("completed — 1 succeeded");
+    let recorded = p.rows("SELECT rows, source_rows, verdict FROM task_tries");
+    assert_eq!(
+        recorded,
+        [[
+            before.to_string(),
+            before.to_string(),
+            "published".to_string()
+        ]]
+    );
+    assert_eq!(
+        wh_count(
+            &p,
+            "SELECT COUNT(*) FROM orders_fact WHERE order_day = '2026-09-10'"
+        ),
+        before
+    );
+    assert_eq!(wh_count(&p, day), before + 1, "the order landed meanwhile");
+}

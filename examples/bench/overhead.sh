@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Measures backfill's performance targets side by side with their baselines and exits non-zero
-# when one is missed. Not part of the test suite; takes about four minutes on 2 cores.
+# when one is missed. Not part of the test suite; takes about six minutes on 2 cores.
 #
 #   examples/bench/overhead.sh [ROUNDS]        (default 5 rounds; medians are reported)
 #

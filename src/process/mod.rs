@@ -62,13 +62,27 @@ pub struct Group {
     pub leader_start: Option<i64>,
 }
 
-/// A try's process, forked and waiting at its gate.
+/// A try's process, forked and waiting at its gate. Dropped without [`Gated::release`] or
+/// [`Gated::discard`] (its task was cancelled), it kills the process: closing the gate alone is
+/// not enough, as other children waiting at their gates may hold copies of its end, and the
+/// thread that cloned it waits until it is gone.
 pub struct Gated {
     pub group: Group,
     gate: Option<tokio::net::UnixStream>,
     /// The spawn, which returns once the child has `exec`ed (or failed to).
-    spawn: tokio::task::JoinHandle<std::io::Result<Child>>,
-    log: tokio::task::JoinHandle<()>,
+    spawn: Option<tokio::task::JoinHandle<std::io::Result<Child>>>,
+    log: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Gated {
+    fn drop(&mut self) {
+        if self.gate.take().is_some() {
+            signal_group(self.group.pgid, Signal::SIGKILL);
+            if let Some(log) = self.log.take() {
+                log.abort();
+            }
+        }
+    }
 }
 
 /// A released try, running its command.
@@ -138,8 +152,8 @@ pub async fn spawn(
     Ok(Gated {
         group,
         gate: Some(gate),
-        spawn,
-        log,
+        spawn: Some(spawn),
+        log: Some(log),
     })
 }
 
@@ -150,16 +164,20 @@ impl Gated {
     /// Opens the gate: the try `exec`s its command. `Err` when it could not start (a program
     /// that cannot be executed).
     pub async fn release(mut self) -> std::io::Result<Spawned> {
+        let (spawn, log) = (self.spawn.take(), self.log.take());
+        let (Some(spawn), Some(log)) = (spawn, log) else {
+            return Err(std::io::Error::other("the try was already let go"));
+        };
         if let Some(mut gate) = self.gate.take() {
             use tokio::io::AsyncWriteExt;
             // A try killed meanwhile shows as such once it is waited for.
             let _ = gate.write_all(b"g").await;
         }
-        let child = self.spawn.await.map_err(std::io::Error::other)??;
+        let child = spawn.await.map_err(std::io::Error::other)??;
         Ok(Spawned {
             child,
             group: self.group,
-            log: self.log,
+            log,
         })
     }
 
@@ -167,10 +185,14 @@ impl Gated {
     pub async fn discard(mut self) {
         self.gate = None;
         signal_group(self.group.pgid, Signal::SIGKILL);
-        if let Ok(Ok(mut child)) = self.spawn.await {
+        if let Some(spawn) = self.spawn.take()
+            && let Ok(Ok(mut child)) = spawn.await
+        {
             let _ = child.wait().await;
         }
-        self.log.abort();
+        if let Some(log) = self.log.take() {
+            log.abort();
+        }
     }
 }
 
@@ -423,6 +445,38 @@ pub fn kill_group(group: Group, wait: Duration) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn gated_tries_dropped_without_release_are_killed() {
+        // Two tries gated at once hold copies of each other's gate: closing a gate alone would
+        // leave both waiting for ever, and the runtime waiting for the threads that cloned them.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let pids = rt.block_on(async {
+            let program = Program::Argv(vec!["true".into()]);
+            let (log_a, log_b) = (dir.path().join("a.log"), dir.path().join("b.log"));
+            let (a, b) = tokio::join!(
+                spawn(&program, &[], dir.path(), &log_a),
+                spawn(&program, &[], dir.path(), &log_b),
+            );
+            let (a, b) = (a.unwrap(), b.unwrap());
+            let pids = [a.group.pgid, b.group.pgid];
+            assert!(
+                pids.iter().all(|&p| pid_alive(p)),
+                "both wait at their gates"
+            );
+            drop((a, b));
+            pids
+        });
+        rt.shutdown_timeout(std::time::Duration::from_secs(5));
+        for pid in pids {
+            assert!(!pid_alive(pid), "gated process {pid} outlived its try");
+        }
+    }
     use super::*;
 
     #[test]

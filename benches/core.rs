@@ -148,6 +148,7 @@ fn gate_checks(c: &mut Criterion) {
     let g = Gate {
         unique_key: vec!["order_id".into()],
         source_count: None,
+        source_fingerprint: None,
         tolerance: 0.02,
         allow_empty: false,
     };

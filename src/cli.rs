@@ -124,6 +124,20 @@ pub enum Command {
         #[arg(long, value_name = "WHEN", requires = "from")]
         to: Option<String>,
     },
+    /// List the published intervals whose source changed since they ran (by each task's gate
+    /// `source_count` and `source_fingerprint`); runs nothing.
+    #[command(after_help = WHEN_HELP)]
+    Stale {
+        #[arg(long)]
+        dag: String,
+        #[arg(long, value_name = "WHEN")]
+        from: String,
+        #[arg(long, value_name = "WHEN")]
+        to: String,
+        /// A JSON object available to the commands as `conf` and BACKFILL_CONF.
+        #[arg(long, value_name = "JSON")]
+        conf: Option<String>,
+    },
     /// Check that tasks are deterministic: compute each interval twice without publishing and
     /// compare row counts and fingerprints.
     #[command(after_help = WHEN_HELP)]
@@ -208,6 +222,8 @@ pub enum ReprocessArg {
     Failed,
     /// Every interval, including succeeded ones.
     Completed,
+    /// As `failed`, and also succeeded intervals whose source changed since they ran.
+    Changed,
 }
 
 impl From<ReprocessArg> for crate::plan::Reprocess {
@@ -216,6 +232,7 @@ impl From<ReprocessArg> for crate::plan::Reprocess {
             ReprocessArg::None => Self::None,
             ReprocessArg::Failed => Self::Failed,
             ReprocessArg::Completed => Self::Completed,
+            ReprocessArg::Changed => Self::Changed,
         }
     }
 }

@@ -52,6 +52,22 @@ impl fmt::Display for DataInterval {
     }
 }
 
+/// An interval in a JSON document: `{"start", "end"}`, RFC 3339 UTC.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct IntervalDoc {
+    pub start: Rfc3339,
+    pub end: Rfc3339,
+}
+
+impl IntervalDoc {
+    pub fn of(i: DataInterval) -> Self {
+        Self {
+            start: Rfc3339(i.start),
+            end: Rfc3339(i.end),
+        }
+    }
+}
+
 /// RFC 3339 in UTC with a `Z` suffix and whole seconds.
 pub fn rfc3339(t: DateTime<Utc>) -> String {
     Rfc3339(t).to_string()

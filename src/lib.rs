@@ -15,6 +15,7 @@ pub mod log;
 pub mod manifest;
 pub mod notify;
 pub mod plan;
+pub mod probe;
 pub mod process;
 pub mod project;
 pub mod recovery;

@@ -1,12 +1,12 @@
 //! Planning, as a pure function: intervals + the latest run state of each + options -> a plan
 //! (run, or skip with a reason), in execution order.
 //!
-//! | latest run of the interval | none | failed | completed |
-//! |---|---|---|---|
-//! | none yet | run | run | run |
-//! | queued or running (live lease) | skip: in flight | skip: in flight | skip: in flight |
-//! | succeeded | skip: already exists | skip: already exists | run |
-//! | failed, rejected or cancelled | skip: already exists | run | run |
+//! | latest run of the interval | none | failed | completed | changed |
+//! |---|---|---|---|---|
+//! | none yet | run | run | run | run |
+//! | queued or running (live lease) | skip: in flight | skip: in flight | skip: in flight | skip: in flight |
+//! | succeeded | skip: already exists | skip: already exists | run | run if its source changed, else skip: source unchanged |
+//! | failed, rejected or cancelled | skip: already exists | run | run | run |
 //!
 //! Intervals whose end is in the future are skipped as `not yet complete`. With
 //! `depends_on_past`, an interval runs only if the previous one succeeded or runs before it in
@@ -30,6 +30,8 @@ pub enum Reprocess {
     Failed,
     /// Every interval, even those that succeeded.
     Completed,
+    /// As `failed`, and also intervals that succeeded whose source changed since.
+    Changed,
 }
 
 impl Reprocess {
@@ -38,6 +40,7 @@ impl Reprocess {
             Self::None => "none",
             Self::Failed => "failed",
             Self::Completed => "completed",
+            Self::Changed => "changed",
         }
     }
 }
@@ -49,6 +52,7 @@ impl FromStr for Reprocess {
             "none" => Ok(Self::None),
             "failed" => Ok(Self::Failed),
             "completed" => Ok(Self::Completed),
+            "changed" => Ok(Self::Changed),
             other => Err(format!("unknown reprocess behavior `{other}`")),
         }
     }
@@ -61,14 +65,16 @@ pub enum SkipReason {
     InFlight,
     NotYetComplete,
     PreviousNotSuccessful,
+    SourceUnchanged,
 }
 
 impl SkipReason {
-    pub const ALL: [SkipReason; 4] = [
+    pub const ALL: [SkipReason; 5] = [
         Self::AlreadyExists,
         Self::InFlight,
         Self::NotYetComplete,
         Self::PreviousNotSuccessful,
+        Self::SourceUnchanged,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -77,6 +83,7 @@ impl SkipReason {
             Self::InFlight => "in flight",
             Self::NotYetComplete => "not yet complete",
             Self::PreviousNotSuccessful => "previous interval not successful",
+            Self::SourceUnchanged => "source unchanged",
         }
     }
 }
@@ -110,6 +117,8 @@ pub struct Prior {
     pub latest: Option<RunState>,
     /// Another backfill holds a live lease on the interval.
     pub in_flight: bool,
+    /// The source of the interval changed since its latest run succeeded (for `changed`).
+    pub source_changed: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -205,7 +214,12 @@ fn judge(interval: &DataInterval, p: Prior, opts: Options) -> Action {
     }
     let run_again = match p.latest {
         None => true,
-        Some(RunState::Succeeded) => opts.reprocess == Reprocess::Completed,
+        Some(RunState::Succeeded) => match opts.reprocess {
+            Reprocess::Completed => true,
+            Reprocess::Changed if p.source_changed => true,
+            Reprocess::Changed => return Action::Skip(SkipReason::SourceUnchanged),
+            Reprocess::None | Reprocess::Failed => false,
+        },
         // A queued or running run without a live lease was abandoned: it counts as cancelled.
         Some(
             RunState::Failed
@@ -246,7 +260,11 @@ mod tests {
     }
 
     fn prior(latest: Option<RunState>, in_flight: bool) -> Prior {
-        Prior { latest, in_flight }
+        Prior {
+            latest,
+            in_flight,
+            source_changed: false,
+        }
     }
 
     #[test]
@@ -254,24 +272,55 @@ mod tests {
         use Action::*;
         use SkipReason::*;
         let exists = Skip(AlreadyExists);
+        let unchanged = Skip(SourceUnchanged);
+        let changed = Prior {
+            source_changed: true,
+            ..prior(Some(RunState::Succeeded), false)
+        };
+        // Columns: none, failed, completed, changed.
         let cases = [
-            (prior(None, false), [Run, Run, Run]),
-            (prior(Some(RunState::Running), true), [Skip(InFlight); 3]),
-            (prior(Some(RunState::Queued), true), [Skip(InFlight); 3]),
-            (prior(None, true), [Skip(InFlight); 3]),
+            (prior(None, false), [Run, Run, Run, Run]),
+            (prior(Some(RunState::Running), true), [Skip(InFlight); 4]),
+            (prior(Some(RunState::Queued), true), [Skip(InFlight); 4]),
+            (prior(None, true), [Skip(InFlight); 4]),
             (
                 prior(Some(RunState::Succeeded), false),
-                [exists, exists, Run],
+                [exists, exists, Run, unchanged],
             ),
-            (prior(Some(RunState::Failed), false), [exists, Run, Run]),
-            (prior(Some(RunState::Rejected), false), [exists, Run, Run]),
-            (prior(Some(RunState::Cancelled), false), [exists, Run, Run]),
-            (prior(Some(RunState::Running), false), [exists, Run, Run]),
+            (changed, [exists, exists, Run, Run]),
+            (
+                Prior {
+                    in_flight: true,
+                    ..changed
+                },
+                [Skip(InFlight); 4],
+            ),
+            (
+                prior(Some(RunState::Failed), false),
+                [exists, Run, Run, Run],
+            ),
+            (
+                prior(Some(RunState::Rejected), false),
+                [exists, Run, Run, Run],
+            ),
+            (
+                prior(Some(RunState::Cancelled), false),
+                [exists, Run, Run, Run],
+            ),
+            (
+                prior(Some(RunState::Running), false),
+                [exists, Run, Run, Run],
+            ),
         ];
         for (p, expected) in cases {
-            for (reprocess, want) in [Reprocess::None, Reprocess::Failed, Reprocess::Completed]
-                .into_iter()
-                .zip(expected)
+            for (reprocess, want) in [
+                Reprocess::None,
+                Reprocess::Failed,
+                Reprocess::Completed,
+                Reprocess::Changed,
+            ]
+            .into_iter()
+            .zip(expected)
             {
                 let got = plan(&[day(0)], &[p], None, opts(reprocess));
                 assert_eq!(got[0].action, want, "{p:?} with {reprocess:?}");

@@ -66,6 +66,32 @@ stored_enum! {
         Completed => "completed",
         Failed => "failed",
         Cancelled => "cancelled",
+        /// A staged backfill whose every planned interval succeeded: its outputs await
+        /// `promote` (or `discard`).
+        Staged => "staged",
+    }
+}
+
+stored_enum! {
+    /// What a backfill does with its intervals.
+    BackfillKind {
+        /// Computes each interval and publishes what passes the gate.
+        Run => "run",
+        /// Computes and audits each interval and keeps the output, unpublished.
+        Stage => "stage",
+        /// Publishes the staged outputs of another backfill.
+        Promote => "promote",
+        /// Puts back the partitions that the latest publishes replaced.
+        Rollback => "rollback",
+    }
+}
+
+stored_enum! {
+    /// What became of a staged output.
+    StagedState {
+        Staged => "staged",
+        Promoted => "promoted",
+        Discarded => "discarded",
     }
 }
 

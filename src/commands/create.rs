@@ -51,14 +51,19 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
     };
     let manifest_path = g.manifest_path(Some(&project))?;
     let ctx = LeaseCtx::new(project.lease_timeout);
+    let changed = match reprocess {
+        Reprocess::Changed => source_changes(g, &project, &dag, &conf, &intervals, &manifest_path)?,
+        _ => HashSet::new(),
+    };
 
     if args.dry_run {
         let (prior, before) = match manifest::open_if_exists(&manifest_path)? {
             Some(conn) => {
                 let before = plans::state_before(&conn, &dag.id, intervals[0].start.timestamp())
                     .map_err(|e| e.at(&manifest_path))?;
-                let prior = plans::priors(&conn, &dag.id, &intervals, &ctx, Judge::Predict)
+                let mut prior = plans::priors(&conn, &dag.id, &intervals, &ctx, Judge::Predict)
                     .map_err(|e| e.at(&manifest_path))?;
+                mark_changed(&mut prior, &intervals, &changed);
                 (prior, before)
             }
             None => (vec![Prior::default(); intervals.len()], None),
@@ -110,7 +115,10 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
             &dag,
             &intervals,
             options,
-            &HashSet::new(),
+            Marks {
+                already: &HashSet::new(),
+                changed: &changed,
+            },
             &ctx,
         )?;
         drop(beat);
@@ -178,6 +186,14 @@ pub(super) struct Planned {
     pub to_run: Vec<DataInterval>,
 }
 
+/// What is known of intervals before they are planned: those that already have a plan row
+/// (from an interrupted planning), and those whose source changed (`changed`).
+#[derive(Clone, Copy)]
+pub(super) struct Marks<'a> {
+    pub already: &'a HashSet<i64>,
+    pub changed: &'a HashSet<i64>,
+}
+
 /// Plans `intervals` (ascending) and writes the plan with its leases in chunks of
 /// [`PLAN_CHUNK`], one transaction each, then records the plan as complete. Intervals whose
 /// start is in `already` have a plan row from an earlier, interrupted planning and are left out.
@@ -187,9 +203,10 @@ pub(super) fn write_plan(
     dag: &Dag,
     intervals: &[DataInterval],
     options: plan::Options,
-    already: &HashSet<i64>,
+    marks: Marks<'_>,
     ctx: &LeaseCtx,
 ) -> Result<Planned, Error> {
+    let Marks { already, changed } = marks;
     let total = intervals.len();
     let todo: Vec<(usize, DataInterval)> = intervals
         .iter()
@@ -207,6 +224,11 @@ pub(super) fn write_plan(
             .map(|(index, _)| plan::ord(*index, total, options.run_backwards))
             .collect();
         let mut carried = planner.take();
+        let chunk_changed: HashSet<i64> = chunk_intervals
+            .iter()
+            .map(|i| i.start.timestamp())
+            .filter(|s| changed.contains(s))
+            .collect();
         let (rows, carried) = writer.call_blocking(move |c| {
             let mut p = match carried.take() {
                 Some(p) => p,
@@ -215,7 +237,8 @@ pub(super) fn write_plan(
                     options,
                 ),
             };
-            let prior = plans::priors(c, &dag_id, &chunk_intervals, &ctx, Judge::Strict)?;
+            let mut prior = plans::priors(c, &dag_id, &chunk_intervals, &ctx, Judge::Strict)?;
+            mark_changed(&mut prior, &chunk_intervals, &chunk_changed);
             let rows: Vec<(i64, PlanRow)> = chunk_intervals
                 .iter()
                 .zip(prior)
@@ -253,6 +276,81 @@ pub(super) fn write_plan(
         total,
         to_run: to_run.into_iter().map(|(_, i)| i).collect(),
     })
+}
+
+/// Marks the intervals whose source changed, for `--reprocess-behavior changed`.
+fn mark_changed(prior: &mut [Prior], intervals: &[DataInterval], changed: &HashSet<i64>) {
+    for (p, i) in prior.iter_mut().zip(intervals) {
+        p.source_changed = changed.contains(&i.start.timestamp());
+    }
+}
+
+/// For `--reprocess-behavior changed`: the starts of the intervals (of those whose latest run
+/// succeeded) whose source changed since, by the tasks' gate `source_count` and
+/// `source_fingerprint`. Says which tasks cannot tell.
+pub(super) fn source_changes(
+    g: &Global,
+    project: &crate::project::Project,
+    dag: &Dag,
+    conf: &serde_json::Value,
+    intervals: &[DataInterval],
+    manifest_path: &std::path::Path,
+) -> Result<HashSet<i64>, Error> {
+    let (watching, blind) = crate::probe::watchers(dag);
+    if watching.is_empty() {
+        warn(
+            g,
+            &format!(
+                "no task of DAG `{}` has a gate `source_count` or `source_fingerprint`, so nothing can tell whether a source changed: intervals that succeeded count as unchanged, and only failed ones run",
+                dag.id
+            ),
+        );
+        return Ok(HashSet::new());
+    }
+    if !blind.is_empty() {
+        let names: Vec<String> = blind.iter().map(|t| format!("`{}`", t.id)).collect();
+        warn(
+            g,
+            &format!(
+                "{} {} no gate `source_count` or `source_fingerprint`: only the sources of {} are compared",
+                names.join(", "),
+                if names.len() == 1 { "has" } else { "have" },
+                watching
+                    .iter()
+                    .map(|t| format!("`{}`", t.id))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        );
+    }
+    let Some(conn) = manifest::open_if_exists(manifest_path)? else {
+        return Ok(HashSet::new());
+    };
+    let (Some(first), Some(last)) = (intervals.first(), intervals.last()) else {
+        return Ok(HashSet::new());
+    };
+    let recorded = manifest::queries::recorded_sources(
+        &conn,
+        &dag.id,
+        first.start.timestamp(),
+        last.start.timestamp(),
+    )
+    .map_err(|e| e.at(manifest_path))?;
+    drop(conn);
+    let stale = crate::probe::survey(&project.root, dag, conf, &recorded);
+    for s in stale.iter().filter(|s| s.now.is_none()) {
+        warn(
+            g,
+            &format!(
+                "task `{}` at {}: {}; the interval runs again",
+                s.task, s.interval.start, s.why
+            ),
+        );
+    }
+    Ok(stale
+        .iter()
+        .map(|s| s.interval.start.0.timestamp())
+        .collect())
 }
 
 /// `--conf` must be a JSON object.

@@ -57,6 +57,12 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
         Command::List { dag, active } => read::list(&g, dag.as_deref(), active),
         Command::Show { id } => read::show(&g, id),
         Command::Runs { dag, from, to } => read::runs(&g, &dag, from.as_deref(), to.as_deref()),
+        Command::Stale {
+            dag,
+            from,
+            to,
+            conf,
+        } => read::stale(&g, &dag, &from, &to, conf.as_deref()),
         Command::Verify {
             dag,
             from,

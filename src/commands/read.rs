@@ -98,3 +98,54 @@ pub fn runs(g: &Global, dag_id: &str, from: Option<&str>, to: Option<&str>) -> R
     tables::print_runs(&rows, &Labeler::of(dag.as_ref()), g.json, &what)?;
     Ok(exit::OK)
 }
+
+/// `backfill stale`: the intervals whose latest run succeeded and whose source changed since,
+/// by the tasks' gate `source_count` and `source_fingerprint`. Runs nothing, writes nothing.
+pub fn stale(
+    g: &Global,
+    dag_id: &str,
+    from: &str,
+    to: &str,
+    conf: Option<&str>,
+) -> Result<u8, Error> {
+    let project = g.project()?;
+    let dag = project.dag(dag_id)?;
+    let conf = super::create::parse_conf(conf)?;
+    let (lo, hi) = resolve_args(from, to, clock::now()?, dag.tz)?.unix_start_bounds();
+    let (watching, blind) = crate::probe::watchers(&dag);
+    if watching.is_empty() {
+        if !g.quiet {
+            eprintln!(
+                "note: no task of DAG `{}` has a gate `source_count` or `source_fingerprint`: nothing can tell whether a source changed",
+                dag.id
+            );
+        }
+    } else if !blind.is_empty() && !g.quiet {
+        eprintln!(
+            "note: {} cannot tell whether a source changed (no gate `source_count` or `source_fingerprint`)",
+            blind
+                .iter()
+                .map(|t| format!("`{}`", t.id))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let (path, conn) = open(g, Some(&project))?;
+    let recorded = match conn {
+        Some(conn) if !watching.is_empty() => {
+            queries::recorded_sources(&conn, dag_id, lo, hi).map_err(|e| e.at(&path))?
+        }
+        _ => Default::default(),
+    };
+    let stale = crate::probe::survey(&project.root, &dag, &conf, &recorded);
+    let what = format!(
+        "no interval of DAG {dag_id} between --from {from} and --to {to} has a changed source ({} looked at)",
+        crate::report::out::plural(
+            i64::try_from(recorded.len()).unwrap_or(i64::MAX),
+            "published interval",
+            "published intervals"
+        )
+    );
+    tables::print_stale(&stale, &Labeler::of(Some(&dag)), g.json, &what)?;
+    Ok(exit::OK)
+}

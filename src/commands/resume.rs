@@ -86,13 +86,27 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
                 depends_on_past: dag.depends_on_past,
                 now,
             };
+            let changed = match backfill.reprocess {
+                plan::Reprocess::Changed => super::create::source_changes(
+                    g,
+                    &project,
+                    &dag,
+                    &conf,
+                    &intervals,
+                    &manifest_path,
+                )?,
+                _ => HashSet::new(),
+            };
             write_plan(
                 &writer,
                 owner,
                 &dag,
                 &intervals,
                 options,
-                &already,
+                super::create::Marks {
+                    already: &already,
+                    changed: &changed,
+                },
                 &ctx.refreshed(),
             )?;
         }

@@ -26,6 +26,29 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../../migrations/0001_init.sql")),
     (2, include_str!("../../migrations/0002_publication.sql")),
     (3, include_str!("../../migrations/0003_fencing.sql")),
+    (
+        4,
+        include_str!("../../migrations/0004_stage_and_changes.sql"),
+    ),
+];
+
+/// CHECK constraints a migration widens (SQLite cannot alter one): `(version, table, old, new)`.
+/// Every row that satisfied the old constraint satisfies the new one, so the stored table text
+/// is replaced as SQLite documents for such changes (`writable_schema`, then a new schema
+/// version).
+const WIDENED_CHECKS: &[(i64, &str, &str, &str)] = &[
+    (
+        4,
+        "backfills",
+        "CHECK (reprocess_behavior IN ('none', 'failed', 'completed'))",
+        "CHECK (reprocess_behavior IN ('none', 'failed', 'completed', 'changed'))",
+    ),
+    (
+        4,
+        "backfills",
+        "CHECK (state IN ('running', 'completed', 'failed', 'cancelled'))",
+        "CHECK (state IN ('running', 'completed', 'failed', 'cancelled', 'staged'))",
+    ),
 ];
 
 /// How long a manifest statement waits for another process's write lock.
@@ -229,12 +252,15 @@ fn migrate(conn: &Connection, path: &Path) -> Result<()> {
             });
         }
         for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
-            conn.execute_batch(sql).map_err(|e| {
-                Error::Invalid(format!(
-                    "migration {version} of {} failed: {e}",
-                    path.display()
-                ))
-            })?;
+            conn.execute_batch(sql)
+                .map_err(Error::from)
+                .and_then(|()| widen_checks(conn, *version))
+                .map_err(|e| {
+                    Error::Invalid(format!(
+                        "migration {version} of {} failed: {e}",
+                        path.display()
+                    ))
+                })?;
             conn.pragma_update(None, "user_version", version)?;
         }
         Ok(())
@@ -247,6 +273,34 @@ fn migrate(conn: &Connection, path: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Widens the CHECK constraints of [`WIDENED_CHECKS`] for `version`, inside the migration's
+/// transaction. Fails when a table's text does not hold the old constraint.
+fn widen_checks(conn: &Connection, version: i64) -> Result<()> {
+    let changes: Vec<_> = WIDENED_CHECKS.iter().filter(|c| c.0 == version).collect();
+    if changes.is_empty() {
+        return Ok(());
+    }
+    let schema_version: i64 = conn.pragma_query_value(None, "schema_version", |r| r.get(0))?;
+    conn.pragma_update(None, "writable_schema", true)?;
+    let result = (|| {
+        for (_, table, old, new) in &changes {
+            let changed = conn.execute(
+                "UPDATE sqlite_schema SET sql = replace(sql, ?2, ?3)
+                 WHERE type = 'table' AND name = ?1 AND instr(sql, ?2) > 0",
+                rusqlite::params![table, old, new],
+            )?;
+            if changed != 1 {
+                return Err(Error::Invalid(format!(
+                    "table {table} does not hold `{old}`"
+                )));
+            }
+        }
+        Ok(conn.pragma_update(None, "schema_version", schema_version + 1)?)
+    })();
+    conn.pragma_update(None, "writable_schema", false)?;
+    result
 }
 
 /// Copies the WAL back into the database file, so that `manifest.db` alone is a complete copy
@@ -287,8 +341,9 @@ mod tests {
         assert_eq!(
             err,
             format!(
-                "manifest {}: schema version 99 is newer than this backfill understands (3); upgrade backfill",
-                path.display()
+                "manifest {}: schema version 99 is newer than this backfill understands ({}); upgrade backfill",
+                path.display(),
+                MIGRATIONS.last().unwrap().0
             )
         );
         let err = open_read_only(&path).unwrap_err().to_string();

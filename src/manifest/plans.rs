@@ -46,6 +46,7 @@ pub fn priors(
             Prior {
                 latest: latest.get(&start).copied(),
                 in_flight: in_flight.contains(&start),
+                source_changed: false,
             }
         })
         .collect())

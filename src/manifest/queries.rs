@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::Result;
 use super::backfills::{self, Backfill};
-use crate::interval::{Rfc3339, from_unix, rfc3339};
+use crate::interval::{DataInterval, Rfc3339, from_unix, rfc3339};
 use crate::state::TryState;
 
 fn ms_to_rfc3339(ms: i64) -> String {
@@ -506,6 +506,44 @@ pub fn runs(conn: &Connection, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<Run
                 run.reasons = r.get(4)?;
                 verdict_try[at] = try_id;
             }
+        }
+    }
+    Ok(out)
+}
+
+/// What the succeeded tries of each interval's latest run recorded about the source, for the
+/// intervals of a DAG starting in `[lo, hi]` whose latest run succeeded.
+pub fn recorded_sources(
+    conn: &Connection,
+    dag_id: &str,
+    lo: i64,
+    hi: i64,
+) -> Result<crate::probe::Recorded> {
+    let mut stmt = conn.prepare(
+        "SELECT r.interval_start, r.interval_end, t.task_id, t.source_rows, t.source_fingerprint
+         FROM runs r
+         JOIN (SELECT MAX(id) AS id FROM runs
+               WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
+               GROUP BY interval_start) m ON r.id = m.id
+         LEFT JOIN task_tries t ON t.run_id = r.id AND t.state = 'succeeded'
+         WHERE r.state = 'succeeded'
+         ORDER BY r.interval_start, t.id",
+    )?;
+    let mut rows = stmt.query(params![dag_id, lo, hi])?;
+    let mut out = crate::probe::Recorded::new();
+    while let Some(r) = rows.next()? {
+        let (start, end): (i64, i64) = (r.get(0)?, r.get(1)?);
+        let entry = out
+            .entry(start)
+            .or_insert_with(|| (DataInterval::from_unix(start, end), HashMap::new()));
+        if let Some(task) = r.get::<_, Option<String>>(2)? {
+            entry.1.insert(
+                task,
+                crate::probe::Seen {
+                    source_rows: r.get(3)?,
+                    source_fingerprint: r.get(4)?,
+                },
+            );
         }
     }
     Ok(out)

@@ -215,6 +215,8 @@ pub struct TryRecord {
     pub previous_rows: Option<i64>,
     pub verdict: Option<String>,
     pub reasons: Option<String>,
+    /// What the gate's `source_fingerprint` gave.
+    pub source_fingerprint: Option<String>,
 }
 
 impl TryRecord {
@@ -228,6 +230,7 @@ impl TryRecord {
             inputs: None,
             fingerprint: None,
             source_rows: None,
+            source_fingerprint: None,
             previous_rows: None,
             verdict: None,
             reasons: None,
@@ -251,7 +254,7 @@ pub fn end_try(conn: &Connection, try_id: i64, rec: &TryRecord, now_ms: i64) -> 
     conn.prepare_cached(
         "UPDATE task_tries SET state = ?2, ended_at = ?3, exit_code = ?4, error = ?5, rows = ?6,
             partitions = ?7, inputs = ?8, fingerprint = ?9, source_rows = ?10, previous_rows = ?11,
-            verdict = ?12, reasons = ?13, publishing = 0
+            verdict = ?12, reasons = ?13, source_fingerprint = ?14, publishing = 0
          WHERE id = ?1 AND state = 'running'",
     )?
     .execute(params![
@@ -267,7 +270,8 @@ pub fn end_try(conn: &Connection, try_id: i64, rec: &TryRecord, now_ms: i64) -> 
         rec.source_rows,
         rec.previous_rows,
         rec.verdict,
-        rec.reasons
+        rec.reasons,
+        rec.source_fingerprint
     ])?;
     Ok(())
 }
@@ -287,7 +291,8 @@ pub fn record_publish_intent(
     let changed = conn
         .prepare_cached(
             "UPDATE task_tries SET publishing = 1, audit_path = ?2, rows = ?3, fingerprint = ?4,
-                source_rows = ?5, previous_rows = ?6, verdict = ?7, reasons = ?8
+                source_rows = ?5, previous_rows = ?6, verdict = ?7, reasons = ?8,
+                source_fingerprint = ?9
              WHERE id = ?1 AND state = 'running'",
         )?
         .execute(params![
@@ -298,7 +303,8 @@ pub fn record_publish_intent(
             rec.source_rows,
             rec.previous_rows,
             rec.verdict,
-            rec.reasons
+            rec.reasons,
+            rec.source_fingerprint
         ])?;
     Ok(changed == 1)
 }
@@ -411,7 +417,7 @@ pub fn pending_publishes(conn: &Connection, backfill_id: i64) -> Result<Vec<Pend
     let mut stmt = conn.prepare_cached(
         "SELECT t.id, t.run_id, r.dag_id, t.task_id, r.interval_start, r.interval_end,
                 t.audit_path, t.audit_table, t.rows, t.fingerprint, t.source_rows,
-                t.previous_rows, t.verdict, t.reasons
+                t.previous_rows, t.verdict, t.reasons, t.source_fingerprint
          FROM runs r JOIN task_tries t ON t.run_id = r.id
          WHERE r.backfill_id = ?1 AND t.publishing = 1 ORDER BY t.id",
     )?;
@@ -431,6 +437,7 @@ pub fn pending_publishes(conn: &Connection, backfill_id: i64) -> Result<Vec<Pend
                 previous_rows: r.get(11)?,
                 verdict: r.get(12)?,
                 reasons: r.get(13)?,
+                source_fingerprint: r.get(14)?,
                 ..TryRecord::new(TryState::Succeeded)
             },
         })

@@ -138,6 +138,8 @@ pub struct TaskLocations {
     pub publish: Option<String>,
     /// `gate.source_count`, when it is a command.
     pub source_count: Option<String>,
+    /// `gate.source_fingerprint`, when it is a command.
+    pub source_fingerprint: Option<String>,
     /// `target`, for a SQL task.
     pub target: Option<String>,
 }
@@ -162,17 +164,27 @@ pub struct SqlTask {
 pub struct Gate {
     pub unique_key: Vec<String>,
     pub source_count: Option<SourceCount>,
+    /// What the source looks like now, as one value (a query or a command): recorded with each
+    /// try and compared again by `--reprocess-behavior changed` and `backfill stale`.
+    pub source_fingerprint: Option<SourceCount>,
     pub tolerance: f64,
     pub allow_empty: bool,
 }
 
-/// How to count the source rows of an interval.
+/// How to look at the source of an interval (`source_count`, `source_fingerprint`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SourceCount {
     /// A query in the task's warehouse, with the interval's bind parameters.
     Sql(String),
-    /// A command that prints one integer.
+    /// A command that prints one value (an integer for `source_count`).
     Command(CommandSpec),
+}
+
+impl Gate {
+    /// Whether the gate can tell that an interval's source changed.
+    pub fn watches_source(&self) -> bool {
+        self.source_count.is_some() || self.source_fingerprint.is_some()
+    }
 }
 
 /// A command: an argument vector run without a shell, or a line run by `sh -c`.
@@ -212,6 +224,16 @@ impl Task {
         ) = (&self.gate, &self.locations.source_count)
         {
             out.push(("source_count", spec, at.as_str()));
+        }
+        if let (
+            Some(Gate {
+                source_fingerprint: Some(SourceCount::Command(spec)),
+                ..
+            }),
+            Some(at),
+        ) = (&self.gate, &self.locations.source_fingerprint)
+        {
+            out.push(("source_fingerprint", spec, at.as_str()));
         }
         out
     }
@@ -593,6 +615,12 @@ fn load_task(
             .and_then(|g| g.get_ref().source_count.as_ref())
             .filter(|_| !is_sql)
             .map(|c| errs.location(c.span().start)),
+        source_fingerprint: t
+            .gate
+            .as_ref()
+            .and_then(|g| g.get_ref().source_fingerprint.as_ref())
+            .filter(|_| !is_sql)
+            .map(|c| errs.location(c.span().start)),
         target: t
             .target
             .as_ref()
@@ -827,41 +855,63 @@ fn load_gate(
             0.0
         }
     };
-    let source_count = match &raw.source_count {
-        None => None,
-        Some(c) if is_sql => match c.get_ref() {
-            RawCommand::Shell(sql) if !sql.trim().is_empty() => Some(SourceCount::Sql(sql.clone())),
-            RawCommand::Shell(_) => {
-                errs.at(
-                    c,
-                    "key `source_count` is empty; write a query that counts the source rows",
-                );
-                ok = false;
-                None
-            }
-            RawCommand::Argv(_) => {
-                errs.at(
-                    c,
-                    "key `source_count`: in a SQL task it is a SQL query string",
-                );
-                ok = false;
-                None
-            }
-        },
-        Some(c) => match command_spec(c, "source_count", errs) {
-            Some(spec) => Some(SourceCount::Command(spec)),
-            None => {
-                ok = false;
-                None
-            }
-        },
-    };
+    let source_count = source_query(
+        raw.source_count.as_ref(),
+        "source_count",
+        "a query that counts the source rows",
+        is_sql,
+        &mut ok,
+        errs,
+    );
+    let source_fingerprint = source_query(
+        raw.source_fingerprint.as_ref(),
+        "source_fingerprint",
+        "a query that returns one value that changes when the source does",
+        is_sql,
+        &mut ok,
+        errs,
+    );
     ok.then(|| Gate {
         unique_key: raw.unique_key.iter().map(|k| k.get_ref().clone()).collect(),
         source_count,
+        source_fingerprint,
         tolerance,
         allow_empty: raw.allow_empty.unwrap_or(false),
     })
+}
+
+/// `source_count` or `source_fingerprint`: a SQL query string in a SQL task, a command in a
+/// command task.
+fn source_query(
+    raw: Option<&Spanned<RawCommand>>,
+    key: &str,
+    what: &str,
+    is_sql: bool,
+    ok: &mut bool,
+    errs: &mut FileErrors<'_>,
+) -> Option<SourceCount> {
+    let c = raw?;
+    if !is_sql {
+        let spec = command_spec(c, key, errs);
+        *ok &= spec.is_some();
+        return spec.map(SourceCount::Command);
+    }
+    match c.get_ref() {
+        RawCommand::Shell(sql) if !sql.trim().is_empty() => Some(SourceCount::Sql(sql.clone())),
+        RawCommand::Shell(_) => {
+            errs.at(c, format!("key `{key}` is empty; write {what}"));
+            *ok = false;
+            None
+        }
+        RawCommand::Argv(_) => {
+            errs.at(
+                c,
+                format!("key `{key}`: in a SQL task it is a SQL query string"),
+            );
+            *ok = false;
+            None
+        }
+    }
 }
 
 /// Orders tasks so that each comes after its dependencies, keeping file order where free.

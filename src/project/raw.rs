@@ -48,7 +48,13 @@ pub(crate) const TASK_KEYS: &[&str] = &[
     "timeout",
     "grace_period",
 ];
-pub(crate) const GATE_KEYS: &[&str] = &["unique_key", "source_count", "tolerance", "allow_empty"];
+pub(crate) const GATE_KEYS: &[&str] = &[
+    "unique_key",
+    "source_count",
+    "source_fingerprint",
+    "tolerance",
+    "allow_empty",
+];
 pub(crate) const NOTIFY_KEYS: &[&str] = &["on_failure", "on_success", "on_finish", "timeout"];
 
 /// A `[notify]` table (in `backfill.toml`, or a DAG file's to override it).
@@ -150,6 +156,7 @@ pub(crate) struct RawTask {
 pub(crate) struct RawGate {
     pub(crate) unique_key: Vec<Spanned<String>>,
     pub(crate) source_count: Option<Spanned<RawCommand>>,
+    pub(crate) source_fingerprint: Option<Spanned<RawCommand>>,
     pub(crate) tolerance: Option<Spanned<f64>>,
     pub(crate) allow_empty: Option<bool>,
 }
@@ -285,6 +292,7 @@ impl RawTask {
                 let gate = RawGate {
                     unique_key: strings(gt, "unique_key", "[\"day\", \"region\"]", errs),
                     source_count: command(gt, "source_count", errs),
+                    source_fingerprint: command(gt, "source_fingerprint", errs),
                     tolerance: number(gt, "tolerance", "0.02", errs),
                     allow_empty: boolean(gt, "allow_empty", errs),
                 };

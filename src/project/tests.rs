@@ -83,6 +83,7 @@ command = ["echo", "{{ data_interval_start }}", "{{ conf.region }}"]
             command: Some("dags/demo.toml:12:11".into()),
             publish: Some("dags/demo.toml:13:11".into()),
             source_count: None,
+            source_fingerprint: None,
             target: None,
         }
     );

@@ -386,6 +386,46 @@ pub fn print_show(detail: &BackfillDetail, labels: &Labeler, json: bool) -> Resu
     t.print()
 }
 
+/// `backfill stale`: each task of each interval whose source changed.
+pub fn print_stale(
+    stale: &[crate::probe::Stale],
+    labels: &Labeler,
+    json: bool,
+    what: &str,
+) -> Result<(), Error> {
+    if json {
+        return out::json(stale);
+    }
+    if stale.is_empty() {
+        out::note(what);
+        return Ok(());
+    }
+    let seen = |s: Option<&crate::probe::Seen>| {
+        s.map(|s| {
+            let mut parts = Vec::new();
+            if let Some(n) = s.source_rows {
+                parts.push(format!("{n} rows"));
+            }
+            if let Some(f) = &s.source_fingerprint {
+                parts.push(format!("fingerprint {f}"));
+            }
+            parts.join(", ")
+        })
+        .unwrap_or_default()
+    };
+    let mut t = Grid::new(vec!["interval", "task", "recorded", "now", "why"]);
+    for s in stale {
+        t.row(vec![
+            labels.label(s.interval.start.0),
+            s.task.clone(),
+            seen(Some(&s.recorded)),
+            seen(s.now.as_ref()),
+            s.why.clone(),
+        ]);
+    }
+    t.print()
+}
+
 pub fn print_runs(
     runs: &[RunHistory],
     labels: &Labeler,

@@ -206,6 +206,7 @@ pub(super) async fn sql_try(
     record.rows = Some(measures.rows);
     record.fingerprint = Some(measures.fingerprint.clone());
     apply_verdict(&mut record, &verdict, measures.source, published);
+    record.source_fingerprint = measures.source_fingerprint.clone();
     if let Verdict::Reject(reason) = verdict {
         file.remove();
         record.state = TryState::Rejected;

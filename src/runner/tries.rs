@@ -321,8 +321,28 @@ async fn gated_command(
     };
     let source = match &gate.source_count {
         Some(SourceCount::Command(spec)) => {
-            match count_command(shared, task, spec, input, stop).await? {
-                Ok(n) => Some(n),
+            match source_command(shared, task, spec, input, "source_count", stop).await? {
+                Ok(text) => match text.parse::<i64>() {
+                    Ok(n) => Some(n),
+                    Err(_) => {
+                        return Ok(failed(
+                            format!(
+                                "source_count command printed `{}`, not one integer",
+                                text.chars().take(200).collect::<String>()
+                            ),
+                            Some(0),
+                        ));
+                    }
+                },
+                Err(outcome) => return Ok(outcome),
+            }
+        }
+        Some(SourceCount::Sql(_)) | None => None,
+    };
+    let source_fingerprint = match &gate.source_fingerprint {
+        Some(SourceCount::Command(spec)) => {
+            match source_command(shared, task, spec, input, "source_fingerprint", stop).await? {
+                Ok(text) => Some(text),
                 Err(outcome) => return Ok(outcome),
             }
         }
@@ -342,6 +362,7 @@ async fn gated_command(
         Err(why) => return Ok(failed(why, Some(0))),
     };
     apply_verdict(&mut record, &verdict, source, published);
+    record.source_fingerprint = source_fingerprint;
     if let Verdict::Reject(reason) = verdict {
         record.state = TryState::Rejected;
         return Ok(Outcome::Rejected(record, reason));
@@ -367,39 +388,24 @@ async fn gated_command(
     ))
 }
 
-/// Runs a `source_count` command and reads the one integer it prints.
-async fn count_command(
+/// Runs a `source_count` or `source_fingerprint` command and reads what it prints, trimmed.
+async fn source_command(
     shared: &Shared,
     task: &Task,
     spec: &CommandSpec,
     input: &TryInput<'_>,
+    key: &str,
     stop: &mut watch::Receiver<Stop>,
-) -> Result<Result<i64, Outcome>, Error> {
-    let out = input.log_path.with_extension("source_count.out");
+) -> Result<Result<String, Outcome>, Error> {
+    let out = input.log_path.with_extension(format!("{key}.out"));
     let _ = std::fs::remove_file(&out);
-    if let Err(outcome) = run_step(
-        shared,
-        task,
-        spec,
-        input,
-        &out,
-        Some("source_count command"),
-        stop,
-    )
-    .await?
-    {
+    let what = format!("{key} command");
+    if let Err(outcome) = run_step(shared, task, spec, input, &out, Some(&what), stop).await? {
         return Ok(Err(outcome));
     }
     let text = std::fs::read_to_string(&out).unwrap_or_default();
-    Ok(text.trim().parse::<i64>().map_err(|_| {
-        failed(
-            format!(
-                "source_count command printed `{}`, not one integer",
-                text.trim().chars().take(200).collect::<String>()
-            ),
-            Some(0),
-        )
-    }))
+    let _ = std::fs::remove_file(&out);
+    Ok(Ok(text.trim().to_string()))
 }
 
 /// Gate rules of a task. Without a gate only the boundary check applies (SQL tasks): publishing

@@ -150,6 +150,8 @@ pub struct AuditMeasures {
     /// The output mixes representations: why.
     pub mixed: Option<String>,
     pub source: Option<i64>,
+    /// What the gate's `source_fingerprint` query gave, from the same snapshot.
+    pub source_fingerprint: Option<String>,
 }
 
 /// Computes the task's rows for the interval into the attached audit file, then measures them
@@ -180,7 +182,13 @@ pub fn write_and_measure(
                 Some(crate::project::SourceCount::Sql(q)) => Some(source_count(conn, q, binds)?),
                 _ => None,
             };
-            measure(conn, task, gate, repr, binds, tz, source)
+            let source_fingerprint = match gate.and_then(|g| g.source_fingerprint.as_ref()) {
+                Some(crate::project::SourceCount::Sql(q)) => Some(source_value(conn, q, binds)?),
+                _ => None,
+            };
+            let mut m = measure(conn, task, gate, repr, binds, tz, source)?;
+            m.source_fingerprint = source_fingerprint;
+            Ok(m)
         })();
         match result {
             Ok(m) => {
@@ -195,7 +203,8 @@ pub fn write_and_measure(
     })
 }
 
-fn source_count(conn: &Connection, sql: &str, binds: &Binds) -> Result<i64> {
+/// Runs a `source_count` query: one integer.
+pub fn source_count(conn: &Connection, sql: &str, binds: &Binds) -> Result<i64> {
     let mut stmt = conn.prepare(&source_count_query(sql))?;
     binds.bind(&mut stmt)?;
     let mut rows = stmt.raw_query();
@@ -212,6 +221,25 @@ fn source_count(conn: &Connection, sql: &str, binds: &Binds) -> Result<i64> {
         },
         None => Err(Error::Message(
             "gate.source_count returned no row; it must return one integer".into(),
+        )),
+    }
+}
+
+/// Runs a `source_fingerprint` query: its one value, as text (NULL as `NULL`, a blob in hex).
+pub fn source_value(conn: &Connection, sql: &str, binds: &Binds) -> Result<String> {
+    let mut stmt = conn.prepare(&source_count_query(sql))?;
+    binds.bind(&mut stmt)?;
+    let mut rows = stmt.raw_query();
+    match rows.next()? {
+        Some(row) => Ok(match row.get_ref(0)? {
+            ValueRef::Null => "NULL".into(),
+            ValueRef::Integer(i) => i.to_string(),
+            ValueRef::Real(f) => f.to_string(),
+            ValueRef::Text(t) => String::from_utf8_lossy(t).into_owned(),
+            ValueRef::Blob(b) => b.iter().map(|x| format!("{x:02x}")).collect(),
+        }),
+        None => Err(Error::Message(
+            "gate.source_fingerprint returned no row; it must return one value".into(),
         )),
     }
 }
@@ -346,6 +374,7 @@ pub fn measure(
         repr,
         mixed,
         source,
+        source_fingerprint: None,
     })
 }
 

@@ -269,17 +269,22 @@ pub fn check_task(conn: &Connection, task: &SqlTask, gate: Option<&Gate>) -> Res
             ));
         }
     }
-    if let Some(Gate {
-        source_count: Some(SourceCount::Sql(sql)),
-        ..
-    }) = gate
-    {
+    let queries = gate.into_iter().flat_map(|g| {
+        [
+            ("gate.source_count", &g.source_count),
+            ("gate.source_fingerprint", &g.source_fingerprint),
+        ]
+    });
+    for (key, query) in queries {
+        let Some(SourceCount::Sql(sql)) = query else {
+            continue;
+        };
         let stmt = conn
             .prepare(&source_count_query(sql))
-            .map_err(|e| format!("key `gate.source_count` does not prepare: {e}"))?;
-        check_params(&stmt, "gate.source_count")?;
+            .map_err(|e| format!("key `{key}` does not prepare: {e}"))?;
+        check_params(&stmt, key)?;
         if stmt.column_count() != 1 {
-            return Err("key `gate.source_count` must return exactly one column".into());
+            return Err(format!("key `{key}` must return exactly one column"));
         }
     }
     Ok(())

@@ -28,7 +28,7 @@ fn template_warehouse() -> &'static Path {
 }
 
 /// A copy of `examples/shop` with its warehouse already created.
-fn shop() -> Project {
+pub(crate) fn shop() -> Project {
     let p = Project::new();
     let shop = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/shop");
     for file in [
@@ -44,14 +44,14 @@ fn shop() -> Project {
     p
 }
 
-fn wh(p: &Project) -> Connection {
+pub(crate) fn wh(p: &Project) -> Connection {
     let c = Connection::open(p.path("warehouse.db")).unwrap();
     c.busy_timeout(Duration::from_secs(10)).unwrap();
     c
 }
 
 /// Every row of a warehouse query as one string, in order.
-fn wh_rows(p: &Project, sql: &str) -> Vec<String> {
+pub(crate) fn wh_rows(p: &Project, sql: &str) -> Vec<String> {
     let c = wh(p);
     let mut stmt = c.prepare(sql).unwrap();
     let n = stmt.column_count();
@@ -66,7 +66,7 @@ fn wh_rows(p: &Project, sql: &str) -> Vec<String> {
     .unwrap()
 }
 
-fn wh_count(p: &Project, sql: &str) -> i64 {
+pub(crate) fn wh_count(p: &Project, sql: &str) -> i64 {
     wh(p).query_row(sql, [], |r| r.get(0)).unwrap()
 }
 
@@ -84,7 +84,7 @@ const PUBLISHED_SEPTEMBER: &str = "SELECT day, region, orders, revenue_cents FRO
      WHERE day BETWEEN '2026-09-01' AND '2026-09-30' ORDER BY 1, 2";
 
 /// Replaces `old` by `new` in a DAG file (`new` must differ).
-fn edit_dag(p: &Project, dag: &str, old: &str, new: &str) {
+pub(crate) fn edit_dag(p: &Project, dag: &str, old: &str, new: &str) {
     let file = format!("dags/{dag}.toml");
     let text = p.read(&file);
     assert!(text.contains(old), "{old:?} not in {file}");
@@ -747,6 +747,20 @@ fn a_manifest_of_the_previous_schema_is_upgraded() {
     )
     .code(0)
     .stderr_has("1 succeeded");
+    // Its widened constraints take the values of the new schema.
+    create(
+        &p,
+        "daily",
+        "2026-01-01",
+        "2026-01-03",
+        &["--reprocess-behavior", "changed"],
+    )
+    .code(0);
+    assert_eq!(
+        p.rows("SELECT reprocess_behavior, kind FROM backfills ORDER BY id DESC LIMIT 1"),
+        [["changed", "run"]]
+    );
+    assert_eq!(p.rows("PRAGMA integrity_check"), [["ok"]]);
 }
 
 #[test]

@@ -1,0 +1,304 @@
+//! Looking at an interval's source again, outside any try: `--reprocess-behavior changed` and
+//! `backfill stale` compare what a task's gate `source_count` and `source_fingerprint` give now
+//! with what they gave when the interval's latest run succeeded (recorded with its tries).
+//!
+//! A task whose gate has neither cannot tell and counts as unchanged. A task that has one but
+//! whose recorded try lacks the value (it ran before the key was added) counts as changed:
+//! rerunning is the only way to know.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::interval::DataInterval;
+use crate::project::{Dag, Gate, SourceCount, Task, TaskKind};
+use crate::task::command;
+use crate::task::template::IntervalValues;
+use crate::warehouse::{self, Binds};
+
+/// How long a probe command may take when its task sets no `timeout`.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What a task's gate gives for an interval's source.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Seen {
+    pub source_rows: Option<i64>,
+    pub source_fingerprint: Option<String>,
+}
+
+/// The tasks of `dag` that can tell whether a source changed, and those that cannot.
+pub fn watchers(dag: &Dag) -> (Vec<&Task>, Vec<&Task>) {
+    dag.tasks
+        .iter()
+        .partition(|t| t.gate.as_ref().is_some_and(Gate::watches_source))
+}
+
+/// Why the source differs from what was recorded, or `None` when it does not.
+pub fn changed(gate: &Gate, recorded: &Seen, now: &Seen) -> Option<String> {
+    let mut why = Vec::new();
+    if gate.source_count.is_some() && recorded.source_rows != now.source_rows {
+        why.push(format!(
+            "source_count {} -> {}",
+            show(recorded.source_rows.map(|n| n.to_string())),
+            show(now.source_rows.map(|n| n.to_string()))
+        ));
+    }
+    if gate.source_fingerprint.is_some() && recorded.source_fingerprint != now.source_fingerprint {
+        why.push(format!(
+            "source_fingerprint {} -> {}",
+            show(recorded.source_fingerprint.clone()),
+            show(now.source_fingerprint.clone())
+        ));
+    }
+    (!why.is_empty()).then(|| why.join(", "))
+}
+
+fn show(v: Option<String>) -> String {
+    v.unwrap_or_else(|| "not recorded".into())
+}
+
+/// What the tries of an interval's latest run recorded, when that run succeeded: its interval
+/// and, per task, what the gate saw of the source.
+pub type Recorded = std::collections::BTreeMap<i64, (DataInterval, HashMap<String, Seen>)>;
+
+/// A task of an interval whose source is not what its latest successful run saw.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Stale {
+    pub interval: crate::interval::IntervalDoc,
+    pub task: String,
+    pub recorded: Seen,
+    /// `None` when the source could not be looked at.
+    pub now: Option<Seen>,
+    pub why: String,
+}
+
+/// Looks at the source of every recorded interval for each task that can tell, and returns
+/// those whose source changed (or could not be looked at: rerunning is the way to know).
+pub fn survey(root: &Path, dag: &Dag, conf: &serde_json::Value, recorded: &Recorded) -> Vec<Stale> {
+    let (watching, _) = watchers(dag);
+    let mut stale = Vec::new();
+    for (interval, tasks) in recorded.values() {
+        for task in &watching {
+            let Some(gate) = &task.gate else { continue };
+            let before = tasks.get(&task.id).cloned().unwrap_or_default();
+            let (now, why) = match look(root, dag, task, *interval, conf) {
+                Ok(now) => match changed(gate, &before, &now) {
+                    Some(why) => (Some(now), why),
+                    None => continue,
+                },
+                Err(e) => (None, format!("cannot look at the source: {e}")),
+            };
+            tracing::info!(dag = %dag.id, task = %task.id, interval = %interval, %why, "source changed");
+            stale.push(Stale {
+                interval: crate::interval::IntervalDoc::of(*interval),
+                task: task.id.clone(),
+                recorded: before,
+                now,
+                why,
+            });
+        }
+    }
+    stale
+}
+
+/// Evaluates a task's `source_count` and `source_fingerprint` for an interval now.
+pub fn look(
+    root: &Path,
+    dag: &Dag,
+    task: &Task,
+    interval: DataInterval,
+    conf: &serde_json::Value,
+) -> Result<Seen, String> {
+    let Some(gate) = &task.gate else {
+        return Ok(Seen::default());
+    };
+    match &task.kind {
+        TaskKind::Sql(sql) => {
+            let conn = warehouse::open(&sql.warehouse).map_err(|e| e.to_string())?;
+            let binds = Binds::new(interval, dag.tz);
+            // One read snapshot for both.
+            conn.execute_batch("BEGIN").map_err(|e| e.to_string())?;
+            let seen = (|| -> warehouse::Result<Seen> {
+                Ok(Seen {
+                    source_rows: match &gate.source_count {
+                        Some(SourceCount::Sql(q)) => {
+                            Some(warehouse::audit::source_count(&conn, q, &binds)?)
+                        }
+                        _ => None,
+                    },
+                    source_fingerprint: match &gate.source_fingerprint {
+                        Some(SourceCount::Sql(q)) => {
+                            Some(warehouse::audit::source_value(&conn, q, &binds)?)
+                        }
+                        _ => None,
+                    },
+                })
+            })();
+            let _ = conn.execute_batch("COMMIT");
+            seen.map_err(|e| e.at(&sql.warehouse).to_string())
+        }
+        TaskKind::Command(_) => {
+            let run = |key: &str, spec: &Option<SourceCount>| -> Result<Option<String>, String> {
+                match spec {
+                    Some(SourceCount::Command(c)) => {
+                        run_command(root, dag, task, c, interval, conf, key).map(Some)
+                    }
+                    _ => Ok(None),
+                }
+            };
+            let rows = run("source_count", &gate.source_count)?
+                .map(|text| {
+                    text.parse::<i64>().map_err(|_| {
+                        format!(
+                            "source_count command printed `{}`, not one integer",
+                            text.chars().take(200).collect::<String>()
+                        )
+                    })
+                })
+                .transpose()?;
+            Ok(Seen {
+                source_rows: rows,
+                source_fingerprint: run("source_fingerprint", &gate.source_fingerprint)?,
+            })
+        }
+    }
+}
+
+/// Runs a probe command with the interval's environment in the project folder; returns what
+/// it printed on stdout, trimmed. Killed (its whole process group) after the task's timeout.
+fn run_command(
+    root: &Path,
+    dag: &Dag,
+    task: &Task,
+    spec: &crate::project::CommandSpec,
+    interval: DataInterval,
+    conf: &serde_json::Value,
+    key: &str,
+) -> Result<String, String> {
+    use std::os::unix::process::CommandExt;
+    let values = IntervalValues::new(interval, dag.tz);
+    let ctx = values.context(&dag.id, &task.id, "0", 0, conf);
+    let program = command::render(spec, &ctx).map_err(|e| format!("{key}: {e}"))?;
+    let env = command::environment(&ctx, &conf.to_string(), Path::new("/dev/null"));
+    let mut cmd = match &program {
+        crate::process::Program::Argv(argv) => {
+            let mut c = Command::new(&argv[0]);
+            c.args(&argv[1..]);
+            c
+        }
+        crate::process::Program::Shell(line) => {
+            let mut c = Command::new("sh");
+            c.arg("-c").arg(line);
+            c
+        }
+    };
+    let mut child = cmd
+        .current_dir(root)
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("{key} command: cannot start `{}`: {e}", program.name()))?;
+    let pgid = i64::from(child.id());
+    let reader = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_string(&mut text);
+            }
+            text
+        })
+    };
+    let out = reader(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = reader(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let timeout = task.timeout.unwrap_or(DEFAULT_TIMEOUT);
+    let (done, ended) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait());
+    });
+    let status = match ended.recv_timeout(timeout) {
+        Ok(Ok(status)) => status,
+        Ok(Err(e)) => return Err(format!("{key} command: {e}")),
+        Err(_) => {
+            crate::process::signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
+            let _ = ended.recv();
+            return Err(format!(
+                "{key} command timed out after {}",
+                humantime::format_duration(timeout)
+            ));
+        }
+    };
+    // Whatever it left in its group goes with it.
+    crate::process::signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
+    let (out, err) = (
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    );
+    if !status.success() {
+        return Err(format!(
+            "{key} command failed ({}): {}",
+            crate::process::describe_exit(status),
+            err.trim().chars().take(300).collect::<String>()
+        ));
+    }
+    Ok(out.trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate(count: bool, fingerprint: bool) -> Gate {
+        Gate {
+            unique_key: Vec::new(),
+            source_count: count.then(|| SourceCount::Sql("SELECT 1".into())),
+            source_fingerprint: fingerprint.then(|| SourceCount::Sql("SELECT 1".into())),
+            tolerance: 0.0,
+            allow_empty: false,
+        }
+    }
+
+    fn seen(rows: Option<i64>, fp: Option<&str>) -> Seen {
+        Seen {
+            source_rows: rows,
+            source_fingerprint: fp.map(String::from),
+        }
+    }
+
+    #[test]
+    fn only_what_the_gate_watches_is_compared() {
+        let before = seen(Some(10), Some("a"));
+        assert_eq!(changed(&gate(true, true), &before, &before), None);
+        assert_eq!(
+            changed(&gate(true, false), &before, &seen(Some(11), Some("b"))).as_deref(),
+            Some("source_count 10 -> 11")
+        );
+        assert_eq!(
+            changed(&gate(false, true), &before, &seen(Some(11), Some("b"))).as_deref(),
+            Some("source_fingerprint a -> b")
+        );
+        assert_eq!(
+            changed(&gate(false, true), &before, &seen(Some(11), Some("a"))),
+            None
+        );
+        // A value that was never recorded cannot be shown to be unchanged.
+        assert_eq!(
+            changed(&gate(true, false), &seen(None, None), &seen(Some(3), None)).as_deref(),
+            Some("source_count not recorded -> 3")
+        );
+    }
+}

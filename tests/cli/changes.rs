@@ -1,0 +1,251 @@
+//! `--reprocess-behavior changed` and `backfill stale`: rerun only the intervals whose source
+//! changed since they were published.
+
+use crate::gate::{shop, wh, wh_count};
+use crate::support::Project;
+
+fn september(p: &Project, dag: &str, extra: &[&str]) -> crate::support::Out {
+    let mut args = vec![
+        "create",
+        "--dag",
+        dag,
+        "--from",
+        "2026-09-01",
+        "--to",
+        "2026-09-30",
+    ];
+    args.extend_from_slice(extra);
+    p.run(&args)
+}
+
+/// `(start, action, reason)` of every row of a backfill's plan, in order.
+fn plan(p: &Project, backfill: i64) -> Vec<(String, String, String)> {
+    p.rows(&format!(
+        "SELECT interval_start, action, COALESCE(reason, '') FROM plan
+         WHERE backfill_id = {backfill} ORDER BY ord"
+    ))
+    .into_iter()
+    .map(|r| (r[0].clone(), r[1].clone(), r[2].clone()))
+    .collect()
+}
+
+fn unix(day: &str) -> String {
+    chrono::NaiveDate::parse_from_str(day, "%Y-%m-%d")
+        .unwrap()
+        .and_hms_opt(0, 0, 0)
+        .unwrap()
+        .and_utc()
+        .timestamp()
+        .to_string()
+}
+
+#[test]
+fn late_rows_in_one_day_rerun_that_day_and_only_that_day() {
+    let p = shop();
+    september(&p, "orders_fact", &[]).code(0);
+    let late_day = "SELECT COUNT(*) FROM orders_fact WHERE order_day = '2026-09-18'";
+    let before = wh_count(&p, late_day);
+    // Nothing changed yet: nothing is stale, and `changed` reruns nothing.
+    let stale = p.run(&[
+        "stale",
+        "--dag",
+        "orders_fact",
+        "--from",
+        "2026-09-01",
+        "--to",
+        "2026-09-30",
+        "--output",
+        "json",
+    ]);
+    stale.code(0);
+    assert_eq!(stale.json(), serde_json::json!([]));
+    // Two orders arrive late for 2026-09-18.
+    wh(&p)
+        .execute_batch(
+            "INSERT INTO raw_orders (order_ts, region, amount_cents) VALUES
+               ('2026-09-18 09:00:00', 'north', 1250), ('2026-09-18 23:59:59', 'south', 990);",
+        )
+        .unwrap();
+    let stale = p.run(&[
+        "stale",
+        "--dag",
+        "orders_fact",
+        "--from",
+        "2026-09-01",
+        "--to",
+        "2026-09-30",
+        "--output",
+        "json",
+    ]);
+    stale.code(0);
+    let doc = stale.json();
+    assert_eq!(doc.as_array().unwrap().len(), 1, "{doc}");
+    assert_eq!(doc[0]["interval"]["start"], "2026-09-18T00:00:00Z");
+    assert_eq!(doc[0]["task"], "load");
+    assert_eq!(doc[0]["recorded"]["source_rows"], before);
+    assert_eq!(doc[0]["now"]["source_rows"], before + 2);
+    // The human table says the same, on stdout.
+    p.run(&[
+        "stale",
+        "--dag",
+        "orders_fact",
+        "--from",
+        "2026-09-01",
+        "--to",
+        "2026-09-30",
+    ])
+    .code(0)
+    .stdout_has(&format!("source_count {before} -> {}", before + 2));
+
+    let dry = september(
+        &p,
+        "orders_fact",
+        &[
+            "--reprocess-behavior",
+            "changed",
+            "--dry-run",
+            "--output",
+            "json",
+        ],
+    );
+    dry.code(0);
+    let runs: Vec<String> = dry.json()["intervals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["action"] == "run")
+        .map(|i| i["start"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(runs, ["2026-09-18T00:00:00Z"]);
+
+    september(&p, "orders_fact", &["--reprocess-behavior", "changed"])
+        .code(0)
+        .stderr_has("completed — 1 succeeded, 0 failed, 0 rejected, 0 cancelled, 29 skipped");
+    let planned = plan(&p, 2);
+    assert_eq!(planned.len(), 30);
+    for (start, action, reason) in &planned {
+        if *start == unix("2026-09-18") {
+            assert_eq!((action.as_str(), reason.as_str()), ("run", ""));
+        } else {
+            assert_eq!(
+                (action.as_str(), reason.as_str()),
+                ("skip", "source unchanged")
+            );
+        }
+    }
+    assert_eq!(
+        wh_count(&p, late_day),
+        before + 2,
+        "the late orders are published"
+    );
+    assert_eq!(
+        wh_count(&p, "SELECT COUNT(*) FROM orders_fact"),
+        wh_count(
+            &p,
+            "SELECT COUNT(*) FROM raw_orders WHERE order_ts >= '2026-09-01' AND order_ts < '2026-10-01'"
+        ),
+        "the month equals its source, nothing counted twice"
+    );
+    // Published again, the day is not stale any more.
+    let stale = p.run(&[
+        "stale",
+        "--dag",
+        "orders_fact",
+        "--from",
+        "2026-09-01",
+        "--to",
+        "2026-09-30",
+        "--output",
+        "json",
+    ]);
+    assert_eq!(stale.json(), serde_json::json!([]));
+}
+
+const WATCHED: &str = r#"
+schedule = "@daily"
+
+[[tasks]]
+id = "load"
+command = "test ! -e fail-{{ ds }} && echo '{\"rows\": 1}' > $BACKFILL_RESULT"
+[tasks.gate]
+source_fingerprint = "cat source/{{ ds }} 2>/dev/null || echo none"
+
+[[tasks]]
+id = "notes"
+depends_on = ["load"]
+command = "true"
+"#;
+
+#[test]
+fn a_command_fingerprint_decides_and_failed_intervals_run_as_with_failed() {
+    let p = Project::new().dag("watched", WATCHED);
+    for day in ["2026-01-01", "2026-01-02", "2026-01-03"] {
+        p.write(&format!("source/{day}"), "v1\n");
+    }
+    p.write("fail-2026-01-03", "");
+    let three = |extra: &[&str]| {
+        let mut args = vec![
+            "create",
+            "--dag",
+            "watched",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-03",
+        ];
+        args.extend_from_slice(extra);
+        p.run(&args)
+    };
+    three(&[]).code(3);
+    assert_eq!(
+        p.rows("SELECT source_fingerprint FROM task_tries WHERE task_id = 'load' AND state = 'succeeded' ORDER BY id"),
+        [["v1"], ["v1"]]
+    );
+    std::fs::remove_file(p.path("fail-2026-01-03")).unwrap();
+    p.write("source/2026-01-02", "v2\n");
+    // `notes` cannot tell: the warning says so; `load` can.
+    let out = three(&["--reprocess-behavior", "changed"]);
+    out.code(0)
+        .stderr_has("`notes` has no gate `source_count` or `source_fingerprint`: only the sources of `load` are compared")
+        .stderr_has("completed — 2 succeeded, 0 failed, 0 rejected, 0 cancelled, 1 skipped");
+    let planned = plan(&p, 2);
+    assert_eq!(
+        planned
+            .iter()
+            .map(|(_, a, r)| format!("{a} {r}").trim().to_string())
+            .collect::<Vec<_>>(),
+        ["skip source unchanged", "run", "run"],
+        "01-02 changed, 01-03 had failed"
+    );
+    // A DAG whose tasks cannot tell reruns only what failed, and says why.
+    let blind = Project::new().dag(
+        "blind",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+    );
+    blind
+        .run(&[
+            "create",
+            "--dag",
+            "blind",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+        ])
+        .code(0);
+    blind
+        .run(&[
+            "create",
+            "--dag",
+            "blind",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+            "--reprocess-behavior",
+            "changed",
+        ])
+        .code(0)
+        .stderr_has("no task of DAG `blind` has a gate `source_count` or `source_fingerprint`")
+        .stderr_has("2 skipped");
+}

@@ -167,8 +167,13 @@ pub enum Command {
         #[arg(value_enum)]
         shell: Shell,
     },
-    /// Print the manual page (roff): `backfill man > backfill.1; man ./backfill.1`.
-    Man,
+    /// Print the manual page (roff): `backfill man > backfill.1; man ./backfill.1`; with
+    /// `--dir`, write it and one page per subcommand (`backfill-create.1`, ...) into DIR.
+    Man {
+        /// Write every page into this folder (created if needed) instead of printing one.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

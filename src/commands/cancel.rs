@@ -19,6 +19,7 @@ pub fn run(g: &Global, id: i64, wait: Duration) -> Result<u8, Error> {
             "backfill {id} is already {}; nothing to cancel",
             backfill.state
         );
+        document(g, id, backfill.state.as_str(), "nothing to cancel")?;
         return Ok(exit::OK);
     }
     let writer = Writer::spawn(
@@ -56,6 +57,7 @@ fn cancel(
             };
             if now.state != BackfillState::Running {
                 eprintln!("backfill {id} stopped: {}", now.state);
+                document(g, id, now.state.as_str(), "stopped by its process")?;
                 return Ok(exit::OK);
             }
             if !now.owner_alive(&LeaseCtx::new(project.lease_timeout)) {
@@ -63,9 +65,11 @@ fn cancel(
             }
             if Instant::now() >= deadline {
                 eprintln!(
-                    "backfill {id} was asked to stop and is still stopping after {} (its tasks get SIGTERM, then SIGKILL after their grace_period); `backfill show {id}` tells when it has",
-                    humantime::format_duration(wait)
+                    "backfill {id} was asked to stop and is still stopping after {} (its tasks get SIGTERM, then SIGKILL after their grace_period); `{}` tells when it has",
+                    humantime::format_duration(wait),
+                    crate::report::out::hint(&format!("show {id}"))
                 );
+                document(g, id, now.state.as_str(), "still stopping")?;
                 return Ok(exit::OK);
             }
         }
@@ -78,10 +82,27 @@ fn cancel(
                 warn(g, w);
             }
             eprintln!(
-                "backfill {id} cancelled; its process was gone, so its leases were released here; `backfill resume {id}` continues it"
+                "backfill {id} cancelled; its process was gone, so its leases were released here; `{}` continues it",
+                crate::report::out::hint(&format!("resume {id}"))
             );
+            document(g, id, "cancelled", "cancelled here: its process was gone")?;
         }
-        None => eprintln!("backfill {id} is running again (resumed meanwhile); nothing done"),
+        None => {
+            eprintln!("backfill {id} is running again (resumed meanwhile); nothing done");
+            document(g, id, "running", "resumed meanwhile: nothing done")?;
+        }
     }
     Ok(exit::OK)
+}
+
+/// With `--output json`: what `cancel` did, as one document on stdout.
+fn document(g: &Global, id: i64, state: &str, what: &str) -> Result<(), Error> {
+    if g.json {
+        crate::report::out::json(&serde_json::json!({
+            "backfill_id": id,
+            "state": state,
+            "result": what,
+        }))?;
+    }
+    Ok(())
 }

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::beat::Beating;
 use super::execute::{Execution, execute};
-use super::{Global, warn};
+use super::{Global, note, warn};
 use crate::cli::CreateArgs;
 use crate::clock;
 use crate::exit::{self, Error};
@@ -164,7 +164,8 @@ pub(super) fn taken_over(e: Error) -> Result<u8, Error> {
     match e {
         Error::Manifest(manifest::Error::Fenced { backfill_id }) => {
             eprintln!(
-                "backfill {backfill_id} was taken over by another process while it was being prepared; `backfill show {backfill_id}` tells what it did"
+                "backfill {backfill_id} was taken over by another process while it was being prepared; `{}` tells what it did",
+                crate::report::out::hint(&format!("show {backfill_id}"))
             );
             Ok(exit::INTERRUPTED)
         }
@@ -298,7 +299,7 @@ pub(super) fn source_changes(
 ) -> Result<HashSet<i64>, Error> {
     let (watching, blind) = crate::probe::watchers(dag);
     if watching.is_empty() {
-        warn(
+        note(
             g,
             &format!(
                 "no task of DAG `{}` has a gate `source_count` or `source_fingerprint`, so nothing can tell whether a source changed: intervals that succeeded count as unchanged, and only failed ones run",
@@ -309,7 +310,7 @@ pub(super) fn source_changes(
     }
     if !blind.is_empty() {
         let names: Vec<String> = blind.iter().map(|t| format!("`{}`", t.id)).collect();
-        warn(
+        note(
             g,
             &format!(
                 "{} {} no gate `source_count` or `source_fingerprint`: only the sources of {} are compared",

@@ -17,11 +17,16 @@ pub fn run(g: &Global, validate: bool) -> Result<u8, Error> {
                 .iter()
                 .map(|e| serde_json::json!({"location": e.location, "message": e.message}))
                 .collect();
-            tables::print_json(&serde_json::json!({
+            let mut doc = serde_json::json!({
                 "valid": errors.is_empty(),
                 "dags": dags.len(),
                 "errors": listed,
-            }))?;
+                "exit_code": if errors.is_empty() { exit::OK } else { exit::USAGE },
+            });
+            if !errors.is_empty() {
+                doc["error"] = error_doc(errors.len());
+            }
+            tables::print_json(&doc)?;
         }
         let files = project.dag_files().len();
         if errors.is_empty() {
@@ -39,10 +44,42 @@ pub fn run(g: &Global, validate: bool) -> Result<u8, Error> {
         ));
         return Ok(exit::USAGE);
     }
+    if g.json && !errors.is_empty() {
+        // The usable DAGs, and the error document every failing command prints.
+        let mut doc = serde_json::json!({
+            "dags": tables::dag_docs(&dags),
+            "exit_code": exit::USAGE,
+        });
+        doc["error"] = error_doc(errors.len());
+        tables::print_json(&doc)?;
+        return Ok(exit::USAGE);
+    }
+    if !g.json && dags.is_empty() && !errors.is_empty() {
+        out::note(&format!(
+            "no usable DAGs: {} ({} lists them)",
+            out::plural(
+                i64::try_from(errors.len()).unwrap_or(0),
+                "error in DAG files",
+                "errors in DAG files"
+            ),
+            out::hint("dags validate")
+        ));
+        return Ok(exit::USAGE);
+    }
     tables::print_dags(&dags, g.json)?;
     Ok(if errors.is_empty() {
         exit::OK
     } else {
         exit::USAGE
+    })
+}
+
+fn error_doc(errors: usize) -> serde_json::Value {
+    serde_json::json!({
+        "kind": "configuration",
+        "message": format!(
+            "{} in DAG files",
+            out::plural(i64::try_from(errors).unwrap_or(0), "error", "errors")
+        ),
     })
 }

@@ -30,7 +30,24 @@ pub fn completions(shell: Shell) -> Result<u8, Error> {
     Ok(exit::OK)
 }
 
-pub fn man() -> Result<u8, Error> {
+pub fn man(g: &super::Global, dir: Option<&std::path::Path>) -> Result<u8, Error> {
+    if let Some(dir) = dir {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;
+        clap_mangen::generate_to(Cli::command(), dir).map_err(|e| {
+            Error::io(
+                format!("cannot write manual pages into {}", dir.display()),
+                e,
+            )
+        })?;
+        if !g.quiet {
+            crate::report::out::note(&format!(
+                "wrote backfill.1 and a page per subcommand (backfill-create.1, ...) into {}",
+                dir.display()
+            ));
+        }
+        return Ok(exit::OK);
+    }
     let mut buf = Vec::new();
     clap_mangen::Man::new(Cli::command())
         .render(&mut buf)

@@ -173,7 +173,6 @@ fn run(g: &Global, project: &Project, e: Execution, writer: &Writer) -> Result<E
         &outcome,
         &labels,
         &report::Rerun {
-            project_dir: g.project_dir.as_deref(),
             conf: &rerun_conf,
             allow_drift,
         },

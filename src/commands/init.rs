@@ -41,7 +41,7 @@ printf '{"rows": 1, "fingerprint": "%s"}' {{ ds }} > "$BACKFILL_RESULT"
 '''
 "#;
 
-pub fn run(_g: &Global, dir: Option<&Path>) -> Result<u8, Error> {
+pub fn run(g: &Global, dir: Option<&Path>) -> Result<u8, Error> {
     let dir = dir.unwrap_or_else(|| Path::new("."));
     let project = dir.join(crate::project::PROJECT_FILE);
     let dag = dir.join(crate::project::DAGS_DIR).join("example.toml");
@@ -63,11 +63,21 @@ pub fn run(_g: &Global, dir: Option<&Path>) -> Result<u8, Error> {
     };
     write(&project, PROJECT)?;
     write(&dag, EXAMPLE_DAG)?;
-    out::note(&format!(
-        "wrote {} and {}; try: backfill -C {} create --dag example --from yesterday --to yesterday",
-        project.display(),
-        dag.display(),
-        dir.display()
-    ));
+    let next = format!(
+        "backfill -C {} create --dag example --from yesterday --to yesterday",
+        out::shell_word(&dir.display().to_string())
+    );
+    if g.json {
+        out::json(&serde_json::json!({
+            "wrote": [project.display().to_string(), dag.display().to_string()],
+            "next": next,
+        }))?;
+    } else if !g.quiet {
+        out::note(&format!(
+            "wrote {} and {}; try: {next}",
+            project.display(),
+            dag.display()
+        ));
+    }
     Ok(exit::OK)
 }

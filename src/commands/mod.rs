@@ -43,6 +43,7 @@ impl Global {
 
 /// Runs the command; returns the exit code.
 pub fn run(cli: Cli) -> Result<u8, Error> {
+    crate::report::out::set_invocation(cli.project.as_deref(), cli.manifest.as_deref());
     let g = Global {
         project_dir: cli.project,
         manifest: cli.manifest,
@@ -72,13 +73,21 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
         Command::Dags { action } => dags::run(&g, action.is_some()),
         Command::Init { dir } => init::run(&g, dir.as_deref()),
         Command::Completions { shell } => docs::completions(shell),
-        Command::Man => docs::man(),
+        Command::Man { dir } => docs::man(&g, dir.as_deref()),
     }
 }
 
 /// A warning for the user, on stderr (also with `-q`: something needs attention).
 fn warn(_g: &Global, text: &str) {
     eprintln!("warning: {text}");
+}
+
+/// Something worth knowing that is not a problem: left out by `-q`, so that a quiet success
+/// stays silent.
+fn note(g: &Global, text: &str) {
+    if !g.quiet {
+        eprintln!("note: {text}");
+    }
 }
 
 /// The project, its manifest's path, a read-only connection and backfill `id`; exit 2 when the
@@ -110,7 +119,8 @@ fn find_backfill(
 /// The error for a backfill id the manifest does not have.
 fn unknown_backfill(id: i64, manifest: &std::path::Path) -> Error {
     Error::Usage(format!(
-        "no backfill {id} in the manifest {}; `backfill list` shows the backfills",
-        manifest.display()
+        "no backfill {id} in the manifest {}; `{}` shows the backfills",
+        manifest.display(),
+        crate::report::out::hint("list")
     ))
 }

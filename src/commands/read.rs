@@ -53,7 +53,25 @@ pub fn list(g: &Global, dag: Option<&str>, active: bool) -> Result<u8, Error> {
         (None, true) => "no active backfills".to_string(),
         (None, false) => "no backfills yet".to_string(),
     };
-    tables::print_list(&rows, g.json, &what)?;
+    // Each DAG's file is read once, whatever the number of its backfills.
+    let mut by_dag: std::collections::HashMap<&str, Labeler> = std::collections::HashMap::new();
+    for b in &rows {
+        by_dag.entry(b.dag_id.as_str()).or_insert_with(|| {
+            Labeler::of(
+                project
+                    .as_ref()
+                    .and_then(|p| p.dag(&b.dag_id).ok())
+                    .as_ref(),
+            )
+        });
+    }
+    let labels = |dag: &str| {
+        by_dag
+            .get(dag)
+            .cloned()
+            .unwrap_or_else(|| Labeler::of(None))
+    };
+    tables::print_list(&rows, &labels, g.json, &what)?;
     Ok(exit::OK)
 }
 

@@ -59,9 +59,10 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
             return Err(unknown_backfill(id, &manifest_path));
         };
         return Err(Error::Usage(format!(
-            "backfill {id} is still running (pid {}, host {}); wait for it, or stop it with `backfill cancel {id}`",
+            "backfill {id} is still running (pid {}, host {}); wait for it, or stop it with `{}`",
             b.owner_pid.map_or("?".to_string(), |p| p.to_string()),
-            b.owner_host.as_deref().unwrap_or("?")
+            b.owner_host.as_deref().unwrap_or("?"),
+            crate::report::out::hint(&format!("cancel {id}"))
         )));
     };
     let owner = taken.owner;

@@ -17,14 +17,23 @@ fn ms_to_rfc3339(ms: i64) -> String {
         .unwrap_or_default()
 }
 
+/// A log path, when its file exists: a try that printed nothing leaves none.
+fn existing(log: Option<String>) -> Option<String> {
+    log.filter(|p| std::path::Path::new(p).exists())
+}
+
 /// One backfill with counts of its intervals by outcome.
 #[derive(Debug, Clone, Serialize)]
 pub struct BackfillSummary {
     pub id: i64,
     pub dag_id: String,
     pub state: String,
-    pub from: String,
-    pub to: String,
+    /// The first and last interval start of the plan (`None` before any plan row exists).
+    pub from: Option<Rfc3339>,
+    pub to: Option<Rfc3339>,
+    /// `--from` and `--to` as typed (`today-7d`).
+    pub from_arg: String,
+    pub to_arg: String,
     pub reprocess_behavior: String,
     pub max_active_runs: u32,
     pub run_backwards: bool,
@@ -55,6 +64,9 @@ pub struct Counts {
     pub cancelled: i64,
     pub running: i64,
     pub pending: i64,
+    /// The first and last interval start of the plan (unix seconds).
+    #[serde(skip)]
+    pub span: Option<(i64, i64)>,
 }
 
 impl Counts {
@@ -79,8 +91,10 @@ fn summary(b: Backfill, counts: Counts) -> BackfillSummary {
         id: b.id,
         dag_id: b.dag_id,
         state: b.state.as_str().to_string(),
-        from: b.from_arg,
-        to: b.to_arg,
+        from: counts.span.map(|s| Rfc3339(from_unix(s.0))),
+        to: counts.span.map(|s| Rfc3339(from_unix(s.1))),
+        from_arg: b.from_arg,
+        to_arg: b.to_arg,
         reprocess_behavior: b.reprocess.as_str().to_string(),
         max_active_runs: b.max_active_runs,
         run_backwards: b.run_backwards,
@@ -169,7 +183,7 @@ pub fn outcome(conn: &Connection, id: i64) -> Result<Option<Outcome>> {
                 state: r.get(1)?,
                 task: r.get(4)?,
                 error: r.get(2)?,
-                log: r.get(3)?,
+                log: existing(r.get(3)?),
             })
         })?
         .collect::<rusqlite::Result<_>>()?;
@@ -354,7 +368,7 @@ pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
             error: run
                 .and_then(|x| x.error.clone())
                 .or_else(|| t.and_then(|t| t.error.clone())),
-            log: t.and_then(|t| t.log.clone()),
+            log: t.and_then(|t| existing(t.log.clone())),
         });
     }
     // The counts come from what was just read, not from another pass over the runs.
@@ -370,6 +384,8 @@ pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
     for run in &latest {
         counts.add_state(&run.state, 1);
     }
+    let starts = out.iter().map(|i| i.start.0.timestamp());
+    counts.span = starts.clone().min().zip(starts.max());
     counts.finish();
     Ok(Some(BackfillDetail {
         backfill: summary(b, counts),
@@ -393,13 +409,16 @@ fn counts(conn: &Connection, id: Option<i64>) -> Result<HashMap<i64, Counts>> {
     let only = |column: &str| id.map_or(String::new(), |id| format!("WHERE {column} = {id}"));
     let mut counts: HashMap<i64, Counts> = HashMap::new();
     let mut stmt = conn.prepare(&format!(
-        "SELECT backfill_id, action, COUNT(*) FROM plan {} GROUP BY backfill_id, action",
+        "SELECT backfill_id, action, COUNT(*), MIN(interval_start), MAX(interval_start) FROM plan {}
+         GROUP BY backfill_id, action",
         only("backfill_id")
     ))?;
     let mut rows = stmt.query([])?;
     while let Some(r) = rows.next()? {
         let c = counts.entry(r.get(0)?).or_default();
         let n: i64 = r.get(2)?;
+        let (lo, hi): (i64, i64) = (r.get(3)?, r.get(4)?);
+        c.span = Some(c.span.map_or((lo, hi), |(a, b)| (a.min(lo), b.max(hi))));
         c.total += n;
         if r.get::<_, String>(1)? == "run" {
             c.planned += n;

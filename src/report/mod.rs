@@ -121,8 +121,14 @@ impl Reporter {
                 } else {
                     "no retries left"
                 };
+                // A try that printed nothing leaves no log file.
+                let log = if std::path::Path::new(log_path).exists() {
+                    log_path.clone()
+                } else {
+                    "none (the try printed nothing)".to_string()
+                };
                 let mut text = format!(
-                    "try {try_number} of task `{task_id}` for {} failed: {error} ({then})\n  log: {log_path}",
+                    "try {try_number} of task `{task_id}` for {} failed: {error} ({then})\n  log: {log}",
                     self.labels.label(interval.start)
                 );
                 if !*will_retry && !log_tail.is_empty() {
@@ -210,26 +216,17 @@ pub struct Summary<'a> {
 
 /// What a rerun hint needs to know about the command that ran.
 pub struct Rerun<'a> {
-    /// `-C DIR` as given, if it was.
-    pub project_dir: Option<&'a std::path::Path>,
     pub conf: &'a serde_json::Value,
     pub allow_drift: bool,
 }
 
-/// Quotes a word for a POSIX shell when it needs it.
-fn shell_word(word: &str) -> String {
-    shlex::try_quote(word).map_or_else(|_| word.to_string(), |q| q.into_owned())
-}
+use out::shell_word;
 
 /// The complete command that reruns exactly the failed and rejected intervals of a backfill.
 pub fn rerun_command(outcome: &Outcome, labels: &Labeler, how: &Rerun<'_>) -> Option<String> {
     let first = outcome.failed.iter().map(|f| f.start.0).min()?;
     let last = outcome.failed.iter().map(|f| f.start.0).max()?;
-    let mut words = vec!["backfill".to_string()];
-    if let Some(dir) = how.project_dir {
-        words.push("-C".into());
-        words.push(shell_word(&dir.display().to_string()));
-    }
+    let mut words: Vec<String> = Vec::new();
     words.extend(
         [
             "create",
@@ -251,7 +248,7 @@ pub fn rerun_command(outcome: &Outcome, labels: &Labeler, how: &Rerun<'_>) -> Op
     if how.allow_drift {
         words.push("--allow-drift".into());
     }
-    Some(words.join(" "))
+    Some(out::hint(&words.join(" ")))
 }
 
 /// Builds the summary of a finished (or stopped) backfill from its outcome in the manifest.
@@ -315,14 +312,17 @@ pub fn print_summary(
             f.state,
             labels.label(f.start.0),
             f.error.as_deref().unwrap_or("-"),
-            f.log
-                .as_ref()
-                .map(|l| format!("\n  log: {l}"))
-                .unwrap_or_default()
+            f.log.as_ref().map_or_else(
+                || "\n  log: none (the try printed nothing)".to_string(),
+                |l| format!("\n  log: {l}")
+            )
         );
     }
     let next = match (s.exit_code, &s.rerun) {
-        (exit::INTERRUPTED, _) => format!("; continue with `backfill resume {}`", s.backfill_id),
+        (exit::INTERRUPTED, _) => format!(
+            "; continue with `{}`",
+            out::hint(&format!("resume {}", s.backfill_id))
+        ),
         (exit::FAILED, Some(rerun)) => format!("; rerun the failures with `{rerun}`"),
         _ => String::new(),
     };

@@ -250,14 +250,31 @@ pub fn print_plan(
 /// so, and how to continue it.
 pub fn state_text(b: &BackfillSummary) -> String {
     if b.state == "running" && !b.owner_alive {
-        format!("running (owner gone: backfill resume {})", b.id)
+        format!(
+            "running (owner gone: {})",
+            out::hint(&format!("resume {}", b.id))
+        )
     } else {
         b.state.clone()
     }
 }
 
 /// `what` is what was asked, for the message when nothing matches (`no active backfills`).
-pub fn print_list(list: &[BackfillSummary], json: bool, what: &str) -> Result<(), Error> {
+/// A backfill's first and last interval, for humans: labels in its DAG's timezone, or the
+/// `--from` and `--to` as typed before anything was planned.
+fn range_labels(b: &BackfillSummary, labels: &Labeler) -> (String, String) {
+    match (b.from, b.to) {
+        (Some(from), Some(to)) => (labels.label(from.0), labels.label(to.0)),
+        _ => (b.from_arg.clone(), b.to_arg.clone()),
+    }
+}
+
+pub fn print_list(
+    list: &[BackfillSummary],
+    labels: &dyn Fn(&str) -> Labeler,
+    json: bool,
+    what: &str,
+) -> Result<(), Error> {
     if json {
         return out::json(list);
     }
@@ -280,12 +297,13 @@ pub fn print_list(list: &[BackfillSummary], json: bool, what: &str) -> Result<()
     ]);
     for b in list {
         let c = &b.intervals;
+        let (from, to) = range_labels(b, &labels(&b.dag_id));
         t.row(vec![
             b.id.to_string(),
             b.dag_id.clone(),
             state_text(b),
-            b.from.clone(),
-            b.to.clone(),
+            from,
+            to,
             b.reprocess_behavior.clone(),
             c.planned.to_string(),
             c.skipped.to_string(),
@@ -303,14 +321,21 @@ pub fn print_show(detail: &BackfillDetail, labels: &Labeler, json: bool) -> Resu
     }
     let b = &detail.backfill;
     let c = &b.intervals;
+    let (from, to) = range_labels(b, labels);
+    let typed = if (from.as_str(), to.as_str()) == (b.from_arg.as_str(), b.to_arg.as_str()) {
+        String::new()
+    } else {
+        format!(" (--from {} --to {})", b.from_arg, b.to_arg)
+    };
     out::data(&format!(
-        "backfill {} of {}: {} · --from {} --to {} · reprocess {} · max active runs {}{}\n\
+        "backfill {} of {}: {} · {} to {}{} · reprocess {} · max active runs {}{}\n\
          created {}{} · {}: {} to run ({} succeeded, {} failed, {} rejected, {} cancelled, {} running, {} not started), {} skipped",
         b.id,
         b.dag_id,
         state_text(b),
-        b.from,
-        b.to,
+        from,
+        to,
+        typed,
         b.reprocess_behavior,
         b.max_active_runs,
         if b.run_backwards { " · backwards" } else { "" },
@@ -503,32 +528,39 @@ struct TaskDoc<'a> {
     depends_on: &'a [String],
 }
 
+/// The DAGs as JSON documents.
+pub fn dag_docs(dags: &[Dag]) -> serde_json::Value {
+    serde_json::to_value(dag_doc_list(dags)).unwrap_or(serde_json::Value::Null)
+}
+
+fn dag_doc_list(dags: &[Dag]) -> Vec<DagDoc<'_>> {
+    dags.iter()
+        .map(|d| DagDoc {
+            id: &d.id,
+            file: &d.file,
+            schedule: d.schedule.expr(),
+            timezone: d.tz.name(),
+            max_active_runs: d.max_active_runs,
+            depends_on_past: d.depends_on_past,
+            tasks: d
+                .tasks
+                .iter()
+                .map(|t| TaskDoc {
+                    id: &t.id,
+                    kind: match t.kind {
+                        TaskKind::Command(_) => "command",
+                        TaskKind::Sql(_) => "sql",
+                    },
+                    depends_on: &t.depends_on,
+                })
+                .collect(),
+        })
+        .collect()
+}
+
 pub fn print_dags(dags: &[Dag], json: bool) -> Result<(), Error> {
     if json {
-        let docs: Vec<DagDoc<'_>> = dags
-            .iter()
-            .map(|d| DagDoc {
-                id: &d.id,
-                file: &d.file,
-                schedule: d.schedule.expr(),
-                timezone: d.tz.name(),
-                max_active_runs: d.max_active_runs,
-                depends_on_past: d.depends_on_past,
-                tasks: d
-                    .tasks
-                    .iter()
-                    .map(|t| TaskDoc {
-                        id: &t.id,
-                        kind: match t.kind {
-                            TaskKind::Command(_) => "command",
-                            TaskKind::Sql(_) => "sql",
-                        },
-                        depends_on: &t.depends_on,
-                    })
-                    .collect(),
-            })
-            .collect();
-        return out::json(&docs);
+        return out::json(&dag_doc_list(dags));
     }
     if dags.is_empty() {
         out::note("no DAGs: add TOML files to dags/");

@@ -77,6 +77,27 @@ pub(super) async fn run_task(
     run_id: &mut Option<i64>,
     stop: &mut watch::Receiver<Stop>,
 ) -> Result<(TaskEnd, Option<LastTry>), Error> {
+    use tracing::Instrument;
+    // Every diagnostic of the task's tries carries the backfill, DAG, interval and task.
+    let span = tracing::info_span!(
+        "task",
+        backfill = shared.spec.owner.backfill_id,
+        dag = %shared.spec.dag.id,
+        interval = %interval,
+        task = %task.id,
+    );
+    tries(shared, task, interval, run_id, stop)
+        .instrument(span)
+        .await
+}
+
+async fn tries(
+    shared: &Shared,
+    task: &Task,
+    interval: DataInterval,
+    run_id: &mut Option<i64>,
+    stop: &mut watch::Receiver<Stop>,
+) -> Result<(TaskEnd, Option<LastTry>), Error> {
     let spec = &shared.spec;
     let values = IntervalValues::new(interval, spec.dag.tz);
     let attempts = task.retries.saturating_add(1);

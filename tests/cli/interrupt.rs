@@ -227,7 +227,7 @@ fn ctrl_c_exits_130_leaves_no_process_and_resume_completes() {
     let out = p.wait("run", child);
     out.code(130)
         .stderr_has("interrupted (SIGINT)")
-        .stderr_has("backfill resume 1");
+        .stderr_has(&p.hint("resume 1"));
     for pid in pids(&p) {
         assert!(!alive(pid), "process {pid} of the backfill is still alive");
     }

@@ -221,6 +221,44 @@ fn json_output_keeps_failures_on_stderr_and_errors_as_documents() {
     let bad = p.run(&["create", "--dag", "flaky", "--output", "json"]);
     bad.code(2);
     assert_eq!(bad.json()["error"]["kind"], "usage");
+    // Broken DAG files: the usable DAGs and the error document, for `dags` and `dags validate`.
+    p.write("dags/broken.toml", "schedule = \"@daily\"\nretires = 1\n");
+    for args in [&["dags"][..], &["dags", "validate"][..]] {
+        let out = p.run(&[&["--output", "json"][..], args].concat());
+        out.code(2);
+        let doc = out.json();
+        assert_eq!(doc["exit_code"], 2, "{doc}");
+        assert_eq!(doc["error"]["kind"], "configuration", "{doc}");
+    }
+    let listed = p.run(&["--output", "json", "dags"]).json();
+    assert_eq!(listed["dags"][0]["id"], "flaky");
+    std::fs::remove_file(p.path("dags/flaky.toml")).unwrap();
+    p.run(&["dags"]).code(2).stderr_has(&format!(
+        "no usable DAGs: 2 errors in DAG files ({} lists them)",
+        p.hint("dags validate")
+    ));
+}
+
+#[test]
+fn a_try_that_printed_nothing_is_said_to_have_no_log() {
+    let p = Project::new().dag(
+        "silent",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"exit 4\"\n",
+    );
+    let out = p.run(&[
+        "create",
+        "--dag",
+        "silent",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-01",
+    ]);
+    out.code(3)
+        .stderr_has("log: none (the try printed nothing)");
+    assert!(!out.stderr.contains(".log"), "{}", out.stderr);
+    let show = p.run(&["show", "1", "--output", "json"]).json();
+    assert_eq!(show["interval_details"][0]["log"], serde_json::Value::Null);
 }
 
 #[test]
@@ -338,7 +376,7 @@ fn intervals_are_written_one_way_in_the_dags_timezone() {
 fn a_backfill_whose_owner_died_says_so() {
     let p = Project::new().dag(
         "slow",
-        "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"sleep 30\"\n",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"test -e resumed || sleep 30\"\n",
     );
     let child = p.spawn(
         "run",
@@ -347,9 +385,9 @@ fn a_backfill_whose_owner_died_says_so() {
             "--dag",
             "slow",
             "--from",
-            "2026-01-01",
+            "yesterday",
             "--to",
-            "2026-01-01",
+            "yesterday",
         ],
     );
     wait_until("the try to run", Duration::from_secs(20), || {
@@ -357,19 +395,43 @@ fn a_backfill_whose_owner_died_says_so() {
     });
     let live = p.run(&["list", "--output", "json"]).json();
     assert_eq!(live[0]["owner_alive"], true);
+    // The range is what was planned, whatever words chose it.
+    assert_eq!(
+        (&live[0]["from"], &live[0]["to"], &live[0]["from_arg"]),
+        (
+            &serde_json::json!("2026-11-28T00:00:00Z"),
+            &serde_json::json!("2026-11-28T00:00:00Z"),
+            &serde_json::json!("yesterday")
+        )
+    );
     signal(&child, Signal::SIGKILL);
     p.wait("run", child);
-    p.run(&["list"])
-        .code(0)
-        .stdout_has("running (owner gone: backfill resume 1)");
+    let gone = format!("running (owner gone: {})", p.hint("resume 1"));
+    p.run(&["list"]).code(0).stdout_has(&gone);
     p.run(&["show", "1"])
         .code(0)
-        .stdout_has("running (owner gone: backfill resume 1)");
+        .stdout_has(&gone)
+        .stdout_has("2026-11-28 to 2026-11-28 (--from yesterday --to yesterday)");
     assert_eq!(
         p.run(&["list", "--output", "json"]).json()[0]["owner_alive"],
         false
     );
-    p.run(&["cancel", "1"]).code(0);
+    // The hint works as pasted, wherever it is pasted.
+    p.write("resumed", "");
+    let words = shlex::split(&p.hint("resume 1")).unwrap();
+    let pasted = std::process::Command::new(env!("CARGO_BIN_EXE_backfill"))
+        .args(&words[1..])
+        .current_dir("/")
+        .env("BACKFILL_NOW", crate::support::NOW)
+        .output()
+        .unwrap();
+    assert_eq!(pasted.status.code(), Some(0), "{pasted:?}");
+    let cancel = p.run(&["--output", "json", "cancel", "1"]);
+    cancel.code(0);
+    assert_eq!(
+        cancel.json(),
+        serde_json::json!({"backfill_id": 1, "state": "completed", "result": "nothing to cancel"})
+    );
     // Empty results say what was asked.
     let none = p.run(&["list", "--active"]);
     assert_eq!(
@@ -476,6 +538,11 @@ fn init_starts_a_working_project_and_never_overwrites() {
         std::fs::read_to_string(root.join("out/2026-01-02.txt")).unwrap(),
         "hello from 2026-01-02\n"
     );
+    let other = dir.path().join("other");
+    let doc: serde_json::Value =
+        serde_json::from_slice(&run(&["--output", "json", "init", other.to_str().unwrap()]).stdout)
+            .unwrap();
+    assert_eq!(doc["wrote"].as_array().map(Vec::len), Some(2), "{doc}");
     let again = run(&["init", root.to_str().unwrap()]);
     assert_eq!(again.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&again.stderr).contains("backfill.toml exists already"));
@@ -496,6 +563,10 @@ fn completions_man_page_and_examples_in_help() {
     assert!(run(&["completions", "fish"]).contains("complete -c backfill"));
     let man = run(&["man"]);
     assert!(man.contains(".TH backfill"), "{man}");
+    let pages = tempfile::tempdir().unwrap();
+    run(&["man", "--dir", pages.path().to_str().unwrap()]);
+    let create = std::fs::read_to_string(pages.path().join("backfill-create.1")).unwrap();
+    assert!(create.contains("reprocess\\-behavior"), "{create}");
     let help = run(&["create", "--help"]);
     assert!(
         help.contains(

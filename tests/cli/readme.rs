@@ -24,7 +24,9 @@ schedule = "@daily"
 
 [[tasks]]
 id = "load"
-command = "test ! -e fail-{{ ds }}"
+command = "test ! -e fail-{{ ds }} && echo '{\"rows\": 1}' > $BACKFILL_RESULT"
+[tasks.gate]
+source_fingerprint = "cat source/{{ ds }} 2>/dev/null || echo none"
 "#;
 
 #[test]
@@ -87,8 +89,11 @@ fn the_cron_recipe_works_as_pasted() {
     let nights = history();
     assert_eq!(nights.len(), 1);
     assert_eq!(nights[0]["state"], "failed");
-    assert_eq!(nights[0]["intervals"]["total"], 7, "today-7d to yesterday");
-    assert_eq!(nights[0]["intervals"]["succeeded"], 6);
+    assert_eq!(
+        nights[0]["intervals"]["total"], 30,
+        "today-30d to yesterday"
+    );
+    assert_eq!(nights[0]["intervals"]["succeeded"], 29);
 
     // The rerun command in the mail works as pasted in the project folder.
     std::fs::remove_file(p.path("fail-2026-11-27")).unwrap();
@@ -104,16 +109,31 @@ fn the_cron_recipe_works_as_pasted() {
     .code(0)
     .stderr_has("completed — 1 succeeded");
 
-    // The next nights have nothing to do, and say nothing: no mail.
-    for n in 2..=3 {
-        let night = cron();
-        night.code(0);
-        assert_eq!((night.stdout.as_str(), night.stderr.as_str()), ("", ""));
-        let nights = history();
-        assert_eq!(nights.len(), n);
-        assert_eq!(nights[n - 1]["state"], "completed");
-        assert_eq!(nights[n - 1]["intervals"]["skipped"], 7);
+    // The next night has nothing to do, and says nothing: no mail.
+    let night = cron();
+    night.code(0);
+    assert_eq!((night.stdout.as_str(), night.stderr.as_str()), ("", ""));
+    // Late data for one day: the night after reruns that day alone, silently.
+    p.write("source/2026-11-20", "late rows\n");
+    let night = cron();
+    night.code(0);
+    assert_eq!((night.stdout.as_str(), night.stderr.as_str()), ("", ""));
+    let nights = history();
+    assert_eq!(nights.len(), 3);
+    for (n, ran) in [(1, 0), (2, 1)] {
+        assert_eq!(nights[n]["state"], "completed");
+        assert_eq!(nights[n]["intervals"]["succeeded"], ran, "night {n}");
+        assert_eq!(nights[n]["intervals"]["skipped"], 30 - ran, "night {n}");
     }
+    assert_eq!(
+        p.rows("SELECT r.interval_start FROM runs r WHERE r.backfill_id = 4"),
+        [
+            [chrono::DateTime::parse_from_rfc3339("2026-11-20T00:00:00Z")
+                .unwrap()
+                .timestamp()
+                .to_string()]
+        ]
+    );
 }
 
 #[test]

@@ -98,6 +98,11 @@ impl Project {
         self.dir.path().join(rel)
     }
 
+    /// The complete command a hint of this project tells the user to run.
+    pub fn hint(&self, rest: &str) -> String {
+        format!("backfill -C {} {rest}", self.dir.path().display())
+    }
+
     pub fn manifest_path(&self) -> PathBuf {
         self.path(".backfill/manifest.db")
     }

@@ -70,6 +70,9 @@ fn large_manifest(dir: &std::path::Path, intervals: &[DataInterval]) -> rusqlite
         run_backwards: false,
         allow_drift: false,
         conf: "{}".into(),
+        kind: backfill::state::BackfillKind::Run,
+        source_backfill: None,
+        tasks: None,
     };
     let owner = backfills::insert(&conn, &request, &ctx).unwrap();
     let owner = backfills::fence(&conn, owner).unwrap();
@@ -125,6 +128,7 @@ fn gate_checks(c: &mut Criterion) {
         path: dir.path().join("warehouse.db"),
         init: Vec::new(),
         busy_timeout: backfill::project::DEFAULT_BUSY_TIMEOUT,
+        keep_versions: backfill::project::DEFAULT_KEEP_VERSIONS,
     };
     let conn = warehouse::open(&w).unwrap();
     // One day of orders, as in the shop example: 3,000 rows, in an attached audit file.
@@ -144,6 +148,7 @@ fn gate_checks(c: &mut Criterion) {
         target: "orders_fact".into(),
         partition_column: "order_day".into(),
         sql: String::new(),
+        keep_versions: 1,
     };
     let g = Gate {
         unique_key: vec!["order_id".into()],

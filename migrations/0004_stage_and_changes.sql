@@ -16,6 +16,8 @@
 ALTER TABLE backfills ADD COLUMN kind TEXT NOT NULL DEFAULT 'run'
     CHECK (kind IN ('run', 'stage', 'promote', 'rollback'));
 ALTER TABLE backfills ADD COLUMN source_backfill INTEGER REFERENCES backfills (id);
+-- The tasks a backfill runs, as a JSON array of ids; NULL for every task.
+ALTER TABLE backfills ADD COLUMN tasks TEXT;
 ALTER TABLE task_tries ADD COLUMN source_fingerprint TEXT;
 ALTER TABLE task_tries ADD COLUMN staged TEXT CHECK (staged IN ('staged', 'promoted', 'discarded'));
 ALTER TABLE task_tries ADD COLUMN staged_path TEXT;

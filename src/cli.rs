@@ -81,6 +81,14 @@ const WHEN_HELP: &str = "WHEN is a date (2026-09-01), a wall-clock time (2026-09
 (2026-09-01T06:00:00Z), or relative: today, yesterday, today-7d, now, now-6h. Dates and times \
 without an offset are in the DAG's timezone; a date as --to covers its whole day.";
 
+const INTERVAL_HELP: &str = "Examples:
+  backfill diff 7
+  backfill promote 7 --interval 2026-09-03 --interval 2026-09-04
+  backfill discard 7
+
+WHEN is read as by create --from and --to, in the DAG's timezone: a date selects the intervals \
+starting on that day, a time or instant the interval starting then.";
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Plan and run a backfill of a DAG over a range of intervals.
@@ -137,6 +145,56 @@ pub enum Command {
         /// A JSON object available to the commands as `conf` and BACKFILL_CONF.
         #[arg(long, value_name = "JSON")]
         conf: Option<String>,
+    },
+    /// Compare what a staged backfill (`create --stage`) computed with what is published: rows,
+    /// change, fingerprints, and for SQL tasks with a unique_key the keys added, removed and
+    /// changed.
+    #[command(after_help = INTERVAL_HELP)]
+    Diff {
+        /// The staged backfill's id.
+        id: i64,
+        /// Only the staged intervals starting within WHEN (repeatable).
+        #[arg(long = "interval", value_name = "WHEN")]
+        intervals: Vec<String>,
+    },
+    /// Publish the outputs of a staged backfill (`create --stage`), judged again by the gate
+    /// against what is published now.
+    #[command(after_help = INTERVAL_HELP)]
+    Promote {
+        /// The staged backfill's id.
+        id: i64,
+        /// Only the staged intervals starting within WHEN (repeatable).
+        #[arg(long = "interval", value_name = "WHEN")]
+        intervals: Vec<String>,
+        /// Skip the gate's drift check against the published partition.
+        #[arg(long)]
+        allow_drift: bool,
+    },
+    /// Drop the outputs of a staged backfill without publishing them.
+    #[command(after_help = INTERVAL_HELP)]
+    Discard {
+        /// The staged backfill's id.
+        id: i64,
+        /// Only the staged intervals starting within WHEN (repeatable).
+        #[arg(long = "interval", value_name = "WHEN")]
+        intervals: Vec<String>,
+    },
+    /// Put back, per interval, the rows that the current publish of each SQL task replaced
+    /// (kept for the last `keep_versions` publishes).
+    #[command(after_help = WHEN_HELP)]
+    Rollback {
+        #[arg(long)]
+        dag: String,
+        #[arg(long, value_name = "WHEN")]
+        from: String,
+        #[arg(long, value_name = "WHEN")]
+        to: String,
+        /// Only this SQL task (repeatable); default: every SQL task of the DAG.
+        #[arg(long = "task", value_name = "TASK")]
+        tasks: Vec<String>,
+        /// Most intervals in flight at once; default: the DAG's max_active_runs, else 1.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        max_active_runs: Option<u32>,
     },
     /// Check that tasks are deterministic: compute each interval twice without publishing and
     /// compare row counts and fingerprints.
@@ -211,6 +269,10 @@ pub struct CreateArgs {
     /// Skip the gate's drift check against the published partition.
     #[arg(long)]
     pub allow_drift: bool,
+    /// Compute and audit every interval but publish nothing: keep the outputs for `backfill
+    /// diff` and `backfill promote` (or `backfill discard`).
+    #[arg(long)]
+    pub stage: bool,
 }
 
 /// A duration such as `30s`, `2m` or `500ms`.

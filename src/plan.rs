@@ -66,15 +66,18 @@ pub enum SkipReason {
     NotYetComplete,
     PreviousNotSuccessful,
     SourceUnchanged,
+    /// A promote: nothing of the interval is staged any more (promoted or discarded since).
+    NothingStaged,
 }
 
 impl SkipReason {
-    pub const ALL: [SkipReason; 5] = [
+    pub const ALL: [SkipReason; 6] = [
         Self::AlreadyExists,
         Self::InFlight,
         Self::NotYetComplete,
         Self::PreviousNotSuccessful,
         Self::SourceUnchanged,
+        Self::NothingStaged,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -84,6 +87,7 @@ impl SkipReason {
             Self::NotYetComplete => "not yet complete",
             Self::PreviousNotSuccessful => "previous interval not successful",
             Self::SourceUnchanged => "source unchanged",
+            Self::NothingStaged => "nothing staged",
         }
     }
 }

@@ -348,6 +348,8 @@ fn finish_publish(
     };
     let repr = publish_repr(&wh, task, &audit);
     let allowed = || runs::may_publish(&reader, p.try_id, None).map_err(|e| e.to_string());
+    let current = runs::published(&reader, &p.dag_id, &p.task_id, p.interval.start.timestamp())
+        .map_err(|e| e.to_string())?;
     let publish = warehouse::publish::Publish {
         task,
         interval: p.interval,
@@ -355,6 +357,11 @@ fn finish_publish(
         repr,
         audit: Some(&audit),
         expect_fingerprint: p.record.fingerprint.as_deref(),
+        keep: Some(warehouse::versions::Keep {
+            by_try: p.try_id,
+            version_of: current.map(|(t, _)| t),
+            keep: task.keep_versions,
+        }),
     };
     let result = warehouse::publish::publish(&wh, &publish, &allowed);
     match result {
@@ -499,6 +506,9 @@ fn record(
                     },
                     now,
                 )?;
+                if let Some(staged) = p.record.promoted_from {
+                    runs::set_staged(conn, staged, crate::state::StagedState::Promoted)?;
+                }
             }
         } else if let Some((_, reason)) = a.dropped.iter().find(|d| d.0 == p.try_id) {
             let mut rec = TryRecord::new(TryState::Cancelled);
@@ -541,7 +551,10 @@ pub fn sweep_audits(writer: &Writer) -> Result<usize, Error> {
         return Ok(0);
     }
     let pending: HashSet<i64> = writer.call_blocking(|conn| {
-        let mut stmt = conn.prepare("SELECT id FROM task_tries WHERE publishing = 1")?;
+        // Decided publishes need their files, and staged outputs are kept until promoted or
+        // discarded.
+        let mut stmt =
+            conn.prepare("SELECT id FROM task_tries WHERE publishing = 1 OR staged = 'staged'")?;
         let ids = stmt.query_map([], |r| r.get(0))?;
         Ok(ids.collect::<rusqlite::Result<_>>()?)
     })?;

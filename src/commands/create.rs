@@ -20,6 +20,7 @@ use crate::project::{
 };
 use crate::recovery::{self, Dags};
 use crate::report::tables;
+use crate::state::BackfillKind;
 use crate::task::{command, template};
 use crate::warehouse::{self, Repr};
 
@@ -94,6 +95,13 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         run_backwards: args.run_backwards,
         allow_drift: args.allow_drift,
         conf: conf.to_string(),
+        kind: if args.stage {
+            BackfillKind::Stage
+        } else {
+            BackfillKind::Run
+        },
+        source_backfill: None,
+        tasks: None,
     };
     let writer = Writer::spawn(
         manifest::open(&manifest_path, project.durability)?,
@@ -153,6 +161,11 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
             intervals: to_run,
             allow_drift: args.allow_drift,
             reprs,
+            mode: if args.stage {
+                crate::runner::Mode::Stage
+            } else {
+                crate::runner::Mode::Run
+            },
         },
         writer,
     )

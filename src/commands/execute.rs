@@ -34,6 +34,7 @@ pub struct Execution {
     pub intervals: Vec<DataInterval>,
     pub allow_drift: bool,
     pub reprs: HashMap<String, Option<Repr>>,
+    pub mode: runner::Mode,
 }
 
 /// Runs the intervals, then prints the summary and returns the exit code. The writer is closed
@@ -89,6 +90,7 @@ fn run(g: &Global, project: &Project, e: Execution, writer: &Writer) -> Result<E
     let rerun_conf = e.conf.clone();
     let allow_drift = e.allow_drift;
     let total = e.intervals.len() as u64;
+    let staging = matches!(e.mode, runner::Mode::Stage);
     let spec = RunSpec {
         owner,
         dag: Arc::new(e.dag),
@@ -101,6 +103,7 @@ fn run(g: &Global, project: &Project, e: Execution, writer: &Writer) -> Result<E
         intervals: e.intervals,
         allow_drift: e.allow_drift,
         reprs: e.reprs,
+        mode: e.mode,
     };
     // Two workers: spawning a task blocks its thread until the child has exec'd (vfork), and
     // the other worker keeps reaping, recording and dispatching meanwhile.
@@ -157,6 +160,9 @@ fn run(g: &Global, project: &Project, e: Execution, writer: &Writer) -> Result<E
         (BackfillState::Cancelled, exit::INTERRUPTED)
     } else if counts.failed + counts.rejected > 0 {
         (BackfillState::Failed, exit::FAILED)
+    } else if staging {
+        // Its outputs await `promote`.
+        (BackfillState::Staged, exit::OK)
     } else {
         (BackfillState::Completed, exit::OK)
     };

@@ -9,6 +9,7 @@ mod execute;
 mod init;
 mod read;
 mod resume;
+pub mod staging;
 mod verify;
 
 use std::path::PathBuf;
@@ -64,6 +65,20 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
             to,
             conf,
         } => read::stale(&g, &dag, &from, &to, conf.as_deref()),
+        Command::Diff { id, intervals } => staging::diff(&g, id, &intervals),
+        Command::Promote {
+            id,
+            intervals,
+            allow_drift,
+        } => staging::promote(&g, id, &intervals, allow_drift),
+        Command::Discard { id, intervals } => staging::discard(&g, id, &intervals),
+        Command::Rollback {
+            dag,
+            from,
+            to,
+            tasks,
+            max_active_runs,
+        } => staging::rollback(&g, &dag, &from, &to, &tasks, max_active_runs),
         Command::Verify {
             dag,
             from,

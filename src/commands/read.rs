@@ -89,8 +89,41 @@ pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
     let dag = project
         .as_ref()
         .and_then(|p| p.dag(&detail.backfill.dag_id).ok());
+    if let Some(dag) = &dag {
+        detail.kept_versions = Some(kept_versions(dag));
+    }
     tables::print_show(&detail, &Labeler::of(dag.as_ref()), g.json)?;
     Ok(exit::OK)
+}
+
+/// What the kept versions of each SQL target of the DAG cost, read without creating or
+/// changing a warehouse (one that does not exist keeps nothing).
+fn kept_versions(dag: &crate::project::Dag) -> Vec<crate::warehouse::versions::Storage> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for task in &dag.tasks {
+        let crate::project::TaskKind::Sql(sql) = &task.kind else {
+            continue;
+        };
+        if !seen.insert((sql.warehouse.path.clone(), sql.target.clone())) {
+            continue;
+        }
+        let storage = rusqlite::Connection::open_with_flags(
+            &sql.warehouse.path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .ok()
+        .and_then(|conn| {
+            let _ = conn.busy_timeout(std::time::Duration::from_secs(5));
+            crate::warehouse::versions::storage(&conn, &sql.target).ok()
+        })
+        .unwrap_or_else(|| crate::warehouse::versions::Storage {
+            target: sql.target.clone(),
+            ..Default::default()
+        });
+        out.push(storage);
+    }
+    out
 }
 
 pub fn runs(g: &Global, dag_id: &str, from: Option<&str>, to: Option<&str>) -> Result<u8, Error> {

@@ -143,6 +143,7 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
             intervals,
             allow_drift: backfill.allow_drift,
             reprs,
+            mode: super::staging::mode_of(&backfill, &manifest_path)?,
         },
         writer,
     )?;

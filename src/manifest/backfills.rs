@@ -10,7 +10,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::leases::LeaseCtx;
 use super::{Error, Result};
 use crate::plan::Reprocess;
-use crate::state::BackfillState;
+use crate::state::{BackfillKind, BackfillState};
 
 /// The right to act for a backfill: its id and the epoch this process was given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +33,11 @@ pub struct NewBackfill {
     pub run_backwards: bool,
     pub allow_drift: bool,
     pub conf: String,
+    pub kind: BackfillKind,
+    /// A promote: the staged backfill whose outputs it publishes.
+    pub source_backfill: Option<i64>,
+    /// Only these tasks (`None`: every task).
+    pub tasks: Option<Vec<String>>,
 }
 
 /// A backfill row.
@@ -59,6 +64,9 @@ pub struct Backfill {
     pub epoch: i64,
     /// The plan is still being written (a crash during planning; `resume` finishes it).
     pub planning: bool,
+    pub kind: BackfillKind,
+    pub source_backfill: Option<i64>,
+    pub tasks: Option<Vec<String>>,
 }
 
 impl Backfill {
@@ -72,7 +80,7 @@ impl Backfill {
     }
 }
 
-pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning";
+pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks";
 
 pub fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Backfill> {
     let reprocess: String = r.get(6)?;
@@ -103,6 +111,11 @@ pub fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Backfill> {
         finished_at: r.get(17)?,
         epoch: r.get(18)?,
         planning: r.get(19)?,
+        kind: r.get(20)?,
+        source_backfill: r.get(21)?,
+        tasks: r
+            .get::<_, Option<String>>(22)?
+            .and_then(|t| serde_json::from_str(&t).ok()),
     })
 }
 
@@ -152,8 +165,8 @@ pub fn insert(conn: &Connection, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owne
     conn.execute(
         "INSERT INTO backfills (dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior,
             max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host,
-            heartbeat_at, created_at, epoch, planning)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1)",
+            heartbeat_at, created_at, epoch, planning, kind, source_backfill, tasks)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17)",
         params![
             b.dag_id,
             b.from_arg,
@@ -168,7 +181,12 @@ pub fn insert(conn: &Connection, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owne
             BackfillState::Running,
             ctx.pid,
             ctx.host,
-            ctx.now_ms
+            ctx.now_ms,
+            b.kind,
+            b.source_backfill,
+            b.tasks
+                .as_ref()
+                .map(|t| serde_json::Value::from(t.clone()).to_string())
         ],
     )?;
     Ok(Owner {

@@ -49,6 +49,12 @@ pub struct BackfillSummary {
     #[serde(skip)]
     pub heartbeat_at: Option<i64>,
     pub intervals: Counts,
+    /// `run`, `stage`, `promote` or `rollback`.
+    pub kind: String,
+    /// A promote: the staged backfill whose outputs it publishes.
+    pub source_backfill: Option<i64>,
+    /// The tasks it ran (`None`: every task).
+    pub tasks: Option<Vec<String>>,
 }
 
 /// Interval counts: how many were planned to run or skipped, and the latest outcome of each
@@ -107,6 +113,9 @@ fn summary(b: Backfill, counts: Counts) -> BackfillSummary {
         owner_alive: false,
         heartbeat_at: b.heartbeat_at,
         intervals: counts,
+        kind: b.kind.as_str().to_string(),
+        source_backfill: b.source_backfill,
+        tasks: b.tasks,
     }
 }
 
@@ -224,6 +233,10 @@ pub struct BackfillDetail {
     #[serde(flatten)]
     pub backfill: BackfillSummary,
     pub interval_details: Vec<IntervalDetail>,
+    /// What the kept versions of the DAG's SQL targets cost (for rollback), when the project
+    /// is at hand.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept_versions: Option<Vec<crate::warehouse::versions::Storage>>,
 }
 
 /// The latest run of an interval in a backfill, and how many runs it had.
@@ -390,6 +403,7 @@ pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
     Ok(Some(BackfillDetail {
         backfill: summary(b, counts),
         interval_details: out,
+        kept_versions: None,
     }))
 }
 

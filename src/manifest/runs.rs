@@ -217,6 +217,14 @@ pub struct TryRecord {
     pub reasons: Option<String>,
     /// What the gate's `source_fingerprint` gave.
     pub source_fingerprint: Option<String>,
+    /// A staged output: kept unpublished at `staged_path` (the audit file of a SQL try, the
+    /// result file of a command try).
+    pub staged: Option<crate::state::StagedState>,
+    pub staged_path: Option<String>,
+    /// A promoting try: the staged try whose output it publishes.
+    pub promoted_from: Option<i64>,
+    /// A rollback try: the try whose rows it put back (`None` when they predate the manifest).
+    pub restored_from: Option<i64>,
 }
 
 impl TryRecord {
@@ -231,6 +239,10 @@ impl TryRecord {
             fingerprint: None,
             source_rows: None,
             source_fingerprint: None,
+            staged: None,
+            staged_path: None,
+            promoted_from: None,
+            restored_from: None,
             previous_rows: None,
             verdict: None,
             reasons: None,
@@ -254,7 +266,8 @@ pub fn end_try(conn: &Connection, try_id: i64, rec: &TryRecord, now_ms: i64) -> 
     conn.prepare_cached(
         "UPDATE task_tries SET state = ?2, ended_at = ?3, exit_code = ?4, error = ?5, rows = ?6,
             partitions = ?7, inputs = ?8, fingerprint = ?9, source_rows = ?10, previous_rows = ?11,
-            verdict = ?12, reasons = ?13, source_fingerprint = ?14, publishing = 0
+            verdict = ?12, reasons = ?13, source_fingerprint = ?14, staged = ?15,
+            staged_path = ?16, promoted_from = ?17, restored_from = ?18, publishing = 0
          WHERE id = ?1 AND state = 'running'",
     )?
     .execute(params![
@@ -271,7 +284,11 @@ pub fn end_try(conn: &Connection, try_id: i64, rec: &TryRecord, now_ms: i64) -> 
         rec.previous_rows,
         rec.verdict,
         rec.reasons,
-        rec.source_fingerprint
+        rec.source_fingerprint,
+        rec.staged,
+        rec.staged_path,
+        rec.promoted_from,
+        rec.restored_from
     ])?;
     Ok(())
 }
@@ -282,7 +299,7 @@ pub fn record_publish_intent(
     conn: &Connection,
     _fenced: Fenced,
     try_id: i64,
-    audit_path: &str,
+    audit_path: Option<&str>,
     rec: &TryRecord,
 ) -> Result<bool> {
     if !try_holds_lease(conn, try_id)? {
@@ -292,7 +309,7 @@ pub fn record_publish_intent(
         .prepare_cached(
             "UPDATE task_tries SET publishing = 1, audit_path = ?2, rows = ?3, fingerprint = ?4,
                 source_rows = ?5, previous_rows = ?6, verdict = ?7, reasons = ?8,
-                source_fingerprint = ?9
+                source_fingerprint = ?9, promoted_from = ?10, restored_from = ?11
              WHERE id = ?1 AND state = 'running'",
         )?
         .execute(params![
@@ -304,7 +321,9 @@ pub fn record_publish_intent(
             rec.previous_rows,
             rec.verdict,
             rec.reasons,
-            rec.source_fingerprint
+            rec.source_fingerprint,
+            rec.promoted_from,
+            rec.restored_from
         ])?;
     Ok(changed == 1)
 }
@@ -417,7 +436,8 @@ pub fn pending_publishes(conn: &Connection, backfill_id: i64) -> Result<Vec<Pend
     let mut stmt = conn.prepare_cached(
         "SELECT t.id, t.run_id, r.dag_id, t.task_id, r.interval_start, r.interval_end,
                 t.audit_path, t.audit_table, t.rows, t.fingerprint, t.source_rows,
-                t.previous_rows, t.verdict, t.reasons, t.source_fingerprint
+                t.previous_rows, t.verdict, t.reasons, t.source_fingerprint, t.promoted_from,
+                t.restored_from
          FROM runs r JOIN task_tries t ON t.run_id = r.id
          WHERE r.backfill_id = ?1 AND t.publishing = 1 ORDER BY t.id",
     )?;
@@ -438,6 +458,8 @@ pub fn pending_publishes(conn: &Connection, backfill_id: i64) -> Result<Vec<Pend
                 verdict: r.get(12)?,
                 reasons: r.get(13)?,
                 source_fingerprint: r.get(14)?,
+                promoted_from: r.get(15)?,
+                restored_from: r.get(16)?,
                 ..TryRecord::new(TryState::Succeeded)
             },
         })
@@ -550,4 +572,97 @@ pub fn may_publish(conn: &Connection, try_id: i64, owner: Option<Owner>) -> Resu
     }
     let newer = published(conn, &dag_id, &task_id, start)?.is_some_and(|(t, _)| t > try_id);
     Ok(!newer)
+}
+
+/// Records what became of a staged output (promoted or discarded); `false` when it was no
+/// longer staged.
+pub fn set_staged(
+    conn: &Connection,
+    staged_try: i64,
+    to: crate::state::StagedState,
+) -> Result<bool> {
+    let changed = conn
+        .prepare_cached("UPDATE task_tries SET staged = ?2 WHERE id = ?1 AND staged = 'staged'")?
+        .execute(params![staged_try, to])?;
+    Ok(changed == 1)
+}
+
+/// A staged output still awaiting promotion.
+#[derive(Debug, Clone)]
+pub struct Staged {
+    pub interval: DataInterval,
+    pub task_id: String,
+    pub try_id: i64,
+    pub run_id: i64,
+    pub try_number: u32,
+    pub record: TryRecord,
+    pub path: Option<String>,
+    pub state: crate::state::StagedState,
+}
+
+/// The staged outputs of a backfill, whatever became of them since, by interval then try.
+pub fn staged(conn: &Connection, backfill_id: i64) -> Result<Vec<Staged>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT r.interval_start, r.interval_end, t.task_id, t.id, t.rows, t.fingerprint,
+                t.source_rows, t.source_fingerprint, t.verdict, t.reasons, t.staged_path,
+                r.id, t.try_number, t.staged
+         FROM runs r JOIN task_tries t ON t.run_id = r.id
+         WHERE r.backfill_id = ?1 AND t.staged IS NOT NULL
+         ORDER BY r.interval_start, t.id",
+    )?;
+    let rows = stmt.query_map([backfill_id], |r| {
+        Ok(Staged {
+            interval: DataInterval::from_unix(r.get(0)?, r.get(1)?),
+            task_id: r.get(2)?,
+            try_id: r.get(3)?,
+            run_id: r.get(11)?,
+            try_number: r.get(12)?,
+            record: TryRecord {
+                rows: r.get(4)?,
+                fingerprint: r.get(5)?,
+                source_rows: r.get(6)?,
+                source_fingerprint: r.get(7)?,
+                verdict: r.get(8)?,
+                reasons: r.get(9)?,
+                ..TryRecord::new(TryState::Succeeded)
+            },
+            path: r.get(10)?,
+            state: r.get(13)?,
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Whose rows a published try's partition holds: the try itself, or, for a rollback, the try
+/// whose rows it put back (`None` when they predate the manifest).
+pub fn content_of(conn: &Connection, try_id: i64) -> Result<Option<i64>> {
+    let (verdict, restored): (Option<String>, Option<i64>) = conn
+        .prepare_cached("SELECT verdict, restored_from FROM task_tries WHERE id = ?1")?
+        .query_row([try_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(if verdict.as_deref() == Some(ROLLED_BACK) {
+        restored
+    } else {
+        Some(try_id)
+    })
+}
+
+/// The verdict of a rollback try.
+pub const ROLLED_BACK: &str = "rolled back";
+
+/// The published try of a task and interval with its rows and fingerprint.
+pub fn published_fingerprint(
+    conn: &Connection,
+    dag_id: &str,
+    task_id: &str,
+    interval_start: i64,
+) -> Result<Option<(i64, i64, Option<String>)>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT try_id, rows, fingerprint FROM published
+             WHERE dag_id = ?1 AND task_id = ?2 AND interval_start = ?3",
+        )?
+        .query_row(params![dag_id, task_id, interval_start], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .optional()?)
 }

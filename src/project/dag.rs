@@ -157,6 +157,9 @@ pub struct SqlTask {
     pub target: String,
     pub partition_column: String,
     pub sql: String,
+    /// Partitions replaced by publishes kept per interval, for rollback: the task's
+    /// `keep_versions`, else its warehouse's.
+    pub keep_versions: u32,
 }
 
 /// The publication gate of a task (`[tasks.gate]`).
@@ -572,6 +575,14 @@ fn load_task(
 ) -> Option<Task> {
     let kind = task_kind(t, id, warehouses, errs);
     let is_sql = t.sql.is_some() && t.command.is_none();
+    if let (false, Some(k)) = (is_sql, &t.keep_versions) {
+        errs.at(
+            k,
+            format!(
+                "task `{id}`: `keep_versions` keeps the partitions a SQL publish replaces; a command task has none, remove it"
+            ),
+        );
+    }
     let gate = t.gate.as_ref().map(|g| load_gate(id, g, is_sql, errs));
     let publish = match &t.publish {
         None => None,
@@ -787,8 +798,14 @@ fn task_kind(
             if sql.get_ref().trim().is_empty() {
                 return None;
             }
+            let keep = match &t.keep_versions {
+                None => None,
+                Some(k) => Some(keep_versions(k, errs)?),
+            };
+            let warehouse = warehouse?.clone();
             Some(TaskKind::Sql(SqlTask {
-                warehouse: warehouse?.clone(),
+                keep_versions: keep.unwrap_or(warehouse.keep_versions),
+                warehouse,
                 target: target?,
                 partition_column: partition_column?,
                 sql: sql.get_ref().clone(),
@@ -954,6 +971,23 @@ fn topo_order(ids: &[&str], deps: &[Vec<&str>]) -> Result<Vec<usize>, Vec<String
         }
     }
     Ok(order)
+}
+
+/// `keep_versions`: a whole number from 0 to the maximum.
+pub(crate) fn keep_versions(v: &Spanned<i128>, errs: &mut FileErrors<'_>) -> Option<u32> {
+    match u32::try_from(*v.get_ref()) {
+        Ok(n) if n <= crate::project::MAX_KEEP_VERSIONS => Some(n),
+        _ => {
+            errs.at(
+                v,
+                format!(
+                    "key `keep_versions` must be a whole number from 0 (keep none) to {}",
+                    crate::project::MAX_KEEP_VERSIONS
+                ),
+            );
+            None
+        }
+    }
 }
 
 fn retries(v: &Spanned<i128>, errs: &mut FileErrors<'_>) -> Option<u32> {

@@ -93,7 +93,15 @@ pub struct Warehouse {
     /// How long a statement waits for another process's write lock before backfill's own
     /// retry loop takes over (`busy_timeout`, default 5s).
     pub busy_timeout: Duration,
+    /// How many partitions replaced by publishes are kept per task and interval, for
+    /// `backfill rollback` (`keep_versions`, default 1; 0 keeps none).
+    pub keep_versions: u32,
 }
+
+/// The default `keep_versions` of a warehouse.
+pub const DEFAULT_KEEP_VERSIONS: u32 = 1;
+/// The most versions a warehouse or task may keep.
+pub const MAX_KEEP_VERSIONS: u32 = 100;
 
 /// The default `busy_timeout` of a warehouse.
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -247,6 +255,10 @@ impl Project {
                     }
                 },
             };
+            let keep_versions = match &w.keep_versions {
+                None => DEFAULT_KEEP_VERSIONS,
+                Some(k) => dag::keep_versions(k, &mut errs).unwrap_or(DEFAULT_KEEP_VERSIONS),
+            };
             warehouses.insert(
                 name.clone(),
                 Warehouse {
@@ -254,6 +266,7 @@ impl Project {
                     path,
                     init,
                     busy_timeout,
+                    keep_versions,
                 },
             );
         }

@@ -18,7 +18,7 @@ pub(crate) const PROJECT_KEYS: &[&str] = &[
     "warehouse",
     "notify",
 ];
-pub(crate) const WAREHOUSE_KEYS: &[&str] = &["path", "init", "busy_timeout"];
+pub(crate) const WAREHOUSE_KEYS: &[&str] = &["path", "init", "busy_timeout", "keep_versions"];
 pub(crate) const DAG_KEYS: &[&str] = &[
     "id",
     "description",
@@ -47,6 +47,7 @@ pub(crate) const TASK_KEYS: &[&str] = &[
     "retry_delay",
     "timeout",
     "grace_period",
+    "keep_versions",
 ];
 pub(crate) const GATE_KEYS: &[&str] = &[
     "unique_key",
@@ -112,6 +113,7 @@ pub(crate) struct RawWarehouse {
     pub(crate) path: Option<Spanned<String>>,
     pub(crate) init: Vec<Spanned<String>>,
     pub(crate) busy_timeout: Option<Spanned<String>>,
+    pub(crate) keep_versions: Option<Spanned<i128>>,
 }
 
 /// A DAG file.
@@ -149,6 +151,7 @@ pub(crate) struct RawTask {
     pub(crate) retry_delay: Option<Spanned<String>>,
     pub(crate) timeout: Option<Spanned<String>>,
     pub(crate) grace_period: Option<Spanned<String>>,
+    pub(crate) keep_versions: Option<Spanned<i128>>,
 }
 
 /// A `[tasks.gate]` table.
@@ -199,6 +202,7 @@ impl RawProject {
                                     path: string(t, "path", "\"warehouse.db\"", errs),
                                     init: strings(t, "init", "[\"schema.sql\"]", errs),
                                     busy_timeout: string(t, "busy_timeout", "\"5s\"", errs),
+                                    keep_versions: integer(t, "keep_versions", "1", errs),
                                     name,
                                 });
                             }
@@ -324,6 +328,7 @@ impl RawTask {
             retry_delay: string(t, "retry_delay", "\"30s\"", errs),
             timeout: string(t, "timeout", "\"1h\"", errs),
             grace_period: string(t, "grace_period", "\"10s\"", errs),
+            keep_versions: integer(t, "keep_versions", "1", errs),
         }
     }
 }

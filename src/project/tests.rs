@@ -39,6 +39,7 @@ fn shop() -> BTreeMap<String, Warehouse> {
             path: PathBuf::from("/nonexistent/warehouse.db"),
             init: Vec::new(),
             busy_timeout: crate::project::DEFAULT_BUSY_TIMEOUT,
+            keep_versions: crate::project::DEFAULT_KEEP_VERSIONS,
         },
     )])
 }

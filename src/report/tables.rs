@@ -254,8 +254,17 @@ pub fn state_text(b: &BackfillSummary) -> String {
             "running (owner gone: {})",
             out::hint(&format!("resume {}", b.id))
         )
+    } else if b.state == "staged" {
+        format!(
+            "staged (awaits `{}`)",
+            out::hint(&format!("promote {}", b.id))
+        )
     } else {
-        b.state.clone()
+        match (b.kind.as_str(), b.source_backfill) {
+            ("promote", Some(source)) => format!("{} (promote of {source})", b.state),
+            ("run", _) => b.state.clone(),
+            (kind, _) => format!("{} ({kind})", b.state),
+        }
     }
 }
 
@@ -408,7 +417,39 @@ pub fn print_show(detail: &BackfillDetail, labels: &Labeler, json: bool) -> Resu
             },
         );
     }
-    t.print()
+    t.print()?;
+    for k in detail
+        .kept_versions
+        .iter()
+        .flatten()
+        .filter(|k| k.versions > 0)
+    {
+        out::data(&format!(
+            "kept for rollback in `{}`: {}, {}, {}",
+            k.target,
+            plural(k.versions, "version", "versions"),
+            plural(k.rows, "row", "rows"),
+            human_bytes(k.bytes)
+        ))?;
+    }
+    Ok(())
+}
+
+/// A size in bytes for people: `3.2 MiB`.
+fn human_bytes(n: i64) -> String {
+    let units = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    #[allow(clippy::cast_precision_loss)]
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < units.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} bytes")
+    } else {
+        format!("{v:.1} {}", units[unit])
+    }
 }
 
 /// `backfill stale`: each task of each interval whose source changed.
@@ -581,6 +622,87 @@ pub fn print_dags(dags: &[Dag], json: bool) -> Result<(), Error> {
         ]);
     }
     t.print()
+}
+
+/// `backfill diff`: per staged interval and task, the published and staged rows, the change,
+/// whether the fingerprints agree, and the keys; then the example keys.
+pub fn print_diff(
+    rows: &[crate::commands::staging::DiffRow],
+    labels: &Labeler,
+    json: bool,
+    id: i64,
+) -> Result<(), Error> {
+    if json {
+        return out::json(rows);
+    }
+    if rows.is_empty() {
+        out::note(&format!(
+            "no output of backfill {id} awaits promotion: nothing to compare"
+        ));
+        return Ok(());
+    }
+    let mut t = Grid::new(vec![
+        "interval",
+        "task",
+        "published",
+        "staged",
+        "change",
+        "same fingerprint",
+        "keys added",
+        "removed",
+        "changed",
+    ]);
+    let yes_no = |b: Option<bool>| b.map_or(String::new(), |b| if b { "yes" } else { "no" }.into());
+    for r in rows {
+        t.row(vec![
+            labels.label(r.interval.start.0),
+            r.task.clone(),
+            or_empty(r.published_rows),
+            or_empty(r.staged_rows),
+            r.change_pct.map_or(String::new(), |p| format!("{p:+.1}%")),
+            yes_no(r.same_fingerprint),
+            or_empty(r.keys.as_ref().map(|k| k.added)),
+            or_empty(r.keys.as_ref().map(|k| k.removed)),
+            or_empty(r.keys.as_ref().map(|k| k.changed)),
+        ]);
+    }
+    t.print()?;
+    let show = |v: &[serde_json::Value]| {
+        v.iter()
+            .map(|k| match k {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for r in rows {
+        let Some(k) = &r.keys else { continue };
+        let mut parts = Vec::new();
+        for (what, n, examples) in [
+            ("added", k.added, &k.examples.added),
+            ("removed", k.removed, &k.examples.removed),
+            ("changed", k.changed, &k.examples.changed),
+        ] {
+            if n > 0 {
+                let more = if n > examples.len() as i64 {
+                    ", ..."
+                } else {
+                    ""
+                };
+                parts.push(format!("{what} {}{more}", show(examples)));
+            }
+        }
+        if !parts.is_empty() {
+            out::data(&format!(
+                "{} {}: {}",
+                labels.label(r.interval.start.0),
+                r.task,
+                parts.join(" · ")
+            ))?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -27,8 +27,9 @@ pub(super) async fn run(
     let tasks = &shared.spec.dag.tasks;
     for (i, task) in tasks.iter().enumerate() {
         let (end, last_try) = run_task(&shared, task, interval, &mut run_id, &mut stop).await?;
+        let skipped = matches!(end, TaskEnd::Skipped);
         let ends_run = match end {
-            TaskEnd::Succeeded => i + 1 == tasks.len(),
+            TaskEnd::Succeeded | TaskEnd::Skipped => i + 1 == tasks.len(),
             TaskEnd::Failed(e) => {
                 state = RunState::Failed;
                 error = Some(format!("task `{}` failed: {e}", task.id));
@@ -46,6 +47,14 @@ pub(super) async fn run(
             }
         };
         let Some(run) = run_id else {
+            if skipped && !ends_run {
+                continue;
+            }
+            if skipped {
+                // No task had anything to do (a promote of outputs promoted meanwhile).
+                super::skip(&shared, interval, crate::plan::SkipReason::NothingStaged).await?;
+                return Ok((interval, RunState::Succeeded));
+            }
             // Stopped before anything started: the interval stays planned, for `resume`.
             return Ok((interval, RunState::Cancelled));
         };

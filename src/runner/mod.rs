@@ -10,7 +10,9 @@
 
 pub mod events;
 mod interval;
+mod promote;
 mod record;
+mod rollback;
 mod sql_try;
 mod tries;
 
@@ -33,6 +35,34 @@ use crate::plan::{RunState, SkipReason};
 use crate::project::Dag;
 use crate::warehouse::Repr;
 
+/// What the runner does with each interval's tasks.
+#[derive(Debug, Clone, Default)]
+pub enum Mode {
+    /// Compute, audit and publish.
+    #[default]
+    Run,
+    /// Compute and audit; keep what passed the gate, unpublished, for `promote`.
+    Stage,
+    /// Publish the staged outputs of another backfill, by interval start and task.
+    Promote(HashMap<(i64, String), StagedTry>),
+    /// Put back the partitions that the current publishes replaced: every SQL task, or the
+    /// named ones.
+    Rollback(Option<Vec<String>>),
+}
+
+/// A staged output, to promote.
+#[derive(Debug, Clone)]
+pub struct StagedTry {
+    pub try_id: i64,
+    /// Its run and try number: a command task's `publish` is rendered as for the staged try.
+    pub run_id: i64,
+    pub try_number: u32,
+    /// Its recorded measures: rows, fingerprint, source rows and fingerprint.
+    pub record: crate::manifest::TryRecord,
+    /// The audit file (SQL) or result file (command) that holds it.
+    pub path: String,
+}
+
 /// Everything the runner needs for one backfill.
 pub struct RunSpec {
     pub owner: Owner,
@@ -51,6 +81,7 @@ pub struct RunSpec {
     /// The partition column's representation of each SQL task, as decided before the start
     /// (`None`: decided by the first output).
     pub reprs: HashMap<String, Option<Repr>>,
+    pub mode: Mode,
 }
 
 /// Shared by the interval tasks of one backfill.
@@ -82,7 +113,8 @@ pub async fn run(
     stop_tx: watch::Sender<Stop>,
 ) -> Result<(), Error> {
     let stop = stop_tx.subscribe();
-    let depends_on_past = spec.dag.depends_on_past;
+    // Promotes and rollbacks put back what was computed already: no interval waits for another.
+    let depends_on_past = spec.dag.depends_on_past && matches!(spec.mode, Mode::Run | Mode::Stage);
     let max = if depends_on_past {
         1
     } else {
@@ -116,7 +148,7 @@ pub async fn run(
             };
             if depends_on_past && succeeded_by_end.get(&interval.start.timestamp()) == Some(&false)
             {
-                if let Err(e) = skip(&shared, interval).await {
+                if let Err(e) = skip(&shared, interval, SkipReason::PreviousNotSuccessful).await {
                     fail(&shared, &mut first_error, e);
                     break;
                 }
@@ -148,9 +180,8 @@ pub async fn run(
     }
 }
 
-/// Records a `depends_on_past` skip decided while running.
-async fn skip(shared: &Arc<Shared>, interval: DataInterval) -> Result<(), Error> {
-    let reason = SkipReason::PreviousNotSuccessful;
+/// Records a skip decided while running (`depends_on_past`, nothing left to promote).
+async fn skip(shared: &Shared, interval: DataInterval, reason: SkipReason) -> Result<(), Error> {
     let dag_id = shared.spec.dag.id.clone();
     let owner = shared.spec.owner;
     let start = interval.start.timestamp();

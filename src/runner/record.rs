@@ -60,6 +60,9 @@ pub(super) async fn record_end(
                         fingerprint: p.fingerprint.as_deref(),
                     };
                     runs::mark_published(c, &publication, now)?;
+                    if let Some(staged) = t.record.promoted_from {
+                        runs::set_staged(c, staged, crate::state::StagedState::Promoted)?;
+                    }
                 }
             }
             if let Some((state, error)) = run_end {
@@ -92,8 +95,11 @@ pub(super) async fn start_try(
     let spec = &shared.spec;
     let (owner, dag_id, task_id) = (spec.owner, spec.dag.id.clone(), task.id.clone());
     let logs_dir = spec.logs_dir.clone();
-    let audit_dir =
-        matches!(task.kind, TaskKind::Sql(_)).then(|| warehouse::audit_dir(&spec.manifest_path));
+    // A try that computes SQL output writes it into an audit file of its own; a promote or
+    // rollback try publishes what exists already.
+    let computes = matches!(spec.mode, super::Mode::Run | super::Mode::Stage);
+    let audit_dir = (computes && matches!(task.kind, TaskKind::Sql(_)))
+        .then(|| warehouse::audit_dir(&spec.manifest_path));
     Ok(shared
         .writer
         .call(move |c| {
@@ -146,6 +152,17 @@ pub(super) async fn published_rows(
     task: &Task,
     interval: DataInterval,
 ) -> Result<Option<i64>, Error> {
+    Ok(published_try(shared, task, interval)
+        .await?
+        .map(|(_, rows)| rows))
+}
+
+/// The currently published try of a task and interval, and its rows.
+pub(super) async fn published_try(
+    shared: &Shared,
+    task: &Task,
+    interval: DataInterval,
+) -> Result<Option<(i64, i64)>, Error> {
     let (dag_id, task_id) = (shared.spec.dag.id.clone(), task.id.clone());
     let path = shared.spec.manifest_path.clone();
     let read = tokio::task::spawn_blocking(move || {
@@ -155,5 +172,5 @@ pub(super) async fn published_rows(
     })
     .await
     .map_err(|e| Error::Internal(format!("reading the manifest panicked: {e}")))?;
-    Ok(read?.map(|(_, rows)| rows))
+    Ok(read?)
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use rusqlite::InterruptHandle;
 use tokio::sync::watch;
 
-use super::record::{Published, published_rows};
+use super::record::{Published, published_try};
 use super::tries::{Outcome, TryInput, apply_verdict, cancelled, failed, rules, timed_out};
 use super::{Shared, Stop};
 use crate::exit::Error;
@@ -169,13 +169,16 @@ pub(super) async fn sql_try(
             return Ok(cancelled("cancelled"));
         }
     };
+    // Back to the pool: the publish takes a connection again, and finds this one.
+    drop(conn);
     crate::fault::point("after-audit");
     if known_repr.is_none()
         && let (Some(r), Ok(mut reprs)) = (measures.repr, shared.reprs.lock())
     {
         reprs.insert(task.id.clone(), Some(r));
     }
-    let published = published_rows(shared, task, input.interval).await?;
+    let current = published_try(shared, task, input.interval).await?;
+    let published = current.map(|(_, rows)| rows);
     let gate_measures = Measures {
         rows: measures.rows,
         outside: Some(measures.outside),
@@ -212,56 +215,127 @@ pub(super) async fn sql_try(
         record.state = TryState::Rejected;
         return Ok(Outcome::Rejected(record, reason));
     }
-    let (intent, path_text, owner, try_id) = (
-        record.clone(),
-        file.path.display().to_string(),
-        shared.spec.owner,
-        input.try_id,
-    );
+    if matches!(shared.spec.mode, super::Mode::Stage) {
+        return Ok(stage(file, record, &mut log));
+    }
+    publish_audited(
+        shared,
+        ToPublish {
+            task,
+            sql,
+            interval: input.interval,
+            try_id: input.try_id,
+            log_path: &input.log_path,
+            file,
+            record,
+            repr: measures.repr.or(known_repr),
+            empty: verdict == Verdict::PublishEmpty,
+            current,
+            promoting: false,
+        },
+        &mut log,
+    )
+    .await
+}
+
+/// An audited output that passed its gate, to publish.
+pub(super) struct ToPublish<'a> {
+    pub task: &'a Task,
+    pub sql: &'a SqlTask,
+    pub interval: crate::interval::DataInterval,
+    pub try_id: i64,
+    pub log_path: &'a Path,
+    pub file: AuditFile,
+    /// The try's record as judged (rows, fingerprint, verdict, links).
+    pub record: TryRecord,
+    pub repr: Option<warehouse::Repr>,
+    /// Publish an explicit empty partition.
+    pub empty: bool,
+    /// The currently published try and its rows.
+    pub current: Option<(i64, i64)>,
+    /// A staged output: its file is checked against the staged fingerprint before it is
+    /// published, and kept when the publish fails (it stays staged).
+    pub promoting: bool,
+}
+
+/// Records the decision to publish, then publishes in one short transaction that the manifest
+/// must still allow; the audit file goes once the publish committed.
+pub(super) async fn publish_audited(
+    shared: &Shared,
+    p: ToPublish<'_>,
+    log: &mut TryLog,
+) -> Result<Outcome, Error> {
+    let ToPublish {
+        task,
+        sql,
+        interval,
+        try_id,
+        log_path,
+        file,
+        record,
+        repr,
+        empty,
+        current,
+        promoting,
+    } = p;
+    let owner = shared.spec.owner;
+    let tz = shared.spec.dag.tz;
+    let (intent, path_text) = (record.clone(), file.path.display().to_string());
     let may_publish = shared
         .writer
         .call(move |c| {
-            runs::record_publish_intent(c, fence(c, owner)?, try_id, &path_text, &intent)
+            runs::record_publish_intent(c, fence(c, owner)?, try_id, Some(&path_text), &intent)
         })
         .await;
+    let drop_file = |file: AuditFile| {
+        if promoting {
+            file.keep();
+        } else {
+            file.remove();
+        }
+    };
     match may_publish {
         Ok(true) => {}
         Ok(false) => {
-            file.remove();
+            drop_file(file);
             return Ok(cancelled("cancelled"));
         }
         Err(e) => {
-            file.remove();
+            drop_file(file);
             return Err(e.into());
         }
     }
     crate::fault::point("before-publish");
     let (s, manifest_path) = (sql.clone(), shared.spec.manifest_path.clone());
-    let log_path = input.log_path.clone();
-    let repr = measures.repr.or(known_repr);
-    let interval = input.interval;
-    let empty = verdict == Verdict::PublishEmpty;
+    let log_path = log_path.to_path_buf();
+    let expect = promoting.then(|| record.fingerprint.clone()).flatten();
     let joined = tokio::task::spawn_blocking(move || {
         let reader = manifest::Reader::take(&manifest_path);
         let result = match &reader {
             Ok(reader) => {
                 let allowed =
                     || runs::may_publish(reader, try_id, Some(owner)).map_err(|e| e.to_string());
+                let conn = warehouse::pool::take(&s.warehouse);
                 let p = publish::Publish {
                     task: &s,
                     interval,
                     tz,
                     repr,
                     audit: (!empty).then_some(&file),
-                    expect_fingerprint: None,
+                    expect_fingerprint: expect.as_deref(),
+                    keep: Some(warehouse::versions::Keep {
+                        by_try: try_id,
+                        version_of: current.map(|(t, _)| t),
+                        keep: s.keep_versions,
+                    }),
                 };
                 let mut waiting = waiting_log(&log_path);
-                if crate::fault::point("publish") {
-                    Err(warehouse::Error::Message(
+                match conn {
+                    Err(e) => Err(e),
+                    Ok(_) if crate::fault::point("publish") => Err(warehouse::Error::Message(
                         "disk I/O error (injected)".into(),
-                    ))
-                } else {
-                    publish::publish_noting(&conn, &p, &allowed, &mut waiting)
+                    )),
+                    Ok(conn) => publish::publish_noting(&conn, &p, &allowed, &mut waiting),
                 }
             }
             Err(e) => Err(warehouse::Error::Message(format!(
@@ -286,17 +360,15 @@ pub(super) async fn sql_try(
                 backfill = owner.backfill_id,
                 dag = %shared.spec.dag.id,
                 task = %task.id,
-                interval = %input.interval,
+                interval = %interval,
                 try_id,
                 rows,
                 "published"
             );
+            let fingerprint = record.fingerprint.clone();
             Ok(Outcome::Succeeded(
                 record,
-                Some(Published {
-                    rows,
-                    fingerprint: Some(measures.fingerprint),
-                }),
+                Some(Published { rows, fingerprint }),
             ))
         }
         Err(warehouse::Error::Refused) => {
@@ -314,15 +386,37 @@ pub(super) async fn sql_try(
             // read as a publish that committed.
             let mut rec = TryRecord::new(TryState::Failed);
             rec.error = Some(error.clone());
+            rec.promoted_from = record.promoted_from;
             let done = rec.clone();
             shared
                 .writer
                 .call(move |c| runs::finish_try(c, fence(c, owner)?, try_id, &done, now_ms()))
                 .await?;
-            file.remove();
+            drop_file(file);
             Ok(Outcome::Failed(rec))
         }
     }
+}
+
+/// Keeps a try's audited output for `promote` instead of publishing it. The file is synced, so
+/// that not even a crash of the machine loses a staged output.
+fn stage(file: AuditFile, mut record: TryRecord, log: &mut TryLog) -> Outcome {
+    let path = file.path.clone();
+    if let Err(e) = std::fs::File::open(&path).and_then(|f| f.sync_all()) {
+        file.remove();
+        let error = format!("cannot keep the staged output {}: {e}", path.display());
+        log.line(&error);
+        return failed(error, None);
+    }
+    file.keep();
+    log.line(&format!(
+        "staged: kept in {} for `backfill promote`, not published",
+        path.display()
+    ));
+    record.verdict = Some("staged".into());
+    record.staged = Some(crate::state::StagedState::Staged);
+    record.staged_path = Some(path.display().to_string());
+    Outcome::Succeeded(record, None)
 }
 
 /// Removes the audit file of an audit step that finished after it was given up.
@@ -343,14 +437,14 @@ fn waiting_log(path: &Path) -> impl FnMut() + use<> {
 }
 
 /// The log file of a SQL try.
-struct TryLog(Option<std::fs::File>);
+pub(super) struct TryLog(Option<std::fs::File>);
 
 impl TryLog {
-    fn open(path: &Path) -> Self {
+    pub(super) fn open(path: &Path) -> Self {
         Self(crate::process::open_log(path).ok())
     }
 
-    fn line(&mut self, text: &str) {
+    pub(super) fn line(&mut self, text: &str) {
         use std::io::Write;
         if let Some(f) = &mut self.0 {
             let _ = writeln!(f, "{text}");

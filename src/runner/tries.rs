@@ -29,6 +29,9 @@ const MAX_RETRY_DELAY: Duration = Duration::from_secs(3600);
 /// How a task ended for its run.
 pub(super) enum TaskEnd {
     Succeeded,
+    /// Nothing to do for this task (a promote without a staged output of it, a rollback of a
+    /// command task): no try.
+    Skipped,
     Failed(String),
     Rejected(String),
     Cancelled,
@@ -86,9 +89,30 @@ pub(super) async fn run_task(
         interval = %interval,
         task = %task.id,
     );
-    tries(shared, task, interval, run_id, stop)
-        .instrument(span)
-        .await
+    match &shared.spec.mode {
+        super::Mode::Promote(staged) => {
+            let staged = staged.get(&(interval.start.timestamp(), task.id.clone()));
+            super::promote::promote_task(shared, task, interval, run_id, staged, stop)
+                .instrument(span)
+                .await
+        }
+        super::Mode::Rollback(only) => {
+            let chosen = only.as_ref().is_none_or(|o| o.contains(&task.id));
+            match &task.kind {
+                TaskKind::Sql(sql) if chosen => {
+                    super::rollback::rollback_task(shared, task, sql, interval, run_id)
+                        .instrument(span)
+                        .await
+                }
+                _ => Ok((TaskEnd::Skipped, None)),
+            }
+        }
+        super::Mode::Run | super::Mode::Stage => {
+            tries(shared, task, interval, run_id, stop)
+                .instrument(span)
+                .await
+        }
+    }
 }
 
 async fn tries(
@@ -260,7 +284,7 @@ pub(super) fn timed_out(task: &Task) -> String {
 
 /// Renders and runs one command of a try (the task's own, `publish` or `source_count`) with its
 /// output in `log`; `Err` is the outcome when it did not succeed, its error prefixed by `what`.
-async fn run_step(
+pub(super) async fn run_step(
     shared: &Shared,
     task: &Task,
     spec: &CommandSpec,
@@ -388,6 +412,13 @@ async fn gated_command(
         record.state = TryState::Rejected;
         return Ok(Outcome::Rejected(record, reason));
     }
+    if matches!(shared.spec.mode, super::Mode::Stage) {
+        // `publish` waits for `backfill promote`; the result file stays with the try.
+        record.verdict = Some("staged".into());
+        record.staged = Some(crate::state::StagedState::Staged);
+        record.staged_path = Some(input.result_path.display().to_string());
+        return Ok(Outcome::Succeeded(record, None));
+    }
     if let Some(publish) = &task.publish
         && let Err(outcome) = run_step(
             shared,
@@ -427,6 +458,63 @@ async fn source_command(
     let text = std::fs::read_to_string(&out).unwrap_or_default();
     let _ = std::fs::remove_file(&out);
     Ok(Ok(text.trim().to_string()))
+}
+
+/// How a single try (of a promote or a rollback, never retried) ends its task; a failure is
+/// reported as a try that will not be retried.
+pub(super) fn settle(
+    shared: &Shared,
+    outcome: Outcome,
+    started: &super::record::Started,
+    task: &Task,
+    interval: DataInterval,
+) -> (TaskEnd, Option<LastTry>) {
+    let (record, end, published) = match outcome {
+        Outcome::Succeeded(r, p) => (r, TaskEnd::Succeeded, p),
+        Outcome::Rejected(r, reason) => (r, TaskEnd::Rejected(reason), None),
+        Outcome::Cancelled(r) => (r, TaskEnd::Cancelled, None),
+        Outcome::Failed(r) => {
+            let error = r.error.clone().unwrap_or_default();
+            let _ = shared.events.send(Event::TryFailed {
+                interval,
+                task_id: task.id.clone(),
+                try_number: 1,
+                error: error.clone(),
+                will_retry: false,
+                log_path: started.log.display().to_string(),
+                log_tail: command::log_tail(&started.log, 20),
+            });
+            (r, TaskEnd::Failed(error), None)
+        }
+    };
+    let last = LastTry {
+        try_id: started.try_id,
+        task_id: task.id.clone(),
+        interval,
+        record,
+        published,
+    };
+    (end, Some(last))
+}
+
+/// Records a run's first try as started and tells the reporter the interval started.
+pub(super) async fn start_single(
+    shared: &Shared,
+    task: &Task,
+    interval: DataInterval,
+    run_id: &mut Option<i64>,
+) -> Result<Option<super::record::Started>, Error> {
+    let Some(started) = start_try(shared, task, interval, *run_id, 1).await? else {
+        return Ok(None);
+    };
+    if run_id.is_none() {
+        *run_id = Some(started.run_id);
+        let _ = shared.events.send(Event::IntervalStarted {
+            interval,
+            run_id: started.run_id,
+        });
+    }
+    Ok(Some(started))
 }
 
 /// Gate rules of a task. Without a gate only the boundary check applies (SQL tasks): publishing

@@ -117,7 +117,7 @@ impl AuditFile {
 }
 
 /// A `file:` URI for SQLite that opens an existing file for reading and writing only.
-fn uri(path: &Path) -> String {
+pub(crate) fn uri(path: &Path) -> String {
     let mut out = String::from("file:");
     for b in path.as_os_str().as_encoded_bytes() {
         match b {

@@ -11,10 +11,12 @@
 //! to be plain identifiers when the DAG was loaded.
 
 pub mod audit;
+pub mod diff;
 pub mod init;
 pub mod partition;
 pub mod pool;
 pub mod publish;
+pub mod versions;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

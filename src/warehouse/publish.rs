@@ -40,6 +40,8 @@ pub struct Publish<'a> {
     pub audit: Option<&'a AuditFile>,
     /// The fingerprint the gate saw, checked again before a recovered publish.
     pub expect_fingerprint: Option<&'a str>,
+    /// Keep the rows being replaced, for rollback (see [`super::versions`]).
+    pub keep: Option<super::versions::Keep>,
 }
 
 impl Publish<'_> {
@@ -106,8 +108,20 @@ fn transaction(
     p: &Publish<'_>,
     allowed: &dyn Fn() -> std::result::Result<bool, String>,
 ) -> Result<i64> {
-    conn.execute_batch("BEGIN")?;
+    // The write lock first: the transaction reads (the kept versions) before it writes.
+    conn.execute_batch("BEGIN IMMEDIATE")?;
     let result = (|| {
+        if let Some(k) = p.keep {
+            super::versions::keep(
+                conn,
+                p.task,
+                p.repr,
+                p.interval,
+                p.tz,
+                k,
+                crate::manifest::leases::now_ms(),
+            )?;
+        }
         delete_partition(conn, p.task, p.repr, p.interval, p.tz)?;
         match allowed() {
             Ok(true) => {}
@@ -159,9 +173,9 @@ pub fn delete_sql(task: &SqlTask, repr: Repr) -> String {
     )
 }
 
-/// Deletes the target rows of the interval: the first statement of the transaction, so that it
-/// takes the write lock. Without a known representation, every representation's range.
-fn delete_partition(
+/// Deletes the target rows of the interval. Without a known representation, every
+/// representation's range.
+pub fn delete_partition(
     conn: &Connection,
     task: &SqlTask,
     repr: Option<Repr>,
@@ -183,4 +197,52 @@ fn delete_partition(
             .execute(rusqlite::params![lo, hi])?;
     }
     Ok(())
+}
+
+/// The rollback transaction: replaces the interval's rows by the kept version that the publish
+/// of `key` replaced, and forgets that version (its rows are the partition again). `allowed`
+/// is asked as for a publish. Returns the rows put back.
+pub fn roll_back(
+    conn: &Connection,
+    task: &SqlTask,
+    repr: Option<Repr>,
+    interval: DataInterval,
+    tz: chrono_tz::Tz,
+    key: i64,
+    allowed: &dyn Fn() -> std::result::Result<bool, String>,
+) -> Result<i64> {
+    let w = &task.warehouse;
+    let lock = lock_for(w);
+    let _turn = lock
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let once = || -> Result<i64> {
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        let result = (|| {
+            if super::versions::find(conn, &task.target, key)?.is_none() {
+                return Err(Error::Message(format!(
+                    "the version kept for try {key} is gone from {}",
+                    task.target
+                )));
+            }
+            delete_partition(conn, task, repr, interval, tz)?;
+            match allowed() {
+                Ok(true) => {}
+                Ok(false) => return Err(Error::Refused),
+                Err(e) => return Err(Error::Message(format!("cannot ask the manifest: {e}"))),
+            }
+            super::versions::restore(conn, task, key)
+        })();
+        match result {
+            Ok(n) => {
+                conn.execute_batch("COMMIT")?;
+                Ok(n)
+            }
+            Err(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                Err(e)
+            }
+        }
+    };
+    retry_busy_noting(None, &mut || {}, once).map_err(|e| e.at(w))
 }

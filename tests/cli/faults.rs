@@ -293,7 +293,7 @@ fn an_audit_file_left_by_a_crash_before_the_publish_intent_is_removed() {
     let (rows, leftovers): (i64, i64) = wh
         .query_row(
             "SELECT (SELECT COUNT(*) FROM orders_fact),
-                    (SELECT COUNT(*) FROM sqlite_master WHERE name LIKE '_backfill%')",
+                    (SELECT COUNT(*) FROM sqlite_master WHERE name LIKE '_backfill_audit%')",
             [],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )

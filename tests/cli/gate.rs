@@ -19,6 +19,7 @@ fn template_warehouse() -> &'static Path {
             path: dir.join("warehouse.db"),
             init: vec![shop.join("schema.sql"), shop.join("seed.sql")],
             busy_timeout: backfill::project::DEFAULT_BUSY_TIMEOUT,
+            keep_versions: backfill::project::DEFAULT_KEEP_VERSIONS,
         };
         let conn = backfill::warehouse::open(&w).unwrap();
         conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode = DELETE")
@@ -156,7 +157,7 @@ fn a_double_run_publishes_identical_partitions_and_records_both_tries() {
     assert_eq!(
         wh_count(
             &p,
-            "SELECT COUNT(*) FROM sqlite_master WHERE name LIKE '_backfill_%'"
+            "SELECT COUNT(*) FROM sqlite_master WHERE name LIKE '_backfill_audit%'"
         ),
         0
     );
@@ -263,7 +264,7 @@ fn a_crash_before_the_publish_is_repaired_from_the_audit_table() {
     assert_eq!(
         wh_count(
             &p,
-            "SELECT COUNT(*) FROM sqlite_master WHERE name LIKE '_backfill_%'"
+            "SELECT COUNT(*) FROM sqlite_master WHERE name LIKE '_backfill_audit%'"
         ),
         0,
         "the warehouse holds no table of backfill's"

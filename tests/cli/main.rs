@@ -11,5 +11,6 @@ mod operations;
 mod readme;
 mod reprocess;
 mod running;
+mod staging;
 mod support;
 mod tables;

@@ -1,0 +1,692 @@
+//! Staged backfills: `promote` publishes their outputs, `discard` drops them, `diff` compares
+//! them with what is published; `rollback` puts back what publishes replaced. Promotes and
+//! rollbacks are backfills of their own kind, run by the same runner as any backfill: leases,
+//! heartbeats, fencing, cancel, resume and the crash-safe publish all apply.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use rusqlite::OptionalExtension;
+use serde::Serialize;
+
+use super::beat::Beating;
+use super::create::{Marks, check_tasks, taken_over, write_plan};
+use super::execute::{Execution, execute};
+use super::{Global, find_backfill, note, warn};
+use crate::clock;
+use crate::exit::{self, Error};
+use crate::interval::{DataInterval, Rfc3339, expand_nonempty, resolve_args};
+use crate::manifest::leases::LeaseCtx;
+use crate::manifest::writer::Writer;
+use crate::manifest::{self, Backfill, NewBackfill, backfills, runs};
+use crate::plan::{self, Reprocess};
+use crate::project::{Dag, Project, TaskKind};
+use crate::recovery::{self, Dags};
+use crate::report::out::hint;
+use crate::runner::{Mode, StagedTry};
+use crate::state::{BackfillKind, BackfillState, StagedState};
+use crate::warehouse::diff::KeyDiff;
+
+/// What the runner does for a backfill of this kind (`resume` asks).
+pub(super) fn mode_of(b: &Backfill, manifest_path: &Path) -> Result<Mode, Error> {
+    Ok(match b.kind {
+        BackfillKind::Run => Mode::Run,
+        BackfillKind::Stage => Mode::Stage,
+        BackfillKind::Promote => {
+            let source = b.source_backfill.ok_or_else(|| {
+                Error::Internal(format!(
+                    "promote backfill {} names no staged backfill",
+                    b.id
+                ))
+            })?;
+            Mode::Promote(staged_outputs(manifest_path, source)?)
+        }
+        BackfillKind::Rollback => Mode::Rollback(b.tasks.clone()),
+    })
+}
+
+/// The outputs of a staged backfill still awaiting promotion, by interval start and task.
+pub(super) fn staged_outputs(
+    manifest_path: &Path,
+    backfill_id: i64,
+) -> Result<HashMap<(i64, String), StagedTry>, Error> {
+    let conn = manifest::open_read_only(manifest_path)?;
+    let staged = runs::staged(&conn, backfill_id).map_err(|e| e.at(manifest_path))?;
+    Ok(staged
+        .into_iter()
+        .filter(|s| s.state == crate::state::StagedState::Staged)
+        .filter_map(|s| {
+            let path = s.path?;
+            Some((
+                (s.interval.start.timestamp(), s.task_id),
+                StagedTry {
+                    try_id: s.try_id,
+                    run_id: s.run_id,
+                    try_number: s.try_number,
+                    record: s.record,
+                    path,
+                },
+            ))
+        })
+        .collect())
+}
+
+/// The staged backfill `id` for `verb`: a `create --stage` backfill that is not running.
+fn staged_backfill(
+    g: &Global,
+    id: i64,
+    verb: &str,
+) -> Result<(Project, PathBuf, rusqlite::Connection, Backfill, Dag), Error> {
+    let (project, path, conn, b) = find_backfill(g, id)?;
+    if b.kind != BackfillKind::Stage {
+        return Err(Error::Usage(format!(
+            "backfill {id} is a `{}` backfill, not a staged one: `backfill {verb}` takes the id of a `backfill create --stage` backfill",
+            b.kind
+        )));
+    }
+    if b.state == BackfillState::Running {
+        return Err(Error::Usage(format!(
+            "backfill {id} is still staging; wait for it to end (or, if its process is gone, continue it with `{}`), then {verb} it",
+            hint(&format!("resume {id}"))
+        )));
+    }
+    let dag = project.dag(&b.dag_id)?;
+    Ok((project, path, conn, b, dag))
+}
+
+/// The staged outputs that `--interval` selects (all without it). A WHEN that selects no
+/// staged output of the backfill is an error.
+fn select(
+    all: Vec<runs::Staged>,
+    whens: &[String],
+    dag: &Dag,
+    id: i64,
+) -> Result<Vec<runs::Staged>, Error> {
+    if whens.is_empty() {
+        return Ok(all);
+    }
+    let now = clock::now()?;
+    let mut bounds = Vec::new();
+    for w in whens {
+        let (lo, hi) = resolve_args(w, w, now, dag.tz)?.unix_start_bounds();
+        if !all
+            .iter()
+            .any(|s| (lo..=hi).contains(&s.interval.start.timestamp()))
+        {
+            return Err(Error::Usage(format!(
+                "--interval {w} selects no staged interval of backfill {id}; `{}` lists them",
+                hint(&format!("show {id}"))
+            )));
+        }
+        bounds.push((lo, hi));
+    }
+    Ok(all
+        .into_iter()
+        .filter(|s| {
+            let start = s.interval.start.timestamp();
+            bounds.iter().any(|(lo, hi)| (*lo..=*hi).contains(&start))
+        })
+        .collect())
+}
+
+/// The distinct intervals of some staged outputs, ascending.
+fn intervals_of(staged: &[&runs::Staged]) -> Vec<DataInterval> {
+    let mut v: Vec<DataInterval> = staged.iter().map(|s| s.interval).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+fn read_conf(b: &Backfill) -> Result<serde_json::Value, Error> {
+    serde_json::from_str(&b.conf).map_err(|e| {
+        Error::Internal(format!(
+            "backfill {} has an unreadable conf in the manifest: {e}",
+            b.id
+        ))
+    })
+}
+
+/// Once no output of a staged backfill awaits promotion, it is complete.
+fn settle_staged(path: &Path, project: &Project, id: i64) -> Result<(), Error> {
+    let conn = manifest::open(path, project.durability)?;
+    conn.execute(
+        "UPDATE backfills SET state = 'completed'
+         WHERE id = ?1 AND state = 'staged' AND NOT EXISTS (
+             SELECT 1 FROM runs r JOIN task_tries t ON t.run_id = r.id
+             WHERE r.backfill_id = ?1 AND t.staged = 'staged')",
+        [id],
+    )
+    .map_err(|e| Error::Manifest(manifest::Error::from(e).at(path)))?;
+    Ok(())
+}
+
+/// `backfill promote ID`: a backfill of kind `promote` that publishes the staged outputs,
+/// through the gate and the crash-safe publish.
+pub fn promote(g: &Global, id: i64, whens: &[String], allow_drift: bool) -> Result<u8, Error> {
+    let (project, path, conn, source, dag) = staged_backfill(g, id, "promote")?;
+    let all = runs::staged(&conn, id).map_err(|e| e.at(&path))?;
+    drop(conn);
+    let chosen = select(all, whens, &dag, id)?;
+    let waiting: Vec<&runs::Staged> = chosen
+        .iter()
+        .filter(|s| s.state == StagedState::Staged)
+        .collect();
+    if waiting.is_empty() {
+        return nothing_left(g, id, &chosen, "promote");
+    }
+    let conf = read_conf(&source)?;
+    let intervals = intervals_of(&waiting);
+    let reprs = check_tasks(&dag, &conf, &intervals)?;
+    let writer = Writer::spawn(manifest::open(&path, project.durability)?, &path)?;
+    let ctx = LeaseCtx::new(project.lease_timeout);
+    let dags = Dags::of(&project);
+    let prepared = (|| {
+        // A promote killed halfway: its decided publishes are finished first.
+        let report = recovery::release_stale(&writer, &dags, &dag.id, &ctx, None)?;
+        for w in &report.warnings {
+            warn(g, w);
+        }
+        let starts: HashSet<i64> = intervals.iter().map(|i| i.start.timestamp()).collect();
+        let mut outputs = staged_outputs(&path, id)?;
+        outputs.retain(|(start, _), _| starts.contains(start));
+        let intervals: Vec<DataInterval> = intervals
+            .iter()
+            .copied()
+            .filter(|i| outputs.keys().any(|(s, _)| *s == i.start.timestamp()))
+            .collect();
+        if intervals.is_empty() {
+            return Ok(None);
+        }
+        let (first, last) = (intervals[0], intervals[intervals.len() - 1]);
+        let labels = crate::report::Labeler::new(&dag);
+        let request = NewBackfill {
+            dag_id: dag.id.clone(),
+            from_arg: labels.when(first.start),
+            to_arg: labels.when(last.start),
+            range_start: first.start.timestamp(),
+            range_end: last.start.timestamp() + 1,
+            reprocess: Reprocess::Completed,
+            max_active_runs: source.max_active_runs,
+            run_backwards: false,
+            allow_drift,
+            conf: source.conf.clone(),
+            kind: BackfillKind::Promote,
+            source_backfill: Some(id),
+            tasks: None,
+        };
+        let first_ctx = ctx.refreshed();
+        let owner = writer.call_blocking(move |c| backfills::insert(c, &request, &first_ctx))?;
+        let beat = Beating::start(&writer, owner);
+        let planned = write_plan(
+            &writer,
+            owner,
+            &dag,
+            &intervals,
+            options(dag.depends_on_past)?,
+            Marks {
+                already: &HashSet::new(),
+                changed: &HashSet::new(),
+            },
+            &ctx,
+        )?;
+        drop(beat);
+        Ok::<_, Error>(Some((owner, planned, outputs)))
+    })();
+    let (owner, planned, outputs) = match prepared {
+        Ok(Some(v)) => v,
+        Ok(None) => {
+            writer.close();
+            settle_staged(&path, &project, id)?;
+            return nothing_left(g, id, &chosen, "promote");
+        }
+        Err(e) => {
+            writer.close();
+            return taken_over(e);
+        }
+    };
+    if !g.quiet && !g.json {
+        eprintln!(
+            "backfill {} promotes backfill {id}: {} of {}",
+            owner.backfill_id,
+            crate::report::out::plural(planned.to_run.len() as i64, "interval", "intervals"),
+            dag.id,
+        );
+    }
+    let code = execute(
+        g,
+        &project,
+        Execution {
+            owner,
+            dag,
+            conf,
+            max_active_runs: source.max_active_runs,
+            intervals: planned.to_run,
+            allow_drift,
+            reprs,
+            mode: Mode::Promote(outputs),
+        },
+        writer,
+    )?;
+    settle_staged(&path, &project, id)?;
+    Ok(code)
+}
+
+/// The plan options of a promote or rollback: every chosen interval runs, in order.
+fn options(depends_on_past: bool) -> Result<plan::Options, Error> {
+    Ok(plan::Options {
+        reprocess: Reprocess::Completed,
+        run_backwards: false,
+        depends_on_past,
+        now: clock::now()?,
+    })
+}
+
+/// Nothing to promote or discard: said, exit 0 (promoting twice is harmless).
+fn nothing_left(g: &Global, id: i64, chosen: &[runs::Staged], verb: &str) -> Result<u8, Error> {
+    let count = |s: StagedState| chosen.iter().filter(|c| c.state == s).count() as i64;
+    let (promoted, discarded) = (count(StagedState::Promoted), count(StagedState::Discarded));
+    if g.json {
+        crate::report::out::json(&serde_json::json!({
+            "backfill_id": id,
+            verb: 0,
+            "already_promoted": promoted,
+            "already_discarded": discarded,
+        }))?;
+    } else {
+        note(
+            g,
+            &format!(
+                "nothing to {verb}: no output of backfill {id}{} awaits promotion ({} promoted, {} discarded)",
+                if chosen.is_empty() {
+                    ""
+                } else {
+                    " in those intervals"
+                },
+                promoted,
+                discarded
+            ),
+        );
+    }
+    Ok(exit::OK)
+}
+
+/// `backfill discard ID`: the staged outputs are dropped and recorded as discarded.
+pub fn discard(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
+    let (project, path, conn, _, dag) = staged_backfill(g, id, "discard")?;
+    let promoting: Option<i64> = conn
+        .query_row(
+            "SELECT id FROM backfills WHERE kind = 'promote' AND source_backfill = ?1
+             AND state = 'running' LIMIT 1",
+            [id],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(|e| Error::Manifest(manifest::Error::from(e).at(&path)))?;
+    if let Some(p) = promoting {
+        return Err(Error::Usage(format!(
+            "backfill {p} is promoting backfill {id}; wait for it to end (or stop it with `{}`), then discard",
+            hint(&format!("cancel {p}"))
+        )));
+    }
+    let all = runs::staged(&conn, id).map_err(|e| e.at(&path))?;
+    drop(conn);
+    let chosen = select(all, whens, &dag, id)?;
+    let waiting: Vec<(i64, Option<String>)> = chosen
+        .iter()
+        .filter(|s| s.state == StagedState::Staged)
+        .map(|s| (s.try_id, s.path.clone()))
+        .collect();
+    if waiting.is_empty() {
+        return nothing_left(g, id, &chosen, "discard");
+    }
+    let tries: Vec<i64> = waiting.iter().map(|(t, _)| *t).collect();
+    let writer = Writer::spawn(manifest::open(&path, project.durability)?, &path)?;
+    let discarded = writer.call_blocking(move |c| {
+        let mut n = 0;
+        for t in tries {
+            n += i64::from(runs::set_staged(c, t, StagedState::Discarded)?);
+        }
+        Ok(n)
+    });
+    writer.close();
+    let discarded = discarded?;
+    // The audit files go once the manifest no longer points at them; a command task's result
+    // file stays with its logs.
+    let audits = crate::warehouse::audit_dir(&path);
+    for (_, file) in &waiting {
+        if let Some(file) = file.as_deref().map(Path::new)
+            && file.starts_with(&audits)
+        {
+            let _ = std::fs::remove_file(file);
+        }
+    }
+    settle_staged(&path, &project, id)?;
+    if g.json {
+        crate::report::out::json(&serde_json::json!({"backfill_id": id, "discarded": discarded}))?;
+    } else {
+        note(
+            g,
+            &format!(
+                "discarded {} of backfill {id}",
+                crate::report::out::plural(discarded, "staged output", "staged outputs")
+            ),
+        );
+    }
+    Ok(exit::OK)
+}
+
+/// One row of `backfill diff`.
+#[derive(Debug, Serialize)]
+pub struct DiffRow {
+    pub interval: IntervalDoc,
+    pub task: String,
+    pub published_rows: Option<i64>,
+    pub staged_rows: Option<i64>,
+    pub change_pct: Option<f64>,
+    pub same_fingerprint: Option<bool>,
+    pub keys: Option<KeyDiff>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct IntervalDoc {
+    pub start: Rfc3339,
+    pub end: Rfc3339,
+}
+
+/// `backfill diff ID`: per staged interval and task, what promoting it would change.
+pub fn diff(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
+    let (_project, path, conn, source, dag) = staged_backfill(g, id, "diff")?;
+    let all = runs::staged(&conn, id).map_err(|e| e.at(&path))?;
+    let chosen = select(all, whens, &dag, id)?;
+    let waiting: Vec<&runs::Staged> = chosen
+        .iter()
+        .filter(|s| s.state == StagedState::Staged)
+        .collect();
+    let conf = read_conf(&source)?;
+    let intervals = intervals_of(&waiting);
+    let reprs = check_tasks(&dag, &conf, &intervals)?;
+    let mut rows = Vec::new();
+    for s in &waiting {
+        let published =
+            runs::published_fingerprint(&conn, &dag.id, &s.task_id, s.interval.start.timestamp())
+                .map_err(|e| e.at(&path))?;
+        let published_rows = published.as_ref().map(|p| p.1);
+        let staged_rows = s.record.rows;
+        let change_pct = match (published_rows, staged_rows) {
+            (Some(0), Some(0)) => Some(0.0),
+            (Some(p), Some(n)) if p != 0 => {
+                #[allow(clippy::cast_precision_loss)]
+                let pct = (n - p) as f64 * 100.0 / p as f64;
+                Some((pct * 100.0).round() / 100.0)
+            }
+            _ => None,
+        };
+        let same_fingerprint = published
+            .as_ref()
+            .and_then(|p| p.2.clone())
+            .zip(s.record.fingerprint.clone())
+            .map(|(a, b)| a == b);
+        let task = dag.tasks.iter().find(|t| t.id == s.task_id);
+        let keys = match task.map(|t| (&t.kind, t.gate.as_ref())) {
+            Some((TaskKind::Sql(sql), Some(gate))) if !gate.unique_key.is_empty() => {
+                let file = s.path.as_deref().map(Path::new).filter(|p| p.is_file());
+                match file {
+                    Some(file) => {
+                        let conn = crate::warehouse::open(&sql.warehouse)?;
+                        let repr = reprs.get(&s.task_id).copied().flatten();
+                        Some(
+                            crate::warehouse::diff::keys(
+                                &conn,
+                                sql,
+                                &gate.unique_key,
+                                repr,
+                                s.interval,
+                                dag.tz,
+                                file,
+                            )
+                            .map_err(|e| Error::Usage(e.at(&sql.warehouse).to_string()))?,
+                        )
+                    }
+                    None => {
+                        warn(
+                            g,
+                            &format!(
+                                "the staged output of task `{}` at {} is gone; stage it again",
+                                s.task_id,
+                                crate::report::Labeler::new(&dag).label(s.interval.start)
+                            ),
+                        );
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        rows.push(DiffRow {
+            interval: IntervalDoc {
+                start: Rfc3339(s.interval.start),
+                end: Rfc3339(s.interval.end),
+            },
+            task: s.task_id.clone(),
+            published_rows,
+            staged_rows,
+            change_pct,
+            same_fingerprint,
+            keys,
+        });
+    }
+    crate::report::tables::print_diff(&rows, &crate::report::Labeler::new(&dag), g.json, id)?;
+    Ok(exit::OK)
+}
+
+/// `backfill rollback`: a backfill of kind `rollback` that puts back, per interval, the rows
+/// that the current publish of each chosen SQL task replaced. Intervals that have no kept
+/// version for a chosen task are not touched and reported (exit 3).
+pub fn rollback(
+    g: &Global,
+    dag_id: &str,
+    from: &str,
+    to: &str,
+    only: &[String],
+    max_active_runs: Option<u32>,
+) -> Result<u8, Error> {
+    let project = g.project()?;
+    let dag = project.dag(dag_id)?;
+    let mut chosen: Vec<(&crate::project::Task, &crate::project::SqlTask)> = Vec::new();
+    for t in only {
+        match dag.tasks.iter().find(|x| &x.id == t) {
+            None => {
+                return Err(Error::Usage(format!(
+                    "--task {t}: DAG `{}` has no task `{t}` (its tasks: {})",
+                    dag.id,
+                    dag.tasks
+                        .iter()
+                        .map(|t| t.id.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            Some(task) => match &task.kind {
+                TaskKind::Sql(sql) => chosen.push((task, sql)),
+                TaskKind::Command(_) => {
+                    return Err(Error::Usage(format!(
+                        "--task {t}: task `{t}` of DAG `{}` is a command task; only SQL tasks keep the rows they replace",
+                        dag.id
+                    )));
+                }
+            },
+        }
+    }
+    if only.is_empty() {
+        chosen = dag
+            .tasks
+            .iter()
+            .filter_map(|t| match &t.kind {
+                TaskKind::Sql(sql) => Some((t, sql)),
+                TaskKind::Command(_) => None,
+            })
+            .collect();
+    }
+    if chosen.is_empty() {
+        return Err(Error::Usage(format!(
+            "DAG `{}` has no SQL task: only SQL tasks keep the rows a publish replaces, so there is nothing to roll back",
+            dag.id
+        )));
+    }
+    let now = clock::now()?;
+    let range = resolve_args(from, to, now, dag.tz)?;
+    let intervals = expand_nonempty(&dag.schedule, range, from, to)?;
+    let path = g.manifest_path(Some(&project))?;
+    let window = DataInterval::new(intervals[0].start, intervals[intervals.len() - 1].end);
+    let mut reprs = HashMap::new();
+    let mut conns = Vec::new();
+    for (task, sql) in &chosen {
+        let problem = |e: String| Error::Usage(format!("{}: task `{}`: {e}", dag.file, task.id));
+        let conn = crate::warehouse::open(&sql.warehouse).map_err(|e| problem(e.to_string()))?;
+        let repr = crate::warehouse::decide_repr(&conn, sql, window, dag.tz).map_err(problem)?;
+        reprs.insert(task.id.clone(), repr);
+        conns.push(conn);
+    }
+    // Which intervals can be rolled back: each chosen task has a kept version of the rows its
+    // current publish replaced. The others are left alone and reported.
+    let labels = crate::report::Labeler::new(&dag);
+    let mut missing: Vec<String> = Vec::new();
+    let mut ready = Vec::new();
+    let manifest = manifest::open_if_exists(&path)?;
+    for interval in &intervals {
+        let mut why = None;
+        for ((task, sql), wh) in chosen.iter().zip(&conns) {
+            let published = match &manifest {
+                Some(c) => runs::published(c, &dag.id, &task.id, interval.start.timestamp())
+                    .map_err(|e| e.at(&path))?,
+                None => None,
+            };
+            let Some((current, _)) = published else {
+                why = Some(format!("task `{}`: nothing is published", task.id));
+                break;
+            };
+            let key = match &manifest {
+                Some(c) => runs::content_of(c, current).map_err(|e| e.at(&path))?,
+                None => None,
+            };
+            let kept = match key {
+                Some(k) => crate::warehouse::versions::find(wh, &sql.target, k)
+                    .map_err(|e| Error::Usage(e.at(&sql.warehouse).to_string()))?
+                    .is_some(),
+                None => false,
+            };
+            if !kept {
+                why = Some(match key {
+                    Some(k) => format!(
+                        "task `{}`: no earlier version is kept (none of the rows that try {k}'s publish replaced; keep_versions = {})",
+                        task.id, sql.keep_versions
+                    ),
+                    None => format!(
+                        "task `{}`: no earlier version is kept (the rows put back by try {current} predate the manifest)",
+                        task.id
+                    ),
+                });
+                break;
+            }
+        }
+        match why {
+            Some(why) => missing.push(format!("{}: {why}", labels.label(interval.start))),
+            None => ready.push(*interval),
+        }
+    }
+    drop(conns);
+    drop(manifest);
+    for m in &missing {
+        eprintln!("cannot roll back {m}");
+    }
+    if ready.is_empty() {
+        if g.json {
+            crate::report::out::json(&serde_json::json!({
+                "backfill_id": null,
+                "state": "failed",
+                "exit_code": exit::FAILED,
+                "not_rolled_back": missing,
+            }))?;
+        }
+        return Ok(exit::FAILED);
+    }
+    let max_active_runs = max_active_runs.or(dag.max_active_runs).unwrap_or(1);
+    let (range_start, range_end) = super::create::unix_range(range);
+    let request = NewBackfill {
+        dag_id: dag.id.clone(),
+        from_arg: from.to_string(),
+        to_arg: to.to_string(),
+        range_start,
+        range_end,
+        reprocess: Reprocess::Completed,
+        max_active_runs,
+        run_backwards: false,
+        allow_drift: false,
+        conf: "{}".into(),
+        kind: BackfillKind::Rollback,
+        source_backfill: None,
+        tasks: (!only.is_empty()).then(|| only.to_vec()),
+    };
+    let writer = Writer::spawn(manifest::open(&path, project.durability)?, &path)?;
+    let ctx = LeaseCtx::new(project.lease_timeout);
+    let dags = Dags::of(&project);
+    let prepared = (|| {
+        let report = recovery::release_stale(&writer, &dags, &dag.id, &ctx, None)?;
+        for w in &report.warnings {
+            warn(g, w);
+        }
+        let first = ctx.refreshed();
+        let owner = writer.call_blocking(move |c| backfills::insert(c, &request, &first))?;
+        let beat = Beating::start(&writer, owner);
+        let planned = write_plan(
+            &writer,
+            owner,
+            &dag,
+            &ready,
+            options(dag.depends_on_past)?,
+            Marks {
+                already: &HashSet::new(),
+                changed: &HashSet::new(),
+            },
+            &ctx,
+        )?;
+        drop(beat);
+        Ok::<_, Error>((owner, planned))
+    })();
+    let (owner, planned) = match prepared {
+        Ok(v) => v,
+        Err(e) => {
+            writer.close();
+            return taken_over(e);
+        }
+    };
+    if !g.quiet && !g.json {
+        eprintln!(
+            "backfill {} rolls back {} of {}",
+            owner.backfill_id,
+            crate::report::out::plural(planned.to_run.len() as i64, "interval", "intervals"),
+            dag.id
+        );
+    }
+    let tasks = (!only.is_empty()).then(|| only.to_vec());
+    let code = execute(
+        g,
+        &project,
+        Execution {
+            owner,
+            dag,
+            conf: serde_json::json!({}),
+            max_active_runs,
+            intervals: planned.to_run,
+            allow_drift: false,
+            reprs,
+            mode: Mode::Rollback(tasks),
+        },
+        writer,
+    )?;
+    Ok(if code == exit::OK && !missing.is_empty() {
+        exit::FAILED
+    } else {
+        code
+    })
+}

@@ -1,0 +1,220 @@
+//! Promote: publishes the staged output of a task and interval. The gate judges it again
+//! against what is published now (someone may have published since it was staged); a SQL
+//! output then goes through the same crash-safe publish as any try (intent, one transaction,
+//! recovery), its file checked against the staged fingerprint first. A command task runs its
+//! `publish` command as the staged try would have.
+
+use std::path::{Path, PathBuf};
+
+use tokio::sync::watch;
+
+use super::record::{LastTry, Published, Started, published_try};
+use super::sql_try::{ToPublish, TryLog, publish_audited};
+use super::tries::{
+    Outcome, TaskEnd, TryInput, apply_verdict, failed, rules, run_step, settle, start_single,
+};
+use super::{Shared, StagedTry, Stop};
+use crate::exit::Error;
+use crate::gate::{self, Measures, Verdict};
+use crate::interval::DataInterval;
+use crate::manifest::TryRecord;
+use crate::project::{SqlTask, Task, TaskKind};
+use crate::state::TryState;
+use crate::task::command;
+use crate::task::template::IntervalValues;
+use crate::warehouse::AuditFile;
+
+/// Promotes one task of an interval: one try, never retried (a failed promote leaves the output
+/// staged, for the next `promote`).
+pub(super) async fn promote_task(
+    shared: &Shared,
+    task: &Task,
+    interval: DataInterval,
+    run_id: &mut Option<i64>,
+    staged: Option<&StagedTry>,
+    stop: &mut watch::Receiver<Stop>,
+) -> Result<(TaskEnd, Option<LastTry>), Error> {
+    let Some(staged) = staged else {
+        // Nothing of this task is staged for the interval (or it was promoted already).
+        return Ok((TaskEnd::Skipped, None));
+    };
+    if *stop.borrow() != Stop::Run {
+        return Ok((TaskEnd::Cancelled, None));
+    }
+    let Some(started) = start_single(shared, task, interval, run_id).await? else {
+        return Ok((TaskEnd::Cancelled, None));
+    };
+    let outcome = match &task.kind {
+        TaskKind::Sql(sql) => promote_sql(shared, task, sql, interval, &started, staged).await?,
+        TaskKind::Command(_) => {
+            promote_command(shared, task, interval, &started, staged, stop).await?
+        }
+    };
+    Ok(settle(shared, outcome, &started, task, interval))
+}
+
+/// The staged measures judged again, against the rows published now.
+fn judge_again(
+    shared: &Shared,
+    task: &Task,
+    staged: &StagedTry,
+    published: Option<i64>,
+) -> Result<(TryRecord, Verdict), Box<Outcome>> {
+    let s = &staged.record;
+    let Some(rows) = s.rows else {
+        return Err(Box::new(failed(
+            format!("staged try {} recorded no row count", staged.try_id),
+            None,
+        )));
+    };
+    let measures = Measures {
+        rows,
+        outside: None,
+        duplicate_keys: None,
+        source: s.source_rows,
+        published,
+        mixed: None,
+    };
+    let verdict = gate::judge(
+        &measures,
+        &rules(task.gate.as_ref(), shared.spec.allow_drift),
+    )
+    .map_err(|why| Box::new(failed(why, None)))?;
+    let mut record = TryRecord::new(TryState::Succeeded);
+    record.rows = Some(rows);
+    record.fingerprint = s.fingerprint.clone();
+    apply_verdict(&mut record, &verdict, s.source_rows, published);
+    record.source_fingerprint = s.source_fingerprint.clone();
+    record.promoted_from = Some(staged.try_id);
+    if let Verdict::Reject(reason) = &verdict {
+        record.state = TryState::Rejected;
+        return Err(Box::new(Outcome::Rejected(record, reason.clone())));
+    }
+    Ok((record, verdict))
+}
+
+async fn promote_sql(
+    shared: &Shared,
+    task: &Task,
+    sql: &SqlTask,
+    interval: DataInterval,
+    started: &Started,
+    staged: &StagedTry,
+) -> Result<Outcome, Error> {
+    let mut log = TryLog::open(&started.log);
+    log.line(&format!(
+        "promoting the output staged by try {} ({})",
+        staged.try_id, staged.path
+    ));
+    let Some(file) = AuditFile::existing(Path::new(&staged.path)) else {
+        let error = format!(
+            "the staged output {} is gone; stage the interval again",
+            staged.path
+        );
+        log.line(&error);
+        return Ok(failed(error, None));
+    };
+    let current = published_try(shared, task, interval).await?;
+    let (record, verdict) = match judge_again(shared, task, staged, current.map(|(_, r)| r)) {
+        Ok(v) => v,
+        Err(outcome) => {
+            // Still staged: a later `promote` (with --allow-drift, say) can publish it.
+            file.keep();
+            if let Outcome::Rejected(_, why)
+            | Outcome::Failed(TryRecord {
+                error: Some(why), ..
+            }) = outcome.as_ref()
+            {
+                log.line(why);
+            }
+            return Ok(*outcome);
+        }
+    };
+    log.line(&format!(
+        "rows {} (published {}): {verdict}",
+        record.rows.unwrap_or(0),
+        current.map_or("-".into(), |(_, r)| r.to_string()),
+    ));
+    let repr = shared
+        .reprs
+        .lock()
+        .ok()
+        .and_then(|r| r.get(&task.id).copied().flatten());
+    publish_audited(
+        shared,
+        ToPublish {
+            task,
+            sql,
+            interval,
+            try_id: started.try_id,
+            log_path: &started.log,
+            file,
+            record,
+            repr,
+            empty: verdict == Verdict::PublishEmpty,
+            current,
+            promoting: true,
+        },
+        &mut log,
+    )
+    .await
+}
+
+async fn promote_command(
+    shared: &Shared,
+    task: &Task,
+    interval: DataInterval,
+    started: &Started,
+    staged: &StagedTry,
+    stop: &mut watch::Receiver<Stop>,
+) -> Result<Outcome, Error> {
+    let current = published_try(shared, task, interval).await?;
+    let (record, _) = match judge_again(shared, task, staged, current.map(|(_, r)| r)) {
+        Ok(v) => v,
+        Err(outcome) => return Ok(*outcome),
+    };
+    if let Some(publish) = &task.publish {
+        // Rendered as for the staged try (its run id and try number), with its result file.
+        let spec = &shared.spec;
+        let values = IntervalValues::new(interval, spec.dag.tz);
+        let run_id_text = staged.run_id.to_string();
+        let ctx = values.context(
+            &spec.dag.id,
+            &task.id,
+            &run_id_text,
+            staged.try_number,
+            &spec.conf,
+        );
+        let result_path = PathBuf::from(&staged.path);
+        let input = TryInput {
+            try_id: started.try_id,
+            interval,
+            env: command::environment(&ctx, &shared.conf_text, &result_path),
+            ctx,
+            log_path: started.log.clone(),
+            result_path,
+            audit_path: None,
+        };
+        if let Err(mut outcome) = run_step(
+            shared,
+            task,
+            publish,
+            &input,
+            &input.log_path,
+            Some("publish command"),
+            stop,
+        )
+        .await?
+        {
+            if let Outcome::Failed(r) | Outcome::Cancelled(r) = &mut outcome {
+                r.promoted_from = Some(staged.try_id);
+            }
+            return Ok(outcome);
+        }
+    }
+    let (rows, fingerprint) = (record.rows.unwrap_or(0), record.fingerprint.clone());
+    Ok(Outcome::Succeeded(
+        record,
+        Some(Published { rows, fingerprint }),
+    ))
+}

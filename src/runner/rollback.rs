@@ -1,0 +1,159 @@
+//! Rollback: puts back, in one warehouse transaction, the rows that the current publish of a
+//! SQL task's interval replaced (kept by that publish, see [`crate::warehouse::versions`]). It
+//! is recorded like a publish: an intent first (with the fingerprint of the rows it puts back,
+//! so that recovery can tell whether the transaction committed), then the try with the verdict
+//! `rolled back`, which becomes the interval's published try.
+
+use super::Shared;
+use super::record::{LastTry, Published, Started, published_try};
+use super::sql_try::TryLog;
+use super::tries::{Outcome, TaskEnd, cancelled, failed, settle, start_single};
+use crate::exit::Error;
+use crate::interval::DataInterval;
+use crate::manifest::backfills::fence;
+use crate::manifest::leases::now_ms;
+use crate::manifest::{self, TryRecord, runs};
+use crate::project::{SqlTask, Task};
+use crate::state::TryState;
+use crate::warehouse::{self, publish, versions};
+
+pub(super) async fn rollback_task(
+    shared: &Shared,
+    task: &Task,
+    sql: &SqlTask,
+    interval: DataInterval,
+    run_id: &mut Option<i64>,
+) -> Result<(TaskEnd, Option<LastTry>), Error> {
+    let Some(started) = start_single(shared, task, interval, run_id).await? else {
+        return Ok((TaskEnd::Cancelled, None));
+    };
+    let outcome = rollback_sql(shared, task, sql, interval, &started).await?;
+    Ok(settle(shared, outcome, &started, task, interval))
+}
+
+async fn rollback_sql(
+    shared: &Shared,
+    task: &Task,
+    sql: &SqlTask,
+    interval: DataInterval,
+    started: &Started,
+) -> Result<Outcome, Error> {
+    let mut log = TryLog::open(&started.log);
+    let Some((current, current_rows)) = published_try(shared, task, interval).await? else {
+        let error = "nothing is published, so there is nothing to roll back".to_string();
+        log.line(&error);
+        return Ok(failed(error, None));
+    };
+    let path = shared.spec.manifest_path.clone();
+    let content = tokio::task::spawn_blocking(move || {
+        let reader = manifest::Reader::take(&path)?;
+        runs::content_of(&reader, current).map_err(|e| e.at(&path))
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("reading the manifest panicked: {e}")))??;
+    let s = sql.clone();
+    let found = tokio::task::spawn_blocking(move || -> Result<_, warehouse::Error> {
+        let Some(key) = content else {
+            return Ok(None);
+        };
+        let conn = warehouse::pool::take(&s.warehouse)?;
+        match versions::find(&conn, &s.target, key)? {
+            Some(v) => Ok(Some((key, v, versions::fingerprint(&conn, &s, key)?.1))),
+            None => Ok(None),
+        }
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("reading the warehouse panicked: {e}")))?;
+    let (key, version, fingerprint) = match found {
+        Ok(Some(v)) => v,
+        Ok(None) => {
+            let error = format!(
+                "no kept version: the rows that try {current}'s publish replaced were not kept (keep_versions = {} for `{}`)",
+                sql.keep_versions, task.id
+            );
+            log.line(&error);
+            return Ok(failed(error, None));
+        }
+        Err(e) => {
+            let error = e.at(&sql.warehouse).to_string();
+            log.line(&error);
+            return Ok(failed(error, None));
+        }
+    };
+    let mut record = TryRecord::new(TryState::Succeeded);
+    record.rows = Some(version.rows);
+    record.fingerprint = Some(fingerprint.clone());
+    record.previous_rows = Some(current_rows);
+    record.verdict = Some(runs::ROLLED_BACK.into());
+    record.restored_from = version.version_of;
+    log.line(&format!(
+        "rolling back `{}` for [{}, {}): {} rows published by try {current} make way for the {} rows {}",
+        sql.target,
+        interval.start.to_rfc3339(),
+        interval.end.to_rfc3339(),
+        current_rows,
+        version.rows,
+        version
+            .version_of
+            .map_or("that predate the manifest".to_string(), |t| format!("of try {t}")),
+    ));
+    let (owner, try_id, intent) = (shared.spec.owner, started.try_id, record.clone());
+    let may = shared
+        .writer
+        .call(move |c| runs::record_publish_intent(c, fence(c, owner)?, try_id, None, &intent))
+        .await?;
+    if !may {
+        return Ok(cancelled("cancelled"));
+    }
+    crate::fault::point("before-publish");
+    let (s, manifest_path, tz) = (
+        sql.clone(),
+        shared.spec.manifest_path.clone(),
+        shared.spec.dag.tz,
+    );
+    let repr = shared
+        .reprs
+        .lock()
+        .ok()
+        .and_then(|r| r.get(&task.id).copied().flatten());
+    let result = tokio::task::spawn_blocking(move || {
+        let reader = manifest::Reader::take(&manifest_path)
+            .map_err(|e| warehouse::Error::Message(format!("cannot read the manifest: {e}")))?;
+        let allowed = || runs::may_publish(&reader, try_id, Some(owner)).map_err(|e| e.to_string());
+        let conn = warehouse::pool::take(&s.warehouse)?;
+        publish::roll_back(&conn, &s, repr, interval, tz, key, &allowed)
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("rollback panicked: {e}")))?;
+    match result {
+        Ok(rows) => {
+            crate::fault::point("after-publish");
+            log.line(&format!("rolled back: {rows} rows put back"));
+            Ok(Outcome::Succeeded(
+                record,
+                Some(Published {
+                    rows,
+                    fingerprint: Some(fingerprint),
+                }),
+            ))
+        }
+        Err(warehouse::Error::Refused) => {
+            log.line("not rolled back: another process took this interval over");
+            Ok(cancelled(
+                "taken over by another process before rolling back",
+            ))
+        }
+        Err(e) => {
+            let error = format!("rollback failed: {e}");
+            log.line(&error);
+            let mut rec = TryRecord::new(TryState::Failed);
+            rec.error = Some(error);
+            let done = rec.clone();
+            shared
+                .writer
+                .call(move |c| runs::finish_try(c, fence(c, owner)?, try_id, &done, now_ms()))
+                .await?;
+            Ok(Outcome::Failed(rec))
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! Kept versions, for `backfill rollback`: a SQL publish keeps the rows it replaces, per task and
+//! interval, for the task's last `keep_versions` publishes. They live in the warehouse itself,
+//! written in the publish transaction, so that a partition and its kept predecessor always
+//! agree:
+//!
+//! - `_backfill_versions` (one per warehouse): one row per kept version: the target table, the
+//!   interval, the try whose publish replaced the rows (`replaced_by`), the try that had
+//!   published them (`version_of`, NULL when they predate the manifest), and their count;
+//! - `_backfill_kept_TARGET` (one per target): the rows, with the `_replaced_by` try.
+//!
+//! A publish that is redone (recovery finishing a publish that had committed) finds its version
+//! kept already and keeps nothing twice.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::partition::Repr;
+use super::{Result, quote, table_columns};
+use crate::interval::DataInterval;
+use crate::project::SqlTask;
+
+/// The table of kept versions.
+pub const META: &str = "_backfill_versions";
+
+/// The table that keeps the replaced rows of `target`.
+pub fn kept_table(target: &str) -> String {
+    format!("_backfill_kept_{target}")
+}
+
+/// What a publish keeps: the rows it replaces, as the version replaced by `by_try`.
+#[derive(Debug, Clone, Copy)]
+pub struct Keep {
+    /// The try whose publish replaces the partition.
+    pub by_try: i64,
+    /// The try whose output the partition holds now (from the manifest), if any.
+    pub version_of: Option<i64>,
+    /// How many versions of the interval to keep, this one included (0: none, and the ones
+    /// kept before go).
+    pub keep: u32,
+}
+
+/// One kept version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Version {
+    pub replaced_by: i64,
+    pub version_of: Option<i64>,
+    pub rows: i64,
+}
+
+fn ensure_meta(conn: &Connection) -> Result<()> {
+    conn.execute_batch(&format!(
+        "CREATE TABLE IF NOT EXISTS main.{META} (
+             target         TEXT    NOT NULL,
+             interval_start INTEGER NOT NULL,
+             interval_end   INTEGER NOT NULL,
+             replaced_by    INTEGER NOT NULL,
+             version_of     INTEGER,
+             rows           INTEGER NOT NULL,
+             kept_at        INTEGER NOT NULL,
+             PRIMARY KEY (target, replaced_by)
+         ) WITHOUT ROWID;
+         CREATE INDEX IF NOT EXISTS main.{META}_by_interval
+             ON {META} (target, interval_start, replaced_by);"
+    ))?;
+    Ok(())
+}
+
+fn has_table(conn: &Connection, name: &str) -> Result<bool> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM main.sqlite_schema WHERE type = 'table' AND name = ?1")?
+        .query_row([name], |_| Ok(()))
+        .optional()?
+        .is_some())
+}
+
+/// The columns that can be kept and put back: those of the kept table that the target still
+/// has.
+fn shared_columns(conn: &Connection, target: &str) -> Result<Vec<String>> {
+    let kept = table_columns(conn, "main", &kept_table(target))?;
+    let now = table_columns(conn, "main", target)?;
+    Ok(kept
+        .into_iter()
+        .filter(|c| c != "_replaced_by" && now.contains(c))
+        .map(|c| quote(&c))
+        .collect())
+}
+
+/// The predicates that select the interval's rows of the target: one per representation when
+/// it is not known.
+fn ranges(repr: Option<Repr>) -> Vec<Repr> {
+    match repr {
+        Some(r) => vec![r],
+        None => vec![
+            Repr::Date,
+            Repr::Timestamp(' '),
+            Repr::Timestamp('T'),
+            Repr::UnixSeconds,
+        ],
+    }
+}
+
+/// Inside the publish transaction, before the partition is replaced: keeps its rows as the
+/// version replaced by `k.by_try`, then drops the versions of the interval beyond the newest
+/// `k.keep`. Returns the rows kept.
+pub fn keep(
+    conn: &Connection,
+    task: &SqlTask,
+    repr: Option<Repr>,
+    interval: DataInterval,
+    tz: chrono_tz::Tz,
+    k: Keep,
+    now_ms: i64,
+) -> Result<i64> {
+    let rows = save(conn, task, repr, interval, tz, k, now_ms)?;
+    trim(conn, &task.target, interval.start.timestamp(), k.keep)?;
+    Ok(rows)
+}
+
+/// [`keep`] without the retention: keeps the partition's rows as the version replaced by
+/// `k.by_try` (nothing when `k.keep` is 0).
+pub fn save(
+    conn: &Connection,
+    task: &SqlTask,
+    repr: Option<Repr>,
+    interval: DataInterval,
+    tz: chrono_tz::Tz,
+    k: Keep,
+    now_ms: i64,
+) -> Result<i64> {
+    let start = interval.start.timestamp();
+    if k.keep == 0 {
+        return Ok(0);
+    }
+    if k.version_of.is_none() && partition_is_empty(conn, task, repr, interval, tz)? {
+        // A partition backfilled for the first time: there is nothing to put back, and a
+        // rollback must not empty it.
+        return Ok(0);
+    }
+    ensure_meta(conn)?;
+    let kept = kept_table(&task.target);
+    if !has_table(conn, &kept)? {
+        conn.execute_batch(&format!(
+            "CREATE TABLE main.{q} AS SELECT CAST(NULL AS INTEGER) AS _replaced_by, * FROM main.{t} WHERE 0;
+             CREATE INDEX main.{i} ON {q} (_replaced_by);",
+            q = quote(&kept),
+            t = quote(&task.target),
+            i = quote(&format!("{kept}_by_try")),
+        ))?;
+    }
+    let already = conn
+        .prepare_cached(&format!(
+            "SELECT rows FROM main.{META} WHERE target = ?1 AND replaced_by = ?2"
+        ))?
+        .query_row(params![task.target, k.by_try], |r| r.get::<_, i64>(0))
+        .optional()?;
+    if let Some(rows) = already {
+        // This publish committed before and is being redone: its version is kept.
+        return Ok(rows);
+    }
+    let columns = shared_columns(conn, &task.target)?.join(", ");
+    let mut rows = 0;
+    for r in ranges(repr) {
+        let (lo, hi) = r.bounds(interval, tz);
+        rows += conn.execute(
+            &format!(
+                "INSERT INTO main.{} (_replaced_by, {columns}) SELECT ?3, {columns} FROM main.{} WHERE {}",
+                quote(&kept),
+                quote(&task.target),
+                r.predicate(&task.partition_column, 1)
+            ),
+            params![lo, hi, k.by_try],
+        )?;
+    }
+    let rows = i64::try_from(rows).unwrap_or(i64::MAX);
+    conn.prepare_cached(&format!(
+        "INSERT INTO main.{META} (target, interval_start, interval_end, replaced_by, version_of, rows, kept_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+    ))?
+    .execute(params![
+        task.target,
+        start,
+        interval.end.timestamp(),
+        k.by_try,
+        k.version_of,
+        rows,
+        now_ms
+    ])?;
+    Ok(rows)
+}
+
+/// Whether the target holds no row of the interval (a range its index serves).
+fn partition_is_empty(
+    conn: &Connection,
+    task: &SqlTask,
+    repr: Option<Repr>,
+    interval: DataInterval,
+    tz: chrono_tz::Tz,
+) -> Result<bool> {
+    for r in ranges(repr) {
+        let (lo, hi) = r.bounds(interval, tz);
+        let found = conn
+            .prepare_cached(&format!(
+                "SELECT 1 FROM main.{} WHERE {} LIMIT 1",
+                quote(&task.target),
+                r.predicate(&task.partition_column, 1)
+            ))?
+            .query_row(params![lo, hi], |_| Ok(()))
+            .optional()?;
+        if found.is_some() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Drops the versions of an interval beyond the newest `keep`.
+pub fn trim(conn: &Connection, target: &str, start: i64, keep: u32) -> Result<()> {
+    if !has_table(conn, META)? {
+        return Ok(());
+    }
+    let doomed: Vec<i64> = conn
+        .prepare_cached(&format!(
+            "SELECT replaced_by FROM main.{META} WHERE target = ?1 AND interval_start = ?2
+             ORDER BY replaced_by DESC LIMIT -1 OFFSET ?3"
+        ))?
+        .query_map(params![target, start, keep], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    for by in doomed {
+        drop_version(conn, target, by)?;
+    }
+    Ok(())
+}
+
+fn drop_version(conn: &Connection, target: &str, replaced_by: i64) -> Result<()> {
+    let kept = kept_table(target);
+    if has_table(conn, &kept)? {
+        conn.execute(
+            &format!("DELETE FROM main.{} WHERE _replaced_by = ?1", quote(&kept)),
+            [replaced_by],
+        )?;
+    }
+    conn.prepare_cached(&format!(
+        "DELETE FROM main.{META} WHERE target = ?1 AND replaced_by = ?2"
+    ))?
+    .execute(params![target, replaced_by])?;
+    Ok(())
+}
+
+/// The version that the publish of `replaced_by` replaced, if it was kept.
+pub fn find(conn: &Connection, target: &str, replaced_by: i64) -> Result<Option<Version>> {
+    if !has_table(conn, META)? {
+        return Ok(None);
+    }
+    Ok(conn
+        .prepare_cached(&format!(
+            "SELECT replaced_by, version_of, rows FROM main.{META}
+             WHERE target = ?1 AND replaced_by = ?2"
+        ))?
+        .query_row(params![target, replaced_by], |r| {
+            Ok(Version {
+                replaced_by: r.get(0)?,
+                version_of: r.get(1)?,
+                rows: r.get(2)?,
+            })
+        })
+        .optional()?)
+}
+
+/// The order-independent fingerprint of a kept version's rows, over the query's columns: what
+/// the partition will hold once it is put back.
+pub fn fingerprint(conn: &Connection, task: &SqlTask, replaced_by: i64) -> Result<(i64, String)> {
+    let columns: Vec<String> = conn
+        .prepare(&super::wrapped_query(&task.sql))?
+        .column_names()
+        .map(quote)
+        .collect();
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {} FROM main.{} WHERE _replaced_by = ?1",
+        columns.join(", "),
+        quote(&kept_table(&task.target))
+    ))?;
+    super::audit::fingerprint_rows(&mut stmt, [replaced_by])
+}
+
+/// Inside the rollback transaction, after the partition was cleared: puts the version back and
+/// forgets it (its rows are the partition again). Returns the rows put back.
+pub fn restore(conn: &Connection, task: &SqlTask, replaced_by: i64) -> Result<i64> {
+    let kept = kept_table(&task.target);
+    let mut rows = 0;
+    if has_table(conn, &kept)? {
+        let columns = shared_columns(conn, &task.target)?.join(", ");
+        rows = conn.execute(
+            &format!(
+                "INSERT INTO main.{} ({columns}) SELECT {columns} FROM main.{} WHERE _replaced_by = ?1",
+                quote(&task.target),
+                quote(&kept)
+            ),
+            [replaced_by],
+        )?;
+    }
+    drop_version(conn, &task.target, replaced_by)?;
+    Ok(i64::try_from(rows).unwrap_or(i64::MAX))
+}
+
+/// What the kept versions of a target cost: versions, rows, and bytes on disk (both tables and
+/// their indexes, as `dbstat` counts them).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Storage {
+    pub target: String,
+    pub versions: i64,
+    pub rows: i64,
+    pub bytes: i64,
+}
+
+pub fn storage(conn: &Connection, target: &str) -> Result<Storage> {
+    let mut s = Storage {
+        target: target.to_string(),
+        ..Storage::default()
+    };
+    if !has_table(conn, META)? {
+        return Ok(s);
+    }
+    (s.versions, s.rows) = conn.query_row(
+        &format!("SELECT COUNT(*), COALESCE(SUM(rows), 0) FROM main.{META} WHERE target = ?1"),
+        [target],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    let kept = kept_table(target);
+    s.bytes = conn
+        .query_row(
+            "SELECT COALESCE(SUM(pgsize), 0) FROM dbstat('main')
+             WHERE name = ?1 OR name = ?2",
+            params![kept, format!("{kept}_by_try")],
+            |r| r.get(0),
+        )
+        .unwrap_or(0);
+    Ok(s)
+}

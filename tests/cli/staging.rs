@@ -1,0 +1,589 @@
+//! `create --stage`, `diff`, `promote`, `discard` and `rollback` on the shop's fixture
+//! warehouse: the published table never changes before a promote; a promote publishes each
+//! partition once, also after a `kill -9`; a rollback puts back the exact previous rows.
+
+use crate::gate::{shop, wh, wh_count, wh_rows};
+use crate::support::Project;
+
+fn run(p: &Project, args: &[&str]) -> crate::support::Out {
+    p.run(args)
+}
+
+fn create(p: &Project, from: &str, to: &str, extra: &[&str]) -> crate::support::Out {
+    let mut args = vec!["create", "--dag", "orders_fact", "--from", from, "--to", to];
+    args.extend_from_slice(extra);
+    p.run(&args)
+}
+
+/// Every published row of `orders_fact`, in order.
+fn published(p: &Project) -> Vec<String> {
+    wh_rows(p, "SELECT * FROM orders_fact ORDER BY order_id")
+}
+
+/// `orders_fact` for one day, and what the raw orders say it must hold.
+fn day_is_exact(p: &Project, day: &str) -> bool {
+    wh_rows(
+        p,
+        &format!(
+            "SELECT order_id, order_day, order_ts, region, amount_cents FROM orders_fact
+             WHERE order_day = '{day}' ORDER BY order_id"
+        ),
+    ) == wh_rows(
+        p,
+        &format!(
+            "SELECT order_id, date(order_ts), order_ts, region, amount_cents FROM raw_orders
+             WHERE date(order_ts) = '{day}' ORDER BY order_id"
+        ),
+    )
+}
+
+/// The smallest order ids of a day.
+fn first_orders(p: &Project, day: &str, n: usize) -> Vec<i64> {
+    let c = wh(p);
+    let mut stmt = c
+        .prepare(&format!(
+            "SELECT order_id FROM raw_orders WHERE date(order_ts) = '{day}' ORDER BY order_id LIMIT {n}"
+        ))
+        .unwrap();
+    stmt.query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// Changes the raw orders of three days: 3 amounts on 09-03, 2 orders gone on 09-04, 1 new
+/// order on 09-05. Returns the ids changed, removed, and the new one.
+fn change_the_source(p: &Project) -> (Vec<i64>, Vec<i64>, i64) {
+    let changed = first_orders(p, "2026-09-03", 3);
+    let removed = first_orders(p, "2026-09-04", 2);
+    let c = wh(p);
+    c.execute_batch(&format!(
+        "UPDATE raw_orders SET amount_cents = amount_cents + 1 WHERE order_id IN ({});
+         DELETE FROM raw_orders WHERE order_id IN ({});
+         INSERT INTO raw_orders (order_ts, region, amount_cents) VALUES ('2026-09-05 12:00:00', 'north', 777);",
+        join(&changed),
+        join(&removed)
+    ))
+    .unwrap();
+    let added = c.last_insert_rowid();
+    (changed, removed, added)
+}
+
+fn join(ids: &[i64]) -> String {
+    ids.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[test]
+fn a_staged_backfill_is_reviewed_then_promoted_or_discarded() {
+    let p = shop();
+    create(&p, "2026-09-01", "2026-09-05", &[]).code(0);
+    let (changed, removed, added) = change_the_source(&p);
+    let before = published(&p);
+
+    // Staging computes and audits everything and publishes nothing.
+    create(
+        &p,
+        "2026-09-01",
+        "2026-09-05",
+        &["--stage", "--reprocess-behavior", "completed"],
+    )
+    .code(0)
+    .stderr_has("backfill 2 of orders_fact: staged — 5 succeeded");
+    assert_eq!(published(&p), before, "the published table is untouched");
+    assert_eq!(
+        p.rows(
+            "SELECT r.state, t.verdict, t.staged FROM runs r JOIN task_tries t ON t.run_id = r.id
+             WHERE r.backfill_id = 2 ORDER BY r.interval_start"
+        ),
+        vec![vec!["succeeded", "staged", "staged"]; 5]
+    );
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM published WHERE try_id > 5"),
+        0
+    );
+    let show = run(&p, &["show", "2", "--output", "json"]);
+    assert_eq!(show.json()["state"], "staged");
+    assert_eq!(show.json()["kind"], "stage");
+    run(&p, &["list"])
+        .code(0)
+        .stdout_has(&format!("staged (awaits `{}`)", p.hint("promote 2")));
+    // A staged run is not a publish: a plain create still sees the intervals as published by
+    // backfill 1 (nothing to do), not as staged.
+    create(
+        &p,
+        "2026-09-01",
+        "2026-09-05",
+        &["--dry-run", "--output", "json"],
+    )
+    .code(0)
+    .json()["intervals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .for_each(|i| assert_eq!(i["reason"], "already exists", "{i}"));
+
+    // The diff names the exact keys.
+    let diff = run(&p, &["diff", "2", "--output", "json"]);
+    diff.code(0);
+    let doc = diff.json();
+    let rows = doc.as_array().unwrap();
+    assert_eq!(rows.len(), 5);
+    let at = |day: &str| {
+        rows.iter()
+            .find(|r| r["interval"]["start"] == format!("{day}T00:00:00Z"))
+            .unwrap()
+            .clone()
+    };
+    let unchanged = at("2026-09-01");
+    assert_eq!(unchanged["same_fingerprint"], true);
+    assert_eq!(unchanged["change_pct"], 0.0);
+    assert_eq!(unchanged["keys"]["added"], 0);
+    assert_eq!(unchanged["keys"]["removed"], 0);
+    assert_eq!(unchanged["keys"]["changed"], 0);
+    let d3 = at("2026-09-03");
+    assert_eq!(d3["task"], "load");
+    assert_eq!(d3["same_fingerprint"], false);
+    assert_eq!(d3["published_rows"], d3["staged_rows"]);
+    assert_eq!(d3["keys"]["changed"], 3);
+    assert_eq!(
+        d3["keys"]["examples"]["changed"],
+        serde_json::json!(changed)
+    );
+    assert_eq!(d3["keys"]["added"], 0);
+    let d4 = at("2026-09-04");
+    assert_eq!(d4["keys"]["removed"], 2);
+    assert_eq!(
+        d4["keys"]["examples"]["removed"],
+        serde_json::json!(removed)
+    );
+    assert_eq!(
+        d4["staged_rows"].as_i64().unwrap(),
+        d4["published_rows"].as_i64().unwrap() - 2
+    );
+    let d5 = at("2026-09-05");
+    assert_eq!(d5["keys"]["added"], 1);
+    assert_eq!(d5["keys"]["examples"]["added"], serde_json::json!([added]));
+    // The table says the same for humans, with the example keys.
+    run(&p, &["diff", "2", "--interval", "2026-09-04"])
+        .code(0)
+        .stdout_has(&format!("2026-09-04 load: removed {}", join(&removed)));
+
+    // Promote two days: those two are published exactly, the others are not touched.
+    run(
+        &p,
+        &[
+            "promote",
+            "2",
+            "--interval",
+            "2026-09-03",
+            "--interval",
+            "2026-09-04",
+        ],
+    )
+    .code(0)
+    .stderr_has("backfill 3 promotes backfill 2: 2 intervals of orders_fact");
+    assert!(day_is_exact(&p, "2026-09-03"));
+    assert!(day_is_exact(&p, "2026-09-04"));
+    assert!(
+        !day_is_exact(&p, "2026-09-05"),
+        "09-05 is still the old one"
+    );
+    assert_eq!(
+        p.rows(
+            "SELECT t.verdict, s.staged, p.try_id = t.id FROM task_tries t
+             JOIN task_tries s ON s.id = t.promoted_from
+             JOIN runs r ON r.id = t.run_id
+             JOIN published p ON p.interval_start = r.interval_start AND p.task_id = t.task_id
+             WHERE r.backfill_id = 3 ORDER BY r.interval_start"
+        ),
+        vec![vec!["published", "promoted", "1"]; 2],
+        "each promote try links to its staged try and is what is published"
+    );
+    // Promoting the same days again is harmless.
+    let again = run(&p, &["promote", "2", "--interval", "2026-09-03"]);
+    again
+        .code(0)
+        .stderr_has("nothing to promote: no output of backfill 2 in those intervals awaits promotion (1 promoted, 0 discarded)");
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM backfills"),
+        3,
+        "no new backfill"
+    );
+    // An interval with no staged output is an error, and nothing is written.
+    run(&p, &["promote", "2", "--interval", "2026-10-01"])
+        .code(2)
+        .stderr_has("--interval 2026-10-01 selects no staged interval of backfill 2");
+
+    // Discard the rest: recorded, the files go, and the staged backfill is complete.
+    let after_promote = published(&p);
+    run(&p, &["discard", "2"])
+        .code(0)
+        .stderr_has("discarded 3 staged outputs of backfill 2");
+    assert_eq!(published(&p), after_promote);
+    assert_eq!(
+        p.rows(
+            "SELECT staged, COUNT(*) FROM task_tries WHERE staged IS NOT NULL GROUP BY 1 ORDER BY 1"
+        ),
+        [["discarded", "3"], ["promoted", "2"]]
+    );
+    assert_eq!(
+        std::fs::read_dir(p.path(".backfill/audit"))
+            .unwrap()
+            .count(),
+        0,
+        "no staged file is left"
+    );
+    assert_eq!(
+        p.rows("SELECT state FROM backfills WHERE id = 2"),
+        [["completed"]]
+    );
+    run(&p, &["promote", "2"])
+        .code(0)
+        .stderr_has("nothing to promote");
+}
+
+#[test]
+fn a_promote_killed_in_the_middle_publishes_each_partition_once() {
+    for (fault, finish) in [("after-publish", "promote"), ("before-publish", "resume")] {
+        let p = shop();
+        create(&p, "2026-09-01", "2026-09-04", &[]).code(0);
+        change_the_source(&p);
+        create(
+            &p,
+            "2026-09-01",
+            "2026-09-04",
+            &["--stage", "--reprocess-behavior", "completed"],
+        )
+        .code(0);
+        let killed = p
+            .command(&["promote", "2"])
+            .env("BACKFILL_FAULT", fault)
+            .output()
+            .unwrap();
+        assert_eq!(killed.status.code(), None, "{fault}: died of a signal");
+        match finish {
+            "promote" => run(&p, &["promote", "2"]).code(0),
+            _ => run(&p, &["resume", "3"]).code(0),
+        };
+        for day in ["2026-09-01", "2026-09-02", "2026-09-03", "2026-09-04"] {
+            assert!(day_is_exact(&p, day), "{fault}: {day}");
+        }
+        assert_eq!(
+            p.rows(
+                "SELECT promoted_from, COUNT(*) FROM task_tries
+                 WHERE promoted_from IS NOT NULL AND state = 'succeeded' AND verdict = 'published'
+                 GROUP BY promoted_from ORDER BY promoted_from"
+            ),
+            [["5", "1"], ["6", "1"], ["7", "1"], ["8", "1"]]
+                .iter()
+                .map(|r| r.iter().map(ToString::to_string).collect::<Vec<_>>())
+                .collect::<Vec<_>>(),
+            "{fault}: one publishing try per staged output"
+        );
+        assert_eq!(
+            p.count("SELECT COUNT(*) FROM task_tries WHERE staged = 'promoted'"),
+            4
+        );
+        // Each partition was replaced once: one kept version per day, of backfill 1's rows.
+        assert_eq!(
+            wh_count(
+                &p,
+                "SELECT COUNT(*) FROM _backfill_versions WHERE version_of BETWEEN 1 AND 4"
+            ),
+            4,
+            "{fault}"
+        );
+        assert_eq!(
+            std::fs::read_dir(p.path(".backfill/audit"))
+                .unwrap()
+                .count(),
+            0,
+            "{fault}: nothing left behind"
+        );
+    }
+}
+
+#[test]
+fn rollback_restores_the_exact_previous_rows() {
+    let p = shop();
+    create(&p, "2026-09-01", "2026-09-03", &[]).code(0);
+    let day = |d: &str| {
+        wh_rows(
+            &p,
+            &format!("SELECT * FROM orders_fact WHERE order_day = '{d}' ORDER BY order_id"),
+        )
+    };
+    let first = day("2026-09-02");
+    // A bad rerun: 09-02's amounts are doubled at the source, and published.
+    wh(&p)
+        .execute_batch(
+            "UPDATE raw_orders SET amount_cents = amount_cents * 2 WHERE date(order_ts) = '2026-09-02'",
+        )
+        .unwrap();
+    create(
+        &p,
+        "2026-09-02",
+        "2026-09-02",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    assert_ne!(day("2026-09-02"), first);
+    run(&p, &["show", "2"])
+        .code(0)
+        .stdout_has("kept for rollback in `orders_fact`: 1 version,");
+    let untouched = (day("2026-09-01"), day("2026-09-03"));
+
+    // The rollback of 09-01..09-03: 09-02 goes back; 09-01 and 09-03 were published once and
+    // have nothing to go back to, so they are reported and left alone.
+    run(
+        &p,
+        &[
+            "rollback",
+            "--dag",
+            "orders_fact",
+            "--from",
+            "2026-09-01",
+            "--to",
+            "2026-09-03",
+        ],
+    )
+    .code(3)
+    .stderr_has("cannot roll back 2026-09-01: task `load`: no earlier version is kept")
+    .stderr_has("cannot roll back 2026-09-03")
+    .stderr_has("backfill 3 rolls back 1 interval of orders_fact");
+    assert_eq!(day("2026-09-02"), first, "the exact previous rows");
+    assert_eq!((day("2026-09-01"), day("2026-09-03")), untouched);
+    // The manifest says what the warehouse holds: the rollback put back backfill 1's rows.
+    let first_try = p.rows(
+        "SELECT t.id FROM task_tries t JOIN runs r ON r.id = t.run_id
+         WHERE r.backfill_id = 1 AND r.interval_start = 1788307200",
+    )[0][0]
+        .clone();
+    assert_eq!(
+        p.rows(
+            "SELECT t.verdict, t.restored_from, p.rows, t.previous_rows FROM published p
+             JOIN task_tries t ON t.id = p.try_id WHERE p.interval_start = 1788307200"
+        ),
+        [[
+            "rolled back".to_string(),
+            first_try,
+            first.len().to_string(),
+            first.len().to_string()
+        ]]
+    );
+    run(
+        &p,
+        &[
+            "runs",
+            "--dag",
+            "orders_fact",
+            "--from",
+            "2026-09-02",
+            "--to",
+            "2026-09-02",
+        ],
+    )
+    .code(0)
+    .stdout_has("rolled back");
+    assert_eq!(
+        wh_count(&p, "SELECT COUNT(*) FROM _backfill_versions"),
+        0,
+        "the version put back is the partition again"
+    );
+    // Nothing older is kept (keep_versions = 1): a second rollback is an error, changes nothing.
+    run(
+        &p,
+        &[
+            "rollback",
+            "--dag",
+            "orders_fact",
+            "--from",
+            "2026-09-02",
+            "--to",
+            "2026-09-02",
+        ],
+    )
+    .code(3)
+    .stderr_has("cannot roll back 2026-09-02: task `load`: no earlier version is kept");
+    assert_eq!(day("2026-09-02"), first);
+    assert_eq!(p.count("SELECT COUNT(*) FROM backfills"), 3);
+}
+
+#[test]
+fn keep_versions_decides_how_far_back_a_rollback_goes() {
+    let p = shop();
+    let toml = p.read("dags/orders_fact.toml").replace(
+        "partition_column = \"order_day\"",
+        "partition_column = \"order_day\"\nkeep_versions = 2",
+    );
+    p.write("dags/orders_fact.toml", &toml);
+    let day = || {
+        wh_rows(
+            &p,
+            "SELECT * FROM orders_fact WHERE order_day = '2026-09-02' ORDER BY order_id",
+        )
+    };
+    let mut versions = Vec::new();
+    for factor in [1, 2, 3] {
+        wh(&p)
+            .execute(
+                "UPDATE raw_orders SET amount_cents = amount_cents * ?1 WHERE date(order_ts) = '2026-09-02'",
+                [factor],
+            )
+            .unwrap();
+        create(
+            &p,
+            "2026-09-02",
+            "2026-09-02",
+            &["--reprocess-behavior", "completed"],
+        )
+        .code(0);
+        versions.push(day());
+    }
+    // Three publishes, two kept versions: back twice, then no further.
+    let back = || {
+        p.run(&[
+            "rollback",
+            "--dag",
+            "orders_fact",
+            "--from",
+            "2026-09-02",
+            "--to",
+            "2026-09-02",
+        ])
+    };
+    back().code(0);
+    assert_eq!(day(), versions[1]);
+    back().code(0);
+    assert_eq!(day(), versions[0]);
+    back().code(3);
+    assert_eq!(day(), versions[0]);
+
+    // keep_versions = 0 keeps nothing, and drops what was kept.
+    let p = shop();
+    let toml = p.read("backfill.toml").replace(
+        "init = [\"schema.sql\", \"seed.sql\"]",
+        "init = [\"schema.sql\", \"seed.sql\"]\nkeep_versions = 0",
+    );
+    p.write("backfill.toml", &toml);
+    create(&p, "2026-09-02", "2026-09-02", &[]).code(0);
+    create(
+        &p,
+        "2026-09-02",
+        "2026-09-02",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    assert_eq!(
+        wh_count(
+            &p,
+            "SELECT COUNT(*) FROM sqlite_schema WHERE name LIKE '_backfill_kept%'"
+        ),
+        0
+    );
+}
+
+#[test]
+fn a_staged_command_task_publishes_only_when_promoted() {
+    let p = Project::new().dag(
+        "cmd",
+        r#"
+schedule = "@daily"
+[[tasks]]
+id = "export"
+command = '''printf '{"rows": 2, "fingerprint": "f-{{ ds }}"}' > "$BACKFILL_RESULT"'''
+publish = '''cp "$BACKFILL_RESULT" "published-{{ ds }}-run{{ run_id }}"'''
+[tasks.gate]
+source_count = "echo 2"
+"#,
+    );
+    p.run(&[
+        "create",
+        "--dag",
+        "cmd",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+        "--stage",
+    ])
+    .code(0);
+    let published = || {
+        let mut v: Vec<String> = std::fs::read_dir(p.path("."))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("published-"))
+            .collect();
+        v.sort();
+        v
+    };
+    assert!(published().is_empty(), "publish waits for promote");
+    let diff = p.run(&["diff", "1", "--output", "json"]);
+    assert_eq!(diff.json()[0]["staged_rows"], 2);
+    assert_eq!(diff.json()[0]["published_rows"], serde_json::Value::Null);
+    assert_eq!(diff.json()[0]["keys"], serde_json::Value::Null);
+    p.run(&["promote", "1"]).code(0);
+    // `publish` ran as for the staged try: its run id, its result file.
+    assert_eq!(
+        published(),
+        ["published-2026-01-01-run1", "published-2026-01-02-run2"]
+    );
+    assert_eq!(
+        p.read("published-2026-01-02-run2"),
+        r#"{"rows": 2, "fingerprint": "f-2026-01-02"}"#
+    );
+    assert_eq!(
+        p.rows("SELECT task_id, rows, fingerprint FROM published ORDER BY interval_start"),
+        [
+            ["export", "2", "f-2026-01-01"],
+            ["export", "2", "f-2026-01-02"]
+        ]
+    );
+}
+
+#[test]
+fn resume_of_a_killed_staging_continues_staging() {
+    let p = shop();
+    create(&p, "2026-09-01", "2026-09-04", &[]).code(0);
+    change_the_source(&p);
+    let before = published(&p);
+    let killed = p
+        .command(&[
+            "create",
+            "--dag",
+            "orders_fact",
+            "--from",
+            "2026-09-01",
+            "--to",
+            "2026-09-04",
+            "--stage",
+            "--reprocess-behavior",
+            "completed",
+            "--max-active-runs",
+            "1",
+        ])
+        .env("BACKFILL_FAULT", "after-audit@2")
+        .output()
+        .unwrap();
+    assert_eq!(killed.status.code(), None);
+    run(&p, &["resume", "2"])
+        .code(0)
+        .stderr_has("backfill 2 of orders_fact: staged — 4 succeeded");
+    assert_eq!(
+        published(&p),
+        before,
+        "resuming a staging publishes nothing"
+    );
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM task_tries WHERE staged = 'staged'"),
+        4
+    );
+    // The staged files survived the crash and are found again.
+    run(&p, &["promote", "2"]).code(0);
+    for day in ["2026-09-01", "2026-09-02", "2026-09-03", "2026-09-04"] {
+        assert!(day_is_exact(&p, day), "{day}");
+    }
+}

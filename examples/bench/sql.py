@@ -12,6 +12,9 @@ Targets (exit status 1 when one is missed):
   2. the same again into the full target (--reprocess-behavior completed): <= 1.5x
   3. the last 10% of partitions take at most 1.2x the time of the first 10%
   4. --max-active-runs 4 at least 1.4x faster than --max-active-runs 1
+Also measured, without a target: what keeping versions for rollback (keep_versions = 1, the
+default, against 0) and staging (`create --stage` then `promote`) cost against a plain create
+into the full target, in time and in bytes.
 Wall and CPU seconds come from GNU time (/usr/bin/time). Needs Python 3 and a Rust toolchain.
 """
 
@@ -104,14 +107,14 @@ def template(work):
     return path
 
 
-def fresh_project(work, name, warehouse):
+def fresh_project(work, name, warehouse, keep_versions=1):
     """A project folder holding a copy of `warehouse` and the DAG, with no manifest."""
     d = os.path.join(work, name)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(os.path.join(d, "dags"))
     shutil.copy(warehouse, os.path.join(d, "warehouse.db"))
     with open(os.path.join(d, "backfill.toml"), "w") as f:
-        f.write('[warehouse.bench]\npath = "warehouse.db"\n')
+        f.write(f'[warehouse.bench]\npath = "warehouse.db"\nkeep_versions = {keep_versions}\n')
     with open(os.path.join(d, "dags", "events.toml"), "w") as f:
         f.write(DAG)
     return d
@@ -159,6 +162,22 @@ def backfill(binary, project, *extra):
     return timed(argv, env)
 
 
+def promote(binary, project, backfill_id):
+    return timed([binary, "-C", project, "-q", "promote", str(backfill_id)], dict(os.environ, BACKFILL_NOW=NOW))
+
+
+def size(path):
+    """Bytes of a SQLite file once its write-ahead log is checkpointed into it."""
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return os.path.getsize(path)
+
+
+def folder_size(path):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
 def partition_times(project):
     """Each try's duration (ms), in interval order."""
     conn = sqlite3.connect(os.path.join(project, ".backfill", "manifest.db"))
@@ -191,7 +210,9 @@ def main():
         shutil.copy(empty, full)
         bare(fresh_project(work, "fill", empty))
         shutil.copy(os.path.join(work, "fill", "warehouse.db"), full)
-        results = {k: [] for k in ("bare_empty", "bf_empty", "bare_full", "bf_full", "bf_empty_1")}
+        results = {k: [] for k in ("bare_empty", "bf_empty", "bare_full", "bf_full", "bf_empty_1",
+                                   "bf_full_keep0", "stage", "promote")}
+        sizes = {k: [] for k in ("keep1", "keep0", "staged")}
         cpu = {k: [] for k in results}
         growth = []
         for r in range(args.rounds):
@@ -221,6 +242,25 @@ def main():
             times = partition_times(p1)
             tenth = len(times) // 10
             growth.append(statistics.median(times[-tenth:]) / max(statistics.median(times[:tenth]), 1))
+            # What rollback costs: the same full reprocess without keeping versions.
+            p0 = fresh_project(work, "e", empty, keep_versions=0)
+            backfill(binary, p0, "--max-active-runs", "4")
+            w, c = backfill(binary, p0, "--max-active-runs", "4", "--reprocess-behavior", "completed")
+            results["bf_full_keep0"].append(w)
+            cpu["bf_full_keep0"].append(c)
+            sizes["keep1"].append(size(os.path.join(p, "warehouse.db")))
+            sizes["keep0"].append(size(os.path.join(p0, "warehouse.db")))
+            # What review costs: stage the full reprocess, then promote it.
+            ps = fresh_project(work, "f", empty)
+            backfill(binary, ps, "--max-active-runs", "4")
+            w, c = backfill(binary, ps, "--max-active-runs", "4", "--reprocess-behavior", "completed", "--stage")
+            results["stage"].append(w)
+            cpu["stage"].append(c)
+            sizes["staged"].append(folder_size(os.path.join(ps, ".backfill", "audit")))
+            w, c = promote(binary, ps, 2)
+            results["promote"].append(w)
+            cpu["promote"].append(c)
+            assert count(ps, "SELECT COUNT(*) FROM events_fact") == 700000
         med = {k: statistics.median(v) for k, v in results.items()}
         cmed = {k: statistics.median(v) for k, v in cpu.items()}
         checks = [
@@ -242,6 +282,14 @@ def main():
             ok = value <= limit if op == "<=" else value >= limit
             missed += not ok
             print(f"  {name:<55} {value:5.2f}x  (target {op} {limit}x: {'ok' if ok else 'MISSED'})  {detail}")
+        mib = lambda n: statistics.median(n) / 2**20
+        print("what rollback and review cost (full target, reprocess completed, --max-active-runs 4):")
+        print(f'  keep_versions = 0                                       {med["bf_full_keep0"]:.2f} s, warehouse {mib(sizes["keep0"]):.1f} MiB')
+        print(f'  keep_versions = 1 (default)                             {med["bf_full"]:.2f} s '
+              f'({med["bf_full"] / med["bf_full_keep0"]:.2f}x), warehouse {mib(sizes["keep1"]):.1f} MiB '
+              f'(+{mib(sizes["keep1"]) - mib(sizes["keep0"]):.1f} MiB of kept versions)')
+        print(f'  --stage, then promote                                   {med["stage"]:.2f} s + {med["promote"]:.2f} s '
+              f'({(med["stage"] + med["promote"]) / med["bf_full"]:.2f}x), {mib(sizes["staged"]):.1f} MiB staged while awaiting promotion')
         sys.exit(1 if missed else 0)
     finally:
         shutil.rmtree(work, ignore_errors=True)

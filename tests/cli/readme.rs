@@ -255,3 +255,61 @@ fn the_notification_example_posts_to_the_chat_webhook() {
         "curl fails on an HTTP error"
     );
 }
+
+/// The worked example of staging, review, promotion and rollback, run line by line as
+/// pasted: `backfill` lines through the binary in the shop project, `sqlite3` lines against its
+/// warehouse. The published table changes only where and when the example says.
+#[test]
+fn the_review_example_works_as_pasted() {
+    let block = readme_block("## Review, promote, roll back", "sh");
+    let p = crate::gate::shop();
+    let day = |d: &str| {
+        crate::gate::wh_rows(
+            &p,
+            &format!("SELECT * FROM orders_fact WHERE order_day = '{d}' ORDER BY order_id"),
+        )
+    };
+    let mut first = None;
+    for line in block.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if line == "cd examples/shop" {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("sqlite3 warehouse.db ") {
+            let sql = rest.trim_matches('"');
+            crate::gate::wh(&p).execute_batch(sql).unwrap();
+            continue;
+        }
+        let words = shlex::split(line.strip_prefix("backfill ").expect("a backfill line")).unwrap();
+        let args: Vec<&str> = words
+            .iter()
+            .map(String::as_str)
+            .take_while(|w| !w.starts_with('#'))
+            .collect();
+        let before = (day("2026-09-03"), day("2026-09-04"), day("2026-09-05"));
+        p.run(&args).code(0);
+        let after = (day("2026-09-03"), day("2026-09-04"), day("2026-09-05"));
+        match args[0] {
+            "create" if first.is_none() => first = Some(after.clone()),
+            "create" | "diff" | "discard" => assert_eq!(after, before, "{line} publishes nothing"),
+            "promote" => {
+                assert_ne!(after.0, before.0, "{line}: 09-03 promoted");
+                assert_ne!(after.1, before.1, "{line}: 09-04 promoted");
+                assert_eq!(after.2, before.2, "{line}: 09-05 untouched");
+            }
+            "rollback" => {
+                let first = first.clone().unwrap();
+                assert_eq!(after.1, first.1, "{line}: 09-04 is back as first published");
+                assert_eq!(after.0, before.0, "{line}: 09-03 untouched");
+            }
+            other => panic!("unexpected command {other}"),
+        }
+        if args[0] == "diff" {
+            // The output the README shows is the output this gives.
+            let shown = p.run(&args);
+            let readme = crate::support::readme();
+            for l in shown.stdout.lines() {
+                assert!(readme.contains(l), "the README shows `{l}`");
+            }
+        }
+    }
+}

@@ -273,6 +273,14 @@ pub struct CreateArgs {
     /// diff` and `backfill promote` (or `backfill discard`).
     #[arg(long)]
     pub stage: bool,
+    /// Stop starting intervals once N failed or were rejected; the running ones finish, the
+    /// rest stay planned for `backfill resume`.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_failures: Option<u32>,
+    /// Run only these tasks of each interval (comma-separated); the tasks they depend on count
+    /// as done.
+    #[arg(long, value_name = "TASK,...", value_delimiter = ',')]
+    pub tasks: Vec<String>,
 }
 
 /// A duration such as `30s`, `2m` or `500ms`.

@@ -7,6 +7,7 @@
 pub mod cli;
 pub mod clock;
 pub mod commands;
+pub mod estimate;
 pub mod exit;
 pub mod fault;
 pub mod gate;

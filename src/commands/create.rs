@@ -30,7 +30,7 @@ pub const PLAN_CHUNK: usize = 5_000;
 
 pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
     let project = g.project()?;
-    let dag = project.dag(&args.dag)?;
+    let dag = only_tasks(project.dag(&args.dag)?, &args.tasks)?;
     if args.run_backwards && dag.depends_on_past {
         return Err(Error::Usage(format!(
             "--run-backwards cannot be used with DAG `{}`: it sets depends_on_past = true in {}, so each interval needs the one before it; drop --run-backwards",
@@ -70,6 +70,14 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
             None => (vec![Prior::default(); intervals.len()], None),
         };
         let rows = plan::plan(&intervals, &prior, before, options);
+        let history = match manifest::open_if_exists(&manifest_path)? {
+            Some(conn) => crate::estimate::history(&conn, &dag)
+                .map_err(|e| Error::Manifest(manifest::Error::from(e).at(&manifest_path)))?,
+            None => Default::default(),
+        };
+        let to_run = rows.iter().filter(|r| r.action == Action::Run).count();
+        let estimate =
+            crate::estimate::estimate(&dag, &history, to_run, max_active_runs, &project.pools);
         tables::print_plan(
             &dag,
             &rows,
@@ -77,6 +85,7 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
                 reprocess: reprocess.as_str(),
                 run_backwards: args.run_backwards,
                 max_active_runs,
+                estimate: &estimate,
             },
             g.json,
         )?;
@@ -101,7 +110,8 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
             BackfillKind::Run
         },
         source_backfill: None,
-        tasks: None,
+        tasks: (!args.tasks.is_empty()).then(|| args.tasks.clone()),
+        max_failures: args.max_failures,
     };
     let writer = Writer::spawn(
         manifest::open(&manifest_path, project.durability)?,
@@ -161,6 +171,8 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
             intervals: to_run,
             allow_drift: args.allow_drift,
             reprs,
+            max_failures: args.max_failures,
+            tasks: (!args.tasks.is_empty()).then(|| args.tasks.clone()),
             mode: if args.stage {
                 crate::runner::Mode::Stage
             } else {
@@ -169,6 +181,29 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         },
         writer,
     )
+}
+
+/// `--tasks`: the DAG with only the named tasks, in their order; an unknown name is exit 2.
+pub(super) fn only_tasks(mut dag: Dag, names: &[String]) -> Result<Dag, Error> {
+    if names.is_empty() {
+        return Ok(dag);
+    }
+    for n in names {
+        if !dag.tasks.iter().any(|t| &t.id == n) {
+            return Err(Error::Usage(format!(
+                "--tasks {}: DAG `{}` has no task `{n}` (its tasks: {})",
+                names.join(","),
+                dag.id,
+                dag.tasks
+                    .iter()
+                    .map(|t| t.id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+    }
+    dag.tasks.retain(|t| names.contains(&t.id));
+    Ok(dag)
 }
 
 /// A backfill taken over by another process while this one recovered or planned ends here as

@@ -35,6 +35,9 @@ pub struct Execution {
     pub allow_drift: bool,
     pub reprs: HashMap<String, Option<Repr>>,
     pub mode: runner::Mode,
+    pub max_failures: Option<u32>,
+    /// `--tasks`: only these tasks run (the DAG holds only them).
+    pub tasks: Option<Vec<String>>,
 }
 
 /// Runs the intervals, then prints the summary and returns the exit code. The writer is closed
@@ -91,6 +94,9 @@ fn run(g: &Global, project: &Project, e: Execution, writer: &Writer) -> Result<E
     let allow_drift = e.allow_drift;
     let total = e.intervals.len() as u64;
     let staging = matches!(e.mode, runner::Mode::Stage);
+    // A failed promote or rollback is not rerun by `create`: its lines say what failed.
+    let reruns = matches!(e.mode, runner::Mode::Run | runner::Mode::Stage);
+    let only_tasks = e.tasks.clone();
     let spec = RunSpec {
         owner,
         dag: Arc::new(e.dag),
@@ -104,6 +110,9 @@ fn run(g: &Global, project: &Project, e: Execution, writer: &Writer) -> Result<E
         allow_drift: e.allow_drift,
         reprs: e.reprs,
         mode: e.mode,
+        max_failures: e.max_failures,
+        pools: project.pools.clone(),
+        lease_timeout: project.lease_timeout,
     };
     // Two workers: spawning a task blocks its thread until the child has exec'd (vfork), and
     // the other worker keeps reaping, recording and dispatching meanwhile.
@@ -144,7 +153,7 @@ fn run(g: &Global, project: &Project, e: Execution, writer: &Writer) -> Result<E
         (result, stopped)
     });
     let (result, stopped) = outcome;
-    result?;
+    let halted = result?;
     if let Some(e) = heartbeat_error.lock().ok().and_then(|mut h| h.take()) {
         return Err(e);
     }
@@ -156,7 +165,10 @@ fn run(g: &Global, project: &Project, e: Execution, writer: &Writer) -> Result<E
         })
     })?;
     let counts = &outcome.backfill.intervals;
-    let (state, code) = if stopped || counts.pending > 0 || counts.cancelled > 0 {
+    let (state, code) = if halted && !stopped && counts.cancelled == 0 {
+        // --max-failures: the rest stays planned, for `resume`.
+        (BackfillState::Failed, exit::FAILED)
+    } else if stopped || counts.pending > 0 || counts.cancelled > 0 {
         (BackfillState::Cancelled, exit::INTERRUPTED)
     } else if counts.failed + counts.rejected > 0 {
         (BackfillState::Failed, exit::FAILED)
@@ -181,8 +193,10 @@ fn run(g: &Global, project: &Project, e: Execution, writer: &Writer) -> Result<E
         &report::Rerun {
             conf: &rerun_conf,
             allow_drift,
+            tasks: only_tasks.as_deref(),
         },
-    );
+    )
+    .filter(|_| reruns);
     let summary = report::summary(&outcome, code, began.elapsed(), rerun);
     let json = serde_json::to_string(&summary)
         .map_err(|e| Error::Internal(format!("cannot write the summary: {e}")))?;

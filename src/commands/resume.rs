@@ -21,7 +21,12 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
     let (project, manifest_path, conn, backfill) = find_backfill(g, id)?;
     let pending = plans::unfinished(&conn, id).map_err(|e| e.at(&manifest_path))?;
     drop(conn);
-    let dag = project.dag(&backfill.dag_id)?;
+    let dag = match (&backfill.tasks, backfill.kind) {
+        (Some(tasks), crate::state::BackfillKind::Run | crate::state::BackfillKind::Stage) => {
+            super::create::only_tasks(project.dag(&backfill.dag_id)?, tasks)?
+        }
+        _ => project.dag(&backfill.dag_id)?,
+    };
     let conf: serde_json::Value = serde_json::from_str(&backfill.conf).map_err(|e| {
         Error::Internal(format!(
             "backfill {id} has an unreadable conf in the manifest: {e}"
@@ -143,6 +148,13 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
             intervals,
             allow_drift: backfill.allow_drift,
             reprs,
+            max_failures: backfill.max_failures,
+            tasks: backfill.tasks.clone().filter(|_| {
+                matches!(
+                    backfill.kind,
+                    crate::state::BackfillKind::Run | crate::state::BackfillKind::Stage
+                )
+            }),
             mode: super::staging::mode_of(&backfill, &manifest_path)?,
         },
         writer,

@@ -213,6 +213,7 @@ pub fn promote(g: &Global, id: i64, whens: &[String], allow_drift: bool) -> Resu
             kind: BackfillKind::Promote,
             source_backfill: Some(id),
             tasks: None,
+            max_failures: None,
         };
         let first_ctx = ctx.refreshed();
         let owner = writer.call_blocking(move |c| backfills::insert(c, &request, &first_ctx))?;
@@ -263,6 +264,8 @@ pub fn promote(g: &Global, id: i64, whens: &[String], allow_drift: bool) -> Resu
             intervals: planned.to_run,
             allow_drift,
             reprs,
+            max_failures: None,
+            tasks: None,
             mode: Mode::Promote(outputs),
         },
         writer,
@@ -626,6 +629,7 @@ pub fn rollback(
         kind: BackfillKind::Rollback,
         source_backfill: None,
         tasks: (!only.is_empty()).then(|| only.to_vec()),
+        max_failures: None,
     };
     let writer = Writer::spawn(manifest::open(&path, project.durability)?, &path)?;
     let ctx = LeaseCtx::new(project.lease_timeout);
@@ -680,6 +684,8 @@ pub fn rollback(
             intervals: planned.to_run,
             allow_drift: false,
             reprs,
+            max_failures: None,
+            tasks: None,
             mode: Mode::Rollback(tasks),
         },
         writer,

@@ -38,6 +38,8 @@ pub struct NewBackfill {
     pub source_backfill: Option<i64>,
     /// Only these tasks (`None`: every task).
     pub tasks: Option<Vec<String>>,
+    /// Stop dispatching after this many failed or rejected intervals.
+    pub max_failures: Option<u32>,
 }
 
 /// A backfill row.
@@ -67,6 +69,7 @@ pub struct Backfill {
     pub kind: BackfillKind,
     pub source_backfill: Option<i64>,
     pub tasks: Option<Vec<String>>,
+    pub max_failures: Option<u32>,
 }
 
 impl Backfill {
@@ -80,7 +83,7 @@ impl Backfill {
     }
 }
 
-pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks";
+pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks, max_failures";
 
 pub fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Backfill> {
     let reprocess: String = r.get(6)?;
@@ -116,6 +119,7 @@ pub fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Backfill> {
         tasks: r
             .get::<_, Option<String>>(22)?
             .and_then(|t| serde_json::from_str(&t).ok()),
+        max_failures: r.get(23)?,
     })
 }
 
@@ -165,8 +169,8 @@ pub fn insert(conn: &Connection, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owne
     conn.execute(
         "INSERT INTO backfills (dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior,
             max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host,
-            heartbeat_at, created_at, epoch, planning, kind, source_backfill, tasks)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17)",
+            heartbeat_at, created_at, epoch, planning, kind, source_backfill, tasks, max_failures)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17, ?18)",
         params![
             b.dag_id,
             b.from_arg,
@@ -186,7 +190,8 @@ pub fn insert(conn: &Connection, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owne
             b.source_backfill,
             b.tasks
                 .as_ref()
-                .map(|t| serde_json::Value::from(t.clone()).to_string())
+                .map(|t| serde_json::Value::from(t.clone()).to_string()),
+            b.max_failures
         ],
     )?;
     Ok(Owner {

@@ -7,6 +7,7 @@
 pub mod backfills;
 pub mod leases;
 pub mod plans;
+pub mod pools;
 pub mod queries;
 mod reader;
 pub mod runs;
@@ -29,6 +30,10 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (
         4,
         include_str!("../../migrations/0004_stage_and_changes.sql"),
+    ),
+    (
+        5,
+        include_str!("../../migrations/0005_guard_rails_and_pools.sql"),
     ),
 ];
 

@@ -55,6 +55,8 @@ pub struct BackfillSummary {
     pub source_backfill: Option<i64>,
     /// The tasks it ran (`None`: every task).
     pub tasks: Option<Vec<String>>,
+    /// `--max-failures`.
+    pub max_failures: Option<u32>,
 }
 
 /// Interval counts: how many were planned to run or skipped, and the latest outcome of each
@@ -116,6 +118,7 @@ fn summary(b: Backfill, counts: Counts) -> BackfillSummary {
         kind: b.kind.as_str().to_string(),
         source_backfill: b.source_backfill,
         tasks: b.tasks,
+        max_failures: b.max_failures,
     }
 }
 
@@ -263,6 +266,8 @@ struct TryAgg {
     /// The ids of the tries `verdict` and `error` come from: the latest of each wins.
     verdict_try: i64,
     error_try: i64,
+    /// The pool a running try waits for.
+    waiting_for: Option<String>,
 }
 
 /// A backfill and every interval of its plan; `None` when there is no such backfill.
@@ -307,8 +312,8 @@ pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
     let mut tries: Vec<TryAgg> = Vec::with_capacity(run_ids.len());
     if let (Some(lo), Some(hi)) = (run_ids.first(), run_ids.last()) {
         let mut stmt = conn.prepare(
-            "SELECT run_id, state, rows, verdict, reasons, log_path, error, id FROM task_tries
-             WHERE run_id BETWEEN ?1 AND ?2 ORDER BY run_id",
+            "SELECT run_id, state, rows, verdict, reasons, log_path, error, id, waiting_for
+             FROM task_tries WHERE run_id BETWEEN ?1 AND ?2 ORDER BY run_id",
         )?;
         let mut rows = stmt.query([lo, hi])?;
         while let Some(r) = rows.next()? {
@@ -328,6 +333,11 @@ pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
             agg.tries += 1;
             let state: TryState = r.get(1)?;
             let succeeded = state == TryState::Succeeded;
+            if state == TryState::Running
+                && let Some(pool) = r.get::<_, Option<String>>(8)?
+            {
+                agg.waiting_for = Some(pool);
+            }
             if succeeded && let Some(n) = r.get::<_, Option<i64>>(2)? {
                 agg.rows = Some(agg.rows.unwrap_or(0) + n);
             }
@@ -371,7 +381,10 @@ pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
             end: Rfc3339(from_unix(r.get(2)?)),
             action: r.get(3)?,
             reason: r.get(4)?,
-            state: run.map(|x| x.state.clone()),
+            state: run.map(|x| match t.and_then(|t| t.waiting_for.as_ref()) {
+                Some(pool) if x.state == "running" => format!("waiting for pool {pool}"),
+                _ => x.state.clone(),
+            }),
             attempts: run.map_or(0, |x| x.attempts),
             tries: t.map_or(0, |t| t.tries),
             rows: t.and_then(|t| t.rows),

@@ -123,6 +123,8 @@ pub struct Task {
     pub timeout: Option<Duration>,
     /// How long a task may take to stop after SIGTERM before it gets SIGKILL.
     pub grace_period: Duration,
+    /// The `[pools]` pool whose slots its tries take.
+    pub pool: Option<String>,
     /// Where the task's keys are written, for messages about them.
     pub locations: TaskLocations,
 }
@@ -142,6 +144,8 @@ pub struct TaskLocations {
     pub source_fingerprint: Option<String>,
     /// `target`, for a SQL task.
     pub target: Option<String>,
+    /// `pool`, when the task has one.
+    pub pool: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -637,6 +641,7 @@ fn load_task(
             .as_ref()
             .filter(|_| is_sql)
             .map(|c| errs.location(c.span().start)),
+        pool: t.pool.as_ref().map(|p| errs.location(p.span().start)),
     };
     Some(Task {
         id: id.to_string(),
@@ -648,6 +653,7 @@ fn load_task(
         retry_delay: retry_delay?,
         timeout: timeout?,
         grace_period: grace_period?,
+        pool: t.pool.as_ref().map(|p| p.get_ref().clone()),
         locations,
     })
 }

@@ -81,6 +81,9 @@ pub struct Project {
     pub durability: Durability,
     /// The `[notify]` commands (a DAG's own override them key by key).
     pub notify: Notify,
+    /// `[pools]`: the most tries of a pool's tasks running at once, across every backfill of
+    /// the manifest.
+    pub pools: BTreeMap<String, u32>,
 }
 
 /// A SQLite warehouse declared in `backfill.toml`.
@@ -97,6 +100,9 @@ pub struct Warehouse {
     /// `backfill rollback` (`keep_versions`, default 1; 0 keeps none).
     pub keep_versions: u32,
 }
+
+/// The largest pool.
+pub const MAX_POOL_SIZE: u32 = 10_000;
 
 /// The default `keep_versions` of a warehouse.
 pub const DEFAULT_KEEP_VERSIONS: u32 = 1;
@@ -271,6 +277,30 @@ impl Project {
             );
         }
         let notify = dag::notify(raw.notify.as_ref(), &mut errs);
+        let mut pools = BTreeMap::new();
+        for (name, size) in &raw.pools {
+            if !sql_identifier(name.get_ref()) {
+                errs.at(
+                    name,
+                    format!(
+                        "invalid pool name `{}`: use letters, digits and `_`, starting with a letter or `_`",
+                        name.get_ref()
+                    ),
+                );
+            }
+            match u32::try_from(*size.get_ref()) {
+                Ok(n) if (1..=MAX_POOL_SIZE).contains(&n) => {
+                    pools.insert(name.get_ref().clone(), n);
+                }
+                _ => errs.at(
+                    size,
+                    format!(
+                        "pool `{}`: its size is how many tries may run at once, a whole number from 1 to {MAX_POOL_SIZE}",
+                        name.get_ref()
+                    ),
+                ),
+            }
+        }
         if !errs.is_empty() {
             return Err(errs.into_errors());
         }
@@ -281,6 +311,7 @@ impl Project {
             warehouses,
             durability,
             notify,
+            pools,
             root,
         })
     }
@@ -327,6 +358,7 @@ impl Project {
             }
         }
         one_producer_per_table(&mut files);
+        self.known_pools(&mut files);
         files
     }
 
@@ -380,6 +412,37 @@ impl Project {
 
 /// Two tasks publishing into one table would delete each other's partitions: every SQL task's
 /// (warehouse, target) is unique across the project. Both DAGs of a conflict become unusable.
+impl Project {
+    /// A task's `pool` must be declared in `[pools]`: an unknown one makes its DAG unusable.
+    fn known_pools(&self, files: &mut [DagFile]) {
+        for f in files.iter_mut() {
+            let Ok(dag) = &f.dag else { continue };
+            let errors: Vec<ConfigError> = dag
+                .tasks
+                .iter()
+                .filter_map(|t| {
+                    let pool = t.pool.as_ref()?;
+                    (!self.pools.contains_key(pool)).then(|| ConfigError {
+                        location: t.locations.pool.clone().unwrap_or_else(|| f.file.clone()),
+                        message: format!(
+                            "task `{}`: unknown pool `{pool}`; declare it in backfill.toml as [pools] {pool} = 2 (known: {})",
+                            t.id,
+                            if self.pools.is_empty() {
+                                "none".to_string()
+                            } else {
+                                self.pools.keys().cloned().collect::<Vec<_>>().join(", ")
+                            }
+                        ),
+                    })
+                })
+                .collect();
+            if !errors.is_empty() {
+                f.dag = Err(errors);
+            }
+        }
+    }
+}
+
 fn one_producer_per_table(files: &mut [DagFile]) {
     struct Producer {
         file: usize,

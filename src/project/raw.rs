@@ -17,6 +17,7 @@ pub(crate) const PROJECT_KEYS: &[&str] = &[
     "durability",
     "warehouse",
     "notify",
+    "pools",
 ];
 pub(crate) const WAREHOUSE_KEYS: &[&str] = &["path", "init", "busy_timeout", "keep_versions"];
 pub(crate) const DAG_KEYS: &[&str] = &[
@@ -48,6 +49,7 @@ pub(crate) const TASK_KEYS: &[&str] = &[
     "timeout",
     "grace_period",
     "keep_versions",
+    "pool",
 ];
 pub(crate) const GATE_KEYS: &[&str] = &[
     "unique_key",
@@ -103,6 +105,8 @@ pub(crate) struct RawProject {
     pub(crate) durability: Option<Spanned<String>>,
     pub(crate) warehouses: Vec<RawWarehouse>,
     pub(crate) notify: Option<RawNotify>,
+    /// `[pools]`: each name with its size.
+    pub(crate) pools: Vec<(Spanned<String>, Spanned<i128>)>,
 }
 
 /// A `[warehouse.NAME]` table.
@@ -152,6 +156,7 @@ pub(crate) struct RawTask {
     pub(crate) timeout: Option<Spanned<String>>,
     pub(crate) grace_period: Option<Spanned<String>>,
     pub(crate) keep_versions: Option<Spanned<i128>>,
+    pub(crate) pool: Option<Spanned<String>>,
 }
 
 /// A `[tasks.gate]` table.
@@ -228,6 +233,29 @@ impl RawProject {
         }
         // The table keeps keys sorted by name; messages follow the file.
         warehouses.sort_by_key(|w| w.name.span().start);
+        let mut pools = Vec::new();
+        if let Some(p) = get(&table, "pools") {
+            match p.get_ref() {
+                DeValue::Table(all) => {
+                    for (name, _) in all {
+                        if let Some(size) = integer(all, name.get_ref(), "2", errs) {
+                            pools.push((
+                                Spanned::new(name.span(), name.get_ref().to_string()),
+                                size,
+                            ));
+                        }
+                    }
+                }
+                other => errs.at(
+                    p,
+                    format!(
+                        "key `pools` must be a [pools] table of sizes such as source_api = 2, not {}",
+                        a_type(other)
+                    ),
+                ),
+            }
+        }
+        pools.sort_by_key(|(n, _)| n.span().start);
         Some(Self {
             manifest: string(&table, "manifest", "\".backfill/manifest.db\"", errs),
             logs: string(&table, "logs", "\".backfill/logs\"", errs),
@@ -235,6 +263,7 @@ impl RawProject {
             durability: string(&table, "durability", "\"normal\"", errs),
             notify: RawNotify::read(&table, errs),
             warehouses,
+            pools,
         })
     }
 }
@@ -329,6 +358,7 @@ impl RawTask {
             timeout: string(t, "timeout", "\"1h\"", errs),
             grace_period: string(t, "grace_period", "\"10s\"", errs),
             keep_versions: integer(t, "keep_versions", "1", errs),
+            pool: string(t, "pool", "\"source_api\"", errs),
         }
     }
 }

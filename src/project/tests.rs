@@ -86,6 +86,7 @@ command = ["echo", "{{ data_interval_start }}", "{{ conf.region }}"]
             source_count: None,
             source_fingerprint: None,
             target: None,
+            pool: None,
         }
     );
     assert_eq!(

@@ -47,6 +47,8 @@ pub struct Reporter {
     labels: Labeler,
     verbose: bool,
     running: u64,
+    /// Tries waiting for a pool slot.
+    waiting: u64,
     failed: u64,
 }
 
@@ -76,6 +78,7 @@ impl Reporter {
             labels,
             verbose,
             running: 0,
+            waiting: 0,
             failed: 0,
         };
         reporter.update_message();
@@ -92,7 +95,15 @@ impl Reporter {
 
     fn update_message(&self) {
         if let Mode::Bar(bar) = &self.mode {
-            bar.set_message(format!("{} running · {} failed", self.running, self.failed));
+            let waiting = if self.waiting > 0 {
+                format!(" ({} waiting for a pool)", self.waiting)
+            } else {
+                String::new()
+            };
+            bar.set_message(format!(
+                "{} running{waiting} · {} failed",
+                self.running, self.failed
+            ));
         }
     }
 
@@ -175,6 +186,34 @@ impl Reporter {
                     bar.inc(1);
                 }
             }
+            Event::PoolWait {
+                interval,
+                task_id,
+                pool,
+                waiting,
+            } => {
+                if *waiting {
+                    self.waiting += 1;
+                    if self.verbose {
+                        self.line(&format!(
+                            "waiting    {} task `{task_id}` for a slot of pool `{pool}`",
+                            self.labels.label(interval.start)
+                        ));
+                    }
+                } else {
+                    self.waiting = self.waiting.saturating_sub(1);
+                }
+            }
+            Event::MaxFailures { failed } => {
+                let text = format!(
+                    "{} (--max-failures {failed}): no new intervals; the running ones finish",
+                    out::plural(i64::from(*failed), "interval failed", "intervals failed")
+                );
+                match &self.mode {
+                    Mode::Quiet => out::note(&text),
+                    _ => self.line(&text),
+                }
+            }
             Event::Stopping { hard, why } => {
                 let how = if *hard {
                     "killing running tasks now"
@@ -218,6 +257,8 @@ pub struct Summary<'a> {
 pub struct Rerun<'a> {
     pub conf: &'a serde_json::Value,
     pub allow_drift: bool,
+    /// `--tasks` of the backfill.
+    pub tasks: Option<&'a [String]>,
 }
 
 use out::shell_word;
@@ -247,6 +288,10 @@ pub fn rerun_command(outcome: &Outcome, labels: &Labeler, how: &Rerun<'_>) -> Op
     }
     if how.allow_drift {
         words.push("--allow-drift".into());
+    }
+    if let Some(tasks) = how.tasks {
+        words.push("--tasks".into());
+        words.push(shell_word(&tasks.join(",")));
     }
     Some(out::hint(&words.join(" ")))
 }
@@ -322,6 +367,15 @@ pub fn print_summary(
         (exit::INTERRUPTED, _) => format!(
             "; continue with `{}`",
             out::hint(&format!("resume {}", s.backfill_id))
+        ),
+        (exit::FAILED, _) if c.pending > 0 => format!(
+            "; {} not started: continue with `{}`{}",
+            out::plural(c.pending, "interval", "intervals"),
+            out::hint(&format!("resume {}", s.backfill_id)),
+            s.rerun
+                .as_ref()
+                .map(|r| format!(", or rerun the failures with `{r}`"))
+                .unwrap_or_default()
         ),
         (exit::FAILED, Some(rerun)) => format!("; rerun the failures with `{rerun}`"),
         _ => String::new(),

@@ -141,6 +141,10 @@ struct PlanDoc<'a> {
     max_active_runs: u32,
     to_run: usize,
     to_skip: usize,
+    /// `null` without history for every task.
+    estimate_seconds: Option<f64>,
+    /// How many tries the estimate comes from.
+    estimate_tries: i64,
     intervals: PlanItems<'a>,
 }
 
@@ -178,6 +182,8 @@ pub struct PlanOptions<'a> {
     pub reprocess: &'a str,
     pub run_backwards: bool,
     pub max_active_runs: u32,
+    /// The wall time the manifest's history predicts.
+    pub estimate: &'a crate::estimate::Estimate,
 }
 
 pub fn print_plan(
@@ -198,6 +204,8 @@ pub fn print_plan(
             max_active_runs: o.max_active_runs,
             to_run,
             to_skip,
+            estimate_seconds: o.estimate.seconds.map(|s| (s * 10.0).round() / 10.0),
+            estimate_tries: o.estimate.tries,
             intervals: PlanItems(rows),
         });
     }
@@ -243,7 +251,38 @@ pub fn print_plan(
         } else {
             ""
         }
-    ))
+    ))?;
+    let e = o.estimate;
+    out::data(&match (e.seconds, to_run) {
+        (_, 0) => "estimate: nothing to run".to_string(),
+        (Some(s), _) => format!(
+            "estimate: {} at up to {} at a time (median durations of {} recent successful tries)",
+            about(s),
+            o.max_active_runs,
+            e.tries
+        ),
+        (None, _) => format!(
+            "estimate: none yet ({} never succeeded; each task's median duration comes from its recent successful tries)",
+            e.unknown
+                .iter()
+                .map(|t| format!("`{t}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    })
+}
+
+/// A duration in seconds for people, rounded to what an estimate can say: `40s`, `3m 20s`,
+/// `2h 5m`.
+fn about(seconds: f64) -> String {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let s = seconds.round().max(0.0) as u64;
+    match s {
+        0 => "under a second".to_string(),
+        1..60 => format!("about {s}s"),
+        60..3600 => format!("about {}m {}s", s / 60, s % 60),
+        _ => format!("about {}h {}m", s / 3600, (s % 3600) / 60),
+    }
 }
 
 /// A backfill's state as a person should read it: a running backfill whose owner is gone says
@@ -347,7 +386,11 @@ pub fn print_show(detail: &BackfillDetail, labels: &Labeler, json: bool) -> Resu
         typed,
         b.reprocess_behavior,
         b.max_active_runs,
-        if b.run_backwards { " · backwards" } else { "" },
+        if b.run_backwards { " · backwards" } else { "" }.to_string()
+            + &b.tasks
+                .as_ref()
+                .map(|t| format!(" · only tasks {}", t.join(", ")))
+                .unwrap_or_default(),
         b.created_at,
         b.finished_at
             .as_ref()

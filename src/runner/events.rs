@@ -33,6 +33,17 @@ pub enum Event {
         interval: DataInterval,
         reason: SkipReason,
     },
+    /// A try waits for a slot of its pool (`waiting`), or got one.
+    PoolWait {
+        interval: DataInterval,
+        task_id: String,
+        pool: String,
+        waiting: bool,
+    },
+    /// `--max-failures` was reached: no new interval starts; running ones finish.
+    MaxFailures {
+        failed: u32,
+    },
     /// A stop was requested: by a signal, or by `backfill cancel`.
     Stopping {
         hard: bool,

@@ -82,6 +82,11 @@ pub struct RunSpec {
     /// (`None`: decided by the first output).
     pub reprs: HashMap<String, Option<Repr>>,
     pub mode: Mode,
+    /// `--max-failures`: stop dispatching after this many failed or rejected intervals.
+    pub max_failures: Option<u32>,
+    /// `[pools]` sizes, and the lease timeout that judges whether a slot's owner is gone.
+    pub pools: std::collections::BTreeMap<String, u32>,
+    pub lease_timeout: std::time::Duration,
 }
 
 /// Shared by the interval tasks of one backfill.
@@ -104,14 +109,15 @@ impl Shared {
     }
 }
 
-/// Runs the backfill until every interval finished or a stop was requested. On an error, stops
-/// the running tries as for Ctrl-C, waits for them, and returns the first error.
+/// Runs the backfill until every interval finished, a stop was requested, or `--max-failures`
+/// was reached (then `Ok(true)`). On an error, stops the running tries as for Ctrl-C, waits for
+/// them, and returns the first error.
 pub async fn run(
     mut spec: RunSpec,
     writer: Writer,
     events: mpsc::UnboundedSender<Event>,
     stop_tx: watch::Sender<Stop>,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let stop = stop_tx.subscribe();
     // Promotes and rollbacks put back what was computed already: no interval waits for another.
     let depends_on_past = spec.dag.depends_on_past && matches!(spec.mode, Mode::Run | Mode::Stage);
@@ -141,8 +147,11 @@ pub async fn run(
     let mut running: JoinSet<Result<(DataInterval, RunState), Error>> = JoinSet::new();
     let mut stop_rx = stop.clone();
     let mut first_error: Option<Error> = None;
+    let max_failures = shared.spec.max_failures;
+    let mut failures: u32 = 0;
+    let mut halted = false;
     loop {
-        while running.len() < max && *stop.borrow() == Stop::Run {
+        while running.len() < max && *stop.borrow() == Stop::Run && !halted {
             let Some(interval) = queue.pop_front() else {
                 break;
             };
@@ -162,6 +171,13 @@ pub async fn run(
         }
         tokio::select! {
             joined = running.join_next() => {
+                if let Some(Ok(Ok((_, RunState::Failed | RunState::Rejected)))) = &joined {
+                    failures += 1;
+                    if max_failures.is_some_and(|m| failures >= m) && !halted && !queue.is_empty() {
+                        halted = true;
+                        let _ = shared.events.send(Event::MaxFailures { failed: failures });
+                    }
+                }
                 match joined {
                     Some(Ok(Ok((interval, state)))) if depends_on_past => {
                         succeeded_by_end.insert(interval.end.timestamp(), state == RunState::Succeeded);
@@ -176,7 +192,7 @@ pub async fn run(
     }
     match first_error {
         Some(e) => Err(e),
-        None => Ok(()),
+        None => Ok(halted),
     }
 }
 

@@ -152,11 +152,16 @@ async fn tries(
             result_path: started.result,
             audit_path: started.audit,
         };
-        let outcome = match &task.kind {
-            TaskKind::Command(command_spec) => {
+        let slot = match &task.pool {
+            Some(pool) => Some(take_slot(shared, task, pool, input.try_id, interval, stop).await?),
+            None => None,
+        };
+        let outcome = match (&task.kind, slot) {
+            (_, Some(false)) => cancelled("stopped while waiting for a slot of its pool"),
+            (TaskKind::Command(command_spec), _) => {
                 command_try(shared, task, command_spec, &input, stop).await?
             }
-            TaskKind::Sql(sql) => sql_try(shared, task, sql, &input, stop).await?,
+            (TaskKind::Sql(sql), _) => sql_try(shared, task, sql, &input, stop).await?,
         };
         let (record, end, published) = match outcome {
             Outcome::Succeeded(r, p) => (r, Some(TaskEnd::Succeeded), p),
@@ -458,6 +463,64 @@ async fn source_command(
     let text = std::fs::read_to_string(&out).unwrap_or_default();
     let _ = std::fs::remove_file(&out);
     Ok(Ok(text.trim().to_string()))
+}
+
+/// How often a try waiting for a pool slot asks again.
+const POOL_POLL: Duration = Duration::from_millis(200);
+
+/// Waits until the try holds a slot of `pool` (`true`), or a stop (`false`). A slot is freed by
+/// the end of the try that holds it (see [`crate::manifest::pools`]).
+async fn take_slot(
+    shared: &Shared,
+    task: &Task,
+    pool: &str,
+    try_id: i64,
+    interval: DataInterval,
+    stop: &mut watch::Receiver<Stop>,
+) -> Result<bool, Error> {
+    let size = shared.spec.pools.get(pool).copied().unwrap_or(1);
+    let ctx = crate::manifest::leases::LeaseCtx::new(shared.spec.lease_timeout);
+    let owner = shared.spec.owner;
+    let mut waiting = false;
+    let got = loop {
+        let (p, c) = (pool.to_string(), ctx.refreshed());
+        let taken = shared
+            .writer
+            .call(move |conn| {
+                crate::manifest::pools::take(conn, fence(conn, owner)?, &p, size, try_id, &c)
+            })
+            .await?;
+        if taken {
+            break true;
+        }
+        if !waiting {
+            waiting = true;
+            let _ = shared.events.send(Event::PoolWait {
+                interval,
+                task_id: task.id.clone(),
+                pool: pool.to_string(),
+                waiting: true,
+            });
+        }
+        let sleep = tokio::time::sleep(POOL_POLL);
+        tokio::pin!(sleep);
+        tokio::select! {
+            () = &mut sleep => {}
+            _ = stop.changed() => {}
+        }
+        if *stop.borrow() != Stop::Run {
+            break false;
+        }
+    };
+    if waiting {
+        let _ = shared.events.send(Event::PoolWait {
+            interval,
+            task_id: task.id.clone(),
+            pool: pool.to_string(),
+            waiting: false,
+        });
+    }
+    Ok(got)
 }
 
 /// How a single try (of a promote or a rollback, never retried) ends its task; a failure is

@@ -6,6 +6,7 @@ mod changes;
 mod example;
 mod faults;
 mod gate;
+mod guard_rails;
 mod interrupt;
 mod operations;
 mod readme;

@@ -1,0 +1,134 @@
+//! How long a plan will take, from the manifest's history: the median duration of each task
+//! over its recent successful tries, the plan's concurrency and its tasks' pools.
+
+use std::collections::BTreeMap;
+
+use rusqlite::Connection;
+
+use crate::project::Dag;
+
+/// Tries per task the median is taken over: recent ones say most about the next.
+pub const RECENT_TRIES: i64 = 20;
+
+/// An estimate: `seconds` is `None` when some task has no successful try yet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Estimate {
+    pub seconds: Option<f64>,
+    /// How many tries the medians come from.
+    pub tries: i64,
+    /// Tasks with no history.
+    pub unknown: Vec<String>,
+}
+
+/// The median duration (seconds) of each task's recent successful tries, and their number.
+pub fn history(conn: &Connection, dag: &Dag) -> rusqlite::Result<BTreeMap<String, (f64, i64)>> {
+    let mut stmt = conn.prepare(
+        "SELECT t.ended_at - t.started_at FROM task_tries t JOIN runs r ON r.id = t.run_id
+         WHERE r.dag_id = ?1 AND t.task_id = ?2 AND t.state = 'succeeded' AND t.ended_at IS NOT NULL
+         ORDER BY t.id DESC LIMIT ?3",
+    )?;
+    let mut out = BTreeMap::new();
+    for task in &dag.tasks {
+        let mut ms: Vec<i64> = stmt
+            .query_map(rusqlite::params![dag.id, task.id, RECENT_TRIES], |r| {
+                r.get(0)
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        if ms.is_empty() {
+            continue;
+        }
+        ms.sort_unstable();
+        let n = ms.len();
+        #[allow(clippy::cast_precision_loss)]
+        let median = if n % 2 == 1 {
+            ms[n / 2] as f64
+        } else {
+            (ms[n / 2 - 1] + ms[n / 2]) as f64 / 2.0
+        };
+        out.insert(task.id.clone(), (median.max(0.0) / 1000.0, n as i64));
+    }
+    Ok(out)
+}
+
+/// The wall time of `to_run` intervals: each interval runs its tasks one after the other, at
+/// most `concurrency` intervals at once, and a pooled task's tries at most the pool's size at
+/// once (whichever bound is slower decides).
+pub fn estimate(
+    dag: &Dag,
+    history: &BTreeMap<String, (f64, i64)>,
+    to_run: usize,
+    concurrency: u32,
+    pools: &BTreeMap<String, u32>,
+) -> Estimate {
+    let unknown: Vec<String> = dag
+        .tasks
+        .iter()
+        .filter(|t| !history.contains_key(&t.id))
+        .map(|t| t.id.clone())
+        .collect();
+    let tries = history.values().map(|(_, n)| n).sum();
+    if !unknown.is_empty() {
+        return Estimate {
+            seconds: None,
+            tries,
+            unknown,
+        };
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let n = to_run as f64;
+    let concurrency = f64::from(if dag.depends_on_past {
+        1
+    } else {
+        concurrency.max(1)
+    })
+    .min(n.max(1.0));
+    let per_interval: f64 = dag.tasks.iter().map(|t| history[&t.id].0).sum();
+    let mut seconds = n * per_interval / concurrency;
+    for t in &dag.tasks {
+        if let Some(size) = t.pool.as_ref().and_then(|p| pools.get(p)) {
+            let lanes = f64::from(*size).min(concurrency);
+            seconds = seconds.max(n * history[&t.id].0 / lanes);
+        }
+    }
+    Estimate {
+        seconds: Some(seconds),
+        tries,
+        unknown,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dag(toml: &str) -> Dag {
+        Dag::parse(toml, "dags/d.toml", "d", &BTreeMap::new())
+            .dag
+            .expect("a valid DAG")
+    }
+
+    #[test]
+    fn concurrency_and_pools_bound_the_estimate() {
+        let d = dag(
+            "schedule = \"@daily\"\n[[tasks]]\nid = \"a\"\ncommand = \"true\"\n[[tasks]]\nid = \"b\"\ncommand = \"true\"\npool = \"api\"\n",
+        );
+        let history: BTreeMap<String, (f64, i64)> =
+            [("a".to_string(), (2.0, 5)), ("b".to_string(), (1.0, 7))].into();
+        let mut pools = BTreeMap::new();
+        pools.insert("api".to_string(), 4);
+        // 12 intervals of 3 s, 4 at a time: 9 s; the pool of 4 allows it.
+        let e = estimate(&d, &history, 12, 4, &pools);
+        assert_eq!(e.seconds, Some(9.0));
+        assert_eq!(e.tries, 12);
+        // A pool of 1: 12 tries of `b` one at a time take 12 s.
+        pools.insert("api".to_string(), 1);
+        assert_eq!(estimate(&d, &history, 12, 4, &pools).seconds, Some(12.0));
+        // Fewer intervals than lanes: they all run at once.
+        pools.insert("api".to_string(), 4);
+        assert_eq!(estimate(&d, &history, 2, 8, &pools).seconds, Some(3.0));
+        // Without history for a task, no estimate.
+        let partial: BTreeMap<String, (f64, i64)> = [("a".to_string(), (2.0, 5))].into();
+        let e = estimate(&d, &partial, 12, 4, &pools);
+        assert_eq!((e.seconds, e.unknown), (None, vec!["b".to_string()]));
+    }
+}

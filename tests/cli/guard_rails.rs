@@ -1,0 +1,280 @@
+//! Guard rails for large backfills: `--max-failures`, `--tasks`, and the dry run's estimate.
+
+use crate::support::Project;
+
+const TWO_TASKS: &str = r#"
+schedule = "@daily"
+[[tasks]]
+id = "load"
+command = "test ! -e fail-{{ ds }} && touch load-{{ ds }}"
+[[tasks]]
+id = "report"
+depends_on = ["load"]
+command = "touch report-{{ ds }}"
+"#;
+
+/// `(interval start day, state)` of every run, in order.
+fn runs(p: &Project) -> Vec<(String, String)> {
+    p.rows("SELECT date(interval_start, 'unixepoch'), state FROM runs ORDER BY interval_start, id")
+        .into_iter()
+        .map(|r| (r[0].clone(), r[1].clone()))
+        .collect()
+}
+
+#[test]
+fn max_failures_stops_after_the_second_failure_and_resume_finishes() {
+    let p = Project::new().dag("d", TWO_TASKS);
+    for day in ["2026-01-02", "2026-01-04", "2026-01-05"] {
+        p.write(&format!("fail-{day}"), "");
+    }
+    let out = p.run(&[
+        "create",
+        "--dag",
+        "d",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-08",
+        "--max-failures",
+        "2",
+        "--max-active-runs",
+        "1",
+    ]);
+    out.code(3)
+        .stderr_has(
+            "2 intervals failed (--max-failures 2): no new intervals; the running ones finish",
+        )
+        .stderr_has(
+            "backfill 1 of d: failed — 2 succeeded, 2 failed, 0 rejected, 0 cancelled, 0 skipped in",
+        )
+        .stderr_has(&format!(
+            "4 intervals not started: continue with `{}`",
+            p.hint("resume 1")
+        ));
+    assert_eq!(
+        runs(&p),
+        [
+            ("2026-01-01", "succeeded"),
+            ("2026-01-02", "failed"),
+            ("2026-01-03", "succeeded"),
+            ("2026-01-04", "failed"),
+        ]
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+    );
+    assert!(
+        !p.path("load-2026-01-05").exists(),
+        "nothing after the second failure"
+    );
+    let show = p.run(&["show", "1", "--output", "json"]);
+    assert_eq!(show.json()["state"], "failed");
+    assert_eq!(show.json()["max_failures"], 2);
+    assert_eq!(show.json()["intervals"]["pending"], 4);
+
+    // Resume continues with the same limit, counted afresh: 01-05 fails (one), the rest run.
+    let out = p.run(&["resume", "1"]);
+    out.code(3);
+    let all = runs(&p);
+    assert_eq!(all.len(), 8, "{all:?}");
+    assert_eq!(all[4], ("2026-01-05".to_string(), "failed".to_string()));
+    for (day, state) in &all[5..] {
+        assert_eq!(state, "succeeded", "{day}");
+    }
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM plan WHERE backfill_id = 1"),
+        8
+    );
+}
+
+#[test]
+fn tasks_runs_only_the_named_tasks_and_is_recorded() {
+    let p = Project::new().dag("d", TWO_TASKS);
+    p.run(&[
+        "create",
+        "--dag",
+        "d",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+        "--tasks",
+        "report",
+    ])
+    .code(0);
+    assert!(p.path("report-2026-01-01").exists());
+    assert!(
+        !p.path("load-2026-01-01").exists(),
+        "load is not run: it counts as done"
+    );
+    assert_eq!(
+        p.rows("SELECT DISTINCT task_id FROM task_tries"),
+        [["report"]]
+    );
+    let show = p.run(&["show", "1", "--output", "json"]);
+    assert_eq!(show.json()["tasks"], serde_json::json!(["report"]));
+    p.run(&["show", "1"])
+        .code(0)
+        .stdout_has("only tasks report");
+    // A failure's rerun command keeps --tasks.
+    p.write("fail-2026-01-03", "");
+    let out = p.run(&[
+        "create",
+        "--dag",
+        "d",
+        "--from",
+        "2026-01-03",
+        "--to",
+        "2026-01-03",
+        "--tasks",
+        "load",
+    ]);
+    out.code(3)
+        .stderr_has("--reprocess-behavior failed --tasks load`");
+    // An unknown task is bad input: exit 2, nothing written.
+    let before = p.count("SELECT COUNT(*) FROM backfills");
+    p.run(&[
+        "create",
+        "--dag",
+        "d",
+        "--from",
+        "2026-01-04",
+        "--to",
+        "2026-01-04",
+        "--tasks",
+        "load,nope",
+    ])
+    .code(2)
+    .stderr_has("--tasks load,nope: DAG `d` has no task `nope` (its tasks: load, report)");
+    assert_eq!(p.count("SELECT COUNT(*) FROM backfills"), before);
+}
+
+/// A task in pool `api` that records how many tasks of the pool run at once.
+fn pooled(name: &str) -> String {
+    format!(
+        r#"
+schedule = "@daily"
+max_active_runs = 4
+[[tasks]]
+id = "fetch"
+pool = "api"
+command = "mkdir -p running && touch running/{name}-{{{{ ds }}}} && ls running | wc -l >> seen && sleep 0.3 && rm running/{name}-{{{{ ds }}}}"
+"#
+    )
+}
+
+#[test]
+fn two_backfills_in_two_processes_share_a_pool_of_two() {
+    let p = Project::new().dag("a", &pooled("a")).dag("b", &pooled("b"));
+    p.write("backfill.toml", "[pools]\napi = 2\n");
+    let args = |dag: &'static str| {
+        vec![
+            "create",
+            "--dag",
+            dag,
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-06",
+        ]
+    };
+    let a = p.spawn("a", &args("a"));
+    let b = p.spawn("b", &args("b"));
+    // With 8 intervals wanting to run and 2 slots, tries wait, and `show` says so.
+    crate::support::wait_until(
+        "show to say that a try waits for the pool",
+        std::time::Duration::from_secs(20),
+        || {
+            p.has_manifest()
+                && ["1", "2"]
+                    .iter()
+                    .any(|id| p.run(&["show", id]).stdout.contains("waiting for pool api"))
+        },
+    );
+    p.wait("a", a).code(0);
+    p.wait("b", b).code(0);
+    let seen: Vec<u32> = p
+        .read("seen")
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    assert_eq!(seen.len(), 12, "every interval ran once");
+    assert_eq!(
+        seen.iter().max(),
+        Some(&2),
+        "never more than 2 at once: {seen:?}"
+    );
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM runs WHERE state = 'succeeded'"),
+        12
+    );
+}
+
+#[test]
+fn an_unknown_pool_or_a_bad_size_is_a_validation_error() {
+    let p = Project::new().dag("a", &pooled("a"));
+    p.write("backfill.toml", "[pools]\nother = 0\n");
+    p.run(&["dags", "validate"])
+        .code(2)
+        .stderr_has("backfill.toml:2:9: pool `other`: its size is how many tries may run at once, a whole number from 1 to 10000");
+    p.write("backfill.toml", "[pools]\nother = 2\n");
+    p.run(&["dags", "validate"])
+        .code(2)
+        .stderr_has("dags/a.toml:6:8: task `fetch`: unknown pool `api`; declare it in backfill.toml as [pools] api = 2 (known: other)");
+}
+
+#[test]
+fn the_dry_run_estimates_the_wall_time_from_the_history() {
+    let p = Project::new().dag("d", TWO_TASKS);
+    p.write("backfill.toml", "[pools]\nreports = 1\n");
+    let dry = |extra: &[&str]| {
+        let mut args = vec![
+            "create",
+            "--dag",
+            "d",
+            "--from",
+            "2026-02-01",
+            "--to",
+            "2026-02-12",
+            "--dry-run",
+        ];
+        args.extend_from_slice(extra);
+        p.run(&args)
+    };
+    // No history: no estimate, and it says why.
+    let doc = dry(&["--output", "json"]).json();
+    assert_eq!(doc["estimate_seconds"], serde_json::Value::Null);
+    assert_eq!(doc["estimate_tries"], 0);
+    dry(&[]).code(0).stdout_has(
+        "estimate: none yet (`load`, `report` never succeeded; each task's median duration comes from its recent successful tries)",
+    );
+    p.run(&[
+        "create",
+        "--dag",
+        "d",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-05",
+    ])
+    .code(0);
+    // Durations as history records them: load 2 s, report 1 s (five tries each).
+    p.db()
+        .execute_batch(
+            "UPDATE task_tries SET ended_at = started_at + CASE task_id WHEN 'load' THEN 2000 ELSE 1000 END",
+        )
+        .unwrap();
+    // 12 intervals of 3 s, 4 at a time: 9 s.
+    let doc = dry(&["--max-active-runs", "4", "--output", "json"]).json();
+    assert_eq!(doc["estimate_seconds"], 9.0);
+    assert_eq!(doc["estimate_tries"], 10);
+    dry(&["--max-active-runs", "4"]).code(0).stdout_has(
+        "estimate: about 9s at up to 4 at a time (median durations of 10 recent successful tries)",
+    );
+    // `report` in a pool of one: its 12 tries take 12 s one after the other.
+    let dag = TWO_TASKS.replace(
+        "command = \"touch report-{{ ds }}\"",
+        "command = \"touch report-{{ ds }}\"\npool = \"reports\"",
+    );
+    p.write("dags/d.toml", &dag);
+    let doc = dry(&["--max-active-runs", "4", "--output", "json"]).json();
+    assert_eq!(doc["estimate_seconds"], 12.0);
+}

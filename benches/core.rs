@@ -73,6 +73,8 @@ fn large_manifest(dir: &std::path::Path, intervals: &[DataInterval]) -> rusqlite
         kind: backfill::state::BackfillKind::Run,
         source_backfill: None,
         tasks: None,
+        cascade: None,
+        cascade_of: None,
         max_failures: None,
     };
     let owner = backfills::insert(&conn, &request, &ctx).unwrap();

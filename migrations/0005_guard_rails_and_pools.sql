@@ -1,4 +1,8 @@
--- Guard rails for large backfills, and pools shared by every backfill of the manifest.
+-- Guard rails for large backfills, pools shared by every backfill of the manifest, and
+-- cascades across DAGs.
+--
+-- A cascade is the backfill of a DAG (`cascade` = 'all' or 'changed') and one backfill per
+-- downstream DAG (`cascade_of` names the first), run one DAG after the other.
 --
 -- `max_failures`: a backfill stops dispatching once this many intervals failed or were rejected
 -- (NULL: no limit); `resume` continues it with the same limit, counted afresh.
@@ -9,6 +13,9 @@
 -- are. `task_tries.waiting_for` names the pool a started try waits for, while it waits.
 
 ALTER TABLE backfills ADD COLUMN max_failures INTEGER CHECK (max_failures > 0);
+ALTER TABLE backfills ADD COLUMN cascade TEXT CHECK (cascade IN ('all', 'changed'));
+ALTER TABLE backfills ADD COLUMN cascade_of INTEGER REFERENCES backfills (id);
+CREATE INDEX backfills_by_cascade ON backfills (cascade_of) WHERE cascade_of IS NOT NULL;
 ALTER TABLE task_tries ADD COLUMN waiting_for TEXT;
 CREATE TABLE pool_slots (
     try_id      INTEGER PRIMARY KEY REFERENCES task_tries (id),

@@ -281,6 +281,28 @@ pub struct CreateArgs {
     /// as done.
     #[arg(long, value_name = "TASK,...", value_delimiter = ',')]
     pub tasks: Vec<String>,
+    /// Also backfill every DAG downstream of this one (its `upstream`, transitively), one DAG
+    /// after the other: `all` runs each downstream interval whose upstream intervals
+    /// succeeded, `changed` only those whose upstream output changed.
+    #[arg(long, value_enum, value_name = "WHICH")]
+    pub cascade: Option<CascadeArg>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CascadeArg {
+    /// Every downstream interval whose upstream intervals succeeded.
+    All,
+    /// Only downstream intervals whose upstream output changed.
+    Changed,
+}
+
+impl CascadeArg {
+    pub fn mode(self) -> crate::cascade::Mode {
+        match self {
+            Self::All => crate::cascade::Mode::All,
+            Self::Changed => crate::cascade::Mode::Changed,
+        }
+    }
 }
 
 /// A duration such as `30s`, `2m` or `500ms`.

@@ -4,6 +4,7 @@
 //! vocabulary: schedules and intervals, the plan, the runner, tasks, processes, the gate,
 //! warehouses, the manifest, recovery and reports.
 
+pub mod cascade;
 pub mod cli;
 pub mod clock;
 pub mod commands;

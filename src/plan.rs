@@ -68,16 +68,22 @@ pub enum SkipReason {
     SourceUnchanged,
     /// A promote: nothing of the interval is staged any more (promoted or discarded since).
     NothingStaged,
+    /// A cascade: an upstream interval it depends on did not succeed.
+    UpstreamNotSuccessful,
+    /// A cascade with `changed`: no upstream output it depends on changed.
+    UpstreamUnchanged,
 }
 
 impl SkipReason {
-    pub const ALL: [SkipReason; 6] = [
+    pub const ALL: [SkipReason; 8] = [
         Self::AlreadyExists,
         Self::InFlight,
         Self::NotYetComplete,
         Self::PreviousNotSuccessful,
         Self::SourceUnchanged,
         Self::NothingStaged,
+        Self::UpstreamNotSuccessful,
+        Self::UpstreamUnchanged,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -88,6 +94,8 @@ impl SkipReason {
             Self::PreviousNotSuccessful => "previous interval not successful",
             Self::SourceUnchanged => "source unchanged",
             Self::NothingStaged => "nothing staged",
+            Self::UpstreamNotSuccessful => "upstream not successful",
+            Self::UpstreamUnchanged => "upstream unchanged",
         }
     }
 }

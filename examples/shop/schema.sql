@@ -26,3 +26,12 @@ CREATE TABLE orders_fact (
     amount_cents INTEGER NOT NULL
 );
 CREATE INDEX orders_fact_by_day ON orders_fact (order_day);
+
+-- Orders and revenue per month and region, from daily_orders: one partition per month.
+CREATE TABLE monthly_revenue (
+    month         TEXT    NOT NULL,
+    region        TEXT    NOT NULL,
+    orders        INTEGER NOT NULL,
+    revenue_cents INTEGER NOT NULL
+);
+CREATE INDEX monthly_revenue_by_month ON monthly_revenue (month);

@@ -14,6 +14,28 @@ use crate::state::BackfillState;
 
 pub fn run(g: &Global, id: i64, wait: Duration) -> Result<u8, Error> {
     let (project, manifest_path, conn, backfill) = find_backfill(g, id)?;
+    // A cascade runs one backfill at a time: cancelling any of its backfills stops the one
+    // that runs, and with it the cascade.
+    if backfill.state != BackfillState::Running
+        && (backfill.cascade.is_some() || backfill.cascade_of.is_some())
+    {
+        let root = backfill.cascade_of.unwrap_or(id);
+        let running: Option<i64> = rusqlite::OptionalExtension::optional(conn.query_row(
+            "SELECT id FROM backfills WHERE (id = ?1 OR cascade_of = ?1) AND state = 'running'
+             ORDER BY id DESC LIMIT 1",
+            [root],
+            |r| r.get(0),
+        ))
+        .map_err(|e| Error::Manifest(manifest::Error::from(e).at(&manifest_path)))?;
+        if let Some(member) = running {
+            eprintln!(
+                "backfill {id} is {}; cancelling backfill {member} of its cascade",
+                backfill.state
+            );
+            drop(conn);
+            return run(g, member, wait);
+        }
+    }
     if backfill.state != BackfillState::Running {
         eprintln!(
             "backfill {id} is already {}; nothing to cancel",

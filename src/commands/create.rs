@@ -14,7 +14,7 @@ use crate::interval::{DataInterval, Range, expand_nonempty, resolve_args};
 use crate::manifest::leases::{Judge, LeaseCtx};
 use crate::manifest::writer::Writer;
 use crate::manifest::{self, NewBackfill, Owner, backfills, plans};
-use crate::plan::{self, Action, PlanRow, Planner, Prior, Reprocess};
+use crate::plan::{self, Action, PlanRow, Planner, Prior, Reprocess, SkipReason};
 use crate::project::{
     self, CommandSpec, ConfigError, Dag, Gate, ProjectError, SourceCount, TaskKind,
 };
@@ -51,42 +51,96 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         now,
     };
     let manifest_path = g.manifest_path(Some(&project))?;
-    let ctx = LeaseCtx::new(project.lease_timeout);
     let changed = match reprocess {
         Reprocess::Changed => source_changes(g, &project, &dag, &conf, &intervals, &manifest_path)?,
         _ => HashSet::new(),
     };
 
     if args.dry_run {
-        let (prior, before) = match manifest::open_if_exists(&manifest_path)? {
-            Some(conn) => {
-                let before = plans::state_before(&conn, &dag.id, intervals[0].start.timestamp())
-                    .map_err(|e| e.at(&manifest_path))?;
-                let mut prior = plans::priors(&conn, &dag.id, &intervals, &ctx, Judge::Predict)
-                    .map_err(|e| e.at(&manifest_path))?;
-                mark_changed(&mut prior, &intervals, &changed);
-                (prior, before)
-            }
-            None => (vec![Prior::default(); intervals.len()], None),
-        };
-        let rows = plan::plan(&intervals, &prior, before, options);
-        let history = match manifest::open_if_exists(&manifest_path)? {
-            Some(conn) => crate::estimate::history(&conn, &dag)
-                .map_err(|e| Error::Manifest(manifest::Error::from(e).at(&manifest_path)))?,
-            None => Default::default(),
-        };
-        let to_run = rows.iter().filter(|r| r.action == Action::Run).count();
-        let estimate =
-            crate::estimate::estimate(&dag, &history, to_run, max_active_runs, &project.pools);
-        tables::print_plan(
+        let (rows, estimate) = dry_plan(
+            &project,
+            &manifest_path,
             &dag,
-            &rows,
-            &tables::PlanOptions {
-                reprocess: reprocess.as_str(),
-                run_backwards: args.run_backwards,
-                max_active_runs,
-                estimate: &estimate,
-            },
+            &intervals,
+            options,
+            &changed,
+            max_active_runs,
+        )?;
+        let root = (dag, rows, estimate, max_active_runs, reprocess);
+        let Some(mode) = args.cascade.map(|c| c.mode()) else {
+            let (dag, rows, estimate, max_active_runs, reprocess) = root;
+            tables::print_plan(
+                &dag,
+                &rows,
+                &tables::PlanOptions {
+                    reprocess: reprocess.as_str(),
+                    run_backwards: args.run_backwards,
+                    max_active_runs,
+                    estimate: &estimate,
+                },
+                g.json,
+            )?;
+            return Ok(exit::OK);
+        };
+        // The whole chain: each downstream DAG over what its upstream plans run.
+        let chain = super::cascade::chain(&project, &root.0.id)?;
+        let mut planned: HashMap<String, Vec<DataInterval>> = HashMap::new();
+        let runs = |rows: &[PlanRow]| -> Vec<DataInterval> {
+            rows.iter()
+                .filter(|r| r.action == Action::Run)
+                .map(|r| r.interval)
+                .collect()
+        };
+        planned.insert(root.0.id.clone(), runs(&root.1));
+        let mut all = vec![root];
+        for d in chain {
+            let ups: Vec<DataInterval> = d
+                .upstream
+                .iter()
+                .filter_map(|(u, _)| planned.get(u))
+                .flatten()
+                .copied()
+                .collect();
+            let ivs = crate::cascade::overlapping(&d, &ups);
+            if ivs.is_empty() {
+                continue;
+            }
+            let opts = plan::Options {
+                reprocess: Reprocess::Completed,
+                run_backwards: false,
+                depends_on_past: d.depends_on_past,
+                now,
+            };
+            let max = d.max_active_runs.unwrap_or(max_active_runs);
+            check_tasks(&d, &conf, &ivs)?;
+            let (rows, estimate) = dry_plan(
+                &project,
+                &manifest_path,
+                &d,
+                &ivs,
+                opts,
+                &HashSet::new(),
+                max,
+            )?;
+            planned.insert(d.id.clone(), runs(&rows));
+            all.push((d, rows, estimate, max, Reprocess::Completed));
+        }
+        tables::print_cascade_plan(
+            &all.iter()
+                .map(|(d, rows, estimate, max, reprocess)| {
+                    (
+                        d,
+                        rows.as_slice(),
+                        tables::PlanOptions {
+                            reprocess: reprocess.as_str(),
+                            run_backwards: args.run_backwards && d.id == all[0].0.id,
+                            max_active_runs: *max,
+                            estimate,
+                        },
+                    )
+                })
+                .collect::<Vec<_>>(),
+            mode,
             g.json,
         )?;
         return Ok(exit::OK);
@@ -111,13 +165,127 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         },
         source_backfill: None,
         tasks: (!args.tasks.is_empty()).then(|| args.tasks.clone()),
+        cascade: None,
+        cascade_of: None,
         max_failures: args.max_failures,
     };
+    let cascade = args.cascade.map(|c| c.mode());
+    let root_dag_id = dag.id.clone();
+    let (code, id) = launch(
+        g,
+        &project,
+        Launch {
+            dag,
+            conf,
+            intervals,
+            request: NewBackfill {
+                cascade: cascade.map(|m| m.as_str().to_string()),
+                ..request
+            },
+            options,
+            changed: &changed,
+            upstream: &HashMap::new(),
+            reprs,
+            mode: if args.stage {
+                crate::runner::Mode::Stage
+            } else {
+                crate::runner::Mode::Run
+            },
+        },
+    )?;
+    match (cascade, id) {
+        (Some(mode), Some(root)) if code != exit::INTERRUPTED => {
+            let rest = super::cascade::continue_cascade(g, &project, root, &root_dag_id, mode)?;
+            Ok(super::cascade::worst(code, rest))
+        }
+        (None, Some(_)) if !args.stage => {
+            super::cascade::name_stale_downstream(g, &project, &root_dag_id, &args);
+            Ok(code)
+        }
+        _ => Ok(code),
+    }
+}
+
+/// The plan a dry run prints for one DAG, and its estimate.
+fn dry_plan(
+    project: &crate::project::Project,
+    manifest_path: &std::path::Path,
+    dag: &Dag,
+    intervals: &[DataInterval],
+    options: plan::Options,
+    changed: &HashSet<i64>,
+    max_active_runs: u32,
+) -> Result<(Vec<PlanRow>, crate::estimate::Estimate), Error> {
+    let ctx = LeaseCtx::new(project.lease_timeout);
+    let conn = manifest::open_if_exists(manifest_path)?;
+    let (prior, before) = match &conn {
+        Some(conn) => {
+            let before = plans::state_before(conn, &dag.id, intervals[0].start.timestamp())
+                .map_err(|e| e.at(manifest_path))?;
+            let mut prior = plans::priors(conn, &dag.id, intervals, &ctx, Judge::Predict)
+                .map_err(|e| e.at(manifest_path))?;
+            mark_changed(&mut prior, intervals, changed);
+            (prior, before)
+        }
+        None => (vec![Prior::default(); intervals.len()], None),
+    };
+    let rows = plan::plan(intervals, &prior, before, options);
+    let history = match &conn {
+        Some(conn) => crate::estimate::history(conn, dag)
+            .map_err(|e| Error::Manifest(manifest::Error::from(e).at(manifest_path)))?,
+        None => Default::default(),
+    };
+    let to_run = rows.iter().filter(|r| r.action == Action::Run).count();
+    let estimate =
+        crate::estimate::estimate(dag, &history, to_run, max_active_runs, &project.pools);
+    Ok((rows, estimate))
+}
+
+/// A backfill to write and run.
+pub(super) struct Launch<'a> {
+    pub dag: Dag,
+    pub conf: serde_json::Value,
+    /// Its intervals, ascending.
+    pub intervals: Vec<DataInterval>,
+    pub request: NewBackfill,
+    pub options: plan::Options,
+    /// Intervals whose source changed (`--reprocess-behavior changed`).
+    pub changed: &'a HashSet<i64>,
+    /// A cascade's intervals skipped for their upstream.
+    pub upstream: &'a HashMap<i64, SkipReason>,
+    pub reprs: HashMap<String, Option<Repr>>,
+    pub mode: crate::runner::Mode,
+}
+
+/// Recovers what dead owners left on the DAG's leases, writes the backfill and its plan, then
+/// runs it: the exit code, and the backfill's id once it was written.
+pub(super) fn launch(
+    g: &Global,
+    project: &crate::project::Project,
+    l: Launch<'_>,
+) -> Result<(u8, Option<i64>), Error> {
+    let Launch {
+        dag,
+        conf,
+        intervals,
+        request,
+        options,
+        changed,
+        upstream,
+        reprs,
+        mode,
+    } = l;
+    let manifest_path = g.manifest_path(Some(project))?;
+    let ctx = LeaseCtx::new(project.lease_timeout);
+    let max_active_runs = request.max_active_runs;
+    let allow_drift = request.allow_drift;
+    let max_failures = request.max_failures;
+    let tasks = request.tasks.clone();
     let writer = Writer::spawn(
         manifest::open(&manifest_path, project.durability)?,
         &manifest_path,
     )?;
-    let dags = Dags::of(&project);
+    let dags = Dags::of(project);
     let result = (|| {
         let report = recovery::release_stale(&writer, &dags, &dag.id, &ctx, None)?;
         for w in &report.warnings {
@@ -135,7 +303,8 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
             options,
             Marks {
                 already: &HashSet::new(),
-                changed: &changed,
+                changed,
+                upstream,
             },
             &ctx,
         )?;
@@ -146,7 +315,7 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         Ok(v) => v,
         Err(e) => {
             writer.close();
-            return taken_over(e);
+            return taken_over(e).map(|code| (code, None));
         }
     };
     let to_run = planned.to_run;
@@ -160,27 +329,24 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
             planned.total - to_run.len()
         );
     }
-    execute(
+    let code = execute(
         g,
-        &project,
+        project,
         Execution {
             owner,
             dag,
             conf,
             max_active_runs,
             intervals: to_run,
-            allow_drift: args.allow_drift,
+            allow_drift,
             reprs,
-            max_failures: args.max_failures,
-            tasks: (!args.tasks.is_empty()).then(|| args.tasks.clone()),
-            mode: if args.stage {
-                crate::runner::Mode::Stage
-            } else {
-                crate::runner::Mode::Run
-            },
+            max_failures,
+            tasks,
+            mode,
         },
         writer,
-    )
+    )?;
+    Ok((code, Some(owner.backfill_id)))
 }
 
 /// `--tasks`: the DAG with only the named tasks, in their order; an unknown name is exit 2.
@@ -241,6 +407,8 @@ pub(super) struct Planned {
 pub(super) struct Marks<'a> {
     pub already: &'a HashSet<i64>,
     pub changed: &'a HashSet<i64>,
+    /// A cascade's downstream intervals skipped for their upstream, by start.
+    pub upstream: &'a HashMap<i64, SkipReason>,
 }
 
 /// Plans `intervals` (ascending) and writes the plan with its leases in chunks of
@@ -255,7 +423,11 @@ pub(super) fn write_plan(
     marks: Marks<'_>,
     ctx: &LeaseCtx,
 ) -> Result<Planned, Error> {
-    let Marks { already, changed } = marks;
+    let Marks {
+        already,
+        changed,
+        upstream,
+    } = marks;
     let total = intervals.len();
     let todo: Vec<(usize, DataInterval)> = intervals
         .iter()
@@ -273,6 +445,13 @@ pub(super) fn write_plan(
             .map(|(index, _)| plan::ord(*index, total, options.run_backwards))
             .collect();
         let mut carried = planner.take();
+        let chunk_upstream: HashMap<i64, SkipReason> = chunk_intervals
+            .iter()
+            .filter_map(|i| {
+                let s = i.start.timestamp();
+                upstream.get(&s).map(|r| (s, *r))
+            })
+            .collect();
         let chunk_changed: HashSet<i64> = chunk_intervals
             .iter()
             .map(|i| i.start.timestamp())
@@ -297,7 +476,13 @@ pub(super) fn write_plan(
                         i64::try_from(ord).unwrap_or(i64::MAX),
                         PlanRow {
                             interval: *interval,
-                            action: p.next(interval, prior),
+                            action: match (
+                                p.next(interval, prior),
+                                chunk_upstream.get(&interval.start.timestamp()),
+                            ) {
+                                (Action::Run, Some(reason)) => Action::Skip(*reason),
+                                (action, _) => action,
+                            },
                         },
                     )
                 })

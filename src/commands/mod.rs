@@ -2,6 +2,7 @@
 
 mod beat;
 mod cancel;
+mod cascade;
 mod create;
 mod dags;
 mod docs;

@@ -92,7 +92,41 @@ pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
     if let Some(dag) = &dag {
         detail.kept_versions = Some(kept_versions(dag));
     }
-    tables::print_show(&detail, &Labeler::of(dag.as_ref()), g.json)?;
+    // A cascade's first backfill shows the whole cascade, grouped by DAG.
+    let mut members = Vec::new();
+    if detail.backfill.cascade.is_some() {
+        let ids: Vec<i64> = conn
+            .prepare("SELECT id FROM backfills WHERE cascade_of = ?1 ORDER BY id")
+            .and_then(|mut s| {
+                s.query_map([id], |r| r.get(0))?
+                    .collect::<rusqlite::Result<Vec<i64>>>()
+            })
+            .map_err(|e| Error::Manifest(manifest::Error::from(e).at(&path)))?;
+        for m in ids {
+            if let Some(mut d) = queries::show(&conn, m).map_err(|e| e.at(&path))? {
+                judge_owners(std::slice::from_mut(&mut d.backfill), project.as_ref());
+                members.push(d);
+            }
+        }
+    }
+    if g.json {
+        if detail.backfill.cascade.is_some() {
+            detail.cascade_backfills = Some(members);
+        }
+        tables::print_show(&detail, &Labeler::of(dag.as_ref()), true)?;
+        return Ok(exit::OK);
+    }
+    tables::print_show(&detail, &Labeler::of(dag.as_ref()), false)?;
+    for m in &members {
+        let member_dag = project
+            .as_ref()
+            .and_then(|p| p.dag(&m.backfill.dag_id).ok());
+        crate::report::out::data(&format!(
+            "\ncascade: DAG `{}`, backfill {}",
+            m.backfill.dag_id, m.backfill.id
+        ))?;
+        tables::print_show(m, &Labeler::of(member_dag.as_ref()), false)?;
+    }
     Ok(exit::OK)
 }
 

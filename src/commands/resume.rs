@@ -17,7 +17,39 @@ use crate::manifest::{self, plans};
 use crate::plan;
 use crate::recovery::{self, Dags};
 
+/// Resumes backfill `id`; for a backfill of a cascade, then continues the cascade.
 pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
+    let (project, _, conn, backfill) = find_backfill(g, id)?;
+    drop(conn);
+    let code = resume_one(g, id)?;
+    let root = match (&backfill.cascade, backfill.cascade_of) {
+        (Some(_), _) => Some(backfill.clone()),
+        (None, Some(root)) => {
+            let path = g.manifest_path(Some(&project))?;
+            manifest::backfills::get(&manifest::open_read_only(&path)?, root)
+                .map_err(|e| e.at(&path))?
+        }
+        _ => None,
+    };
+    let Some(root) = root else {
+        return Ok(code);
+    };
+    let Some(mode) = root
+        .cascade
+        .as_deref()
+        .and_then(crate::cascade::Mode::parse)
+    else {
+        return Ok(code);
+    };
+    if code == exit::INTERRUPTED {
+        return Ok(code);
+    }
+    let rest = super::cascade::continue_cascade(g, &project, root.id, &root.dag_id, mode)?;
+    Ok(super::cascade::worst(code, rest))
+}
+
+/// Resumes backfill `id` alone.
+pub(super) fn resume_one(g: &Global, id: i64) -> Result<u8, Error> {
     let (project, manifest_path, conn, backfill) = find_backfill(g, id)?;
     let pending = plans::unfinished(&conn, id).map_err(|e| e.at(&manifest_path))?;
     drop(conn);
@@ -112,6 +144,7 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
                 super::create::Marks {
                     already: &already,
                     changed: &changed,
+                    upstream: &std::collections::HashMap::new(),
                 },
                 &ctx.refreshed(),
             )?;

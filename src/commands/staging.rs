@@ -213,6 +213,8 @@ pub fn promote(g: &Global, id: i64, whens: &[String], allow_drift: bool) -> Resu
             kind: BackfillKind::Promote,
             source_backfill: Some(id),
             tasks: None,
+            cascade: None,
+            cascade_of: None,
             max_failures: None,
         };
         let first_ctx = ctx.refreshed();
@@ -227,6 +229,7 @@ pub fn promote(g: &Global, id: i64, whens: &[String], allow_drift: bool) -> Resu
             Marks {
                 already: &HashSet::new(),
                 changed: &HashSet::new(),
+                upstream: &HashMap::new(),
             },
             &ctx,
         )?;
@@ -629,6 +632,8 @@ pub fn rollback(
         kind: BackfillKind::Rollback,
         source_backfill: None,
         tasks: (!only.is_empty()).then(|| only.to_vec()),
+        cascade: None,
+        cascade_of: None,
         max_failures: None,
     };
     let writer = Writer::spawn(manifest::open(&path, project.durability)?, &path)?;
@@ -651,6 +656,7 @@ pub fn rollback(
             Marks {
                 already: &HashSet::new(),
                 changed: &HashSet::new(),
+                upstream: &HashMap::new(),
             },
             &ctx,
         )?;

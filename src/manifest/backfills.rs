@@ -40,6 +40,10 @@ pub struct NewBackfill {
     pub tasks: Option<Vec<String>>,
     /// Stop dispatching after this many failed or rejected intervals.
     pub max_failures: Option<u32>,
+    /// The first backfill of a cascade: `all` or `changed`.
+    pub cascade: Option<String>,
+    /// A downstream backfill of a cascade: the cascade's first backfill.
+    pub cascade_of: Option<i64>,
 }
 
 /// A backfill row.
@@ -70,6 +74,8 @@ pub struct Backfill {
     pub source_backfill: Option<i64>,
     pub tasks: Option<Vec<String>>,
     pub max_failures: Option<u32>,
+    pub cascade: Option<String>,
+    pub cascade_of: Option<i64>,
 }
 
 impl Backfill {
@@ -83,7 +89,7 @@ impl Backfill {
     }
 }
 
-pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks, max_failures";
+pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks, max_failures, cascade, cascade_of";
 
 pub fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Backfill> {
     let reprocess: String = r.get(6)?;
@@ -120,6 +126,8 @@ pub fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Backfill> {
             .get::<_, Option<String>>(22)?
             .and_then(|t| serde_json::from_str(&t).ok()),
         max_failures: r.get(23)?,
+        cascade: r.get(24)?,
+        cascade_of: r.get(25)?,
     })
 }
 
@@ -169,8 +177,9 @@ pub fn insert(conn: &Connection, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owne
     conn.execute(
         "INSERT INTO backfills (dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior,
             max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host,
-            heartbeat_at, created_at, epoch, planning, kind, source_backfill, tasks, max_failures)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17, ?18)",
+            heartbeat_at, created_at, epoch, planning, kind, source_backfill, tasks, max_failures,
+            cascade, cascade_of)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17, ?18, ?19, ?20)",
         params![
             b.dag_id,
             b.from_arg,
@@ -191,7 +200,9 @@ pub fn insert(conn: &Connection, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owne
             b.tasks
                 .as_ref()
                 .map(|t| serde_json::Value::from(t.clone()).to_string()),
-            b.max_failures
+            b.max_failures,
+            b.cascade,
+            b.cascade_of
         ],
     )?;
     Ok(Owner {

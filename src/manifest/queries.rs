@@ -57,6 +57,10 @@ pub struct BackfillSummary {
     pub tasks: Option<Vec<String>>,
     /// `--max-failures`.
     pub max_failures: Option<u32>,
+    /// The first backfill of a cascade: `all` or `changed`.
+    pub cascade: Option<String>,
+    /// A downstream backfill of a cascade: the cascade's first backfill.
+    pub cascade_of: Option<i64>,
 }
 
 /// Interval counts: how many were planned to run or skipped, and the latest outcome of each
@@ -119,6 +123,8 @@ fn summary(b: Backfill, counts: Counts) -> BackfillSummary {
         source_backfill: b.source_backfill,
         tasks: b.tasks,
         max_failures: b.max_failures,
+        cascade: b.cascade,
+        cascade_of: b.cascade_of,
     }
 }
 
@@ -240,6 +246,9 @@ pub struct BackfillDetail {
     /// is at hand.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kept_versions: Option<Vec<crate::warehouse::versions::Storage>>,
+    /// The first backfill of a cascade: its downstream backfills, in the order they ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cascade_backfills: Option<Vec<BackfillDetail>>,
 }
 
 /// The latest run of an interval in a backfill, and how many runs it had.
@@ -417,6 +426,7 @@ pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
         backfill: summary(b, counts),
         interval_details: out,
         kept_versions: None,
+        cascade_backfills: None,
     }))
 }
 

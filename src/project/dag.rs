@@ -30,6 +30,9 @@ pub struct Dag {
     pub notify: Notify,
     /// Tasks in an order that respects `depends_on`.
     pub tasks: Vec<Task>,
+    /// DAGs of the project whose output this one reads: an interval of this DAG depends on
+    /// every interval of each that overlaps it in time. Each with where it is written.
+    pub upstream: Vec<(String, String)>,
 }
 
 /// The `[notify]` commands: run when a `create` or `resume` ends, with the JSON summary on
@@ -473,6 +476,11 @@ impl Dag {
             max_active_runs,
             depends_on_past: raw.depends_on_past.unwrap_or(false),
             notify,
+            upstream: raw
+                .upstream
+                .iter()
+                .map(|u| (u.get_ref().clone(), errs.location(u.span().start)))
+                .collect(),
             tasks: tasks?,
         })
     }

@@ -359,6 +359,7 @@ impl Project {
         }
         one_producer_per_table(&mut files);
         self.known_pools(&mut files);
+        known_upstreams(&mut files);
         files
     }
 
@@ -441,6 +442,86 @@ impl Project {
             }
         }
     }
+}
+
+/// Each `upstream` names a DAG of the project, and no DAG is its own upstream through a chain.
+fn known_upstreams(files: &mut [DagFile]) {
+    let ids: HashMap<String, Vec<String>> = files
+        .iter()
+        .filter_map(|f| f.dag.as_ref().ok())
+        .map(|d| {
+            (
+                d.id.clone(),
+                d.upstream.iter().map(|u| u.0.clone()).collect(),
+            )
+        })
+        .collect();
+    let mut known: Vec<&String> = ids.keys().collect();
+    known.sort();
+    let known = known
+        .iter()
+        .map(|k| k.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut verdicts: Vec<Option<Vec<ConfigError>>> = Vec::new();
+    for f in files.iter() {
+        let Ok(dag) = &f.dag else {
+            verdicts.push(None);
+            continue;
+        };
+        let mut errors = Vec::new();
+        for (up, at) in &dag.upstream {
+            if up == &dag.id {
+                errors.push(ConfigError {
+                    location: at.clone(),
+                    message: format!("`upstream`: DAG `{up}` cannot be its own upstream"),
+                });
+            } else if !ids.contains_key(up) {
+                errors.push(ConfigError {
+                    location: at.clone(),
+                    message: format!(
+                        "`upstream`: unknown DAG `{up}` (DAGs of the project: {known})"
+                    ),
+                });
+            } else if let Some(path) = cycle_through(&ids, up, &dag.id) {
+                errors.push(ConfigError {
+                    location: at.clone(),
+                    message: format!(
+                        "`upstream`: a cycle: {} -> {}; a DAG cannot depend on its own output",
+                        dag.id,
+                        path.join(" -> ")
+                    ),
+                });
+            }
+        }
+        verdicts.push((!errors.is_empty()).then_some(errors));
+    }
+    for (f, v) in files.iter_mut().zip(verdicts) {
+        if let Some(errors) = v {
+            f.dag = Err(errors);
+        }
+    }
+}
+
+/// The chain `from -> ... -> to` of upstream links, if `to` is upstream of `from`.
+fn cycle_through(ids: &HashMap<String, Vec<String>>, from: &str, to: &str) -> Option<Vec<String>> {
+    let mut stack = vec![vec![from.to_string()]];
+    let mut seen = std::collections::HashSet::new();
+    while let Some(path) = stack.pop() {
+        let last = path.last()?.clone();
+        if last == to {
+            return Some(path);
+        }
+        if !seen.insert(last.clone()) {
+            continue;
+        }
+        for next in ids.get(&last).into_iter().flatten() {
+            let mut p = path.clone();
+            p.push(next.clone());
+            stack.push(p);
+        }
+    }
+    None
 }
 
 fn one_producer_per_table(files: &mut [DagFile]) {

@@ -32,6 +32,7 @@ pub(crate) const DAG_KEYS: &[&str] = &[
     "grace_period",
     "depends_on_past",
     "notify",
+    "upstream",
     "tasks",
 ];
 pub(crate) const TASK_KEYS: &[&str] = &[
@@ -134,6 +135,7 @@ pub(crate) struct RawDag {
     pub(crate) grace_period: Option<Spanned<String>>,
     pub(crate) depends_on_past: Option<bool>,
     pub(crate) notify: Option<RawNotify>,
+    pub(crate) upstream: Vec<Spanned<String>>,
     pub(crate) tasks: Vec<RawTask>,
 }
 
@@ -311,6 +313,7 @@ impl RawDag {
             grace_period: string(&table, "grace_period", "\"10s\"", errs),
             depends_on_past: boolean(&table, "depends_on_past", errs),
             notify: RawNotify::read(&table, errs),
+            upstream: strings(&table, "upstream", "[\"daily_orders\"]", errs),
             tasks,
         })
     }

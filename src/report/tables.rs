@@ -186,6 +186,58 @@ pub struct PlanOptions<'a> {
     pub estimate: &'a crate::estimate::Estimate,
 }
 
+/// A cascade's dry run: the plan of each DAG, the first one's then each downstream DAG's in the
+/// order the cascade runs them. JSON: `{"cascade", "plans": [plan, ...]}`.
+pub fn print_cascade_plan(
+    plans: &[(&Dag, &[PlanRow], PlanOptions<'_>)],
+    mode: crate::cascade::Mode,
+    json: bool,
+) -> Result<(), Error> {
+    if json {
+        let docs: Vec<PlanDoc<'_>> = plans
+            .iter()
+            .map(|(dag, rows, o)| plan_doc(dag, rows, o))
+            .collect();
+        return out::json(&serde_json::json!({
+            "cascade": mode.as_str(),
+            "plans": docs,
+        }));
+    }
+    for (k, (dag, rows, o)) in plans.iter().enumerate() {
+        if k > 0 {
+            let ups: Vec<String> = dag.upstream.iter().map(|(u, _)| format!("`{u}`")).collect();
+            out::data(&format!(
+                "\ncascade: DAG `{}` reads {}: each interval below runs after the upstream intervals it overlaps, if they all succeed{}",
+                dag.id,
+                ups.join(", "),
+                match mode {
+                    crate::cascade::Mode::All => "",
+                    crate::cascade::Mode::Changed => " and the output of one of them changed",
+                }
+            ))?;
+        }
+        print_plan(dag, rows, o, false)?;
+    }
+    Ok(())
+}
+
+fn plan_doc<'a>(dag: &'a Dag, rows: &'a [PlanRow], o: &PlanOptions<'a>) -> PlanDoc<'a> {
+    let to_run = rows.iter().filter(|r| r.action == Action::Run).count();
+    PlanDoc {
+        dag_id: &dag.id,
+        schedule: dag.schedule.expr(),
+        timezone: dag.tz.name(),
+        reprocess_behavior: o.reprocess,
+        run_backwards: o.run_backwards,
+        max_active_runs: o.max_active_runs,
+        to_run,
+        to_skip: rows.len() - to_run,
+        estimate_seconds: o.estimate.seconds.map(|s| (s * 10.0).round() / 10.0),
+        estimate_tries: o.estimate.tries,
+        intervals: PlanItems(rows),
+    }
+}
+
 pub fn print_plan(
     dag: &Dag,
     rows: &[PlanRow],
@@ -195,19 +247,7 @@ pub fn print_plan(
     let to_run = rows.iter().filter(|r| r.action == Action::Run).count();
     let to_skip = rows.len() - to_run;
     if json {
-        return out::json(&PlanDoc {
-            dag_id: &dag.id,
-            schedule: dag.schedule.expr(),
-            timezone: dag.tz.name(),
-            reprocess_behavior: o.reprocess,
-            run_backwards: o.run_backwards,
-            max_active_runs: o.max_active_runs,
-            to_run,
-            to_skip,
-            estimate_seconds: o.estimate.seconds.map(|s| (s * 10.0).round() / 10.0),
-            estimate_tries: o.estimate.tries,
-            intervals: PlanItems(rows),
-        });
+        return out::json(&plan_doc(dag, rows, o));
     }
     let labels = Labeler::new(dag);
     let mut t = Grid::new(vec![
@@ -301,7 +341,11 @@ pub fn state_text(b: &BackfillSummary) -> String {
     } else {
         match (b.kind.as_str(), b.source_backfill) {
             ("promote", Some(source)) => format!("{} (promote of {source})", b.state),
-            ("run", _) => b.state.clone(),
+            ("run", _) => match (&b.cascade, b.cascade_of) {
+                (Some(mode), _) => format!("{} (cascade {mode})", b.state),
+                (None, Some(root)) => format!("{} (cascade of {root})", b.state),
+                _ => b.state.clone(),
+            },
             (kind, _) => format!("{} ({kind})", b.state),
         }
     }

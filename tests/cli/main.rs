@@ -2,6 +2,7 @@
 
 mod airflow;
 mod bad_input;
+mod cascade;
 mod changes;
 mod example;
 mod faults;

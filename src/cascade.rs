@@ -1,0 +1,365 @@
+//! Cascades across DAGs: which DAGs lie downstream of one, which of their intervals depend on
+//! which upstream intervals, and whether a downstream interval should run.
+//!
+//! An interval of a downstream DAG depends on every interval of each upstream DAG that
+//! overlaps it in time: a daily DAG over an hourly one depends on its 24 hours (23 or 25 on a
+//! DST day), a weekly one on its 7 days.
+
+use std::collections::{HashMap, HashSet};
+
+use chrono::{Duration, Utc};
+use rusqlite::{Connection, params};
+
+use crate::interval::{DataInterval, Range, expand};
+use crate::plan::{RunState, SkipReason};
+use crate::project::Dag;
+
+/// How a cascade decides whether a downstream interval runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Whenever all of its upstream intervals succeeded.
+    All,
+    /// Only when, moreover, the output of one of them changed.
+    Changed,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::All => "all",
+            Self::Changed => "changed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "all" => Some(Self::All),
+            "changed" => Some(Self::Changed),
+            _ => None,
+        }
+    }
+}
+
+/// The DAGs downstream of `root`, transitively, each after every upstream of it among them.
+pub fn downstream<'a>(dags: &'a [Dag], root: &str) -> Vec<&'a Dag> {
+    let mut members: HashSet<&str> = HashSet::from([root]);
+    loop {
+        let before = members.len();
+        for d in dags {
+            if d.upstream.iter().any(|(u, _)| members.contains(u.as_str())) {
+                members.insert(d.id.as_str());
+            }
+        }
+        if members.len() == before {
+            break;
+        }
+    }
+    let mut placed: HashSet<&str> = HashSet::from([root]);
+    let mut order = Vec::new();
+    let mut rest: Vec<&Dag> = dags
+        .iter()
+        .filter(|d| d.id != root && members.contains(d.id.as_str()))
+        .collect();
+    rest.sort_by(|a, b| a.id.cmp(&b.id));
+    while !rest.is_empty() {
+        let Some(i) = rest.iter().position(|d| {
+            d.upstream
+                .iter()
+                .all(|(u, _)| !members.contains(u.as_str()) || placed.contains(u.as_str()))
+        }) else {
+            // A cycle: validation refuses it before a cascade starts.
+            break;
+        };
+        let d = rest.remove(i);
+        placed.insert(d.id.as_str());
+        order.push(d);
+    }
+    order
+}
+
+/// The intervals of `dag` that overlap any of `upstream` (ascending, any order in).
+pub fn overlapping(dag: &Dag, upstream: &[DataInterval]) -> Vec<DataInterval> {
+    let (Some(lo), Some(hi)) = (
+        upstream.iter().map(|i| i.start).min(),
+        upstream.iter().map(|i| i.end).max(),
+    ) else {
+        return Vec::new();
+    };
+    // The interval that contains `lo` starts at most one period before it: look back further
+    // until one starts at or before it.
+    let mut found = Vec::new();
+    for days in [2, 40, 400, 4000] {
+        let start = lo
+            .checked_sub_signed(Duration::days(days))
+            .unwrap_or(chrono::DateTime::<Utc>::MIN_UTC);
+        let range = Range {
+            start,
+            end_exclusive: hi,
+        };
+        found = expand(&dag.schedule, range, crate::interval::MAX_INTERVALS).unwrap_or_default();
+        if found.first().is_some_and(|f| f.start <= lo) {
+            break;
+        }
+    }
+    let mut ups: Vec<DataInterval> = upstream.to_vec();
+    ups.sort_unstable();
+    found
+        .into_iter()
+        .filter(|d| depends(d, &ups).next().is_some())
+        .collect()
+}
+
+/// The intervals of `upstream` (ascending) that `interval` depends on: those overlapping it.
+pub fn depends<'a>(
+    interval: &'a DataInterval,
+    upstream: &'a [DataInterval],
+) -> impl Iterator<Item = &'a DataInterval> + 'a {
+    let first = upstream.partition_point(|u| u.end <= interval.start);
+    upstream[first..]
+        .iter()
+        .take_while(move |u| u.start < interval.end)
+}
+
+/// A plan row with its latest run's state: start, end, action, reason, state.
+type PlanOutcome = (i64, i64, String, Option<String>, Option<RunState>);
+
+/// What a cascade's backfill of an upstream DAG did with one interval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    pub dag: String,
+    pub interval: DataInterval,
+    pub succeeded: bool,
+}
+
+/// The intervals that the backfill `backfill_id` (of DAG `dag_id`, in a cascade) touched, with
+/// whether each succeeded: those it ran, and those it skipped for their own upstream (skipped
+/// as unchanged counts as succeeded: what it published before still stands). Intervals it
+/// skipped otherwise (`already exists`, ...) were not part of the cascade.
+pub fn upstream_outcomes(
+    conn: &Connection,
+    dag_id: &str,
+    backfill_id: i64,
+) -> rusqlite::Result<Vec<Upstream>> {
+    let mut stmt = conn.prepare(
+        "SELECT p.interval_start, p.interval_end, p.action, p.reason,
+                (SELECT r.state FROM runs r WHERE r.backfill_id = p.backfill_id
+                   AND r.interval_start = p.interval_start ORDER BY r.id DESC LIMIT 1)
+         FROM plan p WHERE p.backfill_id = ?1 ORDER BY p.interval_start",
+    )?;
+    let rows: Vec<PlanOutcome> = stmt
+        .query_map([backfill_id], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut out = Vec::new();
+    for (start, end, action, reason, state) in rows {
+        let succeeded = if action == "run" {
+            state == Some(RunState::Succeeded)
+        } else {
+            match reason.as_deref().and_then(|r| r.parse::<SkipReason>().ok()) {
+                Some(SkipReason::UpstreamUnchanged) => true,
+                Some(SkipReason::UpstreamNotSuccessful) => false,
+                _ => continue,
+            }
+        };
+        out.push(Upstream {
+            dag: dag_id.to_string(),
+            interval: DataInterval::from_unix(start, end),
+            succeeded,
+        });
+    }
+    Ok(out)
+}
+
+/// When the latest successful run of an interval of `dag_id` started (unix ms), staged runs
+/// left out: what it read of its upstream is what was published then.
+pub fn last_success(conn: &Connection, dag_id: &str, start: i64) -> rusqlite::Result<Option<i64>> {
+    conn.prepare_cached(
+        "SELECT MAX(started_at) FROM runs WHERE dag_id = ?1 AND interval_start = ?2
+           AND state = 'succeeded'
+           AND backfill_id NOT IN (SELECT id FROM backfills WHERE kind = 'stage')",
+    )?
+    .query_row(params![dag_id, start], |r| r.get(0))
+}
+
+/// Whether the output of an upstream interval changed since `since` (unix ms): for any of its
+/// tasks, the fingerprint of its latest successful try differs from that of the latest one
+/// that had ended by then. A task that reports no fingerprint, or had not succeeded by then,
+/// counts as changed: nothing can say it is the same.
+pub fn changed_since(
+    conn: &Connection,
+    dag_id: &str,
+    start: i64,
+    since: i64,
+) -> rusqlite::Result<bool> {
+    let tries: Vec<(String, Option<String>, Option<i64>)> = conn
+        .prepare_cached(
+            "SELECT t.task_id, t.fingerprint, t.ended_at FROM runs r
+             JOIN task_tries t ON t.run_id = r.id
+             WHERE r.dag_id = ?1 AND r.interval_start = ?2 AND t.state = 'succeeded'
+               AND COALESCE(t.verdict, '') != 'staged'
+             ORDER BY t.id",
+        )?
+        .query_map(params![dag_id, start], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut now: HashMap<&str, Option<&str>> = HashMap::new();
+    let mut then: HashMap<&str, Option<&str>> = HashMap::new();
+    for (task, fingerprint, ended) in &tries {
+        now.insert(task, fingerprint.as_deref());
+        if ended.is_some_and(|e| e <= since) {
+            then.insert(task, fingerprint.as_deref());
+        }
+    }
+    Ok(now.is_empty()
+        || now
+            .iter()
+            .any(|(task, f)| f.is_none() || then.get(task).copied().flatten() != *f))
+}
+
+/// For each interval of a downstream DAG, whether it is skipped for its upstream intervals in
+/// the cascade: one that did not succeed skips it (`upstream not successful`); with `changed`,
+/// it runs only if `changed(interval, upstream)` says so of one of them (else `upstream
+/// unchanged`).
+pub fn decide<E>(
+    intervals: &[DataInterval],
+    upstream: &[Upstream],
+    mode: Mode,
+    changed: &mut dyn FnMut(&DataInterval, &Upstream) -> Result<bool, E>,
+) -> Result<HashMap<i64, SkipReason>, E> {
+    let mut ups: Vec<&Upstream> = upstream.iter().collect();
+    ups.sort_unstable_by_key(|u| u.interval);
+    let mut out = HashMap::new();
+    for i in intervals {
+        let first = ups.partition_point(|u| u.interval.end <= i.start);
+        let deps: Vec<&Upstream> = ups[first..]
+            .iter()
+            .copied()
+            .filter(|u| u.interval.start < i.end && u.interval.end > i.start)
+            .collect();
+        let reason = if deps.iter().any(|u| !u.succeeded) {
+            Some(SkipReason::UpstreamNotSuccessful)
+        } else if mode == Mode::Changed {
+            let mut any = false;
+            for u in &deps {
+                if changed(i, u)? {
+                    any = true;
+                    break;
+                }
+            }
+            (!any).then_some(SkipReason::UpstreamUnchanged)
+        } else {
+            None
+        };
+        if let Some(r) = reason {
+            out.insert(i.start.timestamp(), r);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn dag(id: &str, schedule: &str, upstream: &[&str]) -> Dag {
+        let ups = upstream
+            .iter()
+            .map(|u| format!("\"{u}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let text = format!(
+            "schedule = \"{schedule}\"\ntimezone = \"Europe/Berlin\"\nupstream = [{ups}]\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n"
+        );
+        Dag::parse(&text, &format!("dags/{id}.toml"), id, &BTreeMap::new())
+            .dag
+            .expect("a valid DAG")
+    }
+
+    fn at(s: &str) -> chrono::DateTime<Utc> {
+        chrono::DateTime::parse_from_rfc3339(s)
+            .unwrap()
+            .with_timezone(&Utc)
+    }
+
+    #[test]
+    fn downstream_dags_come_after_their_upstreams() {
+        let dags = vec![
+            dag("report", "@daily", &["daily", "monthly"]),
+            dag("monthly", "@monthly", &["daily"]),
+            dag("daily", "@daily", &["hourly"]),
+            dag("hourly", "@hourly", &[]),
+            dag("other", "@daily", &[]),
+        ];
+        let ids: Vec<&str> = downstream(&dags, "hourly")
+            .iter()
+            .map(|d| d.id.as_str())
+            .collect();
+        assert_eq!(ids, ["daily", "monthly", "report"]);
+        assert!(downstream(&dags, "other").is_empty());
+    }
+
+    #[test]
+    fn a_day_depends_on_its_23_24_or_25_hours() {
+        let hourly = dag("hourly", "@hourly", &[]);
+        let daily = dag("daily", "@daily", &["hourly"]);
+        // Three Berlin days around the change to summer time (2026-03-29 has 23 hours).
+        let range = Range {
+            start: at("2026-03-27T23:00:00Z"),
+            end_exclusive: at("2026-03-30T22:00:00Z"),
+        };
+        let hours = expand(&hourly.schedule, range, 1000).unwrap();
+        let days = overlapping(&daily, &hours);
+        assert_eq!(days.len(), 3);
+        let per_day: Vec<usize> = days.iter().map(|d| depends(d, &hours).count()).collect();
+        assert_eq!(per_day, [24, 23, 24]);
+        // Hours of one day only: that day, not its neighbours.
+        let one: Vec<DataInterval> = hours
+            .iter()
+            .copied()
+            .filter(|h| h.start >= days[1].start && h.end <= days[1].end)
+            .collect();
+        assert_eq!(overlapping(&daily, &one), [days[1]]);
+    }
+
+    #[test]
+    fn a_failed_upstream_skips_and_changed_needs_a_change() {
+        let d = DataInterval::from_unix(0, 86_400);
+        let h = |n: i64, succeeded: bool| Upstream {
+            dag: "hourly".into(),
+            interval: DataInterval::from_unix(n * 3600, (n + 1) * 3600),
+            succeeded,
+        };
+        let all_ok: Vec<Upstream> = (0..24).map(|n| h(n, true)).collect();
+        let never = &mut |_: &DataInterval, _: &Upstream| Ok::<_, ()>(false);
+        assert_eq!(decide(&[d], &all_ok, Mode::All, never), Ok(HashMap::new()));
+        assert_eq!(
+            decide(&[d], &all_ok, Mode::Changed, never).unwrap().get(&0),
+            Some(&SkipReason::UpstreamUnchanged)
+        );
+        let hour_5 = &mut |_: &DataInterval, u: &Upstream| {
+            Ok::<_, ()>(u.interval.start.timestamp() == 5 * 3600)
+        };
+        assert_eq!(
+            decide(&[d], &all_ok, Mode::Changed, hour_5),
+            Ok(HashMap::new())
+        );
+        let mut one_failed = all_ok.clone();
+        one_failed[7].succeeded = false;
+        assert_eq!(
+            decide(&[d], &one_failed, Mode::All, never).unwrap().get(&0),
+            Some(&SkipReason::UpstreamNotSuccessful)
+        );
+        // The next day depends on none of these hours.
+        let next = DataInterval::from_unix(86_400, 2 * 86_400);
+        assert_eq!(
+            decide(&[next], &one_failed, Mode::Changed, never)
+                .unwrap()
+                .get(&86_400),
+            Some(&SkipReason::UpstreamUnchanged)
+        );
+    }
+}

@@ -1,0 +1,211 @@
+//! `create --cascade`: after the backfill of a DAG, one backfill per DAG downstream of it, one
+//! DAG after the other, each planned from what its upstream backfills of the cascade did. A
+//! downstream backfill is an ordinary backfill (leases, heartbeat, gate, `resume`, `cancel`)
+//! that names the cascade's first backfill (`cascade_of`); `resume` of any of them continues
+//! the cascade.
+
+use std::collections::{HashMap, HashSet};
+
+use rusqlite::Connection;
+
+use super::create::{Launch, check_tasks, launch};
+use super::{Global, note};
+use crate::cascade::{self, Mode};
+use crate::cli::CreateArgs;
+use crate::clock;
+use crate::exit::{self, Error};
+use crate::interval::DataInterval;
+use crate::manifest::{self, Backfill, NewBackfill, backfills};
+use crate::plan::{self, Reprocess};
+use crate::project::{Dag, Project, ProjectError};
+use crate::state::{BackfillKind, BackfillState};
+
+/// The worse of two exit codes: interrupted, then internal error, then failed, then success.
+pub(super) fn worst(a: u8, b: u8) -> u8 {
+    let rank = |c: u8| match c {
+        exit::INTERRUPTED => 3,
+        exit::INTERNAL => 2,
+        exit::FAILED => 1,
+        _ => 0,
+    };
+    if rank(b) > rank(a) { b } else { a }
+}
+
+/// The DAGs downstream of `root`, in the order a cascade runs them. Every DAG file must load:
+/// a broken one could be downstream.
+pub(super) fn chain(project: &Project, root: &str) -> Result<Vec<Dag>, Error> {
+    let (dags, errors) = project.load_all();
+    if !errors.is_empty() {
+        return Err(Error::Project(ProjectError::Config(errors)));
+    }
+    Ok(cascade::downstream(&dags, root)
+        .into_iter()
+        .cloned()
+        .collect())
+}
+
+/// The backfills of a cascade after its first, oldest first.
+fn members(conn: &Connection, root: i64) -> Result<Vec<Backfill>, Error> {
+    let mut stmt = conn
+        .prepare(&format!(
+            "SELECT {} FROM backfills WHERE cascade_of = ?1 ORDER BY id",
+            backfills::COLUMNS
+        ))
+        .map_err(|e| Error::Manifest(e.into()))?;
+    let rows = stmt
+        .query_map([root], backfills::from_row)
+        .map_err(|e| Error::Manifest(e.into()))?;
+    rows.collect::<rusqlite::Result<_>>()
+        .map_err(|e| Error::Manifest(e.into()))
+}
+
+/// Runs the cascade's downstream DAGs that have not run yet (and resumes an interrupted one),
+/// after its first backfill `root` ended. Stops at an interruption.
+pub(super) fn continue_cascade(
+    g: &Global,
+    project: &Project,
+    root: i64,
+    root_dag: &str,
+    mode: Mode,
+) -> Result<u8, Error> {
+    let chain = chain(project, root_dag)?;
+    let path = g.manifest_path(Some(project))?;
+    let conn = manifest::open_read_only(&path)?;
+    let Some(first) = backfills::get(&conn, root).map_err(|e| e.at(&path))? else {
+        return Err(Error::Internal(format!("cascade backfill {root} vanished")));
+    };
+    let done = members(&conn, root)?;
+    drop(conn);
+    let mut backfill_of: HashMap<String, i64> = HashMap::from([(root_dag.to_string(), root)]);
+    let mut code = exit::OK;
+    for d in &chain {
+        if let Some(child) = done.iter().rev().find(|c| c.dag_id == d.id) {
+            backfill_of.insert(d.id.clone(), child.id);
+            if matches!(
+                child.state,
+                BackfillState::Running | BackfillState::Cancelled
+            ) {
+                let c = super::resume::resume_one(g, child.id)?;
+                code = worst(code, c);
+                if c == exit::INTERRUPTED {
+                    return Ok(code);
+                }
+            }
+            continue;
+        }
+        let conn = manifest::open_read_only(&path)?;
+        let mut upstream = Vec::new();
+        for (u, _) in &d.upstream {
+            if let Some(b) = backfill_of.get(u) {
+                upstream.extend(
+                    cascade::upstream_outcomes(&conn, u, *b)
+                        .map_err(|e| Error::Manifest(manifest::Error::from(e).at(&path)))?,
+                );
+            }
+        }
+        let touched: Vec<DataInterval> = upstream.iter().map(|u| u.interval).collect();
+        let intervals = cascade::overlapping(d, &touched);
+        if intervals.is_empty() {
+            note(
+                g,
+                &format!(
+                    "cascade: no interval of DAG `{}` overlaps what its upstream backfills ran",
+                    d.id
+                ),
+            );
+            continue;
+        }
+        let skips =
+            cascade::decide(
+                &intervals,
+                &upstream,
+                mode,
+                &mut |i, u| match cascade::last_success(&conn, &d.id, i.start.timestamp())? {
+                    None => Ok(true),
+                    Some(since) => {
+                        cascade::changed_since(&conn, &u.dag, u.interval.start.timestamp(), since)
+                    }
+                },
+            )
+            .map_err(|e| Error::Manifest(manifest::Error::from(e).at(&path)))?;
+        drop(conn);
+        let conf: serde_json::Value = serde_json::from_str(&first.conf).unwrap_or_default();
+        let reprs = check_tasks(d, &conf, &intervals)?;
+        let labels = crate::report::Labeler::new(d);
+        let (lo, hi) = (intervals[0], intervals[intervals.len() - 1]);
+        let request = NewBackfill {
+            dag_id: d.id.clone(),
+            from_arg: labels.when(lo.start),
+            to_arg: labels.when(hi.start),
+            range_start: lo.start.timestamp(),
+            range_end: hi.start.timestamp() + 1,
+            reprocess: Reprocess::Completed,
+            max_active_runs: d.max_active_runs.unwrap_or(first.max_active_runs),
+            run_backwards: false,
+            allow_drift: first.allow_drift,
+            conf: first.conf.clone(),
+            kind: BackfillKind::Run,
+            source_backfill: None,
+            tasks: None,
+            max_failures: first.max_failures,
+            cascade: None,
+            cascade_of: Some(root),
+        };
+        let options = plan::Options {
+            reprocess: Reprocess::Completed,
+            run_backwards: false,
+            depends_on_past: d.depends_on_past,
+            now: clock::now()?,
+        };
+        let (c, id) = launch(
+            g,
+            project,
+            Launch {
+                dag: d.clone(),
+                conf,
+                intervals,
+                request,
+                options,
+                changed: &HashSet::new(),
+                upstream: &skips,
+                reprs,
+                mode: crate::runner::Mode::Run,
+            },
+        )?;
+        if let Some(id) = id {
+            backfill_of.insert(d.id.clone(), id);
+        }
+        code = worst(code, c);
+        if c == exit::INTERRUPTED {
+            return Ok(code);
+        }
+    }
+    Ok(code)
+}
+
+/// After a backfill without `--cascade`: names the DAGs downstream of it, whose partitions
+/// may now be stale, and the command that would cascade.
+pub(super) fn name_stale_downstream(g: &Global, project: &Project, dag: &str, args: &CreateArgs) {
+    let (dags, _) = project.load_all();
+    let below: Vec<String> = cascade::downstream(&dags, dag)
+        .iter()
+        .map(|d| format!("`{}`", d.id))
+        .collect();
+    if below.is_empty() {
+        return;
+    }
+    let command = crate::report::out::hint(&format!(
+        "create --dag {dag} --from {} --to {} --reprocess-behavior completed --cascade changed",
+        crate::report::out::shell_word(&args.from),
+        crate::report::out::shell_word(&args.to)
+    ));
+    note(
+        g,
+        &format!(
+            "{} downstream of `{dag}` may now be stale over this range; `{command}` backfills {} where what {} read changed",
+            below.join(", "),
+            if below.len() == 1 { "it" } else { "them" },
+            if below.len() == 1 { "it" } else { "they" },
+        ),
+    );
+}

@@ -1,0 +1,229 @@
+//! Cascades across DAGs: `upstream`, `create --cascade all|changed`, and the note that names
+//! stale downstream DAGs.
+
+use crate::support::Project;
+
+/// An hourly DAG in Berlin whose hours append their start to `hours.txt`; an hour fails when a
+/// file `fail-START` exists, and reports the content of `fp-START` (or `same`) as its
+/// fingerprint.
+const HOURLY: &str = r#"
+schedule = "@hourly"
+timezone = "Europe/Berlin"
+max_active_runs = 4
+[[tasks]]
+id = "collect"
+command = '''test ! -e "fail-{{ data_interval_start }}" && echo {{ data_interval_start }} >> hours.txt && printf '{"fingerprint": "%s"}' "$(cat "fp-{{ data_interval_start }}" 2>/dev/null || echo same)" > "$BACKFILL_RESULT"'''
+"#;
+
+/// A daily DAG downstream of it: each day counts the hours that ran inside it, so far.
+const DAILY: &str = r#"
+schedule = "@daily"
+timezone = "Europe/Berlin"
+upstream = ["hourly"]
+[[tasks]]
+id = "count"
+command = '''mkdir -p days && awk -v lo="$BACKFILL_DATA_INTERVAL_START" -v hi="$BACKFILL_DATA_INTERVAL_END" '$1 >= lo && $1 < hi' hours.txt | sort -u | wc -l | tr -d ' ' > days/{{ ds }}'''
+"#;
+
+fn project() -> Project {
+    Project::new().dag("hourly", HOURLY).dag("daily", DAILY)
+}
+
+fn hourly(p: &Project, from: &str, to: &str, extra: &[&str]) -> crate::support::Out {
+    let mut args = vec!["create", "--dag", "hourly", "--from", from, "--to", to];
+    args.extend_from_slice(extra);
+    p.run(&args)
+}
+
+/// `(day, action, reason)` of a backfill's plan.
+fn plan(p: &Project, backfill: i64) -> Vec<[String; 3]> {
+    p.rows(&format!(
+        "SELECT date(interval_start + 7200, 'unixepoch'), action, COALESCE(reason, '') FROM plan
+         WHERE backfill_id = {backfill} ORDER BY ord"
+    ))
+    .into_iter()
+    .map(|r| [r[0].clone(), r[1].clone(), r[2].clone()])
+    .collect()
+}
+
+#[test]
+fn each_day_runs_after_its_23_24_or_25_hours() {
+    let p = project();
+    for (from, to, days) in [
+        (
+            "2026-03-28",
+            "2026-03-30",
+            [
+                ("2026-03-28", "24"),
+                ("2026-03-29", "23"),
+                ("2026-03-30", "24"),
+            ],
+        ),
+        (
+            "2026-10-24",
+            "2026-10-26",
+            [
+                ("2026-10-24", "24"),
+                ("2026-10-25", "25"),
+                ("2026-10-26", "24"),
+            ],
+        ),
+    ] {
+        hourly(&p, from, to, &["--cascade", "all"])
+            .code(0)
+            .stderr_has("of daily: 3 intervals, 3 to run, 0 skipped");
+        for (day, hours) in days {
+            assert_eq!(p.read(&format!("days/{day}")).trim(), hours, "{day}");
+        }
+    }
+    // One backfill per DAG, the daily ones naming the cascade's first.
+    assert_eq!(
+        p.rows("SELECT id, dag_id, COALESCE(cascade, ''), COALESCE(cascade_of, 0), state FROM backfills ORDER BY id"),
+        [
+            ["1", "hourly", "all", "0", "completed"],
+            ["2", "daily", "", "1", "completed"],
+            ["3", "hourly", "all", "0", "completed"],
+            ["4", "daily", "", "3", "completed"],
+        ]
+    );
+    // `show` of the first groups the cascade by DAG.
+    p.run(&["show", "1"])
+        .code(0)
+        .stdout_has("backfill 1 of hourly: completed (cascade all)")
+        .stdout_has("cascade: DAG `daily`, backfill 2");
+    let doc = p.run(&["show", "1", "--output", "json"]).json();
+    assert_eq!(doc["cascade_backfills"][0]["dag_id"], "daily");
+    assert_eq!(doc["cascade_backfills"][0]["intervals"]["succeeded"], 3);
+}
+
+#[test]
+fn a_failed_hour_skips_its_day_and_only_its_day() {
+    let p = project();
+    p.write("fail-2026-03-29T05:00:00Z", "");
+    hourly(&p, "2026-03-28", "2026-03-30", &["--cascade", "all"])
+        .code(3)
+        .stderr_has("failed 2026-03-29 07:00");
+    assert_eq!(
+        plan(&p, 2),
+        [
+            ["2026-03-28", "run", ""],
+            ["2026-03-29", "skip", "upstream not successful"],
+            ["2026-03-30", "run", ""],
+        ]
+        .map(|r| r.map(String::from))
+    );
+    assert!(!p.path("days/2026-03-29").exists(), "the day never ran");
+    assert_eq!(p.read("days/2026-03-30").trim(), "24");
+}
+
+#[test]
+fn cascade_changed_after_a_no_op_upstream_rerun_runs_no_downstream_interval() {
+    let p = project();
+    hourly(&p, "2026-03-28", "2026-03-30", &["--cascade", "all"]).code(0);
+    let day_runs = || p.count("SELECT COUNT(*) FROM runs WHERE dag_id = 'daily'");
+    assert_eq!(day_runs(), 3);
+    // Every hour again, with the same output: no day runs.
+    hourly(
+        &p,
+        "2026-03-28",
+        "2026-03-30",
+        &["--reprocess-behavior", "completed", "--cascade", "changed"],
+    )
+    .code(0);
+    assert_eq!(day_runs(), 3);
+    assert_eq!(
+        plan(&p, 4),
+        [
+            ["2026-03-28", "skip", "upstream unchanged"],
+            ["2026-03-29", "skip", "upstream unchanged"],
+            ["2026-03-30", "skip", "upstream unchanged"],
+        ]
+        .map(|r| r.map(String::from))
+    );
+    // One hour's output changes: its day, and only its day, runs.
+    p.write("fp-2026-03-30T10:00:00Z", "v2");
+    hourly(
+        &p,
+        "2026-03-28",
+        "2026-03-30",
+        &["--reprocess-behavior", "completed", "--cascade", "changed"],
+    )
+    .code(0);
+    assert_eq!(
+        plan(&p, 6),
+        [
+            ["2026-03-28", "skip", "upstream unchanged"],
+            ["2026-03-29", "skip", "upstream unchanged"],
+            ["2026-03-30", "run", ""],
+        ]
+        .map(|r| r.map(String::from))
+    );
+    assert_eq!(day_runs(), 4);
+}
+
+#[test]
+fn resume_continues_a_cascade_killed_between_two_dags() {
+    let p = project();
+    // Killed when the daily backfill was about to be written, after the hours completed.
+    let killed = p
+        .command(&[
+            "create",
+            "--dag",
+            "hourly",
+            "--from",
+            "2026-03-28",
+            "--to",
+            "2026-03-28",
+            "--cascade",
+            "all",
+        ])
+        .env("BACKFILL_FAULT", "after-release-stale@2")
+        .output()
+        .unwrap();
+    assert_eq!(killed.status.code(), None);
+    assert_eq!(
+        p.rows("SELECT dag_id, state FROM backfills"),
+        [["hourly", "completed"]]
+    );
+    p.run(&["resume", "1"])
+        .code(0)
+        .stderr_has("of daily: 1 interval, 1 to run, 0 skipped");
+    assert_eq!(p.read("days/2026-03-28").trim(), "24");
+}
+
+#[test]
+fn a_dry_run_shows_the_whole_chain_and_a_plain_backfill_names_what_may_be_stale() {
+    let p = project();
+    let dry = hourly(
+        &p,
+        "2026-03-29",
+        "2026-03-29",
+        &["--cascade", "all", "--dry-run", "--output", "json"],
+    );
+    dry.code(0);
+    let doc = dry.json();
+    assert_eq!(doc["cascade"], "all");
+    assert_eq!(doc["plans"][0]["dag_id"], "hourly");
+    assert_eq!(doc["plans"][0]["to_run"], 23);
+    assert_eq!(doc["plans"][1]["dag_id"], "daily");
+    assert_eq!(doc["plans"][1]["intervals"].as_array().unwrap().len(), 1);
+    assert!(!p.has_manifest(), "a dry run writes nothing");
+    hourly(&p, "2026-03-29", "2026-03-29", &[])
+        .code(0)
+        .stderr_has(&format!(
+            "note: `daily` downstream of `hourly` may now be stale over this range; `{}` backfills it where what it read changed",
+            p.hint("create --dag hourly --from 2026-03-29 --to 2026-03-29 --reprocess-behavior completed --cascade changed")
+        ));
+}
+
+#[test]
+fn unknown_upstreams_and_cycles_are_validation_errors() {
+    let p = Project::new()
+        .dag("a", "schedule = \"@daily\"\nupstream = [\"b\"]\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n")
+        .dag("b", "schedule = \"@daily\"\nupstream = [\"a\", \"nope\"]\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n");
+    p.run(&["dags", "validate"])
+        .code(2)
+        .stderr_has("dags/a.toml:2:13: `upstream`: a cycle: a -> b -> a; a DAG cannot depend on its own output")
+        .stderr_has("dags/b.toml:2:13: `upstream`: a cycle: b -> a -> b")
+        .stderr_has("dags/b.toml:2:18: `upstream`: unknown DAG `nope` (DAGs of the project: a, b)");
+}

@@ -227,3 +227,53 @@ fn unknown_upstreams_and_cycles_are_validation_errors() {
         .stderr_has("dags/b.toml:2:13: `upstream`: a cycle: b -> a -> b")
         .stderr_has("dags/b.toml:2:18: `upstream`: unknown DAG `nope` (DAGs of the project: a, b)");
 }
+
+#[test]
+fn cancel_of_a_cascade_stops_the_dag_that_runs_and_resume_finishes_it() {
+    let slow_daily = DAILY.replace(
+        "command = '''mkdir -p days",
+        "command = '''while [ ! -e go ]; do sleep 0.05; done; mkdir -p days",
+    );
+    let p = Project::new()
+        .dag("hourly", HOURLY)
+        .dag("daily", &slow_daily);
+    let child = p.spawn(
+        "cascade",
+        &[
+            "create",
+            "--dag",
+            "hourly",
+            "--from",
+            "2026-03-28",
+            "--to",
+            "2026-03-28",
+            "--cascade",
+            "all",
+        ],
+    );
+    crate::support::wait_until(
+        "the daily backfill to run",
+        std::time::Duration::from_secs(20),
+        || {
+            p.has_manifest()
+                && p.count("SELECT COUNT(*) FROM runs WHERE dag_id = 'daily' AND state = 'running'")
+                    == 1
+        },
+    );
+    // Its first backfill completed: cancelling it stops the one that runs.
+    p.run(&["cancel", "1"])
+        .code(0)
+        .stderr_has("backfill 1 is completed; cancelling backfill 2 of its cascade");
+    p.wait("cascade", child).code(130);
+    assert_eq!(
+        p.rows("SELECT id, state FROM backfills ORDER BY id"),
+        [["1", "completed"], ["2", "cancelled"]]
+    );
+    p.write("go", "");
+    p.run(&["resume", "1"]).code(0);
+    assert_eq!(p.read("days/2026-03-28").trim(), "24");
+    assert_eq!(
+        p.rows("SELECT id, state FROM backfills ORDER BY id"),
+        [["1", "completed"], ["2", "completed"]]
+    );
+}

@@ -313,3 +313,60 @@ fn the_review_example_works_as_pasted() {
         }
     }
 }
+
+/// The cascade example on the shop: the command as the README writes it, then late orders and
+/// a `changed` cascade that reruns October and not September.
+#[test]
+fn the_cascade_example_works_as_written() {
+    let section = {
+        let text = crate::support::readme();
+        let start = text.find("\n## Cascades, pools and guard rails\n").unwrap();
+        text[start..].to_string()
+    };
+    let block = readme_block("## Cascades, pools and guard rails", "sh");
+    let line = block.lines().find(|l| l.starts_with("backfill ")).unwrap();
+    let words = shlex::split(line).unwrap();
+    assert_eq!(&words[1..3], ["-C", "examples/shop"]);
+    let p = crate::gate::shop();
+    let shop = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/shop");
+    p.write(
+        "dags/monthly_revenue.toml",
+        &std::fs::read_to_string(shop.join("dags/monthly_revenue.toml")).unwrap(),
+    );
+    let args: Vec<&str> = words[3..].iter().map(String::as_str).collect();
+    let out = p.run(&args);
+    out.code(0);
+    let quoted = "backfill 2 of monthly_revenue: 2 intervals, 2 to run, 0 skipped";
+    assert!(section.contains(quoted));
+    out.stderr_has(quoted);
+    assert_eq!(
+        crate::gate::wh_count(&p, "SELECT COUNT(*) FROM monthly_revenue"),
+        10,
+        "two months of five regions"
+    );
+    crate::gate::wh(&p)
+        .execute_batch(
+            "INSERT INTO raw_orders (order_ts, region, amount_cents) VALUES ('2026-10-05 10:00:00', 'eu', 500)",
+        )
+        .unwrap();
+    let mut again = args.clone();
+    again.extend(["--reprocess-behavior", "completed"]);
+    let i = again.iter().position(|a| *a == "all").unwrap();
+    again[i] = "changed";
+    p.run(&again).code(0);
+    assert_eq!(
+        p.rows("SELECT date(interval_start, 'unixepoch'), action, COALESCE(reason, '') FROM plan WHERE backfill_id = 4 ORDER BY ord"),
+        [["2026-09-01", "skip", "upstream unchanged"], ["2026-10-01", "run", ""]]
+    );
+    assert_eq!(
+        crate::gate::wh_count(
+            &p,
+            "SELECT SUM(orders) FROM monthly_revenue WHERE month = '2026-10-01'"
+        ),
+        crate::gate::wh_count(
+            &p,
+            "SELECT COUNT(*) FROM raw_orders WHERE order_ts >= '2026-10-01' AND order_ts < '2026-11-01'"
+        ),
+        "October counts the late order"
+    );
+}

@@ -17,6 +17,13 @@ ALTER TABLE backfills ADD COLUMN cascade TEXT CHECK (cascade IN ('all', 'changed
 ALTER TABLE backfills ADD COLUMN cascade_of INTEGER REFERENCES backfills (id);
 CREATE INDEX backfills_by_cascade ON backfills (cascade_of) WHERE cascade_of IS NOT NULL;
 ALTER TABLE task_tries ADD COLUMN waiting_for TEXT;
+-- A rollback try: the kept version it puts back (`replaced_by` in the warehouse's
+-- _backfill_versions). The version goes in the same transaction as the partition is restored,
+-- so recovery knows the rollback committed when it is gone.
+ALTER TABLE task_tries ADD COLUMN restore_key INTEGER;
+-- Promote tries by the staged try they publish: a staged output with a running promote is not
+-- discarded.
+CREATE INDEX task_tries_promoted_from ON task_tries (promoted_from) WHERE promoted_from IS NOT NULL;
 CREATE TABLE pool_slots (
     try_id      INTEGER PRIMARY KEY REFERENCES task_tries (id),
     pool        TEXT    NOT NULL,

@@ -177,7 +177,7 @@ pub fn last_success(conn: &Connection, dag_id: &str, start: i64) -> rusqlite::Re
     conn.prepare_cached(
         "SELECT MAX(started_at) FROM runs WHERE dag_id = ?1 AND interval_start = ?2
            AND state = 'succeeded'
-           AND backfill_id NOT IN (SELECT id FROM backfills WHERE kind = 'stage')",
+           AND backfill_id NOT IN (SELECT id FROM backfills WHERE kind IN ('stage', 'rollback'))",
     )?
     .query_row(params![dag_id, start], |r| r.get(0))
 }

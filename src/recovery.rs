@@ -327,6 +327,20 @@ fn finish_publish(
     };
     let reader = manifest::open_read_only(manifest_path).map_err(|e| e.to_string())?;
     let wh = warehouse::open(&task.warehouse).map_err(|e| e.to_string())?;
+    if let Some(key) = p.record.restore_key {
+        // A rollback: its transaction put the version back and dropped it, together.
+        if !runs::may_publish(&reader, p.try_id, None).map_err(|e| e.to_string())? {
+            return Ok(Finished::Dropped("already finished".into()));
+        }
+        return match warehouse::versions::find(&wh, &task.target, key) {
+            Ok(None) => Ok(Finished::Published(p.record.rows.unwrap_or(0))),
+            Ok(Some(_)) => Err(
+                "the rollback did not commit: the partition is as it was; roll it back again"
+                    .into(),
+            ),
+            Err(e) => Err(e.to_string()),
+        };
+    }
     let audit = match (&p.audit_path, &p.audit_table) {
         (Some(path), _) => AuditFile::existing(Path::new(path)),
         (None, Some(table)) => legacy_audit(&wh, table, manifest_path, p.try_id)?,
@@ -350,6 +364,12 @@ fn finish_publish(
     let allowed = || runs::may_publish(&reader, p.try_id, None).map_err(|e| e.to_string());
     let current = runs::published(&reader, &p.dag_id, &p.task_id, p.interval.start.timestamp())
         .map_err(|e| e.to_string())?;
+    // The rows being replaced are those of the current publish's content (for a rollback, the
+    // try whose rows it put back).
+    let version_of = match current {
+        Some((t, _)) => runs::content_of(&reader, t).map_err(|e| e.to_string())?,
+        None => None,
+    };
     let publish = warehouse::publish::Publish {
         task,
         interval: p.interval,
@@ -359,7 +379,7 @@ fn finish_publish(
         expect_fingerprint: p.record.fingerprint.as_deref(),
         keep: Some(warehouse::versions::Keep {
             by_try: p.try_id,
-            version_of: current.map(|(t, _)| t),
+            version_of,
             keep: task.keep_versions,
         }),
     };

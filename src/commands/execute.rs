@@ -172,7 +172,7 @@ fn run(g: &Global, project: &Project, e: Execution, writer: &Writer) -> Result<E
         (BackfillState::Cancelled, exit::INTERRUPTED)
     } else if counts.failed + counts.rejected > 0 {
         (BackfillState::Failed, exit::FAILED)
-    } else if staging {
+    } else if staging && counts.succeeded > 0 {
         // Its outputs await `promote`.
         (BackfillState::Staged, exit::OK)
     } else {

@@ -22,6 +22,12 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
     let (project, _, conn, backfill) = find_backfill(g, id)?;
     drop(conn);
     let code = resume_one(g, id)?;
+    if let (crate::state::BackfillKind::Promote, Some(source)) =
+        (backfill.kind, backfill.source_backfill)
+    {
+        let path = g.manifest_path(Some(&project))?;
+        super::staging::settle_staged(&path, &project, source)?;
+    }
     let root = match (&backfill.cascade, backfill.cascade_of) {
         (Some(_), _) => Some(backfill.clone()),
         (None, Some(root)) => {

@@ -147,7 +147,7 @@ fn read_conf(b: &Backfill) -> Result<serde_json::Value, Error> {
 }
 
 /// Once no output of a staged backfill awaits promotion, it is complete.
-fn settle_staged(path: &Path, project: &Project, id: i64) -> Result<(), Error> {
+pub(super) fn settle_staged(path: &Path, project: &Project, id: i64) -> Result<(), Error> {
     let conn = manifest::open(path, project.durability)?;
     conn.execute(
         "UPDATE backfills SET state = 'completed'
@@ -174,6 +174,18 @@ pub fn promote(g: &Global, id: i64, whens: &[String], allow_drift: bool) -> Resu
     if waiting.is_empty() {
         return nothing_left(g, id, &chosen, "promote");
     }
+    if let Some(s) = waiting
+        .iter()
+        .find(|s| !dag.tasks.iter().any(|t| t.id == s.task_id))
+    {
+        return Err(Error::Usage(format!(
+            "backfill {id} staged an output of task `{}`, which DAG `{}` no longer has; restore the task in {} to promote it, or drop it with `{}`",
+            s.task_id,
+            dag.id,
+            dag.file,
+            hint(&format!("discard {id}"))
+        )));
+    }
     let conf = read_conf(&source)?;
     let intervals = intervals_of(&waiting);
     let reprs = check_tasks(&dag, &conf, &intervals)?;
@@ -189,6 +201,7 @@ pub fn promote(g: &Global, id: i64, whens: &[String], allow_drift: bool) -> Resu
         let starts: HashSet<i64> = intervals.iter().map(|i| i.start.timestamp()).collect();
         let mut outputs = staged_outputs(&path, id)?;
         outputs.retain(|(start, _), _| starts.contains(start));
+        crate::fault::point("promote-read-staged");
         let intervals: Vec<DataInterval> = intervals
             .iter()
             .copied()
@@ -241,6 +254,10 @@ pub fn promote(g: &Global, id: i64, whens: &[String], allow_drift: bool) -> Resu
         Ok(None) => {
             writer.close();
             settle_staged(&path, &project, id)?;
+            // Recovery may have finished a killed promote: count again.
+            let all =
+                runs::staged(&manifest::open_read_only(&path)?, id).map_err(|e| e.at(&path))?;
+            let chosen = select(all, whens, &dag, id)?;
             return nothing_left(g, id, &chosen, "promote");
         }
         Err(e) => {
@@ -348,18 +365,44 @@ pub fn discard(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
     let tries: Vec<i64> = waiting.iter().map(|(t, _)| *t).collect();
     let writer = Writer::spawn(manifest::open(&path, project.durability)?, &path)?;
     let discarded = writer.call_blocking(move |c| {
-        let mut n = 0;
+        let mut gone = Vec::new();
         for t in tries {
-            n += i64::from(runs::set_staged(c, t, StagedState::Discarded)?);
+            if runs::discard_staged(c, t)? {
+                gone.push(t);
+            }
         }
-        Ok(n)
+        Ok(gone)
     });
     writer.close();
-    let discarded = discarded?;
+    let gone = discarded?;
+    let discarded = i64::try_from(gone.len()).unwrap_or(i64::MAX);
+    if discarded < i64::try_from(waiting.len()).unwrap_or(i64::MAX) {
+        warn(
+            g,
+            &format!(
+                "{} of backfill {id} {} being promoted and {} kept",
+                crate::report::out::plural(
+                    i64::try_from(waiting.len() - gone.len()).unwrap_or(0),
+                    "staged output",
+                    "staged outputs"
+                ),
+                if waiting.len() - gone.len() == 1 {
+                    "is"
+                } else {
+                    "are"
+                },
+                if waiting.len() - gone.len() == 1 {
+                    "was"
+                } else {
+                    "were"
+                },
+            ),
+        );
+    }
     // The audit files go once the manifest no longer points at them; a command task's result
     // file stays with its logs.
     let audits = crate::warehouse::audit_dir(&path);
-    for (_, file) in &waiting {
+    for (_, file) in waiting.iter().filter(|(t, _)| gone.contains(t)) {
         if let Some(file) = file.as_deref().map(Path::new)
             && file.starts_with(&audits)
         {
@@ -416,6 +459,23 @@ pub fn diff(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
         let published =
             runs::published_fingerprint(&conn, &dag.id, &s.task_id, s.interval.start.timestamp())
                 .map_err(|e| e.at(&path))?;
+        let task = dag.tasks.iter().find(|t| t.id == s.task_id);
+        // A SQL task's partition is read from the warehouse: it may have been changed by hand
+        // since the manifest recorded its publish.
+        let published: Option<(i64, i64, Option<String>)> = match task.map(|t| &t.kind) {
+            Some(TaskKind::Sql(sql)) => {
+                let wh = crate::warehouse::open(&sql.warehouse)?;
+                let repr = reprs.get(&s.task_id).copied().flatten();
+                let (rows, fingerprint) =
+                    crate::warehouse::diff::published(&wh, sql, repr, s.interval, dag.tz)
+                        .map_err(|e| Error::Usage(e.at(&sql.warehouse).to_string()))?;
+                match published {
+                    None if rows == 0 => None,
+                    other => Some((other.map_or(0, |p| p.0), rows, Some(fingerprint))),
+                }
+            }
+            _ => published,
+        };
         let published_rows = published.as_ref().map(|p| p.1);
         let staged_rows = s.record.rows;
         let change_pct = match (published_rows, staged_rows) {
@@ -432,7 +492,6 @@ pub fn diff(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
             .and_then(|p| p.2.clone())
             .zip(s.record.fingerprint.clone())
             .map(|(a, b)| a == b);
-        let task = dag.tasks.iter().find(|t| t.id == s.task_id);
         let keys = match task.map(|t| (&t.kind, t.gate.as_ref())) {
             Some((TaskKind::Sql(sql), Some(gate))) if !gate.unique_key.is_empty() => {
                 let file = s.path.as_deref().map(Path::new).filter(|p| p.is_file());
@@ -486,8 +545,8 @@ pub fn diff(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
 }
 
 /// `backfill rollback`: a backfill of kind `rollback` that puts back, per interval, the rows
-/// that the current publish of each chosen SQL task replaced. Intervals that have no kept
-/// version for a chosen task are not touched and reported (exit 3).
+/// that the current publish of each chosen SQL task replaced. An interval without a kept version
+/// for a chosen task fails (exit 3) and is left untouched.
 pub fn rollback(
     g: &Global,
     dag_id: &str,
@@ -542,82 +601,17 @@ pub fn rollback(
     let now = clock::now()?;
     let range = resolve_args(from, to, now, dag.tz)?;
     let intervals = expand_nonempty(&dag.schedule, range, from, to)?;
-    let path = g.manifest_path(Some(&project))?;
     let window = DataInterval::new(intervals[0].start, intervals[intervals.len() - 1].end);
     let mut reprs = HashMap::new();
-    let mut conns = Vec::new();
     for (task, sql) in &chosen {
         let problem = |e: String| Error::Usage(format!("{}: task `{}`: {e}", dag.file, task.id));
         let conn = crate::warehouse::open(&sql.warehouse).map_err(|e| problem(e.to_string()))?;
         let repr = crate::warehouse::decide_repr(&conn, sql, window, dag.tz).map_err(problem)?;
         reprs.insert(task.id.clone(), repr);
-        conns.push(conn);
-    }
-    // Which intervals can be rolled back: each chosen task has a kept version of the rows its
-    // current publish replaced. The others are left alone and reported.
-    let labels = crate::report::Labeler::new(&dag);
-    let mut missing: Vec<String> = Vec::new();
-    let mut ready = Vec::new();
-    let manifest = manifest::open_if_exists(&path)?;
-    for interval in &intervals {
-        let mut why = None;
-        for ((task, sql), wh) in chosen.iter().zip(&conns) {
-            let published = match &manifest {
-                Some(c) => runs::published(c, &dag.id, &task.id, interval.start.timestamp())
-                    .map_err(|e| e.at(&path))?,
-                None => None,
-            };
-            let Some((current, _)) = published else {
-                why = Some(format!("task `{}`: nothing is published", task.id));
-                break;
-            };
-            let key = match &manifest {
-                Some(c) => runs::content_of(c, current).map_err(|e| e.at(&path))?,
-                None => None,
-            };
-            let kept = match key {
-                Some(k) => crate::warehouse::versions::find(wh, &sql.target, k)
-                    .map_err(|e| Error::Usage(e.at(&sql.warehouse).to_string()))?
-                    .is_some(),
-                None => false,
-            };
-            if !kept {
-                why = Some(match key {
-                    Some(k) => format!(
-                        "task `{}`: no earlier version is kept (none of the rows that try {k}'s publish replaced; keep_versions = {})",
-                        task.id, sql.keep_versions
-                    ),
-                    None => format!(
-                        "task `{}`: no earlier version is kept (the rows put back by try {current} predate the manifest)",
-                        task.id
-                    ),
-                });
-                break;
-            }
-        }
-        match why {
-            Some(why) => missing.push(format!("{}: {why}", labels.label(interval.start))),
-            None => ready.push(*interval),
-        }
-    }
-    drop(conns);
-    drop(manifest);
-    for m in &missing {
-        eprintln!("cannot roll back {m}");
-    }
-    if ready.is_empty() {
-        if g.json {
-            crate::report::out::json(&serde_json::json!({
-                "backfill_id": null,
-                "state": "failed",
-                "exit_code": exit::FAILED,
-                "not_rolled_back": missing,
-            }))?;
-        }
-        return Ok(exit::FAILED);
     }
     let max_active_runs = max_active_runs.or(dag.max_active_runs).unwrap_or(1);
     let (range_start, range_end) = super::create::unix_range(range);
+    let tasks = (!only.is_empty()).then(|| only.to_vec());
     let request = NewBackfill {
         dag_id: dag.id.clone(),
         from_arg: from.to_string(),
@@ -631,74 +625,26 @@ pub fn rollback(
         conf: "{}".into(),
         kind: BackfillKind::Rollback,
         source_backfill: None,
-        tasks: (!only.is_empty()).then(|| only.to_vec()),
+        tasks: tasks.clone(),
         cascade: None,
         cascade_of: None,
         max_failures: None,
     };
-    let writer = Writer::spawn(manifest::open(&path, project.durability)?, &path)?;
-    let ctx = LeaseCtx::new(project.lease_timeout);
-    let dags = Dags::of(&project);
-    let prepared = (|| {
-        let report = recovery::release_stale(&writer, &dags, &dag.id, &ctx, None)?;
-        for w in &report.warnings {
-            warn(g, w);
-        }
-        let first = ctx.refreshed();
-        let owner = writer.call_blocking(move |c| backfills::insert(c, &request, &first))?;
-        let beat = Beating::start(&writer, owner);
-        let planned = write_plan(
-            &writer,
-            owner,
-            &dag,
-            &ready,
-            options(dag.depends_on_past)?,
-            Marks {
-                already: &HashSet::new(),
-                changed: &HashSet::new(),
-                upstream: &HashMap::new(),
-            },
-            &ctx,
-        )?;
-        drop(beat);
-        Ok::<_, Error>((owner, planned))
-    })();
-    let (owner, planned) = match prepared {
-        Ok(v) => v,
-        Err(e) => {
-            writer.close();
-            return taken_over(e);
-        }
-    };
-    if !g.quiet && !g.json {
-        eprintln!(
-            "backfill {} rolls back {} of {}",
-            owner.backfill_id,
-            crate::report::out::plural(planned.to_run.len() as i64, "interval", "intervals"),
-            dag.id
-        );
-    }
-    let tasks = (!only.is_empty()).then(|| only.to_vec());
-    let code = execute(
+    let options = options(dag.depends_on_past)?;
+    let (code, _) = super::create::launch(
         g,
         &project,
-        Execution {
-            owner,
+        super::create::Launch {
             dag,
             conf: serde_json::json!({}),
-            max_active_runs,
-            intervals: planned.to_run,
-            allow_drift: false,
+            intervals,
+            request,
+            options,
+            changed: &HashSet::new(),
+            upstream: &HashMap::new(),
             reprs,
-            max_failures: None,
-            tasks: None,
             mode: Mode::Rollback(tasks),
         },
-        writer,
     )?;
-    Ok(if code == exit::OK && !missing.is_empty() {
-        exit::FAILED
-    } else {
-        code
-    })
+    Ok(code)
 }

@@ -15,8 +15,8 @@ use crate::plan::{Action, PlanRow, Prior, SkipReason};
 use crate::state::RunState;
 
 /// What the manifest knows about each interval (ascending), for planning: the latest run, and
-/// whether a lease is held as `judge` says. A staged run publishes nothing: only the runs of
-/// other backfills tell what an interval holds.
+/// whether a lease is held as `judge` says. Staged runs publish nothing and rollbacks put back
+/// what earlier runs computed: only the runs of other backfills tell what was computed.
 pub fn priors(
     conn: &Connection,
     dag_id: &str,
@@ -33,7 +33,7 @@ pub fn priors(
         "SELECT r.interval_start, r.state FROM runs r
          JOIN (SELECT MAX(id) AS id FROM runs
                WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
-                 AND backfill_id NOT IN (SELECT id FROM backfills WHERE kind = 'stage')
+                 AND backfill_id NOT IN (SELECT id FROM backfills WHERE kind IN ('stage', 'rollback'))
                GROUP BY interval_start) m ON r.id = m.id",
     )?;
     let mut rows = stmt.query(params![dag_id, lo, hi])?;
@@ -61,7 +61,7 @@ pub fn state_before(conn: &Connection, dag_id: &str, start: i64) -> Result<Optio
         .prepare_cached(
             "SELECT interval_end, state FROM runs
              WHERE dag_id = ?1 AND interval_start < ?2
-               AND backfill_id NOT IN (SELECT id FROM backfills WHERE kind = 'stage')
+               AND backfill_id NOT IN (SELECT id FROM backfills WHERE kind IN ('stage', 'rollback'))
              ORDER BY interval_start DESC, id DESC LIMIT 1",
         )?
         .query_row(params![dag_id, start], |r| Ok((r.get(0)?, r.get(1)?)))
@@ -172,7 +172,7 @@ pub fn latest_runs(
         "SELECT r.interval_start, r.state, r.backfill_id, r.started_at FROM runs r
          JOIN (SELECT MAX(id) AS id FROM runs
                WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
-                 AND backfill_id NOT IN (SELECT id FROM backfills WHERE kind = 'stage')
+                 AND backfill_id NOT IN (SELECT id FROM backfills WHERE kind IN ('stage', 'rollback'))
                GROUP BY interval_start) m ON r.id = m.id",
     )?;
     let rows = stmt.query_map(params![dag_id, lo, hi], |r| {

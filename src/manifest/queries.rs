@@ -580,6 +580,7 @@ pub fn recorded_sources(
          FROM runs r
          JOIN (SELECT MAX(id) AS id FROM runs
                WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
+                 AND backfill_id NOT IN (SELECT id FROM backfills WHERE kind IN ('stage', 'rollback'))
                GROUP BY interval_start) m ON r.id = m.id
          LEFT JOIN task_tries t ON t.run_id = r.id AND t.state = 'succeeded'
          WHERE r.state = 'succeeded'

@@ -225,6 +225,8 @@ pub struct TryRecord {
     pub promoted_from: Option<i64>,
     /// A rollback try: the try whose rows it put back (`None` when they predate the manifest).
     pub restored_from: Option<i64>,
+    /// A rollback try: the kept version it puts back.
+    pub restore_key: Option<i64>,
 }
 
 impl TryRecord {
@@ -243,6 +245,7 @@ impl TryRecord {
             staged_path: None,
             promoted_from: None,
             restored_from: None,
+            restore_key: None,
             previous_rows: None,
             verdict: None,
             reasons: None,
@@ -309,7 +312,8 @@ pub fn record_publish_intent(
         .prepare_cached(
             "UPDATE task_tries SET publishing = 1, audit_path = ?2, rows = ?3, fingerprint = ?4,
                 source_rows = ?5, previous_rows = ?6, verdict = ?7, reasons = ?8,
-                source_fingerprint = ?9, promoted_from = ?10, restored_from = ?11
+                source_fingerprint = ?9, promoted_from = ?10, restored_from = ?11,
+                restore_key = ?12
              WHERE id = ?1 AND state = 'running'",
         )?
         .execute(params![
@@ -323,7 +327,8 @@ pub fn record_publish_intent(
             rec.reasons,
             rec.source_fingerprint,
             rec.promoted_from,
-            rec.restored_from
+            rec.restored_from,
+            rec.restore_key
         ])?;
     Ok(changed == 1)
 }
@@ -437,7 +442,7 @@ pub fn pending_publishes(conn: &Connection, backfill_id: i64) -> Result<Vec<Pend
         "SELECT t.id, t.run_id, r.dag_id, t.task_id, r.interval_start, r.interval_end,
                 t.audit_path, t.audit_table, t.rows, t.fingerprint, t.source_rows,
                 t.previous_rows, t.verdict, t.reasons, t.source_fingerprint, t.promoted_from,
-                t.restored_from
+                t.restored_from, t.restore_key
          FROM runs r JOIN task_tries t ON t.run_id = r.id
          WHERE r.backfill_id = ?1 AND t.publishing = 1 ORDER BY t.id",
     )?;
@@ -460,6 +465,7 @@ pub fn pending_publishes(conn: &Connection, backfill_id: i64) -> Result<Vec<Pend
                 source_fingerprint: r.get(14)?,
                 promoted_from: r.get(15)?,
                 restored_from: r.get(16)?,
+                restore_key: r.get(17)?,
                 ..TryRecord::new(TryState::Succeeded)
             },
         })
@@ -665,4 +671,34 @@ pub fn published_fingerprint(
             Ok((r.get(0)?, r.get(1)?, r.get(2)?))
         })
         .optional()?)
+}
+
+/// Whether a staged try's output still awaits promotion.
+pub fn is_staged(conn: &Connection, staged_try: i64) -> Result<bool> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM task_tries WHERE id = ?1 AND staged = 'staged'")?
+        .query_row([staged_try], |_| Ok(()))
+        .optional()?
+        .is_some())
+}
+
+/// Records that try `try_id` promotes the staged try `staged_try`.
+pub fn set_promoted_from(conn: &Connection, try_id: i64, staged_try: i64) -> Result<()> {
+    conn.prepare_cached("UPDATE task_tries SET promoted_from = ?2 WHERE id = ?1")?
+        .execute(params![try_id, staged_try])?;
+    Ok(())
+}
+
+/// Discards a staged output unless a promote of it is running: `false` when it was not
+/// discarded.
+pub fn discard_staged(conn: &Connection, staged_try: i64) -> Result<bool> {
+    let changed = conn
+        .prepare_cached(
+            "UPDATE task_tries SET staged = 'discarded'
+             WHERE id = ?1 AND staged = 'staged' AND NOT EXISTS (
+                 SELECT 1 FROM task_tries p
+                 WHERE p.promoted_from = ?1 AND (p.state = 'running' OR p.publishing = 1))",
+        )?
+        .execute([staged_try])?;
+    Ok(changed == 1)
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use tokio::sync::watch;
 
-use super::record::{LastTry, Published, Started, published_try};
+use super::record::{Claimed, LastTry, Published, Started, published_try};
 use super::sql_try::{ToPublish, TryLog, publish_audited};
 use super::tries::{
     Outcome, TaskEnd, TryInput, apply_verdict, failed, rules, run_step, settle, start_single,
@@ -41,8 +41,11 @@ pub(super) async fn promote_task(
     if *stop.borrow() != Stop::Run {
         return Ok((TaskEnd::Cancelled, None));
     }
-    let Some(started) = start_single(shared, task, interval, run_id).await? else {
-        return Ok((TaskEnd::Cancelled, None));
+    let started = match start_single(shared, task, interval, run_id, Some(staged.try_id)).await? {
+        Claimed::Started(s) => s,
+        // Promoted or discarded since this promote read the staged outputs.
+        Claimed::Gone => return Ok((TaskEnd::Skipped, None)),
+        Claimed::TakenOver => return Ok((TaskEnd::Cancelled, None)),
     };
     let outcome = match &task.kind {
         TaskKind::Sql(sql) => promote_sql(shared, task, sql, interval, &started, staged).await?,

@@ -92,6 +92,31 @@ pub(super) async fn start_try(
     run_id: Option<i64>,
     try_number: u32,
 ) -> Result<Option<Started>, Error> {
+    match start_claiming(shared, task, interval, run_id, try_number, None).await? {
+        Claimed::Started(s) => Ok(Some(s)),
+        Claimed::TakenOver | Claimed::Gone => Ok(None),
+    }
+}
+
+/// How starting a try that claims a staged output went.
+pub(super) enum Claimed {
+    Started(Started),
+    TakenOver,
+    /// The staged output was promoted or discarded meanwhile: nothing to do.
+    Gone,
+}
+
+/// [`start_try`] for a promote: in the same commit, checks that the staged try `claim` is still
+/// staged and records the new try as its promote (`promoted_from`), so that no other promote
+/// or discard acts on it meanwhile.
+pub(super) async fn start_claiming(
+    shared: &Shared,
+    task: &Task,
+    interval: DataInterval,
+    run_id: Option<i64>,
+    try_number: u32,
+    claim: Option<i64>,
+) -> Result<Claimed, Error> {
     let spec = &shared.spec;
     let (owner, dag_id, task_id) = (spec.owner, spec.dag.id.clone(), task.id.clone());
     let logs_dir = spec.logs_dir.clone();
@@ -105,11 +130,16 @@ pub(super) async fn start_try(
         .call(move |c| {
             let now = now_ms();
             let f = fence(c, owner)?;
+            if let Some(staged) = claim
+                && !runs::is_staged(c, staged)?
+            {
+                return Ok(Claimed::Gone);
+            }
             let (run_id, fresh) = match run_id {
                 Some(id) => (id, false),
                 None => match runs::start_run(c, f, &dag_id, interval, now)? {
                     Some(id) => (id, true),
-                    None => return Ok(None),
+                    None => return Ok(Claimed::TakenOver),
                 },
             };
             let (log, result) = command::try_paths(
@@ -127,14 +157,17 @@ pub(super) async fn start_try(
             } else {
                 match runs::start_try(c, f, run_id, &task_id, try_number, &log_text, now)? {
                     Some(id) => id,
-                    None => return Ok(None),
+                    None => return Ok(Claimed::TakenOver),
                 }
             };
+            if let Some(staged) = claim {
+                runs::set_promoted_from(c, try_id, staged)?;
+            }
             let audit = audit_dir.map(|dir| dir.join(warehouse::audit::try_file(try_id)));
             if let Some(path) = &audit {
                 runs::set_try_audit(c, f, try_id, &path.display().to_string())?;
             }
-            Ok(Some(Started {
+            Ok(Claimed::Started(Started {
                 run_id,
                 try_id,
                 log,

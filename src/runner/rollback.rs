@@ -24,8 +24,9 @@ pub(super) async fn rollback_task(
     interval: DataInterval,
     run_id: &mut Option<i64>,
 ) -> Result<(TaskEnd, Option<LastTry>), Error> {
-    let Some(started) = start_single(shared, task, interval, run_id).await? else {
-        return Ok((TaskEnd::Cancelled, None));
+    let started = match start_single(shared, task, interval, run_id, None).await? {
+        super::record::Claimed::Started(s) => s,
+        _ => return Ok((TaskEnd::Cancelled, None)),
     };
     let outcome = rollback_sql(shared, task, sql, interval, &started).await?;
     Ok(settle(shared, outcome, &started, task, interval))
@@ -67,10 +68,15 @@ async fn rollback_sql(
     let (key, version, fingerprint) = match found {
         Ok(Some(v)) => v,
         Ok(None) => {
-            let error = format!(
-                "no kept version: the rows that try {current}'s publish replaced were not kept (keep_versions = {} for `{}`)",
-                sql.keep_versions, task.id
-            );
+            let error = match content {
+                Some(key) => format!(
+                    "no earlier version is kept (none of the rows that try {key}'s publish replaced; keep_versions = {})",
+                    sql.keep_versions
+                ),
+                None => format!(
+                    "no earlier version is kept (the rows put back by try {current} predate the manifest)"
+                ),
+            };
             log.line(&error);
             return Ok(failed(error, None));
         }
@@ -86,6 +92,7 @@ async fn rollback_sql(
     record.previous_rows = Some(current_rows);
     record.verdict = Some(runs::ROLLED_BACK.into());
     record.restored_from = version.version_of;
+    record.restore_key = Some(key);
     log.line(&format!(
         "rolling back `{}` for [{}, {}): {} rows published by try {current} make way for the {} rows {}",
         sql.target,

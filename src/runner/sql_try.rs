@@ -316,6 +316,12 @@ pub(super) async fn publish_audited(
                 let allowed =
                     || runs::may_publish(reader, try_id, Some(owner)).map_err(|e| e.to_string());
                 let conn = warehouse::pool::take(&s.warehouse);
+                // The rows being replaced are those of the current publish's content (for a
+                // rollback, the try whose rows it put back).
+                let version_of = match current {
+                    Some((t, _)) => runs::content_of(reader, t).unwrap_or(Some(t)),
+                    None => None,
+                };
                 let p = publish::Publish {
                     task: &s,
                     interval,
@@ -325,7 +331,7 @@ pub(super) async fn publish_audited(
                     expect_fingerprint: expect.as_deref(),
                     keep: Some(warehouse::versions::Keep {
                         by_try: try_id,
-                        version_of: current.map(|(t, _)| t),
+                        version_of,
                         keep: s.keep_versions,
                     }),
                 };

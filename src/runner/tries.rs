@@ -566,10 +566,14 @@ pub(super) async fn start_single(
     task: &Task,
     interval: DataInterval,
     run_id: &mut Option<i64>,
-) -> Result<Option<super::record::Started>, Error> {
-    let Some(started) = start_try(shared, task, interval, *run_id, 1).await? else {
-        return Ok(None);
-    };
+    claim: Option<i64>,
+) -> Result<super::record::Claimed, Error> {
+    use super::record::Claimed;
+    let started =
+        match super::record::start_claiming(shared, task, interval, *run_id, 1, claim).await? {
+            Claimed::Started(s) => s,
+            other => return Ok(other),
+        };
     if run_id.is_none() {
         *run_id = Some(started.run_id);
         let _ = shared.events.send(Event::IntervalStarted {
@@ -577,7 +581,7 @@ pub(super) async fn start_single(
             run_id: started.run_id,
         });
     }
-    Ok(Some(started))
+    Ok(Claimed::Started(started))
 }
 
 /// Gate rules of a task. Without a gate only the boundary check applies (SQL tasks): publishing

@@ -68,30 +68,10 @@ fn compare(
         .collect();
     let cols = columns.join(", ");
     let k = key.iter().map(|c| quote(c)).collect::<Vec<_>>().join(", ");
-    let reprs = match repr {
-        Some(r) => vec![r],
-        None => vec![
-            Repr::Date,
-            Repr::Timestamp(' '),
-            Repr::Timestamp('T'),
-            Repr::UnixSeconds,
-        ],
-    };
-    let mut binds = Vec::new();
-    let mut predicates = Vec::new();
-    for (i, r) in reprs.iter().enumerate() {
-        let (lo, hi) = r.bounds(interval, tz);
-        predicates.push(format!(
-            "({})",
-            r.predicate(&task.partition_column, 2 * i + 1)
-        ));
-        binds.push(lo);
-        binds.push(hi);
-    }
+    let (predicates, binds) = ranges(task, repr, interval, tz);
     let with = format!(
-        "WITH p AS (SELECT {cols} FROM main.{} WHERE {}), s AS (SELECT {cols} FROM staged.rows)",
+        "WITH p AS (SELECT {cols} FROM main.{} WHERE {predicates}), s AS (SELECT {cols} FROM staged.rows)",
         quote(&task.target),
-        predicates.join(" OR ")
     );
     let sets = [
         format!("SELECT {k} FROM s EXCEPT SELECT {k} FROM p"),
@@ -149,4 +129,67 @@ fn json(v: ValueRef<'_>) -> serde_json::Value {
         )
         .into(),
     }
+}
+
+/// The rows the target holds for the interval now, and their fingerprint over the query's
+/// columns: what is published, whatever the manifest recorded (the table may have been changed
+/// by hand since).
+pub fn published(
+    conn: &Connection,
+    task: &SqlTask,
+    repr: Option<Repr>,
+    interval: DataInterval,
+    tz: chrono_tz::Tz,
+) -> Result<(i64, String)> {
+    let target = table_columns(conn, "main", &task.target)?;
+    let columns: Vec<String> = conn
+        .prepare(&super::wrapped_query(&task.sql))?
+        .column_names()
+        .map(|c| {
+            if target.iter().any(|t| t == c) {
+                quote(c)
+            } else {
+                format!("NULL AS {}", quote(c))
+            }
+        })
+        .collect();
+    let (predicates, binds) = ranges(task, repr, interval, tz);
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {} FROM main.{} WHERE {}",
+        columns.join(", "),
+        quote(&task.target),
+        predicates
+    ))?;
+    super::audit::fingerprint_rows(&mut stmt, rusqlite::params_from_iter(binds.iter()))
+}
+
+/// The predicate that selects the interval's rows of the target, with its parameters: one
+/// range per representation when it is not known.
+fn ranges(
+    task: &SqlTask,
+    repr: Option<Repr>,
+    interval: DataInterval,
+    tz: chrono_tz::Tz,
+) -> (String, Vec<rusqlite::types::Value>) {
+    let reprs = match repr {
+        Some(r) => vec![r],
+        None => vec![
+            Repr::Date,
+            Repr::Timestamp(' '),
+            Repr::Timestamp('T'),
+            Repr::UnixSeconds,
+        ],
+    };
+    let mut binds = Vec::new();
+    let mut predicates = Vec::new();
+    for (i, r) in reprs.iter().enumerate() {
+        let (lo, hi) = r.bounds(interval, tz);
+        predicates.push(format!(
+            "({})",
+            r.predicate(&task.partition_column, 2 * i + 1)
+        ));
+        binds.push(lo);
+        binds.push(hi);
+    }
+    (predicates.join(" OR "), binds)
 }

@@ -268,10 +268,19 @@ pub fn find(conn: &Connection, target: &str, replaced_by: i64) -> Result<Option<
 /// The order-independent fingerprint of a kept version's rows, over the query's columns: what
 /// the partition will hold once it is put back.
 pub fn fingerprint(conn: &Connection, task: &SqlTask, replaced_by: i64) -> Result<(i64, String)> {
+    // What the partition holds once the version is put back: the kept columns, and NULL for
+    // a column added to the target since (never a name SQLite would read as a string).
+    let kept = table_columns(conn, "main", &kept_table(&task.target))?;
     let columns: Vec<String> = conn
         .prepare(&super::wrapped_query(&task.sql))?
         .column_names()
-        .map(quote)
+        .map(|c| {
+            if kept.iter().any(|k| k == c) {
+                quote(c)
+            } else {
+                format!("NULL AS {}", quote(c))
+            }
+        })
         .collect();
     let mut stmt = conn.prepare(&format!(
         "SELECT {} FROM main.{} WHERE _replaced_by = ?1",

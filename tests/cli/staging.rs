@@ -351,9 +351,27 @@ fn rollback_restores_the_exact_previous_rows() {
         ],
     )
     .code(3)
-    .stderr_has("cannot roll back 2026-09-01: task `load`: no earlier version is kept")
-    .stderr_has("cannot roll back 2026-09-03")
-    .stderr_has("backfill 3 rolls back 1 interval of orders_fact");
+    .stderr_has("failed 2026-09-01: task `load` failed: no earlier version is kept")
+    .stderr_has("failed 2026-09-03: task `load` failed: no earlier version is kept")
+    .stderr_has("backfill 3 of orders_fact: failed — 1 succeeded, 2 failed");
+    let doc = p.run(&["show", "3", "--output", "json"]).json();
+    assert_eq!(doc["kind"], "rollback");
+    assert_eq!(doc["state"], "failed");
+    // A failed rollback is not a failed run of the interval: a plain create still sees each
+    // interval as published.
+    let dry = create(
+        &p,
+        "2026-09-01",
+        "2026-09-03",
+        &[
+            "--reprocess-behavior",
+            "failed",
+            "--dry-run",
+            "--output",
+            "json",
+        ],
+    );
+    assert_eq!(dry.json()["to_run"], 0);
     assert_eq!(day("2026-09-02"), first, "the exact previous rows");
     assert_eq!((day("2026-09-01"), day("2026-09-03")), untouched);
     // The manifest says what the warehouse holds: the rollback put back backfill 1's rows.
@@ -407,9 +425,13 @@ fn rollback_restores_the_exact_previous_rows() {
         ],
     )
     .code(3)
-    .stderr_has("cannot roll back 2026-09-02: task `load`: no earlier version is kept");
+    .stderr_has("failed 2026-09-02: task `load` failed: no earlier version is kept");
     assert_eq!(day("2026-09-02"), first);
-    assert_eq!(p.count("SELECT COUNT(*) FROM backfills"), 3);
+    assert_eq!(
+        p.rows("SELECT t.verdict FROM published p JOIN task_tries t ON t.id = p.try_id WHERE p.interval_start = 1788307200"),
+        [["rolled back"]],
+        "the failed rollback changed nothing"
+    );
 }
 
 #[test]
@@ -586,4 +608,243 @@ fn resume_of_a_killed_staging_continues_staging() {
     for day in ["2026-09-01", "2026-09-02", "2026-09-03", "2026-09-04"] {
         assert!(day_is_exact(&p, day), "{day}");
     }
+}
+
+/// Publishes 2026-09-03 of `orders_fact` again after changing its amounts by `by`.
+fn republish(p: &Project, by: i64) {
+    wh(p)
+        .execute(
+            "UPDATE raw_orders SET amount_cents = amount_cents + ?1 WHERE date(order_ts) = '2026-09-03'",
+            [by],
+        )
+        .unwrap();
+    create(
+        p,
+        "2026-09-03",
+        "2026-09-03",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(0);
+}
+
+fn rollback_03(p: &Project) -> crate::support::Out {
+    p.run(&[
+        "rollback",
+        "--dag",
+        "orders_fact",
+        "--from",
+        "2026-09-03",
+        "--to",
+        "2026-09-03",
+    ])
+}
+
+fn day_03(p: &Project) -> Vec<String> {
+    wh_rows(
+        p,
+        "SELECT * FROM orders_fact WHERE order_day = '2026-09-03' ORDER BY order_id",
+    )
+}
+
+#[test]
+fn rollback_after_a_rollback_and_a_republish_still_reaches_the_older_versions() {
+    let p = shop();
+    let toml = p.read("dags/orders_fact.toml").replace(
+        "partition_column = \"order_day\"",
+        "partition_column = \"order_day\"\nkeep_versions = 3",
+    );
+    p.write("dags/orders_fact.toml", &toml);
+    create(&p, "2026-09-03", "2026-09-03", &[]).code(0);
+    let v1 = day_03(&p);
+    republish(&p, 1);
+    let v2 = day_03(&p);
+    republish(&p, 1);
+    rollback_03(&p).code(0);
+    assert_eq!(day_03(&p), v2);
+    republish(&p, 1);
+    rollback_03(&p).code(0);
+    assert_eq!(day_03(&p), v2, "the rollback's content is v2");
+    rollback_03(&p).code(0);
+    assert_eq!(day_03(&p), v1, "and before v2 came v1");
+}
+
+#[test]
+fn a_killed_rollback_is_finished_by_the_next_rollback_and_not_redone() {
+    let p = shop();
+    let toml = p.read("dags/orders_fact.toml").replace(
+        "partition_column = \"order_day\"",
+        "partition_column = \"order_day\"\nkeep_versions = 2",
+    );
+    p.write("dags/orders_fact.toml", &toml);
+    create(&p, "2026-09-03", "2026-09-03", &[]).code(0);
+    let v1 = day_03(&p);
+    republish(&p, 1);
+    // A column is added to the target since the version was kept: the restored rows have
+    // NULL there, and the manifest must agree with the warehouse all the same.
+    wh(&p)
+        .execute_batch("ALTER TABLE orders_fact ADD COLUMN note TEXT")
+        .unwrap();
+    let toml = p
+        .read("dags/orders_fact.toml")
+        .replace("SELECT order_id,", "SELECT 'x' AS note, order_id,");
+    p.write("dags/orders_fact.toml", &toml);
+    republish(&p, 1);
+    let killed = p
+        .command(&[
+            "rollback",
+            "--dag",
+            "orders_fact",
+            "--from",
+            "2026-09-03",
+            "--to",
+            "2026-09-03",
+        ])
+        .env("BACKFILL_FAULT", "after-publish")
+        .output()
+        .unwrap();
+    assert_eq!(killed.status.code(), None);
+    // The warehouse holds the restored rows; the manifest only knows the intent.
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = 1"),
+        1
+    );
+    // The next rollback first finishes the killed one (the process is gone), then rolls back
+    // one version further: the kept v1 replaced by the second publish.
+    rollback_03(&p).code(0);
+    assert_eq!(
+        p.rows("SELECT t.verdict, t.state FROM task_tries t JOIN runs r ON r.id = t.run_id JOIN backfills b ON b.id = r.backfill_id WHERE b.kind = 'rollback' ORDER BY t.id"),
+        [["rolled back", "succeeded"], ["rolled back", "succeeded"]]
+    );
+    let restored: Vec<String> = day_03(&p);
+    assert_eq!(restored.len(), v1.len());
+    assert_eq!(
+        wh_rows(
+            &p,
+            "SELECT order_id, amount_cents FROM orders_fact WHERE order_day = '2026-09-03' ORDER BY order_id"
+        ),
+        {
+            let c = wh(&p);
+            let mut s = c.prepare("SELECT order_id, amount_cents - 2 FROM raw_orders WHERE date(order_ts) = '2026-09-03' ORDER BY order_id").unwrap();
+            let v: Vec<String> = s
+                .query_map([], |r| {
+                    Ok(format!(
+                        "{:?}|{:?}",
+                        r.get::<_, rusqlite::types::Value>(0)?,
+                        r.get::<_, rusqlite::types::Value>(1)?
+                    ))
+                })
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            v
+        },
+        "the first publish's rows: one rollback finished by recovery, then one more done"
+    );
+}
+
+/// A command DAG whose `publish` appends each publish to `publishes.log`.
+const LOGGED: &str = r#"
+schedule = "@daily"
+[[tasks]]
+id = "export"
+command = '''printf '{"rows": 2, "fingerprint": "f-{{ ds }}"}' > "$BACKFILL_RESULT"'''
+publish = '''echo "{{ ds }}" >> publishes.log'''
+[tasks.gate]
+source_count = "echo 2"
+"#;
+
+#[test]
+fn a_promote_that_read_the_staged_outputs_before_another_one_published_them_publishes_nothing() {
+    use nix::sys::signal::Signal;
+    for second in ["promote", "discard"] {
+        let p = Project::new().dag("cmd", LOGGED);
+        p.run(&[
+            "create",
+            "--dag",
+            "cmd",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+            "--stage",
+        ])
+        .code(0);
+        // The first promote freezes right after reading what is staged.
+        let first = p.spawn_with(
+            "first",
+            &["promote", "1"],
+            &[("BACKFILL_FAULT", "promote-read-staged:stop")],
+        );
+        crate::support::wait_until(
+            "the first promote to freeze",
+            std::time::Duration::from_secs(20),
+            || crate::support::stopped(first.id()),
+        );
+        p.run(&[second, "1"]).code(0);
+        crate::support::signal(&first, Signal::SIGCONT);
+        p.wait("first", first).code(0);
+        let log = std::fs::read_to_string(p.path("publishes.log")).unwrap_or_default();
+        match second {
+            "promote" => assert_eq!(log, "2026-01-01\n2026-01-02\n", "each day published once"),
+            _ => assert_eq!(log, "", "a discarded output is never published"),
+        }
+        assert_eq!(
+            p.count("SELECT COUNT(*) FROM task_tries WHERE promoted_from IS NOT NULL AND state = 'succeeded'"),
+            if second == "promote" { 2 } else { 0 }
+        );
+    }
+}
+
+#[test]
+fn diff_reads_the_published_partition_from_the_warehouse() {
+    let p = shop();
+    create(&p, "2026-09-01", "2026-09-02", &[]).code(0);
+    create(
+        &p,
+        "2026-09-01",
+        "2026-09-02",
+        &["--stage", "--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    // Someone deletes three orders of 2026-09-02 from the published table by hand.
+    let gone = wh_rows(
+        &p,
+        "SELECT order_id FROM orders_fact WHERE order_day = '2026-09-02' ORDER BY order_id LIMIT 3",
+    );
+    wh(&p)
+        .execute_batch(&format!(
+            "DELETE FROM orders_fact WHERE order_id IN ({})",
+            gone.iter()
+                .map(|v| v.trim_start_matches("Integer(").trim_end_matches(')'))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+        .unwrap();
+    let doc = p.run(&["diff", "2", "--output", "json"]).json();
+    let d2 = &doc[1];
+    assert_eq!(d2["interval"]["start"], "2026-09-02T00:00:00Z");
+    assert_eq!(
+        d2["published_rows"].as_i64().unwrap() + 3,
+        d2["staged_rows"].as_i64().unwrap()
+    );
+    assert_eq!(d2["same_fingerprint"], false);
+    assert_eq!(d2["keys"]["added"], 3);
+    assert_eq!(doc[0]["same_fingerprint"], true);
+}
+
+#[test]
+fn promote_refuses_an_output_of_a_task_the_dag_no_longer_has() {
+    let p = shop();
+    create(&p, "2026-09-01", "2026-09-01", &["--stage"]).code(0);
+    let toml = p
+        .read("dags/orders_fact.toml")
+        .replace("id = \"load\"", "id = \"load_v2\"");
+    p.write("dags/orders_fact.toml", &toml);
+    p.run(&["promote", "1"]).code(2).stderr_has(
+        "backfill 1 staged an output of task `load`, which DAG `orders_fact` no longer has",
+    );
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM task_tries WHERE staged = 'staged'"),
+        1
+    );
 }

@@ -356,16 +356,11 @@ pub(super) fn only_tasks(mut dag: Dag, names: &[String]) -> Result<Dag, Error> {
     }
     for n in names {
         if !dag.tasks.iter().any(|t| &t.id == n) {
-            return Err(Error::Usage(format!(
-                "--tasks {}: DAG `{}` has no task `{n}` (its tasks: {})",
-                names.join(","),
-                dag.id,
-                dag.tasks
-                    .iter()
-                    .map(|t| t.id.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )));
+            return Err(super::unknown_task(
+                &dag,
+                &format!("--tasks {}", names.join(",")),
+                n,
+            ));
         }
     }
     dag.tasks.retain(|t| names.contains(&t.id));

@@ -132,6 +132,19 @@ fn find_backfill(
     Ok((project, path, conn, backfill))
 }
 
+/// The error for a task name the DAG does not have (`what` is the option as typed).
+fn unknown_task(dag: &crate::project::Dag, what: &str, name: &str) -> Error {
+    Error::Usage(format!(
+        "{what}: DAG `{}` has no task `{name}` (its tasks: {})",
+        dag.id,
+        dag.tasks
+            .iter()
+            .map(|t| t.id.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+}
+
 /// The error for a backfill id the manifest does not have.
 fn unknown_backfill(id: i64, manifest: &std::path::Path) -> Error {
     Error::Usage(format!(

@@ -560,17 +560,7 @@ pub fn rollback(
     let mut chosen: Vec<(&crate::project::Task, &crate::project::SqlTask)> = Vec::new();
     for t in only {
         match dag.tasks.iter().find(|x| &x.id == t) {
-            None => {
-                return Err(Error::Usage(format!(
-                    "--task {t}: DAG `{}` has no task `{t}` (its tasks: {})",
-                    dag.id,
-                    dag.tasks
-                        .iter()
-                        .map(|t| t.id.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )));
-            }
+            None => return Err(super::unknown_task(&dag, &format!("--task {t}"), t)),
             Some(task) => match &task.kind {
                 TaskKind::Sql(sql) => chosen.push((task, sql)),
                 TaskKind::Command(_) => {

@@ -265,12 +265,7 @@ pub fn measure(
     tz: chrono_tz::Tz,
     source: Option<i64>,
 ) -> Result<AuditMeasures> {
-    const REPRS: [Repr; 4] = [
-        Repr::Date,
-        Repr::Timestamp(' '),
-        Repr::Timestamp('T'),
-        Repr::UnixSeconds,
-    ];
+    const REPRS: [Repr; 4] = Repr::ALL;
     let bounds = REPRS.map(|r| r.bounds(binds.interval, tz));
     let mut inside = [0i64; 4];
     let mut found = Classes::default();

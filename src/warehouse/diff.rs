@@ -142,23 +142,11 @@ pub fn published(
     tz: chrono_tz::Tz,
 ) -> Result<(i64, String)> {
     let target = table_columns(conn, "main", &task.target)?;
-    let columns: Vec<String> = conn
-        .prepare(&super::wrapped_query(&task.sql))?
-        .column_names()
-        .map(|c| {
-            if target.iter().any(|t| t == c) {
-                quote(c)
-            } else {
-                format!("NULL AS {}", quote(c))
-            }
-        })
-        .collect();
+    let columns = super::query_columns_over(conn, task, &target)?;
     let (predicates, binds) = ranges(task, repr, interval, tz);
     let mut stmt = conn.prepare(&format!(
-        "SELECT {} FROM main.{} WHERE {}",
-        columns.join(", "),
+        "SELECT {columns} FROM main.{} WHERE {predicates}",
         quote(&task.target),
-        predicates
     ))?;
     super::audit::fingerprint_rows(&mut stmt, rusqlite::params_from_iter(binds.iter()))
 }
@@ -171,15 +159,7 @@ fn ranges(
     interval: DataInterval,
     tz: chrono_tz::Tz,
 ) -> (String, Vec<rusqlite::types::Value>) {
-    let reprs = match repr {
-        Some(r) => vec![r],
-        None => vec![
-            Repr::Date,
-            Repr::Timestamp(' '),
-            Repr::Timestamp('T'),
-            Repr::UnixSeconds,
-        ],
-    };
+    let reprs = Repr::known_or_all(repr);
     let mut binds = Vec::new();
     let mut predicates = Vec::new();
     for (i, r) in reprs.iter().enumerate() {

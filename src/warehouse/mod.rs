@@ -314,6 +314,24 @@ fn check_params(stmt: &Statement<'_>, key: &str) -> Result<(), String> {
 }
 
 /// Column names of a table in schema `schema` (empty when there is no such table).
+/// The query's columns as a select list over a table that has the columns `have`: a column it
+/// lacks (added to the target since) reads as NULL, never as a name that SQLite would take for
+/// a string.
+pub fn query_columns_over(conn: &Connection, task: &SqlTask, have: &[String]) -> Result<String> {
+    Ok(conn
+        .prepare(&wrapped_query(&task.sql))?
+        .column_names()
+        .map(|c| {
+            if have.iter().any(|h| h == c) {
+                quote(c)
+            } else {
+                format!("NULL AS {}", quote(c))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", "))
+}
+
 pub fn table_columns(conn: &Connection, schema: &str, table: &str) -> Result<Vec<String>> {
     let mut stmt = conn.prepare(&format!(
         "PRAGMA {}.table_info({})",

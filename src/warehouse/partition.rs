@@ -62,6 +62,20 @@ pub fn class_sql(column: &str) -> String {
 }
 
 impl Repr {
+    /// Every representation a partition column may hold.
+    pub const ALL: [Repr; 4] = [
+        Repr::Date,
+        Repr::Timestamp(' '),
+        Repr::Timestamp('T'),
+        Repr::UnixSeconds,
+    ];
+
+    /// `repr`, or, when it is not known, every representation: whatever selects an interval's
+    /// rows then covers each one's range.
+    pub fn known_or_all(repr: Option<Repr>) -> Vec<Repr> {
+        repr.map_or_else(|| Self::ALL.to_vec(), |r| vec![r])
+    }
+
     /// The representation of a class name from [`class_sql`].
     pub fn from_class(class: &str) -> Option<Self> {
         match class {

@@ -109,8 +109,7 @@ fn transaction(
     allowed: &dyn Fn() -> std::result::Result<bool, String>,
 ) -> Result<i64> {
     // The write lock first: the transaction reads (the kept versions) before it writes.
-    conn.execute_batch("BEGIN IMMEDIATE")?;
-    let result = (|| {
+    immediate(conn, || {
         if let Some(k) = p.keep {
             super::versions::keep(
                 conn,
@@ -123,11 +122,7 @@ fn transaction(
             )?;
         }
         delete_partition(conn, p.task, p.repr, p.interval, p.tz)?;
-        match allowed() {
-            Ok(true) => {}
-            Ok(false) => return Err(Error::Refused),
-            Err(e) => return Err(Error::Message(format!("cannot ask the manifest: {e}"))),
-        }
+        ask(allowed)?;
         let inserted = match p.audit {
             None => 0,
             Some(_) => {
@@ -151,16 +146,31 @@ fn transaction(
             }
         };
         Ok(i64::try_from(inserted).unwrap_or(i64::MAX))
-    })();
-    match result {
-        Ok(n) => {
+    })
+}
+
+/// Runs `f` in a transaction that takes the write lock first; commits what it did, or rolls
+/// it back on an error.
+fn immediate<T>(conn: &Connection, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    match f() {
+        Ok(v) => {
             conn.execute_batch("COMMIT")?;
-            Ok(n)
+            Ok(v)
         }
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
             Err(e)
         }
+    }
+}
+
+/// Asks the manifest, inside the transaction, whether this publish may still happen.
+fn ask(allowed: &dyn Fn() -> std::result::Result<bool, String>) -> Result<()> {
+    match allowed() {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(Error::Refused),
+        Err(e) => Err(Error::Message(format!("cannot ask the manifest: {e}"))),
     }
 }
 
@@ -182,15 +192,7 @@ pub fn delete_partition(
     interval: DataInterval,
     tz: chrono_tz::Tz,
 ) -> Result<()> {
-    let reprs = match repr {
-        Some(r) => vec![r],
-        None => vec![
-            Repr::Date,
-            Repr::Timestamp(' '),
-            Repr::Timestamp('T'),
-            Repr::UnixSeconds,
-        ],
-    };
+    let reprs = Repr::known_or_all(repr);
     for r in reprs {
         let (lo, hi) = r.bounds(interval, tz);
         conn.prepare_cached(&delete_sql(task, r))?
@@ -217,8 +219,7 @@ pub fn roll_back(
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let once = || -> Result<i64> {
-        conn.execute_batch("BEGIN IMMEDIATE")?;
-        let result = (|| {
+        immediate(conn, || {
             if super::versions::find(conn, &task.target, key)?.is_none() {
                 return Err(Error::Message(format!(
                     "the version kept for try {key} is gone from {}",
@@ -226,23 +227,9 @@ pub fn roll_back(
                 )));
             }
             delete_partition(conn, task, repr, interval, tz)?;
-            match allowed() {
-                Ok(true) => {}
-                Ok(false) => return Err(Error::Refused),
-                Err(e) => return Err(Error::Message(format!("cannot ask the manifest: {e}"))),
-            }
+            ask(allowed)?;
             super::versions::restore(conn, task, key)
-        })();
-        match result {
-            Ok(n) => {
-                conn.execute_batch("COMMIT")?;
-                Ok(n)
-            }
-            Err(e) => {
-                let _ = conn.execute_batch("ROLLBACK");
-                Err(e)
-            }
-        }
+        })
     };
     retry_busy_noting(None, &mut || {}, once).map_err(|e| e.at(w))
 }

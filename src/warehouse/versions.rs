@@ -87,15 +87,7 @@ fn shared_columns(conn: &Connection, target: &str) -> Result<Vec<String>> {
 /// The predicates that select the interval's rows of the target: one per representation when
 /// it is not known.
 fn ranges(repr: Option<Repr>) -> Vec<Repr> {
-    match repr {
-        Some(r) => vec![r],
-        None => vec![
-            Repr::Date,
-            Repr::Timestamp(' '),
-            Repr::Timestamp('T'),
-            Repr::UnixSeconds,
-        ],
-    }
+    Repr::known_or_all(repr)
 }
 
 /// Inside the publish transaction, before the partition is replaced: keeps its rows as the
@@ -269,22 +261,11 @@ pub fn find(conn: &Connection, target: &str, replaced_by: i64) -> Result<Option<
 /// the partition will hold once it is put back.
 pub fn fingerprint(conn: &Connection, task: &SqlTask, replaced_by: i64) -> Result<(i64, String)> {
     // What the partition holds once the version is put back: the kept columns, and NULL for
-    // a column added to the target since (never a name SQLite would read as a string).
+    // a column added to the target since.
     let kept = table_columns(conn, "main", &kept_table(&task.target))?;
-    let columns: Vec<String> = conn
-        .prepare(&super::wrapped_query(&task.sql))?
-        .column_names()
-        .map(|c| {
-            if kept.iter().any(|k| k == c) {
-                quote(c)
-            } else {
-                format!("NULL AS {}", quote(c))
-            }
-        })
-        .collect();
+    let columns = super::query_columns_over(conn, task, &kept)?;
     let mut stmt = conn.prepare(&format!(
-        "SELECT {} FROM main.{} WHERE _replaced_by = ?1",
-        columns.join(", "),
+        "SELECT {columns} FROM main.{} WHERE _replaced_by = ?1",
         quote(&kept_table(&task.target))
     ))?;
     super::audit::fingerprint_rows(&mut stmt, [replaced_by])

@@ -9,16 +9,14 @@ use std::path::{Path, PathBuf};
 use rusqlite::OptionalExtension;
 use serde::Serialize;
 
-use super::beat::Beating;
-use super::create::{Marks, check_tasks, taken_over, write_plan};
-use super::execute::{Execution, execute};
+use super::create::check_tasks;
 use super::{Global, find_backfill, note, warn};
 use crate::clock;
 use crate::exit::{self, Error};
 use crate::interval::{DataInterval, Rfc3339, expand_nonempty, resolve_args};
 use crate::manifest::leases::LeaseCtx;
 use crate::manifest::writer::Writer;
-use crate::manifest::{self, Backfill, NewBackfill, backfills, runs};
+use crate::manifest::{self, Backfill, NewBackfill, runs};
 use crate::plan::{self, Reprocess};
 use crate::project::{Dag, Project, TaskKind};
 use crate::recovery::{self, Dags};
@@ -189,106 +187,70 @@ pub fn promote(g: &Global, id: i64, whens: &[String], allow_drift: bool) -> Resu
     let conf = read_conf(&source)?;
     let intervals = intervals_of(&waiting);
     let reprs = check_tasks(&dag, &conf, &intervals)?;
+    // A promote killed halfway: its decided publishes are finished first, so that what is
+    // read next as staged is what awaits promotion now. (Each promote try claims its output
+    // again when it starts, under the interval's lease.)
     let writer = Writer::spawn(manifest::open(&path, project.durability)?, &path)?;
-    let ctx = LeaseCtx::new(project.lease_timeout);
-    let dags = Dags::of(&project);
-    let prepared = (|| {
-        // A promote killed halfway: its decided publishes are finished first.
-        let report = recovery::release_stale(&writer, &dags, &dag.id, &ctx, None)?;
-        for w in &report.warnings {
-            warn(g, w);
-        }
-        let starts: HashSet<i64> = intervals.iter().map(|i| i.start.timestamp()).collect();
-        let mut outputs = staged_outputs(&path, id)?;
-        outputs.retain(|(start, _), _| starts.contains(start));
-        crate::fault::point("promote-read-staged");
-        let intervals: Vec<DataInterval> = intervals
-            .iter()
-            .copied()
-            .filter(|i| outputs.keys().any(|(s, _)| *s == i.start.timestamp()))
-            .collect();
-        if intervals.is_empty() {
-            return Ok(None);
-        }
-        let (first, last) = (intervals[0], intervals[intervals.len() - 1]);
-        let labels = crate::report::Labeler::new(&dag);
-        let request = NewBackfill {
-            dag_id: dag.id.clone(),
-            from_arg: labels.when(first.start),
-            to_arg: labels.when(last.start),
-            range_start: first.start.timestamp(),
-            range_end: last.start.timestamp() + 1,
-            reprocess: Reprocess::Completed,
-            max_active_runs: source.max_active_runs,
-            run_backwards: false,
-            allow_drift,
-            conf: source.conf.clone(),
-            kind: BackfillKind::Promote,
-            source_backfill: Some(id),
-            tasks: None,
-            cascade: None,
-            cascade_of: None,
-            max_failures: None,
-        };
-        let first_ctx = ctx.refreshed();
-        let owner = writer.call_blocking(move |c| backfills::insert(c, &request, &first_ctx))?;
-        let beat = Beating::start(&writer, owner);
-        let planned = write_plan(
-            &writer,
-            owner,
-            &dag,
-            &intervals,
-            options(dag.depends_on_past)?,
-            Marks {
-                already: &HashSet::new(),
-                changed: &HashSet::new(),
-                upstream: &HashMap::new(),
-            },
-            &ctx,
-        )?;
-        drop(beat);
-        Ok::<_, Error>(Some((owner, planned, outputs)))
-    })();
-    let (owner, planned, outputs) = match prepared {
-        Ok(Some(v)) => v,
-        Ok(None) => {
-            writer.close();
-            settle_staged(&path, &project, id)?;
-            // Recovery may have finished a killed promote: count again.
-            let all =
-                runs::staged(&manifest::open_read_only(&path)?, id).map_err(|e| e.at(&path))?;
-            let chosen = select(all, whens, &dag, id)?;
-            return nothing_left(g, id, &chosen, "promote");
-        }
-        Err(e) => {
-            writer.close();
-            return taken_over(e);
-        }
-    };
-    if !g.quiet && !g.json {
-        eprintln!(
-            "backfill {} promotes backfill {id}: {} of {}",
-            owner.backfill_id,
-            crate::report::out::plural(planned.to_run.len() as i64, "interval", "intervals"),
-            dag.id,
-        );
+    let recovered = recovery::release_stale(
+        &writer,
+        &Dags::of(&project),
+        &dag.id,
+        &LeaseCtx::new(project.lease_timeout),
+        None,
+    );
+    writer.close();
+    for w in &recovered?.warnings {
+        warn(g, w);
     }
-    let code = execute(
+    let starts: HashSet<i64> = intervals.iter().map(|i| i.start.timestamp()).collect();
+    let mut outputs = staged_outputs(&path, id)?;
+    outputs.retain(|(start, _), _| starts.contains(start));
+    crate::fault::point("promote-read-staged");
+    let intervals: Vec<DataInterval> = intervals
+        .into_iter()
+        .filter(|i| outputs.keys().any(|(s, _)| *s == i.start.timestamp()))
+        .collect();
+    if intervals.is_empty() {
+        settle_staged(&path, &project, id)?;
+        let all = runs::staged(&manifest::open_read_only(&path)?, id).map_err(|e| e.at(&path))?;
+        let chosen = select(all, whens, &dag, id)?;
+        return nothing_left(g, id, &chosen, "promote");
+    }
+    let (first, last) = (intervals[0], intervals[intervals.len() - 1]);
+    let labels = crate::report::Labeler::new(&dag);
+    let request = NewBackfill {
+        dag_id: dag.id.clone(),
+        from_arg: labels.when(first.start),
+        to_arg: labels.when(last.start),
+        range_start: first.start.timestamp(),
+        range_end: last.start.timestamp() + 1,
+        reprocess: Reprocess::Completed,
+        max_active_runs: source.max_active_runs,
+        run_backwards: false,
+        allow_drift,
+        conf: source.conf.clone(),
+        kind: BackfillKind::Promote,
+        source_backfill: Some(id),
+        tasks: None,
+        cascade: None,
+        cascade_of: None,
+        max_failures: None,
+    };
+    let options = options(dag.depends_on_past)?;
+    let (code, _) = super::create::launch(
         g,
         &project,
-        Execution {
-            owner,
+        super::create::Launch {
             dag,
             conf,
-            max_active_runs: source.max_active_runs,
-            intervals: planned.to_run,
-            allow_drift,
+            intervals,
+            request,
+            options,
+            changed: &HashSet::new(),
+            upstream: &HashMap::new(),
             reprs,
-            max_failures: None,
-            tasks: None,
             mode: Mode::Promote(outputs),
         },
-        writer,
     )?;
     settle_staged(&path, &project, id)?;
     Ok(code)

@@ -184,7 +184,7 @@ fn a_staged_backfill_is_reviewed_then_promoted_or_discarded() {
         ],
     )
     .code(0)
-    .stderr_has("backfill 3 promotes backfill 2: 2 intervals of orders_fact");
+    .stderr_has("backfill 3 of orders_fact: 2 intervals, 2 to run, 0 skipped");
     assert!(day_is_exact(&p, "2026-09-03"));
     assert!(day_is_exact(&p, "2026-09-04"));
     assert!(

@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 
 use chrono::{Duration, Utc};
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::interval::{DataInterval, Range, expand};
 use crate::plan::{RunState, SkipReason};
@@ -77,13 +77,14 @@ pub fn downstream<'a>(dags: &'a [Dag], root: &str) -> Vec<&'a Dag> {
     order
 }
 
-/// The intervals of `dag` that overlap any of `upstream` (ascending, any order in).
-pub fn overlapping(dag: &Dag, upstream: &[DataInterval]) -> Vec<DataInterval> {
+/// The intervals of `dag` that overlap any of `upstream` (ascending, any order in); an error
+/// when they are more than [`crate::interval::MAX_INTERVALS`].
+pub fn overlapping(dag: &Dag, upstream: &[DataInterval]) -> Result<Vec<DataInterval>, String> {
     let (Some(lo), Some(hi)) = (
         upstream.iter().map(|i| i.start).min(),
         upstream.iter().map(|i| i.end).max(),
     ) else {
-        return Vec::new();
+        return Ok(Vec::new());
     };
     // The interval that contains `lo` starts at most one period before it: look back further
     // until one starts at or before it.
@@ -96,17 +97,27 @@ pub fn overlapping(dag: &Dag, upstream: &[DataInterval]) -> Vec<DataInterval> {
             start,
             end_exclusive: hi,
         };
-        found = expand(&dag.schedule, range, crate::interval::MAX_INTERVALS).unwrap_or_default();
+        found = expand(&dag.schedule, range, crate::interval::MAX_INTERVALS).map_err(|o| {
+            format!(
+                "DAG `{}` has more than {} intervals ({}) between {} and {}, more than one backfill may plan; cascade over a shorter range (the intervals from {} on are over the limit)",
+                dag.id,
+                crate::interval::MAX_INTERVALS,
+                dag.schedule.expr(),
+                crate::interval::rfc3339(lo),
+                crate::interval::rfc3339(hi),
+                crate::interval::rfc3339(o.first_excluded),
+            )
+        })?;
         if found.first().is_some_and(|f| f.start <= lo) {
             break;
         }
     }
     let mut ups: Vec<DataInterval> = upstream.to_vec();
     ups.sort_unstable();
-    found
+    Ok(found
         .into_iter()
         .filter(|d| depends(d, &ups).next().is_some())
-        .collect()
+        .collect())
 }
 
 /// The intervals of `upstream` (ascending) that `interval` depends on: those overlapping it.
@@ -123,18 +134,24 @@ pub fn depends<'a>(
 /// A plan row with its latest run's state: start, end, action, reason, state.
 type PlanOutcome = (i64, i64, String, Option<String>, Option<RunState>);
 
-/// What a cascade's backfill of an upstream DAG did with one interval.
+/// What a cascade's backfill of an upstream DAG did with one interval of its plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upstream {
     pub dag: String,
     pub interval: DataInterval,
+    /// Its output is there to read: it ran and succeeded here, or it was skipped because what
+    /// was published before still stands.
     pub succeeded: bool,
+    /// The cascade acted on it: ran it, or skipped it for its own upstream. Downstream
+    /// intervals are planned over these.
+    pub touched: bool,
 }
 
-/// The intervals that the backfill `backfill_id` (of DAG `dag_id`, in a cascade) touched, with
-/// whether each succeeded: those it ran, and those it skipped for their own upstream (skipped
-/// as unchanged counts as succeeded: what it published before still stands). Intervals it
-/// skipped otherwise (`already exists`, ...) were not part of the cascade.
+/// Every interval of the plan of backfill `backfill_id` (of DAG `dag_id`, in a cascade), with
+/// whether its output can be read and whether the cascade acted on it. An interval skipped as
+/// `in flight` (another backfill runs it), `not yet complete`, or after a failure does not
+/// count as succeeded; one skipped as `already exists` counts as succeeded only if its latest
+/// run did.
 pub fn upstream_outcomes(
     conn: &Connection,
     dag_id: &str,
@@ -151,34 +168,53 @@ pub fn upstream_outcomes(
             Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
         })?
         .collect::<rusqlite::Result<_>>()?;
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(rows.len());
     for (start, end, action, reason, state) in rows {
-        let succeeded = if action == "run" {
-            state == Some(RunState::Succeeded)
+        let (succeeded, touched) = if action == "run" {
+            (state == Some(RunState::Succeeded), true)
         } else {
             match reason.as_deref().and_then(|r| r.parse::<SkipReason>().ok()) {
-                Some(SkipReason::UpstreamUnchanged) => true,
-                Some(SkipReason::UpstreamNotSuccessful) => false,
-                _ => continue,
+                Some(SkipReason::UpstreamUnchanged) => (true, true),
+                Some(SkipReason::UpstreamNotSuccessful) => (false, true),
+                Some(SkipReason::SourceUnchanged) => (true, false),
+                Some(SkipReason::AlreadyExists) => (
+                    latest_state(conn, dag_id, start)? == Some(RunState::Succeeded),
+                    false,
+                ),
+                _ => (false, false),
             }
         };
         out.push(Upstream {
             dag: dag_id.to_string(),
             interval: DataInterval::from_unix(start, end),
             succeeded,
+            touched,
         });
     }
     Ok(out)
 }
 
+/// The state of the latest run of an interval that computed it (staged, rollback and
+/// partial `--tasks` runs left out).
+fn latest_state(conn: &Connection, dag_id: &str, start: i64) -> rusqlite::Result<Option<RunState>> {
+    conn.prepare_cached(&format!(
+        "SELECT state FROM runs WHERE dag_id = ?1 AND interval_start = ?2
+           AND backfill_id NOT IN {}
+         ORDER BY id DESC LIMIT 1",
+        crate::manifest::NOT_COMPUTING
+    ))?
+    .query_row(params![dag_id, start], |r| r.get(0))
+    .optional()
+}
+
 /// When the latest successful run of an interval of `dag_id` started (unix ms), staged runs
 /// left out: what it read of its upstream is what was published then.
 pub fn last_success(conn: &Connection, dag_id: &str, start: i64) -> rusqlite::Result<Option<i64>> {
-    conn.prepare_cached(
+    conn.prepare_cached(&format!(
         "SELECT MAX(started_at) FROM runs WHERE dag_id = ?1 AND interval_start = ?2
-           AND state = 'succeeded'
-           AND backfill_id NOT IN (SELECT id FROM backfills WHERE kind IN ('stage', 'rollback'))",
-    )?
+           AND state = 'succeeded' AND backfill_id NOT IN {}",
+        crate::manifest::NOT_COMPUTING
+    ))?
     .query_row(params![dag_id, start], |r| r.get(0))
 }
 
@@ -312,7 +348,7 @@ mod tests {
             end_exclusive: at("2026-03-30T22:00:00Z"),
         };
         let hours = expand(&hourly.schedule, range, 1000).unwrap();
-        let days = overlapping(&daily, &hours);
+        let days = overlapping(&daily, &hours).unwrap();
         assert_eq!(days.len(), 3);
         let per_day: Vec<usize> = days.iter().map(|d| depends(d, &hours).count()).collect();
         assert_eq!(per_day, [24, 23, 24]);
@@ -322,7 +358,7 @@ mod tests {
             .copied()
             .filter(|h| h.start >= days[1].start && h.end <= days[1].end)
             .collect();
-        assert_eq!(overlapping(&daily, &one), [days[1]]);
+        assert_eq!(overlapping(&daily, &one).unwrap(), [days[1]]);
     }
 
     #[test]
@@ -332,6 +368,7 @@ mod tests {
             dag: "hourly".into(),
             interval: DataInterval::from_unix(n * 3600, (n + 1) * 3600),
             succeeded,
+            touched: true,
         };
         let all_ok: Vec<Upstream> = (0..24).map(|n| h(n, true)).collect();
         let never = &mut |_: &DataInterval, _: &Upstream| Ok::<_, ()>(false);

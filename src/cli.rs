@@ -284,7 +284,7 @@ pub struct CreateArgs {
     /// Also backfill every DAG downstream of this one (its `upstream`, transitively), one DAG
     /// after the other: `all` runs each downstream interval whose upstream intervals
     /// succeeded, `changed` only those whose upstream output changed.
-    #[arg(long, value_enum, value_name = "WHICH")]
+    #[arg(long, value_enum, value_name = "WHICH", conflicts_with = "stage")]
     pub cascade: Option<CascadeArg>,
 }
 

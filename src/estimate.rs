@@ -18,6 +18,8 @@ pub struct Estimate {
     pub tries: i64,
     /// Tasks with no history.
     pub unknown: Vec<String>,
+    /// Intervals at once the estimate assumes (one with `depends_on_past`).
+    pub lanes: u32,
 }
 
 /// The median duration (seconds) of each task's recent successful tries, and their number.
@@ -43,7 +45,7 @@ pub fn history(conn: &Connection, dag: &Dag) -> rusqlite::Result<BTreeMap<String
         let median = if n % 2 == 1 {
             ms[n / 2] as f64
         } else {
-            (ms[n / 2 - 1] + ms[n / 2]) as f64 / 2.0
+            (ms[n / 2 - 1] as f64 + ms[n / 2] as f64) / 2.0
         };
         out.insert(task.id.clone(), (median.max(0.0) / 1000.0, n as i64));
     }
@@ -67,21 +69,22 @@ pub fn estimate(
         .map(|t| t.id.clone())
         .collect();
     let tries = history.values().map(|(_, n)| n).sum();
+    let lanes = if dag.depends_on_past {
+        1
+    } else {
+        concurrency.max(1)
+    };
     if !unknown.is_empty() {
         return Estimate {
             seconds: None,
             tries,
             unknown,
+            lanes,
         };
     }
     #[allow(clippy::cast_precision_loss)]
     let n = to_run as f64;
-    let concurrency = f64::from(if dag.depends_on_past {
-        1
-    } else {
-        concurrency.max(1)
-    })
-    .min(n.max(1.0));
+    let concurrency = f64::from(lanes).min(n.max(1.0));
     let per_interval: f64 = dag.tasks.iter().map(|t| history[&t.id].0).sum();
     let mut seconds = n * per_interval / concurrency;
     for t in &dag.tasks {
@@ -94,6 +97,7 @@ pub fn estimate(
         seconds: Some(seconds),
         tries,
         unknown,
+        lanes,
     }
 }
 

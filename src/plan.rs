@@ -166,6 +166,24 @@ impl Planner {
     }
 
     /// The action for the next interval (ascending).
+    /// [`Planner::next`], with the interval skipped for `forced` (a cascade's upstream) where it
+    /// would run: with `depends_on_past`, the intervals after it then wait for it as for a
+    /// failure.
+    pub fn next_forced(
+        &mut self,
+        interval: &DataInterval,
+        p: Prior,
+        forced: Option<SkipReason>,
+    ) -> Action {
+        match (self.next(interval, p), forced) {
+            (Action::Run, Some(reason)) => {
+                self.previous_ok = false;
+                Action::Skip(reason)
+            }
+            (action, _) => action,
+        }
+    }
+
     pub fn next(&mut self, interval: &DataInterval, p: Prior) -> Action {
         let mut action = judge(interval, p, self.opts);
         if self.opts.depends_on_past {

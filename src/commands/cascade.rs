@@ -16,7 +16,7 @@ use crate::clock;
 use crate::exit::{self, Error};
 use crate::interval::DataInterval;
 use crate::manifest::{self, Backfill, NewBackfill, backfills};
-use crate::plan::{self, Reprocess};
+use crate::plan::{self, Reprocess, SkipReason};
 use crate::project::{Dag, Project, ProjectError};
 use crate::state::{BackfillKind, BackfillState};
 
@@ -59,8 +59,100 @@ fn members(conn: &Connection, root: i64) -> Result<Vec<Backfill>, Error> {
         .map_err(|e| Error::Manifest(e.into()))
 }
 
+/// How many planned intervals of backfill `id` have not ended (not started, or cancelled):
+/// a cascade goes on past it only once it has none.
+fn unfinished(conn: &Connection, id: i64) -> rusqlite::Result<i64> {
+    conn.query_row(
+        "SELECT COUNT(*) FROM plan p WHERE p.backfill_id = ?1 AND p.action = 'run'
+           AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.backfill_id = p.backfill_id
+                             AND r.interval_start = p.interval_start
+                             AND r.state IN ('succeeded', 'failed', 'rejected'))",
+        [id],
+        |r| r.get(0),
+    )
+}
+
+/// The intervals of downstream DAG `d` that the cascade plans, from what its upstream
+/// backfills (`backfill_of`, by DAG) did, with the ones skipped for their upstream.
+pub(super) fn plan_member(
+    conn: &Connection,
+    d: &Dag,
+    backfill_of: &HashMap<String, i64>,
+    mode: Mode,
+) -> Result<(Vec<DataInterval>, HashMap<i64, SkipReason>), Error> {
+    let sql = |e: rusqlite::Error| Error::Manifest(manifest::Error::from(e));
+    let mut upstream = Vec::new();
+    for (u, _) in &d.upstream {
+        if let Some(b) = backfill_of.get(u) {
+            upstream.extend(cascade::upstream_outcomes(conn, u, *b).map_err(sql)?);
+        }
+    }
+    let touched: Vec<DataInterval> = upstream
+        .iter()
+        .filter(|u| u.touched)
+        .map(|u| u.interval)
+        .collect();
+    let intervals = cascade::overlapping(d, &touched).map_err(Error::Usage)?;
+    let skips =
+        cascade::decide(
+            &intervals,
+            &upstream,
+            mode,
+            &mut |i, u| match cascade::last_success(conn, &d.id, i.start.timestamp())? {
+                None => Ok(true),
+                Some(since) => {
+                    cascade::changed_since(conn, &u.dag, u.interval.start.timestamp(), since)
+                }
+            },
+        )
+        .map_err(sql)?;
+    Ok((intervals, skips))
+}
+
+/// The backfill of each DAG of the cascade of `root` so far, by DAG.
+pub(super) fn backfills_of(
+    conn: &Connection,
+    root: i64,
+    root_dag: &str,
+) -> Result<(HashMap<String, i64>, Vec<Backfill>), Error> {
+    let done = members(conn, root)?;
+    let mut map: HashMap<String, i64> = HashMap::from([(root_dag.to_string(), root)]);
+    for m in &done {
+        map.insert(m.dag_id.clone(), m.id);
+    }
+    Ok((map, done))
+}
+
+/// Checks, before anything runs, every DAG a cascade of `root` over `intervals` would run:
+/// each loads, and each task renders and prepares over the intervals it would get.
+pub(super) fn check_chain(
+    project: &Project,
+    root: &Dag,
+    intervals: &[DataInterval],
+    conf: &serde_json::Value,
+) -> Result<(), Error> {
+    let mut planned: HashMap<String, Vec<DataInterval>> =
+        HashMap::from([(root.id.clone(), intervals.to_vec())]);
+    for d in chain(project, &root.id)? {
+        let ups: Vec<DataInterval> = d
+            .upstream
+            .iter()
+            .filter_map(|(u, _)| planned.get(u))
+            .flatten()
+            .copied()
+            .collect();
+        let ivs = cascade::overlapping(&d, &ups).map_err(Error::Usage)?;
+        if !ivs.is_empty() {
+            check_tasks(&d, conf, &ivs)?;
+        }
+        planned.insert(d.id.clone(), ivs);
+    }
+    Ok(())
+}
+
 /// Runs the cascade's downstream DAGs that have not run yet (and resumes an interrupted one),
-/// after its first backfill `root` ended. Stops at an interruption.
+/// after its first backfill `root` ended. Goes past a backfill only once every interval it
+/// planned has ended; stops at an interruption.
 pub(super) fn continue_cascade(
     g: &Global,
     project: &Project,
@@ -70,11 +162,12 @@ pub(super) fn continue_cascade(
 ) -> Result<u8, Error> {
     let chain = chain(project, root_dag)?;
     let path = g.manifest_path(Some(project))?;
+    let at = |e: rusqlite::Error| Error::Manifest(manifest::Error::from(e).at(&path));
     let conn = manifest::open_read_only(&path)?;
     let Some(first) = backfills::get(&conn, root).map_err(|e| e.at(&path))? else {
         return Err(Error::Internal(format!("cascade backfill {root} vanished")));
     };
-    let done = members(&conn, root)?;
+    let (_, done) = backfills_of(&conn, root, root_dag)?;
     drop(conn);
     let mut backfill_of: HashMap<String, i64> = HashMap::from([(root_dag.to_string(), root)]);
     let mut code = exit::OK;
@@ -94,17 +187,28 @@ pub(super) fn continue_cascade(
             continue;
         }
         let conn = manifest::open_read_only(&path)?;
-        let mut upstream = Vec::new();
+        // An upstream backfill with intervals still to run (stopped by --max-failures, say):
+        // the downstream DAGs wait for it.
         for (u, _) in &d.upstream {
-            if let Some(b) = backfill_of.get(u) {
-                upstream.extend(
-                    cascade::upstream_outcomes(&conn, u, *b)
-                        .map_err(|e| Error::Manifest(manifest::Error::from(e).at(&path)))?,
+            let Some(b) = backfill_of.get(u) else {
+                continue;
+            };
+            let left = unfinished(&conn, *b).map_err(at)?;
+            if left > 0 {
+                note(
+                    g,
+                    &format!(
+                        "cascade: DAG `{}` waits for backfill {b} of `{u}`, which has {} left; `{}` continues it, then the cascade",
+                        d.id,
+                        crate::report::out::plural(left, "interval", "intervals"),
+                        crate::report::out::hint(&format!("resume {b}"))
+                    ),
                 );
+                return Ok(code);
             }
         }
-        let touched: Vec<DataInterval> = upstream.iter().map(|u| u.interval).collect();
-        let intervals = cascade::overlapping(d, &touched);
+        let (intervals, skips) = plan_member(&conn, d, &backfill_of, mode)?;
+        drop(conn);
         if intervals.is_empty() {
             note(
                 g,
@@ -115,20 +219,6 @@ pub(super) fn continue_cascade(
             );
             continue;
         }
-        let skips =
-            cascade::decide(
-                &intervals,
-                &upstream,
-                mode,
-                &mut |i, u| match cascade::last_success(&conn, &d.id, i.start.timestamp())? {
-                    None => Ok(true),
-                    Some(since) => {
-                        cascade::changed_since(&conn, &u.dag, u.interval.start.timestamp(), since)
-                    }
-                },
-            )
-            .map_err(|e| Error::Manifest(manifest::Error::from(e).at(&path)))?;
-        drop(conn);
         let conf: serde_json::Value = serde_json::from_str(&first.conf).unwrap_or_default();
         let reprs = check_tasks(d, &conf, &intervals)?;
         let labels = crate::report::Labeler::new(d);

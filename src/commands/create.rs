@@ -31,6 +31,9 @@ pub const PLAN_CHUNK: usize = 5_000;
 pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
     let project = g.project()?;
     let dag = only_tasks(project.dag(&args.dag)?, &args.tasks)?;
+    // `--tasks` as recorded: each once, in the DAG's order.
+    let only: Option<Vec<String>> =
+        (!args.tasks.is_empty()).then(|| dag.tasks.iter().map(|t| t.id.clone()).collect());
     if args.run_backwards && dag.depends_on_past {
         return Err(Error::Usage(format!(
             "--run-backwards cannot be used with DAG `{}`: it sets depends_on_past = true in {}, so each interval needs the one before it; drop --run-backwards",
@@ -101,7 +104,7 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
                 .flatten()
                 .copied()
                 .collect();
-            let ivs = crate::cascade::overlapping(&d, &ups);
+            let ivs = crate::cascade::overlapping(&d, &ups).map_err(Error::Usage)?;
             if ivs.is_empty() {
                 continue;
             }
@@ -164,12 +167,16 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
             BackfillKind::Run
         },
         source_backfill: None,
-        tasks: (!args.tasks.is_empty()).then(|| args.tasks.clone()),
+        tasks: only,
         cascade: None,
         cascade_of: None,
         max_failures: args.max_failures,
     };
     let cascade = args.cascade.map(|c| c.mode());
+    if cascade.is_some() {
+        // Every DAG the cascade will run is checked now, not after the first one ran.
+        super::cascade::check_chain(&project, &dag, &intervals, &conf)?;
+    }
     let root_dag_id = dag.id.clone();
     let (code, id) = launch(
         g,
@@ -471,13 +478,11 @@ pub(super) fn write_plan(
                         i64::try_from(ord).unwrap_or(i64::MAX),
                         PlanRow {
                             interval: *interval,
-                            action: match (
-                                p.next(interval, prior),
-                                chunk_upstream.get(&interval.start.timestamp()),
-                            ) {
-                                (Action::Run, Some(reason)) => Action::Skip(*reason),
-                                (action, _) => action,
-                            },
+                            action: p.next_forced(
+                                interval,
+                                prior,
+                                chunk_upstream.get(&interval.start.timestamp()).copied(),
+                            ),
                         },
                     )
                 })

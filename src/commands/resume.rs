@@ -76,10 +76,27 @@ pub(super) fn resume_one(g: &Global, id: i64) -> Result<u8, Error> {
         start: crate::interval::from_unix(backfill.range_start),
         end_exclusive: crate::interval::from_unix(backfill.range_end),
     };
-    let intervals = if backfill.planning {
-        expand_nonempty(&dag.schedule, range, &backfill.from_arg, &backfill.to_arg)?
-    } else {
-        Vec::new()
+    // A downstream backfill of a cascade plans the intervals its upstream backfills decided,
+    // each skipped or not for its upstream, as when it was created.
+    let (intervals, upstream_skips) = match (backfill.planning, backfill.cascade_of) {
+        (true, Some(root)) => {
+            let conn = manifest::open_read_only(&manifest_path)?;
+            let first = manifest::backfills::get(&conn, root)
+                .map_err(|e| e.at(&manifest_path))?
+                .ok_or_else(|| Error::Internal(format!("cascade backfill {root} vanished")))?;
+            let mode = first
+                .cascade
+                .as_deref()
+                .and_then(crate::cascade::Mode::parse)
+                .unwrap_or(crate::cascade::Mode::All);
+            let (map, _) = super::cascade::backfills_of(&conn, root, &first.dag_id)?;
+            super::cascade::plan_member(&conn, &dag, &map, mode)?
+        }
+        (true, None) => (
+            expand_nonempty(&dag.schedule, range, &backfill.from_arg, &backfill.to_arg)?,
+            std::collections::HashMap::new(),
+        ),
+        _ => (Vec::new(), std::collections::HashMap::new()),
     };
     let mut window = if backfill.planning {
         intervals.clone()
@@ -150,7 +167,7 @@ pub(super) fn resume_one(g: &Global, id: i64) -> Result<u8, Error> {
                 super::create::Marks {
                     already: &already,
                     changed: &changed,
-                    upstream: &std::collections::HashMap::new(),
+                    upstream: &upstream_skips,
                 },
                 &ctx.refreshed(),
             )?;

@@ -22,6 +22,13 @@ pub use backfills::{Backfill, NewBackfill, Owner};
 pub use reader::{Reader, close_readers};
 pub use runs::{PendingPublish, Publication, TryRecord};
 
+/// The backfills whose runs do not say what an interval's partition was computed from: staged
+/// runs publish nothing, rollbacks put back what earlier runs computed, and a `--tasks` run ran
+/// only some tasks. Planning (`already exists`), `--reprocess-behavior changed` and cascades
+/// look at the other runs.
+pub const NOT_COMPUTING: &str =
+    "(SELECT id FROM backfills WHERE kind IN ('stage', 'rollback') OR tasks IS NOT NULL)";
+
 /// `(user_version after applying, SQL)`, in order.
 pub const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../../migrations/0001_init.sql")),

@@ -29,13 +29,14 @@ pub fn priors(
     };
     let (lo, hi) = (first.start.timestamp(), last.start.timestamp());
     let mut latest: HashMap<i64, RunState> = HashMap::new();
-    let mut stmt = conn.prepare_cached(
+    let mut stmt = conn.prepare_cached(&format!(
         "SELECT r.interval_start, r.state FROM runs r
          JOIN (SELECT MAX(id) AS id FROM runs
                WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
-                 AND backfill_id NOT IN (SELECT id FROM backfills WHERE kind IN ('stage', 'rollback'))
+                 AND backfill_id NOT IN {}
                GROUP BY interval_start) m ON r.id = m.id",
-    )?;
+        crate::manifest::NOT_COMPUTING
+    ))?;
     let mut rows = stmt.query(params![dag_id, lo, hi])?;
     while let Some(row) = rows.next()? {
         latest.insert(row.get(0)?, row.get(1)?);
@@ -58,12 +59,12 @@ pub fn priors(
 /// `depends_on_past`).
 pub fn state_before(conn: &Connection, dag_id: &str, start: i64) -> Result<Option<RunState>> {
     let before: Option<(i64, RunState)> = conn
-        .prepare_cached(
+        .prepare_cached(&format!(
             "SELECT interval_end, state FROM runs
-             WHERE dag_id = ?1 AND interval_start < ?2
-               AND backfill_id NOT IN (SELECT id FROM backfills WHERE kind IN ('stage', 'rollback'))
+             WHERE dag_id = ?1 AND interval_start < ?2 AND backfill_id NOT IN {}
              ORDER BY interval_start DESC, id DESC LIMIT 1",
-        )?
+            crate::manifest::NOT_COMPUTING
+        ))?
         .query_row(params![dag_id, start], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     Ok(before.and_then(|(end, state)| (end == start).then_some(state)))
@@ -168,13 +169,14 @@ pub fn latest_runs(
     lo: i64,
     hi: i64,
 ) -> Result<HashMap<i64, (RunState, i64, i64)>> {
-    let mut stmt = conn.prepare_cached(
+    let mut stmt = conn.prepare_cached(&format!(
         "SELECT r.interval_start, r.state, r.backfill_id, r.started_at FROM runs r
          JOIN (SELECT MAX(id) AS id FROM runs
                WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
-                 AND backfill_id NOT IN (SELECT id FROM backfills WHERE kind IN ('stage', 'rollback'))
+                 AND backfill_id NOT IN {}
                GROUP BY interval_start) m ON r.id = m.id",
-    )?;
+        crate::manifest::NOT_COMPUTING
+    ))?;
     let rows = stmt.query_map(params![dag_id, lo, hi], |r| {
         Ok((r.get(0)?, (r.get(1)?, r.get(2)?, r.get(3)?)))
     })?;

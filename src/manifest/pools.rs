@@ -11,6 +11,18 @@ use super::backfills::Fenced;
 use super::leases::LeaseCtx;
 use crate::state::BackfillState;
 
+/// What asking for a slot gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Take {
+    Taken,
+    /// Every slot is held; the try is recorded as waiting.
+    Full,
+    /// Slots are held by tries whose owner is gone but whose process groups (on this host) may
+    /// still run: they must be killed before their slots are free, or the pool would run more
+    /// than its size.
+    Kill(Vec<crate::process::Group>),
+}
+
 /// Takes a slot of `pool` (of `size`) for try `try_id` if one is free; records that the try
 /// waits for the pool when none is.
 pub fn take(
@@ -20,8 +32,8 @@ pub fn take(
     size: u32,
     try_id: i64,
     ctx: &LeaseCtx,
-) -> Result<bool> {
-    free_dead(conn, pool, ctx)?;
+) -> Result<Take> {
+    let survivors = free_dead(conn, pool, ctx)?;
     let held: i64 = conn
         .prepare_cached("SELECT COUNT(*) FROM pool_slots WHERE pool = ?1")?
         .query_row([pool], |r| r.get(0))?;
@@ -30,7 +42,11 @@ pub fn take(
             "UPDATE task_tries SET waiting_for = ?2 WHERE id = ?1 AND waiting_for IS NULL",
         )?
         .execute(params![try_id, pool])?;
-        return Ok(false);
+        return Ok(if survivors.is_empty() {
+            Take::Full
+        } else {
+            Take::Kill(survivors)
+        });
     }
     conn.prepare_cached(
         "INSERT OR REPLACE INTO pool_slots (try_id, pool, backfill_id, taken_at) VALUES (?1, ?2, ?3, ?4)",
@@ -38,35 +54,32 @@ pub fn take(
     .execute(params![try_id, pool, f.owner().backfill_id, ctx.now_ms])?;
     conn.prepare_cached("UPDATE task_tries SET waiting_for = NULL WHERE id = ?1")?
         .execute([try_id])?;
-    Ok(true)
+    Ok(Take::Taken)
 }
 
-/// Gives a try's slot back (nothing when it holds none).
-pub fn give_back(conn: &Connection, try_id: i64) -> Result<()> {
-    conn.prepare_cached("DELETE FROM pool_slots WHERE try_id = ?1")?
-        .execute([try_id])?;
-    conn.prepare_cached(
-        "UPDATE task_tries SET waiting_for = NULL WHERE id = ?1 AND waiting_for IS NOT NULL",
-    )?
-    .execute([try_id])?;
-    Ok(())
-}
-
-/// A slot's try: its id and state, and its backfill's state, owner pid, host and heartbeat.
+/// A slot's try: its id, state, process group (pgid, leader start) and host, and its
+/// backfill's state, owner pid, host and heartbeat.
 type Holder = (
     i64,
     String,
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
     BackfillState,
     Option<i64>,
     Option<String>,
     Option<i64>,
 );
 
-/// Removes the slots of `pool` held by tries that ended or by backfills whose owner is gone.
-fn free_dead(conn: &Connection, pool: &str, ctx: &LeaseCtx) -> Result<()> {
+/// Removes the slots of `pool` held by tries that ended, or by tries whose backfill's owner is
+/// gone and whose process group is gone too (or cannot be checked from here, being on another
+/// host: then the slot stays until that backfill is recovered). Returns the process groups of
+/// gone owners' tries that still run here: the caller kills them, then asks again.
+fn free_dead(conn: &Connection, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate::process::Group>> {
     let holders: Vec<Holder> = conn
         .prepare_cached(
-            "SELECT s.try_id, t.state, b.state, b.owner_pid, b.owner_host, b.heartbeat_at
+            "SELECT s.try_id, t.state, t.pgid, t.pgid_start, t.host, b.state, b.owner_pid,
+                    b.owner_host, b.heartbeat_at
              FROM pool_slots s JOIN backfills b ON b.id = s.backfill_id
              LEFT JOIN task_tries t ON t.id = s.try_id
              WHERE s.pool = ?1",
@@ -79,14 +92,38 @@ fn free_dead(conn: &Connection, pool: &str, ctx: &LeaseCtx) -> Result<()> {
                 r.get(3)?,
                 r.get(4)?,
                 r.get(5)?,
+                r.get(6)?,
+                r.get(7)?,
+                r.get(8)?,
             ))
         })?
         .collect::<rusqlite::Result<_>>()?;
-    for (try_id, try_state, state, pid, host, heartbeat) in holders {
-        if try_state != "running" || !ctx.owner_alive(state, pid, host.as_deref(), heartbeat) {
+    let mut survivors = Vec::new();
+    for (try_id, try_state, pgid, leader_start, try_host, state, pid, host, heartbeat) in holders {
+        let free = if try_state != "running" {
+            true
+        } else if ctx.owner_alive(state, pid, host.as_deref(), heartbeat) {
+            false
+        } else {
+            match pgid {
+                None => true,
+                Some(pgid) => {
+                    let group = crate::process::Group { pgid, leader_start };
+                    if !ctx.is_here(try_host.as_deref()) {
+                        false
+                    } else if crate::process::group_alive(group) {
+                        survivors.push(group);
+                        false
+                    } else {
+                        true
+                    }
+                }
+            }
+        };
+        if free {
             conn.prepare_cached("DELETE FROM pool_slots WHERE try_id = ?1")?
                 .execute([try_id])?;
         }
     }
-    Ok(())
+    Ok(survivors)
 }

@@ -575,17 +575,18 @@ pub fn recorded_sources(
     lo: i64,
     hi: i64,
 ) -> Result<crate::probe::Recorded> {
-    let mut stmt = conn.prepare(
+    let mut stmt = conn.prepare(&format!(
         "SELECT r.interval_start, r.interval_end, t.task_id, t.source_rows, t.source_fingerprint
          FROM runs r
          JOIN (SELECT MAX(id) AS id FROM runs
                WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
-                 AND backfill_id NOT IN (SELECT id FROM backfills WHERE kind IN ('stage', 'rollback'))
+                 AND backfill_id NOT IN {}
                GROUP BY interval_start) m ON r.id = m.id
          LEFT JOIN task_tries t ON t.run_id = r.id AND t.state = 'succeeded'
          WHERE r.state = 'succeeded'
          ORDER BY r.interval_start, t.id",
-    )?;
+        crate::manifest::NOT_COMPUTING
+    ))?;
     let mut rows = stmt.query(params![dag_id, lo, hi])?;
     let mut out = crate::probe::Recorded::new();
     while let Some(r) = rows.next()? {

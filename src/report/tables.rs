@@ -298,7 +298,7 @@ pub fn print_plan(
         (Some(s), _) => format!(
             "estimate: {} at up to {} at a time (median durations of {} recent successful tries)",
             about(s),
-            o.max_active_runs,
+            e.lanes,
             e.tries
         ),
         (None, _) => format!(

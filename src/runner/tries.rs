@@ -490,8 +490,24 @@ async fn take_slot(
                 crate::manifest::pools::take(conn, fence(conn, owner)?, &p, size, try_id, &c)
             })
             .await?;
-        if taken {
-            break true;
+        match taken {
+            crate::manifest::pools::Take::Taken => break true,
+            crate::manifest::pools::Take::Full => {}
+            crate::manifest::pools::Take::Kill(groups) => {
+                // Tries of a gone owner still run: they hold their slots until they are dead.
+                tracing::warn!(
+                    pool,
+                    groups = groups.len(),
+                    "killing the tries of a gone backfill that still hold slots of the pool"
+                );
+                let _ = tokio::task::spawn_blocking(move || {
+                    for g in groups {
+                        crate::process::kill_group(g, std::time::Duration::from_secs(5));
+                    }
+                })
+                .await;
+                continue;
+            }
         }
         if !waiting {
             waiting = true;

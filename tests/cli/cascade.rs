@@ -277,3 +277,140 @@ fn cancel_of_a_cascade_stops_the_dag_that_runs_and_resume_finishes_it() {
         [["1", "completed"], ["2", "completed"]]
     );
 }
+
+#[test]
+fn a_cascade_stopped_by_max_failures_waits_and_resume_runs_every_day() {
+    let p = project();
+    p.write("fail-2026-03-28T05:00:00Z", "");
+    p.write("fail-2026-03-29T05:00:00Z", "");
+    hourly(
+        &p,
+        "2026-03-28",
+        "2026-03-30",
+        &["--cascade", "all", "--max-failures", "2", "--max-active-runs", "1"],
+    )
+    .code(3)
+    .stderr_has(&format!(
+        "cascade: DAG `daily` waits for backfill 1 of `hourly`, which has 40 intervals left; `{}` continues it, then the cascade",
+        p.hint("resume 1")
+    ));
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM backfills"),
+        1,
+        "no day was planned"
+    );
+    for f in ["fail-2026-03-28T05:00:00Z", "fail-2026-03-29T05:00:00Z"] {
+        std::fs::remove_file(p.path(f)).unwrap();
+    }
+    // The failed hours stay failed in backfill 1: their days are skipped, the third runs.
+    p.run(&["resume", "1"]).code(3);
+    assert_eq!(
+        plan(&p, 2),
+        [
+            ["2026-03-28", "skip", "upstream not successful"],
+            ["2026-03-29", "skip", "upstream not successful"],
+            ["2026-03-30", "run", ""],
+        ]
+        .map(|r| r.map(String::from))
+    );
+}
+
+#[test]
+fn a_day_whose_hours_another_backfill_runs_does_not_run() {
+    let slow = HOURLY.replace(
+        "command = '''test",
+        "command = '''while [ -e hold ]; do sleep 0.05; done; test",
+    );
+    let p = Project::new().dag("hourly", &slow).dag("daily", DAILY);
+    p.write("hold", "");
+    // The first eight hours are held by another backfill while the cascade plans.
+    let other = p.spawn(
+        "other",
+        &[
+            "create",
+            "--dag",
+            "hourly",
+            "--from",
+            "2026-03-28T00:00",
+            "--to",
+            "2026-03-28T07:00",
+        ],
+    );
+    crate::support::wait_until(
+        "the other backfill to hold its hours",
+        std::time::Duration::from_secs(20),
+        || p.has_manifest() && p.count("SELECT COUNT(*) FROM runs WHERE state = 'running'") > 0,
+    );
+    let cascade = p.spawn(
+        "cascade",
+        &[
+            "create",
+            "--dag",
+            "hourly",
+            "--from",
+            "2026-03-28",
+            "--to",
+            "2026-03-28",
+            "--cascade",
+            "all",
+        ],
+    );
+    crate::support::wait_until(
+        "the cascade to plan its hours",
+        std::time::Duration::from_secs(20),
+        || p.count("SELECT COUNT(*) FROM plan WHERE backfill_id = 2") == 24,
+    );
+    std::fs::remove_file(p.path("hold")).unwrap();
+    p.wait("other", other).code(0);
+    p.wait("cascade", cascade).code(0);
+    assert_eq!(
+        plan(&p, 3),
+        [["2026-03-28", "skip", "upstream not successful"]].map(|r| r.map(String::from)),
+        "eight of its hours were in flight elsewhere when the cascade ran"
+    );
+    assert!(!p.path("days/2026-03-28").exists());
+}
+
+#[test]
+fn every_dag_of_a_cascade_is_checked_before_anything_runs() {
+    let p = Project::new().dag("hourly", HOURLY).dag(
+        "daily",
+        &DAILY.replace("days/{{ ds }}", "days/{{ conf.region }}-{{ ds }}"),
+    );
+    hourly(&p, "2026-03-28", "2026-03-28", &["--cascade", "all"])
+        .code(2)
+        .stderr_has("conf.region");
+    assert!(!p.has_manifest(), "nothing ran, nothing was written");
+    hourly(
+        &p,
+        "2026-03-28",
+        "2026-03-28",
+        &["--cascade", "all", "--stage"],
+    )
+    .code(2)
+    .stderr_has("--stage");
+}
+
+#[test]
+fn a_cascade_over_too_many_downstream_intervals_is_refused() {
+    let p = Project::new()
+        .dag("daily", "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n")
+        .dag(
+            "minutely",
+            "schedule = \"* * * * *\"\nupstream = [\"daily\"]\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+        );
+    p.run(&[
+        "create",
+        "--dag",
+        "daily",
+        "--from",
+        "2024-01-01",
+        "--to",
+        "2025-12-31",
+        "--cascade",
+        "all",
+    ])
+    .code(2)
+    .stderr_has("DAG `minutely` has more than 1000000 intervals");
+    assert!(!p.has_manifest());
+}

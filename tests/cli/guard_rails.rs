@@ -278,3 +278,129 @@ fn the_dry_run_estimates_the_wall_time_from_the_history() {
     let doc = dry(&["--max-active-runs", "4", "--output", "json"]).json();
     assert_eq!(doc["estimate_seconds"], 12.0);
 }
+
+#[test]
+fn a_pool_slot_of_a_killed_backfill_is_free_only_once_its_task_is_dead() {
+    let p = Project::new()
+        .dag(
+            "a",
+            "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\npool = \"api\"\ncommand = \"echo $$ > a.pid; exec sleep 60\"\n",
+        )
+        .dag(
+            "b",
+            // Whether a's task is alive (a zombie has exited: it only waits to be reaped).
+            r#"schedule = "@daily"
+[[tasks]]
+id = "t"
+pool = "api"
+command = '''s=$(awk '{print $3}' /proc/$(cat a.pid)/stat 2>/dev/null); if [ -n "$s" ] && [ "$s" != Z ]; then touch overlapped; fi'''
+"#,
+        );
+    p.write("backfill.toml", "[pools]\napi = 1\n");
+    let mut a = p.spawn(
+        "a",
+        &[
+            "create",
+            "--dag",
+            "a",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+        ],
+    );
+    crate::support::wait_until(
+        "a's task to run",
+        std::time::Duration::from_secs(20),
+        || p.path("a.pid").exists(),
+    );
+    // The owner dies; its task lives on, holding the pool's only slot.
+    a.kill().unwrap();
+    a.wait().unwrap();
+    let orphan: i32 = p.read("a.pid").trim().parse().unwrap();
+    assert!(crate::support::alive(orphan));
+    p.run(&[
+        "create",
+        "--dag",
+        "b",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-01",
+    ])
+    .code(0);
+    assert!(
+        !p.path("overlapped").exists(),
+        "b ran while a's task still ran"
+    );
+    assert!(
+        !crate::support::alive(orphan),
+        "a's task was killed to free its slot"
+    );
+}
+
+#[test]
+fn depends_on_past_holds_after_a_resume_and_tasks_runs_do_not_count_as_done() {
+    let p = Project::new().dag(
+        "d",
+        "schedule = \"@daily\"\ndepends_on_past = true\n[[tasks]]\nid = \"t\"\ncommand = \"test ! -e fail-{{ ds }}\"\n[[tasks]]\nid = \"u\"\ncommand = \"touch u-{{ ds }}\"\n",
+    );
+    p.write("fail-2026-01-03", "");
+    p.run(&[
+        "create",
+        "--dag",
+        "d",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-06",
+        "--max-failures",
+        "1",
+    ])
+    .code(3);
+    p.run(&["resume", "1"]).code(3);
+    assert_eq!(
+        runs(&p),
+        [
+            ("2026-01-01", "succeeded"),
+            ("2026-01-02", "succeeded"),
+            ("2026-01-03", "failed"),
+        ]
+        .map(|(a, b)| (a.to_string(), b.to_string())),
+        "after the failed day, no later day runs, also after resume"
+    );
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM plan WHERE backfill_id = 1 AND reason = 'previous interval not successful'"),
+        3
+    );
+    // A run of only `u` is not a run of the interval: a plain create still runs it.
+    let q = Project::new().dag("d", TWO_TASKS);
+    q.run(&[
+        "create",
+        "--dag",
+        "d",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-01",
+        "--tasks",
+        "report,report",
+    ])
+    .code(0);
+    assert_eq!(
+        q.run(&["show", "1", "--output", "json"]).json()["tasks"],
+        serde_json::json!(["report"])
+    );
+    q.run(&[
+        "create",
+        "--dag",
+        "d",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-01",
+    ])
+    .code(0)
+    .stderr_has("1 interval, 1 to run, 0 skipped");
+    assert!(q.path("load-2026-01-01").exists());
+}

@@ -491,6 +491,7 @@ pub(super) fn write_plan(
             Ok((rows, p))
         })?;
         planner = Some(carried);
+        crate::fault::point("plan-chunk");
         to_run.extend(
             rows.iter()
                 .filter(|(_, r)| r.action == Action::Run)

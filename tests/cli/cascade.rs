@@ -414,3 +414,44 @@ fn a_cascade_over_too_many_downstream_intervals_is_refused() {
     .stderr_has("DAG `minutely` has more than 1000000 intervals");
     assert!(!p.has_manifest());
 }
+
+#[test]
+fn a_downstream_plan_finished_by_resume_keeps_its_upstream_skips() {
+    // Every day fails, so every minute of the downstream DAG is skipped; its plan (5,760
+    // minutes, two chunks) is cut after the first chunk.
+    let p = Project::new()
+        .dag(
+            "d",
+            "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"false\"\n",
+        )
+        .dag(
+            "m",
+            "schedule = \"* * * * *\"\nupstream = [\"d\"]\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+        );
+    let killed = p
+        .command(&[
+            "create",
+            "--dag",
+            "d",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-04",
+            "--cascade",
+            "all",
+        ])
+        .env("BACKFILL_FAULT", "plan-chunk@2")
+        .output()
+        .unwrap();
+    assert_eq!(killed.status.code(), None);
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM plan WHERE backfill_id = 2"),
+        5000
+    );
+    p.run(&["resume", "1"]).code(3);
+    assert_eq!(
+        p.rows("SELECT action, reason, COUNT(*) FROM plan WHERE backfill_id = 2 GROUP BY 1, 2"),
+        [["skip", "upstream not successful", "5760"]]
+    );
+    assert_eq!(p.count("SELECT COUNT(*) FROM runs WHERE dag_id = 'm'"), 0);
+}

@@ -69,6 +69,8 @@ const CREATE_HELP: &str = "Examples:
   backfill create --dag daily_orders --from today-7d --to yesterday --reprocess-behavior failed -q
   backfill create --dag hourly_events --from 2026-10-25T00:00 --to 2026-10-25T23:00 --max-active-runs 4
   backfill create --dag export --from 2026-09-01 --to 2026-09-07 --conf '{\"region\": \"eu\"}'
+  backfill create --dag daily_orders --from 2026-09-01 --to 2026-09-30 --stage
+  backfill create --dag daily_orders --from 2026-09-01 --to 2026-10-31 --cascade changed --reprocess-behavior completed
 
 WHEN is a date (2026-09-01), a wall-clock time (2026-09-01T06:00), an RFC 3339 instant \
 (2026-09-01T06:00:00Z), or relative: today, yesterday, today-7d, now, now-6h. Dates and times \

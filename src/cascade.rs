@@ -194,6 +194,44 @@ pub fn upstream_outcomes(
     Ok(out)
 }
 
+/// The intervals of an upstream DAG outside the cascade that overlap `intervals`, with whether
+/// each can be read: not while another backfill runs it, nor when its latest run did not
+/// succeed (one that never ran has nothing to wait for).
+pub fn outside_outcomes(
+    conn: &Connection,
+    upstream: &Dag,
+    intervals: &[DataInterval],
+    ctx: &crate::manifest::leases::LeaseCtx,
+) -> Result<Vec<Upstream>, String> {
+    let ups = overlapping(upstream, intervals)?;
+    let (Some(first), Some(last)) = (ups.first(), ups.last()) else {
+        return Ok(Vec::new());
+    };
+    let sql = |e: rusqlite::Error| e.to_string();
+    let in_flight = crate::manifest::leases::held(
+        conn,
+        &upstream.id,
+        first.start.timestamp(),
+        last.start.timestamp(),
+        ctx,
+        crate::manifest::leases::Judge::Predict,
+    )
+    .map_err(|e| e.to_string())?;
+    let mut out = Vec::with_capacity(ups.len());
+    for u in ups {
+        let start = u.start.timestamp();
+        let latest = latest_state(conn, &upstream.id, start).map_err(sql)?;
+        out.push(Upstream {
+            dag: upstream.id.clone(),
+            interval: u,
+            succeeded: !in_flight.contains(&start)
+                && latest.is_none_or(|s| s == RunState::Succeeded),
+            touched: false,
+        });
+    }
+    Ok(out)
+}
+
 /// The state of the latest run of an interval that computed it (staged, rollback and
 /// partial `--tasks` runs left out).
 fn latest_state(conn: &Connection, dag_id: &str, start: i64) -> rusqlite::Result<Option<RunState>> {
@@ -221,7 +259,8 @@ pub fn last_success(conn: &Connection, dag_id: &str, start: i64) -> rusqlite::Re
 /// Whether the output of an upstream interval changed since `since` (unix ms): for any of its
 /// tasks, the fingerprint of its latest successful try differs from that of the latest one
 /// that had ended by then. A task that reports no fingerprint, or had not succeeded by then,
-/// counts as changed: nothing can say it is the same.
+/// counts as changed: nothing can say it is the same. An interval that never succeeded has
+/// nothing to read, and so has not changed.
 pub fn changed_since(
     conn: &Connection,
     dag_id: &str,
@@ -248,10 +287,10 @@ pub fn changed_since(
             then.insert(task, fingerprint.as_deref());
         }
     }
-    Ok(now.is_empty()
-        || now
-            .iter()
-            .any(|(task, f)| f.is_none() || then.get(task).copied().flatten() != *f))
+    // Nothing published at all: nothing changed.
+    Ok(now
+        .iter()
+        .any(|(task, f)| f.is_none() || then.get(task).copied().flatten() != *f))
 }
 
 /// For each interval of a downstream DAG, whether it is skipped for its upstream intervals in

@@ -76,6 +76,7 @@ fn unfinished(conn: &Connection, id: i64) -> rusqlite::Result<i64> {
 /// backfills (`backfill_of`, by DAG) did, with the ones skipped for their upstream.
 pub(super) fn plan_member(
     conn: &Connection,
+    project: &Project,
     d: &Dag,
     backfill_of: &HashMap<String, i64>,
     mode: Mode,
@@ -93,6 +94,26 @@ pub(super) fn plan_member(
         .map(|u| u.interval)
         .collect();
     let intervals = cascade::overlapping(d, &touched).map_err(Error::Usage)?;
+    // Upstream DAGs the cascade does not run count too: an interval another backfill runs, or
+    // whose latest run failed, is not there to read.
+    let outside: Vec<&String> = d
+        .upstream
+        .iter()
+        .map(|(u, _)| u)
+        .filter(|u| !backfill_of.contains_key(*u))
+        .collect();
+    if !outside.is_empty() && !intervals.is_empty() {
+        let (dags, _) = project.load_all();
+        let ctx = crate::manifest::leases::LeaseCtx::new(project.lease_timeout);
+        for u in outside {
+            if let Some(up) = dags.iter().find(|x| &x.id == u) {
+                upstream.extend(
+                    cascade::outside_outcomes(conn, up, &intervals, &ctx)
+                        .map_err(|e| Error::Internal(format!("cascade over `{u}`: {e}")))?,
+                );
+            }
+        }
+    }
     let skips =
         cascade::decide(
             &intervals,
@@ -207,7 +228,7 @@ pub(super) fn continue_cascade(
                 return Ok(code);
             }
         }
-        let (intervals, skips) = plan_member(&conn, d, &backfill_of, mode)?;
+        let (intervals, skips) = plan_member(&conn, project, d, &backfill_of, mode)?;
         drop(conn);
         if intervals.is_empty() {
             note(

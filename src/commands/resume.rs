@@ -90,7 +90,7 @@ pub(super) fn resume_one(g: &Global, id: i64) -> Result<u8, Error> {
                 .and_then(crate::cascade::Mode::parse)
                 .unwrap_or(crate::cascade::Mode::All);
             let (map, _) = super::cascade::backfills_of(&conn, root, &first.dag_id)?;
-            super::cascade::plan_member(&conn, &dag, &map, mode)?
+            super::cascade::plan_member(&conn, &project, &dag, &map, mode)?
         }
         (true, None) => (
             expand_nonempty(&dag.schedule, range, &backfill.from_arg, &backfill.to_arg)?,

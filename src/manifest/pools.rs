@@ -105,7 +105,7 @@ fn free_dead(conn: &Connection, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate:
         } else if ctx.owner_alive(state, pid, host.as_deref(), heartbeat) {
             false
         } else {
-            match pgid {
+            let gone = match pgid {
                 None => true,
                 Some(pgid) => {
                     let group = crate::process::Group { pgid, leader_start };
@@ -118,7 +118,20 @@ fn free_dead(conn: &Connection, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate:
                         true
                     }
                 }
+            };
+            if gone {
+                // Its process is dead, or was never let go (it waits at its gate): the try is
+                // cancelled, so that its owner, should it only be frozen and wake up, cannot
+                // start it, or another step of it, beside the slot's next holder. (A decided
+                // publish is left to recovery: it reads no source.)
+                conn.prepare_cached(
+                    "UPDATE task_tries SET state = 'cancelled', ended_at = ?2,
+                        error = 'its backfill''s owner was gone; its pool slot was given to another try'
+                     WHERE id = ?1 AND state = 'running' AND publishing = 0",
+                )?
+                .execute(params![try_id, ctx.now_ms])?;
             }
+            gone
         };
         if free {
             conn.prepare_cached("DELETE FROM pool_slots WHERE try_id = ?1")?

@@ -279,6 +279,17 @@ struct TryAgg {
     waiting_for: Option<String>,
 }
 
+/// A staged try's verdict says what became of its output: `staged, promoted`,
+/// `staged, discarded`.
+fn staged_verdict(verdict: String, staged: Option<crate::state::StagedState>) -> String {
+    match staged {
+        Some(s) if verdict == "staged" && s != crate::state::StagedState::Staged => {
+            format!("staged, {s}")
+        }
+        _ => verdict,
+    }
+}
+
 /// A backfill and every interval of its plan; `None` when there is no such backfill.
 ///
 /// Three ordered range scans whatever the size, merged here: the backfill's runs in
@@ -321,7 +332,7 @@ pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
     let mut tries: Vec<TryAgg> = Vec::with_capacity(run_ids.len());
     if let (Some(lo), Some(hi)) = (run_ids.first(), run_ids.last()) {
         let mut stmt = conn.prepare(
-            "SELECT run_id, state, rows, verdict, reasons, log_path, error, id, waiting_for
+            "SELECT run_id, state, rows, verdict, reasons, log_path, error, id, waiting_for, staged
              FROM task_tries WHERE run_id BETWEEN ?1 AND ?2 ORDER BY run_id",
         )?;
         let mut rows = stmt.query([lo, hi])?;
@@ -355,7 +366,7 @@ pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
             if try_id > agg.verdict_try
                 && let Some(v) = r.get::<_, Option<String>>(3)?
             {
-                agg.verdict = Some(v);
+                agg.verdict = Some(staged_verdict(v, r.get(9)?));
                 agg.reasons = r.get(4)?;
                 agg.verdict_try = try_id;
             }
@@ -534,7 +545,7 @@ pub fn runs(conn: &Connection, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<Run
     by_id.sort_unstable();
     if let (Some(first), Some(last)) = (by_id.first(), by_id.last()) {
         let mut stmt = conn.prepare(
-            "SELECT run_id, state, rows, verdict, reasons, id FROM task_tries
+            "SELECT run_id, state, rows, verdict, reasons, id, staged FROM task_tries
              WHERE run_id BETWEEN ?1 AND ?2 ORDER BY run_id",
         )?;
         // The index yields a run's tries by task, not in the order they ran: the verdict of
@@ -558,7 +569,7 @@ pub fn runs(conn: &Connection, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<Run
             if try_id > verdict_try[at]
                 && let Some(v) = r.get::<_, Option<String>>(3)?
             {
-                run.verdict = Some(v);
+                run.verdict = Some(staged_verdict(v, r.get(6)?));
                 run.reasons = r.get(4)?;
                 verdict_try[at] = try_id;
             }

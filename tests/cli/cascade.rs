@@ -455,3 +455,81 @@ fn a_downstream_plan_finished_by_resume_keeps_its_upstream_skips() {
     );
     assert_eq!(p.count("SELECT COUNT(*) FROM runs WHERE dag_id = 'm'"), 0);
 }
+
+#[test]
+fn an_upstream_dag_outside_the_cascade_counts_too() {
+    // A diamond: `a` feeds `b` and `c`, both feed the monthly `d`; the cascade starts at `b`.
+    let cmd = |id: &str, ups: &str| {
+        format!(
+            "schedule = \"@daily\"\nupstream = [{ups}]\n[[tasks]]\nid = \"t\"\ncommand = \"test ! -e fail-{id}-{{{{ ds }}}} && touch {id}-{{{{ ds }}}}\"\n"
+        )
+    };
+    let p = Project::new()
+        .dag("a", &cmd("a", ""))
+        .dag("b", &cmd("b", "\"a\""))
+        .dag("c", &cmd("c", "\"a\""))
+        .dag(
+            "d",
+            "schedule = \"@monthly\"\nupstream = [\"b\", \"c\"]\n[[tasks]]\nid = \"t\"\ncommand = \"touch d-{{ ds }}\"\n",
+        );
+    p.write("fail-c-2026-09-10", "");
+    p.run(&[
+        "create",
+        "--dag",
+        "c",
+        "--from",
+        "2026-09-01",
+        "--to",
+        "2026-09-30",
+    ])
+    .code(3);
+    p.run(&[
+        "create",
+        "--dag",
+        "b",
+        "--from",
+        "2026-09-01",
+        "--to",
+        "2026-09-30",
+        "--cascade",
+        "all",
+    ])
+    .code(0);
+    assert!(
+        !p.path("d-2026-09-01").exists(),
+        "September reads c's failed 09-10"
+    );
+    assert_eq!(
+        p.rows("SELECT action, reason FROM plan WHERE backfill_id = 3"),
+        [["skip", "upstream not successful"]]
+    );
+    // Once c's day is fixed, the month runs.
+    std::fs::remove_file(p.path("fail-c-2026-09-10")).unwrap();
+    p.run(&[
+        "create",
+        "--dag",
+        "c",
+        "--from",
+        "2026-09-10",
+        "--to",
+        "2026-09-10",
+        "--reprocess-behavior",
+        "failed",
+    ])
+    .code(0);
+    p.run(&[
+        "create",
+        "--dag",
+        "b",
+        "--from",
+        "2026-09-01",
+        "--to",
+        "2026-09-30",
+        "--reprocess-behavior",
+        "completed",
+        "--cascade",
+        "all",
+    ])
+    .code(0);
+    assert!(p.path("d-2026-09-01").exists());
+}

@@ -404,3 +404,60 @@ fn depends_on_past_holds_after_a_resume_and_tasks_runs_do_not_count_as_done() {
     .stderr_has("1 interval, 1 to run, 0 skipped");
     assert!(q.path("load-2026-01-01").exists());
 }
+
+#[test]
+fn a_frozen_holder_whose_slot_was_given_away_never_starts_its_try() {
+    use nix::sys::signal::Signal;
+    let p = Project::new()
+        .dag(
+            "px",
+            "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\npool = \"api\"\ncommand = \"touch ran-px\"\n",
+        )
+        .dag(
+            "py",
+            "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\npool = \"api\"\ncommand = \"touch ran-py\"\n",
+        );
+    p.write(
+        "backfill.toml",
+        "lease_timeout = \"1s\"\n[pools]\napi = 1\n",
+    );
+    // px's owner freezes with its try spawned but not yet let go (no process group recorded).
+    let px = p.spawn_with(
+        "px",
+        &[
+            "create",
+            "--dag",
+            "px",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+        ],
+        &[("BACKFILL_FAULT", "after-spawn:stop")],
+    );
+    crate::support::wait_until("px to freeze", std::time::Duration::from_secs(20), || {
+        crate::support::stopped(px.id())
+    });
+    crate::support::wait_stale(&p, 1, 1500);
+    p.run(&[
+        "create",
+        "--dag",
+        "py",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-01",
+    ])
+    .code(0);
+    assert!(p.path("ran-py").exists());
+    crate::support::signal(&px, Signal::SIGCONT);
+    let _ = p.wait("px", px);
+    assert!(
+        !p.path("ran-px").exists(),
+        "the woken owner's try never ran: its slot was given away"
+    );
+    assert_eq!(
+        p.rows("SELECT state FROM task_tries WHERE id = 1"),
+        [["cancelled"]]
+    );
+}

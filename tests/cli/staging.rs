@@ -848,3 +848,34 @@ fn promote_refuses_an_output_of_a_task_the_dag_no_longer_has() {
         1
     );
 }
+
+#[test]
+fn a_rollback_that_never_committed_is_not_called_rolled_back_and_resume_does_it() {
+    let p = shop();
+    create(&p, "2026-09-03", "2026-09-03", &[]).code(0);
+    republish(&p, 1);
+    let before = day_03(&p);
+    let killed = p
+        .command(&[
+            "rollback",
+            "--dag",
+            "orders_fact",
+            "--from",
+            "2026-09-03",
+            "--to",
+            "2026-09-03",
+        ])
+        .env("BACKFILL_FAULT", "before-publish")
+        .output()
+        .unwrap();
+    assert_eq!(killed.status.code(), None);
+    assert_eq!(day_03(&p), before, "nothing was rolled back yet");
+    // Recovery finds the version still kept: the killed try did not commit, and is not called
+    // `rolled back`; resume then rolls back.
+    p.run(&["resume", "3"]).code(0);
+    assert_eq!(
+        p.rows("SELECT id, state, COALESCE(verdict, '') FROM task_tries WHERE id >= 3 ORDER BY id"),
+        [["3", "failed", ""], ["4", "succeeded", "rolled back"]]
+    );
+    assert_ne!(day_03(&p), before);
+}

@@ -362,14 +362,10 @@ fn finish_publish(
     };
     let repr = publish_repr(&wh, task, &audit);
     let allowed = || runs::may_publish(&reader, p.try_id, None).map_err(|e| e.to_string());
-    let current = runs::published(&reader, &p.dag_id, &p.task_id, p.interval.start.timestamp())
-        .map_err(|e| e.to_string())?;
-    // The rows being replaced are those of the current publish's content (for a rollback, the
-    // try whose rows it put back).
-    let version_of = match current {
-        Some((t, _)) => runs::content_of(&reader, t).map_err(|e| e.to_string())?,
-        None => None,
-    };
+    // The rows being replaced are kept as the version of the current publish's content.
+    let version_of = runs::current(&reader, &p.dag_id, &p.task_id, p.interval.start.timestamp())
+        .map_err(|e| e.to_string())?
+        .and_then(|c| c.content);
     let publish = warehouse::publish::Publish {
         task,
         interval: p.interval,

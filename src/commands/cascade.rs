@@ -8,15 +8,14 @@ use std::collections::{HashMap, HashSet};
 
 use rusqlite::Connection;
 
-use super::create::{Launch, check_tasks, launch};
+use super::create::{Launch, check_tasks, launch, request_over, run_every};
 use super::{Global, note};
 use crate::cascade::{self, Mode};
 use crate::cli::CreateArgs;
-use crate::clock;
 use crate::exit::{self, Error};
 use crate::interval::DataInterval;
 use crate::manifest::{self, Backfill, NewBackfill, backfills};
-use crate::plan::{self, Reprocess, SkipReason};
+use crate::plan::SkipReason;
 use crate::project::{Dag, Project, ProjectError};
 use crate::state::{BackfillKind, BackfillState};
 
@@ -31,17 +30,14 @@ pub(super) fn worst(a: u8, b: u8) -> u8 {
     if rank(b) > rank(a) { b } else { a }
 }
 
-/// The DAGs downstream of `root`, in the order a cascade runs them. Every DAG file must load:
-/// a broken one could be downstream.
-pub(super) fn chain(project: &Project, root: &str) -> Result<Vec<Dag>, Error> {
+/// Every DAG of the project, for a cascade: every DAG file must load, as a broken one could
+/// be downstream.
+pub(super) fn all_dags(project: &Project) -> Result<Vec<Dag>, Error> {
     let (dags, errors) = project.load_all();
     if !errors.is_empty() {
         return Err(Error::Project(ProjectError::Config(errors)));
     }
-    Ok(cascade::downstream(&dags, root)
-        .into_iter()
-        .cloned()
-        .collect())
+    Ok(dags)
 }
 
 /// The backfills of a cascade after its first, oldest first.
@@ -77,6 +73,7 @@ fn unfinished(conn: &Connection, id: i64) -> rusqlite::Result<i64> {
 pub(super) fn plan_member(
     conn: &Connection,
     project: &Project,
+    dags: &[Dag],
     d: &Dag,
     backfill_of: &HashMap<String, i64>,
     mode: Mode,
@@ -103,7 +100,6 @@ pub(super) fn plan_member(
         .filter(|u| !backfill_of.contains_key(*u))
         .collect();
     if !outside.is_empty() && !intervals.is_empty() {
-        let (dags, _) = project.load_all();
         let ctx = crate::manifest::leases::LeaseCtx::new(project.lease_timeout);
         for u in outside {
             if let Some(up) = dags.iter().find(|x| &x.id == u) {
@@ -144,6 +140,36 @@ pub(super) fn backfills_of(
     Ok((map, done))
 }
 
+/// Walks the DAGs a cascade of `root` runs, in order, as far as a plan can tell before they
+/// run: each downstream DAG over the intervals that overlap those its upstreams go on with
+/// (`root_intervals` for `root`; for another DAG, what `each` returns for it). A DAG that
+/// overlaps nothing is left out.
+pub(super) fn walk_chain(
+    project: &Project,
+    root: &str,
+    root_intervals: Vec<DataInterval>,
+    mut each: impl FnMut(&Dag, &[DataInterval]) -> Result<Vec<DataInterval>, Error>,
+) -> Result<(), Error> {
+    let mut planned: HashMap<String, Vec<DataInterval>> =
+        HashMap::from([(root.to_string(), root_intervals)]);
+    for d in cascade::downstream(&all_dags(project)?, root) {
+        let ups: Vec<DataInterval> = d
+            .upstream
+            .iter()
+            .filter_map(|(u, _)| planned.get(u))
+            .flatten()
+            .copied()
+            .collect();
+        let ivs = cascade::overlapping(d, &ups).map_err(Error::Usage)?;
+        if ivs.is_empty() {
+            continue;
+        }
+        let next = each(d, &ivs)?;
+        planned.insert(d.id.clone(), next);
+    }
+    Ok(())
+}
+
 /// Checks, before anything runs, every DAG a cascade of `root` over `intervals` would run:
 /// each loads, and each task renders and prepares over the intervals it would get.
 pub(super) fn check_chain(
@@ -152,23 +178,10 @@ pub(super) fn check_chain(
     intervals: &[DataInterval],
     conf: &serde_json::Value,
 ) -> Result<(), Error> {
-    let mut planned: HashMap<String, Vec<DataInterval>> =
-        HashMap::from([(root.id.clone(), intervals.to_vec())]);
-    for d in chain(project, &root.id)? {
-        let ups: Vec<DataInterval> = d
-            .upstream
-            .iter()
-            .filter_map(|(u, _)| planned.get(u))
-            .flatten()
-            .copied()
-            .collect();
-        let ivs = cascade::overlapping(&d, &ups).map_err(Error::Usage)?;
-        if !ivs.is_empty() {
-            check_tasks(&d, conf, &ivs)?;
-        }
-        planned.insert(d.id.clone(), ivs);
-    }
-    Ok(())
+    walk_chain(project, &root.id, intervals.to_vec(), |d, ivs| {
+        check_tasks(d, conf, ivs)?;
+        Ok(ivs.to_vec())
+    })
 }
 
 /// Runs the cascade's downstream DAGs that have not run yet (and resumes an interrupted one),
@@ -181,18 +194,19 @@ pub(super) fn continue_cascade(
     root_dag: &str,
     mode: Mode,
 ) -> Result<u8, Error> {
-    let chain = chain(project, root_dag)?;
+    let dags = all_dags(project)?;
+    let chain = cascade::downstream(&dags, root_dag);
     let path = g.manifest_path(Some(project))?;
     let at = |e: rusqlite::Error| Error::Manifest(manifest::Error::from(e).at(&path));
     let conn = manifest::open_read_only(&path)?;
     let Some(first) = backfills::get(&conn, root).map_err(|e| e.at(&path))? else {
         return Err(Error::Internal(format!("cascade backfill {root} vanished")));
     };
-    let (_, done) = backfills_of(&conn, root, root_dag)?;
+    let done = members(&conn, root)?;
     drop(conn);
     let mut backfill_of: HashMap<String, i64> = HashMap::from([(root_dag.to_string(), root)]);
     let mut code = exit::OK;
-    for d in &chain {
+    for &d in &chain {
         if let Some(child) = done.iter().rev().find(|c| c.dag_id == d.id) {
             backfill_of.insert(d.id.clone(), child.id);
             if matches!(
@@ -228,7 +242,7 @@ pub(super) fn continue_cascade(
                 return Ok(code);
             }
         }
-        let (intervals, skips) = plan_member(&conn, project, d, &backfill_of, mode)?;
+        let (intervals, skips) = plan_member(&conn, project, &dags, d, &backfill_of, mode)?;
         drop(conn);
         if intervals.is_empty() {
             note(
@@ -240,34 +254,21 @@ pub(super) fn continue_cascade(
             );
             continue;
         }
-        let conf: serde_json::Value = serde_json::from_str(&first.conf).unwrap_or_default();
+        let conf = first.conf_json()?;
         let reprs = check_tasks(d, &conf, &intervals)?;
-        let labels = crate::report::Labeler::new(d);
-        let (lo, hi) = (intervals[0], intervals[intervals.len() - 1]);
         let request = NewBackfill {
-            dag_id: d.id.clone(),
-            from_arg: labels.when(lo.start),
-            to_arg: labels.when(hi.start),
-            range_start: lo.start.timestamp(),
-            range_end: hi.start.timestamp() + 1,
-            reprocess: Reprocess::Completed,
-            max_active_runs: d.max_active_runs.unwrap_or(first.max_active_runs),
-            run_backwards: false,
             allow_drift: first.allow_drift,
-            conf: first.conf.clone(),
-            kind: BackfillKind::Run,
-            source_backfill: None,
-            tasks: None,
             max_failures: first.max_failures,
-            cascade: None,
             cascade_of: Some(root),
+            ..request_over(
+                d,
+                &intervals,
+                BackfillKind::Run,
+                first.conf.clone(),
+                d.max_active_runs.unwrap_or(first.max_active_runs),
+            )
         };
-        let options = plan::Options {
-            reprocess: Reprocess::Completed,
-            run_backwards: false,
-            depends_on_past: d.depends_on_past,
-            now: clock::now()?,
-        };
+        let options = run_every(d.depends_on_past)?;
         let (c, id) = launch(
             g,
             project,

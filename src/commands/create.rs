@@ -86,28 +86,15 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
             return Ok(exit::OK);
         };
         // The whole chain: each downstream DAG over what its upstream plans run.
-        let chain = super::cascade::chain(&project, &root.0.id)?;
-        let mut planned: HashMap<String, Vec<DataInterval>> = HashMap::new();
         let runs = |rows: &[PlanRow]| -> Vec<DataInterval> {
             rows.iter()
                 .filter(|r| r.action == Action::Run)
                 .map(|r| r.interval)
                 .collect()
         };
-        planned.insert(root.0.id.clone(), runs(&root.1));
+        let root_runs = runs(&root.1);
         let mut all = vec![root];
-        for d in chain {
-            let ups: Vec<DataInterval> = d
-                .upstream
-                .iter()
-                .filter_map(|(u, _)| planned.get(u))
-                .flatten()
-                .copied()
-                .collect();
-            let ivs = crate::cascade::overlapping(&d, &ups).map_err(Error::Usage)?;
-            if ivs.is_empty() {
-                continue;
-            }
+        super::cascade::walk_chain(&project, &all[0].0.id.clone(), root_runs, |d, ivs| {
             let opts = plan::Options {
                 reprocess: Reprocess::Completed,
                 run_backwards: false,
@@ -115,19 +102,13 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
                 now,
             };
             let max = d.max_active_runs.unwrap_or(max_active_runs);
-            check_tasks(&d, &conf, &ivs)?;
-            let (rows, estimate) = dry_plan(
-                &project,
-                &manifest_path,
-                &d,
-                &ivs,
-                opts,
-                &HashSet::new(),
-                max,
-            )?;
-            planned.insert(d.id.clone(), runs(&rows));
-            all.push((d, rows, estimate, max, Reprocess::Completed));
-        }
+            check_tasks(d, &conf, ivs)?;
+            let (rows, estimate) =
+                dry_plan(&project, &manifest_path, d, ivs, opts, &HashSet::new(), max)?;
+            let to_run = runs(&rows);
+            all.push((d.clone(), rows, estimate, max, Reprocess::Completed));
+            Ok(to_run)
+        })?;
         tables::print_cascade_plan(
             &all.iter()
                 .map(|(d, rows, estimate, max, reprocess)| {
@@ -246,6 +227,48 @@ fn dry_plan(
     let estimate =
         crate::estimate::estimate(dag, &history, to_run, max_active_runs, &project.pools);
     Ok((rows, estimate))
+}
+
+/// The request of a backfill that runs every one of `intervals` (ascending, not empty) of
+/// `dag`, whatever ran before: a promote, a rollback, a cascade's downstream backfill. Its range
+/// is the intervals it was given; callers set what else differs.
+pub(super) fn request_over(
+    dag: &Dag,
+    intervals: &[DataInterval],
+    kind: BackfillKind,
+    conf: String,
+    max_active_runs: u32,
+) -> NewBackfill {
+    let labels = crate::report::Labeler::new(dag);
+    let (first, last) = (intervals[0], intervals[intervals.len() - 1]);
+    NewBackfill {
+        dag_id: dag.id.clone(),
+        from_arg: labels.when(first.start),
+        to_arg: labels.when(last.start),
+        range_start: first.start.timestamp(),
+        range_end: last.start.timestamp() + 1,
+        reprocess: Reprocess::Completed,
+        max_active_runs,
+        run_backwards: false,
+        allow_drift: false,
+        conf,
+        kind,
+        source_backfill: None,
+        tasks: None,
+        max_failures: None,
+        cascade: None,
+        cascade_of: None,
+    }
+}
+
+/// The plan options of such a backfill: every interval runs, oldest first.
+pub(super) fn run_every(depends_on_past: bool) -> Result<plan::Options, Error> {
+    Ok(plan::Options {
+        reprocess: Reprocess::Completed,
+        run_backwards: false,
+        depends_on_past,
+        now: clock::now()?,
+    })
 }
 
 /// A backfill to write and run.

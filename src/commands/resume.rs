@@ -19,22 +19,17 @@ use crate::recovery::{self, Dags};
 
 /// Resumes backfill `id`; for a backfill of a cascade, then continues the cascade.
 pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
-    let (project, _, conn, backfill) = find_backfill(g, id)?;
-    drop(conn);
-    let code = resume_one(g, id)?;
+    let (project, path, conn, backfill) = find_backfill(g, id)?;
+    let code = resume_found(g, &project, &path, conn, backfill.clone())?;
     if let (crate::state::BackfillKind::Promote, Some(source)) =
         (backfill.kind, backfill.source_backfill)
     {
-        let path = g.manifest_path(Some(&project))?;
         super::staging::settle_staged(&path, &project, source)?;
     }
     let root = match (&backfill.cascade, backfill.cascade_of) {
-        (Some(_), _) => Some(backfill.clone()),
-        (None, Some(root)) => {
-            let path = g.manifest_path(Some(&project))?;
-            manifest::backfills::get(&manifest::open_read_only(&path)?, root)
-                .map_err(|e| e.at(&path))?
-        }
+        (Some(_), _) => Some(backfill),
+        (None, Some(root)) => manifest::backfills::get(&manifest::open_read_only(&path)?, root)
+            .map_err(|e| e.at(&path))?,
         _ => None,
     };
     let Some(root) = root else {
@@ -57,7 +52,19 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
 /// Resumes backfill `id` alone.
 pub(super) fn resume_one(g: &Global, id: i64) -> Result<u8, Error> {
     let (project, manifest_path, conn, backfill) = find_backfill(g, id)?;
-    let pending = plans::unfinished(&conn, id).map_err(|e| e.at(&manifest_path))?;
+    resume_found(g, &project, &manifest_path, conn, backfill)
+}
+
+/// Resumes a backfill read from the manifest (`conn`, read-only).
+fn resume_found(
+    g: &Global,
+    project: &crate::project::Project,
+    manifest_path: &std::path::Path,
+    conn: rusqlite::Connection,
+    backfill: manifest::Backfill,
+) -> Result<u8, Error> {
+    let id = backfill.id;
+    let pending = plans::unfinished(&conn, id).map_err(|e| e.at(manifest_path))?;
     drop(conn);
     let dag = match (&backfill.tasks, backfill.kind) {
         (Some(tasks), crate::state::BackfillKind::Run | crate::state::BackfillKind::Stage) => {
@@ -65,11 +72,7 @@ pub(super) fn resume_one(g: &Global, id: i64) -> Result<u8, Error> {
         }
         _ => project.dag(&backfill.dag_id)?,
     };
-    let conf: serde_json::Value = serde_json::from_str(&backfill.conf).map_err(|e| {
-        Error::Internal(format!(
-            "backfill {id} has an unreadable conf in the manifest: {e}"
-        ))
-    })?;
+    let conf = backfill.conf_json()?;
     let now = clock::now()?;
     // The range as recorded: interval starts in [range_start, range_end).
     let range = Range {
@@ -80,9 +83,9 @@ pub(super) fn resume_one(g: &Global, id: i64) -> Result<u8, Error> {
     // each skipped or not for its upstream, as when it was created.
     let (intervals, upstream_skips) = match (backfill.planning, backfill.cascade_of) {
         (true, Some(root)) => {
-            let conn = manifest::open_read_only(&manifest_path)?;
+            let conn = manifest::open_read_only(manifest_path)?;
             let first = manifest::backfills::get(&conn, root)
-                .map_err(|e| e.at(&manifest_path))?
+                .map_err(|e| e.at(manifest_path))?
                 .ok_or_else(|| Error::Internal(format!("cascade backfill {root} vanished")))?;
             let mode = first
                 .cascade
@@ -90,7 +93,8 @@ pub(super) fn resume_one(g: &Global, id: i64) -> Result<u8, Error> {
                 .and_then(crate::cascade::Mode::parse)
                 .unwrap_or(crate::cascade::Mode::All);
             let (map, _) = super::cascade::backfills_of(&conn, root, &first.dag_id)?;
-            super::cascade::plan_member(&conn, &project, &dag, &map, mode)?
+            let dags = super::cascade::all_dags(project)?;
+            super::cascade::plan_member(&conn, project, &dags, &dag, &map, mode)?
         }
         (true, None) => (
             expand_nonempty(&dag.schedule, range, &backfill.from_arg, &backfill.to_arg)?,
@@ -106,17 +110,17 @@ pub(super) fn resume_one(g: &Global, id: i64) -> Result<u8, Error> {
     window.sort_unstable();
     let reprs = check_tasks(&dag, &conf, &window)?;
     let writer = Writer::spawn(
-        manifest::open(&manifest_path, project.durability)?,
-        &manifest_path,
+        manifest::open(manifest_path, project.durability)?,
+        manifest_path,
     )?;
     let ctx = LeaseCtx::new(project.lease_timeout);
-    let dags = Dags::of(&project);
+    let dags = Dags::of(project);
     let Some(taken) = recovery::take_over(&writer, id, &ctx)? else {
-        let current = manifest::backfills::get(&manifest::open_read_only(&manifest_path)?, id)
-            .map_err(|e| e.at(&manifest_path))?;
+        let current = manifest::backfills::get(&manifest::open_read_only(manifest_path)?, id)
+            .map_err(|e| e.at(manifest_path))?;
         writer.close();
         let Some(b) = current else {
-            return Err(unknown_backfill(id, &manifest_path));
+            return Err(unknown_backfill(id, manifest_path));
         };
         return Err(Error::Usage(format!(
             "backfill {id} is still running (pid {}, host {}); wait for it, or stop it with `{}`",
@@ -150,11 +154,11 @@ pub(super) fn resume_one(g: &Global, id: i64) -> Result<u8, Error> {
             let changed = match backfill.reprocess {
                 plan::Reprocess::Changed => super::create::source_changes(
                     g,
-                    &project,
+                    project,
                     &dag,
                     &conf,
                     &intervals,
-                    &manifest_path,
+                    manifest_path,
                 )?,
                 _ => HashSet::new(),
             };
@@ -195,7 +199,7 @@ pub(super) fn resume_one(g: &Global, id: i64) -> Result<u8, Error> {
     }
     let code = execute(
         g,
-        &project,
+        project,
         Execution {
             owner,
             dag,
@@ -211,7 +215,7 @@ pub(super) fn resume_one(g: &Global, id: i64) -> Result<u8, Error> {
                     crate::state::BackfillKind::Run | crate::state::BackfillKind::Stage
                 )
             }),
-            mode: super::staging::mode_of(&backfill, &manifest_path)?,
+            mode: super::staging::mode_of(&backfill, manifest_path)?,
         },
         writer,
     )?;

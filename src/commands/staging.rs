@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use rusqlite::OptionalExtension;
 use serde::Serialize;
 
-use super::create::check_tasks;
+use super::create::{check_tasks, request_over, run_every};
 use super::{Global, find_backfill, note, warn};
 use crate::clock;
 use crate::exit::{self, Error};
@@ -17,7 +17,6 @@ use crate::interval::{DataInterval, Rfc3339, expand_nonempty, resolve_args};
 use crate::manifest::leases::LeaseCtx;
 use crate::manifest::writer::Writer;
 use crate::manifest::{self, Backfill, NewBackfill, runs};
-use crate::plan::{self, Reprocess};
 use crate::project::{Dag, Project, TaskKind};
 use crate::recovery::{self, Dags};
 use crate::report::out::hint;
@@ -135,15 +134,6 @@ fn intervals_of(staged: &[&runs::Staged]) -> Vec<DataInterval> {
     v
 }
 
-fn read_conf(b: &Backfill) -> Result<serde_json::Value, Error> {
-    serde_json::from_str(&b.conf).map_err(|e| {
-        Error::Internal(format!(
-            "backfill {} has an unreadable conf in the manifest: {e}",
-            b.id
-        ))
-    })
-}
-
 /// Once no output of a staged backfill awaits promotion, it is complete.
 pub(super) fn settle_staged(path: &Path, project: &Project, id: i64) -> Result<(), Error> {
     let conn = manifest::open(path, project.durability)?;
@@ -184,7 +174,7 @@ pub fn promote(g: &Global, id: i64, whens: &[String], allow_drift: bool) -> Resu
             hint(&format!("discard {id}"))
         )));
     }
-    let conf = read_conf(&source)?;
+    let conf = source.conf_json()?;
     let intervals = intervals_of(&waiting);
     let reprs = check_tasks(&dag, &conf, &intervals)?;
     // A promote killed halfway: its decided publishes are finished first, so that what is
@@ -216,27 +206,18 @@ pub fn promote(g: &Global, id: i64, whens: &[String], allow_drift: bool) -> Resu
         let chosen = select(all, whens, &dag, id)?;
         return nothing_left(g, id, &chosen, "promote");
     }
-    let (first, last) = (intervals[0], intervals[intervals.len() - 1]);
-    let labels = crate::report::Labeler::new(&dag);
     let request = NewBackfill {
-        dag_id: dag.id.clone(),
-        from_arg: labels.when(first.start),
-        to_arg: labels.when(last.start),
-        range_start: first.start.timestamp(),
-        range_end: last.start.timestamp() + 1,
-        reprocess: Reprocess::Completed,
-        max_active_runs: source.max_active_runs,
-        run_backwards: false,
         allow_drift,
-        conf: source.conf.clone(),
-        kind: BackfillKind::Promote,
         source_backfill: Some(id),
-        tasks: None,
-        cascade: None,
-        cascade_of: None,
-        max_failures: None,
+        ..request_over(
+            &dag,
+            &intervals,
+            BackfillKind::Promote,
+            source.conf.clone(),
+            source.max_active_runs,
+        )
     };
-    let options = options(dag.depends_on_past)?;
+    let options = run_every(dag.depends_on_past)?;
     let (code, _) = super::create::launch(
         g,
         &project,
@@ -254,16 +235,6 @@ pub fn promote(g: &Global, id: i64, whens: &[String], allow_drift: bool) -> Resu
     )?;
     settle_staged(&path, &project, id)?;
     Ok(code)
-}
-
-/// The plan options of a promote or rollback: every chosen interval runs, in order.
-fn options(depends_on_past: bool) -> Result<plan::Options, Error> {
-    Ok(plan::Options {
-        reprocess: Reprocess::Completed,
-        run_backwards: false,
-        depends_on_past,
-        now: clock::now()?,
-    })
 }
 
 /// Nothing to promote or discard: said, exit 0 (promoting twice is harmless).
@@ -338,26 +309,18 @@ pub fn discard(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
     writer.close();
     let gone = discarded?;
     let discarded = i64::try_from(gone.len()).unwrap_or(i64::MAX);
-    if discarded < i64::try_from(waiting.len()).unwrap_or(i64::MAX) {
+    let kept = waiting.len() - gone.len();
+    if kept > 0 {
+        let (is, was) = if kept == 1 {
+            ("is", "was")
+        } else {
+            ("are", "were")
+        };
         warn(
             g,
             &format!(
-                "{} of backfill {id} {} being promoted and {} kept",
-                crate::report::out::plural(
-                    i64::try_from(waiting.len() - gone.len()).unwrap_or(0),
-                    "staged output",
-                    "staged outputs"
-                ),
-                if waiting.len() - gone.len() == 1 {
-                    "is"
-                } else {
-                    "are"
-                },
-                if waiting.len() - gone.len() == 1 {
-                    "was"
-                } else {
-                    "were"
-                },
+                "{} of backfill {id} {is} being promoted and {was} kept",
+                crate::report::out::plural(kept as i64, "staged output", "staged outputs"),
             ),
         );
     }
@@ -413,32 +376,38 @@ pub fn diff(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
         .iter()
         .filter(|s| s.state == StagedState::Staged)
         .collect();
-    let conf = read_conf(&source)?;
+    let conf = source.conf_json()?;
     let intervals = intervals_of(&waiting);
     let reprs = check_tasks(&dag, &conf, &intervals)?;
     let mut rows = Vec::new();
     for s in &waiting {
-        let published =
-            runs::published_fingerprint(&conn, &dag.id, &s.task_id, s.interval.start.timestamp())
-                .map_err(|e| e.at(&path))?;
         let task = dag.tasks.iter().find(|t| t.id == s.task_id);
-        // A SQL task's partition is read from the warehouse: it may have been changed by hand
-        // since the manifest recorded its publish.
-        let published: Option<(i64, i64, Option<String>)> = match task.map(|t| &t.kind) {
-            Some(TaskKind::Sql(sql)) => {
-                let wh = crate::warehouse::open(&sql.warehouse)?;
-                let repr = reprs.get(&s.task_id).copied().flatten();
-                let (rows, fingerprint) =
-                    crate::warehouse::diff::published(&wh, sql, repr, s.interval, dag.tz)
-                        .map_err(|e| Error::Usage(e.at(&sql.warehouse).to_string()))?;
-                match published {
-                    None if rows == 0 => None,
-                    other => Some((other.map_or(0, |p| p.0), rows, Some(fingerprint))),
-                }
-            }
-            _ => published,
+        let sql = match task.map(|t| &t.kind) {
+            Some(TaskKind::Sql(sql)) => Some(sql),
+            _ => None,
         };
-        let published_rows = published.as_ref().map(|p| p.1);
+        let wh_error = |e: crate::warehouse::Error| match sql {
+            Some(sql) => Error::Usage(e.at(&sql.warehouse).to_string()),
+            None => Error::Usage(e.to_string()),
+        };
+        let wh = sql
+            .map(|sql| crate::warehouse::open(&sql.warehouse))
+            .transpose()?;
+        let repr = reprs.get(&s.task_id).copied().flatten();
+        // `(rows, fingerprint)` of what is published. A SQL task's partition is read from the
+        // warehouse: it may have been changed by hand since the manifest recorded its publish.
+        let recorded = runs::published(&conn, &dag.id, &s.task_id, s.interval.start.timestamp())
+            .map_err(|e| e.at(&path))?;
+        let published: Option<(i64, Option<String>)> = match (sql, &wh) {
+            (Some(sql), Some(wh)) => {
+                let (rows, fingerprint) =
+                    crate::warehouse::diff::published(wh, sql, repr, s.interval, dag.tz)
+                        .map_err(wh_error)?;
+                (recorded.is_some() || rows > 0).then_some((rows, Some(fingerprint)))
+            }
+            _ => recorded.map(|(_, rows, fingerprint)| (rows, fingerprint)),
+        };
+        let published_rows = published.as_ref().map(|p| p.0);
         let staged_rows = s.record.rows;
         let change_pct = match (published_rows, staged_rows) {
             (Some(0), Some(0)) => Some(0.0),
@@ -450,30 +419,20 @@ pub fn diff(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
             _ => None,
         };
         let same_fingerprint = published
-            .as_ref()
-            .and_then(|p| p.2.clone())
+            .and_then(|p| p.1)
             .zip(s.record.fingerprint.clone())
             .map(|(a, b)| a == b);
-        let keys = match task.map(|t| (&t.kind, t.gate.as_ref())) {
-            Some((TaskKind::Sql(sql), Some(gate))) if !gate.unique_key.is_empty() => {
-                let file = s.path.as_deref().map(Path::new).filter(|p| p.is_file());
-                match file {
-                    Some(file) => {
-                        let conn = crate::warehouse::open(&sql.warehouse)?;
-                        let repr = reprs.get(&s.task_id).copied().flatten();
-                        Some(
-                            crate::warehouse::diff::keys(
-                                &conn,
-                                sql,
-                                &gate.unique_key,
-                                repr,
-                                s.interval,
-                                dag.tz,
-                                file,
-                            )
-                            .map_err(|e| Error::Usage(e.at(&sql.warehouse).to_string()))?,
-                        )
-                    }
+        let unique_key = task
+            .and_then(|t| t.gate.as_ref())
+            .map(|g| &g.unique_key)
+            .filter(|k| !k.is_empty());
+        let keys = match (sql, &wh, unique_key) {
+            (Some(sql), Some(wh), Some(key)) => {
+                match s.path.as_deref().map(Path::new).filter(|p| p.is_file()) {
+                    Some(file) => Some(
+                        crate::warehouse::diff::keys(wh, sql, key, repr, s.interval, dag.tz, file)
+                            .map_err(wh_error)?,
+                    ),
                     None => {
                         warn(
                             g,
@@ -565,24 +524,20 @@ pub fn rollback(
     let (range_start, range_end) = super::create::unix_range(range);
     let tasks = (!only.is_empty()).then(|| only.to_vec());
     let request = NewBackfill {
-        dag_id: dag.id.clone(),
         from_arg: from.to_string(),
         to_arg: to.to_string(),
         range_start,
         range_end,
-        reprocess: Reprocess::Completed,
-        max_active_runs,
-        run_backwards: false,
-        allow_drift: false,
-        conf: "{}".into(),
-        kind: BackfillKind::Rollback,
-        source_backfill: None,
         tasks: tasks.clone(),
-        cascade: None,
-        cascade_of: None,
-        max_failures: None,
+        ..request_over(
+            &dag,
+            &intervals,
+            BackfillKind::Rollback,
+            "{}".into(),
+            max_active_runs,
+        )
     };
-    let options = options(dag.depends_on_past)?;
+    let options = run_every(dag.depends_on_past)?;
     let (code, _) = super::create::launch(
         g,
         &project,

@@ -87,6 +87,16 @@ impl Backfill {
             self.heartbeat_at,
         )
     }
+
+    /// Its `--conf`, as recorded.
+    pub fn conf_json(&self) -> Result<serde_json::Value> {
+        serde_json::from_str(&self.conf).map_err(|e| {
+            Error::Invalid(format!(
+                "backfill {} has an unreadable conf in the manifest: {e}",
+                self.id
+            ))
+        })
+    }
 }
 
 pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks, max_failures, cascade, cascade_of";

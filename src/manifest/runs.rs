@@ -364,20 +364,20 @@ pub fn mark_published(conn: &Connection, p: &Publication<'_>, now_ms: i64) -> Re
     Ok(())
 }
 
-/// The currently published try of a task and interval: `(try_id, rows)`.
+/// The currently published try of a task and interval: `(try_id, rows, fingerprint)`.
 pub fn published(
     conn: &Connection,
     dag_id: &str,
     task_id: &str,
     interval_start: i64,
-) -> Result<Option<(i64, i64)>> {
+) -> Result<Option<(i64, i64, Option<String>)>> {
     Ok(conn
         .prepare_cached(
-            "SELECT try_id, rows FROM published
+            "SELECT try_id, rows, fingerprint FROM published
              WHERE dag_id = ?1 AND task_id = ?2 AND interval_start = ?3",
         )?
         .query_row(params![dag_id, task_id, interval_start], |r| {
-            Ok((r.get(0)?, r.get(1)?))
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
         })
         .optional()?)
 }
@@ -578,7 +578,7 @@ pub fn may_publish(conn: &Connection, try_id: i64, owner: Option<Owner>) -> Resu
     {
         return Ok(false);
     }
-    let newer = published(conn, &dag_id, &task_id, start)?.is_some_and(|(t, _)| t > try_id);
+    let newer = published(conn, &dag_id, &task_id, start)?.is_some_and(|(t, ..)| t > try_id);
     Ok(!newer)
 }
 
@@ -641,39 +641,43 @@ pub fn staged(conn: &Connection, backfill_id: i64) -> Result<Vec<Staged>> {
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 
-/// Whose rows a published try's partition holds: the try itself, or, for a rollback, the try
-/// whose rows it put back (`None` when they predate the manifest).
-pub fn content_of(conn: &Connection, try_id: i64) -> Result<Option<i64>> {
-    let (verdict, restored): (Option<String>, Option<i64>) = conn
-        .prepare_cached("SELECT verdict, restored_from FROM task_tries WHERE id = ?1")?
-        .query_row([try_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    Ok(if verdict.as_deref() == Some(ROLLED_BACK) {
-        restored
-    } else {
-        Some(try_id)
-    })
+/// What a task's partition of an interval holds now, as the manifest says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Current {
+    /// The published try.
+    pub try_id: i64,
+    pub rows: i64,
+    /// Whose rows they are: the try itself, or, for a rollback, the try whose rows it put back
+    /// (`None` when they predate the manifest). A publish keeps them as the version of this.
+    pub content: Option<i64>,
 }
 
-/// The verdict of a rollback try.
-pub const ROLLED_BACK: &str = "rolled back";
-
-/// The published try of a task and interval with its rows and fingerprint.
-pub fn published_fingerprint(
+/// The currently published try of a task and interval, with its rows and content.
+pub fn current(
     conn: &Connection,
     dag_id: &str,
     task_id: &str,
     interval_start: i64,
-) -> Result<Option<(i64, i64, Option<String>)>> {
+) -> Result<Option<Current>> {
     Ok(conn
         .prepare_cached(
-            "SELECT try_id, rows, fingerprint FROM published
-             WHERE dag_id = ?1 AND task_id = ?2 AND interval_start = ?3",
+            "SELECT p.try_id, p.rows,
+                    CASE WHEN t.verdict = ?4 THEN t.restored_from ELSE p.try_id END
+             FROM published p LEFT JOIN task_tries t ON t.id = p.try_id
+             WHERE p.dag_id = ?1 AND p.task_id = ?2 AND p.interval_start = ?3",
         )?
-        .query_row(params![dag_id, task_id, interval_start], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        .query_row(params![dag_id, task_id, interval_start, ROLLED_BACK], |r| {
+            Ok(Current {
+                try_id: r.get(0)?,
+                rows: r.get(1)?,
+                content: r.get(2)?,
+            })
         })
         .optional()?)
 }
+
+/// The verdict of a rollback try.
+pub const ROLLED_BACK: &str = "rolled back";
 
 /// Whether a staged try's output still awaits promotion.
 pub fn is_staged(conn: &Connection, staged_try: i64) -> Result<bool> {

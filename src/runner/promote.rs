@@ -118,7 +118,7 @@ async fn promote_sql(
         return Ok(failed(error, None));
     };
     let current = published_try(shared, task, interval).await?;
-    let (record, verdict) = match judge_again(shared, task, staged, current.map(|(_, r)| r)) {
+    let (record, verdict) = match judge_again(shared, task, staged, current.map(|c| c.rows)) {
         Ok(v) => v,
         Err(outcome) => {
             // Still staged: a later `promote` (with --allow-drift, say) can publish it.
@@ -136,7 +136,7 @@ async fn promote_sql(
     log.line(&format!(
         "rows {} (published {}): {verdict}",
         record.rows.unwrap_or(0),
-        current.map_or("-".into(), |(_, r)| r.to_string()),
+        current.map_or("-".into(), |c| c.rows.to_string()),
     ));
     let repr = shared
         .reprs
@@ -172,7 +172,7 @@ async fn promote_command(
     stop: &mut watch::Receiver<Stop>,
 ) -> Result<Outcome, Error> {
     let current = published_try(shared, task, interval).await?;
-    let (record, _) = match judge_again(shared, task, staged, current.map(|(_, r)| r)) {
+    let (record, _) = match judge_again(shared, task, staged, current.map(|c| c.rows)) {
         Ok(v) => v,
         Err(outcome) => return Ok(*outcome),
     };

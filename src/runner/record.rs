@@ -185,22 +185,20 @@ pub(super) async fn published_rows(
     task: &Task,
     interval: DataInterval,
 ) -> Result<Option<i64>, Error> {
-    Ok(published_try(shared, task, interval)
-        .await?
-        .map(|(_, rows)| rows))
+    Ok(published_try(shared, task, interval).await?.map(|c| c.rows))
 }
 
-/// The currently published try of a task and interval, and its rows.
+/// The currently published try of a task and interval, its rows and content.
 pub(super) async fn published_try(
     shared: &Shared,
     task: &Task,
     interval: DataInterval,
-) -> Result<Option<(i64, i64)>, Error> {
+) -> Result<Option<runs::Current>, Error> {
     let (dag_id, task_id) = (shared.spec.dag.id.clone(), task.id.clone());
     let path = shared.spec.manifest_path.clone();
     let read = tokio::task::spawn_blocking(move || {
         let reader = crate::manifest::Reader::take(&path)?;
-        runs::published(&reader, &dag_id, &task_id, interval.start.timestamp())
+        runs::current(&reader, &dag_id, &task_id, interval.start.timestamp())
             .map_err(|e| e.at(&path))
     })
     .await

@@ -40,18 +40,16 @@ async fn rollback_sql(
     started: &Started,
 ) -> Result<Outcome, Error> {
     let mut log = TryLog::open(&started.log);
-    let Some((current, current_rows)) = published_try(shared, task, interval).await? else {
+    let Some(runs::Current {
+        try_id: current,
+        rows: current_rows,
+        content,
+    }) = published_try(shared, task, interval).await?
+    else {
         let error = "nothing is published, so there is nothing to roll back".to_string();
         log.line(&error);
         return Ok(failed(error, None));
     };
-    let path = shared.spec.manifest_path.clone();
-    let content = tokio::task::spawn_blocking(move || {
-        let reader = manifest::Reader::take(&path)?;
-        runs::content_of(&reader, current).map_err(|e| e.at(&path))
-    })
-    .await
-    .map_err(|e| Error::Internal(format!("reading the manifest panicked: {e}")))??;
     let s = sql.clone();
     let found = tokio::task::spawn_blocking(move || -> Result<_, warehouse::Error> {
         let Some(key) = content else {

@@ -178,7 +178,7 @@ pub(super) async fn sql_try(
         reprs.insert(task.id.clone(), Some(r));
     }
     let current = published_try(shared, task, input.interval).await?;
-    let published = current.map(|(_, rows)| rows);
+    let published = current.map(|c| c.rows);
     let gate_measures = Measures {
         rows: measures.rows,
         outside: Some(measures.outside),
@@ -251,8 +251,8 @@ pub(super) struct ToPublish<'a> {
     pub repr: Option<warehouse::Repr>,
     /// Publish an explicit empty partition.
     pub empty: bool,
-    /// The currently published try and its rows.
-    pub current: Option<(i64, i64)>,
+    /// What the partition holds now.
+    pub current: Option<runs::Current>,
     /// A staged output: its file is checked against the staged fingerprint before it is
     /// published, and kept when the publish fails (it stays staged).
     pub promoting: bool,
@@ -316,12 +316,6 @@ pub(super) async fn publish_audited(
                 let allowed =
                     || runs::may_publish(reader, try_id, Some(owner)).map_err(|e| e.to_string());
                 let conn = warehouse::pool::take(&s.warehouse);
-                // The rows being replaced are those of the current publish's content (for a
-                // rollback, the try whose rows it put back).
-                let version_of = match current {
-                    Some((t, _)) => runs::content_of(reader, t).unwrap_or(Some(t)),
-                    None => None,
-                };
                 let p = publish::Publish {
                     task: &s,
                     interval,
@@ -331,7 +325,7 @@ pub(super) async fn publish_audited(
                     expect_fingerprint: expect.as_deref(),
                     keep: Some(warehouse::versions::Keep {
                         by_try: try_id,
-                        version_of,
+                        version_of: current.and_then(|c| c.content),
                         keep: s.keep_versions,
                     }),
                 };

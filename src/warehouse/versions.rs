@@ -127,7 +127,10 @@ pub fn save(
         // rollback must not empty it.
         return Ok(0);
     }
-    ensure_meta(conn)?;
+    // Created once: a publish that keeps a version only asks whether they exist.
+    if !has_table(conn, META)? {
+        ensure_meta(conn)?;
+    }
     let kept = kept_table(&task.target);
     if !has_table(conn, &kept)? {
         conn.execute_batch(&format!(

@@ -400,7 +400,7 @@ pub(super) async fn publish_audited(
 
 /// Keeps a try's audited output for `promote` instead of publishing it. The file is synced, so
 /// that not even a crash of the machine loses a staged output.
-fn stage(file: AuditFile, mut record: TryRecord, log: &mut TryLog) -> Outcome {
+fn stage(file: AuditFile, record: TryRecord, log: &mut TryLog) -> Outcome {
     let path = file.path.clone();
     if let Err(e) = std::fs::File::open(&path).and_then(|f| f.sync_all()) {
         file.remove();
@@ -413,10 +413,7 @@ fn stage(file: AuditFile, mut record: TryRecord, log: &mut TryLog) -> Outcome {
         "staged: kept in {} for `backfill promote`, not published",
         path.display()
     ));
-    record.verdict = Some("staged".into());
-    record.staged = Some(crate::state::StagedState::Staged);
-    record.staged_path = Some(path.display().to_string());
-    Outcome::Succeeded(record, None)
+    super::tries::staged(record, &path)
 }
 
 /// Removes the audit file of an audit step that finished after it was given up.

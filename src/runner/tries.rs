@@ -419,10 +419,7 @@ async fn gated_command(
     }
     if matches!(shared.spec.mode, super::Mode::Stage) {
         // `publish` waits for `backfill promote`; the result file stays with the try.
-        record.verdict = Some("staged".into());
-        record.staged = Some(crate::state::StagedState::Staged);
-        record.staged_path = Some(input.result_path.display().to_string());
-        return Ok(Outcome::Succeeded(record, None));
+        return Ok(staged(record, &input.result_path));
     }
     if let Some(publish) = &task.publish
         && let Err(outcome) = run_step(
@@ -443,6 +440,14 @@ async fn gated_command(
         record,
         Some(Published { rows, fingerprint }),
     ))
+}
+
+/// A try whose output passed its gate and is kept at `path`, unpublished, for `promote`.
+pub(super) fn staged(mut record: TryRecord, path: &Path) -> Outcome {
+    record.verdict = Some("staged".into());
+    record.staged = Some(crate::state::StagedState::Staged);
+    record.staged_path = Some(path.display().to_string());
+    Outcome::Succeeded(record, None)
 }
 
 /// Runs a `source_count` or `source_fingerprint` command and reads what it prints, trimmed.

@@ -30,9 +30,7 @@ fn project() -> Project {
 }
 
 fn hourly(p: &Project, from: &str, to: &str, extra: &[&str]) -> crate::support::Out {
-    let mut args = vec!["create", "--dag", "hourly", "--from", from, "--to", to];
-    args.extend_from_slice(extra);
-    p.run(&args)
+    p.create("hourly", from, to, extra)
 }
 
 /// `(day, action, reason)` of a backfill's plan.
@@ -399,19 +397,9 @@ fn a_cascade_over_too_many_downstream_intervals_is_refused() {
             "minutely",
             "schedule = \"* * * * *\"\nupstream = [\"daily\"]\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
         );
-    p.run(&[
-        "create",
-        "--dag",
-        "daily",
-        "--from",
-        "2024-01-01",
-        "--to",
-        "2025-12-31",
-        "--cascade",
-        "all",
-    ])
-    .code(2)
-    .stderr_has("DAG `minutely` has more than 1000000 intervals");
+    p.create("daily", "2024-01-01", "2025-12-31", &["--cascade", "all"])
+        .code(2)
+        .stderr_has("DAG `minutely` has more than 1000000 intervals");
     assert!(!p.has_manifest());
 }
 
@@ -473,28 +461,9 @@ fn an_upstream_dag_outside_the_cascade_counts_too() {
             "schedule = \"@monthly\"\nupstream = [\"b\", \"c\"]\n[[tasks]]\nid = \"t\"\ncommand = \"touch d-{{ ds }}\"\n",
         );
     p.write("fail-c-2026-09-10", "");
-    p.run(&[
-        "create",
-        "--dag",
-        "c",
-        "--from",
-        "2026-09-01",
-        "--to",
-        "2026-09-30",
-    ])
-    .code(3);
-    p.run(&[
-        "create",
-        "--dag",
-        "b",
-        "--from",
-        "2026-09-01",
-        "--to",
-        "2026-09-30",
-        "--cascade",
-        "all",
-    ])
-    .code(0);
+    p.create("c", "2026-09-01", "2026-09-30", &[]).code(3);
+    p.create("b", "2026-09-01", "2026-09-30", &["--cascade", "all"])
+        .code(0);
     assert!(
         !p.path("d-2026-09-01").exists(),
         "September reads c's failed 09-10"
@@ -505,31 +474,19 @@ fn an_upstream_dag_outside_the_cascade_counts_too() {
     );
     // Once c's day is fixed, the month runs.
     std::fs::remove_file(p.path("fail-c-2026-09-10")).unwrap();
-    p.run(&[
-        "create",
-        "--dag",
+    p.create(
         "c",
-        "--from",
         "2026-09-10",
-        "--to",
         "2026-09-10",
-        "--reprocess-behavior",
-        "failed",
-    ])
+        &["--reprocess-behavior", "failed"],
+    )
     .code(0);
-    p.run(&[
-        "create",
-        "--dag",
+    p.create(
         "b",
-        "--from",
         "2026-09-01",
-        "--to",
         "2026-09-30",
-        "--reprocess-behavior",
-        "completed",
-        "--cascade",
-        "all",
-    ])
+        &["--reprocess-behavior", "completed", "--cascade", "all"],
+    )
     .code(0);
     assert!(p.path("d-2026-09-01").exists());
 }

@@ -5,17 +5,7 @@ use crate::gate::{shop, wh, wh_count};
 use crate::support::Project;
 
 fn september(p: &Project, dag: &str, extra: &[&str]) -> crate::support::Out {
-    let mut args = vec![
-        "create",
-        "--dag",
-        dag,
-        "--from",
-        "2026-09-01",
-        "--to",
-        "2026-09-30",
-    ];
-    args.extend_from_slice(extra);
-    p.run(&args)
+    p.create(dag, "2026-09-01", "2026-09-30", extra)
 }
 
 /// `(start, action, reason)` of every row of a backfill's plan, in order.

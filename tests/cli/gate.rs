@@ -72,9 +72,7 @@ pub(crate) fn wh_count(p: &Project, sql: &str) -> i64 {
 }
 
 fn create(p: &Project, dag: &str, from: &str, to: &str, extra: &[&str]) -> Out {
-    let mut args = vec!["create", "--dag", dag, "--from", from, "--to", to];
-    args.extend_from_slice(extra);
-    p.run(&args)
+    p.create(dag, from, to, extra)
 }
 
 /// The daily_orders partition of a day, straight from the raw orders.

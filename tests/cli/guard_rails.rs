@@ -27,19 +27,12 @@ fn max_failures_stops_after_the_second_failure_and_resume_finishes() {
     for day in ["2026-01-02", "2026-01-04", "2026-01-05"] {
         p.write(&format!("fail-{day}"), "");
     }
-    let out = p.run(&[
-        "create",
-        "--dag",
+    let out = p.create(
         "d",
-        "--from",
         "2026-01-01",
-        "--to",
         "2026-01-08",
-        "--max-failures",
-        "2",
-        "--max-active-runs",
-        "1",
-    ]);
+        &["--max-failures", "2", "--max-active-runs", "1"],
+    );
     out.code(3)
         .stderr_has(
             "2 intervals failed (--max-failures 2): no new intervals; the running ones finish",
@@ -88,18 +81,8 @@ fn max_failures_stops_after_the_second_failure_and_resume_finishes() {
 #[test]
 fn tasks_runs_only_the_named_tasks_and_is_recorded() {
     let p = Project::new().dag("d", TWO_TASKS);
-    p.run(&[
-        "create",
-        "--dag",
-        "d",
-        "--from",
-        "2026-01-01",
-        "--to",
-        "2026-01-02",
-        "--tasks",
-        "report",
-    ])
-    .code(0);
+    p.create("d", "2026-01-01", "2026-01-02", &["--tasks", "report"])
+        .code(0);
     assert!(p.path("report-2026-01-01").exists());
     assert!(
         !p.path("load-2026-01-01").exists(),
@@ -116,34 +99,14 @@ fn tasks_runs_only_the_named_tasks_and_is_recorded() {
         .stdout_has("only tasks report");
     // A failure's rerun command keeps --tasks.
     p.write("fail-2026-01-03", "");
-    let out = p.run(&[
-        "create",
-        "--dag",
-        "d",
-        "--from",
-        "2026-01-03",
-        "--to",
-        "2026-01-03",
-        "--tasks",
-        "load",
-    ]);
+    let out = p.create("d", "2026-01-03", "2026-01-03", &["--tasks", "load"]);
     out.code(3)
         .stderr_has("--reprocess-behavior failed --tasks load`");
     // An unknown task is bad input: exit 2, nothing written.
     let before = p.count("SELECT COUNT(*) FROM backfills");
-    p.run(&[
-        "create",
-        "--dag",
-        "d",
-        "--from",
-        "2026-01-04",
-        "--to",
-        "2026-01-04",
-        "--tasks",
-        "load,nope",
-    ])
-    .code(2)
-    .stderr_has("--tasks load,nope: DAG `d` has no task `nope` (its tasks: load, report)");
+    p.create("d", "2026-01-04", "2026-01-04", &["--tasks", "load,nope"])
+        .code(2)
+        .stderr_has("--tasks load,nope: DAG `d` has no task `nope` (its tasks: load, report)");
     assert_eq!(p.count("SELECT COUNT(*) FROM backfills"), before);
 }
 
@@ -246,16 +209,7 @@ fn the_dry_run_estimates_the_wall_time_from_the_history() {
     dry(&[]).code(0).stdout_has(
         "estimate: none yet (`load`, `report` never succeeded; each task's median duration comes from its recent successful tries)",
     );
-    p.run(&[
-        "create",
-        "--dag",
-        "d",
-        "--from",
-        "2026-01-01",
-        "--to",
-        "2026-01-05",
-    ])
-    .code(0);
+    p.create("d", "2026-01-01", "2026-01-05", &[]).code(0);
     // Durations as history records them: load 2 s, report 1 s (five tries each).
     p.db()
         .execute_batch(
@@ -319,16 +273,7 @@ command = '''s=$(awk '{print $3}' /proc/$(cat a.pid)/stat 2>/dev/null); if [ -n 
     a.wait().unwrap();
     let orphan: i32 = p.read("a.pid").trim().parse().unwrap();
     assert!(crate::support::alive(orphan));
-    p.run(&[
-        "create",
-        "--dag",
-        "b",
-        "--from",
-        "2026-01-01",
-        "--to",
-        "2026-01-01",
-    ])
-    .code(0);
+    p.create("b", "2026-01-01", "2026-01-01", &[]).code(0);
     assert!(
         !p.path("overlapped").exists(),
         "b ran while a's task still ran"
@@ -346,18 +291,8 @@ fn depends_on_past_holds_after_a_resume_and_tasks_runs_do_not_count_as_done() {
         "schedule = \"@daily\"\ndepends_on_past = true\n[[tasks]]\nid = \"t\"\ncommand = \"test ! -e fail-{{ ds }}\"\n[[tasks]]\nid = \"u\"\ncommand = \"touch u-{{ ds }}\"\n",
     );
     p.write("fail-2026-01-03", "");
-    p.run(&[
-        "create",
-        "--dag",
-        "d",
-        "--from",
-        "2026-01-01",
-        "--to",
-        "2026-01-06",
-        "--max-failures",
-        "1",
-    ])
-    .code(3);
+    p.create("d", "2026-01-01", "2026-01-06", &["--max-failures", "1"])
+        .code(3);
     p.run(&["resume", "1"]).code(3);
     assert_eq!(
         runs(&p),
@@ -375,33 +310,20 @@ fn depends_on_past_holds_after_a_resume_and_tasks_runs_do_not_count_as_done() {
     );
     // A run of only `u` is not a run of the interval: a plain create still runs it.
     let q = Project::new().dag("d", TWO_TASKS);
-    q.run(&[
-        "create",
-        "--dag",
+    q.create(
         "d",
-        "--from",
         "2026-01-01",
-        "--to",
         "2026-01-01",
-        "--tasks",
-        "report,report",
-    ])
+        &["--tasks", "report,report"],
+    )
     .code(0);
     assert_eq!(
         q.run(&["show", "1", "--output", "json"]).json()["tasks"],
         serde_json::json!(["report"])
     );
-    q.run(&[
-        "create",
-        "--dag",
-        "d",
-        "--from",
-        "2026-01-01",
-        "--to",
-        "2026-01-01",
-    ])
-    .code(0)
-    .stderr_has("1 interval, 1 to run, 0 skipped");
+    q.create("d", "2026-01-01", "2026-01-01", &[])
+        .code(0)
+        .stderr_has("1 interval, 1 to run, 0 skipped");
     assert!(q.path("load-2026-01-01").exists());
 }
 
@@ -439,16 +361,7 @@ fn a_frozen_holder_whose_slot_was_given_away_never_starts_its_try() {
         crate::support::stopped(px.id())
     });
     crate::support::wait_stale(&p, 1, 1500);
-    p.run(&[
-        "create",
-        "--dag",
-        "py",
-        "--from",
-        "2026-01-01",
-        "--to",
-        "2026-01-01",
-    ])
-    .code(0);
+    p.create("py", "2026-01-01", "2026-01-01", &[]).code(0);
     assert!(p.path("ran-py").exists());
     crate::support::signal(&px, Signal::SIGCONT);
     let _ = p.wait("px", px);

@@ -10,9 +10,7 @@ fn run(p: &Project, args: &[&str]) -> crate::support::Out {
 }
 
 fn create(p: &Project, from: &str, to: &str, extra: &[&str]) -> crate::support::Out {
-    let mut args = vec!["create", "--dag", "orders_fact", "--from", from, "--to", to];
-    args.extend_from_slice(extra);
-    p.run(&args)
+    p.create("orders_fact", from, to, extra)
 }
 
 /// Every published row of `orders_fact`, in order.
@@ -522,17 +520,8 @@ publish = '''cp "$BACKFILL_RESULT" "published-{{ ds }}-run{{ run_id }}"'''
 source_count = "echo 2"
 "#,
     );
-    p.run(&[
-        "create",
-        "--dag",
-        "cmd",
-        "--from",
-        "2026-01-01",
-        "--to",
-        "2026-01-02",
-        "--stage",
-    ])
-    .code(0);
+    p.create("cmd", "2026-01-01", "2026-01-02", &["--stage"])
+        .code(0);
     let published = || {
         let mut v: Vec<String> = std::fs::read_dir(p.path("."))
             .unwrap()
@@ -758,17 +747,8 @@ fn a_promote_that_read_the_staged_outputs_before_another_one_published_them_publ
     use nix::sys::signal::Signal;
     for second in ["promote", "discard"] {
         let p = Project::new().dag("cmd", LOGGED);
-        p.run(&[
-            "create",
-            "--dag",
-            "cmd",
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-02",
-            "--stage",
-        ])
-        .code(0);
+        p.create("cmd", "2026-01-01", "2026-01-02", &["--stage"])
+            .code(0);
         // The first promote freezes right after reading what is staged.
         let first = p.spawn_with(
             "first",

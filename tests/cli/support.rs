@@ -126,6 +126,13 @@ impl Project {
         }
     }
 
+    /// `backfill create --dag DAG --from FROM --to TO EXTRA...`.
+    pub fn create(&self, dag: &str, from: &str, to: &str, extra: &[&str]) -> Out {
+        let mut args = vec!["create", "--dag", dag, "--from", from, "--to", to];
+        args.extend_from_slice(extra);
+        self.run(&args)
+    }
+
     /// Starts the binary in the background; its output goes to `{name}.out` and `{name}.err`.
     pub fn spawn(&self, name: &str, args: &[&str]) -> Child {
         self.spawn_with(name, args, &[])

@@ -231,6 +231,105 @@ fn bad_input_exits_2_names_the_problem_and_writes_nothing() {
             vec!["show".into(), "42".into()],
             "no backfill 42 in the manifest",
         ),
+        (
+            vec!["promote".into(), "1".into()],
+            "backfill 1 is a `run` backfill, not a staged one: `backfill promote` takes the id of a `backfill create --stage` backfill",
+        ),
+        (
+            vec!["discard".into(), "1".into()],
+            "backfill 1 is a `run` backfill, not a staged one: `backfill discard` takes the id",
+        ),
+        (
+            vec!["diff".into(), "42".into()],
+            "no backfill 42 in the manifest",
+        ),
+        (
+            vec!["promote".into(), "abc".into()],
+            "invalid value 'abc' for '<ID>'",
+        ),
+        (
+            [
+                "rollback",
+                "--dag",
+                "good",
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-02",
+            ]
+            .map(String::from)
+            .to_vec(),
+            "DAG `good` has no SQL task: only SQL tasks keep the rows a publish replaces",
+        ),
+        (
+            [
+                "rollback",
+                "--dag",
+                "good",
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-02",
+                "--task",
+                "nope",
+            ]
+            .map(String::from)
+            .to_vec(),
+            "--task nope: DAG `good` has no task `nope` (its tasks: t)",
+        ),
+        (
+            create(&[
+                "--dag",
+                "good",
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-02",
+                "--tasks",
+                "t,nope",
+            ]),
+            "--tasks t,nope: DAG `good` has no task `nope` (its tasks: t)",
+        ),
+        (
+            create(&[
+                "--dag",
+                "good",
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-02",
+                "--max-failures",
+                "0",
+            ]),
+            "invalid value '0' for '--max-failures <N>'",
+        ),
+        (
+            create(&[
+                "--dag",
+                "good",
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-02",
+                "--stage",
+                "--cascade",
+                "all",
+            ]),
+            "the argument '--stage' cannot be used with '--cascade <WHICH>'",
+        ),
+        (
+            create(&[
+                "--dag",
+                "good",
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-02",
+                "--cascade",
+                "some",
+            ]),
+            "invalid value 'some' for '--cascade <WHICH>'",
+        ),
     ];
     for (args, message) in cases {
         let before = p.dump();

@@ -143,37 +143,11 @@ pub async fn run(
         reprs,
     });
     // For depends_on_past: whether the interval ending at this instant succeeded here.
-    let mut succeeded_by_end: HashMap<i64, bool> = HashMap::new();
-    if depends_on_past {
-        // An interval whose predecessor is not queued (the first, or any after a resume) waits
-        // for what the manifest says of it: a resumed backfill whose interval failed before
-        // must not run the next one.
-        let ends: std::collections::HashSet<i64> =
-            queue.iter().map(|i| i.end.timestamp()).collect();
-        let orphans: Vec<i64> = queue
-            .iter()
-            .map(|i| i.start.timestamp())
-            .filter(|s| !ends.contains(s))
-            .collect();
-        let (path, dag_id) = (
-            shared.spec.manifest_path.clone(),
-            shared.spec.dag.id.clone(),
-        );
-        let before = tokio::task::spawn_blocking(move || {
-            let reader = crate::manifest::Reader::take(&path)?;
-            orphans
-                .into_iter()
-                .map(|s| Ok((s, plans::state_before(&reader, &dag_id, s)?)))
-                .collect::<Result<Vec<_>, crate::manifest::Error>>()
-        })
-        .await
-        .map_err(|e| Error::Internal(format!("reading the manifest panicked: {e}")))??;
-        for (start, state) in before {
-            if state.is_some_and(|s| s != RunState::Succeeded) {
-                succeeded_by_end.insert(start, false);
-            }
-        }
-    }
+    let mut succeeded_by_end: HashMap<i64, bool> = if depends_on_past {
+        failed_predecessors(&shared, &queue).await?
+    } else {
+        HashMap::new()
+    };
     let mut running: JoinSet<Result<(DataInterval, RunState), Error>> = JoinSet::new();
     let mut stop_rx = stop.clone();
     let mut first_error: Option<Error> = None;
@@ -224,6 +198,39 @@ pub async fn run(
         Some(e) => Err(e),
         None => Ok(halted),
     }
+}
+
+/// For `depends_on_past`: the queued intervals whose predecessor is not queued (the first, or
+/// any after a resume) and did not succeed, as the manifest says, by their start: they must
+/// not run.
+async fn failed_predecessors(
+    shared: &Shared,
+    queue: &VecDeque<DataInterval>,
+) -> Result<HashMap<i64, bool>, Error> {
+    let ends: std::collections::HashSet<i64> = queue.iter().map(|i| i.end.timestamp()).collect();
+    let orphans: Vec<i64> = queue
+        .iter()
+        .map(|i| i.start.timestamp())
+        .filter(|s| !ends.contains(s))
+        .collect();
+    let (path, dag_id) = (
+        shared.spec.manifest_path.clone(),
+        shared.spec.dag.id.clone(),
+    );
+    let before = tokio::task::spawn_blocking(move || {
+        let reader = crate::manifest::Reader::take(&path)?;
+        orphans
+            .into_iter()
+            .map(|s| Ok((s, plans::state_before(&reader, &dag_id, s)?)))
+            .collect::<Result<Vec<_>, crate::manifest::Error>>()
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("reading the manifest panicked: {e}")))??;
+    Ok(before
+        .into_iter()
+        .filter(|(_, state)| state.is_some_and(|s| s != RunState::Succeeded))
+        .map(|(start, _)| (start, false))
+        .collect())
 }
 
 /// Records a skip decided while running (`depends_on_past`, nothing left to promote).

@@ -1,8 +1,8 @@
 //! Rollback: puts back, in one warehouse transaction, the rows that the current publish of a
 //! SQL task's interval replaced (kept by that publish, see [`crate::warehouse::versions`]). It
-//! is recorded like a publish: an intent first (with the fingerprint of the rows it puts back,
-//! so that recovery can tell whether the transaction committed), then the try with the verdict
-//! `rolled back`, which becomes the interval's published try.
+//! is recorded like a publish: an intent first (naming the kept version it puts back, which
+//! the transaction drops: recovery knows it committed when the version is gone), then the try
+//! with the verdict `rolled back`, which becomes the interval's published try.
 
 use super::Shared;
 use super::record::{LastTry, Published, Started, published_try};

@@ -45,10 +45,12 @@ fn scenario() -> (Project, Child) {
             "2026-01-07",
         ],
     );
+    // Running, its process group recorded: the holder writes nothing more but heartbeats.
     wait_until("2026-01-07 to be running", Duration::from_secs(10), || {
         p.has_manifest()
             && p.count(&format!(
-                "SELECT COUNT(*) FROM runs WHERE interval_start = {} AND state = 'running'",
+                "SELECT COUNT(*) FROM runs r JOIN task_tries t ON t.run_id = r.id
+                 WHERE r.interval_start = {} AND r.state = 'running' AND t.pgid IS NOT NULL",
                 day_unix(7)
             )) == 1
     });

@@ -47,7 +47,9 @@ impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Usage(_) | Self::Project(_) | Self::Range(_) => USAGE,
-            Self::Manifest(crate::manifest::Error::Missing { .. }) => USAGE,
+            Self::Manifest(
+                crate::manifest::Error::Missing { .. } | crate::manifest::Error::ReadOnly { .. },
+            ) => USAGE,
             Self::Manifest(_) | Self::Warehouse(_) | Self::Io { .. } | Self::Internal(_) => {
                 INTERNAL
             }

@@ -24,6 +24,7 @@ pub mod recovery;
 pub mod report;
 pub mod runner;
 pub mod schedule;
+pub mod sqlite;
 pub mod state;
 pub mod task;
 pub mod warehouse;

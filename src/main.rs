@@ -5,14 +5,17 @@ use clap::Parser;
 use backfill::cli::{Cli, Output};
 use backfill::exit::{self, Error};
 
-/// Whether the command line asks for JSON output, read before clap has parsed it (for the
-/// error document of a command line that does not parse).
+/// Whether a command line that clap refused asked for JSON output, for the error document:
+/// clap parses it again leniently, so that nothing reads the raw arguments by hand (they need
+/// not be UTF-8).
 fn json_requested() -> bool {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter().any(|a| a == "--output=json")
-        || args
-            .windows(2)
-            .any(|w| w[0] == "--output" && w[1] == "json")
+    use clap::CommandFactory;
+    Cli::command()
+        .ignore_errors(true)
+        .try_get_matches()
+        .ok()
+        .and_then(|m| m.get_one::<Output>("output").copied())
+        == Some(Output::Json)
 }
 
 /// On stdout with `--output json`: the error as a document a program can read.

@@ -668,7 +668,8 @@ pub(super) fn check_tasks(
             TaskKind::Sql(sql) => {
                 // What a killed creation of the warehouse left goes first.
                 warehouse::init::remove_abandoned(&sql.warehouse.path);
-                let conn = warehouse::open(&sql.warehouse).map_err(|e| problem(e.to_string()))?;
+                let conn =
+                    warehouse::open_to_read(&sql.warehouse).map_err(|e| problem(e.to_string()))?;
                 warehouse::check_task(&conn, sql, task.gate.as_ref()).map_err(problem)?;
                 let repr = warehouse::decide_repr(&conn, sql, window, dag.tz).map_err(problem)?;
                 reprs.insert(task.id.clone(), repr);

@@ -16,7 +16,7 @@ pub mod writer;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::Connection;
 
 pub use backfills::{Backfill, NewBackfill, Owner};
 pub use reader::{Reader, close_readers};
@@ -100,6 +100,14 @@ pub enum Error {
         found: i64,
         known: i64,
     },
+    #[error(
+        "manifest {}: this user cannot write it ({source}); commands that only read it (list, show, runs, diff, create --dry-run) work, the others must run as a user who may write the file and its folder",
+        path.display()
+    )]
+    ReadOnly {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
     #[error("manifest {}: no such file; nothing has been recorded there yet", path.display())]
     Missing { path: PathBuf },
     /// Another process took this backfill over (a newer epoch): this one must stop.
@@ -157,6 +165,13 @@ fn is_busy(e: &rusqlite::Error) -> bool {
     )
 }
 
+fn is_read_only(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::ReadOnly | rusqlite::ErrorCode::PermissionDenied)
+    )
+}
+
 /// Opens the manifest for writing, creating it and applying migrations as needed.
 pub fn open(path: &Path, durability: Durability) -> Result<Connection> {
     if let Some(dir) = path.parent() {
@@ -187,6 +202,12 @@ pub fn open(path: &Path, durability: Durability) -> Result<Connection> {
                     5 + u64::from(std::process::id() % 20),
                 ));
             }
+            Err(Error::Sql(source)) if is_read_only(&source) => {
+                return Err(Error::ReadOnly {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
             result => return result.map_err(|e| e.at(path)),
         }
     }
@@ -202,10 +223,7 @@ pub fn open_read_only(path: &Path) -> Result<Connection> {
         });
     }
     let open = || -> Result<Connection> {
-        let conn = Connection::open_with_flags(
-            path,
-            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )?;
+        let conn = crate::sqlite::open_read_only(path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
         // Reading a large backfill touches most pages once: map them rather than copy each
         // into the page cache.

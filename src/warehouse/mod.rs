@@ -187,6 +187,17 @@ pub fn open(w: &Warehouse) -> Result<Connection> {
     setup().map_err(|e| e.at(w))
 }
 
+/// Opens the warehouse to read it (created from its init files first if it does not exist):
+/// enough to prepare a task's statements and look at its partition column, and possible for a
+/// user who may read the warehouse but not write it.
+pub fn open_to_read(w: &Warehouse) -> Result<Connection> {
+    init::ensure(w)?;
+    let conn = crate::sqlite::open_read_only(&w.path).map_err(|e| Error::from(e).at(w))?;
+    conn.busy_timeout(w.busy_timeout)
+        .map_err(|e| Error::from(e).at(w))?;
+    Ok(conn)
+}
+
 /// Runs `f` until it does not fail with SQLITE_BUSY beyond the busy timeout: a warehouse locked
 /// by another process is waited for, never reported as a failure. Stops when `cancel` is set.
 pub fn retry_busy<R>(cancel: Option<&AtomicBool>, f: impl FnMut() -> Result<R>) -> Result<R> {

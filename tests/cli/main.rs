@@ -10,6 +10,7 @@ mod gate;
 mod guard_rails;
 mod interrupt;
 mod operations;
+mod read_only;
 mod readme;
 mod reprocess;
 mod running;

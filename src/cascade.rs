@@ -8,10 +8,12 @@
 use std::collections::{HashMap, HashSet};
 
 use chrono::{Duration, Utc};
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::Connection;
 
 use crate::interval::{DataInterval, Range, expand};
-use crate::plan::{RunState, SkipReason};
+use crate::manifest::cascades;
+pub use crate::manifest::cascades::last_success;
+use crate::plan::{Action, RunState, SkipReason};
 use crate::project::Dag;
 
 /// How a cascade decides whether a downstream interval runs.
@@ -131,9 +133,6 @@ pub fn depends<'a>(
         .take_while(move |u| u.start < interval.end)
 }
 
-/// A plan row with its latest run's state: start, end, action, reason, state.
-type PlanOutcome = (i64, i64, String, Option<String>, Option<RunState>);
-
 /// What a cascade's backfill of an upstream DAG did with one interval of its plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upstream {
@@ -156,33 +155,28 @@ pub fn upstream_outcomes(
     conn: &Connection,
     dag_id: &str,
     backfill_id: i64,
-) -> rusqlite::Result<Vec<Upstream>> {
-    let mut stmt = conn.prepare(
-        "SELECT p.interval_start, p.interval_end, p.action, p.reason,
-                (SELECT r.state FROM runs r WHERE r.backfill_id = p.backfill_id
-                   AND r.interval_start = p.interval_start ORDER BY r.id DESC LIMIT 1)
-         FROM plan p WHERE p.backfill_id = ?1 ORDER BY p.interval_start",
-    )?;
-    let rows: Vec<PlanOutcome> = stmt
-        .query_map([backfill_id], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-        })?
-        .collect::<rusqlite::Result<_>>()?;
+) -> crate::manifest::Result<Vec<Upstream>> {
+    let rows = cascades::plan_outcomes(conn, backfill_id)?;
     let mut out = Vec::with_capacity(rows.len());
-    for (start, end, action, reason, state) in rows {
-        let (succeeded, touched) = if action == "run" {
-            (state == Some(RunState::Succeeded), true)
-        } else {
-            match reason.as_deref().and_then(|r| r.parse::<SkipReason>().ok()) {
-                Some(SkipReason::UpstreamUnchanged) => (true, true),
-                Some(SkipReason::UpstreamNotSuccessful) => (false, true),
-                Some(SkipReason::SourceUnchanged) => (true, false),
-                Some(SkipReason::AlreadyExists) => (
-                    latest_state(conn, dag_id, start)? == Some(RunState::Succeeded),
+    for cascades::PlanOutcome {
+        start,
+        end,
+        action,
+        state,
+    } in rows
+    {
+        let (succeeded, touched) = match action {
+            Action::Run => (state == Some(RunState::Succeeded), true),
+            Action::Skip(reason) => match reason {
+                SkipReason::UpstreamUnchanged => (true, true),
+                SkipReason::UpstreamNotSuccessful => (false, true),
+                SkipReason::SourceUnchanged => (true, false),
+                SkipReason::AlreadyExists => (
+                    cascades::latest_state(conn, dag_id, start)? == Some(RunState::Succeeded),
                     false,
                 ),
                 _ => (false, false),
-            }
+            },
         };
         out.push(Upstream {
             dag: dag_id.to_string(),
@@ -220,7 +214,7 @@ pub fn outside_outcomes(
     let mut out = Vec::with_capacity(ups.len());
     for u in ups {
         let start = u.start.timestamp();
-        let latest = latest_state(conn, &upstream.id, start).map_err(sql)?;
+        let latest = cascades::latest_state(conn, &upstream.id, start).map_err(sql)?;
         out.push(Upstream {
             dag: upstream.id.clone(),
             interval: u,
@@ -230,30 +224,6 @@ pub fn outside_outcomes(
         });
     }
     Ok(out)
-}
-
-/// The state of the latest run of an interval that computed it (staged, rollback and
-/// partial `--tasks` runs left out).
-fn latest_state(conn: &Connection, dag_id: &str, start: i64) -> rusqlite::Result<Option<RunState>> {
-    conn.prepare_cached(&format!(
-        "SELECT state FROM runs WHERE dag_id = ?1 AND interval_start = ?2
-           AND backfill_id NOT IN {}
-         ORDER BY id DESC LIMIT 1",
-        crate::manifest::NOT_COMPUTING
-    ))?
-    .query_row(params![dag_id, start], |r| r.get(0))
-    .optional()
-}
-
-/// When the latest successful run of an interval of `dag_id` started (unix ms), staged runs
-/// left out: what it read of its upstream is what was published then.
-pub fn last_success(conn: &Connection, dag_id: &str, start: i64) -> rusqlite::Result<Option<i64>> {
-    conn.prepare_cached(&format!(
-        "SELECT MAX(started_at) FROM runs WHERE dag_id = ?1 AND interval_start = ?2
-           AND state = 'succeeded' AND backfill_id NOT IN {}",
-        crate::manifest::NOT_COMPUTING
-    ))?
-    .query_row(params![dag_id, start], |r| r.get(0))
 }
 
 /// Whether the output of an upstream interval changed since `since` (unix ms): for any of its
@@ -267,18 +237,7 @@ pub fn changed_since(
     start: i64,
     since: i64,
 ) -> rusqlite::Result<bool> {
-    let tries: Vec<(String, Option<String>, Option<i64>)> = conn
-        .prepare_cached(
-            "SELECT t.task_id, t.fingerprint, t.ended_at FROM runs r
-             JOIN task_tries t ON t.run_id = r.id
-             WHERE r.dag_id = ?1 AND r.interval_start = ?2 AND t.state = 'succeeded'
-               AND COALESCE(t.verdict, '') != 'staged'
-             ORDER BY t.id",
-        )?
-        .query_map(params![dag_id, start], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-        })?
-        .collect::<rusqlite::Result<_>>()?;
+    let tries = cascades::succeeded_tries(conn, dag_id, start)?;
     let mut now: HashMap<&str, Option<&str>> = HashMap::new();
     let mut then: HashMap<&str, Option<&str>> = HashMap::new();
     for (task, fingerprint, ended) in &tries {

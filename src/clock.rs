@@ -3,11 +3,24 @@
 //! for replaying what a past nightly run would have done. Heartbeats and durations always use
 //! the real clock.
 
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use chrono::{DateTime, Utc};
 
 use crate::exit::Error;
 
 pub const ENV: &str = "BACKFILL_NOW";
+
+/// How often an owner writes its heartbeat (and reads the cancel flag).
+pub const HEARTBEAT: Duration = Duration::from_millis(250);
+
+/// Wall-clock milliseconds since the epoch, for event timestamps and heartbeats.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
 
 pub fn now() -> Result<DateTime<Utc>, Error> {
     match std::env::var(ENV) {

@@ -23,19 +23,14 @@ pub struct Estimate {
 }
 
 /// The median duration (seconds) of each task's recent successful tries, and their number.
-pub fn history(conn: &Connection, dag: &Dag) -> rusqlite::Result<BTreeMap<String, (f64, i64)>> {
-    let mut stmt = conn.prepare(
-        "SELECT t.ended_at - t.started_at FROM task_tries t JOIN runs r ON r.id = t.run_id
-         WHERE r.dag_id = ?1 AND t.task_id = ?2 AND t.state = 'succeeded' AND t.ended_at IS NOT NULL
-         ORDER BY t.id DESC LIMIT ?3",
-    )?;
+pub fn history(
+    conn: &Connection,
+    dag: &Dag,
+) -> crate::manifest::Result<BTreeMap<String, (f64, i64)>> {
     let mut out = BTreeMap::new();
     for task in &dag.tasks {
-        let mut ms: Vec<i64> = stmt
-            .query_map(rusqlite::params![dag.id, task.id, RECENT_TRIES], |r| {
-                r.get(0)
-            })?
-            .collect::<rusqlite::Result<_>>()?;
+        let mut ms =
+            crate::manifest::queries::recent_durations_ms(conn, &dag.id, &task.id, RECENT_TRIES)?;
         if ms.is_empty() {
             continue;
         }

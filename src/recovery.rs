@@ -22,9 +22,10 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 
+use crate::clock::now_ms;
 use crate::exit::Error;
 use crate::interval::DataInterval;
-use crate::manifest::leases::{self, LeaseCtx, now_ms};
+use crate::manifest::leases::{self, LeaseCtx};
 use crate::manifest::runs::{self, PendingPublish, UnfinishedTry};
 use crate::manifest::writer::Writer;
 use crate::manifest::{self, Owner, TryRecord, backfills};
@@ -551,11 +552,7 @@ fn record(
     runs::end_abandoned_runs(conn, &claim.runs, &counts, &keep, &why, now)?;
     if !keep_owner {
         // Leases of runs that could not be stopped stay, so their intervals stay in flight.
-        conn.execute(
-            "DELETE FROM leases WHERE backfill_id = ?1 AND (run_id IS NULL OR run_id NOT IN
-               (SELECT r.id FROM runs r WHERE r.backfill_id = ?1 AND r.state IN ('queued', 'running')))",
-            [backfill_id],
-        )?;
+        leases::release_all_but_running(conn, backfill_id)?;
     }
     Ok(())
 }
@@ -566,14 +563,7 @@ pub fn sweep_audits(writer: &Writer) -> Result<usize, Error> {
     if !dir.exists() {
         return Ok(0);
     }
-    let pending: HashSet<i64> = writer.call_blocking(|conn| {
-        // Decided publishes need their files, and staged outputs are kept until promoted or
-        // discarded.
-        let mut stmt =
-            conn.prepare("SELECT id FROM task_tries WHERE publishing = 1 OR staged = 'staged'")?;
-        let ids = stmt.query_map([], |r| r.get(0))?;
-        Ok(ids.collect::<rusqlite::Result<_>>()?)
-    })?;
+    let pending: HashSet<i64> = writer.call_blocking(runs::needing_audit_files)?;
     let removed = warehouse::audit::sweep(&dir, &|t| t.is_some_and(|t| pending.contains(&t)));
     if removed > 0 {
         tracing::info!(removed, dir = %dir.display(), "removed audit files left by processes that died");
@@ -597,12 +587,7 @@ pub fn lease_remaining(
     let busy = leases::held(conn, dag_id, lo, hi, ctx, leases::Judge::Strict)?;
     // A run of this backfill still in progress after recovery holds a try that could not be
     // stopped: its interval stays in flight.
-    let blocked: HashSet<i64> = conn
-        .prepare(
-            "SELECT interval_start FROM runs WHERE backfill_id = ?1 AND state IN ('queued', 'running')",
-        )?
-        .query_map([owner.backfill_id], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
+    let blocked = runs::starts_in_progress(conn, owner.backfill_id)?;
     // An interval another backfill ran to success meanwhile already exists, as the reprocess
     // behaviour judges it: for `completed`, only when that run started after this backfill
     // was created (it is the reprocessing that was asked for).

@@ -4,12 +4,12 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Global, find_backfill, warn};
 use crate::exit::{self, Error};
 use crate::manifest::leases::LeaseCtx;
 use crate::manifest::writer::Writer;
 use crate::manifest::{self, backfills};
 use crate::recovery::{self, Dags};
+use crate::session::{Global, find_backfill, warn};
 use crate::state::BackfillState;
 
 pub fn run(g: &Global, id: i64, wait: Duration) -> Result<u8, Error> {
@@ -20,13 +20,8 @@ pub fn run(g: &Global, id: i64, wait: Duration) -> Result<u8, Error> {
         && (backfill.cascade.is_some() || backfill.cascade_of.is_some())
     {
         let root = backfill.cascade_of.unwrap_or(id);
-        let running: Option<i64> = rusqlite::OptionalExtension::optional(conn.query_row(
-            "SELECT id FROM backfills WHERE (id = ?1 OR cascade_of = ?1) AND state = 'running'
-             ORDER BY id DESC LIMIT 1",
-            [root],
-            |r| r.get(0),
-        ))
-        .map_err(|e| Error::Manifest(manifest::Error::from(e).at(&manifest_path)))?;
+        let running =
+            manifest::cascades::running_member(&conn, root).map_err(|e| e.at(&manifest_path))?;
         if let Some(member) = running {
             eprintln!(
                 "backfill {id} is {}; cancelling backfill {member} of its cascade",

@@ -1,9 +1,9 @@
 //! `dags` lists the project's DAGs; `dags validate` checks every file, reports every error of
 //! every file (each with `file:line:column`), and exits 2 on any.
 
-use super::Global;
 use crate::exit::{self, Error};
 use crate::report::{out, tables};
+use crate::session::Global;
 
 pub fn run(g: &Global, validate: bool) -> Result<u8, Error> {
     let project = g.project()?;

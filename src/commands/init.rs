@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
-use super::Global;
 use crate::exit::{self, Error};
 use crate::report::out;
+use crate::session::Global;
 
 pub const PROJECT: &str = r#"# backfill.toml: the project's settings. Every key is optional.
 # manifest = ".backfill/manifest.db"   # the run manifest (SQLite)

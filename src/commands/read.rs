@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use rusqlite::Connection;
 
-use super::{Global, unknown_backfill};
 use crate::clock;
 use crate::exit::{self, Error};
 use crate::interval::resolve_args;
@@ -14,6 +13,7 @@ use crate::manifest::queries::{self, BackfillSummary};
 use crate::manifest::{self};
 use crate::project::Project;
 use crate::report::{Labeler, tables};
+use crate::session::{Global, unknown_backfill};
 use crate::state::BackfillState;
 
 /// The manifest to read: `None` when the project's own has not been created yet (nothing was
@@ -95,14 +95,8 @@ pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
     // A cascade's first backfill shows the whole cascade, grouped by DAG.
     let mut members = Vec::new();
     if detail.backfill.cascade.is_some() {
-        let ids: Vec<i64> = conn
-            .prepare("SELECT id FROM backfills WHERE cascade_of = ?1 ORDER BY id")
-            .and_then(|mut s| {
-                s.query_map([id], |r| r.get(0))?
-                    .collect::<rusqlite::Result<Vec<i64>>>()
-            })
-            .map_err(|e| Error::Manifest(manifest::Error::from(e).at(&path)))?;
-        for m in ids {
+        let ids = manifest::cascades::members(&conn, id).map_err(|e| e.at(&path))?;
+        for m in ids.iter().map(|b| b.id) {
             if let Some(mut d) = queries::show(&conn, m).map_err(|e| e.at(&path))? {
                 judge_owners(std::slice::from_mut(&mut d.backfill), project.as_ref());
                 members.push(d);
@@ -195,7 +189,7 @@ pub fn stale(
 ) -> Result<u8, Error> {
     let project = g.project()?;
     let dag = project.dag(dag_id)?;
-    let conf = super::create::parse_conf(conf)?;
+    let conf = crate::session::launch::parse_conf(conf)?;
     let (lo, hi) = resolve_args(from, to, clock::now()?, dag.tz)?.unix_start_bounds();
     let (watching, blind) = crate::probe::watchers(&dag);
     if watching.is_empty() {

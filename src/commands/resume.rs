@@ -1,21 +1,9 @@
-//! `backfill resume ID`: continue a backfill whose process is gone (crash, kill) or that was
-//! interrupted or cancelled. Refuses while the owner process is alive. Taking it over gives it
-//! a new epoch, so that its old process, should it wake up, is refused everything.
+//! `backfill resume ID`: continue a backfill, then the rest of its cascade, if any.
 
-use std::collections::HashSet;
-
-use super::beat::Beating;
-use super::create::{check_tasks, taken_over, write_plan};
-use super::execute::{Execution, execute};
-use super::{Global, find_backfill, unknown_backfill, warn};
-use crate::clock;
 use crate::exit::{self, Error};
-use crate::interval::{DataInterval, Range, expand_nonempty};
-use crate::manifest::leases::LeaseCtx;
-use crate::manifest::writer::Writer;
-use crate::manifest::{self, plans};
-use crate::plan;
-use crate::recovery::{self, Dags};
+use crate::manifest::{self};
+use crate::session::resume::resume_found;
+use crate::session::{Global, find_backfill};
 
 /// Resumes backfill `id`; for a backfill of a cascade, then continues the cascade.
 pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
@@ -24,7 +12,7 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
     if let (crate::state::BackfillKind::Promote, Some(source)) =
         (backfill.kind, backfill.source_backfill)
     {
-        super::staging::settle_staged(&path, &project, source)?;
+        crate::session::staged::settle_staged(&path, &project, source)?;
     }
     let root = match (&backfill.cascade, backfill.cascade_of) {
         (Some(_), _) => Some(backfill),
@@ -45,179 +33,6 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
     if code == exit::INTERRUPTED {
         return Ok(code);
     }
-    let rest = super::cascade::continue_cascade(g, &project, root.id, &root.dag_id, mode)?;
-    Ok(super::cascade::worst(code, rest))
-}
-
-/// Resumes backfill `id` alone.
-pub(super) fn resume_one(g: &Global, id: i64) -> Result<u8, Error> {
-    let (project, manifest_path, conn, backfill) = find_backfill(g, id)?;
-    resume_found(g, &project, &manifest_path, conn, backfill)
-}
-
-/// Resumes a backfill read from the manifest (`conn`, read-only).
-fn resume_found(
-    g: &Global,
-    project: &crate::project::Project,
-    manifest_path: &std::path::Path,
-    conn: rusqlite::Connection,
-    backfill: manifest::Backfill,
-) -> Result<u8, Error> {
-    let id = backfill.id;
-    let pending = plans::unfinished(&conn, id).map_err(|e| e.at(manifest_path))?;
-    drop(conn);
-    let dag = match (&backfill.tasks, backfill.kind) {
-        (Some(tasks), crate::state::BackfillKind::Run | crate::state::BackfillKind::Stage) => {
-            super::create::only_tasks(project.dag(&backfill.dag_id)?, tasks)?
-        }
-        _ => project.dag(&backfill.dag_id)?,
-    };
-    let conf = backfill.conf_json()?;
-    let now = clock::now()?;
-    // The range as recorded: interval starts in [range_start, range_end).
-    let range = Range {
-        start: crate::interval::from_unix(backfill.range_start),
-        end_exclusive: crate::interval::from_unix(backfill.range_end),
-    };
-    // A downstream backfill of a cascade plans the intervals its upstream backfills decided,
-    // each skipped or not for its upstream, as when it was created.
-    let (intervals, upstream_skips) = match (backfill.planning, backfill.cascade_of) {
-        (true, Some(root)) => {
-            let conn = manifest::open_read_only(manifest_path)?;
-            let first = manifest::backfills::get(&conn, root)
-                .map_err(|e| e.at(manifest_path))?
-                .ok_or_else(|| Error::Internal(format!("cascade backfill {root} vanished")))?;
-            let mode = first
-                .cascade
-                .as_deref()
-                .and_then(crate::cascade::Mode::parse)
-                .unwrap_or(crate::cascade::Mode::All);
-            let (map, _) = super::cascade::backfills_of(&conn, root, &first.dag_id)?;
-            let dags = super::cascade::all_dags(project)?;
-            super::cascade::plan_member(&conn, project, &dags, &dag, &map, mode)?
-        }
-        (true, None) => (
-            expand_nonempty(&dag.schedule, range, &backfill.from_arg, &backfill.to_arg)?,
-            std::collections::HashMap::new(),
-        ),
-        _ => (Vec::new(), std::collections::HashMap::new()),
-    };
-    let mut window = if backfill.planning {
-        intervals.clone()
-    } else {
-        pending
-    };
-    window.sort_unstable();
-    let reprs = check_tasks(&dag, &conf, &window)?;
-    let writer = Writer::spawn(
-        manifest::open(manifest_path, project.durability)?,
-        manifest_path,
-    )?;
-    let ctx = LeaseCtx::new(project.lease_timeout);
-    let dags = Dags::of(project);
-    let Some(taken) = recovery::take_over(&writer, id, &ctx)? else {
-        let current = manifest::backfills::get(&manifest::open_read_only(manifest_path)?, id)
-            .map_err(|e| e.at(manifest_path))?;
-        writer.close();
-        let Some(b) = current else {
-            return Err(unknown_backfill(id, manifest_path));
-        };
-        return Err(Error::Usage(format!(
-            "backfill {id} is still running (pid {}, host {}); wait for it, or stop it with `{}`",
-            b.owner_pid.map_or("?".to_string(), |p| p.to_string()),
-            b.owner_host.as_deref().unwrap_or("?"),
-            crate::report::out::hint(&format!("cancel {id}"))
-        )));
-    };
-    let owner = taken.owner;
-    // The heartbeat runs while the old owner's leftovers are recovered and the plan finished.
-    let beat = Beating::start(&writer, owner);
-    let prepared = (|| {
-        let report = recovery::finish_takeover(&writer, &dags, taken, &ctx)?;
-        for w in &report.warnings {
-            warn(g, w);
-        }
-        let stale = recovery::release_stale(&writer, &dags, &dag.id, &ctx.refreshed(), Some(id))?;
-        for w in &stale.warnings {
-            warn(g, w);
-        }
-        if backfill.planning {
-            // The plan was being written when the owner died: finish it.
-            let already: HashSet<i64> =
-                writer.call_blocking(move |c| plans::planned_starts(c, id))?;
-            let options = plan::Options {
-                reprocess: backfill.reprocess,
-                run_backwards: backfill.run_backwards,
-                depends_on_past: dag.depends_on_past,
-                now,
-            };
-            let changed = match backfill.reprocess {
-                plan::Reprocess::Changed => super::create::source_changes(
-                    g,
-                    project,
-                    &dag,
-                    &conf,
-                    &intervals,
-                    manifest_path,
-                )?,
-                _ => HashSet::new(),
-            };
-            write_plan(
-                &writer,
-                owner,
-                &dag,
-                &intervals,
-                options,
-                super::create::Marks {
-                    already: &already,
-                    changed: &changed,
-                    upstream: &upstream_skips,
-                },
-                &ctx.refreshed(),
-            )?;
-        }
-        let (dag_id, c) = (dag.id.clone(), ctx.refreshed());
-        Ok::<_, Error>(
-            writer
-                .call_blocking(move |conn| recovery::lease_remaining(conn, owner, &dag_id, &c))?,
-        )
-    })();
-    drop(beat);
-    let intervals: Vec<DataInterval> = match prepared {
-        Ok(v) => v,
-        Err(e) => {
-            writer.close();
-            return taken_over(e);
-        }
-    };
-    if !g.quiet && !g.json {
-        eprintln!(
-            "resuming backfill {id} of {}: {} left to run",
-            dag.id,
-            crate::report::out::plural(intervals.len() as i64, "interval", "intervals")
-        );
-    }
-    let code = execute(
-        g,
-        project,
-        Execution {
-            owner,
-            dag,
-            conf,
-            max_active_runs: backfill.max_active_runs,
-            intervals,
-            allow_drift: backfill.allow_drift,
-            reprs,
-            max_failures: backfill.max_failures,
-            tasks: backfill.tasks.clone().filter(|_| {
-                matches!(
-                    backfill.kind,
-                    crate::state::BackfillKind::Run | crate::state::BackfillKind::Stage
-                )
-            }),
-            mode: super::staging::mode_of(&backfill, manifest_path)?,
-        },
-        writer,
-    )?;
-    Ok(if code == exit::OK { exit::OK } else { code })
+    let rest = crate::session::cascade::continue_cascade(g, &project, root.id, &root.dag_id, mode)?;
+    Ok(crate::session::chain::worst(code, rest))
 }

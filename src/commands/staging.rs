@@ -6,11 +6,6 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use rusqlite::OptionalExtension;
-use serde::Serialize;
-
-use super::create::{check_tasks, request_over, run_every};
-use super::{Global, find_backfill, note, warn};
 use crate::clock;
 use crate::exit::{self, Error};
 use crate::interval::{DataInterval, Rfc3339, expand_nonempty, resolve_args};
@@ -20,53 +15,12 @@ use crate::manifest::{self, Backfill, NewBackfill, runs};
 use crate::project::{Dag, Project, TaskKind};
 use crate::recovery::{self, Dags};
 use crate::report::out::hint;
-use crate::runner::{Mode, StagedTry};
+use crate::report::tables::DiffRow;
+use crate::runner::Mode;
+use crate::session::launch::{check_tasks, request_over, run_every};
+use crate::session::staged::{settle_staged, staged_outputs};
+use crate::session::{Global, find_backfill, note, warn};
 use crate::state::{BackfillKind, BackfillState, StagedState};
-use crate::warehouse::diff::KeyDiff;
-
-/// What the runner does for a backfill of this kind (`resume` asks).
-pub(super) fn mode_of(b: &Backfill, manifest_path: &Path) -> Result<Mode, Error> {
-    Ok(match b.kind {
-        BackfillKind::Run => Mode::Run,
-        BackfillKind::Stage => Mode::Stage,
-        BackfillKind::Promote => {
-            let source = b.source_backfill.ok_or_else(|| {
-                Error::Internal(format!(
-                    "promote backfill {} names no staged backfill",
-                    b.id
-                ))
-            })?;
-            Mode::Promote(staged_outputs(manifest_path, source)?)
-        }
-        BackfillKind::Rollback => Mode::Rollback(b.tasks.clone()),
-    })
-}
-
-/// The outputs of a staged backfill still awaiting promotion, by interval start and task.
-pub(super) fn staged_outputs(
-    manifest_path: &Path,
-    backfill_id: i64,
-) -> Result<HashMap<(i64, String), StagedTry>, Error> {
-    let conn = manifest::open_read_only(manifest_path)?;
-    let staged = runs::staged(&conn, backfill_id).map_err(|e| e.at(manifest_path))?;
-    Ok(staged
-        .into_iter()
-        .filter(|s| s.state == crate::state::StagedState::Staged)
-        .filter_map(|s| {
-            let path = s.path?;
-            Some((
-                (s.interval.start.timestamp(), s.task_id),
-                StagedTry {
-                    try_id: s.try_id,
-                    run_id: s.run_id,
-                    try_number: s.try_number,
-                    record: s.record,
-                    path,
-                },
-            ))
-        })
-        .collect())
-}
 
 /// The staged backfill `id` for `verb`: a `create --stage` backfill that is not running.
 fn staged_backfill(
@@ -132,20 +86,6 @@ fn intervals_of(staged: &[&runs::Staged]) -> Vec<DataInterval> {
     v.sort_unstable();
     v.dedup();
     v
-}
-
-/// Once no output of a staged backfill awaits promotion, it is complete.
-pub(super) fn settle_staged(path: &Path, project: &Project, id: i64) -> Result<(), Error> {
-    let conn = manifest::open(path, project.durability)?;
-    conn.execute(
-        "UPDATE backfills SET state = 'completed'
-         WHERE id = ?1 AND state = 'staged' AND NOT EXISTS (
-             SELECT 1 FROM runs r JOIN task_tries t ON t.run_id = r.id
-             WHERE r.backfill_id = ?1 AND t.staged = 'staged')",
-        [id],
-    )
-    .map_err(|e| Error::Manifest(manifest::Error::from(e).at(path)))?;
-    Ok(())
 }
 
 /// `backfill promote ID`: a backfill of kind `promote` that publishes the staged outputs,
@@ -218,10 +158,10 @@ pub fn promote(g: &Global, id: i64, whens: &[String], allow_drift: bool) -> Resu
         )
     };
     let options = run_every(dag.depends_on_past)?;
-    let (code, _) = super::create::launch(
+    let (code, _) = crate::session::launch::launch(
         g,
         &project,
-        super::create::Launch {
+        crate::session::launch::Launch {
             dag,
             conf,
             intervals,
@@ -269,15 +209,7 @@ fn nothing_left(g: &Global, id: i64, chosen: &[runs::Staged], verb: &str) -> Res
 /// `backfill discard ID`: the staged outputs are dropped and recorded as discarded.
 pub fn discard(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
     let (project, path, conn, _, dag) = staged_backfill(g, id, "discard")?;
-    let promoting: Option<i64> = conn
-        .query_row(
-            "SELECT id FROM backfills WHERE kind = 'promote' AND source_backfill = ?1
-             AND state = 'running' LIMIT 1",
-            [id],
-            |r| r.get(0),
-        )
-        .optional()
-        .map_err(|e| Error::Manifest(manifest::Error::from(e).at(&path)))?;
+    let promoting = manifest::backfills::promoting(&conn, id).map_err(|e| e.at(&path))?;
     if let Some(p) = promoting {
         return Err(Error::Usage(format!(
             "backfill {p} is promoting backfill {id}; wait for it to end (or stop it with `{}`), then discard",
@@ -347,24 +279,6 @@ pub fn discard(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
         );
     }
     Ok(exit::OK)
-}
-
-/// One row of `backfill diff`.
-#[derive(Debug, Serialize)]
-pub struct DiffRow {
-    pub interval: IntervalDoc,
-    pub task: String,
-    pub published_rows: Option<i64>,
-    pub staged_rows: Option<i64>,
-    pub change_pct: Option<f64>,
-    pub same_fingerprint: Option<bool>,
-    pub keys: Option<KeyDiff>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct IntervalDoc {
-    pub start: Rfc3339,
-    pub end: Rfc3339,
 }
 
 /// `backfill diff ID`: per staged interval and task, what promoting it would change.
@@ -449,7 +363,7 @@ pub fn diff(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
             _ => None,
         };
         rows.push(DiffRow {
-            interval: IntervalDoc {
+            interval: crate::interval::IntervalDoc {
                 start: Rfc3339(s.interval.start),
                 end: Rfc3339(s.interval.end),
             },
@@ -481,7 +395,13 @@ pub fn rollback(
     let mut chosen: Vec<(&crate::project::Task, &crate::project::SqlTask)> = Vec::new();
     for t in only {
         match dag.tasks.iter().find(|x| &x.id == t) {
-            None => return Err(super::unknown_task(&dag, &format!("--task {t}"), t)),
+            None => {
+                return Err(crate::session::unknown_task(
+                    &dag,
+                    &format!("--task {t}"),
+                    t,
+                ));
+            }
             Some(task) => match &task.kind {
                 TaskKind::Sql(sql) => chosen.push((task, sql)),
                 TaskKind::Command(_) => {
@@ -521,7 +441,7 @@ pub fn rollback(
         reprs.insert(task.id.clone(), repr);
     }
     let max_active_runs = max_active_runs.or(dag.max_active_runs).unwrap_or(1);
-    let (range_start, range_end) = super::create::unix_range(range);
+    let (range_start, range_end) = crate::session::launch::unix_range(range);
     let tasks = (!only.is_empty()).then(|| only.to_vec());
     let request = NewBackfill {
         from_arg: from.to_string(),
@@ -538,10 +458,10 @@ pub fn rollback(
         )
     };
     let options = run_every(dag.depends_on_past)?;
-    let (code, _) = super::create::launch(
+    let (code, _) = crate::session::launch::launch(
         g,
         &project,
-        super::create::Launch {
+        crate::session::launch::Launch {
             dag,
             conf: serde_json::json!({}),
             intervals,

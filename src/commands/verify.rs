@@ -15,8 +15,6 @@ use serde::Serialize;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
-use super::Global;
-use super::create::{check_tasks, parse_conf};
 use crate::clock;
 use crate::exit::{self, Error};
 use crate::interval::{DataInterval, Rfc3339, expand_nonempty, resolve_args};
@@ -25,6 +23,8 @@ use crate::project::{Dag, Project, Task, TaskKind};
 use crate::report::Labeler;
 use crate::report::tables::{self, Grid};
 use crate::runner::{Step, blocking_step};
+use crate::session::Global;
+use crate::session::launch::{check_tasks, parse_conf};
 use crate::task::command;
 use crate::task::template::IntervalValues;
 use crate::warehouse::{self, AuditFile, Binds, Repr, audit};

@@ -331,3 +331,27 @@ pub fn take_ownership(
     }
     Ok(Some(Owner { backfill_id, epoch }))
 }
+
+/// The running promote backfill of staged backfill `staged`, if any.
+pub fn promoting(conn: &Connection, staged: i64) -> Result<Option<i64>> {
+    Ok(conn
+        .query_row(
+            "SELECT id FROM backfills WHERE kind = 'promote' AND source_backfill = ?1
+             AND state = 'running' LIMIT 1",
+            [staged],
+            |r| r.get(0),
+        )
+        .optional()?)
+}
+
+/// Once no output of staged backfill `id` awaits promotion, it is complete.
+pub fn settle_staged(conn: &Connection, id: i64) -> Result<()> {
+    conn.execute(
+        "UPDATE backfills SET state = 'completed'
+         WHERE id = ?1 AND state = 'staged' AND NOT EXISTS (
+             SELECT 1 FROM runs r JOIN task_tries t ON t.run_id = r.id
+             WHERE r.backfill_id = ?1 AND t.staged = 'staged')",
+        [id],
+    )?;
+    Ok(())
+}

@@ -8,7 +8,7 @@
 //! replaced when its owner is no longer `running` and its run is finished.
 
 use std::collections::HashSet;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -17,8 +17,7 @@ use crate::interval::DataInterval;
 use crate::process::{self, Group};
 use crate::state::BackfillState;
 
-/// How often an owner writes its heartbeat (and reads the cancel flag).
-pub const HEARTBEAT: Duration = Duration::from_millis(250);
+use crate::clock::now_ms;
 
 /// Everything needed to judge liveness and to stamp new leases.
 #[derive(Debug, Clone)]
@@ -71,14 +70,6 @@ impl LeaseCtx {
     pub fn group_may_run(&self, host: Option<&str>, group: Group) -> bool {
         !self.is_here(host) || process::group_alive(group)
     }
-}
-
-/// Wall-clock milliseconds since the epoch, for event timestamps and heartbeats.
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 pub fn hostname() -> String {
@@ -265,4 +256,15 @@ mod tests {
         assert!(ctx.group_may_run(Some("there"), gone));
         assert!(!ctx.group_may_run(Some("here"), gone));
     }
+}
+
+/// Releases every lease of backfill `backfill_id` but those of its runs still queued or
+/// running (tries that could not be stopped keep their intervals in flight).
+pub fn release_all_but_running(conn: &Connection, backfill_id: i64) -> Result<()> {
+    conn.execute(
+        "DELETE FROM leases WHERE backfill_id = ?1 AND (run_id IS NULL OR run_id NOT IN
+           (SELECT r.id FROM runs r WHERE r.backfill_id = ?1 AND r.state IN ('queued', 'running')))",
+        [backfill_id],
+    )?;
+    Ok(())
 }

@@ -5,6 +5,7 @@
 //! process is killed and no warehouse is touched from here (see `recovery`).
 
 pub mod backfills;
+pub mod cascades;
 pub mod leases;
 pub mod plans;
 pub mod pools;
@@ -138,23 +139,13 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// How hard a commit of the manifest's writer tries to reach the disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Durability {
-    /// WAL with `synchronous=NORMAL`: a commit survives the process dying (`kill -9`, a crash);
-    /// an OS crash or power cut may lose the last commits, never the manifest's consistency.
-    #[default]
-    Normal,
-    /// `synchronous=FULL`: every commit is fsynced and survives a power cut too.
-    Full,
-}
+pub use crate::project::Durability;
 
-impl Durability {
-    fn pragma(self) -> &'static str {
-        match self {
-            Self::Normal => "NORMAL",
-            Self::Full => "FULL",
-        }
+/// The `synchronous` setting of a durability.
+fn synchronous(d: Durability) -> &'static str {
+    match d {
+        Durability::Normal => "NORMAL",
+        Durability::Full => "FULL",
     }
 }
 
@@ -187,7 +178,7 @@ pub fn open(path: &Path, durability: Durability) -> Result<Connection> {
         let conn = Connection::open(path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", durability.pragma())?;
+        conn.pragma_update(None, "synchronous", synchronous(durability))?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         migrate(&conn, path)?;
         Ok(conn)

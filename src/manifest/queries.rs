@@ -617,3 +617,19 @@ pub fn recorded_sources(
     }
     Ok(out)
 }
+
+/// How long (ms) the latest `limit` successful tries of a task took, newest first.
+pub fn recent_durations_ms(
+    conn: &Connection,
+    dag_id: &str,
+    task_id: &str,
+    limit: i64,
+) -> Result<Vec<i64>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT t.ended_at - t.started_at FROM task_tries t JOIN runs r ON r.id = t.run_id
+         WHERE r.dag_id = ?1 AND t.task_id = ?2 AND t.state = 'succeeded' AND t.ended_at IS NOT NULL
+         ORDER BY t.id DESC LIMIT ?3",
+    )?;
+    let rows = stmt.query_map(rusqlite::params![dag_id, task_id, limit], |r| r.get(0))?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}

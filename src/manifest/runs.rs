@@ -708,3 +708,25 @@ pub fn discard_staged(conn: &Connection, staged_try: i64) -> Result<bool> {
         .execute([staged_try])?;
     Ok(changed == 1)
 }
+
+/// The tries whose audit files must stay: publishes that were decided (a recovery redoes
+/// them) and staged outputs, kept until promoted or discarded.
+pub fn needing_audit_files(conn: &Connection) -> Result<std::collections::HashSet<i64>> {
+    let mut stmt =
+        conn.prepare("SELECT id FROM task_tries WHERE publishing = 1 OR staged = 'staged'")?;
+    let ids = stmt.query_map([], |r| r.get(0))?;
+    Ok(ids.collect::<rusqlite::Result<_>>()?)
+}
+
+/// The interval starts of backfill `backfill_id` whose runs are still queued or running.
+pub fn starts_in_progress(
+    conn: &Connection,
+    backfill_id: i64,
+) -> Result<std::collections::HashSet<i64>> {
+    Ok(conn
+        .prepare(
+            "SELECT interval_start FROM runs WHERE backfill_id = ?1 AND state IN ('queued', 'running')",
+        )?
+        .query_map([backfill_id], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?)
+}

@@ -9,10 +9,11 @@ use std::time::Duration;
 use chrono_tz::Tz;
 use toml::Spanned;
 
-use super::diagnostics::{ConfigError, FileErrors, closest, parse_duration};
+use super::diagnostics::{ConfigError, FileErrors, parse_duration};
 use super::raw::{RawCommand, RawDag, RawGate, RawTask};
 use super::{Warehouse, sql_identifier};
 use crate::schedule::Schedule;
+use crate::suggest::closest;
 use crate::task::template;
 
 /// A validated DAG.

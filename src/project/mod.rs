@@ -20,17 +20,27 @@ pub use dag::{
     missing_conf,
 };
 pub use diagnostics::ConfigError;
-pub(crate) use diagnostics::closest;
 
-use crate::manifest::Durability;
 use dag::DagFile;
 use diagnostics::{FileErrors, line_col, parse_duration};
 use raw::RawProject;
 
+/// How hard a commit of the manifest's writer tries to reach the disk (`durability` in
+/// `backfill.toml`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// WAL with `synchronous=NORMAL`: a commit survives the process dying (`kill -9`, a crash);
+    /// an OS crash or power cut may lose the last commits, never the manifest's consistency.
+    #[default]
+    Normal,
+    /// `synchronous=FULL`: every commit is fsynced and survives a power cut too.
+    Full,
+}
+
 pub const PROJECT_FILE: &str = "backfill.toml";
 pub const DAGS_DIR: &str = "dags";
 
-pub use crate::manifest::leases::HEARTBEAT;
+pub use crate::clock::HEARTBEAT;
 /// The shortest `lease_timeout`: several heartbeats, so that a live backfill is never judged
 /// dead because one heartbeat was late.
 pub const MIN_LEASE_TIMEOUT: Duration = Duration::from_secs(1);

@@ -711,14 +711,21 @@ pub fn print_dags(dags: &[Dag], json: bool) -> Result<(), Error> {
     t.print()
 }
 
+/// One row of `backfill diff`.
+#[derive(Debug, serde::Serialize)]
+pub struct DiffRow {
+    pub interval: crate::interval::IntervalDoc,
+    pub task: String,
+    pub published_rows: Option<i64>,
+    pub staged_rows: Option<i64>,
+    pub change_pct: Option<f64>,
+    pub same_fingerprint: Option<bool>,
+    pub keys: Option<crate::warehouse::diff::KeyDiff>,
+}
+
 /// `backfill diff`: per staged interval and task, the published and staged rows, the change,
 /// whether the fingerprints agree, and the keys; then the example keys.
-pub fn print_diff(
-    rows: &[crate::commands::staging::DiffRow],
-    labels: &Labeler,
-    json: bool,
-    id: i64,
-) -> Result<(), Error> {
+pub fn print_diff(rows: &[DiffRow], labels: &Labeler, json: bool, id: i64) -> Result<(), Error> {
     if json {
         return out::json(rows);
     }

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::outcome::TaskEnd;
 use super::record::record_end;
-use super::tries::{TaskEnd, run_task};
+use super::tries::run_task;
 use super::{Event, Shared, Stop};
 use crate::exit::Error;
 use crate::interval::DataInterval;

@@ -10,10 +10,12 @@
 
 pub mod events;
 mod interval;
+mod outcome;
 mod promote;
 mod record;
 mod rollback;
 mod sql_try;
+mod step;
 mod tries;
 
 use std::collections::{HashMap, VecDeque};

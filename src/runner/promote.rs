@@ -8,11 +8,12 @@ use std::path::{Path, PathBuf};
 
 use tokio::sync::watch;
 
+use super::outcome::{
+    Outcome, TaskEnd, TryInput, apply_verdict, failed, rules, settle, start_single,
+};
 use super::record::{Claimed, LastTry, Published, Started, published_try};
 use super::sql_try::{ToPublish, TryLog, publish_audited};
-use super::tries::{
-    Outcome, TaskEnd, TryInput, apply_verdict, failed, rules, run_step, settle, start_single,
-};
+use super::step::run_step;
 use super::{Shared, StagedTry, Stop};
 use crate::exit::Error;
 use crate::gate::{self, Measures, Verdict};

@@ -3,10 +3,10 @@
 use std::path::PathBuf;
 
 use super::Shared;
+use crate::clock::now_ms;
 use crate::exit::Error;
 use crate::interval::DataInterval;
 use crate::manifest::backfills::fence;
-use crate::manifest::leases::now_ms;
 use crate::manifest::{Publication, TryRecord, runs};
 use crate::plan::RunState;
 use crate::project::{Task, TaskKind};

@@ -5,13 +5,13 @@
 //! with the verdict `rolled back`, which becomes the interval's published try.
 
 use super::Shared;
+use super::outcome::{Outcome, TaskEnd, cancelled, failed, settle, start_single};
 use super::record::{LastTry, Published, Started, published_try};
 use super::sql_try::TryLog;
-use super::tries::{Outcome, TaskEnd, cancelled, failed, settle, start_single};
+use crate::clock::now_ms;
 use crate::exit::Error;
 use crate::interval::DataInterval;
 use crate::manifest::backfills::fence;
-use crate::manifest::leases::now_ms;
 use crate::manifest::{self, TryRecord, runs};
 use crate::project::{SqlTask, Task};
 use crate::state::TryState;

@@ -11,13 +11,13 @@ use std::time::Duration;
 use rusqlite::InterruptHandle;
 use tokio::sync::watch;
 
+use super::outcome::{Outcome, TryInput, apply_verdict, cancelled, failed, rules, timed_out};
 use super::record::{Published, published_try};
-use super::tries::{Outcome, TryInput, apply_verdict, cancelled, failed, rules, timed_out};
 use super::{Shared, Stop};
+use crate::clock::now_ms;
 use crate::exit::Error;
 use crate::gate::{self, Measures, Verdict};
 use crate::manifest::backfills::fence;
-use crate::manifest::leases::now_ms;
 use crate::manifest::{self, TryRecord, runs};
 use crate::project::{SqlTask, Task};
 use crate::state::TryState;
@@ -413,7 +413,7 @@ fn stage(file: AuditFile, record: TryRecord, log: &mut TryLog) -> Outcome {
         "staged: kept in {} for `backfill promote`, not published",
         path.display()
     ));
-    super::tries::staged(record, &path)
+    super::outcome::staged(record, &path)
 }
 
 /// Removes the audit file of an audit step that finished after it was given up.

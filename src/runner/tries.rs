@@ -3,72 +3,28 @@
 //! so that whoever takes over can always kill it. Gated command tasks report their row count,
 //! are judged, and run their `publish` command only after the gate passed.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::sync::watch;
 
+use super::outcome::{Outcome, TaskEnd, TryInput, apply_verdict, cancelled, failed, rules, staged};
 use super::record::{LastTry, Published, published_rows, start_try};
 use super::sql_try::sql_try;
+use super::step::run_step;
 use super::{Event, Shared, Stop};
+use crate::clock::now_ms;
 use crate::exit::Error;
-use crate::gate::{self, Measures, Rules, Verdict};
+use crate::gate::{self, Measures, Verdict};
 use crate::interval::DataInterval;
 use crate::manifest::backfills::fence;
-use crate::manifest::leases::now_ms;
 use crate::manifest::{TryRecord, runs};
-use crate::process::{self, Ended};
 use crate::project::{CommandSpec, Gate, SourceCount, Task, TaskKind};
 use crate::state::TryState;
 use crate::task::command::{self, TaskResult};
-use crate::task::template::{Context, IntervalValues};
+use crate::task::template::IntervalValues;
 
 /// Longest wait between two tries, whatever the backoff computes.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(3600);
-
-/// How a task ended for its run.
-pub(super) enum TaskEnd {
-    Succeeded,
-    /// Nothing to do for this task (a promote without a staged output of it, a rollback of a
-    /// command task): no try.
-    Skipped,
-    Failed(String),
-    Rejected(String),
-    Cancelled,
-}
-
-/// How one try ended.
-pub(super) enum Outcome {
-    Succeeded(TryRecord, Option<Published>),
-    Rejected(TryRecord, String),
-    /// May be retried.
-    Failed(TryRecord),
-    Cancelled(TryRecord),
-}
-
-pub(super) fn failed(error: String, exit_code: Option<i32>) -> Outcome {
-    let mut r = TryRecord::new(TryState::Failed);
-    r.exit_code = exit_code;
-    r.error = Some(error);
-    Outcome::Failed(r)
-}
-
-pub(super) fn cancelled(why: &str) -> Outcome {
-    let mut r = TryRecord::new(TryState::Cancelled);
-    r.error = Some(why.to_string());
-    Outcome::Cancelled(r)
-}
-
-/// One try's fixed inputs.
-pub(super) struct TryInput<'a> {
-    pub try_id: i64,
-    pub interval: DataInterval,
-    pub ctx: Context<'a>,
-    pub env: Vec<(String, String)>,
-    pub log_path: PathBuf,
-    pub result_path: PathBuf,
-    pub audit_path: Option<PathBuf>,
-}
 
 /// Runs the tries of one task until one succeeds, is rejected, the retries are used up, or a
 /// stop. Starts the run with the first try when `run_id` is `None`. The final try is returned
@@ -216,107 +172,6 @@ async fn tries(
     Ok((TaskEnd::Failed(last_error), None))
 }
 
-/// Starts a command behind its gate, records its process group, lets it go and supervises it
-/// to its end. `Err` inside describes a failure to start it.
-async fn run_process(
-    shared: &Shared,
-    try_id: i64,
-    program: &process::Program,
-    env: &[(String, String)],
-    log: &Path,
-    task: &Task,
-    stop: &mut watch::Receiver<Stop>,
-) -> Result<Result<Ended, String>, Error> {
-    let gated = match process::spawn(program, env, &shared.spec.project_root, log).await {
-        Ok(s) => s,
-        Err(e) => return Ok(Err(format!("cannot start `{}`: {e}", program.name()))),
-    };
-    crate::fault::point("after-spawn");
-    let (group, host, owner) = (gated.group, shared.spec.host.clone(), shared.spec.owner);
-    let recorded = shared
-        .writer
-        .call(move |c| runs::set_try_group(c, fence(c, owner)?, try_id, group, &host))
-        .await;
-    match recorded {
-        Ok(true) => {}
-        Ok(false) => {
-            gated.discard().await;
-            return Ok(Ok(Ended::Cancelled));
-        }
-        Err(e) => {
-            gated.discard().await;
-            return Err(e.into());
-        }
-    }
-    crate::fault::point("before-release");
-    tracing::debug!(
-        backfill = owner.backfill_id,
-        task = %task.id,
-        try_id,
-        pgid = group.pgid,
-        "process group recorded; letting the try go"
-    );
-    let spawned = match gated.release().await {
-        Ok(s) => s,
-        Err(e) => return Ok(Err(format!("cannot start `{}`: {e}", program.name()))),
-    };
-    Ok(Ok(process::supervise(
-        spawned,
-        task.timeout,
-        task.grace_period,
-        stop,
-    )
-    .await
-    .map_err(|e| Error::io("cannot supervise a task", e))?))
-}
-
-/// Maps how a process ended to a failure, or `None` when it succeeded.
-fn unsuccessful(ended: &Ended, task: &Task) -> Option<Outcome> {
-    match ended {
-        Ended::Exited(status) if status.success() => None,
-        Ended::Exited(status) => Some(failed(process::describe_exit(*status), status.code())),
-        Ended::TimedOut => Some(failed(timed_out(task), None)),
-        Ended::Cancelled => Some(cancelled("cancelled")),
-    }
-}
-
-pub(super) fn timed_out(task: &Task) -> String {
-    format!(
-        "timed out after {}",
-        humantime::format_duration(task.timeout.unwrap_or_default())
-    )
-}
-
-/// Renders and runs one command of a try (the task's own, `publish` or `source_count`) with its
-/// output in `log`; `Err` is the outcome when it did not succeed, its error prefixed by `what`.
-pub(super) async fn run_step(
-    shared: &Shared,
-    task: &Task,
-    spec: &CommandSpec,
-    input: &TryInput<'_>,
-    log: &Path,
-    what: Option<&str>,
-    stop: &mut watch::Receiver<Stop>,
-) -> Result<Result<(), Outcome>, Error> {
-    let program = match command::render(spec, &input.ctx) {
-        Ok(p) => p,
-        Err(e) => return Ok(Err(failed(e, None))),
-    };
-    let ended =
-        match run_process(shared, input.try_id, &program, &input.env, log, task, stop).await? {
-            Ok(ended) => ended,
-            Err(e) => return Ok(Err(failed(e, None))),
-        };
-    Ok(match (unsuccessful(&ended, task), what) {
-        (None, _) => Ok(()),
-        (Some(Outcome::Failed(mut r)), Some(what)) => {
-            r.error = r.error.map(|e| format!("{what} failed: {e}"));
-            Err(Outcome::Failed(r))
-        }
-        (Some(other), _) => Err(other),
-    })
-}
-
 async fn command_try(
     shared: &Shared,
     task: &Task,
@@ -442,14 +297,6 @@ async fn gated_command(
     ))
 }
 
-/// A try whose output passed its gate and is kept at `path`, unpublished, for `promote`.
-pub(super) fn staged(mut record: TryRecord, path: &Path) -> Outcome {
-    record.verdict = Some("staged".into());
-    record.staged = Some(crate::state::StagedState::Staged);
-    record.staged_path = Some(path.display().to_string());
-    Outcome::Succeeded(record, None)
-}
-
 /// Runs a `source_count` or `source_fingerprint` command and reads what it prints, trimmed.
 async fn source_command(
     shared: &Shared,
@@ -542,96 +389,6 @@ async fn take_slot(
         });
     }
     Ok(got)
-}
-
-/// How a single try (of a promote or a rollback, never retried) ends its task; a failure is
-/// reported as a try that will not be retried.
-pub(super) fn settle(
-    shared: &Shared,
-    outcome: Outcome,
-    started: &super::record::Started,
-    task: &Task,
-    interval: DataInterval,
-) -> (TaskEnd, Option<LastTry>) {
-    let (record, end, published) = match outcome {
-        Outcome::Succeeded(r, p) => (r, TaskEnd::Succeeded, p),
-        Outcome::Rejected(r, reason) => (r, TaskEnd::Rejected(reason), None),
-        Outcome::Cancelled(r) => (r, TaskEnd::Cancelled, None),
-        Outcome::Failed(r) => {
-            let error = r.error.clone().unwrap_or_default();
-            let _ = shared.events.send(Event::TryFailed {
-                interval,
-                task_id: task.id.clone(),
-                try_number: 1,
-                error: error.clone(),
-                will_retry: false,
-                log_path: started.log.display().to_string(),
-                log_tail: command::log_tail(&started.log, 20),
-            });
-            (r, TaskEnd::Failed(error), None)
-        }
-    };
-    let last = LastTry {
-        try_id: started.try_id,
-        task_id: task.id.clone(),
-        interval,
-        record,
-        published,
-    };
-    (end, Some(last))
-}
-
-/// Records a run's first try as started and tells the reporter the interval started.
-pub(super) async fn start_single(
-    shared: &Shared,
-    task: &Task,
-    interval: DataInterval,
-    run_id: &mut Option<i64>,
-    claim: Option<i64>,
-) -> Result<super::record::Claimed, Error> {
-    use super::record::Claimed;
-    let started =
-        match super::record::start_claiming(shared, task, interval, *run_id, 1, claim).await? {
-            Claimed::Started(s) => s,
-            other => return Ok(other),
-        };
-    if run_id.is_none() {
-        *run_id = Some(started.run_id);
-        let _ = shared.events.send(Event::IntervalStarted {
-            interval,
-            run_id: started.run_id,
-        });
-    }
-    Ok(Claimed::Started(started))
-}
-
-/// Gate rules of a task. Without a gate only the boundary check applies (SQL tasks): publishing
-/// replaces exactly the interval, so rows outside it would survive a rerun twice.
-pub(super) fn rules(gate: Option<&Gate>, allow_drift: bool) -> Rules {
-    match gate {
-        Some(g) => Rules {
-            tolerance: g.tolerance,
-            allow_empty: g.allow_empty,
-            allow_drift,
-        },
-        None => Rules {
-            tolerance: f64::INFINITY,
-            allow_empty: true,
-            allow_drift: true,
-        },
-    }
-}
-
-pub(super) fn apply_verdict(
-    record: &mut TryRecord,
-    verdict: &Verdict,
-    source: Option<i64>,
-    published: Option<i64>,
-) {
-    record.source_rows = source;
-    record.previous_rows = published;
-    record.verdict = Some(verdict.as_str().to_string());
-    record.reasons = verdict.reason().map(str::to_string);
 }
 
 /// `retry_delay * 2^(try_number - 1)`, capped.

@@ -136,7 +136,7 @@ pub fn check(text: &str) -> Result<(), String> {
     match unknown.first() {
         None => Ok(()),
         Some(name) => {
-            let hint = match crate::project::closest(name, NAMES) {
+            let hint = match crate::suggest::closest(name, NAMES) {
                 Some(near) => format!("did you mean `{near}`? "),
                 None => String::new(),
             };

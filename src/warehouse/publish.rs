@@ -118,7 +118,7 @@ fn transaction(
                 p.interval,
                 p.tz,
                 k,
-                crate::manifest::leases::now_ms(),
+                crate::clock::now_ms(),
             )?;
         }
         delete_partition(conn, p.task, p.repr, p.interval, p.tz)?;

@@ -14,10 +14,10 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 
 use super::Global;
+use crate::clock::HEARTBEAT;
 use crate::exit::{self, Error};
 use crate::interval::DataInterval;
 use crate::manifest::backfills::{self, Heartbeat};
-use crate::manifest::leases::HEARTBEAT;
 use crate::manifest::writer::Writer;
 use crate::manifest::{self, Owner, leases};
 use crate::project::{Dag, Project};
@@ -179,7 +179,7 @@ fn run(g: &Global, project: &Project, e: Execution, writer: &Writer) -> Result<E
         (BackfillState::Completed, exit::OK)
     };
     let recorded =
-        writer.call_blocking(move |c| backfills::finish(c, owner, state, leases::now_ms()));
+        writer.call_blocking(move |c| backfills::finish(c, owner, state, crate::clock::now_ms()));
     let (state, code) = match recorded {
         Ok(()) => (state, code),
         // Taken over: the process that took it over recorded it; this one was interrupted.
@@ -253,7 +253,7 @@ async fn keep_alive(
     loop {
         tick.tick().await;
         let beat = writer
-            .call(move |c| backfills::heartbeat(c, owner, leases::now_ms()))
+            .call(move |c| backfills::heartbeat(c, owner, crate::clock::now_ms()))
             .await;
         let why = match beat {
             Ok(Heartbeat::Carry) => {

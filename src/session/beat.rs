@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::clock::{HEARTBEAT, now_ms};
 use crate::manifest::backfills;
-use crate::manifest::leases::{HEARTBEAT, now_ms};
 use crate::manifest::writer::Writer;
 use crate::manifest::{self, Owner};
 

@@ -1,0 +1,166 @@
+//! How a try ends, shared by every kind of try (a command, a SQL task, a promote, a rollback):
+//! its outcome, the gate's rules and verdict on its record, and how a single, never retried
+//! try settles its task.
+
+use std::path::{Path, PathBuf};
+
+use super::record::{LastTry, Published};
+use super::{Event, Shared};
+use crate::exit::Error;
+use crate::gate::{Rules, Verdict};
+use crate::interval::DataInterval;
+use crate::manifest::TryRecord;
+use crate::project::{Gate, Task};
+use crate::state::TryState;
+use crate::task::command;
+use crate::task::template::Context;
+
+/// How a task ended for its run.
+pub(super) enum TaskEnd {
+    Succeeded,
+    /// Nothing to do for this task (a promote without a staged output of it, a rollback of a
+    /// command task): no try.
+    Skipped,
+    Failed(String),
+    Rejected(String),
+    Cancelled,
+}
+
+/// How one try ended.
+pub(super) enum Outcome {
+    Succeeded(TryRecord, Option<Published>),
+    Rejected(TryRecord, String),
+    /// May be retried.
+    Failed(TryRecord),
+    Cancelled(TryRecord),
+}
+
+pub(super) fn failed(error: String, exit_code: Option<i32>) -> Outcome {
+    let mut r = TryRecord::new(TryState::Failed);
+    r.exit_code = exit_code;
+    r.error = Some(error);
+    Outcome::Failed(r)
+}
+
+pub(super) fn cancelled(why: &str) -> Outcome {
+    let mut r = TryRecord::new(TryState::Cancelled);
+    r.error = Some(why.to_string());
+    Outcome::Cancelled(r)
+}
+
+/// One try's fixed inputs.
+pub(super) struct TryInput<'a> {
+    pub try_id: i64,
+    pub interval: DataInterval,
+    pub ctx: Context<'a>,
+    pub env: Vec<(String, String)>,
+    pub log_path: PathBuf,
+    pub result_path: PathBuf,
+    pub audit_path: Option<PathBuf>,
+}
+
+/// A try whose output passed its gate and is kept at `path`, unpublished, for `promote`.
+pub(super) fn staged(mut record: TryRecord, path: &Path) -> Outcome {
+    record.verdict = Some("staged".into());
+    record.staged = Some(crate::state::StagedState::Staged);
+    record.staged_path = Some(path.display().to_string());
+    Outcome::Succeeded(record, None)
+}
+
+/// How a single try (of a promote or a rollback, never retried) ends its task; a failure is
+/// reported as a try that will not be retried.
+pub(super) fn settle(
+    shared: &Shared,
+    outcome: Outcome,
+    started: &super::record::Started,
+    task: &Task,
+    interval: DataInterval,
+) -> (TaskEnd, Option<LastTry>) {
+    let (record, end, published) = match outcome {
+        Outcome::Succeeded(r, p) => (r, TaskEnd::Succeeded, p),
+        Outcome::Rejected(r, reason) => (r, TaskEnd::Rejected(reason), None),
+        Outcome::Cancelled(r) => (r, TaskEnd::Cancelled, None),
+        Outcome::Failed(r) => {
+            let error = r.error.clone().unwrap_or_default();
+            let _ = shared.events.send(Event::TryFailed {
+                interval,
+                task_id: task.id.clone(),
+                try_number: 1,
+                error: error.clone(),
+                will_retry: false,
+                log_path: started.log.display().to_string(),
+                log_tail: command::log_tail(&started.log, 20),
+            });
+            (r, TaskEnd::Failed(error), None)
+        }
+    };
+    let last = LastTry {
+        try_id: started.try_id,
+        task_id: task.id.clone(),
+        interval,
+        record,
+        published,
+    };
+    (end, Some(last))
+}
+
+/// Records a run's first try as started and tells the reporter the interval started.
+pub(super) async fn start_single(
+    shared: &Shared,
+    task: &Task,
+    interval: DataInterval,
+    run_id: &mut Option<i64>,
+    claim: Option<i64>,
+) -> Result<super::record::Claimed, Error> {
+    use super::record::Claimed;
+    let started =
+        match super::record::start_claiming(shared, task, interval, *run_id, 1, claim).await? {
+            Claimed::Started(s) => s,
+            other => return Ok(other),
+        };
+    if run_id.is_none() {
+        *run_id = Some(started.run_id);
+        let _ = shared.events.send(Event::IntervalStarted {
+            interval,
+            run_id: started.run_id,
+        });
+    }
+    Ok(Claimed::Started(started))
+}
+
+/// Gate rules of a task. Without a gate only the boundary check applies (SQL tasks): publishing
+/// replaces exactly the interval, so rows outside it would survive a rerun twice.
+pub(super) fn rules(gate: Option<&Gate>, allow_drift: bool) -> Rules {
+    match gate {
+        Some(g) => Rules {
+            tolerance: g.tolerance,
+            allow_empty: g.allow_empty,
+            allow_drift,
+        },
+        None => Rules {
+            tolerance: f64::INFINITY,
+            allow_empty: true,
+            allow_drift: true,
+        },
+    }
+}
+
+pub(super) fn apply_verdict(
+    record: &mut TryRecord,
+    verdict: &Verdict,
+    source: Option<i64>,
+    published: Option<i64>,
+) {
+    record.source_rows = source;
+    record.previous_rows = published;
+    record.verdict = Some(verdict.as_str().to_string());
+    record.reasons = verdict.reason().map(str::to_string);
+}
+
+/// The error of a try stopped by its task's `timeout`.
+pub(super) fn timed_out(task: &Task) -> String {
+    format!(
+        "timed out after {}",
+        humantime::format_duration(task.timeout.unwrap_or_default())
+    )
+}

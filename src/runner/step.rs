@@ -1,0 +1,110 @@
+//! One command of a try (the task's own command, its `publish` or its `source_count`): rendered,
+//! run in its own process group under the task's timeout and the backfill's stop, and judged by
+//! its exit.
+
+use std::path::Path;
+
+use tokio::sync::watch;
+
+use super::outcome::{Outcome, TryInput, cancelled, failed, timed_out};
+use super::{Shared, Stop};
+use crate::exit::Error;
+use crate::manifest::backfills::fence;
+use crate::manifest::runs;
+use crate::process::{self, Ended};
+use crate::project::{CommandSpec, Task};
+use crate::task::command;
+
+/// Starts a command behind its gate, records its process group, lets it go and supervises it
+/// to its end. `Err` inside describes a failure to start it.
+pub(super) async fn run_process(
+    shared: &Shared,
+    try_id: i64,
+    program: &process::Program,
+    env: &[(String, String)],
+    log: &Path,
+    task: &Task,
+    stop: &mut watch::Receiver<Stop>,
+) -> Result<Result<Ended, String>, Error> {
+    let gated = match process::spawn(program, env, &shared.spec.project_root, log).await {
+        Ok(s) => s,
+        Err(e) => return Ok(Err(format!("cannot start `{}`: {e}", program.name()))),
+    };
+    crate::fault::point("after-spawn");
+    let (group, host, owner) = (gated.group, shared.spec.host.clone(), shared.spec.owner);
+    let recorded = shared
+        .writer
+        .call(move |c| runs::set_try_group(c, fence(c, owner)?, try_id, group, &host))
+        .await;
+    match recorded {
+        Ok(true) => {}
+        Ok(false) => {
+            gated.discard().await;
+            return Ok(Ok(Ended::Cancelled));
+        }
+        Err(e) => {
+            gated.discard().await;
+            return Err(e.into());
+        }
+    }
+    crate::fault::point("before-release");
+    tracing::debug!(
+        backfill = owner.backfill_id,
+        task = %task.id,
+        try_id,
+        pgid = group.pgid,
+        "process group recorded; letting the try go"
+    );
+    let spawned = match gated.release().await {
+        Ok(s) => s,
+        Err(e) => return Ok(Err(format!("cannot start `{}`: {e}", program.name()))),
+    };
+    Ok(Ok(process::supervise(
+        spawned,
+        task.timeout,
+        task.grace_period,
+        stop,
+    )
+    .await
+    .map_err(|e| Error::io("cannot supervise a task", e))?))
+}
+
+/// Maps how a process ended to a failure, or `None` when it succeeded.
+fn unsuccessful(ended: &Ended, task: &Task) -> Option<Outcome> {
+    match ended {
+        Ended::Exited(status) if status.success() => None,
+        Ended::Exited(status) => Some(failed(process::describe_exit(*status), status.code())),
+        Ended::TimedOut => Some(failed(timed_out(task), None)),
+        Ended::Cancelled => Some(cancelled("cancelled")),
+    }
+}
+
+/// Renders and runs one command of a try (the task's own, `publish` or `source_count`) with its
+/// output in `log`; `Err` is the outcome when it did not succeed, its error prefixed by `what`.
+pub(super) async fn run_step(
+    shared: &Shared,
+    task: &Task,
+    spec: &CommandSpec,
+    input: &TryInput<'_>,
+    log: &Path,
+    what: Option<&str>,
+    stop: &mut watch::Receiver<Stop>,
+) -> Result<Result<(), Outcome>, Error> {
+    let program = match command::render(spec, &input.ctx) {
+        Ok(p) => p,
+        Err(e) => return Ok(Err(failed(e, None))),
+    };
+    let ended =
+        match run_process(shared, input.try_id, &program, &input.env, log, task, stop).await? {
+            Ok(ended) => ended,
+            Err(e) => return Ok(Err(failed(e, None))),
+        };
+    Ok(match (unsuccessful(&ended, task), what) {
+        (None, _) => Ok(()),
+        (Some(Outcome::Failed(mut r)), Some(what)) => {
+            r.error = r.error.map(|e| format!("{what} failed: {e}"));
+            Err(Outcome::Failed(r))
+        }
+        (Some(other), _) => Err(other),
+    })
+}

@@ -1,0 +1,152 @@
+//! A cascade's chain as the manifest knows it: which backfill runs each DAG of the cascade so
+//! far, which intervals of a downstream DAG it plans (and which it skips for their upstream),
+//! and the walk of the chain that checks every DAG before the first runs.
+
+use std::collections::HashMap;
+
+use rusqlite::Connection;
+
+use super::launch::check_tasks;
+use crate::cascade::{self, Mode};
+use crate::exit::{self, Error};
+use crate::interval::DataInterval;
+use crate::manifest::{self, Backfill};
+use crate::plan::SkipReason;
+use crate::project::{Dag, Project, ProjectError};
+
+/// The worse of two exit codes: interrupted, then internal error, then failed, then success.
+pub fn worst(a: u8, b: u8) -> u8 {
+    let rank = |c: u8| match c {
+        exit::INTERRUPTED => 3,
+        exit::INTERNAL => 2,
+        exit::FAILED => 1,
+        _ => 0,
+    };
+    if rank(b) > rank(a) { b } else { a }
+}
+
+/// Every DAG of the project, for a cascade: every DAG file must load, as a broken one could
+/// be downstream.
+pub fn all_dags(project: &Project) -> Result<Vec<Dag>, Error> {
+    let (dags, errors) = project.load_all();
+    if !errors.is_empty() {
+        return Err(Error::Project(ProjectError::Config(errors)));
+    }
+    Ok(dags)
+}
+
+/// The intervals of downstream DAG `d` that the cascade plans, from what its upstream
+/// backfills (`backfill_of`, by DAG) did, with the ones skipped for their upstream.
+pub fn plan_member(
+    conn: &Connection,
+    project: &Project,
+    dags: &[Dag],
+    d: &Dag,
+    backfill_of: &HashMap<String, i64>,
+    mode: Mode,
+) -> Result<(Vec<DataInterval>, HashMap<i64, SkipReason>), Error> {
+    let sql = |e: rusqlite::Error| Error::Manifest(manifest::Error::from(e));
+    let mut upstream = Vec::new();
+    for (u, _) in &d.upstream {
+        if let Some(b) = backfill_of.get(u) {
+            upstream.extend(cascade::upstream_outcomes(conn, u, *b)?);
+        }
+    }
+    let touched: Vec<DataInterval> = upstream
+        .iter()
+        .filter(|u| u.touched)
+        .map(|u| u.interval)
+        .collect();
+    let intervals = cascade::overlapping(d, &touched).map_err(Error::Usage)?;
+    // Upstream DAGs the cascade does not run count too: an interval another backfill runs, or
+    // whose latest run failed, is not there to read.
+    let outside: Vec<&String> = d
+        .upstream
+        .iter()
+        .map(|(u, _)| u)
+        .filter(|u| !backfill_of.contains_key(*u))
+        .collect();
+    if !outside.is_empty() && !intervals.is_empty() {
+        let ctx = crate::manifest::leases::LeaseCtx::new(project.lease_timeout);
+        for u in outside {
+            if let Some(up) = dags.iter().find(|x| &x.id == u) {
+                upstream.extend(
+                    cascade::outside_outcomes(conn, up, &intervals, &ctx)
+                        .map_err(|e| Error::Internal(format!("cascade over `{u}`: {e}")))?,
+                );
+            }
+        }
+    }
+    let skips =
+        cascade::decide(
+            &intervals,
+            &upstream,
+            mode,
+            &mut |i, u| match cascade::last_success(conn, &d.id, i.start.timestamp())? {
+                None => Ok(true),
+                Some(since) => {
+                    cascade::changed_since(conn, &u.dag, u.interval.start.timestamp(), since)
+                }
+            },
+        )
+        .map_err(sql)?;
+    Ok((intervals, skips))
+}
+
+/// The backfill of each DAG of the cascade of `root` so far, by DAG.
+pub fn backfills_of(
+    conn: &Connection,
+    root: i64,
+    root_dag: &str,
+) -> Result<(HashMap<String, i64>, Vec<Backfill>), Error> {
+    let done = manifest::cascades::members(conn, root)?;
+    let mut map: HashMap<String, i64> = HashMap::from([(root_dag.to_string(), root)]);
+    for m in &done {
+        map.insert(m.dag_id.clone(), m.id);
+    }
+    Ok((map, done))
+}
+
+/// Walks the DAGs a cascade of `root` runs, in order, as far as a plan can tell before they
+/// run: each downstream DAG over the intervals that overlap those its upstreams go on with
+/// (`root_intervals` for `root`; for another DAG, what `each` returns for it). A DAG that
+/// overlaps nothing is left out.
+pub fn walk_chain(
+    project: &Project,
+    root: &str,
+    root_intervals: Vec<DataInterval>,
+    mut each: impl FnMut(&Dag, &[DataInterval]) -> Result<Vec<DataInterval>, Error>,
+) -> Result<(), Error> {
+    let mut planned: HashMap<String, Vec<DataInterval>> =
+        HashMap::from([(root.to_string(), root_intervals)]);
+    for d in cascade::downstream(&all_dags(project)?, root) {
+        let ups: Vec<DataInterval> = d
+            .upstream
+            .iter()
+            .filter_map(|(u, _)| planned.get(u))
+            .flatten()
+            .copied()
+            .collect();
+        let ivs = cascade::overlapping(d, &ups).map_err(Error::Usage)?;
+        if ivs.is_empty() {
+            continue;
+        }
+        let next = each(d, &ivs)?;
+        planned.insert(d.id.clone(), next);
+    }
+    Ok(())
+}
+
+/// Checks, before anything runs, every DAG a cascade of `root` over `intervals` would run:
+/// each loads, and each task renders and prepares over the intervals it would get.
+pub fn check_chain(
+    project: &Project,
+    root: &Dag,
+    intervals: &[DataInterval],
+    conf: &serde_json::Value,
+) -> Result<(), Error> {
+    walk_chain(project, &root.id, intervals.to_vec(), |d, ivs| {
+        check_tasks(d, conf, ivs)?;
+        Ok(ivs.to_vec())
+    })
+}

@@ -1,0 +1,536 @@
+//! Launching a backfill: check every task, recover what dead owners left on the DAG's leases,
+//! write the backfill and its plan with leases in bounded chunks, then run it through the
+//! dispatcher. Every kind of backfill (create, stage, promote, rollback, a cascade's
+//! downstream DAGs) goes through [`launch`]; `resume` writes what is left of its plan with
+//! [`write_plan`].
+
+use std::collections::{HashMap, HashSet};
+
+use super::beat::Beating;
+use super::execute::{Execution, execute};
+use super::{Global, note, warn};
+use crate::clock;
+use crate::exit::{self, Error};
+use crate::interval::{DataInterval, Range};
+use crate::manifest::leases::{Judge, LeaseCtx};
+use crate::manifest::writer::Writer;
+use crate::manifest::{self, NewBackfill, Owner, backfills, plans};
+use crate::plan::{self, Action, PlanRow, Planner, Prior, Reprocess, SkipReason};
+use crate::project::{
+    self, CommandSpec, ConfigError, Dag, Gate, ProjectError, SourceCount, TaskKind,
+};
+use crate::recovery::{self, Dags};
+use crate::state::BackfillKind;
+use crate::task::{command, template};
+use crate::warehouse::{self, Repr};
+
+/// Intervals planned and leased per manifest transaction: small enough that other backfills'
+/// heartbeats never wait long for the write lock.
+pub const PLAN_CHUNK: usize = 5_000;
+
+/// The plan a dry run prints for one DAG, and its estimate.
+pub fn dry_plan(
+    project: &crate::project::Project,
+    manifest_path: &std::path::Path,
+    dag: &Dag,
+    intervals: &[DataInterval],
+    options: plan::Options,
+    changed: &HashSet<i64>,
+    max_active_runs: u32,
+) -> Result<(Vec<PlanRow>, crate::estimate::Estimate), Error> {
+    let ctx = LeaseCtx::new(project.lease_timeout);
+    let conn = manifest::open_if_exists(manifest_path)?;
+    let (prior, before) = match &conn {
+        Some(conn) => {
+            let before = plans::state_before(conn, &dag.id, intervals[0].start.timestamp())
+                .map_err(|e| e.at(manifest_path))?;
+            let mut prior = plans::priors(conn, &dag.id, intervals, &ctx, Judge::Predict)
+                .map_err(|e| e.at(manifest_path))?;
+            mark_changed(&mut prior, intervals, changed);
+            (prior, before)
+        }
+        None => (vec![Prior::default(); intervals.len()], None),
+    };
+    let rows = plan::plan(intervals, &prior, before, options);
+    let history = match &conn {
+        Some(conn) => crate::estimate::history(conn, dag).map_err(|e| e.at(manifest_path))?,
+        None => Default::default(),
+    };
+    let to_run = rows.iter().filter(|r| r.action == Action::Run).count();
+    let estimate =
+        crate::estimate::estimate(dag, &history, to_run, max_active_runs, &project.pools);
+    Ok((rows, estimate))
+}
+
+/// The request of a backfill that runs every one of `intervals` (ascending, not empty) of
+/// `dag`, whatever ran before: a promote, a rollback, a cascade's downstream backfill. Its range
+/// is the intervals it was given; callers set what else differs.
+pub fn request_over(
+    dag: &Dag,
+    intervals: &[DataInterval],
+    kind: BackfillKind,
+    conf: String,
+    max_active_runs: u32,
+) -> NewBackfill {
+    let labels = crate::report::Labeler::new(dag);
+    let (first, last) = (intervals[0], intervals[intervals.len() - 1]);
+    NewBackfill {
+        dag_id: dag.id.clone(),
+        from_arg: labels.when(first.start),
+        to_arg: labels.when(last.start),
+        range_start: first.start.timestamp(),
+        range_end: last.start.timestamp() + 1,
+        reprocess: Reprocess::Completed,
+        max_active_runs,
+        run_backwards: false,
+        allow_drift: false,
+        conf,
+        kind,
+        source_backfill: None,
+        tasks: None,
+        max_failures: None,
+        cascade: None,
+        cascade_of: None,
+    }
+}
+
+/// The plan options of such a backfill: every interval runs, oldest first.
+pub fn run_every(depends_on_past: bool) -> Result<plan::Options, Error> {
+    Ok(plan::Options {
+        reprocess: Reprocess::Completed,
+        run_backwards: false,
+        depends_on_past,
+        now: clock::now()?,
+    })
+}
+
+/// A backfill to write and run.
+pub struct Launch<'a> {
+    pub dag: Dag,
+    pub conf: serde_json::Value,
+    /// Its intervals, ascending.
+    pub intervals: Vec<DataInterval>,
+    pub request: NewBackfill,
+    pub options: plan::Options,
+    /// Intervals whose source changed (`--reprocess-behavior changed`).
+    pub changed: &'a HashSet<i64>,
+    /// A cascade's intervals skipped for their upstream.
+    pub upstream: &'a HashMap<i64, SkipReason>,
+    pub reprs: HashMap<String, Option<Repr>>,
+    pub mode: crate::runner::Mode,
+}
+
+/// Recovers what dead owners left on the DAG's leases, writes the backfill and its plan, then
+/// runs it: the exit code, and the backfill's id once it was written.
+pub fn launch(
+    g: &Global,
+    project: &crate::project::Project,
+    l: Launch<'_>,
+) -> Result<(u8, Option<i64>), Error> {
+    let Launch {
+        dag,
+        conf,
+        intervals,
+        request,
+        options,
+        changed,
+        upstream,
+        reprs,
+        mode,
+    } = l;
+    let manifest_path = g.manifest_path(Some(project))?;
+    let ctx = LeaseCtx::new(project.lease_timeout);
+    let max_active_runs = request.max_active_runs;
+    let allow_drift = request.allow_drift;
+    let max_failures = request.max_failures;
+    let tasks = request.tasks.clone();
+    let writer = Writer::spawn(
+        manifest::open(&manifest_path, project.durability)?,
+        &manifest_path,
+    )?;
+    let dags = Dags::of(project);
+    let result = (|| {
+        let report = recovery::release_stale(&writer, &dags, &dag.id, &ctx, None)?;
+        for w in &report.warnings {
+            warn(g, w);
+        }
+        crate::fault::point("after-release-stale");
+        let first = ctx.refreshed();
+        let owner = writer.call_blocking(move |c| backfills::insert(c, &request, &first))?;
+        let beat = Beating::start(&writer, owner);
+        let planned = write_plan(
+            &writer,
+            owner,
+            &dag,
+            &intervals,
+            options,
+            Marks {
+                already: &HashSet::new(),
+                changed,
+                upstream,
+            },
+            &ctx,
+        )?;
+        drop(beat);
+        Ok::<_, Error>((owner, planned))
+    })();
+    let (owner, planned) = match result {
+        Ok(v) => v,
+        Err(e) => {
+            writer.close();
+            return taken_over(e).map(|code| (code, None));
+        }
+    };
+    let to_run = planned.to_run;
+    if !g.quiet && !g.json {
+        eprintln!(
+            "backfill {} of {}: {}, {} to run, {} skipped, up to {max_active_runs} at a time",
+            owner.backfill_id,
+            dag.id,
+            crate::report::out::plural(planned.total as i64, "interval", "intervals"),
+            to_run.len(),
+            planned.total - to_run.len()
+        );
+    }
+    let code = execute(
+        g,
+        project,
+        Execution {
+            owner,
+            dag,
+            conf,
+            max_active_runs,
+            intervals: to_run,
+            allow_drift,
+            reprs,
+            max_failures,
+            tasks,
+            mode,
+        },
+        writer,
+    )?;
+    Ok((code, Some(owner.backfill_id)))
+}
+
+/// `--tasks`: the DAG with only the named tasks, in their order; an unknown name is exit 2.
+pub fn only_tasks(mut dag: Dag, names: &[String]) -> Result<Dag, Error> {
+    if names.is_empty() {
+        return Ok(dag);
+    }
+    for n in names {
+        if !dag.tasks.iter().any(|t| &t.id == n) {
+            return Err(super::unknown_task(
+                &dag,
+                &format!("--tasks {}", names.join(",")),
+                n,
+            ));
+        }
+    }
+    dag.tasks.retain(|t| names.contains(&t.id));
+    Ok(dag)
+}
+
+/// A backfill taken over by another process while this one recovered or planned ends here as
+/// interrupted (130); any other error stays what it is.
+pub fn taken_over(e: Error) -> Result<u8, Error> {
+    match e {
+        Error::Manifest(manifest::Error::Fenced { backfill_id }) => {
+            eprintln!(
+                "backfill {backfill_id} was taken over by another process while it was being prepared; `{}` tells what it did",
+                crate::report::out::hint(&format!("show {backfill_id}"))
+            );
+            Ok(exit::INTERRUPTED)
+        }
+        other => Err(other),
+    }
+}
+
+/// Interval starts `s` with `start <= s < end` in whole unix seconds, for the manifest: the
+/// same bounds every command resolves a range to.
+pub fn unix_range(range: Range) -> (i64, i64) {
+    let (first, last) = range.unix_start_bounds();
+    (first, last.saturating_add(1))
+}
+
+/// The plan as written.
+pub struct Planned {
+    pub total: usize,
+    /// The intervals to run, in execution order.
+    pub to_run: Vec<DataInterval>,
+}
+
+/// What is known of intervals before they are planned: those that already have a plan row
+/// (from an interrupted planning), and those whose source changed (`changed`).
+#[derive(Clone, Copy)]
+pub struct Marks<'a> {
+    pub already: &'a HashSet<i64>,
+    pub changed: &'a HashSet<i64>,
+    /// A cascade's downstream intervals skipped for their upstream, by start.
+    pub upstream: &'a HashMap<i64, SkipReason>,
+}
+
+/// Plans `intervals` (ascending) and writes the plan with its leases in chunks of
+/// [`PLAN_CHUNK`], one transaction each, then records the plan as complete. Intervals whose
+/// start is in `already` have a plan row from an earlier, interrupted planning and are left out.
+pub fn write_plan(
+    writer: &Writer,
+    owner: Owner,
+    dag: &Dag,
+    intervals: &[DataInterval],
+    options: plan::Options,
+    marks: Marks<'_>,
+    ctx: &LeaseCtx,
+) -> Result<Planned, Error> {
+    let Marks {
+        already,
+        changed,
+        upstream,
+    } = marks;
+    let total = intervals.len();
+    let todo: Vec<(usize, DataInterval)> = intervals
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|(_, i)| !already.contains(&i.start.timestamp()))
+        .collect();
+    let mut planner: Option<Planner> = None;
+    let mut to_run: Vec<(usize, DataInterval)> = Vec::new();
+    for chunk in todo.chunks(PLAN_CHUNK) {
+        let (dag_id, ctx) = (dag.id.clone(), ctx.refreshed());
+        let chunk_intervals: Vec<DataInterval> = chunk.iter().map(|(_, i)| *i).collect();
+        let ords: Vec<usize> = chunk
+            .iter()
+            .map(|(index, _)| plan::ord(*index, total, options.run_backwards))
+            .collect();
+        let mut carried = planner.take();
+        let chunk_upstream: HashMap<i64, SkipReason> = chunk_intervals
+            .iter()
+            .filter_map(|i| {
+                let s = i.start.timestamp();
+                upstream.get(&s).map(|r| (s, *r))
+            })
+            .collect();
+        let chunk_changed: HashSet<i64> = chunk_intervals
+            .iter()
+            .map(|i| i.start.timestamp())
+            .filter(|s| changed.contains(s))
+            .collect();
+        let (rows, carried) = writer.call_blocking(move |c| {
+            let mut p = match carried.take() {
+                Some(p) => p,
+                None => Planner::new(
+                    plans::state_before(c, &dag_id, chunk_intervals[0].start.timestamp())?,
+                    options,
+                ),
+            };
+            let mut prior = plans::priors(c, &dag_id, &chunk_intervals, &ctx, Judge::Strict)?;
+            mark_changed(&mut prior, &chunk_intervals, &chunk_changed);
+            let rows: Vec<(i64, PlanRow)> = chunk_intervals
+                .iter()
+                .zip(prior)
+                .zip(ords)
+                .map(|((interval, prior), ord)| {
+                    (
+                        i64::try_from(ord).unwrap_or(i64::MAX),
+                        PlanRow {
+                            interval: *interval,
+                            action: p.next_forced(
+                                interval,
+                                prior,
+                                chunk_upstream.get(&interval.start.timestamp()).copied(),
+                            ),
+                        },
+                    )
+                })
+                .collect();
+            plans::insert_chunk(c, backfills::fence(c, owner)?, &dag_id, &rows, &ctx)?;
+            Ok((rows, p))
+        })?;
+        planner = Some(carried);
+        crate::fault::point("plan-chunk");
+        to_run.extend(
+            rows.iter()
+                .filter(|(_, r)| r.action == Action::Run)
+                .map(|(ord, r)| (usize::try_from(*ord).unwrap_or(usize::MAX), r.interval)),
+        );
+    }
+    writer.call_blocking(move |c| backfills::planned(c, owner))?;
+    to_run.sort_unstable_by_key(|(ord, _)| *ord);
+    tracing::info!(
+        backfill = owner.backfill_id,
+        dag = %dag.id,
+        intervals = total,
+        to_run = to_run.len(),
+        "planned and leased"
+    );
+    Ok(Planned {
+        total,
+        to_run: to_run.into_iter().map(|(_, i)| i).collect(),
+    })
+}
+
+/// Marks the intervals whose source changed, for `--reprocess-behavior changed`.
+fn mark_changed(prior: &mut [Prior], intervals: &[DataInterval], changed: &HashSet<i64>) {
+    for (p, i) in prior.iter_mut().zip(intervals) {
+        p.source_changed = changed.contains(&i.start.timestamp());
+    }
+}
+
+/// For `--reprocess-behavior changed`: the starts of the intervals (of those whose latest run
+/// succeeded) whose source changed since, by the tasks' gate `source_count` and
+/// `source_fingerprint`. Says which tasks cannot tell.
+pub fn source_changes(
+    g: &Global,
+    project: &crate::project::Project,
+    dag: &Dag,
+    conf: &serde_json::Value,
+    intervals: &[DataInterval],
+    manifest_path: &std::path::Path,
+) -> Result<HashSet<i64>, Error> {
+    let (watching, blind) = crate::probe::watchers(dag);
+    if watching.is_empty() {
+        note(
+            g,
+            &format!(
+                "no task of DAG `{}` has a gate `source_count` or `source_fingerprint`, so nothing can tell whether a source changed: intervals that succeeded count as unchanged, and only failed ones run",
+                dag.id
+            ),
+        );
+        return Ok(HashSet::new());
+    }
+    if !blind.is_empty() {
+        let names: Vec<String> = blind.iter().map(|t| format!("`{}`", t.id)).collect();
+        note(
+            g,
+            &format!(
+                "{} {} no gate `source_count` or `source_fingerprint`: only the sources of {} are compared",
+                names.join(", "),
+                if names.len() == 1 { "has" } else { "have" },
+                watching
+                    .iter()
+                    .map(|t| format!("`{}`", t.id))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        );
+    }
+    let Some(conn) = manifest::open_if_exists(manifest_path)? else {
+        return Ok(HashSet::new());
+    };
+    let (Some(first), Some(last)) = (intervals.first(), intervals.last()) else {
+        return Ok(HashSet::new());
+    };
+    let recorded = manifest::queries::recorded_sources(
+        &conn,
+        &dag.id,
+        first.start.timestamp(),
+        last.start.timestamp(),
+    )
+    .map_err(|e| e.at(manifest_path))?;
+    drop(conn);
+    let stale = crate::probe::survey(&project.root, dag, conf, &recorded);
+    for s in stale.iter().filter(|s| s.now.is_none()) {
+        warn(
+            g,
+            &format!(
+                "task `{}` at {}: {}; the interval runs again",
+                s.task, s.interval.start, s.why
+            ),
+        );
+    }
+    Ok(stale
+        .iter()
+        .map(|s| s.interval.start.0.timestamp())
+        .collect())
+}
+
+/// `--conf` must be a JSON object.
+pub fn parse_conf(conf: Option<&str>) -> Result<serde_json::Value, Error> {
+    let Some(text) = conf else {
+        return Ok(serde_json::Value::Object(serde_json::Map::new()));
+    };
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(v @ serde_json::Value::Object(_)) => Ok(v),
+        Ok(_) => Err(Error::Usage(format!(
+            "--conf must be a JSON object such as '{{\"region\": \"eu\"}}', got `{text}`"
+        ))),
+        Err(e) => Err(Error::Usage(format!(
+            "--conf is not valid JSON ({e}); pass an object such as '{{\"region\": \"eu\"}}'"
+        ))),
+    }
+}
+
+/// Checks every task before anything is written: each command (and `publish` and
+/// `source_count` command) renders for the first interval, so that a template using a `conf`
+/// key that was not given fails now; each SQL task prepares exactly what it will run against
+/// its warehouse (created from its init files if needed), and its partition column's
+/// representation is decided over the range. Returns those representations by task.
+pub fn check_tasks(
+    dag: &Dag,
+    conf: &serde_json::Value,
+    intervals: &[DataInterval],
+) -> Result<HashMap<String, Option<Repr>>, Error> {
+    let (Some(first), Some(last)) = (intervals.first(), intervals.last()) else {
+        return Ok(HashMap::new());
+    };
+    let window = DataInterval::new(first.start, last.end);
+    // Every `conf` key a template needs and --conf does not give, each at its command.
+    let missing: Vec<ConfigError> = dag
+        .tasks
+        .iter()
+        .flat_map(|t| project::missing_conf(t, conf))
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::Project(ProjectError::Config(missing)));
+    }
+    let values = template::IntervalValues::new(*first, dag.tz);
+    let mut reprs = HashMap::new();
+    for task in &dag.tasks {
+        let problem = |e: String| Error::Usage(format!("{}: task `{}`: {e}", dag.file, task.id));
+        let ctx = values.context(&dag.id, &task.id, "0", 1, conf);
+        let mut commands: Vec<&CommandSpec> = task.publish.iter().collect();
+        if let Some(Gate {
+            source_count: Some(SourceCount::Command(c)),
+            ..
+        }) = &task.gate
+        {
+            commands.push(c);
+        }
+        match &task.kind {
+            TaskKind::Command(spec) => commands.push(spec),
+            TaskKind::Sql(sql) => {
+                // What a killed creation of the warehouse left goes first.
+                warehouse::init::remove_abandoned(&sql.warehouse.path);
+                let conn =
+                    warehouse::open_to_read(&sql.warehouse).map_err(|e| problem(e.to_string()))?;
+                warehouse::check_task(&conn, sql, task.gate.as_ref()).map_err(problem)?;
+                let repr = warehouse::decide_repr(&conn, sql, window, dag.tz).map_err(problem)?;
+                reprs.insert(task.id.clone(), repr);
+            }
+        }
+        for spec in commands {
+            command::render(spec, &ctx).map_err(problem)?;
+        }
+    }
+    Ok(reprs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// `--conf` is any string a user can type: it parses into an object or is refused with
+        /// a message, never a panic.
+        #[test]
+        fn conf_never_panics(text in any::<String>(), json in "[{}\\[\\]\":,0-9a-zé ]{0,40}") {
+            for t in [text, json] {
+                match parse_conf(Some(&t)) {
+                    Ok(v) => prop_assert!(v.is_object()),
+                    Err(e) => prop_assert!(e.to_string().contains("--conf")),
+                }
+            }
+        }
+    }
+}

@@ -85,13 +85,16 @@ pub fn last_success(conn: &Connection, dag_id: &str, start: i64) -> rusqlite::Re
     .query_row(params![dag_id, start], |r| r.get(0))
 }
 
+/// A succeeded try: its task, fingerprint and when it ended (unix ms).
+pub type SucceededTry = (String, Option<String>, Option<i64>);
+
 /// The succeeded, unstaged tries of an interval in the order they were made: task, fingerprint
 /// and when it ended (unix ms).
 pub fn succeeded_tries(
     conn: &Connection,
     dag_id: &str,
     start: i64,
-) -> rusqlite::Result<Vec<(String, Option<String>, Option<i64>)>> {
+) -> rusqlite::Result<Vec<SucceededTry>> {
     conn.prepare_cached(
         "SELECT t.task_id, t.fingerprint, t.ended_at FROM runs r
          JOIN task_tries t ON t.run_id = r.id

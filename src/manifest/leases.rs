@@ -210,6 +210,17 @@ pub fn release(
     Ok(())
 }
 
+/// Releases every lease of backfill `backfill_id` but those of its runs still queued or
+/// running (tries that could not be stopped keep their intervals in flight).
+pub fn release_all_but_running(conn: &Connection, backfill_id: i64) -> Result<()> {
+    conn.execute(
+        "DELETE FROM leases WHERE backfill_id = ?1 AND (run_id IS NULL OR run_id NOT IN
+           (SELECT r.id FROM runs r WHERE r.backfill_id = ?1 AND r.state IN ('queued', 'running')))",
+        [backfill_id],
+    )?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,15 +267,4 @@ mod tests {
         assert!(ctx.group_may_run(Some("there"), gone));
         assert!(!ctx.group_may_run(Some("here"), gone));
     }
-}
-
-/// Releases every lease of backfill `backfill_id` but those of its runs still queued or
-/// running (tries that could not be stopped keep their intervals in flight).
-pub fn release_all_but_running(conn: &Connection, backfill_id: i64) -> Result<()> {
-    conn.execute(
-        "DELETE FROM leases WHERE backfill_id = ?1 AND (run_id IS NULL OR run_id NOT IN
-           (SELECT r.id FROM runs r WHERE r.backfill_id = ?1 AND r.state IN ('queued', 'running')))",
-        [backfill_id],
-    )?;
-    Ok(())
 }

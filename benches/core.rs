@@ -50,7 +50,7 @@ fn schedules(c: &mut Criterion) {
 /// A manifest holding a succeeded run for every hourly interval of ten years.
 fn large_manifest(dir: &std::path::Path, intervals: &[DataInterval]) -> rusqlite::Connection {
     let conn = manifest::open(&dir.join("manifest.db"), Durability::Normal).unwrap();
-    let ctx = LeaseCtx::new(Duration::from_secs(30));
+    let ctx = LeaseCtx::new(Duration::from_secs(30), &backfill::process::LOCAL);
     conn.execute_batch("BEGIN").unwrap();
     let rows: Vec<plan::PlanRow> = intervals
         .iter()
@@ -100,7 +100,7 @@ fn planning(c: &mut Criterion) {
     let intervals = expand(&s, ten_years(), MAX_INTERVALS).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let conn = large_manifest(dir.path(), &intervals);
-    let ctx = LeaseCtx::new(Duration::from_secs(30));
+    let ctx = LeaseCtx::new(Duration::from_secs(30), &backfill::process::LOCAL);
     let options = Options {
         reprocess: Reprocess::Failed,
         run_backwards: false,

@@ -13,6 +13,7 @@ pub mod exit;
 pub mod fault;
 pub mod gate;
 pub mod interval;
+pub mod liveness;
 pub mod log;
 pub mod manifest;
 pub mod notify;

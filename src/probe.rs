@@ -6,13 +6,13 @@
 //! whose recorded try lacks the value (it ran before the key was added) counts as changed:
 //! rerunning is the only way to know.
 
-use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::interval::DataInterval;
+pub use crate::manifest::queries::{Recorded, Seen};
 use crate::project::{Dag, Gate, SourceCount, Task, TaskKind};
 use crate::task::command;
 use crate::task::template::IntervalValues;
@@ -20,13 +20,6 @@ use crate::warehouse::{self, Binds};
 
 /// How long a probe command may take when its task sets no `timeout`.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// What a task's gate gives for an interval's source.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Seen {
-    pub source_rows: Option<i64>,
-    pub source_fingerprint: Option<String>,
-}
 
 /// The tasks of `dag` that can tell whether a source changed, and those that cannot.
 pub fn watchers(dag: &Dag) -> (Vec<&Task>, Vec<&Task>) {
@@ -58,10 +51,6 @@ pub fn changed(gate: &Gate, recorded: &Seen, now: &Seen) -> Option<String> {
 fn show(v: Option<String>) -> String {
     v.unwrap_or_else(|| "not recorded".into())
 }
-
-/// What the tries of an interval's latest run recorded, when that run succeeded: its interval
-/// and, per task, what the gate saw of the source.
-pub type Recorded = std::collections::BTreeMap<i64, (DataInterval, HashMap<String, Seen>)>;
 
 /// A task of an interval whose source is not what its latest successful run saw.
 #[derive(Debug, Clone, serde::Serialize)]

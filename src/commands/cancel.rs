@@ -58,7 +58,10 @@ fn cancel(
     wait: Duration,
 ) -> Result<u8, Error> {
     let path = writer.path().to_path_buf();
-    if backfill.owner_alive(&LeaseCtx::new(project.lease_timeout)) {
+    if backfill.owner_alive(&LeaseCtx::new(
+        project.lease_timeout,
+        &crate::process::LOCAL,
+    )) {
         writer.call_blocking(move |c| backfills::request_cancel(c, id))?;
         eprintln!(
             "asked backfill {id} (pid {}) to stop…",
@@ -77,7 +80,10 @@ fn cancel(
                 document(g, id, now.state.as_str(), "stopped by its process")?;
                 return Ok(exit::OK);
             }
-            if !now.owner_alive(&LeaseCtx::new(project.lease_timeout)) {
+            if !now.owner_alive(&LeaseCtx::new(
+                project.lease_timeout,
+                &crate::process::LOCAL,
+            )) {
                 break;
             }
             if Instant::now() >= deadline {
@@ -93,7 +99,12 @@ fn cancel(
     }
     // The owner is gone (or went away while asked): clean up on its behalf.
     let dags = Dags::of(project);
-    match recovery::cancel_dead(writer, &dags, id, &LeaseCtx::new(project.lease_timeout))? {
+    match recovery::cancel_dead(
+        writer,
+        &dags,
+        id,
+        &LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL),
+    )? {
         Some(report) => {
             for w in &report.warnings {
                 warn(g, w);

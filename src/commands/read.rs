@@ -31,7 +31,7 @@ fn open(g: &Global, project: Option<&Project>) -> Result<(PathBuf, Option<Connec
 /// Says whether each running backfill's owner is alive.
 fn judge_owners(list: &mut [BackfillSummary], project: Option<&Project>) {
     let timeout = project.map_or(crate::project::DEFAULT_LEASE_TIMEOUT, |p| p.lease_timeout);
-    let ctx = LeaseCtx::new(timeout);
+    let ctx = LeaseCtx::new(timeout, &crate::process::LOCAL);
     for b in list {
         let state = b.state.parse().unwrap_or(BackfillState::Running);
         let host = b.owner_host.clone();
@@ -89,9 +89,7 @@ pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
     let dag = project
         .as_ref()
         .and_then(|p| p.dag(&detail.backfill.dag_id).ok());
-    if let Some(dag) = &dag {
-        detail.kept_versions = Some(kept_versions(dag));
-    }
+    let kept = dag.as_ref().map(kept_versions);
     // A cascade's first backfill shows the whole cascade, grouped by DAG.
     let mut members = Vec::new();
     if detail.backfill.cascade.is_some() {
@@ -107,10 +105,10 @@ pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
         if detail.backfill.cascade.is_some() {
             detail.cascade_backfills = Some(members);
         }
-        tables::print_show(&detail, &Labeler::of(dag.as_ref()), true)?;
+        tables::print_show(&detail, kept.as_deref(), &Labeler::of(dag.as_ref()), true)?;
         return Ok(exit::OK);
     }
-    tables::print_show(&detail, &Labeler::of(dag.as_ref()), false)?;
+    tables::print_show(&detail, kept.as_deref(), &Labeler::of(dag.as_ref()), false)?;
     for m in &members {
         let member_dag = project
             .as_ref()
@@ -119,7 +117,7 @@ pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
             "\ncascade: DAG `{}`, backfill {}",
             m.backfill.dag_id, m.backfill.id
         ))?;
-        tables::print_show(m, &Labeler::of(member_dag.as_ref()), false)?;
+        tables::print_show(m, None, &Labeler::of(member_dag.as_ref()), false)?;
     }
     Ok(exit::OK)
 }

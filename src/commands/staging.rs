@@ -125,7 +125,7 @@ pub fn promote(g: &Global, id: i64, whens: &[String], allow_drift: bool) -> Resu
         &writer,
         &Dags::of(&project),
         &dag.id,
-        &LeaseCtx::new(project.lease_timeout),
+        &LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL),
         None,
     );
     writer.close();

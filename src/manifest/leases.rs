@@ -14,7 +14,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::Result;
 use crate::interval::DataInterval;
-use crate::process::{self, Group};
+use crate::liveness::{Group, Host};
 use crate::state::BackfillState;
 
 use crate::clock::now_ms;
@@ -26,15 +26,18 @@ pub struct LeaseCtx {
     pub host: String,
     pub pid: i64,
     pub timeout_ms: i64,
+    /// What is alive on this host.
+    pub here: &'static dyn Host,
 }
 
 impl LeaseCtx {
-    pub fn new(timeout: Duration) -> Self {
+    pub fn new(timeout: Duration, here: &'static dyn Host) -> Self {
         Self {
             now_ms: now_ms(),
-            host: hostname(),
+            host: here.name(),
             pid: i64::from(std::process::id()),
             timeout_ms: i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX),
+            here,
         }
     }
 
@@ -58,7 +61,7 @@ impl LeaseCtx {
             return false;
         }
         let fresh = heartbeat_ms.is_some_and(|hb| self.now_ms.saturating_sub(hb) < self.timeout_ms);
-        fresh && (!self.is_here(host) || pid.is_some_and(process::pid_alive))
+        fresh && (!self.is_here(host) || pid.is_some_and(|p| self.here.pid_alive(p)))
     }
 
     pub fn is_here(&self, host: Option<&str>) -> bool {
@@ -68,14 +71,8 @@ impl LeaseCtx {
     /// Whether a try's recorded process group may still be running: always when it is on
     /// another host (nothing here can tell), else when a member is alive.
     pub fn group_may_run(&self, host: Option<&str>, group: Group) -> bool {
-        !self.is_here(host) || process::group_alive(group)
+        !self.is_here(host) || self.here.group_alive(group)
     }
-}
-
-pub fn hostname() -> String {
-    nix::unistd::gethostname()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| "localhost".to_string())
 }
 
 /// How strictly [`held`] judges a lease.
@@ -232,6 +229,7 @@ mod tests {
             host: "here".into(),
             pid: 1,
             timeout_ms: 30_000,
+            here: &crate::process::LOCAL,
         };
         let me = i64::from(std::process::id());
         let running = BackfillState::Running;

@@ -20,7 +20,7 @@ pub enum Take {
     /// Slots are held by tries whose owner is gone but whose process groups (on this host) may
     /// still run: they must be killed before their slots are free, or the pool would run more
     /// than its size.
-    Kill(Vec<crate::process::Group>),
+    Kill(Vec<crate::liveness::Group>),
 }
 
 /// Takes a slot of `pool` (of `size`) for try `try_id` if one is free; records that the try
@@ -75,7 +75,7 @@ type Holder = (
 /// gone and whose process group is gone too (or cannot be checked from here, being on another
 /// host: then the slot stays until that backfill is recovered). Returns the process groups of
 /// gone owners' tries that still run here: the caller kills them, then asks again.
-fn free_dead(conn: &Connection, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate::process::Group>> {
+fn free_dead(conn: &Connection, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate::liveness::Group>> {
     let holders: Vec<Holder> = conn
         .prepare_cached(
             "SELECT s.try_id, t.state, t.pgid, t.pgid_start, t.host, b.state, b.owner_pid,
@@ -108,10 +108,10 @@ fn free_dead(conn: &Connection, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate:
             let gone = match pgid {
                 None => true,
                 Some(pgid) => {
-                    let group = crate::process::Group { pgid, leader_start };
+                    let group = crate::liveness::Group { pgid, leader_start };
                     if !ctx.is_here(try_host.as_deref()) {
                         false
-                    } else if crate::process::group_alive(group) {
+                    } else if ctx.here.group_alive(group) {
                         survivors.push(group);
                         false
                     } else {

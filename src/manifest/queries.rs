@@ -17,6 +17,23 @@ fn ms_to_rfc3339(ms: i64) -> String {
         .unwrap_or_default()
 }
 
+/// What a task's gate gives for an interval's source.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Seen {
+    pub source_rows: Option<i64>,
+    pub source_fingerprint: Option<String>,
+}
+
+/// What the tries of an interval's latest run recorded, when that run succeeded: its interval
+/// and, per task, what the gate saw of the source.
+pub type Recorded = std::collections::BTreeMap<
+    i64,
+    (
+        crate::interval::DataInterval,
+        std::collections::HashMap<String, Seen>,
+    ),
+>;
+
 /// A log path, when its file exists: a try that printed nothing leaves none.
 fn existing(log: Option<String>) -> Option<String> {
     log.filter(|p| std::path::Path::new(p).exists())
@@ -242,10 +259,6 @@ pub struct BackfillDetail {
     #[serde(flatten)]
     pub backfill: BackfillSummary,
     pub interval_details: Vec<IntervalDetail>,
-    /// What the kept versions of the DAG's SQL targets cost (for rollback), when the project
-    /// is at hand.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kept_versions: Option<Vec<crate::warehouse::versions::Storage>>,
     /// The first backfill of a cascade: its downstream backfills, in the order they ran.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cascade_backfills: Option<Vec<BackfillDetail>>,
@@ -436,7 +449,6 @@ pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
     Ok(Some(BackfillDetail {
         backfill: summary(b, counts),
         interval_details: out,
-        kept_versions: None,
         cascade_backfills: None,
     }))
 }
@@ -580,12 +592,7 @@ pub fn runs(conn: &Connection, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<Run
 
 /// What the succeeded tries of each interval's latest run recorded about the source, for the
 /// intervals of a DAG starting in `[lo, hi]` whose latest run succeeded.
-pub fn recorded_sources(
-    conn: &Connection,
-    dag_id: &str,
-    lo: i64,
-    hi: i64,
-) -> Result<crate::probe::Recorded> {
+pub fn recorded_sources(conn: &Connection, dag_id: &str, lo: i64, hi: i64) -> Result<Recorded> {
     let mut stmt = conn.prepare(&format!(
         "SELECT r.interval_start, r.interval_end, t.task_id, t.source_rows, t.source_fingerprint
          FROM runs r
@@ -599,7 +606,7 @@ pub fn recorded_sources(
         crate::manifest::NOT_COMPUTING
     ))?;
     let mut rows = stmt.query(params![dag_id, lo, hi])?;
-    let mut out = crate::probe::Recorded::new();
+    let mut out = Recorded::new();
     while let Some(r) = rows.next()? {
         let (start, end): (i64, i64) = (r.get(0)?, r.get(1)?);
         let entry = out
@@ -608,7 +615,7 @@ pub fn recorded_sources(
         if let Some(task) = r.get::<_, Option<String>>(2)? {
             entry.1.insert(
                 task,
-                crate::probe::Seen {
+                Seen {
                     source_rows: r.get(3)?,
                     source_fingerprint: r.get(4)?,
                 },

@@ -8,7 +8,7 @@ use super::Result;
 use super::backfills::{Fenced, Owner};
 use super::leases;
 use crate::interval::DataInterval;
-use crate::process::Group;
+use crate::liveness::Group;
 use crate::state::{RunState, TryState};
 
 /// Records that an interval's run started and names it in the interval's lease; returns the run

@@ -53,13 +53,29 @@ impl Program {
     }
 }
 
-/// A process group as recorded in the manifest: the group id and its leader's start time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Group {
-    pub pgid: i64,
-    /// Clock ticks since boot at which the leader started (`/proc/PID/stat` field 22); `None`
-    /// when unknown (a manifest written before it was recorded).
-    pub leader_start: Option<i64>,
+pub use crate::liveness::Group;
+
+/// This host's processes, as the manifest's lease judgements see them.
+#[derive(Debug)]
+pub struct Local;
+
+/// The one [`Local`], handed to lease contexts.
+pub static LOCAL: Local = Local;
+
+impl crate::liveness::Host for Local {
+    fn name(&self) -> String {
+        nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "localhost".to_string())
+    }
+
+    fn pid_alive(&self, pid: i64) -> bool {
+        pid_alive(pid)
+    }
+
+    fn group_alive(&self, group: Group) -> bool {
+        group_alive(group)
+    }
 }
 
 /// A try's process, forked and waiting at its gate. Dropped without [`Gated::release`] or

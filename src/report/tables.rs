@@ -13,6 +13,7 @@ use crate::interval::Rfc3339;
 use crate::manifest::queries::{BackfillDetail, BackfillSummary, RunHistory};
 use crate::plan::{Action, PlanRow};
 use crate::project::{Dag, TaskKind};
+use crate::warehouse::versions::Storage;
 
 pub use out::json as print_json;
 
@@ -407,9 +408,26 @@ pub fn print_list(
     t.print()
 }
 
-pub fn print_show(detail: &BackfillDetail, labels: &Labeler, json: bool) -> Result<(), Error> {
+pub fn print_show(
+    detail: &BackfillDetail,
+    kept_versions: Option<&[Storage]>,
+    labels: &Labeler,
+    json: bool,
+) -> Result<(), Error> {
     if json {
-        return out::json(detail);
+        /// The document of `show --output json`: the backfill, and what the kept versions of
+        /// its DAG's SQL targets cost (for rollback) when the project is at hand.
+        #[derive(serde::Serialize)]
+        struct Show<'a> {
+            #[serde(flatten)]
+            detail: &'a BackfillDetail,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            kept_versions: Option<&'a [Storage]>,
+        }
+        return out::json(&Show {
+            detail,
+            kept_versions,
+        });
     }
     let b = &detail.backfill;
     let c = &b.intervals;
@@ -505,10 +523,9 @@ pub fn print_show(detail: &BackfillDetail, labels: &Labeler, json: bool) -> Resu
         );
     }
     t.print()?;
-    for k in detail
-        .kept_versions
+    for k in kept_versions
+        .unwrap_or_default()
         .iter()
-        .flatten()
         .filter(|k| k.versions > 0)
     {
         out::data(&format!(

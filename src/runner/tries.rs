@@ -331,7 +331,8 @@ async fn take_slot(
     stop: &mut watch::Receiver<Stop>,
 ) -> Result<bool, Error> {
     let size = shared.spec.pools.get(pool).copied().unwrap_or(1);
-    let ctx = crate::manifest::leases::LeaseCtx::new(shared.spec.lease_timeout);
+    let ctx =
+        crate::manifest::leases::LeaseCtx::new(shared.spec.lease_timeout, &crate::process::LOCAL);
     let owner = shared.spec.owner;
     let mut waiting = false;
     let got = loop {

@@ -67,7 +67,8 @@ pub fn plan_member(
         .filter(|u| !backfill_of.contains_key(*u))
         .collect();
     if !outside.is_empty() && !intervals.is_empty() {
-        let ctx = crate::manifest::leases::LeaseCtx::new(project.lease_timeout);
+        let ctx =
+            crate::manifest::leases::LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL);
         for u in outside {
             if let Some(up) = dags.iter().find(|x| &x.id == u) {
                 upstream.extend(

@@ -19,7 +19,7 @@ use crate::exit::{self, Error};
 use crate::interval::DataInterval;
 use crate::manifest::backfills::{self, Heartbeat};
 use crate::manifest::writer::Writer;
-use crate::manifest::{self, Owner, leases};
+use crate::manifest::{self, Owner};
 use crate::project::{Dag, Project};
 use crate::report::{self, Reporter};
 use crate::runner::{self, Event, RunSpec, Stop};
@@ -104,7 +104,7 @@ fn run(g: &Global, project: &Project, e: Execution, writer: &Writer) -> Result<E
         project_root: project.root.clone(),
         logs_dir: project.logs_dir.clone(),
         manifest_path: writer.path().to_path_buf(),
-        host: leases::hostname(),
+        host: crate::liveness::Host::name(&crate::process::LOCAL),
         max_active_runs: e.max_active_runs as usize,
         intervals: e.intervals,
         allow_drift: e.allow_drift,

@@ -38,7 +38,7 @@ pub fn dry_plan(
     changed: &HashSet<i64>,
     max_active_runs: u32,
 ) -> Result<(Vec<PlanRow>, crate::estimate::Estimate), Error> {
-    let ctx = LeaseCtx::new(project.lease_timeout);
+    let ctx = LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL);
     let conn = manifest::open_if_exists(manifest_path)?;
     let (prior, before) = match &conn {
         Some(conn) => {
@@ -139,7 +139,7 @@ pub fn launch(
         mode,
     } = l;
     let manifest_path = g.manifest_path(Some(project))?;
-    let ctx = LeaseCtx::new(project.lease_timeout);
+    let ctx = LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL);
     let max_active_runs = request.max_active_runs;
     let allow_drift = request.allow_drift;
     let max_failures = request.max_failures;

@@ -81,7 +81,7 @@ pub fn resume_found(
         manifest::open(manifest_path, project.durability)?,
         manifest_path,
     )?;
-    let ctx = LeaseCtx::new(project.lease_timeout);
+    let ctx = LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL);
     let dags = Dags::of(project);
     let Some(taken) = recovery::take_over(&writer, id, &ctx)? else {
         let current = manifest::backfills::get(&manifest::open_read_only(manifest_path)?, id)

@@ -200,6 +200,28 @@ fn bad_input_exits_2_names_the_problem_and_writes_nothing() {
                 "--dag",
                 "good",
                 "--from",
+                "2026-09-31",
+                "--to",
+                "2026-10-02",
+            ]),
+            "cannot read `2026-09-31` as a time: September has 30 days",
+        ),
+        (
+            create(&[
+                "--dag",
+                "good",
+                "--from",
+                "2026-02-01",
+                "--to",
+                "2026-02-29",
+            ]),
+            "cannot read `2026-02-29` as a time: 2026 is not a leap year: February 2026 has 28 days",
+        ),
+        (
+            create(&[
+                "--dag",
+                "good",
+                "--from",
                 "2026-01-01T10:00",
                 "--to",
                 "2026-01-01T20:00",

@@ -673,9 +673,14 @@ fn command_spec(
     errs: &mut FileErrors<'_>,
 ) -> Option<CommandSpec> {
     let mut ok = true;
-    let mut check = |errs: &mut FileErrors<'_>, offset: usize, text: &str| {
-        if let Err(e) = template::check(text) {
-            errs.at_offset(offset, format!("key `{key}`: {e}"));
+    // Each mistake at its place in the string as written (`span` is the string's token).
+    let mut check = |errs: &mut FileErrors<'_>, span: std::ops::Range<usize>, text: &str| {
+        if let Err(found) = template::check(text) {
+            let token = errs.text.get(span.clone()).unwrap_or_default();
+            for e in found {
+                let offset = span.start + super::diagnostics::token_offset(token, e.offset);
+                errs.at_offset(offset, format!("key `{key}`: {}", e.message));
+            }
             ok = false;
         }
     };
@@ -701,7 +706,7 @@ fn command_spec(
                 Some(_) => {}
             }
             for arg in v {
-                check(errs, arg.span().start, arg.get_ref());
+                check(errs, arg.span(), arg.get_ref());
             }
             CommandSpec::Argv(v.iter().map(|a| a.get_ref().clone()).collect())
         }
@@ -713,7 +718,7 @@ fn command_spec(
             return None;
         }
         RawCommand::Shell(s) => {
-            check(errs, c.span().start, s);
+            check(errs, c.span(), s);
             CommandSpec::Shell(s.clone())
         }
     };

@@ -33,6 +33,72 @@ pub(crate) fn location(file: &str, text: &str, offset: usize) -> String {
     format!("{file}:{line}:{col}")
 }
 
+/// The byte offset in a TOML string token as written (`"..."`, `'...'`, `"""..."""` or
+/// `'''...'''`, delimiters included) of byte `offset` of the string's value: past the opening
+/// delimiter and the newline that may follow a multi-line one, through escapes (`\"`, `\n`,
+/// `\u00e9`) and line-ending backslashes. An offset past the value gives the token's end.
+pub(crate) fn token_offset(token: &str, offset: usize) -> usize {
+    let (open, basic, multi) = if token.starts_with("\"\"\"") {
+        (3, true, true)
+    } else if token.starts_with("'''") {
+        (3, false, true)
+    } else {
+        (1, token.starts_with('"'), false)
+    };
+    let b = token.as_bytes();
+    let mut raw = open.min(b.len());
+    if multi {
+        if b[raw..].starts_with(b"\r\n") {
+            raw += 2;
+        } else if b[raw..].starts_with(b"\n") {
+            raw += 1;
+        }
+    }
+    let mut value = 0;
+    while raw < b.len() {
+        let escape = basic && b[raw] == b'\\';
+        if escape && b.get(raw + 1).is_some_and(u8::is_ascii_whitespace) {
+            // A line-ending backslash: the newline and the blanks after it are not in the value.
+            raw += 1;
+            while raw < b.len() && b[raw].is_ascii_whitespace() {
+                raw += 1;
+            }
+            continue;
+        }
+        if value >= offset {
+            break;
+        }
+        if !escape {
+            let len = token
+                .get(raw..)
+                .and_then(|t| t.chars().next())
+                .map_or(1, char::len_utf8);
+            raw += len;
+            value += len;
+            continue;
+        }
+        let escape = b.get(raw + 1).copied().unwrap_or(b'\\');
+        let hex = match escape {
+            b'x' => 2,
+            b'u' => 4,
+            b'U' => 8,
+            _ => 0,
+        };
+        if hex > 0 {
+            let code = token
+                .get(raw + 2..raw + 2 + hex)
+                .and_then(|h| u32::from_str_radix(h, 16).ok())
+                .and_then(char::from_u32);
+            raw += 2 + hex;
+            value += code.map_or(1, char::len_utf8);
+        } else {
+            raw += 2;
+            value += 1;
+        }
+    }
+    raw.min(b.len())
+}
+
 /// The line and column of a `file:line:col` location, for ordering; `(0, 0)` without them.
 pub(crate) fn line_col(location: &str) -> (usize, usize) {
     let mut parts = location.rsplitn(3, ':');
@@ -233,6 +299,25 @@ mod tests {
         assert_eq!(location("f.toml", text, 999), "f.toml:3:1");
         assert_eq!(line_col("dags/a.toml:12:3"), (12, 3));
         assert_eq!(line_col("dags/a.toml"), (0, 0));
+    }
+
+    #[test]
+    fn offsets_in_a_string_value_map_to_the_token_as_written() {
+        // The value, the token, and a byte of the value with the byte of the token it is at.
+        for (token, value_at, token_at) in [
+            ("\"abc\"", 1, 2),
+            ("'a\\b'", 2, 3),
+            ("\"a\\\"b\"", 2, 4),
+            ("\"\\u00e9x\"", 2, 7),
+            ("\"\\tx\"", 1, 3),
+            ("\"\"\"\nab\ncd\"\"\"", 3, 7),
+            ("\"\"\"\r\nab\"\"\"", 1, 6),
+            ("\"\"\"ab \\\n   cd\"\"\"", 3, 11),
+            ("'''\na\\nb'''", 3, 7),
+            ("\"ab\"", 9, 4),
+        ] {
+            assert_eq!(token_offset(token, value_at), token_at, "{token:?}");
+        }
     }
 
     #[test]

@@ -400,6 +400,31 @@ fn dags_validate_lists_every_error_and_exits_2() {
 }
 
 #[test]
+fn a_template_typo_in_a_multi_line_command_points_at_its_line_once() {
+    let p = Project::new().dag(
+        "typo",
+        "schedule = \"@daily\"\n\n[[tasks]]\nid = \"a\"\ncommand = \"\"\"\necho start\necho {{ dss }}\necho end\n\"\"\"\n",
+    );
+    let expected = "error: dags/typo.toml:7:9: key `command`: unknown template variable `dss`; did you mean `ds`?";
+    let create = [
+        "create",
+        "--dag",
+        "typo",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+    ];
+    for args in [&["dags", "validate"][..], &create] {
+        let out = p.run(args);
+        out.code(2).stderr_has(expected);
+        assert_eq!(out.stderr.matches("error:").count(), 1, "{}", out.stderr);
+        assert!(!out.stderr.contains("echo start"), "{}", out.stderr);
+    }
+    assert!(!p.manifest_path().exists());
+}
+
+#[test]
 fn no_project_is_a_usage_error() {
     let dir = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_backfill"))

@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono_tz::Tz;
 use toml::Spanned;
 
-use super::diagnostics::{ConfigError, FileErrors, closest, parse_duration};
+use super::diagnostics::{ConfigError, FileErrors, StringAt, closest, parse_duration};
 use super::raw::{RawCommand, RawDag, RawGate, RawTask};
 use super::{Warehouse, sql_identifier};
 use crate::schedule::Schedule;
@@ -141,12 +141,14 @@ pub struct TaskLocations {
     pub command: Option<String>,
     /// `publish`, when the task has one.
     pub publish: Option<String>,
-    /// `gate.source_count`, when it is a command.
+    /// `gate.source_count`, when the gate has one (a command, or a query of a SQL task).
     pub source_count: Option<String>,
-    /// `gate.source_fingerprint`, when it is a command.
+    /// `gate.source_fingerprint`, when the gate has one.
     pub source_fingerprint: Option<String>,
     /// `target`, for a SQL task.
     pub target: Option<String>,
+    /// `sql`, for a SQL task: places inside the query too.
+    pub sql: Option<StringAt>,
     /// `pool`, when the task has one.
     pub pool: Option<String>,
 }
@@ -636,19 +638,22 @@ fn load_task(
             .gate
             .as_ref()
             .and_then(|g| g.get_ref().source_count.as_ref())
-            .filter(|_| !is_sql)
             .map(|c| errs.location(c.span().start)),
         source_fingerprint: t
             .gate
             .as_ref()
             .and_then(|g| g.get_ref().source_fingerprint.as_ref())
-            .filter(|_| !is_sql)
             .map(|c| errs.location(c.span().start)),
         target: t
             .target
             .as_ref()
             .filter(|_| is_sql)
             .map(|c| errs.location(c.span().start)),
+        sql: t
+            .sql
+            .as_ref()
+            .filter(|_| is_sql)
+            .map(|s| StringAt::new(errs, s.span())),
         pool: t.pool.as_ref().map(|p| errs.location(p.span().start)),
     };
     Some(Task {

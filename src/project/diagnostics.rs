@@ -33,6 +33,50 @@ pub(crate) fn location(file: &str, text: &str, offset: usize) -> String {
     format!("{file}:{line}:{col}")
 }
 
+/// Where a string value is written in its file, to point at a place inside the value (a
+/// mistake in a multi-line `sql` or `command`) as `file:line:col`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StringAt {
+    file: String,
+    /// Line and column (1-based, in characters) of the token's first character.
+    line: usize,
+    col: usize,
+    /// The string's token as written, delimiters included.
+    token: String,
+}
+
+impl StringAt {
+    /// The string token at `span` of a file.
+    pub(crate) fn new(errs: &FileErrors<'_>, span: std::ops::Range<usize>) -> Self {
+        let (line, col) = line_col(&errs.location(span.start));
+        Self {
+            file: errs.file.to_string(),
+            line,
+            col,
+            token: errs.text.get(span).unwrap_or_default().to_string(),
+        }
+    }
+
+    /// `file:line:col` of the value's start (its opening delimiter).
+    pub fn start(&self) -> String {
+        format!("{}:{}:{}", self.file, self.line, self.col)
+    }
+
+    /// `file:line:col` of byte `offset` of the value.
+    pub fn at(&self, offset: usize) -> String {
+        let raw = token_offset(&self.token, offset);
+        let before = self.token.get(..raw).unwrap_or_default();
+        let (line, col) = match before.rsplit_once('\n') {
+            Some((above, last)) => (
+                self.line + above.matches('\n').count() + 1,
+                last.chars().count() + 1,
+            ),
+            None => (self.line, self.col + before.chars().count()),
+        };
+        format!("{}:{line}:{col}", self.file)
+    }
+}
+
 /// The byte offset in a TOML string token as written (`"..."`, `'...'`, `"""..."""` or
 /// `'''...'''`, delimiters included) of byte `offset` of the string's value: past the opening
 /// delimiter and the newline that may follow a multi-line one, through escapes (`\"`, `\n`,
@@ -318,6 +362,21 @@ mod tests {
         ] {
             assert_eq!(token_offset(token, value_at), token_at, "{token:?}");
         }
+    }
+
+    #[test]
+    fn a_place_in_a_string_value_has_its_own_line_and_column() {
+        let text = "sql = \"\"\"\nSELECT 1\n  FROM \\\"t\\\"\n\"\"\"\n";
+        let errs = FileErrors::new("f.toml", text);
+        let start = text.find("\"\"\"").unwrap();
+        let end = text.rfind("\"\"\"").unwrap() + 3;
+        let at = StringAt::new(&errs, start..end);
+        assert_eq!(at.start(), "f.toml:1:7");
+        assert_eq!(at.at(0), "f.toml:2:1");
+        // `"t"` is written `\"t\"`: the value's `t` is the file's 10th character.
+        assert_eq!(at.at("SELECT 1\n  FROM \"".len()), "f.toml:3:10");
+        let one_line = FileErrors::new("f.toml", "sql = \"SELECT x\"");
+        assert_eq!(StringAt::new(&one_line, 6..16).at(7), "f.toml:1:15");
     }
 
     #[test]

@@ -19,8 +19,8 @@ pub use dag::{
     CommandSpec, Dag, Gate, Notify, SourceCount, SqlTask, Task, TaskKind, TaskLocations,
     missing_conf,
 };
-pub use diagnostics::ConfigError;
 pub(crate) use diagnostics::closest;
+pub use diagnostics::{ConfigError, StringAt};
 
 use crate::manifest::Durability;
 use dag::DagFile;

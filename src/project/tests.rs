@@ -86,6 +86,7 @@ command = ["echo", "{{ data_interval_start }}", "{{ conf.region }}"]
             source_count: None,
             source_fingerprint: None,
             target: None,
+            sql: None,
             pool: None,
         }
     );
@@ -342,6 +343,15 @@ tolerance = 1
     .unwrap();
     let t = &dag.tasks[0];
     assert_eq!(t.locations.target.as_deref(), Some("dags/demo.toml:5:10"));
+    let sql = t.locations.sql.as_ref().map(|s| (s.start(), s.at(7)));
+    assert_eq!(
+        sql,
+        Some(("dags/demo.toml:7:7".into(), "dags/demo.toml:7:15".into()))
+    );
+    assert_eq!(
+        t.locations.source_count.as_deref(),
+        Some("dags/demo.toml:10:16")
+    );
     assert_eq!(t.locations.command, None);
     assert_eq!(t.gate.as_ref().map(|g| g.tolerance), Some(1.0));
 

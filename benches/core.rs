@@ -187,6 +187,7 @@ fn gate_checks(c: &mut Criterion) {
     let measures = Measures {
         rows: 3000,
         outside: Some(0),
+        outside_values: Vec::new(),
         duplicate_keys: Some(0),
         source: Some(3000),
         published: Some(2990),

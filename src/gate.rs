@@ -23,6 +23,9 @@ pub struct Measures {
     pub rows: i64,
     /// Rows whose partition column lies outside the interval (SQL tasks).
     pub outside: Option<i64>,
+    /// Distinct partition values outside the interval as messages show them (`NULL`, `'x'`),
+    /// in the order found: up to [`SHOWN`], and one more when there are others.
+    pub outside_values: Vec<String>,
     /// Values of the unique key that occur more than once (SQL tasks with `unique_key`).
     pub duplicate_keys: Option<i64>,
     /// Source rows of the interval, when the gate has a `source_count`.
@@ -32,6 +35,9 @@ pub struct Measures {
     /// Why the output's partition values are not of one representation (SQL tasks).
     pub mixed: Option<String>,
 }
+
+/// How many partition values outside the interval a rejection shows.
+pub const SHOWN: usize = 3;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Rules {
@@ -86,6 +92,15 @@ fn relative(a: i64, base: i64) -> f64 {
     (i128::from(a) - i128::from(base)).abs() as f64 / base as f64
 }
 
+/// `: v1, v2, v3` (and `, ...` when there are others), or nothing without values.
+fn shown(values: &[String]) -> String {
+    if values.is_empty() {
+        return String::new();
+    }
+    let more = if values.len() > SHOWN { ", ..." } else { "" };
+    format!(": {}{more}", values[..values.len().min(SHOWN)].join(", "))
+}
+
 /// The counts a task or command reported, checked before any verdict: `Err` says why the try
 /// failed.
 pub fn check_counts(m: &Measures) -> Result<(), String> {
@@ -116,9 +131,10 @@ fn verdict(m: &Measures, r: &Rules) -> Verdict {
     }
     if let Some(n) = m.outside.filter(|n| *n > 0) {
         return Verdict::Reject(format!(
-            "row outside interval: {n} of {} {} a partition value outside the interval",
+            "row outside interval: {n} of {} {} a partition value outside the interval{}",
             plural(m.rows, "row", "rows"),
-            if n == 1 { "has" } else { "have" }
+            if n == 1 { "has" } else { "have" },
+            shown(&m.outside_values)
         ));
     }
     if let Some(n) = m.duplicate_keys.filter(|n| *n > 0) {
@@ -197,6 +213,7 @@ mod tests {
         Measures {
             rows,
             outside: Some(0),
+            outside_values: Vec::new(),
             duplicate_keys: Some(0),
             source: Some(rows),
             published: None,
@@ -236,6 +253,7 @@ mod tests {
         let all_wrong = Measures {
             rows: 0,
             outside: Some(3),
+            outside_values: Vec::new(),
             duplicate_keys: Some(2),
             source: Some(50),
             published: Some(100),
@@ -254,6 +272,37 @@ mod tests {
         assert_eq!(
             reason(judged(&zero, &RULES)),
             "zero rows while source has data (50 source rows)"
+        );
+    }
+
+    #[test]
+    fn a_rejection_shows_a_few_values_outside_the_interval() {
+        let outside = |n: i64, values: &[&str]| {
+            reason(judged(
+                &Measures {
+                    outside: Some(n),
+                    outside_values: values.iter().map(ToString::to_string).collect(),
+                    ..m(6)
+                },
+                &RULES,
+            ))
+        };
+        assert_eq!(
+            outside(1, &["NULL"]),
+            "row outside interval: 1 of 6 rows has a partition value outside the interval: NULL"
+        );
+        assert_eq!(
+            outside(4, &["NULL", "'2026-09-02'", "'x'"]),
+            "row outside interval: 4 of 6 rows have a partition value outside the interval: NULL, '2026-09-02', 'x'"
+        );
+        // A fourth value says that there are more than those shown.
+        assert_eq!(
+            outside(5, &["NULL", "'2026-09-02'", "'x'", "'y'"]),
+            "row outside interval: 5 of 6 rows have a partition value outside the interval: NULL, '2026-09-02', 'x', ..."
+        );
+        assert_eq!(
+            outside(2, &[]),
+            "row outside interval: 2 of 6 rows have a partition value outside the interval"
         );
     }
 
@@ -335,6 +384,7 @@ mod tests {
         let command_task = Measures {
             rows: 10,
             outside: None,
+            outside_values: Vec::new(),
             duplicate_keys: None,
             source: None,
             published: None,

@@ -146,6 +146,9 @@ pub enum RangeError {
         "cannot read `{input}` as a time: {reason}; use 2026-09-01, 2026-09-01T06:00, an RFC 3339 instant, today, yesterday, today-7d or now-6h"
     )]
     BadWhen { input: String, reason: String },
+    /// Written as a date, but no such day is in the calendar (`2026-09-31`).
+    #[error("cannot read `{input}` as a time: {reason}")]
+    NoSuchDay { input: String, reason: String },
     #[error("--from {from} is after --to {to}; swap them or pick a later --to")]
     FromAfterTo { from: String, to: String },
     #[error(
@@ -260,7 +263,56 @@ pub fn parse_when(input: &str, now: DateTime<Utc>, tz: Tz) -> Result<When, Range
             return Ok(When::Local(t));
         }
     }
+    if let Some(reason) = no_such_day(s) {
+        return Err(RangeError::NoSuchDay {
+            input: input.to_string(),
+            reason,
+        });
+    }
     Err(bad("not a date, a datetime or a relative time"))
+}
+
+/// Why text that starts like a date (`YYYY-MM-DD`, alone or before a time) names no day of the
+/// calendar: the month does not exist, or the day is past the month's end. `None` when the
+/// date part is a day of the calendar, or does not look like a date at all.
+fn no_such_day(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let shaped = b.len() >= 10
+        && b[..4].iter().all(u8::is_ascii_digit)
+        && b[4] == b'-'
+        && b[5..7].iter().all(u8::is_ascii_digit)
+        && b[7] == b'-'
+        && b[8..10].iter().all(u8::is_ascii_digit)
+        && matches!(b.get(10), None | Some(b'T' | b' '));
+    if !shaped {
+        return None;
+    }
+    let year: i32 = s[..4].parse().ok()?;
+    let month: u32 = s[5..7].parse().ok()?;
+    let day: u32 = s[8..10].parse().ok()?;
+    let Some(named) = u8::try_from(month)
+        .ok()
+        .and_then(|m| chrono::Month::try_from(m).ok())
+    else {
+        return Some(format!(
+            "there is no month {month:02}; months run from 01 to 12"
+        ));
+    };
+    if day == 0 {
+        return Some("there is no day 00; days run from 01".to_string());
+    }
+    let days = named.num_days(year)?;
+    if day <= u32::from(days) {
+        return None;
+    }
+    let name = named.name();
+    Some(match (month, days) {
+        (2, 28) if day == 29 => {
+            format!("{year} is not a leap year: February {year} has 28 days")
+        }
+        (2, _) => format!("February {year} has {days} days"),
+        _ => format!("{name} has {days} days"),
+    })
 }
 
 /// Reads the `-Nd` / `+Nd` after `today`: `None` when it is not of that form, `Some(None)` when
@@ -585,6 +637,47 @@ mod tests {
             err.to_string(),
             "--from 2026-09-02 is after --to 2026-09-01; swap them or pick a later --to"
         );
+    }
+
+    #[test]
+    fn a_day_past_the_end_of_its_month_names_the_month_and_its_length() {
+        let now = utc("2026-11-29T12:00:00Z");
+        let message = |input: &str| parse_when(input, now, Tz::UTC).unwrap_err().to_string();
+        for (input, reason) in [
+            ("2026-09-31", "September has 30 days"),
+            ("2026-04-31T06:00", "April has 30 days"),
+            ("2026-01-32", "January has 31 days"),
+            (
+                "2026-02-29",
+                "2026 is not a leap year: February 2026 has 28 days",
+            ),
+            (
+                "1900-02-29 06:00:00",
+                "1900 is not a leap year: February 1900 has 28 days",
+            ),
+            ("2028-02-30", "February 2028 has 29 days"),
+            (
+                "2026-13-01",
+                "there is no month 13; months run from 01 to 12",
+            ),
+            (
+                "2026-00-10",
+                "there is no month 00; months run from 01 to 12",
+            ),
+            ("2026-09-00", "there is no day 00; days run from 01"),
+        ] {
+            assert_eq!(
+                message(input),
+                format!("cannot read `{input}` as a time: {reason}"),
+                "{input}"
+            );
+        }
+        // The last day of each month is a date, and a leap day in a leap year.
+        for input in ["2026-09-30", "2028-02-29", "2000-02-29", "2026-12-31T23:59"] {
+            assert!(parse_when(input, now, Tz::UTC).is_ok(), "{input}");
+        }
+        // Anything else that is not a date is still said to be so.
+        assert!(message("2026-09-3x").contains("not a date, a datetime or a relative time"));
     }
 
     #[test]

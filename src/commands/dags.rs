@@ -1,5 +1,6 @@
-//! `dags` lists the project's DAGs; `dags validate` checks every file, reports every error of
-//! every file (each with `file:line:column`), and exits 2 on any.
+//! `dags` lists the project's DAGs; `dags validate` checks every file and prepares every SQL
+//! task against its warehouse, reports every error of every file (each with
+//! `file:line:column`), and exits 2 on any.
 
 use crate::exit::{self, Error};
 use crate::report::{out, tables};
@@ -7,7 +8,10 @@ use crate::session::Global;
 
 pub fn run(g: &Global, validate: bool) -> Result<u8, Error> {
     let project = g.project()?;
-    let (dags, errors) = project.load_all();
+    let (dags, mut errors) = project.load_all();
+    if validate {
+        errors.extend(crate::warehouse::validate::sql_tasks(&dags));
+    }
     for e in &errors {
         out::note(&format!("error: {e}"));
     }

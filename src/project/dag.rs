@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono_tz::Tz;
 use toml::Spanned;
 
-use super::diagnostics::{ConfigError, FileErrors, parse_duration};
+use super::diagnostics::{ConfigError, FileErrors, StringAt, parse_duration};
 use super::raw::{RawCommand, RawDag, RawGate, RawTask};
 use super::{Warehouse, sql_identifier};
 use crate::schedule::Schedule;
@@ -142,12 +142,14 @@ pub struct TaskLocations {
     pub command: Option<String>,
     /// `publish`, when the task has one.
     pub publish: Option<String>,
-    /// `gate.source_count`, when it is a command.
+    /// `gate.source_count`, when the gate has one (a command, or a query of a SQL task).
     pub source_count: Option<String>,
-    /// `gate.source_fingerprint`, when it is a command.
+    /// `gate.source_fingerprint`, when the gate has one.
     pub source_fingerprint: Option<String>,
     /// `target`, for a SQL task.
     pub target: Option<String>,
+    /// `sql`, for a SQL task: places inside the query too.
+    pub sql: Option<StringAt>,
     /// `pool`, when the task has one.
     pub pool: Option<String>,
 }
@@ -637,19 +639,22 @@ fn load_task(
             .gate
             .as_ref()
             .and_then(|g| g.get_ref().source_count.as_ref())
-            .filter(|_| !is_sql)
             .map(|c| errs.location(c.span().start)),
         source_fingerprint: t
             .gate
             .as_ref()
             .and_then(|g| g.get_ref().source_fingerprint.as_ref())
-            .filter(|_| !is_sql)
             .map(|c| errs.location(c.span().start)),
         target: t
             .target
             .as_ref()
             .filter(|_| is_sql)
             .map(|c| errs.location(c.span().start)),
+        sql: t
+            .sql
+            .as_ref()
+            .filter(|_| is_sql)
+            .map(|s| StringAt::new(errs, s.span())),
         pool: t.pool.as_ref().map(|p| errs.location(p.span().start)),
     };
     Some(Task {
@@ -674,9 +679,14 @@ fn command_spec(
     errs: &mut FileErrors<'_>,
 ) -> Option<CommandSpec> {
     let mut ok = true;
-    let mut check = |errs: &mut FileErrors<'_>, offset: usize, text: &str| {
-        if let Err(e) = template::check(text) {
-            errs.at_offset(offset, format!("key `{key}`: {e}"));
+    // Each mistake at its place in the string as written (`span` is the string's token).
+    let mut check = |errs: &mut FileErrors<'_>, span: std::ops::Range<usize>, text: &str| {
+        if let Err(found) = template::check(text) {
+            let token = errs.text.get(span.clone()).unwrap_or_default();
+            for e in found {
+                let offset = span.start + super::diagnostics::token_offset(token, e.offset);
+                errs.at_offset(offset, format!("key `{key}`: {}", e.message));
+            }
             ok = false;
         }
     };
@@ -702,7 +712,7 @@ fn command_spec(
                 Some(_) => {}
             }
             for arg in v {
-                check(errs, arg.span().start, arg.get_ref());
+                check(errs, arg.span(), arg.get_ref());
             }
             CommandSpec::Argv(v.iter().map(|a| a.get_ref().clone()).collect())
         }
@@ -714,7 +724,7 @@ fn command_spec(
             return None;
         }
         RawCommand::Shell(s) => {
-            check(errs, c.span().start, s);
+            check(errs, c.span(), s);
             CommandSpec::Shell(s.clone())
         }
     };

@@ -33,6 +33,116 @@ pub(crate) fn location(file: &str, text: &str, offset: usize) -> String {
     format!("{file}:{line}:{col}")
 }
 
+/// Where a string value is written in its file, to point at a place inside the value (a
+/// mistake in a multi-line `sql` or `command`) as `file:line:col`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StringAt {
+    file: String,
+    /// Line and column (1-based, in characters) of the token's first character.
+    line: usize,
+    col: usize,
+    /// The string's token as written, delimiters included.
+    token: String,
+}
+
+impl StringAt {
+    /// The string token at `span` of a file.
+    pub(crate) fn new(errs: &FileErrors<'_>, span: std::ops::Range<usize>) -> Self {
+        let (line, col) = line_col(&errs.location(span.start));
+        Self {
+            file: errs.file.to_string(),
+            line,
+            col,
+            token: errs.text.get(span).unwrap_or_default().to_string(),
+        }
+    }
+
+    /// `file:line:col` of the value's start (its opening delimiter).
+    pub fn start(&self) -> String {
+        format!("{}:{}:{}", self.file, self.line, self.col)
+    }
+
+    /// `file:line:col` of byte `offset` of the value.
+    pub fn at(&self, offset: usize) -> String {
+        let raw = token_offset(&self.token, offset);
+        let before = self.token.get(..raw).unwrap_or_default();
+        let (line, col) = match before.rsplit_once('\n') {
+            Some((above, last)) => (
+                self.line + above.matches('\n').count() + 1,
+                last.chars().count() + 1,
+            ),
+            None => (self.line, self.col + before.chars().count()),
+        };
+        format!("{}:{line}:{col}", self.file)
+    }
+}
+
+/// The byte offset in a TOML string token as written (`"..."`, `'...'`, `"""..."""` or
+/// `'''...'''`, delimiters included) of byte `offset` of the string's value: past the opening
+/// delimiter and the newline that may follow a multi-line one, through escapes (`\"`, `\n`,
+/// `\u00e9`) and line-ending backslashes. An offset past the value gives the token's end.
+pub(crate) fn token_offset(token: &str, offset: usize) -> usize {
+    let (open, basic, multi) = if token.starts_with("\"\"\"") {
+        (3, true, true)
+    } else if token.starts_with("'''") {
+        (3, false, true)
+    } else {
+        (1, token.starts_with('"'), false)
+    };
+    let b = token.as_bytes();
+    let mut raw = open.min(b.len());
+    if multi {
+        if b[raw..].starts_with(b"\r\n") {
+            raw += 2;
+        } else if b[raw..].starts_with(b"\n") {
+            raw += 1;
+        }
+    }
+    let mut value = 0;
+    while raw < b.len() {
+        let escape = basic && b[raw] == b'\\';
+        if escape && b.get(raw + 1).is_some_and(u8::is_ascii_whitespace) {
+            // A line-ending backslash: the newline and the blanks after it are not in the value.
+            raw += 1;
+            while raw < b.len() && b[raw].is_ascii_whitespace() {
+                raw += 1;
+            }
+            continue;
+        }
+        if value >= offset {
+            break;
+        }
+        if !escape {
+            let len = token
+                .get(raw..)
+                .and_then(|t| t.chars().next())
+                .map_or(1, char::len_utf8);
+            raw += len;
+            value += len;
+            continue;
+        }
+        let escape = b.get(raw + 1).copied().unwrap_or(b'\\');
+        let hex = match escape {
+            b'x' => 2,
+            b'u' => 4,
+            b'U' => 8,
+            _ => 0,
+        };
+        if hex > 0 {
+            let code = token
+                .get(raw + 2..raw + 2 + hex)
+                .and_then(|h| u32::from_str_radix(h, 16).ok())
+                .and_then(char::from_u32);
+            raw += 2 + hex;
+            value += code.map_or(1, char::len_utf8);
+        } else {
+            raw += 2;
+            value += 1;
+        }
+    }
+    raw.min(b.len())
+}
+
 /// The line and column of a `file:line:col` location, for ordering; `(0, 0)` without them.
 pub(crate) fn line_col(location: &str) -> (usize, usize) {
     let mut parts = location.rsplitn(3, ':');
@@ -199,6 +309,40 @@ mod tests {
         assert_eq!(location("f.toml", text, 999), "f.toml:3:1");
         assert_eq!(line_col("dags/a.toml:12:3"), (12, 3));
         assert_eq!(line_col("dags/a.toml"), (0, 0));
+    }
+
+    #[test]
+    fn offsets_in_a_string_value_map_to_the_token_as_written() {
+        // The value, the token, and a byte of the value with the byte of the token it is at.
+        for (token, value_at, token_at) in [
+            ("\"abc\"", 1, 2),
+            ("'a\\b'", 2, 3),
+            ("\"a\\\"b\"", 2, 4),
+            ("\"\\u00e9x\"", 2, 7),
+            ("\"\\tx\"", 1, 3),
+            ("\"\"\"\nab\ncd\"\"\"", 3, 7),
+            ("\"\"\"\r\nab\"\"\"", 1, 6),
+            ("\"\"\"ab \\\n   cd\"\"\"", 3, 11),
+            ("'''\na\\nb'''", 3, 7),
+            ("\"ab\"", 9, 4),
+        ] {
+            assert_eq!(token_offset(token, value_at), token_at, "{token:?}");
+        }
+    }
+
+    #[test]
+    fn a_place_in_a_string_value_has_its_own_line_and_column() {
+        let text = "sql = \"\"\"\nSELECT 1\n  FROM \\\"t\\\"\n\"\"\"\n";
+        let errs = FileErrors::new("f.toml", text);
+        let start = text.find("\"\"\"").unwrap();
+        let end = text.rfind("\"\"\"").unwrap() + 3;
+        let at = StringAt::new(&errs, start..end);
+        assert_eq!(at.start(), "f.toml:1:7");
+        assert_eq!(at.at(0), "f.toml:2:1");
+        // `"t"` is written `\"t\"`: the value's `t` is the file's 10th character.
+        assert_eq!(at.at("SELECT 1\n  FROM \"".len()), "f.toml:3:10");
+        let one_line = FileErrors::new("f.toml", "sql = \"SELECT x\"");
+        assert_eq!(StringAt::new(&one_line, 6..16).at(7), "f.toml:1:15");
     }
 
     #[test]

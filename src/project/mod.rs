@@ -19,7 +19,7 @@ pub use dag::{
     CommandSpec, Dag, Gate, Notify, SourceCount, SqlTask, Task, TaskKind, TaskLocations,
     missing_conf,
 };
-pub use diagnostics::ConfigError;
+pub use diagnostics::{ConfigError, StringAt};
 
 use dag::DagFile;
 use diagnostics::{FileErrors, line_col, parse_duration};

@@ -86,6 +86,7 @@ command = ["echo", "{{ data_interval_start }}", "{{ conf.region }}"]
             source_count: None,
             source_fingerprint: None,
             target: None,
+            sql: None,
             pool: None,
         }
     );
@@ -126,7 +127,7 @@ fn errors_name_file_line_and_key() {
     );
     assert!(
         first_error("schedule = \"@daily\"\n[[tasks]]\nid = \"a\"\ncommand = \"echo {{ dss }}\"\n")
-            .contains("unknown template variable `dss` in `echo {{ dss }}`; did you mean `ds`?")
+            .starts_with("dags/demo.toml:4:20: key `command`: unknown template variable `dss`; did you mean `ds`?")
     );
     assert_eq!(
         first_error(&format!("{base}retries = \"2\"\n")),
@@ -141,8 +142,51 @@ fn errors_name_file_line_and_key() {
         first_error(
             "schedule = \"@daily\"\n[[tasks]]\nid = \"a\"\ncommand = [\"echo\", \"{{ nope }}\"]\n"
         )
-        .starts_with("dags/demo.toml:4:20: key `command`: unknown template variable `nope`")
+        .starts_with("dags/demo.toml:4:24: key `command`: unknown template variable `nope`")
     );
+}
+
+/// A template error points at the line of the mistake inside a multi-line command, and says
+/// what is wrong without repeating the command.
+#[test]
+fn a_template_error_points_at_its_line_inside_the_command() {
+    let dag = |command: &str| {
+        format!("schedule = \"@daily\"\n[[tasks]]\nid = \"a\"\ncommand = {command}\n")
+    };
+    let known = "known: ds, ds_nodash, data_interval_start, data_interval_end, dag_id, task_id, run_id, try_number, conf";
+    assert_eq!(
+        errors(&dag("\"\"\"\necho start\necho {{ dss }}\necho end\n\"\"\"")),
+        [format!(
+            "dags/demo.toml:6:9: key `command`: unknown template variable `dss`; did you mean `ds`? {known}"
+        )]
+    );
+    // Escapes and a line-ending backslash in a basic string, a literal string, two mistakes.
+    assert_eq!(
+        errors(&dag(
+            "\"\"\"\necho \\\"a\\\" \\\n   {{ dss }}\necho {{ ds }} \\t {{ try }}\n\"\"\""
+        )),
+        [
+            format!(
+                "dags/demo.toml:6:7: key `command`: unknown template variable `dss`; did you mean `ds`? {known}"
+            ),
+            format!("dags/demo.toml:7:21: key `command`: unknown template variable `try`; {known}"),
+        ]
+    );
+    assert_eq!(
+        errors(&dag(
+            "\'\'\'\nrun \\n\n  --day {{ ds }} {{ conf.x | upper }} {{ data_interval_stat }}\n\'\'\'"
+        )),
+        [format!(
+            "dags/demo.toml:6:42: key `command`: unknown template variable `data_interval_stat`; did you mean `data_interval_start`? {known}"
+        )]
+    );
+    // A syntax error points at its line.
+    let e = first_error(&dag("\"\"\"\necho start\necho {{ ds \n\"\"\""));
+    assert!(
+        e.starts_with("dags/demo.toml:6:1: key `command`: cannot read the template ("),
+        "{e}"
+    );
+    assert!(!e.contains("echo start"), "{e}");
 }
 
 #[test]
@@ -299,6 +343,15 @@ tolerance = 1
     .unwrap();
     let t = &dag.tasks[0];
     assert_eq!(t.locations.target.as_deref(), Some("dags/demo.toml:5:10"));
+    let sql = t.locations.sql.as_ref().map(|s| (s.start(), s.at(7)));
+    assert_eq!(
+        sql,
+        Some(("dags/demo.toml:7:7".into(), "dags/demo.toml:7:15".into()))
+    );
+    assert_eq!(
+        t.locations.source_count.as_deref(),
+        Some("dags/demo.toml:10:16")
+    );
     assert_eq!(t.locations.command, None);
     assert_eq!(t.gate.as_ref().map(|g| g.tolerance), Some(1.0));
 

@@ -74,6 +74,7 @@ fn judge_again(
     let measures = Measures {
         rows,
         outside: None,
+        outside_values: Vec::new(),
         duplicate_keys: None,
         source: s.source_rows,
         published,

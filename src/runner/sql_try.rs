@@ -182,6 +182,7 @@ pub(super) async fn sql_try(
     let gate_measures = Measures {
         rows: measures.rows,
         outside: Some(measures.outside),
+        outside_values: measures.outside_values.clone(),
         duplicate_keys: measures.duplicate_keys,
         source: measures.source,
         published,

@@ -257,6 +257,7 @@ async fn gated_command(
     let measures = Measures {
         rows,
         outside: None,
+        outside_values: Vec::new(),
         duplicate_keys: None,
         source,
         published,

@@ -115,37 +115,122 @@ fn has_template(text: &str) -> bool {
     text.contains("{{") || text.contains("{%")
 }
 
-/// Checks syntax and that only known names are used (at load time, before any run).
-pub fn check(text: &str) -> Result<(), String> {
+/// A mistake in a template, found before any run: what is wrong, and where in the template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateError {
+    /// Byte offset in the template of the mistake (of the line, for a syntax error).
+    pub offset: usize,
+    pub message: String,
+}
+
+/// Checks syntax and that only known names are used (at load time, before any run): every
+/// unknown name, each at its first use, in the order of the template. The messages do not
+/// repeat the template; the offsets say where the mistakes are.
+pub fn check(text: &str) -> Result<(), Vec<TemplateError>> {
     if !has_template(text) {
         return Ok(());
     }
     let env = environment();
     let template = env.template_from_str(text).map_err(|e| {
-        format!(
-            "cannot read the template `{text}` ({}); write names as {{{{ ds }}}} or {{{{ conf.KEY }}}}",
-            e.detail().unwrap_or("syntax error")
-        )
+        vec![TemplateError {
+            offset: line_start(text, e.line().unwrap_or(1)),
+            message: format!(
+                "cannot read the template ({}); write names as {{{{ ds }}}} or {{{{ conf.KEY }}}}",
+                e.detail().unwrap_or("syntax error")
+            ),
+        }]
     })?;
-    let mut unknown: Vec<String> = template
+    let mut errors: Vec<TemplateError> = template
         .undeclared_variables(false)
         .into_iter()
         .filter(|n| !NAMES.contains(&n.as_str()))
-        .collect();
-    unknown.sort();
-    match unknown.first() {
-        None => Ok(()),
-        Some(name) => {
-            let hint = match crate::suggest::closest(name, NAMES) {
+        .map(|name| {
+            let hint = match crate::suggest::closest(&name, NAMES) {
                 Some(near) => format!("did you mean `{near}`? "),
                 None => String::new(),
             };
-            Err(format!(
-                "unknown template variable `{name}` in `{text}`; {hint}known: {}",
-                NAMES.join(", ")
-            ))
-        }
+            TemplateError {
+                offset: first_use(text, &name).unwrap_or(0),
+                message: format!(
+                    "unknown template variable `{name}`; {hint}known: {}",
+                    NAMES.join(", ")
+                ),
+            }
+        })
+        .collect();
+    if errors.is_empty() {
+        return Ok(());
     }
+    errors.sort_by_key(|e| e.offset);
+    Err(errors)
+}
+
+/// The byte offset at which 1-based line `line` of `text` starts (the end, past its last line).
+fn line_start(text: &str, line: usize) -> usize {
+    if line <= 1 {
+        return 0;
+    }
+    text.match_indices('\n')
+        .nth(line - 2)
+        .map_or(text.len(), |(i, _)| i + 1)
+}
+
+/// The byte offset of the first use of variable `name` in a template: the name as a word inside
+/// `{{ ... }}` or `{% ... %}`, outside string literals and comments, and not an attribute
+/// (`conf.name`), a filter (`| name`) or a test (`is name`).
+fn first_use(text: &str, name: &str) -> Option<usize> {
+    let b = text.as_bytes();
+    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let mut i = 0;
+    while i + 1 < b.len() {
+        let close: &[u8] = match (b[i], b[i + 1]) {
+            (b'{', b'{') => b"}}",
+            (b'{', b'%') => b"%}",
+            (b'{', b'#') => b"#}",
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        let comment = b[i + 1] == b'#';
+        i += 2;
+        let mut prev: &[u8] = b"";
+        while i < b.len() && !b[i..].starts_with(close) {
+            let c = b[i];
+            if comment {
+                i += 1;
+            } else if c == b'"' || c == b'\'' {
+                i += 1;
+                while i < b.len() && b[i] != c {
+                    i += if b[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+                prev = b"\"";
+            } else if word(c) && !c.is_ascii_digit() {
+                let start = i;
+                while i < b.len() && word(b[i]) {
+                    i += 1;
+                }
+                let found = &b[start..i];
+                if found == name.as_bytes() && !matches!(prev, b"." | b"|" | b"is") {
+                    return Some(start);
+                }
+                prev = found;
+            } else if word(c) {
+                while i < b.len() && word(b[i]) {
+                    i += 1;
+                }
+                prev = b"0";
+            } else {
+                if !c.is_ascii_whitespace() {
+                    prev = &b[i..=i];
+                }
+                i += 1;
+            }
+        }
+        i += 2;
+    }
+    None
 }
 
 /// The `conf` keys a template uses, as dotted paths below `conf`: `{{ conf.region }}` gives
@@ -198,6 +283,7 @@ pub fn render_shell(text: &str, ctx: &Context<'_>) -> Result<String, String> {
 
 fn render_with(env: &Environment<'_>, text: &str, ctx: &Context<'_>) -> Result<String, String> {
     env.render_str(text, Value::from(Serde(ctx))).map_err(|e| {
+        let what = rendered(text, e.line());
         if e.kind() == ErrorKind::UndefinedError {
             let missing: Vec<String> = conf_keys(text)
                 .into_iter()
@@ -207,18 +293,30 @@ fn render_with(env: &Environment<'_>, text: &str, ctx: &Context<'_>) -> Result<S
             if !missing.is_empty() {
                 let verb = if missing.len() == 1 { "is" } else { "are" };
                 return format!(
-                    "cannot render `{text}`: {} {verb} undefined: --conf does not give it",
+                    "cannot render {what}: {} {verb} undefined: --conf does not give it",
                     missing.join(", ")
                 );
             }
-            return format!("cannot render `{text}`: it uses an undefined value");
+            return format!("cannot render {what}: it uses an undefined value");
         }
         let detail = e
             .detail()
             .map(str::to_string)
             .unwrap_or_else(|| e.kind().to_string());
-        format!("cannot render `{text}`: {detail}")
+        format!("cannot render {what}: {detail}")
     })
+}
+
+/// A template as a one-line message names it: the template itself when it is one line, else
+/// the line of the error, so that a message never spreads a long command over many lines.
+fn rendered(text: &str, line: Option<usize>) -> String {
+    if !text.trim_end().contains('\n') {
+        return format!("`{}`", text.trim_end());
+    }
+    match line.and_then(|n| Some((n, text.lines().nth(n.checked_sub(1)?)?))) {
+        Some((n, at)) => format!("line {n} of the template (`{}`)", at.trim()),
+        None => "the template".to_string(),
+    }
 }
 
 /// The value at a dotted path of `conf`.
@@ -264,16 +362,62 @@ mod tests {
                 .unwrap_err()
                 .contains("undefined")
         );
-        assert!(
-            check("{{ dss }}")
-                .unwrap_err()
-                .contains("unknown template variable `dss`")
+        assert_eq!(
+            check("{{ dss }}").unwrap_err()[0].message,
+            "unknown template variable `dss`; did you mean `ds`? known: ds, ds_nodash, data_interval_start, data_interval_end, dag_id, task_id, run_id, try_number, conf"
         );
         assert!(check("{{ ds ").is_err());
         assert!(check("{{ conf.anything }} {{ ds }}").is_ok());
         assert_eq!(
             render("{{ conf.region }}-{{ conf.db.host }}", &ctx(&conf)),
             Err("cannot render `{{ conf.region }}-{{ conf.db.host }}`: `conf.db.host`, `conf.region` are undefined: --conf does not give it".to_string())
+        );
+    }
+
+    #[test]
+    fn each_unknown_name_is_found_where_it_is_first_used() {
+        let offsets = |text: &str| -> Vec<(usize, String)> {
+            check(text)
+                .unwrap_err()
+                .into_iter()
+                .map(|e| {
+                    (
+                        e.offset,
+                        e.message.split(';').next().unwrap_or("").to_string(),
+                    )
+                })
+                .collect()
+        };
+        let text = "{# dss #} echo {{ 'dss' }} {{ \"d\\\"ss\" | dss }} {{ conf.dss }}\n{{ dss }} {% if x is dss %}{{ ds }}{% endif %}";
+        let at = text.find("{{ dss }}").unwrap() + 3;
+        let x = text.find("if x").unwrap() + 3;
+        assert_eq!(
+            offsets(text),
+            [
+                (at, "unknown template variable `dss`".to_string()),
+                (x, "unknown template variable `x`".to_string()),
+            ]
+        );
+        // A syntax error is at the start of its line.
+        let e = check("echo\n{{ ds }}\n{{ ds ").unwrap_err();
+        assert_eq!(e.len(), 1);
+        assert!(
+            e[0].message.starts_with("cannot read the template ("),
+            "{e:?}"
+        );
+        assert_eq!(e[0].offset, "echo\n{{ ds }}\n".len());
+    }
+
+    #[test]
+    fn a_multi_line_template_that_cannot_render_names_its_line_not_the_whole_text() {
+        let conf = serde_json::json!({});
+        assert_eq!(
+            render_shell("echo start\necho {{ ds | nosuch }}\necho end\n", &ctx(&conf)),
+            Err("cannot render line 2 of the template (`echo {{ ds | nosuch }}`): filter nosuch is unknown".to_string())
+        );
+        assert_eq!(
+            render("echo {{ ds | nosuch }}", &ctx(&conf)),
+            Err("cannot render `echo {{ ds | nosuch }}`: filter nosuch is unknown".to_string())
         );
     }
 

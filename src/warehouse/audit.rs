@@ -143,6 +143,9 @@ pub struct AuditMeasures {
     /// Rows whose partition value lies outside the interval (NULL included), or is not of the
     /// column's representation.
     pub outside: i64,
+    /// A few distinct partition values outside the interval, for the gate's message (see
+    /// [`crate::gate::Measures::outside_values`]).
+    pub outside_values: Vec<String>,
     pub duplicate_keys: Option<i64>,
     pub fingerprint: String,
     /// The representation of the output's partition values (`None` when it has no rows).
@@ -268,6 +271,9 @@ pub fn measure(
     const REPRS: [Repr; 4] = Repr::ALL;
     let bounds = REPRS.map(|r| r.bounds(binds.interval, tz));
     let mut inside = [0i64; 4];
+    // Values outside the interval of their own representation: when the output holds one
+    // representation (else the gate rejects it as mixed), those of the rows counted outside.
+    let mut outside_values: Vec<String> = Vec::new();
     let mut found = Classes::default();
     let mut stmt = conn.prepare(&format!("SELECT * FROM {TABLE}"))?;
     let column = stmt
@@ -317,6 +323,11 @@ pub fn measure(
             && of.contains(v, &bounds[i].0, &bounds[i].1)
         {
             inside[i] += 1;
+        } else if outside_values.len() <= crate::gate::SHOWN {
+            let shown = partition::show_short(v);
+            if !outside_values.contains(&shown) {
+                outside_values.push(shown);
+            }
         }
     }
     drop(rows);
@@ -361,9 +372,14 @@ pub fn measure(
         }
         _ => None,
     };
+    let outside = rows - inside;
+    if outside == 0 {
+        outside_values.clear();
+    }
     Ok(AuditMeasures {
         rows,
-        outside: rows - inside,
+        outside,
+        outside_values,
         duplicate_keys,
         fingerprint,
         repr,

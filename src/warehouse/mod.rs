@@ -16,6 +16,7 @@ pub mod init;
 pub mod partition;
 pub mod pool;
 pub mod publish;
+pub mod validate;
 pub mod versions;
 
 use std::path::{Path, PathBuf};
@@ -229,8 +230,11 @@ pub fn retry_busy_noting<R>(
 /// A SQL task's query as it runs: wrapped as a subquery on lines of its own, so that a trailing
 /// `-- comment` or `;` cannot swallow the closing parenthesis.
 pub fn wrapped_query(sql: &str) -> String {
-    format!("SELECT * FROM (\n{}\n)", strip(sql))
+    format!("{WRAPPED_BEFORE}{}\n)", strip(sql))
 }
+
+/// What [`wrapped_query`] puts before the task's query.
+const WRAPPED_BEFORE: &str = "SELECT * FROM (\n";
 
 /// A statement's text without surrounding blanks and trailing semicolons.
 pub fn strip(sql: &str) -> &str {
@@ -242,32 +246,59 @@ pub fn strip(sql: &str) -> &str {
 /// prepare (exactly as they will run), use only known bind parameters, and produce columns that
 /// the target table has.
 pub fn check_task(conn: &Connection, task: &SqlTask, gate: Option<&Gate>) -> Result<(), String> {
+    check_task_keys(conn, task, gate).map_err(|p| p.message)
+}
+
+/// What [`check_task`] found wrong, with the key it is about and, when SQLite points at a
+/// token of a query that does not prepare, that token's byte offset in the key's query.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskProblem {
+    /// `sql`, `target`, `gate.source_count` or `gate.source_fingerprint`.
+    pub key: &'static str,
+    pub offset: Option<usize>,
+    pub message: String,
+}
+
+/// [`check_task`], saying which key each problem is about.
+pub fn check_task_keys(
+    conn: &Connection,
+    task: &SqlTask,
+    gate: Option<&Gate>,
+) -> Result<(), TaskProblem> {
+    let problem = |key: &'static str| {
+        move |message: String| TaskProblem {
+            key,
+            offset: None,
+            message,
+        }
+    };
     let stmt = conn
         .prepare(&wrapped_query(&task.sql))
-        .map_err(|e| format!("key `sql` does not prepare: {e}"))?;
-    check_params(&stmt, "sql")?;
+        .map_err(|e| not_prepared("sql", &e, &task.sql, WRAPPED_BEFORE.len()))?;
+    check_params(&stmt, "sql").map_err(problem("sql"))?;
     let columns: Vec<String> = stmt.column_names().map(str::to_string).collect();
     drop(stmt);
-    let target_columns = table_columns(conn, "main", &task.target).map_err(|e| e.to_string())?;
+    let target_columns =
+        table_columns(conn, "main", &task.target).map_err(|e| problem("target")(e.to_string()))?;
     if target_columns.is_empty() {
-        return Err(format!(
+        return Err(problem("target")(format!(
             "target table `{}` does not exist in warehouse `{}`; create it in the warehouse's init files",
             task.target, task.warehouse.name
-        ));
+        )));
     }
     if !target_columns.contains(&task.partition_column) {
-        return Err(format!(
+        return Err(problem("target")(format!(
             "target table `{}` has no column `{}` (partition_column)",
             task.target, task.partition_column
-        ));
+        )));
     }
     for c in &columns {
         if !target_columns.contains(c) {
-            return Err(format!(
+            return Err(problem("sql")(format!(
                 "the query returns column `{c}`, which target table `{}` does not have (it has: {})",
                 task.target,
                 target_columns.join(", ")
-            ));
+            )));
         }
     }
     let mut needed = vec![&task.partition_column];
@@ -276,10 +307,10 @@ pub fn check_task(conn: &Connection, task: &SqlTask, gate: Option<&Gate>) -> Res
     }
     for c in needed {
         if !columns.contains(c) {
-            return Err(format!(
+            return Err(problem("sql")(format!(
                 "the query must return column `{c}` (partition_column or unique_key); it returns: {}",
                 columns.join(", ")
-            ));
+            )));
         }
     }
     let queries = gate.into_iter().flat_map(|g| {
@@ -294,13 +325,37 @@ pub fn check_task(conn: &Connection, task: &SqlTask, gate: Option<&Gate>) -> Res
         };
         let stmt = conn
             .prepare(&source_count_query(sql))
-            .map_err(|e| format!("key `{key}` does not prepare: {e}"))?;
-        check_params(&stmt, key)?;
+            .map_err(|e| not_prepared(key, &e, sql, 0))?;
+        check_params(&stmt, key).map_err(problem(key))?;
         if stmt.column_count() != 1 {
-            return Err(format!("key `{key}` must return exactly one column"));
+            return Err(problem(key)(format!(
+                "key `{key}` must return exactly one column"
+            )));
         }
     }
     Ok(())
+}
+
+/// A query of key `key` that does not prepare: SQLite's message without the statement it
+/// repeats, and the offset in `sql` of the token it points at (`before` is how many bytes
+/// precede the stripped query in the statement that was prepared).
+fn not_prepared(key: &'static str, e: &rusqlite::Error, sql: &str, before: usize) -> TaskProblem {
+    let (message, offset) = match e {
+        rusqlite::Error::SqlInputError { msg, offset, .. } => {
+            let lead = sql.len() - sql.trim_start().len();
+            let at = usize::try_from(*offset)
+                .ok()
+                .and_then(|o| o.checked_sub(before))
+                .map(|o| (o + lead).min(sql.trim_end().len()));
+            (msg.clone(), at)
+        }
+        other => (other.to_string(), None),
+    };
+    TaskProblem {
+        key,
+        offset,
+        message: format!("key `{key}` does not prepare: {message}"),
+    }
 }
 
 /// The source count query as it runs.

@@ -313,6 +313,23 @@ pub fn show(v: rusqlite::types::ValueRef<'_>) -> String {
     example(v).unwrap_or_default()
 }
 
+/// A value as a short message shows it: text longer than 40 characters is cut, with `...`.
+pub fn show_short(v: rusqlite::types::ValueRef<'_>) -> String {
+    const LONGEST: usize = 40;
+    match v {
+        rusqlite::types::ValueRef::Text(t) if t.len() > LONGEST => {
+            let text = String::from_utf8_lossy(t);
+            let cut: String = text.chars().take(LONGEST).collect();
+            if cut.len() < text.len() {
+                format!("'{cut}...'")
+            } else {
+                format!("'{text}'")
+            }
+        }
+        _ => show(v),
+    }
+}
+
 fn example(v: rusqlite::types::ValueRef<'_>) -> Option<String> {
     use rusqlite::types::ValueRef;
     Some(match v {

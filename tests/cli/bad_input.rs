@@ -200,6 +200,28 @@ fn bad_input_exits_2_names_the_problem_and_writes_nothing() {
                 "--dag",
                 "good",
                 "--from",
+                "2026-09-31",
+                "--to",
+                "2026-10-02",
+            ]),
+            "cannot read `2026-09-31` as a time: September has 30 days",
+        ),
+        (
+            create(&[
+                "--dag",
+                "good",
+                "--from",
+                "2026-02-01",
+                "--to",
+                "2026-02-29",
+            ]),
+            "cannot read `2026-02-29` as a time: 2026 is not a leap year: February 2026 has 28 days",
+        ),
+        (
+            create(&[
+                "--dag",
+                "good",
+                "--from",
                 "2026-01-01T10:00",
                 "--to",
                 "2026-01-01T20:00",
@@ -375,6 +397,89 @@ fn dags_validate_lists_every_error_and_exits_2() {
     for file in ["badcron", "badkey", "badtz", "cycle", "unknowndep"] {
         out.stderr_has(&format!("dags/{file}.toml:"));
     }
+}
+
+#[test]
+fn a_template_typo_in_a_multi_line_command_points_at_its_line_once() {
+    let p = Project::new().dag(
+        "typo",
+        "schedule = \"@daily\"\n\n[[tasks]]\nid = \"a\"\ncommand = \"\"\"\necho start\necho {{ dss }}\necho end\n\"\"\"\n",
+    );
+    let expected = "error: dags/typo.toml:7:9: key `command`: unknown template variable `dss`; did you mean `ds`?";
+    let create = [
+        "create",
+        "--dag",
+        "typo",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+    ];
+    for args in [&["dags", "validate"][..], &create] {
+        let out = p.run(args);
+        out.code(2).stderr_has(expected);
+        assert_eq!(out.stderr.matches("error:").count(), 1, "{}", out.stderr);
+        assert!(!out.stderr.contains("echo start"), "{}", out.stderr);
+    }
+    assert!(!p.manifest_path().exists());
+}
+
+/// A DAG file with one SQL task into `target` whose `sql` (from line 7) is `query`.
+fn sql_dag(target: &str, query: &str) -> String {
+    format!(
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"agg\"\nwarehouse = \"shop\"\ntarget = \"{target}\"\npartition_column = \"day\"\nsql = \"\"\"\n{query}\n\"\"\"\n"
+    )
+}
+
+const TABLES: &str = "CREATE TABLE raw (ts TEXT);\nCREATE TABLE daily_a (day TEXT, n INTEGER);\nCREATE TABLE daily_b (day TEXT, n INTEGER);\nCREATE TABLE daily_c (day TEXT, n INTEGER);\n";
+
+#[test]
+fn dags_validate_prepares_every_sql_task_against_its_fixture_warehouse() {
+    let p = Project::new()
+        .dag(
+            "good",
+            &sql_dag("daily_a", "SELECT date(ts) AS day, COUNT(*) AS n FROM raw\nWHERE ts >= :data_interval_start AND ts < :data_interval_end\nGROUP BY 1"),
+        )
+        .dag(
+            "missing",
+            &sql_dag("daily_b", "SELECT date(ts) AS day, COUNT(*) AS n\nFROM raw_orders\nGROUP BY 1"),
+        )
+        .dag(
+            "syntax",
+            &sql_dag("daily_c", "SELECT date(ts) AS day, COUNT(*) AS n\nFROM raw\nWHERE WHERE ts >= :ds\nGROUP BY 1"),
+        );
+    p.write(
+        "backfill.toml",
+        "[warehouse.shop]\npath = \"warehouse.db\"\ninit = [\"schema.sql\"]\n",
+    );
+    p.write("schema.sql", TABLES);
+    let out = p.run(&["dags", "validate"]);
+    out.code(2)
+        .stderr_has("error: dags/missing.toml:7:7: task `agg`: key `sql` does not prepare: no such table: raw_orders\n")
+        .stderr_has("error: dags/syntax.toml:10:7: task `agg`: key `sql` does not prepare: near \"WHERE\": syntax error\n")
+        .stderr_has("2 errors in DAG files");
+    assert_eq!(out.stderr.matches("error:").count(), 2, "{}", out.stderr);
+    assert!(
+        p.path("warehouse.db").exists(),
+        "the fixture warehouse is created"
+    );
+    let json = p.run(&["--output", "json", "dags", "validate"]);
+    json.code(2);
+    let doc = json.json();
+    assert_eq!(doc["valid"], false);
+    assert_eq!(doc["errors"].as_array().map(Vec::len), Some(2), "{doc}");
+    assert_eq!(doc["errors"][0]["location"], "dags/missing.toml:7:7");
+    assert!(!p.manifest_path().exists());
+    // Fixed, the same project validates.
+    p.write(
+        "schema.sql",
+        &format!("{TABLES}CREATE TABLE raw_orders (ts TEXT);\n"),
+    );
+    std::fs::remove_file(p.path("warehouse.db")).unwrap();
+    std::fs::remove_file(p.path("dags/syntax.toml")).unwrap();
+    p.run(&["dags", "validate"])
+        .code(0)
+        .stderr_has("2 DAG files OK");
 }
 
 #[test]

@@ -439,9 +439,30 @@ fn rows_outside_the_interval_are_rejected() {
     );
     create(&p, "daily_orders", "2026-09-18", "2026-09-18", &[])
         .code(3)
-        .stderr_has("rejected: row outside interval: 5 of 10 rows");
+        .stderr_has(
+            "rejected: row outside interval: 5 of 10 rows have a partition value outside the interval: '2026-09-19'",
+        );
     assert_eq!(wh_count(&p, "SELECT COUNT(*) FROM daily_orders"), 0);
     assert_eq!(p.rows("SELECT state FROM runs"), [["rejected"]]);
+}
+
+#[test]
+fn a_null_partition_value_is_shown_in_the_rejection() {
+    let p = shop();
+    // An unparseable timestamp makes date() NULL, which lies in no interval.
+    edit_dag(
+        &p,
+        "daily_orders",
+        "SELECT date(order_ts) AS day",
+        "SELECT date(CASE region WHEN 'eu' THEN 'late: ' || order_ts ELSE order_ts END) AS day",
+    );
+    let reason =
+        "row outside interval: 1 of 5 rows has a partition value outside the interval: NULL";
+    create(&p, "daily_orders", "2026-09-18", "2026-09-18", &[])
+        .code(3)
+        .stderr_has(&format!("rejected: {reason}"));
+    assert_eq!(p.rows("SELECT reasons FROM task_tries"), [[reason]]);
+    assert_eq!(wh_count(&p, "SELECT COUNT(*) FROM daily_orders"), 0);
 }
 
 #[test]

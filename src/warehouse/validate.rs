@@ -1,0 +1,59 @@
+//! `dags validate` against the warehouses: every SQL task's statements are prepared against its
+//! warehouse (created from its init files when its file does not exist, as a dry run does), and
+//! each problem is reported at the `file:line:col` of the key it is about.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
+use crate::project::{ConfigError, Dag, TaskKind};
+
+/// Every problem of every SQL task of `dags` against its warehouse, one per task, in the order
+/// of the DAGs and their tasks. A warehouse that cannot be opened is one problem, at the first
+/// task that uses it.
+pub fn sql_tasks(dags: &[Dag]) -> Vec<ConfigError> {
+    let mut errors = Vec::new();
+    let mut warehouses = HashMap::new();
+    for dag in dags {
+        for task in &dag.tasks {
+            let TaskKind::Sql(sql) = &task.kind else {
+                continue;
+            };
+            let conn = match warehouses.entry(sql.warehouse.name.clone()) {
+                Entry::Occupied(o) => o.into_mut(),
+                Entry::Vacant(v) => {
+                    // What a killed creation of the warehouse left goes first.
+                    super::init::remove_abandoned(&sql.warehouse.path);
+                    let opened = super::open(&sql.warehouse);
+                    if let Err(e) = &opened {
+                        errors.push(ConfigError {
+                            location: task.locations.id.clone(),
+                            message: format!("task `{}`: {e}", task.id),
+                        });
+                    }
+                    v.insert(opened.ok())
+                }
+            };
+            let Some(conn) = conn else {
+                continue;
+            };
+            let Err(problem) = super::check_task_keys(conn, sql, task.gate.as_ref()) else {
+                continue;
+            };
+            let at = &task.locations;
+            let location = match problem.key {
+                "target" => at.target.clone(),
+                "gate.source_count" => at.source_count.clone(),
+                "gate.source_fingerprint" => at.source_fingerprint.clone(),
+                _ => at
+                    .sql
+                    .as_ref()
+                    .map(|sql| problem.offset.map_or_else(|| sql.start(), |o| sql.at(o))),
+            };
+            errors.push(ConfigError {
+                location: location.unwrap_or_else(|| dag.file.clone()),
+                message: format!("task `{}`: {}", task.id, problem.message),
+            });
+        }
+    }
+    errors
+}

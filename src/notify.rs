@@ -3,19 +3,19 @@
 //! an internal error), `on_success` when every planned interval succeeded, `on_finish` always.
 //! Each runs in the project folder with the JSON summary on stdin and `BACKFILL_ID`,
 //! `BACKFILL_DAG`, `BACKFILL_STATE` and `BACKFILL_EXIT_CODE` in its environment, in its own
-//! process group, killed after its timeout (default 30 s); its output goes to
-//! `LOGS/notify/ID.EVENT.log`. A hook that fails is a warning: it never changes the exit code.
+//! process group, stopped after its timeout (default 30 s): SIGTERM to the group, SIGKILL after
+//! [`GRACE`]. The timeout also bounds the summary's delivery: a hook that does not read its
+//! stdin is stopped like any other. Its output goes to `LOGS/notify/ID.EVENT.log`. A hook that
+//! fails is a warning: it never changes the exit code. A stop (a signal to backfill) stops the
+//! running hook the same way, and no other hook starts.
 
-use std::io::Write;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use nix::sys::signal::Signal;
+use tokio::sync::watch;
 
 use crate::exit;
-use crate::process::signal_group;
+use crate::process::{self, Input, Output, Program, Stop};
 use crate::project::{CommandSpec, Notify};
 
 /// How long a hook may take unless `timeout` says otherwise.
@@ -45,86 +45,88 @@ fn due(notify: &Notify, exit_code: u8) -> Vec<(&'static str, &CommandSpec)> {
     hooks
 }
 
-/// Runs the hooks that apply; returns a warning for each that failed.
-pub fn run(notify: &Notify, root: &Path, logs: &Path, ended: &Ended<'_>) -> Vec<String> {
+/// How long a hook gets between SIGTERM and SIGKILL once its timeout passed or it was stopped.
+pub const GRACE: Duration = Duration::from_secs(5);
+
+/// Runs the hooks that apply, one after the other; returns a warning for each that failed or
+/// did not run. Once `stop` leaves [`Stop::Run`], the running hook is stopped (SIGTERM, SIGKILL
+/// after [`GRACE`], at once on [`Stop::Kill`]) and no other starts.
+pub async fn run(
+    notify: &Notify,
+    root: &Path,
+    logs: &Path,
+    ended: &Ended<'_>,
+    stop: &mut watch::Receiver<Stop>,
+) -> Vec<String> {
     let timeout = notify.timeout.unwrap_or(DEFAULT_TIMEOUT);
-    due(notify, ended.exit_code)
-        .into_iter()
-        .filter_map(|(event, spec)| {
-            let log = logs
-                .join("notify")
-                .join(format!("{}.{event}.log", ended.backfill_id));
-            tracing::info!(backfill = ended.backfill_id, event, "running a notify hook");
-            hook(spec, root, &log, ended, timeout)
-                .err()
-                .map(|why| format!("notify hook `{event}` {why} (log: {})", log.display()))
-        })
-        .collect()
+    let mut warnings = Vec::new();
+    for (event, spec) in due(notify, ended.exit_code) {
+        if *stop.borrow() != Stop::Run {
+            warnings.push(format!(
+                "notify hook `{event}` did not run: backfill was stopped by a signal"
+            ));
+            continue;
+        }
+        let log = logs
+            .join("notify")
+            .join(format!("{}.{event}.log", ended.backfill_id));
+        tracing::info!(backfill = ended.backfill_id, event, "running a notify hook");
+        if let Err(why) = hook(spec, root, &log, ended, timeout, stop).await {
+            warnings.push(format!(
+                "notify hook `{event}` {why} (log: {})",
+                log.display()
+            ));
+        }
+    }
+    warnings
 }
 
-fn hook(
+async fn hook(
     spec: &CommandSpec,
     root: &Path,
     log: &Path,
     ended: &Ended<'_>,
     timeout: Duration,
+    stop: &mut watch::Receiver<Stop>,
 ) -> Result<(), String> {
-    let out = crate::process::open_log(log).map_err(|e| format!("cannot open its log: {e}"))?;
-    let err = out
-        .try_clone()
-        .map_err(|e| format!("cannot open its log: {e}"))?;
-    let mut command = match spec {
-        CommandSpec::Argv(argv) => {
-            let mut c = Command::new(&argv[0]);
-            c.args(&argv[1..]);
-            c
-        }
-        CommandSpec::Shell(line) => {
-            let mut c = Command::new("sh");
-            c.arg("-c").arg(line);
-            c
-        }
+    // Created before the hook starts, so that the log a warning names exists.
+    process::open_log(log).map_err(|e| format!("cannot open its log: {e}"))?;
+    let program = match spec {
+        CommandSpec::Argv(argv) => Program::Argv(argv.clone()),
+        CommandSpec::Shell(line) => Program::Shell(line.clone()),
     };
-    let mut child = command
-        .current_dir(root)
-        .env("BACKFILL_ID", ended.backfill_id.to_string())
-        .env("BACKFILL_DAG", ended.dag_id)
-        .env("BACKFILL_STATE", ended.state)
-        .env("BACKFILL_EXIT_CODE", ended.exit_code.to_string())
-        .stdin(Stdio::piped())
-        .stdout(out)
-        .stderr(err)
-        .process_group(0)
-        .spawn()
-        .map_err(|e| format!("cannot start: {e}"))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        // A hook that does not read its stdin is fine.
-        let _ = stdin.write_all(ended.summary.as_bytes());
-        let _ = stdin.write_all(b"\n");
-    }
-    let pgid = i64::from(child.id());
-    let deadline = Instant::now() + timeout;
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => {
-                signal_group(pgid, Signal::SIGKILL);
-                return if status.success() {
-                    Ok(())
-                } else {
-                    Err(format!("failed: {}", crate::process::describe_exit(status)))
-                };
-            }
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            Ok(None) => {
-                signal_group(pgid, Signal::SIGKILL);
-                let _ = child.wait();
-                return Err(format!(
-                    "timed out after {} and was killed",
-                    humantime::format_duration(timeout)
-                ));
-            }
-            Err(e) => return Err(format!("cannot be waited for: {e}")),
+    let env = [
+        ("BACKFILL_ID", ended.backfill_id.to_string()),
+        ("BACKFILL_DAG", ended.dag_id.to_string()),
+        ("BACKFILL_STATE", ended.state.to_string()),
+        ("BACKFILL_EXIT_CODE", ended.exit_code.to_string()),
+    ]
+    .map(|(k, v)| (k.to_string(), v));
+    let mut summary = Vec::with_capacity(ended.summary.len() + 1);
+    summary.extend_from_slice(ended.summary.as_bytes());
+    summary.push(b'\n');
+    let spawned = process::start(process::Command {
+        program: &program,
+        env: &env,
+        cwd: root,
+        input: Input::Bytes(summary),
+        output: Output::Log(log.to_path_buf()),
+    })
+    .await
+    .map_err(|e| format!("cannot start: {e}"))?;
+    let finished = process::finish(spawned, Some(timeout), GRACE, stop)
+        .await
+        .map_err(|e| format!("cannot be waited for: {e}"))?;
+    match finished.ended {
+        process::Ended::Exited(status) if status.success() => Ok(()),
+        process::Ended::Exited(status) => {
+            Err(format!("failed: {}", process::describe_exit(status)))
         }
+        process::Ended::TimedOut => Err(format!(
+            "timed out after {} and was killed",
+            humantime::format_duration(timeout)
+        )),
+        process::Ended::Cancelled => Err("was stopped by a signal".to_string()),
     }
 }
 

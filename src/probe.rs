@@ -6,9 +6,7 @@
 //! whose recorded try lacks the value (it ran before the key was added) counts as changed:
 //! rerunning is the only way to know.
 
-use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::interval::DataInterval;
@@ -156,7 +154,8 @@ pub fn look(
 }
 
 /// Runs a probe command with the interval's environment in the project folder; returns what
-/// it printed on stdout, trimmed. Killed (its whole process group) after the task's timeout.
+/// it printed on stdout, trimmed. Stopped after the task's timeout like a try: SIGTERM to its
+/// process group, SIGKILL after the task's grace period.
 fn run_command(
     root: &Path,
     dag: &Dag,
@@ -166,85 +165,45 @@ fn run_command(
     conf: &serde_json::Value,
     key: &str,
 ) -> Result<String, String> {
-    use std::os::unix::process::CommandExt;
+    use crate::process::{self, Ended, Input, Output};
     let values = IntervalValues::new(interval, dag.tz);
     let ctx = values.context(&dag.id, &task.id, "0", 0, conf);
     let program = command::render(spec, &ctx).map_err(|e| format!("{key}: {e}"))?;
     let env = command::environment(&ctx, &conf.to_string(), Path::new("/dev/null"));
-    let mut cmd = match &program {
-        crate::process::Program::Argv(argv) => {
-            let mut c = Command::new(&argv[0]);
-            c.args(&argv[1..]);
-            c
-        }
-        crate::process::Program::Shell(line) => {
-            let mut c = Command::new("sh");
-            c.arg("-c").arg(line);
-            c
-        }
-    };
-    let mut child = cmd
-        .current_dir(root)
-        .envs(env)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .map_err(|e| format!("{key} command: cannot start `{}`: {e}", program.name()))?;
-    let pgid = i64::from(child.id());
-    let reader = |pipe: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            if let Some(mut p) = pipe {
-                let _ = p.read_to_string(&mut text);
-            }
-            text
-        })
-    };
-    let out = reader(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let err = reader(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
     let timeout = task.timeout.unwrap_or(DEFAULT_TIMEOUT);
-    let (done, ended) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = done.send(child.wait());
-    });
-    let status = match ended.recv_timeout(timeout) {
-        Ok(Ok(status)) => status,
-        Ok(Err(e)) => return Err(format!("{key} command: {e}")),
-        Err(_) => {
-            crate::process::signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
-            let _ = ended.recv();
-            return Err(format!(
-                "{key} command timed out after {}",
-                humantime::format_duration(timeout)
-            ));
-        }
-    };
-    // Whatever it left in its group goes with it.
-    crate::process::signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
-    let (out, err) = (
-        out.join().unwrap_or_default(),
-        err.join().unwrap_or_default(),
-    );
-    if !status.success() {
-        return Err(format!(
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("{key} command: cannot start the async runtime: {e}"))?;
+    // Nothing stops a probe but its timeout.
+    let (_no_stop, mut stop) = tokio::sync::watch::channel(process::Stop::Run);
+    let finished = runtime.block_on(async {
+        let spawned = process::start(process::Command {
+            program: &program,
+            env: &env,
+            cwd: root,
+            input: Input::Null,
+            output: Output::Capture,
+        })
+        .await
+        .map_err(|e| format!("{key} command: cannot start `{}`: {e}", program.name()))?;
+        process::finish(spawned, Some(timeout), task.grace_period, &mut stop)
+            .await
+            .map_err(|e| format!("{key} command: {e}"))
+    })?;
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).trim().to_string();
+    match finished.ended {
+        Ended::Exited(status) if status.success() => Ok(text(&finished.stdout)),
+        Ended::Exited(status) => Err(format!(
             "{key} command failed ({}): {}",
-            crate::process::describe_exit(status),
-            err.trim().chars().take(300).collect::<String>()
-        ));
+            process::describe_exit(status),
+            text(&finished.stderr).chars().take(300).collect::<String>()
+        )),
+        Ended::TimedOut | Ended::Cancelled => Err(format!(
+            "{key} command timed out after {}",
+            humantime::format_duration(timeout)
+        )),
     }
-    Ok(out.trim().to_string())
 }
 
 #[cfg(test)]

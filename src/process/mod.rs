@@ -1,6 +1,9 @@
-//! Processes: every try runs in its own process group, started behind a gate so that its group
-//! is in the manifest before it can do any work; stopping is SIGTERM to the group, a grace
-//! period, then SIGKILL; liveness of pids and groups; killing what a dead owner left running.
+//! Processes: the one way this program runs a child process (a try's command, a gate's probe,
+//! a notify hook). Every child runs in its own process group, started behind a gate so that a
+//! try's group is in the manifest before it can do any work; its stdin is `/dev/null` or a
+//! payload written without ever blocking the caller; its output goes to a log file or is
+//! captured; stopping (a timeout or a [`Stop`]) is SIGTERM to the group, a grace period, then
+//! SIGKILL. Also: liveness of pids and groups; killing what a dead owner left running.
 //!
 //! The gate: between `fork` and `exec`, the child puts itself in a new process group, writes
 //! its pid on one pipe and waits for a byte on another. The owner records the group in the
@@ -15,24 +18,27 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
+use tokio::net::unix::pipe;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, sleep_until};
 
 mod spawn;
 pub use spawn::Child;
 
-/// How far a backfill is from stopping. Sent to every running try.
+/// How far a backfill is from stopping. Sent to every running child.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Stop {
     /// Keep running.
     Run,
-    /// Stop dispatching; SIGTERM running tries, SIGKILL after their grace period.
+    /// Stop dispatching; SIGTERM running children, SIGKILL after their grace period.
     Graceful,
-    /// SIGKILL running tries now.
+    /// SIGKILL running children now.
     Kill,
 }
 
@@ -51,6 +57,39 @@ impl Program {
             Self::Shell(_) => "sh",
         }
     }
+}
+
+/// What a child reads on its stdin.
+#[derive(Debug, Clone, Default)]
+pub enum Input {
+    /// Nothing: `/dev/null`.
+    #[default]
+    Null,
+    /// These bytes, then the end of the file. They are written while the child runs, never
+    /// blocking the caller: a child that does not read them is still stopped at its timeout,
+    /// and what it left unread is dropped when it ends.
+    Bytes(Vec<u8>),
+}
+
+/// Where a child's stdout and stderr go.
+#[derive(Debug, Clone)]
+pub enum Output {
+    /// Both into one log file, appended to; created (without following symlinks and readable
+    /// by its owner only) when the first byte arrives: a child that prints nothing costs no file.
+    Log(PathBuf),
+    /// Each kept in memory, for [`Finished`].
+    Capture,
+}
+
+/// A child process to start: the program, the variables added to this process's environment,
+/// the folder it runs in, its stdin and where its output goes.
+#[derive(Debug, Clone)]
+pub struct Command<'a> {
+    pub program: &'a Program,
+    pub env: &'a [(String, String)],
+    pub cwd: &'a Path,
+    pub input: Input,
+    pub output: Output,
 }
 
 pub use crate::liveness::Group;
@@ -78,7 +117,26 @@ impl crate::liveness::Host for Local {
     }
 }
 
-/// A try's process, forked and waiting at its gate. Dropped without [`Gated::release`] or
+/// What a child printed with [`Output::Capture`], filled while it runs.
+#[derive(Debug, Default, Clone)]
+struct Captured {
+    stdout: Arc<Mutex<Vec<u8>>>,
+    stderr: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Captured {
+    fn take(&self) -> (Vec<u8>, Vec<u8>) {
+        fn take(buffer: &Mutex<Vec<u8>>) -> Vec<u8> {
+            buffer
+                .lock()
+                .map(|mut b| std::mem::take(&mut *b))
+                .unwrap_or_default()
+        }
+        (take(&self.stdout), take(&self.stderr))
+    }
+}
+
+/// A child process, forked and waiting at its gate. Dropped without [`Gated::release`] or
 /// [`Gated::discard`] (its task was cancelled), it kills the process: closing the gate alone is
 /// not enough, as other children waiting at their gates may hold copies of its end, and the
 /// thread that cloned it waits until it is gone.
@@ -86,53 +144,106 @@ pub struct Gated {
     pub group: Group,
     gate: Option<tokio::net::UnixStream>,
     /// The spawn, which returns once the child has `exec`ed (or failed to).
-    spawn: Option<tokio::task::JoinHandle<std::io::Result<Child>>>,
-    log: Option<tokio::task::JoinHandle<()>>,
+    spawn: Option<JoinHandle<std::io::Result<Child>>>,
+    /// Copies the child's output to its log or into memory.
+    output: Option<JoinHandle<()>>,
+    captured: Captured,
+    /// Our end of the child's stdin and what to write there once it runs.
+    input: Option<(pipe::Sender, Vec<u8>)>,
 }
 
 impl Drop for Gated {
     fn drop(&mut self) {
         if self.gate.take().is_some() {
             signal_group(self.group.pgid, Signal::SIGKILL);
-            if let Some(log) = self.log.take() {
-                log.abort();
+            if let Some(output) = self.output.take() {
+                output.abort();
             }
         }
     }
 }
 
-/// A released try, running its command.
+/// A released child, running its command.
 pub struct Spawned {
     child: Child,
     pub group: Group,
-    /// Copies the try's output into its log file.
-    log: tokio::task::JoinHandle<()>,
+    output: JoinHandle<()>,
+    captured: Captured,
+    /// Writes the child's stdin; abandoned when the child ends or is stopped.
+    input: Option<JoinHandle<()>>,
 }
 
-/// Forks `program` in its own process group, stopped at its gate before `exec`. Its stdout and
-/// stderr share one pipe, copied into `log_path` (created, without following symlinks and
-/// readable by its owner only, when the first byte arrives: a try that prints nothing costs no
-/// file). Must be called inside the async runtime; [`Gated::release`] lets it run and
-/// [`Gated::discard`] makes it exit without running anything.
+/// Forks a try's `program` in its own process group, stopped at its gate before `exec`, with
+/// `/dev/null` on its stdin and its stdout and stderr in `log_path` (see [`Output::Log`]).
 pub async fn spawn(
     program: &Program,
     env: &[(String, String)],
     cwd: &Path,
     log_path: &Path,
 ) -> std::io::Result<Gated> {
+    spawn_gated(Command {
+        program,
+        env,
+        cwd,
+        input: Input::Null,
+        output: Output::Log(log_path.to_path_buf()),
+    })
+    .await
+}
+
+/// Forks `command` in its own process group, stopped at its gate before `exec`. Must be called
+/// inside the async runtime; [`Gated::release`] lets it run and [`Gated::discard`] makes it exit
+/// without running anything.
+pub async fn spawn_gated(command: Command<'_>) -> std::io::Result<Gated> {
     use std::ffi::OsStr;
-    let argv: Vec<&OsStr> = match program {
+    let argv: Vec<&OsStr> = match command.program {
         Program::Argv(argv) => argv.iter().map(OsStr::new).collect(),
         Program::Shell(line) => vec![OsStr::new("sh"), OsStr::new("-c"), OsStr::new(line)],
     };
-    let prepared = spawn::Prepared::new(&argv, env, cwd)?;
+    let prepared = spawn::Prepared::new(&argv, command.env, command.cwd)?;
     // One socket pair is the gate: the child writes its pid on its end and waits there for the
     // owner's byte.
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
-    let (reader, writer) = std::io::pipe()?;
+    let (stdin, input) = match command.input {
+        Input::Null => (spawn::dev_null()?, None),
+        Input::Bytes(bytes) => {
+            let (reader, writer) = std::io::pipe()?;
+            let sender = pipe::Sender::from_owned_fd(OwnedFd::from(writer))?;
+            (OwnedFd::from(reader), Some((sender, bytes)))
+        }
+    };
+    let captured = Captured::default();
+    let (out, err, output) = match command.output {
+        Output::Log(path) => {
+            let (reader, writer) = std::io::pipe()?;
+            let writer = OwnedFd::from(writer);
+            let reader = pipe::Receiver::from_owned_fd(OwnedFd::from(reader))?;
+            (
+                writer.try_clone()?,
+                writer,
+                tokio::spawn(copy_to_log(reader, path)),
+            )
+        }
+        Output::Capture => {
+            let (out_reader, out_writer) = std::io::pipe()?;
+            let (err_reader, err_writer) = std::io::pipe()?;
+            let out_reader = pipe::Receiver::from_owned_fd(OwnedFd::from(out_reader))?;
+            let err_reader = pipe::Receiver::from_owned_fd(OwnedFd::from(err_reader))?;
+            let (stdout, stderr) = (captured.stdout.clone(), captured.stderr.clone());
+            let collect = async move {
+                tokio::join!(collect(out_reader, stdout), collect(err_reader, stderr));
+            };
+            (
+                OwnedFd::from(out_writer),
+                OwnedFd::from(err_writer),
+                tokio::spawn(collect),
+            )
+        }
+    };
     let wiring = spawn::Wiring {
-        stdin: spawn::dev_null()?,
-        out: OwnedFd::from(writer),
+        stdin,
+        out,
+        err,
         gate: OwnedFd::from(theirs),
     };
     // The clone blocks its thread until the child passes the gate and execs; the child's ends
@@ -149,11 +260,12 @@ pub async fn spawn(
             .map(|_| i32::from_le_bytes(pid))
     };
     let Some(pid) = pid else {
+        output.abort();
         // No pid: the start failed before the gate; its error says why.
         return match spawn.await.map_err(std::io::Error::other)? {
             Ok(mut child) => {
                 let _ = child.wait().await;
-                Err(std::io::Error::other("the try ended before its gate"))
+                Err(std::io::Error::other("the child ended before its gate"))
             }
             Err(e) => Err(e),
         };
@@ -163,41 +275,62 @@ pub async fn spawn(
         pgid: pid,
         leader_start: start_time(pid),
     };
-    let reader = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(reader))?;
-    let log = tokio::spawn(copy_to_log(reader, log_path.to_path_buf()));
     Ok(Gated {
         group,
         gate: Some(gate),
         spawn: Some(spawn),
-        log: Some(log),
+        output: Some(output),
+        captured,
+        input,
     })
 }
 
-/// The exit code of a gated try whose owner went away before letting it start.
+/// Starts `command` at once (nothing to record before it runs): [`spawn_gated`], then
+/// [`Gated::release`].
+pub async fn start(command: Command<'_>) -> std::io::Result<Spawned> {
+    spawn_gated(command).await?.release().await
+}
+
+/// The exit code of a gated child whose owner went away before letting it start.
 pub const GATE_CLOSED: i32 = 125;
 
 impl Gated {
-    /// Opens the gate: the try `exec`s its command. `Err` when it could not start (a program
-    /// that cannot be executed).
+    /// Opens the gate: the child `exec`s its command, and its stdin starts being written. `Err`
+    /// when it could not start (a program that cannot be executed).
     pub async fn release(mut self) -> std::io::Result<Spawned> {
-        let (spawn, log) = (self.spawn.take(), self.log.take());
-        let (Some(spawn), Some(log)) = (spawn, log) else {
-            return Err(std::io::Error::other("the try was already let go"));
+        let (spawn, output) = (self.spawn.take(), self.output.take());
+        let (Some(spawn), Some(output)) = (spawn, output) else {
+            return Err(std::io::Error::other("the child was already let go"));
         };
         if let Some(mut gate) = self.gate.take() {
             use tokio::io::AsyncWriteExt;
-            // A try killed meanwhile shows as such once it is waited for.
+            // A child killed meanwhile shows as such once it is waited for.
             let _ = gate.write_all(b"g").await;
         }
-        let child = spawn.await.map_err(std::io::Error::other)??;
+        let child = match spawn.await.map_err(std::io::Error::other)? {
+            Ok(child) => child,
+            Err(e) => {
+                output.abort();
+                return Err(e);
+            }
+        };
+        let input = self.input.take().map(|(mut pipe, bytes)| {
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                // A child that ends or closes its stdin before reading it all is fine.
+                let _ = pipe.write_all(&bytes).await;
+            })
+        });
         Ok(Spawned {
             child,
             group: self.group,
-            log,
+            output,
+            captured: std::mem::take(&mut self.captured),
+            input,
         })
     }
 
-    /// Closes the gate without letting the try run: it is killed before it runs anything.
+    /// Closes the gate without letting the child run: it is killed before it runs anything.
     pub async fn discard(mut self) {
         self.gate = None;
         signal_group(self.group.pgid, Signal::SIGKILL);
@@ -206,8 +339,8 @@ impl Gated {
         {
             let _ = child.wait().await;
         }
-        if let Some(log) = self.log.take() {
-            log.abort();
+        if let Some(output) = self.output.take() {
+            output.abort();
         }
     }
 }
@@ -234,7 +367,7 @@ pub fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
-async fn copy_to_log(mut pipe: tokio::net::unix::pipe::Receiver, path: PathBuf) {
+async fn copy_to_log(mut pipe: pipe::Receiver, path: PathBuf) {
     use tokio::io::AsyncReadExt;
     let mut buf = vec![0u8; 16 * 1024];
     let mut file: Option<std::fs::File> = None;
@@ -252,21 +385,37 @@ async fn copy_to_log(mut pipe: tokio::net::unix::pipe::Receiver, path: PathBuf) 
     }
 }
 
-/// How long a finished try's output may take to drain after its process group is gone: a
-/// daemon that left the group may hold the pipe open forever.
-const LOG_DRAIN: Duration = Duration::from_secs(2);
-
-/// Waits until the try's output is in its log (or gives up after [`LOG_DRAIN`]).
-async fn drain_log(spawned: &mut Spawned) {
-    if tokio::time::timeout(LOG_DRAIN, &mut spawned.log)
-        .await
-        .is_err()
-    {
-        spawned.log.abort();
+/// Appends what comes through `pipe` to `into`, as it comes (what arrived is kept even when
+/// the end never does).
+async fn collect(mut pipe: pipe::Receiver, into: Arc<Mutex<Vec<u8>>>) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if let Ok(mut into) = into.lock() {
+            into.extend_from_slice(&buf[..n]);
+        }
     }
 }
 
-/// How a try ended.
+/// How long a finished child's output may take to drain after its process group is gone: a
+/// daemon that left the group may hold the pipe open forever.
+const LOG_DRAIN: Duration = Duration::from_secs(2);
+
+/// Waits until the child's output is in its log or memory (or gives up after [`LOG_DRAIN`]).
+async fn drain_output(spawned: &mut Spawned) {
+    if tokio::time::timeout(LOG_DRAIN, &mut spawned.output)
+        .await
+        .is_err()
+    {
+        spawned.output.abort();
+    }
+}
+
+/// How a child ended.
 #[derive(Debug)]
 pub enum Ended {
     Exited(ExitStatus),
@@ -274,9 +423,49 @@ pub enum Ended {
     Cancelled,
 }
 
+/// How a child ended and, with [`Output::Capture`], what it printed (empty otherwise).
+#[derive(Debug)]
+pub struct Finished {
+    pub ended: Ended,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
 /// Waits for a released try, enforcing its timeout and reacting to `stop`.
 pub async fn supervise(
+    spawned: Spawned,
+    timeout: Option<Duration>,
+    grace: Duration,
+    stop: &mut watch::Receiver<Stop>,
+) -> std::io::Result<Ended> {
+    finish(spawned, timeout, grace, stop).await.map(|f| f.ended)
+}
+
+/// Waits for a released child to end, enforcing its timeout and reacting to `stop`: either
+/// sends SIGTERM to its group and SIGKILL after `grace` (at once on [`Stop::Kill`]). Anything
+/// the child left running in its group is killed when it exits; what it did not read of its
+/// stdin is dropped.
+pub async fn finish(
     mut spawned: Spawned,
+    timeout: Option<Duration>,
+    grace: Duration,
+    stop: &mut watch::Receiver<Stop>,
+) -> std::io::Result<Finished> {
+    let ended = wait(&mut spawned, timeout, grace, stop).await;
+    if let Some(input) = spawned.input.take() {
+        input.abort();
+    }
+    drain_output(&mut spawned).await;
+    let (stdout, stderr) = spawned.captured.take();
+    Ok(Finished {
+        ended: ended?,
+        stdout,
+        stderr,
+    })
+}
+
+async fn wait(
+    spawned: &mut Spawned,
     timeout: Option<Duration>,
     grace: Duration,
     stop: &mut watch::Receiver<Stop>,
@@ -285,20 +474,17 @@ pub async fn supervise(
     let mut stop_open = true;
     loop {
         if *stop.borrow() != Stop::Run {
-            terminate(&mut spawned, grace, stop).await?;
-            drain_log(&mut spawned).await;
+            terminate(spawned, grace, stop).await?;
             return Ok(Ended::Cancelled);
         }
         tokio::select! {
             status = spawned.child.wait() => {
-                // Leftovers of the group (background grandchildren) go with the try.
+                // Leftovers of the group (background grandchildren) go with the child.
                 signal_group(spawned.group.pgid, Signal::SIGKILL);
-                drain_log(&mut spawned).await;
                 return Ok(Ended::Exited(status?));
             }
             () = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
-                terminate(&mut spawned, grace, stop).await?;
-                drain_log(&mut spawned).await;
+                terminate(spawned, grace, stop).await?;
                 return Ok(Ended::TimedOut);
             }
             changed = stop.changed(), if stop_open => {
@@ -499,6 +685,64 @@ mod tests {
         }
     }
     use super::*;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// Runs a shell line to its end with its output captured.
+    async fn run(line: &str, input: Input, timeout: Duration) -> Finished {
+        let dir = std::env::temp_dir();
+        let program = Program::Shell(line.into());
+        let spawned = start(Command {
+            program: &program,
+            env: &[("GREETING".into(), "hello".into())],
+            cwd: &dir,
+            input,
+            output: Output::Capture,
+        })
+        .await
+        .unwrap();
+        let (_keep, mut stop) = watch::channel(Stop::Run);
+        finish(spawned, Some(timeout), Duration::from_secs(5), &mut stop)
+            .await
+            .unwrap()
+    }
+
+    #[test]
+    fn a_payload_larger_than_a_pipe_reaches_a_child_that_reads_it() {
+        let payload: Vec<u8> = (0..300_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        let f = runtime().block_on(run(
+            "cat; echo \"$GREETING\" >&2",
+            Input::Bytes(payload.clone()),
+            Duration::from_secs(60),
+        ));
+        assert!(matches!(f.ended, Ended::Exited(s) if s.success()), "{f:?}");
+        assert!(
+            f.stdout == payload,
+            "stdout is the payload, kept apart from stderr"
+        );
+        assert_eq!(f.stderr, b"hello\n");
+    }
+
+    #[test]
+    fn a_child_that_does_not_read_its_payload_gets_sigterm_at_its_timeout() {
+        let payload = vec![b'x'; 300_000];
+        let f = runtime().block_on(run(
+            "trap 'echo TERM; exit 0' TERM; sleep 600 & wait",
+            Input::Bytes(payload),
+            // Time enough for the shell to set its trap, however loaded the machine.
+            Duration::from_secs(2),
+        ));
+        assert!(matches!(f.ended, Ended::TimedOut), "{f:?}");
+        assert_eq!(
+            f.stdout, b"TERM\n",
+            "SIGTERM first, within the grace period"
+        );
+    }
 
     #[test]
     fn start_time_tells_a_process_from_a_reused_pid() {

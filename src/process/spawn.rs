@@ -1,9 +1,9 @@
-//! Starting a try's process with its gate between `fork` and `exec`, as cheaply as
-//! `posix_spawn`: the child is created with `clone(CLONE_VM | CLONE_VFORK)` on a small stack of
-//! its own (no copy of the parent's memory), puts itself in a new process group, writes its pid
-//! on a pipe, waits for the gate, sets up its stdio and folder, and `exec`s. Only the calling
-//! thread waits meanwhile (that is what `CLONE_VFORK` suspends); other threads read the pid,
-//! record the group and open the gate.
+//! Starting a child process (a try, a probe, a hook) with its gate between `fork` and `exec`,
+//! as cheaply as `posix_spawn`: the child is created with `clone(CLONE_VM | CLONE_VFORK)` on a
+//! small stack of its own (no copy of the parent's memory), puts itself in a new process group,
+//! writes its pid on a pipe, waits for the gate, sets up its stdio and folder, and `exec`s. Only
+//! the calling thread waits meanwhile (that is what `CLONE_VFORK` suspends); other threads read
+//! the pid, record the group and open the gate.
 //!
 //! The child shares the parent's memory until `exec`, so it only makes system calls on data
 //! prepared beforehand, with every signal blocked and every handler reset to the default (a
@@ -128,6 +128,7 @@ struct ChildArgs {
     cwd: *const libc::c_char,
     stdin: RawFd,
     out: RawFd,
+    err: RawFd,
     gate: RawFd,
     parent: libc::pid_t,
     mask: libc::sigset_t,
@@ -176,7 +177,7 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
             // The owner let go (or went away) before recording this try: never run it.
             libc::_exit(GATE_CLOSED);
         }
-        if libc::dup2(a.stdin, 0) < 0 || libc::dup2(a.out, 1) < 0 || libc::dup2(a.out, 2) < 0 {
+        if libc::dup2(a.stdin, 0) < 0 || libc::dup2(a.out, 1) < 0 || libc::dup2(a.err, 2) < 0 {
             a.error = *libc::__errno_location();
             libc::_exit(127);
         }
@@ -192,11 +193,12 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
     }
 }
 
-/// What a child is started with: its stdin, its stdout and stderr, and its end of the gate
-/// (it writes its pid there, then waits for a byte).
+/// What a child is started with: its stdin, its stdout, its stderr (the same pipe as stdout,
+/// or another), and its end of the gate (it writes its pid there, then waits for a byte).
 pub(super) struct Wiring {
     pub stdin: OwnedFd,
     pub out: OwnedFd,
+    pub err: OwnedFd,
     pub gate: OwnedFd,
 }
 
@@ -227,6 +229,7 @@ pub(super) fn clone_gated(p: &Prepared, wiring: Wiring) -> std::io::Result<Child
         cwd: p.cwd.as_ptr(),
         stdin: wiring.stdin.as_raw_fd(),
         out: wiring.out.as_raw_fd(),
+        err: wiring.err.as_raw_fd(),
         gate: wiring.gate.as_raw_fd(),
         parent: std::process::id() as libc::pid_t,
         // SAFETY: a sigset_t is plain data; filled below.

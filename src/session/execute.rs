@@ -1,7 +1,8 @@
 //! Runs a backfill that this process owns (after `create` or `resume`): the dispatcher that
 //! owns the outside world. It watches signals (SIGINT, SIGTERM, SIGHUP) and the manifest's
-//! cancel flag, sends the heartbeat, feeds runner events to the reporter, and records how the
-//! backfill ended.
+//! cancel flag, sends the heartbeat, feeds runner events to the reporter, records how the
+//! backfill ended and runs its notify hooks. Signals are listened to from the start to the end
+//! of the hooks: one during the hooks stops them, and the exit code is then 130.
 //!
 //! An owner that cannot write its heartbeat stops by itself before its lease could be judged
 //! stale: another process would otherwise take its intervals over while its tries still run.
@@ -10,8 +11,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::{mpsc, watch};
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::Global;
 use crate::clock::HEARTBEAT;
@@ -45,7 +46,15 @@ pub struct Execution {
 pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> Result<u8, Error> {
     let notify = e.dag.notify.over(&project.notify);
     let (backfill_id, dag_id) = (e.owner.backfill_id, e.dag.id.clone());
-    let result = run(g, project, e, &writer);
+    // Two workers: spawning a task blocks its thread until the child has exec'd (vfork), and
+    // the other worker keeps reaping, recording and dispatching meanwhile.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("cannot start the async runtime", e))?;
+    let mut signals = runtime.block_on(async { Signals::listen() });
+    let result = run(g, project, e, &writer, &runtime, &mut signals);
     crate::warehouse::pool::close_all();
     crate::manifest::close_readers();
     writer.close();
@@ -72,10 +81,28 @@ pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> R
             .to_string(),
         },
     };
-    for warning in crate::notify::run(&notify, &project.root, &project.logs_dir, &ended) {
+    // A stop of its own: the signals that stopped the runner do not stop the hooks.
+    let (stop_tx, mut stop) = watch::channel(Stop::Run);
+    let warnings = runtime.block_on(async {
+        let (done, watching) = oneshot::channel();
+        let watcher = tokio::spawn(watch_signals(signals, stop_tx.clone(), None, watching));
+        let warnings =
+            crate::notify::run(&notify, &project.root, &project.logs_dir, &ended, &mut stop).await;
+        let _ = done.send(());
+        let _ = watcher.await;
+        warnings
+    });
+    for warning in warnings {
         super::warn(g, &warning);
     }
-    result.map(|end| end.code)
+    let interrupted = *stop_tx.borrow() != Stop::Run;
+    result.map(|end| {
+        if interrupted {
+            exit::INTERRUPTED
+        } else {
+            end.code
+        }
+    })
 }
 
 /// How a backfill ended: its exit code, state and JSON summary.
@@ -85,7 +112,14 @@ struct End {
     summary: String,
 }
 
-fn run(g: &Global, project: &Project, e: Execution, writer: &Writer) -> Result<End, Error> {
+fn run(
+    g: &Global,
+    project: &Project,
+    e: Execution,
+    writer: &Writer,
+    runtime: &tokio::runtime::Runtime,
+    signals: &mut Option<Signals>,
+) -> Result<End, Error> {
     let began = Instant::now();
     let owner = e.owner;
     let backfill_id = owner.backfill_id;
@@ -114,20 +148,19 @@ fn run(g: &Global, project: &Project, e: Execution, writer: &Writer) -> Result<E
         pools: project.pools.clone(),
         lease_timeout: project.lease_timeout,
     };
-    // Two workers: spawning a task blocks its thread until the child has exec'd (vfork), and
-    // the other worker keeps reaping, recording and dispatching meanwhile.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| Error::io("cannot start the async runtime", e))?;
     let (quiet, verbose) = (g.quiet || g.json, g.verbose);
     let heartbeat_error: Arc<Mutex<Option<Error>>> = Arc::default();
     let lease_timeout = project.lease_timeout;
     let outcome = runtime.block_on(async {
         let (stop_tx, _) = watch::channel(Stop::Run);
         let (events_tx, mut events_rx) = mpsc::unbounded_channel::<Event>();
-        let signals = tokio::spawn(watch_signals(stop_tx.clone(), events_tx.clone()));
+        let (done, watching) = oneshot::channel();
+        let watcher = tokio::spawn(watch_signals(
+            signals.take(),
+            stop_tx.clone(),
+            Some(events_tx.clone()),
+            watching,
+        ));
         let heartbeat = tokio::spawn(keep_alive(
             writer.clone(),
             owner,
@@ -144,9 +177,9 @@ fn run(g: &Global, project: &Project, e: Execution, writer: &Writer) -> Result<E
             reporter.finish();
         });
         let result = runner::run(spec, writer.clone(), events_tx, stop_tx.clone()).await;
-        signals.abort();
+        let _ = done.send(());
         heartbeat.abort();
-        let _ = signals.await;
+        *signals = watcher.await.ok().flatten();
         let _ = heartbeat.await;
         let _ = reporter.await;
         let stopped = *stop_tx.borrow() != Stop::Run;
@@ -211,28 +244,61 @@ fn run(g: &Global, project: &Project, e: Execution, writer: &Writer) -> Result<E
     })
 }
 
-/// First SIGINT, SIGTERM or SIGHUP (the terminal closed): stop gracefully. A second one: kill
-/// now.
-async fn watch_signals(stop: watch::Sender<Stop>, events: mpsc::UnboundedSender<Event>) {
-    let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-        signal(SignalKind::hangup()),
-    ) else {
-        return;
+/// SIGINT, SIGTERM and SIGHUP (the terminal closed), listened to from a backfill's start to the
+/// end of its hooks, so that none is lost between the two.
+struct Signals {
+    int: Signal,
+    term: Signal,
+    hup: Signal,
+}
+
+impl Signals {
+    /// `None` when they cannot be listened to. Must be called inside the async runtime.
+    fn listen() -> Option<Self> {
+        Some(Self {
+            int: signal(SignalKind::interrupt()).ok()?,
+            term: signal(SignalKind::terminate()).ok()?,
+            hup: signal(SignalKind::hangup()).ok()?,
+        })
+    }
+
+    /// Waits for the next one and says what it was. Cancel-safe: a signal that arrives while
+    /// nobody waits is kept for the next call.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.int.recv() => "interrupted (SIGINT)",
+            _ = self.term.recv() => "terminated (SIGTERM)",
+            _ = self.hup.recv() => "hung up (SIGHUP)",
+        }
+    }
+}
+
+/// First signal: stop gracefully. A second one: kill now. Until `done`, then gives the signals
+/// back (one that arrives meanwhile stays pending for whoever listens next).
+async fn watch_signals(
+    signals: Option<Signals>,
+    stop: watch::Sender<Stop>,
+    events: Option<mpsc::UnboundedSender<Event>>,
+    mut done: oneshot::Receiver<()>,
+) -> Option<Signals> {
+    let Some(mut signals) = signals else {
+        let _ = done.await;
+        return None;
     };
     loop {
         let name = tokio::select! {
-            _ = int.recv() => "interrupted (SIGINT)",
-            _ = term.recv() => "terminated (SIGTERM)",
-            _ = hup.recv() => "hung up (SIGHUP)",
+            biased;
+            _ = &mut done => return Some(signals),
+            name = signals.next() => name,
         };
         let hard = *stop.borrow() != Stop::Run;
         let _ = stop.send(if hard { Stop::Kill } else { Stop::Graceful });
-        let _ = events.send(Event::Stopping {
-            hard,
-            why: name.to_string(),
-        });
+        if let Some(events) = &events {
+            let _ = events.send(Event::Stopping {
+                hard,
+                why: name.to_string(),
+            });
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use crate::support::{Project, signal, wait_until};
+use crate::support::{Project, alive, signal, wait_until, wait_within};
 
 /// A DAG whose 2026-01-02 fails (its task exits 1 unless `fixed` exists).
 const FLAKY: &str = r#"
@@ -303,6 +303,87 @@ timeout = "5s"
     out.code(0)
         .stderr_has("warning: notify hook `on_success` timed out after 200ms and was killed");
     assert_eq!(p.read("finish.txt"), "finished\nfinished\n");
+}
+
+/// A notify hook that records its pid, says whether it got SIGTERM, and otherwise waits ten
+/// minutes without reading its stdin.
+const DEAF_HOOK: &str =
+    r#"trap 'echo TERM > hook.term; exit 0' TERM; echo $$ > hook.pid; sleep 600 & wait"#;
+
+/// Every hourly interval fails: a month of them makes a JSON summary larger than a pipe holds.
+const ALL_FAIL_HOURLY: &str =
+    "schedule = \"@hourly\"\nmax_active_runs = 8\n[[tasks]]\nid = \"t\"\ncommand = [\"false\"]\n";
+
+/// The hook's process is gone, and it got SIGTERM (before any SIGKILL).
+#[track_caller]
+fn hook_was_terminated(p: &Project) {
+    assert_eq!(p.read("hook.term"), "TERM\n", "the hook got SIGTERM first");
+    let pid: i32 = p.read("hook.pid").trim().parse().unwrap();
+    wait_until("the hook to be gone", Duration::from_secs(10), || {
+        !alive(pid)
+    });
+}
+
+#[test]
+fn a_notify_hook_that_does_not_read_a_large_summary_is_stopped_at_its_timeout() {
+    let p = Project::new().dag("month", ALL_FAIL_HOURLY);
+    p.write(
+        "backfill.toml",
+        &format!("[notify]\non_failure = '''{DEAF_HOOK}'''\ntimeout = \"5s\"\n"),
+    );
+    let child = p.spawn(
+        "run",
+        &[
+            "create",
+            "--dag",
+            "month",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-30",
+            "--output",
+            "json",
+        ],
+    );
+    // The hook's own sleep lasts 600 s: a backfill blocked on its stdin would outlive 60 s. Its
+    // timeout leaves the shell time enough to set its trap, however loaded the machine.
+    let out = wait_within(&p, "run", child, Duration::from_secs(60));
+    out.code(3)
+        .stderr_has("warning: notify hook `on_failure` timed out after 5s");
+    assert_eq!(out.json()["intervals"]["failed"], 720);
+    assert!(
+        out.stdout.len() > 64 * 1024,
+        "the summary ({} bytes) must not fit in a pipe's buffer",
+        out.stdout.len()
+    );
+    hook_was_terminated(&p);
+}
+
+#[test]
+fn a_signal_while_a_notify_hook_runs_stops_it_and_exits_130() {
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        let p = Project::new().dag("flaky", FLAKY);
+        p.write(
+            "backfill.toml",
+            &format!(
+                "[notify]\non_failure = '''{DEAF_HOOK}'''\non_finish = \"touch finished\"\ntimeout = \"10m\"\n"
+            ),
+        );
+        let child = p.spawn("run", &three_days("flaky"));
+        wait_until("the hook to run", Duration::from_secs(30), || {
+            !p.read("hook.pid").is_empty()
+        });
+        signal(&child, sig);
+        // The hook would wait 600 s, and its timeout is 10 minutes.
+        wait_within(&p, "run", child, Duration::from_secs(60))
+            .code(130)
+            .stderr_has("warning: notify hook `on_failure` was stopped by a signal");
+        hook_was_terminated(&p);
+        assert!(
+            !p.path("finished").exists(),
+            "no hook starts after the signal"
+        );
+    }
 }
 
 #[test]

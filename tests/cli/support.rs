@@ -355,3 +355,22 @@ pub fn readme_block(heading: &str, lang: &str) -> String {
     let body = &rest[rest.find(&open).expect("a fenced block") + open.len()..];
     body[..body.find("```").expect("a closed block")].to_string()
 }
+
+/// Waits for a background run like [`Project::wait`], but kills it and fails the test when it
+/// has not ended after `limit`: a hang detector, never a measure of speed.
+#[track_caller]
+pub fn wait_within(p: &Project, name: &str, mut child: Child, limit: Duration) -> Out {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "backfill still running after {limit:?}\n--- stderr\n{}",
+                p.read(&format!("{name}.err"))
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    p.wait(name, child)
+}

@@ -7,8 +7,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, Utc};
 
-use crate::exit::Error;
-
 pub const ENV: &str = "BACKFILL_NOW";
 
 /// How often an owner writes its heartbeat (and reads the cancel flag).
@@ -22,15 +20,22 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-pub fn now() -> Result<DateTime<Utc>, Error> {
+/// `BACKFILL_NOW` that does not say an instant: bad input (exit 2).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{ENV}={value} is not an RFC 3339 instant ({why}); write it like 2026-09-01T00:00:00Z or unset it"
+)]
+pub struct BadNow {
+    value: String,
+    why: chrono::ParseError,
+}
+
+/// Now, as planning sees it: `BACKFILL_NOW` when set, else the real clock.
+pub fn now() -> Result<DateTime<Utc>, BadNow> {
     match std::env::var(ENV) {
-        Ok(s) => DateTime::parse_from_rfc3339(&s)
+        Ok(value) => DateTime::parse_from_rfc3339(&value)
             .map(|t| t.with_timezone(&Utc))
-            .map_err(|e| {
-                Error::Usage(format!(
-                    "{ENV}={s} is not an RFC 3339 instant ({e}); write it like 2026-09-01T00:00:00Z or unset it"
-                ))
-            }),
+            .map_err(|why| BadNow { value, why }),
         Err(_) => Ok(Utc::now()),
     }
 }

@@ -26,6 +26,8 @@ pub enum Error {
     #[error(transparent)]
     Range(#[from] RangeError),
     #[error(transparent)]
+    Now(#[from] crate::clock::BadNow),
+    #[error(transparent)]
     Manifest(#[from] crate::manifest::Error),
     #[error(transparent)]
     Warehouse(#[from] crate::warehouse::Error),
@@ -46,7 +48,7 @@ impl Error {
     /// The exit code of this kind of error.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Usage(_) | Self::Project(_) | Self::Range(_) => USAGE,
+            Self::Usage(_) | Self::Project(_) | Self::Range(_) | Self::Now(_) => USAGE,
             Self::Manifest(
                 crate::manifest::Error::Missing { .. } | crate::manifest::Error::ReadOnly { .. },
             ) => USAGE,
@@ -60,7 +62,7 @@ impl Error {
     /// A short name of the kind, for `{"error": {"kind": ..}}`.
     pub fn kind(&self) -> &'static str {
         match self {
-            Self::Usage(_) => "usage",
+            Self::Usage(_) | Self::Now(_) => "usage",
             Self::Project(_) => "configuration",
             Self::Range(_) => "range",
             Self::Manifest(_) => "manifest",

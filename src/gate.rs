@@ -14,7 +14,7 @@
 //! The numbers come from tasks and commands and are not trusted: a negative count is not a
 //! verdict but a failed try, and the arithmetic cannot overflow.
 
-use crate::report::out::plural;
+use crate::words::plural;
 use std::fmt;
 
 /// What was measured about one try's output.

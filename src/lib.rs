@@ -31,3 +31,4 @@ pub mod state;
 pub mod suggest;
 pub mod task;
 pub mod warehouse;
+pub mod words;

@@ -269,7 +269,7 @@ fn act(manifest_path: &Path, dags: &Dags, claim: &Claim, ctx: &LeaseCtx) -> Acte
                     "try {} of backfill {backfill_id} runs as process group {} on host {host}, which cannot be checked from here; its interval stays in flight (run `{}` on {host} to stop it)",
                     t.try_id,
                     g.pgid,
-                    crate::report::out::hint(&format!("cancel {backfill_id}"))
+                    crate::words::hint(&format!("cancel {backfill_id}"))
                 ),
                 (Some(g), _) => format!(
                     "try {} of backfill {backfill_id} (process group {}) survived SIGKILL for {}s; its interval stays in flight until it is gone",

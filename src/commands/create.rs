@@ -177,7 +177,13 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
             Ok(crate::session::chain::worst(code, rest))
         }
         (None, Some(_)) if !args.stage => {
-            crate::session::cascade::name_stale_downstream(g, &project, &root_dag_id, &args);
+            crate::session::cascade::name_stale_downstream(
+                g,
+                &project,
+                &root_dag_id,
+                &args.from,
+                &args.to,
+            );
             Ok(code)
         }
         _ => Ok(code),

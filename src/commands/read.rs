@@ -14,7 +14,6 @@ use crate::manifest::{self};
 use crate::project::Project;
 use crate::report::{Labeler, tables};
 use crate::session::{Global, unknown_backfill};
-use crate::state::BackfillState;
 
 /// The manifest to read: `None` when the project's own has not been created yet (nothing was
 /// recorded). A `--manifest` path that does not exist is an error.
@@ -33,9 +32,8 @@ fn judge_owners(list: &mut [BackfillSummary], project: Option<&Project>) {
     let timeout = project.map_or(crate::project::DEFAULT_LEASE_TIMEOUT, |p| p.lease_timeout);
     let ctx = LeaseCtx::new(timeout, &crate::process::LOCAL);
     for b in list {
-        let state = b.state.parse().unwrap_or(BackfillState::Running);
         let host = b.owner_host.clone();
-        b.owner_alive = ctx.owner_alive(state, b.owner_pid, host.as_deref(), b.heartbeat_at);
+        b.owner_alive = ctx.owner_alive(b.state, b.owner_pid, host.as_deref(), b.heartbeat_at);
     }
 }
 

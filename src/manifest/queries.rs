@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::Result;
 use super::backfills::{self, Backfill};
 use crate::interval::{DataInterval, Rfc3339, from_unix, rfc3339};
-use crate::state::TryState;
+use crate::state::{BackfillState, RunState, TryState};
 
 fn ms_to_rfc3339(ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(ms)
@@ -44,7 +44,7 @@ fn existing(log: Option<String>) -> Option<String> {
 pub struct BackfillSummary {
     pub id: i64,
     pub dag_id: String,
-    pub state: String,
+    pub state: BackfillState,
     /// The first and last interval start of the plan (`None` before any plan row exists).
     pub from: Option<Rfc3339>,
     pub to: Option<Rfc3339>,
@@ -99,13 +99,13 @@ pub struct Counts {
 }
 
 impl Counts {
-    fn add_state(&mut self, state: &str, n: i64) {
+    fn add_state(&mut self, state: RunState, n: i64) {
         match state {
-            "succeeded" => self.succeeded += n,
-            "failed" => self.failed += n,
-            "rejected" => self.rejected += n,
-            "cancelled" => self.cancelled += n,
-            _ => self.running += n,
+            RunState::Succeeded => self.succeeded += n,
+            RunState::Failed => self.failed += n,
+            RunState::Rejected => self.rejected += n,
+            RunState::Cancelled => self.cancelled += n,
+            RunState::Queued | RunState::Running => self.running += n,
         }
     }
 
@@ -119,7 +119,7 @@ fn summary(b: Backfill, counts: Counts) -> BackfillSummary {
     BackfillSummary {
         id: b.id,
         dag_id: b.dag_id,
-        state: b.state.as_str().to_string(),
+        state: b.state,
         from: counts.span.map(|s| Rfc3339(from_unix(s.0))),
         to: counts.span.map(|s| Rfc3339(from_unix(s.1))),
         from_arg: b.from_arg,
@@ -173,7 +173,7 @@ pub fn list(
 #[derive(Debug, Clone, Serialize)]
 pub struct FailedInterval {
     pub start: Rfc3339,
-    pub state: String,
+    pub state: RunState,
     /// The task whose try failed or was rejected.
     pub task: Option<String>,
     pub error: Option<String>,
@@ -268,7 +268,7 @@ pub struct BackfillDetail {
 struct LatestRun {
     interval_start: i64,
     run_id: i64,
-    state: String,
+    state: RunState,
     started: i64,
     ended: Option<i64>,
     error: Option<String>,
@@ -415,8 +415,8 @@ pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
             action: r.get(3)?,
             reason: r.get(4)?,
             state: run.map(|x| match t.and_then(|t| t.waiting_for.as_ref()) {
-                Some(pool) if x.state == "running" => format!("waiting for pool {pool}"),
-                _ => x.state.clone(),
+                Some(pool) if x.state == RunState::Running => format!("waiting for pool {pool}"),
+                _ => x.state.to_string(),
             }),
             attempts: run.map_or(0, |x| x.attempts),
             tries: t.map_or(0, |t| t.tries),
@@ -441,7 +441,7 @@ pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
         }
     }
     for run in &latest {
-        counts.add_state(&run.state, 1);
+        counts.add_state(run.state, 1);
     }
     let starts = out.iter().map(|i| i.start.0.timestamp());
     counts.span = starts.clone().min().zip(starts.max());
@@ -495,11 +495,11 @@ fn counts(conn: &Connection, id: Option<i64>) -> Result<HashMap<i64, Counts>> {
     ))?;
     let mut rows = stmt.query([])?;
     while let Some(r) = rows.next()? {
-        let state: String = r.get(1)?;
+        let state: RunState = r.get(1)?;
         counts
             .entry(r.get(0)?)
             .or_default()
-            .add_state(&state, r.get(2)?);
+            .add_state(state, r.get(2)?);
     }
     for c in counts.values_mut() {
         c.finish();
@@ -514,7 +514,7 @@ pub struct RunHistory {
     pub backfill_id: i64,
     pub start: Rfc3339,
     pub end: Rfc3339,
-    pub state: String,
+    pub state: RunState,
     pub started_at: String,
     pub duration_ms: Option<i64>,
     pub tries: i64,

@@ -306,7 +306,7 @@ pub fn summary<'a>(
     Summary {
         backfill_id: outcome.backfill.id,
         dag_id: &outcome.backfill.dag_id,
-        state: &outcome.backfill.state,
+        state: outcome.backfill.state.as_str(),
         exit_code,
         intervals: &outcome.backfill.intervals,
         skipped: &outcome.skipped,

@@ -13,6 +13,7 @@ use crate::interval::Rfc3339;
 use crate::manifest::queries::{BackfillDetail, BackfillSummary, RunHistory};
 use crate::plan::{Action, PlanRow};
 use crate::project::{Dag, TaskKind};
+use crate::state::BackfillState;
 use crate::warehouse::versions::Storage;
 
 pub use out::json as print_json;
@@ -329,12 +330,12 @@ fn about(seconds: f64) -> String {
 /// A backfill's state as a person should read it: a running backfill whose owner is gone says
 /// so, and how to continue it.
 pub fn state_text(b: &BackfillSummary) -> String {
-    if b.state == "running" && !b.owner_alive {
+    if b.state == BackfillState::Running && !b.owner_alive {
         format!(
             "running (owner gone: {})",
             out::hint(&format!("resume {}", b.id))
         )
-    } else if b.state == "staged" {
+    } else if b.state == BackfillState::Staged {
         format!(
             "staged (awaits `{}`)",
             out::hint(&format!("promote {}", b.id))
@@ -345,7 +346,7 @@ pub fn state_text(b: &BackfillSummary) -> String {
             ("run", _) => match (&b.cascade, b.cascade_of) {
                 (Some(mode), _) => format!("{} (cascade {mode})", b.state),
                 (None, Some(root)) => format!("{} (cascade of {root})", b.state),
-                _ => b.state.clone(),
+                _ => b.state.to_string(),
             },
             (kind, _) => format!("{} ({kind})", b.state),
         }
@@ -622,7 +623,7 @@ pub fn print_runs(
                     labels.label(r.start.0),
                     r.run_id.to_string(),
                     r.backfill_id.to_string(),
-                    r.state.clone(),
+                    r.state.to_string(),
                     r.started_at.clone(),
                     duration_ms(r.duration_ms),
                     r.tries.to_string(),
@@ -641,7 +642,7 @@ pub fn print_runs(
                     true,
                     true,
                     true,
-                    has_content(&r.state),
+                    true,
                     has_content(&r.started_at),
                     r.duration_ms.is_some(),
                     true,

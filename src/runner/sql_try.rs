@@ -354,7 +354,7 @@ pub(super) async fn publish_audited(
             file.remove();
             log.line(&format!(
                 "published {} into {}",
-                crate::report::out::plural(rows, "row", "rows"),
+                crate::words::plural(rows, "row", "rows"),
                 sql.target
             ));
             tracing::debug!(

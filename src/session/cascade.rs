@@ -10,7 +10,6 @@ use super::chain::{all_dags, plan_member, worst};
 use super::launch::{Launch, check_tasks, launch, request_over, run_every};
 use super::{Global, note};
 use crate::cascade::{self, Mode};
-use crate::cli::CreateArgs;
 use crate::exit::{self, Error};
 use crate::manifest::cascades::{members, unfinished};
 use crate::manifest::{self, NewBackfill, backfills};
@@ -129,7 +128,8 @@ pub fn continue_cascade(
 
 /// After a backfill without `--cascade`: names the DAGs downstream of it, whose partitions
 /// may now be stale, and the command that would cascade.
-pub fn name_stale_downstream(g: &Global, project: &Project, dag: &str, args: &CreateArgs) {
+/// `from` and `to` are the range as the user typed it.
+pub fn name_stale_downstream(g: &Global, project: &Project, dag: &str, from: &str, to: &str) {
     let (dags, _) = project.load_all();
     let below: Vec<String> = cascade::downstream(&dags, dag)
         .iter()
@@ -140,8 +140,8 @@ pub fn name_stale_downstream(g: &Global, project: &Project, dag: &str, args: &Cr
     }
     let command = crate::report::out::hint(&format!(
         "create --dag {dag} --from {} --to {} --reprocess-behavior completed --cascade changed",
-        crate::report::out::shell_word(&args.from),
-        crate::report::out::shell_word(&args.to)
+        crate::words::shell_word(from),
+        crate::words::shell_word(to)
     ));
     note(
         g,

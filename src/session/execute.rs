@@ -24,7 +24,6 @@ use crate::manifest::{self, Owner};
 use crate::project::{Dag, Project};
 use crate::report::{self, Reporter};
 use crate::runner::{self, Event, RunSpec, Stop};
-use crate::state::BackfillState;
 use crate::warehouse::Repr;
 
 pub struct Execution {
@@ -62,14 +61,14 @@ pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> R
         Ok(end) => crate::notify::Ended {
             backfill_id,
             dag_id: &dag_id,
-            state: &end.state,
+            state: end.state.as_str(),
             exit_code: end.code,
             summary: end.summary.clone(),
         },
         Err(e) => crate::notify::Ended {
             backfill_id,
             dag_id: &dag_id,
-            state: "failed",
+            state: crate::state::BackfillState::Failed.as_str(),
             exit_code: e.exit_code(),
             summary: serde_json::json!({
                 "backfill_id": backfill_id,
@@ -108,7 +107,7 @@ pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> R
 /// How a backfill ended: its exit code, state and JSON summary.
 struct End {
     code: u8,
-    state: String,
+    state: crate::state::BackfillState,
     summary: String,
 }
 
@@ -198,28 +197,20 @@ fn run(
         })
     })?;
     let counts = &outcome.backfill.intervals;
-    let (state, code) = if halted && !stopped && counts.cancelled == 0 {
-        // --max-failures: the rest stays planned, for `resume`.
-        (BackfillState::Failed, exit::FAILED)
-    } else if stopped || counts.pending > 0 || counts.cancelled > 0 {
-        (BackfillState::Cancelled, exit::INTERRUPTED)
-    } else if counts.failed + counts.rejected > 0 {
-        (BackfillState::Failed, exit::FAILED)
-    } else if staging && counts.succeeded > 0 {
-        // Its outputs await `promote`.
-        (BackfillState::Staged, exit::OK)
-    } else {
-        (BackfillState::Completed, exit::OK)
-    };
+    let judged = super::outcome::Outcome::judge(halted, stopped, counts, staging);
+    let (state, code) = (judged.state(), judged.exit_code());
     let recorded =
         writer.call_blocking(move |c| backfills::finish(c, owner, state, crate::clock::now_ms()));
     let (state, code) = match recorded {
         Ok(()) => (state, code),
         // Taken over: the process that took it over recorded it; this one was interrupted.
-        Err(manifest::Error::Fenced { .. }) => (BackfillState::Cancelled, exit::INTERRUPTED),
+        Err(manifest::Error::Fenced { .. }) => {
+            let taken = super::outcome::Outcome::Interrupted;
+            (taken.state(), taken.exit_code())
+        }
         Err(e) => return Err(e.into()),
     };
-    outcome.backfill.state = state.as_str().to_string();
+    outcome.backfill.state = state;
     let rerun = report::rerun_command(
         &outcome,
         &labels,
@@ -239,7 +230,7 @@ fn run(
     }
     Ok(End {
         code,
-        state: state.as_str().to_string(),
+        state,
         summary: json,
     })
 }

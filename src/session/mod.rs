@@ -9,6 +9,7 @@ pub mod cascade;
 pub mod chain;
 mod execute;
 pub mod launch;
+pub mod outcome;
 pub mod resume;
 pub mod staged;
 

@@ -1,0 +1,38 @@
+//! How the product words things, for every layer: plurals, and the complete commands its
+//! hints tell the user to paste (with the `-C` and `--manifest` this process was given).
+
+/// `1 interval`, `2 intervals`.
+pub fn plural(n: impl Into<i64>, one: &str, many: &str) -> String {
+    let n = n.into();
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// `backfill` with the options that name the project and the manifest, as this process was
+/// given them: every hint that tells the user to run something starts with it, so that it can
+/// be pasted where the command was typed.
+static INVOCATION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Records `-C` and `--manifest` as given (once, when the command starts).
+pub fn set_invocation(project_dir: Option<&std::path::Path>, manifest: Option<&std::path::Path>) {
+    let mut words = vec!["backfill".to_string()];
+    for (flag, path) in [("-C", project_dir), ("--manifest", manifest)] {
+        if let Some(p) = path {
+            words.push(flag.into());
+            words.push(shell_word(&p.display().to_string()));
+        }
+    }
+    let _ = INVOCATION.set(words.join(" "));
+}
+
+/// A complete command to paste: `backfill [-C DIR] [--manifest PATH] REST`.
+pub fn hint(rest: &str) -> String {
+    format!(
+        "{} {rest}",
+        INVOCATION.get().map_or("backfill", String::as_str)
+    )
+}
+
+/// Quotes a word for a POSIX shell when it needs it.
+pub fn shell_word(word: &str) -> String {
+    shlex::try_quote(word).map_or_else(|_| word.to_string(), |q| q.into_owned())
+}

@@ -8,11 +8,10 @@
 use std::collections::{HashMap, HashSet};
 
 use chrono::{Duration, Utc};
-use rusqlite::Connection;
 
 use crate::interval::{DataInterval, Range, expand};
+use crate::manifest::Store;
 use crate::manifest::cascades;
-pub use crate::manifest::cascades::last_success;
 use crate::plan::{Action, RunState, SkipReason};
 use crate::project::Dag;
 
@@ -152,11 +151,11 @@ pub struct Upstream {
 /// count as succeeded; one skipped as `already exists` counts as succeeded only if its latest
 /// run did.
 pub fn upstream_outcomes(
-    conn: &Connection,
+    conn: &dyn Store,
     dag_id: &str,
     backfill_id: i64,
 ) -> crate::manifest::Result<Vec<Upstream>> {
-    let rows = cascades::plan_outcomes(conn, backfill_id)?;
+    let rows = conn.plan_outcomes(backfill_id)?;
     let mut out = Vec::with_capacity(rows.len());
     for cascades::PlanOutcome {
         start,
@@ -172,7 +171,7 @@ pub fn upstream_outcomes(
                 SkipReason::UpstreamNotSuccessful => (false, true),
                 SkipReason::SourceUnchanged => (true, false),
                 SkipReason::AlreadyExists => (
-                    cascades::latest_state(conn, dag_id, start)? == Some(RunState::Succeeded),
+                    conn.latest_computing_state(dag_id, start)? == Some(RunState::Succeeded),
                     false,
                 ),
                 _ => (false, false),
@@ -192,7 +191,7 @@ pub fn upstream_outcomes(
 /// each can be read: not while another backfill runs it, nor when its latest run did not
 /// succeed (one that never ran has nothing to wait for).
 pub fn outside_outcomes(
-    conn: &Connection,
+    conn: &dyn Store,
     upstream: &Dag,
     intervals: &[DataInterval],
     ctx: &crate::manifest::leases::LeaseCtx,
@@ -201,20 +200,22 @@ pub fn outside_outcomes(
     let (Some(first), Some(last)) = (ups.first(), ups.last()) else {
         return Ok(Vec::new());
     };
-    let sql = |e: rusqlite::Error| e.to_string();
-    let in_flight = crate::manifest::leases::held(
-        conn,
-        &upstream.id,
-        first.start.timestamp(),
-        last.start.timestamp(),
-        ctx,
-        crate::manifest::leases::Judge::Predict,
-    )
-    .map_err(|e| e.to_string())?;
+    let sql = |e: crate::manifest::Error| e.to_string();
+    let in_flight = conn
+        .held_leases(
+            &upstream.id,
+            first.start.timestamp(),
+            last.start.timestamp(),
+            ctx,
+            crate::manifest::leases::Judge::Predict,
+        )
+        .map_err(|e| e.to_string())?;
     let mut out = Vec::with_capacity(ups.len());
     for u in ups {
         let start = u.start.timestamp();
-        let latest = cascades::latest_state(conn, &upstream.id, start).map_err(sql)?;
+        let latest = conn
+            .latest_computing_state(&upstream.id, start)
+            .map_err(sql)?;
         out.push(Upstream {
             dag: upstream.id.clone(),
             interval: u,
@@ -232,12 +233,12 @@ pub fn outside_outcomes(
 /// counts as changed: nothing can say it is the same. An interval that never succeeded has
 /// nothing to read, and so has not changed.
 pub fn changed_since(
-    conn: &Connection,
+    conn: &dyn Store,
     dag_id: &str,
     start: i64,
     since: i64,
-) -> rusqlite::Result<bool> {
-    let tries = cascades::succeeded_tries(conn, dag_id, start)?;
+) -> crate::manifest::Result<bool> {
+    let tries = conn.succeeded_tries(dag_id, start)?;
     let mut now: HashMap<&str, Option<&str>> = HashMap::new();
     let mut then: HashMap<&str, Option<&str>> = HashMap::new();
     for (task, fingerprint, ended) in &tries {

@@ -3,8 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use rusqlite::Connection;
-
+use crate::manifest::Store;
 use crate::project::Dag;
 
 /// Tries per task the median is taken over: recent ones say most about the next.
@@ -24,13 +23,12 @@ pub struct Estimate {
 
 /// The median duration (seconds) of each task's recent successful tries, and their number.
 pub fn history(
-    conn: &Connection,
+    conn: &dyn Store,
     dag: &Dag,
 ) -> crate::manifest::Result<BTreeMap<String, (f64, i64)>> {
     let mut out = BTreeMap::new();
     for task in &dag.tasks {
-        let mut ms =
-            crate::manifest::queries::recent_durations_ms(conn, &dag.id, &task.id, RECENT_TRIES)?;
+        let mut ms = conn.recent_durations_ms(&dag.id, &task.id, RECENT_TRIES)?;
         if ms.is_empty() {
             continue;
         }

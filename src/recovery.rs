@@ -26,9 +26,9 @@ use crate::clock::now_ms;
 use crate::exit::Error;
 use crate::interval::DataInterval;
 use crate::manifest::leases::{self, LeaseCtx};
-use crate::manifest::runs::{self, PendingPublish, UnfinishedTry};
+use crate::manifest::runs::{PendingPublish, UnfinishedTry};
 use crate::manifest::writer::Writer;
-use crate::manifest::{self, Owner, TryRecord, backfills};
+use crate::manifest::{self, Owner, Store, TryRecord};
 use crate::project::{Dag, Project, SqlTask, TaskKind};
 use crate::state::TryState;
 use crate::warehouse::{self, AuditFile, Repr, partition};
@@ -94,19 +94,19 @@ impl Dags {
 }
 
 fn claim_owner(
-    conn: &Connection,
+    conn: &dyn Store,
     backfill_id: i64,
     ctx: &LeaseCtx,
     me: bool,
 ) -> manifest::Result<Option<Claim>> {
-    let Some(owner) = backfills::take_ownership(conn, backfill_id, ctx, me)? else {
+    let Some(owner) = conn.take_ownership(backfill_id, ctx, me)? else {
         return Ok(None);
     };
     Ok(Some(Claim {
         owner,
-        tries: runs::unfinished_tries(conn, backfill_id)?,
-        publishes: runs::pending_publishes(conn, backfill_id)?,
-        runs: runs::runs_in_progress(conn, backfill_id)?,
+        tries: conn.unfinished_tries(backfill_id)?,
+        publishes: conn.pending_publishes(backfill_id)?,
+        runs: conn.runs_in_progress(backfill_id)?,
     }))
 }
 
@@ -121,7 +121,7 @@ pub fn release_stale(
 ) -> Result<Report, Error> {
     let (dag, c) = (dag_id.to_string(), ctx.clone());
     let claims = writer.call_blocking(move |conn| {
-        let stale = leases::stale(conn, &dag, &c)?;
+        let stale = conn.stale_leases(&dag, &c)?;
         let owners: HashSet<i64> = stale
             .iter()
             .map(|s| s.1)
@@ -330,7 +330,10 @@ fn finish_publish(
     let wh = warehouse::open(&task.warehouse).map_err(|e| e.to_string())?;
     if let Some(key) = p.record.restore_key {
         // A rollback: its transaction put the version back and dropped it, together.
-        if !runs::may_publish(&reader, p.try_id, None).map_err(|e| e.to_string())? {
+        if !reader
+            .may_publish(p.try_id, None)
+            .map_err(|e| e.to_string())?
+        {
             return Ok(Finished::Dropped("already finished".into()));
         }
         return match warehouse::versions::find(&wh, &task.target, key) {
@@ -350,7 +353,10 @@ fn finish_publish(
     let Some(audit) = audit else {
         // The audit file is removed only once the publish committed (or the intent was
         // settled): check that the partition holds the audited rows before recording it.
-        if !runs::may_publish(&reader, p.try_id, None).map_err(|e| e.to_string())? {
+        if !reader
+            .may_publish(p.try_id, None)
+            .map_err(|e| e.to_string())?
+        {
             return Ok(Finished::Dropped("already finished".into()));
         }
         return match published_matches(&wh, task, p, tz) {
@@ -362,9 +368,14 @@ fn finish_publish(
         };
     };
     let repr = publish_repr(&wh, task, &audit);
-    let allowed = || runs::may_publish(&reader, p.try_id, None).map_err(|e| e.to_string());
+    let allowed = || {
+        reader
+            .may_publish(p.try_id, None)
+            .map_err(|e| e.to_string())
+    };
     // The rows being replaced are kept as the version of the current publish's content.
-    let version_of = runs::current(&reader, &p.dag_id, &p.task_id, p.interval.start.timestamp())
+    let version_of = reader
+        .current_publication(&p.dag_id, &p.task_id, p.interval.start.timestamp())
         .map_err(|e| e.to_string())?
         .and_then(|c| c.content);
     let publish = warehouse::publish::Publish {
@@ -489,7 +500,7 @@ fn publish_repr(wh: &Connection, task: &SqlTask, audit: &AuditFile) -> Option<Re
 /// epoch), only what this claim itself did is recorded (the tries it stopped, the publishes it
 /// finished); the runs and leases are the newer claimer's to settle.
 fn record(
-    conn: &Connection,
+    conn: &dyn Store,
     claim: &Claim,
     a: &Acted,
     task_counts: &HashMap<String, usize>,
@@ -497,12 +508,14 @@ fn record(
     now: i64,
 ) -> manifest::Result<()> {
     let backfill_id = claim.owner.backfill_id;
-    let current = backfills::get(conn, backfill_id)?.is_some_and(|b| b.epoch == claim.owner.epoch);
+    let current = conn
+        .backfill(backfill_id)?
+        .is_some_and(|b| b.epoch == claim.owner.epoch);
     let why = format!("abandoned: the process of backfill {backfill_id} is gone");
     for try_id in &a.stopped {
         let mut rec = TryRecord::new(TryState::Cancelled);
         rec.error = Some(why.clone());
-        runs::end_abandoned_try(conn, *try_id, &rec, now)?;
+        conn.end_abandoned_try(*try_id, &rec, now)?;
     }
     for p in &claim.publishes {
         if let Some(rows) = a.published.get(&p.try_id) {
@@ -510,9 +523,8 @@ fn record(
             rec.state = TryState::Succeeded;
             rec.rows = Some(*rows);
             // Only the recoverer that finishes the try records its publication.
-            if runs::end_abandoned_try(conn, p.try_id, &rec, now)? {
-                runs::mark_published(
-                    conn,
+            if conn.end_abandoned_try(p.try_id, &rec, now)? {
+                conn.mark_published(
                     &manifest::Publication {
                         try_id: p.try_id,
                         dag_id: &p.dag_id,
@@ -524,19 +536,19 @@ fn record(
                     now,
                 )?;
                 if let Some(staged) = p.record.promoted_from {
-                    runs::set_staged(conn, staged, crate::state::StagedState::Promoted)?;
+                    conn.set_staged(staged, crate::state::StagedState::Promoted)?;
                 }
             }
         } else if let Some((_, reason)) = a.dropped.iter().find(|d| d.0 == p.try_id) {
             let mut rec = TryRecord::new(TryState::Cancelled);
             rec.error = Some(format!("interrupted while publishing; {reason}"));
-            runs::end_abandoned_try(conn, p.try_id, &rec, now)?;
+            conn.end_abandoned_try(p.try_id, &rec, now)?;
         } else if let Some((_, reason)) = a.failed.iter().find(|d| d.0 == p.try_id) {
             let mut rec = TryRecord::new(TryState::Failed);
             rec.error = Some(format!(
                 "interrupted while publishing, and the publish could not be finished: {reason}"
             ));
-            runs::end_abandoned_try(conn, p.try_id, &rec, now)?;
+            conn.end_abandoned_try(p.try_id, &rec, now)?;
         }
     }
     if !current {
@@ -549,10 +561,10 @@ fn record(
     }
     let keep: Vec<i64> = a.blocked.iter().map(|b| b.0).collect();
     let counts = |dag: &str| task_counts.get(dag).copied();
-    runs::end_abandoned_runs(conn, &claim.runs, &counts, &keep, &why, now)?;
+    conn.end_abandoned_runs(&claim.runs, &counts, &keep, &why, now)?;
     if !keep_owner {
         // Leases of runs that could not be stopped stay, so their intervals stay in flight.
-        leases::release_all_but_running(conn, backfill_id)?;
+        conn.release_all_but_running(backfill_id)?;
     }
     Ok(())
 }
@@ -563,7 +575,7 @@ pub fn sweep_audits(writer: &Writer) -> Result<usize, Error> {
     if !dir.exists() {
         return Ok(0);
     }
-    let pending: HashSet<i64> = writer.call_blocking(runs::needing_audit_files)?;
+    let pending: HashSet<i64> = writer.call_blocking(|c| c.needing_audit_files())?;
     let removed = warehouse::audit::sweep(&dir, &|t| t.is_some_and(|t| pending.contains(&t)));
     if removed > 0 {
         tracing::info!(removed, dir = %dir.display(), "removed audit files left by processes that died");
@@ -574,25 +586,25 @@ pub fn sweep_audits(writer: &Writer) -> Result<usize, Error> {
 /// The intervals of a backfill's plan still to run, leased for its new owner; intervals that a
 /// live lease of another backfill holds are recorded as skipped (`in flight`).
 pub fn lease_remaining(
-    conn: &Connection,
+    conn: &dyn Store,
     owner: Owner,
     dag_id: &str,
     ctx: &LeaseCtx,
 ) -> manifest::Result<Vec<DataInterval>> {
-    backfills::fence(conn, owner)?;
-    let remaining = manifest::plans::unfinished(conn, owner.backfill_id)?;
+    conn.fence(owner)?;
+    let remaining = conn.unfinished_intervals(owner.backfill_id)?;
     let (lo, hi) = remaining.iter().fold((i64::MAX, i64::MIN), |(lo, hi), i| {
         (lo.min(i.start.timestamp()), hi.max(i.start.timestamp()))
     });
-    let busy = leases::held(conn, dag_id, lo, hi, ctx, leases::Judge::Strict)?;
+    let busy = conn.held_leases(dag_id, lo, hi, ctx, leases::Judge::Strict)?;
     // A run of this backfill still in progress after recovery holds a try that could not be
     // stopped: its interval stays in flight.
-    let blocked = runs::starts_in_progress(conn, owner.backfill_id)?;
+    let blocked = conn.starts_in_progress(owner.backfill_id)?;
     // An interval another backfill ran to success meanwhile already exists, as the reprocess
     // behaviour judges it: for `completed`, only when that run started after this backfill
     // was created (it is the reprocessing that was asked for).
-    let latest = manifest::plans::latest_runs(conn, dag_id, lo, hi)?;
-    let backfill = backfills::get(conn, owner.backfill_id)?;
+    let latest = conn.latest_runs(dag_id, lo, hi)?;
+    let backfill = conn.backfill(owner.backfill_id)?;
     let done_elsewhere = |start: i64| {
         latest.get(&start).is_some_and(|&(state, by, started_at)| {
             state == crate::state::RunState::Succeeded
@@ -605,27 +617,21 @@ pub fn lease_remaining(
     let mut free = Vec::with_capacity(remaining.len());
     for interval in remaining {
         let start = interval.start.timestamp();
-        let mine = leases::holds(conn, owner.backfill_id, dag_id, start)?;
+        let mine = conn.holds_lease(owner.backfill_id, dag_id, start)?;
         if done_elsewhere(start) && !blocked.contains(&start) {
-            manifest::plans::mark_skipped(
-                conn,
+            conn.mark_skipped(
                 owner.backfill_id,
                 start,
                 crate::plan::SkipReason::AlreadyExists,
             )?;
-            leases::release(conn, owner.backfill_id, dag_id, start)?;
+            conn.release_lease(owner.backfill_id, dag_id, start)?;
         } else if blocked.contains(&start) || (busy.contains(&start) && !mine) {
-            manifest::plans::mark_skipped(
-                conn,
-                owner.backfill_id,
-                start,
-                crate::plan::SkipReason::InFlight,
-            )?;
+            conn.mark_skipped(owner.backfill_id, start, crate::plan::SkipReason::InFlight)?;
         } else {
             free.push(interval);
         }
     }
-    leases::take(conn, owner.backfill_id, dag_id, free.iter().copied(), ctx)?;
+    conn.take_leases(owner.backfill_id, dag_id, &mut free.iter().copied(), ctx)?;
     Ok(free)
 }
 

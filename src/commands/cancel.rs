@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::exit::{self, Error};
 use crate::manifest::leases::LeaseCtx;
 use crate::manifest::writer::Writer;
-use crate::manifest::{self, backfills};
+use crate::manifest::{self, Store};
 use crate::recovery::{self, Dags};
 use crate::session::{Global, find_backfill, warn};
 use crate::state::BackfillState;
@@ -20,8 +20,9 @@ pub fn run(g: &Global, id: i64, wait: Duration) -> Result<u8, Error> {
         && (backfill.cascade.is_some() || backfill.cascade_of.is_some())
     {
         let root = backfill.cascade_of.unwrap_or(id);
-        let running =
-            manifest::cascades::running_member(&conn, root).map_err(|e| e.at(&manifest_path))?;
+        let running = conn
+            .running_member(root)
+            .map_err(|e| e.at(&manifest_path))?;
         if let Some(member) = running {
             eprintln!(
                 "backfill {id} is {}; cancelling backfill {member} of its cascade",
@@ -39,10 +40,7 @@ pub fn run(g: &Global, id: i64, wait: Duration) -> Result<u8, Error> {
         document(g, id, backfill.state.as_str(), "nothing to cancel")?;
         return Ok(exit::OK);
     }
-    let writer = Writer::spawn(
-        manifest::open(&manifest_path, project.durability)?,
-        &manifest_path,
-    )?;
+    let writer = Writer::open(&manifest_path, project.durability)?;
     let result = cancel(g, &project, &writer, &conn, id, &backfill, wait);
     writer.close();
     result
@@ -52,7 +50,7 @@ fn cancel(
     g: &Global,
     project: &crate::project::Project,
     writer: &Writer,
-    conn: &rusqlite::Connection,
+    conn: &dyn Store,
     id: i64,
     backfill: &manifest::Backfill,
     wait: Duration,
@@ -62,7 +60,7 @@ fn cancel(
         project.lease_timeout,
         &crate::process::LOCAL,
     )) {
-        writer.call_blocking(move |c| backfills::request_cancel(c, id))?;
+        writer.call_blocking(move |c| c.request_cancel(id))?;
         eprintln!(
             "asked backfill {id} (pid {}) to stop…",
             backfill.owner_pid.unwrap_or_default()
@@ -72,7 +70,7 @@ fn cancel(
             .unwrap_or_else(Instant::now);
         loop {
             std::thread::sleep(Duration::from_millis(50));
-            let Some(now) = backfills::get(conn, id).map_err(|e| e.at(&path))? else {
+            let Some(now) = conn.backfill(id).map_err(|e| e.at(&path))? else {
                 break;
             };
             if now.state != BackfillState::Running {

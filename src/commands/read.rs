@@ -3,21 +3,19 @@
 
 use std::path::PathBuf;
 
-use rusqlite::Connection;
-
 use crate::clock;
 use crate::exit::{self, Error};
 use crate::interval::resolve_args;
 use crate::manifest::leases::LeaseCtx;
-use crate::manifest::queries::{self, BackfillSummary};
-use crate::manifest::{self};
+use crate::manifest::queries::BackfillSummary;
+use crate::manifest::{self, Store};
 use crate::project::Project;
 use crate::report::{Labeler, tables};
 use crate::session::{Global, unknown_backfill};
 
 /// The manifest to read: `None` when the project's own has not been created yet (nothing was
 /// recorded). A `--manifest` path that does not exist is an error.
-fn open(g: &Global, project: Option<&Project>) -> Result<(PathBuf, Option<Connection>), Error> {
+fn open(g: &Global, project: Option<&Project>) -> Result<(PathBuf, Option<Box<dyn Store>>), Error> {
     let path = g.manifest_path(project)?;
     let conn = if g.manifest.is_some() {
         Some(manifest::open_read_only(&path)?)
@@ -41,7 +39,7 @@ pub fn list(g: &Global, dag: Option<&str>, active: bool) -> Result<u8, Error> {
     let project = g.project().ok();
     let (path, conn) = open(g, project.as_ref())?;
     let mut rows = match conn {
-        Some(conn) => queries::list(&conn, dag, active).map_err(|e| e.at(&path))?,
+        Some(conn) => conn.list_backfills(dag, active).map_err(|e| e.at(&path))?,
         None => Vec::new(),
     };
     judge_owners(&mut rows, project.as_ref());
@@ -79,7 +77,7 @@ pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
     let Some(conn) = conn else {
         return Err(unknown_backfill(id, &path));
     };
-    let Some(mut detail) = queries::show(&conn, id).map_err(|e| e.at(&path))? else {
+    let Some(mut detail) = conn.show_backfill(id).map_err(|e| e.at(&path))? else {
         return Err(unknown_backfill(id, &path));
     };
     judge_owners(std::slice::from_mut(&mut detail.backfill), project.as_ref());
@@ -91,9 +89,9 @@ pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
     // A cascade's first backfill shows the whole cascade, grouped by DAG.
     let mut members = Vec::new();
     if detail.backfill.cascade.is_some() {
-        let ids = manifest::cascades::members(&conn, id).map_err(|e| e.at(&path))?;
+        let ids = conn.cascade_members(id).map_err(|e| e.at(&path))?;
         for m in ids.iter().map(|b| b.id) {
-            if let Some(mut d) = queries::show(&conn, m).map_err(|e| e.at(&path))? {
+            if let Some(mut d) = conn.show_backfill(m).map_err(|e| e.at(&path))? {
                 judge_owners(std::slice::from_mut(&mut d.backfill), project.as_ref());
                 members.push(d);
             }
@@ -163,7 +161,7 @@ pub fn runs(g: &Global, dag_id: &str, from: Option<&str>, to: Option<&str>) -> R
     };
     let (path, conn) = open(g, Some(&project))?;
     let rows = match conn {
-        Some(conn) => queries::runs(&conn, dag_id, lo, hi).map_err(|e| e.at(&path))?,
+        Some(conn) => conn.run_history(dag_id, lo, hi).map_err(|e| e.at(&path))?,
         None => Vec::new(),
     };
     let what = match (from, to) {
@@ -207,9 +205,9 @@ pub fn stale(
     }
     let (path, conn) = open(g, Some(&project))?;
     let recorded = match conn {
-        Some(conn) if !watching.is_empty() => {
-            queries::recorded_sources(&conn, dag_id, lo, hi).map_err(|e| e.at(&path))?
-        }
+        Some(conn) if !watching.is_empty() => conn
+            .recorded_sources(dag_id, lo, hi)
+            .map_err(|e| e.at(&path))?,
         _ => Default::default(),
     };
     let stale = crate::probe::survey(&project.root, &dag, &conf, &recorded);

@@ -1,7 +1,7 @@
 //! `backfill resume ID`: continue a backfill, then the rest of its cascade, if any.
 
 use crate::exit::{self, Error};
-use crate::manifest::{self};
+use crate::manifest::{self, Store};
 use crate::session::resume::resume_found;
 use crate::session::{Global, find_backfill};
 
@@ -16,7 +16,8 @@ pub fn run(g: &Global, id: i64) -> Result<u8, Error> {
     }
     let root = match (&backfill.cascade, backfill.cascade_of) {
         (Some(_), _) => Some(backfill),
-        (None, Some(root)) => manifest::backfills::get(&manifest::open_read_only(&path)?, root)
+        (None, Some(root)) => manifest::open_read_only(&path)?
+            .backfill(root)
             .map_err(|e| e.at(&path))?,
         _ => None,
     };

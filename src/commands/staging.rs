@@ -11,7 +11,7 @@ use crate::exit::{self, Error};
 use crate::interval::{DataInterval, Rfc3339, expand_nonempty, resolve_args};
 use crate::manifest::leases::LeaseCtx;
 use crate::manifest::writer::Writer;
-use crate::manifest::{self, Backfill, NewBackfill, runs};
+use crate::manifest::{self, Backfill, NewBackfill, Store, runs};
 use crate::project::{Dag, Project, TaskKind};
 use crate::recovery::{self, Dags};
 use crate::report::out::hint;
@@ -22,12 +22,12 @@ use crate::session::staged::{settle_staged, staged_outputs};
 use crate::session::{Global, find_backfill, note, warn};
 use crate::state::{BackfillKind, BackfillState, StagedState};
 
+/// A staged backfill as found: its project, manifest path and read-only manifest, the backfill
+/// and its DAG.
+type StagedBackfill = (Project, PathBuf, Box<dyn Store>, Backfill, Dag);
+
 /// The staged backfill `id` for `verb`: a `create --stage` backfill that is not running.
-fn staged_backfill(
-    g: &Global,
-    id: i64,
-    verb: &str,
-) -> Result<(Project, PathBuf, rusqlite::Connection, Backfill, Dag), Error> {
+fn staged_backfill(g: &Global, id: i64, verb: &str) -> Result<StagedBackfill, Error> {
     let (project, path, conn, b) = find_backfill(g, id)?;
     if b.kind != BackfillKind::Stage {
         return Err(Error::Usage(format!(
@@ -92,7 +92,7 @@ fn intervals_of(staged: &[&runs::Staged]) -> Vec<DataInterval> {
 /// through the gate and the crash-safe publish.
 pub fn promote(g: &Global, id: i64, whens: &[String], allow_drift: bool) -> Result<u8, Error> {
     let (project, path, conn, source, dag) = staged_backfill(g, id, "promote")?;
-    let all = runs::staged(&conn, id).map_err(|e| e.at(&path))?;
+    let all = conn.staged_outputs(id).map_err(|e| e.at(&path))?;
     drop(conn);
     let chosen = select(all, whens, &dag, id)?;
     let waiting: Vec<&runs::Staged> = chosen
@@ -120,7 +120,7 @@ pub fn promote(g: &Global, id: i64, whens: &[String], allow_drift: bool) -> Resu
     // A promote killed halfway: its decided publishes are finished first, so that what is
     // read next as staged is what awaits promotion now. (Each promote try claims its output
     // again when it starts, under the interval's lease.)
-    let writer = Writer::spawn(manifest::open(&path, project.durability)?, &path)?;
+    let writer = Writer::open(&path, project.durability)?;
     let recovered = recovery::release_stale(
         &writer,
         &Dags::of(&project),
@@ -142,7 +142,9 @@ pub fn promote(g: &Global, id: i64, whens: &[String], allow_drift: bool) -> Resu
         .collect();
     if intervals.is_empty() {
         settle_staged(&path, &project, id)?;
-        let all = runs::staged(&manifest::open_read_only(&path)?, id).map_err(|e| e.at(&path))?;
+        let all = manifest::open_read_only(&path)?
+            .staged_outputs(id)
+            .map_err(|e| e.at(&path))?;
         let chosen = select(all, whens, &dag, id)?;
         return nothing_left(g, id, &chosen, "promote");
     }
@@ -209,14 +211,14 @@ fn nothing_left(g: &Global, id: i64, chosen: &[runs::Staged], verb: &str) -> Res
 /// `backfill discard ID`: the staged outputs are dropped and recorded as discarded.
 pub fn discard(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
     let (project, path, conn, _, dag) = staged_backfill(g, id, "discard")?;
-    let promoting = manifest::backfills::promoting(&conn, id).map_err(|e| e.at(&path))?;
+    let promoting = conn.promoting(id).map_err(|e| e.at(&path))?;
     if let Some(p) = promoting {
         return Err(Error::Usage(format!(
             "backfill {p} is promoting backfill {id}; wait for it to end (or stop it with `{}`), then discard",
             hint(&format!("cancel {p}"))
         )));
     }
-    let all = runs::staged(&conn, id).map_err(|e| e.at(&path))?;
+    let all = conn.staged_outputs(id).map_err(|e| e.at(&path))?;
     drop(conn);
     let chosen = select(all, whens, &dag, id)?;
     let waiting: Vec<(i64, Option<String>)> = chosen
@@ -228,11 +230,11 @@ pub fn discard(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
         return nothing_left(g, id, &chosen, "discard");
     }
     let tries: Vec<i64> = waiting.iter().map(|(t, _)| *t).collect();
-    let writer = Writer::spawn(manifest::open(&path, project.durability)?, &path)?;
+    let writer = Writer::open(&path, project.durability)?;
     let discarded = writer.call_blocking(move |c| {
         let mut gone = Vec::new();
         for t in tries {
-            if runs::discard_staged(c, t)? {
+            if c.discard_staged(t)? {
                 gone.push(t);
             }
         }
@@ -284,7 +286,7 @@ pub fn discard(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
 /// `backfill diff ID`: per staged interval and task, what promoting it would change.
 pub fn diff(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
     let (_project, path, conn, source, dag) = staged_backfill(g, id, "diff")?;
-    let all = runs::staged(&conn, id).map_err(|e| e.at(&path))?;
+    let all = conn.staged_outputs(id).map_err(|e| e.at(&path))?;
     let chosen = select(all, whens, &dag, id)?;
     let waiting: Vec<&runs::Staged> = chosen
         .iter()
@@ -310,7 +312,8 @@ pub fn diff(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
         let repr = reprs.get(&s.task_id).copied().flatten();
         // `(rows, fingerprint)` of what is published. A SQL task's partition is read from the
         // warehouse: it may have been changed by hand since the manifest recorded its publish.
-        let recorded = runs::published(&conn, &dag.id, &s.task_id, s.interval.start.timestamp())
+        let recorded = conn
+            .published(&dag.id, &s.task_id, s.interval.start.timestamp())
             .map_err(|e| e.at(&path))?;
         let published: Option<(i64, Option<String>)> = match (sql, &wh) {
             (Some(sql), Some(wh)) => {

@@ -12,6 +12,7 @@ pub mod pools;
 pub mod queries;
 mod reader;
 pub mod runs;
+pub mod store;
 pub mod writer;
 
 use std::path::{Path, PathBuf};
@@ -22,6 +23,7 @@ use rusqlite::Connection;
 pub use backfills::{Backfill, NewBackfill, Owner};
 pub use reader::{Reader, close_readers};
 pub use runs::{PendingPublish, Publication, TryRecord};
+pub use store::Store;
 
 /// The backfills whose runs do not say what an interval's partition was computed from: staged
 /// runs publish nothing, rollbacks put back what earlier runs computed, and a `--tasks` run ran
@@ -205,9 +207,13 @@ pub fn open(path: &Path, durability: Durability) -> Result<Connection> {
 }
 
 /// Opens an existing manifest for reading only: never creates, migrates or writes it, so it
-/// works on a manifest the user may read but not write. A manifest of an older schema is read
-/// as it is (the read queries only use columns every schema has, or fall back).
-pub fn open_read_only(path: &Path) -> Result<Connection> {
+/// works on a manifest the user may read but not write.
+pub fn open_read_only(path: &Path) -> Result<Box<dyn Store>> {
+    Ok(Box::new(open_sqlite_read_only(path)?))
+}
+
+/// [`open_read_only`], as the SQLite connection the readers of this process pool.
+fn open_sqlite_read_only(path: &Path) -> Result<Connection> {
     if !path.exists() {
         return Err(Error::Missing {
             path: path.to_path_buf(),
@@ -242,7 +248,7 @@ pub fn open_read_only(path: &Path) -> Result<Connection> {
 
 /// Opens the manifest for reading when it exists; `None` when nothing was recorded yet. A
 /// manifest of an older schema is upgraded first when it can be written.
-pub fn open_if_exists(path: &Path) -> Result<Option<Connection>> {
+pub fn open_if_exists(path: &Path) -> Result<Option<Box<dyn Store>>> {
     match open_read_only(path) {
         Ok(c) => Ok(Some(c)),
         Err(Error::Missing { .. }) => Ok(None),
@@ -367,7 +373,7 @@ mod tests {
                 MIGRATIONS.last().unwrap().0
             )
         );
-        let err = open_read_only(&path).unwrap_err().to_string();
+        let err = open_read_only(&path).err().unwrap().to_string();
         assert!(err.contains("schema version 99"), "{err}");
     }
 

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::Connection;
 
-use super::{Result, open_read_only};
+use super::{Result, open_sqlite_read_only};
 
 /// Read-only manifest connections kept for reuse within a process (asked before every
 /// publish).
@@ -28,7 +28,7 @@ impl Reader {
             .and_then(|mut p| p.get_mut(path).and_then(Vec::pop));
         let conn = match idle {
             Some(c) => c,
-            None => open_read_only(path)?,
+            None => open_sqlite_read_only(path)?,
         };
         Ok(Self {
             conn: Some(conn),
@@ -38,8 +38,8 @@ impl Reader {
 }
 
 impl std::ops::Deref for Reader {
-    type Target = Connection;
-    fn deref(&self) -> &Connection {
+    type Target = dyn super::Store;
+    fn deref(&self) -> &(dyn super::Store + 'static) {
         self.conn
             .as_ref()
             .expect("a pooled connection is present until dropped")

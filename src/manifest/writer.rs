@@ -55,6 +55,12 @@ impl Writer {
         })
     }
 
+    /// Opens the manifest at `path` for writing (creating and migrating it as needed) and
+    /// starts its writer.
+    pub fn open(path: &Path, durability: super::Durability) -> Result<Writer> {
+        Self::spawn(super::open(path, durability)?, path)
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -63,7 +69,7 @@ impl Writer {
     pub fn submit<R, F>(&self, f: F) -> oneshot::Receiver<Result<R>>
     where
         R: Send + 'static,
-        F: FnOnce(&Connection) -> Result<R> + Send + 'static,
+        F: FnOnce(&dyn super::Store) -> Result<R> + Send + 'static,
     {
         let (reply, rx) = oneshot::channel();
         let path = self.path.clone();
@@ -95,7 +101,7 @@ impl Writer {
     pub async fn call<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
-        F: FnOnce(&Connection) -> Result<R> + Send + 'static,
+        F: FnOnce(&dyn super::Store) -> Result<R> + Send + 'static,
     {
         self.submit(f).await.map_err(|_| Error::WriterGone)?
     }
@@ -104,7 +110,7 @@ impl Writer {
     pub fn call_blocking<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
-        F: FnOnce(&Connection) -> Result<R> + Send + 'static,
+        F: FnOnce(&dyn super::Store) -> Result<R> + Send + 'static,
     {
         self.submit(f)
             .blocking_recv()
@@ -121,7 +127,7 @@ impl Writer {
     }
 }
 
-fn in_savepoint<R>(conn: &Connection, f: impl FnOnce(&Connection) -> Result<R>) -> Result<R> {
+fn in_savepoint<R>(conn: &Connection, f: impl FnOnce(&dyn super::Store) -> Result<R>) -> Result<R> {
     // Prepared once: every job passes through here.
     let exec = |sql: &str| conn.prepare_cached(sql).and_then(|mut s| s.execute([]));
     exec("SAVEPOINT job")?;

@@ -31,8 +31,7 @@ pub(crate) use sql_try::{Step, blocking_step};
 
 use crate::exit::Error;
 use crate::interval::DataInterval;
-use crate::manifest::backfills::fence;
-use crate::manifest::{Owner, plans, writer::Writer};
+use crate::manifest::{Owner, writer::Writer};
 use crate::plan::{RunState, SkipReason};
 use crate::project::Dag;
 use crate::warehouse::Repr;
@@ -223,7 +222,7 @@ async fn failed_predecessors(
         let reader = crate::manifest::Reader::take(&path)?;
         orphans
             .into_iter()
-            .map(|s| Ok((s, plans::state_before(&reader, &dag_id, s)?)))
+            .map(|s| Ok((s, reader.state_before(&dag_id, s)?)))
             .collect::<Result<Vec<_>, crate::manifest::Error>>()
     })
     .await
@@ -242,7 +241,7 @@ async fn skip(shared: &Shared, interval: DataInterval, reason: SkipReason) -> Re
     let start = interval.start.timestamp();
     shared
         .writer
-        .call(move |c| plans::skip_planned(c, fence(c, owner)?, &dag_id, start, reason))
+        .call(move |c| c.skip_planned(c.fence(owner)?, &dag_id, start, reason))
         .await?;
     let _ = shared
         .events

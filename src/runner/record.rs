@@ -6,7 +6,6 @@ use super::Shared;
 use crate::clock::now_ms;
 use crate::exit::Error;
 use crate::interval::DataInterval;
-use crate::manifest::backfills::fence;
 use crate::manifest::{Publication, TryRecord, runs};
 use crate::plan::RunState;
 use crate::project::{Task, TaskKind};
@@ -47,9 +46,9 @@ pub(super) async fn record_end(
         .writer
         .call(move |c| {
             let now = now_ms();
-            let f = fence(c, owner)?;
+            let f = c.fence(owner)?;
             if let Some(t) = last_try {
-                runs::finish_try(c, f, t.try_id, &t.record, now)?;
+                c.finish_try(f, t.try_id, &t.record, now)?;
                 if let Some(p) = t.published {
                     let publication = Publication {
                         try_id: t.try_id,
@@ -59,14 +58,14 @@ pub(super) async fn record_end(
                         rows: p.rows,
                         fingerprint: p.fingerprint.as_deref(),
                     };
-                    runs::mark_published(c, &publication, now)?;
+                    c.mark_published(&publication, now)?;
                     if let Some(staged) = t.record.promoted_from {
-                        runs::set_staged(c, staged, crate::state::StagedState::Promoted)?;
+                        c.set_staged(staged, crate::state::StagedState::Promoted)?;
                     }
                 }
             }
             if let Some((state, error)) = run_end {
-                runs::finish_run(c, f, run_id, state, error.as_deref(), now)?;
+                c.finish_run(f, run_id, state, error.as_deref(), now)?;
             }
             Ok(())
         })
@@ -129,15 +128,15 @@ pub(super) async fn start_claiming(
         .writer
         .call(move |c| {
             let now = now_ms();
-            let f = fence(c, owner)?;
+            let f = c.fence(owner)?;
             if let Some(staged) = claim
-                && !runs::is_staged(c, staged)?
+                && !c.is_staged(staged)?
             {
                 return Ok(Claimed::Gone);
             }
             let (run_id, fresh) = match run_id {
                 Some(id) => (id, false),
-                None => match runs::start_run(c, f, &dag_id, interval, now)? {
+                None => match c.start_run(f, &dag_id, interval, now)? {
                     Some(id) => (id, true),
                     None => return Ok(Claimed::TakenOver),
                 },
@@ -153,19 +152,19 @@ pub(super) async fn start_claiming(
             let log_text = log.display().to_string();
             // A run started in this transaction checked its lease already.
             let try_id = if fresh {
-                runs::insert_try(c, f, run_id, &task_id, try_number, &log_text, now)?
+                c.insert_try(f, run_id, &task_id, try_number, &log_text, now)?
             } else {
-                match runs::start_try(c, f, run_id, &task_id, try_number, &log_text, now)? {
+                match c.start_try(f, run_id, &task_id, try_number, &log_text, now)? {
                     Some(id) => id,
                     None => return Ok(Claimed::TakenOver),
                 }
             };
             if let Some(staged) = claim {
-                runs::set_promoted_from(c, try_id, staged)?;
+                c.set_promoted_from(try_id, staged)?;
             }
             let audit = audit_dir.map(|dir| dir.join(warehouse::audit::try_file(try_id)));
             if let Some(path) = &audit {
-                runs::set_try_audit(c, f, try_id, &path.display().to_string())?;
+                c.set_try_audit(f, try_id, &path.display().to_string())?;
             }
             Ok(Claimed::Started(Started {
                 run_id,
@@ -198,7 +197,8 @@ pub(super) async fn published_try(
     let path = shared.spec.manifest_path.clone();
     let read = tokio::task::spawn_blocking(move || {
         let reader = crate::manifest::Reader::take(&path)?;
-        runs::current(&reader, &dag_id, &task_id, interval.start.timestamp())
+        reader
+            .current_publication(&dag_id, &task_id, interval.start.timestamp())
             .map_err(|e| e.at(&path))
     })
     .await

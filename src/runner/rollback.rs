@@ -11,7 +11,6 @@ use super::sql_try::TryLog;
 use crate::clock::now_ms;
 use crate::exit::Error;
 use crate::interval::DataInterval;
-use crate::manifest::backfills::fence;
 use crate::manifest::{self, TryRecord, runs};
 use crate::project::{SqlTask, Task};
 use crate::state::TryState;
@@ -105,7 +104,7 @@ async fn rollback_sql(
     let (owner, try_id, intent) = (shared.spec.owner, started.try_id, record.clone());
     let may = shared
         .writer
-        .call(move |c| runs::record_publish_intent(c, fence(c, owner)?, try_id, None, &intent))
+        .call(move |c| c.record_publish_intent(c.fence(owner)?, try_id, None, &intent))
         .await?;
     if !may {
         return Ok(cancelled("cancelled"));
@@ -124,7 +123,11 @@ async fn rollback_sql(
     let result = tokio::task::spawn_blocking(move || {
         let reader = manifest::Reader::take(&manifest_path)
             .map_err(|e| warehouse::Error::Message(format!("cannot read the manifest: {e}")))?;
-        let allowed = || runs::may_publish(&reader, try_id, Some(owner)).map_err(|e| e.to_string());
+        let allowed = || {
+            reader
+                .may_publish(try_id, Some(owner))
+                .map_err(|e| e.to_string())
+        };
         let conn = warehouse::pool::take(&s.warehouse)?;
         publish::roll_back(&conn, &s, repr, interval, tz, key, &allowed)
     })
@@ -156,7 +159,7 @@ async fn rollback_sql(
             let done = rec.clone();
             shared
                 .writer
-                .call(move |c| runs::finish_try(c, fence(c, owner)?, try_id, &done, now_ms()))
+                .call(move |c| c.finish_try(c.fence(owner)?, try_id, &done, now_ms()))
                 .await?;
             Ok(Outcome::Failed(rec))
         }

@@ -17,7 +17,6 @@ use super::{Shared, Stop};
 use crate::clock::now_ms;
 use crate::exit::Error;
 use crate::gate::{self, Measures, Verdict};
-use crate::manifest::backfills::fence;
 use crate::manifest::{self, TryRecord, runs};
 use crate::project::{SqlTask, Task};
 use crate::state::TryState;
@@ -284,9 +283,7 @@ pub(super) async fn publish_audited(
     let (intent, path_text) = (record.clone(), file.path.display().to_string());
     let may_publish = shared
         .writer
-        .call(move |c| {
-            runs::record_publish_intent(c, fence(c, owner)?, try_id, Some(&path_text), &intent)
-        })
+        .call(move |c| c.record_publish_intent(c.fence(owner)?, try_id, Some(&path_text), &intent))
         .await;
     let drop_file = |file: AuditFile| {
         if promoting {
@@ -314,8 +311,11 @@ pub(super) async fn publish_audited(
         let reader = manifest::Reader::take(&manifest_path);
         let result = match &reader {
             Ok(reader) => {
-                let allowed =
-                    || runs::may_publish(reader, try_id, Some(owner)).map_err(|e| e.to_string());
+                let allowed = || {
+                    reader
+                        .may_publish(try_id, Some(owner))
+                        .map_err(|e| e.to_string())
+                };
                 let conn = warehouse::pool::take(&s.warehouse);
                 let p = publish::Publish {
                     task: &s,
@@ -391,7 +391,7 @@ pub(super) async fn publish_audited(
             let done = rec.clone();
             shared
                 .writer
-                .call(move |c| runs::finish_try(c, fence(c, owner)?, try_id, &done, now_ms()))
+                .call(move |c| c.finish_try(c.fence(owner)?, try_id, &done, now_ms()))
                 .await?;
             drop_file(file);
             Ok(Outcome::Failed(rec))

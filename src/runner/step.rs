@@ -8,9 +8,8 @@ use tokio::sync::watch;
 
 use super::outcome::{Outcome, TryInput, cancelled, failed, timed_out};
 use super::{Shared, Stop};
+
 use crate::exit::Error;
-use crate::manifest::backfills::fence;
-use crate::manifest::runs;
 use crate::process::{self, Ended};
 use crate::project::{CommandSpec, Task};
 use crate::task::command;
@@ -34,7 +33,7 @@ pub(super) async fn run_process(
     let (group, host, owner) = (gated.group, shared.spec.host.clone(), shared.spec.owner);
     let recorded = shared
         .writer
-        .call(move |c| runs::set_try_group(c, fence(c, owner)?, try_id, group, &host))
+        .call(move |c| c.set_try_group(c.fence(owner)?, try_id, group, &host))
         .await;
     match recorded {
         Ok(true) => {}

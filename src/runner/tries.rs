@@ -16,8 +16,7 @@ use crate::clock::now_ms;
 use crate::exit::Error;
 use crate::gate::{self, Measures, Verdict};
 use crate::interval::DataInterval;
-use crate::manifest::backfills::fence;
-use crate::manifest::{TryRecord, runs};
+use crate::manifest::TryRecord;
 use crate::project::{CommandSpec, Gate, SourceCount, Task, TaskKind};
 use crate::state::TryState;
 use crate::task::command::{self, TaskResult};
@@ -163,7 +162,7 @@ async fn tries(
         let (try_id, record, owner) = (last.try_id, last.record, spec.owner);
         shared
             .writer
-            .call(move |c| runs::finish_try(c, fence(c, owner)?, try_id, &record, now_ms()))
+            .call(move |c| c.finish_try(c.fence(owner)?, try_id, &record, now_ms()))
             .await?;
         if !wait_before_retry(task.retry_delay, try_number, stop).await {
             return Ok((TaskEnd::Cancelled, None));
@@ -340,9 +339,7 @@ async fn take_slot(
         let (p, c) = (pool.to_string(), ctx.refreshed());
         let taken = shared
             .writer
-            .call(move |conn| {
-                crate::manifest::pools::take(conn, fence(conn, owner)?, &p, size, try_id, &c)
-            })
+            .call(move |conn| conn.take_pool_slot(conn.fence(owner)?, &p, size, try_id, &c))
             .await?;
         match taken {
             crate::manifest::pools::Take::Taken => break true,

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::clock::{HEARTBEAT, now_ms};
-use crate::manifest::backfills;
 use crate::manifest::writer::Writer;
 use crate::manifest::{self, Owner};
 
@@ -28,7 +27,7 @@ impl Beating {
                     if s.load(Ordering::Relaxed) {
                         break;
                     }
-                    let beat = w.call_blocking(move |c| backfills::heartbeat(c, owner, now_ms()));
+                    let beat = w.call_blocking(move |c| c.heartbeat(owner, now_ms()));
                     if let Err(manifest::Error::Fenced { .. }) = beat {
                         break;
                     }

@@ -11,8 +11,7 @@ use super::launch::{Launch, check_tasks, launch, request_over, run_every};
 use super::{Global, note};
 use crate::cascade::{self, Mode};
 use crate::exit::{self, Error};
-use crate::manifest::cascades::{members, unfinished};
-use crate::manifest::{self, NewBackfill, backfills};
+use crate::manifest::{self, NewBackfill, Store};
 use crate::project::Project;
 use crate::state::{BackfillKind, BackfillState};
 
@@ -30,10 +29,10 @@ pub fn continue_cascade(
     let chain = cascade::downstream(&dags, root_dag);
     let path = g.manifest_path(Some(project))?;
     let conn = manifest::open_read_only(&path)?;
-    let Some(first) = backfills::get(&conn, root).map_err(|e| e.at(&path))? else {
+    let Some(first) = conn.backfill(root).map_err(|e| e.at(&path))? else {
         return Err(Error::Internal(format!("cascade backfill {root} vanished")));
     };
-    let done = members(&conn, root).map_err(|e| e.at(&path))?;
+    let done = conn.cascade_members(root).map_err(|e| e.at(&path))?;
     drop(conn);
     let mut backfill_of: HashMap<String, i64> = HashMap::from([(root_dag.to_string(), root)]);
     let mut code = exit::OK;
@@ -59,7 +58,7 @@ pub fn continue_cascade(
             let Some(b) = backfill_of.get(u) else {
                 continue;
             };
-            let left = unfinished(&conn, *b).map_err(|e| e.at(&path))?;
+            let left = conn.unfinished_count(*b).map_err(|e| e.at(&path))?;
             if left > 0 {
                 note(
                     g,

@@ -4,13 +4,11 @@
 
 use std::collections::HashMap;
 
-use rusqlite::Connection;
-
 use super::launch::check_tasks;
 use crate::cascade::{self, Mode};
 use crate::exit::{self, Error};
 use crate::interval::DataInterval;
-use crate::manifest::{self, Backfill};
+use crate::manifest::{Backfill, Store};
 use crate::plan::SkipReason;
 use crate::project::{Dag, Project, ProjectError};
 
@@ -38,14 +36,13 @@ pub fn all_dags(project: &Project) -> Result<Vec<Dag>, Error> {
 /// The intervals of downstream DAG `d` that the cascade plans, from what its upstream
 /// backfills (`backfill_of`, by DAG) did, with the ones skipped for their upstream.
 pub fn plan_member(
-    conn: &Connection,
+    conn: &dyn Store,
     project: &Project,
     dags: &[Dag],
     d: &Dag,
     backfill_of: &HashMap<String, i64>,
     mode: Mode,
 ) -> Result<(Vec<DataInterval>, HashMap<i64, SkipReason>), Error> {
-    let sql = |e: rusqlite::Error| Error::Manifest(manifest::Error::from(e));
     let mut upstream = Vec::new();
     for (u, _) in &d.upstream {
         if let Some(b) = backfill_of.get(u) {
@@ -78,29 +75,23 @@ pub fn plan_member(
             }
         }
     }
-    let skips =
-        cascade::decide(
-            &intervals,
-            &upstream,
-            mode,
-            &mut |i, u| match cascade::last_success(conn, &d.id, i.start.timestamp())? {
-                None => Ok(true),
-                Some(since) => {
-                    cascade::changed_since(conn, &u.dag, u.interval.start.timestamp(), since)
-                }
-            },
-        )
-        .map_err(sql)?;
+    let skips = cascade::decide(&intervals, &upstream, mode, &mut |i, u| match conn
+        .last_success(&d.id, i.start.timestamp())?
+    {
+        None => Ok(true),
+        Some(since) => cascade::changed_since(conn, &u.dag, u.interval.start.timestamp(), since),
+    })
+    .map_err(Error::Manifest)?;
     Ok((intervals, skips))
 }
 
 /// The backfill of each DAG of the cascade of `root` so far, by DAG.
 pub fn backfills_of(
-    conn: &Connection,
+    conn: &dyn Store,
     root: i64,
     root_dag: &str,
 ) -> Result<(HashMap<String, i64>, Vec<Backfill>), Error> {
-    let done = manifest::cascades::members(conn, root)?;
+    let done = conn.cascade_members(root)?;
     let mut map: HashMap<String, i64> = HashMap::from([(root_dag.to_string(), root)]);
     for m in &done {
         map.insert(m.dag_id.clone(), m.id);

@@ -18,7 +18,7 @@ use super::Global;
 use crate::clock::HEARTBEAT;
 use crate::exit::{self, Error};
 use crate::interval::DataInterval;
-use crate::manifest::backfills::{self, Heartbeat};
+use crate::manifest::backfills::Heartbeat;
 use crate::manifest::writer::Writer;
 use crate::manifest::{self, Owner};
 use crate::project::{Dag, Project};
@@ -192,7 +192,7 @@ fn run(
     // How the backfill ended, judged on its own runs in the manifest. The outcome holds counts
     // and the failed intervals only, so memory does not grow with the number of intervals.
     let mut outcome = writer.call_blocking(move |c| {
-        manifest::queries::outcome(c, backfill_id)?.ok_or_else(|| {
+        c.outcome(backfill_id)?.ok_or_else(|| {
             manifest::Error::Invalid(format!("backfill {backfill_id} vanished from the manifest"))
         })
     })?;
@@ -200,7 +200,7 @@ fn run(
     let judged = super::outcome::Outcome::judge(halted, stopped, counts, staging);
     let (state, code) = (judged.state(), judged.exit_code());
     let recorded =
-        writer.call_blocking(move |c| backfills::finish(c, owner, state, crate::clock::now_ms()));
+        writer.call_blocking(move |c| c.finish_backfill(owner, state, crate::clock::now_ms()));
     let (state, code) = match recorded {
         Ok(()) => (state, code),
         // Taken over: the process that took it over recorded it; this one was interrupted.
@@ -310,7 +310,7 @@ async fn keep_alive(
     loop {
         tick.tick().await;
         let beat = writer
-            .call(move |c| backfills::heartbeat(c, owner, crate::clock::now_ms()))
+            .call(move |c| c.heartbeat(owner, crate::clock::now_ms()))
             .await;
         let why = match beat {
             Ok(Heartbeat::Carry) => {

@@ -14,7 +14,7 @@ use crate::exit::{self, Error};
 use crate::interval::{DataInterval, Range};
 use crate::manifest::leases::{Judge, LeaseCtx};
 use crate::manifest::writer::Writer;
-use crate::manifest::{self, NewBackfill, Owner, backfills, plans};
+use crate::manifest::{self, NewBackfill, Owner, Store};
 use crate::plan::{self, Action, PlanRow, Planner, Prior, Reprocess, SkipReason};
 use crate::project::{
     self, CommandSpec, ConfigError, Dag, Gate, ProjectError, SourceCount, TaskKind,
@@ -42,9 +42,11 @@ pub fn dry_plan(
     let conn = manifest::open_if_exists(manifest_path)?;
     let (prior, before) = match &conn {
         Some(conn) => {
-            let before = plans::state_before(conn, &dag.id, intervals[0].start.timestamp())
+            let before = conn
+                .state_before(&dag.id, intervals[0].start.timestamp())
                 .map_err(|e| e.at(manifest_path))?;
-            let mut prior = plans::priors(conn, &dag.id, intervals, &ctx, Judge::Predict)
+            let mut prior = conn
+                .priors(&dag.id, intervals, &ctx, Judge::Predict)
                 .map_err(|e| e.at(manifest_path))?;
             mark_changed(&mut prior, intervals, changed);
             (prior, before)
@@ -144,10 +146,7 @@ pub fn launch(
     let allow_drift = request.allow_drift;
     let max_failures = request.max_failures;
     let tasks = request.tasks.clone();
-    let writer = Writer::spawn(
-        manifest::open(&manifest_path, project.durability)?,
-        &manifest_path,
-    )?;
+    let writer = Writer::open(&manifest_path, project.durability)?;
     let dags = Dags::of(project);
     let result = (|| {
         let report = recovery::release_stale(&writer, &dags, &dag.id, &ctx, None)?;
@@ -156,7 +155,7 @@ pub fn launch(
         }
         crate::fault::point("after-release-stale");
         let first = ctx.refreshed();
-        let owner = writer.call_blocking(move |c| backfills::insert(c, &request, &first))?;
+        let owner = writer.call_blocking(move |c| c.insert_backfill(&request, &first))?;
         let beat = Beating::start(&writer, owner);
         let planned = write_plan(
             &writer,
@@ -319,11 +318,11 @@ pub fn write_plan(
             let mut p = match carried.take() {
                 Some(p) => p,
                 None => Planner::new(
-                    plans::state_before(c, &dag_id, chunk_intervals[0].start.timestamp())?,
+                    c.state_before(&dag_id, chunk_intervals[0].start.timestamp())?,
                     options,
                 ),
             };
-            let mut prior = plans::priors(c, &dag_id, &chunk_intervals, &ctx, Judge::Strict)?;
+            let mut prior = c.priors(&dag_id, &chunk_intervals, &ctx, Judge::Strict)?;
             mark_changed(&mut prior, &chunk_intervals, &chunk_changed);
             let rows: Vec<(i64, PlanRow)> = chunk_intervals
                 .iter()
@@ -343,7 +342,7 @@ pub fn write_plan(
                     )
                 })
                 .collect();
-            plans::insert_chunk(c, backfills::fence(c, owner)?, &dag_id, &rows, &ctx)?;
+            c.insert_plan_chunk(c.fence(owner)?, &dag_id, &rows, &ctx)?;
             Ok((rows, p))
         })?;
         planner = Some(carried);
@@ -354,7 +353,7 @@ pub fn write_plan(
                 .map(|(ord, r)| (usize::try_from(*ord).unwrap_or(usize::MAX), r.interval)),
         );
     }
-    writer.call_blocking(move |c| backfills::planned(c, owner))?;
+    writer.call_blocking(move |c| c.mark_planned(owner))?;
     to_run.sort_unstable_by_key(|(ord, _)| *ord);
     tracing::info!(
         backfill = owner.backfill_id,
@@ -420,13 +419,9 @@ pub fn source_changes(
     let (Some(first), Some(last)) = (intervals.first(), intervals.last()) else {
         return Ok(HashSet::new());
     };
-    let recorded = manifest::queries::recorded_sources(
-        &conn,
-        &dag.id,
-        first.start.timestamp(),
-        last.start.timestamp(),
-    )
-    .map_err(|e| e.at(manifest_path))?;
+    let recorded = conn
+        .recorded_sources(&dag.id, first.start.timestamp(), last.start.timestamp())
+        .map_err(|e| e.at(manifest_path))?;
     drop(conn);
     let stale = crate::probe::survey(&project.root, dag, conf, &recorded);
     for s in stale.iter().filter(|s| s.now.is_none()) {

@@ -16,6 +16,7 @@ pub mod staged;
 use std::path::PathBuf;
 
 use crate::exit::Error;
+use crate::manifest::Store;
 use crate::project::Project;
 
 pub use launch::{Launch, launch};
@@ -66,7 +67,7 @@ pub fn find_backfill(
     (
         Project,
         PathBuf,
-        rusqlite::Connection,
+        Box<dyn crate::manifest::Store>,
         crate::manifest::Backfill,
     ),
     Error,
@@ -76,8 +77,7 @@ pub fn find_backfill(
     let Some(conn) = crate::manifest::open_if_exists(&path)? else {
         return Err(unknown_backfill(id, &path));
     };
-    let Some(backfill) = crate::manifest::backfills::get(&conn, id).map_err(|e| e.at(&path))?
-    else {
+    let Some(backfill) = conn.backfill(id).map_err(|e| e.at(&path))? else {
         return Err(unknown_backfill(id, &path));
     };
     Ok((project, path, conn, backfill))

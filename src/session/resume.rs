@@ -13,7 +13,7 @@ use crate::exit::{self, Error};
 use crate::interval::{DataInterval, Range, expand_nonempty};
 use crate::manifest::leases::LeaseCtx;
 use crate::manifest::writer::Writer;
-use crate::manifest::{self, plans};
+use crate::manifest::{self, Store};
 use crate::plan;
 use crate::recovery::{self, Dags};
 
@@ -28,11 +28,13 @@ pub fn resume_found(
     g: &Global,
     project: &crate::project::Project,
     manifest_path: &std::path::Path,
-    conn: rusqlite::Connection,
+    conn: Box<dyn Store>,
     backfill: manifest::Backfill,
 ) -> Result<u8, Error> {
     let id = backfill.id;
-    let pending = plans::unfinished(&conn, id).map_err(|e| e.at(manifest_path))?;
+    let pending = conn
+        .unfinished_intervals(id)
+        .map_err(|e| e.at(manifest_path))?;
     drop(conn);
     let dag = match (&backfill.tasks, backfill.kind) {
         (Some(tasks), crate::state::BackfillKind::Run | crate::state::BackfillKind::Stage) => {
@@ -52,7 +54,8 @@ pub fn resume_found(
     let (intervals, upstream_skips) = match (backfill.planning, backfill.cascade_of) {
         (true, Some(root)) => {
             let conn = manifest::open_read_only(manifest_path)?;
-            let first = manifest::backfills::get(&conn, root)
+            let first = conn
+                .backfill(root)
                 .map_err(|e| e.at(manifest_path))?
                 .ok_or_else(|| Error::Internal(format!("cascade backfill {root} vanished")))?;
             let mode = first
@@ -77,14 +80,12 @@ pub fn resume_found(
     };
     window.sort_unstable();
     let reprs = check_tasks(&dag, &conf, &window)?;
-    let writer = Writer::spawn(
-        manifest::open(manifest_path, project.durability)?,
-        manifest_path,
-    )?;
+    let writer = Writer::open(manifest_path, project.durability)?;
     let ctx = LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL);
     let dags = Dags::of(project);
     let Some(taken) = recovery::take_over(&writer, id, &ctx)? else {
-        let current = manifest::backfills::get(&manifest::open_read_only(manifest_path)?, id)
+        let current = manifest::open_read_only(manifest_path)?
+            .backfill(id)
             .map_err(|e| e.at(manifest_path))?;
         writer.close();
         let Some(b) = current else {
@@ -111,8 +112,7 @@ pub fn resume_found(
         }
         if backfill.planning {
             // The plan was being written when the owner died: finish it.
-            let already: HashSet<i64> =
-                writer.call_blocking(move |c| plans::planned_starts(c, id))?;
+            let already: HashSet<i64> = writer.call_blocking(move |c| c.planned_starts(id))?;
             let options = plan::Options {
                 reprocess: backfill.reprocess,
                 run_backwards: backfill.run_backwards,

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use crate::exit::Error;
 use crate::manifest::writer::Writer;
-use crate::manifest::{self, Backfill, backfills, runs};
+use crate::manifest::{self, Backfill, Store};
 use crate::project::Project;
 use crate::runner::{Mode, StagedTry};
 use crate::state::BackfillKind;
@@ -35,7 +35,9 @@ pub fn staged_outputs(
     backfill_id: i64,
 ) -> Result<HashMap<(i64, String), StagedTry>, Error> {
     let conn = manifest::open_read_only(manifest_path)?;
-    let staged = runs::staged(&conn, backfill_id).map_err(|e| e.at(manifest_path))?;
+    let staged = conn
+        .staged_outputs(backfill_id)
+        .map_err(|e| e.at(manifest_path))?;
     Ok(staged
         .into_iter()
         .filter(|s| s.state == crate::state::StagedState::Staged)
@@ -58,8 +60,8 @@ pub fn staged_outputs(
 /// Once no output of a staged backfill awaits promotion, it is complete. Written through the
 /// manifest's writer, as every write is.
 pub fn settle_staged(path: &Path, project: &Project, id: i64) -> Result<(), Error> {
-    let writer = Writer::spawn(manifest::open(path, project.durability)?, path)?;
-    let settled = writer.call_blocking(move |c| backfills::settle_staged(c, id));
+    let writer = Writer::open(path, project.durability)?;
+    let settled = writer.call_blocking(move |c| c.settle_staged(id));
     writer.close();
     Ok(settled?)
 }

@@ -1,0 +1,926 @@
+//! The manifest's typed interface: every read and write the rest of the program makes, by
+//! name, with typed ids, states and verdicts. Callers hold a `&dyn Store` (through the writer,
+//! a reader or an opened manifest) and never know the engine; each engine implements it with its
+//! own SQL (SQLite here, in the submodules of `manifest`).
+//!
+//! Every write that a backfill's owner makes carries its [`Fenced`] proof (from
+//! [`Store::fence`] in the same transaction), so that an owner that lost its claim writes
+//! nothing.
+
+use std::collections::{HashMap, HashSet};
+
+use rusqlite::Connection;
+
+use super::backfills::{Backfill, Fenced, Heartbeat, NewBackfill, Owner};
+use super::cascades::{PlanOutcome, SucceededTry};
+use super::leases::{Judge, LeaseCtx};
+use super::pools::Take;
+use super::queries::{BackfillDetail, BackfillSummary, Outcome, Recorded, RunHistory};
+use super::runs::{Current, PendingPublish, Publication, Staged, TryRecord, UnfinishedTry};
+use super::{Result, backfills, cascades, leases, plans, pools, queries, runs};
+use crate::interval::DataInterval;
+use crate::liveness::Group;
+use crate::plan::{PlanRow, Prior, RunState, SkipReason};
+use crate::state::BackfillState;
+
+/// The manifest, as every caller sees it.
+pub trait Store {
+    fn backfill(&self, id: i64) -> Result<Option<Backfill>>;
+    /// Checks, inside the caller's transaction, that `owner` may still act: its epoch is current
+    /// and the backfill is running.
+    fn fence(&self, owner: Owner) -> Result<Fenced>;
+    /// Records a new backfill owned by this process, its plan still to be written.
+    fn insert_backfill(&self, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner>;
+    /// Records that the plan is complete.
+    fn mark_planned(&self, owner: Owner) -> Result<()>;
+    /// Refreshes the owner heartbeat and reads what the owner must do; [`Error::Fenced`] when
+    /// another process took the backfill over.
+    fn heartbeat(&self, owner: Owner, now_ms: i64) -> Result<Heartbeat>;
+    /// Records the end of a backfill by its owner and releases whatever leases it still holds.
+    fn finish_backfill(&self, owner: Owner, state: BackfillState, now_ms: i64) -> Result<()>;
+    /// Asks the process running a backfill to stop (it polls the flag with its heartbeat).
+    fn request_cancel(&self, backfill_id: i64) -> Result<()>;
+    /// Takes the ownership of a backfill whose owner is gone away from it: a new epoch, so that
+    /// the old owner, should it wake up, is refused everything. With `me`, this process becomes
+    /// the owner and the backfill runs again; without, the backfill ends as `cancelled`. Returns
+    /// the new [`Owner`], or `None` when the backfill's owner is alive after all (nothing changed).
+    fn take_ownership(&self, backfill_id: i64, ctx: &LeaseCtx, me: bool) -> Result<Option<Owner>>;
+    /// The running promote backfill of staged backfill `staged`, if any.
+    fn promoting(&self, staged: i64) -> Result<Option<i64>>;
+    /// Once no output of staged backfill `id` awaits promotion, it is complete.
+    fn settle_staged(&self, id: i64) -> Result<()>;
+    /// Interval starts of `dag_id` in `[lo, hi]` whose lease is held, as `judge` says.
+    fn held_leases(
+        &self,
+        dag_id: &str,
+        lo: i64,
+        hi: i64,
+        ctx: &LeaseCtx,
+        judge: Judge,
+    ) -> Result<HashSet<i64>>;
+    /// The leases of `dag_id` whose owner is gone: `(interval_start, owner backfill)`. Their owners
+    /// are to be recovered (a lease whose run's try is still running after that stays live, see
+    /// [`live`]).
+    fn stale_leases(&self, dag_id: &str, ctx: &LeaseCtx) -> Result<Vec<(i64, i64)>>;
+    /// Leases `intervals` for `backfill_id`. The caller has checked (in this transaction, with
+    /// [`Judge::Strict`]) that no other backfill holds them; a lease of a finished or recovered
+    /// backfill is replaced.
+    fn take_leases(
+        &self,
+        backfill_id: i64,
+        dag_id: &str,
+        intervals: &mut dyn Iterator<Item = DataInterval>,
+        ctx: &LeaseCtx,
+    ) -> Result<()>;
+    /// Whether `backfill_id` still holds the lease of an interval.
+    fn holds_lease(&self, backfill_id: i64, dag_id: &str, interval_start: i64) -> Result<bool>;
+    /// Releases one lease if `backfill_id` holds it.
+    fn release_lease(&self, backfill_id: i64, dag_id: &str, interval_start: i64) -> Result<()>;
+    /// Releases every lease of backfill `backfill_id` but those of its runs still queued or
+    /// running (tries that could not be stopped keep their intervals in flight).
+    fn release_all_but_running(&self, backfill_id: i64) -> Result<()>;
+    /// What the manifest knows about each interval (ascending), for planning: the latest run, and
+    /// whether a lease is held as `judge` says. Staged runs publish nothing and rollbacks put back
+    /// what earlier runs computed: only the runs of other backfills tell what was computed.
+    fn priors(
+        &self,
+        dag_id: &str,
+        intervals: &[DataInterval],
+        ctx: &LeaseCtx,
+        judge: leases::Judge,
+    ) -> Result<Vec<Prior>>;
+    /// The latest state of the interval that ends where `start` begins, if any (for
+    /// `depends_on_past`).
+    fn state_before(&self, dag_id: &str, start: i64) -> Result<Option<RunState>>;
+    /// Writes plan rows (`(ord, row)`) and leases the intervals to run, for the owner.
+    fn insert_plan_chunk(
+        &self,
+        f: Fenced,
+        dag_id: &str,
+        rows: &[(i64, PlanRow)],
+        ctx: &LeaseCtx,
+    ) -> Result<()>;
+    /// Interval starts that already have a plan row in a backfill.
+    fn planned_starts(&self, backfill_id: i64) -> Result<std::collections::HashSet<i64>>;
+    /// Changes a planned interval to a skip (decided while running, e.g. `depends_on_past`) and
+    /// releases its lease.
+    fn skip_planned(
+        &self,
+        f: Fenced,
+        dag_id: &str,
+        interval_start: i64,
+        reason: SkipReason,
+    ) -> Result<()>;
+    /// Records a planned interval as skipped.
+    fn mark_skipped(&self, backfill_id: i64, interval_start: i64, reason: SkipReason)
+    -> Result<()>;
+    /// The planned intervals of a backfill that have not finished (`succeeded`, `failed` or
+    /// `rejected`) in it, in plan order.
+    fn unfinished_intervals(&self, backfill_id: i64) -> Result<Vec<DataInterval>>;
+    /// The latest run of each interval of `dag_id` starting in `[lo, hi]`: its state, backfill and
+    /// start time (unix milliseconds).
+    fn latest_runs(
+        &self,
+        dag_id: &str,
+        lo: i64,
+        hi: i64,
+    ) -> Result<HashMap<i64, (RunState, i64, i64)>>;
+    /// Takes a slot of `pool` (of `size`) for try `try_id` if one is free; records that the try
+    /// waits for the pool when none is.
+    fn take_pool_slot(
+        &self,
+        f: Fenced,
+        pool: &str,
+        size: u32,
+        try_id: i64,
+        ctx: &LeaseCtx,
+    ) -> Result<Take>;
+    /// Backfills, newest last, optionally of one DAG and/or only the running ones.
+    fn list_backfills(
+        &self,
+        dag_id: Option<&str>,
+        active_only: bool,
+    ) -> Result<Vec<BackfillSummary>>;
+    fn outcome(&self, id: i64) -> Result<Option<Outcome>>;
+    /// A backfill and every interval of its plan; `None` when there is no such backfill.
+    ///
+    /// Three ordered range scans whatever the size, merged here: the backfill's runs in
+    /// `(interval_start, id)` index order, their tries in `run_id` index order, and the plan by
+    /// primary key. No per-row lookups and no sorts.
+    fn show_backfill(&self, id: i64) -> Result<Option<BackfillDetail>>;
+    /// Every run of a DAG whose interval starts in `[lo, hi]`, by interval then attempt: the runs
+    /// in index order and their tries in `run_id` order, merged here.
+    fn run_history(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<RunHistory>>;
+    /// What the succeeded tries of each interval's latest run recorded about the source, for the
+    /// intervals of a DAG starting in `[lo, hi]` whose latest run succeeded.
+    fn recorded_sources(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Recorded>;
+    /// How long (ms) the latest `limit` successful tries of a task took, newest first.
+    fn recent_durations_ms(&self, dag_id: &str, task_id: &str, limit: i64) -> Result<Vec<i64>>;
+    /// Records that an interval's run started and names it in the interval's lease; returns the run
+    /// id, or `None` when the owner no longer holds the lease.
+    fn start_run(
+        &self,
+        fenced: Fenced,
+        dag_id: &str,
+        interval: DataInterval,
+        now_ms: i64,
+    ) -> Result<Option<i64>>;
+    /// Whether the backfill of a try's run still holds that interval's lease: a try whose interval
+    /// was taken over may neither be let go nor publish.
+    fn try_holds_lease(&self, try_id: i64) -> Result<bool>;
+    /// Whether a run is still in progress (not abandoned by a taker).
+    fn run_in_progress(&self, run_id: i64) -> Result<bool>;
+    /// Records a finished run and releases its lease.
+    fn finish_run(
+        &self,
+        _fenced: Fenced,
+        run_id: i64,
+        state: RunState,
+        error: Option<&str>,
+        now_ms: i64,
+    ) -> Result<()>;
+    /// Records that a try started; returns its id, or `None` when its run was abandoned or its
+    /// interval taken over.
+    fn start_try(
+        &self,
+        fenced: Fenced,
+        run_id: i64,
+        task_id: &str,
+        try_number: u32,
+        log_path: &str,
+        now_ms: i64,
+    ) -> Result<Option<i64>>;
+    /// Records the first try of a run started in the same transaction (which checked the lease).
+    fn insert_try(
+        &self,
+        _fenced: Fenced,
+        run_id: i64,
+        task_id: &str,
+        try_number: u32,
+        log_path: &str,
+        now_ms: i64,
+    ) -> Result<i64>;
+    /// Records the process group of a try before it is let go; `false` when the try is no longer
+    /// running (it must then never be let go).
+    fn set_try_group(&self, _fenced: Fenced, try_id: i64, group: Group, host: &str)
+    -> Result<bool>;
+    /// Records the audit file of a SQL try, so that it can be removed should the owner die.
+    fn set_try_audit(&self, _fenced: Fenced, try_id: i64, path: &str) -> Result<()>;
+    /// Records the end of a try of the owner.
+    fn finish_try(&self, _fenced: Fenced, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()>;
+    /// Records the end of a try that is still running or publishing.
+    fn end_try(&self, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()>;
+    /// Records the gate's decision to publish before the warehouse is touched: a crash between this
+    /// and [`mark_published`] is repaired by redoing the publish from the audit file.
+    fn record_publish_intent(
+        &self,
+        _fenced: Fenced,
+        try_id: i64,
+        audit_path: Option<&str>,
+        rec: &TryRecord,
+    ) -> Result<bool>;
+    /// Makes a try the published try of its task and interval.
+    fn mark_published(&self, p: &Publication<'_>, now_ms: i64) -> Result<()>;
+    /// The currently published try of a task and interval: `(try_id, rows, fingerprint)`.
+    fn published(
+        &self,
+        dag_id: &str,
+        task_id: &str,
+        interval_start: i64,
+    ) -> Result<Option<(i64, i64, Option<String>)>>;
+    /// The tries of a backfill's runs that are still running or publishing.
+    fn unfinished_tries(&self, backfill_id: i64) -> Result<Vec<UnfinishedTry>>;
+    /// Tries of a backfill's runs that recorded a publish intent and never finished it.
+    fn pending_publishes(&self, backfill_id: i64) -> Result<Vec<PendingPublish>>;
+    /// Whether a try still has an unfinished publish intent.
+    fn is_publishing(&self, try_id: i64) -> Result<bool>;
+    /// Records the end of a try of a dead owner (killed, never started, or its publish finished by
+    /// the recoverer). Only a try still unfinished changes; returns whether it did.
+    fn end_abandoned_try(&self, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<bool>;
+    /// The runs of a backfill still in progress.
+    fn runs_in_progress(&self, backfill_id: i64) -> Result<Vec<i64>>;
+    /// Ends runs of a dead backfill that are still in progress (from `runs`, as claimed): a run
+    /// whose every task has a succeeded try succeeded (a crash after its last publish); the others
+    /// are cancelled, except those whose interval is still held by a try that could not be stopped
+    /// (`keep`). Releases their leases.
+    fn end_abandoned_runs(
+        &self,
+        runs: &[i64],
+        task_counts: &dyn Fn(&str) -> Option<usize>,
+        keep: &[i64],
+        why: &str,
+        now_ms: i64,
+    ) -> Result<()>;
+    /// Whether a try may publish now: its intent is recorded and not finished, its backfill still
+    /// holds the interval's lease, no newer try of its task and interval is published, and (for the
+    /// owner's own publish) the owner's epoch is current. Asked inside the warehouse's publish
+    /// transaction, after the warehouse's write lock is taken.
+    fn may_publish(&self, try_id: i64, owner: Option<Owner>) -> Result<bool>;
+    /// Records what became of a staged output (promoted or discarded); `false` when it was no
+    /// longer staged.
+    fn set_staged(&self, staged_try: i64, to: crate::state::StagedState) -> Result<bool>;
+    /// The staged outputs of a backfill, whatever became of them since, by interval then try.
+    fn staged_outputs(&self, backfill_id: i64) -> Result<Vec<Staged>>;
+    /// The currently published try of a task and interval, with its rows and content.
+    fn current_publication(
+        &self,
+        dag_id: &str,
+        task_id: &str,
+        interval_start: i64,
+    ) -> Result<Option<Current>>;
+    /// Whether a staged try's output still awaits promotion.
+    fn is_staged(&self, staged_try: i64) -> Result<bool>;
+    /// Records that try `try_id` promotes the staged try `staged_try`.
+    fn set_promoted_from(&self, try_id: i64, staged_try: i64) -> Result<()>;
+    /// Discards a staged output unless a promote of it is running: `false` when it was not
+    /// discarded.
+    fn discard_staged(&self, staged_try: i64) -> Result<bool>;
+    /// The tries whose audit files must stay: publishes that were decided (a recovery redoes
+    /// them) and staged outputs, kept until promoted or discarded.
+    fn needing_audit_files(&self) -> Result<std::collections::HashSet<i64>>;
+    /// The interval starts of backfill `backfill_id` whose runs are still queued or running.
+    fn starts_in_progress(&self, backfill_id: i64) -> Result<std::collections::HashSet<i64>>;
+    /// Every row of the plan of backfill `backfill_id`, by interval start.
+    fn plan_outcomes(&self, backfill_id: i64) -> Result<Vec<PlanOutcome>>;
+    /// The state of the latest run of an interval that computed it (staged, rollback and
+    /// partial `--tasks` runs left out).
+    fn latest_computing_state(&self, dag_id: &str, start: i64) -> Result<Option<RunState>>;
+    /// When the latest successful run of an interval of `dag_id` started (unix ms), staged runs
+    /// left out: what it read of its upstream is what was published then.
+    fn last_success(&self, dag_id: &str, start: i64) -> Result<Option<i64>>;
+    /// The succeeded, unstaged tries of an interval in the order they were made: task, fingerprint
+    /// and when it ended (unix ms).
+    fn succeeded_tries(&self, dag_id: &str, start: i64) -> Result<Vec<SucceededTry>>;
+    /// The backfills of the cascade of `root` after `root` itself, oldest first.
+    fn cascade_members(&self, root: i64) -> Result<Vec<Backfill>>;
+    /// How many planned intervals of backfill `id` have not ended (not started, or cancelled):
+    /// a cascade goes on past it only once it has none.
+    fn unfinished_count(&self, id: i64) -> Result<i64>;
+    /// The running backfill of the cascade of `root` (`root` itself or one of its members), the
+    /// newest if several.
+    fn running_member(&self, root: i64) -> Result<Option<i64>>;
+}
+
+/// The SQLite manifest: a connection inside the writer's transaction, or a read-only one.
+impl Store for Connection {
+    fn backfill(&self, id: i64) -> Result<Option<Backfill>> {
+        backfills::get(self, id)
+    }
+    fn fence(&self, owner: Owner) -> Result<Fenced> {
+        backfills::fence(self, owner)
+    }
+    fn insert_backfill(&self, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
+        backfills::insert(self, b, ctx)
+    }
+    fn mark_planned(&self, owner: Owner) -> Result<()> {
+        backfills::planned(self, owner)
+    }
+    fn heartbeat(&self, owner: Owner, now_ms: i64) -> Result<Heartbeat> {
+        backfills::heartbeat(self, owner, now_ms)
+    }
+    fn finish_backfill(&self, owner: Owner, state: BackfillState, now_ms: i64) -> Result<()> {
+        backfills::finish(self, owner, state, now_ms)
+    }
+    fn request_cancel(&self, backfill_id: i64) -> Result<()> {
+        backfills::request_cancel(self, backfill_id)
+    }
+    fn take_ownership(&self, backfill_id: i64, ctx: &LeaseCtx, me: bool) -> Result<Option<Owner>> {
+        backfills::take_ownership(self, backfill_id, ctx, me)
+    }
+    fn promoting(&self, staged: i64) -> Result<Option<i64>> {
+        backfills::promoting(self, staged)
+    }
+    fn settle_staged(&self, id: i64) -> Result<()> {
+        backfills::settle_staged(self, id)
+    }
+    fn held_leases(
+        &self,
+        dag_id: &str,
+        lo: i64,
+        hi: i64,
+        ctx: &LeaseCtx,
+        judge: Judge,
+    ) -> Result<HashSet<i64>> {
+        leases::held(self, dag_id, lo, hi, ctx, judge)
+    }
+    fn stale_leases(&self, dag_id: &str, ctx: &LeaseCtx) -> Result<Vec<(i64, i64)>> {
+        leases::stale(self, dag_id, ctx)
+    }
+    fn take_leases(
+        &self,
+        backfill_id: i64,
+        dag_id: &str,
+        intervals: &mut dyn Iterator<Item = DataInterval>,
+        ctx: &LeaseCtx,
+    ) -> Result<()> {
+        leases::take(self, backfill_id, dag_id, intervals, ctx)
+    }
+    fn holds_lease(&self, backfill_id: i64, dag_id: &str, interval_start: i64) -> Result<bool> {
+        leases::holds(self, backfill_id, dag_id, interval_start)
+    }
+    fn release_lease(&self, backfill_id: i64, dag_id: &str, interval_start: i64) -> Result<()> {
+        leases::release(self, backfill_id, dag_id, interval_start)
+    }
+    fn release_all_but_running(&self, backfill_id: i64) -> Result<()> {
+        leases::release_all_but_running(self, backfill_id)
+    }
+    fn priors(
+        &self,
+        dag_id: &str,
+        intervals: &[DataInterval],
+        ctx: &LeaseCtx,
+        judge: leases::Judge,
+    ) -> Result<Vec<Prior>> {
+        plans::priors(self, dag_id, intervals, ctx, judge)
+    }
+    fn state_before(&self, dag_id: &str, start: i64) -> Result<Option<RunState>> {
+        plans::state_before(self, dag_id, start)
+    }
+    fn insert_plan_chunk(
+        &self,
+        f: Fenced,
+        dag_id: &str,
+        rows: &[(i64, PlanRow)],
+        ctx: &LeaseCtx,
+    ) -> Result<()> {
+        plans::insert_chunk(self, f, dag_id, rows, ctx)
+    }
+    fn planned_starts(&self, backfill_id: i64) -> Result<std::collections::HashSet<i64>> {
+        plans::planned_starts(self, backfill_id)
+    }
+    fn skip_planned(
+        &self,
+        f: Fenced,
+        dag_id: &str,
+        interval_start: i64,
+        reason: SkipReason,
+    ) -> Result<()> {
+        plans::skip_planned(self, f, dag_id, interval_start, reason)
+    }
+    fn mark_skipped(
+        &self,
+        backfill_id: i64,
+        interval_start: i64,
+        reason: SkipReason,
+    ) -> Result<()> {
+        plans::mark_skipped(self, backfill_id, interval_start, reason)
+    }
+    fn unfinished_intervals(&self, backfill_id: i64) -> Result<Vec<DataInterval>> {
+        plans::unfinished(self, backfill_id)
+    }
+    fn latest_runs(
+        &self,
+        dag_id: &str,
+        lo: i64,
+        hi: i64,
+    ) -> Result<HashMap<i64, (RunState, i64, i64)>> {
+        plans::latest_runs(self, dag_id, lo, hi)
+    }
+    fn take_pool_slot(
+        &self,
+        f: Fenced,
+        pool: &str,
+        size: u32,
+        try_id: i64,
+        ctx: &LeaseCtx,
+    ) -> Result<Take> {
+        pools::take(self, f, pool, size, try_id, ctx)
+    }
+    fn list_backfills(
+        &self,
+        dag_id: Option<&str>,
+        active_only: bool,
+    ) -> Result<Vec<BackfillSummary>> {
+        queries::list(self, dag_id, active_only)
+    }
+    fn outcome(&self, id: i64) -> Result<Option<Outcome>> {
+        queries::outcome(self, id)
+    }
+    fn show_backfill(&self, id: i64) -> Result<Option<BackfillDetail>> {
+        queries::show(self, id)
+    }
+    fn run_history(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<RunHistory>> {
+        queries::runs(self, dag_id, lo, hi)
+    }
+    fn recorded_sources(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Recorded> {
+        queries::recorded_sources(self, dag_id, lo, hi)
+    }
+    fn recent_durations_ms(&self, dag_id: &str, task_id: &str, limit: i64) -> Result<Vec<i64>> {
+        queries::recent_durations_ms(self, dag_id, task_id, limit)
+    }
+    fn start_run(
+        &self,
+        fenced: Fenced,
+        dag_id: &str,
+        interval: DataInterval,
+        now_ms: i64,
+    ) -> Result<Option<i64>> {
+        runs::start_run(self, fenced, dag_id, interval, now_ms)
+    }
+    fn try_holds_lease(&self, try_id: i64) -> Result<bool> {
+        runs::try_holds_lease(self, try_id)
+    }
+    fn run_in_progress(&self, run_id: i64) -> Result<bool> {
+        runs::in_progress(self, run_id)
+    }
+    fn finish_run(
+        &self,
+        _fenced: Fenced,
+        run_id: i64,
+        state: RunState,
+        error: Option<&str>,
+        now_ms: i64,
+    ) -> Result<()> {
+        runs::finish_run(self, _fenced, run_id, state, error, now_ms)
+    }
+    fn start_try(
+        &self,
+        fenced: Fenced,
+        run_id: i64,
+        task_id: &str,
+        try_number: u32,
+        log_path: &str,
+        now_ms: i64,
+    ) -> Result<Option<i64>> {
+        runs::start_try(self, fenced, run_id, task_id, try_number, log_path, now_ms)
+    }
+    fn insert_try(
+        &self,
+        _fenced: Fenced,
+        run_id: i64,
+        task_id: &str,
+        try_number: u32,
+        log_path: &str,
+        now_ms: i64,
+    ) -> Result<i64> {
+        runs::insert_try(self, _fenced, run_id, task_id, try_number, log_path, now_ms)
+    }
+    fn set_try_group(
+        &self,
+        _fenced: Fenced,
+        try_id: i64,
+        group: Group,
+        host: &str,
+    ) -> Result<bool> {
+        runs::set_try_group(self, _fenced, try_id, group, host)
+    }
+    fn set_try_audit(&self, _fenced: Fenced, try_id: i64, path: &str) -> Result<()> {
+        runs::set_try_audit(self, _fenced, try_id, path)
+    }
+    fn finish_try(&self, _fenced: Fenced, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()> {
+        runs::finish_try(self, _fenced, try_id, rec, now_ms)
+    }
+    fn end_try(&self, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()> {
+        runs::end_try(self, try_id, rec, now_ms)
+    }
+    fn record_publish_intent(
+        &self,
+        _fenced: Fenced,
+        try_id: i64,
+        audit_path: Option<&str>,
+        rec: &TryRecord,
+    ) -> Result<bool> {
+        runs::record_publish_intent(self, _fenced, try_id, audit_path, rec)
+    }
+    fn mark_published(&self, p: &Publication<'_>, now_ms: i64) -> Result<()> {
+        runs::mark_published(self, p, now_ms)
+    }
+    fn published(
+        &self,
+        dag_id: &str,
+        task_id: &str,
+        interval_start: i64,
+    ) -> Result<Option<(i64, i64, Option<String>)>> {
+        runs::published(self, dag_id, task_id, interval_start)
+    }
+    fn unfinished_tries(&self, backfill_id: i64) -> Result<Vec<UnfinishedTry>> {
+        runs::unfinished_tries(self, backfill_id)
+    }
+    fn pending_publishes(&self, backfill_id: i64) -> Result<Vec<PendingPublish>> {
+        runs::pending_publishes(self, backfill_id)
+    }
+    fn is_publishing(&self, try_id: i64) -> Result<bool> {
+        runs::publishing(self, try_id)
+    }
+    fn end_abandoned_try(&self, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<bool> {
+        runs::end_abandoned_try(self, try_id, rec, now_ms)
+    }
+    fn runs_in_progress(&self, backfill_id: i64) -> Result<Vec<i64>> {
+        runs::runs_in_progress(self, backfill_id)
+    }
+    fn end_abandoned_runs(
+        &self,
+        runs: &[i64],
+        task_counts: &dyn Fn(&str) -> Option<usize>,
+        keep: &[i64],
+        why: &str,
+        now_ms: i64,
+    ) -> Result<()> {
+        runs::end_abandoned_runs(self, runs, task_counts, keep, why, now_ms)
+    }
+    fn may_publish(&self, try_id: i64, owner: Option<Owner>) -> Result<bool> {
+        runs::may_publish(self, try_id, owner)
+    }
+    fn set_staged(&self, staged_try: i64, to: crate::state::StagedState) -> Result<bool> {
+        runs::set_staged(self, staged_try, to)
+    }
+    fn staged_outputs(&self, backfill_id: i64) -> Result<Vec<Staged>> {
+        runs::staged(self, backfill_id)
+    }
+    fn current_publication(
+        &self,
+        dag_id: &str,
+        task_id: &str,
+        interval_start: i64,
+    ) -> Result<Option<Current>> {
+        runs::current(self, dag_id, task_id, interval_start)
+    }
+    fn is_staged(&self, staged_try: i64) -> Result<bool> {
+        runs::is_staged(self, staged_try)
+    }
+    fn set_promoted_from(&self, try_id: i64, staged_try: i64) -> Result<()> {
+        runs::set_promoted_from(self, try_id, staged_try)
+    }
+    fn discard_staged(&self, staged_try: i64) -> Result<bool> {
+        runs::discard_staged(self, staged_try)
+    }
+    fn needing_audit_files(&self) -> Result<std::collections::HashSet<i64>> {
+        runs::needing_audit_files(self)
+    }
+    fn starts_in_progress(&self, backfill_id: i64) -> Result<std::collections::HashSet<i64>> {
+        runs::starts_in_progress(self, backfill_id)
+    }
+    fn plan_outcomes(&self, backfill_id: i64) -> Result<Vec<PlanOutcome>> {
+        cascades::plan_outcomes(self, backfill_id)
+    }
+    fn latest_computing_state(&self, dag_id: &str, start: i64) -> Result<Option<RunState>> {
+        Ok(cascades::latest_state(self, dag_id, start)?)
+    }
+    fn last_success(&self, dag_id: &str, start: i64) -> Result<Option<i64>> {
+        Ok(cascades::last_success(self, dag_id, start)?)
+    }
+    fn succeeded_tries(&self, dag_id: &str, start: i64) -> Result<Vec<SucceededTry>> {
+        Ok(cascades::succeeded_tries(self, dag_id, start)?)
+    }
+    fn cascade_members(&self, root: i64) -> Result<Vec<Backfill>> {
+        cascades::members(self, root)
+    }
+    fn unfinished_count(&self, id: i64) -> Result<i64> {
+        cascades::unfinished(self, id)
+    }
+    fn running_member(&self, root: i64) -> Result<Option<i64>> {
+        cascades::running_member(self, root)
+    }
+}
+
+/// An opened manifest of any engine.
+impl<T: Store + ?Sized> Store for Box<T> {
+    fn backfill(&self, id: i64) -> Result<Option<Backfill>> {
+        (**self).backfill(id)
+    }
+    fn fence(&self, owner: Owner) -> Result<Fenced> {
+        (**self).fence(owner)
+    }
+    fn insert_backfill(&self, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
+        (**self).insert_backfill(b, ctx)
+    }
+    fn mark_planned(&self, owner: Owner) -> Result<()> {
+        (**self).mark_planned(owner)
+    }
+    fn heartbeat(&self, owner: Owner, now_ms: i64) -> Result<Heartbeat> {
+        (**self).heartbeat(owner, now_ms)
+    }
+    fn finish_backfill(&self, owner: Owner, state: BackfillState, now_ms: i64) -> Result<()> {
+        (**self).finish_backfill(owner, state, now_ms)
+    }
+    fn request_cancel(&self, backfill_id: i64) -> Result<()> {
+        (**self).request_cancel(backfill_id)
+    }
+    fn take_ownership(&self, backfill_id: i64, ctx: &LeaseCtx, me: bool) -> Result<Option<Owner>> {
+        (**self).take_ownership(backfill_id, ctx, me)
+    }
+    fn promoting(&self, staged: i64) -> Result<Option<i64>> {
+        (**self).promoting(staged)
+    }
+    fn settle_staged(&self, id: i64) -> Result<()> {
+        (**self).settle_staged(id)
+    }
+    fn held_leases(
+        &self,
+        dag_id: &str,
+        lo: i64,
+        hi: i64,
+        ctx: &LeaseCtx,
+        judge: Judge,
+    ) -> Result<HashSet<i64>> {
+        (**self).held_leases(dag_id, lo, hi, ctx, judge)
+    }
+    fn stale_leases(&self, dag_id: &str, ctx: &LeaseCtx) -> Result<Vec<(i64, i64)>> {
+        (**self).stale_leases(dag_id, ctx)
+    }
+    fn take_leases(
+        &self,
+        backfill_id: i64,
+        dag_id: &str,
+        intervals: &mut dyn Iterator<Item = DataInterval>,
+        ctx: &LeaseCtx,
+    ) -> Result<()> {
+        (**self).take_leases(backfill_id, dag_id, intervals, ctx)
+    }
+    fn holds_lease(&self, backfill_id: i64, dag_id: &str, interval_start: i64) -> Result<bool> {
+        (**self).holds_lease(backfill_id, dag_id, interval_start)
+    }
+    fn release_lease(&self, backfill_id: i64, dag_id: &str, interval_start: i64) -> Result<()> {
+        (**self).release_lease(backfill_id, dag_id, interval_start)
+    }
+    fn release_all_but_running(&self, backfill_id: i64) -> Result<()> {
+        (**self).release_all_but_running(backfill_id)
+    }
+    fn priors(
+        &self,
+        dag_id: &str,
+        intervals: &[DataInterval],
+        ctx: &LeaseCtx,
+        judge: leases::Judge,
+    ) -> Result<Vec<Prior>> {
+        (**self).priors(dag_id, intervals, ctx, judge)
+    }
+    fn state_before(&self, dag_id: &str, start: i64) -> Result<Option<RunState>> {
+        (**self).state_before(dag_id, start)
+    }
+    fn insert_plan_chunk(
+        &self,
+        f: Fenced,
+        dag_id: &str,
+        rows: &[(i64, PlanRow)],
+        ctx: &LeaseCtx,
+    ) -> Result<()> {
+        (**self).insert_plan_chunk(f, dag_id, rows, ctx)
+    }
+    fn planned_starts(&self, backfill_id: i64) -> Result<std::collections::HashSet<i64>> {
+        (**self).planned_starts(backfill_id)
+    }
+    fn skip_planned(
+        &self,
+        f: Fenced,
+        dag_id: &str,
+        interval_start: i64,
+        reason: SkipReason,
+    ) -> Result<()> {
+        (**self).skip_planned(f, dag_id, interval_start, reason)
+    }
+    fn mark_skipped(
+        &self,
+        backfill_id: i64,
+        interval_start: i64,
+        reason: SkipReason,
+    ) -> Result<()> {
+        (**self).mark_skipped(backfill_id, interval_start, reason)
+    }
+    fn unfinished_intervals(&self, backfill_id: i64) -> Result<Vec<DataInterval>> {
+        (**self).unfinished_intervals(backfill_id)
+    }
+    fn latest_runs(
+        &self,
+        dag_id: &str,
+        lo: i64,
+        hi: i64,
+    ) -> Result<HashMap<i64, (RunState, i64, i64)>> {
+        (**self).latest_runs(dag_id, lo, hi)
+    }
+    fn take_pool_slot(
+        &self,
+        f: Fenced,
+        pool: &str,
+        size: u32,
+        try_id: i64,
+        ctx: &LeaseCtx,
+    ) -> Result<Take> {
+        (**self).take_pool_slot(f, pool, size, try_id, ctx)
+    }
+    fn list_backfills(
+        &self,
+        dag_id: Option<&str>,
+        active_only: bool,
+    ) -> Result<Vec<BackfillSummary>> {
+        (**self).list_backfills(dag_id, active_only)
+    }
+    fn outcome(&self, id: i64) -> Result<Option<Outcome>> {
+        (**self).outcome(id)
+    }
+    fn show_backfill(&self, id: i64) -> Result<Option<BackfillDetail>> {
+        (**self).show_backfill(id)
+    }
+    fn run_history(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<RunHistory>> {
+        (**self).run_history(dag_id, lo, hi)
+    }
+    fn recorded_sources(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Recorded> {
+        (**self).recorded_sources(dag_id, lo, hi)
+    }
+    fn recent_durations_ms(&self, dag_id: &str, task_id: &str, limit: i64) -> Result<Vec<i64>> {
+        (**self).recent_durations_ms(dag_id, task_id, limit)
+    }
+    fn start_run(
+        &self,
+        fenced: Fenced,
+        dag_id: &str,
+        interval: DataInterval,
+        now_ms: i64,
+    ) -> Result<Option<i64>> {
+        (**self).start_run(fenced, dag_id, interval, now_ms)
+    }
+    fn try_holds_lease(&self, try_id: i64) -> Result<bool> {
+        (**self).try_holds_lease(try_id)
+    }
+    fn run_in_progress(&self, run_id: i64) -> Result<bool> {
+        (**self).run_in_progress(run_id)
+    }
+    fn finish_run(
+        &self,
+        _fenced: Fenced,
+        run_id: i64,
+        state: RunState,
+        error: Option<&str>,
+        now_ms: i64,
+    ) -> Result<()> {
+        (**self).finish_run(_fenced, run_id, state, error, now_ms)
+    }
+    fn start_try(
+        &self,
+        fenced: Fenced,
+        run_id: i64,
+        task_id: &str,
+        try_number: u32,
+        log_path: &str,
+        now_ms: i64,
+    ) -> Result<Option<i64>> {
+        (**self).start_try(fenced, run_id, task_id, try_number, log_path, now_ms)
+    }
+    fn insert_try(
+        &self,
+        _fenced: Fenced,
+        run_id: i64,
+        task_id: &str,
+        try_number: u32,
+        log_path: &str,
+        now_ms: i64,
+    ) -> Result<i64> {
+        (**self).insert_try(_fenced, run_id, task_id, try_number, log_path, now_ms)
+    }
+    fn set_try_group(
+        &self,
+        _fenced: Fenced,
+        try_id: i64,
+        group: Group,
+        host: &str,
+    ) -> Result<bool> {
+        (**self).set_try_group(_fenced, try_id, group, host)
+    }
+    fn set_try_audit(&self, _fenced: Fenced, try_id: i64, path: &str) -> Result<()> {
+        (**self).set_try_audit(_fenced, try_id, path)
+    }
+    fn finish_try(&self, _fenced: Fenced, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()> {
+        (**self).finish_try(_fenced, try_id, rec, now_ms)
+    }
+    fn end_try(&self, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()> {
+        (**self).end_try(try_id, rec, now_ms)
+    }
+    fn record_publish_intent(
+        &self,
+        _fenced: Fenced,
+        try_id: i64,
+        audit_path: Option<&str>,
+        rec: &TryRecord,
+    ) -> Result<bool> {
+        (**self).record_publish_intent(_fenced, try_id, audit_path, rec)
+    }
+    fn mark_published(&self, p: &Publication<'_>, now_ms: i64) -> Result<()> {
+        (**self).mark_published(p, now_ms)
+    }
+    fn published(
+        &self,
+        dag_id: &str,
+        task_id: &str,
+        interval_start: i64,
+    ) -> Result<Option<(i64, i64, Option<String>)>> {
+        (**self).published(dag_id, task_id, interval_start)
+    }
+    fn unfinished_tries(&self, backfill_id: i64) -> Result<Vec<UnfinishedTry>> {
+        (**self).unfinished_tries(backfill_id)
+    }
+    fn pending_publishes(&self, backfill_id: i64) -> Result<Vec<PendingPublish>> {
+        (**self).pending_publishes(backfill_id)
+    }
+    fn is_publishing(&self, try_id: i64) -> Result<bool> {
+        (**self).is_publishing(try_id)
+    }
+    fn end_abandoned_try(&self, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<bool> {
+        (**self).end_abandoned_try(try_id, rec, now_ms)
+    }
+    fn runs_in_progress(&self, backfill_id: i64) -> Result<Vec<i64>> {
+        (**self).runs_in_progress(backfill_id)
+    }
+    fn end_abandoned_runs(
+        &self,
+        runs: &[i64],
+        task_counts: &dyn Fn(&str) -> Option<usize>,
+        keep: &[i64],
+        why: &str,
+        now_ms: i64,
+    ) -> Result<()> {
+        (**self).end_abandoned_runs(runs, task_counts, keep, why, now_ms)
+    }
+    fn may_publish(&self, try_id: i64, owner: Option<Owner>) -> Result<bool> {
+        (**self).may_publish(try_id, owner)
+    }
+    fn set_staged(&self, staged_try: i64, to: crate::state::StagedState) -> Result<bool> {
+        (**self).set_staged(staged_try, to)
+    }
+    fn staged_outputs(&self, backfill_id: i64) -> Result<Vec<Staged>> {
+        (**self).staged_outputs(backfill_id)
+    }
+    fn current_publication(
+        &self,
+        dag_id: &str,
+        task_id: &str,
+        interval_start: i64,
+    ) -> Result<Option<Current>> {
+        (**self).current_publication(dag_id, task_id, interval_start)
+    }
+    fn is_staged(&self, staged_try: i64) -> Result<bool> {
+        (**self).is_staged(staged_try)
+    }
+    fn set_promoted_from(&self, try_id: i64, staged_try: i64) -> Result<()> {
+        (**self).set_promoted_from(try_id, staged_try)
+    }
+    fn discard_staged(&self, staged_try: i64) -> Result<bool> {
+        (**self).discard_staged(staged_try)
+    }
+    fn needing_audit_files(&self) -> Result<std::collections::HashSet<i64>> {
+        (**self).needing_audit_files()
+    }
+    fn starts_in_progress(&self, backfill_id: i64) -> Result<std::collections::HashSet<i64>> {
+        (**self).starts_in_progress(backfill_id)
+    }
+    fn plan_outcomes(&self, backfill_id: i64) -> Result<Vec<PlanOutcome>> {
+        (**self).plan_outcomes(backfill_id)
+    }
+    fn latest_computing_state(&self, dag_id: &str, start: i64) -> Result<Option<RunState>> {
+        (**self).latest_computing_state(dag_id, start)
+    }
+    fn last_success(&self, dag_id: &str, start: i64) -> Result<Option<i64>> {
+        (**self).last_success(dag_id, start)
+    }
+    fn succeeded_tries(&self, dag_id: &str, start: i64) -> Result<Vec<SucceededTry>> {
+        (**self).succeeded_tries(dag_id, start)
+    }
+    fn cascade_members(&self, root: i64) -> Result<Vec<Backfill>> {
+        (**self).cascade_members(root)
+    }
+    fn unfinished_count(&self, id: i64) -> Result<i64> {
+        (**self).unfinished_count(id)
+    }
+    fn running_member(&self, root: i64) -> Result<Option<i64>> {
+        (**self).running_member(root)
+    }
+}

@@ -7,6 +7,7 @@
 
 mod dag;
 mod diagnostics;
+mod load;
 mod raw;
 #[cfg(test)]
 mod tests;
@@ -21,8 +22,8 @@ pub use dag::{
 };
 pub use diagnostics::{ConfigError, StringAt};
 
-use dag::DagFile;
 use diagnostics::{FileErrors, line_col, parse_duration};
+use load::DagFile;
 use raw::RawProject;
 
 /// How hard a commit of the manifest's writer tries to reach the disk (`durability` in
@@ -273,7 +274,7 @@ impl Project {
             };
             let keep_versions = match &w.keep_versions {
                 None => DEFAULT_KEEP_VERSIONS,
-                Some(k) => dag::keep_versions(k, &mut errs).unwrap_or(DEFAULT_KEEP_VERSIONS),
+                Some(k) => load::keep_versions(k, &mut errs).unwrap_or(DEFAULT_KEEP_VERSIONS),
             };
             warehouses.insert(
                 name.clone(),
@@ -286,7 +287,7 @@ impl Project {
                 },
             );
         }
-        let notify = dag::notify(raw.notify.as_ref(), &mut errs);
+        let notify = load::notify(raw.notify.as_ref(), &mut errs);
         let mut pools = BTreeMap::new();
         for (name, size) in &raw.pools {
             if !sql_identifier(name.get_ref()) {

@@ -1,0 +1,816 @@
+//! Loading a DAG file into the validated model of `dag`: ids, defaults, tasks and their
+//! commands, SQL and gates, the task graph; every error of the file is collected with its line.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+use std::time::Duration;
+
+use chrono_tz::Tz;
+use toml::Spanned;
+
+use super::diagnostics::{ConfigError, FileErrors, StringAt, parse_duration};
+use super::raw::{RawCommand, RawDag, RawGate, RawTask};
+use super::{Warehouse, sql_identifier};
+use crate::schedule::Schedule;
+use crate::suggest::closest;
+use crate::task::template;
+
+use super::dag::*;
+
+/// Reads a `[notify]` table.
+pub(crate) fn notify(raw: Option<&super::raw::RawNotify>, errs: &mut FileErrors<'_>) -> Notify {
+    let Some(raw) = raw else {
+        return Notify::default();
+    };
+    let spec = |c: &Option<Spanned<RawCommand>>, key: &str, errs: &mut FileErrors<'_>| {
+        let c = c.as_ref()?;
+        match c.get_ref() {
+            RawCommand::Argv(v) if v.first().is_none_or(|p| p.get_ref().trim().is_empty()) => {
+                errs.at(
+                    c,
+                    format!("key `notify.{key}` names no program; write [\"prog\", \"arg\"] or a shell line"),
+                );
+                None
+            }
+            RawCommand::Argv(v) => Some(CommandSpec::Argv(
+                v.iter().map(|a| a.get_ref().clone()).collect(),
+            )),
+            RawCommand::Shell(s) if s.trim().is_empty() => {
+                errs.at(
+                    c,
+                    format!("key `notify.{key}` is empty; write a shell line"),
+                );
+                None
+            }
+            RawCommand::Shell(s) => Some(CommandSpec::Shell(s.clone())),
+        }
+    };
+    let timeout =
+        raw.timeout
+            .as_ref()
+            .and_then(|t| match super::diagnostics::parse_duration(t.get_ref()) {
+                Ok(d) if d.is_zero() => {
+                    errs.at(t, "key `notify.timeout` must be longer than 0s".to_string());
+                    None
+                }
+                Ok(d) => Some(d),
+                Err(why) => {
+                    errs.at(t, format!("key `notify.timeout`: {why}"));
+                    None
+                }
+            });
+    Notify {
+        on_failure: spec(&raw.on_failure, "on_failure", errs),
+        on_success: spec(&raw.on_success, "on_success", errs),
+        on_finish: spec(&raw.on_finish, "on_finish", errs),
+        timeout,
+    }
+}
+
+/// The longest a DAG id or task id may be.
+const MAX_ID_LEN: usize = 100;
+/// The most retries a task may have: tries are counted in a `u32`.
+const MAX_RETRIES: u32 = 1000;
+
+const ID_RULE: &str = "start with a letter, digit or `_`, then use letters, digits, `_`, `-` and `.` only; at most 100 characters";
+
+/// A DAG id or task id: a plain name that is safe as a folder name of the logs.
+pub(crate) fn valid_id(id: &str) -> bool {
+    let mut chars = id.chars();
+    id.len() <= MAX_ID_LEN
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
+/// One DAG file, loaded: the id it declares (else its file stem) and the DAG or its errors.
+#[derive(Debug)]
+pub(crate) struct DagFile {
+    /// The file, relative to the project root.
+    pub(crate) file: String,
+    pub(crate) id: String,
+    pub(crate) dag: Result<Dag, Vec<ConfigError>>,
+}
+
+impl Dag {
+    /// Reads and validates one DAG file; `shown` is its path in messages.
+    pub(crate) fn load(
+        path: &Path,
+        shown: &str,
+        warehouses: &BTreeMap<String, Warehouse>,
+    ) -> DagFile {
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        match std::fs::read_to_string(path) {
+            Ok(text) => Self::parse(&text, shown, &stem, warehouses),
+            Err(e) => DagFile {
+                file: shown.to_string(),
+                id: stem,
+                dag: Err(vec![ConfigError {
+                    location: shown.to_string(),
+                    message: format!("cannot read the file: {e}"),
+                }]),
+            },
+        }
+    }
+
+    /// Validates the text of a DAG file whose file name without `.toml` is `stem`.
+    pub(crate) fn parse(
+        text: &str,
+        shown: &str,
+        stem: &str,
+        warehouses: &BTreeMap<String, Warehouse>,
+    ) -> DagFile {
+        let mut errs = FileErrors::new(shown, text);
+        let Some(raw) = RawDag::read(text, &mut errs) else {
+            return DagFile {
+                file: shown.to_string(),
+                id: stem.to_string(),
+                dag: Err(errs.into_errors()),
+            };
+        };
+        let id = raw
+            .id
+            .as_ref()
+            .map_or_else(|| stem.to_string(), |s| s.get_ref().clone());
+        let dag = Self::validate(raw, &id, warehouses, &mut errs);
+        DagFile {
+            file: shown.to_string(),
+            id,
+            dag: match dag {
+                Some(dag) if errs.is_empty() => Ok(dag),
+                _ => Err(errs.into_errors()),
+            },
+        }
+    }
+
+    fn validate(
+        raw: RawDag,
+        id: &str,
+        warehouses: &BTreeMap<String, Warehouse>,
+        errs: &mut FileErrors<'_>,
+    ) -> Option<Self> {
+        if !valid_id(id) {
+            let message = format!("invalid DAG id `{id}`: {ID_RULE}");
+            match &raw.id {
+                Some(s) => errs.at(s, message),
+                None => errs.in_file(format!(
+                    "{message} (the id is the file name: rename the file or set `id`)"
+                )),
+            }
+        }
+        let tz = match &raw.timezone {
+            None => Some(Tz::UTC),
+            Some(s) => match s.get_ref().parse::<Tz>() {
+                Ok(tz) => Some(tz),
+                Err(_) => {
+                    errs.at(
+                        s,
+                        format!(
+                            "unknown timezone `{}` in key `timezone`; use an IANA name such as `UTC` or `Europe/Berlin`",
+                            s.get_ref()
+                        ),
+                    );
+                    None
+                }
+            },
+        };
+        // Checked in UTC when the timezone is wrong, so that both mistakes are reported.
+        let schedule = match &raw.schedule {
+            None => {
+                errs.in_file(
+                    "missing key `schedule`; add one such as schedule = \"@daily\" or a 5-field cron such as schedule = \"15 3 * * 1-5\"",
+                );
+                None
+            }
+            Some(s) => match Schedule::parse(s.get_ref(), tz.unwrap_or(Tz::UTC)) {
+                Ok(schedule) => Some(schedule),
+                Err(e) => {
+                    errs.at(s, format!("key `schedule`: {e}"));
+                    None
+                }
+            },
+        };
+        let max_active_runs =
+            raw.max_active_runs
+                .as_ref()
+                .and_then(|m| match u32::try_from(*m.get_ref()) {
+                    Ok(n) if n > 0 => Some(n),
+                    _ => {
+                        errs.at(
+                            m,
+                            format!(
+                                "key `max_active_runs` must be a whole number from 1 to {}",
+                                u32::MAX
+                            ),
+                        );
+                        None
+                    }
+                });
+        // A wrong default is reported once, here; the tasks then use the built-in default.
+        let defaults = TaskDefaults {
+            retries: raw
+                .retries
+                .as_ref()
+                .and_then(|r| retries(r, errs))
+                .unwrap_or(0),
+            retry_delay: raw
+                .retry_delay
+                .as_ref()
+                .and_then(|d| duration(d, "retry_delay", errs))
+                .unwrap_or(Duration::from_secs(30)),
+            timeout: raw.timeout.as_ref().and_then(|d| timeout(d, errs)),
+            grace_period: raw
+                .grace_period
+                .as_ref()
+                .and_then(|d| duration(d, "grace_period", errs))
+                .unwrap_or(Duration::from_secs(10)),
+        };
+        if raw.tasks.is_empty() {
+            errs.in_file("the DAG has no tasks; add at least one [[tasks]] table");
+        }
+        let tasks = load_tasks(&raw.tasks, &defaults, warehouses, errs);
+        let notify = notify(raw.notify.as_ref(), errs);
+        Some(Self {
+            id: id.to_string(),
+            file: errs.file.to_string(),
+            description: raw.description.map(Spanned::into_inner),
+            schedule: schedule?,
+            tz: tz?,
+            max_active_runs,
+            depends_on_past: raw.depends_on_past.unwrap_or(false),
+            notify,
+            upstream: raw
+                .upstream
+                .iter()
+                .map(|u| (u.get_ref().clone(), errs.location(u.span().start)))
+                .collect(),
+            tasks: tasks?,
+        })
+    }
+}
+
+struct TaskDefaults {
+    retries: u32,
+    retry_delay: Duration,
+    timeout: Option<Duration>,
+    grace_period: Duration,
+}
+
+/// Validates every task; the tasks in `depends_on` order when all of them are valid.
+fn load_tasks(
+    raw: &[RawTask],
+    defaults: &TaskDefaults,
+    warehouses: &BTreeMap<String, Warehouse>,
+    errs: &mut FileErrors<'_>,
+) -> Option<Vec<Task>> {
+    let mut seen: HashSet<&str> = HashSet::new();
+    for t in raw {
+        let Some(id) = &t.id else {
+            errs.at_offset(
+                t.at,
+                "a [[tasks]] table needs an `id`; add one such as id = \"extract\"",
+            );
+            continue;
+        };
+        if !valid_id(id.get_ref()) {
+            errs.at(id, format!("invalid task id `{}`: {ID_RULE}", id.get_ref()));
+        }
+        if !seen.insert(id.get_ref()) {
+            errs.at(
+                id,
+                format!(
+                    "task id `{}` is used twice; task ids must be unique",
+                    id.get_ref()
+                ),
+            );
+        }
+    }
+    let known: Vec<&str> = raw
+        .iter()
+        .filter_map(|t| t.id.as_ref().map(|i| i.get_ref().as_str()))
+        .collect();
+    let mut tasks = Vec::new();
+    for t in raw {
+        let name = t.id.as_ref().map_or("", |i| i.get_ref().as_str());
+        for dep in &t.depends_on {
+            if !seen.contains(dep.get_ref().as_str()) {
+                let hint = match closest(dep.get_ref(), &known) {
+                    Some(near) => format!("did you mean `{near}`? "),
+                    None => String::new(),
+                };
+                errs.at(
+                    dep,
+                    format!(
+                        "task `{name}` depends on unknown task `{}`; {hint}known tasks: {}",
+                        dep.get_ref(),
+                        known.join(", ")
+                    ),
+                );
+            }
+        }
+        tasks.push(load_task(t, name, defaults, warehouses, errs));
+    }
+    let ids: Vec<&str> = raw
+        .iter()
+        .map(|t| t.id.as_ref().map_or("", |i| i.get_ref().as_str()))
+        .collect();
+    let deps: Vec<Vec<&str>> = raw
+        .iter()
+        .map(|t| t.depends_on.iter().map(|d| d.get_ref().as_str()).collect())
+        .collect();
+    match topo_order(&ids, &deps) {
+        Ok(order) => {
+            let mut tasks: Vec<Option<Task>> = tasks;
+            order.into_iter().map(|i| tasks[i].take()).collect()
+        }
+        Err(cycle) => {
+            let message = format!(
+                "the tasks' depends_on form a cycle: {}; remove one of these edges",
+                cycle.join(" -> ")
+            );
+            match raw
+                .iter()
+                .find_map(|t| t.id.as_ref().filter(|i| Some(i.get_ref()) == cycle.first()))
+            {
+                Some(span) => errs.at(span, message),
+                None => errs.in_file(message),
+            }
+            None
+        }
+    }
+}
+
+/// One task, every key checked; `None` when any is wrong.
+fn load_task(
+    t: &RawTask,
+    id: &str,
+    defaults: &TaskDefaults,
+    warehouses: &BTreeMap<String, Warehouse>,
+    errs: &mut FileErrors<'_>,
+) -> Option<Task> {
+    let kind = task_kind(t, id, warehouses, errs);
+    let is_sql = t.sql.is_some() && t.command.is_none();
+    if let (false, Some(k)) = (is_sql, &t.keep_versions) {
+        errs.at(
+            k,
+            format!(
+                "task `{id}`: `keep_versions` keeps the partitions a SQL publish replaces; a command task has none, remove it"
+            ),
+        );
+    }
+    let gate = t.gate.as_ref().map(|g| load_gate(id, g, is_sql, errs));
+    let publish = match &t.publish {
+        None => None,
+        Some(p) if is_sql => {
+            errs.at(
+                p,
+                "key `publish`: a SQL task publishes its audited rows itself; remove `publish`",
+            );
+            Some(None)
+        }
+        Some(p) => Some(command_spec(p, "publish", errs)),
+    };
+    // Each is `None` when the key is wrong (and reported).
+    let retries = match &t.retries {
+        None => Some(defaults.retries),
+        Some(r) => retries(r, errs),
+    };
+    let retry_delay = match &t.retry_delay {
+        None => Some(defaults.retry_delay),
+        Some(d) => duration(d, "retry_delay", errs),
+    };
+    let timeout = match &t.timeout {
+        None => Some(defaults.timeout),
+        Some(d) => timeout(d, errs).map(Some),
+    };
+    let grace_period = match &t.grace_period {
+        None => Some(defaults.grace_period),
+        Some(d) => duration(d, "grace_period", errs),
+    };
+    let locations = TaskLocations {
+        id: errs.location(t.id.as_ref()?.span().start),
+        command: t
+            .command
+            .as_ref()
+            .filter(|_| !is_sql)
+            .map(|c| errs.location(c.span().start)),
+        publish: t.publish.as_ref().map(|p| errs.location(p.span().start)),
+        source_count: t
+            .gate
+            .as_ref()
+            .and_then(|g| g.get_ref().source_count.as_ref())
+            .map(|c| errs.location(c.span().start)),
+        source_fingerprint: t
+            .gate
+            .as_ref()
+            .and_then(|g| g.get_ref().source_fingerprint.as_ref())
+            .map(|c| errs.location(c.span().start)),
+        target: t
+            .target
+            .as_ref()
+            .filter(|_| is_sql)
+            .map(|c| errs.location(c.span().start)),
+        sql: t
+            .sql
+            .as_ref()
+            .filter(|_| is_sql)
+            .map(|s| StringAt::new(errs, s.span())),
+        pool: t.pool.as_ref().map(|p| errs.location(p.span().start)),
+    };
+    Some(Task {
+        id: id.to_string(),
+        depends_on: t.depends_on.iter().map(|d| d.get_ref().clone()).collect(),
+        kind: kind?,
+        gate: gate.map_or(Some(None), |g| g.map(Some))?,
+        publish: publish.map_or(Some(None), |p| p.map(Some))?,
+        retries: retries?,
+        retry_delay: retry_delay?,
+        timeout: timeout?,
+        grace_period: grace_period?,
+        pool: t.pool.as_ref().map(|p| p.get_ref().clone()),
+        locations,
+    })
+}
+
+/// A command (array or shell line) whose templates use only known names.
+fn command_spec(
+    c: &Spanned<RawCommand>,
+    key: &str,
+    errs: &mut FileErrors<'_>,
+) -> Option<CommandSpec> {
+    let mut ok = true;
+    // Each mistake at its place in the string as written (`span` is the string's token).
+    let mut check = |errs: &mut FileErrors<'_>, span: std::ops::Range<usize>, text: &str| {
+        if let Err(found) = template::check(text) {
+            let token = errs.text.get(span.clone()).unwrap_or_default();
+            for e in found {
+                let offset = span.start + super::diagnostics::token_offset(token, e.offset);
+                errs.at_offset(offset, format!("key `{key}`: {}", e.message));
+            }
+            ok = false;
+        }
+    };
+    let spec = match c.get_ref() {
+        RawCommand::Argv(v) => {
+            match v.first() {
+                None => {
+                    errs.at(
+                        c,
+                        format!(
+                            "key `{key}` is an empty array; name a program, as in [\"prog\", \"arg\"]"
+                        ),
+                    );
+                    return None;
+                }
+                Some(program) if program.get_ref().trim().is_empty() => {
+                    errs.at(
+                        program,
+                        format!("key `{key}`: the program (the first element) is empty"),
+                    );
+                    return None;
+                }
+                Some(_) => {}
+            }
+            for arg in v {
+                check(errs, arg.span(), arg.get_ref());
+            }
+            CommandSpec::Argv(v.iter().map(|a| a.get_ref().clone()).collect())
+        }
+        RawCommand::Shell(s) if s.trim().is_empty() => {
+            errs.at(
+                c,
+                format!("key `{key}` is empty; write the command line to run"),
+            );
+            return None;
+        }
+        RawCommand::Shell(s) => {
+            check(errs, c.span(), s);
+            CommandSpec::Shell(s.clone())
+        }
+    };
+    ok.then_some(spec)
+}
+
+/// A command task or a SQL task, never both.
+fn task_kind(
+    t: &RawTask,
+    id: &str,
+    warehouses: &BTreeMap<String, Warehouse>,
+    errs: &mut FileErrors<'_>,
+) -> Option<TaskKind> {
+    match (&t.command, &t.sql) {
+        (Some(c), None) => {
+            for (key, value) in [
+                ("warehouse", &t.warehouse),
+                ("target", &t.target),
+                ("partition_column", &t.partition_column),
+            ] {
+                if let Some(v) = value {
+                    errs.at(
+                        v,
+                        format!(
+                            "task `{id}`: key `{key}` belongs to SQL tasks; a command task cannot have it"
+                        ),
+                    );
+                }
+            }
+            let spec = command_spec(c, "command", errs)?;
+            let sql_keys = t.warehouse.is_some() || t.target.is_some();
+            (!sql_keys && t.partition_column.is_none()).then_some(TaskKind::Command(spec))
+        }
+        (None, Some(sql)) => {
+            let mut missing = Vec::new();
+            let mut field = |v: &Option<Spanned<String>>, key: &'static str, ident: bool| match v {
+                None => {
+                    missing.push(key);
+                    None
+                }
+                Some(v) if ident && !sql_identifier(v.get_ref()) => {
+                    errs.at(
+                        v,
+                        format!(
+                            "key `{key}`: `{}` is not a plain SQL name (letters, digits and `_`, starting with a letter or `_`)",
+                            v.get_ref()
+                        ),
+                    );
+                    None
+                }
+                Some(v) => Some(v.get_ref().clone()),
+            };
+            let warehouse = field(&t.warehouse, "warehouse", false);
+            let target = field(&t.target, "target", true);
+            let partition_column = field(&t.partition_column, "partition_column", true);
+            if !missing.is_empty() {
+                errs.at(
+                    sql,
+                    format!(
+                        "SQL task `{id}` needs {}; see the README's SQL tasks section",
+                        missing
+                            .iter()
+                            .map(|k| format!("`{k}`"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                );
+            }
+            if sql.get_ref().trim().is_empty() {
+                errs.at(
+                    sql,
+                    "key `sql` is empty; write the SELECT whose rows fill the interval's partition",
+                );
+            }
+            let warehouse = match (&t.warehouse, warehouse) {
+                (Some(w), Some(name)) => match warehouses.get(&name) {
+                    Some(warehouse) => Some(warehouse),
+                    None => {
+                        let known: Vec<&str> = warehouses.keys().map(String::as_str).collect();
+                        errs.at(
+                            w,
+                            format!(
+                                "unknown warehouse `{name}`; declare it in backfill.toml as [warehouse.{name}] (known: {})",
+                                if known.is_empty() {
+                                    "none".to_string()
+                                } else {
+                                    known.join(", ")
+                                }
+                            ),
+                        );
+                        None
+                    }
+                },
+                _ => None,
+            };
+            if sql.get_ref().trim().is_empty() {
+                return None;
+            }
+            let keep = match &t.keep_versions {
+                None => None,
+                Some(k) => Some(keep_versions(k, errs)?),
+            };
+            let warehouse = warehouse?.clone();
+            Some(TaskKind::Sql(SqlTask {
+                keep_versions: keep.unwrap_or(warehouse.keep_versions),
+                warehouse,
+                target: target?,
+                partition_column: partition_column?,
+                sql: sql.get_ref().clone(),
+            }))
+        }
+        (Some(c), Some(_)) => {
+            errs.at(
+                c,
+                format!("task `{id}` has both `command` and `sql`; a task is one or the other"),
+            );
+            None
+        }
+        (None, None) => {
+            let message = format!(
+                "task `{id}` has neither `command` nor `sql`; give it `command = [\"prog\", \"arg\"]`, `command = \"shell line\"`, or a SQL task's `warehouse`, `target`, `partition_column` and `sql`"
+            );
+            match &t.id {
+                Some(i) => errs.at(i, message),
+                None => errs.at_offset(t.at, message),
+            }
+            None
+        }
+    }
+}
+
+fn load_gate(
+    task: &str,
+    g: &Spanned<RawGate>,
+    is_sql: bool,
+    errs: &mut FileErrors<'_>,
+) -> Option<Gate> {
+    let raw = g.get_ref();
+    let mut ok = true;
+    if !raw.unique_key.is_empty() && !is_sql {
+        errs.at(
+            g,
+            format!(
+                "task `{task}`: `unique_key` needs a SQL task (its rows are audited in a table); remove it or make the task a SQL task"
+            ),
+        );
+        ok = false;
+    }
+    for k in &raw.unique_key {
+        if !sql_identifier(k.get_ref()) {
+            errs.at(
+                k,
+                format!(
+                    "key `unique_key`: `{}` is not a plain SQL column name",
+                    k.get_ref()
+                ),
+            );
+            ok = false;
+        }
+    }
+    let tolerance = match &raw.tolerance {
+        None => 0.0,
+        Some(v) if v.get_ref().is_finite() && *v.get_ref() >= 0.0 => *v.get_ref(),
+        Some(v) => {
+            errs.at(
+                v,
+                "key `tolerance` must be a fraction of at least 0, such as 0.02 for 2%",
+            );
+            ok = false;
+            0.0
+        }
+    };
+    let source_count = source_query(
+        raw.source_count.as_ref(),
+        "source_count",
+        "a query that counts the source rows",
+        is_sql,
+        &mut ok,
+        errs,
+    );
+    let source_fingerprint = source_query(
+        raw.source_fingerprint.as_ref(),
+        "source_fingerprint",
+        "a query that returns one value that changes when the source does",
+        is_sql,
+        &mut ok,
+        errs,
+    );
+    ok.then(|| Gate {
+        unique_key: raw.unique_key.iter().map(|k| k.get_ref().clone()).collect(),
+        source_count,
+        source_fingerprint,
+        tolerance,
+        allow_empty: raw.allow_empty.unwrap_or(false),
+    })
+}
+
+/// `source_count` or `source_fingerprint`: a SQL query string in a SQL task, a command in a
+/// command task.
+fn source_query(
+    raw: Option<&Spanned<RawCommand>>,
+    key: &str,
+    what: &str,
+    is_sql: bool,
+    ok: &mut bool,
+    errs: &mut FileErrors<'_>,
+) -> Option<SourceCount> {
+    let c = raw?;
+    if !is_sql {
+        let spec = command_spec(c, key, errs);
+        *ok &= spec.is_some();
+        return spec.map(SourceCount::Command);
+    }
+    match c.get_ref() {
+        RawCommand::Shell(sql) if !sql.trim().is_empty() => Some(SourceCount::Sql(sql.clone())),
+        RawCommand::Shell(_) => {
+            errs.at(c, format!("key `{key}` is empty; write {what}"));
+            *ok = false;
+            None
+        }
+        RawCommand::Argv(_) => {
+            errs.at(
+                c,
+                format!("key `{key}`: in a SQL task it is a SQL query string"),
+            );
+            *ok = false;
+            None
+        }
+    }
+}
+
+/// Orders tasks so that each comes after its dependencies, keeping file order where free.
+/// Unknown dependencies are ignored (they are reported elsewhere). On a cycle, returns the task
+/// ids along one cycle, the first repeated at the end.
+fn topo_order(ids: &[&str], deps: &[Vec<&str>]) -> Result<Vec<usize>, Vec<String>> {
+    let index: HashMap<&str, usize> = ids.iter().enumerate().map(|(i, t)| (*t, i)).collect();
+    let mut done = vec![false; ids.len()];
+    let mut order = Vec::with_capacity(ids.len());
+    while order.len() < ids.len() {
+        let ready = (0..ids.len()).find(|&i| {
+            !done[i]
+                && deps[i]
+                    .iter()
+                    .all(|d| index.get(d).is_none_or(|&j| done[j]))
+        });
+        match ready {
+            Some(i) => {
+                done[i] = true;
+                order.push(i);
+            }
+            None => {
+                // Every remaining task waits on another remaining one: walk until a repeat.
+                let mut path: Vec<usize> = Vec::new();
+                let mut at = (0..ids.len()).find(|&i| !done[i]).unwrap_or(0);
+                while !path.contains(&at) {
+                    path.push(at);
+                    at = deps[at]
+                        .iter()
+                        .filter_map(|d| index.get(d).copied())
+                        .find(|&j| !done[j])
+                        .unwrap_or(at);
+                }
+                let start = path.iter().position(|&p| p == at).unwrap_or(0);
+                let mut cycle: Vec<String> =
+                    path[start..].iter().map(|&i| ids[i].to_string()).collect();
+                cycle.push(ids[at].to_string());
+                return Err(cycle);
+            }
+        }
+    }
+    Ok(order)
+}
+
+/// `keep_versions`: a whole number from 0 to the maximum.
+pub(crate) fn keep_versions(v: &Spanned<i128>, errs: &mut FileErrors<'_>) -> Option<u32> {
+    match u32::try_from(*v.get_ref()) {
+        Ok(n) if n <= crate::project::MAX_KEEP_VERSIONS => Some(n),
+        _ => {
+            errs.at(
+                v,
+                format!(
+                    "key `keep_versions` must be a whole number from 0 (keep none) to {}",
+                    crate::project::MAX_KEEP_VERSIONS
+                ),
+            );
+            None
+        }
+    }
+}
+
+fn retries(v: &Spanned<i128>, errs: &mut FileErrors<'_>) -> Option<u32> {
+    match u32::try_from(*v.get_ref()) {
+        Ok(n) if n <= MAX_RETRIES => Some(n),
+        _ => {
+            errs.at(
+                v,
+                format!("key `retries` must be a whole number from 0 to {MAX_RETRIES}"),
+            );
+            None
+        }
+    }
+}
+
+fn duration(v: &Spanned<String>, key: &str, errs: &mut FileErrors<'_>) -> Option<Duration> {
+    match parse_duration(v.get_ref()) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            errs.at(v, format!("key `{key}`: {e}"));
+            None
+        }
+    }
+}
+
+/// A try's timeout: a duration longer than zero.
+fn timeout(v: &Spanned<String>, errs: &mut FileErrors<'_>) -> Option<Duration> {
+    let d = duration(v, "timeout", errs)?;
+    if d.is_zero() {
+        errs.at(
+            v,
+            "key `timeout` must be longer than 0s; leave it out for no timeout",
+        );
+        return None;
+    }
+    Some(d)
+}

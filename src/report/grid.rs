@@ -3,7 +3,7 @@
 //! with a line of their own saying how many rows were left out. Given a width, the columns
 //! share it and long cells wrap, cut after a few lines unless they are to be shown in full.
 
-use comfy_table::{ContentArrangement, Row, Table, presets::UTF8_FULL_CONDENSED};
+use comfy_table::{ColumnConstraint, ContentArrangement, Row, Table, presets::UTF8_FULL_CONDENSED};
 
 use super::out::{Fit, plural};
 
@@ -100,6 +100,27 @@ impl Grid {
                 }
                 t.add_row(row);
             }
+            if let Some(width) = fit.width {
+                let widths: Vec<usize> = (0..keep.len())
+                    .map(|c| {
+                        let cells = rows.iter().map(|r| r[keep[c]].as_str());
+                        std::iter::once(self.headings[keep[c]])
+                            .chain(cells)
+                            .flat_map(str::lines)
+                            .map(|l| l.chars().count())
+                            .max()
+                            .unwrap_or(0)
+                    })
+                    .collect();
+                for (c, whole) in whole_columns(&widths, usize::from(width))
+                    .into_iter()
+                    .enumerate()
+                {
+                    if let (true, Some(column)) = (whole, t.column_mut(c)) {
+                        column.set_constraint(ColumnConstraint::ContentWidth);
+                    }
+                }
+            }
             t.to_string()
         };
         if self.len() <= TABLE_LIMIT {
@@ -114,6 +135,33 @@ impl Grid {
             table(&self.rows[self.rows.len() - half..])
         )
     }
+}
+
+/// Characters a wrapped column keeps at least.
+const NARROWEST: usize = 10;
+
+/// Which columns keep their content's width when a table of columns `widths` wide must fit in
+/// `width`: the narrow ones (dates, states, counts), so that only the widest (errors, reasons)
+/// wrap, each keeping at least [`NARROWEST`] characters. None when even that does not fit:
+/// then every column shares the width.
+fn whole_columns(widths: &[usize], width: usize) -> Vec<bool> {
+    // Each column takes its content, a space either side and a border; the table a last border.
+    let frame = 3 * widths.len() + 1;
+    let mut whole = vec![true; widths.len()];
+    let mut by_width: Vec<usize> = (0..widths.len()).collect();
+    by_width.sort_by_key(|&c| std::cmp::Reverse(widths[c]));
+    for &c in &by_width {
+        let kept: usize = (0..widths.len())
+            .filter(|&k| whole[k])
+            .map(|k| widths[k])
+            .sum();
+        let wrapped = whole.iter().filter(|w| !**w).count();
+        if frame + kept + NARROWEST * wrapped <= width {
+            return whole;
+        }
+        whole[c] = false;
+    }
+    vec![false; widths.len()]
 }
 
 /// A duration in milliseconds as a cell: `1.50s`.
@@ -215,6 +263,23 @@ mod tests {
         assert!(width(&cut) <= 60, "{cut}");
         assert!(cut.contains('…') && !cut.contains("0.0%)"), "{cut}");
         assert!(words(&cut) < words(&fitted));
+    }
+
+    #[test]
+    fn only_the_widest_columns_wrap() {
+        // The runs of a DAG: dates, numbers and a timestamp stay whole; verdict and error wrap.
+        let runs = [10, 3, 8, 9, 20, 8, 5, 4, 80, 94];
+        let whole = whole_columns(&runs, 120);
+        assert_eq!(
+            whole,
+            [true, true, true, true, true, true, true, true, false, false]
+        );
+        assert_eq!(whole_columns(&runs, 400), [true; 10], "it fits");
+        assert_eq!(
+            whole_columns(&runs, 40),
+            [false; 10],
+            "nothing fits: all share"
+        );
     }
 
     #[test]

@@ -86,3 +86,40 @@ pub fn write(
     }
     out.text(&t.render(out.fit))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::fixtures::{self, sink, widest};
+    use crate::report::out::Fit;
+
+    fn backfills() -> Vec<BackfillSummary> {
+        let mut running = fixtures::backfill();
+        running.id = 2;
+        running.state = "running".into();
+        running.finished_at = None;
+        running.from = None;
+        running.to = None;
+        running.from_arg = "today-7d".into();
+        running.to_arg = "yesterday".into();
+        running.reprocess_behavior = "failed".into();
+        vec![fixtures::backfill(), running]
+    }
+
+    #[test]
+    fn list_says_how_to_continue_a_backfill_whose_owner_is_gone() {
+        let labels = |_: &str| fixtures::labels();
+        let (mut out, data, _) = sink(false, Fit::default());
+        write(&mut out, &backfills(), &labels, "no backfills yet").unwrap();
+        insta::assert_snapshot!("list", data.text());
+        let (mut out, data, _) = sink(
+            false,
+            Fit {
+                width: Some(80),
+                full: false,
+            },
+        );
+        write(&mut out, &backfills(), &labels, "no backfills yet").unwrap();
+        assert!(widest(&data.text()) <= 80, "{}", data.text());
+    }
+}

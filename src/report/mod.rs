@@ -13,6 +13,8 @@
 
 pub mod dags;
 pub mod diff;
+#[cfg(test)]
+mod fixtures;
 pub mod grid;
 pub mod label;
 pub mod list;

@@ -262,3 +262,159 @@ impl<W: Write> Reporter<W> {
         let _ = self.out.flush();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::SkipReason;
+    use crate::report::fixtures::{self, FAILED, REJECTED, Shared, day};
+
+    /// A run of January 1 to 5: the 2nd is rejected, the 3rd fails after a retry and prints
+    /// its log's tail, the 5th is skipped. `log` is the failed try's log file.
+    fn events(log: &str) -> Vec<Event> {
+        let ms = Duration::from_millis;
+        let finished = |d, run_id, state, error: Option<&str>| Event::IntervalFinished {
+            interval: day(d),
+            run_id,
+            state,
+            elapsed: ms(1250),
+            error: error.map(String::from),
+        };
+        let failed_try =
+            |try_number, will_retry, log_path: &str, log_tail: &str| Event::TryFailed {
+                interval: day(3),
+                task_id: "export".into(),
+                try_number,
+                error: "exit code 2".into(),
+                will_retry,
+                log_path: log_path.into(),
+                log_tail: log_tail.into(),
+            };
+        vec![
+            Event::IntervalStarted {
+                interval: day(1),
+                run_id: 1,
+            },
+            finished(1, 1, RunState::Succeeded, None),
+            Event::IntervalStarted {
+                interval: day(2),
+                run_id: 2,
+            },
+            finished(2, 2, RunState::Rejected, Some(REJECTED)),
+            Event::IntervalStarted {
+                interval: day(3),
+                run_id: 3,
+            },
+            Event::PoolWait {
+                interval: day(3),
+                task_id: "export".into(),
+                pool: "warehouse".into(),
+                waiting: true,
+            },
+            Event::PoolWait {
+                interval: day(3),
+                task_id: "export".into(),
+                pool: "warehouse".into(),
+                waiting: false,
+            },
+            failed_try(1, true, "/nowhere/try1.log", ""),
+            failed_try(2, false, log, "connecting to upstream\nupstream missing"),
+            finished(3, 3, RunState::Failed, Some(FAILED)),
+            Event::MaxFailures { failed: 2 },
+            Event::IntervalSkipped {
+                interval: day(5),
+                reason: SkipReason::PreviousNotSuccessful,
+            },
+            Event::Stopping {
+                hard: false,
+                why: "interrupted (SIGINT)".into(),
+            },
+        ]
+    }
+
+    /// What a reporter writes for [`events`], with the counts the dispatcher would hand it;
+    /// also the counts at the end.
+    fn render(progress: impl FnOnce() -> Progress, verbose: bool) -> (String, Stats) {
+        let logs = tempfile::tempdir().unwrap();
+        let log = logs.path().join("try2.log");
+        std::fs::write(&log, "upstream missing\n").unwrap();
+        let out = Shared::default();
+        let mut reporter = Reporter::new(out.clone(), progress(), fixtures::labels(), verbose);
+        let mut stats = Stats::new(5);
+        for event in events(&log.display().to_string()) {
+            stats.record(&event);
+            reporter.handle(&event, &stats);
+        }
+        reporter.finish();
+        let text = out
+            .text()
+            .replace(&logs.path().display().to_string(), "[logs]");
+        (text, stats)
+    }
+
+    fn hidden_bar() -> Progress {
+        Progress::Bar(bar(5, ProgressDrawTarget::hidden()))
+    }
+
+    #[test]
+    fn plain_lines_say_every_finished_interval_and_every_failed_try() {
+        let (text, stats) = render(|| Progress::Lines, false);
+        insta::assert_snapshot!("lines", text);
+        assert_eq!((stats.finished, stats.failures(), stats.running), (4, 2, 0));
+    }
+
+    #[test]
+    fn verbose_plain_lines_also_say_when_an_interval_starts_or_waits() {
+        let (text, _) = render(|| Progress::Lines, true);
+        insta::assert_snapshot!("lines_verbose", text);
+    }
+
+    #[test]
+    fn above_a_bar_only_what_needs_attention_is_written() {
+        let (text, _) = render(hidden_bar, false);
+        insta::assert_snapshot!("bar", text);
+        assert!(!text.contains("succeeded  2026-01-01"), "{text}");
+        assert!(!text.contains("skipped    2026-01-05"), "{text}");
+    }
+
+    #[test]
+    fn above_a_bar_verbose_writes_what_plain_lines_write_and_the_starts() {
+        let (bar, _) = render(hidden_bar, true);
+        let (lines, _) = render(|| Progress::Lines, true);
+        assert_eq!(bar, lines);
+    }
+
+    #[test]
+    fn quiet_says_only_why_the_run_stops() {
+        let (text, _) = render(|| Progress::Quiet, false);
+        assert_eq!(
+            text,
+            "2 intervals failed (--max-failures 2): no new intervals; the running ones finish\n\
+             interrupted (SIGINT): stopping: no new intervals; running tasks get SIGTERM (Ctrl-C again to kill now)\n"
+        );
+    }
+
+    #[test]
+    fn the_bar_shows_the_counts_it_is_handed() {
+        let bar = bar(5, ProgressDrawTarget::hidden());
+        let mut reporter = Reporter::new(
+            Shared::default(),
+            Progress::Bar(bar.clone()),
+            fixtures::labels(),
+            false,
+        );
+        let stats = Stats {
+            total: 5,
+            running: 2,
+            waiting: 1,
+            finished: 3,
+            failed: 1,
+            rejected: 1,
+            succeeded: 1,
+            ..Stats::default()
+        };
+        reporter.handle(&Event::MaxFailures { failed: 2 }, &stats);
+        assert_eq!(bar.position(), 3);
+        assert_eq!(bar.message(), "2 running (1 waiting for a pool) · 2 failed");
+    }
+}

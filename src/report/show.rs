@@ -160,3 +160,91 @@ fn human_bytes(n: i64) -> String {
         format!("{v:.1} {}", units[unit])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::queries::IntervalDetail;
+    use crate::report::fixtures::{self, FAILED, REJECTED, at, sink, widest};
+    use crate::report::out::Fit;
+
+    fn detail() -> BackfillDetail {
+        let interval = |d: u32, state: &str, rows, verdict: Option<&str>, error: Option<&str>| {
+            IntervalDetail {
+                ord: i64::from(d) - 1,
+                start: at(d),
+                end: at(d + 1),
+                action: "run".into(),
+                reason: None,
+                state: Some(state.into()),
+                attempts: 1,
+                tries: 1,
+                rows,
+                verdict: verdict.map(String::from),
+                reasons: error.filter(|_| state == "rejected").map(|_| {
+                    "row count 5 differs from the source count 10 by 50.0% (tolerance 0.0%)".into()
+                }),
+                duration_ms: Some(1250),
+                error: error.map(String::from),
+                log: None,
+            }
+        };
+        BackfillDetail {
+            backfill: fixtures::backfill(),
+            interval_details: vec![
+                interval(1, "succeeded", Some(10), Some("published"), None),
+                interval(2, "rejected", None, Some("rejected"), Some(REJECTED)),
+                interval(3, "failed", None, None, Some(FAILED)),
+                interval(4, "succeeded", Some(10), Some("published"), None),
+            ],
+            cascade_backfills: None,
+        }
+    }
+
+    fn kept() -> Vec<Storage> {
+        vec![Storage {
+            target: "orders_fact".into(),
+            versions: 2,
+            rows: 1200,
+            bytes: 3_355_443,
+        }]
+    }
+
+    fn render(fit: Fit) -> String {
+        let (mut out, data, _) = sink(false, fit);
+        write(&mut out, &detail(), Some(&kept()), &fixtures::labels()).unwrap();
+        data.text()
+    }
+
+    #[test]
+    fn show_in_full_without_a_width() {
+        insta::assert_snapshot!("show", render(Fit::default()));
+    }
+
+    #[test]
+    fn show_fits_its_lines_and_its_table_to_the_width() {
+        for width in [120, 100, 80] {
+            let text = render(Fit {
+                width: Some(width),
+                full: false,
+            });
+            assert!(widest(&text) <= usize::from(width), "{text}");
+        }
+        insta::assert_snapshot!(
+            "show_120",
+            render(Fit {
+                width: Some(120),
+                full: false
+            })
+        );
+    }
+
+    #[test]
+    fn show_json_has_the_kept_versions() {
+        let (mut out, data, _) = sink(true, Fit::default());
+        write(&mut out, &detail(), Some(&kept()), &fixtures::labels()).unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&data.text()).unwrap();
+        assert_eq!(doc["kept_versions"][0]["target"], "orders_fact");
+        assert_eq!(doc["interval_details"][1]["error"], REJECTED);
+    }
+}

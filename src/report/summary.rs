@@ -174,3 +174,121 @@ pub fn write(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::fixtures::{self, FAILED, REJECTED, Shared};
+    use crate::report::out::Fit;
+
+    /// The outcome of a run of January 1 to 5 in the manifest: the 2nd rejected, the 3rd failed,
+    /// the 4th cancelled, the 5th skipped while running.
+    fn outcome() -> Outcome {
+        let mut backfill = fixtures::backfill();
+        backfill.intervals.total = 5;
+        backfill.intervals.planned = 4;
+        backfill.intervals.skipped = 1;
+        backfill.intervals.succeeded = 1;
+        backfill.intervals.cancelled = 1;
+        Outcome {
+            backfill,
+            skipped: [("previous interval not successful".to_string(), 1)]
+                .into_iter()
+                .collect(),
+            failed: vec![
+                FailedInterval {
+                    start: fixtures::at(2),
+                    state: "rejected".into(),
+                    task: Some("export".into()),
+                    error: Some(REJECTED.into()),
+                    log: None,
+                },
+                FailedInterval {
+                    start: fixtures::at(3),
+                    state: "failed".into(),
+                    task: Some("export".into()),
+                    error: Some(FAILED.into()),
+                    log: Some("[logs]/try2.log".into()),
+                },
+            ],
+        }
+    }
+
+    fn summary_text(code: u8, json: bool, quiet: bool) -> (String, String) {
+        summary_of(&outcome(), code, json, quiet)
+    }
+
+    fn summary_of(outcome: &Outcome, code: u8, json: bool, quiet: bool) -> (String, String) {
+        let labels = fixtures::labels();
+        let rerun = rerun_command(
+            outcome,
+            &labels,
+            &Rerun {
+                conf: &serde_json::json!({"region": "eu"}),
+                allow_drift: false,
+                tasks: None,
+            },
+        );
+        let s = summary(outcome, code, Duration::from_millis(65_400), rerun);
+        let (data, notes) = (Shared::default(), Shared::default());
+        let mut out = Sink::new(data.clone(), notes.clone(), json, Fit::default());
+        write(&mut out, &s, &labels, quiet).unwrap();
+        (data.text(), notes.text())
+    }
+
+    #[test]
+    fn the_summary_counts_lists_the_failures_and_says_how_to_go_on() {
+        let (data, notes) = summary_text(exit::INTERRUPTED, false, false);
+        assert_eq!(data, "");
+        insta::assert_snapshot!("summary", notes);
+        let (_, failed) = summary_text(exit::FAILED, false, false);
+        assert!(
+            failed.ends_with(
+                "in 65.4s; rerun the failures with `backfill create --dag sales --from 2026-01-02 --to 2026-01-03 --reprocess-behavior failed --conf '{\"region\":\"eu\"}'`\n"
+            ),
+            "{failed}"
+        );
+    }
+
+    #[test]
+    fn a_quiet_or_json_summary_still_lists_the_failures() {
+        let (data, notes) = summary_text(exit::FAILED, true, false);
+        let doc: serde_json::Value = serde_json::from_str(&data).unwrap();
+        assert_eq!(doc["exit_code"], 3);
+        assert_eq!(doc["failed"].as_array().map(Vec::len), Some(2));
+        assert!(!notes.contains('┌'), "no table with --output json: {notes}");
+        assert!(notes.contains(
+            "failed 2026-01-03: task `export` failed: exit code 2\n  log: [logs]/try2.log\n"
+        ));
+        assert!(notes.contains("backfill 1: failed; rerun the failures with `backfill create"));
+        let (data, notes) = summary_text(exit::FAILED, false, true);
+        assert_eq!(data, "");
+        assert!(!notes.contains('┌'), "no table with -q: {notes}");
+        assert!(notes.contains("rejected 2026-01-02: task `export` rejected"));
+    }
+
+    #[test]
+    fn a_quiet_success_says_nothing() {
+        let mut outcome = outcome();
+        outcome.failed.clear();
+        outcome.skipped.clear();
+        outcome.backfill.state = "completed".into();
+        outcome.backfill.intervals = crate::manifest::queries::Counts {
+            total: 5,
+            planned: 5,
+            succeeded: 5,
+            ..Default::default()
+        };
+        assert_eq!(
+            summary_of(&outcome, exit::OK, false, true),
+            (String::new(), String::new())
+        );
+        let (_, notes) = summary_of(&outcome, exit::OK, false, false);
+        assert!(
+            notes.ends_with(
+                "completed — 5 succeeded, 0 failed, 0 rejected, 0 cancelled, 0 skipped in 65.4s\n"
+            ),
+            "{notes}"
+        );
+    }
+}

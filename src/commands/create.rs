@@ -10,7 +10,8 @@ use crate::exit::{self, Error};
 use crate::interval::{DataInterval, expand_nonempty, resolve_args};
 use crate::manifest::NewBackfill;
 use crate::plan::{self, Action, PlanRow, Reprocess};
-use crate::report::tables;
+use crate::report::out::Sink;
+use crate::report::plan::{self as plan_view, PlanOptions};
 use crate::session::Global;
 use crate::session::launch::{
     Launch, check_tasks, dry_plan, launch, only_tasks, parse_conf, source_changes, unix_range,
@@ -61,16 +62,16 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         let root = (dag, rows, estimate, max_active_runs, reprocess);
         let Some(mode) = args.cascade.map(|c| c.mode()) else {
             let (dag, rows, estimate, max_active_runs, reprocess) = root;
-            tables::print_plan(
+            plan_view::write(
+                &mut Sink::std(g.json, g.verbose),
                 &dag,
                 &rows,
-                &tables::PlanOptions {
+                &PlanOptions {
                     reprocess: reprocess.as_str(),
                     run_backwards: args.run_backwards,
                     max_active_runs,
                     estimate: &estimate,
                 },
-                g.json,
             )?;
             return Ok(exit::OK);
         };
@@ -98,13 +99,14 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
             all.push((d.clone(), rows, estimate, max, Reprocess::Completed));
             Ok(to_run)
         })?;
-        tables::print_cascade_plan(
+        plan_view::write_cascade(
+            &mut Sink::std(g.json, g.verbose),
             &all.iter()
                 .map(|(d, rows, estimate, max, reprocess)| {
                     (
                         d,
                         rows.as_slice(),
-                        tables::PlanOptions {
+                        PlanOptions {
                             reprocess: reprocess.as_str(),
                             run_backwards: args.run_backwards && d.id == all[0].0.id,
                             max_active_runs: *max,
@@ -114,7 +116,6 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
                 })
                 .collect::<Vec<_>>(),
             mode,
-            g.json,
         )?;
         return Ok(exit::OK);
     }

@@ -3,7 +3,7 @@
 //! `file:line:column`), and exits 2 on any.
 
 use crate::exit::{self, Error};
-use crate::report::{out, tables};
+use crate::report::{self, out};
 use crate::session::Global;
 
 pub fn run(g: &Global, validate: bool) -> Result<u8, Error> {
@@ -30,7 +30,7 @@ pub fn run(g: &Global, validate: bool) -> Result<u8, Error> {
             if !errors.is_empty() {
                 doc["error"] = error_doc(errors.len());
             }
-            tables::print_json(&doc)?;
+            out::json(&doc)?;
         }
         let files = project.dag_files().len();
         if errors.is_empty() {
@@ -51,11 +51,11 @@ pub fn run(g: &Global, validate: bool) -> Result<u8, Error> {
     if g.json && !errors.is_empty() {
         // The usable DAGs, and the error document every failing command prints.
         let mut doc = serde_json::json!({
-            "dags": tables::dag_docs(&dags),
+            "dags": report::dags::dag_docs(&dags),
             "exit_code": exit::USAGE,
         });
         doc["error"] = error_doc(errors.len());
-        tables::print_json(&doc)?;
+        out::json(&doc)?;
         return Ok(exit::USAGE);
     }
     if !g.json && dags.is_empty() && !errors.is_empty() {
@@ -70,7 +70,7 @@ pub fn run(g: &Global, validate: bool) -> Result<u8, Error> {
         ));
         return Ok(exit::USAGE);
     }
-    tables::print_dags(&dags, g.json)?;
+    report::dags::write(&mut out::Sink::std(g.json, g.verbose), &dags)?;
     Ok(if errors.is_empty() {
         exit::OK
     } else {

@@ -10,7 +10,8 @@ use crate::manifest::leases::LeaseCtx;
 use crate::manifest::queries::BackfillSummary;
 use crate::manifest::{self, Store};
 use crate::project::Project;
-use crate::report::{Labeler, tables};
+use crate::report::out::Sink;
+use crate::report::{self, Labeler};
 use crate::session::{Global, unknown_backfill};
 
 /// The manifest to read: `None` when the project's own has not been created yet (nothing was
@@ -67,7 +68,7 @@ pub fn list(g: &Global, dag: Option<&str>, active: bool) -> Result<u8, Error> {
             .cloned()
             .unwrap_or_else(|| Labeler::of(None))
     };
-    tables::print_list(&rows, &labels, g.json, &what)?;
+    report::list::write(&mut Sink::std(g.json, g.verbose), &rows, &labels, &what)?;
     Ok(exit::OK)
 }
 
@@ -97,23 +98,34 @@ pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
             }
         }
     }
+    let mut out = Sink::std(g.json, g.verbose);
     if g.json {
         if detail.backfill.cascade.is_some() {
             detail.cascade_backfills = Some(members);
         }
-        tables::print_show(&detail, kept.as_deref(), &Labeler::of(dag.as_ref()), true)?;
+        report::show::write(
+            &mut out,
+            &detail,
+            kept.as_deref(),
+            &Labeler::of(dag.as_ref()),
+        )?;
         return Ok(exit::OK);
     }
-    tables::print_show(&detail, kept.as_deref(), &Labeler::of(dag.as_ref()), false)?;
+    report::show::write(
+        &mut out,
+        &detail,
+        kept.as_deref(),
+        &Labeler::of(dag.as_ref()),
+    )?;
     for m in &members {
         let member_dag = project
             .as_ref()
             .and_then(|p| p.dag(&m.backfill.dag_id).ok());
-        crate::report::out::data(&format!(
+        out.line(&format!(
             "\ncascade: DAG `{}`, backfill {}",
             m.backfill.dag_id, m.backfill.id
         ))?;
-        tables::print_show(m, None, &Labeler::of(member_dag.as_ref()), false)?;
+        report::show::write(&mut out, m, None, &Labeler::of(member_dag.as_ref()))?;
     }
     Ok(exit::OK)
 }
@@ -168,7 +180,12 @@ pub fn runs(g: &Global, dag_id: &str, from: Option<&str>, to: Option<&str>) -> R
         (Some(f), Some(t)) => format!("no runs of DAG {dag_id} between --from {f} and --to {t}"),
         _ => format!("no runs of DAG {dag_id}"),
     };
-    tables::print_runs(&rows, &Labeler::of(dag.as_ref()), g.json, &what)?;
+    report::runs::write(
+        &mut Sink::std(g.json, g.verbose),
+        &rows,
+        &Labeler::of(dag.as_ref()),
+        &what,
+    )?;
     Ok(exit::OK)
 }
 
@@ -219,6 +236,11 @@ pub fn stale(
             "published intervals"
         )
     );
-    tables::print_stale(&stale, &Labeler::of(Some(&dag)), g.json, &what)?;
+    report::stale::write(
+        &mut Sink::std(g.json, g.verbose),
+        &stale,
+        &Labeler::of(Some(&dag)),
+        &what,
+    )?;
     Ok(exit::OK)
 }

@@ -21,7 +21,8 @@ use crate::interval::{DataInterval, Rfc3339, expand_nonempty, resolve_args};
 use crate::process::{self, Ended, Stop};
 use crate::project::{Dag, Project, Task, TaskKind};
 use crate::report::Labeler;
-use crate::report::tables::{self, Grid};
+use crate::report::grid::Grid;
+use crate::report::out::Sink;
 use crate::runner::{Step, blocking_step};
 use crate::session::Global;
 use crate::session::launch::{check_tasks, parse_conf};
@@ -141,10 +142,11 @@ pub fn run(
         eprintln!("verify interrupted; its tasks were stopped and its audit files removed");
         return Ok(exit::INTERRUPTED);
     }
+    let mut out = Sink::std(g.json, g.verbose);
     if g.json {
-        tables::print_json(&checks)?;
+        out.json(&checks)?;
     } else {
-        print_checks(&dag, &checks)?;
+        print_checks(&mut out, &dag, &checks)?;
     }
     let mut bad = 0;
     for c in &checks {
@@ -234,7 +236,7 @@ fn judge(
     checks
 }
 
-fn print_checks(dag: &Dag, checks: &[Check]) -> Result<(), Error> {
+fn print_checks(out: &mut Sink<'_>, dag: &Dag, checks: &[Check]) -> Result<(), Error> {
     let labels = Labeler::new(dag);
     let mut t = Grid::new(vec![
         "interval",
@@ -265,7 +267,7 @@ fn print_checks(dag: &Dag, checks: &[Check]) -> Result<(), Error> {
             c.result.as_str().to_string(),
         ]);
     }
-    t.print()
+    out.text(&t.render(out.fit))
 }
 
 /// First SIGINT, SIGTERM or SIGHUP: stop gracefully. A second one: kill now.

@@ -31,6 +31,12 @@ impl Labeler {
         }
     }
 
+    /// Labels in `tz`, as dates when `daily`.
+    #[cfg(test)]
+    pub fn in_zone(tz: Tz, daily: bool) -> Self {
+        Self { tz, daily }
+    }
+
     pub fn of(dag: Option<&Dag>) -> Self {
         dag.map_or_else(Self::utc, Self::new)
     }

@@ -2,6 +2,10 @@
 //! redirect it; everything for humans while a command works (progress, per-interval lines,
 //! warnings, errors, the end-of-run summary) to stderr. A closed stdout (`backfill show 1 |
 //! head -3`) is not an error: the command stops writing and ends quietly.
+//!
+//! Views write into a [`Sink`]: the process's stdout and stderr for a command, buffers in tests.
+//! Human data is fitted to a width ([`Fit`]): the terminal's when stdout is one, `COLUMNS` when
+//! set, no limit otherwise, so that a pipe keeps every character.
 
 use std::io::{BufWriter, Write};
 
@@ -10,7 +14,7 @@ use serde::Serialize;
 use crate::exit::Error;
 
 /// Maps a write error: a closed pipe becomes [`Error::ClosedPipe`].
-fn closed(e: std::io::Error) -> Error {
+pub fn closed(e: std::io::Error) -> Error {
     if e.kind() == std::io::ErrorKind::BrokenPipe {
         Error::ClosedPipe
     } else {
@@ -21,6 +25,10 @@ fn closed(e: std::io::Error) -> Error {
 /// Writes `text` and a newline to stdout.
 pub fn data(text: &str) -> Result<(), Error> {
     let mut out = std::io::stdout().lock();
+    write_line(&mut out, text)
+}
+
+fn write_line(out: &mut dyn Write, text: &str) -> Result<(), Error> {
     out.write_all(text.as_bytes()).map_err(closed)?;
     out.write_all(b"\n").map_err(closed)?;
     out.flush().map_err(closed)
@@ -28,8 +36,11 @@ pub fn data(text: &str) -> Result<(), Error> {
 
 /// Writes one JSON document and a newline to stdout.
 pub fn json<T: Serialize + ?Sized>(value: &T) -> Result<(), Error> {
-    let stdout = std::io::stdout();
-    let mut out = BufWriter::with_capacity(1 << 16, stdout.lock());
+    write_json(&mut std::io::stdout().lock(), value)
+}
+
+fn write_json<T: Serialize + ?Sized>(out: &mut dyn Write, value: &T) -> Result<(), Error> {
+    let mut out = BufWriter::with_capacity(1 << 16, out);
     serde_json::to_writer(&mut out, value).map_err(|e| match e.io_error_kind() {
         Some(std::io::ErrorKind::BrokenPipe) => Error::ClosedPipe,
         _ => Error::Internal(format!("cannot write JSON: {e}")),
@@ -44,4 +55,191 @@ pub fn note(text: &str) {
     let _ = writeln!(err, "{text}");
 }
 
+/// How human output fits the screen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fit {
+    /// The width tables and long lines must fit in; `None`: no limit.
+    pub width: Option<u16>,
+    /// Long cells in full (`-v`); otherwise a cell is cut after [`Fit::CELL_LINES`] lines.
+    pub full: bool,
+}
+
+impl Fit {
+    /// Lines a wrapped cell may take before it is cut with `…`, unless [`Fit::full`].
+    pub const CELL_LINES: usize = 3;
+
+    /// The width of what goes to stdout.
+    pub fn stdout(full: bool) -> Self {
+        Self {
+            width: width(&console::Term::stdout()),
+            full,
+        }
+    }
+
+    /// The width of what goes to stderr.
+    pub fn stderr(full: bool) -> Self {
+        Self {
+            width: width(&console::Term::stderr()),
+            full,
+        }
+    }
+}
+
+/// `COLUMNS` when it holds a width, else the terminal's width when `term` is a terminal.
+fn width(term: &console::Term) -> Option<u16> {
+    columns(std::env::var("COLUMNS").ok().as_deref())
+        .or_else(|| term.size_checked().map(|(_rows, cols)| cols))
+}
+
+/// A width from `COLUMNS`: a positive number.
+fn columns(value: Option<&str>) -> Option<u16> {
+    value?.trim().parse().ok().filter(|&w: &u16| w > 0)
+}
+
+/// Where a view writes: data (stdout for a command), notes for people (stderr), and whether as
+/// JSON or fitted to a width.
+pub struct Sink<'a> {
+    data: Box<dyn Write + 'a>,
+    notes: Box<dyn Write + 'a>,
+    /// `--output json`: one JSON document instead of human output.
+    pub json: bool,
+    pub fit: Fit,
+}
+
+impl Sink<'static> {
+    /// The process's stdout and stderr, fitted to stdout's width; `verbose` keeps long cells
+    /// whole.
+    pub fn std(json: bool, verbose: bool) -> Self {
+        Self::new(
+            std::io::stdout().lock(),
+            std::io::stderr(),
+            json,
+            Fit::stdout(verbose),
+        )
+    }
+}
+
+impl<'a> Sink<'a> {
+    pub fn new(data: impl Write + 'a, notes: impl Write + 'a, json: bool, fit: Fit) -> Self {
+        Self {
+            data: Box::new(data),
+            notes: Box::new(notes),
+            json,
+            fit,
+        }
+    }
+
+    /// Writes a line of data, wrapped at spaces to the width.
+    pub fn line(&mut self, text: &str) -> Result<(), Error> {
+        match self.fit.width {
+            Some(width) => write_line(&mut self.data, &wrap(text, usize::from(width))),
+            None => write_line(&mut self.data, text),
+        }
+    }
+
+    /// Writes text as it is (a table already fitted), then a newline.
+    pub fn text(&mut self, text: &str) -> Result<(), Error> {
+        write_line(&mut self.data, text)
+    }
+
+    /// Writes one JSON document and a newline.
+    pub fn json<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
+        write_json(&mut self.data, value)
+    }
+
+    /// Writes a line for people (a closed stderr is ignored).
+    pub fn note(&mut self, text: &str) {
+        let _ = writeln!(self.notes, "{text}");
+    }
+}
+
+/// Wraps each line of `text` at spaces so that no line is wider than `width` characters;
+/// continuation lines are indented by two spaces. A word wider than the width is cut.
+pub fn wrap(text: &str, width: usize) -> String {
+    const INDENT: &str = "  ";
+    let width = width.max(INDENT.len() + 1);
+    let mut out = String::with_capacity(text.len() + 16);
+    for (n, line) in text.split('\n').enumerate() {
+        if n > 0 {
+            out.push('\n');
+        }
+        if line.chars().count() <= width {
+            out.push_str(line);
+            continue;
+        }
+        let mut used = 0;
+        for word in line.split(' ') {
+            let mut word: Vec<char> = word.chars().collect();
+            if used > 0 && used + 1 + word.len() <= width {
+                out.push(' ');
+                used += 1;
+            } else if used > 0 {
+                out.push('\n');
+                out.push_str(INDENT);
+                used = INDENT.len();
+            }
+            while used + word.len() > width {
+                let room = width - used;
+                out.extend(&word[..room]);
+                out.push('\n');
+                out.push_str(INDENT);
+                used = INDENT.len();
+                word.drain(..room);
+            }
+            out.extend(&word);
+            used += word.len();
+        }
+    }
+    out
+}
+
 pub use crate::words::{hint, plural, set_invocation, shell_word};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_holds_a_positive_width_or_nothing() {
+        assert_eq!(columns(Some("120")), Some(120));
+        assert_eq!(columns(Some(" 80\n")), Some(80));
+        assert_eq!(columns(Some("0")), None);
+        assert_eq!(columns(Some("wide")), None);
+        assert_eq!(columns(None), None);
+    }
+
+    #[test]
+    fn wrap_keeps_every_word_and_no_line_is_wider_than_asked() {
+        let text = "created 2026-01-05T10:00:00Z · finished 2026-01-05T10:01:00Z · 4 intervals: 4 to run (2 succeeded, 1 failed)";
+        let wrapped = wrap(text, 40);
+        assert!(
+            wrapped.lines().all(|l| l.chars().count() <= 40),
+            "{wrapped}"
+        );
+        let words = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert_eq!(words(&wrapped), words(text));
+        assert_eq!(wrap("short", 40), "short");
+        assert_eq!(
+            wrap(&"x".repeat(25), 10),
+            "xxxxxxxxxx\n  xxxxxxxx\n  xxxxxxx"
+        );
+    }
+
+    #[test]
+    fn a_closed_pipe_is_its_own_error() {
+        struct Closed;
+        impl Write for Closed {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                Err(std::io::ErrorKind::BrokenPipe.into())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut sink = Sink::new(Closed, std::io::sink(), false, Fit::default());
+        assert!(matches!(sink.line("x"), Err(Error::ClosedPipe)));
+        assert!(matches!(sink.json(&[1, 2]), Err(Error::ClosedPipe)));
+        let mut sink = Sink::new(Vec::new(), Closed, false, Fit::default());
+        sink.note("a closed stderr is ignored");
+    }
+}

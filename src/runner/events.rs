@@ -50,3 +50,138 @@ pub enum Event {
         why: String,
     },
 }
+
+/// The run's counts so far. Whoever receives the events (the dispatcher) records each one here
+/// and hands the counts to the reporter with the event, so that the reporter shows them and
+/// never counts by itself.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Intervals this run is to run.
+    pub total: u64,
+    /// Intervals started and not finished.
+    pub running: u64,
+    /// Tries waiting for a slot of their pool.
+    pub waiting: u64,
+    /// Intervals that ended, whichever way (skipped while running included).
+    pub finished: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub rejected: u64,
+    pub cancelled: u64,
+    /// Skipped while running (`depends_on_past` after a failure).
+    pub skipped: u64,
+}
+
+impl Stats {
+    pub fn new(total: u64) -> Self {
+        Self {
+            total,
+            ..Self::default()
+        }
+    }
+
+    /// Counts what `event` says happened.
+    pub fn record(&mut self, event: &Event) {
+        match event {
+            Event::IntervalStarted { .. } => self.running += 1,
+            Event::IntervalFinished { state, .. } => {
+                self.running = self.running.saturating_sub(1);
+                self.finished += 1;
+                match state {
+                    RunState::Succeeded => self.succeeded += 1,
+                    RunState::Failed => self.failed += 1,
+                    RunState::Rejected => self.rejected += 1,
+                    RunState::Cancelled => self.cancelled += 1,
+                    RunState::Queued | RunState::Running => {}
+                }
+            }
+            Event::IntervalSkipped { .. } => {
+                self.finished += 1;
+                self.skipped += 1;
+            }
+            Event::PoolWait { waiting: true, .. } => self.waiting += 1,
+            Event::PoolWait { waiting: false, .. } => {
+                self.waiting = self.waiting.saturating_sub(1);
+            }
+            Event::TryFailed { .. } | Event::MaxFailures { .. } | Event::Stopping { .. } => {}
+        }
+    }
+
+    /// Intervals that failed or were rejected.
+    pub fn failures(&self) -> u64 {
+        self.failed + self.rejected
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_count_what_the_events_say() {
+        let interval = DataInterval {
+            start: chrono::DateTime::UNIX_EPOCH,
+            end: chrono::DateTime::UNIX_EPOCH + chrono::Duration::days(1),
+        };
+        let finished = |state| Event::IntervalFinished {
+            interval,
+            run_id: 1,
+            state,
+            elapsed: Duration::ZERO,
+            error: None,
+        };
+        let pool = |waiting| Event::PoolWait {
+            interval,
+            task_id: "t".into(),
+            pool: "p".into(),
+            waiting,
+        };
+        let mut stats = Stats::new(5);
+        for e in [
+            Event::IntervalStarted {
+                interval,
+                run_id: 1,
+            },
+            Event::IntervalStarted {
+                interval,
+                run_id: 2,
+            },
+            pool(true),
+            pool(true),
+            pool(false),
+            finished(RunState::Succeeded),
+        ] {
+            stats.record(&e);
+        }
+        assert_eq!(
+            (stats.running, stats.waiting, stats.finished),
+            (1, 1, 1),
+            "{stats:?}"
+        );
+        for e in [
+            finished(RunState::Rejected),
+            Event::IntervalSkipped {
+                interval,
+                reason: SkipReason::PreviousNotSuccessful,
+            },
+            Event::MaxFailures { failed: 1 },
+        ] {
+            stats.record(&e);
+        }
+        assert_eq!(
+            stats,
+            Stats {
+                total: 5,
+                running: 0,
+                waiting: 1,
+                finished: 3,
+                succeeded: 1,
+                failed: 0,
+                rejected: 1,
+                cancelled: 0,
+                skipped: 1,
+            }
+        );
+        assert_eq!(stats.failures(), 1);
+    }
+}

@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 pub use crate::process::Stop;
-pub use events::Event;
+pub use events::{Event, Stats};
 pub(crate) use sql_try::{Step, blocking_step};
 
 use crate::exit::Error;

@@ -22,8 +22,9 @@ use crate::manifest::backfills::Heartbeat;
 use crate::manifest::writer::Writer;
 use crate::manifest::{self, Owner};
 use crate::project::{Dag, Project};
+use crate::report::out::{Fit, Sink};
 use crate::report::{self, Reporter};
-use crate::runner::{self, Event, RunSpec, Stop};
+use crate::runner::{self, Event, RunSpec, Stats, Stop};
 use crate::warehouse::Repr;
 
 pub struct Execution {
@@ -169,9 +170,11 @@ fn run(
             heartbeat_error.clone(),
         ));
         let reporter = tokio::spawn(async move {
-            let mut reporter = Reporter::new(total, labels, quiet, verbose);
+            let mut reporter = Reporter::stderr(total, labels, quiet, verbose);
+            let mut stats = Stats::new(total);
             while let Some(event) = events_rx.recv().await {
-                reporter.handle(&event);
+                stats.record(&event);
+                reporter.handle(&event, &stats);
             }
             reporter.finish();
         });
@@ -224,7 +227,13 @@ fn run(
     let summary = report::summary(&outcome, code, began.elapsed(), rerun);
     let json = serde_json::to_string(&summary)
         .map_err(|e| Error::Internal(format!("cannot write the summary: {e}")))?;
-    match report::print_summary(&summary, &labels, g.json, g.quiet) {
+    let mut out = Sink::new(
+        std::io::stdout().lock(),
+        std::io::stderr(),
+        g.json,
+        Fit::stderr(g.verbose),
+    );
+    match report::summary::write(&mut out, &summary, &labels, g.quiet) {
         Ok(()) | Err(Error::ClosedPipe) => {}
         Err(e) => return Err(e),
     }

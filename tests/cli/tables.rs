@@ -1,8 +1,11 @@
 //! The human tables, compared whole against snapshots (`tests/cli/snapshots/`): every heading,
 //! every column, the summary lines. Times that depend on the clock are replaced by
-//! placeholders; everything else is exact.
+//! placeholders; everything else is exact. Then how they fit a terminal's width (`COLUMNS`, a
+//! real pseudo-terminal) and what a terminal shows while a backfill runs.
 
-use crate::support::{Out, Project};
+use std::process::{Command, Stdio};
+
+use crate::support::{NOW, Out, Project};
 
 const GATED: &str = r#"
 schedule = "@daily"
@@ -146,4 +149,159 @@ fn a_long_table_says_how_many_rows_it_leaves_out_on_a_line_of_its_own() {
     let gap: Vec<&str> = text.lines().filter(|l| l.starts_with('…')).collect();
     assert_eq!(gap, ["… 16 rows left out; --output json lists every row"]);
     assert!(text.contains("216 intervals to run"), "{text}");
+}
+
+/// The widest line of `text`, in characters.
+fn widest(text: &str) -> usize {
+    text.lines()
+        .map(|l| l.trim_end_matches('\r').chars().count())
+        .max()
+        .unwrap_or(0)
+}
+
+#[test]
+fn columns_fits_the_tables_and_verbose_keeps_every_word() {
+    let p = project();
+    let at = |cols: &str, extra: &[&str]| {
+        let mut args = vec!["runs", "--dag", "sales"];
+        args.extend_from_slice(extra);
+        let out = p.run_with(&args, &[("COLUMNS", cols)]);
+        out.code(0);
+        out.stdout
+    };
+    let full = p.run(&["runs", "--dag", "sales"]).stdout;
+    assert!(widest(&full) > 200, "a pipe keeps every character:\n{full}");
+    for cols in [120, 100, 80] {
+        let cut = at(&cols.to_string(), &[]);
+        assert!(widest(&cut) <= cols, "COLUMNS={cols}:\n{cut}");
+        assert!(cut.contains('…'), "long cells are cut:\n{cut}");
+        let whole = at(&cols.to_string(), &["-v"]);
+        assert!(widest(&whole) <= cols, "COLUMNS={cols} -v:\n{whole}");
+        assert!(!whole.contains('…'), "-v keeps long cells whole:\n{whole}");
+        assert!(whole.contains("0.0%)"), "{whole}");
+    }
+    // The JSON document is never cut.
+    let json = p.run_with(
+        &["runs", "--dag", "sales", "--output", "json"],
+        &[("COLUMNS", "40")],
+    );
+    assert_eq!(
+        json.json()[1]["error"],
+        "task `export` rejected: row count 5 differs from the source count 10 by 50.0% (tolerance 0.0%)"
+    );
+}
+
+/// Runs `backfill ARGS` in a pseudo-terminal `cols` columns wide (through util-linux `script`)
+/// and returns its exit code and what the terminal received; `None`, said loudly, without
+/// `script`.
+fn on_terminal(p: &Project, args: &[&str], cols: u16) -> Option<(i32, String)> {
+    let mut words = vec![
+        env!("CARGO_BIN_EXE_backfill").to_string(),
+        "-C".to_string(),
+        p.path("").display().to_string(),
+    ];
+    words.extend(args.iter().map(|a| a.to_string()));
+    let line = words
+        .iter()
+        .map(|w| backfill::report::out::shell_word(w))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let out = Command::new("script")
+        .args([
+            "-qec",
+            &format!("stty cols {cols} rows 40; exec {line}"),
+            "/dev/null",
+        ])
+        .env("SHELL", "/bin/sh")
+        .env("TERM", "xterm")
+        .env("BACKFILL_NOW", NOW)
+        .env_remove("COLUMNS")
+        .stdin(Stdio::null())
+        .output();
+    match out {
+        Ok(out) => Some((
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n"),
+        )),
+        Err(e) => {
+            eprintln!("SKIPPED: no pseudo-terminal without util-linux `script`: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn a_terminal_gets_tables_as_wide_as_it_is() {
+    let p = project();
+    for command in [&["runs", "--dag", "sales"][..], &["show", "1"]] {
+        let Some((code, text)) = on_terminal(&p, command, 100) else {
+            return;
+        };
+        assert_eq!(code, 0, "{text}");
+        assert!(text.contains('┌'), "{text}");
+        assert!(widest(&text) <= 100, "{command:?}:\n{text}");
+    }
+}
+
+const SLOW: &str = r#"
+schedule = "@daily"
+[[tasks]]
+id = "export"
+command = '''
+sleep 0.3
+case {{ ds }} in
+  2026-01-03) echo "upstream missing" >&2; exit 2 ;;
+esac
+'''
+"#;
+
+#[test]
+fn a_terminal_shows_a_bar_and_only_the_failures_above_it() {
+    let p = Project::new().dag("slow", SLOW);
+    let create = ["create", "--dag", "slow", "--from", "2026-01-01"];
+    let Some((code, text)) = on_terminal(&p, &[&create[..], &["--to", "2026-01-04"]].concat(), 120)
+    else {
+        return;
+    };
+    assert_eq!(code, 3, "{text}");
+    assert!(
+        text.contains("/4 intervals · "),
+        "the bar is drawn:\n{text}"
+    );
+    assert!(
+        text.contains("failed     2026-01-03 (") && text.contains("  | upstream missing"),
+        "a failure is written above the bar:\n{text}"
+    );
+    assert!(
+        !text.contains("succeeded  2026-01-0"),
+        "no line per interval that went well:\n{text}"
+    );
+    assert!(
+        text.contains("backfill 1 of slow: failed — 3 succeeded, 1 failed"),
+        "{text}"
+    );
+    // -v adds the lines.
+    let Some((_, verbose)) = on_terminal(
+        &p,
+        &[&create[..], &["--to", "2026-01-05", "-v"]].concat(),
+        120,
+    ) else {
+        return;
+    };
+    assert!(verbose.contains("started    2026-01-05 (run "), "{verbose}");
+    assert!(verbose.contains("succeeded  2026-01-05 ("), "{verbose}");
+}
+
+#[test]
+fn without_a_terminal_there_is_no_bar_and_a_line_per_interval() {
+    let p = Project::new().dag("slow", SLOW);
+    let out = p.create("slow", "2026-01-01", "2026-01-02", &[]);
+    out.code(0);
+    assert!(!out.stderr.contains("intervals ·"), "{}", out.stderr);
+    let lines: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("succeeded  "))
+        .collect();
+    assert_eq!(lines.len(), 2, "{}", out.stderr);
 }

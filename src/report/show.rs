@@ -1,0 +1,250 @@
+//! `backfill show ID`: two lines about the backfill, then each interval of its plan (action and
+//! skip reason, the state of its latest run, attempts, tries, rows, gate verdict and reasons,
+//! duration, error), then what the kept versions of its DAG's SQL targets cost. With
+//! `--output json`, the backfill, its intervals and the kept versions as one document.
+
+use super::Labeler;
+use super::grid::{Grid, duration_ms, has_content, or_empty};
+use super::list::{range_labels, state_text};
+use super::out::{Sink, plural};
+use crate::exit::Error;
+use crate::manifest::queries::BackfillDetail;
+use crate::warehouse::versions::Storage;
+
+/// The document of `show --output json`: the backfill, and what the kept versions of its DAG's
+/// SQL targets cost (for rollback) when the project is at hand.
+#[derive(serde::Serialize)]
+struct Show<'a> {
+    #[serde(flatten)]
+    detail: &'a BackfillDetail,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kept_versions: Option<&'a [Storage]>,
+}
+
+pub fn write(
+    out: &mut Sink<'_>,
+    detail: &BackfillDetail,
+    kept_versions: Option<&[Storage]>,
+    labels: &Labeler,
+) -> Result<(), Error> {
+    if out.json {
+        return out.json(&Show {
+            detail,
+            kept_versions,
+        });
+    }
+    let b = &detail.backfill;
+    let c = &b.intervals;
+    let (from, to) = range_labels(b, labels);
+    let typed = if (from.as_str(), to.as_str()) == (b.from_arg.as_str(), b.to_arg.as_str()) {
+        String::new()
+    } else {
+        format!(" (--from {} --to {})", b.from_arg, b.to_arg)
+    };
+    out.line(&format!(
+        "backfill {} of {}: {} · {} to {}{} · reprocess {} · max active runs {}{}",
+        b.id,
+        b.dag_id,
+        state_text(b),
+        from,
+        to,
+        typed,
+        b.reprocess_behavior,
+        b.max_active_runs,
+        if b.run_backwards { " · backwards" } else { "" }.to_string()
+            + &b.tasks
+                .as_ref()
+                .map(|t| format!(" · only tasks {}", t.join(", ")))
+                .unwrap_or_default(),
+    ))?;
+    out.line(&format!(
+        "created {}{} · {}: {} to run ({} succeeded, {} failed, {} rejected, {} cancelled, {} running, {} not started), {} skipped",
+        b.created_at,
+        b.finished_at
+            .as_ref()
+            .map(|f| format!(" · finished {f}"))
+            .unwrap_or_default(),
+        plural(c.total, "interval", "intervals"),
+        c.planned,
+        c.succeeded,
+        c.failed,
+        c.rejected,
+        c.cancelled,
+        c.running,
+        c.pending,
+        c.skipped,
+    ))?;
+    let mut t = Grid::new(vec![
+        "#",
+        "interval",
+        "action",
+        "reason",
+        "state",
+        "attempts",
+        "tries",
+        "rows",
+        "verdict",
+        "gate reasons",
+        "duration",
+        "error",
+    ]);
+    let total = detail.interval_details.len();
+    for (k, i) in detail.interval_details.iter().enumerate() {
+        t.row_at(
+            k,
+            total,
+            || {
+                vec![
+                    (i.ord + 1).to_string(),
+                    labels.label(i.start.0),
+                    i.action.clone(),
+                    i.reason.clone().unwrap_or_default(),
+                    or_empty(i.state.as_ref()),
+                    i.attempts.to_string(),
+                    i.tries.to_string(),
+                    or_empty(i.rows),
+                    or_empty(i.verdict.as_ref()),
+                    i.reasons.clone().unwrap_or_default(),
+                    duration_ms(i.duration_ms),
+                    i.error.clone().unwrap_or_default(),
+                ]
+            },
+            || {
+                let text = |v: &Option<String>| v.as_deref().is_some_and(has_content);
+                vec![
+                    true,
+                    true,
+                    has_content(&i.action),
+                    text(&i.reason),
+                    text(&i.state),
+                    true,
+                    true,
+                    i.rows.is_some(),
+                    text(&i.verdict),
+                    text(&i.reasons),
+                    i.duration_ms.is_some(),
+                    text(&i.error),
+                ]
+            },
+        );
+    }
+    out.text(&t.render(out.fit))?;
+    for k in kept_versions
+        .unwrap_or_default()
+        .iter()
+        .filter(|k| k.versions > 0)
+    {
+        out.line(&format!(
+            "kept for rollback in `{}`: {}, {}, {}",
+            k.target,
+            plural(k.versions, "version", "versions"),
+            plural(k.rows, "row", "rows"),
+            human_bytes(k.bytes)
+        ))?;
+    }
+    Ok(())
+}
+
+/// A size in bytes for people: `3.2 MiB`.
+fn human_bytes(n: i64) -> String {
+    let units = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < units.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} bytes")
+    } else {
+        format!("{v:.1} {}", units[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::queries::IntervalDetail;
+    use crate::report::fixtures::{self, FAILED, REJECTED, at, sink, widest};
+    use crate::report::out::Fit;
+
+    fn detail() -> BackfillDetail {
+        let interval = |d: u32, state: &str, rows, verdict: Option<&str>, error: Option<&str>| {
+            IntervalDetail {
+                ord: i64::from(d) - 1,
+                start: at(d),
+                end: at(d + 1),
+                action: "run".into(),
+                reason: None,
+                state: Some(state.into()),
+                attempts: 1,
+                tries: 1,
+                rows,
+                verdict: verdict.map(String::from),
+                reasons: error.filter(|_| state == "rejected").map(|_| {
+                    "row count 5 differs from the source count 10 by 50.0% (tolerance 0.0%)".into()
+                }),
+                duration_ms: Some(1250),
+                error: error.map(String::from),
+                log: None,
+            }
+        };
+        BackfillDetail {
+            backfill: fixtures::backfill(),
+            interval_details: vec![
+                interval(1, "succeeded", Some(10), Some("published"), None),
+                interval(2, "rejected", None, Some("rejected"), Some(REJECTED)),
+                interval(3, "failed", None, None, Some(FAILED)),
+                interval(4, "succeeded", Some(10), Some("published"), None),
+            ],
+            cascade_backfills: None,
+        }
+    }
+
+    fn kept() -> Vec<Storage> {
+        vec![Storage {
+            target: "orders_fact".into(),
+            versions: 2,
+            rows: 1200,
+            bytes: 3_355_443,
+        }]
+    }
+
+    fn render(fit: Fit) -> String {
+        let (mut out, data, _) = sink(false, fit);
+        write(&mut out, &detail(), Some(&kept()), &fixtures::labels()).unwrap();
+        data.text()
+    }
+
+    #[test]
+    fn show_in_full_without_a_width() {
+        insta::assert_snapshot!("show", render(Fit::default()));
+    }
+
+    #[test]
+    fn show_fits_its_lines_and_its_table_to_the_width() {
+        for width in [120, 100, 80] {
+            let text = render(Fit {
+                width: Some(width),
+                full: false,
+            });
+            assert!(widest(&text) <= usize::from(width), "{text}");
+        }
+        insta::assert_snapshot!(
+            "show_120",
+            render(Fit {
+                width: Some(120),
+                full: false
+            })
+        );
+    }
+
+    #[test]
+    fn show_json_has_the_kept_versions() {
+        let (mut out, data, _) = sink(true, Fit::default());
+        write(&mut out, &detail(), Some(&kept()), &fixtures::labels()).unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&data.text()).unwrap();
+        assert_eq!(doc["kept_versions"][0]["target"], "orders_fact");
+        assert_eq!(doc["interval_details"][1]["error"], REJECTED);
+    }
+}

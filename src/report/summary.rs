@@ -1,0 +1,294 @@
+//! The end of a `create` or `resume`: a table of interval counts and one line that says how to
+//! go on, for people (stderr); one JSON document with `--output json` (stdout). A failed
+//! backfill always lists its failures and the command that reruns them, with `-q` and
+//! `--output json` too.
+
+use std::time::Duration;
+
+use comfy_table::{ContentArrangement, Table, presets::UTF8_FULL_CONDENSED};
+use serde::Serialize;
+
+use super::Labeler;
+use super::out::{Sink, hint, plural, shell_word};
+use crate::exit::{self, Error};
+use crate::manifest::queries::{Counts, FailedInterval, Outcome};
+
+/// The document `create` and `resume` print with `--output json`.
+#[derive(Debug, Serialize)]
+pub struct Summary<'a> {
+    pub backfill_id: i64,
+    pub dag_id: &'a str,
+    pub state: &'a str,
+    pub exit_code: u8,
+    pub intervals: &'a Counts,
+    pub skipped: &'a std::collections::BTreeMap<String, i64>,
+    pub failed: &'a [FailedInterval],
+    pub elapsed_seconds: f64,
+    /// The command that reruns the failed and rejected intervals, when there are any.
+    pub rerun: Option<String>,
+}
+
+/// What a rerun hint needs to know about the command that ran.
+pub struct Rerun<'a> {
+    pub conf: &'a serde_json::Value,
+    pub allow_drift: bool,
+    /// `--tasks` of the backfill.
+    pub tasks: Option<&'a [String]>,
+}
+
+/// The complete command that reruns exactly the failed and rejected intervals of a backfill.
+pub fn rerun_command(outcome: &Outcome, labels: &Labeler, how: &Rerun<'_>) -> Option<String> {
+    let first = outcome.failed.iter().map(|f| f.start.0).min()?;
+    let last = outcome.failed.iter().map(|f| f.start.0).max()?;
+    let mut words: Vec<String> = Vec::new();
+    words.extend(
+        [
+            "create",
+            "--dag",
+            &shell_word(&outcome.backfill.dag_id),
+            "--from",
+            &shell_word(&labels.when(first)),
+            "--to",
+            &shell_word(&labels.when(last)),
+            "--reprocess-behavior",
+            "failed",
+        ]
+        .map(String::from),
+    );
+    if how.conf.as_object().is_some_and(|o| !o.is_empty()) {
+        words.push("--conf".into());
+        words.push(shell_word(&how.conf.to_string()));
+    }
+    if how.allow_drift {
+        words.push("--allow-drift".into());
+    }
+    if let Some(tasks) = how.tasks {
+        words.push("--tasks".into());
+        words.push(shell_word(&tasks.join(",")));
+    }
+    Some(hint(&words.join(" ")))
+}
+
+/// Builds the summary of a finished (or stopped) backfill from its outcome in the manifest.
+pub fn summary<'a>(
+    outcome: &'a Outcome,
+    exit_code: u8,
+    elapsed: Duration,
+    rerun: Option<String>,
+) -> Summary<'a> {
+    Summary {
+        backfill_id: outcome.backfill.id,
+        dag_id: &outcome.backfill.dag_id,
+        state: outcome.backfill.state.as_str(),
+        exit_code,
+        intervals: &outcome.backfill.intervals,
+        skipped: &outcome.skipped,
+        failed: &outcome.failed,
+        elapsed_seconds: elapsed.as_secs_f64(),
+        rerun,
+    }
+}
+
+/// Writes the summary: JSON as data with `--output json`, else a table and a line as notes
+/// (nothing on success with `-q`). Failures are always listed as notes, with the command that
+/// reruns them.
+pub fn write(
+    out: &mut Sink<'_>,
+    s: &Summary<'_>,
+    labels: &Labeler,
+    quiet: bool,
+) -> Result<(), Error> {
+    let json = out.json;
+    if json {
+        out.json(s)?;
+    }
+    let c = s.intervals;
+    if !json && !quiet {
+        let mut table = Table::new();
+        table.load_style(UTF8_FULL_CONDENSED);
+        if let Some(width) = out.fit.width {
+            table.set_content_arrangement(ContentArrangement::Dynamic);
+            table.set_width(width);
+        }
+        table.set_header(vec!["intervals", "count"]);
+        for (name, n) in [
+            ("succeeded", c.succeeded),
+            ("failed", c.failed),
+            ("rejected", c.rejected),
+            ("cancelled", c.cancelled),
+            ("not started", c.pending),
+        ] {
+            if n > 0 {
+                table.add_row(vec![name.to_string(), n.to_string()]);
+            }
+        }
+        for (reason, n) in s.skipped {
+            table.add_row(vec![format!("skipped: {reason}"), n.to_string()]);
+        }
+        out.note(&table.to_string());
+    }
+    for f in s.failed {
+        out.note(&format!(
+            "{} {}: {}{}",
+            f.state,
+            labels.label(f.start.0),
+            f.error.as_deref().unwrap_or("-"),
+            f.log.as_ref().map_or_else(
+                || "\n  log: none (the try printed nothing)".to_string(),
+                |l| format!("\n  log: {l}")
+            )
+        ));
+    }
+    let next = match (s.exit_code, &s.rerun) {
+        (exit::INTERRUPTED, _) => format!(
+            "; continue with `{}`",
+            hint(&format!("resume {}", s.backfill_id))
+        ),
+        (exit::FAILED, _) if c.pending > 0 => format!(
+            "; {} not started: continue with `{}`{}",
+            plural(c.pending, "interval", "intervals"),
+            hint(&format!("resume {}", s.backfill_id)),
+            s.rerun
+                .as_ref()
+                .map(|r| format!(", or rerun the failures with `{r}`"))
+                .unwrap_or_default()
+        ),
+        (exit::FAILED, Some(rerun)) => format!("; rerun the failures with `{rerun}`"),
+        _ => String::new(),
+    };
+    if !json && (!quiet || s.exit_code != exit::OK) {
+        out.note(&format!(
+            "backfill {} of {}: {} — {} succeeded, {} failed, {} rejected, {} cancelled, {} skipped in {:.1}s{next}",
+            s.backfill_id,
+            s.dag_id,
+            s.state,
+            c.succeeded,
+            c.failed,
+            c.rejected,
+            c.cancelled,
+            c.skipped,
+            s.elapsed_seconds
+        ));
+    } else if json && !next.is_empty() {
+        out.note(&format!("backfill {}: {}{next}", s.backfill_id, s.state));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::fixtures::{self, FAILED, REJECTED, Shared};
+    use crate::report::out::Fit;
+
+    /// The outcome of a run of January 1 to 5 in the manifest: the 2nd rejected, the 3rd failed,
+    /// the 4th cancelled, the 5th skipped while running.
+    fn outcome() -> Outcome {
+        let mut backfill = fixtures::backfill();
+        backfill.intervals.total = 5;
+        backfill.intervals.planned = 4;
+        backfill.intervals.skipped = 1;
+        backfill.intervals.succeeded = 1;
+        backfill.intervals.cancelled = 1;
+        Outcome {
+            backfill,
+            skipped: [("previous interval not successful".to_string(), 1)]
+                .into_iter()
+                .collect(),
+            failed: vec![
+                FailedInterval {
+                    start: fixtures::at(2),
+                    state: crate::state::RunState::Rejected,
+                    task: Some("export".into()),
+                    error: Some(REJECTED.into()),
+                    log: None,
+                },
+                FailedInterval {
+                    start: fixtures::at(3),
+                    state: crate::state::RunState::Failed,
+                    task: Some("export".into()),
+                    error: Some(FAILED.into()),
+                    log: Some("[logs]/try2.log".into()),
+                },
+            ],
+        }
+    }
+
+    fn summary_text(code: u8, json: bool, quiet: bool) -> (String, String) {
+        summary_of(&outcome(), code, json, quiet)
+    }
+
+    fn summary_of(outcome: &Outcome, code: u8, json: bool, quiet: bool) -> (String, String) {
+        let labels = fixtures::labels();
+        let rerun = rerun_command(
+            outcome,
+            &labels,
+            &Rerun {
+                conf: &serde_json::json!({"region": "eu"}),
+                allow_drift: false,
+                tasks: None,
+            },
+        );
+        let s = summary(outcome, code, Duration::from_millis(65_400), rerun);
+        let (data, notes) = (Shared::default(), Shared::default());
+        let mut out = Sink::new(data.clone(), notes.clone(), json, Fit::default());
+        write(&mut out, &s, &labels, quiet).unwrap();
+        (data.text(), notes.text())
+    }
+
+    #[test]
+    fn the_summary_counts_lists_the_failures_and_says_how_to_go_on() {
+        let (data, notes) = summary_text(exit::INTERRUPTED, false, false);
+        assert_eq!(data, "");
+        insta::assert_snapshot!("summary", notes);
+        let (_, failed) = summary_text(exit::FAILED, false, false);
+        assert!(
+            failed.ends_with(
+                "in 65.4s; rerun the failures with `backfill create --dag sales --from 2026-01-02 --to 2026-01-03 --reprocess-behavior failed --conf '{\"region\":\"eu\"}'`\n"
+            ),
+            "{failed}"
+        );
+    }
+
+    #[test]
+    fn a_quiet_or_json_summary_still_lists_the_failures() {
+        let (data, notes) = summary_text(exit::FAILED, true, false);
+        let doc: serde_json::Value = serde_json::from_str(&data).unwrap();
+        assert_eq!(doc["exit_code"], 3);
+        assert_eq!(doc["failed"].as_array().map(Vec::len), Some(2));
+        assert!(!notes.contains('┌'), "no table with --output json: {notes}");
+        assert!(notes.contains(
+            "failed 2026-01-03: task `export` failed: exit code 2\n  log: [logs]/try2.log\n"
+        ));
+        assert!(notes.contains("backfill 1: failed; rerun the failures with `backfill create"));
+        let (data, notes) = summary_text(exit::FAILED, false, true);
+        assert_eq!(data, "");
+        assert!(!notes.contains('┌'), "no table with -q: {notes}");
+        assert!(notes.contains("rejected 2026-01-02: task `export` rejected"));
+    }
+
+    #[test]
+    fn a_quiet_success_says_nothing() {
+        let mut outcome = outcome();
+        outcome.failed.clear();
+        outcome.skipped.clear();
+        outcome.backfill.state = crate::state::BackfillState::Completed;
+        outcome.backfill.intervals = crate::manifest::queries::Counts {
+            total: 5,
+            planned: 5,
+            succeeded: 5,
+            ..Default::default()
+        };
+        assert_eq!(
+            summary_of(&outcome, exit::OK, false, true),
+            (String::new(), String::new())
+        );
+        let (_, notes) = summary_of(&outcome, exit::OK, false, false);
+        assert!(
+            notes.ends_with(
+                "completed — 5 succeeded, 0 failed, 0 rejected, 0 cancelled, 0 skipped in 65.4s\n"
+            ),
+            "{notes}"
+        );
+    }
+}

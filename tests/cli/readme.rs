@@ -29,8 +29,9 @@ command = "test ! -e fail-{{ ds }} && echo '{\"rows\": 1}' > $BACKFILL_RESULT"
 source_fingerprint = "cat source/{{ ds }} 2>/dev/null || echo none"
 "#;
 
-#[test]
-fn the_cron_recipe_works_as_pasted() {
+/// The README's crontab line, run as cron runs it in project `p`: `sh -c` with the crontab's
+/// variables, HOME, LOGNAME and SHELL, from `/`.
+fn cron_job(p: &Project) -> impl Fn() -> Out {
     let block = readme_block("## Nightly reruns from cron", "cron");
     let var = |name: &str| {
         block
@@ -52,12 +53,9 @@ fn the_cron_recipe_works_as_pasted() {
         .expect("a crontab line");
     assert!(!job.contains('%'), "cron turns % into a newline: {job}");
     let command = job.split_whitespace().skip(5).collect::<Vec<_>>().join(" ");
-
-    let p = Project::new().dag("daily_orders", DAILY_ORDERS);
     let project = p.path("");
     let command = command.replace("/srv/pipelines", &project.display().to_string());
-    // cron runs the line with `sh -c`, the variables of the crontab, HOME, LOGNAME and SHELL.
-    let cron = || {
+    move || {
         let mut c = Command::new("/bin/sh");
         c.arg("-c")
             .arg(&command)
@@ -69,7 +67,14 @@ fn the_cron_recipe_works_as_pasted() {
             .env("SHELL", "/bin/sh")
             .env("BACKFILL_NOW", NOW);
         output(&mut c)
-    };
+    }
+}
+
+#[test]
+fn the_cron_recipe_works_as_pasted() {
+    let p = Project::new().dag("daily_orders", DAILY_ORDERS);
+    let project = p.path("");
+    let cron = cron_job(&p);
     let history = || -> Vec<serde_json::Value> {
         p.read(".backfill/history/daily_orders.jsonl")
             .lines()
@@ -134,6 +139,47 @@ fn the_cron_recipe_works_as_pasted() {
                 .to_string()]
         ]
     );
+}
+
+/// The cron recipe on the shop's own `daily_orders`: one late order reaches the published
+/// table the night after it arrived, and the night says nothing.
+#[test]
+fn the_cron_recipe_publishes_a_late_order_of_the_shop() {
+    let p = crate::gate::shop();
+    let cron = cron_job(&p);
+    let night = cron();
+    night.code(0);
+    assert_eq!((night.stdout.as_str(), night.stderr.as_str()), ("", ""));
+    let day = "2026-11-10";
+    let published = || {
+        crate::gate::wh_count(
+            &p,
+            &format!("SELECT SUM(orders) FROM daily_orders WHERE day = '{day}'"),
+        )
+    };
+    let raw = || {
+        crate::gate::wh_count(
+            &p,
+            &format!("SELECT COUNT(*) FROM raw_orders WHERE date(order_ts) = '{day}'"),
+        )
+    };
+    assert_eq!(published(), raw());
+    crate::gate::wh(&p)
+        .execute_batch(
+            "INSERT INTO raw_orders (order_ts, region, amount_cents) VALUES ('2026-11-10 17:45:00', 'eu', 4200)",
+        )
+        .unwrap();
+    let night = cron();
+    night.code(0);
+    assert_eq!((night.stdout.as_str(), night.stderr.as_str()), ("", ""));
+    assert_eq!(published(), raw(), "the late order is published");
+    let history: Vec<serde_json::Value> = p
+        .read(".backfill/history/daily_orders.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(history[1]["intervals"]["succeeded"], 1);
+    assert_eq!(history[1]["skipped"]["source unchanged"], 29);
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! `backfill create`: validate everything, recover what dead owners left on the DAG's leases,
 //! write the plan and lease its intervals in bounded chunks, then run them (or, with
-//! `--dry-run`, print the plan and write nothing).
+//! `--dry-run`, print the plan and write nothing). A staged backfill's id is printed on stdout,
+//! for the commands that review it.
 
 use std::collections::{HashMap, HashSet};
 
@@ -170,6 +171,11 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
             },
         },
     )?;
+    if let (true, false, Some(id)) = (args.stage, g.json, id) {
+        // The handle `diff`, `promote` and `discard` need, as data: `id=$(backfill create
+        // ... --stage -q)`. (With --output json, the summary carries it.)
+        crate::report::out::data(&id.to_string())?;
+    }
     match (cascade, id) {
         (Some(mode), Some(root)) if code != exit::INTERRUPTED => {
             let rest =

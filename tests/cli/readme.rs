@@ -302,41 +302,105 @@ fn the_notification_example_posts_to_the_chat_webhook() {
     );
 }
 
+/// Runs one line of a README `sh` block as pasted in the repository's folder `root` (where
+/// `examples/shop` is a copy of the shop): `cargo run --` and `backfill` through the binary,
+/// `sqlite3 DB "SQL"` through rusqlite (the README lets any SQLite client do). Comments are
+/// dropped; any other command fails the test.
+fn paste(root: &Path, line: &str) -> Out {
+    let words: Vec<String> = shlex::split(line)
+        .unwrap_or_else(|| panic!("cannot split `{line}`"))
+        .into_iter()
+        .take_while(|w| !w.starts_with('#'))
+        .collect();
+    let args = match words.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        ["cargo", "run", "--", ..] => &words[3..],
+        ["backfill", ..] => &words[1..],
+        ["sqlite3", db, sql] => {
+            let conn = rusqlite::Connection::open(root.join(db)).unwrap();
+            let mut stmt = conn.prepare(sql).unwrap();
+            let n = stmt.column_count();
+            let mut rows = stmt.query([]).unwrap();
+            let mut stdout = String::new();
+            while let Some(r) = rows.next().unwrap() {
+                let cells: Vec<String> = (0..n)
+                    .map(|i| format!("{:?}", r.get_ref(i).unwrap()))
+                    .collect();
+                stdout.push_str(&cells.join("|"));
+                stdout.push('\n');
+            }
+            return Out {
+                code: 0,
+                stdout,
+                stderr: String::new(),
+            };
+        }
+        _ => panic!("the README asks to paste `{line}`, which this test cannot run"),
+    };
+    output(
+        Command::new(env!("CARGO_BIN_EXE_backfill"))
+            .args(args)
+            .current_dir(root)
+            .env("BACKFILL_NOW", NOW),
+    )
+}
+
+/// The README's first command, run three times as its next paragraph says: as pasted, again
+/// (everything skipped), and with `--reprocess-behavior completed`.
+fn first_commands(root: &Path) {
+    let first = crate::support::readme()
+        .lines()
+        .find(|l| l.starts_with("cargo run -- -C examples/shop create"))
+        .expect("the first command")
+        .to_string();
+    paste(root, &first).code(0);
+    paste(root, &first).code(0);
+    paste(root, &format!("{first} --reprocess-behavior completed")).code(0);
+}
+
 /// The worked example of staging, review, promotion and rollback, run line by line as
-/// pasted: `backfill` lines through the binary in the shop project, `sqlite3` lines against its
-/// warehouse. The published table changes only where and when the example says.
+/// pasted after the README's first commands made backfills 1 to 3: `backfill` lines through
+/// the binary, `sqlite3` lines against the shop's warehouse. The published table changes only
+/// where and when the example says.
 #[test]
-fn the_review_example_works_as_pasted() {
+fn the_review_example_works_as_pasted_after_other_backfills() {
     let block = readme_block("## Review, promote, roll back", "sh");
-    let p = crate::gate::shop();
-    let day = |d: &str| {
-        crate::gate::wh_rows(
-            &p,
-            &format!("SELECT * FROM orders_fact WHERE order_day = '{d}' ORDER BY order_id"),
-        )
+    let p = Project::new();
+    let root = p.path("");
+    let shop = crate::gate::whole_shop(&p, "examples/shop");
+    first_commands(&root);
+    let day = |d: &str| -> Vec<String> {
+        let conn = rusqlite::Connection::open(shop.join("warehouse.db")).unwrap();
+        let mut stmt = conn
+            .prepare("SELECT * FROM orders_fact WHERE order_day = ?1 ORDER BY order_id")
+            .unwrap();
+        stmt.query_map([d], |r| {
+            Ok((0..5)
+                .map(|i| format!("{:?}", r.get::<_, rusqlite::types::Value>(i).unwrap()))
+                .collect::<Vec<_>>()
+                .join("|"))
+        })
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
     };
     let mut first = None;
     for line in block.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        if line == "cd examples/shop" {
-            continue;
-        }
-        if let Some(rest) = line.strip_prefix("sqlite3 warehouse.db ") {
-            let sql = rest.trim_matches('"');
-            crate::gate::wh(&p).execute_batch(sql).unwrap();
-            continue;
-        }
-        let words = shlex::split(line.strip_prefix("backfill ").expect("a backfill line")).unwrap();
-        let args: Vec<&str> = words
-            .iter()
-            .map(String::as_str)
-            .take_while(|w| !w.starts_with('#'))
-            .collect();
         let before = (day("2026-09-03"), day("2026-09-04"), day("2026-09-05"));
-        p.run(&args).code(0);
+        let out = paste(&root, line);
+        out.code(0);
         let after = (day("2026-09-03"), day("2026-09-04"), day("2026-09-05"));
-        match args[0] {
+        let words = shlex::split(line).unwrap();
+        if words[0] == "sqlite3" {
+            continue;
+        }
+        assert_eq!(&words[1..3], ["-C", "examples/shop"], "{line}");
+        match words[3].as_str() {
             "create" if first.is_none() => first = Some(after.clone()),
-            "create" | "diff" | "discard" => assert_eq!(after, before, "{line} publishes nothing"),
+            "create" => {
+                assert_eq!(after, before, "{line} publishes nothing");
+                assert_eq!(out.stdout, "5\n", "{line} prints the staged backfill's id");
+            }
+            "diff" | "discard" => assert_eq!(after, before, "{line} publishes nothing"),
             "promote" => {
                 assert_ne!(after.0, before.0, "{line}: 09-03 promoted");
                 assert_ne!(after.1, before.1, "{line}: 09-04 promoted");
@@ -349,13 +413,13 @@ fn the_review_example_works_as_pasted() {
             }
             other => panic!("unexpected command {other}"),
         }
-        if args[0] == "diff" {
+        if words[3] == "diff" {
             // The output the README shows is the output this gives.
-            let shown = p.run(&args);
             let readme = crate::support::readme();
-            for l in shown.stdout.lines() {
+            for l in out.stdout.lines() {
                 assert!(readme.contains(l), "the README shows `{l}`");
             }
+            assert_eq!(out.stdout.lines().count(), 9, "{}", out.stdout);
         }
     }
 }

@@ -12,7 +12,7 @@ use rusqlite::Connection;
 
 use crate::interval::{DataInterval, Range, expand};
 use crate::manifest::cascades;
-pub use crate::manifest::cascades::last_success;
+pub use crate::manifest::cascades::{last_success, latest_state};
 use crate::plan::{Action, RunState, SkipReason};
 use crate::project::Dag;
 

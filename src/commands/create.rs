@@ -10,7 +10,7 @@ use crate::clock;
 use crate::exit::{self, Error};
 use crate::interval::{DataInterval, expand_nonempty, resolve_args};
 use crate::manifest::NewBackfill;
-use crate::plan::{self, Action, PlanRow, Reprocess};
+use crate::plan::{self, Action, PlanRow, Reprocess, SkipReason};
 use crate::report::tables;
 use crate::session::Global;
 use crate::session::launch::{
@@ -83,22 +83,50 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
                 .collect()
         };
         let root_runs = runs(&root.1);
-        let mut all = vec![root];
-        crate::session::chain::walk_chain(&project, &all[0].0.id.clone(), root_runs, |d, ivs| {
-            let opts = plan::Options {
-                reprocess: Reprocess::Completed,
-                run_backwards: false,
-                depends_on_past: d.depends_on_past,
-                now,
+        let conn = crate::manifest::open_if_exists(&manifest_path)?;
+        // The root's intervals whose output stands: downstream intervals over them that never
+        // succeeded are planned too, as the cascade will.
+        let mut standing = Vec::new();
+        for r in &root.1 {
+            let stands = match (r.action, &conn) {
+                (Action::Skip(SkipReason::SourceUnchanged), _) => true,
+                (Action::Skip(SkipReason::AlreadyExists), Some(c)) => {
+                    crate::cascade::latest_state(c, &root.0.id, r.interval.start.timestamp())
+                        .map_err(|e| {
+                            Error::Manifest(crate::manifest::Error::from(e).at(&manifest_path))
+                        })?
+                        == Some(crate::plan::RunState::Succeeded)
+                }
+                _ => false,
             };
-            let max = d.max_active_runs.unwrap_or(max_active_runs);
-            check_tasks(d, &conf, ivs)?;
-            let (rows, estimate) =
-                dry_plan(&project, &manifest_path, d, ivs, opts, &HashSet::new(), max)?;
-            let to_run = runs(&rows);
-            all.push((d.clone(), rows, estimate, max, Reprocess::Completed));
-            Ok(to_run)
-        })?;
+            if stands {
+                standing.push(r.interval);
+            }
+        }
+        let mut all = vec![root];
+        let root_id = all[0].0.id.clone();
+        crate::session::chain::walk_chain(
+            &project,
+            conn.as_ref(),
+            &root_id,
+            root_runs,
+            standing,
+            |d, ivs| {
+                let opts = plan::Options {
+                    reprocess: Reprocess::Completed,
+                    run_backwards: false,
+                    depends_on_past: d.depends_on_past,
+                    now,
+                };
+                let max = d.max_active_runs.unwrap_or(max_active_runs);
+                check_tasks(d, &conf, ivs)?;
+                let (rows, estimate) =
+                    dry_plan(&project, &manifest_path, d, ivs, opts, &HashSet::new(), max)?;
+                let to_run = runs(&rows);
+                all.push((d.clone(), rows, estimate, max, Reprocess::Completed));
+                Ok(to_run)
+            },
+        )?;
         tables::print_cascade_plan(
             &all.iter()
                 .map(|(d, rows, estimate, max, reprocess)| {

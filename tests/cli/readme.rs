@@ -465,6 +465,127 @@ fn the_shop_sections_paste_in_order() {
     assert_eq!(months, ["2026-09-01", "2026-10-01"]);
 }
 
+/// The README's lines that install the completions and the manual pages, run by `sh` as pasted
+/// in a home where `cargo install` put `backfill` into `~/.cargo/bin`: bash completes `--dag`
+/// with the project's DAG ids (found through `-C` or from the current folder), and man-db's
+/// `man` finds the page without `MANPATH`.
+#[test]
+fn the_completion_and_manual_lines_work_as_pasted() {
+    let readme = crate::support::readme();
+    let block = readme
+        .split("```sh\n")
+        .skip(1)
+        .map(|b| &b[..b.find("```").unwrap()])
+        .find(|b| b.contains("backfill completions bash"))
+        .expect("the completions block");
+    let p = Project::new();
+    let home = p.path("home");
+    let bin = home.join(".cargo/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_backfill"), bin.join("backfill")).unwrap();
+    let path = format!("{}:/usr/bin:/bin", bin.display());
+    for line in block.lines().filter(|l| !l.trim().is_empty()) {
+        output(
+            Command::new("/bin/sh")
+                .arg("-c")
+                .arg(line)
+                .current_dir(&home)
+                .env_clear()
+                .env("HOME", &home)
+                .env("PATH", &path),
+        )
+        .code(0);
+    }
+    let script = home.join(".local/share/bash-completion/completions/backfill");
+    assert!(
+        script.is_file(),
+        "the completion script is where bash-completion looks"
+    );
+
+    // The shop, and a folder inside it to complete from.
+    let shop = crate::gate::whole_shop(&p, "examples/shop");
+    std::fs::create_dir_all(shop.join("dags/sub")).unwrap();
+    let complete = |cwd: &Path, words: &[&str]| -> Vec<String> {
+        let out = output(
+            Command::new("bash")
+                .args(["--norc", "--noprofile", "-c"])
+                .arg(
+                    r#"source "$1"; shift
+                    complete -p backfill >/dev/null || exit 9
+                    COMP_WORDS=("$@"); COMP_CWORD=$(( $# - 1 ))
+                    _backfill backfill "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
+                    printf '%s\n' "${COMPREPLY[@]}""#,
+                )
+                .arg("bash")
+                .arg(&script)
+                .args(words)
+                .current_dir(cwd)
+                .env("HOME", &home),
+        );
+        out.code(0);
+        out.stdout
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .collect()
+    };
+    let all = ["daily_orders", "monthly_revenue", "orders_fact"];
+    assert_eq!(
+        complete(&shop.join("dags/sub"), &["backfill", "create", "--dag", ""]),
+        all
+    );
+    assert_eq!(
+        complete(
+            &p.path(""),
+            &["backfill", "-C", "examples/shop", "runs", "--dag", "o"]
+        ),
+        ["orders_fact"]
+    );
+    assert_eq!(
+        complete(
+            &p.path(""),
+            &[
+                "backfill",
+                "stale",
+                "--project",
+                "examples/shop",
+                "--dag",
+                "m"
+            ]
+        ),
+        ["monthly_revenue"]
+    );
+    assert_eq!(
+        complete(
+            &p.path(""),
+            &["backfill", "create", "--reprocess-behavior", "c"]
+        ),
+        ["completed", "changed"]
+    );
+    // Outside any project, nothing to offer.
+    assert!(complete(&home, &["backfill", "verify", "--dag", ""]).is_empty());
+
+    let Ok(man) = Command::new("man").arg("--version").output() else {
+        eprintln!("SKIPPED: no `man` on this machine; the manual page's place is not checked");
+        return;
+    };
+    assert!(man.status.success());
+    let found = output(
+        Command::new("man")
+            .args(["-w", "backfill"])
+            .env_clear()
+            .env("HOME", &home)
+            .env("PATH", &path),
+    );
+    found.code(0);
+    assert_eq!(
+        found.stdout.trim(),
+        home.join(".cargo/share/man/man1/backfill.1")
+            .display()
+            .to_string()
+    );
+}
+
 /// The cascade example on the shop: the command as the README writes it, then late orders and
 /// a `changed` cascade that reruns October and not September.
 #[test]

@@ -86,7 +86,9 @@ without an offset are in the DAG's timezone; a date as --to covers its whole day
 const INTERVAL_HELP: &str = "Examples:
   backfill diff 7
   backfill promote 7 --interval 2026-09-03 --interval 2026-09-04
-  backfill discard 7
+  backfill discard latest
+
+ID is a backfill id, or `latest`: the newest backfill made by `create --stage`.
 
 WHEN is read as by create --from and --to, in the DAG's timezone: a date selects the intervals \
 starting on that day, a time or instant the interval starting then.";
@@ -98,13 +100,15 @@ pub enum Command {
     Create(CreateArgs),
     /// Continue an interrupted backfill (crash, Ctrl-C, kill, cancel).
     Resume {
-        /// The backfill id.
-        id: i64,
+        /// The backfill id, or `latest` (the newest backfill).
+        #[arg(value_name = "ID", value_parser = parse_backfill)]
+        id: BackfillRef,
     },
     /// Stop a backfill, also one running in another process.
     Cancel {
-        /// The backfill id.
-        id: i64,
+        /// The backfill id, or `latest` (the newest backfill).
+        #[arg(value_name = "ID", value_parser = parse_backfill)]
+        id: BackfillRef,
         /// How long to wait for a live owner to stop (it stops within about a second, plus
         /// its tasks' grace periods).
         #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_wait)]
@@ -121,8 +125,9 @@ pub enum Command {
     },
     /// Show a backfill's intervals: action, state, attempts, rows, verdict, duration.
     Show {
-        /// The backfill id.
-        id: i64,
+        /// The backfill id, or `latest` (the newest backfill).
+        #[arg(value_name = "ID", value_parser = parse_backfill)]
+        id: BackfillRef,
     },
     /// The manifest's run history of a DAG, per interval.
     #[command(after_help = WHEN_HELP)]
@@ -153,8 +158,9 @@ pub enum Command {
     /// changed.
     #[command(after_help = INTERVAL_HELP)]
     Diff {
-        /// The staged backfill's id.
-        id: i64,
+        /// The staged backfill's id, or `latest` (the newest `create --stage` backfill).
+        #[arg(value_name = "ID", value_parser = parse_backfill)]
+        id: BackfillRef,
         /// Only the staged intervals starting within WHEN (repeatable).
         #[arg(long = "interval", value_name = "WHEN")]
         intervals: Vec<String>,
@@ -163,8 +169,9 @@ pub enum Command {
     /// against what is published now.
     #[command(after_help = INTERVAL_HELP)]
     Promote {
-        /// The staged backfill's id.
-        id: i64,
+        /// The staged backfill's id, or `latest` (the newest `create --stage` backfill).
+        #[arg(value_name = "ID", value_parser = parse_backfill)]
+        id: BackfillRef,
         /// Only the staged intervals starting within WHEN (repeatable).
         #[arg(long = "interval", value_name = "WHEN")]
         intervals: Vec<String>,
@@ -175,8 +182,9 @@ pub enum Command {
     /// Drop the outputs of a staged backfill without publishing them.
     #[command(after_help = INTERVAL_HELP)]
     Discard {
-        /// The staged backfill's id.
-        id: i64,
+        /// The staged backfill's id, or `latest` (the newest `create --stage` backfill).
+        #[arg(value_name = "ID", value_parser = parse_backfill)]
+        id: BackfillRef,
         /// Only the staged intervals starting within WHEN (repeatable).
         #[arg(long = "interval", value_name = "WHEN")]
         intervals: Vec<String>,
@@ -304,6 +312,27 @@ impl CascadeArg {
             Self::All => crate::cascade::Mode::All,
             Self::Changed => crate::cascade::Mode::Changed,
         }
+    }
+}
+
+/// A backfill as a command names it: its id, or `latest`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackfillRef {
+    Id(i64),
+    /// The newest backfill (for `diff`, `promote` and `discard`, the newest staged one).
+    Latest,
+}
+
+/// `7` or `latest`.
+fn parse_backfill(text: &str) -> Result<BackfillRef, String> {
+    if text == "latest" {
+        return Ok(BackfillRef::Latest);
+    }
+    match text.parse::<i64>() {
+        Ok(id) if id > 0 => Ok(BackfillRef::Id(id)),
+        _ => Err(format!(
+            "`{text}` is not a backfill id; give a number as `backfill list` shows it, or `latest`"
+        )),
     }
 }
 

@@ -5,6 +5,12 @@
 //! A task whose gate has neither cannot tell and counts as unchanged. A task that has one but
 //! whose recorded try lacks the value (it ran before the key was added) counts as changed:
 //! rerunning is the only way to know.
+//!
+//! An interval runs again when any of its tasks sees a change, and only a `source_fingerprint`
+//! can see every late, removed or corrected row: a `source_count` is the number of rows the
+//! output should have, which a corrected row never changes and a new row in a group the output
+//! already has (one row per region) does not either. [`blind_spot`] says when a DAG has no
+//! fingerprint, so that a nightly `changed` cannot silently miss late data.
 
 use std::path::Path;
 use std::time::Duration;
@@ -25,6 +31,105 @@ pub fn watchers(dag: &Dag) -> (Vec<&Task>, Vec<&Task>) {
         .iter()
         .partition(|t| t.gate.as_ref().is_some_and(Gate::watches_source))
 }
+
+/// What `changed` and `stale` cannot see in a DAG whose tasks have no `source_fingerprint`.
+#[derive(Debug, Clone)]
+pub enum BlindSpot<'a> {
+    /// No task has a `source_count` or a `source_fingerprint`: nothing can tell.
+    Everything,
+    /// These tasks watch their source through a `source_count` alone.
+    CountsOnly(Vec<&'a Task>),
+}
+
+/// What `changed` and `stale` cannot see in `dag`'s sources: `None` when a task of it has a
+/// `source_fingerprint`.
+pub fn blind_spot(dag: &Dag) -> Option<BlindSpot<'_>> {
+    let gates = || dag.tasks.iter().filter_map(|t| Some((t, t.gate.as_ref()?)));
+    if gates().any(|(_, g)| g.source_fingerprint.is_some()) {
+        return None;
+    }
+    let counted: Vec<&Task> = gates()
+        .filter(|(_, g)| g.source_count.is_some())
+        .map(|(t, _)| t)
+        .collect();
+    Some(if counted.is_empty() {
+        BlindSpot::Everything
+    } else {
+        BlindSpot::CountsOnly(counted)
+    })
+}
+
+impl BlindSpot<'_> {
+    /// The warning of `changed` and `stale` for `dag`.
+    pub fn warning(&self, dag: &Dag) -> String {
+        match self {
+            Self::Everything => format!(
+                "no task of DAG `{}` has a gate `source_count` or `source_fingerprint`, so nothing can tell whether a source changed: late or corrected rows go unnoticed, intervals that succeeded count as unchanged and only failed ones run; give the task that reads the source a `source_fingerprint`",
+                dag.id
+            ),
+            Self::CountsOnly(tasks) => format!(
+                "DAG `{}` watches its source only through the gate `source_count` of {}, which {}; {}",
+                dag.id,
+                tasks
+                    .iter()
+                    .map(|t| format!(
+                        "`{}` ({})",
+                        t.id,
+                        t.locations.source_count.as_deref().unwrap_or(&dag.file)
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                COUNT_MISSES,
+                FINGERPRINT_FIX
+            ),
+        }
+    }
+
+    /// The warnings of `dags validate` for `dag`, each with where it is written: only for a
+    /// DAG that watches its source through counts alone (one that watches nothing makes no
+    /// claim until `changed` or `stale` is asked).
+    pub fn validate_warnings(&self) -> Vec<(String, String)> {
+        let Self::CountsOnly(tasks) = self else {
+            return Vec::new();
+        };
+        tasks
+            .iter()
+            .map(|t| {
+                (
+                    t.locations.source_count.clone().unwrap_or_default(),
+                    format!(
+                        "task `{}`: `--reprocess-behavior changed` and `backfill stale` see this source only through `source_count`, which {}; {}",
+                        t.id, COUNT_MISSES, FINGERPRINT_FIX
+                    ),
+                )
+            })
+            .collect()
+    }
+}
+
+/// The note for a DAG where some tasks cannot tell, while another has a `source_fingerprint`:
+/// a change the watching tasks see reruns the whole interval.
+pub fn partly_blind(watching: &[&Task], blind: &[&Task]) -> String {
+    let names = |tasks: &[&Task]| {
+        tasks
+            .iter()
+            .map(|t| format!("`{}`", t.id))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "{} {} no gate `source_count` or `source_fingerprint`: only the sources of {} are compared",
+        names(blind),
+        if blind.len() == 1 { "has" } else { "have" },
+        names(watching)
+    )
+}
+
+/// What a count alone misses.
+const COUNT_MISSES: &str = "sees a late or removed row only when it changes that count (a count of groups, such as `COUNT(DISTINCT region)`, does not change when a row arrives) and never sees a corrected row";
+
+/// What to do about it.
+const FINGERPRINT_FIX: &str = "add a gate `source_fingerprint` that changes with every row, such as `SELECT COUNT(*) || '/' || SUM(amount) FROM ...` over the rows the task reads";
 
 /// Why the source differs from what was recorded, or `None` when it does not.
 pub fn changed(gate: &Gate, recorded: &Seen, now: &Seen) -> Option<String> {

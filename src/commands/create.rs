@@ -1,6 +1,7 @@
 //! `backfill create`: validate everything, recover what dead owners left on the DAG's leases,
 //! write the plan and lease its intervals in bounded chunks, then run them (or, with
-//! `--dry-run`, print the plan and write nothing).
+//! `--dry-run`, print the plan and write nothing). A staged backfill's id is printed on stdout,
+//! for the commands that review it.
 
 use std::collections::{HashMap, HashSet};
 
@@ -9,7 +10,7 @@ use crate::clock;
 use crate::exit::{self, Error};
 use crate::interval::{DataInterval, expand_nonempty, resolve_args};
 use crate::manifest::NewBackfill;
-use crate::plan::{self, Action, PlanRow, Reprocess};
+use crate::plan::{self, Action, PlanRow, Reprocess, SkipReason};
 use crate::report::out::Sink;
 use crate::report::plan::{self as plan_view, PlanOptions};
 use crate::session::Global;
@@ -83,22 +84,48 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
                 .collect()
         };
         let root_runs = runs(&root.1);
-        let mut all = vec![root];
-        crate::session::chain::walk_chain(&project, &all[0].0.id.clone(), root_runs, |d, ivs| {
-            let opts = plan::Options {
-                reprocess: Reprocess::Completed,
-                run_backwards: false,
-                depends_on_past: d.depends_on_past,
-                now,
+        let conn = crate::manifest::open_if_exists(&manifest_path)?;
+        // The root's intervals whose output stands: downstream intervals over them that never
+        // succeeded are planned too, as the cascade will.
+        let mut standing = Vec::new();
+        for r in &root.1 {
+            let stands = match (r.action, &conn) {
+                (Action::Skip(SkipReason::SourceUnchanged), _) => true,
+                (Action::Skip(SkipReason::AlreadyExists), Some(c)) => {
+                    c.latest_computing_state(&root.0.id, r.interval.start.timestamp())
+                        .map_err(|e| Error::Manifest(e.at(&manifest_path)))?
+                        == Some(crate::plan::RunState::Succeeded)
+                }
+                _ => false,
             };
-            let max = d.max_active_runs.unwrap_or(max_active_runs);
-            check_tasks(d, &conf, ivs)?;
-            let (rows, estimate) =
-                dry_plan(&project, &manifest_path, d, ivs, opts, &HashSet::new(), max)?;
-            let to_run = runs(&rows);
-            all.push((d.clone(), rows, estimate, max, Reprocess::Completed));
-            Ok(to_run)
-        })?;
+            if stands {
+                standing.push(r.interval);
+            }
+        }
+        let mut all = vec![root];
+        let root_id = all[0].0.id.clone();
+        crate::session::chain::walk_chain(
+            &project,
+            conn.as_deref(),
+            &root_id,
+            root_runs,
+            standing,
+            |d, ivs| {
+                let opts = plan::Options {
+                    reprocess: Reprocess::Completed,
+                    run_backwards: false,
+                    depends_on_past: d.depends_on_past,
+                    now,
+                };
+                let max = d.max_active_runs.unwrap_or(max_active_runs);
+                check_tasks(d, &conf, ivs)?;
+                let (rows, estimate) =
+                    dry_plan(&project, &manifest_path, d, ivs, opts, &HashSet::new(), max)?;
+                let to_run = runs(&rows);
+                all.push((d.clone(), rows, estimate, max, Reprocess::Completed));
+                Ok(to_run)
+            },
+        )?;
         plan_view::write_cascade(
             &mut Sink::std(g.json, g.verbose),
             &all.iter()
@@ -171,6 +198,11 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
             },
         },
     )?;
+    if let (true, false, Some(id)) = (args.stage, g.json, id) {
+        // The handle `diff`, `promote` and `discard` need, as data: `id=$(backfill create
+        // ... --stage -q)`. (With --output json, the summary carries it.)
+        crate::report::out::data(&id.to_string())?;
+    }
     match (cascade, id) {
         (Some(mode), Some(root)) if code != exit::INTERRUPTED => {
             let rest =

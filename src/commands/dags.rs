@@ -1,6 +1,7 @@
 //! `dags` lists the project's DAGs; `dags validate` checks every file and prepares every SQL
 //! task against its warehouse, reports every error of every file (each with
-//! `file:line:column`), and exits 2 on any.
+//! `file:line:column`), and exits 2 on any. It also warns, without failing, about gates that
+//! `--reprocess-behavior changed` cannot rely on to see late data.
 
 use crate::exit::{self, Error};
 use crate::report::{self, out};
@@ -16,6 +17,14 @@ pub fn run(g: &Global, validate: bool) -> Result<u8, Error> {
         out::note(&format!("error: {e}"));
     }
     if validate {
+        let warnings: Vec<(String, String)> = dags
+            .iter()
+            .filter_map(crate::probe::blind_spot)
+            .flat_map(|spot| spot.validate_warnings())
+            .collect();
+        for (location, message) in &warnings {
+            out::note(&format!("warning: {location}: {message}"));
+        }
         if g.json {
             let listed: Vec<serde_json::Value> = errors
                 .iter()
@@ -25,6 +34,10 @@ pub fn run(g: &Global, validate: bool) -> Result<u8, Error> {
                 "valid": errors.is_empty(),
                 "dags": dags.len(),
                 "errors": listed,
+                "warnings": warnings
+                    .iter()
+                    .map(|(location, message)| serde_json::json!({"location": location, "message": message}))
+                    .collect::<Vec<_>>(),
                 "exit_code": if errors.is_empty() { exit::OK } else { exit::USAGE },
             });
             if !errors.is_empty() {

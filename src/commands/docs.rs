@@ -1,5 +1,7 @@
 //! `backfill completions SHELL` and `backfill man`: generated from the command line's own
-//! definition, so they never fall behind it.
+//! definition, so they never fall behind it. The bash script also completes `--dag` with the
+//! DAG ids of the project (the names of its `dags/*.toml` files), found as `backfill` finds
+//! it: `-C DIR` on the command line, else the nearest folder upwards holding `backfill.toml`.
 
 use clap::CommandFactory;
 
@@ -22,12 +24,71 @@ pub fn completions(shell: Shell) -> Result<u8, Error> {
     };
     let mut buf = Vec::new();
     clap_complete::generate(shell, &mut Cli::command(), "backfill", &mut buf);
+    if shell == clap_complete::Shell::Bash {
+        buf = bash_with_dags(&String::from_utf8_lossy(&buf)).into_bytes();
+    }
     use std::io::Write;
     std::io::stdout()
         .lock()
         .write_all(&buf)
         .map_err(write_error)?;
     Ok(exit::OK)
+}
+
+/// A bash function that prints the DAG ids of the project the command line being completed
+/// names (`-C DIR`, `--project DIR`), else of the nearest folder upwards holding
+/// `backfill.toml`: the names of its `dags/*.toml` files.
+const BASH_DAGS: &str = r#"# The DAG ids for `--dag`: the names of dags/*.toml of the project that -C or --project
+# names on the command line, else of the nearest folder upwards that holds backfill.toml.
+_backfill_dags() {
+    local dir="" up i f
+    for (( i = 1; i < COMP_CWORD; i++ )); do
+        case "${COMP_WORDS[i]}" in
+            -C|--project)
+                dir="${COMP_WORDS[i+1]}"
+                [[ "$dir" == "=" ]] && dir="${COMP_WORDS[i+2]}"
+                ;;
+        esac
+    done
+    if [[ -n "$dir" ]]; then
+        [[ "$dir" == "~" || "$dir" == "~/"* ]] && dir="$HOME${dir:1}"
+    else
+        up="$PWD"
+        while [[ ! -f "$up/backfill.toml" ]]; do
+            [[ -z "$up" ]] && return 0
+            up="${up%/*}"
+        done
+        dir="${up:-/}"
+    fi
+    for f in "$dir"/dags/*.toml; do
+        [[ -f "$f" ]] || continue
+        f="${f##*/}"
+        printf '%s\n' "${f%.toml}"
+    done
+}
+
+"#;
+
+/// What clap's bash script completes an option's value with when it knows nothing better.
+const BASH_FILES: &str = r#"COMPREPLY=($(compgen -f "${cur}"))"#;
+
+/// clap's bash script, with `--dag` completing the project's DAG ids rather than file names.
+fn bash_with_dags(script: &str) -> String {
+    let mut out = String::with_capacity(script.len() + BASH_DAGS.len());
+    out.push_str(BASH_DAGS);
+    let mut after_dag = false;
+    for line in script.lines() {
+        if after_dag && line.trim() == BASH_FILES {
+            let indent = &line[..line.len() - line.trim_start().len()];
+            out.push_str(indent);
+            out.push_str(r#"COMPREPLY=($(compgen -W "$(_backfill_dags)" -- "${cur}"))"#);
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+        after_dag = line.trim() == "--dag)";
+    }
+    out
 }
 
 pub fn man(g: &super::Global, dir: Option<&std::path::Path>) -> Result<u8, Error> {
@@ -58,4 +119,32 @@ pub fn man(g: &super::Global, dir: Option<&std::path::Path>) -> Result<u8, Error
         .write_all(&buf)
         .map_err(write_error)?;
     Ok(exit::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_dag_option_of_the_bash_script_completes_dag_ids() {
+        let mut buf = Vec::new();
+        clap_complete::generate(
+            clap_complete::Shell::Bash,
+            &mut Cli::command(),
+            "backfill",
+            &mut buf,
+        );
+        let script = bash_with_dags(&String::from_utf8(buf).unwrap());
+        let lines: Vec<&str> = script.lines().map(str::trim).collect();
+        let dag_cases: Vec<usize> = (0..lines.len()).filter(|&i| lines[i] == "--dag)").collect();
+        // create, list, runs, stale, rollback, verify.
+        assert_eq!(dag_cases.len(), 6, "{script}");
+        for i in dag_cases {
+            assert_eq!(
+                lines[i + 1],
+                r#"COMPREPLY=($(compgen -W "$(_backfill_dags)" -- "${cur}"))"#
+            );
+        }
+        assert_eq!(script.matches("_backfill_dags()").count(), 1);
+    }
 }

@@ -10,9 +10,45 @@ mod resume;
 mod staging;
 mod verify;
 
-use crate::cli::{Cli, Command, Output};
+use crate::cli::{BackfillRef, Cli, Command, Output};
 use crate::exit::Error;
-use crate::session::Global;
+use crate::session::{Global, note};
+use crate::state::BackfillKind;
+
+/// Which backfill `latest` names for a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Latest {
+    /// The newest backfill of any kind (`show`, `resume`, `cancel`).
+    Any,
+    /// The newest backfill made by `create --stage` (`diff`, `promote`, `discard`).
+    Staged,
+}
+
+/// The id that `r` names. `latest` is read from the manifest; none there is exit 2.
+fn backfill_id(g: &Global, r: BackfillRef, latest: Latest) -> Result<i64, Error> {
+    let BackfillRef::Id(id) = r else {
+        let path = g.manifest_path(None)?;
+        let kind = (latest == Latest::Staged).then_some(BackfillKind::Stage);
+        let found = match crate::manifest::open_if_exists(&path)? {
+            Some(conn) => conn.latest_backfill(kind).map_err(|e| e.at(&path))?,
+            None => None,
+        };
+        let Some(id) = found else {
+            return Err(Error::Usage(format!(
+                "`latest`: the manifest {} has no {} yet; `{}` shows the backfills",
+                path.display(),
+                match latest {
+                    Latest::Any => "backfill",
+                    Latest::Staged => "staged backfill (`backfill create --stage`)",
+                },
+                crate::report::out::hint("list")
+            )));
+        };
+        note(g, &format!("latest: backfill {id}"));
+        return Ok(id);
+    };
+    Ok(id)
+}
 
 /// Runs the command; returns the exit code.
 pub fn run(cli: Cli) -> Result<u8, Error> {
@@ -26,10 +62,10 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
     };
     match cli.command {
         Command::Create(args) => create::run(&g, args),
-        Command::Resume { id } => resume::run(&g, id),
-        Command::Cancel { id, wait } => cancel::run(&g, id, wait),
+        Command::Resume { id } => resume::run(&g, backfill_id(&g, id, Latest::Any)?),
+        Command::Cancel { id, wait } => cancel::run(&g, backfill_id(&g, id, Latest::Any)?, wait),
         Command::List { dag, active } => read::list(&g, dag.as_deref(), active),
-        Command::Show { id } => read::show(&g, id),
+        Command::Show { id } => read::show(&g, backfill_id(&g, id, Latest::Any)?),
         Command::Runs { dag, from, to } => read::runs(&g, &dag, from.as_deref(), to.as_deref()),
         Command::Stale {
             dag,
@@ -37,13 +73,22 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
             to,
             conf,
         } => read::stale(&g, &dag, &from, &to, conf.as_deref()),
-        Command::Diff { id, intervals } => staging::diff(&g, id, &intervals),
+        Command::Diff { id, intervals } => {
+            staging::diff(&g, backfill_id(&g, id, Latest::Staged)?, &intervals)
+        }
         Command::Promote {
             id,
             intervals,
             allow_drift,
-        } => staging::promote(&g, id, &intervals, allow_drift),
-        Command::Discard { id, intervals } => staging::discard(&g, id, &intervals),
+        } => staging::promote(
+            &g,
+            backfill_id(&g, id, Latest::Staged)?,
+            &intervals,
+            allow_drift,
+        ),
+        Command::Discard { id, intervals } => {
+            staging::discard(&g, backfill_id(&g, id, Latest::Staged)?, &intervals)
+        }
         Command::Rollback {
             dag,
             from,

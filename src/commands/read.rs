@@ -12,7 +12,7 @@ use crate::manifest::{self, Store};
 use crate::project::Project;
 use crate::report::out::Sink;
 use crate::report::{self, Labeler};
-use crate::session::{Global, unknown_backfill};
+use crate::session::{Global, note, unknown_backfill, warn};
 
 /// The manifest to read: `None` when the project's own has not been created yet (nothing was
 /// recorded). A `--manifest` path that does not exist is an error.
@@ -203,22 +203,10 @@ pub fn stale(
     let conf = crate::session::launch::parse_conf(conf)?;
     let (lo, hi) = resolve_args(from, to, clock::now()?, dag.tz)?.unix_start_bounds();
     let (watching, blind) = crate::probe::watchers(&dag);
-    if watching.is_empty() {
-        if !g.quiet {
-            eprintln!(
-                "note: no task of DAG `{}` has a gate `source_count` or `source_fingerprint`: nothing can tell whether a source changed",
-                dag.id
-            );
-        }
-    } else if !blind.is_empty() && !g.quiet {
-        eprintln!(
-            "note: {} cannot tell whether a source changed (no gate `source_count` or `source_fingerprint`)",
-            blind
-                .iter()
-                .map(|t| format!("`{}`", t.id))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
+    if let Some(spot) = crate::probe::blind_spot(&dag) {
+        warn(g, &spot.warning(&dag));
+    } else if !blind.is_empty() {
+        note(g, &crate::probe::partly_blind(&watching, &blind));
     }
     let (path, conn) = open(g, Some(&project))?;
     let recorded = match conn {

@@ -148,6 +148,13 @@ pub fn get(conn: &Connection, id: i64) -> Result<Option<Backfill>> {
         .optional()?)
 }
 
+/// The id of the newest backfill, or of the newest of `kind`; `None` when there is none.
+pub fn latest(conn: &Connection, kind: Option<BackfillKind>) -> Result<Option<i64>> {
+    Ok(conn
+        .prepare_cached("SELECT MAX(id) FROM backfills WHERE ?1 IS NULL OR kind = ?1")?
+        .query_row([kind], |r| r.get(0))?)
+}
+
 /// Proof, inside one manifest transaction, that an owner's epoch was current and its backfill
 /// running when it was checked. The owner's writes take it, so none can skip the check; one
 /// check serves every write of the transaction (writes are serialized, so the epoch cannot

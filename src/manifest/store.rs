@@ -21,11 +21,13 @@ use super::{Result, backfills, cascades, leases, plans, pools, queries, runs};
 use crate::interval::DataInterval;
 use crate::liveness::Group;
 use crate::plan::{PlanRow, Prior, RunState, SkipReason};
-use crate::state::BackfillState;
+use crate::state::{BackfillKind, BackfillState};
 
 /// The manifest, as every caller sees it.
 pub trait Store {
     fn backfill(&self, id: i64) -> Result<Option<Backfill>>;
+    /// The id of the newest backfill, or of the newest of `kind`; `None` when there is none.
+    fn latest_backfill(&self, kind: Option<BackfillKind>) -> Result<Option<i64>>;
     /// Checks, inside the caller's transaction, that `owner` may still act: its epoch is current
     /// and the backfill is running.
     fn fence(&self, owner: Owner) -> Result<Fenced>;
@@ -305,6 +307,9 @@ pub trait Store {
 impl Store for Connection {
     fn backfill(&self, id: i64) -> Result<Option<Backfill>> {
         backfills::get(self, id)
+    }
+    fn latest_backfill(&self, kind: Option<BackfillKind>) -> Result<Option<i64>> {
+        backfills::latest(self, kind)
     }
     fn fence(&self, owner: Owner) -> Result<Fenced> {
         backfills::fence(self, owner)
@@ -617,6 +622,9 @@ impl Store for Connection {
 impl<T: Store + ?Sized> Store for Box<T> {
     fn backfill(&self, id: i64) -> Result<Option<Backfill>> {
         (**self).backfill(id)
+    }
+    fn latest_backfill(&self, kind: Option<BackfillKind>) -> Result<Option<i64>> {
+        (**self).latest_backfill(kind)
     }
     fn fence(&self, owner: Owner) -> Result<Fenced> {
         (**self).fence(owner)

@@ -78,7 +78,7 @@ pub fn continue_cascade(
             note(
                 g,
                 &format!(
-                    "cascade: no interval of DAG `{}` overlaps what its upstream backfills ran",
+                    "cascade: nothing to run for DAG `{}`: none of its intervals reads what its upstream backfills ran, and those over upstream outputs that already stood have run before",
                     d.id
                 ),
             );

@@ -1,6 +1,12 @@
 //! A cascade's chain as the manifest knows it: which backfill runs each DAG of the cascade so
 //! far, which intervals of a downstream DAG it plans (and which it skips for their upstream),
 //! and the walk of the chain that checks every DAG before the first runs.
+//!
+//! A downstream DAG's intervals are planned over the upstream intervals the cascade acted on,
+//! and also over those it left because their output already stands (`already exists`) where
+//! the downstream interval has no successful run: nothing of it is published, and without
+//! this no cascade over the range would ever compute it (September's days done, a cascade
+//! over September and October ran only October's month).
 
 use std::collections::HashMap;
 
@@ -54,7 +60,12 @@ pub fn plan_member(
         .filter(|u| u.touched)
         .map(|u| u.interval)
         .collect();
-    let intervals = cascade::overlapping(d, &touched).map_err(Error::Usage)?;
+    let standing: Vec<DataInterval> = upstream
+        .iter()
+        .filter(|u| !u.touched && u.succeeded)
+        .map(|u| u.interval)
+        .collect();
+    let intervals = downstream_intervals(Some(conn), d, &touched, &standing)?;
     // Upstream DAGs the cascade does not run count too: an interval another backfill runs, or
     // whose latest run failed, is not there to read.
     let outside: Vec<&String> = d
@@ -85,6 +96,42 @@ pub fn plan_member(
     Ok((intervals, skips))
 }
 
+/// The intervals of downstream DAG `d` a cascade plans, ascending: those overlapping an upstream
+/// interval the cascade acted on (`touched`), and those overlapping an upstream interval whose
+/// output it left standing (`standing`) that have no successful run of their own in the
+/// manifest (`None`: nothing was recorded).
+pub fn downstream_intervals(
+    conn: Option<&dyn Store>,
+    d: &Dag,
+    touched: &[DataInterval],
+    standing: &[DataInterval],
+) -> Result<Vec<DataInterval>, Error> {
+    let mut intervals = cascade::overlapping(d, touched).map_err(Error::Usage)?;
+    if standing.is_empty() {
+        return Ok(intervals);
+    }
+    let planned: std::collections::HashSet<i64> =
+        intervals.iter().map(|i| i.start.timestamp()).collect();
+    for i in cascade::overlapping(d, standing).map_err(Error::Usage)? {
+        let start = i.start.timestamp();
+        if planned.contains(&start) {
+            continue;
+        }
+        let published = match conn {
+            Some(conn) => conn
+                .last_success(&d.id, start)
+                .map_err(Error::Manifest)?
+                .is_some(),
+            None => false,
+        };
+        if !published {
+            intervals.push(i);
+        }
+    }
+    intervals.sort_unstable();
+    Ok(intervals)
+}
+
 /// The backfill of each DAG of the cascade of `root` so far, by DAG.
 pub fn backfills_of(
     conn: &dyn Store,
@@ -101,12 +148,15 @@ pub fn backfills_of(
 
 /// Walks the DAGs a cascade of `root` runs, in order, as far as a plan can tell before they
 /// run: each downstream DAG over the intervals that overlap those its upstreams go on with
-/// (`root_intervals` for `root`; for another DAG, what `each` returns for it). A DAG that
-/// overlaps nothing is left out.
+/// (`root_intervals` for `root`; for another DAG, what `each` returns for it), and over
+/// `root_standing`, the root's intervals whose output stands, where it has no successful run
+/// in the manifest `conn`. A DAG that overlaps nothing is left out.
 pub fn walk_chain(
     project: &Project,
+    conn: Option<&dyn Store>,
     root: &str,
     root_intervals: Vec<DataInterval>,
+    root_standing: Vec<DataInterval>,
     mut each: impl FnMut(&Dag, &[DataInterval]) -> Result<Vec<DataInterval>, Error>,
 ) -> Result<(), Error> {
     let mut planned: HashMap<String, Vec<DataInterval>> =
@@ -119,7 +169,12 @@ pub fn walk_chain(
             .flatten()
             .copied()
             .collect();
-        let ivs = cascade::overlapping(d, &ups).map_err(Error::Usage)?;
+        let standing: &[DataInterval] = if d.upstream.iter().any(|(u, _)| u == root) {
+            &root_standing
+        } else {
+            &[]
+        };
+        let ivs = downstream_intervals(conn, d, &ups, standing)?;
         if ivs.is_empty() {
             continue;
         }
@@ -137,8 +192,15 @@ pub fn check_chain(
     intervals: &[DataInterval],
     conf: &serde_json::Value,
 ) -> Result<(), Error> {
-    walk_chain(project, &root.id, intervals.to_vec(), |d, ivs| {
-        check_tasks(d, conf, ivs)?;
-        Ok(ivs.to_vec())
-    })
+    walk_chain(
+        project,
+        None,
+        &root.id,
+        intervals.to_vec(),
+        Vec::new(),
+        |d, ivs| {
+            check_tasks(d, conf, ivs)?;
+            Ok(ivs.to_vec())
+        },
+    )
 }

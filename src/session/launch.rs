@@ -387,31 +387,14 @@ pub fn source_changes(
     manifest_path: &std::path::Path,
 ) -> Result<HashSet<i64>, Error> {
     let (watching, blind) = crate::probe::watchers(dag);
-    if watching.is_empty() {
-        note(
-            g,
-            &format!(
-                "no task of DAG `{}` has a gate `source_count` or `source_fingerprint`, so nothing can tell whether a source changed: intervals that succeeded count as unchanged, and only failed ones run",
-                dag.id
-            ),
-        );
-        return Ok(HashSet::new());
+    // A cron job with `-q` must still hear that it can miss late data.
+    if let Some(spot) = crate::probe::blind_spot(dag) {
+        warn(g, &spot.warning(dag));
+    } else if !blind.is_empty() {
+        note(g, &crate::probe::partly_blind(&watching, &blind));
     }
-    if !blind.is_empty() {
-        let names: Vec<String> = blind.iter().map(|t| format!("`{}`", t.id)).collect();
-        note(
-            g,
-            &format!(
-                "{} {} no gate `source_count` or `source_fingerprint`: only the sources of {} are compared",
-                names.join(", "),
-                if names.len() == 1 { "has" } else { "have" },
-                watching
-                    .iter()
-                    .map(|t| format!("`{}`", t.id))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        );
+    if watching.is_empty() {
+        return Ok(HashSet::new());
     }
     let Some(conn) = manifest::open_if_exists(manifest_path)? else {
         return Ok(HashSet::new());

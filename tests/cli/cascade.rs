@@ -490,3 +490,72 @@ fn an_upstream_dag_outside_the_cascade_counts_too() {
     .code(0);
     assert!(p.path("d-2026-09-01").exists());
 }
+
+/// September's days published by a plain backfill, then a cascade over September and October:
+/// September's month never ran, so the cascade computes it too, and the dry run says so. Run
+/// again, the cascade has nothing left to compute downstream.
+#[test]
+fn a_cascade_computes_the_downstream_intervals_over_days_already_done() {
+    let p = crate::gate::shop();
+    let shop = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/shop");
+    p.write(
+        "dags/monthly_revenue.toml",
+        &std::fs::read_to_string(shop.join("dags/monthly_revenue.toml")).unwrap(),
+    );
+    p.create("daily_orders", "2026-09-01", "2026-09-30", &["-q"])
+        .code(0);
+    let two_months = |extra: &[&str]| {
+        let mut args = vec!["--cascade", "all"];
+        args.extend_from_slice(extra);
+        p.create("daily_orders", "2026-09-01", "2026-10-31", &args)
+    };
+    let dry = two_months(&["--dry-run", "--output", "json"]);
+    dry.code(0);
+    let months: Vec<(String, String)> = dry.json()["plans"][1]["intervals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["start"].as_str().unwrap()[..10].to_string(),
+                i["action"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        months,
+        [
+            ("2026-09-01".to_string(), "run".to_string()),
+            ("2026-10-01".to_string(), "run".to_string())
+        ]
+    );
+    two_months(&[])
+        .code(0)
+        .stderr_has("of daily_orders: 61 intervals, 31 to run, 30 skipped")
+        .stderr_has("of monthly_revenue: 2 intervals, 2 to run, 0 skipped");
+    for (month, from, to) in [
+        ("2026-09-01", "2026-09-01", "2026-10-01"),
+        ("2026-10-01", "2026-10-01", "2026-11-01"),
+    ] {
+        assert_eq!(
+            crate::gate::wh_count(
+                &p,
+                &format!("SELECT SUM(orders) FROM monthly_revenue WHERE month = '{month}'")
+            ),
+            crate::gate::wh_count(
+                &p,
+                &format!(
+                    "SELECT COUNT(*) FROM raw_orders WHERE order_ts >= '{from}' AND order_ts < '{to}'"
+                )
+            ),
+            "{month} counts its orders"
+        );
+    }
+    two_months(&[])
+        .code(0)
+        .stderr_has("cascade: nothing to run for DAG `monthly_revenue`");
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM backfills WHERE dag_id = 'monthly_revenue'"),
+        1
+    );
+}

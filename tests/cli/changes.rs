@@ -239,3 +239,132 @@ fn a_command_fingerprint_decides_and_failed_intervals_run_as_with_failed() {
         .stderr_has("no task of DAG `blind` has a gate `source_count` or `source_fingerprint`")
         .stderr_has("2 skipped");
 }
+
+/// A DAG whose only source measure is a count: the gate passes, but `changed` and `stale` see
+/// a late row only when it changes the count, and a corrected row never.
+const COUNTED: &str = r#"
+schedule = "@daily"
+
+[[tasks]]
+id = "load"
+command = "echo '{\"rows\": 1}' > $BACKFILL_RESULT"
+[tasks.gate]
+source_count = "echo 1"
+"#;
+
+#[test]
+fn a_dag_that_cannot_see_late_rows_is_warned_about_also_with_q() {
+    let p = Project::new()
+        .dag("counted", COUNTED)
+        .dag(
+            "blind",
+            "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+        )
+        .dag("watched", WATCHED);
+    let range = ["--from", "2026-01-01", "--to", "2026-01-02"];
+    for dag in ["counted", "blind", "watched"] {
+        p.create(dag, range[1], range[3], &["-q"]).code(0);
+    }
+    let counted = "warning: DAG `counted` watches its source only through the gate `source_count` of `load` (dags/counted.toml:8:16), which sees a late or removed row only when it changes that count";
+    let blind = "warning: no task of DAG `blind` has a gate `source_count` or `source_fingerprint`, so nothing can tell whether a source changed: late or corrected rows go unnoticed";
+    for (dag, warning) in [("counted", counted), ("blind", blind)] {
+        // A nightly `-q` run says it, so that cron mails it.
+        p.create(
+            dag,
+            range[1],
+            range[3],
+            &["-q", "--reprocess-behavior", "changed"],
+        )
+        .code(0)
+        .stderr_has(warning);
+        let mut stale = vec!["-q", "stale", "--dag", dag];
+        stale.extend_from_slice(&range);
+        p.run(&stale).code(0).stderr_has(warning);
+    }
+    // A `source_fingerprint` sees every row: nothing to warn about.
+    let quiet = p.create(
+        "watched",
+        range[1],
+        range[3],
+        &["-q", "--reprocess-behavior", "changed"],
+    );
+    quiet.code(0);
+    assert_eq!(quiet.stderr, "");
+    // `dags validate` warns where the count is written, and still passes.
+    let valid = p.run(&["dags", "validate"]);
+    valid.code(0).stderr_has(
+        "warning: dags/counted.toml:8:16: task `load`: `--reprocess-behavior changed` and `backfill stale` see this source only through `source_count`",
+    );
+    assert!(!valid.stderr.contains("blind"), "{}", valid.stderr);
+    let json = p.run(&["--output", "json", "dags", "validate"]);
+    json.code(0);
+    let doc = json.json();
+    assert_eq!(doc["valid"], true);
+    assert_eq!(doc["warnings"][0]["location"], "dags/counted.toml:8:16");
+    assert_eq!(doc["warnings"].as_array().unwrap().len(), 1);
+}
+
+/// The shop's DAGs see a late order and a corrected amount: `stale` lists those days, a
+/// `changed` rerun publishes them, and the monthly summary over them is then stale in turn.
+#[test]
+fn the_example_dags_see_a_late_order_and_a_corrected_amount() {
+    let p = shop();
+    let shop = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/shop");
+    p.write(
+        "dags/monthly_revenue.toml",
+        &std::fs::read_to_string(shop.join("dags/monthly_revenue.toml")).unwrap(),
+    );
+    let valid = p.run(&["dags", "validate"]);
+    valid.code(0);
+    assert!(!valid.stderr.contains("warning"), "{}", valid.stderr);
+    p.create(
+        "daily_orders",
+        "2026-09-01",
+        "2026-09-30",
+        &["--cascade", "all", "-q"],
+    )
+    .code(0);
+    september(&p, "orders_fact", &["-q"]).code(0);
+    // One late order on 2026-09-18, and a corrected amount of an order of 2026-09-14.
+    wh(&p)
+        .execute_batch(
+            "INSERT INTO raw_orders (order_ts, region, amount_cents) VALUES ('2026-09-18 09:00:00', 'eu', 1250);
+             UPDATE raw_orders SET amount_cents = amount_cents + 1 WHERE order_id = 2560000;",
+        )
+        .unwrap();
+    let stale = |dag: &str| -> Vec<String> {
+        let out = p.run(&[
+            "stale",
+            "--dag",
+            dag,
+            "--from",
+            "2026-09-01",
+            "--to",
+            "2026-09-30",
+            "--output",
+            "json",
+        ]);
+        out.code(0);
+        assert_eq!(out.stderr, "", "no warning for {dag}");
+        out.json()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["interval"]["start"].as_str().unwrap()[..10].to_string())
+            .collect()
+    };
+    assert_eq!(stale("daily_orders"), ["2026-09-14", "2026-09-18"]);
+    assert_eq!(stale("orders_fact"), ["2026-09-14", "2026-09-18"]);
+    assert_eq!(stale("monthly_revenue"), Vec::<String>::new());
+    september(&p, "daily_orders", &["--reprocess-behavior", "changed"])
+        .code(0)
+        .stderr_has("2 succeeded, 0 failed, 0 rejected, 0 cancelled, 28 skipped");
+    let published = |sql: &str| wh_count(&p, sql);
+    assert_eq!(
+        published("SELECT SUM(orders) FROM daily_orders WHERE day = '2026-09-18'"),
+        published("SELECT COUNT(*) FROM raw_orders WHERE date(order_ts) = '2026-09-18'"),
+        "the late order is published"
+    );
+    // What the month summed changed under it.
+    assert_eq!(stale("monthly_revenue"), ["2026-09-01"]);
+}

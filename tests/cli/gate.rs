@@ -45,6 +45,18 @@ pub(crate) fn shop() -> Project {
     p
 }
 
+/// A copy of all of `examples/shop` (every DAG) in the folder `rel` of `p`, with its warehouse
+/// already created: `rel = "examples/shop"` makes `p` stand for this repository's folder.
+pub(crate) fn whole_shop(p: &Project, rel: &str) -> PathBuf {
+    let dir = p.path(rel);
+    crate::support::copy_dir(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/shop"),
+        &dir,
+    );
+    std::fs::copy(template_warehouse(), dir.join("warehouse.db")).unwrap();
+    dir
+}
+
 pub(crate) fn wh(p: &Project) -> Connection {
     let c = Connection::open(p.path("warehouse.db")).unwrap();
     c.busy_timeout(Duration::from_secs(10)).unwrap();

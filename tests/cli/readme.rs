@@ -29,8 +29,9 @@ command = "test ! -e fail-{{ ds }} && echo '{\"rows\": 1}' > $BACKFILL_RESULT"
 source_fingerprint = "cat source/{{ ds }} 2>/dev/null || echo none"
 "#;
 
-#[test]
-fn the_cron_recipe_works_as_pasted() {
+/// The README's crontab line, run as cron runs it in project `p`: `sh -c` with the crontab's
+/// variables, HOME, LOGNAME and SHELL, from `/`.
+fn cron_job(p: &Project) -> impl Fn() -> Out {
     let block = readme_block("## Nightly reruns from cron", "cron");
     let var = |name: &str| {
         block
@@ -52,12 +53,9 @@ fn the_cron_recipe_works_as_pasted() {
         .expect("a crontab line");
     assert!(!job.contains('%'), "cron turns % into a newline: {job}");
     let command = job.split_whitespace().skip(5).collect::<Vec<_>>().join(" ");
-
-    let p = Project::new().dag("daily_orders", DAILY_ORDERS);
     let project = p.path("");
     let command = command.replace("/srv/pipelines", &project.display().to_string());
-    // cron runs the line with `sh -c`, the variables of the crontab, HOME, LOGNAME and SHELL.
-    let cron = || {
+    move || {
         let mut c = Command::new("/bin/sh");
         c.arg("-c")
             .arg(&command)
@@ -69,7 +67,14 @@ fn the_cron_recipe_works_as_pasted() {
             .env("SHELL", "/bin/sh")
             .env("BACKFILL_NOW", NOW);
         output(&mut c)
-    };
+    }
+}
+
+#[test]
+fn the_cron_recipe_works_as_pasted() {
+    let p = Project::new().dag("daily_orders", DAILY_ORDERS);
+    let project = p.path("");
+    let cron = cron_job(&p);
     let history = || -> Vec<serde_json::Value> {
         p.read(".backfill/history/daily_orders.jsonl")
             .lines()
@@ -134,6 +139,47 @@ fn the_cron_recipe_works_as_pasted() {
                 .to_string()]
         ]
     );
+}
+
+/// The cron recipe on the shop's own `daily_orders`: one late order reaches the published
+/// table the night after it arrived, and the night says nothing.
+#[test]
+fn the_cron_recipe_publishes_a_late_order_of_the_shop() {
+    let p = crate::gate::shop();
+    let cron = cron_job(&p);
+    let night = cron();
+    night.code(0);
+    assert_eq!((night.stdout.as_str(), night.stderr.as_str()), ("", ""));
+    let day = "2026-11-10";
+    let published = || {
+        crate::gate::wh_count(
+            &p,
+            &format!("SELECT SUM(orders) FROM daily_orders WHERE day = '{day}'"),
+        )
+    };
+    let raw = || {
+        crate::gate::wh_count(
+            &p,
+            &format!("SELECT COUNT(*) FROM raw_orders WHERE date(order_ts) = '{day}'"),
+        )
+    };
+    assert_eq!(published(), raw());
+    crate::gate::wh(&p)
+        .execute_batch(
+            "INSERT INTO raw_orders (order_ts, region, amount_cents) VALUES ('2026-11-10 17:45:00', 'eu', 4200)",
+        )
+        .unwrap();
+    let night = cron();
+    night.code(0);
+    assert_eq!((night.stdout.as_str(), night.stderr.as_str()), ("", ""));
+    assert_eq!(published(), raw(), "the late order is published");
+    let history: Vec<serde_json::Value> = p
+        .read(".backfill/history/daily_orders.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(history[1]["intervals"]["succeeded"], 1);
+    assert_eq!(history[1]["skipped"]["source unchanged"], 29);
 }
 
 #[test]
@@ -256,41 +302,105 @@ fn the_notification_example_posts_to_the_chat_webhook() {
     );
 }
 
+/// Runs one line of a README `sh` block as pasted in the repository's folder `root` (where
+/// `examples/shop` is a copy of the shop): `cargo run --` and `backfill` through the binary,
+/// `sqlite3 DB "SQL"` through rusqlite (the README lets any SQLite client do). Comments are
+/// dropped; any other command fails the test.
+fn paste(root: &Path, line: &str) -> Out {
+    let words: Vec<String> = shlex::split(line)
+        .unwrap_or_else(|| panic!("cannot split `{line}`"))
+        .into_iter()
+        .take_while(|w| !w.starts_with('#'))
+        .collect();
+    let args = match words.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        ["cargo", "run", "--", ..] => &words[3..],
+        ["backfill", ..] => &words[1..],
+        ["sqlite3", db, sql] => {
+            let conn = rusqlite::Connection::open(root.join(db)).unwrap();
+            let mut stmt = conn.prepare(sql).unwrap();
+            let n = stmt.column_count();
+            let mut rows = stmt.query([]).unwrap();
+            let mut stdout = String::new();
+            while let Some(r) = rows.next().unwrap() {
+                let cells: Vec<String> = (0..n)
+                    .map(|i| format!("{:?}", r.get_ref(i).unwrap()))
+                    .collect();
+                stdout.push_str(&cells.join("|"));
+                stdout.push('\n');
+            }
+            return Out {
+                code: 0,
+                stdout,
+                stderr: String::new(),
+            };
+        }
+        _ => panic!("the README asks to paste `{line}`, which this test cannot run"),
+    };
+    output(
+        Command::new(env!("CARGO_BIN_EXE_backfill"))
+            .args(args)
+            .current_dir(root)
+            .env("BACKFILL_NOW", NOW),
+    )
+}
+
+/// The README's first command, run three times as its next paragraph says: as pasted, again
+/// (everything skipped), and with `--reprocess-behavior completed`.
+fn first_commands(root: &Path) {
+    let first = crate::support::readme()
+        .lines()
+        .find(|l| l.starts_with("cargo run -- -C examples/shop create"))
+        .expect("the first command")
+        .to_string();
+    paste(root, &first).code(0);
+    paste(root, &first).code(0);
+    paste(root, &format!("{first} --reprocess-behavior completed")).code(0);
+}
+
 /// The worked example of staging, review, promotion and rollback, run line by line as
-/// pasted: `backfill` lines through the binary in the shop project, `sqlite3` lines against its
-/// warehouse. The published table changes only where and when the example says.
+/// pasted after the README's first commands made backfills 1 to 3: `backfill` lines through
+/// the binary, `sqlite3` lines against the shop's warehouse. The published table changes only
+/// where and when the example says.
 #[test]
-fn the_review_example_works_as_pasted() {
+fn the_review_example_works_as_pasted_after_other_backfills() {
     let block = readme_block("## Review, promote, roll back", "sh");
-    let p = crate::gate::shop();
-    let day = |d: &str| {
-        crate::gate::wh_rows(
-            &p,
-            &format!("SELECT * FROM orders_fact WHERE order_day = '{d}' ORDER BY order_id"),
-        )
+    let p = Project::new();
+    let root = p.path("");
+    let shop = crate::gate::whole_shop(&p, "examples/shop");
+    first_commands(&root);
+    let day = |d: &str| -> Vec<String> {
+        let conn = rusqlite::Connection::open(shop.join("warehouse.db")).unwrap();
+        let mut stmt = conn
+            .prepare("SELECT * FROM orders_fact WHERE order_day = ?1 ORDER BY order_id")
+            .unwrap();
+        stmt.query_map([d], |r| {
+            Ok((0..5)
+                .map(|i| format!("{:?}", r.get::<_, rusqlite::types::Value>(i).unwrap()))
+                .collect::<Vec<_>>()
+                .join("|"))
+        })
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
     };
     let mut first = None;
     for line in block.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        if line == "cd examples/shop" {
-            continue;
-        }
-        if let Some(rest) = line.strip_prefix("sqlite3 warehouse.db ") {
-            let sql = rest.trim_matches('"');
-            crate::gate::wh(&p).execute_batch(sql).unwrap();
-            continue;
-        }
-        let words = shlex::split(line.strip_prefix("backfill ").expect("a backfill line")).unwrap();
-        let args: Vec<&str> = words
-            .iter()
-            .map(String::as_str)
-            .take_while(|w| !w.starts_with('#'))
-            .collect();
         let before = (day("2026-09-03"), day("2026-09-04"), day("2026-09-05"));
-        p.run(&args).code(0);
+        let out = paste(&root, line);
+        out.code(0);
         let after = (day("2026-09-03"), day("2026-09-04"), day("2026-09-05"));
-        match args[0] {
+        let words = shlex::split(line).unwrap();
+        if words[0] == "sqlite3" {
+            continue;
+        }
+        assert_eq!(&words[1..3], ["-C", "examples/shop"], "{line}");
+        match words[3].as_str() {
             "create" if first.is_none() => first = Some(after.clone()),
-            "create" | "diff" | "discard" => assert_eq!(after, before, "{line} publishes nothing"),
+            "create" => {
+                assert_eq!(after, before, "{line} publishes nothing");
+                assert_eq!(out.stdout, "5\n", "{line} prints the staged backfill's id");
+            }
+            "diff" | "discard" => assert_eq!(after, before, "{line} publishes nothing"),
             "promote" => {
                 assert_ne!(after.0, before.0, "{line}: 09-03 promoted");
                 assert_ne!(after.1, before.1, "{line}: 09-04 promoted");
@@ -303,15 +413,177 @@ fn the_review_example_works_as_pasted() {
             }
             other => panic!("unexpected command {other}"),
         }
-        if args[0] == "diff" {
+        if words[3] == "diff" {
             // The output the README shows is the output this gives.
-            let shown = p.run(&args);
             let readme = crate::support::readme();
-            for l in shown.stdout.lines() {
+            for l in out.stdout.lines() {
                 assert!(readme.contains(l), "the README shows `{l}`");
+            }
+            assert_eq!(out.stdout.lines().count(), 9, "{}", out.stdout);
+        }
+    }
+}
+
+/// Every line of the README's `sh` blocks that works on `examples/shop`, in the README's
+/// order, pasted in the repository's folder: the sections follow each other without a `cd`,
+/// the review example finds its staged backfill after the first commands made others, and the
+/// cascade computes September's month over the days the first command had published.
+#[test]
+fn the_shop_sections_paste_in_order() {
+    let readme = crate::support::readme();
+    let mut lines = Vec::new();
+    for block in readme.split("```sh\n").skip(1) {
+        let block = &block[..block.find("```").expect("a closed block")];
+        for line in block.lines().map(str::trim) {
+            assert!(
+                !line.starts_with("cd "),
+                "`{line}`: the README's commands run from the repository's folder"
+            );
+            let runs = ["cargo run -- ", "backfill ", "sqlite3 "]
+                .iter()
+                .any(|p| line.starts_with(p));
+            if runs && line.contains("examples/shop") {
+                lines.push(line.to_string());
             }
         }
     }
+    assert!(lines.len() >= 12, "{lines:#?}");
+    let p = Project::new();
+    let root = p.path("");
+    let shop = crate::gate::whole_shop(&p, "examples/shop");
+    for line in &lines {
+        paste(&root, line).code(0);
+    }
+    let warehouse = rusqlite::Connection::open(shop.join("warehouse.db")).unwrap();
+    let months: Vec<String> = warehouse
+        .prepare("SELECT DISTINCT month FROM monthly_revenue ORDER BY month")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(months, ["2026-09-01", "2026-10-01"]);
+}
+
+/// The README's lines that install the completions and the manual pages, run by `sh` as pasted
+/// in a home where `cargo install` put `backfill` into `~/.cargo/bin`: bash completes `--dag`
+/// with the project's DAG ids (found through `-C` or from the current folder), and man-db's
+/// `man` finds the page without `MANPATH`.
+#[test]
+fn the_completion_and_manual_lines_work_as_pasted() {
+    let readme = crate::support::readme();
+    let block = readme
+        .split("```sh\n")
+        .skip(1)
+        .map(|b| &b[..b.find("```").unwrap()])
+        .find(|b| b.contains("backfill completions bash"))
+        .expect("the completions block");
+    let p = Project::new();
+    let home = p.path("home");
+    let bin = home.join(".cargo/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_backfill"), bin.join("backfill")).unwrap();
+    let path = format!("{}:/usr/bin:/bin", bin.display());
+    for line in block.lines().filter(|l| !l.trim().is_empty()) {
+        output(
+            Command::new("/bin/sh")
+                .arg("-c")
+                .arg(line)
+                .current_dir(&home)
+                .env_clear()
+                .env("HOME", &home)
+                .env("PATH", &path),
+        )
+        .code(0);
+    }
+    let script = home.join(".local/share/bash-completion/completions/backfill");
+    assert!(
+        script.is_file(),
+        "the completion script is where bash-completion looks"
+    );
+
+    // The shop, and a folder inside it to complete from.
+    let shop = crate::gate::whole_shop(&p, "examples/shop");
+    std::fs::create_dir_all(shop.join("dags/sub")).unwrap();
+    let complete = |cwd: &Path, words: &[&str]| -> Vec<String> {
+        let out = output(
+            Command::new("bash")
+                .args(["--norc", "--noprofile", "-c"])
+                .arg(
+                    r#"source "$1"; shift
+                    complete -p backfill >/dev/null || exit 9
+                    COMP_WORDS=("$@"); COMP_CWORD=$(( $# - 1 ))
+                    _backfill backfill "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"
+                    printf '%s\n' "${COMPREPLY[@]}""#,
+                )
+                .arg("bash")
+                .arg(&script)
+                .args(words)
+                .current_dir(cwd)
+                .env("HOME", &home),
+        );
+        out.code(0);
+        out.stdout
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .collect()
+    };
+    let all = ["daily_orders", "monthly_revenue", "orders_fact"];
+    assert_eq!(
+        complete(&shop.join("dags/sub"), &["backfill", "create", "--dag", ""]),
+        all
+    );
+    assert_eq!(
+        complete(
+            &p.path(""),
+            &["backfill", "-C", "examples/shop", "runs", "--dag", "o"]
+        ),
+        ["orders_fact"]
+    );
+    assert_eq!(
+        complete(
+            &p.path(""),
+            &[
+                "backfill",
+                "stale",
+                "--project",
+                "examples/shop",
+                "--dag",
+                "m"
+            ]
+        ),
+        ["monthly_revenue"]
+    );
+    assert_eq!(
+        complete(
+            &p.path(""),
+            &["backfill", "create", "--reprocess-behavior", "c"]
+        ),
+        ["completed", "changed"]
+    );
+    // Outside any project, nothing to offer.
+    assert!(complete(&home, &["backfill", "verify", "--dag", ""]).is_empty());
+
+    let Ok(man) = Command::new("man").arg("--version").output() else {
+        eprintln!("SKIPPED: no `man` on this machine; the manual page's place is not checked");
+        return;
+    };
+    assert!(man.status.success());
+    let found = output(
+        Command::new("man")
+            .args(["-w", "backfill"])
+            .env_clear()
+            .env("HOME", &home)
+            .env("PATH", &path),
+    );
+    found.code(0);
+    assert_eq!(
+        found.stdout.trim(),
+        home.join(".cargo/share/man/man1/backfill.1")
+            .display()
+            .to_string()
+    );
 }
 
 /// The cascade example on the shop: the command as the README writes it, then late orders and
@@ -336,9 +608,9 @@ fn the_cascade_example_works_as_written() {
     let args: Vec<&str> = words[3..].iter().map(String::as_str).collect();
     let out = p.run(&args);
     out.code(0);
-    let quoted = "backfill 2 of monthly_revenue: 2 intervals, 2 to run, 0 skipped";
+    let quoted = "backfill N of monthly_revenue: 2 intervals, 2 to run, 0 skipped";
     assert!(section.contains(quoted));
-    out.stderr_has(quoted);
+    out.stderr_has(&quoted.replace('N', "2"));
     assert_eq!(
         crate::gate::wh_count(&p, "SELECT COUNT(*) FROM monthly_revenue"),
         10,

@@ -859,3 +859,60 @@ fn a_rollback_that_never_committed_is_not_called_rolled_back_and_resume_does_it(
     );
     assert_ne!(day_03(&p), before);
 }
+
+/// `latest` names the newest backfill, and for `diff`, `promote` and `discard` the newest
+/// staged one; `create --stage` prints its id on stdout, alone, also with `-q`.
+#[test]
+fn latest_names_the_newest_backfill_or_the_newest_staged_one() {
+    let p = Project::new().dag(
+        "export",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"write\"\ncommand = \"echo '{\\\"rows\\\": 1}' > $BACKFILL_RESULT\"\npublish = \"true\"\n[tasks.gate]\nsource_fingerprint = \"echo v1\"\n",
+    );
+    p.run(&["show", "latest"])
+        .code(2)
+        .stderr_has("`latest`: the manifest ")
+        .stderr_has("has no backfill yet");
+    let days = |extra: &[&str]| p.create("export", "2026-01-01", "2026-01-02", extra);
+    let plain = days(&[]);
+    plain.code(0);
+    assert_eq!(
+        plain.stdout, "",
+        "a create that does not stage prints no data"
+    );
+    p.run(&["diff", "latest"])
+        .code(2)
+        .stderr_has("has no staged backfill (`backfill create --stage`) yet");
+    let staged = days(&["--reprocess-behavior", "completed", "--stage", "-q"]);
+    staged.code(0);
+    assert_eq!(
+        (staged.stdout.as_str(), staged.stderr.as_str()),
+        ("2\n", "")
+    );
+    days(&["--reprocess-behavior", "completed"]).code(0);
+    assert_eq!(
+        p.run(&["--output", "json", "show", "latest"]).json()["id"],
+        3
+    );
+    p.run(&["diff", "latest"])
+        .code(0)
+        .stderr_has("latest: backfill 2");
+    p.run(&["discard", "latest"]).code(0);
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM task_tries WHERE staged = 'discarded'"),
+        2
+    );
+    // With --output json the summary carries the id: stdout holds one document.
+    let json = days(&[
+        "--reprocess-behavior",
+        "completed",
+        "--stage",
+        "--output",
+        "json",
+    ]);
+    assert_eq!(json.json()["backfill_id"], 4);
+    for bad in ["0", "newest"] {
+        p.run(&["show", bad]).code(2).stderr_has(
+            "is not a backfill id; give a number as `backfill list` shows it, or `latest`",
+        );
+    }
+}

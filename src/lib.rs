@@ -1,8 +1,35 @@
 //! `backfill`: a crash-safe backfill orchestrator for batch data pipelines.
 //!
-//! The binary is a thin shell over [`commands::run`]; the modules follow the product's
-//! vocabulary: schedules and intervals, the plan, the runner, tasks, processes, the gate,
-//! warehouses, the manifest, recovery and reports.
+//! The binary is a thin shell over [`commands::run`]. The modules are layers; a module imports
+//! only from the layers below its own (checked by reading the `use` lines; no exception today):
+//!
+//! ```text
+//! main.rs                      parse (clap), run, map the error to an exit code
+//! commands/                    one module per subcommand: options in, a session or a read of
+//!                              the manifest, the result to report
+//! cli                          clap definitions only
+//! session/                     a backfill from launch to outcome: check its tasks, recover,
+//!                              plan and lease in chunks, heartbeats, signals, the dispatcher,
+//!                              cascades; Outcome decides the recorded state and the exit code
+//! report/                      a pure consumer: views of events and read models into a Sink
+//! runner/, notify              tries: bounded concurrency, pools, retries, timeouts, the gate,
+//!                              publishes; events with counts (runner::Stats); alert hooks
+//! recovery, cascade, estimate, probe
+//!                              takeover and repair; what cascades decide; estimates; looking
+//!                              at a source again
+//! exit                         the error type and its exit codes
+//! manifest/                    the only code that speaks SQL to the manifest: manifest::Store
+//!                              is its typed interface, the SQLite connection implements it,
+//!                              the writer thread batches its commits
+//! warehouse/                   what a SQL task needs of its SQLite warehouse
+//! task/, process/              command tasks; the one way to run a child process
+//! project/                     backfill.toml and dags/*.toml: raw, validated model, loading
+//! plan, gate, schedule, interval, state, clock, liveness, words, suggest, sqlite, fault,
+//! task::template               pure logic and the small shared pieces everything uses
+//! ```
+//!
+//! The manifest never looks at processes: it is handed a [`liveness::Host`] (the real one is
+//! [`process::LOCAL`]). Time for planning comes from [`clock`].
 
 pub mod cascade;
 pub mod cli;

@@ -14,8 +14,9 @@ use crate::manifest::writer::Writer;
 use crate::manifest::{self, Backfill, NewBackfill, Store, runs};
 use crate::project::{Dag, Project, TaskKind};
 use crate::recovery::{self, Dags};
+use crate::report::diff::DiffRow;
+use crate::report::out::Sink;
 use crate::report::out::hint;
-use crate::report::tables::DiffRow;
 use crate::runner::Mode;
 use crate::session::launch::{check_tasks, request_over, run_every};
 use crate::session::staged::{settle_staged, staged_outputs};
@@ -378,7 +379,12 @@ pub fn diff(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
             keys,
         });
     }
-    crate::report::tables::print_diff(&rows, &crate::report::Labeler::new(&dag), g.json, id)?;
+    crate::report::diff::write(
+        &mut Sink::std(g.json, g.verbose),
+        &rows,
+        &crate::report::Labeler::new(&dag),
+        id,
+    )?;
     Ok(exit::OK)
 }
 

@@ -19,11 +19,6 @@ pub struct DiffRow {
     pub keys: Option<crate::warehouse::diff::KeyDiff>,
 }
 
-/// Prints the comparison on stdout (`--output json`: the rows as one document).
-pub fn print_diff(rows: &[DiffRow], labels: &Labeler, json: bool, id: i64) -> Result<(), Error> {
-    write(&mut Sink::std(json, false), rows, labels, id)
-}
-
 /// `id` is the staged backfill, for the note when nothing awaits promotion.
 pub fn write(out: &mut Sink<'_>, rows: &[DiffRow], labels: &Labeler, id: i64) -> Result<(), Error> {
     if out.json {

@@ -29,8 +29,3 @@ pub mod summary;
 pub use label::Labeler;
 pub use progress::Reporter;
 pub use summary::{Rerun, Summary, rerun_command, summary};
-
-/// `diff`'s items under the path of the former single module of tables.
-pub mod tables {
-    pub use super::diff::{DiffRow, print_diff};
-}

@@ -208,7 +208,7 @@ pub fn look(
     };
     match &task.kind {
         TaskKind::Sql(sql) => {
-            let conn = warehouse::open(&sql.warehouse).map_err(|e| e.to_string())?;
+            let conn = warehouse::open_to_read(&sql.warehouse).map_err(|e| e.to_string())?;
             let binds = Binds::new(interval, dag.tz);
             // One read snapshot for both.
             conn.execute_batch("BEGIN").map_err(|e| e.to_string())?;

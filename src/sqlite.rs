@@ -13,7 +13,9 @@ use rusqlite::{Connection, OpenFlags};
 
 /// Opens `path` for reading only. Never creates or writes anything, next to it either.
 pub fn open_read_only(path: &Path) -> rusqlite::Result<Connection> {
-    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        | OpenFlags::SQLITE_OPEN_URI;
     let conn = Connection::open_with_flags(path, flags)?;
     // The open itself is lazy: the first read is what needs the `-shm` file.
     match conn.query_row("SELECT count(*) FROM sqlite_schema", [], |_| Ok(())) {

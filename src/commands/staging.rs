@@ -308,7 +308,7 @@ pub fn diff(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
             None => Error::Usage(e.to_string()),
         };
         let wh = sql
-            .map(|sql| crate::warehouse::open(&sql.warehouse))
+            .map(|sql| crate::warehouse::open_to_read(&sql.warehouse))
             .transpose()?;
         let repr = reprs.get(&s.task_id).copied().flatten();
         // `(rows, fingerprint)` of what is published. A SQL task's partition is read from the

@@ -55,6 +55,14 @@ fn read_only_shop() -> Project {
     let p = shop();
     p.create("daily_orders", "2026-09-01", "2026-09-03", &["-q"])
         .code(0);
+    // And a staged day, for `diff`.
+    p.create(
+        "daily_orders",
+        "2026-09-04",
+        "2026-09-04",
+        &["-q", "--stage"],
+    )
+    .code(0);
     // The project's temporary folder is private to its owner: open it to the reader.
     let mut dir = p.path("");
     loop {
@@ -94,8 +102,13 @@ fn read_commands_work_on_a_manifest_this_user_cannot_write() {
     let out = as_reader(&p, &["list", "--output", "json"]);
     out.code(0);
     let list = out.json();
-    assert_eq!(list[0]["id"], 1);
-    assert_eq!(list[0]["state"], "completed");
+    let states: Vec<String> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| format!("{} {}", b["id"], b["state"]))
+        .collect();
+    assert_eq!(states, ["1 \"completed\"", "2 \"staged\""]);
 
     as_reader(&p, &["show", "1"])
         .code(0)
@@ -104,10 +117,35 @@ fn read_commands_work_on_a_manifest_this_user_cannot_write() {
     runs.code(0);
     assert_eq!(
         runs.json().as_array().map(Vec::len),
-        Some(3),
+        Some(4),
         "{}",
         runs.stdout
     );
+
+    let diff = as_reader(&p, &["diff", "2", "--output", "json"]);
+    diff.code(0);
+    assert_eq!(
+        diff.json().as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        diff.stdout
+    );
+    let stale = as_reader(
+        &p,
+        &[
+            "stale",
+            "--dag",
+            "daily_orders",
+            "--from",
+            "2026-09-01",
+            "--to",
+            "2026-09-03",
+            "--output",
+            "json",
+        ],
+    );
+    stale.code(0);
+    assert_eq!(stale.json(), serde_json::json!([]), "{}", stale.stderr);
 
     // The dry run reads the manifest and prepares the SQL tasks against the warehouse, which
     // this user may not write either.
@@ -140,7 +178,8 @@ fn read_commands_work_on_a_manifest_this_user_cannot_write() {
             r#""skip" "already exists""#,
             r#""skip" "already exists""#,
             r#""run" null"#
-        ]
+        ],
+        "a staged day does not count as a run"
     );
 
     // A command that writes says why it cannot, exit 2, and writes nothing.

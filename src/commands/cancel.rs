@@ -41,7 +41,7 @@ pub fn run(g: &Global, id: i64, wait: Duration) -> Result<u8, Error> {
         return Ok(exit::OK);
     }
     let writer = Writer::open(&manifest_path, project.durability)?;
-    let result = cancel(g, &project, &writer, &conn, id, &backfill, wait);
+    let result = cancel(g, &project, &writer, &*conn, id, &backfill, wait);
     writer.close();
     result
 }

@@ -99,17 +99,9 @@ pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
         }
     }
     let mut out = Sink::std(g.json, g.verbose);
-    if g.json {
-        if detail.backfill.cascade.is_some() {
-            detail.cascade_backfills = Some(members);
-        }
-        report::show::write(
-            &mut out,
-            &detail,
-            kept.as_deref(),
-            &Labeler::of(dag.as_ref()),
-        )?;
-        return Ok(exit::OK);
+    // JSON carries the cascade's members inside the one document; people get a table each.
+    if g.json && detail.backfill.cascade.is_some() {
+        detail.cascade_backfills = Some(std::mem::take(&mut members));
     }
     report::show::write(
         &mut out,
@@ -117,6 +109,9 @@ pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
         kept.as_deref(),
         &Labeler::of(dag.as_ref()),
     )?;
+    if g.json {
+        return Ok(exit::OK);
+    }
     for m in &members {
         let member_dag = project
             .as_ref()

@@ -1,7 +1,7 @@
 //! `backfill resume ID`: continue a backfill, then the rest of its cascade, if any.
 
 use crate::exit::{self, Error};
-use crate::manifest::{self, Store};
+use crate::manifest;
 use crate::session::resume::resume_found;
 use crate::session::{Global, find_backfill};
 

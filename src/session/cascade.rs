@@ -11,7 +11,7 @@ use super::launch::{Launch, check_tasks, launch, request_over, run_every};
 use super::{Global, note};
 use crate::cascade::{self, Mode};
 use crate::exit::{self, Error};
-use crate::manifest::{self, NewBackfill, Store};
+use crate::manifest::{self, NewBackfill};
 use crate::project::Project;
 use crate::state::{BackfillKind, BackfillState};
 
@@ -72,7 +72,7 @@ pub fn continue_cascade(
                 return Ok(code);
             }
         }
-        let (intervals, skips) = plan_member(&conn, project, &dags, d, &backfill_of, mode)?;
+        let (intervals, skips) = plan_member(&*conn, project, &dags, d, &backfill_of, mode)?;
         drop(conn);
         if intervals.is_empty() {
             note(

@@ -14,7 +14,7 @@ use crate::exit::{self, Error};
 use crate::interval::{DataInterval, Range};
 use crate::manifest::leases::{Judge, LeaseCtx};
 use crate::manifest::writer::Writer;
-use crate::manifest::{self, NewBackfill, Owner, Store};
+use crate::manifest::{self, NewBackfill, Owner};
 use crate::plan::{self, Action, PlanRow, Planner, Prior, Reprocess, SkipReason};
 use crate::project::{
     self, CommandSpec, ConfigError, Dag, Gate, ProjectError, SourceCount, TaskKind,
@@ -55,7 +55,7 @@ pub fn dry_plan(
     };
     let rows = plan::plan(intervals, &prior, before, options);
     let history = match &conn {
-        Some(conn) => crate::estimate::history(conn, dag).map_err(|e| e.at(manifest_path))?,
+        Some(conn) => crate::estimate::history(&**conn, dag).map_err(|e| e.at(manifest_path))?,
         None => Default::default(),
     };
     let to_run = rows.iter().filter(|r| r.action == Action::Run).count();

@@ -16,7 +16,6 @@ pub mod staged;
 use std::path::PathBuf;
 
 use crate::exit::Error;
-use crate::manifest::Store;
 use crate::project::Project;
 
 pub use launch::{Launch, launch};

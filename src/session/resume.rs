@@ -63,9 +63,9 @@ pub fn resume_found(
                 .as_deref()
                 .and_then(crate::cascade::Mode::parse)
                 .unwrap_or(crate::cascade::Mode::All);
-            let (map, _) = super::chain::backfills_of(&conn, root, &first.dag_id)?;
+            let (map, _) = super::chain::backfills_of(&*conn, root, &first.dag_id)?;
             let dags = super::chain::all_dags(project)?;
-            super::chain::plan_member(&conn, project, &dags, &dag, &map, mode)?
+            super::chain::plan_member(&*conn, project, &dags, &dag, &map, mode)?
         }
         (true, None) => (
             expand_nonempty(&dag.schedule, range, &backfill.from_arg, &backfill.to_arg)?,

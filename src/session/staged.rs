@@ -6,7 +6,7 @@ use std::path::Path;
 
 use crate::exit::Error;
 use crate::manifest::writer::Writer;
-use crate::manifest::{self, Backfill, Store};
+use crate::manifest::{self, Backfill};
 use crate::project::Project;
 use crate::runner::{Mode, StagedTry};
 use crate::state::BackfillKind;

@@ -19,12 +19,7 @@ fn as_reader(p: &Project, args: &[&str]) -> Out {
     if std::fs::metadata(p.path("backfill.toml")).unwrap().uid() == 0 {
         c.uid(65534).gid(65534);
     }
-    let out = c.output().expect("run backfill");
-    Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Out::of(&c.output().expect("run backfill"))
 }
 
 fn chmod(path: &Path, mode: u32) {
@@ -232,12 +227,7 @@ fn raw(args: &[&[u8]]) -> Out {
     let p = Project::new();
     let mut c = p.command(&[]);
     c.args(args.iter().map(|a| OsStr::from_bytes(a)));
-    let out = c.output().expect("run backfill");
-    Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Out::of(&c.output().expect("run backfill"))
 }
 
 #[test]

@@ -11,12 +11,7 @@ fn bin_dir() -> &'static Path {
 }
 
 fn output(c: &mut Command) -> Out {
-    let out = c.stdin(Stdio::null()).output().expect("run");
-    Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Out::of(&c.stdin(Stdio::null()).output().expect("run"))
 }
 
 const DAILY_ORDERS: &str = r#"

@@ -23,6 +23,15 @@ pub struct Out {
 }
 
 impl Out {
+    /// What a finished process returned.
+    pub fn of(out: &std::process::Output) -> Self {
+        Out {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
             panic!(
@@ -121,11 +130,7 @@ impl Project {
 
     pub fn run(&self, args: &[&str]) -> Out {
         let out = self.command(args).output().expect("run backfill");
-        Out {
-            code: out.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+        Out::of(&out)
     }
 
     /// `backfill create --dag DAG --from FROM --to TO EXTRA...`.
@@ -159,11 +164,7 @@ impl Project {
             .envs(env.iter().copied())
             .output()
             .expect("run backfill");
-        Out {
-            code: out.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+        Out::of(&out)
     }
 
     /// Waits for a background run and returns its exit code and output.

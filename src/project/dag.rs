@@ -122,6 +122,9 @@ pub struct Task {
     pub gate: Option<Gate>,
     /// For command tasks: runs only after the gate passed.
     pub publish: Option<CommandSpec>,
+    /// For command tasks: runs after a try whose output will not be published (rejected,
+    /// failed, cancelled) and for a staged output that `backfill discard` drops.
+    pub cleanup: Option<CommandSpec>,
     pub retries: u32,
     pub retry_delay: Duration,
     pub timeout: Option<Duration>,
@@ -142,6 +145,8 @@ pub struct TaskLocations {
     pub command: Option<String>,
     /// `publish`, when the task has one.
     pub publish: Option<String>,
+    /// `cleanup`, when the task has one.
+    pub cleanup: Option<String>,
     /// `gate.source_count`, when the gate has one (a command, or a query of a SQL task).
     pub source_count: Option<String>,
     /// `gate.source_fingerprint`, when the gate has one.
@@ -219,7 +224,7 @@ impl CommandSpec {
 
 impl Task {
     /// The task's commands with the key that holds each and where it is written: `command`,
-    /// `publish` and a command `gate.source_count`.
+    /// `publish`, `cleanup` and a command `gate.source_count`.
     pub(crate) fn commands(&self) -> Vec<(&'static str, &CommandSpec, &str)> {
         let mut out = Vec::new();
         if let (TaskKind::Command(spec), Some(at)) = (&self.kind, &self.locations.command) {
@@ -227,6 +232,9 @@ impl Task {
         }
         if let (Some(spec), Some(at)) = (&self.publish, &self.locations.publish) {
             out.push(("publish", spec, at.as_str()));
+        }
+        if let (Some(spec), Some(at)) = (&self.cleanup, &self.locations.cleanup) {
+            out.push(("cleanup", spec, at.as_str()));
         }
         if let (
             Some(Gate {
@@ -610,6 +618,17 @@ fn load_task(
         }
         Some(p) => Some(command_spec(p, "publish", errs)),
     };
+    let cleanup = match &t.cleanup {
+        None => None,
+        Some(c) if is_sql => {
+            errs.at(
+                c,
+                "key `cleanup`: a SQL task removes its own audit files; remove `cleanup`",
+            );
+            Some(None)
+        }
+        Some(c) => Some(command_spec(c, "cleanup", errs)),
+    };
     // Each is `None` when the key is wrong (and reported).
     let retries = match &t.retries {
         None => Some(defaults.retries),
@@ -635,6 +654,7 @@ fn load_task(
             .filter(|_| !is_sql)
             .map(|c| errs.location(c.span().start)),
         publish: t.publish.as_ref().map(|p| errs.location(p.span().start)),
+        cleanup: t.cleanup.as_ref().map(|c| errs.location(c.span().start)),
         source_count: t
             .gate
             .as_ref()
@@ -663,6 +683,7 @@ fn load_task(
         kind: kind?,
         gate: gate.map_or(Some(None), |g| g.map(Some))?,
         publish: publish.map_or(Some(None), |p| p.map(Some))?,
+        cleanup: cleanup.map_or(Some(None), |c| c.map(Some))?,
         retries: retries?,
         retry_delay: retry_delay?,
         timeout: timeout?,

@@ -211,7 +211,7 @@ fn nothing_left(g: &Global, id: i64, chosen: &[runs::Staged], verb: &str) -> Res
 
 /// `backfill discard ID`: the staged outputs are dropped and recorded as discarded.
 pub fn discard(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
-    let (project, path, conn, _, dag) = staged_backfill(g, id, "discard")?;
+    let (project, path, conn, staged, dag) = staged_backfill(g, id, "discard")?;
     let promoting = conn.promoting(id).map_err(|e| e.at(&path))?;
     if let Some(p) = promoting {
         return Err(Error::Usage(format!(
@@ -269,6 +269,10 @@ pub fn discard(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
             let _ = std::fs::remove_file(file);
         }
     }
+    let dropped: Vec<&runs::Staged> = chosen.iter().filter(|s| gone.contains(&s.try_id)).collect();
+    for problem in clean_up_discarded(&project, &dag, &staged, &dropped)? {
+        warn(g, &problem);
+    }
     settle_staged(&path, &project, id)?;
     if g.json {
         crate::report::out::json(&serde_json::json!({"backfill_id": id, "discarded": discarded}))?;
@@ -282,6 +286,73 @@ pub fn discard(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
         );
     }
     Ok(exit::OK)
+}
+
+/// Runs the `cleanup` command of each discarded command-task output, rendered as for the staged
+/// try (its run id and try number, `BACKFILL_RESULT` its result file), its output appended to
+/// that try's log. Returns a warning for each cleanup that failed.
+fn clean_up_discarded(
+    project: &Project,
+    dag: &Dag,
+    staged: &Backfill,
+    dropped: &[&runs::Staged],
+) -> Result<Vec<String>, Error> {
+    use crate::task::{cleanup, command, template::IntervalValues};
+    let todo: Vec<_> = dropped
+        .iter()
+        .filter_map(|s| {
+            let task = dag.tasks.iter().find(|t| t.id == s.task_id)?;
+            match (&task.kind, &task.cleanup) {
+                (TaskKind::Command(_), Some(spec)) => Some((*s, task, spec)),
+                _ => None,
+            }
+        })
+        .collect();
+    if todo.is_empty() {
+        return Ok(Vec::new());
+    }
+    let conf = staged.conf_json()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("cannot start the async runtime", e))?;
+    let mut problems = Vec::new();
+    for (s, task, spec) in todo {
+        let values = IntervalValues::new(s.interval, dag.tz);
+        let run_id = s.run_id.to_string();
+        let ctx = values.context(&dag.id, &task.id, &run_id, s.try_number, &conf);
+        let (log, result) = command::try_paths(
+            &project.logs_dir,
+            &dag.id,
+            s.interval.start,
+            &task.id,
+            s.run_id,
+            s.try_number,
+        );
+        let result = s.path.as_deref().map_or(result, PathBuf::from);
+        let env = command::environment(&ctx, &staged.conf, &result);
+        let outcome = match command::render(spec, &ctx) {
+            Ok(program) => runtime.block_on(cleanup::run(
+                &program,
+                &env,
+                cleanup::Why::Discarded,
+                &project.root,
+                &log,
+                task.timeout,
+                task.grace_period,
+            )),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = outcome {
+            problems.push(format!(
+                "task `{}`, try {}: the cleanup of the discarded output failed: {e} (log: {})",
+                task.id,
+                s.try_id,
+                log.display()
+            ));
+        }
+    }
+    Ok(problems)
 }
 
 /// `backfill diff ID`: per staged interval and task, what promoting it would change.

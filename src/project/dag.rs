@@ -67,6 +67,9 @@ pub struct Task {
     pub gate: Option<Gate>,
     /// For command tasks: runs only after the gate passed.
     pub publish: Option<CommandSpec>,
+    /// For command tasks: runs after a try whose output will not be published (rejected,
+    /// failed, cancelled) and for a staged output that `backfill discard` drops.
+    pub cleanup: Option<CommandSpec>,
     pub retries: u32,
     pub retry_delay: Duration,
     pub timeout: Option<Duration>,
@@ -87,6 +90,8 @@ pub struct TaskLocations {
     pub command: Option<String>,
     /// `publish`, when the task has one.
     pub publish: Option<String>,
+    /// `cleanup`, when the task has one.
+    pub cleanup: Option<String>,
     /// `gate.source_count`, when the gate has one (a command, or a query of a SQL task).
     pub source_count: Option<String>,
     /// `gate.source_fingerprint`, when the gate has one.
@@ -164,7 +169,7 @@ impl CommandSpec {
 
 impl Task {
     /// The task's commands with the key that holds each and where it is written: `command`,
-    /// `publish` and a command `gate.source_count`.
+    /// `publish`, `cleanup` and a command `gate.source_count`.
     pub(crate) fn commands(&self) -> Vec<(&'static str, &CommandSpec, &str)> {
         let mut out = Vec::new();
         if let (TaskKind::Command(spec), Some(at)) = (&self.kind, &self.locations.command) {
@@ -172,6 +177,9 @@ impl Task {
         }
         if let (Some(spec), Some(at)) = (&self.publish, &self.locations.publish) {
             out.push(("publish", spec, at.as_str()));
+        }
+        if let (Some(spec), Some(at)) = (&self.cleanup, &self.locations.cleanup) {
+            out.push(("cleanup", spec, at.as_str()));
         }
         if let (
             Some(Gate {

@@ -374,6 +374,17 @@ fn load_task(
         }
         Some(p) => Some(command_spec(p, "publish", errs)),
     };
+    let cleanup = match &t.cleanup {
+        None => None,
+        Some(c) if is_sql => {
+            errs.at(
+                c,
+                "key `cleanup`: a SQL task removes its own audit files; remove `cleanup`",
+            );
+            Some(None)
+        }
+        Some(c) => Some(command_spec(c, "cleanup", errs)),
+    };
     // Each is `None` when the key is wrong (and reported).
     let retries = match &t.retries {
         None => Some(defaults.retries),
@@ -399,6 +410,7 @@ fn load_task(
             .filter(|_| !is_sql)
             .map(|c| errs.location(c.span().start)),
         publish: t.publish.as_ref().map(|p| errs.location(p.span().start)),
+        cleanup: t.cleanup.as_ref().map(|c| errs.location(c.span().start)),
         source_count: t
             .gate
             .as_ref()
@@ -427,6 +439,7 @@ fn load_task(
         kind: kind?,
         gate: gate.map_or(Some(None), |g| g.map(Some))?,
         publish: publish.map_or(Some(None), |p| p.map(Some))?,
+        cleanup: cleanup.map_or(Some(None), |c| c.map(Some))?,
         retries: retries?,
         retry_delay: retry_delay?,
         timeout: timeout?,

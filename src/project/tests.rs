@@ -83,6 +83,7 @@ command = ["echo", "{{ data_interval_start }}", "{{ conf.region }}"]
             id: "dags/demo.toml:10:6".into(),
             command: Some("dags/demo.toml:12:11".into()),
             publish: Some("dags/demo.toml:13:11".into()),
+            cleanup: None,
             source_count: None,
             source_fingerprint: None,
             target: None,

@@ -19,6 +19,7 @@ use crate::interval::DataInterval;
 use crate::manifest::TryRecord;
 use crate::project::{CommandSpec, Gate, SourceCount, Task, TaskKind};
 use crate::state::TryState;
+use crate::task::cleanup;
 use crate::task::command::{self, TaskResult};
 use crate::task::template::IntervalValues;
 
@@ -98,10 +99,15 @@ async fn tries(
         let log_text = started.log.display().to_string();
         let run_id_text = started.run_id.to_string();
         let ctx = values.context(&spec.dag.id, &task.id, &run_id_text, try_number, &spec.conf);
+        let mut env = command::environment(&ctx, &shared.conf_text, &started.result);
+        if matches!(spec.mode, super::Mode::Stage) {
+            // The output will wait for `backfill promote`: a task may keep it apart.
+            env.push(("BACKFILL_STAGE".into(), "1".into()));
+        }
         let input = TryInput {
             try_id: started.try_id,
             interval,
-            env: command::environment(&ctx, &shared.conf_text, &started.result),
+            env,
             ctx,
             log_path: started.log,
             result_path: started.result,
@@ -118,6 +124,15 @@ async fn tries(
             }
             (TaskKind::Sql(sql), _) => sql_try(shared, task, sql, &input, stop).await?,
         };
+        let why = match &outcome {
+            Outcome::Succeeded(..) => None,
+            Outcome::Rejected(..) => Some(cleanup::Why::Rejected),
+            Outcome::Failed(..) => Some(cleanup::Why::Failed),
+            Outcome::Cancelled(..) => Some(cleanup::Why::Cancelled),
+        };
+        if let (Some(why), Some(spec)) = (why, &task.cleanup) {
+            clean_up(shared, task, spec, &input, why).await;
+        }
         let (record, end, published) = match outcome {
             Outcome::Succeeded(r, p) => (r, Some(TaskEnd::Succeeded), p),
             Outcome::Rejected(r, reason) => (r, Some(TaskEnd::Rejected(reason)), None),
@@ -295,6 +310,44 @@ async fn gated_command(
         record,
         Some(Published { rows, fingerprint }),
     ))
+}
+
+/// Runs the task's `cleanup` after a try whose output will not be published; a cleanup that
+/// fails is a warning in the try's log and the diagnostics, never a change to the try's end.
+async fn clean_up(
+    shared: &Shared,
+    task: &Task,
+    spec: &CommandSpec,
+    input: &TryInput<'_>,
+    why: cleanup::Why,
+) {
+    let result = match command::render(spec, &input.ctx) {
+        Ok(program) => {
+            cleanup::run(
+                &program,
+                &input.env,
+                why,
+                &shared.spec.project_root,
+                &input.log_path,
+                task.timeout,
+                task.grace_period,
+            )
+            .await
+        }
+        Err(e) => Err(e),
+    };
+    if let Err(e) = result {
+        tracing::warn!(
+            backfill = shared.spec.owner.backfill_id,
+            task = %task.id,
+            try_id = input.try_id,
+            "cleanup command failed: {e}"
+        );
+        if let Ok(mut log) = crate::process::open_log(&input.log_path) {
+            use std::io::Write;
+            let _ = writeln!(log, "backfill: cleanup command failed: {e}");
+        }
+    }
 }
 
 /// Runs a `source_count` or `source_fingerprint` command and reads what it prints, trimmed.

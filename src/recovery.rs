@@ -329,19 +329,21 @@ fn finish_publish(
     let reader = manifest::open_read_only(manifest_path).map_err(|e| e.to_string())?;
     let wh = warehouse::open(&task.warehouse).map_err(|e| e.to_string())?;
     if let Some(key) = p.record.restore_key {
-        // A rollback: its transaction put the version back and dropped it, together.
-        if !reader
-            .may_publish(p.try_id, None)
-            .map_err(|e| e.to_string())?
-        {
-            return Ok(Finished::Dropped("already finished".into()));
-        }
-        return match warehouse::versions::find(&wh, &task.target, key) {
-            Ok(None) => Ok(Finished::Published(p.record.rows.unwrap_or(0))),
-            Ok(Some(_)) => Err(
+        // A rollback: its transaction put the version back and dropped it, together. Judged
+        // under the warehouse's write lock, which an owner frozen before its commit still
+        // holds: "not committed" must stay true once said.
+        let allowed = || {
+            reader
+                .may_publish(p.try_id, None)
+                .map_err(|e| e.to_string())
+        };
+        return match warehouse::publish::rollback_committed(&wh, task, key, &allowed) {
+            Ok(true) => Ok(Finished::Published(p.record.rows.unwrap_or(0))),
+            Ok(false) => Err(
                 "the rollback did not commit: the partition is as it was; roll it back again"
                     .into(),
             ),
+            Err(warehouse::Error::Refused) => Ok(Finished::Dropped("already finished".into())),
             Err(e) => Err(e.to_string()),
         };
     }

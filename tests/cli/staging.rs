@@ -859,3 +859,88 @@ fn a_rollback_that_never_committed_is_not_called_rolled_back_and_resume_does_it(
     );
     assert_ne!(day_03(&p), before);
 }
+
+/// 2026-09-03 of `orders_fact`: its rows and the sum of their amounts.
+fn sum_03(p: &Project) -> Vec<String> {
+    wh_rows(
+        p,
+        "SELECT COUNT(*), SUM(amount_cents) FROM orders_fact WHERE order_day = '2026-09-03'",
+    )
+}
+
+/// The shop with a lease timeout of 1s (a frozen owner is soon gone) and a warehouse busy
+/// timeout of 100ms (a writer waiting for a frozen one says so at once).
+fn quick_shop() -> Project {
+    let p = shop();
+    let toml = p.read("backfill.toml").replace(
+        "init = [\"schema.sql\", \"seed.sql\"]",
+        "init = [\"schema.sql\", \"seed.sql\"]\nbusy_timeout = \"100ms\"",
+    );
+    p.write("backfill.toml", &format!("lease_timeout = \"1s\"\n{toml}"));
+    p
+}
+
+#[test]
+fn a_rollback_frozen_before_its_commit_is_judged_only_once_it_committed() {
+    use crate::support::{signal, stopped, wait_stale, wait_until};
+    use nix::sys::signal::Signal;
+    use std::time::Duration;
+    for taker in ["cancel", "resume"] {
+        let p = quick_shop();
+        create(&p, "2026-09-03", "2026-09-03", &[]).code(0);
+        let v1 = sum_03(&p);
+        republish(&p, 1);
+        // The rollback freezes inside its warehouse transaction: the manifest allowed it, the
+        // kept version is put back, nothing is committed yet.
+        let frozen = p.spawn_with(
+            "frozen",
+            &[
+                "rollback",
+                "--dag",
+                "orders_fact",
+                "--from",
+                "2026-09-03",
+                "--to",
+                "2026-09-03",
+            ],
+            &[("BACKFILL_FAULT", "before-commit:stop")],
+        );
+        wait_until("the rollback to freeze", Duration::from_secs(20), || {
+            stopped(frozen.id())
+        });
+        wait_stale(&p, 3, 1500);
+        // The taker must not judge the rollback while its owner may still commit: it waits
+        // for the warehouse's write lock.
+        let mut recoverer = p.spawn_with(
+            "taker",
+            &[taker, "3"],
+            &[("BACKFILL_LOG", "info")],
+        );
+        wait_until(
+            "the taker to end or to wait for the warehouse",
+            Duration::from_secs(20),
+            || {
+                recoverer.try_wait().unwrap().is_some()
+                    || p.read("taker.err").contains("locked by another writer")
+            },
+        );
+        signal(&frozen, Signal::SIGCONT);
+        p.wait("frozen", frozen);
+        let out = p.wait("taker", recoverer);
+        assert!(matches!(out.code, 0 | 130), "{taker}: {out:?}");
+        assert_eq!(sum_03(&p), v1, "{taker}: the rollback committed");
+        // The manifest says what the warehouse holds: the rollback's try is published.
+        assert_eq!(
+            p.rows(
+                "SELECT t.state, t.verdict FROM published p JOIN task_tries t ON t.id = p.try_id
+                 WHERE p.interval_start = strftime('%s', '2026-09-03')"
+            ),
+            [["succeeded", "rolled back"]],
+            "{taker}"
+        );
+        assert_eq!(
+            p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = 1"),
+            0
+        );
+    }
+}

@@ -376,10 +376,13 @@ fn finish_publish(
             .map_err(|e| e.to_string())
     };
     // The rows being replaced are kept as the version of the current publish's content.
-    let version_of = reader
+    let current = reader
         .current_publication(&p.dag_id, &p.task_id, p.interval.start.timestamp())
-        .map_err(|e| e.to_string())?
-        .and_then(|c| c.content);
+        .map_err(|e| e.to_string())?;
+    let version_of = current.as_ref().and_then(|c| c.content);
+    let same_content = current.as_ref().is_some_and(|c| {
+        c.fingerprint.is_some() && c.fingerprint.as_deref() == p.record.fingerprint.as_deref()
+    });
     let publish = warehouse::publish::Publish {
         task,
         interval: p.interval,
@@ -391,6 +394,7 @@ fn finish_publish(
             by_try: p.try_id,
             version_of,
             keep: task.keep_versions,
+            same_content,
         }),
     };
     let result = warehouse::publish::publish(&wh, &publish, &allowed);

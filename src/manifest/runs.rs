@@ -642,7 +642,7 @@ pub fn staged(conn: &Connection, backfill_id: i64) -> Result<Vec<Staged>> {
 }
 
 /// What a task's partition of an interval holds now, as the manifest says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Current {
     /// The published try.
     pub try_id: i64,
@@ -650,6 +650,8 @@ pub struct Current {
     /// Whose rows they are: the try itself, or, for a rollback, the try whose rows it put back
     /// (`None` when they predate the manifest). A publish keeps them as the version of this.
     pub content: Option<i64>,
+    /// The fingerprint of the published rows, when it is known.
+    pub fingerprint: Option<String>,
 }
 
 /// The currently published try of a task and interval, with its rows and content.
@@ -662,7 +664,8 @@ pub fn current(
     Ok(conn
         .prepare_cached(
             "SELECT p.try_id, p.rows,
-                    CASE WHEN t.verdict = ?4 THEN t.restored_from ELSE p.try_id END
+                    CASE WHEN t.verdict = ?4 THEN t.restored_from ELSE p.try_id END,
+                    p.fingerprint
              FROM published p LEFT JOIN task_tries t ON t.id = p.try_id
              WHERE p.dag_id = ?1 AND p.task_id = ?2 AND p.interval_start = ?3",
         )?
@@ -671,6 +674,7 @@ pub fn current(
                 try_id: r.get(0)?,
                 rows: r.get(1)?,
                 content: r.get(2)?,
+                fingerprint: r.get(3)?,
             })
         })
         .optional()?)

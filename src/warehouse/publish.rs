@@ -118,6 +118,7 @@ fn transaction(
                 p.interval,
                 p.tz,
                 k,
+                p.audit.is_some(),
                 crate::clock::now_ms(),
             )?;
         }

@@ -264,9 +264,13 @@ pub fn finish_try(
     end_try(conn, try_id, rec, now_ms)
 }
 
-/// Records the end of a try that is still running or publishing.
+/// Records the end of a try that is still running or publishing. A try that stages an output
+/// supersedes the outputs that earlier tries of its backfill staged for the same task and
+/// interval (an interval staged again after a crash): one staged output per task and interval
+/// awaits promotion, the newest, and the others are discarded (unless a promote is publishing
+/// one).
 pub fn end_try(conn: &Connection, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()> {
-    conn.prepare_cached(
+    let ended = conn.prepare_cached(
         "UPDATE task_tries SET state = ?2, ended_at = ?3, exit_code = ?4, error = ?5, rows = ?6,
             partitions = ?7, inputs = ?8, fingerprint = ?9, source_rows = ?10, previous_rows = ?11,
             verdict = ?12, reasons = ?13, source_fingerprint = ?14, staged = ?15,
@@ -293,6 +297,22 @@ pub fn end_try(conn: &Connection, try_id: i64, rec: &TryRecord, now_ms: i64) -> 
         rec.promoted_from,
         rec.restored_from
     ])?;
+    if ended == 1 && rec.staged == Some(crate::state::StagedState::Staged) {
+        conn.prepare_cached(
+            "UPDATE task_tries SET staged = 'discarded'
+             WHERE staged = 'staged' AND id != ?1
+               AND task_id = (SELECT task_id FROM task_tries WHERE id = ?1)
+               AND run_id IN (
+                   SELECT o.id FROM runs o
+                   JOIN runs r ON r.id = (SELECT run_id FROM task_tries WHERE id = ?1)
+                   WHERE o.backfill_id = r.backfill_id AND o.dag_id = r.dag_id
+                     AND o.interval_start = r.interval_start)
+               AND NOT EXISTS (
+                   SELECT 1 FROM task_tries p WHERE p.promoted_from = task_tries.id
+                     AND (p.state = 'running' OR p.publishing = 1))",
+        )?
+        .execute([try_id])?;
+    }
     Ok(())
 }
 

@@ -1046,3 +1046,39 @@ fn a_crash_and_resume_of_a_two_task_dag_keeps_the_rollback_point() {
         "the rollback puts back what was published before the backfill"
     );
 }
+
+#[test]
+fn a_killed_and_resumed_staging_leaves_one_output_per_task_to_promote() {
+    let p = two_tasks();
+    p.create("two", "2026-09-03", "2026-09-03", &[]).code(0);
+    bump_03(&p, 1);
+    // Killed while task 2 stages: task 1's output is staged already.
+    killed_two(&p, &["--stage"], "after-audit@2");
+    // Late data, then the resume stages the whole interval again.
+    bump_03(&p, 1);
+    p.run(&["resume", "2"]).code(0);
+    assert_eq!(
+        p.rows(
+            "SELECT t.task_id, COUNT(*) FROM task_tries t JOIN runs r ON r.id = t.run_id
+             WHERE r.backfill_id = 2 AND t.staged = 'staged' GROUP BY t.task_id ORDER BY 1"
+        ),
+        [["aggregate", "1"], ["load", "1"]],
+        "one output per task and interval awaits promotion"
+    );
+    p.run(&["promote", "2"]).code(0);
+    assert!(day_is_exact(&p, "2026-09-03"));
+    p.run(&["promote", "2"])
+        .code(0)
+        .stderr_has("nothing to promote");
+    assert!(
+        day_is_exact(&p, "2026-09-03"),
+        "a second promote never publishes the superseded output"
+    );
+    assert_eq!(
+        std::fs::read_dir(p.path(".backfill/audit"))
+            .unwrap()
+            .count(),
+        0,
+        "no staged file is left"
+    );
+}

@@ -47,6 +47,7 @@ pub(super) async fn promote_task(
         // Promoted or discarded since this promote read the staged outputs.
         Claimed::Gone => return Ok((TaskEnd::Skipped, None)),
         Claimed::TakenOver => return Ok((TaskEnd::Cancelled, None)),
+        Claimed::UpstreamNotReady => return Ok((TaskEnd::UpstreamNotReady, None)),
     };
     let outcome = match &task.kind {
         TaskKind::Sql(sql) => promote_sql(shared, task, sql, interval, &started, staged).await?,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::outcome::{Outcome, TaskEnd, TryInput, apply_verdict, cancelled, failed, rules, staged};
-use super::record::{LastTry, Published, published_rows, start_try};
+use super::record::{Claimed, LastTry, Published, published_rows, start_claiming};
 use super::sql_try::sql_try;
 use super::step::run_step;
 use super::{Event, Shared, Stop};
@@ -86,9 +86,12 @@ async fn tries(
         if *stop.borrow() != Stop::Run {
             return Ok((TaskEnd::Cancelled, None));
         }
-        let Some(started) = start_try(shared, task, interval, *run_id, try_number).await? else {
-            return Ok((TaskEnd::Cancelled, None));
-        };
+        let started =
+            match start_claiming(shared, task, interval, *run_id, try_number, None).await? {
+                Claimed::Started(s) => s,
+                Claimed::UpstreamNotReady => return Ok((TaskEnd::UpstreamNotReady, None)),
+                Claimed::TakenOver | Claimed::Gone => return Ok((TaskEnd::Cancelled, None)),
+            };
         if run_id.is_none() {
             *run_id = Some(started.run_id);
             let _ = shared.events.send(Event::IntervalStarted {

@@ -2,7 +2,7 @@
 //! far, which intervals of a downstream DAG it plans (and which it skips for their upstream),
 //! and the walk of the chain that checks every DAG before the first runs.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::launch::check_tasks;
 use crate::cascade::{self, Mode};
@@ -44,9 +44,18 @@ pub fn plan_member(
     mode: Mode,
 ) -> Result<(Vec<DataInterval>, HashMap<i64, SkipReason>), Error> {
     let mut upstream = Vec::new();
+    let mut known: HashMap<&str, HashSet<i64>> = HashMap::new();
     for (u, _) in &d.upstream {
         if let Some(b) = backfill_of.get(u) {
-            upstream.extend(cascade::upstream_outcomes(conn, u, *b)?);
+            let outcomes = cascade::upstream_outcomes(conn, u, *b)?;
+            known.insert(
+                u.as_str(),
+                outcomes
+                    .iter()
+                    .map(|o| o.interval.start.timestamp())
+                    .collect(),
+            );
+            upstream.extend(outcomes);
         }
     }
     let touched: Vec<DataInterval> = upstream
@@ -55,21 +64,18 @@ pub fn plan_member(
         .map(|u| u.interval)
         .collect();
     let intervals = cascade::overlapping(d, &touched).map_err(Error::Usage)?;
-    // Upstream DAGs the cascade does not run count too: an interval another backfill runs, or
-    // whose latest run failed, is not there to read.
-    let outside: Vec<&String> = d
-        .upstream
-        .iter()
-        .map(|(u, _)| u)
-        .filter(|u| !backfill_of.contains_key(*u))
-        .collect();
-    if !outside.is_empty() && !intervals.is_empty() {
+    // Every upstream interval a downstream one overlaps counts, not only those the cascade
+    // planned: one another backfill runs, or whose latest run failed, is not there to read,
+    // whether its DAG is in the cascade or not.
+    if !intervals.is_empty() {
         let ctx =
             crate::manifest::leases::LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL);
-        for u in outside {
+        let none = HashSet::new();
+        for (u, _) in &d.upstream {
             if let Some(up) = dags.iter().find(|x| &x.id == u) {
+                let known = known.get(u.as_str()).unwrap_or(&none);
                 upstream.extend(
-                    cascade::outside_outcomes(conn, up, &intervals, &ctx)
+                    cascade::outside_outcomes(conn, up, &intervals, &ctx, known)
                         .map_err(|e| Error::Internal(format!("cascade over `{u}`: {e}")))?,
                 );
             }
@@ -83,6 +89,21 @@ pub fn plan_member(
     })
     .map_err(Error::Manifest)?;
     Ok((intervals, skips))
+}
+
+/// The DAGs whose intervals the intervals of `dag` read, when it is a downstream DAG of a
+/// cascade: each of its intervals starts only while they can be read (see
+/// [`crate::runner::RunSpec::upstream`]). Empty for any other backfill.
+pub fn upstream_dags(project: &Project, dag: &Dag, in_cascade: bool) -> Vec<Dag> {
+    if !in_cascade || dag.upstream.is_empty() {
+        return Vec::new();
+    }
+    project
+        .load_all()
+        .0
+        .into_iter()
+        .filter(|d| dag.upstream.iter().any(|(u, _)| u == &d.id))
+        .collect()
 }
 
 /// The backfill of each DAG of the cascade of `root` so far, by DAG.

@@ -146,6 +146,7 @@ pub fn launch(
     let allow_drift = request.allow_drift;
     let max_failures = request.max_failures;
     let tasks = request.tasks.clone();
+    let upstream_dags = super::chain::upstream_dags(project, &dag, request.cascade_of.is_some());
     let writer = Writer::open(&manifest_path, project.durability)?;
     let dags = Dags::of(project);
     let result = (|| {
@@ -171,6 +172,7 @@ pub fn launch(
             &ctx,
         )?;
         drop(beat);
+        crate::fault::point("after-plan");
         Ok::<_, Error>((owner, planned))
     })();
     let (owner, planned) = match result {
@@ -205,6 +207,7 @@ pub fn launch(
             max_failures,
             tasks,
             mode,
+            upstream: upstream_dags,
         },
         writer,
     )?;

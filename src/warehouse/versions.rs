@@ -98,6 +98,10 @@ fn ranges(repr: Option<Repr>) -> Vec<Repr> {
 /// Inside the publish transaction, before the partition is replaced: keeps its rows as the
 /// version replaced by `k.by_try`, then drops the versions of the interval beyond the newest
 /// `k.keep`. Returns the rows kept.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the publish transaction's parts, as `save` takes them, and whether it has an audit table"
+)]
 pub fn keep(
     conn: &Connection,
     task: &SqlTask,

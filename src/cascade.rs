@@ -187,42 +187,66 @@ pub fn upstream_outcomes(
     Ok(out)
 }
 
-/// The intervals of an upstream DAG outside the cascade that overlap `intervals`, with whether
-/// each can be read: not while another backfill runs it, nor when its latest run did not
-/// succeed (one that never ran has nothing to wait for).
+/// The intervals of upstream DAG `upstream` that overlap `intervals`, other than those whose
+/// outcome the cascade knows already (`known`, by start), with whether each can be read: not
+/// while another backfill runs it, nor when its latest run did not succeed (one that never ran
+/// has nothing to wait for).
 pub fn outside_outcomes(
     conn: &dyn Store,
     upstream: &Dag,
     intervals: &[DataInterval],
     ctx: &crate::manifest::leases::LeaseCtx,
+    known: &HashSet<i64>,
 ) -> Result<Vec<Upstream>, String> {
-    let ups = overlapping(upstream, intervals)?;
+    let ups: Vec<DataInterval> = overlapping(upstream, intervals)?
+        .into_iter()
+        .filter(|u| !known.contains(&u.start.timestamp()))
+        .collect();
+    let ok = readable(
+        conn,
+        &upstream.id,
+        &ups,
+        ctx,
+        crate::manifest::leases::Judge::Predict,
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(ups
+        .into_iter()
+        .zip(ok)
+        .map(|(u, succeeded)| Upstream {
+            dag: upstream.id.clone(),
+            interval: u,
+            succeeded,
+            touched: false,
+        })
+        .collect())
+}
+
+/// For each of `ups` (intervals of DAG `dag_id`, ascending): whether its output can be read
+/// now: no other backfill holds its lease (as `judge` says), and its latest computing run
+/// succeeded (or it never ran).
+pub fn readable(
+    conn: &dyn Store,
+    dag_id: &str,
+    ups: &[DataInterval],
+    ctx: &crate::manifest::leases::LeaseCtx,
+    judge: crate::manifest::leases::Judge,
+) -> crate::manifest::Result<Vec<bool>> {
     let (Some(first), Some(last)) = (ups.first(), ups.last()) else {
         return Ok(Vec::new());
     };
-    let sql = |e: crate::manifest::Error| e.to_string();
-    let in_flight = conn
-        .held_leases(
-            &upstream.id,
-            first.start.timestamp(),
-            last.start.timestamp(),
-            ctx,
-            crate::manifest::leases::Judge::Predict,
-        )
-        .map_err(|e| e.to_string())?;
+    let in_flight = conn.held_leases(
+        dag_id,
+        first.start.timestamp(),
+        last.start.timestamp(),
+        ctx,
+        judge,
+    )?;
     let mut out = Vec::with_capacity(ups.len());
     for u in ups {
         let start = u.start.timestamp();
-        let latest = conn
-            .latest_computing_state(&upstream.id, start)
-            .map_err(sql)?;
-        out.push(Upstream {
-            dag: upstream.id.clone(),
-            interval: u,
-            succeeded: !in_flight.contains(&start)
-                && latest.is_none_or(|s| s == RunState::Succeeded),
-            touched: false,
-        });
+        let latest = conn.latest_computing_state(dag_id, start)?;
+        out.push(!in_flight.contains(&start) && latest.is_none_or(|s| s == RunState::Succeeded));
     }
     Ok(out)
 }

@@ -329,19 +329,21 @@ fn finish_publish(
     let reader = manifest::open_read_only(manifest_path).map_err(|e| e.to_string())?;
     let wh = warehouse::open(&task.warehouse).map_err(|e| e.to_string())?;
     if let Some(key) = p.record.restore_key {
-        // A rollback: its transaction put the version back and dropped it, together.
-        if !reader
-            .may_publish(p.try_id, None)
-            .map_err(|e| e.to_string())?
-        {
-            return Ok(Finished::Dropped("already finished".into()));
-        }
-        return match warehouse::versions::find(&wh, &task.target, key) {
-            Ok(None) => Ok(Finished::Published(p.record.rows.unwrap_or(0))),
-            Ok(Some(_)) => Err(
+        // A rollback: its transaction put the version back and dropped it, together. Judged
+        // under the warehouse's write lock, which an owner frozen before its commit still
+        // holds: "not committed" must stay true once said.
+        let allowed = || {
+            reader
+                .may_publish(p.try_id, None)
+                .map_err(|e| e.to_string())
+        };
+        return match warehouse::publish::rollback_committed(&wh, task, key, &allowed) {
+            Ok(true) => Ok(Finished::Published(p.record.rows.unwrap_or(0))),
+            Ok(false) => Err(
                 "the rollback did not commit: the partition is as it was; roll it back again"
                     .into(),
             ),
+            Err(warehouse::Error::Refused) => Ok(Finished::Dropped("already finished".into())),
             Err(e) => Err(e.to_string()),
         };
     }
@@ -374,10 +376,13 @@ fn finish_publish(
             .map_err(|e| e.to_string())
     };
     // The rows being replaced are kept as the version of the current publish's content.
-    let version_of = reader
+    let current = reader
         .current_publication(&p.dag_id, &p.task_id, p.interval.start.timestamp())
-        .map_err(|e| e.to_string())?
-        .and_then(|c| c.content);
+        .map_err(|e| e.to_string())?;
+    let version_of = current.as_ref().and_then(|c| c.content);
+    let same_content = current.as_ref().is_some_and(|c| {
+        c.fingerprint.is_some() && c.fingerprint.as_deref() == p.record.fingerprint.as_deref()
+    });
     let publish = warehouse::publish::Publish {
         task,
         interval: p.interval,
@@ -389,6 +394,7 @@ fn finish_publish(
             by_try: p.try_id,
             version_of,
             keep: task.keep_versions,
+            same_content,
         }),
     };
     let result = warehouse::publish::publish(&wh, &publish, &allowed);

@@ -9,6 +9,11 @@
 //! - nothing is left behind: no audit file or table, temporary file, lease or process;
 //! - the manifest and the warehouse pass `PRAGMA integrity_check`.
 //!
+//! A second test attacks staging, promote and rollback of the SQL DAG, and cascades from the
+//! command DAG to one downstream of it, the same way: one staged output per task and interval
+//! awaits promotion and each is published once, every partition holds what the manifest says
+//! it holds, and no downstream day runs before its upstream day succeeded.
+//!
 //! `cargo test` runs a few iterations; `examples/chaos/run.sh ITERATIONS SEED` runs many
 //! (`CHAOS_ITERATIONS`, `CHAOS_SEED`).
 
@@ -65,6 +70,29 @@ printf '%s\n' "{{ ds }}" > "out/{{ ds }}.tmp" && mv "out/{{ ds }}.tmp" "out/{{ d
 '''
 "#;
 
+/// Downstream of `cmd` (for cascades): each day copies what `cmd` wrote for it, and records
+/// a violation when that output is missing (the day ran before its upstream day succeeded) or
+/// when another copy of the same day runs at once.
+const ROLLUP_DAG: &str = r#"
+schedule = "@daily"
+upstream = ["cmd"]
+max_active_runs = 3
+retries = 1
+retry_delay = "10ms"
+grace_period = "500ms"
+[[tasks]]
+id = "roll"
+command = '''
+mkdir -p locks rolled
+exec 9> "locks/roll-{{ ds }}"
+if ! flock -n 9; then echo "roll {{ ds }} $BACKFILL_RUN_ID" >> overlaps.txt; exit 1; fi
+echo $$ >> pids.txt
+if [ ! -e "out/{{ ds }}" ]; then echo "roll {{ ds }} before its upstream" >> overlaps.txt; exit 1; fi
+sleep 0.1
+cp "out/{{ ds }}" "rolled/{{ ds }}.tmp" && mv "rolled/{{ ds }}.tmp" "rolled/{{ ds }}"
+'''
+"#;
+
 const SQL_DAG: &str = r#"
 schedule = "@daily"
 max_active_runs = 3
@@ -107,7 +135,10 @@ const TO: &str = "2026-01-12";
 const DAYS: usize = 12;
 
 fn project() -> Project {
-    let p = Project::new().dag("cmd", CMD_DAG).dag("sql", SQL_DAG);
+    let p = Project::new()
+        .dag("cmd", CMD_DAG)
+        .dag("sql", SQL_DAG)
+        .dag("rollup", ROLLUP_DAG);
     p.write(
         "backfill.toml",
         "lease_timeout = \"1s\"\n[warehouse.w]\npath = \"w.db\"\ninit = [\"init.sql\"]\n",
@@ -129,6 +160,8 @@ const FAULTS: &[&str] = &[
     "publish@1:fail",
     "slow-commit:15ms",
     "record-end@2:fail",
+    "before-commit@2",
+    "before-commit@1:stop",
 ];
 
 struct Chaos {
@@ -221,6 +254,90 @@ impl Chaos {
         }
     }
 
+    /// The id of the newest backfill that `condition` (SQL on `backfills`) selects.
+    fn newest_where(&self, condition: &str) -> Option<i64> {
+        if !self.p.has_manifest() {
+            return None;
+        }
+        let id = self.p.count(&format!(
+            "SELECT COALESCE(MAX(id), 0) FROM backfills WHERE {condition}"
+        ));
+        (id > 0).then_some(id)
+    }
+
+    /// One round of disruption of the process `i`, whose backfill is the newest that `which`
+    /// selects: kill -9 then resume it, or freeze it (while a taker resumes or cancels it) then
+    /// thaw it, or start `concurrent` beside it.
+    fn disrupt_any(&mut self, i: usize, which: &str, concurrent: &[&str]) {
+        let action = self.rng.below(3);
+        self.sleep(700);
+        if !self.running(i) {
+            return;
+        }
+        match action {
+            0 => {
+                self.log.push(format!("kill -9 {}", self.procs[i].0));
+                signal(&self.procs[i].1, Signal::SIGKILL);
+                let _ = self.procs[i].1.wait();
+                if let Some(id) = self.newest_where(which) {
+                    self.start(&["resume", &id.to_string()]);
+                }
+            }
+            1 => {
+                self.log.push(format!("freeze {}", self.procs[i].0));
+                signal(&self.procs[i].1, Signal::SIGSTOP);
+                self.sleep(1800);
+                if let Some(id) = self.newest_where(which) {
+                    let taker = *self.rng.pick(&["resume", "cancel", "wait"]);
+                    if taker != "wait" {
+                        self.start(&[taker, &id.to_string()]);
+                        self.sleep(1200);
+                    }
+                }
+                self.log.push(format!("thaw {}", self.procs[i].0));
+                signal(&self.procs[i].1, Signal::SIGCONT);
+            }
+            _ => {
+                self.start(concurrent);
+            }
+        }
+    }
+
+    /// Starts `args`, disrupts it (and whatever it or its takers started) for a few rounds,
+    /// then lets everything finish.
+    fn attack(&mut self, args: &[&str], which: &str, concurrent: &[&str]) {
+        let first = self.start(args);
+        for _ in 0..1 + self.rng.below(3) {
+            let target = (0..self.procs.len())
+                .rev()
+                .find(|&i| self.running(i))
+                .unwrap_or(first);
+            self.disrupt_any(target, which, concurrent);
+        }
+        self.settle();
+    }
+
+    /// Resumes every backfill that `condition` selects and that has not ended, without faults.
+    fn resume_unfinished(&mut self, condition: &str) {
+        for _ in 0..4 {
+            if !self.p.has_manifest() {
+                return;
+            }
+            let open = self.p.rows(&format!(
+                "SELECT id FROM backfills WHERE ({condition}) AND state IN ('running', 'cancelled') ORDER BY id"
+            ));
+            if open.is_empty() {
+                return;
+            }
+            for row in open {
+                let out = self.run(&["resume", &row[0]]);
+                self.log
+                    .push(format!("resume {}: exit {}", row[0], out.code));
+                assert_ne!(out.code, 1, "resume hit an internal error:\n{}", out.stderr);
+            }
+        }
+    }
+
     /// Lets every process finish: thaws them all and waits. A process that does not end in
     /// time fails the iteration.
     fn settle(&mut self) {
@@ -248,6 +365,13 @@ impl Chaos {
                         break;
                     }
                     Ok(None) if Instant::now() < deadline => {
+                        // A process may freeze itself at a fault point after it was thawed
+                        // (and another may wait for it).
+                        for (_, child) in &self.procs {
+                            if support::stopped(child.id()) {
+                                signal(child, Signal::SIGCONT);
+                            }
+                        }
                         std::thread::sleep(Duration::from_millis(20));
                     }
                     _ => panic!("{} did not end:\n{}", self.procs[k].0, self.log.join("\n")),
@@ -444,6 +568,219 @@ fn check(c: &Chaos, dag: &str) {
     }
 }
 
+/// Nothing left behind: no lease, unfinished try, running backfill, audit file or process, and
+/// an intact manifest.
+fn check_clean(c: &Chaos) {
+    let p = &c.p;
+    let why = || c.log.join("\n");
+    assert_eq!(p.read("overlaps.txt"), "", "{}", why());
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM leases"),
+        0,
+        "leases left\n{}",
+        why()
+    );
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM task_tries WHERE state = 'running' OR publishing = 1"),
+        0,
+        "unfinished tries\n{}",
+        why()
+    );
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM backfills WHERE state = 'running'"),
+        0,
+        "{}",
+        why()
+    );
+    let audit: Vec<String> = std::fs::read_dir(p.path(".backfill/audit"))
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(audit.is_empty(), "audit files left: {audit:?}\n{}", why());
+    let left = processes_in(&p.path(""));
+    assert!(left.is_empty(), "processes left: {left:?}\n{}", why());
+    assert_eq!(p.rows("PRAGMA integrity_check"), [["ok"]], "{}", why());
+}
+
+/// The SQL DAG's partitions, as published and as computed from `raw` with `amount + delta`.
+fn totals(c: &Chaos, delta: i64) -> (Vec<String>, Vec<String>) {
+    let wh = rusqlite::Connection::open(c.p.path("w.db")).unwrap();
+    let rows = |sql: &str| -> Vec<String> {
+        let mut stmt = wh.prepare(sql).unwrap();
+        stmt.query_map([], |r| {
+            Ok(format!(
+                "{}|{}|{}|{}",
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, i64>(3)?
+            ))
+        })
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+    };
+    (
+        rows("SELECT day, region, n, total FROM daily_totals ORDER BY 1, 2"),
+        rows(&format!(
+            "SELECT date(ts), region, COUNT(*), SUM(amount + {delta}) FROM raw
+             WHERE ts >= '2026-01-01' AND ts < '2026-01-13' GROUP BY 1, 2 ORDER BY 1, 2"
+        )),
+    )
+}
+
+/// Stage a rerun of the SQL DAG over a changed source, promote it, roll it back, each under
+/// kills and freezes; after each step the warehouse must be what the manifest says.
+fn stage_promote_rollback(c: &mut Chaos) {
+    let range = ["--dag", "sql", "--from", FROM, "--to", TO];
+    let mut create = vec!["create"];
+    create.extend(range);
+    c.run(&create).code(0);
+    rusqlite::Connection::open(c.p.path("w.db"))
+        .unwrap()
+        .execute_batch("UPDATE raw SET amount = amount + 1")
+        .unwrap();
+    let mut stage = create.clone();
+    stage.extend(["--stage", "--reprocess-behavior", "completed"]);
+    c.attack(&stage, "kind = 'stage'", &["list"]);
+    c.resume_unfinished("kind = 'stage'");
+    if c.newest_where("kind = 'stage'").is_none() {
+        // Killed before its backfill was written: nothing to resume, stage again.
+        c.run(&stage).code(0);
+    }
+    let staged = c
+        .newest_where("kind = 'stage'")
+        .expect("a staging backfill");
+    let id = staged.to_string();
+    // Every interval staged once more if the attack left some unstaged.
+    let staged_days = c.p.count(&format!(
+        "SELECT COUNT(DISTINCT r.interval_start) FROM runs r JOIN task_tries t ON t.run_id = r.id
+         WHERE r.backfill_id = {staged} AND t.staged = 'staged'"
+    ));
+    assert_eq!(staged_days, DAYS as i64, "{}", c.log.join("\n"));
+    assert_eq!(
+        c.p.count(&format!(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM runs r JOIN task_tries t ON t.run_id = r.id
+             WHERE r.backfill_id = {staged} AND t.staged = 'staged'
+             GROUP BY r.interval_start, t.task_id HAVING COUNT(*) > 1)"
+        )),
+        0,
+        "one staged output per task and interval\n{}",
+        c.log.join("\n")
+    );
+    c.attack(&["promote", &id], "kind = 'promote'", &["promote", &id]);
+    c.resume_unfinished("kind = 'promote'");
+    let out = c.run(&["promote", &id]);
+    assert_eq!(out.code, 0, "{}\n{}", out.stderr, c.log.join("\n"));
+    let (published, direct) = totals(c, 0);
+    assert_eq!(published, direct, "promoted\n{}", c.log.join("\n"));
+    assert_eq!(
+        c.p.count(&format!(
+            "SELECT COUNT(*) FROM task_tries WHERE promoted_from IS NOT NULL AND state = 'succeeded'
+               AND promoted_from IN (SELECT t.id FROM task_tries t JOIN runs r ON r.id = t.run_id
+                                     WHERE r.backfill_id = {staged})"
+        )),
+        DAYS as i64,
+        "each staged output published once\n{}",
+        c.log.join("\n")
+    );
+    check_clean(c);
+    let mut rollback = vec!["rollback"];
+    rollback.extend(range);
+    c.attack(&rollback, "kind = 'rollback'", &["list"]);
+    c.resume_unfinished("kind = 'rollback'");
+    // Each day is what the manifest says it is: rolled back to the first publish, or still
+    // the promoted rows.
+    let wh = rusqlite::Connection::open(c.p.path("w.db")).unwrap();
+    for day in 1..=DAYS {
+        let start = format!("2026-01-{day:02}");
+        let verdict = c.p.rows(&format!(
+            "SELECT t.verdict FROM published p JOIN task_tries t ON t.id = p.try_id
+             WHERE p.dag_id = 'sql' AND p.interval_start = strftime('%s', '{start}')"
+        ));
+        let delta = if verdict == [["rolled back"]] { -1 } else { 0 };
+        let (now, want): (i64, i64) = wh
+            .query_row(
+                &format!(
+                    "SELECT (SELECT COALESCE(SUM(total), 0) FROM daily_totals WHERE day = '{start}'),
+                            (SELECT COALESCE(SUM(amount + {delta}), 0) FROM raw WHERE date(ts) = '{start}')"
+                ),
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(
+            now,
+            want,
+            "{start}: the warehouse is not what the manifest says ({verdict:?})\n{}",
+            c.log.join("\n")
+        );
+    }
+    check_clean(c);
+}
+
+/// A cascade from `cmd` to `rollup` under kills, freezes and concurrent reruns of `cmd`: no
+/// day of `rollup` runs before its upstream day succeeded, and each ends with `cmd`'s output.
+fn cascade(c: &mut Chaos) {
+    let mut args = vec!["create", "--dag", "cmd", "--from", FROM, "--to", TO];
+    args.extend(["--cascade", "all"]);
+    let rerun = [
+        "create",
+        "--dag",
+        "cmd",
+        "--from",
+        FROM,
+        "--to",
+        TO,
+        "--reprocess-behavior",
+        "completed",
+    ];
+    c.attack(&args, "dag_id IN ('cmd', 'rollup')", &rerun);
+    c.resume_unfinished("dag_id IN ('cmd', 'rollup')");
+    converge(c, "cmd");
+    converge(c, "rollup");
+    let mut rolled: Vec<String> = std::fs::read_dir(c.p.path("rolled"))
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    rolled.sort();
+    let expected: Vec<String> = (1..=DAYS).map(|d| format!("2026-01-{d:02}")).collect();
+    assert_eq!(rolled, expected, "{}", c.log.join("\n"));
+    for day in &expected {
+        assert_eq!(
+            c.p.read(&format!("rolled/{day}")),
+            c.p.read(&format!("out/{day}")),
+            "{}",
+            c.log.join("\n")
+        );
+    }
+    check_clean(c);
+}
+
+fn review_iteration(seed: u64, n: u64) {
+    let mut c = Chaos {
+        p: project(),
+        rng: Rng(seed.wrapping_mul(2862933555777941757).wrapping_add(n) | 1),
+        procs: Vec::new(),
+        faults: Vec::new(),
+        log: Vec::new(),
+        seq: 0,
+    };
+    if c.rng.below(2) == 0 {
+        c.log.push(format!(
+            "seed {seed} iteration {n}: stage, promote, rollback"
+        ));
+        stage_promote_rollback(&mut c);
+    } else {
+        c.log.push(format!("seed {seed} iteration {n}: cascade"));
+        cascade(&mut c);
+    }
+}
+
 fn iteration(seed: u64, n: u64) {
     let mut c = Chaos {
         p: project(),
@@ -468,6 +805,33 @@ fn iteration(seed: u64, n: u64) {
     c.settle();
     converge(&mut c, dag);
     check(&c, dag);
+}
+
+#[test]
+fn staging_promotes_rollbacks_and_cascades_survive_kills_and_freezes() {
+    let iterations: u64 = std::env::var("CHAOS_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let seed: u64 = std::env::var("CHAOS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20261130);
+    let began = Instant::now();
+    for n in 0..iterations {
+        review_iteration(seed, n);
+        if iterations > 10 && (n + 1) % 10 == 0 {
+            eprintln!(
+                "chaos (review, cascade): {} of {iterations} iterations passed ({:.0}s)",
+                n + 1,
+                began.elapsed().as_secs_f64()
+            );
+        }
+    }
+    eprintln!(
+        "chaos (review, cascade): {iterations} iterations with seed {seed} passed in {:.0}s",
+        began.elapsed().as_secs_f64()
+    );
 }
 
 #[test]

@@ -264,9 +264,13 @@ pub fn finish_try(
     end_try(conn, try_id, rec, now_ms)
 }
 
-/// Records the end of a try that is still running or publishing.
+/// Records the end of a try that is still running or publishing. A try that stages an output
+/// supersedes the outputs that earlier tries of its backfill staged for the same task and
+/// interval (an interval staged again after a crash): one staged output per task and interval
+/// awaits promotion, the newest, and the others are discarded (unless a promote is publishing
+/// one).
 pub fn end_try(conn: &Connection, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()> {
-    conn.prepare_cached(
+    let ended = conn.prepare_cached(
         "UPDATE task_tries SET state = ?2, ended_at = ?3, exit_code = ?4, error = ?5, rows = ?6,
             partitions = ?7, inputs = ?8, fingerprint = ?9, source_rows = ?10, previous_rows = ?11,
             verdict = ?12, reasons = ?13, source_fingerprint = ?14, staged = ?15,
@@ -293,6 +297,22 @@ pub fn end_try(conn: &Connection, try_id: i64, rec: &TryRecord, now_ms: i64) -> 
         rec.promoted_from,
         rec.restored_from
     ])?;
+    if ended == 1 && rec.staged == Some(crate::state::StagedState::Staged) {
+        conn.prepare_cached(
+            "UPDATE task_tries SET staged = 'discarded'
+             WHERE staged = 'staged' AND id != ?1
+               AND task_id = (SELECT task_id FROM task_tries WHERE id = ?1)
+               AND run_id IN (
+                   SELECT o.id FROM runs o
+                   JOIN runs r ON r.id = (SELECT run_id FROM task_tries WHERE id = ?1)
+                   WHERE o.backfill_id = r.backfill_id AND o.dag_id = r.dag_id
+                     AND o.interval_start = r.interval_start)
+               AND NOT EXISTS (
+                   SELECT 1 FROM task_tries p WHERE p.promoted_from = task_tries.id
+                     AND (p.state = 'running' OR p.publishing = 1))",
+        )?
+        .execute([try_id])?;
+    }
     Ok(())
 }
 
@@ -642,7 +662,7 @@ pub fn staged(conn: &Connection, backfill_id: i64) -> Result<Vec<Staged>> {
 }
 
 /// What a task's partition of an interval holds now, as the manifest says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Current {
     /// The published try.
     pub try_id: i64,
@@ -650,6 +670,8 @@ pub struct Current {
     /// Whose rows they are: the try itself, or, for a rollback, the try whose rows it put back
     /// (`None` when they predate the manifest). A publish keeps them as the version of this.
     pub content: Option<i64>,
+    /// The fingerprint of the published rows, when it is known.
+    pub fingerprint: Option<String>,
 }
 
 /// The currently published try of a task and interval, with its rows and content.
@@ -662,7 +684,8 @@ pub fn current(
     Ok(conn
         .prepare_cached(
             "SELECT p.try_id, p.rows,
-                    CASE WHEN t.verdict = ?4 THEN t.restored_from ELSE p.try_id END
+                    CASE WHEN t.verdict = ?4 THEN t.restored_from ELSE p.try_id END,
+                    p.fingerprint
              FROM published p LEFT JOIN task_tries t ON t.id = p.try_id
              WHERE p.dag_id = ?1 AND p.task_id = ?2 AND p.interval_start = ?3",
         )?
@@ -671,6 +694,7 @@ pub fn current(
                 try_id: r.get(0)?,
                 rows: r.get(1)?,
                 content: r.get(2)?,
+                fingerprint: r.get(3)?,
             })
         })
         .optional()?)

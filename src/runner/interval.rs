@@ -28,6 +28,14 @@ pub(super) async fn run(
     let tasks = &shared.spec.dag.tasks;
     for (i, task) in tasks.iter().enumerate() {
         let (end, last_try) = run_task(&shared, task, interval, &mut run_id, &mut stop).await?;
+        if matches!(end, TaskEnd::UpstreamNotReady) {
+            // Recorded as skipped in the commit that would have started the run.
+            let reason = crate::plan::SkipReason::UpstreamNotSuccessful;
+            let _ = shared
+                .events
+                .send(Event::IntervalSkipped { interval, reason });
+            return Ok((interval, RunState::Cancelled));
+        }
         let skipped = matches!(end, TaskEnd::Skipped);
         let ends_run = match end {
             TaskEnd::Succeeded | TaskEnd::Skipped => i + 1 == tasks.len(),
@@ -41,7 +49,7 @@ pub(super) async fn run(
                 error = Some(format!("task `{}` rejected: {reason}", task.id));
                 true
             }
-            TaskEnd::Cancelled => {
+            TaskEnd::Cancelled | TaskEnd::UpstreamNotReady => {
                 state = RunState::Cancelled;
                 error = Some(format!("cancelled during task `{}`", task.id));
                 true

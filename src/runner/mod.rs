@@ -88,6 +88,11 @@ pub struct RunSpec {
     /// `[pools]` sizes, and the lease timeout that judges whether a slot's owner is gone.
     pub pools: std::collections::BTreeMap<String, u32>,
     pub lease_timeout: std::time::Duration,
+    /// The DAGs whose output an interval reads, for a cascade's downstream backfill (empty
+    /// otherwise): an interval starts only if, in the commit that starts its run, no other
+    /// backfill runs an upstream interval it overlaps and none's latest run failed; else it is
+    /// skipped as `upstream not successful`.
+    pub upstream: Vec<Dag>,
 }
 
 /// Shared by the interval tasks of one backfill.

@@ -24,6 +24,8 @@ pub(super) enum TaskEnd {
     Failed(String),
     Rejected(String),
     Cancelled,
+    /// The interval was skipped as `upstream not successful` when it was about to start.
+    UpstreamNotReady,
 }
 
 /// How one try ended.

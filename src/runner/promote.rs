@@ -47,6 +47,7 @@ pub(super) async fn promote_task(
         // Promoted or discarded since this promote read the staged outputs.
         Claimed::Gone => return Ok((TaskEnd::Skipped, None)),
         Claimed::TakenOver => return Ok((TaskEnd::Cancelled, None)),
+        Claimed::UpstreamNotReady => return Ok((TaskEnd::UpstreamNotReady, None)),
     };
     let outcome = match &task.kind {
         TaskKind::Sql(sql) => promote_sql(shared, task, sql, interval, &started, staged).await?,
@@ -120,25 +121,26 @@ async fn promote_sql(
         return Ok(failed(error, None));
     };
     let current = published_try(shared, task, interval).await?;
-    let (record, verdict) = match judge_again(shared, task, staged, current.map(|c| c.rows)) {
-        Ok(v) => v,
-        Err(outcome) => {
-            // Still staged: a later `promote` (with --allow-drift, say) can publish it.
-            file.keep();
-            if let Outcome::Rejected(_, why)
-            | Outcome::Failed(TryRecord {
-                error: Some(why), ..
-            }) = outcome.as_ref()
-            {
-                log.line(why);
+    let (record, verdict) =
+        match judge_again(shared, task, staged, current.as_ref().map(|c| c.rows)) {
+            Ok(v) => v,
+            Err(outcome) => {
+                // Still staged: a later `promote` (with --allow-drift, say) can publish it.
+                file.keep();
+                if let Outcome::Rejected(_, why)
+                | Outcome::Failed(TryRecord {
+                    error: Some(why), ..
+                }) = outcome.as_ref()
+                {
+                    log.line(why);
+                }
+                return Ok(*outcome);
             }
-            return Ok(*outcome);
-        }
-    };
+        };
     log.line(&format!(
         "rows {} (published {}): {verdict}",
         record.rows.unwrap_or(0),
-        current.map_or("-".into(), |c| c.rows.to_string()),
+        current.as_ref().map_or("-".into(), |c| c.rows.to_string()),
     ));
     let repr = shared
         .reprs

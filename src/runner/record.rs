@@ -6,8 +6,9 @@ use super::Shared;
 use crate::clock::now_ms;
 use crate::exit::Error;
 use crate::interval::DataInterval;
+use crate::manifest::leases::{Judge, LeaseCtx};
 use crate::manifest::{Publication, TryRecord, runs};
-use crate::plan::RunState;
+use crate::plan::{RunState, SkipReason};
 use crate::project::{Task, TaskKind};
 use crate::task::command;
 use crate::warehouse;
@@ -82,32 +83,22 @@ pub(super) struct Started {
     pub audit: Option<PathBuf>,
 }
 
-/// Records a try as started, and the run too for the interval's first try: one commit. `None`
-/// when the interval's lease or run was taken over meanwhile.
-pub(super) async fn start_try(
-    shared: &Shared,
-    task: &Task,
-    interval: DataInterval,
-    run_id: Option<i64>,
-    try_number: u32,
-) -> Result<Option<Started>, Error> {
-    match start_claiming(shared, task, interval, run_id, try_number, None).await? {
-        Claimed::Started(s) => Ok(Some(s)),
-        Claimed::TakenOver | Claimed::Gone => Ok(None),
-    }
-}
-
 /// How starting a try that claims a staged output went.
 pub(super) enum Claimed {
     Started(Started),
     TakenOver,
     /// The staged output was promoted or discarded meanwhile: nothing to do.
     Gone,
+    /// A cascade's downstream interval whose upstream cannot be read now (another backfill
+    /// runs an upstream interval it overlaps, or one's latest run failed): it was recorded as
+    /// skipped (`upstream not successful`) instead of started.
+    UpstreamNotReady,
 }
 
-/// [`start_try`] for a promote: in the same commit, checks that the staged try `claim` is still
-/// staged and records the new try as its promote (`promoted_from`), so that no other promote
-/// or discard acts on it meanwhile.
+/// Records a try as started, and the run too for the interval's first try: one commit. For a
+/// promote, in the same commit, checks that the staged try `claim` is still staged and records
+/// the new try as its promote (`promoted_from`), so that no other promote or discard acts on it
+/// meanwhile; for a cascade's downstream interval, that its upstream can be read.
 pub(super) async fn start_claiming(
     shared: &Shared,
     task: &Task,
@@ -124,6 +115,20 @@ pub(super) async fn start_claiming(
     let computes = matches!(spec.mode, super::Mode::Run | super::Mode::Stage);
     let audit_dir = (computes && matches!(task.kind, TaskKind::Sql(_)))
         .then(|| warehouse::audit_dir(&spec.manifest_path));
+    // A run that starts here must find its upstream readable in the same commit.
+    let upstream: Vec<(String, Vec<DataInterval>)> = if run_id.is_none() && computes {
+        spec.upstream
+            .iter()
+            .map(|u| {
+                crate::cascade::overlapping(u, &[interval])
+                    .map(|ups| (u.id.clone(), ups))
+                    .map_err(Error::Internal)
+            })
+            .collect::<Result<_, _>>()?
+    } else {
+        Vec::new()
+    };
+    let ctx = LeaseCtx::new(spec.lease_timeout, &crate::process::LOCAL);
     Ok(shared
         .writer
         .call(move |c| {
@@ -133,6 +138,17 @@ pub(super) async fn start_claiming(
                 && !c.is_staged(staged)?
             {
                 return Ok(Claimed::Gone);
+            }
+            for (up, ups) in &upstream {
+                if crate::cascade::readable(c, up, ups, &ctx, Judge::Strict)?.contains(&false) {
+                    c.skip_planned(
+                        f,
+                        &dag_id,
+                        interval.start.timestamp(),
+                        SkipReason::UpstreamNotSuccessful,
+                    )?;
+                    return Ok(Claimed::UpstreamNotReady);
+                }
             }
             let (run_id, fresh) = match run_id {
                 Some(id) => (id, false),

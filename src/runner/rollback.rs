@@ -43,6 +43,7 @@ async fn rollback_sql(
         try_id: current,
         rows: current_rows,
         content,
+        ..
     }) = published_try(shared, task, interval).await?
     else {
         let error = "nothing is published, so there is nothing to roll back".to_string();

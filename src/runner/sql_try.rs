@@ -177,7 +177,7 @@ pub(super) async fn sql_try(
         reprs.insert(task.id.clone(), Some(r));
     }
     let current = published_try(shared, task, input.interval).await?;
-    let published = current.map(|c| c.rows);
+    let published = current.as_ref().map(|c| c.rows);
     let gate_measures = Measures {
         rows: measures.rows,
         outside: Some(measures.outside),
@@ -307,6 +307,10 @@ pub(super) async fn publish_audited(
     let (s, manifest_path) = (sql.clone(), shared.spec.manifest_path.clone());
     let log_path = log_path.to_path_buf();
     let expect = promoting.then(|| record.fingerprint.clone()).flatten();
+    let version_of = current.as_ref().and_then(|c| c.content);
+    let same_content = current
+        .as_ref()
+        .is_some_and(|c| c.fingerprint.is_some() && c.fingerprint == record.fingerprint);
     let joined = tokio::task::spawn_blocking(move || {
         let reader = manifest::Reader::take(&manifest_path);
         let result = match &reader {
@@ -326,8 +330,9 @@ pub(super) async fn publish_audited(
                     expect_fingerprint: expect.as_deref(),
                     keep: Some(warehouse::versions::Keep {
                         by_try: try_id,
-                        version_of: current.and_then(|c| c.content),
+                        version_of,
                         keep: s.keep_versions,
+                        same_content,
                     }),
                 };
                 let mut waiting = waiting_log(&log_path);

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::outcome::{Outcome, TaskEnd, TryInput, apply_verdict, cancelled, failed, rules, staged};
-use super::record::{LastTry, Published, published_rows, start_try};
+use super::record::{Claimed, LastTry, Published, published_rows, start_claiming};
 use super::sql_try::sql_try;
 use super::step::run_step;
 use super::{Event, Shared, Stop};
@@ -17,6 +17,7 @@ use crate::exit::Error;
 use crate::gate::{self, Measures, Verdict};
 use crate::interval::DataInterval;
 use crate::manifest::TryRecord;
+use crate::manifest::queries::Seen;
 use crate::project::{CommandSpec, Gate, SourceCount, Task, TaskKind};
 use crate::state::TryState;
 use crate::task::cleanup;
@@ -86,9 +87,12 @@ async fn tries(
         if *stop.borrow() != Stop::Run {
             return Ok((TaskEnd::Cancelled, None));
         }
-        let Some(started) = start_try(shared, task, interval, *run_id, try_number).await? else {
-            return Ok((TaskEnd::Cancelled, None));
-        };
+        let started =
+            match start_claiming(shared, task, interval, *run_id, try_number, None).await? {
+                Claimed::Started(s) => s,
+                Claimed::UpstreamNotReady => return Ok((TaskEnd::UpstreamNotReady, None)),
+                Claimed::TakenOver | Claimed::Gone => return Ok((TaskEnd::Cancelled, None)),
+            };
         if run_id.is_none() {
             *run_id = Some(started.run_id);
             let _ = shared.events.send(Event::IntervalStarted {
@@ -193,6 +197,15 @@ async fn command_try(
     input: &TryInput<'_>,
     stop: &mut watch::Receiver<Stop>,
 ) -> Result<Outcome, Error> {
+    // The source as the command will find it: what its output is judged against and what
+    // `changed` and `stale` compare with later. Measured again after the command.
+    let before = match &task.gate {
+        Some(gate) => match measure_source(shared, task, gate, input, stop).await? {
+            Ok(seen) => Some(seen),
+            Err(outcome) => return Ok(outcome),
+        },
+        None => None,
+    };
     if let Err(outcome) = run_step(shared, task, spec, input, &input.log_path, None, stop).await? {
         return Ok(outcome);
     }
@@ -212,14 +225,63 @@ async fn command_try(
         record.inputs = json(&r.inputs);
         record.fingerprint = r.fingerprint.clone();
     }
-    let Some(gate) = &task.gate else {
+    let (Some(gate), Some(before)) = (&task.gate, before) else {
         return Ok(Outcome::Succeeded(record, None));
     };
-    gated_command(shared, task, gate, input, result, record, stop).await
+    gated_command(shared, task, gate, input, result, record, before, stop).await
 }
 
-/// The gate of a command task: rows from the result file, the source from `source_count`,
-/// then the optional `publish` command.
+/// What a command task's gate `source_count` and `source_fingerprint` commands give for the
+/// try's interval now (`None` for a key the gate does not set).
+async fn measure_source(
+    shared: &Shared,
+    task: &Task,
+    gate: &Gate,
+    input: &TryInput<'_>,
+    stop: &mut watch::Receiver<Stop>,
+) -> Result<Result<Seen, Outcome>, Error> {
+    let source_rows = match &gate.source_count {
+        Some(SourceCount::Command(spec)) => {
+            match source_command(shared, task, spec, input, "source_count", stop).await? {
+                Ok(text) => match text.parse::<i64>() {
+                    Ok(n) => Some(n),
+                    Err(_) => {
+                        return Ok(Err(failed(
+                            format!(
+                                "source_count command printed `{}`, not one integer",
+                                text.chars().take(200).collect::<String>()
+                            ),
+                            None,
+                        )));
+                    }
+                },
+                Err(outcome) => return Ok(Err(outcome)),
+            }
+        }
+        Some(SourceCount::Sql(_)) | None => None,
+    };
+    let source_fingerprint = match &gate.source_fingerprint {
+        Some(SourceCount::Command(spec)) => {
+            match source_command(shared, task, spec, input, "source_fingerprint", stop).await? {
+                Ok(text) => Some(text),
+                Err(outcome) => return Ok(Err(outcome)),
+            }
+        }
+        Some(SourceCount::Sql(_)) | None => None,
+    };
+    Ok(Ok(Seen {
+        source_rows,
+        source_fingerprint,
+    }))
+}
+
+/// The gate of a command task: rows from the result file, the source as measured before the
+/// command (and again after it: a source that moved while the command ran fails the try, as
+/// its output may hold part of the change), then the optional `publish` command.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the try's parts, each used once; a struct would only rename them"
+)]
 async fn gated_command(
     shared: &Shared,
     task: &Task,
@@ -227,6 +289,7 @@ async fn gated_command(
     input: &TryInput<'_>,
     result: Option<TaskResult>,
     mut record: TryRecord,
+    before: Seen,
     stop: &mut watch::Receiver<Stop>,
 ) -> Result<Outcome, Error> {
     let Some(rows) = result.and_then(|r| r.rows) else {
@@ -238,35 +301,22 @@ async fn gated_command(
             Some(0),
         ));
     };
-    let source = match &gate.source_count {
-        Some(SourceCount::Command(spec)) => {
-            match source_command(shared, task, spec, input, "source_count", stop).await? {
-                Ok(text) => match text.parse::<i64>() {
-                    Ok(n) => Some(n),
-                    Err(_) => {
-                        return Ok(failed(
-                            format!(
-                                "source_count command printed `{}`, not one integer",
-                                text.chars().take(200).collect::<String>()
-                            ),
-                            Some(0),
-                        ));
-                    }
-                },
-                Err(outcome) => return Ok(outcome),
-            }
-        }
-        Some(SourceCount::Sql(_)) | None => None,
+    let after = match measure_source(shared, task, gate, input, stop).await? {
+        Ok(seen) => seen,
+        Err(outcome) => return Ok(outcome),
     };
-    let source_fingerprint = match &gate.source_fingerprint {
-        Some(SourceCount::Command(spec)) => {
-            match source_command(shared, task, spec, input, "source_fingerprint", stop).await? {
-                Ok(text) => Some(text),
-                Err(outcome) => return Ok(outcome),
-            }
-        }
-        Some(SourceCount::Sql(_)) | None => None,
-    };
+    if let Some(moved) = crate::probe::changed(gate, &before, &after) {
+        return Ok(failed(
+            format!(
+                "the source changed while the task ran ({moved}): its output cannot be matched to one state of the source; run it again"
+            ),
+            Some(0),
+        ));
+    }
+    let Seen {
+        source_rows: source,
+        source_fingerprint,
+    } = before;
     let published = published_rows(shared, task, input.interval).await?;
     let measures = Measures {
         rows,

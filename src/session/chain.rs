@@ -8,7 +8,7 @@
 //! this no cascade over the range would ever compute it (September's days done, a cascade
 //! over September and October ran only October's month).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::launch::check_tasks;
 use crate::cascade::{self, Mode};
@@ -50,9 +50,18 @@ pub fn plan_member(
     mode: Mode,
 ) -> Result<(Vec<DataInterval>, HashMap<i64, SkipReason>), Error> {
     let mut upstream = Vec::new();
+    let mut known: HashMap<&str, HashSet<i64>> = HashMap::new();
     for (u, _) in &d.upstream {
         if let Some(b) = backfill_of.get(u) {
-            upstream.extend(cascade::upstream_outcomes(conn, u, *b)?);
+            let outcomes = cascade::upstream_outcomes(conn, u, *b)?;
+            known.insert(
+                u.as_str(),
+                outcomes
+                    .iter()
+                    .map(|o| o.interval.start.timestamp())
+                    .collect(),
+            );
+            upstream.extend(outcomes);
         }
     }
     let touched: Vec<DataInterval> = upstream
@@ -66,21 +75,18 @@ pub fn plan_member(
         .map(|u| u.interval)
         .collect();
     let intervals = downstream_intervals(Some(conn), d, &touched, &standing)?;
-    // Upstream DAGs the cascade does not run count too: an interval another backfill runs, or
-    // whose latest run failed, is not there to read.
-    let outside: Vec<&String> = d
-        .upstream
-        .iter()
-        .map(|(u, _)| u)
-        .filter(|u| !backfill_of.contains_key(*u))
-        .collect();
-    if !outside.is_empty() && !intervals.is_empty() {
+    // Every upstream interval a downstream one overlaps counts, not only those the cascade
+    // planned: one another backfill runs, or whose latest run failed, is not there to read,
+    // whether its DAG is in the cascade or not.
+    if !intervals.is_empty() {
         let ctx =
             crate::manifest::leases::LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL);
-        for u in outside {
+        let none = HashSet::new();
+        for (u, _) in &d.upstream {
             if let Some(up) = dags.iter().find(|x| &x.id == u) {
+                let known = known.get(u.as_str()).unwrap_or(&none);
                 upstream.extend(
-                    cascade::outside_outcomes(conn, up, &intervals, &ctx)
+                    cascade::outside_outcomes(conn, up, &intervals, &ctx, known)
                         .map_err(|e| Error::Internal(format!("cascade over `{u}`: {e}")))?,
                 );
             }

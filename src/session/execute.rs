@@ -39,6 +39,8 @@ pub struct Execution {
     pub max_failures: Option<u32>,
     /// `--tasks`: only these tasks run (the DAG holds only them).
     pub tasks: Option<Vec<String>>,
+    /// A cascade's downstream backfill: the DAGs its intervals read (see [`RunSpec::upstream`]).
+    pub upstream: Vec<Dag>,
 }
 
 /// Runs the intervals, then prints the summary and returns the exit code. The writer is closed
@@ -147,6 +149,7 @@ fn run(
         max_failures: e.max_failures,
         pools: project.pools.clone(),
         lease_timeout: project.lease_timeout,
+        upstream: e.upstream,
     };
     let (quiet, verbose) = (g.quiet || g.json, g.verbose);
     let heartbeat_error: Arc<Mutex<Option<Error>>> = Arc::default();

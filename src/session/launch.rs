@@ -146,6 +146,7 @@ pub fn launch(
     let allow_drift = request.allow_drift;
     let max_failures = request.max_failures;
     let tasks = request.tasks.clone();
+    let upstream_dags = upstream_dags(project, &dag, request.cascade_of.is_some());
     let writer = Writer::open(&manifest_path, project.durability)?;
     let dags = Dags::of(project);
     let result = (|| {
@@ -171,6 +172,7 @@ pub fn launch(
             &ctx,
         )?;
         drop(beat);
+        crate::fault::point("after-plan");
         Ok::<_, Error>((owner, planned))
     })();
     let (owner, planned) = match result {
@@ -205,6 +207,7 @@ pub fn launch(
             max_failures,
             tasks,
             mode,
+            upstream: upstream_dags,
         },
         writer,
     )?;
@@ -491,6 +494,21 @@ pub fn check_tasks(
         }
     }
     Ok(reprs)
+}
+
+/// The DAGs whose intervals the intervals of `dag` read, when it is a downstream DAG of a
+/// cascade: each of its intervals starts only while they can be read (see
+/// [`crate::runner::RunSpec::upstream`]). Empty for any other backfill.
+pub fn upstream_dags(project: &crate::project::Project, dag: &Dag, in_cascade: bool) -> Vec<Dag> {
+    if !in_cascade || dag.upstream.is_empty() {
+        return Vec::new();
+    }
+    project
+        .load_all()
+        .0
+        .into_iter()
+        .filter(|d| dag.upstream.iter().any(|(u, _)| u == &d.id))
+        .collect()
 }
 
 #[cfg(test)]

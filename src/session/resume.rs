@@ -165,6 +165,7 @@ pub fn resume_found(
             crate::report::out::plural(intervals.len() as i64, "interval", "intervals")
         );
     }
+    let upstream = super::launch::upstream_dags(project, &dag, backfill.cascade_of.is_some());
     let code = execute(
         g,
         project,
@@ -184,6 +185,7 @@ pub fn resume_found(
                 )
             }),
             mode: super::staged::mode_of(&backfill, manifest_path)?,
+            upstream,
         },
         writer,
     )?;

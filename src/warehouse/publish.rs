@@ -118,6 +118,7 @@ fn transaction(
                 p.interval,
                 p.tz,
                 k,
+                p.audit.is_some(),
                 crate::clock::now_ms(),
             )?;
         }
@@ -155,6 +156,7 @@ fn immediate<T>(conn: &Connection, f: impl FnOnce() -> Result<T>) -> Result<T> {
     conn.execute_batch("BEGIN IMMEDIATE")?;
     match f() {
         Ok(v) => {
+            crate::fault::point("before-commit");
             conn.execute_batch("COMMIT")?;
             Ok(v)
         }
@@ -163,6 +165,41 @@ fn immediate<T>(conn: &Connection, f: impl FnOnce() -> Result<T>) -> Result<T> {
             Err(e)
         }
     }
+}
+
+/// Whether the rollback that puts back the version kept for `key` committed, judged under the
+/// warehouse's write lock: an owner frozen inside its rollback transaction holds that lock, so
+/// the answer waits until that transaction committed or its process is gone, and a rollback
+/// judged as not committed can never commit afterwards. `allowed` is asked under the lock as
+/// for a publish: [`Error::Refused`] when the rollback was settled by another process.
+pub fn rollback_committed(
+    conn: &Connection,
+    task: &SqlTask,
+    key: i64,
+    allowed: &dyn Fn() -> std::result::Result<bool, String>,
+) -> Result<bool> {
+    let w = &task.warehouse;
+    let lock = lock_for(w);
+    let _turn = lock
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut waits = 0;
+    let mut noted = || {
+        waits += 1;
+        if waits == 1 {
+            tracing::info!(warehouse = %w.name, target = %task.target, "the warehouse is locked by another writer; waiting before judging an interrupted rollback");
+        }
+    };
+    let once = || -> Result<bool> {
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        let judged = (|| {
+            ask(allowed)?;
+            Ok(super::versions::find(conn, &task.target, key)?.is_none())
+        })();
+        let _ = conn.execute_batch("ROLLBACK");
+        judged
+    };
+    retry_busy_noting(None, &mut noted, once).map_err(|e| e.at(w))
 }
 
 /// Asks the manifest, inside the transaction, whether this publish may still happen.

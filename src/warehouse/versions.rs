@@ -36,6 +36,11 @@ pub struct Keep {
     /// How many versions of the interval to keep, this one included (0: none, and the ones
     /// kept before go).
     pub keep: u32,
+    /// The manifest says the partition holds rows with the fingerprint of those being
+    /// published. Checked in the transaction: a partition that holds exactly the new rows is
+    /// not kept (it would push a real version out for a copy of itself); the version its
+    /// rows replaced moves to this publish instead.
+    pub same_content: bool,
 }
 
 /// One kept version.
@@ -93,6 +98,10 @@ fn ranges(repr: Option<Repr>) -> Vec<Repr> {
 /// Inside the publish transaction, before the partition is replaced: keeps its rows as the
 /// version replaced by `k.by_try`, then drops the versions of the interval beyond the newest
 /// `k.keep`. Returns the rows kept.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the publish transaction's parts, as `save` takes them, and whether it has an audit table"
+)]
 pub fn keep(
     conn: &Connection,
     task: &SqlTask,
@@ -100,11 +109,87 @@ pub fn keep(
     interval: DataInterval,
     tz: chrono_tz::Tz,
     k: Keep,
+    audited: bool,
     now_ms: i64,
 ) -> Result<i64> {
+    if let (true, Some(of)) = (k.same_content, k.version_of)
+        && k.keep > 0
+        && holds_the_new_rows(conn, task, repr, interval, tz, audited)?
+    {
+        // A republish of the same rows (a resumed interval, a rerun of an unchanged source):
+        // what can be put back is still what the current content replaced.
+        carry(conn, &task.target, of, k.by_try)?;
+        trim(conn, &task.target, interval.start.timestamp(), k.keep)?;
+        return Ok(0);
+    }
     let rows = save(conn, task, repr, interval, tz, k, now_ms)?;
     trim(conn, &task.target, interval.start.timestamp(), k.keep)?;
     Ok(rows)
+}
+
+/// Whether the partition holds exactly the rows about to be published: those of the attached
+/// audit table (same columns, count and fingerprint), or none for an empty publish. `false`
+/// when that cannot be told (the partition column's representation is unknown).
+fn holds_the_new_rows(
+    conn: &Connection,
+    task: &SqlTask,
+    repr: Option<Repr>,
+    interval: DataInterval,
+    tz: chrono_tz::Tz,
+    audited: bool,
+) -> Result<bool> {
+    let Some(repr) = repr else {
+        return Ok(false);
+    };
+    if !audited {
+        return partition_is_empty(conn, task, Some(repr), interval, tz);
+    }
+    let columns = table_columns(conn, "audit", "rows")?;
+    let target = table_columns(conn, "main", &task.target)?;
+    if columns.is_empty()
+        || columns.len() != target.len()
+        || !columns.iter().all(|c| target.contains(c))
+    {
+        return Ok(false);
+    }
+    let list = columns
+        .iter()
+        .map(|c| quote(c))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let (lo, hi) = repr.bounds(interval, tz);
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {list} FROM main.{} WHERE {}",
+        quote(&task.target),
+        repr.predicate(&task.partition_column, 1)
+    ))?;
+    let now = super::audit::fingerprint_rows(&mut stmt, params![lo, hi])?;
+    let mut stmt = conn.prepare(&format!("SELECT {list} FROM {}", super::audit::TABLE))?;
+    let new = super::audit::fingerprint_rows(&mut stmt, [])?;
+    Ok(now == new)
+}
+
+/// The version replaced by the publish of `from` becomes the one replaced by `to` (nothing
+/// when none is kept, or it moved already: a publish being redone).
+fn carry(conn: &Connection, target: &str, from: i64, to: i64) -> Result<()> {
+    if !has_table(conn, META)? || find(conn, target, from)?.is_none() {
+        return Ok(());
+    }
+    conn.prepare_cached(&format!(
+        "UPDATE main.{META} SET replaced_by = ?3 WHERE target = ?1 AND replaced_by = ?2"
+    ))?
+    .execute(params![target, from, to])?;
+    let kept = kept_table(target);
+    if has_table(conn, &kept)? {
+        conn.execute(
+            &format!(
+                "UPDATE main.{} SET _replaced_by = ?2 WHERE _replaced_by = ?1",
+                quote(&kept)
+            ),
+            params![from, to],
+        )?;
+    }
+    Ok(())
 }
 
 /// [`keep`] without the retention: keeps the partition's rows as the version replaced by

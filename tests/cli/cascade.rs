@@ -491,6 +491,124 @@ fn an_upstream_dag_outside_the_cascade_counts_too() {
     assert!(p.path("d-2026-09-01").exists());
 }
 
+#[test]
+fn a_day_does_not_start_while_another_backfill_reruns_one_of_its_hours() {
+    use nix::sys::signal::Signal;
+    let slow = HOURLY.replace(
+        "command = '''test",
+        "command = '''while [ -e hold ]; do sleep 0.05; done; test",
+    );
+    let p = Project::new().dag("hourly", &slow).dag("daily", DAILY);
+    // The cascade runs its hours, plans its day (every hour succeeded), then freezes.
+    let cascade = p.spawn_with(
+        "cascade",
+        &[
+            "create",
+            "--dag",
+            "hourly",
+            "--from",
+            "2026-03-28",
+            "--to",
+            "2026-03-28",
+            "--cascade",
+            "all",
+        ],
+        &[("BACKFILL_FAULT", "after-plan@2:stop")],
+    );
+    crate::support::wait_until(
+        "the cascade to plan its day and freeze",
+        std::time::Duration::from_secs(30),
+        || crate::support::stopped(cascade.id()),
+    );
+    assert_eq!(
+        plan(&p, 2),
+        [["2026-03-28", "run", ""]].map(|r| r.map(String::from))
+    );
+    // Meanwhile another backfill reruns one of the day's hours.
+    p.write("hold", "");
+    let other = p.spawn(
+        "other",
+        &[
+            "create",
+            "--dag",
+            "hourly",
+            "--from",
+            "2026-03-28T05:00",
+            "--to",
+            "2026-03-28T05:00",
+            "--reprocess-behavior",
+            "completed",
+        ],
+    );
+    crate::support::wait_until(
+        "the other backfill to run the hour",
+        std::time::Duration::from_secs(20),
+        || {
+            p.count(
+                "SELECT COUNT(*) FROM runs r JOIN task_tries t ON t.run_id = r.id
+                 WHERE r.backfill_id = 3 AND t.state = 'running' AND t.pgid IS NOT NULL",
+            ) == 1
+        },
+    );
+    crate::support::signal(&cascade, Signal::SIGCONT);
+    let out = p.wait("cascade", cascade);
+    std::fs::remove_file(p.path("hold")).unwrap();
+    p.wait("other", other).code(0);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(
+        plan(&p, 2),
+        [["2026-03-28", "skip", "upstream not successful"]].map(|r| r.map(String::from)),
+        "one of its hours was running elsewhere when the day was to start"
+    );
+    assert!(!p.path("days/2026-03-28").exists());
+}
+
+#[test]
+fn a_failed_upstream_interval_the_cascade_did_not_run_skips_its_downstream_interval() {
+    let p = crate::gate::shop();
+    p.write(
+        "dags/monthly_revenue.toml",
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("examples/shop/dags/monthly_revenue.toml"),
+        )
+        .unwrap(),
+    );
+    p.create("daily_orders", "2026-09-01", "2026-09-30", &[])
+        .code(0);
+    // 2026-09-10's source is emptied: its latest run is rejected.
+    crate::gate::wh(&p)
+        .execute_batch("DELETE FROM raw_orders WHERE date(order_ts) = '2026-09-10'")
+        .unwrap();
+    p.create(
+        "daily_orders",
+        "2026-09-10",
+        "2026-09-10",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(3);
+    // A cascade over another day of September.
+    let out = p.create(
+        "daily_orders",
+        "2026-09-15",
+        "2026-09-15",
+        &["--reprocess-behavior", "completed", "--cascade", "all"],
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(
+        p.rows(
+            "SELECT b.dag_id, p.action, COALESCE(p.reason, '') FROM plan p
+             JOIN backfills b ON b.id = p.backfill_id WHERE b.id = 4"
+        ),
+        [["monthly_revenue", "skip", "upstream not successful"]],
+        "September reads 2026-09-10, whose latest run was rejected"
+    );
+    assert_eq!(
+        crate::gate::wh_count(&p, "SELECT COUNT(*) FROM monthly_revenue"),
+        0
+    );
+}
+
 /// September's days published by a plain backfill, then a cascade over September and October:
 /// September's month never ran, so the cascade computes it too, and the dry run says so. Run
 /// again, the cascade has nothing left to compute downstream.

@@ -240,17 +240,66 @@ fn a_command_fingerprint_decides_and_failed_intervals_run_as_with_failed() {
         .stderr_has("2 skipped");
 }
 
-/// A DAG whose only source measure is a count: the gate passes, but `changed` and `stale` see
-/// a late row only when it changes the count, and a corrected row never.
-const COUNTED: &str = r#"
+/// A command task whose output counts the lines of `source.txt`; while its first try runs,
+/// one line arrives late, as late data would.
+const LATE_WHILE_RUNNING: &str = r#"
 schedule = "@daily"
-
 [[tasks]]
-id = "load"
-command = "echo '{\"rows\": 1}' > $BACKFILL_RESULT"
+id = "copy"
+command = '''
+n=$(wc -l < source.txt)
+if [ ! -f arrived ]; then echo late >> source.txt; touch arrived; fi
+printf '{"rows": %d}' "$n" > "$BACKFILL_RESULT"
+'''
 [tasks.gate]
-source_count = "echo 1"
+source_count = "wc -l < source.txt"
+source_fingerprint = "cksum < source.txt"
+tolerance = 0.05
 "#;
+
+#[test]
+fn late_data_that_arrives_while_a_command_task_runs_is_not_recorded_as_seen() {
+    let p = Project::new().dag("late", LATE_WHILE_RUNNING);
+    p.write("source.txt", &"row\n".repeat(100));
+    let stale = || {
+        p.run(&[
+            "stale",
+            "--dag",
+            "late",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+            "--output",
+            "json",
+        ])
+        .json()
+    };
+    let published = || {
+        p.rows("SELECT p.rows, t.source_rows FROM published p JOIN task_tries t ON t.id = p.try_id")
+    };
+    let first = p.create("late", "2026-01-01", "2026-01-01", &[]);
+    // What is recorded of a published try never hides the late line: either nothing was
+    // published from the moving source, or the recorded source predates the line.
+    assert!(
+        published().is_empty() || stale() != serde_json::json!([]),
+        "published {:?} with the late line unseen by `stale`",
+        published()
+    );
+    first
+        .code(3)
+        .stderr_has("the source changed while the task ran (source_count 100 -> 101");
+    // `changed` reruns it; the source holds still this time.
+    p.create(
+        "late",
+        "2026-01-01",
+        "2026-01-01",
+        &["--reprocess-behavior", "changed"],
+    )
+    .code(0);
+    assert_eq!(published(), [["101", "101"]]);
+    assert_eq!(stale(), serde_json::json!([]));
+}
 
 #[test]
 fn a_dag_that_cannot_see_late_rows_is_warned_about_also_with_q() {
@@ -368,3 +417,15 @@ fn the_example_dags_see_a_late_order_and_a_corrected_amount() {
     // What the month summed changed under it.
     assert_eq!(stale("monthly_revenue"), ["2026-09-01"]);
 }
+
+/// A DAG whose only source measure is a count: the gate passes, but `changed` and `stale` see
+/// a late row only when it changes the count, and a corrected row never.
+const COUNTED: &str = r#"
+schedule = "@daily"
+
+[[tasks]]
+id = "load"
+command = "echo '{\"rows\": 1}' > $BACKFILL_RESULT"
+[tasks.gate]
+source_count = "echo 1"
+"#;

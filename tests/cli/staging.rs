@@ -285,13 +285,17 @@ fn a_promote_killed_in_the_middle_publishes_each_partition_once() {
             p.count("SELECT COUNT(*) FROM task_tries WHERE staged = 'promoted'"),
             4
         );
-        // Each partition was replaced once: one kept version per day, of backfill 1's rows.
+        // Each changed partition was replaced once: one kept version per changed day, of
+        // backfill 1's rows (09-01 and 09-02 were published again unchanged: nothing to keep).
         assert_eq!(
-            wh_count(
+            wh_rows(
                 &p,
-                "SELECT COUNT(*) FROM _backfill_versions WHERE version_of BETWEEN 1 AND 4"
+                "SELECT interval_start, version_of FROM _backfill_versions ORDER BY 1"
             ),
-            4,
+            [
+                format!("Integer({})|Integer(3)", 1_788_393_600),
+                format!("Integer({})|Integer(4)", 1_788_480_000),
+            ],
             "{fault}"
         );
         assert_eq!(
@@ -858,6 +862,225 @@ fn a_rollback_that_never_committed_is_not_called_rolled_back_and_resume_does_it(
         [["3", "failed", ""], ["4", "succeeded", "rolled back"]]
     );
     assert_ne!(day_03(&p), before);
+}
+
+/// 2026-09-03 of `orders_fact`: its rows and the sum of their amounts.
+fn sum_03(p: &Project) -> Vec<String> {
+    wh_rows(
+        p,
+        "SELECT COUNT(*), SUM(amount_cents) FROM orders_fact WHERE order_day = '2026-09-03'",
+    )
+}
+
+/// The shop with a lease timeout of 1s (a frozen owner is soon gone) and a warehouse busy
+/// timeout of 100ms (a writer waiting for a frozen one says so at once).
+fn quick_shop() -> Project {
+    let p = shop();
+    let toml = p.read("backfill.toml").replace(
+        "init = [\"schema.sql\", \"seed.sql\"]",
+        "init = [\"schema.sql\", \"seed.sql\"]\nbusy_timeout = \"100ms\"",
+    );
+    p.write("backfill.toml", &format!("lease_timeout = \"1s\"\n{toml}"));
+    p
+}
+
+#[test]
+fn a_rollback_frozen_before_its_commit_is_judged_only_once_it_committed() {
+    use crate::support::{signal, stopped, wait_stale, wait_until};
+    use nix::sys::signal::Signal;
+    use std::time::Duration;
+    for taker in ["cancel", "resume"] {
+        let p = quick_shop();
+        create(&p, "2026-09-03", "2026-09-03", &[]).code(0);
+        let v1 = sum_03(&p);
+        republish(&p, 1);
+        // The rollback freezes inside its warehouse transaction: the manifest allowed it, the
+        // kept version is put back, nothing is committed yet.
+        let frozen = p.spawn_with(
+            "frozen",
+            &[
+                "rollback",
+                "--dag",
+                "orders_fact",
+                "--from",
+                "2026-09-03",
+                "--to",
+                "2026-09-03",
+            ],
+            &[("BACKFILL_FAULT", "before-commit:stop")],
+        );
+        wait_until("the rollback to freeze", Duration::from_secs(20), || {
+            stopped(frozen.id())
+        });
+        wait_stale(&p, 3, 1500);
+        // The taker must not judge the rollback while its owner may still commit: it waits
+        // for the warehouse's write lock.
+        let mut recoverer = p.spawn_with("taker", &[taker, "3"], &[("BACKFILL_LOG", "info")]);
+        wait_until(
+            "the taker to end or to wait for the warehouse",
+            Duration::from_secs(20),
+            || {
+                recoverer.try_wait().unwrap().is_some()
+                    || p.read("taker.err").contains("locked by another writer")
+            },
+        );
+        signal(&frozen, Signal::SIGCONT);
+        p.wait("frozen", frozen);
+        let out = p.wait("taker", recoverer);
+        assert!(matches!(out.code, 0 | 130), "{taker}: {out:?}");
+        assert_eq!(sum_03(&p), v1, "{taker}: the rollback committed");
+        // The manifest says what the warehouse holds: the rollback's try is published.
+        assert_eq!(
+            p.rows(
+                "SELECT t.state, t.verdict FROM published p JOIN task_tries t ON t.id = p.try_id
+                 WHERE p.interval_start = strftime('%s', '2026-09-03')"
+            ),
+            [["succeeded", "rolled back"]],
+            "{taker}"
+        );
+        assert_eq!(
+            p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = 1"),
+            0
+        );
+    }
+}
+
+/// The shop with one DAG `two` of two SQL tasks per day: `load` (orders_fact), then
+/// `aggregate` (daily_orders).
+fn two_tasks() -> Project {
+    let p = shop();
+    for f in ["dags/daily_orders.toml", "dags/orders_fact.toml"] {
+        std::fs::remove_file(p.path(f)).unwrap();
+    }
+    p.write(
+        "dags/two.toml",
+        r#"
+schedule = "@daily"
+[[tasks]]
+id = "load"
+warehouse = "shop"
+target = "orders_fact"
+partition_column = "order_day"
+sql = """
+SELECT order_id, date(order_ts) AS order_day, order_ts, region, amount_cents
+FROM raw_orders WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end
+"""
+[tasks.gate]
+unique_key = ["order_id"]
+
+[[tasks]]
+id = "aggregate"
+depends_on = ["load"]
+warehouse = "shop"
+target = "daily_orders"
+partition_column = "day"
+sql = """
+SELECT order_day AS day, region, COUNT(*) AS orders, SUM(amount_cents) AS revenue_cents
+FROM orders_fact WHERE order_day >= :ds AND order_day < :next_ds GROUP BY 1, 2
+"""
+"#,
+    );
+    p
+}
+
+/// Adds `by` to the amounts of 2026-09-03's raw orders.
+fn bump_03(p: &Project, by: i64) {
+    wh(p)
+        .execute(
+            "UPDATE raw_orders SET amount_cents = amount_cents + ?1 WHERE date(order_ts) = '2026-09-03'",
+            [by],
+        )
+        .unwrap();
+}
+
+/// `backfill ARGS` over 2026-09-03 of DAG `two`, killed at `fault`.
+fn killed_two(p: &Project, extra: &[&str], fault: &str) {
+    let mut args = vec![
+        "create",
+        "--dag",
+        "two",
+        "--from",
+        "2026-09-03",
+        "--to",
+        "2026-09-03",
+        "--reprocess-behavior",
+        "completed",
+    ];
+    args.extend_from_slice(extra);
+    let killed = p
+        .command(&args)
+        .env("BACKFILL_FAULT", fault)
+        .output()
+        .unwrap();
+    assert_eq!(killed.status.code(), None, "killed at {fault}");
+}
+
+#[test]
+fn a_crash_and_resume_of_a_two_task_dag_keeps_the_rollback_point() {
+    let p = two_tasks();
+    p.create("two", "2026-09-03", "2026-09-03", &[]).code(0);
+    let before = sum_03(&p);
+    bump_03(&p, 1);
+    // Killed while task 2 runs: task 1 published already, keeping `before` as its version.
+    killed_two(&p, &[], "after-audit@2");
+    let after = sum_03(&p);
+    assert_ne!(after, before);
+    // The resume runs the interval again: task 1 publishes the same rows once more.
+    p.run(&["resume", "2"]).code(0);
+    assert_eq!(sum_03(&p), after);
+    p.run(&[
+        "rollback",
+        "--dag",
+        "two",
+        "--from",
+        "2026-09-03",
+        "--to",
+        "2026-09-03",
+        "--task",
+        "load",
+    ])
+    .code(0);
+    assert_eq!(
+        sum_03(&p),
+        before,
+        "the rollback puts back what was published before the backfill"
+    );
+}
+
+#[test]
+fn a_killed_and_resumed_staging_leaves_one_output_per_task_to_promote() {
+    let p = two_tasks();
+    p.create("two", "2026-09-03", "2026-09-03", &[]).code(0);
+    bump_03(&p, 1);
+    // Killed while task 2 stages: task 1's output is staged already.
+    killed_two(&p, &["--stage"], "after-audit@2");
+    // Late data, then the resume stages the whole interval again.
+    bump_03(&p, 1);
+    p.run(&["resume", "2"]).code(0);
+    assert_eq!(
+        p.rows(
+            "SELECT t.task_id, COUNT(*) FROM task_tries t JOIN runs r ON r.id = t.run_id
+             WHERE r.backfill_id = 2 AND t.staged = 'staged' GROUP BY t.task_id ORDER BY 1"
+        ),
+        [["aggregate", "1"], ["load", "1"]],
+        "one output per task and interval awaits promotion"
+    );
+    p.run(&["promote", "2"]).code(0);
+    assert!(day_is_exact(&p, "2026-09-03"));
+    p.run(&["promote", "2"])
+        .code(0)
+        .stderr_has("nothing to promote");
+    assert!(
+        day_is_exact(&p, "2026-09-03"),
+        "a second promote never publishes the superseded output"
+    );
+    assert_eq!(
+        std::fs::read_dir(p.path(".backfill/audit"))
+            .unwrap()
+            .count(),
+        0,
+        "no staged file is left"
+    );
 }
 
 /// `latest` names the newest backfill, and for `diff`, `promote` and `discard` the newest

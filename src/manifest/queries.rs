@@ -178,6 +178,9 @@ pub struct FailedInterval {
     pub task: Option<String>,
     pub error: Option<String>,
     pub log: Option<String>,
+    /// The last lines of that log, filled in by the session for the summary (never stored).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_tail: Option<String>,
 }
 
 /// How a backfill stands: its counts, skips by reason, and the intervals whose latest run
@@ -219,6 +222,7 @@ pub fn outcome(conn: &Connection, id: i64) -> Result<Option<Outcome>> {
                 task: r.get(4)?,
                 error: r.get(2)?,
                 log: existing(r.get(3)?),
+                log_tail: None,
             })
         })?
         .collect::<rusqlite::Result<_>>()?;

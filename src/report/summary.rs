@@ -128,7 +128,7 @@ pub fn write(
         out.note(&table.to_string());
     }
     for f in s.failed {
-        out.note(&format!(
+        let mut text = format!(
             "{} {}: {}{}",
             f.state,
             labels.label(f.start.0),
@@ -137,7 +137,14 @@ pub fn write(
                 || "\n  log: none (the try printed nothing)".to_string(),
                 |l| format!("\n  log: {l}")
             )
-        ));
+        );
+        // The end of the log, as the progress lines show it: a mail from a quiet cron job then
+        // says why without a second look.
+        for line in f.log_tail.iter().flat_map(|t| t.lines()) {
+            text.push_str("\n  | ");
+            text.push_str(line);
+        }
+        out.note(&text);
     }
     let next = match (s.exit_code, &s.rerun) {
         (exit::INTERRUPTED, _) => format!(
@@ -202,6 +209,7 @@ mod tests {
                     task: Some("export".into()),
                     error: Some(REJECTED.into()),
                     log: None,
+                    log_tail: None,
                 },
                 FailedInterval {
                     start: fixtures::at(3),
@@ -209,6 +217,7 @@ mod tests {
                     task: Some("export".into()),
                     error: Some(FAILED.into()),
                     log: Some("[logs]/try2.log".into()),
+                    log_tail: Some("connecting\nERROR: relation \"sales\" does not exist".into()),
                 },
             ],
         }
@@ -258,7 +267,7 @@ mod tests {
         assert_eq!(doc["failed"].as_array().map(Vec::len), Some(2));
         assert!(!notes.contains('┌'), "no table with --output json: {notes}");
         assert!(notes.contains(
-            "failed 2026-01-03: task `export` failed: exit code 2\n  log: [logs]/try2.log\n"
+            "failed 2026-01-03: task `export` failed: exit code 2\n  log: [logs]/try2.log\n  | connecting\n  | ERROR: relation \"sales\" does not exist\n"
         ));
         assert!(notes.contains("backfill 1: failed; rerun the failures with `backfill create"));
         let (data, notes) = summary_text(exit::FAILED, false, true);

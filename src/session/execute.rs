@@ -107,6 +107,9 @@ pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> R
     })
 }
 
+/// Failed intervals whose log's last lines the summary shows.
+const SUMMARY_LOG_TAILS: usize = 20;
+
 /// How a backfill ended: its exit code, state and JSON summary.
 struct End {
     code: u8,
@@ -217,6 +220,14 @@ fn run(
         Err(e) => return Err(e.into()),
     };
     outcome.backfill.state = state;
+    // The end of each failed interval's log, for the summary (the first ones only: a run with
+    // thousands of failures says how many and names them, it does not print every log).
+    for f in outcome.failed.iter_mut().take(SUMMARY_LOG_TAILS) {
+        if let Some(log) = &f.log {
+            let tail = crate::task::command::log_tail(std::path::Path::new(log), 10);
+            f.log_tail = Some(tail).filter(|t| !t.is_empty());
+        }
+    }
     let rerun = report::rerun_command(
         &outcome,
         &labels,

@@ -522,3 +522,33 @@ command = '''if [ "{{ ds }}" = 2026-01-01 ]; then echo one; echo two >&2; echo t
         "a silent try has no log file"
     );
 }
+
+/// What a quiet cron job mails when an interval fails: the interval, the error, the end of its
+/// log, and a last line with the DAG and the counts.
+#[test]
+fn a_quiet_failure_says_the_end_of_the_log_and_the_dag_and_counts() {
+    let p = Project::new().dag(
+        "nightly",
+        r#"schedule = "@daily"
+[[tasks]]
+id = "load"
+command = "if [ {{ ds }} = 2026-03-02 ]; then echo connecting; echo 'ERROR: relation sales does not exist' >&2; exit 1; fi"
+"#,
+    );
+    let out = p.create("nightly", "2026-03-01", "2026-03-03", &["-q"]);
+    out.code(3);
+    assert_eq!(out.stdout, "");
+    let tail = "  | connecting\n  | ERROR: relation sales does not exist\n";
+    assert!(
+        out.stderr.contains(&format!(
+            "failed 2026-03-02: task `load` failed: exit code 1\n  log: "
+        )) && out.stderr.contains(tail),
+        "{}",
+        out.stderr
+    );
+    let last = out.stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("backfill 1 of nightly: failed — 2 succeeded, 1 failed, 0 rejected"),
+        "{last}"
+    );
+}

@@ -540,9 +540,9 @@ command = "if [ {{ ds }} = 2026-03-02 ]; then echo connecting; echo 'ERROR: rela
     assert_eq!(out.stdout, "");
     let tail = "  | connecting\n  | ERROR: relation sales does not exist\n";
     assert!(
-        out.stderr.contains(&format!(
-            "failed 2026-03-02: task `load` failed: exit code 1\n  log: "
-        )) && out.stderr.contains(tail),
+        out.stderr
+            .contains("failed 2026-03-02: task `load` failed: exit code 1\n  log: ")
+            && out.stderr.contains(tail),
         "{}",
         out.stderr
     );

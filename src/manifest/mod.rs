@@ -9,6 +9,7 @@ pub mod cascades;
 pub mod leases;
 pub mod plans;
 pub mod pools;
+pub mod publishes;
 pub mod queries;
 mod reader;
 pub mod runs;

@@ -1,0 +1,230 @@
+//! Publishes as the manifest records them: the intent a try records before it touches the
+//! warehouse (so that recovery can finish or undo it), the partition's current publication,
+//! and what recovery needs to find the publishes a dead owner left half done.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::Result;
+use super::backfills::{Fenced, Owner};
+use super::runs::{TryRecord, try_holds_lease};
+use crate::interval::DataInterval;
+use crate::state::TryState;
+
+/// Records the gate's decision to publish before the warehouse is touched: a crash between this
+/// and [`mark_published`] is repaired by redoing the publish from the audit file.
+pub fn record_publish_intent(
+    conn: &Connection,
+    _fenced: Fenced,
+    try_id: i64,
+    audit_path: Option<&str>,
+    rec: &TryRecord,
+) -> Result<bool> {
+    if !try_holds_lease(conn, try_id)? {
+        return Ok(false);
+    }
+    let changed = conn
+        .prepare_cached(
+            "UPDATE task_tries SET publishing = 1, audit_path = ?2, rows = ?3, fingerprint = ?4,
+                source_rows = ?5, previous_rows = ?6, verdict = ?7, reasons = ?8,
+                source_fingerprint = ?9, promoted_from = ?10, restored_from = ?11,
+                restore_key = ?12
+             WHERE id = ?1 AND state = 'running'",
+        )?
+        .execute(params![
+            try_id,
+            audit_path,
+            rec.rows,
+            rec.fingerprint,
+            rec.source_rows,
+            rec.previous_rows,
+            rec.verdict,
+            rec.reasons,
+            rec.source_fingerprint,
+            rec.promoted_from,
+            rec.restored_from,
+            rec.restore_key
+        ])?;
+    Ok(changed == 1)
+}
+
+/// A try's output that became the published partition of its task and interval.
+#[derive(Debug, Clone)]
+pub struct Publication<'a> {
+    pub try_id: i64,
+    pub dag_id: &'a str,
+    pub task_id: &'a str,
+    pub interval: DataInterval,
+    pub rows: i64,
+    pub fingerprint: Option<&'a str>,
+}
+
+/// Makes a try the published try of its task and interval.
+pub fn mark_published(conn: &Connection, p: &Publication<'_>, now_ms: i64) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO published
+            (dag_id, task_id, interval_start, interval_end, try_id, rows, fingerprint, published_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?
+    .execute(params![
+        p.dag_id,
+        p.task_id,
+        p.interval.start.timestamp(),
+        p.interval.end.timestamp(),
+        p.try_id,
+        p.rows,
+        p.fingerprint,
+        now_ms
+    ])?;
+    Ok(())
+}
+
+/// The currently published try of a task and interval: `(try_id, rows, fingerprint)`.
+pub fn published(
+    conn: &Connection,
+    dag_id: &str,
+    task_id: &str,
+    interval_start: i64,
+) -> Result<Option<(i64, i64, Option<String>)>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT try_id, rows, fingerprint FROM published
+             WHERE dag_id = ?1 AND task_id = ?2 AND interval_start = ?3",
+        )?
+        .query_row(params![dag_id, task_id, interval_start], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .optional()?)
+}
+
+/// A try that decided to publish but may not have finished.
+#[derive(Debug, Clone)]
+pub struct PendingPublish {
+    pub try_id: i64,
+    pub run_id: i64,
+    pub dag_id: String,
+    pub task_id: String,
+    pub interval: DataInterval,
+    /// The audit file (or, for a manifest of an older version, the audit table in the
+    /// warehouse).
+    pub audit_path: Option<String>,
+    pub audit_table: Option<String>,
+    pub record: TryRecord,
+}
+
+/// Tries of a backfill's runs that recorded a publish intent and never finished it.
+pub fn pending_publishes(conn: &Connection, backfill_id: i64) -> Result<Vec<PendingPublish>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT t.id, t.run_id, r.dag_id, t.task_id, r.interval_start, r.interval_end,
+                t.audit_path, t.audit_table, t.rows, t.fingerprint, t.source_rows,
+                t.previous_rows, t.verdict, t.reasons, t.source_fingerprint, t.promoted_from,
+                t.restored_from, t.restore_key
+         FROM runs r JOIN task_tries t ON t.run_id = r.id
+         WHERE r.backfill_id = ?1 AND t.publishing = 1 ORDER BY t.id",
+    )?;
+    let rows = stmt.query_map([backfill_id], |r| {
+        Ok(PendingPublish {
+            try_id: r.get(0)?,
+            run_id: r.get(1)?,
+            dag_id: r.get(2)?,
+            task_id: r.get(3)?,
+            interval: DataInterval::from_unix(r.get(4)?, r.get(5)?),
+            audit_path: r.get(6)?,
+            audit_table: r.get(7)?,
+            record: TryRecord {
+                rows: r.get(8)?,
+                fingerprint: r.get(9)?,
+                source_rows: r.get(10)?,
+                previous_rows: r.get(11)?,
+                verdict: r.get(12)?,
+                reasons: r.get(13)?,
+                source_fingerprint: r.get(14)?,
+                promoted_from: r.get(15)?,
+                restored_from: r.get(16)?,
+                restore_key: r.get(17)?,
+                ..TryRecord::new(TryState::Succeeded)
+            },
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<_>>()?)
+}
+
+/// Whether a try still has an unfinished publish intent.
+pub fn publishing(conn: &Connection, try_id: i64) -> Result<bool> {
+    Ok(conn
+        .prepare_cached("SELECT publishing FROM task_tries WHERE id = ?1")?
+        .query_row([try_id], |r| r.get::<_, bool>(0))
+        .optional()?
+        .unwrap_or(false))
+}
+
+/// Whether a try may publish now: its intent is recorded and not finished, its backfill still
+/// holds the interval's lease, no newer try of its task and interval is published, and (for the
+/// owner's own publish) the owner's epoch is current. Asked inside the warehouse's publish
+/// transaction, after the warehouse's write lock is taken.
+pub fn may_publish(conn: &Connection, try_id: i64, owner: Option<Owner>) -> Result<bool> {
+    let row: Option<(bool, i64, i64, String, String, i64)> = conn
+        .prepare_cached(
+            "SELECT t.publishing, b.id, b.epoch, r.dag_id, t.task_id, r.interval_start
+             FROM task_tries t JOIN runs r ON r.id = t.run_id JOIN backfills b ON b.id = r.backfill_id
+             WHERE t.id = ?1",
+        )?
+        .query_row([try_id], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+        })
+        .optional()?;
+    let Some((publishing, backfill_id, epoch, dag_id, task_id, start)) = row else {
+        return Ok(false);
+    };
+    if !publishing || !try_holds_lease(conn, try_id)? {
+        return Ok(false);
+    }
+    if let Some(o) = owner
+        && (o.backfill_id != backfill_id || o.epoch != epoch)
+    {
+        return Ok(false);
+    }
+    let newer = published(conn, &dag_id, &task_id, start)?.is_some_and(|(t, ..)| t > try_id);
+    Ok(!newer)
+}
+
+/// What a task's partition of an interval holds now, as the manifest says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Current {
+    /// The published try.
+    pub try_id: i64,
+    pub rows: i64,
+    /// Whose rows they are: the try itself, or, for a rollback, the try whose rows it put back
+    /// (`None` when they predate the manifest). A publish keeps them as the version of this.
+    pub content: Option<i64>,
+    /// The fingerprint of the published rows, when it is known.
+    pub fingerprint: Option<String>,
+}
+
+/// The currently published try of a task and interval, with its rows and content.
+pub fn current(
+    conn: &Connection,
+    dag_id: &str,
+    task_id: &str,
+    interval_start: i64,
+) -> Result<Option<Current>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT p.try_id, p.rows,
+                    CASE WHEN t.verdict = ?4 THEN t.restored_from ELSE p.try_id END,
+                    p.fingerprint
+             FROM published p LEFT JOIN task_tries t ON t.id = p.try_id
+             WHERE p.dag_id = ?1 AND p.task_id = ?2 AND p.interval_start = ?3",
+        )?
+        .query_row(params![dag_id, task_id, interval_start, ROLLED_BACK], |r| {
+            Ok(Current {
+                try_id: r.get(0)?,
+                rows: r.get(1)?,
+                content: r.get(2)?,
+                fingerprint: r.get(3)?,
+            })
+        })
+        .optional()?)
+}
+
+/// The verdict of a rollback try.
+pub const ROLLED_BACK: &str = "rolled back";

@@ -143,7 +143,7 @@ fn quiet_success_says_nothing_and_a_failure_says_what_and_how_to_rerun() {
     assert_eq!(out.stdout, "");
     let log = p.path(".backfill/logs/flaky/load/20260102T000000Z.run2.try1.log");
     let expected = format!(
-        "failed 2026-01-02: task `load` failed: exit code 1\n  log: {}\n\
+        "failed 2026-01-02: task `load` failed: exit code 1\n  log: {}\n  | no data for 2026-01-02\n\
          backfill 1 of flaky: failed — 2 succeeded, 1 failed, 0 rejected, 0 cancelled, 0 skipped in ",
         log.display()
     );

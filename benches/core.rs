@@ -75,6 +75,7 @@ fn large_manifest(dir: &std::path::Path, intervals: &[DataInterval]) -> rusqlite
         tasks: None,
         cascade: None,
         cascade_of: None,
+        sample: None,
         max_failures: None,
     };
     let owner = backfills::insert(&conn, &request, &ctx).unwrap();

@@ -296,6 +296,12 @@ pub struct CreateArgs {
     /// succeeded, `changed` only those whose upstream output changed.
     #[arg(long, value_enum, value_name = "WHICH", conflicts_with = "stage")]
     pub cascade: Option<CascadeArg>,
+    /// Rehearse on N representative intervals of the range instead of all of them: the first
+    /// and the last, one whose latest run failed, one across a DST change, the rest spread
+    /// evenly (with a weekend day, a weekday and a month end where the calendar has them). The
+    /// dry run says why each was picked.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub sample: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

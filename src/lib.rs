@@ -51,6 +51,7 @@ pub mod project;
 pub mod recovery;
 pub mod report;
 pub mod runner;
+pub mod sample;
 pub mod schedule;
 pub mod session;
 pub mod sqlite;

@@ -15,7 +15,8 @@ use crate::report::out::Sink;
 use crate::report::plan::{self as plan_view, PlanOptions};
 use crate::session::Global;
 use crate::session::launch::{
-    Launch, check_tasks, dry_plan, launch, only_tasks, parse_conf, source_changes, unix_range,
+    Launch, check_tasks, dry_plan, launch, only_tasks, parse_conf, sample_of, source_changes,
+    unix_range,
 };
 use crate::state::BackfillKind;
 
@@ -35,6 +36,35 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
     let now = clock::now()?;
     let range = resolve_args(&args.from, &args.to, now, dag.tz)?;
     let intervals = expand_nonempty(&dag.schedule, range, &args.from, &args.to)?;
+    let manifest_path = g.manifest_path(Some(&project))?;
+    // `--sample N`: the intervals it rehearses, and why each was picked.
+    let (intervals, sampled) = match args.sample {
+        None => (intervals, None),
+        Some(_) if dag.depends_on_past => {
+            return Err(Error::Usage(format!(
+                "--sample cannot be used with DAG `{}`: it sets depends_on_past = true in {}, so each interval needs the one before it and a sample would skip all but its first; run the range, or a shorter one",
+                dag.id, dag.file
+            )));
+        }
+        Some(n) => {
+            let manifest = crate::manifest::open_if_exists(&manifest_path)?;
+            match sample_of(manifest.as_deref(), &dag, &intervals, n, now).map_err(|e| match e {
+                Error::Manifest(m) => Error::Manifest(m.at(&manifest_path)),
+                other => other,
+            })? {
+                Some((picked, why)) => (picked, Some((n, why))),
+                None => {
+                    crate::session::note(
+                        g,
+                        &format!(
+                            "--sample {n}: the range has no more than {n} complete intervals, so all of them run"
+                        ),
+                    );
+                    (intervals, None)
+                }
+            }
+        }
+    };
     let reprs = check_tasks(&dag, &conf, &intervals)?;
     let reprocess = Reprocess::from(args.reprocess_behavior);
     let max_active_runs = args.max_active_runs.or(dag.max_active_runs).unwrap_or(1);
@@ -44,7 +74,6 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         depends_on_past: dag.depends_on_past,
         now,
     };
-    let manifest_path = g.manifest_path(Some(&project))?;
     let changed = match reprocess {
         Reprocess::Changed => source_changes(g, &project, &dag, &conf, &intervals, &manifest_path)?,
         _ => HashSet::new(),
@@ -72,6 +101,7 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
                     run_backwards: args.run_backwards,
                     max_active_runs,
                     estimate: &estimate,
+                    sampled: sampled.as_ref().map(|(_, why)| why),
                 },
             )?;
             return Ok(exit::OK);
@@ -138,6 +168,10 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
                             run_backwards: args.run_backwards && d.id == all[0].0.id,
                             max_active_runs: *max,
                             estimate,
+                            sampled: sampled
+                                .as_ref()
+                                .filter(|_| d.id == all[0].0.id)
+                                .map(|(_, why)| why),
                         },
                     )
                 })
@@ -169,6 +203,7 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         cascade: None,
         cascade_of: None,
         max_failures: args.max_failures,
+        sample: sampled.as_ref().map(|(n, _)| *n),
     };
     let cascade = args.cascade.map(|c| c.mode());
     if cascade.is_some() {

@@ -44,6 +44,8 @@ pub struct NewBackfill {
     pub cascade: Option<String>,
     /// A downstream backfill of a cascade: the cascade's first backfill.
     pub cascade_of: Option<i64>,
+    /// `create --sample N`: the N asked for.
+    pub sample: Option<u32>,
 }
 
 /// A backfill row.
@@ -76,6 +78,7 @@ pub struct Backfill {
     pub max_failures: Option<u32>,
     pub cascade: Option<String>,
     pub cascade_of: Option<i64>,
+    pub sample: Option<u32>,
 }
 
 impl Backfill {
@@ -99,7 +102,7 @@ impl Backfill {
     }
 }
 
-pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks, max_failures, cascade, cascade_of";
+pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks, max_failures, cascade, cascade_of, sample";
 
 pub fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Backfill> {
     let reprocess: String = r.get(6)?;
@@ -138,6 +141,7 @@ pub fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Backfill> {
         max_failures: r.get(23)?,
         cascade: r.get(24)?,
         cascade_of: r.get(25)?,
+        sample: r.get(26)?,
     })
 }
 
@@ -195,8 +199,8 @@ pub fn insert(conn: &Connection, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owne
         "INSERT INTO backfills (dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior,
             max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host,
             heartbeat_at, created_at, epoch, planning, kind, source_backfill, tasks, max_failures,
-            cascade, cascade_of)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17, ?18, ?19, ?20)",
+            cascade, cascade_of, sample)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17, ?18, ?19, ?20, ?21)",
         params![
             b.dag_id,
             b.from_arg,
@@ -219,7 +223,8 @@ pub fn insert(conn: &Connection, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owne
                 .map(|t| serde_json::Value::from(t.clone()).to_string()),
             b.max_failures,
             b.cascade,
-            b.cascade_of
+            b.cascade_of,
+            b.sample
         ],
     )?;
     Ok(Owner {

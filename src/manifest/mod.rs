@@ -46,6 +46,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
         5,
         include_str!("../../migrations/0005_guard_rails_and_pools.sql"),
     ),
+    (6, include_str!("../../migrations/0006_sample.sql")),
 ];
 
 /// CHECK constraints a migration widens (SQLite cannot alter one): `(version, table, old, new)`.

@@ -77,6 +77,9 @@ pub struct BackfillSummary {
     /// The first backfill of a cascade: `all` or `changed`.
     pub cascade: Option<String>,
     /// A downstream backfill of a cascade: the cascade's first backfill.
+    /// `create --sample N`: the N asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sample: Option<u32>,
     pub cascade_of: Option<i64>,
 }
 
@@ -142,6 +145,7 @@ fn summary(b: Backfill, counts: Counts) -> BackfillSummary {
         max_failures: b.max_failures,
         cascade: b.cascade,
         cascade_of: b.cascade_of,
+        sample: b.sample,
     }
 }
 

@@ -66,6 +66,7 @@ pub fn backfill() -> BackfillSummary {
         max_failures: None,
         cascade: None,
         cascade_of: None,
+        sample: None,
     }
 }
 

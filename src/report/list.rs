@@ -11,6 +11,18 @@ use crate::state::BackfillState;
 /// A backfill's state as a person should read it: a running backfill whose owner is gone says
 /// so, and how to continue it.
 pub fn state_text(b: &BackfillSummary) -> String {
+    let text = kind_text(b);
+    match b.sample {
+        Some(n) => format!(
+            "{text}, sample of {}",
+            crate::words::plural(i64::from(n), "interval", "intervals")
+        ),
+        None => text,
+    }
+}
+
+/// [`state_text`] without the sample.
+fn kind_text(b: &BackfillSummary) -> String {
     if b.state == BackfillState::Running && !b.owner_alive {
         format!(
             "running (owner gone: {})",

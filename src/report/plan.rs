@@ -31,7 +31,10 @@ struct PlanDoc<'a> {
 
 /// The plan's intervals, serialized one by one without building strings first: a plan may
 /// hold a million intervals.
-struct PlanItems<'a>(&'a [PlanRow]);
+struct PlanItems<'a>(
+    &'a [PlanRow],
+    Option<&'a std::collections::HashMap<i64, &'static str>>,
+);
 
 #[derive(Serialize)]
 struct PlanItem {
@@ -43,17 +46,21 @@ struct PlanItem {
 
 impl Serialize for PlanItems<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(|r| PlanItem {
-            start: Rfc3339(r.interval.start),
-            end: Rfc3339(r.interval.end),
-            action: match r.action {
-                Action::Run => "run",
-                Action::Skip(_) => "skip",
-            },
-            reason: match r.action {
-                Action::Run => None,
-                Action::Skip(reason) => Some(reason.as_str()),
-            },
+        s.collect_seq(self.0.iter().map(|r| {
+            PlanItem {
+                start: Rfc3339(r.interval.start),
+                end: Rfc3339(r.interval.end),
+                action: match r.action {
+                    Action::Run => "run",
+                    Action::Skip(_) => "skip",
+                },
+                reason: match r.action {
+                    Action::Run => self
+                        .1
+                        .and_then(|why| why.get(&r.interval.start.timestamp()).copied()),
+                    Action::Skip(reason) => Some(reason.as_str()),
+                },
+            }
         }))
     }
 }
@@ -65,6 +72,8 @@ pub struct PlanOptions<'a> {
     pub max_active_runs: u32,
     /// The wall time the manifest's history predicts.
     pub estimate: &'a crate::estimate::Estimate,
+    /// `--sample`: why each interval that runs was picked, by start (unix seconds).
+    pub sampled: Option<&'a std::collections::HashMap<i64, &'static str>>,
 }
 
 fn plan_doc<'a>(dag: &'a Dag, rows: &'a [PlanRow], o: &PlanOptions<'a>) -> PlanDoc<'a> {
@@ -80,7 +89,7 @@ fn plan_doc<'a>(dag: &'a Dag, rows: &'a [PlanRow], o: &PlanOptions<'a>) -> PlanD
         to_skip: rows.len() - to_run,
         estimate_seconds: o.estimate.seconds.map(|s| (s * 10.0).round() / 10.0),
         estimate_tries: o.estimate.tries,
-        intervals: PlanItems(rows),
+        intervals: PlanItems(rows, o.sampled),
     }
 }
 
@@ -142,7 +151,12 @@ pub fn write(
     ]);
     for (i, r) in rows.iter().enumerate() {
         let (action, reason) = match r.action {
-            Action::Run => ("run", String::new()),
+            Action::Run => (
+                "run",
+                o.sampled
+                    .and_then(|why| why.get(&r.interval.start.timestamp()))
+                    .map_or_else(String::new, |w| (*w).to_string()),
+            ),
             Action::Skip(reason) => ("skip", reason.to_string()),
         };
         t.row(vec![

@@ -93,6 +93,7 @@ pub fn request_over(
         max_failures: None,
         cascade: None,
         cascade_of: None,
+        sample: None,
     }
 }
 
@@ -509,6 +510,47 @@ pub fn upstream_dags(project: &crate::project::Project, dag: &Dag, in_cascade: b
         .into_iter()
         .filter(|d| dag.upstream.iter().any(|(u, _)| u == &d.id))
         .collect()
+}
+
+/// A sample: its intervals (ascending) and why each was picked, by start.
+pub type Sampled = (Vec<DataInterval>, HashMap<i64, &'static str>);
+
+/// The intervals a `--sample N` backfill runs, picked from `intervals` (ascending) by
+/// [`crate::sample::pick`] over those already complete, with why each was picked (by start);
+/// `None` when the range has no more than N complete intervals, which then all run.
+pub fn sample_of(
+    manifest: Option<&dyn crate::manifest::Store>,
+    dag: &Dag,
+    intervals: &[DataInterval],
+    n: u32,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<Option<Sampled>, Error> {
+    let complete: Vec<DataInterval> = intervals.iter().copied().filter(|i| i.end <= now).collect();
+    let n = usize::try_from(n).unwrap_or(usize::MAX);
+    if complete.len() <= n {
+        return Ok(None);
+    }
+    // The history: intervals whose latest run failed or was rejected are worth a rehearsal.
+    let unsuccessful: HashSet<i64> = match (manifest, complete.first(), complete.last()) {
+        (Some(m), Some(first), Some(last)) => m
+            .latest_runs(&dag.id, first.start.timestamp(), last.start.timestamp())?
+            .into_iter()
+            .filter(|(_, (state, _, _))| {
+                matches!(
+                    state,
+                    crate::plan::RunState::Failed | crate::plan::RunState::Rejected
+                )
+            })
+            .map(|(start, _)| start)
+            .collect(),
+        _ => HashSet::new(),
+    };
+    let picked = crate::sample::pick(&complete, n, dag.tz, &unsuccessful);
+    let why = picked
+        .iter()
+        .map(|(&i, r)| (complete[i].start.timestamp(), r.as_str()))
+        .collect();
+    Ok(Some((picked.keys().map(|&i| complete[i]).collect(), why)))
 }
 
 #[cfg(test)]

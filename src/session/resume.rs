@@ -67,10 +67,24 @@ pub fn resume_found(
             let dags = super::chain::all_dags(project)?;
             super::chain::plan_member(&*conn, project, &dags, &dag, &map, mode)?
         }
-        (true, None) => (
-            expand_nonempty(&dag.schedule, range, &backfill.from_arg, &backfill.to_arg)?,
-            std::collections::HashMap::new(),
-        ),
+        (true, None) => {
+            let all = expand_nonempty(&dag.schedule, range, &backfill.from_arg, &backfill.to_arg)?;
+            // A sample whose planning was cut short picks its intervals again, as create did
+            // (the same range; the history of the intervals picked before is its own).
+            let intervals = match backfill.sample {
+                Some(n) => {
+                    let conn = manifest::open_read_only(manifest_path)?;
+                    super::launch::sample_of(Some(&*conn), &dag, &all, n, now)
+                        .map_err(|e| match e {
+                            Error::Manifest(m) => Error::Manifest(m.at(manifest_path)),
+                            other => other,
+                        })?
+                        .map_or(all, |(picked, _)| picked)
+                }
+                None => all,
+            };
+            (intervals, std::collections::HashMap::new())
+        }
         _ => (Vec::new(), std::collections::HashMap::new()),
     };
     let mut window = if backfill.planning {

@@ -14,6 +14,7 @@ mod read_only;
 mod readme;
 mod reprocess;
 mod running;
+mod sample;
 mod staging;
 mod support;
 mod tables;

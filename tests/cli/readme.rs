@@ -637,3 +637,116 @@ fn the_cascade_example_works_as_written() {
         "October counts the late order"
     );
 }
+
+/// The sample recipe, as pasted after the README's first commands: the dry run picks five
+/// intervals and says why, the staged sample publishes nothing, `diff` compares those five, and
+/// `promote` publishes them.
+#[test]
+fn the_sample_recipe_works_as_pasted() {
+    let block = readme_block("### Rehearse on a sample of the range", "sh");
+    let p = Project::new();
+    let root = p.path("");
+    let shop = crate::gate::whole_shop(&p, "examples/shop");
+    first_commands(&root);
+    let published = || -> Vec<String> {
+        let conn = rusqlite::Connection::open(shop.join("warehouse.db")).unwrap();
+        let mut stmt = conn
+            .prepare("SELECT order_day, COUNT(*) FROM orders_fact GROUP BY order_day ORDER BY 1")
+            .unwrap();
+        stmt.query_map([], |r| {
+            Ok(format!(
+                "{}|{}",
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?
+            ))
+        })
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+    };
+    let lines: Vec<&str> = block
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(lines.len(), 4, "{block}");
+
+    let plan = paste(&root, &format!("{} --output json", lines[0]));
+    plan.code(0);
+    let picked: Vec<String> = plan.json()["intervals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            format!(
+                "{} {} {}",
+                &i["start"].as_str().unwrap()[..10],
+                i["action"],
+                i["reason"]
+            )
+        })
+        .collect();
+    assert_eq!(
+        picked,
+        [
+            r#"2026-09-01 "run" "sample: first""#,
+            r#"2026-09-16 "run" "sample: spread""#,
+            r#"2026-10-01 "run" "sample: spread""#,
+            r#"2026-10-16 "run" "sample: spread""#,
+            // A Saturday and a month end: the sample needs no other for either.
+            r#"2026-10-31 "run" "sample: last""#,
+        ]
+    );
+
+    let before = published();
+    let staged = paste(&root, lines[1]);
+    staged.code(0);
+    let id = staged.stdout.trim().to_string();
+    assert!(
+        id.parse::<i64>().is_ok(),
+        "the staged id on stdout: {}",
+        staged.stdout
+    );
+    assert_eq!(published(), before, "a staged sample publishes nothing");
+
+    let diff = paste(&root, &format!("{} --output json", lines[2]));
+    diff.code(0);
+    let days: Vec<String> = diff
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["interval"]["start"].as_str().unwrap()[..10].to_string())
+        .collect();
+    assert_eq!(
+        days,
+        [
+            "2026-09-01",
+            "2026-09-16",
+            "2026-10-01",
+            "2026-10-16",
+            "2026-10-31"
+        ]
+    );
+
+    paste(&root, lines[3]).code(0);
+    let list = paste(&root, "backfill -C examples/shop list --output json");
+    let list = list.json();
+    let sampled: Vec<&serde_json::Value> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["id"].as_i64() == id.parse::<i64>().ok())
+        .map(|b| &b["sample"])
+        .collect();
+    assert_eq!(sampled, [&serde_json::json!(5)]);
+    // October was never published before the sample: its three sampled days now are, and
+    // only they.
+    let after = published();
+    let october: Vec<&str> = after
+        .iter()
+        .filter(|d| d.starts_with("2026-10-"))
+        .map(|d| &d[..10])
+        .collect();
+    assert_eq!(october, ["2026-10-01", "2026-10-16", "2026-10-31"]);
+}

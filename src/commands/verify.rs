@@ -405,12 +405,17 @@ impl Verifier<'_> {
         let _ = std::fs::remove_file(&result_path);
         let mut env = command::environment(&ctx, &self.conf.to_string(), &result_path);
         env.push(("BACKFILL_VERIFY".into(), "1".into()));
-        let spawned = process::spawn(&program, &env, &self.project.root, &log)
-            .await
-            .map_err(|e| format!("cannot start `{}`: {e}", program.name()))?
-            .release()
-            .await
-            .map_err(|e| format!("cannot start `{}`: {e}", program.name()))?;
+        let spawned = process::spawn(
+            &program,
+            &env,
+            &self.project.root,
+            process::Output::Log(log.clone()),
+        )
+        .await
+        .map_err(|e| format!("cannot start `{}`: {e}", program.name()))?
+        .release()
+        .await
+        .map_err(|e| format!("cannot start `{}`: {e}", program.name()))?;
         match process::supervise(spawned, task.timeout, task.grace_period, stop).await {
             Ok(Ended::Exited(status)) if status.success() => {}
             Ok(Ended::Exited(status)) => return Err(process::describe_exit(status)),

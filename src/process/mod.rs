@@ -79,6 +79,9 @@ pub enum Output {
     Log(PathBuf),
     /// Each kept in memory, for [`Finished`].
     Capture,
+    /// stdout into one file and stderr into another (a log), each appended to and created on
+    /// its first byte: for a command whose stdout is its answer (a gate's `source_count`).
+    Split { stdout: PathBuf, stderr: PathBuf },
 }
 
 /// A child process to start: the program, the variables added to this process's environment,
@@ -174,19 +177,19 @@ pub struct Spawned {
 }
 
 /// Forks a try's `program` in its own process group, stopped at its gate before `exec`, with
-/// `/dev/null` on its stdin and its stdout and stderr in `log_path` (see [`Output::Log`]).
+/// `/dev/null` on its stdin and its output as `output` says.
 pub async fn spawn(
     program: &Program,
     env: &[(String, String)],
     cwd: &Path,
-    log_path: &Path,
+    output: Output,
 ) -> std::io::Result<Gated> {
     spawn_gated(Command {
         program,
         env,
         cwd,
         input: Input::Null,
-        output: Output::Log(log_path.to_path_buf()),
+        output,
     })
     .await
 }
@@ -222,6 +225,23 @@ pub async fn spawn_gated(command: Command<'_>) -> std::io::Result<Gated> {
                 writer.try_clone()?,
                 writer,
                 tokio::spawn(copy_to_log(reader, path)),
+            )
+        }
+        Output::Split { stdout, stderr } => {
+            let (out_reader, out_writer) = std::io::pipe()?;
+            let (err_reader, err_writer) = std::io::pipe()?;
+            let out_reader = pipe::Receiver::from_owned_fd(OwnedFd::from(out_reader))?;
+            let err_reader = pipe::Receiver::from_owned_fd(OwnedFd::from(err_reader))?;
+            let copy = async move {
+                tokio::join!(
+                    copy_to_log(out_reader, stdout),
+                    copy_to_log(err_reader, stderr)
+                );
+            };
+            (
+                OwnedFd::from(out_writer),
+                OwnedFd::from(err_writer),
+                tokio::spawn(copy),
             )
         }
         Output::Capture => {
@@ -662,8 +682,8 @@ mod tests {
             let program = Program::Argv(vec!["true".into()]);
             let (log_a, log_b) = (dir.path().join("a.log"), dir.path().join("b.log"));
             let (a, b) = tokio::join!(
-                spawn(&program, &[], dir.path(), &log_a),
-                spawn(&program, &[], dir.path(), &log_b),
+                spawn(&program, &[], dir.path(), Output::Log(log_a.clone())),
+                spawn(&program, &[], dir.path(), Output::Log(log_b.clone())),
             );
             let (a, b) = (a.unwrap(), b.unwrap());
             let pids = [a.group.pgid, b.group.pgid];

@@ -57,8 +57,13 @@ pub enum ProjectError {
     NotFound(PathBuf),
     #[error("{}", join_errors(.0))]
     Config(Vec<ConfigError>),
-    #[error("unknown DAG `{id}`; {}", known_hint(.known))]
-    UnknownDag { id: String, known: Vec<String> },
+    #[error("unknown DAG `{id}`; {}", known_hint(.known, .broken))]
+    UnknownDag {
+        id: String,
+        known: Vec<String>,
+        /// DAG files that do not load (their DAGs are not among `known`).
+        broken: usize,
+    },
 }
 
 fn join_errors(errors: &[ConfigError]) -> String {
@@ -69,11 +74,21 @@ fn join_errors(errors: &[ConfigError]) -> String {
         .join("\n")
 }
 
-fn known_hint(known: &[String]) -> String {
-    if known.is_empty() {
+fn known_hint(known: &[String], broken: &usize) -> String {
+    let broken = match broken {
+        0 => String::new(),
+        n => format!(
+            "; {} in {DAGS_DIR}/ {} errors: `backfill dags validate` lists them",
+            crate::words::plural(i64::try_from(*n).unwrap_or(i64::MAX), "file", "files"),
+            if *n == 1 { "has" } else { "have" }
+        ),
+    };
+    if known.is_empty() && broken.is_empty() {
         format!("the project has no DAG files in {DAGS_DIR}/")
+    } else if known.is_empty() {
+        format!("no DAG file loads{broken}")
     } else {
-        format!("known DAGs: {}", known.join(", "))
+        format!("known DAGs: {}{broken}", known.join(", "))
     }
 }
 
@@ -392,6 +407,7 @@ impl Project {
     pub fn dag(&self, id: &str) -> Result<Dag, ProjectError> {
         let mut broken = None;
         let mut known = Vec::new();
+        let mut unloadable = 0;
         for f in self.load_files() {
             let stem_matches = Path::new(&f.file).file_stem().is_some_and(|s| s == id);
             match f.dag {
@@ -401,7 +417,7 @@ impl Project {
                 Err(errors) if broken.is_none() && (f.id == id || stem_matches) => {
                     broken = Some(errors);
                 }
-                Err(_) => {}
+                Err(_) => unloadable += 1,
             }
         }
         match broken {
@@ -409,6 +425,7 @@ impl Project {
             None => Err(ProjectError::UnknownDag {
                 id: id.to_string(),
                 known,
+                broken: unloadable,
             }),
         }
     }

@@ -163,7 +163,9 @@ pub fn write(
         (exit::FAILED, Some(rerun)) => format!("; rerun the failures with `{rerun}`"),
         _ => String::new(),
     };
-    if !json && (!quiet || s.exit_code != exit::OK) {
+    // The last line names the DAG and the counts whenever something needs attention, with JSON
+    // on stdout too: it is what a cron job mails.
+    if (!json && !quiet) || s.exit_code != exit::OK {
         out.note(&format!(
             "backfill {} of {}: {} — {} succeeded, {} failed, {} rejected, {} cancelled, {} skipped in {:.1}s{next}",
             s.backfill_id,
@@ -176,8 +178,6 @@ pub fn write(
             c.skipped,
             s.elapsed_seconds
         ));
-    } else if json && !next.is_empty() {
-        out.note(&format!("backfill {}: {}{next}", s.backfill_id, s.state));
     }
     Ok(())
 }
@@ -269,7 +269,13 @@ mod tests {
         assert!(notes.contains(
             "failed 2026-01-03: task `export` failed: exit code 2\n  log: [logs]/try2.log\n  | connecting\n  | ERROR: relation \"sales\" does not exist\n"
         ));
-        assert!(notes.contains("backfill 1: failed; rerun the failures with `backfill create"));
+        // The same last line as without JSON: the DAG, its counts and the rerun.
+        assert!(
+            notes.contains(
+                "backfill 1 of sales: failed — 1 succeeded, 1 failed, 1 rejected, 1 cancelled, 1 skipped in 65.4s; rerun the failures with `backfill create"
+            ),
+            "{notes}"
+        );
         let (data, notes) = summary_text(exit::FAILED, false, true);
         assert_eq!(data, "");
         assert!(!notes.contains('┌'), "no table with -q: {notes}");

@@ -207,7 +207,7 @@ async fn promote_command(
             task,
             publish,
             &input,
-            &input.log_path,
+            crate::process::Output::Log(input.log_path.clone()),
             Some("publish command"),
             stop,
         )

@@ -2,8 +2,6 @@
 //! run in its own process group under the task's timeout and the backfill's stop, and judged by
 //! its exit.
 
-use std::path::Path;
-
 use tokio::sync::watch;
 
 use super::outcome::{Outcome, TryInput, cancelled, failed, timed_out};
@@ -21,11 +19,11 @@ pub(super) async fn run_process(
     try_id: i64,
     program: &process::Program,
     env: &[(String, String)],
-    log: &Path,
+    output: process::Output,
     task: &Task,
     stop: &mut watch::Receiver<Stop>,
 ) -> Result<Result<Ended, String>, Error> {
-    let gated = match process::spawn(program, env, &shared.spec.project_root, log).await {
+    let gated = match process::spawn(program, env, &shared.spec.project_root, output).await {
         Ok(s) => s,
         Err(e) => return Ok(Err(format!("cannot start `{}`: {e}", program.name()))),
     };
@@ -79,13 +77,14 @@ fn unsuccessful(ended: &Ended, task: &Task) -> Option<Outcome> {
 }
 
 /// Renders and runs one command of a try (the task's own, `publish` or `source_count`) with its
-/// output in `log`; `Err` is the outcome when it did not succeed, its error prefixed by `what`.
+/// output where `output` says; `Err` is the outcome when it did not succeed, its error prefixed
+/// by `what`.
 pub(super) async fn run_step(
     shared: &Shared,
     task: &Task,
     spec: &CommandSpec,
     input: &TryInput<'_>,
-    log: &Path,
+    output: process::Output,
     what: Option<&str>,
     stop: &mut watch::Receiver<Stop>,
 ) -> Result<Result<(), Outcome>, Error> {
@@ -93,11 +92,20 @@ pub(super) async fn run_step(
         Ok(p) => p,
         Err(e) => return Ok(Err(failed(e, None))),
     };
-    let ended =
-        match run_process(shared, input.try_id, &program, &input.env, log, task, stop).await? {
-            Ok(ended) => ended,
-            Err(e) => return Ok(Err(failed(e, None))),
-        };
+    let ended = match run_process(
+        shared,
+        input.try_id,
+        &program,
+        &input.env,
+        output,
+        task,
+        stop,
+    )
+    .await?
+    {
+        Ok(ended) => ended,
+        Err(e) => return Ok(Err(failed(e, None))),
+    };
     Ok(match (unsuccessful(&ended, task), what) {
         (None, _) => Ok(()),
         (Some(Outcome::Failed(mut r)), Some(what)) => {

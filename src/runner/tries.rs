@@ -206,7 +206,17 @@ async fn command_try(
         },
         None => None,
     };
-    if let Err(outcome) = run_step(shared, task, spec, input, &input.log_path, None, stop).await? {
+    if let Err(outcome) = run_step(
+        shared,
+        task,
+        spec,
+        input,
+        crate::process::Output::Log(input.log_path.clone()),
+        None,
+        stop,
+    )
+    .await?
+    {
         return Ok(outcome);
     }
     let result = match command::read_result(&input.result_path) {
@@ -347,7 +357,7 @@ async fn gated_command(
             task,
             publish,
             input,
-            &input.log_path,
+            crate::process::Output::Log(input.log_path.clone()),
             Some("publish command"),
             stop,
         )
@@ -412,7 +422,12 @@ async fn source_command(
     let out = input.log_path.with_extension(format!("{key}.out"));
     let _ = std::fs::remove_file(&out);
     let what = format!("{key} command");
-    if let Err(outcome) = run_step(shared, task, spec, input, &out, Some(&what), stop).await? {
+    // Its stdout is its answer; what it says on stderr goes to the try's log.
+    let output = crate::process::Output::Split {
+        stdout: out.clone(),
+        stderr: input.log_path.clone(),
+    };
+    if let Err(outcome) = run_step(shared, task, spec, input, output, Some(&what), stop).await? {
         return Ok(Err(outcome));
     }
     let text = std::fs::read_to_string(&out).unwrap_or_default();

@@ -713,3 +713,17 @@ fn runs_selects_the_interval_starts_that_create_runs() {
         ]
     );
 }
+
+/// A project whose only DAG file is broken has DAG files: an unknown id says that they do not
+/// load and how to see why, not that there are none.
+#[test]
+fn an_unknown_dag_among_broken_files_points_at_dags_validate() {
+    let p = Project::new().dag(
+        "daily_report",
+        "schedule = \"@daily\"\nretires = 3\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+    );
+    p.run(&["create", "--dag", "daily_reprt", "--from", "2026-01-01", "--to", "2026-01-01"])
+        .code(2)
+        .stderr_has("unknown DAG `daily_reprt`; no DAG file loads; 1 file in dags/ has errors: `backfill dags validate` lists them");
+    assert!(!p.has_manifest());
+}

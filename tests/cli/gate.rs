@@ -984,3 +984,30 @@ fn the_source_count_and_the_audit_see_the_same_moment() {
     );
     assert_eq!(wh_count(&p, day), before + 1, "the order landed meanwhile");
 }
+
+/// A gate's `source_count` command answers on stdout; what it says on stderr (progress, as
+/// `bq` or a Python script prints it) goes to the try's log and is not read as its count.
+#[test]
+fn a_source_count_command_that_talks_on_stderr_is_read_from_stdout() {
+    let p = Project::new().dag(
+        "cmd",
+        r#"
+schedule = "@daily"
+[[tasks]]
+id = "export"
+command = '''printf '{"rows": 5}' > "$BACKFILL_RESULT"'''
+[tasks.gate]
+source_count = "echo 'counting the source...' >&2; echo 5"
+tolerance = 0.0
+"#,
+    );
+    create(&p, "cmd", "2026-01-01", "2026-01-01", &["-q"]).code(0);
+    assert_eq!(p.rows("SELECT source_rows FROM task_tries"), [["5"]]);
+    let log = p.rows("SELECT log_path FROM task_tries")[0][0].clone();
+    assert!(
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("counting the source..."),
+        "the count's stderr is in the try's log {log}"
+    );
+}

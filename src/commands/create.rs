@@ -244,7 +244,8 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
                 crate::session::cascade::continue_cascade(g, &project, root, &root_dag_id, mode)?;
             Ok(crate::session::chain::worst(code, rest))
         }
-        (None, Some(_)) if !args.stage => {
+        // Downstream DAGs may be stale only when this backfill published something.
+        (None, Some(id)) if !args.stage && published_any(&manifest_path, id) => {
             crate::session::cascade::name_stale_downstream(
                 g,
                 &project,
@@ -256,4 +257,13 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         }
         _ => Ok(code),
     }
+}
+
+/// Whether an interval of backfill `id` succeeded, as far as the manifest can be read (a
+/// manifest that cannot be read says no: the note this decides is only a hint).
+fn published_any(manifest_path: &std::path::Path, id: i64) -> bool {
+    crate::manifest::open_read_only(manifest_path)
+        .ok()
+        .and_then(|m| m.outcome(id).ok().flatten())
+        .is_some_and(|o| o.backfill.intervals.succeeded > 0)
 }

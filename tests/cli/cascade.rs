@@ -212,6 +212,14 @@ fn a_dry_run_shows_the_whole_chain_and_a_plain_backfill_names_what_may_be_stale(
             "note: `daily` downstream of `hourly` may now be stale over this range; `{}` backfills it where what it read changed",
             p.hint("create --dag hourly --from 2026-03-29 --to 2026-03-29 --reprocess-behavior completed --cascade changed")
         ));
+    // Run again, everything is skipped as already there: nothing downstream can be stale.
+    let again = hourly(&p, "2026-03-29", "2026-03-29", &[]);
+    again.code(0);
+    assert!(
+        !again.stderr.contains("may now be stale"),
+        "{}",
+        again.stderr
+    );
 }
 
 #[test]

@@ -260,10 +260,11 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
 }
 
 /// Whether an interval of backfill `id` succeeded, as far as the manifest can be read (a
-/// manifest that cannot be read says no: the note this decides is only a hint).
+/// manifest that cannot be read says no: the note this decides is only a hint). One indexed
+/// lookup: reading the backfill's whole outcome would map every page of a large manifest.
 fn published_any(manifest_path: &std::path::Path, id: i64) -> bool {
     crate::manifest::open_read_only(manifest_path)
         .ok()
-        .and_then(|m| m.outcome(id).ok().flatten())
-        .is_some_and(|o| o.backfill.intervals.succeeded > 0)
+        .and_then(|m| m.any_succeeded(id).ok())
+        .unwrap_or(false)
 }

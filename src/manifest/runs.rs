@@ -540,3 +540,13 @@ pub fn starts_in_progress(
         .query_map([backfill_id], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?)
 }
+
+/// Whether a run of backfill `backfill_id` succeeded: the first one found, through the index
+/// on runs by backfill, so the answer reads a few pages whatever the backfill's size.
+pub fn any_succeeded(conn: &Connection, backfill_id: i64) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM runs WHERE backfill_id = ?1 AND state = 'succeeded')",
+        )?
+        .query_row([backfill_id], |r| r.get(0))?)
+}

@@ -280,6 +280,8 @@ pub trait Store {
     /// The tries whose audit files must stay: publishes that were decided (a recovery redoes
     /// them) and staged outputs, kept until promoted or discarded.
     fn needing_audit_files(&self) -> Result<std::collections::HashSet<i64>>;
+    /// Whether a run of backfill `backfill_id` succeeded.
+    fn any_succeeded(&self, backfill_id: i64) -> Result<bool>;
     /// The interval starts of backfill `backfill_id` whose runs are still queued or running.
     fn starts_in_progress(&self, backfill_id: i64) -> Result<std::collections::HashSet<i64>>;
     /// Every row of the plan of backfill `backfill_id`, by interval start.
@@ -305,6 +307,9 @@ pub trait Store {
 
 /// The SQLite manifest: a connection inside the writer's transaction, or a read-only one.
 impl Store for Connection {
+    fn any_succeeded(&self, backfill_id: i64) -> Result<bool> {
+        runs::any_succeeded(self, backfill_id)
+    }
     fn backfill(&self, id: i64) -> Result<Option<Backfill>> {
         backfills::get(self, id)
     }

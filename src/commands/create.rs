@@ -48,10 +48,14 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         }
         Some(n) => {
             let manifest = crate::manifest::open_if_exists(&manifest_path)?;
-            match sample_of(manifest.as_deref(), &dag, &intervals, n, now).map_err(|e| match e {
-                Error::Manifest(m) => Error::Manifest(m.at(&manifest_path)),
-                other => other,
-            })? {
+            match sample_of(
+                manifest.as_deref(),
+                &manifest_path,
+                &dag,
+                &intervals,
+                n,
+                now,
+            )? {
                 Some((picked, why)) => (picked, Some((n, why))),
                 None => {
                     crate::session::note(

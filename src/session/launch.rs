@@ -520,6 +520,7 @@ pub type Sampled = (Vec<DataInterval>, HashMap<i64, &'static str>);
 /// `None` when the range has no more than N complete intervals, which then all run.
 pub fn sample_of(
     manifest: Option<&dyn crate::manifest::Store>,
+    manifest_path: &std::path::Path,
     dag: &Dag,
     intervals: &[DataInterval],
     n: u32,
@@ -533,7 +534,8 @@ pub fn sample_of(
     // The history: intervals whose latest run failed or was rejected are worth a rehearsal.
     let unsuccessful: HashSet<i64> = match (manifest, complete.first(), complete.last()) {
         (Some(m), Some(first), Some(last)) => m
-            .latest_runs(&dag.id, first.start.timestamp(), last.start.timestamp())?
+            .latest_runs(&dag.id, first.start.timestamp(), last.start.timestamp())
+            .map_err(|e| e.at(manifest_path))?
             .into_iter()
             .filter(|(_, (state, _, _))| {
                 matches!(

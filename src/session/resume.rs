@@ -74,11 +74,7 @@ pub fn resume_found(
             let intervals = match backfill.sample {
                 Some(n) => {
                     let conn = manifest::open_read_only(manifest_path)?;
-                    super::launch::sample_of(Some(&*conn), &dag, &all, n, now)
-                        .map_err(|e| match e {
-                            Error::Manifest(m) => Error::Manifest(m.at(manifest_path)),
-                            other => other,
-                        })?
+                    super::launch::sample_of(Some(&*conn), manifest_path, &dag, &all, n, now)?
                         .map_or(all, |(picked, _)| picked)
                 }
                 None => all,

@@ -129,6 +129,7 @@ fn gate_checks(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let w = Warehouse {
         name: "bench".into(),
+        kind: backfill::project::WarehouseKind::Sqlite,
         path: dir.path().join("warehouse.db"),
         init: Vec::new(),
         busy_timeout: backfill::project::DEFAULT_BUSY_TIMEOUT,
@@ -156,6 +157,7 @@ fn gate_checks(c: &mut Criterion) {
     };
     let g = Gate {
         unique_key: vec!["order_id".into()],
+        unique_key_table: false,
         source_count: None,
         source_fingerprint: None,
         tolerance: 0.02,
@@ -193,6 +195,7 @@ fn gate_checks(c: &mut Criterion) {
         source: Some(3000),
         published: Some(2990),
         mixed: None,
+        elsewhere: None,
     };
     let rules = Rules {
         tolerance: 0.02,

@@ -34,6 +34,9 @@ pub struct Measures {
     pub published: Option<i64>,
     /// Why the output's partition values are not of one representation (SQL tasks).
     pub mixed: Option<String>,
+    /// A key of the output that another partition of the target already holds, and where
+    /// (`unique_key_scope = "table"`).
+    pub elsewhere: Option<String>,
 }
 
 /// How many partition values outside the interval a rejection shows.
@@ -147,6 +150,11 @@ fn verdict(m: &Measures, r: &Rules) -> Verdict {
             }
         ));
     }
+    if let Some(found) = &m.elsewhere {
+        return Verdict::Reject(format!(
+            "unique_key violated across partitions: key {found}; the source moved that record out of its old partition, so rerun the old partition first, then this one"
+        ));
+    }
     match m.source {
         Some(source) if source > 0 && m.rows == 0 => {
             return Verdict::Reject(format!(
@@ -218,6 +226,7 @@ mod tests {
             source: Some(rows),
             published: None,
             mixed: None,
+            elsewhere: None,
         }
     }
 
@@ -258,6 +267,7 @@ mod tests {
             source: Some(50),
             published: Some(100),
             mixed: None,
+            elsewhere: None,
         };
         assert!(reason(judged(&all_wrong, &RULES)).starts_with("row outside interval: 3"));
         let dupes = Measures {
@@ -389,6 +399,7 @@ mod tests {
             source: None,
             published: None,
             mixed: None,
+            elsewhere: None,
         };
         assert_eq!(judged(&command_task, &RULES), Verdict::Publish);
     }

@@ -207,6 +207,16 @@ pub fn look(
         return Ok(Seen::default());
     };
     match &task.kind {
+        TaskKind::Sql(sql) if sql.warehouse.is_postgres() => {
+            let binds = Binds::new(interval, dag.tz);
+            let (source_rows, source_fingerprint) =
+                warehouse::postgres::look(sql, Some(gate), &binds, dag.tz)
+                    .map_err(|e| e.to_string())?;
+            Ok(Seen {
+                source_rows,
+                source_fingerprint,
+            })
+        }
         TaskKind::Sql(sql) => {
             let conn = warehouse::open_to_read(&sql.warehouse).map_err(|e| e.to_string())?;
             let binds = Binds::new(interval, dag.tz);
@@ -318,6 +328,7 @@ mod tests {
     fn gate(count: bool, fingerprint: bool) -> Gate {
         Gate {
             unique_key: Vec::new(),
+            unique_key_table: false,
             source_count: count.then(|| SourceCount::Sql("SELECT 1".into())),
             source_fingerprint: fingerprint.then(|| SourceCount::Sql("SELECT 1".into())),
             tolerance: 0.0,

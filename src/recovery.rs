@@ -327,6 +327,18 @@ fn finish_publish(
         ));
     };
     let reader = manifest::open_read_only(manifest_path).map_err(|e| e.to_string())?;
+    if task.warehouse.is_postgres() {
+        // The publish was the owner's own transaction: it committed, or the server rolled it
+        // back when the owner's connection ended. The warehouse's bookkeeping says which.
+        let manifest = warehouse::backend::manifest_name(manifest_path);
+        return match warehouse::postgres::settle_publish(task, p.interval, &manifest, p.try_id) {
+            Ok(Some(rows)) => Ok(Finished::Published(rows)),
+            Ok(None) => Ok(Finished::Dropped(
+                "the publish did not commit (the server rolled its transaction back); the interval runs again".into(),
+            )),
+            Err(e) => Err(e.to_string()),
+        };
+    }
     let wh = warehouse::open(&task.warehouse).map_err(|e| e.to_string())?;
     if let Some(key) = p.record.restore_key {
         // A rollback: its transaction put the version back and dropped it, together. Judged

@@ -134,7 +134,9 @@ fn kept_versions(dag: &crate::project::Dag) -> Vec<crate::warehouse::versions::S
         let crate::project::TaskKind::Sql(sql) = &task.kind else {
             continue;
         };
-        if !seen.insert((sql.warehouse.path.clone(), sql.target.clone())) {
+        if sql.warehouse.is_postgres()
+            || !seen.insert((sql.warehouse.path.clone(), sql.target.clone()))
+        {
             continue;
         }
         let storage = rusqlite::Connection::open_with_flags(

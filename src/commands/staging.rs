@@ -472,6 +472,7 @@ pub fn rollback(
 ) -> Result<u8, Error> {
     let project = g.project()?;
     let dag = project.dag(dag_id)?;
+    crate::session::launch::sqlite_only(&dag, "rollback")?;
     let mut chosen: Vec<(&crate::project::Task, &crate::project::SqlTask)> = Vec::new();
     for t in only {
         match dag.tasks.iter().find(|x| &x.id == t) {

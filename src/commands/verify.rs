@@ -106,6 +106,7 @@ pub fn run(
             "no complete interval between --from {from} and --to {to}; verify needs intervals that have ended"
         )));
     }
+    crate::session::launch::sqlite_only(&dag, "verify")?;
     let reprs = check_tasks(&dag, &conf, &intervals)?;
     let audit_dir = warehouse::audit_dir(&g.manifest_path(Some(&project))?);
     // Verify files that a killed verify left behind (their lock is free) go first.
@@ -338,13 +339,12 @@ impl Verifier<'_> {
                 );
                 let (dir, s, g) = (self.audit_dir.to_path_buf(), sql.clone(), task.gate.clone());
                 let (repr, tz) = (self.reprs.get(&task.id).copied().flatten(), self.dag.tz);
-                let step = blocking_step(task.timeout, &mut stop, move |cancel, interrupt| {
+                let step = blocking_step(task.timeout, &mut stop, move |cancel| {
                     let file = AuditFile::create(&dir, &name)?;
                     let result = (|| {
                         let conn = warehouse::open(&s.warehouse)?;
-                        if let Ok(mut slot) = interrupt.lock() {
-                            *slot = Some(conn.get_interrupt_handle());
-                        }
+                        let handle = conn.get_interrupt_handle();
+                        cancel.on_set(Box::new(move || handle.interrupt()))?;
                         file.attach(&conn)?;
                         let m = audit::write_and_measure(
                             &conn,

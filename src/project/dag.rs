@@ -126,6 +126,9 @@ pub struct SqlTask {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Gate {
     pub unique_key: Vec<String>,
+    /// `unique_key_scope = "table"`: the output's keys must not be in any other partition of
+    /// the target either (a record the source moved across the partition boundary).
+    pub unique_key_table: bool,
     pub source_count: Option<SourceCount>,
     /// What the source looks like now, as one value (a query or a command): recorded with each
     /// try and compared again by `--reprocess-behavior changed` and `backfill stale`.

@@ -555,8 +555,26 @@ fn task_kind(
                 Some(v) => Some(v.get_ref().clone()),
             };
             let warehouse = field(&t.warehouse, "warehouse", false);
-            let target = field(&t.target, "target", true);
+            // PostgreSQL targets may name their schema: checked again once the warehouse is known.
+            let target = field(&t.target, "target", false);
             let partition_column = field(&t.partition_column, "partition_column", true);
+            let target = target.filter(|name| {
+                let qualified = name
+                    .split_once('.')
+                    .is_some_and(|(s, n)| sql_identifier(s) && sql_identifier(n));
+                if !sql_identifier(name) && !qualified {
+                    if let Some(at) = &t.target {
+                        errs.at(
+                            at,
+                            format!(
+                                "key `target`: `{name}` is not a plain SQL name (letters, digits and `_`, starting with a letter or `_`), or schema.table on a PostgreSQL warehouse"
+                            ),
+                        );
+                    }
+                    return false;
+                }
+                true
+            });
             if !missing.is_empty() {
                 errs.at(
                     sql,
@@ -605,10 +623,21 @@ fn task_kind(
                 Some(k) => Some(keep_versions(k, errs)?),
             };
             let warehouse = warehouse?.clone();
+            let (target, at) = (target?, t.target.as_ref()?);
+            if !warehouse.is_postgres() && !sql_identifier(&target) {
+                errs.at(
+                    at,
+                    format!(
+                        "key `target`: `{target}` names a schema; a SQLite warehouse's tables are plain names such as `{}`",
+                        target.rsplit('.').next().unwrap_or_default()
+                    ),
+                );
+                return None;
+            }
             Some(TaskKind::Sql(SqlTask {
                 keep_versions: keep.unwrap_or(warehouse.keep_versions),
                 warehouse,
-                target: target?,
+                target,
                 partition_column: partition_column?,
                 sql: sql.get_ref().clone(),
             }))
@@ -662,6 +691,31 @@ fn load_gate(
             ok = false;
         }
     }
+    let unique_key_table = match raw.unique_key_scope.as_ref() {
+        None => false,
+        Some(s) => match s.get_ref().as_str() {
+            "partition" => false,
+            "table" if raw.unique_key.is_empty() => {
+                errs.at(
+                    s,
+                    "key `unique_key_scope` needs `unique_key`: the columns whose values must be unique",
+                );
+                ok = false;
+                false
+            }
+            "table" => true,
+            other => {
+                errs.at(
+                    s,
+                    format!(
+                        "key `unique_key_scope` is \"partition\" (keys unique within the interval's output, the default) or \"table\" (also not in any other partition of the target), not `{other}`"
+                    ),
+                );
+                ok = false;
+                false
+            }
+        },
+    };
     let tolerance = match &raw.tolerance {
         None => 0.0,
         Some(v) if v.get_ref().is_finite() && *v.get_ref() >= 0.0 => *v.get_ref(),
@@ -692,6 +746,7 @@ fn load_gate(
     );
     ok.then(|| Gate {
         unique_key: raw.unique_key.iter().map(|k| k.get_ref().clone()).collect(),
+        unique_key_table,
         source_count,
         source_fingerprint,
         tolerance,
@@ -826,4 +881,46 @@ fn timeout(v: &Spanned<String>, errs: &mut FileErrors<'_>) -> Option<Duration> {
         return None;
     }
     Some(d)
+}
+
+/// Puts the environment variables that `text` names as `${NAME}` in, so that secrets stay out
+/// of files; `$$` is one `$`. A variable that is not set is an error that names it.
+pub(crate) fn expand_env(text: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        if let Some(after) = tail.strip_prefix("$$") {
+            out.push('$');
+            rest = after;
+        } else if let Some(body) = tail.strip_prefix("${") {
+            let Some(end) = body.find('}') else {
+                return Err("`${` without its closing `}`; write ${NAME}".into());
+            };
+            let name = &body[..end];
+            let plain = !name.is_empty()
+                && !name.starts_with(|c: char| c.is_ascii_digit())
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !plain {
+                return Err(format!(
+                    "`${{{name}}}` is not an environment variable's name (letters, digits and `_`)"
+                ));
+            }
+            match std::env::var(name) {
+                Ok(value) => out.push_str(&value),
+                Err(_) => {
+                    return Err(format!(
+                        "environment variable `{name}` is not set; export it, or write the value here"
+                    ));
+                }
+            }
+            rest = &body[end + 1..];
+        } else {
+            out.push('$');
+            rest = &tail[1..];
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
 }

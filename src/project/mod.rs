@@ -101,7 +101,7 @@ pub struct Project {
     /// A lease whose owner has not sent a heartbeat for this long is stale; at least
     /// [`MIN_LEASE_TIMEOUT`].
     pub lease_timeout: Duration,
-    /// SQLite warehouses by name.
+    /// Warehouses by name.
     pub warehouses: BTreeMap<String, Warehouse>,
     /// How the manifest's commits reach the disk.
     pub durability: Durability,
@@ -112,10 +112,13 @@ pub struct Project {
     pub pools: BTreeMap<String, u32>,
 }
 
-/// A SQLite warehouse declared in `backfill.toml`.
+/// A warehouse declared in `backfill.toml`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Warehouse {
     pub name: String,
+    /// Which database holds its tables.
+    pub kind: WarehouseKind,
+    /// A SQLite warehouse's database file (empty for other kinds).
     pub path: PathBuf,
     /// SQL files run once, in order, in one transaction, when the database file does not exist.
     pub init: Vec<PathBuf>,
@@ -125,6 +128,93 @@ pub struct Warehouse {
     /// How many partitions replaced by publishes are kept per task and interval, for
     /// `backfill rollback` (`keep_versions`, default 1; 0 keeps none).
     pub keep_versions: u32,
+}
+
+/// Which database holds a warehouse's tables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WarehouseKind {
+    /// A SQLite database file, created from the warehouse's init files when it is missing.
+    Sqlite,
+    /// A PostgreSQL database.
+    Postgres(PgUrl),
+}
+
+/// A PostgreSQL connection URL, with the environment variables it named already put in. It may
+/// hold a password: it is shown only through [`PgUrl::redacted`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct PgUrl(String);
+
+impl PgUrl {
+    pub fn new(url: String) -> Self {
+        Self(url)
+    }
+
+    /// The URL itself, to connect with.
+    pub fn secret(&self) -> &str {
+        &self.0
+    }
+
+    /// The URL without its password (in the user part or a `password` parameter).
+    pub fn redacted(&self) -> String {
+        redact_url(&self.0)
+    }
+}
+
+impl std::fmt::Debug for PgUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+/// `url` without a password: `scheme://user:secret@host` loses `:secret`, and a `password=`
+/// parameter its value.
+pub fn redact_url(url: &str) -> String {
+    let (head, query) = match url.split_once('?') {
+        Some((h, q)) => (h, Some(q)),
+        None => (url, None),
+    };
+    let mut out = match head.split_once("://") {
+        Some((scheme, rest)) => {
+            // The user part ends at the last `@` before the path.
+            let authority_end = rest.find('/').unwrap_or(rest.len());
+            let (authority, path) = rest.split_at(authority_end);
+            let authority = match authority.rsplit_once('@') {
+                Some((user, host)) => {
+                    let user = user.split_once(':').map_or(user, |(u, _)| u);
+                    format!("{user}@{host}")
+                }
+                None => authority.to_string(),
+            };
+            format!("{scheme}://{authority}{path}")
+        }
+        None => head.to_string(),
+    };
+    if let Some(q) = query {
+        let params: Vec<String> = q
+            .split('&')
+            .map(|kv| match kv.split_once('=') {
+                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                _ => kv.to_string(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&params.join("&"));
+    }
+    out
+}
+
+impl Warehouse {
+    /// Where the warehouse is, for messages: its file, or its URL without the password.
+    pub fn location(&self) -> String {
+        match &self.kind {
+            WarehouseKind::Sqlite => self.path.display().to_string(),
+            WarehouseKind::Postgres(url) => url.redacted(),
+        }
+    }
+
+    pub fn is_postgres(&self) -> bool {
+        matches!(self.kind, WarehouseKind::Postgres(_))
+    }
 }
 
 /// The largest pool.
@@ -233,6 +323,80 @@ impl Project {
                     ),
                 );
             }
+            let kind = match w.kind.as_ref().map(|k| (k, k.get_ref().as_str())) {
+                None | Some((_, "sqlite")) => None,
+                Some((_, "postgres" | "postgresql")) => match &w.url {
+                    Some(u) => match load::expand_env(u.get_ref()) {
+                        Ok(url)
+                            if url.starts_with("postgres://")
+                                || url.starts_with("postgresql://") =>
+                        {
+                            Some(PgUrl::new(url))
+                        }
+                        Ok(_) => {
+                            errs.at(
+                                u,
+                                format!("warehouse `{name}`: key `url` must be a PostgreSQL URL such as \"postgresql://etl@db.internal:5432/analytics\""),
+                            );
+                            continue;
+                        }
+                        Err(why) => {
+                            errs.at(u, format!("warehouse `{name}`: key `url`: {why}"));
+                            continue;
+                        }
+                    },
+                    None => {
+                        errs.at(
+                            &w.name,
+                            format!("warehouse `{name}` of kind \"postgres\" needs `url`, such as url = \"postgresql://etl@db.internal/analytics\" or url = \"${{ANALYTICS_PG_URL}}\""),
+                        );
+                        continue;
+                    }
+                },
+                Some((k, other)) => {
+                    errs.at(
+                        k,
+                        format!("warehouse `{name}`: key `kind` is \"sqlite\" (the default) or \"postgres\", not `{other}`"),
+                    );
+                    continue;
+                }
+            };
+            if let Some(url) = kind {
+                for (key, given) in [
+                    ("path", w.path.is_some()),
+                    ("busy_timeout", w.busy_timeout.is_some()),
+                    ("init", !w.init.is_empty()),
+                ] {
+                    if given {
+                        errs.at(
+                            &w.name,
+                            format!("warehouse `{name}`: key `{key}` is for SQLite warehouses; a PostgreSQL warehouse has only `url` and `keep_versions`"),
+                        );
+                    }
+                }
+                let keep_versions = match &w.keep_versions {
+                    None => 0,
+                    Some(k) => load::keep_versions(k, &mut errs).unwrap_or(0),
+                };
+                warehouses.insert(
+                    name.clone(),
+                    Warehouse {
+                        name: name.clone(),
+                        kind: WarehouseKind::Postgres(url),
+                        path: PathBuf::new(),
+                        init: Vec::new(),
+                        busy_timeout: DEFAULT_BUSY_TIMEOUT,
+                        keep_versions,
+                    },
+                );
+                continue;
+            }
+            if let Some(u) = &w.url {
+                errs.at(
+                    u,
+                    format!("warehouse `{name}`: key `url` needs kind = \"postgres\"; a SQLite warehouse has `path`"),
+                );
+            }
             let path = match &w.path {
                 Some(p) if !p.get_ref().trim().is_empty() => root.join(p.get_ref()),
                 Some(p) => {
@@ -295,6 +459,7 @@ impl Project {
                 name.clone(),
                 Warehouse {
                     name: name.clone(),
+                    kind: WarehouseKind::Sqlite,
                     path,
                     init,
                     busy_timeout,

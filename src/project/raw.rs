@@ -19,7 +19,14 @@ pub(crate) const PROJECT_KEYS: &[&str] = &[
     "notify",
     "pools",
 ];
-pub(crate) const WAREHOUSE_KEYS: &[&str] = &["path", "init", "busy_timeout", "keep_versions"];
+pub(crate) const WAREHOUSE_KEYS: &[&str] = &[
+    "kind",
+    "path",
+    "url",
+    "init",
+    "busy_timeout",
+    "keep_versions",
+];
 pub(crate) const DAG_KEYS: &[&str] = &[
     "id",
     "description",
@@ -55,6 +62,7 @@ pub(crate) const TASK_KEYS: &[&str] = &[
 ];
 pub(crate) const GATE_KEYS: &[&str] = &[
     "unique_key",
+    "unique_key_scope",
     "source_count",
     "source_fingerprint",
     "tolerance",
@@ -116,7 +124,11 @@ pub(crate) struct RawProject {
 pub(crate) struct RawWarehouse {
     /// The name, spanned at `NAME` in the table header.
     pub(crate) name: Spanned<String>,
+    /// `sqlite` (the default) or `postgres`.
+    pub(crate) kind: Option<Spanned<String>>,
     pub(crate) path: Option<Spanned<String>>,
+    /// A PostgreSQL warehouse's connection URL.
+    pub(crate) url: Option<Spanned<String>>,
     pub(crate) init: Vec<Spanned<String>>,
     pub(crate) busy_timeout: Option<Spanned<String>>,
     pub(crate) keep_versions: Option<Spanned<i128>>,
@@ -167,6 +179,8 @@ pub(crate) struct RawTask {
 #[derive(Debug)]
 pub(crate) struct RawGate {
     pub(crate) unique_key: Vec<Spanned<String>>,
+    /// `partition` (the default) or `table`.
+    pub(crate) unique_key_scope: Option<Spanned<String>>,
     pub(crate) source_count: Option<Spanned<RawCommand>>,
     pub(crate) source_fingerprint: Option<Spanned<RawCommand>>,
     pub(crate) tolerance: Option<Spanned<f64>>,
@@ -208,7 +222,14 @@ impl RawProject {
                                 let header = format!("[warehouse.{}]", name.get_ref());
                                 unknown_keys(t, &header, WAREHOUSE_KEYS, errs);
                                 warehouses.push(RawWarehouse {
+                                    kind: string(t, "kind", "\"postgres\"", errs),
                                     path: string(t, "path", "\"warehouse.db\"", errs),
+                                    url: string(
+                                        t,
+                                        "url",
+                                        "\"postgresql://etl@db.internal/analytics\"",
+                                        errs,
+                                    ),
                                     init: strings(t, "init", "[\"schema.sql\"]", errs),
                                     busy_timeout: string(t, "busy_timeout", "\"5s\"", errs),
                                     keep_versions: integer(t, "keep_versions", "1", errs),
@@ -329,6 +350,7 @@ impl RawTask {
                 unknown_keys(gt, "[tasks.gate]", GATE_KEYS, errs);
                 let gate = RawGate {
                     unique_key: strings(gt, "unique_key", "[\"day\", \"region\"]", errs),
+                    unique_key_scope: string(gt, "unique_key_scope", "\"table\"", errs),
                     source_count: command(gt, "source_count", errs),
                     source_fingerprint: command(gt, "source_fingerprint", errs),
                     tolerance: number(gt, "tolerance", "0.02", errs),

@@ -36,6 +36,7 @@ fn shop() -> BTreeMap<String, Warehouse> {
         "shop".to_string(),
         Warehouse {
             name: "shop".into(),
+            kind: WarehouseKind::Sqlite,
             path: PathBuf::from("/nonexistent/warehouse.db"),
             init: Vec::new(),
             busy_timeout: crate::project::DEFAULT_BUSY_TIMEOUT,

@@ -24,6 +24,7 @@ use crate::state::TryState;
 use crate::task::command;
 use crate::task::template::IntervalValues;
 use crate::warehouse::AuditFile;
+use crate::warehouse::backend::Audited;
 
 /// Promotes one task of an interval: one try, never retried (a failed promote leaves the output
 /// staged, for the next `promote`).
@@ -80,6 +81,7 @@ fn judge_again(
         source: s.source_rows,
         published,
         mixed: None,
+        elsewhere: None,
     };
     let verdict = gate::judge(
         &measures,
@@ -155,7 +157,7 @@ async fn promote_sql(
             interval,
             try_id: started.try_id,
             log_path: &started.log,
-            file,
+            output: Box::new(Audited::staged(file)),
             record,
             repr,
             empty: verdict == Verdict::PublishEmpty,

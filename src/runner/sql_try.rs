@@ -5,10 +5,8 @@
 //! repaired by finishing the publish from the audit file (see `recovery`).
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rusqlite::InterruptHandle;
 use tokio::sync::watch;
 
 use super::outcome::{Outcome, TryInput, apply_verdict, cancelled, failed, rules, timed_out};
@@ -20,7 +18,8 @@ use crate::gate::{self, Measures, Verdict};
 use crate::manifest::{self, TryRecord, runs};
 use crate::project::{SqlTask, Task};
 use crate::state::TryState;
-use crate::warehouse::{self, AuditFile, AuditMeasures, Binds, Cancel, audit, publish};
+use crate::warehouse::backend::{self, Pending};
+use crate::warehouse::{self, Binds, Cancel};
 
 /// A blocking warehouse step that can be cancelled or timed out.
 pub(crate) enum Step<T> {
@@ -31,19 +30,16 @@ pub(crate) enum Step<T> {
     Cancelled(Option<Result<T, warehouse::Error>>),
 }
 
-pub(crate) type Interrupt = Arc<Mutex<Option<InterruptHandle>>>;
-
-/// Runs a blocking warehouse step on the blocking pool; a timeout or a stop interrupts its
-/// SQLite statement and waits for it to return.
+/// Runs a blocking warehouse step on the blocking pool; a timeout or a stop sets its cancel
+/// flag, which interrupts its statement, and waits for it to return.
 pub(crate) async fn blocking_step<T: Send + 'static>(
     timeout: Option<Duration>,
     stop: &mut watch::Receiver<Stop>,
-    f: impl FnOnce(&Cancel, &Interrupt) -> Result<T, warehouse::Error> + Send + 'static,
+    f: impl FnOnce(&Cancel) -> Result<T, warehouse::Error> + Send + 'static,
 ) -> Step<T> {
     let cancel = Cancel::default();
-    let interrupt: Interrupt = Arc::default();
-    let (c, i) = (cancel.clone(), interrupt.clone());
-    let mut job = tokio::task::spawn_blocking(move || f(&c, &i));
+    let c = cancel.clone();
+    let mut job = tokio::task::spawn_blocking(move || f(&c));
     let deadline = tokio::time::sleep(timeout.unwrap_or(Duration::MAX / 4));
     tokio::pin!(deadline);
     let mut stop_open = true;
@@ -63,12 +59,8 @@ pub(crate) async fn blocking_step<T: Send + 'static>(
             }
         }
     };
-    cancel.set();
-    if let Ok(slot) = interrupt.lock()
-        && let Some(handle) = slot.as_ref()
-    {
-        handle.interrupt();
-    }
+    // Interrupting may block (PostgreSQL's cancel request is a connection of its own).
+    let _ = tokio::task::spawn_blocking(move || cancel.set()).await;
     // The step may have finished meanwhile: its result goes back, so that what it made (an
     // audit file) is removed.
     let late = job.await.ok();
@@ -78,9 +70,6 @@ pub(crate) async fn blocking_step<T: Send + 'static>(
         Step::Cancelled(late)
     }
 }
-
-/// The audit step's result: the connection (reused to publish), the audit file and measures.
-type Audited = (warehouse::pool::Pooled, AuditFile, AuditMeasures);
 
 pub(super) async fn sql_try(
     shared: &Shared,
@@ -100,57 +89,35 @@ pub(super) async fn sql_try(
         .ok()
         .and_then(|r| r.get(&task.id).copied().flatten());
     let mut log = TryLog::open(&input.log_path);
+    let into = if sql.warehouse.is_postgres() {
+        "its own transaction".to_string()
+    } else {
+        audit_path.display().to_string()
+    };
     log.line(&format!(
-        "warehouse `{}`: computing {} for [{}, {}) into {}",
-        sql.warehouse.name,
-        sql.target,
-        binds.data_interval_start,
-        binds.data_interval_end,
-        audit_path.display()
+        "warehouse `{}`: computing {} for [{}, {}) into {into}",
+        sql.warehouse.name, sql.target, binds.data_interval_start, binds.data_interval_end,
     ));
     let (s, g, b) = (sql.clone(), task.gate.clone(), binds.clone());
-    let step = blocking_step(
-        task.timeout,
-        stop,
-        move |cancel, interrupt| -> Result<Audited, warehouse::Error> {
-            let dir = audit_path.parent().unwrap_or_else(|| Path::new("."));
-            let name = audit_path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let file = AuditFile::create(dir, &name)?;
-            let measured = (|| -> Result<_, warehouse::Error> {
-                let conn = warehouse::pool::take(&s.warehouse)?;
-                if let Ok(mut slot) = interrupt.lock() {
-                    *slot = Some(conn.get_interrupt_handle());
-                }
-                if cancel.flag().load(std::sync::atomic::Ordering::Relaxed) {
-                    return Err(warehouse::Error::Cancelled);
-                }
-                file.attach(&conn)?;
-                let m = audit::write_and_measure(
-                    &conn,
-                    &s,
-                    g.as_ref(),
-                    known_repr,
-                    &b,
-                    tz,
-                    Some(cancel.flag()),
-                );
-                audit::detach(&conn);
-                Ok((conn, m?))
-            })();
-            match measured {
-                Ok((conn, m)) => Ok((conn, file, m)),
-                Err(e) => {
-                    file.remove();
-                    Err(e.at(&s.warehouse))
-                }
-            }
-        },
-    )
+    let (try_id, manifest) = (
+        input.try_id,
+        backend::manifest_name(&shared.spec.manifest_path),
+    );
+    let step = blocking_step(task.timeout, stop, move |cancel| {
+        let write = backend::Write {
+            task: &s,
+            gate: g.as_ref(),
+            binds: &b,
+            tz,
+            repr: known_repr,
+            audit_path: &audit_path,
+            try_id,
+            manifest: &manifest,
+        };
+        backend::of(&s.warehouse).write(&write, cancel)
+    })
     .await;
-    let (conn, file, measures) = match step {
+    let output = match step {
         Step::Done(Ok(v)) => v,
         Step::Done(Err(e)) => {
             let error = e.to_string();
@@ -168,8 +135,7 @@ pub(super) async fn sql_try(
             return Ok(cancelled("cancelled"));
         }
     };
-    // Back to the pool: the publish takes a connection again, and finds this one.
-    drop(conn);
+    let measures = output.measures().clone();
     crate::fault::point("after-audit");
     if known_repr.is_none()
         && let (Some(r), Ok(mut reprs)) = (measures.repr, shared.reprs.lock())
@@ -186,6 +152,7 @@ pub(super) async fn sql_try(
         source: measures.source,
         published,
         mixed: measures.mixed.clone(),
+        elsewhere: measures.elsewhere.clone(),
     };
     let verdict = match gate::judge(
         &gate_measures,
@@ -193,7 +160,7 @@ pub(super) async fn sql_try(
     ) {
         Ok(v) => v,
         Err(why) => {
-            file.remove();
+            output.remove();
             log.line(&why);
             return Ok(failed(why, None));
         }
@@ -211,12 +178,12 @@ pub(super) async fn sql_try(
     apply_verdict(&mut record, &verdict, measures.source, published);
     record.source_fingerprint = measures.source_fingerprint.clone();
     if let Verdict::Reject(reason) = verdict {
-        file.remove();
+        output.remove();
         record.state = TryState::Rejected;
         return Ok(Outcome::Rejected(record, reason));
     }
     if matches!(shared.spec.mode, super::Mode::Stage) {
-        return Ok(stage(file, record, &mut log));
+        return Ok(stage(output, record, &mut log));
     }
     publish_audited(
         shared,
@@ -226,7 +193,7 @@ pub(super) async fn sql_try(
             interval: input.interval,
             try_id: input.try_id,
             log_path: &input.log_path,
-            file,
+            output,
             record,
             repr: measures.repr.or(known_repr),
             empty: verdict == Verdict::PublishEmpty,
@@ -245,7 +212,8 @@ pub(super) struct ToPublish<'a> {
     pub interval: crate::interval::DataInterval,
     pub try_id: i64,
     pub log_path: &'a Path,
-    pub file: AuditFile,
+    /// The audited output.
+    pub output: Box<dyn Pending>,
     /// The try's record as judged (rows, fingerprint, verdict, links).
     pub record: TryRecord,
     pub repr: Option<warehouse::Repr>,
@@ -271,7 +239,7 @@ pub(super) async fn publish_audited(
         interval,
         try_id,
         log_path,
-        file,
+        mut output,
         record,
         repr,
         empty,
@@ -280,26 +248,29 @@ pub(super) async fn publish_audited(
     } = p;
     let owner = shared.spec.owner;
     let tz = shared.spec.dag.tz;
-    let (intent, path_text) = (record.clone(), file.path.display().to_string());
+    let intent = record.clone();
+    let path_text = output.file().map(|p| p.display().to_string());
     let may_publish = shared
         .writer
-        .call(move |c| c.record_publish_intent(c.fence(owner)?, try_id, Some(&path_text), &intent))
+        .call(move |c| {
+            c.record_publish_intent(c.fence(owner)?, try_id, path_text.as_deref(), &intent)
+        })
         .await;
-    let drop_file = |file: AuditFile| {
+    let drop_output = |output: Box<dyn Pending>| {
         if promoting {
-            file.keep();
+            output.keep();
         } else {
-            file.remove();
+            output.remove();
         }
     };
     match may_publish {
         Ok(true) => {}
         Ok(false) => {
-            drop_file(file);
+            drop_output(output);
             return Ok(cancelled("cancelled"));
         }
         Err(e) => {
-            drop_file(file);
+            drop_output(output);
             return Err(e.into());
         }
     }
@@ -320,13 +291,12 @@ pub(super) async fn publish_audited(
                         .may_publish(try_id, Some(owner))
                         .map_err(|e| e.to_string())
                 };
-                let conn = warehouse::pool::take(&s.warehouse);
-                let p = publish::Publish {
+                let p = backend::PublishAs {
                     task: &s,
                     interval,
                     tz,
                     repr,
-                    audit: (!empty).then_some(&file),
+                    empty,
                     expect_fingerprint: expect.as_deref(),
                     keep: Some(warehouse::versions::Keep {
                         by_try: try_id,
@@ -336,27 +306,21 @@ pub(super) async fn publish_audited(
                     }),
                 };
                 let mut waiting = waiting_log(&log_path);
-                match conn {
-                    Err(e) => Err(e),
-                    Ok(_) if crate::fault::point("publish") => Err(warehouse::Error::Message(
-                        "disk I/O error (injected)".into(),
-                    )),
-                    Ok(conn) => publish::publish_noting(&conn, &p, &allowed, &mut waiting),
-                }
+                output.publish(&p, &allowed, &mut waiting)
             }
             Err(e) => Err(warehouse::Error::Message(format!(
                 "cannot read the manifest: {e}"
             ))),
         };
-        (file, result)
+        (output, result)
     })
     .await
     .map_err(|e| Error::Internal(format!("publish panicked: {e}")))?;
-    let (file, result) = joined;
+    let (output, result) = joined;
     match result {
         Ok(rows) => {
             crate::fault::point("after-publish");
-            file.remove();
+            output.remove();
             log.line(&format!(
                 "published {} into {}",
                 crate::words::plural(rows, "row", "rows"),
@@ -381,7 +345,7 @@ pub(super) async fn publish_audited(
             // Taken over: whoever took the interval over decides what is published. The file
             // stays: a recorded intent without its file would read as a publish that
             // committed; the recoverer (or the sweep, once the intent is settled) removes it.
-            file.keep();
+            output.keep();
             log.line("not published: another process took this interval over");
             Ok(cancelled("taken over by another process before publishing"))
         }
@@ -398,34 +362,34 @@ pub(super) async fn publish_audited(
                 .writer
                 .call(move |c| c.finish_try(c.fence(owner)?, try_id, &done, now_ms()))
                 .await?;
-            drop_file(file);
+            drop_output(output);
             Ok(Outcome::Failed(rec))
         }
     }
 }
 
-/// Keeps a try's audited output for `promote` instead of publishing it. The file is synced, so
-/// that not even a crash of the machine loses a staged output.
-fn stage(file: AuditFile, record: TryRecord, log: &mut TryLog) -> Outcome {
-    let path = file.path.clone();
-    if let Err(e) = std::fs::File::open(&path).and_then(|f| f.sync_all()) {
-        file.remove();
-        let error = format!("cannot keep the staged output {}: {e}", path.display());
-        log.line(&error);
-        return failed(error, None);
+/// Keeps a try's audited output for `promote` instead of publishing it, durably: not even a
+/// crash of the machine loses a staged output.
+fn stage(output: Box<dyn Pending>, record: TryRecord, log: &mut TryLog) -> Outcome {
+    match output.stage() {
+        Ok(path) => {
+            log.line(&format!(
+                "staged: kept in {} for `backfill promote`, not published",
+                path.display()
+            ));
+            super::outcome::staged(record, &path)
+        }
+        Err(error) => {
+            log.line(&error);
+            failed(error, None)
+        }
     }
-    file.keep();
-    log.line(&format!(
-        "staged: kept in {} for `backfill promote`, not published",
-        path.display()
-    ));
-    super::outcome::staged(record, &path)
 }
 
-/// Removes the audit file of an audit step that finished after it was given up.
-fn discard(late: Option<Result<Audited, warehouse::Error>>) {
-    if let Some(Ok((_, file, _))) = late {
-        file.remove();
+/// Drops the output of a write step that finished after it was given up.
+fn discard(late: Option<Result<Box<dyn Pending>, warehouse::Error>>) {
+    if let Some(Ok(output)) = late {
+        output.remove();
     }
 }
 

@@ -336,6 +336,7 @@ async fn gated_command(
         source,
         published,
         mixed: None,
+        elsewhere: None,
     };
     let verdict = match gate::judge(&measures, &rules(Some(gate), shared.spec.allow_drift)) {
         Ok(v) => v,

@@ -58,6 +58,7 @@ pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> R
     let mut signals = runtime.block_on(async { Signals::listen() });
     let result = run(g, project, e, &writer, &runtime, &mut signals);
     crate::warehouse::pool::close_all();
+    crate::warehouse::postgres::conn::close_all();
     crate::manifest::close_readers();
     writer.close();
     let ended = match &result {

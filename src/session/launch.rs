@@ -442,6 +442,22 @@ pub fn parse_conf(conf: Option<&str>) -> Result<serde_json::Value, Error> {
     }
 }
 
+/// Refuses `what` (a verb such as `--stage`) for a DAG with a SQL task on a PostgreSQL
+/// warehouse, where it does not work yet.
+pub fn sqlite_only(dag: &Dag, what: &str) -> Result<(), Error> {
+    for task in &dag.tasks {
+        if let TaskKind::Sql(sql) = &task.kind
+            && sql.warehouse.is_postgres()
+        {
+            return Err(Error::Usage(format!(
+                "{}: task `{}` writes to PostgreSQL warehouse `{}`, and {what} works on SQLite warehouses only so far",
+                dag.file, task.id, sql.warehouse.name
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Checks every task before anything is written: each command (and `publish` and
 /// `source_count` command) renders for the first interval, so that a template using a `conf`
 /// key that was not given fails now; each SQL task prepares exactly what it will run against
@@ -481,12 +497,18 @@ pub fn check_tasks(
         match &task.kind {
             TaskKind::Command(spec) => commands.push(spec),
             TaskKind::Sql(sql) => {
-                // What a killed creation of the warehouse left goes first.
-                warehouse::init::remove_abandoned(&sql.warehouse.path);
-                let conn =
-                    warehouse::open_to_read(&sql.warehouse).map_err(|e| problem(e.to_string()))?;
-                warehouse::check_task(&conn, sql, task.gate.as_ref()).map_err(problem)?;
-                let repr = warehouse::decide_repr(&conn, sql, window, dag.tz).map_err(problem)?;
+                if sql.warehouse.is_postgres() && sql.keep_versions > 0 {
+                    return Err(problem(format!(
+                        "keep_versions = {}: a PostgreSQL warehouse keeps no versions yet (rollback works on SQLite warehouses); set keep_versions = 0",
+                        sql.keep_versions
+                    )));
+                }
+                let backend = warehouse::backend::of(&sql.warehouse);
+                // What a killed command left in the warehouse goes first.
+                backend.sweep(&sql.warehouse);
+                let repr = backend
+                    .prepare(sql, task.gate.as_ref(), window, dag.tz)
+                    .map_err(|p| problem(p.message))?;
                 reprs.insert(task.id.clone(), repr);
             }
         }

@@ -137,7 +137,7 @@ pub fn detach(conn: &Connection) {
 }
 
 /// What the gate needs to know about a try's output.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AuditMeasures {
     pub rows: i64,
     /// Rows whose partition value lies outside the interval (NULL included), or is not of the
@@ -155,6 +155,9 @@ pub struct AuditMeasures {
     pub source: Option<i64>,
     /// What the gate's `source_fingerprint` query gave, from the same snapshot.
     pub source_fingerprint: Option<String>,
+    /// With `unique_key_scope = "table"`: a key of the output that another partition of the
+    /// target holds, and that partition, as a message shows them.
+    pub elsewhere: Option<String>,
 }
 
 /// Computes the task's rows for the interval into the attached audit file, then measures them
@@ -376,6 +379,12 @@ pub fn measure(
     if outside == 0 {
         outside_values.clear();
     }
+    let elsewhere = match (gate, repr) {
+        (Some(g), Some(r)) if g.unique_key_table && rows > 0 => {
+            key_elsewhere(conn, task, &g.unique_key, r, binds, tz)?
+        }
+        _ => None,
+    };
     Ok(AuditMeasures {
         rows,
         outside,
@@ -386,6 +395,50 @@ pub fn measure(
         mixed,
         source,
         source_fingerprint: None,
+        elsewhere,
+    })
+}
+
+/// A key of the audited rows that a partition of the target other than the interval's holds
+/// (`unique_key_scope = "table"`), with that partition, as the gate's message shows them. Each
+/// key is looked up through an index of the target that starts with the key's columns (the
+/// dry run made sure there is one), never by scanning the table.
+fn key_elsewhere(
+    conn: &Connection,
+    task: &SqlTask,
+    key: &[String],
+    repr: Repr,
+    binds: &Binds,
+    tz: chrono_tz::Tz,
+) -> Result<Option<String>> {
+    let cols = |prefix: &str| {
+        key.iter()
+            .map(|k| format!("{prefix}{}", quote(k)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let shown = key
+        .iter()
+        .map(|k| format!("quote(t.{})", quote(k)))
+        .collect::<Vec<_>>()
+        .join(" || ', ' || ");
+    let pc = format!("t.{}", quote(&task.partition_column));
+    let sql = format!(
+        "SELECT '(' || {shown} || ') in partition ' || quote({pc}) FROM main.{table} t \
+         WHERE ({tcols}) IN (SELECT {acols} FROM {TABLE}) AND NOT ({range}) LIMIT 1",
+        table = quote(&task.target),
+        tcols = cols("t."),
+        acols = cols(""),
+        range = repr
+            .predicate(&format!("t.{}", task.partition_column), 1)
+            .replace(&format!("\"t.{}\"", task.partition_column), &pc),
+    );
+    let (lo, hi) = repr.bounds(binds.interval, tz);
+    let mut stmt = conn.prepare(&sql)?;
+    let mut rows = stmt.query(rusqlite::params![lo, hi])?;
+    Ok(match rows.next()? {
+        Some(r) => Some(r.get(0)?),
+        None => None,
     })
 }
 

@@ -19,7 +19,7 @@ pub fn ensure(w: &Warehouse) -> Result<()> {
     }
     let fail = |message: String| Error::Other {
         name: w.name.clone(),
-        path: w.path.clone(),
+        location: w.location(),
         message,
     };
     if let Some(dir) = w.path.parent() {
@@ -53,12 +53,12 @@ fn seed(w: &Warehouse, tmp: &Path) -> Result<()> {
     for file in &w.init {
         let sql = std::fs::read_to_string(file).map_err(|e| Error::Other {
             name: w.name.clone(),
-            path: w.path.clone(),
+            location: w.location(),
             message: format!("cannot read init file {}: {e}", file.display()),
         })?;
         conn.execute_batch(&sql).map_err(|e| Error::Other {
             name: w.name.clone(),
-            path: w.path.clone(),
+            location: w.location(),
             message: format!("init file {} failed: {e}", file.display()),
         })?;
     }

@@ -11,17 +11,19 @@
 //! to be plain identifiers when the DAG was loaded.
 
 pub mod audit;
+pub mod backend;
 pub mod diff;
 pub mod init;
 pub mod partition;
 pub mod pool;
+pub mod postgres;
 pub mod publish;
 pub mod validate;
 pub mod versions;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::{Connection, ErrorCode, Statement};
@@ -35,16 +37,17 @@ pub use partition::Repr;
 /// What can go wrong in a warehouse.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("warehouse `{name}` ({}): {source}", path.display())]
+    #[error("warehouse `{name}` ({location}): {source}")]
     Db {
         name: String,
-        path: PathBuf,
+        location: String,
         source: rusqlite::Error,
     },
-    #[error("warehouse `{name}` ({}): {message}", path.display())]
+    #[error("warehouse `{name}` ({location}): {message}")]
     Other {
         name: String,
-        path: PathBuf,
+        /// Its file, or its URL without the password.
+        location: String,
         message: String,
     },
     #[error("{0}")]
@@ -69,12 +72,12 @@ impl Error {
         match self {
             Self::Sql(source) => Self::Db {
                 name: w.name.clone(),
-                path: w.path.clone(),
+                location: w.location(),
                 source,
             },
             Self::Message(message) => Self::Other {
                 name: w.name.clone(),
-                path: w.path.clone(),
+                location: w.location(),
                 message,
             },
             other => other,
@@ -313,6 +316,18 @@ pub fn check_task_keys(
             )));
         }
     }
+    if let Some(g) = gate.filter(|g| g.unique_key_table && !g.unique_key.is_empty())
+        && !has_index_on(conn, &task.target, &g.unique_key)
+            .map_err(|e| problem("gate.unique_key")(e.to_string()))?
+    {
+        return Err(problem("gate.unique_key")(format!(
+            "unique_key_scope = \"table\" looks the output's keys up in the whole table; create an index for it in the warehouse: CREATE INDEX {}_{} ON {} ({});",
+            task.target,
+            g.unique_key.join("_"),
+            task.target,
+            g.unique_key.join(", ")
+        )));
+    }
     let queries = gate.into_iter().flat_map(|g| {
         [
             ("gate.source_count", &g.source_count),
@@ -334,6 +349,31 @@ pub fn check_task_keys(
         }
     }
     Ok(())
+}
+
+/// Whether an index of `table` starts with the columns `key` (in any order), so that a key is
+/// looked up without scanning the table.
+fn has_index_on(conn: &Connection, table: &str, key: &[String]) -> Result<bool> {
+    let mut list = conn.prepare(&format!("PRAGMA main.index_list({})", quote(table)))?;
+    let names: Vec<String> = list
+        .query_map([], |r| r.get(1))?
+        .collect::<rusqlite::Result<_>>()?;
+    for name in names {
+        let mut info = conn.prepare(&format!("PRAGMA main.index_info({})", quote(&name)))?;
+        let cols: Vec<Option<String>> = info
+            .query_map([], |r| r.get(2))?
+            .collect::<rusqlite::Result<_>>()?;
+        let lead: Vec<&str> = cols
+            .iter()
+            .take(key.len())
+            .flatten()
+            .map(String::as_str)
+            .collect();
+        if lead.len() == key.len() && key.iter().all(|k| lead.contains(&k.as_str())) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// A query of key `key` that does not prepare: SQLite's message without the statement it
@@ -460,17 +500,47 @@ pub fn decide_repr(
     Ok(Repr::from_declared(&declared))
 }
 
-/// A cancel flag shared with a blocking SQL step.
+/// A cancel flag shared with a blocking warehouse step, and how to interrupt the statement the
+/// step is running (SQLite's interrupt handle, PostgreSQL's cancel request), which the step
+/// installs once it has a connection.
 #[derive(Clone, Default)]
-pub struct Cancel(pub Arc<AtomicBool>);
+pub struct Cancel {
+    flag: Arc<AtomicBool>,
+    interrupt: Arc<Mutex<Option<Interrupter>>>,
+}
+
+/// Interrupts the statement a step is running.
+pub type Interrupter = Box<dyn Fn() + Send>;
 
 impl Cancel {
+    /// Sets the flag and interrupts the running statement, if one was installed.
     pub fn set(&self) {
-        self.0.store(true, Ordering::Relaxed);
+        self.flag.store(true, Ordering::Relaxed);
+        if let Ok(slot) = self.interrupt.lock()
+            && let Some(interrupt) = slot.as_ref()
+        {
+            interrupt();
+        }
     }
 
     pub fn flag(&self) -> &AtomicBool {
-        &self.0
+        &self.flag
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.flag.load(Ordering::Relaxed)
+    }
+
+    /// Installs how to interrupt the step's statements; when the flag is already set, the
+    /// step is told so (an error), so that it does not start a statement nobody interrupts.
+    pub fn on_set(&self, interrupt: Interrupter) -> Result<()> {
+        if let Ok(mut slot) = self.interrupt.lock() {
+            *slot = Some(interrupt);
+        }
+        if self.is_set() {
+            return Err(Error::Cancelled);
+        }
+        Ok(())
     }
 }
 

@@ -18,25 +18,33 @@ pub fn sql_tasks(dags: &[Dag]) -> Vec<ConfigError> {
             let TaskKind::Sql(sql) = &task.kind else {
                 continue;
             };
-            let conn = match warehouses.entry(sql.warehouse.name.clone()) {
-                Entry::Occupied(o) => o.into_mut(),
+            let backend = super::backend::of(&sql.warehouse);
+            let problem = match warehouses.entry(sql.warehouse.name.clone()) {
+                Entry::Occupied(o) => match o.get() {
+                    // The warehouse could not be opened: said once, at its first task.
+                    false => continue,
+                    true => backend.check(sql, task.gate.as_ref()),
+                },
                 Entry::Vacant(v) => {
-                    // What a killed creation of the warehouse left goes first.
-                    super::init::remove_abandoned(&sql.warehouse.path);
-                    let opened = super::open(&sql.warehouse);
-                    if let Err(e) = &opened {
-                        errors.push(ConfigError {
-                            location: task.locations.id.clone(),
-                            message: format!("task `{}`: {e}", task.id),
-                        });
+                    // What a killed command left in the warehouse goes first.
+                    backend.sweep(&sql.warehouse);
+                    match backend.reachable(&sql.warehouse) {
+                        Err(e) => {
+                            v.insert(false);
+                            errors.push(ConfigError {
+                                location: task.locations.id.clone(),
+                                message: format!("task `{}`: {e}", task.id),
+                            });
+                            continue;
+                        }
+                        Ok(()) => {
+                            v.insert(true);
+                            backend.check(sql, task.gate.as_ref())
+                        }
                     }
-                    v.insert(opened.ok())
                 }
             };
-            let Some(conn) = conn else {
-                continue;
-            };
-            let Err(problem) = super::check_task_keys(conn, sql, task.gate.as_ref()) else {
+            let Err(problem) = problem else {
                 continue;
             };
             let at = &task.locations;

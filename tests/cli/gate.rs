@@ -16,6 +16,7 @@ fn template_warehouse() -> &'static Path {
         let shop = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/shop");
         let w = backfill::project::Warehouse {
             name: "shop".into(),
+            kind: backfill::project::WarehouseKind::Sqlite,
             path: dir.join("warehouse.db"),
             init: vec![shop.join("schema.sql"), shop.join("seed.sql")],
             busy_timeout: backfill::project::DEFAULT_BUSY_TIMEOUT,

@@ -10,6 +10,9 @@ mod gate;
 mod guard_rails;
 mod interrupt;
 mod operations;
+#[path = "../pg/mod.rs"]
+mod pg;
+mod postgres;
 mod read_only;
 mod readme;
 mod reprocess;

@@ -1,0 +1,271 @@
+//! The seam between a SQL try and its warehouse: what write-audit-publish needs, whatever
+//! database holds the tables.
+//!
+//! A try [`Backend::write`]s the interval's output where readers cannot see it yet and measures
+//! it; the result is a [`Pending`] output that the gate judges (a pure function, see
+//! [`crate::gate`]). The runner records its decision in the manifest, then the pending output is
+//! [`Pending::publish`]ed, in one transaction that asks the manifest whether this publish is
+//! still allowed, or dropped. On SQLite the pending output is an audit file (see
+//! [`super::audit`]); on PostgreSQL it is the try's own open transaction (see
+//! [`super::postgres`]).
+
+use std::path::{Path, PathBuf};
+
+use super::partition::Repr;
+use super::{AuditFile, AuditMeasures, Binds, Cancel, Error, Result, TaskProblem, audit, publish};
+use crate::interval::DataInterval;
+use crate::project::{Gate, SqlTask, Warehouse, WarehouseKind};
+
+/// What one try writes.
+pub struct Write<'a> {
+    pub task: &'a SqlTask,
+    pub gate: Option<&'a Gate>,
+    pub binds: &'a Binds,
+    pub tz: chrono_tz::Tz,
+    /// The partition column's representation when known (SQLite; `None` elsewhere).
+    pub repr: Option<Repr>,
+    /// Where a backend that keeps the output in a file keeps it (SQLite's audit file).
+    pub audit_path: &'a Path,
+    /// The try, and the manifest that records it: a backend that books its publishes in the
+    /// warehouse itself names them by both.
+    pub try_id: i64,
+    pub manifest: &'a str,
+}
+
+/// How to publish a pending output.
+pub struct PublishAs<'a> {
+    pub task: &'a SqlTask,
+    pub interval: DataInterval,
+    pub tz: chrono_tz::Tz,
+    pub repr: Option<Repr>,
+    /// Publish an explicit empty partition instead of the output.
+    pub empty: bool,
+    /// The fingerprint the gate saw, checked again before a staged output is published.
+    pub expect_fingerprint: Option<&'a str>,
+    /// Keep the rows being replaced, for rollback.
+    pub keep: Option<super::versions::Keep>,
+}
+
+/// Whether the manifest still allows a publish; asked inside the publish transaction.
+pub type Allowed<'a> = dyn Fn() -> std::result::Result<bool, String> + 'a;
+
+/// A written, measured output that nobody reads yet.
+pub trait Pending: Send {
+    fn measures(&self) -> &AuditMeasures;
+
+    /// The file that holds the output, recorded with the decision to publish so that a
+    /// recoverer can finish the publish; `None` when the warehouse itself knows after a crash
+    /// whether the publish committed.
+    fn file(&self) -> Option<&Path>;
+
+    /// Publishes: the rows inserted. `allowed` runs inside the transaction; when it says no,
+    /// nothing changes and the result is [`Error::Refused`]. `waiting` is called when another
+    /// writer holds a lock the publish waits for.
+    fn publish(
+        &mut self,
+        p: &PublishAs<'_>,
+        allowed: &Allowed<'_>,
+        waiting: &mut dyn FnMut(),
+    ) -> Result<i64>;
+
+    /// Done with it: after a publish, after a rejection, or to give it up.
+    fn remove(self: Box<Self>);
+
+    /// Leaves what the output is kept in for whoever finishes or settles its publish (an audit
+    /// file whose publish intent is recorded); a transaction is rolled back.
+    fn keep(self: Box<Self>);
+
+    /// Keeps the output for `backfill promote`, durably: where it is kept.
+    fn stage(self: Box<Self>) -> std::result::Result<PathBuf, String>;
+}
+
+/// What a kind of warehouse does for SQL tasks.
+pub trait Backend: Sync {
+    /// Checks a task before anything runs (its statements prepare exactly as they will run,
+    /// its columns fit the target) and decides the partition column's representation over the
+    /// backfill's window, where the warehouse needs one.
+    fn prepare(
+        &self,
+        task: &SqlTask,
+        gate: Option<&Gate>,
+        window: DataInterval,
+        tz: chrono_tz::Tz,
+    ) -> std::result::Result<Option<Repr>, TaskProblem>;
+
+    /// Checks a task's statements against the warehouse ([`Backend::prepare`] without the
+    /// representation), for `dags validate`.
+    fn check(&self, task: &SqlTask, gate: Option<&Gate>) -> std::result::Result<(), TaskProblem>;
+
+    /// Whether the warehouse can be opened (created from its init files when it is SQLite's
+    /// and missing).
+    fn reachable(&self, w: &Warehouse) -> Result<()>;
+
+    /// Writes and measures one interval's output. `cancel` interrupts it.
+    fn write(&self, w: &Write<'_>, cancel: &Cancel) -> Result<Box<dyn Pending>>;
+
+    /// Removes what crashed commands left in the warehouse that nobody needs.
+    fn sweep(&self, w: &Warehouse);
+}
+
+/// The backend of a warehouse.
+pub fn of(w: &Warehouse) -> &'static dyn Backend {
+    match w.kind {
+        WarehouseKind::Sqlite => &Sqlite,
+        WarehouseKind::Postgres(_) => &super::postgres::Postgres,
+    }
+}
+
+/// The SQLite warehouse: audit files attached to a connection (see [`super::audit`]).
+pub struct Sqlite;
+
+impl Backend for Sqlite {
+    fn prepare(
+        &self,
+        task: &SqlTask,
+        gate: Option<&Gate>,
+        window: DataInterval,
+        tz: chrono_tz::Tz,
+    ) -> std::result::Result<Option<Repr>, TaskProblem> {
+        let problem = |key| {
+            move |message: String| TaskProblem {
+                key,
+                offset: None,
+                message,
+            }
+        };
+        let conn =
+            super::open_to_read(&task.warehouse).map_err(|e| problem("sql")(e.to_string()))?;
+        super::check_task_keys(&conn, task, gate)?;
+        super::decide_repr(&conn, task, window, tz).map_err(problem("target"))
+    }
+
+    fn check(&self, task: &SqlTask, gate: Option<&Gate>) -> std::result::Result<(), TaskProblem> {
+        let conn = super::open(&task.warehouse).map_err(|e| TaskProblem {
+            key: "sql",
+            offset: None,
+            message: e.to_string(),
+        })?;
+        super::check_task_keys(&conn, task, gate)
+    }
+
+    fn reachable(&self, w: &Warehouse) -> Result<()> {
+        super::open(w).map(drop)
+    }
+
+    fn write(&self, w: &Write<'_>, cancel: &Cancel) -> Result<Box<dyn Pending>> {
+        let dir = w.audit_path.parent().unwrap_or_else(|| Path::new("."));
+        let name = w
+            .audit_path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let file = AuditFile::create(dir, &name)?;
+        let measured = (|| -> Result<_> {
+            let conn = super::pool::take(&w.task.warehouse)?;
+            let handle = conn.get_interrupt_handle();
+            cancel.on_set(Box::new(move || handle.interrupt()))?;
+            file.attach(&conn)?;
+            let m = audit::write_and_measure(
+                &conn,
+                w.task,
+                w.gate,
+                w.repr,
+                w.binds,
+                w.tz,
+                Some(cancel.flag()),
+            );
+            audit::detach(&conn);
+            m
+        })();
+        match measured {
+            Ok(measures) => Ok(Box::new(Audited { file, measures })),
+            Err(e) => {
+                file.remove();
+                Err(e.at(&w.task.warehouse))
+            }
+        }
+    }
+
+    fn sweep(&self, w: &Warehouse) {
+        super::init::remove_abandoned(&w.path);
+    }
+}
+
+/// A SQLite try's output: its audit file.
+pub struct Audited {
+    pub file: AuditFile,
+    pub measures: AuditMeasures,
+}
+
+impl Audited {
+    /// A staged output's file, to promote; its measures are the staged record's.
+    pub fn staged(file: AuditFile) -> Self {
+        Self {
+            file,
+            measures: AuditMeasures::default(),
+        }
+    }
+}
+
+impl Pending for Audited {
+    fn measures(&self) -> &AuditMeasures {
+        &self.measures
+    }
+
+    fn file(&self) -> Option<&Path> {
+        Some(&self.file.path)
+    }
+
+    fn publish(
+        &mut self,
+        p: &PublishAs<'_>,
+        allowed: &Allowed<'_>,
+        waiting: &mut dyn FnMut(),
+    ) -> Result<i64> {
+        let conn = super::pool::take(&p.task.warehouse)?;
+        if crate::fault::point("publish") {
+            return Err(Error::Message("disk I/O error (injected)".into()));
+        }
+        let publish = publish::Publish {
+            task: p.task,
+            interval: p.interval,
+            tz: p.tz,
+            repr: p.repr,
+            audit: (!p.empty).then_some(&self.file),
+            expect_fingerprint: p.expect_fingerprint,
+            keep: p.keep,
+        };
+        publish::publish_noting(&conn, &publish, allowed, waiting)
+    }
+
+    fn remove(self: Box<Self>) {
+        self.file.remove();
+    }
+
+    fn keep(self: Box<Self>) {
+        self.file.keep();
+    }
+
+    fn stage(self: Box<Self>) -> std::result::Result<PathBuf, String> {
+        let path = self.file.path.clone();
+        if let Err(e) = std::fs::File::open(&path).and_then(|f| f.sync_all()) {
+            self.file.remove();
+            return Err(format!(
+                "cannot keep the staged output {}: {e}",
+                path.display()
+            ));
+        }
+        self.file.keep();
+        Ok(path)
+    }
+}
+
+/// How a warehouse's own bookkeeping names the manifest that records a try: this host and the
+/// manifest's path.
+pub fn manifest_name(path: &Path) -> String {
+    let host = nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    format!("{host}:{}", path.display())
+}

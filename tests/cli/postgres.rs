@@ -1,0 +1,469 @@
+//! SQL tasks on a PostgreSQL warehouse: the real binary against a real server that the tests
+//! start themselves (see `tests/pg`), skipped loudly on a machine without the server binaries
+//! (a failure under CI).
+
+use std::time::Duration;
+
+use crate::pg;
+use crate::support::{Project, wait_until};
+
+/// A project whose warehouse `dw` is a fresh database of the shared cluster, with
+/// `raw.orders` (three days of orders) and the target `analytics.orders_fact`.
+struct Pg {
+    p: Project,
+    db: String,
+    cluster: &'static pg::Cluster,
+}
+
+const SCHEMA: &str = "
+CREATE SCHEMA raw;
+CREATE SCHEMA analytics;
+CREATE TABLE raw.orders (order_id int PRIMARY KEY, order_ts timestamptz NOT NULL, region text NOT NULL, amount numeric NOT NULL);
+CREATE TABLE analytics.orders_fact (order_id int NOT NULL, day date NOT NULL, region text NOT NULL, amount numeric NOT NULL);
+CREATE INDEX orders_fact_day ON analytics.orders_fact (day);
+CREATE INDEX orders_fact_order ON analytics.orders_fact (order_id);
+INSERT INTO raw.orders
+SELECT n, timestamptz '2026-01-01 00:00:00+00' + (n % 3) * interval '1 day' + (n % 60) * interval '1 minute',
+       CASE WHEN n % 2 = 0 THEN 'eu' ELSE 'us' END, n * 1.5
+FROM generate_series(1, 30) AS n;
+";
+
+/// The task's DAG; `extra` goes at the end of the task's table.
+fn dag(sql: &str, gate: &str, extra: &str) -> String {
+    format!(
+        r#"schedule = "@daily"
+retries = 0
+
+[[tasks]]
+id = "fact"
+warehouse = "dw"
+target = "analytics.orders_fact"
+partition_column = "day"
+sql = """
+{sql}
+"""
+{extra}
+[tasks.gate]
+{gate}
+"#
+    )
+}
+
+const QUERY: &str = "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount
+FROM raw.orders -- :not_a_param in a comment
+WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end
+  AND region <> 'x:ds' AND :ds::date = (order_ts AT TIME ZONE 'UTC')::date";
+
+const GATE: &str = r#"source_count = "SELECT count(*) FROM raw.orders WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end"
+unique_key = ["order_id"]"#;
+
+impl Pg {
+    /// `None` (the test returns) when this machine has no PostgreSQL server and this is not CI.
+    fn new(test: &str) -> Option<Self> {
+        Self::with_dag(test, &dag(QUERY, GATE, ""))
+    }
+
+    fn with_dag(test: &str, dag_toml: &str) -> Option<Self> {
+        if !pg::available(test) {
+            return None;
+        }
+        let cluster = pg::shared();
+        let db = cluster.create_db();
+        cluster.psql(&db, SCHEMA);
+        let p = Project::new();
+        p.write(
+            "backfill.toml",
+            &format!(
+                "lease_timeout = \"30s\"\n\n[warehouse.dw]\nkind = \"postgres\"\nurl = \"{}?sslmode=disable\"\n",
+                cluster.url(&db)
+            ),
+        );
+        p.write("dags/orders.toml", dag_toml);
+        Some(Self { p, db, cluster })
+    }
+
+    fn psql(&self, sql: &str) -> String {
+        self.cluster.psql(&self.db, sql)
+    }
+
+    /// The target's rows, one line each, in order.
+    fn fact(&self) -> String {
+        self.psql(
+            "SELECT order_id, day, region, amount FROM analytics.orders_fact ORDER BY order_id",
+        )
+    }
+
+    /// What the target should hold for the days `days` of January (1-based), from the source.
+    fn expected(&self, days: &[u32]) -> String {
+        let list = days
+            .iter()
+            .map(|d| format!("date '2026-01-{d:02}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        self.psql(&format!(
+            "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date, region, amount FROM raw.orders \
+             WHERE (order_ts AT TIME ZONE 'UTC')::date IN ({list}) ORDER BY order_id"
+        ))
+    }
+
+    /// Sessions of this database other than psql's own that are inside a transaction.
+    fn open_transactions(&self) -> String {
+        self.psql(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND pid <> pg_backend_pid() AND xact_start IS NOT NULL",
+            self.db
+        ))
+    }
+}
+
+#[test]
+fn a_backfill_publishes_exactly_the_source_and_a_rerun_replaces_it() {
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    // A row that the first backfill must replace, and one of another day that it must keep.
+    t.psql("INSERT INTO analytics.orders_fact VALUES (999, '2026-01-02', 'eu', 1), (998, '2026-01-05', 'eu', 7)");
+    let out = t.p.create("orders", "2026-01-01", "2026-01-03", &[]);
+    out.code(0);
+    let mut expected = t.expected(&[1, 2, 3]);
+    expected.push_str("\n998|2026-01-05|eu|7");
+    assert_eq!(t.fact(), expected);
+    // Each publish is booked in the warehouse with its try.
+    assert_eq!(
+        t.psql("SELECT partition_start::date, rows FROM backfill.publishes ORDER BY 1"),
+        "2026-01-01|10\n2026-01-02|10\n2026-01-03|10"
+    );
+    // The manifest records the rows and the source count the gate compared.
+    let runs =
+        t.p.rows("SELECT rows, source_rows, state FROM task_tries ORDER BY id");
+    assert_eq!(runs.len(), 3);
+    for r in &runs {
+        assert_eq!(r, &["10", "10", "succeeded"]);
+    }
+    // A rerun replaces: nothing is counted twice.
+    t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-03",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    assert_eq!(t.fact(), expected);
+    assert_eq!(t.open_transactions(), "0");
+}
+
+#[test]
+fn the_gate_rejects_in_the_transaction_and_readers_keep_the_old_partition() {
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    t.p.create("orders", "2026-01-01", "2026-01-03", &[])
+        .code(0);
+    let before = t.fact();
+    // Day 2's source vanishes: the rerun's output is empty while the source count says so
+    // too, and the published partition had rows: a zero-row rerun is rejected.
+    t.psql("DELETE FROM raw.orders WHERE order_ts >= '2026-01-02' AND order_ts < '2026-01-03'");
+    let out = t.p.create(
+        "orders",
+        "2026-01-02",
+        "2026-01-02",
+        &["--reprocess-behavior", "completed"],
+    );
+    out.code(3).stderr_has("rejected");
+    assert_eq!(t.fact(), before, "the rejected try changed nothing");
+    assert_eq!(
+        t.p.rows("SELECT state FROM task_tries ORDER BY id DESC LIMIT 1"),
+        vec![vec!["rejected".to_string()]]
+    );
+    // Duplicated keys are rejected too, and never reach the table.
+    t.psql("INSERT INTO raw.orders SELECT order_id + 100, order_ts, region, amount FROM raw.orders WHERE order_ts < '2026-01-02'");
+    std::fs::write(
+        t.p.path("dags/orders.toml"),
+        dag(
+            &QUERY.replace("SELECT order_id,", "SELECT order_id % 100 AS order_id,"),
+            GATE,
+            "",
+        ),
+    )
+    .unwrap();
+    let out = t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-01",
+        &["--reprocess-behavior", "completed"],
+    );
+    out.code(3).stderr_has("unique_key violated");
+    assert_eq!(t.fact(), before);
+    assert_eq!(t.open_transactions(), "0");
+}
+
+#[test]
+fn a_kill_at_any_step_of_a_try_leaves_old_or_new_and_resume_finishes() {
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    t.p.create("orders", "2026-01-01", "2026-01-03", &[])
+        .code(0);
+    let mut old = t.fact();
+    // New source values: a rerun changes every amount.
+    t.psql("UPDATE raw.orders SET amount = amount + 1000");
+    for (i, point) in [
+        "after-audit",
+        "before-publish",
+        "before-commit",
+        "after-publish",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let out = t.p.run_with(
+            &[
+                "create",
+                "--dag",
+                "orders",
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-02",
+                "--reprocess-behavior",
+                "completed",
+            ],
+            &[("BACKFILL_FAULT", point)],
+        );
+        assert_ne!(out.code, 0, "{point}: the process was killed");
+        let now = t.fact();
+        // Day 1 holds either all old or all new rows: never a mix.
+        let day1 = |s: &str| {
+            s.lines()
+                .filter(|l| l.contains("|2026-01-01|"))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        let new = t.expected(&[1, 2]);
+        assert!(
+            day1(&now) == day1(&old) || day1(&now) == day1(&new),
+            "{point}: day 1 is a mix:\n{now}"
+        );
+        if *point == "after-publish" {
+            assert_eq!(day1(&now), day1(&new), "{point}: the commit happened");
+        } else {
+            assert_eq!(day1(&now), day1(&old), "{point}: nothing committed");
+        }
+        // The server rolled back the killed transaction.
+        wait_until(
+            "the killed try's session to end",
+            Duration::from_secs(20),
+            || t.open_transactions() == "0",
+        );
+        let id = (i + 2).to_string();
+        t.p.run(&["resume", &id]).code(0);
+        let expected = t.expected(&[1, 2]);
+        let mut expected: Vec<&str> = expected.lines().collect();
+        expected.extend(old.lines().filter(|l| l.contains("|2026-01-03|")));
+        let id_of = |l: &&str| l.split('|').next().and_then(|n| n.parse::<i64>().ok());
+        expected.sort_by_key(id_of);
+        assert_eq!(
+            t.fact(),
+            expected.join("\n"),
+            "{point}: resume finished the backfill"
+        );
+        // Exactly one succeeded try per interval of this backfill, and a publish that
+        // committed before the kill is recorded once, not redone.
+        let succeeded = t.p.rows(&format!(
+            "SELECT r.interval_start, count(*) FROM task_tries tt JOIN runs r ON r.id = tt.run_id \
+             WHERE r.backfill_id = {id} AND tt.state = 'succeeded' GROUP BY 1 ORDER BY 1"
+        ));
+        assert_eq!(succeeded.len(), 2, "{point}: {succeeded:?}");
+        assert!(
+            succeeded.iter().all(|r| r[1] == "1"),
+            "{point}: {succeeded:?}"
+        );
+        old = t.fact();
+        t.psql("UPDATE raw.orders SET amount = amount + 1");
+    }
+    assert_eq!(t.open_transactions(), "0");
+}
+
+#[test]
+fn a_timeout_cancels_the_statement_on_the_server() {
+    let slow = "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount
+FROM raw.orders, pg_sleep(60)
+WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end";
+    let Some(t) = Pg::with_dag(
+        "the PostgreSQL warehouse tests",
+        &dag(slow, GATE, "timeout = \"1s\"\n"),
+    ) else {
+        return;
+    };
+    let started = std::time::Instant::now();
+    let out = t.p.create("orders", "2026-01-01", "2026-01-02", &[]);
+    out.code(3).stderr_has("timed out");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "did not wait for pg_sleep(60)"
+    );
+    // The server stopped the statement: no session of this database still runs it.
+    wait_until(
+        "the statement to stop on the server",
+        Duration::from_secs(10),
+        || {
+            t.psql(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND query LIKE '%pg_sleep(60)%' AND state = 'active' AND pid <> pg_backend_pid()",
+            t.db
+        )) == "0"
+        },
+    );
+    assert_eq!(t.fact(), "");
+}
+
+#[test]
+fn bad_tasks_are_found_by_the_dry_run_against_the_server() {
+    let Some(t) = Pg::with_dag(
+        "the PostgreSQL warehouse tests",
+        &dag(
+            &QUERY.replace("region, amount", "region, amount, nope"),
+            GATE,
+            "",
+        ),
+    ) else {
+        return;
+    };
+    let out =
+        t.p.create("orders", "2026-01-01", "2026-01-02", &["--dry-run"]);
+    out.code(2).stderr_has("nope");
+    let out = t.p.run(&["dags", "validate"]);
+    out.code(2).stderr_has("orders.toml:").stderr_has("nope");
+    // An unknown parameter is named, with where it is.
+    std::fs::write(
+        t.p.path("dags/orders.toml"),
+        dag(&QUERY.replace(":ds::date", ":dss::date"), GATE, ""),
+    )
+    .unwrap();
+    t.p.create("orders", "2026-01-01", "2026-01-02", &[])
+        .code(2)
+        .stderr_has("unknown bind parameter `:dss`");
+    // Nothing was written: no bookkeeping schema, no manifest run.
+    assert_eq!(
+        t.psql("SELECT count(*) FROM pg_namespace WHERE nspname = 'backfill'"),
+        "0"
+    );
+}
+
+#[test]
+fn an_unreachable_server_is_named_without_its_password() {
+    if !pg::available("the PostgreSQL warehouse tests") {
+        return;
+    }
+    let p = Project::new();
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    p.write(
+        "backfill.toml",
+        &format!("[warehouse.dw]\nkind = \"postgres\"\nurl = \"postgresql://etl:hunter2@127.0.0.1:{port}/x?sslmode=disable&connect_timeout=2\"\n"),
+    );
+    p.write("dags/orders.toml", &dag(QUERY, GATE, ""));
+    let out = p.create("orders", "2026-01-01", "2026-01-02", &[]);
+    out.code(2)
+        .stderr_has("warehouse `dw`")
+        .stderr_has(&format!("postgresql://etl@127.0.0.1:{port}/x"))
+        .stderr_has("cannot connect");
+    assert!(!out.stderr.contains("hunter2"), "{}", out.stderr);
+    // The URL may name an environment variable; an unset one is an error at its line.
+    p.write(
+        "backfill.toml",
+        "[warehouse.dw]\nkind = \"postgres\"\nurl = \"${BACKFILL_TEST_UNSET_URL}\"\n",
+    );
+    p.create("orders", "2026-01-01", "2026-01-02", &[])
+        .code(2)
+        .stderr_has("backfill.toml:3")
+        .stderr_has("BACKFILL_TEST_UNSET_URL");
+}
+
+#[test]
+fn a_key_moved_across_partitions_is_rejected_with_table_scope() {
+    let gate = format!("{GATE}\nunique_key_scope = \"table\"");
+    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(QUERY, &gate, "")) else {
+        return;
+    };
+    t.p.create("orders", "2026-01-01", "2026-01-03", &[])
+        .code(0);
+    // The source corrects order 3's date from Jan 1 to Jan 2.
+    t.psql("UPDATE raw.orders SET order_ts = order_ts + interval '1 day' WHERE order_id = 3");
+    let out = t.p.create(
+        "orders",
+        "2026-01-02",
+        "2026-01-02",
+        &["--reprocess-behavior", "completed"],
+    );
+    out.code(3)
+        .stderr_has("unique_key violated across partitions: key 3 in partition 2026-01-01")
+        .stderr_has("rerun the old partition first");
+    // Rerunning the old partition first, then the new one, publishes.
+    t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-03",
+        &["--reprocess-behavior", "completed", "--allow-drift"],
+    )
+    .code(0);
+    assert_eq!(t.fact(), t.expected(&[1, 2, 3]));
+    // Without an index that starts with the key, the dry run says which to create.
+    t.psql("DROP INDEX analytics.orders_fact_order");
+    t.p.create("orders", "2026-01-01", "2026-01-02", &["--dry-run"])
+        .code(2)
+        .stderr_has("CREATE INDEX ON analytics.orders_fact (order_id)");
+}
+
+#[test]
+fn a_server_restart_fails_running_tries_and_retries_finish_exactly() {
+    if !pg::available("the PostgreSQL warehouse tests") {
+        return;
+    }
+    let own = pg::Cluster::start();
+    let db = own.create_db();
+    own.psql(&db, SCHEMA);
+    let p = Project::new();
+    p.write(
+        "backfill.toml",
+        &format!(
+            "[warehouse.dw]\nkind = \"postgres\"\nurl = \"{}?sslmode=disable&connect_timeout=2\"\n",
+            own.url(&db)
+        ),
+    );
+    let slow = QUERY.replace("FROM raw.orders", "FROM raw.orders, pg_sleep(0.3)");
+    p.write(
+        "dags/orders.toml",
+        &dag(&slow, GATE, "retries = 20\nretry_delay = \"500ms\"\n"),
+    );
+    let child = p.spawn(
+        "run",
+        &[
+            "create",
+            "--dag",
+            "orders",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-03",
+        ],
+    );
+    wait_until("the first publish", Duration::from_secs(60), || {
+        own.psql(&db, "SELECT to_regclass('backfill.publishes') IS NOT NULL") == "t"
+            && own.psql(&db, "SELECT count(*) FROM backfill.publishes") != "0"
+    });
+    own.restart();
+    let out = p.wait("run", child);
+    out.code(0);
+    let fact = own.psql(
+        &db,
+        "SELECT count(*), count(DISTINCT order_id) FROM analytics.orders_fact",
+    );
+    assert_eq!(fact, "30|30");
+    assert_eq!(
+        own.psql(&db, "SELECT count(*) FROM backfill.publishes"),
+        p.rows("SELECT count(*) FROM task_tries WHERE state = 'succeeded'")[0][0]
+    );
+}

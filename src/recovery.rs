@@ -233,7 +233,41 @@ fn recover(
         Ok(())
     })?;
     sweep_audits(writer)?;
+    sweep_staged_tables(writer, dags)?;
     Ok(report)
+}
+
+/// Drops the staged tables in PostgreSQL warehouses that no staged output or running try of
+/// this manifest needs: those of tries killed after staging and before recording it. A
+/// warehouse that cannot be reached is skipped (the next recovery tries again).
+pub fn sweep_staged_tables(writer: &Writer, dags: &Dags) -> Result<usize, Error> {
+    let mut warehouses: Vec<&crate::project::Warehouse> = Vec::new();
+    for dag in dags.0.values() {
+        for task in &dag.tasks {
+            if let TaskKind::Sql(sql) = &task.kind
+                && sql.warehouse.is_postgres()
+                && !warehouses.iter().any(|w| w.name == sql.warehouse.name)
+            {
+                warehouses.push(&sql.warehouse);
+            }
+        }
+    }
+    if warehouses.is_empty() {
+        return Ok(0);
+    }
+    let keep: HashSet<i64> = writer.call_blocking(|c| c.keeping_staged_tables())?;
+    let manifest = warehouse::backend::manifest_name(writer.path());
+    let mut removed = 0;
+    for w in warehouses {
+        match warehouse::postgres::sweep_staged(w, &manifest, &|t| keep.contains(&t)) {
+            Ok(n) => removed += n,
+            Err(e) => tracing::warn!("cannot look for staged tables nobody needs: {e}"),
+        }
+    }
+    if removed > 0 {
+        tracing::info!(removed, "dropped staged tables left by tries that died");
+    }
+    Ok(removed)
 }
 
 /// Step 2 for one dead owner.

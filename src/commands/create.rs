@@ -69,9 +69,6 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
             }
         }
     };
-    if args.stage {
-        crate::session::launch::sqlite_only(&dag, "--stage")?;
-    }
     let reprs = check_tasks(&dag, &conf, &intervals)?;
     let reprocess = Reprocess::from(args.reprocess_behavior);
     let max_active_runs = args.max_active_runs.or(dag.max_active_runs).unwrap_or(1);

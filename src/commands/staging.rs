@@ -259,14 +259,22 @@ pub fn discard(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
             ),
         );
     }
-    // The audit files go once the manifest no longer points at them; a command task's result
-    // file stays with its logs.
+    // The staged outputs go once the manifest no longer points at them; a command task's
+    // result file stays with its logs.
     let audits = crate::warehouse::audit_dir(&path);
-    for (_, file) in waiting.iter().filter(|(t, _)| gone.contains(t)) {
-        if let Some(file) = file.as_deref().map(Path::new)
-            && file.starts_with(&audits)
+    for s in chosen.iter().filter(|s| gone.contains(&s.try_id)) {
+        let Some(location) = s.path.as_deref() else {
+            continue;
+        };
+        if let Some(TaskKind::Sql(sql)) = dag
+            .tasks
+            .iter()
+            .find(|t| t.id == s.task_id)
+            .map(|t| &t.kind)
         {
-            let _ = std::fs::remove_file(file);
+            crate::warehouse::backend::of(&sql.warehouse).drop_staged(sql, location, &audits);
+        } else if Path::new(location).starts_with(&audits) {
+            let _ = std::fs::remove_file(location);
         }
     }
     let dropped: Vec<&runs::Staged> = chosen.iter().filter(|s| gone.contains(&s.try_id)).collect();
@@ -374,27 +382,22 @@ pub fn diff(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
             Some(TaskKind::Sql(sql)) => Some(sql),
             _ => None,
         };
-        let wh_error = |e: crate::warehouse::Error| match sql {
-            Some(sql) => Error::Usage(e.at(&sql.warehouse).to_string()),
-            None => Error::Usage(e.to_string()),
-        };
-        let wh = sql
-            .map(|sql| crate::warehouse::open_to_read(&sql.warehouse))
-            .transpose()?;
+        let wh_error = |e: crate::warehouse::Error| Error::Usage(e.to_string());
         let repr = reprs.get(&s.task_id).copied().flatten();
+        let location = s.path.as_deref().unwrap_or_default();
         // `(rows, fingerprint)` of what is published. A SQL task's partition is read from the
         // warehouse: it may have been changed by hand since the manifest recorded its publish.
         let recorded = conn
             .published(&dag.id, &s.task_id, s.interval.start.timestamp())
             .map_err(|e| e.at(&path))?;
-        let published: Option<(i64, Option<String>)> = match (sql, &wh) {
-            (Some(sql), Some(wh)) => {
-                let (rows, fingerprint) =
-                    crate::warehouse::diff::published(wh, sql, repr, s.interval, dag.tz)
-                        .map_err(wh_error)?;
+        let published: Option<(i64, Option<String>)> = match sql {
+            Some(sql) => {
+                let (rows, fingerprint) = crate::warehouse::backend::of(&sql.warehouse)
+                    .published(sql, repr, s.interval, dag.tz, location)
+                    .map_err(wh_error)?;
                 (recorded.is_some() || rows > 0).then_some((rows, Some(fingerprint)))
             }
-            _ => recorded.map(|(_, rows, fingerprint)| (rows, fingerprint)),
+            None => recorded.map(|(_, rows, fingerprint)| (rows, fingerprint)),
         };
         let published_rows = published.as_ref().map(|p| p.0);
         let staged_rows = s.record.rows;
@@ -415,18 +418,28 @@ pub fn diff(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
             .and_then(|t| t.gate.as_ref())
             .map(|g| &g.unique_key)
             .filter(|k| !k.is_empty());
-        let keys = match (sql, &wh, unique_key) {
-            (Some(sql), Some(wh), Some(key)) => {
-                match s.path.as_deref().map(Path::new).filter(|p| p.is_file()) {
-                    Some(file) => Some(
-                        crate::warehouse::diff::keys(wh, sql, key, repr, s.interval, dag.tz, file)
-                            .map_err(wh_error)?,
-                    ),
-                    None => {
+        let keys = match (sql, unique_key) {
+            (Some(sql), Some(key)) => {
+                match crate::warehouse::backend::of(&sql.warehouse)
+                    .diff_keys(sql, key, repr, s.interval, dag.tz, location)
+                {
+                    Ok(Some(keys)) => Some(keys),
+                    Ok(None) => {
                         warn(
                             g,
                             &format!(
                                 "the staged output of task `{}` at {} is gone; stage it again",
+                                s.task_id,
+                                crate::report::Labeler::new(&dag).label(s.interval.start)
+                            ),
+                        );
+                        None
+                    }
+                    Err(e) => {
+                        warn(
+                            g,
+                            &format!(
+                                "task `{}` at {}: {e}",
                                 s.task_id,
                                 crate::report::Labeler::new(&dag).label(s.interval.start)
                             ),

@@ -28,7 +28,7 @@ use crate::session::Global;
 use crate::session::launch::{check_tasks, parse_conf};
 use crate::task::command;
 use crate::task::template::IntervalValues;
-use crate::warehouse::{self, AuditFile, Binds, Repr, audit};
+use crate::warehouse::{self, Binds, Repr, backend};
 
 /// Least time between the two computations of an interval.
 const GAP: Duration = Duration::from_millis(1100);
@@ -106,7 +106,6 @@ pub fn run(
             "no complete interval between --from {from} and --to {to}; verify needs intervals that have ended"
         )));
     }
-    crate::session::launch::sqlite_only(&dag, "verify")?;
     let reprs = check_tasks(&dag, &conf, &intervals)?;
     let audit_dir = warehouse::audit_dir(&g.manifest_path(Some(&project))?);
     // Verify files that a killed verify left behind (their lock is free) go first.
@@ -340,26 +339,22 @@ impl Verifier<'_> {
                 let (dir, s, g) = (self.audit_dir.to_path_buf(), sql.clone(), task.gate.clone());
                 let (repr, tz) = (self.reprs.get(&task.id).copied().flatten(), self.dag.tz);
                 let step = blocking_step(task.timeout, &mut stop, move |cancel| {
-                    let file = AuditFile::create(&dir, &name)?;
-                    let result = (|| {
-                        let conn = warehouse::open(&s.warehouse)?;
-                        let handle = conn.get_interrupt_handle();
-                        cancel.on_set(Box::new(move || handle.interrupt()))?;
-                        file.attach(&conn)?;
-                        let m = audit::write_and_measure(
-                            &conn,
-                            &s,
-                            g.as_ref(),
-                            repr,
-                            &binds,
-                            tz,
-                            Some(cancel.flag()),
-                        );
-                        audit::detach(&conn);
-                        m
-                    })();
-                    file.remove();
-                    result
+                    // Written and measured as a try would, then dropped: never published.
+                    let write = backend::Write {
+                        task: &s,
+                        gate: g.as_ref(),
+                        binds: &binds,
+                        tz,
+                        repr,
+                        audit_path: &dir.join(&name),
+                        try_id: 0,
+                        manifest: "verify",
+                        stage: false,
+                    };
+                    let output = backend::of(&s.warehouse).write(&write, cancel)?;
+                    let measures = output.measures().clone();
+                    output.remove();
+                    Ok(measures)
                 })
                 .await;
                 match step {
@@ -368,7 +363,7 @@ impl Verifier<'_> {
                         fingerprint: Some(m.fingerprint),
                         error: None,
                     },
-                    Step::Done(Err(e)) => Computed::failed(e.at(&sql.warehouse).to_string()),
+                    Step::Done(Err(e)) => Computed::failed(e.to_string()),
                     Step::TimedOut(_) => Computed::failed("timed out".into()),
                     Step::Cancelled(_) => Computed::failed("interrupted".into()),
                 }

@@ -528,6 +528,14 @@ pub fn needing_audit_files(conn: &Connection) -> Result<std::collections::HashSe
     Ok(ids.collect::<rusqlite::Result<_>>()?)
 }
 
+/// The tries whose staged tables must stay: staged outputs and tries still running.
+pub fn keeping_staged_tables(conn: &Connection) -> Result<std::collections::HashSet<i64>> {
+    let mut stmt =
+        conn.prepare("SELECT id FROM task_tries WHERE staged = 'staged' OR state = 'running'")?;
+    let ids = stmt.query_map([], |r| r.get(0))?;
+    Ok(ids.collect::<rusqlite::Result<_>>()?)
+}
+
 /// The interval starts of backfill `backfill_id` whose runs are still queued or running.
 pub fn starts_in_progress(
     conn: &Connection,

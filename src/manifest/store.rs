@@ -280,6 +280,9 @@ pub trait Store {
     /// The tries whose audit files must stay: publishes that were decided (a recovery redoes
     /// them) and staged outputs, kept until promoted or discarded.
     fn needing_audit_files(&self) -> Result<std::collections::HashSet<i64>>;
+    /// The tries whose staged tables in a warehouse must stay: staged outputs, and tries still
+    /// running (one may have just committed its staged table and not yet recorded it).
+    fn keeping_staged_tables(&self) -> Result<std::collections::HashSet<i64>>;
     /// Whether a run of backfill `backfill_id` succeeded.
     fn any_succeeded(&self, backfill_id: i64) -> Result<bool>;
     /// The interval starts of backfill `backfill_id` whose runs are still queued or running.
@@ -596,6 +599,9 @@ impl Store for Connection {
     }
     fn needing_audit_files(&self) -> Result<std::collections::HashSet<i64>> {
         runs::needing_audit_files(self)
+    }
+    fn keeping_staged_tables(&self) -> Result<std::collections::HashSet<i64>> {
+        runs::keeping_staged_tables(self)
     }
     fn starts_in_progress(&self, backfill_id: i64) -> Result<std::collections::HashSet<i64>> {
         runs::starts_in_progress(self, backfill_id)

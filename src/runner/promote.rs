@@ -4,7 +4,7 @@
 //! recovery), its file checked against the staged fingerprint first. A command task runs its
 //! `publish` command as the staged try would have.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use tokio::sync::watch;
 
@@ -23,8 +23,7 @@ use crate::project::{SqlTask, Task, TaskKind};
 use crate::state::TryState;
 use crate::task::command;
 use crate::task::template::IntervalValues;
-use crate::warehouse::AuditFile;
-use crate::warehouse::backend::Audited;
+use crate::warehouse::backend;
 
 /// Promotes one task of an interval: one try, never retried (a failed promote leaves the output
 /// staged, for the next `promote`).
@@ -114,7 +113,13 @@ async fn promote_sql(
         "promoting the output staged by try {} ({})",
         staged.try_id, staged.path
     ));
-    let Some(file) = AuditFile::existing(Path::new(&staged.path)) else {
+    let reopened = backend::of(&sql.warehouse).staged(
+        sql,
+        &staged.path,
+        &backend::manifest_name(&shared.spec.manifest_path),
+        started.try_id,
+    );
+    let Some(output) = reopened else {
         let error = format!(
             "the staged output {} is gone; stage the interval again",
             staged.path
@@ -128,7 +133,7 @@ async fn promote_sql(
             Ok(v) => v,
             Err(outcome) => {
                 // Still staged: a later `promote` (with --allow-drift, say) can publish it.
-                file.keep();
+                output.keep();
                 if let Outcome::Rejected(_, why)
                 | Outcome::Failed(TryRecord {
                     error: Some(why), ..
@@ -157,7 +162,7 @@ async fn promote_sql(
             interval,
             try_id: started.try_id,
             log_path: &started.log,
-            output: Box::new(Audited::staged(file)),
+            output,
             record,
             repr,
             empty: verdict == Verdict::PublishEmpty,

@@ -103,6 +103,7 @@ pub(super) async fn sql_try(
         input.try_id,
         backend::manifest_name(&shared.spec.manifest_path),
     );
+    let staging = matches!(shared.spec.mode, super::Mode::Stage);
     let step = blocking_step(task.timeout, stop, move |cancel| {
         let write = backend::Write {
             task: &s,
@@ -113,6 +114,7 @@ pub(super) async fn sql_try(
             audit_path: &audit_path,
             try_id,
             manifest: &manifest,
+            stage: staging,
         };
         backend::of(&s.warehouse).write(&write, cancel)
     })
@@ -373,6 +375,7 @@ pub(super) async fn publish_audited(
 fn stage(output: Box<dyn Pending>, record: TryRecord, log: &mut TryLog) -> Outcome {
     match output.stage() {
         Ok(path) => {
+            crate::fault::point("after-stage");
             log.line(&format!(
                 "staged: kept in {} for `backfill promote`, not published",
                 path.display()

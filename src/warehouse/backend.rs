@@ -30,6 +30,8 @@ pub struct Write<'a> {
     /// warehouse itself names them by both.
     pub try_id: i64,
     pub manifest: &'a str,
+    /// Keep the output for `backfill promote` rather than publish it.
+    pub stage: bool,
 }
 
 /// How to publish a pending output.
@@ -105,6 +107,42 @@ pub trait Backend: Sync {
 
     /// Removes what crashed commands left in the warehouse that nobody needs.
     fn sweep(&self, w: &Warehouse);
+
+    /// The output staged at `location` (as [`Pending::stage`] said), reopened to promote it as
+    /// try `try_id` of manifest `manifest`; `None` when it is gone.
+    fn staged(
+        &self,
+        task: &SqlTask,
+        location: &str,
+        manifest: &str,
+        try_id: i64,
+    ) -> Option<Box<dyn Pending>>;
+
+    /// Removes a discarded staged output.
+    fn drop_staged(&self, task: &SqlTask, location: &str, audit_dir: &Path);
+
+    /// The interval's rows of the target now and their fingerprint, over the columns of the
+    /// staged output at `location`.
+    fn published(
+        &self,
+        task: &SqlTask,
+        repr: Option<Repr>,
+        interval: DataInterval,
+        tz: chrono_tz::Tz,
+        location: &str,
+    ) -> Result<(i64, String)>;
+
+    /// What promoting the staged output at `location` would change, by the key `key`; `None`
+    /// when the staged output is gone.
+    fn diff_keys(
+        &self,
+        task: &SqlTask,
+        key: &[String],
+        repr: Option<Repr>,
+        interval: DataInterval,
+        tz: chrono_tz::Tz,
+        location: &str,
+    ) -> Result<Option<super::diff::KeyDiff>>;
 }
 
 /// The backend of a warehouse.
@@ -188,6 +226,50 @@ impl Backend for Sqlite {
 
     fn sweep(&self, w: &Warehouse) {
         super::init::remove_abandoned(&w.path);
+    }
+
+    fn staged(&self, _: &SqlTask, location: &str, _: &str, _: i64) -> Option<Box<dyn Pending>> {
+        AuditFile::existing(Path::new(location))
+            .map(|file| Box::new(Audited::staged(file)) as Box<dyn Pending>)
+    }
+
+    fn drop_staged(&self, _: &SqlTask, location: &str, audit_dir: &Path) {
+        // Only files of the audit folder: a command task's result file stays with its logs.
+        let file = Path::new(location);
+        if file.starts_with(audit_dir) {
+            let _ = std::fs::remove_file(file);
+        }
+    }
+
+    fn published(
+        &self,
+        task: &SqlTask,
+        repr: Option<Repr>,
+        interval: DataInterval,
+        tz: chrono_tz::Tz,
+        _: &str,
+    ) -> Result<(i64, String)> {
+        let conn = super::open_to_read(&task.warehouse)?;
+        super::diff::published(&conn, task, repr, interval, tz).map_err(|e| e.at(&task.warehouse))
+    }
+
+    fn diff_keys(
+        &self,
+        task: &SqlTask,
+        key: &[String],
+        repr: Option<Repr>,
+        interval: DataInterval,
+        tz: chrono_tz::Tz,
+        location: &str,
+    ) -> Result<Option<super::diff::KeyDiff>> {
+        let file = Path::new(location);
+        if !file.is_file() {
+            return Ok(None);
+        }
+        let conn = super::open_to_read(&task.warehouse)?;
+        super::diff::keys(&conn, task, key, repr, interval, tz, file)
+            .map(Some)
+            .map_err(|e| e.at(&task.warehouse))
     }
 }
 

@@ -467,3 +467,154 @@ fn a_server_restart_fails_running_tries_and_retries_finish_exactly() {
         p.rows("SELECT count(*) FROM task_tries WHERE state = 'succeeded'")[0][0]
     );
 }
+
+/// The staged tables in the warehouse.
+fn staged_tables(t: &Pg) -> String {
+    t.psql("SELECT count(*) FROM pg_tables WHERE schemaname = 'backfill' AND tablename LIKE 'staged\\_%'")
+}
+
+#[test]
+fn stage_diff_promote_and_discard_keep_the_output_in_the_warehouse() {
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    t.p.create("orders", "2026-01-01", "2026-01-03", &[])
+        .code(0);
+    let before = t.fact();
+    // Day 1's source changes: order 3's amount, order 6 removed, order 31 added.
+    t.psql(
+        "UPDATE raw.orders SET amount = amount + 5 WHERE order_id = 3; \
+         DELETE FROM raw.orders WHERE order_id = 6; \
+         INSERT INTO raw.orders VALUES (31, '2026-01-01 23:00:00+00', 'eu', 2)",
+    );
+    let out = t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-02",
+        &["--stage", "--reprocess-behavior", "completed"],
+    );
+    out.code(0);
+    assert_eq!(t.fact(), before, "staging publishes nothing");
+    assert_eq!(staged_tables(&t), "2");
+    let diff = t.p.run(&["diff", "2", "--output", "json"]);
+    diff.code(0);
+    let doc = diff.json();
+    let day = |d: &str| {
+        doc.as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["interval"]["start"] == format!("{d}T00:00:00Z"))
+            .unwrap()
+            .clone()
+    };
+    let d1 = day("2026-01-01");
+    assert_eq!(d1["published_rows"], 10);
+    assert_eq!(d1["staged_rows"], 10);
+    assert_eq!(d1["same_fingerprint"], false);
+    assert_eq!(d1["keys"]["added"], 1);
+    assert_eq!(d1["keys"]["removed"], 1);
+    assert_eq!(d1["keys"]["changed"], 1);
+    assert_eq!(d1["keys"]["examples"]["added"], serde_json::json!([31]));
+    assert_eq!(d1["keys"]["examples"]["removed"], serde_json::json!([6]));
+    assert_eq!(d1["keys"]["examples"]["changed"], serde_json::json!([3]));
+    let d2 = day("2026-01-02");
+    assert_eq!(d2["same_fingerprint"], true);
+    assert_eq!(d2["keys"]["changed"], 0);
+    // Promote publishes what was staged, and the staged tables go with the same commits.
+    t.p.run(&["promote", "2"]).code(0);
+    assert_eq!(t.fact(), t.expected(&[1, 2, 3]));
+    assert_eq!(staged_tables(&t), "0");
+    // A discarded output goes too, and the target keeps what it had.
+    t.psql("UPDATE raw.orders SET amount = amount + 1 WHERE order_id = 2");
+    t.p.create(
+        "orders",
+        "2026-01-03",
+        "2026-01-03",
+        &["--stage", "--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    assert_eq!(staged_tables(&t), "1");
+    let published = t.fact();
+    t.p.run(&["discard", "4"]).code(0);
+    assert_eq!(staged_tables(&t), "0");
+    assert_eq!(t.fact(), published);
+    assert_eq!(t.open_transactions(), "0");
+}
+
+#[test]
+fn a_try_killed_after_staging_leaves_no_table_behind() {
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    // Killed after the staged table committed, before the manifest recorded the stage.
+    let out = t.p.run_with(
+        &[
+            "create",
+            "--dag",
+            "orders",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+            "--stage",
+        ],
+        &[("BACKFILL_FAULT", "after-stage")],
+    );
+    assert_ne!(out.code, 0);
+    assert_eq!(
+        staged_tables(&t),
+        "1",
+        "the table committed before the kill"
+    );
+    // The next command recovers the dead owner and drops what nobody needs.
+    t.p.run(&["resume", "1"]).code(0);
+    let kept =
+        t.p.rows("SELECT count(*) FROM task_tries WHERE staged = 'staged'")[0][0].clone();
+    assert_eq!(
+        staged_tables(&t),
+        kept,
+        "only the staged outputs the manifest knows stay"
+    );
+}
+
+#[test]
+fn verify_computes_twice_without_publishing() {
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    t.p.run(&[
+        "verify",
+        "--dag",
+        "orders",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+    ])
+    .code(0);
+    assert_eq!(t.fact(), "", "verify publishes nothing");
+    // A query that is not deterministic is caught.
+    std::fs::write(
+        t.p.path("dags/orders.toml"),
+        dag(
+            &QUERY.replace(
+                "region, amount",
+                "region, amount + random()::int::numeric AS amount",
+            ),
+            GATE,
+            "",
+        ),
+    )
+    .unwrap();
+    let out = t.p.run(&[
+        "verify",
+        "--dag",
+        "orders",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+    ]);
+    assert_ne!(out.code, 0, "{}", out.stderr);
+    assert_eq!(t.fact(), "");
+}

@@ -94,6 +94,19 @@ pub fn quote_name(name: &str) -> String {
         .join(".")
 }
 
+/// A column's name quoted for PostgreSQL.
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// The fingerprint of the rows of `from` over the columns `list`, as SQL: the sums of two
+/// 64-bit hashes of each row's text, so that the order of the rows does not matter.
+fn fingerprint_sql(list: &str, from: &str) -> String {
+    format!(
+        "(SELECT count(*)::text || ':' || coalesce(sum(hashtextextended(ROW({list})::text, 0)::numeric), 0)::text || '.' || coalesce(sum(hashtextextended(ROW({list})::text, 1)::numeric), 0)::text FROM {from})"
+    )
+}
+
 /// What a partition column holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ColumnType {
@@ -262,6 +275,7 @@ impl Backend for Postgres {
                         measures,
                         manifest: w.manifest.to_string(),
                         try_id: w.try_id,
+                        staged: w.stage.then(|| staged_table(w.manifest, w.try_id)),
                     }));
                 }
                 Err(e) => {
@@ -288,7 +302,47 @@ impl Backend for Postgres {
 
     fn sweep(&self, _: &Warehouse) {
         // A try's work is its transaction, which the server rolls back when its connection
-        // ends: a crash leaves nothing in the warehouse.
+        // ends: a crash leaves nothing in the warehouse but staged tables, which recovery
+        // sweeps with the manifest's knowledge (see `sweep_staged`).
+    }
+
+    fn staged(
+        &self,
+        _: &SqlTask,
+        location: &str,
+        manifest: &str,
+        try_id: i64,
+    ) -> Option<Box<dyn Pending>> {
+        is_staged_table(location).then(|| staged(location, manifest, try_id))
+    }
+
+    fn drop_staged(&self, task: &SqlTask, location: &str, _: &Path) {
+        if let Err(e) = drop_staged(&task.warehouse, location) {
+            tracing::warn!("cannot drop the discarded staged table {location}: {e}");
+        }
+    }
+
+    fn published(
+        &self,
+        task: &SqlTask,
+        _: Option<Repr>,
+        interval: DataInterval,
+        tz: chrono_tz::Tz,
+        location: &str,
+    ) -> Result<(i64, String)> {
+        published(task, interval, tz, location)
+    }
+
+    fn diff_keys(
+        &self,
+        task: &SqlTask,
+        key: &[String],
+        _: Option<Repr>,
+        interval: DataInterval,
+        tz: chrono_tz::Tz,
+        location: &str,
+    ) -> Result<Option<super::diff::KeyDiff>> {
+        diff_keys(task, key, interval, tz, location)
     }
 }
 
@@ -389,10 +443,13 @@ fn write_measure(
         .collect();
     let [lo, hi] = ty.bounds(w.binds.interval, w.tz)?;
     let table = quote_name(&task.target);
-    let pc = quote_name(&task.partition_column);
+    let pc = quote_ident(&task.partition_column);
+    // A staged output goes to a table of its own; the target is not touched.
+    let staged = w.stage.then(|| staged_table(w.manifest, w.try_id));
+    let dest = staged.as_deref().unwrap_or(&table);
     let list = out
         .iter()
-        .map(|c| quote_name(c))
+        .map(|c| quote_ident(c))
         .collect::<Vec<_>>()
         .join(", ");
     let outside = format!("(NOT ({pc} >= $1 AND {pc} < $2) OR {pc} IS NULL)");
@@ -401,7 +458,7 @@ fn write_measure(
         .map(|g| {
             g.unique_key
                 .iter()
-                .map(|k| quote_name(k))
+                .map(|k| quote_ident(k))
                 .collect::<Vec<_>>()
                 .join(", ")
         })
@@ -416,21 +473,21 @@ fn write_measure(
             tk = g
                 .unique_key
                 .iter()
-                .map(|c| format!("t.{}", quote_name(c)))
+                .map(|c| format!("t.{}", quote_ident(c)))
                 .collect::<Vec<_>>()
                 .join(", "),
         ),
         _ => "NULL::text".to_string(),
     };
     let statement = format!(
-        "WITH ins AS (\n  INSERT INTO {table} ({list})\n  SELECT {list} FROM (\n{}\n) q\n  RETURNING *\n)\n\
+        "WITH ins AS (\n  INSERT INTO {dest} ({list})\n  SELECT {list} FROM (\n{}\n) q\n  RETURNING *\n)\n\
          SELECT (SELECT count(*) FROM ins), \
          (SELECT count(*) FROM ins WHERE {outside}), \
          (SELECT array_agg(v) FROM (SELECT DISTINCT coalesce({pc}::text, 'NULL') AS v FROM ins WHERE {outside} ORDER BY 1 LIMIT {more}) o), \
-         (SELECT coalesce(sum(hashtextextended(ins::text, 0)::numeric), 0)::text || '.' || coalesce(sum(hashtextextended(ins::text, 1)::numeric), 0)::text FROM ins), \
-         {duplicates}, {elsewhere}",
+         {fingerprint}, {duplicates}, {elsewhere}",
         query.sql,
         more = SHOWN + 1,
+        fingerprint = fingerprint_sql(&list, "ins"),
     );
     let col_type = ty.pg_type();
     let mut types = vec![col_type.clone(), col_type];
@@ -442,10 +499,23 @@ fn write_measure(
     if cancel.is_set() {
         return Err(Error::Cancelled.into());
     }
-    let delete = format!("DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2");
-    let del = prepared(c, &delete, &types[..2])?;
-    c.wait(c.client.execute(&del, &[lo.sql(), hi.sql()]))?;
-    let measure = prepared(c, &statement, &types)?;
+    match &staged {
+        Some(name) => {
+            c.wait(c.client.batch_execute(&format!(
+                "CREATE TABLE {name} AS SELECT {list} FROM {table} WITH NO DATA"
+            )))?;
+        }
+        None => {
+            let delete = format!("DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2");
+            let del = prepared(c, &delete, &types[..2])?;
+            c.wait(c.client.execute(&del, &[lo.sql(), hi.sql()]))?;
+        }
+    }
+    // A staged table is new in every try: its statement is not kept prepared.
+    let measure = match &staged {
+        Some(_) => c.wait(c.client.prepare_typed(&statement, &types))?,
+        None => prepared(c, &statement, &types)?,
+    };
     let mut values = vec![lo, hi];
     values.extend(query.values(w.binds, w.tz));
     let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(Value::sql).collect();
@@ -461,7 +531,7 @@ fn write_measure(
         duplicate_keys: keys
             .is_some()
             .then(|| row.get::<_, Option<i64>>(4).unwrap_or(0)),
-        fingerprint: format!("pg:{rows}:{fingerprint}"),
+        fingerprint: format!("pg:{fingerprint}"),
         repr: None,
         mixed: None,
         source: None,
@@ -562,6 +632,8 @@ struct Open {
     measures: AuditMeasures,
     manifest: String,
     try_id: i64,
+    /// The table a staged try writes to, in place of the target.
+    staged: Option<String>,
 }
 
 impl Open {
@@ -662,8 +734,16 @@ impl Pending for Open {
     }
 
     fn stage(mut self: Box<Self>) -> std::result::Result<PathBuf, String> {
-        self.end();
-        Err("staging is not supported on a PostgreSQL warehouse".into())
+        let (Some(c), Some(table)) = (self.conn.take(), self.staged.clone()) else {
+            self.end();
+            return Err("this try wrote to the target, not to a staged table".into());
+        };
+        // Committed like any table of the database: a crash of the machine keeps it.
+        let committed = c.wait(c.client.batch_execute("COMMIT"));
+        conn::give(c);
+        committed
+            .map(|()| PathBuf::from(table))
+            .map_err(|e| format!("cannot keep the staged output: {}", describe(&e)))
     }
 }
 
@@ -890,4 +970,408 @@ fn not_prepared(
         offset,
         message: format!("key `{key}` does not prepare: {}", describe(e)),
     }
+}
+
+/// The table that holds the staged output of try `try_id` of a manifest: in the schema of the
+/// bookkeeping tables, named by a hash of the manifest's name and the try, so that backfills of
+/// several manifests staging into one database never meet.
+pub fn staged_table(manifest: &str, try_id: i64) -> String {
+    // FNV-1a: the same on every machine and every build.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in manifest.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("backfill.staged_{:08x}_{try_id}", h >> 32)
+}
+
+/// The prefix of every staged table of a manifest.
+fn staged_prefix(manifest: &str) -> String {
+    staged_table(manifest, 0)
+        .trim_start_matches("backfill.")
+        .trim_end_matches('0')
+        .to_string()
+}
+
+/// Whether `location` (as recorded for a staged try) names a staged table.
+pub fn is_staged_table(location: &str) -> bool {
+    location
+        .strip_prefix("backfill.staged_")
+        .is_some_and(|rest| rest.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+}
+
+/// A staged output, reopened to promote it.
+pub struct Staged {
+    table: String,
+    manifest: String,
+    try_id: i64,
+    measures: AuditMeasures,
+}
+
+/// Reopens the staged output in `table` for try `try_id` (the promoting try) of `manifest`.
+pub fn staged(table: &str, manifest: &str, try_id: i64) -> Box<dyn Pending> {
+    Box::new(Staged {
+        table: table.to_string(),
+        manifest: manifest.to_string(),
+        try_id,
+        measures: AuditMeasures::default(),
+    })
+}
+
+impl Pending for Staged {
+    fn measures(&self) -> &AuditMeasures {
+        &self.measures
+    }
+
+    fn file(&self) -> Option<&Path> {
+        None
+    }
+
+    /// Promotes: in one transaction, the interval's rows of the target are replaced by the
+    /// staged rows, whose fingerprint must still be the one the gate saw; the staged table goes
+    /// with the same commit.
+    fn publish(
+        &mut self,
+        p: &PublishAs<'_>,
+        allowed: &Allowed<'_>,
+        _waiting: &mut dyn FnMut(),
+    ) -> Result<i64> {
+        let wh = &p.task.warehouse;
+        if !is_staged_table(&self.table) {
+            return Err(Error::Message(format!("`{}` is not a staged table", self.table)).at(wh));
+        }
+        let mut c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
+        if crate::fault::point("publish") {
+            conn::give(c);
+            return Err(Error::Message("connection lost (injected)".into()).at(wh));
+        }
+        let result = promote_in(&mut c, p, &self.table, &self.manifest, self.try_id, allowed);
+        if result.is_err() {
+            let _ = c.wait(c.client.batch_execute("ROLLBACK"));
+        }
+        conn::give(c);
+        result.map_err(|e| match e {
+            Failure::Pg(e) => pg(wh)(e),
+            Failure::Other(e) => e.at(wh),
+        })
+    }
+
+    fn remove(self: Box<Self>) {}
+
+    fn keep(self: Box<Self>) {}
+
+    fn stage(self: Box<Self>) -> std::result::Result<PathBuf, String> {
+        Ok(PathBuf::from(&self.table))
+    }
+}
+
+fn promote_in(
+    c: &mut Conn,
+    p: &PublishAs<'_>,
+    staged: &str,
+    manifest: &str,
+    try_id: i64,
+    allowed: &Allowed<'_>,
+) -> std::result::Result<i64, Failure> {
+    let task = p.task;
+    book(c)?;
+    let (schema, name) = staged.split_once('.').unwrap_or(("backfill", staged));
+    let cols: Vec<String> = c
+        .wait(c.client.query(
+            "SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = to_regclass($1) \
+             AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            &[&format!("{}.{}", quote_ident(schema), quote_ident(name))],
+        ))?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if cols.is_empty() {
+        return Err(Error::Message(format!(
+            "the staged output {staged} is gone; stage the interval again"
+        ))
+        .into());
+    }
+    let columns = target_columns(c, &task.target)?;
+    let Some(ty) = columns
+        .iter()
+        .find(|(n, _)| *n == task.partition_column)
+        .and_then(|(_, t)| ColumnType::of(t))
+    else {
+        return Err(Error::Message(format!(
+            "target table `{}` has no date, timestamp or timestamptz column `{}`",
+            task.target, task.partition_column
+        ))
+        .into());
+    };
+    let [lo, hi] = ty.bounds(p.interval, p.tz)?;
+    let (table, pc) = (
+        quote_name(&task.target),
+        quote_ident(&task.partition_column),
+    );
+    let list = cols
+        .iter()
+        .map(|c| quote_ident(c))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let staged_q = format!("{}.{}", quote_ident(schema), quote_ident(name));
+    c.wait(
+        c.client
+            .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ"),
+    )?;
+    c.wait(c.client.execute(
+        &format!("DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2"),
+        &[lo.sql(), hi.sql()],
+    ))?;
+    let row = c.wait(c.client.query_one(
+        &format!(
+            "WITH ins AS (INSERT INTO {table} ({list}) SELECT {list} FROM {staged_q} RETURNING *) \
+             SELECT {}",
+            fingerprint_sql(&list, "ins")
+        ),
+        &[],
+    ))?;
+    let fingerprint = format!("pg:{}", row.get::<_, String>(0));
+    let rows: i64 = fingerprint
+        .trim_start_matches("pg:")
+        .split(':')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    if let Some(expected) = p.expect_fingerprint
+        && expected != fingerprint
+    {
+        return Err(Error::Message(format!(
+            "the staged output {staged} changed since it was staged (fingerprint {fingerprint}, staged {expected}); stage the interval again"
+        ))
+        .into());
+    }
+    c.wait(c.client.execute(
+        "INSERT INTO backfill.partitions AS p (target, partition_start, manifest, try_id) \
+         VALUES ($1, $2, $3, $4) ON CONFLICT (target, partition_start) DO UPDATE \
+         SET manifest = EXCLUDED.manifest, try_id = EXCLUDED.try_id, published_at = now()",
+        &[&task.target, &p.interval.start, &manifest, &try_id],
+    ))?;
+    match allowed() {
+        Ok(true) => {}
+        Ok(false) => return Err(Error::Refused.into()),
+        Err(why) => return Err(Error::Message(format!("cannot read the manifest: {why}")).into()),
+    }
+    c.wait(c.client.execute(
+        "INSERT INTO backfill.publishes (manifest, try_id, target, partition_start, partition_end, rows, fingerprint) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        &[&manifest, &try_id, &task.target, &p.interval.start, &p.interval.end, &rows, &fingerprint],
+    ))?;
+    c.wait(
+        c.client
+            .batch_execute(&format!("DROP TABLE {staged_q}; COMMIT")),
+    )?;
+    Ok(rows)
+}
+
+/// Drops a staged table (a discarded output); a table that is gone already is not an error.
+pub fn drop_staged(w: &Warehouse, table: &str) -> Result<()> {
+    if !is_staged_table(table) {
+        return Ok(());
+    }
+    let c = conn::take(w).map_err(|e| Error::Message(e).at(w))?;
+    let dropped = c.wait(
+        c.client
+            .batch_execute(&format!("DROP TABLE IF EXISTS {table}")),
+    );
+    conn::give(c);
+    dropped.map_err(pg(w))
+}
+
+/// Drops the staged tables of manifest `manifest` whose try `keep` does not name: outputs of
+/// tries that were killed between staging and recording it, or whose staging the manifest
+/// settled otherwise. Returns how many went.
+pub fn sweep_staged(w: &Warehouse, manifest: &str, keep: &dyn Fn(i64) -> bool) -> Result<usize> {
+    let c = conn::take(w).map_err(|e| Error::Message(e).at(w))?;
+    let prefix = staged_prefix(manifest);
+    let found = c.wait(c.client.query(
+        "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = 'backfill' AND c.relkind = 'r' AND starts_with(c.relname::text, $1)",
+        &[&prefix],
+    ));
+    let mut gone = 0;
+    let result = found.map_err(pg(w)).and_then(|rows| {
+        for r in rows {
+            let name: String = r.get(0);
+            let Some(try_id) = name
+                .strip_prefix(&prefix)
+                .and_then(|t| t.parse::<i64>().ok())
+            else {
+                continue;
+            };
+            if !keep(try_id) {
+                c.wait(c.client.batch_execute(&format!(
+                    "DROP TABLE IF EXISTS backfill.{}",
+                    quote_ident(&name)
+                )))
+                .map_err(pg(w))?;
+                gone += 1;
+            }
+        }
+        Ok(gone)
+    });
+    conn::give(c);
+    result
+}
+
+/// The rows the target holds for the interval now, with their fingerprint over the columns
+/// `cols` (those of the staged output), whatever the manifest recorded.
+pub fn published(
+    task: &SqlTask,
+    interval: DataInterval,
+    tz: chrono_tz::Tz,
+    staged: &str,
+) -> Result<(i64, String)> {
+    let wh = &task.warehouse;
+    let c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
+    let result = (|| -> std::result::Result<(i64, String), Failure> {
+        let (list, lo, hi) = shape(&c, task, interval, tz, staged)?;
+        let row = c.wait(c.client.query_one(
+            &format!(
+                "WITH p AS (SELECT {list} FROM {} WHERE {pc} >= $1 AND {pc} < $2) SELECT {}",
+                quote_name(&task.target),
+                fingerprint_sql(&list, "p"),
+                pc = quote_ident(&task.partition_column),
+            ),
+            &[lo.sql(), hi.sql()],
+        ))?;
+        let fingerprint: String = row.get(0);
+        let rows = fingerprint
+            .split(':')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        Ok((rows, format!("pg:{fingerprint}")))
+    })();
+    conn::give(c);
+    result.map_err(|e| match e {
+        Failure::Pg(e) => pg(wh)(e),
+        Failure::Other(e) => e.at(wh),
+    })
+}
+
+/// The staged table's columns as a select list, and the interval's bounds on the partition
+/// column.
+fn shape(
+    c: &Conn,
+    task: &SqlTask,
+    interval: DataInterval,
+    tz: chrono_tz::Tz,
+    staged: &str,
+) -> std::result::Result<(String, Value, Value), Failure> {
+    let cols = target_columns(c, staged)?;
+    if cols.is_empty() {
+        return Err(Error::Message(format!(
+            "the staged output {staged} is gone; stage the interval again"
+        ))
+        .into());
+    }
+    let target = target_columns(c, &task.target)?;
+    let ty = target
+        .iter()
+        .find(|(n, _)| *n == task.partition_column)
+        .and_then(|(_, t)| ColumnType::of(t))
+        .ok_or_else(|| {
+            Error::Message(format!(
+                "target table `{}` has no partition column `{}`",
+                task.target, task.partition_column
+            ))
+        })?;
+    let [lo, hi] = ty.bounds(interval, tz)?;
+    let list = cols
+        .iter()
+        .map(|(n, _)| quote_ident(n))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Ok((list, lo, hi))
+}
+
+/// What promoting the staged output in `staged` would change in the interval's published rows,
+/// by the unique key `key`: computed in the server.
+pub fn diff_keys(
+    task: &SqlTask,
+    key: &[String],
+    interval: DataInterval,
+    tz: chrono_tz::Tz,
+    staged: &str,
+) -> Result<Option<super::diff::KeyDiff>> {
+    let wh = &task.warehouse;
+    let c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
+    let result = (|| -> std::result::Result<Option<super::diff::KeyDiff>, Failure> {
+        if target_columns(&c, staged)?.is_empty() {
+            return Ok(None);
+        }
+        let (list, lo, hi) = shape(&c, task, interval, tz, staged)?;
+        let k = key
+            .iter()
+            .map(|c| quote_ident(c))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let with = format!(
+            "WITH p AS (SELECT {list} FROM {} WHERE {pc} >= $1 AND {pc} < $2), s AS (SELECT {list} FROM {staged})",
+            quote_name(&task.target),
+            pc = quote_ident(&task.partition_column),
+        );
+        let sets = [
+            format!("SELECT {k} FROM s EXCEPT SELECT {k} FROM p"),
+            format!("SELECT {k} FROM p EXCEPT SELECT {k} FROM s"),
+            format!(
+                "SELECT {k} FROM (SELECT * FROM s EXCEPT SELECT * FROM p) x INTERSECT SELECT {k} FROM p"
+            ),
+        ];
+        let order = (1..=key.len())
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut out = super::diff::KeyDiff::default();
+        for (n, set) in sets.iter().enumerate() {
+            let count: i64 = c
+                .wait(c.client.query_one(
+                    &format!("{with} SELECT count(*) FROM ({set}) d"),
+                    &[lo.sql(), hi.sql()],
+                ))?
+                .get(0);
+            let rows = c.wait(c.client.query(
+                &format!(
+                    "{with} SELECT to_jsonb(d)::text FROM (SELECT * FROM ({set}) e ORDER BY {order} LIMIT {}) d",
+                    super::diff::EXAMPLES
+                ),
+                &[lo.sql(), hi.sql()],
+            ))?;
+            let examples = rows
+                .iter()
+                .map(|r| {
+                    let doc: String = r.get(0);
+                    let values: Vec<serde_json::Value> = match serde_json::from_str::<
+                        serde_json::Map<String, serde_json::Value>,
+                    >(&doc)
+                    {
+                        Ok(m) => key
+                            .iter()
+                            .map(|k| m.get(k).cloned().unwrap_or(serde_json::Value::Null))
+                            .collect(),
+                        Err(_) => Vec::new(),
+                    };
+                    match values.as_slice() {
+                        [one] => one.clone(),
+                        _ => serde_json::Value::Array(values),
+                    }
+                })
+                .collect();
+            match n {
+                0 => (out.added, out.examples.added) = (count, examples),
+                1 => (out.removed, out.examples.removed) = (count, examples),
+                _ => (out.changed, out.examples.changed) = (count, examples),
+            }
+        }
+        Ok(Some(out))
+    })();
+    conn::give(c);
+    result.map_err(|e| match e {
+        Failure::Pg(e) => pg(wh)(e),
+        Failure::Other(e) => e.at(wh),
+    })
 }

@@ -485,7 +485,6 @@ pub fn rollback(
 ) -> Result<u8, Error> {
     let project = g.project()?;
     let dag = project.dag(dag_id)?;
-    crate::session::launch::sqlite_only(&dag, "rollback")?;
     let mut chosen: Vec<(&crate::project::Task, &crate::project::SqlTask)> = Vec::new();
     for t in only {
         match dag.tasks.iter().find(|x| &x.id == t) {
@@ -530,8 +529,9 @@ pub fn rollback(
     let mut reprs = HashMap::new();
     for (task, sql) in &chosen {
         let problem = |e: String| Error::Usage(format!("{}: task `{}`: {e}", dag.file, task.id));
-        let conn = crate::warehouse::open(&sql.warehouse).map_err(|e| problem(e.to_string()))?;
-        let repr = crate::warehouse::decide_repr(&conn, sql, window, dag.tz).map_err(problem)?;
+        let repr = crate::warehouse::backend::of(&sql.warehouse)
+            .prepare(sql, task.gate.as_ref(), window, dag.tz)
+            .map_err(|p| problem(p.message))?;
         reprs.insert(task.id.clone(), repr);
     }
     let max_active_runs = max_active_runs.or(dag.max_active_runs).unwrap_or(1);

@@ -375,8 +375,8 @@ impl Project {
                     }
                 }
                 let keep_versions = match &w.keep_versions {
-                    None => 0,
-                    Some(k) => load::keep_versions(k, &mut errs).unwrap_or(0),
+                    None => DEFAULT_KEEP_VERSIONS,
+                    Some(k) => load::keep_versions(k, &mut errs).unwrap_or(DEFAULT_KEEP_VERSIONS),
                 };
                 warehouses.insert(
                     name.clone(),

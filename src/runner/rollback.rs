@@ -51,10 +51,15 @@ async fn rollback_sql(
         return Ok(failed(error, None));
     };
     let s = sql.clone();
+    let manifest = warehouse::backend::manifest_name(&shared.spec.manifest_path);
+    let m = manifest.clone();
     let found = tokio::task::spawn_blocking(move || -> Result<_, warehouse::Error> {
         let Some(key) = content else {
             return Ok(None);
         };
+        if s.warehouse.is_postgres() {
+            return Ok(warehouse::postgres::kept_version(&s, &m, key)?.map(|(v, f)| (key, v, f)));
+        }
         let conn = warehouse::pool::take(&s.warehouse)?;
         match versions::find(&conn, &s.target, key)? {
             Some(v) => Ok(Some((key, v, versions::fingerprint(&conn, &s, key)?.1))),
@@ -111,10 +116,11 @@ async fn rollback_sql(
         return Ok(cancelled("cancelled"));
     }
     crate::fault::point("before-publish");
-    let (s, manifest_path, tz) = (
+    let (s, manifest_path, tz, print) = (
         sql.clone(),
         shared.spec.manifest_path.clone(),
         shared.spec.dag.tz,
+        fingerprint.clone(),
     );
     let repr = shared
         .reprs
@@ -129,6 +135,11 @@ async fn rollback_sql(
                 .may_publish(try_id, Some(owner))
                 .map_err(|e| e.to_string())
         };
+        if s.warehouse.is_postgres() {
+            return warehouse::postgres::roll_back(
+                &s, interval, tz, key, &manifest, try_id, &print, &allowed,
+            );
+        }
         let conn = warehouse::pool::take(&s.warehouse)?;
         publish::roll_back(&conn, &s, repr, interval, tz, key, &allowed)
     })

@@ -442,22 +442,6 @@ pub fn parse_conf(conf: Option<&str>) -> Result<serde_json::Value, Error> {
     }
 }
 
-/// Refuses `what` (a verb such as `--stage`) for a DAG with a SQL task on a PostgreSQL
-/// warehouse, where it does not work yet.
-pub fn sqlite_only(dag: &Dag, what: &str) -> Result<(), Error> {
-    for task in &dag.tasks {
-        if let TaskKind::Sql(sql) = &task.kind
-            && sql.warehouse.is_postgres()
-        {
-            return Err(Error::Usage(format!(
-                "{}: task `{}` writes to PostgreSQL warehouse `{}`, and {what} works on SQLite warehouses only so far",
-                dag.file, task.id, sql.warehouse.name
-            )));
-        }
-    }
-    Ok(())
-}
-
 /// Checks every task before anything is written: each command (and `publish` and
 /// `source_count` command) renders for the first interval, so that a template using a `conf`
 /// key that was not given fails now; each SQL task prepares exactly what it will run against
@@ -497,12 +481,6 @@ pub fn check_tasks(
         match &task.kind {
             TaskKind::Command(spec) => commands.push(spec),
             TaskKind::Sql(sql) => {
-                if sql.warehouse.is_postgres() && sql.keep_versions > 0 {
-                    return Err(problem(format!(
-                        "keep_versions = {}: a PostgreSQL warehouse keeps no versions yet (rollback works on SQLite warehouses); set keep_versions = 0",
-                        sql.keep_versions
-                    )));
-                }
                 let backend = warehouse::backend::of(&sql.warehouse);
                 // What a killed command left in the warehouse goes first.
                 backend.sweep(&sql.warehouse);

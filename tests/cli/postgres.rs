@@ -618,3 +618,173 @@ fn verify_computes_twice_without_publishing() {
     assert_ne!(out.code, 0, "{}", out.stderr);
     assert_eq!(t.fact(), "");
 }
+
+#[test]
+fn rollback_puts_the_replaced_rows_back() {
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    t.p.create("orders", "2026-01-01", "2026-01-02", &[])
+        .code(0);
+    let first = t.fact();
+    // A first backfill replaced nothing: there is nothing to put back.
+    assert_eq!(t.psql("SELECT count(*) FROM backfill.versions"), "0");
+    t.psql("UPDATE raw.orders SET amount = amount * 2");
+    t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-02",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    let second = t.fact();
+    assert_ne!(first, second);
+    assert_eq!(
+        t.psql("SELECT count(*), sum(rows) FROM backfill.versions"),
+        "2|20"
+    );
+    // A rerun of an unchanged source keeps no copy of itself: keep_versions = 1 still holds
+    // the first content.
+    t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-02",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    assert_eq!(
+        t.psql("SELECT count(*), sum(rows) FROM backfill.versions"),
+        "2|20"
+    );
+    t.p.run(&[
+        "rollback",
+        "--dag",
+        "orders",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+    ])
+    .code(0);
+    assert_eq!(t.fact(), first, "the first content is back");
+    assert_eq!(t.psql("SELECT count(*) FROM backfill.versions"), "0");
+    // Nothing older is kept: a second rollback fails and changes nothing.
+    t.p.run(&[
+        "rollback",
+        "--dag",
+        "orders",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-01",
+    ])
+    .code(3)
+    .stderr_has("no earlier version is kept");
+    assert_eq!(t.fact(), first);
+    assert_eq!(t.open_transactions(), "0");
+}
+
+#[test]
+fn the_interval_predicates_are_served_by_the_partition_index() {
+    if !pg::available("the PostgreSQL warehouse tests") {
+        return;
+    }
+    // A cluster of its own, so that its log holds only this test's plans.
+    let own = pg::Cluster::start();
+    let db = own.create_db();
+    own.psql(&db, SCHEMA);
+    // Every statement's plan goes to the server's log; sequential scans cost so much that the
+    // planner takes one only where no index can serve the predicate.
+    own.psql(
+        &db,
+        &format!(
+            "ALTER DATABASE \"{db}\" SET session_preload_libraries = 'auto_explain';
+             ALTER DATABASE \"{db}\" SET auto_explain.log_min_duration = 0;
+             ALTER DATABASE \"{db}\" SET auto_explain.log_nested_statements = on;
+             ALTER DATABASE \"{db}\" SET enable_seqscan = off;"
+        ),
+    );
+    let p = Project::new();
+    p.write(
+        "backfill.toml",
+        &format!(
+            "[warehouse.dw]\nkind = \"postgres\"\nurl = \"{}?sslmode=disable\"\n",
+            own.url(&db)
+        ),
+    );
+    p.write("dags/orders.toml", &dag(QUERY, GATE, ""));
+    p.create("orders", "2026-01-01", "2026-01-02", &[]).code(0);
+    p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-02",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    let log = std::fs::read_to_string(own.log_file()).unwrap();
+    // Each plan of a statement that deletes an interval's rows of the target.
+    let deletes: Vec<&str> = log
+        .split("LOG:  duration:")
+        .filter(|plan| plan.contains("Delete on orders_fact"))
+        .collect();
+    assert_eq!(deletes.len(), 4, "one delete per try:\n{log}");
+    for plan in deletes {
+        assert!(
+            plan.contains("Index Scan using orders_fact_day")
+                || plan.contains("Bitmap Index Scan on orders_fact_day"),
+            "the interval's rows are not found through the index on day:\n{plan}"
+        );
+        assert!(!plan.contains("Seq Scan on orders_fact"), "{plan}");
+    }
+}
+
+#[test]
+fn changed_and_stale_compare_the_source_fingerprint_again() {
+    let gate = format!(
+        "{GATE}\nsource_fingerprint = \"SELECT count(*) || '/' || coalesce(sum(amount), 0) FROM raw.orders WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end\""
+    );
+    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(QUERY, &gate, "")) else {
+        return;
+    };
+    t.p.create("orders", "2026-01-01", "2026-01-03", &[])
+        .code(0);
+    let stale = |t: &Pg| {
+        let out = t.p.run(&[
+            "stale",
+            "--dag",
+            "orders",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-03",
+            "--output",
+            "json",
+        ]);
+        out.code(0);
+        out.json()
+    };
+    assert_eq!(stale(&t), serde_json::json!([]));
+    // A corrected amount on day 2: the count stays, the fingerprint moves.
+    t.psql("UPDATE raw.orders SET amount = amount + 1 WHERE order_id = 4");
+    let doc = stale(&t);
+    assert_eq!(doc.as_array().unwrap().len(), 1, "{doc}");
+    assert_eq!(doc[0]["interval"]["start"], "2026-01-02T00:00:00Z");
+    let out = t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-03",
+        &["--reprocess-behavior", "changed", "--output", "json"],
+    );
+    out.code(0);
+    assert_eq!(t.fact(), t.expected(&[1, 2, 3]));
+    assert_eq!(
+        t.psql("SELECT partition_start::date FROM backfill.publishes ORDER BY published_at DESC LIMIT 1"),
+        "2026-01-02"
+    );
+    assert_eq!(
+        t.psql("SELECT count(*) FROM backfill.publishes"),
+        "4",
+        "only day 2 ran again"
+    );
+    assert_eq!(stale(&t), serde_json::json!([]));
+}

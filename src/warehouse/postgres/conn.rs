@@ -309,6 +309,8 @@ pub struct Conn {
     pub prepared: HashMap<String, tokio_postgres::Statement>,
     /// The bookkeeping tables are known to exist.
     pub booked: bool,
+    /// Kept-version tables known to exist.
+    pub kept: std::collections::HashSet<String>,
 }
 
 impl Conn {
@@ -376,6 +378,7 @@ pub fn connect(w: &Warehouse) -> Result<Conn, String> {
         key: url.secret().to_string(),
         prepared: HashMap::new(),
         booked: false,
+        kept: std::collections::HashSet::new(),
     })
 }
 

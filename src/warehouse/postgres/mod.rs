@@ -16,6 +16,7 @@
 
 pub mod conn;
 pub mod params;
+pub mod versions;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -269,10 +270,11 @@ impl Backend for Postgres {
         let mut attempt = 0;
         loop {
             match write_measure(&mut c, w, cancel) {
-                Ok(measures) => {
+                Ok((measures, written)) => {
                     return Ok(Box::new(Open {
                         conn: Some(c),
                         measures,
+                        written,
                         manifest: w.manifest.to_string(),
                         try_id: w.try_id,
                         staged: w.stage.then(|| staged_table(w.manifest, w.try_id)),
@@ -370,7 +372,7 @@ fn book(c: &mut Conn) -> std::result::Result<(), Failure> {
     }
     let there: bool = c
         .wait(c.client.query_one(
-            "SELECT to_regclass('backfill.partitions') IS NOT NULL AND to_regclass('backfill.publishes') IS NOT NULL",
+            "SELECT to_regclass('backfill.partitions') IS NOT NULL AND to_regclass('backfill.publishes') IS NOT NULL AND to_regclass('backfill.versions') IS NOT NULL",
             &[],
         ))?
         .get(0);
@@ -390,6 +392,14 @@ fn book(c: &mut Conn) -> std::result::Result<(), Failure> {
                rows bigint NOT NULL, fingerprint text, \
                published_at timestamptz NOT NULL DEFAULT now(), \
                PRIMARY KEY (manifest, try_id)); \
+             CREATE TABLE IF NOT EXISTS backfill.versions ( \
+               manifest text NOT NULL, target text NOT NULL, \
+               interval_start timestamptz NOT NULL, interval_end timestamptz NOT NULL, \
+               replaced_by bigint NOT NULL, version_of bigint, rows bigint NOT NULL, \
+               kept_at timestamptz NOT NULL DEFAULT now(), \
+               PRIMARY KEY (manifest, target, replaced_by)); \
+             CREATE INDEX IF NOT EXISTS versions_by_interval \
+               ON backfill.versions (manifest, target, interval_start, replaced_by); \
              COMMIT;",
         ))?;
     }
@@ -416,7 +426,7 @@ fn write_measure(
     c: &mut Conn,
     w: &Write<'_>,
     cancel: &Cancel,
-) -> std::result::Result<AuditMeasures, Failure> {
+) -> std::result::Result<(AuditMeasures, Written), Failure> {
     let task = w.task;
     book(c)?;
     let columns = target_columns(c, &task.target)?;
@@ -492,6 +502,11 @@ fn write_measure(
     let col_type = ty.pg_type();
     let mut types = vec![col_type.clone(), col_type];
     types.extend(query.types());
+    let kept = if staged.is_none() && task.keep_versions > 0 {
+        Some(versions::ensure_kept(c, w.manifest, &task.target)?)
+    } else {
+        None
+    };
     c.wait(
         c.client
             .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ"),
@@ -499,13 +514,25 @@ fn write_measure(
     if cancel.is_set() {
         return Err(Error::Cancelled.into());
     }
-    match &staged {
-        Some(name) => {
+    let mut moved = None;
+    match (&staged, &kept) {
+        (Some(name), _) => {
             c.wait(c.client.batch_execute(&format!(
                 "CREATE TABLE {name} AS SELECT {list} FROM {table} WITH NO DATA"
             )))?;
         }
-        None => {
+        (None, Some(kept)) => {
+            let predicate = format!("{pc} >= $1 AND {pc} < $2");
+            moved = Some(versions::delete_keeping(
+                c,
+                kept,
+                &task.target,
+                &predicate,
+                [&lo, &hi],
+                w.try_id,
+            )?);
+        }
+        (None, None) => {
             let delete = format!("DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2");
             let del = prepared(c, &delete, &types[..2])?;
             c.wait(c.client.execute(&del, &[lo.sql(), hi.sql()]))?;
@@ -541,7 +568,15 @@ fn write_measure(
     let (source, fingerprint) = sources(c, w.gate, w.binds, w.tz)?;
     m.source = source;
     m.source_fingerprint = fingerprint;
-    Ok(m)
+    Ok((m, Written { moved, list }))
+}
+
+/// What a try's transaction did besides its output.
+struct Written {
+    /// Rows of the partition moved to the kept table, when versions are kept.
+    moved: Option<i64>,
+    /// The query's columns, quoted, as a select list.
+    list: String,
 }
 
 /// The gate's `source_count` and `source_fingerprint` queries, in the connection's transaction
@@ -630,6 +665,7 @@ pub fn look(
 struct Open {
     conn: Option<Conn>,
     measures: AuditMeasures,
+    written: Written,
     manifest: String,
     try_id: i64,
     /// The table a staged try writes to, in place of the target.
@@ -676,6 +712,28 @@ impl Pending for Open {
         }
         let start = p.interval.start;
         let result = (|| -> std::result::Result<i64, Failure> {
+            if let Some(k) = p.keep {
+                let kept_fingerprint = match (k.same_content, self.written.moved) {
+                    (true, Some(_)) => kept_fingerprint(
+                        c,
+                        &self.manifest,
+                        &p.task.target,
+                        &self.written.list,
+                        self.try_id,
+                    )?,
+                    _ => None,
+                };
+                versions::record(
+                    c,
+                    &self.manifest,
+                    &p.task.target,
+                    p.interval,
+                    k,
+                    self.written.moved,
+                    kept_fingerprint.as_deref(),
+                    &self.measures.fingerprint,
+                )?;
+            }
             // The partition's row lock: a recoverer judging whether this try committed holds
             // it, so the answer it gets cannot change afterwards.
             c.wait(c.client.execute(
@@ -745,6 +803,36 @@ impl Pending for Open {
             .map(|()| PathBuf::from(table))
             .map_err(|e| format!("cannot keep the staged output: {}", describe(&e)))
     }
+}
+
+/// The fingerprint of the rows the try moved to the kept table, over the query's columns
+/// `list`; `None` when the kept table lacks one of them.
+fn kept_fingerprint(
+    c: &Conn,
+    manifest: &str,
+    target: &str,
+    list: &str,
+    try_id: i64,
+) -> std::result::Result<Option<String>, Failure> {
+    let kept = versions::kept_table(manifest, target);
+    let have: Vec<String> = target_columns(c, &kept)?
+        .into_iter()
+        .map(|(n, _)| quote_ident(&n))
+        .collect();
+    if !list.split(", ").all(|col| have.iter().any(|h| h == col)) {
+        return Ok(None);
+    }
+    let row = c.wait(c.client.query_one(
+        &format!(
+            "SELECT {}",
+            fingerprint_sql(
+                list,
+                &format!("(SELECT * FROM {kept} WHERE _replaced_by = $1) k")
+            )
+        ),
+        &[&try_id],
+    ))?;
+    Ok(Some(format!("pg:{}", row.get::<_, String>(0))))
 }
 
 /// After a crash: whether the publish of try `try_id` (recorded by manifest `manifest`)
@@ -1369,6 +1457,127 @@ pub fn diff_keys(
         }
         Ok(Some(out))
     })();
+    conn::give(c);
+    result.map_err(|e| match e {
+        Failure::Pg(e) => pg(wh)(e),
+        Failure::Other(e) => e.at(wh),
+    })
+}
+
+/// The task's query's columns, quoted, as a select list.
+fn query_list(c: &mut Conn, task: &SqlTask) -> std::result::Result<String, Failure> {
+    let query = Statement::new("sql", &task.sql, 1).map_err(|p| Error::Message(p.message))?;
+    let wrapped = format!("{WRAPPED_BEFORE}{}\n) q", query.sql);
+    let shape = prepared(c, &wrapped, &query.types())?;
+    Ok(shape
+        .columns()
+        .iter()
+        .map(|col| quote_ident(col.name()))
+        .collect::<Vec<_>>()
+        .join(", "))
+}
+
+/// The version kept for the publish of try `key`, with the fingerprint of its rows over the
+/// query's columns (what the partition holds once it is put back).
+pub fn kept_version(
+    task: &SqlTask,
+    manifest: &str,
+    key: i64,
+) -> Result<Option<(crate::warehouse::versions::Version, String)>> {
+    let wh = &task.warehouse;
+    let mut c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
+    let result = (|| {
+        let Some(v) = versions::find(&c, manifest, &task.target, key)? else {
+            return Ok(None);
+        };
+        let list = query_list(&mut c, task)?;
+        let fingerprint =
+            kept_fingerprint(&c, manifest, &task.target, &list, key)?.unwrap_or_else(|| "-".into());
+        Ok(Some((v, fingerprint)))
+    })();
+    conn::give(c);
+    result.map_err(|e: Failure| match e {
+        Failure::Pg(e) => pg(wh)(e),
+        Failure::Other(e) => e.at(wh),
+    })
+}
+
+/// Rolls the interval back to the version kept for the publish of `key`, in one transaction
+/// that the manifest must allow, booked like a publish (as try `try_id`).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the rollback's parts, as a publish takes them"
+)]
+pub fn roll_back(
+    task: &SqlTask,
+    interval: DataInterval,
+    tz: chrono_tz::Tz,
+    key: i64,
+    manifest: &str,
+    try_id: i64,
+    fingerprint: &str,
+    allowed: &Allowed<'_>,
+) -> Result<i64> {
+    let wh = &task.warehouse;
+    let mut c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
+    let result = (|| -> std::result::Result<i64, Failure> {
+        book(&mut c)?;
+        let columns = target_columns(&c, &task.target)?;
+        let ty = columns
+            .iter()
+            .find(|(n, _)| *n == task.partition_column)
+            .and_then(|(_, t)| ColumnType::of(t))
+            .ok_or_else(|| {
+                Error::Message(format!(
+                    "target table `{}` has no partition column `{}`",
+                    task.target, task.partition_column
+                ))
+            })?;
+        let [lo, hi] = ty.bounds(interval, tz)?;
+        let pc = quote_ident(&task.partition_column);
+        c.wait(
+            c.client
+                .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ"),
+        )?;
+        if versions::find(&c, manifest, &task.target, key)?.is_none() {
+            return Err(Error::Message(format!(
+                "the version kept for try {key} is gone from {}",
+                task.target
+            ))
+            .into());
+        }
+        c.wait(c.client.execute(
+            &format!(
+                "DELETE FROM {} WHERE {pc} >= $1 AND {pc} < $2",
+                quote_name(&task.target)
+            ),
+            &[lo.sql(), hi.sql()],
+        ))?;
+        let rows = versions::restore(&c, manifest, &task.target, key)?;
+        c.wait(c.client.execute(
+            "INSERT INTO backfill.partitions AS p (target, partition_start, manifest, try_id) \
+             VALUES ($1, $2, $3, $4) ON CONFLICT (target, partition_start) DO UPDATE \
+             SET manifest = EXCLUDED.manifest, try_id = EXCLUDED.try_id, published_at = now()",
+            &[&task.target, &interval.start, &manifest, &try_id],
+        ))?;
+        match allowed() {
+            Ok(true) => {}
+            Ok(false) => return Err(Error::Refused.into()),
+            Err(why) => {
+                return Err(Error::Message(format!("cannot read the manifest: {why}")).into());
+            }
+        }
+        c.wait(c.client.execute(
+            "INSERT INTO backfill.publishes (manifest, try_id, target, partition_start, partition_end, rows, fingerprint) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            &[&manifest, &try_id, &task.target, &interval.start, &interval.end, &rows, &fingerprint],
+        ))?;
+        c.wait(c.client.batch_execute("COMMIT"))?;
+        Ok(rows)
+    })();
+    if result.is_err() {
+        let _ = c.wait(c.client.batch_execute("ROLLBACK"));
+    }
     conn::give(c);
     result.map_err(|e| match e {
         Failure::Pg(e) => pg(wh)(e),

@@ -1,0 +1,277 @@
+#!/usr/bin/env python3
+"""SQL tasks on a PostgreSQL warehouse against the bare write: backfill's gated write-audit-publish
+per partition, side by side with one psql session running `BEGIN; DELETE partition; INSERT ...
+SELECT; COMMIT` per day, on a generated warehouse in a throwaway server (730,000 raw events over
+2025, 2,000 a day, raw.events indexed on its timestamp, analytics.events_fact indexed on its
+partition column and its key; one gated SQL task per day with a unique key and an exact source
+count). Each measurement alternates the two and reports medians.
+
+    examples/bench/postgres.py [--rounds N] [--target-dir DIR]     (default 3 rounds)
+
+Targets (exit status 1 when one is missed):
+  1. 365 daily partitions into an empty target, --max-active-runs 1: backfill <= 1.5x the bare loop
+  2. the same again into the full target (--reprocess-behavior completed): <= 1.5x
+  3. the same into the full target with --max-active-runs 4: faster than the bare loop (< 1.0x)
+The bare loop keeps no copy of what it replaces, so backfill runs with keep_versions = 0. Every
+backfill run gets a project folder of its own (a fresh manifest, so nothing is skipped), and its
+result is checked: as many rows as 2025's raw events, no duplicate event_id (exit 1 otherwise).
+Wall seconds and the client's CPU seconds (backfill's, or psql's: the server's CPU is not counted)
+come from GNU time (/usr/bin/time), else from Python's clock and getrusage.
+
+Needs Python 3, a Rust toolchain (the release binary is built into CARGO_TARGET_DIR or
+--target-dir, default target/), and PostgreSQL's server binaries and psql: PG_BIN, or Debian's
+postgresql package (examples/postgres/server.sh starts the server in a folder under /tmp).
+"""
+
+import argparse
+import datetime
+import glob
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SERVER = os.path.join(ROOT, "examples", "postgres", "server.sh")
+NOW = "2026-11-29T12:00:00Z"
+DAYS = 365
+EVENTS = 730_000  # 2,000 a day: one every 43.2 seconds
+
+SCHEMA = f"""
+CREATE SCHEMA raw;
+CREATE SCHEMA analytics;
+CREATE TABLE raw.events (
+    event_id bigint PRIMARY KEY,
+    event_ts timestamptz NOT NULL,
+    region   text NOT NULL,
+    amount   int NOT NULL
+);
+INSERT INTO raw.events
+SELECT i,
+       timestamptz '2025-01-01 00:00:00+00' + i * interval '43.2 seconds',
+       (ARRAY['eu', 'us', 'apac', 'latam', 'mea'])[1 + (i * 2654435761 % 4294967296) * 5 / 4294967296],
+       (i * 40503) % 25000
+FROM generate_series(0::bigint, {EVENTS - 1}) AS i;
+CREATE INDEX events_by_ts ON raw.events (event_ts);
+CREATE TABLE analytics.events_fact (
+    event_id bigint NOT NULL,
+    day      date NOT NULL,
+    region   text NOT NULL,
+    amount   int NOT NULL
+);
+CREATE INDEX events_fact_by_day ON analytics.events_fact (day);
+CREATE INDEX events_fact_by_id ON analytics.events_fact (event_id);
+ANALYZE;
+"""
+
+SELECT = """SELECT event_id, (event_ts AT TIME ZONE 'UTC')::date AS day, region, amount
+FROM raw.events
+WHERE event_ts >= {start} AND event_ts < {end}"""
+
+DAG = f'''schedule = "@daily"
+timezone = "UTC"
+
+[[tasks]]
+id = "fact"
+warehouse = "dw"
+target = "analytics.events_fact"
+partition_column = "day"
+sql = """
+{SELECT.format(start=":data_interval_start", end=":data_interval_end")}
+"""
+
+[tasks.gate]
+unique_key = ["event_id"]
+source_count = """
+SELECT count(*) FROM raw.events
+WHERE event_ts >= :data_interval_start AND event_ts < :data_interval_end
+"""
+'''
+
+
+def build(target_dir):
+    print(f"building the release binary into {target_dir}...", file=sys.stderr)
+    subprocess.run(
+        ["cargo", "build", "--release", "--quiet", "--manifest-path", os.path.join(ROOT, "Cargo.toml")],
+        check=True,
+        env=dict(os.environ, CARGO_TARGET_DIR=target_dir),
+    )
+    return os.path.join(target_dir, "release", "backfill")
+
+
+def pg_bin():
+    """PG_BIN, else the newest of Debian's /usr/lib/postgresql/VERSION/bin (as server.sh picks it)."""
+    version = lambda p: int(p.split("/")[-2]) if p.split("/")[-2].isdigit() else 0
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=version)
+    return os.environ.get("PG_BIN") or (found[-1] if found else "")
+
+
+def start_server(folder):
+    """Starts the throwaway server; its URL."""
+    out = subprocess.run([SERVER, folder], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"examples/postgres/server.sh failed:\n{out.stderr}")
+    for line in out.stdout.splitlines():
+        if line.startswith("export BACKFILL_EXAMPLE_PG_URL="):
+            return line.split("=", 1)[1].strip()
+    sys.exit(f"examples/postgres/server.sh printed no URL:\n{out.stdout}{out.stderr}")
+
+
+class Warehouse:
+    def __init__(self, url):
+        self.url = url
+        psql = os.path.join(pg_bin(), "psql")
+        self.psql = [psql if os.access(psql, os.X_OK) else "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", url]
+
+    def run(self, sql):
+        """Runs statements (each on its own, so VACUUM may be one of them)."""
+        subprocess.run(self.psql + ["-f", "-"], input=sql, text=True, check=True, stdout=subprocess.DEVNULL)
+
+    def value(self, sql):
+        return subprocess.run(self.psql + ["-A", "-t", "-c", sql], text=True, check=True, capture_output=True).stdout.strip()
+
+    def settle(self):
+        """Before a timed run: no dead rows left for autovacuum to pick up mid-run, nothing dirty."""
+        self.run("VACUUM ANALYZE analytics.events_fact;\nCHECKPOINT;\n")
+
+    def check(self, who):
+        got = self.value("SELECT count(*) || ' ' || count(DISTINCT event_id) FROM analytics.events_fact")
+        want = self.value("SELECT count(*) FROM raw.events WHERE event_ts >= '2025-01-01 00:00:00+00' AND event_ts < '2026-01-01 00:00:00+00'")
+        rows, distinct = got.split()
+        if rows != want or distinct != want:
+            sys.exit(f"{who} left a wrong target: {rows} rows ({distinct} distinct event_id), expected {want}")
+
+
+def timed(argv, env=None, stdin=None):
+    """Runs a command: (wall, cpu) seconds, from GNU time when there is one."""
+    err = tempfile.TemporaryFile()
+    if os.access("/usr/bin/time", os.X_OK):
+        with tempfile.NamedTemporaryFile("r") as out:
+            proc = subprocess.run(["/usr/bin/time", "-f", "%e %U %S", "-o", out.name] + argv, env=env,
+                                  input=stdin, stdout=subprocess.DEVNULL, stderr=err)
+            measured = out.read().split()[-3:]
+        wall, cpu = (float(measured[0]), float(measured[1]) + float(measured[2])) if len(measured) == 3 else (0, 0)
+    else:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        proc = subprocess.run(argv, env=env, input=stdin, stdout=subprocess.DEVNULL, stderr=err)
+        wall = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    if proc.returncode != 0:
+        err.seek(0)
+        sys.exit(f"`{' '.join(argv[:12])} ...` exited with {proc.returncode}:\n{err.read().decode(errors='replace')}")
+    return wall, cpu
+
+
+def bare_script():
+    """The bare loop: one transaction per day replacing the day's rows."""
+    first = datetime.date(2025, 1, 1)
+    parts = []
+    for d in range(DAYS):
+        day, nxt = first + datetime.timedelta(days=d), first + datetime.timedelta(days=d + 1)
+        select = SELECT.format(start=f"'{day} 00:00:00+00'", end=f"'{nxt} 00:00:00+00'")
+        parts.append(
+            f"BEGIN;\nDELETE FROM analytics.events_fact WHERE day >= '{day}' AND day < '{nxt}';\n"
+            f"INSERT INTO analytics.events_fact (event_id, day, region, amount)\n{select};\nCOMMIT;\n"
+        )
+    return "".join(parts).encode()
+
+
+class Bench:
+    def __init__(self, binary, wh, work):
+        self.binary, self.wh, self.work, self.runs = binary, wh, work, 0
+        self.script = bare_script()
+
+    def project(self):
+        """A new project folder: a fresh manifest, so no interval is skipped as done."""
+        self.runs += 1
+        d = os.path.join(self.work, f"project-{self.runs}")
+        os.makedirs(os.path.join(d, "dags"))
+        with open(os.path.join(d, "backfill.toml"), "w") as f:
+            f.write(f'[warehouse.dw]\nkind = "postgres"\nurl = "{self.wh.url}?sslmode=disable"\nkeep_versions = 0\n')
+        with open(os.path.join(d, "dags", "events.toml"), "w") as f:
+            f.write(DAG)
+        return d
+
+    def backfill(self, *extra):
+        self.wh.settle()
+        argv = [self.binary, "-C", self.project(), "-q", "create", "--dag", "events",
+                "--from", "2025-01-01", "--to", "2025-12-31"] + list(extra)
+        result = timed(argv, dict(os.environ, BACKFILL_NOW=NOW))
+        self.wh.check(f"backfill {' '.join(extra)}")
+        return result
+
+    def bare(self):
+        self.wh.settle()
+        result = timed(self.wh.psql + ["-f", "-"], stdin=self.script)
+        self.wh.check("the bare loop")
+        return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--target-dir", default=os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target"),
+                        help="cargo's target folder (default: $CARGO_TARGET_DIR, else target/)")
+    args = parser.parse_args()
+    binary = build(os.path.abspath(args.target_dir))
+    if not os.path.isdir(pg_bin()):
+        sys.exit("no PostgreSQL server binaries (set PG_BIN or install Debian's postgresql)")
+    work = tempfile.mkdtemp(prefix="backfill-pg-bench.")
+    server = tempfile.mkdtemp(prefix="backfill-pg-bench-server.", dir="/tmp")  # reachable by `nobody`
+    try:
+        print("starting a PostgreSQL server...", file=sys.stderr)
+        wh = Warehouse(start_server(server))
+        print(f"generating the warehouse ({EVENTS:,} raw events)...", file=sys.stderr)
+        wh.run(SCHEMA)
+        bench = Bench(binary, wh, work)
+        names = ("bf_empty", "bare_empty", "bf_full", "bare_full", "bf_full_4", "bare_full_4")
+        wall, cpu = {k: [] for k in names}, {k: [] for k in names}
+
+        def record(key, measured):
+            wall[key].append(measured[0])
+            cpu[key].append(measured[1])
+
+        for r in range(args.rounds):
+            print(f"round {r + 1} of {args.rounds}...", file=sys.stderr)
+            # 1. Into an empty target, one interval at a time.
+            wh.run("TRUNCATE analytics.events_fact;")
+            record("bare_empty", bench.bare())
+            wh.run("TRUNCATE analytics.events_fact;")
+            record("bf_empty", bench.backfill("--max-active-runs", "1"))
+            # 2. Into the full target, every partition replaced, one at a time.
+            record("bare_full", bench.bare())
+            record("bf_full", bench.backfill("--reprocess-behavior", "completed", "--max-active-runs", "1"))
+            # 3. The same, four at a time.
+            record("bare_full_4", bench.bare())
+            record("bf_full_4", bench.backfill("--reprocess-behavior", "completed", "--max-active-runs", "4"))
+        med = {k: statistics.median(v) for k, v in wall.items()}
+        cmed = {k: statistics.median(v) for k, v in cpu.items()}
+        rows = [
+            ("1. empty target, --max-active-runs 1", "bf_empty", "bare_empty", "<=", 1.5),
+            ("2. full target, reprocess completed, -m 1", "bf_full", "bare_full", "<=", 1.5),
+            ("3. full target, reprocess completed, -m 4", "bf_full_4", "bare_full_4", "<", 1.0),
+        ]
+        print(f"medians of {args.rounds} round(s), wall seconds (client CPU seconds):")
+        print(f"  {'measurement':<43} {'backfill':>15} {'bare loop':>15} {'ratio':>7}  target")
+        missed = 0
+        for name, bf, base, op, limit in rows:
+            ratio = med[bf] / med[base]
+            ok = ratio <= limit if op == "<=" else ratio < limit
+            missed += not ok
+            print(f"  {name:<43} {med[bf]:6.2f} ({cmed[bf]:5.2f}) {med[base]:6.2f} ({cmed[base]:5.2f}) "
+                  f"{ratio:6.2f}x  {op} {limit}x {'met' if ok else 'MISSED'}")
+        sys.exit(1 if missed else 0)
+    finally:
+        subprocess.run([SERVER, "stop", server], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        shutil.rmtree(server, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

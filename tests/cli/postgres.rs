@@ -788,3 +788,131 @@ fn changed_and_stale_compare_the_source_fingerprint_again() {
     );
     assert_eq!(stale(&t), serde_json::json!([]));
 }
+
+#[test]
+fn a_serialization_failure_runs_the_transaction_again() {
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    t.p.create("orders", "2026-01-01", "2026-01-01", &[])
+        .code(0);
+    t.psql("UPDATE raw.orders SET amount = amount + 1");
+    // Another session holds day 1's rows locked, and commits a change to them after the try's
+    // snapshot was taken: the try's delete fails with a serialization failure.
+    let psql = pg::bin_dir().map_or("psql".into(), |b| b.join("psql"));
+    let mut holder = std::process::Command::new(psql)
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", &t.cluster.url(&t.db), "-c"])
+        .arg("BEGIN; UPDATE analytics.orders_fact SET region = region WHERE day = '2026-01-01'; SELECT pg_sleep(2); COMMIT;")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until(
+        "the other session to hold the rows",
+        Duration::from_secs(20),
+        || {
+            t.psql(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND query LIKE '%pg_sleep(2)%' AND state = 'active' AND pid <> pg_backend_pid()",
+            t.db
+        )) == "1"
+        },
+    );
+    let out = t.p.run_with(
+        &[
+            "create",
+            "--dag",
+            "orders",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+            "--reprocess-behavior",
+            "completed",
+        ],
+        &[("BACKFILL_LOG", "backfill=info")],
+    );
+    assert!(holder.wait().unwrap().success());
+    out.code(0)
+        .stderr_has("could not serialize access")
+        .stderr_has("running the transaction again");
+    assert_eq!(t.fact(), t.expected(&[1]));
+    // One try, not a failure and a retry of the task.
+    assert_eq!(
+        t.p.rows("SELECT try_number, state FROM task_tries ORDER BY id DESC LIMIT 1"),
+        vec![vec!["1".to_string(), "succeeded".to_string()]]
+    );
+}
+
+#[test]
+fn two_dags_write_two_tables_at_once_and_two_promotes_race() {
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    t.psql("CREATE TABLE analytics.orders_copy (LIKE analytics.orders_fact INCLUDING INDEXES)");
+    t.p.write(
+        "dags/copy.toml",
+        &dag(QUERY, GATE, "").replace("analytics.orders_fact", "analytics.orders_copy"),
+    );
+    let a = t.p.spawn(
+        "a",
+        &[
+            "create",
+            "--dag",
+            "orders",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-03",
+            "--max-active-runs",
+            "3",
+        ],
+    );
+    let b = t.p.spawn(
+        "b",
+        &[
+            "create",
+            "--dag",
+            "copy",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-03",
+            "--max-active-runs",
+            "3",
+        ],
+    );
+    t.p.wait("a", a).code(0);
+    t.p.wait("b", b).code(0);
+    let expected = t.expected(&[1, 2, 3]);
+    assert_eq!(t.fact(), expected);
+    assert_eq!(
+        t.psql("SELECT order_id, day, region, amount FROM analytics.orders_copy ORDER BY order_id"),
+        expected
+    );
+    // Two processes promote one staged backfill at once: each interval is published once.
+    t.psql("UPDATE raw.orders SET amount = amount + 3");
+    t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-03",
+        &["--stage", "--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    let id = t.p.rows("SELECT max(id) FROM backfills")[0][0].clone();
+    let before = t.psql("SELECT count(*) FROM backfill.publishes");
+    let x = t.p.spawn("x", &["promote", &id]);
+    let y = t.p.spawn("y", &["promote", &id]);
+    let (x, y) = (t.p.wait("x", x), t.p.wait("y", y));
+    assert!(x.code == 0 || y.code == 0, "{}\n{}", x.stderr, y.stderr);
+    assert_eq!(t.fact(), t.expected(&[1, 2, 3]));
+    let after: i64 = t
+        .psql("SELECT count(*) FROM backfill.publishes")
+        .parse()
+        .unwrap();
+    assert_eq!(
+        after - before.parse::<i64>().unwrap(),
+        3,
+        "each interval promoted once"
+    );
+    assert_eq!(staged_tables(&t), "0");
+    assert_eq!(t.open_transactions(), "0");
+}

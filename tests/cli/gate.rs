@@ -1012,3 +1012,86 @@ tolerance = 0.0
         "the count's stderr is in the try's log {log}"
     );
 }
+
+#[test]
+fn a_key_moved_across_partitions_is_rejected_with_table_scope_on_sqlite() {
+    let p = shop();
+    edit_dag(
+        &p,
+        "orders_fact",
+        "unique_key = [\"order_id\"]",
+        "unique_key = [\"order_id\"]\nunique_key_scope = \"table\"",
+    );
+    // Without an index that starts with the key, the dry run says which one to create.
+    create(
+        &p,
+        "orders_fact",
+        "2026-09-01",
+        "2026-09-02",
+        &["--dry-run"],
+    )
+    .code(2)
+    .stderr_has("CREATE INDEX orders_fact_order_id ON orders_fact (order_id);");
+    wh(&p)
+        .execute_batch("CREATE INDEX orders_fact_order_id ON orders_fact (order_id)")
+        .unwrap();
+    create(&p, "orders_fact", "2026-09-01", "2026-09-02", &[]).code(0);
+    let day = |d: &str| {
+        wh_count(
+            &p,
+            &format!("SELECT COUNT(*) FROM orders_fact WHERE order_day = '{d}'"),
+        )
+    };
+    let (first, second) = (day("2026-09-01"), day("2026-09-02"));
+    // The source corrects an order of Sep 1 to Sep 2.
+    let moved: i64 = wh(&p)
+        .query_row(
+            "SELECT MIN(order_id) FROM raw_orders WHERE order_ts >= '2026-09-01' AND order_ts < '2026-09-02'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    wh(&p)
+        .execute(
+            "UPDATE raw_orders SET order_ts = '2026-09-02 12:00:00' WHERE order_id = ?1",
+            [moved],
+        )
+        .unwrap();
+    let out = create(
+        &p,
+        "orders_fact",
+        "2026-09-02",
+        "2026-09-02",
+        &["--reprocess-behavior", "completed", "--allow-drift"],
+    );
+    out.code(3).stderr_has(&format!(
+        "unique_key violated across partitions: key ({moved}) in partition '2026-09-01'"
+    ));
+    assert_eq!((day("2026-09-01"), day("2026-09-02")), (first, second));
+    // The old partition first, then the new one: one range, one interval at a time.
+    create(
+        &p,
+        "orders_fact",
+        "2026-09-01",
+        "2026-09-02",
+        &[
+            "--reprocess-behavior",
+            "completed",
+            "--allow-drift",
+            "--max-active-runs",
+            "1",
+        ],
+    )
+    .code(0);
+    assert_eq!(
+        (day("2026-09-01"), day("2026-09-02")),
+        (first - 1, second + 1)
+    );
+    assert_eq!(
+        wh_count(
+            &p,
+            "SELECT COUNT(*) - COUNT(DISTINCT order_id) FROM orders_fact"
+        ),
+        0
+    );
+}

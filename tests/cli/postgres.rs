@@ -916,3 +916,46 @@ fn two_dags_write_two_tables_at_once_and_two_promotes_race() {
     assert_eq!(staged_tables(&t), "0");
     assert_eq!(t.open_transactions(), "0");
 }
+
+#[test]
+fn ctrl_c_cancels_the_statement_on_the_server() {
+    let slow = "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount
+FROM raw.orders, pg_sleep(60)
+WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end";
+    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(slow, GATE, "")) else {
+        return;
+    };
+    let running = |t: &Pg| {
+        t.psql(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND query LIKE '%pg_sleep(60)%' AND state = 'active' AND pid <> pg_backend_pid()",
+            t.db
+        ))
+    };
+    let child = t.p.spawn(
+        "run",
+        &[
+            "create",
+            "--dag",
+            "orders",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+        ],
+    );
+    wait_until(
+        "the statement to run on the server",
+        Duration::from_secs(30),
+        || running(&t) == "1",
+    );
+    crate::support::signal(&child, nix::sys::signal::Signal::SIGINT);
+    let out = t.p.wait("run", child);
+    out.code(130);
+    wait_until(
+        "the statement to stop on the server",
+        Duration::from_secs(10),
+        || running(&t) == "0",
+    );
+    assert_eq!(t.fact(), "");
+    assert_eq!(t.open_transactions(), "0");
+}

@@ -129,7 +129,8 @@ class Warehouse:
 
     def run(self, sql):
         """Runs statements (each on its own, so VACUUM may be one of them)."""
-        subprocess.run(self.psql + ["-f", "-"], input=sql, text=True, check=True, stdout=subprocess.DEVNULL)
+        if subprocess.run(self.psql + ["-f", "-"], input=sql, text=True, stdout=subprocess.DEVNULL).returncode:
+            sys.exit(f"psql failed (its error is above) on:\n{sql.strip()[:300]}")
 
     def value(self, sql):
         return subprocess.run(self.psql + ["-A", "-t", "-c", sql], text=True, check=True, capture_output=True).stdout.strip()
@@ -188,7 +189,10 @@ class Bench:
         self.script = bare_script()
 
     def project(self):
-        """A new project folder: a fresh manifest, so no interval is skipped as done."""
+        """A new project folder: a fresh manifest, so no interval is skipped as done. (A new folder
+        rather than deleting .backfill: a manifest recreated at the same path numbers its tries from
+        1 again, and those try ids are already booked in backfill.publishes, whose primary key is
+        (manifest path, try id), so every publish would fail on publishes_pkey.)"""
         self.runs += 1
         d = os.path.join(self.work, f"project-{self.runs}")
         os.makedirs(os.path.join(d, "dags"))

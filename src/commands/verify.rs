@@ -350,6 +350,7 @@ impl Verifier<'_> {
                         try_id: 0,
                         manifest: "verify",
                         stage: false,
+                        lease_timeout: crate::project::DEFAULT_LEASE_TIMEOUT,
                     };
                     let output = backend::of(&s.warehouse).write(&write, cancel)?;
                     let measures = output.measures().clone();

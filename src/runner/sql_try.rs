@@ -104,6 +104,7 @@ pub(super) async fn sql_try(
         backend::manifest_name(&shared.spec.manifest_path),
     );
     let staging = matches!(shared.spec.mode, super::Mode::Stage);
+    let lease_timeout = shared.spec.lease_timeout;
     let step = blocking_step(task.timeout, stop, move |cancel| {
         let write = backend::Write {
             task: &s,
@@ -115,6 +116,7 @@ pub(super) async fn sql_try(
             try_id,
             manifest: &manifest,
             stage: staging,
+            lease_timeout,
         };
         backend::of(&s.warehouse).write(&write, cancel)
     })

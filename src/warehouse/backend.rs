@@ -32,6 +32,11 @@ pub struct Write<'a> {
     pub manifest: &'a str,
     /// Keep the output for `backfill promote` rather than publish it.
     pub stage: bool,
+    /// The manifest's lease timeout: a warehouse that holds a try's work in an open
+    /// transaction lets the server end that transaction once it has been idle for twice this
+    /// (at least 5 s), so that an owner frozen mid-try cannot hold the partition's rows locked
+    /// past its takeover.
+    pub lease_timeout: std::time::Duration,
 }
 
 /// How to publish a pending output.

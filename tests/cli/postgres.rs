@@ -959,3 +959,56 @@ WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end";
     assert_eq!(t.fact(), "");
     assert_eq!(t.open_transactions(), "0");
 }
+
+#[test]
+fn an_owner_frozen_mid_try_does_not_hold_the_partition_past_its_takeover() {
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    let toml =
+        t.p.read("backfill.toml")
+            .replace("lease_timeout = \"30s\"", "lease_timeout = \"1s\"");
+    t.p.write("backfill.toml", &toml);
+    // Frozen with its output written, its transaction open and day 1's rows locked.
+    let frozen = t.p.spawn_with(
+        "frozen",
+        &[
+            "create",
+            "--dag",
+            "orders",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+        ],
+        &[("BACKFILL_FAULT", "before-publish:stop")],
+    );
+    wait_until("the owner to freeze", Duration::from_secs(30), || {
+        crate::support::stopped(frozen.id())
+    });
+    // Its session sits idle in its transaction: the server ends it after twice the lease
+    // timeout, at least 5 s (idle_in_transaction_session_timeout), whether or not anyone can
+    // kill the frozen process (one on another host cannot), and the rows are free again.
+    assert_eq!(t.open_transactions(), "1");
+    wait_until(
+        "the server to end the frozen owner's transaction",
+        Duration::from_secs(20),
+        || t.open_transactions() == "0",
+    );
+    crate::support::wait_stale(&t.p, 1, 1500);
+    let started = std::time::Instant::now();
+    t.p.run(&["resume", "1"]).code(0);
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_eq!(t.fact(), t.expected(&[1]));
+    // Thawed, the old owner publishes nothing and records no success.
+    crate::support::signal(&frozen, nix::sys::signal::Signal::SIGCONT);
+    let out = t.p.wait("frozen", frozen);
+    assert_ne!(out.code, 0, "{}", out.stderr);
+    assert_eq!(t.fact(), t.expected(&[1]));
+    assert_eq!(
+        t.p.rows("SELECT count(*) FROM task_tries WHERE state = 'succeeded'")[0][0],
+        "1"
+    );
+    assert_eq!(t.psql("SELECT count(*) FROM backfill.publishes"), "1");
+    assert_eq!(t.open_transactions(), "0");
+}

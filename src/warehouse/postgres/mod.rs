@@ -507,10 +507,11 @@ fn write_measure(
     } else {
         None
     };
-    c.wait(
-        c.client
-            .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ"),
-    )?;
+    let idle = (w.lease_timeout * 2).max(std::time::Duration::from_secs(5));
+    c.wait(c.client.batch_execute(&format!(
+        "SET idle_in_transaction_session_timeout = {}; BEGIN ISOLATION LEVEL REPEATABLE READ",
+        idle.as_millis()
+    )))?;
     if cancel.is_set() {
         return Err(Error::Cancelled.into());
     }

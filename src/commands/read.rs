@@ -86,7 +86,7 @@ pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
     let dag = project
         .as_ref()
         .and_then(|p| p.dag(&detail.backfill.dag_id).ok());
-    let kept = dag.as_ref().map(kept_versions);
+    let kept = dag.as_ref().map(|d| kept_versions(d, &path));
     // A cascade's first backfill shows the whole cascade, grouped by DAG.
     let mut members = Vec::new();
     if detail.backfill.cascade.is_some() {
@@ -127,16 +127,29 @@ pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
 
 /// What the kept versions of each SQL target of the DAG cost, read without creating or
 /// changing a warehouse (one that does not exist keeps nothing).
-fn kept_versions(dag: &crate::project::Dag) -> Vec<crate::warehouse::versions::Storage> {
+fn kept_versions(
+    dag: &crate::project::Dag,
+    manifest_path: &std::path::Path,
+) -> Vec<crate::warehouse::versions::Storage> {
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
     for task in &dag.tasks {
         let crate::project::TaskKind::Sql(sql) = &task.kind else {
             continue;
         };
-        if sql.warehouse.is_postgres()
-            || !seen.insert((sql.warehouse.path.clone(), sql.target.clone()))
-        {
+        if !seen.insert((sql.warehouse.name.clone(), sql.target.clone())) {
+            continue;
+        }
+        if sql.warehouse.is_postgres() {
+            let manifest = crate::warehouse::backend::manifest_name(manifest_path);
+            out.push(
+                crate::warehouse::postgres::storage(sql, &manifest).unwrap_or_else(|_| {
+                    crate::warehouse::versions::Storage {
+                        target: sql.target.clone(),
+                        ..Default::default()
+                    }
+                }),
+            );
             continue;
         }
         let storage = rusqlite::Connection::open_with_flags(

@@ -643,6 +643,15 @@ fn rollback_puts_the_replaced_rows_back() {
         t.psql("SELECT count(*), sum(rows) FROM backfill.versions"),
         "2|20"
     );
+    let shown = t.p.run(&["show", "2", "--output", "json"]);
+    shown.code(0);
+    let kept = &shown.json()["kept_versions"][0];
+    assert_eq!(kept["target"], "analytics.orders_fact");
+    assert_eq!(
+        (kept["versions"].as_i64(), kept["rows"].as_i64()),
+        (Some(2), Some(20))
+    );
+    assert!(kept["bytes"].as_i64().unwrap() > 0, "{kept}");
     // A rerun of an unchanged source keeps no copy of itself: keep_versions = 1 still holds
     // the first content.
     t.p.create(

@@ -1585,3 +1585,27 @@ pub fn roll_back(
         Failure::Other(e) => e.at(wh),
     })
 }
+
+/// What the kept versions of a task's target cost: versions, rows, and bytes of the kept table
+/// with its index (all of it belongs to this manifest and target).
+pub fn storage(task: &SqlTask, manifest: &str) -> Result<crate::warehouse::versions::Storage> {
+    let wh = &task.warehouse;
+    let c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
+    let kept = versions::kept_table(manifest, &task.target);
+    let row = c.wait(c.client.query_one(
+        "SELECT CASE WHEN to_regclass('backfill.versions') IS NULL THEN 0 ELSE \
+           (SELECT count(*) FROM backfill.versions WHERE manifest = $1 AND target = $2) END, \
+         CASE WHEN to_regclass('backfill.versions') IS NULL THEN 0 ELSE \
+           (SELECT coalesce(sum(rows), 0)::int8 FROM backfill.versions WHERE manifest = $1 AND target = $2) END, \
+         coalesce(pg_total_relation_size(to_regclass($3)), 0)",
+        &[&manifest, &task.target, &kept],
+    ));
+    conn::give(c);
+    let row = row.map_err(pg(wh))?;
+    Ok(crate::warehouse::versions::Storage {
+        target: task.target.clone(),
+        versions: row.get(0),
+        rows: row.get(1),
+        bytes: row.get(2),
+    })
+}

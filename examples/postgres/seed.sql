@@ -8,7 +8,7 @@ SELECT d * 10000 + i,
          WHEN 0 THEN 'eu' WHEN 1 THEN 'us' WHEN 2 THEN 'apac' WHEN 3 THEN 'latam' ELSE 'mea' END,
        500 + ((d * 10000 + i) * 40503) % 25000
 FROM (SELECT d, 1500 + (d * 7919) % 1200 + CASE WHEN (d + 4) % 7 IN (0, 6) THEN 500 ELSE 0 END AS n
-      FROM generate_series(0, 364) AS d) AS days
-CROSS JOIN LATERAL generate_series(0, n - 1) AS i
+      FROM generate_series(0::bigint, 364) AS d) AS days
+CROSS JOIN LATERAL generate_series(0::bigint, n - 1) AS i
 WHERE NOT EXISTS (SELECT 1 FROM raw.orders);
 ANALYZE raw.orders;

@@ -256,7 +256,7 @@ pub fn sweep_staged_tables(writer: &Writer, dags: &Dags) -> Result<usize, Error>
         return Ok(0);
     }
     let keep: HashSet<i64> = writer.call_blocking(|c| c.keeping_staged_tables())?;
-    let manifest = warehouse::backend::manifest_name(writer.path());
+    let manifest = manifest::identity(writer.path())?;
     let mut removed = 0;
     for w in warehouses {
         match warehouse::postgres::sweep_staged(w, &manifest, &|t| keep.contains(&t)) {
@@ -364,7 +364,7 @@ fn finish_publish(
     if task.warehouse.is_postgres() {
         // The publish was the owner's own transaction: it committed, or the server rolled it
         // back when the owner's connection ended. The warehouse's bookkeeping says which.
-        let manifest = warehouse::backend::manifest_name(manifest_path);
+        let manifest = manifest::identity(manifest_path).map_err(|e| e.to_string())?;
         return match warehouse::postgres::settle_publish(task, p.interval, &manifest, p.try_id) {
             Ok(Some(rows)) => Ok(Finished::Published(rows)),
             Ok(None) => Ok(Finished::Dropped(

@@ -141,7 +141,7 @@ fn kept_versions(
             continue;
         }
         if sql.warehouse.is_postgres() {
-            let manifest = crate::warehouse::backend::manifest_name(manifest_path);
+            let manifest = crate::manifest::identity(manifest_path).unwrap_or_default();
             out.push(
                 crate::warehouse::postgres::storage(sql, &manifest).unwrap_or_else(|_| {
                     crate::warehouse::versions::Storage {

@@ -47,6 +47,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../../migrations/0005_guard_rails_and_pools.sql"),
     ),
     (6, include_str!("../../migrations/0006_sample.sql")),
+    (7, include_str!("../../migrations/0007_identity.sql")),
 ];
 
 /// CHECK constraints a migration widens (SQLite cannot alter one): `(version, table, old, new)`.
@@ -246,6 +247,24 @@ fn open_sqlite_read_only(path: &Path) -> Result<Connection> {
         Ok(conn)
     };
     open().map_err(|e| e.at(path))
+}
+
+/// What names the manifest at `path` in records others keep about it: made once, when the
+/// manifest was created (or upgraded to this schema), and never the same for two manifests.
+pub fn identity(path: &Path) -> Result<String> {
+    static KNOWN: std::sync::LazyLock<
+        std::sync::Mutex<std::collections::HashMap<PathBuf, String>>,
+    > = std::sync::LazyLock::new(Default::default);
+    if let Ok(known) = KNOWN.lock()
+        && let Some(id) = known.get(path)
+    {
+        return Ok(id.clone());
+    }
+    let id = open_read_only(path)?.identity().map_err(|e| e.at(path))?;
+    if let Ok(mut known) = KNOWN.lock() {
+        known.insert(path.to_path_buf(), id.clone());
+    }
+    Ok(id)
 }
 
 /// Opens the manifest for reading when it exists; `None` when nothing was recorded yet. A

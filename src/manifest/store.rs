@@ -28,6 +28,8 @@ pub trait Store {
     fn backfill(&self, id: i64) -> Result<Option<Backfill>>;
     /// The id of the newest backfill, or of the newest of `kind`; `None` when there is none.
     fn latest_backfill(&self, kind: Option<BackfillKind>) -> Result<Option<i64>>;
+    /// The manifest's identity (see [`super::identity`]).
+    fn identity(&self) -> Result<String>;
     /// Checks, inside the caller's transaction, that `owner` may still act: its epoch is current
     /// and the backfill is running.
     fn fence(&self, owner: Owner) -> Result<Fenced>;
@@ -315,6 +317,9 @@ impl Store for Connection {
     }
     fn backfill(&self, id: i64) -> Result<Option<Backfill>> {
         backfills::get(self, id)
+    }
+    fn identity(&self) -> Result<String> {
+        Ok(self.query_row("SELECT id FROM identity", [], |r| r.get(0))?)
     }
     fn latest_backfill(&self, kind: Option<BackfillKind>) -> Result<Option<i64>> {
         backfills::latest(self, kind)

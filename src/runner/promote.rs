@@ -116,7 +116,7 @@ async fn promote_sql(
     let reopened = backend::of(&sql.warehouse).staged(
         sql,
         &staged.path,
-        &backend::manifest_name(&shared.spec.manifest_path),
+        &crate::manifest::identity(&shared.spec.manifest_path)?,
         started.try_id,
     );
     let Some(output) = reopened else {

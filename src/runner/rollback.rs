@@ -51,7 +51,7 @@ async fn rollback_sql(
         return Ok(failed(error, None));
     };
     let s = sql.clone();
-    let manifest = warehouse::backend::manifest_name(&shared.spec.manifest_path);
+    let manifest = manifest::identity(&shared.spec.manifest_path)?;
     let m = manifest.clone();
     let found = tokio::task::spawn_blocking(move || -> Result<_, warehouse::Error> {
         let Some(key) = content else {

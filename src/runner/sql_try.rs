@@ -101,7 +101,7 @@ pub(super) async fn sql_try(
     let (s, g, b) = (sql.clone(), task.gate.clone(), binds.clone());
     let (try_id, manifest) = (
         input.try_id,
-        backend::manifest_name(&shared.spec.manifest_path),
+        manifest::identity(&shared.spec.manifest_path)?,
     );
     let staging = matches!(shared.spec.mode, super::Mode::Stage);
     let lease_timeout = shared.spec.lease_timeout;

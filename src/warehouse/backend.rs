@@ -346,13 +346,3 @@ impl Pending for Audited {
         Ok(path)
     }
 }
-
-/// How a warehouse's own bookkeeping names the manifest that records a try: this host and the
-/// manifest's path.
-pub fn manifest_name(path: &Path) -> String {
-    let host = nix::unistd::gethostname()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    format!("{host}:{}", path.display())
-}

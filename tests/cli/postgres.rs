@@ -1021,3 +1021,140 @@ fn an_owner_frozen_mid_try_does_not_hold_the_partition_past_its_takeover() {
     assert_eq!(t.psql("SELECT count(*) FROM backfill.publishes"), "1");
     assert_eq!(t.open_transactions(), "0");
 }
+
+/// The id of the newest backfill of the manifest, `0` when there is none.
+fn latest_backfill(t: &Pg) -> String {
+    if !t.p.has_manifest() {
+        return "0".into();
+    }
+    t.p.rows("SELECT coalesce(max(id), 0) FROM backfills")[0][0].clone()
+}
+
+/// Kills at random moments and at every fault point of a try, then `resume`: after each
+/// iteration every partition equals the source, each interval succeeded once in the backfill,
+/// and the server holds no open transaction and no staged table. `CHAOS_ITERATIONS` and
+/// `CHAOS_SEED` run more (the default is a few, for `cargo test`).
+#[test]
+fn random_kills_leave_every_partition_exact() {
+    let slow = QUERY.replace("FROM raw.orders", "FROM raw.orders, pg_sleep(0.02)");
+    let Some(t) = Pg::with_dag(
+        "the PostgreSQL warehouse tests",
+        &dag(&slow, GATE, "").replace(
+            "retries = 0",
+            "retries = 2\nretry_delay = \"10ms\"\nmax_active_runs = 3",
+        ),
+    ) else {
+        return;
+    };
+    let iterations: u64 = std::env::var("CHAOS_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    let mut seed: u64 = std::env::var("CHAOS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20261201);
+    let mut next = move |n: u64| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) % n
+    };
+    const POINTS: &[&str] = &[
+        "after-audit",
+        "before-source-count",
+        "before-publish",
+        "before-commit",
+        "after-publish",
+        "before-record",
+    ];
+    for it in 0..iterations {
+        t.psql("UPDATE raw.orders SET amount = amount + 1");
+        let before = latest_backfill(&t);
+        let args = [
+            "create",
+            "--dag",
+            "orders",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-03",
+            "--reprocess-behavior",
+            "completed",
+        ];
+        let how = next(3);
+        let out = if how == 0 {
+            // Killed at a random moment.
+            let child = t.p.spawn("chaos", &args);
+            std::thread::sleep(Duration::from_millis(next(400)));
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            t.p.wait("chaos", child)
+        } else {
+            // Crashed at a fault point, the N-th time it is reached.
+            let point = format!(
+                "{}@{}",
+                POINTS[next(POINTS.len() as u64) as usize],
+                1 + next(3)
+            );
+            t.p.run_with(&args, &[("BACKFILL_FAULT", point.as_str())])
+        };
+        let latest = || latest_backfill(&t);
+        if out.code != 0 {
+            wait_until(
+                "the killed sessions to end",
+                Duration::from_secs(20),
+                || t.open_transactions() == "0",
+            );
+            if latest() == before {
+                // Killed before the backfill was recorded: nothing to resume, run it again.
+                t.p.run(&args).code(0);
+            } else {
+                t.p.run(&["resume", &latest()]).code(0);
+            }
+        }
+        let id = latest();
+        assert_eq!(
+            t.fact(),
+            t.expected(&[1, 2, 3]),
+            "iteration {it} (how {how})"
+        );
+        let per_interval = t.p.rows(&format!(
+            "SELECT r.interval_start, count(*) FROM task_tries tt JOIN runs r ON r.id = tt.run_id \
+             WHERE r.backfill_id = {id} AND tt.state = 'succeeded' GROUP BY 1 ORDER BY 1"
+        ));
+        assert_eq!(per_interval.len(), 3, "iteration {it}: {per_interval:?}");
+        assert!(
+            per_interval.iter().all(|r| r[1] == "1"),
+            "iteration {it}: {per_interval:?}"
+        );
+        assert_eq!(t.open_transactions(), "0");
+        assert_eq!(staged_tables(&t), "0");
+    }
+}
+
+#[test]
+fn a_manifest_made_again_at_the_same_path_is_a_new_manifest_to_the_warehouse() {
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    t.p.create("orders", "2026-01-01", "2026-01-02", &[])
+        .code(0);
+    std::fs::remove_dir_all(t.p.path(".backfill")).unwrap();
+    // Its tries are numbered from 1 again: the warehouse's bookkeeping must not mistake them
+    // for the first manifest's.
+    t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-02",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    assert_eq!(t.fact(), t.expected(&[1, 2]));
+    assert_eq!(
+        t.psql("SELECT count(DISTINCT manifest), count(*) FROM backfill.publishes"),
+        "2|4"
+    );
+}

@@ -311,6 +311,10 @@ pub struct Conn {
     pub booked: bool,
     /// Kept-version tables known to exist.
     pub kept: std::collections::HashSet<String>,
+    /// Partition column types by target and column.
+    pub partition_types: HashMap<String, super::ColumnType>,
+    /// Whether this manifest keeps versions in the warehouse (looked up once).
+    pub has_versions: Option<bool>,
 }
 
 impl Conn {
@@ -379,6 +383,8 @@ pub fn connect(w: &Warehouse) -> Result<Conn, String> {
         prepared: HashMap::new(),
         booked: false,
         kept: std::collections::HashSet::new(),
+        partition_types: HashMap::new(),
+        has_versions: None,
     })
 }
 

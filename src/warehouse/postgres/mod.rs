@@ -104,13 +104,13 @@ pub fn quote_ident(name: &str) -> String {
 /// 64-bit hashes of each row's text, so that the order of the rows does not matter.
 fn fingerprint_sql(list: &str, from: &str) -> String {
     format!(
-        "(SELECT count(*)::text || ':' || coalesce(sum(hashtextextended(ROW({list})::text, 0)::numeric), 0)::text || '.' || coalesce(sum(hashtextextended(ROW({list})::text, 1)::numeric), 0)::text FROM {from})"
+        "(SELECT count(*)::text || ':' || coalesce(sum(hashtextextended(t, 0)::numeric), 0)::text || '.' || coalesce(sum(hashtextextended(t, 1)::numeric), 0)::text FROM (SELECT ROW({list})::text AS t FROM {from}) f)"
     )
 }
 
 /// What a partition column holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ColumnType {
+pub enum ColumnType {
     /// Local dates of the DAG's time zone.
     Date,
     /// Timestamps without time zone, in UTC (as SQLite's text timestamps).
@@ -161,6 +161,7 @@ impl ColumnType {
 /// A bound value.
 #[derive(Debug, Clone)]
 enum Value {
+    Int(i64),
     At(DateTime<Utc>),
     Naive(NaiveDateTime),
     Date(NaiveDate),
@@ -170,6 +171,7 @@ enum Value {
 impl Value {
     fn sql(&self) -> &(dyn ToSql + Sync) {
         match self {
+            Self::Int(v) => v,
             Self::At(v) => v,
             Self::Naive(v) => v,
             Self::Date(v) => v,
@@ -421,7 +423,30 @@ fn prepared(
     Ok(s)
 }
 
-/// The try's transaction up to the gate: delete, insert and measure, count the source.
+/// The type of a target's partition column, looked up once per connection.
+fn partition_type(c: &mut Conn, task: &SqlTask) -> std::result::Result<ColumnType, Failure> {
+    let key = format!("{}\u{0}{}", task.target, task.partition_column);
+    if let Some(ty) = c.partition_types.get(&key) {
+        return Ok(*ty);
+    }
+    let columns = target_columns(c, &task.target)?;
+    let ty = columns
+        .iter()
+        .find(|(n, _)| *n == task.partition_column)
+        .and_then(|(_, t)| ColumnType::of(t))
+        .ok_or_else(|| {
+            Error::Message(format!(
+                "target table `{}` has no date, timestamp or timestamptz column `{}` (partition_column)",
+                task.target, task.partition_column
+            ))
+        })?;
+    c.partition_types.insert(key, ty);
+    Ok(ty)
+}
+
+/// The try's transaction up to the gate, in one statement (so in one snapshot and one round
+/// trip): delete the interval's rows of the target (moving them to the kept table when versions
+/// are kept), insert the query's rows, and measure them and the source.
 fn write_measure(
     c: &mut Conn,
     w: &Write<'_>,
@@ -429,23 +454,12 @@ fn write_measure(
 ) -> std::result::Result<(AuditMeasures, Written), Failure> {
     let task = w.task;
     book(c)?;
-    let columns = target_columns(c, &task.target)?;
-    let Some(ty) = columns
-        .iter()
-        .find(|(n, _)| *n == task.partition_column)
-        .and_then(|(_, t)| ColumnType::of(t))
-    else {
-        return Err(Error::Message(format!(
-            "target table `{}` has no date, timestamp or timestamptz column `{}` (partition_column)",
-            task.target, task.partition_column
-        ))
-        .into());
-    };
+    let ty = partition_type(c, task)?;
     let query = Statement::new("sql", &task.sql, 3).map_err(|p| Error::Message(p.message))?;
     let wrapped = format!("{WRAPPED_BEFORE}{}\n) q", query.sql);
-    let mut types = vec![Type::TEXT, Type::TEXT];
-    types.extend(query.types());
-    let shape = prepared(c, &wrapped, &types)?;
+    let mut shape_types = vec![Type::TEXT, Type::TEXT];
+    shape_types.extend(query.types());
+    let shape = prepared(c, &wrapped, &shape_types)?;
     let out: Vec<String> = shape
         .columns()
         .iter()
@@ -489,24 +503,81 @@ fn write_measure(
         ),
         _ => "NULL::text".to_string(),
     };
-    let statement = format!(
-        "WITH ins AS (\n  INSERT INTO {dest} ({list})\n  SELECT {list} FROM (\n{}\n) q\n  RETURNING *\n)\n\
-         SELECT (SELECT count(*) FROM ins), \
-         (SELECT count(*) FROM ins WHERE {outside}), \
-         (SELECT array_agg(v) FROM (SELECT DISTINCT coalesce({pc}::text, 'NULL') AS v FROM ins WHERE {outside} ORDER BY 1 LIMIT {more}) o), \
-         {fingerprint}, {duplicates}, {elsewhere}",
-        query.sql,
-        more = SHOWN + 1,
-        fingerprint = fingerprint_sql(&list, "ins"),
-    );
     let col_type = ty.pg_type();
     let mut types = vec![col_type.clone(), col_type];
     types.extend(query.types());
+    let mut values = vec![lo, hi];
+    values.extend(query.values(w.binds, w.tz));
+    // The gate's source queries, as scalar subqueries of the same statement.
+    let source = |key: &'static str,
+                  spec: Option<&SourceCount>,
+                  cast: &str,
+                  types: &mut Vec<Type>,
+                  values: &mut Vec<Value>| {
+        let Some(SourceCount::Sql(sql)) = spec else {
+            return Ok(format!("NULL::{cast}"));
+        };
+        let s = Statement::new(key, sql, types.len() + 1).map_err(|p| Error::Message(p.message))?;
+        types.extend(s.types());
+        values.extend(s.values(w.binds, w.tz));
+        Ok::<_, Failure>(if cast == "int8" {
+            format!("(SELECT s.c::int8 FROM (\n{}\n) AS s(c))", s.sql)
+        } else {
+            format!(
+                "(SELECT coalesce(s.c::text, 'NULL') FROM (\n{}\n) AS s(c))",
+                s.sql
+            )
+        })
+    };
+    let source_count = source(
+        "gate.source_count",
+        w.gate.and_then(|g| g.source_count.as_ref()),
+        "int8",
+        &mut types,
+        &mut values,
+    )?;
+    let source_fingerprint = source(
+        "gate.source_fingerprint",
+        w.gate.and_then(|g| g.source_fingerprint.as_ref()),
+        "text",
+        &mut types,
+        &mut values,
+    )?;
     let kept = if staged.is_none() && task.keep_versions > 0 {
         Some(versions::ensure_kept(c, w.manifest, &task.target)?)
     } else {
         None
     };
+    let (delete, moved) = match (&staged, &kept) {
+        (Some(_), _) => (String::new(), "NULL::int8".to_string()),
+        (None, Some(kept)) => {
+            let cols = versions::shared_columns(c, kept, &task.target)?.join(", ");
+            types.push(Type::INT8);
+            values.push(Value::Int(w.try_id));
+            (
+                format!(
+                    "d AS (DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2 RETURNING *),\n\
+                     k AS (INSERT INTO {kept} ({cols}, _replaced_by) SELECT {cols}, ${} FROM d RETURNING 1),\n",
+                    types.len()
+                ),
+                "(SELECT count(*) FROM k)".to_string(),
+            )
+        }
+        (None, None) => (
+            format!("d AS (DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2),\n"),
+            "NULL::int8".to_string(),
+        ),
+    };
+    let statement = format!(
+        "WITH {delete}ins AS (\n  INSERT INTO {dest} ({list})\n  SELECT {list} FROM (\n{}\n) q\n  RETURNING *\n)\n\
+         SELECT (SELECT count(*) FROM ins), \
+         (SELECT count(*) FROM ins WHERE {outside}), \
+         (SELECT array_agg(v) FROM (SELECT DISTINCT coalesce({pc}::text, 'NULL') AS v FROM ins WHERE {outside} ORDER BY 1 LIMIT {more}) o), \
+         {fingerprint}, {duplicates}, {elsewhere}, {source_count}, {source_fingerprint}, {moved}",
+        query.sql,
+        more = SHOWN + 1,
+        fingerprint = fingerprint_sql(&list, "ins"),
+    );
     let idle = (w.lease_timeout * 2).max(std::time::Duration::from_secs(5));
     c.wait(c.client.batch_execute(&format!(
         "SET idle_in_transaction_session_timeout = {}; BEGIN ISOLATION LEVEL REPEATABLE READ",
@@ -515,44 +586,34 @@ fn write_measure(
     if cancel.is_set() {
         return Err(Error::Cancelled.into());
     }
-    let mut moved = None;
-    match (&staged, &kept) {
-        (Some(name), _) => {
+    let measure = match &staged {
+        Some(name) => {
             c.wait(c.client.batch_execute(&format!(
                 "CREATE TABLE {name} AS SELECT {list} FROM {table} WITH NO DATA"
             )))?;
+            // A staged table is new in every try: its statement is not kept prepared.
+            c.wait(c.client.prepare_typed(&statement, &types))?
         }
-        (None, Some(kept)) => {
-            let predicate = format!("{pc} >= $1 AND {pc} < $2");
-            moved = Some(versions::delete_keeping(
-                c,
-                kept,
-                &task.target,
-                &predicate,
-                [&lo, &hi],
-                w.try_id,
-            )?);
-        }
-        (None, None) => {
-            let delete = format!("DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2");
-            let del = prepared(c, &delete, &types[..2])?;
-            c.wait(c.client.execute(&del, &[lo.sql(), hi.sql()]))?;
-        }
-    }
-    // A staged table is new in every try: its statement is not kept prepared.
-    let measure = match &staged {
-        Some(_) => c.wait(c.client.prepare_typed(&statement, &types))?,
         None => prepared(c, &statement, &types)?,
     };
-    let mut values = vec![lo, hi];
-    values.extend(query.values(w.binds, w.tz));
     let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(Value::sql).collect();
     let row = c.wait(c.client.query_one(&measure, &refs))?;
-    // The tests freeze here and change the source: the count must not see it.
     crate::fault::point("before-source-count");
     let rows: i64 = row.get(0);
     let fingerprint: String = row.get(3);
-    let mut m = AuditMeasures {
+    let source: Option<i64> = row.get(6);
+    if source.is_none()
+        && matches!(
+            w.gate.and_then(|g| g.source_count.as_ref()),
+            Some(SourceCount::Sql(_))
+        )
+    {
+        return Err(Error::Message(
+            "gate.source_count returned no row, or NULL; it must return one integer".into(),
+        )
+        .into());
+    }
+    let m = AuditMeasures {
         rows,
         outside: row.get(1),
         outside_values: row.get::<_, Option<Vec<String>>>(2).unwrap_or_default(),
@@ -562,13 +623,14 @@ fn write_measure(
         fingerprint: format!("pg:{fingerprint}"),
         repr: None,
         mixed: None,
-        source: None,
-        source_fingerprint: None,
+        source,
+        source_fingerprint: row.get(7),
         elsewhere: row.get(5),
     };
-    let (source, fingerprint) = sources(c, w.gate, w.binds, w.tz)?;
-    m.source = source;
-    m.source_fingerprint = fingerprint;
+    let moved: Option<i64> = row.get(8);
+    if moved.is_some() {
+        c.has_versions = Some(true);
+    }
     Ok((m, Written { moved, list }))
 }
 
@@ -711,9 +773,10 @@ impl Pending for Open {
             self.end();
             return Err(Error::Message("connection lost (injected)".into()).at(wh));
         }
-        let start = p.interval.start;
         let result = (|| -> std::result::Result<i64, Failure> {
-            if let Some(k) = p.keep {
+            if let Some(k) = p.keep
+                && (k.keep > 0 || self.written.moved.is_some() || has_versions(c, &self.manifest)?)
+            {
                 let kept_fingerprint = match (k.same_content, self.written.moved) {
                     (true, Some(_)) => kept_fingerprint(
                         c,
@@ -735,14 +798,15 @@ impl Pending for Open {
                     &self.measures.fingerprint,
                 )?;
             }
-            // The partition's row lock: a recoverer judging whether this try committed holds
-            // it, so the answer it gets cannot change afterwards.
-            c.wait(c.client.execute(
-                "INSERT INTO backfill.partitions AS p (target, partition_start, manifest, try_id) \
-                 VALUES ($1, $2, $3, $4) ON CONFLICT (target, partition_start) DO UPDATE \
-                 SET manifest = EXCLUDED.manifest, try_id = EXCLUDED.try_id, published_at = now()",
-                &[&p.task.target, &start, &self.manifest, &self.try_id],
-            ))?;
+            lock_and_book(
+                c,
+                &p.task.target,
+                p.interval,
+                &self.manifest,
+                self.try_id,
+                self.measures.rows,
+                &self.measures.fingerprint,
+            )?;
             match allowed() {
                 Ok(true) => {}
                 Ok(false) => return Err(Error::Refused.into()),
@@ -750,19 +814,6 @@ impl Pending for Open {
                     return Err(Error::Message(format!("cannot read the manifest: {why}")).into());
                 }
             }
-            c.wait(c.client.execute(
-                "INSERT INTO backfill.publishes (manifest, try_id, target, partition_start, partition_end, rows, fingerprint) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                &[
-                    &self.manifest,
-                    &self.try_id,
-                    &p.task.target,
-                    &start,
-                    &p.interval.end,
-                    &self.measures.rows,
-                    &self.measures.fingerprint,
-                ],
-            ))?;
             crate::fault::point("before-commit");
             c.wait(c.client.batch_execute("COMMIT"))?;
             Ok(self.measures.rows)
@@ -804,6 +855,67 @@ impl Pending for Open {
             .map(|()| PathBuf::from(table))
             .map_err(|e| format!("cannot keep the staged output: {}", describe(&e)))
     }
+}
+
+/// Takes the partition's row lock in `backfill.partitions` and books the publish in
+/// `backfill.publishes`, in one statement of the publish transaction: a recoverer that holds the
+/// same row lock sees the booking exactly when the publish committed.
+fn lock_and_book(
+    c: &mut Conn,
+    target: &str,
+    interval: DataInterval,
+    manifest: &str,
+    try_id: i64,
+    rows: i64,
+    fingerprint: &str,
+) -> std::result::Result<(), Failure> {
+    let stmt = prepared(
+        c,
+        "WITH lock AS (INSERT INTO backfill.partitions AS p (target, partition_start, manifest, try_id) \
+           VALUES ($1, $2, $3, $4) ON CONFLICT (target, partition_start) DO UPDATE \
+           SET manifest = EXCLUDED.manifest, try_id = EXCLUDED.try_id, published_at = now() RETURNING 1) \
+         INSERT INTO backfill.publishes (manifest, try_id, target, partition_start, partition_end, rows, fingerprint) \
+         SELECT $3, $4, $1, $2, $5, $6, $7 FROM lock",
+        &[
+            Type::TEXT,
+            Type::TIMESTAMPTZ,
+            Type::TEXT,
+            Type::INT8,
+            Type::TIMESTAMPTZ,
+            Type::INT8,
+            Type::TEXT,
+        ],
+    )?;
+    c.wait(c.client.execute(
+        &stmt,
+        &[
+            &target,
+            &interval.start,
+            &manifest,
+            &try_id,
+            &interval.end,
+            &rows,
+            &fingerprint,
+        ],
+    ))?;
+    Ok(())
+}
+
+/// Whether the warehouse keeps versions for this manifest at all (looked up once per
+/// connection): with `keep_versions = 0`, versions kept before are dropped by the next publish
+/// of their interval, and a warehouse that has none is not asked each time.
+fn has_versions(c: &mut Conn, manifest: &str) -> std::result::Result<bool, Failure> {
+    if let Some(known) = c.has_versions {
+        return Ok(known);
+    }
+    let found: bool = c
+        .wait(c.client.query_one(
+            "SELECT EXISTS (SELECT 1 FROM backfill.versions WHERE manifest = $1)",
+            &[&manifest],
+        ))?
+        .get(0);
+    c.has_versions = Some(found);
+    Ok(found)
 }
 
 /// The fingerprint of the rows the try moved to the kept table, over the query's columns
@@ -867,8 +979,9 @@ pub fn settle_publish(
             &[&task.target, &interval.start],
         ))?;
         let row = c.wait(c.client.query_opt(
-            "SELECT rows FROM backfill.publishes WHERE manifest = $1 AND try_id = $2",
-            &[&manifest, &try_id],
+            "SELECT rows FROM backfill.publishes WHERE manifest = $1 AND try_id = $2 \
+             AND target = $3 AND partition_start = $4",
+            &[&manifest, &try_id, &task.target, &interval.start],
         ))?;
         c.wait(c.client.batch_execute("COMMIT"))?;
         Ok(row.map(|r| r.get(0)))
@@ -1233,22 +1346,20 @@ fn promote_in(
         ))
         .into());
     }
-    c.wait(c.client.execute(
-        "INSERT INTO backfill.partitions AS p (target, partition_start, manifest, try_id) \
-         VALUES ($1, $2, $3, $4) ON CONFLICT (target, partition_start) DO UPDATE \
-         SET manifest = EXCLUDED.manifest, try_id = EXCLUDED.try_id, published_at = now()",
-        &[&task.target, &p.interval.start, &manifest, &try_id],
-    ))?;
+    lock_and_book(
+        c,
+        &task.target,
+        p.interval,
+        manifest,
+        try_id,
+        rows,
+        &fingerprint,
+    )?;
     match allowed() {
         Ok(true) => {}
         Ok(false) => return Err(Error::Refused.into()),
         Err(why) => return Err(Error::Message(format!("cannot read the manifest: {why}")).into()),
     }
-    c.wait(c.client.execute(
-        "INSERT INTO backfill.publishes (manifest, try_id, target, partition_start, partition_end, rows, fingerprint) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        &[&manifest, &try_id, &task.target, &p.interval.start, &p.interval.end, &rows, &fingerprint],
-    ))?;
     c.wait(
         c.client
             .batch_execute(&format!("DROP TABLE {staged_q}; COMMIT")),
@@ -1555,12 +1666,15 @@ pub fn roll_back(
             &[lo.sql(), hi.sql()],
         ))?;
         let rows = versions::restore(&c, manifest, &task.target, key)?;
-        c.wait(c.client.execute(
-            "INSERT INTO backfill.partitions AS p (target, partition_start, manifest, try_id) \
-             VALUES ($1, $2, $3, $4) ON CONFLICT (target, partition_start) DO UPDATE \
-             SET manifest = EXCLUDED.manifest, try_id = EXCLUDED.try_id, published_at = now()",
-            &[&task.target, &interval.start, &manifest, &try_id],
-        ))?;
+        lock_and_book(
+            &mut c,
+            &task.target,
+            interval,
+            manifest,
+            try_id,
+            rows,
+            fingerprint,
+        )?;
         match allowed() {
             Ok(true) => {}
             Ok(false) => return Err(Error::Refused.into()),
@@ -1568,11 +1682,6 @@ pub fn roll_back(
                 return Err(Error::Message(format!("cannot read the manifest: {why}")).into());
             }
         }
-        c.wait(c.client.execute(
-            "INSERT INTO backfill.publishes (manifest, try_id, target, partition_start, partition_end, rows, fingerprint) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            &[&manifest, &try_id, &task.target, &interval.start, &interval.end, &rows, &fingerprint],
-        ))?;
         c.wait(c.client.batch_execute("COMMIT"))?;
         Ok(rows)
     })();

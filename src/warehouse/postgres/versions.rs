@@ -5,7 +5,7 @@
 //! everything else; a rollback puts a version back and forgets it in one transaction.
 
 use super::conn::Conn;
-use super::{Failure, Value, quote_ident, quote_name, target_columns};
+use super::{Failure, quote_ident, quote_name, target_columns};
 use crate::warehouse::Error;
 use crate::warehouse::versions::{Keep, Version};
 
@@ -56,7 +56,7 @@ pub(super) fn ensure_kept(c: &mut Conn, manifest: &str, target: &str) -> Result<
 }
 
 /// The columns both the kept table and the target have, quoted.
-fn shared_columns(c: &Conn, kept: &str, target: &str) -> Result<Vec<String>, Failure> {
+pub(super) fn shared_columns(c: &Conn, kept: &str, target: &str) -> Result<Vec<String>, Failure> {
     let now: Vec<String> = target_columns(c, target)?
         .into_iter()
         .map(|(n, _)| n)
@@ -69,29 +69,8 @@ fn shared_columns(c: &Conn, kept: &str, target: &str) -> Result<Vec<String>, Fai
         .collect())
 }
 
-/// Inside a try's transaction: deletes the interval's rows of the target, moving them into the
-/// kept table as the version replaced by `try_id`. Returns the rows moved.
-pub(super) fn delete_keeping(
-    c: &Conn,
-    kept: &str,
-    target: &str,
-    predicate: &str,
-    bounds: [&Value; 2],
-    try_id: i64,
-) -> Result<i64, Failure> {
-    let cols = shared_columns(c, kept, target)?.join(", ");
-    let moved = c.wait(c.client.execute(
-        &format!(
-            "WITH d AS (DELETE FROM {t} WHERE {predicate} RETURNING *) \
-             INSERT INTO {kept} ({cols}, _replaced_by) SELECT {cols}, $3::int8 FROM d",
-            t = quote_name(target),
-        ),
-        &[bounds[0].sql(), bounds[1].sql(), &try_id],
-    ))?;
-    Ok(i64::try_from(moved).unwrap_or(i64::MAX))
-}
-
-/// Inside the publish transaction, after [`delete_keeping`] moved `moved` rows: records them as
+/// Inside the publish transaction, after the try's statement moved `moved` rows of the
+/// partition to the kept table: records them as
 /// a version (or, when the partition held exactly the new rows, carries the version they had
 /// replaced over to this publish instead), then drops the interval's versions beyond the newest
 /// `k.keep`.

@@ -193,6 +193,28 @@ fn the_gate_rejects_in_the_transaction_and_readers_keep_the_old_partition() {
     );
     out.code(3).stderr_has("unique_key violated");
     assert_eq!(t.fact(), before);
+    // Rows outside the interval are rejected, naming their partition values.
+    std::fs::write(
+        t.p.path("dags/orders.toml"),
+        dag(
+            &QUERY.replace(
+                "(order_ts AT TIME ZONE 'UTC')::date AS day",
+                "(order_ts AT TIME ZONE 'UTC')::date + 1 AS day",
+            ),
+            GATE,
+            "",
+        ),
+    )
+    .unwrap();
+    t.p.create(
+        "orders",
+        "2026-01-03",
+        "2026-01-03",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(3)
+    .stderr_has("row outside interval: 10 of 10 rows have a partition value outside the interval: 2026-01-04");
+    assert_eq!(t.fact(), before);
     assert_eq!(t.open_transactions(), "0");
 }
 

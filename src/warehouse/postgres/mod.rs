@@ -100,7 +100,8 @@ pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
-/// The fingerprint of the rows of `from` over the columns `list`, as SQL: the row count and the
+/// The fingerprint of the rows of `from` over the columns `list`, as SQL (a try's statement
+/// computes the same in its one pass over its output): the row count and the
 /// exact sum of a 64-bit hash of each row's text, so that the order of the rows does not matter
 /// (summed as `int8`, which PostgreSQL adds up in 128 bits: no overflow, and several times
 /// faster than a `numeric` sum).
@@ -571,14 +572,14 @@ fn write_measure(
         ),
     };
     let statement = format!(
-        "WITH {delete}ins AS (\n  INSERT INTO {dest} ({list})\n  SELECT {list} FROM (\n{}\n) q\n  RETURNING *\n)\n\
-         SELECT (SELECT count(*) FROM ins), \
-         (SELECT count(*) FROM ins WHERE {outside}), \
-         (SELECT array_agg(v) FROM (SELECT DISTINCT coalesce({pc}::text, 'NULL') AS v FROM ins WHERE {outside} ORDER BY 1 LIMIT {more}) o), \
-         {fingerprint}, {duplicates}, {elsewhere}, {source_count}, {source_fingerprint}, {moved}",
+        "WITH {delete}ins AS (\n  INSERT INTO {dest} ({list})\n  SELECT {list} FROM (\n{}\n) q\n  RETURNING {list}\n),\n\
+         m AS (SELECT count(*) AS n, count(*) FILTER (WHERE {outside}) AS outside, \
+           coalesce(sum(hashtextextended(ROW({list})::text, 0)), 0) AS h FROM ins)\n\
+         SELECT m.n, m.outside, \
+         CASE WHEN m.outside > 0 THEN (SELECT array_agg(v) FROM (SELECT DISTINCT coalesce({pc}::text, 'NULL') AS v FROM ins WHERE {outside} ORDER BY 1 LIMIT {more}) o) END, \
+         m.n::text || ':' || m.h::text, {duplicates}, {elsewhere}, {source_count}, {source_fingerprint}, {moved} FROM m",
         query.sql,
         more = SHOWN + 1,
-        fingerprint = fingerprint_sql(&list, "ins"),
     );
     let idle = (w.lease_timeout * 2).max(std::time::Duration::from_secs(5));
     // Plans are made for each try's values and the table as it is now: a plan cached while the

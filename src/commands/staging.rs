@@ -272,7 +272,11 @@ pub fn discard(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
             .find(|t| t.id == s.task_id)
             .map(|t| &t.kind)
         {
-            crate::warehouse::backend::of(&sql.warehouse).drop_staged(sql, location, &audits);
+            if let Err(why) =
+                crate::warehouse::backend::of(&sql.warehouse).drop_staged(sql, location, &audits)
+            {
+                warn(g, &why);
+            }
         } else if Path::new(location).starts_with(&audits) {
             let _ = std::fs::remove_file(location);
         }

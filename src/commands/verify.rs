@@ -350,6 +350,7 @@ impl Verifier<'_> {
                         try_id: 0,
                         manifest: "verify",
                         stage: false,
+                        measure_only: true,
                         lease_timeout: crate::project::DEFAULT_LEASE_TIMEOUT,
                     };
                     let output = backend::of(&s.warehouse).write(&write, cancel)?;

@@ -166,29 +166,26 @@ impl std::fmt::Debug for PgUrl {
     }
 }
 
-/// `url` without a password: `scheme://user:secret@host` loses `:secret`, and a `password=`
+/// `url` without a password: `scheme://user:secret@host` loses `:secret` (the user part ends at
+/// the last `@`, so a password with an unencoded `/`, `?` or `@` goes whole), and a `password=`
 /// parameter its value.
 pub fn redact_url(url: &str) -> String {
-    let (head, query) = match url.split_once('?') {
-        Some((h, q)) => (h, Some(q)),
-        None => (url, None),
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
     };
-    let mut out = match head.split_once("://") {
-        Some((scheme, rest)) => {
-            // The user part ends at the last `@` before the path.
-            let authority_end = rest.find('/').unwrap_or(rest.len());
-            let (authority, path) = rest.split_at(authority_end);
-            let authority = match authority.rsplit_once('@') {
-                Some((user, host)) => {
-                    let user = user.split_once(':').map_or(user, |(u, _)| u);
-                    format!("{user}@{host}")
-                }
-                None => authority.to_string(),
-            };
-            format!("{scheme}://{authority}{path}")
+    let (authority, tail) = match rest.rfind('@') {
+        Some(at) => {
+            let user = &rest[..at];
+            let user = user.split_once(':').map_or(user, |(u, _)| u);
+            (format!("{user}@"), &rest[at + 1..])
         }
-        None => head.to_string(),
+        None => (String::new(), rest),
     };
+    let (head, query) = match tail.split_once('?') {
+        Some((h, q)) => (h, Some(q)),
+        None => (tail, None),
+    };
+    let mut out = format!("{scheme}://{authority}{head}");
     if let Some(q) = query {
         let params: Vec<String> = q
             .split('&')

@@ -700,3 +700,26 @@ proptest! {
         check_outcome(Project::parse(root, &text), PROJECT_FILE)?;
     }
 }
+
+#[test]
+fn urls_are_shown_without_their_password() {
+    for (url, shown) in [
+        (
+            "postgresql://etl:hunter2@db.internal:5432/analytics?sslmode=require",
+            "postgresql://etl@db.internal:5432/analytics?sslmode=require",
+        ),
+        ("postgresql://etl:se/cret@db/x", "postgresql://etl@db/x"),
+        (
+            "postgresql://etl:se?cret@db/x?a=b",
+            "postgresql://etl@db/x?a=b",
+        ),
+        ("postgresql://etl:p@ss@db/x", "postgresql://etl@db/x"),
+        (
+            "postgresql://db/x?user=etl&password=hunter2",
+            "postgresql://db/x?user=etl&password=***",
+        ),
+        ("postgresql://etl@db/x", "postgresql://etl@db/x"),
+    ] {
+        assert_eq!(redact_url(url), shown, "{url}");
+    }
+}

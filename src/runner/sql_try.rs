@@ -116,6 +116,7 @@ pub(super) async fn sql_try(
             try_id,
             manifest: &manifest,
             stage: staging,
+            measure_only: false,
             lease_timeout,
         };
         backend::of(&s.warehouse).write(&write, cancel)
@@ -282,6 +283,11 @@ pub(super) async fn publish_audited(
     let (s, manifest_path) = (sql.clone(), shared.spec.manifest_path.clone());
     let log_path = log_path.to_path_buf();
     let expect = promoting.then(|| record.fingerprint.clone()).flatten();
+    let table_keys = task
+        .gate
+        .as_ref()
+        .filter(|g| g.unique_key_table)
+        .map(|g| g.unique_key.clone());
     let version_of = current.as_ref().and_then(|c| c.content);
     let same_content = current
         .as_ref()
@@ -308,6 +314,7 @@ pub(super) async fn publish_audited(
                         keep: s.keep_versions,
                         same_content,
                     }),
+                    table_keys: table_keys.as_deref(),
                 };
                 let mut waiting = waiting_log(&log_path);
                 output.publish(&p, &allowed, &mut waiting)

@@ -32,6 +32,9 @@ pub struct Write<'a> {
     pub manifest: &'a str,
     /// Keep the output for `backfill promote` rather than publish it.
     pub stage: bool,
+    /// Only measure (`backfill verify`): the output is never published, so nothing is kept for
+    /// rollback and no bookkeeping is created.
+    pub measure_only: bool,
     /// The manifest's lease timeout: a warehouse that holds a try's work in an open
     /// transaction lets the server end that transaction once it has been idle for twice this
     /// (at least 5 s), so that an owner frozen mid-try cannot hold the partition's rows locked
@@ -51,6 +54,9 @@ pub struct PublishAs<'a> {
     pub expect_fingerprint: Option<&'a str>,
     /// Keep the rows being replaced, for rollback.
     pub keep: Option<super::versions::Keep>,
+    /// With `unique_key_scope = "table"`: the key, checked again against the other partitions
+    /// when a staged output is promoted.
+    pub table_keys: Option<&'a [String]>,
 }
 
 /// Whether the manifest still allows a publish; asked inside the publish transaction.
@@ -124,7 +130,12 @@ pub trait Backend: Sync {
     ) -> Option<Box<dyn Pending>>;
 
     /// Removes a discarded staged output.
-    fn drop_staged(&self, task: &SqlTask, location: &str, audit_dir: &Path);
+    fn drop_staged(
+        &self,
+        task: &SqlTask,
+        location: &str,
+        audit_dir: &Path,
+    ) -> std::result::Result<(), String>;
 
     /// The interval's rows of the target now and their fingerprint, over the columns of the
     /// staged output at `location`.
@@ -238,12 +249,18 @@ impl Backend for Sqlite {
             .map(|file| Box::new(Audited::staged(file)) as Box<dyn Pending>)
     }
 
-    fn drop_staged(&self, _: &SqlTask, location: &str, audit_dir: &Path) {
+    fn drop_staged(
+        &self,
+        _: &SqlTask,
+        location: &str,
+        audit_dir: &Path,
+    ) -> std::result::Result<(), String> {
         // Only files of the audit folder: a command task's result file stays with its logs.
         let file = Path::new(location);
         if file.starts_with(audit_dir) {
             let _ = std::fs::remove_file(file);
         }
+        Ok(())
     }
 
     fn published(

@@ -1180,3 +1180,130 @@ fn a_manifest_made_again_at_the_same_path_is_a_new_manifest_to_the_warehouse() {
         "2|4"
     );
 }
+
+#[test]
+fn recovery_waits_for_an_owner_frozen_in_its_first_publish_of_a_partition() {
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    let toml =
+        t.p.read("backfill.toml")
+            .replace("lease_timeout = \"30s\"", "lease_timeout = \"1s\"");
+    t.p.write("backfill.toml", &toml);
+    // Frozen after booking its first publish of day 1, before the commit: the partition's row
+    // in backfill.partitions exists only in its open transaction.
+    let frozen = t.p.spawn_with(
+        "frozen",
+        &[
+            "create",
+            "--dag",
+            "orders",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+        ],
+        &[("BACKFILL_FAULT", "before-commit:stop")],
+    );
+    wait_until("the owner to freeze", Duration::from_secs(30), || {
+        crate::support::stopped(frozen.id())
+    });
+    crate::support::wait_stale(&t.p, 1, 1500);
+    let resume = t.p.spawn("resume", &["resume", "1"]);
+    // The recoverer must not judge the publish while the owner can still commit it: thawed
+    // now, the owner asks the manifest, is refused and rolls back.
+    std::thread::sleep(Duration::from_millis(500));
+    crate::support::signal(&frozen, nix::sys::signal::Signal::SIGCONT);
+    let owner = t.p.wait("frozen", frozen);
+    t.p.wait("resume", resume).code(0);
+    assert_ne!(owner.code, 0, "{}", owner.stderr);
+    assert_eq!(t.fact(), t.expected(&[1]));
+    assert_eq!(
+        t.p.rows("SELECT count(*) FROM task_tries WHERE state = 'succeeded'")[0][0],
+        "1"
+    );
+    // One publish is booked: the one the manifest records as succeeded.
+    let booked = t.psql("SELECT try_id FROM backfill.publishes");
+    let succeeded =
+        t.p.rows("SELECT id FROM task_tries WHERE state = 'succeeded'")[0][0].clone();
+    assert_eq!(booked, succeeded);
+}
+
+#[test]
+fn a_promoted_partition_can_be_rolled_back() {
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    t.p.create("orders", "2026-01-01", "2026-01-02", &[])
+        .code(0);
+    let first = t.fact();
+    t.psql("UPDATE raw.orders SET amount = amount + 7");
+    t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-02",
+        &["--stage", "--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    t.p.run(&["promote", "2"]).code(0);
+    assert_eq!(t.fact(), t.expected(&[1, 2]));
+    t.p.run(&[
+        "rollback",
+        "--dag",
+        "orders",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+    ])
+    .code(0);
+    assert_eq!(t.fact(), first);
+}
+
+#[test]
+fn a_date_partition_refuses_intervals_shorter_than_a_day() {
+    let hourly = dag(QUERY, GATE, "").replace("schedule = \"@daily\"", "schedule = \"@hourly\"");
+    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &hourly) else {
+        return;
+    };
+    t.psql("INSERT INTO analytics.orders_fact VALUES (999, '2026-01-01', 'eu', 1)");
+    let before = t.fact();
+    t.p.create("orders", "2026-01-01T22:00", "2026-01-01T23:00", &[])
+        .code(3)
+        .stderr_has("not whole days");
+    assert_eq!(t.fact(), before, "no day was replaced");
+}
+
+#[test]
+fn the_dry_run_finds_a_column_whose_type_does_not_fit_and_verify_writes_nothing() {
+    let Some(t) = Pg::with_dag(
+        "the PostgreSQL warehouse tests",
+        &dag(
+            &QUERY.replace("SELECT order_id,", "SELECT :ds_nodash AS order_id,"),
+            GATE,
+            "",
+        ),
+    ) else {
+        return;
+    };
+    t.p.create("orders", "2026-01-01", "2026-01-02", &["--dry-run"])
+        .code(2)
+        .stderr_has("do not fit target table `analytics.orders_fact`")
+        .stderr_has("column \"order_id\" is of type integer");
+    std::fs::write(t.p.path("dags/orders.toml"), dag(QUERY, GATE, "")).unwrap();
+    t.p.run(&[
+        "verify",
+        "--dag",
+        "orders",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+    ])
+    .code(0);
+    assert_eq!(
+        t.psql("SELECT count(*) FROM pg_namespace WHERE nspname = 'backfill'"),
+        "0",
+        "verify creates no bookkeeping and keeps nothing"
+    );
+}

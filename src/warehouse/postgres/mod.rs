@@ -145,9 +145,11 @@ impl ColumnType {
             Self::Date => {
                 let day = |t: DateTime<Utc>| t.with_timezone(&tz).date_naive();
                 let (lo, hi) = (day(interval.start), day(interval.end));
-                if lo == hi {
+                let midnight =
+                    |t: DateTime<Utc>| t.with_timezone(&tz).time() == chrono::NaiveTime::MIN;
+                if lo == hi || !midnight(interval.start) || !midnight(interval.end) {
                     return Err(Error::Message(format!(
-                        "the partition column is a date, and interval {interval} lies within one day; use a timestamp column for intervals shorter than a day"
+                        "the partition column is a date, and interval {interval} is not whole days of the DAG's time zone: replacing its days would delete other intervals' rows; use a timestamp column for intervals shorter than a day"
                     )));
                 }
                 [Value::Date(lo), Value::Date(hi)]
@@ -323,10 +325,15 @@ impl Backend for Postgres {
         is_staged_table(location).then(|| staged(location, manifest, try_id))
     }
 
-    fn drop_staged(&self, task: &SqlTask, location: &str, _: &Path) {
-        if let Err(e) = drop_staged(&task.warehouse, location) {
-            tracing::warn!("cannot drop the discarded staged table {location}: {e}");
-        }
+    fn drop_staged(
+        &self,
+        task: &SqlTask,
+        location: &str,
+        _: &Path,
+    ) -> std::result::Result<(), String> {
+        drop_staged(&task.warehouse, location).map_err(|e| {
+            format!("cannot drop the discarded staged table {location} (the next recovery drops it): {e}")
+        })
     }
 
     fn published(
@@ -456,7 +463,9 @@ fn write_measure(
     cancel: &Cancel,
 ) -> std::result::Result<(AuditMeasures, Written), Failure> {
     let task = w.task;
-    book(c)?;
+    if !w.measure_only {
+        book(c)?;
+    }
     let ty = partition_type(c, task)?;
     let query = Statement::new("sql", &task.sql, 3).map_err(|p| Error::Message(p.message))?;
     let wrapped = format!("{WRAPPED_BEFORE}{}\n) q", query.sql);
@@ -546,12 +555,14 @@ fn write_measure(
         &mut types,
         &mut values,
     )?;
-    let kept = if staged.is_none() && task.keep_versions > 0 {
+    let kept = if staged.is_none() && task.keep_versions > 0 && !w.measure_only {
         Some(versions::ensure_kept(c, w.manifest, &task.target)?)
     } else {
         None
     };
     let (delete, moved) = match (&staged, &kept) {
+        // Only measured: the published rows are neither deleted nor locked.
+        (Some(_), _) | (None, None) if w.measure_only => (String::new(), "NULL::int8".to_string()),
         (Some(_), _) => (String::new(), "NULL::int8".to_string()),
         (None, Some(kept)) => {
             let cols = versions::shared_columns(c, kept, &task.target)?.join(", ");
@@ -637,15 +648,21 @@ fn write_measure(
     if moved.is_some() {
         c.has_versions = Some(true);
     }
-    Ok((m, Written { moved, list }))
+    Ok((
+        m,
+        Written {
+            moved,
+            columns: out,
+        },
+    ))
 }
 
 /// What a try's transaction did besides its output.
 struct Written {
     /// Rows of the partition moved to the kept table, when versions are kept.
     moved: Option<i64>,
-    /// The query's columns, quoted, as a select list.
-    list: String,
+    /// The query's columns.
+    columns: Vec<String>,
 }
 
 /// The gate's `source_count` and `source_fingerprint` queries, in the connection's transaction
@@ -788,7 +805,7 @@ impl Pending for Open {
                         c,
                         &self.manifest,
                         &p.task.target,
-                        &self.written.list,
+                        &self.written.columns,
                         self.try_id,
                     )?,
                     _ => None,
@@ -830,6 +847,15 @@ impl Pending for Open {
                     conn::give(c);
                 }
                 Ok(rows)
+            }
+            Err(Failure::Pg(e)) if e.as_db_error().is_none() => {
+                // The connection failed: the commit may have happened with its reply lost.
+                // The booking says, once the server has ended the transaction either way.
+                self.end();
+                match settle_publish(p.task, p.interval, &self.manifest, self.try_id) {
+                    Ok(Some(rows)) => Ok(rows),
+                    _ => Err(pg(wh)(e)),
+                }
             }
             Err(e) => {
                 self.end();
@@ -930,17 +956,23 @@ fn kept_fingerprint(
     c: &Conn,
     manifest: &str,
     target: &str,
-    list: &str,
+    columns: &[String],
     try_id: i64,
 ) -> std::result::Result<Option<String>, Failure> {
     let kept = versions::kept_table(manifest, target);
     let have: Vec<String> = target_columns(c, &kept)?
         .into_iter()
-        .map(|(n, _)| quote_ident(&n))
+        .map(|(n, _)| n)
         .collect();
-    if !list.split(", ").all(|col| have.iter().any(|h| h == col)) {
+    if !columns.iter().all(|col| have.contains(col)) {
         return Ok(None);
     }
+    let list = columns
+        .iter()
+        .map(|col| quote_ident(col))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let list = list.as_str();
     let row = c.wait(c.client.query_one(
         &format!(
             "SELECT {}",
@@ -976,10 +1008,19 @@ pub fn settle_publish(
         if !booked {
             return Ok(None);
         }
+        // An owner that is publishing holds the partition's row (one it created, not yet
+        // committed, or one it updated) until it commits or the server rolls it back; a frozen
+        // owner's session is ended by the server once idle past twice the lease timeout. Both
+        // statements wait for that, so "not committed" stays true once said.
         c.wait(
             c.client
-                .batch_execute("BEGIN; SET LOCAL lock_timeout = '60s'"),
+                .batch_execute("BEGIN; SET LOCAL lock_timeout = '10min'"),
         )?;
+        c.wait(c.client.execute(
+            "INSERT INTO backfill.partitions (target, partition_start, manifest, try_id) \
+             VALUES ($1, $2, '', 0) ON CONFLICT (target, partition_start) DO NOTHING",
+            &[&task.target, &interval.start],
+        ))?;
         c.wait(c.client.query(
             "SELECT 1 FROM backfill.partitions WHERE target = $1 AND partition_start = $2 FOR UPDATE",
             &[&task.target, &interval.start],
@@ -1089,6 +1130,30 @@ fn check_on(
             )));
         }
     }
+    // The insert itself, so that a column whose type does not fit the target's is found now;
+    // preparing changes nothing.
+    let list = out
+        .iter()
+        .map(|col| quote_ident(col))
+        .collect::<Vec<_>>()
+        .join(", ");
+    c.wait(c.client.prepare_typed(
+        &format!(
+            "INSERT INTO {} ({list}) SELECT {list} FROM ({WRAPPED_BEFORE}{}\n) q) w",
+            quote_name(&task.target),
+            query.sql
+        ),
+        &query.types(),
+    ))
+    .map_err(|e| TaskProblem {
+        key: "sql",
+        offset: None,
+        message: format!(
+            "the query's rows do not fit target table `{}`: {}",
+            task.target,
+            describe(&e)
+        ),
+    })?;
     let mut needed = vec![&task.partition_column];
     if let Some(g) = gate {
         needed.extend(g.unique_key.iter());
@@ -1321,14 +1386,35 @@ fn promote_in(
         .collect::<Vec<_>>()
         .join(", ");
     let staged_q = format!("{}.{}", quote_ident(schema), quote_ident(name));
+    // The rows being replaced are kept for rollback, as by any publish.
+    let kept = match p.keep {
+        Some(k) if k.keep > 0 => Some(versions::ensure_kept(c, manifest, &task.target)?),
+        _ => None,
+    };
     c.wait(
         c.client
             .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ"),
     )?;
-    c.wait(c.client.execute(
-        &format!("DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2"),
-        &[lo.sql(), hi.sql()],
-    ))?;
+    let moved = match &kept {
+        Some(kept) => {
+            let keep_cols = versions::shared_columns(c, kept, &task.target)?.join(", ");
+            let n = c.wait(c.client.execute(
+                &format!(
+                    "WITH d AS (DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2 RETURNING *) \
+                     INSERT INTO {kept} ({keep_cols}, _replaced_by) SELECT {keep_cols}, $3::int8 FROM d"
+                ),
+                &[lo.sql(), hi.sql(), &try_id],
+            ))?;
+            Some(i64::try_from(n).unwrap_or(i64::MAX))
+        }
+        None => {
+            c.wait(c.client.execute(
+                &format!("DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2"),
+                &[lo.sql(), hi.sql()],
+            ))?;
+            None
+        }
+    };
     let row = c.wait(c.client.query_one(
         &format!(
             "WITH ins AS (INSERT INTO {table} ({list}) SELECT {list} FROM {staged_q} RETURNING *) \
@@ -1352,6 +1438,32 @@ fn promote_in(
         ))
         .into());
     }
+    if let Some(keys) = p.table_keys.filter(|k| !k.is_empty())
+        && let Some(found) = key_elsewhere(c, task, keys, &lo, &hi, &staged_q)?
+    {
+        return Err(Error::Message(format!(
+            "unique_key violated across partitions: key {found}; the source moved that record out of its old partition, so rerun the old partition first, then promote again"
+        ))
+        .into());
+    }
+    if let Some(k) = p.keep
+        && (k.keep > 0 || moved.is_some() || has_versions(c, manifest)?)
+    {
+        let kept_fingerprint = match (k.same_content, moved) {
+            (true, Some(_)) => kept_fingerprint(c, manifest, &task.target, &cols, try_id)?,
+            _ => None,
+        };
+        versions::record(
+            c,
+            manifest,
+            &task.target,
+            p.interval,
+            k,
+            moved,
+            kept_fingerprint.as_deref(),
+            &fingerprint,
+        )?;
+    }
     lock_and_book(
         c,
         &task.target,
@@ -1371,6 +1483,38 @@ fn promote_in(
             .batch_execute(&format!("DROP TABLE {staged_q}; COMMIT")),
     )?;
     Ok(rows)
+}
+
+/// A key of the staged output that a partition of the target other than the interval's holds,
+/// with that partition (`unique_key_scope = "table"`), looked up through the key's index.
+fn key_elsewhere(
+    c: &Conn,
+    task: &SqlTask,
+    keys: &[String],
+    lo: &Value,
+    hi: &Value,
+    staged: &str,
+) -> std::result::Result<Option<String>, Failure> {
+    let pc = quote_ident(&task.partition_column);
+    let k = keys
+        .iter()
+        .map(|k| quote_ident(k))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let tk = keys
+        .iter()
+        .map(|k| format!("t.{}", quote_ident(k)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let row = c.wait(c.client.query_opt(
+        &format!(
+            "SELECT concat_ws(' ', ({tk})::text, 'in partition', t.{pc}::text) FROM {} t \
+             WHERE ({tk}) IN (SELECT {k} FROM {staged}) AND NOT (t.{pc} >= $1 AND t.{pc} < $2) LIMIT 1",
+            quote_name(&task.target)
+        ),
+        &[lo.sql(), hi.sql()],
+    ))?;
+    Ok(row.map(|r| r.get(0)))
 }
 
 /// Drops a staged table (a discarded output); a table that is gone already is not an error.
@@ -1582,17 +1726,16 @@ pub fn diff_keys(
     })
 }
 
-/// The task's query's columns, quoted, as a select list.
-fn query_list(c: &mut Conn, task: &SqlTask) -> std::result::Result<String, Failure> {
+/// The task's query's columns.
+fn query_columns(c: &mut Conn, task: &SqlTask) -> std::result::Result<Vec<String>, Failure> {
     let query = Statement::new("sql", &task.sql, 1).map_err(|p| Error::Message(p.message))?;
     let wrapped = format!("{WRAPPED_BEFORE}{}\n) q", query.sql);
     let shape = prepared(c, &wrapped, &query.types())?;
     Ok(shape
         .columns()
         .iter()
-        .map(|col| quote_ident(col.name()))
-        .collect::<Vec<_>>()
-        .join(", "))
+        .map(|col| col.name().to_string())
+        .collect())
 }
 
 /// The version kept for the publish of try `key`, with the fingerprint of its rows over the
@@ -1608,9 +1751,9 @@ pub fn kept_version(
         let Some(v) = versions::find(&c, manifest, &task.target, key)? else {
             return Ok(None);
         };
-        let list = query_list(&mut c, task)?;
-        let fingerprint =
-            kept_fingerprint(&c, manifest, &task.target, &list, key)?.unwrap_or_else(|| "-".into());
+        let columns = query_columns(&mut c, task)?;
+        let fingerprint = kept_fingerprint(&c, manifest, &task.target, &columns, key)?
+            .unwrap_or_else(|| "-".into());
         Ok(Some((v, fingerprint)))
     })();
     conn::give(c);

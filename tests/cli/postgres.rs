@@ -1307,3 +1307,42 @@ fn the_dry_run_finds_a_column_whose_type_does_not_fit_and_verify_writes_nothing(
         "verify creates no bookkeeping and keeps nothing"
     );
 }
+
+#[test]
+fn fingerprints_do_not_depend_on_the_session_time_zone() {
+    let with_ts = QUERY.replace(
+        "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount",
+        "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount, order_ts",
+    );
+    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(&with_ts, GATE, "")) else {
+        return;
+    };
+    t.psql("ALTER TABLE analytics.orders_fact ADD COLUMN order_ts timestamptz");
+    t.p.create("orders", "2026-01-01", "2026-01-01", &[])
+        .code(0);
+    t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-01",
+        &["--stage", "--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    // The database's time zone changes between staging and promoting.
+    t.psql(&format!(
+        "ALTER DATABASE \"{}\" SET timezone = 'Asia/Tokyo'",
+        t.db
+    ));
+    conn_reset(&t);
+    let diff = t.p.run(&["diff", "2", "--output", "json"]);
+    diff.code(0);
+    assert_eq!(diff.json()[0]["same_fingerprint"], true, "{}", diff.stdout);
+    t.p.run(&["promote", "2"]).code(0);
+}
+
+/// Ends the sessions of the test's database but psql's own (new ones read new settings).
+fn conn_reset(t: &Pg) {
+    t.psql(&format!(
+        "SELECT count(pg_terminate_backend(pid)) >= 0 FROM pg_stat_activity WHERE datname = '{}' AND pid <> pg_backend_pid()",
+        t.db
+    ));
+}

@@ -374,6 +374,13 @@ pub fn connect(w: &Warehouse) -> Result<Conn, String> {
         }
     })?
     .map_err(|e: tokio_postgres::Error| format!("cannot connect: {}", super::describe(&e)))?;
+    // Output settings pinned, so that a row's text (which fingerprints hash) is the same in
+    // every session whatever the database's defaults; `DateStyle = ISO` sets the output format
+    // only, and keeps how dates are read.
+    block_on(client.batch_execute(
+        "SET DateStyle = 'ISO'; SET IntervalStyle = 'postgres'; SET extra_float_digits = 1; SET bytea_output = 'hex'",
+    ))
+    .map_err(|e| format!("cannot set up the session: {}", super::describe(&e)))?;
     let cancel = client.cancel_token();
     Ok(Conn {
         client,

@@ -111,6 +111,29 @@ fn fingerprint_sql(list: &str, from: &str) -> String {
     )
 }
 
+/// The expressions a fingerprint hashes, one per column: a `timestamptz` as UTC wall time, so
+/// that its text does not depend on the session's `TimeZone` (the other output settings are
+/// pinned for every connection, see [`conn::connect`]).
+fn fingerprint_list(columns: &[(String, bool)]) -> String {
+    columns
+        .iter()
+        .map(|(name, timestamptz)| {
+            if *timestamptz {
+                format!("({} AT TIME ZONE 'UTC')", quote_ident(name))
+            } else {
+                quote_ident(name)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Whether a type, as `format_type` names it, is `timestamptz`.
+fn is_timestamptz(formatted: &str) -> bool {
+    formatted == "timestamp with time zone"
+        || formatted.starts_with("timestamp(") && formatted.ends_with("with time zone")
+}
+
 /// What a partition column holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ColumnType {
@@ -585,12 +608,19 @@ fn write_measure(
     let statement = format!(
         "WITH {delete}ins AS (\n  INSERT INTO {dest} ({list})\n  SELECT {list} FROM (\n{}\n) q\n  RETURNING {list}\n),\n\
          m AS (SELECT count(*) AS n, count(*) FILTER (WHERE {outside}) AS outside, \
-           coalesce(sum(hashtextextended(ROW({list})::text, 0)), 0) AS h FROM ins)\n\
+           coalesce(sum(hashtextextended(ROW({fp})::text, 0)), 0) AS h FROM ins)\n\
          SELECT m.n, m.outside, \
          CASE WHEN m.outside > 0 THEN (SELECT array_agg(v) FROM (SELECT DISTINCT coalesce({pc}::text, 'NULL') AS v FROM ins WHERE {outside} ORDER BY 1 LIMIT {more}) o) END, \
          m.n::text || ':' || m.h::text, {duplicates}, {elsewhere}, {source_count}, {source_fingerprint}, {moved} FROM m",
         query.sql,
         more = SHOWN + 1,
+        fp = fingerprint_list(
+            &shape
+                .columns()
+                .iter()
+                .map(|col| (col.name().to_string(), *col.type_() == Type::TIMESTAMPTZ))
+                .collect::<Vec<_>>()
+        ),
     );
     let idle = (w.lease_timeout * 2).max(std::time::Duration::from_secs(5));
     // Plans are made for each try's values and the table as it is now: a plan cached while the
@@ -960,18 +990,15 @@ fn kept_fingerprint(
     try_id: i64,
 ) -> std::result::Result<Option<String>, Failure> {
     let kept = versions::kept_table(manifest, target);
-    let have: Vec<String> = target_columns(c, &kept)?
-        .into_iter()
-        .map(|(n, _)| n)
-        .collect();
-    if !columns.iter().all(|col| have.contains(col)) {
-        return Ok(None);
+    let have = target_columns(c, &kept)?;
+    let mut typed = Vec::new();
+    for col in columns {
+        match have.iter().find(|(n, _)| n == col) {
+            Some((n, t)) => typed.push((n.clone(), is_timestamptz(t))),
+            None => return Ok(None),
+        }
     }
-    let list = columns
-        .iter()
-        .map(|col| quote_ident(col))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let list = fingerprint_list(&typed);
     let list = list.as_str();
     let row = c.wait(c.client.query_one(
         &format!(
@@ -1348,15 +1375,11 @@ fn promote_in(
     let task = p.task;
     book(c)?;
     let (schema, name) = staged.split_once('.').unwrap_or(("backfill", staged));
-    let cols: Vec<String> = c
-        .wait(c.client.query(
-            "SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = to_regclass($1) \
-             AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-            &[&format!("{}.{}", quote_ident(schema), quote_ident(name))],
-        ))?
-        .iter()
-        .map(|r| r.get(0))
+    let typed: Vec<(String, bool)> = target_columns(c, &format!("{schema}.{name}"))?
+        .into_iter()
+        .map(|(n, t)| (n, is_timestamptz(&t)))
         .collect();
+    let cols: Vec<String> = typed.iter().map(|(n, _)| n.clone()).collect();
     if cols.is_empty() {
         return Err(Error::Message(format!(
             "the staged output {staged} is gone; stage the interval again"
@@ -1419,7 +1442,7 @@ fn promote_in(
         &format!(
             "WITH ins AS (INSERT INTO {table} ({list}) SELECT {list} FROM {staged_q} RETURNING *) \
              SELECT {}",
-            fingerprint_sql(&list, "ins")
+            fingerprint_sql(&fingerprint_list(&typed), "ins")
         ),
         &[],
     ))?;
@@ -1578,12 +1601,12 @@ pub fn published(
     let wh = &task.warehouse;
     let c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
     let result = (|| -> std::result::Result<(i64, String), Failure> {
-        let (list, lo, hi) = shape(&c, task, interval, tz, staged)?;
+        let (list, fp, lo, hi) = shape(&c, task, interval, tz, staged)?;
         let row = c.wait(c.client.query_one(
             &format!(
                 "WITH p AS (SELECT {list} FROM {} WHERE {pc} >= $1 AND {pc} < $2) SELECT {}",
                 quote_name(&task.target),
-                fingerprint_sql(&list, "p"),
+                fingerprint_sql(&fp, "p"),
                 pc = quote_ident(&task.partition_column),
             ),
             &[lo.sql(), hi.sql()],
@@ -1611,7 +1634,7 @@ fn shape(
     interval: DataInterval,
     tz: chrono_tz::Tz,
     staged: &str,
-) -> std::result::Result<(String, Value, Value), Failure> {
+) -> std::result::Result<(String, String, Value, Value), Failure> {
     let cols = target_columns(c, staged)?;
     if cols.is_empty() {
         return Err(Error::Message(format!(
@@ -1636,7 +1659,13 @@ fn shape(
         .map(|(n, _)| quote_ident(n))
         .collect::<Vec<_>>()
         .join(", ");
-    Ok((list, lo, hi))
+    let fp = fingerprint_list(
+        &cols
+            .iter()
+            .map(|(n, t)| (n.clone(), is_timestamptz(t)))
+            .collect::<Vec<_>>(),
+    );
+    Ok((list, fp, lo, hi))
 }
 
 /// What promoting the staged output in `staged` would change in the interval's published rows,
@@ -1654,7 +1683,7 @@ pub fn diff_keys(
         if target_columns(&c, staged)?.is_empty() {
             return Ok(None);
         }
-        let (list, lo, hi) = shape(&c, task, interval, tz, staged)?;
+        let (list, _, lo, hi) = shape(&c, task, interval, tz, staged)?;
         let k = key
             .iter()
             .map(|c| quote_ident(c))

@@ -207,39 +207,15 @@ pub fn look(
         return Ok(Seen::default());
     };
     match &task.kind {
-        TaskKind::Sql(sql) if sql.warehouse.is_postgres() => {
+        TaskKind::Sql(sql) => {
             let binds = Binds::new(interval, dag.tz);
-            let (source_rows, source_fingerprint) =
-                warehouse::postgres::look(sql, Some(gate), &binds, dag.tz)
-                    .map_err(|e| e.to_string())?;
+            let (source_rows, source_fingerprint) = warehouse::backend::of(&sql.warehouse)
+                .look(sql, gate, &binds, dag.tz)
+                .map_err(|e| e.to_string())?;
             Ok(Seen {
                 source_rows,
                 source_fingerprint,
             })
-        }
-        TaskKind::Sql(sql) => {
-            let conn = warehouse::open_to_read(&sql.warehouse).map_err(|e| e.to_string())?;
-            let binds = Binds::new(interval, dag.tz);
-            // One read snapshot for both.
-            conn.execute_batch("BEGIN").map_err(|e| e.to_string())?;
-            let seen = (|| -> warehouse::Result<Seen> {
-                Ok(Seen {
-                    source_rows: match &gate.source_count {
-                        Some(SourceCount::Sql(q)) => {
-                            Some(warehouse::audit::source_count(&conn, q, &binds)?)
-                        }
-                        _ => None,
-                    },
-                    source_fingerprint: match &gate.source_fingerprint {
-                        Some(SourceCount::Sql(q)) => {
-                            Some(warehouse::audit::source_value(&conn, q, &binds)?)
-                        }
-                        _ => None,
-                    },
-                })
-            })();
-            let _ = conn.execute_batch("COMMIT");
-            seen.map_err(|e| e.at(&sql.warehouse).to_string())
         }
         TaskKind::Command(_) => {
             let run = |key: &str, spec: &Option<SourceCount>| -> Result<Option<String>, String> {

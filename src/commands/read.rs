@@ -140,32 +140,8 @@ fn kept_versions(
         if !seen.insert((sql.warehouse.name.clone(), sql.target.clone())) {
             continue;
         }
-        if sql.warehouse.is_postgres() {
-            let manifest = crate::manifest::identity(manifest_path).unwrap_or_default();
-            out.push(
-                crate::warehouse::postgres::storage(sql, &manifest).unwrap_or_else(|_| {
-                    crate::warehouse::versions::Storage {
-                        target: sql.target.clone(),
-                        ..Default::default()
-                    }
-                }),
-            );
-            continue;
-        }
-        let storage = rusqlite::Connection::open_with_flags(
-            &sql.warehouse.path,
-            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .ok()
-        .and_then(|conn| {
-            let _ = conn.busy_timeout(std::time::Duration::from_secs(5));
-            crate::warehouse::versions::storage(&conn, &sql.target).ok()
-        })
-        .unwrap_or_else(|| crate::warehouse::versions::Storage {
-            target: sql.target.clone(),
-            ..Default::default()
-        });
-        out.push(storage);
+        let manifest = crate::manifest::identity(manifest_path).unwrap_or_default();
+        out.push(crate::warehouse::backend::of(&sql.warehouse).storage(sql, &manifest));
     }
     out
 }

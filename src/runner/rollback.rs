@@ -14,7 +14,7 @@ use crate::interval::DataInterval;
 use crate::manifest::{self, TryRecord, runs};
 use crate::project::{SqlTask, Task};
 use crate::state::TryState;
-use crate::warehouse::{self, publish, versions};
+use crate::warehouse::{self, backend};
 
 pub(super) async fn rollback_task(
     shared: &Shared,
@@ -57,14 +57,9 @@ async fn rollback_sql(
         let Some(key) = content else {
             return Ok(None);
         };
-        if s.warehouse.is_postgres() {
-            return Ok(warehouse::postgres::kept_version(&s, &m, key)?.map(|(v, f)| (key, v, f)));
-        }
-        let conn = warehouse::pool::take(&s.warehouse)?;
-        match versions::find(&conn, &s.target, key)? {
-            Some(v) => Ok(Some((key, v, versions::fingerprint(&conn, &s, key)?.1))),
-            None => Ok(None),
-        }
+        Ok(backend::of(&s.warehouse)
+            .kept_version(&s, &m, key)?
+            .map(|(v, f)| (key, v, f)))
     })
     .await
     .map_err(|e| Error::Internal(format!("reading the warehouse panicked: {e}")))?;
@@ -135,13 +130,17 @@ async fn rollback_sql(
                 .may_publish(try_id, Some(owner))
                 .map_err(|e| e.to_string())
         };
-        if s.warehouse.is_postgres() {
-            return warehouse::postgres::roll_back(
-                &s, interval, tz, key, &manifest, try_id, &print, &allowed,
-            );
-        }
-        let conn = warehouse::pool::take(&s.warehouse)?;
-        publish::roll_back(&conn, &s, repr, interval, tz, key, &allowed)
+        let r = backend::RollBack {
+            task: &s,
+            repr,
+            interval,
+            tz,
+            key,
+            manifest: &manifest,
+            try_id,
+            fingerprint: &print,
+        };
+        backend::of(&s.warehouse).roll_back(&r, &allowed)
     })
     .await
     .map_err(|e| Error::Internal(format!("rollback panicked: {e}")))?;

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use super::partition::Repr;
 use super::{AuditFile, AuditMeasures, Binds, Cancel, Error, Result, TaskProblem, audit, publish};
 use crate::interval::DataInterval;
-use crate::project::{Gate, SqlTask, Warehouse, WarehouseKind};
+use crate::project::{Gate, SourceCount, SqlTask, Warehouse, WarehouseKind};
 
 /// What one try writes.
 pub struct Write<'a> {
@@ -57,6 +57,19 @@ pub struct PublishAs<'a> {
     /// With `unique_key_scope = "table"`: the key, checked again against the other partitions
     /// when a staged output is promoted.
     pub table_keys: Option<&'a [String]>,
+}
+
+/// A rollback of one task's interval.
+pub struct RollBack<'a> {
+    pub task: &'a SqlTask,
+    pub repr: Option<Repr>,
+    pub interval: DataInterval,
+    pub tz: chrono_tz::Tz,
+    /// The publish whose replaced rows go back.
+    pub key: i64,
+    pub manifest: &'a str,
+    pub try_id: i64,
+    pub fingerprint: &'a str,
 }
 
 /// Whether the manifest still allows a publish; asked inside the publish transaction.
@@ -147,6 +160,31 @@ pub trait Backend: Sync {
         tz: chrono_tz::Tz,
         location: &str,
     ) -> Result<(i64, String)>;
+
+    /// The gate's `source_count` and `source_fingerprint` queries now, from one snapshot.
+    fn look(
+        &self,
+        task: &SqlTask,
+        gate: &Gate,
+        binds: &Binds,
+        tz: chrono_tz::Tz,
+    ) -> Result<(Option<i64>, Option<String>)>;
+
+    /// The version kept for the publish of try `key` (of manifest `manifest`), with the
+    /// fingerprint of its rows over the query's columns; `None` when none is kept.
+    fn kept_version(
+        &self,
+        task: &SqlTask,
+        manifest: &str,
+        key: i64,
+    ) -> Result<Option<(super::versions::Version, String)>>;
+
+    /// Puts back the version kept for the publish of `key` in one transaction that `allowed`
+    /// must allow, as try `try_id` (whose fingerprint is `fingerprint`): the rows put back.
+    fn roll_back(&self, r: &RollBack<'_>, allowed: &Allowed<'_>) -> Result<i64>;
+
+    /// What the kept versions of a task's target cost (read only; nothing when none exist).
+    fn storage(&self, task: &SqlTask, manifest: &str) -> super::versions::Storage;
 
     /// What promoting the staged output at `location` would change, by the key `key`; `None`
     /// when the staged output is gone.
@@ -261,6 +299,66 @@ impl Backend for Sqlite {
             let _ = std::fs::remove_file(file);
         }
         Ok(())
+    }
+
+    fn look(
+        &self,
+        task: &SqlTask,
+        gate: &Gate,
+        binds: &Binds,
+        _: chrono_tz::Tz,
+    ) -> Result<(Option<i64>, Option<String>)> {
+        let conn = super::open_to_read(&task.warehouse)?;
+        // One read snapshot for both.
+        conn.execute_batch("BEGIN")?;
+        let seen = (|| -> Result<_> {
+            let count = match &gate.source_count {
+                Some(SourceCount::Sql(q)) => Some(audit::source_count(&conn, q, binds)?),
+                _ => None,
+            };
+            let value = match &gate.source_fingerprint {
+                Some(SourceCount::Sql(q)) => Some(audit::source_value(&conn, q, binds)?),
+                _ => None,
+            };
+            Ok((count, value))
+        })();
+        let _ = conn.execute_batch("COMMIT");
+        seen.map_err(|e| e.at(&task.warehouse))
+    }
+
+    fn kept_version(
+        &self,
+        task: &SqlTask,
+        _: &str,
+        key: i64,
+    ) -> Result<Option<(super::versions::Version, String)>> {
+        let conn = super::pool::take(&task.warehouse)?;
+        match super::versions::find(&conn, &task.target, key)? {
+            Some(v) => Ok(Some((v, super::versions::fingerprint(&conn, task, key)?.1))),
+            None => Ok(None),
+        }
+    }
+
+    fn roll_back(&self, r: &RollBack<'_>, allowed: &Allowed<'_>) -> Result<i64> {
+        let conn = super::pool::take(&r.task.warehouse)?;
+        publish::roll_back(&conn, r.task, r.repr, r.interval, r.tz, r.key, allowed)
+    }
+
+    fn storage(&self, task: &SqlTask, _: &str) -> super::versions::Storage {
+        // Read without creating or changing a warehouse: one that does not exist keeps nothing.
+        rusqlite::Connection::open_with_flags(
+            &task.warehouse.path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .ok()
+        .and_then(|conn| {
+            let _ = conn.busy_timeout(std::time::Duration::from_secs(5));
+            super::versions::storage(&conn, &task.target).ok()
+        })
+        .unwrap_or_else(|| super::versions::Storage {
+            target: task.target.clone(),
+            ..Default::default()
+        })
     }
 
     fn published(

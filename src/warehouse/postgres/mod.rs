@@ -359,6 +359,45 @@ impl Backend for Postgres {
         })
     }
 
+    fn look(
+        &self,
+        task: &SqlTask,
+        gate: &Gate,
+        binds: &Binds,
+        tz: chrono_tz::Tz,
+    ) -> Result<(Option<i64>, Option<String>)> {
+        look(task, Some(gate), binds, tz)
+    }
+
+    fn kept_version(
+        &self,
+        task: &SqlTask,
+        manifest: &str,
+        key: i64,
+    ) -> Result<Option<(crate::warehouse::versions::Version, String)>> {
+        kept_version(task, manifest, key)
+    }
+
+    fn roll_back(&self, r: &super::backend::RollBack<'_>, allowed: &Allowed<'_>) -> Result<i64> {
+        roll_back(
+            r.task,
+            r.interval,
+            r.tz,
+            r.key,
+            r.manifest,
+            r.try_id,
+            r.fingerprint,
+            allowed,
+        )
+    }
+
+    fn storage(&self, task: &SqlTask, manifest: &str) -> crate::warehouse::versions::Storage {
+        storage(task, manifest).unwrap_or_else(|_| crate::warehouse::versions::Storage {
+            target: task.target.clone(),
+            ..Default::default()
+        })
+    }
+
     fn published(
         &self,
         task: &SqlTask,

@@ -427,6 +427,25 @@ enum Failure {
     Other(Error),
 }
 
+impl Failure {
+    /// The warehouse's error, naming the warehouse.
+    fn at(self, w: &Warehouse) -> Error {
+        match self {
+            Self::Pg(e) => pg(w)(e),
+            Self::Other(e) => e.at(w),
+        }
+    }
+}
+
+/// Asks the manifest whether this publish may still commit: [`Error::Refused`] when not.
+fn ask(allowed: &Allowed<'_>) -> std::result::Result<(), Failure> {
+    match allowed() {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(Error::Refused.into()),
+        Err(why) => Err(Error::Message(format!("cannot read the manifest: {why}")).into()),
+    }
+}
+
 impl From<tokio_postgres::Error> for Failure {
     fn from(e: tokio_postgres::Error) -> Self {
         Self::Pg(e)
@@ -810,10 +829,7 @@ pub fn look(
         .and_then(|()| sources(&mut c, gate, binds, tz));
     let _ = c.wait(c.client.batch_execute("ROLLBACK"));
     conn::give(c);
-    seen.map_err(|e| match e {
-        Failure::Pg(e) => pg(wh)(e),
-        Failure::Other(e) => e.at(wh),
-    })
+    seen.map_err(|e| e.at(wh))
 }
 
 /// A try's open transaction: its output written, measured, not yet visible.
@@ -866,30 +882,18 @@ impl Pending for Open {
             return Err(Error::Message("connection lost (injected)".into()).at(wh));
         }
         let result = (|| -> std::result::Result<i64, Failure> {
-            if let Some(k) = p.keep
-                && (k.keep > 0 || self.written.moved.is_some() || has_versions(c, &self.manifest)?)
-            {
-                let kept_fingerprint = match (k.same_content, self.written.moved) {
-                    (true, Some(_)) => kept_fingerprint(
-                        c,
-                        &self.manifest,
-                        &p.task.target,
-                        &self.written.columns,
-                        self.try_id,
-                    )?,
-                    _ => None,
-                };
-                versions::record(
-                    c,
-                    &self.manifest,
-                    &p.task.target,
-                    p.interval,
-                    k,
-                    self.written.moved,
-                    kept_fingerprint.as_deref(),
-                    &self.measures.fingerprint,
-                )?;
-            }
+            let written = Written {
+                moved: self.written.moved,
+                columns: self.written.columns.clone(),
+            };
+            finish_versions(
+                c,
+                &self.manifest,
+                p,
+                &written,
+                self.try_id,
+                &self.measures.fingerprint,
+            )?;
             lock_and_book(
                 c,
                 &p.task.target,
@@ -899,13 +903,7 @@ impl Pending for Open {
                 self.measures.rows,
                 &self.measures.fingerprint,
             )?;
-            match allowed() {
-                Ok(true) => {}
-                Ok(false) => return Err(Error::Refused.into()),
-                Err(why) => {
-                    return Err(Error::Message(format!("cannot read the manifest: {why}")).into());
-                }
-            }
+            ask(allowed)?;
             crate::fault::point("before-commit");
             c.wait(c.client.batch_execute("COMMIT"))?;
             Ok(self.measures.rows)
@@ -928,10 +926,7 @@ impl Pending for Open {
             }
             Err(e) => {
                 self.end();
-                Err(match e {
-                    Failure::Pg(e) => pg(wh)(e),
-                    Failure::Other(e) => e.at(wh),
-                })
+                Err(e.at(wh))
             }
         }
     }
@@ -956,6 +951,39 @@ impl Pending for Open {
             .map(|()| PathBuf::from(table))
             .map_err(|e| format!("cannot keep the staged output: {}", describe(&e)))
     }
+}
+
+/// Inside a publish transaction, once the partition's old rows were moved aside (or deleted):
+/// records them as a version of the interval, or carries the version they replaced when they
+/// were exactly the new rows, and drops the versions beyond `keep_versions`.
+fn finish_versions(
+    c: &mut Conn,
+    manifest: &str,
+    p: &PublishAs<'_>,
+    written: &Written,
+    try_id: i64,
+    fingerprint: &str,
+) -> std::result::Result<(), Failure> {
+    let Some(k) = p.keep else {
+        return Ok(());
+    };
+    if k.keep == 0 && written.moved.is_none() && !has_versions(c, manifest)? {
+        return Ok(());
+    }
+    let kept_fingerprint = match (k.same_content, written.moved) {
+        (true, Some(_)) => kept_fingerprint(c, manifest, &p.task.target, &written.columns, try_id)?,
+        _ => None,
+    };
+    versions::record(
+        c,
+        manifest,
+        &p.task.target,
+        p.interval,
+        k,
+        written.moved,
+        kept_fingerprint.as_deref(),
+        fingerprint,
+    )
 }
 
 /// Takes the partition's row lock in `backfill.partitions` and books the publish in
@@ -1388,10 +1416,7 @@ impl Pending for Staged {
             let _ = c.wait(c.client.batch_execute("ROLLBACK"));
         }
         conn::give(c);
-        result.map_err(|e| match e {
-            Failure::Pg(e) => pg(wh)(e),
-            Failure::Other(e) => e.at(wh),
-        })
+        result.map_err(|e| e.at(wh))
     }
 
     fn remove(self: Box<Self>) {}
@@ -1508,24 +1533,11 @@ fn promote_in(
         ))
         .into());
     }
-    if let Some(k) = p.keep
-        && (k.keep > 0 || moved.is_some() || has_versions(c, manifest)?)
-    {
-        let kept_fingerprint = match (k.same_content, moved) {
-            (true, Some(_)) => kept_fingerprint(c, manifest, &task.target, &cols, try_id)?,
-            _ => None,
-        };
-        versions::record(
-            c,
-            manifest,
-            &task.target,
-            p.interval,
-            k,
-            moved,
-            kept_fingerprint.as_deref(),
-            &fingerprint,
-        )?;
-    }
+    let written = Written {
+        moved,
+        columns: cols,
+    };
+    finish_versions(c, manifest, p, &written, try_id, &fingerprint)?;
     lock_and_book(
         c,
         &task.target,
@@ -1535,11 +1547,7 @@ fn promote_in(
         rows,
         &fingerprint,
     )?;
-    match allowed() {
-        Ok(true) => {}
-        Ok(false) => return Err(Error::Refused.into()),
-        Err(why) => return Err(Error::Message(format!("cannot read the manifest: {why}")).into()),
-    }
+    ask(allowed)?;
     c.wait(
         c.client
             .batch_execute(&format!("DROP TABLE {staged_q}; COMMIT")),
@@ -1659,10 +1667,7 @@ pub fn published(
         Ok((rows, format!("pg:{fingerprint}")))
     })();
     conn::give(c);
-    result.map_err(|e| match e {
-        Failure::Pg(e) => pg(wh)(e),
-        Failure::Other(e) => e.at(wh),
-    })
+    result.map_err(|e| e.at(wh))
 }
 
 /// The staged table's columns as a select list, and the interval's bounds on the partition
@@ -1788,10 +1793,7 @@ pub fn diff_keys(
         Ok(Some(out))
     })();
     conn::give(c);
-    result.map_err(|e| match e {
-        Failure::Pg(e) => pg(wh)(e),
-        Failure::Other(e) => e.at(wh),
-    })
+    result.map_err(|e| e.at(wh))
 }
 
 /// The task's query's columns.
@@ -1825,10 +1827,7 @@ pub fn kept_version(
         Ok(Some((v, fingerprint)))
     })();
     conn::give(c);
-    result.map_err(|e: Failure| match e {
-        Failure::Pg(e) => pg(wh)(e),
-        Failure::Other(e) => e.at(wh),
-    })
+    result.map_err(|e: Failure| e.at(wh))
 }
 
 /// Rolls the interval back to the version kept for the publish of `key`, in one transaction
@@ -1892,13 +1891,7 @@ pub fn roll_back(
             rows,
             fingerprint,
         )?;
-        match allowed() {
-            Ok(true) => {}
-            Ok(false) => return Err(Error::Refused.into()),
-            Err(why) => {
-                return Err(Error::Message(format!("cannot read the manifest: {why}")).into());
-            }
-        }
+        ask(allowed)?;
         c.wait(c.client.batch_execute("COMMIT"))?;
         Ok(rows)
     })();
@@ -1906,10 +1899,7 @@ pub fn roll_back(
         let _ = c.wait(c.client.batch_execute("ROLLBACK"));
     }
     conn::give(c);
-    result.map_err(|e| match e {
-        Failure::Pg(e) => pg(wh)(e),
-        Failure::Other(e) => e.at(wh),
-    })
+    result.map_err(|e| e.at(wh))
 }
 
 /// What the kept versions of a task's target cost: versions, rows, and bytes of the kept table

@@ -290,15 +290,7 @@ fn a_kill_at_any_step_of_a_try_leaves_old_or_new_and_resume_finishes() {
         );
         // Exactly one succeeded try per interval of this backfill, and a publish that
         // committed before the kill is recorded once, not redone.
-        let succeeded = t.p.rows(&format!(
-            "SELECT r.interval_start, count(*) FROM task_tries tt JOIN runs r ON r.id = tt.run_id \
-             WHERE r.backfill_id = {id} AND tt.state = 'succeeded' GROUP BY 1 ORDER BY 1"
-        ));
-        assert_eq!(succeeded.len(), 2, "{point}: {succeeded:?}");
-        assert!(
-            succeeded.iter().all(|r| r[1] == "1"),
-            "{point}: {succeeded:?}"
-        );
+        succeeded_once_each(&t, &id, 2, point);
         old = t.fact();
         t.psql("UPDATE raw.orders SET amount = amount + 1");
     }
@@ -996,27 +988,8 @@ fn an_owner_frozen_mid_try_does_not_hold_the_partition_past_its_takeover() {
     let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
         return;
     };
-    let toml =
-        t.p.read("backfill.toml")
-            .replace("lease_timeout = \"30s\"", "lease_timeout = \"1s\"");
-    t.p.write("backfill.toml", &toml);
     // Frozen with its output written, its transaction open and day 1's rows locked.
-    let frozen = t.p.spawn_with(
-        "frozen",
-        &[
-            "create",
-            "--dag",
-            "orders",
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-01",
-        ],
-        &[("BACKFILL_FAULT", "before-publish:stop")],
-    );
-    wait_until("the owner to freeze", Duration::from_secs(30), || {
-        crate::support::stopped(frozen.id())
-    });
+    let frozen = freeze_day_1(&t, "before-publish");
     // Its session sits idle in its transaction: the server ends it after twice the lease
     // timeout, at least 5 s (idle_in_transaction_session_timeout), whether or not anyone can
     // kill the frozen process (one on another host cannot), and the rows are free again.
@@ -1042,6 +1015,46 @@ fn an_owner_frozen_mid_try_does_not_hold_the_partition_past_its_takeover() {
     );
     assert_eq!(t.psql("SELECT count(*) FROM backfill.publishes"), "1");
     assert_eq!(t.open_transactions(), "0");
+}
+
+/// Lets leases expire after 1 s, and starts a backfill of day 1 that freezes itself (SIGSTOP)
+/// at fault point `point`; returns once it is frozen.
+fn freeze_day_1(t: &Pg, point: &str) -> std::process::Child {
+    let toml =
+        t.p.read("backfill.toml")
+            .replace("lease_timeout = \"30s\"", "lease_timeout = \"1s\"");
+    t.p.write("backfill.toml", &toml);
+    let fault = format!("{point}:stop");
+    let frozen = t.p.spawn_with(
+        "frozen",
+        &[
+            "create",
+            "--dag",
+            "orders",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+        ],
+        &[("BACKFILL_FAULT", fault.as_str())],
+    );
+    wait_until("the owner to freeze", Duration::from_secs(30), || {
+        crate::support::stopped(frozen.id())
+    });
+    frozen
+}
+
+/// Each of the `intervals` intervals of backfill `id` has exactly one succeeded try.
+fn succeeded_once_each(t: &Pg, id: &str, intervals: usize, context: &str) {
+    let succeeded = t.p.rows(&format!(
+        "SELECT r.interval_start, count(*) FROM task_tries tt JOIN runs r ON r.id = tt.run_id \
+         WHERE r.backfill_id = {id} AND tt.state = 'succeeded' GROUP BY 1 ORDER BY 1"
+    ));
+    assert_eq!(succeeded.len(), intervals, "{context}: {succeeded:?}");
+    assert!(
+        succeeded.iter().all(|r| r[1] == "1"),
+        "{context}: {succeeded:?}"
+    );
 }
 
 /// The id of the newest backfill of the manifest, `0` when there is none.
@@ -1143,15 +1156,7 @@ fn random_kills_leave_every_partition_exact() {
             t.expected(&[1, 2, 3]),
             "iteration {it} (how {how})"
         );
-        let per_interval = t.p.rows(&format!(
-            "SELECT r.interval_start, count(*) FROM task_tries tt JOIN runs r ON r.id = tt.run_id \
-             WHERE r.backfill_id = {id} AND tt.state = 'succeeded' GROUP BY 1 ORDER BY 1"
-        ));
-        assert_eq!(per_interval.len(), 3, "iteration {it}: {per_interval:?}");
-        assert!(
-            per_interval.iter().all(|r| r[1] == "1"),
-            "iteration {it}: {per_interval:?}"
-        );
+        succeeded_once_each(&t, &id, 3, &format!("iteration {it}"));
         assert_eq!(t.open_transactions(), "0");
         assert_eq!(staged_tables(&t), "0");
     }
@@ -1186,28 +1191,9 @@ fn recovery_waits_for_an_owner_frozen_in_its_first_publish_of_a_partition() {
     let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
         return;
     };
-    let toml =
-        t.p.read("backfill.toml")
-            .replace("lease_timeout = \"30s\"", "lease_timeout = \"1s\"");
-    t.p.write("backfill.toml", &toml);
     // Frozen after booking its first publish of day 1, before the commit: the partition's row
     // in backfill.partitions exists only in its open transaction.
-    let frozen = t.p.spawn_with(
-        "frozen",
-        &[
-            "create",
-            "--dag",
-            "orders",
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-01",
-        ],
-        &[("BACKFILL_FAULT", "before-commit:stop")],
-    );
-    wait_until("the owner to freeze", Duration::from_secs(30), || {
-        crate::support::stopped(frozen.id())
-    });
+    let frozen = freeze_day_1(&t, "before-commit");
     crate::support::wait_stale(&t.p, 1, 1500);
     let resume = t.p.spawn("resume", &["resume", "1"]);
     // The recoverer must not judge the publish while the owner can still commit it: thawed

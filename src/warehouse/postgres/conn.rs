@@ -299,9 +299,15 @@ fn on_io<T: Send + 'static>(f: impl Future<Output = T> + Send + 'static) -> Resu
     block_on(io()?.spawn(f)).map_err(|e| format!("the PostgreSQL thread failed: {e}"))
 }
 
+/// A connection's socket side: what reads and writes its messages.
+type Driver = std::pin::Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send>>;
+
 /// One connection.
 pub struct Conn {
     pub client: Client,
+    /// Driven by the thread that waits for an answer (see [`Conn::wait`]); `None` once it
+    /// ended (the connection closed).
+    driver: Mutex<Option<Driver>>,
     cancel: CancelToken,
     tls: Tls,
     key: String,
@@ -320,7 +326,32 @@ pub struct Conn {
 impl Conn {
     /// Waits for `f`, driving the connection meanwhile.
     pub fn wait<F: Future>(&self, f: F) -> F::Output {
-        block_on(f)
+        // The waiting thread drives the socket itself: the server's answer wakes it directly
+        // (through the IO thread's reactor), not through a task on another thread first.
+        let mut driver = self
+            .driver
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut f = pin!(f);
+        let waker = Arc::new(Unpark(std::thread::current())).into();
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            if let Some(d) = driver.as_mut()
+                && d.as_mut().poll(&mut cx).is_ready()
+            {
+                *driver = None;
+            }
+            if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+                return v;
+            }
+            if let Some(d) = driver.as_mut()
+                && d.as_mut().poll(&mut cx).is_ready()
+            {
+                *driver = None;
+                continue;
+            }
+            std::thread::park();
+        }
     }
 
     /// Cancels what the connection's server process is running, from another thread: a cancel
@@ -344,8 +375,20 @@ impl Conn {
         })
     }
 
+    /// Whether the connection is closed: its socket is looked at once (a server that restarted
+    /// while the connection sat idle closed it) without waiting.
     pub fn is_closed(&self) -> bool {
-        self.client.is_closed()
+        let mut driver = self
+            .driver
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        if let Some(d) = driver.as_mut()
+            && d.as_mut().poll(&mut cx).is_ready()
+        {
+            *driver = None;
+        }
+        driver.is_none() || self.client.is_closed()
     }
 }
 
@@ -359,17 +402,15 @@ pub fn connect(w: &Warehouse) -> Result<Conn, String> {
     };
     let target = target(url.secret())?;
     let tls = target.tls.clone();
-    let (client, tls) = on_io(async move {
+    let (client, driver, tls) = on_io(async move {
         match &target.tls {
             Tls::None => {
                 let (client, connection) = target.config.connect(NoTls).await?;
-                tokio::spawn(connection);
-                Ok((client, tls))
+                Ok((client, Box::pin(connection) as Driver, tls))
             }
             Tls::Rustls(t) => {
                 let (client, connection) = target.config.connect(t.clone()).await?;
-                tokio::spawn(connection);
-                Ok((client, tls))
+                Ok((client, Box::pin(connection) as Driver, tls))
             }
         }
     })?
@@ -377,13 +418,10 @@ pub fn connect(w: &Warehouse) -> Result<Conn, String> {
     // Output settings pinned, so that a row's text (which fingerprints hash) is the same in
     // every session whatever the database's defaults; `DateStyle = ISO` sets the output format
     // only, and keeps how dates are read.
-    block_on(client.batch_execute(
-        "SET DateStyle = 'ISO'; SET IntervalStyle = 'postgres'; SET extra_float_digits = 1; SET bytea_output = 'hex'",
-    ))
-    .map_err(|e| format!("cannot set up the session: {}", super::describe(&e)))?;
     let cancel = client.cancel_token();
-    Ok(Conn {
+    let conn = Conn {
         client,
+        driver: Mutex::new(Some(driver)),
         cancel,
         tls,
         key: url.secret().to_string(),
@@ -392,7 +430,12 @@ pub fn connect(w: &Warehouse) -> Result<Conn, String> {
         kept: std::collections::HashSet::new(),
         partition_types: HashMap::new(),
         has_versions: None,
-    })
+    };
+    conn.wait(conn.client.batch_execute(
+        "SET DateStyle = 'ISO'; SET IntervalStyle = 'postgres'; SET extra_float_digits = 1; SET bytea_output = 'hex'",
+    ))
+    .map_err(|e| format!("cannot set up the session: {}", super::describe(&e)))?;
+    Ok(conn)
 }
 
 static IDLE: LazyLock<Mutex<HashMap<String, Vec<Conn>>>> = LazyLock::new(Mutex::default);

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Runs the PostgreSQL example end to end: starts a throwaway server (in examples/postgres/.pg,
-# see server.sh), creates the shop's tables and orders once, then backfills January 2026.
+# Runs the PostgreSQL example end to end: starts a throwaway server (in /tmp/backfill-example-pg,
+# or BACKFILL_EXAMPLE_PG_DIR; see server.sh), creates the shop's tables and orders once, then
+# backfills January 2026.
 #
 #   examples/postgres/run.sh [BACKFILL ARGS...]     # default: create --dag orders_fact --from 2026-01-01 --to 2026-01-31
-#   examples/postgres/server.sh stop                # when done
+#   examples/postgres/server.sh stop /tmp/backfill-example-pg     # when done
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 eval "$("$here/server.sh" "${BACKFILL_EXAMPLE_PG_DIR:-/tmp/backfill-example-pg}")"

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # A throwaway PostgreSQL server for this example, in a folder of its own (default
-# examples/postgres/.pg), with a database `shop`:
+# /tmp/backfill-example-pg), with a database `shop`:
 #
 #   eval "$(examples/postgres/server.sh [DIR])"   # start; prints export BACKFILL_EXAMPLE_PG_URL=...
 #   examples/postgres/server.sh stop [DIR]        # stop it; `rm -rf DIR` forgets it
 #
-# Starting again reuses the folder and its port. Needs PostgreSQL's server binaries: PG_BIN, or
+# Starting again reuses the folder, its port and its data (it says so on stderr). Needs PostgreSQL's server binaries: PG_BIN, or
 # Debian's postgresql package (its own service is not used). The server refuses to run as root:
 # under root it runs as `nobody`, who must be able to reach DIR.
 set -euo pipefail
 
 action=start
 if [ "${1:-}" = stop ]; then action=stop; shift; fi
-dir=${1:-$(dirname "$0")/.pg}
+dir=${1:-/tmp/backfill-example-pg}
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 bin=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)}
@@ -59,6 +59,8 @@ port=$(sed -n 's/^port = \([0-9]*\)$/\1/p' "$dir/data/postgresql.conf" | tail -n
 
 if ! as_server "$bin/pg_ctl" status -D "$dir/data" >/dev/null; then
   as_server "$bin/pg_ctl" start -D "$dir/data" -l "$dir/data/server.log" -w >&2
+else
+  echo "reusing the server already running in $dir (stop it with: $0 stop $dir; rm -rf $dir for a fresh one)" >&2
 fi
 psql() { "$bin/psql" -X -q -A -t -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres "$@"; }
 if [ -z "$(psql -d postgres -c "SELECT 1 FROM pg_database WHERE datname = 'shop'")" ]; then

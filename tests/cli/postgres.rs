@@ -532,6 +532,7 @@ fn stage_diff_promote_and_discard_keep_the_output_in_the_warehouse() {
     assert_eq!(d1["keys"]["examples"]["removed"], serde_json::json!([6]));
     assert_eq!(d1["keys"]["examples"]["changed"], serde_json::json!([3]));
     let d2 = day("2026-01-02");
+    assert_eq!(d2["keys"]["added"], 0);
     assert_eq!(d2["same_fingerprint"], true);
     assert_eq!(d2["keys"]["changed"], 0);
     // Promote publishes what was staged, and the staged tables go with the same commits.
@@ -1331,4 +1332,32 @@ fn conn_reset(t: &Pg) {
         "SELECT count(pg_terminate_backend(pid)) >= 0 FROM pg_stat_activity WHERE datname = '{}' AND pid <> pg_backend_pid()",
         t.db
     ));
+}
+
+#[test]
+fn diff_compares_rows_whose_columns_have_no_equality_operator() {
+    let with_json = QUERY.replace(
+        "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount",
+        "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount, json_build_object('a', amount) AS doc",
+    );
+    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(&with_json, GATE, "")) else {
+        return;
+    };
+    t.psql("ALTER TABLE analytics.orders_fact ADD COLUMN doc json");
+    t.p.create("orders", "2026-01-01", "2026-01-01", &[])
+        .code(0);
+    t.psql("UPDATE raw.orders SET amount = amount + 1 WHERE order_id = 3");
+    t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-01",
+        &["--stage", "--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    let diff = t.p.run(&["diff", "2", "--output", "json"]);
+    diff.code(0);
+    assert!(!diff.stderr.contains("warning"), "{}", diff.stderr);
+    let d1 = &diff.json()[0];
+    assert_eq!(d1["keys"]["changed"], 1, "{d1}");
+    assert_eq!(d1["keys"]["examples"]["changed"], serde_json::json!([3]));
 }

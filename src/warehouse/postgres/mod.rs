@@ -1171,7 +1171,16 @@ fn check_on(
             message,
         }
     };
-    let server = |key: &'static str| move |e: tokio_postgres::Error| problem(key)(describe(&e));
+    let server = |key: &'static str| {
+        move |e: tokio_postgres::Error| {
+            problem(key)(format!(
+                "warehouse `{}` ({}): {}",
+                wh.name,
+                wh.location(),
+                describe(&e)
+            ))
+        }
+    };
     let columns = target_columns(c, &task.target).map_err(server("target"))?;
     if columns.is_empty() {
         return Err(problem("target")(format!(
@@ -1742,7 +1751,10 @@ pub fn diff_keys(
             format!("SELECT {k} FROM s EXCEPT SELECT {k} FROM p"),
             format!("SELECT {k} FROM p EXCEPT SELECT {k} FROM s"),
             format!(
-                "SELECT {k} FROM (SELECT * FROM s EXCEPT SELECT * FROM p) x INTERSECT SELECT {k} FROM p"
+                // Rows compared by their text, as fingerprints compare them: a type without
+                // an equality operator (json) compares too.
+                "SELECT {k} FROM (SELECT {k}, ROW(s.*)::text FROM s EXCEPT SELECT {k}, ROW(p.*)::text FROM p) x \
+                 INTERSECT SELECT {k} FROM p"
             ),
         ];
         let order = (1..=key.len())

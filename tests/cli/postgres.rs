@@ -1295,18 +1295,24 @@ fn the_dry_run_finds_a_column_whose_type_does_not_fit_and_verify_writes_nothing(
     );
 }
 
-#[test]
-fn fingerprints_do_not_depend_on_the_session_time_zone() {
-    let with_ts = QUERY.replace(
+/// A project whose query also returns `expr` as a column that the target gains as `column`,
+/// with day 1 published, then staged again after `change` to the source (backfill 2).
+fn staged_with_extra_column(expr: &str, column: &str, change: &str) -> Option<Pg> {
+    let query = QUERY.replace(
         "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount",
-        "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount, order_ts",
+        &format!(
+            "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount, {expr}"
+        ),
     );
-    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(&with_ts, GATE, "")) else {
-        return;
-    };
-    t.psql("ALTER TABLE analytics.orders_fact ADD COLUMN order_ts timestamptz");
+    let t = Pg::with_dag("the PostgreSQL warehouse tests", &dag(&query, GATE, ""))?;
+    t.psql(&format!(
+        "ALTER TABLE analytics.orders_fact ADD COLUMN {column}"
+    ));
     t.p.create("orders", "2026-01-01", "2026-01-01", &[])
         .code(0);
+    if !change.is_empty() {
+        t.psql(change);
+    }
     t.p.create(
         "orders",
         "2026-01-01",
@@ -1314,6 +1320,14 @@ fn fingerprints_do_not_depend_on_the_session_time_zone() {
         &["--stage", "--reprocess-behavior", "completed"],
     )
     .code(0);
+    Some(t)
+}
+
+#[test]
+fn fingerprints_do_not_depend_on_the_session_time_zone() {
+    let Some(t) = staged_with_extra_column("order_ts", "order_ts timestamptz", "") else {
+        return;
+    };
     // The database's time zone changes between staging and promoting.
     t.psql(&format!(
         "ALTER DATABASE \"{}\" SET timezone = 'Asia/Tokyo'",
@@ -1336,24 +1350,13 @@ fn conn_reset(t: &Pg) {
 
 #[test]
 fn diff_compares_rows_whose_columns_have_no_equality_operator() {
-    let with_json = QUERY.replace(
-        "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount",
-        "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount, json_build_object('a', amount) AS doc",
-    );
-    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(&with_json, GATE, "")) else {
+    let Some(t) = staged_with_extra_column(
+        "json_build_object('a', amount) AS doc",
+        "doc json",
+        "UPDATE raw.orders SET amount = amount + 1 WHERE order_id = 3",
+    ) else {
         return;
     };
-    t.psql("ALTER TABLE analytics.orders_fact ADD COLUMN doc json");
-    t.p.create("orders", "2026-01-01", "2026-01-01", &[])
-        .code(0);
-    t.psql("UPDATE raw.orders SET amount = amount + 1 WHERE order_id = 3");
-    t.p.create(
-        "orders",
-        "2026-01-01",
-        "2026-01-01",
-        &["--stage", "--reprocess-behavior", "completed"],
-    )
-    .code(0);
     let diff = t.p.run(&["diff", "2", "--output", "json"]);
     diff.code(0);
     assert!(!diff.stderr.contains("warning"), "{}", diff.stderr);

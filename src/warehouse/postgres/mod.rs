@@ -107,8 +107,14 @@ pub fn quote_ident(name: &str) -> String {
 /// faster than a `numeric` sum).
 fn fingerprint_sql(list: &str, from: &str) -> String {
     format!(
-        "(SELECT count(*)::text || ':' || coalesce(sum(hashtextextended(t, 0)), 0)::text FROM (SELECT ROW({list})::text AS t FROM {from}) f)"
+        "(SELECT count(*)::text || ':' || coalesce(sum({}), 0)::text FROM {from})",
+        row_hash(list)
     )
+}
+
+/// The 64-bit hash of one row's text over the expressions `list`, which fingerprints sum.
+fn row_hash(list: &str) -> String {
+    format!("hashtextextended(ROW({list})::text, 0)")
 }
 
 /// The expressions a fingerprint hashes, one per column: a `timestamptz` as UTC wall time, so
@@ -241,10 +247,10 @@ impl Statement {
     fn types(&self) -> Vec<Type> {
         self.params
             .iter()
-            .map(|p| match p {
-                Param::DataIntervalStart | Param::DataIntervalEnd => Type::TIMESTAMPTZ,
-                Param::Ds | Param::NextDs => Type::DATE,
-                Param::DsNodash => Type::TEXT,
+            .map(|p| match p.pg_type() {
+                "timestamptz" => Type::TIMESTAMPTZ,
+                "date" => Type::DATE,
+                _ => Type::TEXT,
             })
             .collect()
     }
@@ -256,6 +262,12 @@ impl Statement {
 
 /// What the query's wrapper puts before it.
 const WRAPPED_BEFORE: &str = "SELECT * FROM (\n";
+
+/// A task's rewritten query as a subquery on lines of its own, so that a trailing comment
+/// cannot swallow the closing parenthesis.
+fn wrapped(sql: &str) -> String {
+    format!("{WRAPPED_BEFORE}{sql}\n) q")
+}
 
 /// The catalog's view of a target table: its columns in order, with their types.
 fn target_columns(
@@ -549,10 +561,10 @@ fn write_measure(
     }
     let ty = partition_type(c, task)?;
     let query = Statement::new("sql", &task.sql, 3).map_err(|p| Error::Message(p.message))?;
-    let wrapped = format!("{WRAPPED_BEFORE}{}\n) q", query.sql);
+    let subquery = wrapped(&query.sql);
     let mut shape_types = vec![Type::TEXT, Type::TEXT];
     shape_types.extend(query.types());
-    let shape = prepared(c, &wrapped, &shape_types)?;
+    let shape = prepared(c, &subquery, &shape_types)?;
     let out: Vec<String> = shape
         .columns()
         .iter()
@@ -601,41 +613,8 @@ fn write_measure(
     types.extend(query.types());
     let mut values = vec![lo, hi];
     values.extend(query.values(w.binds, w.tz));
-    // The gate's source queries, as scalar subqueries of the same statement.
-    let source = |key: &'static str,
-                  spec: Option<&SourceCount>,
-                  cast: &str,
-                  types: &mut Vec<Type>,
-                  values: &mut Vec<Value>| {
-        let Some(SourceCount::Sql(sql)) = spec else {
-            return Ok(format!("NULL::{cast}"));
-        };
-        let s = Statement::new(key, sql, types.len() + 1).map_err(|p| Error::Message(p.message))?;
-        types.extend(s.types());
-        values.extend(s.values(w.binds, w.tz));
-        Ok::<_, Failure>(if cast == "int8" {
-            format!("(SELECT s.c::int8 FROM (\n{}\n) AS s(c))", s.sql)
-        } else {
-            format!(
-                "(SELECT coalesce(s.c::text, 'NULL') FROM (\n{}\n) AS s(c))",
-                s.sql
-            )
-        })
-    };
-    let source_count = source(
-        "gate.source_count",
-        w.gate.and_then(|g| g.source_count.as_ref()),
-        "int8",
-        &mut types,
-        &mut values,
-    )?;
-    let source_fingerprint = source(
-        "gate.source_fingerprint",
-        w.gate.and_then(|g| g.source_fingerprint.as_ref()),
-        "text",
-        &mut types,
-        &mut values,
-    )?;
+    let [source_count, source_fingerprint] =
+        source_queries(w.gate, w.binds, w.tz, &mut types, &mut values)?;
     let kept = if staged.is_none() && task.keep_versions > 0 && !w.measure_only {
         Some(versions::ensure_kept(c, w.manifest, &task.target)?)
     } else {
@@ -666,19 +645,19 @@ fn write_measure(
     let statement = format!(
         "WITH {delete}ins AS (\n  INSERT INTO {dest} ({list})\n  SELECT {list} FROM (\n{}\n) q\n  RETURNING {list}\n),\n\
          m AS (SELECT count(*) AS n, count(*) FILTER (WHERE {outside}) AS outside, \
-           coalesce(sum(hashtextextended(ROW({fp})::text, 0)), 0) AS h FROM ins)\n\
+           coalesce(sum({hash}), 0) AS h FROM ins)\n\
          SELECT m.n, m.outside, \
          CASE WHEN m.outside > 0 THEN (SELECT array_agg(v) FROM (SELECT DISTINCT coalesce({pc}::text, 'NULL') AS v FROM ins WHERE {outside} ORDER BY 1 LIMIT {more}) o) END, \
          m.n::text || ':' || m.h::text, {duplicates}, {elsewhere}, {source_count}, {source_fingerprint}, {moved} FROM m",
         query.sql,
         more = SHOWN + 1,
-        fp = fingerprint_list(
+        hash = row_hash(&fingerprint_list(
             &shape
                 .columns()
                 .iter()
                 .map(|col| (col.name().to_string(), *col.type_() == Type::TIMESTAMPTZ))
                 .collect::<Vec<_>>()
-        ),
+        )),
     );
     let idle = (w.lease_timeout * 2).max(std::time::Duration::from_secs(5));
     // Plans are made for each try's values and the table as it is now: a plan cached while the
@@ -706,18 +685,7 @@ fn write_measure(
     crate::fault::point("before-source-count");
     let rows: i64 = row.get(0);
     let fingerprint: String = row.get(3);
-    let source: Option<i64> = row.get(6);
-    if source.is_none()
-        && matches!(
-            w.gate.and_then(|g| g.source_count.as_ref()),
-            Some(SourceCount::Sql(_))
-        )
-    {
-        return Err(Error::Message(
-            "gate.source_count returned no row, or NULL; it must return one integer".into(),
-        )
-        .into());
-    }
+    let source = counted(w.gate, row.get(6))?;
     let m = AuditMeasures {
         rows,
         outside: row.get(1),
@@ -753,62 +721,55 @@ struct Written {
     columns: Vec<String>,
 }
 
-/// The gate's `source_count` and `source_fingerprint` queries, in the connection's transaction
-/// (so in the snapshot of its output, when there is one).
-fn sources(
-    c: &mut Conn,
+/// The gate's `source_count` and `source_fingerprint` queries as scalar subqueries (`NULL` for
+/// one that is not a query), their parameters numbered after those in `types` and bound from
+/// `binds` into `values`: part of a try's statement, or of a look at the source.
+fn source_queries(
     gate: Option<&Gate>,
     binds: &Binds,
     tz: chrono_tz::Tz,
-) -> std::result::Result<(Option<i64>, Option<String>), Failure> {
-    let mut m = (None, None);
-    let sources = gate
-        .into_iter()
-        .flat_map(|g| [(true, &g.source_count), (false, &g.source_fingerprint)]);
-    for (count, query) in sources {
-        let Some(SourceCount::Sql(sql)) = query else {
-            continue;
+    types: &mut Vec<Type>,
+    values: &mut Vec<Value>,
+) -> std::result::Result<[String; 2], Failure> {
+    let mut one = |key: &'static str, spec: Option<&SourceCount>, count: bool| {
+        let Some(SourceCount::Sql(sql)) = spec else {
+            return Ok(if count { "NULL::int8" } else { "NULL::text" }.to_string());
         };
-        let key = if count {
-            "gate.source_count"
-        } else {
-            "gate.source_fingerprint"
-        };
-        let s = Statement::new(key, sql, 1).map_err(|p| Error::Message(p.message))?;
-        let text = if count {
-            format!("SELECT s.c::int8 FROM (\n{}\n) AS s(c)", s.sql)
+        let s = Statement::new(key, sql, types.len() + 1).map_err(|p| Error::Message(p.message))?;
+        types.extend(s.types());
+        values.extend(s.values(binds, tz));
+        Ok::<_, Failure>(if count {
+            format!("(SELECT s.c::int8 FROM (\n{}\n) AS s(c))", s.sql)
         } else {
             format!(
-                "SELECT coalesce(s.c::text, 'NULL') FROM (\n{}\n) AS s(c)",
+                "(SELECT coalesce(s.c::text, 'NULL') FROM (\n{}\n) AS s(c))",
                 s.sql
             )
-        };
-        let stmt = prepared(c, &text, &s.types())?;
-        let values = s.values(binds, tz);
-        let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(Value::sql).collect();
-        let rows = c.wait(c.client.query(&stmt, &refs))?;
-        let Some(first) = rows.first() else {
-            return Err(Error::Message(format!(
-                "{key} returned no row; it must return one {}",
-                if count { "integer" } else { "value" }
-            ))
-            .into());
-        };
-        if count {
-            match first.get::<_, Option<i64>>(0) {
-                Some(n) => m.0 = Some(n),
-                None => {
-                    return Err(Error::Message(
-                        "gate.source_count returned NULL; it must return one integer".into(),
-                    )
-                    .into());
-                }
-            }
-        } else {
-            m.1 = Some(first.get(0));
-        }
+        })
+    };
+    Ok([
+        one(
+            "gate.source_count",
+            gate.and_then(|g| g.source_count.as_ref()),
+            true,
+        )?,
+        one(
+            "gate.source_fingerprint",
+            gate.and_then(|g| g.source_fingerprint.as_ref()),
+            false,
+        )?,
+    ])
+}
+
+/// The source count a [`source_queries`] subquery gave: a `source_count` query must give one.
+fn counted(gate: Option<&Gate>, found: Option<i64>) -> std::result::Result<Option<i64>, Failure> {
+    match (found, gate.and_then(|g| g.source_count.as_ref())) {
+        (None, Some(SourceCount::Sql(_))) => Err(Error::Message(
+            "gate.source_count returned no row, or NULL; it must return one integer".into(),
+        )
+        .into()),
+        _ => Ok(found),
     }
-    Ok(m)
 }
 
 /// The gate's source queries now, from one snapshot.
@@ -826,7 +787,14 @@ pub fn look(
                 .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
         )
         .map_err(Failure::from)
-        .and_then(|()| sources(&mut c, gate, binds, tz));
+        .and_then(|()| {
+            let (mut types, mut values) = (Vec::new(), Vec::new());
+            let [count, value] = source_queries(gate, binds, tz, &mut types, &mut values)?;
+            let stmt = prepared(&mut c, &format!("SELECT {count}, {value}"), &types)?;
+            let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(Value::sql).collect();
+            let row = c.wait(c.client.query_one(&stmt, &refs))?;
+            Ok((counted(gate, row.get(0))?, row.get(1)))
+        });
     let _ = c.wait(c.client.batch_execute("ROLLBACK"));
     conn::give(c);
     seen.map_err(|e| e.at(wh))
@@ -882,15 +850,11 @@ impl Pending for Open {
             return Err(Error::Message("connection lost (injected)".into()).at(wh));
         }
         let result = (|| -> std::result::Result<i64, Failure> {
-            let written = Written {
-                moved: self.written.moved,
-                columns: self.written.columns.clone(),
-            };
             finish_versions(
                 c,
                 &self.manifest,
                 p,
-                &written,
+                &self.written,
                 self.try_id,
                 &self.measures.fingerprint,
             )?;
@@ -1204,10 +1168,10 @@ fn check_on(
         Some(_) => {}
     }
     let query = Statement::new("sql", &task.sql, 1)?;
-    let wrapped = format!("{WRAPPED_BEFORE}{}\n) q", query.sql);
+    let subquery = wrapped(&query.sql);
     let lead = task.sql.len() - task.sql.trim_start().len();
     let stmt = c
-        .wait(c.client.prepare_typed(&wrapped, &query.types()))
+        .wait(c.client.prepare_typed(&subquery, &query.types()))
         .map_err(|e| {
             not_prepared(
                 "sql",
@@ -1242,9 +1206,9 @@ fn check_on(
         .join(", ");
     c.wait(c.client.prepare_typed(
         &format!(
-            "INSERT INTO {} ({list}) SELECT {list} FROM ({WRAPPED_BEFORE}{}\n) q) w",
+            "INSERT INTO {} ({list}) SELECT {list} FROM ({}) w",
             quote_name(&task.target),
-            query.sql
+            wrapped(&query.sql)
         ),
         &query.types(),
     ))
@@ -1811,8 +1775,8 @@ pub fn diff_keys(
 /// The task's query's columns.
 fn query_columns(c: &mut Conn, task: &SqlTask) -> std::result::Result<Vec<String>, Failure> {
     let query = Statement::new("sql", &task.sql, 1).map_err(|p| Error::Message(p.message))?;
-    let wrapped = format!("{WRAPPED_BEFORE}{}\n) q", query.sql);
-    let shape = prepared(c, &wrapped, &query.types())?;
+    let subquery = wrapped(&query.sql);
+    let shape = prepared(c, &subquery, &query.types())?;
     Ok(shape
         .columns()
         .iter()
@@ -1893,7 +1857,7 @@ pub fn roll_back(
             ),
             &[lo.sql(), hi.sql()],
         ))?;
-        let rows = versions::restore(&c, manifest, &task.target, key)?;
+        let rows = versions::restore(&mut c, manifest, &task.target, key)?;
         lock_and_book(
             &mut c,
             &task.target,

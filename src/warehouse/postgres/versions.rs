@@ -56,17 +56,27 @@ pub(super) fn ensure_kept(c: &mut Conn, manifest: &str, target: &str) -> Result<
 }
 
 /// The columns both the kept table and the target have, quoted.
-pub(super) fn shared_columns(c: &Conn, kept: &str, target: &str) -> Result<Vec<String>, Failure> {
+pub(super) fn shared_columns(
+    c: &mut Conn,
+    kept: &str,
+    target: &str,
+) -> Result<Vec<String>, Failure> {
+    // Looked up once per connection: every try that keeps a version asks.
+    if let Some(cols) = c.kept_columns.get(kept) {
+        return Ok(cols.clone());
+    }
     let now: Vec<String> = target_columns(c, target)?
         .into_iter()
         .map(|(n, _)| n)
         .collect();
-    Ok(target_columns(c, kept)?
+    let cols: Vec<String> = target_columns(c, kept)?
         .into_iter()
         .map(|(n, _)| n)
         .filter(|n| n != "_replaced_by" && now.contains(n))
         .map(|n| quote_ident(&n))
-        .collect())
+        .collect();
+    c.kept_columns.insert(kept.to_string(), cols.clone());
+    Ok(cols)
 }
 
 /// Inside the publish transaction, after the try's statement moved `moved` rows of the
@@ -190,7 +200,7 @@ pub(super) fn find(
 /// Inside the rollback transaction, after the partition was cleared: puts the version back and
 /// forgets it. Returns the rows put back.
 pub(super) fn restore(
-    c: &Conn,
+    c: &mut Conn,
     manifest: &str,
     target: &str,
     replaced_by: i64,

@@ -139,14 +139,15 @@ fn a_backfill_publishes_exactly_the_source_and_a_rerun_replaces_it() {
     for r in &runs {
         assert_eq!(r, &["10", "10", "succeeded"]);
     }
-    // A rerun replaces: nothing is counted twice.
-    t.p.create(
+    // A rerun replaces: nothing is counted twice. With -q, a success says nothing.
+    let quiet = t.p.create(
         "orders",
         "2026-01-01",
         "2026-01-03",
-        &["--reprocess-behavior", "completed"],
-    )
-    .code(0);
+        &["--reprocess-behavior", "completed", "-q"],
+    );
+    quiet.code(0);
+    assert_eq!((quiet.stdout.as_str(), quiet.stderr.as_str()), ("", ""));
     assert_eq!(t.fact(), expected);
     assert_eq!(t.open_transactions(), "0");
 }
@@ -360,6 +361,7 @@ fn bad_tasks_are_found_by_the_dry_run_against_the_server() {
         t.psql("SELECT count(*) FROM pg_namespace WHERE nspname = 'backfill'"),
         "0"
     );
+    assert!(!t.p.has_manifest(), "a refused backfill recorded nothing");
 }
 
 #[test]
@@ -394,6 +396,7 @@ fn an_unreachable_server_is_named_without_its_password() {
         .code(2)
         .stderr_has("backfill.toml:3")
         .stderr_has("BACKFILL_TEST_UNSET_URL");
+    assert!(!p.has_manifest(), "a refused backfill recorded nothing");
 }
 
 #[test]

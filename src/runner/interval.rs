@@ -19,6 +19,7 @@ pub(super) async fn run(
     shared: Arc<Shared>,
     interval: DataInterval,
     mut stop: watch::Receiver<Stop>,
+    mut slot: super::Slot,
 ) -> Result<(DataInterval, RunState), Error> {
     let began = Instant::now();
     // The run is recorded with its first try (one commit), and its end with its last try's.
@@ -68,7 +69,8 @@ pub(super) async fn run(
             return Ok((interval, RunState::Cancelled));
         };
         let run_end = ends_run.then(|| (state, error.clone()));
-        record_end(&shared, run, last_try, run_end).await?;
+        let free = ends_run && state == RunState::Succeeded && shared.free_early;
+        record_end(&shared, run, last_try, run_end, free.then_some(&mut slot)).await?;
         if ends_run {
             break;
         }

@@ -103,6 +103,29 @@ struct Shared {
     conf_text: String,
     stop: watch::Sender<Stop>,
     reprs: Mutex<HashMap<String, Option<Repr>>>,
+    /// Told by an interval (its start) that frees its slot before its task ends.
+    freed: mpsc::UnboundedSender<i64>,
+    /// An interval that succeeded frees its slot as soon as its last publish committed, so the
+    /// next one starts while its end is being recorded (the writer keeps the two in order).
+    /// Not with `depends_on_past`, whose next interval needs this one's recorded outcome.
+    free_early: bool,
+}
+
+/// An interval's place among the `max_active_runs`, which it may give back before its task
+/// ends (see [`Shared::free_early`]); otherwise the dispatcher takes it back when the task's
+/// outcome is in (a failure must be counted for `--max-failures` before the next interval
+/// starts).
+struct Slot {
+    freed: Option<mpsc::UnboundedSender<i64>>,
+    start: i64,
+}
+
+impl Slot {
+    fn free(&mut self) {
+        if let Some(tx) = self.freed.take() {
+            let _ = tx.send(self.start);
+        }
+    }
 }
 
 impl Shared {
@@ -140,6 +163,7 @@ pub async fn run(
     }
     let mut queue: VecDeque<DataInterval> = std::mem::take(&mut spec.intervals).into();
     let reprs = Mutex::new(spec.reprs.clone());
+    let (freed, mut freed_rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
         conf_text: spec.conf.to_string(),
         spec,
@@ -147,6 +171,8 @@ pub async fn run(
         events,
         stop: stop_tx,
         reprs,
+        freed,
+        free_early: !depends_on_past,
     });
     // For depends_on_past: whether the interval ending at this instant succeeded here.
     let mut succeeded_by_end: HashMap<i64, bool> = if depends_on_past {
@@ -160,8 +186,13 @@ pub async fn run(
     let max_failures = shared.spec.max_failures;
     let mut failures: u32 = 0;
     let mut halted = false;
+    // The intervals (by start) that hold a slot: spawned, and neither freed nor joined.
+    let mut holding: std::collections::HashSet<i64> = std::collections::HashSet::new();
     loop {
-        while running.len() < max && *stop.borrow() == Stop::Run && !halted {
+        while let Ok(start) = freed_rx.try_recv() {
+            holding.remove(&start);
+        }
+        while holding.len() < max && *stop.borrow() == Stop::Run && !halted {
             let Some(interval) = queue.pop_front() else {
                 break;
             };
@@ -174,13 +205,21 @@ pub async fn run(
                 succeeded_by_end.insert(interval.end.timestamp(), false);
                 continue;
             }
-            running.spawn(interval::run(shared.clone(), interval, stop.clone()));
+            holding.insert(interval.start.timestamp());
+            let slot = Slot {
+                freed: Some(shared.freed.clone()),
+                start: interval.start.timestamp(),
+            };
+            running.spawn(interval::run(shared.clone(), interval, stop.clone(), slot));
         }
         if running.is_empty() {
             break;
         }
         tokio::select! {
             joined = running.join_next() => {
+                if let Some(Ok(Ok((interval, _)))) = &joined {
+                    holding.remove(&interval.start.timestamp());
+                }
                 if let Some(Ok(Ok((_, RunState::Failed | RunState::Rejected)))) = &joined {
                     failures += 1;
                     if max_failures.is_some_and(|m| failures >= m) && !halted && !queue.is_empty() {
@@ -196,6 +235,9 @@ pub async fn run(
                     Some(Err(e)) => fail(&shared, &mut first_error, Error::Internal(format!("an interval's task panicked: {e}"))),
                     Some(Ok(Ok(_))) | None => {}
                 }
+            }
+            Some(start) = freed_rx.recv() => {
+                holding.remove(&start);
             }
             _ = stop_rx.changed() => {}
         }

@@ -29,12 +29,14 @@ pub(super) struct LastTry {
     pub published: Option<Published>,
 }
 
-/// Records the end of a task's last try and, when given, of the run, in one commit.
+/// Records the end of a task's last try and, when given, of the run, in one commit. `slot`, when
+/// given, is freed once the commit is queued: the next interval's first commit queues behind it.
 pub(super) async fn record_end(
     shared: &Shared,
     run_id: i64,
     last_try: Option<LastTry>,
     run_end: Option<(RunState, Option<String>)>,
+    slot: Option<&mut super::Slot>,
 ) -> Result<(), Error> {
     if crate::fault::point("record-end") {
         return Err(Error::Manifest(crate::manifest::Error::Invalid(
@@ -43,34 +45,37 @@ pub(super) async fn record_end(
     }
     let dag_id = shared.spec.dag.id.clone();
     let owner = shared.spec.owner;
-    shared
-        .writer
-        .call(move |c| {
-            let now = now_ms();
-            let f = c.fence(owner)?;
-            if let Some(t) = last_try {
-                c.finish_try(f, t.try_id, &t.record, now)?;
-                if let Some(p) = t.published {
-                    let publication = Publication {
-                        try_id: t.try_id,
-                        dag_id: &dag_id,
-                        task_id: &t.task_id,
-                        interval: t.interval,
-                        rows: p.rows,
-                        fingerprint: p.fingerprint.as_deref(),
-                    };
-                    c.mark_published(&publication, now)?;
-                    if let Some(staged) = t.record.promoted_from {
-                        c.set_staged(staged, crate::state::StagedState::Promoted)?;
-                    }
+    let committed = shared.writer.submit(move |c| {
+        let now = now_ms();
+        let f = c.fence(owner)?;
+        if let Some(t) = last_try {
+            c.finish_try(f, t.try_id, &t.record, now)?;
+            if let Some(p) = t.published {
+                let publication = Publication {
+                    try_id: t.try_id,
+                    dag_id: &dag_id,
+                    task_id: &t.task_id,
+                    interval: t.interval,
+                    rows: p.rows,
+                    fingerprint: p.fingerprint.as_deref(),
+                };
+                c.mark_published(&publication, now)?;
+                if let Some(staged) = t.record.promoted_from {
+                    c.set_staged(staged, crate::state::StagedState::Promoted)?;
                 }
             }
-            if let Some((state, error)) = run_end {
-                c.finish_run(f, run_id, state, error.as_deref(), now)?;
-            }
-            Ok(())
-        })
-        .await?;
+        }
+        if let Some((state, error)) = run_end {
+            c.finish_run(f, run_id, state, error.as_deref(), now)?;
+        }
+        Ok(())
+    });
+    if let Some(slot) = slot {
+        slot.free();
+    }
+    committed
+        .await
+        .map_err(|_| crate::manifest::Error::WriterGone)??;
     Ok(())
 }
 

@@ -552,3 +552,31 @@ command = "if [ {{ ds }} = 2026-03-02 ]; then echo connecting; echo 'ERROR: rela
         "{last}"
     );
 }
+
+#[test]
+fn one_at_a_time_means_one_run_at_a_time_in_the_manifest() {
+    // An interval that succeeded gives its slot back once its end is queued for the manifest,
+    // so the next one starts while that end commits; the manifest still never holds two
+    // running runs at `--max-active-runs 1`: each run starts after the one before ended.
+    let p = Project::new().dag("d", ordered_dag());
+    p.run(&[
+        "create",
+        "--dag",
+        "d",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-20",
+        "--max-active-runs",
+        "1",
+    ])
+    .code(0);
+    let runs = p.rows("SELECT started_at, ended_at, state FROM runs ORDER BY id");
+    assert_eq!(runs.len(), 20);
+    for pair in runs.windows(2) {
+        let ended: i64 = pair[0][1].parse().unwrap();
+        let next_started: i64 = pair[1][0].parse().unwrap();
+        assert!(ended <= next_started, "runs overlap: {runs:?}");
+    }
+    assert!(runs.iter().all(|r| r[2] == "succeeded"), "{runs:?}");
+}

@@ -55,6 +55,9 @@ struct Acted {
     blocked: Vec<(i64, String)>,
     /// Publishes finished: try id -> rows.
     published: HashMap<i64, i64>,
+    /// The fingerprints that PostgreSQL bookings give for publishes finished: a PostgreSQL try
+    /// records its intent before it has measured its output.
+    booked: HashMap<i64, String>,
     /// Publishes not needed any more (superseded or already finished).
     dropped: Vec<(i64, String)>,
     /// Publishes that could not be finished: try id -> why.
@@ -322,7 +325,10 @@ fn act(manifest_path: &Path, dags: &Dags, claim: &Claim, ctx: &LeaseCtx) -> Acte
     }
     for p in &claim.publishes {
         match finish_publish(manifest_path, dags, p) {
-            Ok(Finished::Published(rows)) => {
+            Ok(Finished::Published(rows, booked)) => {
+                if let Some(fingerprint) = booked {
+                    acted.booked.insert(p.try_id, fingerprint);
+                }
                 tracing::info!(
                     backfill = backfill_id,
                     try_id = p.try_id,
@@ -342,7 +348,8 @@ fn act(manifest_path: &Path, dags: &Dags, claim: &Claim, ctx: &LeaseCtx) -> Acte
 }
 
 enum Finished {
-    Published(i64),
+    /// Rows, and the fingerprint the warehouse booked, when it keeps one.
+    Published(i64, Option<String>),
     Dropped(String),
 }
 
@@ -366,7 +373,7 @@ fn finish_publish(
         // back when the owner's connection ended. The warehouse's bookkeeping says which.
         let manifest = manifest::identity(manifest_path).map_err(|e| e.to_string())?;
         return match warehouse::postgres::settle_publish(task, p.interval, &manifest, p.try_id) {
-            Ok(Some(rows)) => Ok(Finished::Published(rows)),
+            Ok(Some((rows, fingerprint))) => Ok(Finished::Published(rows, fingerprint)),
             Ok(None) => Ok(Finished::Dropped(
                 "the publish did not commit (the server rolled its transaction back); the interval runs again".into(),
             )),
@@ -384,7 +391,7 @@ fn finish_publish(
                 .map_err(|e| e.to_string())
         };
         return match warehouse::publish::rollback_committed(&wh, task, key, &allowed) {
-            Ok(true) => Ok(Finished::Published(p.record.rows.unwrap_or(0))),
+            Ok(true) => Ok(Finished::Published(p.record.rows.unwrap_or(0), None)),
             Ok(false) => Err(
                 "the rollback did not commit: the partition is as it was; roll it back again"
                     .into(),
@@ -408,7 +415,7 @@ fn finish_publish(
             return Ok(Finished::Dropped("already finished".into()));
         }
         return match published_matches(&wh, task, p, tz) {
-            Ok(true) => Ok(Finished::Published(p.record.rows.unwrap_or(0))),
+            Ok(true) => Ok(Finished::Published(p.record.rows.unwrap_or(0), None)),
             Ok(false) => Err(
                 "its audit file is gone and the partition does not hold the audited rows".into(),
             ),
@@ -447,7 +454,7 @@ fn finish_publish(
     match result {
         Ok(rows) => {
             audit.remove();
-            Ok(Finished::Published(rows))
+            Ok(Finished::Published(rows, None))
         }
         Err(warehouse::Error::Refused) => {
             audit.remove();
@@ -574,6 +581,9 @@ fn record(
             let mut rec = p.record.clone();
             rec.state = TryState::Succeeded;
             rec.rows = Some(*rows);
+            if rec.fingerprint.is_none() {
+                rec.fingerprint = a.booked.get(&p.try_id).cloned();
+            }
             // Only the recoverer that finishes the try records its publication.
             if conn.end_abandoned_try(p.try_id, &rec, now)? {
                 conn.mark_published(
@@ -583,7 +593,7 @@ fn record(
                         task_id: &p.task_id,
                         interval: p.interval,
                         rows: *rows,
-                        fingerprint: p.record.fingerprint.as_deref(),
+                        fingerprint: rec.fingerprint.as_deref(),
                     },
                     now,
                 )?;

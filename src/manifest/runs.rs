@@ -371,12 +371,20 @@ pub fn end_abandoned_try(
     let changed = conn
         .prepare_cached(
             "UPDATE task_tries SET state = ?2, ended_at = ?3, error = COALESCE(?4, error),
-                rows = COALESCE(?5, rows), publishing = 0,
+                rows = COALESCE(?5, rows), fingerprint = COALESCE(?6, fingerprint),
+                publishing = 0,
                 verdict = CASE WHEN ?2 = 'succeeded' THEN verdict END,
                 reasons = CASE WHEN ?2 = 'succeeded' THEN reasons END
              WHERE id = ?1 AND (state = 'running' OR publishing = 1)",
         )?
-        .execute(params![try_id, rec.state, now_ms, rec.error, rec.rows])?;
+        .execute(params![
+            try_id,
+            rec.state,
+            now_ms,
+            rec.error,
+            rec.rows,
+            rec.fingerprint
+        ])?;
     Ok(changed == 1)
 }
 

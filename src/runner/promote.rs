@@ -168,6 +168,7 @@ async fn promote_sql(
             empty: verdict == Verdict::PublishEmpty,
             current,
             promoting: true,
+            intent_recorded: false,
         },
         &mut log,
     )

@@ -105,7 +105,7 @@ pub(super) async fn sql_try(
     );
     let staging = matches!(shared.spec.mode, super::Mode::Stage);
     let lease_timeout = shared.spec.lease_timeout;
-    let step = blocking_step(task.timeout, stop, move |cancel| {
+    let write = blocking_step(task.timeout, stop, move |cancel| {
         let write = backend::Write {
             task: &s,
             gate: g.as_ref(),
@@ -120,8 +120,25 @@ pub(super) async fn sql_try(
             lease_timeout,
         };
         backend::of(&s.warehouse).write(&write, cancel)
-    })
-    .await;
+    });
+    // On PostgreSQL the write is the publish's own transaction, and the warehouse books the
+    // publish in it: the intent is recorded while the warehouse works, before anything can
+    // commit (a crash is settled from the booking, see `recovery`). What the partition holds
+    // now is read meanwhile too.
+    let owner = shared.spec.owner;
+    let early_intent = sql.warehouse.is_postgres() && !staging;
+    let intent = async {
+        if !early_intent {
+            return Ok(true);
+        }
+        let rec = TryRecord::new(TryState::Succeeded);
+        shared
+            .writer
+            .call(move |c| c.record_publish_intent(c.fence(owner)?, try_id, None, &rec))
+            .await
+    };
+    let (step, current, intent) =
+        tokio::join!(write, published_try(shared, task, input.interval), intent);
     let output = match step {
         Step::Done(Ok(v)) => v,
         Step::Done(Err(e)) => {
@@ -147,7 +164,21 @@ pub(super) async fn sql_try(
     {
         reprs.insert(task.id.clone(), Some(r));
     }
-    let current = published_try(shared, task, input.interval).await?;
+    let current = match (current, intent) {
+        (Ok(c), Ok(true)) => c,
+        (Ok(_), Ok(false)) => {
+            output.remove();
+            return Ok(cancelled("taken over by another process before publishing"));
+        }
+        (Err(e), _) => {
+            output.remove();
+            return Err(e);
+        }
+        (_, Err(e)) => {
+            output.remove();
+            return Err(e.into());
+        }
+    };
     let published = current.as_ref().map(|c| c.rows);
     let gate_measures = Measures {
         rows: measures.rows,
@@ -204,6 +235,7 @@ pub(super) async fn sql_try(
             empty: verdict == Verdict::PublishEmpty,
             current,
             promoting: false,
+            intent_recorded: early_intent,
         },
         &mut log,
     )
@@ -229,6 +261,8 @@ pub(super) struct ToPublish<'a> {
     /// A staged output: its file is checked against the staged fingerprint before it is
     /// published, and kept when the publish fails (it stays staged).
     pub promoting: bool,
+    /// The intent was recorded already, before the output was measured (PostgreSQL).
+    pub intent_recorded: bool,
 }
 
 /// Records the decision to publish, then publishes in one short transaction that the manifest
@@ -250,17 +284,22 @@ pub(super) async fn publish_audited(
         empty,
         current,
         promoting,
+        intent_recorded,
     } = p;
     let owner = shared.spec.owner;
     let tz = shared.spec.dag.tz;
     let intent = record.clone();
     let path_text = output.file().map(|p| p.display().to_string());
-    let may_publish = shared
-        .writer
-        .call(move |c| {
-            c.record_publish_intent(c.fence(owner)?, try_id, path_text.as_deref(), &intent)
-        })
-        .await;
+    let may_publish = if intent_recorded {
+        Ok(true)
+    } else {
+        shared
+            .writer
+            .call(move |c| {
+                c.record_publish_intent(c.fence(owner)?, try_id, path_text.as_deref(), &intent)
+            })
+            .await
+    };
     let drop_output = |output: Box<dyn Pending>| {
         if promoting {
             output.keep();
@@ -407,10 +446,10 @@ fn discard(late: Option<Result<Box<dyn Pending>, warehouse::Error>>) {
 
 /// Notes in the try's log, once, that the publish waits for another writer.
 fn waiting_log(path: &Path) -> impl FnMut() + use<> {
-    let mut log = Some(TryLog::open(path));
+    let mut path = Some(path.to_path_buf());
     move || {
-        if let Some(mut l) = log.take() {
-            l.line("the warehouse is locked by another writer; waiting for it");
+        if let Some(p) = path.take() {
+            TryLog::open(&p).line("the warehouse is locked by another writer; waiting for it");
         }
     }
 }

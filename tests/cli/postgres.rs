@@ -1059,6 +1059,24 @@ fn succeeded_once_each(t: &Pg, id: &str, intervals: usize, context: &str) {
         succeeded.iter().all(|r| r[1] == "1"),
         "{context}: {succeeded:?}"
     );
+    // Each succeeded try is recorded with the rows and fingerprint that the warehouse booked
+    // in its publish transaction, also when recovery finished its record after a kill.
+    let manifest = t.p.rows("SELECT id FROM identity")[0][0].clone();
+    for try_ in t.p.rows(&format!(
+        "SELECT tt.id, tt.rows, tt.fingerprint FROM task_tries tt JOIN runs r ON r.id = tt.run_id \
+         WHERE r.backfill_id = {id} AND tt.state = 'succeeded' ORDER BY 1"
+    )) {
+        let booked = t.psql(&format!(
+            "SELECT rows || ' ' || fingerprint FROM backfill.publishes WHERE manifest = '{manifest}' AND try_id = {}",
+            try_[0]
+        ));
+        assert_eq!(
+            format!("{} {}", try_[1], try_[2]),
+            booked,
+            "{context}: try {} is recorded as booked",
+            try_[0]
+        );
+    }
 }
 
 /// The id of the newest backfill of the manifest, `0` when there is none.

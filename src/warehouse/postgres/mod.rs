@@ -100,38 +100,50 @@ pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
-/// The fingerprint of the rows of `from` over the columns `list`, as SQL (a try's statement
-/// computes the same in its one pass over its output): the row count and the
-/// exact sum of a 64-bit hash of each row's text, so that the order of the rows does not matter
-/// (summed as `int8`, which PostgreSQL adds up in 128 bits: no overflow, and several times
-/// faster than a `numeric` sum).
-fn fingerprint_sql(list: &str, from: &str) -> String {
-    format!(
-        "(SELECT count(*)::text || ':' || coalesce(sum({}), 0)::text FROM {from})",
-        row_hash(list)
-    )
+/// The fingerprint of the rows of `from`, as SQL, given their [`row_hash`] (a try's statement
+/// computes the same in its one pass over its output): the row count and the exact sum of a
+/// 64-bit hash of each row, so that the order of the rows does not matter (summed as `int8`,
+/// which PostgreSQL adds up in 128 bits: no overflow, and several times faster than a
+/// `numeric` sum).
+fn fingerprint_sql(row_hash: &str, from: &str) -> String {
+    format!("(SELECT count(*)::text || ':' || coalesce(sum({row_hash}), 0)::text FROM {from})")
 }
 
-/// The 64-bit hash of one row's text over the expressions `list`, which fingerprints sum.
-fn row_hash(list: &str) -> String {
-    format!("hashtextextended(ROW({list})::text, 0)")
-}
-
-/// The expressions a fingerprint hashes, one per column: a `timestamptz` as UTC wall time, so
-/// that its text does not depend on the session's `TimeZone` (the other output settings are
-/// pinned for every connection, see [`conn::connect`]).
-fn fingerprint_list(columns: &[(String, bool)]) -> String {
-    columns
+/// The 64-bit hash of one row over its columns, by name and type (as `format_type` or the
+/// protocol names it), which fingerprints sum: each column's value hashed with a seed of its
+/// own (its place), combined by `#` (xor). Integers, booleans, `uuid`s and timestamps are
+/// hashed as the values they are, which is several times cheaper than hashing the row's text;
+/// a `timestamptz` as UTC wall time, so that it does not depend on the session's `TimeZone`;
+/// every other type by its text (the output settings are pinned for every connection, see
+/// [`conn::connect`]); a `NULL` as its seed.
+fn row_hash(columns: &[(String, String)]) -> String {
+    if columns.is_empty() {
+        return "0::int8".into();
+    }
+    let hashed: Vec<String> = columns
         .iter()
-        .map(|(name, timestamptz)| {
-            if *timestamptz {
-                format!("({} AT TIME ZONE 'UTC')", quote_ident(name))
-            } else {
-                quote_ident(name)
-            }
+        .enumerate()
+        .map(|(seed, (name, ty))| {
+            let c = quote_ident(name);
+            let base = ty.split('(').next().unwrap_or(ty).trim();
+            let h = match base {
+                _ if is_timestamptz(ty) || ty == "timestamptz" => {
+                    format!("timestamp_hash_extended({c} AT TIME ZONE 'UTC', {seed})")
+                }
+                "timestamp" | "timestamp without time zone" => {
+                    format!("timestamp_hash_extended({c}, {seed})")
+                }
+                "bigint" | "int8" => format!("hashint8extended({c}, {seed})"),
+                "integer" | "int4" | "smallint" | "int2" | "boolean" | "bool" => {
+                    format!("hashint4extended({c}::int4, {seed})")
+                }
+                "uuid" => format!("uuid_hash_extended({c}, {seed})"),
+                _ => format!("hashtextextended({c}::text COLLATE \"C\", {seed})"),
+            };
+            format!("coalesce({h}, {seed})")
         })
-        .collect::<Vec<_>>()
-        .join(", ")
+        .collect();
+    format!("({})", hashed.join(" # "))
 }
 
 /// Whether a type, as `format_type` names it, is `timestamptz`.
@@ -642,22 +654,52 @@ fn write_measure(
             "NULL::int8".to_string(),
         ),
     };
+    // A try that will publish takes the partition's row lock and books its publish in the same
+    // statement (see `lock_and_book`): a rejected or rolled-back try leaves neither.
+    let booking = if staged.is_none() && !w.measure_only {
+        let first = types.len() + 1;
+        types.extend([
+            Type::TEXT,
+            Type::TIMESTAMPTZ,
+            Type::TEXT,
+            Type::INT8,
+            Type::TIMESTAMPTZ,
+        ]);
+        values.extend([
+            Value::Text(task.target.clone()),
+            Value::At(w.binds.interval.start),
+            Value::Text(w.manifest.to_string()),
+            Value::Int(w.try_id),
+            Value::At(w.binds.interval.end),
+        ]);
+        let [target, start, manifest, try_id, end] =
+            [0, 1, 2, 3, 4].map(|i| format!("${}", first + i));
+        format!(
+            ",\nlock AS (INSERT INTO backfill.partitions AS p (target, partition_start, manifest, try_id) \
+               VALUES ({target}, {start}, {manifest}, {try_id}) ON CONFLICT (target, partition_start) DO UPDATE \
+               SET manifest = EXCLUDED.manifest, try_id = EXCLUDED.try_id, published_at = now() RETURNING 1),\n\
+             book AS (INSERT INTO backfill.publishes (manifest, try_id, target, partition_start, partition_end, rows, fingerprint) \
+               SELECT {manifest}, {try_id}, {target}, {start}, {end}, m.n, 'pg:' || m.n::text || ':' || m.h::text FROM lock, m RETURNING 1)"
+        )
+    } else {
+        String::new()
+    };
     let statement = format!(
         "WITH {delete}ins AS (\n  INSERT INTO {dest} ({list})\n  SELECT {list} FROM (\n{}\n) q\n  RETURNING {list}\n),\n\
          m AS (SELECT count(*) AS n, count(*) FILTER (WHERE {outside}) AS outside, \
-           coalesce(sum({hash}), 0) AS h FROM ins)\n\
+           coalesce(sum({hash}), 0) AS h FROM ins){booking}\n\
          SELECT m.n, m.outside, \
          CASE WHEN m.outside > 0 THEN (SELECT array_agg(v) FROM (SELECT DISTINCT coalesce({pc}::text, 'NULL') AS v FROM ins WHERE {outside} ORDER BY 1 LIMIT {more}) o) END, \
          m.n::text || ':' || m.h::text, {duplicates}, {elsewhere}, {source_count}, {source_fingerprint}, {moved} FROM m",
         query.sql,
         more = SHOWN + 1,
-        hash = row_hash(&fingerprint_list(
+        hash = row_hash(
             &shape
                 .columns()
                 .iter()
-                .map(|col| (col.name().to_string(), *col.type_() == Type::TIMESTAMPTZ))
+                .map(|col| (col.name().to_string(), col.type_().name().to_string()))
                 .collect::<Vec<_>>()
-        )),
+        ),
     );
     let idle = (w.lease_timeout * 2).max(std::time::Duration::from_secs(5));
     // Plans are made for each try's values and the table as it is now: a plan cached while the
@@ -858,15 +900,8 @@ impl Pending for Open {
                 self.try_id,
                 &self.measures.fingerprint,
             )?;
-            lock_and_book(
-                c,
-                &p.task.target,
-                p.interval,
-                &self.manifest,
-                self.try_id,
-                self.measures.rows,
-                &self.measures.fingerprint,
-            )?;
+            // The statement that wrote the rows took the partition's row lock and booked the
+            // publish: the manifest is asked under that lock.
             ask(allowed)?;
             crate::fault::point("before-commit");
             c.wait(c.client.batch_execute("COMMIT"))?;
@@ -884,7 +919,7 @@ impl Pending for Open {
                 // The booking says, once the server has ended the transaction either way.
                 self.end();
                 match settle_publish(p.task, p.interval, &self.manifest, self.try_id) {
-                    Ok(Some(rows)) => Ok(rows),
+                    Ok(Some((rows, _))) => Ok(rows),
                     _ => Err(pg(wh)(e)),
                 }
             }
@@ -1025,11 +1060,11 @@ fn kept_fingerprint(
     let mut typed = Vec::new();
     for col in columns {
         match have.iter().find(|(n, _)| n == col) {
-            Some((n, t)) => typed.push((n.clone(), is_timestamptz(t))),
+            Some((n, t)) => typed.push((n.clone(), t.clone())),
             None => return Ok(None),
         }
     }
-    let list = fingerprint_list(&typed);
+    let list = row_hash(&typed);
     let list = list.as_str();
     let row = c.wait(c.client.query_one(
         &format!(
@@ -1045,7 +1080,7 @@ fn kept_fingerprint(
 }
 
 /// After a crash: whether the publish of try `try_id` (recorded by manifest `manifest`)
-/// committed, with its rows. Judged under the partition's row lock, which a publish holds
+/// committed, with its rows and fingerprint. Judged under the partition's row lock, which a publish holds
 /// from before it asks the manifest until it commits: an owner frozen in between is waited
 /// for, and one that has not got there yet will be refused by the manifest.
 pub fn settle_publish(
@@ -1053,44 +1088,45 @@ pub fn settle_publish(
     interval: DataInterval,
     manifest: &str,
     try_id: i64,
-) -> Result<Option<i64>> {
+) -> Result<Option<(i64, Option<String>)>> {
     let wh = &task.warehouse;
     let c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
-    let result = (|| -> std::result::Result<Option<i64>, tokio_postgres::Error> {
-        let booked: bool = c
-            .wait(
+    let result =
+        (|| -> std::result::Result<Option<(i64, Option<String>)>, tokio_postgres::Error> {
+            let booked: bool = c
+                .wait(
+                    c.client
+                        .query_one("SELECT to_regclass('backfill.publishes') IS NOT NULL", &[]),
+                )?
+                .get(0);
+            if !booked {
+                return Ok(None);
+            }
+            // An owner that is publishing holds the partition's row (one it created, not yet
+            // committed, or one it updated) until it commits or the server rolls it back; a frozen
+            // owner's session is ended by the server once idle past twice the lease timeout. Both
+            // statements wait for that, so "not committed" stays true once said.
+            c.wait(
                 c.client
-                    .query_one("SELECT to_regclass('backfill.publishes') IS NOT NULL", &[]),
-            )?
-            .get(0);
-        if !booked {
-            return Ok(None);
-        }
-        // An owner that is publishing holds the partition's row (one it created, not yet
-        // committed, or one it updated) until it commits or the server rolls it back; a frozen
-        // owner's session is ended by the server once idle past twice the lease timeout. Both
-        // statements wait for that, so "not committed" stays true once said.
-        c.wait(
-            c.client
-                .batch_execute("BEGIN; SET LOCAL lock_timeout = '10min'"),
-        )?;
-        c.wait(c.client.execute(
-            "INSERT INTO backfill.partitions (target, partition_start, manifest, try_id) \
+                    .batch_execute("BEGIN; SET LOCAL lock_timeout = '10min'"),
+            )?;
+            c.wait(c.client.execute(
+                "INSERT INTO backfill.partitions (target, partition_start, manifest, try_id) \
              VALUES ($1, $2, '', 0) ON CONFLICT (target, partition_start) DO NOTHING",
-            &[&task.target, &interval.start],
-        ))?;
-        c.wait(c.client.query(
+                &[&task.target, &interval.start],
+            ))?;
+            c.wait(c.client.query(
             "SELECT 1 FROM backfill.partitions WHERE target = $1 AND partition_start = $2 FOR UPDATE",
             &[&task.target, &interval.start],
         ))?;
-        let row = c.wait(c.client.query_opt(
-            "SELECT rows FROM backfill.publishes WHERE manifest = $1 AND try_id = $2 \
+            let row = c.wait(c.client.query_opt(
+            "SELECT rows, fingerprint FROM backfill.publishes WHERE manifest = $1 AND try_id = $2 \
              AND target = $3 AND partition_start = $4",
             &[&manifest, &try_id, &task.target, &interval.start],
         ))?;
-        c.wait(c.client.batch_execute("COMMIT"))?;
-        Ok(row.map(|r| r.get(0)))
-    })();
+            c.wait(c.client.batch_execute("COMMIT"))?;
+            Ok(row.map(|r| (r.get(0), r.get(1))))
+        })();
     match result {
         Ok(found) => {
             conn::give(c);
@@ -1412,10 +1448,7 @@ fn promote_in(
     let task = p.task;
     book(c)?;
     let (schema, name) = staged.split_once('.').unwrap_or(("backfill", staged));
-    let typed: Vec<(String, bool)> = target_columns(c, &format!("{schema}.{name}"))?
-        .into_iter()
-        .map(|(n, t)| (n, is_timestamptz(&t)))
-        .collect();
+    let typed: Vec<(String, String)> = target_columns(c, &format!("{schema}.{name}"))?;
     let cols: Vec<String> = typed.iter().map(|(n, _)| n.clone()).collect();
     if cols.is_empty() {
         return Err(Error::Message(format!(
@@ -1479,7 +1512,7 @@ fn promote_in(
         &format!(
             "WITH ins AS (INSERT INTO {table} ({list}) SELECT {list} FROM {staged_q} RETURNING *) \
              SELECT {}",
-            fingerprint_sql(&fingerprint_list(&typed), "ins")
+            fingerprint_sql(&row_hash(&typed), "ins")
         ),
         &[],
     ))?;
@@ -1676,12 +1709,7 @@ fn shape(
         .map(|(n, _)| quote_ident(n))
         .collect::<Vec<_>>()
         .join(", ");
-    let fp = fingerprint_list(
-        &cols
-            .iter()
-            .map(|(n, t)| (n.clone(), is_timestamptz(t)))
-            .collect::<Vec<_>>(),
-    );
+    let fp = row_hash(&cols);
     Ok((list, fp, lo, hi))
 }
 

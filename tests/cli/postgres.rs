@@ -1385,3 +1385,65 @@ fn diff_compares_rows_whose_columns_have_no_equality_operator() {
     assert_eq!(d1["keys"]["changed"], 1, "{d1}");
     assert_eq!(d1["keys"]["examples"]["changed"], serde_json::json!([3]));
 }
+
+#[test]
+fn a_task_reads_what_the_task_before_it_just_published() {
+    // One process runs both tasks, one try at a time, on the same pooled connection: each try's
+    // transaction is begun with the commit before it, and its snapshot must still be taken by
+    // its own statement (after that commit), so `daily` sees the rows `fact` just published.
+    let daily = r#"
+[[tasks]]
+id = "daily"
+depends_on = ["fact"]
+warehouse = "dw"
+target = "analytics.daily_totals"
+partition_column = "day"
+sql = """
+SELECT day, count(*) AS orders, sum(amount) AS amount FROM analytics.orders_fact
+WHERE day = :ds GROUP BY day
+"""
+[tasks.gate]
+source_count = "SELECT count(DISTINCT day) FROM analytics.orders_fact WHERE day = :ds"
+unique_key = ["day"]
+"#;
+    let Some(t) = Pg::with_dag(
+        "the PostgreSQL warehouse tests",
+        &format!("{}{daily}", dag(QUERY, GATE, "")),
+    ) else {
+        return;
+    };
+    t.psql("CREATE TABLE analytics.daily_totals (day date NOT NULL, orders bigint NOT NULL, amount numeric NOT NULL)");
+    let totals =
+        |t: &Pg| t.psql("SELECT day, orders, amount FROM analytics.daily_totals ORDER BY day");
+    let from_source = |t: &Pg| {
+        t.psql(
+            "SELECT (order_ts AT TIME ZONE 'UTC')::date AS day, count(*), sum(amount) FROM raw.orders \
+             GROUP BY 1 ORDER BY 1",
+        )
+    };
+    t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-03",
+        &["--max-active-runs", "1"],
+    )
+    .code(0);
+    assert_eq!(totals(&t), from_source(&t));
+    // New source values: every rerun of `daily` must see its day's new `fact`.
+    t.psql("UPDATE raw.orders SET amount = amount + 100");
+    t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-03",
+        &[
+            "--max-active-runs",
+            "1",
+            "--reprocess-behavior",
+            "completed",
+        ],
+    )
+    .code(0);
+    assert_eq!(totals(&t), from_source(&t));
+    assert_eq!(t.fact(), t.expected(&[1, 2, 3]));
+    assert_eq!(t.open_transactions(), "0");
+}

@@ -319,13 +319,14 @@ impl Backend for Postgres {
 
     fn write(&self, w: &Write<'_>, cancel: &Cancel) -> Result<Box<dyn Pending>> {
         let wh = &w.task.warehouse;
-        let mut c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
+        let mut c = conn::take_begun(wh).map_err(|e| Error::Message(e).at(wh))?;
         cancel.on_set(c.canceller())?;
         let mut attempt = 0;
         loop {
             match write_measure(&mut c, w, cancel) {
                 Ok((measures, written)) => {
                     return Ok(Box::new(Open {
+                        idle_ms: idle_ms(w),
                         conn: Some(c),
                         measures,
                         written,
@@ -568,6 +569,13 @@ fn write_measure(
     cancel: &Cancel,
 ) -> std::result::Result<(AuditMeasures, Written), Failure> {
     let task = w.task;
+    // The last try on this connection may have begun this one's transaction with its commit:
+    // it is used when nothing before the statement commits (the bookkeeping tables exist).
+    let begun = c.begun.take();
+    let in_begun = begun == Some(idle_ms(w)) && (c.booked || w.measure_only);
+    if begun.is_some() && !in_begun {
+        c.wait(c.client.batch_execute("ROLLBACK"))?;
+    }
     if !w.measure_only {
         book(c)?;
     }
@@ -701,14 +709,9 @@ fn write_measure(
                 .collect::<Vec<_>>()
         ),
     );
-    let idle = (w.lease_timeout * 2).max(std::time::Duration::from_secs(5));
-    // Plans are made for each try's values and the table as it is now: a plan cached while the
-    // target was empty would scan it whole once it has grown.
-    c.wait(c.client.batch_execute(&format!(
-        "SET idle_in_transaction_session_timeout = {}; SET plan_cache_mode = force_custom_plan; \
-         BEGIN ISOLATION LEVEL REPEATABLE READ",
-        idle.as_millis()
-    )))?;
+    if !in_begun {
+        c.wait(c.client.batch_execute(&begin_sql(idle_ms(w))))?;
+    }
     if cancel.is_set() {
         return Err(Error::Cancelled.into());
     }
@@ -753,6 +756,23 @@ fn write_measure(
             columns: out,
         },
     ))
+}
+
+/// The `idle_in_transaction_session_timeout` of a try's session: twice the lease timeout, at
+/// least 5 s, so that the server ends the transaction of an owner frozen past its takeover.
+fn idle_ms(w: &Write<'_>) -> u128 {
+    (w.lease_timeout * 2)
+        .max(std::time::Duration::from_secs(5))
+        .as_millis()
+}
+
+/// Begins a try's transaction. Plans are made for each try's values and the table as it is
+/// now: a plan cached while the target was empty would scan it whole once it has grown.
+fn begin_sql(idle_ms: u128) -> String {
+    format!(
+        "SET idle_in_transaction_session_timeout = {idle_ms}; SET plan_cache_mode = force_custom_plan; \
+         BEGIN ISOLATION LEVEL REPEATABLE READ"
+    )
 }
 
 /// What a try's transaction did besides its output.
@@ -844,6 +864,8 @@ pub fn look(
 
 /// A try's open transaction: its output written, measured, not yet visible.
 struct Open {
+    /// The session's idle-in-transaction timeout (see [`idle_ms`]).
+    idle_ms: u128,
     conn: Option<Conn>,
     measures: AuditMeasures,
     written: Written,
@@ -891,7 +913,7 @@ impl Pending for Open {
             self.end();
             return Err(Error::Message("connection lost (injected)".into()).at(wh));
         }
-        let result = (|| -> std::result::Result<i64, Failure> {
+        let ready = (|| -> std::result::Result<(), Failure> {
             finish_versions(
                 c,
                 &self.manifest,
@@ -904,28 +926,36 @@ impl Pending for Open {
             // publish: the manifest is asked under that lock.
             ask(allowed)?;
             crate::fault::point("before-commit");
-            c.wait(c.client.batch_execute("COMMIT"))?;
-            Ok(self.measures.rows)
+            Ok(())
         })();
-        match result {
-            Ok(rows) => {
-                if let Some(c) = self.conn.take() {
+        if let Err(e) = ready {
+            // Nothing was sent to commit: nothing committed.
+            self.end();
+            return Err(e.at(wh));
+        }
+        // The commit, with the next try's BEGIN in the same round trip (nothing runs in that
+        // transaction, and no snapshot is taken, until the next try's statement).
+        let committed = c.wait(
+            c.client
+                .batch_execute(&format!("COMMIT; {}", begin_sql(self.idle_ms))),
+        );
+        match committed {
+            Ok(()) => {
+                if let Some(mut c) = self.conn.take() {
+                    c.begun = Some(self.idle_ms);
                     conn::give(c);
                 }
-                Ok(rows)
+                Ok(self.measures.rows)
             }
-            Err(Failure::Pg(e)) if e.as_db_error().is_none() => {
-                // The connection failed: the commit may have happened with its reply lost.
-                // The booking says, once the server has ended the transaction either way.
+            Err(e) => {
+                // The connection failed, or the commit or the BEGIN after it did: the commit
+                // may have happened with its reply lost. The booking says, once the server
+                // has ended the transaction either way.
                 self.end();
                 match settle_publish(p.task, p.interval, &self.manifest, self.try_id) {
                     Ok(Some((rows, _))) => Ok(rows),
                     _ => Err(pg(wh)(e)),
                 }
-            }
-            Err(e) => {
-                self.end();
-                Err(e.at(wh))
             }
         }
     }

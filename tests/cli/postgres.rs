@@ -1447,3 +1447,454 @@ unique_key = ["day"]
     assert_eq!(t.fact(), t.expected(&[1, 2, 3]));
     assert_eq!(t.open_transactions(), "0");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Review of the last changes (slot freed early, booking in the try's statement, COMMIT that
+// begins the next try's transaction, typed fingerprints): attacks through the real binary.
+// ---------------------------------------------------------------------------------------------
+
+/// A second task on a target of its own: its first try in the process finds the connection that
+/// the first task's COMMIT began a transaction on, and the target's kept table not made yet.
+const REJECTING_DAILY: &str = r#"
+[[tasks]]
+id = "daily"
+depends_on = ["fact"]
+warehouse = "dw"
+target = "analytics.daily_totals"
+partition_column = "day"
+sql = """
+SELECT day, count(*) AS orders FROM analytics.orders_fact WHERE day = :ds GROUP BY day
+"""
+[tasks.gate]
+source_count = "SELECT 2"
+"#;
+
+#[test]
+fn a_rejected_try_on_a_connection_begun_by_the_last_commit_publishes_nothing() {
+    // The try of `daily` runs on the connection that `fact`'s COMMIT began its transaction on
+    // (`Conn::begun`). Its target has no kept table yet (`keep_versions` is 1 by default), and
+    // making it must not end that transaction: the statement would run in autocommit, and the
+    // rows of a try the gate rejects (1 row, source_count says 2) would be published, booking
+    // included, without the manifest being asked.
+    let Some(t) = Pg::with_dag(
+        "the PostgreSQL warehouse tests",
+        &format!("{}{REJECTING_DAILY}", dag(QUERY, GATE, "")),
+    ) else {
+        return;
+    };
+    t.psql("CREATE TABLE analytics.daily_totals (day date NOT NULL, orders bigint NOT NULL)");
+    let out = t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-01",
+        &["--max-active-runs", "1"],
+    );
+    out.code(3).stderr_has("rejected");
+    assert_eq!(
+        t.p.rows("SELECT task_id, state FROM task_tries ORDER BY id"),
+        vec![
+            vec!["fact".to_string(), "succeeded".to_string()],
+            vec!["daily".to_string(), "rejected".to_string()]
+        ]
+    );
+    assert_eq!(t.fact(), t.expected(&[1]));
+    assert_eq!(
+        t.psql("SELECT count(*) FROM analytics.daily_totals"),
+        "0",
+        "the rejected try's rows were published"
+    );
+    assert_eq!(
+        t.psql("SELECT count(*) FROM backfill.publishes WHERE target = 'analytics.daily_totals'"),
+        "0",
+        "the rejected try left a booking"
+    );
+    assert_eq!(t.open_transactions(), "0");
+}
+
+#[test]
+fn a_try_killed_before_its_gate_on_a_begun_connection_is_not_recovered_as_published() {
+    // The same two tasks; the process is killed right after `daily`'s statement returned
+    // (before its gate judged it). Nothing of a try the gate never passed may be published:
+    // the server must roll it back, and recovery must find no booking and run it again (to be
+    // rejected again), not record it as succeeded.
+    let Some(t) = Pg::with_dag(
+        "the PostgreSQL warehouse tests",
+        &format!("{}{REJECTING_DAILY}", dag(QUERY, GATE, "")),
+    ) else {
+        return;
+    };
+    t.psql("CREATE TABLE analytics.daily_totals (day date NOT NULL, orders bigint NOT NULL)");
+    // The first hit is `fact`'s try, the second `daily`'s.
+    let out = t.p.run_with(
+        &[
+            "create",
+            "--dag",
+            "orders",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+            "--max-active-runs",
+            "1",
+        ],
+        &[("BACKFILL_FAULT", "before-source-count@2")],
+    );
+    assert_ne!(out.code, 0, "the process was killed");
+    wait_until(
+        "the killed try's session to end",
+        Duration::from_secs(20),
+        || t.open_transactions() == "0",
+    );
+    // Checked together, so that the failure shows all of what went wrong.
+    let mut wrong = Vec::new();
+    let after_kill = t.psql("SELECT count(*) FROM analytics.daily_totals");
+    if after_kill != "0" {
+        wrong.push(format!(
+            "after the kill, the target holds {after_kill} row(s) of a try the gate never judged"
+        ));
+    }
+    let resumed = t.p.run(&["resume", "1"]);
+    if resumed.code != 3 {
+        wrong.push(format!(
+            "resume exited {} (expected 3: daily is rejected again)",
+            resumed.code
+        ));
+    }
+    let daily = t.p.rows(
+        "SELECT id, state, rows, fingerprint FROM task_tries WHERE task_id = 'daily' ORDER BY id",
+    );
+    if daily.iter().any(|r| r[1] == "succeeded") {
+        wrong.push(format!(
+            "a try the gate never passed is recorded as succeeded: {daily:?}"
+        ));
+    }
+    let published =
+        t.p.count("SELECT count(*) FROM published WHERE task_id = 'daily'");
+    if published != 0 {
+        wrong.push(format!(
+            "the manifest records {published} publication(s) of daily"
+        ));
+    }
+    let rows = t.psql("SELECT count(*) FROM analytics.daily_totals");
+    if rows != "0" {
+        wrong.push(format!("after resume, the target holds {rows} row(s)"));
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// A DAG of one task `totals` into `analytics.daily_totals`, whose table is made by `table`.
+fn totals_dag(sql: &str) -> String {
+    format!(
+        r#"schedule = "@daily"
+retries = 0
+
+[[tasks]]
+id = "totals"
+warehouse = "dw"
+target = "analytics.daily_totals"
+partition_column = "day"
+sql = """
+{sql}
+"""
+[tasks.gate]
+unique_key = ["region"]
+"#
+    )
+}
+
+/// Publishes day 1, stages it again from the same source, and checks that `diff` finds the
+/// same fingerprint and that `promote` publishes the staged output.
+fn stage_same_rows_and_promote(table: &str, sql: &str) {
+    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &totals_dag(sql)) else {
+        return;
+    };
+    t.psql(table);
+    t.p.create("orders", "2026-01-01", "2026-01-01", &[])
+        .code(0);
+    let before = t.psql("SELECT * FROM analytics.daily_totals ORDER BY region");
+    assert_ne!(before, "");
+    t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-01",
+        &["--stage", "--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    let fingerprints =
+        t.p.rows("SELECT id, fingerprint, staged FROM task_tries ORDER BY id");
+    let diff = t.p.run(&["diff", "2", "--output", "json"]);
+    diff.code(0);
+    let same = diff.json()[0]["same_fingerprint"] == true;
+    let promote = t.p.run(&["promote", "2"]);
+    assert!(
+        same && promote.code == 0,
+        "the same rows, staged, get another fingerprint (diff: {}; tries: {fingerprints:?}); \
+         promote exited {}: {}",
+        diff.stdout,
+        promote.code,
+        promote.stderr
+    );
+    assert_eq!(
+        t.psql("SELECT * FROM analytics.daily_totals ORDER BY region"),
+        before
+    );
+}
+
+const CENTS_BY_REGION: &str = "SELECT (order_ts AT TIME ZONE 'UTC')::date AS day, region, sum((amount * 100)::bigint) AS cents
+FROM raw.orders
+WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end
+GROUP BY 1, 2";
+
+#[test]
+fn a_sum_of_bigints_into_a_bigint_column_has_one_fingerprint_staged_and_promoted() {
+    // `sum(bigint)` is `numeric` in the query, `bigint` in the table: the try hashes the column
+    // as the query's type names it (by text), promote and diff as the table's (as an integer).
+    stage_same_rows_and_promote(
+        "CREATE TABLE analytics.daily_totals (day date NOT NULL, region text NOT NULL, cents bigint NOT NULL)",
+        CENTS_BY_REGION,
+    );
+}
+
+#[test]
+fn a_domain_column_has_one_fingerprint_staged_and_promoted() {
+    // The query and the table agree on the type, a domain over bigint: the protocol names the
+    // query's column by its base type (`int8`, hashed as an integer), `format_type` the staged
+    // table's by the domain's name (hashed by text).
+    stage_same_rows_and_promote(
+        "CREATE DOMAIN analytics.cents AS bigint CHECK (VALUE >= 0); \
+         CREATE TABLE analytics.daily_totals (day date NOT NULL, region text NOT NULL, cents analytics.cents NOT NULL)",
+        &CENTS_BY_REGION.replace(
+            "sum((amount * 100)::bigint) AS cents",
+            "sum((amount * 100)::bigint)::analytics.cents AS cents",
+        ),
+    );
+}
+
+#[test]
+fn a_count_into_a_numeric_column_still_publishes() {
+    // `count(*)` is `bigint` in the query, `numeric` in the table: the insert takes it (an
+    // assignment cast), and so did every fingerprint before hashing became typed; now the try's
+    // statement asks for `hashint8extended(numeric, ...)`, which does not exist.
+    let Some(t) = Pg::with_dag(
+        "the PostgreSQL warehouse tests",
+        &totals_dag(
+            "SELECT (order_ts AT TIME ZONE 'UTC')::date AS day, region, count(*) AS orders
+FROM raw.orders
+WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end
+GROUP BY 1, 2",
+        ),
+    ) else {
+        return;
+    };
+    t.psql("CREATE TABLE analytics.daily_totals (day date NOT NULL, region text NOT NULL, orders numeric NOT NULL)");
+    let out = t.p.create("orders", "2026-01-01", "2026-01-02", &[]);
+    assert_eq!(
+        out.code,
+        0,
+        "{}\n{}",
+        out.stderr,
+        t.p.rows("SELECT error FROM task_tries").concat().join("\n")
+    );
+    assert_eq!(
+        t.psql("SELECT day, region, orders FROM analytics.daily_totals ORDER BY 1, 2"),
+        "2026-01-01|eu|5\n2026-01-01|us|5\n2026-01-02|eu|5\n2026-01-02|us|5"
+    );
+}
+
+#[test]
+fn a_timestamp_into_a_timestamptz_column_still_publishes() {
+    // A `timestamp` (UTC wall time) into a `timestamptz` column, which the insert takes (an
+    // implicit cast): the try's statement hashes the stored `timestamptz` with
+    // `timestamp_hash_extended`, which takes no `timestamptz`.
+    let Some(t) = Pg::with_dag(
+        "the PostgreSQL warehouse tests",
+        &totals_dag(
+            "SELECT (order_ts AT TIME ZONE 'UTC')::date AS day, region, max(order_ts AT TIME ZONE 'UTC') AS last_order
+FROM raw.orders
+WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end
+GROUP BY 1, 2",
+        ),
+    ) else {
+        return;
+    };
+    t.psql("CREATE TABLE analytics.daily_totals (day date NOT NULL, region text NOT NULL, last_order timestamptz NOT NULL)");
+    let out = t.p.create("orders", "2026-01-01", "2026-01-01", &[]);
+    assert_eq!(
+        out.code,
+        0,
+        "{}\n{}",
+        out.stderr,
+        t.p.rows("SELECT error FROM task_tries").concat().join("\n")
+    );
+    assert_eq!(t.psql("SELECT count(*) FROM analytics.daily_totals"), "2");
+}
+
+#[test]
+fn a_pooled_connection_ended_by_the_idle_timeout_is_replaced() {
+    // The connection goes back to the pool inside the transaction its COMMIT began, so the
+    // server's `idle_in_transaction_session_timeout` (twice the lease timeout, at least 5 s)
+    // ends it while it waits there. Between day 1 and day 2 a command task waits until the
+    // server has ended every `backfill` session of the database: day 2's try must get a new
+    // connection, not fail on the dead one.
+    let psql = pg::bin_dir()
+        .map(|b| b.join("psql"))
+        .filter(|p| p.is_file())
+        .map_or_else(|| "psql".to_string(), |p| p.display().to_string());
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    let url = t.cluster.url(&t.db);
+    let wait = format!(
+        r#"
+[[tasks]]
+id = "wait"
+depends_on = ["fact"]
+timeout = "60s"
+command = "until [ \"$({psql} '{url}?sslmode=disable' -Atc \"SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'backfill'\")\" = 0 ]; do sleep 0.1; done"
+"#
+    );
+    t.p.write(
+        "dags/orders.toml",
+        &format!("{}{wait}", dag(QUERY, GATE, "")),
+    );
+    let toml =
+        t.p.read("backfill.toml")
+            .replace("lease_timeout = \"30s\"", "lease_timeout = \"1s\"");
+    t.p.write("backfill.toml", &toml);
+    let out = t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-02",
+        &["--max-active-runs", "1"],
+    );
+    assert_eq!(
+        out.code,
+        0,
+        "{}\n{:?}",
+        out.stderr,
+        t.p.rows("SELECT id, task_id, state, error FROM task_tries ORDER BY id")
+    );
+    assert_eq!(t.fact(), t.expected(&[1, 2]));
+    assert_eq!(t.open_transactions(), "0");
+}
+
+#[test]
+fn fingerprints_of_timestamptz_arrays_do_not_depend_on_the_session_time_zone() {
+    // Like `fingerprints_do_not_depend_on_the_session_time_zone`, with the instants in an array:
+    // every type but the listed ones is hashed by its text, and the text of a `timestamptz[]`
+    // is written in the session's `TimeZone`.
+    let Some(t) = staged_with_extra_column("ARRAY[order_ts] AS seen", "seen timestamptz[]", "")
+    else {
+        return;
+    };
+    t.psql(&format!(
+        "ALTER DATABASE \"{}\" SET timezone = 'Asia/Tokyo'",
+        t.db
+    ));
+    conn_reset(&t);
+    let diff = t.p.run(&["diff", "2", "--output", "json"]);
+    diff.code(0);
+    let same = diff.json()[0]["same_fingerprint"] == true;
+    let promote = t.p.run(&["promote", "2"]);
+    assert!(
+        same && promote.code == 0,
+        "diff: {}\npromote exited {}: {}",
+        diff.stdout,
+        promote.code,
+        promote.stderr
+    );
+}
+
+#[test]
+fn a_commit_that_fails_publishes_nothing_and_the_next_try_runs() {
+    // A deferred constraint fails day 2's COMMIT (sent with the next try's BEGIN in one round
+    // trip): the server rolls the transaction back, booking included, so the settling finds no
+    // booking and the try fails; day 1, before it, and day 3, after it on the same pooled
+    // connection, publish in transactions of their own.
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    t.psql(
+        "CREATE FUNCTION analytics.no_day_2() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.day = date '2026-01-02' THEN RAISE EXCEPTION 'day 2 refused at commit'; END IF; RETURN NULL; END $$; \
+         CREATE CONSTRAINT TRIGGER no_day_2 AFTER INSERT ON analytics.orders_fact \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION analytics.no_day_2()",
+    );
+    let out = t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-03",
+        &["--max-active-runs", "1"],
+    );
+    out.code(3).stderr_has("day 2 refused at commit");
+    assert_eq!(t.fact(), t.expected(&[1, 3]));
+    assert_eq!(
+        t.psql("SELECT partition_start::date FROM backfill.publishes ORDER BY 1"),
+        "2026-01-01\n2026-01-03"
+    );
+    assert_eq!(
+        t.p.rows(
+            "SELECT r.interval_start, t.state, t.publishing FROM task_tries t JOIN runs r ON r.id = t.run_id ORDER BY r.interval_start"
+        )
+        .iter()
+        .map(|r| format!("{} {}", r[1], r[2]))
+        .collect::<Vec<_>>(),
+        vec!["succeeded 0", "failed 0", "succeeded 0"]
+    );
+    assert_eq!(t.p.count("SELECT count(*) FROM published"), 2);
+    assert_eq!(t.open_transactions(), "0");
+}
+
+#[test]
+fn a_publish_recovered_after_a_kill_keeps_its_source_fingerprint_and_gate_record() {
+    // The intent is recorded before the try has measured anything, so a publish that committed
+    // just before a kill is recorded by recovery from the booking: rows and fingerprint. What
+    // `changed` and `stale` compare (the source fingerprint), and what the gate saw (source
+    // rows, verdict), must not be lost with it: the source did not change, so nothing is stale.
+    let gate = format!(
+        "{GATE}\nsource_fingerprint = \"SELECT count(*) || '/' || coalesce(sum(amount), 0) FROM raw.orders WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end\""
+    );
+    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(QUERY, &gate, "")) else {
+        return;
+    };
+    let out = t.p.run_with(
+        &[
+            "create",
+            "--dag",
+            "orders",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+        ],
+        &[("BACKFILL_FAULT", "after-publish")],
+    );
+    assert_ne!(out.code, 0, "the process was killed");
+    t.p.run(&["resume", "1"]).code(0);
+    assert_eq!(t.fact(), t.expected(&[1]));
+    succeeded_once_each(&t, "1", 1, "recovered");
+    // The same source, published by a try that was not killed, for comparison.
+    t.p.create("orders", "2026-01-02", "2026-01-02", &[])
+        .code(0);
+    let tries = t.p.rows(
+        "SELECT r.interval_start, t.source_rows, t.source_fingerprint IS NOT NULL, t.verdict IS NOT NULL \
+         FROM task_tries t JOIN runs r ON r.id = t.run_id WHERE t.state = 'succeeded' ORDER BY 1",
+    );
+    let stale = t.p.run(&[
+        "stale",
+        "--dag",
+        "orders",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+        "--output",
+        "json",
+    ]);
+    stale.code(0);
+    assert!(
+        stale.json() == serde_json::json!([]) && tries[0][1..] == tries[1][1..],
+        "stale: {}\nsucceeded tries (start, source rows, has source fingerprint, has verdict): {tries:?}",
+        stale.stdout
+    );
+}

@@ -580,3 +580,102 @@ fn one_at_a_time_means_one_run_at_a_time_in_the_manifest() {
     }
     assert!(runs.iter().all(|r| r[2] == "succeeded"), "{runs:?}");
 }
+
+/// The most runs of `p` that the manifest shows running at one instant (a run ending at the
+/// millisecond another starts does not overlap it).
+fn most_running_at_once(p: &Project) -> usize {
+    let runs = p.rows("SELECT started_at, ended_at FROM runs ORDER BY id");
+    let spans: Vec<(i64, i64)> = runs
+        .iter()
+        .map(|r| (r[0].parse().unwrap(), r[1].parse().unwrap()))
+        .collect();
+    spans
+        .iter()
+        .map(|&(s, _)| spans.iter().filter(|&&(a, b)| a <= s && s < b).count())
+        .max()
+        .unwrap_or(0)
+}
+
+#[test]
+fn slow_manifest_commits_never_show_more_running_runs_than_max_active_runs() {
+    // Every manifest commit takes 30 ms, so that ends freed early are still queued while the
+    // next intervals start and their tasks end; two tasks per interval, so that a task's end
+    // (not the run's) is recorded without freeing anything.
+    let p = Project::new().dag(
+        "d",
+        r#"
+schedule = "@daily"
+[[tasks]]
+id = "first"
+command = "true"
+[[tasks]]
+id = "second"
+depends_on = ["first"]
+command = "echo {{ ds }} >> order.txt"
+"#,
+    );
+    let out = p.run_with(
+        &[
+            "create",
+            "--dag",
+            "d",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-12",
+            "--max-active-runs",
+            "2",
+        ],
+        &[("BACKFILL_FAULT", "slow-commit:30ms")],
+    );
+    out.code(0);
+    assert_eq!(
+        p.count("SELECT count(*) FROM runs WHERE state = 'succeeded'"),
+        12
+    );
+    assert_eq!(p.read("order.txt").lines().count(), 12);
+    assert!(
+        most_running_at_once(&p) <= 2,
+        "{:?}",
+        p.rows("SELECT interval_start, started_at, ended_at FROM runs ORDER BY id")
+    );
+}
+
+#[test]
+fn a_failure_after_successes_freed_early_stops_at_max_failures_one() {
+    // Day 1 succeeds (its slot is freed while its end commits slowly), day 2 fails: with
+    // `--max-failures 1` and one run at a time, day 3 never starts.
+    let p = Project::new().dag(
+        "d",
+        r#"
+schedule = "@daily"
+retries = 0
+[[tasks]]
+id = "t"
+command = "echo {{ ds }} >> order.txt; [ {{ ds }} != 2026-01-02 ]"
+"#,
+    );
+    let out = p.run_with(
+        &[
+            "create",
+            "--dag",
+            "d",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-06",
+            "--max-active-runs",
+            "1",
+            "--max-failures",
+            "1",
+        ],
+        &[("BACKFILL_FAULT", "slow-commit:30ms")],
+    );
+    out.code(3);
+    assert_eq!(p.read("order.txt"), "2026-01-01\n2026-01-02\n");
+    assert_eq!(
+        p.rows("SELECT state FROM runs ORDER BY interval_start"),
+        vec![vec!["succeeded".to_string()], vec!["failed".to_string()]]
+    );
+    assert!(most_running_at_once(&p) <= 1);
+}

@@ -88,16 +88,22 @@ pub(super) async fn sql_try(
         .lock()
         .ok()
         .and_then(|r| r.get(&task.id).copied().flatten());
-    let mut log = TryLog::open(&input.log_path);
     let into = if sql.warehouse.is_postgres() {
         "its own transaction".to_string()
     } else {
         audit_path.display().to_string()
     };
-    log.line(&format!(
+    let first = format!(
         "warehouse `{}`: computing {} for [{}, {}) into {into}",
         sql.warehouse.name, sql.target, binds.data_interval_start, binds.data_interval_end,
-    ));
+    );
+    // The log file is created while the warehouse works: creating a file is not free.
+    let log_path = input.log_path.clone();
+    let open_log = tokio::task::spawn_blocking(move || {
+        let mut log = TryLog::open(&log_path);
+        log.line(&first);
+        log
+    });
     let (s, g, b) = (sql.clone(), task.gate.clone(), binds.clone());
     let (try_id, manifest) = (
         input.try_id,
@@ -137,8 +143,13 @@ pub(super) async fn sql_try(
             .call(move |c| c.record_publish_intent(c.fence(owner)?, try_id, None, &rec))
             .await
     };
-    let (step, current, intent) =
-        tokio::join!(write, published_try(shared, task, input.interval), intent);
+    let (step, current, intent, log) = tokio::join!(
+        write,
+        published_try(shared, task, input.interval),
+        intent,
+        open_log
+    );
+    let mut log = log.unwrap_or(TryLog(None));
     let output = match step {
         Step::Done(Ok(v)) => v,
         Step::Done(Err(e)) => {

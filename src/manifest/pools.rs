@@ -122,12 +122,16 @@ fn free_dead(conn: &Connection, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate:
             if gone {
                 // Its process is dead, or was never let go (it waits at its gate): the try is
                 // cancelled, so that its owner, should it only be frozen and wake up, cannot
-                // start it, or another step of it, beside the slot's next holder. (A decided
-                // publish is left to recovery: it reads no source.)
+                // start it, or another step of it, or publish, beside the slot's next holder.
+                // (A decided publish from an audit file is left to recovery: it reads no source.
+                // A PostgreSQL try records its intent while its statement still reads the
+                // source: it is cancelled, and recovery settles it from the warehouse's booking.)
                 conn.prepare_cached(
                     "UPDATE task_tries SET state = 'cancelled', ended_at = ?2,
                         error = 'its backfill''s owner was gone; its pool slot was given to another try'
-                     WHERE id = ?1 AND state = 'running' AND publishing = 0",
+                     WHERE id = ?1 AND state = 'running' AND (publishing = 0
+                        OR (audit_path IS NULL AND audit_table IS NULL AND restore_key IS NULL
+                            AND promoted_from IS NULL))",
                 )?
                 .execute(params![try_id, ctx.now_ms])?;
             }

@@ -164,7 +164,8 @@ pub fn publishing(conn: &Connection, try_id: i64) -> Result<bool> {
 pub fn may_publish(conn: &Connection, try_id: i64, owner: Option<Owner>) -> Result<bool> {
     let row: Option<(bool, i64, i64, String, String, i64)> = conn
         .prepare_cached(
-            "SELECT t.publishing, b.id, b.epoch, r.dag_id, t.task_id, r.interval_start
+            "SELECT t.publishing AND t.state = 'running', b.id, b.epoch, r.dag_id, t.task_id,
+                    r.interval_start
              FROM task_tries t JOIN runs r ON r.id = t.run_id JOIN backfills b ON b.id = r.backfill_id
              WHERE t.id = ?1",
         )?

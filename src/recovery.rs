@@ -55,9 +55,9 @@ struct Acted {
     blocked: Vec<(i64, String)>,
     /// Publishes finished: try id -> rows.
     published: HashMap<i64, i64>,
-    /// The fingerprints that PostgreSQL bookings give for publishes finished: a PostgreSQL try
-    /// records its intent before it has measured its output.
-    booked: HashMap<i64, String>,
+    /// What PostgreSQL bookings say of publishes finished: a PostgreSQL try records its
+    /// intent before it has measured and judged its output.
+    booked: HashMap<i64, warehouse::postgres::Booked>,
     /// Publishes not needed any more (superseded or already finished).
     dropped: Vec<(i64, String)>,
     /// Publishes that could not be finished: try id -> why.
@@ -326,8 +326,8 @@ fn act(manifest_path: &Path, dags: &Dags, claim: &Claim, ctx: &LeaseCtx) -> Acte
     for p in &claim.publishes {
         match finish_publish(manifest_path, dags, p) {
             Ok(Finished::Published(rows, booked)) => {
-                if let Some(fingerprint) = booked {
-                    acted.booked.insert(p.try_id, fingerprint);
+                if let Some(booked) = booked {
+                    acted.booked.insert(p.try_id, booked);
                 }
                 tracing::info!(
                     backfill = backfill_id,
@@ -348,8 +348,8 @@ fn act(manifest_path: &Path, dags: &Dags, claim: &Claim, ctx: &LeaseCtx) -> Acte
 }
 
 enum Finished {
-    /// Rows, and the fingerprint the warehouse booked, when it keeps one.
-    Published(i64, Option<String>),
+    /// Rows, and what the warehouse booked, when it books its publishes.
+    Published(i64, Option<warehouse::postgres::Booked>),
     Dropped(String),
 }
 
@@ -373,7 +373,7 @@ fn finish_publish(
         // back when the owner's connection ended. The warehouse's bookkeeping says which.
         let manifest = manifest::identity(manifest_path).map_err(|e| e.to_string())?;
         return match warehouse::postgres::settle_publish(task, p.interval, &manifest, p.try_id) {
-            Ok(Some((rows, fingerprint))) => Ok(Finished::Published(rows, fingerprint)),
+            Ok(Some(booked)) => Ok(Finished::Published(booked.rows, Some(booked))),
             Ok(None) => Ok(Finished::Dropped(
                 "the publish did not commit (the server rolled its transaction back); the interval runs again".into(),
             )),
@@ -581,8 +581,8 @@ fn record(
             let mut rec = p.record.clone();
             rec.state = TryState::Succeeded;
             rec.rows = Some(*rows);
-            if rec.fingerprint.is_none() {
-                rec.fingerprint = a.booked.get(&p.try_id).cloned();
+            if let Some(booked) = a.booked.get(&p.try_id) {
+                fill_from_booking(&mut rec, booked);
             }
             // Only the recoverer that finishes the try records its publication.
             if conn.end_abandoned_try(p.try_id, &rec, now)? {
@@ -629,6 +629,27 @@ fn record(
         conn.release_all_but_running(backfill_id)?;
     }
     Ok(())
+}
+
+/// Fills what a try's intent did not record (a PostgreSQL try records it before it measured)
+/// from its booking: fingerprint, source rows and fingerprint, verdict, reasons, the rows it was
+/// compared with.
+fn fill_from_booking(rec: &mut TryRecord, booked: &warehouse::postgres::Booked) {
+    if rec.fingerprint.is_none() {
+        rec.fingerprint.clone_from(&booked.fingerprint);
+    }
+    let judged: serde_json::Value = booked
+        .judged
+        .as_deref()
+        .and_then(|j| serde_json::from_str(j).ok())
+        .unwrap_or_default();
+    let text = |k: &str| judged.get(k).and_then(|v| v.as_str()).map(str::to_string);
+    let int = |k: &str| judged.get(k).and_then(serde_json::Value::as_i64);
+    rec.source_rows = rec.source_rows.or(int("source_rows"));
+    rec.previous_rows = rec.previous_rows.or(int("previous_rows"));
+    rec.verdict = rec.verdict.take().or(text("verdict"));
+    rec.reasons = rec.reasons.take().or(text("reasons"));
+    rec.source_fingerprint = rec.source_fingerprint.take().or(text("source_fingerprint"));
 }
 
 /// Removes the audit files that no live process holds and no pending publish needs.

@@ -372,9 +372,12 @@ pub fn end_abandoned_try(
         .prepare_cached(
             "UPDATE task_tries SET state = ?2, ended_at = ?3, error = COALESCE(?4, error),
                 rows = COALESCE(?5, rows), fingerprint = COALESCE(?6, fingerprint),
+                source_rows = COALESCE(?7, source_rows),
+                previous_rows = COALESCE(?8, previous_rows),
+                source_fingerprint = COALESCE(?9, source_fingerprint),
                 publishing = 0,
-                verdict = CASE WHEN ?2 = 'succeeded' THEN verdict END,
-                reasons = CASE WHEN ?2 = 'succeeded' THEN reasons END
+                verdict = CASE WHEN ?2 = 'succeeded' THEN COALESCE(?10, verdict) END,
+                reasons = CASE WHEN ?2 = 'succeeded' THEN COALESCE(?11, reasons) END
              WHERE id = ?1 AND (state = 'running' OR publishing = 1)",
         )?
         .execute(params![
@@ -383,7 +386,12 @@ pub fn end_abandoned_try(
             now_ms,
             rec.error,
             rec.rows,
-            rec.fingerprint
+            rec.fingerprint,
+            rec.source_rows,
+            rec.previous_rows,
+            rec.source_fingerprint,
+            rec.verdict,
+            rec.reasons
         ])?;
     Ok(changed == 1)
 }

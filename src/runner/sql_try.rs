@@ -342,6 +342,14 @@ pub(super) async fn publish_audited(
     let same_content = current
         .as_ref()
         .is_some_and(|c| c.fingerprint.is_some() && c.fingerprint == record.fingerprint);
+    let judged = serde_json::json!({
+        "source_rows": record.source_rows,
+        "previous_rows": record.previous_rows,
+        "verdict": record.verdict,
+        "reasons": record.reasons,
+        "source_fingerprint": record.source_fingerprint,
+    })
+    .to_string();
     let joined = tokio::task::spawn_blocking(move || {
         let reader = manifest::Reader::take(&manifest_path);
         let result = match &reader {
@@ -365,6 +373,7 @@ pub(super) async fn publish_audited(
                         same_content,
                     }),
                     table_keys: table_keys.as_deref(),
+                    judged: Some(&judged),
                 };
                 let mut waiting = waiting_log(&log_path);
                 output.publish(&p, &allowed, &mut waiting)

@@ -57,6 +57,10 @@ pub struct PublishAs<'a> {
     /// With `unique_key_scope = "table"`: the key, checked again against the other partitions
     /// when a staged output is promoted.
     pub table_keys: Option<&'a [String]>,
+    /// The try's judged record (source rows and fingerprint, verdict, reasons, the rows
+    /// compared with) as JSON: a warehouse that books its publishes keeps it with the booking,
+    /// for the recovery of a publish that committed before the manifest recorded it.
+    pub judged: Option<&'a str>,
 }
 
 /// A rollback of one task's interval.

@@ -1730,12 +1730,10 @@ GROUP BY 1, 2",
 }
 
 #[test]
-fn a_pooled_connection_ended_by_the_idle_timeout_is_replaced() {
-    // The connection goes back to the pool inside the transaction its COMMIT began, so the
-    // server's `idle_in_transaction_session_timeout` (twice the lease timeout, at least 5 s)
-    // ends it while it waits there. Between day 1 and day 2 a command task waits until the
-    // server has ended every `backfill` session of the database: day 2's try must get a new
-    // connection, not fail on the dead one.
+fn a_pooled_connection_ended_by_the_server_is_replaced() {
+    // Between day 1 and day 2 a command task has the server end every `backfill` session of the
+    // database (as a restart or an administrator would) and waits until they are gone: day 2's
+    // try must get a new connection, not fail on the dead one in the pool.
     let psql = pg::bin_dir()
         .map(|b| b.join("psql"))
         .filter(|p| p.is_file())
@@ -1750,7 +1748,7 @@ fn a_pooled_connection_ended_by_the_idle_timeout_is_replaced() {
 id = "wait"
 depends_on = ["fact"]
 timeout = "60s"
-command = "until [ \"$({psql} '{url}?sslmode=disable' -Atc \"SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'backfill'\")\" = 0 ]; do sleep 0.1; done"
+command = "until [ \"$({psql} '{url}?sslmode=disable' -Atc \"SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'backfill'\")\" = 0 ]; do sleep 0.1; done"
 "#
     );
     t.p.write(

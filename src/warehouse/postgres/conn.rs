@@ -323,10 +323,8 @@ pub struct Conn {
     pub partition_types: HashMap<String, super::ColumnType>,
     /// Whether this manifest keeps versions in the warehouse (looked up once).
     pub has_versions: Option<bool>,
-    /// A transaction begun for the next try in the same round trip as the last try's commit,
-    /// with nothing run in it yet (so no snapshot taken): its `idle_in_transaction_session_timeout`
-    /// in milliseconds. [`take`] ends it; [`take_begun`] hands it on.
-    pub begun: Option<u128>,
+    /// Tables' columns and their types (as `format_type` names them), by table.
+    pub columns: HashMap<String, Vec<(String, String)>>,
 }
 
 impl Conn {
@@ -437,7 +435,7 @@ pub fn connect(w: &Warehouse) -> Result<Conn, String> {
         kept_columns: HashMap::new(),
         partition_types: HashMap::new(),
         has_versions: None,
-        begun: None,
+        columns: HashMap::new(),
     };
     conn.wait(conn.client.batch_execute(
         "SET DateStyle = 'ISO'; SET IntervalStyle = 'postgres'; SET extra_float_digits = 1; SET bytea_output = 'hex'",
@@ -448,18 +446,8 @@ pub fn connect(w: &Warehouse) -> Result<Conn, String> {
 
 static IDLE: LazyLock<Mutex<HashMap<String, Vec<Conn>>>> = LazyLock::new(Mutex::default);
 
-/// A connection from the warehouse's idle ones, or a new one, outside any transaction.
+/// A connection from the warehouse's idle ones, or a new one.
 pub fn take(w: &Warehouse) -> Result<Conn, String> {
-    let mut c = take_begun(w)?;
-    if c.begun.take().is_some() && c.wait(c.client.batch_execute("ROLLBACK")).is_err() {
-        return connect(w);
-    }
-    Ok(c)
-}
-
-/// Like [`take`], for a try's transaction: the connection may have begun it already
-/// ([`Conn::begun`]).
-pub fn take_begun(w: &Warehouse) -> Result<Conn, String> {
     if let WarehouseKind::Postgres(url) = &w.kind
         && let Ok(mut idle) = IDLE.lock()
         && let Some(list) = idle.get_mut(url.secret())

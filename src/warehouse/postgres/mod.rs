@@ -113,7 +113,8 @@ fn fingerprint_sql(row_hash: &str, from: &str) -> String {
 /// protocol names it), which fingerprints sum: each column's value hashed with a seed of its
 /// own (its place), combined by `#` (xor). Integers, booleans, `uuid`s and timestamps are
 /// hashed as the values they are, which is several times cheaper than hashing the row's text;
-/// a `timestamptz` as UTC wall time, so that it does not depend on the session's `TimeZone`;
+/// a `timestamptz` (or an array of them) as UTC wall time, so that it does not depend on the
+/// session's `TimeZone`;
 /// every other type by its text (the output settings are pinned for every connection, see
 /// [`conn::connect`]); a `NULL` as its seed.
 fn row_hash(columns: &[(String, String)]) -> String {
@@ -126,7 +127,13 @@ fn row_hash(columns: &[(String, String)]) -> String {
         .map(|(seed, (name, ty))| {
             let c = quote_ident(name);
             let base = ty.split('(').next().unwrap_or(ty).trim();
+            let element = ty.strip_suffix("[]").unwrap_or_default();
             let h = match base {
+                // Arrays of timestamptz by the text of their elements in UTC, in order.
+                _ if is_timestamptz(element) || element == "timestamptz" => format!(
+                    "hashtextextended((SELECT array_agg(e AT TIME ZONE 'UTC' ORDER BY i) \
+                     FROM unnest({c}) WITH ORDINALITY AS u(e, i))::text, {seed})"
+                ),
                 _ if is_timestamptz(ty) || ty == "timestamptz" => {
                     format!("timestamp_hash_extended({c} AT TIME ZONE 'UTC', {seed})")
                 }
@@ -295,6 +302,21 @@ fn target_columns(
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
+/// [`target_columns`], looked up once per connection.
+fn cached_columns(
+    c: &mut Conn,
+    table: &str,
+) -> std::result::Result<Vec<(String, String)>, tokio_postgres::Error> {
+    if let Some(cols) = c.columns.get(table) {
+        return Ok(cols.clone());
+    }
+    let cols = target_columns(c, table)?;
+    if !cols.is_empty() {
+        c.columns.insert(table.to_string(), cols.clone());
+    }
+    Ok(cols)
+}
+
 impl Backend for Postgres {
     fn prepare(
         &self,
@@ -319,14 +341,13 @@ impl Backend for Postgres {
 
     fn write(&self, w: &Write<'_>, cancel: &Cancel) -> Result<Box<dyn Pending>> {
         let wh = &w.task.warehouse;
-        let mut c = conn::take_begun(wh).map_err(|e| Error::Message(e).at(wh))?;
+        let mut c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
         cancel.on_set(c.canceller())?;
         let mut attempt = 0;
         loop {
             match write_measure(&mut c, w, cancel) {
                 Ok((measures, written)) => {
                     return Ok(Box::new(Open {
-                        idle_ms: idle_ms(w),
                         conn: Some(c),
                         measures,
                         written,
@@ -490,7 +511,9 @@ fn book(c: &mut Conn) -> std::result::Result<(), Failure> {
     }
     let there: bool = c
         .wait(c.client.query_one(
-            "SELECT to_regclass('backfill.partitions') IS NOT NULL AND to_regclass('backfill.publishes') IS NOT NULL AND to_regclass('backfill.versions') IS NOT NULL",
+            "SELECT to_regclass('backfill.partitions') IS NOT NULL AND to_regclass('backfill.versions') IS NOT NULL \
+             AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('backfill.publishes') \
+               AND attname = 'judged' AND NOT attisdropped)",
             &[],
         ))?
         .get(0);
@@ -518,6 +541,7 @@ fn book(c: &mut Conn) -> std::result::Result<(), Failure> {
                PRIMARY KEY (manifest, target, replaced_by)); \
              CREATE INDEX IF NOT EXISTS versions_by_interval \
                ON backfill.versions (manifest, target, interval_start, replaced_by); \
+             ALTER TABLE backfill.publishes ADD COLUMN IF NOT EXISTS judged text; \
              COMMIT;",
         ))?;
     }
@@ -569,13 +593,6 @@ fn write_measure(
     cancel: &Cancel,
 ) -> std::result::Result<(AuditMeasures, Written), Failure> {
     let task = w.task;
-    // The last try on this connection may have begun this one's transaction with its commit:
-    // it is used when nothing before the statement commits (the bookkeeping tables exist).
-    let begun = c.begun.take();
-    let in_begun = begun == Some(idle_ms(w)) && (c.booked || w.measure_only);
-    if begun.is_some() && !in_begun {
-        c.wait(c.client.batch_execute("ROLLBACK"))?;
-    }
     if !w.measure_only {
         book(c)?;
     }
@@ -601,6 +618,19 @@ fn write_measure(
         .map(|c| quote_ident(c))
         .collect::<Vec<_>>()
         .join(", ");
+    // The output's rows are hashed as the target's types hold them (what `RETURNING` gives, and
+    // what verify, promote and kept versions hash later), not as the query's types.
+    let target_types = cached_columns(c, &task.target)?;
+    let typed: Vec<(String, String)> = out
+        .iter()
+        .map(|n| {
+            let ty = target_types
+                .iter()
+                .find(|(t, _)| t == n)
+                .map_or_else(|| "text".to_string(), |(_, ty)| ty.clone());
+            (n.clone(), ty)
+        })
+        .collect();
     let outside = format!("(NOT ({pc} >= $1 AND {pc} < $2) OR {pc} IS NULL)");
     let keys = w
         .gate
@@ -698,35 +728,40 @@ fn write_measure(
            coalesce(sum({hash}), 0) AS h FROM ins){booking}\n\
          SELECT m.n, m.outside, \
          CASE WHEN m.outside > 0 THEN (SELECT array_agg(v) FROM (SELECT DISTINCT coalesce({pc}::text, 'NULL') AS v FROM ins WHERE {outside} ORDER BY 1 LIMIT {more}) o) END, \
-         m.n::text || ':' || m.h::text, {duplicates}, {elsewhere}, {source_count}, {source_fingerprint}, {moved} FROM m",
+         m.n::text || ':' || m.h::text, {duplicates}, {elsewhere}, {source_count}, {source_fingerprint}, {moved}, {IN_TRY_GUARD} FROM m",
         query.sql,
         more = SHOWN + 1,
-        hash = row_hash(
-            &shape
-                .columns()
-                .iter()
-                .map(|col| (col.name().to_string(), col.type_().name().to_string()))
-                .collect::<Vec<_>>()
-        ),
+        hash = row_hash(&typed),
     );
-    if !in_begun {
-        c.wait(c.client.batch_execute(&begin_sql(idle_ms(w))))?;
-    }
     if cancel.is_set() {
         return Err(Error::Cancelled.into());
     }
-    let measure = match &staged {
+    let begin = begin_sql(idle_ms(w));
+    let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(Value::sql).collect();
+    let row = match &staged {
         Some(name) => {
             c.wait(c.client.batch_execute(&format!(
-                "CREATE TABLE {name} AS SELECT {list} FROM {table} WITH NO DATA"
+                "{begin}; CREATE TABLE {name} AS SELECT {list} FROM {table} WITH NO DATA"
             )))?;
             // A staged table is new in every try: its statement is not kept prepared.
-            c.wait(c.client.prepare_typed(&statement, &types))?
+            let measure = c.wait(c.client.prepare_typed(&statement, &types))?;
+            c.wait(c.client.query_one(&measure, &refs))?
         }
-        None => prepared(c, &statement, &types)?,
+        None => {
+            // Prepared outside the transaction; then its BEGIN and the statement go in one
+            // round trip. Should the BEGIN fail, the statement runs outside a transaction and
+            // fails on its guard (see `begin_sql`): it commits nothing.
+            let measure = prepared(c, &statement, &types)?;
+            c.wait(async {
+                let (began, row) = tokio::join!(
+                    c.client.batch_execute(&begin),
+                    c.client.query_one(&measure, &refs)
+                );
+                began?;
+                row
+            })?
+        }
     };
-    let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(Value::sql).collect();
-    let row = c.wait(c.client.query_one(&measure, &refs))?;
     crate::fault::point("before-source-count");
     let rows: i64 = row.get(0);
     let fingerprint: String = row.get(3);
@@ -767,13 +802,20 @@ fn idle_ms(w: &Write<'_>) -> u128 {
 }
 
 /// Begins a try's transaction. Plans are made for each try's values and the table as it is
-/// now: a plan cached while the target was empty would scan it whole once it has grown.
+/// now: a plan cached while the target was empty would scan it whole once it has grown. The
+/// transaction is marked (`SET LOCAL`, gone when it ends) for [`IN_TRY_GUARD`].
 fn begin_sql(idle_ms: u128) -> String {
     format!(
         "SET idle_in_transaction_session_timeout = {idle_ms}; SET plan_cache_mode = force_custom_plan; \
-         BEGIN ISOLATION LEVEL REPEATABLE READ"
+         BEGIN ISOLATION LEVEL REPEATABLE READ; SET LOCAL backfill.in_try = 'on'"
     )
 }
+
+/// A column of a try's statement that fails the statement (so that it commits nothing) unless
+/// it runs inside a transaction that [`begin_sql`] began.
+const IN_TRY_GUARD: &str = "CASE WHEN current_setting('backfill.in_try', true) = 'on' THEN NULL::int \
+     ELSE ('backfill: the statement is outside its try''s transaction (' \
+     || coalesce(current_setting('backfill.in_try', true), 'unset') || ')')::int END";
 
 /// What a try's transaction did besides its output.
 struct Written {
@@ -864,8 +906,6 @@ pub fn look(
 
 /// A try's open transaction: its output written, measured, not yet visible.
 struct Open {
-    /// The session's idle-in-transaction timeout (see [`idle_ms`]).
-    idle_ms: u128,
     conn: Option<Conn>,
     measures: AuditMeasures,
     written: Written,
@@ -933,27 +973,46 @@ impl Pending for Open {
             self.end();
             return Err(e.at(wh));
         }
-        // The commit, with the next try's BEGIN in the same round trip (nothing runs in that
-        // transaction, and no snapshot is taken, until the next try's statement).
-        let committed = c.wait(
-            c.client
-                .batch_execute(&format!("COMMIT; {}", begin_sql(self.idle_ms))),
-        );
+        // The judged record goes with the booking, in the commit's round trip. A failed UPDATE
+        // aborts the transaction, whose COMMIT then rolls back without an error: so the
+        // UPDATE's own answer decides too.
+        // (Prepared first: a statement to parse would go to the server after the COMMIT.)
+        let update = match prepared(
+            c,
+            "UPDATE backfill.publishes SET judged = $3 WHERE manifest = $1 AND try_id = $2",
+            &[Type::TEXT, Type::INT8, Type::TEXT],
+        ) {
+            Ok(u) => u,
+            Err(e) => {
+                self.end();
+                return Err(pg(wh)(e));
+            }
+        };
+        let params: [&(dyn ToSql + Sync); 3] = [&self.manifest, &self.try_id, &p.judged];
+        let (judged, committed) = c.wait(async {
+            tokio::join!(
+                c.client.execute(&update, &params),
+                c.client.batch_execute("COMMIT")
+            )
+        });
+        let committed = match (judged, committed) {
+            (Ok(_), Ok(())) => Ok(()),
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        };
         match committed {
             Ok(()) => {
-                if let Some(mut c) = self.conn.take() {
-                    c.begun = Some(self.idle_ms);
+                if let Some(c) = self.conn.take() {
                     conn::give(c);
                 }
                 Ok(self.measures.rows)
             }
             Err(e) => {
-                // The connection failed, or the commit or the BEGIN after it did: the commit
-                // may have happened with its reply lost. The booking says, once the server
-                // has ended the transaction either way.
+                // The connection failed, or the commit did: it may have happened with its
+                // reply lost. The booking says, once the server has ended the transaction
+                // either way.
                 self.end();
                 match settle_publish(p.task, p.interval, &self.manifest, self.try_id) {
-                    Ok(Some((rows, _))) => Ok(rows),
+                    Ok(Some(booked)) => Ok(booked.rows),
                     _ => Err(pg(wh)(e)),
                 }
             }
@@ -1109,8 +1168,17 @@ fn kept_fingerprint(
     Ok(Some(format!("pg:{}", row.get::<_, String>(0))))
 }
 
+/// A publish that committed, as the warehouse booked it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Booked {
+    pub rows: i64,
+    pub fingerprint: Option<String>,
+    /// The try's judged record as JSON (see [`PublishAs::judged`]).
+    pub judged: Option<String>,
+}
+
 /// After a crash: whether the publish of try `try_id` (recorded by manifest `manifest`)
-/// committed, with its rows and fingerprint. Judged under the partition's row lock, which a publish holds
+/// committed, as it was booked. Judged under the partition's row lock, which a publish holds
 /// from before it asks the manifest until it commits: an owner frozen in between is waited
 /// for, and one that has not got there yet will be refused by the manifest.
 pub fn settle_publish(
@@ -1118,45 +1186,48 @@ pub fn settle_publish(
     interval: DataInterval,
     manifest: &str,
     try_id: i64,
-) -> Result<Option<(i64, Option<String>)>> {
+) -> Result<Option<Booked>> {
     let wh = &task.warehouse;
     let c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
-    let result =
-        (|| -> std::result::Result<Option<(i64, Option<String>)>, tokio_postgres::Error> {
-            let booked: bool = c
-                .wait(
-                    c.client
-                        .query_one("SELECT to_regclass('backfill.publishes') IS NOT NULL", &[]),
-                )?
-                .get(0);
-            if !booked {
-                return Ok(None);
-            }
-            // An owner that is publishing holds the partition's row (one it created, not yet
-            // committed, or one it updated) until it commits or the server rolls it back; a frozen
-            // owner's session is ended by the server once idle past twice the lease timeout. Both
-            // statements wait for that, so "not committed" stays true once said.
-            c.wait(
+    let result = (|| -> std::result::Result<Option<Booked>, tokio_postgres::Error> {
+        let booked: bool = c
+            .wait(
                 c.client
-                    .batch_execute("BEGIN; SET LOCAL lock_timeout = '10min'"),
-            )?;
-            c.wait(c.client.execute(
-                "INSERT INTO backfill.partitions (target, partition_start, manifest, try_id) \
+                    .query_one("SELECT to_regclass('backfill.publishes') IS NOT NULL", &[]),
+            )?
+            .get(0);
+        if !booked {
+            return Ok(None);
+        }
+        // An owner that is publishing holds the partition's row (one it created, not yet
+        // committed, or one it updated) until it commits or the server rolls it back; a frozen
+        // owner's session is ended by the server once idle past twice the lease timeout. Both
+        // statements wait for that, so "not committed" stays true once said.
+        c.wait(
+            c.client
+                .batch_execute("BEGIN; SET LOCAL lock_timeout = '10min'"),
+        )?;
+        c.wait(c.client.execute(
+            "INSERT INTO backfill.partitions (target, partition_start, manifest, try_id) \
              VALUES ($1, $2, '', 0) ON CONFLICT (target, partition_start) DO NOTHING",
-                &[&task.target, &interval.start],
-            ))?;
-            c.wait(c.client.query(
+            &[&task.target, &interval.start],
+        ))?;
+        c.wait(c.client.query(
             "SELECT 1 FROM backfill.partitions WHERE target = $1 AND partition_start = $2 FOR UPDATE",
             &[&task.target, &interval.start],
         ))?;
-            let row = c.wait(c.client.query_opt(
-            "SELECT rows, fingerprint FROM backfill.publishes WHERE manifest = $1 AND try_id = $2 \
+        let row = c.wait(c.client.query_opt(
+            "SELECT rows, fingerprint, judged FROM backfill.publishes WHERE manifest = $1 AND try_id = $2 \
              AND target = $3 AND partition_start = $4",
             &[&manifest, &try_id, &task.target, &interval.start],
         ))?;
-            c.wait(c.client.batch_execute("COMMIT"))?;
-            Ok(row.map(|r| (r.get(0), r.get(1))))
-        })();
+        c.wait(c.client.batch_execute("COMMIT"))?;
+        Ok(row.map(|r| Booked {
+            rows: r.get(0),
+            fingerprint: r.get(1),
+            judged: r.get(2),
+        }))
+    })();
     match result {
         Ok(found) => {
             conn::give(c);

@@ -735,8 +735,7 @@ fn one_producer_per_table(files: &mut [DagFile]) {
         // In file order, so that "first" means first in the file.
         sql.sort_by_key(|(_, _, at)| line_col(at));
         for (task, s, at) in sql {
-            // SQLite table names are case-insensitive.
-            let key = (s.warehouse.name.clone(), s.target.to_ascii_lowercase());
+            let key = (s.warehouse.name.clone(), table_key(s));
             let Some(first) = producers.get(&key) else {
                 producers.insert(
                     key,
@@ -777,6 +776,21 @@ fn one_producer_per_table(files: &mut [DagFile]) {
             Err(errors) => errors.push(e),
             ok @ Ok(_) => *ok = Err(vec![e]),
         }
+    }
+}
+
+/// The table a SQL task writes, as its warehouse names it: SQLite's names are case-insensitive;
+/// PostgreSQL's are quoted as written (so case counts), and an unqualified one is in `public`
+/// (the default `search_path`), so that `dup` and `public.dup` are one table.
+fn table_key(s: &SqlTask) -> String {
+    if s.warehouse.is_postgres() {
+        if s.target.contains('.') {
+            s.target.clone()
+        } else {
+            format!("public.{}", s.target)
+        }
+    } else {
+        s.target.to_ascii_lowercase()
     }
 }
 

@@ -723,3 +723,28 @@ fn urls_are_shown_without_their_password() {
         assert_eq!(redact_url(url), shown, "{url}");
     }
 }
+
+#[test]
+fn a_postgres_table_has_one_producer_whatever_its_schema_is_written() {
+    // `dup` is `public.dup` on PostgreSQL; `Dup` (quoted as written) is another table.
+    let pg = "[warehouse.shop]\nkind = \"postgres\"\nurl = \"postgresql://etl@db.internal/analytics\"\n";
+    let (_dir, p) = project(
+        pg,
+        &[
+            ("a_orders", &sql_dag("aggregate", "dup")),
+            ("b_orders", &sql_dag("recount", "public.dup")),
+            ("c_other", &sql_dag("other", "Dup")),
+        ],
+    );
+    let (dags, errors) = p.load_all();
+    let ids: Vec<_> = dags.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(ids, ["c_other"]);
+    let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        errors,
+        [
+            "dags/a_orders.toml:5:10: table `public.dup` of warehouse `shop` is also the target of task `recount` in dags/b_orders.toml:5:10; a table has one producer",
+            "dags/b_orders.toml:5:10: table `public.dup` of warehouse `shop` is already the target of task `aggregate` in dags/a_orders.toml:5:10; a table has one producer",
+        ]
+    );
+}

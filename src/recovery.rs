@@ -241,8 +241,9 @@ fn recover(
 }
 
 /// Drops the staged tables in PostgreSQL warehouses that no staged output or running try of
-/// this manifest needs: those of tries killed after staging and before recording it. A
-/// warehouse that cannot be reached is skipped (the next recovery tries again).
+/// this manifest needs: those of tries killed after staging and before recording it; and
+/// prunes the old bookings of publishes whose tries are recorded as ended. A warehouse that
+/// cannot be reached is skipped (the next recovery tries again).
 pub fn sweep_staged_tables(writer: &Writer, dags: &Dags) -> Result<usize, Error> {
     let mut warehouses: Vec<&crate::project::Warehouse> = Vec::new();
     for dag in dags.0.values() {
@@ -258,13 +259,17 @@ pub fn sweep_staged_tables(writer: &Writer, dags: &Dags) -> Result<usize, Error>
     if warehouses.is_empty() {
         return Ok(0);
     }
-    let keep: HashSet<i64> = writer.call_blocking(|c| c.keeping_staged_tables())?;
+    let (keep, below) =
+        writer.call_blocking(|c| Ok((c.keeping_staged_tables()?, c.first_unfinished_try()?)))?;
     let manifest = manifest::identity(writer.path())?;
     let mut removed = 0;
     for w in warehouses {
         match warehouse::postgres::sweep_staged(w, &manifest, &|t| keep.contains(&t)) {
             Ok(n) => removed += n,
             Err(e) => tracing::warn!("cannot look for staged tables nobody needs: {e}"),
+        }
+        if let Err(e) = warehouse::postgres::prune_bookings(w, &manifest, below) {
+            tracing::warn!("cannot prune old bookings of publishes: {e}");
         }
     }
     if removed > 0 {

@@ -544,6 +544,17 @@ pub fn needing_audit_files(conn: &Connection) -> Result<std::collections::HashSe
     Ok(ids.collect::<rusqlite::Result<_>>()?)
 }
 
+/// The lowest id of a try still running or publishing, else one above every try: the tries
+/// below it are all recorded as ended.
+pub fn first_unfinished_try(conn: &Connection) -> Result<i64> {
+    Ok(conn.query_row(
+        "SELECT COALESCE((SELECT MIN(id) FROM task_tries WHERE state = 'running' OR publishing = 1),
+                         (SELECT COALESCE(MAX(id), 0) + 1 FROM task_tries))",
+        [],
+        |r| r.get(0),
+    )?)
+}
+
 /// The tries whose staged tables must stay: staged outputs and tries still running.
 pub fn keeping_staged_tables(conn: &Connection) -> Result<std::collections::HashSet<i64>> {
     let mut stmt =

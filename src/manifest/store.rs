@@ -285,6 +285,8 @@ pub trait Store {
     /// The tries whose staged tables in a warehouse must stay: staged outputs, and tries still
     /// running (one may have just committed its staged table and not yet recorded it).
     fn keeping_staged_tables(&self) -> Result<std::collections::HashSet<i64>>;
+    /// The lowest id of a try still running or publishing, else one above every try.
+    fn first_unfinished_try(&self) -> Result<i64>;
     /// Whether a run of backfill `backfill_id` succeeded.
     fn any_succeeded(&self, backfill_id: i64) -> Result<bool>;
     /// The interval starts of backfill `backfill_id` whose runs are still queued or running.
@@ -607,6 +609,9 @@ impl Store for Connection {
     }
     fn keeping_staged_tables(&self) -> Result<std::collections::HashSet<i64>> {
         runs::keeping_staged_tables(self)
+    }
+    fn first_unfinished_try(&self) -> Result<i64> {
+        runs::first_unfinished_try(self)
     }
     fn starts_in_progress(&self, backfill_id: i64) -> Result<std::collections::HashSet<i64>> {
         runs::starts_in_progress(self, backfill_id)

@@ -727,7 +727,8 @@ fn urls_are_shown_without_their_password() {
 #[test]
 fn a_postgres_table_has_one_producer_whatever_its_schema_is_written() {
     // `dup` is `public.dup` on PostgreSQL; `Dup` (quoted as written) is another table.
-    let pg = "[warehouse.shop]\nkind = \"postgres\"\nurl = \"postgresql://etl@db.internal/analytics\"\n";
+    let pg =
+        "[warehouse.shop]\nkind = \"postgres\"\nurl = \"postgresql://etl@db.internal/analytics\"\n";
     let (_dir, p) = project(
         pg,
         &[

@@ -1896,3 +1896,27 @@ fn a_publish_recovered_after_a_kill_keeps_its_source_fingerprint_and_gate_record
         stale.stdout
     );
 }
+
+#[test]
+fn old_bookings_of_ended_tries_are_pruned_and_recent_ones_kept() {
+    // `backfill.publishes` is read only for tries the manifest has not recorded as ended; each
+    // start of a backfill deletes this manifest's bookings of ended tries older than 7 days.
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    t.p.create("orders", "2026-01-01", "2026-01-02", &[])
+        .code(0);
+    let manifest = t.p.rows("SELECT id FROM identity")[0][0].clone();
+    // Try 1's booking made old, and an old one of another manifest, which stays.
+    t.psql(&format!(
+        "UPDATE backfill.publishes SET published_at = now() - interval '8 days' WHERE manifest = '{manifest}' AND try_id = 1;
+         INSERT INTO backfill.publishes (manifest, try_id, target, partition_start, partition_end, rows, published_at)
+         VALUES ('someone-else', 1, 'analytics.orders_fact', '2026-01-01', '2026-01-02', 1, now() - interval '30 days')"
+    ));
+    t.p.create("orders", "2026-01-03", "2026-01-03", &[])
+        .code(0);
+    assert_eq!(
+        t.psql("SELECT manifest = 'someone-else', try_id FROM backfill.publishes ORDER BY 1, 2"),
+        "f|2\nf|3\nt|1"
+    );
+}

@@ -1744,6 +1744,37 @@ pub fn sweep_staged(w: &Warehouse, manifest: &str, keep: &dyn Fn(i64) -> bool) -
     result
 }
 
+/// How long a booking stays in `backfill.publishes` once its try's outcome is recorded: it is
+/// needed only until then, and kept a while longer for whoever looks into a recovery.
+const KEEP_BOOKINGS: &str = "7 days";
+
+/// Deletes this manifest's bookings older than [`KEEP_BOOKINGS`] of tries below `below` (all
+/// recorded as ended, see `first_unfinished_try`), so that `backfill.publishes` does not grow
+/// without end.
+pub fn prune_bookings(w: &Warehouse, manifest: &str, below: i64) -> Result<u64> {
+    let c = conn::take(w).map_err(|e| Error::Message(e).at(w))?;
+    let result = (|| -> std::result::Result<u64, tokio_postgres::Error> {
+        let there: bool = c
+            .wait(
+                c.client
+                    .query_one("SELECT to_regclass('backfill.publishes') IS NOT NULL", &[]),
+            )?
+            .get(0);
+        if !there {
+            return Ok(0);
+        }
+        c.wait(c.client.execute(
+            &format!(
+                "DELETE FROM backfill.publishes WHERE manifest = $1 AND try_id < $2 \
+                 AND published_at < now() - interval '{KEEP_BOOKINGS}'"
+            ),
+            &[&manifest, &below],
+        ))
+    })();
+    conn::give(c);
+    result.map_err(pg(w))
+}
+
 /// The rows the target holds for the interval now, with their fingerprint over the columns
 /// `cols` (those of the staged output), whatever the manifest recorded.
 pub fn published(

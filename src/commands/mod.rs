@@ -52,6 +52,13 @@ fn backfill_id(g: &Global, r: BackfillRef, latest: Latest) -> Result<i64, Error>
 
 /// Runs the command; returns the exit code.
 pub fn run(cli: Cli) -> Result<u8, Error> {
+    if let Some(why) = cli
+        .manifest
+        .as_deref()
+        .and_then(|m| crate::project::not_a_manifest_path(&m.to_string_lossy()))
+    {
+        return Err(Error::Usage(format!("--manifest: {why}")));
+    }
     crate::report::out::set_invocation(cli.project.as_deref(), cli.manifest.as_deref());
     let g = Global {
         project_dir: cli.project,

@@ -259,6 +259,11 @@ impl Project {
         let Some(raw) = RawProject::read(text, &mut errs) else {
             return Err(errs.into_errors());
         };
+        if let Some(v) = &raw.manifest
+            && let Some(why) = not_a_manifest_path(v.get_ref())
+        {
+            errs.at(v, format!("key `manifest`: {why}"));
+        }
         let mut file = |key: &str, value: &Option<toml::Spanned<String>>, default: &str| match value
         {
             Some(v) if v.get_ref().trim().is_empty() => {
@@ -777,6 +782,22 @@ fn one_producer_per_table(files: &mut [DagFile]) {
             ok @ Ok(_) => *ok = Err(vec![e]),
         }
     }
+}
+
+/// Why `value` cannot name a manifest, when it cannot: a database URL. The manifest is a SQLite
+/// file; a manifest that several hosts share in PostgreSQL is not built yet, and a URL taken for
+/// a file name would give each host a record of its own under a folder named `postgresql:`.
+pub fn not_a_manifest_path(value: &str) -> Option<String> {
+    let lower = value.trim_start().to_ascii_lowercase();
+    ["postgresql://", "postgres://"]
+        .iter()
+        .any(|scheme| lower.starts_with(scheme))
+        .then(|| {
+            format!(
+                "`{}` is a PostgreSQL URL; a manifest in PostgreSQL (one record for several hosts) is not available yet: give the path of a SQLite file (the default is .backfill/manifest.db)",
+                redact_url(value.trim())
+            )
+        })
 }
 
 /// The table a SQL task writes, as its warehouse names it: SQLite's names are case-insensitive;

@@ -727,3 +727,46 @@ fn an_unknown_dag_among_broken_files_points_at_dags_validate() {
         .stderr_has("unknown DAG `daily_reprt`; no DAG file loads; 1 file in dags/ has errors: `backfill dags validate` lists them");
     assert!(!p.has_manifest());
 }
+
+#[test]
+fn a_postgresql_url_for_the_manifest_is_refused_and_nothing_is_written() {
+    // A manifest shared in PostgreSQL is not available yet: a URL must not become a SQLite
+    // file under a folder named `postgresql:`, a record of its own on each host.
+    let p = Project::new().dag("good", GOOD);
+    let create = [
+        "create",
+        "--dag",
+        "good",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+    ];
+    let flag = [
+        &[
+            "--manifest",
+            "postgresql://etl:hunter2@db.internal/backfill",
+        ],
+        &create[..],
+    ]
+    .concat();
+    let out = p.run(&flag);
+    out.code(2).stderr_has(
+        "--manifest: `postgresql://etl@db.internal/backfill` is a PostgreSQL URL; a manifest in PostgreSQL (one record for several hosts) is not available yet: give the path of a SQLite file",
+    );
+    assert!(!out.stderr.contains("hunter2"), "{}", out.stderr);
+    p.write(
+        "backfill.toml",
+        "manifest = \"postgres://etl@db.internal/backfill\"\n",
+    );
+    p.run(&create).code(2).stderr_has(
+        "backfill.toml:1:12: key `manifest`: `postgres://etl@db.internal/backfill` is a PostgreSQL URL",
+    );
+    let left: Vec<String> = std::fs::read_dir(p.path("."))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("postgres") || n == ".backfill")
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    assert!(!p.manifest_path().exists());
+}

@@ -1920,3 +1920,319 @@ fn old_bookings_of_ended_tries_are_pruned_and_recent_ones_kept() {
         "f|2\nf|3\nt|1"
     );
 }
+
+// ---- Review 2: attacks on the guarded BEGIN, the judged record with the commit, fingerprints
+// by the target's types and the pool cleanup of PostgreSQL tries.
+
+/// Like [`staged_with_extra_column`], with `setup` run before the target gains `column`.
+fn staged_with_setup(expr: &str, setup: &str, column: &str) -> Option<Pg> {
+    let query = QUERY.replace(
+        "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount",
+        &format!(
+            "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount, {expr}"
+        ),
+    );
+    let t = Pg::with_dag("the PostgreSQL warehouse tests", &dag(&query, GATE, ""))?;
+    t.psql(setup);
+    t.psql(&format!(
+        "ALTER TABLE analytics.orders_fact ADD COLUMN {column}"
+    ));
+    t.p.create("orders", "2026-01-01", "2026-01-01", &[])
+        .code(0);
+    t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-01",
+        &["--stage", "--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    Some(t)
+}
+
+/// The database's time zone changes after staging: `diff` must still find the same
+/// fingerprint, and `promote` must publish (it checks the staged rows' fingerprint again).
+fn same_fingerprint_in_another_time_zone(t: &Pg) {
+    t.psql(&format!(
+        "ALTER DATABASE \"{}\" SET timezone = 'Asia/Tokyo'",
+        t.db
+    ));
+    conn_reset(t);
+    let diff = t.p.run(&["diff", "2", "--output", "json"]);
+    diff.code(0);
+    let same = diff.json()[0]["same_fingerprint"] == true;
+    let promote = t.p.run(&["promote", "2"]);
+    assert!(
+        same && promote.code == 0,
+        "the same rows get another fingerprint once the session's TimeZone changed\n\
+         diff: {}\npromote exited {}: {}",
+        diff.stdout,
+        promote.code,
+        promote.stderr
+    );
+}
+
+#[test]
+fn fingerprints_of_tstzrange_columns_do_not_depend_on_the_session_time_zone() {
+    // A `tstzrange` is hashed by its text, which writes both bounds in the session's TimeZone.
+    let Some(t) = staged_with_extra_column(
+        "tstzrange(order_ts, order_ts + interval '1 hour') AS span",
+        "span tstzrange",
+        "",
+    ) else {
+        return;
+    };
+    same_fingerprint_in_another_time_zone(&t);
+}
+
+#[test]
+fn fingerprints_of_a_domain_over_timestamptz_do_not_depend_on_the_session_time_zone() {
+    // `format_type` names the column by its domain, which row_hash hashes by its text: the
+    // instant written in the session's TimeZone.
+    let Some(t) = staged_with_setup(
+        "order_ts AS seen",
+        "CREATE DOMAIN analytics.instant AS timestamptz",
+        "seen analytics.instant",
+    ) else {
+        return;
+    };
+    same_fingerprint_in_another_time_zone(&t);
+}
+
+#[test]
+fn a_lease_timeout_of_two_weeks_still_runs_postgres_tries() {
+    // The try's session gets idle_in_transaction_session_timeout = twice the lease timeout in
+    // milliseconds, in the simple query that carries its BEGIN: past 2^31 - 1 ms (a lease
+    // timeout of about 12.4 days) the server refuses the SET, the BEGIN never runs, and every
+    // try fails.
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    let toml =
+        t.p.read("backfill.toml")
+            .replace("lease_timeout = \"30s\"", "lease_timeout = \"14days\"");
+    t.p.write("backfill.toml", &toml);
+    let out = t.p.create("orders", "2026-01-01", "2026-01-01", &[]);
+    assert_eq!(
+        out.code,
+        0,
+        "{}\n{:?}",
+        out.stderr,
+        t.p.rows("SELECT state, error FROM task_tries ORDER BY id")
+    );
+    assert_eq!(t.fact(), t.expected(&[1]));
+}
+
+#[test]
+fn a_try_whose_begin_fails_commits_nothing_even_when_its_query_sets_the_guard() {
+    // The BEGIN fails (a lease timeout of two weeks makes its SET fail, see above): the
+    // statement, already sent, runs in autocommit and is to fail on its guard. A query that
+    // itself sets `backfill.in_try` (here at session level, as `set_config(..., false)` does)
+    // satisfies the guard before it is evaluated: the statement commits its delete, insert and
+    // booking on its own, while the try is reported failed.
+    let query = QUERY.replace(
+        "WHERE order_ts >= :data_interval_start",
+        "WHERE set_config('backfill.in_try', 'on', false) = 'on' AND order_ts >= :data_interval_start",
+    );
+    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(&query, GATE, "")) else {
+        return;
+    };
+    t.psql("INSERT INTO analytics.orders_fact VALUES (999, '2026-01-01', 'eu', 1)");
+    let before = t.fact();
+    let toml =
+        t.p.read("backfill.toml")
+            .replace("lease_timeout = \"30s\"", "lease_timeout = \"14days\"");
+    t.p.write("backfill.toml", &toml);
+    let out = t.p.create("orders", "2026-01-01", "2026-01-01", &[]);
+    let tries = t.p.rows("SELECT state, error FROM task_tries ORDER BY id");
+    let succeeded = tries.iter().any(|r| r[0] == "succeeded");
+    let mut wrong = Vec::new();
+    if !succeeded && t.fact() != before {
+        wrong.push(format!(
+            "the try did not succeed (exit {}: {tries:?}) but the partition was replaced:\n{}",
+            out.code,
+            t.fact()
+        ));
+    }
+    let booked = t.psql("SELECT count(*) FROM backfill.publishes");
+    if !succeeded && booked != "0" {
+        wrong.push(format!("{booked} booking(s) of a try that did not succeed"));
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    assert_eq!(t.open_transactions(), "0");
+}
+
+/// The project's `orders` DAG with its task in pool `api` of one slot, a DAG `other` whose
+/// command task takes the same pool, and leases that expire after 1 s.
+fn pooled_pg(t: &Pg) {
+    t.p.write("dags/orders.toml", &dag(QUERY, GATE, "pool = \"api\"\n"));
+    t.p.write(
+        "dags/other.toml",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\npool = \"api\"\ncommand = \"touch ran-other\"\n",
+    );
+    let toml = format!("{}\n[pools]\napi = 1\n", t.p.read("backfill.toml"));
+    t.p.write("backfill.toml", &toml);
+}
+
+#[test]
+fn a_publish_committed_before_its_slot_was_given_away_is_recorded_as_succeeded() {
+    // The owner froze right after its PostgreSQL publish committed, before the manifest
+    // recorded it. Its pool slot is given to another backfill's try; the cleanup cancels the
+    // frozen owner's try because its intent (publishing = 1, no audit file) looks like a try
+    // still reading its source. Thawed, the owner records the publish: the partition holds
+    // its rows, so the manifest must say it succeeded, with its gate record.
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    pooled_pg(&t);
+    let frozen = freeze_day_1(&t, "after-publish");
+    assert_eq!(t.fact(), t.expected(&[1]), "the publish committed");
+    crate::support::wait_stale(&t.p, 1, 1500);
+    t.p.create("other", "2026-01-01", "2026-01-01", &[]).code(0);
+    assert!(t.p.path("ran-other").exists());
+    crate::support::signal(&frozen, nix::sys::signal::Signal::SIGCONT);
+    let owner = t.p.wait("frozen", frozen);
+    assert_eq!(t.fact(), t.expected(&[1]));
+    let tries = t.p.rows(
+        "SELECT t.id, t.state, t.publishing, t.source_rows, t.verdict IS NOT NULL, coalesce(t.error, '') \
+         FROM task_tries t JOIN runs r ON r.id = t.run_id WHERE r.dag_id = 'orders' ORDER BY t.id",
+    );
+    let published =
+        t.p.rows("SELECT try_id FROM published WHERE dag_id = 'orders'");
+    assert!(
+        tries.len() == 1
+            && tries[0][1..5] == ["succeeded", "0", "10", "1"]
+            && published == [[tries[0][0].clone()]],
+        "the warehouse holds try 1's publish; the manifest says (id, state, publishing, source rows, \
+         has verdict, error): {tries:?}, published: {published:?}; the owner exited {}: {}",
+        owner.code,
+        owner.stderr
+    );
+}
+
+#[test]
+fn an_owner_frozen_after_its_manifest_allowed_the_commit_publishes_nothing_once_its_slot_is_gone() {
+    // Frozen after the manifest allowed its publish (`before-commit`), its transaction open.
+    // Its slot is given away and its try cancelled; thawed before the server ends its idle
+    // transaction (twice a 5 s lease timeout), the owner commits anyway. Either it publishes
+    // nothing (the claim) or, at the least, the manifest must record what the warehouse holds.
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    pooled_pg(&t);
+    let toml =
+        t.p.read("backfill.toml")
+            .replace("lease_timeout = \"30s\"", "lease_timeout = \"5s\"");
+    t.p.write("backfill.toml", &toml);
+    let frozen = t.p.spawn_with(
+        "frozen",
+        &[
+            "create",
+            "--dag",
+            "orders",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+        ],
+        &[("BACKFILL_FAULT", "before-commit:stop")],
+    );
+    wait_until("the owner to freeze", Duration::from_secs(30), || {
+        crate::support::stopped(frozen.id())
+    });
+    let frozen_at = std::time::Instant::now();
+    crate::support::wait_stale(&t.p, 1, 5200);
+    t.p.create("other", "2026-01-01", "2026-01-01", &[]).code(0);
+    assert_eq!(
+        t.p.rows("SELECT state FROM task_tries WHERE id = 1"),
+        [["cancelled"]],
+        "the cleanup cancelled the frozen owner's try"
+    );
+    assert!(
+        frozen_at.elapsed() < Duration::from_millis(9000),
+        "too slow to thaw before the server's idle timeout (10 s)"
+    );
+    crate::support::signal(&frozen, nix::sys::signal::Signal::SIGCONT);
+    let owner = t.p.wait("frozen", frozen);
+    let tries =
+        t.p.rows("SELECT id, state, publishing FROM task_tries WHERE id = 1");
+    let booked = t.psql("SELECT count(*) FROM backfill.publishes");
+    assert!(
+        t.fact().is_empty() && booked == "0",
+        "the thawed owner published day 1 after its slot was given away (booked: {booked}); \
+         its try: {tries:?}; the owner exited {}: {}",
+        owner.code,
+        owner.stderr
+    );
+    assert_eq!(t.open_transactions(), "0");
+}
+
+#[test]
+fn a_killed_owner_whose_committed_publish_was_cancelled_by_the_pool_cleanup_is_recovered() {
+    // Killed right after its publish committed; another backfill takes the pool's slot and the
+    // cleanup cancels the dead owner's try (publishing = 1, no audit file). `resume` settles it
+    // from the booking: succeeded, with its gate record, and without the cleanup's error.
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    pooled_pg(&t);
+    let toml =
+        t.p.read("backfill.toml")
+            .replace("lease_timeout = \"30s\"", "lease_timeout = \"1s\"");
+    t.p.write("backfill.toml", &toml);
+    let out = t.p.run_with(
+        &[
+            "create",
+            "--dag",
+            "orders",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+        ],
+        &[("BACKFILL_FAULT", "after-publish")],
+    );
+    assert_ne!(out.code, 0, "the process was killed");
+    t.p.create("other", "2026-01-01", "2026-01-01", &[]).code(0);
+    assert_eq!(
+        t.p.rows("SELECT state, publishing FROM task_tries WHERE id = 1"),
+        [["cancelled", "1"]],
+        "the cleanup cancelled the dead owner's try"
+    );
+    t.p.run(&["resume", "1"]).code(0);
+    assert_eq!(t.fact(), t.expected(&[1]));
+    let tries = t.p.rows(
+        "SELECT state, publishing, source_rows, verdict IS NOT NULL, coalesce(error, 'none') FROM task_tries WHERE id = 1",
+    );
+    assert_eq!(
+        tries,
+        [["succeeded", "0", "10", "1", "none"]],
+        "(state, publishing, source rows, has verdict, error)"
+    );
+    assert_eq!(
+        t.p.rows("SELECT try_id FROM published WHERE dag_id = 'orders'"),
+        [["1"]]
+    );
+}
+
+#[test]
+fn a_source_count_that_sets_the_guard_setting_does_not_break_the_try() {
+    // The guard reads `backfill.in_try` after the statement's other columns: a source_count
+    // that sets it (locally, inside the try's transaction) makes the guard fail a try that
+    // runs inside its transaction.
+    let gate = GATE.replace(
+        "SELECT count(*) FROM raw.orders WHERE",
+        "SELECT count(*) FROM raw.orders WHERE set_config('backfill.in_try', 'off', true) = 'off' AND",
+    );
+    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(QUERY, &gate, "")) else {
+        return;
+    };
+    let out = t.p.create("orders", "2026-01-01", "2026-01-01", &[]);
+    assert_eq!(
+        out.code,
+        0,
+        "{}\n{:?}",
+        out.stderr,
+        t.p.rows("SELECT state, error FROM task_tries ORDER BY id")
+    );
+    assert_eq!(t.fact(), t.expected(&[1]));
+}

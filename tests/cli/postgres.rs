@@ -2236,3 +2236,39 @@ fn a_source_count_that_sets_the_guard_setting_does_not_break_the_try() {
     );
     assert_eq!(t.fact(), t.expected(&[1]));
 }
+
+#[test]
+fn every_committed_publish_books_its_judged_record() {
+    // The judged record goes with the booking in the commit's round trip: each committed
+    // publish of a backfill (and of a rerun on the same pooled connection) has it, and it
+    // agrees with what the manifest recorded.
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-03",
+        &["--max-active-runs", "1"],
+    )
+    .code(0);
+    t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-03",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    let booked = t.psql(
+        "SELECT try_id || ' ' || coalesce((judged::json->>'source_rows'), 'none') || ' ' || coalesce((judged::json->>'previous_rows'), 'none') \
+         FROM backfill.publishes ORDER BY try_id",
+    );
+    let recorded = t
+        .p
+        .rows("SELECT id, coalesce(source_rows, 'none'), coalesce(previous_rows, 'none') FROM task_tries ORDER BY id")
+        .iter()
+        .map(|r| r.join(" "))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert_eq!(booked, recorded);
+}

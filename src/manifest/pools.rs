@@ -122,16 +122,12 @@ fn free_dead(conn: &Connection, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate:
             if gone {
                 // Its process is dead, or was never let go (it waits at its gate): the try is
                 // cancelled, so that its owner, should it only be frozen and wake up, cannot
-                // start it, or another step of it, or publish, beside the slot's next holder.
-                // (A decided publish from an audit file is left to recovery: it reads no source.
-                // A PostgreSQL try records its intent while its statement still reads the
-                // source: it is cancelled, and recovery settles it from the warehouse's booking.)
+                // start it, or another step of it, beside the slot's next holder. (A decided
+                // publish is left to recovery: it reads no source.)
                 conn.prepare_cached(
                     "UPDATE task_tries SET state = 'cancelled', ended_at = ?2,
                         error = 'its backfill''s owner was gone; its pool slot was given to another try'
-                     WHERE id = ?1 AND state = 'running' AND (publishing = 0
-                        OR (audit_path IS NULL AND audit_table IS NULL AND restore_key IS NULL
-                            AND promoted_from IS NULL))",
+                     WHERE id = ?1 AND state = 'running' AND publishing = 0",
                 )?
                 .execute(params![try_id, ctx.now_ms])?;
             }
@@ -143,4 +139,11 @@ fn free_dead(conn: &Connection, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate:
         }
     }
     Ok(survivors)
+}
+
+/// Whether try `try_id` holds a slot of a pool.
+pub fn holds(conn: &Connection, try_id: i64) -> Result<bool> {
+    Ok(conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM pool_slots WHERE try_id = ?1)")?
+        .query_row([try_id], |r| r.get(0))?)
 }

@@ -139,6 +139,8 @@ pub trait Store {
         try_id: i64,
         ctx: &LeaseCtx,
     ) -> Result<Take>;
+    /// Whether try `try_id` holds a slot of a pool (none once pool cleanup gave it away).
+    fn holds_pool_slot(&self, try_id: i64) -> Result<bool>;
     /// Backfills, newest last, optionally of one DAG and/or only the running ones.
     fn list_backfills(
         &self,
@@ -445,6 +447,9 @@ impl Store for Connection {
         ctx: &LeaseCtx,
     ) -> Result<Take> {
         pools::take(self, f, pool, size, try_id, ctx)
+    }
+    fn holds_pool_slot(&self, try_id: i64) -> Result<bool> {
+        pools::holds(self, try_id)
     }
     fn list_backfills(
         &self,

@@ -350,14 +350,22 @@ pub(super) async fn publish_audited(
         "source_fingerprint": record.source_fingerprint,
     })
     .to_string();
+    // Promotes take no pool slot (see `tries`).
+    let pooled = task.pool.is_some() && !promoting;
     let joined = tokio::task::spawn_blocking(move || {
         let reader = manifest::Reader::take(&manifest_path);
         let result = match &reader {
             Ok(reader) => {
+                // A try of a pool must still hold its slot: once pool cleanup gave it to
+                // another try (this owner was frozen past its lease), it publishes nothing.
                 let allowed = || {
-                    reader
+                    let may = reader
                         .may_publish(try_id, Some(owner))
-                        .map_err(|e| e.to_string())
+                        .map_err(|e| e.to_string())?;
+                    if may && pooled {
+                        return reader.holds_pool_slot(try_id).map_err(|e| e.to_string());
+                    }
+                    Ok(may)
                 };
                 let p = backend::PublishAs {
                     task: &s,

@@ -113,8 +113,8 @@ fn fingerprint_sql(row_hash: &str, from: &str) -> String {
 /// protocol names it), which fingerprints sum: each column's value hashed with a seed of its
 /// own (its place), combined by `#` (xor). Integers, booleans, `uuid`s and timestamps are
 /// hashed as the values they are, which is several times cheaper than hashing the row's text;
-/// a `timestamptz` (or an array of them) as UTC wall time, so that it does not depend on the
-/// session's `TimeZone`;
+/// a `timestamptz` (or an array or a range of them) as UTC wall time, so that it does not
+/// depend on the session's `TimeZone`;
 /// every other type by its text (the output settings are pinned for every connection, see
 /// [`conn::connect`]); a `NULL` as its seed.
 fn row_hash(columns: &[(String, String)]) -> String {
@@ -133,6 +133,12 @@ fn row_hash(columns: &[(String, String)]) -> String {
                 _ if is_timestamptz(element) || element == "timestamptz" => format!(
                     "hashtextextended((SELECT array_agg(e AT TIME ZONE 'UTC' ORDER BY i) \
                      FROM unnest({c}) WITH ORDINALITY AS u(e, i))::text, {seed})"
+                ),
+                // A range of instants by its bounds in UTC.
+                "tstzrange" => format!(
+                    "hashtextextended(CASE WHEN isempty({c}) THEN 'empty' ELSE concat_ws(',', \
+                     lower_inc({c}), upper_inc({c}), lower({c}) AT TIME ZONE 'UTC', \
+                     upper({c}) AT TIME ZONE 'UTC') END, {seed})"
                 ),
                 _ if is_timestamptz(ty) || ty == "timestamptz" => {
                     format!("timestamp_hash_extended({c} AT TIME ZONE 'UTC', {seed})")
@@ -293,9 +299,16 @@ fn target_columns(
     c: &Conn,
     target: &str,
 ) -> std::result::Result<Vec<(String, String)>, tokio_postgres::Error> {
+    // A domain's column by its base type (a domain over a domain, once more): what its values
+    // are, and how a fingerprint hashes them.
     let rows = c.wait(c.client.query(
-        "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) \
-         FROM pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 \
+        "SELECT a.attname::text, CASE WHEN t.typtype = 'd' THEN \
+           CASE WHEN b.typtype = 'd' THEN format_type(b.typbasetype, b.typtypmod) \
+           ELSE format_type(t.typbasetype, t.typtypmod) END \
+         ELSE format_type(a.atttypid, a.atttypmod) END \
+         FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+         LEFT JOIN pg_type b ON b.oid = t.typbasetype \
+         WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 \
          AND NOT a.attisdropped ORDER BY a.attnum",
         &[&quote_name(target)],
     ))?;
@@ -722,13 +735,17 @@ fn write_measure(
     } else {
         String::new()
     };
+    let mark = try_mark(w.try_id);
+    types.push(Type::TEXT);
+    values.push(Value::Text(mark.clone()));
+    let guard = in_try_guard(types.len());
     let statement = format!(
         "WITH {delete}ins AS (\n  INSERT INTO {dest} ({list})\n  SELECT {list} FROM (\n{}\n) q\n  RETURNING {list}\n),\n\
          m AS (SELECT count(*) AS n, count(*) FILTER (WHERE {outside}) AS outside, \
            coalesce(sum({hash}), 0) AS h FROM ins){booking}\n\
          SELECT m.n, m.outside, \
          CASE WHEN m.outside > 0 THEN (SELECT array_agg(v) FROM (SELECT DISTINCT coalesce({pc}::text, 'NULL') AS v FROM ins WHERE {outside} ORDER BY 1 LIMIT {more}) o) END, \
-         m.n::text || ':' || m.h::text, {duplicates}, {elsewhere}, {source_count}, {source_fingerprint}, {moved}, {IN_TRY_GUARD} FROM m",
+         m.n::text || ':' || m.h::text, {duplicates}, {elsewhere}, {source_count}, {source_fingerprint}, {moved}, {guard} FROM m",
         query.sql,
         more = SHOWN + 1,
         hash = row_hash(&typed),
@@ -736,7 +753,7 @@ fn write_measure(
     if cancel.is_set() {
         return Err(Error::Cancelled.into());
     }
-    let begin = begin_sql(idle_ms(w));
+    let begin = begin_sql(idle_ms(w), &mark);
     let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(Value::sql).collect();
     let row = match &staged {
         Some(name) => {
@@ -799,23 +816,43 @@ fn idle_ms(w: &Write<'_>) -> u128 {
     (w.lease_timeout * 2)
         .max(std::time::Duration::from_secs(5))
         .as_millis()
+        // The server's limit for the setting (about 24 days).
+        .min(i32::MAX as u128)
+}
+
+/// A value that nobody can know in advance, which marks one try's transaction.
+fn try_mark(try_id: i64) -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_i64(try_id);
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    format!("{:016x}", h.finish())
 }
 
 /// Begins a try's transaction. Plans are made for each try's values and the table as it is
 /// now: a plan cached while the target was empty would scan it whole once it has grown. The
-/// transaction is marked (`SET LOCAL`, gone when it ends) for [`IN_TRY_GUARD`].
-fn begin_sql(idle_ms: u128) -> String {
+/// transaction is marked with `mark` (`SET LOCAL`, gone when it ends) for [`in_try_guard`].
+fn begin_sql(idle_ms: u128, mark: &str) -> String {
     format!(
         "SET idle_in_transaction_session_timeout = {idle_ms}; SET plan_cache_mode = force_custom_plan; \
-         BEGIN ISOLATION LEVEL REPEATABLE READ; SET LOCAL backfill.in_try = 'on'"
+         BEGIN ISOLATION LEVEL REPEATABLE READ; SET LOCAL backfill.in_try = '{mark}'"
     )
 }
 
 /// A column of a try's statement that fails the statement (so that it commits nothing) unless
-/// it runs inside a transaction that [`begin_sql`] began.
-const IN_TRY_GUARD: &str = "CASE WHEN current_setting('backfill.in_try', true) = 'on' THEN NULL::int \
-     ELSE ('backfill: the statement is outside its try''s transaction (' \
-     || coalesce(current_setting('backfill.in_try', true), 'unset') || ')')::int END";
+/// it runs inside the transaction that [`begin_sql`] began with the try's mark, bound as
+/// parameter `$param`: a query that sets the setting itself cannot know the mark.
+fn in_try_guard(param: usize) -> String {
+    format!(
+        "CASE WHEN current_setting('backfill.in_try', true) = ${param} THEN NULL::int \
+         ELSE ('backfill: the statement is outside its try''s transaction (' \
+         || coalesce(current_setting('backfill.in_try', true), 'unset') || ')')::int END"
+    )
+}
 
 /// What a try's transaction did besides its output.
 struct Written {

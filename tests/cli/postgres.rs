@@ -970,10 +970,18 @@ WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end";
             "2026-01-01",
         ],
     );
+    // The try's statement, not the check that prepares it at launch (before the backfill
+    // listens for signals): a try is recorded as running first.
     wait_until(
         "the statement to run on the server",
         Duration::from_secs(30),
-        || running(&t) == "1",
+        || {
+            t.p.has_manifest()
+                && t.p
+                    .rows("SELECT count(*) FROM task_tries WHERE state = 'running'")[0][0]
+                    == "1"
+                && running(&t) == "1"
+        },
     );
     crate::support::signal(&child, nix::sys::signal::Signal::SIGINT);
     let out = t.p.wait("run", child);

@@ -958,18 +958,7 @@ WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end";
             t.db
         ))
     };
-    let child = t.p.spawn(
-        "run",
-        &[
-            "create",
-            "--dag",
-            "orders",
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-01",
-        ],
-    );
+    let child = t.p.spawn("run", &DAY_1);
     // The try's statement, not the check that prepares it at launch (before the backfill
     // listens for signals): a try is recorded as running first.
     wait_until(
@@ -1032,24 +1021,10 @@ fn an_owner_frozen_mid_try_does_not_hold_the_partition_past_its_takeover() {
 /// Lets leases expire after 1 s, and starts a backfill of day 1 that freezes itself (SIGSTOP)
 /// at fault point `point`; returns once it is frozen.
 fn freeze_day_1(t: &Pg, point: &str) -> std::process::Child {
-    let toml =
-        t.p.read("backfill.toml")
-            .replace("lease_timeout = \"30s\"", "lease_timeout = \"1s\"");
-    t.p.write("backfill.toml", &toml);
+    set_lease_timeout(t, "1s");
     let fault = format!("{point}:stop");
-    let frozen = t.p.spawn_with(
-        "frozen",
-        &[
-            "create",
-            "--dag",
-            "orders",
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-01",
-        ],
-        &[("BACKFILL_FAULT", fault.as_str())],
-    );
+    let frozen =
+        t.p.spawn_with("frozen", &DAY_1, &[("BACKFILL_FAULT", fault.as_str())]);
     wait_until("the owner to freeze", Duration::from_secs(30), || {
         crate::support::stopped(frozen.id())
     });
@@ -1763,10 +1738,7 @@ command = "until [ \"$({psql} '{url}?sslmode=disable' -Atc \"SELECT count(pg_ter
         "dags/orders.toml",
         &format!("{}{wait}", dag(QUERY, GATE, "")),
     );
-    let toml =
-        t.p.read("backfill.toml")
-            .replace("lease_timeout = \"30s\"", "lease_timeout = \"1s\"");
-    t.p.write("backfill.toml", &toml);
+    set_lease_timeout(&t, "1s");
     let out = t.p.create(
         "orders",
         "2026-01-01",
@@ -1863,18 +1835,7 @@ fn a_publish_recovered_after_a_kill_keeps_its_source_fingerprint_and_gate_record
     let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(QUERY, &gate, "")) else {
         return;
     };
-    let out = t.p.run_with(
-        &[
-            "create",
-            "--dag",
-            "orders",
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-01",
-        ],
-        &[("BACKFILL_FAULT", "after-publish")],
-    );
+    let out = t.p.run_with(&DAY_1, &[("BACKFILL_FAULT", "after-publish")]);
     assert_ne!(out.code, 0, "the process was killed");
     t.p.run(&["resume", "1"]).code(0);
     assert_eq!(t.fact(), t.expected(&[1]));
@@ -2015,10 +1976,7 @@ fn a_lease_timeout_of_two_weeks_still_runs_postgres_tries() {
     let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
         return;
     };
-    let toml =
-        t.p.read("backfill.toml")
-            .replace("lease_timeout = \"30s\"", "lease_timeout = \"14days\"");
-    t.p.write("backfill.toml", &toml);
+    set_lease_timeout(&t, "14days");
     let out = t.p.create("orders", "2026-01-01", "2026-01-01", &[]);
     assert_eq!(
         out.code,
@@ -2046,10 +2004,7 @@ fn a_try_whose_begin_fails_commits_nothing_even_when_its_query_sets_the_guard() 
     };
     t.psql("INSERT INTO analytics.orders_fact VALUES (999, '2026-01-01', 'eu', 1)");
     let before = t.fact();
-    let toml =
-        t.p.read("backfill.toml")
-            .replace("lease_timeout = \"30s\"", "lease_timeout = \"14days\"");
-    t.p.write("backfill.toml", &toml);
+    set_lease_timeout(&t, "14days");
     let out = t.p.create("orders", "2026-01-01", "2026-01-01", &[]);
     let tries = t.p.rows("SELECT state, error FROM task_tries ORDER BY id");
     let succeeded = tries.iter().any(|r| r[0] == "succeeded");
@@ -2127,21 +2082,10 @@ fn an_owner_frozen_after_its_manifest_allowed_the_commit_is_recorded_as_what_it_
         return;
     };
     pooled_pg(&t);
-    let toml =
-        t.p.read("backfill.toml")
-            .replace("lease_timeout = \"30s\"", "lease_timeout = \"5s\"");
-    t.p.write("backfill.toml", &toml);
+    set_lease_timeout(&t, "5s");
     let frozen = t.p.spawn_with(
         "frozen",
-        &[
-            "create",
-            "--dag",
-            "orders",
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-01",
-        ],
+        &DAY_1,
         &[("BACKFILL_FAULT", "before-commit:stop")],
     );
     wait_until("the owner to freeze", Duration::from_secs(30), || {
@@ -2184,22 +2128,8 @@ fn a_killed_owner_whose_committed_publish_was_cancelled_by_the_pool_cleanup_is_r
         return;
     };
     pooled_pg(&t);
-    let toml =
-        t.p.read("backfill.toml")
-            .replace("lease_timeout = \"30s\"", "lease_timeout = \"1s\"");
-    t.p.write("backfill.toml", &toml);
-    let out = t.p.run_with(
-        &[
-            "create",
-            "--dag",
-            "orders",
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-01",
-        ],
-        &[("BACKFILL_FAULT", "after-publish")],
-    );
+    set_lease_timeout(&t, "1s");
+    let out = t.p.run_with(&DAY_1, &[("BACKFILL_FAULT", "after-publish")]);
     assert_ne!(out.code, 0, "the process was killed");
     t.p.create("other", "2026-01-01", "2026-01-01", &[]).code(0);
     assert_eq!(
@@ -2278,3 +2208,23 @@ fn every_committed_publish_books_its_judged_record() {
         .join("\n");
     assert_eq!(booked, recorded);
 }
+
+/// Sets the project's lease timeout.
+fn set_lease_timeout(t: &Pg, timeout: &str) {
+    let toml = t.p.read("backfill.toml").replace(
+        "lease_timeout = \"30s\"",
+        &format!("lease_timeout = \"{timeout}\""),
+    );
+    t.p.write("backfill.toml", &toml);
+}
+
+/// A backfill of day 1 of `orders`.
+const DAY_1: [&str; 7] = [
+    "create",
+    "--dag",
+    "orders",
+    "--from",
+    "2026-01-01",
+    "--to",
+    "2026-01-01",
+];

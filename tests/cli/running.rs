@@ -571,14 +571,15 @@ fn one_at_a_time_means_one_run_at_a_time_in_the_manifest() {
         "1",
     ])
     .code(0);
-    let runs = p.rows("SELECT started_at, ended_at, state FROM runs ORDER BY id");
-    assert_eq!(runs.len(), 20);
-    for pair in runs.windows(2) {
-        let ended: i64 = pair[0][1].parse().unwrap();
-        let next_started: i64 = pair[1][0].parse().unwrap();
-        assert!(ended <= next_started, "runs overlap: {runs:?}");
-    }
-    assert!(runs.iter().all(|r| r[2] == "succeeded"), "{runs:?}");
+    assert_eq!(
+        p.count("SELECT count(*) FROM runs WHERE state = 'succeeded'"),
+        20
+    );
+    assert!(
+        most_running_at_once(&p) <= 1,
+        "{:?}",
+        p.rows("SELECT started_at, ended_at FROM runs ORDER BY id")
+    );
 }
 
 /// The most runs of `p` that the manifest shows running at one instant (a run ending at the

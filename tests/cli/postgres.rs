@@ -1372,8 +1372,8 @@ fn diff_compares_rows_whose_columns_have_no_equality_operator() {
 #[test]
 fn a_task_reads_what_the_task_before_it_just_published() {
     // One process runs both tasks, one try at a time, on the same pooled connection: each try's
-    // transaction is begun with the commit before it, and its snapshot must still be taken by
-    // its own statement (after that commit), so `daily` sees the rows `fact` just published.
+    // snapshot must be taken by its own statement (after the commit before it), so `daily`
+    // sees the rows `fact` just published.
     let daily = r#"
 [[tasks]]
 id = "daily"
@@ -1452,20 +1452,26 @@ SELECT day, count(*) AS orders FROM analytics.orders_fact WHERE day = :ds GROUP 
 source_count = "SELECT 2"
 "#;
 
-#[test]
-fn a_rejected_try_on_a_connection_begun_by_the_last_commit_publishes_nothing() {
-    // The try of `daily` runs on the connection that `fact`'s COMMIT began its transaction on
-    // (`Conn::begun`). Its target has no kept table yet (`keep_versions` is 1 by default), and
-    // making it must not end that transaction: the statement would run in autocommit, and the
-    // rows of a try the gate rejects (1 row, source_count says 2) would be published, booking
-    // included, without the manifest being asked.
-    let Some(t) = Pg::with_dag(
+/// `orders` with a second task, `daily`, whose gate rejects its output, and its target.
+fn rejecting_daily() -> Option<Pg> {
+    let t = Pg::with_dag(
         "the PostgreSQL warehouse tests",
         &format!("{}{REJECTING_DAILY}", dag(QUERY, GATE, "")),
-    ) else {
+    )?;
+    t.psql("CREATE TABLE analytics.daily_totals (day date NOT NULL, orders bigint NOT NULL)");
+    Some(t)
+}
+
+#[test]
+fn a_rejected_try_on_a_connection_another_try_just_used_publishes_nothing() {
+    // The try of `daily` runs on the connection `fact`'s try just used. Its target has no kept
+    // table yet (`keep_versions` is 1 by default), and making it must not end the try's
+    // transaction: the statement would run in autocommit, and the rows of a try the gate
+    // rejects (1 row, source_count says 2) would be published, booking included, without the
+    // manifest being asked.
+    let Some(t) = rejecting_daily() else {
         return;
     };
-    t.psql("CREATE TABLE analytics.daily_totals (day date NOT NULL, orders bigint NOT NULL)");
     let out = t.p.create(
         "orders",
         "2026-01-01",
@@ -1495,18 +1501,14 @@ fn a_rejected_try_on_a_connection_begun_by_the_last_commit_publishes_nothing() {
 }
 
 #[test]
-fn a_try_killed_before_its_gate_on_a_begun_connection_is_not_recovered_as_published() {
+fn a_try_killed_before_its_gate_on_a_reused_connection_is_not_recovered_as_published() {
     // The same two tasks; the process is killed right after `daily`'s statement returned
     // (before its gate judged it). Nothing of a try the gate never passed may be published:
     // the server must roll it back, and recovery must find no booking and run it again (to be
     // rejected again), not record it as succeeded.
-    let Some(t) = Pg::with_dag(
-        "the PostgreSQL warehouse tests",
-        &format!("{}{REJECTING_DAILY}", dag(QUERY, GATE, "")),
-    ) else {
+    let Some(t) = rejecting_daily() else {
         return;
     };
-    t.psql("CREATE TABLE analytics.daily_totals (day date NOT NULL, orders bigint NOT NULL)");
     // The first hit is `fact`'s try, the second `daily`'s.
     let out = t.p.run_with(
         &[

@@ -317,10 +317,6 @@ pub struct Conn {
     pub booked: bool,
     /// Kept-version tables known to exist.
     pub kept: std::collections::HashSet<String>,
-    /// The columns a kept table shares with its target, by kept table.
-    pub kept_columns: HashMap<String, Vec<String>>,
-    /// Partition column types by target and column.
-    pub partition_types: HashMap<String, super::ColumnType>,
     /// Whether this manifest keeps versions in the warehouse (looked up once).
     pub has_versions: Option<bool>,
     /// Tables' columns and their types (as `format_type` names them), by table.
@@ -432,8 +428,6 @@ pub fn connect(w: &Warehouse) -> Result<Conn, String> {
         prepared: HashMap::new(),
         booked: false,
         kept: std::collections::HashSet::new(),
-        kept_columns: HashMap::new(),
-        partition_types: HashMap::new(),
         has_versions: None,
         columns: HashMap::new(),
     };

@@ -315,8 +315,9 @@ fn target_columns(
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
-/// [`target_columns`], looked up once per connection.
-fn cached_columns(
+/// [`target_columns`], looked up once per connection (a table that does not exist is asked
+/// again).
+pub(super) fn cached_columns(
     c: &mut Conn,
     table: &str,
 ) -> std::result::Result<Vec<(String, String)>, tokio_postgres::Error> {
@@ -578,11 +579,7 @@ fn prepared(
 
 /// The type of a target's partition column, looked up once per connection.
 fn partition_type(c: &mut Conn, task: &SqlTask) -> std::result::Result<ColumnType, Failure> {
-    let key = format!("{}\u{0}{}", task.target, task.partition_column);
-    if let Some(ty) = c.partition_types.get(&key) {
-        return Ok(*ty);
-    }
-    let columns = target_columns(c, &task.target)?;
+    let columns = cached_columns(c, &task.target)?;
     let ty = columns
         .iter()
         .find(|(n, _)| *n == task.partition_column)
@@ -593,7 +590,6 @@ fn partition_type(c: &mut Conn, task: &SqlTask) -> std::result::Result<ColumnTyp
                 task.target, task.partition_column
             ))
         })?;
-    c.partition_types.insert(key, ty);
     Ok(ty)
 }
 
@@ -723,14 +719,14 @@ fn write_measure(
             Value::Int(w.try_id),
             Value::At(w.binds.interval.end),
         ]);
-        let [target, start, manifest, try_id, end] =
-            [0, 1, 2, 3, 4].map(|i| format!("${}", first + i));
+        let params = [0, 1, 2, 3, 4].map(|i| format!("${}", first + i));
         format!(
-            ",\nlock AS (INSERT INTO backfill.partitions AS p (target, partition_start, manifest, try_id) \
-               VALUES ({target}, {start}, {manifest}, {try_id}) ON CONFLICT (target, partition_start) DO UPDATE \
-               SET manifest = EXCLUDED.manifest, try_id = EXCLUDED.try_id, published_at = now() RETURNING 1),\n\
-             book AS (INSERT INTO backfill.publishes (manifest, try_id, target, partition_start, partition_end, rows, fingerprint) \
-               SELECT {manifest}, {try_id}, {target}, {start}, {end}, m.n, 'pg:' || m.n::text || ':' || m.h::text FROM lock, m RETURNING 1)"
+            ",\n{}",
+            lock_and_book_ctes(
+                &params,
+                ["m.n", "'pg:' || m.n::text || ':' || m.h::text"],
+                "lock, m"
+            )
         )
     } else {
         String::new()
@@ -1123,13 +1119,13 @@ fn lock_and_book(
     rows: i64,
     fingerprint: &str,
 ) -> std::result::Result<(), Failure> {
+    let params = ["$1", "$2", "$3", "$4", "$5"].map(String::from);
     let stmt = prepared(
         c,
-        "WITH lock AS (INSERT INTO backfill.partitions AS p (target, partition_start, manifest, try_id) \
-           VALUES ($1, $2, $3, $4) ON CONFLICT (target, partition_start) DO UPDATE \
-           SET manifest = EXCLUDED.manifest, try_id = EXCLUDED.try_id, published_at = now() RETURNING 1) \
-         INSERT INTO backfill.publishes (manifest, try_id, target, partition_start, partition_end, rows, fingerprint) \
-         SELECT $3, $4, $1, $2, $5, $6, $7 FROM lock",
+        &format!(
+            "WITH {} SELECT 1",
+            lock_and_book_ctes(&params, ["$6", "$7"], "lock")
+        ),
         &[
             Type::TEXT,
             Type::TIMESTAMPTZ,
@@ -1153,6 +1149,21 @@ fn lock_and_book(
         ],
     ))?;
     Ok(())
+}
+
+/// The CTEs `lock` (the partition's row in `backfill.partitions`, created or updated, so locked)
+/// and `book` (the publish in `backfill.publishes`), given the SQL of the target, interval start,
+/// manifest, try id and interval end, of the rows and fingerprint, and what `book` reads from.
+fn lock_and_book_ctes(params: &[String; 5], measured: [&str; 2], from: &str) -> String {
+    let [target, start, manifest, try_id, end] = params;
+    let [rows, fingerprint] = measured;
+    format!(
+        "lock AS (INSERT INTO backfill.partitions AS p (target, partition_start, manifest, try_id) \
+           VALUES ({target}, {start}, {manifest}, {try_id}) ON CONFLICT (target, partition_start) DO UPDATE \
+           SET manifest = EXCLUDED.manifest, try_id = EXCLUDED.try_id, published_at = now() RETURNING 1),\n\
+         book AS (INSERT INTO backfill.publishes (manifest, try_id, target, partition_start, partition_end, rows, fingerprint) \
+           SELECT {manifest}, {try_id}, {target}, {start}, {end}, {rows}, {fingerprint} FROM {from} RETURNING 1)"
+    )
 }
 
 /// Whether the warehouse keeps versions for this manifest at all (looked up once per

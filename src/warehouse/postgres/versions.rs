@@ -5,7 +5,7 @@
 //! everything else; a rollback puts a version back and forgets it in one transaction.
 
 use super::conn::Conn;
-use super::{Failure, quote_ident, quote_name, target_columns};
+use super::{Failure, cached_columns, quote_ident, quote_name};
 use crate::warehouse::Error;
 use crate::warehouse::versions::{Keep, Version};
 
@@ -61,22 +61,14 @@ pub(super) fn shared_columns(
     kept: &str,
     target: &str,
 ) -> Result<Vec<String>, Failure> {
-    // Looked up once per connection: every try that keeps a version asks.
-    if let Some(cols) = c.kept_columns.get(kept) {
-        return Ok(cols.clone());
-    }
-    let now: Vec<String> = target_columns(c, target)?
+    // Both looked up once per connection: every try that keeps a version asks.
+    let now = cached_columns(c, target)?;
+    Ok(cached_columns(c, kept)?
         .into_iter()
         .map(|(n, _)| n)
-        .collect();
-    let cols: Vec<String> = target_columns(c, kept)?
-        .into_iter()
-        .map(|(n, _)| n)
-        .filter(|n| n != "_replaced_by" && now.contains(n))
+        .filter(|n| n != "_replaced_by" && now.iter().any(|(t, _)| t == n))
         .map(|n| quote_ident(&n))
-        .collect();
-    c.kept_columns.insert(kept.to_string(), cols.clone());
-    Ok(cols)
+        .collect())
 }
 
 /// Inside the publish transaction, after the try's statement moved `moved` rows of the

@@ -643,18 +643,9 @@ fn fill_from_booking(rec: &mut TryRecord, booked: &warehouse::postgres::Booked) 
     if rec.fingerprint.is_none() {
         rec.fingerprint.clone_from(&booked.fingerprint);
     }
-    let judged: serde_json::Value = booked
-        .judged
-        .as_deref()
-        .and_then(|j| serde_json::from_str(j).ok())
-        .unwrap_or_default();
-    let text = |k: &str| judged.get(k).and_then(|v| v.as_str()).map(str::to_string);
-    let int = |k: &str| judged.get(k).and_then(serde_json::Value::as_i64);
-    rec.source_rows = rec.source_rows.or(int("source_rows"));
-    rec.previous_rows = rec.previous_rows.or(int("previous_rows"));
-    rec.verdict = rec.verdict.take().or(text("verdict"));
-    rec.reasons = rec.reasons.take().or(text("reasons"));
-    rec.source_fingerprint = rec.source_fingerprint.take().or(text("source_fingerprint"));
+    if let Some(judged) = &booked.judged {
+        rec.fill_judged(judged);
+    }
 }
 
 /// Removes the audit files that no live process holds and no pending publish needs.

@@ -234,7 +234,40 @@ pub struct TryRecord {
     pub restore_key: Option<i64>,
 }
 
+/// What the gate judged of a try, as JSON: kept with a PostgreSQL warehouse's booking of the
+/// publish, for the recovery of a publish that committed before the manifest recorded it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Judged {
+    pub source_rows: Option<i64>,
+    pub previous_rows: Option<i64>,
+    pub verdict: Option<String>,
+    pub reasons: Option<String>,
+    pub source_fingerprint: Option<String>,
+}
+
 impl TryRecord {
+    /// What the gate judged, as JSON.
+    pub fn judged(&self) -> String {
+        serde_json::to_string(&Judged {
+            source_rows: self.source_rows,
+            previous_rows: self.previous_rows,
+            verdict: self.verdict.clone(),
+            reasons: self.reasons.clone(),
+            source_fingerprint: self.source_fingerprint.clone(),
+        })
+        .unwrap_or_default()
+    }
+
+    /// Fills what this record lacks from a [`TryRecord::judged`] (unreadable JSON fills nothing).
+    pub fn fill_judged(&mut self, json: &str) {
+        let j: Judged = serde_json::from_str(json).unwrap_or_default();
+        self.source_rows = self.source_rows.or(j.source_rows);
+        self.previous_rows = self.previous_rows.or(j.previous_rows);
+        self.verdict = self.verdict.take().or(j.verdict);
+        self.reasons = self.reasons.take().or(j.reasons);
+        self.source_fingerprint = self.source_fingerprint.take().or(j.source_fingerprint);
+    }
+
     pub fn new(state: TryState) -> Self {
         Self {
             state,

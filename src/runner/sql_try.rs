@@ -342,14 +342,7 @@ pub(super) async fn publish_audited(
     let same_content = current
         .as_ref()
         .is_some_and(|c| c.fingerprint.is_some() && c.fingerprint == record.fingerprint);
-    let judged = serde_json::json!({
-        "source_rows": record.source_rows,
-        "previous_rows": record.previous_rows,
-        "verdict": record.verdict,
-        "reasons": record.reasons,
-        "source_fingerprint": record.source_fingerprint,
-    })
-    .to_string();
+    let judged = record.judged();
     // Promotes take no pool slot (see `tries`).
     let pooled = task.pool.is_some() && !promoting;
     let joined = tokio::task::spawn_blocking(move || {

@@ -1567,7 +1567,27 @@ fn a_try_killed_before_its_gate_on_a_reused_connection_is_not_recovered_as_publi
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
-/// A DAG of one task `totals` into `analytics.daily_totals`, whose table is made by `table`.
+/// A project whose DAG `orders` has one task, `totals`, that writes `sql`'s rows into
+/// `analytics.daily_totals`, made by `table`.
+fn totals(sql: &str, table: &str) -> Option<Pg> {
+    let t = Pg::with_dag("the PostgreSQL warehouse tests", &totals_dag(sql))?;
+    t.psql(table);
+    Some(t)
+}
+
+/// Day 1 (or days 1 and 2) of `orders` succeeded; the tries' errors otherwise.
+fn created(t: &Pg, to: &str) {
+    let out = t.p.create("orders", "2026-01-01", to, &[]);
+    assert_eq!(
+        out.code,
+        0,
+        "{}\n{}",
+        out.stderr,
+        t.p.rows("SELECT error FROM task_tries").concat().join("\n")
+    );
+}
+
+/// The DAG of [`totals`].
 fn totals_dag(sql: &str) -> String {
     format!(
         r#"schedule = "@daily"
@@ -1590,10 +1610,9 @@ unique_key = ["region"]
 /// Publishes day 1, stages it again from the same source, and checks that `diff` finds the
 /// same fingerprint and that `promote` publishes the staged output.
 fn stage_same_rows_and_promote(table: &str, sql: &str) {
-    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &totals_dag(sql)) else {
+    let Some(t) = totals(sql, table) else {
         return;
     };
-    t.psql(table);
     t.p.create("orders", "2026-01-01", "2026-01-01", &[])
         .code(0);
     let before = t.psql("SELECT * FROM analytics.daily_totals ORDER BY region");
@@ -1632,8 +1651,8 @@ GROUP BY 1, 2";
 
 #[test]
 fn a_sum_of_bigints_into_a_bigint_column_has_one_fingerprint_staged_and_promoted() {
-    // `sum(bigint)` is `numeric` in the query, `bigint` in the table: the try hashes the column
-    // as the query's type names it (by text), promote and diff as the table's (as an integer).
+    // `sum(bigint)` is `numeric` in the query, `bigint` in the table: the try, diff and promote
+    // must all hash the column as the table holds it.
     stage_same_rows_and_promote(
         "CREATE TABLE analytics.daily_totals (day date NOT NULL, region text NOT NULL, cents bigint NOT NULL)",
         CENTS_BY_REGION,
@@ -1642,9 +1661,9 @@ fn a_sum_of_bigints_into_a_bigint_column_has_one_fingerprint_staged_and_promoted
 
 #[test]
 fn a_domain_column_has_one_fingerprint_staged_and_promoted() {
-    // The query and the table agree on the type, a domain over bigint: the protocol names the
-    // query's column by its base type (`int8`, hashed as an integer), `format_type` the staged
-    // table's by the domain's name (hashed by text).
+    // The query and the table agree on the type, a domain over bigint, which the protocol
+    // names by its base type (`int8`) and `format_type` by the domain's name: every path must
+    // hash it the same way.
     stage_same_rows_and_promote(
         "CREATE DOMAIN analytics.cents AS bigint CHECK (VALUE >= 0); \
          CREATE TABLE analytics.daily_totals (day date NOT NULL, region text NOT NULL, cents analytics.cents NOT NULL)",
@@ -1657,29 +1676,18 @@ fn a_domain_column_has_one_fingerprint_staged_and_promoted() {
 
 #[test]
 fn a_count_into_a_numeric_column_still_publishes() {
-    // `count(*)` is `bigint` in the query, `numeric` in the table: the insert takes it (an
-    // assignment cast), and so did every fingerprint before hashing became typed; now the try's
-    // statement asks for `hashint8extended(numeric, ...)`, which does not exist.
-    let Some(t) = Pg::with_dag(
-        "the PostgreSQL warehouse tests",
-        &totals_dag(
-            "SELECT (order_ts AT TIME ZONE 'UTC')::date AS day, region, count(*) AS orders
+    // `count(*)` is `bigint` in the query, `numeric` in the table (an assignment cast): the try
+    // must hash the stored `numeric`, not call an integer hash on it.
+    let Some(t) = totals(
+        "SELECT (order_ts AT TIME ZONE 'UTC')::date AS day, region, count(*) AS orders
 FROM raw.orders
 WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end
 GROUP BY 1, 2",
-        ),
+        "CREATE TABLE analytics.daily_totals (day date NOT NULL, region text NOT NULL, orders numeric NOT NULL)",
     ) else {
         return;
     };
-    t.psql("CREATE TABLE analytics.daily_totals (day date NOT NULL, region text NOT NULL, orders numeric NOT NULL)");
-    let out = t.p.create("orders", "2026-01-01", "2026-01-02", &[]);
-    assert_eq!(
-        out.code,
-        0,
-        "{}\n{}",
-        out.stderr,
-        t.p.rows("SELECT error FROM task_tries").concat().join("\n")
-    );
+    created(&t, "2026-01-02");
     assert_eq!(
         t.psql("SELECT day, region, orders FROM analytics.daily_totals ORDER BY 1, 2"),
         "2026-01-01|eu|5\n2026-01-01|us|5\n2026-01-02|eu|5\n2026-01-02|us|5"
@@ -1688,29 +1696,18 @@ GROUP BY 1, 2",
 
 #[test]
 fn a_timestamp_into_a_timestamptz_column_still_publishes() {
-    // A `timestamp` (UTC wall time) into a `timestamptz` column, which the insert takes (an
-    // implicit cast): the try's statement hashes the stored `timestamptz` with
-    // `timestamp_hash_extended`, which takes no `timestamptz`.
-    let Some(t) = Pg::with_dag(
-        "the PostgreSQL warehouse tests",
-        &totals_dag(
-            "SELECT (order_ts AT TIME ZONE 'UTC')::date AS day, region, max(order_ts AT TIME ZONE 'UTC') AS last_order
+    // A `timestamp` (UTC wall time) into a `timestamptz` column (an implicit cast): the try must
+    // hash the stored `timestamptz`, not call the `timestamp` hash on it.
+    let Some(t) = totals(
+        "SELECT (order_ts AT TIME ZONE 'UTC')::date AS day, region, max(order_ts AT TIME ZONE 'UTC') AS last_order
 FROM raw.orders
 WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end
 GROUP BY 1, 2",
-        ),
+        "CREATE TABLE analytics.daily_totals (day date NOT NULL, region text NOT NULL, last_order timestamptz NOT NULL)",
     ) else {
         return;
     };
-    t.psql("CREATE TABLE analytics.daily_totals (day date NOT NULL, region text NOT NULL, last_order timestamptz NOT NULL)");
-    let out = t.p.create("orders", "2026-01-01", "2026-01-01", &[]);
-    assert_eq!(
-        out.code,
-        0,
-        "{}\n{}",
-        out.stderr,
-        t.p.rows("SELECT error FROM task_tries").concat().join("\n")
-    );
+    created(&t, "2026-01-01");
     assert_eq!(t.psql("SELECT count(*) FROM analytics.daily_totals"), "2");
 }
 
@@ -1760,9 +1757,8 @@ command = "until [ \"$({psql} '{url}?sslmode=disable' -Atc \"SELECT count(pg_ter
 
 #[test]
 fn fingerprints_of_timestamptz_arrays_do_not_depend_on_the_session_time_zone() {
-    // Like `fingerprints_do_not_depend_on_the_session_time_zone`, with the instants in an array:
-    // every type but the listed ones is hashed by its text, and the text of a `timestamptz[]`
-    // is written in the session's `TimeZone`.
+    // Like `fingerprints_do_not_depend_on_the_session_time_zone`, with the instants in an array,
+    // whose text is written in the session's `TimeZone`: it must be hashed in UTC.
     let Some(t) = staged_with_extra_column("ARRAY[order_ts] AS seen", "seen timestamptz[]", "")
     else {
         return;
@@ -1944,7 +1940,8 @@ fn same_fingerprint_in_another_time_zone(t: &Pg) {
 
 #[test]
 fn fingerprints_of_tstzrange_columns_do_not_depend_on_the_session_time_zone() {
-    // A `tstzrange` is hashed by its text, which writes both bounds in the session's TimeZone.
+    // A `tstzrange`'s text writes both bounds in the session's TimeZone: it must be hashed in
+    // UTC.
     let Some(t) = staged_with_extra_column(
         "tstzrange(order_ts, order_ts + interval '1 hour') AS span",
         "span tstzrange",
@@ -1957,8 +1954,8 @@ fn fingerprints_of_tstzrange_columns_do_not_depend_on_the_session_time_zone() {
 
 #[test]
 fn fingerprints_of_a_domain_over_timestamptz_do_not_depend_on_the_session_time_zone() {
-    // `format_type` names the column by its domain, which row_hash hashes by its text: the
-    // instant written in the session's TimeZone.
+    // `format_type` names the column by its domain: it must be hashed as its base type, in UTC,
+    // not by its text, which follows the session's TimeZone.
     let Some(t) = staged_with_setup(
         "order_ts AS seen",
         "CREATE DOMAIN analytics.instant AS timestamptz",
@@ -1992,11 +1989,10 @@ fn a_lease_timeout_of_two_weeks_still_runs_postgres_tries() {
 
 #[test]
 fn a_try_whose_begin_fails_commits_nothing_even_when_its_query_sets_the_guard() {
-    // The BEGIN fails (a lease timeout of two weeks makes its SET fail, see above): the
-    // statement, already sent, runs in autocommit and is to fail on its guard. A query that
-    // itself sets `backfill.in_try` (here at session level, as `set_config(..., false)` does)
-    // satisfies the guard before it is evaluated: the statement commits its delete, insert and
-    // booking on its own, while the try is reported failed.
+    // A query that itself sets `backfill.in_try` (at session level, as `set_config(..., false)`
+    // does) must not pass the guard of a statement outside its try's transaction; with a lease
+    // timeout of two weeks (whose SET once made the BEGIN fail), whatever happens, a try that
+    // did not succeed leaves the partition and the bookings as they were.
     let query = QUERY.replace(
         "WHERE order_ts >= :data_interval_start",
         "WHERE set_config('backfill.in_try', 'on', false) = 'on' AND order_ts >= :data_interval_start",

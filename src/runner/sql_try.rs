@@ -88,7 +88,8 @@ pub(super) async fn sql_try(
         .lock()
         .ok()
         .and_then(|r| r.get(&task.id).copied().flatten());
-    let into = if sql.warehouse.is_postgres() {
+    let in_its_publish = backend::of(&sql.warehouse).writes_in_its_publish();
+    let into = if in_its_publish {
         "its own transaction".to_string()
     } else {
         audit_path.display().to_string()
@@ -127,12 +128,12 @@ pub(super) async fn sql_try(
         };
         backend::of(&s.warehouse).write(&write, cancel)
     });
-    // On PostgreSQL the write is the publish's own transaction, and the warehouse books the
-    // publish in it: the intent is recorded while the warehouse works, before anything can
-    // commit (a crash is settled from the booking, see `recovery`). What the partition holds
-    // now is read meanwhile too.
+    // Where the write is the publish's own transaction, which books the publish (PostgreSQL),
+    // the intent is recorded while the warehouse works, before anything can commit (a crash is
+    // settled from the booking, see `recovery`). What the partition holds now is read
+    // meanwhile too.
     let owner = shared.spec.owner;
-    let early_intent = sql.warehouse.is_postgres() && !staging;
+    let early_intent = in_its_publish && !staging;
     let intent = async {
         if !early_intent {
             return Ok(true);

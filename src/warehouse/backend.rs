@@ -190,6 +190,13 @@ pub trait Backend: Sync {
     /// What the kept versions of a task's target cost (read only; nothing when none exist).
     fn storage(&self, task: &SqlTask, manifest: &str) -> super::versions::Storage;
 
+    /// Whether a try writes its output inside its publish transaction, which books the publish
+    /// in the warehouse (no audit file): a crash is settled from that booking, so the intent to
+    /// publish may be recorded before the output is measured.
+    fn writes_in_its_publish(&self) -> bool {
+        false
+    }
+
     /// What promoting the staged output at `location` would change, by the key `key`; `None`
     /// when the staged output is gone.
     fn diff_keys(

@@ -451,6 +451,10 @@ impl Backend for Postgres {
         )
     }
 
+    fn writes_in_its_publish(&self) -> bool {
+        true
+    }
+
     fn storage(&self, task: &SqlTask, manifest: &str) -> crate::warehouse::versions::Storage {
         storage(task, manifest).unwrap_or_else(|_| crate::warehouse::versions::Storage {
             target: task.target.clone(),

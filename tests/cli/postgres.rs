@@ -152,6 +152,97 @@ fn a_backfill_publishes_exactly_the_source_and_a_rerun_replaces_it() {
     assert_eq!(t.open_transactions(), "0");
 }
 
+/// The gate counts the values of a unique key that occur more than once as `GROUP BY` groups
+/// them (two `NULL`s are one value, and so are two rows with the same `NULL` field), whichever
+/// way the statement counts: by sorting the keys first (types with a b-tree order) or by
+/// grouping alone (others, such as `float8`).
+#[test]
+fn duplicate_keys_are_counted_as_group_by_counts_them_null_keys_included() {
+    let keyed = |key: &str, ty: &str, rows: &str| {
+        format!(
+            r#"schedule = "@daily"
+retries = 0
+
+[[tasks]]
+id = "keyed"
+warehouse = "dw"
+target = "analytics.keyed"
+partition_column = "day"
+sql = "SELECT k::{ty} AS k, j, :ds::date AS day FROM (VALUES {rows}) v(k, j)"
+[tasks.gate]
+unique_key = [{key}]
+"#
+        )
+    };
+    let Some(t) = Pg::with_dag(
+        "the PostgreSQL warehouse tests",
+        &keyed(r#""k""#, "int", "(1, 'a')"),
+    ) else {
+        return;
+    };
+    t.psql("CREATE TABLE analytics.keyed (k float8, j text, day date NOT NULL)");
+    let cases = [
+        // (key, type of k, rows, the gate's message or None when it publishes)
+        (r#""k""#, "int", "(1, 'a'), (2, 'a'), (NULL, 'a')", None),
+        (
+            r#""k""#,
+            "int",
+            "(1, 'a'), (1, 'b'), (NULL, 'a'), (NULL, 'b'), (2, 'a')",
+            Some("2 key values occur more than once"),
+        ),
+        (
+            r#""k""#,
+            "int",
+            "(NULL, 'a'), (NULL, 'b')",
+            Some("1 key value occurs more than once"),
+        ),
+        (
+            r#""k", "j""#,
+            "int",
+            "(1, NULL), (2, NULL), (NULL, 'a'), (1, 'a')",
+            None,
+        ),
+        (
+            r#""k", "j""#,
+            "int",
+            "(1, 'a'), (1, 'b'), (NULL, 'a'), (NULL, 'a'), (2, NULL), (2, NULL), (3, 'c')",
+            Some("2 key values occur more than once"),
+        ),
+        (r#""k""#, "float8", "(1, 'a'), (2, 'a'), (NULL, 'a')", None),
+        (
+            r#""k""#,
+            "float8",
+            "(1, 'a'), (1, 'b'), (NULL, 'a'), (NULL, 'b')",
+            Some("2 key values occur more than once"),
+        ),
+    ];
+    for (key, ty, rows, rejected) in cases {
+        t.p.write("dags/orders.toml", &keyed(key, ty, rows));
+        t.psql("TRUNCATE analytics.keyed");
+        let out = t.p.create(
+            "orders",
+            "2026-01-01",
+            "2026-01-01",
+            &["--reprocess-behavior", "completed", "--allow-drift"],
+        );
+        let published = t.psql("SELECT count(*) FROM analytics.keyed");
+        match rejected {
+            None => {
+                out.code(0);
+                assert_eq!(
+                    published,
+                    rows.matches('(').count().to_string(),
+                    "{key} {rows}"
+                );
+            }
+            Some(message) => {
+                out.code(3).stderr_has(message);
+                assert_eq!(published, "0", "{key} {rows}");
+            }
+        }
+    }
+}
+
 #[test]
 fn the_gate_rejects_in_the_transaction_and_readers_keep_the_old_partition() {
     let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {

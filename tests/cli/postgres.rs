@@ -154,11 +154,11 @@ fn a_backfill_publishes_exactly_the_source_and_a_rerun_replaces_it() {
 
 /// The gate counts the values of a unique key that occur more than once as `GROUP BY` groups
 /// them (two `NULL`s are one value, and so are two rows with the same `NULL` field), whichever
-/// way the statement counts: by sorting the keys first (types with a b-tree order) or by
-/// grouping alone (others, such as `float8`).
+/// way the statement counts: by sorting the keys first (an integer, a date, a text alone) or by
+/// grouping alone (a text among several columns, a `float8`).
 #[test]
 fn duplicate_keys_are_counted_as_group_by_counts_them_null_keys_included() {
-    let keyed = |key: &str, ty: &str, rows: &str| {
+    let keyed = |key: &str, rows: &str| {
         format!(
             r#"schedule = "@daily"
 retries = 0
@@ -168,7 +168,7 @@ id = "keyed"
 warehouse = "dw"
 target = "analytics.keyed"
 partition_column = "day"
-sql = "SELECT k::{ty} AS k, j, :ds::date AS day FROM (VALUES {rows}) v(k, j)"
+sql = "SELECT k::int AS k, j::text AS j, f::float8 AS f, :ds::date AS day FROM (VALUES {rows}) v(k, j, f)"
 [tasks.gate]
 unique_key = [{key}]
 "#
@@ -176,48 +176,64 @@ unique_key = [{key}]
     };
     let Some(t) = Pg::with_dag(
         "the PostgreSQL warehouse tests",
-        &keyed(r#""k""#, "int", "(1, 'a')"),
+        &keyed(r#""k""#, "(1, 'a', 1.5)"),
     ) else {
         return;
     };
-    t.psql("CREATE TABLE analytics.keyed (k float8, j text, day date NOT NULL)");
+    t.psql("CREATE TABLE analytics.keyed (k int, j text, f float8, day date NOT NULL)");
+    let once = |n: i64| match n {
+        1 => Some("1 key value occurs more than once"),
+        2 => Some("2 key values occur more than once"),
+        _ => None,
+    };
     let cases = [
-        // (key, type of k, rows, the gate's message or None when it publishes)
-        (r#""k""#, "int", "(1, 'a'), (2, 'a'), (NULL, 'a')", None),
+        // (key, rows, how many key values occur more than once)
         (
             r#""k""#,
-            "int",
-            "(1, 'a'), (1, 'b'), (NULL, 'a'), (NULL, 'b'), (2, 'a')",
-            Some("2 key values occur more than once"),
+            "(1, 'a', 1.5), (2, 'a', 1.5), (NULL, 'a', 1.5)",
+            0,
         ),
         (
             r#""k""#,
-            "int",
-            "(NULL, 'a'), (NULL, 'b')",
-            Some("1 key value occurs more than once"),
+            "(1, 'a', 1.5), (1, 'b', 1.5), (NULL, 'a', 1.5), (NULL, 'b', 1.5), (2, 'a', 1.5)",
+            2,
+        ),
+        (r#""k""#, "(NULL, 'a', 1.5), (NULL, 'b', 1.5)", 1),
+        (
+            r#""k", "day""#,
+            "(1, 'a', 1.5), (2, 'a', 1.5), (NULL, 'a', 1.5)",
+            0,
+        ),
+        (
+            r#""k", "day""#,
+            "(1, 'a', 1.5), (NULL, 'a', 1.5), (NULL, 'b', 1.5)",
+            1,
+        ),
+        (r#""j""#, "(1, 'a', 1.5), (1, 'b', 1.5), (1, NULL, 1.5)", 0),
+        (
+            r#""j""#,
+            "(1, 'a', 1.5), (2, 'a', 1.5), (1, NULL, 1.5), (2, NULL, 1.5)",
+            2,
         ),
         (
             r#""k", "j""#,
-            "int",
-            "(1, NULL), (2, NULL), (NULL, 'a'), (1, 'a')",
-            None,
+            "(1, NULL, 1.5), (2, NULL, 1.5), (NULL, 'a', 1.5), (1, 'a', 1.5)",
+            0,
         ),
         (
             r#""k", "j""#,
-            "int",
-            "(1, 'a'), (1, 'b'), (NULL, 'a'), (NULL, 'a'), (2, NULL), (2, NULL), (3, 'c')",
-            Some("2 key values occur more than once"),
+            "(1, 'a', 1.5), (1, 'b', 1.5), (NULL, 'a', 1.5), (NULL, 'a', 1.5), (2, NULL, 1.5), (2, NULL, 1.5)",
+            2,
         ),
-        (r#""k""#, "float8", "(1, 'a'), (2, 'a'), (NULL, 'a')", None),
+        (r#""f""#, "(1, 'a', 1.5), (1, 'a', 2.5), (1, 'a', NULL)", 0),
         (
-            r#""k""#,
-            "float8",
-            "(1, 'a'), (1, 'b'), (NULL, 'a'), (NULL, 'b')",
-            Some("2 key values occur more than once"),
+            r#""f""#,
+            "(1, 'a', 1.5), (1, 'a', 1.5), (1, 'a', NULL), (1, 'a', NULL)",
+            2,
         ),
     ];
-    for (key, ty, rows, rejected) in cases {
-        t.p.write("dags/orders.toml", &keyed(key, ty, rows));
+    for (key, rows, duplicated) in cases {
+        t.p.write("dags/orders.toml", &keyed(key, rows));
         t.psql("TRUNCATE analytics.keyed");
         let out = t.p.create(
             "orders",
@@ -226,18 +242,18 @@ unique_key = [{key}]
             &["--reprocess-behavior", "completed", "--allow-drift"],
         );
         let published = t.psql("SELECT count(*) FROM analytics.keyed");
-        match rejected {
+        match once(duplicated) {
             None => {
                 out.code(0);
                 assert_eq!(
                     published,
-                    rows.matches('(').count().to_string(),
-                    "{key} {rows}"
+                    rows.matches("), (").count().saturating_add(1).to_string(),
+                    "{key}: {rows}"
                 );
             }
             Some(message) => {
                 out.code(3).stderr_has(message);
-                assert_eq!(published, "0", "{key} {rows}");
+                assert_eq!(published, "0", "{key}: {rows}");
             }
         }
     }

@@ -859,38 +859,41 @@ fn in_try_guard(param: usize) -> String {
 
 /// How many values of the unique key (`quoted`, the key's columns quoted and joined) occur
 /// more than once in the output `ins`, as SQL. Counting the groups is a hash aggregate of every
-/// row, several times slower than sorting the keys once; so when every key column sorts (a
-/// type of `typed` known to have a b-tree order) the rows and the distinct keys are counted
-/// first, and the groups only when the two differ (a duplicate, or a `NULL` key which
-/// `count(DISTINCT)` leaves out): the same number, at the cost of a sort when there is none.
+/// row, several times slower than sorting the keys once; so when the key's types sort as
+/// `GROUP BY` compares them (by `typed`, the output's types), the rows and the distinct keys
+/// are counted first, and the groups only when the two differ (a duplicate, or a `NULL` key
+/// which `count(DISTINCT)` leaves out): the same number, at the cost of a sort when there is
+/// none. Text sorts so only as a key's one column (its own collation); inside a row (several
+/// columns) it might compare by another, so such keys are only grouped.
 fn duplicates_sql(key: &[String], quoted: &str, typed: &[(String, String)]) -> String {
     let exact = format!(
         "(SELECT count(*) FROM (SELECT 1 FROM ins GROUP BY {quoted} HAVING count(*) > 1) d)"
     );
     let sorts = key.iter().all(|k| {
         typed.iter().any(|(name, ty)| {
+            let base = ty.split('(').next().unwrap_or(ty).trim();
+            let text = matches!(
+                base,
+                "text" | "character varying" | "varchar" | "character" | "bpchar"
+            );
             name == k
-                && matches!(
-                    ty.split('(').next().unwrap_or(ty).trim(),
-                    "bigint"
-                        | "integer"
-                        | "smallint"
-                        | "int8"
-                        | "int4"
-                        | "int2"
-                        | "text"
-                        | "character varying"
-                        | "varchar"
-                        | "character"
-                        | "bpchar"
-                        | "uuid"
-                        | "date"
-                        | "timestamp"
-                        | "timestamp with time zone"
-                        | "timestamp without time zone"
-                        | "numeric"
-                        | "boolean"
-                )
+                && (text && key.len() == 1
+                    || matches!(
+                        base,
+                        "bigint"
+                            | "integer"
+                            | "smallint"
+                            | "int8"
+                            | "int4"
+                            | "int2"
+                            | "uuid"
+                            | "date"
+                            | "timestamp"
+                            | "timestamp with time zone"
+                            | "timestamp without time zone"
+                            | "numeric"
+                            | "boolean"
+                    ))
         })
     });
     if !sorts {

@@ -12,9 +12,11 @@
 //!    finished publishes as published, runs whose every task had succeeded as `succeeded`; then
 //!    release the leases.
 //!
-//! A try whose group could not be proven gone (it survived SIGKILL, or it runs on another host
-//! that this one cannot check) keeps its run and lease: its interval stays in flight rather than
-//! being run a second time, and a warning says so.
+//! A try whose group could not be proven gone (it survived SIGKILL) keeps its run and lease: its
+//! interval stays in flight rather than being run a second time, and a warning says so. A try on
+//! another host cannot be checked from here; it counts as stopped once its owner's lease has
+//! expired, which the claim requires (an owner stops its own tries when it cannot renew its
+//! lease, and a thawed one is fenced at its next heartbeat).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -296,7 +298,20 @@ fn act(manifest_path: &Path, dags: &Dags, claim: &Claim, ctx: &LeaseCtx) -> Acte
                 );
                 gone
             }
-            Some(_) => false,
+            Some(group) => {
+                // On another host: nothing here can look at it or stop it. Its owner's lease
+                // has expired (else there would be no claim): the owner stopped it when it could
+                // not renew the lease, or will at its next heartbeat should it come back from a
+                // freeze, and may publish nothing now (see `LeaseCtx::group_may_run`).
+                tracing::info!(
+                    backfill = backfill_id,
+                    try_id = t.try_id,
+                    pgid = group.pgid,
+                    host = t.host.as_deref().unwrap_or_default(),
+                    "a gone owner's try on another host counts as stopped: its owner's lease expired"
+                );
+                true
+            }
         };
         if gone {
             if let Some(path) = &t.audit_path
@@ -306,14 +321,8 @@ fn act(manifest_path: &Path, dags: &Dags, claim: &Claim, ctx: &LeaseCtx) -> Acte
             }
             acted.stopped.push(t.try_id);
         } else {
-            let why = match (&t.group, &t.host) {
-                (Some(g), Some(host)) if !ctx.is_here(Some(host)) => format!(
-                    "try {} of backfill {backfill_id} runs as process group {} on host {host}, which cannot be checked from here; its interval stays in flight (run `{}` on {host} to stop it)",
-                    t.try_id,
-                    g.pgid,
-                    crate::words::hint(&format!("cancel {backfill_id}"))
-                ),
-                (Some(g), _) => format!(
+            let why = match &t.group {
+                Some(g) => format!(
                     "try {} of backfill {backfill_id} (process group {}) survived SIGKILL for {}s; its interval stays in flight until it is gone",
                     t.try_id,
                     g.pgid,

@@ -61,9 +61,14 @@ fn cancel(
         &crate::process::LOCAL,
     )) {
         writer.call_blocking(move |c| c.request_cancel(id))?;
+        let here = crate::liveness::Host::name(&crate::process::LOCAL);
         eprintln!(
-            "asked backfill {id} (pid {}) to stop…",
-            backfill.owner_pid.unwrap_or_default()
+            "asked backfill {id} (pid {}{}) to stop…",
+            backfill.owner_pid.unwrap_or_default(),
+            match backfill.owner_host.as_deref() {
+                Some(host) if host != here => format!(" on host {host}"),
+                _ => String::new(),
+            }
         );
         let deadline = Instant::now()
             .checked_add(wait)

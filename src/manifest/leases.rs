@@ -2,7 +2,8 @@
 //!
 //! A lease names its owner backfill; the owner row carries pid, host, heartbeat and epoch. An
 //! owner is alive while it is `running`, has sent a heartbeat within the lease timeout, and —
-//! when it runs on this host — its process exists. A lease whose owner is not alive is stale:
+//! when it runs on this host — its process exists; an owner on another host (another machine,
+//! or a container with a host name and process ids of its own) is judged by its lease alone. A lease whose owner is not alive is stale:
 //! its owner must be recovered (claimed with a new epoch, its processes killed, its runs
 //! recorded; see `recovery`) before anyone else takes the lease. So a lease is only ever
 //! replaced when its owner is no longer `running` and its run is finished.
@@ -68,10 +69,14 @@ impl LeaseCtx {
         host == Some(self.host.as_str())
     }
 
-    /// Whether a try's recorded process group may still be running: always when it is on
-    /// another host (nothing here can tell), else when a member is alive.
+    /// Whether a try's recorded process group may still be running once its owner is gone:
+    /// when it is on this host, while a member is alive. A try on another host cannot be
+    /// looked at from here; it is judged by its owner's lease, as its owner is: once that has
+    /// expired the try counts as stopped, because an owner that could not renew its lease stops
+    /// its tries itself (see `session::execute::keep_alive`), and one that comes back after a
+    /// freeze finds itself fenced at its next heartbeat and stops them then, publishing nothing.
     pub fn group_may_run(&self, host: Option<&str>, group: Group) -> bool {
-        !self.is_here(host) || self.here.group_alive(group)
+        self.is_here(host) && self.here.group_alive(group)
     }
 }
 
@@ -257,12 +262,18 @@ mod tests {
             Some("there"),
             Some(90_000)
         ));
-        // A try's group on another host may run; one here that is gone does not.
+        // A try's group here runs while a member is alive; one on another host is judged by
+        // its owner's lease alone.
         let gone = Group {
             pgid: i64::from(i32::MAX),
             leader_start: None,
         };
-        assert!(ctx.group_may_run(Some("there"), gone));
+        let mine = Group {
+            pgid: i64::from(nix::unistd::getpgrp().as_raw()),
+            leader_start: None,
+        };
         assert!(!ctx.group_may_run(Some("here"), gone));
+        assert!(ctx.group_may_run(Some("here"), mine));
+        assert!(!ctx.group_may_run(Some("there"), mine));
     }
 }

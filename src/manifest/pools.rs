@@ -72,9 +72,9 @@ type Holder = (
 );
 
 /// Removes the slots of `pool` held by tries that ended, or by tries whose backfill's owner is
-/// gone and whose process group is gone too (or cannot be checked from here, being on another
-/// host: then the slot stays until that backfill is recovered). Returns the process groups of
-/// gone owners' tries that still run here: the caller kills them, then asks again.
+/// gone and whose process group is gone too (on another host, a gone owner's try counts as
+/// stopped: see [`LeaseCtx::group_may_run`]). Returns the process groups of gone owners' tries
+/// that still run here: the caller kills them, then asks again.
 fn free_dead(conn: &Connection, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate::liveness::Group>> {
     let holders: Vec<Holder> = conn
         .prepare_cached(
@@ -109,9 +109,7 @@ fn free_dead(conn: &Connection, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate:
                 None => true,
                 Some(pgid) => {
                     let group = crate::liveness::Group { pgid, leader_start };
-                    if !ctx.is_here(try_host.as_deref()) {
-                        false
-                    } else if ctx.here.group_alive(group) {
+                    if ctx.group_may_run(try_host.as_deref(), group) {
                         survivors.push(group);
                         false
                     } else {

@@ -8,6 +8,7 @@ mod example;
 mod faults;
 mod gate;
 mod guard_rails;
+mod hosts;
 mod interrupt;
 mod operations;
 #[path = "../pg/mod.rs"]

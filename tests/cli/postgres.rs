@@ -1539,8 +1539,8 @@ unique_key = ["day"]
 }
 
 // ---------------------------------------------------------------------------------------------
-// Review of the last changes (slot freed early, booking in the try's statement, COMMIT that
-// begins the next try's transaction, typed fingerprints): attacks through the real binary.
+// The fast path of a try: a slot freed as soon as a success is queued, the booking in the try's
+// statement, the BEGIN sent with the statement, fingerprints by the target's types.
 // ---------------------------------------------------------------------------------------------
 
 /// A second task on a target of its own: its first try in the process finds the connection that
@@ -1995,8 +1995,8 @@ fn old_bookings_of_ended_tries_are_pruned_and_recent_ones_kept() {
     );
 }
 
-// ---- Review 2: attacks on the guarded BEGIN, the judged record with the commit, fingerprints
-// by the target's types and the pool cleanup of PostgreSQL tries.
+// ---- The guarded BEGIN, the judged record sent with the commit, fingerprints by the target's
+// types and the pool cleanup of PostgreSQL tries.
 
 /// Like [`staged_with_extra_column`], with `setup` run before the target gains `column`.
 fn staged_with_setup(expr: &str, setup: &str, column: &str) -> Option<Pg> {
@@ -2333,3 +2333,380 @@ const DAY_1: [&str; 7] = [
     "--to",
     "2026-01-01",
 ];
+
+/// Dates the target holds beside its partition column: the extremes `infinity` and
+/// `-infinity`, `NULL`, a domain over `date` and an array of dates. Publish, `verify`, stage,
+/// `diff`, promote and rollback must all fingerprint them alike.
+const DATES_EXPR: &str = "CASE order_id % 4 WHEN 0 THEN 'infinity'::date WHEN 1 THEN '-infinity'::date WHEN 2 THEN NULL ELSE date '2026-03-01' + order_id END AS due, \
+(date '2026-02-01' + order_id)::analytics.day_d AS billed, \
+ARRAY[date '2026-01-01' + order_id, NULL, 'infinity'::date] AS seen";
+
+fn dates_project() -> Option<Pg> {
+    let query = QUERY.replace(
+        "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount",
+        &format!(
+            "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount, {DATES_EXPR}"
+        ),
+    );
+    let t = Pg::with_dag("the PostgreSQL warehouse tests", &dag(&query, GATE, ""))?;
+    t.psql(
+        "CREATE DOMAIN analytics.day_d AS date CHECK (VALUE > date '2000-01-01'); \
+         ALTER TABLE analytics.orders_fact ADD COLUMN due date, ADD COLUMN billed analytics.day_d, ADD COLUMN seen date[]",
+    );
+    Some(t)
+}
+
+#[test]
+fn date_columns_have_one_fingerprint_in_verify_stage_promote_and_rollback() {
+    let Some(t) = dates_project() else {
+        return;
+    };
+    t.p.create("orders", "2026-01-01", "2026-01-02", &[])
+        .code(0);
+    let first = t.psql("SELECT * FROM analytics.orders_fact ORDER BY order_id");
+    assert!(first.contains("infinity"), "{first}");
+    // verify measures twice: the same rows, the same fingerprint.
+    let v = t.p.run(&[
+        "verify",
+        "--dag",
+        "orders",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+    ]);
+    assert_eq!(
+        v.code, 0,
+        "verify right after a publish: {}\n{}",
+        v.stdout, v.stderr
+    );
+    // The same source staged again: diff finds the same fingerprint, promote accepts it.
+    t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-02",
+        &["--stage", "--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    let diff = t.p.run(&["diff", "2", "--output", "json"]);
+    diff.code(0);
+    for d in diff.json().as_array().unwrap() {
+        assert_eq!(d["same_fingerprint"], true, "{}", diff.stdout);
+    }
+    let promote = t.p.run(&["promote", "2"]);
+    assert_eq!(promote.code, 0, "{}", promote.stderr);
+    assert_eq!(
+        t.psql("SELECT * FROM analytics.orders_fact ORDER BY order_id"),
+        first
+    );
+    // A changed source replaces the dates; rollback puts the first ones back.
+    t.psql("UPDATE raw.orders SET amount = amount + 1");
+    t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-02",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    assert_ne!(
+        t.psql("SELECT * FROM analytics.orders_fact ORDER BY order_id"),
+        first
+    );
+    let rb = t.p.run(&[
+        "rollback",
+        "--dag",
+        "orders",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+    ]);
+    assert_eq!(rb.code, 0, "{}", rb.stderr);
+    assert_eq!(
+        t.psql("SELECT * FROM analytics.orders_fact ORDER BY order_id"),
+        first
+    );
+    assert_eq!(t.open_transactions(), "0");
+}
+
+#[test]
+fn a_date_past_the_timestamp_range_still_publishes_and_verifies() {
+    // `date` reaches 5874897 AD, `timestamp` only 294276 AD: a fingerprint that casts one to the
+    // other fails on a date that the column holds and that its text hashed without trouble.
+    let query = QUERY.replace(
+        "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount",
+        "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount, date '300000-01-01' AS valid_to",
+    );
+    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(&query, GATE, "")) else {
+        return;
+    };
+    t.psql("ALTER TABLE analytics.orders_fact ADD COLUMN valid_to date");
+    let out = t.p.create("orders", "2026-01-01", "2026-01-01", &[]);
+    assert_eq!(
+        out.code,
+        0,
+        "a far-future date fails the try: {}\n{:?}",
+        out.stderr,
+        t.p.rows("SELECT error FROM task_tries")
+    );
+    assert_eq!(t.fact(), t.expected(&[1]));
+    t.p.run(&[
+        "verify",
+        "--dag",
+        "orders",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-01",
+    ])
+    .code(0);
+}
+
+/// The gate's duplicate count equals `GROUP BY`'s for keys whose equality is not their bytes:
+/// a case-insensitive (nondeterministic) collation, a domain over such a text, `numeric` at
+/// different scales, `varchar(n)` and `char(n)`, arrays.
+#[test]
+fn duplicate_keys_follow_group_by_equality_for_collations_domains_and_scales() {
+    let keyed = |key: &str, rows: &str| {
+        format!(
+            r#"schedule = "@daily"
+retries = 0
+
+[[tasks]]
+id = "keyed"
+warehouse = "dw"
+target = "analytics.keyed"
+partition_column = "day"
+sql = "SELECT t, ct, v, c, n, a, i, :ds::date AS day FROM (VALUES {rows}) v(t, ct, v, c, n, a, i)"
+[tasks.gate]
+unique_key = [{key}]
+"#
+        )
+    };
+    let Some(t) = Pg::with_dag(
+        "the PostgreSQL warehouse tests",
+        &keyed(r#""t""#, "('a', 'a', 'a', 'a', 1.0, ARRAY[1], 1)"),
+    ) else {
+        return;
+    };
+    t.psql(
+        "CREATE COLLATION analytics.ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false); \
+         CREATE DOMAIN analytics.ci_text AS text COLLATE analytics.ci; \
+         CREATE TABLE analytics.keyed (t text COLLATE analytics.ci, ct analytics.ci_text, v varchar(5) COLLATE analytics.ci, \
+           c char(3) COLLATE analytics.ci, n numeric(10, 3), a int[], i int, day date NOT NULL)",
+    );
+    let r = |t: &str, ct: &str, v: &str, c: &str, n: &str, a: &str, i: i32| {
+        format!("('{t}', '{ct}', '{v}', '{c}', {n}, ARRAY[{a}]::int[], {i})")
+    };
+    let cases: Vec<(&str, String, i64)> = vec![
+        // (key, rows, key values occurring more than once by GROUP BY)
+        (
+            r#""t""#,
+            [
+                r("a", "a", "a", "a", "1.0", "1", 1),
+                r("A", "a", "a", "a", "1.0", "1", 2),
+            ]
+            .join(", "),
+            1,
+        ),
+        (
+            r#""ct""#,
+            [
+                r("a", "x", "a", "a", "1.0", "1", 1),
+                r("b", "X", "a", "a", "1.0", "1", 2),
+            ]
+            .join(", "),
+            1,
+        ),
+        (
+            r#""v""#,
+            [
+                r("a", "a", "ab", "a", "1.0", "1", 1),
+                r("b", "a", "AB", "a", "1.0", "1", 2),
+            ]
+            .join(", "),
+            1,
+        ),
+        (
+            r#""c""#,
+            [
+                r("a", "a", "a", "q", "1.0", "1", 1),
+                r("b", "a", "a", "Q ", "1.0", "1", 2),
+            ]
+            .join(", "),
+            1,
+        ),
+        (
+            r#""n""#,
+            [
+                r("a", "a", "a", "a", "1.0", "1", 1),
+                r("b", "a", "a", "a", "1.00", "1", 2),
+            ]
+            .join(", "),
+            1,
+        ),
+        (
+            r#""n", "i""#,
+            [
+                r("a", "a", "a", "a", "1.0", "1", 1),
+                r("b", "a", "a", "a", "1.00", "1", 1),
+            ]
+            .join(", "),
+            1,
+        ),
+        (
+            r#""a""#,
+            [
+                r("a", "a", "a", "a", "1.0", "1,2", 1),
+                r("b", "a", "a", "a", "1.0", "1,2", 2),
+            ]
+            .join(", "),
+            1,
+        ),
+        (
+            r#""t", "i""#,
+            [
+                r("a", "a", "a", "a", "1.0", "1", 1),
+                r("A", "a", "a", "a", "1.0", "1", 1),
+            ]
+            .join(", "),
+            1,
+        ),
+        (
+            r#""t""#,
+            [
+                r("a", "a", "a", "a", "1.0", "1", 1),
+                r("b", "a", "a", "a", "1.0", "1", 2),
+            ]
+            .join(", "),
+            0,
+        ),
+    ];
+    for (key, rows, duplicated) in cases {
+        t.p.write("dags/orders.toml", &keyed(key, &rows));
+        t.psql("TRUNCATE analytics.keyed");
+        let out = t.p.create(
+            "orders",
+            "2026-01-01",
+            "2026-01-01",
+            &["--reprocess-behavior", "completed", "--allow-drift"],
+        );
+        let published = t.psql("SELECT count(*) FROM analytics.keyed");
+        if duplicated == 0 {
+            assert_eq!(out.code, 0, "{key}: {rows}: {}", out.stderr);
+            assert_eq!(published, "2", "{key}: {rows}");
+        } else {
+            assert_eq!(out.code, 3, "{key}: {rows}: {}", out.stderr);
+            out.stderr_has("1 key value occurs more than once");
+            assert_eq!(published, "0", "{key}: {rows}");
+        }
+    }
+}
+
+/// A DAG of SQL tasks only runs on one async worker: a `backfill cancel` of two tries in
+/// flight at once (their statements waiting on the server) stops both statements and runs the
+/// DAG's `on_finish` hook; timeouts with retries and retry delays fire while statements wait.
+#[test]
+fn one_worker_serves_cancel_timeouts_and_hooks_while_statements_wait() {
+    let slow = "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount
+FROM raw.orders, pg_sleep(60)
+WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end";
+    let header = |extra: &str| {
+        dag(slow, GATE, "").replace(
+            "retries = 0\n",
+            &format!(
+                "max_active_runs = 2\n{extra}\n[notify]\non_finish = \"echo $BACKFILL_STATE $BACKFILL_EXIT_CODE > hook.out\"\n"
+            ),
+        )
+    };
+    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &header("retries = 0")) else {
+        return;
+    };
+    let running = |t: &Pg| {
+        t.psql(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND query LIKE '%pg_sleep(60)%' AND state = 'active' AND pid <> pg_backend_pid()",
+            t.db
+        ))
+    };
+    let child = t.p.spawn(
+        "run",
+        &[
+            "create",
+            "--dag",
+            "orders",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+        ],
+    );
+    wait_until(
+        "two statements on the server",
+        Duration::from_secs(30),
+        || {
+            t.p.has_manifest()
+                && t.p
+                    .count("SELECT count(*) FROM task_tries WHERE state = 'running'")
+                    == 2
+                && running(&t) == "2"
+        },
+    );
+    let started = std::time::Instant::now();
+    t.p.run(&["cancel", "1"]).code(0);
+    let out = crate::support::wait_within(&t.p, "run", child, Duration::from_secs(30));
+    out.code(130);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    wait_until("the statements to stop", Duration::from_secs(10), || {
+        running(&t) == "0"
+    });
+    assert!(
+        t.p.read("hook.out").contains("130"),
+        "{}",
+        t.p.read("hook.out")
+    );
+    assert_eq!(t.fact(), "");
+
+    // Timeouts, then a retry after its delay, for both days at once.
+    t.p.write(
+        "dags/orders.toml",
+        &header("retries = 1\nretry_delay = \"1s\"\ntimeout = \"2s\""),
+    );
+    let started = std::time::Instant::now();
+    let child = t.p.spawn(
+        "run2",
+        &[
+            "create",
+            "--dag",
+            "orders",
+            "--from",
+            "2026-01-03",
+            "--to",
+            "2026-01-04",
+        ],
+    );
+    let out = crate::support::wait_within(&t.p, "run2", child, Duration::from_secs(60));
+    out.code(3);
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        t.p.count("SELECT count(*) FROM task_tries"),
+        6,
+        "two cancelled tries, then two tries of each of two days"
+    );
+    assert!(
+        t.p.read("hook.out").starts_with("failed 3"),
+        "{}",
+        t.p.read("hook.out")
+    );
+    wait_until("the statements to stop", Duration::from_secs(10), || {
+        running(&t) == "0"
+    });
+    assert_eq!(t.open_transactions(), "0");
+}

@@ -151,8 +151,12 @@ fn row_hash(columns: &[(String, String)]) -> String {
                     format!("hashint4extended({c}::int4, {seed})")
                 }
                 "uuid" => format!("uuid_hash_extended({c}, {seed})"),
-                // A day as the midnight it begins (`infinity` too), not as its text.
-                "date" => format!("timestamp_hash_extended({c}::timestamp, {seed})"),
+                // A day as its number (days since 2000-01-01: every date has one, where a
+                // timestamp ends in year 294276), `infinity` and `-infinity` by their text.
+                "date" => format!(
+                    "CASE WHEN isfinite({c}) THEN hashint4extended({c} - date '2000-01-01', {seed}) \
+                     ELSE hashtextextended({c}::text, {seed}) END"
+                ),
                 _ => format!("hashtextextended({c}::text COLLATE \"C\", {seed})"),
             };
             format!("coalesce({h}, {seed})")

@@ -159,13 +159,13 @@ pub(super) async fn sql_try(
             return Ok(failed(error, None));
         }
         Step::TimedOut(late) => {
-            discard(late);
+            discard(late).await;
             let error = timed_out(task);
             log.line(&error);
             return Ok(failed(error, None));
         }
         Step::Cancelled(late) => {
-            discard(late);
+            discard(late).await;
             return Ok(cancelled("cancelled"));
         }
     };
@@ -179,15 +179,15 @@ pub(super) async fn sql_try(
     let current = match (current, intent) {
         (Ok(c), Ok(true)) => c,
         (Ok(_), Ok(false)) => {
-            output.remove();
+            let_go(output, false).await;
             return Ok(cancelled("taken over by another process before publishing"));
         }
         (Err(e), _) => {
-            output.remove();
+            let_go(output, false).await;
             return Err(e);
         }
         (_, Err(e)) => {
-            output.remove();
+            let_go(output, false).await;
             return Err(e.into());
         }
     };
@@ -208,7 +208,7 @@ pub(super) async fn sql_try(
     ) {
         Ok(v) => v,
         Err(why) => {
-            output.remove();
+            let_go(output, false).await;
             log.line(&why);
             return Ok(failed(why, None));
         }
@@ -226,12 +226,12 @@ pub(super) async fn sql_try(
     apply_verdict(&mut record, &verdict, measures.source, published);
     record.source_fingerprint = measures.source_fingerprint.clone();
     if let Verdict::Reject(reason) = verdict {
-        output.remove();
+        let_go(output, false).await;
         record.state = TryState::Rejected;
         return Ok(Outcome::Rejected(record, reason));
     }
     if matches!(shared.spec.mode, super::Mode::Stage) {
-        return Ok(stage(output, record, &mut log));
+        return Ok(stage(output, record, &mut log).await);
     }
     publish_audited(
         shared,
@@ -312,21 +312,14 @@ pub(super) async fn publish_audited(
             })
             .await
     };
-    let drop_output = |output: Box<dyn Pending>| {
-        if promoting {
-            output.keep();
-        } else {
-            output.remove();
-        }
-    };
     match may_publish {
         Ok(true) => {}
         Ok(false) => {
-            drop_output(output);
+            let_go(output, promoting).await;
             return Ok(cancelled("cancelled"));
         }
         Err(e) => {
-            drop_output(output);
+            let_go(output, promoting).await;
             return Err(e.into());
         }
     }
@@ -434,7 +427,7 @@ pub(super) async fn publish_audited(
                 .writer
                 .call(move |c| c.finish_try(c.fence(owner)?, try_id, &done, now_ms()))
                 .await?;
-            drop_output(output);
+            let_go(output, promoting).await;
             Ok(Outcome::Failed(rec))
         }
     }
@@ -442,8 +435,11 @@ pub(super) async fn publish_audited(
 
 /// Keeps a try's audited output for `promote` instead of publishing it, durably: not even a
 /// crash of the machine loses a staged output.
-fn stage(output: Box<dyn Pending>, record: TryRecord, log: &mut TryLog) -> Outcome {
-    match output.stage() {
+async fn stage(output: Box<dyn Pending>, record: TryRecord, log: &mut TryLog) -> Outcome {
+    let staged = tokio::task::spawn_blocking(move || output.stage())
+        .await
+        .unwrap_or_else(|e| Err(format!("staging panicked: {e}")));
+    match staged {
         Ok(path) => {
             crate::fault::point("after-stage");
             log.line(&format!(
@@ -460,10 +456,25 @@ fn stage(output: Box<dyn Pending>, record: TryRecord, log: &mut TryLog) -> Outco
 }
 
 /// Drops the output of a write step that finished after it was given up.
-fn discard(late: Option<Result<Box<dyn Pending>, warehouse::Error>>) {
+async fn discard(late: Option<Result<Box<dyn Pending>, warehouse::Error>>) {
     if let Some(Ok(output)) = late {
-        output.remove();
+        let_go(output, false).await;
     }
+}
+
+/// Lets go of an output that is not published: removed (its transaction rolled back, its audit
+/// file deleted), or kept for the one who decides (a promote's staged output). On a blocking
+/// thread, because that may wait on the warehouse, and the async workers must never wait: the
+/// owner's heartbeat runs on them.
+async fn let_go(output: Box<dyn Pending>, keep: bool) {
+    let _ = tokio::task::spawn_blocking(move || {
+        if keep {
+            output.keep();
+        } else {
+            output.remove();
+        }
+    })
+    .await;
 }
 
 /// Notes in the try's log, once, that the publish waits for another writer.

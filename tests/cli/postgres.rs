@@ -2710,3 +2710,74 @@ WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end";
     });
     assert_eq!(t.open_transactions(), "0");
 }
+
+/// The owner keeps its lease while its warehouse does not answer: a rejected try's rollback
+/// waits on a blocking thread, never on the async worker where the heartbeat runs (a DAG of SQL
+/// tasks has one).
+#[test]
+fn a_rollback_waiting_on_a_frozen_server_session_does_not_stop_the_heartbeat() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+
+    use crate::support::{signal, stopped};
+
+    let Some(t) = Pg::with_dag(
+        "the PostgreSQL warehouse tests",
+        &dag(QUERY, "source_count = \"SELECT 999\"", ""),
+    ) else {
+        return;
+    };
+    let child = t.p.spawn_with(
+        "frozen",
+        &[
+            "create",
+            "--dag",
+            "orders",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+        ],
+        &[("BACKFILL_FAULT", "after-audit:stop")],
+    );
+    wait_until(
+        "the backfill to stop itself after its statement",
+        Duration::from_secs(20),
+        || stopped(child.id()),
+    );
+    let session: i32 = t
+        .psql(&format!(
+            "SELECT pid FROM pg_stat_activity WHERE datname = '{}' AND application_name = 'backfill' AND state = 'idle in transaction'",
+            t.db
+        ))
+        .parse()
+        .expect("the try's session, idle in its transaction");
+    // Thawed at the end, whatever happens: the cluster is shared.
+    struct Thaw(i32);
+    impl Drop for Thaw {
+        fn drop(&mut self) {
+            let _ = kill(Pid::from_raw(self.0), Signal::SIGCONT);
+        }
+    }
+    kill(Pid::from_raw(session), Signal::SIGSTOP).unwrap();
+    let thaw = Thaw(session);
+    signal(&child, Signal::SIGCONT);
+    // The gate rejects the output (the source count says 999); the rollback waits on the frozen
+    // session while the heartbeat goes on.
+    let beat = || t.p.count("SELECT heartbeat_at FROM backfills WHERE id = 1");
+    let first = beat();
+    wait_until(
+        "heartbeats while the rollback waits",
+        Duration::from_secs(20),
+        || beat() >= first + 1000,
+    );
+    assert_eq!(
+        t.p.rows("SELECT state FROM task_tries"),
+        [["running"]],
+        "the rollback still waits"
+    );
+    drop(thaw);
+    t.p.wait("frozen", child).code(3).stderr_has("source count");
+    assert_eq!(t.fact(), "", "the rejected output was rolled back");
+    assert_eq!(t.open_transactions(), "0");
+}

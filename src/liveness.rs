@@ -13,10 +13,52 @@ pub struct Group {
 
 /// This host, as far as liveness goes.
 pub trait Host: Send + Sync + std::fmt::Debug {
-    /// The name owners record, to tell processes of this host from others'.
+    /// The name owners record, to tell processes of this host from others': where a recorded
+    /// process id means this process (see [`identity`]).
     fn name(&self) -> String;
     /// Whether process `pid` of this host is alive (not a zombie).
     fn pid_alive(&self, pid: i64) -> bool;
     /// Whether a member of `group` of this host is alive, its leader being the recorded one.
     fn group_alive(&self, group: Group) -> bool;
+}
+
+/// What owners and tries record as their host: the host name and, after `#`, the PID
+/// namespace whose numbering their process ids follow (when known).
+pub fn identity(host: &str, pid_namespace: Option<&str>) -> String {
+    match pid_namespace {
+        Some(ns) => format!("{host}#{ns}"),
+        None => host.to_string(),
+    }
+}
+
+/// The host name of a recorded host, for people.
+pub fn host_name(recorded: &str) -> &str {
+    recorded.split_once('#').map_or(recorded, |(name, _)| name)
+}
+
+/// Whether a recorded host is `here` (an [`identity`]). A host recorded without its PID
+/// namespace (by an earlier version) is taken by its name.
+pub fn same_host(recorded: &str, here: &str) -> bool {
+    recorded == here || !recorded.contains('#') && recorded == host_name(here)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_is_its_name_and_its_pid_namespace() {
+        let here = identity("etl-2", Some("4026531836"));
+        assert_eq!(here, "etl-2#4026531836");
+        assert_eq!(host_name(&here), "etl-2");
+        assert!(same_host(&here, &here));
+        // The same name, another PID namespace (a container sharing the host name).
+        assert!(!same_host("etl-2#4026532001", &here));
+        assert!(!same_host("etl-3#4026531836", &here));
+        // Recorded by an earlier version: by name.
+        assert!(same_host("etl-2", &here));
+        assert!(!same_host("etl-3", &here));
+        assert_eq!(identity("etl-2", None), "etl-2");
+        assert_eq!(host_name("etl-2"), "etl-2");
+    }
 }

@@ -66,7 +66,9 @@ fn cancel(
             "asked backfill {id} (pid {}{}) to stop…",
             backfill.owner_pid.unwrap_or_default(),
             match backfill.owner_host.as_deref() {
-                Some(host) if host != here => format!(" on host {host}"),
+                Some(host) if !crate::liveness::same_host(host, &here) => {
+                    format!(" on host {}", crate::liveness::host_name(host))
+                }
                 _ => String::new(),
             }
         );

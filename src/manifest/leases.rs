@@ -66,7 +66,7 @@ impl LeaseCtx {
     }
 
     pub fn is_here(&self, host: Option<&str>) -> bool {
-        host == Some(self.host.as_str())
+        host.is_some_and(|h| crate::liveness::same_host(h, &self.host))
     }
 
     /// Whether a try's recorded process group may still be running once its owner is gone:

@@ -105,10 +105,24 @@ pub struct Local;
 pub static LOCAL: Local = Local;
 
 impl crate::liveness::Host for Local {
+    /// The host name, and the PID namespace whose process ids this process sees: two
+    /// containers may share a host name (`--network host` shares it) while each numbers its
+    /// processes on its own, and a pid of one means nothing in the other.
     fn name(&self) -> String {
-        nix::unistd::gethostname()
-            .map(|h| h.to_string_lossy().into_owned())
-            .unwrap_or_else(|_| "localhost".to_string())
+        static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        NAME.get_or_init(|| {
+            let host = nix::unistd::gethostname()
+                .map(|h| h.to_string_lossy().into_owned())
+                .unwrap_or_else(|_| "localhost".to_string());
+            // `pid:[4026531836]`
+            let ns = std::fs::read_link("/proc/self/ns/pid").ok().and_then(|l| {
+                let l = l.to_string_lossy().into_owned();
+                let id = l.strip_prefix("pid:[")?.strip_suffix(']')?.to_string();
+                Some(id)
+            });
+            crate::liveness::identity(&host, ns.as_deref())
+        })
+        .clone()
     }
 
     fn pid_alive(&self, pid: i64) -> bool {

@@ -104,7 +104,9 @@ pub fn resume_found(
         return Err(Error::Usage(format!(
             "backfill {id} is still running (pid {}, host {}); wait for it, or stop it with `{}`",
             b.owner_pid.map_or("?".to_string(), |p| p.to_string()),
-            b.owner_host.as_deref().unwrap_or("?"),
+            b.owner_host
+                .as_deref()
+                .map_or("?", crate::liveness::host_name),
             crate::report::out::hint(&format!("cancel {id}"))
         )));
     };

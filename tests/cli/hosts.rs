@@ -69,21 +69,44 @@ fn available(test: &str) -> bool {
     false
 }
 
-/// A backfill command running on a host of its own.
+/// A backfill command running on a host of its own; the host dies when this is dropped.
 struct Host {
     name: &'static str,
-    unshare: Child,
-    /// The namespace's processes' ids, as this test sees them, once looked up.
+    unshare: Option<Child>,
+    /// Its PID namespace (`pid:[N]`), which every process of the host shares.
     ns: String,
 }
 
 impl Host {
     /// Runs `backfill -C PROJECT ARGS` on host `name`; its output goes to `{name}.out`/`.err`.
     fn start(p: &Project, name: &'static str, args: &[&str]) -> Self {
+        Self::spawn(p, name, UNSHARE, "hostname \"$0\" && \"$@\"", args)
+    }
+
+    /// Like [`Host::start`], in a PID namespace of its own but with this machine's host name
+    /// (as a container with `--network host`); its backfill is process 1200 there, which no
+    /// process of this test's namespace is.
+    fn start_sharing_the_name(p: &Project, label: &'static str, args: &[&str]) -> Self {
+        Self::spawn(
+            p,
+            label,
+            &["--pid", "--fork", "--kill-child", "--mount-proc"],
+            "echo 1199 > /proc/sys/kernel/ns_last_pid && \"$@\"",
+            args,
+        )
+    }
+
+    fn spawn(
+        p: &Project,
+        name: &'static str,
+        unshare: &[&str],
+        script: &str,
+        args: &[&str],
+    ) -> Self {
         let file = |ext: &str| File::create(p.path(&format!("{name}.{ext}"))).unwrap();
         let unshare = Command::new("unshare")
-            .args(UNSHARE)
-            .args(["sh", "-c", "hostname \"$0\" && \"$@\"", name])
+            .args(unshare)
+            .args(["sh", "-c", script, name])
             .arg(env!("CARGO_BIN_EXE_backfill"))
             .arg("-C")
             .arg(p.path(""))
@@ -108,7 +131,11 @@ impl Host {
         let ns = std::fs::read_link(format!("/proc/{init}/ns/pid"))
             .map(|l| l.display().to_string())
             .unwrap_or_default();
-        Self { name, unshare, ns }
+        Self {
+            name,
+            unshare: Some(unshare),
+            ns,
+        }
     }
 
     /// Every process of this host, by its id outside.
@@ -123,11 +150,11 @@ impl Host {
             .collect()
     }
 
-    /// The host dies: every one of its processes at once.
+    /// The host dies: every one of its processes at once (unshare's child, the namespace's
+    /// first process, gets SIGKILL when unshare dies, and the kernel kills the rest).
     fn die(mut self) {
         let pids = self.processes();
-        kill(Pid::from_raw(self.unshare.id() as i32), Signal::SIGKILL).unwrap();
-        let _ = self.unshare.wait();
+        self.kill();
         wait_until(
             "the host's processes to die",
             Duration::from_secs(10),
@@ -152,8 +179,26 @@ impl Host {
         }
     }
 
-    fn wait(self, p: &Project, limit: Duration) -> Out {
-        wait_within(p, self.name, self.unshare, limit)
+    fn kill(&mut self) {
+        if let Some(mut unshare) = self.unshare.take() {
+            let _ = kill(Pid::from_raw(unshare.id() as i32), Signal::SIGKILL);
+            let _ = unshare.wait();
+        }
+    }
+
+    fn wait(mut self, p: &Project, limit: Duration) -> Out {
+        let unshare = self
+            .unshare
+            .take()
+            .expect("a host runs until it is waited for");
+        wait_within(p, self.name, unshare, limit)
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        // A test that failed half-way leaves no host behind (a task waiting for `release`).
+        self.kill();
     }
 }
 
@@ -172,6 +217,13 @@ fn on(host: &str, what: &str) -> Vec<String> {
     (1..=3)
         .map(|d| format!("{what} 2026-01-0{d} {host}"))
         .collect()
+}
+
+/// SQL for the host name of a recorded host (`NAME#PID-NAMESPACE`).
+fn name_of(column: &str) -> String {
+    format!(
+        "CASE WHEN instr({column}, '#') > 0 THEN substr({column}, 1, instr({column}, '#') - 1) ELSE {column} END"
+    )
 }
 
 fn project() -> Project {
@@ -193,10 +245,19 @@ fn a_host_that_dies_is_taken_over_by_another_after_its_lease_and_nothing_stays_i
         || events(&p, "start").len() == 3,
     );
     assert_eq!(
-        p.rows("SELECT DISTINCT owner_host FROM backfills"),
+        p.rows(&format!(
+            "SELECT DISTINCT {} FROM backfills",
+            name_of("owner_host")
+        )),
         [["hosta"]]
     );
-    assert_eq!(p.rows("SELECT DISTINCT host FROM task_tries"), [["hosta"]]);
+    assert_eq!(
+        p.rows(&format!(
+            "SELECT DISTINCT {} FROM task_tries",
+            name_of("host")
+        )),
+        [["hosta"]]
+    );
     a.die();
     std::fs::write(p.path("release"), "").unwrap();
     wait_stale(&p, 1, 2000);
@@ -209,7 +270,10 @@ fn a_host_that_dies_is_taken_over_by_another_after_its_lease_and_nothing_stays_i
     assert_eq!(events(&p, "start"), started);
     assert_eq!(events(&p, "end"), on("hostb", "end"));
     assert_eq!(
-        p.rows("SELECT state, host FROM task_tries ORDER BY id"),
+        p.rows(&format!(
+            "SELECT state, {} FROM task_tries ORDER BY id",
+            name_of("host")
+        )),
         [
             ["cancelled", "hosta"],
             ["cancelled", "hosta"],
@@ -225,7 +289,10 @@ fn a_host_that_dies_is_taken_over_by_another_after_its_lease_and_nothing_stays_i
         "each interval succeeded exactly once"
     );
     assert_eq!(
-        p.rows("SELECT state, owner_host, epoch FROM backfills"),
+        p.rows(&format!(
+            "SELECT state, {}, epoch FROM backfills",
+            name_of("owner_host")
+        )),
         [["completed", "hostb", "1"]]
     );
     assert_eq!(p.count("SELECT COUNT(*) FROM leases"), 0);
@@ -253,7 +320,12 @@ fn a_frozen_host_is_taken_over_and_once_thawed_stops_recording_no_success() {
     wait_until(
         "host B to own the backfill",
         Duration::from_secs(20),
-        || p.rows("SELECT owner_host FROM backfills WHERE id = 1") == [["hostb"]],
+        || {
+            p.rows(&format!(
+                "SELECT {} FROM backfills WHERE id = 1",
+                name_of("owner_host")
+            )) == [["hostb"]]
+        },
     );
     // Host A's frozen tries still hold their locks: host B's wait for them.
     a.thaw();
@@ -273,7 +345,10 @@ fn a_frozen_host_is_taken_over_and_once_thawed_stops_recording_no_success() {
         "host A finished nothing"
     );
     assert_eq!(
-        p.rows("SELECT state, host FROM task_tries ORDER BY id"),
+        p.rows(&format!(
+            "SELECT state, {} FROM task_tries ORDER BY id",
+            name_of("host")
+        )),
         [
             ["cancelled", "hosta"],
             ["cancelled", "hosta"],
@@ -289,7 +364,10 @@ fn a_frozen_host_is_taken_over_and_once_thawed_stops_recording_no_success() {
         "each interval succeeded exactly once"
     );
     assert_eq!(
-        p.rows("SELECT state, owner_host, epoch FROM backfills"),
+        p.rows(&format!(
+            "SELECT state, {}, epoch FROM backfills",
+            name_of("owner_host")
+        )),
         [["completed", "hostb", "1"]]
     );
 }
@@ -374,7 +452,10 @@ fn a_pool_slot_of_a_host_that_died_goes_to_another_host_after_the_lease() {
     .code(0);
     assert_eq!(events(&p, "end"), ["end 2026-01-02 hostb"]);
     assert_eq!(
-        p.rows("SELECT t.state, t.host FROM task_tries t ORDER BY t.id"),
+        p.rows(&format!(
+            "SELECT state, {} FROM task_tries ORDER BY id",
+            name_of("host")
+        )),
         [["cancelled", "hosta"], ["succeeded", "hostb"]]
     );
     assert_eq!(
@@ -382,4 +463,43 @@ fn a_pool_slot_of_a_host_that_died_goes_to_another_host_after_the_lease() {
         0,
         "host A's slot was given away"
     );
+}
+
+/// One host name, two PID namespaces (containers sharing the host name, as `--network host`
+/// does): two hosts. Each judges the other by its lease, never by a process id that would name
+/// another process, or none, in its own namespace.
+#[test]
+fn a_host_name_shared_by_two_pid_namespaces_names_two_hosts() {
+    if !available("the hosts tests") {
+        return;
+    }
+    let p = project();
+    let a = Host::start_sharing_the_name(&p, "a", THREE_DAYS);
+    wait_until(
+        "host A to run the three days",
+        Duration::from_secs(20),
+        || events(&p, "start").len() == 3,
+    );
+    let here = nix::unistd::gethostname()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert_eq!(
+        p.rows(&format!(
+            "SELECT owner_pid, {} FROM backfills",
+            name_of("owner_host")
+        )),
+        [["1200".to_string(), here.clone()]]
+    );
+    // From this namespace, with the same host name: alive by its lease, whatever process 1200
+    // is here (none).
+    assert!(!alive(1200));
+    let resume = p.spawn("resume", &["resume", "1"]);
+    wait_within(&p, "resume", resume, Duration::from_secs(20))
+        .code(2)
+        .stderr_has(&format!(
+            "backfill 1 is still running (pid 1200, host {here})"
+        ));
+    a.die();
+    assert_eq!(events(&p, "end"), Vec::<String>::new());
 }

@@ -7,7 +7,7 @@ use crate::clock;
 use crate::exit::{self, Error};
 use crate::interval::resolve_args;
 use crate::manifest::leases::LeaseCtx;
-use crate::manifest::queries::BackfillSummary;
+use crate::manifest::queries::{BackfillDetail, BackfillSummary};
 use crate::manifest::{self, Store};
 use crate::project::Project;
 use crate::report::out::Sink;
@@ -98,6 +98,10 @@ pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
             }
         }
     }
+    name_hosts(&mut detail, g.json);
+    for m in &mut members {
+        name_hosts(m, g.json);
+    }
     let mut out = Sink::std(g.json, g.verbose);
     // JSON carries the cascade's members inside the one document; people get a table each.
     if g.json && detail.backfill.cascade.is_some() {
@@ -123,6 +127,25 @@ pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
         report::show::write(&mut out, m, None, &Labeler::of(member_dag.as_ref()))?;
     }
     Ok(exit::OK)
+}
+
+/// The hosts of a backfill's tries by their names. A table shows them only when a try ran on
+/// another host than this one (the column is left out when every cell is empty); JSON always
+/// does.
+fn name_hosts(detail: &mut BackfillDetail, json: bool) {
+    let here = crate::liveness::Host::name(&crate::process::LOCAL);
+    let elsewhere = detail.interval_details.iter().any(|i| {
+        i.host
+            .as_deref()
+            .is_some_and(|h| !crate::liveness::same_host(h, &here))
+    });
+    for i in &mut detail.interval_details {
+        i.host = i
+            .host
+            .take()
+            .filter(|_| json || elsewhere)
+            .map(|h| crate::liveness::host_name(&h).to_string());
+    }
 }
 
 /// What the kept versions of each SQL target of the DAG cost, read without creating or

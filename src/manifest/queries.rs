@@ -260,6 +260,9 @@ pub struct IntervalDetail {
     pub error: Option<String>,
     /// Log of the latest run's last failed try.
     pub log: Option<String>,
+    /// The host of the latest run's last try, as recorded (see [`crate::liveness::identity`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -298,6 +301,9 @@ struct TryAgg {
     error_try: i64,
     /// The pool a running try waits for.
     waiting_for: Option<String>,
+    /// The host of the latest try, and that try's id.
+    host: Option<String>,
+    host_try: i64,
 }
 
 /// A staged try's verdict says what became of its output: `staged, promoted`,
@@ -353,7 +359,8 @@ pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
     let mut tries: Vec<TryAgg> = Vec::with_capacity(run_ids.len());
     if let (Some(lo), Some(hi)) = (run_ids.first(), run_ids.last()) {
         let mut stmt = conn.prepare(
-            "SELECT run_id, state, rows, verdict, reasons, log_path, error, id, waiting_for, staged
+            "SELECT run_id, state, rows, verdict, reasons, log_path, error, id, waiting_for, staged,
+                    host
              FROM task_tries WHERE run_id BETWEEN ?1 AND ?2 ORDER BY run_id",
         )?;
         let mut rows = stmt.query([lo, hi])?;
@@ -390,6 +397,10 @@ pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
                 agg.verdict = Some(staged_verdict(v, r.get(9)?));
                 agg.reasons = r.get(4)?;
                 agg.verdict_try = try_id;
+            }
+            if try_id > agg.host_try {
+                agg.host = r.get(10)?;
+                agg.host_try = try_id;
             }
             if !succeeded && try_id > agg.error_try {
                 agg.log = r.get(5)?;
@@ -436,6 +447,7 @@ pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
                 .and_then(|x| x.error.clone())
                 .or_else(|| t.and_then(|t| t.error.clone())),
             log: t.and_then(|t| existing(t.log.clone())),
+            host: t.and_then(|t| t.host.clone()),
         });
     }
     // The counts come from what was just read, not from another pass over the runs.

@@ -1,6 +1,6 @@
 //! `backfill show ID`: two lines about the backfill, then each interval of its plan (action and
 //! skip reason, the state of its latest run, attempts, tries, rows, gate verdict and reasons,
-//! duration, error), then what the kept versions of its DAG's SQL targets cost. With
+//! duration, the host that ran it when tries ran on several, error), then what the kept versions of its DAG's SQL targets cost. With
 //! `--output json`, the backfill, its intervals and the kept versions as one document.
 
 use super::Labeler;
@@ -86,6 +86,7 @@ pub fn write(
         "verdict",
         "gate reasons",
         "duration",
+        "host",
         "error",
     ]);
     let total = detail.interval_details.len();
@@ -106,6 +107,7 @@ pub fn write(
                     or_empty(i.verdict.as_ref()),
                     i.reasons.clone().unwrap_or_default(),
                     duration_ms(i.duration_ms),
+                    i.host.clone().unwrap_or_default(),
                     i.error.clone().unwrap_or_default(),
                 ]
             },
@@ -123,6 +125,7 @@ pub fn write(
                     text(&i.verdict),
                     text(&i.reasons),
                     i.duration_ms.is_some(),
+                    text(&i.host),
                     text(&i.error),
                 ]
             },
@@ -187,6 +190,7 @@ mod tests {
                 duration_ms: Some(1250),
                 error: error.map(String::from),
                 log: None,
+                host: None,
             }
         };
         BackfillDetail {
@@ -236,6 +240,36 @@ mod tests {
                 width: Some(120),
                 full: false
             })
+        );
+    }
+
+    #[test]
+    fn show_names_the_host_of_each_interval_when_it_is_given() {
+        assert!(
+            !render(Fit::default()).contains("host"),
+            "no column without hosts"
+        );
+        let mut d = detail();
+        for (i, host) in d
+            .interval_details
+            .iter_mut()
+            .zip(["etl-1", "etl-2", "etl-1", "etl-2"])
+        {
+            i.host = Some(host.into());
+        }
+        let (mut out, data, _) = sink(false, Fit::default());
+        write(&mut out, &d, None, &fixtures::labels()).unwrap();
+        let text = data.text();
+        let row = |n: &str| {
+            text.lines()
+                .find(|l| l.starts_with(&format!("│ {n} ")))
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert!(text.lines().any(|l| l.contains(" host ")), "{text}");
+        assert!(
+            row("1").contains("etl-1") && row("2").contains("etl-2"),
+            "{text}"
         );
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use crate::support::{Project, alive, signal, stopped, wait_stale, wait_until};
+use crate::support::{Project, THREE_DAYS, alive, signal, stopped, wait_stale, wait_until};
 
 /// A task that holds a per-interval lock while it runs (another try of the same interval at
 /// the same time is recorded in overlaps.txt) and logs its start and end.
@@ -51,16 +51,6 @@ fn latest_states(p: &Project, backfill: i64) -> Vec<String> {
     .map(|r| r[0].clone())
     .collect()
 }
-
-const THREE_DAYS: &[&str] = &[
-    "create",
-    "--dag",
-    "c",
-    "--from",
-    "2026-01-01",
-    "--to",
-    "2026-01-03",
-];
 
 #[test]
 fn a_kill_right_after_a_try_is_spawned_never_lets_that_try_run() {

@@ -13,7 +13,9 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::support::{NOW, Out, Project, alive, stopped, wait_stale, wait_until, wait_within};
+use crate::support::{
+    NOW, Out, Project, THREE_DAYS, alive, stopped, wait_stale, wait_until, wait_within,
+};
 
 /// Three days whose task holds a lock per interval (another try of the same interval waits for
 /// it), notes its start and end with its host's name, and ends once `release` exists.
@@ -32,16 +34,6 @@ while [ ! -f release ]; do sleep 0.05; done
 echo "end {{ ds }} $(hostname)" >> events.txt
 '''
 "#;
-
-const THREE_DAYS: &[&str] = &[
-    "create",
-    "--dag",
-    "c",
-    "--from",
-    "2026-01-01",
-    "--to",
-    "2026-01-03",
-];
 
 const UNSHARE: &[&str] = &["--pid", "--fork", "--kill-child", "--mount-proc", "--uts"];
 
@@ -226,6 +218,37 @@ fn name_of(column: &str) -> String {
     )
 }
 
+/// Host A's three tries were cancelled and host B ran each interval once, to success, owning
+/// the backfill in its second epoch.
+fn taken_over_by_host_b(p: &Project) {
+    assert_eq!(
+        p.rows(&format!(
+            "SELECT state, {} FROM task_tries ORDER BY id",
+            name_of("host")
+        )),
+        [
+            ["cancelled", "hosta"],
+            ["cancelled", "hosta"],
+            ["cancelled", "hosta"],
+            ["succeeded", "hostb"],
+            ["succeeded", "hostb"],
+            ["succeeded", "hostb"]
+        ]
+    );
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM runs WHERE state = 'succeeded'"),
+        3,
+        "each interval succeeded exactly once"
+    );
+    assert_eq!(
+        p.rows(&format!(
+            "SELECT state, {}, epoch FROM backfills",
+            name_of("owner_host")
+        )),
+        [["completed", "hostb", "1"]]
+    );
+}
+
 fn project() -> Project {
     let p = Project::new().dag("c", DAG);
     p.write("backfill.toml", "lease_timeout = \"2s\"\n");
@@ -265,36 +288,17 @@ fn a_host_that_dies_is_taken_over_by_another_after_its_lease_and_nothing_stays_i
     Host::start(&p, "hostb", &["resume", "1"])
         .wait(&p, Duration::from_secs(60))
         .code(0);
+    // `show` here names the host that ran each interval: not this one.
+    let show = p.run(&["show", "1"]);
+    show.code(0).stdout_has(" host ");
+    assert_eq!(show.stdout.matches(" hostb ").count(), 3, "{}", show.stdout);
+    let json = p.run(&["--output", "json", "show", "1"]).json();
+    assert_eq!(json["interval_details"][2]["host"], "hostb");
     let mut started = [on("hosta", "start"), on("hostb", "start")].concat();
     started.sort();
     assert_eq!(events(&p, "start"), started);
     assert_eq!(events(&p, "end"), on("hostb", "end"));
-    assert_eq!(
-        p.rows(&format!(
-            "SELECT state, {} FROM task_tries ORDER BY id",
-            name_of("host")
-        )),
-        [
-            ["cancelled", "hosta"],
-            ["cancelled", "hosta"],
-            ["cancelled", "hosta"],
-            ["succeeded", "hostb"],
-            ["succeeded", "hostb"],
-            ["succeeded", "hostb"]
-        ]
-    );
-    assert_eq!(
-        p.count("SELECT COUNT(*) FROM runs WHERE state = 'succeeded'"),
-        3,
-        "each interval succeeded exactly once"
-    );
-    assert_eq!(
-        p.rows(&format!(
-            "SELECT state, {}, epoch FROM backfills",
-            name_of("owner_host")
-        )),
-        [["completed", "hostb", "1"]]
-    );
+    taken_over_by_host_b(&p);
     assert_eq!(p.count("SELECT COUNT(*) FROM leases"), 0);
 }
 
@@ -344,32 +348,7 @@ fn a_frozen_host_is_taken_over_and_once_thawed_stops_recording_no_success() {
         on("hostb", "end"),
         "host A finished nothing"
     );
-    assert_eq!(
-        p.rows(&format!(
-            "SELECT state, {} FROM task_tries ORDER BY id",
-            name_of("host")
-        )),
-        [
-            ["cancelled", "hosta"],
-            ["cancelled", "hosta"],
-            ["cancelled", "hosta"],
-            ["succeeded", "hostb"],
-            ["succeeded", "hostb"],
-            ["succeeded", "hostb"]
-        ]
-    );
-    assert_eq!(
-        p.count("SELECT COUNT(*) FROM runs WHERE state = 'succeeded'"),
-        3,
-        "each interval succeeded exactly once"
-    );
-    assert_eq!(
-        p.rows(&format!(
-            "SELECT state, {}, epoch FROM backfills",
-            name_of("owner_host")
-        )),
-        [["completed", "hostb", "1"]]
-    );
+    taken_over_by_host_b(&p);
 }
 
 #[test]

@@ -10,6 +10,17 @@ use rusqlite::Connection;
 /// The instant the binary believes it is (`BACKFILL_NOW`).
 pub const NOW: &str = "2026-11-29T12:00:00Z";
 
+/// `create` of DAG `c` over the first three days of 2026.
+pub const THREE_DAYS: &[&str] = &[
+    "create",
+    "--dag",
+    "c",
+    "--from",
+    "2026-01-01",
+    "--to",
+    "2026-01-03",
+];
+
 pub struct Project {
     dir: tempfile::TempDir,
 }

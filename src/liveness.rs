@@ -31,15 +31,24 @@ pub fn identity(host: &str, pid_namespace: Option<&str>) -> String {
     }
 }
 
+/// The name and PID namespace of a recorded host, when it has one: the number after its last
+/// `#`, as Linux numbers namespaces (from 0xF0000000: ten digits or more), so that a `#` in a
+/// host name recorded by an earlier version is not taken for one.
+fn namespace(recorded: &str) -> Option<(&str, &str)> {
+    recorded
+        .rsplit_once('#')
+        .filter(|(_, ns)| ns.len() >= 10 && ns.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// The host name of a recorded host, for people.
 pub fn host_name(recorded: &str) -> &str {
-    recorded.split_once('#').map_or(recorded, |(name, _)| name)
+    namespace(recorded).map_or(recorded, |(name, _)| name)
 }
 
 /// Whether a recorded host is `here` (an [`identity`]). A host recorded without its PID
 /// namespace (by an earlier version) is taken by its name.
 pub fn same_host(recorded: &str, here: &str) -> bool {
-    recorded == here || !recorded.contains('#') && recorded == host_name(here)
+    recorded == here || namespace(recorded).is_none() && recorded == host_name(here)
 }
 
 #[cfg(test)]
@@ -60,5 +69,10 @@ mod tests {
         assert!(!same_host("etl-3", &here));
         assert_eq!(identity("etl-2", None), "etl-2");
         assert_eq!(host_name("etl-2"), "etl-2");
+        // A `#` in the name itself.
+        let hashed = identity("etl#2", Some("4026531836"));
+        assert_eq!(host_name(&hashed), "etl#2");
+        assert!(same_host("etl#2", &hashed));
+        assert!(!same_host("etl#2#4026532001", &hashed));
     }
 }

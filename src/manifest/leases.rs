@@ -62,7 +62,10 @@ impl LeaseCtx {
             return false;
         }
         let fresh = heartbeat_ms.is_some_and(|hb| self.now_ms.saturating_sub(hb) < self.timeout_ms);
-        fresh && (!self.is_here(host) || pid.is_some_and(|p| self.here.pid_alive(p)))
+        // Its pid is looked at only when it was recorded in this very PID namespace: an owner
+        // recorded by its host name alone (an earlier version) may have run in a container
+        // that shares the name, so it is judged by its lease alone.
+        fresh && (host != Some(self.host.as_str()) || pid.is_some_and(|p| self.here.pid_alive(p)))
     }
 
     pub fn is_here(&self, host: Option<&str>) -> bool {

@@ -160,9 +160,11 @@ pub fn insert_try(
     log_path: &str,
     now_ms: i64,
 ) -> Result<i64> {
+    // A try runs on its owner's host: recorded now, for tries with no process group too (SQL).
     conn.prepare_cached(
-        "INSERT INTO task_tries (run_id, task_id, try_number, state, started_at, log_path)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO task_tries (run_id, task_id, try_number, state, started_at, log_path, host)
+         SELECT ?1, ?2, ?3, ?4, ?5, ?6, b.owner_host
+         FROM runs r JOIN backfills b ON b.id = r.backfill_id WHERE r.id = ?1",
     )?
     .execute(params![
         run_id,

@@ -1,6 +1,7 @@
-//! A backfill of SQL tasks only runs on one async worker: signals, `backfill cancel`,
-//! timeouts with retries and their delays, pools, `depends_on` chains and notify hooks must all
-//! still be served while the tries' statements run (SQLite here; PostgreSQL in `postgres.rs`).
+//! While a backfill's SQL tries run their statements, signals, `backfill cancel`, timeouts
+//! with retries and their delays, pools, `depends_on` chains and notify hooks must all still be
+//! served (SQLite here; on PostgreSQL, whose backfills run on one async worker, in
+//! `postgres.rs`).
 
 use std::time::{Duration, Instant};
 
@@ -72,7 +73,7 @@ fn two_running(p: &Project) {
 }
 
 #[test]
-fn sqlite_sql_only_dag_timeouts_and_retry_delays_fire_on_one_worker() {
+fn sqlite_sql_only_dag_timeouts_and_retry_delays_fire_while_statements_run() {
     let p = slow_sqlite("retries = 1\nretry_delay = \"1s\"\ntimeout = \"2s\"");
     let started = Instant::now();
     let out = crate::support::wait_within(

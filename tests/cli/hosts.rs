@@ -138,7 +138,8 @@ impl Host {
             .stderr(file("err"))
             .spawn()
             .expect("spawn unshare");
-        // The namespace's first process is unshare's child.
+        // The namespace's first process is unshare's child (unless a short command already
+        // ended, and the host with it).
         let pid = unshare.id();
         let mut init = 0;
         wait_until("the host to start", Duration::from_secs(10), || {
@@ -146,7 +147,7 @@ impl Host {
                 .ok()
                 .and_then(|c| c.split_whitespace().next()?.parse().ok())
                 .unwrap_or(0);
-            init != 0
+            init != 0 || !alive(pid as i32)
         });
         let ns = std::fs::read_link(format!("/proc/{init}/ns/pid"))
             .map(|l| l.display().to_string())
@@ -1144,9 +1145,11 @@ fn cancel_from_another_host_of_a_frozen_host() {
     let cancel = Host::start(&p, "hostb", &["cancel", "1", "--wait", "10s"])
         .wait(&p, Duration::from_secs(30));
     let after_cancel = p.rows("SELECT state, epoch FROM backfills");
-    std::fs::write(p.path("release"), "").unwrap();
+    // Thawed, its tries still wait for `release`: its owner, fenced at its next heartbeat,
+    // stops them. (Had they nothing left to wait for, they could finish in that heartbeat.)
     a.thaw();
     let a = a.wait(&p, Duration::from_secs(20));
+    std::fs::write(p.path("release"), "").unwrap();
     cancel.code(0);
     a.code(130);
     assert_eq!(

@@ -461,6 +461,10 @@ impl Backend for Postgres {
         true
     }
 
+    fn works_in_this_process(&self) -> bool {
+        false
+    }
+
     fn storage(&self, task: &SqlTask, manifest: &str) -> crate::warehouse::versions::Storage {
         storage(task, manifest).unwrap_or_else(|_| crate::warehouse::versions::Storage {
             target: task.target.clone(),
@@ -1276,6 +1280,19 @@ fn kept_fingerprint(
     Ok(Some(format!("pg:{}", row.get::<_, String>(0))))
 }
 
+/// Whether the warehouse has its bookkeeping table of publishes: known without asking once this
+/// connection has booked (see [`book`]).
+fn has_bookings(c: &Conn) -> std::result::Result<bool, tokio_postgres::Error> {
+    if c.booked {
+        return Ok(true);
+    }
+    Ok(c.wait(
+        c.client
+            .query_one("SELECT to_regclass('backfill.publishes') IS NOT NULL", &[]),
+    )?
+    .get(0))
+}
+
 /// A publish that committed, as the warehouse booked it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Booked {
@@ -1298,13 +1315,7 @@ pub fn settle_publish(
     let wh = &task.warehouse;
     let c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
     let result = (|| -> std::result::Result<Option<Booked>, tokio_postgres::Error> {
-        let booked: bool = c
-            .wait(
-                c.client
-                    .query_one("SELECT to_regclass('backfill.publishes') IS NOT NULL", &[]),
-            )?
-            .get(0);
-        if !booked {
+        if !has_bookings(&c)? {
             return Ok(None);
         }
         // An owner that is publishing holds the partition's row (one it created, not yet
@@ -1862,13 +1873,7 @@ const KEEP_BOOKINGS: &str = "7 days";
 pub fn prune_bookings(w: &Warehouse, manifest: &str, below: i64) -> Result<u64> {
     let c = conn::take(w).map_err(|e| Error::Message(e).at(w))?;
     let result = (|| -> std::result::Result<u64, tokio_postgres::Error> {
-        let there: bool = c
-            .wait(
-                c.client
-                    .query_one("SELECT to_regclass('backfill.publishes') IS NOT NULL", &[]),
-            )?
-            .get(0);
-        if !there {
+        if !has_bookings(&c)? {
             return Ok(0);
         }
         c.wait(c.client.execute(

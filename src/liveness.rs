@@ -51,6 +51,11 @@ pub fn same_host(recorded: &str, here: &str) -> bool {
     recorded == here || namespace(recorded).is_none() && recorded == host_name(here)
 }
 
+/// The name of a recorded host when it is not `here`, for saying where something runs.
+pub fn elsewhere<'a>(recorded: Option<&'a str>, here: &str) -> Option<&'a str> {
+    recorded.filter(|h| !same_host(h, here)).map(host_name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -65,12 +65,9 @@ fn cancel(
         eprintln!(
             "asked backfill {id} (pid {}{}) to stop…",
             backfill.owner_pid.unwrap_or_default(),
-            match backfill.owner_host.as_deref() {
-                Some(host) if !crate::liveness::same_host(host, &here) => {
-                    format!(" on host {}", crate::liveness::host_name(host))
-                }
-                _ => String::new(),
-            }
+            crate::liveness::elsewhere(backfill.owner_host.as_deref(), &here)
+                .map(|host| format!(" on host {host}"))
+                .unwrap_or_default()
         );
         let deadline = Instant::now()
             .checked_add(wait)

@@ -134,11 +134,10 @@ pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
 /// does.
 fn name_hosts(detail: &mut BackfillDetail, json: bool) {
     let here = crate::liveness::Host::name(&crate::process::LOCAL);
-    let elsewhere = detail.interval_details.iter().any(|i| {
-        i.host
-            .as_deref()
-            .is_some_and(|h| !crate::liveness::same_host(h, &here))
-    });
+    let elsewhere = detail
+        .interval_details
+        .iter()
+        .any(|i| crate::liveness::elsewhere(i.host.as_deref(), &here).is_some());
     for i in &mut detail.interval_details {
         i.host = i
             .host

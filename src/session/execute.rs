@@ -50,17 +50,17 @@ pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> R
     let (backfill_id, dag_id) = (e.owner.backfill_id, e.dag.id.clone());
     // Two workers when tries are processes: spawning one blocks its thread until the child has
     // exec'd (vfork), and the other worker keeps reaping, recording and dispatching meanwhile.
-    // Tries of SQL tasks on PostgreSQL wait for the server on threads of their own, so one
-    // worker dispatches them all; a second only wakes to find nothing to do, taking the CPU
-    // from the database server on a small machine (5% of the wall time of a one-at-a-time
-    // PostgreSQL backfill on two cores). SQLite's audits run in this process: not measured to
-    // gain, they keep two.
-    let on_postgres_only =
-        e.dag.tasks.iter().all(
-            |t| matches!(&t.kind, crate::project::TaskKind::Sql(s) if s.warehouse.is_postgres()),
-        );
+    // Tries of SQL tasks whose work runs in the warehouse's server (PostgreSQL) wait for it on
+    // threads of their own, so one worker dispatches them all; a second only wakes to find
+    // nothing to do, taking the CPU from the database server on a small machine (5% of the
+    // wall time of a one-at-a-time PostgreSQL backfill on two cores). SQLite's audits run in
+    // this process: not measured to gain, they keep two.
+    let all_in_servers = e.dag.tasks.iter().all(|t| {
+        matches!(&t.kind, crate::project::TaskKind::Sql(s)
+            if !crate::warehouse::backend::of(&s.warehouse).works_in_this_process())
+    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(if on_postgres_only { 1 } else { 2 })
+        .worker_threads(if all_in_servers { 1 } else { 2 })
         .enable_all()
         .build()
         .map_err(|e| Error::io("cannot start the async runtime", e))?;

@@ -197,6 +197,12 @@ pub trait Backend: Sync {
         false
     }
 
+    /// Whether a try's work (its audit) runs in this process rather than in the warehouse's
+    /// server, which it then waits for on a thread of its own.
+    fn works_in_this_process(&self) -> bool {
+        true
+    }
+
     /// What promoting the staged output at `location` would change, by the key `key`; `None`
     /// when the staged output is gone.
     fn diff_keys(

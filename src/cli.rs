@@ -18,8 +18,14 @@ pub struct Cli {
     #[arg(short = 'C', long = "project", global = true, value_name = "DIR")]
     pub project: Option<PathBuf>,
 
-    /// The run manifest; default: `manifest` in backfill.toml, else .backfill/manifest.db.
-    #[arg(long, global = true, value_name = "PATH")]
+    /// The run manifest: a SQLite file, or a PostgreSQL URL that several hosts share; default:
+    /// `manifest` in backfill.toml, else .backfill/manifest.db.
+    #[arg(
+        long,
+        global = true,
+        value_name = "PATH|URL",
+        env = "BACKFILL_MANIFEST"
+    )]
     pub manifest: Option<PathBuf>,
 
     /// `json` prints one JSON document on stdout; messages for humans go to stderr.

@@ -56,10 +56,12 @@ fn cancel(
     wait: Duration,
 ) -> Result<u8, Error> {
     let path = writer.path().to_path_buf();
-    if backfill.owner_alive(&LeaseCtx::new(
-        project.lease_timeout,
-        &crate::process::LOCAL,
-    )) {
+    let ctx = || {
+        LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL)
+            .at_manifest(conn)
+            .map_err(|e| e.at(&path))
+    };
+    if backfill.owner_alive(&ctx()?) {
         writer.call_blocking(move |c| c.request_cancel(id))?;
         let here = crate::liveness::Host::name(&crate::process::LOCAL);
         eprintln!(
@@ -82,10 +84,7 @@ fn cancel(
                 document(g, id, now.state.as_str(), "stopped by its process")?;
                 return Ok(exit::OK);
             }
-            if !now.owner_alive(&LeaseCtx::new(
-                project.lease_timeout,
-                &crate::process::LOCAL,
-            )) {
+            if !now.owner_alive(&ctx()?) {
                 break;
             }
             if Instant::now() >= deadline {

@@ -52,17 +52,16 @@ fn backfill_id(g: &Global, r: BackfillRef, latest: Latest) -> Result<i64, Error>
 
 /// Runs the command; returns the exit code.
 pub fn run(cli: Cli) -> Result<u8, Error> {
-    if let Some(why) = cli
-        .manifest
-        .as_deref()
-        .and_then(|m| crate::project::not_a_manifest_path(&m.to_string_lossy()))
-    {
-        return Err(Error::Usage(format!("--manifest: {why}")));
-    }
-    crate::report::out::set_invocation(cli.project.as_deref(), cli.manifest.as_deref());
+    // A URL stands as its location without the password (see `manifest::location`), in hints
+    // too.
+    let manifest = cli.manifest.map(|m| match m.to_str() {
+        Some(url) if crate::manifest::is_url(&m) => crate::manifest::location(url),
+        _ => m,
+    });
+    crate::report::out::set_invocation(cli.project.as_deref(), manifest.as_deref());
     let g = Global {
         project_dir: cli.project,
-        manifest: cli.manifest,
+        manifest,
         json: cli.output == Output::Json,
         quiet: cli.quiet,
         verbose: cli.verbose > 0,

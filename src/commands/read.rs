@@ -27,23 +27,31 @@ fn open(g: &Global, project: Option<&Project>) -> Result<(PathBuf, Option<Box<dy
 }
 
 /// Says whether each running backfill's owner is alive.
-fn judge_owners(list: &mut [BackfillSummary], project: Option<&Project>) {
+fn judge_owners(
+    list: &mut [BackfillSummary],
+    project: Option<&Project>,
+    conn: &dyn Store,
+) -> crate::manifest::Result<()> {
     let timeout = project.map_or(crate::project::DEFAULT_LEASE_TIMEOUT, |p| p.lease_timeout);
-    let ctx = LeaseCtx::new(timeout, &crate::process::LOCAL);
+    let ctx = LeaseCtx::new(timeout, &crate::process::LOCAL).at_manifest(conn)?;
     for b in list {
         let host = b.owner_host.clone();
         b.owner_alive = ctx.owner_alive(b.state, b.owner_pid, host.as_deref(), b.heartbeat_at);
     }
+    Ok(())
 }
 
 pub fn list(g: &Global, dag: Option<&str>, active: bool) -> Result<u8, Error> {
     let project = g.project().ok();
     let (path, conn) = open(g, project.as_ref())?;
-    let mut rows = match conn {
-        Some(conn) => conn.list_backfills(dag, active).map_err(|e| e.at(&path))?,
+    let rows = match &conn {
+        Some(conn) => {
+            let mut rows = conn.list_backfills(dag, active).map_err(|e| e.at(&path))?;
+            judge_owners(&mut rows, project.as_ref(), &**conn).map_err(|e| e.at(&path))?;
+            rows
+        }
         None => Vec::new(),
     };
-    judge_owners(&mut rows, project.as_ref());
     let what = match (dag, active) {
         (Some(d), true) => format!("no active backfills of DAG {d}"),
         (Some(d), false) => format!("no backfills of DAG {d}"),
@@ -81,7 +89,12 @@ pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
     let Some(mut detail) = conn.show_backfill(id).map_err(|e| e.at(&path))? else {
         return Err(unknown_backfill(id, &path));
     };
-    judge_owners(std::slice::from_mut(&mut detail.backfill), project.as_ref());
+    judge_owners(
+        std::slice::from_mut(&mut detail.backfill),
+        project.as_ref(),
+        &*conn,
+    )
+    .map_err(|e| e.at(&path))?;
     // Labels in the DAG's timezone while the DAG is in the project; UTC otherwise.
     let dag = project
         .as_ref()
@@ -93,7 +106,12 @@ pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
         let ids = conn.cascade_members(id).map_err(|e| e.at(&path))?;
         for m in ids.iter().map(|b| b.id) {
             if let Some(mut d) = conn.show_backfill(m).map_err(|e| e.at(&path))? {
-                judge_owners(std::slice::from_mut(&mut d.backfill), project.as_ref());
+                judge_owners(
+                    std::slice::from_mut(&mut d.backfill),
+                    project.as_ref(),
+                    &*conn,
+                )
+                .map_err(|e| e.at(&path))?;
                 members.push(d);
             }
         }

@@ -234,7 +234,7 @@ pub fn discard(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
     let writer = Writer::open(&path, project.durability)?;
     let discarded = writer.call_blocking(move |c| {
         let mut gone = Vec::new();
-        for t in tries {
+        for &t in &tries {
             if c.discard_staged(t)? {
                 gone.push(t);
             }

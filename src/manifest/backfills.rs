@@ -5,7 +5,9 @@
 //! still current and the backfill still running ([`fence`]); a frozen owner that wakes up after
 //! a takeover is refused everything and stops.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{OptionalExtension, params};
+
+use super::db::{Conn, Row};
 
 use super::leases::LeaseCtx;
 use super::{Error, Result};
@@ -104,7 +106,7 @@ impl Backfill {
 
 pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks, max_failures, cascade, cascade_of, sample";
 
-pub fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Backfill> {
+pub fn from_row(r: &Row<'_>) -> rusqlite::Result<Backfill> {
     let reprocess: String = r.get(6)?;
     Ok(Backfill {
         id: r.get(0)?,
@@ -145,7 +147,7 @@ pub fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Backfill> {
     })
 }
 
-pub fn get(conn: &Connection, id: i64) -> Result<Option<Backfill>> {
+pub fn get(conn: &Conn, id: i64) -> Result<Option<Backfill>> {
     Ok(conn
         .prepare_cached(&format!("SELECT {COLUMNS} FROM backfills WHERE id = ?1"))?
         .query_row([id], from_row)
@@ -153,9 +155,9 @@ pub fn get(conn: &Connection, id: i64) -> Result<Option<Backfill>> {
 }
 
 /// The id of the newest backfill, or of the newest of `kind`; `None` when there is none.
-pub fn latest(conn: &Connection, kind: Option<BackfillKind>) -> Result<Option<i64>> {
+pub fn latest(conn: &Conn, kind: Option<BackfillKind>) -> Result<Option<i64>> {
     Ok(conn
-        .prepare_cached("SELECT MAX(id) FROM backfills WHERE ?1 IS NULL OR kind = ?1")?
+        .prepare_cached("SELECT MAX(id) FROM backfills WHERE kind = ?1 OR ?1 IS NULL")?
         .query_row([kind], |r| r.get(0))?)
 }
 
@@ -180,7 +182,7 @@ impl Fenced {
 
 /// Checks, inside the caller's transaction, that `owner` may still act: its epoch is current
 /// and the backfill is running.
-pub fn fence(conn: &Connection, owner: Owner) -> Result<Fenced> {
+pub fn fence(conn: &Conn, owner: Owner) -> Result<Fenced> {
     let row: Option<(i64, BackfillState)> = conn
         .prepare_cached("SELECT epoch, state FROM backfills WHERE id = ?1")?
         .query_row([owner.backfill_id], |r| Ok((r.get(0)?, r.get(1)?)))
@@ -194,13 +196,14 @@ pub fn fence(conn: &Connection, owner: Owner) -> Result<Fenced> {
 }
 
 /// Records a new backfill owned by this process, its plan still to be written.
-pub fn insert(conn: &Connection, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
-    conn.execute(
+pub fn insert(conn: &Conn, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
+    let backfill_id: i64 = conn.query_row(
         "INSERT INTO backfills (dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior,
             max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host,
             heartbeat_at, created_at, epoch, planning, kind, source_backfill, tasks, max_failures,
             cascade, cascade_of, sample)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17, ?18, ?19, ?20, ?21)",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17, ?18, ?19, ?20, ?21)
+         RETURNING id",
         params![
             b.dag_id,
             b.from_arg,
@@ -226,15 +229,16 @@ pub fn insert(conn: &Connection, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owne
             b.cascade_of,
             b.sample
         ],
+        |r| r.get(0),
     )?;
     Ok(Owner {
-        backfill_id: conn.last_insert_rowid(),
+        backfill_id,
         epoch: 0,
     })
 }
 
 /// Records that the plan is complete.
-pub fn planned(conn: &Connection, owner: Owner) -> Result<()> {
+pub fn planned(conn: &Conn, owner: Owner) -> Result<()> {
     let owner = fence(conn, owner)?.owner();
     conn.execute(
         "UPDATE backfills SET planning = 0 WHERE id = ?1",
@@ -253,7 +257,7 @@ pub enum Heartbeat {
 
 /// Refreshes the owner heartbeat and reads what the owner must do; [`Error::Fenced`] when
 /// another process took the backfill over.
-pub fn heartbeat(conn: &Connection, owner: Owner, now_ms: i64) -> Result<Heartbeat> {
+pub fn heartbeat(conn: &Conn, owner: Owner, now_ms: i64) -> Result<Heartbeat> {
     let owner = fence(conn, owner)?.owner();
     conn.prepare_cached("UPDATE backfills SET heartbeat_at = ?2 WHERE id = ?1")?
         .execute(params![owner.backfill_id, now_ms])?;
@@ -268,7 +272,7 @@ pub fn heartbeat(conn: &Connection, owner: Owner, now_ms: i64) -> Result<Heartbe
 }
 
 /// Records the end of a backfill by its owner and releases whatever leases it still holds.
-pub fn finish(conn: &Connection, owner: Owner, state: BackfillState, now_ms: i64) -> Result<()> {
+pub fn finish(conn: &Conn, owner: Owner, state: BackfillState, now_ms: i64) -> Result<()> {
     let owner = fence(conn, owner)?.owner();
     conn.execute(
         "UPDATE backfills SET state = ?2, finished_at = ?3, heartbeat_at = ?3 WHERE id = ?1",
@@ -285,7 +289,7 @@ pub fn finish(conn: &Connection, owner: Owner, state: BackfillState, now_ms: i64
 }
 
 /// Asks the process running a backfill to stop (it polls the flag with its heartbeat).
-pub fn request_cancel(conn: &Connection, backfill_id: i64) -> Result<()> {
+pub fn request_cancel(conn: &Conn, backfill_id: i64) -> Result<()> {
     conn.execute(
         "UPDATE backfills SET cancel_requested = 1 WHERE id = ?1",
         [backfill_id],
@@ -298,7 +302,7 @@ pub fn request_cancel(conn: &Connection, backfill_id: i64) -> Result<()> {
 /// the owner and the backfill runs again; without, the backfill ends as `cancelled`. Returns
 /// the new [`Owner`], or `None` when the backfill's owner is alive after all (nothing changed).
 pub fn take_ownership(
-    conn: &Connection,
+    conn: &Conn,
     backfill_id: i64,
     ctx: &LeaseCtx,
     me: bool,
@@ -345,7 +349,7 @@ pub fn take_ownership(
 }
 
 /// The running promote backfill of staged backfill `staged`, if any.
-pub fn promoting(conn: &Connection, staged: i64) -> Result<Option<i64>> {
+pub fn promoting(conn: &Conn, staged: i64) -> Result<Option<i64>> {
     Ok(conn
         .query_row(
             "SELECT id FROM backfills WHERE kind = 'promote' AND source_backfill = ?1
@@ -357,7 +361,7 @@ pub fn promoting(conn: &Connection, staged: i64) -> Result<Option<i64>> {
 }
 
 /// Once no output of staged backfill `id` awaits promotion, it is complete.
-pub fn settle_staged(conn: &Connection, id: i64) -> Result<()> {
+pub fn settle_staged(conn: &Conn, id: i64) -> Result<()> {
     conn.execute(
         "UPDATE backfills SET state = 'completed'
          WHERE id = ?1 AND state = 'staged' AND NOT EXISTS (

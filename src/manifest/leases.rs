@@ -11,7 +11,9 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{OptionalExtension, params};
+
+use super::db::Conn;
 
 use super::Result;
 use crate::interval::DataInterval;
@@ -40,6 +42,12 @@ impl LeaseCtx {
             timeout_ms: i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX),
             here,
         }
+    }
+
+    /// This context at the manifest's clock (see [`super::Store::clock_ms`]).
+    pub fn at_manifest(mut self, store: &dyn super::Store) -> Result<Self> {
+        self.now_ms = store.clock_ms(self.now_ms)?;
+        Ok(self)
     }
 
     /// The same context at the current time.
@@ -98,7 +106,7 @@ pub enum Judge {
 
 /// Interval starts of `dag_id` in `[lo, hi]` whose lease is held, as `judge` says.
 pub fn held(
-    conn: &Connection,
+    conn: &Conn,
     dag_id: &str,
     lo: i64,
     hi: i64,
@@ -142,7 +150,7 @@ pub fn held(
 /// The leases of `dag_id` whose owner is gone: `(interval_start, owner backfill)`. Their owners
 /// are to be recovered (a lease whose run's try is still running after that stays live, see
 /// [`live`]).
-pub fn stale(conn: &Connection, dag_id: &str, ctx: &LeaseCtx) -> Result<Vec<(i64, i64)>> {
+pub fn stale(conn: &Conn, dag_id: &str, ctx: &LeaseCtx) -> Result<Vec<(i64, i64)>> {
     let mut stmt = conn.prepare_cached(
         "SELECT l.interval_start, l.backfill_id, b.state, b.owner_pid, b.owner_host, b.heartbeat_at
          FROM leases l JOIN backfills b ON b.id = l.backfill_id WHERE l.dag_id = ?1",
@@ -162,15 +170,18 @@ pub fn stale(conn: &Connection, dag_id: &str, ctx: &LeaseCtx) -> Result<Vec<(i64
 /// [`Judge::Strict`]) that no other backfill holds them; a lease of a finished or recovered
 /// backfill is replaced.
 pub fn take(
-    conn: &Connection,
+    conn: &Conn,
     backfill_id: i64,
     dag_id: &str,
     intervals: impl Iterator<Item = DataInterval>,
     ctx: &LeaseCtx,
 ) -> Result<()> {
     let mut stmt = conn.prepare_cached(
-        "INSERT OR REPLACE INTO leases (dag_id, interval_start, backfill_id, run_id, pid, host, heartbeat_at)
-         VALUES (?1, ?2, ?3, NULL, ?4, ?5, ?6)",
+        "INSERT INTO leases (dag_id, interval_start, backfill_id, run_id, pid, host, heartbeat_at)
+         VALUES (?1, ?2, ?3, NULL, ?4, ?5, ?6)
+         ON CONFLICT (dag_id, interval_start) DO UPDATE SET backfill_id = excluded.backfill_id,
+            run_id = NULL, pid = excluded.pid, host = excluded.host,
+            heartbeat_at = excluded.heartbeat_at",
     )?;
     for i in intervals {
         stmt.execute(params![
@@ -186,12 +197,7 @@ pub fn take(
 }
 
 /// Whether `backfill_id` still holds the lease of an interval.
-pub fn holds(
-    conn: &Connection,
-    backfill_id: i64,
-    dag_id: &str,
-    interval_start: i64,
-) -> Result<bool> {
+pub fn holds(conn: &Conn, backfill_id: i64, dag_id: &str, interval_start: i64) -> Result<bool> {
     Ok(conn
         .prepare_cached(
             "SELECT 1 FROM leases WHERE dag_id = ?1 AND interval_start = ?2 AND backfill_id = ?3",
@@ -202,12 +208,7 @@ pub fn holds(
 }
 
 /// Releases one lease if `backfill_id` holds it.
-pub fn release(
-    conn: &Connection,
-    backfill_id: i64,
-    dag_id: &str,
-    interval_start: i64,
-) -> Result<()> {
+pub fn release(conn: &Conn, backfill_id: i64, dag_id: &str, interval_start: i64) -> Result<()> {
     conn.prepare_cached(
         "DELETE FROM leases WHERE dag_id = ?1 AND interval_start = ?2 AND backfill_id = ?3",
     )?
@@ -217,7 +218,7 @@ pub fn release(
 
 /// Releases every lease of backfill `backfill_id` but those of its runs still queued or
 /// running (tries that could not be stopped keep their intervals in flight).
-pub fn release_all_but_running(conn: &Connection, backfill_id: i64) -> Result<()> {
+pub fn release_all_but_running(conn: &Conn, backfill_id: i64) -> Result<()> {
     conn.execute(
         "DELETE FROM leases WHERE backfill_id = ?1 AND (run_id IS NULL OR run_id NOT IN
            (SELECT r.id FROM runs r WHERE r.backfill_id = ?1 AND r.state IN ('queued', 'running')))",

@@ -1,14 +1,17 @@
-//! The run manifest: a SQLite database (WAL) that records backfills, plans, runs, task tries,
-//! leases and publications. Schema changes are `migrations/NNNN_*.sql`, applied in order through
-//! `PRAGMA user_version`. Writes go through the one [`writer::Writer`] thread of a process; the
+//! The run manifest: a SQLite database (WAL) by default, or a PostgreSQL database that several
+//! hosts share (see [`postgres`]), that records backfills, plans, runs, task tries, leases and
+//! publications. SQLite's schema changes are `migrations/NNNN_*.sql`, applied in order through
+//! `PRAGMA user_version`; PostgreSQL's are in `migrations/postgres/`. Writes go through the one [`writer::Writer`] thread of a process; the
 //! functions of the submodules take a connection and only read and write the manifest: no
 //! process is killed and no warehouse is touched from here (see `recovery`).
 
 pub mod backfills;
 pub mod cascades;
+pub mod db;
 pub mod leases;
 pub mod plans;
 pub mod pools;
+pub mod postgres;
 pub mod publishes;
 pub mod queries;
 mod reader;
@@ -119,6 +122,8 @@ pub enum Error {
     /// Another process took this backfill over (a newer epoch): this one must stop.
     #[error("backfill {backfill_id} was taken over by another process")]
     Fenced { backfill_id: i64 },
+    #[error("manifest {location}: {message}")]
+    Postgres { location: String, message: String },
     #[error("manifest: {0}")]
     Invalid(String),
     #[error("the manifest writer has stopped")]
@@ -129,6 +134,10 @@ impl Error {
     /// Names the manifest file in a SQLite error.
     pub fn at(self, path: &Path) -> Self {
         match self {
+            Self::Sql(source) if db::failure(&source).is_some() => Self::Postgres {
+                location: path.display().to_string(),
+                message: source.to_string(),
+            },
             Self::Sql(source) => Self::Db {
                 path: path.to_path_buf(),
                 source,
@@ -180,8 +189,53 @@ fn stable_plans(conn: &Connection) -> Result<()> {
     Ok(())
 }
 
+/// Whether a manifest location is a PostgreSQL URL.
+pub fn is_url(path: &Path) -> bool {
+    path.to_str().is_some_and(|s| {
+        let lower = s.trim_start().to_ascii_lowercase();
+        lower.starts_with("postgresql://") || lower.starts_with("postgres://")
+    })
+}
+
+/// PostgreSQL URLs by the location that stands for them: the URL without its password.
+static URLS: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<PathBuf, String>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// The location of the manifest that `value` names: a path, or a PostgreSQL URL. A URL's
+/// location is the URL without its password, so that every message may show it; the URL
+/// itself is kept for connecting.
+pub fn location(value: &str) -> PathBuf {
+    let value = value.trim();
+    let shown = PathBuf::from(crate::project::redact_url(value));
+    if !is_url(&shown) {
+        return PathBuf::from(value);
+    }
+    if let Ok(mut urls) = URLS.lock() {
+        urls.insert(shown.clone(), value.to_string());
+    }
+    shown
+}
+
+/// The URL to connect to for a location given by [`location`].
+fn url_of(path: &Path) -> String {
+    URLS.lock()
+        .ok()
+        .and_then(|urls| urls.get(path).cloned())
+        .unwrap_or_else(|| path.to_string_lossy().into_owned())
+}
+
 /// Opens the manifest for writing, creating it and applying migrations as needed.
-pub fn open(path: &Path, durability: Durability) -> Result<Connection> {
+pub fn open(path: &Path, durability: Durability) -> Result<db::Conn> {
+    if is_url(path) {
+        let shown = path.to_string_lossy();
+        let session = postgres::open(&url_of(path), &shown)?;
+        return Ok(db::Conn::Pg(Box::new(session)));
+    }
+    open_sqlite(path, durability).map(db::Conn::Sqlite)
+}
+
+/// [`open`] for a SQLite file.
+pub fn open_sqlite(path: &Path, durability: Durability) -> Result<Connection> {
     if let Some(dir) = path.parent() {
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -225,10 +279,18 @@ pub fn open(path: &Path, durability: Durability) -> Result<Connection> {
 /// Opens an existing manifest for reading only: never creates, migrates or writes it, so it
 /// works on a manifest the user may read but not write.
 pub fn open_read_only(path: &Path) -> Result<Box<dyn Store>> {
-    Ok(Box::new(open_sqlite_read_only(path)?))
+    Ok(Box::new(open_read_conn(path)?))
 }
 
-/// [`open_read_only`], as the SQLite connection the readers of this process pool.
+/// [`open_read_only`], as the connection the readers of this process pool.
+fn open_read_conn(path: &Path) -> Result<db::Conn> {
+    if is_url(path) {
+        let shown = path.to_string_lossy();
+        return postgres::open_read_only(&url_of(path), &shown).map(|s| db::Conn::Pg(Box::new(s)));
+    }
+    open_sqlite_read_only(path).map(db::Conn::Sqlite)
+}
+
 fn open_sqlite_read_only(path: &Path) -> Result<Connection> {
     if !path.exists() {
         return Err(Error::Missing {
@@ -380,8 +442,8 @@ mod tests {
     fn migrations_apply_once_and_set_the_version() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/manifest.db");
-        drop(open(&path, Durability::Normal).unwrap());
-        let conn = open(&path, Durability::Normal).unwrap();
+        drop(open_sqlite(&path, Durability::Normal).unwrap());
+        let conn = open_sqlite(&path, Durability::Normal).unwrap();
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
@@ -396,10 +458,12 @@ mod tests {
     fn a_newer_manifest_is_refused_and_named() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("manifest.db");
-        let conn = open(&path, Durability::Normal).unwrap();
+        let conn = open_sqlite(&path, Durability::Normal).unwrap();
         conn.pragma_update(None, "user_version", 99).unwrap();
         drop(conn);
-        let err = open(&path, Durability::Normal).unwrap_err().to_string();
+        let err = open_sqlite(&path, Durability::Normal)
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             err,
             format!(
@@ -421,7 +485,9 @@ mod tests {
             "this is not a database, not even close to one............",
         )
         .unwrap();
-        let err = open(&path, Durability::Normal).unwrap_err().to_string();
+        let err = open_sqlite(&path, Durability::Normal)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.starts_with(&format!("manifest {}: ", path.display())),
             "{err}"

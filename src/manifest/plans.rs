@@ -5,7 +5,9 @@
 
 use std::collections::HashMap;
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{OptionalExtension, params};
+
+use super::db::Conn;
 
 use super::Result;
 use super::backfills::Fenced;
@@ -18,7 +20,7 @@ use crate::state::RunState;
 /// whether a lease is held as `judge` says. Staged runs publish nothing and rollbacks put back
 /// what earlier runs computed: only the runs of other backfills tell what was computed.
 pub fn priors(
-    conn: &Connection,
+    conn: &Conn,
     dag_id: &str,
     intervals: &[DataInterval],
     ctx: &LeaseCtx,
@@ -57,7 +59,7 @@ pub fn priors(
 
 /// The latest state of the interval that ends where `start` begins, if any (for
 /// `depends_on_past`).
-pub fn state_before(conn: &Connection, dag_id: &str, start: i64) -> Result<Option<RunState>> {
+pub fn state_before(conn: &Conn, dag_id: &str, start: i64) -> Result<Option<RunState>> {
     let before: Option<(i64, RunState)> = conn
         .prepare_cached(&format!(
             "SELECT interval_end, state FROM runs
@@ -72,7 +74,7 @@ pub fn state_before(conn: &Connection, dag_id: &str, start: i64) -> Result<Optio
 
 /// Writes plan rows (`(ord, row)`) and leases the intervals to run, for the owner.
 pub fn insert_chunk(
-    conn: &Connection,
+    conn: &Conn,
     f: Fenced,
     dag_id: &str,
     rows: &[(i64, PlanRow)],
@@ -108,10 +110,7 @@ pub fn insert_chunk(
 }
 
 /// Interval starts that already have a plan row in a backfill.
-pub fn planned_starts(
-    conn: &Connection,
-    backfill_id: i64,
-) -> Result<std::collections::HashSet<i64>> {
+pub fn planned_starts(conn: &Conn, backfill_id: i64) -> Result<std::collections::HashSet<i64>> {
     let mut stmt = conn.prepare_cached("SELECT interval_start FROM plan WHERE backfill_id = ?1")?;
     let rows = stmt.query_map([backfill_id], |r| r.get(0))?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
@@ -120,7 +119,7 @@ pub fn planned_starts(
 /// Changes a planned interval to a skip (decided while running, e.g. `depends_on_past`) and
 /// releases its lease.
 pub fn skip_planned(
-    conn: &Connection,
+    conn: &Conn,
     f: Fenced,
     dag_id: &str,
     interval_start: i64,
@@ -132,7 +131,7 @@ pub fn skip_planned(
 
 /// Records a planned interval as skipped.
 pub fn mark_skipped(
-    conn: &Connection,
+    conn: &Conn,
     backfill_id: i64,
     interval_start: i64,
     reason: SkipReason,
@@ -146,7 +145,7 @@ pub fn mark_skipped(
 
 /// The planned intervals of a backfill that have not finished (`succeeded`, `failed` or
 /// `rejected`) in it, in plan order.
-pub fn unfinished(conn: &Connection, backfill_id: i64) -> Result<Vec<DataInterval>> {
+pub fn unfinished(conn: &Conn, backfill_id: i64) -> Result<Vec<DataInterval>> {
     let mut stmt = conn.prepare(
         "SELECT p.interval_start, p.interval_end FROM plan p
          WHERE p.backfill_id = ?1 AND p.action = 'run' AND NOT EXISTS (
@@ -164,7 +163,7 @@ pub fn unfinished(conn: &Connection, backfill_id: i64) -> Result<Vec<DataInterva
 /// The latest run of each interval of `dag_id` starting in `[lo, hi]`: its state, backfill and
 /// start time (unix milliseconds).
 pub fn latest_runs(
-    conn: &Connection,
+    conn: &Conn,
     dag_id: &str,
     lo: i64,
     hi: i64,

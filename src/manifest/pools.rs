@@ -4,7 +4,9 @@
 //! as its leases are: not running, no heartbeat within the lease timeout, or a dead process on
 //! this host) or whose try ended is free: the next taker removes it.
 
-use rusqlite::{Connection, params};
+use rusqlite::params;
+
+use super::db::Conn;
 
 use super::Result;
 use super::backfills::Fenced;
@@ -26,7 +28,7 @@ pub enum Take {
 /// Takes a slot of `pool` (of `size`) for try `try_id` if one is free; records that the try
 /// waits for the pool when none is.
 pub fn take(
-    conn: &Connection,
+    conn: &Conn,
     f: Fenced,
     pool: &str,
     size: u32,
@@ -49,7 +51,9 @@ pub fn take(
         });
     }
     conn.prepare_cached(
-        "INSERT OR REPLACE INTO pool_slots (try_id, pool, backfill_id, taken_at) VALUES (?1, ?2, ?3, ?4)",
+        "INSERT INTO pool_slots (try_id, pool, backfill_id, taken_at) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (try_id) DO UPDATE SET pool = excluded.pool,
+            backfill_id = excluded.backfill_id, taken_at = excluded.taken_at",
     )?
     .execute(params![try_id, pool, f.owner().backfill_id, ctx.now_ms])?;
     conn.prepare_cached("UPDATE task_tries SET waiting_for = NULL WHERE id = ?1")?
@@ -75,7 +79,7 @@ type Holder = (
 /// gone and whose process group is gone too (on another host, a gone owner's try counts as
 /// stopped: see [`LeaseCtx::group_may_run`]). Returns the process groups of gone owners' tries
 /// that still run here: the caller kills them, then asks again.
-fn free_dead(conn: &Connection, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate::liveness::Group>> {
+fn free_dead(conn: &Conn, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate::liveness::Group>> {
     let holders: Vec<Holder> = conn
         .prepare_cached(
             "SELECT s.try_id, t.state, t.pgid, t.pgid_start, t.host, b.state, b.owner_pid,
@@ -140,7 +144,7 @@ fn free_dead(conn: &Connection, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate:
 }
 
 /// Whether try `try_id` holds a slot of a pool.
-pub fn holds(conn: &Connection, try_id: i64) -> Result<bool> {
+pub fn holds(conn: &Conn, try_id: i64) -> Result<bool> {
     Ok(conn
         .prepare_cached("SELECT EXISTS (SELECT 1 FROM pool_slots WHERE try_id = ?1)")?
         .query_row([try_id], |r| r.get(0))?)

@@ -2,7 +2,9 @@
 //! warehouse (so that recovery can finish or undo it), the partition's current publication,
 //! and what recovery needs to find the publishes a dead owner left half done.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{OptionalExtension, params};
+
+use super::db::Conn;
 
 use super::Result;
 use super::backfills::{Fenced, Owner};
@@ -13,7 +15,7 @@ use crate::state::TryState;
 /// Records the gate's decision to publish before the warehouse is touched: a crash between this
 /// and [`mark_published`] is repaired by redoing the publish from the audit file.
 pub fn record_publish_intent(
-    conn: &Connection,
+    conn: &Conn,
     _fenced: Fenced,
     try_id: i64,
     audit_path: Option<&str>,
@@ -59,11 +61,14 @@ pub struct Publication<'a> {
 }
 
 /// Makes a try the published try of its task and interval.
-pub fn mark_published(conn: &Connection, p: &Publication<'_>, now_ms: i64) -> Result<()> {
+pub fn mark_published(conn: &Conn, p: &Publication<'_>, now_ms: i64) -> Result<()> {
     conn.prepare_cached(
-        "INSERT OR REPLACE INTO published
+        "INSERT INTO published
             (dag_id, task_id, interval_start, interval_end, try_id, rows, fingerprint, published_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+         ON CONFLICT (dag_id, task_id, interval_start) DO UPDATE SET
+            interval_end = excluded.interval_end, try_id = excluded.try_id, rows = excluded.rows,
+            fingerprint = excluded.fingerprint, published_at = excluded.published_at",
     )?
     .execute(params![
         p.dag_id,
@@ -80,7 +85,7 @@ pub fn mark_published(conn: &Connection, p: &Publication<'_>, now_ms: i64) -> Re
 
 /// The currently published try of a task and interval: `(try_id, rows, fingerprint)`.
 pub fn published(
-    conn: &Connection,
+    conn: &Conn,
     dag_id: &str,
     task_id: &str,
     interval_start: i64,
@@ -112,7 +117,7 @@ pub struct PendingPublish {
 }
 
 /// Tries of a backfill's runs that recorded a publish intent and never finished it.
-pub fn pending_publishes(conn: &Connection, backfill_id: i64) -> Result<Vec<PendingPublish>> {
+pub fn pending_publishes(conn: &Conn, backfill_id: i64) -> Result<Vec<PendingPublish>> {
     let mut stmt = conn.prepare_cached(
         "SELECT t.id, t.run_id, r.dag_id, t.task_id, r.interval_start, r.interval_end,
                 t.audit_path, t.audit_table, t.rows, t.fingerprint, t.source_rows,
@@ -149,7 +154,7 @@ pub fn pending_publishes(conn: &Connection, backfill_id: i64) -> Result<Vec<Pend
 }
 
 /// Whether a try still has an unfinished publish intent.
-pub fn publishing(conn: &Connection, try_id: i64) -> Result<bool> {
+pub fn publishing(conn: &Conn, try_id: i64) -> Result<bool> {
     Ok(conn
         .prepare_cached("SELECT publishing FROM task_tries WHERE id = ?1")?
         .query_row([try_id], |r| r.get::<_, bool>(0))
@@ -161,7 +166,7 @@ pub fn publishing(conn: &Connection, try_id: i64) -> Result<bool> {
 /// holds the interval's lease, no newer try of its task and interval is published, and (for the
 /// owner's own publish) the owner's epoch is current. Asked inside the warehouse's publish
 /// transaction, after the warehouse's write lock is taken.
-pub fn may_publish(conn: &Connection, try_id: i64, owner: Option<Owner>) -> Result<bool> {
+pub fn may_publish(conn: &Conn, try_id: i64, owner: Option<Owner>) -> Result<bool> {
     let row: Option<(bool, i64, i64, String, String, i64)> = conn
         .prepare_cached(
             "SELECT t.publishing AND t.state = 'running', b.id, b.epoch, r.dag_id, t.task_id,
@@ -203,7 +208,7 @@ pub struct Current {
 
 /// The currently published try of a task and interval, with its rows and content.
 pub fn current(
-    conn: &Connection,
+    conn: &Conn,
     dag_id: &str,
     task_id: &str,
     interval_start: i64,

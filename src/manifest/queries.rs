@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 
-use rusqlite::{Connection, params};
+use rusqlite::params;
+
+use super::db::Conn;
 use serde::Serialize;
 
 use super::Result;
@@ -150,14 +152,10 @@ fn summary(b: Backfill, counts: Counts) -> BackfillSummary {
 }
 
 /// Backfills, newest last, optionally of one DAG and/or only the running ones.
-pub fn list(
-    conn: &Connection,
-    dag_id: Option<&str>,
-    active_only: bool,
-) -> Result<Vec<BackfillSummary>> {
+pub fn list(conn: &Conn, dag_id: Option<&str>, active_only: bool) -> Result<Vec<BackfillSummary>> {
     let mut stmt = conn.prepare(&format!(
         "SELECT {} FROM backfills
-         WHERE (?1 IS NULL OR dag_id = ?1) AND (?2 = 0 OR state = 'running') ORDER BY id",
+         WHERE (dag_id = ?1 OR ?1 IS NULL) AND (?2 = 0 OR state = 'running') ORDER BY id",
         backfills::COLUMNS
     ))?;
     let backfills: Vec<Backfill> = stmt
@@ -196,7 +194,7 @@ pub struct Outcome {
     pub failed: Vec<FailedInterval>,
 }
 
-pub fn outcome(conn: &Connection, id: i64) -> Result<Option<Outcome>> {
+pub fn outcome(conn: &Conn, id: i64) -> Result<Option<Outcome>> {
     let Some(backfill) = list_one(conn, id)? else {
         return Ok(None);
     };
@@ -322,7 +320,7 @@ fn staged_verdict(verdict: String, staged: Option<crate::state::StagedState>) ->
 /// Three ordered range scans whatever the size, merged here: the backfill's runs in
 /// `(interval_start, id)` index order, their tries in `run_id` index order, and the plan by
 /// primary key. No per-row lookups and no sorts.
-pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
+pub fn show(conn: &Conn, id: i64) -> Result<Option<BackfillDetail>> {
     let Some(b) = backfills::get(conn, id)? else {
         return Ok(None);
     };
@@ -473,7 +471,7 @@ pub fn show(conn: &Connection, id: i64) -> Result<Option<BackfillDetail>> {
     }))
 }
 
-fn list_one(conn: &Connection, id: i64) -> Result<Option<BackfillSummary>> {
+fn list_one(conn: &Conn, id: i64) -> Result<Option<BackfillSummary>> {
     let Some(b) = backfills::get(conn, id)? else {
         return Ok(None);
     };
@@ -483,7 +481,7 @@ fn list_one(conn: &Connection, id: i64) -> Result<Option<BackfillSummary>> {
 
 /// Interval counts of one backfill, or of all: the plan's actions, and the state of the latest
 /// run of each interval.
-fn counts(conn: &Connection, id: Option<i64>) -> Result<HashMap<i64, Counts>> {
+fn counts(conn: &Conn, id: Option<i64>) -> Result<HashMap<i64, Counts>> {
     // A literal filter rather than `?1 IS NULL OR ...`, so that one backfill's counts use the
     // primary key and index.
     let only = |column: &str| id.map_or(String::new(), |id| format!("WHERE {column} = {id}"));
@@ -547,7 +545,7 @@ pub struct RunHistory {
 
 /// Every run of a DAG whose interval starts in `[lo, hi]`, by interval then attempt: the runs
 /// in index order and their tries in `run_id` order, merged here.
-pub fn runs(conn: &Connection, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<RunHistory>> {
+pub fn runs(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<RunHistory>> {
     let mut stmt = conn.prepare(
         "SELECT id, backfill_id, interval_start, interval_end, state, started_at, ended_at, error
          FROM runs WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
@@ -612,7 +610,7 @@ pub fn runs(conn: &Connection, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<Run
 
 /// What the succeeded tries of each interval's latest run recorded about the source, for the
 /// intervals of a DAG starting in `[lo, hi]` whose latest run succeeded.
-pub fn recorded_sources(conn: &Connection, dag_id: &str, lo: i64, hi: i64) -> Result<Recorded> {
+pub fn recorded_sources(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Recorded> {
     let mut stmt = conn.prepare(&format!(
         "SELECT r.interval_start, r.interval_end, t.task_id, t.source_rows, t.source_fingerprint
          FROM runs r
@@ -647,7 +645,7 @@ pub fn recorded_sources(conn: &Connection, dag_id: &str, lo: i64, hi: i64) -> Re
 
 /// How long (ms) the latest `limit` successful tries of a task took, newest first.
 pub fn recent_durations_ms(
-    conn: &Connection,
+    conn: &Conn,
     dag_id: &str,
     task_id: &str,
     limit: i64,

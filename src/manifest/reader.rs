@@ -3,19 +3,17 @@
 
 use std::path::{Path, PathBuf};
 
-use rusqlite::Connection;
-
-use super::{Result, open_sqlite_read_only};
+use super::{Result, db::Conn, open_read_conn};
 
 /// Read-only manifest connections kept for reuse within a process (asked before every
 /// publish).
 static READERS: std::sync::LazyLock<
-    std::sync::Mutex<std::collections::HashMap<PathBuf, Vec<Connection>>>,
+    std::sync::Mutex<std::collections::HashMap<PathBuf, Vec<Conn>>>,
 > = std::sync::LazyLock::new(Default::default);
 
 /// A read-only manifest connection that returns to the process's pool when dropped.
 pub struct Reader {
-    conn: Option<Connection>,
+    conn: Option<Conn>,
     path: PathBuf,
 }
 
@@ -28,7 +26,7 @@ impl Reader {
             .and_then(|mut p| p.get_mut(path).and_then(Vec::pop));
         let conn = match idle {
             Some(c) => c,
-            None => open_sqlite_read_only(path)?,
+            None => open_read_conn(path)?,
         };
         Ok(Self {
             conn: Some(conn),
@@ -59,7 +57,7 @@ impl Drop for Reader {
 
 /// Closes the process's idle read-only manifest connections.
 pub fn close_readers() {
-    let idle: Vec<Connection> = READERS
+    let idle: Vec<Conn> = READERS
         .lock()
         .map(|mut p| p.drain().flat_map(|(_, v)| v).collect())
         .unwrap_or_default();

@@ -2,7 +2,9 @@
 //! [`super::backfills::fence`]); the writes of a process that recovers what a dead owner left are
 //! conditional on the state they found, so that two recoverers never undo each other.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{OptionalExtension, params};
+
+use super::db::Conn;
 
 use super::Result;
 use super::backfills::Fenced;
@@ -19,7 +21,7 @@ pub use super::publishes::{
 /// Records that an interval's run started and names it in the interval's lease; returns the run
 /// id, or `None` when the owner no longer holds the lease.
 pub fn start_run(
-    conn: &Connection,
+    conn: &Conn,
     fenced: Fenced,
     dag_id: &str,
     interval: DataInterval,
@@ -29,19 +31,22 @@ pub fn start_run(
     if !leases::holds(conn, fenced.backfill_id(), dag_id, start)? {
         return Ok(None);
     }
-    conn.prepare_cached(
-        "INSERT INTO runs (backfill_id, dag_id, interval_start, interval_end, state, started_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )?
-    .execute(params![
-        fenced.backfill_id(),
-        dag_id,
-        start,
-        interval.end.timestamp(),
-        RunState::Running,
-        now_ms
-    ])?;
-    let run_id = conn.last_insert_rowid();
+    let run_id: i64 = conn
+        .prepare_cached(
+            "INSERT INTO runs (backfill_id, dag_id, interval_start, interval_end, state, started_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6) RETURNING id",
+        )?
+        .query_row(
+            params![
+                fenced.backfill_id(),
+                dag_id,
+                start,
+                interval.end.timestamp(),
+                RunState::Running,
+                now_ms
+            ],
+            |r| r.get(0),
+        )?;
     conn.prepare_cached(
         "UPDATE leases SET run_id = ?4 WHERE dag_id = ?1 AND interval_start = ?2 AND backfill_id = ?3",
     )?
@@ -51,7 +56,7 @@ pub fn start_run(
 
 /// Whether the backfill of a try's run still holds that interval's lease: a try whose interval
 /// was taken over may neither be let go nor publish.
-pub fn try_holds_lease(conn: &Connection, try_id: i64) -> Result<bool> {
+pub fn try_holds_lease(conn: &Conn, try_id: i64) -> Result<bool> {
     Ok(conn
         .prepare_cached(
             "SELECT 1 FROM task_tries t JOIN runs r ON r.id = t.run_id
@@ -65,7 +70,7 @@ pub fn try_holds_lease(conn: &Connection, try_id: i64) -> Result<bool> {
 }
 
 /// Whether the backfill of a run still holds that interval's lease.
-fn run_holds_lease(conn: &Connection, run_id: i64) -> Result<bool> {
+fn run_holds_lease(conn: &Conn, run_id: i64) -> Result<bool> {
     Ok(conn
         .prepare_cached(
             "SELECT 1 FROM runs r
@@ -79,7 +84,7 @@ fn run_holds_lease(conn: &Connection, run_id: i64) -> Result<bool> {
 }
 
 /// Whether a run is still in progress (not abandoned by a taker).
-pub fn in_progress(conn: &Connection, run_id: i64) -> Result<bool> {
+pub fn in_progress(conn: &Conn, run_id: i64) -> Result<bool> {
     Ok(conn
         .prepare_cached("SELECT state FROM runs WHERE id = ?1")?
         .query_row([run_id], |r| r.get::<_, RunState>(0))
@@ -89,7 +94,7 @@ pub fn in_progress(conn: &Connection, run_id: i64) -> Result<bool> {
 
 /// Records a finished run and releases its lease.
 pub fn finish_run(
-    conn: &Connection,
+    conn: &Conn,
     _fenced: Fenced,
     run_id: i64,
     state: RunState,
@@ -101,7 +106,7 @@ pub fn finish_run(
 
 /// Ends a run still in progress and releases the lease it holds.
 fn end_run(
-    conn: &Connection,
+    conn: &Conn,
     run_id: i64,
     state: RunState,
     error: Option<&str>,
@@ -136,7 +141,7 @@ fn end_run(
 /// Records that a try started; returns its id, or `None` when its run was abandoned or its
 /// interval taken over.
 pub fn start_try(
-    conn: &Connection,
+    conn: &Conn,
     fenced: Fenced,
     run_id: i64,
     task_id: &str,
@@ -152,7 +157,7 @@ pub fn start_try(
 
 /// Records the first try of a run started in the same transaction (which checked the lease).
 pub fn insert_try(
-    conn: &Connection,
+    conn: &Conn,
     _fenced: Fenced,
     run_id: i64,
     task_id: &str,
@@ -161,26 +166,31 @@ pub fn insert_try(
     now_ms: i64,
 ) -> Result<i64> {
     // A try runs on its owner's host: recorded now, for tries with no process group too (SQL).
-    conn.prepare_cached(
-        "INSERT INTO task_tries (run_id, task_id, try_number, state, started_at, log_path, host)
-         SELECT ?1, ?2, ?3, ?4, ?5, ?6, b.owner_host
-         FROM runs r JOIN backfills b ON b.id = r.backfill_id WHERE r.id = ?1",
-    )?
-    .execute(params![
-        run_id,
-        task_id,
-        try_number,
-        TryState::Running,
-        now_ms,
-        log_path
-    ])?;
-    Ok(conn.last_insert_rowid())
+    Ok(conn
+        .prepare_cached(
+            "INSERT INTO task_tries (run_id, task_id, try_number, state, started_at, log_path, host)
+             SELECT r.id, CAST(?2 AS TEXT), CAST(?3 AS BIGINT), CAST(?4 AS TEXT), CAST(?5 AS BIGINT),
+                    CAST(?6 AS TEXT), b.owner_host
+             FROM runs r JOIN backfills b ON b.id = r.backfill_id WHERE r.id = ?1
+             RETURNING id",
+        )?
+        .query_row(
+            params![
+                run_id,
+                task_id,
+                try_number,
+                TryState::Running,
+                now_ms,
+                log_path
+            ],
+            |r| r.get(0),
+        )?)
 }
 
 /// Records the process group of a try before it is let go; `false` when the try is no longer
 /// running (it must then never be let go).
 pub fn set_try_group(
-    conn: &Connection,
+    conn: &Conn,
     _fenced: Fenced,
     try_id: i64,
     group: Group,
@@ -199,7 +209,7 @@ pub fn set_try_group(
 }
 
 /// Records the audit file of a SQL try, so that it can be removed should the owner die.
-pub fn set_try_audit(conn: &Connection, _fenced: Fenced, try_id: i64, path: &str) -> Result<()> {
+pub fn set_try_audit(conn: &Conn, _fenced: Fenced, try_id: i64, path: &str) -> Result<()> {
     conn.prepare_cached(
         "UPDATE task_tries SET audit_path = ?2 WHERE id = ?1 AND state = 'running'",
     )?
@@ -295,7 +305,7 @@ impl TryRecord {
 
 /// Records the end of a try of the owner.
 pub fn finish_try(
-    conn: &Connection,
+    conn: &Conn,
     _fenced: Fenced,
     try_id: i64,
     rec: &TryRecord,
@@ -309,7 +319,7 @@ pub fn finish_try(
 /// interval (an interval staged again after a crash): one staged output per task and interval
 /// awaits promotion, the newest, and the others are discarded (unless a promote is publishing
 /// one).
-pub fn end_try(conn: &Connection, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()> {
+pub fn end_try(conn: &Conn, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()> {
     let ended = conn.prepare_cached(
         "UPDATE task_tries SET state = ?2, ended_at = ?3, exit_code = ?4, error = ?5, rows = ?6,
             partitions = ?7, inputs = ?8, fingerprint = ?9, source_rows = ?10, previous_rows = ?11,
@@ -370,7 +380,7 @@ pub struct UnfinishedTry {
 }
 
 /// The tries of a backfill's runs that are still running or publishing.
-pub fn unfinished_tries(conn: &Connection, backfill_id: i64) -> Result<Vec<UnfinishedTry>> {
+pub fn unfinished_tries(conn: &Conn, backfill_id: i64) -> Result<Vec<UnfinishedTry>> {
     let mut stmt = conn.prepare_cached(
         "SELECT t.id, t.run_id, r.dag_id, r.interval_start, t.pgid, t.pgid_start, t.host,
                 t.audit_path, t.publishing
@@ -397,12 +407,7 @@ pub fn unfinished_tries(conn: &Connection, backfill_id: i64) -> Result<Vec<Unfin
 
 /// Records the end of a try of a dead owner (killed, never started, or its publish finished by
 /// the recoverer). Only a try still unfinished changes; returns whether it did.
-pub fn end_abandoned_try(
-    conn: &Connection,
-    try_id: i64,
-    rec: &TryRecord,
-    now_ms: i64,
-) -> Result<bool> {
+pub fn end_abandoned_try(conn: &Conn, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<bool> {
     let changed = conn
         .prepare_cached(
             "UPDATE task_tries SET state = ?2, ended_at = ?3, error = COALESCE(?4, error),
@@ -432,7 +437,7 @@ pub fn end_abandoned_try(
 }
 
 /// The runs of a backfill still in progress.
-pub fn runs_in_progress(conn: &Connection, backfill_id: i64) -> Result<Vec<i64>> {
+pub fn runs_in_progress(conn: &Conn, backfill_id: i64) -> Result<Vec<i64>> {
     let mut stmt = conn.prepare_cached(
         "SELECT id FROM runs WHERE backfill_id = ?1 AND state IN ('queued', 'running')",
     )?;
@@ -445,7 +450,7 @@ pub fn runs_in_progress(conn: &Connection, backfill_id: i64) -> Result<Vec<i64>>
 /// are cancelled, except those whose interval is still held by a try that could not be stopped
 /// (`keep`). Releases their leases.
 pub fn end_abandoned_runs(
-    conn: &Connection,
+    conn: &Conn,
     runs: &[i64],
     task_counts: &dyn Fn(&str) -> Option<usize>,
     keep: &[i64],
@@ -483,11 +488,7 @@ pub fn end_abandoned_runs(
 
 /// Records what became of a staged output (promoted or discarded); `false` when it was no
 /// longer staged.
-pub fn set_staged(
-    conn: &Connection,
-    staged_try: i64,
-    to: crate::state::StagedState,
-) -> Result<bool> {
+pub fn set_staged(conn: &Conn, staged_try: i64, to: crate::state::StagedState) -> Result<bool> {
     let changed = conn
         .prepare_cached("UPDATE task_tries SET staged = ?2 WHERE id = ?1 AND staged = 'staged'")?
         .execute(params![staged_try, to])?;
@@ -508,7 +509,7 @@ pub struct Staged {
 }
 
 /// The staged outputs of a backfill, whatever became of them since, by interval then try.
-pub fn staged(conn: &Connection, backfill_id: i64) -> Result<Vec<Staged>> {
+pub fn staged(conn: &Conn, backfill_id: i64) -> Result<Vec<Staged>> {
     let mut stmt = conn.prepare_cached(
         "SELECT r.interval_start, r.interval_end, t.task_id, t.id, t.rows, t.fingerprint,
                 t.source_rows, t.source_fingerprint, t.verdict, t.reasons, t.staged_path,
@@ -541,7 +542,7 @@ pub fn staged(conn: &Connection, backfill_id: i64) -> Result<Vec<Staged>> {
 }
 
 /// Whether a staged try's output still awaits promotion.
-pub fn is_staged(conn: &Connection, staged_try: i64) -> Result<bool> {
+pub fn is_staged(conn: &Conn, staged_try: i64) -> Result<bool> {
     Ok(conn
         .prepare_cached("SELECT 1 FROM task_tries WHERE id = ?1 AND staged = 'staged'")?
         .query_row([staged_try], |_| Ok(()))
@@ -550,7 +551,7 @@ pub fn is_staged(conn: &Connection, staged_try: i64) -> Result<bool> {
 }
 
 /// Records that try `try_id` promotes the staged try `staged_try`.
-pub fn set_promoted_from(conn: &Connection, try_id: i64, staged_try: i64) -> Result<()> {
+pub fn set_promoted_from(conn: &Conn, try_id: i64, staged_try: i64) -> Result<()> {
     conn.prepare_cached("UPDATE task_tries SET promoted_from = ?2 WHERE id = ?1")?
         .execute(params![try_id, staged_try])?;
     Ok(())
@@ -558,7 +559,7 @@ pub fn set_promoted_from(conn: &Connection, try_id: i64, staged_try: i64) -> Res
 
 /// Discards a staged output unless a promote of it is running: `false` when it was not
 /// discarded.
-pub fn discard_staged(conn: &Connection, staged_try: i64) -> Result<bool> {
+pub fn discard_staged(conn: &Conn, staged_try: i64) -> Result<bool> {
     let changed = conn
         .prepare_cached(
             "UPDATE task_tries SET staged = 'discarded'
@@ -572,7 +573,7 @@ pub fn discard_staged(conn: &Connection, staged_try: i64) -> Result<bool> {
 
 /// The tries whose audit files must stay: publishes that were decided (a recovery redoes
 /// them) and staged outputs, kept until promoted or discarded.
-pub fn needing_audit_files(conn: &Connection) -> Result<std::collections::HashSet<i64>> {
+pub fn needing_audit_files(conn: &Conn) -> Result<std::collections::HashSet<i64>> {
     let mut stmt =
         conn.prepare("SELECT id FROM task_tries WHERE publishing = 1 OR staged = 'staged'")?;
     let ids = stmt.query_map([], |r| r.get(0))?;
@@ -581,7 +582,7 @@ pub fn needing_audit_files(conn: &Connection) -> Result<std::collections::HashSe
 
 /// The lowest id of a try still running or publishing, else one above every try: the tries
 /// below it are all recorded as ended.
-pub fn first_unfinished_try(conn: &Connection) -> Result<i64> {
+pub fn first_unfinished_try(conn: &Conn) -> Result<i64> {
     Ok(conn.query_row(
         "SELECT COALESCE((SELECT MIN(id) FROM task_tries WHERE state = 'running' OR publishing = 1),
                          (SELECT COALESCE(MAX(id), 0) + 1 FROM task_tries))",
@@ -591,7 +592,7 @@ pub fn first_unfinished_try(conn: &Connection) -> Result<i64> {
 }
 
 /// The tries whose staged tables must stay: staged outputs and tries still running.
-pub fn keeping_staged_tables(conn: &Connection) -> Result<std::collections::HashSet<i64>> {
+pub fn keeping_staged_tables(conn: &Conn) -> Result<std::collections::HashSet<i64>> {
     let mut stmt =
         conn.prepare("SELECT id FROM task_tries WHERE staged = 'staged' OR state = 'running'")?;
     let ids = stmt.query_map([], |r| r.get(0))?;
@@ -599,10 +600,7 @@ pub fn keeping_staged_tables(conn: &Connection) -> Result<std::collections::Hash
 }
 
 /// The interval starts of backfill `backfill_id` whose runs are still queued or running.
-pub fn starts_in_progress(
-    conn: &Connection,
-    backfill_id: i64,
-) -> Result<std::collections::HashSet<i64>> {
+pub fn starts_in_progress(conn: &Conn, backfill_id: i64) -> Result<std::collections::HashSet<i64>> {
     Ok(conn
         .prepare(
             "SELECT interval_start FROM runs WHERE backfill_id = ?1 AND state IN ('queued', 'running')",
@@ -613,7 +611,7 @@ pub fn starts_in_progress(
 
 /// Whether a run of backfill `backfill_id` succeeded: the first one found, through the index
 /// on runs by backfill, so the answer reads a few pages whatever the backfill's size.
-pub fn any_succeeded(conn: &Connection, backfill_id: i64) -> Result<bool> {
+pub fn any_succeeded(conn: &Conn, backfill_id: i64) -> Result<bool> {
     Ok(conn
         .prepare_cached(
             "SELECT EXISTS (SELECT 1 FROM runs WHERE backfill_id = ?1 AND state = 'succeeded')",

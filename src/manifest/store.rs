@@ -9,10 +9,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use rusqlite::Connection;
-
 use super::backfills::{Backfill, Fenced, Heartbeat, NewBackfill, Owner};
 use super::cascades::{PlanOutcome, SucceededTry};
+use super::db::Conn;
 use super::leases::{Judge, LeaseCtx};
 use super::pools::Take;
 use super::queries::{BackfillDetail, BackfillSummary, Outcome, Recorded, RunHistory};
@@ -30,6 +29,9 @@ pub trait Store {
     fn latest_backfill(&self, kind: Option<BackfillKind>) -> Result<Option<i64>>;
     /// The manifest's identity (see [`super::identity`]).
     fn identity(&self) -> Result<String>;
+    /// "Now" for judging leases (unix milliseconds): `local`, the caller's clock, on SQLite; the
+    /// database's clock on PostgreSQL, which every host shares.
+    fn clock_ms(&self, local: i64) -> Result<i64>;
     /// Checks, inside the caller's transaction, that `owner` may still act: its epoch is current
     /// and the backfill is running.
     fn fence(&self, owner: Owner) -> Result<Fenced>;
@@ -314,13 +316,31 @@ pub trait Store {
     fn running_member(&self, root: i64) -> Result<Option<i64>>;
 }
 
-/// The SQLite manifest: a connection inside the writer's transaction, or a read-only one.
-impl Store for Connection {
+impl Conn {
+    /// `ctx` at the manifest's "now" (see [`Conn::now_ms`]).
+    fn at<'a>(&self, ctx: &'a LeaseCtx) -> Result<std::borrow::Cow<'a, LeaseCtx>> {
+        Ok(if self.is_postgres() {
+            std::borrow::Cow::Owned(LeaseCtx {
+                now_ms: self.now_ms(ctx.now_ms)?,
+                ..ctx.clone()
+            })
+        } else {
+            std::borrow::Cow::Borrowed(ctx)
+        })
+    }
+}
+
+/// The manifest: a connection inside the writer's transaction, or a read-only one. Times the
+/// callers pass are replaced by the database's on PostgreSQL (see [`Conn::now_ms`]).
+impl Store for Conn {
     fn any_succeeded(&self, backfill_id: i64) -> Result<bool> {
         runs::any_succeeded(self, backfill_id)
     }
     fn backfill(&self, id: i64) -> Result<Option<Backfill>> {
         backfills::get(self, id)
+    }
+    fn clock_ms(&self, local: i64) -> Result<i64> {
+        Ok(self.now_ms(local)?)
     }
     fn identity(&self) -> Result<String> {
         Ok(self.query_row("SELECT id FROM identity", [], |r| r.get(0))?)
@@ -332,21 +352,25 @@ impl Store for Connection {
         backfills::fence(self, owner)
     }
     fn insert_backfill(&self, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
+        let ctx = &*self.at(ctx)?;
         backfills::insert(self, b, ctx)
     }
     fn mark_planned(&self, owner: Owner) -> Result<()> {
         backfills::planned(self, owner)
     }
     fn heartbeat(&self, owner: Owner, now_ms: i64) -> Result<Heartbeat> {
+        let now_ms = self.now_ms(now_ms)?;
         backfills::heartbeat(self, owner, now_ms)
     }
     fn finish_backfill(&self, owner: Owner, state: BackfillState, now_ms: i64) -> Result<()> {
+        let now_ms = self.now_ms(now_ms)?;
         backfills::finish(self, owner, state, now_ms)
     }
     fn request_cancel(&self, backfill_id: i64) -> Result<()> {
         backfills::request_cancel(self, backfill_id)
     }
     fn take_ownership(&self, backfill_id: i64, ctx: &LeaseCtx, me: bool) -> Result<Option<Owner>> {
+        let ctx = &*self.at(ctx)?;
         backfills::take_ownership(self, backfill_id, ctx, me)
     }
     fn promoting(&self, staged: i64) -> Result<Option<i64>> {
@@ -363,9 +387,11 @@ impl Store for Connection {
         ctx: &LeaseCtx,
         judge: Judge,
     ) -> Result<HashSet<i64>> {
+        let ctx = &*self.at(ctx)?;
         leases::held(self, dag_id, lo, hi, ctx, judge)
     }
     fn stale_leases(&self, dag_id: &str, ctx: &LeaseCtx) -> Result<Vec<(i64, i64)>> {
+        let ctx = &*self.at(ctx)?;
         leases::stale(self, dag_id, ctx)
     }
     fn take_leases(
@@ -375,6 +401,7 @@ impl Store for Connection {
         intervals: &mut dyn Iterator<Item = DataInterval>,
         ctx: &LeaseCtx,
     ) -> Result<()> {
+        let ctx = &*self.at(ctx)?;
         leases::take(self, backfill_id, dag_id, intervals, ctx)
     }
     fn holds_lease(&self, backfill_id: i64, dag_id: &str, interval_start: i64) -> Result<bool> {
@@ -393,6 +420,7 @@ impl Store for Connection {
         ctx: &LeaseCtx,
         judge: leases::Judge,
     ) -> Result<Vec<Prior>> {
+        let ctx = &*self.at(ctx)?;
         plans::priors(self, dag_id, intervals, ctx, judge)
     }
     fn state_before(&self, dag_id: &str, start: i64) -> Result<Option<RunState>> {
@@ -405,6 +433,7 @@ impl Store for Connection {
         rows: &[(i64, PlanRow)],
         ctx: &LeaseCtx,
     ) -> Result<()> {
+        let ctx = &*self.at(ctx)?;
         plans::insert_chunk(self, f, dag_id, rows, ctx)
     }
     fn planned_starts(&self, backfill_id: i64) -> Result<std::collections::HashSet<i64>> {
@@ -446,6 +475,7 @@ impl Store for Connection {
         try_id: i64,
         ctx: &LeaseCtx,
     ) -> Result<Take> {
+        let ctx = &*self.at(ctx)?;
         pools::take(self, f, pool, size, try_id, ctx)
     }
     fn holds_pool_slot(&self, try_id: i64) -> Result<bool> {
@@ -480,6 +510,7 @@ impl Store for Connection {
         interval: DataInterval,
         now_ms: i64,
     ) -> Result<Option<i64>> {
+        let now_ms = self.now_ms(now_ms)?;
         runs::start_run(self, fenced, dag_id, interval, now_ms)
     }
     fn try_holds_lease(&self, try_id: i64) -> Result<bool> {
@@ -496,6 +527,7 @@ impl Store for Connection {
         error: Option<&str>,
         now_ms: i64,
     ) -> Result<()> {
+        let now_ms = self.now_ms(now_ms)?;
         runs::finish_run(self, _fenced, run_id, state, error, now_ms)
     }
     fn start_try(
@@ -507,6 +539,7 @@ impl Store for Connection {
         log_path: &str,
         now_ms: i64,
     ) -> Result<Option<i64>> {
+        let now_ms = self.now_ms(now_ms)?;
         runs::start_try(self, fenced, run_id, task_id, try_number, log_path, now_ms)
     }
     fn insert_try(
@@ -518,6 +551,7 @@ impl Store for Connection {
         log_path: &str,
         now_ms: i64,
     ) -> Result<i64> {
+        let now_ms = self.now_ms(now_ms)?;
         runs::insert_try(self, _fenced, run_id, task_id, try_number, log_path, now_ms)
     }
     fn set_try_group(
@@ -533,9 +567,11 @@ impl Store for Connection {
         runs::set_try_audit(self, _fenced, try_id, path)
     }
     fn finish_try(&self, _fenced: Fenced, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()> {
+        let now_ms = self.now_ms(now_ms)?;
         runs::finish_try(self, _fenced, try_id, rec, now_ms)
     }
     fn end_try(&self, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()> {
+        let now_ms = self.now_ms(now_ms)?;
         runs::end_try(self, try_id, rec, now_ms)
     }
     fn record_publish_intent(
@@ -548,6 +584,7 @@ impl Store for Connection {
         runs::record_publish_intent(self, _fenced, try_id, audit_path, rec)
     }
     fn mark_published(&self, p: &Publication<'_>, now_ms: i64) -> Result<()> {
+        let now_ms = self.now_ms(now_ms)?;
         runs::mark_published(self, p, now_ms)
     }
     fn published(
@@ -568,6 +605,7 @@ impl Store for Connection {
         runs::publishing(self, try_id)
     }
     fn end_abandoned_try(&self, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<bool> {
+        let now_ms = self.now_ms(now_ms)?;
         runs::end_abandoned_try(self, try_id, rec, now_ms)
     }
     fn runs_in_progress(&self, backfill_id: i64) -> Result<Vec<i64>> {

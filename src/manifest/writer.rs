@@ -5,25 +5,69 @@
 //! alone), commits once, and only then answers each caller. An answered job is therefore
 //! durable: this is group commit, and a `kill -9` never loses a state change that was
 //! acknowledged. [`Writer::close`] checkpoints the WAL into the database file.
+//!
+//! On PostgreSQL the batch's transaction first takes the writers' lock (see
+//! `manifest::postgres`). A connection lost before the commit is made again, with a growing
+//! pause, and the batch runs again in a new transaction (a job is therefore `FnMut`: it only
+//! reads and writes the manifest, and runs once in the transaction that commits). A connection
+//! lost during `COMMIT` is asked afterwards whether the commit happened, by the token the
+//! transaction recorded.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
-use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+use super::db::Conn;
+use super::postgres::Session;
 use super::{Error, Result};
 
 /// Most jobs committed in one transaction.
 const MAX_BATCH: usize = 1024;
 
-/// Called after the commit with `None` on success or the commit error.
-type Finish = Box<dyn FnOnce(Option<&rusqlite::Error>) + Send>;
-/// Runs against the open transaction; `Err` when the transaction could not be started.
-type Job = Box<dyn FnOnce(std::result::Result<&Connection, &rusqlite::Error>) -> Finish + Send>;
+/// Most transactions a PostgreSQL batch is tried in when connections keep being lost.
+const MAX_ATTEMPTS: u32 = 20;
+
+/// A queued job: run in the batch's transaction (again, should that not commit), then answered.
+trait Pending: Send {
+    fn run(&mut self, conn: &Conn);
+    /// Answers the caller: the job's result, or `failed` (the transaction did not commit).
+    fn answer(self: Box<Self>, failed: Option<String>);
+}
+
+struct Job<R, F> {
+    f: F,
+    result: Option<Result<R>>,
+    reply: oneshot::Sender<Result<R>>,
+    path: PathBuf,
+}
+
+impl<R, F> Pending for Job<R, F>
+where
+    R: Send,
+    F: FnMut(&dyn super::Store) -> Result<R> + Send,
+{
+    fn run(&mut self, conn: &Conn) {
+        self.result = Some(in_savepoint(conn, &mut self.f));
+    }
+
+    fn answer(self: Box<Self>, failed: Option<String>) {
+        let result = match failed {
+            None => self
+                .result
+                .unwrap_or_else(|| Err(Error::Invalid("the job did not run".into()))),
+            Some(why) => Err(Error::Invalid(why)),
+        };
+        let path = self.path;
+        let _ = self.reply.send(result.map_err(|e| match e {
+            Error::Invalid(why) => Error::Invalid(format!("{}: {why}", path.display())),
+            other => other.at(&path),
+        }));
+    }
+}
 
 enum Message {
-    Job(Job),
+    Job(Box<dyn Pending>),
     /// Checkpoint, close the connection, and answer.
     Close(std::sync::mpsc::Sender<()>),
 }
@@ -40,10 +84,12 @@ impl Writer {
     /// ends when [`Writer::close`] is called or the last handle is dropped. Every write a
     /// caller was told about is already committed, so nothing is lost if the process exits
     /// without closing.
-    pub fn spawn(conn: Connection, path: &Path) -> Result<Writer> {
-        // Every statement of the runner's writes stays prepared (rusqlite keeps 16 by default,
-        // fewer than the writes of one try use).
-        conn.set_prepared_statement_cache_capacity(64);
+    pub fn spawn(conn: Conn, path: &Path) -> Result<Writer> {
+        if let Conn::Sqlite(c) = &conn {
+            // Every statement of the runner's writes stays prepared (rusqlite keeps 16 by
+            // default, fewer than the writes of one try use).
+            c.set_prepared_statement_cache_capacity(64);
+        }
         let (tx, rx) = mpsc::channel::<Message>();
         std::thread::Builder::new()
             .name("manifest-writer".into())
@@ -69,25 +115,14 @@ impl Writer {
     pub fn submit<R, F>(&self, f: F) -> oneshot::Receiver<Result<R>>
     where
         R: Send + 'static,
-        F: FnOnce(&dyn super::Store) -> Result<R> + Send + 'static,
+        F: FnMut(&dyn super::Store) -> Result<R> + Send + 'static,
     {
         let (reply, rx) = oneshot::channel();
-        let path = self.path.clone();
-        let job: Job = Box::new(move |conn| {
-            let result = match conn {
-                Ok(conn) => in_savepoint(conn, f),
-                Err(e) => Err(Error::Invalid(format!("cannot start a transaction: {e}"))),
-            };
-            Box::new(move |commit_error: Option<&rusqlite::Error>| {
-                let result = match commit_error {
-                    None => result,
-                    Some(e) => Err(Error::Invalid(format!("commit failed: {e}"))),
-                };
-                let _ = reply.send(result.map_err(|e| match e {
-                    Error::Invalid(why) => Error::Invalid(format!("{}: {why}", path.display())),
-                    other => other.at(&path),
-                }));
-            })
+        let job = Box::new(Job {
+            f,
+            result: None,
+            reply,
+            path: self.path.clone(),
         });
         if self.tx.send(Message::Job(job)).is_err() {
             let (reply, rx) = oneshot::channel();
@@ -101,7 +136,7 @@ impl Writer {
     pub async fn call<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
-        F: FnOnce(&dyn super::Store) -> Result<R> + Send + 'static,
+        F: FnMut(&dyn super::Store) -> Result<R> + Send + 'static,
     {
         self.submit(f).await.map_err(|_| Error::WriterGone)?
     }
@@ -110,7 +145,7 @@ impl Writer {
     pub fn call_blocking<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
-        F: FnOnce(&dyn super::Store) -> Result<R> + Send + 'static,
+        F: FnMut(&dyn super::Store) -> Result<R> + Send + 'static,
     {
         self.submit(f)
             .blocking_recv()
@@ -127,24 +162,55 @@ impl Writer {
     }
 }
 
-fn in_savepoint<R>(conn: &Connection, f: impl FnOnce(&dyn super::Store) -> Result<R>) -> Result<R> {
-    // Prepared once: every job passes through here.
-    let exec = |sql: &str| conn.prepare_cached(sql).and_then(|mut s| s.execute([]));
-    exec("SAVEPOINT job")?;
-    match f(conn) {
-        Ok(r) => {
-            exec("RELEASE job")?;
-            Ok(r)
+fn in_savepoint<R>(conn: &Conn, f: &mut dyn FnMut(&dyn super::Store) -> Result<R>) -> Result<R> {
+    match conn {
+        Conn::Sqlite(c) => {
+            // Prepared once: every job passes through here.
+            let exec = |sql: &str| c.prepare_cached(sql).and_then(|mut s| s.execute([]));
+            exec("SAVEPOINT job")?;
+            match f(conn) {
+                Ok(r) => {
+                    exec("RELEASE job")?;
+                    Ok(r)
+                }
+                Err(e) => {
+                    exec("ROLLBACK TO job")?;
+                    exec("RELEASE job")?;
+                    Err(e)
+                }
+            }
         }
-        Err(e) => {
-            exec("ROLLBACK TO job")?;
-            exec("RELEASE job")?;
-            Err(e)
+        Conn::Pg(s) => {
+            // Sent ahead of the job's first statement, not waited for.
+            s.send("SAVEPOINT job");
+            match f(conn) {
+                Ok(r) => {
+                    s.send("RELEASE job");
+                    Ok(r)
+                }
+                Err(e) => {
+                    s.batch("ROLLBACK TO job; RELEASE job")?;
+                    Err(e)
+                }
+            }
         }
     }
 }
 
-fn run(conn: Connection, rx: mpsc::Receiver<Message>) {
+fn run(conn: Conn, rx: mpsc::Receiver<Message>) {
+    // This process's writer, in hex: it is written into the writer's statements.
+    let writer = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        crate::liveness::Host::name(&crate::process::LOCAL).hash(&mut h);
+        format!(
+            "{:x}-{:x}-{:x}",
+            h.finish(),
+            std::process::id(),
+            crate::clock::now_ms()
+        )
+    };
+    let mut token = 0;
     let mut closing = None;
     while let Ok(first) = rx.recv() {
         let mut batch = Vec::new();
@@ -162,41 +228,112 @@ fn run(conn: Connection, rx: mpsc::Receiver<Message>) {
             }
         }
         if !batch.is_empty() {
-            commit(&conn, batch);
+            match &conn {
+                Conn::Sqlite(c) => commit_sqlite(&conn, c, batch),
+                Conn::Pg(s) => commit_postgres(&conn, s, &writer, &mut token, batch),
+            }
         }
         if closing.is_some() {
             break;
         }
     }
-    let _ = super::checkpoint(&conn);
+    if let Conn::Sqlite(c) = &conn {
+        let _ = super::checkpoint(c);
+    }
     drop(conn);
     if let Some(done) = closing {
         let _ = done.send(());
     }
 }
 
-fn commit(conn: &Connection, batch: Vec<Job>) {
-    if let Err(e) = conn
+fn answer_all(batch: Vec<Box<dyn Pending>>, failed: Option<String>) {
+    for job in batch {
+        job.answer(failed.clone());
+    }
+}
+
+fn commit_sqlite(conn: &Conn, c: &rusqlite::Connection, mut batch: Vec<Box<dyn Pending>>) {
+    if let Err(e) = c
         .prepare_cached("BEGIN IMMEDIATE")
         .and_then(|mut s| s.execute([]))
     {
-        for job in batch {
-            job(Err(&e))(None);
-        }
-        return;
+        return answer_all(batch, Some(format!("cannot start a transaction: {e}")));
     }
-    let finishers: Vec<Finish> = batch.into_iter().map(|job| job(Ok(conn))).collect();
+    for job in &mut batch {
+        job.run(conn);
+    }
     if let Some(delay) = crate::fault::slow_commit() {
         std::thread::sleep(delay);
     }
-    let commit = conn
+    let commit = c
         .prepare_cached("COMMIT")
         .and_then(|mut s| s.execute([]))
         .err();
     if commit.is_some() {
-        let _ = conn.execute_batch("ROLLBACK");
+        let _ = c.execute_batch("ROLLBACK");
     }
-    for finish in finishers {
-        finish(commit.as_ref());
+    answer_all(batch, commit.map(|e| format!("commit failed: {e}")));
+}
+
+fn commit_postgres(
+    conn: &Conn,
+    s: &Session,
+    writer: &str,
+    token: &mut i64,
+    mut batch: Vec<Box<dyn Pending>>,
+) {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        if attempt > MAX_ATTEMPTS {
+            return answer_all(
+                batch,
+                Some("the connection was lost in every transaction tried".into()),
+            );
+        }
+        *token += 1;
+        if s.is_broken()
+            && let Err(e) = s.reconnect()
+        {
+            return answer_all(batch, Some(format!("cannot start a transaction: {e}")));
+        }
+        if let Err(e) = s.begin(writer, *token) {
+            if s.is_broken() {
+                continue;
+            }
+            return answer_all(batch, Some(format!("cannot start a transaction: {e}")));
+        }
+        for job in &mut batch {
+            job.run(conn);
+            if s.is_broken() {
+                break;
+            }
+        }
+        if s.is_broken() {
+            s.rollback();
+            continue;
+        }
+        if let Some(delay) = crate::fault::slow_commit() {
+            std::thread::sleep(delay);
+        }
+        match s.commit() {
+            Ok(()) => return answer_all(batch, None),
+            Err(e) if s.is_broken() => {
+                // Did it commit before the connection went?
+                match s.reconnect().and_then(|()| s.committed(writer, *token)) {
+                    Ok(true) => return answer_all(batch, None),
+                    Ok(false) => {
+                        tracing::warn!(manifest = %s.shown(), "the manifest's connection was lost during a commit that did not happen; running the jobs again: {e}");
+                    }
+                    Err(e2) => {
+                        return answer_all(batch, Some(format!("commit failed: {e}; {e2}")));
+                    }
+                }
+            }
+            Err(e) => {
+                s.rollback();
+                return answer_all(batch, Some(format!("commit failed: {e}")));
+            }
+        }
     }
 }

@@ -250,6 +250,7 @@ impl Project {
                 message: format!("cannot read the file: {e}"),
             }])
         })?;
+        crate::warehouse::set_state_dir(root.join(".backfill"));
         Self::parse(root, &text).map_err(ProjectError::Config)
     }
 
@@ -259,11 +260,30 @@ impl Project {
         let Some(raw) = RawProject::read(text, &mut errs) else {
             return Err(errs.into_errors());
         };
-        if let Some(v) = &raw.manifest
-            && let Some(why) = not_a_manifest_path(v.get_ref())
-        {
-            errs.at(v, format!("key `manifest`: {why}"));
-        }
+        // A PostgreSQL URL (`${NAME}` puts an environment variable in, to keep a password out
+        // of the file), else a path relative to the project.
+        let manifest_url = match &raw.manifest {
+            Some(v)
+                if v.get_ref().contains("${")
+                    || crate::manifest::is_url(Path::new(v.get_ref())) =>
+            {
+                match load::expand_env(v.get_ref()) {
+                    Ok(url) if crate::manifest::is_url(Path::new(&url)) => {
+                        Some(crate::manifest::location(&url))
+                    }
+                    Ok(other) if other.trim().is_empty() => {
+                        errs.at(v, "key `manifest`: the environment variable it names is empty; set it to a PostgreSQL URL or a path".to_string());
+                        None
+                    }
+                    Ok(other) => Some(root.join(other)),
+                    Err(why) => {
+                        errs.at(v, format!("key `manifest`: {why}"));
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         let mut file = |key: &str, value: &Option<toml::Spanned<String>>, default: &str| match value
         {
             Some(v) if v.get_ref().trim().is_empty() => {
@@ -276,7 +296,10 @@ impl Project {
             Some(v) => root.join(v.get_ref()),
             None => root.join(default),
         };
-        let manifest_path = file("manifest", &raw.manifest, ".backfill/manifest.db");
+        let manifest_path = match manifest_url {
+            Some(location) => location,
+            None => file("manifest", &raw.manifest, ".backfill/manifest.db"),
+        };
         let logs_dir = file("logs", &raw.logs, ".backfill/logs");
         let lease_timeout = match &raw.lease_timeout {
             None => DEFAULT_LEASE_TIMEOUT,
@@ -782,22 +805,6 @@ fn one_producer_per_table(files: &mut [DagFile]) {
             ok @ Ok(_) => *ok = Err(vec![e]),
         }
     }
-}
-
-/// Why `value` cannot name a manifest, when it cannot: a database URL. The manifest is a SQLite
-/// file; a manifest that several hosts share in PostgreSQL is not built yet, and a URL taken for
-/// a file name would give each host a record of its own under a folder named `postgresql:`.
-pub fn not_a_manifest_path(value: &str) -> Option<String> {
-    let lower = value.trim_start().to_ascii_lowercase();
-    ["postgresql://", "postgres://"]
-        .iter()
-        .any(|scheme| lower.starts_with(scheme))
-        .then(|| {
-            format!(
-                "`{}` is a PostgreSQL URL; a manifest in PostgreSQL (one record for several hosts) is not available yet: give the path of a SQLite file (the default is .backfill/manifest.db)",
-                redact_url(value.trim())
-            )
-        })
 }
 
 /// The table a SQL task writes, as its warehouse names it: SQLite's names are case-insensitive;

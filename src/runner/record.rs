@@ -48,9 +48,9 @@ pub(super) async fn record_end(
     let committed = shared.writer.submit(move |c| {
         let now = now_ms();
         let f = c.fence(owner)?;
-        if let Some(t) = last_try {
+        if let Some(t) = &last_try {
             c.finish_try(f, t.try_id, &t.record, now)?;
-            if let Some(p) = t.published {
+            if let Some(p) = &t.published {
                 let publication = Publication {
                     try_id: t.try_id,
                     dag_id: &dag_id,
@@ -65,8 +65,8 @@ pub(super) async fn record_end(
                 }
             }
         }
-        if let Some((state, error)) = run_end {
-            c.finish_run(f, run_id, state, error.as_deref(), now)?;
+        if let Some((state, error)) = &run_end {
+            c.finish_run(f, run_id, *state, error.as_deref(), now)?;
         }
         Ok(())
     });
@@ -183,7 +183,9 @@ pub(super) async fn start_claiming(
             if let Some(staged) = claim {
                 c.set_promoted_from(try_id, staged)?;
             }
-            let audit = audit_dir.map(|dir| dir.join(warehouse::audit::try_file(try_id)));
+            let audit = audit_dir
+                .as_ref()
+                .map(|dir| dir.join(warehouse::audit::try_file(try_id)));
             if let Some(path) = &audit {
                 c.set_try_audit(f, try_id, &path.display().to_string())?;
             }

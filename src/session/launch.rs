@@ -305,7 +305,7 @@ pub fn write_plan(
             .iter()
             .map(|(index, _)| plan::ord(*index, total, options.run_backwards))
             .collect();
-        let mut carried = planner.take();
+        let carried = planner.take();
         let chunk_upstream: HashMap<i64, SkipReason> = chunk_intervals
             .iter()
             .filter_map(|i| {
@@ -319,7 +319,7 @@ pub fn write_plan(
             .filter(|s| changed.contains(s))
             .collect();
         let (rows, carried) = writer.call_blocking(move |c| {
-            let mut p = match carried.take() {
+            let mut p = match carried.clone() {
                 Some(p) => p,
                 None => Planner::new(
                     c.state_before(&dag_id, chunk_intervals[0].start.timestamp())?,
@@ -331,7 +331,7 @@ pub fn write_plan(
             let rows: Vec<(i64, PlanRow)> = chunk_intervals
                 .iter()
                 .zip(prior)
-                .zip(ords)
+                .zip(ords.iter().copied())
                 .map(|((interval, prior), ord)| {
                     (
                         i64::try_from(ord).unwrap_or(i64::MAX),

@@ -544,8 +544,25 @@ impl Cancel {
     }
 }
 
-/// The folder of audit files next to a manifest.
+/// The project's folder of state (`.backfill`), for the audit files of a manifest that is not a
+/// file.
+static STATE_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Sets where the audit files of a PostgreSQL manifest go: the project's `.backfill` folder.
+pub fn set_state_dir(dir: PathBuf) {
+    let _ = STATE_DIR.set(dir);
+}
+
+/// The folder of audit files: next to a manifest file; in the project's `.backfill` folder for
+/// a manifest in PostgreSQL (each host keeps the audit files of the tries it ran).
 pub fn audit_dir(manifest: &Path) -> PathBuf {
+    if crate::manifest::is_url(manifest) {
+        return STATE_DIR
+            .get()
+            .cloned()
+            .unwrap_or_else(|| PathBuf::from(".backfill"))
+            .join("audit");
+    }
     manifest
         .parent()
         .unwrap_or_else(|| Path::new("."))

@@ -23,6 +23,15 @@ pub const THREE_DAYS: &[&str] = &[
 
 pub struct Project {
     dir: tempfile::TempDir,
+    /// With `BACKFILL_TEST_MANIFEST=postgres`: the manifest's database (on the shared test
+    /// cluster), given to every command as `BACKFILL_MANIFEST`.
+    manifest_db: Option<String>,
+}
+
+/// Whether this run puts every project's manifest in PostgreSQL (`BACKFILL_TEST_MANIFEST=postgres`):
+/// the same tests, against the other engine.
+pub fn pg_manifest() -> bool {
+    std::env::var("BACKFILL_TEST_MANIFEST").is_ok_and(|v| v == "postgres")
 }
 
 /// What a finished command printed and returned.
@@ -93,7 +102,8 @@ impl Project {
         )
         .unwrap();
         std::fs::create_dir(dir.path().join("dags")).unwrap();
-        Self { dir }
+        let manifest_db = pg_manifest().then(|| crate::pg::shared().create_db());
+        Self { dir, manifest_db }
     }
 
     /// Adds `dags/{id}.toml`.
@@ -133,10 +143,34 @@ impl Project {
             .arg(self.dir.path())
             .args(args)
             .env("BACKFILL_NOW", NOW)
+            .env_remove("BACKFILL_MANIFEST")
             // Tables fit COLUMNS when it is set: the tests compare them whole.
             .env_remove("COLUMNS")
             .stdin(Stdio::null());
+        if let Some(db) = &self.manifest_db {
+            c.env("BACKFILL_MANIFEST", crate::pg::shared().url(db));
+        }
         c
+    }
+
+    /// The manifest's database, when this run keeps manifests in PostgreSQL.
+    pub fn manifest_db(&self) -> Option<&str> {
+        self.manifest_db.as_deref()
+    }
+
+    /// Rows of `sql` in the PostgreSQL manifest, each as strings (`NULL` for null).
+    fn pg_rows(&self, db: &str, sql: &str) -> Vec<Vec<String>> {
+        let out = crate::pg::shared().psql(
+            db,
+            &format!(
+                "\\pset null NULL\n\\pset fieldsep '\\037'\n\\pset recordsep_zero\nSET search_path = backfill_manifest;\n{sql}"
+            ),
+        );
+        out.split('\0')
+            .map(|r| r.trim_end_matches('\n'))
+            .filter(|r| !r.is_empty())
+            .map(|r| r.split('\u{1f}').map(str::to_string).collect())
+            .collect()
     }
 
     pub fn run(&self, args: &[&str]) -> Out {
@@ -190,6 +224,14 @@ impl Project {
 
     /// Whether the manifest exists and its schema is in place (for waiting on a background run).
     pub fn has_manifest(&self) -> bool {
+        if let Some(db) = &self.manifest_db {
+            return !self
+                .pg_rows(
+                    db,
+                    "SELECT 1 FROM pg_tables WHERE schemaname = 'backfill_manifest' AND tablename = 'schema_version'",
+                )
+                .is_empty();
+        }
         self.manifest_path().exists()
             && self
                 .db()
@@ -198,6 +240,10 @@ impl Project {
     }
 
     pub fn db(&self) -> Connection {
+        assert!(
+            self.manifest_db.is_none(),
+            "this test reads the manifest's SQLite file"
+        );
         let c = Connection::open(self.manifest_path()).expect("open manifest");
         c.busy_timeout(Duration::from_secs(10)).unwrap();
         c
@@ -205,6 +251,32 @@ impl Project {
 
     /// One string per row of every manifest table: equal dumps mean an unchanged manifest.
     pub fn dump(&self) -> String {
+        if let Some(db) = &self.manifest_db {
+            if !self.has_manifest() {
+                return "no manifest".into();
+            }
+            let mut out = String::new();
+            for (table, order) in [
+                ("backfills", "id"),
+                ("plan", "backfill_id, ord"),
+                ("runs", "id"),
+                ("task_tries", "id"),
+                ("leases", "dag_id, interval_start"),
+            ] {
+                // A live backfill's heartbeat is not something the command under test wrote.
+                for r in self.pg_rows(
+                    db,
+                    &format!("SELECT t.*, '' FROM (SELECT * FROM {table} ORDER BY {order}) t"),
+                ) {
+                    out.push_str(&format!("{table}: {}\n", r.join(" | ")));
+                }
+            }
+            return out
+                .lines()
+                .map(|l| l.to_string())
+                .collect::<Vec<_>>()
+                .join("\n");
+        }
         if !self.manifest_path().exists() {
             return "no manifest".into();
         }
@@ -235,6 +307,9 @@ impl Project {
 
     /// Rows of a query, each as strings.
     pub fn rows(&self, sql: &str) -> Vec<Vec<String>> {
+        if let Some(db) = &self.manifest_db {
+            return self.pg_rows(db, sql);
+        }
         let db = self.db();
         let mut stmt = db.prepare(sql).unwrap();
         let n = stmt.column_count();
@@ -259,6 +334,14 @@ impl Project {
     }
 
     pub fn count(&self, sql: &str) -> i64 {
+        if self.manifest_db.is_some() {
+            let rows = self.rows(sql);
+            return rows
+                .first()
+                .and_then(|r| r.first())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{sql} gave no number: {rows:?}"));
+        }
         self.db().query_row(sql, [], |r| r.get(0)).unwrap()
     }
 }

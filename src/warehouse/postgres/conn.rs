@@ -400,7 +400,13 @@ pub fn connect(w: &Warehouse) -> Result<Conn, String> {
             w.name
         ));
     };
-    let target = target(url.secret())?;
+    connect_url(url.secret())
+}
+
+/// Opens a connection to the database at `url` (which may hold a password; no error repeats
+/// it).
+pub fn connect_url(url: &str) -> Result<Conn, String> {
+    let target = target(url)?;
     let tls = target.tls.clone();
     let (client, driver, tls) = on_io(async move {
         match &target.tls {
@@ -424,7 +430,7 @@ pub fn connect(w: &Warehouse) -> Result<Conn, String> {
         driver: Mutex::new(Some(driver)),
         cancel,
         tls,
-        key: url.secret().to_string(),
+        key: url.to_string(),
         prepared: HashMap::new(),
         booked: false,
         kept: std::collections::HashSet::new(),

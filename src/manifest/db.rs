@@ -1,0 +1,300 @@
+//! The manifest's connection, whichever engine holds it: a SQLite file or a PostgreSQL
+//! database. The submodules of `manifest` write their SQL once, in the dialect both engines
+//! take (`?N` parameters, `ON CONFLICT` upserts, `RETURNING`), and run it through [`Conn`],
+//! whose statements and rows have the shape of rusqlite's. Values cross the seam as SQLite's
+//! five types, so the manifest's own types convert the same way on both engines (the
+//! PostgreSQL schema keeps every flag and time as a `bigint`).
+//!
+//! A PostgreSQL error travels as a [`rusqlite::Error`] that wraps a [`PgFailure`], so that the
+//! submodules keep one error type; [`failure`] finds it again.
+
+use rusqlite::types::{FromSql, FromSqlError, ToSql, ToSqlOutput, Value, ValueRef};
+
+use super::postgres::Session;
+
+/// A connection to the manifest.
+pub enum Conn {
+    Sqlite(rusqlite::Connection),
+    Pg(Box<Session>),
+}
+
+/// What went wrong on a PostgreSQL manifest.
+#[derive(Debug)]
+pub struct PgFailure {
+    pub message: String,
+    /// The connection is gone (the server restarted, the network dropped): the transaction did
+    /// not commit, and a new connection may succeed.
+    pub disconnected: bool,
+}
+
+impl std::fmt::Display for PgFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for PgFailure {}
+
+impl PgFailure {
+    pub fn to_sql_error(self) -> rusqlite::Error {
+        rusqlite::Error::ToSqlConversionFailure(Box::new(self))
+    }
+}
+
+/// The PostgreSQL failure inside a manifest error, if it is one.
+pub fn failure(e: &rusqlite::Error) -> Option<&PgFailure> {
+    match e {
+        rusqlite::Error::ToSqlConversionFailure(inner) => inner.downcast_ref::<PgFailure>(),
+        _ => None,
+    }
+}
+
+/// A statement's parameters: rusqlite's `params![...]`, an array of values, or `[]`.
+pub trait Params: rusqlite::Params {
+    fn values(&self) -> rusqlite::Result<Vec<Value>>;
+}
+
+fn owned(v: &dyn ToSql) -> rusqlite::Result<Value> {
+    Ok(match v.to_sql()? {
+        ToSqlOutput::Borrowed(r) => owned_ref(r),
+        ToSqlOutput::Owned(v) => v,
+        other => {
+            return Err(PgFailure {
+                message: format!("a value the manifest cannot hold: {other:?}"),
+                disconnected: false,
+            }
+            .to_sql_error());
+        }
+    })
+}
+
+fn owned_ref(r: ValueRef<'_>) -> Value {
+    match r {
+        ValueRef::Null => Value::Null,
+        ValueRef::Integer(i) => Value::Integer(i),
+        ValueRef::Real(f) => Value::Real(f),
+        ValueRef::Text(t) => Value::Text(String::from_utf8_lossy(t).into_owned()),
+        ValueRef::Blob(b) => Value::Blob(b.to_vec()),
+    }
+}
+
+impl Params for &[&dyn ToSql] {
+    fn values(&self) -> rusqlite::Result<Vec<Value>> {
+        self.iter().map(|v| owned(*v)).collect()
+    }
+}
+
+impl Params for [&(dyn ToSql + Send + Sync); 0] {
+    fn values(&self) -> rusqlite::Result<Vec<Value>> {
+        Ok(Vec::new())
+    }
+}
+
+macro_rules! array_params {
+    ($($n:literal)+) => {$(
+        impl<T: ToSql> Params for [T; $n] {
+            fn values(&self) -> rusqlite::Result<Vec<Value>> {
+                self.iter().map(|v| owned(v)).collect()
+            }
+        }
+    )+};
+}
+array_params!(1 2 3 4);
+
+/// An index into a row's columns (a `usize`, as rusqlite's `get` takes).
+pub trait Idx {
+    fn idx(self) -> usize;
+}
+
+impl Idx for usize {
+    fn idx(self) -> usize {
+        self
+    }
+}
+
+/// One row of a result.
+#[derive(Clone, Copy)]
+pub enum Row<'a> {
+    Sqlite(&'a rusqlite::Row<'a>),
+    Pg(&'a [Value]),
+}
+
+impl Row<'_> {
+    pub fn get<I: Idx, T: FromSql>(&self, i: I) -> rusqlite::Result<T> {
+        let i = i.idx();
+        match self {
+            Row::Sqlite(r) => r.get(i),
+            Row::Pg(values) => {
+                let v = values
+                    .get(i)
+                    .ok_or(rusqlite::Error::InvalidColumnIndex(i))?;
+                let r = ValueRef::from(v);
+                T::column_result(r).map_err(|e| match e {
+                    FromSqlError::InvalidType => {
+                        rusqlite::Error::InvalidColumnType(i, format!("#{i}"), r.data_type())
+                    }
+                    FromSqlError::OutOfRange(n) => rusqlite::Error::IntegralValueOutOfRange(i, n),
+                    FromSqlError::Other(e) => {
+                        rusqlite::Error::FromSqlConversionFailure(i, r.data_type(), e)
+                    }
+                    other => {
+                        rusqlite::Error::FromSqlConversionFailure(i, r.data_type(), Box::new(other))
+                    }
+                })
+            }
+        }
+    }
+}
+
+/// A prepared statement.
+pub enum Stmt<'c> {
+    Sqlite(rusqlite::CachedStatement<'c>),
+    Pg(&'c Session, String),
+}
+
+/// The rows of a query, one at a time.
+pub enum Rows<'s> {
+    Sqlite(rusqlite::Rows<'s>),
+    Pg(std::vec::IntoIter<Vec<Value>>, Option<Vec<Value>>),
+}
+
+impl Rows<'_> {
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> rusqlite::Result<Option<Row<'_>>> {
+        match self {
+            Rows::Sqlite(rows) => Ok(rows.next()?.map(Row::Sqlite)),
+            Rows::Pg(rest, current) => {
+                *current = rest.next();
+                Ok(current.as_deref().map(Row::Pg))
+            }
+        }
+    }
+}
+
+impl Stmt<'_> {
+    pub fn execute<P: Params>(&mut self, p: P) -> rusqlite::Result<usize> {
+        match self {
+            Stmt::Sqlite(s) => s.execute(p),
+            Stmt::Pg(session, sql) => session.execute(sql, &p.values()?),
+        }
+    }
+
+    pub fn query<P: Params>(&mut self, p: P) -> rusqlite::Result<Rows<'_>> {
+        match self {
+            Stmt::Sqlite(s) => Ok(Rows::Sqlite(s.query(p)?)),
+            Stmt::Pg(session, sql) => Ok(Rows::Pg(
+                session.query(sql, &p.values()?)?.into_iter(),
+                None,
+            )),
+        }
+    }
+
+    pub fn query_row<T, P: Params>(
+        &mut self,
+        p: P,
+        f: impl FnOnce(&Row<'_>) -> rusqlite::Result<T>,
+    ) -> rusqlite::Result<T> {
+        let mut rows = self.query(p)?;
+        match rows.next()? {
+            Some(r) => f(&r),
+            None => Err(rusqlite::Error::QueryReturnedNoRows),
+        }
+    }
+
+    /// Every row, mapped by `f`.
+    pub fn query_map<T, P: Params>(
+        &mut self,
+        p: P,
+        mut f: impl FnMut(&Row<'_>) -> rusqlite::Result<T>,
+    ) -> rusqlite::Result<std::vec::IntoIter<rusqlite::Result<T>>> {
+        let mut rows = self.query(p)?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next()? {
+            out.push(f(&r));
+        }
+        Ok(out.into_iter())
+    }
+}
+
+impl Conn {
+    pub fn prepare_cached(&self, sql: &str) -> rusqlite::Result<Stmt<'_>> {
+        match self {
+            Conn::Sqlite(c) => Ok(Stmt::Sqlite(c.prepare_cached(sql)?)),
+            Conn::Pg(s) => Ok(Stmt::Pg(s, sql.to_string())),
+        }
+    }
+
+    /// A statement run rarely: SQLite does not keep it among the cached ones.
+    pub fn prepare(&self, sql: &str) -> rusqlite::Result<Stmt<'_>> {
+        self.prepare_cached(sql)
+    }
+
+    pub fn execute<P: Params>(&self, sql: &str, p: P) -> rusqlite::Result<usize> {
+        match self {
+            Conn::Sqlite(c) => c.execute(sql, p),
+            Conn::Pg(s) => s.execute(sql, &p.values()?),
+        }
+    }
+
+    pub fn query_row<T, P: Params>(
+        &self,
+        sql: &str,
+        p: P,
+        f: impl FnOnce(&Row<'_>) -> rusqlite::Result<T>,
+    ) -> rusqlite::Result<T> {
+        self.prepare_cached(sql)?.query_row(p, f)
+    }
+
+    /// Runs several statements without parameters.
+    pub fn execute_batch(&self, sql: &str) -> rusqlite::Result<()> {
+        match self {
+            Conn::Sqlite(c) => c.execute_batch(sql),
+            Conn::Pg(s) => s.batch(sql),
+        }
+    }
+
+    /// "Now" for the manifest's records (unix milliseconds): the caller's clock on SQLite,
+    /// which only this machine writes; the database's clock on PostgreSQL, so that hosts whose
+    /// clocks disagree judge leases alike.
+    pub fn now_ms(&self, local: i64) -> rusqlite::Result<i64> {
+        match self {
+            Conn::Sqlite(_) => Ok(local),
+            Conn::Pg(s) => s.now_ms(),
+        }
+    }
+
+    pub fn is_postgres(&self) -> bool {
+        matches!(self, Conn::Pg(_))
+    }
+}
+
+/// `?N` parameters as `$N`, outside quoted text.
+pub fn translate(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut quoted = false;
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                quoted = !quoted;
+                out.push(c);
+            }
+            '?' if !quoted && chars.peek().is_some_and(char::is_ascii_digit) => out.push('$'),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_become_numbered_dollars_outside_quotes() {
+        assert_eq!(
+            translate("SELECT 1 FROM t WHERE a = ?1 AND b = '?2' AND c IN (?10, ?2)"),
+            "SELECT 1 FROM t WHERE a = $1 AND b = '?2' AND c IN ($10, $2)"
+        );
+    }
+}

@@ -1,0 +1,542 @@
+//! The manifest in a PostgreSQL database, for several hosts sharing one record.
+//!
+//! The tables live in the schema `backfill_manifest`, created and migrated on first use
+//! (`migrations/postgres/NNNN_*.sql`, the version in `backfill_manifest.schema_version`); a
+//! binary older than the schema refuses it. Values cross as SQLite's five types (see
+//! `manifest::db`), so the schema keeps flags and times as `bigint`.
+//!
+//! The writer of each process runs its batch of jobs in one transaction that first locks the
+//! one row of `manifest_lock`: the writers of every host take turns, as SQLite's `BEGIN
+//! IMMEDIATE` makes the processes of one machine take turns, so every check a job makes (an
+//! owner's epoch, a lease) still holds when it commits. A session that stops talking inside a
+//! transaction (a frozen host) is ended by the server after [`IDLE_IN_TRANSACTION`], which
+//! frees the lock for the others. "Now" is the database's clock.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::error::Error as _;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use rusqlite::types::Value;
+use tokio_postgres::types::{FromSql, IsNull, ToSql, Type};
+
+use super::db::PgFailure;
+use super::{Error, Result};
+use crate::warehouse::postgres::conn::{Conn, connect_url};
+
+/// The schema that holds the manifest's tables.
+pub const SCHEMA: &str = "backfill_manifest";
+
+/// `(version after applying, SQL)`, in order.
+pub const MIGRATIONS: &[(i64, &str)] = &[(
+    1,
+    include_str!("../../migrations/postgres/0001_manifest.sql"),
+)];
+
+/// How long the server lets a manifest session sit idle inside a transaction before it ends
+/// the session (and rolls its transaction back): a frozen host holds the writers' lock no
+/// longer than this.
+pub const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(5);
+
+/// How long a lost connection is tried again before the manifest gives up.
+pub const RECONNECT_FOR: Duration = Duration::from_secs(600);
+
+/// A session with the manifest's database.
+pub struct Session {
+    url: String,
+    /// Shown in messages: the URL without its password.
+    shown: String,
+    conn: RefCell<Option<Conn>>,
+    prepared: RefCell<HashMap<String, tokio_postgres::Statement>>,
+    /// Inside the writer's transaction: a lost connection must not be replaced mid-way.
+    in_tx: Cell<bool>,
+    /// The transaction's "now", read when its lock was taken.
+    tx_now: Cell<Option<i64>>,
+    /// The connection was lost inside a transaction.
+    broken: Cell<bool>,
+}
+
+fn failure(message: String) -> rusqlite::Error {
+    PgFailure {
+        message,
+        disconnected: false,
+    }
+    .to_sql_error()
+}
+
+fn lost(message: String) -> rusqlite::Error {
+    PgFailure {
+        message,
+        disconnected: true,
+    }
+    .to_sql_error()
+}
+
+/// Whether a driver error means the connection is gone.
+fn disconnected(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    if e.is_closed() || e.source().is_some_and(|s| s.is::<std::io::Error>()) {
+        return true;
+    }
+    e.code().is_some_and(|c| {
+        [
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CRASH_SHUTDOWN,
+            SqlState::CANNOT_CONNECT_NOW,
+            SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
+            SqlState::CONNECTION_FAILURE,
+            SqlState::CONNECTION_EXCEPTION,
+        ]
+        .contains(c)
+    })
+}
+
+fn wrap(e: &tokio_postgres::Error) -> rusqlite::Error {
+    let message = crate::warehouse::postgres::describe(e);
+    if disconnected(e) {
+        lost(message)
+    } else {
+        failure(message)
+    }
+}
+
+impl Session {
+    /// Connects to the manifest's database (not looking at its schema).
+    pub fn connect(url: &str, shown: &str) -> Result<Session> {
+        let conn = open_conn(url).map_err(|why| Error::Postgres {
+            location: shown.to_string(),
+            message: why,
+        })?;
+        Ok(Session {
+            url: url.to_string(),
+            shown: shown.to_string(),
+            conn: RefCell::new(Some(conn)),
+            prepared: RefCell::default(),
+            in_tx: Cell::new(false),
+            tx_now: Cell::new(None),
+            broken: Cell::new(false),
+        })
+    }
+
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+
+    /// Replaces a lost connection, trying again with a growing pause until [`RECONNECT_FOR`]
+    /// has passed.
+    pub fn reconnect(&self) -> rusqlite::Result<()> {
+        let deadline = Instant::now() + RECONNECT_FOR;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match open_conn(&self.url) {
+                Ok(c) => {
+                    *self.conn.borrow_mut() = Some(c);
+                    self.prepared.borrow_mut().clear();
+                    self.broken.set(false);
+                    return Ok(());
+                }
+                Err(why) if Instant::now() >= deadline => return Err(lost(why)),
+                Err(why) => {
+                    tracing::warn!(manifest = %self.shown, "cannot reach the manifest, trying again: {why}");
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    /// Whether the connection is gone (lost inside a transaction, or closed).
+    pub fn is_broken(&self) -> bool {
+        self.broken.get() || self.conn.borrow().as_ref().is_none_or(Conn::is_closed)
+    }
+
+    /// Runs `f` on the connection; outside a transaction, a lost connection is replaced and `f`
+    /// runs again (every statement run outside one is a read or commits alone).
+    fn with<T>(
+        &self,
+        f: impl Fn(&Conn, &RefCell<HashMap<String, tokio_postgres::Statement>>) -> rusqlite::Result<T>,
+    ) -> rusqlite::Result<T> {
+        loop {
+            if !self.in_tx.get() && self.is_broken() {
+                self.reconnect()?;
+            }
+            let result = {
+                let conn = self.conn.borrow();
+                let conn = conn
+                    .as_ref()
+                    .ok_or_else(|| lost("the connection is closed".into()))?;
+                f(conn, &self.prepared)
+            };
+            match result {
+                Err(e) if super::db::failure(&e).is_some_and(|f| f.disconnected) => {
+                    if self.in_tx.get() {
+                        self.broken.set(true);
+                        return Err(e);
+                    }
+                    tracing::warn!(manifest = %self.shown, "lost the manifest's connection, connecting again: {e}");
+                    self.reconnect()?;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn statement(
+        conn: &Conn,
+        prepared: &RefCell<HashMap<String, tokio_postgres::Statement>>,
+        sql: &str,
+    ) -> rusqlite::Result<tokio_postgres::Statement> {
+        if let Some(s) = prepared.borrow().get(sql) {
+            return Ok(s.clone());
+        }
+        let text = super::db::translate(sql);
+        let s = conn
+            .wait(conn.client.prepare(&text))
+            .map_err(|e| wrap(&e))?;
+        prepared.borrow_mut().insert(sql.to_string(), s.clone());
+        Ok(s)
+    }
+
+    pub fn execute(&self, sql: &str, values: &[Value]) -> rusqlite::Result<usize> {
+        self.with(|conn, prepared| {
+            let s = Self::statement(conn, prepared, sql)?;
+            let params: Vec<Param<'_>> = values.iter().map(Param).collect();
+            let refs: Vec<&(dyn ToSql + Sync)> =
+                params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+            let n = conn
+                .wait(conn.client.execute(&s, &refs))
+                .map_err(|e| wrap(&e))?;
+            Ok(usize::try_from(n).unwrap_or(usize::MAX))
+        })
+    }
+
+    pub fn query(&self, sql: &str, values: &[Value]) -> rusqlite::Result<Vec<Vec<Value>>> {
+        self.with(|conn, prepared| {
+            let s = Self::statement(conn, prepared, sql)?;
+            let params: Vec<Param<'_>> = values.iter().map(Param).collect();
+            let refs: Vec<&(dyn ToSql + Sync)> =
+                params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+            let rows = conn
+                .wait(conn.client.query(&s, &refs))
+                .map_err(|e| wrap(&e))?;
+            rows.iter()
+                .map(|r| {
+                    (0..r.len())
+                        .map(|i| r.try_get::<_, Read>(i).map(|c| c.0).map_err(|e| wrap(&e)))
+                        .collect()
+                })
+                .collect()
+        })
+    }
+
+    pub fn batch(&self, sql: &str) -> rusqlite::Result<()> {
+        self.with(|conn, _| {
+            conn.wait(conn.client.batch_execute(sql))
+                .map_err(|e| wrap(&e))
+        })
+    }
+
+    /// The database's clock (unix milliseconds): the transaction's, read when its lock was
+    /// taken, else now.
+    pub fn now_ms(&self) -> rusqlite::Result<i64> {
+        if let Some(now) = self.tx_now.get() {
+            return Ok(now);
+        }
+        let rows = self.query(
+            "SELECT CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS bigint)",
+            &[],
+        )?;
+        match rows.first().and_then(|r| r.first()) {
+            Some(Value::Integer(now)) => Ok(*now),
+            _ => Err(failure("the database did not tell its clock".into())),
+        }
+    }
+
+    /// Starts the writer's transaction: takes the writers' lock, records `token` as this
+    /// writer's latest commit (see [`Session::committed`]) and reads the clock, in one round
+    /// trip.
+    pub fn begin(&self, writer: &str, token: i64) -> rusqlite::Result<()> {
+        self.in_tx.set(true);
+        self.tx_now.set(None);
+        let begun = self.with(|conn, _| {
+            // Both values are made here (hex and a number): nothing from outside is spliced in.
+            let sql = format!(
+                "BEGIN; WITH lock AS (SELECT 1 FROM manifest_lock FOR UPDATE)
+                 INSERT INTO manifest_commits (writer, token, at)
+                 SELECT '{writer}', {token}, CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS bigint) FROM lock
+                 ON CONFLICT (writer) DO UPDATE SET token = excluded.token, at = excluded.at
+                 RETURNING at"
+            );
+            let messages = conn
+                .wait(conn.client.simple_query(&sql))
+                .map_err(|e| wrap(&e))?;
+            messages
+                .iter()
+                .find_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => {
+                        r.get(0).and_then(|v| v.parse::<i64>().ok())
+                    }
+                    _ => None,
+                })
+                .ok_or_else(|| {
+                    failure(
+                        "the manifest has no writers' lock row (manifest_lock); its schema is damaged"
+                            .into(),
+                    )
+                })
+        });
+        match begun {
+            Ok(now) => {
+                self.tx_now.set(Some(now));
+                Ok(())
+            }
+            Err(e) => {
+                self.end_tx();
+                Err(e)
+            }
+        }
+    }
+
+    fn end_tx(&self) {
+        self.in_tx.set(false);
+        self.tx_now.set(None);
+    }
+
+    pub fn commit(&self) -> rusqlite::Result<()> {
+        let r = self.with(|conn, _| {
+            conn.wait(conn.client.batch_execute("COMMIT"))
+                .map_err(|e| wrap(&e))
+        });
+        self.end_tx();
+        r
+    }
+
+    pub fn rollback(&self) {
+        if !self.is_broken() {
+            let _ = self.with(|conn, _| {
+                conn.wait(conn.client.batch_execute("ROLLBACK"))
+                    .map_err(|e| wrap(&e))
+            });
+        }
+        self.end_tx();
+    }
+
+    /// Whether the transaction that recorded `token` for `writer` committed (asked after the
+    /// connection was lost during its `COMMIT`).
+    pub fn committed(&self, writer: &str, token: i64) -> rusqlite::Result<bool> {
+        let rows = self.query(
+            "SELECT token FROM manifest_commits WHERE writer = ?1",
+            &[Value::Text(writer.to_string())],
+        )?;
+        Ok(rows
+            .first()
+            .and_then(|r| r.first())
+            .is_some_and(|v| *v == Value::Integer(token)))
+    }
+
+    /// Sends a statement without waiting for its answer: it is run before whatever is sent
+    /// next (a savepoint around a job costs no round trip). Its error, if any, fails the
+    /// statement after it.
+    pub fn send(&self, sql: &'static str) {
+        let conn = self.conn.borrow();
+        if let Some(conn) = conn.as_ref() {
+            let mut f = std::pin::pin!(conn.client.batch_execute(sql));
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            // The first poll queues the message; the answer is read and dropped by the
+            // connection.
+            let _ = f.as_mut().poll(&mut cx);
+        }
+    }
+}
+
+use std::future::Future;
+
+/// A connection set up for the manifest: its schema first on the search path, and a session
+/// that sits idle inside a transaction ended by the server.
+fn open_conn(url: &str) -> std::result::Result<Conn, String> {
+    let conn = connect_url(url)?;
+    conn.wait(conn.client.batch_execute(&format!(
+        "SET search_path = {SCHEMA}, pg_catalog; SET idle_in_transaction_session_timeout = {}",
+        IDLE_IN_TRANSACTION.as_millis()
+    )))
+    .map_err(|e| {
+        format!(
+            "cannot set up the session: {}",
+            crate::warehouse::postgres::describe(&e)
+        )
+    })?;
+    Ok(conn)
+}
+
+/// The schema version of the manifest's database; `None` when it has none yet.
+fn version(s: &Session) -> rusqlite::Result<Option<i64>> {
+    let exists = s.query(
+        "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = ?1 AND tablename = 'schema_version'",
+        &[Value::Text(SCHEMA.to_string())],
+    )?;
+    if exists.is_empty() {
+        return Ok(None);
+    }
+    let rows = s.query("SELECT max(version) FROM schema_version", &[])?;
+    Ok(match rows.first().and_then(|r| r.first()) {
+        Some(Value::Integer(v)) => Some(*v),
+        _ => None,
+    })
+}
+
+fn latest() -> i64 {
+    MIGRATIONS.last().map_or(0, |m| m.0)
+}
+
+/// Opens the manifest's database for writing: creates its schema or migrates it as needed.
+pub fn open(url: &str, shown: &str) -> Result<Session> {
+    let s = Session::connect(url, shown)?;
+    let at = |e: rusqlite::Error| Error::Sql(e).at(std::path::Path::new(shown));
+    if version(&s).map_err(at)? == Some(latest()) {
+        prune_commits(&s);
+        return Ok(s);
+    }
+    // Several processes may create it at once: one migrates, the others wait and find it
+    // done. The lock is the transaction's, so a lost connection cannot leave it held.
+    s.batch(&format!(
+        "BEGIN; SELECT pg_advisory_xact_lock(7330271161); CREATE SCHEMA IF NOT EXISTS {SCHEMA};
+         CREATE TABLE IF NOT EXISTS {SCHEMA}.schema_version (version bigint NOT NULL)"
+    ))
+    .map_err(at)?;
+    let result = (|| {
+        let current = version(&s).map_err(at)?.unwrap_or(0);
+        if current > latest() {
+            return Err(Error::TooNew {
+                path: shown.into(),
+                found: current,
+                known: latest(),
+            });
+        }
+        for (v, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+            s.batch(sql)
+                .map_err(|e| Error::Invalid(format!("migration {v} of {shown} failed: {e}")))?;
+            s.batch(&format!(
+                "DELETE FROM schema_version; INSERT INTO schema_version VALUES ({v})"
+            ))
+            .map_err(at)?;
+        }
+        s.batch("COMMIT").map_err(at)
+    })();
+    if result.is_err() {
+        let _ = s.batch("ROLLBACK");
+    }
+    result?;
+    prune_commits(&s);
+    Ok(s)
+}
+
+/// Forgets the commit tokens of writers silent for a day: a writer asks for its own only right
+/// after losing a connection.
+fn prune_commits(s: &Session) {
+    let _ = s.batch(
+        "DELETE FROM manifest_commits
+         WHERE at < CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS bigint) - 86400000",
+    );
+}
+
+/// Opens the manifest's database for reading: its schema must be this binary's.
+pub fn open_read_only(url: &str, shown: &str) -> Result<Session> {
+    let s = Session::connect(url, shown)?;
+    let path = std::path::PathBuf::from(shown);
+    match version(&s).map_err(|e| Error::Sql(e).at(&path))? {
+        None => Err(Error::Missing { path }),
+        Some(v) if v > latest() => Err(Error::TooNew {
+            path,
+            found: v,
+            known: latest(),
+        }),
+        Some(v) if v < latest() => Err(Error::Outdated {
+            path,
+            found: v,
+            known: latest(),
+        }),
+        Some(_) => Ok(s),
+    }
+}
+
+/// A value passed to PostgreSQL as the type the server asks for.
+#[derive(Debug)]
+struct Param<'a>(&'a Value);
+
+impl ToSql for Param<'_> {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut BytesMut,
+    ) -> std::result::Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        let v = self.0;
+        match (v, ty) {
+            (Value::Null, _) => Ok(IsNull::Yes),
+            (Value::Integer(i), &Type::INT8) => i.to_sql(ty, out),
+            (Value::Integer(i), &Type::INT4) => i32::try_from(*i)?.to_sql(ty, out),
+            (Value::Integer(i), &Type::INT2) => i16::try_from(*i)?.to_sql(ty, out),
+            (Value::Integer(i), &Type::BOOL) => (*i != 0).to_sql(ty, out),
+            #[allow(clippy::cast_precision_loss)]
+            (Value::Integer(i), &Type::FLOAT8) => (*i as f64).to_sql(ty, out),
+            (Value::Integer(i), t) if is_text(t) => i.to_string().as_str().to_sql(&Type::TEXT, out),
+            (Value::Real(f), &Type::FLOAT8) => f.to_sql(ty, out),
+            (Value::Text(s), t) if is_text(t) => {
+                out.extend_from_slice(s.as_bytes());
+                Ok(IsNull::No)
+            }
+            (Value::Blob(b), &Type::BYTEA) => b.as_slice().to_sql(ty, out),
+            (v, t) => Err(format!("cannot pass {:?} as PostgreSQL type {t}", v.data_type()).into()),
+        }
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    tokio_postgres::types::to_sql_checked!();
+}
+
+fn is_text(t: &Type) -> bool {
+    [
+        Type::TEXT,
+        Type::VARCHAR,
+        Type::BPCHAR,
+        Type::NAME,
+        Type::UNKNOWN,
+    ]
+    .contains(t)
+}
+
+/// A value read from PostgreSQL, as SQLite's type.
+struct Read(Value);
+
+impl<'a> FromSql<'a> for Read {
+    fn from_sql(
+        ty: &Type,
+        raw: &'a [u8],
+    ) -> std::result::Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(Read(match *ty {
+            Type::INT8 => Value::Integer(i64::from_sql(ty, raw)?),
+            Type::INT4 => Value::Integer(i32::from_sql(ty, raw)?.into()),
+            Type::INT2 => Value::Integer(i16::from_sql(ty, raw)?.into()),
+            Type::OID => Value::Integer(u32::from_sql(ty, raw)?.into()),
+            Type::BOOL => Value::Integer(bool::from_sql(ty, raw)?.into()),
+            Type::FLOAT8 => Value::Real(f64::from_sql(ty, raw)?),
+            Type::FLOAT4 => Value::Real(f32::from_sql(ty, raw)?.into()),
+            Type::BYTEA => Value::Blob(raw.to_vec()),
+            ref t if is_text(t) => Value::Text(String::from_sql(&Type::TEXT, raw)?),
+            ref t => return Err(format!("the manifest reads no PostgreSQL type {t}").into()),
+        }))
+    }
+
+    fn from_sql_null(
+        _: &Type,
+    ) -> std::result::Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(Read(Value::Null))
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+}

@@ -231,6 +231,12 @@ pub enum Command {
         #[command(subcommand)]
         action: Option<DagsAction>,
     },
+    /// The run manifest itself: `manifest copy --to URL` moves a SQLite manifest's history into
+    /// PostgreSQL, for several hosts to share.
+    Manifest {
+        #[command(subcommand)]
+        action: ManifestAction,
+    },
     /// Start a project: write backfill.toml and a working dags/example.toml into DIR.
     Init {
         /// The folder (created if needed); default: the current one.
@@ -247,6 +253,18 @@ pub enum Command {
         /// Write every page into this folder (created if needed) instead of printing one.
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ManifestAction {
+    /// Copy this SQLite manifest's whole history (ids and identity kept) into an empty
+    /// PostgreSQL manifest; the SQLite file is left as it was.
+    Copy {
+        /// The PostgreSQL manifest: postgresql://USER@HOST/DB (a password through PGPASSWORD's
+        /// equivalent in the URL or ~/.pgpass).
+        #[arg(long, value_name = "URL")]
+        to: String,
     },
 }
 

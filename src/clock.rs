@@ -18,6 +18,7 @@ pub fn now_ms() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         .unwrap_or(0)
+        .saturating_add(crate::fault::clock_skew_ms())
 }
 
 /// `BACKFILL_NOW` that does not say an instant: bad input (exit 2).

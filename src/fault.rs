@@ -1,7 +1,9 @@
 //! Fault injection for the crash and chaos tests: `BACKFILL_FAULT=POINT[@N][:ACTION],...` makes
 //! the process abort (`abort`, the default, as `kill -9` or a power cut would), freeze itself
 //! (`stop`, as SIGSTOP), or fail (`fail`, as a full disk would) the N-th time (default: the
-//! first) it reaches POINT; `slow-commit:DURATION` delays every manifest commit (a slow disk).
+//! first) it reaches POINT; `slow-commit:DURATION` delays every manifest commit (a slow disk);
+//! `clock-skew:+DURATION` or `clock-skew:-DURATION` sets this host's wall clock ahead or behind
+//! (a host whose clock is wrong).
 //!
 //! Compiled in only with the `fault-injection` cargo feature, which the tests enable; release
 //! builds ignore the variable.
@@ -26,6 +28,7 @@ mod imp {
         points: HashMap<String, (u32, Action)>,
         hits: HashMap<String, u32>,
         slow_commit: Option<Duration>,
+        skew_ms: i64,
     }
 
     static PLAN: LazyLock<Mutex<Plan>> = LazyLock::new(|| {
@@ -33,10 +36,20 @@ mod imp {
             points: HashMap::new(),
             hits: HashMap::new(),
             slow_commit: None,
+            skew_ms: 0,
         };
         let spec = std::env::var("BACKFILL_FAULT").unwrap_or_default();
         for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let (point, action) = item.split_once(':').unwrap_or((item, "abort"));
+            if point == "clock-skew" {
+                let (sign, d) = match action.strip_prefix('-') {
+                    Some(d) => (-1, d),
+                    None => (1, action.trim_start_matches('+')),
+                };
+                plan.skew_ms = humantime::parse_duration(d)
+                    .map_or(0, |d| sign * i64::try_from(d.as_millis()).unwrap_or(0));
+                continue;
+            }
             if point == "slow-commit" {
                 plan.slow_commit = humantime::parse_duration(action).ok();
                 continue;
@@ -67,6 +80,12 @@ mod imp {
         PLAN.lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .slow_commit
+    }
+
+    pub fn skew_ms() -> i64 {
+        PLAN.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .skew_ms
     }
 }
 
@@ -101,5 +120,17 @@ pub fn slow_commit() -> Option<std::time::Duration> {
     #[cfg(not(feature = "fault-injection"))]
     {
         None
+    }
+}
+
+/// How far this host's wall clock is set off (milliseconds), if configured.
+pub fn clock_skew_ms() -> i64 {
+    #[cfg(feature = "fault-injection")]
+    {
+        imp::skew_ms()
+    }
+    #[cfg(not(feature = "fault-injection"))]
+    {
+        0
     }
 }

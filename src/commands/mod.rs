@@ -5,6 +5,7 @@ mod create;
 mod dags;
 mod docs;
 mod init;
+mod manifest;
 mod read;
 mod resume;
 mod staging;
@@ -58,7 +59,15 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
         Some(url) if crate::manifest::is_url(&m) => crate::manifest::location(url),
         _ => m,
     });
-    crate::report::out::set_invocation(cli.project.as_deref(), manifest.as_deref());
+    // A manifest named by BACKFILL_MANIFEST stays out of hints: the environment holds it.
+    let given = std::env::args_os().any(|a| {
+        a.to_str()
+            .is_some_and(|a| a == "--manifest" || a.starts_with("--manifest="))
+    });
+    crate::report::out::set_invocation(
+        cli.project.as_deref(),
+        manifest.as_deref().filter(|_| given),
+    );
     let g = Global {
         project_dir: cli.project,
         manifest,
@@ -109,6 +118,9 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
             conf,
         } => verify::run(&g, &dag, &from, &to, conf.as_deref()),
         Command::Dags { action } => dags::run(&g, action.is_some()),
+        Command::Manifest {
+            action: crate::cli::ManifestAction::Copy { to },
+        } => manifest::copy(&g, &to),
         Command::Init { dir } => init::run(&g, dir.as_deref()),
         Command::Completions { shell } => docs::completions(shell),
         Command::Man { dir } => docs::man(&g, dir.as_deref()),

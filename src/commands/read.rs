@@ -18,7 +18,9 @@ use crate::session::{Global, note, unknown_backfill, warn};
 /// recorded). A `--manifest` path that does not exist is an error.
 fn open(g: &Global, project: Option<&Project>) -> Result<(PathBuf, Option<Box<dyn Store>>), Error> {
     let path = g.manifest_path(project)?;
-    let conn = if g.manifest.is_some() {
+    // A file named on purpose must exist; a PostgreSQL database without a manifest yet has
+    // recorded nothing, as the project's own file before its first backfill.
+    let conn = if g.manifest.is_some() && !manifest::is_url(&path) {
         Some(manifest::open_read_only(&path)?)
     } else {
         manifest::open_if_exists(&path)?

@@ -11,6 +11,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use rusqlite::types::Value;
 use rusqlite::{OptionalExtension, params};
 
 use super::db::Conn;
@@ -176,23 +177,25 @@ pub fn take(
     intervals: impl Iterator<Item = DataInterval>,
     ctx: &LeaseCtx,
 ) -> Result<()> {
-    let mut stmt = conn.prepare_cached(
-        "INSERT INTO leases (dag_id, interval_start, backfill_id, run_id, pid, host, heartbeat_at)
-         VALUES (?1, ?2, ?3, NULL, ?4, ?5, ?6)
-         ON CONFLICT (dag_id, interval_start) DO UPDATE SET backfill_id = excluded.backfill_id,
+    let mut values = Vec::new();
+    for i in intervals {
+        values.extend([
+            Value::Text(dag_id.to_string()),
+            Value::Integer(i.start.timestamp()),
+            Value::Integer(backfill_id),
+            Value::Integer(ctx.pid),
+            Value::Text(ctx.host.clone()),
+            Value::Integer(ctx.now_ms),
+        ]);
+    }
+    conn.insert_many(
+        "INSERT INTO leases (dag_id, interval_start, backfill_id, pid, host, heartbeat_at)",
+        "ON CONFLICT (dag_id, interval_start) DO UPDATE SET backfill_id = excluded.backfill_id,
             run_id = NULL, pid = excluded.pid, host = excluded.host,
             heartbeat_at = excluded.heartbeat_at",
+        6,
+        &values,
     )?;
-    for i in intervals {
-        stmt.execute(params![
-            dag_id,
-            i.start.timestamp(),
-            backfill_id,
-            ctx.pid,
-            ctx.host,
-            ctx.now_ms
-        ])?;
-    }
     Ok(())
 }
 

@@ -7,6 +7,7 @@
 
 pub mod backfills;
 pub mod cascades;
+pub mod copy;
 pub mod db;
 pub mod leases;
 pub mod plans;
@@ -117,7 +118,7 @@ pub enum Error {
         path: PathBuf,
         source: rusqlite::Error,
     },
-    #[error("manifest {}: no such file; nothing has been recorded there yet", path.display())]
+    #[error("manifest {}: {}; nothing has been recorded there yet", path.display(), if is_url(path) { "no manifest in that database" } else { "no such file" })]
     Missing { path: PathBuf },
     /// Another process took this backfill over (a newer epoch): this one must stop.
     #[error("backfill {backfill_id} was taken over by another process")]

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 
+use rusqlite::types::Value;
 use rusqlite::{OptionalExtension, params};
 
 use super::db::Conn;
@@ -80,24 +81,27 @@ pub fn insert_chunk(
     rows: &[(i64, PlanRow)],
     ctx: &LeaseCtx,
 ) -> Result<()> {
-    let mut insert = conn.prepare_cached(
-        "INSERT INTO plan (backfill_id, ord, interval_start, interval_end, action, reason)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )?;
+    let mut values = Vec::with_capacity(rows.len() * 6);
     for (ord, row) in rows {
         let (action, reason) = match row.action {
             Action::Run => ("run", None),
             Action::Skip(r) => ("skip", Some(r.as_str())),
         };
-        insert.execute(params![
-            f.backfill_id(),
-            ord,
-            row.interval.start.timestamp(),
-            row.interval.end.timestamp(),
-            action,
-            reason
-        ])?;
+        values.extend([
+            Value::Integer(f.backfill_id()),
+            Value::Integer(*ord),
+            Value::Integer(row.interval.start.timestamp()),
+            Value::Integer(row.interval.end.timestamp()),
+            Value::Text(action.to_string()),
+            reason.map_or(Value::Null, |r| Value::Text(r.to_string())),
+        ]);
     }
+    conn.insert_many(
+        "INSERT INTO plan (backfill_id, ord, interval_start, interval_end, action, reason)",
+        "",
+        6,
+        &values,
+    )?;
     leases::take(
         conn,
         f.backfill_id(),

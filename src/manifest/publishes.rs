@@ -169,7 +169,7 @@ pub fn publishing(conn: &Conn, try_id: i64) -> Result<bool> {
 pub fn may_publish(conn: &Conn, try_id: i64, owner: Option<Owner>) -> Result<bool> {
     let row: Option<(bool, i64, i64, String, String, i64)> = conn
         .prepare_cached(
-            "SELECT t.publishing AND t.state = 'running', b.id, b.epoch, r.dag_id, t.task_id,
+            "SELECT t.publishing = 1 AND t.state = 'running', b.id, b.epoch, r.dag_id, t.task_id,
                     r.interval_start
              FROM task_tries t JOIN runs r ON r.id = t.run_id JOIN backfills b ON b.id = r.backfill_id
              WHERE t.id = ?1",

@@ -516,7 +516,7 @@ fn nothing_to_do_exits_0_and_running_twice_is_safe() {
 
 #[test]
 fn an_unreadable_manifest_is_an_internal_error_exit_1() {
-    let p = Project::new().dag("good", GOOD);
+    let p = Project::new().sqlite().dag("good", GOOD);
     p.write(
         ".backfill/manifest.db",
         "this is not a database, it is a text file that is long enough to have a header",

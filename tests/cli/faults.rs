@@ -535,7 +535,7 @@ fn logs_are_private_and_never_written_through_a_symlink() {
 
 #[test]
 fn read_commands_work_on_a_manifest_they_cannot_write() {
-    let p = Project::new().dag(
+    let p = Project::new().sqlite().dag(
         "r",
         "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
     );
@@ -599,7 +599,7 @@ fn read_commands_work_on_a_manifest_they_cannot_write() {
 
 #[test]
 fn errors_name_the_database_they_are_about() {
-    let p = Project::new().dag(
+    let p = Project::new().sqlite().dag(
         "r",
         "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
     );

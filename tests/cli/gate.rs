@@ -745,7 +745,7 @@ fn sql_task_mistakes_are_exit_2_before_anything_is_written() {
 
 #[test]
 fn a_manifest_of_the_previous_schema_is_upgraded() {
-    let p = Project::new().dag(
+    let p = Project::new().sqlite().dag(
         "daily",
         "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
     );

@@ -211,11 +211,9 @@ fn the_dry_run_estimates_the_wall_time_from_the_history() {
     );
     p.create("d", "2026-01-01", "2026-01-05", &[]).code(0);
     // Durations as history records them: load 2 s, report 1 s (five tries each).
-    p.db()
-        .execute_batch(
-            "UPDATE task_tries SET ended_at = started_at + CASE task_id WHEN 'load' THEN 2000 ELSE 1000 END",
-        )
-        .unwrap();
+    p.exec(
+        "UPDATE task_tries SET ended_at = started_at + CASE task_id WHEN 'load' THEN 2000 ELSE 1000 END",
+    );
     // 12 intervals of 3 s, 4 at a time: 9 s.
     let doc = dry(&["--max-active-runs", "4", "--output", "json"]).json();
     assert_eq!(doc["estimate_seconds"], 9.0);

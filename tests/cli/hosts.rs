@@ -14,7 +14,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use crate::support::{
-    NOW, Out, Project, THREE_DAYS, alive, stopped, wait_stale, wait_until, wait_within,
+    NOW, Out, Project, THREE_DAYS, alive, now_ms, stopped, wait_stale, wait_until,
+    wait_within,
 };
 
 /// Three days whose task holds a lock per interval (another try of the same interval waits for
@@ -123,7 +124,8 @@ impl Host {
         env: &[(&str, &str)],
     ) -> Self {
         let file = |ext: &str| File::create(p.path(&format!("{name}.{ext}"))).unwrap();
-        let unshare = Command::new("unshare")
+        let mut command = Command::new("unshare");
+        command
             .args(unshare)
             .args(["sh", "-c", script, name])
             .arg(env!("CARGO_BIN_EXE_backfill"))
@@ -131,6 +133,11 @@ impl Host {
             .arg(p.path(""))
             .args(args)
             .env("BACKFILL_NOW", NOW)
+            .env_remove("BACKFILL_MANIFEST");
+        if let Some(db) = p.manifest_db() {
+            command.env("BACKFILL_MANIFEST", crate::pg::shared().url(db));
+        }
+        let unshare = command
             .envs(env.iter().copied())
             .env_remove("COLUMNS")
             .stdin(Stdio::null())
@@ -894,13 +901,10 @@ fn legacy_plain_host_names_are_judged_as_the_readme_says() {
     a.die();
     std::fs::write(p.path("release"), "").unwrap();
     // As an older version would have written it: plain host names, pid 1.
-    let db = p.db();
-    db.execute_batch(
+    p.exec(
         "UPDATE backfills SET owner_host = 'hosta', owner_pid = 1;
          UPDATE task_tries SET host = 'hosta';",
-    )
-    .unwrap();
-    drop(db);
+    );
     wait_stale(&p, 1, 2000);
     let out = p.run(&["resume", "1"]);
     out.code(0);
@@ -914,26 +918,20 @@ fn legacy_plain_host_names_are_judged_as_the_readme_says() {
         .unwrap()
         .to_string_lossy()
         .into_owned();
-    let db = p.db();
-    db.execute(
-        "UPDATE backfills SET state = 'running', owner_host = ?1, owner_pid = 999999,
-                heartbeat_at = CAST(strftime('%s','now') AS INTEGER) * 1000",
-        [&here],
-    )
-    .unwrap();
-    drop(db);
+    let now = now_ms();
+    p.exec(&format!(
+        "UPDATE backfills SET state = 'running', owner_host = '{here}', owner_pid = 999999,
+                heartbeat_at = {now}"
+    ));
     p.run(&["resume", "1"])
         .code(2)
         .stderr_has("is still running");
     // And with a live pid (this test), it is alive: refused.
-    let db = p.db();
-    db.execute(
-        "UPDATE backfills SET state = 'running', owner_host = ?1, owner_pid = ?2,
-                heartbeat_at = CAST(strftime('%s','now') AS INTEGER) * 1000 + 60000",
-        rusqlite::params![here, i64::from(std::process::id())],
-    )
-    .unwrap();
-    drop(db);
+    let (now, me) = (now_ms(), std::process::id());
+    p.exec(&format!(
+        "UPDATE backfills SET state = 'running', owner_host = '{here}', owner_pid = {me},
+                heartbeat_at = {now} + 60000"
+    ));
     p.run(&["resume", "1"])
         .code(2)
         .stderr_has("is still running");
@@ -1087,11 +1085,9 @@ exec "$1" "$2" "$3" resume 1
         || p.path("killed").exists(),
     );
     // As the older version recorded it: the host name alone.
-    p.db()
-        .execute_batch(&format!(
-            "UPDATE backfills SET owner_host = '{name}'; UPDATE task_tries SET host = '{name}';"
-        ))
-        .unwrap();
+    p.exec(&format!(
+        "UPDATE backfills SET owner_host = '{name}'; UPDATE task_tries SET host = '{name}';"
+    ));
     wait_stale(&p, 1, 2000);
     std::fs::write(p.path("legacy"), "").unwrap();
     // The resume's tries hold the interval locks once the old tries are gone.
@@ -1251,12 +1247,9 @@ fn legacy_row_of_a_live_owner_sharing_the_host_name_is_not_taken_over_while_fres
         .to_string_lossy()
         .into_owned();
     // As the older version wrote it (host A still beats every 250 ms).
-    p.db()
-        .execute("UPDATE backfills SET owner_host = ?1", [&here])
-        .unwrap();
-    p.db()
-        .execute("UPDATE task_tries SET host = ?1", [&here])
-        .unwrap();
+    p.exec(&format!(
+        "UPDATE backfills SET owner_host = '{here}'; UPDATE task_tries SET host = '{here}';"
+    ));
     let mut resume = p.spawn("resume", &["resume", "1"]);
     let epoch = || p.count("SELECT epoch FROM backfills WHERE id = 1");
     let mut taken = false;

@@ -12,6 +12,7 @@ mod hosts;
 mod interrupt;
 mod one_worker;
 mod operations;
+mod pg_manifest;
 #[path = "../pg/mod.rs"]
 mod pg;
 mod postgres;

@@ -165,6 +165,7 @@ fn quiet_success_says_nothing_and_a_failure_says_what_and_how_to_rerun() {
     p.write("fixed", "");
     let words = shlex::split(hint).unwrap();
     let rerun = std::process::Command::new(env!("CARGO_BIN_EXE_backfill"))
+        .envs(p.manifest_env())
         .args(&words[1..])
         .env("BACKFILL_NOW", crate::support::NOW)
         .output()
@@ -501,6 +502,7 @@ fn a_backfill_whose_owner_died_says_so() {
     p.write("resumed", "");
     let words = shlex::split(&p.hint("resume 1")).unwrap();
     let pasted = std::process::Command::new(env!("CARGO_BIN_EXE_backfill"))
+        .envs(p.manifest_env())
         .args(&words[1..])
         .current_dir("/")
         .env("BACKFILL_NOW", crate::support::NOW)
@@ -573,6 +575,7 @@ fn terminals_without_cursor_control_get_plain_lines() {
         p.path("").display()
     );
     let out = std::process::Command::new("script")
+        .envs(p.manifest_env())
         .args(["-qec", &command, "/dev/null"])
         .env("TERM", "dumb")
         .env("BACKFILL_NOW", crate::support::NOW)

@@ -1282,6 +1282,9 @@ fn a_manifest_made_again_at_the_same_path_is_a_new_manifest_to_the_warehouse() {
     t.p.create("orders", "2026-01-01", "2026-01-02", &[])
         .code(0);
     std::fs::remove_dir_all(t.p.path(".backfill")).unwrap();
+    if t.p.manifest_db().is_some() {
+        t.p.exec("DROP SCHEMA backfill_manifest CASCADE");
+    }
     // Its tries are numbered from 1 again: the warehouse's bookkeeping must not mistake them
     // for the first manifest's.
     t.p.create(
@@ -2306,7 +2309,7 @@ fn every_committed_publish_books_its_judged_record() {
     );
     let recorded = t
         .p
-        .rows("SELECT id, coalesce(source_rows, 'none'), coalesce(previous_rows, 'none') FROM task_tries ORDER BY id")
+        .rows("SELECT id, coalesce(CAST(source_rows AS TEXT), 'none'), coalesce(CAST(previous_rows AS TEXT), 'none') FROM task_tries ORDER BY id")
         .iter()
         .map(|r| r.join(" "))
         .collect::<Vec<_>>()

@@ -47,7 +47,7 @@ fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
 /// The shop with three published days, its project readable by everyone and its manifest
 /// folder and files read-only.
 fn read_only_shop() -> Project {
-    let p = shop();
+    let p = shop().sqlite();
     p.create("daily_orders", "2026-09-01", "2026-09-03", &["-q"])
         .code(0);
     // And a staged day, for `diff`.

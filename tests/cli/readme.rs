@@ -102,6 +102,7 @@ fn the_cron_recipe_works_as_pasted() {
     assert_eq!(words[0], "backfill");
     output(
         Command::new(env!("CARGO_BIN_EXE_backfill"))
+            .envs(p.manifest_env())
             .args(&words[1..])
             .current_dir(&project)
             .env("BACKFILL_NOW", NOW),

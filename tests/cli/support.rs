@@ -102,8 +102,29 @@ impl Project {
         )
         .unwrap();
         std::fs::create_dir(dir.path().join("dags")).unwrap();
-        let manifest_db = pg_manifest().then(|| crate::pg::shared().create_db());
+        let manifest_db = pg_manifest().then(|| {
+            let db = crate::pg::shared().create_db();
+            // What the tests' own queries of the manifest use of SQLite's functions.
+            crate::pg::shared().psql(
+                &db,
+                "CREATE FUNCTION date(bigint, text) RETURNS text LANGUAGE sql IMMUTABLE
+                   AS $$ SELECT to_char(to_timestamp($1) AT TIME ZONE 'UTC', 'YYYY-MM-DD') $$;
+                 CREATE FUNCTION instr(text, text) RETURNS integer LANGUAGE sql IMMUTABLE
+                   AS $$ SELECT strpos($1, $2) $$;
+                 CREATE FUNCTION strftime(text, text) RETURNS bigint LANGUAGE sql IMMUTABLE
+                   AS $$ SELECT CAST(extract(epoch FROM CAST($2 AS timestamp)) AS bigint)
+                         WHERE $1 = '%s' $$;",
+            );
+            db
+        });
         Self { dir, manifest_db }
+    }
+
+    /// The manifest stays a SQLite file whatever `BACKFILL_TEST_MANIFEST` says: for the tests of
+    /// the file itself (permissions, WAL, an old schema's upgrade).
+    pub fn sqlite(mut self) -> Self {
+        self.manifest_db = None;
+        self
     }
 
     /// Adds `dags/{id}.toml`.
@@ -153,6 +174,15 @@ impl Project {
         c
     }
 
+    /// What a command run outside [`Project::command`] needs in its environment to find this
+    /// project's manifest (the user's shell would hold it).
+    pub fn manifest_env(&self) -> Vec<(&'static str, String)> {
+        self.manifest_db
+            .iter()
+            .map(|db| ("BACKFILL_MANIFEST", crate::pg::shared().url(db)))
+            .collect()
+    }
+
     /// The manifest's database, when this run keeps manifests in PostgreSQL.
     pub fn manifest_db(&self) -> Option<&str> {
         self.manifest_db.as_deref()
@@ -163,13 +193,22 @@ impl Project {
         let out = crate::pg::shared().psql(
             db,
             &format!(
-                "\\pset null NULL\n\\pset fieldsep '\\037'\n\\pset recordsep_zero\nSET search_path = backfill_manifest;\n{sql}"
+                "\\pset null NULL\n\\pset fieldsep '\\037'\n\\pset recordsep_zero\nSET search_path = backfill_manifest, public;\n{sql}"
             ),
         );
         out.split('\0')
             .map(|r| r.trim_end_matches('\n'))
             .filter(|r| !r.is_empty())
-            .map(|r| r.split('\u{1f}').map(str::to_string).collect())
+            // psql prints booleans as t and f; SQLite's are 1 and 0.
+            .map(|r| {
+                r.split('\u{1f}')
+                    .map(|v| match v {
+                        "t" => "1".to_string(),
+                        "f" => "0".to_string(),
+                        v => v.to_string(),
+                    })
+                    .collect()
+            })
             .collect()
     }
 
@@ -264,9 +303,18 @@ impl Project {
                 ("leases", "dag_id, interval_start"),
             ] {
                 // A live backfill's heartbeat is not something the command under test wrote.
+                let columns = self.pg_rows(
+                    db,
+                    &format!(
+                        "SELECT string_agg(CASE WHEN column_name = 'heartbeat_at' THEN '''-''' ELSE quote_ident(column_name) END, ', ' ORDER BY ordinal_position)
+                         FROM information_schema.columns
+                         WHERE table_schema = 'backfill_manifest' AND table_name = '{table}'"
+                    ),
+                )[0][0]
+                    .clone();
                 for r in self.pg_rows(
                     db,
-                    &format!("SELECT t.*, '' FROM (SELECT * FROM {table} ORDER BY {order}) t"),
+                    &format!("SELECT {columns} FROM {table} ORDER BY {order}"),
                 ) {
                     out.push_str(&format!("{table}: {}\n", r.join(" | ")));
                 }
@@ -303,6 +351,16 @@ impl Project {
             }
         }
         out
+    }
+
+    /// Runs statements on the manifest (either engine): SQL both take.
+    pub fn exec(&self, sql: &str) {
+        match &self.manifest_db {
+            Some(db) => {
+                crate::pg::shared().psql(db, &format!("SET search_path = backfill_manifest, public;\n{sql}"));
+            }
+            None => self.db().execute_batch(sql).expect("run SQL on the manifest"),
+        }
     }
 
     /// Rows of a query, each as strings.
@@ -354,6 +412,14 @@ pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> 
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// This machine's wall clock, in unix milliseconds (as heartbeats are written).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
 }
 
 /// Waits until the owner's heartbeat is older than `ms` (it is frozen).

@@ -95,9 +95,7 @@ fn list_runs_and_dags_pin_their_tables() {
 fn a_dry_run_pins_its_plan() {
     let p = project();
     // The estimate comes from recorded durations: 1.5 s per try.
-    p.db()
-        .execute_batch("UPDATE task_tries SET ended_at = started_at + 1500")
-        .unwrap();
+    p.exec("UPDATE task_tries SET ended_at = started_at + 1500");
     let plan = p.run(&[
         "create",
         "--dag",
@@ -207,6 +205,7 @@ fn on_terminal(p: &Project, args: &[&str], cols: u16) -> Option<(i32, String)> {
         .collect::<Vec<_>>()
         .join(" ");
     let out = Command::new("script")
+        .envs(p.manifest_env())
         .args([
             "-qec",
             &format!("stty cols {cols} rows 40; exec {line}"),

@@ -1,0 +1,232 @@
+//! The manifest in PostgreSQL: its schema and version, `manifest copy`, the database's clock,
+//! and a server that restarts under a running backfill. (`BACKFILL_TEST_MANIFEST=postgres`
+//! runs every other end-to-end test against it too.)
+
+use std::time::Duration;
+
+use crate::pg;
+use crate::support::{Project, day_unix, wait_until};
+
+/// A task of a few hundred milliseconds that holds a lock per interval: a second try of an
+/// interval while one runs is written to overlaps.txt.
+const DAG: &str = r#"
+schedule = "@daily"
+max_active_runs = 2
+[[tasks]]
+id = "work"
+command = '''
+mkdir -p locks
+exec 9> "locks/{{ ds }}"
+if ! flock -n 9; then echo "{{ ds }}" >> overlaps.txt; exit 1; fi
+while [ ! -f go ] && [ ! -f "go-{{ ds }}" ]; do sleep 0.05; done
+sleep 0.2
+'''
+"#;
+
+fn create_args<'a>(url: &'a str, from: &'a str, to: &'a str) -> Vec<&'a str> {
+    vec![
+        "--manifest", url, "create", "--dag", "c", "--from", from, "--to", to,
+    ]
+}
+
+/// How many tries are running (0 before the manifest's schema exists).
+fn running_tries(cluster: &pg::Cluster, db: &str) -> String {
+    if cluster.psql(db, "SELECT to_regclass('backfill_manifest.task_tries') IS NULL") == "t" {
+        return "0".into();
+    }
+    cluster.psql(
+        db,
+        "SELECT COUNT(*) FROM backfill_manifest.task_tries WHERE state = 'running'",
+    )
+}
+
+/// Each interval's runs, as `(interval_start, runs, succeeded runs)`.
+fn runs_per_interval(cluster: &pg::Cluster, db: &str) -> Vec<(i64, i64, i64)> {
+    cluster
+        .psql(
+            db,
+            "SELECT interval_start, COUNT(*), COUNT(*) FILTER (WHERE state = 'succeeded')
+             FROM backfill_manifest.runs GROUP BY 1 ORDER BY 1",
+        )
+        .lines()
+        .map(|l| {
+            let v: Vec<i64> = l.split('|').map(|x| x.parse().unwrap()).collect();
+            (v[0], v[1], v[2])
+        })
+        .collect()
+}
+
+#[test]
+fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused() {
+    if !pg::available("the PostgreSQL manifest tests") {
+        return;
+    }
+    let cluster = pg::shared();
+    let db = cluster.create_db();
+    let url = cluster.url(&db);
+    let p = Project::new().dag("c", DAG);
+    std::fs::write(p.path("go"), "").unwrap();
+    // An empty database has recorded nothing yet, as a project's missing file.
+    p.run(&["--manifest", &url, "list"])
+        .code(0)
+        .stderr_has("no backfills yet");
+    p.run(&create_args(&url, "2026-01-01", "2026-01-03")).code(0);
+    assert_eq!(
+        cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
+        "1"
+    );
+    assert_eq!(
+        runs_per_interval(cluster, &db),
+        (1..=3).map(|d| (day_unix(d), 1, 1)).collect::<Vec<_>>()
+    );
+    let list = p.run(&["--manifest", &url, "--output", "json", "list"]);
+    assert_eq!(list.code(0).json()[0]["state"], "completed");
+    // Nothing went to a file: the URL is not a path.
+    assert!(!p.manifest_path().exists());
+    assert!(!p.path("postgresql:").exists());
+    // A schema written by a newer backfill is refused, by every command, before anything else.
+    cluster.psql(&db, "UPDATE backfill_manifest.schema_version SET version = 99");
+    for args in [
+        vec!["--manifest", &url, "list"],
+        create_args(&url, "2026-01-04", "2026-01-04"),
+    ] {
+        p.run(&args).code(1).stderr_has(&format!(
+            "manifest {url}: schema version 99 is newer than this backfill understands (1); upgrade backfill"
+        ));
+    }
+    assert_eq!(
+        cluster.psql(&db, "SELECT COUNT(*) FROM backfill_manifest.backfills"),
+        "1"
+    );
+}
+
+#[test]
+fn manifest_copy_moves_a_sqlite_history_with_its_ids_and_identity() {
+    if !pg::available("the PostgreSQL manifest tests") {
+        return;
+    }
+    let cluster = pg::shared();
+    let db = cluster.create_db();
+    let url = cluster.url(&db);
+    let p = Project::new().sqlite().dag("c", DAG);
+    std::fs::write(p.path("go"), "").unwrap();
+    p.create("c", "2026-01-01", "2026-01-03", &[]).code(0);
+    p.create(
+        "c",
+        "2026-01-02",
+        "2026-01-05",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    let sqlite_show = p.run(&["--output", "json", "show", "2"]);
+    let sqlite_runs = p.run(&["runs", "--dag", "c"]);
+    let before = p.dump();
+    // Refused: a destination that is not a URL, and a source that is not a file.
+    p.run(&["manifest", "copy", "--to", "/tmp/elsewhere.db"])
+        .code(2)
+        .stderr_has("--to: `/tmp/elsewhere.db` is not a PostgreSQL URL");
+    p.run(&["--manifest", &url, "manifest", "copy", "--to", &url])
+        .code(2)
+        .stderr_has("is in PostgreSQL already");
+    let copy = p.run(&["--output", "json", "manifest", "copy", "--to", &url]);
+    copy.code(0).stderr_has(&format!(
+        "copied 2 backfills, 7 runs and 7 tries from {} into {url}",
+        p.manifest_path().display()
+    ));
+    let doc = copy.json();
+    assert_eq!(doc["rows"]["backfills"], 2);
+    assert_eq!(doc["rows"]["plan"], 7);
+    assert_eq!(doc["rows"]["runs"], 7);
+    assert_eq!(doc["rows"]["task_tries"], 7);
+    assert_eq!(p.dump(), before, "the SQLite manifest is unchanged");
+    // The same history, the same ids, the same identity.
+    assert_eq!(
+        p.run(&["--manifest", &url, "--output", "json", "show", "2"])
+            .stdout,
+        sqlite_show.stdout
+    );
+    assert_eq!(
+        p.run(&["--manifest", &url, "runs", "--dag", "c"]).stdout,
+        sqlite_runs.stdout
+    );
+    assert_eq!(
+        cluster.psql(&db, "SELECT id FROM backfill_manifest.identity"),
+        p.rows("SELECT id FROM identity")[0][0]
+    );
+    // Work goes on there: new ids follow the copied ones, and what succeeded is not run again.
+    let next = p.run(&create_args(&url, "2026-01-01", "2026-01-06"));
+    next.code(0)
+        .stderr_has("backfill 3 of c: 6 intervals, 1 to run, 5 skipped");
+    // A second copy would mix two histories.
+    p.run(&["manifest", "copy", "--to", &url])
+        .code(2)
+        .stderr_has("already holds 3 backfills; copy into one that holds none");
+}
+
+#[test]
+fn a_host_whose_clock_runs_ahead_takes_nothing_over_while_the_database_says_the_lease_is_fresh() {
+    if !pg::available("the PostgreSQL manifest tests") {
+        return;
+    }
+    let cluster = pg::shared();
+    let db = cluster.create_db();
+    let url = cluster.url(&db);
+    let p = Project::new().dag("c", DAG);
+    let owner = p.spawn("owner", &create_args(&url, "2026-01-01", "2026-01-02"));
+    wait_until("two running tries", Duration::from_secs(20), || {
+        running_tries(cluster, &db) == "2"
+    });
+    // Its clock two minutes ahead, past the lease timeout (30 s): by its own clock the owner's
+    // heartbeat is stale; by the database's it is fresh.
+    let skewed = [("BACKFILL_FAULT", "clock-skew:+120s")];
+    std::fs::write(p.path("go-2026-01-03"), "").unwrap();
+    p.run_with(&["--manifest", &url, "resume", "1"], &skewed)
+        .code(2)
+        .stderr_has("backfill 1 is still running");
+    let overlapping = p.run_with(&create_args(&url, "2026-01-01", "2026-01-03"), &skewed);
+    overlapping
+        .code(0)
+        .stderr_has("backfill 2 of c: 3 intervals, 1 to run, 2 skipped");
+    std::fs::write(p.path("go"), "").unwrap();
+    p.wait("owner", owner).code(0);
+    assert_eq!(
+        cluster.psql(&db, "SELECT epoch, state FROM backfill_manifest.backfills ORDER BY id"),
+        "0|completed\n0|completed"
+    );
+    assert_eq!(
+        runs_per_interval(cluster, &db),
+        (1..=3).map(|d| (day_unix(d), 1, 1)).collect::<Vec<_>>()
+    );
+    assert_eq!(p.read("overlaps.txt"), "");
+}
+
+#[test]
+fn the_database_restarting_under_a_backfill_is_a_reconnect_and_every_interval_runs_once() {
+    if !pg::available("the PostgreSQL manifest tests") {
+        return;
+    }
+    let own = pg::Cluster::start();
+    let db = own.create_db();
+    let url = own.url(&db);
+    let p = Project::new().dag("c", DAG);
+    let run = p.spawn("run", &create_args(&url, "2026-01-01", "2026-01-06"));
+    // Days 1 and 2 end; days 3 and 4 run while the server restarts.
+    std::fs::write(p.path("go-2026-01-01"), "").unwrap();
+    std::fs::write(p.path("go-2026-01-02"), "").unwrap();
+    wait_until("days 3 and 4 to run", Duration::from_secs(20), || {
+        running_tries(&own, &db) == "2"
+    });
+    own.restart();
+    std::fs::write(p.path("go"), "").unwrap();
+    let out = p.wait("run", run);
+    out.code(0).stderr_has("6 succeeded");
+    assert_eq!(
+        runs_per_interval(&own, &db),
+        (1..=6).map(|d| (day_unix(d), 1, 1)).collect::<Vec<_>>()
+    );
+    assert_eq!(p.read("overlaps.txt"), "");
+    assert_eq!(
+        own.psql(&db, "SELECT COUNT(*) FROM backfill_manifest.leases"),
+        "0"
+    );
+}

@@ -48,7 +48,7 @@ fn schedules(c: &mut Criterion) {
 }
 
 /// A manifest holding a succeeded run for every hourly interval of ten years.
-fn large_manifest(dir: &std::path::Path, intervals: &[DataInterval]) -> rusqlite::Connection {
+fn large_manifest(dir: &std::path::Path, intervals: &[DataInterval]) -> manifest::db::Conn {
     let conn = manifest::open(&dir.join("manifest.db"), Durability::Normal).unwrap();
     let ctx = LeaseCtx::new(Duration::from_secs(30), &backfill::process::LOCAL);
     conn.execute_batch("BEGIN").unwrap();

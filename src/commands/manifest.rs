@@ -36,11 +36,13 @@ pub fn copy(g: &Global, to: &str) -> Result<u8, Error> {
         .as_ref()
         .map_or(crate::project::DEFAULT_LEASE_TIMEOUT, |p| p.lease_timeout);
     let ctx = LeaseCtx::new(timeout, &crate::process::LOCAL);
-    for b in conn
-        .list_backfills(None, true)
-        .map_err(|e| e.at(&from))?
-    {
-        if ctx.owner_alive(b.state, b.owner_pid, b.owner_host.as_deref(), b.heartbeat_at) {
+    for b in conn.list_backfills(None, true).map_err(|e| e.at(&from))? {
+        if ctx.owner_alive(
+            b.state,
+            b.owner_pid,
+            b.owner_host.as_deref(),
+            b.heartbeat_at,
+        ) {
             return Err(Error::Usage(format!(
                 "backfill {} is running (pid {}); copy once it has ended, or stop it with `{}`",
                 b.id,

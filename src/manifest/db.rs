@@ -149,6 +149,8 @@ impl Row<'_> {
 /// A prepared statement.
 pub enum Stmt<'c> {
     Sqlite(rusqlite::CachedStatement<'c>),
+    /// Run rarely: not kept among SQLite's cached statements.
+    SqliteOnce(rusqlite::Statement<'c>),
     Pg(&'c Session, String),
 }
 
@@ -175,6 +177,7 @@ impl Stmt<'_> {
     pub fn execute<P: Params>(&mut self, p: P) -> rusqlite::Result<usize> {
         match self {
             Stmt::Sqlite(s) => s.execute(p),
+            Stmt::SqliteOnce(s) => s.execute(p),
             Stmt::Pg(session, sql) => session.execute(sql, &p.values()?),
         }
     }
@@ -182,6 +185,7 @@ impl Stmt<'_> {
     pub fn query<P: Params>(&mut self, p: P) -> rusqlite::Result<Rows<'_>> {
         match self {
             Stmt::Sqlite(s) => Ok(Rows::Sqlite(s.query(p)?)),
+            Stmt::SqliteOnce(s) => Ok(Rows::Sqlite(s.query(p)?)),
             Stmt::Pg(session, sql) => Ok(Rows::Pg(
                 session.query(sql, &p.values()?)?.into_iter(),
                 None,
@@ -226,7 +230,10 @@ impl Conn {
 
     /// A statement run rarely: SQLite does not keep it among the cached ones.
     pub fn prepare(&self, sql: &str) -> rusqlite::Result<Stmt<'_>> {
-        self.prepare_cached(sql)
+        match self {
+            Conn::Sqlite(c) => Ok(Stmt::SqliteOnce(c.prepare(sql)?)),
+            Conn::Pg(_) => self.prepare_cached(sql),
+        }
     }
 
     pub fn execute<P: Params>(&self, sql: &str, p: P) -> rusqlite::Result<usize> {
@@ -242,7 +249,7 @@ impl Conn {
         p: P,
         f: impl FnOnce(&Row<'_>) -> rusqlite::Result<T>,
     ) -> rusqlite::Result<T> {
-        self.prepare_cached(sql)?.query_row(p, f)
+        self.prepare(sql)?.query_row(p, f)
     }
 
     /// Runs several statements without parameters.
@@ -265,7 +272,9 @@ impl Conn {
         values: &[Value],
     ) -> rusqlite::Result<()> {
         let tuple = |first: usize| {
-            let cells: Vec<String> = (first + 1..=first + width).map(|i| format!("?{i}")).collect();
+            let cells: Vec<String> = (first + 1..=first + width)
+                .map(|i| format!("?{i}"))
+                .collect();
             format!("({})", cells.join(", "))
         };
         match self {
@@ -280,7 +289,10 @@ impl Conn {
                 for chunk in values.chunks(rows_per_statement * width) {
                     let tuples: Vec<String> =
                         (0..chunk.len() / width).map(|r| tuple(r * width)).collect();
-                    s.execute(&format!("{head} VALUES {} {tail}", tuples.join(", ")), chunk)?;
+                    s.execute(
+                        &format!("{head} VALUES {} {tail}", tuples.join(", ")),
+                        chunk,
+                    )?;
                 }
             }
         }

@@ -14,7 +14,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use crate::support::{
-    NOW, Out, Project, THREE_DAYS, alive, now_ms, stopped, wait_stale, wait_until,
+    NOW, Out, Project, THREE_DAYS, alive, day_unix, now_ms, stopped, wait_stale, wait_until,
     wait_within,
 };
 
@@ -1274,4 +1274,71 @@ fn legacy_row_of_a_live_owner_sharing_the_host_name_is_not_taken_over_while_fres
         out.stderr
     );
     out.code(2);
+}
+
+/// A task that holds a lock per interval (a second try of an interval while one runs is written
+/// to overlaps.txt) and ends 200 ms after `release` exists.
+const OVERLAP_DAG: &str = r#"
+schedule = "@daily"
+[[tasks]]
+id = "work"
+command = '''
+mkdir -p locks
+exec 9> "locks/{{ ds }}"
+if ! flock -n 9; then echo "{{ ds }}" >> overlaps.txt; exit 1; fi
+echo "start {{ ds }} $(hostname)" >> events.txt
+while [ ! -f release ]; do sleep 0.05; done
+sleep 0.2
+'''
+"#;
+
+#[test]
+fn two_hosts_backfilling_overlapping_ranges_at_once_run_each_interval_once() {
+    if !available("the hosts tests") {
+        return;
+    }
+    let p = Project::new().dag("c", OVERLAP_DAG);
+    let range = |from: &'static str, to: &'static str| {
+        [
+            "create",
+            "--dag",
+            "c",
+            "--from",
+            from,
+            "--to",
+            to,
+            "--max-active-runs",
+            "2",
+        ]
+    };
+    let a = Host::start(&p, "hosta", &range("2026-01-01", "2026-01-06"));
+    let b = Host::start(&p, "hostb", &range("2026-01-04", "2026-01-09"));
+    // Both plan while the shared days are in flight, then the work goes on.
+    wait_until("both hosts to plan", Duration::from_secs(30), || {
+        p.has_manifest() && p.count("SELECT COUNT(*) FROM backfills WHERE planning = 0") == 2
+    });
+    std::fs::write(p.path("release"), "").unwrap();
+    a.wait(&p, Duration::from_secs(60)).code(0);
+    b.wait(&p, Duration::from_secs(60)).code(0);
+    assert_eq!(p.read("overlaps.txt"), "");
+    // Every interval of the union ran exactly once, and succeeded.
+    assert_eq!(
+        p.rows(
+            "SELECT interval_start, COUNT(*), SUM(CASE WHEN state = 'succeeded' THEN 1 ELSE 0 END)
+             FROM runs GROUP BY interval_start ORDER BY interval_start"
+        ),
+        (1..=9)
+            .map(|d| vec![day_unix(d).to_string(), "1".to_string(), "1".to_string()])
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(events(&p, "start").len(), 9);
+    // Whichever planned second found the shared days in flight on the other host.
+    let in_flight = p.rows(
+        "SELECT backfill_id, interval_start FROM plan WHERE reason = 'in flight' ORDER BY interval_start",
+    );
+    assert_eq!(
+        in_flight.iter().map(|r| r[1].clone()).collect::<Vec<_>>(),
+        (4..=6).map(|d| day_unix(d).to_string()).collect::<Vec<_>>()
+    );
+    assert!(in_flight.iter().all(|r| r[0] == in_flight[0][0]));
 }

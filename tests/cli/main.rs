@@ -12,9 +12,9 @@ mod hosts;
 mod interrupt;
 mod one_worker;
 mod operations;
-mod pg_manifest;
 #[path = "../pg/mod.rs"]
 mod pg;
+mod pg_manifest;
 mod postgres;
 mod read_only;
 mod readme;

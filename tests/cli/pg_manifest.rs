@@ -25,13 +25,25 @@ sleep 0.2
 
 fn create_args<'a>(url: &'a str, from: &'a str, to: &'a str) -> Vec<&'a str> {
     vec![
-        "--manifest", url, "create", "--dag", "c", "--from", from, "--to", to,
+        "--manifest",
+        url,
+        "create",
+        "--dag",
+        "c",
+        "--from",
+        from,
+        "--to",
+        to,
     ]
 }
 
 /// How many tries are running (0 before the manifest's schema exists).
 fn running_tries(cluster: &pg::Cluster, db: &str) -> String {
-    if cluster.psql(db, "SELECT to_regclass('backfill_manifest.task_tries') IS NULL") == "t" {
+    if cluster.psql(
+        db,
+        "SELECT to_regclass('backfill_manifest.task_tries') IS NULL",
+    ) == "t"
+    {
         return "0".into();
     }
     cluster.psql(
@@ -70,7 +82,8 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
     p.run(&["--manifest", &url, "list"])
         .code(0)
         .stderr_has("no backfills yet");
-    p.run(&create_args(&url, "2026-01-01", "2026-01-03")).code(0);
+    p.run(&create_args(&url, "2026-01-01", "2026-01-03"))
+        .code(0);
     assert_eq!(
         cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
         "1"
@@ -85,7 +98,10 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
     assert!(!p.manifest_path().exists());
     assert!(!p.path("postgresql:").exists());
     // A schema written by a newer backfill is refused, by every command, before anything else.
-    cluster.psql(&db, "UPDATE backfill_manifest.schema_version SET version = 99");
+    cluster.psql(
+        &db,
+        "UPDATE backfill_manifest.schema_version SET version = 99",
+    );
     for args in [
         vec!["--manifest", &url, "list"],
         create_args(&url, "2026-01-04", "2026-01-04"),
@@ -190,7 +206,10 @@ fn a_host_whose_clock_runs_ahead_takes_nothing_over_while_the_database_says_the_
     std::fs::write(p.path("go"), "").unwrap();
     p.wait("owner", owner).code(0);
     assert_eq!(
-        cluster.psql(&db, "SELECT epoch, state FROM backfill_manifest.backfills ORDER BY id"),
+        cluster.psql(
+            &db,
+            "SELECT epoch, state FROM backfill_manifest.backfills ORDER BY id"
+        ),
         "0|completed\n0|completed"
     );
     assert_eq!(

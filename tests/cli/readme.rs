@@ -50,12 +50,15 @@ fn cron_job(p: &Project) -> impl Fn() -> Out {
     let command = job.split_whitespace().skip(5).collect::<Vec<_>>().join(" ");
     let project = p.path("");
     let command = command.replace("/srv/pipelines", &project.display().to_string());
+    let manifest_env = p.manifest_env();
     move || {
         let mut c = Command::new("/bin/sh");
         c.arg("-c")
             .arg(&command)
             .current_dir("/")
             .env_clear()
+            // A crontab line sets BACKFILL_MANIFEST as it sets PATH.
+            .envs(manifest_env.clone())
             .env("PATH", &path)
             .env("HOME", &project)
             .env("LOGNAME", "etl")

@@ -357,9 +357,15 @@ impl Project {
     pub fn exec(&self, sql: &str) {
         match &self.manifest_db {
             Some(db) => {
-                crate::pg::shared().psql(db, &format!("SET search_path = backfill_manifest, public;\n{sql}"));
+                crate::pg::shared().psql(
+                    db,
+                    &format!("SET search_path = backfill_manifest, public;\n{sql}"),
+                );
             }
-            None => self.db().execute_batch(sql).expect("run SQL on the manifest"),
+            None => self
+                .db()
+                .execute_batch(sql)
+                .expect("run SQL on the manifest"),
         }
     }
 

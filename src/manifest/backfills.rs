@@ -183,10 +183,19 @@ impl Fenced {
 /// Checks, inside the caller's transaction, that `owner` may still act: its epoch is current
 /// and the backfill is running.
 pub fn fence(conn: &Conn, owner: Owner) -> Result<Fenced> {
-    let row: Option<(i64, BackfillState)> = conn
-        .prepare_cached("SELECT epoch, state FROM backfills WHERE id = ?1")?
-        .query_row([owner.backfill_id], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?;
+    let row: Option<(i64, BackfillState)> = match conn.fenced(owner.backfill_id) {
+        Some(known) => Some(known),
+        None => {
+            let row = conn
+                .prepare_cached("SELECT epoch, state FROM backfills WHERE id = ?1")?
+                .query_row([owner.backfill_id], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            if let Some(row) = row {
+                conn.remember_fence(owner.backfill_id, row);
+            }
+            row
+        }
+    };
     match row {
         Some((epoch, BackfillState::Running)) if epoch == owner.epoch => Ok(Fenced { owner }),
         _ => Err(Error::Fenced {

@@ -309,6 +309,22 @@ impl Conn {
         }
     }
 
+    /// A backfill's epoch and state as read earlier in this writer's transaction (PostgreSQL:
+    /// a round trip saved; the writers' lock keeps every other writer out until it commits, and
+    /// this transaction's own writes to `backfills` forget what was read).
+    pub fn fenced(&self, backfill_id: i64) -> Option<(i64, crate::state::BackfillState)> {
+        match self {
+            Conn::Sqlite(_) => None,
+            Conn::Pg(s) => s.fenced(backfill_id),
+        }
+    }
+
+    pub fn remember_fence(&self, backfill_id: i64, row: (i64, crate::state::BackfillState)) {
+        if let Conn::Pg(s) = self {
+            s.remember_fence(backfill_id, row);
+        }
+    }
+
     pub fn is_postgres(&self) -> bool {
         matches!(self, Conn::Pg(_))
     }

@@ -55,6 +55,8 @@ pub struct Session {
     tx_now: Cell<Option<i64>>,
     /// The connection was lost inside a transaction.
     broken: Cell<bool>,
+    /// Backfills' epochs and states read in the writer's transaction (see `Conn::fenced`).
+    fences: RefCell<HashMap<i64, (i64, crate::state::BackfillState)>>,
 }
 
 fn failure(message: String) -> rusqlite::Error {
@@ -116,6 +118,7 @@ impl Session {
             in_tx: Cell::new(false),
             tx_now: Cell::new(None),
             broken: Cell::new(false),
+            fences: RefCell::default(),
         })
     }
 
@@ -198,7 +201,25 @@ impl Session {
         Ok(s)
     }
 
+    pub fn fenced(&self, backfill_id: i64) -> Option<(i64, crate::state::BackfillState)> {
+        self.fences.borrow().get(&backfill_id).copied()
+    }
+
+    pub fn remember_fence(&self, backfill_id: i64, row: (i64, crate::state::BackfillState)) {
+        if self.in_tx.get() {
+            self.fences.borrow_mut().insert(backfill_id, row);
+        }
+    }
+
+    /// Forgets the fences read when `sql` may change a backfill.
+    fn written(&self, sql: &str) {
+        if sql.contains("backfills") && !sql.trim_start().starts_with("SELECT") {
+            self.fences.borrow_mut().clear();
+        }
+    }
+
     pub fn execute(&self, sql: &str, values: &[Value]) -> rusqlite::Result<usize> {
+        self.written(sql);
         self.with(|conn, prepared| {
             let s = Self::statement(conn, prepared, sql)?;
             let params: Vec<Param<'_>> = values.iter().map(Param).collect();
@@ -212,6 +233,7 @@ impl Session {
     }
 
     pub fn query(&self, sql: &str, values: &[Value]) -> rusqlite::Result<Vec<Vec<Value>>> {
+        self.written(sql);
         self.with(|conn, prepared| {
             let s = Self::statement(conn, prepared, sql)?;
             let params: Vec<Param<'_>> = values.iter().map(Param).collect();
@@ -231,6 +253,7 @@ impl Session {
     }
 
     pub fn batch(&self, sql: &str) -> rusqlite::Result<()> {
+        self.written(sql);
         self.with(|conn, _| {
             conn.wait(conn.client.batch_execute(sql))
                 .map_err(|e| wrap(&e))
@@ -259,6 +282,7 @@ impl Session {
     pub fn begin(&self, writer: &str, token: i64) -> rusqlite::Result<()> {
         self.in_tx.set(true);
         self.tx_now.set(None);
+        self.fences.borrow_mut().clear();
         let begun = self.with(|conn, _| {
             // Both values are made here (hex and a number): nothing from outside is spliced in.
             let sql = format!(
@@ -301,6 +325,7 @@ impl Session {
     fn end_tx(&self) {
         self.in_tx.set(false);
         self.tx_now.set(None);
+        self.fences.borrow_mut().clear();
     }
 
     pub fn commit(&self) -> rusqlite::Result<()> {
@@ -334,23 +359,7 @@ impl Session {
             .and_then(|r| r.first())
             .is_some_and(|v| *v == Value::Integer(token)))
     }
-
-    /// Sends a statement without waiting for its answer: it is run before whatever is sent
-    /// next (a savepoint around a job costs no round trip). Its error, if any, fails the
-    /// statement after it.
-    pub fn send(&self, sql: &'static str) {
-        let conn = self.conn.borrow();
-        if let Some(conn) = conn.as_ref() {
-            let mut f = std::pin::pin!(conn.client.batch_execute(sql));
-            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-            // The first poll queues the message; the answer is read and dropped by the
-            // connection.
-            let _ = f.as_mut().poll(&mut cx);
-        }
-    }
 }
-
-use std::future::Future;
 
 /// A connection set up for the manifest: its schema first on the search path, and a session
 /// that sits idle inside a transaction ended by the server.

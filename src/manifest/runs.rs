@@ -28,6 +28,37 @@ pub fn start_run(
     now_ms: i64,
 ) -> Result<Option<i64>> {
     let start = interval.start.timestamp();
+    if conn.is_postgres() {
+        // One round trip: the lease checked, the run recorded and named in the lease.
+        return Ok(conn
+            .prepare_cached(
+                "WITH held AS (
+                     SELECT 1 FROM leases
+                     WHERE dag_id = ?2 AND interval_start = ?3 AND backfill_id = ?1),
+                 run AS (
+                     INSERT INTO runs (backfill_id, dag_id, interval_start, interval_end, state, started_at)
+                     SELECT CAST(?1 AS bigint), CAST(?2 AS text), CAST(?3 AS bigint),
+                            CAST(?4 AS bigint), CAST(?5 AS text), CAST(?6 AS bigint)
+                     FROM held RETURNING id),
+                 named AS (
+                     UPDATE leases SET run_id = (SELECT id FROM run)
+                     WHERE dag_id = ?2 AND interval_start = ?3 AND backfill_id = ?1
+                       AND EXISTS (SELECT 1 FROM run))
+                 SELECT id FROM run",
+            )?
+            .query_row(
+                params![
+                    fenced.backfill_id(),
+                    dag_id,
+                    start,
+                    interval.end.timestamp(),
+                    RunState::Running,
+                    now_ms
+                ],
+                |r| r.get(0),
+            )
+            .optional()?);
+    }
     if !leases::holds(conn, fenced.backfill_id(), dag_id, start)? {
         return Ok(None);
     }
@@ -112,6 +143,19 @@ fn end_run(
     error: Option<&str>,
     now_ms: i64,
 ) -> Result<()> {
+    if conn.is_postgres() {
+        // One round trip: the run ended, and its lease (joined by primary key) released.
+        conn.prepare_cached(
+            "WITH ended AS (
+                 UPDATE runs SET state = ?2, ended_at = ?3, error = ?4
+                 WHERE id = ?1 AND state IN ('queued', 'running'))
+             DELETE FROM leases l USING runs r
+             WHERE r.id = ?1 AND l.dag_id = r.dag_id AND l.interval_start = r.interval_start
+               AND l.backfill_id = r.backfill_id",
+        )?
+        .execute(params![run_id, state, now_ms, error])?;
+        return Ok(());
+    }
     conn.prepare_cached(
         "UPDATE runs SET state = ?2, ended_at = ?3, error = ?4
          WHERE id = ?1 AND state IN ('queued', 'running')",
@@ -196,13 +240,15 @@ pub fn set_try_group(
     group: Group,
     host: &str,
 ) -> Result<bool> {
-    if !try_holds_lease(conn, try_id)? {
-        return Ok(false);
-    }
+    // Only while the try's backfill holds its interval's lease (see [`try_holds_lease`]).
     let changed = conn
         .prepare_cached(
             "UPDATE task_tries SET pgid = ?2, pgid_start = ?3, host = ?4
-             WHERE id = ?1 AND state = 'running'",
+             WHERE id = ?1 AND state = 'running' AND EXISTS (
+                 SELECT 1 FROM runs r
+                 JOIN leases l ON l.dag_id = r.dag_id AND l.interval_start = r.interval_start
+                              AND l.backfill_id = r.backfill_id
+                 WHERE r.id = task_tries.run_id)",
         )?
         .execute(params![try_id, group.pgid, group.leader_start, host])?;
     Ok(changed == 1)

@@ -177,6 +177,28 @@ pub fn take(
     intervals: impl Iterator<Item = DataInterval>,
     ctx: &LeaseCtx,
 ) -> Result<()> {
+    const UPSERT: &str =
+        "ON CONFLICT (dag_id, interval_start) DO UPDATE SET backfill_id = excluded.backfill_id,
+            run_id = NULL, pid = excluded.pid, host = excluded.host,
+            heartbeat_at = excluded.heartbeat_at";
+    if !conn.is_postgres() {
+        // One prepared row at a time, with no copy of the values.
+        let mut stmt = conn.prepare_cached(&format!(
+            "INSERT INTO leases (dag_id, interval_start, backfill_id, pid, host, heartbeat_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6) {UPSERT}"
+        ))?;
+        for i in intervals {
+            stmt.execute(params![
+                dag_id,
+                i.start.timestamp(),
+                backfill_id,
+                ctx.pid,
+                ctx.host,
+                ctx.now_ms
+            ])?;
+        }
+        return Ok(());
+    }
     let mut values = Vec::new();
     for i in intervals {
         values.extend([
@@ -190,9 +212,7 @@ pub fn take(
     }
     conn.insert_many(
         "INSERT INTO leases (dag_id, interval_start, backfill_id, pid, host, heartbeat_at)",
-        "ON CONFLICT (dag_id, interval_start) DO UPDATE SET backfill_id = excluded.backfill_id,
-            run_id = NULL, pid = excluded.pid, host = excluded.host,
-            heartbeat_at = excluded.heartbeat_at",
+        UPSERT,
         6,
         &values,
     )?;

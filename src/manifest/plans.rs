@@ -81,6 +81,39 @@ pub fn insert_chunk(
     rows: &[(i64, PlanRow)],
     ctx: &LeaseCtx,
 ) -> Result<()> {
+    let leased = || {
+        leases::take(
+            conn,
+            f.backfill_id(),
+            dag_id,
+            rows.iter()
+                .filter(|(_, r)| r.action == Action::Run)
+                .map(|(_, r)| r.interval),
+            ctx,
+        )
+    };
+    if !conn.is_postgres() {
+        // One prepared row at a time, with no copy of the values.
+        let mut insert = conn.prepare_cached(
+            "INSERT INTO plan (backfill_id, ord, interval_start, interval_end, action, reason)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )?;
+        for (ord, row) in rows {
+            let (action, reason) = match row.action {
+                Action::Run => ("run", None),
+                Action::Skip(r) => ("skip", Some(r.as_str())),
+            };
+            insert.execute(params![
+                f.backfill_id(),
+                ord,
+                row.interval.start.timestamp(),
+                row.interval.end.timestamp(),
+                action,
+                reason
+            ])?;
+        }
+        return leased();
+    }
     let mut values = Vec::with_capacity(rows.len() * 6);
     for (ord, row) in rows {
         let (action, reason) = match row.action {
@@ -102,15 +135,7 @@ pub fn insert_chunk(
         6,
         &values,
     )?;
-    leases::take(
-        conn,
-        f.backfill_id(),
-        dag_id,
-        rows.iter()
-            .filter(|(_, r)| r.action == Action::Run)
-            .map(|(_, r)| r.interval),
-        ctx,
-    )
+    leased()
 }
 
 /// Interval starts that already have a plan row in a backfill.

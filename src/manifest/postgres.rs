@@ -218,38 +218,45 @@ impl Session {
         }
     }
 
-    pub fn execute(&self, sql: &str, values: &[Value]) -> rusqlite::Result<usize> {
+    /// Runs the prepared `sql` with `values` through `f`.
+    fn run<T>(
+        &self,
+        sql: &str,
+        values: &[Value],
+        f: impl Fn(
+            &Conn,
+            &tokio_postgres::Statement,
+            &[&(dyn ToSql + Sync)],
+        ) -> Result<T, tokio_postgres::Error>,
+    ) -> rusqlite::Result<T> {
         self.written(sql);
         self.with(|conn, prepared| {
             let s = Self::statement(conn, prepared, sql)?;
             let params: Vec<Param<'_>> = values.iter().map(Param).collect();
             let refs: Vec<&(dyn ToSql + Sync)> =
                 params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-            let n = conn
-                .wait(conn.client.execute(&s, &refs))
-                .map_err(|e| wrap(&e))?;
-            Ok(usize::try_from(n).unwrap_or(usize::MAX))
+            f(conn, &s, &refs).map_err(|e| wrap(&e))
         })
     }
 
+    pub fn execute(&self, sql: &str, values: &[Value]) -> rusqlite::Result<usize> {
+        let n = self.run(sql, values, |conn, s, refs| {
+            conn.wait(conn.client.execute(s, refs))
+        })?;
+        Ok(usize::try_from(n).unwrap_or(usize::MAX))
+    }
+
     pub fn query(&self, sql: &str, values: &[Value]) -> rusqlite::Result<Vec<Vec<Value>>> {
-        self.written(sql);
-        self.with(|conn, prepared| {
-            let s = Self::statement(conn, prepared, sql)?;
-            let params: Vec<Param<'_>> = values.iter().map(Param).collect();
-            let refs: Vec<&(dyn ToSql + Sync)> =
-                params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-            let rows = conn
-                .wait(conn.client.query(&s, &refs))
-                .map_err(|e| wrap(&e))?;
-            rows.iter()
-                .map(|r| {
-                    (0..r.len())
-                        .map(|i| r.try_get::<_, Read>(i).map(|c| c.0).map_err(|e| wrap(&e)))
-                        .collect()
-                })
-                .collect()
-        })
+        let rows = self.run(sql, values, |conn, s, refs| {
+            conn.wait(conn.client.query(s, refs))
+        })?;
+        rows.iter()
+            .map(|r| {
+                (0..r.len())
+                    .map(|i| r.try_get::<_, Read>(i).map(|c| c.0).map_err(|e| wrap(&e)))
+                    .collect()
+            })
+            .collect()
     }
 
     pub fn batch(&self, sql: &str) -> rusqlite::Result<()> {

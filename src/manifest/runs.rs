@@ -28,6 +28,15 @@ pub fn start_run(
     now_ms: i64,
 ) -> Result<Option<i64>> {
     let start = interval.start.timestamp();
+    let (backfill_id, end) = (fenced.backfill_id(), interval.end.timestamp());
+    let row: &[&dyn rusqlite::ToSql] = &[
+        &backfill_id,
+        &dag_id,
+        &start,
+        &end,
+        &RunState::Running,
+        &now_ms,
+    ];
     if conn.is_postgres() {
         // One round trip: the lease checked, the run recorded and named in the lease.
         return Ok(conn
@@ -46,17 +55,7 @@ pub fn start_run(
                        AND EXISTS (SELECT 1 FROM run))
                  SELECT id FROM run",
             )?
-            .query_row(
-                params![
-                    fenced.backfill_id(),
-                    dag_id,
-                    start,
-                    interval.end.timestamp(),
-                    RunState::Running,
-                    now_ms
-                ],
-                |r| r.get(0),
-            )
+            .query_row(row, |r| r.get(0))
             .optional()?);
     }
     if !leases::holds(conn, fenced.backfill_id(), dag_id, start)? {
@@ -67,17 +66,7 @@ pub fn start_run(
             "INSERT INTO runs (backfill_id, dag_id, interval_start, interval_end, state, started_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6) RETURNING id",
         )?
-        .query_row(
-            params![
-                fenced.backfill_id(),
-                dag_id,
-                start,
-                interval.end.timestamp(),
-                RunState::Running,
-                now_ms
-            ],
-            |r| r.get(0),
-        )?;
+        .query_row(row, |r| r.get(0))?;
     conn.prepare_cached(
         "UPDATE leases SET run_id = ?4 WHERE dag_id = ?1 AND interval_start = ?2 AND backfill_id = ?3",
     )?

@@ -301,6 +301,8 @@ fn commit_postgres(
             }
             return answer_all(batch, Some(format!("cannot start a transaction: {e}")));
         }
+        // The writers' lock is held from here to the commit.
+        crate::fault::point("manifest-transaction");
         let mut failed = false;
         for (job, done) in batch.iter_mut().zip(&mut skip) {
             if *done {

@@ -4,8 +4,10 @@
 
 use std::time::Duration;
 
+use nix::sys::signal::Signal;
+
 use crate::pg;
-use crate::support::{Project, day_unix, wait_until};
+use crate::support::{Project, day_unix, signal, stopped, wait_until, wait_within};
 
 /// A task of a few hundred milliseconds that holds a lock per interval: a second try of an
 /// interval while one runs is written to overlaps.txt.
@@ -248,4 +250,46 @@ fn the_database_restarting_under_a_backfill_is_a_reconnect_and_every_interval_ru
         own.psql(&db, "SELECT COUNT(*) FROM backfill_manifest.leases"),
         "0"
     );
+}
+
+#[test]
+fn a_host_frozen_inside_a_manifest_transaction_holds_the_others_up_for_seconds_only() {
+    if !pg::available("the PostgreSQL manifest tests") {
+        return;
+    }
+    let cluster = pg::shared();
+    let db = cluster.create_db();
+    let url = cluster.url(&db);
+    let p = Project::new().dag("c", DAG).dag("d", DAG);
+    std::fs::write(p.path("go"), "").unwrap();
+    // Host A freezes in its third manifest transaction, holding the writers' lock.
+    let a = p.spawn_with(
+        "a",
+        &create_args(&url, "2026-01-01", "2026-01-03"),
+        &[("BACKFILL_FAULT", "manifest-transaction@3:stop")],
+    );
+    wait_until("host A to freeze", Duration::from_secs(20), || {
+        stopped(a.id())
+    });
+    // Another backfill waits for the lock only until the server ends the frozen session.
+    let mut args = create_args(&url, "2026-01-01", "2026-01-03");
+    args[4] = "d";
+    let b = p.spawn("b", &args);
+    wait_within(&p, "b", b, Duration::from_secs(60))
+        .code(0)
+        .stderr_has("3 succeeded");
+    // Thawed, host A finds its connection gone, connects again and runs its transaction anew.
+    signal(&a, Signal::SIGCONT);
+    wait_within(&p, "a", a, Duration::from_secs(60))
+        .code(0)
+        .stderr_has("3 succeeded");
+    assert_eq!(
+        cluster.psql(
+            &db,
+            "SELECT dag_id, COUNT(*), COUNT(DISTINCT interval_start), COUNT(*) FILTER (WHERE state = 'succeeded')
+             FROM backfill_manifest.runs GROUP BY dag_id ORDER BY dag_id"
+        ),
+        "c|3|3|3\nd|3|3|3"
+    );
+    assert_eq!(p.read("overlaps.txt"), "");
 }

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use crate::exit::{self, Error};
 use crate::manifest::{self, Store, db::Conn, leases::LeaseCtx};
+use crate::report::out::plural;
 use crate::session::{Global, note};
 
 pub fn copy(g: &Global, to: &str) -> Result<u8, Error> {
@@ -59,6 +60,7 @@ pub fn copy(g: &Global, to: &str) -> Result<u8, Error> {
         Err(manifest::copy::Refused(why)) => return Err(Error::Usage(why)),
     };
     let get = |t: &str| copied.iter().find(|c| c.0 == t).map_or(0, |c| c.1);
+    let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
     if g.json {
         let rows: serde_json::Map<String, serde_json::Value> = copied
             .iter()
@@ -73,10 +75,10 @@ pub fn copy(g: &Global, to: &str) -> Result<u8, Error> {
     note(
         g,
         &format!(
-            "copied {} backfills, {} runs and {} tries from {} into {}; use it with manifest = \"{}\" in backfill.toml, --manifest or BACKFILL_MANIFEST (the SQLite file is unchanged)",
-            get("backfills"),
-            get("runs"),
-            get("task_tries"),
+            "copied {}, {} and {} from {} into {}; use it with manifest = \"{}\" in backfill.toml, --manifest or BACKFILL_MANIFEST (the SQLite file is unchanged)",
+            plural(count(get("backfills")), "backfill", "backfills"),
+            plural(count(get("runs")), "run", "runs"),
+            plural(count(get("task_tries")), "try", "tries"),
             from.display(),
             to.display(),
             to.display()

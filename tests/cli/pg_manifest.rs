@@ -39,6 +39,18 @@ fn create_args<'a>(url: &'a str, from: &'a str, to: &'a str) -> Vec<&'a str> {
     ]
 }
 
+/// A fresh database on the shared test cluster, and its URL; `None` (skipped loudly) without
+/// PostgreSQL's server binaries.
+fn manifest_database() -> Option<(&'static pg::Cluster, String, String)> {
+    if !pg::available("the PostgreSQL manifest tests") {
+        return None;
+    }
+    let cluster = pg::shared();
+    let db = cluster.create_db();
+    let url = cluster.url(&db);
+    Some((cluster, db, url))
+}
+
 /// How many tries are running (0 before the manifest's schema exists).
 fn running_tries(cluster: &pg::Cluster, db: &str) -> String {
     if cluster.psql(
@@ -72,12 +84,9 @@ fn runs_per_interval(cluster: &pg::Cluster, db: &str) -> Vec<(i64, i64, i64)> {
 
 #[test]
 fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused() {
-    if !pg::available("the PostgreSQL manifest tests") {
+    let Some((cluster, db, url)) = manifest_database() else {
         return;
-    }
-    let cluster = pg::shared();
-    let db = cluster.create_db();
-    let url = cluster.url(&db);
+    };
     let p = Project::new().dag("c", DAG);
     std::fs::write(p.path("go"), "").unwrap();
     // An empty database has recorded nothing yet, as a project's missing file.
@@ -120,12 +129,9 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
 
 #[test]
 fn manifest_copy_moves_a_sqlite_history_with_its_ids_and_identity() {
-    if !pg::available("the PostgreSQL manifest tests") {
+    let Some((cluster, db, url)) = manifest_database() else {
         return;
-    }
-    let cluster = pg::shared();
-    let db = cluster.create_db();
-    let url = cluster.url(&db);
+    };
     let p = Project::new().sqlite().dag("c", DAG);
     std::fs::write(p.path("go"), "").unwrap();
     p.create("c", "2026-01-01", "2026-01-03", &[]).code(0);
@@ -183,12 +189,9 @@ fn manifest_copy_moves_a_sqlite_history_with_its_ids_and_identity() {
 
 #[test]
 fn a_host_whose_clock_runs_ahead_takes_nothing_over_while_the_database_says_the_lease_is_fresh() {
-    if !pg::available("the PostgreSQL manifest tests") {
+    let Some((cluster, db, url)) = manifest_database() else {
         return;
-    }
-    let cluster = pg::shared();
-    let db = cluster.create_db();
-    let url = cluster.url(&db);
+    };
     let p = Project::new().dag("c", DAG);
     let owner = p.spawn("owner", &create_args(&url, "2026-01-01", "2026-01-02"));
     wait_until("two running tries", Duration::from_secs(20), || {
@@ -254,12 +257,9 @@ fn the_database_restarting_under_a_backfill_is_a_reconnect_and_every_interval_ru
 
 #[test]
 fn a_host_frozen_inside_a_manifest_transaction_holds_the_others_up_for_seconds_only() {
-    if !pg::available("the PostgreSQL manifest tests") {
+    let Some((cluster, db, url)) = manifest_database() else {
         return;
-    }
-    let cluster = pg::shared();
-    let db = cluster.create_db();
-    let url = cluster.url(&db);
+    };
     let p = Project::new().dag("c", DAG).dag("d", DAG);
     std::fs::write(p.path("go"), "").unwrap();
     // Host A freezes in its third manifest transaction, holding the writers' lock.

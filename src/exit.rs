@@ -50,7 +50,9 @@ impl Error {
         match self {
             Self::Usage(_) | Self::Project(_) | Self::Range(_) | Self::Now(_) => USAGE,
             Self::Manifest(
-                crate::manifest::Error::Missing { .. } | crate::manifest::Error::ReadOnly { .. },
+                crate::manifest::Error::Missing { .. }
+                | crate::manifest::Error::ReadOnly { .. }
+                | crate::manifest::Error::BadUrl { .. },
             ) => USAGE,
             Self::Manifest(_) | Self::Warehouse(_) | Self::Io { .. } | Self::Internal(_) => {
                 INTERNAL

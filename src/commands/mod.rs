@@ -53,6 +53,15 @@ fn backfill_id(g: &Global, r: BackfillRef, latest: Latest) -> Result<i64, Error>
 
 /// Runs the command; returns the exit code.
 pub fn run(cli: Cli) -> Result<u8, Error> {
+    if let Some(why) = cli
+        .manifest
+        .as_deref()
+        .and_then(|m| crate::manifest::not_a_location(&m.to_string_lossy()))
+    {
+        return Err(Error::Usage(format!(
+            "--manifest (or BACKFILL_MANIFEST): {why}"
+        )));
+    }
     // A URL stands as its location without the password (see `manifest::location`), in hints
     // too.
     let manifest = cli.manifest.map(|m| match m.to_str() {

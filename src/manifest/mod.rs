@@ -125,6 +125,9 @@ pub enum Error {
     Fenced { backfill_id: i64 },
     #[error("manifest {location}: {message}")]
     Postgres { location: String, message: String },
+    /// A manifest URL that cannot be taken (bad input: nothing was tried).
+    #[error("manifest {location}: {message}")]
+    BadUrl { location: String, message: String },
     #[error("manifest: {0}")]
     Invalid(String),
     #[error("the manifest writer has stopped")]
@@ -198,6 +201,23 @@ pub fn is_url(path: &Path) -> bool {
     })
 }
 
+/// Why `value` cannot name a manifest: a libpq keyword/value string (`host=db dbname=x`) would
+/// otherwise become a file name, its password with it. Never repeats the value.
+pub fn not_a_location(value: &str) -> Option<String> {
+    const KEYS: &[&str] = &[
+        "host", "hostaddr", "port", "dbname", "user", "password", "sslmode",
+    ];
+    let words: Vec<&str> = value.split_whitespace().collect();
+    let keyword = |w: &&str| {
+        w.split_once('=')
+            .is_some_and(|(k, _)| KEYS.contains(&k.to_ascii_lowercase().as_str()))
+    };
+    (!words.is_empty() && words.iter().any(keyword)).then(|| {
+        "a libpq keyword/value string is not taken: write the manifest as a URL, postgresql://USER@HOST:PORT/DATABASE (a password through ${NAME})"
+            .to_string()
+    })
+}
+
 /// PostgreSQL URLs by the location that stands for them: the URL without its password.
 static URLS: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<PathBuf, String>>> =
     std::sync::LazyLock::new(Default::default);
@@ -207,10 +227,16 @@ static URLS: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<Path
 /// itself is kept for connecting.
 pub fn location(value: &str) -> PathBuf {
     let value = value.trim();
-    let shown = PathBuf::from(crate::project::redact_url(value));
-    if !is_url(&shown) {
+    if !is_url(Path::new(value)) {
         return PathBuf::from(value);
     }
+    // The scheme in lower case, as libpq takes it in any case.
+    let value = match value.split_once("://") {
+        Some((scheme, rest)) => format!("{}://{rest}", scheme.to_ascii_lowercase()),
+        None => value.to_string(),
+    };
+    let value = value.as_str();
+    let shown = PathBuf::from(crate::project::redact_url(value));
     if let Ok(mut urls) = URLS.lock() {
         urls.insert(shown.clone(), value.to_string());
     }

@@ -106,6 +106,12 @@ fn wrap(e: &tokio_postgres::Error) -> rusqlite::Error {
 impl Session {
     /// Connects to the manifest's database (not looking at its schema).
     pub fn connect(url: &str, shown: &str) -> Result<Session> {
+        if let Err(message) = crate::warehouse::postgres::conn::target(url) {
+            return Err(Error::BadUrl {
+                location: shown.to_string(),
+                message,
+            });
+        }
         let conn = open_conn(url).map_err(|why| Error::Postgres {
             location: shown.to_string(),
             message: why,

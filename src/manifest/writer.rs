@@ -25,9 +25,6 @@ use super::{Error, Result};
 /// Most jobs committed in one transaction.
 const MAX_BATCH: usize = 1024;
 
-/// Most transactions a PostgreSQL batch is tried in when connections keep being lost.
-const MAX_ATTEMPTS: u32 = 20;
-
 /// A queued job: run in the batch's transaction (again, should that not commit), then answered.
 trait Pending: Send {
     fn run(&mut self, conn: &Conn);
@@ -278,17 +275,25 @@ fn commit_postgres(
     token: &mut i64,
     mut batch: Vec<Box<dyn Pending>>,
 ) {
-    let mut attempt = 0;
+    // Connections lost again and again are tried for as long as one that cannot be made (see
+    // `postgres::RECONNECT_FOR`), with a growing pause between tries.
+    let deadline = std::time::Instant::now() + super::postgres::RECONNECT_FOR;
+    let mut pause = std::time::Duration::from_millis(50);
     // Jobs that failed: answered with their error, not run again.
     let mut skip = vec![false; batch.len()];
+    let mut lost = false;
     loop {
-        attempt += 1;
-        if attempt > MAX_ATTEMPTS {
-            return answer_all(
-                batch,
-                Some("the connection was lost in every transaction tried".into()),
-            );
+        if lost {
+            if std::time::Instant::now() >= deadline {
+                return answer_all(
+                    batch,
+                    Some("the connection was lost in every transaction tried".into()),
+                );
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_secs(2));
         }
+        lost = true;
         *token += 1;
         if s.is_broken()
             && let Err(e) = s.reconnect()
@@ -322,9 +327,8 @@ fn commit_postgres(
         }
         if s.is_broken() || failed {
             s.rollback();
-            if failed {
-                attempt -= 1;
-            }
+            // A job that failed is not a lost connection: the others run again at once.
+            lost = !failed;
             continue;
         }
         if let Some(delay) = crate::fault::slow_commit() {

@@ -262,6 +262,13 @@ impl Project {
         };
         // A PostgreSQL URL (`${NAME}` puts an environment variable in, to keep a password out
         // of the file), else a path relative to the project.
+        if let Some(v) = &raw.manifest
+            && let Some(why) = load::expand_env(v.get_ref())
+                .ok()
+                .and_then(|value| crate::manifest::not_a_location(&value))
+        {
+            errs.at(v, format!("key `manifest`: {why}"));
+        }
         let manifest_url = match &raw.manifest {
             Some(v)
                 if v.get_ref().contains("${")

@@ -342,9 +342,18 @@ async fn keep_alive(
     let mut last_ok = Instant::now();
     loop {
         tick.tick().await;
-        let beat = writer
-            .call(move |c| c.heartbeat(owner, crate::clock::now_ms()))
-            .await;
+        // A heartbeat that has not answered by half the lease timeout (the manifest's server
+        // unreachable, its connection being made again) counts as failed: the tries stop before
+        // another host may take their intervals over.
+        let deadline = last_ok + lease_timeout / 2;
+        let call = writer.call(move |c| c.heartbeat(owner, crate::clock::now_ms()));
+        let beat = match tokio::time::timeout_at(deadline.into(), call).await {
+            Ok(beat) => beat,
+            Err(_) => Err(manifest::Error::Invalid(format!(
+                "the manifest did not answer within {} (half the lease timeout)",
+                humantime::format_duration(lease_timeout / 2)
+            ))),
+        };
         let why = match beat {
             Ok(Heartbeat::Carry) => {
                 last_ok = Instant::now();
@@ -360,7 +369,7 @@ async fn keep_alive(
                 "another backfill took the intervals over (no heartbeat within lease_timeout)"
                     .to_string()
             }
-            Err(e) if last_ok.elapsed() > lease_timeout / 2 => {
+            Err(e) if last_ok.elapsed() >= lease_timeout / 2 => {
                 tracing::error!(backfill = owner.backfill_id, error = %e, "the heartbeat cannot be written");
                 let why = format!("internal error: cannot write the heartbeat: {e}");
                 if let Ok(mut slot) = failure.lock() {

@@ -754,6 +754,23 @@ fn an_unreachable_postgresql_manifest_is_named_without_its_password_and_nothing_
     out.code(1)
         .stderr_has("manifest postgresql://etl@127.0.0.1:1/backfill: cannot connect");
     assert!(!out.stderr.contains("hunter2"), "{}", out.stderr);
+    // A URL libpq would not take is bad input; so is a keyword/value string, which must not
+    // become a file name with its password.
+    for (manifest, message) in [
+        (
+            "postgresql://etl:hunter2@127.0.0.1:1/backfill?sslmode=sometimes",
+            "sslmode `sometimes` is none of",
+        ),
+        (
+            "host=127.0.0.1 port=1 user=etl password=hunter2 dbname=x",
+            "a libpq keyword/value string is not taken: write the manifest as a URL",
+        ),
+    ] {
+        let flag = [&["--manifest", manifest][..], &create[..]].concat();
+        let out = p.run(&flag);
+        out.code(2).stderr_has(message);
+        assert!(!out.stderr.contains("hunter2"), "{}", out.stderr);
+    }
     p.write(
         "backfill.toml",
         "manifest = \"${BACKFILL_TEST_UNSET_URL}\"\n",
@@ -764,7 +781,7 @@ fn an_unreachable_postgresql_manifest_is_named_without_its_password_and_nothing_
     let left: Vec<String> = std::fs::read_dir(p.path("."))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("postgres") || n == ".backfill")
+        .filter(|n| n.starts_with("postgres") || n.starts_with("host=") || n == ".backfill")
         .collect();
     assert!(left.is_empty(), "{left:?}");
     assert!(!p.manifest_path().exists());

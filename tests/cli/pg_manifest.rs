@@ -293,3 +293,53 @@ fn a_host_frozen_inside_a_manifest_transaction_holds_the_others_up_for_seconds_o
     );
     assert_eq!(p.read("overlaps.txt"), "");
 }
+
+#[test]
+fn an_owner_cut_off_from_the_manifest_stops_its_tries_before_its_lease_could_be_taken() {
+    if !pg::available("the PostgreSQL manifest tests") {
+        return;
+    }
+    let own = pg::Cluster::start();
+    let db = own.create_db();
+    let url = own.url(&db);
+    let p = Project::new().dag("c", DAG);
+    p.write("backfill.toml", "lease_timeout = \"4s\"\n");
+    let owner = p.spawn("owner", &create_args(&url, "2026-01-01", "2026-01-02"));
+    wait_until("two running tries", Duration::from_secs(20), || {
+        running_tries(&own, &db) == "2"
+    });
+    // The server stops answering, its connections open: the owner's heartbeat hangs.
+    own.freeze();
+    let tries_alive = || {
+        std::process::Command::new("pgrep")
+            .args(["-f", "locks/2026-01-0"])
+            .output()
+            .map(|o| !o.stdout.is_empty())
+            .unwrap_or(false)
+    };
+    // Within half the lease timeout (2 s) and a heartbeat, its tries get SIGTERM, long before
+    // the lease (4 s) could be judged expired by another host.
+    let stopped_in_time = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        !tries_alive()
+    });
+    own.thaw();
+    assert!(
+        stopped_in_time,
+        "the tries ran on while the manifest did not answer"
+    );
+    let out = wait_within(&p, "owner", owner, Duration::from_secs(60));
+    out.code(1)
+        .stderr_has("cannot write the heartbeat: manifest: the manifest did not answer within 2s (half the lease timeout): stopping")
+        .stderr_has("cancelled  2026-01-01");
+    std::fs::write(p.path("go"), "").unwrap();
+    p.run(&["--manifest", &url, "resume", "1"]).code(0);
+    assert_eq!(
+        runs_per_interval(&own, &db)
+            .iter()
+            .map(|r| (r.0, r.2))
+            .collect::<Vec<_>>(),
+        (1..=2).map(|d| (day_unix(d), 1)).collect::<Vec<_>>()
+    );
+    assert_eq!(p.read("overlaps.txt"), "");
+}

@@ -338,6 +338,20 @@ impl Cluster {
         }
     }
 
+    /// Freeze the server (SIGSTOP to the postmaster and its processes): it stops answering
+    /// without closing a connection, as a host cut off by the network. `thaw` resumes it.
+    pub fn freeze(&self) {
+        let pid = postmaster_pid(&self.data).expect("freeze: no postmaster.pid");
+        signal("STOP", &[pid]);
+        signal("STOP", &children_of(pid));
+    }
+
+    pub fn thaw(&self) {
+        let pid = postmaster_pid(&self.data).expect("thaw: no postmaster.pid");
+        signal("CONT", &children_of(pid));
+        signal("CONT", &[pid]);
+    }
+
     /// `stop` then `start_again`.
     pub fn restart(&self) {
         self.stop();

@@ -342,12 +342,12 @@ async fn keep_alive(
     let mut last_ok = Instant::now();
     loop {
         tick.tick().await;
-        // A heartbeat that has not answered by half the lease timeout (the manifest's server
-        // unreachable, its connection being made again) counts as failed: the tries stop before
-        // another host may take their intervals over.
-        let deadline = last_ok + lease_timeout / 2;
+        // A heartbeat that has not answered within half the lease timeout (the manifest's
+        // server unreachable, its connection being made again) counts as failed: the tries stop
+        // before another host may take their intervals over. Each call gets that long: an owner
+        // thawed after a freeze hears first whether it was taken over.
         let call = writer.call(move |c| c.heartbeat(owner, crate::clock::now_ms()));
-        let beat = match tokio::time::timeout_at(deadline.into(), call).await {
+        let beat = match tokio::time::timeout(lease_timeout / 2, call).await {
             Ok(beat) => beat,
             Err(_) => Err(manifest::Error::Invalid(format!(
                 "the manifest did not answer within {} (half the lease timeout)",

@@ -109,21 +109,10 @@ fn copy_table(
         if pending.is_empty() {
             return Ok(());
         }
-        let count = pending.len() / columns.len();
-        let tuples: Vec<String> = (0..count)
-            .map(|r| {
-                let cells: Vec<String> = (1..=columns.len())
-                    .map(|c| format!("?{}", r * columns.len() + c))
-                    .collect();
-                format!("({})", cells.join(", "))
-            })
-            .collect();
-        to.execute(
-            &format!(
-                "INSERT INTO {table} ({}) VALUES {}",
-                columns.join(", "),
-                tuples.join(", ")
-            ),
+        to.insert_many(
+            &format!("INSERT INTO {table} ({})", columns.join(", ")),
+            "",
+            columns.len(),
             pending,
         )?;
         pending.clear();

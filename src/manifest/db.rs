@@ -260,45 +260,6 @@ impl Conn {
         }
     }
 
-    /// Inserts rows of `width` values each (`values`, row after row): `head` is `INSERT INTO t
-    /// (columns)`, `tail` what follows the values (an `ON CONFLICT` clause, or nothing). One
-    /// prepared row at a time on SQLite; many rows to a statement on PostgreSQL, where each
-    /// statement is a round trip.
-    pub fn insert_many(
-        &self,
-        head: &str,
-        tail: &str,
-        width: usize,
-        values: &[Value],
-    ) -> rusqlite::Result<()> {
-        let tuple = |first: usize| {
-            let cells: Vec<String> = (first + 1..=first + width)
-                .map(|i| format!("?{i}"))
-                .collect();
-            format!("({})", cells.join(", "))
-        };
-        match self {
-            Conn::Sqlite(c) => {
-                let mut stmt = c.prepare_cached(&format!("{head} VALUES {} {tail}", tuple(0)))?;
-                for row in values.chunks(width) {
-                    stmt.execute(rusqlite::params_from_iter(row))?;
-                }
-            }
-            Conn::Pg(s) => {
-                let rows_per_statement = (4096 / width).max(1);
-                for chunk in values.chunks(rows_per_statement * width) {
-                    let tuples: Vec<String> =
-                        (0..chunk.len() / width).map(|r| tuple(r * width)).collect();
-                    s.execute(
-                        &format!("{head} VALUES {} {tail}", tuples.join(", ")),
-                        chunk,
-                    )?;
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// "Now" for the manifest's records (unix milliseconds): the caller's clock on SQLite,
     /// which only this machine writes; the database's clock on PostgreSQL, so that hosts whose
     /// clocks disagree judge leases alike.
@@ -322,6 +283,14 @@ impl Conn {
     pub fn remember_fence(&self, backfill_id: i64, row: (i64, crate::state::BackfillState)) {
         if let Conn::Pg(s) = self {
             s.remember_fence(backfill_id, row);
+        }
+    }
+
+    /// The PostgreSQL session, when the manifest is in PostgreSQL.
+    pub fn postgres(&self) -> Option<&Session> {
+        match self {
+            Conn::Pg(s) => Some(s),
+            Conn::Sqlite(_) => None,
         }
     }
 

@@ -181,7 +181,7 @@ pub fn take(
         "ON CONFLICT (dag_id, interval_start) DO UPDATE SET backfill_id = excluded.backfill_id,
             run_id = NULL, pid = excluded.pid, host = excluded.host,
             heartbeat_at = excluded.heartbeat_at";
-    if !conn.is_postgres() {
+    let Some(pg) = conn.postgres() else {
         // One prepared row at a time, with no copy of the values.
         let mut stmt = conn.prepare_cached(&format!(
             "INSERT INTO leases (dag_id, interval_start, backfill_id, pid, host, heartbeat_at)
@@ -198,7 +198,7 @@ pub fn take(
             ])?;
         }
         return Ok(());
-    }
+    };
     let mut values = Vec::new();
     for i in intervals {
         values.extend([
@@ -210,7 +210,7 @@ pub fn take(
             Value::Integer(ctx.now_ms),
         ]);
     }
-    conn.insert_many(
+    pg.insert_many(
         "INSERT INTO leases (dag_id, interval_start, backfill_id, pid, host, heartbeat_at)",
         UPSERT,
         6,

@@ -92,7 +92,7 @@ pub fn insert_chunk(
             ctx,
         )
     };
-    if !conn.is_postgres() {
+    let Some(pg) = conn.postgres() else {
         // One prepared row at a time, with no copy of the values.
         let mut insert = conn.prepare_cached(
             "INSERT INTO plan (backfill_id, ord, interval_start, interval_end, action, reason)
@@ -113,7 +113,7 @@ pub fn insert_chunk(
             ])?;
         }
         return leased();
-    }
+    };
     let mut values = Vec::with_capacity(rows.len() * 6);
     for (ord, row) in rows {
         let (action, reason) = match row.action {
@@ -129,7 +129,7 @@ pub fn insert_chunk(
             reason.map_or(Value::Null, |r| Value::Text(r.to_string())),
         ]);
     }
-    conn.insert_many(
+    pg.insert_many(
         "INSERT INTO plan (backfill_id, ord, interval_start, interval_end, action, reason)",
         "",
         6,

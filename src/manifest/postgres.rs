@@ -265,6 +265,34 @@ impl Session {
             .collect()
     }
 
+    /// Inserts rows of `width` values each (`values`, row after row), many rows to a statement
+    /// (each statement is a round trip): `head` is `INSERT INTO t (columns)`, `tail` what
+    /// follows the values (an `ON CONFLICT` clause, or nothing).
+    pub fn insert_many(
+        &self,
+        head: &str,
+        tail: &str,
+        width: usize,
+        values: &[Value],
+    ) -> rusqlite::Result<()> {
+        let rows_per_statement = (4096 / width).max(1);
+        for chunk in values.chunks(rows_per_statement * width) {
+            let tuples: Vec<String> = (0..chunk.len() / width)
+                .map(|r| {
+                    let cells: Vec<String> = (r * width + 1..=(r + 1) * width)
+                        .map(|i| format!("?{i}"))
+                        .collect();
+                    format!("({})", cells.join(", "))
+                })
+                .collect();
+            self.execute(
+                &format!("{head} VALUES {} {tail}", tuples.join(", ")),
+                chunk,
+            )?;
+        }
+        Ok(())
+    }
+
     pub fn batch(&self, sql: &str) -> rusqlite::Result<()> {
         self.written(sql);
         self.with(|conn, _| {

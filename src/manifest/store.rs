@@ -320,10 +320,7 @@ impl Conn {
     /// `ctx` at the manifest's "now" (see [`Conn::now_ms`]).
     fn at<'a>(&self, ctx: &'a LeaseCtx) -> Result<std::borrow::Cow<'a, LeaseCtx>> {
         Ok(if self.is_postgres() {
-            std::borrow::Cow::Owned(LeaseCtx {
-                now_ms: self.now_ms(ctx.now_ms)?,
-                ..ctx.clone()
-            })
+            std::borrow::Cow::Owned(ctx.clone().at_manifest(self)?)
         } else {
             std::borrow::Cow::Borrowed(ctx)
         })

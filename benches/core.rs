@@ -87,9 +87,10 @@ fn large_manifest(dir: &std::path::Path, intervals: &[DataInterval]) -> manifest
         .collect();
     plans::insert_chunk(&conn, owner, "hourly", &ordered, &ctx).unwrap();
     for i in intervals {
-        let run = runs::start_run(&conn, owner, "hourly", *i, 0)
-            .unwrap()
-            .unwrap();
+        let runs::Start::Run(run) = runs::start_run(&conn, owner, "hourly", *i, 0, 30_000).unwrap()
+        else {
+            panic!("the run of {i:?} did not start");
+        };
         runs::finish_run(&conn, owner, run, RunState::Succeeded, None, 1).unwrap();
     }
     conn.execute_batch("COMMIT").unwrap();

@@ -110,6 +110,17 @@ pub enum Command {
         #[arg(value_name = "ID", value_parser = parse_backfill)]
         id: BackfillRef,
     },
+    /// Help run a live backfill's remaining intervals from this process (this host or
+    /// another that shares the manifest); its max_active_runs bounds all its processes.
+    Join {
+        /// The backfill id, or `latest` (the newest backfill).
+        #[arg(value_name = "ID", value_parser = parse_backfill)]
+        id: BackfillRef,
+        /// Most intervals in flight at once in this process; default: the backfill's
+        /// max_active_runs.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        max_active_runs: Option<u32>,
+    },
     /// Stop a backfill, also one running in another process.
     Cancel {
         /// The backfill id, or `latest` (the newest backfill).

@@ -107,12 +107,51 @@ fn claim_owner(
     let Some(owner) = conn.take_ownership(backfill_id, ctx, me)? else {
         return Ok(None);
     };
-    Ok(Some(Claim {
-        owner,
-        tries: conn.unfinished_tries(backfill_id)?,
-        publishes: conn.pending_publishes(backfill_id)?,
-        runs: conn.runs_in_progress(backfill_id)?,
-    }))
+    // Its workers that are gone too: their runs are settled with the owner's. A live worker's
+    // runs are its own to finish (it stops once the backfill no longer runs, or goes on under
+    // the new owner).
+    for w in conn.workers(backfill_id)? {
+        conn.take_worker(w.id, ctx)?;
+    }
+    claim_of(conn, owner).map(Some)
+}
+
+/// What `claimed` (an owner or a worker just claimed) left to recover.
+fn claim_of(conn: &dyn Store, claimed: Owner) -> manifest::Result<Claim> {
+    Ok(Claim {
+        owner: claimed,
+        tries: conn.unfinished_tries(claimed)?,
+        publishes: conn.pending_publishes(claimed)?,
+        runs: conn.runs_in_progress(claimed)?,
+    })
+}
+
+/// Recovers the workers of backfill `backfill_id` that are gone (their lease expired): their
+/// tries stopped and ended, their runs ended, so that their intervals can be run again; the
+/// backfill's owner calls it. Returns how many were recovered.
+pub fn recover_workers(
+    writer: &Writer,
+    dags: &Dags,
+    backfill_id: i64,
+    ctx: &LeaseCtx,
+) -> Result<Report, Error> {
+    let c = ctx.clone();
+    let claims = writer.call_blocking(move |conn| {
+        let mut claims = Vec::new();
+        for w in conn.workers(backfill_id)? {
+            if w.state != crate::state::BackfillState::Running {
+                continue;
+            }
+            if let Some(claimed) = conn.take_worker(w.id, &c)? {
+                claims.push(claim_of(conn, claimed)?);
+            }
+        }
+        Ok(claims)
+    })?;
+    if claims.is_empty() {
+        return Ok(Report::default());
+    }
+    recover(writer, dags, claims, ctx, true)
 }
 
 /// Releases the stale leases of a DAG: recovers every dead owner that holds one. Run before
@@ -581,10 +620,19 @@ fn record(
     now: i64,
 ) -> manifest::Result<()> {
     let backfill_id = claim.owner.backfill_id;
-    let current = conn
-        .backfill(backfill_id)?
-        .is_some_and(|b| b.epoch == claim.owner.epoch);
-    let why = format!("abandoned: the process of backfill {backfill_id} is gone");
+    let (current, why) = match claim.owner.worker {
+        None => (
+            conn.backfill(backfill_id)?
+                .is_some_and(|b| b.epoch == claim.owner.epoch),
+            format!("abandoned: the process of backfill {backfill_id} is gone"),
+        ),
+        Some(w) => (
+            conn.workers(backfill_id)?
+                .iter()
+                .any(|x| x.id == w && x.epoch == claim.owner.epoch),
+            format!("abandoned: worker {w} of backfill {backfill_id} is gone"),
+        ),
+    };
     for try_id in &a.stopped {
         let mut rec = TryRecord::new(TryState::Cancelled);
         rec.error = Some(why.clone());
@@ -638,7 +686,9 @@ fn record(
     let keep: Vec<i64> = a.blocked.iter().map(|b| b.0).collect();
     let counts = |dag: &str| task_counts.get(dag).copied();
     conn.end_abandoned_runs(&claim.runs, &counts, &keep, &why, now)?;
-    if !keep_owner {
+    // A worker's intervals stay the backfill's: their leases were released with their runs,
+    // and the owner leases them again.
+    if !keep_owner && claim.owner.worker.is_none() {
         // Leases of runs that could not be stopped stay, so their intervals stay in flight.
         conn.release_all_but_running(backfill_id)?;
     }
@@ -685,9 +735,13 @@ pub fn lease_remaining(
         (lo.min(i.start.timestamp()), hi.max(i.start.timestamp()))
     });
     let busy = conn.held_leases(dag_id, lo, hi, ctx, leases::Judge::Strict)?;
-    // A run of this backfill still in progress after recovery holds a try that could not be
-    // stopped: its interval stays in flight.
-    let blocked = conn.starts_in_progress(owner.backfill_id)?;
+    // A run of a live worker of this backfill is that worker's to finish: its interval is
+    // neither free nor skipped.
+    let working = conn.worker_starts_in_flight(owner.backfill_id)?;
+    // Any other run of this backfill still in progress after recovery holds a try that could
+    // not be stopped: its interval stays in flight.
+    let mut blocked = conn.starts_in_progress(owner.backfill_id)?;
+    blocked.retain(|s| !working.contains(s));
     // An interval another backfill ran to success meanwhile already exists, as the reprocess
     // behaviour judges it: for `completed`, only when that run started after this backfill
     // was created (it is the reprocessing that was asked for).
@@ -705,6 +759,9 @@ pub fn lease_remaining(
     let mut free = Vec::with_capacity(remaining.len());
     for interval in remaining {
         let start = interval.start.timestamp();
+        if working.contains(&start) {
+            continue;
+        }
         let mine = conn.holds_lease(owner.backfill_id, dag_id, start)?;
         if done_elsewhere(start) && !blocked.contains(&start) {
             conn.mark_skipped(

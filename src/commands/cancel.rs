@@ -80,6 +80,16 @@ fn cancel(
                 break;
             };
             if now.state != BackfillState::Running {
+                // Its workers (`backfill join`) stop at their next heartbeat: wait for them too.
+                let c = ctx()?;
+                let working = conn
+                    .workers(id)
+                    .map_err(|e| e.at(&path))?
+                    .iter()
+                    .any(|w| w.alive(&c));
+                if working && Instant::now() < deadline {
+                    continue;
+                }
                 eprintln!("backfill {id} stopped: {}", now.state);
                 document(g, id, now.state.as_str(), "stopped by its process")?;
                 return Ok(exit::OK);

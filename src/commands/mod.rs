@@ -87,6 +87,10 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
     match cli.command {
         Command::Create(args) => create::run(&g, args),
         Command::Resume { id } => resume::run(&g, backfill_id(&g, id, Latest::Any)?),
+        Command::Join {
+            id,
+            max_active_runs,
+        } => crate::session::join::join(&g, backfill_id(&g, id, Latest::Any)?, max_active_runs),
         Command::Cancel { id, wait } => cancel::run(&g, backfill_id(&g, id, Latest::Any)?, wait),
         Command::List { dag, active } => read::list(&g, dag.as_deref(), active),
         Command::Show { id } => read::show(&g, backfill_id(&g, id, Latest::Any)?),

@@ -118,6 +118,7 @@ pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
             }
         }
     }
+    judge_workers(&mut detail, project.as_ref(), &*conn).map_err(|e| e.at(&path))?;
     name_hosts(&mut detail, g.json);
     for m in &mut members {
         name_hosts(m, g.json);
@@ -152,12 +153,36 @@ pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
 /// The hosts of a backfill's tries by their names. A table shows them only when a try ran on
 /// another host than this one (the column is left out when every cell is empty); JSON always
 /// does.
+/// Whether each worker of a backfill is alive, judged as owners are.
+fn judge_workers(
+    detail: &mut BackfillDetail,
+    project: Option<&Project>,
+    conn: &dyn Store,
+) -> crate::manifest::Result<()> {
+    if detail.workers.is_empty() {
+        return Ok(());
+    }
+    let timeout = project.map_or(crate::project::DEFAULT_LEASE_TIMEOUT, |p| p.lease_timeout);
+    let ctx = LeaseCtx::new(timeout, &crate::process::LOCAL).at_manifest(conn)?;
+    let workers = conn.workers(detail.backfill.id)?;
+    for s in &mut detail.workers {
+        s.alive = workers.iter().any(|w| w.id == s.id && w.alive(&ctx));
+    }
+    Ok(())
+}
+
 fn name_hosts(detail: &mut BackfillDetail, json: bool) {
     let here = crate::liveness::Host::name(&crate::process::LOCAL);
     let elsewhere = detail
         .interval_details
         .iter()
         .any(|i| crate::liveness::elsewhere(i.host.as_deref(), &here).is_some());
+    for w in &mut detail.workers {
+        w.host = w
+            .host
+            .take()
+            .map(|h| crate::liveness::host_name(&h).to_string());
+    }
     for i in &mut detail.interval_details {
         i.host = i
             .host

@@ -14,11 +14,25 @@ use super::{Error, Result};
 use crate::plan::Reprocess;
 use crate::state::{BackfillKind, BackfillState};
 
-/// The right to act for a backfill: its id and the epoch this process was given.
+/// The right to act for a backfill: its id and the epoch this process was given. A process
+/// that joined a backfill (`backfill join`) acts for it as its `worker`, fenced by the worker's
+/// epoch instead of the backfill's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Owner {
     pub backfill_id: i64,
     pub epoch: i64,
+    pub worker: Option<i64>,
+}
+
+impl Owner {
+    /// The backfill's owner itself, at `epoch`.
+    pub fn of(backfill_id: i64, epoch: i64) -> Self {
+        Self {
+            backfill_id,
+            epoch,
+            worker: None,
+        }
+    }
 }
 
 /// A backfill request as recorded.
@@ -181,17 +195,25 @@ impl Fenced {
 }
 
 /// Checks, inside the caller's transaction, that `owner` may still act: its epoch is current
-/// and the backfill is running.
+/// and the backfill is running (for a worker: its own epoch, and the worker is running).
 pub fn fence(conn: &Conn, owner: Owner) -> Result<Fenced> {
-    let row: Option<(i64, BackfillState)> = match conn.fenced(owner.backfill_id) {
+    // Workers are remembered under negative keys, apart from backfills.
+    let (key, sql) = match owner.worker {
+        None => (
+            owner.backfill_id,
+            "SELECT epoch, state FROM backfills WHERE id = ?1",
+        ),
+        Some(w) => (-w, "SELECT epoch, state FROM workers WHERE id = ?1"),
+    };
+    let row: Option<(i64, BackfillState)> = match conn.fenced(key) {
         Some(known) => Some(known),
         None => {
             let row = conn
-                .prepare_cached("SELECT epoch, state FROM backfills WHERE id = ?1")?
-                .query_row([owner.backfill_id], |r| Ok((r.get(0)?, r.get(1)?)))
+                .prepare_cached(sql)?
+                .query_row([key.abs()], |r| Ok((r.get(0)?, r.get(1)?)))
                 .optional()?;
             if let Some(row) = row {
-                conn.remember_fence(owner.backfill_id, row);
+                conn.remember_fence(key, row);
             }
             row
         }
@@ -240,10 +262,7 @@ pub fn insert(conn: &Conn, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
         ],
         |r| r.get(0),
     )?;
-    Ok(Owner {
-        backfill_id,
-        epoch: 0,
-    })
+    Ok(Owner::of(backfill_id, 0))
 }
 
 /// Records that the plan is complete.
@@ -262,12 +281,17 @@ pub enum Heartbeat {
     Carry,
     /// `backfill cancel` asked it to stop.
     CancelRequested,
+    /// For a worker: the backfill it helps is no longer running.
+    Ended,
 }
 
 /// Refreshes the owner heartbeat and reads what the owner must do; [`Error::Fenced`] when
 /// another process took the backfill over.
 pub fn heartbeat(conn: &Conn, owner: Owner, now_ms: i64) -> Result<Heartbeat> {
     let owner = fence(conn, owner)?.owner();
+    if let Some(worker) = owner.worker {
+        return super::workers::heartbeat(conn, owner.backfill_id, worker, now_ms);
+    }
     conn.prepare_cached("UPDATE backfills SET heartbeat_at = ?2 WHERE id = ?1")?
         .execute(params![owner.backfill_id, now_ms])?;
     let cancel: bool = conn
@@ -283,6 +307,9 @@ pub fn heartbeat(conn: &Conn, owner: Owner, now_ms: i64) -> Result<Heartbeat> {
 /// Records the end of a backfill by its owner and releases whatever leases it still holds.
 pub fn finish(conn: &Conn, owner: Owner, state: BackfillState, now_ms: i64) -> Result<()> {
     let owner = fence(conn, owner)?.owner();
+    if let Some(worker) = owner.worker {
+        return super::workers::finish(conn, worker, state, now_ms);
+    }
     conn.execute(
         "UPDATE backfills SET state = ?2, finished_at = ?3, heartbeat_at = ?3 WHERE id = ?1",
         params![owner.backfill_id, state, now_ms],
@@ -297,7 +324,8 @@ pub fn finish(conn: &Conn, owner: Owner, state: BackfillState, now_ms: i64) -> R
     Ok(())
 }
 
-/// Asks the process running a backfill to stop (it polls the flag with its heartbeat).
+/// Asks the process running a backfill to stop (it polls the flag with its heartbeat, and so do
+/// its workers).
 pub fn request_cancel(conn: &Conn, backfill_id: i64) -> Result<()> {
     conn.execute(
         "UPDATE backfills SET cancel_requested = 1 WHERE id = ?1",
@@ -354,7 +382,7 @@ pub fn take_ownership(
             params![backfill_id, epoch, ctx.now_ms],
         )?;
     }
-    Ok(Some(Owner { backfill_id, epoch }))
+    Ok(Some(Owner::of(backfill_id, epoch)))
 }
 
 /// The running promote backfill of staged backfill `staged`, if any.

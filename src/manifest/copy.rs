@@ -15,6 +15,7 @@ use super::{Error, Result};
 const TABLES: &[(&str, &str)] = &[
     ("backfills", "id"),
     ("plan", "backfill_id, ord"),
+    ("workers", "id"),
     ("runs", "id"),
     ("task_tries", "id"),
     ("leases", "dag_id, interval_start"),
@@ -62,7 +63,7 @@ pub fn to_postgres(
             "INSERT INTO identity (id) VALUES (?1)",
             &[Value::Text(identity)],
         )?;
-        for table in ["backfills", "runs", "task_tries"] {
+        for table in ["backfills", "workers", "runs", "task_tries"] {
             s.query(
                 &format!(
                     "SELECT setval(pg_get_serial_sequence('{}.{table}', 'id'), COALESCE(MAX(id), 0) + 1, false) FROM {table}",

@@ -18,6 +18,7 @@ pub mod queries;
 mod reader;
 pub mod runs;
 pub mod store;
+pub mod workers;
 pub mod writer;
 
 use std::path::{Path, PathBuf};
@@ -52,6 +53,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     ),
     (6, include_str!("../../migrations/0006_sample.sql")),
     (7, include_str!("../../migrations/0007_identity.sql")),
+    (8, include_str!("../../migrations/0008_workers.sql")),
 ];
 
 /// CHECK constraints a migration widens (SQLite cannot alter one): `(version, table, old, new)`.

@@ -1,6 +1,7 @@
 //! Pool slots: at most a pool's size of its tasks' tries run at once, across every backfill and
 //! process sharing the manifest. A slot is a row, taken in a manifest transaction, held by a
-//! running try and given back when the try ends. A slot whose backfill's owner is gone (judged
+//! running try and given back when the try ends. A slot whose try's process (its backfill's
+//! owner, or the worker that runs it) is gone (judged
 //! as its leases are: not running, no heartbeat within the lease timeout, or a dead process on
 //! this host) or whose try ended is free: the next taker removes it.
 
@@ -61,8 +62,8 @@ pub fn take(
     Ok(Take::Taken)
 }
 
-/// A slot's try: its id, state, process group (pgid, leader start) and host, and its
-/// backfill's state, owner pid, host and heartbeat.
+/// A slot's try: its id, state, process group (pgid, leader start) and host, and the state,
+/// pid, host and heartbeat of the process that runs it (its backfill's owner, or its worker).
 type Holder = (
     i64,
     String,
@@ -82,10 +83,15 @@ type Holder = (
 fn free_dead(conn: &Conn, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate::liveness::Group>> {
     let holders: Vec<Holder> = conn
         .prepare_cached(
-            "SELECT s.try_id, t.state, t.pgid, t.pgid_start, t.host, b.state, b.owner_pid,
-                    b.owner_host, b.heartbeat_at
+            "SELECT s.try_id, t.state, t.pgid, t.pgid_start, t.host,
+                    CASE WHEN w.id IS NULL THEN b.state ELSE w.state END,
+                    CASE WHEN w.id IS NULL THEN b.owner_pid ELSE w.pid END,
+                    CASE WHEN w.id IS NULL THEN b.owner_host ELSE w.host END,
+                    CASE WHEN w.id IS NULL THEN b.heartbeat_at ELSE w.heartbeat_at END
              FROM pool_slots s JOIN backfills b ON b.id = s.backfill_id
              LEFT JOIN task_tries t ON t.id = s.try_id
+             LEFT JOIN runs r ON r.id = t.run_id
+             LEFT JOIN workers w ON w.id = r.worker
              WHERE s.pool = ?1",
         )?
         .query_map([pool], |r| {

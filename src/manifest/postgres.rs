@@ -29,10 +29,16 @@ use crate::warehouse::postgres::conn::{Conn, connect_url};
 pub const SCHEMA: &str = "backfill_manifest";
 
 /// `(version after applying, SQL)`, in order.
-pub const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    include_str!("../../migrations/postgres/0001_manifest.sql"),
-)];
+pub const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        include_str!("../../migrations/postgres/0001_manifest.sql"),
+    ),
+    (
+        2,
+        include_str!("../../migrations/postgres/0002_workers.sql"),
+    ),
+];
 
 /// How long the server lets a manifest session sit idle inside a transaction before it ends
 /// the session (and rolls its transaction back): a frozen host holds the writers' lock no
@@ -219,7 +225,9 @@ impl Session {
 
     /// Forgets the fences read when `sql` may change a backfill.
     fn written(&self, sql: &str) {
-        if sql.contains("backfills") && !sql.trim_start().starts_with("SELECT") {
+        if (sql.contains("backfills") || sql.contains("workers"))
+            && !sql.trim_start().starts_with("SELECT")
+        {
             self.fences.borrow_mut().clear();
         }
     }

@@ -117,16 +117,17 @@ pub struct PendingPublish {
 }
 
 /// Tries of a backfill's runs that recorded a publish intent and never finished it.
-pub fn pending_publishes(conn: &Conn, backfill_id: i64) -> Result<Vec<PendingPublish>> {
-    let mut stmt = conn.prepare_cached(
+pub fn pending_publishes(conn: &Conn, claimed: Owner) -> Result<Vec<PendingPublish>> {
+    let (runs, id) = super::runs::claimed_runs(claimed);
+    let mut stmt = conn.prepare_cached(&format!(
         "SELECT t.id, t.run_id, r.dag_id, t.task_id, r.interval_start, r.interval_end,
                 t.audit_path, t.audit_table, t.rows, t.fingerprint, t.source_rows,
                 t.previous_rows, t.verdict, t.reasons, t.source_fingerprint, t.promoted_from,
                 t.restored_from, t.restore_key
          FROM runs r JOIN task_tries t ON t.run_id = r.id
-         WHERE r.backfill_id = ?1 AND t.publishing = 1 ORDER BY t.id",
-    )?;
-    let rows = stmt.query_map([backfill_id], |r| {
+         WHERE {runs} AND t.publishing = 1 ORDER BY t.id"
+    ))?;
+    let rows = stmt.query_map([id], |r| {
         Ok(PendingPublish {
             try_id: r.get(0)?,
             run_id: r.get(1)?,
@@ -167,27 +168,53 @@ pub fn publishing(conn: &Conn, try_id: i64) -> Result<bool> {
 /// owner's own publish) the owner's epoch is current. Asked inside the warehouse's publish
 /// transaction, after the warehouse's write lock is taken.
 pub fn may_publish(conn: &Conn, try_id: i64, owner: Option<Owner>) -> Result<bool> {
-    let row: Option<(bool, i64, i64, String, String, i64)> = conn
+    type Row = (
+        bool,
+        i64,
+        i64,
+        String,
+        String,
+        i64,
+        Option<i64>,
+        Option<i64>,
+    );
+    let row: Option<Row> = conn
         .prepare_cached(
             "SELECT t.publishing = 1 AND t.state = 'running', b.id, b.epoch, r.dag_id, t.task_id,
-                    r.interval_start
+                    r.interval_start, r.worker, w.epoch
              FROM task_tries t JOIN runs r ON r.id = t.run_id JOIN backfills b ON b.id = r.backfill_id
+             LEFT JOIN workers w ON w.id = r.worker
              WHERE t.id = ?1",
         )?
         .query_row([try_id], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+                r.get(6)?,
+                r.get(7)?,
+            ))
         })
         .optional()?;
-    let Some((publishing, backfill_id, epoch, dag_id, task_id, start)) = row else {
+    let Some((publishing, backfill_id, epoch, dag_id, task_id, start, worker, worker_epoch)) = row
+    else {
         return Ok(false);
     };
     if !publishing || !try_holds_lease(conn, try_id)? {
         return Ok(false);
     }
-    if let Some(o) = owner
-        && (o.backfill_id != backfill_id || o.epoch != epoch)
-    {
-        return Ok(false);
+    // The process that publishes its own try: its epoch (a worker's own) must be current.
+    if let Some(o) = owner {
+        let current = match o.worker {
+            None => worker.is_none() && epoch == o.epoch,
+            Some(w) => worker == Some(w) && worker_epoch == Some(o.epoch),
+        };
+        if o.backfill_id != backfill_id || !current {
+            return Ok(false);
+        }
     }
     let newer = published(conn, &dag_id, &task_id, start)?.is_some_and(|(t, ..)| t > try_id);
     Ok(!newer)

@@ -271,6 +271,41 @@ pub struct BackfillDetail {
     /// The first backfill of a cascade: its downstream backfills, in the order they ran.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cascade_backfills: Option<Vec<BackfillDetail>>,
+    /// The processes that joined it (`backfill join`), oldest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub workers: Vec<WorkerSummary>,
+}
+
+/// A worker of a backfill, as `show` says it.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerSummary {
+    pub id: i64,
+    pub host: Option<String>,
+    pub pid: Option<i64>,
+    pub state: String,
+    /// Running, with a heartbeat within the lease timeout (judged by the caller).
+    pub alive: bool,
+    pub max_active_runs: u32,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+    /// Intervals whose runs it started.
+    pub runs: i64,
+}
+
+impl WorkerSummary {
+    pub fn of(w: &super::workers::Worker, alive: bool, runs: i64) -> Self {
+        Self {
+            id: w.id,
+            host: w.host.clone(),
+            pid: w.pid,
+            state: w.state.as_str().to_string(),
+            alive,
+            max_active_runs: w.max_active_runs,
+            started_at: ms_to_rfc3339(w.started_at),
+            finished_at: w.finished_at.map(ms_to_rfc3339),
+            runs,
+        }
+    }
 }
 
 /// The latest run of an interval in a backfill, and how many runs it had.
@@ -464,10 +499,24 @@ pub fn show(conn: &Conn, id: i64) -> Result<Option<BackfillDetail>> {
     let starts = out.iter().map(|i| i.start.0.timestamp());
     counts.span = starts.clone().min().zip(starts.max());
     counts.finish();
+    let mut ran = HashMap::new();
+    let mut stmt = conn.prepare_cached(
+        "SELECT worker, COUNT(*) FROM runs WHERE backfill_id = ?1 AND worker IS NOT NULL
+         GROUP BY worker",
+    )?;
+    let mut rows = stmt.query([id])?;
+    while let Some(r) = rows.next()? {
+        ran.insert(r.get::<_, i64>(0)?, r.get::<_, i64>(1)?);
+    }
+    let workers = super::workers::of(conn, id)?
+        .iter()
+        .map(|w| WorkerSummary::of(w, false, ran.get(&w.id).copied().unwrap_or(0)))
+        .collect();
     Ok(Some(BackfillDetail {
         backfill: summary(b, counts),
         interval_details: out,
         cascade_backfills: None,
+        workers,
     }))
 }
 

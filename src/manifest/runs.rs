@@ -7,8 +7,7 @@ use rusqlite::{OptionalExtension, params};
 use super::db::Conn;
 
 use super::Result;
-use super::backfills::Fenced;
-use super::leases;
+use super::backfills::{Fenced, Owner};
 use crate::interval::DataInterval;
 use crate::liveness::Group;
 use crate::state::{RunState, TryState};
@@ -18,17 +17,55 @@ pub use super::publishes::{
     pending_publishes, published, publishing, record_publish_intent,
 };
 
-/// Records that an interval's run started and names it in the interval's lease; returns the run
-/// id, or `None` when the owner no longer holds the lease.
+/// What came of starting an interval's run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// Started: the run's id.
+    Run(i64),
+    /// The backfill no longer holds the interval's lease, or another of its processes runs it
+    /// (a worker, or the owner): not this process's to run.
+    Lost,
+    /// The backfill runs `max_active_runs` intervals already, across its processes: try again
+    /// once one has ended.
+    Busy,
+}
+
+/// The lease of interval `?2`/`?3` is the backfill `?1`'s and no run of it is in flight.
+const FREE_LEASE: &str = "SELECT 1 FROM leases l
+     WHERE l.dag_id = ?2 AND l.interval_start = ?3 AND l.backfill_id = ?1
+       AND (l.run_id IS NULL OR NOT EXISTS (
+           SELECT 1 FROM runs f WHERE f.id = l.run_id AND f.state IN ('queued', 'running')))";
+
+/// Backfill `?1` may start another run in the process `?7` (a worker, or NULL: the owner): it
+/// has no running worker (its one process bounds its runs), or fewer runs in flight than its
+/// `max_active_runs`, of which this process runs fewer than its even share among the backfill's
+/// live processes (the owner and the workers with a heartbeat since `?6 - ?8`), so that each
+/// of them gets its turn.
+const ROOM: &str = "SELECT 1 WHERE NOT EXISTS (
+         SELECT 1 FROM workers WHERE backfill_id = ?1 AND state = 'running')
+     OR ((SELECT COUNT(*) FROM runs WHERE backfill_id = ?1 AND state IN ('queued', 'running'))
+            < (SELECT max_active_runs FROM backfills WHERE id = ?1)
+         AND (SELECT COUNT(*) FROM runs WHERE backfill_id = ?1 AND state IN ('queued', 'running')
+                AND COALESCE(worker, 0) = COALESCE(CAST(?7 AS bigint), 0))
+            < ((SELECT max_active_runs FROM backfills WHERE id = ?1)
+               + (SELECT COUNT(*) FROM workers WHERE backfill_id = ?1 AND state = 'running'
+                    AND heartbeat_at > CAST(?6 AS bigint) - CAST(?8 AS bigint)))
+              / (1 + (SELECT COUNT(*) FROM workers WHERE backfill_id = ?1 AND state = 'running'
+                    AND heartbeat_at > CAST(?6 AS bigint) - CAST(?8 AS bigint))))";
+
+/// Records that an interval's run started, by the owner or the worker `fenced` names, and names
+/// the run in the interval's lease.
 pub fn start_run(
     conn: &Conn,
     fenced: Fenced,
     dag_id: &str,
     interval: DataInterval,
     now_ms: i64,
-) -> Result<Option<i64>> {
+    lease_timeout_ms: i64,
+) -> Result<Start> {
     let start = interval.start.timestamp();
     let (backfill_id, end) = (fenced.backfill_id(), interval.end.timestamp());
+    let worker = fenced.owner().worker;
     let row: &[&dyn rusqlite::ToSql] = &[
         &backfill_id,
         &dag_id,
@@ -36,42 +73,66 @@ pub fn start_run(
         &end,
         &RunState::Running,
         &now_ms,
+        &worker,
+        &lease_timeout_ms,
     ];
     if conn.is_postgres() {
-        // One round trip: the lease checked, the run recorded and named in the lease.
-        return Ok(conn
-            .prepare_cached(
-                "WITH held AS (
-                     SELECT 1 FROM leases
-                     WHERE dag_id = ?2 AND interval_start = ?3 AND backfill_id = ?1),
+        // One round trip: the lease and the room checked, the run recorded and named in the
+        // lease.
+        let (run, held): (Option<i64>, i64) = conn
+            .prepare_cached(&format!(
+                "WITH held AS ({FREE_LEASE}),
+                 room AS ({ROOM}),
                  run AS (
-                     INSERT INTO runs (backfill_id, dag_id, interval_start, interval_end, state, started_at)
+                     INSERT INTO runs (backfill_id, dag_id, interval_start, interval_end, state,
+                                       started_at, worker)
                      SELECT CAST(?1 AS bigint), CAST(?2 AS text), CAST(?3 AS bigint),
-                            CAST(?4 AS bigint), CAST(?5 AS text), CAST(?6 AS bigint)
-                     FROM held RETURNING id),
+                            CAST(?4 AS bigint), CAST(?5 AS text), CAST(?6 AS bigint),
+                            CAST(?7 AS bigint)
+                     FROM held, room RETURNING id),
                  named AS (
                      UPDATE leases SET run_id = (SELECT id FROM run)
                      WHERE dag_id = ?2 AND interval_start = ?3 AND backfill_id = ?1
                        AND EXISTS (SELECT 1 FROM run))
-                 SELECT id FROM run",
-            )?
-            .query_row(row, |r| r.get(0))
-            .optional()?);
+                 SELECT (SELECT id FROM run), CASE WHEN EXISTS (SELECT 1 FROM held) THEN 1 ELSE 0 END"
+            ))?
+            .query_row(row, |r| Ok((r.get(0)?, r.get(1)?)))?;
+        return Ok(match run {
+            Some(id) => Start::Run(id),
+            None if held == 1 => Start::Busy,
+            None => Start::Lost,
+        });
     }
-    if !leases::holds(conn, fenced.backfill_id(), dag_id, start)? {
-        return Ok(None);
+    let found = |sql: &str| -> Result<bool> {
+        Ok(conn
+            .prepare_cached(sql)?
+            .query_row(params![backfill_id, dag_id, start], |_| Ok(()))
+            .optional()?
+            .is_some())
+    };
+    if !found(FREE_LEASE)? {
+        return Ok(Start::Lost);
+    }
+    // Bound by position: the room reads ?1 and ?6 to ?8 of the run's values.
+    let room = conn
+        .prepare_cached(ROOM)?
+        .query_row(row, |_| Ok(()))
+        .optional()?;
+    if room.is_none() {
+        return Ok(Start::Busy);
     }
     let run_id: i64 = conn
         .prepare_cached(
-            "INSERT INTO runs (backfill_id, dag_id, interval_start, interval_end, state, started_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6) RETURNING id",
+            "INSERT INTO runs (backfill_id, dag_id, interval_start, interval_end, state, started_at,
+                               worker)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) RETURNING id",
         )?
-        .query_row(row, |r| r.get(0))?;
+        .query_row(&row[..7], |r| r.get(0))?;
     conn.prepare_cached(
         "UPDATE leases SET run_id = ?4 WHERE dag_id = ?1 AND interval_start = ?2 AND backfill_id = ?3",
     )?
     .execute(params![dag_id, start, fenced.backfill_id(), run_id])?;
-    Ok(Some(run_id))
+    Ok(Start::Run(run_id))
 }
 
 /// Whether the backfill of a try's run still holds that interval's lease: a try whose interval
@@ -414,16 +475,31 @@ pub struct UnfinishedTry {
     pub publishing: bool,
 }
 
-/// The tries of a backfill's runs that are still running or publishing.
-pub fn unfinished_tries(conn: &Conn, backfill_id: i64) -> Result<Vec<UnfinishedTry>> {
-    let mut stmt = conn.prepare_cached(
+/// The runs (as `r`) that a recovery of `claimed` settles, as SQL with its one parameter: a
+/// worker's own runs; for a backfill's owner, its own and those of its workers no longer
+/// running (a live worker's runs are its own to finish).
+pub(super) fn claimed_runs(claimed: Owner) -> (&'static str, i64) {
+    match claimed.worker {
+        Some(w) => ("r.worker = ?1", w),
+        None => (
+            "r.backfill_id = ?1 AND (r.worker IS NULL OR r.worker NOT IN
+                (SELECT id FROM workers WHERE backfill_id = ?1 AND state = 'running'))",
+            claimed.backfill_id,
+        ),
+    }
+}
+
+/// The tries of the runs `claimed` settles (see [`claimed_runs`]) still running or publishing.
+pub fn unfinished_tries(conn: &Conn, claimed: Owner) -> Result<Vec<UnfinishedTry>> {
+    let (runs, id) = claimed_runs(claimed);
+    let mut stmt = conn.prepare_cached(&format!(
         "SELECT t.id, t.run_id, r.dag_id, r.interval_start, t.pgid, t.pgid_start, t.host,
                 t.audit_path, t.publishing
          FROM runs r JOIN task_tries t ON t.run_id = r.id
-         WHERE r.backfill_id = ?1 AND (t.state = 'running' OR t.publishing = 1)
-         ORDER BY t.id",
-    )?;
-    let rows = stmt.query_map([backfill_id], |r| {
+         WHERE {runs} AND (t.state = 'running' OR t.publishing = 1)
+         ORDER BY t.id"
+    ))?;
+    let rows = stmt.query_map([id], |r| {
         let pgid: Option<i64> = r.get(4)?;
         let leader_start: Option<i64> = r.get(5)?;
         Ok(UnfinishedTry {
@@ -471,12 +547,13 @@ pub fn end_abandoned_try(conn: &Conn, try_id: i64, rec: &TryRecord, now_ms: i64)
     Ok(changed == 1)
 }
 
-/// The runs of a backfill still in progress.
-pub fn runs_in_progress(conn: &Conn, backfill_id: i64) -> Result<Vec<i64>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT id FROM runs WHERE backfill_id = ?1 AND state IN ('queued', 'running')",
-    )?;
-    let rows = stmt.query_map([backfill_id], |r| r.get(0))?;
+/// The runs `claimed` settles (see [`claimed_runs`]) still in progress.
+pub fn runs_in_progress(conn: &Conn, claimed: Owner) -> Result<Vec<i64>> {
+    let (runs, id) = claimed_runs(claimed);
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT r.id FROM runs r WHERE {runs} AND r.state IN ('queued', 'running')"
+    ))?;
+    let rows = stmt.query_map([id], |r| r.get(0))?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }
 

@@ -16,6 +16,7 @@ use super::leases::{Judge, LeaseCtx};
 use super::pools::Take;
 use super::queries::{BackfillDetail, BackfillSummary, Outcome, Recorded, RunHistory};
 use super::runs::{Current, PendingPublish, Publication, Staged, TryRecord, UnfinishedTry};
+use super::workers::{self, Worker};
 use super::{Result, backfills, cascades, leases, plans, pools, queries, runs};
 use crate::interval::DataInterval;
 use crate::liveness::Group;
@@ -46,6 +47,21 @@ pub trait Store {
     fn finish_backfill(&self, owner: Owner, state: BackfillState, now_ms: i64) -> Result<()>;
     /// Asks the process running a backfill to stop (it polls the flag with its heartbeat).
     fn request_cancel(&self, backfill_id: i64) -> Result<()>;
+    /// The workers of a backfill (`backfill join`), oldest first.
+    fn workers(&self, backfill_id: i64) -> Result<Vec<Worker>>;
+    /// Records this process as a worker of `backfill_id` (found running, its owner alive).
+    fn join_backfill(
+        &self,
+        backfill_id: i64,
+        max_active_runs: u32,
+        ctx: &LeaseCtx,
+    ) -> Result<Owner>;
+    /// Takes a gone worker's lease away (a new epoch); `None` when it is alive or was claimed.
+    fn take_worker(&self, worker: i64, ctx: &LeaseCtx) -> Result<Option<Owner>>;
+    /// Whether a backfill has ever had a worker.
+    fn has_workers(&self, backfill_id: i64) -> Result<bool>;
+    /// The interval starts of a backfill's runs in progress under a worker still running.
+    fn worker_starts_in_flight(&self, backfill_id: i64) -> Result<HashSet<i64>>;
     /// Takes the ownership of a backfill whose owner is gone away from it: a new epoch, so that
     /// the old owner, should it wake up, is refused everything. With `me`, this process becomes
     /// the owner and the backfill runs again; without, the backfill ends as `cancelled`. Returns
@@ -164,15 +180,16 @@ pub trait Store {
     fn recorded_sources(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Recorded>;
     /// How long (ms) the latest `limit` successful tries of a task took, newest first.
     fn recent_durations_ms(&self, dag_id: &str, task_id: &str, limit: i64) -> Result<Vec<i64>>;
-    /// Records that an interval's run started and names it in the interval's lease; returns the run
-    /// id, or `None` when the owner no longer holds the lease.
+    /// Records that an interval's run started and names it in the interval's lease; or says why
+    /// not (see [`runs::Start`]).
     fn start_run(
         &self,
         fenced: Fenced,
         dag_id: &str,
         interval: DataInterval,
         now_ms: i64,
-    ) -> Result<Option<i64>>;
+        lease_timeout_ms: i64,
+    ) -> Result<runs::Start>;
     /// Whether the backfill of a try's run still holds that interval's lease: a try whose interval
     /// was taken over may neither be let go nor publish.
     fn try_holds_lease(&self, try_id: i64) -> Result<bool>;
@@ -237,16 +254,16 @@ pub trait Store {
         interval_start: i64,
     ) -> Result<Option<(i64, i64, Option<String>)>>;
     /// The tries of a backfill's runs that are still running or publishing.
-    fn unfinished_tries(&self, backfill_id: i64) -> Result<Vec<UnfinishedTry>>;
+    fn unfinished_tries(&self, claimed: Owner) -> Result<Vec<UnfinishedTry>>;
     /// Tries of a backfill's runs that recorded a publish intent and never finished it.
-    fn pending_publishes(&self, backfill_id: i64) -> Result<Vec<PendingPublish>>;
+    fn pending_publishes(&self, claimed: Owner) -> Result<Vec<PendingPublish>>;
     /// Whether a try still has an unfinished publish intent.
     fn is_publishing(&self, try_id: i64) -> Result<bool>;
     /// Records the end of a try of a dead owner (killed, never started, or its publish finished by
     /// the recoverer). Only a try still unfinished changes; returns whether it did.
     fn end_abandoned_try(&self, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<bool>;
     /// The runs of a backfill still in progress.
-    fn runs_in_progress(&self, backfill_id: i64) -> Result<Vec<i64>>;
+    fn runs_in_progress(&self, claimed: Owner) -> Result<Vec<i64>>;
     /// Ends runs of a dead backfill that are still in progress (from `runs`, as claimed): a run
     /// whose every task has a succeeded try succeeded (a crash after its last publish); the others
     /// are cancelled, except those whose interval is still held by a try that could not be stopped
@@ -330,6 +347,28 @@ impl Conn {
 /// The manifest: a connection inside the writer's transaction, or a read-only one. Times the
 /// callers pass are replaced by the database's on PostgreSQL (see [`Conn::now_ms`]).
 impl Store for Conn {
+    fn workers(&self, backfill_id: i64) -> Result<Vec<Worker>> {
+        workers::of(self, backfill_id)
+    }
+    fn join_backfill(
+        &self,
+        backfill_id: i64,
+        max_active_runs: u32,
+        ctx: &LeaseCtx,
+    ) -> Result<Owner> {
+        let ctx = &*self.at(ctx)?;
+        workers::join(self, backfill_id, max_active_runs, ctx)
+    }
+    fn take_worker(&self, worker: i64, ctx: &LeaseCtx) -> Result<Option<Owner>> {
+        let ctx = &*self.at(ctx)?;
+        workers::take(self, worker, ctx)
+    }
+    fn has_workers(&self, backfill_id: i64) -> Result<bool> {
+        workers::any(self, backfill_id)
+    }
+    fn worker_starts_in_flight(&self, backfill_id: i64) -> Result<HashSet<i64>> {
+        workers::starts_in_flight(self, backfill_id)
+    }
     fn any_succeeded(&self, backfill_id: i64) -> Result<bool> {
         runs::any_succeeded(self, backfill_id)
     }
@@ -506,9 +545,10 @@ impl Store for Conn {
         dag_id: &str,
         interval: DataInterval,
         now_ms: i64,
-    ) -> Result<Option<i64>> {
+        lease_timeout_ms: i64,
+    ) -> Result<runs::Start> {
         let now_ms = self.now_ms(now_ms)?;
-        runs::start_run(self, fenced, dag_id, interval, now_ms)
+        runs::start_run(self, fenced, dag_id, interval, now_ms, lease_timeout_ms)
     }
     fn try_holds_lease(&self, try_id: i64) -> Result<bool> {
         runs::try_holds_lease(self, try_id)
@@ -592,11 +632,11 @@ impl Store for Conn {
     ) -> Result<Option<(i64, i64, Option<String>)>> {
         runs::published(self, dag_id, task_id, interval_start)
     }
-    fn unfinished_tries(&self, backfill_id: i64) -> Result<Vec<UnfinishedTry>> {
-        runs::unfinished_tries(self, backfill_id)
+    fn unfinished_tries(&self, claimed: Owner) -> Result<Vec<UnfinishedTry>> {
+        runs::unfinished_tries(self, claimed)
     }
-    fn pending_publishes(&self, backfill_id: i64) -> Result<Vec<PendingPublish>> {
-        runs::pending_publishes(self, backfill_id)
+    fn pending_publishes(&self, claimed: Owner) -> Result<Vec<PendingPublish>> {
+        runs::pending_publishes(self, claimed)
     }
     fn is_publishing(&self, try_id: i64) -> Result<bool> {
         runs::publishing(self, try_id)
@@ -605,8 +645,8 @@ impl Store for Conn {
         let now_ms = self.now_ms(now_ms)?;
         runs::end_abandoned_try(self, try_id, rec, now_ms)
     }
-    fn runs_in_progress(&self, backfill_id: i64) -> Result<Vec<i64>> {
-        runs::runs_in_progress(self, backfill_id)
+    fn runs_in_progress(&self, claimed: Owner) -> Result<Vec<i64>> {
+        runs::runs_in_progress(self, claimed)
     }
     fn end_abandoned_runs(
         &self,

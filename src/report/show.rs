@@ -132,6 +132,25 @@ pub fn write(
         );
     }
     out.text(&t.render(out.fit))?;
+    for w in &detail.workers {
+        let state = match (w.state.as_str(), w.alive) {
+            ("running", false) => "gone (no heartbeat within the lease timeout)".to_string(),
+            (state, _) => state.to_string(),
+        };
+        out.line(&format!(
+            "worker {} (backfill join): host {} pid {} · {state} · ran {} · at most {} at once · joined {}{}",
+            w.id,
+            w.host.as_deref().unwrap_or("?"),
+            w.pid.map_or("?".to_string(), |p| p.to_string()),
+            plural(w.runs, "interval", "intervals"),
+            w.max_active_runs,
+            w.started_at,
+            w.finished_at
+                .as_ref()
+                .map(|f| format!(" · ended {f}"))
+                .unwrap_or_default(),
+        ))?;
+    }
     for k in kept_versions
         .unwrap_or_default()
         .iter()
@@ -194,6 +213,7 @@ mod tests {
             }
         };
         BackfillDetail {
+            workers: Vec::new(),
             backfill: fixtures::backfill(),
             interval_details: vec![
                 interval(1, "succeeded", Some(10), Some("published"), None),

@@ -93,7 +93,23 @@ pub struct RunSpec {
     /// backfill runs an upstream interval it overlaps and none's latest run failed; else it is
     /// skipped as `upstream not successful`.
     pub upstream: Vec<Dag>,
+    /// For the owner of a backfill that other processes may have joined (`backfill join`):
+    /// asked, once its own queue ran dry and its intervals ended, what is left to do.
+    pub refill: Option<Refill>,
 }
+
+/// What an owner whose queue ran dry does next (see [`RunSpec::refill`]).
+pub enum Left {
+    /// Run these intervals (a gone worker's, leased again).
+    Run(Vec<DataInterval>),
+    /// Wait: workers still run intervals of the backfill.
+    Wait,
+    /// Nothing is left.
+    Done,
+}
+
+/// Asks the manifest what is left (blocking: run off the async workers).
+pub type Refill = Arc<dyn Fn() -> Result<Left, Error> + Send + Sync>;
 
 /// Shared by the interval tasks of one backfill.
 struct Shared {
@@ -213,6 +229,32 @@ pub async fn run(
             running.spawn(interval::run(shared.clone(), interval, stop.clone(), slot));
         }
         if running.is_empty() {
+            let idle = queue.is_empty() && *stop.borrow() == Stop::Run && !halted;
+            match &shared.spec.refill {
+                Some(refill) if idle && first_error.is_none() => {
+                    let refill = refill.clone();
+                    let left = tokio::task::spawn_blocking(move || refill())
+                        .await
+                        .map_err(|e| Error::Internal(format!("reading the manifest panicked: {e}")))
+                        .and_then(|left| left);
+                    match left {
+                        Ok(Left::Run(more)) => {
+                            queue.extend(more);
+                            continue;
+                        }
+                        Ok(Left::Wait) => {
+                            tokio::select! {
+                                () = tokio::time::sleep(crate::clock::HEARTBEAT) => {}
+                                _ = stop_rx.changed() => {}
+                            }
+                            continue;
+                        }
+                        Ok(Left::Done) => {}
+                        Err(e) => fail(&shared, &mut first_error, e),
+                    }
+                }
+                _ => {}
+            }
             break;
         }
         tokio::select! {

@@ -92,6 +92,9 @@ pub(super) struct Started {
 pub(super) enum Claimed {
     Started(Started),
     TakenOver,
+    /// The backfill runs `max_active_runs` intervals already across its processes: the run
+    /// could not start yet.
+    Busy,
     /// The staged output was promoted or discarded meanwhile: nothing to do.
     Gone,
     /// A cascade's downstream interval whose upstream cannot be read now (another backfill
@@ -104,7 +107,36 @@ pub(super) enum Claimed {
 /// promote, in the same commit, checks that the staged try `claim` is still staged and records
 /// the new try as its promote (`promoted_from`), so that no other promote or discard acts on it
 /// meanwhile; for a cascade's downstream interval, that its upstream can be read.
+///
+/// A run that cannot start yet because the backfill's other processes (`backfill join`) run
+/// `max_active_runs` intervals already waits here for a place; a stop meanwhile leaves the
+/// interval planned.
 pub(super) async fn start_claiming(
+    shared: &Shared,
+    task: &Task,
+    interval: DataInterval,
+    run_id: Option<i64>,
+    try_number: u32,
+    claim: Option<i64>,
+) -> Result<Claimed, Error> {
+    let mut stop = shared.stop.subscribe();
+    loop {
+        match start_once(shared, task, interval, run_id, try_number, claim).await? {
+            Claimed::Busy => {
+                if *stop.borrow() != super::Stop::Run {
+                    return Ok(Claimed::TakenOver);
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(crate::clock::HEARTBEAT) => {}
+                    _ = stop.changed() => {}
+                }
+            }
+            claimed => return Ok(claimed),
+        }
+    }
+}
+
+async fn start_once(
     shared: &Shared,
     task: &Task,
     interval: DataInterval,
@@ -157,9 +189,10 @@ pub(super) async fn start_claiming(
             }
             let (run_id, fresh) = match run_id {
                 Some(id) => (id, false),
-                None => match c.start_run(f, &dag_id, interval, now)? {
-                    Some(id) => (id, true),
-                    None => return Ok(Claimed::TakenOver),
+                None => match c.start_run(f, &dag_id, interval, now, ctx.timeout_ms)? {
+                    runs::Start::Run(id) => (id, true),
+                    runs::Start::Lost => return Ok(Claimed::TakenOver),
+                    runs::Start::Busy => return Ok(Claimed::Busy),
                 },
             };
             let (log, result) = command::try_paths(

@@ -91,7 +91,9 @@ async fn tries(
             match start_claiming(shared, task, interval, *run_id, try_number, None).await? {
                 Claimed::Started(s) => s,
                 Claimed::UpstreamNotReady => return Ok((TaskEnd::UpstreamNotReady, None)),
-                Claimed::TakenOver | Claimed::Gone => return Ok((TaskEnd::Cancelled, None)),
+                Claimed::TakenOver | Claimed::Gone | Claimed::Busy => {
+                    return Ok((TaskEnd::Cancelled, None));
+                }
             };
         if run_id.is_none() {
             *run_id = Some(started.run_id);

@@ -46,7 +46,12 @@ pub struct Execution {
 /// Runs the intervals, then prints the summary and returns the exit code. The writer is closed
 /// (its WAL checkpointed) before returning.
 pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> Result<u8, Error> {
-    let notify = e.dag.notify.over(&project.notify);
+    // A worker's end is not the backfill's: its owner runs the hooks.
+    let notify = if e.owner.worker.is_some() {
+        crate::project::Notify::default()
+    } else {
+        e.dag.notify.over(&project.notify)
+    };
     let (backfill_id, dag_id) = (e.owner.backfill_id, e.dag.id.clone());
     // Two workers when tries are processes: spawning one blocks its thread until the child has
     // exec'd (vfork), and the other worker keeps reaping, recording and dispatching meanwhile.
@@ -146,6 +151,10 @@ fn run(
     // A failed promote or rollback is not rerun by `create`: its lines say what failed.
     let reruns = matches!(e.mode, runner::Mode::Run | runner::Mode::Stage);
     let only_tasks = e.tasks.clone();
+    let refill = owner
+        .worker
+        .is_none()
+        .then(|| super::join::refill(project, &e.dag.id, writer, owner));
     let spec = RunSpec {
         owner,
         dag: Arc::new(e.dag),
@@ -163,6 +172,7 @@ fn run(
         pools: project.pools.clone(),
         lease_timeout: project.lease_timeout,
         upstream: e.upstream,
+        refill,
     };
     let (quiet, verbose) = (g.quiet || g.json, g.verbose);
     let heartbeat_error: Arc<Mutex<Option<Error>>> = Arc::default();
@@ -193,20 +203,30 @@ fn run(
                 reporter.handle(&event, &stats);
             }
             reporter.finish();
+            stats
         });
         let result = runner::run(spec, writer.clone(), events_tx, stop_tx.clone()).await;
         let _ = done.send(());
         heartbeat.abort();
         *signals = watcher.await.ok().flatten();
         let _ = heartbeat.await;
-        let _ = reporter.await;
+        let stats = reporter.await.unwrap_or_default();
         let stopped = *stop_tx.borrow() != Stop::Run;
-        (result, stopped)
+        (result, stopped, stats)
     });
-    let (result, stopped) = outcome;
+    let (result, stopped, stats) = outcome;
     let halted = result?;
     if let Some(e) = heartbeat_error.lock().ok().and_then(|mut h| h.take()) {
         return Err(e);
+    }
+    if owner.worker.is_some() {
+        let (code, state, summary) =
+            super::join::finish_worker(g, writer, owner, stats, stopped, began)?;
+        return Ok(End {
+            code,
+            state,
+            summary,
+        });
     }
     // How the backfill ended, judged on its own runs in the manifest. The outcome holds counts
     // and the failed intervals only, so memory does not grow with the number of intervals.
@@ -360,6 +380,10 @@ async fn keep_alive(
                 continue;
             }
             Ok(Heartbeat::CancelRequested) => "cancelled by `backfill cancel`".to_string(),
+            Ok(Heartbeat::Ended) => format!(
+                "backfill {} is no longer running: this worker stops",
+                owner.backfill_id
+            ),
             Err(manifest::Error::Fenced { .. }) => {
                 tracing::warn!(
                     backfill = owner.backfill_id,

@@ -8,6 +8,7 @@ mod beat;
 pub mod cascade;
 pub mod chain;
 mod execute;
+pub mod join;
 pub mod launch;
 pub mod outcome;
 pub mod resume;

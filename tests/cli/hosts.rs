@@ -39,7 +39,7 @@ echo "end {{ ds }} $(hostname)" >> events.txt
 const UNSHARE: &[&str] = &["--pid", "--fork", "--kill-child", "--mount-proc", "--uts"];
 
 /// Whether hosts can be simulated here; says loudly why not, and fails under CI.
-fn available(test: &str) -> bool {
+pub(crate) fn available(test: &str) -> bool {
     let made = Command::new("unshare")
         .args(UNSHARE)
         .arg("true")
@@ -63,7 +63,7 @@ fn available(test: &str) -> bool {
 }
 
 /// A backfill command running on a host of its own; the host dies when this is dropped.
-struct Host {
+pub(crate) struct Host {
     name: &'static str,
     unshare: Option<Child>,
     /// Its PID namespace (`pid:[N]`), which every process of the host shares.
@@ -72,7 +72,7 @@ struct Host {
 
 impl Host {
     /// Runs `backfill -C PROJECT ARGS` on host `name`; its output goes to `{name}.out`/`.err`.
-    fn start(p: &Project, name: &'static str, args: &[&str]) -> Self {
+    pub(crate) fn start(p: &Project, name: &'static str, args: &[&str]) -> Self {
         Self::spawn(p, name, UNSHARE, "hostname \"$0\" && \"$@\"", args)
     }
 
@@ -180,7 +180,7 @@ impl Host {
 
     /// The host dies: every one of its processes at once (unshare's child, the namespace's
     /// first process, gets SIGKILL when unshare dies, and the kernel kills the rest).
-    fn die(mut self) {
+    pub(crate) fn die(mut self) {
         let pids = self.processes();
         self.kill();
         wait_until(
@@ -191,7 +191,7 @@ impl Host {
     }
 
     /// Every process of the host stops where it is (SIGSTOP), new ones included.
-    fn freeze(&self) {
+    pub(crate) fn freeze(&self) {
         wait_until("the host to freeze", Duration::from_secs(10), || {
             let pids = self.processes();
             for &pid in &pids {
@@ -201,7 +201,7 @@ impl Host {
         });
     }
 
-    fn thaw(&self) {
+    pub(crate) fn thaw(&self) {
         for pid in self.processes() {
             let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
         }
@@ -214,7 +214,7 @@ impl Host {
         }
     }
 
-    fn wait(mut self, p: &Project, limit: Duration) -> Out {
+    pub(crate) fn wait(mut self, p: &Project, limit: Duration) -> Out {
         let unshare = self
             .unshare
             .take()
@@ -248,7 +248,7 @@ fn on(host: &str, what: &str) -> Vec<String> {
 }
 
 /// SQL for the host name of a recorded host (`NAME#PID-NAMESPACE`).
-fn name_of(column: &str) -> String {
+pub(crate) fn name_of(column: &str) -> String {
     format!(
         "CASE WHEN instr({column}, '#') > 0 THEN substr({column}, 1, instr({column}, '#') - 1) ELSE {column} END"
     )

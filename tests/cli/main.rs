@@ -10,6 +10,7 @@ mod gate;
 mod guard_rails;
 mod hosts;
 mod interrupt;
+mod join;
 mod one_worker;
 mod operations;
 #[path = "../pg/mod.rs"]

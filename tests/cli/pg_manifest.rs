@@ -97,7 +97,7 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
         .code(0);
     assert_eq!(
         cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
-        "1"
+        "2"
     );
     assert_eq!(
         runs_per_interval(cluster, &db),
@@ -108,6 +108,28 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
     // Nothing went to a file: the URL is not a path.
     assert!(!p.manifest_path().exists());
     assert!(!p.path("postgresql:").exists());
+    // A manifest of schema version 1 (before `backfill join`) is migrated on first use, its
+    // history kept.
+    cluster.psql(
+        &db,
+        "DROP INDEX backfill_manifest.runs_in_flight;
+         ALTER TABLE backfill_manifest.runs DROP COLUMN worker;
+         DROP TABLE backfill_manifest.workers;
+         UPDATE backfill_manifest.schema_version SET version = 1",
+    );
+    p.run(&create_args(&url, "2026-01-04", "2026-01-04"))
+        .code(0);
+    assert_eq!(
+        cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
+        "2"
+    );
+    assert_eq!(
+        cluster.psql(
+            &db,
+            "SELECT COUNT(*) FROM backfill_manifest.runs WHERE state = 'succeeded' AND worker IS NULL"
+        ),
+        "4"
+    );
     // A schema written by a newer backfill is refused, by every command, before anything else.
     cluster.psql(
         &db,
@@ -115,15 +137,15 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
     );
     for args in [
         vec!["--manifest", &url, "list"],
-        create_args(&url, "2026-01-04", "2026-01-04"),
+        create_args(&url, "2026-01-05", "2026-01-05"),
     ] {
         p.run(&args).code(1).stderr_has(&format!(
-            "manifest {url}: schema version 99 is newer than this backfill understands (1); upgrade backfill"
+            "manifest {url}: schema version 99 is newer than this backfill understands (2); upgrade backfill"
         ));
     }
     assert_eq!(
         cluster.psql(&db, "SELECT COUNT(*) FROM backfill_manifest.backfills"),
-        "1"
+        "2"
     );
 }
 

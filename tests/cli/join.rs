@@ -1,0 +1,315 @@
+//! `backfill join ID`: another process, here on another host (a PID and UTS namespace of its
+//! own, see `hosts`), helps run a live backfill. Together they never run more than the
+//! backfill's max_active_runs; each interval runs once; a worker that dies or freezes is
+//! recovered by the owner, whose runs of its intervals replace the worker's, and a frozen
+//! worker that comes back records nothing.
+
+use std::time::Duration;
+
+use crate::hosts::{Host, available, name_of};
+use crate::support::{Project, wait_until};
+
+/// Eight days, at most four at once. A try counts the tries running at once (under a lock on a
+/// shared file) and notes the peak; it waits, before it ends, for `release-HOST` of its host;
+/// it notes its start and end with its host's name.
+const DAG: &str = r#"
+schedule = "@daily"
+max_active_runs = 4
+grace_period = "500ms"
+[[tasks]]
+id = "work"
+command = '''
+exec 8>> running.lock
+flock 8; n=$(( $(cat running 2>/dev/null || echo 0) + 1 )); echo $n > running; echo $n >> peaks; flock -u 8
+echo "start {{ ds }} $(hostname)" >> events.txt
+while [ ! -f "release-$(hostname)" ]; do sleep 0.05; done
+sleep 0.2
+flock 8; echo $(( $(cat running) - 1 )) > running; flock -u 8
+echo "end {{ ds }} $(hostname)" >> events.txt
+'''
+"#;
+
+const EIGHT_DAYS: &[&str] = &[
+    "create",
+    "--dag",
+    "c",
+    "--from",
+    "2026-01-01",
+    "--to",
+    "2026-01-08",
+];
+
+fn project() -> Project {
+    let p = Project::new().dag("c", DAG);
+    p.write("backfill.toml", "lease_timeout = \"2s\"\n");
+    p
+}
+
+/// The noted events `what` (`start`, `end`) as `(day, host)`, sorted.
+fn events(p: &Project, what: &str) -> Vec<(String, String)> {
+    let mut e: Vec<(String, String)> = std::fs::read_to_string(p.path("events.txt"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split(' ');
+            (w.next()? == what).then(|| (w.next().unwrap().into(), w.next().unwrap().into()))
+        })
+        .collect();
+    e.sort();
+    e
+}
+
+fn days() -> Vec<String> {
+    (1..=8).map(|d| format!("2026-01-0{d}")).collect()
+}
+
+fn peak(p: &Project) -> i64 {
+    std::fs::read_to_string(p.path("peaks"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .max()
+        .unwrap_or(0)
+}
+
+fn release(p: &Project, host: &str) {
+    std::fs::write(p.path(&format!("release-{host}")), "").unwrap();
+}
+
+/// Each day ended succeeded exactly once, in backfill 1, and nothing is left leased.
+fn each_day_succeeded_once(p: &Project) {
+    assert_eq!(
+        p.rows(
+            "SELECT date(interval_start, 'unixepoch'), COUNT(*) FROM runs
+             WHERE state = 'succeeded' AND backfill_id = 1 GROUP BY interval_start ORDER BY interval_start"
+        ),
+        days()
+            .into_iter()
+            .map(|d| vec![d, "1".to_string()])
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(p.count("SELECT COUNT(*) FROM leases"), 0);
+}
+
+/// Host A owns the backfill and runs four days at once; host B joins once they run.
+fn owner_and_worker(p: &Project) -> (Host, Host) {
+    let a = Host::start(p, "hosta", EIGHT_DAYS);
+    wait_until("host A to run four days", Duration::from_secs(20), || {
+        events(p, "start").len() == 4
+    });
+    let b = Host::start(p, "hostb", &["join", "1"]);
+    wait_until("host B to join", Duration::from_secs(20), || {
+        p.count("SELECT COUNT(*) FROM workers WHERE state = 'running'") == 1
+    });
+    (a, b)
+}
+
+#[test]
+fn two_hosts_joined_on_one_backfill_never_exceed_its_max_active_runs_together() {
+    if !available("the join tests") {
+        return;
+    }
+    let p = project();
+    let (a, b) = owner_and_worker(&p);
+    // Four run on host A: host B finds no room, and starts nothing.
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(events(&p, "start").len(), 4);
+    release(&p, "hosta");
+    release(&p, "hostb");
+    a.wait(&p, Duration::from_secs(60)).code(0);
+    b.wait(&p, Duration::from_secs(60))
+        .code(0)
+        .stderr_has("joined backfill 1 of c as worker 1:");
+    assert!(
+        peak(&p) <= 4,
+        "more than max_active_runs at once: {}",
+        peak(&p)
+    );
+    let started = events(&p, "start");
+    assert_eq!(
+        started.iter().map(|e| e.0.clone()).collect::<Vec<_>>(),
+        days(),
+        "each day started once"
+    );
+    assert_eq!(events(&p, "end"), started);
+    let on_b = started.iter().filter(|e| e.1 == "hostb").count();
+    assert!(on_b >= 1, "host B ran nothing: {started:?}");
+    each_day_succeeded_once(&p);
+    // The manifest says which process ran each run, and `show` which host ran each interval.
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM runs WHERE worker = 1"),
+        on_b as i64
+    );
+    assert_eq!(
+        p.rows(&format!(
+            "SELECT DISTINCT {} FROM task_tries t JOIN runs r ON r.id = t.run_id WHERE r.worker = 1",
+            name_of("t.host")
+        )),
+        [["hostb"]]
+    );
+    let show = p.run(&["--output", "json", "show", "1"]).json();
+    assert_eq!(show["state"], "completed");
+    assert_eq!(show["workers"][0]["host"], "hostb");
+    assert_eq!(show["workers"][0]["state"], "completed");
+    assert_eq!(show["workers"][0]["runs"], on_b);
+    let hosts = show["interval_details"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["host"] == "hostb")
+        .count();
+    assert_eq!(hosts, on_b);
+}
+
+/// Host B's worker runs two days and dies (`die`) or freezes past its lease (`!die`); host A,
+/// the owner, recovers them once the lease expired and runs them itself. A frozen worker that
+/// is thawed finds itself fenced and records nothing.
+fn a_worker_lost(die: bool) {
+    if !available("the join tests") {
+        return;
+    }
+    let p = project();
+    let (a, b) = owner_and_worker(&p);
+    // Host A's four end; from then on each host has two of the four places.
+    release(&p, "hosta");
+    wait_until("host B to run two days", Duration::from_secs(20), || {
+        events(&p, "start")
+            .iter()
+            .filter(|e| e.1 == "hostb")
+            .count()
+            == 2
+    });
+    let lost: Vec<String> = events(&p, "start")
+        .into_iter()
+        .filter(|e| e.1 == "hostb")
+        .map(|e| e.0)
+        .collect();
+    if die {
+        b.die();
+        a.wait(&p, Duration::from_secs(60)).code(0);
+    } else {
+        b.freeze();
+        a.wait(&p, Duration::from_secs(60)).code(0);
+        b.thaw();
+        b.wait(&p, Duration::from_secs(20))
+            .code(130)
+            .stderr_has("another backfill took the intervals over");
+    }
+    // Host B's days were started there, then run again on host A, and ended only there.
+    for day in &lost {
+        assert_eq!(
+            events(&p, "start")
+                .iter()
+                .filter(|e| &e.0 == day)
+                .map(|e| e.1.as_str())
+                .collect::<Vec<_>>(),
+            ["hosta", "hostb"]
+        );
+    }
+    assert_eq!(
+        events(&p, "end")
+            .iter()
+            .map(|e| (e.0.as_str(), e.1.as_str()))
+            .collect::<Vec<_>>(),
+        days()
+            .iter()
+            .map(|d| (d.as_str(), "hosta"))
+            .collect::<Vec<_>>(),
+        "host B ended nothing"
+    );
+    assert!(
+        peak(&p) <= 4,
+        "more than max_active_runs at once: {}",
+        peak(&p)
+    );
+    each_day_succeeded_once(&p);
+    assert_eq!(
+        p.rows(
+            "SELECT r.state, t.state, w.state, w.epoch FROM runs r
+             JOIN task_tries t ON t.run_id = r.id JOIN workers w ON w.id = r.worker"
+        ),
+        [
+            ["cancelled", "cancelled", "cancelled", "1"],
+            ["cancelled", "cancelled", "cancelled", "1"]
+        ]
+    );
+    let show = p.run(&["--output", "json", "show", "1"]).json();
+    assert_eq!(show["state"], "completed");
+    assert_eq!(show["intervals"]["succeeded"], 8);
+}
+
+#[test]
+fn a_worker_that_dies_is_recovered_by_the_owner_which_runs_its_days_again() {
+    a_worker_lost(true);
+}
+
+#[test]
+fn a_frozen_worker_is_recovered_by_the_owner_and_once_thawed_records_nothing() {
+    a_worker_lost(false);
+}
+
+#[test]
+fn cancel_stops_the_owner_and_its_workers_and_waits_for_both() {
+    if !available("the join tests") {
+        return;
+    }
+    let p = project();
+    let (a, b) = owner_and_worker(&p);
+    p.run(&["cancel", "1"])
+        .code(0)
+        .stderr_has("backfill 1 stopped: cancelled");
+    assert_eq!(
+        p.rows("SELECT state FROM workers"),
+        [["cancelled"]],
+        "cancel waited for the worker too"
+    );
+    a.wait(&p, Duration::from_secs(20)).code(130);
+    b.wait(&p, Duration::from_secs(20)).code(130);
+    assert_eq!(events(&p, "end"), Vec::new());
+    assert_eq!(p.count("SELECT COUNT(*) FROM leases"), 0);
+}
+
+#[test]
+fn join_refuses_what_it_cannot_help_and_records_no_worker() {
+    let p = Project::new()
+        .dag(
+            "c",
+            "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+        )
+        .dag(
+            "d",
+            "schedule = \"@daily\"\ndepends_on_past = true\n[[tasks]]\nid = \"t\"\ncommand = \"while [ ! -f go ]; do sleep 0.05; done\"\n",
+        );
+    p.run(&["join", "1"])
+        .code(2)
+        .stderr_has("no backfill 1 in the manifest");
+    let one_day = |dag: &'static str| {
+        [
+            "create",
+            "--dag",
+            dag,
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+        ]
+    };
+    p.run(&one_day("c")).code(0);
+    p.run(&["join", "1"]).code(2).stderr_has(
+        "backfill 1 is not running (it is completed); only a running backfill can be joined",
+    );
+    let owner = p.spawn("owner", &one_day("d"));
+    wait_until("backfill 2 to run", Duration::from_secs(20), || {
+        p.count("SELECT COUNT(*) FROM runs WHERE backfill_id = 2") == 1
+    });
+    p.run(&["join", "2"])
+        .code(2)
+        .stderr_has("DAG `d` has depends_on_past = true");
+    std::fs::write(p.path("go"), "").unwrap();
+    p.wait("owner", owner).code(0);
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM workers"),
+        0,
+        "a refused join records no worker"
+    );
+}

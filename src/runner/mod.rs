@@ -338,6 +338,19 @@ async fn skip(shared: &Shared, interval: DataInterval, reason: SkipReason) -> Re
     Ok(())
 }
 
+/// Why a process stops once it finds itself fenced.
+pub fn fenced_why(owner: Owner) -> String {
+    match owner.worker {
+        None => {
+            "another backfill took the intervals over (no heartbeat within lease_timeout)".into()
+        }
+        Some(w) => format!(
+            "worker {w} was taken over: its intervals went back to backfill {} (no heartbeat within lease_timeout)",
+            owner.backfill_id
+        ),
+    }
+}
+
 /// An interval ended in an error: being fenced stops the backfill as a cancel would; anything
 /// else is kept (the first one is returned) and stops it too.
 fn fail(shared: &Shared, first_error: &mut Option<Error>, e: Error) {
@@ -348,9 +361,7 @@ fn fail(shared: &Shared, first_error: &mut Option<Error>, e: Error) {
             backfill = shared.spec.owner.backfill_id,
             "fenced: another process took this backfill over"
         );
-        shared.stop_because(
-            "another backfill took the intervals over (no heartbeat within lease_timeout)".into(),
-        );
+        shared.stop_because(fenced_why(shared.spec.owner));
         return;
     }
     tracing::error!(backfill = shared.spec.owner.backfill_id, error = %e, "stopping after an internal error");

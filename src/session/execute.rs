@@ -390,8 +390,7 @@ async fn keep_alive(
                     epoch = owner.epoch,
                     "fenced by a newer owner"
                 );
-                "another backfill took the intervals over (no heartbeat within lease_timeout)"
-                    .to_string()
+                runner::fenced_why(owner)
             }
             Err(e) if last_ok.elapsed() >= lease_timeout / 2 => {
                 tracing::error!(backfill = owner.backfill_id, error = %e, "the heartbeat cannot be written");

@@ -193,7 +193,7 @@ fn a_worker_lost(die: bool) {
         b.thaw();
         b.wait(&p, Duration::from_secs(20))
             .code(130)
-            .stderr_has("another backfill took the intervals over");
+            .stderr_has("worker 1 was taken over: its intervals went back to backfill 1");
     }
     // Host B's days were started there, then run again on host A, and ended only there.
     for day in &lost {
@@ -312,4 +312,56 @@ fn join_refuses_what_it_cannot_help_and_records_no_worker() {
         0,
         "a refused join records no worker"
     );
+}
+
+#[test]
+fn when_the_owner_dies_resume_takes_its_place_and_leaves_a_live_worker_its_runs() {
+    if !available("the join tests") {
+        return;
+    }
+    let p = project();
+    let (a, b) = owner_and_worker(&p);
+    // Host A runs every day but the two host B holds, then waits for them, and dies.
+    release(&p, "hosta");
+    wait_until("host A to end six days", Duration::from_secs(30), || {
+        events(&p, "end").len() == 6
+    });
+    let on_b: Vec<String> = events(&p, "start")
+        .into_iter()
+        .filter(|e| e.1 == "hostb")
+        .map(|e| e.0)
+        .collect();
+    assert_eq!(on_b.len(), 2);
+    a.die();
+    crate::support::wait_stale(&p, 1, 2000);
+    let c = Host::start(&p, "hostc", &["resume", "1"]);
+    wait_until(
+        "host C to own the backfill",
+        Duration::from_secs(20),
+        || {
+            p.rows(&format!(
+                "SELECT {} FROM backfills WHERE id = 1",
+                name_of("owner_host")
+            )) == [["hostc"]]
+        },
+    );
+    // Host B's two runs were left to it: still running, its tries never stopped.
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM runs WHERE worker = 1 AND state = 'running'"),
+        2
+    );
+    release(&p, "hostb");
+    c.wait(&p, Duration::from_secs(60)).code(0);
+    b.wait(&p, Duration::from_secs(60)).code(0);
+    let started = events(&p, "start");
+    assert_eq!(
+        started.iter().map(|e| e.0.clone()).collect::<Vec<_>>(),
+        days(),
+        "each day started once"
+    );
+    assert_eq!(events(&p, "end"), started);
+    each_day_succeeded_once(&p);
+    let show = p.run(&["--output", "json", "show", "1"]).json();
+    assert_eq!(show["state"], "completed");
+    assert_eq!(show["workers"][0]["runs"], 2);
 }

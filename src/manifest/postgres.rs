@@ -63,6 +63,9 @@ pub struct Session {
     broken: Cell<bool>,
     /// Backfills' epochs and states read in the writer's transaction (see `Conn::fenced`).
     fences: RefCell<HashMap<i64, (i64, crate::state::BackfillState)>>,
+    /// The fences read in earlier transactions (keys as in `fences`): read again with the next
+    /// transaction's lock, in the same round trip, since this writer's owner asks for them.
+    fenced_before: RefCell<std::collections::BTreeSet<i64>>,
 }
 
 fn failure(message: String) -> rusqlite::Error {
@@ -131,6 +134,7 @@ impl Session {
             tx_now: Cell::new(None),
             broken: Cell::new(false),
             fences: RefCell::default(),
+            fenced_before: RefCell::default(),
         })
     }
 
@@ -220,6 +224,11 @@ impl Session {
     pub fn remember_fence(&self, backfill_id: i64, row: (i64, crate::state::BackfillState)) {
         if self.in_tx.get() {
             self.fences.borrow_mut().insert(backfill_id, row);
+            let mut before = self.fenced_before.borrow_mut();
+            // A handful at most (an owner, a cascade's members); bounded all the same.
+            if before.len() < 16 {
+                before.insert(backfill_id);
+            }
         }
     }
 
@@ -332,36 +341,71 @@ impl Session {
         self.in_tx.set(true);
         self.tx_now.set(None);
         self.fences.borrow_mut().clear();
+        // The fences this writer read before are read again under the new lock, in the same
+        // round trip: an owner's first write of the transaction then needs no read of its own.
+        let (backfills, workers): (Vec<i64>, Vec<i64>) =
+            self.fenced_before.borrow().iter().partition(|k| **k > 0);
+        let list = |ids: &[i64]| {
+            ids.iter()
+                .map(|k| k.abs().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut fences = String::new();
+        if !backfills.is_empty() {
+            fences.push_str(&format!(
+                "; SELECT id, epoch, state FROM backfills WHERE id IN ({})",
+                list(&backfills)
+            ));
+        }
+        if !workers.is_empty() {
+            fences.push_str(&format!(
+                "; SELECT -id, epoch, state FROM workers WHERE id IN ({})",
+                list(&workers)
+            ));
+        }
         let begun = self.with(|conn, _| {
-            // Both values are made here (hex and a number): nothing from outside is spliced in.
+            // Every value is made here (hex and numbers): nothing from outside is spliced in.
             let sql = format!(
                 "BEGIN; WITH lock AS (SELECT 1 FROM manifest_lock FOR UPDATE)
                  INSERT INTO manifest_commits (writer, token, at)
                  SELECT '{writer}', {token}, CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS bigint) FROM lock
                  ON CONFLICT (writer) DO UPDATE SET token = excluded.token, at = excluded.at
-                 RETURNING at"
+                 RETURNING at{fences}"
             );
             let messages = conn
                 .wait(conn.client.simple_query(&sql))
                 .map_err(|e| wrap(&e))?;
-            messages
-                .iter()
-                .find_map(|m| match m {
-                    tokio_postgres::SimpleQueryMessage::Row(r) => {
-                        r.get(0).and_then(|v| v.parse::<i64>().ok())
-                    }
-                    _ => None,
-                })
+            let mut rows = messages.iter().filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
+                _ => None,
+            });
+            let now = rows
+                .next()
+                .and_then(|r| r.get(0).and_then(|v| v.parse::<i64>().ok()))
                 .ok_or_else(|| {
                     failure(
                         "the manifest has no writers' lock row (manifest_lock); its schema is damaged"
                             .into(),
                     )
-                })
+                })?;
+            let mut read = HashMap::new();
+            for r in rows {
+                let key = r.get(0).and_then(|v| v.parse::<i64>().ok());
+                let epoch = r.get(1).and_then(|v| v.parse::<i64>().ok());
+                let state = r
+                    .get(2)
+                    .and_then(|v| v.parse::<crate::state::BackfillState>().ok());
+                if let (Some(key), Some(epoch), Some(state)) = (key, epoch, state) {
+                    read.insert(key, (epoch, state));
+                }
+            }
+            Ok((now, read))
         });
         match begun {
-            Ok(now) => {
+            Ok((now, read)) => {
                 self.tx_now.set(Some(now));
+                *self.fences.borrow_mut() = read;
                 Ok(())
             }
             Err(e) => {

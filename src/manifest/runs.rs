@@ -54,7 +54,7 @@ const ROOM: &str = "SELECT 1 WHERE NOT EXISTS (
                     AND heartbeat_at > CAST(?6 AS bigint) - CAST(?8 AS bigint))))";
 
 /// Records that an interval's run started, by the owner or the worker `fenced` names, and names
-/// the run in the interval's lease.
+/// the run in the interval's lease (with its first try: [`start_run_and_try`]).
 pub fn start_run(
     conn: &Conn,
     fenced: Fenced,
@@ -76,33 +76,6 @@ pub fn start_run(
         &worker,
         &lease_timeout_ms,
     ];
-    if conn.is_postgres() {
-        // One round trip: the lease and the room checked, the run recorded and named in the
-        // lease.
-        let (run, held): (Option<i64>, i64) = conn
-            .prepare_cached(&format!(
-                "WITH held AS ({FREE_LEASE}),
-                 room AS ({ROOM}),
-                 run AS (
-                     INSERT INTO runs (backfill_id, dag_id, interval_start, interval_end, state,
-                                       started_at, worker)
-                     SELECT CAST(?1 AS bigint), CAST(?2 AS text), CAST(?3 AS bigint),
-                            CAST(?4 AS bigint), CAST(?5 AS text), CAST(?6 AS bigint),
-                            CAST(?7 AS bigint)
-                     FROM held, room RETURNING id),
-                 named AS (
-                     UPDATE leases SET run_id = (SELECT id FROM run)
-                     WHERE dag_id = ?2 AND interval_start = ?3 AND backfill_id = ?1
-                       AND EXISTS (SELECT 1 FROM run))
-                 SELECT (SELECT id FROM run), CASE WHEN EXISTS (SELECT 1 FROM held) THEN 1 ELSE 0 END"
-            ))?
-            .query_row(row, |r| Ok((r.get(0)?, r.get(1)?)))?;
-        return Ok(match run {
-            Some(id) => Start::Run(id),
-            None if held == 1 => Start::Busy,
-            None => Start::Lost,
-        });
-    }
     let found = |sql: &str| -> Result<bool> {
         Ok(conn
             .prepare_cached(sql)?
@@ -133,6 +106,80 @@ pub fn start_run(
     )?
     .execute(params![dag_id, start, fenced.backfill_id(), run_id])?;
     Ok(Start::Run(run_id))
+}
+
+/// Records that an interval's run started, as [`start_run`] does, and its first try, whose log
+/// path is `log.0`, the run's id, then `log.1`: one round trip on PostgreSQL. Returns the try's
+/// id with [`Start::Run`].
+#[allow(clippy::too_many_arguments)]
+pub fn start_run_and_try(
+    conn: &Conn,
+    fenced: Fenced,
+    dag_id: &str,
+    interval: DataInterval,
+    now_ms: i64,
+    lease_timeout_ms: i64,
+    task_id: &str,
+    try_number: u32,
+    log: (&str, &str),
+) -> Result<(Start, Option<i64>)> {
+    if !conn.is_postgres() {
+        let started = start_run(conn, fenced, dag_id, interval, now_ms, lease_timeout_ms)?;
+        let Start::Run(run_id) = started else {
+            return Ok((started, None));
+        };
+        let path = format!("{}{run_id}{}", log.0, log.1);
+        let try_id = insert_try(conn, fenced, run_id, task_id, try_number, &path, now_ms)?;
+        return Ok((started, Some(try_id)));
+    }
+    let row: &[&dyn rusqlite::ToSql] = &[
+        &fenced.backfill_id(),
+        &dag_id,
+        &interval.start.timestamp(),
+        &interval.end.timestamp(),
+        &RunState::Running,
+        &now_ms,
+        &fenced.owner().worker,
+        &lease_timeout_ms,
+        &task_id,
+        &try_number,
+        &log.0,
+        &log.1,
+    ];
+    let (run, try_id, held): (Option<i64>, Option<i64>, i64) = conn
+        .prepare_cached(&format!(
+            "WITH held AS ({FREE_LEASE}),
+             room AS ({ROOM}),
+             run AS (
+                 INSERT INTO runs (backfill_id, dag_id, interval_start, interval_end, state,
+                                   started_at, worker)
+                 SELECT CAST(?1 AS bigint), CAST(?2 AS text), CAST(?3 AS bigint),
+                        CAST(?4 AS bigint), CAST(?5 AS text), CAST(?6 AS bigint),
+                        CAST(?7 AS bigint)
+                 FROM held, room RETURNING id),
+             named AS (
+                 UPDATE leases SET run_id = (SELECT id FROM run)
+                 WHERE dag_id = ?2 AND interval_start = ?3 AND backfill_id = ?1
+                   AND EXISTS (SELECT 1 FROM run)),
+             try AS (
+                 INSERT INTO task_tries (run_id, task_id, try_number, state, started_at, log_path,
+                                         host)
+                 SELECT run.id, CAST(?9 AS text), CAST(?10 AS bigint), 'running',
+                        CAST(?6 AS bigint),
+                        CAST(?11 AS text) || CAST(run.id AS text) || CAST(?12 AS text),
+                        COALESCE(w.host, b.owner_host)
+                 FROM run JOIN backfills b ON b.id = CAST(?1 AS bigint)
+                 LEFT JOIN workers w ON w.id = CAST(?7 AS bigint)
+                 RETURNING id)
+             SELECT (SELECT id FROM run), (SELECT id FROM try),
+                    CASE WHEN EXISTS (SELECT 1 FROM held) THEN 1 ELSE 0 END"
+        ))?
+        .query_row(row, |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    Ok(match (run, try_id) {
+        (Some(run), Some(try_id)) => (Start::Run(run), Some(try_id)),
+        _ if held == 1 => (Start::Busy, None),
+        _ => (Start::Lost, None),
+    })
 }
 
 /// Whether the backfill of a try's run still holds that interval's lease: a try whose interval
@@ -259,13 +306,15 @@ pub fn insert_try(
     log_path: &str,
     now_ms: i64,
 ) -> Result<i64> {
-    // A try runs on its owner's host: recorded now, for tries with no process group too (SQL).
+    // A try runs on the host of the process that started its run (the owner, or a worker):
+    // recorded now, for tries with no process group too (SQL).
     Ok(conn
         .prepare_cached(
             "INSERT INTO task_tries (run_id, task_id, try_number, state, started_at, log_path, host)
              SELECT r.id, CAST(?2 AS TEXT), CAST(?3 AS BIGINT), CAST(?4 AS TEXT), CAST(?5 AS BIGINT),
-                    CAST(?6 AS TEXT), b.owner_host
-             FROM runs r JOIN backfills b ON b.id = r.backfill_id WHERE r.id = ?1
+                    CAST(?6 AS TEXT), COALESCE(w.host, b.owner_host)
+             FROM runs r JOIN backfills b ON b.id = r.backfill_id
+             LEFT JOIN workers w ON w.id = r.worker WHERE r.id = ?1
              RETURNING id",
         )?
         .query_row(
@@ -410,39 +459,84 @@ pub fn finish_try(
     end_try(conn, try_id, rec, now_ms)
 }
 
+/// A try's end: its record in `?2` to `?18`, the try `?1`, if it is still running.
+const END_TRY: &str = "UPDATE task_tries SET state = ?2, ended_at = ?3, exit_code = ?4, error = ?5,
+        rows = ?6, partitions = ?7, inputs = ?8, fingerprint = ?9, source_rows = ?10,
+        previous_rows = ?11, verdict = ?12, reasons = ?13, source_fingerprint = ?14, staged = ?15,
+        staged_path = ?16, promoted_from = ?17, restored_from = ?18, publishing = 0
+     WHERE id = ?1 AND state = 'running'";
+
+/// The values of [`END_TRY`], then `more`.
+fn end_try_values<'a>(
+    try_id: &'a i64,
+    rec: &'a TryRecord,
+    now_ms: &'a i64,
+    more: &[&'a dyn rusqlite::ToSql],
+) -> Vec<&'a dyn rusqlite::ToSql> {
+    let mut v: Vec<&dyn rusqlite::ToSql> = vec![
+        try_id,
+        &rec.state,
+        now_ms,
+        &rec.exit_code,
+        &rec.error,
+        &rec.rows,
+        &rec.partitions,
+        &rec.inputs,
+        &rec.fingerprint,
+        &rec.source_rows,
+        &rec.previous_rows,
+        &rec.verdict,
+        &rec.reasons,
+        &rec.source_fingerprint,
+        &rec.staged,
+        &rec.staged_path,
+        &rec.promoted_from,
+        &rec.restored_from,
+    ];
+    v.extend_from_slice(more);
+    v
+}
+
+/// Records a try's end and its run's end, releasing the run's lease: one round trip on
+/// PostgreSQL (a try that stages an output also discards older ones, see [`end_try`]).
+#[allow(clippy::too_many_arguments)]
+pub fn finish_try_and_run(
+    conn: &Conn,
+    fenced: Fenced,
+    try_id: i64,
+    rec: &TryRecord,
+    run_id: i64,
+    state: RunState,
+    error: Option<&str>,
+    now_ms: i64,
+) -> Result<()> {
+    if !conn.is_postgres() || rec.staged == Some(crate::state::StagedState::Staged) {
+        finish_try(conn, fenced, try_id, rec, now_ms)?;
+        return finish_run(conn, fenced, run_id, state, error, now_ms);
+    }
+    let values = end_try_values(&try_id, rec, &now_ms, &[&state, &error, &run_id]);
+    conn.prepare_cached(&format!(
+        "WITH ended_try AS ({END_TRY}),
+         ended AS (
+             UPDATE runs SET state = ?19, ended_at = ?3, error = ?20
+             WHERE id = ?21 AND state IN ('queued', 'running'))
+         DELETE FROM leases l USING runs r
+         WHERE r.id = ?21 AND l.dag_id = r.dag_id AND l.interval_start = r.interval_start
+           AND l.backfill_id = r.backfill_id"
+    ))?
+    .execute(values.as_slice())?;
+    Ok(())
+}
+
 /// Records the end of a try that is still running or publishing. A try that stages an output
 /// supersedes the outputs that earlier tries of its backfill staged for the same task and
 /// interval (an interval staged again after a crash): one staged output per task and interval
 /// awaits promotion, the newest, and the others are discarded (unless a promote is publishing
 /// one).
 pub fn end_try(conn: &Conn, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()> {
-    let ended = conn.prepare_cached(
-        "UPDATE task_tries SET state = ?2, ended_at = ?3, exit_code = ?4, error = ?5, rows = ?6,
-            partitions = ?7, inputs = ?8, fingerprint = ?9, source_rows = ?10, previous_rows = ?11,
-            verdict = ?12, reasons = ?13, source_fingerprint = ?14, staged = ?15,
-            staged_path = ?16, promoted_from = ?17, restored_from = ?18, publishing = 0
-         WHERE id = ?1 AND state = 'running'",
-    )?
-    .execute(params![
-        try_id,
-        rec.state,
-        now_ms,
-        rec.exit_code,
-        rec.error,
-        rec.rows,
-        rec.partitions,
-        rec.inputs,
-        rec.fingerprint,
-        rec.source_rows,
-        rec.previous_rows,
-        rec.verdict,
-        rec.reasons,
-        rec.source_fingerprint,
-        rec.staged,
-        rec.staged_path,
-        rec.promoted_from,
-        rec.restored_from
-    ])?;
+    let ended = conn
+        .prepare_cached(END_TRY)?
+        .execute(end_try_values(&try_id, rec, &now_ms, &[]).as_slice())?;
     if ended == 1 && rec.staged == Some(crate::state::StagedState::Staged) {
         conn.prepare_cached(
             "UPDATE task_tries SET staged = 'discarded'

@@ -180,16 +180,20 @@ pub trait Store {
     fn recorded_sources(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Recorded>;
     /// How long (ms) the latest `limit` successful tries of a task took, newest first.
     fn recent_durations_ms(&self, dag_id: &str, task_id: &str, limit: i64) -> Result<Vec<i64>>;
-    /// Records that an interval's run started and names it in the interval's lease; or says why
-    /// not (see [`runs::Start`]).
-    fn start_run(
+    /// Records that an interval's run started and its first try (see
+    /// [`runs::start_run_and_try`]).
+    #[allow(clippy::too_many_arguments)]
+    fn start_run_and_try(
         &self,
         fenced: Fenced,
         dag_id: &str,
         interval: DataInterval,
         now_ms: i64,
         lease_timeout_ms: i64,
-    ) -> Result<runs::Start>;
+        task_id: &str,
+        try_number: u32,
+        log: (&str, &str),
+    ) -> Result<(runs::Start, Option<i64>)>;
     /// Whether the backfill of a try's run still holds that interval's lease: a try whose interval
     /// was taken over may neither be let go nor publish.
     fn try_holds_lease(&self, try_id: i64) -> Result<bool>;
@@ -215,16 +219,6 @@ pub trait Store {
         log_path: &str,
         now_ms: i64,
     ) -> Result<Option<i64>>;
-    /// Records the first try of a run started in the same transaction (which checked the lease).
-    fn insert_try(
-        &self,
-        _fenced: Fenced,
-        run_id: i64,
-        task_id: &str,
-        try_number: u32,
-        log_path: &str,
-        now_ms: i64,
-    ) -> Result<i64>;
     /// Records the process group of a try before it is let go; `false` when the try is no longer
     /// running (it must then never be let go).
     fn set_try_group(&self, _fenced: Fenced, try_id: i64, group: Group, host: &str)
@@ -233,6 +227,18 @@ pub trait Store {
     fn set_try_audit(&self, _fenced: Fenced, try_id: i64, path: &str) -> Result<()>;
     /// Records the end of a try of the owner.
     fn finish_try(&self, _fenced: Fenced, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()>;
+    /// Records a try's end and its run's end (see [`runs::finish_try_and_run`]).
+    #[allow(clippy::too_many_arguments)]
+    fn finish_try_and_run(
+        &self,
+        fenced: Fenced,
+        try_id: i64,
+        rec: &TryRecord,
+        run_id: i64,
+        state: RunState,
+        error: Option<&str>,
+        now_ms: i64,
+    ) -> Result<()>;
     /// Records the end of a try that is still running or publishing.
     fn end_try(&self, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()>;
     /// Records the gate's decision to publish before the warehouse is touched: a crash between this
@@ -539,16 +545,29 @@ impl Store for Conn {
     fn recent_durations_ms(&self, dag_id: &str, task_id: &str, limit: i64) -> Result<Vec<i64>> {
         queries::recent_durations_ms(self, dag_id, task_id, limit)
     }
-    fn start_run(
+    fn start_run_and_try(
         &self,
         fenced: Fenced,
         dag_id: &str,
         interval: DataInterval,
         now_ms: i64,
         lease_timeout_ms: i64,
-    ) -> Result<runs::Start> {
+        task_id: &str,
+        try_number: u32,
+        log: (&str, &str),
+    ) -> Result<(runs::Start, Option<i64>)> {
         let now_ms = self.now_ms(now_ms)?;
-        runs::start_run(self, fenced, dag_id, interval, now_ms, lease_timeout_ms)
+        runs::start_run_and_try(
+            self,
+            fenced,
+            dag_id,
+            interval,
+            now_ms,
+            lease_timeout_ms,
+            task_id,
+            try_number,
+            log,
+        )
     }
     fn try_holds_lease(&self, try_id: i64) -> Result<bool> {
         runs::try_holds_lease(self, try_id)
@@ -579,18 +598,6 @@ impl Store for Conn {
         let now_ms = self.now_ms(now_ms)?;
         runs::start_try(self, fenced, run_id, task_id, try_number, log_path, now_ms)
     }
-    fn insert_try(
-        &self,
-        _fenced: Fenced,
-        run_id: i64,
-        task_id: &str,
-        try_number: u32,
-        log_path: &str,
-        now_ms: i64,
-    ) -> Result<i64> {
-        let now_ms = self.now_ms(now_ms)?;
-        runs::insert_try(self, _fenced, run_id, task_id, try_number, log_path, now_ms)
-    }
     fn set_try_group(
         &self,
         _fenced: Fenced,
@@ -602,6 +609,19 @@ impl Store for Conn {
     }
     fn set_try_audit(&self, _fenced: Fenced, try_id: i64, path: &str) -> Result<()> {
         runs::set_try_audit(self, _fenced, try_id, path)
+    }
+    fn finish_try_and_run(
+        &self,
+        fenced: Fenced,
+        try_id: i64,
+        rec: &TryRecord,
+        run_id: i64,
+        state: RunState,
+        error: Option<&str>,
+        now_ms: i64,
+    ) -> Result<()> {
+        let now_ms = self.now_ms(now_ms)?;
+        runs::finish_try_and_run(self, fenced, try_id, rec, run_id, state, error, now_ms)
     }
     fn finish_try(&self, _fenced: Fenced, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()> {
         let now_ms = self.now_ms(now_ms)?;

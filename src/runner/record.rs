@@ -48,6 +48,20 @@ pub(super) async fn record_end(
     let committed = shared.writer.submit(move |c| {
         let now = now_ms();
         let f = c.fence(owner)?;
+        // The common end, in one statement: a last try that published nothing, and its run.
+        if let (Some(t), Some((state, error))) = (&last_try, &run_end)
+            && t.published.is_none()
+        {
+            return c.finish_try_and_run(
+                f,
+                t.try_id,
+                &t.record,
+                run_id,
+                *state,
+                error.as_deref(),
+                now,
+            );
+        }
         if let Some(t) = &last_try {
             c.finish_try(f, t.try_id, &t.record, now)?;
             if let Some(p) = &t.published {
@@ -187,13 +201,46 @@ async fn start_once(
                     return Ok(Claimed::UpstreamNotReady);
                 }
             }
-            let (run_id, fresh) = match run_id {
-                Some(id) => (id, false),
-                None => match c.start_run(f, &dag_id, interval, now, ctx.timeout_ms)? {
-                    runs::Start::Run(id) => (id, true),
-                    runs::Start::Lost => return Ok(Claimed::TakenOver),
-                    runs::Start::Busy => return Ok(Claimed::Busy),
-                },
+            let (run_id, try_id) = match run_id {
+                Some(id) => {
+                    let (log, _) = command::try_paths(
+                        &logs_dir,
+                        &dag_id,
+                        interval.start,
+                        &task_id,
+                        id,
+                        try_number,
+                    );
+                    let log = log.display().to_string();
+                    match c.start_try(f, id, &task_id, try_number, &log, now)? {
+                        Some(try_id) => (id, try_id),
+                        None => return Ok(Claimed::TakenOver),
+                    }
+                }
+                // The run and its first try, in one statement: the run's id is in the log path.
+                None => {
+                    let (before, after) = command::log_path_around_run(
+                        &logs_dir,
+                        &dag_id,
+                        interval.start,
+                        &task_id,
+                        try_number,
+                    );
+                    match c.start_run_and_try(
+                        f,
+                        &dag_id,
+                        interval,
+                        now,
+                        ctx.timeout_ms,
+                        &task_id,
+                        try_number,
+                        (&before, &after),
+                    )? {
+                        (runs::Start::Run(run), Some(try_id)) => (run, try_id),
+                        (runs::Start::Busy, _) => return Ok(Claimed::Busy),
+                        _ => return Ok(Claimed::TakenOver),
+                    }
+                }
             };
             let (log, result) = command::try_paths(
                 &logs_dir,
@@ -203,16 +250,6 @@ async fn start_once(
                 run_id,
                 try_number,
             );
-            let log_text = log.display().to_string();
-            // A run started in this transaction checked its lease already.
-            let try_id = if fresh {
-                c.insert_try(f, run_id, &task_id, try_number, &log_text, now)?
-            } else {
-                match c.start_try(f, run_id, &task_id, try_number, &log_text, now)? {
-                    Some(id) => id,
-                    None => return Ok(Claimed::TakenOver),
-                }
-            };
             if let Some(staged) = claim {
                 c.set_promoted_from(try_id, staged)?;
             }

@@ -87,6 +87,23 @@ pub fn try_paths(
     )
 }
 
+/// A try's log path as the text before and after its run's id (for the manifest to record it
+/// in the statement that makes the run).
+pub fn log_path_around_run(
+    logs_dir: &Path,
+    dag_id: &str,
+    interval_start: chrono::DateTime<chrono::Utc>,
+    task_id: &str,
+    try_number: u32,
+) -> (String, String) {
+    let dir = logs_dir.join(dag_id).join(task_id);
+    let before = dir.join(format!("{}.run", interval_start.format("%Y%m%dT%H%M%SZ")));
+    (
+        before.display().to_string(),
+        format!(".try{try_number}.log"),
+    )
+}
+
 /// The `BACKFILL_*` environment of a try.
 pub fn environment(ctx: &Context<'_>, conf: &str, result_path: &Path) -> Vec<(String, String)> {
     vec![
@@ -107,4 +124,18 @@ pub fn environment(ctx: &Context<'_>, conf: &str, result_path: &Path) -> Vec<(St
         ("BACKFILL_CONF".into(), conf.into()),
         ("BACKFILL_RESULT".into(), result_path.display().to_string()),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_path_around_a_run_id_is_the_try_s_log_path() {
+        let start = chrono::DateTime::from_timestamp(1_767_225_600, 0).unwrap();
+        let dir = Path::new("/p/logs");
+        let (log, _) = try_paths(dir, "d", start, "t", 42, 3);
+        let (before, after) = log_path_around_run(dir, "d", start, "t", 3);
+        assert_eq!(format!("{before}42{after}"), log.display().to_string());
+    }
 }

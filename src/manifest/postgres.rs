@@ -234,9 +234,20 @@ impl Session {
 
     /// Forgets the fences read when `sql` may change a backfill.
     fn written(&self, sql: &str) {
-        if (sql.contains("backfills") || sql.contains("workers"))
-            && !sql.trim_start().starts_with("SELECT")
-        {
+        // Statements that only read them (a run's start joins `backfills`) keep what was read.
+        const WRITES: [&str; 6] = [
+            "UPDATE backfills",
+            "INSERT INTO backfills",
+            "DELETE FROM backfills",
+            "UPDATE workers",
+            "INSERT INTO workers",
+            "DELETE FROM workers",
+        ];
+        if !sql.contains("backfills") && !sql.contains("workers") {
+            return;
+        }
+        let flat = sql.split_whitespace().collect::<Vec<_>>().join(" ");
+        if WRITES.iter().any(|w| flat.contains(w)) {
             self.fences.borrow_mut().clear();
         }
     }

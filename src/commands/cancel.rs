@@ -120,11 +120,19 @@ fn cancel(
             for w in &report.warnings {
                 warn(g, w);
             }
+            // An owner on another host cannot be looked at from here: its lease expired.
+            let here = crate::liveness::Host::name(&crate::process::LOCAL);
+            let gone = match crate::liveness::elsewhere(backfill.owner_host.as_deref(), &here) {
+                Some(host) => {
+                    format!("its process on host {host} sent no heartbeat within the lease timeout")
+                }
+                None => "its process was gone".to_string(),
+            };
             eprintln!(
-                "backfill {id} cancelled; its process was gone, so its leases were released here; `{}` continues it",
+                "backfill {id} cancelled; {gone}, so its leases were released here; `{}` continues it",
                 crate::report::out::hint(&format!("resume {id}"))
             );
-            document(g, id, "cancelled", "cancelled here: its process was gone")?;
+            document(g, id, "cancelled", &format!("cancelled here: {gone}"))?;
         }
         None => {
             eprintln!("backfill {id} is running again (resumed meanwhile); nothing done");

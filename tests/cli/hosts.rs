@@ -1342,3 +1342,27 @@ fn two_hosts_backfilling_overlapping_ranges_at_once_run_each_interval_once() {
     );
     assert!(in_flight.iter().all(|r| r[0] == in_flight[0][0]));
 }
+
+#[test]
+fn cancel_of_an_owner_frozen_on_another_host_says_its_lease_expired() {
+    if !available("the hosts tests") {
+        return;
+    }
+    let p = project();
+    let a = Host::start(&p, "hosta", THREE_DAYS);
+    wait_until(
+        "host A to run the three days",
+        Duration::from_secs(20),
+        || events(&p, "start").len() == 3,
+    );
+    a.freeze();
+    wait_stale(&p, 1, 2000);
+    p.run(&["cancel", "1"])
+        .code(0)
+        .stderr_has("backfill 1 cancelled; its process on host hosta sent no heartbeat within the lease timeout, so its leases were released here");
+    a.thaw();
+    a.wait(&p, Duration::from_secs(20)).code(130);
+    assert_eq!(events(&p, "end"), Vec::<String>::new());
+    assert_eq!(p.rows("SELECT state FROM backfills"), [["cancelled"]]);
+    assert_eq!(p.count("SELECT COUNT(*) FROM leases"), 0);
+}

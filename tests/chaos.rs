@@ -1,6 +1,6 @@
 //! Chaos: backfills of a command DAG and of a SQL DAG are killed (`kill -9`), frozen
 //! (SIGSTOP/SIGCONT), crashed at fault points, taken over and resumed at random moments, with
-//! concurrent backfills over overlapping ranges. After each iteration, once everything is left
+//! concurrent backfills over overlapping ranges and processes that join them (`backfill join`). After each iteration, once everything is left
 //! to finish, the invariants the README promises must hold:
 //!
 //! - every interval of the range succeeded exactly once in the final state;
@@ -212,7 +212,7 @@ impl Chaos {
 
     /// One round of disruption of the process `i`.
     fn disrupt(&mut self, i: usize, dag: &str) {
-        let action = self.rng.below(4);
+        let action = self.rng.below(5);
         self.sleep(700);
         if !self.running(i) {
             return;
@@ -238,6 +238,12 @@ impl Chaos {
                 }
                 self.log.push(format!("thaw {}", self.procs[i].0));
                 signal(&self.procs[i].1, Signal::SIGCONT);
+            }
+            // Another process joins the newest backfill (refused when it is not running).
+            4 => {
+                if let Some(id) = self.newest(dag) {
+                    self.start(&["join", &id.to_string()]);
+                }
             }
             _ => {
                 let behavior = *self.rng.pick(&["none", "failed"]);

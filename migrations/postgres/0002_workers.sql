@@ -19,3 +19,7 @@ ALTER TABLE runs ADD COLUMN worker bigint REFERENCES workers (id);
 CREATE INDEX runs_by_worker ON runs (worker) WHERE worker IS NOT NULL;
 -- The runs in flight of a backfill, counted against its max_active_runs across its processes.
 CREATE INDEX runs_in_flight ON runs (backfill_id) WHERE state IN ('queued', 'running');
+-- `--max-failures` counts the failed and rejected runs of a backfill across its processes, since
+-- its owner took it (`runs_before`: the largest run id then).
+ALTER TABLE backfills ADD COLUMN runs_before bigint NOT NULL DEFAULT 0;
+CREATE INDEX runs_failed ON runs (backfill_id, id) WHERE state IN ('failed', 'rejected');

@@ -80,16 +80,7 @@ fn cancel(
                 break;
             };
             if now.state != BackfillState::Running {
-                // Its workers (`backfill join`) stop at their next heartbeat: wait for them too.
-                let c = ctx()?;
-                let working = conn
-                    .workers(id)
-                    .map_err(|e| e.at(&path))?
-                    .iter()
-                    .any(|w| w.alive(&c));
-                if working && Instant::now() < deadline {
-                    continue;
-                }
+                settle_workers(g, project, writer, conn, id, deadline)?;
                 eprintln!("backfill {id} stopped: {}", now.state);
                 document(g, id, now.state.as_str(), "stopped by its process")?;
                 return Ok(exit::OK);
@@ -120,6 +111,10 @@ fn cancel(
             for w in &report.warnings {
                 warn(g, w);
             }
+            let deadline = Instant::now()
+                .checked_add(wait)
+                .unwrap_or_else(Instant::now);
+            settle_workers(g, project, writer, conn, id, deadline)?;
             // An owner on another host cannot be looked at from here: its lease expired.
             let here = crate::liveness::Host::name(&crate::process::LOCAL);
             let gone = match crate::liveness::elsewhere(backfill.owner_host.as_deref(), &here) {
@@ -140,6 +135,41 @@ fn cancel(
         }
     }
     Ok(exit::OK)
+}
+
+/// Once the backfill no longer runs, its workers (`backfill join`) stop at their next
+/// heartbeat: waits for them until `deadline`, then recovers those that are gone (their runs
+/// ended, their leases released).
+fn settle_workers(
+    g: &Global,
+    project: &crate::project::Project,
+    writer: &Writer,
+    conn: &dyn Store,
+    id: i64,
+    deadline: Instant,
+) -> Result<(), Error> {
+    let path = writer.path().to_path_buf();
+    let ctx = || {
+        LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL)
+            .at_manifest(conn)
+            .map_err(|e| e.at(&path))
+    };
+    loop {
+        let c = ctx()?;
+        let workers = conn.workers(id).map_err(|e| e.at(&path))?;
+        if workers.is_empty() {
+            return Ok(());
+        }
+        if !workers.iter().any(|w| w.alive(&c)) || Instant::now() >= deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let report = recovery::recover_workers(writer, &Dags::of(project), id, &ctx()?)?;
+    for w in &report.warnings {
+        warn(g, w);
+    }
+    Ok(())
 }
 
 /// With `--output json`: what `cancel` did, as one document on stdout.

@@ -362,7 +362,8 @@ pub fn take_ownership(
     if me {
         conn.execute(
             "UPDATE backfills SET state = ?2, epoch = ?3, owner_pid = ?4, owner_host = ?5,
-                heartbeat_at = ?6, cancel_requested = 0, finished_at = NULL WHERE id = ?1",
+                heartbeat_at = ?6, cancel_requested = 0, finished_at = NULL,
+                runs_before = (SELECT COALESCE(MAX(id), 0) FROM runs) WHERE id = ?1",
             params![
                 backfill_id,
                 BackfillState::Running,

@@ -28,13 +28,25 @@ pub enum Start {
     /// The backfill runs `max_active_runs` intervals already, across its processes: try again
     /// once one has ended.
     Busy,
+    /// The backfill reached its `--max-failures`, across its processes: start nothing more.
+    Halted,
 }
 
-/// The lease of interval `?2`/`?3` is the backfill `?1`'s and no run of it is in flight.
+/// The lease of interval `?2`/`?3` is the backfill `?1`'s, no run of it is in flight, and the
+/// backfill was not asked to stop (its processes hear of it at their next heartbeat: none
+/// starts a run meanwhile).
 const FREE_LEASE: &str = "SELECT 1 FROM leases l
      WHERE l.dag_id = ?2 AND l.interval_start = ?3 AND l.backfill_id = ?1
        AND (l.run_id IS NULL OR NOT EXISTS (
-           SELECT 1 FROM runs f WHERE f.id = l.run_id AND f.state IN ('queued', 'running')))";
+           SELECT 1 FROM runs f WHERE f.id = l.run_id AND f.state IN ('queued', 'running')))
+       AND EXISTS (SELECT 1 FROM backfills c WHERE c.id = ?1 AND c.cancel_requested = 0)";
+
+/// Backfill `?1` has reached its `--max-failures`: that many of its runs failed or were
+/// rejected since its owner took it, in any of its processes.
+const HALTED: &str = "SELECT 1 FROM backfills h
+     WHERE h.id = ?1 AND h.max_failures IS NOT NULL
+       AND (SELECT COUNT(*) FROM runs x WHERE x.backfill_id = ?1
+              AND x.state IN ('failed', 'rejected') AND x.id > h.runs_before) >= h.max_failures";
 
 /// Backfill `?1` may start another run in the process `?7` (a worker, or NULL: the owner): it
 /// has no running worker (its one process bounds its runs), or fewer runs in flight than its
@@ -85,6 +97,14 @@ pub fn start_run(
     };
     if !found(FREE_LEASE)? {
         return Ok(Start::Lost);
+    }
+    if conn
+        .prepare_cached(HALTED)?
+        .query_row([backfill_id], |_| Ok(()))
+        .optional()?
+        .is_some()
+    {
+        return Ok(Start::Halted);
     }
     // Bound by position: the room reads ?1 and ?6 to ?8 of the run's values.
     let room = conn
@@ -149,6 +169,7 @@ pub fn start_run_and_try(
     let (run, try_id, held): (Option<i64>, Option<i64>, i64) = conn
         .prepare_cached(&format!(
             "WITH held AS ({FREE_LEASE}),
+             halted AS ({HALTED}),
              room AS ({ROOM}),
              run AS (
                  INSERT INTO runs (backfill_id, dag_id, interval_start, interval_end, state,
@@ -156,7 +177,7 @@ pub fn start_run_and_try(
                  SELECT CAST(?1 AS bigint), CAST(?2 AS text), CAST(?3 AS bigint),
                         CAST(?4 AS bigint), CAST(?5 AS text), CAST(?6 AS bigint),
                         CAST(?7 AS bigint)
-                 FROM held, room RETURNING id),
+                 FROM held, room WHERE NOT EXISTS (SELECT 1 FROM halted) RETURNING id),
              named AS (
                  UPDATE leases SET run_id = (SELECT id FROM run)
                  WHERE dag_id = ?2 AND interval_start = ?3 AND backfill_id = ?1
@@ -172,12 +193,14 @@ pub fn start_run_and_try(
                  LEFT JOIN workers w ON w.id = CAST(?7 AS bigint)
                  RETURNING id)
              SELECT (SELECT id FROM run), (SELECT id FROM try),
-                    CASE WHEN EXISTS (SELECT 1 FROM held) THEN 1 ELSE 0 END"
+                    CASE WHEN NOT EXISTS (SELECT 1 FROM held) THEN 0
+                         WHEN EXISTS (SELECT 1 FROM halted) THEN 2 ELSE 1 END"
         ))?
         .query_row(row, |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
-    Ok(match (run, try_id) {
-        (Some(run), Some(try_id)) => (Start::Run(run), Some(try_id)),
-        _ if held == 1 => (Start::Busy, None),
+    Ok(match (run, try_id, held) {
+        (Some(run), Some(try_id), _) => (Start::Run(run), Some(try_id)),
+        (_, _, 1) => (Start::Busy, None),
+        (_, _, 2) => (Start::Halted, None),
         _ => (Start::Lost, None),
     })
 }

@@ -108,8 +108,9 @@ pub enum Left {
     Done,
 }
 
-/// Asks the manifest what is left (blocking: run off the async workers).
-pub type Refill = Arc<dyn Fn() -> Result<Left, Error> + Send + Sync>;
+/// Asks the manifest what is left (blocking: run off the async workers); with `false`, only
+/// whether to wait for workers (nothing more is to run).
+pub type Refill = Arc<dyn Fn(bool) -> Result<Left, Error> + Send + Sync>;
 
 /// Shared by the interval tasks of one backfill.
 struct Shared {
@@ -125,6 +126,9 @@ struct Shared {
     /// next one starts while its end is being recorded (the writer keeps the two in order).
     /// Not with `depends_on_past`, whose next interval needs this one's recorded outcome.
     free_early: bool,
+    /// The manifest refused to start a run: the backfill reached its `--max-failures`, counted
+    /// across its processes.
+    halted: std::sync::atomic::AtomicBool,
 }
 
 /// An interval's place among the `max_active_runs`, which it may give back before its task
@@ -189,6 +193,7 @@ pub async fn run(
         reprs,
         freed,
         free_early: !depends_on_past,
+        halted: std::sync::atomic::AtomicBool::new(false),
     });
     // For depends_on_past: whether the interval ending at this instant succeeded here.
     let mut succeeded_by_end: HashMap<i64, bool> = if depends_on_past {
@@ -207,6 +212,12 @@ pub async fn run(
     loop {
         while let Ok(start) = freed_rx.try_recv() {
             holding.remove(&start);
+        }
+        if !halted && shared.halted.load(std::sync::atomic::Ordering::Relaxed) {
+            // Another process's failures (or this one's, counted in the manifest) reached it.
+            halted = true;
+            let failed = max_failures.unwrap_or(failures).max(failures);
+            let _ = shared.events.send(Event::MaxFailures { failed });
         }
         while holding.len() < max && *stop.borrow() == Stop::Run && !halted {
             let Some(interval) = queue.pop_front() else {
@@ -229,11 +240,13 @@ pub async fn run(
             running.spawn(interval::run(shared.clone(), interval, stop.clone(), slot));
         }
         if running.is_empty() {
-            let idle = queue.is_empty() && *stop.borrow() == Stop::Run && !halted;
+            // Halted, the owner runs nothing more but still waits for its workers' runs: the
+            // outcome is judged on every interval.
+            let idle = (queue.is_empty() || halted) && *stop.borrow() == Stop::Run;
             match &shared.spec.refill {
                 Some(refill) if idle && first_error.is_none() => {
-                    let refill = refill.clone();
-                    let left = tokio::task::spawn_blocking(move || refill())
+                    let (refill, more) = (refill.clone(), !halted);
+                    let left = tokio::task::spawn_blocking(move || refill(more))
                         .await
                         .map_err(|e| Error::Internal(format!("reading the manifest panicked: {e}")))
                         .and_then(|left| left);

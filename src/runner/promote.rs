@@ -46,7 +46,9 @@ pub(super) async fn promote_task(
         Claimed::Started(s) => s,
         // Promoted or discarded since this promote read the staged outputs.
         Claimed::Gone => return Ok((TaskEnd::Skipped, None)),
-        Claimed::TakenOver | Claimed::Busy => return Ok((TaskEnd::Cancelled, None)),
+        Claimed::TakenOver | Claimed::Busy | Claimed::Halted => {
+            return Ok((TaskEnd::Cancelled, None));
+        }
         Claimed::UpstreamNotReady => return Ok((TaskEnd::UpstreamNotReady, None)),
     };
     let outcome = match &task.kind {

@@ -109,6 +109,8 @@ pub(super) enum Claimed {
     /// The backfill runs `max_active_runs` intervals already across its processes: the run
     /// could not start yet.
     Busy,
+    /// The backfill reached its `--max-failures` (in any of its processes): no run starts.
+    Halted,
     /// The staged output was promoted or discarded meanwhile: nothing to do.
     Gone,
     /// A cascade's downstream interval whose upstream cannot be read now (another backfill
@@ -136,6 +138,12 @@ pub(super) async fn start_claiming(
     let mut stop = shared.stop.subscribe();
     loop {
         match start_once(shared, task, interval, run_id, try_number, claim).await? {
+            Claimed::Halted => {
+                shared
+                    .halted
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                return Ok(Claimed::Halted);
+            }
             Claimed::Busy => {
                 if *stop.borrow() != super::Stop::Run {
                     return Ok(Claimed::TakenOver);
@@ -238,6 +246,7 @@ async fn start_once(
                     )? {
                         (runs::Start::Run(run), Some(try_id)) => (run, try_id),
                         (runs::Start::Busy, _) => return Ok(Claimed::Busy),
+                        (runs::Start::Halted, _) => return Ok(Claimed::Halted),
                         _ => return Ok(Claimed::TakenOver),
                     }
                 }

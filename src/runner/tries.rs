@@ -91,7 +91,7 @@ async fn tries(
             match start_claiming(shared, task, interval, *run_id, try_number, None).await? {
                 Claimed::Started(s) => s,
                 Claimed::UpstreamNotReady => return Ok((TaskEnd::UpstreamNotReady, None)),
-                Claimed::TakenOver | Claimed::Gone | Claimed::Busy => {
+                Claimed::TakenOver | Claimed::Gone | Claimed::Busy | Claimed::Halted => {
                     return Ok((TaskEnd::Cancelled, None));
                 }
             };

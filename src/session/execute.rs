@@ -155,6 +155,7 @@ fn run(
         .worker
         .is_none()
         .then(|| super::join::refill(project, &e.dag.id, writer, owner));
+    let tend = refill.clone();
     let spec = RunSpec {
         owner,
         dag: Arc::new(e.dag),
@@ -176,6 +177,8 @@ fn run(
     };
     let (quiet, verbose) = (g.quiet || g.json, g.verbose);
     let heartbeat_error: Arc<Mutex<Option<Error>>> = Arc::default();
+    // A worker told by its heartbeat that the backfill no longer runs.
+    let ended: Arc<std::sync::atomic::AtomicBool> = Arc::default();
     let lease_timeout = project.lease_timeout;
     let outcome = runtime.block_on(async {
         let (stop_tx, _) = watch::channel(Stop::Run);
@@ -194,7 +197,20 @@ fn run(
             stop_tx.clone(),
             events_tx.clone(),
             heartbeat_error.clone(),
+            ended.clone(),
         ));
+        // The owner recovers gone workers as their leases expire, not only once its own queue
+        // ran dry: their runs in flight would hold places of max_active_runs meanwhile.
+        let tending = tend.map(|refill| {
+            tokio::spawn(async move {
+                let every = (lease_timeout / 2).max(HEARTBEAT);
+                loop {
+                    tokio::time::sleep(every).await;
+                    let r = refill.clone();
+                    let _ = tokio::task::spawn_blocking(move || r(false)).await;
+                }
+            })
+        });
         let reporter = tokio::spawn(async move {
             let mut reporter = Reporter::stderr(total, labels, quiet, verbose);
             let mut stats = Stats::new(total);
@@ -208,6 +224,9 @@ fn run(
         let result = runner::run(spec, writer.clone(), events_tx, stop_tx.clone()).await;
         let _ = done.send(());
         heartbeat.abort();
+        if let Some(t) = tending {
+            t.abort();
+        }
         *signals = watcher.await.ok().flatten();
         let _ = heartbeat.await;
         let stats = reporter.await.unwrap_or_default();
@@ -220,8 +239,10 @@ fn run(
         return Err(e);
     }
     if owner.worker.is_some() {
+        // A worker whose backfill ended while it had nothing in flight was not interrupted.
+        let ended = ended.load(std::sync::atomic::Ordering::Relaxed) && stats.cancelled == 0;
         let (code, state, summary) =
-            super::join::finish_worker(g, writer, owner, stats, stopped, began)?;
+            super::join::finish_worker(g, writer, owner, stats, stopped && !ended, began)?;
         return Ok(End {
             code,
             state,
@@ -356,6 +377,7 @@ async fn keep_alive(
     stop: watch::Sender<Stop>,
     events: mpsc::UnboundedSender<Event>,
     failure: Arc<Mutex<Option<Error>>>,
+    ended: Arc<std::sync::atomic::AtomicBool>,
 ) {
     let mut tick = tokio::time::interval(HEARTBEAT);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -380,10 +402,13 @@ async fn keep_alive(
                 continue;
             }
             Ok(Heartbeat::CancelRequested) => "cancelled by `backfill cancel`".to_string(),
-            Ok(Heartbeat::Ended) => format!(
-                "backfill {} is no longer running: this worker stops",
-                owner.backfill_id
-            ),
+            Ok(Heartbeat::Ended) => {
+                ended.store(true, std::sync::atomic::Ordering::Relaxed);
+                format!(
+                    "backfill {} is no longer running: this worker stops",
+                    owner.backfill_id
+                )
+            }
             Err(manifest::Error::Fenced { .. }) => {
                 tracing::warn!(
                     backfill = owner.backfill_id,

@@ -141,7 +141,7 @@ pub fn refill(project: &Project, dag_id: &str, writer: &Writer, owner: Owner) ->
     let (writer, dag_id) = (writer.clone(), dag_id.to_string());
     let ctx = LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL);
     let id = owner.backfill_id;
-    Arc::new(move || {
+    Arc::new(move |more| {
         if !writer.call_blocking(move |c| c.has_workers(id))? {
             return Ok(Left::Done);
         }
@@ -151,7 +151,11 @@ pub fn refill(project: &Project, dag_id: &str, writer: &Writer, owner: Owner) ->
         }
         let (dag_id, c) = (dag_id.clone(), ctx.refreshed());
         let (free, waiting) = writer.call_blocking(move |conn| {
-            let free = recovery::lease_remaining(conn, owner, &dag_id, &c)?;
+            let free = if more {
+                recovery::lease_remaining(conn, owner, &dag_id, &c)?
+            } else {
+                Vec::new()
+            };
             Ok((free, !conn.worker_starts_in_flight(id)?.is_empty()))
         })?;
         Ok(if !free.is_empty() {

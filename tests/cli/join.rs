@@ -9,9 +9,10 @@ use std::time::Duration;
 use crate::hosts::{Host, available, name_of};
 use crate::support::{Project, wait_until};
 
-/// Eight days, at most four at once. A try counts the tries running at once (under a lock on a
-/// shared file) and notes the peak; it waits, before it ends, for `release-HOST` of its host;
-/// it notes its start and end with its host's name.
+/// Eight days, at most four at once. A try fails at once when `fail-HOST` of its host exists;
+/// else it counts the tries running at once (under a lock on a shared file) and notes the peak;
+/// it waits, before it ends, for `release-HOST` of its host (on host A, after the fourth day:
+/// `release-hosta-later`); it notes its start and end with its host's name.
 const DAG: &str = r#"
 schedule = "@daily"
 max_active_runs = 4
@@ -19,10 +20,13 @@ grace_period = "500ms"
 [[tasks]]
 id = "work"
 command = '''
+if [ -f "fail-$(hostname)" ]; then exit 1; fi
 exec 8>> running.lock
 flock 8; n=$(( $(cat running 2>/dev/null || echo 0) + 1 )); echo $n > running; echo $n >> peaks; flock -u 8
 echo "start {{ ds }} $(hostname)" >> events.txt
-while [ ! -f "release-$(hostname)" ]; do sleep 0.05; done
+gate="release-$(hostname)"
+if [ "$(hostname)" = hosta ] && [ "{{ ds }}" \> 2026-01-04 ]; then gate="$gate-later"; fi
+while [ ! -f "$gate" ]; do sleep 0.05; done
 sleep 0.2
 flock 8; echo $(( $(cat running) - 1 )) > running; flock -u 8
 echo "end {{ ds }} $(hostname)" >> events.txt
@@ -72,8 +76,30 @@ fn peak(p: &Project) -> i64 {
         .unwrap_or(0)
 }
 
+/// Lets the tries of `host` end (on host A, those of the first four days and the later ones).
 fn release(p: &Project, host: &str) {
     std::fs::write(p.path(&format!("release-{host}")), "").unwrap();
+    std::fs::write(p.path(&format!("release-{host}-later")), "").unwrap();
+}
+
+/// Host A's first four days end; it then holds two places of the four (its later days wait),
+/// and host B the two others. Returns host B's days.
+fn each_host_holds_two(p: &Project) -> Vec<String> {
+    std::fs::write(p.path("release-hosta"), "").unwrap();
+    wait_until(
+        "each host to hold two days",
+        Duration::from_secs(30),
+        || {
+            let started = events(p, "start");
+            started.iter().filter(|e| e.1 == "hostb").count() == 2
+                && started.iter().filter(|e| e.1 == "hosta").count() == 6
+        },
+    );
+    events(p, "start")
+        .into_iter()
+        .filter(|e| e.1 == "hostb")
+        .map(|e| e.0)
+        .collect()
 }
 
 /// Each day ended succeeded exactly once, in backfill 1, and nothing is left leased.
@@ -93,7 +119,11 @@ fn each_day_succeeded_once(p: &Project) {
 
 /// Host A owns the backfill and runs four days at once; host B joins once they run.
 fn owner_and_worker(p: &Project) -> (Host, Host) {
-    let a = Host::start(p, "hosta", EIGHT_DAYS);
+    owner_and_worker_of(p, EIGHT_DAYS)
+}
+
+fn owner_and_worker_of(p: &Project, create: &[&str]) -> (Host, Host) {
+    let a = Host::start(p, "hosta", create);
     wait_until("host A to run four days", Duration::from_secs(20), || {
         events(p, "start").len() == 4
     });
@@ -170,20 +200,8 @@ fn a_worker_lost(die: bool) {
     }
     let p = project();
     let (a, b) = owner_and_worker(&p);
-    // Host A's four end; from then on each host has two of the four places.
+    let lost = each_host_holds_two(&p);
     release(&p, "hosta");
-    wait_until("host B to run two days", Duration::from_secs(20), || {
-        events(&p, "start")
-            .iter()
-            .filter(|e| e.1 == "hostb")
-            .count()
-            == 2
-    });
-    let lost: Vec<String> = events(&p, "start")
-        .into_iter()
-        .filter(|e| e.1 == "hostb")
-        .map(|e| e.0)
-        .collect();
     if die {
         b.die();
         a.wait(&p, Duration::from_secs(60)).code(0);
@@ -321,17 +339,12 @@ fn when_the_owner_dies_resume_takes_its_place_and_leaves_a_live_worker_its_runs(
     }
     let p = project();
     let (a, b) = owner_and_worker(&p);
-    // Host A runs every day but the two host B holds, then waits for them, and dies.
+    each_host_holds_two(&p);
+    // Host A ends its two, waits for host B's, and dies.
     release(&p, "hosta");
     wait_until("host A to end six days", Duration::from_secs(30), || {
         events(&p, "end").len() == 6
     });
-    let on_b: Vec<String> = events(&p, "start")
-        .into_iter()
-        .filter(|e| e.1 == "hostb")
-        .map(|e| e.0)
-        .collect();
-    assert_eq!(on_b.len(), 2);
     a.die();
     crate::support::wait_stale(&p, 1, 2000);
     let c = Host::start(&p, "hostc", &["resume", "1"]);
@@ -364,4 +377,80 @@ fn when_the_owner_dies_resume_takes_its_place_and_leaves_a_live_worker_its_runs(
     let show = p.run(&["--output", "json", "show", "1"]).json();
     assert_eq!(show["state"], "completed");
     assert_eq!(show["workers"][0]["runs"], 2);
+}
+
+#[test]
+fn max_failures_counts_the_failures_of_every_process_of_the_backfill() {
+    if !available("the join tests") {
+        return;
+    }
+    let p = project();
+    let (a, b) = owner_and_worker_of(
+        &p,
+        &[
+            "create",
+            "--dag",
+            "c",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-16",
+            "--max-failures",
+            "1",
+        ],
+    );
+    // Host B's tries fail: its first failure stops the whole backfill, host A included.
+    std::fs::write(p.path("fail-hostb"), "").unwrap();
+    release(&p, "hosta");
+    a.wait(&p, Duration::from_secs(60))
+        .code(3)
+        .stderr_has("not started");
+    b.wait(&p, Duration::from_secs(60)).code(3);
+    let failed = p.count("SELECT COUNT(*) FROM runs WHERE state = 'failed' AND worker = 1");
+    assert!(failed >= 1);
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM runs WHERE state = 'failed'"),
+        failed
+    );
+    let ran = p.count("SELECT COUNT(*) FROM runs");
+    assert!(
+        ran < 16,
+        "host A went on after host B's failure: {ran} runs"
+    );
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM runs WHERE state NOT IN ('succeeded', 'failed')"),
+        0,
+        "every run that started ended"
+    );
+    assert_eq!(p.rows("SELECT state FROM backfills"), [["failed"]]);
+    assert_eq!(p.count("SELECT COUNT(*) FROM leases"), 0);
+}
+
+#[test]
+fn cancel_of_a_gone_owner_waits_for_its_live_worker_to_stop() {
+    if !available("the join tests") {
+        return;
+    }
+    let p = project();
+    let (a, b) = owner_and_worker(&p);
+    each_host_holds_two(&p);
+    // Host A ends its two, waits for host B's, and dies.
+    release(&p, "hosta");
+    wait_until("host A to end six days", Duration::from_secs(30), || {
+        events(&p, "end").len() == 6
+    });
+    a.die();
+    crate::support::wait_stale(&p, 1, 2000);
+    p.run(&["cancel", "1"])
+        .code(0)
+        .stderr_has("backfill 1 cancelled; its process on host hosta sent no heartbeat");
+    // When cancel returns, the worker has stopped and recorded its runs' end.
+    assert_eq!(p.rows("SELECT state FROM workers"), [["cancelled"]]);
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM runs WHERE state IN ('queued', 'running')"),
+        0
+    );
+    assert_eq!(p.count("SELECT COUNT(*) FROM leases"), 0);
+    b.wait(&p, Duration::from_secs(20)).code(130);
+    assert_eq!(events(&p, "end").len(), 6, "host B ended nothing");
 }

@@ -8,24 +8,39 @@ use rusqlite::Connection;
 
 use crate::support::{Out, Project, wait_until};
 
-/// The example's warehouse, created once from its init files and copied into each test.
+/// The example's warehouse, created once from its init files (for every test process, in the
+/// target's folder for tests, named by its init files' contents) and copied into each test.
 fn template_warehouse() -> &'static Path {
     static TEMPLATE: OnceLock<PathBuf> = OnceLock::new();
     TEMPLATE.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap().keep();
+        use std::hash::{Hash, Hasher};
         let shop = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/shop");
+        let init = vec![shop.join("schema.sql"), shop.join("seed.sql")];
+        let mut hash = std::collections::hash_map::DefaultHasher::new();
+        for f in &init {
+            std::fs::read(f).unwrap().hash(&mut hash);
+        }
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let template = dir.join(format!("shop-warehouse-{:016x}.db", hash.finish()));
+        if template.exists() {
+            return template;
+        }
+        // Made aside, then renamed into place: a test process racing this one makes the same.
+        let aside = tempfile::tempdir_in(dir).unwrap();
         let w = backfill::project::Warehouse {
             name: "shop".into(),
             kind: backfill::project::WarehouseKind::Sqlite,
-            path: dir.join("warehouse.db"),
-            init: vec![shop.join("schema.sql"), shop.join("seed.sql")],
+            path: aside.path().join("warehouse.db"),
+            init,
             busy_timeout: backfill::project::DEFAULT_BUSY_TIMEOUT,
             keep_versions: backfill::project::DEFAULT_KEEP_VERSIONS,
         };
         let conn = backfill::warehouse::open(&w).unwrap();
         conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode = DELETE")
             .unwrap();
-        w.path
+        drop(conn);
+        std::fs::rename(&w.path, &template).unwrap();
+        template
     })
 }
 

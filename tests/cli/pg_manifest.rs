@@ -113,6 +113,8 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
     cluster.psql(
         &db,
         "DROP INDEX backfill_manifest.runs_in_flight;
+         DROP INDEX backfill_manifest.runs_failed;
+         ALTER TABLE backfill_manifest.backfills DROP COLUMN runs_before;
          ALTER TABLE backfill_manifest.runs DROP COLUMN worker;
          DROP TABLE backfill_manifest.workers;
          UPDATE backfill_manifest.schema_version SET version = 1",

@@ -197,7 +197,8 @@ impl Host {
             for &pid in &pids {
                 let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
             }
-            pids.iter().all(|&pid| stopped(pid as u32))
+            // A child that exited just before its parent stopped stays a zombie, doing nothing.
+            pids.iter().all(|&pid| stopped(pid as u32) || zombie(pid))
         });
     }
 
@@ -221,6 +222,15 @@ impl Host {
             .expect("a host runs until it is waited for");
         wait_within(p, self.name, unshare, limit)
     }
+}
+
+/// Whether a process has exited and waits to be reaped.
+fn zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next())
+            == Some("Z")
+    })
 }
 
 impl Drop for Host {

@@ -332,11 +332,9 @@ fn join_refuses_what_it_cannot_help_and_records_no_worker() {
     );
 }
 
-#[test]
-fn when_the_owner_dies_resume_takes_its_place_and_leaves_a_live_worker_its_runs() {
-    if !available("the join tests") {
-        return;
-    }
+/// Host A owns the backfill and host B holds two days; host A ends its six, waits for host B's,
+/// and dies; its lease has expired on return.
+fn owner_dies_beside_a_running_worker() -> (Project, Host) {
     let p = project();
     let (a, b) = owner_and_worker(&p);
     each_host_holds_two(&p);
@@ -348,6 +346,15 @@ fn when_the_owner_dies_resume_takes_its_place_and_leaves_a_live_worker_its_runs(
     });
     a.die();
     crate::support::wait_stale(&p, 1, 2000);
+    (p, b)
+}
+
+#[test]
+fn when_the_owner_dies_resume_takes_its_place_and_leaves_a_live_worker_its_runs() {
+    if !available("the join tests") {
+        return;
+    }
+    let (p, b) = owner_dies_beside_a_running_worker();
     let c = Host::start(&p, "hostc", &["resume", "1"]);
     wait_until(
         "host C to own the backfill",
@@ -432,17 +439,7 @@ fn cancel_of_a_gone_owner_waits_for_its_live_worker_to_stop() {
     if !available("the join tests") {
         return;
     }
-    let p = project();
-    let (a, b) = owner_and_worker(&p);
-    each_host_holds_two(&p);
-    // Host A ends its two, waits for host B's, and dies.
-    release(&p, "hosta");
-    // Recorded, not only ended: a try's end is noted before its run's end is recorded.
-    wait_until("host A to record six days", Duration::from_secs(30), || {
-        p.count("SELECT COUNT(*) FROM runs WHERE state = 'succeeded'") == 6
-    });
-    a.die();
-    crate::support::wait_stale(&p, 1, 2000);
+    let (p, b) = owner_dies_beside_a_running_worker();
     p.run(&["cancel", "1"])
         .code(0)
         .stderr_has("backfill 1 cancelled; its process on host hosta sent no heartbeat");

@@ -453,3 +453,54 @@ fn cancel_of_a_gone_owner_waits_for_its_live_worker_to_stop() {
     b.wait(&p, Duration::from_secs(20)).code(130);
     assert_eq!(events(&p, "end").len(), 6, "host B ended nothing");
 }
+
+#[test]
+fn the_owner_recovers_a_frozen_worker_while_it_still_has_days_to_run() {
+    if !available("the join tests") {
+        return;
+    }
+    let p = project();
+    let (a, b) = owner_and_worker_of(
+        &p,
+        &[
+            "create",
+            "--dag",
+            "c",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-16",
+        ],
+    );
+    let lost = each_host_holds_two(&p);
+    // Four places held, two of them by a worker that froze: the owner, its own two days
+    // waiting, recovers the worker once its lease expired, long before its queue runs dry.
+    b.freeze();
+    wait_until(
+        "the owner to recover the frozen worker",
+        Duration::from_secs(20),
+        || p.count("SELECT COUNT(*) FROM runs WHERE worker = 1 AND state = 'cancelled'") == 2,
+    );
+    assert!(
+        p.count("SELECT COUNT(*) FROM runs") < 16,
+        "recovered only once the owner's queue ran dry"
+    );
+    release(&p, "hosta");
+    a.wait(&p, Duration::from_secs(60)).code(0);
+    b.thaw();
+    b.wait(&p, Duration::from_secs(20)).code(130);
+    for day in &lost {
+        assert_eq!(
+            p.count(&format!(
+                "SELECT COUNT(*) FROM runs WHERE state = 'succeeded' AND worker IS NULL
+                 AND date(interval_start, 'unixepoch') = '{day}'"
+            )),
+            1
+        );
+    }
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM runs WHERE state = 'succeeded'"),
+        16
+    );
+    assert_eq!(p.count("SELECT COUNT(*) FROM leases"), 0);
+}

@@ -110,9 +110,7 @@ fn claim_owner(
     // Its workers that are gone too: their runs are settled with the owner's. A live worker's
     // runs are its own to finish (it stops once the backfill no longer runs, or goes on under
     // the new owner).
-    for w in conn.workers(backfill_id)? {
-        conn.take_worker(w.id, ctx)?;
-    }
+    conn.take_gone_workers(backfill_id, ctx)?;
     claim_of(conn, owner).map(Some)
 }
 
@@ -137,16 +135,10 @@ pub fn recover_workers(
 ) -> Result<Report, Error> {
     let c = ctx.clone();
     let claims = writer.call_blocking(move |conn| {
-        let mut claims = Vec::new();
-        for w in conn.workers(backfill_id)? {
-            if w.state != crate::state::BackfillState::Running {
-                continue;
-            }
-            if let Some(claimed) = conn.take_worker(w.id, &c)? {
-                claims.push(claim_of(conn, claimed)?);
-            }
-        }
-        Ok(claims)
+        conn.take_gone_workers(backfill_id, &c)?
+            .into_iter()
+            .map(|claimed| claim_of(conn, claimed))
+            .collect::<manifest::Result<Vec<_>>>()
     })?;
     if claims.is_empty() {
         return Ok(Report::default());

@@ -56,8 +56,8 @@ pub trait Store {
         max_active_runs: u32,
         ctx: &LeaseCtx,
     ) -> Result<Owner>;
-    /// Takes a gone worker's lease away (a new epoch); `None` when it is alive or was claimed.
-    fn take_worker(&self, worker: i64, ctx: &LeaseCtx) -> Result<Option<Owner>>;
+    /// Takes the leases of a backfill's gone workers away (a new epoch each); returns them.
+    fn take_gone_workers(&self, backfill_id: i64, ctx: &LeaseCtx) -> Result<Vec<Owner>>;
     /// Whether a backfill has ever had a worker.
     fn has_workers(&self, backfill_id: i64) -> Result<bool>;
     /// The interval starts of a backfill's runs in progress under a worker still running.
@@ -365,9 +365,9 @@ impl Store for Conn {
         let ctx = &*self.at(ctx)?;
         workers::join(self, backfill_id, max_active_runs, ctx)
     }
-    fn take_worker(&self, worker: i64, ctx: &LeaseCtx) -> Result<Option<Owner>> {
+    fn take_gone_workers(&self, backfill_id: i64, ctx: &LeaseCtx) -> Result<Vec<Owner>> {
         let ctx = &*self.at(ctx)?;
-        workers::take(self, worker, ctx)
+        workers::take_gone(self, backfill_id, ctx)
     }
     fn has_workers(&self, backfill_id: i64) -> Result<bool> {
         workers::any(self, backfill_id)

@@ -118,37 +118,34 @@ pub fn finish(conn: &Conn, worker: i64, state: BackfillState, now_ms: i64) -> Re
     Ok(())
 }
 
-/// Takes a gone worker's lease away: a new epoch, so that should it wake up it is refused
-/// everything, and the state `cancelled`. Returns the worker as claimed (its runs are to be
-/// recovered), or `None` when it is alive or was claimed already.
-pub fn take(conn: &Conn, worker: i64, ctx: &LeaseCtx) -> Result<Option<Owner>> {
-    let Some(w) = conn
-        .prepare_cached(&format!("SELECT {COLUMNS} FROM workers WHERE id = ?1"))?
-        .query_row([worker], from_row)
-        .optional()?
-    else {
-        return Ok(None);
-    };
-    if w.state != BackfillState::Running || w.alive(ctx) {
-        return Ok(None);
+/// Takes the leases of the gone workers of backfill `backfill_id` away: a new epoch each, so
+/// that should one wake up it is refused everything, and the state `cancelled`. Returns them as
+/// claimed (their runs are to be recovered); live workers and ended ones are left as they are.
+pub fn take_gone(conn: &Conn, backfill_id: i64, ctx: &LeaseCtx) -> Result<Vec<Owner>> {
+    let mut claimed = Vec::new();
+    for w in of(conn, backfill_id)? {
+        if w.state != BackfillState::Running || w.alive(ctx) {
+            continue;
+        }
+        let epoch = w.epoch + 1;
+        tracing::info!(
+            backfill = backfill_id,
+            worker = w.id,
+            epoch,
+            host = w.host.as_deref().unwrap_or("?"),
+            "taking a gone worker's lease away"
+        );
+        conn.execute(
+            "UPDATE workers SET epoch = ?2, state = 'cancelled', finished_at = ?3 WHERE id = ?1",
+            params![w.id, epoch, ctx.now_ms],
+        )?;
+        claimed.push(Owner {
+            backfill_id,
+            epoch,
+            worker: Some(w.id),
+        });
     }
-    let epoch = w.epoch + 1;
-    tracing::info!(
-        backfill = w.backfill_id,
-        worker,
-        epoch,
-        host = w.host.as_deref().unwrap_or("?"),
-        "taking a gone worker's lease away"
-    );
-    conn.execute(
-        "UPDATE workers SET epoch = ?2, state = 'cancelled', finished_at = ?3 WHERE id = ?1",
-        params![worker, epoch, ctx.now_ms],
-    )?;
-    Ok(Some(Owner {
-        backfill_id: w.backfill_id,
-        epoch,
-        worker: Some(worker),
-    }))
+    Ok(claimed)
 }
 
 /// Whether a backfill has ever had a worker (its runs are then counted against its

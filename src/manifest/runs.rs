@@ -65,6 +65,24 @@ const ROOM: &str = "SELECT 1 WHERE NOT EXISTS (
               / (1 + (SELECT COUNT(*) FROM workers WHERE backfill_id = ?1 AND state = 'running'
                     AND heartbeat_at > CAST(?6 AS bigint) - CAST(?8 AS bigint))))";
 
+/// Whether a run may start, in one query over the run's values (see [`start_run`]): 0 the lease
+/// is not free ([`Start::Lost`]), 2 [`Start::Halted`], 1 no room ([`Start::Busy`]), 3 it may.
+static VERDICT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT CASE WHEN NOT EXISTS ({FREE_LEASE}) THEN 0 WHEN EXISTS ({HALTED}) THEN 2
+                     WHEN NOT EXISTS ({ROOM}) THEN 1 ELSE 3 END"
+    )
+});
+
+/// What a verdict (see [`VERDICT`]) says when no run was started.
+fn refused(verdict: i64) -> Start {
+    match verdict {
+        1 => Start::Busy,
+        2 => Start::Halted,
+        _ => Start::Lost,
+    }
+}
+
 /// Records that an interval's run started, by the owner or the worker `fenced` names, and names
 /// the run in the interval's lease (with its first try: [`start_run_and_try`]).
 pub fn start_run(
@@ -88,31 +106,12 @@ pub fn start_run(
         &worker,
         &lease_timeout_ms,
     ];
-    let found = |sql: &str| -> Result<bool> {
-        Ok(conn
-            .prepare_cached(sql)?
-            .query_row(params![backfill_id, dag_id, start], |_| Ok(()))
-            .optional()?
-            .is_some())
-    };
-    if !found(FREE_LEASE)? {
-        return Ok(Start::Lost);
-    }
-    if conn
-        .prepare_cached(HALTED)?
-        .query_row([backfill_id], |_| Ok(()))
-        .optional()?
-        .is_some()
-    {
-        return Ok(Start::Halted);
-    }
-    // Bound by position: the room reads ?1 and ?6 to ?8 of the run's values.
-    let room = conn
-        .prepare_cached(ROOM)?
-        .query_row(row, |_| Ok(()))
-        .optional()?;
-    if room.is_none() {
-        return Ok(Start::Busy);
+    // Bound by position: the verdict reads ?1 to ?3 and ?6 to ?8 of the run's values.
+    let verdict: i64 = conn
+        .prepare_cached(&VERDICT)?
+        .query_row(row, |r| r.get(0))?;
+    if verdict != 3 {
+        return Ok(refused(verdict));
     }
     let run_id: i64 = conn
         .prepare_cached(
@@ -166,7 +165,7 @@ pub fn start_run_and_try(
         &log.0,
         &log.1,
     ];
-    let (run, try_id, held): (Option<i64>, Option<i64>, i64) = conn
+    let (run, try_id, verdict): (Option<i64>, Option<i64>, i64) = conn
         .prepare_cached(&format!(
             "WITH held AS ({FREE_LEASE}),
              halted AS ({HALTED}),
@@ -197,11 +196,9 @@ pub fn start_run_and_try(
                          WHEN EXISTS (SELECT 1 FROM halted) THEN 2 ELSE 1 END"
         ))?
         .query_row(row, |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
-    Ok(match (run, try_id, held) {
-        (Some(run), Some(try_id), _) => (Start::Run(run), Some(try_id)),
-        (_, _, 1) => (Start::Busy, None),
-        (_, _, 2) => (Start::Halted, None),
-        _ => (Start::Lost, None),
+    Ok(match (run, try_id) {
+        (Some(run), Some(try_id)) => (Start::Run(run), Some(try_id)),
+        _ => (refused(verdict), None),
     })
 }
 

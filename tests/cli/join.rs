@@ -43,6 +43,16 @@ const EIGHT_DAYS: &[&str] = &[
     "2026-01-08",
 ];
 
+const SIXTEEN_DAYS: &[&str] = &[
+    "create",
+    "--dag",
+    "c",
+    "--from",
+    "2026-01-01",
+    "--to",
+    "2026-01-16",
+];
+
 fn project() -> Project {
     let p = Project::new().dag("c", DAG);
     p.write("backfill.toml", "lease_timeout = \"2s\"\n");
@@ -393,20 +403,7 @@ fn max_failures_counts_the_failures_of_every_process_of_the_backfill() {
         return;
     }
     let p = project();
-    let (a, b) = owner_and_worker_of(
-        &p,
-        &[
-            "create",
-            "--dag",
-            "c",
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-16",
-            "--max-failures",
-            "1",
-        ],
-    );
+    let (a, b) = owner_and_worker_of(&p, &[SIXTEEN_DAYS, &["--max-failures", "1"]].concat());
     // Host B's tries fail: its first failure stops the whole backfill, host A included.
     std::fs::write(p.path("fail-hostb"), "").unwrap();
     release(&p, "hosta");
@@ -460,18 +457,7 @@ fn the_owner_recovers_a_frozen_worker_while_it_still_has_days_to_run() {
         return;
     }
     let p = project();
-    let (a, b) = owner_and_worker_of(
-        &p,
-        &[
-            "create",
-            "--dag",
-            "c",
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-16",
-        ],
-    );
+    let (a, b) = owner_and_worker_of(&p, SIXTEEN_DAYS);
     let lost = each_host_holds_two(&p);
     // Four places held, two of them by a worker that froze: the owner, its own two days
     // waiting, recovers the worker once its lease expired, long before its queue runs dry.

@@ -432,7 +432,7 @@ fn finish_publish(
         // holds: "not committed" must stay true once said.
         let allowed = || {
             reader
-                .may_publish(p.try_id, None)
+                .may_publish(p.try_id, None, true)
                 .map_err(|e| e.to_string())
         };
         return match warehouse::publish::rollback_committed(&wh, task, key, &allowed) {
@@ -454,7 +454,7 @@ fn finish_publish(
         // The audit file is removed only once the publish committed (or the intent was
         // settled): check that the partition holds the audited rows before recording it.
         if !reader
-            .may_publish(p.try_id, None)
+            .may_publish(p.try_id, None, true)
             .map_err(|e| e.to_string())?
         {
             return Ok(Finished::Dropped("already finished".into()));
@@ -470,7 +470,7 @@ fn finish_publish(
     let repr = publish_repr(&wh, task, &audit);
     let allowed = || {
         reader
-            .may_publish(p.try_id, None)
+            .may_publish(p.try_id, None, true)
             .map_err(|e| e.to_string())
     };
     // The rows being replaced are kept as the version of the current publish's content.

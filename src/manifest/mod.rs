@@ -372,6 +372,31 @@ pub fn identity(path: &Path) -> Result<String> {
     Ok(id)
 }
 
+/// Which database holds the manifest at `path`: `None` for a SQLite file; for PostgreSQL, the
+/// server instance (its start time) and the database's oid, so that a warehouse can tell
+/// whether it shares the manifest's database whatever URL names it (see
+/// `warehouse::postgres::shares_database`). Asked once per process and manifest.
+pub fn database_key(path: &Path) -> Result<Option<String>> {
+    static KNOWN: std::sync::LazyLock<
+        std::sync::Mutex<std::collections::HashMap<PathBuf, Option<String>>>,
+    > = std::sync::LazyLock::new(Default::default);
+    if !is_url(path) {
+        return Ok(None);
+    }
+    if let Ok(known) = KNOWN.lock()
+        && let Some(key) = known.get(path)
+    {
+        return Ok(key.clone());
+    }
+    let key = open_read_only(path)?
+        .database_key()
+        .map_err(|e| e.at(path))?;
+    if let Ok(mut known) = KNOWN.lock() {
+        known.insert(path.to_path_buf(), key.clone());
+    }
+    Ok(key)
+}
+
 /// Opens the manifest for reading when it exists; `None` when nothing was recorded yet. A
 /// manifest of an older schema is upgraded first when it can be written.
 pub fn open_if_exists(path: &Path) -> Result<Option<Box<dyn Store>>> {

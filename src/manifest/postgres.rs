@@ -38,6 +38,10 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
         2,
         include_str!("../../migrations/postgres/0002_workers.sql"),
     ),
+    (
+        3,
+        include_str!("../../migrations/postgres/0003_one_database.sql"),
+    ),
 ];
 
 /// How long the server lets a manifest session sit idle inside a transaction before it ends

@@ -49,6 +49,43 @@ pub fn record_publish_intent(
     Ok(changed == 1)
 }
 
+/// The manifest's record of a publish, run by a PostgreSQL warehouse in the manifest's own
+/// database as the last statement of the publish's transaction: the try ends `succeeded` with
+/// its judged record and becomes its partition's publication, both only while it is still
+/// running. When it is not (recovery ended it: its owner was gone, or its pool slot was given
+/// away), `publish_refused` raises and the whole transaction rolls back, the warehouse's rows
+/// with it. A recovery that ends it after this transaction's snapshot was taken makes the
+/// update a serialization failure, with the same effect. So the manifest says `succeeded`
+/// exactly when the publish committed, and nothing has to be settled after a crash.
+///
+/// `$1` try, `$2` rows, `$3` fingerprint, `$4` source rows, `$5` rows compared with, `$6`
+/// verdict, `$7` reasons, `$8` source fingerprint, `$9` DAG, `$10` task, `$11` and `$12` the
+/// interval (unix seconds), `$13` the staged try a promote publishes (then `promoted`). Times are the database's clock, as every manifest write's.
+pub const IN_PUBLISH: &str = "WITH now AS (
+     SELECT CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS bigint) AS ms),
+ ended AS (
+     UPDATE backfill_manifest.task_tries SET state = 'succeeded', ended_at = (SELECT ms FROM now),
+         rows = $2, fingerprint = $3, source_rows = $4, previous_rows = $5, verdict = $6,
+         reasons = $7, source_fingerprint = $8, publishing = 0
+     WHERE id = $1 AND state = 'running'
+     RETURNING id),
+ published AS (
+     INSERT INTO backfill_manifest.published
+         (dag_id, task_id, interval_start, interval_end, try_id, rows, fingerprint, published_at)
+     SELECT $9, $10, $11, $12, id, $2, $3, (SELECT ms FROM now) FROM ended
+     ON CONFLICT (dag_id, task_id, interval_start) DO UPDATE SET
+         interval_end = EXCLUDED.interval_end, try_id = EXCLUDED.try_id, rows = EXCLUDED.rows,
+         fingerprint = EXCLUDED.fingerprint, published_at = EXCLUDED.published_at
+     RETURNING 1),
+ promoted AS (
+     UPDATE backfill_manifest.task_tries SET staged = 'promoted'
+     WHERE id = $13 AND staged = 'staged' AND EXISTS (SELECT 1 FROM ended))
+ SELECT CASE WHEN EXISTS (SELECT 1 FROM published) THEN 1
+             ELSE backfill_manifest.publish_refused($1) END";
+
+/// The SQLSTATE that [`IN_PUBLISH`] raises for a try that may not publish.
+pub const PUBLISH_REFUSED: &str = "BF001";
+
 /// A try's output that became the published partition of its task and interval.
 #[derive(Debug, Clone)]
 pub struct Publication<'a> {
@@ -163,11 +200,12 @@ pub fn publishing(conn: &Conn, try_id: i64) -> Result<bool> {
         .unwrap_or(false))
 }
 
-/// Whether a try may publish now: its intent is recorded and not finished, its backfill still
-/// holds the interval's lease, no newer try of its task and interval is published, and (for the
-/// owner's own publish) the owner's epoch is current. Asked inside the warehouse's publish
+/// Whether a try may publish now: it is running and its intent is recorded (unless `intent` is
+/// false: a publish that records itself, see [`IN_PUBLISH`]), its backfill still holds the
+/// interval's lease, no newer try of its task and interval is published, and (for the owner's
+/// own publish) the owner's epoch is current. Asked inside the warehouse's publish
 /// transaction, after the warehouse's write lock is taken.
-pub fn may_publish(conn: &Conn, try_id: i64, owner: Option<Owner>) -> Result<bool> {
+pub fn may_publish(conn: &Conn, try_id: i64, owner: Option<Owner>, intent: bool) -> Result<bool> {
     type Row = (
         bool,
         i64,
@@ -180,13 +218,13 @@ pub fn may_publish(conn: &Conn, try_id: i64, owner: Option<Owner>) -> Result<boo
     );
     let row: Option<Row> = conn
         .prepare_cached(
-            "SELECT t.publishing = 1 AND t.state = 'running', b.id, b.epoch, r.dag_id, t.task_id,
+            "SELECT (t.publishing = 1 OR ?2 = 0) AND t.state = 'running', b.id, b.epoch, r.dag_id, t.task_id,
                     r.interval_start, r.worker, w.epoch
              FROM task_tries t JOIN runs r ON r.id = t.run_id JOIN backfills b ON b.id = r.backfill_id
              LEFT JOIN workers w ON w.id = r.worker
              WHERE t.id = ?1",
         )?
-        .query_row([try_id], |r| {
+        .query_row(params![try_id, intent], |r| {
             Ok((
                 r.get(0)?,
                 r.get(1)?,

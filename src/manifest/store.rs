@@ -30,6 +30,8 @@ pub trait Store {
     fn latest_backfill(&self, kind: Option<BackfillKind>) -> Result<Option<i64>>;
     /// The manifest's identity (see [`super::identity`]).
     fn identity(&self) -> Result<String>;
+    /// Which database holds the manifest, when it is PostgreSQL (see [`super::database_key`]).
+    fn database_key(&self) -> Result<Option<String>>;
     /// "Now" for judging leases (unix milliseconds): `local`, the caller's clock, on SQLite; the
     /// database's clock on PostgreSQL, which every host shares.
     fn clock_ms(&self, local: i64) -> Result<i64>;
@@ -282,11 +284,8 @@ pub trait Store {
         why: &str,
         now_ms: i64,
     ) -> Result<()>;
-    /// Whether a try may publish now: its intent is recorded and not finished, its backfill still
-    /// holds the interval's lease, no newer try of its task and interval is published, and (for the
-    /// owner's own publish) the owner's epoch is current. Asked inside the warehouse's publish
-    /// transaction, after the warehouse's write lock is taken.
-    fn may_publish(&self, try_id: i64, owner: Option<Owner>) -> Result<bool>;
+    /// Whether a try may publish now (see [`super::publishes::may_publish`]).
+    fn may_publish(&self, try_id: i64, owner: Option<Owner>, intent: bool) -> Result<bool>;
     /// Records what became of a staged output (promoted or discarded); `false` when it was no
     /// longer staged.
     fn set_staged(&self, staged_try: i64, to: crate::state::StagedState) -> Result<bool>;
@@ -386,6 +385,16 @@ impl Store for Conn {
     }
     fn identity(&self) -> Result<String> {
         Ok(self.query_row("SELECT id FROM identity", [], |r| r.get(0))?)
+    }
+    fn database_key(&self) -> Result<Option<String>> {
+        if !self.is_postgres() {
+            return Ok(None);
+        }
+        Ok(Some(self.query_row(
+            crate::warehouse::postgres::DATABASE_KEY,
+            [],
+            |r| r.get(0),
+        )?))
     }
     fn latest_backfill(&self, kind: Option<BackfillKind>) -> Result<Option<i64>> {
         backfills::latest(self, kind)
@@ -678,8 +687,8 @@ impl Store for Conn {
     ) -> Result<()> {
         runs::end_abandoned_runs(self, runs, task_counts, keep, why, now_ms)
     }
-    fn may_publish(&self, try_id: i64, owner: Option<Owner>) -> Result<bool> {
-        runs::may_publish(self, try_id, owner)
+    fn may_publish(&self, try_id: i64, owner: Option<Owner>, intent: bool) -> Result<bool> {
+        runs::may_publish(self, try_id, owner, intent)
     }
     fn set_staged(&self, staged_try: i64, to: crate::state::StagedState) -> Result<bool> {
         runs::set_staged(self, staged_try, to)

@@ -171,6 +171,7 @@ async fn promote_sql(
             current,
             promoting: true,
             intent_recorded: false,
+            in_manifest: super::sql_try::in_manifest_database(shared, sql).await,
         },
         &mut log,
     )
@@ -232,6 +233,10 @@ async fn promote_command(
     let (rows, fingerprint) = (record.rows.unwrap_or(0), record.fingerprint.clone());
     Ok(Outcome::Succeeded(
         record,
-        Some(Published { rows, fingerprint }),
+        Some(Published {
+            rows,
+            fingerprint,
+            recorded: false,
+        }),
     ))
 }

@@ -17,6 +17,9 @@ use crate::warehouse;
 pub(super) struct Published {
     pub rows: i64,
     pub fingerprint: Option<String>,
+    /// Recorded in the manifest by the publish's own transaction (a PostgreSQL warehouse in the
+    /// manifest's database): the try's end and its publication are there already.
+    pub recorded: bool,
 }
 
 /// A try's end, not yet recorded: it is committed together with the end of its run when it is
@@ -50,7 +53,7 @@ pub(super) async fn record_end(
         let f = c.fence(owner)?;
         // The common end, in one statement: a last try that published nothing, and its run.
         if let (Some(t), Some((state, error))) = (&last_try, &run_end)
-            && t.published.is_none()
+            && t.published.as_ref().is_none_or(|p| p.recorded)
         {
             return c.finish_try_and_run(
                 f,
@@ -62,7 +65,9 @@ pub(super) async fn record_end(
                 now,
             );
         }
-        if let Some(t) = &last_try {
+        if let Some(t) = &last_try
+            && !t.published.as_ref().is_some_and(|p| p.recorded)
+        {
             c.finish_try(f, t.try_id, &t.record, now)?;
             if let Some(p) = &t.published {
                 let publication = Publication {

@@ -111,6 +111,9 @@ async fn rollback_sql(
         return Ok(cancelled("cancelled"));
     }
     crate::fault::point("before-publish");
+    let in_manifest = super::sql_try::in_manifest_database(shared, sql).await;
+    let recorded =
+        in_manifest.then(|| (record.clone(), shared.spec.dag.id.clone(), task.id.clone()));
     let (s, manifest_path, tz, print) = (
         sql.clone(),
         shared.spec.manifest_path.clone(),
@@ -127,7 +130,7 @@ async fn rollback_sql(
             .map_err(|e| warehouse::Error::Message(format!("cannot read the manifest: {e}")))?;
         let allowed = || {
             reader
-                .may_publish(try_id, Some(owner))
+                .may_publish(try_id, Some(owner), true)
                 .map_err(|e| e.to_string())
         };
         let r = backend::RollBack {
@@ -139,6 +142,13 @@ async fn rollback_sql(
             manifest: &manifest,
             try_id,
             fingerprint: &print,
+            in_manifest: recorded
+                .as_ref()
+                .map(|(record, dag_id, task_id)| backend::InManifest {
+                    dag_id,
+                    task_id,
+                    record,
+                }),
         };
         backend::of(&s.warehouse).roll_back(&r, &allowed)
     })
@@ -147,12 +157,20 @@ async fn rollback_sql(
     match result {
         Ok(rows) => {
             crate::fault::point("after-publish");
-            log.line(&format!("rolled back: {rows} rows put back"));
+            log.line(&format!(
+                "rolled back: {rows} rows put back{}",
+                if in_manifest {
+                    ", recorded in the manifest in the same transaction"
+                } else {
+                    ""
+                }
+            ));
             Ok(Outcome::Succeeded(
                 record,
                 Some(Published {
                     rows,
                     fingerprint: Some(fingerprint),
+                    recorded: in_manifest,
                 }),
             ))
         }

@@ -89,6 +89,8 @@ pub(super) async fn sql_try(
         .ok()
         .and_then(|r| r.get(&task.id).copied().flatten());
     let in_its_publish = backend::of(&sql.warehouse).writes_in_its_publish();
+    let staging = matches!(shared.spec.mode, super::Mode::Stage);
+    let in_manifest = in_its_publish && !staging && in_manifest_database(shared, sql).await;
     let into = if in_its_publish {
         "its own transaction".to_string()
     } else {
@@ -110,7 +112,6 @@ pub(super) async fn sql_try(
         input.try_id,
         manifest::identity(&shared.spec.manifest_path)?,
     );
-    let staging = matches!(shared.spec.mode, super::Mode::Stage);
     let lease_timeout = shared.spec.lease_timeout;
     let write = blocking_step(task.timeout, stop, move |cancel| {
         let write = backend::Write {
@@ -130,10 +131,11 @@ pub(super) async fn sql_try(
     });
     // Where the write is the publish's own transaction, which books the publish (PostgreSQL),
     // the intent is recorded while the warehouse works, before anything can commit (a crash is
-    // settled from the booking, see `recovery`). What the partition holds now is read
-    // meanwhile too.
+    // settled from the booking, see `recovery`); unless that transaction records the publish
+    // in the manifest itself (the manifest's own database), which needs no intent. What the
+    // partition holds now is read meanwhile too.
     let owner = shared.spec.owner;
-    let early_intent = in_its_publish && !staging;
+    let early_intent = in_its_publish && !staging && !in_manifest;
     let intent = async {
         if !early_intent {
             return Ok(true);
@@ -248,6 +250,7 @@ pub(super) async fn sql_try(
             current,
             promoting: false,
             intent_recorded: early_intent,
+            in_manifest,
         },
         &mut log,
     )
@@ -275,6 +278,9 @@ pub(super) struct ToPublish<'a> {
     pub promoting: bool,
     /// The intent was recorded already, before the output was measured (PostgreSQL).
     pub intent_recorded: bool,
+    /// The publish's transaction records it in the manifest too (a PostgreSQL warehouse in the
+    /// manifest's own database): no intent is recorded, and nothing is left to record after.
+    pub in_manifest: bool,
 }
 
 /// Records the decision to publish, then publishes in one short transaction that the manifest
@@ -297,12 +303,13 @@ pub(super) async fn publish_audited(
         current,
         promoting,
         intent_recorded,
+        in_manifest,
     } = p;
     let owner = shared.spec.owner;
     let tz = shared.spec.dag.tz;
     let intent = record.clone();
     let path_text = output.file().map(|p| p.display().to_string());
-    let may_publish = if intent_recorded {
+    let may_publish = if intent_recorded || in_manifest {
         Ok(true)
     } else {
         shared
@@ -339,6 +346,8 @@ pub(super) async fn publish_audited(
     let judged = record.judged();
     // Promotes take no pool slot (see `tries`).
     let pooled = task.pool.is_some() && !promoting;
+    let recorded =
+        in_manifest.then(|| (record.clone(), shared.spec.dag.id.clone(), task.id.clone()));
     let joined = tokio::task::spawn_blocking(move || {
         let reader = manifest::Reader::take(&manifest_path);
         let result = match &reader {
@@ -347,7 +356,7 @@ pub(super) async fn publish_audited(
                 // another try (this owner was frozen past its lease), it publishes nothing.
                 let allowed = || {
                     let may = reader
-                        .may_publish(try_id, Some(owner))
+                        .may_publish(try_id, Some(owner), !in_manifest)
                         .map_err(|e| e.to_string())?;
                     if may && pooled {
                         return reader.holds_pool_slot(try_id).map_err(|e| e.to_string());
@@ -369,6 +378,13 @@ pub(super) async fn publish_audited(
                     }),
                     table_keys: table_keys.as_deref(),
                     judged: Some(&judged),
+                    in_manifest: recorded.as_ref().map(|(record, dag_id, task_id)| {
+                        backend::InManifest {
+                            dag_id,
+                            task_id,
+                            record,
+                        }
+                    }),
                 };
                 let mut waiting = waiting_log(&log_path);
                 output.publish(&p, &allowed, &mut waiting)
@@ -387,9 +403,14 @@ pub(super) async fn publish_audited(
             crate::fault::point("after-publish");
             output.remove();
             log.line(&format!(
-                "published {} into {}",
+                "published {} into {}{}",
                 crate::words::plural(rows, "row", "rows"),
-                sql.target
+                sql.target,
+                if in_manifest {
+                    ", recorded in the manifest in the same transaction"
+                } else {
+                    ""
+                }
             ));
             tracing::debug!(
                 backfill = owner.backfill_id,
@@ -403,7 +424,11 @@ pub(super) async fn publish_audited(
             let fingerprint = record.fingerprint.clone();
             Ok(Outcome::Succeeded(
                 record,
-                Some(Published { rows, fingerprint }),
+                Some(Published {
+                    rows,
+                    fingerprint,
+                    recorded: in_manifest,
+                }),
             ))
         }
         Err(warehouse::Error::Refused) => {
@@ -430,6 +455,33 @@ pub(super) async fn publish_audited(
             let_go(output, promoting).await;
             Ok(Outcome::Failed(rec))
         }
+    }
+}
+
+/// Whether the SQL task's warehouse is in the manifest's own database (both PostgreSQL), its
+/// user allowed to write the manifest's record of a publish: then the publish's transaction
+/// records it. Looked up once per process and warehouse; a failed look-up counts as "no"
+/// (the publish is then recorded after it commits, which is always safe).
+pub(super) async fn in_manifest_database(shared: &Shared, sql: &SqlTask) -> bool {
+    let path = &shared.spec.manifest_path;
+    if !manifest::is_url(path) || !sql.warehouse.is_postgres() {
+        return false;
+    }
+    let (path, warehouse) = (path.clone(), sql.warehouse.clone());
+    let found = tokio::task::spawn_blocking(move || -> Result<bool, String> {
+        let Some(key) = manifest::database_key(&path).map_err(|e| e.to_string())? else {
+            return Ok(false);
+        };
+        warehouse::postgres::shares_database(&warehouse, &key).map_err(|e| e.to_string())
+    })
+    .await;
+    match found {
+        Ok(Ok(shares)) => shares,
+        Ok(Err(e)) => {
+            tracing::warn!("cannot tell whether the warehouse is in the manifest's database: {e}");
+            false
+        }
+        Err(_) => false,
     }
 }
 

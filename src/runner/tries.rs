@@ -371,7 +371,11 @@ async fn gated_command(
     let fingerprint = record.fingerprint.clone();
     Ok(Outcome::Succeeded(
         record,
-        Some(Published { rows, fingerprint }),
+        Some(Published {
+            rows,
+            fingerprint,
+            recorded: false,
+        }),
     ))
 }
 

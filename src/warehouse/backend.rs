@@ -61,6 +61,18 @@ pub struct PublishAs<'a> {
     /// compared with) as JSON: a warehouse that books its publishes keeps it with the booking,
     /// for the recovery of a publish that committed before the manifest recorded it.
     pub judged: Option<&'a str>,
+    /// The manifest's record of this publish, committed in the publish's own transaction:
+    /// given only when the warehouse is in the manifest's own database (PostgreSQL, see
+    /// [`super::postgres::shares_database`]).
+    pub in_manifest: Option<InManifest<'a>>,
+}
+
+/// A try's end as the manifest records it when it publishes: with its publish, in one
+/// transaction (see [`crate::manifest::publishes::IN_PUBLISH`]).
+pub struct InManifest<'a> {
+    pub dag_id: &'a str,
+    pub task_id: &'a str,
+    pub record: &'a crate::manifest::TryRecord,
 }
 
 /// A rollback of one task's interval.
@@ -74,6 +86,8 @@ pub struct RollBack<'a> {
     pub manifest: &'a str,
     pub try_id: i64,
     pub fingerprint: &'a str,
+    /// The manifest's record of the rollback, committed with it (see [`PublishAs::in_manifest`]).
+    pub in_manifest: Option<InManifest<'a>>,
 }
 
 /// Whether the manifest still allows a publish; asked inside the publish transaction.

@@ -97,7 +97,7 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
         .code(0);
     assert_eq!(
         cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
-        "2"
+        "3"
     );
     assert_eq!(
         runs_per_interval(cluster, &db),
@@ -117,13 +117,14 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
          ALTER TABLE backfill_manifest.backfills DROP COLUMN runs_before;
          ALTER TABLE backfill_manifest.runs DROP COLUMN worker;
          DROP TABLE backfill_manifest.workers;
+         DROP FUNCTION backfill_manifest.publish_refused(bigint);
          UPDATE backfill_manifest.schema_version SET version = 1",
     );
     p.run(&create_args(&url, "2026-01-04", "2026-01-04"))
         .code(0);
     assert_eq!(
         cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
-        "2"
+        "3"
     );
     assert_eq!(
         cluster.psql(
@@ -142,7 +143,7 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
         create_args(&url, "2026-01-05", "2026-01-05"),
     ] {
         p.run(&args).code(1).stderr_has(&format!(
-            "manifest {url}: schema version 99 is newer than this backfill understands (2); upgrade backfill"
+            "manifest {url}: schema version 99 is newer than this backfill understands (3); upgrade backfill"
         ));
     }
     assert_eq!(

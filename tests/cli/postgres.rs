@@ -64,6 +64,15 @@ impl Pg {
     }
 
     fn with_dag(test: &str, dag_toml: &str) -> Option<Self> {
+        Self::set_up(test, dag_toml, false)
+    }
+
+    /// The manifest in the warehouse's own database.
+    fn one_database(test: &str) -> Option<Self> {
+        Self::set_up(test, &dag(QUERY, GATE, ""), true)
+    }
+
+    fn set_up(test: &str, dag_toml: &str, one_database: bool) -> Option<Self> {
         if !pg::available(test) {
             return None;
         }
@@ -71,6 +80,7 @@ impl Pg {
         let db = cluster.create_db();
         cluster.psql(&db, SCHEMA);
         let p = Project::new();
+        let p = if one_database { p.manifest_in(&db) } else { p };
         p.write(
             "backfill.toml",
             &format!(
@@ -1328,6 +1338,226 @@ fn recovery_waits_for_an_owner_frozen_in_its_first_publish_of_a_partition() {
     let succeeded =
         t.p.rows("SELECT id FROM task_tries WHERE state = 'succeeded'")[0][0].clone();
     assert_eq!(booked, succeeded);
+}
+
+/// The tries of backfill `id`: interval day, state, publishing, in interval order.
+fn tries_of(t: &Pg, id: u32) -> Vec<Vec<String>> {
+    t.p.rows(&format!(
+        "SELECT to_char(to_timestamp(r.interval_start) AT TIME ZONE 'UTC', 'DD'), tt.state, tt.publishing \
+         FROM task_tries tt JOIN runs r ON r.id = tt.run_id WHERE r.backfill_id = {id} ORDER BY tt.id"
+    ))
+}
+
+/// Day 1 of the target, one line per row.
+fn day_1(rows: &str) -> Vec<&str> {
+    rows.lines()
+        .filter(|l| l.contains("|2026-01-01|"))
+        .collect()
+}
+
+#[test]
+fn with_the_manifest_in_its_database_a_publish_and_its_record_commit_in_one_transaction() {
+    let Some(t) = Pg::one_database("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    t.p.create("orders", "2026-01-01", "2026-01-02", &[])
+        .code(0);
+    assert_eq!(t.fact(), t.expected(&[1, 2]));
+    // The manifest's tables are in the warehouse's database, and the publish recorded itself.
+    assert_eq!(
+        t.psql("SELECT count(*) FROM backfill_manifest.published"),
+        "2"
+    );
+    let log =
+        t.p.rows("SELECT log_path FROM task_tries ORDER BY id LIMIT 1")[0][0].clone();
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        log.contains(
+            "into analytics.orders_fact, recorded in the manifest in the same transaction"
+        ),
+        "{log}"
+    );
+    let rerun = [
+        "create",
+        "--dag",
+        "orders",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+        "--reprocess-behavior",
+        "completed",
+        "--max-active-runs",
+        "1",
+    ];
+    // Killed right after day 1's publish committed, before the process wrote anything more: the
+    // manifest already records that publish, and nothing is left to settle.
+    t.psql("UPDATE raw.orders SET amount = amount + 1000");
+    let out = t.p.run_with(&rerun, &[("BACKFILL_FAULT", "after-publish")]);
+    assert_ne!(out.code, 0, "the process was killed");
+    assert_eq!(day_1(&t.fact()), day_1(&t.expected(&[1])));
+    assert_eq!(tries_of(&t, 2), [["01", "succeeded", "0"]]);
+    assert_eq!(
+        t.p.rows(
+            "SELECT tt.rows, tt.source_rows, tt.verdict, p.rows, p.fingerprint = tt.fingerprint \
+             FROM published p JOIN task_tries tt ON tt.id = p.try_id \
+             JOIN runs r ON r.id = tt.run_id WHERE r.backfill_id = 2"
+        ),
+        [["10", "10", "published", "10", "1"]]
+    );
+    wait_until(
+        "the killed try's session to end",
+        Duration::from_secs(20),
+        || t.open_transactions() == "0",
+    );
+    t.p.run(&["resume", "2"]).code(0);
+    assert_eq!(t.fact(), t.expected(&[1, 2]));
+    // Day 1 was not run again.
+    assert_eq!(
+        tries_of(&t, 2),
+        [["01", "succeeded", "0"], ["02", "succeeded", "0"]]
+    );
+    // Killed just before the commit: neither the rows nor the manifest's record committed.
+    let before = t.fact();
+    t.psql("UPDATE raw.orders SET amount = amount + 1000");
+    let out = t.p.run_with(&rerun, &[("BACKFILL_FAULT", "before-commit")]);
+    assert_ne!(out.code, 0, "the process was killed");
+    assert_eq!(t.fact(), before);
+    assert_eq!(tries_of(&t, 3), [["01", "running", "0"]]);
+    assert_eq!(
+        t.p.rows("SELECT count(*) FROM published p JOIN task_tries tt ON tt.id = p.try_id JOIN runs r ON r.id = tt.run_id WHERE r.backfill_id = 3"),
+        [["0"]]
+    );
+    wait_until(
+        "the killed try's session to end",
+        Duration::from_secs(20),
+        || t.open_transactions() == "0",
+    );
+    t.p.run(&["resume", "3"]).code(0);
+    assert_eq!(t.fact(), t.expected(&[1, 2]));
+    assert_eq!(
+        tries_of(&t, 3),
+        [
+            ["01", "cancelled", "0"],
+            ["01", "succeeded", "0"],
+            ["02", "succeeded", "0"]
+        ]
+    );
+    succeeded_once_each(&t, "3", 2, "after the kill before the commit");
+}
+
+#[test]
+fn with_the_manifest_in_its_database_a_promote_and_a_rollback_commit_with_their_records() {
+    let Some(t) = Pg::one_database("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    t.p.create("orders", "2026-01-01", "2026-01-01", &[])
+        .code(0);
+    t.psql("UPDATE raw.orders SET amount = amount + 1000");
+    t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-01",
+        &["--stage", "--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    // Killed right after the promote's commit: the manifest already says the staged output
+    // was promoted and is published, before anything settles it.
+    let out =
+        t.p.run_with(&["promote", "2"], &[("BACKFILL_FAULT", "after-publish")]);
+    assert_ne!(out.code, 0, "the process was killed");
+    assert_eq!(t.fact(), t.expected(&[1]));
+    assert_eq!(
+        t.p.rows("SELECT id, state, publishing, coalesce(staged, '-') FROM task_tries ORDER BY id"),
+        [
+            ["1", "succeeded", "0", "-"],
+            ["2", "succeeded", "0", "promoted"],
+            ["3", "succeeded", "0", "-"]
+        ]
+    );
+    assert_eq!(t.p.rows("SELECT try_id FROM published"), [["3"]]);
+    // Nothing is left to promote; the promote's own backfill is recovered as finished.
+    wait_until(
+        "the killed promote's session to end",
+        Duration::from_secs(20),
+        || t.open_transactions() == "0",
+    );
+    t.p.run(&["resume", "3"]).code(0);
+    assert_eq!(t.fact(), t.expected(&[1]));
+    assert_eq!(
+        t.p.rows("SELECT count(*) FROM task_tries WHERE state = 'succeeded'"),
+        [["3"]]
+    );
+    // A rollback, killed right after its commit: the first content is back, and the manifest
+    // records the rollback as the partition's publication already.
+    t.psql("UPDATE raw.orders SET amount = amount - 1000");
+    let first = t.expected(&[1]);
+    let out = t.p.run_with(
+        &[
+            "rollback",
+            "--dag",
+            "orders",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+        ],
+        &[("BACKFILL_FAULT", "after-publish")],
+    );
+    assert_ne!(out.code, 0, "the process was killed");
+    assert_eq!(t.fact(), first);
+    assert_eq!(
+        t.p.rows("SELECT state, publishing, verdict, restored_from FROM task_tries WHERE id = 4"),
+        [["succeeded", "0", "rolled back", "1"]]
+    );
+    assert_eq!(t.p.rows("SELECT try_id FROM published"), [["4"]]);
+}
+
+#[test]
+fn with_the_manifest_in_its_database_an_owner_thawed_after_its_recovery_publishes_nothing() {
+    // Frozen after the manifest allowed its publish (`before-commit`), its transaction open;
+    // recovered meanwhile. Thawed, its commit carries the manifest's record of the try that
+    // recovery ended: the server refuses it (the try's row changed after the transaction's
+    // snapshot), and the rows roll back with it.
+    let Some(t) = Pg::one_database("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    // The server ends the frozen session after twice the lease timeout: long enough to thaw it
+    // first.
+    set_lease_timeout(&t, "5s");
+    let frozen = t.p.spawn_with(
+        "frozen",
+        &DAY_1,
+        &[("BACKFILL_FAULT", "before-commit:stop")],
+    );
+    wait_until("the owner to freeze", Duration::from_secs(30), || {
+        crate::support::stopped(frozen.id())
+    });
+    crate::support::wait_stale(&t.p, 1, 5200);
+    let resume = t.p.spawn("resume", &["resume", "1"]);
+    wait_until(
+        "the recovery to end the frozen owner's try",
+        Duration::from_secs(20),
+        || t.p.rows("SELECT state FROM task_tries WHERE id = 1")[0][0] == "cancelled",
+    );
+    crate::support::signal(&frozen, nix::sys::signal::Signal::SIGCONT);
+    let owner = t.p.wait("frozen", frozen);
+    t.p.wait("resume", resume).code(0);
+    assert_ne!(owner.code, 0, "{}", owner.stderr);
+    let log = t.p.rows("SELECT log_path FROM task_tries WHERE id = 1")[0][0].clone();
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        log.contains("not published: another process took this interval over"),
+        "{log}"
+    );
+    assert_eq!(t.fact(), t.expected(&[1]));
+    assert_eq!(
+        t.p.rows("SELECT id, state FROM task_tries ORDER BY id"),
+        [["1", "cancelled"], ["2", "succeeded"]]
+    );
+    assert_eq!(t.p.rows("SELECT try_id FROM published"), [["2"]]);
+    assert_eq!(t.psql("SELECT try_id FROM backfill.publishes"), "2");
+    assert_eq!(t.open_transactions(), "0");
 }
 
 #[test]

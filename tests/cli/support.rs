@@ -127,6 +127,13 @@ impl Project {
         self
     }
 
+    /// The manifest is in database `db` of the shared test cluster, whatever
+    /// `BACKFILL_TEST_MANIFEST` says: for a manifest in a warehouse's own database.
+    pub fn manifest_in(mut self, db: &str) -> Self {
+        self.manifest_db = Some(db.to_string());
+        self
+    }
+
     /// Adds `dags/{id}.toml`.
     pub fn dag(self, id: &str, toml: &str) -> Self {
         self.write(&format!("dags/{id}.toml"), toml);

@@ -27,7 +27,7 @@ use tokio_postgres::types::{ToSql, Type};
 
 use self::conn::Conn;
 use self::params::{Param, positional_from};
-use super::backend::{Allowed, Backend, Pending, PublishAs, Write};
+use super::backend::{Allowed, Backend, InManifest, Pending, PublishAs, Write};
 use super::partition::Repr;
 use super::{AuditMeasures, Binds, Cancel, Error, Result, TaskProblem, strip};
 use crate::gate::SHOWN;
@@ -445,16 +445,7 @@ impl Backend for Postgres {
     }
 
     fn roll_back(&self, r: &super::backend::RollBack<'_>, allowed: &Allowed<'_>) -> Result<i64> {
-        roll_back(
-            r.task,
-            r.interval,
-            r.tz,
-            r.key,
-            r.manifest,
-            r.try_id,
-            r.fingerprint,
-            allowed,
-        )
+        roll_back(r, allowed)
     }
 
     fn writes_in_its_publish(&self) -> bool {
@@ -1070,31 +1061,65 @@ impl Pending for Open {
             self.end();
             return Err(e.at(wh));
         }
-        // The judged record goes with the booking, in the commit's round trip. A failed UPDATE
-        // aborts the transaction, whose COMMIT then rolls back without an error: so the
-        // UPDATE's own answer decides too.
+        // The judged record goes with the booking, in the commit's round trip, and so does
+        // the manifest's record of the publish when the manifest is in this database. A failed
+        // statement aborts the transaction, whose COMMIT then rolls back without an error: so
+        // the statements' own answers decide too.
         // (Prepared first: a statement to parse would go to the server after the COMMIT.)
-        let update = match prepared(
+        let update = prepared(
             c,
             "UPDATE backfill.publishes SET judged = $3 WHERE manifest = $1 AND try_id = $2",
             &[Type::TEXT, Type::INT8, Type::TEXT],
-        ) {
-            Ok(u) => u,
-            Err(e) => {
+        );
+        let record = match &p.in_manifest {
+            Some(_) => {
+                prepared(c, crate::manifest::publishes::IN_PUBLISH, &IN_PUBLISH_TYPES).map(Some)
+            }
+            None => Ok(None),
+        };
+        let (update, record) = match (update, record) {
+            (Ok(u), Ok(r)) => (u, r),
+            (Err(e), _) | (_, Err(e)) => {
                 self.end();
                 return Err(pg(wh)(e));
             }
         };
         let params: [&(dyn ToSql + Sync); 3] = [&self.manifest, &self.try_id, &p.judged];
-        let (judged, committed) = c.wait(async {
+        let in_manifest = p
+            .in_manifest
+            .as_ref()
+            .map(|m| InPublishValues::of(m, self.try_id, self.measures.rows, p.interval));
+        let (judged, recorded, committed) = c.wait(async {
             tokio::join!(
                 c.client.execute(&update, &params),
+                async {
+                    match (&record, &in_manifest) {
+                        (Some(r), Some(v)) => c.client.execute(r, &v.params()).await.map(Some),
+                        _ => Ok(None),
+                    }
+                },
                 c.client.batch_execute("COMMIT")
             )
         });
-        let committed = match (judged, committed) {
-            (Ok(_), Ok(())) => Ok(()),
-            (Err(e), _) | (_, Err(e)) => Err(e),
+        if let Err(e) = &recorded
+            && refused_by_manifest(e)
+            && committed.is_ok()
+        {
+            // The manifest no longer records the try as running (its owner was recovered):
+            // the transaction rolled back, the warehouse's rows with it.
+            tracing::info!(
+                try_id = self.try_id,
+                "publish refused by the manifest: {}",
+                describe(e)
+            );
+            if let Some(c) = self.conn.take() {
+                conn::give(c);
+            }
+            return Err(Error::Refused);
+        }
+        let committed = match (judged, recorded, committed) {
+            (Ok(_), Ok(_), Ok(())) => Ok(()),
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => Err(e),
         };
         match committed {
             Ok(()) => {
@@ -1106,7 +1131,7 @@ impl Pending for Open {
             Err(e) => {
                 // The connection failed, or the commit did: it may have happened with its
                 // reply lost. The booking says, once the server has ended the transaction
-                // either way.
+                // either way (and with it the manifest's record, when that went with it).
                 self.end();
                 match settle_publish(p.task, p.interval, &self.manifest, self.try_id) {
                     Ok(Some(booked)) => Ok(booked.rows),
@@ -1169,6 +1194,142 @@ fn finish_versions(
         kept_fingerprint.as_deref(),
         fingerprint,
     )
+}
+
+/// The types of [`crate::manifest::publishes::IN_PUBLISH`]'s parameters.
+const IN_PUBLISH_TYPES: [Type; 13] = [
+    Type::INT8,
+    Type::INT8,
+    Type::TEXT,
+    Type::INT8,
+    Type::INT8,
+    Type::TEXT,
+    Type::TEXT,
+    Type::TEXT,
+    Type::TEXT,
+    Type::TEXT,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+];
+
+/// The values of [`crate::manifest::publishes::IN_PUBLISH`]'s parameters, owned.
+struct InPublishValues<'a> {
+    try_id: i64,
+    rows: i64,
+    m: &'a InManifest<'a>,
+    start: i64,
+    end: i64,
+}
+
+impl<'a> InPublishValues<'a> {
+    fn of(m: &'a InManifest<'a>, try_id: i64, rows: i64, interval: DataInterval) -> Self {
+        Self {
+            try_id,
+            rows,
+            m,
+            start: interval.start.timestamp(),
+            end: interval.end.timestamp(),
+        }
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 13] {
+        let r = self.m.record;
+        [
+            &self.try_id,
+            &self.rows,
+            &r.fingerprint,
+            &r.source_rows,
+            &r.previous_rows,
+            &r.verdict,
+            &r.reasons,
+            &r.source_fingerprint,
+            &self.m.dag_id,
+            &self.m.task_id,
+            &self.start,
+            &self.end,
+            &r.promoted_from,
+        ]
+    }
+
+    /// Runs the statement inside the publish's transaction (not pipelined with its commit);
+    /// a try that may no longer publish is [`Error::Refused`].
+    fn run(&self, c: &mut Conn) -> std::result::Result<(), Failure> {
+        let stmt = prepared(c, crate::manifest::publishes::IN_PUBLISH, &IN_PUBLISH_TYPES)?;
+        match c.wait(c.client.execute(&stmt, &self.params())) {
+            Ok(_) => Ok(()),
+            Err(e) if refused_by_manifest(&e) => {
+                tracing::info!(
+                    try_id = self.try_id,
+                    "publish refused by the manifest: {}",
+                    describe(&e)
+                );
+                Err(Error::Refused.into())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// Whether the manifest's record of a publish failed because the try may no longer publish:
+/// `publish_refused`, or a serialization failure (recovery ended the try after the publish's
+/// snapshot was taken).
+fn refused_by_manifest(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|code| {
+        code.code() == crate::manifest::publishes::PUBLISH_REFUSED
+            || *code == SqlState::T_R_SERIALIZATION_FAILURE
+    })
+}
+
+/// Which database a session is in: its server instance (the time it started) and the
+/// database's oid. The same on every connection to one database, whatever URL names it.
+pub const DATABASE_KEY: &str = "SELECT CAST(extract(epoch FROM pg_postmaster_start_time()) AS text) || '/' || \
+     CAST((SELECT oid FROM pg_database WHERE datname = current_database()) AS text)";
+
+/// Whether warehouse `w` is in the manifest's own database (`manifest_key`, see
+/// [`crate::manifest::database_key`]) and its user may write the manifest's record of a
+/// publish: then a publish and that record commit in one transaction. Asked once per process
+/// and warehouse.
+pub fn shares_database(w: &Warehouse, manifest_key: &str) -> Result<bool> {
+    static KNOWN: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<String, bool>>> =
+        std::sync::LazyLock::new(Default::default);
+    let key = format!("{}\n{manifest_key}", w.name);
+    if let Some(known) = KNOWN.lock().ok().and_then(|k| k.get(&key).copied()) {
+        return Ok(known);
+    }
+    let c = conn::take(w).map_err(|e| Error::Message(e).at(w))?;
+    let found = c.wait(c.client.query_one(
+        &format!(
+            "SELECT ({DATABASE_KEY}) = $1, \
+               CASE WHEN to_regclass('backfill_manifest.published') IS NULL \
+                      OR to_regprocedure('backfill_manifest.publish_refused(bigint)') IS NULL THEN NULL \
+                    ELSE has_table_privilege('backfill_manifest.task_tries', 'UPDATE') \
+                     AND has_table_privilege('backfill_manifest.published', 'INSERT, UPDATE') END"
+        ),
+        &[&manifest_key],
+    ));
+    let row = match found {
+        Ok(row) => {
+            conn::give(c);
+            row
+        }
+        Err(e) => return Err(pg(w)(e)),
+    };
+    let same: bool = row.get(0);
+    let may_write: Option<bool> = row.get(1);
+    let shares = same && may_write == Some(true);
+    if same && !shares {
+        tracing::warn!(
+            warehouse = %w.name,
+            "the warehouse is in the manifest's database, but its user cannot write the manifest's \
+             tables: its publishes are recorded in the manifest after they commit, as with any \
+             other warehouse"
+        );
+    }
+    if let Ok(mut known) = KNOWN.lock() {
+        known.insert(key, shares);
+    }
+    Ok(shares)
 }
 
 /// Takes the partition's row lock in `backfill.partitions` and books the publish in
@@ -1774,6 +1935,9 @@ fn promote_in(
         &fingerprint,
     )?;
     ask(allowed)?;
+    if let Some(m) = &p.in_manifest {
+        InPublishValues::of(m, try_id, rows, p.interval).run(c)?;
+    }
     c.wait(
         c.client
             .batch_execute(&format!("DROP TABLE {staged_q}; COMMIT")),
@@ -2080,21 +2244,19 @@ pub fn kept_version(
 }
 
 /// Rolls the interval back to the version kept for the publish of `key`, in one transaction
-/// that the manifest must allow, booked like a publish (as try `try_id`).
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the rollback's parts, as a publish takes them"
-)]
-pub fn roll_back(
-    task: &SqlTask,
-    interval: DataInterval,
-    tz: chrono_tz::Tz,
-    key: i64,
-    manifest: &str,
-    try_id: i64,
-    fingerprint: &str,
-    allowed: &Allowed<'_>,
-) -> Result<i64> {
+/// that the manifest must allow, booked like a publish (as try `try_id`), and recorded in the
+/// manifest by that transaction when the manifest is in this database.
+pub fn roll_back(r: &super::backend::RollBack<'_>, allowed: &Allowed<'_>) -> Result<i64> {
+    let super::backend::RollBack {
+        task,
+        interval,
+        tz,
+        key,
+        manifest,
+        try_id,
+        fingerprint,
+        ..
+    } = *r;
     let wh = &task.warehouse;
     let mut c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
     let result = (|| -> std::result::Result<i64, Failure> {
@@ -2141,6 +2303,9 @@ pub fn roll_back(
             fingerprint,
         )?;
         ask(allowed)?;
+        if let Some(m) = &r.in_manifest {
+            InPublishValues::of(m, try_id, rows, interval).run(&mut c)?;
+        }
         c.wait(c.client.batch_execute("COMMIT"))?;
         Ok(rows)
     })();

@@ -353,6 +353,27 @@ impl Session {
     /// writer's latest commit (see [`Session::committed`]) and reads the clock, in one round
     /// trip.
     pub fn begin(&self, writer: &str, token: i64) -> rusqlite::Result<()> {
+        self.begin_after("", writer, token)
+    }
+
+    /// Commits the writer's transaction and starts the next one (see [`Session::begin`]) in
+    /// one round trip: for a writer whose next jobs are already waiting. On an error, whether
+    /// the commit happened is for [`Session::committed`] to say; no transaction is open then.
+    pub fn commit_and_begin(&self, writer: &str, token: i64) -> rusqlite::Result<()> {
+        let r = self.begin_after("COMMIT; ", writer, token);
+        if r.is_err() && !self.is_broken() {
+            // The failure may be the new transaction's (then open and aborted), not the
+            // commit's.
+            let _ = self.with(|conn, _| {
+                conn.wait(conn.client.batch_execute("ROLLBACK"))
+                    .map_err(|e| wrap(&e))
+            });
+        }
+        r
+    }
+
+    /// [`Session::begin`], its statements after `before`.
+    fn begin_after(&self, before: &str, writer: &str, token: i64) -> rusqlite::Result<()> {
         self.in_tx.set(true);
         self.tx_now.set(None);
         self.fences.borrow_mut().clear();
@@ -382,7 +403,7 @@ impl Session {
         let begun = self.with(|conn, _| {
             // Every value is made here (hex and numbers): nothing from outside is spliced in.
             let sql = format!(
-                "BEGIN; WITH lock AS (SELECT 1 FROM manifest_lock FOR UPDATE)
+                "{before}BEGIN; WITH lock AS (SELECT 1 FROM manifest_lock FOR UPDATE)
                  INSERT INTO manifest_commits (writer, token, at)
                  SELECT '{writer}', {token}, CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS bigint) FROM lock
                  ON CONFLICT (writer) DO UPDATE SET token = excluded.token, at = excluded.at

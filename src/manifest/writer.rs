@@ -205,28 +205,42 @@ fn run(conn: Conn, rx: mpsc::Receiver<Message>) {
     };
     let mut token = 0;
     let mut closing = None;
-    while let Ok(first) = rx.recv() {
-        let mut batch = Vec::new();
-        let mut next = Some(first);
-        while let Some(message) = next.take() {
-            match message {
-                Message::Job(job) => batch.push(job),
-                Message::Close(done) => {
-                    closing = Some(done);
+    // The next batch, gathered at the previous one's commit, and whether its transaction was
+    // begun in that commit's round trip (PostgreSQL).
+    let mut carried: Option<(Vec<Box<dyn Pending>>, bool)> = None;
+    loop {
+        let (batch, begun) = match carried.take() {
+            Some(next) => next,
+            None => {
+                let Ok(first) = rx.recv() else {
                     break;
-                }
+                };
+                (gather(Some(first), &rx, &mut closing), false)
             }
-            if batch.len() < MAX_BATCH {
-                next = rx.try_recv().ok();
-            }
-        }
+        };
         if !batch.is_empty() {
             match &conn {
                 Conn::Sqlite(c) => commit_sqlite(&conn, c, batch),
-                Conn::Pg(s) => commit_postgres(&conn, s, &writer, &mut token, batch),
+                Conn::Pg(s) => {
+                    let mut waiting = || {
+                        if closing.is_some() {
+                            Vec::new()
+                        } else {
+                            gather(None, &rx, &mut closing)
+                        }
+                    };
+                    carried = commit_postgres(
+                        &conn,
+                        s,
+                        (&writer, &mut token),
+                        batch,
+                        begun,
+                        &mut waiting,
+                    );
+                }
             }
         }
-        if closing.is_some() {
+        if closing.is_some() && carried.is_none() {
             break;
         }
     }
@@ -237,6 +251,30 @@ fn run(conn: Conn, rx: mpsc::Receiver<Message>) {
     if let Some(done) = closing {
         let _ = done.send(());
     }
+}
+
+/// The jobs waiting (after `first`), up to [`MAX_BATCH`], without waiting for more; a close
+/// request ends the gathering and is kept in `closing`.
+fn gather(
+    first: Option<Message>,
+    rx: &mpsc::Receiver<Message>,
+    closing: &mut Option<mpsc::Sender<()>>,
+) -> Vec<Box<dyn Pending>> {
+    let mut batch = Vec::new();
+    let mut next = first.or_else(|| rx.try_recv().ok());
+    while let Some(message) = next.take() {
+        match message {
+            Message::Job(job) => batch.push(job),
+            Message::Close(done) => {
+                *closing = Some(done);
+                break;
+            }
+        }
+        if batch.len() < MAX_BATCH {
+            next = rx.try_recv().ok();
+        }
+    }
+    batch
 }
 
 fn answer_all(batch: Vec<Box<dyn Pending>>, failed: Option<String>) {
@@ -268,13 +306,18 @@ fn commit_sqlite(conn: &Conn, c: &rusqlite::Connection, mut batch: Vec<Box<dyn P
     answer_all(batch, commit.map(|e| format!("commit failed: {e}")));
 }
 
+/// Runs a batch in one transaction of the writers' lock and commits it (`begun`: its
+/// transaction is open already). When more jobs wait by the time it commits, they are the next
+/// batch, returned with whether its transaction was begun in the commit's own round trip (one
+/// round trip less per batch while the writer is busy).
 fn commit_postgres(
     conn: &Conn,
     s: &Session,
-    writer: &str,
-    token: &mut i64,
+    (writer, token): (&str, &mut i64),
     mut batch: Vec<Box<dyn Pending>>,
-) {
+    mut begun: bool,
+    waiting: &mut dyn FnMut() -> Vec<Box<dyn Pending>>,
+) -> Option<(Vec<Box<dyn Pending>>, bool)> {
     // Connections lost again and again are tried for as long as one that cannot be made (see
     // `postgres::RECONNECT_FOR`), with a growing pause between tries.
     let deadline = std::time::Instant::now() + super::postgres::RECONNECT_FOR;
@@ -285,26 +328,31 @@ fn commit_postgres(
     loop {
         if lost {
             if std::time::Instant::now() >= deadline {
-                return answer_all(
+                answer_all(
                     batch,
                     Some("the connection was lost in every transaction tried".into()),
                 );
+                return None;
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(std::time::Duration::from_secs(2));
         }
         lost = true;
-        *token += 1;
-        if s.is_broken()
-            && let Err(e) = s.reconnect()
-        {
-            return answer_all(batch, Some(format!("cannot start a transaction: {e}")));
-        }
-        if let Err(e) = s.begin(writer, *token) {
-            if s.is_broken() {
-                continue;
+        if !std::mem::take(&mut begun) {
+            *token += 1;
+            if s.is_broken()
+                && let Err(e) = s.reconnect()
+            {
+                answer_all(batch, Some(format!("cannot start a transaction: {e}")));
+                return None;
             }
-            return answer_all(batch, Some(format!("cannot start a transaction: {e}")));
+            if let Err(e) = s.begin(writer, *token) {
+                if s.is_broken() {
+                    continue;
+                }
+                answer_all(batch, Some(format!("cannot start a transaction: {e}")));
+                return None;
+            }
         }
         // The writers' lock is held from here to the commit.
         crate::fault::point("manifest-transaction");
@@ -334,23 +382,54 @@ fn commit_postgres(
         if let Some(delay) = crate::fault::slow_commit() {
             std::thread::sleep(delay);
         }
-        match s.commit() {
-            Ok(()) => return answer_all(batch, None),
-            Err(e) if s.is_broken() => {
-                // Did it commit before the connection went?
-                match s.reconnect().and_then(|()| s.committed(writer, *token)) {
-                    Ok(true) => return answer_all(batch, None),
-                    Ok(false) => {
-                        tracing::warn!(manifest = %s.shown(), "the manifest's connection was lost during a commit that did not happen; running the jobs again: {e}");
-                    }
-                    Err(e2) => {
-                        return answer_all(batch, Some(format!("commit failed: {e}; {e2}")));
-                    }
-                }
+        let next = waiting();
+        let this = *token;
+        let committed = if next.is_empty() {
+            s.commit()
+        } else {
+            tracing::trace!(
+                jobs = next.len(),
+                "the next batch begins in this commit's round trip"
+            );
+            *token += 1;
+            s.commit_and_begin(writer, *token)
+        };
+        let e = match committed {
+            Ok(()) => {
+                answer_all(batch, None);
+                return (!next.is_empty()).then_some((next, true));
             }
-            Err(e) => {
+            Err(e) => e,
+        };
+        // Did it commit? (The error may be the next transaction's, or the connection went
+        // during the commit.)
+        let broken = s.is_broken();
+        let known = if broken {
+            s.reconnect().and_then(|()| s.committed(writer, this))
+        } else if next.is_empty() {
+            Ok(false)
+        } else {
+            s.committed(writer, this)
+        };
+        match known {
+            Ok(true) => {
+                answer_all(batch, None);
+                return (!next.is_empty()).then_some((next, false));
+            }
+            Ok(false) if broken => {
+                tracing::warn!(manifest = %s.shown(), "the manifest's connection was lost during a commit that did not happen; running the jobs again: {e}");
+                // The waiting jobs join this batch.
+                skip.extend(next.iter().map(|_| false));
+                batch.extend(next);
+            }
+            Ok(false) => {
                 s.rollback();
-                return answer_all(batch, Some(format!("commit failed: {e}")));
+                answer_all(batch, Some(format!("commit failed: {e}")));
+                return (!next.is_empty()).then_some((next, false));
+            }
+            Err(e2) => {
+                answer_all(batch, Some(format!("commit failed: {e}; {e2}")));
+                return (!next.is_empty()).then_some((next, false));
             }
         }
     }

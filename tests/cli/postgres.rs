@@ -338,9 +338,19 @@ fn the_gate_rejects_in_the_transaction_and_readers_keep_the_old_partition() {
 
 #[test]
 fn a_kill_at_any_step_of_a_try_leaves_old_or_new_and_resume_finishes() {
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    if let Some(t) = Pg::new("the PostgreSQL warehouse tests") {
+        kill_at_any_step(&t);
+    }
+}
+
+#[test]
+fn with_the_manifest_in_its_database_a_kill_at_any_step_leaves_old_or_new_and_resume_finishes() {
+    if let Some(t) = Pg::one_database("the PostgreSQL warehouse tests") {
+        kill_at_any_step(&t);
+    }
+}
+
+fn kill_at_any_step(t: &Pg) {
     t.p.create("orders", "2026-01-01", "2026-01-03", &[])
         .code(0);
     let mut old = t.fact();
@@ -408,7 +418,7 @@ fn a_kill_at_any_step_of_a_try_leaves_old_or_new_and_resume_finishes() {
         );
         // Exactly one succeeded try per interval of this backfill, and a publish that
         // committed before the kill is recorded once, not redone.
-        succeeded_once_each(&t, &id, 2, point);
+        succeeded_once_each(t, &id, 2, point);
         old = t.fact();
         t.psql("UPDATE raw.orders SET amount = amount + 1");
     }

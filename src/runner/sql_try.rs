@@ -468,21 +468,16 @@ pub(super) async fn in_manifest_database(shared: &Shared, sql: &SqlTask) -> bool
         return false;
     }
     let (path, warehouse) = (path.clone(), sql.warehouse.clone());
-    let found = tokio::task::spawn_blocking(move || -> Result<bool, String> {
-        let Some(key) = manifest::database_key(&path).map_err(|e| e.to_string())? else {
-            return Ok(false);
-        };
-        warehouse::postgres::shares_database(&warehouse, &key).map_err(|e| e.to_string())
-    })
-    .await;
-    match found {
-        Ok(Ok(shares)) => shares,
-        Ok(Err(e)) => {
-            tracing::warn!("cannot tell whether the warehouse is in the manifest's database: {e}");
+    tokio::task::spawn_blocking(move || match manifest::database_key(&path) {
+        Ok(Some(key)) => warehouse::postgres::shares_database(&warehouse, &key),
+        Ok(None) => false,
+        Err(e) => {
+            tracing::warn!("cannot tell which database holds the manifest: {e}");
             false
         }
-        Err(_) => false,
-    }
+    })
+    .await
+    .unwrap_or(false)
 }
 
 /// Keeps a try's audited output for `promote` instead of publishing it, durably: not even a

@@ -1524,6 +1524,57 @@ fn with_the_manifest_in_its_database_a_promote_and_a_rollback_commit_with_their_
 }
 
 #[test]
+fn with_the_manifest_in_its_database_a_warehouse_user_who_may_not_write_it_records_after_the_commit() {
+    let Some(t) = Pg::one_database("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    // The manifest's schema exists once a first backfill made it.
+    t.p.create("orders", "2026-01-01", "2026-01-01", &[])
+        .code(0);
+    let role = format!("wh_{}", t.db);
+    t.psql(&format!(
+        "CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA raw, analytics TO {role}; \
+         GRANT SELECT ON ALL TABLES IN SCHEMA raw TO {role}; \
+         GRANT ALL ON ALL TABLES IN SCHEMA analytics TO {role}; \
+         GRANT ALL ON SCHEMA backfill TO {role}; GRANT ALL ON ALL TABLES IN SCHEMA backfill TO {role}"
+    ));
+    let toml = t.p.read("backfill.toml");
+    t.p.write(
+        "backfill.toml",
+        &toml.replace("postgresql://postgres@", &format!("postgresql://{role}@")),
+    );
+    // No access to the manifest's schema at all; then writes without reads (an UPDATE with a
+    // WHERE needs SELECT too).
+    for (day, grant) in [
+        ("2026-01-02", None),
+        (
+            "2026-01-03",
+            Some(format!(
+                "GRANT USAGE ON SCHEMA backfill_manifest TO {role}; \
+                 GRANT UPDATE ON backfill_manifest.task_tries TO {role}; \
+                 GRANT INSERT, UPDATE ON backfill_manifest.published TO {role}"
+            )),
+        ),
+    ] {
+        if let Some(grant) = grant {
+            t.psql(&grant);
+        }
+        let out = t.p.create("orders", day, day, &[]);
+        let warning = "warning: warehouse `dw` is in the manifest's database, but its user may not write the manifest's tables";
+        assert_eq!(out.stderr.matches(warning).count(), 1, "{day}: {}", out.stderr);
+        out.code(0);
+        let log = t.p.rows("SELECT log_path FROM task_tries ORDER BY id DESC LIMIT 1")[0][0].clone();
+        let log = std::fs::read_to_string(&log).unwrap();
+        assert!(log.contains("published 10 rows into analytics.orders_fact\n"), "{log}");
+    }
+    assert_eq!(t.fact(), t.expected(&[1, 2, 3]));
+    assert_eq!(
+        t.p.rows("SELECT state, publishing FROM task_tries ORDER BY id"),
+        [["succeeded", "0"], ["succeeded", "0"], ["succeeded", "0"]]
+    );
+}
+
+#[test]
 fn with_the_manifest_in_its_database_an_owner_thawed_after_its_recovery_publishes_nothing() {
     // Frozen after the manifest allowed its publish (`before-commit`), its transaction open;
     // recovered meanwhile. Thawed, its commit carries the manifest's record of the try that

@@ -1290,46 +1290,61 @@ pub const DATABASE_KEY: &str = "SELECT CAST(extract(epoch FROM pg_postmaster_sta
 /// [`crate::manifest::database_key`]) and its user may write the manifest's record of a
 /// publish: then a publish and that record commit in one transaction. Asked once per process
 /// and warehouse.
-pub fn shares_database(w: &Warehouse, manifest_key: &str) -> Result<bool> {
+pub fn shares_database(w: &Warehouse, manifest_key: &str) -> bool {
     static KNOWN: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<String, bool>>> =
         std::sync::LazyLock::new(Default::default);
     let key = format!("{}\n{manifest_key}", w.name);
     if let Some(known) = KNOWN.lock().ok().and_then(|k| k.get(&key).copied()) {
-        return Ok(known);
+        return known;
     }
-    let c = conn::take(w).map_err(|e| Error::Message(e).at(w))?;
-    let found = c.wait(c.client.query_one(
-        &format!(
-            "SELECT ({DATABASE_KEY}) = $1, \
-               CASE WHEN to_regclass('backfill_manifest.published') IS NULL \
-                      OR to_regprocedure('backfill_manifest.publish_refused(bigint)') IS NULL THEN NULL \
-                    ELSE has_table_privilege('backfill_manifest.task_tries', 'UPDATE') \
-                     AND has_table_privilege('backfill_manifest.published', 'INSERT, UPDATE') END"
-        ),
-        &[&manifest_key],
-    ));
-    let row = match found {
-        Ok(row) => {
-            conn::give(c);
-            row
+    // Looked up by oid in the catalogs, which anyone may read: a user without access to the
+    // manifest's schema gets "no", not an error. (A privilege function given several
+    // privileges says whether any is held: each is asked alone.)
+    let sql = format!(
+        "WITH s AS (SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = 'backfill_manifest'), \
+              t AS (SELECT c.oid, c.relname FROM pg_catalog.pg_class c JOIN s ON c.relnamespace = s.oid \
+                    WHERE c.relname IN ('task_tries', 'published') AND c.relkind = 'r'), \
+              f AS (SELECT p.oid FROM pg_catalog.pg_proc p JOIN s ON p.pronamespace = s.oid \
+                    WHERE p.proname = 'publish_refused') \
+         SELECT ({DATABASE_KEY}) = $1, \
+                coalesce((SELECT has_schema_privilege(oid, 'USAGE') FROM s), false) \
+                AND (SELECT count(*) = 2 AND bool_and(has_table_privilege(oid, 'SELECT') \
+                       AND has_table_privilege(oid, 'UPDATE') \
+                       AND (relname <> 'published' OR has_table_privilege(oid, 'INSERT'))) FROM t) \
+                AND (SELECT count(*) = 1 AND bool_and(has_function_privilege(oid, 'EXECUTE')) FROM f)"
+    );
+    let found = conn::take(w).and_then(|c| {
+        let row = c.wait(c.client.query_one(&sql, &[&manifest_key]));
+        match row {
+            Ok(row) => {
+                conn::give(c);
+                Ok((row.get::<_, bool>(0), row.get::<_, Option<bool>>(1)))
+            }
+            Err(e) => Err(describe(&e)),
         }
-        Err(e) => return Err(pg(w)(e)),
+    });
+    let shares = match found {
+        Ok((same, may_write)) => {
+            let may_write = may_write == Some(true);
+            if same && !may_write {
+                // Once per process and warehouse (the answer is kept below).
+                eprintln!(
+                    "warning: warehouse `{}` is in the manifest's database, but its user may not write the manifest's tables (backfill_manifest.task_tries and .published: SELECT, INSERT, UPDATE; EXECUTE on backfill_manifest.publish_refused): its publishes are recorded in the manifest after they commit, as with any other warehouse",
+                    w.name
+                );
+            }
+            same && may_write
+        }
+        Err(e) => {
+            // The try meets the problem itself; recording after the commit is always safe.
+            tracing::warn!(warehouse = %w.name, "cannot tell whether the warehouse is in the manifest's database: {e}");
+            false
+        }
     };
-    let same: bool = row.get(0);
-    let may_write: Option<bool> = row.get(1);
-    let shares = same && may_write == Some(true);
-    if same && !shares {
-        tracing::warn!(
-            warehouse = %w.name,
-            "the warehouse is in the manifest's database, but its user cannot write the manifest's \
-             tables: its publishes are recorded in the manifest after they commit, as with any \
-             other warehouse"
-        );
-    }
     if let Ok(mut known) = KNOWN.lock() {
         known.insert(key, shares);
     }
-    Ok(shares)
+    shares
 }
 
 /// Takes the partition's row lock in `backfill.partitions` and books the publish in
@@ -1439,6 +1454,31 @@ fn kept_fingerprint(
         &[&try_id],
     ))?;
     Ok(Some(format!("pg:{}", row.get::<_, String>(0))))
+}
+
+/// How a publish's `COMMIT` went: when it failed (the connection went, say), it may have
+/// committed with its reply lost, and the booking says which, once the server has ended the
+/// transaction either way (see [`settle_publish`]).
+fn settled(
+    c: &Conn,
+    committed: std::result::Result<(), tokio_postgres::Error>,
+    task: &SqlTask,
+    interval: DataInterval,
+    manifest: &str,
+    try_id: i64,
+) -> std::result::Result<(), Failure> {
+    match committed {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            // A statement before the COMMIT failed (its transaction is open, aborted, holding
+            // the partition's row until it ends), or the COMMIT did.
+            let _ = c.wait(c.client.batch_execute("ROLLBACK"));
+            match settle_publish(task, interval, manifest, try_id) {
+                Ok(Some(_)) => Ok(()),
+                _ => Err(e.into()),
+            }
+        }
+    }
 }
 
 /// Whether the warehouse has its bookkeeping table of publishes: known without asking once this
@@ -1938,11 +1978,11 @@ fn promote_in(
     if let Some(m) = &p.in_manifest {
         InPublishValues::of(m, try_id, rows, p.interval).run(c)?;
     }
-    c.wait(
+    let committed = c.wait(
         c.client
             .batch_execute(&format!("DROP TABLE {staged_q}; COMMIT")),
-    )?;
-    Ok(rows)
+    );
+    settled(c, committed, task, p.interval, manifest, try_id).map(|()| rows)
 }
 
 /// A key of the staged output that a partition of the target other than the interval's holds,
@@ -2306,8 +2346,8 @@ pub fn roll_back(r: &super::backend::RollBack<'_>, allowed: &Allowed<'_>) -> Res
         if let Some(m) = &r.in_manifest {
             InPublishValues::of(m, try_id, rows, interval).run(&mut c)?;
         }
-        c.wait(c.client.batch_execute("COMMIT"))?;
-        Ok(rows)
+        let committed = c.wait(c.client.batch_execute("COMMIT"));
+        settled(&c, committed, task, interval, manifest, try_id).map(|()| rows)
     })();
     if result.is_err() {
         let _ = c.wait(c.client.batch_execute("ROLLBACK"));

@@ -116,6 +116,16 @@ impl Pg {
         ))
     }
 
+    /// Waits until the server has ended the sessions of killed processes that were inside a
+    /// transaction (it rolls their transactions back).
+    fn wait_for_killed_sessions(&self) {
+        wait_until(
+            "the killed process's session to end",
+            Duration::from_secs(20),
+            || self.open_transactions() == "0",
+        );
+    }
+
     /// Sessions of this database other than psql's own that are inside a transaction.
     fn open_transactions(&self) -> String {
         self.psql(&format!(
@@ -399,11 +409,7 @@ fn kill_at_any_step(t: &Pg) {
             assert_eq!(day1(&now), day1(&old), "{point}: nothing committed");
         }
         // The server rolled back the killed transaction.
-        wait_until(
-            "the killed try's session to end",
-            Duration::from_secs(20),
-            || t.open_transactions() == "0",
-        );
+        t.wait_for_killed_sessions();
         let id = (i + 2).to_string();
         t.p.run(&["resume", &id]).code(0);
         let expected = t.expected(&[1, 2]);
@@ -1415,11 +1421,7 @@ fn with_the_manifest_in_its_database_a_publish_and_its_record_commit_in_one_tran
         ),
         [["10", "10", "published", "10", "1"]]
     );
-    wait_until(
-        "the killed try's session to end",
-        Duration::from_secs(20),
-        || t.open_transactions() == "0",
-    );
+    t.wait_for_killed_sessions();
     t.p.run(&["resume", "2"]).code(0);
     assert_eq!(t.fact(), t.expected(&[1, 2]));
     // Day 1 was not run again.
@@ -1438,11 +1440,7 @@ fn with_the_manifest_in_its_database_a_publish_and_its_record_commit_in_one_tran
         t.p.rows("SELECT count(*) FROM published p JOIN task_tries tt ON tt.id = p.try_id JOIN runs r ON r.id = tt.run_id WHERE r.backfill_id = 3"),
         [["0"]]
     );
-    wait_until(
-        "the killed try's session to end",
-        Duration::from_secs(20),
-        || t.open_transactions() == "0",
-    );
+    t.wait_for_killed_sessions();
     t.p.run(&["resume", "3"]).code(0);
     assert_eq!(t.fact(), t.expected(&[1, 2]));
     assert_eq!(
@@ -1487,11 +1485,7 @@ fn with_the_manifest_in_its_database_a_promote_and_a_rollback_commit_with_their_
     );
     assert_eq!(t.p.rows("SELECT try_id FROM published"), [["3"]]);
     // Nothing is left to promote; the promote's own backfill is recovered as finished.
-    wait_until(
-        "the killed promote's session to end",
-        Duration::from_secs(20),
-        || t.open_transactions() == "0",
-    );
+    t.wait_for_killed_sessions();
     t.p.run(&["resume", "3"]).code(0);
     assert_eq!(t.fact(), t.expected(&[1]));
     assert_eq!(
@@ -1524,7 +1518,8 @@ fn with_the_manifest_in_its_database_a_promote_and_a_rollback_commit_with_their_
 }
 
 #[test]
-fn with_the_manifest_in_its_database_a_warehouse_user_who_may_not_write_it_records_after_the_commit() {
+fn with_the_manifest_in_its_database_a_warehouse_user_who_may_not_write_it_records_after_the_commit()
+ {
     let Some(t) = Pg::one_database("the PostgreSQL warehouse tests") else {
         return;
     };
@@ -1561,11 +1556,20 @@ fn with_the_manifest_in_its_database_a_warehouse_user_who_may_not_write_it_recor
         }
         let out = t.p.create("orders", day, day, &[]);
         let warning = "warning: warehouse `dw` is in the manifest's database, but its user may not write the manifest's tables";
-        assert_eq!(out.stderr.matches(warning).count(), 1, "{day}: {}", out.stderr);
+        assert_eq!(
+            out.stderr.matches(warning).count(),
+            1,
+            "{day}: {}",
+            out.stderr
+        );
         out.code(0);
-        let log = t.p.rows("SELECT log_path FROM task_tries ORDER BY id DESC LIMIT 1")[0][0].clone();
+        let log =
+            t.p.rows("SELECT log_path FROM task_tries ORDER BY id DESC LIMIT 1")[0][0].clone();
         let log = std::fs::read_to_string(&log).unwrap();
-        assert!(log.contains("published 10 rows into analytics.orders_fact\n"), "{log}");
+        assert!(
+            log.contains("published 10 rows into analytics.orders_fact\n"),
+            "{log}"
+        );
     }
     assert_eq!(t.fact(), t.expected(&[1, 2, 3]));
     assert_eq!(
@@ -1926,11 +1930,7 @@ fn a_try_killed_before_its_gate_on_a_reused_connection_is_not_recovered_as_publi
         &[("BACKFILL_FAULT", "before-source-count@2")],
     );
     assert_ne!(out.code, 0, "the process was killed");
-    wait_until(
-        "the killed try's session to end",
-        Duration::from_secs(20),
-        || t.open_transactions() == "0",
-    );
+    t.wait_for_killed_sessions();
     // Checked together, so that the failure shows all of what went wrong.
     let mut wrong = Vec::new();
     let after_kill = t.psql("SELECT count(*) FROM analytics.daily_totals");

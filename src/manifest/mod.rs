@@ -375,26 +375,12 @@ pub fn identity(path: &Path) -> Result<String> {
 /// Which database holds the manifest at `path`: `None` for a SQLite file; for PostgreSQL, the
 /// server instance (its start time) and the database's oid, so that a warehouse can tell
 /// whether it shares the manifest's database whatever URL names it (see
-/// `warehouse::postgres::shares_database`). Asked once per process and manifest.
+/// `warehouse::postgres::shares_database`). Asked once per run, before its first try.
 pub fn database_key(path: &Path) -> Result<Option<String>> {
-    static KNOWN: std::sync::LazyLock<
-        std::sync::Mutex<std::collections::HashMap<PathBuf, Option<String>>>,
-    > = std::sync::LazyLock::new(Default::default);
     if !is_url(path) {
         return Ok(None);
     }
-    if let Ok(known) = KNOWN.lock()
-        && let Some(key) = known.get(path)
-    {
-        return Ok(key.clone());
-    }
-    let key = open_read_only(path)?
-        .database_key()
-        .map_err(|e| e.at(path))?;
-    if let Ok(mut known) = KNOWN.lock() {
-        known.insert(path.to_path_buf(), key.clone());
-    }
-    Ok(key)
+    Reader::take(path)?.database_key().map_err(|e| e.at(path))
 }
 
 /// Opens the manifest for reading when it exists; `None` when nothing was recorded yet. A

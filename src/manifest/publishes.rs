@@ -60,7 +60,8 @@ pub fn record_publish_intent(
 ///
 /// `$1` try, `$2` rows, `$3` fingerprint, `$4` source rows, `$5` rows compared with, `$6`
 /// verdict, `$7` reasons, `$8` source fingerprint, `$9` DAG, `$10` task, `$11` and `$12` the
-/// interval (unix seconds), `$13` the staged try a promote publishes (then `promoted`). Times are the database's clock, as every manifest write's.
+/// interval (unix seconds), `$13` the staged try a promote publishes (then `promoted`). Times
+/// are the database's clock, as every manifest write's.
 pub const IN_PUBLISH: &str = "WITH now AS (
      SELECT CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS bigint) AS ms),
  ended AS (

@@ -129,6 +129,9 @@ struct Shared {
     /// The manifest refused to start a run: the backfill reached its `--max-failures`, counted
     /// across its processes.
     halted: std::sync::atomic::AtomicBool,
+    /// The PostgreSQL warehouses in the manifest's own database (see
+    /// [`sql_try::one_database`]).
+    one_database: std::collections::HashSet<String>,
 }
 
 /// An interval's place among the `max_active_runs`, which it may give back before its task
@@ -149,6 +152,24 @@ impl Slot {
 }
 
 impl Shared {
+    /// Whether a publish of `sql` records itself in the manifest, in its own transaction.
+    fn in_manifest(&self, sql: &crate::project::SqlTask) -> bool {
+        self.one_database.contains(&sql.warehouse.name)
+    }
+
+    /// The manifest's record of a publish of `task` (see [`Shared::in_manifest`]).
+    fn record_in_manifest(
+        &self,
+        task: &crate::project::Task,
+        record: &crate::manifest::TryRecord,
+    ) -> crate::warehouse::backend::InManifest {
+        crate::warehouse::backend::InManifest {
+            dag_id: self.spec.dag.id.clone(),
+            task_id: task.id.clone(),
+            record: record.clone(),
+        }
+    }
+
     /// Stops the backfill from inside (fenced, or a manifest write failed), as a signal would.
     fn stop_because(&self, why: String) {
         if *self.stop.borrow() == Stop::Run {
@@ -184,6 +205,7 @@ pub async fn run(
     let mut queue: VecDeque<DataInterval> = std::mem::take(&mut spec.intervals).into();
     let reprs = Mutex::new(spec.reprs.clone());
     let (freed, mut freed_rx) = mpsc::unbounded_channel();
+    let one_database = sql_try::one_database(&spec).await;
     let shared = Arc::new(Shared {
         conf_text: spec.conf.to_string(),
         spec,
@@ -194,6 +216,7 @@ pub async fn run(
         freed,
         free_early: !depends_on_past,
         halted: std::sync::atomic::AtomicBool::new(false),
+        one_database,
     });
     // For depends_on_past: whether the interval ending at this instant succeeded here.
     let mut succeeded_by_end: HashMap<i64, bool> = if depends_on_past {

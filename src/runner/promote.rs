@@ -171,7 +171,7 @@ async fn promote_sql(
             current,
             promoting: true,
             intent_recorded: false,
-            in_manifest: super::sql_try::in_manifest_database(shared, sql).await,
+            in_manifest: shared.in_manifest(sql),
         },
         &mut log,
     )

@@ -111,9 +111,8 @@ async fn rollback_sql(
         return Ok(cancelled("cancelled"));
     }
     crate::fault::point("before-publish");
-    let in_manifest = super::sql_try::in_manifest_database(shared, sql).await;
-    let recorded =
-        in_manifest.then(|| (record.clone(), shared.spec.dag.id.clone(), task.id.clone()));
+    let in_manifest = shared.in_manifest(sql);
+    let recorded = in_manifest.then(|| shared.record_in_manifest(task, &record));
     let (s, manifest_path, tz, print) = (
         sql.clone(),
         shared.spec.manifest_path.clone(),
@@ -142,13 +141,7 @@ async fn rollback_sql(
             manifest: &manifest,
             try_id,
             fingerprint: &print,
-            in_manifest: recorded
-                .as_ref()
-                .map(|(record, dag_id, task_id)| backend::InManifest {
-                    dag_id,
-                    task_id,
-                    record,
-                }),
+            in_manifest: recorded.as_ref(),
         };
         backend::of(&s.warehouse).roll_back(&r, &allowed)
     })
@@ -159,11 +152,7 @@ async fn rollback_sql(
             crate::fault::point("after-publish");
             log.line(&format!(
                 "rolled back: {rows} rows put back{}",
-                if in_manifest {
-                    ", recorded in the manifest in the same transaction"
-                } else {
-                    ""
-                }
+                super::sql_try::recorded_too(in_manifest)
             ));
             Ok(Outcome::Succeeded(
                 record,

@@ -4,6 +4,7 @@
 //! is one short transaction that the manifest must still allow. A crash after the intent is
 //! repaired by finishing the publish from the audit file (see `recovery`).
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
 
@@ -90,7 +91,7 @@ pub(super) async fn sql_try(
         .and_then(|r| r.get(&task.id).copied().flatten());
     let in_its_publish = backend::of(&sql.warehouse).writes_in_its_publish();
     let staging = matches!(shared.spec.mode, super::Mode::Stage);
-    let in_manifest = in_its_publish && !staging && in_manifest_database(shared, sql).await;
+    let in_manifest = in_its_publish && !staging && shared.in_manifest(sql);
     let into = if in_its_publish {
         "its own transaction".to_string()
     } else {
@@ -346,8 +347,7 @@ pub(super) async fn publish_audited(
     let judged = record.judged();
     // Promotes take no pool slot (see `tries`).
     let pooled = task.pool.is_some() && !promoting;
-    let recorded =
-        in_manifest.then(|| (record.clone(), shared.spec.dag.id.clone(), task.id.clone()));
+    let recorded = in_manifest.then(|| shared.record_in_manifest(task, &record));
     let joined = tokio::task::spawn_blocking(move || {
         let reader = manifest::Reader::take(&manifest_path);
         let result = match &reader {
@@ -378,13 +378,7 @@ pub(super) async fn publish_audited(
                     }),
                     table_keys: table_keys.as_deref(),
                     judged: Some(&judged),
-                    in_manifest: recorded.as_ref().map(|(record, dag_id, task_id)| {
-                        backend::InManifest {
-                            dag_id,
-                            task_id,
-                            record,
-                        }
-                    }),
+                    in_manifest: recorded.as_ref(),
                 };
                 let mut waiting = waiting_log(&log_path);
                 output.publish(&p, &allowed, &mut waiting)
@@ -406,11 +400,7 @@ pub(super) async fn publish_audited(
                 "published {} into {}{}",
                 crate::words::plural(rows, "row", "rows"),
                 sql.target,
-                if in_manifest {
-                    ", recorded in the manifest in the same transaction"
-                } else {
-                    ""
-                }
+                recorded_too(in_manifest)
             ));
             tracing::debug!(
                 backfill = owner.backfill_id,
@@ -458,26 +448,51 @@ pub(super) async fn publish_audited(
     }
 }
 
-/// Whether the SQL task's warehouse is in the manifest's own database (both PostgreSQL), its
-/// user allowed to write the manifest's record of a publish: then the publish's transaction
-/// records it. Looked up once per process and warehouse; a failed look-up counts as "no"
-/// (the publish is then recorded after it commits, which is always safe).
-pub(super) async fn in_manifest_database(shared: &Shared, sql: &SqlTask) -> bool {
-    let path = &shared.spec.manifest_path;
-    if !manifest::is_url(path) || !sql.warehouse.is_postgres() {
-        return false;
+/// The PostgreSQL warehouses (by name) of the run's SQL tasks that are in the manifest's own
+/// database, their users allowed to write the manifest's record of a publish: their publishes'
+/// transactions record them (see [`Shared::in_manifest`]). Looked up once, before the first
+/// try; a failed look-up counts as "no" (a publish is then recorded after it commits, which is
+/// always safe).
+pub(super) async fn one_database(spec: &super::RunSpec) -> HashSet<String> {
+    if !manifest::is_url(&spec.manifest_path) {
+        return HashSet::new();
     }
-    let (path, warehouse) = (path.clone(), sql.warehouse.clone());
+    let mut warehouses: Vec<crate::project::Warehouse> = Vec::new();
+    for task in &spec.dag.tasks {
+        if let crate::project::TaskKind::Sql(sql) = &task.kind
+            && sql.warehouse.is_postgres()
+            && !warehouses.iter().any(|w| w.name == sql.warehouse.name)
+        {
+            warehouses.push(sql.warehouse.clone());
+        }
+    }
+    if warehouses.is_empty() {
+        return HashSet::new();
+    }
+    let path = spec.manifest_path.clone();
     tokio::task::spawn_blocking(move || match manifest::database_key(&path) {
-        Ok(Some(key)) => warehouse::postgres::shares_database(&warehouse, &key),
-        Ok(None) => false,
+        Ok(Some(key)) => warehouses
+            .into_iter()
+            .filter(|w| warehouse::postgres::shares_database(w, &key))
+            .map(|w| w.name)
+            .collect(),
+        Ok(None) => HashSet::new(),
         Err(e) => {
             tracing::warn!("cannot tell which database holds the manifest: {e}");
-            false
+            HashSet::new()
         }
     })
     .await
-    .unwrap_or(false)
+    .unwrap_or_default()
+}
+
+/// What a publish's log line adds when its transaction recorded it in the manifest too.
+pub(super) fn recorded_too(in_manifest: bool) -> &'static str {
+    if in_manifest {
+        ", recorded in the manifest in the same transaction"
+    } else {
+        ""
+    }
 }
 
 /// Keeps a try's audited output for `promote` instead of publishing it, durably: not even a

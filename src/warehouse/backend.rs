@@ -64,15 +64,15 @@ pub struct PublishAs<'a> {
     /// The manifest's record of this publish, committed in the publish's own transaction:
     /// given only when the warehouse is in the manifest's own database (PostgreSQL, see
     /// [`super::postgres::shares_database`]).
-    pub in_manifest: Option<InManifest<'a>>,
+    pub in_manifest: Option<&'a InManifest>,
 }
 
 /// A try's end as the manifest records it when it publishes: with its publish, in one
 /// transaction (see [`crate::manifest::publishes::IN_PUBLISH`]).
-pub struct InManifest<'a> {
-    pub dag_id: &'a str,
-    pub task_id: &'a str,
-    pub record: &'a crate::manifest::TryRecord,
+pub struct InManifest {
+    pub dag_id: String,
+    pub task_id: String,
+    pub record: crate::manifest::TryRecord,
 }
 
 /// A rollback of one task's interval.
@@ -87,7 +87,7 @@ pub struct RollBack<'a> {
     pub try_id: i64,
     pub fingerprint: &'a str,
     /// The manifest's record of the rollback, committed with it (see [`PublishAs::in_manifest`]).
-    pub in_manifest: Option<InManifest<'a>>,
+    pub in_manifest: Option<&'a InManifest>,
 }
 
 /// Whether the manifest still allows a publish; asked inside the publish transaction.

@@ -1087,7 +1087,6 @@ impl Pending for Open {
         let params: [&(dyn ToSql + Sync); 3] = [&self.manifest, &self.try_id, &p.judged];
         let in_manifest = p
             .in_manifest
-            .as_ref()
             .map(|m| InPublishValues::of(m, self.try_id, self.measures.rows, p.interval));
         let (judged, recorded, committed) = c.wait(async {
             tokio::join!(
@@ -1217,13 +1216,13 @@ const IN_PUBLISH_TYPES: [Type; 13] = [
 struct InPublishValues<'a> {
     try_id: i64,
     rows: i64,
-    m: &'a InManifest<'a>,
+    m: &'a InManifest,
     start: i64,
     end: i64,
 }
 
 impl<'a> InPublishValues<'a> {
-    fn of(m: &'a InManifest<'a>, try_id: i64, rows: i64, interval: DataInterval) -> Self {
+    fn of(m: &'a InManifest, try_id: i64, rows: i64, interval: DataInterval) -> Self {
         Self {
             try_id,
             rows,
@@ -1234,7 +1233,7 @@ impl<'a> InPublishValues<'a> {
     }
 
     fn params(&self) -> [&(dyn ToSql + Sync); 13] {
-        let r = self.m.record;
+        let r = &self.m.record;
         [
             &self.try_id,
             &self.rows,
@@ -1288,15 +1287,9 @@ pub const DATABASE_KEY: &str = "SELECT CAST(extract(epoch FROM pg_postmaster_sta
 
 /// Whether warehouse `w` is in the manifest's own database (`manifest_key`, see
 /// [`crate::manifest::database_key`]) and its user may write the manifest's record of a
-/// publish: then a publish and that record commit in one transaction. Asked once per process
-/// and warehouse.
+/// publish: then a publish and that record commit in one transaction. Asked once per run
+/// (see `runner::sql_try::one_database`), which also says once when it may not.
 pub fn shares_database(w: &Warehouse, manifest_key: &str) -> bool {
-    static KNOWN: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<String, bool>>> =
-        std::sync::LazyLock::new(Default::default);
-    let key = format!("{}\n{manifest_key}", w.name);
-    if let Some(known) = KNOWN.lock().ok().and_then(|k| k.get(&key).copied()) {
-        return known;
-    }
     // Looked up by oid in the catalogs, which anyone may read: a user without access to the
     // manifest's schema gets "no", not an error. (A privilege function given several
     // privileges says whether any is held: each is asked alone.)
@@ -1323,11 +1316,10 @@ pub fn shares_database(w: &Warehouse, manifest_key: &str) -> bool {
             Err(e) => Err(describe(&e)),
         }
     });
-    let shares = match found {
+    match found {
         Ok((same, may_write)) => {
             let may_write = may_write == Some(true);
             if same && !may_write {
-                // Once per process and warehouse (the answer is kept below).
                 eprintln!(
                     "warning: warehouse `{}` is in the manifest's database, but its user may not write the manifest's tables (backfill_manifest.task_tries and .published: SELECT, INSERT, UPDATE; EXECUTE on backfill_manifest.publish_refused): its publishes are recorded in the manifest after they commit, as with any other warehouse",
                     w.name
@@ -1340,11 +1332,7 @@ pub fn shares_database(w: &Warehouse, manifest_key: &str) -> bool {
             tracing::warn!(warehouse = %w.name, "cannot tell whether the warehouse is in the manifest's database: {e}");
             false
         }
-    };
-    if let Ok(mut known) = KNOWN.lock() {
-        known.insert(key, shares);
     }
-    shares
 }
 
 /// Takes the partition's row lock in `backfill.partitions` and books the publish in
@@ -1975,7 +1963,7 @@ fn promote_in(
         &fingerprint,
     )?;
     ask(allowed)?;
-    if let Some(m) = &p.in_manifest {
+    if let Some(m) = p.in_manifest {
         InPublishValues::of(m, try_id, rows, p.interval).run(c)?;
     }
     let committed = c.wait(
@@ -2343,7 +2331,7 @@ pub fn roll_back(r: &super::backend::RollBack<'_>, allowed: &Allowed<'_>) -> Res
             fingerprint,
         )?;
         ask(allowed)?;
-        if let Some(m) = &r.in_manifest {
+        if let Some(m) = r.in_manifest {
             InPublishValues::of(m, try_id, rows, interval).run(&mut c)?;
         }
         let committed = c.wait(c.client.batch_execute("COMMIT"));

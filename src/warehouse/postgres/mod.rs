@@ -1100,44 +1100,34 @@ impl Pending for Open {
                 c.client.batch_execute("COMMIT")
             )
         });
-        if let Err(e) = &recorded
-            && refused_by_manifest(e)
-            && committed.is_ok()
-        {
-            // The manifest no longer records the try as running (its owner was recovered):
-            // the transaction rolled back, the warehouse's rows with it.
-            tracing::info!(
-                try_id = self.try_id,
-                "publish refused by the manifest: {}",
-                describe(e)
-            );
-            if let Some(c) = self.conn.take() {
-                conn::give(c);
-            }
-            return Err(Error::Refused);
-        }
+        // The manifest no longer records the try as running (its owner was recovered): the
+        // transaction rolled back, the warehouse's rows with it.
+        let refused =
+            matches!(&recorded, Err(e) if committed.is_ok() && refused_by_manifest(e, self.try_id));
         let committed = match (judged, recorded, committed) {
             (Ok(_), Ok(_), Ok(())) => Ok(()),
             (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => Err(e),
         };
-        match committed {
-            Ok(()) => {
-                if let Some(c) = self.conn.take() {
-                    conn::give(c);
-                }
-                Ok(self.measures.rows)
-            }
-            Err(e) => {
-                // The connection failed, or the commit did: it may have happened with its
-                // reply lost. The booking says, once the server has ended the transaction
-                // either way (and with it the manifest's record, when that went with it).
-                self.end();
-                match settle_publish(p.task, p.interval, &self.manifest, self.try_id) {
-                    Ok(Some(booked)) => Ok(booked.rows),
-                    _ => Err(pg(wh)(e)),
-                }
-            }
+        // A commit that failed may have happened with its reply lost (the booking says, and
+        // with it the manifest's record, when that went with it).
+        let result = if refused {
+            Err(Error::Refused.into())
+        } else {
+            settled(
+                c,
+                committed,
+                p.task,
+                p.interval,
+                &self.manifest,
+                self.try_id,
+            )
+        };
+        if let Some(c) = self.conn.take() {
+            conn::give(c);
         }
+        result
+            .map(|()| self.measures.rows)
+            .map_err(|e: Failure| e.at(wh))
     }
 
     fn remove(mut self: Box<Self>) {
@@ -1257,14 +1247,7 @@ impl<'a> InPublishValues<'a> {
         let stmt = prepared(c, crate::manifest::publishes::IN_PUBLISH, &IN_PUBLISH_TYPES)?;
         match c.wait(c.client.execute(&stmt, &self.params())) {
             Ok(_) => Ok(()),
-            Err(e) if refused_by_manifest(&e) => {
-                tracing::info!(
-                    try_id = self.try_id,
-                    "publish refused by the manifest: {}",
-                    describe(&e)
-                );
-                Err(Error::Refused.into())
-            }
+            Err(e) if refused_by_manifest(&e, self.try_id) => Err(Error::Refused.into()),
             Err(e) => Err(e.into()),
         }
     }
@@ -1272,12 +1255,16 @@ impl<'a> InPublishValues<'a> {
 
 /// Whether the manifest's record of a publish failed because the try may no longer publish:
 /// `publish_refused`, or a serialization failure (recovery ended the try after the publish's
-/// snapshot was taken).
-fn refused_by_manifest(e: &tokio_postgres::Error) -> bool {
-    e.code().is_some_and(|code| {
+/// snapshot was taken). Says so in the diagnostics.
+fn refused_by_manifest(e: &tokio_postgres::Error, try_id: i64) -> bool {
+    let refused = e.code().is_some_and(|code| {
         code.code() == crate::manifest::publishes::PUBLISH_REFUSED
             || *code == SqlState::T_R_SERIALIZATION_FAILURE
-    })
+    });
+    if refused {
+        tracing::info!(try_id, "publish refused by the manifest: {}", describe(e));
+    }
+    refused
 }
 
 /// Which database a session is in: its server instance (the time it started) and the

@@ -197,6 +197,7 @@ fn gate_checks(c: &mut Criterion) {
         published: Some(2990),
         mixed: None,
         elsewhere: None,
+        constraint: None,
     };
     let rules = Rules {
         tolerance: 0.02,

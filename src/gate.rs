@@ -3,7 +3,9 @@
 //!
 //! Checks, in order; the first failure rejects:
 //! 1. every output row lies inside the interval (`row outside interval`);
-//! 2. the `unique_key` columns are unique in the output;
+//! 2. the `unique_key` columns are unique in the output (and, with `unique_key_scope =
+//!    "table"`, held by no other partition); then the target's own constraints (a primary key,
+//!    a unique constraint or index, a check) accept the output (`target constraint`);
 //! 3. the source has rows but the output has none (`zero rows while source has data`);
 //! 4. source and output are both empty: published as an explicit empty partition with
 //!    `allow_empty = true`, rejected otherwise;
@@ -37,6 +39,8 @@ pub struct Measures {
     /// A key of the output that another partition of the target already holds, and where
     /// (`unique_key_scope = "table"`).
     pub elsewhere: Option<String>,
+    /// The target's own constraint refused the output: the database's message (SQL tasks).
+    pub constraint: Option<String>,
 }
 
 /// How many partition values outside the interval a rejection shows.
@@ -155,6 +159,9 @@ fn verdict(m: &Measures, r: &Rules) -> Verdict {
             "unique_key violated across partitions: key {found}; the source moved that record out of its old partition, so rerun the old partition first, then this one"
         ));
     }
+    if let Some(why) = &m.constraint {
+        return Verdict::Reject(format!("target constraint violated: {why}"));
+    }
     match m.source {
         Some(source) if source > 0 && m.rows == 0 => {
             return Verdict::Reject(format!(
@@ -227,6 +234,7 @@ mod tests {
             published: None,
             mixed: None,
             elsewhere: None,
+            constraint: None,
         }
     }
 
@@ -268,6 +276,7 @@ mod tests {
             published: Some(100),
             mixed: None,
             elsewhere: None,
+            constraint: Some("duplicate key value violates unique constraint \"t_pkey\"".into()),
         };
         assert!(reason(judged(&all_wrong, &RULES)).starts_with("row outside interval: 3"));
         let dupes = Measures {
@@ -275,9 +284,19 @@ mod tests {
             ..all_wrong
         };
         assert!(reason(judged(&dupes, &RULES)).starts_with("unique_key violated: 2"));
-        let zero = Measures {
+        // The target's own constraint is judged after the gate's unique_key, which names the
+        // duplicates in the gate's terms, and before the counts.
+        let refused = Measures {
             duplicate_keys: Some(0),
             ..dupes
+        };
+        assert_eq!(
+            reason(judged(&refused, &RULES)),
+            "target constraint violated: duplicate key value violates unique constraint \"t_pkey\""
+        );
+        let zero = Measures {
+            constraint: None,
+            ..refused
         };
         assert_eq!(
             reason(judged(&zero, &RULES)),
@@ -400,6 +419,7 @@ mod tests {
             published: None,
             mixed: None,
             elsewhere: None,
+            constraint: None,
         };
         assert_eq!(judged(&command_task, &RULES), Verdict::Publish);
     }

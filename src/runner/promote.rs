@@ -83,6 +83,7 @@ fn judge_again(
         published,
         mixed: None,
         elsewhere: None,
+        constraint: None,
     };
     let verdict = gate::judge(
         &measures,

@@ -204,6 +204,7 @@ pub(super) async fn sql_try(
         published,
         mixed: measures.mixed.clone(),
         elsewhere: measures.elsewhere.clone(),
+        constraint: measures.constraint.clone(),
     };
     let verdict = match gate::judge(
         &gate_measures,

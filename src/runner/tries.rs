@@ -339,6 +339,7 @@ async fn gated_command(
         published,
         mixed: None,
         elsewhere: None,
+        constraint: None,
     };
     let verdict = match gate::judge(&measures, &rules(Some(gate), shared.spec.allow_drift)) {
         Ok(v) => v,

@@ -158,6 +158,10 @@ pub struct AuditMeasures {
     /// With `unique_key_scope = "table"`: a key of the output that another partition of the
     /// target holds, and that partition, as a message shows them.
     pub elsewhere: Option<String>,
+    /// The target's own constraint refused the output (a primary key, a unique constraint or
+    /// index, a check): the database's message. The output was then measured apart from the
+    /// target, whose partition is untouched.
+    pub constraint: Option<String>,
 }
 
 /// Computes the task's rows for the interval into the attached audit file, then measures them
@@ -396,6 +400,7 @@ pub fn measure(
         source,
         source_fingerprint: None,
         elsewhere,
+        constraint: None,
     })
 }
 

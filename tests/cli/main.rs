@@ -17,6 +17,8 @@ mod operations;
 mod pg;
 mod pg_manifest;
 mod postgres;
+#[path = "postgres.rs"]
+mod postgres_keyed;
 mod read_only;
 mod readme;
 mod reprocess;

@@ -1,6 +1,10 @@
 //! SQL tasks on a PostgreSQL warehouse: the real binary against a real server that the tests
 //! start themselves (see `tests/pg`), skipped loudly on a machine without the server binaries
 //! (a failure under CI).
+//!
+//! The suite runs twice (see `main.rs`): as `postgres`, against a target without a key, and as
+//! `postgres_keyed`, against the same target with `PRIMARY KEY (order_id)`, the common case in
+//! production, where a partition's rows must be gone before its new rows go in.
 
 use std::time::Duration;
 
@@ -15,7 +19,21 @@ struct Pg {
     cluster: &'static pg::Cluster,
 }
 
-const SCHEMA: &str = "
+/// Whether this is the suite's run against a keyed target.
+fn keyed() -> bool {
+    module_path!().ends_with("_keyed")
+}
+
+/// [`SCHEMA_BASE`], with the target's primary key in the keyed run.
+fn schema() -> String {
+    if keyed() {
+        format!("{SCHEMA_BASE}ALTER TABLE analytics.orders_fact ADD PRIMARY KEY (order_id);\n")
+    } else {
+        SCHEMA_BASE.to_string()
+    }
+}
+
+const SCHEMA_BASE: &str = "
 CREATE SCHEMA raw;
 CREATE SCHEMA analytics;
 CREATE TABLE raw.orders (order_id int PRIMARY KEY, order_ts timestamptz NOT NULL, region text NOT NULL, amount numeric NOT NULL);
@@ -78,7 +96,7 @@ impl Pg {
         }
         let cluster = pg::shared();
         let db = cluster.create_db();
-        cluster.psql(&db, SCHEMA);
+        cluster.psql(&db, &schema());
         let p = Project::new();
         let p = if one_database { p.manifest_in(&db) } else { p };
         p.write(
@@ -560,11 +578,186 @@ fn a_key_moved_across_partitions_is_rejected_with_table_scope() {
     )
     .code(0);
     assert_eq!(t.fact(), t.expected(&[1, 2, 3]));
-    // Without an index that starts with the key, the dry run says which to create.
+    // Without an index that starts with the key, the dry run says which to create (a primary
+    // key's index serves as well as any).
     t.psql("DROP INDEX analytics.orders_fact_order");
+    if keyed() {
+        t.p.create("orders", "2026-01-01", "2026-01-02", &["--dry-run"])
+            .code(0);
+        t.psql("ALTER TABLE analytics.orders_fact DROP CONSTRAINT orders_fact_pkey");
+    }
     t.p.create("orders", "2026-01-01", "2026-01-02", &["--dry-run"])
         .code(2)
         .stderr_has("CREATE INDEX ON analytics.orders_fact (order_id)");
+}
+
+/// Every kind of key a target can have holds the partitions' rows while each path replaces
+/// them: a try's publish, a rerun, verify (which computes beside the published rows), stage and
+/// promote, rollback. The delete of a partition and the insert of its new rows are statements of
+/// their own, so that the insert never meets the keys the delete removes.
+#[test]
+fn every_kind_of_key_holds_across_rerun_verify_promote_and_rollback() {
+    if keyed() {
+        // The test replaces the target's key with each kind in turn: once is enough.
+        return;
+    }
+    for (kind, ddl) in [
+        (
+            "primary key",
+            "ALTER TABLE analytics.orders_fact ADD PRIMARY KEY (order_id)",
+        ),
+        (
+            "unique constraint",
+            "ALTER TABLE analytics.orders_fact ADD CONSTRAINT orders_fact_once UNIQUE (order_id)",
+        ),
+        (
+            "unique index",
+            "CREATE UNIQUE INDEX orders_fact_once ON analytics.orders_fact (order_id)",
+        ),
+        (
+            "deferrable constraint, initially deferred",
+            "ALTER TABLE analytics.orders_fact ADD CONSTRAINT orders_fact_once UNIQUE (order_id) DEFERRABLE INITIALLY DEFERRED",
+        ),
+        (
+            "deferrable constraint, initially immediate",
+            "ALTER TABLE analytics.orders_fact ADD CONSTRAINT orders_fact_once UNIQUE (order_id) DEFERRABLE",
+        ),
+        (
+            "primary key over the partition column and the key",
+            "ALTER TABLE analytics.orders_fact ADD PRIMARY KEY (day, order_id)",
+        ),
+    ] {
+        let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+            return;
+        };
+        t.psql(ddl);
+        let days = || ["--from", "2026-01-01", "--to", "2026-01-03"];
+        t.p.create("orders", "2026-01-01", "2026-01-03", &[])
+            .code(0);
+        let first = t.fact();
+        assert_eq!(first, t.expected(&[1, 2, 3]), "{kind}");
+        // A rerun of a changed source replaces every published row by its new version.
+        t.psql("UPDATE raw.orders SET amount = amount * 2");
+        let out = t.p.create(
+            "orders",
+            "2026-01-01",
+            "2026-01-03",
+            &["--reprocess-behavior", "completed", "--allow-drift"],
+        );
+        assert_eq!(out.code, 0, "{kind}: {}", out.stderr);
+        let second = t.fact();
+        assert_eq!(second, t.expected(&[1, 2, 3]), "{kind}");
+        assert_ne!(second, first, "{kind}");
+        // Verify computes each interval twice beside the published rows, and changes nothing.
+        let mut verify = vec!["verify", "--dag", "orders"];
+        verify.extend(days());
+        let out = t.p.run(&verify);
+        assert_eq!(out.code, 0, "{kind}: {}", out.stderr);
+        assert_eq!(t.fact(), second, "{kind}");
+        // A staged output is promoted over the published one.
+        t.psql("UPDATE raw.orders SET amount = amount + 1");
+        let out = t.p.create(
+            "orders",
+            "2026-01-01",
+            "2026-01-03",
+            &["--stage", "--reprocess-behavior", "completed"],
+        );
+        assert_eq!(out.code, 0, "{kind}: {}", out.stderr);
+        assert_eq!(t.fact(), second, "{kind}: staging publishes nothing");
+        let out = t.p.run(&["promote", "3"]);
+        assert_eq!(out.code, 0, "{kind}: {}", out.stderr);
+        assert_eq!(t.fact(), t.expected(&[1, 2, 3]), "{kind}");
+        // Rollback puts the version the promote replaced back.
+        let mut rollback = vec!["rollback", "--dag", "orders"];
+        rollback.extend(days());
+        let out = t.p.run(&rollback);
+        assert_eq!(out.code, 0, "{kind}: {}", out.stderr);
+        assert_eq!(t.fact(), second, "{kind}");
+        assert_eq!(
+            t.p.rows("SELECT state, count(*) FROM task_tries GROUP BY state ORDER BY state"),
+            [["succeeded", "15"]].map(|r| r.map(String::from).to_vec()),
+            "{kind}"
+        );
+        assert_eq!(t.open_transactions(), "0", "{kind}");
+    }
+}
+
+/// An output that the target's own key refuses (a duplicate that the gate's `unique_key` does
+/// not name) is rejected with the database's words, and the published partition stays; with a
+/// deferred constraint too, whose violation would otherwise surface only at the commit.
+#[test]
+fn an_output_the_targets_key_refuses_is_rejected_and_the_partition_kept() {
+    if keyed() {
+        // The test gives the target each kind of key itself: once is enough.
+        return;
+    }
+    let gate = r#"source_count = "SELECT count(*) FROM raw.orders WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end"
+tolerance = 0.5"#;
+    for ddl in [
+        "ALTER TABLE analytics.orders_fact ADD PRIMARY KEY (order_id)",
+        "ALTER TABLE analytics.orders_fact ADD CONSTRAINT orders_fact_once UNIQUE (order_id) DEFERRABLE INITIALLY DEFERRED",
+    ] {
+        let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(QUERY, gate, "")) else {
+            return;
+        };
+        t.psql(ddl);
+        t.p.create("orders", "2026-01-01", "2026-01-03", &[])
+            .code(0);
+        let published = t.fact();
+        // Day 2's query now gives order 4 twice.
+        let twice = format!(
+            "{QUERY}\nUNION ALL SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date, region, amount FROM raw.orders \
+             WHERE order_id = 4 AND :ds = '2026-01-02'"
+        );
+        std::fs::write(t.p.path("dags/orders.toml"), dag(&twice, gate, "")).unwrap();
+        let out = t.p.create(
+            "orders",
+            "2026-01-01",
+            "2026-01-03",
+            &["--reprocess-behavior", "completed"],
+        );
+        out.code(3)
+            .stderr_has(
+                "target constraint violated: duplicate key value violates unique constraint",
+            )
+            .stderr_has("Key (order_id)=(4) already exists")
+            .stderr_has("(table analytics.orders_fact)");
+        assert_eq!(t.fact(), published, "{ddl}");
+        assert_eq!(
+            t.p.rows(
+                "SELECT t.state, t.rows, t.verdict FROM task_tries t \
+                 JOIN runs r ON r.id = t.run_id WHERE r.backfill_id = 2 ORDER BY r.interval_start"
+            ),
+            [
+                ["succeeded", "10", "published"],
+                ["rejected", "11", "rejected"],
+                ["succeeded", "10", "published"],
+            ]
+            .map(|r| r.map(String::from).to_vec()),
+            "{ddl}"
+        );
+        // A staged output is promoted only while the target's key accepts it: here another
+        // writer moved order 4 to another partition after the stage.
+        std::fs::write(t.p.path("dags/orders.toml"), dag(QUERY, gate, "")).unwrap();
+        t.p.create(
+            "orders",
+            "2026-01-02",
+            "2026-01-02",
+            &["--stage", "--reprocess-behavior", "completed"],
+        )
+        .code(0);
+        t.psql("UPDATE analytics.orders_fact SET day = '2026-01-05' WHERE order_id = 4");
+        let before = t.fact();
+        let out = t.p.run(&["promote", "3"]);
+        out.code(3)
+            .stderr_has(
+                "target constraint violated: duplicate key value violates unique constraint",
+            )
+            .stderr_has("Key (order_id)=(4) already exists")
+            .stderr_has("nothing was promoted");
+        assert_eq!(t.fact(), before, "{ddl}");
+        assert_eq!(t.open_transactions(), "0", "{ddl}");
+    }
 }
 
 #[test]
@@ -574,7 +767,7 @@ fn a_server_restart_fails_running_tries_and_retries_finish_exactly() {
     }
     let own = pg::Cluster::start();
     let db = own.create_db();
-    own.psql(&db, SCHEMA);
+    own.psql(&db, &schema());
     let p = Project::new();
     p.write(
         "backfill.toml",
@@ -852,7 +1045,7 @@ fn the_interval_predicates_are_served_by_the_partition_index() {
     // A cluster of its own, so that its log holds only this test's plans.
     let own = pg::Cluster::start();
     let db = own.create_db();
-    own.psql(&db, SCHEMA);
+    own.psql(&db, &schema());
     // Every statement's plan goes to the server's log; sequential scans cost so much that the
     // planner takes one only where no index can serve the predicate.
     own.psql(

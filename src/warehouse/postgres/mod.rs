@@ -364,8 +364,10 @@ impl Backend for Postgres {
         let mut c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
         cancel.on_set(c.canceller())?;
         let mut attempt = 0;
+        let mut refused = None;
+        let mut measured_apart = false;
         loop {
-            match write_measure(&mut c, w, cancel) {
+            match write_measure(&mut c, w, cancel, refused.take()) {
                 Ok((measures, written)) => {
                     return Ok(Box::new(Open {
                         conn: Some(c),
@@ -379,6 +381,17 @@ impl Backend for Postgres {
                 Err(e) => {
                     let _ = c.wait(c.client.batch_execute("ROLLBACK"));
                     match e {
+                        // Once: the pass apart from the target meets no constraint of it.
+                        Failure::Pg(e)
+                            if is_constraint(&e)
+                                && !measured_apart
+                                && !w.stage
+                                && !w.measure_only =>
+                        {
+                            measured_apart = true;
+                            tracing::info!(warehouse = %wh.name, target = %w.task.target, "{}; measuring the output apart from the target for the gate", describe(&e));
+                            refused = Some(constraint_message(&e));
+                        }
                         Failure::Pg(e) if is_retryable(&e) && attempt < RETRIES => {
                             attempt += 1;
                             tracing::info!(warehouse = %wh.name, target = %w.task.target, attempt, "{}; running the transaction again", describe(&e));
@@ -598,16 +611,26 @@ fn partition_type(c: &mut Conn, task: &SqlTask) -> std::result::Result<ColumnTyp
     Ok(ty)
 }
 
-/// The try's transaction up to the gate, in one statement (so in one snapshot and one round
-/// trip): delete the interval's rows of the target (moving them to the kept table when versions
-/// are kept), insert the query's rows, and measure them and the source.
+/// The try's transaction up to the gate, in one round trip and one snapshot: delete the
+/// interval's rows of the target (moving them to the kept table when versions are kept), then,
+/// in a statement of its own so that a key of the target is free again before it is inserted,
+/// insert the query's rows and measure them and the source; then check the target's deferred
+/// constraints, so that the gate hears of a violation before it judges, not the commit after.
+///
+/// With `refused` (the target's constraint refused the output in an earlier pass, with this
+/// message), and for a try that is only measured, the output goes to a temporary table shaped
+/// like the target instead, and the target is neither changed nor locked: the measures are the
+/// same, and `refused` goes with them for the gate.
 fn write_measure(
     c: &mut Conn,
     w: &Write<'_>,
     cancel: &Cancel,
+    refused: Option<String>,
 ) -> std::result::Result<(AuditMeasures, Written), Failure> {
     let task = w.task;
-    if !w.measure_only {
+    // Measured apart from the target: nothing is deleted, locked or booked.
+    let apart = w.measure_only || refused.is_some();
+    if !apart {
         book(c)?;
     }
     let ty = partition_type(c, task)?;
@@ -624,9 +647,14 @@ fn write_measure(
     let [lo, hi] = ty.bounds(w.binds.interval, w.tz)?;
     let table = quote_name(&task.target);
     let pc = quote_ident(&task.partition_column);
-    // A staged output goes to a table of its own; the target is not touched.
+    // A staged output goes to a table of its own, a measured one to a temporary table; the
+    // target is not touched.
     let staged = w.stage.then(|| staged_table(w.manifest, w.try_id));
-    let dest = staged.as_deref().unwrap_or(&table);
+    let dest = match &staged {
+        Some(name) => name.as_str(),
+        None if apart => SCRATCH,
+        None => &table,
+    };
     let list = out
         .iter()
         .map(|c| quote_ident(c))
@@ -680,36 +708,31 @@ fn write_measure(
     values.extend(query.values(w.binds, w.tz));
     let [source_count, source_fingerprint] =
         source_queries(w.gate, w.binds, w.tz, &mut types, &mut values)?;
-    let kept = if staged.is_none() && task.keep_versions > 0 && !w.measure_only {
+    let replaces = staged.is_none() && !apart;
+    let kept = if replaces && task.keep_versions > 0 {
         Some(versions::ensure_kept(c, w.manifest, &task.target)?)
     } else {
         None
     };
-    let (delete, moved) = match (&staged, &kept) {
-        // Only measured: the published rows are neither deleted nor locked.
-        (Some(_), _) | (None, None) if w.measure_only => (String::new(), "NULL::int8".to_string()),
-        (Some(_), _) => (String::new(), "NULL::int8".to_string()),
-        (None, Some(kept)) => {
+    let mark = try_mark(w.try_id);
+    // The partition's rows go first, in a statement of their own: the parts of one statement
+    // all see its snapshot, so an insert beside the delete would meet the very keys it removes.
+    let delete = match &kept {
+        _ if !replaces => None,
+        Some(kept) => {
             let cols = versions::shared_columns(c, kept, &task.target)?.join(", ");
-            types.push(Type::INT8);
-            values.push(Value::Int(w.try_id));
-            (
-                format!(
-                    "d AS (DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2 RETURNING *),\n\
-                     k AS (INSERT INTO {kept} ({cols}, _replaced_by) SELECT {cols}, ${} FROM d RETURNING 1),\n",
-                    types.len()
-                ),
-                "(SELECT count(*) FROM k)".to_string(),
-            )
+            Some(format!(
+                "WITH d AS (DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2 AND {DELETE_GUARD} RETURNING *) \
+                 INSERT INTO {kept} ({cols}, _replaced_by) SELECT {cols}, $4 FROM d"
+            ))
         }
-        (None, None) => (
-            format!("d AS (DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2),\n"),
-            "NULL::int8".to_string(),
-        ),
+        None => Some(format!(
+            "DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2 AND {DELETE_GUARD}"
+        )),
     };
     // A try that will publish takes the partition's row lock and books its publish in the same
     // statement (see `lock_and_book`): a rejected or rolled-back try leaves neither.
-    let booking = if staged.is_none() && !w.measure_only {
+    let booking = if replaces {
         let first = types.len() + 1;
         types.extend([
             Type::TEXT,
@@ -737,17 +760,16 @@ fn write_measure(
     } else {
         String::new()
     };
-    let mark = try_mark(w.try_id);
     types.push(Type::TEXT);
     values.push(Value::Text(mark.clone()));
     let guard = in_try_guard(types.len());
     let statement = format!(
-        "WITH {delete}ins AS (\n  INSERT INTO {dest} ({list})\n  SELECT {list} FROM (\n{}\n) q\n  RETURNING {list}\n),\n\
+        "WITH ins AS (\n  INSERT INTO {dest} ({list})\n  SELECT {list} FROM (\n{}\n) q\n  RETURNING {list}\n),\n\
          m AS (SELECT count(*) AS n, count(*) FILTER (WHERE {outside}) AS outside, \
            coalesce(sum({hash}), 0) AS h FROM ins){booking}\n\
          SELECT m.n, m.outside, \
          CASE WHEN m.outside > 0 THEN (SELECT array_agg(v) FROM (SELECT DISTINCT coalesce({pc}::text, 'NULL') AS v FROM ins WHERE {outside} ORDER BY 1 LIMIT {more}) o) END, \
-         m.n::text || ':' || m.h::text, {duplicates}, {elsewhere}, {source_count}, {source_fingerprint}, {moved}, {guard} FROM m",
+         m.n::text || ':' || m.h::text, {duplicates}, {elsewhere}, {source_count}, {source_fingerprint}, {guard} FROM m",
         query.sql,
         more = SHOWN + 1,
         hash = row_hash(&typed),
@@ -757,27 +779,48 @@ fn write_measure(
     }
     let begin = begin_sql(idle_ms(w), &mark);
     let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(Value::sql).collect();
-    let row = match &staged {
-        Some(name) => {
-            c.wait(c.client.batch_execute(&format!(
-                "{begin}; CREATE TABLE {name} AS SELECT {list} FROM {table} WITH NO DATA"
-            )))?;
-            // A staged table is new in every try: its statement is not kept prepared.
-            let measure = c.wait(c.client.prepare_typed(&statement, &types))?;
-            c.wait(c.client.query_one(&measure, &refs))?
-        }
+    let (row, moved) = match &delete {
         None => {
-            // Prepared outside the transaction; then its BEGIN and the statement go in one
-            // round trip. Should the BEGIN fail, the statement runs outside a transaction and
-            // fails on its guard (see `begin_sql`): it commits nothing.
+            let create = match &staged {
+                Some(name) => format!("CREATE TABLE {name}"),
+                None => format!("CREATE TEMPORARY TABLE {SCRATCH} ON COMMIT DROP"),
+            };
+            c.wait(c.client.batch_execute(&format!(
+                "{begin}; {create} AS SELECT {list} FROM {table} WITH NO DATA"
+            )))?;
+            // The table is new in every try: its statement is not kept prepared.
+            let measure = c.wait(c.client.prepare_typed(&statement, &types))?;
+            (c.wait(c.client.query_one(&measure, &refs))?, None)
+        }
+        Some(delete) => {
+            // Prepared outside the transaction; then its BEGIN and the statements go in one
+            // round trip, in order. Should the BEGIN fail, the statements run outside a
+            // transaction, where the delete's guard matches no row and the measure's fails it
+            // (see `begin_sql`): nothing is committed.
             let measure = prepared(c, &statement, &types)?;
+            let delete = prepared(
+                c,
+                delete,
+                &[types[0].clone(), types[1].clone(), Type::TEXT, Type::INT8],
+            )?;
+            let delete_params: [&(dyn ToSql + Sync); 4] =
+                [values[0].sql(), values[1].sql(), &mark, &w.try_id];
             c.wait(async {
-                let (began, row) = tokio::join!(
+                let (began, deleted, row, checked) = tokio::join!(
                     c.client.batch_execute(&begin),
-                    c.client.query_one(&measure, &refs)
+                    c.client.execute(&delete, &delete_params),
+                    c.client.query_one(&measure, &refs),
+                    c.client.batch_execute("SET CONSTRAINTS ALL IMMEDIATE")
                 );
                 began?;
-                row
+                let deleted = deleted?;
+                let row = row?;
+                checked?;
+                Ok::<_, tokio_postgres::Error>((
+                    row,
+                    kept.is_some()
+                        .then(|| i64::try_from(deleted).unwrap_or(i64::MAX)),
+                ))
             })?
         }
     };
@@ -798,8 +841,8 @@ fn write_measure(
         source,
         source_fingerprint: row.get(7),
         elsewhere: row.get(5),
+        constraint: refused,
     };
-    let moved: Option<i64> = row.get(8);
     if moved.is_some() {
         c.has_versions = Some(true);
     }
@@ -810,6 +853,37 @@ fn write_measure(
             columns: out,
         },
     ))
+}
+
+/// The temporary table that an output measured apart from the target goes to (gone with its
+/// transaction).
+const SCRATCH: &str = "pg_temp.backfill_output";
+
+/// The condition of a try's delete that holds only inside the transaction that [`begin_sql`]
+/// began with the try's mark, bound as `$3`: outside it, the delete matches no row.
+const DELETE_GUARD: &str = "current_setting('backfill.in_try', true) = $3";
+
+/// Whether the target refused a try's rows by one of its constraints (a key, a unique index, an
+/// exclusion, a check, a foreign key: SQLSTATE class 23), rather than the try failing: the
+/// gate then judges the output, measured apart from the target.
+fn is_constraint(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| c.code().starts_with("23"))
+}
+
+/// What a constraint violation says, as the gate records it: the message, its detail, and the
+/// constraint's table.
+fn constraint_message(e: &tokio_postgres::Error) -> String {
+    let Some(db) = e.as_db_error() else {
+        return describe(e);
+    };
+    let mut s = db.message().to_string();
+    if let Some(d) = db.detail() {
+        let _ = write!(s, "; {d}");
+    }
+    if let (Some(schema), Some(table)) = (db.schema(), db.table()) {
+        let _ = write!(s, " (table {schema}.{table})");
+    }
+    s
 }
 
 /// The `idle_in_transaction_session_timeout` of a try's session: twice the lease timeout, at
@@ -1904,14 +1978,40 @@ fn promote_in(
             None
         }
     };
-    let row = c.wait(c.client.query_one(
-        &format!(
-            "WITH ins AS (INSERT INTO {table} ({list}) SELECT {list} FROM {staged_q} RETURNING *) \
-             SELECT {}",
-            fingerprint_sql(&row_hash(&typed), "ins")
-        ),
-        &[],
-    ))?;
+    // Before the insert, which a key of the target would refuse with less to say.
+    if let Some(keys) = p.table_keys.filter(|k| !k.is_empty())
+        && let Some(found) = key_elsewhere(c, task, keys, &lo, &hi, &staged_q)?
+    {
+        return Err(Error::Message(format!(
+            "unique_key violated across partitions: key {found}; the source moved that record out of its old partition, so rerun the old partition first, then promote again"
+        ))
+        .into());
+    }
+    let row = c
+        .wait(c.client.query_one(
+            &format!(
+                "WITH ins AS (INSERT INTO {table} ({list}) SELECT {list} FROM {staged_q} RETURNING *) \
+                 SELECT {}",
+                fingerprint_sql(&row_hash(&typed), "ins")
+            ),
+            &[],
+        ))
+        .and_then(|row| {
+            // A deferred constraint is checked now, before anything is booked.
+            c.wait(c.client.batch_execute("SET CONSTRAINTS ALL IMMEDIATE"))
+                .map(|()| row)
+        })
+        .map_err(|e| -> Failure {
+            if is_constraint(&e) {
+                Error::Message(format!(
+                    "target constraint violated: {}; nothing was promoted: stage the interval again once the conflicting rows are gone",
+                    constraint_message(&e)
+                ))
+                .into()
+            } else {
+                e.into()
+            }
+        })?;
     let fingerprint = format!("pg:{}", row.get::<_, String>(0));
     let rows: i64 = fingerprint
         .trim_start_matches("pg:")
@@ -1924,14 +2024,6 @@ fn promote_in(
     {
         return Err(Error::Message(format!(
             "the staged output {staged} changed since it was staged (fingerprint {fingerprint}, staged {expected}); stage the interval again"
-        ))
-        .into());
-    }
-    if let Some(keys) = p.table_keys.filter(|k| !k.is_empty())
-        && let Some(found) = key_elsewhere(c, task, keys, &lo, &hi, &staged_q)?
-    {
-        return Err(Error::Message(format!(
-            "unique_key violated across partitions: key {found}; the source moved that record out of its old partition, so rerun the old partition first, then promote again"
         ))
         .into());
     }

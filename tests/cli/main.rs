@@ -17,6 +17,10 @@ mod operations;
 mod pg;
 mod pg_manifest;
 mod postgres;
+#[expect(
+    clippy::duplicate_mod,
+    reason = "the PostgreSQL warehouse suite runs twice: against a target without a key and against one with a primary key"
+)]
 #[path = "postgres.rs"]
 mod postgres_keyed;
 mod read_only;

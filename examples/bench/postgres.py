@@ -6,7 +6,10 @@ SELECT; COMMIT` per day, on a generated warehouse in a throwaway server (730,000
 partition column and its key; one gated SQL task per day with a unique key and an exact source
 count). Each measurement alternates the two and reports medians.
 
-    examples/bench/postgres.py [--rounds N] [--target-dir DIR]     (default 3 rounds)
+    examples/bench/postgres.py [--rounds N] [--keyed] [--target-dir DIR]     (default 3 rounds)
+
+With --keyed the target has PRIMARY KEY (event_id) in place of its plain index on event_id, as
+most production tables do: each partition's delete must then be done before its insert starts.
 
 Targets (exit status 1 when one is missed):
   1. 365 daily partitions into an empty target, --max-active-runs 1: backfill <= 1.5x the bare loop
@@ -65,9 +68,13 @@ CREATE TABLE analytics.events_fact (
     amount   int NOT NULL
 );
 CREATE INDEX events_fact_by_day ON analytics.events_fact (day);
-CREATE INDEX events_fact_by_id ON analytics.events_fact (event_id);
+{{key}}
 VACUUM ANALYZE;
 """
+KEYS = {
+    False: "CREATE INDEX events_fact_by_id ON analytics.events_fact (event_id);",
+    True: "ALTER TABLE analytics.events_fact ADD PRIMARY KEY (event_id);",
+}
 
 SELECT = """SELECT event_id, (event_ts AT TIME ZONE 'UTC')::date AS day, region, amount
 FROM raw.events
@@ -253,6 +260,7 @@ class Bench:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--keyed", action="store_true", help="give the target a primary key (event_id)")
     parser.add_argument("--target-dir", default=os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target"),
                         help="cargo's target folder (default: $CARGO_TARGET_DIR, else target/)")
     args = parser.parse_args()
@@ -265,7 +273,7 @@ def main():
         print("starting a PostgreSQL server...", file=sys.stderr)
         wh = Warehouse(start_server(server), server)
         print(f"generating the warehouse ({EVENTS:,} raw events)...", file=sys.stderr)
-        wh.run(SCHEMA)
+        wh.run(SCHEMA.replace("{key}", KEYS[args.keyed]))
         wh.settle_source()
         bench = Bench(binary, wh, work)
         names = ("bf_empty", "bare_empty", "bf_full", "bare_full", "bf_full_4", "bare_full_4")
@@ -297,7 +305,8 @@ def main():
             ("2. full target, reprocess completed, -m 1", "bf_full", "bare_full", "<=", 1.5),
             ("3. full target, reprocess completed, -m 4", "bf_full_4", "bare_full_4", "<", 1.0),
         ]
-        print(f"medians of {args.rounds} round(s), wall seconds (client CPU seconds, server CPU seconds):")
+        target = "a target with PRIMARY KEY (event_id)" if args.keyed else "a target without a key"
+        print(f"{target}; medians of {args.rounds} round(s), wall seconds (client CPU seconds, server CPU seconds):")
         print(f"  {'measurement':<43} {'backfill':>22} {'bare loop':>22} {'ratio':>7}  target")
         missed = 0
         for name, bf, base, op, limit in rows:

@@ -11,13 +11,12 @@ CREATE TABLE IF NOT EXISTS raw.orders (
 CREATE INDEX IF NOT EXISTS orders_by_ts ON raw.orders (order_ts);
 
 -- One row per order: one partition per day. The index on `day` serves each interval's delete;
--- the one on `order_id` the table-wide key check (unique_key_scope = "table").
+-- the primary key's index the table-wide key check (unique_key_scope = "table").
 CREATE TABLE IF NOT EXISTS analytics.orders_fact (
-    order_id     bigint      NOT NULL,
+    order_id     bigint      PRIMARY KEY,
     day          date        NOT NULL,
     order_ts     timestamptz NOT NULL,
     region       text        NOT NULL,
     amount_cents integer     NOT NULL
 );
 CREATE INDEX IF NOT EXISTS orders_fact_by_day ON analytics.orders_fact (day);
-CREATE INDEX IF NOT EXISTS orders_fact_by_order ON analytics.orders_fact (order_id);

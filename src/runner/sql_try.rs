@@ -430,6 +430,24 @@ pub(super) async fn publish_audited(
             log.line("not published: another process took this interval over");
             Ok(cancelled("taken over by another process before publishing"))
         }
+        Err(warehouse::Error::Constraint(why)) => {
+            // The target itself refused the rows the gate passed (a SQLite target's key, which
+            // the audit file does not have): rejected as by the gate, the partition untouched.
+            // Recorded before the audit file goes, as a failure is.
+            let reason = format!("target constraint violated: {why}");
+            log.line(&format!("not published: {reason}"));
+            let mut rec = record;
+            rec.state = TryState::Rejected;
+            let (source, previous) = (rec.source_rows, rec.previous_rows);
+            apply_verdict(&mut rec, &Verdict::Reject(reason.clone()), source, previous);
+            let done = rec.clone();
+            shared
+                .writer
+                .call(move |c| c.finish_try(c.fence(owner)?, try_id, &done, now_ms()))
+                .await?;
+            let_go(output, promoting).await;
+            Ok(Outcome::Rejected(rec, reason))
+        }
         Err(e) => {
             let error = format!("publish failed: {e}");
             log.line(&error);

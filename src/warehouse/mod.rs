@@ -64,6 +64,11 @@ pub enum Error {
     /// The manifest no longer lets this try publish (it was fenced or already published).
     #[error("the manifest no longer allows this publish (taken over or already published)")]
     Refused,
+    /// A constraint of the target (a key, a unique index, a check) refused the output: the
+    /// database's words. Nothing was published; the try is rejected, not failed, since running
+    /// it again gives the same rows.
+    #[error("target constraint violated: {0}")]
+    Constraint(String),
 }
 
 impl Error {

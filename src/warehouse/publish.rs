@@ -143,11 +143,24 @@ fn transaction(
                         audit::TABLE
                     ),
                     [],
-                )?
+                )
+                .map_err(refused_by_target)?
             }
         };
         Ok(i64::try_from(inserted).unwrap_or(i64::MAX))
     })
+}
+
+/// A constraint of the target that refused the audited rows (a primary key, a unique index, a
+/// check, a `NOT NULL`) as [`Error::Constraint`]; any other error as it is.
+fn refused_by_target(e: rusqlite::Error) -> Error {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::ConstraintViolation) => Error::Constraint(match &e {
+            rusqlite::Error::SqliteFailure(_, Some(message)) => message.clone(),
+            _ => e.to_string(),
+        }),
+        _ => Error::Sql(e),
+    }
 }
 
 /// Runs `f` in a transaction that takes the write lock first; commits what it did, or rolls

@@ -508,6 +508,60 @@ fn duplicated_rows_are_rejected_on_the_unique_key() {
     assert_eq!(wh_count(&p, "SELECT COUNT(*) FROM daily_orders"), 0);
 }
 
+/// A SQLite target with a key: a rerun replaces its partitions, and an output that its key
+/// refuses (a duplicate the gate's `unique_key` does not name) is rejected in the database's
+/// words, as on PostgreSQL, not retried, and the published partition stays.
+#[test]
+fn a_keyed_target_reruns_and_rejects_what_its_key_refuses() {
+    let p = shop();
+    wh(&p)
+        .execute_batch("CREATE UNIQUE INDEX daily_orders_once ON daily_orders (day, region)")
+        .unwrap();
+    create(&p, "daily_orders", "2026-09-18", "2026-09-19", &[]).code(0);
+    create(
+        &p,
+        "daily_orders",
+        "2026-09-18",
+        "2026-09-19",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    let published = wh_rows(&p, PUBLISHED_SEPTEMBER);
+    assert_eq!(published.len(), 10);
+    edit_dag(
+        &p,
+        "daily_orders",
+        "unique_key = [\"day\", \"region\"]\n",
+        "",
+    );
+    edit_dag(&p, "daily_orders", "tolerance = 0.02", "tolerance = 0.5");
+    edit_dag(
+        &p,
+        "daily_orders",
+        "GROUP BY 1, 2\n\"\"\"",
+        "GROUP BY 1, 2\nUNION ALL\nSELECT date(order_ts), region, 1, 1 FROM raw_orders\nWHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end AND region = 'eu'\nGROUP BY 1, 2\n\"\"\"",
+    );
+    create(
+        &p,
+        "daily_orders",
+        "2026-09-18",
+        "2026-09-18",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(3)
+    .stderr_has(
+        "rejected: target constraint violated: UNIQUE constraint failed: daily_orders.day, daily_orders.region",
+    );
+    assert_eq!(wh_rows(&p, PUBLISHED_SEPTEMBER), published);
+    assert_eq!(
+        p.rows(
+            "SELECT t.try_number, t.state, t.verdict FROM task_tries t JOIN runs r ON r.id = t.run_id \
+             WHERE r.backfill_id = 3"
+        ),
+        [["1", "rejected", "rejected"]].map(|r| r.map(String::from).to_vec())
+    );
+}
+
 #[test]
 fn verify_passes_on_daily_orders_and_catches_the_current_time() {
     let p = shop();

@@ -1108,6 +1108,10 @@ impl Pending for Open {
         _waiting: &mut dyn FnMut(),
     ) -> Result<i64> {
         let wh = &p.task.warehouse;
+        if let Some(why) = &self.measures.constraint {
+            // Measured apart from the target, which it never entered: the gate rejects it.
+            return Err(Error::Constraint(why.clone()));
+        }
         let Some(c) = self.conn.as_mut() else {
             return Err(Error::Message("the try's transaction is gone".into()).at(wh));
         };

@@ -433,38 +433,43 @@ pub(super) async fn publish_audited(
         Err(warehouse::Error::Constraint(why)) => {
             // The target itself refused the rows the gate passed (a SQLite target's key, which
             // the audit file does not have): rejected as by the gate, the partition untouched.
-            // Recorded before the audit file goes, as a failure is.
             let reason = format!("target constraint violated: {why}");
             log.line(&format!("not published: {reason}"));
             let mut rec = record;
             rec.state = TryState::Rejected;
             let (source, previous) = (rec.source_rows, rec.previous_rows);
             apply_verdict(&mut rec, &Verdict::Reject(reason.clone()), source, previous);
-            let done = rec.clone();
-            shared
-                .writer
-                .call(move |c| c.finish_try(c.fence(owner)?, try_id, &done, now_ms()))
-                .await?;
-            let_go(output, promoting).await;
+            end_unpublished(shared, try_id, &rec, output, promoting).await?;
             Ok(Outcome::Rejected(rec, reason))
         }
         Err(e) => {
             let error = format!("publish failed: {e}");
             log.line(&error);
-            // Recorded before the audit file goes: a recorded intent without its file would
-            // read as a publish that committed.
             let mut rec = TryRecord::new(TryState::Failed);
             rec.error = Some(error.clone());
             rec.promoted_from = record.promoted_from;
-            let done = rec.clone();
-            shared
-                .writer
-                .call(move |c| c.finish_try(c.fence(owner)?, try_id, &done, now_ms()))
-                .await?;
-            let_go(output, promoting).await;
+            end_unpublished(shared, try_id, &rec, output, promoting).await?;
             Ok(Outcome::Failed(rec))
         }
     }
+}
+
+/// Records the end of a try whose publish did not happen, then lets its output go: in that
+/// order, since a recorded intent without its audit file would read as a publish that committed.
+async fn end_unpublished(
+    shared: &Shared,
+    try_id: i64,
+    rec: &TryRecord,
+    output: Box<dyn Pending>,
+    promoting: bool,
+) -> Result<(), Error> {
+    let (owner, done) = (shared.spec.owner, rec.clone());
+    shared
+        .writer
+        .call(move |c| c.finish_try(c.fence(owner)?, try_id, &done, now_ms()))
+        .await?;
+    let_go(output, promoting).await;
+    Ok(())
 }
 
 /// The PostgreSQL warehouses (by name) of the run's SQL tasks that are in the manifest's own

@@ -24,7 +24,9 @@ pub struct Cli {
         long,
         global = true,
         value_name = "PATH|URL",
-        env = "BACKFILL_MANIFEST"
+        env = "BACKFILL_MANIFEST",
+        // A URL's password must not reach `--help`.
+        hide_env_values = true
     )]
     pub manifest: Option<PathBuf>,
 

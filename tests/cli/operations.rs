@@ -632,6 +632,27 @@ fn init_starts_a_working_project_and_never_overwrites() {
     assert!(String::from_utf8_lossy(&again.stderr).contains("backfill.toml exists already"));
 }
 
+/// A manifest URL taken from the environment names the variable in `--help`, never its value:
+/// the password in it must not reach a terminal, a log or a CI transcript.
+#[test]
+fn help_does_not_print_the_manifest_urls_password() {
+    for args in [&["--help"][..], &["create", "--help"], &["list", "--help"]] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_backfill"))
+            .args(args)
+            .env(
+                "BACKFILL_MANIFEST",
+                "postgresql://etl:hunter2@db.internal/x",
+            )
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(help.contains("[env: BACKFILL_MANIFEST"), "{args:?}: {help}");
+        assert!(!help.contains("hunter2"), "{args:?}: {help}");
+        assert!(!help.contains("db.internal"), "{args:?}: {help}");
+    }
+}
+
 #[test]
 fn completions_man_page_and_examples_in_help() {
     let run = |args: &[&str]| {

@@ -132,6 +132,16 @@ pub fn judge(m: &Measures, r: &Rules) -> Result<Verdict, String> {
     Ok(verdict(m, r))
 }
 
+/// The rejection of an output that a constraint of the target refused (`why`, the database's
+/// words): judged with the other checks where the output is written into the target before the
+/// gate (PostgreSQL), and when the publish meets it where it is not (SQLite).
+pub fn refused_by_target(why: &str) -> Verdict {
+    Verdict::Reject(format!("{REFUSED_BY_TARGET}: {why}"))
+}
+
+/// How a rejection by a constraint of the target begins.
+pub const REFUSED_BY_TARGET: &str = "target constraint violated";
+
 fn verdict(m: &Measures, r: &Rules) -> Verdict {
     if let Some(why) = &m.mixed {
         return Verdict::Reject(format!("row outside interval: {why}"));
@@ -160,7 +170,7 @@ fn verdict(m: &Measures, r: &Rules) -> Verdict {
         ));
     }
     if let Some(why) = &m.constraint {
-        return Verdict::Reject(format!("target constraint violated: {why}"));
+        return refused_by_target(why);
     }
     match m.source {
         Some(source) if source > 0 && m.rows == 0 => {

@@ -433,13 +433,14 @@ pub(super) async fn publish_audited(
         Err(warehouse::Error::Constraint(why)) => {
             // The target itself refused the rows the gate passed (a SQLite target's key, which
             // the audit file does not have): rejected as by the gate, the partition untouched.
-            let reason = format!("target constraint violated: {why}");
-            log.line(&format!("not published: {reason}"));
+            let verdict = gate::refused_by_target(&why);
+            log.line(&format!("not published: {verdict}"));
             let mut rec = record;
             rec.state = TryState::Rejected;
             let (source, previous) = (rec.source_rows, rec.previous_rows);
-            apply_verdict(&mut rec, &Verdict::Reject(reason.clone()), source, previous);
+            apply_verdict(&mut rec, &verdict, source, previous);
             end_unpublished(shared, try_id, &rec, output, promoting).await?;
+            let reason = verdict.reason().unwrap_or_default().to_string();
             Ok(Outcome::Rejected(rec, reason))
         }
         Err(e) => {

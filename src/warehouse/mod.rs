@@ -67,7 +67,7 @@ pub enum Error {
     /// A constraint of the target (a key, a unique index, a check) refused the output: the
     /// database's words. Nothing was published; the try is rejected, not failed, since running
     /// it again gives the same rows.
-    #[error("target constraint violated: {0}")]
+    #[error("{}: {}", crate::gate::REFUSED_BY_TARGET, .0)]
     Constraint(String),
 }
 

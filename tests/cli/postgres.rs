@@ -631,47 +631,47 @@ fn every_kind_of_key_holds_across_rerun_verify_promote_and_rollback() {
             return;
         };
         t.psql(ddl);
-        let days = || ["--from", "2026-01-01", "--to", "2026-01-03"];
-        t.p.create("orders", "2026-01-01", "2026-01-03", &[])
-            .code(0);
+        let ok = |args: &[&str]| {
+            let out = t.p.run(args);
+            assert_eq!(out.code, 0, "{kind}: {args:?}: {}", out.stderr);
+        };
+        fn over_range<'a>(command: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+            let range = [
+                "--dag",
+                "orders",
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-03",
+            ];
+            [&[command][..], &range, extra].concat()
+        }
+        ok(&over_range("create", &[]));
         let first = t.fact();
         assert_eq!(first, t.expected(&[1, 2, 3]), "{kind}");
         // A rerun of a changed source replaces every published row by its new version.
         t.psql("UPDATE raw.orders SET amount = amount * 2");
-        let out = t.p.create(
-            "orders",
-            "2026-01-01",
-            "2026-01-03",
+        ok(&over_range(
+            "create",
             &["--reprocess-behavior", "completed", "--allow-drift"],
-        );
-        assert_eq!(out.code, 0, "{kind}: {}", out.stderr);
+        ));
         let second = t.fact();
         assert_eq!(second, t.expected(&[1, 2, 3]), "{kind}");
         assert_ne!(second, first, "{kind}");
         // Verify computes each interval twice beside the published rows, and changes nothing.
-        let mut verify = vec!["verify", "--dag", "orders"];
-        verify.extend(days());
-        let out = t.p.run(&verify);
-        assert_eq!(out.code, 0, "{kind}: {}", out.stderr);
+        ok(&over_range("verify", &[]));
         assert_eq!(t.fact(), second, "{kind}");
         // A staged output is promoted over the published one.
         t.psql("UPDATE raw.orders SET amount = amount + 1");
-        let out = t.p.create(
-            "orders",
-            "2026-01-01",
-            "2026-01-03",
+        ok(&over_range(
+            "create",
             &["--stage", "--reprocess-behavior", "completed"],
-        );
-        assert_eq!(out.code, 0, "{kind}: {}", out.stderr);
+        ));
         assert_eq!(t.fact(), second, "{kind}: staging publishes nothing");
-        let out = t.p.run(&["promote", "3"]);
-        assert_eq!(out.code, 0, "{kind}: {}", out.stderr);
+        ok(&["promote", "3"]);
         assert_eq!(t.fact(), t.expected(&[1, 2, 3]), "{kind}");
         // Rollback puts the version the promote replaced back.
-        let mut rollback = vec!["rollback", "--dag", "orders"];
-        rollback.extend(days());
-        let out = t.p.run(&rollback);
-        assert_eq!(out.code, 0, "{kind}: {}", out.stderr);
+        ok(&over_range("rollback", &[]));
         assert_eq!(t.fact(), second, "{kind}");
         assert_eq!(
             t.p.rows("SELECT state, count(*) FROM task_tries GROUP BY state ORDER BY state"),

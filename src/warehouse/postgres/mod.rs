@@ -364,10 +364,10 @@ impl Backend for Postgres {
         let mut c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
         cancel.on_set(c.canceller())?;
         let mut attempt = 0;
-        let mut refused = None;
-        let mut measured_apart = false;
+        // The target's constraint refused the output: it is measured apart from the target.
+        let mut refused: Option<String> = None;
         loop {
-            match write_measure(&mut c, w, cancel, refused.take()) {
+            match write_measure(&mut c, w, cancel, refused.as_deref()) {
                 Ok((measures, written)) => {
                     return Ok(Box::new(Open {
                         conn: Some(c),
@@ -384,11 +384,10 @@ impl Backend for Postgres {
                         // Once: the pass apart from the target meets no constraint of it.
                         Failure::Pg(e)
                             if is_constraint(&e)
-                                && !measured_apart
+                                && refused.is_none()
                                 && !w.stage
                                 && !w.measure_only =>
                         {
-                            measured_apart = true;
                             tracing::info!(warehouse = %wh.name, target = %w.task.target, "{}; measuring the output apart from the target for the gate", describe(&e));
                             refused = Some(constraint_message(&e));
                         }
@@ -625,7 +624,7 @@ fn write_measure(
     c: &mut Conn,
     w: &Write<'_>,
     cancel: &Cancel,
-    refused: Option<String>,
+    refused: Option<&str>,
 ) -> std::result::Result<(AuditMeasures, Written), Failure> {
     let task = w.task;
     // Measured apart from the target: nothing is deleted, locked or booked.
@@ -841,7 +840,7 @@ fn write_measure(
         source,
         source_fingerprint: row.get(7),
         elsewhere: row.get(5),
-        constraint: refused,
+        constraint: refused.map(str::to_string),
     };
     if moved.is_some() {
         c.has_versions = Some(true);
@@ -2008,7 +2007,8 @@ fn promote_in(
         .map_err(|e| -> Failure {
             if is_constraint(&e) {
                 Error::Message(format!(
-                    "target constraint violated: {}; nothing was promoted: stage the interval again once the conflicting rows are gone",
+                    "{}: {}; nothing was promoted: stage the interval again once the conflicting rows are gone",
+                    crate::gate::REFUSED_BY_TARGET,
                     constraint_message(&e)
                 ))
                 .into()

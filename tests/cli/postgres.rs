@@ -682,6 +682,59 @@ fn every_kind_of_key_holds_across_rerun_verify_promote_and_rollback() {
     }
 }
 
+/// A kill while an output the target's key refused is measured apart (in its temporary table)
+/// leaves the published partition and nothing else behind, and `resume` rejects the interval
+/// as the uninterrupted try would have.
+#[test]
+fn a_kill_while_a_refused_output_is_measured_apart_keeps_the_partition() {
+    let gate = r#"source_count = "SELECT count(*) FROM raw.orders WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end"
+tolerance = 0.5"#;
+    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(QUERY, gate, "")) else {
+        return;
+    };
+    if !keyed() {
+        t.psql("ALTER TABLE analytics.orders_fact ADD PRIMARY KEY (order_id)");
+    }
+    t.p.create("orders", "2026-01-01", "2026-01-03", &[])
+        .code(0);
+    let published = t.fact();
+    let twice = format!(
+        "{QUERY}\nUNION ALL SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date, region, amount FROM raw.orders \
+         WHERE order_id = 4 AND :ds = '2026-01-02'"
+    );
+    std::fs::write(t.p.path("dags/orders.toml"), dag(&twice, gate, "")).unwrap();
+    // The first pass fails on the key before its fault point: the first hit is the pass apart.
+    let out = t.p.run_with(
+        &[
+            "create",
+            "--dag",
+            "orders",
+            "--from",
+            "2026-01-02",
+            "--to",
+            "2026-01-02",
+            "--reprocess-behavior",
+            "completed",
+        ],
+        &[("BACKFILL_FAULT", "before-source-count")],
+    );
+    assert_eq!(out.code, -1, "aborted: {}", out.stderr);
+    t.wait_for_killed_sessions();
+    assert_eq!(t.fact(), published);
+    t.p.run(&["resume", "2"])
+        .code(3)
+        .stderr_has("target constraint violated: duplicate key value violates unique constraint");
+    assert_eq!(t.fact(), published);
+    assert_eq!(
+        t.psql(
+            "SELECT count(*) FROM backfill.publishes WHERE partition_start::date = '2026-01-02'"
+        ),
+        "1",
+        "only the first backfill's publish of day 2"
+    );
+    assert_eq!(t.open_transactions(), "0");
+}
+
 /// An output that the target's own key refuses (a duplicate that the gate's `unique_key` does
 /// not name) is rejected with the database's words, and the published partition stays; with a
 /// deferred constraint too, whose violation would otherwise surface only at the commit.

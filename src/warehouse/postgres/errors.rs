@@ -1,0 +1,101 @@
+//! PostgreSQL errors as the warehouse reports them: a person's reading of a driver error,
+//! the warehouse's error naming the warehouse, and classification by SQLSTATE (retry, cancel,
+//! a constraint of the target).
+
+use super::*;
+
+/// A PostgreSQL error as a person reads it: the server's message, detail, hint and SQLSTATE,
+/// or what failed on the way to the server.
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        let mut s = format!("{}: {}", db.severity(), db.message());
+        if let Some(d) = db.detail() {
+            let _ = write!(s, "; {d}");
+        }
+        if let Some(h) = db.hint() {
+            let _ = write!(s, " (hint: {h})");
+        }
+        let _ = write!(s, " [SQLSTATE {}]", db.code().code());
+        return s;
+    }
+    let mut s = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        let _ = write!(s, ": {cause}");
+        source = cause.source();
+    }
+    s
+}
+
+/// Turns a driver error into the warehouse's, naming the warehouse.
+pub(super) fn pg(w: &Warehouse) -> impl Fn(tokio_postgres::Error) -> Error + '_ {
+    move |e| {
+        if e.code() == Some(&SqlState::QUERY_CANCELED) && !is_statement_timeout(&e) {
+            return Error::Cancelled;
+        }
+        Error::Message(describe(&e)).at(w)
+    }
+}
+
+pub(super) fn is_statement_timeout(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error()
+        .is_some_and(|d| d.message().contains("statement timeout"))
+}
+
+/// Whether the server asks for the transaction to be run again.
+pub(super) fn is_retryable(e: &tokio_postgres::Error) -> bool {
+    matches!(
+        e.code(),
+        Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED
+    )
+}
+
+pub(super) enum Failure {
+    Pg(tokio_postgres::Error),
+    Other(Error),
+}
+
+impl Failure {
+    /// The warehouse's error, naming the warehouse.
+    pub(super) fn at(self, w: &Warehouse) -> Error {
+        match self {
+            Self::Pg(e) => pg(w)(e),
+            Self::Other(e) => e.at(w),
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for Failure {
+    fn from(e: tokio_postgres::Error) -> Self {
+        Self::Pg(e)
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        Self::Other(e)
+    }
+}
+
+/// Whether the target refused a try's rows by one of its constraints (a key, a unique index, an
+/// exclusion, a check, a foreign key: SQLSTATE class 23), rather than the try failing: the
+/// gate then judges the output, measured apart from the target.
+pub(super) fn is_constraint(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| c.code().starts_with("23"))
+}
+
+/// What a constraint violation says, as the gate records it: the message, its detail, and the
+/// constraint's table.
+pub(super) fn constraint_message(e: &tokio_postgres::Error) -> String {
+    let Some(db) = e.as_db_error() else {
+        return describe(e);
+    };
+    let mut s = db.message().to_string();
+    if let Some(d) = db.detail() {
+        let _ = write!(s, "; {d}");
+    }
+    if let (Some(schema), Some(table)) = (db.schema(), db.table()) {
+        let _ = write!(s, " (table {schema}.{table})");
+    }
+    s
+}

@@ -1,0 +1,321 @@
+//! Staged outputs (tables of their own in the `backfill` schema), their promote into the
+//! target, and their cleanup.
+
+use super::*;
+
+/// The table that holds the staged output of try `try_id` of a manifest: in the schema of the
+/// bookkeeping tables, named by a hash of the manifest's name and the try, so that backfills of
+/// several manifests staging into one database never meet.
+pub fn staged_table(manifest: &str, try_id: i64) -> String {
+    // FNV-1a: the same on every machine and every build.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in manifest.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("backfill.staged_{:08x}_{try_id}", h >> 32)
+}
+
+/// The prefix of every staged table of a manifest.
+pub(super) fn staged_prefix(manifest: &str) -> String {
+    staged_table(manifest, 0)
+        .trim_start_matches("backfill.")
+        .trim_end_matches('0')
+        .to_string()
+}
+
+/// Whether `location` (as recorded for a staged try) names a staged table.
+pub fn is_staged_table(location: &str) -> bool {
+    location
+        .strip_prefix("backfill.staged_")
+        .is_some_and(|rest| rest.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+}
+
+/// A staged output, reopened to promote it.
+pub struct Staged {
+    pub(super) table: String,
+    pub(super) manifest: String,
+    pub(super) try_id: i64,
+    pub(super) measures: AuditMeasures,
+}
+
+/// Reopens the staged output in `table` for try `try_id` (the promoting try) of `manifest`.
+pub fn staged(table: &str, manifest: &str, try_id: i64) -> Box<dyn Pending> {
+    Box::new(Staged {
+        table: table.to_string(),
+        manifest: manifest.to_string(),
+        try_id,
+        measures: AuditMeasures::default(),
+    })
+}
+
+impl Pending for Staged {
+    fn measures(&self) -> &AuditMeasures {
+        &self.measures
+    }
+
+    fn file(&self) -> Option<&Path> {
+        None
+    }
+
+    /// Promotes: in one transaction, the interval's rows of the target are replaced by the
+    /// staged rows, whose fingerprint must still be the one the gate saw; the staged table goes
+    /// with the same commit.
+    fn publish(
+        &mut self,
+        p: &PublishAs<'_>,
+        allowed: &Allowed<'_>,
+        _waiting: &mut dyn FnMut(),
+    ) -> Result<i64> {
+        let wh = &p.task.warehouse;
+        if !is_staged_table(&self.table) {
+            return Err(Error::Message(format!("`{}` is not a staged table", self.table)).at(wh));
+        }
+        let mut c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
+        if crate::fault::point("publish") {
+            conn::give(c);
+            return Err(Error::Message("connection lost (injected)".into()).at(wh));
+        }
+        let result = promote_in(&mut c, p, &self.table, &self.manifest, self.try_id, allowed);
+        if result.is_err() {
+            let _ = c.wait(c.client.batch_execute("ROLLBACK"));
+        }
+        conn::give(c);
+        result.map_err(|e| e.at(wh))
+    }
+
+    fn remove(self: Box<Self>) {}
+
+    fn keep(self: Box<Self>) {}
+
+    fn stage(self: Box<Self>) -> std::result::Result<PathBuf, String> {
+        Ok(PathBuf::from(&self.table))
+    }
+}
+
+pub(super) fn promote_in(
+    c: &mut Conn,
+    p: &PublishAs<'_>,
+    staged: &str,
+    manifest: &str,
+    try_id: i64,
+    allowed: &Allowed<'_>,
+) -> std::result::Result<i64, Failure> {
+    let task = p.task;
+    book(c)?;
+    let (schema, name) = staged.split_once('.').unwrap_or(("backfill", staged));
+    let typed: Vec<(String, String)> = target_columns(c, &format!("{schema}.{name}"))?;
+    let cols: Vec<String> = typed.iter().map(|(n, _)| n.clone()).collect();
+    if cols.is_empty() {
+        return Err(Error::Message(format!(
+            "the staged output {staged} is gone; stage the interval again"
+        ))
+        .into());
+    }
+    let columns = target_columns(c, &task.target)?;
+    let Some(ty) = columns
+        .iter()
+        .find(|(n, _)| *n == task.partition_column)
+        .and_then(|(_, t)| ColumnType::of(t))
+    else {
+        return Err(Error::Message(format!(
+            "target table `{}` has no date, timestamp or timestamptz column `{}`",
+            task.target, task.partition_column
+        ))
+        .into());
+    };
+    let [lo, hi] = ty.bounds(p.interval, p.tz)?;
+    let (table, pc) = (
+        quote_name(&task.target),
+        quote_ident(&task.partition_column),
+    );
+    let list = cols
+        .iter()
+        .map(|c| quote_ident(c))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let staged_q = format!("{}.{}", quote_ident(schema), quote_ident(name));
+    // The rows being replaced are kept for rollback, as by any publish.
+    let kept = match p.keep {
+        Some(k) if k.keep > 0 => Some(versions::ensure_kept(c, manifest, &task.target)?),
+        _ => None,
+    };
+    c.wait(
+        c.client
+            .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ"),
+    )?;
+    let moved = match &kept {
+        Some(kept) => {
+            let keep_cols = versions::shared_columns(c, kept, &task.target)?.join(", ");
+            let n = c.wait(c.client.execute(
+                &format!(
+                    "WITH d AS (DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2 RETURNING *) \
+                     INSERT INTO {kept} ({keep_cols}, _replaced_by) SELECT {keep_cols}, $3::int8 FROM d"
+                ),
+                &[lo.sql(), hi.sql(), &try_id],
+            ))?;
+            Some(i64::try_from(n).unwrap_or(i64::MAX))
+        }
+        None => {
+            c.wait(c.client.execute(
+                &format!("DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2"),
+                &[lo.sql(), hi.sql()],
+            ))?;
+            None
+        }
+    };
+    // Before the insert, which a key of the target would refuse with less to say.
+    if let Some(keys) = p.table_keys.filter(|k| !k.is_empty())
+        && let Some(found) = key_elsewhere(c, task, keys, &lo, &hi, &staged_q)?
+    {
+        return Err(Error::Message(format!(
+            "unique_key violated across partitions: key {found}; the source moved that record out of its old partition, so rerun the old partition first, then promote again"
+        ))
+        .into());
+    }
+    let row = c
+        .wait(c.client.query_one(
+            &format!(
+                "WITH ins AS (INSERT INTO {table} ({list}) SELECT {list} FROM {staged_q} RETURNING *) \
+                 SELECT {}",
+                fingerprint_sql(&row_hash(&typed), "ins")
+            ),
+            &[],
+        ))
+        .and_then(|row| {
+            // A deferred constraint is checked now, before anything is booked.
+            c.wait(c.client.batch_execute("SET CONSTRAINTS ALL IMMEDIATE"))
+                .map(|()| row)
+        })
+        .map_err(|e| -> Failure {
+            if is_constraint(&e) {
+                Error::Message(format!(
+                    "{}: {}; nothing was promoted: stage the interval again once the conflicting rows are gone",
+                    crate::gate::REFUSED_BY_TARGET,
+                    constraint_message(&e)
+                ))
+                .into()
+            } else {
+                e.into()
+            }
+        })?;
+    let fingerprint = format!("pg:{}", row.get::<_, String>(0));
+    let rows: i64 = fingerprint
+        .trim_start_matches("pg:")
+        .split(':')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    if let Some(expected) = p.expect_fingerprint
+        && expected != fingerprint
+    {
+        return Err(Error::Message(format!(
+            "the staged output {staged} changed since it was staged (fingerprint {fingerprint}, staged {expected}); stage the interval again"
+        ))
+        .into());
+    }
+    let written = Written {
+        moved,
+        columns: cols,
+    };
+    finish_versions(c, manifest, p, &written, try_id, &fingerprint)?;
+    lock_and_book(
+        c,
+        &task.target,
+        p.interval,
+        manifest,
+        try_id,
+        rows,
+        &fingerprint,
+    )?;
+    ask(allowed)?;
+    if let Some(m) = p.in_manifest {
+        InPublishValues::of(m, try_id, rows, p.interval).run(c)?;
+    }
+    let committed = c.wait(
+        c.client
+            .batch_execute(&format!("DROP TABLE {staged_q}; COMMIT")),
+    );
+    settled(c, committed, task, p.interval, manifest, try_id).map(|()| rows)
+}
+
+/// A key of the staged output that a partition of the target other than the interval's holds,
+/// with that partition (`unique_key_scope = "table"`), looked up through the key's index.
+pub(super) fn key_elsewhere(
+    c: &Conn,
+    task: &SqlTask,
+    keys: &[String],
+    lo: &Value,
+    hi: &Value,
+    staged: &str,
+) -> std::result::Result<Option<String>, Failure> {
+    let pc = quote_ident(&task.partition_column);
+    let k = keys
+        .iter()
+        .map(|k| quote_ident(k))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let tk = keys
+        .iter()
+        .map(|k| format!("t.{}", quote_ident(k)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let row = c.wait(c.client.query_opt(
+        &format!(
+            "SELECT concat_ws(' ', ({tk})::text, 'in partition', t.{pc}::text) FROM {} t \
+             WHERE ({tk}) IN (SELECT {k} FROM {staged}) AND NOT (t.{pc} >= $1 AND t.{pc} < $2) LIMIT 1",
+            quote_name(&task.target)
+        ),
+        &[lo.sql(), hi.sql()],
+    ))?;
+    Ok(row.map(|r| r.get(0)))
+}
+
+/// Drops a staged table (a discarded output); a table that is gone already is not an error.
+pub fn drop_staged(w: &Warehouse, table: &str) -> Result<()> {
+    if !is_staged_table(table) {
+        return Ok(());
+    }
+    let c = conn::take(w).map_err(|e| Error::Message(e).at(w))?;
+    let dropped = c.wait(
+        c.client
+            .batch_execute(&format!("DROP TABLE IF EXISTS {table}")),
+    );
+    conn::give(c);
+    dropped.map_err(pg(w))
+}
+
+/// Drops the staged tables of manifest `manifest` whose try `keep` does not name: outputs of
+/// tries that were killed between staging and recording it, or whose staging the manifest
+/// settled otherwise. Returns how many went.
+pub fn sweep_staged(w: &Warehouse, manifest: &str, keep: &dyn Fn(i64) -> bool) -> Result<usize> {
+    let c = conn::take(w).map_err(|e| Error::Message(e).at(w))?;
+    let prefix = staged_prefix(manifest);
+    let found = c.wait(c.client.query(
+        "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = 'backfill' AND c.relkind = 'r' AND starts_with(c.relname::text, $1)",
+        &[&prefix],
+    ));
+    let mut gone = 0;
+    let result = found.map_err(pg(w)).and_then(|rows| {
+        for r in rows {
+            let name: String = r.get(0);
+            let Some(try_id) = name
+                .strip_prefix(&prefix)
+                .and_then(|t| t.parse::<i64>().ok())
+            else {
+                continue;
+            };
+            if !keep(try_id) {
+                c.wait(c.client.batch_execute(&format!(
+                    "DROP TABLE IF EXISTS backfill.{}",
+                    quote_ident(&name)
+                )))
+                .map_err(pg(w))?;
+                gone += 1;
+            }
+        }
+        Ok(gone)
+    });
+    conn::give(c);
+    result
+}

@@ -1,0 +1,603 @@
+//! A try's transaction: the partition's delete, the output's insert and its measures in one
+//! round trip, and the open transaction that the gate's verdict publishes or rolls back.
+
+use super::*;
+
+/// The try's transaction up to the gate, in one round trip and one snapshot: delete the
+/// interval's rows of the target (moving them to the kept table when versions are kept), then,
+/// in a statement of its own so that a key of the target is free again before it is inserted,
+/// insert the query's rows and measure them and the source; then check the target's deferred
+/// constraints, so that the gate hears of a violation before it judges, not the commit after.
+///
+/// With `refused` (the target's constraint refused the output in an earlier pass, with this
+/// message), and for a try that is only measured, the output goes to a temporary table shaped
+/// like the target instead, and the target is neither changed nor locked: the measures are the
+/// same, and `refused` goes with them for the gate.
+pub(super) fn write_measure(
+    c: &mut Conn,
+    w: &Write<'_>,
+    cancel: &Cancel,
+    refused: Option<&str>,
+) -> std::result::Result<(AuditMeasures, Written), Failure> {
+    let task = w.task;
+    // Measured apart from the target: nothing is deleted, locked or booked.
+    let apart = w.measure_only || refused.is_some();
+    if !apart {
+        book(c)?;
+    }
+    let ty = partition_type(c, task)?;
+    let query = Statement::new("sql", &task.sql, 3).map_err(|p| Error::Message(p.message))?;
+    let subquery = wrapped(&query.sql);
+    let mut shape_types = vec![Type::TEXT, Type::TEXT];
+    shape_types.extend(query.types());
+    let shape = prepared(c, &subquery, &shape_types)?;
+    let out: Vec<String> = shape
+        .columns()
+        .iter()
+        .map(|c| c.name().to_string())
+        .collect();
+    let [lo, hi] = ty.bounds(w.binds.interval, w.tz)?;
+    let table = quote_name(&task.target);
+    let pc = quote_ident(&task.partition_column);
+    // A staged output goes to a table of its own, a measured one to a temporary table; the
+    // target is not touched.
+    let staged = w.stage.then(|| staged_table(w.manifest, w.try_id));
+    let dest = match &staged {
+        Some(name) => name.as_str(),
+        None if apart => SCRATCH,
+        None => &table,
+    };
+    let list = out
+        .iter()
+        .map(|c| quote_ident(c))
+        .collect::<Vec<_>>()
+        .join(", ");
+    // The output's rows are hashed as the target's types hold them (what `RETURNING` gives, and
+    // what verify, promote and kept versions hash later), not as the query's types.
+    let target_types = cached_columns(c, &task.target)?;
+    let typed: Vec<(String, String)> = out
+        .iter()
+        .map(|n| {
+            let ty = target_types
+                .iter()
+                .find(|(t, _)| t == n)
+                .map_or_else(|| "text".to_string(), |(_, ty)| ty.clone());
+            (n.clone(), ty)
+        })
+        .collect();
+    let outside = format!("(NOT ({pc} >= $1 AND {pc} < $2) OR {pc} IS NULL)");
+    let keys = w
+        .gate
+        .map(|g| {
+            g.unique_key
+                .iter()
+                .map(|k| quote_ident(k))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .filter(|k| !k.is_empty());
+    let duplicates = match (w.gate, &keys) {
+        (Some(g), Some(k)) => duplicates_sql(&g.unique_key, k, &typed),
+        _ => "NULL::int8".to_string(),
+    };
+    let elsewhere = match (w.gate, &keys) {
+        (Some(g), Some(k)) if g.unique_key_table => format!(
+            "(SELECT concat_ws(' ', ({tk})::text, 'in partition', t.{pc}::text) FROM {table} t \
+             WHERE ({tk}) IN (SELECT {k} FROM ins) AND NOT (t.{pc} >= $1 AND t.{pc} < $2) LIMIT 1)",
+            tk = g
+                .unique_key
+                .iter()
+                .map(|c| format!("t.{}", quote_ident(c)))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        _ => "NULL::text".to_string(),
+    };
+    let col_type = ty.pg_type();
+    let mut types = vec![col_type.clone(), col_type];
+    types.extend(query.types());
+    let mut values = vec![lo, hi];
+    values.extend(query.values(w.binds, w.tz));
+    let [source_count, source_fingerprint] =
+        source_queries(w.gate, w.binds, w.tz, &mut types, &mut values)?;
+    let replaces = staged.is_none() && !apart;
+    let kept = if replaces && task.keep_versions > 0 {
+        Some(versions::ensure_kept(c, w.manifest, &task.target)?)
+    } else {
+        None
+    };
+    let mark = try_mark(w.try_id);
+    // The partition's rows go first, in a statement of their own: the parts of one statement
+    // all see its snapshot, so an insert beside the delete would meet the very keys it removes.
+    let delete = match &kept {
+        _ if !replaces => None,
+        Some(kept) => {
+            let cols = versions::shared_columns(c, kept, &task.target)?.join(", ");
+            Some(format!(
+                "WITH d AS (DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2 AND {DELETE_GUARD} RETURNING *) \
+                 INSERT INTO {kept} ({cols}, _replaced_by) SELECT {cols}, $4 FROM d"
+            ))
+        }
+        None => Some(format!(
+            "DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2 AND {DELETE_GUARD}"
+        )),
+    };
+    // A try that will publish takes the partition's row lock and books its publish in the same
+    // statement (see `lock_and_book`): a rejected or rolled-back try leaves neither.
+    let booking = if replaces {
+        let first = types.len() + 1;
+        types.extend([
+            Type::TEXT,
+            Type::TIMESTAMPTZ,
+            Type::TEXT,
+            Type::INT8,
+            Type::TIMESTAMPTZ,
+        ]);
+        values.extend([
+            Value::Text(task.target.clone()),
+            Value::At(w.binds.interval.start),
+            Value::Text(w.manifest.to_string()),
+            Value::Int(w.try_id),
+            Value::At(w.binds.interval.end),
+        ]);
+        let params = [0, 1, 2, 3, 4].map(|i| format!("${}", first + i));
+        format!(
+            ",\n{}",
+            lock_and_book_ctes(
+                &params,
+                ["m.n", "'pg:' || m.n::text || ':' || m.h::text"],
+                "lock, m"
+            )
+        )
+    } else {
+        String::new()
+    };
+    types.push(Type::TEXT);
+    values.push(Value::Text(mark.clone()));
+    let guard = in_try_guard(types.len());
+    let statement = format!(
+        "WITH ins AS (\n  INSERT INTO {dest} ({list})\n  SELECT {list} FROM (\n{}\n) q\n  RETURNING {list}\n),\n\
+         m AS (SELECT count(*) AS n, count(*) FILTER (WHERE {outside}) AS outside, \
+           coalesce(sum({hash}), 0) AS h FROM ins){booking}\n\
+         SELECT m.n, m.outside, \
+         CASE WHEN m.outside > 0 THEN (SELECT array_agg(v) FROM (SELECT DISTINCT coalesce({pc}::text, 'NULL') AS v FROM ins WHERE {outside} ORDER BY 1 LIMIT {more}) o) END, \
+         m.n::text || ':' || m.h::text, {duplicates}, {elsewhere}, {source_count}, {source_fingerprint}, {guard} FROM m",
+        query.sql,
+        more = SHOWN + 1,
+        hash = row_hash(&typed),
+    );
+    if cancel.is_set() {
+        return Err(Error::Cancelled.into());
+    }
+    let begin = begin_sql(idle_ms(w), &mark);
+    let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(Value::sql).collect();
+    let (row, moved) = match &delete {
+        None => {
+            let create = match &staged {
+                Some(name) => format!("CREATE TABLE {name}"),
+                None => format!("CREATE TEMPORARY TABLE {SCRATCH} ON COMMIT DROP"),
+            };
+            c.wait(c.client.batch_execute(&format!(
+                "{begin}; {create} AS SELECT {list} FROM {table} WITH NO DATA"
+            )))?;
+            // The table is new in every try: its statement is not kept prepared.
+            let measure = c.wait(c.client.prepare_typed(&statement, &types))?;
+            (c.wait(c.client.query_one(&measure, &refs))?, None)
+        }
+        Some(delete) => {
+            // Prepared outside the transaction; then its BEGIN and the statements go in one
+            // round trip, in order. Should the BEGIN fail, the statements run outside a
+            // transaction, where the delete's guard matches no row and the measure's fails it
+            // (see `begin_sql`): nothing is committed.
+            let measure = prepared(c, &statement, &types)?;
+            let delete = prepared(
+                c,
+                delete,
+                &[types[0].clone(), types[1].clone(), Type::TEXT, Type::INT8],
+            )?;
+            let delete_params: [&(dyn ToSql + Sync); 4] =
+                [values[0].sql(), values[1].sql(), &mark, &w.try_id];
+            c.wait(async {
+                let (began, deleted, row, checked) = tokio::join!(
+                    c.client.batch_execute(&begin),
+                    c.client.execute(&delete, &delete_params),
+                    c.client.query_one(&measure, &refs),
+                    c.client.batch_execute("SET CONSTRAINTS ALL IMMEDIATE")
+                );
+                began?;
+                let deleted = deleted?;
+                let row = row?;
+                checked?;
+                Ok::<_, tokio_postgres::Error>((
+                    row,
+                    kept.is_some()
+                        .then(|| i64::try_from(deleted).unwrap_or(i64::MAX)),
+                ))
+            })?
+        }
+    };
+    crate::fault::point("before-source-count");
+    let rows: i64 = row.get(0);
+    let fingerprint: String = row.get(3);
+    let source = counted(w.gate, row.get(6))?;
+    let m = AuditMeasures {
+        rows,
+        outside: row.get(1),
+        outside_values: row.get::<_, Option<Vec<String>>>(2).unwrap_or_default(),
+        duplicate_keys: keys
+            .is_some()
+            .then(|| row.get::<_, Option<i64>>(4).unwrap_or(0)),
+        fingerprint: format!("pg:{fingerprint}"),
+        repr: None,
+        mixed: None,
+        source,
+        source_fingerprint: row.get(7),
+        elsewhere: row.get(5),
+        constraint: refused.map(str::to_string),
+    };
+    if moved.is_some() {
+        c.has_versions = Some(true);
+    }
+    Ok((
+        m,
+        Written {
+            moved,
+            columns: out,
+        },
+    ))
+}
+
+/// The temporary table that an output measured apart from the target goes to (gone with its
+/// transaction).
+pub(super) const SCRATCH: &str = "pg_temp.backfill_output";
+
+/// The condition of a try's delete that holds only inside the transaction that [`begin_sql`]
+/// began with the try's mark, bound as `$3`: outside it, the delete matches no row.
+pub(super) const DELETE_GUARD: &str = "current_setting('backfill.in_try', true) = $3";
+
+/// The `idle_in_transaction_session_timeout` of a try's session: twice the lease timeout, at
+/// least 5 s, so that the server ends the transaction of an owner frozen past its takeover.
+pub(super) fn idle_ms(w: &Write<'_>) -> u128 {
+    (w.lease_timeout * 2)
+        .max(std::time::Duration::from_secs(5))
+        .as_millis()
+        // The server's limit for the setting (about 24 days).
+        .min(i32::MAX as u128)
+}
+
+/// A value that nobody can know in advance, which marks one try's transaction.
+pub(super) fn try_mark(try_id: i64) -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_i64(try_id);
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    format!("{:016x}", h.finish())
+}
+
+/// Begins a try's transaction. Plans are made for each try's values and the table as it is
+/// now: a plan cached while the target was empty would scan it whole once it has grown. The
+/// transaction is marked with `mark` (`SET LOCAL`, gone when it ends) for [`in_try_guard`].
+pub(super) fn begin_sql(idle_ms: u128, mark: &str) -> String {
+    format!(
+        "SET idle_in_transaction_session_timeout = {idle_ms}; SET plan_cache_mode = force_custom_plan; \
+         BEGIN ISOLATION LEVEL REPEATABLE READ; SET LOCAL backfill.in_try = '{mark}'"
+    )
+}
+
+/// A column of a try's statement that fails the statement (so that it commits nothing) unless
+/// it runs inside the transaction that [`begin_sql`] began with the try's mark, bound as
+/// parameter `$param`: a query that sets the setting itself cannot know the mark.
+pub(super) fn in_try_guard(param: usize) -> String {
+    format!(
+        "CASE WHEN current_setting('backfill.in_try', true) = ${param} THEN NULL::int \
+         ELSE ('backfill: the statement is outside its try''s transaction (' \
+         || coalesce(current_setting('backfill.in_try', true), 'unset') || ')')::int END"
+    )
+}
+
+/// How many values of the unique key (`quoted`, the key's columns quoted and joined) occur
+/// more than once in the output `ins`, as SQL. Counting the groups is a hash aggregate of every
+/// row, several times slower than sorting the keys once; so when the key's types sort as
+/// `GROUP BY` compares them (by `typed`, the output's types), the rows and the distinct keys
+/// are counted first, and the groups only when the two differ (a duplicate, or a `NULL` key
+/// which `count(DISTINCT)` leaves out): the same number, at the cost of a sort when there is
+/// none. Text sorts so only as a key's one column (its own collation); inside a row (several
+/// columns) it might compare by another, so such keys are only grouped.
+pub(super) fn duplicates_sql(key: &[String], quoted: &str, typed: &[(String, String)]) -> String {
+    let exact = format!(
+        "(SELECT count(*) FROM (SELECT 1 FROM ins GROUP BY {quoted} HAVING count(*) > 1) d)"
+    );
+    let sorts = key.iter().all(|k| {
+        typed.iter().any(|(name, ty)| {
+            let base = ty.split('(').next().unwrap_or(ty).trim();
+            let text = matches!(
+                base,
+                "text" | "character varying" | "varchar" | "character" | "bpchar"
+            );
+            name == k
+                && (text && key.len() == 1
+                    || matches!(
+                        base,
+                        "bigint"
+                            | "integer"
+                            | "smallint"
+                            | "int8"
+                            | "int4"
+                            | "int2"
+                            | "uuid"
+                            | "date"
+                            | "timestamp"
+                            | "timestamp with time zone"
+                            | "timestamp without time zone"
+                            | "numeric"
+                            | "boolean"
+                    ))
+        })
+    });
+    if !sorts {
+        return exact;
+    }
+    // One column's key as itself, several as a row (whose NULL fields compare equal, as GROUP
+    // BY groups them).
+    format!(
+        "(SELECT CASE WHEN count(*) = count(DISTINCT ({quoted})) THEN 0::int8 ELSE {exact} END FROM ins)"
+    )
+}
+
+/// What a try's transaction did besides its output.
+pub(super) struct Written {
+    /// Rows of the partition moved to the kept table, when versions are kept.
+    pub(super) moved: Option<i64>,
+    /// The query's columns.
+    pub(super) columns: Vec<String>,
+}
+
+/// The gate's `source_count` and `source_fingerprint` queries as scalar subqueries (`NULL` for
+/// one that is not a query), their parameters numbered after those in `types` and bound from
+/// `binds` into `values`: part of a try's statement, or of a look at the source.
+pub(super) fn source_queries(
+    gate: Option<&Gate>,
+    binds: &Binds,
+    tz: chrono_tz::Tz,
+    types: &mut Vec<Type>,
+    values: &mut Vec<Value>,
+) -> std::result::Result<[String; 2], Failure> {
+    let mut one = |key: &'static str, spec: Option<&SourceCount>, count: bool| {
+        let Some(SourceCount::Sql(sql)) = spec else {
+            return Ok(if count { "NULL::int8" } else { "NULL::text" }.to_string());
+        };
+        let s = Statement::new(key, sql, types.len() + 1).map_err(|p| Error::Message(p.message))?;
+        types.extend(s.types());
+        values.extend(s.values(binds, tz));
+        Ok::<_, Failure>(if count {
+            format!("(SELECT s.c::int8 FROM (\n{}\n) AS s(c))", s.sql)
+        } else {
+            format!(
+                "(SELECT coalesce(s.c::text, 'NULL') FROM (\n{}\n) AS s(c))",
+                s.sql
+            )
+        })
+    };
+    Ok([
+        one(
+            "gate.source_count",
+            gate.and_then(|g| g.source_count.as_ref()),
+            true,
+        )?,
+        one(
+            "gate.source_fingerprint",
+            gate.and_then(|g| g.source_fingerprint.as_ref()),
+            false,
+        )?,
+    ])
+}
+
+/// The source count a [`source_queries`] subquery gave: a `source_count` query must give one.
+pub(super) fn counted(
+    gate: Option<&Gate>,
+    found: Option<i64>,
+) -> std::result::Result<Option<i64>, Failure> {
+    match (found, gate.and_then(|g| g.source_count.as_ref())) {
+        (None, Some(SourceCount::Sql(_))) => Err(Error::Message(
+            "gate.source_count returned no row, or NULL; it must return one integer".into(),
+        )
+        .into()),
+        _ => Ok(found),
+    }
+}
+
+/// The gate's source queries now, from one snapshot.
+pub fn look(
+    task: &SqlTask,
+    gate: Option<&Gate>,
+    binds: &Binds,
+    tz: chrono_tz::Tz,
+) -> Result<(Option<i64>, Option<String>)> {
+    let wh = &task.warehouse;
+    let mut c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
+    let seen = c
+        .wait(
+            c.client
+                .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
+        )
+        .map_err(Failure::from)
+        .and_then(|()| {
+            let (mut types, mut values) = (Vec::new(), Vec::new());
+            let [count, value] = source_queries(gate, binds, tz, &mut types, &mut values)?;
+            let stmt = prepared(&mut c, &format!("SELECT {count}, {value}"), &types)?;
+            let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(Value::sql).collect();
+            let row = c.wait(c.client.query_one(&stmt, &refs))?;
+            Ok((counted(gate, row.get(0))?, row.get(1)))
+        });
+    let _ = c.wait(c.client.batch_execute("ROLLBACK"));
+    conn::give(c);
+    seen.map_err(|e| e.at(wh))
+}
+
+/// A try's open transaction: its output written, measured, not yet visible.
+pub(super) struct Open {
+    pub(super) conn: Option<Conn>,
+    pub(super) measures: AuditMeasures,
+    pub(super) written: Written,
+    pub(super) manifest: String,
+    pub(super) try_id: i64,
+    /// The table a staged try writes to, in place of the target.
+    pub(super) staged: Option<String>,
+}
+
+impl Open {
+    pub(super) fn end(&mut self) {
+        if let Some(c) = self.conn.take() {
+            let _ = c.wait(c.client.batch_execute("ROLLBACK"));
+            conn::give(c);
+        }
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+impl Pending for Open {
+    fn measures(&self) -> &AuditMeasures {
+        &self.measures
+    }
+
+    fn file(&self) -> Option<&Path> {
+        None
+    }
+
+    fn publish(
+        &mut self,
+        p: &PublishAs<'_>,
+        allowed: &Allowed<'_>,
+        _waiting: &mut dyn FnMut(),
+    ) -> Result<i64> {
+        let wh = &p.task.warehouse;
+        if let Some(why) = &self.measures.constraint {
+            // Measured apart from the target, which it never entered: the gate rejects it.
+            return Err(Error::Constraint(why.clone()));
+        }
+        let Some(c) = self.conn.as_mut() else {
+            return Err(Error::Message("the try's transaction is gone".into()).at(wh));
+        };
+        if crate::fault::point("publish") {
+            self.end();
+            return Err(Error::Message("connection lost (injected)".into()).at(wh));
+        }
+        let ready = (|| -> std::result::Result<(), Failure> {
+            finish_versions(
+                c,
+                &self.manifest,
+                p,
+                &self.written,
+                self.try_id,
+                &self.measures.fingerprint,
+            )?;
+            // The statement that wrote the rows took the partition's row lock and booked the
+            // publish: the manifest is asked under that lock.
+            ask(allowed)?;
+            crate::fault::point("before-commit");
+            Ok(())
+        })();
+        if let Err(e) = ready {
+            // Nothing was sent to commit: nothing committed.
+            self.end();
+            return Err(e.at(wh));
+        }
+        // The judged record goes with the booking, in the commit's round trip, and so does
+        // the manifest's record of the publish when the manifest is in this database. A failed
+        // statement aborts the transaction, whose COMMIT then rolls back without an error: so
+        // the statements' own answers decide too.
+        // (Prepared first: a statement to parse would go to the server after the COMMIT.)
+        let update = prepared(
+            c,
+            "UPDATE backfill.publishes SET judged = $3 WHERE manifest = $1 AND try_id = $2",
+            &[Type::TEXT, Type::INT8, Type::TEXT],
+        );
+        let record = match &p.in_manifest {
+            Some(_) => {
+                prepared(c, crate::manifest::publishes::IN_PUBLISH, &IN_PUBLISH_TYPES).map(Some)
+            }
+            None => Ok(None),
+        };
+        let (update, record) = match (update, record) {
+            (Ok(u), Ok(r)) => (u, r),
+            (Err(e), _) | (_, Err(e)) => {
+                self.end();
+                return Err(pg(wh)(e));
+            }
+        };
+        let params: [&(dyn ToSql + Sync); 3] = [&self.manifest, &self.try_id, &p.judged];
+        let in_manifest = p
+            .in_manifest
+            .map(|m| InPublishValues::of(m, self.try_id, self.measures.rows, p.interval));
+        let (judged, recorded, committed) = c.wait(async {
+            tokio::join!(
+                c.client.execute(&update, &params),
+                async {
+                    match (&record, &in_manifest) {
+                        (Some(r), Some(v)) => c.client.execute(r, &v.params()).await.map(Some),
+                        _ => Ok(None),
+                    }
+                },
+                c.client.batch_execute("COMMIT")
+            )
+        });
+        // The manifest no longer records the try as running (its owner was recovered): the
+        // transaction rolled back, the warehouse's rows with it.
+        let refused =
+            matches!(&recorded, Err(e) if committed.is_ok() && refused_by_manifest(e, self.try_id));
+        let committed = match (judged, recorded, committed) {
+            (Ok(_), Ok(_), Ok(())) => Ok(()),
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => Err(e),
+        };
+        // A commit that failed may have happened with its reply lost (the booking says, and
+        // with it the manifest's record, when that went with it).
+        let result = if refused {
+            Err(Error::Refused.into())
+        } else {
+            settled(
+                c,
+                committed,
+                p.task,
+                p.interval,
+                &self.manifest,
+                self.try_id,
+            )
+        };
+        if let Some(c) = self.conn.take() {
+            conn::give(c);
+        }
+        result
+            .map(|()| self.measures.rows)
+            .map_err(|e: Failure| e.at(wh))
+    }
+
+    fn remove(mut self: Box<Self>) {
+        self.end();
+    }
+
+    fn keep(mut self: Box<Self>) {
+        self.end();
+    }
+
+    fn stage(mut self: Box<Self>) -> std::result::Result<PathBuf, String> {
+        let (Some(c), Some(table)) = (self.conn.take(), self.staged.clone()) else {
+            self.end();
+            return Err("this try wrote to the target, not to a staged table".into());
+        };
+        // Committed like any table of the database: a crash of the machine keeps it.
+        let committed = c.wait(c.client.batch_execute("COMMIT"));
+        conn::give(c);
+        committed
+            .map(|()| PathBuf::from(table))
+            .map_err(|e| format!("cannot keep the staged output: {}", describe(&e)))
+    }
+}

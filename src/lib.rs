@@ -21,9 +21,11 @@
 //! manifest/                    the only code that speaks SQL to the manifest: manifest::Store
 //!                              is its typed interface, the SQLite connection implements it,
 //!                              the writer thread batches its commits
-//! warehouse/                   what a SQL task needs of its SQLite warehouse
+//! warehouse/                   what a SQL task needs of its warehouse, SQLite or PostgreSQL
 //! task/, process/              command tasks; the one way to run a child process
 //! project/                     backfill.toml and dags/*.toml: raw, validated model, loading
+//! pg/                          the PostgreSQL driver layer under the manifest and the
+//!                              warehouses: connections, TLS, errors, quoting; a leaf
 //! plan, gate, schedule, interval, state, clock, liveness, words, suggest, sqlite, fault,
 //! task::template               pure logic and the small shared pieces everything uses
 //! ```
@@ -44,6 +46,7 @@ pub mod liveness;
 pub mod log;
 pub mod manifest;
 pub mod notify;
+pub mod pg;
 pub mod plan;
 pub mod probe;
 pub mod process;

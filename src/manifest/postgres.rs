@@ -23,7 +23,7 @@ use tokio_postgres::types::{FromSql, IsNull, ToSql, Type};
 
 use super::db::PgFailure;
 use super::{Error, Result};
-use crate::warehouse::postgres::conn::{Conn, connect_url};
+use crate::pg::conn::{Conn, connect_url};
 
 /// The schema that holds the manifest's tables.
 pub const SCHEMA: &str = "backfill_manifest";
@@ -108,7 +108,7 @@ fn disconnected(e: &tokio_postgres::Error) -> bool {
 }
 
 fn wrap(e: &tokio_postgres::Error) -> rusqlite::Error {
-    let message = crate::warehouse::postgres::describe(e);
+    let message = crate::pg::describe(e);
     if disconnected(e) {
         lost(message)
     } else {
@@ -119,7 +119,7 @@ fn wrap(e: &tokio_postgres::Error) -> rusqlite::Error {
 impl Session {
     /// Connects to the manifest's database (not looking at its schema).
     pub fn connect(url: &str, shown: &str) -> Result<Session> {
-        if let Err(message) = crate::warehouse::postgres::conn::target(url) {
+        if let Err(message) = crate::pg::conn::target(url) {
             return Err(Error::BadUrl {
                 location: shown.to_string(),
                 message,
@@ -498,12 +498,7 @@ fn open_conn(url: &str) -> std::result::Result<Conn, String> {
         "SET search_path = {SCHEMA}, pg_catalog; SET idle_in_transaction_session_timeout = {}",
         IDLE_IN_TRANSACTION.as_millis()
     )))
-    .map_err(|e| {
-        format!(
-            "cannot set up the session: {}",
-            crate::warehouse::postgres::describe(&e)
-        )
-    })?;
+    .map_err(|e| format!("cannot set up the session: {}", crate::pg::describe(&e)))?;
     Ok(conn)
 }
 

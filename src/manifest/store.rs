@@ -390,11 +390,9 @@ impl Store for Conn {
         if !self.is_postgres() {
             return Ok(None);
         }
-        Ok(Some(self.query_row(
-            crate::warehouse::postgres::DATABASE_KEY,
-            [],
-            |r| r.get(0),
-        )?))
+        Ok(Some(
+            self.query_row(crate::pg::DATABASE_KEY, [], |r| r.get(0))?,
+        ))
     }
     fn latest_backfill(&self, kind: Option<BackfillKind>) -> Result<Option<i64>> {
         backfills::latest(self, kind)

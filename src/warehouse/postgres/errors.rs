@@ -4,29 +4,6 @@
 
 use super::*;
 
-/// A PostgreSQL error as a person reads it: the server's message, detail, hint and SQLSTATE,
-/// or what failed on the way to the server.
-pub fn describe(e: &tokio_postgres::Error) -> String {
-    if let Some(db) = e.as_db_error() {
-        let mut s = format!("{}: {}", db.severity(), db.message());
-        if let Some(d) = db.detail() {
-            let _ = write!(s, "; {d}");
-        }
-        if let Some(h) = db.hint() {
-            let _ = write!(s, " (hint: {h})");
-        }
-        let _ = write!(s, " [SQLSTATE {}]", db.code().code());
-        return s;
-    }
-    let mut s = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        let _ = write!(s, ": {cause}");
-        source = cause.source();
-    }
-    s
-}
-
 /// Turns a driver error into the warehouse's, naming the warehouse.
 pub(super) fn pg(w: &Warehouse) -> impl Fn(tokio_postgres::Error) -> Error + '_ {
     move |e| {

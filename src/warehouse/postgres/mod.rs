@@ -53,14 +53,13 @@ use crate::interval::DataInterval;
 use crate::project::{Gate, SourceCount, SqlTask, Warehouse};
 
 pub use self::bookkeeping::{Booked, prune_bookings, settle_publish};
-pub use self::errors::describe;
-pub use self::one_database::{DATABASE_KEY, shares_database};
-pub use self::sql::{quote_ident, quote_name};
+pub use self::one_database::shares_database;
 pub use self::staging::{is_staged_table, staged, staged_table, sweep_staged};
 use self::{
     bookkeeping::*, checks::*, compare::*, errors::*, fingerprint::*, kept::*, one_database::*,
     sql::*, staging::*, write::*,
 };
+use crate::pg::{DATABASE_KEY, describe, quote_ident, quote_name};
 
 /// How many times a try's transaction is redone after a serialization failure or a deadlock
 /// that the server reported.

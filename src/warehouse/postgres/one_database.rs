@@ -85,11 +85,6 @@ pub(super) fn refused_by_manifest(e: &tokio_postgres::Error, try_id: i64) -> boo
     refused
 }
 
-/// Which database a session is in: its server instance (the time it started) and the
-/// database's oid. The same on every connection to one database, whatever URL names it.
-pub const DATABASE_KEY: &str = "SELECT CAST(extract(epoch FROM pg_postmaster_start_time()) AS text) || '/' || \
-     CAST((SELECT oid FROM pg_database WHERE datname = current_database()) AS text)";
-
 /// Whether warehouse `w` is in the manifest's own database (`manifest_key`, see
 /// [`crate::manifest::database_key`]) and its user may write the manifest's record of a
 /// publish: then a publish and that record commit in one transaction. Asked once per run

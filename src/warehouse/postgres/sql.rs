@@ -3,19 +3,6 @@
 
 use super::*;
 
-/// `name` quoted for PostgreSQL; `schema.table` quoted part by part.
-pub fn quote_name(name: &str) -> String {
-    name.split('.')
-        .map(|part| format!("\"{}\"", part.replace('"', "\"\"")))
-        .collect::<Vec<_>>()
-        .join(".")
-}
-
-/// A column's name quoted for PostgreSQL.
-pub fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
 /// Whether a type, as `format_type` names it, is `timestamptz`.
 pub(super) fn is_timestamptz(formatted: &str) -> bool {
     formatted == "timestamp with time zone"

@@ -1,0 +1,452 @@
+//! Connections to a PostgreSQL server: the URL as libpq users write it (`sslmode`,
+//! `sslrootcert`, `connect_timeout`, `application_name`) and TLS through rustls.
+//!
+//! The rest of the program is blocking where it talks to databases (SQLite is), and it does so
+//! from threads of the scheduler's blocking pool, where a runtime cannot be entered again. So the
+//! connections' sockets are driven by one small runtime of their own, on a thread of its own,
+//! and a caller waits for a client's answer by parking its thread until the connection's task
+//! wakes it ([`block_on`]): the client's futures only wait on channels to that task.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::task::{Context, Poll, Wake};
+use std::time::Duration;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use tokio_postgres::config::SslMode;
+use tokio_postgres::{CancelToken, Client, NoTls};
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+/// How long connecting may take when the URL does not say (`connect_timeout`).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How a connection is secured, from `sslmode`.
+#[derive(Clone)]
+enum Tls {
+    /// `disable`.
+    None,
+    /// `prefer`, `require`, `verify-ca` and `verify-full`, each with its verifier.
+    Rustls(MakeRustlsConnect),
+}
+
+/// A database's URL, parsed once.
+#[derive(Clone)]
+pub struct Target {
+    config: tokio_postgres::Config,
+    tls: Tls,
+}
+
+/// Parses a URL as libpq does, with the modes `tokio-postgres` lacks (`verify-ca`,
+/// `verify-full`) done by the TLS verifier. Never puts the URL in an error: it may hold a
+/// password.
+pub fn target(url: &str) -> Result<Target, String> {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, q),
+        None => (url, ""),
+    };
+    let mut mode = "prefer".to_string();
+    let mut root_cert = None;
+    let mut rest = Vec::new();
+    for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+        match kv.split_once('=') {
+            Some(("sslmode", v)) => mode = v.to_string(),
+            Some(("sslrootcert", v)) => root_cert = Some(v.to_string()),
+            _ => rest.push(kv),
+        }
+    }
+    let url = if rest.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    let mut config: tokio_postgres::Config = url
+        .parse()
+        .map_err(|e| format!("the URL is not a PostgreSQL URL libpq would take: {e}"))?;
+    let verify = match mode.as_str() {
+        "disable" => None,
+        "allow" | "prefer" | "require" => Some(Verify::Nothing),
+        "verify-ca" => Some(Verify::Chain),
+        "verify-full" => Some(Verify::Full),
+        other => {
+            return Err(format!(
+                "sslmode `{other}` is none of disable, allow, prefer, require, verify-ca, verify-full"
+            ));
+        }
+    };
+    config.ssl_mode(match mode.as_str() {
+        "disable" => SslMode::Disable,
+        "allow" | "prefer" => SslMode::Prefer,
+        _ => SslMode::Require,
+    });
+    if config.get_application_name().is_none() {
+        config.application_name("backfill");
+    }
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(CONNECT_TIMEOUT);
+    }
+    let tls = match verify {
+        None => Tls::None,
+        Some(v) => Tls::Rustls(MakeRustlsConnect::new(tls_config(v, root_cert.as_deref())?)),
+    };
+    Ok(Target { config, tls })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verify {
+    /// Encrypted, the certificate not checked (libpq's `require` without a root certificate).
+    Nothing,
+    /// The certificate's chain, not its host name.
+    Chain,
+    /// Chain and host name.
+    Full,
+}
+
+fn tls_config(verify: Verify, root_cert: Option<&str>) -> Result<rustls::ClientConfig, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?;
+    if verify == Verify::Nothing {
+        return Ok(builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(Unverified(provider)))
+            .with_no_client_auth());
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    let default_file = std::env::var_os("HOME")
+        .map(|h| std::path::PathBuf::from(h).join(".postgresql/root.crt"))
+        .filter(|p| p.is_file());
+    match root_cert.map(std::path::PathBuf::from).or(default_file) {
+        Some(file) => {
+            for cert in CertificateDer::pem_file_iter(&file)
+                .map_err(|e| format!("sslrootcert {}: {e}", file.display()))?
+            {
+                let cert = cert.map_err(|e| format!("sslrootcert {}: {e}", file.display()))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("sslrootcert {}: {e}", file.display()))?;
+            }
+        }
+        None => {
+            for cert in rustls_native_certs::load_native_certs().certs {
+                let _ = roots.add(cert);
+            }
+        }
+    }
+    let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .map_err(|e| format!("TLS: {e}"))?;
+    let builder = builder.dangerous();
+    Ok(if verify == Verify::Full {
+        builder.with_custom_certificate_verifier(webpki)
+    } else {
+        builder.with_custom_certificate_verifier(Arc::new(ChainOnly(webpki)))
+    }
+    .with_no_client_auth())
+}
+
+/// `require`: the handshake's signatures are checked, the certificate is not.
+#[derive(Debug)]
+struct Unverified(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for Unverified {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// `verify-ca`: the chain must lead to a trusted root; the name may differ.
+#[derive(Debug)]
+struct ChainOnly(Arc<rustls::client::WebPkiServerVerifier>);
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+        {
+            Err(rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName))
+            | Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// The runtime that drives every connection's socket.
+static IO: LazyLock<Option<tokio::runtime::Runtime>> = LazyLock::new(|| {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("backfill-postgres")
+        .enable_all()
+        .build()
+        .ok()
+});
+
+fn io() -> Result<&'static tokio::runtime::Runtime, String> {
+    IO.as_ref()
+        .ok_or_else(|| "cannot start the thread that talks to PostgreSQL".to_string())
+}
+
+/// Wakes a parked thread.
+struct Unpark(std::thread::Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Waits for `f` on this thread, parked between polls: for futures that a task of [`IO`] makes
+/// ready (a client's requests, a join handle), from any thread, inside a runtime or not.
+pub fn block_on<F: Future>(f: F) -> F::Output {
+    let mut f = pin!(f);
+    let waker = Arc::new(Unpark(std::thread::current())).into();
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}
+
+/// Runs `f` on [`IO`] and waits for it.
+fn on_io<T: Send + 'static>(f: impl Future<Output = T> + Send + 'static) -> Result<T, String> {
+    block_on(io()?.spawn(f)).map_err(|e| format!("the PostgreSQL thread failed: {e}"))
+}
+
+/// A connection's socket side: what reads and writes its messages.
+type Driver = std::pin::Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send>>;
+
+/// One connection.
+pub struct Conn {
+    pub client: Client,
+    /// Driven by the thread that waits for an answer (see [`Conn::wait`]); `None` once it
+    /// ended (the connection closed).
+    driver: Mutex<Option<Driver>>,
+    cancel: CancelToken,
+    tls: Tls,
+    url: String,
+}
+
+impl Conn {
+    /// The URL the connection was opened with (it may hold a password: never show it).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Waits for `f`, driving the connection meanwhile.
+    pub fn wait<F: Future>(&self, f: F) -> F::Output {
+        // The waiting thread drives the socket itself: the server's answer wakes it directly
+        // (through the IO thread's reactor), not through a task on another thread first.
+        let mut driver = self
+            .driver
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut f = pin!(f);
+        let waker = Arc::new(Unpark(std::thread::current())).into();
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            if let Some(d) = driver.as_mut()
+                && d.as_mut().poll(&mut cx).is_ready()
+            {
+                *driver = None;
+            }
+            if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+                return v;
+            }
+            if let Some(d) = driver.as_mut()
+                && d.as_mut().poll(&mut cx).is_ready()
+            {
+                *driver = None;
+                continue;
+            }
+            std::thread::park();
+        }
+    }
+
+    /// Cancels what the connection's server process is running, from another thread: a cancel
+    /// request on a connection of its own, so the server stops the statement (not only this
+    /// client waiting for it).
+    pub fn canceller(&self) -> Box<dyn Fn() + Send> {
+        let (token, tls) = (self.cancel.clone(), self.tls.clone());
+        Box::new(move || {
+            let (token, tls) = (token.clone(), tls.clone());
+            let sent = on_io(async move {
+                let cancel = match &tls {
+                    Tls::None => token.cancel_query(NoTls).await,
+                    Tls::Rustls(t) => token.cancel_query(t.clone()).await,
+                };
+                cancel.map_err(|e| super::describe(&e))
+            })
+            .and_then(|r| r);
+            if let Err(why) = sent {
+                tracing::warn!("could not ask the PostgreSQL server to cancel a statement: {why}");
+            }
+        })
+    }
+
+    /// Whether the connection is closed: its socket is looked at once (a server that restarted
+    /// while the connection sat idle closed it) without waiting.
+    pub fn is_closed(&self) -> bool {
+        let mut driver = self
+            .driver
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        if let Some(d) = driver.as_mut()
+            && d.as_mut().poll(&mut cx).is_ready()
+        {
+            *driver = None;
+        }
+        driver.is_none() || self.client.is_closed()
+    }
+}
+
+/// Opens a connection to the database at `url` (which may hold a password; no error repeats
+/// it).
+pub fn connect_url(url: &str) -> Result<Conn, String> {
+    let target = target(url)?;
+    let tls = target.tls.clone();
+    let (client, driver, tls) = on_io(async move {
+        match &target.tls {
+            Tls::None => {
+                let (client, connection) = target.config.connect(NoTls).await?;
+                Ok((client, Box::pin(connection) as Driver, tls))
+            }
+            Tls::Rustls(t) => {
+                let (client, connection) = target.config.connect(t.clone()).await?;
+                Ok((client, Box::pin(connection) as Driver, tls))
+            }
+        }
+    })?
+    .map_err(|e: tokio_postgres::Error| format!("cannot connect: {}", super::describe(&e)))?;
+    // Output settings pinned, so that a row's text (which fingerprints hash) is the same in
+    // every session whatever the database's defaults; `DateStyle = ISO` sets the output format
+    // only, and keeps how dates are read.
+    let cancel = client.cancel_token();
+    let conn = Conn {
+        client,
+        driver: Mutex::new(Some(driver)),
+        cancel,
+        tls,
+        url: url.to_string(),
+    };
+    conn.wait(conn.client.batch_execute(
+        "SET DateStyle = 'ISO'; SET IntervalStyle = 'postgres'; SET extra_float_digits = 1; SET bytea_output = 'hex'",
+    ))
+    .map_err(|e| format!("cannot set up the session: {}", super::describe(&e)))?;
+    Ok(conn)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_settings_parse_as_libpq_takes_them() {
+        let t = target("postgresql://etl:secret@db.internal:5433/analytics?sslmode=verify-full&connect_timeout=3").unwrap();
+        assert_eq!(t.config.get_dbname(), Some("analytics"));
+        assert_eq!(t.config.get_ports(), &[5433]);
+        assert_eq!(t.config.get_application_name(), Some("backfill"));
+        assert_eq!(
+            t.config.get_connect_timeout(),
+            Some(&Duration::from_secs(3))
+        );
+        assert_eq!(t.config.get_ssl_mode(), SslMode::Require);
+        let t = target("postgresql://etl@db/a?sslmode=disable&application_name=nightly").unwrap();
+        assert_eq!(t.config.get_ssl_mode(), SslMode::Disable);
+        assert_eq!(t.config.get_application_name(), Some("nightly"));
+        assert_eq!(t.config.get_connect_timeout(), Some(&CONNECT_TIMEOUT));
+    }
+
+    #[test]
+    fn errors_never_repeat_the_password() {
+        let err = target("postgresql://etl:hunter2@db/a?sslmode=sometimes")
+            .err()
+            .unwrap();
+        assert!(err.contains("sslmode `sometimes`"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+        let err = target("postgresql://etl:hunter2@db:notaport/a")
+            .err()
+            .unwrap();
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+}

@@ -1,0 +1,49 @@
+//! The PostgreSQL driver layer that the manifest and the warehouses share: connections (the URL
+//! as libpq reads it, TLS, timeouts; see [`conn`]), errors as a person reads them, quoting of
+//! names, and which database a session is in. A leaf: it imports nothing else of the crate,
+//! and knows nothing of its users (as `sqlx-postgres` under sqlx).
+
+pub mod conn;
+
+use std::fmt::Write as _;
+
+/// A PostgreSQL error as a person reads it: the server's message, detail, hint and SQLSTATE,
+/// or what failed on the way to the server.
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        let mut s = format!("{}: {}", db.severity(), db.message());
+        if let Some(d) = db.detail() {
+            let _ = write!(s, "; {d}");
+        }
+        if let Some(h) = db.hint() {
+            let _ = write!(s, " (hint: {h})");
+        }
+        let _ = write!(s, " [SQLSTATE {}]", db.code().code());
+        return s;
+    }
+    let mut s = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        let _ = write!(s, ": {cause}");
+        source = cause.source();
+    }
+    s
+}
+
+/// `name` quoted for PostgreSQL; `schema.table` quoted part by part.
+pub fn quote_name(name: &str) -> String {
+    name.split('.')
+        .map(|part| format!("\"{}\"", part.replace('"', "\"\"")))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// A column's name quoted for PostgreSQL.
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Which database a session is in: its server instance (the time it started) and the
+/// database's oid. The same on every connection to one database, whatever URL names it.
+pub const DATABASE_KEY: &str = "SELECT CAST(extract(epoch FROM pg_postmaster_start_time()) AS text) || '/' || \
+     CAST((SELECT oid FROM pg_database WHERE datname = current_database()) AS text)";

@@ -164,9 +164,17 @@ impl Shared {
         record: &crate::manifest::TryRecord,
     ) -> crate::warehouse::backend::InManifest {
         crate::warehouse::backend::InManifest {
+            statement: crate::manifest::publishes::IN_PUBLISH,
+            refused: crate::manifest::publishes::PUBLISH_REFUSED,
+            fingerprint: record.fingerprint.clone(),
+            source_rows: record.source_rows,
+            previous_rows: record.previous_rows,
+            verdict: record.verdict.clone(),
+            reasons: record.reasons.clone(),
+            source_fingerprint: record.source_fingerprint.clone(),
             dag_id: self.spec.dag.id.clone(),
             task_id: task.id.clone(),
-            record: record.clone(),
+            promoted_from: record.promoted_from,
         }
     }
 

@@ -67,12 +67,25 @@ pub struct PublishAs<'a> {
     pub in_manifest: Option<&'a InManifest>,
 }
 
-/// A try's end as the manifest records it when it publishes: with its publish, in one
-/// transaction (see [`crate::manifest::publishes::IN_PUBLISH`]).
+/// The manifest's record of a try's publish, written by the publish's own transaction when the
+/// warehouse is in the manifest's database. The runner, which sees both, gives the statement
+/// and its values; the warehouse runs it as the last statement before its commit, with the
+/// parameters `$1` try id, `$2` rows published, `$3` fingerprint, `$4` source rows, `$5` rows
+/// compared with, `$6` verdict, `$7` reasons, `$8` source fingerprint, `$9` DAG, `$10` task,
+/// `$11` and `$12` the interval's start and end (Unix seconds), `$13` the staged try promoted.
 pub struct InManifest {
+    pub statement: &'static str,
+    /// The SQLSTATE the statement raises when the try may no longer publish.
+    pub refused: &'static str,
+    pub fingerprint: Option<String>,
+    pub source_rows: Option<i64>,
+    pub previous_rows: Option<i64>,
+    pub verdict: Option<String>,
+    pub reasons: Option<String>,
+    pub source_fingerprint: Option<String>,
     pub dag_id: String,
     pub task_id: String,
-    pub record: crate::manifest::TryRecord,
+    pub promoted_from: Option<i64>,
 }
 
 /// A rollback of one task's interval.

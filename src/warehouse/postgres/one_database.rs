@@ -3,7 +3,7 @@
 
 use super::*;
 
-/// The types of [`crate::manifest::publishes::IN_PUBLISH`]'s parameters.
+/// The types of an [`InManifest`] statement's parameters.
 pub(super) const IN_PUBLISH_TYPES: [Type; 13] = [
     Type::INT8,
     Type::INT8,
@@ -20,7 +20,7 @@ pub(super) const IN_PUBLISH_TYPES: [Type; 13] = [
     Type::INT8,
 ];
 
-/// The values of [`crate::manifest::publishes::IN_PUBLISH`]'s parameters, owned.
+/// The values of an [`InManifest`] statement's parameters.
 pub(super) struct InPublishValues<'a> {
     pub(super) try_id: i64,
     pub(super) rows: i64,
@@ -41,31 +41,33 @@ impl<'a> InPublishValues<'a> {
     }
 
     pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 13] {
-        let r = &self.m.record;
+        let m = self.m;
         [
             &self.try_id,
             &self.rows,
-            &r.fingerprint,
-            &r.source_rows,
-            &r.previous_rows,
-            &r.verdict,
-            &r.reasons,
-            &r.source_fingerprint,
-            &self.m.dag_id,
-            &self.m.task_id,
+            &m.fingerprint,
+            &m.source_rows,
+            &m.previous_rows,
+            &m.verdict,
+            &m.reasons,
+            &m.source_fingerprint,
+            &m.dag_id,
+            &m.task_id,
             &self.start,
             &self.end,
-            &r.promoted_from,
+            &m.promoted_from,
         ]
     }
 
     /// Runs the statement inside the publish's transaction (not pipelined with its commit);
     /// a try that may no longer publish is [`Error::Refused`].
     pub(super) fn run(&self, c: &mut Conn) -> std::result::Result<(), Failure> {
-        let stmt = prepared(c, crate::manifest::publishes::IN_PUBLISH, &IN_PUBLISH_TYPES)?;
+        let stmt = prepared(c, self.m.statement, &IN_PUBLISH_TYPES)?;
         match c.wait(c.client.execute(&stmt, &self.params())) {
             Ok(_) => Ok(()),
-            Err(e) if refused_by_manifest(&e, self.try_id) => Err(Error::Refused.into()),
+            Err(e) if refused_by_manifest(&e, self.m.refused, self.try_id) => {
+                Err(Error::Refused.into())
+            }
             Err(e) => Err(e.into()),
         }
     }
@@ -74,11 +76,10 @@ impl<'a> InPublishValues<'a> {
 /// Whether the manifest's record of a publish failed because the try may no longer publish:
 /// `publish_refused`, or a serialization failure (recovery ended the try after the publish's
 /// snapshot was taken). Says so in the diagnostics.
-pub(super) fn refused_by_manifest(e: &tokio_postgres::Error, try_id: i64) -> bool {
-    let refused = e.code().is_some_and(|code| {
-        code.code() == crate::manifest::publishes::PUBLISH_REFUSED
-            || *code == SqlState::T_R_SERIALIZATION_FAILURE
-    });
+pub(super) fn refused_by_manifest(e: &tokio_postgres::Error, code: &str, try_id: i64) -> bool {
+    let refused = e
+        .code()
+        .is_some_and(|c| c.code() == code || *c == SqlState::T_R_SERIALIZATION_FAILURE);
     if refused {
         tracing::info!(try_id, "publish refused by the manifest: {}", describe(e));
     }

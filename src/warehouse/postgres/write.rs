@@ -522,9 +522,7 @@ impl Pending for Open {
             &[Type::TEXT, Type::INT8, Type::TEXT],
         );
         let record = match &p.in_manifest {
-            Some(_) => {
-                prepared(c, crate::manifest::publishes::IN_PUBLISH, &IN_PUBLISH_TYPES).map(Some)
-            }
+            Some(m) => prepared(c, m.statement, &IN_PUBLISH_TYPES).map(Some),
             None => Ok(None),
         };
         let (update, record) = match (update, record) {
@@ -552,8 +550,8 @@ impl Pending for Open {
         });
         // The manifest no longer records the try as running (its owner was recovered): the
         // transaction rolled back, the warehouse's rows with it.
-        let refused =
-            matches!(&recorded, Err(e) if committed.is_ok() && refused_by_manifest(e, self.try_id));
+        let refused = matches!((&recorded, p.in_manifest), (Err(e), Some(m))
+            if committed.is_ok() && refused_by_manifest(e, m.refused, self.try_id));
         let committed = match (judged, recorded, committed) {
             (Ok(_), Ok(_), Ok(())) => Ok(()),
             (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => Err(e),

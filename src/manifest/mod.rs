@@ -159,6 +159,8 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+use crate::pg::url::url_of;
+pub use crate::pg::url::{is_url, location, not_a_location};
 pub use crate::project::Durability;
 
 /// The `synchronous` setting of a durability.
@@ -193,64 +195,6 @@ fn stable_plans(conn: &Connection) -> Result<()> {
         true,
     )?;
     Ok(())
-}
-
-/// Whether a manifest location is a PostgreSQL URL.
-pub fn is_url(path: &Path) -> bool {
-    path.to_str().is_some_and(|s| {
-        let lower = s.trim_start().to_ascii_lowercase();
-        lower.starts_with("postgresql://") || lower.starts_with("postgres://")
-    })
-}
-
-/// Why `value` cannot name a manifest: a libpq keyword/value string (`host=db dbname=x`) would
-/// otherwise become a file name, its password with it. Never repeats the value.
-pub fn not_a_location(value: &str) -> Option<String> {
-    const KEYS: &[&str] = &[
-        "host", "hostaddr", "port", "dbname", "user", "password", "sslmode",
-    ];
-    let words: Vec<&str> = value.split_whitespace().collect();
-    let keyword = |w: &&str| {
-        w.split_once('=')
-            .is_some_and(|(k, _)| KEYS.contains(&k.to_ascii_lowercase().as_str()))
-    };
-    (!words.is_empty() && words.iter().any(keyword)).then(|| {
-        "a libpq keyword/value string is not taken: write the manifest as a URL, postgresql://USER@HOST:PORT/DATABASE (a password through ${NAME})"
-            .to_string()
-    })
-}
-
-/// PostgreSQL URLs by the location that stands for them: the URL without its password.
-static URLS: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<PathBuf, String>>> =
-    std::sync::LazyLock::new(Default::default);
-
-/// The location of the manifest that `value` names: a path, or a PostgreSQL URL. A URL's
-/// location is the URL without its password, so that every message may show it; the URL
-/// itself is kept for connecting.
-pub fn location(value: &str) -> PathBuf {
-    let value = value.trim();
-    if !is_url(Path::new(value)) {
-        return PathBuf::from(value);
-    }
-    // The scheme in lower case, as libpq takes it in any case.
-    let value = match value.split_once("://") {
-        Some((scheme, rest)) => format!("{}://{rest}", scheme.to_ascii_lowercase()),
-        None => value.to_string(),
-    };
-    let value = value.as_str();
-    let shown = PathBuf::from(crate::project::redact_url(value));
-    if let Ok(mut urls) = URLS.lock() {
-        urls.insert(shown.clone(), value.to_string());
-    }
-    shown
-}
-
-/// The URL to connect to for a location given by [`location`].
-fn url_of(path: &Path) -> String {
-    URLS.lock()
-        .ok()
-        .and_then(|urls| urls.get(path).cloned())
-        .unwrap_or_else(|| path.to_string_lossy().into_owned())
 }
 
 /// Opens the manifest for writing, creating it and applying migrations as needed.

@@ -4,6 +4,7 @@
 //! and knows nothing of its users (as `sqlx-postgres` under sqlx).
 
 pub mod conn;
+pub mod url;
 
 use std::fmt::Write as _;
 

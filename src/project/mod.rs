@@ -42,6 +42,7 @@ pub const PROJECT_FILE: &str = "backfill.toml";
 pub const DAGS_DIR: &str = "dags";
 
 pub use crate::clock::HEARTBEAT;
+pub use crate::pg::url::redact_url;
 /// The shortest `lease_timeout`: several heartbeats, so that a live backfill is never judged
 /// dead because one heartbeat was late.
 pub const MIN_LEASE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -166,40 +167,6 @@ impl std::fmt::Debug for PgUrl {
     }
 }
 
-/// `url` without a password: `scheme://user:secret@host` loses `:secret` (the user part ends at
-/// the last `@`, so a password with an unencoded `/`, `?` or `@` goes whole), and a `password=`
-/// parameter its value.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let (authority, tail) = match rest.rfind('@') {
-        Some(at) => {
-            let user = &rest[..at];
-            let user = user.split_once(':').map_or(user, |(u, _)| u);
-            (format!("{user}@"), &rest[at + 1..])
-        }
-        None => (String::new(), rest),
-    };
-    let (head, query) = match tail.split_once('?') {
-        Some((h, q)) => (h, Some(q)),
-        None => (tail, None),
-    };
-    let mut out = format!("{scheme}://{authority}{head}");
-    if let Some(q) = query {
-        let params: Vec<String> = q
-            .split('&')
-            .map(|kv| match kv.split_once('=') {
-                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-                _ => kv.to_string(),
-            })
-            .collect();
-        out.push('?');
-        out.push_str(&params.join("&"));
-    }
-    out
-}
-
 impl Warehouse {
     /// Where the warehouse is, for messages: its file, or its URL without the password.
     pub fn location(&self) -> String {
@@ -250,7 +217,6 @@ impl Project {
                 message: format!("cannot read the file: {e}"),
             }])
         })?;
-        crate::warehouse::set_state_dir(root.join(".backfill"));
         Self::parse(root, &text).map_err(ProjectError::Config)
     }
 
@@ -265,18 +231,17 @@ impl Project {
         if let Some(v) = &raw.manifest
             && let Some(why) = load::expand_env(v.get_ref())
                 .ok()
-                .and_then(|value| crate::manifest::not_a_location(&value))
+                .and_then(|value| crate::pg::url::not_a_location(&value))
         {
             errs.at(v, format!("key `manifest`: {why}"));
         }
         let manifest_url = match &raw.manifest {
             Some(v)
-                if v.get_ref().contains("${")
-                    || crate::manifest::is_url(Path::new(v.get_ref())) =>
+                if v.get_ref().contains("${") || crate::pg::url::is_url(Path::new(v.get_ref())) =>
             {
                 match load::expand_env(v.get_ref()) {
-                    Ok(url) if crate::manifest::is_url(Path::new(&url)) => {
-                        Some(crate::manifest::location(&url))
+                    Ok(url) if crate::pg::url::is_url(Path::new(&url)) => {
+                        Some(crate::pg::url::location(&url))
                     }
                     Ok(other) if other.trim().is_empty() => {
                         errs.at(v, "key `manifest`: the environment variable it names is empty; set it to a PostgreSQL URL or a path".to_string());

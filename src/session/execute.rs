@@ -154,7 +154,7 @@ fn run(
     let refill = owner
         .worker
         .is_none()
-        .then(|| super::join::refill(project, &e.dag.id, writer, owner));
+        .then(|| super::worker::refill(project, &e.dag.id, writer, owner));
     let tend = refill.clone();
     let spec = RunSpec {
         owner,
@@ -242,7 +242,7 @@ fn run(
         // A worker whose backfill ended while it had nothing in flight was not interrupted.
         let ended = ended.load(std::sync::atomic::Ordering::Relaxed) && stats.cancelled == 0;
         let (code, state, summary) =
-            super::join::finish_worker(g, writer, owner, stats, stopped && !ended, began)?;
+            super::worker::finish_worker(g, writer, owner, stats, stopped && !ended, began)?;
         return Ok(End {
             code,
             state,

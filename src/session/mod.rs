@@ -13,6 +13,7 @@ pub mod launch;
 pub mod outcome;
 pub mod resume;
 pub mod staged;
+mod worker;
 
 use std::path::PathBuf;
 
@@ -32,7 +33,10 @@ pub struct Global {
 
 impl Global {
     pub fn project(&self) -> Result<Project, Error> {
-        Ok(Project::discover(self.project_dir.as_deref())?)
+        let project = Project::discover(self.project_dir.as_deref())?;
+        // The audit files of a manifest in PostgreSQL go to the project's own folder.
+        crate::warehouse::set_state_dir(project.root.join(".backfill"));
+        Ok(project)
     }
 
     /// `--manifest`, else the project's manifest.

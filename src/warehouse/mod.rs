@@ -561,7 +561,7 @@ pub fn set_state_dir(dir: PathBuf) {
 /// The folder of audit files: next to a manifest file; in the project's `.backfill` folder for
 /// a manifest in PostgreSQL (each host keeps the audit files of the tries it ran).
 pub fn audit_dir(manifest: &Path) -> PathBuf {
-    if crate::manifest::is_url(manifest) {
+    if crate::pg::url::is_url(manifest) {
         return STATE_DIR
             .get()
             .cloned()

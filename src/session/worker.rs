@@ -1,0 +1,116 @@
+//! What the processes of one backfill share at their ends: the owner's refill once its own
+//! queue ran dry (its workers' intervals, recovered or waited for), and how a worker ends.
+//! `execute` runs both; `join` starts the workers.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::Global;
+use crate::exit::{self, Error};
+use crate::manifest::leases::LeaseCtx;
+use crate::manifest::writer::Writer;
+use crate::manifest::{self, Owner};
+use crate::project::Project;
+use crate::recovery::{self, Dags};
+use crate::runner::{Left, Refill, Stats};
+use crate::state::BackfillState;
+
+/// For the owner of backfill `owner`: what is left once its own queue ran dry. Nothing, unless
+/// workers joined it; then the gone workers are recovered, their intervals leased again and
+/// returned to run, and while a live worker still runs an interval the owner waits for it
+/// (the backfill's outcome is judged on every interval's end).
+pub fn refill(project: &Project, dag_id: &str, writer: &Writer, owner: Owner) -> Refill {
+    let dags = Arc::new(Dags::of(project));
+    let (writer, dag_id) = (writer.clone(), dag_id.to_string());
+    let ctx = LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL);
+    let id = owner.backfill_id;
+    Arc::new(move |more| {
+        if !writer.call_blocking(move |c| c.has_workers(id))? {
+            return Ok(Left::Done);
+        }
+        let report = recovery::recover_workers(&writer, &dags, id, &ctx.refreshed())?;
+        for w in &report.warnings {
+            tracing::warn!(backfill = id, "{w}");
+        }
+        let (dag_id, c) = (dag_id.clone(), ctx.refreshed());
+        let (free, waiting) = writer.call_blocking(move |conn| {
+            let free = if more {
+                recovery::lease_remaining(conn, owner, &dag_id, &c)?
+            } else {
+                Vec::new()
+            };
+            Ok((free, !conn.worker_starts_in_flight(id)?.is_empty()))
+        })?;
+        Ok(if !free.is_empty() {
+            Left::Run(free)
+        } else if waiting {
+            Left::Wait
+        } else {
+            Left::Done
+        })
+    })
+}
+
+/// How a worker ended: its state and exit code (its own intervals: the backfill's outcome is
+/// its owner's to judge), recorded and said.
+pub(super) fn finish_worker(
+    g: &Global,
+    writer: &Writer,
+    owner: Owner,
+    stats: Stats,
+    stopped: bool,
+    began: Instant,
+) -> Result<(u8, BackfillState, String), Error> {
+    let (mut state, mut code) = if stopped {
+        (BackfillState::Cancelled, exit::INTERRUPTED)
+    } else if stats.failed + stats.rejected > 0 {
+        (BackfillState::Failed, exit::FAILED)
+    } else {
+        (BackfillState::Completed, exit::OK)
+    };
+    let recorded =
+        writer.call_blocking(move |c| c.finish_backfill(owner, state, crate::clock::now_ms()));
+    match recorded {
+        Ok(()) => {}
+        // Its lease was taken away (frozen or cut off): the owner recovered its runs.
+        Err(manifest::Error::Fenced { .. }) => {
+            (state, code) = (BackfillState::Cancelled, exit::INTERRUPTED);
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let summary = serde_json::json!({
+        "backfill_id": owner.backfill_id,
+        "worker": owner.worker,
+        "host": crate::liveness::Host::name(&crate::process::LOCAL),
+        "state": state.as_str(),
+        "exit_code": code,
+        "intervals": {
+            "succeeded": stats.succeeded,
+            "failed": stats.failed,
+            "rejected": stats.rejected,
+            "cancelled": stats.cancelled,
+        },
+        "elapsed_seconds": began.elapsed().as_secs_f64(),
+    });
+    if g.json {
+        match crate::report::out::json(&summary) {
+            Ok(()) | Err(Error::ClosedPipe) => {}
+            Err(e) => return Err(e),
+        }
+    } else if !g.quiet {
+        let ran = stats.succeeded + stats.failed + stats.rejected + stats.cancelled;
+        eprintln!(
+            "worker {} of backfill {} {}: ran {} here ({} succeeded, {} failed, {} rejected, {} cancelled); `{}` tells how the backfill goes",
+            owner.worker.unwrap_or_default(),
+            owner.backfill_id,
+            state.as_str(),
+            crate::report::out::plural(ran as i64, "interval", "intervals"),
+            stats.succeeded,
+            stats.failed,
+            stats.rejected,
+            stats.cancelled,
+            crate::report::out::hint(&format!("show {}", owner.backfill_id))
+        );
+    }
+    Ok((code, state, summary.to_string()))
+}

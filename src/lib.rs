@@ -1,10 +1,12 @@
 //! `backfill`: a crash-safe backfill orchestrator for batch data pipelines.
 //!
 //! The binary is a thin shell over [`commands::run`]. The modules are layers; a module imports
-//! only from the layers below its own (checked by reading the `use` lines; no exception today):
+//! only from the layers below its own, or its own line; no two modules import each other (checked
+//! by the test `tests/layers.rs`, which reads this table and every `crate::` path; no exception
+//! today):
 //!
 //! ```text
-//! main.rs                      parse (clap), run, map the error to an exit code
+//! main.rs, log                 parse (clap), run, map the error to an exit code; diagnostics
 //! commands/                    one module per subcommand: options in, a session or a read of
 //!                              the manifest, the result to report
 //! cli                          clap definitions only
@@ -27,7 +29,7 @@
 //! pg/                          the PostgreSQL driver layer under the manifest and the
 //!                              warehouses: connections, TLS, errors, quoting; a leaf
 //! plan, gate, schedule, interval, state, clock, liveness, words, suggest, sqlite, fault,
-//! task::template               pure logic and the small shared pieces everything uses
+//! sample, task::template       pure logic and the small shared pieces everything uses
 //! ```
 //!
 //! The manifest never looks at processes: it is handed a [`liveness::Host`] (the real one is

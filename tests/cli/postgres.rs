@@ -682,13 +682,25 @@ fn every_kind_of_key_holds_across_rerun_verify_promote_and_rollback() {
     }
 }
 
+/// A gate without `unique_key`: the target's own key is what refuses a duplicate.
+const COUNT_GATE: &str = r#"source_count = "SELECT count(*) FROM raw.orders WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end"
+tolerance = 0.5"#;
+
+/// The DAG's query from now on gives order 4 twice on day 2 (with [`COUNT_GATE`]).
+fn order_4_twice_on_day_2(t: &Pg) {
+    let twice = format!(
+        "{QUERY}\nUNION ALL SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date, region, amount FROM raw.orders \
+         WHERE order_id = 4 AND :ds = '2026-01-02'"
+    );
+    std::fs::write(t.p.path("dags/orders.toml"), dag(&twice, COUNT_GATE, "")).unwrap();
+}
+
 /// A kill while an output the target's key refused is measured apart (in its temporary table)
 /// leaves the published partition and nothing else behind, and `resume` rejects the interval
 /// as the uninterrupted try would have.
 #[test]
 fn a_kill_while_a_refused_output_is_measured_apart_keeps_the_partition() {
-    let gate = r#"source_count = "SELECT count(*) FROM raw.orders WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end"
-tolerance = 0.5"#;
+    let gate = COUNT_GATE;
     let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(QUERY, gate, "")) else {
         return;
     };
@@ -698,11 +710,7 @@ tolerance = 0.5"#;
     t.p.create("orders", "2026-01-01", "2026-01-03", &[])
         .code(0);
     let published = t.fact();
-    let twice = format!(
-        "{QUERY}\nUNION ALL SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date, region, amount FROM raw.orders \
-         WHERE order_id = 4 AND :ds = '2026-01-02'"
-    );
-    std::fs::write(t.p.path("dags/orders.toml"), dag(&twice, gate, "")).unwrap();
+    order_4_twice_on_day_2(&t);
     // The first pass fails on the key before its fault point: the first hit is the pass apart.
     let out = t.p.run_with(
         &[
@@ -744,8 +752,7 @@ fn an_output_the_targets_key_refuses_is_rejected_and_the_partition_kept() {
         // The test gives the target each kind of key itself: once is enough.
         return;
     }
-    let gate = r#"source_count = "SELECT count(*) FROM raw.orders WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end"
-tolerance = 0.5"#;
+    let gate = COUNT_GATE;
     for ddl in [
         "ALTER TABLE analytics.orders_fact ADD PRIMARY KEY (order_id)",
         "ALTER TABLE analytics.orders_fact ADD CONSTRAINT orders_fact_once UNIQUE (order_id) DEFERRABLE INITIALLY DEFERRED",
@@ -757,12 +764,7 @@ tolerance = 0.5"#;
         t.p.create("orders", "2026-01-01", "2026-01-03", &[])
             .code(0);
         let published = t.fact();
-        // Day 2's query now gives order 4 twice.
-        let twice = format!(
-            "{QUERY}\nUNION ALL SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date, region, amount FROM raw.orders \
-             WHERE order_id = 4 AND :ds = '2026-01-02'"
-        );
-        std::fs::write(t.p.path("dags/orders.toml"), dag(&twice, gate, "")).unwrap();
+        order_4_twice_on_day_2(&t);
         let out = t.p.create(
             "orders",
             "2026-01-01",

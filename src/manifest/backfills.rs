@@ -5,7 +5,9 @@
 //! still current and the backfill still running ([`fence`]); a frozen owner that wakes up after
 //! a takeover is refused everything and stops.
 
-use rusqlite::{OptionalExtension, params};
+use rusqlite::params;
+
+use super::db::Optional;
 
 use super::db::{Conn, Row};
 
@@ -120,7 +122,7 @@ impl Backfill {
 
 pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks, max_failures, cascade, cascade_of, sample";
 
-pub fn from_row(r: &Row<'_>) -> rusqlite::Result<Backfill> {
+pub fn from_row(r: &Row<'_>) -> super::db::Result<Backfill> {
     let reprocess: String = r.get(6)?;
     Ok(Backfill {
         id: r.get(0)?,

@@ -2,7 +2,9 @@
 //! interval's latest computing run, the tries whose fingerprints tell whether an upstream
 //! output changed, and the backfills that make up a cascade.
 
-use rusqlite::{OptionalExtension, params};
+use rusqlite::params;
+
+use super::db::Optional;
 
 use super::db::Conn;
 
@@ -63,7 +65,7 @@ pub fn plan_outcomes(conn: &Conn, backfill_id: i64) -> Result<Vec<PlanOutcome>> 
 
 /// The state of the latest run of an interval that computed it (staged, rollback and
 /// partial `--tasks` runs left out).
-pub fn latest_state(conn: &Conn, dag_id: &str, start: i64) -> rusqlite::Result<Option<RunState>> {
+pub fn latest_state(conn: &Conn, dag_id: &str, start: i64) -> super::db::Result<Option<RunState>> {
     conn.prepare_cached(&format!(
         "SELECT state FROM runs WHERE dag_id = ?1 AND interval_start = ?2
            AND backfill_id NOT IN {NOT_COMPUTING}
@@ -75,7 +77,7 @@ pub fn latest_state(conn: &Conn, dag_id: &str, start: i64) -> rusqlite::Result<O
 
 /// When the latest successful run of an interval of `dag_id` started (unix ms), staged runs
 /// left out: what it read of its upstream is what was published then.
-pub fn last_success(conn: &Conn, dag_id: &str, start: i64) -> rusqlite::Result<Option<i64>> {
+pub fn last_success(conn: &Conn, dag_id: &str, start: i64) -> super::db::Result<Option<i64>> {
     conn.prepare_cached(&format!(
         "SELECT MAX(started_at) FROM runs WHERE dag_id = ?1 AND interval_start = ?2
            AND state = 'succeeded' AND backfill_id NOT IN {NOT_COMPUTING}"
@@ -92,7 +94,7 @@ pub fn succeeded_tries(
     conn: &Conn,
     dag_id: &str,
     start: i64,
-) -> rusqlite::Result<Vec<SucceededTry>> {
+) -> super::db::Result<Vec<SucceededTry>> {
     conn.prepare_cached(
         "SELECT t.task_id, t.fingerprint, t.ended_at FROM runs r
          JOIN task_tries t ON t.run_id = r.id
@@ -113,7 +115,7 @@ pub fn members(conn: &Conn, root: i64) -> Result<Vec<Backfill>> {
         backfills::COLUMNS
     ))?;
     let rows = stmt.query_map([root], backfills::from_row)?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    Ok(rows.collect::<super::db::Result<_>>()?)
 }
 
 /// How many planned intervals of backfill `id` have not ended (not started, or cancelled):

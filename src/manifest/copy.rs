@@ -41,7 +41,7 @@ pub fn to_postgres(
 ) -> Result<std::result::Result<Copied, Refused>> {
     let shown = to.to_string_lossy().into_owned();
     let s = postgres::open(&super::url_of(to), &shown)?;
-    let at = |e: rusqlite::Error| Error::Sql(e).at(to);
+    let at = |e: super::db::Error| Error::from(e).at(to);
     let held = count(&s, "SELECT COUNT(*) FROM backfills").map_err(at)?;
     if held > 0 {
         return Ok(Err(Refused(format!(
@@ -51,8 +51,8 @@ pub fn to_postgres(
         ))));
     }
     s.begin(&format!("copy-{:x}", std::process::id()), 1)
-        .map_err(at)?;
-    let result = (|| {
+        .map_err(|e| at(e.into()))?;
+    let result = (|| -> super::db::Result<Copied> {
         let mut copied = Vec::new();
         for &(table, order) in TABLES {
             copied.push((table, copy_table(from, &s, table, order)?));
@@ -76,7 +76,7 @@ pub fn to_postgres(
     })();
     match result {
         Ok(copied) => {
-            s.commit().map_err(at)?;
+            s.commit().map_err(|e| at(e.into()))?;
             Ok(Ok(copied))
         }
         Err(e) => {
@@ -86,7 +86,7 @@ pub fn to_postgres(
     }
 }
 
-fn count(s: &Session, sql: &str) -> rusqlite::Result<i64> {
+fn count(s: &Session, sql: &str) -> super::db::Result<i64> {
     Ok(match s.query(sql, &[])?.first().and_then(|r| r.first()) {
         Some(Value::Integer(n)) => *n,
         _ => 0,
@@ -99,14 +99,14 @@ fn copy_table(
     to: &Session,
     table: &str,
     order: &str,
-) -> rusqlite::Result<usize> {
+) -> super::db::Result<usize> {
     let mut stmt = from.prepare(&format!("SELECT * FROM {table} ORDER BY {order}"))?;
     let columns: Vec<String> = stmt.column_names().map(str::to_string).collect();
     let per_statement = (PARAMS_PER_STATEMENT / columns.len()).max(1);
     let mut rows = stmt.query([])?;
     let mut pending: Vec<Value> = Vec::new();
     let mut n = 0;
-    let flush = |pending: &mut Vec<Value>| -> rusqlite::Result<()> {
+    let flush = |pending: &mut Vec<Value>| -> super::db::Result<()> {
         if pending.is_empty() {
             return Ok(());
         }

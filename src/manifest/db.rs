@@ -5,8 +5,8 @@
 //! five types, so the manifest's own types convert the same way on both engines (the
 //! PostgreSQL schema keeps every flag and time as a `bigint`).
 //!
-//! A PostgreSQL error travels as a [`rusqlite::Error`] that wraps a [`PgFailure`], so that the
-//! submodules keep one error type; [`failure`] finds it again.
+//! A failure is this layer's own [`Error`]: SQLite's error, PostgreSQL's (see
+//! [`crate::pg::Error`], classified by SQLSTATE), or a query that returned no row.
 
 use rusqlite::types::{FromSql, FromSqlError, ToSql, ToSqlOutput, Value, ValueRef};
 
@@ -18,52 +18,59 @@ pub enum Conn {
     Pg(Box<Session>),
 }
 
-/// What went wrong on a PostgreSQL manifest.
-#[derive(Debug)]
-pub struct PgFailure {
-    pub message: String,
-    /// The connection is gone (the server restarted, the network dropped): the transaction did
-    /// not commit, and a new connection may succeed.
-    pub disconnected: bool,
+/// A failure of a statement on either engine.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// SQLite's error, or a value that does not convert to the type asked for (values are
+    /// SQLite's types on both engines).
+    #[error(transparent)]
+    Sqlite(rusqlite::Error),
+    #[error(transparent)]
+    Postgres(#[from] crate::pg::Error),
+    /// A query expected to return a row returned none.
+    #[error("a row the manifest should hold is missing")]
+    NoRows,
 }
 
-impl std::fmt::Display for PgFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
+impl From<rusqlite::Error> for Error {
+    fn from(e: rusqlite::Error) -> Self {
+        match e {
+            rusqlite::Error::QueryReturnedNoRows => Self::NoRows,
+            e => Self::Sqlite(e),
+        }
     }
 }
 
-impl std::error::Error for PgFailure {}
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl PgFailure {
-    pub fn to_sql_error(self) -> rusqlite::Error {
-        rusqlite::Error::ToSqlConversionFailure(Box::new(self))
-    }
+/// [`rusqlite::OptionalExtension`] for this layer's results: no row is `None`.
+pub trait Optional<T> {
+    fn optional(self) -> Result<Option<T>>;
 }
 
-/// The PostgreSQL failure inside a manifest error, if it is one.
-pub fn failure(e: &rusqlite::Error) -> Option<&PgFailure> {
-    match e {
-        rusqlite::Error::ToSqlConversionFailure(inner) => inner.downcast_ref::<PgFailure>(),
-        _ => None,
+impl<T> Optional<T> for Result<T> {
+    fn optional(self) -> Result<Option<T>> {
+        match self {
+            Ok(v) => Ok(Some(v)),
+            Err(Error::NoRows) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 }
 
 /// A statement's parameters: rusqlite's `params![...]`, an array of values, or `[]`.
 pub trait Params: rusqlite::Params {
-    fn values(&self) -> rusqlite::Result<Vec<Value>>;
+    fn values(&self) -> Result<Vec<Value>>;
 }
 
-fn owned(v: &dyn ToSql) -> rusqlite::Result<Value> {
+fn owned(v: &dyn ToSql) -> Result<Value> {
     Ok(match v.to_sql()? {
         ToSqlOutput::Borrowed(r) => owned_ref(r),
         ToSqlOutput::Owned(v) => v,
         other => {
-            return Err(PgFailure {
-                message: format!("a value the manifest cannot hold: {other:?}"),
-                disconnected: false,
-            }
-            .to_sql_error());
+            return Err(Error::Sqlite(rusqlite::Error::ToSqlConversionFailure(
+                format!("a value the manifest cannot hold: {other:?}").into(),
+            )));
         }
     })
 }
@@ -79,13 +86,13 @@ fn owned_ref(r: ValueRef<'_>) -> Value {
 }
 
 impl Params for &[&dyn ToSql] {
-    fn values(&self) -> rusqlite::Result<Vec<Value>> {
+    fn values(&self) -> Result<Vec<Value>> {
         self.iter().map(|v| owned(*v)).collect()
     }
 }
 
 impl Params for [&(dyn ToSql + Send + Sync); 0] {
-    fn values(&self) -> rusqlite::Result<Vec<Value>> {
+    fn values(&self) -> Result<Vec<Value>> {
         Ok(Vec::new())
     }
 }
@@ -93,7 +100,7 @@ impl Params for [&(dyn ToSql + Send + Sync); 0] {
 macro_rules! array_params {
     ($($n:literal)+) => {$(
         impl<T: ToSql> Params for [T; $n] {
-            fn values(&self) -> rusqlite::Result<Vec<Value>> {
+            fn values(&self) -> Result<Vec<Value>> {
                 self.iter().map(|v| owned(v)).collect()
             }
         }
@@ -120,26 +127,32 @@ pub enum Row<'a> {
 }
 
 impl Row<'_> {
-    pub fn get<I: Idx, T: FromSql>(&self, i: I) -> rusqlite::Result<T> {
+    pub fn get<I: Idx, T: FromSql>(&self, i: I) -> Result<T> {
         let i = i.idx();
         match self {
-            Row::Sqlite(r) => r.get(i),
+            Row::Sqlite(r) => Ok(r.get(i)?),
             Row::Pg(values) => {
                 let v = values
                     .get(i)
                     .ok_or(rusqlite::Error::InvalidColumnIndex(i))?;
                 let r = ValueRef::from(v);
-                T::column_result(r).map_err(|e| match e {
-                    FromSqlError::InvalidType => {
-                        rusqlite::Error::InvalidColumnType(i, format!("#{i}"), r.data_type())
-                    }
-                    FromSqlError::OutOfRange(n) => rusqlite::Error::IntegralValueOutOfRange(i, n),
-                    FromSqlError::Other(e) => {
-                        rusqlite::Error::FromSqlConversionFailure(i, r.data_type(), e)
-                    }
-                    other => {
-                        rusqlite::Error::FromSqlConversionFailure(i, r.data_type(), Box::new(other))
-                    }
+                T::column_result(r).map_err(|e| {
+                    Error::Sqlite(match e {
+                        FromSqlError::InvalidType => {
+                            rusqlite::Error::InvalidColumnType(i, format!("#{i}"), r.data_type())
+                        }
+                        FromSqlError::OutOfRange(n) => {
+                            rusqlite::Error::IntegralValueOutOfRange(i, n)
+                        }
+                        FromSqlError::Other(e) => {
+                            rusqlite::Error::FromSqlConversionFailure(i, r.data_type(), e)
+                        }
+                        other => rusqlite::Error::FromSqlConversionFailure(
+                            i,
+                            r.data_type(),
+                            Box::new(other),
+                        ),
+                    })
                 })
             }
         }
@@ -162,7 +175,7 @@ pub enum Rows<'s> {
 
 impl Rows<'_> {
     #[allow(clippy::should_implement_trait)]
-    pub fn next(&mut self) -> rusqlite::Result<Option<Row<'_>>> {
+    pub fn next(&mut self) -> Result<Option<Row<'_>>> {
         match self {
             Rows::Sqlite(rows) => Ok(rows.next()?.map(Row::Sqlite)),
             Rows::Pg(rest, current) => {
@@ -174,15 +187,15 @@ impl Rows<'_> {
 }
 
 impl Stmt<'_> {
-    pub fn execute<P: Params>(&mut self, p: P) -> rusqlite::Result<usize> {
+    pub fn execute<P: Params>(&mut self, p: P) -> Result<usize> {
         match self {
-            Stmt::Sqlite(s) => s.execute(p),
-            Stmt::SqliteOnce(s) => s.execute(p),
-            Stmt::Pg(session, sql) => session.execute(sql, &p.values()?),
+            Stmt::Sqlite(s) => Ok(s.execute(p)?),
+            Stmt::SqliteOnce(s) => Ok(s.execute(p)?),
+            Stmt::Pg(session, sql) => Ok(session.execute(sql, &p.values()?)?),
         }
     }
 
-    pub fn query<P: Params>(&mut self, p: P) -> rusqlite::Result<Rows<'_>> {
+    pub fn query<P: Params>(&mut self, p: P) -> Result<Rows<'_>> {
         match self {
             Stmt::Sqlite(s) => Ok(Rows::Sqlite(s.query(p)?)),
             Stmt::SqliteOnce(s) => Ok(Rows::Sqlite(s.query(p)?)),
@@ -196,12 +209,12 @@ impl Stmt<'_> {
     pub fn query_row<T, P: Params>(
         &mut self,
         p: P,
-        f: impl FnOnce(&Row<'_>) -> rusqlite::Result<T>,
-    ) -> rusqlite::Result<T> {
+        f: impl FnOnce(&Row<'_>) -> Result<T>,
+    ) -> Result<T> {
         let mut rows = self.query(p)?;
         match rows.next()? {
             Some(r) => f(&r),
-            None => Err(rusqlite::Error::QueryReturnedNoRows),
+            None => Err(Error::NoRows),
         }
     }
 
@@ -209,8 +222,8 @@ impl Stmt<'_> {
     pub fn query_map<T, P: Params>(
         &mut self,
         p: P,
-        mut f: impl FnMut(&Row<'_>) -> rusqlite::Result<T>,
-    ) -> rusqlite::Result<std::vec::IntoIter<rusqlite::Result<T>>> {
+        mut f: impl FnMut(&Row<'_>) -> Result<T>,
+    ) -> Result<std::vec::IntoIter<Result<T>>> {
         let mut rows = self.query(p)?;
         let mut out = Vec::new();
         while let Some(r) = rows.next()? {
@@ -221,7 +234,7 @@ impl Stmt<'_> {
 }
 
 impl Conn {
-    pub fn prepare_cached(&self, sql: &str) -> rusqlite::Result<Stmt<'_>> {
+    pub fn prepare_cached(&self, sql: &str) -> Result<Stmt<'_>> {
         match self {
             Conn::Sqlite(c) => Ok(Stmt::Sqlite(c.prepare_cached(sql)?)),
             Conn::Pg(s) => Ok(Stmt::Pg(s, sql.to_string())),
@@ -229,17 +242,17 @@ impl Conn {
     }
 
     /// A statement run rarely: SQLite does not keep it among the cached ones.
-    pub fn prepare(&self, sql: &str) -> rusqlite::Result<Stmt<'_>> {
+    pub fn prepare(&self, sql: &str) -> Result<Stmt<'_>> {
         match self {
             Conn::Sqlite(c) => Ok(Stmt::SqliteOnce(c.prepare(sql)?)),
             Conn::Pg(_) => self.prepare_cached(sql),
         }
     }
 
-    pub fn execute<P: Params>(&self, sql: &str, p: P) -> rusqlite::Result<usize> {
+    pub fn execute<P: Params>(&self, sql: &str, p: P) -> Result<usize> {
         match self {
-            Conn::Sqlite(c) => c.execute(sql, p),
-            Conn::Pg(s) => s.execute(sql, &p.values()?),
+            Conn::Sqlite(c) => Ok(c.execute(sql, p)?),
+            Conn::Pg(s) => Ok(s.execute(sql, &p.values()?)?),
         }
     }
 
@@ -247,26 +260,26 @@ impl Conn {
         &self,
         sql: &str,
         p: P,
-        f: impl FnOnce(&Row<'_>) -> rusqlite::Result<T>,
-    ) -> rusqlite::Result<T> {
+        f: impl FnOnce(&Row<'_>) -> Result<T>,
+    ) -> Result<T> {
         self.prepare(sql)?.query_row(p, f)
     }
 
     /// Runs several statements without parameters.
-    pub fn execute_batch(&self, sql: &str) -> rusqlite::Result<()> {
+    pub fn execute_batch(&self, sql: &str) -> Result<()> {
         match self {
-            Conn::Sqlite(c) => c.execute_batch(sql),
-            Conn::Pg(s) => s.batch(sql),
+            Conn::Sqlite(c) => Ok(c.execute_batch(sql)?),
+            Conn::Pg(s) => Ok(s.batch(sql)?),
         }
     }
 
     /// "Now" for the manifest's records (unix milliseconds): the caller's clock on SQLite,
     /// which only this machine writes; the database's clock on PostgreSQL, so that hosts whose
     /// clocks disagree judge leases alike.
-    pub fn now_ms(&self, local: i64) -> rusqlite::Result<i64> {
+    pub fn now_ms(&self, local: i64) -> Result<i64> {
         match self {
             Conn::Sqlite(_) => Ok(local),
-            Conn::Pg(s) => s.now_ms(),
+            Conn::Pg(s) => Ok(s.now_ms()?),
         }
     }
 

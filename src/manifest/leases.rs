@@ -11,8 +11,10 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use rusqlite::params;
 use rusqlite::types::Value;
-use rusqlite::{OptionalExtension, params};
+
+use super::db::Optional;
 
 use super::db::Conn;
 

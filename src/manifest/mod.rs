@@ -84,6 +84,9 @@ pub enum Error {
     /// A SQLite error not yet attributed to a file (see [`Error::at`]).
     #[error("{0}")]
     Sql(#[from] rusqlite::Error),
+    /// A PostgreSQL error not yet attributed to a database (see [`Error::at`]).
+    #[error("{0}")]
+    Pg(#[from] crate::pg::Error),
     #[error("manifest {}: {source}", path.display())]
     Db {
         path: PathBuf,
@@ -140,7 +143,7 @@ impl Error {
     /// Names the manifest file in a SQLite error.
     pub fn at(self, path: &Path) -> Self {
         match self {
-            Self::Sql(source) if db::failure(&source).is_some() => Self::Postgres {
+            Self::Pg(source) => Self::Postgres {
                 location: path.display().to_string(),
                 message: source.to_string(),
             },
@@ -158,6 +161,16 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<db::Error> for Error {
+    fn from(e: db::Error) -> Self {
+        match e {
+            db::Error::Sqlite(e) => Self::Sql(e),
+            db::Error::Postgres(e) => Self::Pg(e),
+            db::Error::NoRows => Self::Invalid(db::Error::NoRows.to_string()),
+        }
+    }
+}
 
 use crate::pg::url::url_of;
 pub use crate::pg::url::{is_url, location, not_a_location};

@@ -5,8 +5,10 @@
 
 use std::collections::HashMap;
 
+use rusqlite::params;
 use rusqlite::types::Value;
-use rusqlite::{OptionalExtension, params};
+
+use super::db::Optional;
 
 use super::db::Conn;
 
@@ -142,7 +144,7 @@ pub fn insert_chunk(
 pub fn planned_starts(conn: &Conn, backfill_id: i64) -> Result<std::collections::HashSet<i64>> {
     let mut stmt = conn.prepare_cached("SELECT interval_start FROM plan WHERE backfill_id = ?1")?;
     let rows = stmt.query_map([backfill_id], |r| r.get(0))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    Ok(rows.collect::<super::db::Result<_>>()?)
 }
 
 /// Changes a planned interval to a skip (decided while running, e.g. `depends_on_past`) and
@@ -186,7 +188,7 @@ pub fn unfinished(conn: &Conn, backfill_id: i64) -> Result<Vec<DataInterval>> {
     let rows = stmt.query_map([backfill_id], |r| {
         Ok(DataInterval::from_unix(r.get(0)?, r.get(1)?))
     })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    Ok(rows.collect::<super::db::Result<_>>()?)
 }
 
 /// The latest run of each interval of `dag_id` starting in `[lo, hi]`: its state, backfill and
@@ -208,5 +210,5 @@ pub fn latest_runs(
     let rows = stmt.query_map(params![dag_id, lo, hi], |r| {
         Ok((r.get(0)?, (r.get(1)?, r.get(2)?, r.get(3)?)))
     })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    Ok(rows.collect::<super::db::Result<_>>()?)
 }

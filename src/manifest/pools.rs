@@ -107,7 +107,7 @@ fn free_dead(conn: &Conn, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate::liven
                 r.get(8)?,
             ))
         })?
-        .collect::<rusqlite::Result<_>>()?;
+        .collect::<super::db::Result<_>>()?;
     let mut survivors = Vec::new();
     for (try_id, try_state, pgid, leader_start, try_host, state, pid, host, heartbeat) in holders {
         let free = if try_state != "running" {

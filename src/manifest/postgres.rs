@@ -14,16 +14,15 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::error::Error as _;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use rusqlite::types::Value;
 use tokio_postgres::types::{FromSql, IsNull, ToSql, Type};
 
-use super::db::PgFailure;
 use super::{Error, Result};
 use crate::pg::conn::{Conn, connect_url};
+use crate::pg::error::{Error as PgError, Kind, Result as PgResult};
 
 /// The schema that holds the manifest's tables.
 pub const SCHEMA: &str = "backfill_manifest";
@@ -72,48 +71,16 @@ pub struct Session {
     fenced_before: RefCell<std::collections::BTreeSet<i64>>,
 }
 
-fn failure(message: String) -> rusqlite::Error {
-    PgFailure {
-        message,
-        disconnected: false,
-    }
-    .to_sql_error()
+fn failure(message: String) -> PgError {
+    PgError::new(Kind::Other, message)
 }
 
-fn lost(message: String) -> rusqlite::Error {
-    PgFailure {
-        message,
-        disconnected: true,
-    }
-    .to_sql_error()
+fn lost(message: String) -> PgError {
+    PgError::new(Kind::Disconnected, message)
 }
 
-/// Whether a driver error means the connection is gone.
-fn disconnected(e: &tokio_postgres::Error) -> bool {
-    use tokio_postgres::error::SqlState;
-    if e.is_closed() || e.source().is_some_and(|s| s.is::<std::io::Error>()) {
-        return true;
-    }
-    e.code().is_some_and(|c| {
-        [
-            SqlState::ADMIN_SHUTDOWN,
-            SqlState::CRASH_SHUTDOWN,
-            SqlState::CANNOT_CONNECT_NOW,
-            SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT,
-            SqlState::CONNECTION_FAILURE,
-            SqlState::CONNECTION_EXCEPTION,
-        ]
-        .contains(c)
-    })
-}
-
-fn wrap(e: &tokio_postgres::Error) -> rusqlite::Error {
-    let message = crate::pg::describe(e);
-    if disconnected(e) {
-        lost(message)
-    } else {
-        failure(message)
-    }
+fn wrap(e: &tokio_postgres::Error) -> PgError {
+    PgError::from(e)
 }
 
 impl Session {
@@ -148,7 +115,7 @@ impl Session {
 
     /// Replaces a lost connection, trying again with a growing pause until [`RECONNECT_FOR`]
     /// has passed.
-    pub fn reconnect(&self) -> rusqlite::Result<()> {
+    pub fn reconnect(&self) -> PgResult<()> {
         let deadline = Instant::now() + RECONNECT_FOR;
         let mut pause = Duration::from_millis(50);
         loop {
@@ -178,8 +145,8 @@ impl Session {
     /// runs again (every statement run outside one is a read or commits alone).
     fn with<T>(
         &self,
-        f: impl Fn(&Conn, &RefCell<HashMap<String, tokio_postgres::Statement>>) -> rusqlite::Result<T>,
-    ) -> rusqlite::Result<T> {
+        f: impl Fn(&Conn, &RefCell<HashMap<String, tokio_postgres::Statement>>) -> PgResult<T>,
+    ) -> PgResult<T> {
         loop {
             if !self.in_tx.get() && self.is_broken() {
                 self.reconnect()?;
@@ -192,7 +159,7 @@ impl Session {
                 f(conn, &self.prepared)
             };
             match result {
-                Err(e) if super::db::failure(&e).is_some_and(|f| f.disconnected) => {
+                Err(e) if e.is_disconnected() => {
                     if self.in_tx.get() {
                         self.broken.set(true);
                         return Err(e);
@@ -209,7 +176,7 @@ impl Session {
         conn: &Conn,
         prepared: &RefCell<HashMap<String, tokio_postgres::Statement>>,
         sql: &str,
-    ) -> rusqlite::Result<tokio_postgres::Statement> {
+    ) -> PgResult<tokio_postgres::Statement> {
         if let Some(s) = prepared.borrow().get(sql) {
             return Ok(s.clone());
         }
@@ -266,7 +233,7 @@ impl Session {
             &tokio_postgres::Statement,
             &[&(dyn ToSql + Sync)],
         ) -> Result<T, tokio_postgres::Error>,
-    ) -> rusqlite::Result<T> {
+    ) -> PgResult<T> {
         self.written(sql);
         self.with(|conn, prepared| {
             let s = Self::statement(conn, prepared, sql)?;
@@ -277,14 +244,14 @@ impl Session {
         })
     }
 
-    pub fn execute(&self, sql: &str, values: &[Value]) -> rusqlite::Result<usize> {
+    pub fn execute(&self, sql: &str, values: &[Value]) -> PgResult<usize> {
         let n = self.run(sql, values, |conn, s, refs| {
             conn.wait(conn.client.execute(s, refs))
         })?;
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 
-    pub fn query(&self, sql: &str, values: &[Value]) -> rusqlite::Result<Vec<Vec<Value>>> {
+    pub fn query(&self, sql: &str, values: &[Value]) -> PgResult<Vec<Vec<Value>>> {
         let rows = self.run(sql, values, |conn, s, refs| {
             conn.wait(conn.client.query(s, refs))
         })?;
@@ -306,7 +273,7 @@ impl Session {
         tail: &str,
         width: usize,
         values: &[Value],
-    ) -> rusqlite::Result<()> {
+    ) -> PgResult<()> {
         let rows_per_statement = (4096 / width).max(1);
         for chunk in values.chunks(rows_per_statement * width) {
             let tuples: Vec<String> = (0..chunk.len() / width)
@@ -325,7 +292,7 @@ impl Session {
         Ok(())
     }
 
-    pub fn batch(&self, sql: &str) -> rusqlite::Result<()> {
+    pub fn batch(&self, sql: &str) -> PgResult<()> {
         self.written(sql);
         self.with(|conn, _| {
             conn.wait(conn.client.batch_execute(sql))
@@ -335,7 +302,7 @@ impl Session {
 
     /// The database's clock (unix milliseconds): the transaction's, read when its lock was
     /// taken, else now.
-    pub fn now_ms(&self) -> rusqlite::Result<i64> {
+    pub fn now_ms(&self) -> PgResult<i64> {
         if let Some(now) = self.tx_now.get() {
             return Ok(now);
         }
@@ -352,14 +319,14 @@ impl Session {
     /// Starts the writer's transaction: takes the writers' lock, records `token` as this
     /// writer's latest commit (see [`Session::committed`]) and reads the clock, in one round
     /// trip.
-    pub fn begin(&self, writer: &str, token: i64) -> rusqlite::Result<()> {
+    pub fn begin(&self, writer: &str, token: i64) -> PgResult<()> {
         self.begin_after("", writer, token)
     }
 
     /// Commits the writer's transaction and starts the next one (see [`Session::begin`]) in
     /// one round trip: for a writer whose next jobs are already waiting. On an error, whether
     /// the commit happened is for [`Session::committed`] to say; no transaction is open then.
-    pub fn commit_and_begin(&self, writer: &str, token: i64) -> rusqlite::Result<()> {
+    pub fn commit_and_begin(&self, writer: &str, token: i64) -> PgResult<()> {
         let r = self.begin_after("COMMIT; ", writer, token);
         if r.is_err() && !self.is_broken() {
             // The failure may be the new transaction's (then open and aborted), not the
@@ -373,7 +340,7 @@ impl Session {
     }
 
     /// [`Session::begin`], its statements after `before`.
-    fn begin_after(&self, before: &str, writer: &str, token: i64) -> rusqlite::Result<()> {
+    fn begin_after(&self, before: &str, writer: &str, token: i64) -> PgResult<()> {
         self.in_tx.set(true);
         self.tx_now.set(None);
         self.fences.borrow_mut().clear();
@@ -457,7 +424,7 @@ impl Session {
         self.fences.borrow_mut().clear();
     }
 
-    pub fn commit(&self) -> rusqlite::Result<()> {
+    pub fn commit(&self) -> PgResult<()> {
         let r = self.with(|conn, _| {
             conn.wait(conn.client.batch_execute("COMMIT"))
                 .map_err(|e| wrap(&e))
@@ -478,7 +445,7 @@ impl Session {
 
     /// Whether the transaction that recorded `token` for `writer` committed (asked after the
     /// connection was lost during its `COMMIT`).
-    pub fn committed(&self, writer: &str, token: i64) -> rusqlite::Result<bool> {
+    pub fn committed(&self, writer: &str, token: i64) -> PgResult<bool> {
         let rows = self.query(
             "SELECT token FROM manifest_commits WHERE writer = ?1",
             &[Value::Text(writer.to_string())],
@@ -503,7 +470,7 @@ fn open_conn(url: &str) -> std::result::Result<Conn, String> {
 }
 
 /// The schema version of the manifest's database; `None` when it has none yet.
-fn version(s: &Session) -> rusqlite::Result<Option<i64>> {
+fn version(s: &Session) -> PgResult<Option<i64>> {
     let exists = s.query(
         "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = ?1 AND tablename = 'schema_version'",
         &[Value::Text(SCHEMA.to_string())],
@@ -525,7 +492,7 @@ fn latest() -> i64 {
 /// Opens the manifest's database for writing: creates its schema or migrates it as needed.
 pub fn open(url: &str, shown: &str) -> Result<Session> {
     let s = Session::connect(url, shown)?;
-    let at = |e: rusqlite::Error| Error::Sql(e).at(std::path::Path::new(shown));
+    let at = |e: PgError| Error::Pg(e).at(std::path::Path::new(shown));
     if version(&s).map_err(at)? == Some(latest()) {
         prune_commits(&s);
         return Ok(s);
@@ -577,7 +544,7 @@ fn prune_commits(s: &Session) {
 pub fn open_read_only(url: &str, shown: &str) -> Result<Session> {
     let s = Session::connect(url, shown)?;
     let path = std::path::PathBuf::from(shown);
-    match version(&s).map_err(|e| Error::Sql(e).at(&path))? {
+    match version(&s).map_err(|e| Error::Pg(e).at(&path))? {
         None => Err(Error::Missing { path }),
         Some(v) if v > latest() => Err(Error::TooNew {
             path,

@@ -2,7 +2,9 @@
 //! warehouse (so that recovery can finish or undo it), the partition's current publication,
 //! and what recovery needs to find the publishes a dead owner left half done.
 
-use rusqlite::{OptionalExtension, params};
+use rusqlite::params;
+
+use super::db::Optional;
 
 use super::db::Conn;
 
@@ -189,7 +191,7 @@ pub fn pending_publishes(conn: &Conn, claimed: Owner) -> Result<Vec<PendingPubli
             },
         })
     })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    Ok(rows.collect::<super::db::Result<_>>()?)
 }
 
 /// Whether a try still has an unfinished publish intent.

@@ -160,7 +160,7 @@ pub fn list(conn: &Conn, dag_id: Option<&str>, active_only: bool) -> Result<Vec<
     ))?;
     let backfills: Vec<Backfill> = stmt
         .query_map(params![dag_id, active_only], backfills::from_row)?
-        .collect::<rusqlite::Result<_>>()?;
+        .collect::<super::db::Result<_>>()?;
     let mut counts = counts(conn, None)?;
     Ok(backfills
         .into_iter()
@@ -204,7 +204,7 @@ pub fn outcome(conn: &Conn, id: i64) -> Result<Option<Outcome>> {
     )?;
     let skipped = stmt
         .query_map([id], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<rusqlite::Result<_>>()?;
+        .collect::<super::db::Result<_>>()?;
     let mut stmt = conn.prepare(
         "SELECT r.interval_start, r.state, r.error,
                 (SELECT t.log_path FROM task_tries t WHERE t.run_id = r.id AND t.state != 'succeeded'
@@ -227,7 +227,7 @@ pub fn outcome(conn: &Conn, id: i64) -> Result<Option<Outcome>> {
                 log_tail: None,
             })
         })?
-        .collect::<rusqlite::Result<_>>()?;
+        .collect::<super::db::Result<_>>()?;
     Ok(Some(Outcome {
         backfill,
         skipped,
@@ -619,7 +619,7 @@ pub fn runs(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<RunHistor
                 reasons: None,
             })
         })?
-        .collect::<rusqlite::Result<_>>()?;
+        .collect::<super::db::Result<_>>()?;
     let mut by_id: Vec<(i64, usize)> = out.iter().enumerate().map(|(i, r)| (r.run_id, i)).collect();
     by_id.sort_unstable();
     if let (Some(first), Some(last)) = (by_id.first(), by_id.last()) {
@@ -705,5 +705,5 @@ pub fn recent_durations_ms(
          ORDER BY t.id DESC LIMIT ?3",
     )?;
     let rows = stmt.query_map(rusqlite::params![dag_id, task_id, limit], |r| r.get(0))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    Ok(rows.collect::<super::db::Result<_>>()?)
 }

@@ -2,7 +2,9 @@
 //! [`super::backfills::fence`]); the writes of a process that recovers what a dead owner left are
 //! conditional on the state they found, so that two recoverers never undo each other.
 
-use rusqlite::{OptionalExtension, params};
+use rusqlite::params;
+
+use super::db::Optional;
 
 use super::db::Conn;
 
@@ -627,7 +629,7 @@ pub fn unfinished_tries(conn: &Conn, claimed: Owner) -> Result<Vec<UnfinishedTry
             publishing: r.get(8)?,
         })
     })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    Ok(rows.collect::<super::db::Result<_>>()?)
 }
 
 /// Records the end of a try of a dead owner (killed, never started, or its publish finished by
@@ -668,7 +670,7 @@ pub fn runs_in_progress(conn: &Conn, claimed: Owner) -> Result<Vec<i64>> {
         "SELECT r.id FROM runs r WHERE {runs} AND r.state IN ('queued', 'running')"
     ))?;
     let rows = stmt.query_map([id], |r| r.get(0))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    Ok(rows.collect::<super::db::Result<_>>()?)
 }
 
 /// Ends runs of a dead backfill that are still in progress (from `runs`, as claimed): a run
@@ -764,7 +766,7 @@ pub fn staged(conn: &Conn, backfill_id: i64) -> Result<Vec<Staged>> {
             state: r.get(13)?,
         })
     })?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    Ok(rows.collect::<super::db::Result<_>>()?)
 }
 
 /// Whether a staged try's output still awaits promotion.
@@ -803,7 +805,7 @@ pub fn needing_audit_files(conn: &Conn) -> Result<std::collections::HashSet<i64>
     let mut stmt =
         conn.prepare("SELECT id FROM task_tries WHERE publishing = 1 OR staged = 'staged'")?;
     let ids = stmt.query_map([], |r| r.get(0))?;
-    Ok(ids.collect::<rusqlite::Result<_>>()?)
+    Ok(ids.collect::<super::db::Result<_>>()?)
 }
 
 /// The lowest id of a try still running or publishing, else one above every try: the tries
@@ -822,7 +824,7 @@ pub fn keeping_staged_tables(conn: &Conn) -> Result<std::collections::HashSet<i6
     let mut stmt =
         conn.prepare("SELECT id FROM task_tries WHERE staged = 'staged' OR state = 'running'")?;
     let ids = stmt.query_map([], |r| r.get(0))?;
-    Ok(ids.collect::<rusqlite::Result<_>>()?)
+    Ok(ids.collect::<super::db::Result<_>>()?)
 }
 
 /// The interval starts of backfill `backfill_id` whose runs are still queued or running.
@@ -832,7 +834,7 @@ pub fn starts_in_progress(conn: &Conn, backfill_id: i64) -> Result<std::collecti
             "SELECT interval_start FROM runs WHERE backfill_id = ?1 AND state IN ('queued', 'running')",
         )?
         .query_map([backfill_id], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?)
+        .collect::<super::db::Result<_>>()?)
 }
 
 /// Whether a run of backfill `backfill_id` succeeded: the first one found, through the index

@@ -8,7 +8,9 @@
 //! a worker whose lease expired is recovered like a dead owner (its epoch bumped, its tries
 //! stopped and ended), and its intervals go back to the backfill.
 
-use rusqlite::{OptionalExtension, params};
+use rusqlite::params;
+
+use super::db::Optional;
 
 use super::Result;
 use super::backfills::{Heartbeat, Owner};
@@ -44,7 +46,7 @@ impl Worker {
 
 const COLUMNS: &str = "id, backfill_id, pid, host, heartbeat_at, epoch, state, max_active_runs, started_at, finished_at";
 
-fn from_row(r: &super::db::Row<'_>) -> rusqlite::Result<Worker> {
+fn from_row(r: &super::db::Row<'_>) -> super::db::Result<Worker> {
     Ok(Worker {
         id: r.get(0)?,
         backfill_id: r.get(1)?,
@@ -65,7 +67,7 @@ pub fn of(conn: &Conn, backfill_id: i64) -> Result<Vec<Worker>> {
         "SELECT {COLUMNS} FROM workers WHERE backfill_id = ?1 ORDER BY id"
     ))?;
     let rows = stmt.query_map([backfill_id], from_row)?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    Ok(rows.collect::<super::db::Result<_>>()?)
 }
 
 /// Records this process as a worker of `backfill_id`, which the caller found running with a
@@ -166,5 +168,5 @@ pub fn starts_in_flight(conn: &Conn, backfill_id: i64) -> Result<std::collection
          WHERE r.backfill_id = ?1 AND r.state IN ('queued', 'running') AND w.state = 'running'",
     )?;
     let rows = stmt.query_map([backfill_id], |r| r.get(0))?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    Ok(rows.collect::<super::db::Result<_>>()?)
 }

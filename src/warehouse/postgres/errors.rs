@@ -7,7 +7,7 @@ use super::*;
 /// Turns a driver error into the warehouse's, naming the warehouse.
 pub(super) fn pg(w: &Warehouse) -> impl Fn(tokio_postgres::Error) -> Error + '_ {
     move |e| {
-        if e.code() == Some(&SqlState::QUERY_CANCELED) && !is_statement_timeout(&e) {
+        if crate::pg::error::kind(&e) == crate::pg::Kind::Cancelled && !is_statement_timeout(&e) {
             return Error::Cancelled;
         }
         Error::Message(describe(&e)).at(w)
@@ -21,10 +21,7 @@ pub(super) fn is_statement_timeout(e: &tokio_postgres::Error) -> bool {
 
 /// Whether the server asks for the transaction to be run again.
 pub(super) fn is_retryable(e: &tokio_postgres::Error) -> bool {
-    matches!(
-        e.code(),
-        Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED
-    )
+    crate::pg::error::kind(e) == crate::pg::Kind::Retryable
 }
 
 pub(super) enum Failure {
@@ -58,7 +55,7 @@ impl From<Error> for Failure {
 /// exclusion, a check, a foreign key: SQLSTATE class 23), rather than the try failing: the
 /// gate then judges the output, measured apart from the target.
 pub(super) fn is_constraint(e: &tokio_postgres::Error) -> bool {
-    e.code().is_some_and(|c| c.code().starts_with("23"))
+    crate::pg::error::kind(e) == crate::pg::Kind::Constraint
 }
 
 /// What a constraint violation says, as the gate records it: the message, its detail, and the

@@ -1,7 +1,8 @@
 //! The PostgreSQL driver layer that the manifest and the warehouses share: connections (the URL
 //! as libpq reads it, TLS, timeouts; see [`conn`]), errors classified by SQLSTATE and worded
-//! for a person (see [`error`]), quoting of names, and which database a session is in. A leaf: it imports nothing else of the crate,
-//! and knows nothing of its users (as `sqlx-postgres` under sqlx).
+//! for a person (see [`error`]), quoting of names, and which database a session is in. A
+//! leaf: it imports nothing else of the crate, and knows nothing of its users (as
+//! `sqlx-postgres` under sqlx).
 
 pub mod conn;
 pub mod error;

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use chrono::{Duration, Utc};
 
 use crate::interval::{DataInterval, Range, expand};
-use crate::manifest::Store;
+use crate::manifest::Reads;
 use crate::manifest::cascades;
 use crate::plan::{Action, RunState, SkipReason};
 use crate::project::Dag;
@@ -151,7 +151,7 @@ pub struct Upstream {
 /// count as succeeded; one skipped as `already exists` counts as succeeded only if its latest
 /// run did.
 pub fn upstream_outcomes(
-    conn: &dyn Store,
+    conn: &dyn Reads,
     dag_id: &str,
     backfill_id: i64,
 ) -> crate::manifest::Result<Vec<Upstream>> {
@@ -192,7 +192,7 @@ pub fn upstream_outcomes(
 /// while another backfill runs it, nor when its latest run did not succeed (one that never ran
 /// has nothing to wait for).
 pub fn outside_outcomes(
-    conn: &dyn Store,
+    conn: &dyn Reads,
     upstream: &Dag,
     intervals: &[DataInterval],
     ctx: &crate::manifest::leases::LeaseCtx,
@@ -226,7 +226,7 @@ pub fn outside_outcomes(
 /// now: no other backfill holds its lease (as `judge` says), and its latest computing run
 /// succeeded (or it never ran).
 pub fn readable(
-    conn: &dyn Store,
+    conn: &dyn Reads,
     dag_id: &str,
     ups: &[DataInterval],
     ctx: &crate::manifest::leases::LeaseCtx,
@@ -257,7 +257,7 @@ pub fn readable(
 /// counts as changed: nothing can say it is the same. An interval that never succeeded has
 /// nothing to read, and so has not changed.
 pub fn changed_since(
-    conn: &dyn Store,
+    conn: &dyn Reads,
     dag_id: &str,
     start: i64,
     since: i64,

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::manifest::Store;
+use crate::manifest::Reads;
 use crate::project::Dag;
 
 /// Tries per task the median is taken over: recent ones say most about the next.
@@ -23,7 +23,7 @@ pub struct Estimate {
 
 /// The median duration (seconds) of each task's recent successful tries, and their number.
 pub fn history(
-    conn: &dyn Store,
+    conn: &dyn Reads,
     dag: &Dag,
 ) -> crate::manifest::Result<BTreeMap<String, (f64, i64)>> {
     let mut out = BTreeMap::new();

@@ -30,7 +30,7 @@ use crate::interval::DataInterval;
 use crate::manifest::leases::{self, LeaseCtx};
 use crate::manifest::runs::{PendingPublish, UnfinishedTry};
 use crate::manifest::writer::Writer;
-use crate::manifest::{self, Owner, Store, TryRecord};
+use crate::manifest::{self, Owner, Reads, Store, TryRecord};
 use crate::project::{Dag, Project, SqlTask, TaskKind};
 use crate::state::TryState;
 use crate::warehouse::{self, AuditFile, Repr, partition};
@@ -115,7 +115,7 @@ fn claim_owner(
 }
 
 /// What `claimed` (an owner or a worker just claimed) left to recover.
-fn claim_of(conn: &dyn Store, claimed: Owner) -> manifest::Result<Claim> {
+fn claim_of(conn: &dyn Reads, claimed: Owner) -> manifest::Result<Claim> {
     Ok(Claim {
         owner: claimed,
         tries: conn.unfinished_tries(claimed)?,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::exit::{self, Error};
 use crate::manifest::leases::LeaseCtx;
 use crate::manifest::writer::Writer;
-use crate::manifest::{self, Store};
+use crate::manifest::{self, Reads};
 use crate::recovery::{self, Dags};
 use crate::session::{Global, find_backfill, warn};
 use crate::state::BackfillState;
@@ -50,7 +50,7 @@ fn cancel(
     g: &Global,
     project: &crate::project::Project,
     writer: &Writer,
-    conn: &dyn Store,
+    conn: &dyn Reads,
     id: i64,
     backfill: &manifest::Backfill,
     wait: Duration,
@@ -144,7 +144,7 @@ fn settle_workers(
     g: &Global,
     project: &crate::project::Project,
     writer: &Writer,
-    conn: &dyn Store,
+    conn: &dyn Reads,
     id: i64,
     deadline: Instant,
 ) -> Result<(), Error> {

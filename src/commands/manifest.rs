@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use crate::exit::{self, Error};
-use crate::manifest::{self, Store, db::Conn, leases::LeaseCtx};
+use crate::manifest::{self, Reads, db::Conn, leases::LeaseCtx};
 use crate::report::out::plural;
 use crate::session::{Global, note};
 

@@ -8,7 +8,7 @@ use crate::exit::{self, Error};
 use crate::interval::resolve_args;
 use crate::manifest::leases::LeaseCtx;
 use crate::manifest::queries::{BackfillDetail, BackfillSummary};
-use crate::manifest::{self, Store};
+use crate::manifest::{self, Reads};
 use crate::project::Project;
 use crate::report::out::Sink;
 use crate::report::{self, Labeler};
@@ -16,7 +16,7 @@ use crate::session::{Global, note, unknown_backfill, warn};
 
 /// The manifest to read: `None` when the project's own has not been created yet (nothing was
 /// recorded). A `--manifest` path that does not exist is an error.
-fn open(g: &Global, project: Option<&Project>) -> Result<(PathBuf, Option<Box<dyn Store>>), Error> {
+fn open(g: &Global, project: Option<&Project>) -> Result<(PathBuf, Option<Box<dyn Reads>>), Error> {
     let path = g.manifest_path(project)?;
     // A file named on purpose must exist; a PostgreSQL database without a manifest yet has
     // recorded nothing, as the project's own file before its first backfill.
@@ -32,7 +32,7 @@ fn open(g: &Global, project: Option<&Project>) -> Result<(PathBuf, Option<Box<dy
 fn judge_owners(
     list: &mut [BackfillSummary],
     project: Option<&Project>,
-    conn: &dyn Store,
+    conn: &dyn Reads,
 ) -> crate::manifest::Result<()> {
     let timeout = project.map_or(crate::project::DEFAULT_LEASE_TIMEOUT, |p| p.lease_timeout);
     let ctx = LeaseCtx::new(timeout, &crate::process::LOCAL).at_manifest(conn)?;
@@ -157,7 +157,7 @@ pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
 fn judge_workers(
     detail: &mut BackfillDetail,
     project: Option<&Project>,
-    conn: &dyn Store,
+    conn: &dyn Reads,
 ) -> crate::manifest::Result<()> {
     if detail.workers.is_empty() {
         return Ok(());

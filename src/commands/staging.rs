@@ -11,7 +11,7 @@ use crate::exit::{self, Error};
 use crate::interval::{DataInterval, Rfc3339, expand_nonempty, resolve_args};
 use crate::manifest::leases::LeaseCtx;
 use crate::manifest::writer::Writer;
-use crate::manifest::{self, Backfill, NewBackfill, Store, runs};
+use crate::manifest::{self, Backfill, NewBackfill, Reads, runs};
 use crate::project::{Dag, Project, TaskKind};
 use crate::recovery::{self, Dags};
 use crate::report::diff::DiffRow;
@@ -25,7 +25,7 @@ use crate::state::{BackfillKind, BackfillState, StagedState};
 
 /// A staged backfill as found: its project, manifest path and read-only manifest, the backfill
 /// and its DAG.
-type StagedBackfill = (Project, PathBuf, Box<dyn Store>, Backfill, Dag);
+type StagedBackfill = (Project, PathBuf, Box<dyn Reads>, Backfill, Dag);
 
 /// The staged backfill `id` for `verb`: a `create --stage` backfill that is not running.
 fn staged_backfill(g: &Global, id: i64, verb: &str) -> Result<StagedBackfill, Error> {

@@ -47,8 +47,8 @@ impl LeaseCtx {
         }
     }
 
-    /// This context at the manifest's clock (see [`super::Store::clock_ms`]).
-    pub fn at_manifest(mut self, store: &dyn super::Store) -> Result<Self> {
+    /// This context at the manifest's clock (see [`super::Reads::clock_ms`]).
+    pub fn at_manifest(mut self, store: &dyn super::Reads) -> Result<Self> {
         self.now_ms = store.clock_ms(self.now_ms)?;
         Ok(self)
     }

@@ -29,7 +29,7 @@ use rusqlite::Connection;
 pub use backfills::{Backfill, NewBackfill, Owner};
 pub use reader::{Reader, close_readers};
 pub use runs::{PendingPublish, Publication, TryRecord};
-pub use store::Store;
+pub use store::{Ownership, Planning, Publishing, Reads, Running, Staging, Store};
 
 /// The backfills whose runs do not say what an interval's partition was computed from: staged
 /// runs publish nothing, rollbacks put back what earlier runs computed, and a `--tasks` run ran
@@ -264,7 +264,7 @@ pub fn open_sqlite(path: &Path, durability: Durability) -> Result<Connection> {
 
 /// Opens an existing manifest for reading only: never creates, migrates or writes it, so it
 /// works on a manifest the user may read but not write.
-pub fn open_read_only(path: &Path) -> Result<Box<dyn Store>> {
+pub fn open_read_only(path: &Path) -> Result<Box<dyn Reads>> {
     Ok(Box::new(open_read_conn(path)?))
 }
 
@@ -342,7 +342,7 @@ pub fn database_key(path: &Path) -> Result<Option<String>> {
 
 /// Opens the manifest for reading when it exists; `None` when nothing was recorded yet. A
 /// manifest of an older schema is upgraded first when it can be written.
-pub fn open_if_exists(path: &Path) -> Result<Option<Box<dyn Store>>> {
+pub fn open_if_exists(path: &Path) -> Result<Option<Box<dyn Reads>>> {
     match open_read_only(path) {
         Ok(c) => Ok(Some(c)),
         Err(Error::Missing { .. }) => Ok(None),

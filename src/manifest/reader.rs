@@ -11,7 +11,20 @@ static READERS: std::sync::LazyLock<
     std::sync::Mutex<std::collections::HashMap<PathBuf, Vec<Conn>>>,
 > = std::sync::LazyLock::new(Default::default);
 
-/// A read-only manifest connection that returns to the process's pool when dropped.
+/// A read-only manifest connection that returns to the process's pool when dropped. It offers
+/// the manifest's [`Reads`](super::Reads) only: nothing can write through it.
+///
+/// ```no_run
+/// # fn f(r: &backfill::manifest::Reader) -> backfill::manifest::Result<()> {
+/// let running = r.backfill(1)?.is_some(); // a read
+/// # Ok(()) }
+/// ```
+///
+/// ```compile_fail
+/// # fn f(r: &backfill::manifest::Reader) -> backfill::manifest::Result<()> {
+/// r.request_cancel(1)?; // a write: not offered
+/// # Ok(()) }
+/// ```
 pub struct Reader {
     conn: Option<Conn>,
     path: PathBuf,
@@ -36,8 +49,8 @@ impl Reader {
 }
 
 impl std::ops::Deref for Reader {
-    type Target = dyn super::Store;
-    fn deref(&self) -> &(dyn super::Store + 'static) {
+    type Target = dyn super::Reads;
+    fn deref(&self) -> &(dyn super::Reads + 'static) {
         self.conn
             .as_ref()
             .expect("a pooled connection is present until dropped")

@@ -1,10 +1,19 @@
 //! The manifest's typed interface: every read and write the rest of the program makes, by
-//! name, with typed ids, states and verdicts. Callers hold a `&dyn Store` (through the writer,
-//! a reader or an opened manifest) and never know the engine; each engine implements it with its
-//! own SQL (SQLite here, in the submodules of `manifest`).
+//! name, with typed ids, states and verdicts, grouped by role as the callers use them:
+//! [`Reads`], [`Ownership`] (the backfill, its epoch, workers and leases), [`Planning`],
+//! [`Running`] (runs, tries, pool slots), [`Publishing`] and [`Staging`]. [`Store`] is all of
+//! them: what the writer's jobs and an opened manifest hold. A read-only handle
+//! ([`super::Reader`], [`super::open_read_only`]) is a `dyn Reads`, so it cannot write.
+//!
+//! One implementation serves both engines: [`Conn`], over the dialect layer of
+//! [`super::db`]. The manifest's statements are the same on SQLite and PostgreSQL but for a
+//! handful (multi-row inserts, the lease and plan writes that PostgreSQL sends in one round trip,
+//! the clock), which branch on the engine where they are written. Two implementations would
+//! repeat some three thousand lines of SQL whose meaning must not drift apart: the guarantees
+//! (fencing, leases, the publish protocol) are written once and tested on both engines.
 //!
 //! Every write that a backfill's owner makes carries its [`Fenced`] proof (from
-//! [`Store::fence`] in the same transaction), so that an owner that lost its claim writes
+//! [`Ownership::fence`] in the same transaction), so that an owner that lost its claim writes
 //! nothing.
 
 use std::collections::{HashMap, HashSet};
@@ -23,8 +32,15 @@ use crate::liveness::Group;
 use crate::plan::{PlanRow, Prior, RunState, SkipReason};
 use crate::state::{BackfillKind, BackfillState};
 
-/// The manifest, as every caller sees it.
-pub trait Store {
+/// The manifest, as a backfill's owner and its writer see it: every role. Commands that only
+/// read hold a [`Reads`], which cannot write.
+pub trait Store: Reads + Ownership + Planning + Running + Publishing + Staging {}
+
+impl<T: Reads + Ownership + Planning + Running + Publishing + Staging + ?Sized> Store for T {}
+
+/// What a backfill and its history hold, read without writing: every command's reads, the checks a writer makes inside its transaction, and all a read-only handle ([`super::Reader`], [`super::open_read_only`]) offers.
+pub trait Reads {
+    // Backfills and their workers.
     fn backfill(&self, id: i64) -> Result<Option<Backfill>>;
     /// The id of the newest backfill, or of the newest of `kind`; `None` when there is none.
     fn latest_backfill(&self, kind: Option<BackfillKind>) -> Result<Option<i64>>;
@@ -35,44 +51,18 @@ pub trait Store {
     /// "Now" for judging leases (unix milliseconds): `local`, the caller's clock, on SQLite; the
     /// database's clock on PostgreSQL, which every host shares.
     fn clock_ms(&self, local: i64) -> Result<i64>;
-    /// Checks, inside the caller's transaction, that `owner` may still act: its epoch is current
-    /// and the backfill is running.
-    fn fence(&self, owner: Owner) -> Result<Fenced>;
-    /// Records a new backfill owned by this process, its plan still to be written.
-    fn insert_backfill(&self, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner>;
-    /// Records that the plan is complete.
-    fn mark_planned(&self, owner: Owner) -> Result<()>;
-    /// Refreshes the owner heartbeat and reads what the owner must do; [`Error::Fenced`] when
-    /// another process took the backfill over.
-    fn heartbeat(&self, owner: Owner, now_ms: i64) -> Result<Heartbeat>;
-    /// Records the end of a backfill by its owner and releases whatever leases it still holds.
-    fn finish_backfill(&self, owner: Owner, state: BackfillState, now_ms: i64) -> Result<()>;
-    /// Asks the process running a backfill to stop (it polls the flag with its heartbeat).
-    fn request_cancel(&self, backfill_id: i64) -> Result<()>;
     /// The workers of a backfill (`backfill join`), oldest first.
     fn workers(&self, backfill_id: i64) -> Result<Vec<Worker>>;
-    /// Records this process as a worker of `backfill_id` (found running, its owner alive).
-    fn join_backfill(
-        &self,
-        backfill_id: i64,
-        max_active_runs: u32,
-        ctx: &LeaseCtx,
-    ) -> Result<Owner>;
-    /// Takes the leases of a backfill's gone workers away (a new epoch each); returns them.
-    fn take_gone_workers(&self, backfill_id: i64, ctx: &LeaseCtx) -> Result<Vec<Owner>>;
     /// Whether a backfill has ever had a worker.
     fn has_workers(&self, backfill_id: i64) -> Result<bool>;
     /// The interval starts of a backfill's runs in progress under a worker still running.
     fn worker_starts_in_flight(&self, backfill_id: i64) -> Result<HashSet<i64>>;
-    /// Takes the ownership of a backfill whose owner is gone away from it: a new epoch, so that
-    /// the old owner, should it wake up, is refused everything. With `me`, this process becomes
-    /// the owner and the backfill runs again; without, the backfill ends as `cancelled`. Returns
-    /// the new [`Owner`], or `None` when the backfill's owner is alive after all (nothing changed).
-    fn take_ownership(&self, backfill_id: i64, ctx: &LeaseCtx, me: bool) -> Result<Option<Owner>>;
+    /// Whether a run of backfill `backfill_id` succeeded.
+    fn any_succeeded(&self, backfill_id: i64) -> Result<bool>;
     /// The running promote backfill of staged backfill `staged`, if any.
     fn promoting(&self, staged: i64) -> Result<Option<i64>>;
-    /// Once no output of staged backfill `id` awaits promotion, it is complete.
-    fn settle_staged(&self, id: i64) -> Result<()>;
+
+    // Leases and plans.
     /// Interval starts of `dag_id` in `[lo, hi]` whose lease is held, as `judge` says.
     fn held_leases(
         &self,
@@ -86,23 +76,8 @@ pub trait Store {
     /// are to be recovered (a lease whose run's try is still running after that stays live, see
     /// [`live`]).
     fn stale_leases(&self, dag_id: &str, ctx: &LeaseCtx) -> Result<Vec<(i64, i64)>>;
-    /// Leases `intervals` for `backfill_id`. The caller has checked (in this transaction, with
-    /// [`Judge::Strict`]) that no other backfill holds them; a lease of a finished or recovered
-    /// backfill is replaced.
-    fn take_leases(
-        &self,
-        backfill_id: i64,
-        dag_id: &str,
-        intervals: &mut dyn Iterator<Item = DataInterval>,
-        ctx: &LeaseCtx,
-    ) -> Result<()>;
     /// Whether `backfill_id` still holds the lease of an interval.
     fn holds_lease(&self, backfill_id: i64, dag_id: &str, interval_start: i64) -> Result<bool>;
-    /// Releases one lease if `backfill_id` holds it.
-    fn release_lease(&self, backfill_id: i64, dag_id: &str, interval_start: i64) -> Result<()>;
-    /// Releases every lease of backfill `backfill_id` but those of its runs still queued or
-    /// running (tries that could not be stopped keep their intervals in flight).
-    fn release_all_but_running(&self, backfill_id: i64) -> Result<()>;
     /// What the manifest knows about each interval (ascending), for planning: the latest run, and
     /// whether a lease is held as `judge` says. Staged runs publish nothing and rollbacks put back
     /// what earlier runs computed: only the runs of other backfills tell what was computed.
@@ -116,28 +91,8 @@ pub trait Store {
     /// The latest state of the interval that ends where `start` begins, if any (for
     /// `depends_on_past`).
     fn state_before(&self, dag_id: &str, start: i64) -> Result<Option<RunState>>;
-    /// Writes plan rows (`(ord, row)`) and leases the intervals to run, for the owner.
-    fn insert_plan_chunk(
-        &self,
-        f: Fenced,
-        dag_id: &str,
-        rows: &[(i64, PlanRow)],
-        ctx: &LeaseCtx,
-    ) -> Result<()>;
     /// Interval starts that already have a plan row in a backfill.
     fn planned_starts(&self, backfill_id: i64) -> Result<std::collections::HashSet<i64>>;
-    /// Changes a planned interval to a skip (decided while running, e.g. `depends_on_past`) and
-    /// releases its lease.
-    fn skip_planned(
-        &self,
-        f: Fenced,
-        dag_id: &str,
-        interval_start: i64,
-        reason: SkipReason,
-    ) -> Result<()>;
-    /// Records a planned interval as skipped.
-    fn mark_skipped(&self, backfill_id: i64, interval_start: i64, reason: SkipReason)
-    -> Result<()>;
     /// The planned intervals of a backfill that have not finished (`succeeded`, `failed` or
     /// `rejected`) in it, in plan order.
     fn unfinished_intervals(&self, backfill_id: i64) -> Result<Vec<DataInterval>>;
@@ -149,18 +104,80 @@ pub trait Store {
         lo: i64,
         hi: i64,
     ) -> Result<HashMap<i64, (RunState, i64, i64)>>;
-    /// Takes a slot of `pool` (of `size`) for try `try_id` if one is free; records that the try
-    /// waits for the pool when none is.
-    fn take_pool_slot(
-        &self,
-        f: Fenced,
-        pool: &str,
-        size: u32,
-        try_id: i64,
-        ctx: &LeaseCtx,
-    ) -> Result<Take>;
     /// Whether try `try_id` holds a slot of a pool (none once pool cleanup gave it away).
     fn holds_pool_slot(&self, try_id: i64) -> Result<bool>;
+
+    // Runs and tries.
+    /// Whether the backfill of a try's run still holds that interval's lease: a try whose interval
+    /// was taken over may neither be let go nor publish.
+    fn try_holds_lease(&self, try_id: i64) -> Result<bool>;
+    /// Whether a run is still in progress (not abandoned by a taker).
+    fn run_in_progress(&self, run_id: i64) -> Result<bool>;
+    /// The tries of a backfill's runs that are still running or publishing.
+    fn unfinished_tries(&self, claimed: Owner) -> Result<Vec<UnfinishedTry>>;
+    /// The runs of a backfill still in progress.
+    fn runs_in_progress(&self, claimed: Owner) -> Result<Vec<i64>>;
+    /// The interval starts of backfill `backfill_id` whose runs are still queued or running.
+    fn starts_in_progress(&self, backfill_id: i64) -> Result<std::collections::HashSet<i64>>;
+    /// The lowest id of a try still running or publishing, else one above every try.
+    fn first_unfinished_try(&self) -> Result<i64>;
+    /// How long (ms) the latest `limit` successful tries of a task took, newest first.
+    fn recent_durations_ms(&self, dag_id: &str, task_id: &str, limit: i64) -> Result<Vec<i64>>;
+
+    // Publishes and staged outputs.
+    /// The currently published try of a task and interval: `(try_id, rows, fingerprint)`.
+    fn published(
+        &self,
+        dag_id: &str,
+        task_id: &str,
+        interval_start: i64,
+    ) -> Result<Option<(i64, i64, Option<String>)>>;
+    /// Tries of a backfill's runs that recorded a publish intent and never finished it.
+    fn pending_publishes(&self, claimed: Owner) -> Result<Vec<PendingPublish>>;
+    /// Whether a try still has an unfinished publish intent.
+    fn is_publishing(&self, try_id: i64) -> Result<bool>;
+    /// Whether a try may publish now (see [`super::publishes::may_publish`]).
+    fn may_publish(&self, try_id: i64, owner: Option<Owner>, intent: bool) -> Result<bool>;
+    /// The staged outputs of a backfill, whatever became of them since, by interval then try.
+    fn staged_outputs(&self, backfill_id: i64) -> Result<Vec<Staged>>;
+    /// The currently published try of a task and interval, with its rows and content.
+    fn current_publication(
+        &self,
+        dag_id: &str,
+        task_id: &str,
+        interval_start: i64,
+    ) -> Result<Option<Current>>;
+    /// Whether a staged try's output still awaits promotion.
+    fn is_staged(&self, staged_try: i64) -> Result<bool>;
+    /// The tries whose audit files must stay: publishes that were decided (a recovery redoes
+    /// them) and staged outputs, kept until promoted or discarded.
+    fn needing_audit_files(&self) -> Result<std::collections::HashSet<i64>>;
+    /// The tries whose staged tables in a warehouse must stay: staged outputs, and tries still
+    /// running (one may have just committed its staged table and not yet recorded it).
+    fn keeping_staged_tables(&self) -> Result<std::collections::HashSet<i64>>;
+
+    // Cascades.
+    /// Every row of the plan of backfill `backfill_id`, by interval start.
+    fn plan_outcomes(&self, backfill_id: i64) -> Result<Vec<PlanOutcome>>;
+    /// The state of the latest run of an interval that computed it (staged, rollback and
+    /// partial `--tasks` runs left out).
+    fn latest_computing_state(&self, dag_id: &str, start: i64) -> Result<Option<RunState>>;
+    /// When the latest successful run of an interval of `dag_id` started (unix ms), staged runs
+    /// left out: what it read of its upstream is what was published then.
+    fn last_success(&self, dag_id: &str, start: i64) -> Result<Option<i64>>;
+    /// The succeeded, unstaged tries of an interval in the order they were made: task, fingerprint
+    /// and when it ended (unix ms).
+    fn succeeded_tries(&self, dag_id: &str, start: i64) -> Result<Vec<SucceededTry>>;
+    /// The backfills of the cascade of `root` after `root` itself, oldest first.
+    fn cascade_members(&self, root: i64) -> Result<Vec<Backfill>>;
+    /// How many planned intervals of backfill `id` have not ended (not started, or cancelled):
+    /// a cascade goes on past it only once it has none.
+    fn unfinished_count(&self, id: i64) -> Result<i64>;
+    /// The running backfill of the cascade of `root` (`root` itself or one of its members), the
+    /// newest if several.
+    fn running_member(&self, root: i64) -> Result<Option<i64>>;
+
+    // Reports.
     /// Backfills, newest last, optionally of one DAG and/or only the running ones.
     fn list_backfills(
         &self,
@@ -180,8 +197,91 @@ pub trait Store {
     /// What the succeeded tries of each interval's latest run recorded about the source, for the
     /// intervals of a DAG starting in `[lo, hi]` whose latest run succeeded.
     fn recorded_sources(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Recorded>;
-    /// How long (ms) the latest `limit` successful tries of a task took, newest first.
-    fn recent_durations_ms(&self, dag_id: &str, task_id: &str, limit: i64) -> Result<Vec<i64>>;
+}
+
+/// Owning a backfill: its record, its epoch (the fence every owner's write carries), heartbeats, workers, takeovers and the leases of its intervals.
+pub trait Ownership {
+    /// Checks, inside the caller's transaction, that `owner` may still act: its epoch is current
+    /// and the backfill is running.
+    fn fence(&self, owner: Owner) -> Result<Fenced>;
+    /// Records a new backfill owned by this process, its plan still to be written.
+    fn insert_backfill(&self, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner>;
+    /// Records that the plan is complete.
+    fn mark_planned(&self, owner: Owner) -> Result<()>;
+    /// Refreshes the owner heartbeat and reads what the owner must do; [`Error::Fenced`] when
+    /// another process took the backfill over.
+    fn heartbeat(&self, owner: Owner, now_ms: i64) -> Result<Heartbeat>;
+    /// Records the end of a backfill by its owner and releases whatever leases it still holds.
+    fn finish_backfill(&self, owner: Owner, state: BackfillState, now_ms: i64) -> Result<()>;
+    /// Asks the process running a backfill to stop (it polls the flag with its heartbeat).
+    fn request_cancel(&self, backfill_id: i64) -> Result<()>;
+    /// Records this process as a worker of `backfill_id` (found running, its owner alive).
+    fn join_backfill(
+        &self,
+        backfill_id: i64,
+        max_active_runs: u32,
+        ctx: &LeaseCtx,
+    ) -> Result<Owner>;
+    /// Takes the leases of a backfill's gone workers away (a new epoch each); returns them.
+    fn take_gone_workers(&self, backfill_id: i64, ctx: &LeaseCtx) -> Result<Vec<Owner>>;
+    /// Takes the ownership of a backfill whose owner is gone away from it: a new epoch, so that
+    /// the old owner, should it wake up, is refused everything. With `me`, this process becomes
+    /// the owner and the backfill runs again; without, the backfill ends as `cancelled`. Returns
+    /// the new [`Owner`], or `None` when the backfill's owner is alive after all (nothing changed).
+    fn take_ownership(&self, backfill_id: i64, ctx: &LeaseCtx, me: bool) -> Result<Option<Owner>>;
+    /// Leases `intervals` for `backfill_id`. The caller has checked (in this transaction, with
+    /// [`Judge::Strict`]) that no other backfill holds them; a lease of a finished or recovered
+    /// backfill is replaced.
+    fn take_leases(
+        &self,
+        backfill_id: i64,
+        dag_id: &str,
+        intervals: &mut dyn Iterator<Item = DataInterval>,
+        ctx: &LeaseCtx,
+    ) -> Result<()>;
+    /// Releases one lease if `backfill_id` holds it.
+    fn release_lease(&self, backfill_id: i64, dag_id: &str, interval_start: i64) -> Result<()>;
+    /// Releases every lease of backfill `backfill_id` but those of its runs still queued or
+    /// running (tries that could not be stopped keep their intervals in flight).
+    fn release_all_but_running(&self, backfill_id: i64) -> Result<()>;
+}
+
+/// Writing a backfill's plan.
+pub trait Planning {
+    /// Writes plan rows (`(ord, row)`) and leases the intervals to run, for the owner.
+    fn insert_plan_chunk(
+        &self,
+        f: Fenced,
+        dag_id: &str,
+        rows: &[(i64, PlanRow)],
+        ctx: &LeaseCtx,
+    ) -> Result<()>;
+    /// Changes a planned interval to a skip (decided while running, e.g. `depends_on_past`) and
+    /// releases its lease.
+    fn skip_planned(
+        &self,
+        f: Fenced,
+        dag_id: &str,
+        interval_start: i64,
+        reason: SkipReason,
+    ) -> Result<()>;
+    /// Records a planned interval as skipped.
+    fn mark_skipped(&self, backfill_id: i64, interval_start: i64, reason: SkipReason)
+    -> Result<()>;
+}
+
+/// Runs and their tries, from a pool slot to the recorded end, and the repair of those a gone owner left.
+pub trait Running {
+    /// Takes a slot of `pool` (of `size`) for try `try_id` if one is free; records that the try
+    /// waits for the pool when none is.
+    fn take_pool_slot(
+        &self,
+        f: Fenced,
+        pool: &str,
+        size: u32,
+        try_id: i64,
+        ctx: &LeaseCtx,
+    ) -> Result<Take>;
     /// Records that an interval's run started and its first try (see
     /// [`runs::start_run_and_try`]).
     #[allow(clippy::too_many_arguments)]
@@ -196,11 +296,6 @@ pub trait Store {
         try_number: u32,
         log: (&str, &str),
     ) -> Result<(runs::Start, Option<i64>)>;
-    /// Whether the backfill of a try's run still holds that interval's lease: a try whose interval
-    /// was taken over may neither be let go nor publish.
-    fn try_holds_lease(&self, try_id: i64) -> Result<bool>;
-    /// Whether a run is still in progress (not abandoned by a taker).
-    fn run_in_progress(&self, run_id: i64) -> Result<bool>;
     /// Records a finished run and releases its lease.
     fn finish_run(
         &self,
@@ -243,35 +338,9 @@ pub trait Store {
     ) -> Result<()>;
     /// Records the end of a try that is still running or publishing.
     fn end_try(&self, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()>;
-    /// Records the gate's decision to publish before the warehouse is touched: a crash between this
-    /// and [`mark_published`] is repaired by redoing the publish from the audit file.
-    fn record_publish_intent(
-        &self,
-        _fenced: Fenced,
-        try_id: i64,
-        audit_path: Option<&str>,
-        rec: &TryRecord,
-    ) -> Result<bool>;
-    /// Makes a try the published try of its task and interval.
-    fn mark_published(&self, p: &Publication<'_>, now_ms: i64) -> Result<()>;
-    /// The currently published try of a task and interval: `(try_id, rows, fingerprint)`.
-    fn published(
-        &self,
-        dag_id: &str,
-        task_id: &str,
-        interval_start: i64,
-    ) -> Result<Option<(i64, i64, Option<String>)>>;
-    /// The tries of a backfill's runs that are still running or publishing.
-    fn unfinished_tries(&self, claimed: Owner) -> Result<Vec<UnfinishedTry>>;
-    /// Tries of a backfill's runs that recorded a publish intent and never finished it.
-    fn pending_publishes(&self, claimed: Owner) -> Result<Vec<PendingPublish>>;
-    /// Whether a try still has an unfinished publish intent.
-    fn is_publishing(&self, try_id: i64) -> Result<bool>;
     /// Records the end of a try of a dead owner (killed, never started, or its publish finished by
     /// the recoverer). Only a try still unfinished changes; returns whether it did.
     fn end_abandoned_try(&self, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<bool>;
-    /// The runs of a backfill still in progress.
-    fn runs_in_progress(&self, claimed: Owner) -> Result<Vec<i64>>;
     /// Ends runs of a dead backfill that are still in progress (from `runs`, as claimed): a run
     /// whose every task has a succeeded try succeeded (a crash after its last publish); the others
     /// are cancelled, except those whose interval is still held by a try that could not be stopped
@@ -284,58 +353,35 @@ pub trait Store {
         why: &str,
         now_ms: i64,
     ) -> Result<()>;
-    /// Whether a try may publish now (see [`super::publishes::may_publish`]).
-    fn may_publish(&self, try_id: i64, owner: Option<Owner>, intent: bool) -> Result<bool>;
+}
+
+/// Publishing an output: the intent before the warehouse commits, the record after.
+pub trait Publishing {
+    /// Records the gate's decision to publish before the warehouse is touched: a crash between this
+    /// and [`mark_published`] is repaired by redoing the publish from the audit file.
+    fn record_publish_intent(
+        &self,
+        _fenced: Fenced,
+        try_id: i64,
+        audit_path: Option<&str>,
+        rec: &TryRecord,
+    ) -> Result<bool>;
+    /// Makes a try the published try of its task and interval.
+    fn mark_published(&self, p: &Publication<'_>, now_ms: i64) -> Result<()>;
+    /// Records that try `try_id` promotes the staged try `staged_try`.
+    fn set_promoted_from(&self, try_id: i64, staged_try: i64) -> Result<()>;
+}
+
+/// Staged outputs awaiting promotion or discard.
+pub trait Staging {
     /// Records what became of a staged output (promoted or discarded); `false` when it was no
     /// longer staged.
     fn set_staged(&self, staged_try: i64, to: crate::state::StagedState) -> Result<bool>;
-    /// The staged outputs of a backfill, whatever became of them since, by interval then try.
-    fn staged_outputs(&self, backfill_id: i64) -> Result<Vec<Staged>>;
-    /// The currently published try of a task and interval, with its rows and content.
-    fn current_publication(
-        &self,
-        dag_id: &str,
-        task_id: &str,
-        interval_start: i64,
-    ) -> Result<Option<Current>>;
-    /// Whether a staged try's output still awaits promotion.
-    fn is_staged(&self, staged_try: i64) -> Result<bool>;
-    /// Records that try `try_id` promotes the staged try `staged_try`.
-    fn set_promoted_from(&self, try_id: i64, staged_try: i64) -> Result<()>;
     /// Discards a staged output unless a promote of it is running: `false` when it was not
     /// discarded.
     fn discard_staged(&self, staged_try: i64) -> Result<bool>;
-    /// The tries whose audit files must stay: publishes that were decided (a recovery redoes
-    /// them) and staged outputs, kept until promoted or discarded.
-    fn needing_audit_files(&self) -> Result<std::collections::HashSet<i64>>;
-    /// The tries whose staged tables in a warehouse must stay: staged outputs, and tries still
-    /// running (one may have just committed its staged table and not yet recorded it).
-    fn keeping_staged_tables(&self) -> Result<std::collections::HashSet<i64>>;
-    /// The lowest id of a try still running or publishing, else one above every try.
-    fn first_unfinished_try(&self) -> Result<i64>;
-    /// Whether a run of backfill `backfill_id` succeeded.
-    fn any_succeeded(&self, backfill_id: i64) -> Result<bool>;
-    /// The interval starts of backfill `backfill_id` whose runs are still queued or running.
-    fn starts_in_progress(&self, backfill_id: i64) -> Result<std::collections::HashSet<i64>>;
-    /// Every row of the plan of backfill `backfill_id`, by interval start.
-    fn plan_outcomes(&self, backfill_id: i64) -> Result<Vec<PlanOutcome>>;
-    /// The state of the latest run of an interval that computed it (staged, rollback and
-    /// partial `--tasks` runs left out).
-    fn latest_computing_state(&self, dag_id: &str, start: i64) -> Result<Option<RunState>>;
-    /// When the latest successful run of an interval of `dag_id` started (unix ms), staged runs
-    /// left out: what it read of its upstream is what was published then.
-    fn last_success(&self, dag_id: &str, start: i64) -> Result<Option<i64>>;
-    /// The succeeded, unstaged tries of an interval in the order they were made: task, fingerprint
-    /// and when it ended (unix ms).
-    fn succeeded_tries(&self, dag_id: &str, start: i64) -> Result<Vec<SucceededTry>>;
-    /// The backfills of the cascade of `root` after `root` itself, oldest first.
-    fn cascade_members(&self, root: i64) -> Result<Vec<Backfill>>;
-    /// How many planned intervals of backfill `id` have not ended (not started, or cancelled):
-    /// a cascade goes on past it only once it has none.
-    fn unfinished_count(&self, id: i64) -> Result<i64>;
-    /// The running backfill of the cascade of `root` (`root` itself or one of its members), the
-    /// newest if several.
-    fn running_member(&self, root: i64) -> Result<Option<i64>>;
+    /// Once no output of staged backfill `id` awaits promotion, it is complete.
+    fn settle_staged(&self, id: i64) -> Result<()>;
 }
 
 impl Conn {
@@ -349,39 +395,14 @@ impl Conn {
     }
 }
 
-/// The manifest: a connection inside the writer's transaction, or a read-only one. Times the
-/// callers pass are replaced by the database's on PostgreSQL (see [`Conn::now_ms`]).
-impl Store for Conn {
-    fn workers(&self, backfill_id: i64) -> Result<Vec<Worker>> {
-        workers::of(self, backfill_id)
-    }
-    fn join_backfill(
-        &self,
-        backfill_id: i64,
-        max_active_runs: u32,
-        ctx: &LeaseCtx,
-    ) -> Result<Owner> {
-        let ctx = &*self.at(ctx)?;
-        workers::join(self, backfill_id, max_active_runs, ctx)
-    }
-    fn take_gone_workers(&self, backfill_id: i64, ctx: &LeaseCtx) -> Result<Vec<Owner>> {
-        let ctx = &*self.at(ctx)?;
-        workers::take_gone(self, backfill_id, ctx)
-    }
-    fn has_workers(&self, backfill_id: i64) -> Result<bool> {
-        workers::any(self, backfill_id)
-    }
-    fn worker_starts_in_flight(&self, backfill_id: i64) -> Result<HashSet<i64>> {
-        workers::starts_in_flight(self, backfill_id)
-    }
-    fn any_succeeded(&self, backfill_id: i64) -> Result<bool> {
-        runs::any_succeeded(self, backfill_id)
-    }
+// The manifest: a connection inside the writer's transaction, or a read-only one. Times the
+// callers pass are replaced by the database's on PostgreSQL (see [`Conn::now_ms`]).
+impl Reads for Conn {
     fn backfill(&self, id: i64) -> Result<Option<Backfill>> {
         backfills::get(self, id)
     }
-    fn clock_ms(&self, local: i64) -> Result<i64> {
-        Ok(self.now_ms(local)?)
+    fn latest_backfill(&self, kind: Option<BackfillKind>) -> Result<Option<i64>> {
+        backfills::latest(self, kind)
     }
     fn identity(&self) -> Result<String> {
         Ok(self.query_row("SELECT id FROM identity", [], |r| r.get(0))?)
@@ -394,9 +415,173 @@ impl Store for Conn {
             self.query_row(crate::pg::DATABASE_KEY, [], |r| r.get(0))?,
         ))
     }
-    fn latest_backfill(&self, kind: Option<BackfillKind>) -> Result<Option<i64>> {
-        backfills::latest(self, kind)
+    fn clock_ms(&self, local: i64) -> Result<i64> {
+        Ok(self.now_ms(local)?)
     }
+    fn workers(&self, backfill_id: i64) -> Result<Vec<Worker>> {
+        workers::of(self, backfill_id)
+    }
+    fn has_workers(&self, backfill_id: i64) -> Result<bool> {
+        workers::any(self, backfill_id)
+    }
+    fn worker_starts_in_flight(&self, backfill_id: i64) -> Result<HashSet<i64>> {
+        workers::starts_in_flight(self, backfill_id)
+    }
+    fn any_succeeded(&self, backfill_id: i64) -> Result<bool> {
+        runs::any_succeeded(self, backfill_id)
+    }
+    fn promoting(&self, staged: i64) -> Result<Option<i64>> {
+        backfills::promoting(self, staged)
+    }
+    fn held_leases(
+        &self,
+        dag_id: &str,
+        lo: i64,
+        hi: i64,
+        ctx: &LeaseCtx,
+        judge: Judge,
+    ) -> Result<HashSet<i64>> {
+        let ctx = &*self.at(ctx)?;
+        leases::held(self, dag_id, lo, hi, ctx, judge)
+    }
+    fn stale_leases(&self, dag_id: &str, ctx: &LeaseCtx) -> Result<Vec<(i64, i64)>> {
+        let ctx = &*self.at(ctx)?;
+        leases::stale(self, dag_id, ctx)
+    }
+    fn holds_lease(&self, backfill_id: i64, dag_id: &str, interval_start: i64) -> Result<bool> {
+        leases::holds(self, backfill_id, dag_id, interval_start)
+    }
+    fn priors(
+        &self,
+        dag_id: &str,
+        intervals: &[DataInterval],
+        ctx: &LeaseCtx,
+        judge: leases::Judge,
+    ) -> Result<Vec<Prior>> {
+        let ctx = &*self.at(ctx)?;
+        plans::priors(self, dag_id, intervals, ctx, judge)
+    }
+    fn state_before(&self, dag_id: &str, start: i64) -> Result<Option<RunState>> {
+        plans::state_before(self, dag_id, start)
+    }
+    fn planned_starts(&self, backfill_id: i64) -> Result<std::collections::HashSet<i64>> {
+        plans::planned_starts(self, backfill_id)
+    }
+    fn unfinished_intervals(&self, backfill_id: i64) -> Result<Vec<DataInterval>> {
+        plans::unfinished(self, backfill_id)
+    }
+    fn latest_runs(
+        &self,
+        dag_id: &str,
+        lo: i64,
+        hi: i64,
+    ) -> Result<HashMap<i64, (RunState, i64, i64)>> {
+        plans::latest_runs(self, dag_id, lo, hi)
+    }
+    fn holds_pool_slot(&self, try_id: i64) -> Result<bool> {
+        pools::holds(self, try_id)
+    }
+    fn try_holds_lease(&self, try_id: i64) -> Result<bool> {
+        runs::try_holds_lease(self, try_id)
+    }
+    fn run_in_progress(&self, run_id: i64) -> Result<bool> {
+        runs::in_progress(self, run_id)
+    }
+    fn unfinished_tries(&self, claimed: Owner) -> Result<Vec<UnfinishedTry>> {
+        runs::unfinished_tries(self, claimed)
+    }
+    fn runs_in_progress(&self, claimed: Owner) -> Result<Vec<i64>> {
+        runs::runs_in_progress(self, claimed)
+    }
+    fn starts_in_progress(&self, backfill_id: i64) -> Result<std::collections::HashSet<i64>> {
+        runs::starts_in_progress(self, backfill_id)
+    }
+    fn first_unfinished_try(&self) -> Result<i64> {
+        runs::first_unfinished_try(self)
+    }
+    fn recent_durations_ms(&self, dag_id: &str, task_id: &str, limit: i64) -> Result<Vec<i64>> {
+        queries::recent_durations_ms(self, dag_id, task_id, limit)
+    }
+    fn published(
+        &self,
+        dag_id: &str,
+        task_id: &str,
+        interval_start: i64,
+    ) -> Result<Option<(i64, i64, Option<String>)>> {
+        runs::published(self, dag_id, task_id, interval_start)
+    }
+    fn pending_publishes(&self, claimed: Owner) -> Result<Vec<PendingPublish>> {
+        runs::pending_publishes(self, claimed)
+    }
+    fn is_publishing(&self, try_id: i64) -> Result<bool> {
+        runs::publishing(self, try_id)
+    }
+    fn may_publish(&self, try_id: i64, owner: Option<Owner>, intent: bool) -> Result<bool> {
+        runs::may_publish(self, try_id, owner, intent)
+    }
+    fn staged_outputs(&self, backfill_id: i64) -> Result<Vec<Staged>> {
+        runs::staged(self, backfill_id)
+    }
+    fn current_publication(
+        &self,
+        dag_id: &str,
+        task_id: &str,
+        interval_start: i64,
+    ) -> Result<Option<Current>> {
+        runs::current(self, dag_id, task_id, interval_start)
+    }
+    fn is_staged(&self, staged_try: i64) -> Result<bool> {
+        runs::is_staged(self, staged_try)
+    }
+    fn needing_audit_files(&self) -> Result<std::collections::HashSet<i64>> {
+        runs::needing_audit_files(self)
+    }
+    fn keeping_staged_tables(&self) -> Result<std::collections::HashSet<i64>> {
+        runs::keeping_staged_tables(self)
+    }
+    fn plan_outcomes(&self, backfill_id: i64) -> Result<Vec<PlanOutcome>> {
+        cascades::plan_outcomes(self, backfill_id)
+    }
+    fn latest_computing_state(&self, dag_id: &str, start: i64) -> Result<Option<RunState>> {
+        Ok(cascades::latest_state(self, dag_id, start)?)
+    }
+    fn last_success(&self, dag_id: &str, start: i64) -> Result<Option<i64>> {
+        Ok(cascades::last_success(self, dag_id, start)?)
+    }
+    fn succeeded_tries(&self, dag_id: &str, start: i64) -> Result<Vec<SucceededTry>> {
+        Ok(cascades::succeeded_tries(self, dag_id, start)?)
+    }
+    fn cascade_members(&self, root: i64) -> Result<Vec<Backfill>> {
+        cascades::members(self, root)
+    }
+    fn unfinished_count(&self, id: i64) -> Result<i64> {
+        cascades::unfinished(self, id)
+    }
+    fn running_member(&self, root: i64) -> Result<Option<i64>> {
+        cascades::running_member(self, root)
+    }
+    fn list_backfills(
+        &self,
+        dag_id: Option<&str>,
+        active_only: bool,
+    ) -> Result<Vec<BackfillSummary>> {
+        queries::list(self, dag_id, active_only)
+    }
+    fn outcome(&self, id: i64) -> Result<Option<Outcome>> {
+        queries::outcome(self, id)
+    }
+    fn show_backfill(&self, id: i64) -> Result<Option<BackfillDetail>> {
+        queries::show(self, id)
+    }
+    fn run_history(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<RunHistory>> {
+        queries::runs(self, dag_id, lo, hi)
+    }
+    fn recorded_sources(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Recorded> {
+        queries::recorded_sources(self, dag_id, lo, hi)
+    }
+}
+
+impl Ownership for Conn {
     fn fence(&self, owner: Owner) -> Result<Fenced> {
         backfills::fence(self, owner)
     }
@@ -418,30 +603,22 @@ impl Store for Conn {
     fn request_cancel(&self, backfill_id: i64) -> Result<()> {
         backfills::request_cancel(self, backfill_id)
     }
+    fn join_backfill(
+        &self,
+        backfill_id: i64,
+        max_active_runs: u32,
+        ctx: &LeaseCtx,
+    ) -> Result<Owner> {
+        let ctx = &*self.at(ctx)?;
+        workers::join(self, backfill_id, max_active_runs, ctx)
+    }
+    fn take_gone_workers(&self, backfill_id: i64, ctx: &LeaseCtx) -> Result<Vec<Owner>> {
+        let ctx = &*self.at(ctx)?;
+        workers::take_gone(self, backfill_id, ctx)
+    }
     fn take_ownership(&self, backfill_id: i64, ctx: &LeaseCtx, me: bool) -> Result<Option<Owner>> {
         let ctx = &*self.at(ctx)?;
         backfills::take_ownership(self, backfill_id, ctx, me)
-    }
-    fn promoting(&self, staged: i64) -> Result<Option<i64>> {
-        backfills::promoting(self, staged)
-    }
-    fn settle_staged(&self, id: i64) -> Result<()> {
-        backfills::settle_staged(self, id)
-    }
-    fn held_leases(
-        &self,
-        dag_id: &str,
-        lo: i64,
-        hi: i64,
-        ctx: &LeaseCtx,
-        judge: Judge,
-    ) -> Result<HashSet<i64>> {
-        let ctx = &*self.at(ctx)?;
-        leases::held(self, dag_id, lo, hi, ctx, judge)
-    }
-    fn stale_leases(&self, dag_id: &str, ctx: &LeaseCtx) -> Result<Vec<(i64, i64)>> {
-        let ctx = &*self.at(ctx)?;
-        leases::stale(self, dag_id, ctx)
     }
     fn take_leases(
         &self,
@@ -453,28 +630,15 @@ impl Store for Conn {
         let ctx = &*self.at(ctx)?;
         leases::take(self, backfill_id, dag_id, intervals, ctx)
     }
-    fn holds_lease(&self, backfill_id: i64, dag_id: &str, interval_start: i64) -> Result<bool> {
-        leases::holds(self, backfill_id, dag_id, interval_start)
-    }
     fn release_lease(&self, backfill_id: i64, dag_id: &str, interval_start: i64) -> Result<()> {
         leases::release(self, backfill_id, dag_id, interval_start)
     }
     fn release_all_but_running(&self, backfill_id: i64) -> Result<()> {
         leases::release_all_but_running(self, backfill_id)
     }
-    fn priors(
-        &self,
-        dag_id: &str,
-        intervals: &[DataInterval],
-        ctx: &LeaseCtx,
-        judge: leases::Judge,
-    ) -> Result<Vec<Prior>> {
-        let ctx = &*self.at(ctx)?;
-        plans::priors(self, dag_id, intervals, ctx, judge)
-    }
-    fn state_before(&self, dag_id: &str, start: i64) -> Result<Option<RunState>> {
-        plans::state_before(self, dag_id, start)
-    }
+}
+
+impl Planning for Conn {
     fn insert_plan_chunk(
         &self,
         f: Fenced,
@@ -484,9 +648,6 @@ impl Store for Conn {
     ) -> Result<()> {
         let ctx = &*self.at(ctx)?;
         plans::insert_chunk(self, f, dag_id, rows, ctx)
-    }
-    fn planned_starts(&self, backfill_id: i64) -> Result<std::collections::HashSet<i64>> {
-        plans::planned_starts(self, backfill_id)
     }
     fn skip_planned(
         &self,
@@ -505,17 +666,9 @@ impl Store for Conn {
     ) -> Result<()> {
         plans::mark_skipped(self, backfill_id, interval_start, reason)
     }
-    fn unfinished_intervals(&self, backfill_id: i64) -> Result<Vec<DataInterval>> {
-        plans::unfinished(self, backfill_id)
-    }
-    fn latest_runs(
-        &self,
-        dag_id: &str,
-        lo: i64,
-        hi: i64,
-    ) -> Result<HashMap<i64, (RunState, i64, i64)>> {
-        plans::latest_runs(self, dag_id, lo, hi)
-    }
+}
+
+impl Running for Conn {
     fn take_pool_slot(
         &self,
         f: Fenced,
@@ -526,31 +679,6 @@ impl Store for Conn {
     ) -> Result<Take> {
         let ctx = &*self.at(ctx)?;
         pools::take(self, f, pool, size, try_id, ctx)
-    }
-    fn holds_pool_slot(&self, try_id: i64) -> Result<bool> {
-        pools::holds(self, try_id)
-    }
-    fn list_backfills(
-        &self,
-        dag_id: Option<&str>,
-        active_only: bool,
-    ) -> Result<Vec<BackfillSummary>> {
-        queries::list(self, dag_id, active_only)
-    }
-    fn outcome(&self, id: i64) -> Result<Option<Outcome>> {
-        queries::outcome(self, id)
-    }
-    fn show_backfill(&self, id: i64) -> Result<Option<BackfillDetail>> {
-        queries::show(self, id)
-    }
-    fn run_history(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<RunHistory>> {
-        queries::runs(self, dag_id, lo, hi)
-    }
-    fn recorded_sources(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Recorded> {
-        queries::recorded_sources(self, dag_id, lo, hi)
-    }
-    fn recent_durations_ms(&self, dag_id: &str, task_id: &str, limit: i64) -> Result<Vec<i64>> {
-        queries::recent_durations_ms(self, dag_id, task_id, limit)
     }
     fn start_run_and_try(
         &self,
@@ -575,12 +703,6 @@ impl Store for Conn {
             try_number,
             log,
         )
-    }
-    fn try_holds_lease(&self, try_id: i64) -> Result<bool> {
-        runs::try_holds_lease(self, try_id)
-    }
-    fn run_in_progress(&self, run_id: i64) -> Result<bool> {
-        runs::in_progress(self, run_id)
     }
     fn finish_run(
         &self,
@@ -617,6 +739,10 @@ impl Store for Conn {
     fn set_try_audit(&self, _fenced: Fenced, try_id: i64, path: &str) -> Result<()> {
         runs::set_try_audit(self, _fenced, try_id, path)
     }
+    fn finish_try(&self, _fenced: Fenced, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()> {
+        let now_ms = self.now_ms(now_ms)?;
+        runs::finish_try(self, _fenced, try_id, rec, now_ms)
+    }
     fn finish_try_and_run(
         &self,
         fenced: Fenced,
@@ -630,14 +756,27 @@ impl Store for Conn {
         let now_ms = self.now_ms(now_ms)?;
         runs::finish_try_and_run(self, fenced, try_id, rec, run_id, state, error, now_ms)
     }
-    fn finish_try(&self, _fenced: Fenced, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()> {
-        let now_ms = self.now_ms(now_ms)?;
-        runs::finish_try(self, _fenced, try_id, rec, now_ms)
-    }
     fn end_try(&self, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()> {
         let now_ms = self.now_ms(now_ms)?;
         runs::end_try(self, try_id, rec, now_ms)
     }
+    fn end_abandoned_try(&self, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<bool> {
+        let now_ms = self.now_ms(now_ms)?;
+        runs::end_abandoned_try(self, try_id, rec, now_ms)
+    }
+    fn end_abandoned_runs(
+        &self,
+        runs: &[i64],
+        task_counts: &dyn Fn(&str) -> Option<usize>,
+        keep: &[i64],
+        why: &str,
+        now_ms: i64,
+    ) -> Result<()> {
+        runs::end_abandoned_runs(self, runs, task_counts, keep, why, now_ms)
+    }
+}
+
+impl Publishing for Conn {
     fn record_publish_intent(
         &self,
         _fenced: Fenced,
@@ -651,97 +790,19 @@ impl Store for Conn {
         let now_ms = self.now_ms(now_ms)?;
         runs::mark_published(self, p, now_ms)
     }
-    fn published(
-        &self,
-        dag_id: &str,
-        task_id: &str,
-        interval_start: i64,
-    ) -> Result<Option<(i64, i64, Option<String>)>> {
-        runs::published(self, dag_id, task_id, interval_start)
-    }
-    fn unfinished_tries(&self, claimed: Owner) -> Result<Vec<UnfinishedTry>> {
-        runs::unfinished_tries(self, claimed)
-    }
-    fn pending_publishes(&self, claimed: Owner) -> Result<Vec<PendingPublish>> {
-        runs::pending_publishes(self, claimed)
-    }
-    fn is_publishing(&self, try_id: i64) -> Result<bool> {
-        runs::publishing(self, try_id)
-    }
-    fn end_abandoned_try(&self, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<bool> {
-        let now_ms = self.now_ms(now_ms)?;
-        runs::end_abandoned_try(self, try_id, rec, now_ms)
-    }
-    fn runs_in_progress(&self, claimed: Owner) -> Result<Vec<i64>> {
-        runs::runs_in_progress(self, claimed)
-    }
-    fn end_abandoned_runs(
-        &self,
-        runs: &[i64],
-        task_counts: &dyn Fn(&str) -> Option<usize>,
-        keep: &[i64],
-        why: &str,
-        now_ms: i64,
-    ) -> Result<()> {
-        runs::end_abandoned_runs(self, runs, task_counts, keep, why, now_ms)
-    }
-    fn may_publish(&self, try_id: i64, owner: Option<Owner>, intent: bool) -> Result<bool> {
-        runs::may_publish(self, try_id, owner, intent)
-    }
-    fn set_staged(&self, staged_try: i64, to: crate::state::StagedState) -> Result<bool> {
-        runs::set_staged(self, staged_try, to)
-    }
-    fn staged_outputs(&self, backfill_id: i64) -> Result<Vec<Staged>> {
-        runs::staged(self, backfill_id)
-    }
-    fn current_publication(
-        &self,
-        dag_id: &str,
-        task_id: &str,
-        interval_start: i64,
-    ) -> Result<Option<Current>> {
-        runs::current(self, dag_id, task_id, interval_start)
-    }
-    fn is_staged(&self, staged_try: i64) -> Result<bool> {
-        runs::is_staged(self, staged_try)
-    }
     fn set_promoted_from(&self, try_id: i64, staged_try: i64) -> Result<()> {
         runs::set_promoted_from(self, try_id, staged_try)
+    }
+}
+
+impl Staging for Conn {
+    fn set_staged(&self, staged_try: i64, to: crate::state::StagedState) -> Result<bool> {
+        runs::set_staged(self, staged_try, to)
     }
     fn discard_staged(&self, staged_try: i64) -> Result<bool> {
         runs::discard_staged(self, staged_try)
     }
-    fn needing_audit_files(&self) -> Result<std::collections::HashSet<i64>> {
-        runs::needing_audit_files(self)
-    }
-    fn keeping_staged_tables(&self) -> Result<std::collections::HashSet<i64>> {
-        runs::keeping_staged_tables(self)
-    }
-    fn first_unfinished_try(&self) -> Result<i64> {
-        runs::first_unfinished_try(self)
-    }
-    fn starts_in_progress(&self, backfill_id: i64) -> Result<std::collections::HashSet<i64>> {
-        runs::starts_in_progress(self, backfill_id)
-    }
-    fn plan_outcomes(&self, backfill_id: i64) -> Result<Vec<PlanOutcome>> {
-        cascades::plan_outcomes(self, backfill_id)
-    }
-    fn latest_computing_state(&self, dag_id: &str, start: i64) -> Result<Option<RunState>> {
-        Ok(cascades::latest_state(self, dag_id, start)?)
-    }
-    fn last_success(&self, dag_id: &str, start: i64) -> Result<Option<i64>> {
-        Ok(cascades::last_success(self, dag_id, start)?)
-    }
-    fn succeeded_tries(&self, dag_id: &str, start: i64) -> Result<Vec<SucceededTry>> {
-        Ok(cascades::succeeded_tries(self, dag_id, start)?)
-    }
-    fn cascade_members(&self, root: i64) -> Result<Vec<Backfill>> {
-        cascades::members(self, root)
-    }
-    fn unfinished_count(&self, id: i64) -> Result<i64> {
-        cascades::unfinished(self, id)
-    }
-    fn running_member(&self, root: i64) -> Result<Option<i64>> {
-        cascades::running_member(self, root)
+    fn settle_staged(&self, id: i64) -> Result<()> {
+        backfills::settle_staged(self, id)
     }
 }

@@ -14,7 +14,7 @@ use super::launch::check_tasks;
 use crate::cascade::{self, Mode};
 use crate::exit::{self, Error};
 use crate::interval::DataInterval;
-use crate::manifest::{Backfill, Store};
+use crate::manifest::{Backfill, Reads};
 use crate::plan::SkipReason;
 use crate::project::{Dag, Project, ProjectError};
 
@@ -42,7 +42,7 @@ pub fn all_dags(project: &Project) -> Result<Vec<Dag>, Error> {
 /// The intervals of downstream DAG `d` that the cascade plans, from what its upstream
 /// backfills (`backfill_of`, by DAG) did, with the ones skipped for their upstream.
 pub fn plan_member(
-    conn: &dyn Store,
+    conn: &dyn Reads,
     project: &Project,
     dags: &[Dag],
     d: &Dag,
@@ -107,7 +107,7 @@ pub fn plan_member(
 /// output it left standing (`standing`) that have no successful run of their own in the
 /// manifest (`None`: nothing was recorded).
 pub fn downstream_intervals(
-    conn: Option<&dyn Store>,
+    conn: Option<&dyn Reads>,
     d: &Dag,
     touched: &[DataInterval],
     standing: &[DataInterval],
@@ -140,7 +140,7 @@ pub fn downstream_intervals(
 
 /// The backfill of each DAG of the cascade of `root` so far, by DAG.
 pub fn backfills_of(
-    conn: &dyn Store,
+    conn: &dyn Reads,
     root: i64,
     root_dag: &str,
 ) -> Result<(HashMap<String, i64>, Vec<Backfill>), Error> {
@@ -159,7 +159,7 @@ pub fn backfills_of(
 /// in the manifest `conn`. A DAG that overlaps nothing is left out.
 pub fn walk_chain(
     project: &Project,
-    conn: Option<&dyn Store>,
+    conn: Option<&dyn Reads>,
     root: &str,
     root_intervals: Vec<DataInterval>,
     root_standing: Vec<DataInterval>,

@@ -519,7 +519,7 @@ pub type Sampled = (Vec<DataInterval>, HashMap<i64, &'static str>);
 /// [`crate::sample::pick`] over those already complete, with why each was picked (by start);
 /// `None` when the range has no more than N complete intervals, which then all run.
 pub fn sample_of(
-    manifest: Option<&dyn crate::manifest::Store>,
+    manifest: Option<&dyn crate::manifest::Reads>,
     manifest_path: &std::path::Path,
     dag: &Dag,
     intervals: &[DataInterval],

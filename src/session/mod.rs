@@ -71,7 +71,7 @@ pub fn find_backfill(
     (
         Project,
         PathBuf,
-        Box<dyn crate::manifest::Store>,
+        Box<dyn crate::manifest::Reads>,
         crate::manifest::Backfill,
     ),
     Error,

@@ -13,7 +13,7 @@ use crate::exit::{self, Error};
 use crate::interval::{DataInterval, Range, expand_nonempty};
 use crate::manifest::leases::LeaseCtx;
 use crate::manifest::writer::Writer;
-use crate::manifest::{self, Store};
+use crate::manifest::{self, Reads};
 use crate::plan;
 use crate::recovery::{self, Dags};
 
@@ -28,7 +28,7 @@ pub fn resume_found(
     g: &Global,
     project: &crate::project::Project,
     manifest_path: &std::path::Path,
-    conn: Box<dyn Store>,
+    conn: Box<dyn Reads>,
     backfill: manifest::Backfill,
 ) -> Result<u8, Error> {
     let id = backfill.id;

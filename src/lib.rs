@@ -1,9 +1,9 @@
 //! `backfill`: a crash-safe backfill orchestrator for batch data pipelines.
 //!
 //! The binary is a thin shell over [`commands::run`]. The modules are layers; a module imports
-//! only from the layers below its own, or its own line; no two modules import each other (checked
-//! by the test `tests/layers.rs`, which reads this table and every `crate::` path; no exception
-//! today):
+//! only from the layers below its own, or its own line; no two modules import each other, and no
+//! files go round in a circle of imports (checked by the test `tests/layers.rs`, which reads this
+//! table and every `crate::` and `super::` path; no exception today):
 //!
 //! ```text
 //! main.rs, log                 parse (clap), run, map the error to an exit code; diagnostics
@@ -21,8 +21,9 @@
 //!                              at a source again
 //! exit                         the error type and its exit codes
 //! manifest/                    the only code that speaks SQL to the manifest: manifest::Store
-//!                              is its typed interface, the SQLite connection implements it,
-//!                              the writer thread batches its commits
+//!                              is its typed interface, grouped by role (a read-only handle
+//!                              has Reads only), over one dialect layer for SQLite and
+//!                              PostgreSQL; the writer thread batches its commits
 //! warehouse/                   what a SQL task needs of its warehouse, SQLite or PostgreSQL
 //! task/, process/              command tasks; the one way to run a child process
 //! project/                     backfill.toml and dags/*.toml: raw, validated model, loading

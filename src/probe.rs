@@ -20,7 +20,7 @@ pub use crate::manifest::queries::{Recorded, Seen};
 use crate::project::{Dag, Gate, SourceCount, Task, TaskKind};
 use crate::task::command;
 use crate::task::template::IntervalValues;
-use crate::warehouse::{self, Binds};
+use crate::warehouse::Binds;
 
 /// How long a probe command may take when its task sets no `timeout`.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -209,7 +209,7 @@ pub fn look(
     match &task.kind {
         TaskKind::Sql(sql) => {
             let binds = Binds::new(interval, dag.tz);
-            let (source_rows, source_fingerprint) = warehouse::backend::of(&sql.warehouse)
+            let (source_rows, source_fingerprint) = crate::warehouse::backend_of(&sql.warehouse)
                 .look(sql, gate, &binds, dag.tz)
                 .map_err(|e| e.to_string())?;
             Ok(Seen {

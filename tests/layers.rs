@@ -2,6 +2,11 @@
 //! `crate::` path in a module's code (tests aside) names a module of its own line or of a line
 //! below, and no two modules import each other. A path that must go up carries the comment
 //! `layer exception:` with why, on its line or the line above.
+//!
+//! Within the modules, files do not go round in circles either: every `crate::` and `super::`
+//! path (in `use` trees and in code) is resolved to the file that defines it, and the files'
+//! imports must have no cycle. A file's imports of the modules it sits in (its ancestors'
+//! `mod.rs`) are not counted: a child may use what its parent declares and re-exports.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -153,6 +158,255 @@ fn modules_import_only_below_their_layer_and_never_each_other() {
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The module path of a file of `src/` (`manifest/mod.rs` is `manifest`).
+fn module_path(rel: &Path) -> Vec<String> {
+    let mut parts: Vec<String> = rel
+        .with_extension("")
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if parts.last().is_some_and(|l| l == "mod") {
+        parts.pop();
+    }
+    parts
+}
+
+/// The paths of a `use` tree (`a::{b, c::{d, self}}` is `a::b`, `a::c::d`, `a::c::self`).
+fn expand(tree: &str) -> Vec<String> {
+    let tree = tree.trim();
+    let Some(open) = tree.find('{') else {
+        return vec![
+            tree.split(" as ")
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
+        ];
+    };
+    let close = tree.rfind('}').filter(|c| *c > open).unwrap_or(tree.len());
+    let (prefix, inner) = (&tree[..open], &tree[open + 1..close]);
+    let (mut parts, mut current, mut depth) = (Vec::new(), String::new(), 0);
+    for c in inner.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(std::mem::take(&mut current));
+                continue;
+            }
+            _ => {}
+        }
+        current.push(c);
+    }
+    parts.push(current);
+    parts
+        .iter()
+        .filter(|p| !p.trim().is_empty())
+        .flat_map(|p| expand(p))
+        .map(|p| format!("{prefix}{p}"))
+        .collect()
+}
+
+/// The code of a file without its comments and tests.
+fn code_of(code: &str) -> String {
+    code.lines()
+        .take_while(|l| !l.trim_start().starts_with("#[cfg(test)]"))
+        .map(|l| l.split("//").next().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The `crate::` and `super::` paths of `code`, as module paths from the crate's root, for the
+/// file at module path `me`.
+fn crate_paths(code: &str, me: &[String]) -> Vec<Vec<String>> {
+    let mut raw = Vec::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("use ") {
+        let word_start =
+            at == 0 || !rest[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_');
+        rest = &rest[at + 4..];
+        if word_start && let Some(end) = rest.find(';') {
+            raw.extend(expand(&rest[..end]));
+        }
+    }
+    for start in ["crate::", "super::"] {
+        let mut rest = code;
+        while let Some(at) = rest.find(start) {
+            let before = &rest[..at];
+            rest = &rest[at..];
+            let path: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+                .collect();
+            rest = &rest[start.len()..];
+            if !before.ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == ':') {
+                raw.push(path);
+            }
+        }
+    }
+    raw.iter()
+        .filter_map(|p| {
+            let mut segments = p.split("::").map(str::trim).filter(|s| !s.is_empty());
+            let mut base = match segments.next()? {
+                "crate" => Vec::new(),
+                "super" => me[..me.len().saturating_sub(1)].to_vec(),
+                _ => return None,
+            };
+            for s in segments {
+                match s {
+                    "super" => {
+                        base.pop();
+                    }
+                    "self" | "*" => {}
+                    s => base.push(s.to_string()),
+                }
+            }
+            Some(base)
+        })
+        .collect()
+}
+
+/// The file of `src/` that defines module path `path`: the longest prefix that is a file.
+fn file_of(path: &[String], files: &BTreeSet<PathBuf>) -> Option<PathBuf> {
+    (1..=path.len()).rev().find_map(|n| {
+        let stem: PathBuf = path[..n].iter().collect();
+        [stem.with_extension("rs"), stem.join("mod.rs")]
+            .into_iter()
+            .find(|f| files.contains(f))
+    })
+}
+
+/// The cycles of a graph: each strongly connected component of more than one node.
+fn cycles<T: Ord + Clone>(edges: &BTreeMap<T, BTreeSet<T>>) -> Vec<Vec<T>> {
+    // Tarjan's algorithm.
+    struct State<T> {
+        index: BTreeMap<T, usize>,
+        low: BTreeMap<T, usize>,
+        stack: Vec<T>,
+        found: Vec<Vec<T>>,
+    }
+    fn visit<T: Ord + Clone>(v: &T, edges: &BTreeMap<T, BTreeSet<T>>, s: &mut State<T>) {
+        let i = s.index.len();
+        s.index.insert(v.clone(), i);
+        s.low.insert(v.clone(), i);
+        s.stack.push(v.clone());
+        for w in edges.get(v).into_iter().flatten() {
+            if !s.index.contains_key(w) {
+                visit(w, edges, s);
+                let low = s.low[v].min(s.low[w]);
+                s.low.insert(v.clone(), low);
+            } else if s.stack.contains(w) {
+                let low = s.low[v].min(s.index[w]);
+                s.low.insert(v.clone(), low);
+            }
+        }
+        if s.low[v] == s.index[v] {
+            let at = s.stack.iter().rposition(|x| x == v).unwrap();
+            let component = s.stack.split_off(at);
+            if component.len() > 1 {
+                s.found.push(component);
+            }
+        }
+    }
+    let mut s = State {
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        found: Vec::new(),
+    };
+    for v in edges.keys() {
+        if !s.index.contains_key(v) {
+            visit(v, edges, &mut s);
+        }
+    }
+    s.found
+}
+
+#[test]
+fn files_import_each_other_in_no_circle() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut found = Vec::new();
+    sources(&root, &mut found);
+    let files: BTreeSet<PathBuf> = found
+        .iter()
+        .map(|f| f.strip_prefix(&root).unwrap().to_path_buf())
+        .collect();
+    let mut edges: BTreeMap<PathBuf, BTreeSet<PathBuf>> = BTreeMap::new();
+    for rel in &files {
+        if rel == Path::new("lib.rs") || rel == Path::new("main.rs") {
+            continue;
+        }
+        let me = module_path(rel);
+        let code = code_of(&std::fs::read_to_string(root.join(rel)).unwrap());
+        for path in crate_paths(&code, &me) {
+            let Some(target) = file_of(&path, &files) else {
+                continue;
+            };
+            // Its own ancestors: what the modules it sits in declare.
+            let ancestor = target.ends_with("mod.rs") && me.starts_with(&module_path(&target));
+            if target != *rel && !ancestor {
+                edges.entry(rel.clone()).or_default().insert(target);
+            }
+        }
+    }
+    assert!(
+        edges.len() > 50,
+        "the imports of src/ were not read: {edges:?}"
+    );
+    let circles: Vec<String> = cycles(&edges)
+        .into_iter()
+        .map(|c| {
+            let mut c: Vec<String> = c.iter().map(|f| f.display().to_string()).collect();
+            c.sort();
+            format!(
+                "these files import each other in a circle: {}",
+                c.join(", ")
+            )
+        })
+        .collect();
+    assert!(circles.is_empty(), "{}", circles.join("\n"));
+}
+
+#[test]
+fn the_file_rule_resolves_paths_and_finds_circles() {
+    let files: BTreeSet<PathBuf> = ["a/mod.rs", "a/b.rs", "a/c.rs", "d.rs"]
+        .map(PathBuf::from)
+        .into();
+    let me = module_path(Path::new("a/b.rs"));
+    let code = code_of(
+        "use super::{c::{X, Y}, self as parent};\npub use crate::d::Z; // crate::e\nlet v = crate::a::c::f();\nabuse crate::x;",
+    );
+    let targets: Vec<Option<PathBuf>> = crate_paths(&code, &me)
+        .iter()
+        .map(|p| file_of(p, &files))
+        .collect();
+    let some = |f: &str| Some(PathBuf::from(f));
+    assert_eq!(
+        targets,
+        [
+            some("a/c.rs"),
+            some("a/c.rs"),
+            some("a/mod.rs"),
+            some("d.rs"),
+            some("d.rs"),
+            some("a/c.rs"),
+            None,
+            some("a/mod.rs"),
+        ]
+    );
+    let graph = |pairs: &[(u8, u8)]| {
+        let mut g: BTreeMap<u8, BTreeSet<u8>> = BTreeMap::new();
+        for (a, b) in pairs {
+            g.entry(*a).or_default().insert(*b);
+        }
+        g
+    };
+    assert!(cycles(&graph(&[(1, 2), (2, 3), (1, 3)])).is_empty());
+    let mut found = cycles(&graph(&[(1, 2), (2, 3), (3, 1), (3, 4)]));
+    found[0].sort();
+    assert_eq!(found, [vec![1, 2, 3]]);
 }
 
 #[test]

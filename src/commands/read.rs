@@ -208,7 +208,7 @@ fn kept_versions(
             continue;
         }
         let manifest = crate::manifest::identity(manifest_path).unwrap_or_default();
-        out.push(crate::warehouse::backend::of(&sql.warehouse).storage(sql, &manifest));
+        out.push(crate::warehouse::backend_of(&sql.warehouse).storage(sql, &manifest));
     }
     out
 }

@@ -273,7 +273,7 @@ pub fn discard(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
             .map(|t| &t.kind)
         {
             if let Err(why) =
-                crate::warehouse::backend::of(&sql.warehouse).drop_staged(sql, location, &audits)
+                crate::warehouse::backend_of(&sql.warehouse).drop_staged(sql, location, &audits)
             {
                 warn(g, &why);
             }
@@ -396,7 +396,7 @@ pub fn diff(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
             .map_err(|e| e.at(&path))?;
         let published: Option<(i64, Option<String>)> = match sql {
             Some(sql) => {
-                let (rows, fingerprint) = crate::warehouse::backend::of(&sql.warehouse)
+                let (rows, fingerprint) = crate::warehouse::backend_of(&sql.warehouse)
                     .published(sql, repr, s.interval, dag.tz, location)
                     .map_err(wh_error)?;
                 (recorded.is_some() || rows > 0).then_some((rows, Some(fingerprint)))
@@ -424,7 +424,7 @@ pub fn diff(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
             .filter(|k| !k.is_empty());
         let keys = match (sql, unique_key) {
             (Some(sql), Some(key)) => {
-                match crate::warehouse::backend::of(&sql.warehouse)
+                match crate::warehouse::backend_of(&sql.warehouse)
                     .diff_keys(sql, key, repr, s.interval, dag.tz, location)
                 {
                     Ok(Some(keys)) => Some(keys),
@@ -533,7 +533,7 @@ pub fn rollback(
     let mut reprs = HashMap::new();
     for (task, sql) in &chosen {
         let problem = |e: String| Error::Usage(format!("{}: task `{}`: {e}", dag.file, task.id));
-        let repr = crate::warehouse::backend::of(&sql.warehouse)
+        let repr = crate::warehouse::backend_of(&sql.warehouse)
             .prepare(sql, task.gate.as_ref(), window, dag.tz)
             .map_err(|p| problem(p.message))?;
         reprs.insert(task.id.clone(), repr);

@@ -353,7 +353,8 @@ impl Verifier<'_> {
                         measure_only: true,
                         lease_timeout: crate::project::DEFAULT_LEASE_TIMEOUT,
                     };
-                    let output = backend::of(&s.warehouse).write(&write, cancel)?;
+                    let output =
+                        crate::warehouse::backend_of(&s.warehouse).write(&write, cancel)?;
                     let measures = output.measures().clone();
                     output.remove();
                     Ok(measures)

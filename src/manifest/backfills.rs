@@ -287,13 +287,10 @@ pub enum Heartbeat {
     Ended,
 }
 
-/// Refreshes the owner heartbeat and reads what the owner must do; [`Error::Fenced`] when
-/// another process took the backfill over.
-pub fn heartbeat(conn: &Conn, owner: Owner, now_ms: i64) -> Result<Heartbeat> {
-    let owner = fence(conn, owner)?.owner();
-    if let Some(worker) = owner.worker {
-        return super::workers::heartbeat(conn, owner.backfill_id, worker, now_ms);
-    }
+/// Refreshes the heartbeat of a backfill's owner (not a worker's: see
+/// [`super::workers::heartbeat`]) and reads what the owner must do.
+pub fn heartbeat(conn: &Conn, fenced: Fenced, now_ms: i64) -> Result<Heartbeat> {
+    let owner = fenced.owner();
     conn.prepare_cached("UPDATE backfills SET heartbeat_at = ?2 WHERE id = ?1")?
         .execute(params![owner.backfill_id, now_ms])?;
     let cancel: bool = conn
@@ -307,11 +304,8 @@ pub fn heartbeat(conn: &Conn, owner: Owner, now_ms: i64) -> Result<Heartbeat> {
 }
 
 /// Records the end of a backfill by its owner and releases whatever leases it still holds.
-pub fn finish(conn: &Conn, owner: Owner, state: BackfillState, now_ms: i64) -> Result<()> {
-    let owner = fence(conn, owner)?.owner();
-    if let Some(worker) = owner.worker {
-        return super::workers::finish(conn, worker, state, now_ms);
-    }
+pub fn finish(conn: &Conn, fenced: Fenced, state: BackfillState, now_ms: i64) -> Result<()> {
+    let owner = fenced.owner();
     conn.execute(
         "UPDATE backfills SET state = ?2, finished_at = ?3, heartbeat_at = ?3 WHERE id = ?1",
         params![owner.backfill_id, state, now_ms],

@@ -311,34 +311,3 @@ impl Conn {
         matches!(self, Conn::Pg(_))
     }
 }
-
-/// `?N` parameters as `$N`, outside quoted text.
-pub fn translate(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len());
-    let mut quoted = false;
-    let mut chars = sql.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '\'' => {
-                quoted = !quoted;
-                out.push(c);
-            }
-            '?' if !quoted && chars.peek().is_some_and(char::is_ascii_digit) => out.push('$'),
-            _ => out.push(c),
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parameters_become_numbered_dollars_outside_quotes() {
-        assert_eq!(
-            translate("SELECT 1 FROM t WHERE a = ?1 AND b = '?2' AND c IN (?10, ?2)"),
-            "SELECT 1 FROM t WHERE a = $1 AND b = '?2' AND c IN ($10, $2)"
-        );
-    }
-}

@@ -27,8 +27,9 @@ use std::time::Duration;
 use rusqlite::Connection;
 
 pub use backfills::{Backfill, NewBackfill, Owner};
+pub use publishes::{PendingPublish, Publication};
 pub use reader::{Reader, close_readers};
-pub use runs::{PendingPublish, Publication, TryRecord};
+pub use runs::TryRecord;
 pub use store::{Ownership, Planning, Publishing, Reads, Running, Staging, Store};
 
 /// The backfills whose runs do not say what an interval's partition was computed from: staged

@@ -180,7 +180,7 @@ impl Session {
         if let Some(s) = prepared.borrow().get(sql) {
             return Ok(s.clone());
         }
-        let text = super::db::translate(sql);
+        let text = translate(sql);
         let s = conn
             .wait(conn.client.prepare(&text))
             .map_err(|e| wrap(&e))?;
@@ -638,5 +638,36 @@ impl<'a> FromSql<'a> for Read {
 
     fn accepts(_: &Type) -> bool {
         true
+    }
+}
+
+/// `?N` parameters as `$N`, outside quoted text.
+fn translate(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut quoted = false;
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                quoted = !quoted;
+                out.push(c);
+            }
+            '?' if !quoted && chars.peek().is_some_and(char::is_ascii_digit) => out.push('$'),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_become_numbered_dollars_outside_quotes() {
+        assert_eq!(
+            translate("SELECT 1 FROM t WHERE a = ?1 AND b = '?2' AND c IN (?10, ?2)"),
+            "SELECT 1 FROM t WHERE a = $1 AND b = '?2' AND c IN ($10, $2)"
+        );
     }
 }

@@ -14,11 +14,6 @@ use crate::interval::DataInterval;
 use crate::liveness::Group;
 use crate::state::{RunState, TryState};
 
-pub use super::publishes::{
-    Current, PendingPublish, Publication, ROLLED_BACK, current, mark_published, may_publish,
-    pending_publishes, published, publishing, record_publish_intent,
-};
-
 /// What came of starting an interval's run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Start {

@@ -23,10 +23,11 @@ use super::cascades::{PlanOutcome, SucceededTry};
 use super::db::Conn;
 use super::leases::{Judge, LeaseCtx};
 use super::pools::Take;
+use super::publishes::{Current, PendingPublish, Publication};
 use super::queries::{BackfillDetail, BackfillSummary, Outcome, Recorded, RunHistory};
-use super::runs::{Current, PendingPublish, Publication, Staged, TryRecord, UnfinishedTry};
+use super::runs::{Staged, TryRecord, UnfinishedTry};
 use super::workers::{self, Worker};
-use super::{Result, backfills, cascades, leases, plans, pools, queries, runs};
+use super::{Result, backfills, cascades, leases, plans, pools, publishes, queries, runs};
 use crate::interval::DataInterval;
 use crate::liveness::Group;
 use crate::plan::{PlanRow, Prior, RunState, SkipReason};
@@ -508,16 +509,16 @@ impl Reads for Conn {
         task_id: &str,
         interval_start: i64,
     ) -> Result<Option<(i64, i64, Option<String>)>> {
-        runs::published(self, dag_id, task_id, interval_start)
+        publishes::published(self, dag_id, task_id, interval_start)
     }
     fn pending_publishes(&self, claimed: Owner) -> Result<Vec<PendingPublish>> {
-        runs::pending_publishes(self, claimed)
+        publishes::pending_publishes(self, claimed)
     }
     fn is_publishing(&self, try_id: i64) -> Result<bool> {
-        runs::publishing(self, try_id)
+        publishes::publishing(self, try_id)
     }
     fn may_publish(&self, try_id: i64, owner: Option<Owner>, intent: bool) -> Result<bool> {
-        runs::may_publish(self, try_id, owner, intent)
+        publishes::may_publish(self, try_id, owner, intent)
     }
     fn staged_outputs(&self, backfill_id: i64) -> Result<Vec<Staged>> {
         runs::staged(self, backfill_id)
@@ -528,7 +529,7 @@ impl Reads for Conn {
         task_id: &str,
         interval_start: i64,
     ) -> Result<Option<Current>> {
-        runs::current(self, dag_id, task_id, interval_start)
+        publishes::current(self, dag_id, task_id, interval_start)
     }
     fn is_staged(&self, staged_try: i64) -> Result<bool> {
         runs::is_staged(self, staged_try)
@@ -594,11 +595,19 @@ impl Ownership for Conn {
     }
     fn heartbeat(&self, owner: Owner, now_ms: i64) -> Result<Heartbeat> {
         let now_ms = self.now_ms(now_ms)?;
-        backfills::heartbeat(self, owner, now_ms)
+        let fenced = backfills::fence(self, owner)?;
+        match owner.worker {
+            Some(worker) => workers::heartbeat(self, owner.backfill_id, worker, now_ms),
+            None => backfills::heartbeat(self, fenced, now_ms),
+        }
     }
     fn finish_backfill(&self, owner: Owner, state: BackfillState, now_ms: i64) -> Result<()> {
         let now_ms = self.now_ms(now_ms)?;
-        backfills::finish(self, owner, state, now_ms)
+        let fenced = backfills::fence(self, owner)?;
+        match owner.worker {
+            Some(worker) => workers::finish(self, worker, state, now_ms),
+            None => backfills::finish(self, fenced, state, now_ms),
+        }
     }
     fn request_cancel(&self, backfill_id: i64) -> Result<()> {
         backfills::request_cancel(self, backfill_id)
@@ -784,11 +793,11 @@ impl Publishing for Conn {
         audit_path: Option<&str>,
         rec: &TryRecord,
     ) -> Result<bool> {
-        runs::record_publish_intent(self, _fenced, try_id, audit_path, rec)
+        publishes::record_publish_intent(self, _fenced, try_id, audit_path, rec)
     }
     fn mark_published(&self, p: &Publication<'_>, now_ms: i64) -> Result<()> {
         let now_ms = self.now_ms(now_ms)?;
-        runs::mark_published(self, p, now_ms)
+        publishes::mark_published(self, p, now_ms)
     }
     fn set_promoted_from(&self, try_id: i64, staged_try: i64) -> Result<()> {
         runs::set_promoted_from(self, try_id, staged_try)

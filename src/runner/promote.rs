@@ -23,7 +23,6 @@ use crate::project::{SqlTask, Task, TaskKind};
 use crate::state::TryState;
 use crate::task::command;
 use crate::task::template::IntervalValues;
-use crate::warehouse::backend;
 
 /// Promotes one task of an interval: one try, never retried (a failed promote leaves the output
 /// staged, for the next `promote`).
@@ -116,7 +115,7 @@ async fn promote_sql(
         "promoting the output staged by try {} ({})",
         staged.try_id, staged.path
     ));
-    let reopened = backend::of(&sql.warehouse).staged(
+    let reopened = crate::warehouse::backend_of(&sql.warehouse).staged(
         sql,
         &staged.path,
         &crate::manifest::identity(&shared.spec.manifest_path)?,

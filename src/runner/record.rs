@@ -7,7 +7,7 @@ use crate::clock::now_ms;
 use crate::exit::Error;
 use crate::interval::DataInterval;
 use crate::manifest::leases::{Judge, LeaseCtx};
-use crate::manifest::{Publication, TryRecord, runs};
+use crate::manifest::{Publication, TryRecord, publishes, runs};
 use crate::plan::{RunState, SkipReason};
 use crate::project::{Task, TaskKind};
 use crate::task::command;
@@ -299,7 +299,7 @@ pub(super) async fn published_try(
     shared: &Shared,
     task: &Task,
     interval: DataInterval,
-) -> Result<Option<runs::Current>, Error> {
+) -> Result<Option<publishes::Current>, Error> {
     let (dag_id, task_id) = (shared.spec.dag.id.clone(), task.id.clone());
     let path = shared.spec.manifest_path.clone();
     let read = tokio::task::spawn_blocking(move || {

@@ -11,7 +11,7 @@ use super::sql_try::TryLog;
 use crate::clock::now_ms;
 use crate::exit::Error;
 use crate::interval::DataInterval;
-use crate::manifest::{self, TryRecord, runs};
+use crate::manifest::{self, TryRecord, publishes};
 use crate::project::{SqlTask, Task};
 use crate::state::TryState;
 use crate::warehouse::{self, backend};
@@ -39,7 +39,7 @@ async fn rollback_sql(
     started: &Started,
 ) -> Result<Outcome, Error> {
     let mut log = TryLog::open(&started.log);
-    let Some(runs::Current {
+    let Some(publishes::Current {
         try_id: current,
         rows: current_rows,
         content,
@@ -57,7 +57,7 @@ async fn rollback_sql(
         let Some(key) = content else {
             return Ok(None);
         };
-        Ok(backend::of(&s.warehouse)
+        Ok(crate::warehouse::backend_of(&s.warehouse)
             .kept_version(&s, &m, key)?
             .map(|(v, f)| (key, v, f)))
     })
@@ -88,7 +88,7 @@ async fn rollback_sql(
     record.rows = Some(version.rows);
     record.fingerprint = Some(fingerprint.clone());
     record.previous_rows = Some(current_rows);
-    record.verdict = Some(runs::ROLLED_BACK.into());
+    record.verdict = Some(publishes::ROLLED_BACK.into());
     record.restored_from = version.version_of;
     record.restore_key = Some(key);
     log.line(&format!(
@@ -143,7 +143,7 @@ async fn rollback_sql(
             fingerprint: &print,
             in_manifest: recorded.as_ref(),
         };
-        backend::of(&s.warehouse).roll_back(&r, &allowed)
+        crate::warehouse::backend_of(&s.warehouse).roll_back(&r, &allowed)
     })
     .await
     .map_err(|e| Error::Internal(format!("rollback panicked: {e}")))?;

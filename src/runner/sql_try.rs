@@ -16,7 +16,7 @@ use super::{Shared, Stop};
 use crate::clock::now_ms;
 use crate::exit::Error;
 use crate::gate::{self, Measures, Verdict};
-use crate::manifest::{self, TryRecord, runs};
+use crate::manifest::{self, TryRecord, publishes};
 use crate::project::{SqlTask, Task};
 use crate::state::TryState;
 use crate::warehouse::backend::{self, Pending};
@@ -89,7 +89,7 @@ pub(super) async fn sql_try(
         .lock()
         .ok()
         .and_then(|r| r.get(&task.id).copied().flatten());
-    let in_its_publish = backend::of(&sql.warehouse).writes_in_its_publish();
+    let in_its_publish = crate::warehouse::backend_of(&sql.warehouse).writes_in_its_publish();
     let staging = matches!(shared.spec.mode, super::Mode::Stage);
     let in_manifest = in_its_publish && !staging && shared.in_manifest(sql);
     let into = if in_its_publish {
@@ -128,7 +128,7 @@ pub(super) async fn sql_try(
             measure_only: false,
             lease_timeout,
         };
-        backend::of(&s.warehouse).write(&write, cancel)
+        crate::warehouse::backend_of(&s.warehouse).write(&write, cancel)
     });
     // Where the write is the publish's own transaction, which books the publish (PostgreSQL),
     // the intent is recorded while the warehouse works, before anything can commit (a crash is
@@ -274,7 +274,7 @@ pub(super) struct ToPublish<'a> {
     /// Publish an explicit empty partition.
     pub empty: bool,
     /// What the partition holds now.
-    pub current: Option<runs::Current>,
+    pub current: Option<publishes::Current>,
     /// A staged output: its file is checked against the staged fingerprint before it is
     /// published, and kept when the publish fails (it stays staged).
     pub promoting: bool,

@@ -62,7 +62,7 @@ pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> R
     // this process: not measured to gain, they keep two.
     let all_in_servers = e.dag.tasks.iter().all(|t| {
         matches!(&t.kind, crate::project::TaskKind::Sql(s)
-            if !crate::warehouse::backend::of(&s.warehouse).works_in_this_process())
+            if !crate::warehouse::backend_of(&s.warehouse).works_in_this_process())
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(if all_in_servers { 1 } else { 2 })

@@ -22,7 +22,7 @@ use crate::project::{
 use crate::recovery::{self, Dags};
 use crate::state::BackfillKind;
 use crate::task::{command, template};
-use crate::warehouse::{self, Repr};
+use crate::warehouse::Repr;
 
 /// Intervals planned and leased per manifest transaction: small enough that other backfills'
 /// heartbeats never wait long for the write lock.
@@ -481,7 +481,7 @@ pub fn check_tasks(
         match &task.kind {
             TaskKind::Command(spec) => commands.push(spec),
             TaskKind::Sql(sql) => {
-                let backend = warehouse::backend::of(&sql.warehouse);
+                let backend = crate::warehouse::backend_of(&sql.warehouse);
                 // What a killed command left in the warehouse goes first.
                 backend.sweep(&sql.warehouse);
                 let repr = backend

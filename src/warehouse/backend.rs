@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use super::partition::Repr;
 use super::{AuditFile, AuditMeasures, Binds, Cancel, Error, Result, TaskProblem, audit, publish};
 use crate::interval::DataInterval;
-use crate::project::{Gate, SourceCount, SqlTask, Warehouse, WarehouseKind};
+use crate::project::{Gate, SourceCount, SqlTask, Warehouse};
 
 /// What one try writes.
 pub struct Write<'a> {
@@ -241,14 +241,6 @@ pub trait Backend: Sync {
         tz: chrono_tz::Tz,
         location: &str,
     ) -> Result<Option<super::diff::KeyDiff>>;
-}
-
-/// The backend of a warehouse.
-pub fn of(w: &Warehouse) -> &'static dyn Backend {
-    match w.kind {
-        WarehouseKind::Sqlite => &Sqlite,
-        WarehouseKind::Postgres(_) => &super::postgres::Postgres,
-    }
 }
 
 /// The SQLite warehouse: audit files attached to a connection (see [`super::audit`]).

@@ -29,10 +29,18 @@ use std::time::Duration;
 use rusqlite::{Connection, ErrorCode, Statement};
 
 use crate::interval::DataInterval;
-use crate::project::{Gate, SourceCount, SqlTask, Warehouse};
+use crate::project::{Gate, SourceCount, SqlTask, Warehouse, WarehouseKind};
 
 pub use audit::{AuditFile, AuditMeasures};
 pub use partition::Repr;
+
+/// The backend of a warehouse (here, where both engines are in view: neither imports the other).
+pub fn backend_of(w: &Warehouse) -> &'static dyn backend::Backend {
+    match w.kind {
+        WarehouseKind::Sqlite => &backend::Sqlite,
+        WarehouseKind::Postgres(_) => &postgres::Postgres,
+    }
+}
 
 /// What can go wrong in a warehouse.
 #[derive(Debug, thiserror::Error)]

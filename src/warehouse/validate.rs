@@ -18,7 +18,7 @@ pub fn sql_tasks(dags: &[Dag]) -> Vec<ConfigError> {
             let TaskKind::Sql(sql) = &task.kind else {
                 continue;
             };
-            let backend = super::backend::of(&sql.warehouse);
+            let backend = super::backend_of(&sql.warehouse);
             let problem = match warehouses.entry(sql.warehouse.name.clone()) {
                 Entry::Occupied(o) => match o.get() {
                     // The warehouse could not be opened: said once, at its first task.

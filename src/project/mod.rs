@@ -9,6 +9,7 @@ mod dag;
 mod diagnostics;
 mod load;
 mod raw;
+mod task;
 #[cfg(test)]
 mod tests;
 
@@ -373,7 +374,7 @@ impl Project {
                 }
                 let keep_versions = match &w.keep_versions {
                     None => DEFAULT_KEEP_VERSIONS,
-                    Some(k) => load::keep_versions(k, &mut errs).unwrap_or(DEFAULT_KEEP_VERSIONS),
+                    Some(k) => task::keep_versions(k, &mut errs).unwrap_or(DEFAULT_KEEP_VERSIONS),
                 };
                 warehouses.insert(
                     name.clone(),
@@ -450,7 +451,7 @@ impl Project {
             };
             let keep_versions = match &w.keep_versions {
                 None => DEFAULT_KEEP_VERSIONS,
-                Some(k) => load::keep_versions(k, &mut errs).unwrap_or(DEFAULT_KEEP_VERSIONS),
+                Some(k) => task::keep_versions(k, &mut errs).unwrap_or(DEFAULT_KEEP_VERSIONS),
             };
             warehouses.insert(
                 name.clone(),

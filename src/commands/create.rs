@@ -15,9 +15,9 @@ use crate::report::out::Sink;
 use crate::report::plan::{self as plan_view, PlanOptions};
 use crate::session::Global;
 use crate::session::launch::{
-    Launch, check_tasks, dry_plan, launch, only_tasks, parse_conf, sample_of, source_changes,
-    unix_range,
+    Launch, dry_plan, launch, parse_conf, sample_of, source_changes, unix_range,
 };
+use crate::session::tasks::{check_tasks, only_tasks};
 use crate::state::BackfillKind;
 
 pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {

@@ -18,8 +18,9 @@ use crate::report::diff::DiffRow;
 use crate::report::out::Sink;
 use crate::report::out::hint;
 use crate::runner::Mode;
-use crate::session::launch::{check_tasks, request_over, run_every};
+use crate::session::launch::{request_over, run_every};
 use crate::session::staged::{settle_staged, staged_outputs};
+use crate::session::tasks::check_tasks;
 use crate::session::{Global, find_backfill, note, warn};
 use crate::state::{BackfillKind, BackfillState, StagedState};
 

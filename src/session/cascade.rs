@@ -7,7 +7,8 @@
 use std::collections::{HashMap, HashSet};
 
 use super::chain::{all_dags, plan_member, worst};
-use super::launch::{Launch, check_tasks, launch, request_over, run_every};
+use super::launch::{Launch, launch, request_over, run_every};
+use super::tasks::check_tasks;
 use super::{Global, note};
 use crate::cascade::{self, Mode};
 use crate::exit::{self, Error};

@@ -10,7 +10,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::launch::check_tasks;
+use super::tasks::check_tasks;
 use crate::cascade::{self, Mode};
 use crate::exit::{self, Error};
 use crate::interval::DataInterval;

@@ -25,7 +25,7 @@ pub fn join(g: &Global, id: i64, max_active_runs: Option<u32>) -> Result<u8, Err
     joinable(&backfill, &ctx)?;
     let dag = match (&backfill.tasks, backfill.kind) {
         (Some(tasks), crate::state::BackfillKind::Run | crate::state::BackfillKind::Stage) => {
-            super::launch::only_tasks(project.dag(&backfill.dag_id)?, tasks)?
+            super::tasks::only_tasks(project.dag(&backfill.dag_id)?, tasks)?
         }
         _ => project.dag(&backfill.dag_id)?,
     };
@@ -42,7 +42,7 @@ pub fn join(g: &Global, id: i64, max_active_runs: Option<u32>) -> Result<u8, Err
     let conf = backfill.conf_json()?;
     let mut window = intervals.clone();
     window.sort_unstable();
-    let reprs = super::launch::check_tasks(&dag, &conf, &window)?;
+    let reprs = super::tasks::check_tasks(&dag, &conf, &window)?;
     let max = max_active_runs.unwrap_or(backfill.max_active_runs);
     let writer = Writer::open(&manifest_path, project.durability)?;
     let c = ctx.refreshed();
@@ -79,7 +79,7 @@ pub fn join(g: &Global, id: i64, max_active_runs: Option<u32>) -> Result<u8, Err
             crate::report::out::plural(intervals.len() as i64, "interval", "intervals")
         );
     }
-    let upstream = super::launch::upstream_dags(&project, &dag, backfill.cascade_of.is_some());
+    let upstream = super::tasks::upstream_dags(&project, &dag, backfill.cascade_of.is_some());
     execute(
         g,
         &project,

@@ -6,7 +6,8 @@ use std::collections::HashSet;
 
 use super::beat::Beating;
 use super::execute::{Execution, execute};
-use super::launch::{check_tasks, taken_over, write_plan};
+use super::launch::{taken_over, write_plan};
+use super::tasks::check_tasks;
 use super::{Global, find_backfill, unknown_backfill, warn};
 use crate::clock;
 use crate::exit::{self, Error};
@@ -38,7 +39,7 @@ pub fn resume_found(
     drop(conn);
     let dag = match (&backfill.tasks, backfill.kind) {
         (Some(tasks), crate::state::BackfillKind::Run | crate::state::BackfillKind::Stage) => {
-            super::launch::only_tasks(project.dag(&backfill.dag_id)?, tasks)?
+            super::tasks::only_tasks(project.dag(&backfill.dag_id)?, tasks)?
         }
         _ => project.dag(&backfill.dag_id)?,
     };
@@ -177,7 +178,7 @@ pub fn resume_found(
             crate::report::out::plural(intervals.len() as i64, "interval", "intervals")
         );
     }
-    let upstream = super::launch::upstream_dags(project, &dag, backfill.cascade_of.is_some());
+    let upstream = super::tasks::upstream_dags(project, &dag, backfill.cascade_of.is_some());
     let code = execute(
         g,
         project,

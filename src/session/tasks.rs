@@ -1,0 +1,101 @@
+//! What a backfill runs, as its owner and its workers (`join`, `resume`) see it alike: the
+//! DAG's tasks that `--tasks` names, each task checked before anything is written, and the DAGs
+//! upstream of a cascade's member.
+
+use std::collections::HashMap;
+
+use crate::exit::Error;
+use crate::interval::DataInterval;
+use crate::project::{
+    self, CommandSpec, ConfigError, Dag, Gate, ProjectError, SourceCount, TaskKind,
+};
+use crate::task::{command, template};
+use crate::warehouse::Repr;
+
+/// `--tasks`: the DAG with only the named tasks, in their order; an unknown name is exit 2.
+pub fn only_tasks(mut dag: Dag, names: &[String]) -> Result<Dag, Error> {
+    if names.is_empty() {
+        return Ok(dag);
+    }
+    for n in names {
+        if !dag.tasks.iter().any(|t| &t.id == n) {
+            return Err(super::unknown_task(
+                &dag,
+                &format!("--tasks {}", names.join(",")),
+                n,
+            ));
+        }
+    }
+    dag.tasks.retain(|t| names.contains(&t.id));
+    Ok(dag)
+}
+
+/// Checks every task before anything is written: each command (and `publish` and
+/// `source_count` command) renders for the first interval, so that a template using a `conf`
+/// key that was not given fails now; each SQL task prepares exactly what it will run against
+/// its warehouse (created from its init files if needed), and its partition column's
+/// representation is decided over the range. Returns those representations by task.
+pub fn check_tasks(
+    dag: &Dag,
+    conf: &serde_json::Value,
+    intervals: &[DataInterval],
+) -> Result<HashMap<String, Option<Repr>>, Error> {
+    let (Some(first), Some(last)) = (intervals.first(), intervals.last()) else {
+        return Ok(HashMap::new());
+    };
+    let window = DataInterval::new(first.start, last.end);
+    // Every `conf` key a template needs and --conf does not give, each at its command.
+    let missing: Vec<ConfigError> = dag
+        .tasks
+        .iter()
+        .flat_map(|t| project::missing_conf(t, conf))
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::Project(ProjectError::Config(missing)));
+    }
+    let values = template::IntervalValues::new(*first, dag.tz);
+    let mut reprs = HashMap::new();
+    for task in &dag.tasks {
+        let problem = |e: String| Error::Usage(format!("{}: task `{}`: {e}", dag.file, task.id));
+        let ctx = values.context(&dag.id, &task.id, "0", 1, conf);
+        let mut commands: Vec<&CommandSpec> = task.publish.iter().collect();
+        if let Some(Gate {
+            source_count: Some(SourceCount::Command(c)),
+            ..
+        }) = &task.gate
+        {
+            commands.push(c);
+        }
+        match &task.kind {
+            TaskKind::Command(spec) => commands.push(spec),
+            TaskKind::Sql(sql) => {
+                let backend = crate::warehouse::backend_of(&sql.warehouse);
+                // What a killed command left in the warehouse goes first.
+                backend.sweep(&sql.warehouse);
+                let repr = backend
+                    .prepare(sql, task.gate.as_ref(), window, dag.tz)
+                    .map_err(|p| problem(p.message))?;
+                reprs.insert(task.id.clone(), repr);
+            }
+        }
+        for spec in commands {
+            command::render(spec, &ctx).map_err(problem)?;
+        }
+    }
+    Ok(reprs)
+}
+
+/// The DAGs whose intervals the intervals of `dag` read, when it is a downstream DAG of a
+/// cascade: each of its intervals starts only while they can be read (see
+/// [`crate::runner::RunSpec::upstream`]). Empty for any other backfill.
+pub fn upstream_dags(project: &crate::project::Project, dag: &Dag, in_cascade: bool) -> Vec<Dag> {
+    if !in_cascade || dag.upstream.is_empty() {
+        return Vec::new();
+    }
+    project
+        .load_all()
+        .0
+        .into_iter()
+        .filter(|d| dag.upstream.iter().any(|(u, _)| u == &d.id))
+        .collect()
+}

@@ -111,6 +111,11 @@ pub enum Command {
         /// The backfill id, or `latest` (the newest backfill).
         #[arg(value_name = "ID", value_parser = parse_backfill)]
         id: BackfillRef,
+        /// When its owner still holds its lease (a host that died or froze, seen from another
+        /// host), wait for the lease to expire by the manifest's clock, then take it over: at
+        /// most the lease timeout after the owner's last heartbeat.
+        #[arg(long)]
+        wait: bool,
     },
     /// Help run a live backfill's remaining intervals from this process (this host or
     /// another that shares the manifest); its max_active_runs bounds all its processes.

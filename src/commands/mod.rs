@@ -86,7 +86,7 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
     };
     match cli.command {
         Command::Create(args) => create::run(&g, args),
-        Command::Resume { id } => resume::run(&g, backfill_id(&g, id, Latest::Any)?),
+        Command::Resume { id, wait } => resume::run(&g, backfill_id(&g, id, Latest::Any)?, wait),
         Command::Join {
             id,
             max_active_runs,

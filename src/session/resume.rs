@@ -21,16 +21,18 @@ use crate::recovery::{self, Dags};
 /// Resumes backfill `id` alone.
 pub fn resume_one(g: &Global, id: i64) -> Result<u8, Error> {
     let (project, manifest_path, conn, backfill) = find_backfill(g, id)?;
-    resume_found(g, &project, &manifest_path, conn, backfill)
+    resume_found(g, &project, &manifest_path, conn, backfill, false)
 }
 
-/// Resumes a backfill read from the manifest (`conn`, read-only).
+/// Resumes a backfill read from the manifest (`conn`, read-only); with `wait`, once the lease
+/// its owner still holds has expired.
 pub fn resume_found(
     g: &Global,
     project: &crate::project::Project,
     manifest_path: &std::path::Path,
     conn: Box<dyn Reads>,
     backfill: manifest::Backfill,
+    wait: bool,
 ) -> Result<u8, Error> {
     let id = backfill.id;
     let pending = conn
@@ -94,20 +96,56 @@ pub fn resume_found(
     let writer = Writer::open(manifest_path, project.durability)?;
     let ctx = LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL);
     let dags = Dags::of(project);
-    let Some(taken) = recovery::take_over(&writer, id, &ctx)? else {
-        let current = manifest::open_read_only(manifest_path)?
-            .backfill(id)
-            .map_err(|e| e.at(manifest_path))?;
-        writer.close();
+    let mut waited = false;
+    let taken = loop {
+        if let Some(taken) = recovery::take_over(&writer, id, &ctx.refreshed())? {
+            break taken;
+        }
+        let reader = manifest::open_read_only(manifest_path)?;
+        let current = reader.backfill(id).map_err(|e| e.at(manifest_path))?;
         let Some(b) = current else {
+            writer.close();
             return Err(unknown_backfill(id, manifest_path));
         };
+        // The lease left, by the manifest's clock: what another host judges it by.
+        let now = reader
+            .clock_ms(clock::now_ms())
+            .map_err(|e| e.at(manifest_path))?;
+        let lease_ms = i64::try_from(project.lease_timeout.as_millis()).unwrap_or(i64::MAX);
+        let left = b
+            .heartbeat_at
+            .map_or(0, |h| h.saturating_add(lease_ms).saturating_sub(now));
+        if wait && !waited && b.state == crate::state::BackfillState::Running {
+            waited = true;
+            let left = std::time::Duration::from_millis(u64::try_from(left.max(0)).unwrap_or(0));
+            super::note(
+                g,
+                &format!(
+                    "backfill {id}'s owner (pid {}, host {}) holds its lease for {} more unless it beats again: waiting for it to expire",
+                    b.owner_pid.map_or("?".to_string(), |p| p.to_string()),
+                    b.owner_host
+                        .as_deref()
+                        .map_or("?", crate::liveness::host_name),
+                    humantime::format_duration(std::time::Duration::from_millis(
+                        u64::try_from(left.as_millis() / 100 * 100).unwrap_or(0)
+                    ))
+                ),
+            );
+            std::thread::sleep(left + std::time::Duration::from_millis(200));
+            continue;
+        }
+        writer.close();
         return Err(Error::Usage(format!(
-            "backfill {id} is still running (pid {}, host {}); wait for it, or stop it with `{}`",
+            "backfill {id} is still running (pid {}, host {}){}; wait for it, or stop it with `{}`",
             b.owner_pid.map_or("?".to_string(), |p| p.to_string()),
             b.owner_host
                 .as_deref()
                 .map_or("?", crate::liveness::host_name),
+            if waited {
+                ": its owner beat again while this waited"
+            } else {
+                ""
+            },
             crate::report::out::hint(&format!("cancel {id}"))
         )));
     };

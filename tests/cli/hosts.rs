@@ -398,6 +398,59 @@ fn a_frozen_host_is_taken_over_and_once_thawed_stops_recording_no_success() {
 }
 
 #[test]
+fn resume_wait_waits_out_a_frozen_hosts_lease_then_takes_the_backfill_over() {
+    if !available("the hosts tests") {
+        return;
+    }
+    let p = project();
+    let a = Host::start(&p, "hosta", THREE_DAYS);
+    wait_until(
+        "host A to run the three days",
+        Duration::from_secs(20),
+        || events(&p, "start").len() == 3,
+    );
+    let beat = || p.count("SELECT heartbeat_at FROM backfills WHERE id = 1");
+    let last = beat();
+    wait_until("a heartbeat", Duration::from_secs(10), || beat() != last);
+    a.freeze();
+    // Without --wait, a lease still held is refused at once, as before.
+    Host::start(&p, "hostb", &["resume", "1"])
+        .wait(&p, Duration::from_secs(30))
+        .code(2)
+        .stderr_has("backfill 1 is still running (pid ");
+    // With it, host C says how long it waits, waits the lease out, and takes over.
+    let c = Host::start(&p, "hostc", &["resume", "1", "--wait"]);
+    wait_until(
+        "host C to own the backfill",
+        Duration::from_secs(20),
+        || {
+            p.rows(&format!(
+                "SELECT {} FROM backfills WHERE id = 1",
+                name_of("owner_host")
+            )) == [["hostc"]]
+        },
+    );
+    a.thaw();
+    a.wait(&p, Duration::from_secs(20)).code(130);
+    std::fs::write(p.path("release"), "").unwrap();
+    c.wait(&p, Duration::from_secs(60))
+        .code(0)
+        .stderr_has("backfill 1's owner (pid ")
+        .stderr_has("host hosta) holds its lease for ")
+        .stderr_has("more unless it beats again: waiting for it to expire");
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM runs WHERE state = 'succeeded'"),
+        3,
+        "each interval succeeded exactly once"
+    );
+    assert_eq!(
+        events(&p, "end"),
+        on("hostc", "end"),
+        "host A finished nothing"
+    );
+}
+
+#[test]
 fn cancel_from_another_host_asks_the_owner_through_the_manifest_and_waits_for_it() {
     if !available("the hosts tests") {
         return;

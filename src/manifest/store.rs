@@ -781,6 +781,7 @@ impl Running for Conn {
         why: &str,
         now_ms: i64,
     ) -> Result<()> {
+        let now_ms = self.now_ms(now_ms)?;
         runs::end_abandoned_runs(self, runs, task_counts, keep, why, now_ms)
     }
 }

@@ -5,7 +5,8 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ops::{Deref, DerefMut};
-use std::sync::{LazyLock, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use crate::pg::conn::connect_url;
 use crate::project::{Warehouse, WarehouseKind};
@@ -26,6 +27,28 @@ pub struct Conn {
     pub has_versions: Option<bool>,
     /// Tables' columns and their types (as `format_type` names them), by table.
     pub columns: HashMap<String, Vec<(String, String)>>,
+    /// Whether the try that took this connection still holds it: set anew by each [`take`],
+    /// cleared by [`give`], so that a canceller handed out earlier cancels nothing once the
+    /// connection serves another try.
+    lent: Arc<AtomicBool>,
+}
+
+impl Conn {
+    /// How to cancel the statement this connection runs, for as long as the try that took it
+    /// holds it (see [`crate::pg::conn::Conn::canceller`]): a try's timeout that fires after the
+    /// connection went back to the pool must not cancel the next try's statement.
+    pub fn canceller(&self) -> Box<dyn Fn() + Send> {
+        while_lent(self.lent.clone(), self.conn.canceller())
+    }
+}
+
+/// `cancel`, acting only while `lent` is set.
+fn while_lent(lent: Arc<AtomicBool>, cancel: Box<dyn Fn() + Send>) -> Box<dyn Fn() + Send> {
+    Box::new(move || {
+        if lent.load(Ordering::SeqCst) {
+            cancel();
+        }
+    })
 }
 
 impl Deref for Conn {
@@ -57,6 +80,7 @@ pub fn connect(w: &Warehouse) -> Result<Conn, String> {
         kept: HashSet::new(),
         has_versions: None,
         columns: HashMap::new(),
+        lent: Arc::new(AtomicBool::new(true)),
     })
 }
 
@@ -68,8 +92,9 @@ pub fn take(w: &Warehouse) -> Result<Conn, String> {
         && let Ok(mut idle) = IDLE.lock()
         && let Some(list) = idle.get_mut(url.secret())
     {
-        while let Some(conn) = list.pop() {
+        while let Some(mut conn) = list.pop() {
             if !conn.is_closed() {
+                conn.lent = Arc::new(AtomicBool::new(true));
                 return Ok(conn);
             }
         }
@@ -79,6 +104,7 @@ pub fn take(w: &Warehouse) -> Result<Conn, String> {
 
 /// Gives a connection back for the next try (a closed one is dropped).
 pub fn give(conn: Conn) {
+    conn.lent.store(false, Ordering::SeqCst);
     if conn.is_closed() {
         return;
     }
@@ -94,5 +120,37 @@ pub fn give(conn: Conn) {
 pub fn close_all() {
     if let Ok(mut idle) = IDLE.lock() {
         idle.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_canceller_cancels_nothing_once_its_connection_is_given_back() {
+        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let lent = Arc::new(AtomicBool::new(true));
+        let s = sent.clone();
+        let cancel = while_lent(
+            lent.clone(),
+            Box::new(move || {
+                s.fetch_add(1, Ordering::SeqCst);
+            }),
+        );
+        cancel();
+        assert_eq!(
+            sent.load(Ordering::SeqCst),
+            1,
+            "while lent, a cancel is sent"
+        );
+        // What `give` does; the next `take` lends with a flag of its own.
+        lent.store(false, Ordering::SeqCst);
+        cancel();
+        assert_eq!(
+            sent.load(Ordering::SeqCst),
+            1,
+            "given back, nothing is cancelled"
+        );
     }
 }

@@ -1,22 +1,15 @@
 //! PostgreSQL errors as the warehouse reports them: a person's reading of a driver error,
-//! the warehouse's error naming the warehouse, and classification by SQLSTATE (retry, cancel,
-//! a constraint of the target).
+//! the warehouse's error naming the warehouse, and classification by SQLSTATE (retry, a
+//! constraint of the target).
 
 use super::*;
 
-/// Turns a driver error into the warehouse's, naming the warehouse.
+/// Turns a driver error into the warehouse's, naming the warehouse, in the server's words. A
+/// statement the server cancelled on its own (`statement_timeout`, an administrator's
+/// `pg_cancel_backend`) is a failure like any other; one this process cancelled (a try's timeout,
+/// a stop) is told apart by the runner, which asked for it, not by the error's words.
 pub(super) fn pg(w: &Warehouse) -> impl Fn(tokio_postgres::Error) -> Error + '_ {
-    move |e| {
-        if crate::pg::error::kind(&e) == crate::pg::Kind::Cancelled && !is_statement_timeout(&e) {
-            return Error::Cancelled;
-        }
-        Error::Message(describe(&e)).at(w)
-    }
-}
-
-pub(super) fn is_statement_timeout(e: &tokio_postgres::Error) -> bool {
-    e.as_db_error()
-        .is_some_and(|d| d.message().contains("statement timeout"))
+    move |e| Error::Message(describe(&e)).at(w)
 }
 
 /// Whether the server asks for the transaction to be run again.

@@ -52,6 +52,7 @@ impl Error {
             Self::Manifest(
                 crate::manifest::Error::Missing { .. }
                 | crate::manifest::Error::ReadOnly { .. }
+                | crate::manifest::Error::ReadOnlyRole { .. }
                 | crate::manifest::Error::BadUrl { .. },
             ) => USAGE,
             Self::Manifest(_) | Self::Warehouse(_) | Self::Io { .. } | Self::Internal(_) => {

@@ -124,6 +124,12 @@ pub enum Error {
         path: PathBuf,
         source: rusqlite::Error,
     },
+    /// A PostgreSQL role that may read the manifest but not write it (as [`Error::ReadOnly`]
+    /// for a file).
+    #[error(
+        "manifest {location}: {why}; commands that only read it (list, show, runs, diff, create --dry-run) work, the others must run as a role that may write its schema `backfill_manifest` (or create it, the first time)"
+    )]
+    ReadOnlyRole { location: String, why: String },
     #[error("manifest {}: {}; nothing has been recorded there yet", path.display(), if is_url(path) { "no manifest in that database" } else { "no such file" })]
     Missing { path: PathBuf },
     /// Another process took this backfill over (a newer epoch): this one must stop.

@@ -21,7 +21,7 @@ use rusqlite::types::Value;
 use tokio_postgres::types::{FromSql, IsNull, ToSql, Type};
 
 use super::{Error, Result};
-use crate::pg::conn::{Conn, connect_url};
+use crate::pg::conn::{Conn, connect_with};
 use crate::pg::error::{Error as PgError, Kind, Result as PgResult};
 
 /// The schema that holds the manifest's tables.
@@ -48,12 +48,33 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
 /// longer than this.
 pub const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(5);
 
-/// How long a lost connection is tried again before the manifest gives up.
-pub const RECONNECT_FOR: Duration = Duration::from_secs(600);
+/// How long the manifest may go without answering before this process gives up on it, when
+/// nothing set it (see [`set_patience`]).
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// The patience of this process, in milliseconds (see [`set_patience`]).
+static PATIENCE_MS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(PATIENCE.as_millis() as u64);
+
+/// How long the manifest may go without answering before this process gives up on it: each
+/// round trip waits for its answer that long at most (a server or a network that hangs, not
+/// only one that refuses), and a lost connection is made again for that long after the last
+/// answer. A backfill's owner sets its lease timeout: a manifest silent for longer has let its
+/// leases expire, so the owner stops and exits rather than hang (the backfill stays resumable).
+pub fn set_patience(d: Duration) {
+    let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1);
+    PATIENCE_MS.store(ms, std::sync::atomic::Ordering::Relaxed);
+}
+
+pub fn patience() -> Duration {
+    Duration::from_millis(PATIENCE_MS.load(std::sync::atomic::Ordering::Relaxed))
+}
 
 /// A session with the manifest's database.
 pub struct Session {
     url: String,
+    /// A reader's session: every transaction read-only, enforced by the server.
+    read_only: bool,
     /// Shown in messages: the URL without its password.
     shown: String,
     conn: RefCell<Option<Conn>>,
@@ -64,6 +85,14 @@ pub struct Session {
     tx_now: Cell<Option<i64>>,
     /// The connection was lost inside a transaction.
     broken: Cell<bool>,
+    /// A round trip got no answer within [`patience`]: the connection is in no known state.
+    hung: Cell<bool>,
+    /// When the server last answered.
+    last_answer: Cell<Instant>,
+    /// When making the connection again was last given up: until [`patience`] has passed since,
+    /// every call fails at once (a process that lost its manifest ends without waiting again
+    /// for each record it would write).
+    gave_up: Cell<Option<Instant>>,
     /// Backfills' epochs and states read in the writer's transaction (see `Conn::fenced`).
     fences: RefCell<HashMap<i64, (i64, crate::state::BackfillState)>>,
     /// The fences read in earlier transactions (keys as in `fences`): read again with the next
@@ -85,25 +114,29 @@ fn wrap(e: &tokio_postgres::Error) -> PgError {
 
 impl Session {
     /// Connects to the manifest's database (not looking at its schema).
-    pub fn connect(url: &str, shown: &str) -> Result<Session> {
+    pub fn connect(url: &str, shown: &str, read_only: bool) -> Result<Session> {
         if let Err(message) = crate::pg::conn::target(url) {
             return Err(Error::BadUrl {
                 location: shown.to_string(),
                 message,
             });
         }
-        let conn = open_conn(url).map_err(|why| Error::Postgres {
+        let conn = open_conn(url, read_only).map_err(|why| Error::Postgres {
             location: shown.to_string(),
             message: why,
         })?;
         Ok(Session {
             url: url.to_string(),
+            read_only,
             shown: shown.to_string(),
             conn: RefCell::new(Some(conn)),
             prepared: RefCell::default(),
             in_tx: Cell::new(false),
             tx_now: Cell::new(None),
             broken: Cell::new(false),
+            hung: Cell::new(false),
+            last_answer: Cell::new(Instant::now()),
+            gave_up: Cell::new(None),
             fences: RefCell::default(),
             fenced_before: RefCell::default(),
         })
@@ -113,20 +146,43 @@ impl Session {
         &self.shown
     }
 
-    /// Replaces a lost connection, trying again with a growing pause until [`RECONNECT_FOR`]
-    /// has passed.
+    /// When a lost connection is given up: [`patience`] after the last answer, and not before
+    /// one attempt to connect again.
+    pub fn give_up_at(&self) -> Instant {
+        self.last_answer.get() + patience()
+    }
+
+    /// Replaces a lost connection, trying again with a growing pause until [`patience`] has
+    /// passed since the server last answered (at least once).
     pub fn reconnect(&self) -> PgResult<()> {
-        let deadline = Instant::now() + RECONNECT_FOR;
+        let silent = || {
+            format!(
+                "the manifest has not answered for {}: giving up (a backfill's owner waits its lease timeout, lease_timeout)",
+                humantime::format_duration(patience())
+            )
+        };
+        if let Some(at) = self.gave_up.get()
+            && at.elapsed() < patience()
+        {
+            return Err(lost(silent()));
+        }
+        let deadline = self.give_up_at();
         let mut pause = Duration::from_millis(50);
         loop {
-            match open_conn(&self.url) {
+            match open_conn(&self.url, self.read_only) {
                 Ok(c) => {
                     *self.conn.borrow_mut() = Some(c);
                     self.prepared.borrow_mut().clear();
                     self.broken.set(false);
+                    self.hung.set(false);
+                    self.gave_up.set(None);
+                    self.last_answer.set(Instant::now());
                     return Ok(());
                 }
-                Err(why) if Instant::now() >= deadline => return Err(lost(why)),
+                Err(why) if Instant::now() >= deadline => {
+                    self.gave_up.set(Some(Instant::now()));
+                    return Err(lost(format!("{}; last: {why}", silent())));
+                }
                 Err(why) => {
                     tracing::warn!(manifest = %self.shown, "cannot reach the manifest, trying again: {why}");
                     std::thread::sleep(pause);
@@ -138,7 +194,31 @@ impl Session {
 
     /// Whether the connection is gone (lost inside a transaction, or closed).
     pub fn is_broken(&self) -> bool {
-        self.broken.get() || self.conn.borrow().as_ref().is_none_or(Conn::is_closed)
+        self.broken.get()
+            || self.hung.get()
+            || self.conn.borrow().as_ref().is_none_or(Conn::is_closed)
+    }
+
+    /// Waits for the server's answer to `f`, for [`patience`] at most.
+    fn answer<T>(
+        &self,
+        conn: &Conn,
+        f: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> PgResult<T> {
+        match conn.wait_within(f, patience()) {
+            Some(Ok(v)) => {
+                self.last_answer.set(Instant::now());
+                Ok(v)
+            }
+            Some(Err(e)) => Err(wrap(&e)),
+            None => {
+                self.hung.set(true);
+                Err(lost(format!(
+                    "the manifest did not answer within {}",
+                    humantime::format_duration(patience())
+                )))
+            }
+        }
     }
 
     /// Runs `f` on the connection; outside a transaction, a lost connection is replaced and `f`
@@ -173,6 +253,7 @@ impl Session {
     }
 
     fn statement(
+        &self,
         conn: &Conn,
         prepared: &RefCell<HashMap<String, tokio_postgres::Statement>>,
         sql: &str,
@@ -181,10 +262,12 @@ impl Session {
             return Ok(s.clone());
         }
         let text = translate(sql);
-        let s = conn
-            .wait(conn.client.prepare(&text))
-            .map_err(|e| wrap(&e))?;
-        prepared.borrow_mut().insert(sql.to_string(), s.clone());
+        let s = self.answer(conn, conn.client.prepare(&text))?;
+        let mut prepared = prepared.borrow_mut();
+        if prepared.len() >= crate::pg::PREPARED_KEPT {
+            prepared.clear();
+        }
+        prepared.insert(sql.to_string(), s.clone());
         Ok(s)
     }
 
@@ -228,32 +311,28 @@ impl Session {
         &self,
         sql: &str,
         values: &[Value],
-        f: impl Fn(
-            &Conn,
-            &tokio_postgres::Statement,
-            &[&(dyn ToSql + Sync)],
-        ) -> Result<T, tokio_postgres::Error>,
+        f: impl Fn(&Conn, &tokio_postgres::Statement, &[&(dyn ToSql + Sync)]) -> PgResult<T>,
     ) -> PgResult<T> {
         self.written(sql);
         self.with(|conn, prepared| {
-            let s = Self::statement(conn, prepared, sql)?;
+            let s = self.statement(conn, prepared, sql)?;
             let params: Vec<Param<'_>> = values.iter().map(Param).collect();
             let refs: Vec<&(dyn ToSql + Sync)> =
                 params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-            f(conn, &s, &refs).map_err(|e| wrap(&e))
+            f(conn, &s, &refs)
         })
     }
 
     pub fn execute(&self, sql: &str, values: &[Value]) -> PgResult<usize> {
         let n = self.run(sql, values, |conn, s, refs| {
-            conn.wait(conn.client.execute(s, refs))
+            self.answer(conn, conn.client.execute(s, refs))
         })?;
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 
     pub fn query(&self, sql: &str, values: &[Value]) -> PgResult<Vec<Vec<Value>>> {
         let rows = self.run(sql, values, |conn, s, refs| {
-            conn.wait(conn.client.query(s, refs))
+            self.answer(conn, conn.client.query(s, refs))
         })?;
         rows.iter()
             .map(|r| {
@@ -294,10 +373,7 @@ impl Session {
 
     pub fn batch(&self, sql: &str) -> PgResult<()> {
         self.written(sql);
-        self.with(|conn, _| {
-            conn.wait(conn.client.batch_execute(sql))
-                .map_err(|e| wrap(&e))
-        })
+        self.with(|conn, _| self.answer(conn, conn.client.batch_execute(sql)))
     }
 
     /// The database's clock (unix milliseconds): the transaction's, read when its lock was
@@ -327,16 +403,8 @@ impl Session {
     /// one round trip: for a writer whose next jobs are already waiting. On an error, whether
     /// the commit happened is for [`Session::committed`] to say; no transaction is open then.
     pub fn commit_and_begin(&self, writer: &str, token: i64) -> PgResult<()> {
-        let r = self.begin_after("COMMIT; ", writer, token);
-        if r.is_err() && !self.is_broken() {
-            // The failure may be the new transaction's (then open and aborted), not the
-            // commit's.
-            let _ = self.with(|conn, _| {
-                conn.wait(conn.client.batch_execute("ROLLBACK"))
-                    .map_err(|e| wrap(&e))
-            });
-        }
-        r
+        // The failure may be the new transaction's (then rolled back), not the commit's.
+        self.begin_after("COMMIT; ", writer, token)
     }
 
     /// [`Session::begin`], its statements after `before`.
@@ -374,11 +442,9 @@ impl Session {
                  INSERT INTO manifest_commits (writer, token, at)
                  SELECT '{writer}', {token}, CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS bigint) FROM lock
                  ON CONFLICT (writer) DO UPDATE SET token = excluded.token, at = excluded.at
-                 RETURNING at{fences}"
+                 RETURNING at; SELECT max(version) FROM schema_version{fences}"
             );
-            let messages = conn
-                .wait(conn.client.simple_query(&sql))
-                .map_err(|e| wrap(&e))?;
+            let messages = self.answer(conn, conn.client.simple_query(&sql))?;
             let mut rows = messages.iter().filter_map(|m| match m {
                 tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
                 _ => None,
@@ -392,6 +458,19 @@ impl Session {
                             .into(),
                     )
                 })?;
+            // A newer backfill may have upgraded the schema while this one ran: then this one
+            // writes nothing more.
+            let schema = rows
+                .next()
+                .and_then(|r| r.get(0).and_then(|v| v.parse::<i64>().ok()))
+                .unwrap_or(0);
+            if schema != latest() {
+                return Err(failure(format!(
+                    "the manifest's schema is now version {schema}, and this backfill knows version {}: a {} backfill changed it while this one ran, so this one writes nothing more; go on with the backfill of that version (`backfill resume`)",
+                    latest(),
+                    if schema > latest() { "newer" } else { "different" }
+                )));
+            }
             let mut read = HashMap::new();
             for r in rows {
                 let key = r.get(0).and_then(|v| v.parse::<i64>().ok());
@@ -412,7 +491,8 @@ impl Session {
                 Ok(())
             }
             Err(e) => {
-                self.end_tx();
+                // The transaction may be open (and aborted, or holding the lock): it ends here.
+                self.rollback();
                 Err(e)
             }
         }
@@ -425,20 +505,14 @@ impl Session {
     }
 
     pub fn commit(&self) -> PgResult<()> {
-        let r = self.with(|conn, _| {
-            conn.wait(conn.client.batch_execute("COMMIT"))
-                .map_err(|e| wrap(&e))
-        });
+        let r = self.with(|conn, _| self.answer(conn, conn.client.batch_execute("COMMIT")));
         self.end_tx();
         r
     }
 
     pub fn rollback(&self) {
         if !self.is_broken() {
-            let _ = self.with(|conn, _| {
-                conn.wait(conn.client.batch_execute("ROLLBACK"))
-                    .map_err(|e| wrap(&e))
-            });
+            let _ = self.with(|conn, _| self.answer(conn, conn.client.batch_execute("ROLLBACK")));
         }
         self.end_tx();
     }
@@ -457,16 +531,47 @@ impl Session {
     }
 }
 
-/// A connection set up for the manifest: its schema first on the search path, and a session
-/// that sits idle inside a transaction ended by the server.
-fn open_conn(url: &str) -> std::result::Result<Conn, String> {
-    let conn = connect_url(url)?;
-    conn.wait(conn.client.batch_execute(&format!(
-        "SET search_path = {SCHEMA}, pg_catalog; SET idle_in_transaction_session_timeout = {}",
-        IDLE_IN_TRANSACTION.as_millis()
-    )))
-    .map_err(|e| format!("cannot set up the session: {}", crate::pg::describe(&e)))?;
-    Ok(conn)
+/// A connection set up for the manifest: its schema first on the search path, a session that
+/// sits idle inside a transaction ended by the server, and for a reader, transactions the
+/// server keeps read-only.
+fn open_conn(url: &str, read_only: bool) -> std::result::Result<Conn, String> {
+    connect_with(
+        url,
+        &format!(
+            "SET search_path = {SCHEMA}, pg_catalog; SET idle_in_transaction_session_timeout = {}{}",
+            IDLE_IN_TRANSACTION.as_millis(),
+            if read_only {
+                "; SET default_transaction_read_only = on"
+            } else {
+                ""
+            }
+        ),
+    )
+}
+
+/// Whether this session's role may write the manifest (the writers' lock and the records),
+/// asked before anything is written: a role that may only read gets the same answer as a
+/// SQLite file the user cannot write.
+fn may_write(s: &Session) -> PgResult<bool> {
+    let rows = s.query(
+        "SELECT has_table_privilege('backfill_manifest.manifest_lock', 'UPDATE')
+            AND has_table_privilege('backfill_manifest.manifest_commits', 'INSERT, UPDATE')
+            AND has_table_privilege('backfill_manifest.backfills', 'INSERT, UPDATE')
+            AND has_table_privilege('backfill_manifest.runs', 'INSERT, UPDATE')",
+        &[],
+    )?;
+    Ok(matches!(
+        rows.first().and_then(|r| r.first()),
+        Some(Value::Integer(1))
+    ))
+}
+
+/// The error for a role that may not write the manifest.
+fn read_only_role(shown: &str, what: &str) -> Error {
+    Error::ReadOnlyRole {
+        location: shown.to_string(),
+        why: what.to_string(),
+    }
 }
 
 /// The schema version of the manifest's database; `None` when it has none yet.
@@ -490,22 +595,67 @@ fn latest() -> i64 {
 }
 
 /// Opens the manifest's database for writing: creates its schema or migrates it as needed.
+///
+/// A migration runs in one transaction from the lock to the commit, tracked as the writer's
+/// are: a connection lost in it (a server restarting during a first open) ends the attempt,
+/// which the server rolls back whole, and the next attempt starts afresh on a new connection,
+/// reading the version again. No statement of it ever runs outside its transaction.
 pub fn open(url: &str, shown: &str) -> Result<Session> {
-    let s = Session::connect(url, shown)?;
+    let s = Session::connect(url, shown, false)?;
     let at = |e: PgError| Error::Pg(e).at(std::path::Path::new(shown));
     if version(&s).map_err(at)? == Some(latest()) {
+        if !may_write(&s).map_err(at)? {
+            return Err(read_only_role(
+                shown,
+                "this role may read it but not write it",
+            ));
+        }
         prune_commits(&s);
         return Ok(s);
     }
-    // Several processes may create it at once: one migrates, the others wait and find it
-    // done. The lock is the transaction's, so a lost connection cannot leave it held.
-    s.batch(&format!(
-        "BEGIN; SELECT pg_advisory_xact_lock(7330271161); CREATE SCHEMA IF NOT EXISTS {SCHEMA};
-         CREATE TABLE IF NOT EXISTS {SCHEMA}.schema_version (version bigint NOT NULL)"
-    ))
-    .map_err(at)?;
+    let deadline = Instant::now() + patience();
+    loop {
+        match migrate(&s, shown) {
+            Ok(()) => break,
+            Err(e) if s.is_broken() && Instant::now() < deadline => {
+                tracing::warn!(manifest = %shown, "the connection was lost while the manifest's schema was made; starting again: {e}");
+                s.reconnect().map_err(at)?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if !may_write(&s).map_err(at)? {
+        return Err(read_only_role(
+            shown,
+            "this role may read it but not write it",
+        ));
+    }
+    prune_commits(&s);
+    Ok(s)
+}
+
+/// One attempt at making the manifest's schema current, in one transaction.
+fn migrate(s: &Session, shown: &str) -> Result<()> {
+    let at = |e: PgError| {
+        if e.kind() == crate::pg::Kind::PermissionDenied {
+            read_only_role(
+                shown,
+                &format!("this role may not create or upgrade its schema ({e})"),
+            )
+        } else {
+            Error::Pg(e).at(std::path::Path::new(shown))
+        }
+    };
+    s.in_tx.set(true);
     let result = (|| {
-        let current = version(&s).map_err(at)?.unwrap_or(0);
+        // Several processes may create it at once: one migrates, the others wait and find it
+        // done. The lock is the transaction's, so a lost connection cannot leave it held.
+        s.batch(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock(7330271161); CREATE SCHEMA IF NOT EXISTS {SCHEMA};
+             CREATE TABLE IF NOT EXISTS {SCHEMA}.schema_version (version bigint NOT NULL)"
+        ))
+        .map_err(at)?;
+        let current = version(s).map_err(at)?.unwrap_or(0);
         if current > latest() {
             return Err(Error::TooNew {
                 path: shown.into(),
@@ -514,21 +664,27 @@ pub fn open(url: &str, shown: &str) -> Result<Session> {
             });
         }
         for (v, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
-            s.batch(sql)
-                .map_err(|e| Error::Invalid(format!("migration {v} of {shown} failed: {e}")))?;
+            s.batch(sql).map_err(|e| {
+                if e.is_disconnected() || e.kind() == crate::pg::Kind::PermissionDenied {
+                    at(e)
+                } else {
+                    Error::Invalid(format!("migration {v} of {shown} failed: {e}"))
+                }
+            })?;
             s.batch(&format!(
                 "DELETE FROM schema_version; INSERT INTO schema_version VALUES ({v})"
             ))
             .map_err(at)?;
+            crate::fault::point("manifest-migration");
         }
         s.batch("COMMIT").map_err(at)
     })();
     if result.is_err() {
-        let _ = s.batch("ROLLBACK");
+        s.rollback();
+    } else {
+        s.end_tx();
     }
-    result?;
-    prune_commits(&s);
-    Ok(s)
+    result
 }
 
 /// Forgets the commit tokens of writers silent for a day: a writer asks for its own only right
@@ -542,7 +698,7 @@ fn prune_commits(s: &Session) {
 
 /// Opens the manifest's database for reading: its schema must be this binary's.
 pub fn open_read_only(url: &str, shown: &str) -> Result<Session> {
-    let s = Session::connect(url, shown)?;
+    let s = Session::connect(url, shown, true)?;
     let path = std::path::PathBuf::from(shown);
     match version(&s).map_err(|e| Error::Pg(e).at(&path))? {
         None => Err(Error::Missing { path }),

@@ -319,8 +319,8 @@ fn commit_postgres(
     waiting: &mut dyn FnMut() -> Vec<Box<dyn Pending>>,
 ) -> Option<(Vec<Box<dyn Pending>>, bool)> {
     // Connections lost again and again are tried for as long as one that cannot be made (see
-    // `postgres::RECONNECT_FOR`), with a growing pause between tries.
-    let deadline = std::time::Instant::now() + super::postgres::RECONNECT_FOR;
+    // `postgres::patience`), with a growing pause between tries.
+    let deadline = std::time::Instant::now() + super::postgres::patience();
     let mut pause = std::time::Duration::from_millis(50);
     // Jobs that failed: answered with their error, not run again.
     let mut skip = vec![false; batch.len()];

@@ -1,5 +1,13 @@
 //! Connections to a PostgreSQL server: the URL as libpq users write it (`sslmode`,
-//! `sslrootcert`, `connect_timeout`, `application_name`) and TLS through rustls.
+//! `sslrootcert`, `connect_timeout`, `application_name`, `keepalives*`, `tcp_user_timeout`) and
+//! TLS through rustls.
+//!
+//! Every wait is bounded. `connect_timeout` covers the whole attempt, as libpq's does: the TCP
+//! connection, TLS, the startup and authentication, and the session's settings (a server that
+//! accepts the connection and never answers fails the attempt, it does not hang it). A
+//! connection whose peer vanished (a cut network: nothing answers, nothing resets) is given up
+//! by TCP keepalives and `tcp_user_timeout`, whose defaults here are far shorter than the
+//! operating system's two hours (see [`KEEPALIVES_IDLE`]).
 //!
 //! The rest of the program is blocking where it talks to databases (SQLite is), and it does so
 //! from threads of the scheduler's blocking pool, where a runtime cannot be entered again. So the
@@ -11,7 +19,7 @@ use std::future::Future;
 use std::pin::pin;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::task::{Context, Poll, Wake};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject;
@@ -23,6 +31,17 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// How long connecting may take when the URL does not say (`connect_timeout`).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// TCP keepalives when the URL does not say (`keepalives_idle`, `keepalives_interval`,
+/// `keepalives_count`): an idle connection whose peer is gone is given up after about
+/// 10 + 3 x 5 = 25 seconds.
+pub const KEEPALIVES_IDLE: Duration = Duration::from_secs(10);
+const KEEPALIVES_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVES_COUNT: u32 = 3;
+
+/// How long sent data may stay unacknowledged before the connection is given up, when the URL
+/// does not say (`tcp_user_timeout`, in milliseconds as libpq reads it).
+pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How a connection is secured, from `sslmode`.
 #[derive(Clone)]
@@ -40,6 +59,20 @@ pub struct Target {
     tls: Tls,
 }
 
+impl Target {
+    /// How long one connection attempt may take in all: `connect_timeout` for each host the
+    /// URL names, tried in turn (as libpq does).
+    pub fn attempt_bound(&self) -> Duration {
+        let timeout = self
+            .config
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(CONNECT_TIMEOUT);
+        let hosts = u32::try_from(self.config.get_hosts().len().max(1)).unwrap_or(u32::MAX);
+        timeout.saturating_mul(hosts)
+    }
+}
+
 /// Parses a URL as libpq does, with the modes `tokio-postgres` lacks (`verify-ca`,
 /// `verify-full`) done by the TLS verifier. Never puts the URL in an error: it may hold a
 /// password.
@@ -50,14 +83,31 @@ pub fn target(url: &str) -> Result<Target, String> {
     };
     let mut mode = "prefer".to_string();
     let mut root_cert = None;
+    let mut user_timeout = None;
+    let mut keepalives_count = None;
     let mut rest = Vec::new();
     for kv in query.split('&').filter(|kv| !kv.is_empty()) {
         match kv.split_once('=') {
             Some(("sslmode", v)) => mode = v.to_string(),
             Some(("sslrootcert", v)) => root_cert = Some(v.to_string()),
+            // libpq's milliseconds (the driver would read seconds), and libpq's name for what
+            // the driver calls keepalives_retries.
+            Some(("tcp_user_timeout", v)) => {
+                user_timeout = Some(v.parse::<u64>().map_err(|_| {
+                    format!("tcp_user_timeout `{v}` is not a number of milliseconds")
+                })?);
+            }
+            Some(("keepalives_count", v)) => {
+                keepalives_count = Some(
+                    v.parse::<u32>()
+                        .map_err(|_| format!("keepalives_count `{v}` is not a number"))?,
+                );
+            }
             _ => rest.push(kv),
         }
     }
+    let given = |key: &str| rest.iter().any(|kv| kv.split('=').next() == Some(key));
+    let (idle_given, interval_given) = (given("keepalives_idle"), given("keepalives_interval"));
     let url = if rest.is_empty() {
         base.to_string()
     } else {
@@ -87,6 +137,23 @@ pub fn target(url: &str) -> Result<Target, String> {
     }
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(CONNECT_TIMEOUT);
+    }
+    if !idle_given {
+        config.keepalives_idle(KEEPALIVES_IDLE);
+    }
+    if !interval_given {
+        config.keepalives_interval(KEEPALIVES_INTERVAL);
+    }
+    config.keepalives_retries(keepalives_count.unwrap_or(KEEPALIVES_COUNT));
+    match user_timeout {
+        // 0: the system's default, as libpq.
+        Some(0) => {}
+        Some(ms) => {
+            config.tcp_user_timeout(Duration::from_millis(ms));
+        }
+        None => {
+            config.tcp_user_timeout(TCP_USER_TIMEOUT);
+        }
     }
     let tls = match verify {
         None => Tls::None,
@@ -314,6 +381,19 @@ impl Conn {
 
     /// Waits for `f`, driving the connection meanwhile.
     pub fn wait<F: Future>(&self, f: F) -> F::Output {
+        match self.drive(f, None) {
+            Some(v) => v,
+            None => unreachable!("a wait without a deadline ends only with its answer"),
+        }
+    }
+
+    /// [`Conn::wait`] for at most `bound`: `None` when `f` has not finished by then. The
+    /// connection is then in no known state (a request half answered): drop it.
+    pub fn wait_within<F: Future>(&self, f: F, bound: Duration) -> Option<F::Output> {
+        self.drive(f, Some(Instant::now() + bound))
+    }
+
+    fn drive<F: Future>(&self, f: F, deadline: Option<Instant>) -> Option<F::Output> {
         // The waiting thread drives the socket itself: the server's answer wakes it directly
         // (through the IO thread's reactor), not through a task on another thread first.
         let mut driver = self
@@ -330,7 +410,7 @@ impl Conn {
                 *driver = None;
             }
             if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-                return v;
+                return Some(v);
             }
             if let Some(d) = driver.as_mut()
                 && d.as_mut().poll(&mut cx).is_ready()
@@ -338,7 +418,16 @@ impl Conn {
                 *driver = None;
                 continue;
             }
-            std::thread::park();
+            match deadline {
+                None => std::thread::park(),
+                Some(at) => {
+                    let left = at.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return None;
+                    }
+                    std::thread::park_timeout(left);
+                }
+            }
         }
     }
 
@@ -383,20 +472,39 @@ impl Conn {
 /// Opens a connection to the database at `url` (which may hold a password; no error repeats
 /// it).
 pub fn connect_url(url: &str) -> Result<Conn, String> {
+    connect_with(url, "")
+}
+
+/// [`connect_url`], then `setup` (statements that set the session up) in the same round trip
+/// as the connection's own settings, all within the attempt's bound (see
+/// [`Target::attempt_bound`]).
+pub fn connect_with(url: &str, setup: &str) -> Result<Conn, String> {
     let target = target(url)?;
+    let bound = target.attempt_bound();
+    let started = Instant::now();
+    let timed_out = || {
+        format!(
+            "cannot connect: the server did not answer within {} (connect_timeout)",
+            humantime::format_duration(bound)
+        )
+    };
     let tls = target.tls.clone();
     let (client, driver, tls) = on_io(async move {
-        match &target.tls {
-            Tls::None => {
-                let (client, connection) = target.config.connect(NoTls).await?;
-                Ok((client, Box::pin(connection) as Driver, tls))
+        tokio::time::timeout(bound, async move {
+            match &target.tls {
+                Tls::None => {
+                    let (client, connection) = target.config.connect(NoTls).await?;
+                    Ok((client, Box::pin(connection) as Driver, tls))
+                }
+                Tls::Rustls(t) => {
+                    let (client, connection) = target.config.connect(t.clone()).await?;
+                    Ok((client, Box::pin(connection) as Driver, tls))
+                }
             }
-            Tls::Rustls(t) => {
-                let (client, connection) = target.config.connect(t.clone()).await?;
-                Ok((client, Box::pin(connection) as Driver, tls))
-            }
-        }
+        })
+        .await
     })?
+    .map_err(|_| timed_out())?
     .map_err(|e: tokio_postgres::Error| format!("cannot connect: {}", super::describe(&e)))?;
     // Output settings pinned, so that a row's text (which fingerprints hash) is the same in
     // every session whatever the database's defaults; `DateStyle = ISO` sets the output format
@@ -409,9 +517,14 @@ pub fn connect_url(url: &str) -> Result<Conn, String> {
         tls,
         url: url.to_string(),
     };
-    conn.wait(conn.client.batch_execute(
-        "SET DateStyle = 'ISO'; SET IntervalStyle = 'postgres'; SET extra_float_digits = 1; SET bytea_output = 'hex'",
-    ))
+    let settings = format!(
+        "SET DateStyle = 'ISO'; SET IntervalStyle = 'postgres'; SET extra_float_digits = 1; SET bytea_output = 'hex'; {setup}"
+    );
+    conn.wait_within(
+        conn.client.batch_execute(&settings),
+        bound.saturating_sub(started.elapsed()),
+    )
+    .ok_or_else(timed_out)?
     .map_err(|e| format!("cannot set up the session: {}", super::describe(&e)))?;
     Ok(conn)
 }

@@ -12,6 +12,12 @@ pub use error::{Error, Kind};
 
 use std::fmt::Write as _;
 
+/// How many prepared statements a connection keeps, by text: past that, the cache starts afresh
+/// (the statements are closed), so that a long run with ever new statement texts cannot grow
+/// the client and the server session without bound. The program's own statements and a DAG's
+/// tasks are a few dozen.
+pub const PREPARED_KEPT: usize = 256;
+
 /// A PostgreSQL error as a person reads it: the server's message, detail, hint and SQLSTATE,
 /// or what failed on the way to the server.
 pub fn describe(e: &tokio_postgres::Error) -> String {

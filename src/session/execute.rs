@@ -234,10 +234,20 @@ fn run(
         (result, stopped, stats)
     });
     let (result, stopped, stats) = outcome;
-    let halted = result?;
+    // A heartbeat that could not be written is why whatever else failed did.
     if let Some(e) = heartbeat_error.lock().ok().and_then(|mut h| h.take()) {
+        if owner.worker.is_none() {
+            super::warn(
+                g,
+                &format!(
+                    "backfill {id} stays resumable: `backfill resume {id}` takes it up again once the manifest answers",
+                    id = owner.backfill_id
+                ),
+            );
+        }
         return Err(e);
     }
+    let halted = result?;
     if owner.worker.is_some() {
         // A worker whose backfill ended while it had nothing in flight was not interrupted.
         let ended = ended.load(std::sync::atomic::Ordering::Relaxed) && stats.cancelled == 0;

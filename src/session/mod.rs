@@ -37,6 +37,8 @@ impl Global {
         let project = Project::discover(self.project_dir.as_deref())?;
         // The audit files of a manifest in PostgreSQL go to the project's own folder.
         crate::warehouse::set_state_dir(project.root.join(".backfill"));
+        // A manifest in PostgreSQL silent for longer than a lease is given up on.
+        crate::manifest::postgres::set_patience(project.lease_timeout);
         Ok(project)
     }
 

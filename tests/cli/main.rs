@@ -11,6 +11,7 @@ mod guard_rails;
 mod hosts;
 mod interrupt;
 mod join;
+mod network;
 mod one_worker;
 mod operations;
 #[path = "../pg/mod.rs"]

@@ -368,3 +368,134 @@ fn an_owner_cut_off_from_the_manifest_stops_its_tries_before_its_lease_could_be_
     );
     assert_eq!(p.read("overlaps.txt"), "");
 }
+
+#[test]
+fn a_connection_lost_while_the_schema_is_made_leaves_no_half_and_the_open_starts_again() {
+    let Some((cluster, db, url)) = manifest_database() else {
+        return;
+    };
+    let p = Project::new().dag("c", DAG);
+    std::fs::write(p.path("go"), "").unwrap();
+    // Frozen inside the first open's transaction, its first migration applied.
+    let child = p.spawn_with(
+        "create",
+        &create_args(&url, "2026-01-01", "2026-01-02"),
+        &[("BACKFILL_FAULT", "manifest-migration@1:stop")],
+    );
+    wait_until(
+        "the first open frozen mid-migration",
+        Duration::from_secs(30),
+        || stopped(child.id()),
+    );
+    // Its session ends under it (a server restarting, a network dropping the connection).
+    cluster.psql(
+        &db,
+        &format!(
+            "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = '{db}' AND pid <> pg_backend_pid()"
+        ),
+    );
+    signal(&child, Signal::SIGCONT);
+    let out = wait_within(&p, "create", child, Duration::from_secs(60));
+    out.code(0);
+    assert_eq!(
+        cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
+        "3"
+    );
+    // Nothing was made outside the schema (in autocommit, where the search path leads
+    // elsewhere).
+    assert_eq!(
+        cluster.psql(
+            &db,
+            "SELECT COUNT(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE c.relname IN ('backfills', 'runs', 'task_tries') AND n.nspname <> 'backfill_manifest'"
+        ),
+        "0"
+    );
+    assert_eq!(
+        runs_per_interval(cluster, &db),
+        (1..=2).map(|d| (day_unix(d), 1, 1)).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn a_running_backfill_stops_writing_once_a_newer_backfill_upgraded_the_schema() {
+    let Some((cluster, db, url)) = manifest_database() else {
+        return;
+    };
+    let p = Project::new().dag("c", DAG);
+    p.write("backfill.toml", "lease_timeout = \"4s\"\n");
+    let owner = p.spawn("owner", &create_args(&url, "2026-01-01", "2026-01-02"));
+    wait_until("two running tries", Duration::from_secs(30), || {
+        running_tries(cluster, &db) == "2"
+    });
+    // What a newer binary's migration leaves: a higher version.
+    cluster.psql(
+        &db,
+        "UPDATE backfill_manifest.schema_version SET version = 99",
+    );
+    let out = wait_within(&p, "owner", owner, Duration::from_secs(60));
+    out.code(1).stderr_has(
+        "the manifest's schema is now version 99, and this backfill knows version 3: a newer backfill changed it while this one ran, so this one writes nothing more",
+    );
+    // It wrote nothing after the upgrade, not even its tries' ends: its runs are still in
+    // progress, for the newer backfill to take up.
+    assert_eq!(
+        cluster.psql(
+            &db,
+            "SELECT state, COUNT(*) FROM backfill_manifest.runs GROUP BY 1"
+        ),
+        "running|2"
+    );
+}
+
+#[test]
+fn a_role_that_may_only_read_the_manifest_reads_it_and_is_refused_writes_as_bad_input() {
+    let Some((cluster, db, url)) = manifest_database() else {
+        return;
+    };
+    let p = Project::new().dag("c", DAG);
+    std::fs::write(p.path("go"), "").unwrap();
+    p.run(&create_args(&url, "2026-01-01", "2026-01-02"))
+        .code(0);
+    let role = format!("reader_{db}");
+    cluster.psql(
+        &db,
+        &format!(
+            "CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA backfill_manifest TO {role};
+             GRANT SELECT ON ALL TABLES IN SCHEMA backfill_manifest TO {role}"
+        ),
+    );
+    let reader = url.replace("postgres@", &format!("{role}@"));
+    p.run(&["--manifest", &reader, "list"]).code(0);
+    p.run(&["--manifest", &reader, "show", "1"]).code(0);
+    p.run(&[
+        "--manifest",
+        &reader,
+        "create",
+        "--dag",
+        "c",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+        "--dry-run",
+    ])
+    .code(0);
+    // A write is refused before anything is written, as for a file the user cannot write.
+    p.run(&create_args(&reader, "2026-01-03", "2026-01-03"))
+        .code(2)
+        .stderr_has("this role may read it but not write it; commands that only read it (list, show, runs, diff, create --dry-run) work");
+    assert_eq!(
+        cluster.psql(&db, "SELECT COUNT(*) FROM backfill_manifest.backfills"),
+        "1"
+    );
+    // Nor may it make the manifest in a database where it has none.
+    let empty = cluster.create_db();
+    cluster.psql(&empty, &format!("REVOKE CREATE ON SCHEMA public FROM PUBLIC; REVOKE CREATE ON DATABASE {empty} FROM PUBLIC"));
+    let fresh = cluster
+        .url(&empty)
+        .replace("postgres@", &format!("{role}@"));
+    p.run(&create_args(&fresh, "2026-01-01", "2026-01-01"))
+        .code(2)
+        .stderr_has("this role may not create or upgrade its schema");
+}

@@ -1,0 +1,244 @@
+//! What a real network brings: a server that accepts a connection and never answers, and a
+//! network cut that resets nothing (a proxy that stops relaying, its sockets open). Every wait
+//! is bounded: a command fails within its `connect_timeout`, an owner cut off from its manifest
+//! exits within about its lease timeout, and the backfill resumes.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::pg;
+use crate::support::{Project, day_unix, wait_until, wait_within};
+
+/// A TCP listener on 127.0.0.1 that accepts every connection and never sends a byte: a server
+/// that hangs, not one that refuses.
+fn silent_server() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in listener.incoming().flatten() {
+            held.push(s);
+        }
+    });
+    port
+}
+
+/// A relay from a port on 127.0.0.1 to `upstream`, that the test can cut: from then on it
+/// relays nothing and closes nothing, on the connections it has and on new ones (as a network
+/// that drops every packet, seen from the client: nothing answers, nothing is reset).
+struct Proxy {
+    port: u16,
+    cut: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    fn start(upstream: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let c = cut.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for client in listener.incoming().flatten() {
+                if c.load(Ordering::SeqCst) {
+                    held.push(client);
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                for (from, to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    let c = c.clone();
+                    std::thread::spawn(move || relay(from, to, &c));
+                }
+            }
+        });
+        Proxy { port, cut }
+    }
+
+    fn url(&self, db: &str) -> String {
+        format!(
+            "postgresql://postgres@127.0.0.1:{}/{db}?sslmode=disable&connect_timeout=2",
+            self.port
+        )
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Copies `from` to `to` until either closes; once cut, reads and writes nothing more, holding
+/// both open.
+fn relay(mut from: TcpStream, mut to: TcpStream, cut: &AtomicBool) {
+    from.set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let mut buf = [0u8; 16384];
+    loop {
+        if cut.load(Ordering::SeqCst) {
+            // Hold the sockets: the peers see a connection that no longer answers.
+            std::thread::sleep(Duration::from_secs(3600));
+            return;
+        }
+        match from.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                if cut.load(Ordering::SeqCst) {
+                    continue;
+                }
+                if to.write_all(&buf[..n]).is_err() {
+                    return;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+#[test]
+fn a_manifest_server_that_accepts_and_never_answers_fails_within_connect_timeout() {
+    let port = silent_server();
+    let p = Project::new().dag(
+        "c",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+    );
+    let url = format!("postgresql://etl:hunter2@127.0.0.1:{port}/m?connect_timeout=1");
+    let child = p.spawn("list", &["--manifest", &url, "list"]);
+    let out = wait_within(&p, "list", child, Duration::from_secs(30));
+    out.code(1)
+        .stderr_has(&format!(
+            "manifest postgresql://etl@127.0.0.1:{port}/m?connect_timeout=1"
+        ))
+        .stderr_has("the server did not answer within 1s (connect_timeout)");
+    assert!(!out.stderr.contains("hunter2"), "{}", out.stderr);
+    let child = p.spawn(
+        "create",
+        &[
+            "--manifest",
+            &url,
+            "create",
+            "--dag",
+            "c",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+        ],
+    );
+    wait_within(&p, "create", child, Duration::from_secs(30))
+        .code(1)
+        .stderr_has("the server did not answer within 1s (connect_timeout)");
+    assert!(!p.has_manifest(), "nothing was recorded elsewhere");
+}
+
+#[test]
+fn a_warehouse_that_accepts_and_never_answers_fails_within_connect_timeout() {
+    let port = silent_server();
+    let p = Project::new().dag(
+        "c",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\nwarehouse = \"dw\"\ntarget = \"t\"\npartition_column = \"d\"\nsql = \"SELECT 1 AS d\"\n",
+    );
+    p.write(
+        "backfill.toml",
+        &format!("[warehouse.dw]\nkind = \"postgres\"\nurl = \"postgresql://etl:hunter2@127.0.0.1:{port}/x?sslmode=disable&connect_timeout=1\"\n"),
+    );
+    let child = p.spawn(
+        "create",
+        &[
+            "create",
+            "--dag",
+            "c",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+        ],
+    );
+    let out = wait_within(&p, "create", child, Duration::from_secs(30));
+    out.code(2)
+        .stderr_has("warehouse `dw`")
+        .stderr_has("the server did not answer within 1s (connect_timeout)");
+    assert!(!out.stderr.contains("hunter2"), "{}", out.stderr);
+    assert!(!p.has_manifest(), "a refused backfill recorded nothing");
+}
+
+/// A task of a few hundred milliseconds that holds a lock per interval: a second try of an
+/// interval while one runs is written to overlaps.txt.
+const DAG: &str = r#"
+schedule = "@daily"
+max_active_runs = 2
+[[tasks]]
+id = "work"
+command = '''
+mkdir -p locks
+exec 9> "locks/{{ ds }}"
+if ! flock -n 9; then echo "{{ ds }}" >> overlaps.txt; exit 1; fi
+while [ ! -f go ] && [ ! -f "go-{{ ds }}" ]; do sleep 0.05; done
+sleep 0.2
+'''
+"#;
+
+#[test]
+fn an_owner_whose_network_to_the_manifest_hangs_exits_within_about_its_lease_and_resumes() {
+    if !pg::available("the PostgreSQL manifest tests") {
+        return;
+    }
+    let cluster = pg::shared();
+    let db = cluster.create_db();
+    let proxy = Proxy::start(cluster.port());
+    let through = proxy.url(&db);
+    let p = Project::new().dag("c", DAG);
+    p.write("backfill.toml", "lease_timeout = \"4s\"\n");
+    let owner = p.spawn(
+        "owner",
+        &[
+            "--manifest",
+            &through,
+            "create",
+            "--dag",
+            "c",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+        ],
+    );
+    wait_until("two running tries", Duration::from_secs(30), || {
+        cluster.psql(&db, "SELECT to_regclass('backfill_manifest.task_tries') IS NOT NULL") == "t"
+            && cluster.psql(
+                &db,
+                "SELECT COUNT(*) FROM backfill_manifest.task_tries WHERE state = 'running'",
+            ) == "2"
+    });
+    proxy.cut();
+    // No thaw, no reset: the owner must give up on its own. Its lease is 4 s; it stops its tries
+    // at half of it and exits once the manifest has been silent for the whole lease (a bound of
+    // 60 s here detects a hang, it does not measure speed).
+    let out = wait_within(&p, "owner", owner, Duration::from_secs(60));
+    out.code(1)
+        .stderr_has("cannot write the heartbeat")
+        .stderr_has("resume");
+    assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
+    // Straight to the server, the backfill resumes, and every interval ran once to success.
+    std::fs::write(p.path("go"), "").unwrap();
+    p.run(&["--manifest", &cluster.url(&db), "resume", "1"])
+        .code(0);
+    let runs = cluster.psql(
+        &db,
+        "SELECT interval_start, COUNT(*) FILTER (WHERE state = 'succeeded')
+         FROM backfill_manifest.runs GROUP BY 1 ORDER BY 1",
+    );
+    assert_eq!(runs, format!("{}|1\n{}|1", day_unix(1), day_unix(2)));
+    assert_eq!(p.read("overlaps.txt"), "");
+}

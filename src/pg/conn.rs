@@ -81,14 +81,14 @@ pub fn target(url: &str) -> Result<Target, String> {
         Some((b, q)) => (b, q),
         None => (url, ""),
     };
-    let mut mode = "prefer".to_string();
+    let mut mode = None;
     let mut root_cert = None;
     let mut user_timeout = None;
     let mut keepalives_count = None;
     let mut rest = Vec::new();
     for kv in query.split('&').filter(|kv| !kv.is_empty()) {
         match kv.split_once('=') {
-            Some(("sslmode", v)) => mode = v.to_string(),
+            Some(("sslmode", v)) => mode = Some(v.to_string()),
             Some(("sslrootcert", v)) => root_cert = Some(v.to_string()),
             // libpq's milliseconds (the driver would read seconds), and libpq's name for what
             // the driver calls keepalives_retries.
@@ -116,17 +116,47 @@ pub fn target(url: &str) -> Result<Target, String> {
     let mut config: tokio_postgres::Config = url
         .parse()
         .map_err(|e| format!("the URL is not a PostgreSQL URL libpq would take: {e}"))?;
-    let verify = match mode.as_str() {
-        "disable" => None,
-        "allow" | "prefer" | "require" => Some(Verify::Nothing),
-        "verify-ca" => Some(Verify::Chain),
-        "verify-full" => Some(Verify::Full),
-        other => {
+    let roots = Roots::of(root_cert.as_deref());
+    // `sslrootcert=system` makes verify-full the default, and allows nothing weaker.
+    let mode = match (mode, &roots) {
+        (None, Roots::System) => "verify-full".to_string(),
+        (None, _) => "prefer".to_string(),
+        (Some(m), Roots::System) if m != "verify-full" => {
+            return Err(format!(
+                "sslrootcert=system needs sslmode=verify-full (it was `{m}`), as libpq does"
+            ));
+        }
+        (Some(m), _) => m,
+    };
+    let verify = match (mode.as_str(), &roots) {
+        ("disable", _) => None,
+        // As libpq: a root certificate that exists is used whenever the connection is
+        // encrypted; without one, an encrypted connection is not verified.
+        ("allow" | "prefer" | "require", Roots::None) => Some(Verify::Nothing),
+        ("allow" | "prefer" | "require" | "verify-ca", _) if !matches!(roots, Roots::None) => {
+            Some(Verify::Chain)
+        }
+        ("verify-ca" | "verify-full", Roots::None) => {
+            return Err(format!(
+                "sslmode={mode} needs a root certificate to verify the server with, and there is none: give sslrootcert=FILE (or sslrootcert=system for the system's roots), or put it in ~/.postgresql/root.crt"
+            ));
+        }
+        ("verify-full", _) => Some(Verify::Full),
+        (other, _) => {
             return Err(format!(
                 "sslmode `{other}` is none of disable, allow, prefer, require, verify-ca, verify-full"
             ));
         }
     };
+    match verify {
+        None => warn_unverified(&config_hosts(&url), &mode, "is not encrypted"),
+        Some(Verify::Nothing) => warn_unverified(
+            &config_hosts(&url),
+            &mode,
+            "does not verify the server (no root certificate)",
+        ),
+        _ => {}
+    }
     config.ssl_mode(match mode.as_str() {
         "disable" => SslMode::Disable,
         "allow" | "prefer" => SslMode::Prefer,
@@ -157,9 +187,82 @@ pub fn target(url: &str) -> Result<Target, String> {
     }
     let tls = match verify {
         None => Tls::None,
-        Some(v) => Tls::Rustls(MakeRustlsConnect::new(tls_config(v, root_cert.as_deref())?)),
+        Some(v) => Tls::Rustls(MakeRustlsConnect::new(tls_config(v, &roots)?)),
     };
     Ok(Target { config, tls })
+}
+
+/// The root certificates a connection is verified with, found as libpq finds them.
+enum Roots {
+    /// `sslrootcert=FILE`, else `~/.postgresql/root.crt`, when the file exists.
+    File(std::path::PathBuf),
+    /// `sslrootcert=system`: the system's trusted roots.
+    System,
+    None,
+}
+
+impl Roots {
+    fn of(root_cert: Option<&str>) -> Roots {
+        match root_cert {
+            Some("system") => Roots::System,
+            Some(file) => {
+                let file = std::path::PathBuf::from(file);
+                if file.is_file() {
+                    Roots::File(file)
+                } else {
+                    Roots::None
+                }
+            }
+            None => std::env::var_os("HOME")
+                .map(|h| std::path::PathBuf::from(h).join(".postgresql/root.crt"))
+                .filter(|p| p.is_file())
+                .map_or(Roots::None, Roots::File),
+        }
+    }
+}
+
+/// The hosts a URL names (for the warning below), from the URL as the driver reads it.
+fn config_hosts(url: &str) -> Vec<String> {
+    url.parse::<tokio_postgres::Config>()
+        .map(|c| {
+            c.get_hosts()
+                .iter()
+                .map(|h| match h {
+                    tokio_postgres::config::Host::Tcp(name) => name.clone(),
+                    // A unix socket: on this machine.
+                    tokio_postgres::config::Host::Unix(_) => "localhost".to_string(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether a host name is this machine.
+fn is_loopback(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Says once per host, on stderr, that a connection to another machine is not verified: its
+/// password and its data could go to whoever answers in the server's place.
+fn warn_unverified(hosts: &[String], mode: &str, what: &str) {
+    static WARNED: LazyLock<Mutex<std::collections::HashSet<String>>> =
+        LazyLock::new(Mutex::default);
+    for host in hosts.iter().filter(|h| !is_loopback(h)) {
+        let first = WARNED
+            .lock()
+            .map(|mut w| w.insert(host.clone()))
+            .unwrap_or(false);
+        if first {
+            eprintln!(
+                "warning: the connection to PostgreSQL on {host} {what}, with sslmode={mode}: a password and the data could go to whoever answers in its place; use sslmode=verify-full with sslrootcert=FILE, or sslrootcert=system"
+            );
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,7 +275,7 @@ enum Verify {
     Full,
 }
 
-fn tls_config(verify: Verify, root_cert: Option<&str>) -> Result<rustls::ClientConfig, String> {
+fn tls_config(verify: Verify, roots_from: &Roots) -> Result<rustls::ClientConfig, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -184,12 +287,9 @@ fn tls_config(verify: Verify, root_cert: Option<&str>) -> Result<rustls::ClientC
             .with_no_client_auth());
     }
     let mut roots = rustls::RootCertStore::empty();
-    let default_file = std::env::var_os("HOME")
-        .map(|h| std::path::PathBuf::from(h).join(".postgresql/root.crt"))
-        .filter(|p| p.is_file());
-    match root_cert.map(std::path::PathBuf::from).or(default_file) {
-        Some(file) => {
-            for cert in CertificateDer::pem_file_iter(&file)
+    match roots_from {
+        Roots::File(file) => {
+            for cert in CertificateDer::pem_file_iter(file)
                 .map_err(|e| format!("sslrootcert {}: {e}", file.display()))?
             {
                 let cert = cert.map_err(|e| format!("sslrootcert {}: {e}", file.display()))?;
@@ -198,11 +298,12 @@ fn tls_config(verify: Verify, root_cert: Option<&str>) -> Result<rustls::ClientC
                     .map_err(|e| format!("sslrootcert {}: {e}", file.display()))?;
             }
         }
-        None => {
+        Roots::System => {
             for cert in rustls_native_certs::load_native_certs().certs {
                 let _ = roots.add(cert);
             }
         }
+        Roots::None => return Err("no root certificate to verify the server with".into()),
     }
     let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
         Arc::new(roots),
@@ -535,7 +636,10 @@ mod tests {
 
     #[test]
     fn url_settings_parse_as_libpq_takes_them() {
-        let t = target("postgresql://etl:secret@db.internal:5433/analytics?sslmode=verify-full&connect_timeout=3").unwrap();
+        let t = target(
+            "postgresql://etl:secret@db.internal:5433/analytics?sslmode=require&connect_timeout=3",
+        )
+        .unwrap();
         assert_eq!(t.config.get_dbname(), Some("analytics"));
         assert_eq!(t.config.get_ports(), &[5433]);
         assert_eq!(t.config.get_application_name(), Some("backfill"));
@@ -561,5 +665,45 @@ mod tests {
             .err()
             .unwrap();
         assert!(!err.contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn tls_modes_follow_libpqs_rules() {
+        let dir = std::env::temp_dir().join(format!("backfill-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let missing = dir.join("none.crt");
+        // verify-* without a root certificate is refused, never verified against something else.
+        for mode in ["verify-ca", "verify-full"] {
+            let err = target(&format!(
+                "postgresql://etl@db.internal/a?sslmode={mode}&sslrootcert={}",
+                missing.display()
+            ))
+            .err()
+            .unwrap();
+            assert!(err.contains("needs a root certificate"), "{err}");
+        }
+        // sslrootcert=system: verify-full by default, nothing weaker.
+        let t = target("postgresql://etl@db.internal/a?sslrootcert=system").unwrap();
+        assert_eq!(t.config.get_ssl_mode(), SslMode::Require);
+        let err = target("postgresql://etl@db.internal/a?sslrootcert=system&sslmode=require")
+            .err()
+            .unwrap();
+        assert!(err.contains("needs sslmode=verify-full"), "{err}");
+        assert!(matches!(Roots::of(Some("system")), Roots::System));
+        assert!(matches!(
+            Roots::of(Some(missing.to_str().unwrap())),
+            Roots::None
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn loopback_hosts_are_this_machine() {
+        for h in ["localhost", "127.0.0.1", "::1", "[::1]"] {
+            assert!(is_loopback(h), "{h}");
+        }
+        for h in ["db.internal", "10.0.0.5", "localhost.example.com"] {
+            assert!(!is_loopback(h), "{h}");
+        }
     }
 }

@@ -113,6 +113,30 @@ impl Cluster {
     /// initdb into a fresh folder and start the server on a free port, waiting until it accepts
     /// connections. Panics (with the log) when it cannot.
     pub fn start() -> Cluster {
+        Self::start_with(|_| String::new())
+    }
+
+    /// [`Cluster::start`] serving TLS with `cert` and `key` (PEM): both copied into the data
+    /// folder, the key readable by the server's user only.
+    pub fn start_tls(cert: &Path, key: &Path) -> Cluster {
+        Self::start_with(|data| {
+            for (from, to) in [(cert, "server.crt"), (key, "server.key")] {
+                let at = data.join(to);
+                std::fs::copy(from, &at).expect("copy the server's certificate");
+                if is_root() {
+                    run(Command::new("chown")
+                        .arg(format!("{SERVER_USER}:"))
+                        .arg(&at));
+                }
+                run(Command::new("chmod").arg("600").arg(&at));
+            }
+            "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n".to_string()
+        })
+    }
+
+    /// [`Cluster::start`], `setup` run on the data folder after initdb; it returns more lines
+    /// for postgresql.conf.
+    fn start_with(setup: impl FnOnce(&Path) -> String) -> Cluster {
         let bin = bin_dir()
             .filter(|bin| has_server(bin))
             .expect("no PostgreSQL server binaries (set PG_BIN or install Debian's postgresql); check pg::available() first");
@@ -163,6 +187,9 @@ impl Cluster {
             data.display()
         )
         .expect("write postgresql.conf");
+        let more = setup(&data);
+        conf.write_all(more.as_bytes())
+            .expect("write postgresql.conf");
         drop(conf);
 
         let mut cluster = Cluster {

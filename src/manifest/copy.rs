@@ -35,6 +35,12 @@ pub struct Refused(pub String);
 
 /// Copies the SQLite manifest `from` (already open, at this binary's schema) into the
 /// PostgreSQL manifest `to` (a location from [`super::location`]).
+///
+/// The copy is one transaction of the writers' lock, and the target is checked empty (every
+/// table of the record) under that lock, so that a backfill started meanwhile from another host
+/// is never mixed in. The source is read in one snapshot. A connection lost during the `COMMIT`
+/// is settled as the writer settles it: by the transaction's token, read again on a new
+/// connection, so that a copy that committed is never reported as failed.
 pub fn to_postgres(
     from: &rusqlite::Connection,
     to: &Path,
@@ -42,17 +48,25 @@ pub fn to_postgres(
     let shown = to.to_string_lossy().into_owned();
     let s = postgres::open(&super::url_of(to), &shown)?;
     let at = |e: super::db::Error| Error::from(e).at(to);
-    let held = count(&s, "SELECT COUNT(*) FROM backfills").map_err(at)?;
-    if held > 0 {
-        return Ok(Err(Refused(format!(
-            "the manifest {shown} already holds {held} backfill{}; copy into one that holds none (a new database, or one whose schema `{}` was dropped)",
-            if held == 1 { "" } else { "s" },
-            postgres::SCHEMA
-        ))));
+    let writer = format!("copy-{:x}-{:x}", std::process::id(), crate::clock::now_ms());
+    let token = 1;
+    s.begin(&writer, token).map_err(|e| at(e.into()))?;
+    // One snapshot of the source for every table.
+    if let Err(e) = from.execute_batch("BEGIN") {
+        s.rollback();
+        return Err(at(e.into()));
     }
-    s.begin(&format!("copy-{:x}", std::process::id()), 1)
-        .map_err(|e| at(e.into()))?;
-    let result = (|| -> super::db::Result<Copied> {
+    let result = (|| -> super::db::Result<std::result::Result<Copied, Refused>> {
+        for &(table, _) in TABLES {
+            let held = count(&s, &format!("SELECT COUNT(*) FROM {table}"))?;
+            if held > 0 {
+                return Ok(Err(Refused(format!(
+                    "the manifest {shown} already holds a record ({held} row{} in {table}); copy into one that holds none (a new database, or one whose schema `{}` was dropped)",
+                    if held == 1 { "" } else { "s" },
+                    postgres::SCHEMA
+                ))));
+            }
+        }
         let mut copied = Vec::new();
         for &(table, order) in TABLES {
             copied.push((table, copy_table(from, &s, table, order)?));
@@ -72,12 +86,33 @@ pub fn to_postgres(
                 &[],
             )?;
         }
-        Ok(copied)
+        Ok(Ok(copied))
     })();
+    let _ = from.execute_batch("COMMIT");
     match result {
-        Ok(copied) => {
-            s.commit().map_err(|e| at(e.into()))?;
-            Ok(Ok(copied))
+        Ok(Ok(copied)) => {
+            crate::fault::point("copy-commit");
+            match s.commit() {
+                Ok(()) => Ok(Ok(copied)),
+                Err(e) if s.is_broken() => {
+                    // Did it commit? The token says, on a new connection.
+                    match s.reconnect().and_then(|()| s.committed(&writer, token)) {
+                        Ok(true) => {
+                            tracing::warn!(manifest = %shown, "the connection was lost during the copy's commit, which happened: {e}");
+                            Ok(Ok(copied))
+                        }
+                        Ok(false) => Err(at(e.into())),
+                        Err(e2) => Err(Error::Invalid(format!(
+                            "{shown}: the connection was lost during the copy's commit ({e}), and whether it committed cannot be told ({e2}): run the copy again, which refuses if it did"
+                        ))),
+                    }
+                }
+                Err(e) => Err(at(e.into())),
+            }
+        }
+        Ok(Err(refused)) => {
+            s.rollback();
+            Ok(Err(refused))
         }
         Err(e) => {
             s.rollback();
@@ -86,11 +121,15 @@ pub fn to_postgres(
     }
 }
 
+/// A count, which must come back as one integer.
 fn count(s: &Session, sql: &str) -> super::db::Result<i64> {
-    Ok(match s.query(sql, &[])?.first().and_then(|r| r.first()) {
-        Some(Value::Integer(n)) => *n,
-        _ => 0,
-    })
+    match s.query(sql, &[])?.first().and_then(|r| r.first()) {
+        Some(Value::Integer(n)) => Ok(*n),
+        other => Err(super::db::Error::Postgres(crate::pg::Error::new(
+            crate::pg::Kind::Other,
+            format!("`{sql}` gave {other:?}, not a count"),
+        ))),
+    }
 }
 
 /// Copies one table's rows, many to a statement; returns how many.
@@ -111,7 +150,14 @@ fn copy_table(
             return Ok(());
         }
         to.insert_many(
-            &format!("INSERT INTO {table} ({})", columns.join(", ")),
+            &format!(
+                "INSERT INTO {table} ({})",
+                columns
+                    .iter()
+                    .map(|c| crate::pg::quote_ident(c))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             "",
             columns.len(),
             pending,

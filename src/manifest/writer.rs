@@ -30,6 +30,9 @@ trait Pending: Send {
     fn run(&mut self, conn: &Conn);
     /// Whether its last run failed.
     fn failed(&self) -> bool;
+    /// Whether its last run failed because the server asks for the transaction to run again
+    /// (a serialization failure, a deadlock): then the whole batch runs again.
+    fn retryable(&self) -> bool;
     /// Answers the caller: the job's result, or `failed` (the transaction did not commit).
     fn answer(self: Box<Self>, failed: Option<String>);
 }
@@ -52,6 +55,10 @@ where
 
     fn failed(&self) -> bool {
         matches!(self.result, Some(Err(_)))
+    }
+
+    fn retryable(&self) -> bool {
+        matches!(&self.result, Some(Err(Error::Pg(e))) if e.kind() == crate::pg::Kind::Retryable)
     }
 
     fn answer(self: Box<Self>, failed: Option<String>) {
@@ -310,6 +317,9 @@ fn commit_sqlite(conn: &Conn, c: &rusqlite::Connection, mut batch: Vec<Box<dyn P
 /// transaction is open already). When more jobs wait by the time it commits, they are the next
 /// batch, returned with whether its transaction was begun in the commit's own round trip (one
 /// round trip less per batch while the writer is busy).
+/// How many times a batch runs again when the server asks for it (see [`Pending::retryable`]).
+const RUN_AGAIN: u32 = 5;
+
 fn commit_postgres(
     conn: &Conn,
     s: &Session,
@@ -325,6 +335,8 @@ fn commit_postgres(
     // Jobs that failed: answered with their error, not run again.
     let mut skip = vec![false; batch.len()];
     let mut lost = false;
+    // Runs of the batch the server asked for again.
+    let mut again = 0;
     loop {
         if lost {
             if std::time::Instant::now() >= deadline {
@@ -357,12 +369,18 @@ fn commit_postgres(
         // The writers' lock is held from here to the commit.
         crate::fault::point("manifest-transaction");
         let mut failed = false;
+        let mut retry = false;
         for (job, done) in batch.iter_mut().zip(&mut skip) {
             if *done {
                 continue;
             }
             job.run(conn);
             if s.is_broken() {
+                break;
+            }
+            if job.retryable() && again < RUN_AGAIN {
+                // The whole transaction runs again (its writes are undone with it).
+                retry = true;
                 break;
             }
             if job.failed() {
@@ -373,10 +391,15 @@ fn commit_postgres(
                 break;
             }
         }
-        if s.is_broken() || failed {
+        if s.is_broken() || failed || retry {
             s.rollback();
             // A job that failed is not a lost connection: the others run again at once.
-            lost = !failed;
+            lost = !failed && !retry;
+            if retry {
+                again += 1;
+                tracing::info!(manifest = %s.shown(), attempt = again, "the server asked for the manifest's transaction to run again");
+                std::thread::sleep(std::time::Duration::from_millis(10 << again));
+            }
             continue;
         }
         if let Some(delay) = crate::fault::slow_commit() {

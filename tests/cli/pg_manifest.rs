@@ -97,7 +97,7 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
         .code(0);
     assert_eq!(
         cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
-        "3"
+        "4"
     );
     assert_eq!(
         runs_per_interval(cluster, &db),
@@ -118,13 +118,14 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
          ALTER TABLE backfill_manifest.runs DROP COLUMN worker;
          DROP TABLE backfill_manifest.workers;
          DROP FUNCTION backfill_manifest.publish_refused(bigint);
+         ALTER TABLE backfill_manifest.backfills DROP COLUMN definition;
          UPDATE backfill_manifest.schema_version SET version = 1",
     );
     p.run(&create_args(&url, "2026-01-04", "2026-01-04"))
         .code(0);
     assert_eq!(
         cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
-        "3"
+        "4"
     );
     assert_eq!(
         cluster.psql(
@@ -143,7 +144,7 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
         create_args(&url, "2026-01-05", "2026-01-05"),
     ] {
         p.run(&args).code(1).stderr_has(&format!(
-            "manifest {url}: schema version 99 is newer than this backfill understands (3); upgrade backfill"
+            "manifest {url}: schema version 99 is newer than this backfill understands (4); upgrade backfill"
         ));
     }
     assert_eq!(
@@ -209,7 +210,85 @@ fn manifest_copy_moves_a_sqlite_history_with_its_ids_and_identity() {
     // A second copy would mix two histories.
     p.run(&["manifest", "copy", "--to", &url])
         .code(2)
-        .stderr_has("already holds 3 backfills; copy into one that holds none");
+        .stderr_has("already holds a record (3 rows in backfills); copy into one that holds none");
+    // So would one that holds any row of a record, not only backfills.
+    cluster.psql(
+        &db,
+        "DELETE FROM backfill_manifest.pool_slots; DELETE FROM backfill_manifest.published;
+         DELETE FROM backfill_manifest.leases; DELETE FROM backfill_manifest.task_tries;
+         DELETE FROM backfill_manifest.runs; DELETE FROM backfill_manifest.workers;
+         DELETE FROM backfill_manifest.plan; DELETE FROM backfill_manifest.backfills
+         WHERE id <> 3",
+    );
+    p.run(&["manifest", "copy", "--to", &url])
+        .code(2)
+        .stderr_has("already holds a record (1 row in backfills)");
+}
+
+#[test]
+fn a_copy_whose_commit_reply_is_lost_after_it_committed_reports_success() {
+    if !pg::available("the PostgreSQL manifest tests") {
+        return;
+    }
+    // A cluster of its own: its commits wait for a synchronous standby that never comes, for
+    // the copy's session only. Such a commit is done locally and waits; ending the session
+    // then leaves it committed while its client hears only that the connection closed.
+    let own = pg::Cluster::start();
+    let db = own.create_db();
+    // Every other session (this test's psql too) commits without waiting; set first, while
+    // commits do not wait yet.
+    own.psql(
+        "postgres",
+        &format!("ALTER DATABASE {db} SET synchronous_commit = local"),
+    );
+    own.psql(
+        "postgres",
+        "ALTER SYSTEM SET synchronous_standby_names = 'nobody'",
+    );
+    own.psql("postgres", "SELECT pg_reload_conf()");
+    let local = own.url(&db);
+    let waiting = format!("{local}?options=-c%20synchronous_commit%3Don");
+    let p = Project::new().sqlite().dag("c", DAG);
+    std::fs::write(p.path("go"), "").unwrap();
+    p.create("c", "2026-01-01", "2026-01-03", &[]).code(0);
+    // The manifest's schema made first (its commits would wait too), and left empty.
+    p.run(&[
+        "--manifest",
+        &local,
+        "create",
+        "--dag",
+        "c",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-01",
+    ])
+    .code(0);
+    own.psql(
+        &db,
+        "DELETE FROM backfill_manifest.pool_slots; DELETE FROM backfill_manifest.published;
+         DELETE FROM backfill_manifest.leases; DELETE FROM backfill_manifest.task_tries;
+         DELETE FROM backfill_manifest.runs; DELETE FROM backfill_manifest.workers;
+         DELETE FROM backfill_manifest.plan; DELETE FROM backfill_manifest.backfills",
+    );
+    let copy = p.spawn("copy", &["manifest", "copy", "--to", &waiting]);
+    wait_until("the copy's commit to wait", Duration::from_secs(30), || {
+        own.psql(
+            &db,
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+        ) == "1"
+    });
+    own.psql(
+        &db,
+        "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+    );
+    let out = wait_within(&p, "copy", copy, Duration::from_secs(60));
+    out.code(0)
+        .stderr_has("copied 1 backfill, 3 runs and 3 tries");
+    assert_eq!(
+        own.psql(&db, "SELECT COUNT(*) FROM backfill_manifest.runs"),
+        "3"
+    );
 }
 
 #[test]
@@ -399,7 +478,7 @@ fn a_connection_lost_while_the_schema_is_made_leaves_no_half_and_the_open_starts
     out.code(0);
     assert_eq!(
         cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
-        "3"
+        "4"
     );
     // Nothing was made outside the schema (in autocommit, where the search path leads
     // elsewhere).
@@ -435,7 +514,7 @@ fn a_running_backfill_stops_writing_once_a_newer_backfill_upgraded_the_schema() 
     );
     let out = wait_within(&p, "owner", owner, Duration::from_secs(60));
     out.code(1).stderr_has(
-        "the manifest's schema is now version 99, and this backfill knows version 3: a newer backfill changed it while this one ran, so this one writes nothing more",
+        "the manifest's schema is now version 99, and this backfill knows version 4: a newer backfill changed it while this one ran, so this one writes nothing more",
     );
     // It wrote nothing after the upgrade, not even its tries' ends: its runs are still in
     // progress, for the newer backfill to take up.
@@ -498,4 +577,78 @@ fn a_role_that_may_only_read_the_manifest_reads_it_and_is_refused_writes_as_bad_
     p.run(&create_args(&fresh, "2026-01-01", "2026-01-01"))
         .code(2)
         .stderr_has("this role may not create or upgrade its schema");
+}
+
+#[test]
+fn a_manifest_urls_password_reaches_no_output_file_log_or_hook() {
+    let Some((_, db, url)) = manifest_database() else {
+        return;
+    };
+    // The test server trusts every connection: the password is carried, never checked.
+    let secret = url.replace("postgres@", "postgres:hunter2@");
+    assert_ne!(secret, url);
+    let p = Project::new().dag("c", DAG);
+    std::fs::write(p.path("go"), "").unwrap();
+    p.write(
+        "backfill.toml",
+        "[notify]\non_finish = \"cat > hook-stdin.json\"\n",
+    );
+    let env = [("BACKFILL_MANIFEST", secret.as_str())];
+    let mut seen = String::new();
+    for args in [
+        vec![
+            "-vv",
+            "create",
+            "--dag",
+            "c",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+        ],
+        vec![
+            "--output",
+            "json",
+            "create",
+            "--dag",
+            "c",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-03",
+            "--dry-run",
+        ],
+        vec!["--output", "json", "show", "1"],
+        vec!["--output", "json", "list"],
+        vec!["runs", "--dag", "c"],
+        vec!["show", "99"],
+        vec!["--help"],
+        vec!["create", "--help"],
+    ] {
+        let out = p.run_with(&args, &env);
+        seen.push_str(&out.stdout);
+        seen.push_str(&out.stderr);
+    }
+    assert!(
+        seen.contains(&format!("/{db}")),
+        "the manifest is named: {seen}"
+    );
+    assert!(!seen.contains("hunter2"), "{seen}");
+    // Nor any file the project holds: logs, audit files, the hook's input.
+    let mut files = vec![p.path(".")];
+    let mut read = 0;
+    while let Some(f) = files.pop() {
+        if f.is_dir() {
+            files.extend(std::fs::read_dir(&f).unwrap().map(|e| e.unwrap().path()));
+        } else if let Ok(bytes) = std::fs::read(&f) {
+            read += 1;
+            assert!(
+                !String::from_utf8_lossy(&bytes).contains("hunter2"),
+                "{} holds the password",
+                f.display()
+            );
+        }
+    }
+    assert!(read > 3, "the project's files were read");
+    assert!(p.path("hook-stdin.json").exists(), "the hook ran");
 }

@@ -76,6 +76,7 @@ fn large_manifest(dir: &std::path::Path, intervals: &[DataInterval]) -> manifest
         cascade: None,
         cascade_of: None,
         sample: None,
+        definition: None,
         max_failures: None,
     };
     let owner = backfills::insert(&conn, &request, &ctx).unwrap();

@@ -208,6 +208,7 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         cascade_of: None,
         max_failures: args.max_failures,
         sample: sampled.as_ref().map(|(n, _)| *n),
+        definition: None,
     };
     let cascade = args.cascade.map(|c| c.mode());
     if cascade.is_some() {

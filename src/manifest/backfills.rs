@@ -64,6 +64,8 @@ pub struct NewBackfill {
     pub cascade_of: Option<i64>,
     /// `create --sample N`: the N asked for.
     pub sample: Option<u32>,
+    /// What its DAG computes (JSON, see `project::Dag::definition`).
+    pub definition: Option<String>,
 }
 
 /// A backfill row.
@@ -97,6 +99,9 @@ pub struct Backfill {
     pub cascade: Option<String>,
     pub cascade_of: Option<i64>,
     pub sample: Option<u32>,
+    /// What its DAG computed when it was created or last resumed (JSON, see
+    /// `project::Dag::definition`); `None` for a backfill recorded before it was kept.
+    pub definition: Option<String>,
 }
 
 impl Backfill {
@@ -120,7 +125,7 @@ impl Backfill {
     }
 }
 
-pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks, max_failures, cascade, cascade_of, sample";
+pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks, max_failures, cascade, cascade_of, sample, definition";
 
 pub fn from_row(r: &Row<'_>) -> super::db::Result<Backfill> {
     let reprocess: String = r.get(6)?;
@@ -160,6 +165,7 @@ pub fn from_row(r: &Row<'_>) -> super::db::Result<Backfill> {
         cascade: r.get(24)?,
         cascade_of: r.get(25)?,
         sample: r.get(26)?,
+        definition: r.get(27)?,
     })
 }
 
@@ -234,8 +240,8 @@ pub fn insert(conn: &Conn, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
         "INSERT INTO backfills (dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior,
             max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host,
             heartbeat_at, created_at, epoch, planning, kind, source_backfill, tasks, max_failures,
-            cascade, cascade_of, sample)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17, ?18, ?19, ?20, ?21)
+            cascade, cascade_of, sample, definition)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)
          RETURNING id",
         params![
             b.dag_id,
@@ -260,11 +266,22 @@ pub fn insert(conn: &Conn, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
             b.max_failures,
             b.cascade,
             b.cascade_of,
-            b.sample
+            b.sample,
+            b.definition
         ],
         |r| r.get(0),
     )?;
     Ok(Owner::of(backfill_id, 0))
+}
+
+/// Records what the backfill's DAG computes now, for its owner.
+pub fn record_definition(conn: &Conn, owner: Owner, definition: &str) -> Result<()> {
+    let owner = fence(conn, owner)?.owner();
+    conn.execute(
+        "UPDATE backfills SET definition = ?2 WHERE id = ?1",
+        params![owner.backfill_id, definition],
+    )?;
+    Ok(())
 }
 
 /// Records that the plan is complete.

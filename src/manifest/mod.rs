@@ -55,6 +55,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (6, include_str!("../../migrations/0006_sample.sql")),
     (7, include_str!("../../migrations/0007_identity.sql")),
     (8, include_str!("../../migrations/0008_workers.sql")),
+    (9, include_str!("../../migrations/0009_definition.sql")),
 ];
 
 /// CHECK constraints a migration widens (SQLite cannot alter one): `(version, table, old, new)`.

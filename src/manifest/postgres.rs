@@ -41,6 +41,10 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
         3,
         include_str!("../../migrations/postgres/0003_one_database.sql"),
     ),
+    (
+        4,
+        include_str!("../../migrations/postgres/0004_definition.sql"),
+    ),
 ];
 
 /// How long the server lets a manifest session sit idle inside a transaction before it ends

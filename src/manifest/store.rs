@@ -209,6 +209,9 @@ pub trait Ownership {
     fn insert_backfill(&self, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner>;
     /// Records that the plan is complete.
     fn mark_planned(&self, owner: Owner) -> Result<()>;
+    /// Records what the backfill's DAG computes now (JSON, see `project::Dag::definition`):
+    /// `resume` runs the definition it finds.
+    fn record_definition(&self, owner: Owner, definition: &str) -> Result<()>;
     /// Refreshes the owner heartbeat and reads what the owner must do; [`Error::Fenced`] when
     /// another process took the backfill over.
     fn heartbeat(&self, owner: Owner, now_ms: i64) -> Result<Heartbeat>;
@@ -592,6 +595,9 @@ impl Ownership for Conn {
     }
     fn mark_planned(&self, owner: Owner) -> Result<()> {
         backfills::planned(self, owner)
+    }
+    fn record_definition(&self, owner: Owner, definition: &str) -> Result<()> {
+        backfills::record_definition(self, owner, definition)
     }
     fn heartbeat(&self, owner: Owner, now_ms: i64) -> Result<Heartbeat> {
         let now_ms = self.now_ms(now_ms)?;

@@ -258,3 +258,65 @@ fn conf_example(keys: &[&str]) -> String {
     }
     out
 }
+
+impl Dag {
+    /// What the DAG computes, key by key, as recorded with each backfill so that a process that
+    /// joins or resumes it can tell whether it runs the same definition: the schedule, the time
+    /// zone, `depends_on_past`, and for each task what it runs and how its output is judged.
+    /// Not how many run at once, where messages go, or a warehouse's URL (its password stays
+    /// out of the manifest): a warehouse is named.
+    pub fn definition(&self) -> std::collections::BTreeMap<String, String> {
+        let mut d = std::collections::BTreeMap::new();
+        d.insert("schedule".to_string(), self.schedule.expr().to_string());
+        d.insert("timezone".to_string(), self.tz.name().to_string());
+        d.insert(
+            "depends_on_past".to_string(),
+            self.depends_on_past.to_string(),
+        );
+        for t in &self.tasks {
+            let mut put = |key: &str, value: String| {
+                d.insert(format!("tasks.{}.{key}", t.id), value);
+            };
+            put("depends_on", t.depends_on.join(", "));
+            match &t.kind {
+                TaskKind::Command(c) => put("command", format!("{c:?}")),
+                TaskKind::Sql(s) => {
+                    put("warehouse", s.warehouse.name.clone());
+                    put("target", s.target.clone());
+                    put("partition_column", s.partition_column.clone());
+                    put("sql", s.sql.clone());
+                }
+            }
+            if let Some(g) = &t.gate {
+                put("gate", format!("{g:?}"));
+            }
+            if let Some(p) = &t.publish {
+                put("publish", format!("{p:?}"));
+            }
+            if let Some(c) = &t.cleanup {
+                put("cleanup", format!("{c:?}"));
+            }
+        }
+        d
+    }
+}
+
+/// What differs between two definitions (see [`Dag::definition`]), one key each: changed,
+/// added or removed.
+pub fn definition_changes(
+    recorded: &std::collections::BTreeMap<String, String>,
+    now: &std::collections::BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (k, v) in recorded {
+        match now.get(k) {
+            None => out.push(format!("{k} removed")),
+            Some(n) if n != v => out.push(format!("{k} changed")),
+            Some(_) => {}
+        }
+    }
+    for k in now.keys().filter(|k| !recorded.contains_key(*k)) {
+        out.push(format!("{k} added"));
+    }
+    out
+}

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 pub use dag::{
     CommandSpec, Dag, Gate, Notify, SourceCount, SqlTask, Task, TaskKind, TaskLocations,
-    missing_conf,
+    definition_changes, missing_conf,
 };
 pub use diagnostics::{ConfigError, StringAt};
 

@@ -35,6 +35,24 @@ pub fn join(g: &Global, id: i64, max_active_runs: Option<u32>) -> Result<u8, Err
             dag.id
         )));
     }
+    // A worker runs what the owner runs: the same definition of the DAG.
+    match super::tasks::definition_changes(backfill.definition.as_deref(), &dag) {
+        Some(changes) if !changes.is_empty() => {
+            return Err(Error::Usage(format!(
+                "backfill {id}: DAG `{}` in {} is not the definition the backfill runs ({}); join from a checkout with the backfill's definition, or let it finish and create a new backfill",
+                dag.id,
+                dag.file,
+                changes.join(", ")
+            )));
+        }
+        Some(_) => {}
+        None => super::note(
+            g,
+            &format!(
+                "backfill {id} recorded no definition of its DAG (it is older than that record): this worker cannot check that it runs the same one"
+            ),
+        ),
+    }
     let mut intervals = conn
         .unfinished_intervals(id)
         .map_err(|e| e.at(&manifest_path))?;

@@ -92,6 +92,7 @@ pub fn request_over(
         cascade: None,
         cascade_of: None,
         sample: None,
+        definition: None,
     }
 }
 
@@ -141,6 +142,10 @@ pub fn launch(
     } = l;
     let manifest_path = g.manifest_path(Some(project))?;
     let ctx = LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL);
+    let request = manifest::NewBackfill {
+        definition: Some(super::tasks::definition_json(&dag)),
+        ..request
+    };
     let max_active_runs = request.max_active_runs;
     let allow_drift = request.allow_drift;
     let max_failures = request.max_failures;

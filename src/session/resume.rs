@@ -161,6 +161,24 @@ pub fn resume_found(
         for w in &stale.warnings {
             warn(g, w);
         }
+        // The definition it runs from now on is the one found here: said when it changed, and
+        // recorded, so that workers that join check against it.
+        let changes = super::tasks::definition_changes(backfill.definition.as_deref(), &dag);
+        if let Some(changes) = changes.as_ref().filter(|c| !c.is_empty()) {
+            warn(
+                g,
+                &format!(
+                    "DAG `{}` in {} changed since backfill {id} last ran ({}): the rest of it runs this definition",
+                    dag.id,
+                    dag.file,
+                    changes.join(", ")
+                ),
+            );
+        }
+        if changes.is_none_or(|c| !c.is_empty()) {
+            let definition = super::tasks::definition_json(&dag);
+            writer.call_blocking(move |c| c.record_definition(owner, &definition))?;
+        }
         if backfill.planning {
             // The plan was being written when the owner died: finish it.
             let already: HashSet<i64> = writer.call_blocking(move |c| c.planned_starts(id))?;

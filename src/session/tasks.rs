@@ -99,3 +99,16 @@ pub fn upstream_dags(project: &crate::project::Project, dag: &Dag, in_cascade: b
         .filter(|d| dag.upstream.iter().any(|(u, _)| u == &d.id))
         .collect()
 }
+
+/// What `dag` computes, as recorded with a backfill (see [`Dag::definition`]).
+pub fn definition_json(dag: &Dag) -> String {
+    serde_json::to_string(&dag.definition()).unwrap_or_default()
+}
+
+/// What differs between the definition recorded with a backfill and `dag` now: `None` when the
+/// backfill recorded none (it is older than the record), else the changed keys (empty: none).
+pub fn definition_changes(recorded: Option<&str>, dag: &Dag) -> Option<Vec<String>> {
+    let recorded: std::collections::BTreeMap<String, String> =
+        serde_json::from_str(recorded?).ok()?;
+    Some(project::definition_changes(&recorded, &dag.definition()))
+}

@@ -490,3 +490,64 @@ fn the_owner_recovers_a_frozen_worker_while_it_still_has_days_to_run() {
     );
     assert_eq!(p.count("SELECT COUNT(*) FROM leases"), 0);
 }
+
+/// Host name of this machine, as the DAG's tasks see it.
+fn this_host() -> String {
+    nix::unistd::gethostname()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn a_join_whose_dag_differs_from_the_backfills_is_refused_and_resume_records_the_change() {
+    let p = project();
+    let owner = p.spawn("owner", EIGHT_DAYS);
+    wait_until(
+        "the owner to run four days",
+        Duration::from_secs(20),
+        || events(&p, "start").len() == 4,
+    );
+    let changed = DAG.replace("sleep 0.2", "sleep 0.3");
+    p.write("dags/c.toml", &changed);
+    let out = p.run(&["join", "1"]);
+    out.code(2).stderr_has(
+        "backfill 1: DAG `c` in dags/c.toml is not the definition the backfill runs (tasks.work.command changed); join from a checkout with the backfill's definition",
+    );
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM workers"),
+        0,
+        "a refused join recorded nothing"
+    );
+    // The owner dies; resume runs the definition it finds, says so, and records it.
+    let mut owner = owner;
+    owner.kill().unwrap();
+    owner.wait().unwrap();
+    std::fs::write(p.path(&format!("release-{}", this_host())), "").unwrap();
+    let resumed = p.run(&["resume", "1"]);
+    resumed.code(0).stderr_has(
+        "warning: DAG `c` in dags/c.toml changed since backfill 1 last ran (tasks.work.command changed): the rest of it runs this definition",
+    );
+    let recorded = p.rows("SELECT definition FROM backfills WHERE id = 1");
+    assert!(
+        recorded[0][0].contains("sleep 0.3"),
+        "the new definition is recorded: {recorded:?}"
+    );
+    // A comment alone is no change: the same definition, nothing said.
+    p.write("dags/c.toml", &format!("# reviewed\n{changed}"));
+    let again = p.run(&[
+        "create",
+        "--dag",
+        "c",
+        "--from",
+        "2026-01-09",
+        "--to",
+        "2026-01-09",
+    ]);
+    again.code(0);
+    assert_eq!(
+        p.rows("SELECT definition FROM backfills WHERE id = 2"),
+        recorded,
+        "the same DAG, the same recorded definition"
+    );
+}

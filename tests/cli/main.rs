@@ -32,3 +32,4 @@ mod sample;
 mod staging;
 mod support;
 mod tables;
+mod tls;

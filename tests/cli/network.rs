@@ -215,7 +215,10 @@ fn an_owner_whose_network_to_the_manifest_hangs_exits_within_about_its_lease_and
         ],
     );
     wait_until("two running tries", Duration::from_secs(30), || {
-        cluster.psql(&db, "SELECT to_regclass('backfill_manifest.task_tries') IS NOT NULL") == "t"
+        cluster.psql(
+            &db,
+            "SELECT to_regclass('backfill_manifest.task_tries') IS NOT NULL",
+        ) == "t"
             && cluster.psql(
                 &db,
                 "SELECT COUNT(*) FROM backfill_manifest.task_tries WHERE state = 'running'",

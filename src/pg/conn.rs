@@ -472,6 +472,9 @@ pub struct Conn {
     cancel: CancelToken,
     tls: Tls,
     url: String,
+    /// How long one connection attempt may take (see [`Target::attempt_bound`]): a cancel
+    /// request is a connection of its own.
+    bound: Duration,
 }
 
 impl Conn {
@@ -536,15 +539,25 @@ impl Conn {
     /// request on a connection of its own, so the server stops the statement (not only this
     /// client waiting for it).
     pub fn canceller(&self) -> Box<dyn Fn() + Send> {
-        let (token, tls) = (self.cancel.clone(), self.tls.clone());
+        let (token, tls, bound) = (self.cancel.clone(), self.tls.clone(), self.bound);
         Box::new(move || {
             let (token, tls) = (token.clone(), tls.clone());
+            // Bounded as a connection is: through a network that hangs, the request's TLS
+            // negotiation would wait for an answer forever.
             let sent = on_io(async move {
-                let cancel = match &tls {
-                    Tls::None => token.cancel_query(NoTls).await,
-                    Tls::Rustls(t) => token.cancel_query(t.clone()).await,
+                let cancel = async {
+                    match &tls {
+                        Tls::None => token.cancel_query(NoTls).await,
+                        Tls::Rustls(t) => token.cancel_query(t.clone()).await,
+                    }
                 };
-                cancel.map_err(|e| super::describe(&e))
+                match tokio::time::timeout(bound, cancel).await {
+                    Ok(sent) => sent.map_err(|e| super::describe(&e)),
+                    Err(_) => Err(format!(
+                        "the server did not answer within {} (connect_timeout)",
+                        humantime::format_duration(bound)
+                    )),
+                }
             })
             .and_then(|r| r);
             if let Err(why) = sent {
@@ -617,6 +630,7 @@ pub fn connect_with(url: &str, setup: &str) -> Result<Conn, String> {
         cancel,
         tls,
         url: url.to_string(),
+        bound,
     };
     let settings = format!(
         "SET DateStyle = 'ISO'; SET IntervalStyle = 'postgres'; SET extra_float_digits = 1; SET bytea_output = 'hex'; {setup}"

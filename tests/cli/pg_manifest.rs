@@ -652,3 +652,80 @@ fn a_manifest_urls_password_reaches_no_output_file_log_or_hook() {
     assert!(read > 3, "the project's files were read");
     assert!(p.path("hook-stdin.json").exists(), "the hook ran");
 }
+
+#[test]
+fn a_deadlock_that_aborts_the_writers_transaction_runs_it_again_and_records_the_try() {
+    let Some((cluster, db, url)) = manifest_database() else {
+        return;
+    };
+    // The deadlock is found by whichever session has waited `deadlock_timeout` first: 3 s for
+    // the program's sessions, far longer for the test's, so it is always the writer's.
+    cluster.psql(
+        "postgres",
+        &format!("ALTER DATABASE {db} SET deadlock_timeout = '3s'"),
+    );
+    let p = Project::new().dag("c", DAG);
+    let mut args = vec!["-vv"];
+    args.extend(create_args(&url, "2026-01-01", "2026-01-02"));
+    let owner = p.spawn("owner", &args);
+    wait_until("two running tries", Duration::from_secs(30), || {
+        running_tries(cluster, &db) == "2"
+    });
+    let run = cluster.psql(
+        &db,
+        &format!(
+            "SELECT id FROM backfill_manifest.runs WHERE interval_start = {}",
+            day_unix(1)
+        ),
+    );
+    // Another session holds the first day's run row, as a reader locking it would.
+    let mut other = cluster.session(&db);
+    other.send(&format!(
+        "SET deadlock_timeout = '600s'; BEGIN; SELECT 1 FROM backfill_manifest.runs WHERE id = {run} FOR UPDATE;"
+    ));
+    wait_until(
+        "the other session to hold the row",
+        Duration::from_secs(10),
+        || {
+            cluster.psql(
+            &db,
+            &format!("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = '{db}' AND state = 'idle in transaction' AND application_name = 'psql'"),
+        ) == "1"
+        },
+    );
+    let deadlocks = || {
+        cluster.psql(
+            &db,
+            &format!("SELECT deadlocks FROM pg_stat_database WHERE datname = '{db}'"),
+        )
+    };
+    let before = deadlocks();
+    // The day's try ends: the writer, holding the writers' lock, waits for that row.
+    std::fs::write(p.path("go-2026-01-01"), "").unwrap();
+    wait_until(
+        "the writer to wait for the row",
+        Duration::from_secs(10),
+        || {
+            cluster.psql(
+            &db,
+            &format!("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = '{db}' AND wait_event_type = 'Lock' AND application_name = 'backfill'"),
+        ) == "1"
+        },
+    );
+    // Now the other session asks for the writers' lock: a deadlock, which the writer, waiting
+    // longer, finds first and is aborted by.
+    other.send("SELECT 1 FROM backfill_manifest.manifest_lock FOR UPDATE;");
+    wait_until("the deadlock", Duration::from_secs(10), || {
+        deadlocks() != before
+    });
+    other.send("ROLLBACK;");
+    std::fs::write(p.path("go"), "").unwrap();
+    let out = wait_within(&p, "owner", owner, Duration::from_secs(60));
+    out.code(0)
+        .stderr_has("the server asked for the manifest's transaction to run again");
+    assert_eq!(
+        runs_per_interval(cluster, &db),
+        (1..=2).map(|d| (day_unix(d), 1, 1)).collect::<Vec<_>>()
+    );
+    drop(other);
+}

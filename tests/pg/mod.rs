@@ -268,6 +268,29 @@ impl Cluster {
     /// Run `sql` (one or more statements, or psql commands) with `psql -X -q -A -t -v
     /// ON_ERROR_STOP=1` in database `db`; return its stdout without the final newline (rows one
     /// a line, columns separated by `|`). Panics with psql's stderr when it fails.
+    /// A psql session in `db` that stays open: statements sent to it run as they arrive, so a
+    /// test can hold a transaction (and its locks) while the program under test runs. Ends
+    /// (its transaction rolled back) when dropped.
+    pub fn session(&self, db: &str) -> Held {
+        let program = {
+            let psql = self.bin.join("psql");
+            if psql.is_file() {
+                psql
+            } else {
+                PathBuf::from("psql")
+            }
+        };
+        let child = clean_env(&mut Command::new(program))
+            .args(["-X", "-q", "-A", "-t", "-f", "-", "-d"])
+            .arg(self.url(db))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run psql");
+        Held { child }
+    }
+
     pub fn psql(&self, db: &str, sql: &str) -> String {
         let program = {
             let psql = self.bin.join("psql");
@@ -616,4 +639,28 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A psql session that stays open (see [`Cluster::session`]).
+pub struct Held {
+    child: Child,
+}
+
+impl Held {
+    /// Sends `sql` (whole statements); it runs as soon as psql reads it, after what was sent
+    /// before.
+    pub fn send(&mut self, sql: &str) {
+        let stdin = self.child.stdin.as_mut().expect("psql's stdin");
+        stdin.write_all(sql.as_bytes()).expect("write to psql");
+        stdin.write_all(b"\n").expect("write to psql");
+        stdin.flush().expect("flush psql's stdin");
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

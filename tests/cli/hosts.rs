@@ -295,6 +295,22 @@ fn taken_over_by_host_b(p: &Project) {
     );
 }
 
+/// Host A running the three days, frozen right after a heartbeat commit (outside any manifest
+/// transaction): its lease still fresh.
+fn frozen_owner_on_host_a(p: &Project) -> Host {
+    let a = Host::start(p, "hosta", THREE_DAYS);
+    wait_until(
+        "host A to run the three days",
+        Duration::from_secs(20),
+        || events(p, "start").len() == 3,
+    );
+    let beat = || p.count("SELECT heartbeat_at FROM backfills WHERE id = 1");
+    let last = beat();
+    wait_until("a heartbeat", Duration::from_secs(10), || beat() != last);
+    a.freeze();
+    a
+}
+
 fn project() -> Project {
     let p = Project::new().dag("c", DAG);
     p.write("backfill.toml", "lease_timeout = \"2s\"\n");
@@ -354,17 +370,7 @@ fn a_frozen_host_is_taken_over_and_once_thawed_stops_recording_no_success() {
         return;
     }
     let p = project();
-    let a = Host::start(&p, "hosta", THREE_DAYS);
-    wait_until(
-        "host A to run the three days",
-        Duration::from_secs(20),
-        || events(&p, "start").len() == 3,
-    );
-    // Freeze it right after a heartbeat commit, outside any manifest transaction.
-    let beat = || p.count("SELECT heartbeat_at FROM backfills WHERE id = 1");
-    let last = beat();
-    wait_until("a heartbeat", Duration::from_secs(10), || beat() != last);
-    a.freeze();
+    let a = frozen_owner_on_host_a(&p);
     wait_stale(&p, 1, 2000);
     let b = Host::start(&p, "hostb", &["resume", "1"]);
     wait_until(
@@ -403,16 +409,7 @@ fn resume_wait_waits_out_a_frozen_hosts_lease_then_takes_the_backfill_over() {
         return;
     }
     let p = project();
-    let a = Host::start(&p, "hosta", THREE_DAYS);
-    wait_until(
-        "host A to run the three days",
-        Duration::from_secs(20),
-        || events(&p, "start").len() == 3,
-    );
-    let beat = || p.count("SELECT heartbeat_at FROM backfills WHERE id = 1");
-    let last = beat();
-    wait_until("a heartbeat", Duration::from_secs(10), || beat() != last);
-    a.freeze();
+    let a = frozen_owner_on_host_a(&p);
     // Without --wait, a lease still held is refused at once, as before.
     Host::start(&p, "hostb", &["resume", "1"])
         .wait(&p, Duration::from_secs(30))

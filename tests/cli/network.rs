@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::pg;
+use crate::pg_manifest::DAG;
 use crate::support::{Project, day_unix, wait_until, wait_within};
 
 /// A TCP listener on 127.0.0.1 that accepts every connection and never sends a byte: a server
@@ -172,22 +173,6 @@ fn a_warehouse_that_accepts_and_never_answers_fails_within_connect_timeout() {
     assert!(!out.stderr.contains("hunter2"), "{}", out.stderr);
     assert!(!p.has_manifest(), "a refused backfill recorded nothing");
 }
-
-/// A task of a few hundred milliseconds that holds a lock per interval: a second try of an
-/// interval while one runs is written to overlaps.txt.
-const DAG: &str = r#"
-schedule = "@daily"
-max_active_runs = 2
-[[tasks]]
-id = "work"
-command = '''
-mkdir -p locks
-exec 9> "locks/{{ ds }}"
-if ! flock -n 9; then echo "{{ ds }}" >> overlaps.txt; exit 1; fi
-while [ ! -f go ] && [ ! -f "go-{{ ds }}" ]; do sleep 0.05; done
-sleep 0.2
-'''
-"#;
 
 #[test]
 fn an_owner_whose_network_to_the_manifest_hangs_exits_within_about_its_lease_and_resumes() {

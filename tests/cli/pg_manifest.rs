@@ -11,7 +11,7 @@ use crate::support::{Project, day_unix, signal, stopped, wait_until, wait_within
 
 /// A task of a few hundred milliseconds that holds a lock per interval: a second try of an
 /// interval while one runs is written to overlaps.txt.
-const DAG: &str = r#"
+pub(crate) const DAG: &str = r#"
 schedule = "@daily"
 max_active_runs = 2
 [[tasks]]
@@ -24,6 +24,14 @@ while [ ! -f go ] && [ ! -f "go-{{ ds }}" ]; do sleep 0.05; done
 sleep 0.2
 '''
 "#;
+
+/// Deletes a manifest's whole record (its schema, lock and identity stay), ending with the
+/// backfills, to which a `WHERE` may be added.
+const EMPTY_BUT_BACKFILLS: &str = "DELETE FROM backfill_manifest.pool_slots;
+    DELETE FROM backfill_manifest.published; DELETE FROM backfill_manifest.leases;
+    DELETE FROM backfill_manifest.task_tries; DELETE FROM backfill_manifest.runs;
+    DELETE FROM backfill_manifest.workers; DELETE FROM backfill_manifest.plan;
+    DELETE FROM backfill_manifest.backfills";
 
 fn create_args<'a>(url: &'a str, from: &'a str, to: &'a str) -> Vec<&'a str> {
     vec![
@@ -212,14 +220,7 @@ fn manifest_copy_moves_a_sqlite_history_with_its_ids_and_identity() {
         .code(2)
         .stderr_has("already holds a record (3 rows in backfills); copy into one that holds none");
     // So would one that holds any row of a record, not only backfills.
-    cluster.psql(
-        &db,
-        "DELETE FROM backfill_manifest.pool_slots; DELETE FROM backfill_manifest.published;
-         DELETE FROM backfill_manifest.leases; DELETE FROM backfill_manifest.task_tries;
-         DELETE FROM backfill_manifest.runs; DELETE FROM backfill_manifest.workers;
-         DELETE FROM backfill_manifest.plan; DELETE FROM backfill_manifest.backfills
-         WHERE id <> 3",
-    );
+    cluster.psql(&db, &format!("{EMPTY_BUT_BACKFILLS} WHERE id <> 3"));
     p.run(&["manifest", "copy", "--to", &url])
         .code(2)
         .stderr_has("already holds a record (1 row in backfills)");
@@ -264,13 +265,7 @@ fn a_copy_whose_commit_reply_is_lost_after_it_committed_reports_success() {
         "2026-01-01",
     ])
     .code(0);
-    own.psql(
-        &db,
-        "DELETE FROM backfill_manifest.pool_slots; DELETE FROM backfill_manifest.published;
-         DELETE FROM backfill_manifest.leases; DELETE FROM backfill_manifest.task_tries;
-         DELETE FROM backfill_manifest.runs; DELETE FROM backfill_manifest.workers;
-         DELETE FROM backfill_manifest.plan; DELETE FROM backfill_manifest.backfills",
-    );
+    own.psql(&db, EMPTY_BUT_BACKFILLS);
     let copy = p.spawn("copy", &["manifest", "copy", "--to", &waiting]);
     wait_until("the copy's commit to wait", Duration::from_secs(30), || {
         own.psql(

@@ -268,18 +268,21 @@ impl Cluster {
     /// Run `sql` (one or more statements, or psql commands) with `psql -X -q -A -t -v
     /// ON_ERROR_STOP=1` in database `db`; return its stdout without the final newline (rows one
     /// a line, columns separated by `|`). Panics with psql's stderr when it fails.
+    /// The cluster's psql, else the one on the PATH.
+    fn psql_program(&self) -> PathBuf {
+        let psql = self.bin.join("psql");
+        if psql.is_file() {
+            psql
+        } else {
+            PathBuf::from("psql")
+        }
+    }
+
     /// A psql session in `db` that stays open: statements sent to it run as they arrive, so a
     /// test can hold a transaction (and its locks) while the program under test runs. Ends
     /// (its transaction rolled back) when dropped.
     pub fn session(&self, db: &str) -> Held {
-        let program = {
-            let psql = self.bin.join("psql");
-            if psql.is_file() {
-                psql
-            } else {
-                PathBuf::from("psql")
-            }
-        };
+        let program = self.psql_program();
         let child = clean_env(&mut Command::new(program))
             .args(["-X", "-q", "-A", "-t", "-f", "-", "-d"])
             .arg(self.url(db))
@@ -292,14 +295,7 @@ impl Cluster {
     }
 
     pub fn psql(&self, db: &str, sql: &str) -> String {
-        let program = {
-            let psql = self.bin.join("psql");
-            if psql.is_file() {
-                psql
-            } else {
-                PathBuf::from("psql")
-            }
-        };
+        let program = self.psql_program();
         let mut child = clean_env(&mut Command::new(program))
             .args([
                 "-X",

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::pg;
-use crate::pg_manifest::DAG;
+use crate::pg_manifest::{DAG, create_args};
 use crate::support::{Project, day_unix, wait_until, wait_within};
 
 /// A TCP listener on 127.0.0.1 that accepts every connection and never sends a byte: a server
@@ -123,20 +123,7 @@ fn a_manifest_server_that_accepts_and_never_answers_fails_within_connect_timeout
         ))
         .stderr_has("the server did not answer within 1s (connect_timeout)");
     assert!(!out.stderr.contains("hunter2"), "{}", out.stderr);
-    let child = p.spawn(
-        "create",
-        &[
-            "--manifest",
-            &url,
-            "create",
-            "--dag",
-            "c",
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-02",
-        ],
-    );
+    let child = p.spawn("create", &create_args(&url, "2026-01-01", "2026-01-02"));
     wait_within(&p, "create", child, Duration::from_secs(30))
         .code(1)
         .stderr_has("the server did not answer within 1s (connect_timeout)");
@@ -185,20 +172,7 @@ fn an_owner_whose_network_to_the_manifest_hangs_exits_within_about_its_lease_and
     let through = proxy.url(&db);
     let p = Project::new().dag("c", DAG);
     p.write("backfill.toml", "lease_timeout = \"4s\"\n");
-    let owner = p.spawn(
-        "owner",
-        &[
-            "--manifest",
-            &through,
-            "create",
-            "--dag",
-            "c",
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-02",
-        ],
-    );
+    let owner = p.spawn("owner", &create_args(&through, "2026-01-01", "2026-01-02"));
     wait_until("two running tries", Duration::from_secs(30), || {
         cluster.psql(
             &db,

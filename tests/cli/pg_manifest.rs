@@ -33,7 +33,7 @@ const EMPTY_BUT_BACKFILLS: &str = "DELETE FROM backfill_manifest.pool_slots;
     DELETE FROM backfill_manifest.workers; DELETE FROM backfill_manifest.plan;
     DELETE FROM backfill_manifest.backfills";
 
-fn create_args<'a>(url: &'a str, from: &'a str, to: &'a str) -> Vec<&'a str> {
+pub(crate) fn create_args<'a>(url: &'a str, from: &'a str, to: &'a str) -> Vec<&'a str> {
     vec![
         "--manifest",
         url,
@@ -542,18 +542,13 @@ fn a_role_that_may_only_read_the_manifest_reads_it_and_is_refused_writes_as_bad_
     let reader = url.replace("postgres@", &format!("{role}@"));
     p.run(&["--manifest", &reader, "list"]).code(0);
     p.run(&["--manifest", &reader, "show", "1"]).code(0);
-    p.run(&[
-        "--manifest",
-        &reader,
-        "create",
-        "--dag",
-        "c",
-        "--from",
-        "2026-01-01",
-        "--to",
-        "2026-01-02",
-        "--dry-run",
-    ])
+    p.run(
+        &[
+            create_args(&reader, "2026-01-01", "2026-01-02"),
+            vec!["--dry-run"],
+        ]
+        .concat(),
+    )
     .code(0);
     // A write is refused before anything is written, as for a file the user cannot write.
     p.run(&create_args(&reader, "2026-01-03", "2026-01-03"))

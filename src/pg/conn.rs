@@ -475,7 +475,16 @@ pub struct Conn {
     /// How long one connection attempt may take (see [`Target::attempt_bound`]): a cancel
     /// request is a connection of its own.
     bound: Duration,
+    /// When the statement running was asked to stop ([`Conn::canceller`]): a wait that has
+    /// not ended [`GIVE_UP_AFTER_CANCEL`] later gives the connection up.
+    cancelled: Arc<Mutex<Option<Instant>>>,
 }
+
+/// How long a statement may go on answering nothing after it was cancelled before its wait
+/// gives the connection up (closes it, and the wait ends with the driver's "connection
+/// closed"). A server that got the cancel request answers in milliseconds; one behind a network
+/// that hangs never would. The statement's transaction cannot commit: its client is gone.
+pub const GIVE_UP_AFTER_CANCEL: Duration = Duration::from_secs(10);
 
 impl Conn {
     /// The URL the connection was opened with (it may hold a password: never show it).
@@ -522,8 +531,24 @@ impl Conn {
                 *driver = None;
                 continue;
             }
+            let given_up = self
+                .cancelled
+                .lock()
+                .ok()
+                .and_then(|c| *c)
+                .is_some_and(|at| at.elapsed() >= GIVE_UP_AFTER_CANCEL);
+            if given_up && driver.is_some() {
+                tracing::warn!(
+                    "no answer {} after a cancel: the connection is given up",
+                    humantime::format_duration(GIVE_UP_AFTER_CANCEL)
+                );
+                // Its requests end with "connection closed" once their connection is gone.
+                *driver = None;
+                continue;
+            }
             match deadline {
-                None => std::thread::park(),
+                // Woken by the answer; now and then to see whether a cancel went unanswered.
+                None => std::thread::park_timeout(Duration::from_millis(250)),
                 Some(at) => {
                     let left = at.saturating_duration_since(Instant::now());
                     if left.is_zero() {
@@ -540,7 +565,11 @@ impl Conn {
     /// client waiting for it).
     pub fn canceller(&self) -> Box<dyn Fn() + Send> {
         let (token, tls, bound) = (self.cancel.clone(), self.tls.clone(), self.bound);
+        let cancelled = self.cancelled.clone();
         Box::new(move || {
+            if let Ok(mut c) = cancelled.lock() {
+                c.get_or_insert_with(Instant::now);
+            }
             let (token, tls) = (token.clone(), tls.clone());
             // Bounded as a connection is: through a network that hangs, the request's TLS
             // negotiation would wait for an answer forever.
@@ -564,6 +593,13 @@ impl Conn {
                 tracing::warn!("could not ask the PostgreSQL server to cancel a statement: {why}");
             }
         })
+    }
+
+    /// Forgets a cancel: the statement it was for has ended, and the connection serves another.
+    pub fn forget_cancel(&self) {
+        if let Ok(mut c) = self.cancelled.lock() {
+            *c = None;
+        }
     }
 
     /// Whether the connection is closed: its socket is looked at once (a server that restarted
@@ -631,6 +667,7 @@ pub fn connect_with(url: &str, setup: &str) -> Result<Conn, String> {
         tls,
         url: url.to_string(),
         bound,
+        cancelled: Arc::default(),
     };
     let settings = format!(
         "SET DateStyle = 'ISO'; SET IntervalStyle = 'postgres'; SET extra_float_digits = 1; SET bytea_output = 'hex'; {setup}"

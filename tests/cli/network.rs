@@ -204,3 +204,59 @@ fn an_owner_whose_network_to_the_manifest_hangs_exits_within_about_its_lease_and
     assert_eq!(runs, format!("{}|1\n{}|1", day_unix(1), day_unix(2)));
     assert_eq!(p.read("overlaps.txt"), "");
 }
+
+#[test]
+fn a_sql_try_whose_warehouse_network_hangs_times_out_and_the_backfill_ends() {
+    if !pg::available("the PostgreSQL warehouse tests") {
+        return;
+    }
+    let cluster = pg::shared();
+    let db = cluster.create_db();
+    cluster.psql(&db, "CREATE TABLE t (d date NOT NULL, x int NOT NULL)");
+    let proxy = Proxy::start(cluster.port());
+    let p = Project::new().dag(
+        "s",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"slow\"\nwarehouse = \"dw\"\ntarget = \"t\"\npartition_column = \"d\"\ntimeout = \"2s\"\nsql = \"SELECT CAST(:ds AS date) AS d, 1 AS x FROM pg_sleep(60)\"\n",
+    );
+    p.write(
+        "backfill.toml",
+        &format!(
+            "[warehouse.dw]\nkind = \"postgres\"\nurl = \"{}\"\n",
+            proxy.url(&db)
+        ),
+    );
+    let owner = p.spawn(
+        "owner",
+        &[
+            "create",
+            "--dag",
+            "s",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+        ],
+    );
+    // The try has started (the checks before it are done) and its statement runs.
+    wait_until(
+        "the try's statement to run",
+        Duration::from_secs(30),
+        || {
+            p.has_manifest()
+            && p.count("SELECT COUNT(*) FROM task_tries WHERE state = 'running'") == 1
+            && cluster.psql(
+                &db,
+                &format!(
+                    "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = '{db}' AND query LIKE '%pg_sleep(60)%' AND state = 'active'"
+                ),
+            ) == "1"
+        },
+    );
+    proxy.cut();
+    // Its timeout fires; the cancel request cannot get through, nor the statement's answer: the
+    // connection is given up after the cancel, and the try ends timed out (a bound of 60 s
+    // detects a hang; it does not measure speed).
+    let out = wait_within(&p, "owner", owner, Duration::from_secs(60));
+    out.code(3).stderr_has("timed out");
+    assert_eq!(cluster.psql(&db, "SELECT COUNT(*) FROM t"), "0");
+}

@@ -719,3 +719,33 @@ fn a_deadlock_that_aborts_the_writers_transaction_runs_it_again_and_records_the_
     );
     drop(other);
 }
+
+#[test]
+fn runs_a_dead_owner_left_are_ended_at_the_databases_time_not_the_resuming_hosts() {
+    let Some((cluster, db, url)) = manifest_database() else {
+        return;
+    };
+    let p = Project::new().dag("c", DAG);
+    let mut owner = p.spawn("owner", &create_args(&url, "2026-01-01", "2026-01-02"));
+    wait_until("two running tries", Duration::from_secs(30), || {
+        running_tries(cluster, &db) == "2"
+    });
+    owner.kill().unwrap();
+    owner.wait().unwrap();
+    std::fs::write(p.path("go"), "").unwrap();
+    // The host that resumes runs ten minutes ahead.
+    p.run_with(
+        &["--manifest", &url, "resume", "1"],
+        &[("BACKFILL_FAULT", "clock-skew:+600s")],
+    )
+    .code(0);
+    assert_eq!(
+        cluster.psql(
+            &db,
+            "SELECT state, COUNT(*) FILTER (WHERE ended_at > CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS bigint) + 60000)
+             FROM backfill_manifest.runs GROUP BY 1 ORDER BY 1"
+        ),
+        "cancelled|0\nsucceeded|0",
+        "no run ended in the resuming host's future"
+    );
+}

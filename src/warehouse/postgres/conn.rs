@@ -105,6 +105,7 @@ pub fn take(w: &Warehouse) -> Result<Conn, String> {
 /// Gives a connection back for the next try (a closed one is dropped).
 pub fn give(conn: Conn) {
     conn.lent.store(false, Ordering::SeqCst);
+    conn.forget_cancel();
     if conn.is_closed() {
         return;
     }

@@ -267,11 +267,7 @@ impl Session {
         }
         let text = translate(sql);
         let s = self.answer(conn, conn.client.prepare(&text))?;
-        let mut prepared = prepared.borrow_mut();
-        if prepared.len() >= crate::pg::PREPARED_KEPT {
-            prepared.clear();
-        }
-        prepared.insert(sql.to_string(), s.clone());
+        crate::pg::keep_prepared(&mut prepared.borrow_mut(), sql, s.clone());
         Ok(s)
     }
 

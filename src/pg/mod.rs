@@ -18,6 +18,15 @@ use std::fmt::Write as _;
 /// tasks are a few dozen.
 pub const PREPARED_KEPT: usize = 256;
 
+/// Keeps `value` under `key` in a connection's cache of prepared statements, which starts afresh
+/// when it holds [`PREPARED_KEPT`] already.
+pub fn keep_prepared<V>(cache: &mut std::collections::HashMap<String, V>, key: &str, value: V) {
+    if cache.len() >= PREPARED_KEPT && !cache.contains_key(key) {
+        cache.clear();
+    }
+    cache.insert(key.to_string(), value);
+}
+
 /// A PostgreSQL error as a person reads it: the server's message, detail, hint and SQLSTATE,
 /// or what failed on the way to the server.
 pub fn describe(e: &tokio_postgres::Error) -> String {
@@ -58,3 +67,26 @@ pub fn quote_ident(name: &str) -> String {
 /// database's oid. The same on every connection to one database, whatever URL names it.
 pub const DATABASE_KEY: &str = "SELECT CAST(extract(epoch FROM pg_postmaster_start_time()) AS text) || '/' || \
      CAST((SELECT oid FROM pg_database WHERE datname = current_database()) AS text)";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_prepared_statements_kept_never_exceed_the_bound() {
+        let mut cache = std::collections::HashMap::new();
+        for i in 0..PREPARED_KEPT * 3 {
+            keep_prepared(&mut cache, &format!("SELECT {i}"), i);
+            assert!(cache.len() <= PREPARED_KEPT, "{} kept", cache.len());
+            assert_eq!(
+                cache.get(&format!("SELECT {i}")),
+                Some(&i),
+                "the newest is kept"
+            );
+        }
+        // One kept already is replaced, not a reason to start afresh.
+        let before = cache.len();
+        keep_prepared(&mut cache, &format!("SELECT {}", PREPARED_KEPT * 3 - 1), 0);
+        assert_eq!(cache.len(), before);
+    }
+}

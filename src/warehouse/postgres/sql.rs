@@ -189,10 +189,7 @@ pub(super) fn prepared(
         return Ok(s.clone());
     }
     let s = c.wait(c.client.prepare_typed(sql, types))?;
-    if c.prepared.len() >= crate::pg::PREPARED_KEPT {
-        c.prepared.clear();
-    }
-    c.prepared.insert(sql.to_string(), s.clone());
+    crate::pg::keep_prepared(&mut c.prepared, sql, s.clone());
     Ok(s)
 }
 

@@ -595,6 +595,11 @@ impl Conn {
         })
     }
 
+    /// How long one connection attempt may take (see [`Target::attempt_bound`]).
+    pub fn attempt_bound(&self) -> Duration {
+        self.bound
+    }
+
     /// Forgets a cancel: the statement it was for has ended, and the connection serves another.
     pub fn forget_cancel(&self) {
         if let Ok(mut c) = self.cancelled.lock() {

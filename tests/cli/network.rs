@@ -9,9 +9,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use nix::sys::signal::Signal;
+
 use crate::pg;
 use crate::pg_manifest::{DAG, create_args};
-use crate::support::{Project, day_unix, wait_until, wait_within};
+use crate::support::{Project, day_unix, signal, stopped, wait_until, wait_within};
 
 /// A TCP listener on 127.0.0.1 that accepts every connection and never sends a byte: a server
 /// that hangs, not one that refuses.
@@ -259,4 +261,52 @@ fn a_sql_try_whose_warehouse_network_hangs_times_out_and_the_backfill_ends() {
     let out = wait_within(&p, "owner", owner, Duration::from_secs(60));
     out.code(3).stderr_has("timed out");
     assert_eq!(cluster.psql(&db, "SELECT COUNT(*) FROM t"), "0");
+}
+
+#[test]
+fn the_checks_before_a_backfill_end_when_the_warehouses_network_hangs() {
+    if !pg::available("the PostgreSQL warehouse tests") {
+        return;
+    }
+    let cluster = pg::shared();
+    let db = cluster.create_db();
+    cluster.psql(&db, "CREATE TABLE t (d date NOT NULL, x int NOT NULL)");
+    let proxy = Proxy::start(cluster.port());
+    let p = Project::new().dag(
+        "s",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"q\"\nwarehouse = \"dw\"\ntarget = \"t\"\npartition_column = \"d\"\nsql = \"SELECT CAST(:ds AS date) AS d, 1 AS x\"\n",
+    );
+    p.write(
+        "backfill.toml",
+        &format!(
+            "[warehouse.dw]\nkind = \"postgres\"\nurl = \"{}\"\n",
+            proxy.url(&db)
+        ),
+    );
+    // Connected, the checks about to start: then the network hangs.
+    let owner = p.spawn_with(
+        "owner",
+        &[
+            "create",
+            "--dag",
+            "s",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+        ],
+        &[("BACKFILL_FAULT", "warehouse-check:stop")],
+    );
+    wait_until(
+        "the checks to be about to start",
+        Duration::from_secs(30),
+        || stopped(owner.id()),
+    );
+    proxy.cut();
+    signal(&owner, Signal::SIGCONT);
+    let out = wait_within(&p, "owner", owner, Duration::from_secs(60));
+    out.code(2)
+        .stderr_has("warehouse `dw`")
+        .stderr_has("did not answer the checks within 6s");
+    assert!(!p.has_manifest(), "nothing was recorded");
 }

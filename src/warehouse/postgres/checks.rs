@@ -17,9 +17,40 @@ pub fn check(task: &SqlTask, gate: Option<&Gate>) -> std::result::Result<(), Tas
     };
     let mut c = conn::take(wh)
         .map_err(|e| problem("sql")(format!("warehouse `{}` ({}): {e}", wh.name, wh.location())))?;
+    crate::fault::point("warehouse-check");
+    // A server that stops answering (a network that hangs) does not hold the checks up for
+    // ever: past three connection attempts' time they are cancelled, and the connection is
+    // given up when the cancel goes unanswered too (see `pg::conn::GIVE_UP_AFTER_CANCEL`).
+    let bound = c.attempt_bound() * 3;
+    let cancel = c.canceller();
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        let late = finished.recv_timeout(bound) == Err(std::sync::mpsc::RecvTimeoutError::Timeout);
+        if late {
+            cancel();
+        }
+        late
+    });
     let result = check_on(&mut c, task, gate);
+    let _ = done.send(());
+    let late = watchdog.join().unwrap_or(false);
     conn::give(c);
-    result
+    result.map_err(|p| {
+        if late {
+            TaskProblem {
+                message: format!(
+                    "warehouse `{}` ({}) did not answer the checks within {}: {}",
+                    wh.name,
+                    wh.location(),
+                    humantime::format_duration(bound),
+                    p.message
+                ),
+                ..p
+            }
+        } else {
+            p
+        }
+    })
 }
 
 pub(super) fn check_on(

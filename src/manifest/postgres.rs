@@ -65,7 +65,10 @@ static PATIENCE_MS: std::sync::atomic::AtomicU64 =
 /// only one that refuses), and a lost connection is made again for that long after the last
 /// answer. A backfill's owner sets its lease timeout: a manifest silent for longer has let its
 /// leases expire, so the owner stops and exits rather than hang (the backfill stays resumable).
+/// Never less than twice [`IDLE_IN_TRANSACTION`]: waiting for the writers' lock behind a host
+/// frozen inside a transaction (which the server ends after that long) is not silence.
 pub fn set_patience(d: Duration) {
+    let d = d.max(IDLE_IN_TRANSACTION * 2);
     let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1);
     PATIENCE_MS.store(ms, std::sync::atomic::Ordering::Relaxed);
 }

@@ -187,8 +187,9 @@ fn an_owner_whose_network_to_the_manifest_hangs_exits_within_about_its_lease_and
     });
     proxy.cut();
     // No thaw, no reset: the owner must give up on its own. Its lease is 4 s; it stops its tries
-    // at half of it and exits once the manifest has been silent for the whole lease (a bound of
-    // 60 s here detects a hang, it does not measure speed).
+    // at half of it and exits once the manifest has been silent for 10 s (the least it waits:
+    // see `set_patience`) and one more connection attempt failed (a bound of 60 s here detects
+    // a hang, it does not measure speed).
     let out = wait_within(&p, "owner", owner, Duration::from_secs(60));
     out.code(1)
         .stderr_has("cannot write the heartbeat")

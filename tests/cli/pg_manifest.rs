@@ -361,6 +361,9 @@ fn a_host_frozen_inside_a_manifest_transaction_holds_the_others_up_for_seconds_o
     };
     let p = Project::new().dag("c", DAG).dag("d", DAG);
     std::fs::write(p.path("go"), "").unwrap();
+    // A lease shorter than the server's 5 s for a session idle in a transaction: waiting for
+    // the lock behind a frozen host is not taken for a manifest gone silent.
+    p.write("backfill.toml", "lease_timeout = \"2s\"\n");
     // Host A freezes in its third manifest transaction, holding the writers' lock.
     let a = p.spawn_with(
         "a",

@@ -208,18 +208,19 @@ fn an_owner_whose_network_to_the_manifest_hangs_exits_within_about_its_lease_and
     assert_eq!(p.read("overlaps.txt"), "");
 }
 
-#[test]
-fn a_sql_try_whose_warehouse_network_hangs_times_out_and_the_backfill_ends() {
-    if !pg::available("the PostgreSQL warehouse tests") {
-        return;
-    }
+/// A fresh database of the shared cluster with a target `t (d date, x int)`, a proxy to the
+/// cluster, and a project whose warehouse `dw` is reached through the proxy, with one SQL task
+/// (`task`: its query and any other keys) of DAG `s` writing `t`.
+fn warehouse_behind_a_proxy(task: &str) -> (&'static pg::Cluster, String, Proxy, Project) {
     let cluster = pg::shared();
     let db = cluster.create_db();
     cluster.psql(&db, "CREATE TABLE t (d date NOT NULL, x int NOT NULL)");
     let proxy = Proxy::start(cluster.port());
     let p = Project::new().dag(
         "s",
-        "schedule = \"@daily\"\n[[tasks]]\nid = \"slow\"\nwarehouse = \"dw\"\ntarget = \"t\"\npartition_column = \"d\"\ntimeout = \"2s\"\nsql = \"SELECT CAST(:ds AS date) AS d, 1 AS x FROM pg_sleep(60)\"\n",
+        &format!(
+            "schedule = \"@daily\"\n[[tasks]]\nid = \"q\"\nwarehouse = \"dw\"\ntarget = \"t\"\npartition_column = \"d\"\n{task}\n"
+        ),
     );
     p.write(
         "backfill.toml",
@@ -227,6 +228,17 @@ fn a_sql_try_whose_warehouse_network_hangs_times_out_and_the_backfill_ends() {
             "[warehouse.dw]\nkind = \"postgres\"\nurl = \"{}\"\n",
             proxy.url(&db)
         ),
+    );
+    (cluster, db, proxy, p)
+}
+
+#[test]
+fn a_sql_try_whose_warehouse_network_hangs_times_out_and_the_backfill_ends() {
+    if !pg::available("the PostgreSQL warehouse tests") {
+        return;
+    }
+    let (cluster, db, proxy, p) = warehouse_behind_a_proxy(
+        "timeout = \"2s\"\nsql = \"SELECT CAST(:ds AS date) AS d, 1 AS x FROM pg_sleep(60)\"",
     );
     let owner = p.spawn(
         "owner",
@@ -269,21 +281,8 @@ fn the_checks_before_a_backfill_end_when_the_warehouses_network_hangs() {
     if !pg::available("the PostgreSQL warehouse tests") {
         return;
     }
-    let cluster = pg::shared();
-    let db = cluster.create_db();
-    cluster.psql(&db, "CREATE TABLE t (d date NOT NULL, x int NOT NULL)");
-    let proxy = Proxy::start(cluster.port());
-    let p = Project::new().dag(
-        "s",
-        "schedule = \"@daily\"\n[[tasks]]\nid = \"q\"\nwarehouse = \"dw\"\ntarget = \"t\"\npartition_column = \"d\"\nsql = \"SELECT CAST(:ds AS date) AS d, 1 AS x\"\n",
-    );
-    p.write(
-        "backfill.toml",
-        &format!(
-            "[warehouse.dw]\nkind = \"postgres\"\nurl = \"{}\"\n",
-            proxy.url(&db)
-        ),
-    );
+    let (_, _, proxy, p) =
+        warehouse_behind_a_proxy("sql = \"SELECT CAST(:ds AS date) AS d, 1 AS x\"");
     // Connected, the checks about to start: then the network hangs.
     let owner = p.spawn_with(
         "owner",

@@ -182,8 +182,9 @@ impl Session {
                     self.prepared.borrow_mut().clear();
                     self.broken.set(false);
                     self.hung.set(false);
+                    // Not an answer to a statement: a server that takes connections and answers
+                    // nothing is still silent.
                     self.gave_up.set(None);
-                    self.last_answer.set(Instant::now());
                     return Ok(());
                 }
                 Err(why) if Instant::now() >= deadline => {
@@ -234,6 +235,14 @@ impl Session {
         &self,
         f: impl Fn(&Conn, &RefCell<HashMap<String, tokio_postgres::Statement>>) -> PgResult<T>,
     ) -> PgResult<T> {
+        let started = Instant::now();
+        if !self.in_tx.get()
+            && self.gave_up.get().is_none()
+            && self.last_answer.get().elapsed() > patience()
+        {
+            // Silence while nothing was asked is not silence: the patience counts from here.
+            self.last_answer.set(started);
+        }
         loop {
             if !self.in_tx.get() && self.is_broken() {
                 self.reconnect()?;
@@ -249,6 +258,11 @@ impl Session {
                 Err(e) if e.is_disconnected() => {
                     if self.in_tx.get() {
                         self.broken.set(true);
+                        return Err(e);
+                    }
+                    // Tried again within the patience only: a server that takes connections
+                    // and never answers must not be tried for ever.
+                    if started.elapsed() >= patience() {
                         return Err(e);
                     }
                     tracing::warn!(manifest = %self.shown, "lost the manifest's connection, connecting again: {e}");
@@ -445,15 +459,18 @@ impl Session {
                  INSERT INTO manifest_commits (writer, token, at)
                  SELECT '{writer}', {token}, CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS bigint) FROM lock
                  ON CONFLICT (writer) DO UPDATE SET token = excluded.token, at = excluded.at
-                 RETURNING at; SELECT max(version) FROM schema_version{fences}"
+                 RETURNING at; SELECT 'schema', max(version) FROM schema_version{fences}"
             );
             let messages = self.answer(conn, conn.client.simple_query(&sql))?;
             let mut rows = messages.iter().filter_map(|m| match m {
                 tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
                 _ => None,
             });
+            // Without the lock's row the insert returns nothing, and the first row is the
+            // schema's.
             let now = rows
                 .next()
+                .filter(|r| r.get(0) != Some("schema"))
                 .and_then(|r| r.get(0).and_then(|v| v.parse::<i64>().ok()))
                 .ok_or_else(|| {
                     failure(
@@ -465,7 +482,7 @@ impl Session {
             // writes nothing more.
             let schema = rows
                 .next()
-                .and_then(|r| r.get(0).and_then(|v| v.parse::<i64>().ok()))
+                .and_then(|r| r.get(1).and_then(|v| v.parse::<i64>().ok()))
                 .unwrap_or(0);
             if schema != latest() {
                 return Err(failure(format!(
@@ -523,14 +540,25 @@ impl Session {
     /// Whether the transaction that recorded `token` for `writer` committed (asked after the
     /// connection was lost during its `COMMIT`).
     pub fn committed(&self, writer: &str, token: i64) -> PgResult<bool> {
-        let rows = self.query(
-            "SELECT token FROM manifest_commits WHERE writer = ?1",
-            &[Value::Text(writer.to_string())],
-        )?;
-        Ok(rows
-            .first()
-            .and_then(|r| r.first())
-            .is_some_and(|v| *v == Value::Integer(token)))
+        // Under the writers' lock: a commit still under way (slow, or waiting for a standby)
+        // holds it, and is seen once it is done, never read as "not committed" meanwhile. The
+        // writer's name is made by this program (hex and dashes): nothing from outside.
+        let sql = format!(
+            "BEGIN; SELECT 1 FROM manifest_lock FOR UPDATE; SELECT token FROM manifest_commits WHERE writer = '{writer}'; COMMIT"
+        );
+        let found = self.with(|conn, _| self.answer(conn, conn.client.simple_query(&sql)));
+        if found.is_err() && !self.is_broken() {
+            let _ = self.batch("ROLLBACK");
+        }
+        let rows: Vec<String> = found?
+            .iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+                _ => None,
+            })
+            .collect();
+        // The lock's row, then the token's, if this writer recorded one.
+        Ok(rows.get(1).and_then(|t| t.parse::<i64>().ok()) == Some(token))
     }
 }
 
@@ -557,10 +585,13 @@ fn open_conn(url: &str, read_only: bool) -> std::result::Result<Conn, String> {
 /// SQLite file the user cannot write.
 fn may_write(s: &Session) -> PgResult<bool> {
     let rows = s.query(
-        "SELECT has_table_privilege('backfill_manifest.manifest_lock', 'UPDATE')
-            AND has_table_privilege('backfill_manifest.manifest_commits', 'INSERT, UPDATE')
-            AND has_table_privilege('backfill_manifest.backfills', 'INSERT, UPDATE')
-            AND has_table_privilege('backfill_manifest.runs', 'INSERT, UPDATE')",
+        // One privilege a call: a list of them asks whether the role has any.
+        "SELECT bool_and(has_table_privilege('backfill_manifest.' || t, p))
+         FROM (VALUES ('manifest_lock', 'UPDATE'),
+                      ('manifest_commits', 'INSERT'), ('manifest_commits', 'UPDATE'),
+                      ('backfills', 'INSERT'), ('backfills', 'UPDATE'),
+                      ('runs', 'INSERT'), ('runs', 'UPDATE'),
+                      ('task_tries', 'INSERT'), ('task_tries', 'UPDATE')) AS needed (t, p)",
         &[],
     )?;
     Ok(matches!(

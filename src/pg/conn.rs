@@ -87,7 +87,16 @@ pub fn target(url: &str) -> Result<Target, String> {
     let mut keepalives_count = None;
     let mut rest = Vec::new();
     for kv in query.split('&').filter(|kv| !kv.is_empty()) {
-        match kv.split_once('=') {
+        // A value as libpq reads it: percent-decoded (`sslrootcert=%2Fetc%2Fca.crt`).
+        let decoded = kv.split_once('=').map(|(k, v)| {
+            (
+                k,
+                percent_encoding::percent_decode_str(v)
+                    .decode_utf8_lossy()
+                    .into_owned(),
+            )
+        });
+        match decoded.as_ref().map(|(k, v)| (*k, v.as_str())) {
             Some(("sslmode", v)) => mode = Some(v.to_string()),
             Some(("sslrootcert", v)) => root_cert = Some(v.to_string()),
             // libpq's milliseconds (the driver would read seconds), and libpq's name for what
@@ -745,6 +754,25 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.contains("needs sslmode=verify-full"), "{err}");
+        // Values are percent-decoded as libpq does: this root certificate exists (and is not
+        // one), so `require` reads it and says so, where the undecoded name would be missing.
+        let garbage = dir.join("not a cert.crt");
+        std::fs::write(
+            &garbage,
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let encoded = garbage
+            .display()
+            .to_string()
+            .replace('/', "%2F")
+            .replace(' ', "%20");
+        let err = target(&format!(
+            "postgresql://etl@db.internal/a?sslmode=require&sslrootcert={encoded}"
+        ))
+        .err()
+        .unwrap();
+        assert!(err.contains("sslrootcert"), "{err}");
         assert!(matches!(Roots::of(Some("system")), Roots::System));
         assert!(matches!(
             Roots::of(Some(missing.to_str().unwrap())),

@@ -557,6 +557,14 @@ fn a_role_that_may_only_read_the_manifest_reads_it_and_is_refused_writes_as_bad_
     p.run(&create_args(&reader, "2026-01-03", "2026-01-03"))
         .code(2)
         .stderr_has("this role may read it but not write it; commands that only read it (list, show, runs, diff, create --dry-run) work");
+    // Inserting without updating is not writing it either (each privilege is asked alone).
+    cluster.psql(
+        &db,
+        &format!("GRANT INSERT ON ALL TABLES IN SCHEMA backfill_manifest TO {role}"),
+    );
+    p.run(&create_args(&reader, "2026-01-03", "2026-01-03"))
+        .code(2)
+        .stderr_has("this role may read it but not write it");
     assert_eq!(
         cluster.psql(&db, "SELECT COUNT(*) FROM backfill_manifest.backfills"),
         "1"

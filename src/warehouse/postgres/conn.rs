@@ -5,7 +5,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use crate::pg::conn::connect_url;
@@ -29,8 +28,9 @@ pub struct Conn {
     pub columns: HashMap<String, Vec<(String, String)>>,
     /// Whether the try that took this connection still holds it: set anew by each [`take`],
     /// cleared by [`give`], so that a canceller handed out earlier cancels nothing once the
-    /// connection serves another try.
-    lent: Arc<AtomicBool>,
+    /// connection serves another try. A cancel holds the lock while it is sent, so `give`
+    /// cannot pass it half way.
+    lent: Arc<Mutex<bool>>,
 }
 
 impl Conn {
@@ -42,13 +42,26 @@ impl Conn {
     }
 }
 
-/// `cancel`, acting only while `lent` is set.
-fn while_lent(lent: Arc<AtomicBool>, cancel: Box<dyn Fn() + Send>) -> Box<dyn Fn() + Send> {
+/// `cancel`, acting only while `lent` is set, and holding it meanwhile.
+fn while_lent(lent: Arc<Mutex<bool>>, cancel: Box<dyn Fn() + Send>) -> Box<dyn Fn() + Send> {
     Box::new(move || {
-        if lent.load(Ordering::SeqCst) {
+        let held = lent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *held {
             cancel();
         }
     })
+}
+
+/// Ends the lending of `conn`: from here no canceller handed out for it acts, and a cancel it
+/// had is forgotten.
+fn end_lending(conn: &Conn) {
+    *conn
+        .lent
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = false;
+    conn.forget_cancel();
 }
 
 impl Deref for Conn {
@@ -80,7 +93,7 @@ pub fn connect(w: &Warehouse) -> Result<Conn, String> {
         kept: HashSet::new(),
         has_versions: None,
         columns: HashMap::new(),
-        lent: Arc::new(AtomicBool::new(true)),
+        lent: Arc::new(Mutex::new(true)),
     })
 }
 
@@ -94,7 +107,8 @@ pub fn take(w: &Warehouse) -> Result<Conn, String> {
     {
         while let Some(mut conn) = list.pop() {
             if !conn.is_closed() {
-                conn.lent = Arc::new(AtomicBool::new(true));
+                conn.forget_cancel();
+                conn.lent = Arc::new(Mutex::new(true));
                 return Ok(conn);
             }
         }
@@ -104,8 +118,7 @@ pub fn take(w: &Warehouse) -> Result<Conn, String> {
 
 /// Gives a connection back for the next try (a closed one is dropped).
 pub fn give(conn: Conn) {
-    conn.lent.store(false, Ordering::SeqCst);
-    conn.forget_cancel();
+    end_lending(&conn);
     if conn.is_closed() {
         return;
     }
@@ -130,8 +143,9 @@ mod tests {
 
     #[test]
     fn a_canceller_cancels_nothing_once_its_connection_is_given_back() {
-        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let lent = Arc::new(AtomicBool::new(true));
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let sent = Arc::new(AtomicUsize::new(0));
+        let lent = Arc::new(Mutex::new(true));
         let s = sent.clone();
         let cancel = while_lent(
             lent.clone(),
@@ -146,7 +160,7 @@ mod tests {
             "while lent, a cancel is sent"
         );
         // What `give` does; the next `take` lends with a flag of its own.
-        lent.store(false, Ordering::SeqCst);
+        *lent.lock().unwrap() = false;
         cancel();
         assert_eq!(
             sent.load(Ordering::SeqCst),

@@ -542,9 +542,10 @@ impl Session {
     pub fn committed(&self, writer: &str, token: i64) -> PgResult<bool> {
         // Under the writers' lock: a commit still under way (slow, or waiting for a standby)
         // holds it, and is seen once it is done, never read as "not committed" meanwhile. The
-        // writer's name is made by this program (hex and dashes): nothing from outside.
+        // writer's name is made by this program (hex and dashes): nothing from outside. Rolled
+        // back: it wrote nothing, and so waits for no standby.
         let sql = format!(
-            "BEGIN; SELECT 1 FROM manifest_lock FOR UPDATE; SELECT token FROM manifest_commits WHERE writer = '{writer}'; COMMIT"
+            "BEGIN; SELECT 1 FROM manifest_lock FOR UPDATE; SELECT token FROM manifest_commits WHERE writer = '{writer}'; ROLLBACK"
         );
         let found = self.with(|conn, _| self.answer(conn, conn.client.simple_query(&sql)));
         if found.is_err() && !self.is_broken() {

@@ -96,7 +96,7 @@ pub fn to_postgres(
                 Ok(()) => Ok(Ok(copied)),
                 Err(e) if s.is_broken() => {
                     // Did it commit? The token says, on a new connection.
-                    match s.reconnect().and_then(|()| s.committed(&writer, token)) {
+                    match s.committed(&writer, token) {
                         Ok(true) => {
                             tracing::warn!(manifest = %shown, "the connection was lost during the copy's commit, which happened: {e}");
                             Ok(Ok(copied))

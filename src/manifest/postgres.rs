@@ -115,10 +115,6 @@ fn lost(message: String) -> PgError {
     PgError::new(Kind::Disconnected, message)
 }
 
-fn wrap(e: &tokio_postgres::Error) -> PgError {
-    PgError::from(e)
-}
-
 impl Session {
     /// Connects to the manifest's database (not looking at its schema).
     pub fn connect(url: &str, shown: &str, read_only: bool) -> Result<Session> {
@@ -218,7 +214,7 @@ impl Session {
                 self.last_answer.set(Instant::now());
                 Ok(v)
             }
-            Some(Err(e)) => Err(wrap(&e)),
+            Some(Err(e)) => Err(PgError::from(&e)),
             None => {
                 self.hung.set(true);
                 Err(lost(format!(
@@ -354,7 +350,11 @@ impl Session {
         rows.iter()
             .map(|r| {
                 (0..r.len())
-                    .map(|i| r.try_get::<_, Read>(i).map(|c| c.0).map_err(|e| wrap(&e)))
+                    .map(|i| {
+                        r.try_get::<_, Read>(i)
+                            .map(|c| c.0)
+                            .map_err(|e| PgError::from(&e))
+                    })
                     .collect()
             })
             .collect()

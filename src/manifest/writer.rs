@@ -426,13 +426,12 @@ fn commit_postgres(
         };
         // Did it commit? (The error may be the next transaction's, or the connection went
         // during the commit.)
+        // (`committed` connects again first when the connection is gone.)
         let broken = s.is_broken();
-        let known = if broken {
-            s.reconnect().and_then(|()| s.committed(writer, this))
-        } else if next.is_empty() {
-            Ok(false)
-        } else {
+        let known = if broken || !next.is_empty() {
             s.committed(writer, this)
+        } else {
+            Ok(false)
         };
         match known {
             Ok(true) => {

@@ -159,6 +159,56 @@ impl Row<'_> {
     }
 }
 
+/// The answer of a job's statement, now or later. On PostgreSQL, inside the writer's
+/// transaction, a statement whose answer the rest of its job does not need is deferred: the
+/// writer sends the deferred statements of its batch together, in one round trip, and decodes
+/// each answer then (see `manifest::writer`).
+pub enum Step<R> {
+    Done(R),
+    Later(usize, Decode<R>),
+}
+
+/// Makes a deferred statement's rows into its job's answer.
+pub type Decode<R> = Box<dyn FnOnce(Vec<Vec<Value>>) -> super::Result<R> + Send>;
+
+impl<R: Send + 'static> Step<R> {
+    /// The answer made into another by `f`, now or once the statement is answered.
+    pub fn map<S>(
+        self,
+        f: impl FnOnce(R) -> super::Result<S> + Send + 'static,
+    ) -> super::Result<Step<S>> {
+        Ok(match self {
+            Step::Done(r) => Step::Done(f(r)?),
+            Step::Later(ticket, decode) => {
+                Step::Later(ticket, Box::new(move |rows| decode(rows).and_then(f)))
+            }
+        })
+    }
+
+    /// The answer, waiting for it when the statement was deferred.
+    pub fn now(self, conn: &dyn Answers) -> super::Result<R> {
+        match self {
+            Step::Done(r) => Ok(r),
+            Step::Later(ticket, decode) => decode(conn.answer(ticket)?),
+        }
+    }
+}
+
+/// Where the answers of deferred statements come from.
+pub trait Answers {
+    /// The rows of the deferred statement `ticket` (sent first, if it was not).
+    fn answer(&self, ticket: usize) -> Result<Vec<Vec<Value>>>;
+}
+
+impl Answers for Conn {
+    fn answer(&self, ticket: usize) -> Result<Vec<Vec<Value>>> {
+        match self {
+            Conn::Pg(s) => Ok(s.take_answer(ticket)?),
+            Conn::Sqlite(_) => Err(Error::NoRows),
+        }
+    }
+}
+
 /// A prepared statement.
 pub enum Stmt<'c> {
     Sqlite(rusqlite::CachedStatement<'c>),
@@ -263,6 +313,39 @@ impl Conn {
         f: impl FnOnce(&Row<'_>) -> Result<T>,
     ) -> Result<T> {
         self.prepare(sql)?.query_row(p, f)
+    }
+
+    /// Runs `sql`, or defers it (see [`Step`]): its rows are made into the answer by `decode`.
+    pub fn defer<R: Send + 'static>(
+        &self,
+        sql: &str,
+        values: Vec<Value>,
+        decode: impl FnOnce(Vec<Vec<Value>>) -> super::Result<R> + Send + 'static,
+    ) -> super::Result<Step<R>> {
+        let rows = match self {
+            Conn::Pg(s) if s.defers() => {
+                return Ok(Step::Later(s.defer(sql, values), Box::new(decode)));
+            }
+            Conn::Pg(s) => s.query(sql, &values).map_err(Error::from)?,
+            Conn::Sqlite(c) => {
+                let mut stmt = c.prepare_cached(sql).map_err(Error::from)?;
+                let width = stmt.column_count();
+                let mut rows = stmt
+                    .query(rusqlite::params_from_iter(values))
+                    .map_err(Error::from)?;
+                let mut out = Vec::new();
+                while let Some(r) = rows.next().map_err(Error::from)? {
+                    out.push(
+                        (0..width)
+                            .map(|i| r.get_ref(i).map(owned_ref))
+                            .collect::<rusqlite::Result<Vec<_>>>()
+                            .map_err(Error::from)?,
+                    );
+                }
+                out
+            }
+        };
+        Ok(Step::Done(decode(rows)?))
     }
 
     /// Runs several statements without parameters.

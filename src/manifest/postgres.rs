@@ -105,6 +105,13 @@ pub struct Session {
     /// The fences read in earlier transactions (keys as in `fences`): read again with the next
     /// transaction's lock, in the same round trip, since this writer's owner asks for them.
     fenced_before: RefCell<std::collections::BTreeSet<i64>>,
+    /// Statements of the writer's transaction deferred (see [`Session::defer`]) and not sent
+    /// yet, with their tickets.
+    unsent: RefCell<Vec<(usize, String, Vec<Value>)>>,
+    /// The deferred statements' answers not taken yet, by ticket.
+    answers: RefCell<HashMap<usize, PgResult<Vec<Vec<Value>>>>>,
+    /// The next deferred statement's ticket.
+    tickets: Cell<usize>,
 }
 
 fn failure(message: String) -> PgError {
@@ -142,6 +149,9 @@ impl Session {
             gave_up: Cell::new(None),
             fences: RefCell::default(),
             fenced_before: RefCell::default(),
+            unsent: RefCell::default(),
+            answers: RefCell::default(),
+            tickets: Cell::new(0),
         })
     }
 
@@ -229,7 +239,7 @@ impl Session {
     /// runs again (every statement run outside one is a read or commits alone).
     fn with<T>(
         &self,
-        f: impl Fn(&Conn, &RefCell<HashMap<String, tokio_postgres::Statement>>) -> PgResult<T>,
+        mut f: impl FnMut(&Conn, &RefCell<HashMap<String, tokio_postgres::Statement>>) -> PgResult<T>,
     ) -> PgResult<T> {
         let started = Instant::now();
         if !self.in_tx.get()
@@ -326,6 +336,9 @@ impl Session {
         values: &[Value],
         f: impl Fn(&Conn, &tokio_postgres::Statement, &[&(dyn ToSql + Sync)]) -> PgResult<T>,
     ) -> PgResult<T> {
+        // What was deferred is sent first: the server runs the transaction's statements in the
+        // order they were asked for.
+        self.flush();
         self.written(sql);
         self.with(|conn, prepared| {
             let s = self.statement(conn, prepared, sql)?;
@@ -347,17 +360,126 @@ impl Session {
         let rows = self.run(sql, values, |conn, s, refs| {
             self.answer(conn, conn.client.query(s, refs))
         })?;
-        rows.iter()
-            .map(|r| {
-                (0..r.len())
-                    .map(|i| {
-                        r.try_get::<_, Read>(i)
-                            .map(|c| c.0)
-                            .map_err(|e| PgError::from(&e))
-                    })
-                    .collect()
-            })
-            .collect()
+        values_of(&rows)
+    }
+
+    /// Whether a statement asked for now may be deferred (see [`Session::defer`]): inside the
+    /// writer's transaction.
+    pub fn defers(&self) -> bool {
+        self.in_tx.get()
+    }
+
+    /// Queues `sql` to be sent with the transaction's other deferred statements, in one round
+    /// trip, when the writer asks for their answers ([`Session::flush`]) or before any statement
+    /// that is not deferred; returns the ticket of its answer ([`Session::take_answer`]). The
+    /// server runs the statements in the order they were asked for, and once one fails, every
+    /// later one of the transaction fails too.
+    pub fn defer(&self, sql: &str, values: Vec<Value>) -> usize {
+        let ticket = self.tickets.get();
+        self.tickets.set(ticket.wrapping_add(1));
+        self.unsent
+            .borrow_mut()
+            .push((ticket, sql.to_string(), values));
+        ticket
+    }
+
+    /// Sends the deferred statements not sent yet, together, and waits for their answers
+    /// (pipelined: one round trip, however many). A connection lost or silent meanwhile marks
+    /// the session as such, and every statement unanswered has that error.
+    pub fn flush(&self) {
+        if !self.unsent.borrow().is_empty() {
+            let _ = self.flush_then(None);
+        }
+    }
+
+    /// [`Session::flush`], and `last` (statements without parameters) sent after the deferred
+    /// ones in the same round trip: its messages, or the failure of the round trip (a
+    /// connection lost or silent, a statement that could not be prepared).
+    fn flush_then(&self, last: Option<&str>) -> PgResult<Vec<tokio_postgres::SimpleQueryMessage>> {
+        let unsent = std::mem::take(&mut *self.unsent.borrow_mut());
+        for (_, sql, _) in &unsent {
+            self.written(sql);
+        }
+        let mut answered: Vec<PgResult<Vec<Vec<Value>>>> = Vec::new();
+        let sent = self.with(|conn, prepared| {
+            let statements = unsent
+                .iter()
+                .map(|(_, sql, _)| self.statement(conn, prepared, sql))
+                .collect::<PgResult<Vec<_>>>()?;
+            let params: Vec<Vec<Param<'_>>> = unsent
+                .iter()
+                .map(|(_, _, values)| values.iter().map(Param).collect())
+                .collect();
+            let refs: Vec<Vec<&(dyn ToSql + Sync)>> = params
+                .iter()
+                .map(|p| p.iter().map(|p| p as &(dyn ToSql + Sync)).collect())
+                .collect();
+            let queries = futures_util::future::join_all(
+                statements
+                    .iter()
+                    .zip(&refs)
+                    .map(|(s, refs)| conn.client.query(s, refs.as_slice())),
+            );
+            // Polled in order: the deferred statements are sent first.
+            let then = async {
+                match last {
+                    Some(sql) => conn.client.simple_query(sql).await,
+                    None => Ok(Vec::new()),
+                }
+            };
+            let (rows, messages) = self.answer(conn, async {
+                Ok(futures_util::future::join(queries, then).await)
+            })?;
+            answered = rows
+                .into_iter()
+                .map(|r| {
+                    r.map_err(|e| PgError::from(&e))
+                        .and_then(|rows| values_of(&rows))
+                })
+                .collect();
+            // A connection lost part way is the session's failure (the answers that came before
+            // are kept).
+            if let Some(e) = answered
+                .iter()
+                .find_map(|r| r.as_ref().err().filter(|e| e.is_disconnected()))
+            {
+                return Err(e.clone());
+            }
+            messages.map_err(|e| PgError::from(&e))
+        });
+        let mut answers = self.answers.borrow_mut();
+        for (i, (ticket, _, _)) in unsent.iter().enumerate() {
+            answers.insert(
+                *ticket,
+                match (answered.get_mut(i), &sent) {
+                    (Some(a), _) => std::mem::replace(a, Err(failure(String::new()))),
+                    (None, Err(e)) => Err(e.clone()),
+                    (None, Ok(_)) => Err(failure("a deferred statement got no answer".into())),
+                },
+            );
+        }
+        sent
+    }
+
+    /// The first failure (in the order sent) among the deferred statements' answers not taken
+    /// yet.
+    fn deferred_failure(&self) -> Option<PgError> {
+        self.answers
+            .borrow()
+            .iter()
+            .filter_map(|(ticket, r)| r.as_ref().err().map(|e| (*ticket, e)))
+            .min_by_key(|(ticket, _)| *ticket)
+            .map(|(_, e)| e.clone())
+    }
+
+    /// The answer of a deferred statement (see [`Session::defer`]), once: sent first if it was
+    /// not.
+    pub fn take_answer(&self, ticket: usize) -> PgResult<Vec<Vec<Value>>> {
+        self.flush();
+        self.answers
+            .borrow_mut()
+            .remove(&ticket)
+            .unwrap_or_else(|| Err(failure("a deferred statement's answer is missing".into())))
     }
 
     /// Inserts rows of `width` values each (`values`, row after row), many rows to a statement
@@ -389,6 +511,7 @@ impl Session {
     }
 
     pub fn batch(&self, sql: &str) -> PgResult<()> {
+        self.flush();
         self.written(sql);
         self.with(|conn, _| self.answer(conn, conn.client.batch_execute(sql)))
     }
@@ -426,6 +549,11 @@ impl Session {
 
     /// [`Session::begin`], its statements after `before`.
     fn begin_after(&self, before: &str, writer: &str, token: i64) -> PgResult<()> {
+        if before.is_empty() {
+            // After a commit in the same round trip, the answers of its deferred statements are
+            // kept for the writer to take.
+            self.answers.borrow_mut().clear();
+        }
         self.in_tx.set(true);
         self.tx_now.set(None);
         self.fences.borrow_mut().clear();
@@ -452,16 +580,21 @@ impl Session {
                 list(&workers)
             ));
         }
-        let begun = self.with(|conn, _| {
-            // Every value is made here (hex and numbers): nothing from outside is spliced in.
-            let sql = format!(
+        // Every value is made here (hex and numbers): nothing from outside is spliced in.
+        let sql = format!(
                 "{before}BEGIN; WITH lock AS (SELECT 1 FROM manifest_lock FOR UPDATE)
                  INSERT INTO manifest_commits (writer, token, at)
                  SELECT '{writer}', {token}, CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS bigint) FROM lock
                  ON CONFLICT (writer) DO UPDATE SET token = excluded.token, at = excluded.at
                  RETURNING at; SELECT 'schema', max(version) FROM schema_version{fences}"
-            );
-            let messages = self.answer(conn, conn.client.simple_query(&sql))?;
+        );
+        // The deferred statements of the transaction it commits go first.
+        let begun = self.flush_then(Some(&sql)).and_then(|messages| {
+            // A deferred statement failed: the commit before was a rollback, and the
+            // transaction begun after it ends here too.
+            if let Some(e) = self.deferred_failure() {
+                return Err(e);
+            }
             let mut rows = messages.iter().filter_map(|m| match m {
                 tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
                 _ => None,
@@ -518,14 +651,25 @@ impl Session {
         }
     }
 
+    /// Ends the transaction on this side: its deferred statements not sent are dropped, and
+    /// the answers of those sent are kept until the next transaction begins.
     fn end_tx(&self) {
+        self.unsent.borrow_mut().clear();
         self.in_tx.set(false);
         self.tx_now.set(None);
         self.fences.borrow_mut().clear();
     }
 
+    /// Commits the writer's transaction, its deferred statements sent first in the same round
+    /// trip. When one of them failed, nothing was committed (the server ends a transaction
+    /// that holds a failure with a rollback, which it reports for `COMMIT`): that failure is
+    /// the error.
     pub fn commit(&self) -> PgResult<()> {
-        let r = self.with(|conn, _| self.answer(conn, conn.client.batch_execute("COMMIT")));
+        let r = self.flush_then(Some("COMMIT")).map(|_| ());
+        let r = match self.deferred_failure() {
+            Some(e) if r.is_ok() => Err(e),
+            _ => r,
+        };
         self.end_tx();
         r
     }
@@ -749,6 +893,21 @@ pub fn open_read_only(url: &str, shown: &str) -> Result<Session> {
         }),
         Some(_) => Ok(s),
     }
+}
+
+/// Rows as SQLite's values.
+fn values_of(rows: &[tokio_postgres::Row]) -> PgResult<Vec<Vec<Value>>> {
+    rows.iter()
+        .map(|r| {
+            (0..r.len())
+                .map(|i| {
+                    r.try_get::<_, Read>(i)
+                        .map(|c| c.0)
+                        .map_err(|e| PgError::from(&e))
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// A value passed to PostgreSQL as the type the server asks for.

@@ -6,7 +6,7 @@ use rusqlite::params;
 
 use super::db::Optional;
 
-use super::db::Conn;
+use super::db::{Conn, Params, Row, Step};
 
 use super::Result;
 use super::backfills::{Fenced, Owner};
@@ -138,15 +138,15 @@ pub fn start_run_and_try(
     task_id: &str,
     try_number: u32,
     log: (&str, &str),
-) -> Result<(Start, Option<i64>)> {
+) -> Result<Step<(Start, Option<i64>)>> {
     if !conn.is_postgres() {
         let started = start_run(conn, fenced, dag_id, interval, now_ms, lease_timeout_ms)?;
         let Start::Run(run_id) = started else {
-            return Ok((started, None));
+            return Ok(Step::Done((started, None)));
         };
         let path = format!("{}{run_id}{}", log.0, log.1);
         let try_id = insert_try(conn, fenced, run_id, task_id, try_number, &path, now_ms)?;
-        return Ok((started, Some(try_id)));
+        return Ok(Step::Done((started, Some(try_id))));
     }
     let row: &[&dyn rusqlite::ToSql] = &[
         &fenced.backfill_id(),
@@ -162,8 +162,8 @@ pub fn start_run_and_try(
         &log.0,
         &log.1,
     ];
-    let (run, try_id, verdict): (Option<i64>, Option<i64>, i64) = conn
-        .prepare_cached(&format!(
+    conn.defer(
+        &format!(
             "WITH held AS ({FREE_LEASE}),
              halted AS ({HALTED}),
              room AS ({ROOM}),
@@ -191,12 +191,18 @@ pub fn start_run_and_try(
              SELECT (SELECT id FROM run), (SELECT id FROM try),
                     CASE WHEN NOT EXISTS (SELECT 1 FROM held) THEN 0
                          WHEN EXISTS (SELECT 1 FROM halted) THEN 2 ELSE 1 END"
-        ))?
-        .query_row(row, |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
-    Ok(match (run, try_id) {
-        (Some(run), Some(try_id)) => (Start::Run(run), Some(try_id)),
-        _ => (refused(verdict), None),
-    })
+        ),
+        row.values()?,
+        |rows| {
+            let r = Row::Pg(rows.first().ok_or(super::db::Error::NoRows)?);
+            let (run, try_id, verdict): (Option<i64>, Option<i64>, i64) =
+                (r.get(0)?, r.get(1)?, r.get(2)?);
+            Ok(match (run, try_id) {
+                (Some(run), Some(try_id)) => (Start::Run(run), Some(try_id)),
+                _ => (refused(verdict), None),
+            })
+        },
+    )
 }
 
 /// Whether the backfill of a try's run still holds that interval's lease: a try whose interval
@@ -355,19 +361,19 @@ pub fn set_try_group(
     try_id: i64,
     group: Group,
     host: &str,
-) -> Result<bool> {
+) -> Result<Step<bool>> {
     // Only while the try's backfill holds its interval's lease (see [`try_holds_lease`]).
-    let changed = conn
-        .prepare_cached(
-            "UPDATE task_tries SET pgid = ?2, pgid_start = ?3, host = ?4
-             WHERE id = ?1 AND state = 'running' AND EXISTS (
-                 SELECT 1 FROM runs r
-                 JOIN leases l ON l.dag_id = r.dag_id AND l.interval_start = r.interval_start
-                              AND l.backfill_id = r.backfill_id
-                 WHERE r.id = task_tries.run_id)",
-        )?
-        .execute(params![try_id, group.pgid, group.leader_start, host])?;
-    Ok(changed == 1)
+    conn.defer(
+        "UPDATE task_tries SET pgid = ?2, pgid_start = ?3, host = ?4
+         WHERE id = ?1 AND state = 'running' AND EXISTS (
+             SELECT 1 FROM runs r
+             JOIN leases l ON l.dag_id = r.dag_id AND l.interval_start = r.interval_start
+                          AND l.backfill_id = r.backfill_id
+             WHERE r.id = task_tries.run_id)
+         RETURNING id",
+        params![try_id, group.pgid, group.leader_start, host].values()?,
+        |rows| Ok(rows.len() == 1),
+    )
 }
 
 /// Records the audit file of a SQL try, so that it can be removed should the owner die.
@@ -526,23 +532,25 @@ pub fn finish_try_and_run(
     state: RunState,
     error: Option<&str>,
     now_ms: i64,
-) -> Result<()> {
+) -> Result<Step<()>> {
     if !conn.is_postgres() || rec.staged == Some(crate::state::StagedState::Staged) {
         finish_try(conn, fenced, try_id, rec, now_ms)?;
-        return finish_run(conn, fenced, run_id, state, error, now_ms);
+        return finish_run(conn, fenced, run_id, state, error, now_ms).map(Step::Done);
     }
     let values = end_try_values(&try_id, rec, &now_ms, &[&state, &error, &run_id]);
-    conn.prepare_cached(&format!(
-        "WITH ended_try AS ({END_TRY}),
+    conn.defer(
+        &format!(
+            "WITH ended_try AS ({END_TRY}),
          ended AS (
              UPDATE runs SET state = ?19, ended_at = ?3, error = ?20
              WHERE id = ?21 AND state IN ('queued', 'running'))
          DELETE FROM leases l USING runs r
          WHERE r.id = ?21 AND l.dag_id = r.dag_id AND l.interval_start = r.interval_start
            AND l.backfill_id = r.backfill_id"
-    ))?
-    .execute(values.as_slice())?;
-    Ok(())
+        ),
+        values.as_slice().values()?,
+        |_| Ok(()),
+    )
 }
 
 /// Records the end of a try that is still running or publishing. A try that stages an output

@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::backfills::{Backfill, Fenced, Heartbeat, NewBackfill, Owner};
 use super::cascades::{PlanOutcome, SucceededTry};
-use super::db::Conn;
+use super::db::{Conn, Step};
 use super::leases::{Judge, LeaseCtx};
 use super::pools::Take;
 use super::publishes::{Current, PendingPublish, Publication};
@@ -275,7 +275,7 @@ pub trait Planning {
 }
 
 /// Runs and their tries, from a pool slot to the recorded end, and the repair of those a gone owner left.
-pub trait Running {
+pub trait Running: super::db::Answers {
     /// Takes a slot of `pool` (of `size`) for try `try_id` if one is free; records that the try
     /// waits for the pool when none is.
     fn take_pool_slot(
@@ -299,7 +299,7 @@ pub trait Running {
         task_id: &str,
         try_number: u32,
         log: (&str, &str),
-    ) -> Result<(runs::Start, Option<i64>)>;
+    ) -> Result<Step<(runs::Start, Option<i64>)>>;
     /// Records a finished run and releases its lease.
     fn finish_run(
         &self,
@@ -322,8 +322,13 @@ pub trait Running {
     ) -> Result<Option<i64>>;
     /// Records the process group of a try before it is let go; `false` when the try is no longer
     /// running (it must then never be let go).
-    fn set_try_group(&self, _fenced: Fenced, try_id: i64, group: Group, host: &str)
-    -> Result<bool>;
+    fn set_try_group(
+        &self,
+        _fenced: Fenced,
+        try_id: i64,
+        group: Group,
+        host: &str,
+    ) -> Result<Step<bool>>;
     /// Records the audit file of a SQL try, so that it can be removed should the owner die.
     fn set_try_audit(&self, _fenced: Fenced, try_id: i64, path: &str) -> Result<()>;
     /// Records the end of a try of the owner.
@@ -339,7 +344,7 @@ pub trait Running {
         state: RunState,
         error: Option<&str>,
         now_ms: i64,
-    ) -> Result<()>;
+    ) -> Result<Step<()>>;
     /// Records the end of a try that is still running or publishing.
     fn end_try(&self, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()>;
     /// Records the end of a try of a dead owner (killed, never started, or its publish finished by
@@ -705,7 +710,7 @@ impl Running for Conn {
         task_id: &str,
         try_number: u32,
         log: (&str, &str),
-    ) -> Result<(runs::Start, Option<i64>)> {
+    ) -> Result<Step<(runs::Start, Option<i64>)>> {
         let now_ms = self.now_ms(now_ms)?;
         runs::start_run_and_try(
             self,
@@ -748,7 +753,7 @@ impl Running for Conn {
         try_id: i64,
         group: Group,
         host: &str,
-    ) -> Result<bool> {
+    ) -> Result<Step<bool>> {
         runs::set_try_group(self, _fenced, try_id, group, host)
     }
     fn set_try_audit(&self, _fenced: Fenced, try_id: i64, path: &str) -> Result<()> {
@@ -767,7 +772,7 @@ impl Running for Conn {
         state: RunState,
         error: Option<&str>,
         now_ms: i64,
-    ) -> Result<()> {
+    ) -> Result<Step<()>> {
         let now_ms = self.now_ms(now_ms)?;
         runs::finish_try_and_run(self, fenced, try_id, rec, run_id, state, error, now_ms)
     }

@@ -12,13 +12,23 @@
 //! reads and writes the manifest, and runs once in the transaction that commits). A connection
 //! lost during `COMMIT` is asked afterwards whether the commit happened, by the token the
 //! transaction recorded.
+//!
+//! A job's last statement may be deferred on PostgreSQL (a [`Step::Later`]: its answer is
+//! needed by nothing else in the job): the batch's deferred statements go to the server
+//! together, pipelined in the round trip of the batch's `COMMIT` (and of the next batch's
+//! `BEGIN`, when jobs wait), and each job's answer is made from its rows then. So a batch of
+//! such jobs costs one round trip however many it holds. When one of them failed, the server
+//! rolled the transaction back: the first job that failed, in order, is to blame (every later
+//! statement fails with it), and the others run again without it. A connection lost during that
+//! round trip after the server committed leaves the answers it did not bring lost: those jobs
+//! are answered with the error (what they recorded is committed, and recovery finds it so).
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
 use tokio::sync::oneshot;
 
-use super::db::Conn;
+use super::db::{Conn, Step};
 use super::postgres::Session;
 use super::{Error, Result};
 
@@ -28,6 +38,8 @@ const MAX_BATCH: usize = 1024;
 /// A queued job: run in the batch's transaction (again, should that not commit), then answered.
 trait Pending: Send {
     fn run(&mut self, conn: &Conn);
+    /// Makes its answer from its deferred statement's rows, once the batch's were sent.
+    fn settle(&mut self, conn: &Conn);
     /// Whether its last run failed.
     fn failed(&self) -> bool;
     /// Whether its last run failed because the server asks for the transaction to run again
@@ -40,17 +52,33 @@ trait Pending: Send {
 struct Job<R, F> {
     f: F,
     result: Option<Result<R>>,
+    /// Its last run's deferred statement, not answered yet.
+    later: Option<Step<R>>,
     reply: oneshot::Sender<Result<R>>,
     path: PathBuf,
 }
 
 impl<R, F> Pending for Job<R, F>
 where
-    R: Send,
-    F: FnMut(&dyn super::Store) -> Result<R> + Send,
+    R: Send + 'static,
+    F: FnMut(&dyn super::Store) -> Result<Step<R>> + Send,
 {
     fn run(&mut self, conn: &Conn) {
-        self.result = Some(in_savepoint(conn, &mut self.f));
+        self.later = None;
+        self.result = match in_savepoint(conn, &mut self.f) {
+            Ok(Step::Done(r)) => Some(Ok(r)),
+            Ok(later) => {
+                self.later = Some(later);
+                None
+            }
+            Err(e) => Some(Err(e)),
+        };
+    }
+
+    fn settle(&mut self, conn: &Conn) {
+        if let Some(later) = self.later.take() {
+            self.result = Some(later.now(conn));
+        }
     }
 
     fn failed(&self) -> bool {
@@ -122,15 +150,25 @@ impl Writer {
     }
 
     /// Queues `f`; the receiver answers once the transaction that ran it has committed.
-    pub fn submit<R, F>(&self, f: F) -> oneshot::Receiver<Result<R>>
+    pub fn submit<R, F>(&self, mut f: F) -> oneshot::Receiver<Result<R>>
     where
         R: Send + 'static,
         F: FnMut(&dyn super::Store) -> Result<R> + Send + 'static,
+    {
+        self.submit_step(move |c| f(c).map(Step::Done))
+    }
+
+    /// [`Writer::submit`] for a job whose last statement may be deferred (see [`Step`]).
+    pub fn submit_step<R, F>(&self, f: F) -> oneshot::Receiver<Result<R>>
+    where
+        R: Send + 'static,
+        F: FnMut(&dyn super::Store) -> Result<Step<R>> + Send + 'static,
     {
         let (reply, rx) = oneshot::channel();
         let job = Box::new(Job {
             f,
             result: None,
+            later: None,
             reply,
             path: self.path.clone(),
         });
@@ -149,6 +187,15 @@ impl Writer {
         F: FnMut(&dyn super::Store) -> Result<R> + Send + 'static,
     {
         self.submit(f).await.map_err(|_| Error::WriterGone)?
+    }
+
+    /// [`Writer::call`] for a job whose last statement may be deferred (see [`Step`]).
+    pub async fn call_step<R, F>(&self, f: F) -> Result<R>
+    where
+        R: Send + 'static,
+        F: FnMut(&dyn super::Store) -> Result<Step<R>> + Send + 'static,
+    {
+        self.submit_step(f).await.map_err(|_| Error::WriterGone)?
     }
 
     /// Like [`Writer::call`], for code outside the async runtime.
@@ -172,7 +219,10 @@ impl Writer {
     }
 }
 
-fn in_savepoint<R>(conn: &Conn, f: &mut dyn FnMut(&dyn super::Store) -> Result<R>) -> Result<R> {
+fn in_savepoint<R>(
+    conn: &Conn,
+    f: &mut dyn FnMut(&dyn super::Store) -> Result<Step<R>>,
+) -> Result<Step<R>> {
     match conn {
         Conn::Sqlite(c) => {
             // Prepared once: every job passes through here.
@@ -299,6 +349,7 @@ fn commit_sqlite(conn: &Conn, c: &rusqlite::Connection, mut batch: Vec<Box<dyn P
     }
     for job in &mut batch {
         job.run(conn);
+        job.settle(conn);
     }
     if let Some(delay) = crate::fault::slow_commit() {
         std::thread::sleep(delay);
@@ -368,54 +419,78 @@ fn commit_postgres(
         }
         // The writers' lock is held from here to the commit.
         crate::fault::point("manifest-transaction");
-        let mut failed = false;
-        let mut retry = false;
-        for (job, done) in batch.iter_mut().zip(&mut skip) {
+        // The jobs run, in order, up to the first that fails here.
+        let mut ran = Vec::new();
+        for (i, (job, done)) in batch.iter_mut().zip(&skip).enumerate() {
             if *done {
                 continue;
             }
             job.run(conn);
-            if s.is_broken() {
+            ran.push(i);
+            if s.is_broken() || job.failed() {
                 break;
             }
-            if job.retryable() && again < RUN_AGAIN {
+        }
+        // Every job ran: the batch commits, its deferred statements sent first in the same
+        // round trip. Else they are sent alone, to find the job to blame.
+        let ran_all = !s.is_broken() && !ran.last().is_some_and(|&i| batch[i].failed());
+        let mut next = Vec::new();
+        let this = *token;
+        let committed = if ran_all {
+            if let Some(delay) = crate::fault::slow_commit() {
+                std::thread::sleep(delay);
+            }
+            next = waiting();
+            Some(if next.is_empty() {
+                s.commit()
+            } else {
+                tracing::trace!(
+                    jobs = next.len(),
+                    "the next batch begins in this commit's round trip"
+                );
+                *token += 1;
+                s.commit_and_begin(writer, *token)
+            })
+        } else {
+            s.flush();
+            None
+        };
+        for &i in &ran {
+            batch[i].settle(conn);
+        }
+        // The first job that failed, in order, is the one to blame: the server fails every
+        // statement of a transaction after one that failed (and ends it with a rollback when
+        // asked to commit it).
+        let (mut failed, mut retry) = (false, false);
+        if !s.is_broken()
+            && let Some(i) = ran.iter().copied().find(|&i| batch[i].failed())
+        {
+            if batch[i].retryable() && again < RUN_AGAIN {
                 // The whole transaction runs again (its writes are undone with it).
                 retry = true;
-                break;
-            }
-            if job.failed() {
+            } else {
                 // Its writes are undone with everyone's; it keeps its error, the others run
                 // again without it, as if it had failed alone.
-                *done = true;
+                skip[i] = true;
                 failed = true;
-                break;
             }
         }
-        if s.is_broken() || failed || retry {
-            s.rollback();
-            // A job that failed is not a lost connection: the others run again at once.
-            lost = !failed && !retry;
-            if retry {
-                again += 1;
-                tracing::info!(manifest = %s.shown(), attempt = again, "the server asked for the manifest's transaction to run again");
-                std::thread::sleep(std::time::Duration::from_millis(10 << again));
+        let committed = match committed {
+            Some(committed) if !failed && !retry => committed,
+            _ => {
+                s.rollback();
+                // A job that failed is not a lost connection: the others run again at once.
+                lost = !failed && !retry;
+                if retry {
+                    again += 1;
+                    tracing::info!(manifest = %s.shown(), attempt = again, "the server asked for the manifest's transaction to run again");
+                    std::thread::sleep(std::time::Duration::from_millis(10 << again));
+                }
+                // Jobs gathered for the next batch join this one.
+                skip.extend(next.iter().map(|_| false));
+                batch.extend(next);
+                continue;
             }
-            continue;
-        }
-        if let Some(delay) = crate::fault::slow_commit() {
-            std::thread::sleep(delay);
-        }
-        let next = waiting();
-        let this = *token;
-        let committed = if next.is_empty() {
-            s.commit()
-        } else {
-            tracing::trace!(
-                jobs = next.len(),
-                "the next batch begins in this commit's round trip"
-            );
-            *token += 1;
-            s.commit_and_begin(writer, *token)
         };
         let e = match committed {
             Ok(()) => {

@@ -6,6 +6,7 @@ use super::Shared;
 use crate::clock::now_ms;
 use crate::exit::Error;
 use crate::interval::DataInterval;
+use crate::manifest::db::Step;
 use crate::manifest::leases::{Judge, LeaseCtx};
 use crate::manifest::{Publication, TryRecord, publishes, runs};
 use crate::plan::{RunState, SkipReason};
@@ -48,10 +49,11 @@ pub(super) async fn record_end(
     }
     let dag_id = shared.spec.dag.id.clone();
     let owner = shared.spec.owner;
-    let committed = shared.writer.submit(move |c| {
+    let committed = shared.writer.submit_step(move |c| {
         let now = now_ms();
         let f = c.fence(owner)?;
-        // The common end, in one statement: a last try that published nothing, and its run.
+        // The common end, in one statement (deferred: sent with the batch's others): a last try
+        // that published nothing, and its run.
         if let (Some(t), Some((state, error))) = (&last_try, &run_end)
             && t.published.as_ref().is_none_or(|p| p.recorded)
         {
@@ -87,7 +89,7 @@ pub(super) async fn record_end(
         if let Some((state, error)) = &run_end {
             c.finish_run(f, run_id, *state, error.as_deref(), now)?;
         }
-        Ok(())
+        Ok(Step::Done(()))
     });
     if let Some(slot) = slot {
         slot.free();
@@ -195,13 +197,13 @@ async fn start_once(
     let ctx = LeaseCtx::new(spec.lease_timeout, &crate::process::LOCAL);
     Ok(shared
         .writer
-        .call(move |c| {
+        .call_step(move |c| {
             let now = now_ms();
             let f = c.fence(owner)?;
             if let Some(staged) = claim
                 && !c.is_staged(staged)?
             {
-                return Ok(Claimed::Gone);
+                return Ok(Step::Done(Claimed::Gone));
             }
             for (up, ups) in &upstream {
                 if crate::cascade::readable(c, up, ups, &ctx, Judge::Strict)?.contains(&false) {
@@ -211,7 +213,7 @@ async fn start_once(
                         interval.start.timestamp(),
                         SkipReason::UpstreamNotSuccessful,
                     )?;
-                    return Ok(Claimed::UpstreamNotReady);
+                    return Ok(Step::Done(Claimed::UpstreamNotReady));
                 }
             }
             let (run_id, try_id) = match run_id {
@@ -227,7 +229,7 @@ async fn start_once(
                     let log = log.display().to_string();
                     match c.start_try(f, id, &task_id, try_number, &log, now)? {
                         Some(try_id) => (id, try_id),
-                        None => return Ok(Claimed::TakenOver),
+                        None => return Ok(Step::Done(Claimed::TakenOver)),
                     }
                 }
                 // The run and its first try, in one statement: the run's id is in the log path.
@@ -239,7 +241,7 @@ async fn start_once(
                         &task_id,
                         try_number,
                     );
-                    match c.start_run_and_try(
+                    let begun = c.start_run_and_try(
                         f,
                         &dag_id,
                         interval,
@@ -248,22 +250,30 @@ async fn start_once(
                         &task_id,
                         try_number,
                         (&before, &after),
-                    )? {
-                        (runs::Start::Run(run), Some(try_id)) => (run, try_id),
-                        (runs::Start::Busy, _) => return Ok(Claimed::Busy),
-                        (runs::Start::Halted, _) => return Ok(Claimed::Halted),
-                        _ => return Ok(Claimed::TakenOver),
+                    )?;
+                    // With nothing more to record, the statement is deferred (sent with the
+                    // batch's others) and the try's paths are made from its answer.
+                    if claim.is_none() && audit_dir.is_none() {
+                        let (logs_dir, dag_id, task_id) =
+                            (logs_dir.clone(), dag_id.clone(), task_id.clone());
+                        return begun.map(move |begun| {
+                            Ok(match started_ids(begun) {
+                                Ok((run_id, try_id)) => Claimed::Started(started(
+                                    (&logs_dir, &dag_id, &task_id),
+                                    interval,
+                                    (run_id, try_id, try_number),
+                                    None,
+                                )),
+                                Err(refused) => refused,
+                            })
+                        });
+                    }
+                    match started_ids(begun.now(c)?) {
+                        Ok(ids) => ids,
+                        Err(refused) => return Ok(Step::Done(refused)),
                     }
                 }
             };
-            let (log, result) = command::try_paths(
-                &logs_dir,
-                &dag_id,
-                interval.start,
-                &task_id,
-                run_id,
-                try_number,
-            );
             if let Some(staged) = claim {
                 c.set_promoted_from(try_id, staged)?;
             }
@@ -273,15 +283,48 @@ async fn start_once(
             if let Some(path) = &audit {
                 c.set_try_audit(f, try_id, &path.display().to_string())?;
             }
-            Ok(Claimed::Started(Started {
-                run_id,
-                try_id,
-                log,
-                result,
+            Ok(Step::Done(Claimed::Started(started(
+                (&logs_dir, &dag_id, &task_id),
+                interval,
+                (run_id, try_id, try_number),
                 audit,
-            }))
+            ))))
         })
         .await?)
+}
+
+/// The run's and the try's ids of a start, or why none started.
+fn started_ids(begun: (runs::Start, Option<i64>)) -> Result<(i64, i64), Claimed> {
+    match begun {
+        (runs::Start::Run(run), Some(try_id)) => Ok((run, try_id)),
+        (runs::Start::Busy, _) => Err(Claimed::Busy),
+        (runs::Start::Halted, _) => Err(Claimed::Halted),
+        _ => Err(Claimed::TakenOver),
+    }
+}
+
+/// A started try, its log and result paths made from its run's id.
+fn started(
+    (logs_dir, dag_id, task_id): (&std::path::Path, &str, &str),
+    interval: DataInterval,
+    (run_id, try_id, try_number): (i64, i64, u32),
+    audit: Option<PathBuf>,
+) -> Started {
+    let (log, result) = command::try_paths(
+        logs_dir,
+        dag_id,
+        interval.start,
+        task_id,
+        run_id,
+        try_number,
+    );
+    Started {
+        run_id,
+        try_id,
+        log,
+        result,
+        audit,
+    }
 }
 
 /// The currently published rows of a task and interval, read outside the writer (a read

@@ -31,7 +31,7 @@ pub(super) async fn run_process(
     let (group, host, owner) = (gated.group, shared.spec.host.clone(), shared.spec.owner);
     let recorded = shared
         .writer
-        .call(move |c| c.set_try_group(c.fence(owner)?, try_id, group, &host))
+        .call_step(move |c| c.set_try_group(c.fence(owner)?, try_id, group, &host))
         .await;
     match recorded {
         Ok(true) => {}

@@ -760,3 +760,83 @@ fn runs_a_dead_owner_left_are_ended_at_the_databases_time_not_the_resuming_hosts
         "no run ended in the resuming host's future"
     );
 }
+
+#[test]
+fn a_statement_refused_in_a_batch_sent_together_fails_its_own_job_and_the_others_commit() {
+    let Some((cluster, db, url)) = manifest_database() else {
+        return;
+    };
+    let p = Project::new().dag(
+        "c",
+        &DAG.replace("max_active_runs = 2", "max_active_runs = 3"),
+    );
+    let owner = p.spawn("owner", &create_args(&url, "2026-01-01", "2026-01-03"));
+    wait_until("three running tries", Duration::from_secs(30), || {
+        running_tries(cluster, &db) == "3"
+    });
+    // The database refuses the second day's end (as a constraint of its own would).
+    cluster.psql(
+        &db,
+        &format!(
+            "CREATE FUNCTION public.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION 'this database refuses the end of the run'; END $$;
+             CREATE TRIGGER refuse BEFORE UPDATE OF state ON backfill_manifest.runs FOR EACH ROW
+             WHEN (NEW.interval_start = {} AND NEW.state <> 'running') EXECUTE FUNCTION public.refuse()",
+            day_unix(2)
+        ),
+    );
+    // The writers' lock held, the first day's end waits for it in the writer's transaction;
+    // the second's and the third's, in that order, wait in the writer's queue, and go to the
+    // server together (one batch, their statements pipelined) once the lock is free: the
+    // refused end first, the other after it in the same transaction.
+    let mut other = cluster.session(&db);
+    other.send("BEGIN; SELECT 1 FROM backfill_manifest.manifest_lock FOR UPDATE;");
+    wait_until("the lock to be held", Duration::from_secs(10), || {
+        cluster.psql(
+            &db,
+            &format!("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = '{db}' AND state = 'idle in transaction' AND application_name = 'psql'"),
+        ) == "1"
+    });
+    let ended = |d: u32| {
+        std::process::Command::new("flock")
+            .args(["-n", &format!("locks/2026-01-0{d}"), "true"])
+            .current_dir(p.path("."))
+            .status()
+            .unwrap()
+            .success()
+    };
+    std::fs::write(p.path("go-2026-01-01"), "").unwrap();
+    wait_until(
+        "the writer to wait for the lock",
+        Duration::from_secs(30),
+        || {
+            cluster.psql(
+            &db,
+            &format!("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = '{db}' AND wait_event_type = 'Lock' AND application_name = 'backfill'"),
+        ) == "1"
+        },
+    );
+    for d in [2, 3] {
+        std::fs::write(p.path(&format!("go-2026-01-0{d}")), "").unwrap();
+        wait_until("the try to end", Duration::from_secs(30), || ended(d));
+    }
+    other.send("ROLLBACK;");
+    let out = wait_within(&p, "owner", owner, Duration::from_secs(60));
+    out.code(1)
+        .stderr_has("this database refuses the end of the run");
+    // The other days' ends committed; the second day's did not.
+    let states = cluster.psql(
+        &db,
+        "SELECT interval_start, state FROM backfill_manifest.runs ORDER BY 1",
+    );
+    assert_eq!(
+        states,
+        format!(
+            "{}|succeeded\n{}|running\n{}|succeeded",
+            day_unix(1),
+            day_unix(2),
+            day_unix(3)
+        )
+    );
+    drop(other);
+}

@@ -163,13 +163,26 @@ impl Row<'_> {
 /// transaction, a statement whose answer the rest of its job does not need is deferred: the
 /// writer sends the deferred statements of its batch together, in one round trip, and decodes
 /// each answer then (see `manifest::writer`).
+#[must_use]
 pub enum Step<R> {
     Done(R),
-    Later(usize, Decode<R>),
+    Later(Deferred<R>),
+}
+
+/// A deferred statement: its ticket, what makes its rows into the job's answer, and what reads
+/// that answer again from the committed record should the rows be lost with a connection after
+/// the server committed.
+pub struct Deferred<R> {
+    ticket: usize,
+    decode: Decode<R>,
+    recover: Recover<R>,
 }
 
 /// Makes a deferred statement's rows into its job's answer.
 pub type Decode<R> = Box<dyn FnOnce(Vec<Vec<Value>>) -> super::Result<R> + Send>;
+
+/// Reads a deferred statement's answer from what its committed transaction recorded.
+pub type Recover<R> = Box<dyn FnOnce(&Conn) -> super::Result<R> + Send>;
 
 impl<R: Send + 'static> Step<R> {
     /// The answer made into another by `f`, now or once the statement is answered.
@@ -179,8 +192,15 @@ impl<R: Send + 'static> Step<R> {
     ) -> super::Result<Step<S>> {
         Ok(match self {
             Step::Done(r) => Step::Done(f(r)?),
-            Step::Later(ticket, decode) => {
-                Step::Later(ticket, Box::new(move |rows| decode(rows).and_then(f)))
+            Step::Later(d) => {
+                // Whichever of the two makes the answer uses `f`.
+                let f = std::sync::Arc::new(std::sync::Mutex::new(Some(f)));
+                let g = f.clone();
+                Step::Later(Deferred {
+                    ticket: d.ticket,
+                    decode: Box::new(move |rows| (d.decode)(rows).and_then(|r| once(&f, r))),
+                    recover: Box::new(move |c| (d.recover)(c).and_then(|r| once(&g, r))),
+                })
             }
         })
     }
@@ -189,8 +209,35 @@ impl<R: Send + 'static> Step<R> {
     pub fn now(self, conn: &dyn Answers) -> super::Result<R> {
         match self {
             Step::Done(r) => Ok(r),
-            Step::Later(ticket, decode) => decode(conn.answer(ticket)?),
+            Step::Later(d) => (d.decode)(conn.answer(d.ticket)?),
         }
+    }
+
+    /// The answer, and what reads it again should it be lost (see [`Deferred`]).
+    pub fn settle(self, conn: &dyn Answers) -> (super::Result<R>, Option<Recover<R>>) {
+        match self {
+            Step::Done(r) => (Ok(r), None),
+            Step::Later(d) => {
+                let answer = match conn.answer(d.ticket) {
+                    Ok(rows) => (d.decode)(rows),
+                    Err(e) => Err(e.into()),
+                };
+                (answer, Some(d.recover))
+            }
+        }
+    }
+}
+
+/// Applies `f`, which only one of a deferred statement's decode and recover may use.
+fn once<R, S>(
+    f: &std::sync::Mutex<Option<impl FnOnce(R) -> super::Result<S>>>,
+    r: R,
+) -> super::Result<S> {
+    match f.lock().ok().and_then(|mut f| f.take()) {
+        Some(f) => f(r),
+        None => Err(super::Error::Invalid(
+            "a deferred statement's answer was made twice".into(),
+        )),
     }
 }
 
@@ -315,16 +362,22 @@ impl Conn {
         self.prepare(sql)?.query_row(p, f)
     }
 
-    /// Runs `sql`, or defers it (see [`Step`]): its rows are made into the answer by `decode`.
+    /// Runs `sql`, or defers it (see [`Step`]): its rows are made into the answer by `decode`;
+    /// `recover` reads the answer from the committed record instead, should the rows be lost.
     pub fn defer<R: Send + 'static>(
         &self,
         sql: &str,
         values: Vec<Value>,
         decode: impl FnOnce(Vec<Vec<Value>>) -> super::Result<R> + Send + 'static,
+        recover: impl FnOnce(&Conn) -> super::Result<R> + Send + 'static,
     ) -> super::Result<Step<R>> {
         let rows = match self {
             Conn::Pg(s) if s.defers() => {
-                return Ok(Step::Later(s.defer(sql, values), Box::new(decode)));
+                return Ok(Step::Later(Deferred {
+                    ticket: s.defer(sql, values),
+                    decode: Box::new(decode),
+                    recover: Box::new(recover),
+                }));
             }
             Conn::Pg(s) => s.query(sql, &values).map_err(Error::from)?,
             Conn::Sqlite(c) => {

@@ -112,6 +112,9 @@ pub struct Session {
     answers: RefCell<HashMap<usize, PgResult<Vec<Vec<Value>>>>>,
     /// The next deferred statement's ticket.
     tickets: Cell<usize>,
+    /// The first of the transaction's deferred statements that the server refused, by ticket:
+    /// the transaction cannot commit.
+    refused: RefCell<Option<(usize, PgError)>>,
 }
 
 fn failure(message: String) -> PgError {
@@ -152,6 +155,7 @@ impl Session {
             unsent: RefCell::default(),
             answers: RefCell::default(),
             tickets: Cell::new(0),
+            refused: RefCell::default(),
         })
     }
 
@@ -338,7 +342,7 @@ impl Session {
     ) -> PgResult<T> {
         // What was deferred is sent first: the server runs the transaction's statements in the
         // order they were asked for.
-        self.flush();
+        self.flush()?;
         self.written(sql);
         self.with(|conn, prepared| {
             let s = self.statement(conn, prepared, sql)?;
@@ -386,9 +390,14 @@ impl Session {
     /// Sends the deferred statements not sent yet, together, and waits for their answers
     /// (pipelined: one round trip, however many). A connection lost or silent meanwhile marks
     /// the session as such, and every statement unanswered has that error.
-    pub fn flush(&self) {
-        if !self.unsent.borrow().is_empty() {
-            let _ = self.flush_then(None);
+    pub fn flush(&self) -> PgResult<()> {
+        if self.unsent.borrow().is_empty() {
+            return Ok(());
+        }
+        match self.flush_then(None) {
+            // The connection is gone: nothing more can be sent in this transaction.
+            Err(e) if self.is_broken() => Err(e),
+            _ => Ok(()),
         }
     }
 
@@ -430,13 +439,34 @@ impl Session {
             let (rows, messages) = self.answer(conn, async {
                 Ok(futures_util::future::join(queries, then).await)
             })?;
+            let mut refused = self.refused.borrow_mut();
             answered = rows
                 .into_iter()
-                .map(|r| {
-                    r.map_err(|e| PgError::from(&e))
-                        .and_then(|rows| values_of(&rows))
+                .zip(&unsent)
+                .map(|(r, (ticket, _, _))| {
+                    let rows = r.map_err(|e| PgError::from(&e));
+                    // The server's refusals, not this side's failures to read a row: the
+                    // first (in the order sent) is why the transaction cannot commit.
+                    if let Err(e) = &rows
+                        && refused.as_ref().is_none_or(|(t, _)| ticket < t)
+                    {
+                        *refused = Some((*ticket, e.clone()));
+                    }
+                    rows.and_then(|rows| values_of(&rows))
                 })
                 .collect();
+            drop(refused);
+            if last.is_some()
+                && !unsent.is_empty()
+                && messages.is_ok()
+                && crate::fault::point("manifest-answers-lost")
+            {
+                // The server committed, and the connection is lost before the answers arrive.
+                self.broken.set(true);
+                let gone = lost("the connection was lost after the commit (injected)".into());
+                answered = unsent.iter().map(|_| Err(gone.clone())).collect();
+                return Err(gone);
+            }
             // A connection lost part way is the session's failure (the answers that came before
             // are kept).
             if let Some(e) = answered
@@ -461,21 +491,17 @@ impl Session {
         sent
     }
 
-    /// The first failure (in the order sent) among the deferred statements' answers not taken
-    /// yet.
+    /// The server's refusal of one of the transaction's deferred statements, the first in the
+    /// order they were sent (taken: asked once, when the transaction ends).
     fn deferred_failure(&self) -> Option<PgError> {
-        self.answers
-            .borrow()
-            .iter()
-            .filter_map(|(ticket, r)| r.as_ref().err().map(|e| (*ticket, e)))
-            .min_by_key(|(ticket, _)| *ticket)
-            .map(|(_, e)| e.clone())
+        self.refused.borrow_mut().take().map(|(_, e)| e)
     }
 
     /// The answer of a deferred statement (see [`Session::defer`]), once: sent first if it was
     /// not.
     pub fn take_answer(&self, ticket: usize) -> PgResult<Vec<Vec<Value>>> {
-        self.flush();
+        // A failure to send is each statement's answer.
+        let _ = self.flush();
         self.answers
             .borrow_mut()
             .remove(&ticket)
@@ -511,7 +537,7 @@ impl Session {
     }
 
     pub fn batch(&self, sql: &str) -> PgResult<()> {
-        self.flush();
+        self.flush()?;
         self.written(sql);
         self.with(|conn, _| self.answer(conn, conn.client.batch_execute(sql)))
     }
@@ -553,6 +579,7 @@ impl Session {
             // After a commit in the same round trip, the answers of its deferred statements are
             // kept for the writer to take.
             self.answers.borrow_mut().clear();
+            self.refused.borrow_mut().take();
         }
         self.in_tx.set(true);
         self.tx_now.set(None);

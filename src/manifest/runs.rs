@@ -148,6 +148,11 @@ pub fn start_run_and_try(
         let try_id = insert_try(conn, fenced, run_id, task_id, try_number, &path, now_ms)?;
         return Ok(Step::Done((started, Some(try_id))));
     }
+    let (backfill_id, dag, start) = (
+        fenced.backfill_id(),
+        dag_id.to_string(),
+        interval.start.timestamp(),
+    );
     let row: &[&dyn rusqlite::ToSql] = &[
         &fenced.backfill_id(),
         &dag_id,
@@ -200,6 +205,25 @@ pub fn start_run_and_try(
             Ok(match (run, try_id) {
                 (Some(run), Some(try_id)) => (Start::Run(run), Some(try_id)),
                 _ => (refused(verdict), None),
+            })
+        },
+        // Its answer lost after the commit: the run it started, read by its values; none,
+        // and the start is tried again (which asks the same questions anew).
+        move |conn| {
+            let started = conn
+                .prepare_cached(
+                    "SELECT r.id, t.id FROM runs r JOIN task_tries t ON t.run_id = r.id
+                     WHERE r.backfill_id = ?1 AND r.dag_id = ?2 AND r.interval_start = ?3
+                       AND r.started_at = ?4 AND t.try_number = ?5
+                     ORDER BY r.id DESC LIMIT 1",
+                )?
+                .query_row(params![backfill_id, dag, start, now_ms, try_number], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .optional()?;
+            Ok(match started {
+                Some((run, try_id)) => (Start::Run(run), Some(try_id)),
+                None => (Start::Busy, None),
             })
         },
     )
@@ -373,6 +397,16 @@ pub fn set_try_group(
          RETURNING id",
         params![try_id, group.pgid, group.leader_start, host].values()?,
         |rows| Ok(rows.len() == 1),
+        // Its answer lost after the commit: whether the try holds that group now.
+        move |conn| {
+            Ok(conn
+                .prepare_cached(
+                    "SELECT 1 FROM task_tries WHERE id = ?1 AND pgid = ?2 AND state = 'running'",
+                )?
+                .query_row(params![try_id, group.pgid], |_| Ok(()))
+                .optional()?
+                .is_some())
+        },
     )
 }
 
@@ -549,6 +583,8 @@ pub fn finish_try_and_run(
            AND l.backfill_id = r.backfill_id"
         ),
         values.as_slice().values()?,
+        |_| Ok(()),
+        // Committed: the ends are recorded, and the statement answers nothing.
         |_| Ok(()),
     )
 }

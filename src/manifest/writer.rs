@@ -19,16 +19,16 @@
 //! `BEGIN`, when jobs wait), and each job's answer is made from its rows then. So a batch of
 //! such jobs costs one round trip however many it holds. When one of them failed, the server
 //! rolled the transaction back: the first job that failed, in order, is to blame (every later
-//! statement fails with it), and the others run again without it. A connection lost during that
-//! round trip after the server committed leaves the answers it did not bring lost: those jobs
-//! are answered with the error (what they recorded is committed, and recovery finds it so).
+//! statement fails with it), and the others run again without it. When the connection is lost
+//! during that round trip and the server did commit, each answer the connection took with it
+//! is read again from what its job recorded ([`super::db::Deferred`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
 use tokio::sync::oneshot;
 
-use super::db::{Conn, Step};
+use super::db::{Conn, Recover, Step};
 use super::postgres::Session;
 use super::{Error, Result};
 
@@ -40,6 +40,9 @@ trait Pending: Send {
     fn run(&mut self, conn: &Conn);
     /// Makes its answer from its deferred statement's rows, once the batch's were sent.
     fn settle(&mut self, conn: &Conn);
+    /// Reads its answer again from the committed record, when its rows were lost with the
+    /// connection after the server committed.
+    fn recover(&mut self, conn: &Conn);
     /// Whether its last run failed.
     fn failed(&self) -> bool;
     /// Whether its last run failed because the server asks for the transaction to run again
@@ -54,6 +57,8 @@ struct Job<R, F> {
     result: Option<Result<R>>,
     /// Its last run's deferred statement, not answered yet.
     later: Option<Step<R>>,
+    /// How its deferred statement's answer is read again (see [`Pending::recover`]).
+    recover: Option<Recover<R>>,
     reply: oneshot::Sender<Result<R>>,
     path: PathBuf,
 }
@@ -65,6 +70,7 @@ where
 {
     fn run(&mut self, conn: &Conn) {
         self.later = None;
+        self.recover = None;
         self.result = match in_savepoint(conn, &mut self.f) {
             Ok(Step::Done(r)) => Some(Ok(r)),
             Ok(later) => {
@@ -77,7 +83,17 @@ where
 
     fn settle(&mut self, conn: &Conn) {
         if let Some(later) = self.later.take() {
-            self.result = Some(later.now(conn));
+            let (answer, recover) = later.settle(conn);
+            self.result = Some(answer);
+            self.recover = recover;
+        }
+    }
+
+    fn recover(&mut self, conn: &Conn) {
+        if matches!(self.result, Some(Err(_)))
+            && let Some(recover) = self.recover.take()
+        {
+            self.result = Some(recover(conn));
         }
     }
 
@@ -169,6 +185,7 @@ impl Writer {
             f,
             result: None,
             later: None,
+            recover: None,
             reply,
             path: self.path.clone(),
         });
@@ -452,7 +469,8 @@ fn commit_postgres(
                 s.commit_and_begin(writer, *token)
             })
         } else {
-            s.flush();
+            // A connection lost here is seen below (`is_broken`).
+            let _ = s.flush();
             None
         };
         for &i in &ran {
@@ -461,8 +479,11 @@ fn commit_postgres(
         // The first job that failed, in order, is the one to blame: the server fails every
         // statement of a transaction after one that failed (and ends it with a rollback when
         // asked to commit it).
+        // (A commit that happened is never run again: an answer that could not be made is its
+        // job's error alone.)
         let (mut failed, mut retry) = (false, false);
         if !s.is_broken()
+            && !matches!(committed, Some(Ok(())))
             && let Some(i) = ran.iter().copied().find(|&i| batch[i].failed())
         {
             if batch[i].retryable() && again < RUN_AGAIN {
@@ -510,6 +531,13 @@ fn commit_postgres(
         };
         match known {
             Ok(true) => {
+                if broken {
+                    tracing::warn!(manifest = %s.shown(), "the manifest's connection was lost during a commit that happened; what it did not answer is read from the record: {e}");
+                }
+                // The answers that the connection took with it are read from the record.
+                for &i in &ran {
+                    batch[i].recover(conn);
+                }
                 answer_all(batch, None);
                 return (!next.is_empty()).then_some((next, false));
             }

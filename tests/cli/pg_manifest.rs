@@ -840,3 +840,38 @@ fn a_statement_refused_in_a_batch_sent_together_fails_its_own_job_and_the_others
     );
     drop(other);
 }
+
+#[test]
+fn answers_lost_with_the_connection_after_a_commit_are_read_from_the_record() {
+    if !pg::available("the PostgreSQL manifest tests") {
+        return;
+    }
+    let cluster = pg::shared();
+    // The N-th batch whose statements went with its commit: the server committed, and the
+    // connection is lost before their answers (runs' starts, tries' process groups and ends)
+    // arrive. Each is read again from the record, and the backfill goes on.
+    for n in 1..=4 {
+        let db = cluster.create_db();
+        let url = cluster.url(&db);
+        let p = Project::new().dag("c", DAG);
+        std::fs::write(p.path("go"), "").unwrap();
+        let fault = format!("manifest-answers-lost@{n}:fail");
+        let mut args = vec!["-vv"];
+        args.extend(create_args(&url, "2026-01-01", "2026-01-04"));
+        let out = p.run_with(&args, &[("BACKFILL_FAULT", fault.as_str())]);
+        out.code(0).stderr_has("lost during a commit that happened");
+        assert_eq!(
+            runs_per_interval(cluster, &db),
+            (1..=4).map(|d| (day_unix(d), 1, 1)).collect::<Vec<_>>(),
+            "{fault}"
+        );
+        assert_eq!(
+            cluster.psql(
+                &db,
+                "SELECT COUNT(*) FROM backfill_manifest.task_tries WHERE state <> 'succeeded' OR pgid IS NULL"
+            ),
+            "0",
+            "{fault}"
+        );
+    }
+}

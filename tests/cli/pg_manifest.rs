@@ -74,6 +74,25 @@ fn running_tries(cluster: &pg::Cluster, db: &str) -> String {
     )
 }
 
+/// A session of the test's `psql` inside an open transaction (see [`wait_for_session`]).
+const PSQL_IN_TRANSACTION: &str = "state = 'idle in transaction' AND application_name = 'psql'";
+
+/// A session of the program waiting for a lock another holds (see [`wait_for_session`]).
+const BACKFILL_WAITING_FOR_A_LOCK: &str =
+    "wait_event_type = 'Lock' AND application_name = 'backfill'";
+
+/// Waits until one session of database `db` is as `condition` says.
+fn wait_for_session(cluster: &pg::Cluster, db: &str, what: &str, condition: &str) {
+    wait_until(what, Duration::from_secs(30), || {
+        cluster.psql(
+            db,
+            &format!(
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = '{db}' AND {condition}"
+            ),
+        ) == "1"
+    });
+}
+
 /// Each interval's runs, as `(interval_start, runs, succeeded runs)`.
 fn runs_per_interval(cluster: &pg::Cluster, db: &str) -> Vec<(i64, i64, i64)> {
     cluster
@@ -684,15 +703,11 @@ fn a_deadlock_that_aborts_the_writers_transaction_runs_it_again_and_records_the_
     other.send(&format!(
         "SET deadlock_timeout = '600s'; BEGIN; SELECT 1 FROM backfill_manifest.runs WHERE id = {run} FOR UPDATE;"
     ));
-    wait_until(
+    wait_for_session(
+        cluster,
+        &db,
         "the other session to hold the row",
-        Duration::from_secs(10),
-        || {
-            cluster.psql(
-            &db,
-            &format!("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = '{db}' AND state = 'idle in transaction' AND application_name = 'psql'"),
-        ) == "1"
-        },
+        PSQL_IN_TRANSACTION,
     );
     let deadlocks = || {
         cluster.psql(
@@ -703,15 +718,11 @@ fn a_deadlock_that_aborts_the_writers_transaction_runs_it_again_and_records_the_
     let before = deadlocks();
     // The day's try ends: the writer, holding the writers' lock, waits for that row.
     std::fs::write(p.path("go-2026-01-01"), "").unwrap();
-    wait_until(
+    wait_for_session(
+        cluster,
+        &db,
         "the writer to wait for the row",
-        Duration::from_secs(10),
-        || {
-            cluster.psql(
-            &db,
-            &format!("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = '{db}' AND wait_event_type = 'Lock' AND application_name = 'backfill'"),
-        ) == "1"
-        },
+        BACKFILL_WAITING_FOR_A_LOCK,
     );
     // Now the other session asks for the writers' lock: a deadlock, which the writer, waiting
     // longer, finds first and is aborted by.
@@ -791,12 +802,7 @@ fn a_statement_refused_in_a_batch_sent_together_fails_its_own_job_and_the_others
     // refused end first, the other after it in the same transaction.
     let mut other = cluster.session(&db);
     other.send("BEGIN; SELECT 1 FROM backfill_manifest.manifest_lock FOR UPDATE;");
-    wait_until("the lock to be held", Duration::from_secs(10), || {
-        cluster.psql(
-            &db,
-            &format!("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = '{db}' AND state = 'idle in transaction' AND application_name = 'psql'"),
-        ) == "1"
-    });
+    wait_for_session(cluster, &db, "the lock to be held", PSQL_IN_TRANSACTION);
     let ended = |d: u32| {
         std::process::Command::new("flock")
             .args(["-n", &format!("locks/2026-01-0{d}"), "true"])
@@ -806,15 +812,11 @@ fn a_statement_refused_in_a_batch_sent_together_fails_its_own_job_and_the_others
             .success()
     };
     std::fs::write(p.path("go-2026-01-01"), "").unwrap();
-    wait_until(
+    wait_for_session(
+        cluster,
+        &db,
         "the writer to wait for the lock",
-        Duration::from_secs(30),
-        || {
-            cluster.psql(
-            &db,
-            &format!("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = '{db}' AND wait_event_type = 'Lock' AND application_name = 'backfill'"),
-        ) == "1"
-        },
+        BACKFILL_WAITING_FOR_A_LOCK,
     );
     for d in [2, 3] {
         std::fs::write(p.path(&format!("go-2026-01-0{d}")), "").unwrap();

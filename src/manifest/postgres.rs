@@ -115,6 +115,8 @@ pub struct Session {
     /// The first of the transaction's deferred statements that the server refused, by ticket:
     /// the transaction cannot commit.
     refused: RefCell<Option<(usize, PgError)>>,
+    /// The last commit was a rollback for such a refusal.
+    refused_commit: Cell<bool>,
 }
 
 fn failure(message: String) -> PgError {
@@ -156,6 +158,7 @@ impl Session {
             answers: RefCell::default(),
             tickets: Cell::new(0),
             refused: RefCell::default(),
+            refused_commit: Cell::new(false),
         })
     }
 
@@ -444,10 +447,13 @@ impl Session {
                 .into_iter()
                 .zip(&unsent)
                 .map(|(r, (ticket, _, _))| {
+                    // The server's error (a value this side could not send never reached it).
+                    let by_server = r.as_ref().is_err_and(|e| e.code().is_some());
                     let rows = r.map_err(|e| PgError::from(&e));
                     // The server's refusals, not this side's failures to read a row: the
                     // first (in the order sent) is why the transaction cannot commit.
                     if let Err(e) = &rows
+                        && by_server
                         && refused.as_ref().is_none_or(|(t, _)| ticket < t)
                     {
                         *refused = Some((*ticket, e.clone()));
@@ -492,9 +498,20 @@ impl Session {
     }
 
     /// The server's refusal of one of the transaction's deferred statements, the first in the
-    /// order they were sent (taken: asked once, when the transaction ends).
+    /// order they were sent (taken: asked once, when the transaction ends); remembered for
+    /// [`Session::refused_commit`].
     fn deferred_failure(&self) -> Option<PgError> {
-        self.refused.borrow_mut().take().map(|(_, e)| e)
+        let refused = self.refused.borrow_mut().take().map(|(_, e)| e);
+        if refused.is_some() {
+            self.refused_commit.set(true);
+        }
+        refused
+    }
+
+    /// Whether the last commit did not happen because the server refused one of its deferred
+    /// statements (asked once): then one of the jobs is to blame, and the others run again.
+    pub fn refused_commit(&self) -> bool {
+        self.refused_commit.replace(false)
     }
 
     /// The answer of a deferred statement (see [`Session::defer`]), once: sent first if it was

@@ -148,10 +148,11 @@ pub fn start_run_and_try(
         let try_id = insert_try(conn, fenced, run_id, task_id, try_number, &path, now_ms)?;
         return Ok(Step::Done((started, Some(try_id))));
     }
-    let (backfill_id, dag, start) = (
+    let (backfill_id, dag, start, worker) = (
         fenced.backfill_id(),
         dag_id.to_string(),
         interval.start.timestamp(),
+        fenced.owner().worker,
     );
     let row: &[&dyn rusqlite::ToSql] = &[
         &fenced.backfill_id(),
@@ -207,19 +208,22 @@ pub fn start_run_and_try(
                 _ => (refused(verdict), None),
             })
         },
-        // Its answer lost after the commit: the run it started, read by its values; none,
-        // and the start is tried again (which asks the same questions anew).
+        // Its answer lost after the commit: the run it started, read by its values (this
+        // process's, at the transaction's time); none, and the start is tried again (which
+        // asks the same questions anew).
         move |conn| {
             let started = conn
                 .prepare_cached(
                     "SELECT r.id, t.id FROM runs r JOIN task_tries t ON t.run_id = r.id
                      WHERE r.backfill_id = ?1 AND r.dag_id = ?2 AND r.interval_start = ?3
                        AND r.started_at = ?4 AND t.try_number = ?5
+                       AND COALESCE(r.worker, 0) = COALESCE(CAST(?6 AS bigint), 0)
                      ORDER BY r.id DESC LIMIT 1",
                 )?
-                .query_row(params![backfill_id, dag, start, now_ms, try_number], |r| {
-                    Ok((r.get(0)?, r.get(1)?))
-                })
+                .query_row(
+                    params![backfill_id, dag, start, now_ms, try_number, worker],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
                 .optional()?;
             Ok(match started {
                 Some((run, try_id)) => (Start::Run(run), Some(try_id)),

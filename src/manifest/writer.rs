@@ -479,11 +479,13 @@ fn commit_postgres(
         // The first job that failed, in order, is the one to blame: the server fails every
         // statement of a transaction after one that failed (and ends it with a rollback when
         // asked to commit it).
-        // (A commit that happened is never run again: an answer that could not be made is its
-        // job's error alone.)
+        // Only when nothing was committed: the batch did not reach its commit, or the server
+        // refused one of its statements. (A commit that happened is never run again: an answer
+        // that could not be made is its job's error alone.)
+        let refused = s.refused_commit();
         let (mut failed, mut retry) = (false, false);
         if !s.is_broken()
-            && !matches!(committed, Some(Ok(())))
+            && (committed.is_none() || refused)
             && let Some(i) = ran.iter().copied().find(|&i| batch[i].failed())
         {
             if batch[i].retryable() && again < RUN_AGAIN {

@@ -207,10 +207,7 @@ impl<R: Send + 'static> Step<R> {
 
     /// The answer, waiting for it when the statement was deferred.
     pub fn now(self, conn: &dyn Answers) -> super::Result<R> {
-        match self {
-            Step::Done(r) => Ok(r),
-            Step::Later(d) => (d.decode)(conn.answer(d.ticket)?),
-        }
+        self.settle(conn).0
     }
 
     /// The answer, and what reads it again should it be lost (see [`Deferred`]).

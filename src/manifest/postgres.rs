@@ -113,10 +113,9 @@ pub struct Session {
     /// The next deferred statement's ticket.
     tickets: Cell<usize>,
     /// The first of the transaction's deferred statements that the server refused, by ticket:
-    /// the transaction cannot commit.
+    /// the transaction cannot commit. Kept past its commit for the writer to ask
+    /// ([`Session::refused_commit`]); the next transaction begun alone forgets it.
     refused: RefCell<Option<(usize, PgError)>>,
-    /// The last commit was a rollback for such a refusal.
-    refused_commit: Cell<bool>,
 }
 
 fn failure(message: String) -> PgError {
@@ -158,7 +157,6 @@ impl Session {
             answers: RefCell::default(),
             tickets: Cell::new(0),
             refused: RefCell::default(),
-            refused_commit: Cell::new(false),
         })
     }
 
@@ -349,10 +347,8 @@ impl Session {
         self.written(sql);
         self.with(|conn, prepared| {
             let s = self.statement(conn, prepared, sql)?;
-            let params: Vec<Param<'_>> = values.iter().map(Param).collect();
-            let refs: Vec<&(dyn ToSql + Sync)> =
-                params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-            f(conn, &s, &refs)
+            let params = params_of(values);
+            f(conn, &s, &refs(&params))
         })
     }
 
@@ -420,12 +416,9 @@ impl Session {
                 .collect::<PgResult<Vec<_>>>()?;
             let params: Vec<Vec<Param<'_>>> = unsent
                 .iter()
-                .map(|(_, _, values)| values.iter().map(Param).collect())
+                .map(|(_, _, values)| params_of(values))
                 .collect();
-            let refs: Vec<Vec<&(dyn ToSql + Sync)>> = params
-                .iter()
-                .map(|p| p.iter().map(|p| p as &(dyn ToSql + Sync)).collect())
-                .collect();
+            let refs: Vec<Vec<&(dyn ToSql + Sync)>> = params.iter().map(|p| refs(p)).collect();
             let queries = futures_util::future::join_all(
                 statements
                     .iter()
@@ -483,35 +476,29 @@ impl Session {
             }
             messages.map_err(|e| PgError::from(&e))
         });
+        // Each statement's answer; those that got none, the round trip's failure.
+        let mut answered = answered.into_iter();
         let mut answers = self.answers.borrow_mut();
-        for (i, (ticket, _, _)) in unsent.iter().enumerate() {
-            answers.insert(
-                *ticket,
-                match (answered.get_mut(i), &sent) {
-                    (Some(a), _) => std::mem::replace(a, Err(failure(String::new()))),
-                    (None, Err(e)) => Err(e.clone()),
-                    (None, Ok(_)) => Err(failure("a deferred statement got no answer".into())),
-                },
-            );
+        for (ticket, _, _) in &unsent {
+            let answer = answered.next().unwrap_or_else(|| match &sent {
+                Err(e) => Err(e.clone()),
+                Ok(_) => Err(failure("a deferred statement got no answer".into())),
+            });
+            answers.insert(*ticket, answer);
         }
         sent
     }
 
     /// The server's refusal of one of the transaction's deferred statements, the first in the
-    /// order they were sent (taken: asked once, when the transaction ends); remembered for
-    /// [`Session::refused_commit`].
+    /// order they were sent.
     fn deferred_failure(&self) -> Option<PgError> {
-        let refused = self.refused.borrow_mut().take().map(|(_, e)| e);
-        if refused.is_some() {
-            self.refused_commit.set(true);
-        }
-        refused
+        self.refused.borrow().as_ref().map(|(_, e)| e.clone())
     }
 
     /// Whether the last commit did not happen because the server refused one of its deferred
     /// statements (asked once): then one of the jobs is to blame, and the others run again.
     pub fn refused_commit(&self) -> bool {
-        self.refused_commit.replace(false)
+        self.refused.borrow_mut().take().is_some()
     }
 
     /// The answer of a deferred statement (see [`Session::defer`]), once: sent first if it was
@@ -952,6 +939,16 @@ fn values_of(rows: &[tokio_postgres::Row]) -> PgResult<Vec<Vec<Value>>> {
                 .collect()
         })
         .collect()
+}
+
+/// Values as a statement's parameters.
+fn params_of(values: &[Value]) -> Vec<Param<'_>> {
+    values.iter().map(Param).collect()
+}
+
+/// Parameters as the driver takes them.
+fn refs<'a>(params: &'a [Param<'a>]) -> Vec<&'a (dyn ToSql + Sync)> {
+    params.iter().map(|p| p as &(dyn ToSql + Sync)).collect()
 }
 
 /// A value passed to PostgreSQL as the type the server asks for.

@@ -155,13 +155,13 @@ pub fn start_run_and_try(
         fenced.owner().worker,
     );
     let row: &[&dyn rusqlite::ToSql] = &[
-        &fenced.backfill_id(),
-        &dag_id,
-        &interval.start.timestamp(),
+        &backfill_id,
+        &dag,
+        &start,
         &interval.end.timestamp(),
         &RunState::Running,
         &now_ms,
-        &fenced.owner().worker,
+        &worker,
         &lease_timeout_ms,
         &task_id,
         &try_number,

@@ -476,12 +476,10 @@ fn commit_postgres(
         for &i in &ran {
             batch[i].settle(conn);
         }
-        // The first job that failed, in order, is the one to blame: the server fails every
-        // statement of a transaction after one that failed (and ends it with a rollback when
-        // asked to commit it).
-        // Only when nothing was committed: the batch did not reach its commit, or the server
-        // refused one of its statements. (A commit that happened is never run again: an answer
-        // that could not be made is its job's error alone.)
+        // When nothing was committed (the batch did not reach its commit, or the server refused
+        // one of its statements), the first job that failed, in order, is the one to blame: the
+        // server fails every statement of a transaction after one that failed. A commit that
+        // happened is never run again: an answer that could not be made is its job's error.
         let refused = s.refused_commit();
         let (mut failed, mut retry) = (false, false);
         if !s.is_broken()

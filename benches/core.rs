@@ -14,7 +14,7 @@ use backfill::interval::{DataInterval, MAX_INTERVALS, Range, expand};
 use backfill::manifest::leases::{self, LeaseCtx};
 use backfill::manifest::{self, Durability, NewBackfill, backfills, plans, runs};
 use backfill::plan::{self, Action, Options, Reprocess, RunState};
-use backfill::project::{Gate, SqlTask, Warehouse};
+use backfill::project::{Gate, Literal, Rule, RuleKind, Severity, SqlTask, Warehouse};
 use backfill::schedule::Schedule;
 use backfill::warehouse::{self, Binds};
 
@@ -164,6 +164,8 @@ fn gate_checks(c: &mut Criterion) {
         source_fingerprint: None,
         tolerance: 0.02,
         allow_empty: false,
+        rules: Vec::new(),
+        history: None,
     };
     let binds = Binds::new(
         DataInterval::new(utc("2026-09-18T00:00:00Z"), utc("2026-09-19T00:00:00Z")),
@@ -199,14 +201,64 @@ fn gate_checks(c: &mut Criterion) {
         mixed: None,
         elsewhere: None,
         constraint: None,
+        found: Vec::new(),
+        history: None,
     };
     let rules = Rules {
         tolerance: 0.02,
         allow_empty: false,
         allow_drift: false,
+        history: None,
     };
     group.bench_function("judge", |b| {
         b.iter(|| black_box(gate::judge(black_box(&measures), &rules)))
+    });
+    // The rules of the README's example on the same rows: one statement when all pass.
+    let rule = |name: &str, kind: RuleKind| Rule {
+        name: name.into(),
+        kind,
+        severity: Severity::Error,
+    };
+    let with_rules = Gate {
+        rules: vec![
+            rule("not_null", RuleKind::NotNull("order_id".into())),
+            rule("not_null", RuleKind::NotNull("region".into())),
+            rule(
+                "accepted_values",
+                RuleKind::AcceptedValues(
+                    "region".into(),
+                    ["eu", "us", "apac", "latam"]
+                        .map(|v| Literal::Text(v.into()))
+                        .to_vec(),
+                ),
+            ),
+            rule(
+                "range",
+                RuleKind::Range {
+                    column: "amount_cents".into(),
+                    min: Some(Literal::Int(0)),
+                    max: Some(Literal::Int(100_000)),
+                },
+            ),
+            rule(
+                "no negative amounts",
+                RuleKind::Sql("SELECT order_id FROM output WHERE amount_cents < 0".into()),
+            ),
+        ],
+        ..g.clone()
+    };
+    group.bench_function("rules_3000_rows", |b| {
+        b.iter(|| {
+            let mut engine = warehouse::audit::SqliteRules {
+                conn: &conn,
+                binds: &binds,
+                output: "SELECT * FROM audit.rows".into(),
+            };
+            black_box(
+                warehouse::rules::run(&mut engine, &with_rules, 3000, &["order_id".to_string()])
+                    .unwrap(),
+            )
+        })
     });
     group.finish();
 }

@@ -41,6 +41,83 @@ pub struct Measures {
     pub elsewhere: Option<String>,
     /// The target's own constraint refused the output: the database's message (SQL tasks).
     pub constraint: Option<String>,
+    /// What each rule on the output's values found.
+    pub found: Vec<Found>,
+    /// With `history`: the rows of the task's published partitions before this interval,
+    /// newest first, as many as asked when there are that many.
+    pub history: Option<Vec<i64>>,
+}
+
+/// What a rule on the output's values found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    /// The rule's words: `not_null violated: region is NULL`.
+    pub what: String,
+    pub severity: Severity,
+    pub violations: i64,
+    /// How the violations are counted: rows of the output (`Some(rows)`), or rows a check
+    /// returned, or what its command counted (`None`).
+    pub of_rows: Option<i64>,
+    /// Up to [`SAMPLES`] rows that violate it, as messages show them.
+    pub samples: Vec<String>,
+}
+
+/// How many violating rows a rule's message shows.
+pub const SAMPLES: usize = 5;
+
+impl Found {
+    /// The rule's message: what, how many, and a few of the rows.
+    pub fn message(&self) -> String {
+        let n = thousands(self.violations);
+        let count = match self.of_rows {
+            Some(rows) => format!(
+                "in {n} of {} {}",
+                thousands(rows),
+                if rows == 1 { "row" } else { "rows" }
+            ),
+            None => format!(
+                "{n} {}",
+                if self.violations == 1 {
+                    "violation"
+                } else {
+                    "violations"
+                }
+            ),
+        };
+        let e_g = if self.samples.is_empty() {
+            String::new()
+        } else {
+            let more = if i64::try_from(self.samples.len()).unwrap_or(i64::MAX) < self.violations {
+                " ..."
+            } else {
+                ""
+            };
+            format!(", e.g. {}{more}", self.samples.join(", "))
+        };
+        format!("{} {count}{e_g}", self.what)
+    }
+}
+
+/// `12,345`.
+pub fn thousands(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 { format!("-{out}") } else { out }
+}
+
+/// What a violated rule does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Severity {
+    /// Rejects the try (the default).
+    Error,
+    /// Recorded with the try, which still publishes.
+    Warn,
 }
 
 /// How many partition values outside the interval a rejection shows.
@@ -50,7 +127,76 @@ pub const SHOWN: usize = 3;
 pub struct Rules {
     pub tolerance: f64,
     pub allow_empty: bool,
+    /// `--allow-drift`: neither the published partition nor the history rejects a count.
     pub allow_drift: bool,
+    pub history: Option<History>,
+}
+
+/// `history = { partitions = N, tolerance = F }`: a try's rows against the median of the
+/// task's last `partitions` published partitions before its interval.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct History {
+    pub partitions: u32,
+    pub tolerance: f64,
+}
+
+/// The median of some row counts (`None` for none).
+fn median(rows: &[i64]) -> Option<f64> {
+    let mut sorted = rows.to_vec();
+    sorted.sort_unstable();
+    let n = sorted.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(sorted[n / 2] as f64),
+        _ => Some((sorted[n / 2 - 1] as f64 + sorted[n / 2] as f64) / 2.0),
+    }
+}
+
+/// `the last 7 published partitions`, or how few there were.
+fn history_words(found: usize, asked: u32) -> String {
+    if found >= asked as usize {
+        format!(
+            "the last {}",
+            plural(
+                i64::from(asked),
+                "published partition",
+                "published partitions"
+            )
+        )
+    } else {
+        format!(
+            "only {} before this one ({asked} asked)",
+            plural(found as i64, "published partition", "published partitions")
+        )
+    }
+}
+
+/// What is recorded with a try that publishes: each `warn` rule that found violations, and
+/// the history when there was less of it than asked.
+pub fn warnings(m: &Measures, r: &Rules) -> Vec<String> {
+    let mut out: Vec<String> = m
+        .found
+        .iter()
+        .filter(|f| f.severity == Severity::Warn && f.violations > 0)
+        .map(Found::message)
+        .collect();
+    if let (Some(h), Some(rows)) = (r.history, &m.history)
+        && rows.len() < h.partitions as usize
+        && !r.allow_drift
+    {
+        out.push(if rows.is_empty() {
+            format!(
+                "history: no published partition before this one ({} asked); not judged",
+                h.partitions
+            )
+        } else {
+            format!(
+                "history: judged against {}",
+                history_words(rows.len(), h.partitions)
+            )
+        });
+    }
+    out
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,6 +318,15 @@ fn verdict(m: &Measures, r: &Rules) -> Verdict {
     if let Some(why) = &m.constraint {
         return refused_by_target(why);
     }
+    let broken: Vec<String> = m
+        .found
+        .iter()
+        .filter(|f| f.severity == Severity::Error && f.violations > 0)
+        .map(Found::message)
+        .collect();
+    if !broken.is_empty() {
+        return Verdict::Reject(broken.join("; "));
+    }
     match m.source {
         Some(source) if source > 0 && m.rows == 0 => {
             return Verdict::Reject(format!(
@@ -221,6 +376,22 @@ fn verdict(m: &Measures, r: &Rules) -> Verdict {
             ));
         }
     }
+    if !r.allow_drift
+        && let (Some(h), Some(rows)) = (r.history, &m.history)
+        && let Some(mid) = median(rows).filter(|mid| *mid > 0.0)
+    {
+        let diff = (m.rows as f64 - mid).abs() / mid;
+        if diff > h.tolerance {
+            return Verdict::Reject(format!(
+                "history: row count {} differs from {}, the median of {}, by {} (tolerance {}); rerun with --allow-drift to accept",
+                thousands(m.rows),
+                thousands(mid.round() as i64),
+                history_words(rows.len(), h.partitions),
+                percent(diff),
+                percent(h.tolerance)
+            ));
+        }
+    }
     Verdict::Publish
 }
 
@@ -232,6 +403,7 @@ mod tests {
         tolerance: 0.02,
         allow_empty: false,
         allow_drift: false,
+        history: None,
     };
 
     fn m(rows: i64) -> Measures {
@@ -245,6 +417,8 @@ mod tests {
             mixed: None,
             elsewhere: None,
             constraint: None,
+            found: Vec::new(),
+            history: None,
         }
     }
 
@@ -287,6 +461,8 @@ mod tests {
             mixed: None,
             elsewhere: None,
             constraint: Some("duplicate key value violates unique constraint \"t_pkey\"".into()),
+            found: Vec::new(),
+            history: None,
         };
         assert!(reason(judged(&all_wrong, &RULES)).starts_with("row outside interval: 3"));
         let dupes = Measures {
@@ -430,6 +606,8 @@ mod tests {
             mixed: None,
             elsewhere: None,
             constraint: None,
+            found: Vec::new(),
+            history: None,
         };
         assert_eq!(judged(&command_task, &RULES), Verdict::Publish);
     }

@@ -24,6 +24,12 @@ pub struct DataInterval {
 }
 
 impl DataInterval {
+    /// The first day of 1970 (UTC): an interval to prepare statements with.
+    pub const EPOCH_DAY: Self = Self {
+        start: DateTime::<Utc>::UNIX_EPOCH,
+        end: DateTime::<Utc>::from_timestamp(86_400, 0).expect("a valid instant"),
+    };
+
     pub fn new(start: DateTime<Utc>, end: DateTime<Utc>) -> Self {
         Self { start, end }
     }

@@ -309,6 +309,8 @@ mod tests {
             source_fingerprint: fingerprint.then(|| SourceCount::Sql("SELECT 1".into())),
             tolerance: 0.0,
             allow_empty: false,
+            rules: Vec::new(),
+            history: None,
         }
     }
 

@@ -300,5 +300,24 @@ pub fn current(
         .optional()?)
 }
 
+/// The rows of a task's published partitions before `before` (an interval's start), newest
+/// first, at most `limit`: what the gate's `history` compares with. Read through the
+/// primary key, never a scan.
+pub fn history(
+    conn: &Conn,
+    dag_id: &str,
+    task_id: &str,
+    before: i64,
+    limit: i64,
+) -> Result<Vec<i64>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT rows FROM published
+         WHERE dag_id = ?1 AND task_id = ?2 AND interval_start < ?3
+         ORDER BY interval_start DESC LIMIT ?4",
+    )?;
+    let rows = stmt.query_map(params![dag_id, task_id, before, limit], |r| r.get(0))?;
+    Ok(rows.collect::<super::db::Result<_>>()?)
+}
+
 /// The verdict of a rollback try.
 pub const ROLLED_BACK: &str = "rolled back";

@@ -148,6 +148,15 @@ pub trait Reads {
         task_id: &str,
         interval_start: i64,
     ) -> Result<Option<Current>>;
+    /// The rows of a task's published partitions before an interval, newest first, at most
+    /// `limit` (the gate's `history`).
+    fn published_history(
+        &self,
+        dag_id: &str,
+        task_id: &str,
+        before: i64,
+        limit: i64,
+    ) -> Result<Vec<i64>>;
     /// Whether a staged try's output still awaits promotion.
     fn is_staged(&self, staged_try: i64) -> Result<bool>;
     /// The tries whose audit files must stay: publishes that were decided (a recovery redoes
@@ -538,6 +547,15 @@ impl Reads for Conn {
         interval_start: i64,
     ) -> Result<Option<Current>> {
         publishes::current(self, dag_id, task_id, interval_start)
+    }
+    fn published_history(
+        &self,
+        dag_id: &str,
+        task_id: &str,
+        before: i64,
+        limit: i64,
+    ) -> Result<Vec<i64>> {
+        publishes::history(self, dag_id, task_id, before, limit)
     }
     fn is_staged(&self, staged_try: i64) -> Result<bool> {
         runs::is_staged(self, staged_try)

@@ -8,6 +8,7 @@ use chrono_tz::Tz;
 
 use super::Warehouse;
 use super::diagnostics::{ConfigError, StringAt};
+pub use crate::gate::{History, Severity};
 use crate::schedule::Schedule;
 use crate::task::template;
 
@@ -102,6 +103,9 @@ pub struct TaskLocations {
     pub sql: Option<StringAt>,
     /// `pool`, when the task has one.
     pub pool: Option<String>,
+    /// Each rule of the gate, in the order of `Gate::rules`: where it is written (a check's
+    /// `sql`, with places inside it, or its `command`; a built-in rule's column name).
+    pub rules: Vec<StringAt>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,6 +139,80 @@ pub struct Gate {
     pub source_fingerprint: Option<SourceCount>,
     pub tolerance: f64,
     pub allow_empty: bool,
+    /// Rules on the output's values, in the order written: `not_null`, `accepted_values` and
+    /// `range` (by column name), then `[[tasks.gate.checks]]`.
+    pub rules: Vec<Rule>,
+    /// `history`: rows against the median of the task's last published partitions.
+    pub history: Option<History>,
+}
+
+/// A rule on the values of a try's output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    /// How messages name it: `not_null`, `accepted_values`, `range`, or a check's `name`.
+    pub name: String,
+    pub kind: RuleKind,
+    pub severity: Severity,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum RuleKind {
+    /// The column holds no `NULL`.
+    NotNull(String),
+    /// Every value of the column that is not `NULL` is one of these.
+    AcceptedValues(String, Vec<Literal>),
+    /// Every value of the column that is not `NULL` lies within the bounds (both included).
+    Range {
+        column: String,
+        min: Option<Literal>,
+        max: Option<Literal>,
+    },
+    /// A query in the task's warehouse over the table `output`: the rows it returns are
+    /// violations.
+    Sql(String),
+    /// A command (command tasks) that prints the number of violations.
+    Command(CommandSpec),
+}
+
+impl RuleKind {
+    /// The column a built-in rule is about.
+    pub fn column(&self) -> Option<&str> {
+        match self {
+            Self::NotNull(c) | Self::AcceptedValues(c, _) | Self::Range { column: c, .. } => {
+                Some(c)
+            }
+            Self::Sql(_) | Self::Command(_) => None,
+        }
+    }
+}
+
+/// A value written in a rule (`accepted_values`, `range`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Literal {
+    Int(i64),
+    Float(f64),
+    Text(String),
+}
+
+impl Literal {
+    /// The value as a SQL literal (SQLite and PostgreSQL read it alike).
+    pub fn sql(&self) -> String {
+        match self {
+            Self::Int(i) => i.to_string(),
+            Self::Float(f) => format!("{f:?}"),
+            Self::Text(t) => format!("'{}'", t.replace('\'', "''")),
+        }
+    }
+}
+
+impl std::fmt::Display for Literal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Int(i) => write!(f, "{i}"),
+            Self::Float(x) => write!(f, "{x}"),
+            Self::Text(t) => write!(f, "'{t}'"),
+        }
+    }
 }
 
 /// How to look at the source of an interval (`source_count`, `source_fingerprint`).

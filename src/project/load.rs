@@ -433,6 +433,14 @@ fn load_task(
             .filter(|_| is_sql)
             .map(|s| StringAt::new(errs, s.span())),
         pool: t.pool.as_ref().map(|p| errs.location(p.span().start)),
+        rules: t
+            .gate
+            .as_ref()
+            .map(|g| super::task::rule_spans(g.get_ref()))
+            .unwrap_or_default()
+            .into_iter()
+            .map(|span| StringAt::new(errs, span))
+            .collect(),
     };
     Some(Task {
         id: id.to_string(),

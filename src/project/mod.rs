@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use dag::{
-    CommandSpec, Dag, Gate, Notify, SourceCount, SqlTask, Task, TaskKind, TaskLocations,
-    definition_changes, missing_conf,
+    CommandSpec, Dag, Gate, History, Literal, Notify, Rule, RuleKind, Severity, SourceCount,
+    SqlTask, Task, TaskKind, TaskLocations, definition_changes, missing_conf,
 };
 pub use diagnostics::{ConfigError, StringAt};
 

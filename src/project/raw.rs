@@ -67,7 +67,15 @@ pub(crate) const GATE_KEYS: &[&str] = &[
     "source_fingerprint",
     "tolerance",
     "allow_empty",
+    "not_null",
+    "accepted_values",
+    "range",
+    "history",
+    "checks",
 ];
+pub(crate) const CHECK_KEYS: &[&str] = &["name", "sql", "command", "severity"];
+pub(crate) const HISTORY_KEYS: &[&str] = &["partitions", "tolerance"];
+pub(crate) const RANGE_KEYS: &[&str] = &["min", "max"];
 pub(crate) const NOTIFY_KEYS: &[&str] = &["on_failure", "on_success", "on_finish", "timeout"];
 
 /// A `[notify]` table (in `backfill.toml`, or a DAG file's to override it).
@@ -185,6 +193,47 @@ pub(crate) struct RawGate {
     pub(crate) source_fingerprint: Option<Spanned<RawCommand>>,
     pub(crate) tolerance: Option<Spanned<f64>>,
     pub(crate) allow_empty: Option<bool>,
+    pub(crate) not_null: Vec<Spanned<String>>,
+    /// `accepted_values = { column = [values] }`.
+    pub(crate) accepted_values: Vec<(Spanned<String>, Vec<Spanned<RawLiteral>>)>,
+    /// `range = { column = { min = .., max = .. } }`.
+    pub(crate) range: Vec<RawRange>,
+    pub(crate) history: Option<RawHistory>,
+    pub(crate) checks: Vec<RawCheck>,
+}
+
+/// A value of `accepted_values` or a bound of `range`.
+#[derive(Debug, Clone)]
+pub(crate) enum RawLiteral {
+    Int(i128),
+    Float(f64),
+    Text(String),
+}
+
+#[derive(Debug)]
+pub(crate) struct RawRange {
+    pub(crate) column: Spanned<String>,
+    pub(crate) min: Option<Spanned<RawLiteral>>,
+    pub(crate) max: Option<Spanned<RawLiteral>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct RawHistory {
+    /// Where `history` is written.
+    pub(crate) at: std::ops::Range<usize>,
+    pub(crate) partitions: Option<Spanned<i128>>,
+    pub(crate) tolerance: Option<Spanned<f64>>,
+}
+
+/// A `[[tasks.gate.checks]]` table.
+#[derive(Debug)]
+pub(crate) struct RawCheck {
+    /// Where the table starts.
+    pub(crate) at: std::ops::Range<usize>,
+    pub(crate) name: Option<Spanned<String>>,
+    pub(crate) sql: Option<Spanned<String>>,
+    pub(crate) command: Option<Spanned<RawCommand>>,
+    pub(crate) severity: Option<Spanned<String>>,
 }
 
 /// A command as written: an array of strings or one string.
@@ -355,6 +404,11 @@ impl RawTask {
                     source_fingerprint: command(gt, "source_fingerprint", errs),
                     tolerance: number(gt, "tolerance", "0.02", errs),
                     allow_empty: boolean(gt, "allow_empty", errs),
+                    not_null: strings(gt, "not_null", "[\"order_id\", \"region\"]", errs),
+                    accepted_values: accepted_values(gt, errs),
+                    range: ranges(gt, errs),
+                    history: history(gt, errs),
+                    checks: checks(gt, errs),
                 };
                 Some(Spanned::new(g.span(), gate))
             }
@@ -398,6 +452,154 @@ fn unknown_keys(table: &DeTable<'_>, name: &str, known: &[&str], errs: &mut File
             errs.at(key, unknown_key(key.get_ref(), name, known));
         }
     }
+}
+
+/// A table of `key`, or `None` (reported) when it is something else.
+fn table<'t, 'i>(
+    table: &'t DeTable<'i>,
+    key: &str,
+    example: &str,
+    errs: &mut FileErrors<'_>,
+) -> Option<(&'t Value<'i>, &'t DeTable<'i>)> {
+    let value = get(table, key)?;
+    match value.get_ref() {
+        DeValue::Table(t) => Some((value, t)),
+        _ => {
+            wrong_type(errs, key, &format!("a table such as {example}"), value);
+            None
+        }
+    }
+}
+
+/// One value of a rule: a string, a whole number or a fraction.
+fn literal(value: &Value<'_>, key: &str, errs: &mut FileErrors<'_>) -> Option<Spanned<RawLiteral>> {
+    let literal = match value.get_ref() {
+        DeValue::String(s) => RawLiteral::Text(s.to_string()),
+        DeValue::Integer(i) => RawLiteral::Int(i128::from_str_radix(i.as_str(), i.radix()).ok()?),
+        DeValue::Float(f) => RawLiteral::Float(f.as_str().parse().ok()?),
+        other => {
+            errs.at(
+                value,
+                format!(
+                    "key `{key}`: a value is a string, a whole number or a fraction, not {}",
+                    a_type(other)
+                ),
+            );
+            return None;
+        }
+    };
+    Some(Spanned::new(value.span(), literal))
+}
+
+/// `accepted_values = { column = ["a", "b"] }`.
+fn accepted_values(
+    gate: &DeTable<'_>,
+    errs: &mut FileErrors<'_>,
+) -> Vec<(Spanned<String>, Vec<Spanned<RawLiteral>>)> {
+    const EXAMPLE: &str = "{ region = [\"eu\", \"us\"] }";
+    let Some((_, t)) = table(gate, "accepted_values", EXAMPLE, errs) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (column, values) in t {
+        let column = Spanned::new(column.span(), column.get_ref().to_string());
+        let DeValue::Array(items) = values.get_ref() else {
+            wrong_type(
+                errs,
+                "accepted_values",
+                &format!("a table of columns and their values such as {EXAMPLE}"),
+                values,
+            );
+            continue;
+        };
+        let literals: Vec<_> = items
+            .into_iter()
+            .filter_map(|v| literal(v, "accepted_values", errs))
+            .collect();
+        if literals.len() == items.len() {
+            out.push((column, literals));
+        }
+    }
+    out
+}
+
+/// `range = { column = { min = 0, max = 100 } }`.
+fn ranges(gate: &DeTable<'_>, errs: &mut FileErrors<'_>) -> Vec<RawRange> {
+    const EXAMPLE: &str = "{ amount = { min = 0, max = 100000 } }";
+    let Some((_, t)) = table(gate, "range", EXAMPLE, errs) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (column, bounds) in t {
+        let column = Spanned::new(column.span(), column.get_ref().to_string());
+        let DeValue::Table(b) = bounds.get_ref() else {
+            wrong_type(
+                errs,
+                "range",
+                &format!("a table of columns and their bounds such as {EXAMPLE}"),
+                bounds,
+            );
+            continue;
+        };
+        unknown_keys(b, "range", RANGE_KEYS, errs);
+        let bound = |key: &str, errs: &mut FileErrors<'_>| {
+            get(b, key).and_then(|v| literal(v, "range", errs))
+        };
+        out.push(RawRange {
+            column,
+            min: bound("min", errs),
+            max: bound("max", errs),
+        });
+    }
+    out
+}
+
+/// `history = { partitions = 7, tolerance = 0.5 }`.
+fn history(gate: &DeTable<'_>, errs: &mut FileErrors<'_>) -> Option<RawHistory> {
+    let (value, t) = table(gate, "history", "{ partitions = 7, tolerance = 0.5 }", errs)?;
+    unknown_keys(t, "history", HISTORY_KEYS, errs);
+    Some(RawHistory {
+        at: value.span(),
+        partitions: integer(t, "partitions", "7", errs),
+        tolerance: number(t, "tolerance", "0.5", errs),
+    })
+}
+
+/// `[[tasks.gate.checks]]`.
+fn checks(gate: &DeTable<'_>, errs: &mut FileErrors<'_>) -> Vec<RawCheck> {
+    let Some(value) = get(gate, "checks") else {
+        return Vec::new();
+    };
+    let DeValue::Array(items) = value.get_ref() else {
+        wrong_type(
+            errs,
+            "checks",
+            "an array of [[tasks.gate.checks]] tables, each with a `name` and its `sql`",
+            value,
+        );
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for item in items {
+        let DeValue::Table(t) = item.get_ref() else {
+            wrong_type(
+                errs,
+                "checks",
+                "an array of [[tasks.gate.checks]] tables, each with a `name` and its `sql`",
+                item,
+            );
+            continue;
+        };
+        unknown_keys(t, "[[tasks.gate.checks]]", CHECK_KEYS, errs);
+        out.push(RawCheck {
+            at: item.span(),
+            name: string(t, "name", "\"no negative revenue\"", errs),
+            sql: string(t, "sql", "\"SELECT * FROM output WHERE revenue < 0\"", errs),
+            command: command(t, "command", errs),
+            severity: string(t, "severity", "\"warn\"", errs),
+        });
+    }
+    out
 }
 
 fn get<'t, 'i>(table: &'t DeTable<'i>, key: &str) -> Option<&'t Value<'i>> {

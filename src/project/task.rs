@@ -8,7 +8,7 @@ use toml::Spanned;
 
 use super::dag::*;
 use super::diagnostics::FileErrors;
-use super::raw::{RawCommand, RawGate, RawTask};
+use super::raw::{RawCommand, RawGate, RawHistory, RawLiteral, RawTask};
 use super::{Warehouse, sql_identifier};
 use crate::task::template;
 
@@ -307,6 +307,11 @@ pub(super) fn load_gate(
         &mut ok,
         errs,
     );
+    let rules = load_rules(task, g, is_sql, &mut ok, errs);
+    let history = raw
+        .history
+        .as_ref()
+        .and_then(|h| load_history(h, &mut ok, errs));
     ok.then(|| Gate {
         unique_key: raw.unique_key.iter().map(|k| k.get_ref().clone()).collect(),
         unique_key_table,
@@ -314,7 +319,291 @@ pub(super) fn load_gate(
         source_fingerprint,
         tolerance,
         allow_empty: raw.allow_empty.unwrap_or(false),
+        rules,
+        history,
     })
+}
+
+/// The most partitions `history` may look back over.
+pub const MAX_HISTORY: u32 = 1000;
+
+/// `history = { partitions = N, tolerance = F }`: both given, N from 1 to [`MAX_HISTORY`].
+fn load_history(h: &RawHistory, ok: &mut bool, errs: &mut FileErrors<'_>) -> Option<History> {
+    const EXAMPLE: &str = "history = { partitions = 7, tolerance = 0.5 }";
+    let partitions = match &h.partitions {
+        None => {
+            errs.at_offset(
+                h.at.start,
+                format!("key `history` needs `partitions`, how many published partitions to compare with: {EXAMPLE}"),
+            );
+            None
+        }
+        Some(n) => match u32::try_from(*n.get_ref()) {
+            Ok(n) if (1..=MAX_HISTORY).contains(&n) => Some(n),
+            _ => {
+                errs.at(
+                    n,
+                    format!("key `partitions` of `history` must be a whole number from 1 to {MAX_HISTORY}"),
+                );
+                None
+            }
+        },
+    };
+    let tolerance = match &h.tolerance {
+        None => {
+            errs.at_offset(
+                h.at.start,
+                format!("key `history` needs `tolerance`, the fraction the row count may differ from the median by: {EXAMPLE}"),
+            );
+            None
+        }
+        Some(t) if t.get_ref().is_finite() && *t.get_ref() >= 0.0 => Some(*t.get_ref()),
+        Some(t) => {
+            errs.at(
+                t,
+                "key `tolerance` of `history` must be a fraction of at least 0, such as 0.5 for 50%",
+            );
+            None
+        }
+    };
+    match (partitions, tolerance) {
+        (Some(partitions), Some(tolerance)) => Some(History {
+            partitions,
+            tolerance,
+        }),
+        _ => {
+            *ok = false;
+            None
+        }
+    }
+}
+
+/// A value of a rule as the model holds it.
+fn literal(v: &Spanned<RawLiteral>, ok: &mut bool, errs: &mut FileErrors<'_>) -> Option<Literal> {
+    match v.get_ref() {
+        RawLiteral::Int(i) => match i64::try_from(*i) {
+            Ok(i) => Some(Literal::Int(i)),
+            Err(_) => {
+                errs.at(v, "the number is too large for a 64-bit integer");
+                *ok = false;
+                None
+            }
+        },
+        RawLiteral::Float(f) if f.is_finite() => Some(Literal::Float(*f)),
+        RawLiteral::Float(_) => {
+            errs.at(v, "a bound must be a finite number");
+            *ok = false;
+            None
+        }
+        RawLiteral::Text(t) => Some(Literal::Text(t.clone())),
+    }
+}
+
+/// The rules on the output's values, in the order of [`Gate::rules`] (and of
+/// [`rule_spans`]): `not_null`, `accepted_values` and `range` of a SQL task, then the checks.
+fn load_rules(
+    task: &str,
+    g: &Spanned<RawGate>,
+    is_sql: bool,
+    ok: &mut bool,
+    errs: &mut FileErrors<'_>,
+) -> Vec<Rule> {
+    let raw = g.get_ref();
+    let mut rules = Vec::new();
+    let column = |key: &str, c: &Spanned<String>, ok: &mut bool, errs: &mut FileErrors<'_>| {
+        if !is_sql {
+            errs.at(
+                c,
+                format!(
+                    "task `{task}`: `{key}` needs a SQL task (its rows are audited in a table); for a command task, write a [[tasks.gate.checks]] with a `command` that prints the number of violations"
+                ),
+            );
+            *ok = false;
+            return None;
+        }
+        if !sql_identifier(c.get_ref()) {
+            errs.at(
+                c,
+                format!(
+                    "key `{key}`: `{}` is not a plain SQL column name",
+                    c.get_ref()
+                ),
+            );
+            *ok = false;
+            return None;
+        }
+        Some(c.get_ref().clone())
+    };
+    for c in &raw.not_null {
+        if let Some(c) = column("not_null", c, ok, errs) {
+            rules.push(Rule {
+                name: "not_null".into(),
+                kind: RuleKind::NotNull(c),
+                severity: Severity::Error,
+            });
+        }
+    }
+    for (c, values) in &raw.accepted_values {
+        let Some(col) = column("accepted_values", c, ok, errs) else {
+            continue;
+        };
+        if values.is_empty() {
+            errs.at(
+                c,
+                format!("key `accepted_values`: `{col}` lists no value; write the values it may hold, such as {col} = [\"eu\", \"us\"]"),
+            );
+            *ok = false;
+            continue;
+        }
+        let values: Vec<Literal> = values.iter().filter_map(|v| literal(v, ok, errs)).collect();
+        rules.push(Rule {
+            name: "accepted_values".into(),
+            kind: RuleKind::AcceptedValues(col, values),
+            severity: Severity::Error,
+        });
+    }
+    for r in &raw.range {
+        let Some(col) = column("range", &r.column, ok, errs) else {
+            continue;
+        };
+        let min = r.min.as_ref().and_then(|v| literal(v, ok, errs));
+        let max = r.max.as_ref().and_then(|v| literal(v, ok, errs));
+        if r.min.is_none() && r.max.is_none() {
+            errs.at(
+                &r.column,
+                format!("key `range`: `{col}` has neither `min` nor `max`; write at least one, such as {col} = {{ min = 0 }}"),
+            );
+            *ok = false;
+            continue;
+        }
+        let number = |l: &Option<Literal>| match l {
+            Some(Literal::Int(i)) => Some(*i as f64),
+            Some(Literal::Float(f)) => Some(*f),
+            _ => None,
+        };
+        let texts = match (&min, &max) {
+            (Some(Literal::Text(a)), Some(Literal::Text(b))) => Some(a > b),
+            _ => None,
+        };
+        let backwards = match (number(&min), number(&max)) {
+            (Some(a), Some(b)) => a > b,
+            _ => texts.unwrap_or(false),
+        };
+        if backwards {
+            errs.at(
+                &r.column,
+                format!("key `range`: `{col}` has `min` above `max`; no value could pass"),
+            );
+            *ok = false;
+            continue;
+        }
+        rules.push(Rule {
+            name: "range".into(),
+            kind: RuleKind::Range {
+                column: col,
+                min,
+                max,
+            },
+            severity: Severity::Error,
+        });
+    }
+    let mut names = std::collections::HashSet::new();
+    for (i, c) in raw.checks.iter().enumerate() {
+        let which = format!("check {} of task `{task}`", i + 1);
+        let name = match &c.name {
+            Some(n) if !n.get_ref().trim().is_empty() => {
+                if !names.insert(n.get_ref().clone()) {
+                    errs.at(
+                        n,
+                        format!("{which}: another check of the task is named `{}`; give each its own name", n.get_ref()),
+                    );
+                    *ok = false;
+                }
+                n.get_ref().clone()
+            }
+            _ => {
+                errs.at_offset(
+                    c.at.start,
+                    format!("{which} has no `name`; name it as a rejection will, such as name = \"no negative revenue\""),
+                );
+                *ok = false;
+                continue;
+            }
+        };
+        let severity = match c.severity.as_ref().map(|s| (s, s.get_ref().as_str())) {
+            None | Some((_, "error")) => Severity::Error,
+            Some((_, "warn")) => Severity::Warn,
+            Some((s, other)) => {
+                errs.at(
+                    s,
+                    format!("key `severity` is \"error\" (reject the try, the default) or \"warn\" (record and publish), not `{other}`"),
+                );
+                *ok = false;
+                continue;
+            }
+        };
+        let kind = match (&c.sql, &c.command, is_sql) {
+            (Some(sql), None, true) if !sql.get_ref().trim().is_empty() => {
+                RuleKind::Sql(sql.get_ref().clone())
+            }
+            (Some(sql), None, true) => {
+                errs.at(sql, format!("{which}: `sql` is empty; write a query whose rows are the violations, such as SELECT * FROM output WHERE amount < 0"));
+                *ok = false;
+                continue;
+            }
+            (None, Some(cmd), false) => match command_spec(cmd, "command", errs) {
+                Some(spec) => RuleKind::Command(spec),
+                None => {
+                    *ok = false;
+                    continue;
+                }
+            },
+            (Some(sql), _, false) => {
+                errs.at(sql, format!("{which}: a command task's check is a `command` that prints the number of violations, not `sql`"));
+                *ok = false;
+                continue;
+            }
+            (_, Some(cmd), true) => {
+                errs.at(cmd, format!("{which}: a SQL task's check is a `sql` query over the table `output` whose rows are the violations, not a `command`"));
+                *ok = false;
+                continue;
+            }
+            (None, None, sql) => {
+                errs.at_offset(
+                    c.at.start,
+                    if sql {
+                        format!("{which} has no `sql`; write a query over the table `output` whose rows are the violations")
+                    } else {
+                        format!("{which} has no `command`; write one that prints the number of violations")
+                    },
+                );
+                *ok = false;
+                continue;
+            }
+        };
+        rules.push(Rule {
+            name,
+            kind,
+            severity,
+        });
+    }
+    rules
+}
+
+/// Where each rule of [`load_rules`] is written, in its order: a built-in rule's column, a
+/// check's `sql` or `command` (or its table). Only meaningful when the gate loaded.
+pub(super) fn rule_spans(raw: &RawGate) -> Vec<std::ops::Range<usize>> {
+    let mut spans: Vec<_> = raw.not_null.iter().map(Spanned::span).collect();
+    spans.extend(raw.accepted_values.iter().map(|(c, _)| c.span()));
+    spans.extend(raw.range.iter().map(|r| r.column.span()));
+    spans.extend(raw.checks.iter().map(|c| {
+        c.sql
+            .as_ref()
+            .map(Spanned::span)
+            .or_else(|| c.command.as_ref().map(Spanned::span))
+            .unwrap_or_else(|| c.at.clone())
+    }));
+    spans
 }
 
 /// `source_count` or `source_fingerprint`: a SQL query string in a SQL task, a command in a

@@ -90,6 +90,7 @@ command = ["echo", "{{ data_interval_start }}", "{{ conf.region }}"]
             target: None,
             sql: None,
             pool: None,
+            rules: Vec::new(),
         }
     );
     assert_eq!(

@@ -209,6 +209,17 @@ impl<W: Write> Reporter<W> {
                     self.line(&text);
                 }
             }
+            Event::GateWarned {
+                interval,
+                task_id,
+                warning,
+            } => {
+                let text = format!(
+                    "warning    {} task `{task_id}`: {warning}",
+                    self.labels.label(interval.start)
+                );
+                self.line(&text);
+            }
             Event::IntervalSkipped { interval, reason } => {
                 if self.routine() {
                     let text = format!(

@@ -28,6 +28,13 @@ pub enum Event {
         elapsed: Duration,
         error: Option<String>,
     },
+    /// The gate published a try's output with a warning (a `warn` rule that found violations,
+    /// or less history than asked).
+    GateWarned {
+        interval: DataInterval,
+        task_id: String,
+        warning: String,
+    },
     /// Skipped while running (e.g. `depends_on_past` after a failure).
     IntervalSkipped {
         interval: DataInterval,
@@ -103,7 +110,10 @@ impl Stats {
             Event::PoolWait { waiting: false, .. } => {
                 self.waiting = self.waiting.saturating_sub(1);
             }
-            Event::TryFailed { .. } | Event::MaxFailures { .. } | Event::Stopping { .. } => {}
+            Event::TryFailed { .. }
+            | Event::GateWarned { .. }
+            | Event::MaxFailures { .. }
+            | Event::Stopping { .. } => {}
         }
     }
 

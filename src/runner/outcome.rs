@@ -138,11 +138,13 @@ pub(super) fn rules(gate: Option<&Gate>, allow_drift: bool) -> Rules {
             tolerance: g.tolerance,
             allow_empty: g.allow_empty,
             allow_drift,
+            history: g.history,
         },
         None => Rules {
             tolerance: f64::INFINITY,
             allow_empty: true,
             allow_drift: true,
+            history: None,
         },
     }
 }
@@ -158,6 +160,38 @@ pub(super) fn apply_verdict(
     record.verdict = Some(verdict.as_str().to_string());
     record.reasons = verdict.reason().map(str::to_string);
 }
+
+/// Records the gate's warnings with a try that publishes, after its verdict's reason:
+/// `warning: ...; warning: ...`.
+pub(super) fn add_warnings(record: &mut TryRecord, warnings: &[String]) {
+    if warnings.is_empty() {
+        return;
+    }
+    let mut parts: Vec<String> = record.reasons.take().into_iter().collect();
+    parts.extend(warnings.iter().map(|w| format!("{WARNING}{w}")));
+    record.reasons = Some(parts.join("; "));
+}
+
+/// Records the gate's warnings with a try that publishes and says each as it happens.
+pub(super) fn warn(
+    shared: &Shared,
+    task: &Task,
+    interval: DataInterval,
+    record: &mut TryRecord,
+    warnings: &[String],
+) {
+    add_warnings(record, warnings);
+    for warning in warnings {
+        let _ = shared.events.send(Event::GateWarned {
+            interval,
+            task_id: task.id.clone(),
+            warning: warning.clone(),
+        });
+    }
+}
+
+/// How each of the gate's warnings begins in a try's reasons.
+pub const WARNING: &str = "warning: ";
 
 /// The error of a try stopped by its task's `timeout`.
 pub(super) fn timed_out(task: &Task) -> String {

@@ -83,6 +83,10 @@ fn judge_again(
         mixed: None,
         elsewhere: None,
         constraint: None,
+        // The rules on values and the history judged the output when it was staged (its rows
+        // have not changed since: promote checks its fingerprint).
+        found: Vec::new(),
+        history: None,
     };
     let verdict = gate::judge(
         &measures,
@@ -93,6 +97,15 @@ fn judge_again(
     record.rows = Some(rows);
     record.fingerprint = s.fingerprint.clone();
     apply_verdict(&mut record, &verdict, s.source_rows, published);
+    // What the gate warned of when it staged the output stays with the try that publishes it.
+    let warned: Vec<String> = s
+        .reasons
+        .iter()
+        .flat_map(|r| r.split("; "))
+        .filter_map(|part| part.strip_prefix(super::outcome::WARNING))
+        .map(str::to_string)
+        .collect();
+    super::outcome::add_warnings(&mut record, &warned);
     record.source_fingerprint = s.source_fingerprint.clone();
     record.promoted_from = Some(staged.try_id);
     if let Verdict::Reject(reason) = &verdict {

@@ -337,6 +337,34 @@ pub(super) async fn published_rows(
     Ok(published_try(shared, task, interval).await?.map(|c| c.rows))
 }
 
+/// With a gate's `history`: the rows of the task's published partitions before the interval,
+/// newest first (as many as asked when there are that many).
+pub(super) async fn history(
+    shared: &Shared,
+    task: &Task,
+    interval: DataInterval,
+) -> Result<Option<Vec<i64>>, Error> {
+    let Some(h) = task.gate.as_ref().and_then(|g| g.history) else {
+        return Ok(None);
+    };
+    let (dag_id, task_id) = (shared.spec.dag.id.clone(), task.id.clone());
+    let path = shared.spec.manifest_path.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        let reader = crate::manifest::Reader::take(&path)?;
+        reader
+            .published_history(
+                &dag_id,
+                &task_id,
+                interval.start.timestamp(),
+                i64::from(h.partitions),
+            )
+            .map_err(|e| e.at(&path))
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("reading the manifest panicked: {e}")))?;
+    Ok(Some(read?))
+}
+
 /// The currently published try of a task and interval, its rows and content.
 pub(super) async fn published_try(
     shared: &Shared,

@@ -147,11 +147,12 @@ pub(super) async fn sql_try(
             .call(move |c| c.record_publish_intent(c.fence(owner)?, try_id, None, &rec))
             .await
     };
-    let (step, current, intent, log) = tokio::join!(
+    let (step, current, intent, log, history) = tokio::join!(
         write,
         published_try(shared, task, input.interval),
         intent,
-        open_log
+        open_log,
+        super::record::history(shared, task, input.interval)
     );
     let mut log = log.unwrap_or(TryLog(None));
     let output = match step {
@@ -205,11 +206,17 @@ pub(super) async fn sql_try(
         mixed: measures.mixed.clone(),
         elsewhere: measures.elsewhere.clone(),
         constraint: measures.constraint.clone(),
+        found: measures.found.clone(),
+        history: match history {
+            Ok(h) => h,
+            Err(e) => {
+                let_go(output, false).await;
+                return Err(e);
+            }
+        },
     };
-    let verdict = match gate::judge(
-        &gate_measures,
-        &rules(task.gate.as_ref(), shared.spec.allow_drift),
-    ) {
+    let rules = rules(task.gate.as_ref(), shared.spec.allow_drift);
+    let verdict = match gate::judge(&gate_measures, &rules) {
         Ok(v) => v,
         Err(why) => {
             let_go(output, false).await;
@@ -234,6 +241,11 @@ pub(super) async fn sql_try(
         record.state = TryState::Rejected;
         return Ok(Outcome::Rejected(record, reason));
     }
+    let warnings = gate::warnings(&gate_measures, &rules);
+    for w in &warnings {
+        log.line(&format!("warning: {w}"));
+    }
+    super::outcome::warn(shared, task, input.interval, &mut record, &warnings);
     if matches!(shared.spec.mode, super::Mode::Stage) {
         return Ok(stage(output, record, &mut log).await);
     }

@@ -329,7 +329,41 @@ async fn gated_command(
         source_rows: source,
         source_fingerprint,
     } = before;
-    let published = published_rows(shared, task, input.interval).await?;
+    let mut found = Vec::new();
+    for rule in &gate.rules {
+        let crate::project::RuleKind::Command(spec) = &rule.kind else {
+            continue;
+        };
+        let key = format!("check \"{}\"", rule.name);
+        let text = match source_command(shared, task, spec, input, "check", stop).await? {
+            Ok(text) => text,
+            Err(outcome) => return Ok(outcome),
+        };
+        let violations = match text.parse::<i64>() {
+            Ok(n) if n >= 0 => n,
+            _ => {
+                return Ok(failed(
+                    format!(
+                        "{key}: its command printed `{}`, not the number of violations (a whole number of at least 0)",
+                        text.chars().take(200).collect::<String>()
+                    ),
+                    Some(0),
+                ));
+            }
+        };
+        found.push(gate::Found {
+            what: crate::warehouse::rules::what(rule),
+            severity: rule.severity,
+            violations,
+            of_rows: None,
+            samples: Vec::new(),
+        });
+    }
+    let (published, history) = tokio::join!(
+        published_rows(shared, task, input.interval),
+        super::record::history(shared, task, input.interval)
+    );
+    let published = published?;
     let measures = Measures {
         rows,
         outside: None,
@@ -340,8 +374,11 @@ async fn gated_command(
         mixed: None,
         elsewhere: None,
         constraint: None,
+        found,
+        history: history?,
     };
-    let verdict = match gate::judge(&measures, &rules(Some(gate), shared.spec.allow_drift)) {
+    let rules = rules(Some(gate), shared.spec.allow_drift);
+    let verdict = match gate::judge(&measures, &rules) {
         Ok(v) => v,
         Err(why) => return Ok(failed(why, Some(0))),
     };
@@ -351,6 +388,8 @@ async fn gated_command(
         record.state = TryState::Rejected;
         return Ok(Outcome::Rejected(record, reason));
     }
+    let warnings = gate::warnings(&measures, &rules);
+    super::outcome::warn(shared, task, input.interval, &mut record, &warnings);
     if matches!(shared.spec.mode, super::Mode::Stage) {
         // `publish` waits for `backfill promote`; the result file stays with the try.
         return Ok(staged(record, &input.result_path));

@@ -66,6 +66,11 @@ pub fn check_tasks(
         {
             commands.push(c);
         }
+        for rule in task.gate.iter().flat_map(|g| &g.rules) {
+            if let project::RuleKind::Command(c) = &rule.kind {
+                commands.push(c);
+            }
+        }
         match &task.kind {
             TaskKind::Command(spec) => commands.push(spec),
             TaskKind::Sql(sql) => {

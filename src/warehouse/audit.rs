@@ -162,6 +162,8 @@ pub struct AuditMeasures {
     /// index, a check): the database's message. The output was then measured apart from the
     /// target, whose partition is untouched.
     pub constraint: Option<String>,
+    /// What each rule on the output's values found (all but a command task's checks).
+    pub found: Vec<crate::gate::Found>,
 }
 
 /// Computes the task's rows for the interval into the attached audit file, then measures them
@@ -198,6 +200,14 @@ pub fn write_and_measure(
             };
             let mut m = measure(conn, task, gate, repr, binds, tz, source)?;
             m.source_fingerprint = source_fingerprint;
+            if let Some(g) = gate.filter(|g| !g.rules.is_empty()) {
+                let mut engine = SqliteRules {
+                    conn,
+                    binds,
+                    output: format!("SELECT * FROM {TABLE}"),
+                };
+                m.found = super::rules::run(&mut engine, g, m.rows, &shown_columns(task, g))?;
+            }
             Ok(m)
         })();
         match result {
@@ -401,7 +411,71 @@ pub fn measure(
         source_fingerprint: None,
         elsewhere,
         constraint: None,
+        found: Vec::new(),
     })
+}
+
+/// The rules of the SQLite warehouse: `output` is the audit file's table, and a check binds
+/// the interval's named parameters itself.
+pub struct SqliteRules<'a> {
+    pub conn: &'a Connection,
+    pub binds: &'a Binds,
+    /// What `output` is: the audited rows (or, for `dags validate`, a query of the same shape).
+    pub output: String,
+}
+
+impl SqliteRules<'_> {
+    fn statement(&self, body: &str) -> Result<rusqlite::Statement<'_>> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!("WITH output AS ({}) {body}", self.output))?;
+        self.binds.bind(&mut stmt)?;
+        Ok(stmt)
+    }
+}
+
+impl super::rules::Engine for SqliteRules<'_> {
+    type Error = Error;
+
+    fn check(&mut self, sql: &str) -> Result<String> {
+        Ok(sql.to_string())
+    }
+
+    fn texts(&mut self, body: &str) -> Result<Vec<Vec<Option<String>>>> {
+        let mut stmt = self.statement(body)?;
+        let n = stmt.column_count();
+        let mut rows = stmt.raw_query();
+        let mut out = Vec::new();
+        while let Some(r) = rows.next()? {
+            let mut row = Vec::with_capacity(n);
+            for i in 0..n {
+                row.push(match r.get_ref(i)? {
+                    ValueRef::Null => None,
+                    ValueRef::Integer(v) => Some(v.to_string()),
+                    ValueRef::Real(v) => Some(v.to_string()),
+                    ValueRef::Text(t) | ValueRef::Blob(t) => {
+                        Some(String::from_utf8_lossy(t).into_owned())
+                    }
+                });
+            }
+            out.push(row);
+        }
+        Ok(out)
+    }
+
+    fn columns(&mut self, body: &str) -> Result<Vec<String>> {
+        let stmt = self.statement(body)?;
+        Ok(stmt.column_names().map(String::from).collect())
+    }
+}
+
+/// The columns a rule's sample rows are shown by: the unique key, or the partition column.
+pub fn shown_columns(task: &SqlTask, gate: &Gate) -> Vec<String> {
+    if gate.unique_key.is_empty() {
+        vec![task.partition_column.clone()]
+    } else {
+        gate.unique_key.clone()
+    }
 }
 
 /// A key of the audited rows that a partition of the target other than the interval's holds

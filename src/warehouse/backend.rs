@@ -259,6 +259,7 @@ impl Backend for Sqlite {
                 key,
                 offset: None,
                 message,
+                rule: None,
             }
         };
         let conn =
@@ -272,6 +273,7 @@ impl Backend for Sqlite {
             key: "sql",
             offset: None,
             message: e.to_string(),
+            rule: None,
         })?;
         super::check_task_keys(&conn, task, gate)
     }

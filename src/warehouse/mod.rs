@@ -18,6 +18,7 @@ pub mod partition;
 pub mod pool;
 pub mod postgres;
 pub mod publish;
+pub mod rules;
 pub mod validate;
 pub mod versions;
 
@@ -273,6 +274,8 @@ pub struct TaskProblem {
     pub key: &'static str,
     pub offset: Option<usize>,
     pub message: String,
+    /// A problem of a rule of the gate (key `gate.rules`): its place in `Gate::rules`.
+    pub rule: Option<usize>,
 }
 
 /// [`check_task`], saying which key each problem is about.
@@ -285,6 +288,7 @@ pub fn check_task_keys(
         move |message: String| TaskProblem {
             key,
             offset: None,
+            rule: None,
             message,
         }
     };
@@ -361,7 +365,28 @@ pub fn check_task_keys(
             )));
         }
     }
+    if let Some(g) = gate.filter(|g| !g.rules.is_empty()) {
+        // `output` as the try will have it: the query's rows.
+        let binds = Binds::new(crate::interval::DataInterval::EPOCH_DAY, chrono_tz::UTC);
+        let mut engine = audit::SqliteRules {
+            conn,
+            binds: &binds,
+            output: wrapped_query(&task.sql),
+        };
+        rules::check(&mut engine, &g.rules, &columns, ToString::to_string)
+            .map_err(|(i, message)| rule_problem(i, message))?;
+    }
     Ok(())
+}
+
+/// A problem of the gate's rule `i`.
+pub fn rule_problem(i: usize, message: String) -> TaskProblem {
+    TaskProblem {
+        key: "gate.rules",
+        offset: None,
+        message,
+        rule: Some(i),
+    }
 }
 
 /// Whether an index of `table` starts with the columns `key` (in any order), so that a key is
@@ -407,6 +432,7 @@ fn not_prepared(key: &'static str, e: &rusqlite::Error, sql: &str, before: usize
     TaskProblem {
         key,
         offset,
+        rule: None,
         message: format!("key `{key}` does not prepare: {message}"),
     }
 }

@@ -52,6 +52,10 @@ pub fn sql_tasks(dags: &[Dag]) -> Vec<ConfigError> {
                 "target" => at.target.clone(),
                 "gate.source_count" => at.source_count.clone(),
                 "gate.source_fingerprint" => at.source_fingerprint.clone(),
+                "gate.rules" => problem
+                    .rule
+                    .and_then(|i| at.rules.get(i))
+                    .map(crate::project::StringAt::start),
                 _ => at
                     .sql
                     .as_ref()

@@ -12,6 +12,7 @@ pub fn check(task: &SqlTask, gate: Option<&Gate>) -> std::result::Result<(), Tas
         move |message: String| TaskProblem {
             key,
             offset: None,
+            rule: None,
             message,
         }
     };
@@ -63,6 +64,7 @@ pub(super) fn check_on(
         move |message: String| TaskProblem {
             key,
             offset: None,
+            rule: None,
             message,
         }
     };
@@ -146,6 +148,7 @@ pub(super) fn check_on(
     .map_err(|e| TaskProblem {
         key: "sql",
         offset: None,
+        rule: None,
         message: format!(
             "the query's rows do not fit target table `{}`: {}",
             task.target,
@@ -193,6 +196,35 @@ pub(super) fn check_on(
             )));
         }
     }
+    if let Some(g) = gate.filter(|g| !g.rules.is_empty()) {
+        // `output` as the try will have it: the interval's rows of the target, its columns.
+        let pc = quote_ident(&task.partition_column);
+        let ty = columns
+            .iter()
+            .find(|(n, _)| *n == task.partition_column)
+            .and_then(|(_, ty)| ColumnType::of(ty))
+            .map_or(Type::TIMESTAMPTZ, ColumnType::pg_type);
+        let binds = Binds::new(DataInterval::EPOCH_DAY, chrono_tz::UTC);
+        let mut engine = PgRules::new(
+            c,
+            format!(
+                "SELECT * FROM {} WHERE {pc} >= $1 AND {pc} < $2",
+                quote_name(&task.target)
+            ),
+            [Value::Int(0), Value::Int(0)],
+            ty,
+            &binds,
+            chrono_tz::UTC,
+            false,
+        );
+        let describe = |f: &Failure| match f {
+            Failure::Pg(e) => describe(e),
+            Failure::Other(e) => e.to_string(),
+        };
+        let names: Vec<String> = columns.iter().map(|(n, _)| n.clone()).collect();
+        crate::warehouse::rules::check(&mut engine, &g.rules, &names, describe)
+            .map_err(|(i, message)| crate::warehouse::rule_problem(i, message))?;
+    }
     if let Some(g) = gate.filter(|g| g.unique_key_table && !g.unique_key.is_empty()) {
         let indexed: bool = c
             .wait(c.client.query_one(
@@ -239,6 +271,7 @@ pub(super) fn not_prepared(
     TaskProblem {
         key,
         offset,
+        rule: None,
         message: format!("key `{key}` does not prepare: {}", describe(e)),
     }
 }

@@ -31,6 +31,7 @@ mod fingerprint;
 mod kept;
 mod one_database;
 pub mod params;
+mod rules;
 mod sql;
 mod staging;
 pub mod versions;
@@ -57,7 +58,7 @@ pub use self::one_database::shares_database;
 pub use self::staging::{is_staged_table, staged, staged_table, sweep_staged};
 use self::{
     bookkeeping::*, checks::*, compare::*, errors::*, fingerprint::*, kept::*, one_database::*,
-    sql::*, staging::*, write::*,
+    rules::*, sql::*, staging::*, write::*,
 };
 use crate::pg::{DATABASE_KEY, describe, quote_ident, quote_name};
 

@@ -109,6 +109,7 @@ impl Statement {
         let p = positional_from(strip(sql), first).map_err(|e| TaskProblem {
             key,
             offset: Some(e.offset + (sql.len() - sql.trim_start().len())),
+            rule: None,
             message: format!("key `{key}`: {}", e.message),
         })?;
         Ok(Self {

@@ -220,7 +220,7 @@ pub(super) fn write_measure(
     let rows: i64 = row.get(0);
     let fingerprint: String = row.get(3);
     let source = counted(w.gate, row.get(6))?;
-    let m = AuditMeasures {
+    let mut m = AuditMeasures {
         rows,
         outside: row.get(1),
         outside_values: row.get::<_, Option<Vec<String>>>(2).unwrap_or_default(),
@@ -234,7 +234,23 @@ pub(super) fn write_measure(
         source_fingerprint: row.get(7),
         elsewhere: row.get(5),
         constraint: refused.map(str::to_string),
+        found: Vec::new(),
     };
+    if let Some(g) = w.gate.filter(|g| !g.rules.is_empty()) {
+        // The interval's rows, as this transaction wrote them: what the delete removed is
+        // gone and only the output is there (rows outside the interval are rejected first).
+        let mut engine = PgRules::new(
+            c,
+            format!("SELECT * FROM {dest} WHERE {pc} >= $1 AND {pc} < $2"),
+            [values[0].clone(), values[1].clone()],
+            types[0].clone(),
+            w.binds,
+            w.tz,
+            dest == table,
+        );
+        let shown = crate::warehouse::audit::shown_columns(task, g);
+        m.found = crate::warehouse::rules::run(&mut engine, g, rows, &shown)?;
+    }
     if moved.is_some() {
         c.has_versions = Some(true);
     }

@@ -3,7 +3,9 @@
 //! SQL tasks are computed into audit files that are removed right after; command tasks are run
 //! with `BACKFILL_VERIFY=1` (never their `publish` command) and compared on the fingerprint of
 //! their result file. The two computations of an interval are at least 1.1 s apart, so a task
-//! that writes the current time (even with one-second resolution) is caught.
+//! that writes the current time (even with one-second resolution) is caught. A SQL task's
+//! output is also judged by the gate's rules on values: one that a rule would reject is
+//! reported, and fails the verify, as a difference does.
 //!
 //! Ctrl-C, SIGTERM or SIGHUP stop it as they stop a backfill: running tasks get SIGTERM (then
 //! SIGKILL after their grace period), audit files are removed, and it exits 130.
@@ -41,6 +43,8 @@ struct Computed {
     fingerprint: Option<String>,
     /// Why the computation failed.
     error: Option<String>,
+    /// The gate's rules that this output breaks (those that would reject it), in their words.
+    broken: Vec<String>,
 }
 
 impl Computed {
@@ -49,6 +53,7 @@ impl Computed {
             rows: None,
             fingerprint: None,
             error: Some(error),
+            broken: Vec::new(),
         }
     }
 }
@@ -63,6 +68,8 @@ enum Verdict {
     Unverifiable,
     /// A computation failed.
     Failed,
+    /// An output breaks a rule of the gate that would reject it.
+    Rejected,
 }
 
 impl Verdict {
@@ -72,6 +79,7 @@ impl Verdict {
             Self::NotDeterministic => "NOT deterministic",
             Self::Unverifiable => "unverifiable",
             Self::Failed => "failed",
+            Self::Rejected => "would be rejected",
         }
     }
 }
@@ -171,6 +179,21 @@ pub fn run(
                     .or(c.second.error.as_deref())
                     .unwrap_or("-")
             ),
+            Verdict::Rejected => {
+                bad += 1;
+                let broken = if c.first.broken.is_empty() {
+                    &c.second.broken
+                } else {
+                    &c.first.broken
+                };
+                eprintln!(
+                    "task `{}` for interval {} would be rejected by its gate: {}",
+                    c.task_id,
+                    Labeler::new(&dag).label(c.start.0),
+                    broken.join("; ")
+                );
+                continue;
+            }
             Verdict::NotDeterministic => format!(
                 "two computations differ: {} rows ({}) vs {} rows ({})",
                 c.first.rows.unwrap_or(0),
@@ -187,16 +210,19 @@ pub fn run(
         );
     }
     if !g.quiet {
-        let unverifiable = checks
-            .iter()
-            .filter(|c| c.result == Verdict::Unverifiable)
-            .count();
+        let count = |v: Verdict| checks.iter().filter(|c| c.result == v).count();
+        let (unverifiable, rejected) = (count(Verdict::Unverifiable), count(Verdict::Rejected));
+        let rejected_words = if rejected > 0 {
+            format!(", {rejected} would be rejected")
+        } else {
+            String::new()
+        };
         eprintln!(
-            "verified {} task intervals of {}: {} deterministic, {} not, {unverifiable} unverifiable",
+            "verified {} task intervals of {}: {} deterministic, {} not, {unverifiable} unverifiable{rejected_words}",
             checks.len(),
             dag.id,
             checks.len() - bad - unverifiable,
-            bad,
+            bad - rejected,
         );
     }
     Ok(if bad == 0 { exit::OK } else { exit::FAILED })
@@ -217,6 +243,8 @@ fn judge(
             };
             let result = if a.error.is_some() || b.error.is_some() {
                 Verdict::Failed
+            } else if !a.broken.is_empty() || !b.broken.is_empty() {
+                Verdict::Rejected
             } else if a.fingerprint.is_none() || b.fingerprint.is_none() {
                 Verdict::Unverifiable
             } else if a == b {
@@ -366,6 +394,14 @@ impl Verifier<'_> {
                         rows: Some(m.rows),
                         fingerprint: Some(m.fingerprint),
                         error: None,
+                        broken: m
+                            .found
+                            .iter()
+                            .filter(|f| {
+                                f.severity == crate::gate::Severity::Error && f.violations > 0
+                            })
+                            .map(crate::gate::Found::message)
+                            .collect(),
                     },
                     Step::Done(Err(e)) => Computed::failed(e.to_string()),
                     Step::TimedOut(_) => Computed::failed("timed out".into()),
@@ -427,6 +463,7 @@ impl Verifier<'_> {
             rows: result.rows,
             fingerprint: result.fingerprint,
             error: None,
+            broken: Vec::new(),
         })
     }
 }

@@ -192,7 +192,22 @@ pub struct Outcome {
     pub backfill: BackfillSummary,
     pub skipped: std::collections::BTreeMap<String, i64>,
     pub failed: Vec<FailedInterval>,
+    /// Intervals whose latest run published with the gate's warnings (at most
+    /// [`WARNED_SHOWN`]).
+    pub warned: Vec<WarnedInterval>,
 }
+
+/// An interval whose output was published with the gate's warnings.
+#[derive(Debug, Clone, Serialize)]
+pub struct WarnedInterval {
+    pub start: Rfc3339,
+    pub task: String,
+    /// The try's reasons: `warning: ...; warning: ...`.
+    pub warnings: String,
+}
+
+/// How many warned intervals a backfill's outcome lists.
+pub const WARNED_SHOWN: i64 = 100;
 
 pub fn outcome(conn: &Conn, id: i64) -> Result<Option<Outcome>> {
     let Some(backfill) = list_one(conn, id)? else {
@@ -228,10 +243,29 @@ pub fn outcome(conn: &Conn, id: i64) -> Result<Option<Outcome>> {
             })
         })?
         .collect::<super::db::Result<_>>()?;
+    let mut stmt = conn.prepare(
+        "SELECT r.interval_start, t.task_id, t.reasons
+         FROM runs r
+         JOIN (SELECT MAX(id) AS id FROM runs WHERE backfill_id = ?1 GROUP BY interval_start) m
+           ON m.id = r.id
+         JOIN task_tries t ON t.run_id = r.id
+         WHERE t.state = 'succeeded' AND t.reasons LIKE '%warning: %'
+         ORDER BY r.interval_start, t.id LIMIT ?2",
+    )?;
+    let warned = stmt
+        .query_map(rusqlite::params![id, WARNED_SHOWN], |r| {
+            Ok(WarnedInterval {
+                start: Rfc3339(from_unix(r.get(0)?)),
+                task: r.get(1)?,
+                warnings: r.get(2)?,
+            })
+        })?
+        .collect::<super::db::Result<_>>()?;
     Ok(Some(Outcome {
         backfill,
         skipped,
         failed,
+        warned,
     }))
 }
 

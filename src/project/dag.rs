@@ -174,6 +174,50 @@ pub enum RuleKind {
     Command(CommandSpec),
 }
 
+impl Rule {
+    /// The rule as the dry run lists it: `not_null region`, `check "no refunds" (warn)`.
+    pub fn describe(&self) -> String {
+        let what = match &self.kind {
+            RuleKind::NotNull(c) => format!("not_null {c}"),
+            RuleKind::AcceptedValues(c, values) => format!(
+                "accepted_values {c} in ({})",
+                values
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            RuleKind::Range { column, min, max } => match (min, max) {
+                (Some(a), Some(b)) => format!("range {column} from {a} to {b}"),
+                (Some(a), None) => format!("range {column} at least {a}"),
+                (None, Some(b)) => format!("range {column} at most {b}"),
+                (None, None) => format!("range {column}"),
+            },
+            RuleKind::Sql(_) => format!("check \"{}\"", self.name),
+            RuleKind::Command(_) => format!("check \"{}\" (a command)", self.name),
+        };
+        match self.severity {
+            Severity::Error => what,
+            Severity::Warn => format!("{what} (warn)"),
+        }
+    }
+}
+
+impl Gate {
+    /// The rules on values and the history, as the dry run lists them.
+    pub fn described_rules(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.rules.iter().map(Rule::describe).collect();
+        if let Some(h) = self.history {
+            out.push(format!(
+                "history: rows within {:.1}% of the median of the last {} published partitions",
+                h.tolerance * 100.0,
+                h.partitions
+            ));
+        }
+        out
+    }
+}
+
 impl RuleKind {
     /// The column a built-in rule is about.
     pub fn column(&self) -> Option<&str> {

@@ -26,7 +26,20 @@ struct PlanDoc<'a> {
     estimate_seconds: Option<f64>,
     /// How many tries the estimate comes from.
     estimate_tries: i64,
+    /// The gate's rules on values of each task that has some, as the dry run lists them.
+    rules: std::collections::BTreeMap<&'a str, Vec<String>>,
     intervals: PlanItems<'a>,
+}
+
+/// The rules of each task of `dag` that has some.
+fn rules(dag: &Dag) -> std::collections::BTreeMap<&str, Vec<String>> {
+    dag.tasks
+        .iter()
+        .filter_map(|t| {
+            let rules = t.gate.as_ref()?.described_rules();
+            (!rules.is_empty()).then(|| (t.id.as_str(), rules))
+        })
+        .collect()
 }
 
 /// The plan's intervals, serialized one by one without building strings first: a plan may
@@ -89,6 +102,7 @@ fn plan_doc<'a>(dag: &'a Dag, rows: &'a [PlanRow], o: &PlanOptions<'a>) -> PlanD
         to_skip: rows.len() - to_run,
         estimate_seconds: o.estimate.seconds.map(|s| (s * 10.0).round() / 10.0),
         estimate_tries: o.estimate.tries,
+        rules: rules(dag),
         intervals: PlanItems(rows, o.sampled),
     }
 }
@@ -188,6 +202,20 @@ pub fn write(
             ""
         }
     ))?;
+    for task in &dag.tasks {
+        let rules = task
+            .gate
+            .as_ref()
+            .map(crate::project::Gate::described_rules)
+            .unwrap_or_default();
+        if !rules.is_empty() {
+            out.line(&format!(
+                "rules of task `{}`: {}",
+                task.id,
+                rules.join("; ")
+            ))?;
+        }
+    }
     let e = o.estimate;
     out.line(&match (e.seconds, to_run) {
         (_, 0) => "estimate: nothing to run".to_string(),

@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::Labeler;
 use super::out::{Sink, hint, plural, shell_word};
 use crate::exit::{self, Error};
-use crate::manifest::queries::{Counts, FailedInterval, Outcome};
+use crate::manifest::queries::{Counts, FailedInterval, Outcome, WarnedInterval};
 
 /// The document `create` and `resume` print with `--output json`.
 #[derive(Debug, Serialize)]
@@ -23,6 +23,9 @@ pub struct Summary<'a> {
     pub intervals: &'a Counts,
     pub skipped: &'a std::collections::BTreeMap<String, i64>,
     pub failed: &'a [FailedInterval],
+    /// Intervals published with the gate's warnings (a `warn` rule, too little history).
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub warned: &'a [WarnedInterval],
     pub elapsed_seconds: f64,
     /// The command that reruns the failed and rejected intervals, when there are any.
     pub rerun: Option<String>,
@@ -84,6 +87,7 @@ pub fn summary<'a>(
         intervals: &outcome.backfill.intervals,
         skipped: &outcome.skipped,
         failed: &outcome.failed,
+        warned: &outcome.warned,
         elapsed_seconds: elapsed.as_secs_f64(),
         rerun,
     }
@@ -220,6 +224,7 @@ mod tests {
                     log_tail: Some("connecting\nERROR: relation \"sales\" does not exist".into()),
                 },
             ],
+            warned: Vec::new(),
         }
     }
 

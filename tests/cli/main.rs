@@ -27,6 +27,7 @@ mod postgres_keyed;
 mod read_only;
 mod readme;
 mod reprocess;
+mod rules;
 mod running;
 mod sample;
 mod staging;

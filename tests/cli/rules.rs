@@ -1,0 +1,486 @@
+//! The gate's rules on values (`not_null`, `accepted_values`, `range`, SQL checks, `history`)
+//! against the fixture warehouse of `examples/shop` (SQLite); the same rules on a PostgreSQL
+//! warehouse are in `postgres.rs`.
+
+use crate::gate::{edit_dag, shop, wh, wh_count};
+use crate::support::Project;
+
+/// The gate of `orders_fact` as the example has it, to add rules after.
+const GATE_END: &str = "tolerance = 0.02\n";
+
+/// `orders_fact` with `rules` added to its gate.
+fn with_rules(rules: &str) -> Project {
+    let p = shop();
+    add_rules(&p, rules);
+    p
+}
+
+fn add_rules(p: &Project, rules: &str) {
+    let text = p.read("dags/orders_fact.toml");
+    assert!(text.ends_with(GATE_END), "the gate ends the file");
+    p.write("dags/orders_fact.toml", &format!("{text}{rules}"));
+}
+
+/// The published partition of a day, every column.
+fn partition(p: &Project, day: &str) -> Vec<(i64, String, String, i64)> {
+    let c = wh(p);
+    let mut stmt = c
+        .prepare(
+            "SELECT order_id, order_ts, region, amount_cents FROM orders_fact WHERE order_day = ?1 ORDER BY order_id",
+        )
+        .unwrap();
+    stmt.query_map([day], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// The first order ids of a day's raw orders that `condition` picks, as samples show them.
+fn sample_ids(p: &Project, day: &str, condition: &str, shown: &str) -> String {
+    let c = wh(p);
+    let mut stmt = c
+        .prepare(&format!(
+            "SELECT order_id, {shown} FROM raw_orders WHERE date(order_ts) = ?1 AND {condition} ORDER BY order_id LIMIT 5"
+        ))
+        .unwrap();
+    let rows: Vec<String> = stmt
+        .query_map([day], |r| {
+            let id: i64 = r.get(0)?;
+            let v: rusqlite::types::Value = r.get(1)?;
+            Ok(match v {
+                rusqlite::types::Value::Null => format!("(order_id {id})"),
+                rusqlite::types::Value::Integer(n) => format!("(order_id {id}, {shown} {n})"),
+                rusqlite::types::Value::Text(t) => format!("(order_id {id}, {shown} {t})"),
+                other => panic!("{other:?}"),
+            })
+        })
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    rows.join(", ")
+}
+
+fn thousands(n: i64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn day_count(p: &Project, day: &str, condition: &str) -> i64 {
+    wh_count(
+        p,
+        &format!("SELECT COUNT(*) FROM raw_orders WHERE date(order_ts) = '{day}' AND {condition}"),
+    )
+}
+
+const RULES: &str = r#"not_null = ["region"]
+accepted_values = { region = ["eu", "us", "apac", "latam", "mea"] }
+range = { amount_cents = { min = 500, max = 25499 } }
+
+[[tasks.gate.checks]]
+name = "each order on its own day"
+sql = "SELECT order_id, order_day FROM output WHERE order_ts < :data_interval_start OR order_ts >= :data_interval_end"
+"#;
+
+#[test]
+fn each_rule_rejects_with_its_rows_and_the_published_partition_stays() {
+    let p = with_rules(RULES);
+    p.create("orders_fact", "2026-09-01", "2026-09-02", &[])
+        .code(0);
+    let day = "2026-09-02";
+    let published = partition(&p, day);
+    let rows = day_count(&p, day, "1");
+    let rerun = |p: &Project| {
+        p.create(
+            "orders_fact",
+            day,
+            day,
+            &["--reprocess-behavior", "completed"],
+        )
+    };
+    let rejected = |p: &Project, reason: &str| {
+        let out = rerun(p);
+        out.code(3)
+            .stderr_has(&format!("task `load` rejected: {reason}"));
+        assert_eq!(partition(p, day), published, "the partition is untouched");
+        assert_eq!(
+            p.rows("SELECT state, verdict, reasons FROM task_tries ORDER BY id DESC LIMIT 1"),
+            [["rejected", "rejected", reason]]
+        );
+    };
+
+    // A value outside the accepted ones: the rule, the column, how many, and the first five.
+    wh(&p)
+        .execute_batch(
+            "UPDATE raw_orders SET region = 'EU' WHERE date(order_ts) = '2026-09-02' AND region = 'eu'",
+        )
+        .unwrap();
+    let eu = day_count(&p, day, "region = 'EU'");
+    assert!(eu > 5);
+    rejected(
+        &p,
+        &format!(
+            "accepted_values violated: region is not one of 'eu', 'us', 'apac', 'latam', 'mea' in {eu} of {} rows, e.g. {} ...",
+            thousands(rows),
+            sample_ids(&p, day, "region = 'EU'", "region")
+        ),
+    );
+    wh(&p)
+        .execute_batch("UPDATE raw_orders SET region = 'eu' WHERE region = 'EU'")
+        .unwrap();
+
+    // A value out of range, below and above; one violation shows its one row.
+    wh(&p)
+        .execute_batch(
+            "UPDATE raw_orders SET amount_cents = -amount_cents WHERE order_id = (SELECT MIN(order_id) FROM raw_orders WHERE date(order_ts) = '2026-09-02')",
+        )
+        .unwrap();
+    rejected(
+        &p,
+        &format!(
+            "range violated: amount_cents is outside 500 to 25499 in 1 of {} rows, e.g. {}",
+            thousands(rows),
+            sample_ids(&p, day, "amount_cents < 0", "amount_cents")
+        ),
+    );
+    wh(&p)
+        .execute_batch("UPDATE raw_orders SET amount_cents = -amount_cents WHERE amount_cents < 0")
+        .unwrap();
+
+    // A NULL where there must be none (the query lost the region of one region's orders), and
+    // the SQL check's rows in the same rejection: every rule that fails is named.
+    edit_dag(
+        &p,
+        "orders_fact",
+        "order_ts, region, amount_cents",
+        "datetime(order_ts, '-1 day') AS order_ts, NULLIF(region, 'mea') AS region, amount_cents",
+    );
+    let mea = day_count(&p, day, "region = 'mea'");
+    let ts = {
+        let c = wh(&p);
+        let mut stmt = c
+            .prepare("SELECT order_id FROM raw_orders WHERE date(order_ts) = '2026-09-02' ORDER BY order_id LIMIT 5")
+            .unwrap();
+        stmt.query_map([], |r| r.get::<_, i64>(0))
+            .unwrap()
+            .map(|id| format!("(order_id {}, order_day {day})", id.unwrap()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    rejected(
+        &p,
+        &format!(
+            "not_null violated: region is NULL in {mea} of {} rows, e.g. {} ...; check \"each order on its own day\" failed: {} violations, e.g. {ts} ...",
+            thousands(rows),
+            sample_ids(&p, day, "region = 'mea'", "NULL"),
+            thousands(rows),
+        ),
+    );
+}
+
+#[test]
+fn a_warn_check_publishes_and_its_warning_is_recorded_said_and_summed_up() {
+    let p = with_rules(
+        r#"
+[[tasks.gate.checks]]
+name = "large orders"
+sql = "SELECT order_id, amount_cents FROM output WHERE amount_cents > 25480 ORDER BY order_id"
+severity = "warn"
+"#,
+    );
+    let day = "2026-09-03";
+    let large = day_count(&p, day, "amount_cents > 25480");
+    assert!((1..=5).contains(&large), "{large}");
+    let warning = format!(
+        "check \"large orders\" failed: {large} {}, e.g. {}",
+        if large == 1 {
+            "violation"
+        } else {
+            "violations"
+        },
+        sample_ids(&p, day, "amount_cents > 25480", "amount_cents")
+    );
+    let out = p.create("orders_fact", day, day, &[]);
+    out.code(0)
+        .stderr_has(&format!("warning    {day} task `load`: {warning}"));
+    // Published all the same, exactly the source.
+    assert_eq!(
+        wh_count(
+            &p,
+            &format!("SELECT COUNT(*) FROM orders_fact WHERE order_day = '{day}'")
+        ),
+        day_count(&p, day, "1")
+    );
+    let recorded = format!("warning: {warning}");
+    assert_eq!(
+        p.rows("SELECT state, verdict, reasons FROM task_tries"),
+        [["succeeded", "published", recorded.as_str()]]
+    );
+    // In `show`, and in the summary (what notify hooks read on stdin).
+    let show = p.run(&["show", "1", "--output", "json"]);
+    show.code(0);
+    assert_eq!(
+        show.json()["interval_details"][0]["reasons"],
+        recorded.as_str()
+    );
+    let out = p.create(
+        "orders_fact",
+        day,
+        day,
+        &["--reprocess-behavior", "completed", "--output", "json"],
+    );
+    let doc = out.code(0).json();
+    assert_eq!(doc["warned"][0]["task"], "load");
+    assert_eq!(doc["warned"][0]["warnings"], recorded.as_str());
+    // A quiet run says nothing of it.
+    let quiet = p.create(
+        "orders_fact",
+        day,
+        day,
+        &["--reprocess-behavior", "completed", "-q"],
+    );
+    quiet.code(0);
+    assert_eq!(quiet.stderr, "");
+}
+
+#[test]
+fn history_rejects_a_half_loaded_source_that_the_source_count_agrees_with() {
+    let p = with_rules("history = { partitions = 3, tolerance = 0.5 }\n");
+    // The first partitions have less history than asked: said, and judged against what there is.
+    let out = p.create(
+        "orders_fact",
+        "2026-09-01",
+        "2026-09-03",
+        &["--max-active-runs", "1"],
+    );
+    out.code(0)
+        .stderr_has("warning    2026-09-01 task `load`: history: no published partition before this one (3 asked); not judged")
+        .stderr_has("warning    2026-09-02 task `load`: history: judged against only 1 published partition before this one (3 asked)")
+        .stderr_has("warning    2026-09-03 task `load`: history: judged against only 2 published partitions before this one (3 asked)");
+    let out = p.create("orders_fact", "2026-09-04", "2026-09-04", &[]);
+    out.code(0);
+    assert!(!out.stderr.contains("warning"), "{}", out.stderr);
+    // Day 5's source is loaded by a third: its own count agrees, so only history sees it.
+    wh(&p)
+        .execute_batch(
+            "DELETE FROM raw_orders WHERE date(order_ts) = '2026-09-05' AND order_id % 5 <> 0",
+        )
+        .unwrap();
+    let rows = day_count(&p, "2026-09-05", "1");
+    let mut before: Vec<i64> = ["2026-09-02", "2026-09-03", "2026-09-04"]
+        .iter()
+        .map(|d| day_count(&p, d, "1"))
+        .collect();
+    before.sort_unstable();
+    let median = before[1];
+    let diff = (median - rows) as f64 / median as f64 * 100.0;
+    let out = p.create("orders_fact", "2026-09-05", "2026-09-05", &[]);
+    out.code(3).stderr_has(&format!(
+        "history: row count {} differs from {}, the median of the last 3 published partitions, by {diff:.1}% (tolerance 50.0%); rerun with --allow-drift to accept",
+        thousands(rows),
+        thousands(median)
+    ));
+    assert_eq!(partition(&p, "2026-09-05").len(), 0, "nothing published");
+    // Accepted when asked.
+    p.create(
+        "orders_fact",
+        "2026-09-05",
+        "2026-09-05",
+        &["--reprocess-behavior", "failed", "--allow-drift"],
+    )
+    .code(0);
+    assert_eq!(partition(&p, "2026-09-05").len() as i64, rows);
+}
+
+#[test]
+fn a_check_that_errors_while_it_runs_fails_the_try_and_is_retried() {
+    let p = with_rules(
+        r#"
+[[tasks.gate.checks]]
+name = "overflows"
+sql = "SELECT order_id FROM output WHERE abs(-9223372036854775807 - 1 + order_id * 0) > 0"
+"#,
+    );
+    edit_dag(
+        &p,
+        "orders_fact",
+        "max_active_runs = 4\n",
+        "max_active_runs = 4\nretries = 1\nretry_delay = \"0s\"\n",
+    );
+    let out = p.create("orders_fact", "2026-09-01", "2026-09-01", &[]);
+    out.code(3).stderr_has("integer overflow");
+    assert_eq!(
+        p.rows("SELECT state FROM task_tries ORDER BY id"),
+        [["failed"], ["failed"]],
+        "never passed, and tried again"
+    );
+    assert_eq!(partition(&p, "2026-09-01").len(), 0);
+}
+
+#[test]
+fn dags_validate_names_a_check_that_does_not_prepare_by_file_and_line() {
+    let p = with_rules(
+        r#"
+[[tasks.gate.checks]]
+name = "typo"
+sql = """
+SELECT order_id
+FORM output WHERE amount_cents < 0
+"""
+"#,
+    );
+    let line = p
+        .read("dags/orders_fact.toml")
+        .lines()
+        .position(|l| l == "name = \"typo\"")
+        .unwrap()
+        + 2;
+    let out = p.run(&["dags", "validate"]);
+    out.code(2).stderr_has(&format!(
+        "dags/orders_fact.toml:{line}:7: task `load`: check \"typo\" does not prepare: near \"output\": syntax error"
+    ));
+    // The backfill refuses it too, before anything is written.
+    p.create("orders_fact", "2026-09-01", "2026-09-01", &[])
+        .code(2)
+        .stderr_has("check \"typo\" does not prepare");
+    assert!(!p.has_manifest() || p.count("SELECT COUNT(*) FROM runs") == 0);
+
+    // A rule on a column the output does not have.
+    let p = with_rules("not_null = [\"regoin\"]\n");
+    p.run(&["dags", "validate"]).code(2).stderr_has(
+        "task `load`: rule `not_null`: the output has no column `regoin` (it has: order_id, order_day, order_ts, region, amount_cents)",
+    );
+}
+
+#[test]
+fn rules_written_wrong_are_named_at_their_line() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "[[tasks.gate.checks]]\nname = \"x\"\nsql = \"SELECT 1\"\nseverity = \"fatal\"\n",
+            ":4:12: key `severity` is \"error\" (reject the try, the default) or \"warn\" (record and publish), not `fatal`",
+        ),
+        (
+            "range = { amount_cents = {} }\n",
+            ":1:11: key `range`: `amount_cents` has neither `min` nor `max`",
+        ),
+        (
+            "range = { amount_cents = { min = 10, max = 1 } }\n",
+            ":1:11: key `range`: `amount_cents` has `min` above `max`; no value could pass",
+        ),
+        (
+            "accepted_values = { region = [] }\n",
+            ":1:21: key `accepted_values`: `region` lists no value",
+        ),
+        (
+            "history = { partitions = 0, tolerance = 0.5 }\n",
+            ":1:26: key `partitions` of `history` must be a whole number from 1 to 1000",
+        ),
+        (
+            "history = { partitions = 7 }\n",
+            ":1:11: key `history` needs `tolerance`",
+        ),
+        (
+            "[[tasks.gate.checks]]\nsql = \"SELECT 1\"\n",
+            ":1:1: check 1 of task `load` has no `name`",
+        ),
+        (
+            "[[tasks.gate.checks]]\nname = \"x\"\ncommand = \"echo 0\"\n",
+            ":3:11: check 1 of task `load`: a SQL task's check is a `sql` query over the table `output` whose rows are the violations, not a `command`",
+        ),
+        (
+            "not_null = [\"order id\"]\n",
+            ":1:13: key `not_null`: `order id` is not a plain SQL column name",
+        ),
+    ];
+    for (rules, expected) in cases {
+        let p = with_rules(rules);
+        let first = p.read("dags/orders_fact.toml").lines().count() - rules.lines().count() + 1;
+        let (at, message) = expected.split_once(": ").unwrap();
+        let (line, col) = at.trim_start_matches(':').split_once(':').unwrap();
+        let line: usize = line.parse::<usize>().unwrap() + first - 1;
+        let out = p.run(&["dags", "validate"]);
+        out.code(2)
+            .stderr_has(&format!("dags/orders_fact.toml:{line}:{col}: {message}"));
+        assert!(!p.has_manifest(), "nothing written for {rules}");
+    }
+}
+
+#[test]
+fn a_command_tasks_check_counts_violations_and_rejects() {
+    let p = Project::new().dag(
+        "export",
+        r#"schedule = "@daily"
+retries = 0
+
+[[tasks]]
+id = "export"
+command = "echo '{\"rows\": 10}' > $BACKFILL_RESULT"
+
+[tasks.gate]
+history = { partitions = 2, tolerance = 0.5 }
+
+[[tasks.gate.checks]]
+name = "no orphans"
+command = "cat orphans-{{ ds }} 2>/dev/null || echo 0"
+"#,
+    );
+    p.create("export", "2026-01-01", "2026-01-01", &[]).code(0);
+    p.write("orphans-2026-01-02", "3\n");
+    p.create("export", "2026-01-02", "2026-01-02", &[])
+        .code(3)
+        .stderr_has("task `export` rejected: check \"no orphans\" failed: 3 violations");
+    p.write("orphans-2026-01-02", "many\n");
+    p.create(
+        "export",
+        "2026-01-02",
+        "2026-01-02",
+        &["--reprocess-behavior", "failed"],
+    )
+    .code(3)
+    .stderr_has("check \"no orphans\": its command printed `many`, not the number of violations");
+    // A rule on values needs rows in a table.
+    let p = Project::new().dag(
+        "export",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"export\"\ncommand = \"true\"\n[tasks.gate]\nnot_null = [\"id\"]\n",
+    );
+    p.run(&["dags", "validate"]).code(2).stderr_has(
+        "dags/export.toml:6:13: task `export`: `not_null` needs a SQL task (its rows are audited in a table); for a command task, write a [[tasks.gate.checks]] with a `command` that prints the number of violations",
+    );
+}
+
+#[test]
+fn a_staged_output_that_a_rule_rejects_is_never_staged_and_verify_reports_it() {
+    let p = with_rules("range = { amount_cents = { max = 20000 } }\n");
+    let above = day_count(&p, "2026-09-01", "amount_cents > 20000");
+    assert!(above > 0);
+    p.create("orders_fact", "2026-09-01", "2026-09-01", &["--stage"])
+        .code(3)
+        .stderr_has("range violated: amount_cents is above 20000");
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM task_tries WHERE staged IS NOT NULL"),
+        0
+    );
+    p.run(&["promote", "1"])
+        .code(0)
+        .stderr_has("nothing to promote");
+    assert_eq!(partition(&p, "2026-09-01").len(), 0);
+    let out = p.run(&[
+        "verify",
+        "--dag",
+        "orders_fact",
+        "--from",
+        "2026-09-01",
+        "--to",
+        "2026-09-01",
+    ]);
+    out.code(3)
+        .stdout_has("would be rejected")
+        .stderr_has("task `load` for interval 2026-09-01 would be rejected by its gate: range violated: amount_cents is above 20000 in ")
+        .stderr_has("1 would be rejected");
+}

@@ -37,7 +37,7 @@ fn rules(dag: &Dag) -> std::collections::BTreeMap<&str, Vec<String>> {
         .iter()
         .filter_map(|t| {
             let rules = t.gate.as_ref()?.described_rules();
-            (!rules.is_empty()).then(|| (t.id.as_str(), rules))
+            (!rules.is_empty()).then_some((t.id.as_str(), rules))
         })
         .collect()
 }

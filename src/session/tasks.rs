@@ -79,7 +79,12 @@ pub fn check_tasks(
                 backend.sweep(&sql.warehouse);
                 let repr = backend
                     .prepare(sql, task.gate.as_ref(), window, dag.tz)
-                    .map_err(|p| problem(p.message))?;
+                    .map_err(|p| match crate::warehouse::validate::location(task, &p) {
+                        Some(at) => {
+                            Error::Usage(format!("{at}: task `{}`: {}", task.id, p.message))
+                        }
+                        None => problem(p.message),
+                    })?;
                 reprs.insert(task.id.clone(), repr);
             }
         }

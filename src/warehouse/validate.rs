@@ -5,7 +5,26 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
-use crate::project::{ConfigError, Dag, TaskKind};
+use super::TaskProblem;
+use crate::project::{ConfigError, Dag, Task, TaskKind};
+
+/// The `file:line:col` of the key a problem of `task` is about, when known.
+pub fn location(task: &Task, problem: &TaskProblem) -> Option<String> {
+    let at = &task.locations;
+    match problem.key {
+        "target" => at.target.clone(),
+        "gate.source_count" => at.source_count.clone(),
+        "gate.source_fingerprint" => at.source_fingerprint.clone(),
+        "gate.rules" => problem
+            .rule
+            .and_then(|i| at.rules.get(i))
+            .map(crate::project::StringAt::start),
+        _ => at
+            .sql
+            .as_ref()
+            .map(|sql| problem.offset.map_or_else(|| sql.start(), |o| sql.at(o))),
+    }
+}
 
 /// Every problem of every SQL task of `dags` against its warehouse, one per task, in the order
 /// of the DAGs and their tasks. A warehouse that cannot be opened is one problem, at the first
@@ -47,22 +66,8 @@ pub fn sql_tasks(dags: &[Dag]) -> Vec<ConfigError> {
             let Err(problem) = problem else {
                 continue;
             };
-            let at = &task.locations;
-            let location = match problem.key {
-                "target" => at.target.clone(),
-                "gate.source_count" => at.source_count.clone(),
-                "gate.source_fingerprint" => at.source_fingerprint.clone(),
-                "gate.rules" => problem
-                    .rule
-                    .and_then(|i| at.rules.get(i))
-                    .map(crate::project::StringAt::start),
-                _ => at
-                    .sql
-                    .as_ref()
-                    .map(|sql| problem.offset.map_or_else(|| sql.start(), |o| sql.at(o))),
-            };
             errors.push(ConfigError {
-                location: location.unwrap_or_else(|| dag.file.clone()),
+                location: location(task, &problem).unwrap_or_else(|| dag.file.clone()),
                 message: format!("task `{}`: {}", task.id, problem.message),
             });
         }

@@ -3323,3 +3323,152 @@ fn a_rollback_waiting_on_a_frozen_server_session_does_not_stop_the_heartbeat() {
     assert_eq!(t.fact(), "", "the rejected output was rolled back");
     assert_eq!(t.open_transactions(), "0");
 }
+
+/// The gate's rules of the PostgreSQL tests: the source holds `eu` and `us` orders of 1.5 to
+/// 45.0; one check compares with the source, in the warehouse, with a bind parameter.
+const RULES: &str = r#"not_null = ["region"]
+accepted_values = { region = ["eu", "us"] }
+range = { amount = { min = 0, max = 50 } }
+
+[[tasks.gate.checks]]
+name = "amounts as in the source"
+sql = """
+SELECT o.order_id, o.amount, r.amount AS source FROM output o JOIN raw.orders r USING (order_id)
+WHERE o.amount <> r.amount AND o.day = :ds ORDER BY o.order_id
+"""
+
+[[tasks.gate.checks]]
+name = "big orders"
+sql = "SELECT order_id, amount FROM output WHERE amount > 44 ORDER BY order_id"
+severity = "warn"
+"#;
+
+/// Each rule on values rejects with its rows in the try's own transaction (the output read
+/// back from the partition it just wrote), a `warn` publishes and is recorded, and readers
+/// keep the old partition whenever a rule rejects.
+#[test]
+fn the_rules_on_values_judge_the_rows_the_transaction_wrote() {
+    let gate = format!("{GATE}\n{RULES}");
+    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(QUERY, &gate, "")) else {
+        return;
+    };
+    // Day 1 holds order 30 of 45.0: published, with the warning.
+    let out = t.p.create("orders", "2026-01-01", "2026-01-03", &[]);
+    out.code(0).stderr_has(
+        "warning    2026-01-01 task `fact`: check \"big orders\" failed: 1 violation, e.g. (order_id 30, amount 45.0)",
+    );
+    assert_eq!(t.fact(), t.expected(&[1, 2, 3]));
+    assert_eq!(
+        t.p.rows("SELECT verdict, reasons FROM task_tries ORDER BY id LIMIT 1"),
+        [[
+            "published",
+            "warning: check \"big orders\" failed: 1 violation, e.g. (order_id 30, amount 45.0)"
+        ]]
+    );
+    let before = t.fact();
+    let rerun = |reason: &str| {
+        let out = t.p.create(
+            "orders",
+            "2026-01-02",
+            "2026-01-02",
+            &["--reprocess-behavior", "completed"],
+        );
+        out.code(3)
+            .stderr_has(&format!("task `fact` rejected: {reason}"));
+        assert_eq!(t.fact(), before, "the partition is untouched");
+        assert_eq!(t.open_transactions(), "0");
+    };
+    // Day 2 is orders 1, 4, ..., 28.
+    t.psql("UPDATE raw.orders SET region = 'mars' WHERE order_id IN (4, 7)");
+    rerun(
+        "accepted_values violated: region is not one of 'eu', 'us' in 2 of 10 rows, e.g. (order_id 4, region mars), (order_id 7, region mars)",
+    );
+    t.psql("UPDATE raw.orders SET region = 'eu' WHERE order_id = 4; UPDATE raw.orders SET region = 'us' WHERE order_id = 7");
+    t.psql("UPDATE raw.orders SET amount = -1 WHERE order_id = 10");
+    rerun(
+        "range violated: amount is outside 0 to 50 in 1 of 10 rows, e.g. (order_id 10, amount -1)",
+    );
+    t.psql("UPDATE raw.orders SET amount = 15.0 WHERE order_id = 10");
+    // A query that loses a region: the target allows it, the rule does not.
+    t.psql("ALTER TABLE analytics.orders_fact ALTER region DROP NOT NULL");
+    std::fs::write(
+        t.p.path("dags/orders.toml"),
+        dag(
+            &QUERY.replace(
+                "region, amount",
+                "CASE WHEN order_id = 13 THEN NULL ELSE region END AS region, amount",
+            ),
+            &gate,
+            "",
+        ),
+    )
+    .unwrap();
+    rerun("not_null violated: region is NULL in 1 of 10 rows, e.g. (order_id 13)");
+    // A query that rounds: the check that joins the source finds the odd orders' halves.
+    std::fs::write(
+        t.p.path("dags/orders.toml"),
+        dag(
+            &QUERY.replace("region, amount", "region, round(amount) AS amount"),
+            &gate,
+            "",
+        ),
+    )
+    .unwrap();
+    rerun(
+        "check \"amounts as in the source\" failed: 5 violations, e.g. (order_id 1, amount 2, source 1.5), (order_id 7, amount 11, source 10.5), (order_id 13, amount 20, source 19.5), (order_id 19, amount 29, source 28.5), (order_id 25, amount 38, source 37.5)",
+    );
+    // Back as it was, the same rerun publishes.
+    std::fs::write(t.p.path("dags/orders.toml"), dag(QUERY, &gate, "")).unwrap();
+    t.p.create(
+        "orders",
+        "2026-01-02",
+        "2026-01-02",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    assert_eq!(t.fact(), before);
+}
+
+/// `dags validate` prepares each rule against the server, as it will run: a check's mistake,
+/// and a bound whose type does not fit its column, are named at their place; a check that
+/// fails while it runs fails the try, which never publishes.
+#[test]
+fn the_rules_are_prepared_before_anything_runs_and_an_error_fails_the_try() {
+    let bad = "\n[[tasks.gate.checks]]\nname = \"typo\"\nsql = \"SELECT order_id FROM output WHERE amont > 0\"\n";
+    let toml = dag(QUERY, &format!("{GATE}\n{bad}"), "");
+    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &toml) else {
+        return;
+    };
+    let line = toml.lines().position(|l| l == "name = \"typo\"").unwrap() + 2;
+    t.p.run(&["dags", "validate"]).code(2).stderr_has(&format!(
+        "dags/orders.toml:{line}:7: task `fact`: check \"typo\" does not prepare: ERROR: column \"amont\" does not exist"
+    ));
+    let toml = dag(
+        QUERY,
+        &format!("{GATE}\nrange = {{ amount = {{ min = \"none\" }} }}\n"),
+        "",
+    );
+    std::fs::write(t.p.path("dags/orders.toml"), &toml).unwrap();
+    let line = toml
+        .lines()
+        .position(|l| l.starts_with("range = "))
+        .unwrap()
+        + 1;
+    t.p.create("orders", "2026-01-01", "2026-01-01", &[])
+        .code(2)
+        .stderr_has(&format!("dags/orders.toml:{line}:11: task `fact`: rule `range` does not prepare: ERROR: invalid input syntax for type numeric: \"none\""));
+    assert!(!t.p.has_manifest(), "a refused backfill recorded nothing");
+    // Division by zero happens only when the check runs.
+    let failing = "\n[[tasks.gate.checks]]\nname = \"divides\"\nsql = \"SELECT order_id FROM output WHERE 1 / (order_id - order_id) = 0\"\n";
+    std::fs::write(
+        t.p.path("dags/orders.toml"),
+        dag(QUERY, &format!("{GATE}\n{failing}"), ""),
+    )
+    .unwrap();
+    t.p.create("orders", "2026-01-01", "2026-01-01", &[])
+        .code(3)
+        .stderr_has("division by zero");
+    assert_eq!(t.p.rows("SELECT state FROM task_tries"), [["failed"]]);
+    assert_eq!(t.fact(), "");
+    assert_eq!(t.open_transactions(), "0");
+}

@@ -171,32 +171,35 @@ fn history_words(found: usize, asked: u32) -> String {
     }
 }
 
-/// What is recorded with a try that publishes: each `warn` rule that found violations, and
-/// the history when there was less of it than asked.
-pub fn warnings(m: &Measures, r: &Rules) -> Vec<String> {
-    let mut out: Vec<String> = m
-        .found
+/// What is recorded with a try that publishes and said as it happens: each `warn` rule that
+/// found violations.
+pub fn warnings(m: &Measures) -> Vec<String> {
+    m.found
         .iter()
         .filter(|f| f.severity == Severity::Warn && f.violations > 0)
         .map(Found::message)
-        .collect();
-    if let (Some(h), Some(rows)) = (r.history, &m.history)
-        && rows.len() < h.partitions as usize
-        && !r.allow_drift
-    {
-        out.push(if rows.is_empty() {
-            format!(
-                "history: no published partition before this one ({} asked); not judged",
-                h.partitions
-            )
-        } else {
-            format!(
-                "history: judged against {}",
-                history_words(rows.len(), h.partitions)
-            )
-        });
+        .collect()
+}
+
+/// What is recorded with a try that publishes without being said: the history, when there
+/// was less of it than asked (the first partitions of a new table have none).
+pub fn notes(m: &Measures, r: &Rules) -> Vec<String> {
+    match (r.history, &m.history) {
+        (Some(h), Some(rows)) if rows.len() < h.partitions as usize && !r.allow_drift => {
+            vec![if rows.is_empty() {
+                format!(
+                    "history: no published partition before this one ({} asked); not judged",
+                    h.partitions
+                )
+            } else {
+                format!(
+                    "history: judged against {}",
+                    history_words(rows.len(), h.partitions)
+                )
+            }]
+        }
+        _ => Vec::new(),
     }
-    out
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -610,6 +613,112 @@ mod tests {
             history: None,
         };
         assert_eq!(judged(&command_task, &RULES), Verdict::Publish);
+    }
+
+    fn found(severity: Severity, violations: i64, samples: &[&str]) -> Found {
+        Found {
+            what: "not_null violated: region is NULL".into(),
+            severity,
+            violations,
+            of_rows: Some(2004),
+            samples: samples.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn a_broken_rule_rejects_after_the_structural_checks_and_names_every_broken_rule() {
+        let broken = Measures {
+            found: vec![
+                found(Severity::Error, 12, &["(order_id 7)", "(order_id 9)"]),
+                Found {
+                    what: "check \"no refunds\" failed:".into(),
+                    of_rows: None,
+                    ..found(Severity::Error, 1, &["(order_id 3, amount -5)"])
+                },
+                found(Severity::Warn, 3, &[]),
+                found(Severity::Error, 0, &[]),
+            ],
+            ..m(2004)
+        };
+        assert_eq!(
+            reason(judged(&broken, &RULES)),
+            "not_null violated: region is NULL in 12 of 2,004 rows, e.g. (order_id 7), (order_id 9) ...; check \"no refunds\" failed: 1 violation, e.g. (order_id 3, amount -5)"
+        );
+        // Rows outside the interval come first: the rules read the interval's rows.
+        let outside = Measures {
+            outside: Some(1),
+            ..broken.clone()
+        };
+        assert!(reason(judged(&outside, &RULES)).starts_with("row outside interval"));
+        // A warning publishes, and is what is recorded.
+        let warned = Measures {
+            found: vec![found(Severity::Warn, 1, &["(order_id 7)"])],
+            ..m(2004)
+        };
+        assert_eq!(judged(&warned, &RULES), Verdict::Publish);
+        assert_eq!(
+            warnings(&warned),
+            ["not_null violated: region is NULL in 1 of 2,004 rows, e.g. (order_id 7)"]
+        );
+        assert!(warnings(&broken).len() == 1 && warnings(&m(1)).is_empty());
+    }
+
+    #[test]
+    fn history_compares_with_the_median_and_says_when_there_is_too_little() {
+        let rules = Rules {
+            tolerance: 1.0,
+            history: Some(History {
+                partitions: 4,
+                tolerance: 0.5,
+            }),
+            ..RULES
+        };
+        let with = |rows: i64, history: &[i64]| Measures {
+            source: None,
+            history: Some(history.to_vec()),
+            ..m(rows)
+        };
+        // The median of 100, 1000, 1100, 1200 is 1050: a third of it is rejected.
+        assert_eq!(
+            reason(judged(&with(350, &[1200, 100, 1000, 1100]), &rules)),
+            "history: row count 350 differs from 1,050, the median of the last 4 published partitions, by 66.7% (tolerance 50.0%); rerun with --allow-drift to accept"
+        );
+        assert_eq!(
+            judged(&with(600, &[1200, 100, 1000, 1100]), &rules),
+            Verdict::Publish
+        );
+        assert!(notes(&with(600, &[1200, 100, 1000, 1100]), &rules).is_empty());
+        // Fewer than asked: judged against those, and noted.
+        assert_eq!(
+            reason(judged(&with(10, &[100, 300, 200]), &rules)),
+            "history: row count 10 differs from 200, the median of only 3 published partitions before this one (4 asked), by 95.0% (tolerance 50.0%); rerun with --allow-drift to accept"
+        );
+        assert_eq!(
+            notes(&with(200, &[100, 300, 200]), &rules),
+            ["history: judged against only 3 published partitions before this one (4 asked)"]
+        );
+        assert_eq!(
+            notes(&with(200, &[]), &rules),
+            ["history: no published partition before this one (4 asked); not judged"]
+        );
+        assert_eq!(judged(&with(10, &[]), &rules), Verdict::Publish);
+        // A median of zero (empty partitions) judges nothing; --allow-drift waives it.
+        assert_eq!(judged(&with(10, &[0, 0, 5]), &rules), Verdict::Publish);
+        let allowed = Rules {
+            allow_drift: true,
+            ..rules
+        };
+        assert_eq!(judged(&with(1, &[1000; 4]), &allowed), Verdict::Publish);
+        assert!(notes(&with(1, &[]), &allowed).is_empty());
+    }
+
+    #[test]
+    fn counts_are_written_with_thousands_separators() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(-1_234_567), "-1,234,567");
+        assert_eq!(thousands(i64::MIN), "-9,223,372,036,854,775,808");
     }
 
     #[test]

@@ -6,7 +6,7 @@ SELECT; COMMIT` per day, on a generated warehouse in a throwaway server (730,000
 partition column and its key; one gated SQL task per day with a unique key and an exact source
 count). Each measurement alternates the two and reports medians.
 
-    examples/bench/postgres.py [--rounds N] [--keyed] [--target-dir DIR]     (default 3 rounds)
+    examples/bench/postgres.py [--rounds N] [--keyed] [--rules] [--target-dir DIR]   (default 3 rounds)
 
 With --keyed the target has PRIMARY KEY (event_id) in place of its plain index on event_id, as
 most production tables do: each partition's delete must then be done before its insert starts.
@@ -15,6 +15,9 @@ Targets (exit status 1 when one is missed):
   1. 365 daily partitions into an empty target, --max-active-runs 1: backfill <= 1.5x the bare loop
   2. the same again into the full target (--reprocess-behavior completed): <= 1.5x
   3. the same into the full target with --max-active-runs 4: faster than the bare loop (< 1.0x)
+With --rules it measures instead what the gate's rules on values cost: the same backfill with
+three rules (not_null on two columns, accepted_values, range) against it without them, alternated,
+into the empty and into the full target at --max-active-runs 1; target: <= 1.15x both times.
 The bare loop keeps no copy of what it replaces, so backfill runs with keep_versions = 0. Every
 backfill run gets a project folder of its own (a fresh manifest, so nothing is skipped), and its
 result is checked: as many rows as 2025's raw events, no duplicate event_id (exit 1 otherwise).
@@ -99,6 +102,11 @@ SELECT count(*) FROM raw.events
 WHERE event_ts >= :data_interval_start AND event_ts < :data_interval_end
 """
 '''
+
+RULES = """not_null = ["event_id", "region"]
+accepted_values = { region = ["eu", "us", "apac", "latam", "mea"] }
+range = { amount = { min = 0, max = 25000 } }
+"""
 
 
 def build(target_dir):
@@ -224,7 +232,7 @@ class Bench:
         self.binary, self.wh, self.work, self.runs = binary, wh, work, 0
         self.script = bare_script()
 
-    def project(self):
+    def project(self, dag=DAG):
         """A new project folder: a fresh manifest, so no interval is skipped as done. (A new folder
         rather than deleting .backfill: a manifest recreated at the same path numbers its tries from
         1 again, and those try ids are already booked in backfill.publishes, whose primary key is
@@ -235,12 +243,12 @@ class Bench:
         with open(os.path.join(d, "backfill.toml"), "w") as f:
             f.write(f'[warehouse.dw]\nkind = "postgres"\nurl = "{self.wh.url}?sslmode=disable"\nkeep_versions = 0\n')
         with open(os.path.join(d, "dags", "events.toml"), "w") as f:
-            f.write(DAG)
+            f.write(dag)
         return d
 
-    def backfill(self, *extra):
+    def backfill(self, *extra, dag=DAG):
         self.wh.settle()
-        argv = [self.binary, "-C", self.project(), "-q", "create", "--dag", "events",
+        argv = [self.binary, "-C", self.project(dag), "-q", "create", "--dag", "events",
                 "--from", "2025-01-01", "--to", "2025-12-31"] + list(extra)
         before = self.wh.server_cpu()
         wall, cpu = timed(argv, dict(os.environ, BACKFILL_NOW=NOW))
@@ -261,6 +269,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--keyed", action="store_true", help="give the target a primary key (event_id)")
+    parser.add_argument("--rules", action="store_true", help="measure the cost of three rules on values instead")
     parser.add_argument("--target-dir", default=os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target"),
                         help="cargo's target folder (default: $CARGO_TARGET_DIR, else target/)")
     args = parser.parse_args()
@@ -276,6 +285,8 @@ def main():
         wh.run(SCHEMA.replace("{key}", KEYS[args.keyed]))
         wh.settle_source()
         bench = Bench(binary, wh, work)
+        if args.rules:
+            sys.exit(rules_cost(bench, wh, args))
         names = ("bf_empty", "bare_empty", "bf_full", "bare_full", "bf_full_4", "bare_full_4")
         wall, cpu, server_cpu = ({k: [] for k in names} for _ in range(3))
 
@@ -321,6 +332,37 @@ def main():
         subprocess.run([SERVER, "stop", server], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         shutil.rmtree(server, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def rules_cost(bench, wh, args):
+    """The backfill with three rules on values against it without them; the exit status."""
+    with_rules = DAG + RULES
+    names = ("plain_empty", "rules_empty", "plain_full", "rules_full")
+    wall = {k: [] for k in names}
+    for r in range(args.rounds):
+        print(f"round {r + 1} of {args.rounds}...", file=sys.stderr)
+        # Alternated, and the first of each pair swapped every round.
+        order = [("plain", DAG), ("rules", with_rules)]
+        if r % 2:
+            order.reverse()
+        for name, dag in order:
+            wh.run("TRUNCATE analytics.events_fact;")
+            wall[f"{name}_empty"].append(bench.backfill("--max-active-runs", "1", dag=dag)[0])
+        for name, dag in order:
+            wall[f"{name}_full"].append(
+                bench.backfill("--reprocess-behavior", "completed", "--max-active-runs", "1", dag=dag)[0]
+            )
+    med = {k: statistics.median(v) for k, v in wall.items()}
+    target = "a target with PRIMARY KEY (event_id)" if args.keyed else "a target without a key"
+    print(f"{target}; three rules on values; medians of {args.rounds} round(s), wall seconds:")
+    print(f"  {'measurement':<43} {'rules':>7} {'none':>7} {'ratio':>7}  target")
+    missed = 0
+    for name, key in (("1. empty target, --max-active-runs 1", "empty"), ("2. full target, reprocess completed, -m 1", "full")):
+        ratio = med[f"rules_{key}"] / med[f"plain_{key}"]
+        ok = ratio <= 1.15
+        missed += not ok
+        print(f"  {name:<43} {med[f'rules_{key}']:7.2f} {med[f'plain_{key}']:7.2f} {ratio:6.2f}x  <= 1.15x {'met' if ok else 'MISSED'}")
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

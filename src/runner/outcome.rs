@@ -161,26 +161,28 @@ pub(super) fn apply_verdict(
     record.reasons = verdict.reason().map(str::to_string);
 }
 
-/// Records the gate's warnings with a try that publishes, after its verdict's reason:
-/// `warning: ...; warning: ...`.
-pub(super) fn add_warnings(record: &mut TryRecord, warnings: &[String]) {
-    if warnings.is_empty() {
+/// Adds to a try's reasons, after its verdict's: `warning: ...; note: ...`.
+pub(super) fn add_reasons(record: &mut TryRecord, prefix: &str, items: &[String]) {
+    if items.is_empty() {
         return;
     }
     let mut parts: Vec<String> = record.reasons.take().into_iter().collect();
-    parts.extend(warnings.iter().map(|w| format!("{WARNING}{w}")));
+    parts.extend(items.iter().map(|w| format!("{prefix}{w}")));
     record.reasons = Some(parts.join("; "));
 }
 
-/// Records the gate's warnings with a try that publishes and says each as it happens.
+/// Records what the gate warned of and noted with a try that publishes, and says each
+/// warning as it happens.
 pub(super) fn warn(
     shared: &Shared,
     task: &Task,
     interval: DataInterval,
     record: &mut TryRecord,
     warnings: &[String],
+    notes: &[String],
 ) {
-    add_warnings(record, warnings);
+    add_reasons(record, WARNING, warnings);
+    add_reasons(record, NOTE, notes);
     for warning in warnings {
         let _ = shared.events.send(Event::GateWarned {
             interval,
@@ -192,6 +194,9 @@ pub(super) fn warn(
 
 /// How each of the gate's warnings begins in a try's reasons.
 pub const WARNING: &str = "warning: ";
+
+/// How each of the gate's notes begins in a try's reasons.
+pub const NOTE: &str = "note: ";
 
 /// The error of a try stopped by its task's `timeout`.
 pub(super) fn timed_out(task: &Task) -> String {

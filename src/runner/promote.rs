@@ -97,15 +97,18 @@ fn judge_again(
     record.rows = Some(rows);
     record.fingerprint = s.fingerprint.clone();
     apply_verdict(&mut record, &verdict, s.source_rows, published);
-    // What the gate warned of when it staged the output stays with the try that publishes it.
-    let warned: Vec<String> = s
-        .reasons
-        .iter()
-        .flat_map(|r| r.split("; "))
-        .filter_map(|part| part.strip_prefix(super::outcome::WARNING))
-        .map(str::to_string)
-        .collect();
-    super::outcome::add_warnings(&mut record, &warned);
+    // What the gate warned of and noted when it staged the output stays with the try that
+    // publishes it.
+    for prefix in [super::outcome::WARNING, super::outcome::NOTE] {
+        let kept: Vec<String> = s
+            .reasons
+            .iter()
+            .flat_map(|r| r.split("; "))
+            .filter_map(|part| part.strip_prefix(prefix))
+            .map(str::to_string)
+            .collect();
+        super::outcome::add_reasons(&mut record, prefix, &kept);
+    }
     record.source_fingerprint = s.source_fingerprint.clone();
     record.promoted_from = Some(staged.try_id);
     if let Verdict::Reject(reason) = &verdict {

@@ -241,11 +241,17 @@ pub(super) async fn sql_try(
         record.state = TryState::Rejected;
         return Ok(Outcome::Rejected(record, reason));
     }
-    let warnings = gate::warnings(&gate_measures, &rules);
+    let (warnings, notes) = (
+        gate::warnings(&gate_measures),
+        gate::notes(&gate_measures, &rules),
+    );
     for w in &warnings {
         log.line(&format!("warning: {w}"));
     }
-    super::outcome::warn(shared, task, input.interval, &mut record, &warnings);
+    for n in &notes {
+        log.line(&format!("note: {n}"));
+    }
+    super::outcome::warn(shared, task, input.interval, &mut record, &warnings, &notes);
     if matches!(shared.spec.mode, super::Mode::Stage) {
         return Ok(stage(output, record, &mut log).await);
     }

@@ -388,8 +388,8 @@ async fn gated_command(
         record.state = TryState::Rejected;
         return Ok(Outcome::Rejected(record, reason));
     }
-    let warnings = gate::warnings(&measures, &rules);
-    super::outcome::warn(shared, task, input.interval, &mut record, &warnings);
+    let (warnings, notes) = (gate::warnings(&measures), gate::notes(&measures, &rules));
+    super::outcome::warn(shared, task, input.interval, &mut record, &warnings, &notes);
     if matches!(shared.spec.mode, super::Mode::Stage) {
         // `publish` waits for `backfill promote`; the result file stays with the try.
         return Ok(staged(record, &input.result_path));

@@ -243,14 +243,17 @@ fn judge(
             };
             let result = if a.error.is_some() || b.error.is_some() {
                 Verdict::Failed
+            } else if a.fingerprint.is_some()
+                && b.fingerprint.is_some()
+                && (a.rows, &a.fingerprint) != (b.rows, &b.fingerprint)
+            {
+                Verdict::NotDeterministic
             } else if !a.broken.is_empty() || !b.broken.is_empty() {
                 Verdict::Rejected
             } else if a.fingerprint.is_none() || b.fingerprint.is_none() {
                 Verdict::Unverifiable
-            } else if a == b {
-                Verdict::Deterministic
             } else {
-                Verdict::NotDeterministic
+                Verdict::Deterministic
             };
             checks.push(Check {
                 start: Rfc3339(interval.start),

@@ -481,14 +481,8 @@ fn load_rules(
             Some(Literal::Float(f)) => Some(*f),
             _ => None,
         };
-        let texts = match (&min, &max) {
-            (Some(Literal::Text(a)), Some(Literal::Text(b))) => Some(a > b),
-            _ => None,
-        };
-        let backwards = match (number(&min), number(&max)) {
-            (Some(a), Some(b)) => a > b,
-            _ => texts.unwrap_or(false),
-        };
+        // Numbers only: strings compare as the warehouse's collation says, not as bytes.
+        let backwards = matches!((number(&min), number(&max)), (Some(a), Some(b)) if a > b);
         if backwards {
             errs.at(
                 &r.column,

@@ -98,16 +98,21 @@ fn judge_again(
     record.fingerprint = s.fingerprint.clone();
     apply_verdict(&mut record, &verdict, s.source_rows, published);
     // What the gate warned of and noted when it staged the output stays with the try that
-    // publishes it.
-    for prefix in [super::outcome::WARNING, super::outcome::NOTE] {
-        let kept: Vec<String> = s
-            .reasons
-            .iter()
-            .flat_map(|r| r.split("; "))
-            .filter_map(|part| part.strip_prefix(prefix))
-            .map(str::to_string)
-            .collect();
-        super::outcome::add_reasons(&mut record, prefix, &kept);
+    // publishes it: the staged try's reasons after its verdict's own (`empty source`, judged
+    // again above).
+    let kept = s.reasons.as_deref().map(|r| {
+        r.strip_prefix(
+            crate::gate::Verdict::PublishEmpty
+                .reason()
+                .unwrap_or_default(),
+        )
+        .map_or(r, |rest| rest.trim_start_matches("; "))
+    });
+    if let Some(kept) = kept.filter(|k| !k.is_empty()) {
+        record.reasons = Some(match record.reasons.take() {
+            Some(own) => format!("{own}; {kept}"),
+            None => kept.to_string(),
+        });
     }
     record.source_fingerprint = s.source_fingerprint.clone();
     record.promoted_from = Some(staged.try_id);

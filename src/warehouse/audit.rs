@@ -428,7 +428,7 @@ impl SqliteRules<'_> {
     fn statement(&self, body: &str) -> Result<rusqlite::Statement<'_>> {
         let mut stmt = self
             .conn
-            .prepare(&format!("WITH output AS ({}) {body}", self.output))?;
+            .prepare(&format!("WITH output AS ({}){body}", self.output))?;
         self.binds.bind(&mut stmt)?;
         Ok(stmt)
     }

@@ -10,16 +10,18 @@
 use crate::gate::{Found, SAMPLES};
 use crate::project::{Gate, Literal, Rule, RuleKind};
 
-/// What the rules need of a warehouse connection inside a try's transaction.
+/// What the rules need of a warehouse connection inside a try's transaction. A statement is
+/// `WITH output AS (the try's rows)` followed by a body: more common table expressions
+/// (`, name AS (...)`) and a `SELECT`, or a `SELECT` alone (` SELECT ...`).
 pub trait Engine {
     type Error: From<super::Error>;
     /// A check's query as this engine binds its parameters (the named ones of SQL tasks), for
     /// the next statement run.
     fn check(&mut self, sql: &str) -> Result<String, Self::Error>;
-    /// The rows of `body`, a query in which the table `output` is the try's rows; every value
-    /// of `body`'s columns is text or `NULL`.
+    /// The rows of the statement of `body` (see above); every value of its columns is text or
+    /// `NULL`.
     fn texts(&mut self, body: &str) -> Result<Vec<Vec<Option<String>>>, Self::Error>;
-    /// The names of the columns `body` returns.
+    /// The names of the columns the statement of `body` returns.
     fn columns(&mut self, body: &str) -> Result<Vec<String>, Self::Error>;
 }
 
@@ -85,29 +87,62 @@ pub fn what(rule: &Rule) -> String {
     }
 }
 
-/// A check's query as a subquery on lines of its own (a trailing comment cannot swallow the
-/// closing parenthesis).
+/// A check's query as the body of a common table expression, on lines of its own (a trailing
+/// comment cannot swallow the closing parenthesis). In a table expression of its own, the check
+/// sees `output` and the warehouse, never a row of the statement around it.
 fn subquery(sql: &str) -> String {
     format!("(\n{}\n)", super::strip(sql))
 }
 
-/// The statement that counts every rule's violations, one text column per rule: what the try
-/// runs, and what `dags validate` prepares.
+/// A statement's body: `ctes` (each `name AS (...)`) then `select`.
+fn body(ctes: &[String], select: &str) -> String {
+    let mut out = String::new();
+    for cte in ctes {
+        out.push_str(", ");
+        out.push_str(cte);
+    }
+    out.push(' ');
+    out.push_str(select);
+    out
+}
+
+/// The body of the statement that counts every rule's violations, one text column per rule in
+/// their order, in one row whatever the output holds: what the try runs, and what `dags
+/// validate` prepares. The built-in rules are counted in one pass over `output`.
 pub fn counting<E: Engine>(e: &mut E, rules: &[Rule]) -> Result<Option<String>, E::Error> {
-    let mut columns = Vec::new();
+    let (mut ctes, mut sums, mut columns) = (Vec::new(), Vec::new(), Vec::new());
     for (i, rule) in rules.iter().enumerate() {
         match (&rule.kind, violation(&rule.kind)) {
-            (_, Some(cond)) => columns.push(format!(
-                "CAST(coalesce(sum(CASE WHEN {cond} THEN 1 ELSE 0 END), 0) AS text)"
-            )),
-            (RuleKind::Sql(sql), None) => columns.push(format!(
-                "(SELECT CAST(count(*) AS text) FROM {} c{i})",
-                subquery(&e.check(sql)?)
-            )),
+            (_, Some(cond)) => {
+                sums.push(format!(
+                    "CAST(coalesce(sum(CASE WHEN {cond} THEN 1 ELSE 0 END), 0) AS text) AS backfill_rule_{i}"
+                ));
+                columns.push(format!("b.backfill_rule_{i}"));
+            }
+            (RuleKind::Sql(sql), None) => {
+                ctes.push(format!(
+                    "backfill_check_{i} AS {}",
+                    subquery(&e.check(sql)?)
+                ));
+                columns.push(format!(
+                    "(SELECT CAST(count(*) AS text) FROM backfill_check_{i})"
+                ));
+            }
             (_, None) => {}
         }
     }
-    Ok((!columns.is_empty()).then(|| format!("SELECT {} FROM output", columns.join(", "))))
+    if columns.is_empty() {
+        return Ok(None);
+    }
+    let from = if sums.is_empty() {
+        String::new()
+    } else {
+        format!(" FROM (SELECT {} FROM output) b", sums.join(", "))
+    };
+    Ok(Some(body(
+        &ctes,
+        &format!("SELECT {}{from}", columns.join(", ")),
+    )))
 }
 
 /// Runs the rules of `gate` that a warehouse judges (all but a command task's checks) over
@@ -161,7 +196,7 @@ pub fn run<E: Engine>(
 /// Up to [`SAMPLES`] rows that violate a rule, as its message shows them:
 /// `(order_id 7, day 2026-09-03)`.
 fn samples<E: Engine>(e: &mut E, rule: &Rule, shown: &[String]) -> Result<Vec<String>, E::Error> {
-    let (names, body) = match (&rule.kind, violation(&rule.kind)) {
+    let (names, statement) = match (&rule.kind, violation(&rule.kind)) {
         (kind, Some(cond)) => {
             let mut names: Vec<String> = shown.to_vec();
             if let Some(c) = kind
@@ -186,27 +221,42 @@ fn samples<E: Engine>(e: &mut E, rule: &Rule, shown: &[String]) -> Result<Vec<St
             } else {
                 format!(" ORDER BY {order}")
             };
-            let body = format!("SELECT {cols} FROM output WHERE {cond}{order} LIMIT {SAMPLES}");
-            (names, body)
+            let statement = body(
+                &[],
+                &format!("SELECT {cols} FROM output WHERE {cond}{order} LIMIT {SAMPLES}"),
+            );
+            (names, statement)
         }
         (RuleKind::Sql(sql), None) => {
             let check = e.check(sql)?;
-            let names = e.columns(&format!("SELECT * FROM {} c", subquery(&check)))?;
+            let names = e.columns(&body(
+                &[format!("backfill_check AS {}", subquery(&check))],
+                "SELECT * FROM backfill_check",
+            ))?;
+            // Its columns renamed by place: a check may return two columns of one name.
+            let renamed: Vec<String> = (0..names.len()).map(|k| format!("k{k}")).collect();
             let check = e.check(sql)?;
-            let cols = names
+            let cols = renamed
                 .iter()
-                .map(|n| format!("CAST(c.{} AS text)", ident(n)))
+                .map(|n| format!("CAST({n} AS text)"))
                 .collect::<Vec<_>>()
                 .join(", ");
-            let body = format!("SELECT {cols} FROM {} c LIMIT {SAMPLES}", subquery(&check));
-            (names, body)
+            let statement = body(
+                &[format!(
+                    "backfill_check ({}) AS {}",
+                    renamed.join(", "),
+                    subquery(&check)
+                )],
+                &format!("SELECT {cols} FROM backfill_check LIMIT {SAMPLES}"),
+            );
+            (names, statement)
         }
         (_, None) => return Ok(Vec::new()),
     };
     if names.is_empty() {
         return Ok(Vec::new());
     }
-    Ok(e.texts(&body)?
+    Ok(e.texts(&statement)?
         .into_iter()
         .map(|row| {
             let values: Vec<String> = names

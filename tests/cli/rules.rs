@@ -357,6 +357,14 @@ FORM output WHERE amount_cents < 0
         .stderr_has("check \"typo\" does not prepare");
     assert!(!p.has_manifest() || p.count("SELECT COUNT(*) FROM runs") == 0);
 
+    // A check is a table expression of its own: a column it does not find in its own tables is
+    // an error, never a column of the output's row around it.
+    let p = with_rules(
+        "[[tasks.gate.checks]]\nname = \"unbound\"\nsql = \"SELECT order_id FROM raw_orders WHERE order_day IS NULL\"\n",
+    );
+    p.run(&["dags", "validate"])
+        .code(2)
+        .stderr_has("check \"unbound\" does not prepare: no such column: order_day");
     // A rule on a column the output does not have.
     let p = with_rules("not_null = [\"regoin\"]\n");
     p.run(&["dags", "validate"]).code(2).stderr_has(
@@ -489,4 +497,40 @@ fn a_staged_output_that_a_rule_rejects_is_never_staged_and_verify_reports_it() {
         .stdout_has("would be rejected")
         .stderr_has("task `load` for interval 2026-09-01 would be rejected by its gate: range violated: amount_cents is above 20000 in ")
         .stderr_has("1 would be rejected");
+}
+
+#[test]
+fn a_gate_of_checks_alone_counts_once_and_an_empty_partition_still_publishes() {
+    let p = with_rules(
+        r#"allow_empty = true
+
+[[tasks.gate.checks]]
+name = "no free orders"
+sql = "SELECT order_id FROM output WHERE amount_cents = 0"
+"#,
+    );
+    // Without a source count, an empty output is an empty source.
+    let text = p.read("dags/orders_fact.toml");
+    let open = "source_count = \"\"\"";
+    let start = text.find(open).unwrap();
+    let end = text[start + open.len()..].find("\"\"\"\n").unwrap() + start + open.len() + 4;
+    p.write(
+        "dags/orders_fact.toml",
+        &format!("{}{}", &text[..start], &text[end..]),
+    );
+    wh(&p)
+        .execute_batch("DELETE FROM raw_orders WHERE date(order_ts) = '2026-09-02'")
+        .unwrap();
+    p.create("orders_fact", "2026-09-01", "2026-09-02", &[])
+        .code(0);
+    assert_eq!(
+        p.rows("SELECT rows, verdict FROM task_tries ORDER BY id"),
+        [
+            [
+                day_count(&p, "2026-09-01", "1").to_string().as_str(),
+                "published"
+            ],
+            ["0", "published empty"]
+        ]
+    );
 }

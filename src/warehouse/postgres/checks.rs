@@ -197,7 +197,8 @@ pub(super) fn check_on(
         }
     }
     if let Some(g) = gate.filter(|g| !g.rules.is_empty()) {
-        // `output` as the try will have it: the interval's rows of the target, its columns.
+        // `output` as the try will have it: the interval's rows of the target, the query's
+        // columns.
         let pc = quote_ident(&task.partition_column);
         let ty = columns
             .iter()
@@ -208,7 +209,7 @@ pub(super) fn check_on(
         let mut engine = PgRules::new(
             c,
             format!(
-                "SELECT * FROM {} WHERE {pc} >= $1 AND {pc} < $2",
+                "SELECT {list} FROM {} WHERE {pc} >= $1 AND {pc} < $2",
                 quote_name(&task.target)
             ),
             [Value::Int(0), Value::Int(0)],
@@ -221,8 +222,7 @@ pub(super) fn check_on(
             Failure::Pg(e) => describe(e),
             Failure::Other(e) => e.to_string(),
         };
-        let names: Vec<String> = columns.iter().map(|(n, _)| n.clone()).collect();
-        crate::warehouse::rules::check(&mut engine, &g.rules, &names, describe)
+        crate::warehouse::rules::check(&mut engine, &g.rules, &out, describe)
             .map_err(|(i, message)| crate::warehouse::rule_problem(i, message))?;
     }
     if let Some(g) = gate.filter(|g| g.unique_key_table && !g.unique_key.is_empty()) {

@@ -45,7 +45,7 @@ impl<'a> PgRules<'a> {
 
     /// The statement of `body` with `output` defined, and its parameters' values.
     fn statement(&mut self, body: &str) -> std::result::Result<tokio_postgres::Statement, Failure> {
-        let sql = format!("WITH output AS ({}) {body}", self.output);
+        let sql = format!("WITH output AS ({}){body}", self.output);
         let mut types = vec![self.bound_type.clone(), self.bound_type.clone()];
         types.extend(self.params.iter().map(|p| match p.pg_type() {
             "timestamptz" => Type::TIMESTAMPTZ,

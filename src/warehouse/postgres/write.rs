@@ -238,10 +238,11 @@ pub(super) fn write_measure(
     };
     if let Some(g) = w.gate.filter(|g| !g.rules.is_empty()) {
         // The interval's rows, as this transaction wrote them: what the delete removed is
-        // gone and only the output is there (rows outside the interval are rejected first).
+        // gone and only the output is there (rows outside the interval are rejected first);
+        // the query's columns, as a staged or a temporary table holds them too.
         let mut engine = PgRules::new(
             c,
-            format!("SELECT * FROM {dest} WHERE {pc} >= $1 AND {pc} < $2"),
+            format!("SELECT {list} FROM {dest} WHERE {pc} >= $1 AND {pc} < $2"),
             [values[0].clone(), values[1].clone()],
             types[0].clone(),
             w.binds,

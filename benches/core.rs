@@ -255,8 +255,14 @@ fn gate_checks(c: &mut Criterion) {
                 output: "SELECT * FROM audit.rows".into(),
             };
             black_box(
-                warehouse::rules::run(&mut engine, &with_rules, 3000, &["order_id".to_string()])
-                    .unwrap(),
+                warehouse::rules::run(
+                    &mut engine,
+                    &with_rules,
+                    3000,
+                    &["order_id".to_string()],
+                    None,
+                )
+                .unwrap(),
             )
         })
     });

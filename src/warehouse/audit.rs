@@ -206,7 +206,7 @@ pub fn write_and_measure(
                     binds,
                     output: format!("SELECT * FROM {TABLE}"),
                 };
-                m.found = super::rules::run(&mut engine, g, m.rows, &shown_columns(task, g))?;
+                m.found = super::rules::run(&mut engine, g, m.rows, &shown_columns(task, g), None)?;
             }
             Ok(m)
         })();

@@ -109,7 +109,7 @@ fn body(ctes: &[String], select: &str) -> String {
 /// The body of the statement that counts every rule's violations, one text column per rule in
 /// their order, in one row whatever the output holds: what the try runs, and what `dags
 /// validate` prepares. The built-in rules are counted in one pass over `output`.
-pub fn counting<E: Engine>(e: &mut E, rules: &[Rule]) -> Result<Option<String>, E::Error> {
+pub fn counting<E: Engine>(e: &mut E, rules: &[&Rule]) -> Result<Option<String>, E::Error> {
     let (mut ctes, mut sums, mut columns) = (Vec::new(), Vec::new(), Vec::new());
     for (i, rule) in rules.iter().enumerate() {
         match (&rule.kind, violation(&rule.kind)) {
@@ -145,37 +145,65 @@ pub fn counting<E: Engine>(e: &mut E, rules: &[Rule]) -> Result<Option<String>, 
     )))
 }
 
-/// Runs the rules of `gate` that a warehouse judges (all but a command task's checks) over
-/// the try's `rows` rows; a rule that found violations shows up to [`SAMPLES`] of them, by
-/// the columns in `shown` (the unique key, or the partition column) and its own column.
+/// The rules of `gate` that a warehouse judges: all but a command task's checks.
+pub fn judged_here(gate: &Gate) -> Vec<&Rule> {
+    gate.rules
+        .iter()
+        .filter(|r| !matches!(r.kind, RuleKind::Command(_)))
+        .collect()
+}
+
+/// How many rows violate each built-in rule of [`judged_here`], as aggregates over the
+/// output's rows, in their order, for a statement that reads those rows anyway (PostgreSQL's
+/// insert counts them as it writes them): `None` when there is none.
+pub fn built_in_sums(gate: &Gate) -> Option<String> {
+    let sums: Vec<String> = judged_here(gate)
+        .iter()
+        .filter_map(|r| {
+            violation(&r.kind)
+                .map(|cond| format!("coalesce(sum(CASE WHEN {cond} THEN 1 ELSE 0 END), 0)"))
+        })
+        .collect();
+    (!sums.is_empty()).then(|| sums.join(", "))
+}
+
+/// Runs the rules of `gate` that a warehouse judges (see [`judged_here`]) over the try's
+/// `rows` rows; `counted` holds the counts of the built-in rules in their order when they were
+/// counted already (see [`built_in_sums`]). A rule that found violations shows up to
+/// [`SAMPLES`] of them, by the columns in `shown` (the unique key, or the partition column)
+/// and its own column.
 pub fn run<E: Engine>(
     e: &mut E,
     gate: &Gate,
     rows: i64,
     shown: &[String],
+    counted: Option<&[i64]>,
 ) -> Result<Vec<Found>, E::Error> {
-    let rules: Vec<&Rule> = gate
-        .rules
-        .iter()
-        .filter(|r| !matches!(r.kind, RuleKind::Command(_)))
-        .collect();
-    let owned: Vec<Rule> = rules.iter().map(|r| (*r).clone()).collect();
-    let Some(statement) = counting(e, &owned)? else {
-        return Ok(Vec::new());
+    let rules = judged_here(gate);
+    let builtin = |r: &Rule| violation(&r.kind).is_some();
+    let to_count: Vec<&Rule> = match counted {
+        Some(_) => rules.iter().copied().filter(|r| !builtin(r)).collect(),
+        None => rules.clone(),
     };
-    let counts = e.texts(&statement)?.into_iter().next().unwrap_or_default();
+    let mut fresh = match counting(e, &to_count)? {
+        Some(statement) => e.texts(&statement)?.into_iter().next().unwrap_or_default(),
+        None => Vec::new(),
+    }
+    .into_iter();
+    let mut known = counted.unwrap_or_default().iter();
     let mut found = Vec::new();
-    for (i, rule) in rules.iter().enumerate() {
-        let violations = counts
-            .get(i)
-            .and_then(|v| v.as_deref())
-            .and_then(|v| v.parse::<i64>().ok())
-            .ok_or_else(|| {
-                super::Error::Message(format!(
-                    "the rule `{}` gave no count of its violations",
-                    rule.name
-                ))
-            })?;
+    for rule in &rules {
+        let violations = if counted.is_some() && builtin(rule) {
+            known.next().copied()
+        } else {
+            fresh.next().flatten().and_then(|v| v.parse::<i64>().ok())
+        }
+        .ok_or_else(|| {
+            super::Error::Message(format!(
+                "the rule `{}` gave no count of its violations",
+                rule.name
+            ))
+        })?;
         let samples = if violations == 0 {
             Vec::new()
         } else {
@@ -304,8 +332,7 @@ pub fn check<E: Engine>(
                 ),
             ));
         }
-        let statement =
-            counting(e, std::slice::from_ref(rule)).map_err(|err| (i, describe(&err)))?;
+        let statement = counting(e, &[rule]).map_err(|err| (i, describe(&err)))?;
         if let Some(statement) = statement
             && let Err(err) = e.columns(&statement)
         {

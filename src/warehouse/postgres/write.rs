@@ -155,13 +155,19 @@ pub(super) fn write_measure(
     types.push(Type::TEXT);
     values.push(Value::Text(mark.clone()));
     let guard = in_try_guard(types.len());
+    // The built-in rules on values are counted as the rows are written, in the same pass.
+    let rule_sums = w.gate.and_then(crate::warehouse::rules::built_in_sums);
+    let rule_counts = rule_sums.as_ref().map_or_else(
+        || "NULL::int8[]".to_string(),
+        |s| format!("ARRAY[{s}]::int8[]"),
+    );
     let statement = format!(
         "WITH ins AS (\n  INSERT INTO {dest} ({list})\n  SELECT {list} FROM (\n{}\n) q\n  RETURNING {list}\n),\n\
          m AS (SELECT count(*) AS n, count(*) FILTER (WHERE {outside}) AS outside, \
-           coalesce(sum({hash}), 0) AS h FROM ins){booking}\n\
+           coalesce(sum({hash}), 0) AS h, {rule_counts} AS rules FROM ins){booking}\n\
          SELECT m.n, m.outside, \
          CASE WHEN m.outside > 0 THEN (SELECT array_agg(v) FROM (SELECT DISTINCT coalesce({pc}::text, 'NULL') AS v FROM ins WHERE {outside} ORDER BY 1 LIMIT {more}) o) END, \
-         m.n::text || ':' || m.h::text, {duplicates}, {elsewhere}, {source_count}, {source_fingerprint}, {guard} FROM m",
+         m.n::text || ':' || m.h::text, {duplicates}, {elsewhere}, {source_count}, {source_fingerprint}, {guard}, m.rules FROM m",
         query.sql,
         more = SHOWN + 1,
         hash = row_hash(&typed),
@@ -218,6 +224,7 @@ pub(super) fn write_measure(
     };
     crate::fault::point("before-source-count");
     let rows: i64 = row.get(0);
+    let rule_counts: Option<Vec<i64>> = row.get(9);
     let fingerprint: String = row.get(3);
     let source = counted(w.gate, row.get(6))?;
     let mut m = AuditMeasures {
@@ -250,7 +257,8 @@ pub(super) fn write_measure(
             dest == table,
         );
         let shown = crate::warehouse::audit::shown_columns(task, g);
-        m.found = crate::warehouse::rules::run(&mut engine, g, rows, &shown)?;
+        m.found =
+            crate::warehouse::rules::run(&mut engine, g, rows, &shown, rule_counts.as_deref())?;
     }
     if moved.is_some() {
         c.has_versions = Some(true);

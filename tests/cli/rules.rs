@@ -524,7 +524,7 @@ sql = "SELECT order_id FROM output WHERE amount_cents = 0"
     p.create("orders_fact", "2026-09-01", "2026-09-02", &[])
         .code(0);
     assert_eq!(
-        p.rows("SELECT rows, verdict FROM task_tries ORDER BY id"),
+        p.rows("SELECT t.rows, t.verdict FROM task_tries t JOIN runs r ON r.id = t.run_id ORDER BY r.interval_start"),
         [
             [
                 day_count(&p, "2026-09-01", "1").to_string().as_str(),

@@ -278,7 +278,8 @@ fn print_checks(out: &mut Sink<'_>, dag: &Dag, checks: &[Check]) -> Result<(), E
         "rows (again)",
         "fingerprint (again)",
         "result",
-    ]);
+    ])
+    .droppable(&["fingerprint (again)", "fingerprint", "rows (again)"]);
     let show = |c: &Computed| match &c.error {
         None => (
             c.rows.map_or(String::new(), |n| n.to_string()),

@@ -2,6 +2,9 @@
 //! row is left out; tables longer than [`TABLE_LIMIT`] rows show their first and last halves
 //! with a line of their own saying how many rows were left out. Given a width, the columns
 //! share it and long cells wrap, cut after a few lines unless they are to be shown in full.
+//! Short cells (ids, dates, states, counts) never wrap: when the width cannot hold them whole
+//! beside the long ones, the view's low-value columns are left out first, and a line under the
+//! table names them.
 
 use comfy_table::{ColumnConstraint, ContentArrangement, Row, Table, presets::UTF8_FULL_CONDENSED};
 
@@ -18,6 +21,9 @@ pub struct Grid {
     left_out: usize,
     /// Which columns have content in a row left out.
     filled: Vec<bool>,
+    /// Headings of the columns that may be left out when the width is short, first the one
+    /// to leave out first.
+    droppable: Vec<&'static str>,
 }
 
 /// Whether a cell counts as content (a column whose every cell is empty is left out).
@@ -33,7 +39,15 @@ impl Grid {
             rows: Vec::new(),
             left_out: 0,
             filled,
+            droppable: Vec::new(),
         }
+    }
+
+    /// The columns that may be left out when the width cannot hold the others' short cells
+    /// whole, in the order to leave them out.
+    pub fn droppable(mut self, order: &[&'static str]) -> Self {
+        self.droppable = order.to_vec();
+        self
     }
 
     pub fn row(&mut self, cells: Vec<String>) {
@@ -70,9 +84,23 @@ impl Grid {
         self.len() == 0
     }
 
+    /// The widest line of column `i`'s heading and cells.
+    fn column_width(&self, i: usize) -> usize {
+        std::iter::once(self.headings[i])
+            .chain(
+                self.rows
+                    .iter()
+                    .map(|r| r.get(i).map_or("", String::as_str)),
+            )
+            .flat_map(str::lines)
+            .map(|l| l.chars().count())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The table as text, columns that are empty in every row left out, fitted to `fit`.
     pub fn render(&self, fit: Fit) -> String {
-        let keep: Vec<usize> = (0..self.headings.len())
+        let mut keep: Vec<usize> = (0..self.headings.len())
             .filter(|&i| {
                 self.filled[i]
                     || self
@@ -81,6 +109,29 @@ impl Grid {
                         .any(|r| r.get(i).is_some_and(|c| has_content(c)))
             })
             .collect();
+        // Low-value columns go, one at a time, until the short columns fit whole.
+        let mut dropped: Vec<&str> = Vec::new();
+        if let Some(width) = fit.width {
+            let mut order = self.droppable.iter();
+            loop {
+                let widths: Vec<usize> = keep.iter().map(|&i| self.column_width(i)).collect();
+                let whole = whole_columns(&widths, usize::from(width));
+                if widths
+                    .iter()
+                    .zip(&whole)
+                    .all(|(w, whole)| *whole || *w > SHORT)
+                {
+                    break;
+                }
+                let Some(next) = order.find(|h| keep.iter().any(|&i| self.headings[i] == **h))
+                else {
+                    break;
+                };
+                keep.retain(|&i| self.headings[i] != *next);
+                dropped.push(next);
+            }
+        }
+        let keep = keep;
         let table = |rows: &[Vec<String>]| {
             let mut t = Table::new();
             t.load_style(UTF8_FULL_CONDENSED);
@@ -123,13 +174,23 @@ impl Grid {
             }
             t.to_string()
         };
+        let note = if dropped.is_empty() {
+            String::new()
+        } else {
+            let text = format!(
+                "(left out for the width: {}; --output json has every column)",
+                dropped.join(", ")
+            );
+            let width = fit.width.map_or(usize::MAX, usize::from);
+            format!("\n{}", super::out::wrap(&text, width))
+        };
         if self.len() <= TABLE_LIMIT {
-            return table(&self.rows);
+            return format!("{}{note}", table(&self.rows));
         }
         let half = TABLE_LIMIT / 2;
         let left_out = self.len() - TABLE_LIMIT;
         format!(
-            "{}\n… {} left out; --output json lists every row\n{}",
+            "{}\n… {} left out; --output json lists every row\n{}{note}",
             table(&self.rows[..half]),
             plural(i64::try_from(left_out).unwrap_or(i64::MAX), "row", "rows"),
             table(&self.rows[self.rows.len() - half..])
@@ -139,6 +200,10 @@ impl Grid {
 
 /// Characters a wrapped column keeps at least.
 const NARROWEST: usize = 10;
+
+/// The widest a column of short cells is (ids, dates, timestamps, states, counts): such a
+/// column never wraps while the view has a column it may leave out instead.
+const SHORT: usize = 24;
 
 /// Which columns keep their content's width when a table of columns `widths` wide must fit in
 /// `width`: the narrow ones (dates, states, counts), so that only the widest (errors, reasons)

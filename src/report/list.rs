@@ -79,7 +79,8 @@ pub fn write(
         "ok",
         "failed",
         "created",
-    ]);
+    ])
+    .droppable(&["reprocess", "created", "skip", "run"]);
     for b in list {
         let c = &b.intervals;
         let (from, to) = range_labels(b, &labels(&b.dag_id));

@@ -162,7 +162,8 @@ pub fn write(
         "end (UTC)",
         "action",
         "reason",
-    ]);
+    ])
+    .droppable(&["start (UTC)", "end (UTC)", "#"]);
     for (i, r) in rows.iter().enumerate() {
         let (action, reason) = match r.action {
             Action::Run => (

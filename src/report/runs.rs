@@ -24,6 +24,9 @@ pub fn write(
     let mut t = Grid::new(vec![
         "interval", "run", "backfill", "state", "started", "duration", "tries", "rows", "verdict",
         "error",
+    ])
+    .droppable(&[
+        "backfill", "tries", "duration", "started", "verdict", "run", "rows",
     ]);
     for (k, r) in runs.iter().enumerate() {
         t.row_at(

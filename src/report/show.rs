@@ -88,6 +88,9 @@ pub fn write(
         "duration",
         "host",
         "error",
+    ])
+    .droppable(&[
+        "action", "attempts", "tries", "host", "duration", "#", "verdict", "reason", "rows",
     ]);
     let total = detail.interval_details.len();
     for (k, i) in detail.interval_details.iter().enumerate() {

@@ -304,3 +304,77 @@ fn without_a_terminal_there_is_no_bar_and_a_line_per_interval() {
         .collect();
     assert_eq!(lines.len(), 2, "{}", out.stderr);
 }
+
+/// `show` and `runs` in real terminals of 60, 80 and 120 columns (no `COLUMNS`): short cells
+/// (dates, states, counts) never wrap, no line is wider than the terminal, and a column left out
+/// for the width is named.
+#[test]
+fn tables_fit_the_terminal_and_never_wrap_dates_states_or_counts() {
+    let p = crate::gate::shop();
+    p.create("orders_fact", "2026-09-01", "2026-09-10", &[])
+        .code(0);
+    // Two days lose a tenth of their orders: their rerun is rejected with a long reason.
+    crate::gate::wh(&p)
+        .execute_batch(
+            "DELETE FROM raw_orders WHERE date(order_ts) IN ('2026-09-03', '2026-09-07') AND order_id % 10 = 0",
+        )
+        .unwrap();
+    p.create(
+        "orders_fact",
+        "2026-09-01",
+        "2026-09-10",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(3);
+    let days: Vec<String> = (1..=10).map(|d| format!("2026-09-{d:02}")).collect();
+    for cols in [60u16, 80, 120] {
+        for args in [
+            "show 2",
+            "runs --dag orders_fact --from 2026-09-01 --to 2026-09-10",
+        ] {
+            let words: Vec<&str> = args.split(' ').collect();
+            let Some((code, text)) = on_terminal(&p, &words, cols) else {
+                return;
+            };
+            assert_eq!(code, 0, "{text}");
+            let lines: Vec<&str> = text.lines().collect();
+            for l in &lines {
+                assert!(
+                    l.chars().count() <= usize::from(cols),
+                    "`{args}` at {cols} columns: a line of {} characters:\n{text}",
+                    l.chars().count()
+                );
+            }
+            for day in &days {
+                assert!(
+                    lines.iter().any(|l| l.contains(day.as_str())),
+                    "`{args}` at {cols} columns: {day} is not whole on a line:\n{text}"
+                );
+            }
+            for state in ["succeeded", "rejected"] {
+                assert!(
+                    lines.iter().any(|l| l.contains(state)),
+                    "`{args}` at {cols} columns: `{state}` is cut:\n{text}"
+                );
+            }
+            assert!(
+                !lines.iter().any(|l| l.contains("2026-09-")
+                    && !l.contains("2026-09-0")
+                    && !l.contains("2026-09-1")),
+                "`{args}` at {cols} columns: a date is cut:\n{text}"
+            );
+            if cols == 60 && args.starts_with("show") {
+                assert!(
+                    text.contains("(left out for the width: action, attempts, tries"),
+                    "the columns left out are named:\n{text}"
+                );
+            }
+            if cols == 120 {
+                assert!(
+                    !text.contains("left out for the width") || args.starts_with("show"),
+                    "{text}"
+                );
+            }
+        }
+    }
+}

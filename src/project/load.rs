@@ -536,9 +536,26 @@ fn timeout(v: &Spanned<String>, errs: &mut FileErrors<'_>) -> Option<Duration> {
     Some(d)
 }
 
+/// Why [`expand_env`] could not put the variables in.
+#[derive(Debug)]
+pub(crate) enum EnvError {
+    /// A variable it names is not set (the message names it).
+    Unset(String),
+    /// The text is not written as `${NAME}` asks.
+    Malformed(String),
+}
+
+impl std::fmt::Display for EnvError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unset(m) | Self::Malformed(m) => f.write_str(m),
+        }
+    }
+}
+
 /// Puts the environment variables that `text` names as `${NAME}` in, so that secrets stay out
 /// of files; `$$` is one `$`. A variable that is not set is an error that names it.
-pub(crate) fn expand_env(text: &str) -> Result<String, String> {
+pub(crate) fn expand_env(text: &str) -> Result<String, EnvError> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find('$') {
@@ -549,23 +566,25 @@ pub(crate) fn expand_env(text: &str) -> Result<String, String> {
             rest = after;
         } else if let Some(body) = tail.strip_prefix("${") {
             let Some(end) = body.find('}') else {
-                return Err("`${` without its closing `}`; write ${NAME}".into());
+                return Err(EnvError::Malformed(
+                    "`${` without its closing `}`; write ${NAME}".into(),
+                ));
             };
             let name = &body[..end];
             let plain = !name.is_empty()
                 && !name.starts_with(|c: char| c.is_ascii_digit())
                 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
             if !plain {
-                return Err(format!(
+                return Err(EnvError::Malformed(format!(
                     "`${{{name}}}` is not an environment variable's name (letters, digits and `_`)"
-                ));
+                )));
             }
             match std::env::var(name) {
                 Ok(value) => out.push_str(&value),
                 Err(_) => {
-                    return Err(format!(
+                    return Err(EnvError::Unset(format!(
                         "environment variable `{name}` is not set; export it, or write the value here"
-                    ));
+                    )));
                 }
             }
             rest = &body[end + 1..];

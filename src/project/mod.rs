@@ -143,22 +143,43 @@ pub enum WarehouseKind {
 
 /// A PostgreSQL connection URL, with the environment variables it named already put in. It may
 /// hold a password: it is shown only through [`PgUrl::redacted`].
+///
+/// A URL that names a variable that is not set is kept as written, with the error: only a
+/// command that connects to the warehouse needs it (`list`, `show` and the other reads of the
+/// manifest, or a DAG of another warehouse, do not), and that command reports it.
 #[derive(Clone, PartialEq, Eq)]
-pub struct PgUrl(String);
+pub struct PgUrl {
+    url: String,
+    unresolved: Option<String>,
+}
 
 impl PgUrl {
     pub fn new(url: String) -> Self {
-        Self(url)
+        Self {
+            url,
+            unresolved: None,
+        }
     }
 
-    /// The URL itself, to connect with.
-    pub fn secret(&self) -> &str {
-        &self.0
+    /// A URL as written (`${NAME}` not put in) and why it could not be: `file:line:col: ...`.
+    pub fn unresolved(written: String, why: String) -> Self {
+        Self {
+            url: written,
+            unresolved: Some(why),
+        }
+    }
+
+    /// The URL itself, to connect with; `Err` says why there is none.
+    pub fn secret(&self) -> Result<&str, &str> {
+        match &self.unresolved {
+            None => Ok(&self.url),
+            Some(why) => Err(why),
+        }
     }
 
     /// The URL without its password (in the user part or a `password` parameter).
     pub fn redacted(&self) -> String {
-        redact_url(&self.0)
+        redact_url(&self.url)
     }
 }
 
@@ -338,6 +359,13 @@ impl Project {
                             );
                             continue;
                         }
+                        Err(load::EnvError::Unset(why)) => Some(PgUrl::unresolved(
+                            u.get_ref().clone(),
+                            format!(
+                                "{}: warehouse `{name}`: key `url`: {why}",
+                                errs.location(u.span().start)
+                            ),
+                        )),
                         Err(why) => {
                             errs.at(u, format!("warehouse `{name}`: key `url`: {why}"));
                             continue;

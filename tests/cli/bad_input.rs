@@ -786,3 +786,36 @@ fn an_unreachable_postgresql_manifest_is_named_without_its_password_and_nothing_
     assert!(left.is_empty(), "{left:?}");
     assert!(!p.manifest_path().exists());
 }
+
+/// A warehouse's `${VAR}` is needed only by a command that uses the warehouse: reading the
+/// manifest, and running a DAG of another warehouse, work without it; a command that needs the
+/// warehouse says which variable, where it is named, and exits 2 having written nothing for it.
+#[test]
+fn a_warehouse_secret_is_needed_only_where_the_warehouse_is_used() {
+    let p = Project::new()
+        .dag(
+            "report",
+            "schedule = \"@daily\"\n[[tasks]]\nid = \"r\"\ncommand = \"true\"\n",
+        )
+        .dag(
+            "sales",
+            "schedule = \"@daily\"\n[[tasks]]\nid = \"load\"\nwarehouse = \"sales\"\ntarget = \"t\"\npartition_column = \"day\"\nsql = \"SELECT 1 AS day\"\n",
+        );
+    p.write(
+        "backfill.toml",
+        "[warehouse.sales]\nkind = \"postgres\"\nurl = \"postgresql://etl:${BACKFILL_TEST_UNSET_SALES_PASSWORD}@127.0.0.1:1/sales\"\n",
+    );
+    let unset = "backfill.toml:3:7: warehouse `sales`: key `url`: environment variable `BACKFILL_TEST_UNSET_SALES_PASSWORD` is not set; export it, or write the value here";
+    p.create("report", "2026-01-01", "2026-01-02", &[]).code(0);
+    p.run(&["list"]).code(0).stdout_has("report");
+    p.run(&["show", "1"]).code(0);
+    p.run(&["dags"]).code(0).stdout_has("sales");
+    p.run(&["dags", "validate"]).code(2).stderr_has(unset);
+    let out = p.create("sales", "2026-01-01", "2026-01-02", &[]);
+    out.code(2).stderr_has(unset);
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM backfills"),
+        1,
+        "only report's"
+    );
+}

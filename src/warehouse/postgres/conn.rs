@@ -87,7 +87,7 @@ pub fn connect(w: &Warehouse) -> Result<Conn, String> {
         ));
     };
     Ok(Conn {
-        conn: connect_url(url.secret())?,
+        conn: connect_url(url.secret().map_err(str::to_string)?)?,
         prepared: HashMap::new(),
         booked: false,
         kept: HashSet::new(),
@@ -103,7 +103,8 @@ static IDLE: LazyLock<Mutex<HashMap<String, Vec<Conn>>>> = LazyLock::new(Mutex::
 pub fn take(w: &Warehouse) -> Result<Conn, String> {
     if let WarehouseKind::Postgres(url) = &w.kind
         && let Ok(mut idle) = IDLE.lock()
-        && let Some(list) = idle.get_mut(url.secret())
+        && let Ok(secret) = url.secret()
+        && let Some(list) = idle.get_mut(secret)
     {
         while let Some(mut conn) = list.pop() {
             if !conn.is_closed() {

@@ -94,3 +94,38 @@ fn data_survives_kill_9_and_a_stop() {
     cluster.start_again();
     assert_eq!(cluster.psql(&db, "SELECT count(*) FROM t"), "4");
 }
+
+/// A skipped test says so in plain `cargo test` output, which shows nothing a passing test
+/// printed with `eprintln!`: this test binary, run again as `cargo test` runs it (output
+/// captured) on a machine without server binaries, must print the skip and how to install them.
+#[test]
+fn a_skip_is_seen_in_plain_cargo_test_output() {
+    if std::env::var_os("BACKFILL_HARNESS_INNER").is_some() {
+        return;
+    }
+    let empty = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_shared_cluster_gives_fresh_empty_databases",
+            "--test-threads",
+            "1",
+        ])
+        .env("PG_BIN", empty.path())
+        .env("BACKFILL_HARNESS_INNER", "1")
+        .env_remove("CI")
+        .env_remove("NEXTEST")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("1 passed"), "{stdout}");
+    assert!(
+        stderr.contains(&format!(
+            "*** SKIPPED {WHAT}: no PostgreSQL server binaries in PG_BIN={}",
+            empty.path().display()
+        )),
+        "the skip is not in the output:\n{stdout}\n{stderr}"
+    );
+}

@@ -262,12 +262,38 @@ pub fn stale(
         note(g, &crate::probe::partly_blind(&watching, &blind));
     }
     let (path, conn) = open(g, Some(&project))?;
-    let recorded = match conn {
+    let recorded = match &conn {
         Some(conn) if !watching.is_empty() => conn
             .recorded_sources(dag_id, lo, hi)
             .map_err(|e| e.at(&path))?,
         _ => Default::default(),
     };
+    // Intervals whose latest run did not publish have no source to compare with: said, with
+    // how to run them.
+    let unsettled = match &conn {
+        Some(conn) => conn.unsettled(dag_id, lo, hi).map_err(|e| e.at(&path))?,
+        None => Vec::new(),
+    };
+    if !unsettled.is_empty() {
+        let total: i64 = unsettled.iter().map(|(_, n)| n).sum();
+        let states: Vec<String> = unsettled
+            .iter()
+            .map(|(state, n)| format!("{n} {state}"))
+            .collect();
+        note(
+            g,
+            &format!(
+                "left out: {} whose latest run did not publish ({}); stale compares the sources of published intervals; run them with `{}`",
+                crate::report::out::plural(total, "interval", "intervals"),
+                states.join(", "),
+                crate::words::hint(&format!(
+                    "create --dag {dag_id} --from {} --to {} --reprocess-behavior failed",
+                    crate::words::shell_word(from),
+                    crate::words::shell_word(to)
+                ))
+            ),
+        );
+    }
     let stale = crate::probe::survey(&project.root, &dag, &conf, &recorded);
     let what = format!(
         "no interval of DAG {dag_id} between --from {from} and --to {to} has a changed source ({} looked at)",

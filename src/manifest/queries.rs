@@ -693,6 +693,24 @@ pub fn runs(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<RunHistor
 
 /// What the succeeded tries of each interval's latest run recorded about the source, for the
 /// intervals of a DAG starting in `[lo, hi]` whose latest run succeeded.
+/// How many intervals of a DAG between two starts (unix seconds, both included) have a latest
+/// run that did not succeed, by its state: what `stale` leaves out.
+pub fn unsettled(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<(String, i64)>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT r.state, COUNT(*)
+         FROM runs r
+         JOIN (SELECT MAX(id) AS id FROM runs
+               WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
+                 AND backfill_id NOT IN {}
+               GROUP BY interval_start) m ON r.id = m.id
+         WHERE r.state <> 'succeeded'
+         GROUP BY r.state ORDER BY r.state",
+        crate::manifest::NOT_COMPUTING
+    ))?;
+    let rows = stmt.query_map(params![dag_id, lo, hi], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<super::db::Result<_>>()?)
+}
+
 pub fn recorded_sources(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Recorded> {
     let mut stmt = conn.prepare(&format!(
         "SELECT r.interval_start, r.interval_end, t.task_id, t.source_rows, t.source_fingerprint

@@ -207,6 +207,8 @@ pub trait Reads {
     /// What the succeeded tries of each interval's latest run recorded about the source, for the
     /// intervals of a DAG starting in `[lo, hi]` whose latest run succeeded.
     fn recorded_sources(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Recorded>;
+    /// How many intervals between two starts have a latest run that did not succeed, by state.
+    fn unsettled(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<(String, i64)>>;
 }
 
 /// Owning a backfill: its record, its epoch (the fence every owner's write carries), heartbeats, workers, takeovers and the leases of its intervals.
@@ -605,6 +607,9 @@ impl Reads for Conn {
     }
     fn recorded_sources(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Recorded> {
         queries::recorded_sources(self, dag_id, lo, hi)
+    }
+    fn unsettled(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<(String, i64)>> {
+        queries::unsettled(self, dag_id, lo, hi)
     }
 }
 

@@ -429,3 +429,59 @@ command = "echo '{\"rows\": 1}' > $BACKFILL_RESULT"
 [tasks.gate]
 source_count = "echo 1"
 "#;
+
+/// `stale` compares the sources of published intervals: an interval whose latest run was
+/// rejected is left out, and it says so, with the command that runs them.
+#[test]
+fn stale_says_which_intervals_it_leaves_out_and_why() {
+    let p = shop();
+    p.create("orders_fact", "2026-09-01", "2026-09-10", &[])
+        .code(0);
+    wh(&p)
+        .execute_batch(
+            "DELETE FROM raw_orders WHERE date(order_ts) IN ('2026-09-03', '2026-09-07') AND order_id % 10 = 0",
+        )
+        .unwrap();
+    p.create(
+        "orders_fact",
+        "2026-09-03",
+        "2026-09-03",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(3);
+    p.create(
+        "orders_fact",
+        "2026-09-07",
+        "2026-09-07",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(3);
+    let out = p.run(&[
+        "stale",
+        "--dag",
+        "orders_fact",
+        "--from",
+        "2026-09-01",
+        "--to",
+        "2026-09-10",
+    ]);
+    out.code(0)
+        .stderr_has("(8 published intervals looked at)")
+        .stderr_has(&format!(
+            "left out: 2 intervals whose latest run did not publish (2 rejected); stale compares the sources of published intervals; run them with `{}`",
+            p.hint("create --dag orders_fact --from 2026-09-01 --to 2026-09-10 --reprocess-behavior failed")
+        ));
+    // Quiet: no notes.
+    let quiet = p.run(&[
+        "-q",
+        "stale",
+        "--dag",
+        "orders_fact",
+        "--from",
+        "2026-09-01",
+        "--to",
+        "2026-09-10",
+    ]);
+    quiet.code(0);
+    assert!(!quiet.stderr.contains("left out"), "{}", quiet.stderr);
+}

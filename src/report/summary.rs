@@ -167,6 +167,27 @@ pub fn write(
         (exit::FAILED, Some(rerun)) => format!("; rerun the failures with `{rerun}`"),
         _ => String::new(),
     };
+    // A rerun of an interval rejected for drift is rejected again unless the change is wanted.
+    let drifted = s
+        .failed
+        .iter()
+        .filter(|f| {
+            f.error.as_deref().is_some_and(|e| {
+                e.contains(" rejected: drift: ") || e.contains(" rejected: history: ")
+            })
+        })
+        .count();
+    let next = match &s.rerun {
+        Some(rerun) if drifted > 0 && !rerun.contains("--allow-drift") => format!(
+            "{next}; {} rejected for drift against what is published: if that change is expected, add --allow-drift",
+            if drifted == 1 {
+                "1 interval was".to_string()
+            } else {
+                format!("{drifted} intervals were")
+            }
+        ),
+        _ => next,
+    };
     // The last line names the DAG and the counts whenever something needs attention, with JSON
     // on stdout too: it is what a cron job mails.
     if (!json && !quiet) || s.exit_code != exit::OK {

@@ -417,9 +417,11 @@ fn drift_against_the_published_partition_is_rejected_unless_allowed() {
         "2026-09-10",
         &["--reprocess-behavior", "completed"],
     );
-    out.code(3).stderr_has(&format!(
-        "drift: row count {source} differs from the published {published}"
-    ));
+    out.code(3)
+        .stderr_has(&format!(
+            "drift: row count {source} differs from the published {published}"
+        ))
+        .stderr_has("--reprocess-behavior failed`; 1 interval was rejected for drift against what is published: if that change is expected, add --allow-drift");
     assert_eq!(
         wh_count(
             &p,

@@ -262,7 +262,7 @@ fn a_sql_try_whose_warehouse_network_hangs_is_stopped_and_the_backfill_ends() {
             && cluster.psql(
                 &db,
                 &format!(
-                    "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = '{db}' AND query LIKE '%pg_sleep(60)%' AND state = 'active'"
+                    "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = '{db}' AND query LIKE '%pg_sleep(60)%' AND state = 'active' AND pid <> pg_backend_pid()"
                 ),
             ) == "1"
         },

@@ -10,8 +10,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
     version,
     about = "Reprocess a range of partitions of a batch pipeline, safely.",
     long_about = "Reprocess a range of partitions of a batch pipeline, safely: every interval runs \
-                  once, with bounded concurrency, retries and timeouts; every outcome is recorded \
-                  in a SQLite run manifest; a crash or Ctrl-C can be resumed."
+                  once, with bounded concurrency, retries and timeouts; its output is audited by \
+                  a gate before it replaces the published partition; every outcome is recorded \
+                  in a run manifest (SQLite, or PostgreSQL shared by several hosts); a crash or \
+                  Ctrl-C can be resumed."
 )]
 pub struct Cli {
     /// The project folder (holding backfill.toml); default: the nearest ancestor that has one.

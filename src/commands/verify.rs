@@ -218,8 +218,12 @@ pub fn run(
             String::new()
         };
         eprintln!(
-            "verified {} task intervals of {}: {} deterministic, {} not, {unverifiable} unverifiable{rejected_words}",
-            checks.len(),
+            "verified {} of {}: {} deterministic, {} not, {unverifiable} unverifiable{rejected_words}",
+            crate::words::plural(
+                i64::try_from(checks.len()).unwrap_or(i64::MAX),
+                "task interval",
+                "task intervals"
+            ),
             dag.id,
             checks.len() - bad - unverifiable,
             bad - rejected,

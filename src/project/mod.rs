@@ -352,6 +352,15 @@ impl Project {
                         {
                             Some(PgUrl::new(url))
                         }
+                        // What a variable gave is judged where the warehouse is used, as
+                        // a variable that is not set is.
+                        Ok(_) if u.get_ref().contains("${") => Some(PgUrl::unresolved(
+                            u.get_ref().clone(),
+                            format!(
+                                "{}: warehouse `{name}`: key `url`: the environment variables it names do not make a PostgreSQL URL such as \"postgresql://etl@db.internal:5432/analytics\"; set them to one",
+                                errs.location(u.span().start)
+                            ),
+                        )),
                         Ok(_) => {
                             errs.at(
                                 u,

@@ -179,7 +179,7 @@ pub fn write(
         .count();
     let next = match &s.rerun {
         Some(rerun) if drifted > 0 && !rerun.contains("--allow-drift") => format!(
-            "{next}; {} rejected for drift against what is published: if that change is expected, add --allow-drift",
+            "{next}; {} rejected for drift (against what is published, or the task's history): if that change is expected, add --allow-drift",
             if drifted == 1 {
                 "1 interval was".to_string()
             } else {

@@ -373,7 +373,12 @@ pub fn check_task_keys(
             binds: &binds,
             output: wrapped_query(&task.sql),
         };
-        rules::check(&mut engine, &g.rules, &columns, ToString::to_string)
+        // SQLite's own words, without the generated statement they would quote.
+        let describe = |e: &Error| match e {
+            Error::Sql(rusqlite::Error::SqlInputError { msg, .. }) => msg.clone(),
+            other => other.to_string(),
+        };
+        rules::check(&mut engine, &g.rules, &columns, describe)
             .map_err(|(i, message)| rule_problem(i, message))?;
     }
     Ok(())

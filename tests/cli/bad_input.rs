@@ -818,4 +818,17 @@ fn a_warehouse_secret_is_needed_only_where_the_warehouse_is_used() {
         1,
         "only report's"
     );
+    // Set, but to what makes no URL: judged where the warehouse is used, as an unset one is.
+    p.write(
+        "backfill.toml",
+        "[warehouse.sales]\nkind = \"postgres\"\nurl = \"${BACKFILL_TEST_UNSET_SALES_PASSWORD}\"\n",
+    );
+    let empty = [("BACKFILL_TEST_UNSET_SALES_PASSWORD", "")];
+    p.run_with(&["list"], &empty).code(0);
+    p.run_with(
+        &["create", "--dag", "sales", "--from", "2026-01-01", "--to", "2026-01-02"],
+        &empty,
+    )
+    .code(2)
+    .stderr_has("backfill.toml:3:7: warehouse `sales`: key `url`: the environment variables it names do not make a PostgreSQL URL");
 }

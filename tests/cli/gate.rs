@@ -421,7 +421,7 @@ fn drift_against_the_published_partition_is_rejected_unless_allowed() {
         .stderr_has(&format!(
             "drift: row count {source} differs from the published {published}"
         ))
-        .stderr_has("--reprocess-behavior failed`; 1 interval was rejected for drift against what is published: if that change is expected, add --allow-drift");
+        .stderr_has("--reprocess-behavior failed`; 1 interval was rejected for drift (against what is published, or the task's history): if that change is expected, add --allow-drift");
     assert_eq!(
         wh_count(
             &p,

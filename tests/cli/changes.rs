@@ -456,15 +456,20 @@ fn stale_says_which_intervals_it_leaves_out_and_why() {
         &["--reprocess-behavior", "completed"],
     )
     .code(3);
-    let out = p.run(&[
-        "stale",
-        "--dag",
-        "orders_fact",
-        "--from",
-        "2026-09-01",
-        "--to",
-        "2026-09-10",
-    ]);
+    let stale = |quiet: &[&str]| {
+        let mut args = quiet.to_vec();
+        args.extend([
+            "stale",
+            "--dag",
+            "orders_fact",
+            "--from",
+            "2026-09-01",
+            "--to",
+            "2026-09-10",
+        ]);
+        p.run(&args)
+    };
+    let out = stale(&[]);
     out.code(0)
         .stderr_has("(8 published intervals looked at)")
         .stderr_has(&format!(
@@ -472,16 +477,7 @@ fn stale_says_which_intervals_it_leaves_out_and_why() {
             p.hint("create --dag orders_fact --from 2026-09-01 --to 2026-09-10 --reprocess-behavior failed")
         ));
     // Quiet: no notes.
-    let quiet = p.run(&[
-        "-q",
-        "stale",
-        "--dag",
-        "orders_fact",
-        "--from",
-        "2026-09-01",
-        "--to",
-        "2026-09-10",
-    ]);
+    let quiet = stale(&["-q"]);
     quiet.code(0);
     assert!(!quiet.stderr.contains("left out"), "{}", quiet.stderr);
 }

@@ -28,19 +28,12 @@ pub fn history(
 ) -> crate::manifest::Result<BTreeMap<String, (f64, i64)>> {
     let mut out = BTreeMap::new();
     for task in &dag.tasks {
-        let mut ms = conn.recent_durations_ms(&dag.id, &task.id, RECENT_TRIES)?;
+        let ms = conn.recent_durations_ms(&dag.id, &task.id, RECENT_TRIES)?;
         if ms.is_empty() {
             continue;
         }
-        ms.sort_unstable();
-        let n = ms.len();
-        #[allow(clippy::cast_precision_loss)]
-        let median = if n % 2 == 1 {
-            ms[n / 2] as f64
-        } else {
-            (ms[n / 2 - 1] as f64 + ms[n / 2] as f64) / 2.0
-        };
-        out.insert(task.id.clone(), (median.max(0.0) / 1000.0, n as i64));
+        let median = crate::gate::median(&ms).unwrap_or(0.0);
+        out.insert(task.id.clone(), (median.max(0.0) / 1000.0, ms.len() as i64));
     }
     Ok(out)
 }

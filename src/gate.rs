@@ -16,7 +16,7 @@
 //! The numbers come from tasks and commands and are not trusted: a negative count is not a
 //! verdict but a failed try, and the arithmetic cannot overflow.
 
-use crate::words::plural;
+use crate::words::{plural, thousands};
 use std::fmt;
 
 /// What was measured about one try's output.
@@ -98,19 +98,6 @@ impl Found {
     }
 }
 
-/// `12,345`.
-pub fn thousands(n: i64) -> String {
-    let digits = n.unsigned_abs().to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    if n < 0 { format!("-{out}") } else { out }
-}
-
 /// What a violated rule does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Severity {
@@ -119,6 +106,12 @@ pub enum Severity {
     /// Recorded with the try, which still publishes.
     Warn,
 }
+
+/// How a rejection for drift against the published partition begins.
+pub const DRIFT: &str = "drift: ";
+
+/// How a rejection by `history` begins.
+pub const HISTORY: &str = "history: ";
 
 /// How many partition values outside the interval a rejection shows.
 pub const SHOWN: usize = 3;
@@ -140,8 +133,8 @@ pub struct History {
     pub tolerance: f64,
 }
 
-/// The median of some row counts (`None` for none).
-fn median(rows: &[i64]) -> Option<f64> {
+/// The median of some counts (`None` for none).
+pub fn median(rows: &[i64]) -> Option<f64> {
     let mut sorted = rows.to_vec();
     sorted.sort_unstable();
     let n = sorted.len();
@@ -174,9 +167,14 @@ fn history_words(found: usize, asked: u32) -> String {
 /// What is recorded with a try that publishes and said as it happens: each `warn` rule that
 /// found violations.
 pub fn warnings(m: &Measures) -> Vec<String> {
-    m.found
+    messages(&m.found, Severity::Warn)
+}
+
+/// The messages of the rules of `severity` that found violations.
+pub fn messages(found: &[Found], severity: Severity) -> Vec<String> {
+    found
         .iter()
-        .filter(|f| f.severity == Severity::Warn && f.violations > 0)
+        .filter(|f| f.severity == severity && f.violations > 0)
         .map(Found::message)
         .collect()
 }
@@ -321,12 +319,7 @@ fn verdict(m: &Measures, r: &Rules) -> Verdict {
     if let Some(why) = &m.constraint {
         return refused_by_target(why);
     }
-    let broken: Vec<String> = m
-        .found
-        .iter()
-        .filter(|f| f.severity == Severity::Error && f.violations > 0)
-        .map(Found::message)
-        .collect();
+    let broken = messages(&m.found, Severity::Error);
     if !broken.is_empty() {
         return Verdict::Reject(broken.join("; "));
     }
@@ -372,7 +365,7 @@ fn verdict(m: &Measures, r: &Rules) -> Verdict {
         let diff = relative(m.rows, published);
         if diff > r.tolerance {
             return Verdict::Reject(format!(
-                "drift: row count {} differs from the published {published} by {} (tolerance {}); rerun with --allow-drift to accept",
+                "{DRIFT}row count {} differs from the published {published} by {} (tolerance {}); rerun with --allow-drift to accept",
                 m.rows,
                 percent(diff),
                 percent(r.tolerance)
@@ -386,7 +379,7 @@ fn verdict(m: &Measures, r: &Rules) -> Verdict {
         let diff = (m.rows as f64 - mid).abs() / mid;
         if diff > h.tolerance {
             return Verdict::Reject(format!(
-                "history: row count {} differs from {}, the median of {}, by {} (tolerance {}); rerun with --allow-drift to accept",
+                "{HISTORY}row count {} differs from {}, the median of {}, by {} (tolerance {}); rerun with --allow-drift to accept",
                 thousands(m.rows),
                 thousands(mid.round() as i64),
                 history_words(rows.len(), h.partitions),
@@ -710,15 +703,6 @@ mod tests {
         };
         assert_eq!(judged(&with(1, &[1000; 4]), &allowed), Verdict::Publish);
         assert!(notes(&with(1, &[]), &allowed).is_empty());
-    }
-
-    #[test]
-    fn counts_are_written_with_thousands_separators() {
-        assert_eq!(thousands(0), "0");
-        assert_eq!(thousands(999), "999");
-        assert_eq!(thousands(1000), "1,000");
-        assert_eq!(thousands(-1_234_567), "-1,234,567");
-        assert_eq!(thousands(i64::MIN), "-9,223,372,036,854,775,808");
     }
 
     #[test]

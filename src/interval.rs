@@ -167,7 +167,7 @@ pub enum RangeError {
     },
     #[error(
         "the range --from {from} --to {to} holds more than {} intervals of schedule `{schedule}`; split it into several backfills: the first up to --to {}, the next from --from {}",
-        grouped(*.limit),
+        crate::words::thousands(i64::try_from(*.limit).unwrap_or(i64::MAX)),
         in_zone(.next_start.checked_sub_signed(Duration::seconds(1)).unwrap_or(*.next_start), *.tz),
         in_zone(*.next_start, *.tz)
     )]
@@ -188,19 +188,6 @@ pub enum RangeError {
 fn in_zone(t: DateTime<Utc>, tz: Tz) -> String {
     t.with_timezone(&tz)
         .to_rfc3339_opts(SecondsFormat::Secs, true)
-}
-
-/// `1000000` as `1,000,000`.
-fn grouped(n: usize) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// Parses a `WHEN` argument. `now` is the clock's current instant; `tz` the DAG timezone,

@@ -7,6 +7,22 @@ pub fn plural(n: impl Into<i64>, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
+/// `12,345`.
+pub fn thousands(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3 + 1);
+    if n < 0 {
+        out.push('-');
+    }
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// `backfill` with the options that name the project and the manifest, as this process was
 /// given them: every hint that tells the user to run something starts with it, so that it can
 /// be pasted where the command was typed.
@@ -35,4 +51,18 @@ pub fn hint(rest: &str) -> String {
 /// Quotes a word for a POSIX shell when it needs it.
 pub fn shell_word(word: &str) -> String {
     shlex::try_quote(word).map_or_else(|_| word.to_string(), |q| q.into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_are_written_with_thousands_separators() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(-1_234_567), "-1,234,567");
+        assert_eq!(thousands(i64::MIN), "-9,223,372,036,854,775,808");
+    }
 }

@@ -402,14 +402,7 @@ impl Verifier<'_> {
                         rows: Some(m.rows),
                         fingerprint: Some(m.fingerprint),
                         error: None,
-                        broken: m
-                            .found
-                            .iter()
-                            .filter(|f| {
-                                f.severity == crate::gate::Severity::Error && f.violations > 0
-                            })
-                            .map(crate::gate::Found::message)
-                            .collect(),
+                        broken: crate::gate::messages(&m.found, crate::gate::Severity::Error),
                     },
                     Step::Done(Err(e)) => Computed::failed(e.to_string()),
                     Step::TimedOut(_) => Computed::failed("timed out".into()),

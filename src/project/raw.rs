@@ -567,27 +567,19 @@ fn history(gate: &DeTable<'_>, errs: &mut FileErrors<'_>) -> Option<RawHistory> 
 
 /// `[[tasks.gate.checks]]`.
 fn checks(gate: &DeTable<'_>, errs: &mut FileErrors<'_>) -> Vec<RawCheck> {
+    const EXPECTED: &str =
+        "an array of [[tasks.gate.checks]] tables, each with a `name` and its `sql`";
     let Some(value) = get(gate, "checks") else {
         return Vec::new();
     };
     let DeValue::Array(items) = value.get_ref() else {
-        wrong_type(
-            errs,
-            "checks",
-            "an array of [[tasks.gate.checks]] tables, each with a `name` and its `sql`",
-            value,
-        );
+        wrong_type(errs, "checks", EXPECTED, value);
         return Vec::new();
     };
     let mut out = Vec::new();
     for item in items {
         let DeValue::Table(t) = item.get_ref() else {
-            wrong_type(
-                errs,
-                "checks",
-                "an array of [[tasks.gate.checks]] tables, each with a `name` and its `sql`",
-                item,
-            );
+            wrong_type(errs, "checks", EXPECTED, item);
             continue;
         };
         unknown_keys(t, "[[tasks.gate.checks]]", CHECK_KEYS, errs);

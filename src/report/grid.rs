@@ -84,14 +84,10 @@ impl Grid {
         self.len() == 0
     }
 
-    /// The widest line of column `i`'s heading and cells.
-    fn column_width(&self, i: usize) -> usize {
+    /// The widest line of column `i`'s heading and of its cells in `rows`.
+    fn column_width(&self, i: usize, rows: &[Vec<String>]) -> usize {
         std::iter::once(self.headings[i])
-            .chain(
-                self.rows
-                    .iter()
-                    .map(|r| r.get(i).map_or("", String::as_str)),
-            )
+            .chain(rows.iter().map(|r| r.get(i).map_or("", String::as_str)))
             .flat_map(str::lines)
             .map(|l| l.chars().count())
             .max()
@@ -114,7 +110,10 @@ impl Grid {
         if let Some(width) = fit.width {
             let mut order = self.droppable.iter();
             loop {
-                let widths: Vec<usize> = keep.iter().map(|&i| self.column_width(i)).collect();
+                let widths: Vec<usize> = keep
+                    .iter()
+                    .map(|&i| self.column_width(i, &self.rows))
+                    .collect();
                 let whole = whole_columns(&widths, usize::from(width));
                 if widths
                     .iter()
@@ -131,7 +130,6 @@ impl Grid {
                 dropped.push(next);
             }
         }
-        let keep = keep;
         let table = |rows: &[Vec<String>]| {
             let mut t = Table::new();
             t.load_style(UTF8_FULL_CONDENSED);
@@ -152,17 +150,7 @@ impl Grid {
                 t.add_row(row);
             }
             if let Some(width) = fit.width {
-                let widths: Vec<usize> = (0..keep.len())
-                    .map(|c| {
-                        let cells = rows.iter().map(|r| r[keep[c]].as_str());
-                        std::iter::once(self.headings[keep[c]])
-                            .chain(cells)
-                            .flat_map(str::lines)
-                            .map(|l| l.chars().count())
-                            .max()
-                            .unwrap_or(0)
-                    })
-                    .collect();
+                let widths: Vec<usize> = keep.iter().map(|&i| self.column_width(i, rows)).collect();
                 for (c, whole) in whole_columns(&widths, usize::from(width))
                     .into_iter()
                     .enumerate()

@@ -173,7 +173,9 @@ pub fn write(
         .iter()
         .filter(|f| {
             f.error.as_deref().is_some_and(|e| {
-                e.contains(" rejected: drift: ") || e.contains(" rejected: history: ")
+                [crate::gate::DRIFT, crate::gate::HISTORY]
+                    .iter()
+                    .any(|why| e.contains(&format!(" rejected: {why}")))
             })
         })
         .count();

@@ -109,10 +109,7 @@ fn judge_again(
         .map_or(r, |rest| rest.trim_start_matches("; "))
     });
     if let Some(kept) = kept.filter(|k| !k.is_empty()) {
-        record.reasons = Some(match record.reasons.take() {
-            Some(own) => format!("{own}; {kept}"),
-            None => kept.to_string(),
-        });
+        super::outcome::add_reasons(&mut record, "", &[kept.to_string()]);
     }
     record.source_fingerprint = s.source_fingerprint.clone();
     record.promoted_from = Some(staged.try_id);

@@ -327,42 +327,20 @@ fn started(
     }
 }
 
-/// The currently published rows of a task and interval, read outside the writer (a read
-/// needs no write transaction).
-pub(super) async fn published_rows(
+/// A read of the manifest outside the writer (a read needs no write transaction), on the
+/// blocking pool.
+async fn read<T: Send + 'static>(
     shared: &Shared,
-    task: &Task,
-    interval: DataInterval,
-) -> Result<Option<i64>, Error> {
-    Ok(published_try(shared, task, interval).await?.map(|c| c.rows))
-}
-
-/// With a gate's `history`: the rows of the task's published partitions before the interval,
-/// newest first (as many as asked when there are that many).
-pub(super) async fn history(
-    shared: &Shared,
-    task: &Task,
-    interval: DataInterval,
-) -> Result<Option<Vec<i64>>, Error> {
-    let Some(h) = task.gate.as_ref().and_then(|g| g.history) else {
-        return Ok(None);
-    };
-    let (dag_id, task_id) = (shared.spec.dag.id.clone(), task.id.clone());
+    f: impl FnOnce(&dyn crate::manifest::Reads) -> crate::manifest::Result<T> + Send + 'static,
+) -> Result<T, Error> {
     let path = shared.spec.manifest_path.clone();
     let read = tokio::task::spawn_blocking(move || {
         let reader = crate::manifest::Reader::take(&path)?;
-        reader
-            .published_history(
-                &dag_id,
-                &task_id,
-                interval.start.timestamp(),
-                i64::from(h.partitions),
-            )
-            .map_err(|e| e.at(&path))
+        f(&*reader).map_err(|e| e.at(&path))
     })
     .await
     .map_err(|e| Error::Internal(format!("reading the manifest panicked: {e}")))?;
-    Ok(Some(read?))
+    Ok(read?)
 }
 
 /// The currently published try of a task and interval, its rows and content.
@@ -372,14 +350,34 @@ pub(super) async fn published_try(
     interval: DataInterval,
 ) -> Result<Option<publishes::Current>, Error> {
     let (dag_id, task_id) = (shared.spec.dag.id.clone(), task.id.clone());
-    let path = shared.spec.manifest_path.clone();
-    let read = tokio::task::spawn_blocking(move || {
-        let reader = crate::manifest::Reader::take(&path)?;
-        reader
-            .current_publication(&dag_id, &task_id, interval.start.timestamp())
-            .map_err(|e| e.at(&path))
+    read(shared, move |r| {
+        r.current_publication(&dag_id, &task_id, interval.start.timestamp())
     })
     .await
-    .map_err(|e| Error::Internal(format!("reading the manifest panicked: {e}")))?;
-    Ok(read?)
+}
+
+/// What a try's gate compares with, in one read: the currently published try of the task and
+/// interval, and with the gate's `history` the rows of the task's published partitions before
+/// the interval, newest first (as many as asked when there are that many).
+pub(super) async fn published_and_history(
+    shared: &Shared,
+    task: &Task,
+    interval: DataInterval,
+) -> Result<(Option<publishes::Current>, Option<Vec<i64>>), Error> {
+    let (dag_id, task_id) = (shared.spec.dag.id.clone(), task.id.clone());
+    let asked = task
+        .gate
+        .as_ref()
+        .and_then(|g| g.history)
+        .map(|h| h.partitions);
+    let start = interval.start.timestamp();
+    read(shared, move |r| {
+        let current = r.current_publication(&dag_id, &task_id, start)?;
+        let history = match asked {
+            Some(n) => Some(r.published_history(&dag_id, &task_id, start, i64::from(n))?),
+            None => None,
+        };
+        Ok((current, history))
+    })
+    .await
 }

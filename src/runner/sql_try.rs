@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::outcome::{Outcome, TryInput, apply_verdict, cancelled, failed, rules, timed_out};
-use super::record::{Published, published_try};
+use super::record::{Published, published_and_history};
 use super::{Shared, Stop};
 use crate::clock::now_ms;
 use crate::exit::Error;
@@ -147,12 +147,11 @@ pub(super) async fn sql_try(
             .call(move |c| c.record_publish_intent(c.fence(owner)?, try_id, None, &rec))
             .await
     };
-    let (step, current, intent, log, history) = tokio::join!(
+    let (step, published, intent, log) = tokio::join!(
         write,
-        published_try(shared, task, input.interval),
+        published_and_history(shared, task, input.interval),
         intent,
-        open_log,
-        super::record::history(shared, task, input.interval)
+        open_log
     );
     let mut log = log.unwrap_or(TryLog(None));
     let output = match step {
@@ -180,7 +179,7 @@ pub(super) async fn sql_try(
     {
         reprs.insert(task.id.clone(), Some(r));
     }
-    let current = match (current, intent) {
+    let (current, history) = match (published, intent) {
         (Ok(c), Ok(true)) => c,
         (Ok(_), Ok(false)) => {
             let_go(output, false).await;
@@ -207,13 +206,7 @@ pub(super) async fn sql_try(
         elsewhere: measures.elsewhere.clone(),
         constraint: measures.constraint.clone(),
         found: measures.found.clone(),
-        history: match history {
-            Ok(h) => h,
-            Err(e) => {
-                let_go(output, false).await;
-                return Err(e);
-            }
-        },
+        history,
     };
     let rules = rules(task.gate.as_ref(), shared.spec.allow_drift);
     let verdict = match gate::judge(&gate_measures, &rules) {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::outcome::{Outcome, TaskEnd, TryInput, apply_verdict, cancelled, failed, rules, staged};
-use super::record::{Claimed, LastTry, Published, published_rows, start_claiming};
+use super::record::{Claimed, LastTry, Published, published_and_history, start_claiming};
 use super::sql_try::sql_try;
 use super::step::run_step;
 use super::{Event, Shared, Stop};
@@ -359,11 +359,8 @@ async fn gated_command(
             samples: Vec::new(),
         });
     }
-    let (published, history) = tokio::join!(
-        published_rows(shared, task, input.interval),
-        super::record::history(shared, task, input.interval)
-    );
-    let published = published?;
+    let (current, history) = published_and_history(shared, task, input.interval).await?;
+    let published = current.map(|c| c.rows);
     let measures = Measures {
         rows,
         outside: None,
@@ -375,7 +372,7 @@ async fn gated_command(
         elsewhere: None,
         constraint: None,
         found,
-        history: history?,
+        history,
     };
     let rules = rules(Some(gate), shared.spec.allow_drift);
     let verdict = match gate::judge(&measures, &rules) {

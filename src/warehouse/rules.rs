@@ -7,6 +7,7 @@
 //! `output` is (the audit file's table on SQLite, the interval's rows just written on
 //! PostgreSQL) and how a check's bind parameters are bound.
 
+use super::quote;
 use crate::gate::{Found, SAMPLES};
 use crate::project::{Gate, Literal, Rule, RuleKind};
 
@@ -25,11 +26,6 @@ pub trait Engine {
     fn columns(&mut self, body: &str) -> Result<Vec<String>, Self::Error>;
 }
 
-/// Quotes an identifier as both engines read it.
-fn ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
 /// The condition a row of `output` violates a built-in rule under (`None` for a check).
 pub fn violation(kind: &RuleKind) -> Option<String> {
     let list = |values: &[Literal]| {
@@ -40,16 +36,16 @@ pub fn violation(kind: &RuleKind) -> Option<String> {
             .join(", ")
     };
     Some(match kind {
-        RuleKind::NotNull(c) => format!("{} IS NULL", ident(c)),
+        RuleKind::NotNull(c) => format!("{} IS NULL", quote(c)),
         RuleKind::AcceptedValues(c, values) => {
             format!(
                 "{c} IS NOT NULL AND {c} NOT IN ({})",
                 list(values),
-                c = ident(c)
+                c = quote(c)
             )
         }
         RuleKind::Range { column, min, max } => {
-            let c = ident(column);
+            let c = quote(column);
             let mut out = Vec::new();
             if let Some(min) = min {
                 out.push(format!("{c} < {}", min.sql()));
@@ -61,6 +57,11 @@ pub fn violation(kind: &RuleKind) -> Option<String> {
         }
         RuleKind::Sql(_) | RuleKind::Command(_) => return None,
     })
+}
+
+/// How many rows of `output` meet `cond`, as an aggregate.
+fn count_of(cond: &str) -> String {
+    format!("coalesce(sum(CASE WHEN {cond} THEN 1 ELSE 0 END), 0)")
 }
 
 /// What a rule says it found: `not_null violated: region is NULL`.
@@ -115,7 +116,8 @@ pub fn counting<E: Engine>(e: &mut E, rules: &[&Rule]) -> Result<Option<String>,
         match (&rule.kind, violation(&rule.kind)) {
             (_, Some(cond)) => {
                 sums.push(format!(
-                    "CAST(coalesce(sum(CASE WHEN {cond} THEN 1 ELSE 0 END), 0) AS text) AS backfill_rule_{i}"
+                    "CAST({} AS text) AS backfill_rule_{i}",
+                    count_of(&cond)
                 ));
                 columns.push(format!("b.backfill_rule_{i}"));
             }
@@ -159,10 +161,7 @@ pub fn judged_here(gate: &Gate) -> Vec<&Rule> {
 pub fn built_in_sums(gate: &Gate) -> Option<String> {
     let sums: Vec<String> = judged_here(gate)
         .iter()
-        .filter_map(|r| {
-            violation(&r.kind)
-                .map(|cond| format!("coalesce(sum(CASE WHEN {cond} THEN 1 ELSE 0 END), 0)"))
-        })
+        .filter_map(|r| violation(&r.kind).map(|cond| count_of(&cond)))
         .collect();
     (!sums.is_empty()).then(|| sums.join(", "))
 }
@@ -209,12 +208,11 @@ pub fn run<E: Engine>(
         } else {
             samples(e, rule, shown)?
         };
-        let builtin = violation(&rule.kind).is_some();
         found.push(Found {
             what: what(rule),
             severity: rule.severity,
             violations,
-            of_rows: builtin.then_some(rows),
+            of_rows: builtin(rule).then_some(rows),
             samples,
         });
     }
@@ -236,12 +234,12 @@ fn samples<E: Engine>(e: &mut E, rule: &Rule, shown: &[String]) -> Result<Vec<St
             }
             let cols = names
                 .iter()
-                .map(|n| format!("CAST({} AS text)", ident(n)))
+                .map(|n| format!("CAST({} AS text)", quote(n)))
                 .collect::<Vec<_>>()
                 .join(", ");
             let order = shown
                 .iter()
-                .map(|n| ident(n))
+                .map(|n| quote(n))
                 .collect::<Vec<_>>()
                 .join(", ");
             let order = if order.is_empty() {

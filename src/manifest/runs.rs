@@ -27,6 +27,41 @@ pub enum Start {
     Busy,
     /// The backfill reached its `--max-failures`, across its processes: start nothing more.
     Halted,
+    /// The run's id was reserved (see [`reserve_run_ids`]) before a run of the same interval,
+    /// or before the backfill's owner took it, was recorded with a larger id: recorded now, it
+    /// would not be the interval's latest run (the largest id). Nothing was recorded; start
+    /// again with a fresh id.
+    Stale,
+}
+
+/// A run whose id was reserved before its first try's process was spawned (see
+/// [`reserve_run_ids`]), with that process's group: the run, the try and the group are recorded
+/// in one statement, so that the try is let go after one commit instead of two.
+#[derive(Debug, Clone, Copy)]
+pub struct Early {
+    pub run_id: i64,
+    pub group: Group,
+}
+
+/// Reserves `n` run ids for starts that need their id before they are recorded (the run's id is
+/// in its try's environment and log path, which a process spawned before the start is given).
+/// Ids come from the runs' own sequence, so that they never collide with another start's; a
+/// reserved id is recorded only while it is the largest of its interval's runs (see
+/// [`Start::Stale`]), so that an interval's latest run is still its largest id. None on SQLite:
+/// its writer is in this process, and a start there costs no round trip to save.
+pub fn reserve_run_ids(conn: &Conn, n: u32) -> Result<Vec<i64>> {
+    if !conn.is_postgres() {
+        return Ok(Vec::new());
+    }
+    let mut ids = Vec::new();
+    let mut stmt = conn.prepare_cached(
+        "SELECT nextval(pg_get_serial_sequence('runs', 'id')) FROM generate_series(1, ?1)",
+    )?;
+    let mut rows = stmt.query([i64::from(n)])?;
+    while let Some(r) = rows.next()? {
+        ids.push(r.get(0)?);
+    }
+    Ok(ids)
 }
 
 /// The lease of interval `?2`/`?3` is the backfill `?1`'s, no run of it is in flight, and the
@@ -76,6 +111,7 @@ fn refused(verdict: i64) -> Start {
     match verdict {
         1 => Start::Busy,
         2 => Start::Halted,
+        4 => Start::Stale,
         _ => Start::Lost,
     }
 }
@@ -126,7 +162,8 @@ pub fn start_run(
 
 /// Records that an interval's run started, as [`start_run`] does, and its first try, whose log
 /// path is `log.0`, the run's id, then `log.1`: one round trip on PostgreSQL. Returns the try's
-/// id with [`Start::Run`].
+/// id with [`Start::Run`]. With `early` (PostgreSQL only), the run takes its reserved id and the
+/// try its process group, in the same statement.
 #[allow(clippy::too_many_arguments)]
 pub fn start_run_and_try(
     conn: &Conn,
@@ -138,8 +175,14 @@ pub fn start_run_and_try(
     task_id: &str,
     try_number: u32,
     log: (&str, &str),
+    early: Option<Early>,
 ) -> Result<Step<(Start, Option<i64>)>> {
     if !conn.is_postgres() {
+        if early.is_some() {
+            return Err(super::Error::Invalid(
+                "run ids are reserved on a PostgreSQL manifest only".into(),
+            ));
+        }
         let started = start_run(conn, fenced, dag_id, interval, now_ms, lease_timeout_ms)?;
         let Start::Run(run_id) = started else {
             return Ok(Step::Done((started, None)));
@@ -167,36 +210,46 @@ pub fn start_run_and_try(
         &try_number,
         &log.0,
         &log.1,
+        &early.map(|e| e.run_id),
+        &early.map(|e| e.group.pgid),
+        &early.and_then(|e| e.group.leader_start),
     ];
     conn.defer(
         &format!(
             "WITH held AS ({FREE_LEASE}),
              halted AS ({HALTED}),
              room AS ({ROOM}),
+             fresh AS (
+                 SELECT 1 WHERE CAST(?13 AS bigint) IS NULL
+                    OR (CAST(?13 AS bigint) > (SELECT runs_before FROM backfills WHERE id = ?1)
+                        AND NOT EXISTS (SELECT 1 FROM runs WHERE dag_id = ?2
+                                        AND interval_start = ?3 AND id > ?13))),
              run AS (
-                 INSERT INTO runs (backfill_id, dag_id, interval_start, interval_end, state,
+                 INSERT INTO runs (id, backfill_id, dag_id, interval_start, interval_end, state,
                                    started_at, worker)
-                 SELECT CAST(?1 AS bigint), CAST(?2 AS text), CAST(?3 AS bigint),
+                 SELECT COALESCE(CAST(?13 AS bigint), nextval(pg_get_serial_sequence('runs', 'id'))),
+                        CAST(?1 AS bigint), CAST(?2 AS text), CAST(?3 AS bigint),
                         CAST(?4 AS bigint), CAST(?5 AS text), CAST(?6 AS bigint),
                         CAST(?7 AS bigint)
-                 FROM held, room WHERE NOT EXISTS (SELECT 1 FROM halted) RETURNING id),
+                 FROM held, room, fresh WHERE NOT EXISTS (SELECT 1 FROM halted) RETURNING id),
              named AS (
                  UPDATE leases SET run_id = (SELECT id FROM run)
                  WHERE dag_id = ?2 AND interval_start = ?3 AND backfill_id = ?1
                    AND EXISTS (SELECT 1 FROM run)),
              try AS (
                  INSERT INTO task_tries (run_id, task_id, try_number, state, started_at, log_path,
-                                         host)
+                                         host, pgid, pgid_start)
                  SELECT run.id, CAST(?9 AS text), CAST(?10 AS bigint), 'running',
                         CAST(?6 AS bigint),
                         CAST(?11 AS text) || CAST(run.id AS text) || CAST(?12 AS text),
-                        COALESCE(w.host, b.owner_host)
+                        COALESCE(w.host, b.owner_host), CAST(?14 AS bigint), CAST(?15 AS bigint)
                  FROM run JOIN backfills b ON b.id = CAST(?1 AS bigint)
                  LEFT JOIN workers w ON w.id = CAST(?7 AS bigint)
                  RETURNING id)
              SELECT (SELECT id FROM run), (SELECT id FROM try),
                     CASE WHEN NOT EXISTS (SELECT 1 FROM held) THEN 0
-                         WHEN EXISTS (SELECT 1 FROM halted) THEN 2 ELSE 1 END"
+                         WHEN EXISTS (SELECT 1 FROM halted) THEN 2
+                         WHEN NOT EXISTS (SELECT 1 FROM room) THEN 1 ELSE 4 END"
         ),
         row.values()?,
         |rows| {

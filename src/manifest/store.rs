@@ -310,7 +310,10 @@ pub trait Running: super::db::Answers {
         task_id: &str,
         try_number: u32,
         log: (&str, &str),
+        early: Option<runs::Early>,
     ) -> Result<Step<(runs::Start, Option<i64>)>>;
+    /// Reserves run ids for starts that need their id first (see [`runs::reserve_run_ids`]).
+    fn reserve_run_ids(&self, n: u32) -> Result<Vec<i64>>;
     /// Records a finished run and releases its lease.
     fn finish_run(
         &self,
@@ -733,6 +736,7 @@ impl Running for Conn {
         task_id: &str,
         try_number: u32,
         log: (&str, &str),
+        early: Option<runs::Early>,
     ) -> Result<Step<(runs::Start, Option<i64>)>> {
         let now_ms = self.now_ms(now_ms)?;
         runs::start_run_and_try(
@@ -745,7 +749,11 @@ impl Running for Conn {
             task_id,
             try_number,
             log,
+            early,
         )
+    }
+    fn reserve_run_ids(&self, n: u32) -> Result<Vec<i64>> {
+        runs::reserve_run_ids(self, n)
     }
     fn finish_run(
         &self,

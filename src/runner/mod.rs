@@ -132,6 +132,9 @@ struct Shared {
     /// The PostgreSQL warehouses in the manifest's own database (see
     /// [`sql_try::one_database`]).
     one_database: std::collections::HashSet<String>,
+    /// Run ids reserved for starts that spawn their first try's process first (see
+    /// [`record::start_early`]); `None` once the manifest said it reserves none (SQLite).
+    run_ids: Mutex<Option<VecDeque<i64>>>,
 }
 
 /// An interval's place among the `max_active_runs`, which it may give back before its task
@@ -151,7 +154,55 @@ impl Slot {
     }
 }
 
+/// How many run ids are reserved at once (see [`Shared::reserved_run_id`]): one round trip per
+/// this many starts.
+const RESERVED_RUN_IDS: u32 = 32;
+
 impl Shared {
+    /// A run id reserved for a start that needs it first (see [`tries`]), reserving more when
+    /// none is left; `None` on a manifest that reserves none (SQLite).
+    async fn reserved_run_id(&self) -> Result<Option<i64>, Error> {
+        {
+            let mut ids = self
+                .run_ids
+                .lock()
+                .map_err(|_| Error::Internal("run ids".into()))?;
+            match ids.as_mut() {
+                None => return Ok(None),
+                Some(ids) => {
+                    if let Some(id) = ids.pop_front() {
+                        return Ok(Some(id));
+                    }
+                }
+            }
+        }
+        let mut reserved: VecDeque<i64> = self
+            .writer
+            .call(|c| c.reserve_run_ids(RESERVED_RUN_IDS))
+            .await?
+            .into();
+        let first = reserved.pop_front();
+        let mut ids = self
+            .run_ids
+            .lock()
+            .map_err(|_| Error::Internal("run ids".into()))?;
+        match (first, ids.as_mut()) {
+            (None, _) => *ids = None,
+            (Some(_), Some(ids)) => ids.extend(reserved),
+            (Some(_), None) => {}
+        }
+        Ok(first)
+    }
+
+    /// Drops the reserved run ids: one was stale, and the others are no younger.
+    fn forget_reserved_run_ids(&self) {
+        if let Ok(mut ids) = self.run_ids.lock()
+            && let Some(ids) = ids.as_mut()
+        {
+            ids.clear();
+        }
+    }
+
     /// Whether a publish of `sql` records itself in the manifest, in its own transaction.
     fn in_manifest(&self, sql: &crate::project::SqlTask) -> bool {
         self.one_database.contains(&sql.warehouse.name)
@@ -225,6 +276,7 @@ pub async fn run(
         free_early: !depends_on_past,
         halted: std::sync::atomic::AtomicBool::new(false),
         one_database,
+        run_ids: Mutex::new(Some(VecDeque::new())),
     });
     // For depends_on_past: whether the interval ending at this instant succeeded here.
     let mut succeeded_by_end: HashMap<i64, bool> = if depends_on_past {

@@ -116,7 +116,8 @@ pub(super) async fn start_single(
 ) -> Result<super::record::Claimed, Error> {
     use super::record::Claimed;
     let started =
-        match super::record::start_claiming(shared, task, interval, *run_id, 1, claim).await? {
+        match super::record::start_claiming(shared, task, interval, *run_id, 1, claim, None).await?
+        {
             Claimed::Started(s) => s,
             other => return Ok(other),
         };

@@ -45,7 +45,7 @@ pub(super) async fn promote_task(
         Claimed::Started(s) => s,
         // Promoted or discarded since this promote read the staged outputs.
         Claimed::Gone => return Ok((TaskEnd::Skipped, None)),
-        Claimed::TakenOver | Claimed::Busy | Claimed::Halted => {
+        Claimed::TakenOver | Claimed::Busy | Claimed::Halted | Claimed::Stale => {
             return Ok((TaskEnd::Cancelled, None));
         }
         Claimed::UpstreamNotReady => return Ok((TaskEnd::UpstreamNotReady, None)),
@@ -238,6 +238,7 @@ async fn promote_command(
             &input,
             crate::process::Output::Log(input.log_path.clone()),
             Some("publish command"),
+            None,
             stop,
         )
         .await?

@@ -124,6 +124,9 @@ pub(super) enum Claimed {
     /// runs an upstream interval it overlaps, or one's latest run failed): it was recorded as
     /// skipped (`upstream not successful`) instead of started.
     UpstreamNotReady,
+    /// The run's reserved id is no longer the interval's largest (see [`runs::Start::Stale`]):
+    /// nothing was recorded.
+    Stale,
 }
 
 /// Records a try as started, and the run too for the interval's first try: one commit. For a
@@ -141,10 +144,11 @@ pub(super) async fn start_claiming(
     run_id: Option<i64>,
     try_number: u32,
     claim: Option<i64>,
+    early: Option<runs::Early>,
 ) -> Result<Claimed, Error> {
     let mut stop = shared.stop.subscribe();
     loop {
-        match start_once(shared, task, interval, run_id, try_number, claim).await? {
+        match start_once(shared, task, interval, run_id, try_number, claim, early).await? {
             Claimed::Halted => {
                 shared
                     .halted
@@ -172,6 +176,7 @@ async fn start_once(
     run_id: Option<i64>,
     try_number: u32,
     claim: Option<i64>,
+    early: Option<runs::Early>,
 ) -> Result<Claimed, Error> {
     let spec = &shared.spec;
     let (owner, dag_id, task_id) = (spec.owner, spec.dag.id.clone(), task.id.clone());
@@ -250,6 +255,7 @@ async fn start_once(
                         &task_id,
                         try_number,
                         (&before, &after),
+                        early,
                     )?;
                     // With nothing more to record, the statement is deferred (sent with the
                     // batch's others) and the try's paths are made from its answer.
@@ -299,6 +305,7 @@ fn started_ids(begun: (runs::Start, Option<i64>)) -> Result<(i64, i64), Claimed>
         (runs::Start::Run(run), Some(try_id)) => Ok((run, try_id)),
         (runs::Start::Busy, _) => Err(Claimed::Busy),
         (runs::Start::Halted, _) => Err(Claimed::Halted),
+        (runs::Start::Stale, _) => Err(Claimed::Stale),
         _ => Err(Claimed::TakenOver),
     }
 }

@@ -13,7 +13,12 @@ use crate::project::{CommandSpec, Task};
 use crate::task::command;
 
 /// Starts a command behind its gate, records its process group, lets it go and supervises it
-/// to its end. `Err` inside describes a failure to start it.
+/// to its end; `recorded` is the command spawned already, its group recorded with its try's
+/// start (see [`super::tries`]). `Err` inside describes a failure to start it.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the command's parts, each used once; a struct would only rename them"
+)]
 pub(super) async fn run_process(
     shared: &Shared,
     try_id: i64,
@@ -21,29 +26,38 @@ pub(super) async fn run_process(
     env: &[(String, String)],
     output: process::Output,
     task: &Task,
+    recorded: Option<process::Gated>,
     stop: &mut watch::Receiver<Stop>,
 ) -> Result<Result<Ended, String>, Error> {
-    let gated = match process::spawn(program, env, &shared.spec.project_root, output).await {
-        Ok(s) => s,
-        Err(e) => return Ok(Err(format!("cannot start `{}`: {e}", program.name()))),
+    let owner = shared.spec.owner;
+    let gated = match recorded {
+        Some(gated) => gated,
+        None => {
+            let gated = match process::spawn(program, env, &shared.spec.project_root, output).await
+            {
+                Ok(s) => s,
+                Err(e) => return Ok(Err(format!("cannot start `{}`: {e}", program.name()))),
+            };
+            crate::fault::point("after-spawn");
+            let (group, host) = (gated.group, shared.spec.host.clone());
+            let recorded = shared
+                .writer
+                .call_step(move |c| c.set_try_group(c.fence(owner)?, try_id, group, &host))
+                .await;
+            match recorded {
+                Ok(true) => gated,
+                Ok(false) => {
+                    gated.discard().await;
+                    return Ok(Ok(Ended::Cancelled));
+                }
+                Err(e) => {
+                    gated.discard().await;
+                    return Err(e.into());
+                }
+            }
+        }
     };
-    crate::fault::point("after-spawn");
-    let (group, host, owner) = (gated.group, shared.spec.host.clone(), shared.spec.owner);
-    let recorded = shared
-        .writer
-        .call_step(move |c| c.set_try_group(c.fence(owner)?, try_id, group, &host))
-        .await;
-    match recorded {
-        Ok(true) => {}
-        Ok(false) => {
-            gated.discard().await;
-            return Ok(Ok(Ended::Cancelled));
-        }
-        Err(e) => {
-            gated.discard().await;
-            return Err(e.into());
-        }
-    }
+    let group = gated.group;
     crate::fault::point("before-release");
     tracing::debug!(
         backfill = owner.backfill_id,
@@ -77,8 +91,12 @@ fn unsuccessful(ended: &Ended, task: &Task) -> Option<Outcome> {
 }
 
 /// Renders and runs one command of a try (the task's own, `publish` or `source_count`) with its
-/// output where `output` says; `Err` is the outcome when it did not succeed, its error prefixed
-/// by `what`.
+/// output where `output` says, or lets go the one `recorded` (see [`run_process`]); `Err` is the
+/// outcome when it did not succeed, its error prefixed by `what`.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the command's parts, each used once; a struct would only rename them"
+)]
 pub(super) async fn run_step(
     shared: &Shared,
     task: &Task,
@@ -86,6 +104,7 @@ pub(super) async fn run_step(
     input: &TryInput<'_>,
     output: process::Output,
     what: Option<&str>,
+    recorded: Option<process::Gated>,
     stop: &mut watch::Receiver<Stop>,
 ) -> Result<Result<(), Outcome>, Error> {
     let program = match command::render(spec, &input.ctx) {
@@ -99,6 +118,7 @@ pub(super) async fn run_step(
         &input.env,
         output,
         task,
+        recorded,
         stop,
     )
     .await?

@@ -87,14 +87,25 @@ async fn tries(
         if *stop.borrow() != Stop::Run {
             return Ok((TaskEnd::Cancelled, None));
         }
-        let started =
-            match start_claiming(shared, task, interval, *run_id, try_number, None).await? {
-                Claimed::Started(s) => s,
-                Claimed::UpstreamNotReady => return Ok((TaskEnd::UpstreamNotReady, None)),
-                Claimed::TakenOver | Claimed::Gone | Claimed::Busy | Claimed::Halted => {
-                    return Ok((TaskEnd::Cancelled, None));
-                }
+        let (claimed, mut recorded) =
+            match early_start(shared, task, interval, &values, *run_id, try_number).await? {
+                Some(early) => early,
+                None => (
+                    start_claiming(shared, task, interval, *run_id, try_number, None, None).await?,
+                    None,
+                ),
             };
+        let started = match claimed {
+            Claimed::Started(s) => s,
+            Claimed::UpstreamNotReady => return Ok((TaskEnd::UpstreamNotReady, None)),
+            Claimed::TakenOver
+            | Claimed::Gone
+            | Claimed::Busy
+            | Claimed::Halted
+            | Claimed::Stale => {
+                return Ok((TaskEnd::Cancelled, None));
+            }
+        };
         if run_id.is_none() {
             *run_id = Some(started.run_id);
             let _ = shared.events.send(Event::IntervalStarted {
@@ -105,11 +116,7 @@ async fn tries(
         let log_text = started.log.display().to_string();
         let run_id_text = started.run_id.to_string();
         let ctx = values.context(&spec.dag.id, &task.id, &run_id_text, try_number, &spec.conf);
-        let mut env = command::environment(&ctx, &shared.conf_text, &started.result);
-        if matches!(spec.mode, super::Mode::Stage) {
-            // The output will wait for `backfill promote`: a task may keep it apart.
-            env.push(("BACKFILL_STAGE".into(), "1".into()));
-        }
+        let env = try_environment(shared, &ctx, &started.result);
         let input = TryInput {
             try_id: started.try_id,
             interval,
@@ -126,7 +133,7 @@ async fn tries(
         let outcome = match (&task.kind, slot) {
             (_, Some(false)) => cancelled("stopped while waiting for a slot of its pool"),
             (TaskKind::Command(command_spec), _) => {
-                command_try(shared, task, command_spec, &input, stop).await?
+                command_try(shared, task, command_spec, &input, recorded.take(), stop).await?
             }
             (TaskKind::Sql(sql), _) => sql_try(shared, task, sql, &input, stop).await?,
         };
@@ -192,11 +199,105 @@ async fn tries(
     Ok((TaskEnd::Failed(last_error), None))
 }
 
+/// The environment of a try: `BACKFILL_*`, and `BACKFILL_STAGE` when its output will wait for
+/// `backfill promote` (a task may keep it apart).
+fn try_environment(
+    shared: &Shared,
+    ctx: &crate::task::template::Context<'_>,
+    result: &std::path::Path,
+) -> Vec<(String, String)> {
+    let mut env = command::environment(ctx, &shared.conf_text, result);
+    if matches!(shared.spec.mode, super::Mode::Stage) {
+        env.push(("BACKFILL_STAGE".into(), "1".into()));
+    }
+    env
+}
+
+/// Starts a run whose first try's command is spawned first, behind its gate, so that the run,
+/// the try and its process group are recorded in one commit rather than two (each a round trip
+/// to a PostgreSQL manifest). The run's id, which the command's environment and log path name,
+/// is one reserved beforehand (see [`crate::manifest::runs::reserve_run_ids`]). Only where the
+/// command is the try's first process (no pool slot, no source command before it). `None`:
+/// start as usual (a SQLite manifest, which reserves no id; or a command that cannot be
+/// rendered or spawned, whose failure the usual start records).
+async fn early_start(
+    shared: &Shared,
+    task: &Task,
+    interval: DataInterval,
+    values: &IntervalValues,
+    run_id: Option<i64>,
+    try_number: u32,
+) -> Result<Option<(Claimed, Option<crate::process::Gated>)>, Error> {
+    let spec = &shared.spec;
+    let TaskKind::Command(command_spec) = &task.kind else {
+        return Ok(None);
+    };
+    let by_command = |s: &Option<SourceCount>| matches!(s, Some(SourceCount::Command(_)));
+    let sources_first = task
+        .gate
+        .as_ref()
+        .is_some_and(|g| by_command(&g.source_count) || by_command(&g.source_fingerprint));
+    if run_id.is_some() || task.pool.is_some() || sources_first {
+        return Ok(None);
+    }
+    // A stale id (see [`Claimed::Stale`]) once: the next is reserved after every recorded run.
+    for _ in 0..2 {
+        let Some(reserved) = shared.reserved_run_id().await? else {
+            return Ok(None);
+        };
+        let run_text = reserved.to_string();
+        let ctx = values.context(&spec.dag.id, &task.id, &run_text, try_number, &spec.conf);
+        let (log, result) = command::try_paths(
+            &spec.logs_dir,
+            &spec.dag.id,
+            interval.start,
+            &task.id,
+            reserved,
+            try_number,
+        );
+        let env = try_environment(shared, &ctx, &result);
+        let Ok(program) = command::render(command_spec, &ctx) else {
+            return Ok(None);
+        };
+        let output = crate::process::Output::Log(log);
+        let Ok(gated) = crate::process::spawn(&program, &env, &spec.project_root, output).await
+        else {
+            return Ok(None);
+        };
+        crate::fault::point("after-spawn");
+        let early = crate::manifest::runs::Early {
+            run_id: reserved,
+            group: gated.group,
+        };
+        let claimed =
+            start_claiming(shared, task, interval, None, try_number, None, Some(early)).await;
+        match claimed {
+            Ok(Claimed::Started(started)) => {
+                return Ok(Some((Claimed::Started(started), Some(gated))));
+            }
+            Ok(Claimed::Stale) => {
+                gated.discard().await;
+                shared.forget_reserved_run_ids();
+            }
+            Ok(other) => {
+                gated.discard().await;
+                return Ok(Some((other, None)));
+            }
+            Err(e) => {
+                gated.discard().await;
+                return Err(e);
+            }
+        }
+    }
+    Ok(None)
+}
+
 async fn command_try(
     shared: &Shared,
     task: &Task,
     spec: &CommandSpec,
     input: &TryInput<'_>,
+    recorded: Option<crate::process::Gated>,
     stop: &mut watch::Receiver<Stop>,
 ) -> Result<Outcome, Error> {
     // The source as the command will find it: what its output is judged against and what
@@ -215,6 +316,7 @@ async fn command_try(
         input,
         crate::process::Output::Log(input.log_path.clone()),
         None,
+        recorded,
         stop,
     )
     .await?
@@ -399,6 +501,7 @@ async fn gated_command(
             input,
             crate::process::Output::Log(input.log_path.clone()),
             Some("publish command"),
+            None,
             stop,
         )
         .await?
@@ -471,7 +574,9 @@ async fn source_command(
         stdout: out.clone(),
         stderr: input.log_path.clone(),
     };
-    if let Err(outcome) = run_step(shared, task, spec, input, output, Some(&what), stop).await? {
+    if let Err(outcome) =
+        run_step(shared, task, spec, input, output, Some(&what), None, stop).await?
+    {
         return Ok(Err(outcome));
     }
     let text = std::fs::read_to_string(&out).unwrap_or_default();

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use crate::support::{Project, THREE_DAYS, alive, signal, stopped, wait_stale, wait_until};
+use crate::support::{
+    Project, THREE_DAYS, alive, pg_manifest, signal, stopped, wait_stale, wait_until,
+};
 
 /// A task that holds a per-interval lock while it runs (another try of the same interval at
 /// the same time is recorded in overlaps.txt) and logs its start and end.
@@ -58,8 +60,14 @@ fn a_kill_right_after_a_try_is_spawned_never_lets_that_try_run() {
     let crashed = p.run_with(THREE_DAYS, &[("BACKFILL_FAULT", "after-spawn")]);
     assert_eq!(crashed.code, -1, "aborted: {}", crashed.stderr);
     // The try's process exists, but its group was never recorded: it must never start work.
+    // On PostgreSQL a run's first process is spawned before the run is recorded (the run, the
+    // try and the group are recorded in one statement): nothing is recorded yet.
     let first = p.rows("SELECT state, pgid FROM task_tries");
-    assert_eq!(first, [["running", "NULL"]]);
+    if pg_manifest() {
+        assert_eq!(first, Vec::<Vec<String>>::new());
+    } else {
+        assert_eq!(first, [["running", "NULL"]]);
+    }
     p.run(&["resume", "1"]).code(0);
     assert_eq!(latest_states(&p, 1), vec!["succeeded"; 3]);
     assert_eq!(
@@ -68,10 +76,17 @@ fn a_kill_right_after_a_try_is_spawned_never_lets_that_try_run() {
         "each interval started once: the first spawn never ran"
     );
     assert_eq!(p.read("overlaps.txt"), "");
-    assert_eq!(
-        p.rows("SELECT state, error FROM task_tries WHERE id = 1"),
-        [["cancelled", "abandoned: the process of backfill 1 is gone"]]
-    );
+    if pg_manifest() {
+        assert_eq!(
+            p.rows("SELECT state, COUNT(*) FROM task_tries GROUP BY state"),
+            [["succeeded", "3"]]
+        );
+    } else {
+        assert_eq!(
+            p.rows("SELECT state, error FROM task_tries WHERE id = 1"),
+            [["cancelled", "abandoned: the process of backfill 1 is gone"]]
+        );
+    }
 }
 
 #[test]

@@ -877,3 +877,72 @@ fn answers_lost_with_the_connection_after_a_commit_are_read_from_the_record() {
         );
     }
 }
+
+#[test]
+fn a_run_id_reserved_before_a_newer_run_of_its_interval_was_recorded_is_not_used() {
+    let Some((cluster, db, url)) = manifest_database() else {
+        return;
+    };
+    let p = Project::new().dag(
+        "c",
+        r#"
+schedule = "@daily"
+[[tasks]]
+id = "work"
+command = 'echo "{{ ds }} $BACKFILL_RUN_ID" >> ran.txt'
+"#,
+    );
+    // The owner reserves run ids at its first start, then freezes with the second day's process
+    // spawned under a reserved id, before anything of that day is recorded.
+    let mut args = create_args(&url, "2026-01-01", "2026-01-03");
+    args.extend(["--max-active-runs", "1"]);
+    let frozen = p.spawn_with("frozen", &args, &[("BACKFILL_FAULT", "after-spawn@2:stop")]);
+    wait_until("the owner to freeze", Duration::from_secs(20), || {
+        stopped(frozen.id())
+    });
+    // Meanwhile a newer run of that day is recorded, as a process that joined the backfill
+    // records one with the ids it reserved later. Recorded with the older id, the owner's run
+    // would not be the day's latest.
+    let newer = cluster.psql(
+        &db,
+        &format!(
+            "INSERT INTO backfill_manifest.runs (id, backfill_id, dag_id, interval_start,
+                 interval_end, state, started_at, ended_at)
+             VALUES (nextval(pg_get_serial_sequence('backfill_manifest.runs', 'id')), 1, 'c',
+                 {}, {}, 'failed', 0, 0) RETURNING id",
+            day_unix(2),
+            day_unix(3)
+        ),
+    );
+    signal(&frozen, Signal::SIGCONT);
+    p.wait("frozen", frozen).code(0);
+    let runs = cluster.psql(
+        &db,
+        &format!(
+            "SELECT id, state FROM backfill_manifest.runs WHERE interval_start = {}
+             ORDER BY id",
+            day_unix(2)
+        ),
+    );
+    let runs: Vec<(i64, String)> = runs
+        .lines()
+        .map(|l| {
+            let (id, state) = l.split_once('|').unwrap();
+            (id.parse().unwrap(), state.to_string())
+        })
+        .collect();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert_eq!(runs[0], (newer.parse().unwrap(), "failed".to_string()));
+    assert_eq!(
+        runs[1].1, "succeeded",
+        "the day's latest run is the owner's"
+    );
+    // Each day ran once, under the run id the manifest recorded for it: the process spawned
+    // under the stale id never ran.
+    let recorded = cluster.psql(
+        &db,
+        "SELECT to_char(to_timestamp(interval_start) AT TIME ZONE 'UTC', 'YYYY-MM-DD') || ' ' || id
+         FROM backfill_manifest.runs WHERE state = 'succeeded' ORDER BY interval_start",
+    );
+    assert_eq!(p.read("ran.txt").trim_end(), recorded);
+}

@@ -134,7 +134,7 @@ struct Shared {
     one_database: std::collections::HashSet<String>,
     /// Run ids reserved for starts that spawn their first try's process first (see
     /// [`record::start_early`]); `None` once the manifest said it reserves none (SQLite).
-    run_ids: Mutex<Option<VecDeque<i64>>>,
+    run_ids: tokio::sync::Mutex<Option<VecDeque<i64>>>,
 }
 
 /// An interval's place among the `max_active_runs`, which it may give back before its task
@@ -162,43 +162,29 @@ impl Shared {
     /// A run id reserved for a start that needs it first (see [`tries`]), reserving more when
     /// none is left; `None` on a manifest that reserves none (SQLite).
     async fn reserved_run_id(&self) -> Result<Option<i64>, Error> {
-        {
-            let mut ids = self
-                .run_ids
-                .lock()
-                .map_err(|_| Error::Internal("run ids".into()))?;
-            match ids.as_mut() {
-                None => return Ok(None),
-                Some(ids) => {
-                    if let Some(id) = ids.pop_front() {
-                        return Ok(Some(id));
-                    }
-                }
-            }
+        // Held across the reservation: the starts that find none left wait for its one round
+        // trip instead of each reserving more.
+        let mut ids = self.run_ids.lock().await;
+        let Some(queue) = ids.as_mut() else {
+            return Ok(None);
+        };
+        if queue.is_empty() {
+            let reserved = self
+                .writer
+                .call(|c| c.reserve_run_ids(RESERVED_RUN_IDS))
+                .await?;
+            queue.extend(reserved);
         }
-        let mut reserved: VecDeque<i64> = self
-            .writer
-            .call(|c| c.reserve_run_ids(RESERVED_RUN_IDS))
-            .await?
-            .into();
-        let first = reserved.pop_front();
-        let mut ids = self
-            .run_ids
-            .lock()
-            .map_err(|_| Error::Internal("run ids".into()))?;
-        match (first, ids.as_mut()) {
-            (None, _) => *ids = None,
-            (Some(_), Some(ids)) => ids.extend(reserved),
-            (Some(_), None) => {}
+        let id = queue.pop_front();
+        if id.is_none() {
+            *ids = None;
         }
-        Ok(first)
+        Ok(id)
     }
 
     /// Drops the reserved run ids: one was stale, and the others are no younger.
-    fn forget_reserved_run_ids(&self) {
-        if let Ok(mut ids) = self.run_ids.lock()
-            && let Some(ids) = ids.as_mut()
-        {
+    async fn forget_reserved_run_ids(&self) {
+        if let Some(ids) = self.run_ids.lock().await.as_mut() {
             ids.clear();
         }
     }
@@ -276,7 +262,7 @@ pub async fn run(
         free_early: !depends_on_past,
         halted: std::sync::atomic::AtomicBool::new(false),
         one_database,
-        run_ids: Mutex::new(Some(VecDeque::new())),
+        run_ids: tokio::sync::Mutex::new(Some(VecDeque::new())),
     });
     // For depends_on_past: whether the interval ending at this instant succeeded here.
     let mut succeeded_by_end: HashMap<i64, bool> = if depends_on_past {

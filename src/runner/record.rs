@@ -155,6 +155,11 @@ pub(super) async fn start_claiming(
                     .store(true, std::sync::atomic::Ordering::Relaxed);
                 return Ok(Claimed::Halted);
             }
+            // A process spawned for the start (see `early_start`) is not kept at its gate
+            // meanwhile: until it `exec`s, it holds copies of every descriptor this process had
+            // open when it was cloned, among them other tries' output pipes, whose end would
+            // wait for it.
+            Claimed::Busy if early.is_some() => return Ok(Claimed::Busy),
             Claimed::Busy => {
                 if *stop.borrow() != super::Stop::Run {
                     return Ok(Claimed::TakenOver);

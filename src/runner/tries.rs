@@ -218,8 +218,9 @@ fn try_environment(
 /// to a PostgreSQL manifest). The run's id, which the command's environment and log path name,
 /// is one reserved beforehand (see [`crate::manifest::runs::reserve_run_ids`]). Only where the
 /// command is the try's first process (no pool slot, no source command before it). `None`:
-/// start as usual (a SQLite manifest, which reserves no id; or a command that cannot be
-/// rendered or spawned, whose failure the usual start records).
+/// start as usual (a SQLite manifest, which reserves no id; a backfill with no room for the
+/// run yet; or a command that cannot be rendered or spawned, whose failure the usual start
+/// records).
 async fn early_start(
     shared: &Shared,
     task: &Task,
@@ -277,7 +278,12 @@ async fn early_start(
             }
             Ok(Claimed::Stale) => {
                 gated.discard().await;
-                shared.forget_reserved_run_ids();
+                shared.forget_reserved_run_ids().await;
+            }
+            // No room yet: it waits for one the usual way, without a process at its gate.
+            Ok(Claimed::Busy) => {
+                gated.discard().await;
+                return Ok(None);
             }
             Ok(other) => {
                 gated.discard().await;

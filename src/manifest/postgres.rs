@@ -77,6 +77,23 @@ pub fn patience() -> Duration {
     Duration::from_millis(PATIENCE_MS.load(std::sync::atomic::Ordering::Relaxed))
 }
 
+/// The statements of the writer's `BEGIN` round trip (see [`Session::begin`]), prepared once per
+/// connection: sent as `EXECUTE` in the round trip's one query string, they are not parsed and
+/// planned again for each transaction (that was most of the server's time for a transaction of
+/// a few jobs), and a failure still ends the statements after it, as in any query string. The
+/// writers' lock is its own statement: the reads after it must see what the writer before
+/// committed.
+const BEGIN_STATEMENTS: &str = "
+    PREPARE backfill_commit(text, bigint) AS
+        WITH lock AS (SELECT 1 FROM manifest_lock FOR UPDATE)
+        INSERT INTO manifest_commits (writer, token, at)
+        SELECT $1, $2, CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS bigint) FROM lock
+        ON CONFLICT (writer) DO UPDATE SET token = excluded.token, at = excluded.at
+        RETURNING at;
+    PREPARE backfill_schema AS SELECT 'schema', max(version) FROM schema_version;
+    PREPARE backfill_fence(bigint) AS SELECT id, epoch, state FROM backfills WHERE id = $1;
+    PREPARE backfill_worker_fence(bigint) AS SELECT -id, epoch, state FROM workers WHERE id = $1";
+
 /// A session with the manifest's database.
 pub struct Session {
     url: String,
@@ -86,6 +103,9 @@ pub struct Session {
     shown: String,
     conn: RefCell<Option<Conn>>,
     prepared: RefCell<HashMap<String, tokio_postgres::Statement>>,
+    /// The statements of the writer's `BEGIN` ([`BEGIN_STATEMENTS`]) are prepared on this
+    /// connection.
+    begin_prepared: Cell<bool>,
     /// Inside the writer's transaction: a lost connection must not be replaced mid-way.
     in_tx: Cell<bool>,
     /// The transaction's "now", read when its lock was taken.
@@ -145,6 +165,7 @@ impl Session {
             shown: shown.to_string(),
             conn: RefCell::new(Some(conn)),
             prepared: RefCell::default(),
+            begin_prepared: Cell::new(false),
             in_tx: Cell::new(false),
             tx_now: Cell::new(None),
             broken: Cell::new(false),
@@ -191,6 +212,7 @@ impl Session {
                 Ok(c) => {
                     *self.conn.borrow_mut() = Some(c);
                     self.prepared.borrow_mut().clear();
+                    self.begin_prepared.set(false);
                     self.broken.set(false);
                     self.hung.set(false);
                     // Not an answer to a statement: a server that takes connections and answers
@@ -592,33 +614,23 @@ impl Session {
         // round trip: an owner's first write of the transaction then needs no read of its own.
         let (backfills, workers): (Vec<i64>, Vec<i64>) =
             self.fenced_before.borrow().iter().partition(|k| **k > 0);
-        let list = |ids: &[i64]| {
-            ids.iter()
-                .map(|k| k.abs().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let mut fences = String::new();
-        if !backfills.is_empty() {
-            fences.push_str(&format!(
-                "; SELECT id, epoch, state FROM backfills WHERE id IN ({})",
-                list(&backfills)
-            ));
-        }
-        if !workers.is_empty() {
-            fences.push_str(&format!(
-                "; SELECT -id, epoch, state FROM workers WHERE id IN ({})",
-                list(&workers)
-            ));
+        // Prepared once per connection, by its first begin (a transaction is begun only on a
+        // connection that began one before, or by a begin without a commit before it).
+        if !self.begin_prepared.get() {
+            self.with(|conn, _| self.answer(conn, conn.client.batch_execute(BEGIN_STATEMENTS)))?;
+            self.begin_prepared.set(true);
         }
         // Every value is made here (hex and numbers): nothing from outside is spliced in.
-        let sql = format!(
-                "{before}BEGIN; WITH lock AS (SELECT 1 FROM manifest_lock FOR UPDATE)
-                 INSERT INTO manifest_commits (writer, token, at)
-                 SELECT '{writer}', {token}, CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS bigint) FROM lock
-                 ON CONFLICT (writer) DO UPDATE SET token = excluded.token, at = excluded.at
-                 RETURNING at; SELECT 'schema', max(version) FROM schema_version{fences}"
+        let mut sql = format!(
+            "{before}BEGIN; EXECUTE backfill_commit('{writer}', {token}); EXECUTE backfill_schema"
         );
+        // One statement for each (a handful at most): a list would be planned anew each time.
+        for id in &backfills {
+            sql.push_str(&format!("; EXECUTE backfill_fence({id})"));
+        }
+        for id in &workers {
+            sql.push_str(&format!("; EXECUTE backfill_worker_fence({})", id.abs()));
+        }
         // The deferred statements of the transaction it commits go first.
         let begun = self.flush_then(Some(&sql)).and_then(|messages| {
             // A deferred statement failed: the commit before was a rollback, and the

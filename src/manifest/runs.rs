@@ -47,15 +47,20 @@ pub struct Early {
 /// in its try's environment and log path, which a process spawned before the start is given).
 /// Ids come from the runs' own sequence, so that they never collide with another start's; a
 /// reserved id is recorded only while it is the largest of its interval's runs (see
-/// [`Start::Stale`]), so that an interval's latest run is still its largest id. None on SQLite:
-/// its writer is in this process, and a start there costs no round trip to save.
+/// [`Start::Stale`]), so that an interval's latest run is still its largest id. None on SQLite
+/// (its writer is in this process, and a start there costs no round trip to save), nor for a
+/// role that may write the tables but not use their sequences (its inserts take the columns'
+/// defaults, which need no privilege on them; asking for an id would fail the transaction).
 pub fn reserve_run_ids(conn: &Conn, n: u32) -> Result<Vec<i64>> {
     if !conn.is_postgres() {
         return Ok(Vec::new());
     }
     let mut ids = Vec::new();
+    // The privilege is a condition of the whole query, judged before any row is made.
     let mut stmt = conn.prepare_cached(
-        "SELECT nextval(pg_get_serial_sequence('runs', 'id')) FROM generate_series(1, ?1)",
+        "WITH s AS (SELECT pg_get_serial_sequence('runs', 'id') AS seq)
+         SELECT nextval(s.seq) FROM s, generate_series(1, ?1)
+         WHERE has_sequence_privilege(s.seq, 'USAGE') OR has_sequence_privilege(s.seq, 'UPDATE')",
     )?;
     let mut rows = stmt.query([i64::from(n)])?;
     while let Some(r) = rows.next()? {
@@ -214,6 +219,13 @@ pub fn start_run_and_try(
         &early.map(|e| e.group.pgid),
         &early.and_then(|e| e.group.leader_start),
     ];
+    // The reserved id, when there is one; else the column's own default (which, unlike a
+    // `nextval` in the statement, needs no privilege on the sequence).
+    let (id, reserved) = if early.is_some() {
+        ("id, ", "CAST(?13 AS bigint), ")
+    } else {
+        ("", "")
+    };
     conn.defer(
         &format!(
             "WITH held AS ({FREE_LEASE}),
@@ -225,10 +237,9 @@ pub fn start_run_and_try(
                         AND NOT EXISTS (SELECT 1 FROM runs WHERE dag_id = ?2
                                         AND interval_start = ?3 AND id > ?13))),
              run AS (
-                 INSERT INTO runs (id, backfill_id, dag_id, interval_start, interval_end, state,
+                 INSERT INTO runs ({id}backfill_id, dag_id, interval_start, interval_end, state,
                                    started_at, worker)
-                 SELECT COALESCE(CAST(?13 AS bigint), nextval(pg_get_serial_sequence('runs', 'id'))),
-                        CAST(?1 AS bigint), CAST(?2 AS text), CAST(?3 AS bigint),
+                 SELECT {reserved}CAST(?1 AS bigint), CAST(?2 AS text), CAST(?3 AS bigint),
                         CAST(?4 AS bigint), CAST(?5 AS text), CAST(?6 AS bigint),
                         CAST(?7 AS bigint)
                  FROM held, room, fresh WHERE NOT EXISTS (SELECT 1 FROM halted) RETURNING id),

@@ -946,3 +946,38 @@ command = 'echo "{{ ds }} $BACKFILL_RUN_ID" >> ran.txt'
     );
     assert_eq!(p.read("ran.txt").trim_end(), recorded);
 }
+
+#[test]
+fn a_role_that_may_write_the_tables_but_not_use_their_sequences_runs_backfills() {
+    let Some((cluster, db, url)) = manifest_database() else {
+        return;
+    };
+    let p = Project::new().dag("c", DAG);
+    std::fs::write(p.path("go"), "").unwrap();
+    p.run(&create_args(&url, "2026-01-01", "2026-01-01"))
+        .code(0);
+    // The tables' privileges and nothing on their sequences: inserts take the identity columns'
+    // defaults, which need none, and no run id is reserved ahead.
+    let role = format!("writer_{db}");
+    cluster.psql(
+        &db,
+        &format!(
+            "CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA backfill_manifest TO {role};
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA backfill_manifest TO {role}"
+        ),
+    );
+    let writer = url.replace("postgres@", &format!("{role}@"));
+    p.run(&create_args(&writer, "2026-01-02", "2026-01-04"))
+        .code(0);
+    assert_eq!(
+        runs_per_interval(cluster, &db),
+        (1..=4).map(|d| (day_unix(d), 1, 1)).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        cluster.psql(
+            &db,
+            "SELECT COUNT(*) FROM backfill_manifest.task_tries WHERE state <> 'succeeded' OR pgid IS NULL"
+        ),
+        "0"
+    );
+}

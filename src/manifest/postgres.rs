@@ -77,22 +77,15 @@ pub fn patience() -> Duration {
     Duration::from_millis(PATIENCE_MS.load(std::sync::atomic::Ordering::Relaxed))
 }
 
-/// The statements of the writer's `BEGIN` round trip (see [`Session::begin`]), prepared once per
-/// connection: sent as `EXECUTE` in the round trip's one query string, they are not parsed and
-/// planned again for each transaction (that was most of the server's time for a transaction of
-/// a few jobs), and a failure still ends the statements after it, as in any query string. The
-/// writers' lock is its own statement: the reads after it must see what the writer before
-/// committed.
-const BEGIN_STATEMENTS: &str = "
-    PREPARE backfill_commit(text, bigint) AS
-        WITH lock AS (SELECT 1 FROM manifest_lock FOR UPDATE)
-        INSERT INTO manifest_commits (writer, token, at)
-        SELECT $1, $2, CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS bigint) FROM lock
-        ON CONFLICT (writer) DO UPDATE SET token = excluded.token, at = excluded.at
-        RETURNING at;
-    PREPARE backfill_schema AS SELECT 'schema', max(version) FROM schema_version;
-    PREPARE backfill_fence(bigint) AS SELECT id, epoch, state FROM backfills WHERE id = $1;
-    PREPARE backfill_worker_fence(bigint) AS SELECT -id, epoch, state FROM workers WHERE id = $1";
+/// The writers' lock and the schema's version, the two statements of every writer's `BEGIN`
+/// round trip (see [`Session::begin`]), `$1` the writer and `$2` its token. The lock is a
+/// statement of its own: the reads after it must see what the writer before committed.
+const LOCK_AND_TOKEN: &str = "WITH lock AS (SELECT 1 FROM manifest_lock FOR UPDATE)
+    INSERT INTO manifest_commits (writer, token, at)
+    SELECT $1, $2, CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS bigint) FROM lock
+    ON CONFLICT (writer) DO UPDATE SET token = excluded.token, at = excluded.at
+    RETURNING at";
+const SCHEMA_VERSION: &str = "SELECT 'schema', max(version) FROM schema_version";
 
 /// A session with the manifest's database.
 pub struct Session {
@@ -103,8 +96,8 @@ pub struct Session {
     shown: String,
     conn: RefCell<Option<Conn>>,
     prepared: RefCell<HashMap<String, tokio_postgres::Statement>>,
-    /// The statements of the writer's `BEGIN` ([`BEGIN_STATEMENTS`]) are prepared on this
-    /// connection.
+    /// The statements of the writer's `BEGIN` ([`LOCK_AND_TOKEN`], [`SCHEMA_VERSION`]) are
+    /// prepared on this connection.
     begin_prepared: Cell<bool>,
     /// Inside the writer's transaction: a lost connection must not be replaced mid-way.
     in_tx: Cell<bool>,
@@ -607,6 +600,25 @@ impl Session {
             self.answers.borrow_mut().clear();
             self.refused.borrow_mut().take();
         }
+        // The two statements every transaction begins with are prepared once per connection
+        // and sent as `EXECUTE` in the same query string, so that they are not parsed and
+        // planned again each time (planning them took twice as long as running them), and a
+        // failure still ends the statements after it. Prepared outside a transaction, by the
+        // first begin; should that fail, the connection is made again (a statement prepared
+        // before the failure would make the next attempt fail on its name).
+        if !self.begin_prepared.get() && before.is_empty() {
+            let prepare = format!(
+                "PREPARE backfill_lock(text, bigint) AS {LOCK_AND_TOKEN};
+                 PREPARE backfill_schema AS {SCHEMA_VERSION}"
+            );
+            if let Err(e) =
+                self.with(|conn, _| self.answer(conn, conn.client.batch_execute(&prepare)))
+            {
+                self.broken.set(true);
+                return Err(e);
+            }
+            self.begin_prepared.set(true);
+        }
         self.in_tx.set(true);
         self.tx_now.set(None);
         self.fences.borrow_mut().clear();
@@ -614,22 +626,34 @@ impl Session {
         // round trip: an owner's first write of the transaction then needs no read of its own.
         let (backfills, workers): (Vec<i64>, Vec<i64>) =
             self.fenced_before.borrow().iter().partition(|k| **k > 0);
-        // Prepared once per connection, by its first begin (a transaction is begun only on a
-        // connection that began one before, or by a begin without a commit before it).
-        if !self.begin_prepared.get() {
-            self.with(|conn, _| self.answer(conn, conn.client.batch_execute(BEGIN_STATEMENTS)))?;
-            self.begin_prepared.set(true);
-        }
+        let list = |ids: &[i64]| {
+            ids.iter()
+                .map(|k| k.abs().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         // Every value is made here (hex and numbers): nothing from outside is spliced in.
-        let mut sql = format!(
-            "{before}BEGIN; EXECUTE backfill_commit('{writer}', {token}); EXECUTE backfill_schema"
-        );
-        // One statement for each (a handful at most): a list would be planned anew each time.
-        for id in &backfills {
-            sql.push_str(&format!("; EXECUTE backfill_fence({id})"));
+        let mut sql = if self.begin_prepared.get() {
+            format!(
+                "{before}BEGIN; EXECUTE backfill_lock('{writer}', {token}); EXECUTE backfill_schema"
+            )
+        } else {
+            let lock = LOCK_AND_TOKEN
+                .replace("$1", &format!("'{writer}'"))
+                .replace("$2", &token.to_string());
+            format!("{before}BEGIN; {lock}; {SCHEMA_VERSION}")
+        };
+        if !backfills.is_empty() {
+            sql.push_str(&format!(
+                "; SELECT id, epoch, state FROM backfills WHERE id IN ({})",
+                list(&backfills)
+            ));
         }
-        for id in &workers {
-            sql.push_str(&format!("; EXECUTE backfill_worker_fence({})", id.abs()));
+        if !workers.is_empty() {
+            sql.push_str(&format!(
+                "; SELECT -id, epoch, state FROM workers WHERE id IN ({})",
+                list(&workers)
+            ));
         }
         // The deferred statements of the transaction it commits go first.
         let begun = self.flush_then(Some(&sql)).and_then(|messages| {

@@ -186,6 +186,11 @@ pub fn write_and_measure(
                 wrapped_query(&task.sql)
             ))?;
             binds.bind(&mut stmt)?;
+            // A stop whose interrupt came while no statement ran was ignored by SQLite (an
+            // interrupt reaches only the statements running then): the flag says so.
+            if cancel.is_some_and(|c| c.load(std::sync::atomic::Ordering::SeqCst)) {
+                return Err(Error::Cancelled);
+            }
             stmt.raw_execute()?;
             drop(stmt);
             // The tests freeze here and change the source: the count must not see it.

@@ -133,7 +133,7 @@ struct Shared {
     /// [`sql_try::one_database`]).
     one_database: std::collections::HashSet<String>,
     /// Run ids reserved for starts that spawn their first try's process first (see
-    /// [`record::start_early`]); `None` once the manifest said it reserves none (SQLite).
+    /// [`tries`] (`early_start`)); `None` once the manifest said it reserves none (SQLite).
     run_ids: tokio::sync::Mutex<Option<VecDeque<i64>>>,
 }
 

@@ -93,6 +93,27 @@ fn wait_for_session(cluster: &pg::Cluster, db: &str, what: &str, condition: &str
     });
 }
 
+/// A new role of database `db` that may log in, use the manifest's schema and have `grants` on
+/// all its tables: its name, and `url` with it as the user.
+fn role_with(
+    cluster: &pg::Cluster,
+    db: &str,
+    url: &str,
+    name: &str,
+    grants: &str,
+) -> (String, String) {
+    let role = format!("{name}_{db}");
+    cluster.psql(
+        db,
+        &format!(
+            "CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA backfill_manifest TO {role};
+             GRANT {grants} ON ALL TABLES IN SCHEMA backfill_manifest TO {role}"
+        ),
+    );
+    let url = url.replace("postgres@", &format!("{role}@"));
+    (role, url)
+}
+
 /// Each interval's runs, as `(interval_start, runs, succeeded runs)`.
 fn runs_per_interval(cluster: &pg::Cluster, db: &str) -> Vec<(i64, i64, i64)> {
     cluster
@@ -553,15 +574,7 @@ fn a_role_that_may_only_read_the_manifest_reads_it_and_is_refused_writes_as_bad_
     std::fs::write(p.path("go"), "").unwrap();
     p.run(&create_args(&url, "2026-01-01", "2026-01-02"))
         .code(0);
-    let role = format!("reader_{db}");
-    cluster.psql(
-        &db,
-        &format!(
-            "CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA backfill_manifest TO {role};
-             GRANT SELECT ON ALL TABLES IN SCHEMA backfill_manifest TO {role}"
-        ),
-    );
-    let reader = url.replace("postgres@", &format!("{role}@"));
+    let (role, reader) = role_with(cluster, &db, &url, "reader", "SELECT");
     p.run(&["--manifest", &reader, "list"]).code(0);
     p.run(&["--manifest", &reader, "show", "1"]).code(0);
     p.run(
@@ -958,15 +971,13 @@ fn a_role_that_may_write_the_tables_but_not_use_their_sequences_runs_backfills()
         .code(0);
     // The tables' privileges and nothing on their sequences: inserts take the identity columns'
     // defaults, which need none, and no run id is reserved ahead.
-    let role = format!("writer_{db}");
-    cluster.psql(
+    let (_, writer) = role_with(
+        cluster,
         &db,
-        &format!(
-            "CREATE ROLE {role} LOGIN; GRANT USAGE ON SCHEMA backfill_manifest TO {role};
-             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA backfill_manifest TO {role}"
-        ),
+        &url,
+        "writer",
+        "SELECT, INSERT, UPDATE, DELETE",
     );
-    let writer = url.replace("postgres@", &format!("{role}@"));
     p.run(&create_args(&writer, "2026-01-02", "2026-01-04"))
         .code(0);
     assert_eq!(

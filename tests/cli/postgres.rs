@@ -3170,7 +3170,7 @@ WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end";
             t.db
         ))
     };
-    let child = t.p.spawn(
+    let mut child = t.p.spawn(
         "run",
         &[
             "create",
@@ -3182,7 +3182,10 @@ WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end";
             "2026-01-02",
         ],
     );
-    wait_until(
+    crate::support::wait_while_running(
+        &t.p,
+        "run",
+        &mut child,
         "two statements on the server",
         Duration::from_secs(30),
         || {

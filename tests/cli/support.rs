@@ -427,6 +427,34 @@ pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> 
     }
 }
 
+/// Like [`wait_until`], for a condition that a background run must bring about: fails at once,
+/// with the run's exit code and stderr, if the run ends first, and shows its stderr on timeout.
+#[track_caller]
+pub fn wait_while_running(
+    p: &Project,
+    name: &str,
+    child: &mut Child,
+    what: &str,
+    timeout: Duration,
+    mut condition: impl FnMut() -> bool,
+) {
+    let deadline = Instant::now() + timeout;
+    while !condition() {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "backfill ended ({status}) before {what}\n--- stderr\n{}",
+                p.read(&format!("{name}.err"))
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}\n--- stderr\n{}",
+            p.read(&format!("{name}.err"))
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// This machine's wall clock, in unix milliseconds (as heartbeats are written).
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()

@@ -314,6 +314,10 @@ pub struct CreateArgs {
     /// Run the newest interval first.
     #[arg(long)]
     pub run_backwards: bool,
+    /// Compute up to N consecutive intervals with one query, each still judged, published and
+    /// recorded on its own; default: the DAG's batch_size, else 1.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub batch_size: Option<u32>,
     /// A JSON object available to tasks as `conf` and BACKFILL_CONF.
     #[arg(long, value_name = "JSON")]
     pub conf: Option<String>,

@@ -266,6 +266,26 @@ fn judge(interval: &DataInterval, p: Prior, opts: Options) -> Action {
     }
 }
 
+/// The batches of intervals to run (in plan order): at most `size` consecutive intervals each,
+/// never across an interval the plan leaves out (each batch's intervals meet end to start, in
+/// the plan's direction).
+pub fn batches(intervals: &[DataInterval], size: u32) -> Vec<std::ops::Range<usize>> {
+    let size = size.max(1) as usize;
+    let mut out = Vec::new();
+    let mut first = 0;
+    for i in 1..=intervals.len() {
+        let meets = i < intervals.len() && {
+            let (a, b) = (&intervals[i - 1], &intervals[i]);
+            a.end == b.start || b.end == a.start
+        };
+        if i == intervals.len() || i - first == size || !meets {
+            out.push(first..i);
+            first = i;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,6 +315,19 @@ mod tests {
             in_flight,
             source_changed: false,
         }
+    }
+
+    #[test]
+    fn batches_are_consecutive_planned_intervals_and_stop_at_a_gap() {
+        // Days 0-6, 8-9 planned (7 skipped): batches of 3 never cross the gap.
+        let planned: Vec<_> = [0, 1, 2, 3, 4, 5, 6, 8, 9].map(day).to_vec();
+        assert_eq!(batches(&planned, 3), vec![0..3, 3..6, 6..7, 7..9]);
+        assert_eq!(batches(&planned, 1).len(), 9);
+        assert_eq!(batches(&planned, 100), vec![0..7, 7..9]);
+        // Backwards, the same days newest first.
+        let back: Vec<_> = planned.iter().rev().copied().collect();
+        assert_eq!(batches(&back, 3), vec![0..2, 2..5, 5..8, 8..9]);
+        assert!(batches(&[], 3).is_empty());
     }
 
     #[test]

@@ -22,7 +22,18 @@ use crate::state::BackfillKind;
 
 pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
     let project = g.project()?;
-    let dag = only_tasks(project.dag(&args.dag)?, &args.tasks)?;
+    let mut dag = only_tasks(project.dag(&args.dag)?, &args.tasks)?;
+    if let Some(n) = args.batch_size {
+        if n > 1
+            && let Err(why) = crate::project::batchable(&dag.tasks, dag.depends_on_past)
+        {
+            return Err(Error::Usage(format!(
+                "--batch-size {n} cannot be used with DAG `{}` ({}): {why}; drop --batch-size",
+                dag.id, dag.file
+            )));
+        }
+        dag.batch_size = n;
+    }
     // `--tasks` as recorded: each once, in the DAG's order.
     let only: Option<Vec<String>> =
         (!args.tasks.is_empty()).then(|| dag.tasks.iter().map(|t| t.id.clone()).collect());

@@ -22,6 +22,9 @@ pub struct Dag {
     pub schedule: Schedule,
     pub tz: Tz,
     pub max_active_runs: Option<u32>,
+    /// At most this many consecutive planned intervals run as one query (`batch_size`,
+    /// default 1; see [`crate::plan::batches`]).
+    pub batch_size: u32,
     pub depends_on_past: bool,
     /// Commands run when a backfill of this DAG ends; each key overrides the project's.
     pub notify: Notify,
@@ -30,6 +33,38 @@ pub struct Dag {
     /// DAGs of the project whose output this one reads: an interval of this DAG depends on
     /// every interval of each that overlaps it in time. Each with where it is written.
     pub upstream: Vec<(String, String)>,
+}
+
+/// Whether a DAG of `tasks` may run its intervals in batches (`batch_size` above 1): why not
+/// otherwise, as a message says it (the caller says how to fix it).
+pub fn batchable(tasks: &[Task], depends_on_past: bool) -> Result<(), String> {
+    if depends_on_past {
+        return Err(
+            "it sets `depends_on_past = true`, so each interval runs after the one before it"
+                .into(),
+        );
+    }
+    match tasks {
+        [task] if task.pool.is_some() => Err(format!(
+            "task `{}` takes a slot of a pool for each try, and batches do not count pools so far",
+            task.id
+        )),
+        [task] => match &task.kind {
+            TaskKind::Sql(s) if s.warehouse.kind == super::WarehouseKind::Sqlite => Ok(()),
+            TaskKind::Sql(s) => Err(format!(
+                "batches run SQL tasks on SQLite warehouses so far, and task `{}` writes to the PostgreSQL warehouse `{}`",
+                task.id, s.warehouse.name
+            )),
+            TaskKind::Command(_) => Err(format!(
+                "batches run SQL tasks so far, and task `{}` is a command",
+                task.id
+            )),
+        },
+        _ => Err(format!(
+            "batches run DAGs of one SQL task so far, and this one has {} tasks",
+            tasks.len()
+        )),
+    }
 }
 
 /// The `[notify]` commands: run when a `create` or `resume` ends, with the JSON summary on

@@ -73,6 +73,9 @@ const MAX_ID_LEN: usize = 100;
 /// The most retries a task may have: tries are counted in a `u32`.
 const MAX_RETRIES: u32 = 1000;
 
+/// The largest `batch_size`: a batch's query and its per-interval audit stay one read snapshot.
+pub const MAX_BATCH_SIZE: u32 = 1000;
+
 const ID_RULE: &str = "start with a letter, digit or `_`, then use letters, digits, `_`, `-` and `.` only; at most 100 characters";
 
 /// A DAG id or task id: a plain name that is safe as a folder name of the logs.
@@ -211,6 +214,21 @@ impl Dag {
                         None
                     }
                 });
+        let batch_size = raw
+            .batch_size
+            .as_ref()
+            .and_then(|b| match u32::try_from(*b.get_ref()) {
+                Ok(n) if (1..=MAX_BATCH_SIZE).contains(&n) => Some(n),
+                _ => {
+                    errs.at(
+                        b,
+                        format!(
+                            "key `batch_size` must be a whole number from 1 to {MAX_BATCH_SIZE}"
+                        ),
+                    );
+                    None
+                }
+            });
         // A wrong default is reported once, here; the tasks then use the built-in default.
         let defaults = TaskDefaults {
             retries: raw
@@ -234,6 +252,15 @@ impl Dag {
             errs.in_file("the DAG has no tasks; add at least one [[tasks]] table");
         }
         let tasks = load_tasks(&raw.tasks, &defaults, warehouses, errs);
+        if let (Some(b), Some(n), Some(tasks)) = (&raw.batch_size, batch_size, &tasks)
+            && n > 1
+            && let Err(why) = super::dag::batchable(tasks, raw.depends_on_past.unwrap_or(false))
+        {
+            errs.at(
+                b,
+                format!("key `batch_size` = {n} cannot be used here: {why}; remove `batch_size`"),
+            );
+        }
         let notify = notify(raw.notify.as_ref(), errs);
         Some(Self {
             id: id.to_string(),
@@ -242,6 +269,7 @@ impl Dag {
             schedule: schedule?,
             tz: tz?,
             max_active_runs,
+            batch_size: batch_size.unwrap_or(1),
             depends_on_past: raw.depends_on_past.unwrap_or(false),
             notify,
             upstream: raw

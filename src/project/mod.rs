@@ -19,7 +19,7 @@ use std::time::Duration;
 
 pub use dag::{
     CommandSpec, Dag, Gate, History, Literal, Notify, Rule, RuleKind, Severity, SourceCount,
-    SqlTask, Task, TaskKind, TaskLocations, definition_changes, missing_conf,
+    SqlTask, Task, TaskKind, TaskLocations, batchable, definition_changes, missing_conf,
 };
 pub use diagnostics::{ConfigError, StringAt};
 

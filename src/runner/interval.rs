@@ -20,6 +20,7 @@ pub(super) async fn run(
     interval: DataInterval,
     mut stop: watch::Receiver<Stop>,
     mut slot: super::Slot,
+    batch: Option<&Arc<super::batch::Batch>>,
 ) -> Result<(DataInterval, RunState), Error> {
     let began = Instant::now();
     // The run is recorded with its first try (one commit), and its end with its last try's.
@@ -28,7 +29,8 @@ pub(super) async fn run(
     let mut error = None;
     let tasks = &shared.spec.dag.tasks;
     for (i, task) in tasks.iter().enumerate() {
-        let (end, last_try) = run_task(&shared, task, interval, &mut run_id, &mut stop).await?;
+        let (end, last_try) =
+            run_task(&shared, task, interval, &mut run_id, &mut stop, batch).await?;
         if matches!(end, TaskEnd::UpstreamNotReady) {
             // Recorded as skipped in the commit that would have started the run.
             let reason = crate::plan::SkipReason::UpstreamNotSuccessful;

@@ -8,6 +8,7 @@
 //! that another process took the backfill over (fenced) or when a manifest write fails: then it
 //! waits for every running try to stop before it returns, so nothing is left running.
 
+mod batch;
 pub mod events;
 mod interval;
 mod outcome;
@@ -129,6 +130,9 @@ struct Shared {
     /// The manifest refused to start a run: the backfill reached its `--max-failures`, counted
     /// across its processes.
     halted: std::sync::atomic::AtomicBool,
+    /// Intervals of this process that failed or were rejected: a batch stops taking its next
+    /// interval once they reach `--max-failures`.
+    failed: std::sync::atomic::AtomicU32,
     /// The PostgreSQL warehouses in the manifest's own database (see
     /// [`sql_try::one_database`]).
     one_database: std::collections::HashSet<String>,
@@ -261,6 +265,7 @@ pub async fn run(
         freed,
         free_early: !depends_on_past,
         halted: std::sync::atomic::AtomicBool::new(false),
+        failed: std::sync::atomic::AtomicU32::new(0),
         one_database,
         run_ids: tokio::sync::Mutex::new(Some(VecDeque::new())),
     });
@@ -270,7 +275,13 @@ pub async fn run(
     } else {
         HashMap::new()
     };
-    let mut running: JoinSet<Result<(DataInterval, RunState), Error>> = JoinSet::new();
+    // Each spawned task runs an interval, or a batch of them one after the other; it holds one
+    // slot, named by its first interval's start.
+    let mut running: JoinSet<Result<Ended, Error>> = JoinSet::new();
+    let batch_size = match shared.spec.mode {
+        Mode::Run | Mode::Stage if !depends_on_past => shared.spec.dag.batch_size.max(1) as usize,
+        _ => 1,
+    };
     let mut stop_rx = stop.clone();
     let mut first_error: Option<Error> = None;
     let max_failures = shared.spec.max_failures;
@@ -301,12 +312,29 @@ pub async fn run(
                 succeeded_by_end.insert(interval.end.timestamp(), false);
                 continue;
             }
-            holding.insert(interval.start.timestamp());
+            let key = interval.start.timestamp();
+            holding.insert(key);
+            if batch_size > 1 {
+                let mut intervals = vec![interval];
+                while intervals.len() < batch_size
+                    && let (Some(last), Some(next)) = (intervals.last(), queue.front())
+                    && (last.end == next.start || next.end == last.start)
+                {
+                    intervals.extend(queue.pop_front());
+                }
+                running.spawn(run_batch(shared.clone(), intervals, stop.clone()));
+                continue;
+            }
             let slot = Slot {
                 freed: Some(shared.freed.clone()),
-                start: interval.start.timestamp(),
+                start: key,
             };
-            running.spawn(interval::run(shared.clone(), interval, stop.clone(), slot));
+            let (shared, stop) = (shared.clone(), stop.clone());
+            running.spawn(async move {
+                let ended = interval::run(shared.clone(), interval, stop, slot, None).await?;
+                count_failure(&shared, ended.1);
+                Ok((key, vec![ended]))
+            });
         }
         if running.is_empty() {
             // Halted, the owner runs nothing more but still waits for its workers' runs: the
@@ -341,19 +369,23 @@ pub async fn run(
         }
         tokio::select! {
             joined = running.join_next() => {
-                if let Some(Ok(Ok((interval, _)))) = &joined {
-                    holding.remove(&interval.start.timestamp());
-                }
-                if let Some(Ok(Ok((_, RunState::Failed | RunState::Rejected)))) = &joined {
-                    failures += 1;
+                if let Some(Ok(Ok((key, ended)))) = &joined {
+                    holding.remove(key);
+                    for (_, state) in ended {
+                        if matches!(state, RunState::Failed | RunState::Rejected) {
+                            failures += 1;
+                        }
+                    }
                     if max_failures.is_some_and(|m| failures >= m) && !halted && !queue.is_empty() {
                         halted = true;
                         let _ = shared.events.send(Event::MaxFailures { failed: failures });
                     }
                 }
                 match joined {
-                    Some(Ok(Ok((interval, state)))) if depends_on_past => {
-                        succeeded_by_end.insert(interval.end.timestamp(), state == RunState::Succeeded);
+                    Some(Ok(Ok((_, ended)))) if depends_on_past => {
+                        for (interval, state) in ended {
+                            succeeded_by_end.insert(interval.end.timestamp(), state == RunState::Succeeded);
+                        }
                     }
                     Some(Ok(Err(e))) => fail(&shared, &mut first_error, e),
                     Some(Err(e)) => fail(&shared, &mut first_error, Error::Internal(format!("an interval's task panicked: {e}"))),
@@ -370,6 +402,53 @@ pub async fn run(
         Some(e) => Err(e),
         None => Ok(halted),
     }
+}
+
+/// What a spawned interval or batch gives back: the start that names its slot, and how each
+/// interval it ran ended.
+type Ended = (i64, Vec<(DataInterval, RunState)>);
+
+/// Counts an interval that failed or was rejected (see [`Shared::failed`]).
+fn count_failure(shared: &Shared, state: RunState) {
+    if matches!(state, RunState::Failed | RunState::Rejected) {
+        shared
+            .failed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Runs a batch's intervals one after the other (see [`batch`]), holding one slot: the first
+/// that needs the batch's rows computes them with one query, each takes its share. Stops
+/// taking intervals once the backfill stops or reached `--max-failures`; those left stay
+/// planned.
+async fn run_batch(
+    shared: Arc<Shared>,
+    intervals: Vec<DataInterval>,
+    stop: watch::Receiver<Stop>,
+) -> Result<Ended, Error> {
+    let key = intervals.first().map_or(0, |i| i.start.timestamp());
+    let batch = batch::Batch::new(intervals.clone());
+    let mut ended = Vec::with_capacity(intervals.len());
+    for interval in intervals {
+        let reached = shared
+            .spec
+            .max_failures
+            .is_some_and(|m| shared.failed.load(std::sync::atomic::Ordering::Relaxed) >= m);
+        if *stop.borrow() != Stop::Run
+            || reached
+            || shared.halted.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            break;
+        }
+        let slot = Slot {
+            freed: None,
+            start: interval.start.timestamp(),
+        };
+        let end = interval::run(shared.clone(), interval, stop.clone(), slot, Some(&batch)).await?;
+        count_failure(&shared, end.1);
+        ended.push(end);
+    }
+    Ok((key, ended))
 }
 
 /// For `depends_on_past`: the queued intervals whose predecessor is not queued (the first, or

@@ -59,6 +59,9 @@ pub(super) struct TryInput<'a> {
     pub log_path: PathBuf,
     pub result_path: PathBuf,
     pub audit_path: Option<PathBuf>,
+    /// The batch whose query computes this try's rows (the first try of an interval of a
+    /// batch; see [`super::batch`]).
+    pub batch: Option<std::sync::Arc<super::batch::Batch>>,
 }
 
 /// A try whose output passed its gate and is kept at `path`, unpublished, for `promote`.

@@ -230,6 +230,7 @@ async fn promote_command(
             log_path: started.log.clone(),
             result_path,
             audit_path: None,
+            batch: None,
         };
         if let Err(mut outcome) = run_step(
             shared,

@@ -114,6 +114,21 @@ pub(super) async fn sql_try(
         manifest::identity(&shared.spec.manifest_path)?,
     );
     let lease_timeout = shared.spec.lease_timeout;
+    // The first try of an interval of a batch takes its rows from the batch's one query.
+    let mut batch_notes = Vec::new();
+    let share = match &input.batch {
+        Some(batch) => {
+            batch
+                .share_of(shared, task, sql, input.interval, stop, &mut batch_notes)
+                .await
+        }
+        None => super::batch::Share::Own,
+    };
+    let share = match share {
+        super::batch::Share::Of(rows, k) => Some((rows, k)),
+        super::batch::Share::Own => None,
+        super::batch::Share::Cancelled => return Ok(cancelled("cancelled")),
+    };
     let write = blocking_step(task.timeout, stop, move |cancel| {
         let write = backend::Write {
             task: &s,
@@ -128,7 +143,10 @@ pub(super) async fn sql_try(
             measure_only: false,
             lease_timeout,
         };
-        crate::warehouse::backend_of(&s.warehouse).write(&write, cancel)
+        match &share {
+            Some((rows, k)) => rows.share(&write, *k, cancel),
+            None => crate::warehouse::backend_of(&s.warehouse).write(&write, cancel),
+        }
     });
     // Where the write is the publish's own transaction, which books the publish (PostgreSQL),
     // the intent is recorded while the warehouse works, before anything can commit (a crash is
@@ -154,6 +172,9 @@ pub(super) async fn sql_try(
         open_log
     );
     let mut log = log.unwrap_or(TryLog(None));
+    for note in &batch_notes {
+        log.line(note);
+    }
     let output = match step {
         Step::Done(Ok(v)) => v,
         Step::Done(Err(e)) => {

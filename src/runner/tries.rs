@@ -3,6 +3,7 @@
 //! so that whoever takes over can always kill it. Gated command tasks report their row count,
 //! are judged, and run their `publish` command only after the gate passed.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -36,6 +37,7 @@ pub(super) async fn run_task(
     interval: DataInterval,
     run_id: &mut Option<i64>,
     stop: &mut watch::Receiver<Stop>,
+    batch: Option<&Arc<super::batch::Batch>>,
 ) -> Result<(TaskEnd, Option<LastTry>), Error> {
     use tracing::Instrument;
     // Every diagnostic of the task's tries carries the backfill, DAG, interval and task.
@@ -65,7 +67,7 @@ pub(super) async fn run_task(
             }
         }
         super::Mode::Run | super::Mode::Stage => {
-            tries(shared, task, interval, run_id, stop)
+            tries(shared, task, interval, run_id, stop, batch)
                 .instrument(span)
                 .await
         }
@@ -78,6 +80,7 @@ async fn tries(
     interval: DataInterval,
     run_id: &mut Option<i64>,
     stop: &mut watch::Receiver<Stop>,
+    batch: Option<&Arc<super::batch::Batch>>,
 ) -> Result<(TaskEnd, Option<LastTry>), Error> {
     let spec = &shared.spec;
     let values = IntervalValues::new(interval, spec.dag.tz);
@@ -125,6 +128,7 @@ async fn tries(
             log_path: started.log,
             result_path: started.result,
             audit_path: started.audit,
+            batch: batch.filter(|_| try_number == 1).cloned(),
         };
         let slot = match &task.pool {
             Some(pool) => Some(take_slot(shared, task, pool, input.try_id, interval, stop).await?),

@@ -87,6 +87,17 @@ impl AuditFile {
         }))
     }
 
+    /// Attaches the file to a warehouse connection as `batch` (a batch's rows, see
+    /// [`write_batch`]), as [`AuditFile::attach`] does as `audit`.
+    pub fn attach_batch(&self, conn: &Connection) -> Result<()> {
+        conn.execute("ATTACH DATABASE ?1 AS batch", [uri(&self.path)])?;
+        conn.execute_batch(
+            "PRAGMA batch.journal_mode = OFF; PRAGMA batch.synchronous = OFF; \
+             PRAGMA batch.locking_mode = EXCLUSIVE;",
+        )?;
+        Ok(())
+    }
+
     /// Attaches the file to a warehouse connection as `audit`, as a scratch database: no
     /// journal, no syncs (a crash before the publish intent throws it away; after it, the
     /// publish checks the recorded fingerprint first).
@@ -134,6 +145,18 @@ pub(crate) fn uri(path: &Path) -> String {
 /// Detaches the audit file from a connection, if attached.
 pub fn detach(conn: &Connection) {
     let _ = conn.execute_batch("DETACH DATABASE audit");
+}
+
+/// Detaches a batch file from a connection, if attached.
+pub fn detach_batch(conn: &Connection) {
+    let _ = conn.execute_batch("DETACH DATABASE batch");
+}
+
+/// The name of a new batch file of this process.
+pub fn batch_file() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("batch-{}-{n}.db", std::process::id())
 }
 
 /// What the gate needs to know about a try's output.
@@ -203,17 +226,11 @@ pub fn write_and_measure(
                 Some(crate::project::SourceCount::Sql(q)) => Some(source_value(conn, q, binds)?),
                 _ => None,
             };
-            let mut m = measure(conn, task, gate, repr, binds, tz, source)?;
-            m.source_fingerprint = source_fingerprint;
-            if let Some(g) = gate.filter(|g| !g.rules.is_empty()) {
-                let mut engine = SqliteRules {
-                    conn,
-                    binds,
-                    output: format!("SELECT * FROM {TABLE}"),
-                };
-                m.found = super::rules::run(&mut engine, g, m.rows, &shown_columns(task, g), None)?;
-            }
-            Ok(m)
+            let looked = Looked {
+                source,
+                source_fingerprint,
+            };
+            judge_measures(conn, task, gate, repr, binds, tz, looked)
         })();
         match result {
             Ok(m) => {
@@ -226,6 +243,190 @@ pub fn write_and_measure(
             }
         }
     })
+}
+
+/// Measures the rows of the attached audit file and runs the gate's rules on them.
+fn judge_measures(
+    conn: &Connection,
+    task: &SqlTask,
+    gate: Option<&Gate>,
+    repr: Option<Repr>,
+    binds: &Binds,
+    tz: chrono_tz::Tz,
+    looked: Looked,
+) -> Result<AuditMeasures> {
+    let mut m = measure(conn, task, gate, repr, binds, tz, looked.source)?;
+    m.source_fingerprint = looked.source_fingerprint;
+    if let Some(g) = gate.filter(|g| !g.rules.is_empty()) {
+        let mut engine = SqliteRules {
+            conn,
+            binds,
+            output: format!("SELECT * FROM {TABLE}"),
+        };
+        m.found = super::rules::run(&mut engine, g, m.rows, &shown_columns(task, g), None)?;
+    }
+    Ok(m)
+}
+
+/// What the gate's source queries gave one interval, from the read snapshot of its rows.
+#[derive(Debug, Clone, Default)]
+pub struct Looked {
+    pub source: Option<i64>,
+    pub source_fingerprint: Option<String>,
+}
+
+/// The table of a batch file (attached as `batch`) that holds a batch's rows, and its column
+/// that says which interval of the batch each row belongs to: its index, or -1 for a row that
+/// belongs to none (its partition value lies outside the batch, is NULL or of no known
+/// representation), which every interval's share then holds, so that each is judged with it.
+const BATCH_ROWS: &str = "batch.rows";
+const PART: &str = "backfill batch part";
+const PART_FUNCTION: &str = "backfill_batch_part";
+
+/// Computes the task's rows for a batch of consecutive intervals with one query (bound to the
+/// batch's whole range, `whole`) into the attached batch file, assigns each row to its interval
+/// by its partition value (as [`measure`] counts a row inside an interval), and runs the gate's
+/// source queries for each interval (`parts`), all from one read snapshot of the warehouse.
+pub fn write_batch(
+    conn: &Connection,
+    task: &SqlTask,
+    gate: Option<&Gate>,
+    whole: &Binds,
+    parts: &[Binds],
+    tz: chrono_tz::Tz,
+    cancel: Option<&AtomicBool>,
+) -> Result<Vec<Looked>> {
+    let bounds: Vec<[(rusqlite::types::Value, rusqlite::types::Value); 4]> = parts
+        .iter()
+        .map(|b| Repr::ALL.map(|r| r.bounds(b.interval, tz)))
+        .collect();
+    let last = std::sync::atomic::AtomicUsize::new(0);
+    conn.create_scalar_function(
+        PART_FUNCTION,
+        1,
+        rusqlite::functions::FunctionFlags::SQLITE_UTF8
+            | rusqlite::functions::FunctionFlags::SQLITE_DETERMINISTIC,
+        move |ctx| {
+            let v = ctx.get_raw(0);
+            let partition::Class::Of(of) = partition::classify(v) else {
+                return Ok(-1i64);
+            };
+            let Some(i) = Repr::ALL.iter().position(|x| *x == of) else {
+                return Ok(-1);
+            };
+            // Rows come mostly in runs of one interval: the last one found is tried first.
+            let inside = |k: usize| of.contains(v, &bounds[k][i].0, &bounds[k][i].1);
+            let hint = last.load(std::sync::atomic::Ordering::Relaxed);
+            if hint < bounds.len() && inside(hint) {
+                return Ok(hint as i64);
+            }
+            match (0..bounds.len()).find(|&k| inside(k)) {
+                Some(k) => {
+                    last.store(k, std::sync::atomic::Ordering::Relaxed);
+                    Ok(k as i64)
+                }
+                None => Ok(-1),
+            }
+        },
+    )?;
+    let looked = retry_busy(cancel, || {
+        conn.execute_batch("BEGIN")?;
+        let result = (|| {
+            let mut stmt = conn.prepare(&format!(
+                "CREATE TABLE {BATCH_ROWS} AS SELECT q.*, {PART_FUNCTION}(q.{column}) AS {part} FROM ({query}) AS q",
+                column = quote(&task.partition_column),
+                part = quote(PART),
+                query = wrapped_query(&task.sql),
+            ))?;
+            whole.bind(&mut stmt)?;
+            if cancel.is_some_and(|c| c.load(std::sync::atomic::Ordering::SeqCst)) {
+                return Err(Error::Cancelled);
+            }
+            stmt.raw_execute()?;
+            drop(stmt);
+            conn.execute_batch(&format!(
+                "CREATE INDEX batch.rows_part ON rows ({})",
+                quote(PART)
+            ))?;
+            let mut looked = Vec::with_capacity(parts.len());
+            for binds in parts {
+                let source = match gate.and_then(|g| g.source_count.as_ref()) {
+                    Some(crate::project::SourceCount::Sql(q)) => {
+                        Some(source_count(conn, q, binds)?)
+                    }
+                    _ => None,
+                };
+                let source_fingerprint = match gate.and_then(|g| g.source_fingerprint.as_ref()) {
+                    Some(crate::project::SourceCount::Sql(q)) => {
+                        Some(source_value(conn, q, binds)?)
+                    }
+                    _ => None,
+                };
+                looked.push(Looked {
+                    source,
+                    source_fingerprint,
+                });
+            }
+            Ok(looked)
+        })();
+        match result {
+            Ok(l) => {
+                conn.execute_batch("COMMIT")?;
+                Ok(l)
+            }
+            Err(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                Err(e)
+            }
+        }
+    });
+    let _ = conn.remove_function(PART_FUNCTION, 1);
+    looked
+}
+
+/// Copies interval `k`'s share of the attached batch file (its rows, and the rows of no
+/// interval) into the attached audit file, then measures and judges it as
+/// [`write_and_measure`] does, with what the batch's snapshot gave its source queries.
+#[allow(clippy::too_many_arguments)]
+pub fn write_share(
+    conn: &Connection,
+    task: &SqlTask,
+    gate: Option<&Gate>,
+    repr: Option<Repr>,
+    binds: &Binds,
+    tz: chrono_tz::Tz,
+    k: usize,
+    looked: Looked,
+) -> Result<AuditMeasures> {
+    conn.execute_batch("BEGIN")?;
+    let result = (|| {
+        let columns = {
+            let stmt = conn.prepare(&format!("SELECT * FROM {BATCH_ROWS}"))?;
+            stmt.column_names()
+                .filter(|c| *c != PART)
+                .map(quote)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        conn.execute(
+            &format!(
+                "CREATE TABLE {TABLE} AS SELECT {columns} FROM {BATCH_ROWS} WHERE {part} IN (?1, -1)",
+                part = quote(PART)
+            ),
+            [k as i64],
+        )?;
+        judge_measures(conn, task, gate, repr, binds, tz, looked)
+    })();
+    match result {
+        Ok(m) => {
+            conn.execute_batch("COMMIT")?;
+            Ok(m)
+        }
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
 }
 
 /// Runs a `source_count` query: one integer.

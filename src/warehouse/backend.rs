@@ -136,6 +136,15 @@ pub trait Pending: Send {
     fn stage(self: Box<Self>) -> std::result::Result<PathBuf, String>;
 }
 
+/// A batch's rows, computed by one query for several consecutive intervals (see
+/// [`Backend::write_batch`]), from which each interval takes its share.
+pub trait Batched: Send + Sync {
+    /// Writes and measures the share of the batch's interval `k` as [`Backend::write`] writes
+    /// and measures an interval's own output: a pending output of its own, judged, published
+    /// or dropped on its own.
+    fn share(&self, w: &Write<'_>, k: usize, cancel: &Cancel) -> Result<Box<dyn Pending>>;
+}
+
 /// What a kind of warehouse does for SQL tasks.
 pub trait Backend: Sync {
     /// Checks a task before anything runs (its statements prepare exactly as they will run,
@@ -159,6 +168,25 @@ pub trait Backend: Sync {
 
     /// Writes and measures one interval's output. `cancel` interrupts it.
     fn write(&self, w: &Write<'_>, cancel: &Cancel) -> Result<Box<dyn Pending>>;
+
+    /// Computes the rows of a batch of consecutive `intervals` (in any order) with one query
+    /// over their whole range, and runs the gate's source queries for each from the same
+    /// snapshot. `audit_dir` holds what the batch is kept in until every interval took its
+    /// share. `cancel` interrupts it.
+    fn write_batch(
+        &self,
+        task: &SqlTask,
+        gate: Option<&Gate>,
+        intervals: &[DataInterval],
+        tz: chrono_tz::Tz,
+        audit_dir: &Path,
+        cancel: &Cancel,
+    ) -> Result<Box<dyn Batched>> {
+        let _ = (task, gate, intervals, tz, audit_dir, cancel);
+        Err(Error::Message(
+            "this warehouse runs no batches; remove `batch_size`".into(),
+        ))
+    }
 
     /// Removes what crashed commands left in the warehouse that nobody needs.
     fn sweep(&self, w: &Warehouse);
@@ -316,6 +344,46 @@ impl Backend for Sqlite {
         }
     }
 
+    fn write_batch(
+        &self,
+        task: &SqlTask,
+        gate: Option<&Gate>,
+        intervals: &[DataInterval],
+        tz: chrono_tz::Tz,
+        audit_dir: &Path,
+        cancel: &Cancel,
+    ) -> Result<Box<dyn Batched>> {
+        let (Some(start), Some(end)) = (
+            intervals.iter().map(|i| i.start).min(),
+            intervals.iter().map(|i| i.end).max(),
+        ) else {
+            return Err(Error::Message("a batch of no intervals".into()));
+        };
+        let whole = Binds::new(DataInterval::new(start, end), tz);
+        let parts: Vec<Binds> = intervals.iter().map(|i| Binds::new(*i, tz)).collect();
+        let file = AuditFile::create(audit_dir, &audit::batch_file())?;
+        let looked = (|| -> Result<_> {
+            let conn = super::pool::take(&task.warehouse)?;
+            let handle = conn.get_interrupt_handle();
+            cancel.on_set(Box::new(move || handle.interrupt()))?;
+            file.attach_batch(&conn)?;
+            let looked =
+                audit::write_batch(&conn, task, gate, &whole, &parts, tz, Some(cancel.flag()));
+            audit::detach_batch(&conn);
+            looked
+        })();
+        match looked {
+            Ok(looked) => Ok(Box::new(SqliteBatch {
+                file: Some(file),
+                looked,
+            })),
+            Err(e) => {
+                file.remove();
+                Err(e.at(&task.warehouse))
+            }
+        }
+    }
+
     fn sweep(&self, w: &Warehouse) {
         super::init::remove_abandoned(&w.path);
     }
@@ -432,6 +500,65 @@ impl Backend for Sqlite {
 }
 
 /// A SQLite try's output: its audit file.
+/// A batch on SQLite: its rows in a batch file of the audit folder, locked while this process
+/// holds it and removed once dropped; what the source queries gave each interval.
+struct SqliteBatch {
+    file: Option<AuditFile>,
+    looked: Vec<audit::Looked>,
+}
+
+impl Batched for SqliteBatch {
+    fn share(&self, w: &Write<'_>, k: usize, cancel: &Cancel) -> Result<Box<dyn Pending>> {
+        let (Some(batch), Some(looked)) = (&self.file, self.looked.get(k)) else {
+            return Err(Error::Message(format!("the batch has no interval {k}")));
+        };
+        let dir = w.audit_path.parent().unwrap_or_else(|| Path::new("."));
+        let name = w
+            .audit_path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let file = AuditFile::create(dir, &name)?;
+        let measured = (|| -> Result<_> {
+            let conn = super::pool::take(&w.task.warehouse)?;
+            let handle = conn.get_interrupt_handle();
+            cancel.on_set(Box::new(move || handle.interrupt()))?;
+            batch.attach_batch(&conn)?;
+            let attached = file.attach(&conn);
+            let m = attached.and_then(|()| {
+                audit::write_share(
+                    &conn,
+                    w.task,
+                    w.gate,
+                    w.repr,
+                    w.binds,
+                    w.tz,
+                    k,
+                    looked.clone(),
+                )
+            });
+            audit::detach(&conn);
+            audit::detach_batch(&conn);
+            m
+        })();
+        match measured {
+            Ok(measures) => Ok(Box::new(Audited { file, measures })),
+            Err(e) => {
+                file.remove();
+                Err(e.at(&w.task.warehouse))
+            }
+        }
+    }
+}
+
+impl Drop for SqliteBatch {
+    fn drop(&mut self) {
+        if let Some(file) = self.file.take() {
+            file.remove();
+        }
+    }
+}
+
 pub struct Audited {
     pub file: AuditFile,
     pub measures: AuditMeasures,

@@ -2,6 +2,7 @@
 
 mod airflow;
 mod bad_input;
+mod batches;
 mod cascade;
 mod changes;
 mod example;

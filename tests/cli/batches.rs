@@ -1,0 +1,401 @@
+//! Batches (`batch_size`): one query for several consecutive intervals of a SQL task, and still
+//! one verdict, one publish and one record per partition, against the shop's warehouse.
+
+use crate::gate::{shop, wh};
+use crate::support::{Out, Project};
+
+/// `orders_fact` of the shop, with two ways to poison one day: an order listed in `dupes` is
+/// output twice (a duplicate key), and an order with a `notes` row that is not JSON makes the
+/// query itself fail (SQLite's `json_extract` raises an error on it).
+const ORDERS: &str = r#"
+schedule = "@daily"
+timezone = "UTC"
+max_active_runs = 2
+batch_size = 7
+
+[[tasks]]
+id = "load"
+warehouse = "shop"
+target = "orders_fact"
+partition_column = "order_day"
+sql = """
+SELECT order_id, date(order_ts) AS order_day, order_ts, region, amount_cents
+FROM raw_orders LEFT JOIN notes USING (order_id)
+WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end
+  AND (notes.note IS NULL OR json_extract(notes.note, '$.ok') IS NOT NULL)
+UNION ALL
+SELECT order_id, date(order_ts), order_ts, region, amount_cents
+FROM raw_orders JOIN dupes USING (order_id)
+WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end
+"""
+
+[tasks.gate]
+unique_key = ["order_id"]
+source_count = """
+SELECT COUNT(*) FROM raw_orders
+WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end
+"""
+"#;
+
+fn project() -> Project {
+    let p = shop().dag("orders_fact", ORDERS);
+    wh(&p)
+        .execute_batch(
+            "CREATE TABLE notes (order_id INTEGER, note TEXT); CREATE TABLE dupes (order_id INTEGER);",
+        )
+        .unwrap();
+    p
+}
+
+/// The first order of `day`.
+fn order_of(p: &Project, day: &str) -> i64 {
+    wh(p)
+        .query_row(
+            "SELECT MIN(order_id) FROM raw_orders WHERE date(order_ts) = ?1",
+            [day],
+            |r| r.get(0),
+        )
+        .unwrap()
+}
+
+/// What `orders_fact` holds for `day`: its rows, in order.
+fn published(p: &Project, day: &str) -> Vec<(i64, String, i64)> {
+    let c = wh(p);
+    let mut stmt = c
+        .prepare(
+            "SELECT order_id, region, amount_cents FROM orders_fact WHERE order_day = ?1 ORDER BY order_id, rowid",
+        )
+        .unwrap();
+    stmt.query_map([day], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+/// What `raw_orders` holds for `day`, as `orders_fact` should.
+fn raw(p: &Project, day: &str) -> Vec<(i64, String, i64)> {
+    let c = wh(p);
+    let mut stmt = c
+        .prepare(
+            "SELECT order_id, region, amount_cents FROM raw_orders WHERE date(order_ts) = ?1 ORDER BY order_id",
+        )
+        .unwrap();
+    stmt.query_map([day], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+fn day(n: u32) -> String {
+    format!("2026-03-{n:02}")
+}
+
+/// The latest run's state of each day, in order.
+fn states(p: &Project) -> Vec<String> {
+    p.rows(
+        "SELECT r.state FROM runs r JOIN (SELECT MAX(id) id FROM runs GROUP BY interval_start) m
+         ON m.id = r.id ORDER BY r.interval_start",
+    )
+    .into_iter()
+    .map(|r| r[0].clone())
+    .collect()
+}
+
+/// The log of the first try of `day`'s latest run.
+fn first_log(p: &Project, day: &str) -> String {
+    let dir = p.path(".backfill/logs/orders_fact/load");
+    let stamp = format!("{}T000000Z.", day.replace('-', ""));
+    let mut logs: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .filter(|n| n.starts_with(&stamp) && n.ends_with(".try1.log"))
+        .collect();
+    logs.sort();
+    std::fs::read_to_string(dir.join(logs.last().expect("a log"))).unwrap()
+}
+
+fn week(p: &Project, extra: &[&str]) -> Out {
+    p.create("orders_fact", "2026-03-01", "2026-03-07", extra)
+}
+
+#[test]
+fn a_batch_publishes_what_one_query_a_day_publishes() {
+    let p = project();
+    week(&p, &["-q"]).code(0);
+    for n in 1..=7 {
+        assert_eq!(published(&p, &day(n)), raw(&p, &day(n)), "{}", day(n));
+    }
+    assert_eq!(states(&p), vec!["succeeded"; 7]);
+    // One run, one try and one publish per day; the first try computed the batch.
+    assert_eq!(p.count("SELECT COUNT(*) FROM task_tries"), 7);
+    assert_eq!(p.count("SELECT COUNT(*) FROM published"), 7);
+    assert!(
+        first_log(&p, &day(1)).contains(
+            "computed the batch of 7 intervals [2026-03-01T00:00:00+00:00, 2026-03-08T00:00:00+00:00) with one query"
+        ),
+        "{}",
+        first_log(&p, &day(1))
+    );
+    assert!(first_log(&p, &day(5)).contains("took interval 5 of 7 of the batch"));
+    // Nothing of the batch is left behind.
+    let left: Vec<_> = std::fs::read_dir(p.path(".backfill/audit"))
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.file_name()))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn a_poisoned_day_in_a_batch_is_rejected_alone_and_its_published_partition_stays() {
+    let p = project();
+    week(&p, &["-q", "--batch-size", "1"]).code(0);
+    let before = published(&p, &day(4));
+    wh(&p)
+        .execute("INSERT INTO dupes VALUES (?1)", [order_of(&p, &day(4))])
+        .unwrap();
+    let out = week(&p, &["--reprocess-behavior", "completed"]);
+    out.code(3);
+    out.stderr_has("1 key value occurs more than once");
+    let mut expected = vec!["succeeded"; 7];
+    expected[3] = "rejected";
+    assert_eq!(states(&p), expected);
+    assert_eq!(
+        published(&p, &day(4)),
+        before,
+        "the rejected day keeps what it had"
+    );
+    for n in [1, 2, 3, 5, 6, 7] {
+        assert_eq!(published(&p, &day(n)), raw(&p, &day(n)), "{}", day(n));
+    }
+    assert!(first_log(&p, &day(1)).contains("computed the batch of 7 intervals"));
+    // The six neighbours were published again, by the second backfill.
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM runs WHERE backfill_id = 2 AND state = 'succeeded'"),
+        6
+    );
+}
+
+#[test]
+fn a_query_that_fails_on_one_days_data_splits_the_batch_and_fails_that_day_only() {
+    let p = project();
+    wh(&p)
+        .execute(
+            "INSERT INTO notes VALUES (?1, 'not json')",
+            [order_of(&p, &day(5))],
+        )
+        .unwrap();
+    let out = week(&p, &[]);
+    out.code(3);
+    let mut expected = vec!["succeeded"; 7];
+    expected[4] = "failed";
+    assert_eq!(states(&p), expected);
+    for n in [1, 2, 3, 4, 6, 7] {
+        assert_eq!(published(&p, &day(n)), raw(&p, &day(n)), "{}", day(n));
+    }
+    assert_eq!(published(&p, &day(5)), vec![]);
+    // Halves of 7 are 4 and 3; 3 splits into 2 and 1, 2 into 1 and 1: day 5 ran its own query,
+    // once (retries = 0), and only its own failure counts.
+    let log = first_log(&p, &day(5));
+    for line in [
+        "the batch of 7 intervals [2026-03-01T00:00:00+00:00, 2026-03-08T00:00:00+00:00) failed: ",
+        "split in halves, this interval's is [2026-03-05T00:00:00+00:00, 2026-03-08T00:00:00+00:00)",
+        "the batch of 3 intervals [2026-03-05T00:00:00+00:00, 2026-03-08T00:00:00+00:00) failed: ",
+        "the batch of 2 intervals [2026-03-05T00:00:00+00:00, 2026-03-07T00:00:00+00:00) failed: ",
+        "malformed JSON",
+    ] {
+        assert!(log.contains(line), "{line:?} not in:\n{log}");
+    }
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM task_tries WHERE state = 'failed'"),
+        1
+    );
+    assert!(first_log(&p, &day(2)).contains("took interval 2 of 4 of the batch"));
+}
+
+#[test]
+fn a_kill_in_the_middle_of_a_batch_is_resumed_with_each_day_published_once() {
+    let p = project();
+    // Killed right after the third day's publish committed, before the manifest recorded it.
+    let crashed = p.run_with(
+        &[
+            "create",
+            "--dag",
+            "orders_fact",
+            "--from",
+            "2026-03-01",
+            "--to",
+            "2026-03-07",
+        ],
+        &[("BACKFILL_FAULT", "after-publish@3")],
+    );
+    assert_eq!(crashed.code, -1, "aborted: {}", crashed.stderr);
+    p.run(&["resume", "1", "-q"]).code(0);
+    for n in 1..=7 {
+        assert_eq!(published(&p, &day(n)), raw(&p, &day(n)), "{}", day(n));
+    }
+    // Each day succeeded once: one succeeded try and one publish each.
+    assert_eq!(
+        p.rows(
+            "SELECT r.interval_start, COUNT(*) FROM runs r JOIN task_tries t ON t.run_id = r.id
+             WHERE t.state = 'succeeded' GROUP BY r.interval_start ORDER BY 1"
+        )
+        .into_iter()
+        .map(|r| r[1].clone())
+        .collect::<Vec<_>>(),
+        vec!["1"; 7]
+    );
+    assert_eq!(p.count("SELECT COUNT(*) FROM published"), 7);
+    // The crashed batch's second day took its share; the resumed backfill ran the last four
+    // days as a batch of its own.
+    assert!(
+        first_log(&p, &day(2)).contains("took interval 2 of 7 of the batch"),
+        "{}",
+        first_log(&p, &day(2))
+    );
+    assert!(
+        first_log(&p, &day(7))
+            .contains("took interval 4 of 4 of the batch [2026-03-04T00:00:00+00:00"),
+        "{}",
+        first_log(&p, &day(7))
+    );
+    let left: Vec<_> = std::fs::read_dir(p.path(".backfill/audit"))
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.file_name()))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn a_staged_batch_is_promoted_per_day() {
+    let p = project();
+    let out = week(&p, &["--stage"]);
+    out.code(0);
+    assert_eq!(published(&p, &day(1)), vec![]);
+    assert!(first_log(&p, &day(3)).contains("took interval 3 of 7 of the batch"));
+    p.run(&["promote", "1", "-q"]).code(0);
+    for n in 1..=7 {
+        assert_eq!(published(&p, &day(n)), raw(&p, &day(n)), "{}", day(n));
+    }
+}
+
+#[test]
+fn an_hourly_batch_across_the_fall_back_covers_each_of_the_25_hours_once() {
+    let p = Project::new();
+    p.write(
+        "backfill.toml",
+        "[warehouse.w]\npath = \"w.db\"\ninit = [\"init.sql\"]\n",
+    );
+    // One event every 10 minutes of 2026-10-25 (UTC), 25 hours in Berlin.
+    p.write(
+        "init.sql",
+        "CREATE TABLE events (ts TEXT NOT NULL);
+         WITH RECURSIVE s(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM s WHERE i < 200)
+         INSERT INTO events SELECT strftime('%Y-%m-%d %H:%M:%S', '2026-10-24 21:00:00', '+' || (i * 10) || ' minutes') FROM s;
+         CREATE TABLE hourly (hour TEXT NOT NULL, n INTEGER NOT NULL);",
+    );
+    let dag = |batch: u32| {
+        format!(
+            r#"schedule = "@hourly"
+timezone = "Europe/Berlin"
+batch_size = {batch}
+[[tasks]]
+id = "count"
+warehouse = "w"
+target = "hourly"
+partition_column = "hour"
+sql = """
+SELECT strftime('%Y-%m-%dT%H:00:00Z', ts) AS hour, COUNT(*) AS n FROM events
+WHERE ts >= :data_interval_start AND ts < :data_interval_end GROUP BY 1
+"""
+[tasks.gate]
+unique_key = ["hour"]
+source_count = "SELECT COUNT(*) FROM (SELECT DISTINCT strftime('%H', ts) FROM events WHERE ts >= :data_interval_start AND ts < :data_interval_end)"
+"#
+        )
+    };
+    p.write("dags/h.toml", &dag(24));
+    let all = |p: &Project| -> Vec<(String, i64)> {
+        let c = rusqlite::Connection::open(p.path("w.db")).unwrap();
+        let mut s = c
+            .prepare("SELECT hour, n FROM hourly ORDER BY hour")
+            .unwrap();
+        s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    p.run(&[
+        "create",
+        "--dag",
+        "h",
+        "--from",
+        "2026-10-25",
+        "--to",
+        "2026-10-25",
+        "-q",
+    ])
+    .code(0);
+    let batched = all(&p);
+    assert_eq!(batched.len(), 25, "{batched:?}");
+    assert!(batched.iter().all(|(_, n)| *n == 6), "{batched:?}");
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM runs WHERE state = 'succeeded'"),
+        25
+    );
+    let logs: String = std::fs::read_dir(p.path(".backfill/logs/h/count"))
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect();
+    assert_eq!(
+        logs.matches("computed the batch of 24 intervals [2026-10-24T22:00:00+00:00, 2026-10-25T22:00:00+00:00)").count(),
+        1,
+        "{logs}"
+    );
+    // The same hours one query each.
+    p.write("dags/h.toml", &dag(1));
+    p.run(&[
+        "create",
+        "--dag",
+        "h",
+        "--from",
+        "2026-10-25",
+        "--to",
+        "2026-10-25",
+        "--reprocess-behavior",
+        "completed",
+        "-q",
+    ])
+    .code(0);
+    assert_eq!(all(&p), batched);
+}
+
+#[test]
+fn batch_sizes_that_cannot_run_are_refused_before_anything_is_written() {
+    let p = project();
+    let wrong = ORDERS.replace("batch_size = 7", "batch_size = 0");
+    p.write("dags/orders_fact.toml", &wrong);
+    let out = week(&p, &[]);
+    out.code(2);
+    out.stderr_has(
+        "dags/orders_fact.toml:5:14: key `batch_size` must be a whole number from 1 to 1000",
+    );
+    assert!(!p.has_manifest());
+    // A command task: batches run SQL tasks so far.
+    let p = Project::new().dag(
+        "c",
+        "schedule = \"@daily\"\nbatch_size = 3\n[[tasks]]\nid = \"work\"\ncommand = \"true\"\n",
+    );
+    let out = p.create("c", "2026-01-01", "2026-01-03", &[]);
+    out.code(2);
+    out.stderr_has("dags/c.toml:2:14: key `batch_size` = 3 cannot be used here: batches run SQL tasks so far, and task `work` is a command; remove `batch_size`");
+    let p = Project::new().dag(
+        "c",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"work\"\ncommand = \"true\"\n",
+    );
+    let out = p.create("c", "2026-01-01", "2026-01-03", &["--batch-size", "3"]);
+    out.code(2);
+    out.stderr_has("--batch-size 3 cannot be used with DAG `c` (dags/c.toml): batches run SQL tasks so far, and task `work` is a command; drop --batch-size");
+    p.create("c", "2026-01-01", "2026-01-03", &["--batch-size", "0"])
+        .code(2);
+    assert!(!p.has_manifest());
+}

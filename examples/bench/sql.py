@@ -6,6 +6,7 @@ indexed on its partition column, one gated SQL task per day with a unique key an
 source count). Each measurement alternates the two, on fresh copies, and reports medians.
 
     examples/bench/sql.py [--rounds N]        (default 3 rounds)
+    examples/bench/sql.py --batch-size N [--rounds N]
 
 Targets (exit status 1 when one is missed):
   1. 365 daily partitions into an empty target: backfill <= 1.5x the bare loop
@@ -16,6 +17,9 @@ The bare loop keeps no copy of what it replaces, so these run with keep_versions
 measured, without a target: what keeping versions for rollback costs (keep_versions = 1, the
 default) and what staging costs (`create --stage` then `promote`), against a plain create into
 the full target, in time and in bytes.
+With --batch-size N it measures instead what batches change: the same 365 partitions at
+--max-active-runs 1 with --batch-size N against --batch-size 1, alternated, into the empty and
+into the full target, each result checked (every raw event published once); no target.
 Wall and CPU seconds come from GNU time (/usr/bin/time). Needs Python 3 and a Rust toolchain.
 """
 
@@ -197,11 +201,45 @@ def count(project, sql):
     return n
 
 
+def batches(binary, rounds, size):
+    """--batch-size `size` against --batch-size 1, one at a time, alternated."""
+    work = tempfile.mkdtemp(prefix="backfill-batch-bench.")
+    try:
+        print("generating the warehouse (700,000 raw events)...", file=sys.stderr)
+        empty = template(work)
+        keys = ("one_empty", "batch_empty", "one_full", "batch_full")
+        wall = {k: [] for k in keys}
+        cpu = {k: [] for k in keys}
+        for r in range(rounds):
+            print(f"round {r + 1} of {rounds}...", file=sys.stderr)
+            for label, n in (("one", "1"), ("batch", str(size))):
+                p = fresh_project(work, label, empty)
+                for target, extra in (("empty", []), ("full", ["--reprocess-behavior", "completed"])):
+                    w, c = backfill(binary, p, "--max-active-runs", "1", "--batch-size", n, *extra)
+                    wall[f"{label}_{target}"].append(w)
+                    cpu[f"{label}_{target}"].append(c)
+                    assert count(p, "SELECT COUNT(*) FROM events_fact") == 700000
+                    assert count(p, "SELECT COUNT(DISTINCT event_id) FROM events_fact") == 700000
+        med = {k: statistics.median(v) for k, v in wall.items()}
+        cmed = {k: statistics.median(v) for k, v in cpu.items()}
+        print(f"medians of {rounds} rounds, 365 daily partitions of about 1,918 rows, --max-active-runs 1:")
+        for target in ("empty", "full"):
+            one, batch = med[f"one_{target}"], med[f"batch_{target}"]
+            print(f"  into the {target} target: --batch-size {size} {batch:.2f} s (cpu {cmed[f'batch_{target}']:.2f} s), "
+                  f"--batch-size 1 {one:.2f} s (cpu {cmed[f'one_{target}']:.2f} s): {batch / one:.2f}x")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch-size", type=int)
     args = parser.parse_args()
     binary = build()
+    if args.batch_size:
+        batches(binary, args.rounds, args.batch_size)
+        return
     work = tempfile.mkdtemp(prefix="backfill-sql-bench.")
     try:
         print("generating the warehouse (700,000 raw events)...", file=sys.stderr)

@@ -108,7 +108,7 @@ fn errors_name_file_line_and_key() {
     );
     assert_eq!(
         first_error(&format!("colour = 3\n{base}")),
-        "dags/demo.toml:1:1: unknown key `colour`; remove it or use one of: id, description, schedule, timezone, max_active_runs, retries, retry_delay, timeout, grace_period, depends_on_past, notify, upstream, tasks"
+        "dags/demo.toml:1:1: unknown key `colour`; remove it or use one of: id, description, schedule, timezone, max_active_runs, batch_size, retries, retry_delay, timeout, grace_period, depends_on_past, notify, upstream, tasks"
     );
     assert!(first_error("schedule = \"@daily\"\ntimezone = \"Mars/Olympus\"\n[[tasks]]\nid = \"a\"\ncommand = \"true\"\n")
         .starts_with("dags/demo.toml:2:12: unknown timezone `Mars/Olympus`"));
@@ -227,7 +227,7 @@ retries = -1
         [
             "dags/demo.toml:2:12: unknown timezone `Europe/Atlantis` in key `timezone`; use an IANA name such as `UTC` or `Europe/Berlin`",
             "dags/demo.toml:3:15: key `retry_delay`: cannot read `5 parsecs` as a duration: `parsecs` is not a unit of time; write it like \"30s\", \"5m\" or \"1h 30m\" (units: ms, s, m, h, d)",
-            "dags/demo.toml:4:1: unknown key `colour`; remove it or use one of: id, description, schedule, timezone, max_active_runs, retries, retry_delay, timeout, grace_period, depends_on_past, notify, upstream, tasks",
+            "dags/demo.toml:4:1: unknown key `colour`; remove it or use one of: id, description, schedule, timezone, max_active_runs, batch_size, retries, retry_delay, timeout, grace_period, depends_on_past, notify, upstream, tasks",
             "dags/demo.toml:12:15: task `load` depends on unknown task `extrakt`; did you mean `extract`? known tasks: extract, load",
             "dags/demo.toml:14:11: key `retries` must be a whole number from 0 to 1000",
         ]
@@ -620,6 +620,7 @@ const DAG_KEYS: &[&str] = &[
     "schedule",
     "timezone",
     "max_active_runs",
+    "batch_size",
     "retries",
     "retry_delay",
     "timeout",

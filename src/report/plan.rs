@@ -20,6 +20,9 @@ struct PlanDoc<'a> {
     reprocess_behavior: &'a str,
     run_backwards: bool,
     max_active_runs: u32,
+    /// Left out when intervals run one query each.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    batch_size: Option<u32>,
     to_run: usize,
     to_skip: usize,
     /// `null` without history for every task.
@@ -47,7 +50,39 @@ fn rules(dag: &Dag) -> std::collections::BTreeMap<&str, Vec<String>> {
 struct PlanItems<'a>(
     &'a [PlanRow],
     Option<&'a std::collections::HashMap<i64, &'static str>>,
+    Option<std::collections::HashMap<i64, usize>>,
 );
+
+/// With `batch_size` above 1: the batch (numbered from 1, in the order they run) of each
+/// interval that runs, by start, as the runner groups them (see [`crate::plan::batches`]).
+fn batch_numbers(
+    dag: &Dag,
+    rows: &[PlanRow],
+    run_backwards: bool,
+) -> Option<std::collections::HashMap<i64, usize>> {
+    if dag.batch_size < 2 {
+        return None;
+    }
+    let mut runs: Vec<crate::interval::DataInterval> = rows
+        .iter()
+        .filter(|r| r.action == Action::Run)
+        .map(|r| r.interval)
+        .collect();
+    runs.sort();
+    if run_backwards {
+        runs.reverse();
+    }
+    let mut numbers = std::collections::HashMap::new();
+    for (n, range) in crate::plan::batches(&runs, dag.batch_size)
+        .into_iter()
+        .enumerate()
+    {
+        for i in &runs[range] {
+            numbers.insert(i.start.timestamp(), n + 1);
+        }
+    }
+    Some(numbers)
+}
 
 #[derive(Serialize)]
 struct PlanItem {
@@ -55,6 +90,8 @@ struct PlanItem {
     end: Rfc3339,
     action: &'static str,
     reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    batch: Option<usize>,
 }
 
 impl Serialize for PlanItems<'_> {
@@ -73,6 +110,10 @@ impl Serialize for PlanItems<'_> {
                         .and_then(|why| why.get(&r.interval.start.timestamp()).copied()),
                     Action::Skip(reason) => Some(reason.as_str()),
                 },
+                batch: self
+                    .2
+                    .as_ref()
+                    .and_then(|b| b.get(&r.interval.start.timestamp()).copied()),
             }
         }))
     }
@@ -98,12 +139,13 @@ fn plan_doc<'a>(dag: &'a Dag, rows: &'a [PlanRow], o: &PlanOptions<'a>) -> PlanD
         reprocess_behavior: o.reprocess,
         run_backwards: o.run_backwards,
         max_active_runs: o.max_active_runs,
+        batch_size: (dag.batch_size > 1).then_some(dag.batch_size),
         to_run,
         to_skip: rows.len() - to_run,
         estimate_seconds: o.estimate.seconds.map(|s| (s * 10.0).round() / 10.0),
         estimate_tries: o.estimate.tries,
         rules: rules(dag),
-        intervals: PlanItems(rows, o.sampled),
+        intervals: PlanItems(rows, o.sampled, batch_numbers(dag, rows, o.run_backwards)),
     }
 }
 
@@ -155,15 +197,13 @@ pub fn write(
     let to_run = rows.iter().filter(|r| r.action == Action::Run).count();
     let to_skip = rows.len() - to_run;
     let labels = Labeler::new(dag);
-    let mut t = Grid::new(vec![
-        "#",
-        "interval",
-        "start (UTC)",
-        "end (UTC)",
-        "action",
-        "reason",
-    ])
-    .droppable(&["start (UTC)", "end (UTC)", "#"]);
+    let batches = batch_numbers(dag, rows, o.run_backwards);
+    let mut columns = vec!["#", "interval", "start (UTC)", "end (UTC)", "action"];
+    if batches.is_some() {
+        columns.push("batch");
+    }
+    columns.push("reason");
+    let mut t = Grid::new(columns).droppable(&["start (UTC)", "end (UTC)", "#"]);
     for (i, r) in rows.iter().enumerate() {
         let (action, reason) = match r.action {
             Action::Run => (
@@ -174,18 +214,25 @@ pub fn write(
             ),
             Action::Skip(reason) => ("skip", reason.to_string()),
         };
-        t.row(vec![
+        let mut row = vec![
             (i + 1).to_string(),
             labels.label(r.interval.start),
             Rfc3339(r.interval.start).to_string(),
             Rfc3339(r.interval.end).to_string(),
             action.to_string(),
-            reason,
-        ]);
+        ];
+        if let Some(b) = &batches {
+            row.push(
+                b.get(&r.interval.start.timestamp())
+                    .map_or_else(String::new, ToString::to_string),
+            );
+        }
+        row.push(reason);
+        t.row(row);
     }
     out.text(&t.render(out.fit))?;
     out.line(&format!(
-        "plan for {} ({} in {}): {} to run, {} to skip; --reprocess-behavior {}, --max-active-runs {}{} (dry run: nothing written)",
+        "plan for {} ({} in {}): {} to run, {} to skip; --reprocess-behavior {}, --max-active-runs {}{}{} (dry run: nothing written)",
         dag.id,
         dag.schedule.expr(),
         dag.tz.name(),
@@ -197,6 +244,18 @@ pub fn write(
         to_skip,
         o.reprocess,
         o.max_active_runs,
+        match &batches {
+            Some(b) => format!(
+                ", --batch-size {} ({} of one query each)",
+                dag.batch_size,
+                plural(
+                    i64::try_from(b.values().max().copied().unwrap_or(0)).unwrap_or(0),
+                    "batch",
+                    "batches"
+                )
+            ),
+            None => String::new(),
+        },
         if o.run_backwards {
             ", newest first"
         } else {

@@ -189,12 +189,17 @@ pub fn launch(
     let to_run = planned.to_run;
     if !g.quiet && !g.json {
         eprintln!(
-            "backfill {} of {}: {}, {} to run, {} skipped, up to {max_active_runs} at a time",
+            "backfill {} of {}: {}, {} to run, {} skipped, up to {max_active_runs} at a time{}",
             owner.backfill_id,
             dag.id,
             crate::report::out::plural(planned.total as i64, "interval", "intervals"),
             to_run.len(),
-            planned.total - to_run.len()
+            planned.total - to_run.len(),
+            if dag.batch_size > 1 && !dag.depends_on_past {
+                format!(" (batches of up to {} intervals)", dag.batch_size)
+            } else {
+                String::new()
+            }
         );
     }
     let code = execute(

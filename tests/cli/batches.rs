@@ -399,3 +399,46 @@ fn batch_sizes_that_cannot_run_are_refused_before_anything_is_written() {
         .code(2);
     assert!(!p.has_manifest());
 }
+
+#[test]
+fn the_dry_run_shows_each_batch_and_a_skipped_interval_ends_one() {
+    let p = project();
+    p.create("orders_fact", "2026-03-04", "2026-03-04", &["-q"])
+        .code(0);
+    let batches = |extra: &[&str]| -> Vec<serde_json::Value> {
+        let mut args = vec!["--dry-run", "--batch-size", "3", "--output", "json"];
+        args.extend_from_slice(extra);
+        let out = week(&p, &args);
+        out.code(0);
+        let doc = out.json();
+        assert_eq!(doc["batch_size"], 3);
+        // By start, whatever order the plan lists them in.
+        let mut items: Vec<(String, serde_json::Value)> = doc["intervals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| (i["start"].as_str().unwrap().to_string(), i["batch"].clone()))
+            .collect();
+        items.sort_by(|a, b| a.0.cmp(&b.0));
+        items.into_iter().map(|(_, b)| b).collect()
+    };
+    let n = |v: i64| serde_json::json!(v);
+    let none = serde_json::Value::Null;
+    assert_eq!(
+        batches(&[]),
+        [n(1), n(1), n(1), none.clone(), n(2), n(2), n(2)]
+    );
+    // Newest first: the batches are taken from the end.
+    assert_eq!(
+        batches(&["--run-backwards"]),
+        [n(2), n(2), n(2), none, n(1), n(1), n(1)]
+    );
+    let out = week(&p, &["--dry-run", "--batch-size", "2"]);
+    out.code(0);
+    out.stdout_has("--batch-size 2 (4 batches of one query each)");
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM runs"),
+        1,
+        "a dry run writes nothing"
+    );
+}

@@ -766,8 +766,25 @@ fn iteration(seed: u64, n: u64) {
         log: Vec::new(),
         seq: 0,
     };
-    let dag = if c.rng.below(2) == 0 { "cmd" } else { "sql" };
-    c.log.push(format!("seed {seed} iteration {n}: {dag}"));
+    // The SQL DAG one interval per query, or in batches of four (one query each).
+    let (dag, batched) = match c.rng.below(3) {
+        0 => ("cmd", false),
+        1 => ("sql", false),
+        _ => ("sql", true),
+    };
+    if batched {
+        c.p.write(
+            "dags/sql.toml",
+            &SQL_DAG.replace(
+                "max_active_runs = 3\n",
+                "max_active_runs = 3\nbatch_size = 4\n",
+            ),
+        );
+    }
+    c.log.push(format!(
+        "seed {seed} iteration {n}: {dag}{}",
+        if batched { " in batches of 4" } else { "" }
+    ));
     let first = c.start(&["create", "--dag", dag, "--from", FROM, "--to", TO]);
     let rounds = 1 + c.rng.below(3);
     for _ in 0..rounds {

@@ -6,7 +6,8 @@ SELECT; COMMIT` per day, on a generated warehouse in a throwaway server (730,000
 partition column and its key; one gated SQL task per day with a unique key and an exact source
 count). Each measurement alternates the two and reports medians.
 
-    examples/bench/postgres.py [--rounds N] [--keyed] [--rules] [--target-dir DIR]   (default 3 rounds)
+    examples/bench/postgres.py [--rounds N] [--keyed] [--rules] [--batch-size N] [--target-dir DIR]
+                                                                       (default 3 rounds)
 
 With --keyed the target has PRIMARY KEY (event_id) in place of its plain index on event_id, as
 most production tables do: each partition's delete must then be done before its insert starts.
@@ -18,6 +19,11 @@ Targets (exit status 1 when one is missed):
 With --rules it measures instead what the gate's rules on values cost: the same backfill with
 three rules (not_null on two columns, accepted_values, range) against it without them, alternated,
 into the empty and into the full target at --max-active-runs 1; target: <= 1.15x both times.
+With --batch-size N it measures instead what batches change: the same backfill with
+--batch-size N against --batch-size 1, alternated, into the empty and the full target, at
+--max-active-runs 1 and 4; target: N at --max-active-runs 1 takes at most half the time of 1.
+With --unindexed-source the source has no index on its timestamp, so that each query reads all
+of it, as a query on a warehouse without partition pruning does.
 The bare loop keeps no copy of what it replaces, so backfill runs with keep_versions = 0. Every
 backfill run gets a project folder of its own (a fresh manifest, so nothing is skipped), and its
 result is checked: as many rows as 2025's raw events, no duplicate event_id (exit 1 otherwise).
@@ -270,6 +276,10 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--keyed", action="store_true", help="give the target a primary key (event_id)")
     parser.add_argument("--rules", action="store_true", help="measure the cost of three rules on values instead")
+    parser.add_argument("--batch-size", type=int, help="measure --batch-size N against --batch-size 1 instead")
+    parser.add_argument("--unindexed-source", action="store_true",
+                        help="drop the source's index on its timestamp: each query then reads all of it, "
+                             "as a warehouse without partition pruning does")
     parser.add_argument("--target-dir", default=os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target"),
                         help="cargo's target folder (default: $CARGO_TARGET_DIR, else target/)")
     args = parser.parse_args()
@@ -283,10 +293,14 @@ def main():
         wh = Warehouse(start_server(server), server)
         print(f"generating the warehouse ({EVENTS:,} raw events)...", file=sys.stderr)
         wh.run(SCHEMA.replace("{key}", KEYS[args.keyed]))
+        if args.unindexed_source:
+            wh.run("DROP INDEX raw.events_by_ts; ANALYZE raw.events;")
         wh.settle_source()
         bench = Bench(binary, wh, work)
         if args.rules:
             sys.exit(rules_cost(bench, wh, args))
+        if args.batch_size:
+            sys.exit(batch_cost(bench, wh, args))
         names = ("bf_empty", "bare_empty", "bf_full", "bare_full", "bf_full_4", "bare_full_4")
         wall, cpu, server_cpu = ({k: [] for k in names} for _ in range(3))
 
@@ -332,6 +346,48 @@ def main():
         subprocess.run([SERVER, "stop", server], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         shutil.rmtree(server, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def batch_cost(bench, wh, args):
+    """The backfill with --batch-size N against --batch-size 1, alternated, at --max-active-runs 1
+    and 4; the exit status (target: N at -m 1 takes at most half the time of 1)."""
+    size = str(args.batch_size)
+    names = [f"{b}_{t}_{m}" for b in ("one", "batch") for t in ("empty", "full") for m in ("1", "4")]
+    wall, cpu, server_cpu = ({k: [] for k in names} for _ in range(3))
+    for r in range(args.rounds):
+        print(f"round {r + 1} of {args.rounds}...", file=sys.stderr)
+        order = [("one", "1"), ("batch", size)]
+        if r % 2:
+            order.reverse()
+        for m in ("1", "4"):
+            for name, n in order:
+                wh.run("TRUNCATE analytics.events_fact;")
+                for target, extra in (("empty", []), ("full", ["--reprocess-behavior", "completed"])):
+                    w, c, sc = bench.backfill("--max-active-runs", m, "--batch-size", n, *extra)
+                    key = f"{name}_{target}_{m}"
+                    wall[key].append(w)
+                    cpu[key].append(c)
+                    server_cpu[key].append(sc)
+    med = {k: statistics.median(v) for k, v in wall.items()}
+    cmed = {k: statistics.median(v) for k, v in cpu.items()}
+    smed = {k: statistics.median(v) for k, v in server_cpu.items()}
+    target = "a target with PRIMARY KEY (event_id)" if args.keyed else "a target without a key"
+    if args.unindexed_source:
+        target += ", a source without an index on its timestamp"
+    print(f"{target}; medians of {args.rounds} round(s), wall seconds (client CPU seconds, server CPU seconds):")
+    print(f"  {'measurement':<34} {'--batch-size ' + size:>24} {'--batch-size 1':>24} {'ratio':>7}  target")
+    missed = 0
+    for t in ("empty", "full"):
+        for m in ("1", "4"):
+            b, o = f"batch_{t}_{m}", f"one_{t}_{m}"
+            ratio = med[b] / med[o]
+            goal = m == "1"
+            ok = ratio <= 0.5
+            missed += goal and not ok
+            verdict = ("met" if ok else "MISSED") if goal else "-"
+            print(f"  {t + ' target, --max-active-runs ' + m:<34} {med[b]:7.2f} ({cmed[b]:5.2f}, {smed[b]:5.2f})      "
+                  f"{med[o]:7.2f} ({cmed[o]:5.2f}, {smed[o]:5.2f})      {ratio:6.2f}x  {'<= 0.5x ' + verdict if goal else ''}")
+    return 1 if missed else 0
 
 
 def rules_cost(bench, wh, args):

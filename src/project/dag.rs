@@ -49,19 +49,9 @@ pub fn batchable(tasks: &[Task], depends_on_past: bool) -> Result<(), String> {
             "task `{}` takes a slot of a pool for each try, and batches do not count pools so far",
             task.id
         )),
-        [task] => match &task.kind {
-            TaskKind::Sql(s) if s.warehouse.kind == super::WarehouseKind::Sqlite => Ok(()),
-            TaskKind::Sql(s) => Err(format!(
-                "batches run SQL tasks on SQLite warehouses so far, and task `{}` writes to the PostgreSQL warehouse `{}`",
-                task.id, s.warehouse.name
-            )),
-            TaskKind::Command(_) => Err(format!(
-                "batches run SQL tasks so far, and task `{}` is a command",
-                task.id
-            )),
-        },
+        [_] => Ok(()),
         _ => Err(format!(
-            "batches run DAGs of one SQL task so far, and this one has {} tasks",
+            "batches run DAGs of one task so far, and this one has {} tasks",
             tasks.len()
         )),
     }

@@ -3,7 +3,7 @@
 //!
 //! The runner takes a batch's intervals one after the other, each with a run and tries of its
 //! own, as it would without batches; only the first try of each takes its rows from the batch's
-//! one query instead of running the task's query itself. The first interval that needs the
+//! one query (or one run of a command task's command) instead of running its own. The first interval that needs the
 //! batch computes it ([`Batch::share_of`]); the others take their share of what it computed.
 //! Each share is an interval's own output (on SQLite an audit file of its own, as a try writes),
 //! so the gate, the publish, its record and a crash's recovery are those of a single try. A
@@ -18,7 +18,7 @@ use tokio::sync::{OnceCell, watch};
 
 use super::sql_try::{Step, blocking_step};
 use super::{Shared, Stop};
-use crate::interval::DataInterval;
+use crate::interval::{DataInterval, Rfc3339};
 use crate::project::{SqlTask, Task};
 use crate::warehouse::backend::Batched;
 
@@ -29,17 +29,28 @@ pub(super) struct Batch {
     halves: OnceLock<[Arc<Batch>; 2]>,
 }
 
+/// A batch's query or command, once it ran.
 #[derive(Clone)]
-enum Computed {
-    Done(Arc<dyn Batched>),
+pub(super) enum Computed {
+    Done(Rows),
     Failed(String),
     Cancelled,
+}
+
+/// What a computed batch holds for its intervals.
+#[derive(Clone)]
+pub(super) enum Rows {
+    /// A SQL task's rows, kept by the warehouse.
+    Sql(Arc<dyn Batched>),
+    /// What a command task reported for each interval (by its index in the batch): `None`
+    /// when it reported nothing for it.
+    Command(Arc<Vec<Option<crate::task::command::TaskResult>>>),
 }
 
 /// What an interval's first try takes its rows from.
 pub(super) enum Share {
     /// Interval `k` of a computed batch.
-    Of(Arc<dyn Batched>, usize),
+    Of(Rows, usize),
     /// The interval's own query (a batch of one, or the last half of failed batches).
     Own,
     /// Stopped while the batch was computed.
@@ -55,12 +66,19 @@ impl Batch {
         })
     }
 
+    /// The batch's whole range, `[first start, last end)`.
+    pub(super) fn whole(intervals: &[DataInterval]) -> Option<DataInterval> {
+        let start = intervals.iter().map(|i| i.start).min()?;
+        let end = intervals.iter().map(|i| i.end).max()?;
+        Some(DataInterval::new(start, end))
+    }
+
     /// `[first start, last end)` of the batch, as its log lines show it.
     fn range(&self) -> String {
         let start = self.intervals.iter().map(|i| i.start).min();
         let end = self.intervals.iter().map(|i| i.end).max();
         match (start, end) {
-            (Some(s), Some(e)) => format!("[{}, {})", s.to_rfc3339(), e.to_rfc3339()),
+            (Some(s), Some(e)) => format!("[{}, {})", Rfc3339(s), Rfc3339(e)),
             _ => "[]".into(),
         }
     }
@@ -82,17 +100,19 @@ impl Batch {
     }
 
     /// Where `interval`'s first try takes its rows from: its share of this batch, computing it
-    /// if no interval did yet; of the half that holds it when the batch failed, and so on down
-    /// to its own query. What happened on the way goes to `notes`, for the try's log.
-    pub(super) async fn share_of(
+    /// (`compute`, given the batch's intervals in order) if no interval did yet; of the half
+    /// that holds it when the batch failed, and so on down to its own query or command. What
+    /// happened on the way goes to `notes`, for the try's log.
+    pub(super) async fn share_of<F, Fut>(
         self: &Arc<Self>,
-        shared: &Shared,
-        task: &Task,
-        sql: &SqlTask,
         interval: DataInterval,
-        stop: &mut watch::Receiver<Stop>,
         notes: &mut Vec<String>,
-    ) -> Share {
+        mut compute: F,
+    ) -> Share
+    where
+        F: FnMut(Vec<DataInterval>) -> Fut,
+        Fut: std::future::Future<Output = Computed>,
+    {
         let mut batch = self.clone();
         loop {
             let Some(k) = batch.intervals.iter().position(|i| *i == interval) else {
@@ -106,7 +126,7 @@ impl Batch {
                 .computed
                 .get_or_init(|| {
                     computed_here = true;
-                    compute(shared, task, sql, &batch.intervals, stop)
+                    compute(batch.intervals.clone())
                 })
                 .await
                 .clone();
@@ -114,9 +134,13 @@ impl Batch {
                 Computed::Done(rows) => {
                     if computed_here {
                         notes.push(format!(
-                            "computed the batch of {} intervals {} with one query",
+                            "computed the batch of {} intervals {} with {}",
                             batch.intervals.len(),
-                            batch.range()
+                            batch.range(),
+                            match rows {
+                                Rows::Sql(_) => "one query",
+                                Rows::Command(_) => "one run of its command",
+                            }
                         ));
                     }
                     notes.push(format!(
@@ -143,22 +167,22 @@ impl Batch {
     }
 }
 
-/// Runs a batch's query, bounded by the task's timeout and stopped as a try is.
-async fn compute(
+/// Runs a SQL task's query for a batch, bounded by the task's timeout and stopped as a try is.
+pub(super) async fn compute_sql(
     shared: &Shared,
     task: &Task,
     sql: &SqlTask,
-    intervals: &[DataInterval],
-    stop: &mut watch::Receiver<Stop>,
+    intervals: Vec<DataInterval>,
+    mut stop: watch::Receiver<Stop>,
 ) -> Computed {
     let (s, g, ivs, tz) = (
         sql.clone(),
         task.gate.clone(),
-        intervals.to_vec(),
+        intervals,
         shared.spec.dag.tz,
     );
     let audit_dir = crate::warehouse::audit_dir(&shared.spec.manifest_path);
-    let step = blocking_step(task.timeout, stop, move |cancel| {
+    let step = blocking_step(task.timeout, &mut stop, move |cancel| {
         crate::warehouse::backend_of(&s.warehouse).write_batch(
             &s,
             g.as_ref(),
@@ -170,9 +194,93 @@ async fn compute(
     })
     .await;
     match step {
-        Step::Done(Ok(rows)) => Computed::Done(Arc::from(rows)),
+        Step::Done(Ok(rows)) => Computed::Done(Rows::Sql(Arc::from(rows))),
         Step::Done(Err(e)) => Computed::Failed(e.to_string()),
         Step::TimedOut(_) => Computed::Failed(super::outcome::timed_out(task)),
         Step::Cancelled(_) => Computed::Cancelled,
     }
+}
+
+/// The JSON of `BACKFILL_BATCH`: the batch's intervals, in order, each with its start, end (RFC
+/// 3339, UTC) and `ds`.
+pub(super) fn intervals_json(intervals: &[DataInterval], tz: chrono_tz::Tz) -> String {
+    let mut sorted = intervals.to_vec();
+    sorted.sort();
+    serde_json::Value::Array(
+        sorted
+            .iter()
+            .map(|i| {
+                serde_json::json!({
+                    "start": Rfc3339(i.start).to_string(),
+                    "end": Rfc3339(i.end).to_string(),
+                    "ds": i.start.with_timezone(&tz).date_naive().to_string(),
+                })
+            })
+            .collect(),
+    )
+    .to_string()
+}
+
+/// What a command task of a batch reports in its result file: `{"intervals": {KEY: result}}`,
+/// KEY an interval's start (RFC 3339, as `BACKFILL_BATCH` gives it) or its `ds` when no other
+/// interval of the batch has the same.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Reported {
+    intervals: std::collections::BTreeMap<String, crate::task::command::TaskResult>,
+}
+
+/// Reads a batch's result file into each interval's result (`intervals` in the batch's
+/// order); a missing file reports nothing.
+pub(super) fn read_reported(
+    path: &std::path::Path,
+    intervals: &[DataInterval],
+    tz: chrono_tz::Tz,
+) -> Result<Vec<Option<crate::task::command::TaskResult>>, String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(vec![None; intervals.len()]);
+        }
+        Err(e) => {
+            return Err(format!(
+                "cannot read the result file {}: {e}",
+                path.display()
+            ));
+        }
+    };
+    let reported: Reported = serde_json::from_str(&text).map_err(|e| {
+        format!(
+            "the batch's result file {} is not valid: {e}; expected {{\"intervals\": {{\"START or ds\": {{\"rows\": N, ...}}, ...}}}}",
+            path.display()
+        )
+    })?;
+    let ds = |i: &DataInterval| i.start.with_timezone(&tz).date_naive().to_string();
+    let mut out = Vec::with_capacity(intervals.len());
+    let mut used = 0;
+    for i in intervals {
+        let by_start = reported.intervals.get(&Rfc3339(i.start).to_string());
+        let unique_ds = intervals.iter().filter(|j| ds(j) == ds(i)).count() == 1;
+        let found =
+            by_start.or_else(|| unique_ds.then(|| reported.intervals.get(&ds(i))).flatten());
+        used += usize::from(found.is_some());
+        out.push(found.cloned());
+    }
+    if used < reported.intervals.len() {
+        let known: Vec<String> = intervals
+            .iter()
+            .map(|i| Rfc3339(i.start).to_string())
+            .collect();
+        let stray: Vec<&String> = reported
+            .intervals
+            .keys()
+            .filter(|k| !known.contains(k) && !intervals.iter().any(|i| ds(i) == **k))
+            .take(3)
+            .collect();
+        return Err(format!(
+            "the batch's result file {} reports intervals that are not in the batch: {stray:?}",
+            path.display()
+        ));
+    }
+    Ok(out)
 }

@@ -429,6 +429,21 @@ async fn run_batch(
     let key = intervals.first().map_or(0, |i| i.start.timestamp());
     let batch = batch::Batch::new(intervals.clone());
     let mut ended = Vec::with_capacity(intervals.len());
+    let result = run_batch_intervals(&shared, intervals, &stop, &batch, &mut ended).await;
+    // What holds the batch's rows is let go of on a blocking thread: a PostgreSQL batch drops
+    // its table there.
+    let _ = tokio::task::spawn_blocking(move || drop(batch)).await;
+    result.map(|()| (key, ended))
+}
+
+/// The intervals of [`run_batch`], one after the other.
+async fn run_batch_intervals(
+    shared: &Arc<Shared>,
+    intervals: Vec<DataInterval>,
+    stop: &watch::Receiver<Stop>,
+    batch: &Arc<batch::Batch>,
+    ended: &mut Vec<(DataInterval, RunState)>,
+) -> Result<(), Error> {
     for interval in intervals {
         let reached = shared
             .spec
@@ -444,11 +459,11 @@ async fn run_batch(
             freed: None,
             start: interval.start.timestamp(),
         };
-        let end = interval::run(shared.clone(), interval, stop.clone(), slot, Some(&batch)).await?;
-        count_failure(&shared, end.1);
+        let end = interval::run(shared.clone(), interval, stop.clone(), slot, Some(batch)).await?;
+        count_failure(shared, end.1);
         ended.push(end);
     }
-    Ok((key, ended))
+    Ok(())
 }
 
 /// For `depends_on_past`: the queued intervals whose predecessor is not queued (the first, or

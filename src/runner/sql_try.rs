@@ -119,14 +119,18 @@ pub(super) async fn sql_try(
     let share = match &input.batch {
         Some(batch) => {
             batch
-                .share_of(shared, task, sql, input.interval, stop, &mut batch_notes)
+                .share_of(input.interval, &mut batch_notes, |intervals| {
+                    super::batch::compute_sql(shared, task, sql, intervals, stop.clone())
+                })
                 .await
         }
         None => super::batch::Share::Own,
     };
     let share = match share {
-        super::batch::Share::Of(rows, k) => Some((rows, k)),
-        super::batch::Share::Own => None,
+        super::batch::Share::Of(super::batch::Rows::Sql(rows), k) => Some((rows, k)),
+        super::batch::Share::Of(super::batch::Rows::Command(_), _) | super::batch::Share::Own => {
+            None
+        }
         super::batch::Share::Cancelled => return Ok(cancelled("cancelled")),
     };
     let write = blocking_step(task.timeout, stop, move |cancel| {

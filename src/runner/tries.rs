@@ -90,14 +90,18 @@ async fn tries(
         if *stop.borrow() != Stop::Run {
             return Ok((TaskEnd::Cancelled, None));
         }
-        let (claimed, mut recorded) =
-            match early_start(shared, task, interval, &values, *run_id, try_number).await? {
-                Some(early) => early,
-                None => (
-                    start_claiming(shared, task, interval, *run_id, try_number, None, None).await?,
-                    None,
-                ),
-            };
+        // The first try of an interval of a batch may run the batch's command, not its own.
+        let early = match batch {
+            Some(_) if try_number == 1 => None,
+            _ => early_start(shared, task, interval, &values, *run_id, try_number).await?,
+        };
+        let (claimed, mut recorded) = match early {
+            Some(early) => early,
+            None => (
+                start_claiming(shared, task, interval, *run_id, try_number, None, None).await?,
+                None,
+            ),
+        };
         let started = match claimed {
             Claimed::Started(s) => s,
             Claimed::UpstreamNotReady => return Ok((TaskEnd::UpstreamNotReady, None)),
@@ -319,23 +323,59 @@ async fn command_try(
         },
         None => None,
     };
-    if let Err(outcome) = run_step(
-        shared,
-        task,
-        spec,
-        input,
-        crate::process::Output::Log(input.log_path.clone()),
-        None,
-        recorded,
-        stop,
-    )
-    .await?
-    {
-        return Ok(outcome);
+    // The first try of an interval of a batch takes what the batch's one run of the command
+    // reported for it.
+    let mut notes = Vec::new();
+    let share = match &input.batch {
+        Some(batch) => {
+            batch
+                .share_of(input.interval, &mut notes, |intervals| {
+                    batch_command(shared, task, spec, input, intervals, stop.clone())
+                })
+                .await
+        }
+        None => super::batch::Share::Own,
+    };
+    if !notes.is_empty() {
+        append_log(&input.log_path, &notes).await;
     }
-    let result = match command::read_result(&input.result_path) {
-        Ok(r) => r,
-        Err(e) => return Ok(failed(e, Some(0))),
+    let result = match share {
+        super::batch::Share::Cancelled => return Ok(cancelled("cancelled")),
+        super::batch::Share::Of(super::batch::Rows::Command(reported), k) => {
+            let result = reported.get(k).cloned().flatten();
+            // The try's result file says what was reported for its interval, as if its own
+            // command had written it (a staged try's publish command reads it).
+            let (path, json) = (
+                input.result_path.clone(),
+                result.as_ref().and_then(|r| serde_json::to_string(r).ok()),
+            );
+            let _ = tokio::task::spawn_blocking(move || match json {
+                Some(json) => std::fs::write(&path, json),
+                None => std::fs::remove_file(&path).or(Ok(())),
+            })
+            .await;
+            result
+        }
+        super::batch::Share::Of(super::batch::Rows::Sql(_), _) | super::batch::Share::Own => {
+            if let Err(outcome) = run_step(
+                shared,
+                task,
+                spec,
+                input,
+                crate::process::Output::Log(input.log_path.clone()),
+                None,
+                recorded,
+                stop,
+            )
+            .await?
+            {
+                return Ok(outcome);
+            }
+            match command::read_result(&input.result_path) {
+                Ok(r) => r,
+                Err(e) => return Ok(failed(e, Some(0))),
+            }
+        }
     };
     let mut record = TryRecord::new(TryState::Succeeded);
     record.exit_code = Some(0);
@@ -353,6 +393,90 @@ async fn command_try(
         return Ok(Outcome::Succeeded(record, None));
     };
     gated_command(shared, task, gate, input, result, record, before, stop).await
+}
+
+/// Runs a command task's command once for a batch of `intervals`, in the try `input` (whose
+/// log, result file and process group it uses): its templates and `BACKFILL_*` variables see
+/// the batch's whole range, and `BACKFILL_BATCH` lists its intervals; its result file reports
+/// per interval (see [`super::batch::read_reported`]).
+async fn batch_command(
+    shared: &Shared,
+    task: &Task,
+    spec: &CommandSpec,
+    input: &TryInput<'_>,
+    intervals: Vec<DataInterval>,
+    mut stop: watch::Receiver<Stop>,
+) -> super::batch::Computed {
+    use super::batch::Computed;
+    let tz = shared.spec.dag.tz;
+    let Some(whole) = super::batch::Batch::whole(&intervals) else {
+        return Computed::Failed("a batch of no intervals".into());
+    };
+    let values = IntervalValues::new(whole, tz);
+    let ctx = values.context(
+        &shared.spec.dag.id,
+        &task.id,
+        input.ctx.run_id,
+        input.ctx.try_number,
+        &shared.spec.conf,
+    );
+    let mut env = try_environment(shared, &ctx, &input.result_path);
+    env.push((
+        "BACKFILL_BATCH".into(),
+        super::batch::intervals_json(&intervals, tz),
+    ));
+    let run = TryInput {
+        try_id: input.try_id,
+        interval: whole,
+        env,
+        ctx,
+        log_path: input.log_path.clone(),
+        result_path: input.result_path.clone(),
+        audit_path: None,
+        batch: None,
+    };
+    let step = run_step(
+        shared,
+        task,
+        spec,
+        &run,
+        crate::process::Output::Log(run.log_path.clone()),
+        None,
+        None,
+        &mut stop,
+    )
+    .await;
+    match step {
+        Ok(Ok(())) => {}
+        Ok(Err(Outcome::Cancelled(_))) => return Computed::Cancelled,
+        Ok(Err(Outcome::Failed(r) | Outcome::Rejected(r, _) | Outcome::Succeeded(r, _))) => {
+            return Computed::Failed(r.error.unwrap_or_else(|| "the command failed".into()));
+        }
+        Err(e) => return Computed::Failed(e.to_string()),
+    }
+    let path = run.result_path.clone();
+    let read =
+        tokio::task::spawn_blocking(move || super::batch::read_reported(&path, &intervals, tz))
+            .await;
+    match read {
+        Ok(Ok(reported)) => Computed::Done(super::batch::Rows::Command(Arc::new(reported))),
+        Ok(Err(e)) => Computed::Failed(e),
+        Err(e) => Computed::Failed(format!("reading the result file panicked: {e}")),
+    }
+}
+
+/// Appends `lines` to a try's log.
+async fn append_log(path: &std::path::Path, lines: &[String]) {
+    let (path, text) = (path.to_path_buf(), lines.join("\n") + "\n");
+    let _ = tokio::task::spawn_blocking(move || {
+        use std::io::Write as _;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(text.as_bytes()))
+    })
+    .await;
 }
 
 /// What a command task's gate `source_count` and `source_fingerprint` commands give for the

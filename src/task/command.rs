@@ -24,12 +24,16 @@ pub fn render(spec: &CommandSpec, ctx: &Context<'_>) -> Result<Program, String> 
 }
 
 /// What a task may report in the file named by `BACKFILL_RESULT`.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TaskResult {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub rows: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub partitions: Option<Vec<serde_json::Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub inputs: Option<Vec<serde_json::Value>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub fingerprint: Option<String>,
 }
 

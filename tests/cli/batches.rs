@@ -131,7 +131,7 @@ fn a_batch_publishes_what_one_query_a_day_publishes() {
     assert_eq!(p.count("SELECT COUNT(*) FROM published"), 7);
     assert!(
         first_log(&p, &day(1)).contains(
-            "computed the batch of 7 intervals [2026-03-01T00:00:00+00:00, 2026-03-08T00:00:00+00:00) with one query"
+            "computed the batch of 7 intervals [2026-03-01T00:00:00Z, 2026-03-08T00:00:00Z) with one query"
         ),
         "{}",
         first_log(&p, &day(1))
@@ -197,10 +197,10 @@ fn a_query_that_fails_on_one_days_data_splits_the_batch_and_fails_that_day_only(
     // once (retries = 0), and only its own failure counts.
     let log = first_log(&p, &day(5));
     for line in [
-        "the batch of 7 intervals [2026-03-01T00:00:00+00:00, 2026-03-08T00:00:00+00:00) failed: ",
-        "split in halves, this interval's is [2026-03-05T00:00:00+00:00, 2026-03-08T00:00:00+00:00)",
-        "the batch of 3 intervals [2026-03-05T00:00:00+00:00, 2026-03-08T00:00:00+00:00) failed: ",
-        "the batch of 2 intervals [2026-03-05T00:00:00+00:00, 2026-03-07T00:00:00+00:00) failed: ",
+        "the batch of 7 intervals [2026-03-01T00:00:00Z, 2026-03-08T00:00:00Z) failed: ",
+        "split in halves, this interval's is [2026-03-05T00:00:00Z, 2026-03-08T00:00:00Z)",
+        "the batch of 3 intervals [2026-03-05T00:00:00Z, 2026-03-08T00:00:00Z) failed: ",
+        "the batch of 2 intervals [2026-03-05T00:00:00Z, 2026-03-07T00:00:00Z) failed: ",
         "malformed JSON",
     ] {
         assert!(log.contains(line), "{line:?} not in:\n{log}");
@@ -253,8 +253,7 @@ fn a_kill_in_the_middle_of_a_batch_is_resumed_with_each_day_published_once() {
         first_log(&p, &day(2))
     );
     assert!(
-        first_log(&p, &day(7))
-            .contains("took interval 4 of 4 of the batch [2026-03-04T00:00:00+00:00"),
+        first_log(&p, &day(7)).contains("took interval 4 of 4 of the batch [2026-03-04T00:00:00Z"),
         "{}",
         first_log(&p, &day(7))
     );
@@ -347,7 +346,10 @@ source_count = "SELECT COUNT(*) FROM (SELECT DISTINCT strftime('%H', ts) FROM ev
         .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
         .collect();
     assert_eq!(
-        logs.matches("computed the batch of 24 intervals [2026-10-24T22:00:00+00:00, 2026-10-25T22:00:00+00:00)").count(),
+        logs.matches(
+            "computed the batch of 24 intervals [2026-10-24T22:00:00Z, 2026-10-25T22:00:00Z)"
+        )
+        .count(),
         1,
         "{logs}"
     );
@@ -380,21 +382,19 @@ fn batch_sizes_that_cannot_run_are_refused_before_anything_is_written() {
         "dags/orders_fact.toml:5:14: key `batch_size` must be a whole number from 1 to 1000",
     );
     assert!(!p.has_manifest());
-    // A command task: batches run SQL tasks so far.
+    // Two tasks: batches run DAGs of one task so far.
+    let two = "[[tasks]]\nid = \"a\"\ncommand = \"true\"\n[[tasks]]\nid = \"b\"\ncommand = \"true\"\ndepends_on = [\"a\"]\n";
     let p = Project::new().dag(
         "c",
-        "schedule = \"@daily\"\nbatch_size = 3\n[[tasks]]\nid = \"work\"\ncommand = \"true\"\n",
+        &format!("schedule = \"@daily\"\nbatch_size = 3\n{two}"),
     );
     let out = p.create("c", "2026-01-01", "2026-01-03", &[]);
     out.code(2);
-    out.stderr_has("dags/c.toml:2:14: key `batch_size` = 3 cannot be used here: batches run SQL tasks so far, and task `work` is a command; remove `batch_size`");
-    let p = Project::new().dag(
-        "c",
-        "schedule = \"@daily\"\n[[tasks]]\nid = \"work\"\ncommand = \"true\"\n",
-    );
+    out.stderr_has("dags/c.toml:2:14: key `batch_size` = 3 cannot be used here: batches run DAGs of one task so far, and this one has 2 tasks; remove `batch_size`");
+    let p = Project::new().dag("c", &format!("schedule = \"@daily\"\n{two}"));
     let out = p.create("c", "2026-01-01", "2026-01-03", &["--batch-size", "3"]);
     out.code(2);
-    out.stderr_has("--batch-size 3 cannot be used with DAG `c` (dags/c.toml): batches run SQL tasks so far, and task `work` is a command; drop --batch-size");
+    out.stderr_has("--batch-size 3 cannot be used with DAG `c` (dags/c.toml): batches run DAGs of one task so far, and this one has 2 tasks; drop --batch-size");
     p.create("c", "2026-01-01", "2026-01-03", &["--batch-size", "0"])
         .code(2);
     assert!(!p.has_manifest());
@@ -440,5 +440,103 @@ fn the_dry_run_shows_each_batch_and_a_skipped_interval_ends_one() {
         p.count("SELECT COUNT(*) FROM runs"),
         1,
         "a dry run writes nothing"
+    );
+}
+
+/// A command task of batches: one run of the command per batch, with the batch's range and
+/// `BACKFILL_BATCH`; it reports rows per interval in its result file, and the gate judges each
+/// interval against its own source count. The day named in `poison` reports a wrong count; the
+/// command fails on the day named in `fail`.
+const COMMAND_DAG: &str = r#"
+schedule = "@daily"
+batch_size = 3
+[[tasks]]
+id = "work"
+command = '''
+if [ -n "$BACKFILL_BATCH" ]; then
+  echo "batch {{ data_interval_start }} {{ data_interval_end }}" >> calls.txt
+  days=$(printf '%s' "$BACKFILL_BATCH" | grep -o '"ds":"[0-9-]*"' | cut -d'"' -f4)
+else
+  echo "one {{ ds }}" >> calls.txt
+  days="{{ ds }}"
+fi
+for d in $days; do
+  if [ "$d" = "$(cat fail 2>/dev/null)" ]; then echo "cannot do $d" >&2; exit 1; fi
+done
+report() {
+  n=$(echo "$1" | cut -c9-10 | sed 's/^0//')
+  if [ "$1" = "$(cat poison 2>/dev/null)" ]; then n=99; fi
+  printf '{"rows": %d}' "$n"
+}
+if [ -n "$BACKFILL_BATCH" ]; then
+  sep=""; out=""
+  for d in $days; do out="$out$sep\"$d\": $(report "$d")"; sep=", "; done
+  printf '{"intervals": { %s }}' "$out" > "$BACKFILL_RESULT"
+else
+  report "{{ ds }}" > "$BACKFILL_RESULT"
+fi
+'''
+[tasks.gate]
+source_count = "echo {{ ds }} | cut -c9-10 | sed 's/^0//'"
+"#;
+
+#[test]
+fn a_command_task_runs_once_per_batch_and_each_day_is_judged_on_its_own() {
+    let p = Project::new().dag("c", COMMAND_DAG);
+    p.write("poison", "2026-01-05");
+    let out = p.create("c", "2026-01-01", "2026-01-06", &[]);
+    out.code(3);
+    out.stderr_has("2026-01-05");
+    assert_eq!(
+        p.read("calls.txt"),
+        "batch 2026-01-01T00:00:00Z 2026-01-04T00:00:00Z\n\
+         batch 2026-01-04T00:00:00Z 2026-01-07T00:00:00Z\n"
+    );
+    assert_eq!(
+        p.rows(
+            "SELECT r.state, t.rows, t.source_rows FROM runs r JOIN task_tries t ON t.run_id = r.id ORDER BY r.interval_start"
+        ),
+        [
+            ["succeeded", "1", "1"],
+            ["succeeded", "2", "2"],
+            ["succeeded", "3", "3"],
+            ["succeeded", "4", "4"],
+            ["rejected", "99", "5"],
+            ["succeeded", "6", "6"],
+        ]
+    );
+    // Each try's result file holds what was reported for its own interval.
+    let day2 = std::fs::read_dir(p.path(".backfill/logs/c/work"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|f| {
+            let n = f.file_name().unwrap().to_string_lossy().into_owned();
+            n.starts_with("20260102T000000Z.") && n.ends_with(".result.json")
+        })
+        .expect("the result file of 2026-01-02");
+    assert_eq!(std::fs::read_to_string(day2).unwrap(), r#"{"rows":2}"#);
+}
+
+#[test]
+fn a_command_that_fails_on_one_day_splits_its_batch_and_fails_that_day_only() {
+    let p = Project::new().dag(
+        "c",
+        &COMMAND_DAG.replace("batch_size = 3", "batch_size = 4"),
+    );
+    p.write("fail", "2026-01-02");
+    let out = p.create("c", "2026-01-01", "2026-01-04", &[]);
+    out.code(3);
+    // [1, 4] fails, its half [1, 2] fails, 1 and 2 run alone; the other half [3, 4] runs once.
+    assert_eq!(
+        p.read("calls.txt"),
+        "batch 2026-01-01T00:00:00Z 2026-01-05T00:00:00Z\n\
+         batch 2026-01-01T00:00:00Z 2026-01-03T00:00:00Z\n\
+         one 2026-01-01\n\
+         one 2026-01-02\n\
+         batch 2026-01-03T00:00:00Z 2026-01-05T00:00:00Z\n"
+    );
+    assert_eq!(
+        p.rows("SELECT r.state FROM runs r ORDER BY r.interval_start"),
+        [["succeeded"], ["failed"], ["succeeded"], ["succeeded"]]
     );
 }

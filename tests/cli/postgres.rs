@@ -3488,3 +3488,148 @@ fn the_rules_are_prepared_before_anything_runs_and_an_error_fails_the_try() {
     assert_eq!(t.fact(), "");
     assert_eq!(t.open_transactions(), "0");
 }
+
+/// A batch's query over three days: only the range, as a batch binds it (`:ds` would be the
+/// first day's). An order listed in `raw.dupes` is output twice (a duplicate key); `raw.bad`
+/// makes the query fail on the day of the order it names (a division by zero).
+const BATCH_QUERY: &str = "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region,
+       amount * (1 / CASE WHEN order_id IN (SELECT order_id FROM raw.bad) THEN 0 ELSE 1 END) AS amount
+FROM raw.orders
+WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end
+UNION ALL
+SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date, region, amount FROM raw.orders
+WHERE order_id IN (SELECT order_id FROM raw.dupes)
+  AND order_ts >= :data_interval_start AND order_ts < :data_interval_end";
+
+fn batch_pg(test: &str) -> Option<Pg> {
+    let t = Pg::with_dag(
+        test,
+        &dag(BATCH_QUERY, GATE, "").replace("retries = 0\n", "retries = 0\nbatch_size = 3\n"),
+    )?;
+    t.psql("CREATE TABLE raw.dupes (order_id int); CREATE TABLE raw.bad (order_id int)");
+    Some(t)
+}
+
+/// Every try log of the project, one after the other.
+fn all_logs(t: &Pg) -> String {
+    std::fs::read_dir(t.p.path(".backfill/logs/orders/fact"))
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect()
+}
+
+/// Batch tables left in the warehouse.
+fn batch_tables(t: &Pg) -> String {
+    t.psql("SELECT count(*) FROM pg_tables WHERE schemaname = 'backfill' AND tablename LIKE 'batch\\_%'")
+}
+
+fn latest_states(t: &Pg) -> Vec<String> {
+    t.p.rows(
+        "SELECT r.state FROM runs r JOIN (SELECT MAX(id) id FROM runs GROUP BY interval_start) m
+         ON m.id = r.id ORDER BY r.interval_start",
+    )
+    .into_iter()
+    .map(|r| r[0].clone())
+    .collect()
+}
+
+/// One query for three days, and one verdict each: a day with a duplicate key is rejected alone
+/// and keeps what it had, its neighbours publish; the batch's table is gone at the end.
+#[test]
+fn a_batch_publishes_each_day_on_its_own_and_a_poisoned_day_is_rejected_alone() {
+    let Some(t) = batch_pg("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    // Newest first: the batch's rows still go to their own days.
+    t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-03",
+        &["-q", "--run-backwards"],
+    )
+    .code(0);
+    assert_eq!(t.fact(), t.expected(&[1, 2, 3]));
+    assert_eq!(latest_states(&t), ["succeeded"; 3]);
+    assert_eq!(batch_tables(&t), "0");
+    let logs = all_logs(&t);
+    assert_eq!(
+        logs.matches("computed the batch of 3 intervals [2026-01-01T00:00:00Z, 2026-01-04T00:00:00Z) with one query").count(),
+        1,
+        "{logs}"
+    );
+    assert_eq!(logs.matches("took interval").count(), 3, "{logs}");
+    // Order 4 is of 2026-01-02.
+    t.psql("INSERT INTO raw.dupes VALUES (4); UPDATE raw.orders SET amount = amount + 1");
+    let out = t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-03",
+        &["--reprocess-behavior", "completed"],
+    );
+    out.code(3);
+    assert_eq!(latest_states(&t), ["succeeded", "rejected", "succeeded"]);
+    let now = t.psql(
+        "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date, region, amount - CASE WHEN (order_ts AT TIME ZONE 'UTC')::date = '2026-01-02' THEN 1 ELSE 0 END FROM raw.orders ORDER BY order_id",
+    );
+    assert_eq!(
+        t.fact(),
+        now,
+        "days 1 and 3 have the new amounts, day 2 its old ones"
+    );
+    assert_eq!(batch_tables(&t), "0");
+    assert_eq!(t.open_transactions(), "0");
+}
+
+/// A query that fails on one day's data only: the batch is split, that day fails alone; and a
+/// kill in the middle of a batch is resumed with each day published once, the batch's table
+/// dropped by the recovery.
+#[test]
+fn a_failing_batch_is_split_and_a_killed_one_is_resumed_and_swept() {
+    let Some(t) = batch_pg("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    // Order 5 is of 2026-01-03.
+    t.psql("INSERT INTO raw.bad VALUES (5)");
+    let out = t.p.create("orders", "2026-01-01", "2026-01-03", &[]);
+    out.code(3);
+    out.stderr_has("division by zero");
+    assert_eq!(latest_states(&t), ["succeeded", "succeeded", "failed"]);
+    // Split in [1, 2] and [3]: the first half was computed with one query.
+    let logs = all_logs(&t);
+    assert!(
+        logs.contains("computed the batch of 2 intervals [2026-01-01T00:00:00Z, 2026-01-03T00:00:00Z) with one query"),
+        "{logs}"
+    );
+    assert_eq!(t.fact(), t.expected(&[1, 2]));
+    assert_eq!(batch_tables(&t), "0");
+
+    t.psql("DELETE FROM raw.bad");
+    let crashed = t.p.run_with(
+        &[
+            "create",
+            "--dag",
+            "orders",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-03",
+            "--reprocess-behavior",
+            "completed",
+        ],
+        &[("BACKFILL_FAULT", "after-publish@2")],
+    );
+    assert_eq!(crashed.code, -1, "aborted: {}", crashed.stderr);
+    t.wait_for_killed_sessions();
+    assert_eq!(batch_tables(&t), "1", "the killed process's batch table");
+    t.p.run(&["resume", "2", "-q"]).code(0);
+    assert_eq!(t.fact(), t.expected(&[1, 2, 3]));
+    assert_eq!(latest_states(&t), ["succeeded"; 3]);
+    assert_eq!(
+        t.p.count(
+            "SELECT COUNT(*) FROM task_tries t JOIN runs r ON r.id = t.run_id WHERE r.backfill_id = 2 AND t.state = 'succeeded'"
+        ),
+        3,
+        "each day of the second backfill succeeded once"
+    );
+    assert_eq!(batch_tables(&t), "0");
+}

@@ -22,6 +22,7 @@
 //! run), `sql` (names, values, statements, catalog), `fingerprint`, `errors`, `conn`
 //! (connections) and `params` (the task's bind parameters).
 
+mod batch;
 mod bookkeeping;
 mod checks;
 mod compare;
@@ -92,60 +93,29 @@ impl Backend for Postgres {
     }
 
     fn write(&self, w: &Write<'_>, cancel: &Cancel) -> Result<Box<dyn Pending>> {
-        let wh = &w.task.warehouse;
-        let mut c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
-        cancel.on_set(c.canceller())?;
-        let mut attempt = 0;
-        // The target's constraint refused the output: it is measured apart from the target.
-        let mut refused: Option<String> = None;
-        loop {
-            match write_measure(&mut c, w, cancel, refused.as_deref()) {
-                Ok((measures, written)) => {
-                    return Ok(Box::new(Open {
-                        conn: Some(c),
-                        measures,
-                        written,
-                        manifest: w.manifest.to_string(),
-                        try_id: w.try_id,
-                        staged: w.stage.then(|| staged_table(w.manifest, w.try_id)),
-                    }));
-                }
-                Err(e) => {
-                    let _ = c.wait(c.client.batch_execute("ROLLBACK"));
-                    match e {
-                        // Once: the pass apart from the target meets no constraint of it.
-                        Failure::Pg(e)
-                            if is_constraint(&e)
-                                && refused.is_none()
-                                && !w.stage
-                                && !w.measure_only =>
-                        {
-                            tracing::info!(warehouse = %wh.name, target = %w.task.target, "{}; measuring the output apart from the target for the gate", describe(&e));
-                            refused = Some(constraint_message(&e));
-                        }
-                        Failure::Pg(e) if is_retryable(&e) && attempt < RETRIES => {
-                            attempt += 1;
-                            tracing::info!(warehouse = %wh.name, target = %w.task.target, attempt, "{}; running the transaction again", describe(&e));
-                            std::thread::sleep(std::time::Duration::from_millis(20 << attempt));
-                        }
-                        Failure::Pg(e) => {
-                            conn::give(c);
-                            return Err(pg(wh)(e));
-                        }
-                        Failure::Other(e) => {
-                            conn::give(c);
-                            return Err(e.at(wh));
-                        }
-                    }
-                }
-            }
-        }
+        write_try(w, cancel, None)
     }
 
-    fn sweep(&self, _: &Warehouse) {
+    fn write_batch(
+        &self,
+        task: &SqlTask,
+        gate: Option<&Gate>,
+        intervals: &[DataInterval],
+        tz: chrono_tz::Tz,
+        _: &Path,
+        cancel: &Cancel,
+    ) -> Result<Box<dyn super::backend::Batched>> {
+        batch::write_batch(task, gate, intervals, tz, cancel)
+    }
+
+    fn sweep(&self, w: &Warehouse) {
         // A try's work is its transaction, which the server rolls back when its connection
         // ends: a crash leaves nothing in the warehouse but staged tables, which recovery
-        // sweeps with the manifest's knowledge (see `sweep_staged`).
+        // sweeps with the manifest's knowledge (see `sweep_staged`), and the tables of the
+        // batches it was computing, which nobody needs once their lock is free.
+        if let Err(e) = batch::sweep(w) {
+            tracing::warn!(warehouse = %w.name, "cannot look for batch tables left by a crash: {e}");
+        }
     }
 
     fn staged(
@@ -228,5 +198,63 @@ impl Backend for Postgres {
         location: &str,
     ) -> Result<Option<super::diff::KeyDiff>> {
         diff_keys(task, key, interval, tz, location)
+    }
+}
+
+/// A try's transaction up to the gate (see [`write_measure`]), redone after a serialization
+/// failure or a deadlock, and measured apart from the target when its constraint refused the
+/// output; with `batch`, of the interval's share of a batch.
+fn write_try(
+    w: &Write<'_>,
+    cancel: &Cancel,
+    batch: Option<&FromBatch<'_>>,
+) -> Result<Box<dyn Pending>> {
+    let wh = &w.task.warehouse;
+    let mut c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
+    cancel.on_set(c.canceller())?;
+    let mut attempt = 0;
+    // The target's constraint refused the output: it is measured apart from the target.
+    let mut refused: Option<String> = None;
+    loop {
+        match write_measure(&mut c, w, cancel, refused.as_deref(), batch) {
+            Ok((measures, written)) => {
+                return Ok(Box::new(Open {
+                    conn: Some(c),
+                    measures,
+                    written,
+                    manifest: w.manifest.to_string(),
+                    try_id: w.try_id,
+                    staged: w.stage.then(|| staged_table(w.manifest, w.try_id)),
+                }));
+            }
+            Err(e) => {
+                let _ = c.wait(c.client.batch_execute("ROLLBACK"));
+                match e {
+                    // Once: the pass apart from the target meets no constraint of it.
+                    Failure::Pg(e)
+                        if is_constraint(&e)
+                            && refused.is_none()
+                            && !w.stage
+                            && !w.measure_only =>
+                    {
+                        tracing::info!(warehouse = %wh.name, target = %w.task.target, "{}; measuring the output apart from the target for the gate", describe(&e));
+                        refused = Some(constraint_message(&e));
+                    }
+                    Failure::Pg(e) if is_retryable(&e) && attempt < RETRIES => {
+                        attempt += 1;
+                        tracing::info!(warehouse = %wh.name, target = %w.task.target, attempt, "{}; running the transaction again", describe(&e));
+                        std::thread::sleep(std::time::Duration::from_millis(20 << attempt));
+                    }
+                    Failure::Pg(e) => {
+                        conn::give(c);
+                        return Err(pg(wh)(e));
+                    }
+                    Failure::Other(e) => {
+                        conn::give(c);
+                        return Err(e.at(wh));
+                    }
+                }
+            }
+        }
     }
 }

@@ -13,11 +13,15 @@ use super::*;
 /// message), and for a try that is only measured, the output goes to a temporary table shaped
 /// like the target instead, and the target is neither changed nor locked: the measures are the
 /// same, and `refused` goes with them for the gate.
+///
+/// With `batch`, the rows are the interval's share of a batch's table (see [`super::batch`])
+/// instead of the task's query, and the source's measures are what the batch's snapshot gave.
 pub(super) fn write_measure(
     c: &mut Conn,
     w: &Write<'_>,
     cancel: &Cancel,
     refused: Option<&str>,
+    batch: Option<&FromBatch<'_>>,
 ) -> std::result::Result<(AuditMeasures, Written), Failure> {
     let task = w.task;
     // Measured apart from the target: nothing is deleted, locked or booked.
@@ -26,10 +30,31 @@ pub(super) fn write_measure(
         book(c)?;
     }
     let ty = partition_type(c, task)?;
-    let query = Statement::new("sql", &task.sql, 3).map_err(|p| Error::Message(p.message))?;
-    let subquery = wrapped(&query.sql);
+    let (query_sql, query_types, query_values) = match batch {
+        None => {
+            let query =
+                Statement::new("sql", &task.sql, 3).map_err(|p| Error::Message(p.message))?;
+            let (types, values) = (query.types(), query.values(w.binds, w.tz));
+            (query.sql, types, values)
+        }
+        Some(b) => (
+            format!(
+                "SELECT {} FROM {} WHERE {} IN ($3, -1)",
+                b.columns
+                    .iter()
+                    .map(|c| quote_ident(c))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                b.table,
+                quote_ident(super::batch::PART)
+            ),
+            vec![Type::INT8],
+            vec![Value::Int(b.k)],
+        ),
+    };
+    let subquery = wrapped(&query_sql);
     let mut shape_types = vec![Type::TEXT, Type::TEXT];
-    shape_types.extend(query.types());
+    shape_types.extend(query_types.iter().cloned());
     let shape = prepared(c, &subquery, &shape_types)?;
     let out: Vec<String> = shape
         .columns()
@@ -95,11 +120,24 @@ pub(super) fn write_measure(
     };
     let col_type = ty.pg_type();
     let mut types = vec![col_type.clone(), col_type];
-    types.extend(query.types());
+    types.extend(query_types);
     let mut values = vec![lo, hi];
-    values.extend(query.values(w.binds, w.tz));
-    let [source_count, source_fingerprint] =
-        source_queries(w.gate, w.binds, w.tz, &mut types, &mut values)?;
+    values.extend(query_values);
+    let [source_count, source_fingerprint] = match batch {
+        None => source_queries(w.gate, w.binds, w.tz, &mut types, &mut values)?,
+        Some(b) => [
+            b.source
+                .map_or_else(|| "NULL::int8".to_string(), |n| format!("{n}::int8")),
+            match &b.source_fingerprint {
+                None => "NULL::text".to_string(),
+                Some(fp) => {
+                    types.push(Type::TEXT);
+                    values.push(Value::Text(fp.clone()));
+                    format!("${}::text", types.len())
+                }
+            },
+        ],
+    };
     let replaces = staged.is_none() && !apart;
     let kept = if replaces && task.keep_versions > 0 {
         Some(versions::ensure_kept(c, w.manifest, &task.target)?)
@@ -168,7 +206,7 @@ pub(super) fn write_measure(
          SELECT m.n, m.outside, \
          CASE WHEN m.outside > 0 THEN (SELECT array_agg(v) FROM (SELECT DISTINCT coalesce({pc}::text, 'NULL') AS v FROM ins WHERE {outside} ORDER BY 1 LIMIT {more}) o) END, \
          m.n::text || ':' || m.h::text, {duplicates}, {elsewhere}, {source_count}, {source_fingerprint}, {guard}, m.rules FROM m",
-        query.sql,
+        query_sql,
         more = SHOWN + 1,
         hash = row_hash(&typed),
     );
@@ -270,6 +308,17 @@ pub(super) fn write_measure(
             columns: out,
         },
     ))
+}
+
+/// An interval's share of a batch, to write as its try's output (see [`write_measure`]).
+pub(super) struct FromBatch<'a> {
+    /// The batch's table, quoted, and the query's columns it holds.
+    pub table: &'a str,
+    pub columns: &'a [String],
+    /// The interval's index in the batch.
+    pub k: i64,
+    pub source: Option<i64>,
+    pub source_fingerprint: Option<String>,
 }
 
 /// The temporary table that an output measured apart from the target goes to (gone with its

@@ -77,6 +77,7 @@ fn large_manifest(dir: &std::path::Path, intervals: &[DataInterval]) -> manifest
         cascade_of: None,
         sample: None,
         definition: None,
+        batch_size: None,
         max_failures: None,
     };
     let owner = backfills::insert(&conn, &request, &ctx).unwrap();

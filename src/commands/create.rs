@@ -220,6 +220,7 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         max_failures: args.max_failures,
         sample: sampled.as_ref().map(|(n, _)| *n),
         definition: None,
+        batch_size: args.batch_size,
     };
     let cascade = args.cascade.map(|c| c.mode());
     if cascade.is_some() {

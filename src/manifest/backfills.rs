@@ -66,6 +66,8 @@ pub struct NewBackfill {
     pub sample: Option<u32>,
     /// What its DAG computes (JSON, see `project::Dag::definition`).
     pub definition: Option<String>,
+    /// `create --batch-size N` (`None`: the DAG's `batch_size`).
+    pub batch_size: Option<u32>,
 }
 
 /// A backfill row.
@@ -102,6 +104,8 @@ pub struct Backfill {
     /// What its DAG computed when it was created or last resumed (JSON, see
     /// `project::Dag::definition`); `None` for a backfill recorded before it was kept.
     pub definition: Option<String>,
+    /// `create --batch-size N`, which `resume` and `join` keep (`None`: the DAG's).
+    pub batch_size: Option<u32>,
 }
 
 impl Backfill {
@@ -125,7 +129,7 @@ impl Backfill {
     }
 }
 
-pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks, max_failures, cascade, cascade_of, sample, definition";
+pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks, max_failures, cascade, cascade_of, sample, definition, batch_size";
 
 pub fn from_row(r: &Row<'_>) -> super::db::Result<Backfill> {
     let reprocess: String = r.get(6)?;
@@ -166,6 +170,7 @@ pub fn from_row(r: &Row<'_>) -> super::db::Result<Backfill> {
         cascade_of: r.get(25)?,
         sample: r.get(26)?,
         definition: r.get(27)?,
+        batch_size: r.get(28)?,
     })
 }
 
@@ -240,8 +245,8 @@ pub fn insert(conn: &Conn, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
         "INSERT INTO backfills (dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior,
             max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host,
             heartbeat_at, created_at, epoch, planning, kind, source_backfill, tasks, max_failures,
-            cascade, cascade_of, sample, definition)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)
+            cascade, cascade_of, sample, definition, batch_size)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)
          RETURNING id",
         params![
             b.dag_id,
@@ -267,7 +272,8 @@ pub fn insert(conn: &Conn, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
             b.cascade,
             b.cascade_of,
             b.sample,
-            b.definition
+            b.definition,
+            b.batch_size
         ],
         |r| r.get(0),
     )?;

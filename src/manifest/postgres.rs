@@ -45,6 +45,10 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
         4,
         include_str!("../../migrations/postgres/0004_definition.sql"),
     ),
+    (
+        5,
+        include_str!("../../migrations/postgres/0005_batch_size.sql"),
+    ),
 ];
 
 /// How long the server lets a manifest session sit idle inside a transaction before it ends

@@ -44,11 +44,9 @@ pub fn batchable(tasks: &[Task], depends_on_past: bool) -> Result<(), String> {
                 .into(),
         );
     }
+    // A batch runs its intervals one after the other, so it holds at most one slot of a pool,
+    // as one interval would.
     match tasks {
-        [task] if task.pool.is_some() => Err(format!(
-            "task `{}` takes a slot of a pool for each try, and batches do not count pools so far",
-            task.id
-        )),
         [_] => Ok(()),
         _ => Err(format!(
             "batches run DAGs of one task so far, and this one has {} tasks",

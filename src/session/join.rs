@@ -23,12 +23,13 @@ pub fn join(g: &Global, id: i64, max_active_runs: Option<u32>) -> Result<u8, Err
     let (project, manifest_path, conn, backfill) = find_backfill(g, id)?;
     let ctx = LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL).at_manifest(&*conn)?;
     joinable(&backfill, &ctx)?;
-    let dag = match (&backfill.tasks, backfill.kind) {
+    let mut dag = match (&backfill.tasks, backfill.kind) {
         (Some(tasks), crate::state::BackfillKind::Run | crate::state::BackfillKind::Stage) => {
             super::tasks::only_tasks(project.dag(&backfill.dag_id)?, tasks)?
         }
         _ => project.dag(&backfill.dag_id)?,
     };
+    super::tasks::keep_batch_size(g, &mut dag, &backfill);
     if dag.depends_on_past {
         return Err(Error::Usage(format!(
             "backfill {id}: DAG `{}` has depends_on_past = true, so its intervals run one at a time, in order; another process cannot help it",

@@ -93,6 +93,7 @@ pub fn request_over(
         cascade_of: None,
         sample: None,
         definition: None,
+        batch_size: None,
     }
 }
 

@@ -39,12 +39,13 @@ pub fn resume_found(
         .unfinished_intervals(id)
         .map_err(|e| e.at(manifest_path))?;
     drop(conn);
-    let dag = match (&backfill.tasks, backfill.kind) {
+    let mut dag = match (&backfill.tasks, backfill.kind) {
         (Some(tasks), crate::state::BackfillKind::Run | crate::state::BackfillKind::Stage) => {
             super::tasks::only_tasks(project.dag(&backfill.dag_id)?, tasks)?
         }
         _ => project.dag(&backfill.dag_id)?,
     };
+    super::tasks::keep_batch_size(g, &mut dag, &backfill);
     let conf = backfill.conf_json()?;
     let now = clock::now()?;
     // The range as recorded: interval starts in [range_start, range_end).

@@ -122,3 +122,24 @@ pub fn definition_changes(recorded: Option<&str>, dag: &Dag) -> Option<Vec<Strin
         serde_json::from_str(recorded?).ok()?;
     Some(project::definition_changes(&recorded, &dag.definition()))
 }
+
+/// Gives `dag` the `--batch-size` its backfill was created with, unless the DAG can no longer
+/// run batches (then its intervals run one query each, and a note says why).
+pub fn keep_batch_size(g: &super::Global, dag: &mut Dag, backfill: &crate::manifest::Backfill) {
+    let Some(n) = backfill.batch_size else {
+        return;
+    };
+    match crate::project::batchable(&dag.tasks, dag.depends_on_past) {
+        Err(why) if n > 1 => {
+            super::note(
+                g,
+                &format!(
+                    "backfill {} was created with --batch-size {n}, which DAG `{}` ({}) no longer allows ({why}): its intervals run one query each",
+                    backfill.id, dag.id, dag.file
+                ),
+            );
+            dag.batch_size = 1;
+        }
+        _ => dag.batch_size = n,
+    }
+}

@@ -110,7 +110,15 @@ fn first_log(p: &Project, day: &str) -> String {
         .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
         .filter(|n| n.starts_with(&stamp) && n.ends_with(".try1.log"))
         .collect();
-    logs.sort();
+    // By run id: `...run12.try1.log` is newer than `...run9.try1.log`.
+    let run = |n: &String| -> u64 {
+        n.split(".run")
+            .nth(1)
+            .and_then(|r| r.split('.').next())
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(0)
+    };
+    logs.sort_by_key(run);
     std::fs::read_to_string(dir.join(logs.last().expect("a log"))).unwrap()
 }
 
@@ -215,7 +223,8 @@ fn a_query_that_fails_on_one_days_data_splits_the_batch_and_fails_that_day_only(
 #[test]
 fn a_kill_in_the_middle_of_a_batch_is_resumed_with_each_day_published_once() {
     let p = project();
-    // Killed right after the third day's publish committed, before the manifest recorded it.
+    // Killed right after the third day's publish committed, before the manifest recorded it;
+    // in batches of two, one at a time, which `resume` keeps (the DAG file says seven).
     let crashed = p.run_with(
         &[
             "create",
@@ -225,6 +234,10 @@ fn a_kill_in_the_middle_of_a_batch_is_resumed_with_each_day_published_once() {
             "2026-03-01",
             "--to",
             "2026-03-07",
+            "--batch-size",
+            "2",
+            "--max-active-runs",
+            "1",
         ],
         &[("BACKFILL_FAULT", "after-publish@3")],
     );
@@ -245,15 +258,15 @@ fn a_kill_in_the_middle_of_a_batch_is_resumed_with_each_day_published_once() {
         vec!["1"; 7]
     );
     assert_eq!(p.count("SELECT COUNT(*) FROM published"), 7);
-    // The crashed batch's second day took its share; the resumed backfill ran the last four
-    // days as a batch of its own.
+    // The crashed backfill's first batch; the resumed backfill ran the last four days in
+    // batches of two again.
     assert!(
-        first_log(&p, &day(2)).contains("took interval 2 of 7 of the batch"),
+        first_log(&p, &day(2)).contains("took interval 2 of 2 of the batch [2026-03-01T00:00:00Z"),
         "{}",
         first_log(&p, &day(2))
     );
     assert!(
-        first_log(&p, &day(7)).contains("took interval 4 of 4 of the batch [2026-03-04T00:00:00Z"),
+        first_log(&p, &day(7)).contains("took interval 2 of 2 of the batch [2026-03-06T00:00:00Z"),
         "{}",
         first_log(&p, &day(7))
     );
@@ -538,5 +551,42 @@ fn a_command_that_fails_on_one_day_splits_its_batch_and_fails_that_day_only() {
     assert_eq!(
         p.rows("SELECT r.state FROM runs r ORDER BY r.interval_start"),
         [["succeeded"], ["failed"], ["succeeded"], ["succeeded"]]
+    );
+}
+
+/// A batch holds one slot of its task's pool at a time, as one interval does: with a pool of one,
+/// two batches in flight never run their commands at once.
+#[test]
+fn a_pool_counts_batches_in_flight() {
+    let p = Project::new().dag(
+        "c",
+        r#"
+schedule = "@daily"
+batch_size = 3
+max_active_runs = 2
+[[tasks]]
+id = "work"
+pool = "api"
+command = '''
+mkdir inflight 2>/dev/null || echo "overlap {{ ds }}" >> overlaps.txt
+echo "{{ ds }}" >> calls.txt
+sleep 0.3
+rmdir inflight
+'''
+"#,
+    );
+    p.write("backfill.toml", "[pools]\napi = 1\n");
+    p.create("c", "2026-01-01", "2026-01-06", &["-q"]).code(0);
+    let mut calls: Vec<String> = p.read("calls.txt").lines().map(String::from).collect();
+    calls.sort();
+    assert_eq!(
+        calls,
+        ["2026-01-01", "2026-01-04"],
+        "one run of the command per batch"
+    );
+    assert_eq!(p.read("overlaps.txt"), "");
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM runs WHERE state = 'succeeded'"),
+        6
     );
 }

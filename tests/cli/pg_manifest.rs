@@ -145,7 +145,7 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
         .code(0);
     assert_eq!(
         cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
-        "4"
+        "5"
     );
     assert_eq!(
         runs_per_interval(cluster, &db),
@@ -173,7 +173,7 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
         .code(0);
     assert_eq!(
         cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
-        "4"
+        "5"
     );
     assert_eq!(
         cluster.psql(
@@ -192,7 +192,7 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
         create_args(&url, "2026-01-05", "2026-01-05"),
     ] {
         p.run(&args).code(1).stderr_has(&format!(
-            "manifest {url}: schema version 99 is newer than this backfill understands (4); upgrade backfill"
+            "manifest {url}: schema version 99 is newer than this backfill understands (5); upgrade backfill"
         ));
     }
     assert_eq!(
@@ -516,7 +516,7 @@ fn a_connection_lost_while_the_schema_is_made_leaves_no_half_and_the_open_starts
     out.code(0);
     assert_eq!(
         cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
-        "4"
+        "5"
     );
     // Nothing was made outside the schema (in autocommit, where the search path leads
     // elsewhere).

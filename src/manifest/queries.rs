@@ -295,6 +295,9 @@ pub struct IntervalDetail {
     /// The host of the latest run's last try, as recorded (see [`crate::liveness::identity`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// The batch (`START/END`) whose one query or command computed the latest run's output.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -371,6 +374,7 @@ struct TryAgg {
     /// The host of the latest try, and that try's id.
     host: Option<String>,
     host_try: i64,
+    batch: Option<String>,
 }
 
 /// A staged try's verdict says what became of its output: `staged, promoted`,
@@ -427,7 +431,7 @@ pub fn show(conn: &Conn, id: i64) -> Result<Option<BackfillDetail>> {
     if let (Some(lo), Some(hi)) = (run_ids.first(), run_ids.last()) {
         let mut stmt = conn.prepare(
             "SELECT run_id, state, rows, verdict, reasons, log_path, error, id, waiting_for, staged,
-                    host
+                    host, batch
              FROM task_tries WHERE run_id BETWEEN ?1 AND ?2 ORDER BY run_id",
         )?;
         let mut rows = stmt.query([lo, hi])?;
@@ -468,6 +472,9 @@ pub fn show(conn: &Conn, id: i64) -> Result<Option<BackfillDetail>> {
             if try_id > agg.host_try {
                 agg.host = r.get(10)?;
                 agg.host_try = try_id;
+            }
+            if agg.batch.is_none() {
+                agg.batch = r.get(11)?;
             }
             if !succeeded && try_id > agg.error_try {
                 agg.log = r.get(5)?;
@@ -515,6 +522,7 @@ pub fn show(conn: &Conn, id: i64) -> Result<Option<BackfillDetail>> {
                 .or_else(|| t.and_then(|t| t.error.clone())),
             log: t.and_then(|t| existing(t.log.clone())),
             host: t.and_then(|t| t.host.clone()),
+            batch: t.and_then(|t| t.batch.clone()),
         });
     }
     // The counts come from what was just read, not from another pass over the runs.

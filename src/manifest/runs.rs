@@ -514,6 +514,8 @@ pub struct TryRecord {
     pub restored_from: Option<i64>,
     /// A rollback try: the kept version it puts back.
     pub restore_key: Option<i64>,
+    /// The batch whose one query or command computed the output (`START/END`).
+    pub batch: Option<String>,
 }
 
 /// What the gate judged of a try, as JSON: kept with a PostgreSQL warehouse's booking of the
@@ -566,6 +568,7 @@ impl TryRecord {
             promoted_from: None,
             restored_from: None,
             restore_key: None,
+            batch: None,
             previous_rows: None,
             verdict: None,
             reasons: None,
@@ -584,11 +587,11 @@ pub fn finish_try(
     end_try(conn, try_id, rec, now_ms)
 }
 
-/// A try's end: its record in `?2` to `?18`, the try `?1`, if it is still running.
+/// A try's end: its record in `?2` to `?19`, the try `?1`, if it is still running.
 const END_TRY: &str = "UPDATE task_tries SET state = ?2, ended_at = ?3, exit_code = ?4, error = ?5,
         rows = ?6, partitions = ?7, inputs = ?8, fingerprint = ?9, source_rows = ?10,
         previous_rows = ?11, verdict = ?12, reasons = ?13, source_fingerprint = ?14, staged = ?15,
-        staged_path = ?16, promoted_from = ?17, restored_from = ?18, publishing = 0
+        staged_path = ?16, promoted_from = ?17, restored_from = ?18, batch = ?19, publishing = 0
      WHERE id = ?1 AND state = 'running'";
 
 /// The values of [`END_TRY`], then `more`.
@@ -617,6 +620,7 @@ fn end_try_values<'a>(
         &rec.staged_path,
         &rec.promoted_from,
         &rec.restored_from,
+        &rec.batch,
     ];
     v.extend_from_slice(more);
     v
@@ -644,10 +648,10 @@ pub fn finish_try_and_run(
         &format!(
             "WITH ended_try AS ({END_TRY}),
          ended AS (
-             UPDATE runs SET state = ?19, ended_at = ?3, error = ?20
-             WHERE id = ?21 AND state IN ('queued', 'running'))
+             UPDATE runs SET state = ?20, ended_at = ?3, error = ?21
+             WHERE id = ?22 AND state IN ('queued', 'running'))
          DELETE FROM leases l USING runs r
-         WHERE r.id = ?21 AND l.dag_id = r.dag_id AND l.interval_start = r.interval_start
+         WHERE r.id = ?22 AND l.dag_id = r.dag_id AND l.interval_start = r.interval_start
            AND l.backfill_id = r.backfill_id"
         ),
         values.as_slice().values()?,

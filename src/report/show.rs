@@ -213,6 +213,7 @@ mod tests {
                 error: error.map(String::from),
                 log: None,
                 host: None,
+                batch: None,
             }
         };
         BackfillDetail {

@@ -27,6 +27,8 @@ pub(super) struct Batch {
     intervals: Vec<DataInterval>,
     computed: OnceCell<Computed>,
     halves: OnceLock<[Arc<Batch>; 2]>,
+    /// Which batch (`START/END`) each interval took its share of, by start.
+    took: std::sync::Mutex<std::collections::HashMap<i64, String>>,
 }
 
 /// A batch's query or command, once it ran.
@@ -63,7 +65,17 @@ impl Batch {
             intervals,
             computed: OnceCell::new(),
             halves: OnceLock::new(),
+            took: std::sync::Mutex::default(),
         })
+    }
+
+    /// The batch (`START/END`) whose one query or command computed `interval`'s share, once it
+    /// took it.
+    pub(super) fn took(&self, interval: DataInterval) -> Option<String> {
+        self.took
+            .lock()
+            .ok()
+            .and_then(|t| t.get(&interval.start.timestamp()).cloned())
     }
 
     /// The batch's whole range, `[first start, last end)`.
@@ -149,6 +161,14 @@ impl Batch {
                         batch.intervals.len(),
                         batch.range()
                     ));
+                    if let (Some(whole), Ok(mut took)) =
+                        (Self::whole(&batch.intervals), self.took.lock())
+                    {
+                        took.insert(
+                            interval.start.timestamp(),
+                            format!("{}/{}", Rfc3339(whole.start), Rfc3339(whole.end)),
+                        );
+                    }
                     return Share::Of(rows, k);
                 }
                 Computed::Cancelled => return Share::Cancelled,

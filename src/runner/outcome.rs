@@ -37,6 +37,16 @@ pub(super) enum Outcome {
     Cancelled(TryRecord),
 }
 
+impl Outcome {
+    pub(super) fn record_mut(&mut self) -> &mut TryRecord {
+        match self {
+            Self::Succeeded(r, _) | Self::Rejected(r, _) | Self::Failed(r) | Self::Cancelled(r) => {
+                r
+            }
+        }
+    }
+}
+
 pub(super) fn failed(error: String, exit_code: Option<i32>) -> Outcome {
     let mut r = TryRecord::new(TryState::Failed);
     r.exit_code = exit_code;

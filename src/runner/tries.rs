@@ -145,6 +145,10 @@ async fn tries(
             }
             (TaskKind::Sql(sql), _) => sql_try(shared, task, sql, &input, stop).await?,
         };
+        let mut outcome = outcome;
+        if let Some(batch) = &input.batch {
+            outcome.record_mut().batch = batch.took(interval);
+        }
         let why = match &outcome {
             Outcome::Succeeded(..) => None,
             Outcome::Rejected(..) => Some(cleanup::Why::Rejected),

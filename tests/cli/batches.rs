@@ -145,6 +145,20 @@ fn a_batch_publishes_what_one_query_a_day_publishes() {
         first_log(&p, &day(1))
     );
     assert!(first_log(&p, &day(5)).contains("took interval 5 of 7 of the batch"));
+    // The manifest names each interval's batch.
+    let show = p.run(&["show", "1", "--output", "json"]);
+    show.code(0);
+    let doc = show.json();
+    let batches: Vec<&str> = doc["interval_details"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["batch"].as_str().unwrap_or("none"))
+        .collect();
+    assert_eq!(
+        batches,
+        vec!["2026-03-01T00:00:00Z/2026-03-08T00:00:00Z"; 7]
+    );
     // Nothing of the batch is left behind.
     let left: Vec<_> = std::fs::read_dir(p.path(".backfill/audit"))
         .unwrap()
@@ -218,6 +232,16 @@ fn a_query_that_fails_on_one_days_data_splits_the_batch_and_fails_that_day_only(
         1
     );
     assert!(first_log(&p, &day(2)).contains("took interval 2 of 4 of the batch"));
+    // Each interval names the batch it took its share of; day 5 computed its own.
+    let doc = p.run(&["show", "1", "--output", "json"]).json();
+    let batches: Vec<Option<&str>> = doc["interval_details"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["batch"].as_str())
+        .collect();
+    let first = Some("2026-03-01T00:00:00Z/2026-03-05T00:00:00Z");
+    assert_eq!(batches, [first, first, first, first, None, None, None]);
 }
 
 #[test]

@@ -167,6 +167,8 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
          DROP TABLE backfill_manifest.workers;
          DROP FUNCTION backfill_manifest.publish_refused(bigint);
          ALTER TABLE backfill_manifest.backfills DROP COLUMN definition;
+         ALTER TABLE backfill_manifest.backfills DROP COLUMN batch_size;
+         ALTER TABLE backfill_manifest.task_tries DROP COLUMN batch;
          UPDATE backfill_manifest.schema_version SET version = 1",
     );
     p.run(&create_args(&url, "2026-01-04", "2026-01-04"))
@@ -552,7 +554,7 @@ fn a_running_backfill_stops_writing_once_a_newer_backfill_upgraded_the_schema() 
     );
     let out = wait_within(&p, "owner", owner, Duration::from_secs(60));
     out.code(1).stderr_has(
-        "the manifest's schema is now version 99, and this backfill knows version 4: a newer backfill changed it while this one ran, so this one writes nothing more",
+        "the manifest's schema is now version 99, and this backfill knows version 5: a newer backfill changed it while this one ran, so this one writes nothing more",
     );
     // It wrote nothing after the upgrade, not even its tries' ends: its runs are still in
     // progress, for the newer backfill to take up.

@@ -25,7 +25,8 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
     let mut dag = only_tasks(project.dag(&args.dag)?, &args.tasks)?;
     if let Some(n) = args.batch_size {
         if n > 1
-            && let Err(why) = crate::project::batchable(&dag.tasks, dag.depends_on_past)
+            && let Err(why) =
+                crate::project::batchable(&dag.tasks, dag.depends_on_past, !dag.upstream.is_empty())
         {
             return Err(Error::Usage(format!(
                 "--batch-size {n} cannot be used with DAG `{}` ({}): {why}; drop --batch-size",

@@ -36,23 +36,45 @@ pub struct Dag {
 }
 
 /// Whether a DAG of `tasks` may run its intervals in batches (`batch_size` above 1): why not
-/// otherwise, as a message says it (the caller says how to fix it).
-pub fn batchable(tasks: &[Task], depends_on_past: bool) -> Result<(), String> {
+/// otherwise, as a message says it (the caller says how to fix it). `upstream`: the DAG reads
+/// what other DAGs publish.
+pub fn batchable(tasks: &[Task], depends_on_past: bool, upstream: bool) -> Result<(), String> {
     if depends_on_past {
         return Err(
             "it sets `depends_on_past = true`, so each interval runs after the one before it"
                 .into(),
         );
     }
+    if upstream {
+        // A batch reads every interval's input at once, before each interval's own check
+        // that its upstream intervals stand (and are not being rerun) when it starts.
+        return Err("it reads what its `upstream` DAGs publish, which each interval checks when it starts, after a batch would have read it".into());
+    }
     // A batch runs its intervals one after the other, so it holds at most one slot of a pool,
     // as one interval would.
-    match tasks {
-        [_] => Ok(()),
-        _ => Err(format!(
+    let [task] = tasks else {
+        return Err(format!(
             "batches run DAGs of one task so far, and this one has {} tasks",
             tasks.len()
-        )),
+        ));
+    };
+    if let TaskKind::Sql(sql) = &task.kind
+        && let Ok(p) = crate::warehouse::postgres::params::positional_from(&sql.sql, 1)
+        && let Some(label) = p.params.iter().find(|p| {
+            use crate::warehouse::postgres::params::Param;
+            matches!(p, Param::Ds | Param::NextDs | Param::DsNodash)
+        })
+    {
+        // A batch binds its first interval's: a column made of it would put every row of the
+        // batch in that interval, which the gate cannot always tell from a real one.
+        return Err(format!(
+            "task `{}`'s query uses `{}`, which a batch binds to its first interval's, so rows labelled with it would all land in that interval; compute `{}` from the rows themselves (and filter with :data_interval_start and :data_interval_end)",
+            task.id,
+            label.name(),
+            sql.partition_column
+        ));
     }
+    Ok(())
 }
 
 /// The `[notify]` commands: run when a `create` or `resume` ends, with the JSON summary on

@@ -254,7 +254,11 @@ impl Dag {
         let tasks = load_tasks(&raw.tasks, &defaults, warehouses, errs);
         if let (Some(b), Some(n), Some(tasks)) = (&raw.batch_size, batch_size, &tasks)
             && n > 1
-            && let Err(why) = super::dag::batchable(tasks, raw.depends_on_past.unwrap_or(false))
+            && let Err(why) = super::dag::batchable(
+                tasks,
+                raw.depends_on_past.unwrap_or(false),
+                !raw.upstream.is_empty(),
+            )
         {
             errs.at(
                 b,

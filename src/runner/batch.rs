@@ -44,9 +44,18 @@ pub(super) enum Computed {
 pub(super) enum Rows {
     /// A SQL task's rows, kept by the warehouse.
     Sql(Arc<dyn Batched>),
-    /// What a command task reported for each interval (by its index in the batch): `None`
-    /// when it reported nothing for it.
-    Command(Arc<Vec<Option<crate::task::command::TaskResult>>>),
+    /// What a command task reported for each interval, and what its gate's source commands
+    /// gave for each before the command ran.
+    Command(Arc<CommandRows>),
+}
+
+/// A command task's batch, by interval (its index in the batch).
+pub(super) struct CommandRows {
+    /// What the command reported (`None`: nothing).
+    pub reported: Vec<Option<crate::task::command::TaskResult>>,
+    /// The source before the command ran, as each interval's try measures it before its own
+    /// command (`None` without a gate).
+    pub before: Vec<Option<crate::manifest::queries::Seen>>,
 }
 
 /// What an interval's first try takes its rows from.
@@ -277,29 +286,44 @@ pub(super) fn read_reported(
     })?;
     let ds = |i: &DataInterval| i.start.with_timezone(&tz).date_naive().to_string();
     let mut out = Vec::with_capacity(intervals.len());
-    let mut used = 0;
+    let mut used = std::collections::BTreeSet::new();
     for i in intervals {
-        let by_start = reported.intervals.get(&Rfc3339(i.start).to_string());
+        let start = Rfc3339(i.start).to_string();
         let unique_ds = intervals.iter().filter(|j| ds(j) == ds(i)).count() == 1;
-        let found =
-            by_start.or_else(|| unique_ds.then(|| reported.intervals.get(&ds(i))).flatten());
-        used += usize::from(found.is_some());
-        out.push(found.cloned());
+        let keys: Vec<String> = std::iter::once(start)
+            .chain(unique_ds.then(|| ds(i)))
+            .filter(|k| reported.intervals.contains_key(k))
+            .collect();
+        if keys.len() > 1 {
+            return Err(format!(
+                "the batch's result file {} reports interval {} twice, as {}",
+                path.display(),
+                keys[0],
+                keys.join(" and ")
+            ));
+        }
+        out.push(
+            keys.first()
+                .and_then(|k| reported.intervals.get(k))
+                .cloned(),
+        );
+        used.extend(keys);
     }
-    if used < reported.intervals.len() {
-        let known: Vec<String> = intervals
-            .iter()
-            .map(|i| Rfc3339(i.start).to_string())
-            .collect();
-        let stray: Vec<&String> = reported
-            .intervals
-            .keys()
-            .filter(|k| !known.contains(k) && !intervals.iter().any(|i| ds(i) == **k))
-            .take(3)
-            .collect();
+    let stray: Vec<&String> = reported
+        .intervals
+        .keys()
+        .filter(|k| !used.contains(*k))
+        .take(3)
+        .collect();
+    if !stray.is_empty() {
         return Err(format!(
-            "the batch's result file {} reports intervals that are not in the batch: {stray:?}",
-            path.display()
+            "the batch's result file {} reports intervals that are not in the batch: {}",
+            path.display(),
+            stray
+                .iter()
+                .map(|k| format!("`{k}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
         ));
     }
     Ok(out)

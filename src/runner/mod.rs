@@ -449,6 +449,12 @@ async fn run_batch_intervals(
             .spec
             .max_failures
             .is_some_and(|m| shared.failed.load(std::sync::atomic::Ordering::Relaxed) >= m);
+        if reached {
+            // The intervals left stay planned, as those of the queue do: the backfill halted.
+            shared
+                .halted
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         if *stop.borrow() != Stop::Run
             || reached
             || shared.halted.load(std::sync::atomic::Ordering::Relaxed)

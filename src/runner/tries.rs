@@ -318,17 +318,8 @@ async fn command_try(
     recorded: Option<crate::process::Gated>,
     stop: &mut watch::Receiver<Stop>,
 ) -> Result<Outcome, Error> {
-    // The source as the command will find it: what its output is judged against and what
-    // `changed` and `stale` compare with later. Measured again after the command.
-    let before = match &task.gate {
-        Some(gate) => match measure_source(shared, task, gate, input, stop).await? {
-            Ok(seen) => Some(seen),
-            Err(outcome) => return Ok(outcome),
-        },
-        None => None,
-    };
     // The first try of an interval of a batch takes what the batch's one run of the command
-    // reported for it.
+    // reported for it, and the source as the batch measured it before the command.
     let mut notes = Vec::new();
     let share = match &input.batch {
         Some(batch) => {
@@ -343,10 +334,11 @@ async fn command_try(
     if !notes.is_empty() {
         append_log(&input.log_path, &notes).await;
     }
-    let result = match share {
+    let (result, before) = match share {
         super::batch::Share::Cancelled => return Ok(cancelled("cancelled")),
-        super::batch::Share::Of(super::batch::Rows::Command(reported), k) => {
-            let result = reported.get(k).cloned().flatten();
+        super::batch::Share::Of(super::batch::Rows::Command(rows), k) => {
+            let result = rows.reported.get(k).cloned().flatten();
+            let before = rows.before.get(k).cloned().flatten();
             // The try's result file says what was reported for its interval, as if its own
             // command had written it (a staged try's publish command reads it).
             let (path, json) = (
@@ -358,9 +350,18 @@ async fn command_try(
                 None => std::fs::remove_file(&path).or(Ok(())),
             })
             .await;
-            result
+            (result, before)
         }
         super::batch::Share::Of(super::batch::Rows::Sql(_), _) | super::batch::Share::Own => {
+            // The source as the command will find it: what its output is judged against and
+            // what `changed` and `stale` compare with later. Measured again after the command.
+            let before = match &task.gate {
+                Some(gate) => match measure_source(shared, task, gate, input, stop).await? {
+                    Ok(seen) => Some(seen),
+                    Err(outcome) => return Ok(outcome),
+                },
+                None => None,
+            };
             if let Err(outcome) = run_step(
                 shared,
                 task,
@@ -376,7 +377,7 @@ async fn command_try(
                 return Ok(outcome);
             }
             match command::read_result(&input.result_path) {
-                Ok(r) => r,
+                Ok(r) => (r, before),
                 Err(e) => return Ok(failed(e, Some(0))),
             }
         }
@@ -424,6 +425,47 @@ async fn batch_command(
         input.ctx.try_number,
         &shared.spec.conf,
     );
+    // Each interval's source, before the command: what its gate compares the source after the
+    // command with, as a try of its own would.
+    let mut before = Vec::with_capacity(intervals.len());
+    for interval in &intervals {
+        let Some(gate) = &task.gate else {
+            before.push(None);
+            continue;
+        };
+        let values = IntervalValues::new(*interval, tz);
+        let ctx = values.context(
+            &shared.spec.dag.id,
+            &task.id,
+            input.ctx.run_id,
+            input.ctx.try_number,
+            &shared.spec.conf,
+        );
+        let one = TryInput {
+            try_id: input.try_id,
+            interval: *interval,
+            env: try_environment(shared, &ctx, &input.result_path),
+            ctx,
+            log_path: input.log_path.clone(),
+            result_path: input.result_path.clone(),
+            audit_path: None,
+            batch: None,
+        };
+        match measure_source(shared, task, gate, &one, &mut stop).await {
+            Ok(Ok(seen)) => before.push(Some(seen)),
+            Ok(Err(Outcome::Cancelled(_))) => return Computed::Cancelled,
+            Ok(Err(outcome)) => {
+                let mut outcome = outcome;
+                let error = outcome.record_mut().error.take();
+                return Computed::Failed(format!(
+                    "the source of {}: {}",
+                    crate::interval::Rfc3339(interval.start),
+                    error.unwrap_or_else(|| "its source command failed".into())
+                ));
+            }
+            Err(e) => return Computed::Failed(e.to_string()),
+        }
+    }
     let mut env = try_environment(shared, &ctx, &input.result_path);
     env.push((
         "BACKFILL_BATCH".into(),
@@ -450,21 +492,32 @@ async fn batch_command(
         &mut stop,
     )
     .await;
-    match step {
-        Ok(Ok(())) => {}
-        Ok(Err(Outcome::Cancelled(_))) => return Computed::Cancelled,
-        Ok(Err(Outcome::Failed(r) | Outcome::Rejected(r, _) | Outcome::Succeeded(r, _))) => {
-            return Computed::Failed(r.error.unwrap_or_else(|| "the command failed".into()));
-        }
-        Err(e) => return Computed::Failed(e.to_string()),
-    }
     let path = run.result_path.clone();
-    let read =
-        tokio::task::spawn_blocking(move || super::batch::read_reported(&path, &intervals, tz))
-            .await;
+    let failed = match step {
+        Ok(Ok(())) => None,
+        Ok(Err(Outcome::Cancelled(_))) => Some(Computed::Cancelled),
+        Ok(Err(Outcome::Failed(r) | Outcome::Rejected(r, _) | Outcome::Succeeded(r, _))) => Some(
+            Computed::Failed(r.error.unwrap_or_else(|| "the command failed".into())),
+        ),
+        Err(e) => Some(Computed::Failed(e.to_string())),
+    };
+    let read = tokio::task::spawn_blocking(move || {
+        let read = match failed {
+            Some(f) => Err(f),
+            None => super::batch::read_reported(&path, &intervals, tz).map_err(Computed::Failed),
+        };
+        if read.is_err() {
+            // What a failed batch wrote is no interval's: the try's own run writes it anew.
+            let _ = std::fs::remove_file(&path);
+        }
+        read
+    })
+    .await;
     match read {
-        Ok(Ok(reported)) => Computed::Done(super::batch::Rows::Command(Arc::new(reported))),
-        Ok(Err(e)) => Computed::Failed(e),
+        Ok(Ok(reported)) => Computed::Done(super::batch::Rows::Command(Arc::new(
+            super::batch::CommandRows { reported, before },
+        ))),
+        Ok(Err(computed)) => computed,
         Err(e) => Computed::Failed(format!("reading the result file panicked: {e}")),
     }
 }

@@ -129,7 +129,7 @@ pub fn keep_batch_size(g: &super::Global, dag: &mut Dag, backfill: &crate::manif
     let Some(n) = backfill.batch_size else {
         return;
     };
-    match crate::project::batchable(&dag.tasks, dag.depends_on_past) {
+    match crate::project::batchable(&dag.tasks, dag.depends_on_past, !dag.upstream.is_empty()) {
         Err(why) if n > 1 => {
             super::note(
                 g,

@@ -278,7 +278,7 @@ pub struct Looked {
 /// The table of a batch file (attached as `batch`) that holds a batch's rows, and its column
 /// that says which interval of the batch each row belongs to: its index, or -1 for a row that
 /// belongs to none (its partition value lies outside the batch, is NULL or of no known
-/// representation), which every interval's share then holds, so that each is judged with it.
+/// representation), which fails the batch (see [`stray_rows`]).
 const BATCH_ROWS: &str = "batch.rows";
 const PART: &str = "backfill batch part";
 const PART_FUNCTION: &str = "backfill_batch_part";
@@ -348,6 +348,17 @@ pub fn write_batch(
                 "CREATE INDEX batch.rows_part ON rows ({})",
                 quote(PART)
             ))?;
+            let strays: i64 = conn.query_row(
+                &format!(
+                    "SELECT COUNT(*) FROM {BATCH_ROWS} WHERE {} = -1",
+                    quote(PART)
+                ),
+                [],
+                |r| r.get(0),
+            )?;
+            if strays > 0 {
+                return Err(Error::Message(stray_rows(strays, &task.partition_column)));
+            }
             let mut looked = Vec::with_capacity(parts.len());
             for binds in parts {
                 let source = match gate.and_then(|g| g.source_count.as_ref()) {
@@ -382,6 +393,16 @@ pub fn write_batch(
     });
     let _ = conn.remove_function(PART_FUNCTION, 1);
     looked
+}
+
+/// Why a batch whose output has rows of none of its intervals fails (it is then split, so that
+/// the gate judges the interval whose own query makes them).
+pub fn stray_rows(n: i64, column: &str) -> String {
+    format!(
+        "{n} {} of the batch's output {} in none of its intervals (`{column}` outside the batch, NULL or not a date or timestamp)",
+        if n == 1 { "row" } else { "rows" },
+        if n == 1 { "lies" } else { "lie" }
+    )
 }
 
 /// Copies interval `k`'s share of the attached batch file (its rows, and the rows of no

@@ -419,6 +419,15 @@ fn batch_sizes_that_cannot_run_are_refused_before_anything_is_written() {
         "dags/orders_fact.toml:5:14: key `batch_size` must be a whole number from 1 to 1000",
     );
     assert!(!p.has_manifest());
+    // A query that labels its rows with `:ds` would put all of them in the first interval.
+    p.write(
+        "dags/orders_fact.toml",
+        &ORDERS.replace("date(order_ts) AS order_day", ":ds AS order_day"),
+    );
+    let out = week(&p, &[]);
+    out.code(2);
+    out.stderr_has("dags/orders_fact.toml:5:14: key `batch_size` = 7 cannot be used here: task `load`'s query uses `:ds`, which a batch binds to its first interval's, so rows labelled with it would all land in that interval; compute `order_day` from the rows themselves (and filter with :data_interval_start and :data_interval_end); remove `batch_size`");
+    assert!(!p.has_manifest());
     // Two tasks: batches run DAGs of one task so far.
     let two = "[[tasks]]\nid = \"a\"\ncommand = \"true\"\n[[tasks]]\nid = \"b\"\ncommand = \"true\"\ndepends_on = [\"a\"]\n";
     let p = Project::new().dag(
@@ -613,4 +622,97 @@ rmdir inflight
         p.count("SELECT COUNT(*) FROM runs WHERE state = 'succeeded'"),
         6
     );
+}
+
+/// A command task's gate measures each interval's source before the batch's one run of the
+/// command, as before a try's own: a source that changes while the batch runs is caught for
+/// every interval, not only the first, and the interval runs again.
+#[test]
+fn a_source_that_changes_while_a_batch_command_runs_is_caught_for_every_interval() {
+    let p = Project::new().dag(
+        "c",
+        r#"
+schedule = "@daily"
+batch_size = 3
+retries = 1
+retry_delay = "10ms"
+[[tasks]]
+id = "copy"
+command = '''
+if [ -n "$BACKFILL_BATCH" ]; then
+  days=$(printf '%s' "$BACKFILL_BATCH" | grep -o '"ds":"[0-9-]*"' | cut -d'"' -f4)
+  sep=""; out=""
+  for d in $days; do out="$out$sep\"$d\": {\"rows\": $(wc -l < src/$d.txt)}"; sep=", "; done
+  printf '{"intervals": { %s }}' "$out" > "$BACKFILL_RESULT"
+  # A late row of the second day arrives once the batch has read it.
+  echo late >> src/2026-01-02.txt
+else
+  printf '{"rows": %d}' "$(wc -l < src/{{ ds }}.txt)" > "$BACKFILL_RESULT"
+fi
+'''
+[tasks.gate]
+source_fingerprint = "cat src/{{ ds }}.txt"
+"#,
+    );
+    for d in 1..=3 {
+        p.write(
+            &format!("src/2026-01-0{d}.txt"),
+            &"row\n".repeat(d as usize),
+        );
+    }
+    p.create("c", "2026-01-01", "2026-01-03", &["-q"]).code(0);
+    assert_eq!(
+        p.rows(
+            "SELECT r.interval_start, t.state, t.rows, substr(coalesce(t.error, ''), 1, 37) FROM runs r JOIN task_tries t ON t.run_id = r.id ORDER BY t.id"
+        )
+        .into_iter()
+        .map(|r| r[1..].join(" "))
+        .collect::<Vec<_>>(),
+        [
+            "succeeded 1 ",
+            "failed NULL the source changed while the task ran",
+            "succeeded 3 ",
+            "succeeded 3 ",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>()
+    );
+}
+
+/// A row of no interval of the batch (here a timestamp that is no date) fails the batch, which
+/// is split: only the interval whose own query makes it is rejected.
+#[test]
+fn a_row_of_no_interval_splits_the_batch_and_rejects_only_its_own_interval() {
+    let p = project();
+    wh(&p)
+        .execute(
+            "UPDATE raw_orders SET order_ts = order_ts || ' bad' WHERE order_id = ?1",
+            [order_of(&p, &day(3))],
+        )
+        .unwrap();
+    week(&p, &[]).code(3);
+    let mut expected = vec!["succeeded"; 7];
+    expected[2] = "rejected";
+    assert_eq!(states(&p), expected);
+    let log = first_log(&p, &day(3));
+    assert!(
+        log.contains("1 row of the batch's output lies in none of its intervals (`order_day` outside the batch, NULL or not a date or timestamp)"),
+        "{log}"
+    );
+}
+
+/// `--max-failures` reached inside a batch stops it there: the rest stay planned, and the
+/// backfill ends as halted, not as interrupted.
+#[test]
+fn max_failures_reached_inside_a_batch_halts_the_backfill() {
+    let p = project();
+    wh(&p)
+        .execute("INSERT INTO dupes VALUES (?1)", [order_of(&p, &day(1))])
+        .unwrap();
+    let out = week(&p, &["--max-failures", "1"]);
+    out.code(3);
+    out.stderr_has("(--max-failures 1): no new intervals");
+    assert_eq!(states(&p), ["rejected"]);
+    assert_eq!(p.count("SELECT COUNT(*) FROM runs"), 1);
 }

@@ -167,6 +167,19 @@ fn compute(
         c.client
             .batch_execute(&format!("CREATE INDEX ON {table} ({part})")),
     )?;
+    let strays: i64 = c
+        .wait(c.client.query_one(
+            &format!("SELECT count(*) FROM {table} WHERE {part} = -1"),
+            &[],
+        ))?
+        .get(0);
+    if strays > 0 {
+        return Err(Error::Message(crate::warehouse::audit::stray_rows(
+            strays,
+            &task.partition_column,
+        ))
+        .into());
+    }
     let mut looked = Vec::with_capacity(intervals.len());
     for interval in intervals {
         let binds = Binds::new(*interval, tz);

@@ -30,7 +30,8 @@
 //! pg/                          the PostgreSQL driver layer under the manifest and the
 //!                              warehouses: connections, TLS, errors, quoting; a leaf
 //! plan, gate, schedule, interval, state, clock, liveness, words, suggest, sqlite, fault,
-//! sample, task::template       pure logic and the small shared pieces everything uses
+//! sample, params, task::template
+//!                              pure logic and the small shared pieces everything uses
 //! ```
 //!
 //! The manifest never looks at processes: it is handed a [`liveness::Host`] (the real one is
@@ -49,6 +50,7 @@ pub mod liveness;
 pub mod log;
 pub mod manifest;
 pub mod notify;
+pub mod params;
 pub mod pg;
 pub mod plan;
 pub mod probe;

@@ -59,9 +59,9 @@ pub fn batchable(tasks: &[Task], depends_on_past: bool, upstream: bool) -> Resul
         ));
     };
     if let TaskKind::Sql(sql) = &task.kind
-        && let Ok(p) = crate::warehouse::postgres::params::positional_from(&sql.sql, 1)
+        && let Ok(p) = crate::params::positional_from(&sql.sql, 1)
         && let Some(label) = p.params.iter().find(|p| {
-            use crate::warehouse::postgres::params::Param;
+            use crate::params::Param;
             matches!(p, Param::Ds | Param::NextDs | Param::DsNodash)
         })
     {

@@ -14,12 +14,9 @@
 
 use std::sync::{Arc, OnceLock};
 
-use tokio::sync::{OnceCell, watch};
+use tokio::sync::OnceCell;
 
-use super::sql_try::{Step, blocking_step};
-use super::{Shared, Stop};
 use crate::interval::{DataInterval, Rfc3339};
-use crate::project::{SqlTask, Task};
 use crate::warehouse::backend::Batched;
 
 /// Consecutive intervals whose rows one query computes.
@@ -193,40 +190,6 @@ impl Batch {
                 }
             }
         }
-    }
-}
-
-/// Runs a SQL task's query for a batch, bounded by the task's timeout and stopped as a try is.
-pub(super) async fn compute_sql(
-    shared: &Shared,
-    task: &Task,
-    sql: &SqlTask,
-    intervals: Vec<DataInterval>,
-    mut stop: watch::Receiver<Stop>,
-) -> Computed {
-    let (s, g, ivs, tz) = (
-        sql.clone(),
-        task.gate.clone(),
-        intervals,
-        shared.spec.dag.tz,
-    );
-    let audit_dir = crate::warehouse::audit_dir(&shared.spec.manifest_path);
-    let step = blocking_step(task.timeout, &mut stop, move |cancel| {
-        crate::warehouse::backend_of(&s.warehouse).write_batch(
-            &s,
-            g.as_ref(),
-            &ivs,
-            tz,
-            &audit_dir,
-            cancel,
-        )
-    })
-    .await;
-    match step {
-        Step::Done(Ok(rows)) => Computed::Done(Rows::Sql(Arc::from(rows))),
-        Step::Done(Err(e)) => Computed::Failed(e.to_string()),
-        Step::TimedOut(_) => Computed::Failed(super::outcome::timed_out(task)),
-        Step::Cancelled(_) => Computed::Cancelled,
     }
 }
 

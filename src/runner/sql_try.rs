@@ -120,7 +120,7 @@ pub(super) async fn sql_try(
         Some(batch) => {
             batch
                 .share_of(input.interval, &mut batch_notes, |intervals| {
-                    super::batch::compute_sql(shared, task, sql, intervals, stop.clone())
+                    compute_batch(shared, task, sql, intervals, stop.clone())
                 })
                 .await
         }
@@ -623,5 +623,41 @@ impl TryLog {
         if let Some(f) = &mut self.0 {
             let _ = writeln!(f, "{text}");
         }
+    }
+}
+
+/// Runs a SQL task's query for a batch, bounded by the task's timeout and stopped as a try is.
+pub(super) async fn compute_batch(
+    shared: &Shared,
+    task: &Task,
+    sql: &SqlTask,
+    intervals: Vec<crate::interval::DataInterval>,
+    mut stop: watch::Receiver<Stop>,
+) -> super::batch::Computed {
+    use super::batch::{Computed, Rows};
+    use std::sync::Arc;
+    let (s, g, ivs, tz) = (
+        sql.clone(),
+        task.gate.clone(),
+        intervals,
+        shared.spec.dag.tz,
+    );
+    let audit_dir = crate::warehouse::audit_dir(&shared.spec.manifest_path);
+    let step = blocking_step(task.timeout, &mut stop, move |cancel| {
+        crate::warehouse::backend_of(&s.warehouse).write_batch(
+            &s,
+            g.as_ref(),
+            &ivs,
+            tz,
+            &audit_dir,
+            cancel,
+        )
+    })
+    .await;
+    match step {
+        Step::Done(Ok(rows)) => Computed::Done(Rows::Sql(Arc::from(rows))),
+        Step::Done(Err(e)) => Computed::Failed(e.to_string()),
+        Step::TimedOut(_) => Computed::Failed(super::outcome::timed_out(task)),
+        Step::Cancelled(_) => Computed::Cancelled,
     }
 }

@@ -31,7 +31,7 @@ mod errors;
 mod fingerprint;
 mod kept;
 mod one_database;
-pub mod params;
+pub use crate::params;
 mod rules;
 mod sql;
 mod staging;

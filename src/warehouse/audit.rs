@@ -90,27 +90,29 @@ impl AuditFile {
     /// Attaches the file to a warehouse connection as `batch` (a batch's rows, see
     /// [`write_batch`]), as [`AuditFile::attach`] does as `audit`.
     pub fn attach_batch(&self, conn: &Connection) -> Result<()> {
-        conn.execute("ATTACH DATABASE ?1 AS batch", [uri(&self.path)])?;
-        conn.execute_batch(
-            "PRAGMA batch.journal_mode = OFF; PRAGMA batch.synchronous = OFF; \
-             PRAGMA batch.locking_mode = EXCLUSIVE;",
-        )?;
-        Ok(())
+        self.attach_as(conn, "batch")
     }
 
     /// Attaches the file to a warehouse connection as `audit`, as a scratch database: no
     /// journal, no syncs (a crash before the publish intent throws it away; after it, the
     /// publish checks the recorded fingerprint first).
     pub fn attach(&self, conn: &Connection) -> Result<()> {
+        self.attach_as(conn, "audit")
+    }
+
+    fn attach_as(&self, conn: &Connection, schema: &'static str) -> Result<()> {
         // `mode=rw`: a file that is gone (removed by whoever finished its publish) is an error,
         // never silently created empty.
-        conn.execute("ATTACH DATABASE ?1 AS audit", [uri(&self.path)])?;
+        conn.execute(
+            &format!("ATTACH DATABASE ?1 AS {schema}"),
+            [uri(&self.path)],
+        )?;
         // Private to this process: no other connection ever opens it while it is attached, so
         // it is locked once (no lock calls per transaction) and its page cache stays valid.
-        conn.execute_batch(
-            "PRAGMA audit.journal_mode = OFF; PRAGMA audit.synchronous = OFF; \
-             PRAGMA audit.locking_mode = EXCLUSIVE;",
-        )?;
+        conn.execute_batch(&format!(
+            "PRAGMA {schema}.journal_mode = OFF; PRAGMA {schema}.synchronous = OFF; \
+             PRAGMA {schema}.locking_mode = EXCLUSIVE;"
+        ))?;
         Ok(())
     }
 
@@ -202,8 +204,7 @@ pub fn write_and_measure(
     cancel: Option<&AtomicBool>,
 ) -> Result<AuditMeasures> {
     retry_busy(cancel, || {
-        conn.execute_batch("BEGIN")?;
-        let result = (|| {
+        in_transaction(conn, || {
             let mut stmt = conn.prepare(&format!(
                 "CREATE TABLE {TABLE} AS {}",
                 wrapped_query(&task.sql)
@@ -231,17 +232,7 @@ pub fn write_and_measure(
                 source_fingerprint,
             };
             judge_measures(conn, task, gate, repr, binds, tz, looked)
-        })();
-        match result {
-            Ok(m) => {
-                conn.execute_batch("COMMIT")?;
-                Ok(m)
-            }
-            Err(e) => {
-                let _ = conn.execute_batch("ROLLBACK");
-                Err(e)
-            }
-        }
+        })
     })
 }
 
@@ -330,8 +321,7 @@ pub fn write_batch(
         },
     )?;
     let looked = retry_busy(cancel, || {
-        conn.execute_batch("BEGIN")?;
-        let result = (|| {
+        in_transaction(conn, || {
             let mut stmt = conn.prepare(&format!(
                 "CREATE TABLE {BATCH_ROWS} AS SELECT q.*, {PART_FUNCTION}(q.{column}) AS {part} FROM ({query}) AS q",
                 column = quote(&task.partition_column),
@@ -379,17 +369,7 @@ pub fn write_batch(
                 });
             }
             Ok(looked)
-        })();
-        match result {
-            Ok(l) => {
-                conn.execute_batch("COMMIT")?;
-                Ok(l)
-            }
-            Err(e) => {
-                let _ = conn.execute_batch("ROLLBACK");
-                Err(e)
-            }
-        }
+        })
     });
     let _ = conn.remove_function(PART_FUNCTION, 1);
     looked
@@ -419,8 +399,7 @@ pub fn write_share(
     k: usize,
     looked: Looked,
 ) -> Result<AuditMeasures> {
-    conn.execute_batch("BEGIN")?;
-    let result = (|| {
+    in_transaction(conn, || {
         let columns = {
             let stmt = conn.prepare(&format!("SELECT * FROM {BATCH_ROWS}"))?;
             stmt.column_names()
@@ -437,11 +416,16 @@ pub fn write_share(
             [k as i64],
         )?;
         judge_measures(conn, task, gate, repr, binds, tz, looked)
-    })();
-    match result {
-        Ok(m) => {
+    })
+}
+
+/// Runs `f` in a transaction of `conn`: committed when it succeeds, rolled back otherwise.
+fn in_transaction<T>(conn: &Connection, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    conn.execute_batch("BEGIN")?;
+    match f() {
+        Ok(v) => {
             conn.execute_batch("COMMIT")?;
-            Ok(m)
+            Ok(v)
         }
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");

@@ -311,37 +311,17 @@ impl Backend for Sqlite {
     }
 
     fn write(&self, w: &Write<'_>, cancel: &Cancel) -> Result<Box<dyn Pending>> {
-        let dir = w.audit_path.parent().unwrap_or_else(|| Path::new("."));
-        let name = w
-            .audit_path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let file = AuditFile::create(dir, &name)?;
-        let measured = (|| -> Result<_> {
-            let conn = super::pool::take(&w.task.warehouse)?;
-            let handle = conn.get_interrupt_handle();
-            cancel.on_set(Box::new(move || handle.interrupt()))?;
-            file.attach(&conn)?;
-            let m = audit::write_and_measure(
-                &conn,
+        audited(w, cancel, |conn| {
+            audit::write_and_measure(
+                conn,
                 w.task,
                 w.gate,
                 w.repr,
                 w.binds,
                 w.tz,
                 Some(cancel.flag()),
-            );
-            audit::detach(&conn);
-            m
-        })();
-        match measured {
-            Ok(measures) => Ok(Box::new(Audited { file, measures })),
-            Err(e) => {
-                file.remove();
-                Err(e.at(&w.task.warehouse))
-            }
-        }
+            )
+        })
     }
 
     fn write_batch(
@@ -500,6 +480,39 @@ impl Backend for Sqlite {
 }
 
 /// A SQLite try's output: its audit file.
+/// Writes a try's output into a new audit file at `w.audit_path` with `write`, on a warehouse
+/// connection that has the file attached as `audit` and that `cancel` interrupts: the audited
+/// output, or the error (the file removed).
+fn audited(
+    w: &Write<'_>,
+    cancel: &Cancel,
+    write: impl FnOnce(&rusqlite::Connection) -> Result<AuditMeasures>,
+) -> Result<Box<dyn Pending>> {
+    let dir = w.audit_path.parent().unwrap_or_else(|| Path::new("."));
+    let name = w
+        .audit_path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let file = AuditFile::create(dir, &name)?;
+    let measured = (|| -> Result<_> {
+        let conn = super::pool::take(&w.task.warehouse)?;
+        let handle = conn.get_interrupt_handle();
+        cancel.on_set(Box::new(move || handle.interrupt()))?;
+        file.attach(&conn)?;
+        let m = write(&conn);
+        audit::detach(&conn);
+        m
+    })();
+    match measured {
+        Ok(measures) => Ok(Box::new(Audited { file, measures })),
+        Err(e) => {
+            file.remove();
+            Err(e.at(&w.task.warehouse))
+        }
+    }
+}
+
 /// A batch on SQLite: its rows in a batch file of the audit folder, locked while this process
 /// holds it and removed once dropped; what the source queries gave each interval.
 struct SqliteBatch {
@@ -512,42 +525,21 @@ impl Batched for SqliteBatch {
         let (Some(batch), Some(looked)) = (&self.file, self.looked.get(k)) else {
             return Err(Error::Message(format!("the batch has no interval {k}")));
         };
-        let dir = w.audit_path.parent().unwrap_or_else(|| Path::new("."));
-        let name = w
-            .audit_path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let file = AuditFile::create(dir, &name)?;
-        let measured = (|| -> Result<_> {
-            let conn = super::pool::take(&w.task.warehouse)?;
-            let handle = conn.get_interrupt_handle();
-            cancel.on_set(Box::new(move || handle.interrupt()))?;
-            batch.attach_batch(&conn)?;
-            let attached = file.attach(&conn);
-            let m = attached.and_then(|()| {
-                audit::write_share(
-                    &conn,
-                    w.task,
-                    w.gate,
-                    w.repr,
-                    w.binds,
-                    w.tz,
-                    k,
-                    looked.clone(),
-                )
-            });
-            audit::detach(&conn);
-            audit::detach_batch(&conn);
+        audited(w, cancel, |conn| {
+            batch.attach_batch(conn)?;
+            let m = audit::write_share(
+                conn,
+                w.task,
+                w.gate,
+                w.repr,
+                w.binds,
+                w.tz,
+                k,
+                looked.clone(),
+            );
+            audit::detach_batch(conn);
             m
-        })();
-        match measured {
-            Ok(measures) => Ok(Box::new(Audited { file, measures })),
-            Err(e) => {
-                file.remove();
-                Err(e.at(&w.task.warehouse))
-            }
-        }
+        })
     }
 }
 

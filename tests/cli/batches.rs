@@ -58,32 +58,32 @@ fn order_of(p: &Project, day: &str) -> i64 {
         .unwrap()
 }
 
-/// What `orders_fact` holds for `day`: its rows, in order.
-fn published(p: &Project, day: &str) -> Vec<(i64, String, i64)> {
+/// The rows `sql` gives for `day` (`?1`): order id, region and amount.
+fn orders(p: &Project, sql: &str, day: &str) -> Vec<(i64, String, i64)> {
     let c = wh(p);
-    let mut stmt = c
-        .prepare(
-            "SELECT order_id, region, amount_cents FROM orders_fact WHERE order_day = ?1 ORDER BY order_id, rowid",
-        )
-        .unwrap();
+    let mut stmt = c.prepare(sql).unwrap();
     stmt.query_map([day], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .unwrap()
         .map(Result::unwrap)
         .collect()
 }
 
+/// What `orders_fact` holds for `day`: its rows, in order.
+fn published(p: &Project, day: &str) -> Vec<(i64, String, i64)> {
+    orders(
+        p,
+        "SELECT order_id, region, amount_cents FROM orders_fact WHERE order_day = ?1 ORDER BY order_id, rowid",
+        day,
+    )
+}
+
 /// What `raw_orders` holds for `day`, as `orders_fact` should.
 fn raw(p: &Project, day: &str) -> Vec<(i64, String, i64)> {
-    let c = wh(p);
-    let mut stmt = c
-        .prepare(
-            "SELECT order_id, region, amount_cents FROM raw_orders WHERE date(order_ts) = ?1 ORDER BY order_id",
-        )
-        .unwrap();
-    stmt.query_map([day], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect()
+    orders(
+        p,
+        "SELECT order_id, region, amount_cents FROM raw_orders WHERE date(order_ts) = ?1 ORDER BY order_id",
+        day,
+    )
 }
 
 fn day(n: u32) -> String {
@@ -120,6 +120,14 @@ fn first_log(p: &Project, day: &str) -> String {
     };
     logs.sort_by_key(run);
     std::fs::read_to_string(dir.join(logs.last().expect("a log"))).unwrap()
+}
+
+/// What the audit folder holds: nothing once every try and batch ended.
+fn audit_files(p: &Project) -> Vec<String> {
+    std::fs::read_dir(p.path(".backfill/audit"))
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect()
 }
 
 fn week(p: &Project, extra: &[&str]) -> Out {
@@ -160,11 +168,7 @@ fn a_batch_publishes_what_one_query_a_day_publishes() {
         vec!["2026-03-01T00:00:00Z/2026-03-08T00:00:00Z"; 7]
     );
     // Nothing of the batch is left behind.
-    let left: Vec<_> = std::fs::read_dir(p.path(".backfill/audit"))
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.file_name()))
-        .collect();
-    assert!(left.is_empty(), "{left:?}");
+    assert_eq!(audit_files(&p), Vec::<String>::new());
 }
 
 #[test]
@@ -294,11 +298,7 @@ fn a_kill_in_the_middle_of_a_batch_is_resumed_with_each_day_published_once() {
         "{}",
         first_log(&p, &day(7))
     );
-    let left: Vec<_> = std::fs::read_dir(p.path(".backfill/audit"))
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.file_name()))
-        .collect();
-    assert!(left.is_empty(), "{left:?}");
+    assert_eq!(audit_files(&p), Vec::<String>::new());
 }
 
 #[test]

@@ -246,35 +246,21 @@ impl Drop for PgBatch {
 
 /// Drops the batch tables of processes that died (their lock is free): how many.
 pub(super) fn sweep(w: &Warehouse) -> Result<usize> {
-    let c = conn::take(w).map_err(|e| Error::Message(e).at(w))?;
-    let found = c.wait(c.client.query(
-        "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-         WHERE n.nspname = 'backfill' AND c.relkind = 'r' AND starts_with(c.relname::text, $1)",
-        &[&PREFIX],
-    ));
-    let mut gone = 0;
-    let result = found.map_err(pg(w)).and_then(|rows| {
-        for r in rows {
-            let name: String = r.get(0);
-            let lock = lock_of(&name);
-            let free: bool = c
-                .wait(
-                    c.client
-                        .query_one("SELECT pg_try_advisory_lock($1)", &[&lock]),
-                )
-                .map_err(pg(w))?
-                .get(0);
-            if free {
-                c.wait(c.client.batch_execute(&format!(
-                    "DROP TABLE IF EXISTS backfill.{}; SELECT pg_advisory_unlock({lock})",
-                    quote_ident(&name)
-                )))
-                .map_err(pg(w))?;
-                gone += 1;
-            }
+    sweep_tables(w, PREFIX, |c, name| {
+        let lock = lock_of(name);
+        let free: bool = c
+            .wait(
+                c.client
+                    .query_one("SELECT pg_try_advisory_lock($1)", &[&lock]),
+            )?
+            .get(0);
+        if free {
+            // Let go at once: the table is dropped next, and a new batch's name is new.
+            c.wait(
+                c.client
+                    .query_one("SELECT pg_advisory_unlock($1)", &[&lock]),
+            )?;
         }
-        Ok(gone)
-    });
-    conn::give(c);
-    result
+        Ok(free)
+    })
 }

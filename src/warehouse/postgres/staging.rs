@@ -288,33 +288,42 @@ pub fn drop_staged(w: &Warehouse, table: &str) -> Result<()> {
 /// tries that were killed between staging and recording it, or whose staging the manifest
 /// settled otherwise. Returns how many went.
 pub fn sweep_staged(w: &Warehouse, manifest: &str, keep: &dyn Fn(i64) -> bool) -> Result<usize> {
-    let c = conn::take(w).map_err(|e| Error::Message(e).at(w))?;
     let prefix = staged_prefix(manifest);
+    sweep_tables(w, &prefix, |_, name| {
+        let try_id = name
+            .strip_prefix(&prefix)
+            .and_then(|t| t.parse::<i64>().ok());
+        Ok(try_id.is_some_and(|t| !keep(t)))
+    })
+}
+
+/// Drops the tables of the `backfill` schema whose name starts with `prefix` and that `gone`
+/// (asked on the same connection) says nobody needs: how many went.
+pub(super) fn sweep_tables(
+    w: &Warehouse,
+    prefix: &str,
+    mut gone: impl FnMut(&Conn, &str) -> std::result::Result<bool, tokio_postgres::Error>,
+) -> Result<usize> {
+    let c = conn::take(w).map_err(|e| Error::Message(e).at(w))?;
     let found = c.wait(c.client.query(
         "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
          WHERE n.nspname = 'backfill' AND c.relkind = 'r' AND starts_with(c.relname::text, $1)",
         &[&prefix],
     ));
-    let mut gone = 0;
+    let mut dropped = 0;
     let result = found.map_err(pg(w)).and_then(|rows| {
         for r in rows {
             let name: String = r.get(0);
-            let Some(try_id) = name
-                .strip_prefix(&prefix)
-                .and_then(|t| t.parse::<i64>().ok())
-            else {
-                continue;
-            };
-            if !keep(try_id) {
+            if gone(&c, &name).map_err(pg(w))? {
                 c.wait(c.client.batch_execute(&format!(
                     "DROP TABLE IF EXISTS backfill.{}",
                     quote_ident(&name)
                 )))
                 .map_err(pg(w))?;
-                gone += 1;
+                dropped += 1;
             }
         }
-        Ok(gone)
+        Ok(dropped)
     });
     conn::give(c);
     result

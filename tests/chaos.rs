@@ -766,8 +766,9 @@ fn iteration(seed: u64, n: u64) {
         log: Vec::new(),
         seq: 0,
     };
-    // The SQL DAG one interval per query, or in batches of four (one query each).
-    let (dag, batched) = match c.rng.below(3) {
+    // The SQL DAG one interval per query, or in batches of four (one query each): each kind in
+    // turn, so that any three iterations in a row cover all three.
+    let (dag, batched) = match n % 3 {
         0 => ("cmd", false),
         1 => ("sql", false),
         _ => ("sql", true),

@@ -493,6 +493,16 @@ async fn batch_command(
     )
     .await;
     let path = run.result_path.clone();
+    // What a batch's command left of its work when it failed or was stopped is cleaned up as
+    // a try's would be, with the batch's values.
+    let why = match &step {
+        Ok(Ok(())) => None,
+        Ok(Err(Outcome::Cancelled(_))) => Some(cleanup::Why::Cancelled),
+        _ => Some(cleanup::Why::Failed),
+    };
+    if let (Some(why), Some(cleanup)) = (why, &task.cleanup) {
+        clean_up(shared, task, cleanup, &run, why).await;
+    }
     let failed = match step {
         Ok(Ok(())) => None,
         Ok(Err(Outcome::Cancelled(_))) => Some(Computed::Cancelled),

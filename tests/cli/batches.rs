@@ -567,11 +567,21 @@ fn a_command_task_runs_once_per_batch_and_each_day_is_judged_on_its_own() {
 fn a_command_that_fails_on_one_day_splits_its_batch_and_fails_that_day_only() {
     let p = Project::new().dag(
         "c",
-        &COMMAND_DAG.replace("batch_size = 3", "batch_size = 4"),
+        &COMMAND_DAG.replace("batch_size = 3", "batch_size = 4").replace(
+            "[tasks.gate]",
+            "cleanup = 'echo \"$BACKFILL_CLEANUP {{ data_interval_start }} {{ data_interval_end }}\" >> cleanups.txt'\n[tasks.gate]",
+        ),
     );
     p.write("fail", "2026-01-02");
     let out = p.create("c", "2026-01-01", "2026-01-04", &[]);
     out.code(3);
+    // Each failed batch's command was cleaned up with the batch's values, then the failed day's.
+    assert_eq!(
+        p.read("cleanups.txt"),
+        "failed 2026-01-01T00:00:00Z 2026-01-05T00:00:00Z\n\
+         failed 2026-01-01T00:00:00Z 2026-01-03T00:00:00Z\n\
+         failed 2026-01-02T00:00:00Z 2026-01-03T00:00:00Z\n"
+    );
     // [1, 4] fails, its half [1, 2] fails, 1 and 2 run alone; the other half [3, 4] runs once.
     assert_eq!(
         p.read("calls.txt"),

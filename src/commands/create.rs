@@ -82,6 +82,20 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         }
     };
     let reprs = check_tasks(&dag, &conf, &intervals)?;
+    if dag.batch_size > 1
+        && let Some(why) = dag.tasks.iter().find_map(crate::warehouse::batch_problem)
+    {
+        return Err(Error::Usage(match args.batch_size {
+            Some(n) => format!(
+                "--batch-size {n} cannot be used with DAG `{}` ({}): {why}; drop --batch-size",
+                dag.id, dag.file
+            ),
+            None => format!(
+                "{}: `batch_size = {}` cannot be used: {why}; remove `batch_size`",
+                dag.file, dag.batch_size
+            ),
+        }));
+    }
     let reprocess = Reprocess::from(args.reprocess_behavior);
     let max_active_runs = args.max_active_runs.or(dag.max_active_runs).unwrap_or(1);
     let options = plan::Options {

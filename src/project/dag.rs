@@ -52,26 +52,10 @@ pub fn batchable(tasks: &[Task], depends_on_past: bool, upstream: bool) -> Resul
     }
     // A batch runs its intervals one after the other, so it holds at most one slot of a pool,
     // as one interval would.
-    let [task] = tasks else {
+    if tasks.len() != 1 {
         return Err(format!(
             "batches run DAGs of one task so far, and this one has {} tasks",
             tasks.len()
-        ));
-    };
-    if let TaskKind::Sql(sql) = &task.kind
-        && let Ok(p) = crate::params::positional_from(&sql.sql, 1)
-        && let Some(label) = p.params.iter().find(|p| {
-            use crate::params::Param;
-            matches!(p, Param::Ds | Param::NextDs | Param::DsNodash)
-        })
-    {
-        // A batch binds its first interval's: a column made of it would put every row of the
-        // batch in that interval, which the gate cannot always tell from a real one.
-        return Err(format!(
-            "task `{}`'s query uses `{}`, which a batch binds to its first interval's, so rows labelled with it would all land in that interval; compute `{}` from the rows themselves (and filter with :data_interval_start and :data_interval_end)",
-            task.id,
-            label.name(),
-            sql.partition_column
         ));
     }
     Ok(())

@@ -223,7 +223,8 @@ struct Reported {
 }
 
 /// Reads a batch's result file into each interval's result (`intervals` in the batch's
-/// order); a missing file reports nothing.
+/// order): it must report each of them (a command that knows nothing of batches then fails
+/// the batch, which is split down to single intervals, each run on its own).
 pub(super) fn read_reported(
     path: &std::path::Path,
     intervals: &[DataInterval],
@@ -232,7 +233,10 @@ pub(super) fn read_reported(
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(vec![None; intervals.len()]);
+            return Err(format!(
+                "the batch's command wrote no result file {}; a command run for a batch (BACKFILL_BATCH set) reports each of its intervals: {{\"intervals\": {{\"START or ds\": {{\"rows\": N}}, ...}}}}",
+                path.display()
+            ));
         }
         Err(e) => {
             return Err(format!(
@@ -265,11 +269,14 @@ pub(super) fn read_reported(
                 keys.join(" and ")
             ));
         }
-        out.push(
-            keys.first()
-                .and_then(|k| reported.intervals.get(k))
-                .cloned(),
-        );
+        let Some(result) = keys.first().and_then(|k| reported.intervals.get(k)) else {
+            return Err(format!(
+                "the batch's result file {} reports nothing for interval {} (by its start or its ds); a command run for a batch reports each of its intervals",
+                path.display(),
+                Rfc3339(i.start)
+            ));
+        };
+        out.push(Some(result.clone()));
         used.extend(keys);
     }
     let stray: Vec<&String> = reported

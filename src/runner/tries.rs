@@ -493,16 +493,6 @@ async fn batch_command(
     )
     .await;
     let path = run.result_path.clone();
-    // What a batch's command left of its work when it failed or was stopped is cleaned up as
-    // a try's would be, with the batch's values.
-    let why = match &step {
-        Ok(Ok(())) => None,
-        Ok(Err(Outcome::Cancelled(_))) => Some(cleanup::Why::Cancelled),
-        _ => Some(cleanup::Why::Failed),
-    };
-    if let (Some(why), Some(cleanup)) = (why, &task.cleanup) {
-        clean_up(shared, task, cleanup, &run, why).await;
-    }
     let failed = match step {
         Ok(Ok(())) => None,
         Ok(Err(Outcome::Cancelled(_))) => Some(Computed::Cancelled),
@@ -523,13 +513,24 @@ async fn batch_command(
         read
     })
     .await;
-    match read {
+    let computed = match read {
         Ok(Ok(reported)) => Computed::Done(super::batch::Rows::Command(Arc::new(
             super::batch::CommandRows { reported, before },
         ))),
         Ok(Err(computed)) => computed,
         Err(e) => Computed::Failed(format!("reading the result file panicked: {e}")),
+    };
+    // What a batch's command left of its work when it failed, was stopped or reported what
+    // cannot be read is cleaned up as a try's would be, with the batch's values.
+    let why = match &computed {
+        Computed::Done(_) => None,
+        Computed::Cancelled => Some(cleanup::Why::Cancelled),
+        Computed::Failed(_) => Some(cleanup::Why::Failed),
+    };
+    if let (Some(why), Some(cleanup)) = (why, &task.cleanup) {
+        clean_up(shared, task, cleanup, &run, why).await;
     }
+    computed
 }
 
 /// Appends `lines` to a try's log.

@@ -123,23 +123,27 @@ pub fn definition_changes(recorded: Option<&str>, dag: &Dag) -> Option<Vec<Strin
     Some(project::definition_changes(&recorded, &dag.definition()))
 }
 
-/// Gives `dag` the `--batch-size` its backfill was created with, unless the DAG can no longer
-/// run batches (then its intervals run one query each, and a note says why).
+/// Gives `dag` the `--batch-size` its backfill was created with; unless the DAG can no longer
+/// run batches (it changed since), and then its intervals run one query each, and a note says
+/// why.
 pub fn keep_batch_size(g: &super::Global, dag: &mut Dag, backfill: &crate::manifest::Backfill) {
-    let Some(n) = backfill.batch_size else {
+    if let Some(n) = backfill.batch_size {
+        dag.batch_size = n;
+    }
+    if dag.batch_size < 2 {
         return;
-    };
-    match crate::project::batchable(&dag.tasks, dag.depends_on_past, !dag.upstream.is_empty()) {
-        Err(why) if n > 1 => {
-            super::note(
-                g,
-                &format!(
-                    "backfill {} was created with --batch-size {n}, which DAG `{}` ({}) no longer allows ({why}): its intervals run one query each",
-                    backfill.id, dag.id, dag.file
-                ),
-            );
-            dag.batch_size = 1;
-        }
-        _ => dag.batch_size = n,
+    }
+    let why = crate::project::batchable(&dag.tasks, dag.depends_on_past, !dag.upstream.is_empty())
+        .err()
+        .or_else(|| dag.tasks.iter().find_map(crate::warehouse::batch_problem));
+    if let Some(why) = why {
+        super::note(
+            g,
+            &format!(
+                "backfill {} runs in batches of {}, which DAG `{}` ({}) no longer allows ({why}): its intervals run one query each",
+                backfill.id, dag.batch_size, dag.id, dag.file
+            ),
+        );
+        dag.batch_size = 1;
     }
 }

@@ -244,6 +244,56 @@ pub fn retry_busy_noting<R>(
     }
 }
 
+/// The parameters of a SQL task's query that name its interval rather than bound it (`:ds`,
+/// `:next_ds`, `:ds_nodash`), as its warehouse reads the query: a batch binds them once for all
+/// its intervals, so a query that labels its rows with one cannot run in batches.
+pub fn labels(task: &SqlTask) -> Result<Vec<&'static str>, String> {
+    const LABELS: [&str; 3] = ["ds", "next_ds", "ds_nodash"];
+    let named: Vec<String> = match &task.warehouse.kind {
+        crate::project::WarehouseKind::Sqlite => {
+            let conn = open_to_read(&task.warehouse).map_err(|e| e.to_string())?;
+            let stmt = conn
+                .prepare(&wrapped_query(&task.sql))
+                .map_err(|e| Error::from(e).to_string())?;
+            (1..=stmt.parameter_count())
+                .filter_map(|i| stmt.parameter_name(i))
+                .map(|n| n.trim_start_matches([':', '@', '$']).to_string())
+                .collect()
+        }
+        crate::project::WarehouseKind::Postgres(_) => {
+            crate::params::positional_from(strip(&task.sql), 1)
+                .map_err(|e| e.message)?
+                .params
+                .iter()
+                .map(|p| p.name().to_string())
+                .collect()
+        }
+    };
+    Ok(LABELS
+        .into_iter()
+        .filter(|l| named.iter().any(|n| n == l))
+        .collect())
+}
+
+/// Why `task` of a DAG of batches cannot run in batches (see [`labels`]), if it cannot.
+pub fn batch_problem(task: &crate::project::Task) -> Option<String> {
+    let crate::project::TaskKind::Sql(sql) = &task.kind else {
+        return None;
+    };
+    match labels(sql) {
+        Ok(labels) => labels.first().map(|label| {
+            format!(
+                "task `{}`'s query uses `:{label}`, which a batch binds once for all its intervals, so rows labelled with it would all land in one interval; compute `{}` from the rows themselves (and filter with :data_interval_start and :data_interval_end)",
+                task.id, sql.partition_column
+            )
+        }),
+        Err(e) => Some(format!(
+            "task `{}`'s query cannot be read for its parameters: {e}",
+            task.id
+        )),
+    }
+}
+
 /// A SQL task's query as it runs: wrapped as a subquery on lines of its own, so that a trailing
 /// `-- comment` or `;` cannot swallow the closing parenthesis.
 pub fn wrapped_query(sql: &str) -> String {

@@ -64,6 +64,21 @@ pub fn sql_tasks(dags: &[Dag]) -> Vec<ConfigError> {
                 }
             };
             let Err(problem) = problem else {
+                if dag.batch_size > 1
+                    && let Some(why) = super::batch_problem(task)
+                {
+                    errors.push(ConfigError {
+                        location: task
+                            .locations
+                            .sql
+                            .as_ref()
+                            .map_or_else(|| dag.file.clone(), |s| s.start()),
+                        message: format!(
+                            "`batch_size = {}` cannot be used: {why}; remove `batch_size`",
+                            dag.batch_size
+                        ),
+                    });
+                }
                 continue;
             };
             errors.push(ConfigError {

@@ -419,15 +419,33 @@ fn batch_sizes_that_cannot_run_are_refused_before_anything_is_written() {
         "dags/orders_fact.toml:5:14: key `batch_size` must be a whole number from 1 to 1000",
     );
     assert!(!p.has_manifest());
-    // A query that labels its rows with `:ds` would put all of them in the first interval.
+    // A query that labels its rows with `:ds` would put all of them in one interval, however
+    // it hides it from another dialect's reading (SQLite ends a comment at its first `*/`,
+    // and reads a backquoted name as a name).
     p.write(
         "dags/orders_fact.toml",
-        &ORDERS.replace("date(order_ts) AS order_day", ":ds AS order_day"),
+        &ORDERS
+            .replace(
+                "SELECT order_id, date(order_ts) AS order_day, order_ts,",
+                "/* from exports/orders/*.csv */ SELECT order_id, :ds AS order_day, order_ts,",
+            )
+            .replace(
+                "FROM raw_orders LEFT JOIN notes",
+                "FROM raw_orders AS `r:o` LEFT JOIN notes",
+            ),
     );
+    let why = "task `load`'s query uses `:ds`, which a batch binds once for all its intervals, so rows labelled with it would all land in one interval; compute `order_day` from the rows themselves (and filter with :data_interval_start and :data_interval_end)";
     let out = week(&p, &[]);
     out.code(2);
-    out.stderr_has("dags/orders_fact.toml:5:14: key `batch_size` = 7 cannot be used here: task `load`'s query uses `:ds`, which a batch binds to its first interval's, so rows labelled with it would all land in that interval; compute `order_day` from the rows themselves (and filter with :data_interval_start and :data_interval_end); remove `batch_size`");
+    out.stderr_has(&format!(
+        "dags/orders_fact.toml: `batch_size = 7` cannot be used: {why}; remove `batch_size`"
+    ));
     assert!(!p.has_manifest());
+    let out = p.run(&["dags", "validate"]);
+    out.code(2);
+    out.stderr_has(&format!(
+        "dags/orders_fact.toml:12:7: `batch_size = 7` cannot be used: {why}; remove `batch_size`"
+    ));
     // Two tasks: batches run DAGs of one task so far.
     let two = "[[tasks]]\nid = \"a\"\ncommand = \"true\"\n[[tasks]]\nid = \"b\"\ncommand = \"true\"\ndepends_on = [\"a\"]\n";
     let p = Project::new().dag(
@@ -615,6 +633,10 @@ mkdir inflight 2>/dev/null || echo "overlap {{ ds }}" >> overlaps.txt
 echo "{{ ds }}" >> calls.txt
 sleep 0.3
 rmdir inflight
+days=$(printf '%s' "$BACKFILL_BATCH" | grep -o '"ds":"[0-9-]*"' | cut -d'"' -f4)
+out=""; sep=""
+for d in $days; do out="$out$sep\"$d\": {}"; sep=", "; done
+printf '{"intervals": { %s }}' "$out" > "$BACKFILL_RESULT"
 '''
 "#,
     );
@@ -725,4 +747,32 @@ fn max_failures_reached_inside_a_batch_halts_the_backfill() {
     out.stderr_has("(--max-failures 1): no new intervals");
     assert_eq!(states(&p), ["rejected"]);
     assert_eq!(p.count("SELECT COUNT(*) FROM runs"), 1);
+}
+
+/// A command that knows nothing of batches (it writes `{{ ds }}`'s output and reports nothing)
+/// fails each batch, which is split down to single intervals: each interval's output is written
+/// by its own run, none is recorded as done without it.
+#[test]
+fn a_command_that_knows_nothing_of_batches_still_runs_each_interval() {
+    let p = Project::new().dag(
+        "plain",
+        "schedule = \"@daily\"\nbatch_size = 3\n[[tasks]]\nid = \"write\"\ncommand = \"mkdir -p plain && echo {{ ds }} > plain/{{ ds }}.csv\"\n",
+    );
+    p.create("plain", "2026-09-01", "2026-09-06", &["-q"])
+        .code(0);
+    for d in 1..=6 {
+        assert_eq!(
+            p.read(&format!("plain/2026-09-0{d}.csv")),
+            format!("2026-09-0{d}\n")
+        );
+    }
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM runs WHERE state = 'succeeded'"),
+        6
+    );
+    // None of them took a batch's share: each ran its own command.
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM task_tries WHERE batch IS NOT NULL"),
+        0
+    );
 }

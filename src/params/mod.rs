@@ -1,5 +1,5 @@
-//! The bind parameters of SQL tasks: which a statement uses (a batch refuses the labels, see
-//! [`crate::project::batchable`]), and the statement rewritten for PostgreSQL.
+//! The bind parameters of SQL tasks: which a statement uses (see
+//! [`crate::warehouse::labels`]), and the statement rewritten for PostgreSQL.
 //!
 //! SQL tasks are written with SQLite's named parameters (`:ds`, `:data_interval_start`, ...)
 //! whatever their warehouse, so that one task file reads the same everywhere. PostgreSQL only

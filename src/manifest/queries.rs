@@ -55,6 +55,9 @@ pub struct BackfillSummary {
     pub to_arg: String,
     pub reprocess_behavior: String,
     pub max_active_runs: u32,
+    /// `create --batch-size N` (left out when none was given: the DAG's `batch_size`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<u32>,
     pub run_backwards: bool,
     pub allow_drift: bool,
     pub conf: serde_json::Value,
@@ -131,6 +134,7 @@ fn summary(b: Backfill, counts: Counts) -> BackfillSummary {
         to_arg: b.to_arg,
         reprocess_behavior: b.reprocess.as_str().to_string(),
         max_active_runs: b.max_active_runs,
+        batch_size: b.batch_size,
         run_backwards: b.run_backwards,
         allow_drift: b.allow_drift,
         conf: serde_json::from_str(&b.conf).unwrap_or(serde_json::Value::Null),

@@ -43,6 +43,7 @@ pub fn backfill() -> BackfillSummary {
         to_arg: "2026-01-04".into(),
         reprocess_behavior: "none".into(),
         max_active_runs: 1,
+        batch_size: None,
         run_backwards: false,
         allow_drift: false,
         conf: serde_json::json!({}),

@@ -51,7 +51,11 @@ pub fn write(
         typed,
         b.reprocess_behavior,
         b.max_active_runs,
-        if b.run_backwards { " · backwards" } else { "" }.to_string()
+        b.batch_size
+            .filter(|n| *n > 1)
+            .map(|n| format!(" · batch size {n}"))
+            .unwrap_or_default()
+            + if b.run_backwards { " · backwards" } else { "" }
             + &b.tasks
                 .as_ref()
                 .map(|t| format!(" · only tasks {}", t.join(", ")))

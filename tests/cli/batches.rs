@@ -271,6 +271,11 @@ fn a_kill_in_the_middle_of_a_batch_is_resumed_with_each_day_published_once() {
     );
     assert_eq!(crashed.code, -1, "aborted: {}", crashed.stderr);
     p.run(&["resume", "1", "-q"]).code(0);
+    p.run(&["show", "1"]).code(0).stdout_has(" · batch size 2");
+    assert_eq!(
+        p.run(&["show", "1", "--output", "json"]).json()["batch_size"],
+        2
+    );
     for n in 1..=7 {
         assert_eq!(published(&p, &day(n)), raw(&p, &day(n)), "{}", day(n));
     }

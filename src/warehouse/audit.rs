@@ -219,18 +219,7 @@ pub fn write_and_measure(
             drop(stmt);
             // The tests freeze here and change the source: the count must not see it.
             crate::fault::point("before-source-count");
-            let source = match gate.and_then(|g| g.source_count.as_ref()) {
-                Some(crate::project::SourceCount::Sql(q)) => Some(source_count(conn, q, binds)?),
-                _ => None,
-            };
-            let source_fingerprint = match gate.and_then(|g| g.source_fingerprint.as_ref()) {
-                Some(crate::project::SourceCount::Sql(q)) => Some(source_value(conn, q, binds)?),
-                _ => None,
-            };
-            let looked = Looked {
-                source,
-                source_fingerprint,
-            };
+            let looked = look(conn, gate, binds)?;
             judge_measures(conn, task, gate, repr, binds, tz, looked)
         })
     })
@@ -257,6 +246,23 @@ fn judge_measures(
         m.found = super::rules::run(&mut engine, g, m.rows, &shown_columns(task, g), None)?;
     }
     Ok(m)
+}
+
+/// Runs the gate's `source_count` and `source_fingerprint` queries for one interval, in the
+/// connection's snapshot.
+pub fn look(conn: &Connection, gate: Option<&Gate>, binds: &Binds) -> Result<Looked> {
+    let source = match gate.and_then(|g| g.source_count.as_ref()) {
+        Some(crate::project::SourceCount::Sql(q)) => Some(source_count(conn, q, binds)?),
+        _ => None,
+    };
+    let source_fingerprint = match gate.and_then(|g| g.source_fingerprint.as_ref()) {
+        Some(crate::project::SourceCount::Sql(q)) => Some(source_value(conn, q, binds)?),
+        _ => None,
+    };
+    Ok(Looked {
+        source,
+        source_fingerprint,
+    })
 }
 
 /// What the gate's source queries gave one interval, from the read snapshot of its rows.
@@ -349,25 +355,10 @@ pub fn write_batch(
             if strays > 0 {
                 return Err(Error::Message(stray_rows(strays, &task.partition_column)));
             }
-            let mut looked = Vec::with_capacity(parts.len());
-            for binds in parts {
-                let source = match gate.and_then(|g| g.source_count.as_ref()) {
-                    Some(crate::project::SourceCount::Sql(q)) => {
-                        Some(source_count(conn, q, binds)?)
-                    }
-                    _ => None,
-                };
-                let source_fingerprint = match gate.and_then(|g| g.source_fingerprint.as_ref()) {
-                    Some(crate::project::SourceCount::Sql(q)) => {
-                        Some(source_value(conn, q, binds)?)
-                    }
-                    _ => None,
-                };
-                looked.push(Looked {
-                    source,
-                    source_fingerprint,
-                });
-            }
+            let looked = parts
+                .iter()
+                .map(|binds| look(conn, gate, binds))
+                .collect::<Result<Vec<_>>>()?;
             Ok(looked)
         })
     });

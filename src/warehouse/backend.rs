@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use super::partition::Repr;
 use super::{AuditFile, AuditMeasures, Binds, Cancel, Error, Result, TaskProblem, audit, publish};
 use crate::interval::DataInterval;
-use crate::project::{Gate, SourceCount, SqlTask, Warehouse};
+use crate::project::{Gate, SqlTask, Warehouse};
 
 /// What one try writes.
 pub struct Write<'a> {
@@ -397,17 +397,7 @@ impl Backend for Sqlite {
         let conn = super::open_to_read(&task.warehouse)?;
         // One read snapshot for both.
         conn.execute_batch("BEGIN")?;
-        let seen = (|| -> Result<_> {
-            let count = match &gate.source_count {
-                Some(SourceCount::Sql(q)) => Some(audit::source_count(&conn, q, binds)?),
-                _ => None,
-            };
-            let value = match &gate.source_fingerprint {
-                Some(SourceCount::Sql(q)) => Some(audit::source_value(&conn, q, binds)?),
-                _ => None,
-            };
-            Ok((count, value))
-        })();
+        let seen = audit::look(&conn, Some(gate), binds).map(|l| (l.source, l.source_fingerprint));
         let _ = conn.execute_batch("COMMIT");
         seen.map_err(|e| e.at(&task.warehouse))
     }

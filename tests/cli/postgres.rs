@@ -3188,6 +3188,16 @@ WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end";
         &mut child,
         "two statements on the server",
         Duration::from_secs(30),
+        &|| {
+            format!(
+                "tries: {:?}\nsessions:\n{}",
+                t.p.rows("SELECT id, state, pgid FROM task_tries ORDER BY id"),
+                t.psql(&format!(
+                    "SELECT pid, state, wait_event_type, wait_event, xact_start IS NOT NULL, left(regexp_replace(query, '\\s+', ' ', 'g'), 120) FROM pg_stat_activity WHERE datname = '{}' AND pid <> pg_backend_pid()",
+                    t.db
+                ))
+            )
+        },
         || {
             t.p.has_manifest()
                 && t.p

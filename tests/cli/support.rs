@@ -428,7 +428,8 @@ pub fn wait_until(what: &str, timeout: Duration, mut condition: impl FnMut() -> 
 }
 
 /// Like [`wait_until`], for a condition that a background run must bring about: fails at once,
-/// with the run's exit code and stderr, if the run ends first, and shows its stderr on timeout.
+/// with the run's exit code and stderr, if the run ends first, and shows its stderr and what
+/// `seen` says of the state on timeout.
 #[track_caller]
 pub fn wait_while_running(
     p: &Project,
@@ -436,6 +437,7 @@ pub fn wait_while_running(
     child: &mut Child,
     what: &str,
     timeout: Duration,
+    seen: &dyn Fn() -> String,
     mut condition: impl FnMut() -> bool,
 ) {
     let deadline = Instant::now() + timeout;
@@ -448,8 +450,9 @@ pub fn wait_while_running(
         }
         assert!(
             Instant::now() < deadline,
-            "timed out waiting for {what}\n--- stderr\n{}",
-            p.read(&format!("{name}.err"))
+            "timed out waiting for {what}\n--- stderr\n{}\n--- seen\n{}",
+            p.read(&format!("{name}.err")),
+            seen()
         );
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -18,41 +18,52 @@ pub(super) fn book(c: &mut Conn) -> std::result::Result<(), Failure> {
     if c.booked {
         return Ok(());
     }
-    let there: bool = c
-        .wait(c.client.query_one(
-            "SELECT to_regclass('backfill.partitions') IS NOT NULL AND to_regclass('backfill.versions') IS NOT NULL \
-             AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('backfill.publishes') \
-               AND attname = 'judged' AND NOT attisdropped)",
-            &[],
-        ))?
-        .get(0);
+    const THERE: &str = "SELECT to_regclass('backfill.partitions') IS NOT NULL AND to_regclass('backfill.versions') IS NOT NULL \
+         AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('backfill.publishes') \
+           AND attname = 'judged' AND NOT attisdropped)";
+    let there: bool = c.wait(c.client.query_one(THERE, &[]))?.get(0);
     if !there {
-        // Several processes may create them at once: one at a time.
-        c.wait(c.client.batch_execute(
-            "BEGIN; SELECT pg_advisory_xact_lock(7262150318); \
-             CREATE SCHEMA IF NOT EXISTS backfill; \
-             CREATE TABLE IF NOT EXISTS backfill.partitions ( \
-               target text NOT NULL, partition_start timestamptz NOT NULL, \
-               manifest text NOT NULL, try_id bigint NOT NULL, \
-               published_at timestamptz NOT NULL DEFAULT now(), \
-               PRIMARY KEY (target, partition_start)); \
-             CREATE TABLE IF NOT EXISTS backfill.publishes ( \
-               manifest text NOT NULL, try_id bigint NOT NULL, target text NOT NULL, \
-               partition_start timestamptz NOT NULL, partition_end timestamptz NOT NULL, \
-               rows bigint NOT NULL, fingerprint text, \
-               published_at timestamptz NOT NULL DEFAULT now(), \
-               PRIMARY KEY (manifest, try_id)); \
-             CREATE TABLE IF NOT EXISTS backfill.versions ( \
-               manifest text NOT NULL, target text NOT NULL, \
-               interval_start timestamptz NOT NULL, interval_end timestamptz NOT NULL, \
-               replaced_by bigint NOT NULL, version_of bigint, rows bigint NOT NULL, \
-               kept_at timestamptz NOT NULL DEFAULT now(), \
-               PRIMARY KEY (manifest, target, replaced_by)); \
-             CREATE INDEX IF NOT EXISTS versions_by_interval \
-               ON backfill.versions (manifest, target, interval_start, replaced_by); \
-             ALTER TABLE backfill.publishes ADD COLUMN IF NOT EXISTS judged text; \
-             COMMIT;",
-        ))?;
+        // Several processes may create them at once: one at a time, and only the first. One
+        // that found them missing before another made them looks again under the lock: its
+        // statements, even those that change nothing (`ADD COLUMN IF NOT EXISTS`), would wait
+        // for the locks of every try that the first one's tables already serve.
+        c.wait(
+            c.client
+                .batch_execute("BEGIN; SELECT pg_advisory_xact_lock(7262150318)"),
+        )?;
+        let made = (|| -> std::result::Result<(), tokio_postgres::Error> {
+            let there: bool = c.wait(c.client.query_one(THERE, &[]))?.get(0);
+            if !there {
+                c.wait(c.client.batch_execute(
+                    "CREATE SCHEMA IF NOT EXISTS backfill; \
+                     CREATE TABLE IF NOT EXISTS backfill.partitions ( \
+                       target text NOT NULL, partition_start timestamptz NOT NULL, \
+                       manifest text NOT NULL, try_id bigint NOT NULL, \
+                       published_at timestamptz NOT NULL DEFAULT now(), \
+                       PRIMARY KEY (target, partition_start)); \
+                     CREATE TABLE IF NOT EXISTS backfill.publishes ( \
+                       manifest text NOT NULL, try_id bigint NOT NULL, target text NOT NULL, \
+                       partition_start timestamptz NOT NULL, partition_end timestamptz NOT NULL, \
+                       rows bigint NOT NULL, fingerprint text, \
+                       published_at timestamptz NOT NULL DEFAULT now(), \
+                       PRIMARY KEY (manifest, try_id)); \
+                     CREATE TABLE IF NOT EXISTS backfill.versions ( \
+                       manifest text NOT NULL, target text NOT NULL, \
+                       interval_start timestamptz NOT NULL, interval_end timestamptz NOT NULL, \
+                       replaced_by bigint NOT NULL, version_of bigint, rows bigint NOT NULL, \
+                       kept_at timestamptz NOT NULL DEFAULT now(), \
+                       PRIMARY KEY (manifest, target, replaced_by)); \
+                     CREATE INDEX IF NOT EXISTS versions_by_interval \
+                       ON backfill.versions (manifest, target, interval_start, replaced_by); \
+                     ALTER TABLE backfill.publishes ADD COLUMN IF NOT EXISTS judged text;",
+                ))?;
+            }
+            c.wait(c.client.batch_execute("COMMIT"))
+        })();
+        if let Err(e) = made {
+            let _ = c.wait(c.client.batch_execute("ROLLBACK"));
+            return Err(e.into());
+        }
     }
     c.booked = true;
     Ok(())

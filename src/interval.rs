@@ -24,6 +24,14 @@ pub struct DataInterval {
 }
 
 impl DataInterval {
+    /// From the earliest start to the latest end of `intervals` (a batch's whole range);
+    /// `None` for none.
+    pub fn span(intervals: &[DataInterval]) -> Option<DataInterval> {
+        let start = intervals.iter().map(|i| i.start).min()?;
+        let end = intervals.iter().map(|i| i.end).max()?;
+        Some(DataInterval::new(start, end))
+    }
+
     /// The first day of 1970 (UTC): an interval to prepare statements with.
     pub const EPOCH_DAY: Self = Self {
         start: DateTime::<Utc>::UNIX_EPOCH,

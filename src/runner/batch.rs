@@ -84,21 +84,12 @@ impl Batch {
             .and_then(|t| t.get(&interval.start.timestamp()).cloned())
     }
 
-    /// The batch's whole range, `[first start, last end)`.
-    pub(super) fn whole(intervals: &[DataInterval]) -> Option<DataInterval> {
-        let start = intervals.iter().map(|i| i.start).min()?;
-        let end = intervals.iter().map(|i| i.end).max()?;
-        Some(DataInterval::new(start, end))
-    }
-
     /// `[first start, last end)` of the batch, as its log lines show it.
     fn range(&self) -> String {
-        let start = self.intervals.iter().map(|i| i.start).min();
-        let end = self.intervals.iter().map(|i| i.end).max();
-        match (start, end) {
-            (Some(s), Some(e)) => format!("[{}, {})", Rfc3339(s), Rfc3339(e)),
-            _ => "[]".into(),
-        }
+        DataInterval::span(&self.intervals).map_or_else(
+            || "[]".into(),
+            |w| format!("[{}, {})", Rfc3339(w.start), Rfc3339(w.end)),
+        )
     }
 
     /// The half of this batch that holds `interval` (the first half takes the odd one).
@@ -168,7 +159,7 @@ impl Batch {
                         batch.range()
                     ));
                     if let (Some(whole), Ok(mut took)) =
-                        (Self::whole(&batch.intervals), self.took.lock())
+                        (DataInterval::span(&batch.intervals), self.took.lock())
                     {
                         took.insert(
                             interval.start.timestamp(),

@@ -414,7 +414,7 @@ async fn batch_command(
 ) -> super::batch::Computed {
     use super::batch::Computed;
     let tz = shared.spec.dag.tz;
-    let Some(whole) = super::batch::Batch::whole(&intervals) else {
+    let Some(whole) = DataInterval::span(&intervals) else {
         return Computed::Failed("a batch of no intervals".into());
     };
     let values = IntervalValues::new(whole, tz);

@@ -333,13 +333,10 @@ impl Backend for Sqlite {
         audit_dir: &Path,
         cancel: &Cancel,
     ) -> Result<Box<dyn Batched>> {
-        let (Some(start), Some(end)) = (
-            intervals.iter().map(|i| i.start).min(),
-            intervals.iter().map(|i| i.end).max(),
-        ) else {
+        let Some(span) = DataInterval::span(intervals) else {
             return Err(Error::Message("a batch of no intervals".into()));
         };
-        let whole = Binds::new(DataInterval::new(start, end), tz);
+        let whole = Binds::new(span, tz);
         let parts: Vec<Binds> = intervals.iter().map(|i| Binds::new(*i, tz)).collect();
         let file = AuditFile::create(audit_dir, &audit::batch_file())?;
         let looked = (|| -> Result<_> {

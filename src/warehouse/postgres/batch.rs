@@ -45,21 +45,18 @@ pub(super) fn write_batch(
     cancel: &Cancel,
 ) -> Result<Box<dyn Batched>> {
     let wh = &task.warehouse;
-    let (Some(start), Some(end)) = (
-        intervals.iter().map(|i| i.start).min(),
-        intervals.iter().map(|i| i.end).max(),
-    ) else {
+    let Some(span) = DataInterval::span(intervals) else {
         return Err(Error::Message("a batch of no intervals".into()));
     };
     let mut c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
     cancel.on_set(c.canceller())?;
     let name = format!(
         "{PREFIX}{}",
-        try_mark(i64::from(std::process::id()) ^ start.timestamp())
+        try_mark(i64::from(std::process::id()) ^ span.start.timestamp())
     );
     let table = format!("backfill.{}", quote_ident(&name));
     let lock = lock_of(&name);
-    let whole = Binds::new(DataInterval::new(start, end), tz);
+    let whole = Binds::new(span, tz);
     let computed = compute(
         &mut c, task, gate, intervals, &whole, tz, &table, lock, cancel,
     );

@@ -6,7 +6,8 @@ SELECT; COMMIT` per day, on a generated warehouse in a throwaway server (730,000
 partition column and its key; one gated SQL task per day with a unique key and an exact source
 count). Each measurement alternates the two and reports medians.
 
-    examples/bench/postgres.py [--rounds N] [--keyed] [--rules] [--batch-size N] [--target-dir DIR]
+    examples/bench/postgres.py [--rounds N] [--keyed] [--rules] [--target-dir DIR]
+    examples/bench/postgres.py --batch-size N [--unindexed-source | --enriched] [--rounds N] [--keyed]
                                                                        (default 3 rounds)
 
 With --keyed the target has PRIMARY KEY (event_id) in place of its plain index on event_id, as
@@ -23,7 +24,11 @@ With --batch-size N it measures instead what batches change: the same backfill w
 --batch-size N against --batch-size 1, alternated, into the empty and the full target, at
 --max-active-runs 1 and 4; target: N at --max-active-runs 1 takes at most half the time of 1.
 With --unindexed-source the source has no index on its timestamp, so that each query reads all
-of it, as a query on a warehouse without partition pruning does.
+of it, as a query on a warehouse without partition pruning does. With --enriched each day's query
+also joins its events to each customer's current row in a customer history (the latest of two
+versions of 100,000 customers, found by a DISTINCT ON over the whole history, which has no
+index): a fixed cost per query that does not grow with the rows it returns, as the per-query
+overhead of a warehouse does, while the gate's source count still reads the events by their index.
 The bare loop keeps no copy of what it replaces, so backfill runs with keep_versions = 0. Every
 backfill run gets a project folder of its own (a fresh manifest, so nothing is skipped), and its
 result is checked: as many rows as 2025's raw events, no duplicate event_id (exit 1 otherwise).
@@ -89,6 +94,26 @@ SELECT = """SELECT event_id, (event_ts AT TIME ZONE 'UTC')::date AS day, region,
 FROM raw.events
 WHERE event_ts >= {start} AND event_ts < {end}"""
 
+CUSTOMERS = 100_000
+HISTORY = f"""
+CREATE TABLE raw.customer_history (
+    customer_id bigint NOT NULL,
+    valid_from  date NOT NULL,
+    status      text NOT NULL
+);
+INSERT INTO raw.customer_history
+SELECT c, date '2020-01-01' + v * 365, CASE v WHEN 0 THEN 'trial' ELSE 'active' END
+FROM generate_series(0::bigint, {CUSTOMERS - 1}) AS c, generate_series(0, 1) AS v;
+VACUUM ANALYZE raw.customer_history;
+"""
+
+ENRICHED = f"""SELECT e.event_id, (e.event_ts AT TIME ZONE 'UTC')::date AS day, e.region, e.amount
+FROM raw.events e
+JOIN (SELECT DISTINCT ON (customer_id) customer_id, status
+      FROM raw.customer_history
+      ORDER BY customer_id, valid_from DESC) c ON c.customer_id = e.event_id % {CUSTOMERS}
+WHERE e.event_ts >= {{start}} AND e.event_ts < {{end}} AND c.status = 'active'"""
+
 DAG = f'''schedule = "@daily"
 timezone = "UTC"
 
@@ -108,6 +133,12 @@ SELECT count(*) FROM raw.events
 WHERE event_ts >= :data_interval_start AND event_ts < :data_interval_end
 """
 '''
+
+ENRICHED_DAG = DAG.replace(
+    SELECT.format(start=":data_interval_start", end=":data_interval_end"),
+    ENRICHED.format(start=":data_interval_start", end=":data_interval_end"),
+)
+assert ENRICHED_DAG != DAG
 
 RULES = """not_null = ["event_id", "region"]
 accepted_values = { region = ["eu", "us", "apac", "latam", "mea"] }
@@ -280,6 +311,9 @@ def main():
     parser.add_argument("--unindexed-source", action="store_true",
                         help="drop the source's index on its timestamp: each query then reads all of it, "
                              "as a warehouse without partition pruning does")
+    parser.add_argument("--enriched", action="store_true",
+                        help="with --batch-size: join each query's events to a customer history read whole, "
+                             "a fixed cost per query")
     parser.add_argument("--target-dir", default=os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target"),
                         help="cargo's target folder (default: $CARGO_TARGET_DIR, else target/)")
     args = parser.parse_args()
@@ -295,6 +329,10 @@ def main():
         wh.run(SCHEMA.replace("{key}", KEYS[args.keyed]))
         if args.unindexed_source:
             wh.run("DROP INDEX raw.events_by_ts; ANALYZE raw.events;")
+        if args.enriched:
+            if not args.batch_size:
+                sys.exit("--enriched measures batches: give --batch-size N")
+            wh.run(HISTORY)
         wh.settle_source()
         bench = Bench(binary, wh, work)
         if args.rules:
@@ -363,7 +401,8 @@ def batch_cost(bench, wh, args):
             for name, n in order:
                 wh.run("TRUNCATE analytics.events_fact;")
                 for target, extra in (("empty", []), ("full", ["--reprocess-behavior", "completed"])):
-                    w, c, sc = bench.backfill("--max-active-runs", m, "--batch-size", n, *extra)
+                    w, c, sc = bench.backfill("--max-active-runs", m, "--batch-size", n, *extra,
+                                              dag=ENRICHED_DAG if args.enriched else DAG)
                     key = f"{name}_{target}_{m}"
                     wall[key].append(w)
                     cpu[key].append(c)
@@ -374,6 +413,8 @@ def batch_cost(bench, wh, args):
     target = "a target with PRIMARY KEY (event_id)" if args.keyed else "a target without a key"
     if args.unindexed_source:
         target += ", a source without an index on its timestamp"
+    if args.enriched:
+        target += ", each query joined to a customer history read whole"
     print(f"{target}; medians of {args.rounds} round(s), wall seconds (client CPU seconds, server CPU seconds):")
     print(f"  {'measurement':<34} {'--batch-size ' + size:>24} {'--batch-size 1':>24} {'ratio':>7}  target")
     missed = 0

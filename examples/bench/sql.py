@@ -6,7 +6,7 @@ indexed on its partition column, one gated SQL task per day with a unique key an
 source count). Each measurement alternates the two, on fresh copies, and reports medians.
 
     examples/bench/sql.py [--rounds N]        (default 3 rounds)
-    examples/bench/sql.py --batch-size N [--rounds N]
+    examples/bench/sql.py --batch-size N [--enriched] [--rounds N]
 
 Targets (exit status 1 when one is missed):
   1. 365 daily partitions into an empty target: backfill <= 1.5x the bare loop
@@ -19,7 +19,10 @@ default) and what staging costs (`create --stage` then `promote`), against a pla
 the full target, in time and in bytes.
 With --batch-size N it measures instead what batches change: the same 365 partitions at
 --max-active-runs 1 with --batch-size N against --batch-size 1, alternated, into the empty and
-into the full target, each result checked (every raw event published once); no target.
+into the full target, each result checked (every raw event published once); no target. With
+--enriched each day's query also joins its events to each customer's current row in a customer
+history (the latest of two versions of 100,000 customers, found by a window over the whole
+history, which has no index): a fixed cost per query, as a warehouse's per-query overhead.
 Wall and CPU seconds come from GNU time (/usr/bin/time). Needs Python 3 and a Rust toolchain.
 """
 
@@ -91,6 +94,25 @@ WHERE event_ts >= :data_interval_start AND event_ts < :data_interval_end
 '''
 
 
+CUSTOMERS = 100_000
+HISTORY = f"""
+CREATE TABLE customer_history (customer_id INTEGER NOT NULL, valid_from TEXT NOT NULL, status TEXT NOT NULL);
+WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < {CUSTOMERS - 1})
+INSERT INTO customer_history SELECT i, '2020-01-01', 'trial' FROM n
+UNION ALL SELECT i, '2021-01-01', 'active' FROM n;
+"""
+ENRICHED = f"""SELECT e.event_id, date(e.event_ts) AS event_day, e.event_ts, e.region, e.amount
+FROM raw_events e
+JOIN (SELECT customer_id, status
+      FROM (SELECT customer_id, status,
+                   row_number() OVER (PARTITION BY customer_id ORDER BY valid_from DESC) AS n
+            FROM customer_history)
+      WHERE n = 1) c ON c.customer_id = e.event_id % {CUSTOMERS}
+WHERE e.event_ts >= :data_interval_start AND e.event_ts < :data_interval_end AND c.status = 'active'"""
+ENRICHED_DAG = DAG.replace(QUERY, ENRICHED)
+assert ENRICHED_DAG != DAG
+
+
 def build():
     print("building the release binary...", file=sys.stderr)
     subprocess.run(
@@ -112,7 +134,7 @@ def template(work):
     return path
 
 
-def fresh_project(work, name, warehouse, keep_versions=0):
+def fresh_project(work, name, warehouse, keep_versions=0, dag=DAG):
     """A project folder holding a copy of `warehouse` and the DAG, with no manifest."""
     d = os.path.join(work, name)
     shutil.rmtree(d, ignore_errors=True)
@@ -121,7 +143,7 @@ def fresh_project(work, name, warehouse, keep_versions=0):
     with open(os.path.join(d, "backfill.toml"), "w") as f:
         f.write(f'[warehouse.bench]\npath = "warehouse.db"\nkeep_versions = {keep_versions}\n')
     with open(os.path.join(d, "dags", "events.toml"), "w") as f:
-        f.write(DAG)
+        f.write(dag)
     return d
 
 
@@ -201,19 +223,27 @@ def count(project, sql):
     return n
 
 
-def batches(binary, rounds, size):
+def batches(binary, rounds, size, enriched):
     """--batch-size `size` against --batch-size 1, one at a time, alternated."""
     work = tempfile.mkdtemp(prefix="backfill-batch-bench.")
     try:
         print("generating the warehouse (700,000 raw events)...", file=sys.stderr)
         empty = template(work)
+        if enriched:
+            conn = sqlite3.connect(empty)
+            conn.executescript(HISTORY)
+            conn.commit()
+            conn.close()
         keys = ("one_empty", "batch_empty", "one_full", "batch_full")
         wall = {k: [] for k in keys}
         cpu = {k: [] for k in keys}
         for r in range(rounds):
             print(f"round {r + 1} of {rounds}...", file=sys.stderr)
-            for label, n in (("one", "1"), ("batch", str(size))):
-                p = fresh_project(work, label, empty)
+            order = [("one", "1"), ("batch", str(size))]
+            if r % 2:
+                order.reverse()
+            for label, n in order:
+                p = fresh_project(work, label, empty, dag=ENRICHED_DAG if enriched else DAG)
                 for target, extra in (("empty", []), ("full", ["--reprocess-behavior", "completed"])):
                     w, c = backfill(binary, p, "--max-active-runs", "1", "--batch-size", n, *extra)
                     wall[f"{label}_{target}"].append(w)
@@ -222,7 +252,8 @@ def batches(binary, rounds, size):
                     assert count(p, "SELECT COUNT(DISTINCT event_id) FROM events_fact") == 700000
         med = {k: statistics.median(v) for k, v in wall.items()}
         cmed = {k: statistics.median(v) for k, v in cpu.items()}
-        print(f"medians of {rounds} rounds, 365 daily partitions of about 1,918 rows, --max-active-runs 1:")
+        joined = ", each query joined to a customer history read whole" if enriched else ""
+        print(f"medians of {rounds} rounds, 365 daily partitions of about 1,918 rows{joined}, --max-active-runs 1:")
         for target in ("empty", "full"):
             one, batch = med[f"one_{target}"], med[f"batch_{target}"]
             print(f"  into the {target} target: --batch-size {size} {batch:.2f} s (cpu {cmed[f'batch_{target}']:.2f} s), "
@@ -235,10 +266,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--enriched", action="store_true",
+                        help="with --batch-size: join each query's events to a customer history read whole")
     args = parser.parse_args()
     binary = build()
     if args.batch_size:
-        batches(binary, args.rounds, args.batch_size)
+        batches(binary, args.rounds, args.batch_size, args.enriched)
         return
     work = tempfile.mkdtemp(prefix="backfill-sql-bench.")
     try:

@@ -289,6 +289,50 @@ pub fn refused_by_target(why: &str) -> Verdict {
 /// How a rejection by a constraint of the target begins.
 pub const REFUSED_BY_TARGET: &str = "target constraint violated";
 
+/// The rules a rejection's reasons name, one for each reason (`/metrics` counts rejections by
+/// rule): `partition_column`, `unique_key`, `target_constraint`, `source_count`, `zero_rows`,
+/// `drift`, `history`, a rule on values by its kind (`not_null`, `accepted_values`, `range`), a
+/// check as `check:NAME`, else `other`.
+pub fn rules_named(reasons: &str) -> Vec<String> {
+    let named = |reason: &str| -> String {
+        let reason = reason.trim();
+        if reason.starts_with("row outside interval") {
+            "partition_column".into()
+        } else if reason.starts_with("unique_key violated") {
+            "unique_key".into()
+        } else if reason.starts_with(REFUSED_BY_TARGET) {
+            "target_constraint".into()
+        } else if reason.starts_with(DRIFT) {
+            "drift".into()
+        } else if reason.starts_with(HISTORY) {
+            "history".into()
+        } else if reason.starts_with("zero rows") {
+            "zero_rows".into()
+        } else if reason.starts_with("row count") || reason.contains("while the source is empty") {
+            "source_count".into()
+        } else if let Some(rest) = reason.strip_prefix("check \"") {
+            format!("check:{}", rest.split('"').next().unwrap_or_default())
+        } else if let Some((kind, _)) = reason.split_once(" violated")
+            && !kind.is_empty()
+            && kind.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+        {
+            kind.to_string()
+        } else {
+            "other".into()
+        }
+    };
+    // Reasons of rules on values are joined by "; "; the others are one reason each.
+    let first = named(reasons);
+    if first == "other"
+        || ["not_null", "accepted_values", "range"].contains(&first.as_str())
+        || first.starts_with("check:")
+    {
+        reasons.split("; ").map(named).collect()
+    } else {
+        vec![first]
+    }
+}
+
 fn verdict(m: &Measures, r: &Rules) -> Verdict {
     if let Some(why) = &m.mixed {
         return Verdict::Reject(format!("row outside interval: {why}"));
@@ -394,6 +438,37 @@ fn verdict(m: &Measures, r: &Rules) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rejections_name_their_rules() {
+        assert_eq!(
+            rules_named("unique_key violated: 1 key value occurs more than once"),
+            ["unique_key"]
+        );
+        assert_eq!(
+            rules_named(
+                "not_null violated: region is NULL in 2 of 10 rows, e.g. 3; range violated: amount is above 5 in 1 of 10 rows"
+            ),
+            ["not_null", "range"]
+        );
+        assert_eq!(
+            rules_named("check \"no_refunds\" failed: 3 violations"),
+            ["check:no_refunds"]
+        );
+        assert_eq!(
+            rules_named(&format!("{DRIFT}row count 5 differs")),
+            ["drift"]
+        );
+        assert_eq!(
+            rules_named("row count 9 differs from the source count 10 by 10.0% (tolerance 0.0%)"),
+            ["source_count"]
+        );
+        assert_eq!(
+            rules_named("zero rows while source has data (3 source rows)"),
+            ["zero_rows"]
+        );
+        assert_eq!(rules_named("something new"), ["other"]);
+    }
 
     const RULES: Rules = Rules {
         tolerance: 0.02,

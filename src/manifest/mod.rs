@@ -17,6 +17,7 @@ pub mod publishes;
 pub mod queries;
 mod reader;
 pub mod runs;
+pub mod status;
 pub mod store;
 pub mod workers;
 pub mod writer;

@@ -13,7 +13,7 @@ use super::backfills::{self, Backfill};
 use crate::interval::{DataInterval, Rfc3339, from_unix, rfc3339};
 use crate::state::{BackfillState, RunState, TryState};
 
-fn ms_to_rfc3339(ms: i64) -> String {
+pub(super) fn ms_to_rfc3339(ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(ms)
         .map(rfc3339)
         .unwrap_or_default()
@@ -383,7 +383,7 @@ struct TryAgg {
 
 /// A staged try's verdict says what became of its output: `staged, promoted`,
 /// `staged, discarded`.
-fn staged_verdict(verdict: String, staged: Option<crate::state::StagedState>) -> String {
+pub(super) fn staged_verdict(verdict: String, staged: Option<crate::state::StagedState>) -> String {
     match staged {
         Some(s) if verdict == "staged" && s != crate::state::StagedState::Staged => {
             format!("staged, {s}")

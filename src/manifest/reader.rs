@@ -48,6 +48,14 @@ impl Reader {
     }
 }
 
+impl Reader {
+    /// Closes the connection rather than keeping it for reuse: after a failure, the next
+    /// reader opens a new one.
+    pub fn discard(mut self) {
+        drop(self.conn.take());
+    }
+}
+
 impl std::ops::Deref for Reader {
     type Target = dyn super::Reads;
     fn deref(&self) -> &(dyn super::Reads + 'static) {

@@ -26,6 +26,7 @@ use super::pools::Take;
 use super::publishes::{Current, PendingPublish, Publication};
 use super::queries::{BackfillDetail, BackfillSummary, Outcome, Recorded, RunHistory};
 use super::runs::{Staged, TryRecord, UnfinishedTry};
+use super::status;
 use super::workers::{self, Worker};
 use super::{Result, backfills, cascades, leases, plans, pools, publishes, queries, runs};
 use crate::interval::DataInterval;
@@ -209,6 +210,22 @@ pub trait Reads {
     fn recorded_sources(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Recorded>;
     /// How many intervals between two starts have a latest run that did not succeed, by state.
     fn unsettled(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<(String, i64)>>;
+
+    // The status page (`backfill serve`).
+    /// Every try of a backfill's interval starting at `start`, in the order they ran.
+    fn interval_tries(&self, backfill_id: i64, start: i64) -> Result<Vec<status::TryView>>;
+    /// The pools' slots in use.
+    fn pool_slots(&self) -> Result<Vec<status::SlotView>>;
+    /// The leases held, by backfill.
+    fn lease_views(&self) -> Result<Vec<status::LeaseView>>;
+    /// The DAGs with runs, and how many interval starts each has.
+    fn run_dags(&self) -> Result<Vec<(String, i64)>>;
+    /// A page of the starts of a DAG's intervals with runs, newest first.
+    fn dag_starts(&self, dag_id: &str, limit: i64, skip: i64) -> Result<Vec<i64>>;
+    /// The published partitions of a DAG between two starts: `(start, rows)`.
+    fn published_starts(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<(i64, i64)>>;
+    /// The figures of `/metrics`.
+    fn figures(&self) -> Result<status::Figures>;
 }
 
 /// Owning a backfill: its record, its epoch (the fence every owner's write carries), heartbeats, workers, takeovers and the leases of its intervals.
@@ -613,6 +630,27 @@ impl Reads for Conn {
     }
     fn unsettled(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<(String, i64)>> {
         queries::unsettled(self, dag_id, lo, hi)
+    }
+    fn interval_tries(&self, backfill_id: i64, start: i64) -> Result<Vec<status::TryView>> {
+        status::interval_tries(self, backfill_id, start)
+    }
+    fn pool_slots(&self) -> Result<Vec<status::SlotView>> {
+        status::pool_slots(self)
+    }
+    fn lease_views(&self) -> Result<Vec<status::LeaseView>> {
+        status::leases(self)
+    }
+    fn run_dags(&self) -> Result<Vec<(String, i64)>> {
+        status::dags(self)
+    }
+    fn dag_starts(&self, dag_id: &str, limit: i64, skip: i64) -> Result<Vec<i64>> {
+        status::dag_starts(self, dag_id, limit, skip)
+    }
+    fn published_starts(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<(i64, i64)>> {
+        status::published(self, dag_id, lo, hi)
+    }
+    fn figures(&self) -> Result<status::Figures> {
+        status::figures(self)
     }
 }
 

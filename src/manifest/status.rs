@@ -1,0 +1,255 @@
+//! Read queries behind `backfill serve`: an interval's tries, the pools' slots, the leases, a
+//! DAG's partitions over time, and the figures of `/metrics`. Each is a fixed number of
+//! indexed queries, bounded by its arguments (no query per row).
+
+use rusqlite::params;
+use serde::Serialize;
+
+use super::Result;
+use super::db::Conn;
+use super::queries::{ms_to_rfc3339, staged_verdict};
+use crate::interval::{Rfc3339, from_unix};
+use crate::state::{RunState, TryState};
+
+/// One try of an interval, as the status page shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct TryView {
+    pub run_id: i64,
+    pub run_state: RunState,
+    pub try_id: i64,
+    pub task: String,
+    pub try_number: i64,
+    pub state: TryState,
+    pub host: Option<String>,
+    pub started_at: String,
+    pub duration_ms: Option<i64>,
+    pub rows: Option<i64>,
+    pub source_rows: Option<i64>,
+    pub previous_rows: Option<i64>,
+    pub verdict: Option<String>,
+    pub reasons: Option<String>,
+    pub error: Option<String>,
+    pub log: Option<String>,
+    pub batch: Option<String>,
+}
+
+/// Every try of every run of a backfill's interval that starts at `start` (unix seconds), in
+/// the order they ran.
+pub fn interval_tries(conn: &Conn, backfill_id: i64, start: i64) -> Result<Vec<TryView>> {
+    let mut stmt = conn.prepare(
+        "SELECT r.id, r.state, t.id, t.task_id, t.try_number, t.state, t.host, t.started_at,
+                t.ended_at, t.rows, t.source_rows, t.previous_rows, t.verdict, t.reasons,
+                t.error, t.log_path, t.batch, t.staged
+         FROM runs r JOIN task_tries t ON t.run_id = r.id
+         WHERE r.backfill_id = ?1 AND r.interval_start = ?2
+         ORDER BY t.id",
+    )?;
+    let rows = stmt.query_map(params![backfill_id, start], |r| {
+        let started: i64 = r.get(7)?;
+        let ended: Option<i64> = r.get(8)?;
+        let verdict: Option<String> = r.get(12)?;
+        Ok(TryView {
+            run_id: r.get(0)?,
+            run_state: r.get(1)?,
+            try_id: r.get(2)?,
+            task: r.get(3)?,
+            try_number: r.get(4)?,
+            state: r.get(5)?,
+            host: r.get(6)?,
+            started_at: ms_to_rfc3339(started),
+            duration_ms: ended.map(|e| e - started),
+            rows: r.get(9)?,
+            source_rows: r.get(10)?,
+            previous_rows: r.get(11)?,
+            verdict: match verdict {
+                Some(v) => Some(staged_verdict(v, r.get(17)?)),
+                None => None,
+            },
+            reasons: r.get(13)?,
+            error: r.get(14)?,
+            log: r.get(15)?,
+            batch: r.get(16)?,
+        })
+    })?;
+    Ok(rows.collect::<super::db::Result<_>>()?)
+}
+
+/// A pool slot in use: the try that holds it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SlotView {
+    pub pool: String,
+    pub backfill_id: i64,
+    pub try_id: i64,
+    pub dag_id: String,
+    pub interval_start: Rfc3339,
+    pub task: String,
+    pub host: Option<String>,
+    pub taken_at: String,
+}
+
+/// The pools' slots in use, by pool then age.
+pub fn pool_slots(conn: &Conn) -> Result<Vec<SlotView>> {
+    let mut stmt = conn.prepare(
+        "SELECT p.pool, p.backfill_id, p.try_id, r.dag_id, r.interval_start, t.task_id, t.host,
+                p.taken_at
+         FROM pool_slots p JOIN task_tries t ON t.id = p.try_id JOIN runs r ON r.id = t.run_id
+         ORDER BY p.pool, p.taken_at, p.try_id",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(SlotView {
+            pool: r.get(0)?,
+            backfill_id: r.get(1)?,
+            try_id: r.get(2)?,
+            dag_id: r.get(3)?,
+            interval_start: Rfc3339(from_unix(r.get(4)?)),
+            task: r.get(5)?,
+            host: r.get(6)?,
+            taken_at: ms_to_rfc3339(r.get(7)?),
+        })
+    })?;
+    Ok(rows.collect::<super::db::Result<_>>()?)
+}
+
+/// The leases one backfill holds: how many, and its owner's heartbeat.
+#[derive(Debug, Clone, Serialize)]
+pub struct LeaseView {
+    pub backfill_id: i64,
+    pub dag_id: String,
+    pub leases: i64,
+    pub first: Rfc3339,
+    pub last: Rfc3339,
+    pub owner_host: Option<String>,
+    pub owner_pid: Option<i64>,
+    /// The owner's last heartbeat (unix milliseconds).
+    #[serde(skip)]
+    pub heartbeat_ms: Option<i64>,
+    pub heartbeat_at: Option<String>,
+    pub backfill_state: String,
+}
+
+/// The leases held, by backfill.
+pub fn leases(conn: &Conn) -> Result<Vec<LeaseView>> {
+    let mut stmt = conn.prepare(
+        "SELECT l.backfill_id, l.dag_id, COUNT(*), MIN(l.interval_start), MAX(l.interval_start),
+                b.owner_host, b.owner_pid, b.heartbeat_at, b.state
+         FROM leases l JOIN backfills b ON b.id = l.backfill_id
+         GROUP BY l.backfill_id, l.dag_id, b.owner_host, b.owner_pid, b.heartbeat_at, b.state
+         ORDER BY l.backfill_id",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        let heartbeat: Option<i64> = r.get(7)?;
+        Ok(LeaseView {
+            backfill_id: r.get(0)?,
+            dag_id: r.get(1)?,
+            leases: r.get(2)?,
+            first: Rfc3339(from_unix(r.get(3)?)),
+            last: Rfc3339(from_unix(r.get(4)?)),
+            owner_host: r.get(5)?,
+            owner_pid: r.get(6)?,
+            heartbeat_ms: heartbeat,
+            heartbeat_at: heartbeat.map(ms_to_rfc3339),
+            backfill_state: r.get(8)?,
+        })
+    })?;
+    Ok(rows.collect::<super::db::Result<_>>()?)
+}
+
+/// The DAGs the manifest has runs of, and how many interval starts each has.
+pub fn dags(conn: &Conn) -> Result<Vec<(String, i64)>> {
+    let mut stmt = conn.prepare(
+        "SELECT dag_id, COUNT(DISTINCT interval_start) FROM runs GROUP BY dag_id ORDER BY dag_id",
+    )?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<super::db::Result<_>>()?)
+}
+
+/// The starts (unix seconds) of a DAG's intervals that have runs, newest first: `limit` of
+/// them after skipping `skip`.
+pub fn dag_starts(conn: &Conn, dag_id: &str, limit: i64, skip: i64) -> Result<Vec<i64>> {
+    let mut stmt = conn.prepare(
+        "SELECT DISTINCT interval_start FROM runs WHERE dag_id = ?1
+         ORDER BY interval_start DESC LIMIT ?2 OFFSET ?3",
+    )?;
+    let rows = stmt.query_map(params![dag_id, limit, skip], |r| r.get(0))?;
+    Ok(rows.collect::<super::db::Result<_>>()?)
+}
+
+/// The starts of a DAG's published partitions in `[lo, hi]` (unix seconds), with their rows.
+pub fn published(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<(i64, i64)>> {
+    let mut stmt = conn.prepare(
+        "SELECT interval_start, CAST(SUM(rows) AS BIGINT) FROM published
+         WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
+         GROUP BY interval_start ORDER BY interval_start",
+    )?;
+    let rows = stmt.query_map(params![dag_id, lo, hi], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<super::db::Result<_>>()?)
+}
+
+/// What `/metrics` exposes, read in one go.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Figures {
+    /// `(dag, state, intervals)`: each interval by the state of its latest run.
+    pub intervals: Vec<(String, String, i64)>,
+    /// `(state, backfills)`.
+    pub backfills: Vec<(String, i64)>,
+    /// Task tries running now.
+    pub tries_running: i64,
+    /// The oldest heartbeat (unix ms) of a running backfill, when one runs.
+    pub oldest_heartbeat_ms: Option<i64>,
+    /// `(pool, slots in use)`.
+    pub pool_slots: Vec<(String, i64)>,
+    /// `(dag, end of the latest published interval, unix seconds)`.
+    pub last_published: Vec<(String, i64)>,
+    /// `(dag, reasons)` of every rejected try, for counting rejections by rule.
+    pub rejections: Vec<(String, String)>,
+    /// Leases held.
+    pub leases: i64,
+}
+
+/// The figures of `/metrics`.
+pub fn figures(conn: &Conn) -> Result<Figures> {
+    let mut f = Figures::default();
+    let mut stmt = conn.prepare(
+        "SELECT r.dag_id, r.state, COUNT(*) FROM runs r
+         JOIN (SELECT MAX(id) AS id FROM runs GROUP BY dag_id, interval_start) m ON m.id = r.id
+         GROUP BY r.dag_id, r.state ORDER BY r.dag_id, r.state",
+    )?;
+    f.intervals = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<super::db::Result<_>>()?;
+    let mut stmt =
+        conn.prepare("SELECT state, COUNT(*) FROM backfills GROUP BY state ORDER BY state")?;
+    f.backfills = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<super::db::Result<_>>()?;
+    f.tries_running = conn.query_row(
+        "SELECT COUNT(*) FROM task_tries WHERE state = 'running'",
+        [],
+        |r| r.get(0),
+    )?;
+    f.oldest_heartbeat_ms = conn.query_row(
+        "SELECT MIN(heartbeat_at) FROM backfills WHERE state = 'running'",
+        [],
+        |r| r.get(0),
+    )?;
+    let mut stmt =
+        conn.prepare("SELECT pool, COUNT(*) FROM pool_slots GROUP BY pool ORDER BY pool")?;
+    f.pool_slots = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<super::db::Result<_>>()?;
+    let mut stmt = conn.prepare(
+        "SELECT dag_id, MAX(interval_end) FROM published GROUP BY dag_id ORDER BY dag_id",
+    )?;
+    f.last_published = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<super::db::Result<_>>()?;
+    let mut stmt = conn.prepare(
+        "SELECT r.dag_id, t.reasons FROM task_tries t JOIN runs r ON r.id = t.run_id
+         WHERE t.verdict = 'rejected' AND t.reasons IS NOT NULL ORDER BY t.id",
+    )?;
+    f.rejections = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<super::db::Result<_>>()?;
+    f.leases = conn.query_row("SELECT COUNT(*) FROM leases", [], |r| r.get(0))?;
+    Ok(f)
+}

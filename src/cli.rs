@@ -93,6 +93,14 @@ const WHEN_HELP: &str = "WHEN is a date (2026-09-01), a wall-clock time (2026-09
 (2026-09-01T06:00:00Z), or relative: today, yesterday, today-7d, now, now-6h. Dates and times \
 without an offset are in the DAG's timezone; a date as --to covers its whole day.";
 
+const SERVE_HELP: &str = "Examples:
+  backfill serve                      # http://127.0.0.1:8460/
+  BACKFILL_SERVE_TOKEN=s3cret backfill serve --listen 0.0.0.0:8460
+
+Pages: / (backfills), /backfills/ID (one cell per interval), /dags/DAG (its partitions over \
+time), /pools (slots and leases). JSON: /api/backfills and /api/backfills/ID, the documents of \
+list and show --output json. Prometheus metrics: /metrics. The server only reads the manifest.";
+
 const INTERVAL_HELP: &str = "Examples:
   backfill diff 7
   backfill promote 7 --interval 2026-09-03 --interval 2026-09-04
@@ -154,6 +162,9 @@ pub enum Command {
         /// The backfill id, or `latest` (the newest backfill).
         #[arg(value_name = "ID", value_parser = parse_backfill)]
         id: BackfillRef,
+        /// Draw one cell per interval, coloured by state and verdict, wrapped to the width.
+        #[arg(long, conflicts_with = "output")]
+        grid: bool,
     },
     /// The manifest's run history of a DAG, per interval.
     #[command(after_help = WHEN_HELP)]
@@ -245,6 +256,23 @@ pub enum Command {
         /// A JSON object available to tasks as `conf` and BACKFILL_CONF.
         #[arg(long, value_name = "JSON")]
         conf: Option<String>,
+    },
+    /// Serve a read-only status page of the manifest's backfills, their JSON documents and
+    /// Prometheus metrics over HTTP, until Ctrl-C.
+    #[command(after_help = SERVE_HELP)]
+    Serve {
+        /// The address to listen on; another than loopback needs --token.
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8460")]
+        listen: String,
+        /// A secret every request must carry (`Authorization: Bearer TOKEN`, or `?token=TOKEN`
+        /// once in a browser, which then keeps it in a cookie).
+        #[arg(
+            long,
+            value_name = "TOKEN",
+            env = "BACKFILL_SERVE_TOKEN",
+            hide_env_values = true
+        )]
+        token: Option<String>,
     },
     /// List the project's DAGs, or validate every DAG file.
     Dags {

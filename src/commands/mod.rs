@@ -8,6 +8,7 @@ mod init;
 mod manifest;
 mod read;
 mod resume;
+mod serve;
 mod staging;
 mod verify;
 
@@ -93,7 +94,8 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
         } => crate::session::join::join(&g, backfill_id(&g, id, Latest::Any)?, max_active_runs),
         Command::Cancel { id, wait } => cancel::run(&g, backfill_id(&g, id, Latest::Any)?, wait),
         Command::List { dag, active } => read::list(&g, dag.as_deref(), active),
-        Command::Show { id } => read::show(&g, backfill_id(&g, id, Latest::Any)?),
+        Command::Show { id, grid } => read::show(&g, backfill_id(&g, id, Latest::Any)?, grid),
+        Command::Serve { listen, token } => serve::run(&g, &listen, token),
         Command::Runs { dag, from, to } => read::runs(&g, &dag, from.as_deref(), to.as_deref()),
         Command::Stale {
             dag,

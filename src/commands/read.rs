@@ -43,15 +43,23 @@ fn judge_owners(
     Ok(())
 }
 
+/// The backfills of `list`, with whether each owner is alive.
+pub(super) fn backfills(
+    conn: &dyn Reads,
+    project: Option<&Project>,
+    dag: Option<&str>,
+    active: bool,
+) -> crate::manifest::Result<Vec<BackfillSummary>> {
+    let mut rows = conn.list_backfills(dag, active)?;
+    judge_owners(&mut rows, project, conn)?;
+    Ok(rows)
+}
+
 pub fn list(g: &Global, dag: Option<&str>, active: bool) -> Result<u8, Error> {
     let project = g.project().ok();
     let (path, conn) = open(g, project.as_ref())?;
     let rows = match &conn {
-        Some(conn) => {
-            let mut rows = conn.list_backfills(dag, active).map_err(|e| e.at(&path))?;
-            judge_owners(&mut rows, project.as_ref(), &**conn).map_err(|e| e.at(&path))?;
-            rows
-        }
+        Some(conn) => backfills(&**conn, project.as_ref(), dag, active).map_err(|e| e.at(&path))?,
         None => Vec::new(),
     };
     let what = match (dag, active) {
@@ -82,52 +90,102 @@ pub fn list(g: &Global, dag: Option<&str>, active: bool) -> Result<u8, Error> {
     Ok(exit::OK)
 }
 
-pub fn show(g: &Global, id: i64) -> Result<u8, Error> {
+/// A backfill as `show` reads it: its detail (owners and workers judged, hosts named; with
+/// `json`, a cascade's members inside it), the members of its cascade for people, and its DAG
+/// when the project has it. `None` when the manifest has no such backfill.
+pub(super) struct Shown {
+    pub detail: BackfillDetail,
+    pub members: Vec<BackfillDetail>,
+    pub dag: Option<crate::project::Dag>,
+}
+
+pub(super) fn shown(
+    conn: &dyn Reads,
+    project: Option<&Project>,
+    id: i64,
+    json: bool,
+) -> crate::manifest::Result<Option<Shown>> {
+    let Some(mut detail) = conn.show_backfill(id)? else {
+        return Ok(None);
+    };
+    judge_owners(std::slice::from_mut(&mut detail.backfill), project, conn)?;
+    // Labels in the DAG's timezone while the DAG is in the project; UTC otherwise.
+    let dag = project.and_then(|p| p.dag(&detail.backfill.dag_id).ok());
+    // A cascade's first backfill shows the whole cascade, grouped by DAG.
+    let mut members = Vec::new();
+    if detail.backfill.cascade.is_some() {
+        let ids = conn.cascade_members(id)?;
+        for m in ids.iter().map(|b| b.id) {
+            if let Some(mut d) = conn.show_backfill(m)? {
+                judge_owners(std::slice::from_mut(&mut d.backfill), project, conn)?;
+                members.push(d);
+            }
+        }
+    }
+    judge_workers(&mut detail, project, conn)?;
+    name_hosts(&mut detail, json);
+    for m in &mut members {
+        name_hosts(m, json);
+    }
+    // JSON carries the cascade's members inside the one document; people get a table each.
+    if json && detail.backfill.cascade.is_some() {
+        detail.cascade_backfills = Some(std::mem::take(&mut members));
+    }
+    Ok(Some(Shown {
+        detail,
+        members,
+        dag,
+    }))
+}
+
+pub fn show(g: &Global, id: i64, grid: bool) -> Result<u8, Error> {
+    if grid && g.json {
+        return Err(Error::Usage(
+            "show --grid draws cells for people; --output json has every interval: give one of them"
+                .into(),
+        ));
+    }
     let project = g.project().ok();
     let (path, conn) = open(g, project.as_ref())?;
     let Some(conn) = conn else {
         return Err(unknown_backfill(id, &path));
     };
-    let Some(mut detail) = conn.show_backfill(id).map_err(|e| e.at(&path))? else {
+    let Some(Shown {
+        detail,
+        members,
+        dag,
+    }) = shown(&*conn, project.as_ref(), id, g.json).map_err(|e| e.at(&path))?
+    else {
         return Err(unknown_backfill(id, &path));
     };
-    judge_owners(
-        std::slice::from_mut(&mut detail.backfill),
-        project.as_ref(),
-        &*conn,
-    )
-    .map_err(|e| e.at(&path))?;
-    // Labels in the DAG's timezone while the DAG is in the project; UTC otherwise.
-    let dag = project
-        .as_ref()
-        .and_then(|p| p.dag(&detail.backfill.dag_id).ok());
-    let kept = dag.as_ref().map(|d| kept_versions(d, &path));
-    // A cascade's first backfill shows the whole cascade, grouped by DAG.
-    let mut members = Vec::new();
-    if detail.backfill.cascade.is_some() {
-        let ids = conn.cascade_members(id).map_err(|e| e.at(&path))?;
-        for m in ids.iter().map(|b| b.id) {
-            if let Some(mut d) = conn.show_backfill(m).map_err(|e| e.at(&path))? {
-                judge_owners(
-                    std::slice::from_mut(&mut d.backfill),
-                    project.as_ref(),
-                    &*conn,
-                )
-                .map_err(|e| e.at(&path))?;
-                members.push(d);
-            }
-        }
-    }
-    judge_workers(&mut detail, project.as_ref(), &*conn).map_err(|e| e.at(&path))?;
-    name_hosts(&mut detail, g.json);
-    for m in &mut members {
-        name_hosts(m, g.json);
-    }
     let mut out = Sink::std(g.json, g.verbose);
-    // JSON carries the cascade's members inside the one document; people get a table each.
-    if g.json && detail.backfill.cascade.is_some() {
-        detail.cascade_backfills = Some(std::mem::take(&mut members));
+    if grid {
+        let fit = crate::report::out::Fit::stdout(false);
+        let colour = console::Term::stdout().features().colors_supported()
+            && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+        report::cells::write(
+            &mut out,
+            &detail,
+            &Labeler::of(dag.as_ref()),
+            fit.width,
+            colour,
+        )?;
+        for m in &members {
+            let member_dag = project
+                .as_ref()
+                .and_then(|p| p.dag(&m.backfill.dag_id).ok());
+            out.line("")?;
+            report::cells::write(
+                &mut out,
+                m,
+                &Labeler::of(member_dag.as_ref()),
+                fit.width,
+                colour,
+            )?;
+        }
+        return Ok(exit::OK);
     }
+    let kept = dag.as_ref().map(|d| kept_versions(d, &path));
     report::show::write(
         &mut out,
         &detail,
@@ -194,7 +252,7 @@ fn name_hosts(detail: &mut BackfillDetail, json: bool) {
 
 /// What the kept versions of each SQL target of the DAG cost, read without creating or
 /// changing a warehouse (one that does not exist keeps nothing).
-fn kept_versions(
+pub(super) fn kept_versions(
     dag: &crate::project::Dag,
     manifest_path: &std::path::Path,
 ) -> Vec<crate::warehouse::versions::Storage> {

@@ -7,10 +7,12 @@
 //! - [`summary`]: the end of a run, its failures and the command that reruns them;
 //! - [`plan`]: the dry run; [`list`], [`show`], [`runs`], [`stale`], [`dags`], [`diff`]: the
 //!   read commands' tables and JSON documents;
+//! - [`cells`]: one cell per interval, for `show --grid` and the status page;
 //!
 //! built on [`grid`] (the human table, fitted to the terminal's width), [`label`] (how an
 //! interval is written) and [`out`] (where output goes, closed pipes).
 
+pub mod cells;
 pub mod dags;
 pub mod diff;
 #[cfg(test)]

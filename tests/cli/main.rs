@@ -31,6 +31,7 @@ mod reprocess;
 mod rules;
 mod running;
 mod sample;
+mod serve;
 mod staging;
 mod support;
 mod tables;

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""How fast `backfill serve` answers on a large manifest: one backfill of 100,000 hourly no-op
+intervals (a SQLite manifest made by a real run at --max-active-runs 8), then each page, JSON
+document and /metrics requested in turn, alternated, with the median time per request as the
+client sees it (connection, request, the whole answer).
+
+    examples/bench/serve.py [--intervals N] [--rounds N]     (default 100,000 and 5)
+
+Needs Python 3 and a Rust toolchain (the release binary is built into CARGO_TARGET_DIR, default
+target/).
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import datetime, timedelta, timezone
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+DAG = """schedule = "@hourly"
+timezone = "UTC"
+[[tasks]]
+id = "noop"
+command = "true"
+"""
+
+
+def build():
+    target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target")
+    print("building the release binary...", file=sys.stderr)
+    subprocess.run(["cargo", "build", "--release", "--quiet", "--manifest-path", os.path.join(ROOT, "Cargo.toml")],
+                   check=True)
+    return os.path.join(target, "release", "backfill")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--intervals", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    binary = build()
+    work = tempfile.mkdtemp(prefix="backfill-serve-bench.")
+    server = None
+    try:
+        os.makedirs(os.path.join(work, "dags"))
+        with open(os.path.join(work, "backfill.toml"), "w") as f:
+            f.write("")
+        with open(os.path.join(work, "dags", "noop.toml"), "w") as f:
+            f.write(DAG)
+        first = datetime(2010, 1, 1, tzinfo=timezone.utc)
+        last = first + timedelta(hours=args.intervals - 1)
+        print(f"running {args.intervals:,} hourly no-op intervals...", file=sys.stderr)
+        t0 = time.perf_counter()
+        subprocess.run([binary, "-C", work, "-q", "create", "--dag", "noop",
+                        "--from", first.strftime("%Y-%m-%dT%H:%M"), "--to", last.strftime("%Y-%m-%dT%H:%M"),
+                        "--max-active-runs", "8"], check=True)
+        print(f"  took {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        server = subprocess.Popen([binary, "-C", work, "serve", "--listen", "127.0.0.1:0"],
+                                  stderr=subprocess.PIPE, text=True)
+        line = server.stderr.readline()
+        base = "http://" + line.split("at http://", 1)[1].split("/", 1)[0]
+        middle = first + timedelta(hours=args.intervals // 2)
+        paths = [
+            "/", "/backfills/1", f"/backfills/1?page={args.intervals // 2000}",
+            f"/backfills/1/intervals/{middle.strftime('%Y-%m-%dT%H:%M:%SZ')}",
+            "/dags/noop", "/pools", "/api/backfills", "/api/backfills/1", "/metrics",
+        ]
+        times = {p: [] for p in paths}
+        sizes = {}
+        for _ in range(args.rounds):
+            for p in paths:
+                t0 = time.perf_counter()
+                with urllib.request.urlopen(base + p) as r:
+                    body = r.read()
+                    assert r.status == 200, (p, r.status)
+                times[p].append(time.perf_counter() - t0)
+                sizes[p] = len(body)
+        print(f"one backfill of {args.intervals:,} intervals; median of {args.rounds} requests each:")
+        for p in paths:
+            print(f"  {p:<48} {statistics.median(times[p]) * 1000:8.1f} ms  {sizes[p]:>10,} bytes")
+    finally:
+        if server:
+            server.terminate()
+            server.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

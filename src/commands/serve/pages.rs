@@ -1,0 +1,788 @@
+//! The status page's HTML: server-rendered by minijinja templates embedded in the binary, HTML
+//! auto-escaping on (every value from the manifest or a DAG file is text, never markup), strict
+//! undefined values (a template that names a missing value fails, it does not print nothing).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use minijinja::{Environment, UndefinedBehavior};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::{App, Unreadable};
+use crate::interval::from_unix;
+use crate::manifest::queries::{BackfillSummary, IntervalDetail, RunHistory};
+use crate::report::Labeler;
+use crate::report::cells::{Cell, tally};
+
+/// Backfills on one page of the list.
+const BACKFILLS_PER_PAGE: usize = 50;
+/// Cells on one page of a backfill.
+pub const CELLS_PER_PAGE: usize = 2_000;
+/// Interval starts on one page of a DAG's calendar.
+const DAG_STARTS_PER_PAGE: i64 = 500;
+/// The most of a try's log a page shows: its end.
+const LOG_TAIL: u64 = 4_096;
+
+/// The templates.
+pub(super) struct Pages {
+    env: Environment<'static>,
+}
+
+impl Pages {
+    pub fn new() -> Self {
+        let mut env = Environment::new();
+        env.set_undefined_behavior(UndefinedBehavior::Strict);
+        for (name, source) in [
+            ("layout.html", include_str!("templates/layout.html")),
+            ("backfills.html", include_str!("templates/backfills.html")),
+            ("backfill.html", include_str!("templates/backfill.html")),
+            ("interval.html", include_str!("templates/interval.html")),
+            ("dag.html", include_str!("templates/dag.html")),
+            ("pools.html", include_str!("templates/pools.html")),
+            ("message.html", include_str!("templates/message.html")),
+        ] {
+            env.add_template(name, source)
+                .expect("the embedded templates parse (tested)");
+        }
+        Self { env }
+    }
+
+    /// A page: `template` rendered with `ctx` and the page's common values.
+    fn render(&self, status: StatusCode, template: &str, mut ctx: Value, live: bool) -> Response {
+        if let Value::Object(m) = &mut ctx {
+            m.insert("live".into(), json!(live));
+            m.insert("version".into(), json!(env!("CARGO_PKG_VERSION")));
+            m.insert("now".into(), json!(at_ms(crate::clock::now_ms())));
+        }
+        let rendered = self
+            .env
+            .get_template(template)
+            .and_then(|t| t.render(minijinja::Value::from(minijinja::value::Serde(&ctx))));
+        match rendered {
+            Ok(html) => (
+                status,
+                [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+                html,
+            )
+                .into_response(),
+            Err(e) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+                format!("cannot render the page: {e:#}"),
+            )
+                .into_response(),
+        }
+    }
+
+    /// A page that says one thing: an error, a missing backfill.
+    pub fn message(&self, status: StatusCode, title: &str, text: &str) -> Response {
+        self.render(
+            status,
+            "message.html",
+            json!({ "title": title, "text": text, "code": status.as_u16() }),
+            false,
+        )
+    }
+
+    /// The page that says the manifest cannot be read; it reloads itself until it can.
+    fn unreadable(&self, why: &str) -> Response {
+        self.render(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "message.html",
+            json!({
+                "title": "Cannot read the manifest",
+                "text": format!("{why}. This page tries again every few seconds."),
+                "code": 503,
+            }),
+            true,
+        )
+    }
+}
+
+/// Milliseconds since the epoch as RFC 3339.
+fn at_ms(ms: i64) -> String {
+    DateTime::from_timestamp_millis(ms)
+        .map(crate::interval::rfc3339)
+        .unwrap_or_default()
+}
+
+/// A duration for people: `950 ms`, `4.0 s`, `3 min 20 s`, `2 h 5 min`.
+fn took(ms: i64) -> String {
+    match ms {
+        ..1_000 => format!("{ms} ms"),
+        1_000..60_000 => format!("{:.1} s", ms as f64 / 1000.0),
+        60_000..3_600_000 => format!("{} min {} s", ms / 60_000, ms % 60_000 / 1000),
+        _ => format!("{} h {} min", ms / 3_600_000, ms % 3_600_000 / 60_000),
+    }
+}
+
+/// `?page=` of the paged views (from 1).
+#[derive(serde::Deserialize, Default)]
+pub(super) struct Paging {
+    page: Option<usize>,
+}
+
+/// Page numbers around `page` of `pages`, for the pager.
+fn pager(page: usize, pages: usize) -> Value {
+    json!({
+        "page": page,
+        "pages": pages,
+        "previous": (page > 1).then(|| page - 1),
+        "next": (page < pages).then(|| page + 1),
+    })
+}
+
+/// What the list says of a backfill.
+fn backfill_row(
+    b: &BackfillSummary,
+    labels: &Labeler,
+    eta: Option<f64>,
+    hosts: &[String],
+) -> Value {
+    let c = &b.intervals;
+    let (from, to) = crate::report::list::range_labels(b, labels);
+    let done = c.succeeded + c.failed + c.rejected + c.cancelled + c.skipped;
+    let now = crate::clock::now_ms();
+    // Segments of the progress bar, in percent of the plan.
+    let total = c.total.max(1) as f64;
+    let mut x = 0.0;
+    let mut bar = Vec::new();
+    for (state, n) in [
+        ("succeeded", c.succeeded),
+        ("rejected", c.rejected),
+        ("failed", c.failed),
+        ("cancelled", c.cancelled),
+        ("skipped", c.skipped),
+        ("running", c.running),
+    ] {
+        if n > 0 {
+            let w = n as f64 * 100.0 / total;
+            bar.push(json!({ "state": state, "x": format!("{x:.2}"), "w": format!("{w:.2}") }));
+            x += w;
+        }
+    }
+    json!({
+        "id": b.id,
+        "dag": b.dag_id,
+        "from": from,
+        "to": to,
+        "state": crate::report::list::state_text(b),
+        "raw_state": b.state.to_string(),
+        "total": c.total,
+        "done": done,
+        "succeeded": c.succeeded,
+        "rejected": c.rejected,
+        "failed": c.failed,
+        "cancelled": c.cancelled,
+        "skipped": c.skipped,
+        "running": c.running,
+        "pending": c.pending,
+        "bar": bar,
+        "eta": eta.map(|s| took((s * 1000.0) as i64)),
+        "hosts": hosts,
+        "heartbeat_age": b.heartbeat_at.filter(|_| b.state == crate::state::BackfillState::Running)
+            .map(|h| took((now - h).max(0))),
+        "created_at": b.created_at,
+        "finished_at": b.finished_at,
+        "reprocess": b.reprocess_behavior,
+        "max_active_runs": b.max_active_runs,
+    })
+}
+
+/// How long the rest of a running backfill will take, from its DAG's history.
+fn eta(
+    conn: &dyn crate::manifest::Reads,
+    project: Option<&crate::project::Project>,
+    b: &BackfillSummary,
+) -> crate::manifest::Result<Option<f64>> {
+    if b.state != crate::state::BackfillState::Running {
+        return Ok(None);
+    }
+    let (Some(project), left) = (project, b.intervals.pending + b.intervals.running) else {
+        return Ok(None);
+    };
+    let Ok(dag) = project.dag(&b.dag_id) else {
+        return Ok(None);
+    };
+    let history = crate::estimate::history(conn, &dag)?;
+    let e = crate::estimate::estimate(
+        &dag,
+        &history,
+        usize::try_from(left).unwrap_or(0),
+        b.max_active_runs,
+        &project.pools,
+    );
+    Ok(e.seconds)
+}
+
+/// `?dag=`, `?state=` and `?page=` of the list.
+#[derive(serde::Deserialize, Default)]
+pub(super) struct ListFilter {
+    dag: Option<String>,
+    state: Option<String>,
+    page: Option<usize>,
+}
+
+/// `/`: the backfills, newest first, filtered by DAG and state.
+pub(super) async fn backfills(
+    State(app): State<Arc<App>>,
+    Query(f): Query<ListFilter>,
+) -> Response {
+    let dag = f.dag.clone().filter(|d| !d.is_empty());
+    let state = f.state.clone().filter(|s| !s.is_empty());
+    let read = app
+        .read(move |conn, project| {
+            let all = super::super::read::backfills(conn, project, None, false)?;
+            let dags: std::collections::BTreeSet<String> =
+                all.iter().map(|b| b.dag_id.clone()).collect();
+            let mut rows: Vec<BackfillSummary> = all
+                .into_iter()
+                .rev()
+                .filter(|b| dag.as_ref().is_none_or(|d| *d == b.dag_id))
+                .filter(|b| state.as_ref().is_none_or(|s| *s == b.state.to_string()))
+                .collect();
+            let count = rows.len();
+            let pages = count.div_ceil(BACKFILLS_PER_PAGE).max(1);
+            let page = f.page.unwrap_or(1).clamp(1, pages);
+            rows = rows
+                .into_iter()
+                .skip((page - 1) * BACKFILLS_PER_PAGE)
+                .take(BACKFILLS_PER_PAGE)
+                .collect();
+            let mut out = Vec::with_capacity(rows.len());
+            let mut labels: BTreeMap<String, Labeler> = BTreeMap::new();
+            for b in &rows {
+                let l = *labels.entry(b.dag_id.clone()).or_insert_with(|| {
+                    Labeler::of(project.and_then(|p| p.dag(&b.dag_id).ok()).as_ref())
+                });
+                let mut hosts: Vec<String> = Vec::new();
+                if b.state == crate::state::BackfillState::Running {
+                    if let Some(h) = &b.owner_host {
+                        hosts.push(crate::liveness::host_name(h).to_string());
+                    }
+                    for w in conn.workers(b.id)? {
+                        if let Some(h) = w.host.as_deref() {
+                            let h = crate::liveness::host_name(h).to_string();
+                            if !hosts.contains(&h) {
+                                hosts.push(h);
+                            }
+                        }
+                    }
+                }
+                out.push(backfill_row(b, &l, eta(conn, project, b)?, &hosts));
+            }
+            Ok((out, dags, count, page, pages))
+        })
+        .await;
+    let (rows, dags, count, page, pages) = match read {
+        Ok(Some(found)) => found,
+        Ok(None) => (Vec::new(), Default::default(), 0, 1, 1),
+        Err(Unreadable(why)) => return app.pages.unreadable(&why),
+    };
+    let live = rows.iter().any(|r| r["raw_state"] == "running");
+    app.pages.render(
+        StatusCode::OK,
+        "backfills.html",
+        json!({
+            "title": "Backfills",
+            "manifest": app.manifest.display().to_string(),
+            "rows": rows,
+            "count": count,
+            "dags": dags,
+            "states": ["running", "completed", "failed", "cancelled"],
+            "dag": f.dag.unwrap_or_default(),
+            "state": f.state.unwrap_or_default(),
+            "pager": pager(page, pages),
+        }),
+        live,
+    )
+}
+
+/// A cell of a backfill's grid.
+fn cell(i: &IntervalDetail, labels: &Labeler) -> Value {
+    let c = Cell::of(i);
+    let label = labels.label(i.start.0);
+    let mut title = format!("{label}: {}", c.words());
+    if let Some(r) = i
+        .reason
+        .as_deref()
+        .or(i.reasons.as_deref())
+        .or(i.error.as_deref())
+    {
+        title.push_str(" · ");
+        title.push_str(&r.chars().take(200).collect::<String>());
+    }
+    let start = crate::interval::rfc3339(i.start.0);
+    json!({
+        "start": start,
+        "label": label,
+        "state": c.name(),
+        "title": title,
+    })
+}
+
+/// `/backfills/ID`: one cell per interval, a page of them at a time.
+pub(super) async fn backfill(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    Query(p): Query<Paging>,
+) -> Response {
+    let Ok(id) = id.parse::<i64>() else {
+        return app.pages.message(
+            StatusCode::BAD_REQUEST,
+            "Not a backfill id",
+            &format!("`{id}` is not a backfill id (a number)."),
+        );
+    };
+    let read = app
+        .read(move |conn, project| {
+            let Some(s) = super::super::read::shown(conn, project, id, false)? else {
+                return Ok(None);
+            };
+            let e = eta(conn, project, &s.detail.backfill)?;
+            Ok(Some((s, e)))
+        })
+        .await;
+    let (shown, eta) = match read {
+        Ok(Some(Some(found))) => found,
+        Ok(_) => {
+            return app.pages.message(
+                StatusCode::NOT_FOUND,
+                "No such backfill",
+                &format!("The manifest has no backfill {id}."),
+            );
+        }
+        Err(Unreadable(why)) => return app.pages.unreadable(&why),
+    };
+    let labels = Labeler::of(shown.dag.as_ref());
+    let d = &shown.detail;
+    let mut intervals: Vec<&IntervalDetail> = d.interval_details.iter().collect();
+    intervals.sort_by_key(|i| i.start.0);
+    let pages = intervals.len().div_ceil(CELLS_PER_PAGE).max(1);
+    let page = p.page.unwrap_or(1).clamp(1, pages);
+    let cells: Vec<Value> = intervals
+        .iter()
+        .skip((page - 1) * CELLS_PER_PAGE)
+        .take(CELLS_PER_PAGE)
+        .map(|i| cell(i, &labels))
+        .collect();
+    let legend: Vec<Value> = tally(d.interval_details.iter())
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(c, n)| json!({ "state": c.name(), "words": c.words(), "count": n }))
+        .collect();
+    let workers: Vec<Value> = d
+        .workers
+        .iter()
+        .map(|w| {
+            json!({
+                "id": w.id, "host": w.host, "pid": w.pid, "state": w.state,
+                "alive": w.alive, "runs": w.runs, "max_active_runs": w.max_active_runs,
+                "started_at": w.started_at,
+            })
+        })
+        .collect();
+    let hosts: Vec<String> = d
+        .backfill
+        .owner_host
+        .iter()
+        .map(|h| crate::liveness::host_name(h).to_string())
+        .collect();
+    let live = d.backfill.state == crate::state::BackfillState::Running;
+    let members: Vec<Value> = shown
+        .members
+        .iter()
+        .map(|m| json!({ "id": m.backfill.id, "dag": m.backfill.dag_id, "state": m.backfill.state.to_string() }))
+        .collect();
+    app.pages.render(
+        StatusCode::OK,
+        "backfill.html",
+        json!({
+            "title": format!("Backfill {id} of {}", d.backfill.dag_id),
+            "manifest": app.manifest.display().to_string(),
+            "b": backfill_row(&d.backfill, &labels, eta, &hosts),
+            "batch_size": d.backfill.batch_size,
+            "run_backwards": d.backfill.run_backwards,
+            "cells": cells,
+            "legend": legend,
+            "workers": workers,
+            "members": members,
+            "pager": pager(page, pages),
+        }),
+        live,
+    )
+}
+
+/// The end of a log file on this host, when it is here.
+fn log_tail(path: &str) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    let from = len.saturating_sub(LOG_TAIL);
+    f.seek(SeekFrom::Start(from)).ok()?;
+    let mut buf = Vec::new();
+    f.take(LOG_TAIL).read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    Some(if from > 0 {
+        // From the first whole line.
+        text.split_once('\n')
+            .map_or(text.clone(), |(_, rest)| rest.to_string())
+    } else {
+        text
+    })
+}
+
+/// `/backfills/ID/intervals/START`: the interval's tries in this backfill, and its runs in
+/// every backfill of the manifest.
+pub(super) async fn interval(
+    State(app): State<Arc<App>>,
+    Path((id, start)): Path<(String, String)>,
+) -> Response {
+    let (Ok(id), Ok(at)) = (id.parse::<i64>(), DateTime::parse_from_rfc3339(&start)) else {
+        return app.pages.message(
+            StatusCode::BAD_REQUEST,
+            "Not an interval",
+            &format!(
+                "`{id}/intervals/{start}` names no interval: give a backfill id and an interval's start in RFC 3339, such as /backfills/7/intervals/2026-09-01T00:00:00Z."
+            ),
+        );
+    };
+    let at = at.with_timezone(&Utc);
+    let unix = at.timestamp();
+    let read = app
+        .read(move |conn, project| {
+            let Some(b) = conn.backfill(id)? else {
+                return Ok(None);
+            };
+            let tries = conn.interval_tries(id, unix)?;
+            let history = conn.run_history(&b.dag_id, unix, unix)?;
+            let dag = project.and_then(|p| p.dag(&b.dag_id).ok());
+            Ok(Some((b.dag_id, tries, history, dag)))
+        })
+        .await;
+    let (dag_id, tries, history, dag) = match read {
+        Ok(Some(Some(found))) => found,
+        Ok(_) => {
+            return app.pages.message(
+                StatusCode::NOT_FOUND,
+                "No such backfill",
+                &format!("The manifest has no backfill {id}."),
+            );
+        }
+        Err(Unreadable(why)) => return app.pages.unreadable(&why),
+    };
+    let labels = Labeler::of(dag.as_ref());
+    let tries: Vec<Value> = tries
+        .iter()
+        .map(|t| {
+            json!({
+                "run_id": t.run_id, "run_state": t.run_state.to_string(), "task": t.task,
+                "try_number": t.try_number, "state": t.state.to_string(), "host": t.host.as_deref().map(crate::liveness::host_name),
+                "started_at": t.started_at, "duration": t.duration_ms.map(took),
+                "rows": t.rows, "source_rows": t.source_rows, "previous_rows": t.previous_rows,
+                "verdict": t.verdict, "reasons": t.reasons, "error": t.error,
+                "batch": t.batch, "log": t.log, "log_tail": t.log.as_deref().and_then(log_tail),
+            })
+        })
+        .collect();
+    let runs: Vec<Value> = history
+        .iter()
+        .map(|r: &RunHistory| {
+            json!({
+                "run_id": r.run_id, "backfill_id": r.backfill_id, "state": r.state.to_string(),
+                "cell": Cell::of_run(Some(&r.state.to_string()), r.verdict.as_deref()).name(),
+                "started_at": r.started_at, "duration": r.duration_ms.map(took), "tries": r.tries,
+                "rows": r.rows, "verdict": r.verdict, "reasons": r.reasons, "error": r.error,
+            })
+        })
+        .collect();
+    app.pages.render(
+        StatusCode::OK,
+        "interval.html",
+        json!({
+            "title": format!("{} · backfill {id}", labels.label(at)),
+            "manifest": app.manifest.display().to_string(),
+            "id": id,
+            "dag": dag_id,
+            "label": labels.label(at),
+            "start": crate::interval::rfc3339(at),
+            "tries": tries,
+            "runs": runs,
+        }),
+        false,
+    )
+}
+
+/// A calendar cell of a DAG.
+#[derive(Serialize)]
+struct DayCell {
+    start: String,
+    label: String,
+    state: &'static str,
+    title: String,
+    /// The backfill of the interval's latest run.
+    backfill: Option<i64>,
+}
+
+/// `/dags/DAG`: the DAG's partitions over time, newest page first: the latest run of each
+/// interval, whether it is published, and the intervals of its schedule that never ran.
+pub(super) async fn dag(
+    State(app): State<Arc<App>>,
+    Path(dag_id): Path<String>,
+    Query(p): Query<Paging>,
+) -> Response {
+    let page = p.page.unwrap_or(1).max(1);
+    let skip = i64::try_from(page - 1).unwrap_or(0) * DAG_STARTS_PER_PAGE;
+    let id = dag_id.clone();
+    let read = app
+        .read(move |conn, project| {
+            let starts = conn.dag_starts(&id, DAG_STARTS_PER_PAGE + 1, skip)?;
+            let more = starts.len() > usize::try_from(DAG_STARTS_PER_PAGE).unwrap_or(0);
+            let starts = &starts[..starts.len().min(DAG_STARTS_PER_PAGE as usize)];
+            let (Some(&hi), Some(&lo)) = (starts.first(), starts.last()) else {
+                return Ok(None);
+            };
+            let history = conn.run_history(&id, lo, hi)?;
+            let published = conn.published_starts(&id, lo, hi)?;
+            let dag = project.and_then(|p| p.dag(&id).ok());
+            Ok(Some((history, published, dag, more, lo, hi)))
+        })
+        .await;
+    let (history, published, dag, more, lo, hi) = match read {
+        Ok(Some(Some(found))) => found,
+        Ok(_) => {
+            return app.pages.message(
+                StatusCode::NOT_FOUND,
+                "No runs of this DAG",
+                &format!(
+                    "The manifest has no run of DAG `{dag_id}`{}.",
+                    if page > 1 { " on this page" } else { "" }
+                ),
+            );
+        }
+        Err(Unreadable(why)) => return app.pages.unreadable(&why),
+    };
+    let labels = Labeler::of(dag.as_ref());
+    let published: BTreeMap<i64, i64> = published.into_iter().collect();
+    // The latest run of each start (the history is by start, then attempt).
+    let mut latest: BTreeMap<i64, &RunHistory> = BTreeMap::new();
+    for r in &history {
+        latest.insert(r.start.0.timestamp(), r);
+    }
+    // The schedule's intervals in the page's span that never ran, when the DAG is known.
+    let mut starts: Vec<i64> = latest.keys().copied().collect();
+    if let Some(d) = &dag {
+        let never: Vec<i64> = d
+            .schedule
+            .fire_times(from_unix(lo), from_unix(hi))
+            .take(10_000)
+            .map(|t| t.timestamp())
+            .filter(|t| !latest.contains_key(t))
+            .collect();
+        starts.extend(never);
+        starts.sort_unstable();
+    }
+    let cells: Vec<DayCell> = starts
+        .iter()
+        .map(|s| {
+            let start = from_unix(*s);
+            let label = labels.label(start);
+            match latest.get(s) {
+                Some(r) => {
+                    let state = r.state.to_string();
+                    let c = Cell::of_run(Some(&state), r.verdict.as_deref());
+                    let is_published = published.contains_key(s);
+                    let mut title = format!("{label}: {}", c.words());
+                    if is_published {
+                        title.push_str(&format!(" · published, {} rows", published[s]));
+                    }
+                    if let Some(why) = r.reasons.as_deref().or(r.error.as_deref()) {
+                        title.push_str(" · ");
+                        title.push_str(&why.chars().take(200).collect::<String>());
+                    }
+                    title.push_str(&format!(" · backfill {}", r.backfill_id));
+                    DayCell {
+                        start: crate::interval::rfc3339(start),
+                        label,
+                        state: c.name(),
+                        title,
+                        backfill: Some(r.backfill_id),
+                    }
+                }
+                None => DayCell {
+                    start: crate::interval::rfc3339(start),
+                    title: format!("{label}: never run"),
+                    label,
+                    state: "never",
+                    backfill: None,
+                },
+            }
+        })
+        .collect();
+    // Rows of the calendar: a month of days, a day of shorter intervals.
+    let daily = dag.as_ref().is_none_or(|d| d.schedule.at_most_daily());
+    let mut rows: Vec<Value> = Vec::new();
+    let mut current: Option<(String, Vec<&DayCell>)> = None;
+    for c in &cells {
+        let key = if daily {
+            c.label.get(..7).unwrap_or(&c.label).to_string()
+        } else {
+            c.label.get(..10).unwrap_or(&c.label).to_string()
+        };
+        match &mut current {
+            Some((k, v)) if *k == key => v.push(c),
+            _ => {
+                if let Some((k, v)) = current.take() {
+                    rows.push(json!({ "label": k, "cells": v }));
+                }
+                current = Some((key, vec![c]));
+            }
+        }
+    }
+    if let Some((k, v)) = current {
+        rows.push(json!({ "label": k, "cells": v }));
+    }
+    let mut legend: BTreeMap<&str, usize> = BTreeMap::new();
+    for c in &cells {
+        *legend.entry(c.state).or_default() += 1;
+    }
+    let words = |s: &str| {
+        Cell::ALL
+            .iter()
+            .find(|c| c.name() == s)
+            .map_or("never run", |c| c.words())
+    };
+    let legend: Vec<Value> = legend
+        .into_iter()
+        .map(|(s, n)| json!({ "state": s, "words": words(s), "count": n }))
+        .collect();
+    app.pages.render(
+        StatusCode::OK,
+        "dag.html",
+        json!({
+            "title": format!("DAG {dag_id}"),
+            "manifest": app.manifest.display().to_string(),
+            "dag": dag_id,
+            "description": dag.as_ref().and_then(|d| d.description.clone()),
+            "schedule": dag.as_ref().map(|d| d.schedule.expr().to_string()),
+            "rows": rows,
+            "legend": legend,
+            "known": dag.is_some(),
+            "pager": json!({
+                "page": page,
+                "previous": (page > 1).then(|| page - 1),
+                "next": more.then_some(page + 1),
+            }),
+        }),
+        false,
+    )
+}
+
+/// `/pools`: the pools' slots in use and who holds them; the leases held and how fresh their
+/// owners' heartbeats are.
+pub(super) async fn pools(State(app): State<Arc<App>>) -> Response {
+    let read = app
+        .read(|conn, _| Ok((conn.pool_slots()?, conn.lease_views()?)))
+        .await;
+    let (slots, leases) = match read {
+        Ok(Some(found)) => found,
+        Ok(None) => (Vec::new(), Vec::new()),
+        Err(Unreadable(why)) => return app.pages.unreadable(&why),
+    };
+    let timeout = app
+        .project
+        .as_ref()
+        .map_or(crate::project::DEFAULT_LEASE_TIMEOUT, |p| p.lease_timeout);
+    let sizes: BTreeMap<String, u32> = app
+        .project
+        .as_ref()
+        .map(|p| p.pools.clone())
+        .unwrap_or_default();
+    let mut pools: BTreeMap<String, (Option<u32>, Vec<Value>)> = sizes
+        .iter()
+        .map(|(k, v)| (k.clone(), (Some(*v), Vec::new())))
+        .collect();
+    for s in &slots {
+        pools
+            .entry(s.pool.clone())
+            .or_insert((None, Vec::new()))
+            .1
+            .push(json!({
+                "backfill_id": s.backfill_id, "try_id": s.try_id, "dag": s.dag_id,
+                "interval": s.interval_start.to_string(), "task": s.task,
+                "host": s.host.as_deref().map(crate::liveness::host_name), "taken_at": s.taken_at,
+            }));
+    }
+    let pools: Vec<Value> = pools
+        .into_iter()
+        .map(|(name, (size, holders))| json!({ "name": name, "size": size, "used": holders.len(), "holders": holders }))
+        .collect();
+    let now = crate::clock::now_ms();
+    let limit = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
+    let leases: Vec<Value> = leases
+        .iter()
+        .map(|l| {
+            let age = l.heartbeat_ms.map(|h| (now - h).max(0));
+            let health = match age {
+                _ if l.backfill_state != "running" => "ended",
+                Some(a) if a > limit => "expired",
+                Some(a) if a > limit / 2 => "expiring",
+                Some(_) => "fresh",
+                None => "expired",
+            };
+            json!({
+                "backfill_id": l.backfill_id, "dag": l.dag_id, "leases": l.leases,
+                "first": l.first.to_string(), "last": l.last.to_string(),
+                "host": l.owner_host.as_deref().map(crate::liveness::host_name), "pid": l.owner_pid,
+                "heartbeat_age": age.map(took), "health": health, "state": l.backfill_state,
+            })
+        })
+        .collect();
+    let live = leases.iter().any(|l| l["state"] == "running");
+    app.pages.render(
+        StatusCode::OK,
+        "pools.html",
+        json!({
+            "title": "Pools and leases",
+            "manifest": app.manifest.display().to_string(),
+            "pools": pools,
+            "leases": leases,
+            "timeout": took(limit),
+        }),
+        live,
+    )
+}
+
+/// Any other address.
+pub(super) async fn not_found(State(app): State<Arc<App>>) -> Response {
+    app.pages.message(
+        StatusCode::NOT_FOUND,
+        "Not found",
+        "This server has no such page. The backfills are at /.",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_parse_and_escape() {
+        let pages = Pages::new();
+        let r = pages.message(StatusCode::NOT_FOUND, "<script>alert(1)</script>", "a & b");
+        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn durations_for_people() {
+        assert_eq!(took(950), "950 ms");
+        assert_eq!(took(4_012), "4.0 s");
+        assert_eq!(took(200_000), "3 min 20 s");
+        assert_eq!(took(7_500_000), "2 h 5 min");
+    }
+}

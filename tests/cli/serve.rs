@@ -1,0 +1,757 @@
+//! `backfill serve`: the real binary serving a real manifest over HTTP, read by a raw HTTP/1.1
+//! client, by `promtool` for `/metrics`, and by a real browser (headless Chromium through
+//! chromedriver's WebDriver) that clicks a cell. And `show --grid` in the terminal.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::{Project, wait_until};
+
+/// A DAG of one command task whose gate compares the rows with `source-DAY`: day 2 is rejected
+/// (10 rows against 20), day 3 fails (its source count is not a number, but markup).
+const DAG: &str = r#"
+description = "Exports <script>alert('dag')</script> & more"
+schedule = "@daily"
+[[tasks]]
+id = "export"
+command = '''printf '{"rows": 10}' > "$BACKFILL_RESULT"'''
+[tasks.gate]
+source_count = "cat source-{{ ds }}"
+tolerance = 0.0
+"#;
+
+/// A project whose backfill 1 published day 1, rejected day 2 and failed day 3.
+fn finished() -> Project {
+    let p = Project::new().dag("exports", DAG);
+    p.write("source-2026-01-01", "10\n");
+    p.write("source-2026-01-02", "20\n");
+    p.write("source-2026-01-03", "<script>alert(1)</script>\n");
+    p.create(
+        "exports",
+        "2026-01-01",
+        "2026-01-03",
+        &["--max-active-runs", "1"],
+    )
+    .code(3);
+    p
+}
+
+/// A running `backfill serve`, stopped (SIGTERM) when dropped.
+struct Server {
+    child: Option<Child>,
+    addr: String,
+}
+
+impl Server {
+    fn start(p: &Project, name: &str, extra: &[&str]) -> Self {
+        let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        let child = p.spawn(name, &args);
+        let err = format!("{name}.err");
+        let mut addr = String::new();
+        wait_until("the server to listen", Duration::from_secs(20), || {
+            let text = p.read(&err);
+            if let Some(at) = text.find("at http://") {
+                let rest = &text[at + "at http://".len()..];
+                addr = rest.split('/').next().unwrap_or_default().to_string();
+                return true;
+            }
+            false
+        });
+        Self {
+            child: Some(child),
+            addr,
+        }
+    }
+
+    fn get(&self, path: &str) -> Answer {
+        http(&self.addr, "GET", path, &[], None)
+    }
+
+    fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> Answer {
+        http(&self.addr, "GET", path, headers, None)
+    }
+
+    /// Stops the server as Ctrl-C does; its exit code.
+    fn stop(mut self) -> i32 {
+        let mut child = self.child.take().unwrap();
+        crate::support::signal(&child, nix::sys::signal::Signal::SIGINT);
+        child.wait().unwrap().code().unwrap_or(-1)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// An HTTP answer.
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+/// One HTTP/1.1 request on its own connection.
+fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Answer {
+    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if let Some(b) = body {
+        req.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            b.len()
+        ));
+    }
+    req.push_str("\r\n");
+    if let Some(b) = body {
+        req.push_str(b);
+    }
+    s.write_all(req.as_bytes()).unwrap();
+    // Read to the end of the answer, which a server may send without closing (chromedriver
+    // keeps its connections open): to Content-Length, to the last chunk, or to the close.
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 16384];
+    let complete = |raw: &[u8]| -> bool {
+        let text = String::from_utf8_lossy(raw);
+        let Some((head, rest)) = text.split_once("\r\n\r\n") else {
+            return false;
+        };
+        let head = head.to_ascii_lowercase();
+        if let Some(n) = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|n| n.trim().parse::<usize>().ok())
+        {
+            return rest.len() >= n;
+        }
+        head.contains("transfer-encoding: chunked") && rest.ends_with("0\r\n\r\n")
+    };
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+        if complete(&raw) {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {text}"));
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let chunked = headers.iter().any(|(k, v)| {
+        k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
+    });
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = &after[n + 2..];
+    }
+    out
+}
+
+/// How many times `needle` occurs.
+fn count(hay: &str, needle: &str) -> usize {
+    hay.matches(needle).count()
+}
+
+#[test]
+fn pages_json_and_metrics_of_a_finished_backfill_and_the_manifest_is_untouched() {
+    let p = finished();
+    let manifest = (!crate::support::pg_manifest()).then(|| p.manifest_path());
+    let before = manifest.as_ref().map(|m| std::fs::read(m).unwrap());
+    let s = Server::start(&p, "serve", &[]);
+
+    // The list.
+    let list = s.get("/");
+    assert_eq!(list.status, 200, "{}", list.body);
+    assert_eq!(
+        list.header("content-type"),
+        Some("text/html; charset=utf-8")
+    );
+    assert!(
+        list.body
+            .contains(r#"<tr data-backfill="1" data-state="failed">"#),
+        "{}",
+        list.body
+    );
+    assert!(list.body.contains("1 rejected"), "{}", list.body);
+    let filtered = s.get("/?dag=exports&state=completed");
+    assert_eq!(filtered.status, 200);
+    assert!(!filtered.body.contains("data-backfill=\"1\""));
+    assert!(filtered.body.contains("No backfills match"));
+
+    // One cell per interval, with its state; the rejected one names its reason.
+    let page = s.get("/backfills/1");
+    assert_eq!(page.status, 200);
+    assert_eq!(count(&page.body, "data-interval="), 3, "{}", page.body);
+    for (day, state) in [(1, "succeeded"), (2, "rejected"), (3, "failed")] {
+        let cell = format!(
+            r#"href="/backfills/1/intervals/2026-01-0{day}T00:00:00Z" data-interval="2026-01-0{day}T00:00:00Z" data-state="{state}""#
+        );
+        assert!(page.body.contains(&cell), "no {cell} in {}", page.body);
+    }
+    let rejected = s.get("/backfills/1/intervals/2026-01-02T00:00:00Z");
+    assert_eq!(rejected.status, 200);
+    assert!(
+        rejected
+            .body
+            .contains("row count 10 differs from the source count 20 by 50.0%"),
+        "{}",
+        rejected.body
+    );
+    assert!(
+        rejected
+            .body
+            .contains(r#"<section class="try" data-try="1" data-state="rejected">"#)
+    );
+
+    // Every value is text: the markup a source count printed, and the DAG's description.
+    let failed = s.get("/backfills/1/intervals/2026-01-03T00:00:00Z");
+    assert!(
+        failed.body.contains("&lt;script&gt;alert(1)&lt;"),
+        "{}",
+        failed.body
+    );
+    assert!(!failed.body.contains("<script>alert"), "{}", failed.body);
+    let dag = s.get("/dags/exports");
+    assert_eq!(dag.status, 200, "{}", dag.body);
+    assert!(
+        dag.body.contains("Exports &lt;script&gt;alert("),
+        "{}",
+        dag.body
+    );
+    assert!(!dag.body.contains("<script>alert"));
+    assert_eq!(count(&dag.body, "data-interval="), 3);
+
+    // The JSON documents are the commands' own.
+    let shown = p.run(&["--output", "json", "show", "1"]);
+    assert_eq!(s.get("/api/backfills/1").json(), shown.json());
+    let listed = p.run(&["--output", "json", "list"]);
+    assert_eq!(s.get("/api/backfills").json(), listed.json());
+
+    // Bad requests are 4xx, never a crash.
+    assert_eq!(s.get("/backfills/abc").status, 400);
+    assert_eq!(s.get("/backfills/99").status, 404);
+    assert_eq!(s.get("/backfills/1/intervals/yesterday").status, 400);
+    assert_eq!(s.get("/api/backfills/99").status, 404);
+    assert_eq!(
+        s.get("/api/backfills/99").json(),
+        json!({"error": "the manifest has no backfill 99"})
+    );
+    assert_eq!(s.get("/nowhere").status, 404);
+    assert_eq!(s.get("/dags/unknown").status, 404);
+    assert_eq!(s.get("/pools").status, 200);
+
+    // Metrics.
+    let m = s.get("/metrics");
+    assert_eq!(m.status, 200);
+    for line in [
+        "backfill_manifest_up 1",
+        "backfill_backfills{state=\"failed\"} 1",
+        "backfill_intervals{dag=\"exports\",state=\"rejected\"} 1",
+        "backfill_intervals{dag=\"exports\",state=\"failed\"} 1",
+        "backfill_intervals{dag=\"exports\",state=\"succeeded\"} 1",
+        "backfill_tries_running 0",
+        "backfill_rejections_total{dag=\"exports\",rule=\"source_count\"} 1",
+        "backfill_last_published_interval_end_seconds{dag=\"exports\"} 1767312000",
+    ] {
+        assert!(
+            m.body.lines().any(|l| l == line),
+            "no `{line}` in\n{}",
+            m.body
+        );
+    }
+    promtool(&m.body);
+
+    assert_eq!(s.stop(), 0, "Ctrl-C ends the server with 0");
+    if let (Some(m), Some(before)) = (manifest, before) {
+        assert_eq!(
+            std::fs::read(m).unwrap(),
+            before,
+            "the manifest file is unchanged byte for byte"
+        );
+    }
+}
+
+/// `promtool check metrics` on `text`: a panic when it finds a problem. Without promtool, a
+/// panic under `CI=true`, else a loud skip.
+fn promtool(text: &str) {
+    let Ok(mut child) = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    else {
+        skip(
+            "promtool check metrics",
+            "no promtool: install it with `sudo apt-get install prometheus` (Debian, Ubuntu)",
+        );
+        return;
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A test part that cannot run here: a panic under `CI=true`, else a loud message on the
+/// process's stderr (the harness captures `eprintln!`).
+fn skip(what: &str, why: &str) {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{what}: {why}");
+    }
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "\n*** SKIPPED {what}: {why} ***\n"
+    );
+}
+
+#[test]
+fn another_address_needs_a_token_and_every_request_then_carries_it() {
+    let p = finished();
+    let out = p.run(&["serve", "--listen", "0.0.0.0:0"]);
+    out.code(2).stderr_has(
+        "--listen 0.0.0.0:0: another address than loopback lets every host that reaches it read the manifest; give --token (or BACKFILL_SERVE_TOKEN) as well",
+    );
+    p.run(&["serve", "--listen", "8460"])
+        .code(2)
+        .stderr_has("--listen 8460: not an address to listen on; give HOST:PORT");
+    p.run(&["serve", "--token", "short"])
+        .code(2)
+        .stderr_has("give at least 8 characters without spaces");
+    // The token's value never shows in --help.
+    let help = p.run_with(
+        &["serve", "--help"],
+        &[("BACKFILL_SERVE_TOKEN", "s3cret-token")],
+    );
+    help.code(0);
+    assert!(!help.stdout.contains("s3cret-token"), "{}", help.stdout);
+
+    let s = Server::start(&p, "serve", &["--token", "s3cret-token"]);
+    for path in [
+        "/",
+        "/backfills/1",
+        "/api/backfills",
+        "/metrics",
+        "/nowhere",
+    ] {
+        let a = s.get(path);
+        assert_eq!(a.status, 401, "{path} without the token");
+        assert!(!a.body.contains("data-interval"));
+    }
+    assert_eq!(
+        s.get_with("/", &[("Authorization", "Bearer wrong-token")])
+            .status,
+        401
+    );
+    assert_eq!(
+        s.get_with("/metrics", &[("Authorization", "Bearer s3cret-token")])
+            .status,
+        200
+    );
+    let first = s.get("/backfills/1?token=s3cret-token");
+    assert_eq!(first.status, 200);
+    let cookie = first.header("set-cookie").expect("a cookie").to_string();
+    assert!(
+        cookie.starts_with("backfill_token=s3cret-token;"),
+        "{cookie}"
+    );
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"));
+    let with_cookie = s.get_with("/backfills/1", &[("Cookie", "backfill_token=s3cret-token")]);
+    assert_eq!(with_cookie.status, 200);
+    assert_eq!(count(&with_cookie.body, "data-interval="), 3);
+}
+
+#[test]
+fn a_project_without_a_manifest_yet_serves_an_empty_list_and_creates_nothing() {
+    let p = Project::new().dag("exports", DAG).sqlite();
+    let s = Server::start(&p, "serve", &[]);
+    let list = s.get("/");
+    assert_eq!(list.status, 200);
+    assert!(list.body.contains("No backfills yet"), "{}", list.body);
+    assert_eq!(s.get("/api/backfills").json(), json!([]));
+    let m = s.get("/metrics");
+    assert!(
+        m.body.lines().any(|l| l == "backfill_manifest_up 1"),
+        "{}",
+        m.body
+    );
+    assert!(!p.path(".backfill").exists(), "nothing written");
+}
+
+#[test]
+fn a_manifest_server_that_goes_away_gives_a_page_that_says_so_and_it_recovers() {
+    if !crate::pg::available("the status page against a PostgreSQL manifest that stops") {
+        return;
+    }
+    let own = crate::pg::Cluster::start();
+    let db = own.create_db();
+    // A password in the URL (the test server trusts its users, so any will do) must never
+    // reach a page, nor the line that says where the server listens.
+    let url = own
+        .url(&db)
+        .replace("postgres@", "postgres:hunter2-secret@");
+    assert!(url.contains("hunter2-secret"));
+    let p = Project::new().dag("exports", DAG);
+    p.write("source-2026-01-01", "10\n");
+    p.run_with(
+        &[
+            "create",
+            "--dag",
+            "exports",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+        ],
+        &[("BACKFILL_MANIFEST", &url)],
+    )
+    .code(0);
+    let child = p.spawn_with(
+        "serve",
+        &["serve", "--listen", "127.0.0.1:0"],
+        &[("BACKFILL_MANIFEST", &url)],
+    );
+    let mut addr = String::new();
+    wait_until("the server to listen", Duration::from_secs(20), || {
+        let text = p.read("serve.err");
+        text.split("at http://")
+            .nth(1)
+            .map(|rest| addr = rest.split('/').next().unwrap_or_default().to_string())
+            .is_some()
+    });
+    let s = Server {
+        child: Some(child),
+        addr,
+    };
+    let page = s.get("/backfills/1");
+    assert_eq!(page.status, 200);
+    assert!(page.body.contains("postgres@127.0.0.1:"), "{}", page.body);
+    for path in [
+        "/",
+        "/backfills/1",
+        "/pools",
+        "/dags/exports",
+        "/api/backfills/1",
+        "/metrics",
+    ] {
+        assert!(
+            !s.get(path).body.contains("hunter2"),
+            "{path} shows the password"
+        );
+    }
+    assert!(!p.read("serve.err").contains("hunter2"));
+    own.stop();
+    let down = s.get("/backfills/1");
+    assert_eq!(down.status, 503, "{}", down.body);
+    assert!(!down.body.contains("hunter2"), "{}", down.body);
+    assert!(
+        down.body.contains("Cannot read the manifest"),
+        "{}",
+        down.body
+    );
+    assert!(
+        down.body.contains(r#"data-live="true""#),
+        "the page tries again"
+    );
+    let m = s.get("/metrics");
+    assert!(
+        m.body.lines().any(|l| l == "backfill_manifest_up 0"),
+        "{}",
+        m.body
+    );
+    own.start_again();
+    let back = std::time::Instant::now();
+    wait_until("the page to recover", Duration::from_secs(30), || {
+        s.get("/backfills/1").status == 200
+    });
+    eprintln!(
+        "recovered {:?} after the server started again",
+        back.elapsed()
+    );
+    assert_eq!(count(&s.get("/backfills/1").body, "data-interval="), 1);
+}
+
+#[test]
+fn show_grid_draws_one_cell_per_interval_wrapped_to_the_width() {
+    let p = finished();
+    let out = p.run_with(&["show", "1", "--grid"], &[("COLUMNS", "50")]);
+    out.code(0);
+    assert_eq!(
+        out.stdout,
+        "backfill 1 of exports: failed · 3 intervals\n2026-01-01  #RF\n# published 1  R rejected 1  F failed 1\n"
+    );
+    // Forty days in groups of a week, the groups of a daily schedule, as many as fit: 44
+    // columns hold four weeks beside the date.
+    let p = Project::new().dag(
+        "d",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+    );
+    p.create("d", "2026-01-01", "2026-02-09", &[]).code(0);
+    let out = p.run_with(&["show", "1", "--grid"], &[("COLUMNS", "44")]);
+    out.code(0);
+    assert_eq!(
+        out.stdout,
+        "backfill 1 of d: completed · 40 intervals\n2026-01-01  ####### ####### ####### #######\n2026-01-29  ####### #####\n# published 40\n"
+    );
+    p.run(&["--output", "json", "show", "1", "--grid"])
+        .code(2)
+        .stderr_has("show --grid draws cells for people");
+}
+
+/// chromedriver's WebDriver: a session of headless Chromium.
+struct Browser {
+    driver: Child,
+    addr: String,
+    session: String,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    /// `None` (after a skip) when Chromium or chromedriver is not installed.
+    fn start() -> Option<Self> {
+        let (chromium, chromedriver) = (Path::new("/usr/bin/chromium"), "chromedriver");
+        let found = Command::new(chromedriver)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found || !chromium.exists() {
+            skip(
+                "the browser test",
+                "no Chromium or chromedriver: install them with `sudo apt-get install chromium chromium-driver` (Debian)",
+            );
+            return None;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let driver = Command::new(chromedriver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let addr = format!("127.0.0.1:{port}");
+        wait_until("chromedriver to listen", Duration::from_secs(20), || {
+            TcpStream::connect(&addr).is_ok()
+        });
+        let profile = tempfile::tempdir().unwrap();
+        let caps = json!({"capabilities": {"alwaysMatch": {"goog:chromeOptions": {
+            "binary": chromium,
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                     "--no-first-run", "--disable-background-networking",
+                     "--disable-component-update", "--disable-sync",
+                     format!("--user-data-dir={}", profile.path().display())],
+        }}}});
+        let answer = http(&addr, "POST", "/session", &[], Some(&caps.to_string())).json();
+        let session = answer["value"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no WebDriver session: {answer}"))
+            .to_string();
+        Some(Self {
+            driver,
+            addr,
+            session,
+            _profile: profile,
+        })
+    }
+
+    fn call(&self, method: &str, path: &str, body: Value) -> Value {
+        let path = format!("/session/{}{path}", self.session);
+        let body = (method == "POST").then(|| body.to_string());
+        let answer = http(&self.addr, method, &path, &[], body.as_deref()).json();
+        assert!(
+            answer["value"].get("error").is_none(),
+            "WebDriver {method} {path}: {answer}"
+        );
+        answer["value"].clone()
+    }
+
+    fn go(&self, url: &str) {
+        self.call("POST", "/url", json!({ "url": url }));
+    }
+
+    /// The element ids of a CSS selector.
+    fn all(&self, css: &str) -> Vec<String> {
+        self.call(
+            "POST",
+            "/elements",
+            json!({"using": "css selector", "value": css}),
+        )
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            e.as_object()
+                .unwrap()
+                .values()
+                .next()
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+    }
+
+    fn attribute(&self, element: &str, name: &str) -> String {
+        self.call(
+            "GET",
+            &format!("/element/{element}/attribute/{name}"),
+            Value::Null,
+        )
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+    }
+
+    fn text(&self, element: &str) -> String {
+        self.call("GET", &format!("/element/{element}/text"), Value::Null)
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = http(
+            &self.addr,
+            "DELETE",
+            &format!("/session/{}", self.session),
+            &[],
+            None,
+        );
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+#[test]
+fn a_browser_clicks_the_rejected_cell_and_reads_its_reason() {
+    let Some(browser) = Browser::start() else {
+        return;
+    };
+    let p = finished();
+    let s = Server::start(&p, "serve", &[]);
+    browser.go(&format!("http://{}/", s.addr));
+    let links = browser.all("tr[data-backfill='1'] a[href='/backfills/1']");
+    assert_eq!(links.len(), 1);
+    browser.call("POST", &format!("/element/{}/click", links[0]), json!({}));
+    let cells = browser.all("#grid .cell");
+    assert_eq!(cells.len(), 3, "one cell per interval");
+    let states: Vec<String> = cells
+        .iter()
+        .map(|c| browser.attribute(c, "data-state"))
+        .collect();
+    assert_eq!(states, ["succeeded", "rejected", "failed"]);
+    // The cell is drawn: it has a size on the page.
+    let rect = browser.call("GET", &format!("/element/{}/rect", cells[1]), Value::Null);
+    assert!(rect["width"].as_f64().unwrap() >= 10.0, "{rect}");
+    browser.call("POST", &format!("/element/{}/click", cells[1]), json!({}));
+    let url = browser.call("GET", "/url", Value::Null);
+    assert_eq!(
+        url.as_str().unwrap(),
+        format!(
+            "http://{}/backfills/1/intervals/2026-01-02T00:00:00Z",
+            s.addr
+        )
+    );
+    let reasons = browser.all(".try .reasons");
+    assert_eq!(reasons.len(), 1);
+    assert_eq!(
+        browser.text(&reasons[0]),
+        "row count 10 differs from the source count 20 by 50.0% (tolerance 0.0%)"
+    );
+    // The failed interval's markup is shown as text, and no script of it ran.
+    browser.go(&format!(
+        "http://{}/backfills/1/intervals/2026-01-03T00:00:00Z",
+        s.addr
+    ));
+    let errors = browser.all(".try .error");
+    assert!(
+        browser
+            .text(&errors[0])
+            .contains("<script>alert(1)</script>")
+    );
+    let alert = http(
+        &browser.addr,
+        "GET",
+        &format!("/session/{}/alert/text", browser.session),
+        &[],
+        None,
+    )
+    .json();
+    assert_eq!(alert["value"]["error"], "no such alert", "{alert}");
+}

@@ -568,6 +568,20 @@ fn show_grid_draws_one_cell_per_interval_wrapped_to_the_width() {
         .stderr_has("show --grid draws cells for people");
 }
 
+#[test]
+fn show_grid_on_a_terminal_is_in_colour_and_as_wide_as_the_terminal() {
+    let p = finished();
+    let Some((code, text)) = crate::tables::on_terminal(&p, &["show", "1", "--grid"], 50) else {
+        return;
+    };
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("2026-01-01  \x1b[32m#\x1b[0m\x1b[1;35mR\x1b[0m\x1b[1;31mF\x1b[0m\n"),
+        "{text:?}"
+    );
+    assert!(text.contains("\x1b[1;35mR\x1b[0m rejected 1"), "{text:?}");
+}
+
 /// chromedriver's WebDriver: a session of headless Chromium.
 struct Browser {
     driver: Child,

@@ -192,7 +192,7 @@ fn columns_fits_the_tables_and_verbose_keeps_every_word() {
 /// Runs `backfill ARGS` in a pseudo-terminal `cols` columns wide (through util-linux `script`)
 /// and returns its exit code and what the terminal received; `None`, said loudly, without
 /// `script`.
-fn on_terminal(p: &Project, args: &[&str], cols: u16) -> Option<(i32, String)> {
+pub(crate) fn on_terminal(p: &Project, args: &[&str], cols: u16) -> Option<(i32, String)> {
     let mut words = vec![
         env!("CARGO_BIN_EXE_backfill").to_string(),
         "-C".to_string(),

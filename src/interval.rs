@@ -1,6 +1,6 @@
 //! Data intervals, `WHEN` parsing and the expansion of a `--from`/`--to` range into intervals.
 //!
-//! Rules (see the README, "Intervals"):
+//! Rules (see docs/intervals.md):
 //! - `--from` is inclusive: the first interval is the first fire time `>= from`.
 //! - `--to` is inclusive on the interval start. A date-only `--to` covers the whole local day;
 //!   a datetime `--to` is inclusive at that instant.

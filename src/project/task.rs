@@ -142,7 +142,7 @@ pub(super) fn task_kind(
                 errs.at(
                     sql,
                     format!(
-                        "SQL task `{id}` needs {}; see the README's SQL tasks section",
+                        "SQL task `{id}` needs {}; see docs/sql-tasks.md",
                         missing
                             .iter()
                             .map(|k| format!("`{k}`"))

@@ -253,7 +253,7 @@ command = "test {{ ds }} != 2026-01-02"
 
 #[test]
 fn the_notification_example_posts_to_the_chat_webhook() {
-    let block = readme_block("## Notifications", "toml");
+    let block = readme_block("# Notifications", "toml");
     let p = Project::new().dag("flaky", FLAKY);
     p.write("backfill.toml", &block);
     // A `curl` that records its arguments, one per line, instead of posting them.
@@ -343,6 +343,15 @@ fn paste(root: &Path, line: &str) -> Out {
     )
 }
 
+/// The exit code a pasted line is said to end with (`# exits 3`), else 0.
+fn expected_code(line: &str) -> i32 {
+    line.split("# exits ")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
 /// The README's first command, run three times as its next paragraph says: as pasted, again
 /// (everything skipped), and with `--reprocess-behavior completed`.
 fn first_commands(root: &Path) {
@@ -362,7 +371,7 @@ fn first_commands(root: &Path) {
 /// where and when the example says.
 #[test]
 fn the_review_example_works_as_pasted_after_other_backfills() {
-    let block = readme_block("## Review, promote, roll back", "sh");
+    let block = readme_block("# Review, promote, roll back", "sh");
     let p = Project::new();
     let root = p.path("");
     let shop = crate::gate::whole_shop(&p, "examples/shop");
@@ -451,8 +460,30 @@ fn the_shop_sections_paste_in_order() {
     let root = p.path("");
     let shop = crate::gate::whole_shop(&p, "examples/shop");
     for line in &lines {
-        paste(&root, line).code(0);
+        let out = paste(&root, line);
+        out.code(expected_code(line));
+        // The output a `text` block shows right after the line's block is this output.
+        if line.contains("2026-11-10 --reprocess-behavior completed") {
+            for shown in [
+                "rejected   2026-11-10 (",
+                "): task `aggregate` rejected: zero rows and an empty source; set allow_empty = true in [tasks.gate] to publish an empty partition",
+                "succeeded  2026-11-09 (",
+            ] {
+                assert!(out.stderr.contains(shown), "{}", out.stderr);
+                assert!(readme.contains(shown), "the README shows `{shown}`");
+            }
+        }
     }
+    // The tour's rejected day kept its published rows.
+    let day: i64 = rusqlite::Connection::open(shop.join("warehouse.db"))
+        .unwrap()
+        .query_row(
+            "SELECT COUNT(*) FROM daily_orders WHERE day = '2026-11-10'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(day, 5, "2026-11-10 keeps its five published rows");
     let warehouse = rusqlite::Connection::open(shop.join("warehouse.db")).unwrap();
     let months: Vec<String> = warehouse
         .prepare("SELECT DISTINCT month FROM monthly_revenue ORDER BY month")
@@ -591,10 +622,10 @@ fn the_completion_and_manual_lines_work_as_pasted() {
 fn the_cascade_example_works_as_written() {
     let section = {
         let text = crate::support::readme();
-        let start = text.find("\n## Cascades, pools and guard rails\n").unwrap();
+        let start = text.find("\n# Cascades, pools and guard rails\n").unwrap();
         text[start..].to_string()
     };
-    let block = readme_block("## Cascades, pools and guard rails", "sh");
+    let block = readme_block("# Cascades, pools and guard rails", "sh");
     let line = block.lines().find(|l| l.starts_with("backfill ")).unwrap();
     let words = shlex::split(line).unwrap();
     assert_eq!(&words[1..3], ["-C", "examples/shop"]);
@@ -647,7 +678,7 @@ fn the_cascade_example_works_as_written() {
 /// `promote` publishes them.
 #[test]
 fn the_sample_recipe_works_as_pasted() {
-    let block = readme_block("### Rehearse on a sample of the range", "sh");
+    let block = readme_block("## Rehearse on a sample of the range", "sh");
     let p = Project::new();
     let root = p.path("");
     let shop = crate::gate::whole_shop(&p, "examples/shop");
@@ -753,4 +784,242 @@ fn the_sample_recipe_works_as_pasted() {
         .map(|d| &d[..10])
         .collect();
     assert_eq!(october, ["2026-10-01", "2026-10-16", "2026-10-31"]);
+}
+
+/// The fenced blocks of the README's section under `heading` (to the next heading of its level
+/// or above), as `(language, body)`.
+fn section_blocks(heading: &str) -> Vec<(String, String)> {
+    let text = crate::support::readme();
+    let start = text
+        .find(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("the README has no heading {heading:?}"));
+    let level = heading.split(' ').next().unwrap();
+    let rest = &text[start + heading.len() + 2..];
+    let mut blocks = Vec::new();
+    let mut lines = rest.lines();
+    while let Some(line) = lines.next() {
+        if let Some(lang) = line.strip_prefix("```") {
+            let body: Vec<&str> = lines.by_ref().take_while(|l| *l != "```").collect();
+            blocks.push((lang.to_string(), body.join("\n") + "\n"));
+        } else if line.starts_with('#')
+            && line
+                .split(' ')
+                .next()
+                .is_some_and(|h| h.len() <= level.len() && h.chars().all(|c| c == '#'))
+        {
+            break;
+        }
+    }
+    blocks
+}
+
+/// Writes each `toml` block into the file its first line names (`# my-pipelines/...`) under
+/// `root`, hands each `sql` block to `sql`, and runs each line of the `sh` blocks with the
+/// binary in `root` (an `export` line is the caller's: `env` holds its variables).
+fn follow(
+    root: &Path,
+    blocks: &[(String, String)],
+    env: &[(&str, &str)],
+    mut sql: impl FnMut(&str),
+) {
+    let mut ran = 0;
+    for (lang, body) in blocks {
+        match lang.as_str() {
+            "toml" => {
+                let first = body.lines().next().unwrap();
+                let rel = first
+                    .strip_prefix("# ")
+                    .expect("a toml block names its file");
+                let path = root.join(rel.split_whitespace().next().unwrap());
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                std::fs::write(path, body).unwrap();
+            }
+            "sql" => sql(body),
+            "sh" => {
+                for line in body.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                    if line.starts_with("export ") {
+                        continue;
+                    }
+                    let words = shlex::split(line).unwrap();
+                    assert_eq!(words[0], "backfill", "{line}");
+                    output(
+                        Command::new(env!("CARGO_BIN_EXE_backfill"))
+                            .args(&words[1..])
+                            .current_dir(root)
+                            .env("BACKFILL_NOW", NOW)
+                            .env_remove("BACKFILL_MANIFEST")
+                            .envs(env.iter().copied()),
+                    )
+                    .code(0);
+                    ran += 1;
+                }
+            }
+            other => panic!("a `{other}` block in the first project"),
+        }
+    }
+    assert_eq!(ran, 4, "dags validate, the dry run, the run and the rerun");
+}
+
+/// The user's own orders: 3 a day and region for the first week of September 2026, as rows
+/// `(id, 'YYYY-MM-DD HH:MM:SS', region, cents)`.
+fn own_orders() -> Vec<(i64, String, &'static str, i64)> {
+    let mut rows = Vec::new();
+    for day in 1..=7 {
+        for (r, region) in ["eu", "us", "apac", "latam", "mea"].iter().enumerate() {
+            for k in 0..3 {
+                let id = i64::from(day) * 100 + r as i64 * 10 + k;
+                rows.push((
+                    id,
+                    format!("2026-09-{day:02} {:02}:15:00", 3 + k * 7),
+                    *region,
+                    100 + id,
+                ));
+            }
+        }
+    }
+    rows
+}
+
+#[test]
+fn the_first_project_on_sqlite_works_as_written() {
+    let p = Project::new();
+    let root = p.path("");
+    std::fs::create_dir_all(root.join("my-pipelines")).unwrap();
+    let wh = rusqlite::Connection::open(root.join("my-pipelines/warehouse.db")).unwrap();
+    wh.execute_batch(
+        "CREATE TABLE orders (order_id INTEGER PRIMARY KEY, order_ts TEXT NOT NULL, region TEXT NOT NULL, amount_cents INTEGER NOT NULL)",
+    )
+    .unwrap();
+    for (id, ts, region, cents) in own_orders() {
+        wh.execute(
+            "INSERT INTO orders VALUES (?1, ?2, ?3, ?4)",
+            rusqlite::params![id, ts, region, cents],
+        )
+        .unwrap();
+    }
+    follow(&root, &section_blocks("### On SQLite"), &[], |sql| {
+        wh.execute_batch(sql).unwrap()
+    });
+    let (rows, orders, cents): (i64, i64, i64) = wh
+        .query_row(
+            "SELECT COUNT(*), SUM(orders), SUM(revenue_cents) FROM orders_daily",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    let want: i64 = own_orders().iter().map(|o| o.3).sum();
+    assert_eq!(
+        (rows, orders, cents),
+        (35, 105, want),
+        "7 days of 5 regions, every order once"
+    );
+}
+
+#[test]
+fn the_first_project_on_postgresql_works_as_written() {
+    if !crate::pg::available("the README's first project on PostgreSQL") {
+        return;
+    }
+    let pg = crate::pg::shared();
+    let db = pg.create_db();
+    // The user's database: its schemas, its own orders, and the role `etl` (once per cluster).
+    let mut load = String::from(
+        "DO $$ BEGIN CREATE ROLE etl LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+         CREATE SCHEMA raw; CREATE SCHEMA analytics;
+         CREATE TABLE raw.orders (order_id bigint PRIMARY KEY, order_ts timestamptz NOT NULL, region text NOT NULL, amount_cents integer NOT NULL);\n",
+    );
+    for (id, ts, region, cents) in own_orders() {
+        load.push_str(&format!(
+            "INSERT INTO raw.orders VALUES ({id}, '{ts}+00', '{region}', {cents});\n"
+        ));
+    }
+    pg.psql(&db, &load);
+    let root = Project::new().path("");
+    let url = pg.url(&db).replace("postgres@", "etl@");
+    follow(
+        &root,
+        &section_blocks("### On PostgreSQL"),
+        &[("ANALYTICS_PG_URL", &url)],
+        |sql| {
+            // As the database's owner, in the test's database.
+            pg.psql(
+                &db,
+                &sql.replace("DATABASE analytics", &format!("DATABASE {db}")),
+            );
+        },
+    );
+    let got = pg.psql(
+        &db,
+        "SELECT count(*) || ' ' || sum(orders) || ' ' || sum(revenue_cents) FROM analytics.orders_daily",
+    );
+    let want: i64 = own_orders().iter().map(|o| o.3).sum();
+    assert_eq!(got.trim(), format!("35 105 {want}"));
+}
+
+/// Every link between the documentation's files (the README, the guide, BENCHMARKS.md and
+/// CONTRIBUTING.md) names a file that exists and, after `#`, a heading of that file.
+#[test]
+fn every_link_between_the_documents_resolves() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = crate::support::documents();
+    for extra in [
+        "BENCHMARKS.md",
+        "CONTRIBUTING.md",
+        "docs/README.md",
+        "docs/SUMMARY.md",
+    ] {
+        files.push(root.join(extra));
+    }
+    let anchors = |text: &str| -> Vec<String> {
+        let mut fence = false;
+        let mut out = Vec::new();
+        for line in text.lines() {
+            if line.starts_with("```") {
+                fence = !fence;
+            }
+            if !fence && line.starts_with('#') {
+                let title = line.trim_start_matches('#').trim().to_lowercase();
+                let slug: String = title
+                    .chars()
+                    .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+                    .map(|c| if c == ' ' { '-' } else { c })
+                    .collect();
+                out.push(slug);
+            }
+        }
+        out
+    };
+    let mut checked = 0;
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("](") {
+            rest = &rest[at + 2..];
+            let target = &rest[..rest.find(')').unwrap()];
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            let (path, anchor) = target.split_once('#').unwrap_or((target, ""));
+            let dest = if path.is_empty() {
+                file.clone()
+            } else {
+                file.parent().unwrap().join(path)
+            };
+            assert!(
+                dest.exists(),
+                "{}: a link to {target}, which does not exist",
+                file.display()
+            );
+            if !anchor.is_empty() {
+                let dest_text = std::fs::read_to_string(&dest).unwrap();
+                assert!(
+                    anchors(&dest_text).iter().any(|a| a == anchor),
+                    "{}: a link to {target}, whose heading does not exist",
+                    file.display()
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 50, "{checked} links");
 }

@@ -546,17 +546,35 @@ pub fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-/// The repository's `README.md`.
-pub fn readme() -> String {
-    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap()
+/// The documentation's files in reading order: `README.md`, then the guide's chapters in the
+/// order of `docs/SUMMARY.md`.
+pub fn documents() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let summary = std::fs::read_to_string(root.join("docs/SUMMARY.md")).unwrap();
+    let mut files = vec![root.join("README.md")];
+    for line in summary.lines().filter(|l| l.starts_with("- [")) {
+        let target = &line[line.find("](").unwrap() + 2..line.rfind(')').unwrap()];
+        files.push(root.join("docs").join(target));
+    }
+    files
 }
 
-/// The first fenced block of language `lang` after the heading `heading` of the README.
+/// The documentation as one text: the README, then the guide's chapters in order.
+pub fn readme() -> String {
+    documents()
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap_or_else(|e| panic!("{}: {e}", f.display())))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The first fenced block of language `lang` after the heading `heading` of the
+/// documentation (the README or a chapter of the guide).
 pub fn readme_block(heading: &str, lang: &str) -> String {
-    let text = readme();
+    let text = format!("\n{}", readme());
     let start = text
         .find(&format!("\n{heading}\n"))
-        .unwrap_or_else(|| panic!("README has no heading {heading:?}"));
+        .unwrap_or_else(|| panic!("the documentation has no heading {heading:?}"));
     let rest = &text[start..];
     let open = format!("```{lang}\n");
     let body = &rest[rest.find(&open).expect("a fenced block") + open.len()..];

@@ -265,24 +265,49 @@ impl State {
     }
 }
 
+/// The one command block of the lake chapter (`docs/lake.md`) that contains `needle`.
+fn block_with(needle: &str) -> String {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/lake.md"))
+        .expect("the lake chapter");
+    let found: Vec<&str> = text
+        .split("```sh\n")
+        .skip(1)
+        .map(|b| &b[..b.find("```").expect("a closed block")])
+        .filter(|b| b.contains(needle))
+        .collect();
+    assert_eq!(found.len(), 1, "{found:#?}");
+    found[0].to_string()
+}
+
+/// The lake chapter's first block as pasted, from a folder whose `examples/iceberg` is a copy
+/// of the example. Its first two lines make the virtual environment that `.ci/run` makes in
+/// `target/iceberg-venv` (or that BACKFILL_PYTHON names): the rest runs with that
+/// environment's `bin` first on the PATH, as `activate` puts it, and `backfill` on the PATH.
 #[test]
 fn seven_days_are_published_to_main_with_no_branch_left() {
     let Some(python) = python() else { return };
     let lake = Lake::new(&python);
-    lake.backfill(
-        &[
-            "create",
-            "--dag",
-            "events_clean",
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-07",
-        ],
-        &[],
-    )
-    .code(0)
-    .has("7 succeeded");
+    let block = block_with("backfill -C examples/iceberg create");
+    let (setup, rest) = block.split_at(block.find("backfill ").expect("the backfill line"));
+    assert_eq!(
+        setup,
+        "python3 -m venv .venv && . .venv/bin/activate\npip install -r examples/iceberg/requirements.txt\n"
+    );
+    let root = tempfile::tempdir().expect("temp dir");
+    std::fs::create_dir(root.path().join("examples")).unwrap();
+    std::os::unix::fs::symlink(lake.path(), root.path().join("examples/iceberg")).unwrap();
+    let bin = Path::new(env!("CARGO_BIN_EXE_backfill")).parent().unwrap();
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!("set -eo pipefail\n{rest}"))
+        .current_dir(root.path())
+        .env("PATH", format!("{}:{}", lake.path_env, bin.display()))
+        .env("BACKFILL_NOW", NOW)
+        .env_remove("BACKFILL_MANIFEST")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run bash");
+    Run::from(out).code(0).has("7 succeeded");
     let state = lake.inspect("2026-01-01", "2026-01-07");
     assert_eq!(state.days.len(), 7);
     state.published_exactly();

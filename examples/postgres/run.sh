@@ -4,10 +4,10 @@
 # backfills January 2026.
 #
 #   examples/postgres/run.sh [BACKFILL ARGS...]     # default: create --dag orders_fact --from 2026-01-01 --to 2026-01-31
-#   examples/postgres/server.sh stop /tmp/backfill-example-pg     # when done
+#   examples/postgres/server.sh stop     # when done
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-eval "$("$here/server.sh" "${BACKFILL_EXAMPLE_PG_DIR:-/tmp/backfill-example-pg}")"
+eval "$("$here/server.sh")"
 bin=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)}
 PGOPTIONS="-c client_min_messages=warning" "$bin/psql" -X -q -v ON_ERROR_STOP=1 "$BACKFILL_EXAMPLE_PG_URL" -f "$here/schema.sql" -f "$here/seed.sql"
 if [ "$#" -eq 0 ]; then

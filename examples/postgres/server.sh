@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A throwaway PostgreSQL server for this example, in a folder of its own (default
-# /tmp/backfill-example-pg), with a database `shop`:
+# A throwaway PostgreSQL server for this example, in a folder of its own (DIR, else the folder
+# BACKFILL_EXAMPLE_PG_DIR names, else /tmp/backfill-example-pg), with a database `shop`:
 #
 #   eval "$(examples/postgres/server.sh [DIR])"   # start; prints export BACKFILL_EXAMPLE_PG_URL=...
 #   examples/postgres/server.sh stop [DIR]        # stop it; `rm -rf DIR` forgets it
@@ -12,7 +12,7 @@ set -euo pipefail
 
 action=start
 if [ "${1:-}" = stop ]; then action=stop; shift; fi
-dir=${1:-/tmp/backfill-example-pg}
+dir=${1:-${BACKFILL_EXAMPLE_PG_DIR:-/tmp/backfill-example-pg}}
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 bin=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)}

@@ -1,10 +1,14 @@
-//! The README's recipes, run as a user would paste them: the cron line with cron's environment,
-//! every `backfill` step of the CI job, and the notification example.
+//! The documentation's recipes, run as a user would paste them: the cron line with cron's
+//! environment, every `backfill` step of the CI job, the notification example, and every
+//! command block of the README and the guide (a test below checks that each is run).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
-use crate::support::{NOW, Out, Project, copy_dir, readme_block};
+use crate::support::{
+    NOW, Out, Project, block_with, command_blocks, copy_dir, readme_block, wait_until, wait_within,
+};
 
 fn bin_dir() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_backfill")).parent().unwrap()
@@ -432,6 +436,15 @@ fn the_review_example_works_as_pasted_after_other_backfills() {
     }
 }
 
+/// Whether a line of a command block is one of the shop's, which
+/// [`the_shop_sections_paste_in_order`] runs.
+fn is_shop_line(line: &str) -> bool {
+    let runs = ["cargo run -- ", "backfill ", "sqlite3 "]
+        .iter()
+        .any(|p| line.starts_with(p));
+    runs && line.contains("examples/shop")
+}
+
 /// Every line of the README's `sh` blocks that works on `examples/shop`, in the README's
 /// order, pasted in the repository's folder: the sections follow each other without a `cd`,
 /// the review example finds its staged backfill after the first commands made others, and the
@@ -447,10 +460,7 @@ fn the_shop_sections_paste_in_order() {
                 !line.starts_with("cd "),
                 "`{line}`: the README's commands run from the repository's folder"
             );
-            let runs = ["cargo run -- ", "backfill ", "sqlite3 "]
-                .iter()
-                .any(|p| line.starts_with(p));
-            if runs && line.contains("examples/shop") {
+            if is_shop_line(line) {
                 lines.push(line.to_string());
             }
         }
@@ -501,13 +511,7 @@ fn the_shop_sections_paste_in_order() {
 /// `man` finds the page without `MANPATH`.
 #[test]
 fn the_completion_and_manual_lines_work_as_pasted() {
-    let readme = crate::support::readme();
-    let block = readme
-        .split("```sh\n")
-        .skip(1)
-        .map(|b| &b[..b.find("```").unwrap()])
-        .find(|b| b.contains("backfill completions bash"))
-        .expect("the completions block");
+    let block = block_with("backfill completions bash");
     let p = Project::new();
     let home = p.path("home");
     let bin = home.join(".cargo/bin");
@@ -1022,4 +1026,325 @@ fn every_link_between_the_documents_resolves() {
         }
     }
     assert!(checked > 50, "{checked} links");
+}
+
+/// The tests' `cargo`, for blocks pasted by [`pasted`]: `cargo run [--quiet] -- ARGS` runs the
+/// binary under test (what `cargo run` does once it has built it), `cargo install --locked
+/// --path .` copies it into `~/.cargo/bin`; any other cargo command fails.
+const CARGO: &str = r#"#!/bin/sh
+case "$1" in
+run)
+  shift
+  while [ "$#" -gt 0 ] && [ "$1" != -- ]; do
+    case "$1" in
+    --quiet | -q | --locked) shift ;;
+    *) echo "the tests' cargo: cargo run $1 is not used by the documentation" >&2; exit 97 ;;
+    esac
+  done
+  [ "${1:-}" = -- ] && shift
+  exec "$BACKFILL_BIN" "$@" ;;
+install)
+  if [ "$*" != "install --locked --path ." ]; then
+    echo "the tests' cargo: cargo $* is not the README's install line" >&2; exit 97
+  fi
+  mkdir -p "$HOME/.cargo/bin" && cp "$BACKFILL_BIN" "$HOME/.cargo/bin/backfill" ;;
+*) echo "the tests' cargo: cargo $* is not run by the tests" >&2; exit 97 ;;
+esac
+"#;
+
+/// Runs a documentation block in bash from `root`, as pasted into a terminal, stopping at the
+/// first line that fails. HOME is `root/home`; `~/.cargo/bin` is on the PATH (as rustup puts
+/// it) and `cargo` is [`CARGO`].
+fn pasted(root: &Path, block: &str, env: &[(&str, &str)]) -> Out {
+    use std::os::unix::fs::PermissionsExt;
+    let shim = root.join("tests-cargo");
+    std::fs::create_dir_all(&shim).unwrap();
+    std::fs::write(shim.join("cargo"), CARGO).unwrap();
+    std::fs::set_permissions(shim.join("cargo"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let home = root.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let path = format!(
+        "{}:{}:{}",
+        shim.display(),
+        home.join(".cargo/bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = output(
+        Command::new("bash")
+            .arg("-c")
+            .arg(format!("set -eo pipefail\n{block}"))
+            .current_dir(root)
+            .env("HOME", &home)
+            .env("PATH", path)
+            .env("BACKFILL_BIN", env!("CARGO_BIN_EXE_backfill"))
+            .env_remove("BACKFILL_MANIFEST")
+            .env_remove("BACKFILL_NOW")
+            .env_remove("COLUMNS")
+            .envs(env.iter().copied()),
+    );
+    assert_eq!(
+        out.code, 0,
+        "the block\n{block}\nfailed:\n--- stdout\n{}\n--- stderr\n{}",
+        out.stdout, out.stderr
+    );
+    out
+}
+
+/// The README's install block as pasted: `cargo install` puts `backfill` on the PATH, `init`
+/// makes a project, and its example DAG backfills yesterday.
+#[test]
+fn the_install_lines_work_as_pasted() {
+    let p = Project::new();
+    let root = p.path("");
+    let block = readme_block("## Install", "sh");
+    assert!(
+        block.starts_with("cargo install --locked --path ."),
+        "{block}"
+    );
+    pasted(&root, &block, &[]);
+    assert!(root.join("home/.cargo/bin/backfill").is_file());
+    let project = root.join("my-pipelines");
+    assert!(project.join("backfill.toml").is_file());
+    assert!(project.join("dags/example.toml").is_file());
+    let show = output(
+        Command::new(env!("CARGO_BIN_EXE_backfill"))
+            .arg("-C")
+            .arg(&project)
+            .args(["--output", "json", "show", "1"])
+            .env_remove("BACKFILL_MANIFEST"),
+    );
+    let doc = show.code(0).json();
+    assert_eq!(doc["dag_id"], "example", "{doc}");
+    assert_eq!(doc["state"], "completed", "{doc}");
+    assert_eq!(doc["intervals"]["succeeded"], 1, "{doc}");
+}
+
+/// The `join` chapter's two lines, as two hosts would run them: the owner holds eight days in
+/// flight, the worker joins `latest`, and together they run each of the 181 days once, the
+/// worker some of them (once it is live, the owner keeps to its half of the places).
+#[test]
+fn the_join_lines_work_as_pasted() {
+    let block = readme_block("## `join ID`", "sh");
+    let lines: Vec<Vec<String>> = block
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            shlex::split(l)
+                .unwrap()
+                .into_iter()
+                .take_while(|w| !w.starts_with('#'))
+                .collect()
+        })
+        .collect();
+    assert_eq!(lines.len(), 2, "{block}");
+    let args = |i: usize| -> Vec<&str> {
+        assert_eq!(lines[i][0], "backfill", "{block}");
+        lines[i][1..].iter().map(String::as_str).collect()
+    };
+    let p = Project::new().dag(
+        "events",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"while [ ! -f go ]; do sleep 0.05; done\"\n",
+    );
+    let owner = p.spawn("hosta", &args(0));
+    wait_until(
+        "the owner to run eight days",
+        Duration::from_secs(30),
+        || p.has_manifest() && p.count("SELECT COUNT(*) FROM runs WHERE state = 'running'") == 8,
+    );
+    let worker = p.spawn("hostb", &args(1));
+    wait_until("the worker to join", Duration::from_secs(30), || {
+        p.count("SELECT COUNT(*) FROM workers WHERE state = 'running'") == 1
+    });
+    std::fs::write(p.path("go"), "").unwrap();
+    wait_within(&p, "hosta", owner, Duration::from_secs(120)).code(0);
+    wait_within(&p, "hostb", worker, Duration::from_secs(120)).code(0);
+    assert_eq!(
+        p.rows(
+            "SELECT COUNT(DISTINCT interval_start), COUNT(*) FROM runs
+             WHERE backfill_id = 1 AND state = 'succeeded'"
+        ),
+        [["181", "181"]]
+    );
+    assert!(
+        p.count("SELECT COUNT(*) FROM runs WHERE worker IS NOT NULL AND state = 'succeeded'") > 0,
+        "the worker ran some days"
+    );
+}
+
+/// Stops the PostgreSQL example's server in its folder when the test ends, however it ends.
+struct ExampleServer(PathBuf);
+
+impl Drop for ExampleServer {
+    fn drop(&mut self) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/postgres/server.sh");
+        let _ = Command::new(script)
+            .arg("stop")
+            .arg(&self.0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// The PostgreSQL example's blocks, pasted in the guide's order in a copy of the repository's
+/// examples: `run.sh` starts the throwaway server and publishes January, a staging and its
+/// diff, the server stopped and started again for a manifest in PostgreSQL, and the manifest in
+/// the warehouse's own database, whose try's log says it published and recorded in one
+/// transaction.
+#[test]
+fn the_postgresql_example_works_as_pasted() {
+    if !crate::pg::available("the PostgreSQL example's blocks") {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let p = Project::new();
+    let root = p.path("");
+    for example in ["postgres", "quickstart"] {
+        copy_dir(
+            &Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("examples")
+                .join(example),
+            &root.join("examples").join(example),
+        );
+    }
+    // The server's folder: one its user can reach (under root, `nobody`).
+    let parent = tempfile::Builder::new()
+        .prefix("backfill-example-pg")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(parent.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = parent.path().join("pg");
+    let _server = ExampleServer(dir.clone());
+    let pg_bin = crate::pg::bin_dir().unwrap();
+    let env = [
+        ("BACKFILL_EXAMPLE_PG_DIR", dir.to_str().unwrap()),
+        ("PG_BIN", pg_bin.to_str().unwrap()),
+    ];
+
+    let out = pasted(&root, &readme_block("## PostgreSQL warehouses", "sh"), &env);
+    assert!(out.stderr.contains("31 succeeded"), "{}", out.stderr);
+    let mut stdout = out.stdout.lines();
+    assert_eq!(
+        stdout.next(),
+        Some("2"),
+        "the staged backfill's id\n{}",
+        out.stdout
+    );
+    let diff: Vec<&str> = stdout.filter(|l| l.contains("2026-01-0")).collect();
+    assert_eq!(diff.len(), 2, "{}", out.stdout);
+    assert!(
+        diff.iter().all(|l| l.contains(" yes ")),
+        "same fingerprints\n{}",
+        out.stdout
+    );
+
+    let out = pasted(
+        &root,
+        &readme_block("## Several hosts, one manifest (PostgreSQL)", "sh"),
+        &env,
+    );
+    assert!(out.stderr.contains("7 succeeded"), "{}", out.stderr);
+    assert_eq!(
+        out.stdout
+            .lines()
+            .filter(|l| l.contains("2026-09-0") && l.contains(" succeeded "))
+            .count(),
+        7,
+        "show latest: the seven days\n{}",
+        out.stdout
+    );
+
+    let block = block_with("recorded in the manifest in the same transaction");
+    let said = block
+        .lines()
+        .find_map(|l| l.strip_prefix("# published "))
+        .expect("the block shows the log's line");
+    let out = pasted(&root, &block, &env);
+    assert!(
+        out.stdout.contains(&format!("published {said}")),
+        "the log's last line\n{}",
+        out.stdout
+    );
+}
+
+/// What the documentation asks to run that no test runs, and why.
+const NOT_RUN: &[(&str, &str)] = &[
+    ("cargo test", "the test suite itself; `.ci/run` runs it"),
+    (
+        "examples/chaos/run.sh 300 20261130",
+        "the chaos suite at length (20 minutes); `cargo test` runs the same tests with fewer iterations",
+    ),
+];
+
+/// The string literals a test passes to `call`, in every test file.
+fn literals_passed_to(sources: &str, call: &str) -> Vec<String> {
+    sources
+        .match_indices(&format!("{call}(\""))
+        .map(|(at, m)| {
+            let rest = &sources[at + m.len()..];
+            rest[..rest.find('"').unwrap()].to_string()
+        })
+        .collect()
+}
+
+/// Every line of every command block of the README and the guide is run by a test: the shop's
+/// lines by [`the_shop_sections_paste_in_order`], the other blocks by the tests that take them
+/// by heading (`readme_block`, `section_blocks`) or by what they contain (`block_with`); what
+/// is left out is in [`NOT_RUN`] with the reason. A new block fails this test until a test
+/// runs it.
+#[test]
+fn every_command_block_of_the_documents_is_run_by_a_test() {
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let mut sources = String::new();
+    for dir in [tests.clone(), tests.join("cli")] {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            if entry.path().extension().is_some_and(|e| e == "rs") {
+                sources.push_str(&std::fs::read_to_string(entry.path()).unwrap());
+            }
+        }
+    }
+    let blocks = command_blocks();
+    assert!(blocks.len() >= 15, "{blocks:#?}");
+    let mut claimed = vec![false; blocks.len()];
+    for heading in literals_passed_to(&sources, "readme_block") {
+        // The first `sh` block under the heading (only `sh` blocks are listed here).
+        if let Some(i) = blocks.iter().position(|b| b.headings.contains(&heading)) {
+            claimed[i] = true;
+        }
+    }
+    for heading in literals_passed_to(&sources, "section_blocks") {
+        for (i, b) in blocks.iter().enumerate() {
+            claimed[i] |= b.headings.contains(&heading);
+        }
+    }
+    for needle in literals_passed_to(&sources, "block_with") {
+        for (i, b) in blocks.iter().enumerate() {
+            claimed[i] |= b.body.contains(&needle);
+        }
+    }
+    let mut excluded = vec![false; NOT_RUN.len()];
+    let mut not_run = Vec::new();
+    for (b, claimed) in blocks.iter().zip(claimed) {
+        if claimed {
+            continue;
+        }
+        for line in b.body.lines().map(str::trim) {
+            if line.is_empty() || line.starts_with('#') || is_shop_line(line) {
+                continue;
+            }
+            let command = line.split(" #").next().unwrap().trim();
+            match NOT_RUN.iter().position(|(l, _)| *l == command) {
+                Some(k) => excluded[k] = true,
+                None => not_run.push(format!("{}:{}: {line}", b.file, b.line)),
+            }
+        }
+    }
+    assert!(
+        not_run.is_empty(),
+        "lines no test runs (run them in a test, or say why not in NOT_RUN):\n{}",
+        not_run.join("\n")
+    );
+    for ((line, _), found) in NOT_RUN.iter().zip(excluded) {
+        assert!(found, "NOT_RUN names `{line}`, which no block has any more");
+    }
 }

@@ -581,6 +581,83 @@ pub fn readme_block(heading: &str, lang: &str) -> String {
     body[..body.find("```").expect("a closed block")].to_string()
 }
 
+/// The one command block (`sh`) of the documentation that contains `needle`.
+pub fn block_with(needle: &str) -> String {
+    let found: Vec<String> = command_blocks()
+        .into_iter()
+        .map(|b| b.body)
+        .filter(|b| b.contains(needle))
+        .collect();
+    assert_eq!(found.len(), 1, "command blocks with {needle:?}: {found:#?}");
+    found.into_iter().next().unwrap()
+}
+
+/// A fenced block of the documentation that a reader runs (`sh`).
+#[derive(Debug)]
+pub struct DocBlock {
+    /// `README.md`, `docs/gate.md`...
+    pub file: String,
+    /// The line of its opening fence.
+    pub line: usize,
+    /// The headings it is under, outermost first.
+    pub headings: Vec<String>,
+    /// Its lines, without the fences and their indentation.
+    pub body: String,
+}
+
+/// Every command block of the documentation, in reading order. A fence may be indented (a
+/// block inside a list item); its lines lose that indentation.
+pub fn command_blocks() -> Vec<DocBlock> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut blocks = Vec::new();
+    for path in documents() {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let file = path
+            .strip_prefix(root)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let mut headings: Vec<String> = Vec::new();
+        let mut open: Option<(usize, String, usize, Vec<String>)> = None;
+        for (i, line) in text.lines().enumerate() {
+            let trimmed = line.trim_start();
+            let indent = line.len() - trimmed.len();
+            if let Some(lang) = trimmed.strip_prefix("```") {
+                match open.take() {
+                    None => open = Some((i + 1, lang.to_string(), indent, Vec::new())),
+                    Some((at, lang, _, body)) => {
+                        if lang == "sh" {
+                            blocks.push(DocBlock {
+                                file: file.clone(),
+                                line: at,
+                                headings: headings.clone(),
+                                body: body.join("\n") + "\n",
+                            });
+                        }
+                    }
+                }
+                continue;
+            }
+            match &mut open {
+                Some((_, _, indent, body)) => {
+                    body.push(line.get(*indent..).unwrap_or("").to_string())
+                }
+                None if line.starts_with('#') => {
+                    let level = line.chars().take_while(|c| *c == '#').count();
+                    let outer = |h: &String| h.chars().take_while(|c| *c == '#').count() < level;
+                    while headings.last().is_some_and(|h| !outer(h)) {
+                        headings.pop();
+                    }
+                    headings.push(line.to_string());
+                }
+                None => {}
+            }
+        }
+        assert!(open.is_none(), "{file}: a block is not closed");
+    }
+    blocks
+}
+
 /// Waits for a background run like [`Project::wait`], but kills it and fails the test when it
 /// has not ended after `limit`: a hang detector, never a measure of speed.
 #[track_caller]

@@ -311,7 +311,12 @@ pub fn rules_named(reasons: &str) -> Vec<String> {
         } else if reason.starts_with("row count") || reason.contains("while the source is empty") {
             "source_count".into()
         } else if let Some(rest) = reason.strip_prefix("check \"") {
-            format!("check:{}", rest.split('"').next().unwrap_or_default())
+            // `check "NAME" failed: ...`, where NAME may hold a quote.
+            let name = rest.find("\" failed").map_or_else(
+                || rest.split('"').next().unwrap_or_default(),
+                |end| &rest[..end],
+            );
+            format!("check:{name}")
         } else if let Some((kind, _)) = reason.split_once(" violated")
             && !kind.is_empty()
             && kind.chars().all(|c| c.is_ascii_lowercase() || c == '_')
@@ -468,6 +473,11 @@ mod tests {
             ["zero_rows"]
         );
         assert_eq!(rules_named("something new"), ["other"]);
+        // A check's name is free text: a quote in it stays in the name.
+        assert_eq!(
+            rules_named("check \"say \"no\"\" failed: 1 violation"),
+            ["check:say \"no\""]
+        );
     }
 
     const RULES: Rules = Rules {

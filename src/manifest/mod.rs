@@ -168,6 +168,12 @@ impl Error {
     pub fn is_fenced(&self) -> bool {
         matches!(self, Self::Fenced { .. })
     }
+
+    /// Whether the PostgreSQL server refused a statement on a connection that still works (bad
+    /// data, a constraint), rather than the connection or the file failing.
+    pub fn is_statement_error(&self) -> bool {
+        matches!(self, Self::Pg(e) if !e.is_disconnected())
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 
 /// `url` without a password: `scheme://user:secret@host` loses `:secret` (the user part ends at
 /// the last `@`, so a password with an unencoded `/`, `?` or `@` goes whole), and a `password=`
-/// parameter its value.
+/// or `sslpassword=` parameter its value, however its key is written (`pass%77ord`, as the
+/// driver decodes keys too).
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
@@ -28,7 +29,15 @@ pub fn redact_url(url: &str) -> String {
         let params: Vec<String> = q
             .split('&')
             .map(|kv| match kv.split_once('=') {
-                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                Some((k, _))
+                    if ["password", "sslpassword"].iter().any(|secret| {
+                        percent_encoding::percent_decode_str(k)
+                            .decode_utf8_lossy()
+                            .eq_ignore_ascii_case(secret)
+                    }) =>
+                {
+                    format!("{k}=***")
+                }
                 _ => kv.to_string(),
             })
             .collect();

@@ -721,6 +721,19 @@ fn urls_are_shown_without_their_password() {
             "postgresql://db/x?user=etl&password=***",
         ),
         ("postgresql://etl@db/x", "postgresql://etl@db/x"),
+        // The driver decodes keys as it decodes values.
+        (
+            "postgresql://etl@db/x?pass%77ord=hunter2",
+            "postgresql://etl@db/x?pass%77ord=***",
+        ),
+        (
+            "postgresql://etl@db/x?%70assword=hunter2&sslmode=require",
+            "postgresql://etl@db/x?%70assword=***&sslmode=require",
+        ),
+        (
+            "postgresql://etl@db/x?sslpassword=hunter2",
+            "postgresql://etl@db/x?sslpassword=***",
+        ),
     ] {
         assert_eq!(redact_url(url), shown, "{url}");
     }

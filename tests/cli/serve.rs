@@ -124,7 +124,10 @@ fn http(
 ) -> Answer {
     let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: {addr}\r\n"));
+    }
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -385,9 +388,11 @@ fn another_address_needs_a_token_and_every_request_then_carries_it() {
     p.run(&["serve", "--listen", "8460"])
         .code(2)
         .stderr_has("--listen 8460: not an address to listen on; give HOST:PORT");
-    p.run(&["serve", "--token", "short"])
-        .code(2)
-        .stderr_has("give at least 8 characters without spaces");
+    for bad in ["short", "abc;def=ghi", "ééééé", "with space"] {
+        p.run(&["serve", "--token", bad])
+            .code(2)
+            .stderr_has("give at least 8 characters, each a letter, a digit or one of . _ ~ -");
+    }
     // The token's value never shows in --help.
     let help = p.run_with(
         &["serve", "--help"],
@@ -418,17 +423,131 @@ fn another_address_needs_a_token_and_every_request_then_carries_it() {
             .status,
         200
     );
-    let first = s.get("/backfills/1?token=s3cret-token");
-    assert_eq!(first.status, 200);
+    // Once in a browser: the cookie (named after the port, as a browser sends a host's cookies
+    // to all its ports) is set, and the browser goes to the address without the token.
+    let first = s.get("/backfills/1?page=1&token=s3cret-token");
+    assert_eq!(first.status, 303, "{}", first.body);
+    assert_eq!(first.header("location"), Some("/backfills/1?page=1"));
+    let port = s.addr.rsplit(':').next().unwrap();
     let cookie = first.header("set-cookie").expect("a cookie").to_string();
     assert!(
-        cookie.starts_with("backfill_token=s3cret-token;"),
+        cookie.starts_with(&format!("backfill_token_{port}=s3cret-token;")),
         "{cookie}"
     );
-    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"));
-    let with_cookie = s.get_with("/backfills/1", &[("Cookie", "backfill_token=s3cret-token")]);
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Lax"));
+    assert_eq!(s.get("/?token=wrong-token").status, 401);
+    let name = format!("backfill_token_{port}=s3cret-token");
+    let with_cookie = s.get_with("/backfills/1", &[("Cookie", &name)]);
     assert_eq!(with_cookie.status, 200);
     assert_eq!(count(&with_cookie.body, "data-interval="), 3);
+    // With a token, any name of the host will do.
+    assert_eq!(
+        s.get_with(
+            "/metrics",
+            &[
+                ("Authorization", "Bearer s3cret-token"),
+                ("Host", "backfills.internal")
+            ]
+        )
+        .status,
+        200
+    );
+}
+
+/// What a hostile request or a hostile manifest could do: read a file the manifest names
+/// outside the project's logs, block the server on a FIFO, overflow a page number, pass a NUL to
+/// the manifest, reach a loopback server through another host name (DNS rebinding), write.
+#[test]
+fn hostile_requests_get_4xx_and_a_page_reads_only_the_projects_logs() {
+    let p = Project::new().dag(
+        "echo",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"say\"\ncommand = \"echo said on {{ ds }}\"\n",
+    );
+    p.create("echo", "2026-01-01", "2026-01-03", &[]).code(0);
+    // Another host that writes the manifest names, as day 2's log, a file outside the log
+    // folder, and as day 3's a FIFO inside it.
+    p.write("secret.txt", "TOPSECRET\n");
+    let fifo = p.path(".backfill/logs/fifo");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    for (day, path) in [(2, p.path("secret.txt")), (3, fifo)] {
+        p.exec(&format!(
+            "UPDATE task_tries SET log_path = '{}' WHERE run_id IN (SELECT id FROM runs WHERE interval_start = {})",
+            path.display(),
+            crate::support::day_unix(day)
+        ));
+    }
+    let s = Server::start(&p, "serve", &[]);
+    let tries = |day: u32| {
+        s.get(&format!(
+            "/backfills/1/intervals/{}",
+            crate::support::day(day)
+        ))
+    };
+    let first = tries(1);
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert!(
+        first.body.contains("<pre class=\"log\">said on 2026-01-01"),
+        "{}",
+        first.body
+    );
+    let second = tries(2);
+    assert_eq!(second.status, 200);
+    assert!(!second.body.contains("TOPSECRET"), "{}", second.body);
+    assert!(!second.body.contains("<pre class=\"log\">"));
+    // A read of the FIFO would never return: the page answers (the client waits 60 s at most).
+    let third = tries(3);
+    assert_eq!(third.status, 200);
+    assert!(!third.body.contains("<pre class=\"log\">"));
+    assert_eq!(s.get("/metrics").status, 200, "the server still answers");
+
+    // Page numbers: too large for a page, or not a number, get a page that says so.
+    let html = Some("text/html; charset=utf-8");
+    for path in [
+        "/dags/echo?page=18446744073709551615",
+        "/dags/echo?page=-1",
+        "/backfills/1?page=abc",
+        "/?page=1&page=2",
+    ] {
+        let a = s.get(path);
+        assert_eq!(a.status, 400, "{path}: {}", a.body);
+        assert_eq!(a.header("content-type"), html, "{path}");
+    }
+    let far = s.get("/dags/echo?page=4294967295");
+    assert_eq!(far.status, 404, "{}", far.body);
+    assert!(far.body.contains("on this page"));
+    // A NUL names nothing (it never reaches the manifest, where PostgreSQL would refuse it).
+    for path in ["/dags/%00", "/dags/a%00b", "/api/backfills?dag=%00"] {
+        assert_eq!(s.get(path).status, 400, "{path}");
+    }
+    // Without a token, only loopback names are answered.
+    let rebound = s.get_with("/api/backfills", &[("Host", "attacker.example")]);
+    assert_eq!(rebound.status, 421, "{}", rebound.body);
+    assert!(!rebound.body.contains("echo"));
+    assert_eq!(
+        s.get_with("/api/backfills", &[("Host", "attacker.example:8460")])
+            .status,
+        421
+    );
+    for host in ["localhost", "LOCALHOST:8460", "127.0.0.1"] {
+        assert_eq!(
+            s.get_with("/api/backfills", &[("Host", host)]).status,
+            200,
+            "{host}"
+        );
+    }
+    // It only reads.
+    for method in ["POST", "PUT", "DELETE"] {
+        let a = http(&s.addr, method, "/backfills/1", &[], Some("{}"));
+        assert_eq!(a.status, 405, "{method}");
+        assert_eq!(a.header("allow"), Some("GET, HEAD"));
+    }
+    assert_eq!(s.stop(), 0);
 }
 
 #[test]

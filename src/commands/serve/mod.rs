@@ -7,7 +7,11 @@
 //! - A manifest that cannot be read gives a page (503) that says so; the next request tries
 //!   again with a new connection, so the page recovers when the manifest comes back.
 //! - Loopback by default. Another address needs a token, which every request then carries
-//!   (`Authorization: Bearer`, or `?token=` once in a browser, kept in a cookie).
+//!   (`Authorization: Bearer`, or `?token=` once in a browser, kept in a cookie). Without a
+//!   token, a request must name this host as loopback (`Host`), so that a web page whose name
+//!   was rebound to 127.0.0.1 cannot read it.
+//! - At most [`AT_ONCE`] requests are answered at a time (a backfill's page holds the whole
+//!   backfill while it is drawn), each read and document built on a blocking thread.
 //! - Every value on a page is escaped by the templates (minijinja's HTML auto-escaping);
 //!   manifest locations are shown without their password.
 
@@ -19,6 +23,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -30,12 +35,21 @@ use crate::manifest::{self, Reads};
 use crate::project::Project;
 use crate::session::Global;
 
+/// Requests answered at once; the others wait their turn.
+const AT_ONCE: usize = 4;
+
 /// What every request shares.
 pub(super) struct App {
     /// The manifest to read (a URL stands here without its password).
     manifest: PathBuf,
     project: Option<Project>,
     token: Option<String>,
+    /// The cookie that keeps the token in a browser, named after the port: a browser sends a
+    /// host's cookies to each of its ports.
+    cookie: String,
+    /// Without a token: what a request's `Host` may name (loopback, the address listened on).
+    hosts: Vec<String>,
+    busy: tokio::sync::Semaphore,
     pages: pages::Pages,
 }
 
@@ -61,10 +75,13 @@ impl App {
             match f(&*reader, app.project.as_ref()) {
                 Ok(v) => Ok(Some(v)),
                 Err(e) => {
-                    // A connection that failed is not kept, nor are the idle ones, which are
-                    // likely broken too: the next request opens a new one.
+                    // A connection that failed is not kept: the next request opens a new one.
+                    // Nor are the idle ones when the connection was lost, as they likely were
+                    // too; a statement the server refused says nothing of them.
                     reader.discard();
-                    manifest::close_readers();
+                    if !e.is_statement_error() {
+                        manifest::close_readers();
+                    }
                     Err(e)
                 }
             }
@@ -96,10 +113,13 @@ pub fn run(g: &Global, listen: &str, token: Option<String>) -> Result<u8, Error>
     let addr = address(listen)?;
     let token = token.filter(|t| !t.is_empty());
     if let Some(t) = &token
-        && (t.len() < 8 || t.chars().any(|c| c.is_whitespace() || c.is_control()))
+        && (t.len() < 8
+            || !t
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || b"._~-".contains(&c)))
     {
         return Err(Error::Usage(
-            "--token (or BACKFILL_SERVE_TOKEN): give at least 8 characters without spaces".into(),
+            "--token (or BACKFILL_SERVE_TOKEN): give at least 8 characters, each a letter, a digit or one of . _ ~ - (they travel in an address and a cookie as they are), such as the output of `openssl rand -hex 16`".into(),
         ));
     }
     if !addr.ip().is_loopback() && token.is_none() {
@@ -132,7 +152,18 @@ pub fn run(g: &Global, listen: &str, token: Option<String>) -> Result<u8, Error>
         manifest: path.clone(),
         project,
         token,
-        pages: pages::Pages::new(),
+        cookie: format!("{COOKIE}_{}", bound.port()),
+        hosts: vec![
+            "localhost".into(),
+            "127.0.0.1".into(),
+            "[::1]".into(),
+            match bound.ip() {
+                std::net::IpAddr::V4(ip) => ip.to_string(),
+                std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+            },
+        ],
+        busy: tokio::sync::Semaphore::new(AT_ONCE),
+        pages: pages::Pages::new(path.display().to_string()),
     });
     let router = routes(Arc::clone(&app));
     if !g.quiet {
@@ -181,6 +212,7 @@ fn routes(app: Arc<App>) -> Router {
         .route("/assets/style.css", get(style))
         .route("/assets/app.js", get(script))
         .fallback(pages::not_found)
+        .method_not_allowed_fallback(pages::not_allowed)
         .layer(middleware::from_fn_with_state(Arc::clone(&app), guard))
         .with_state(app)
 }
@@ -203,54 +235,118 @@ fn harden(response: &mut Response) {
     );
 }
 
-/// The cookie a browser keeps the token in.
+/// The cookie a browser keeps the token in (with the port after it).
 const COOKIE: &str = "backfill_token";
 
-/// Lets a request through when no token is set or it carries the token; 401 otherwise. A
-/// right `?token=` sets the cookie, so that links need not carry it.
+/// Every request passes here: an address with a NUL in it is refused (400); without a token, a
+/// `Host` that is not this host's loopback name is refused (421); with one, a request without
+/// it (401). A right `?token=` sets the cookie and sends the browser to the same address
+/// without it, so that links need not carry it and it stays out of the address bar. Then the
+/// request waits for its turn ([`AT_ONCE`]).
 async fn guard(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
-    let Some(token) = app.token.as_deref() else {
-        let mut r = next.run(request).await;
-        harden(&mut r);
-        return r;
-    };
-    let headers = request.headers();
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    let cookie = cookie(headers, COOKIE);
-    let query = request.uri().query().and_then(|q| {
-        q.split('&')
-            .filter_map(|kv| kv.split_once('='))
-            .find(|(k, _)| *k == "token")
-            .map(|(_, v)| v.to_string())
-    });
-    let given = |v: Option<&str>| v.is_some_and(|v| same(v.as_bytes(), token.as_bytes()));
-    let by_query = given(query.as_deref());
-    let mut r = if given(bearer) || given(cookie.as_deref()) || by_query {
-        next.run(request).await
-    } else {
-        let mut r = app.pages.message(
-            StatusCode::UNAUTHORIZED,
-            "This server needs its token",
-            "Send it as `Authorization: Bearer TOKEN`, or open this page once with ?token=TOKEN at the end of its address: the browser then keeps it.",
-        );
-        r.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            HeaderValue::from_static("Bearer realm=\"backfill\""),
-        );
-        r
-    };
-    if by_query
-        && let Ok(v) = HeaderValue::from_str(&format!(
-            "{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict"
-        ))
-    {
-        r.headers_mut().insert(header::SET_COOKIE, v);
-    }
+    let mut r = checked(&app, request, next).await;
     harden(&mut r);
     r
+}
+
+async fn checked(app: &Arc<App>, request: Request, next: Next) -> Response {
+    let uri = request.uri().to_string();
+    if uri.contains("%00") {
+        return app.pages.message(
+            StatusCode::BAD_REQUEST,
+            "Not an address of this server",
+            "An address with a NUL character (%00) names nothing here.",
+        );
+    }
+    let headers = request.headers();
+    match app.token.as_deref() {
+        None => {
+            let host = headers.get(header::HOST).map(|h| h.to_str().unwrap_or("?"));
+            if let Some(host) = host
+                && !app.hosts.iter().any(|h| same_host(host, h))
+            {
+                return app.pages.message(
+                    StatusCode::MISDIRECTED_REQUEST,
+                    "Not this host's name",
+                    "Without a token this server answers only to its loopback names (localhost, 127.0.0.1, [::1]): a web page whose name was pointed at this host must not read it. Open it by one of those, or start it with --token.",
+                );
+            }
+        }
+        Some(token) => {
+            let given = |v: Option<&str>| v.is_some_and(|v| same(v.as_bytes(), token.as_bytes()));
+            let bearer = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "));
+            let (query, rest) = token_in_query(request.uri().query());
+            if given(query.as_deref()) {
+                // Once in a browser: keep it in the cookie, and go to the address without it.
+                let to = match rest {
+                    Some(q) => format!("{}?{q}", request.uri().path()),
+                    None => request.uri().path().to_string(),
+                };
+                let mut r = StatusCode::SEE_OTHER.into_response();
+                if let (Ok(location), Ok(cookie)) = (
+                    HeaderValue::from_str(&to),
+                    HeaderValue::from_str(&format!(
+                        "{}={token}; Path=/; HttpOnly; SameSite=Lax",
+                        app.cookie
+                    )),
+                ) {
+                    r.headers_mut().insert(header::LOCATION, location);
+                    r.headers_mut().insert(header::SET_COOKIE, cookie);
+                }
+                return r;
+            }
+            if !(given(bearer) || given(cookie(headers, &app.cookie).as_deref())) {
+                let mut r = app.pages.message(
+                    StatusCode::UNAUTHORIZED,
+                    "This server needs its token",
+                    "Send it as `Authorization: Bearer TOKEN`, or open this page once with ?token=TOKEN at the end of its address: the browser then keeps it.",
+                );
+                r.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"backfill\""),
+                );
+                return r;
+            }
+        }
+    }
+    // The assets are small and constant; pages and documents take turns.
+    let _turn = if request.uri().path().starts_with("/assets/") {
+        None
+    } else {
+        app.busy.acquire().await.ok()
+    };
+    next.run(request).await
+}
+
+/// Whether a `Host` header names `name`, with or without a port.
+fn same_host(host: &str, name: &str) -> bool {
+    let host = host.trim();
+    let without_port = if host.starts_with('[') {
+        host.find(']').map_or(host, |end| &host[..=end])
+    } else {
+        host.rsplit_once(':').map_or(host, |(h, _)| h)
+    };
+    without_port.eq_ignore_ascii_case(name)
+}
+
+/// A query's `token=` value, and the rest of the query without it (`None` when nothing is left).
+fn token_in_query(query: Option<&str>) -> (Option<String>, Option<String>) {
+    let Some(q) = query else {
+        return (None, None);
+    };
+    let mut token = None;
+    let mut rest = Vec::new();
+    for kv in q.split('&') {
+        match kv.split_once('=') {
+            Some(("token", v)) => token = Some(v.to_string()),
+            _ if !kv.is_empty() => rest.push(kv),
+            _ => {}
+        }
+    }
+    (token, (!rest.is_empty()).then(|| rest.join("&")))
 }
 
 /// A cookie's value.
@@ -314,21 +410,41 @@ fn document(
 }
 
 /// `/api/backfills`: the document of `list --output json`.
-async fn api_backfills(State(app): State<Arc<App>>, Query(q): Query<ListQuery>) -> Response {
-    let dag = q.dag.clone();
-    let read = app
-        .read(move |conn, project| super::read::backfills(conn, project, dag.as_deref(), q.active))
-        .await;
-    let rows = match read {
-        Ok(rows) => rows.unwrap_or_default(),
-        Err(Unreadable(why)) => return json_error(StatusCode::SERVICE_UNAVAILABLE, &why),
+async fn api_backfills(
+    State(app): State<Arc<App>>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Response {
+    let Ok(Query(q)) = q else {
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            "the query takes dag=DAG and active=true|false",
+        );
     };
-    let project = app.project.as_ref();
-    let labels =
-        |dag: &str| crate::report::Labeler::of(project.and_then(|p| p.dag(dag).ok()).as_ref());
-    match document(|sink| crate::report::list::write(sink, &rows, &labels, "")) {
-        Ok(body) => json(StatusCode::OK, body),
-        Err(why) => json_error(StatusCode::INTERNAL_SERVER_ERROR, &why),
+    // The document is built where it is read, off the threads that answer requests.
+    let read = app
+        .read(move |conn, project| {
+            let rows = super::read::backfills(conn, project, q.dag.as_deref(), q.active)?;
+            let labels = |dag: &str| {
+                crate::report::Labeler::of(project.and_then(|p| p.dag(dag).ok()).as_ref())
+            };
+            Ok(document(|sink| {
+                crate::report::list::write(sink, &rows, &labels, "")
+            }))
+        })
+        .await;
+    let empty = || {
+        document(|sink| {
+            crate::report::list::write(sink, &[], &|_| crate::report::Labeler::of(None), "")
+        })
+    };
+    match read {
+        Ok(Some(Ok(body))) => json(StatusCode::OK, body),
+        Ok(None) => match empty() {
+            Ok(body) => json(StatusCode::OK, body),
+            Err(why) => json_error(StatusCode::INTERNAL_SERVER_ERROR, &why),
+        },
+        Ok(Some(Err(why))) => json_error(StatusCode::INTERNAL_SERVER_ERROR, &why),
+        Err(Unreadable(why)) => json_error(StatusCode::SERVICE_UNAVAILABLE, &why),
     }
 }
 
@@ -343,31 +459,27 @@ async fn api_backfill(State(app): State<Arc<App>>, Path(id): Path<String>) -> Re
     let manifest = app.manifest.clone();
     let read = app
         .read(move |conn, project| {
-            let shown = super::read::shown(conn, project, id, true)?;
-            Ok(shown.map(|s| {
-                let kept = s
-                    .dag
-                    .as_ref()
-                    .map(|d| super::read::kept_versions(d, &manifest));
-                (s, kept)
-            }))
+            let Some(shown) = super::read::shown(conn, project, id, true)? else {
+                return Ok(None);
+            };
+            let kept = shown
+                .dag
+                .as_ref()
+                .map(|d| super::read::kept_versions(d, &manifest));
+            let labels = crate::report::Labeler::of(shown.dag.as_ref());
+            Ok(Some(document(|sink| {
+                crate::report::show::write(sink, &shown.detail, kept.as_deref(), &labels)
+            })))
         })
         .await;
-    let (shown, kept) = match read {
-        Ok(Some(Some(found))) => found,
-        Ok(_) => {
-            return json_error(
-                StatusCode::NOT_FOUND,
-                &format!("the manifest has no backfill {id}"),
-            );
-        }
-        Err(Unreadable(why)) => return json_error(StatusCode::SERVICE_UNAVAILABLE, &why),
-    };
-    let labels = crate::report::Labeler::of(shown.dag.as_ref());
-    match document(|sink| crate::report::show::write(sink, &shown.detail, kept.as_deref(), &labels))
-    {
-        Ok(body) => json(StatusCode::OK, body),
-        Err(why) => json_error(StatusCode::INTERNAL_SERVER_ERROR, &why),
+    match read {
+        Ok(Some(Some(Ok(body)))) => json(StatusCode::OK, body),
+        Ok(Some(Some(Err(why)))) => json_error(StatusCode::INTERNAL_SERVER_ERROR, &why),
+        Ok(_) => json_error(
+            StatusCode::NOT_FOUND,
+            &format!("the manifest has no backfill {id}"),
+        ),
+        Err(Unreadable(why)) => json_error(StatusCode::SERVICE_UNAVAILABLE, &why),
     }
 }
 

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -31,10 +32,12 @@ const LOG_TAIL: u64 = 4_096;
 /// The templates.
 pub(super) struct Pages {
     env: Environment<'static>,
+    /// The manifest every page names (a URL without its password).
+    manifest: String,
 }
 
 impl Pages {
-    pub fn new() -> Self {
+    pub fn new(manifest: String) -> Self {
         let mut env = Environment::new();
         env.set_undefined_behavior(UndefinedBehavior::Strict);
         for (name, source) in [
@@ -49,13 +52,14 @@ impl Pages {
             env.add_template(name, source)
                 .expect("the embedded templates parse (tested)");
         }
-        Self { env }
+        Self { env, manifest }
     }
 
     /// A page: `template` rendered with `ctx` and the page's common values.
     fn render(&self, status: StatusCode, template: &str, mut ctx: Value, live: bool) -> Response {
         if let Value::Object(m) = &mut ctx {
             m.insert("live".into(), json!(live));
+            m.entry("manifest").or_insert_with(|| json!(self.manifest));
             m.insert("version".into(), json!(env!("CARGO_PKG_VERSION")));
             m.insert("now".into(), json!(at_ms(crate::clock::now_ms())));
         }
@@ -124,7 +128,16 @@ fn took(ms: i64) -> String {
 /// `?page=` of the paged views (from 1).
 #[derive(serde::Deserialize, Default)]
 pub(super) struct Paging {
-    page: Option<usize>,
+    page: Option<u32>,
+}
+
+/// A query the page does not take (a page that is not a number, a key given twice): 400.
+fn bad_query(app: &App, takes: &str) -> Response {
+    app.pages.message(
+        StatusCode::BAD_REQUEST,
+        "Not a query of this page",
+        &format!("This page takes {takes}."),
+    )
 }
 
 /// Page numbers around `page` of `pages`, for the pager.
@@ -225,14 +238,20 @@ fn eta(
 pub(super) struct ListFilter {
     dag: Option<String>,
     state: Option<String>,
-    page: Option<usize>,
+    page: Option<u32>,
 }
 
 /// `/`: the backfills, newest first, filtered by DAG and state.
 pub(super) async fn backfills(
     State(app): State<Arc<App>>,
-    Query(f): Query<ListFilter>,
+    f: Result<Query<ListFilter>, QueryRejection>,
 ) -> Response {
+    let Ok(Query(f)) = f else {
+        return bad_query(
+            &app,
+            "dag=DAG, state=STATE and page=N (a page number from 1)",
+        );
+    };
     let dag = f.dag.clone().filter(|d| !d.is_empty());
     let state = f.state.clone().filter(|s| !s.is_empty());
     let read = app
@@ -248,7 +267,7 @@ pub(super) async fn backfills(
                 .collect();
             let count = rows.len();
             let pages = count.div_ceil(BACKFILLS_PER_PAGE).max(1);
-            let page = f.page.unwrap_or(1).clamp(1, pages);
+            let page = (f.page.unwrap_or(1) as usize).clamp(1, pages);
             rows = rows
                 .into_iter()
                 .skip((page - 1) * BACKFILLS_PER_PAGE)
@@ -330,8 +349,11 @@ fn cell(i: &IntervalDetail, labels: &Labeler) -> Value {
 pub(super) async fn backfill(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    Query(p): Query<Paging>,
+    p: Result<Query<Paging>, QueryRejection>,
 ) -> Response {
+    let Ok(Query(p)) = p else {
+        return bad_query(&app, "page=N (a page number from 1)");
+    };
     let Ok(id) = id.parse::<i64>() else {
         return app.pages.message(
             StatusCode::BAD_REQUEST,
@@ -364,7 +386,7 @@ pub(super) async fn backfill(
     let mut intervals: Vec<&IntervalDetail> = d.interval_details.iter().collect();
     intervals.sort_by_key(|i| i.start.0);
     let pages = intervals.len().div_ceil(CELLS_PER_PAGE).max(1);
-    let page = p.page.unwrap_or(1).clamp(1, pages);
+    let page = (p.page.unwrap_or(1) as usize).clamp(1, pages);
     let cells: Vec<Value> = intervals
         .iter()
         .skip((page - 1) * CELLS_PER_PAGE)
@@ -418,11 +440,28 @@ pub(super) async fn backfill(
     )
 }
 
-/// The end of a log file on this host, when it is here.
-fn log_tail(path: &str) -> Option<String> {
+/// The end of a try's log, when it is a file of this project's log folder on this host. The
+/// manifest names the file, and another host may write the manifest: nothing outside the log
+/// folder is read, nor anything but a regular file (a FIFO would block the read for ever).
+fn log_tail(logs: &std::path::Path, path: &str) -> Option<String> {
     use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::File::open(path).ok()?;
-    let len = f.metadata().ok()?.len();
+    use std::os::unix::fs::OpenOptionsExt;
+    let logs = logs.canonicalize().ok()?;
+    let path = std::path::Path::new(path).canonicalize().ok()?;
+    if !path.starts_with(&logs) || !std::fs::metadata(&path).ok()?.is_file() {
+        return None;
+    }
+    // Without blocking, should it have become a FIFO meanwhile.
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(&path)
+        .ok()?;
+    let meta = f.metadata().ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    let len = meta.len();
     let from = len.saturating_sub(LOG_TAIL);
     f.seek(SeekFrom::Start(from)).ok()?;
     let mut buf = Vec::new();
@@ -462,10 +501,18 @@ pub(super) async fn interval(
             let tries = conn.interval_tries(id, unix)?;
             let history = conn.run_history(&b.dag_id, unix, unix)?;
             let dag = project.and_then(|p| p.dag(&b.dag_id).ok());
-            Ok(Some((b.dag_id, tries, history, dag)))
+            // The logs' ends, read here, off the threads that answer requests.
+            let tails: Vec<Option<String>> = tries
+                .iter()
+                .map(|t| {
+                    let logs = &project?.logs_dir;
+                    log_tail(logs, t.log.as_deref()?)
+                })
+                .collect();
+            Ok(Some((b.dag_id, tries, tails, history, dag)))
         })
         .await;
-    let (dag_id, tries, history, dag) = match read {
+    let (dag_id, tries, tails, history, dag) = match read {
         Ok(Some(Some(found))) => found,
         Ok(_) => {
             return app.pages.message(
@@ -479,14 +526,15 @@ pub(super) async fn interval(
     let labels = Labeler::of(dag.as_ref());
     let tries: Vec<Value> = tries
         .iter()
-        .map(|t| {
+        .zip(tails)
+        .map(|(t, tail)| {
             json!({
                 "run_id": t.run_id, "run_state": t.run_state.to_string(), "task": t.task,
                 "try_number": t.try_number, "state": t.state.to_string(), "host": t.host.as_deref().map(crate::liveness::host_name),
                 "started_at": t.started_at, "duration": t.duration_ms.map(took),
                 "rows": t.rows, "source_rows": t.source_rows, "previous_rows": t.previous_rows,
                 "verdict": t.verdict, "reasons": t.reasons, "error": t.error,
-                "batch": t.batch, "log": t.log, "log_tail": t.log.as_deref().and_then(log_tail),
+                "batch": t.batch, "log": t.log, "log_tail": tail,
             })
         })
         .collect();
@@ -534,10 +582,14 @@ struct DayCell {
 pub(super) async fn dag(
     State(app): State<Arc<App>>,
     Path(dag_id): Path<String>,
-    Query(p): Query<Paging>,
+    p: Result<Query<Paging>, QueryRejection>,
 ) -> Response {
-    let page = p.page.unwrap_or(1).max(1);
-    let skip = i64::try_from(page - 1).unwrap_or(0) * DAG_STARTS_PER_PAGE;
+    let Ok(Query(p)) = p else {
+        return bad_query(&app, "page=N (a page number from 1)");
+    };
+    // A u32 page: its offset fits an i64, and the next page number a u64.
+    let page = u64::from(p.page.unwrap_or(1).max(1));
+    let skip = i64::from(p.page.unwrap_or(1).max(1) - 1) * DAG_STARTS_PER_PAGE;
     let id = dag_id.clone();
     let read = app
         .read(move |conn, project| {
@@ -758,6 +810,20 @@ pub(super) async fn pools(State(app): State<Arc<App>>) -> Response {
     )
 }
 
+/// A method other than GET or HEAD.
+pub(super) async fn not_allowed(State(app): State<Arc<App>>) -> Response {
+    let mut r = app.pages.message(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "Read-only",
+        "This server only reads: every address answers GET and HEAD.",
+    );
+    r.headers_mut().insert(
+        header::ALLOW,
+        axum::http::HeaderValue::from_static("GET, HEAD"),
+    );
+    r
+}
+
 /// Any other address.
 pub(super) async fn not_found(State(app): State<Arc<App>>) -> Response {
     app.pages.message(
@@ -773,7 +839,7 @@ mod tests {
 
     #[test]
     fn templates_parse_and_escape() {
-        let pages = Pages::new();
+        let pages = Pages::new(String::new());
         let r = pages.message(StatusCode::NOT_FOUND, "<script>alert(1)</script>", "a & b");
         assert_eq!(r.status(), StatusCode::NOT_FOUND);
     }

@@ -93,6 +93,15 @@ impl Pages {
         )
     }
 
+    /// The page that says there is no such backfill (404).
+    fn no_backfill(&self, id: i64) -> Response {
+        self.message(
+            StatusCode::NOT_FOUND,
+            "No such backfill",
+            &format!("The manifest has no backfill {id}."),
+        )
+    }
+
     /// The page that says the manifest cannot be read; it reloads itself until it can.
     fn unreadable(&self, why: &str) -> Response {
         self.render(
@@ -372,13 +381,7 @@ pub(super) async fn backfill(
         .await;
     let (shown, eta) = match read {
         Ok(Some(Some(found))) => found,
-        Ok(_) => {
-            return app.pages.message(
-                StatusCode::NOT_FOUND,
-                "No such backfill",
-                &format!("The manifest has no backfill {id}."),
-            );
-        }
+        Ok(_) => return app.pages.no_backfill(id),
         Err(Unreadable(why)) => return app.pages.unreadable(&why),
     };
     let labels = Labeler::of(shown.dag.as_ref());
@@ -514,13 +517,7 @@ pub(super) async fn interval(
         .await;
     let (dag_id, tries, tails, history, dag) = match read {
         Ok(Some(Some(found))) => found,
-        Ok(_) => {
-            return app.pages.message(
-                StatusCode::NOT_FOUND,
-                "No such backfill",
-                &format!("The manifest has no backfill {id}."),
-            );
-        }
+        Ok(_) => return app.pages.no_backfill(id),
         Err(Unreadable(why)) => return app.pages.unreadable(&why),
     };
     let labels = Labeler::of(dag.as_ref());

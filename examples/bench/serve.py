@@ -2,9 +2,11 @@
 """How fast `backfill serve` answers on a large manifest: one backfill of 100,000 hourly no-op
 intervals (a SQLite manifest made by a real run at --max-active-runs 8), then each page, JSON
 document and /metrics requested in turn, alternated, with the median time per request as the
-client sees it (connection, request, the whole answer).
+client sees it (connection, request, the whole answer). Then N requests for the backfill's page
+at once: how long they take together, how long /metrics takes meanwhile, and the server's peak
+memory (VmHWM).
 
-    examples/bench/serve.py [--intervals N] [--rounds N]     (default 100,000 and 5)
+    examples/bench/serve.py [--intervals N] [--rounds N] [--at-once N]   (default 100,000, 5, 40)
 
 Needs Python 3 and a Rust toolchain (the release binary is built into CARGO_TARGET_DIR, default
 target/).
@@ -12,11 +14,13 @@ target/).
 
 import argparse
 import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from datetime import datetime, timedelta, timezone
@@ -38,10 +42,34 @@ def build():
     return os.path.join(target, "release", "backfill")
 
 
+def at_once(base, pid, n):
+    """N requests for /backfills/1 at once, /metrics among them, and the server's peak memory."""
+    def page():
+        with urllib.request.urlopen(base + "/backfills/1", timeout=600) as r:
+            r.read()
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=page) for _ in range(n)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    m0 = time.perf_counter()
+    with urllib.request.urlopen(base + "/metrics", timeout=600) as r:
+        r.read()
+    metrics = time.perf_counter() - m0
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    with open(f"/proc/{pid}/status") as f:
+        peak = int(re.search(r"VmHWM:\s+(\d+)", f.read()).group(1)) // 1024
+    print(f"{n} requests for /backfills/1 at once: {wall:.2f} s in all; /metrics meanwhile "
+          f"{metrics * 1000:.0f} ms; the server's peak memory {peak} MB")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--intervals", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--at-once", type=int, default=40)
     args = parser.parse_args()
     binary = build()
     work = tempfile.mkdtemp(prefix="backfill-serve-bench.")
@@ -83,6 +111,7 @@ def main():
         print(f"one backfill of {args.intervals:,} intervals; median of {args.rounds} requests each:")
         for p in paths:
             print(f"  {p:<48} {statistics.median(times[p]) * 1000:8.1f} ms  {sizes[p]:>10,} bytes")
+        at_once(base, server.pid, args.at_once)
     finally:
         if server:
             server.terminate()

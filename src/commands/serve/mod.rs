@@ -10,8 +10,8 @@
 //!   (`Authorization: Bearer`, or `?token=` once in a browser, kept in a cookie). Without a
 //!   token, a request must name this host as loopback (`Host`), so that a web page whose name
 //!   was rebound to 127.0.0.1 cannot read it.
-//! - At most [`AT_ONCE`] requests are answered at a time (a backfill's page holds the whole
-//!   backfill while it is drawn), each read and document built on a blocking thread.
+//! - At most [`AT_ONCE`] backfill pages and documents are made at a time (each holds the whole
+//!   backfill while it is made); reads and documents are made on blocking threads.
 //! - Every value on a page is escaped by the templates (minijinja's HTML auto-escaping);
 //!   manifest locations are shown without their password.
 
@@ -35,7 +35,7 @@ use crate::manifest::{self, Reads};
 use crate::project::Project;
 use crate::session::Global;
 
-/// Requests answered at once; the others wait their turn.
+/// Backfill pages and documents made at once; the others wait their turn.
 const AT_ONCE: usize = 4;
 
 /// What every request shares.
@@ -312,13 +312,23 @@ async fn checked(app: &Arc<App>, request: Request, next: Next) -> Response {
             }
         }
     }
-    // The assets are small and constant; pages and documents take turns.
-    let _turn = if request.uri().path().starts_with("/assets/") {
-        None
-    } else {
+    // A backfill's page and document hold the whole backfill while they are made: they take
+    // turns. The other answers are small and do not wait behind them.
+    let _turn = if whole_backfill(request.uri().path()) {
         app.busy.acquire().await.ok()
+    } else {
+        None
     };
     next.run(request).await
+}
+
+/// Whether an address is a backfill's page or JSON document (`/backfills/ID`,
+/// `/api/backfills/ID`), which read the whole backfill.
+fn whole_backfill(path: &str) -> bool {
+    let rest = path
+        .strip_prefix("/api/backfills/")
+        .or_else(|| path.strip_prefix("/backfills/"));
+    rest.is_some_and(|id| !id.is_empty() && !id.contains('/'))
 }
 
 /// Whether a `Host` header names `name`, with or without a port.
@@ -508,6 +518,18 @@ mod tests {
         assert!(same(b"s3cret-token", b"s3cret-token"));
         assert!(!same(b"s3cret-token", b"s3cret-tokeN"));
         assert!(!same(b"s3cret", b"s3cret-token"));
+    }
+
+    #[test]
+    fn only_a_backfills_page_and_document_take_turns() {
+        assert!(whole_backfill("/backfills/1"));
+        assert!(whole_backfill("/api/backfills/12"));
+        assert!(!whole_backfill(
+            "/backfills/1/intervals/2026-01-01T00:00:00Z"
+        ));
+        assert!(!whole_backfill("/api/backfills"));
+        assert!(!whole_backfill("/api/backfills/"));
+        assert!(!whole_backfill("/metrics"));
     }
 
     #[test]

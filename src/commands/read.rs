@@ -105,7 +105,46 @@ pub(super) fn shown(
     id: i64,
     json: bool,
 ) -> crate::manifest::Result<Option<Shown>> {
-    let Some(mut detail) = conn.show_backfill(id)? else {
+    shown_with(
+        conn,
+        project,
+        id,
+        json,
+        &|c, id| c.show_backfill(id),
+        &|c, id| c.show_backfill(id),
+    )
+}
+
+/// Like [`shown`] for people, with `limit` of the backfill's intervals in time order from the
+/// `offset`-th, and its cascade's members with their counts only: a page of the status page.
+pub(super) fn shown_page(
+    conn: &dyn Reads,
+    project: Option<&Project>,
+    id: i64,
+    offset: i64,
+    limit: i64,
+) -> crate::manifest::Result<Option<Shown>> {
+    shown_with(
+        conn,
+        project,
+        id,
+        false,
+        &|c, id| c.show_backfill_page(id, offset, limit),
+        &|c, id| c.show_backfill_page(id, 0, 0),
+    )
+}
+
+type Fetch<'a> = &'a dyn Fn(&dyn Reads, i64) -> crate::manifest::Result<Option<BackfillDetail>>;
+
+fn shown_with(
+    conn: &dyn Reads,
+    project: Option<&Project>,
+    id: i64,
+    json: bool,
+    backfill: Fetch<'_>,
+    member: Fetch<'_>,
+) -> crate::manifest::Result<Option<Shown>> {
+    let Some(mut detail) = backfill(conn, id)? else {
         return Ok(None);
     };
     judge_owners(std::slice::from_mut(&mut detail.backfill), project, conn)?;
@@ -116,7 +155,7 @@ pub(super) fn shown(
     if detail.backfill.cascade.is_some() {
         let ids = conn.cascade_members(id)?;
         for m in ids.iter().map(|b| b.id) {
-            if let Some(mut d) = conn.show_backfill(m)? {
+            if let Some(mut d) = member(conn, m)? {
                 judge_owners(std::slice::from_mut(&mut d.backfill), project, conn)?;
                 members.push(d);
             }

@@ -398,15 +398,51 @@ pub(super) fn staged_verdict(verdict: String, staged: Option<crate::state::Stage
 /// `(interval_start, id)` index order, their tries in `run_id` index order, and the plan by
 /// primary key. No per-row lookups and no sorts.
 pub fn show(conn: &Conn, id: i64) -> Result<Option<BackfillDetail>> {
+    show_part(conn, id, None)
+}
+
+/// A backfill with the intervals of one page of its plan in time order (`limit` from the
+/// `offset`-th), and the counts of all of them: the same range scans, bounded by the page's
+/// span, so that a page costs what it shows, not what the backfill holds.
+pub fn show_page(conn: &Conn, id: i64, offset: i64, limit: i64) -> Result<Option<BackfillDetail>> {
+    show_part(conn, id, Some((offset, limit)))
+}
+
+fn show_part(conn: &Conn, id: i64, page: Option<(i64, i64)>) -> Result<Option<BackfillDetail>> {
     let Some(b) = backfills::get(conn, id)? else {
         return Ok(None);
+    };
+    // The plan's order is the run order: by start, or backwards by start. A page is in time
+    // order, and holds the plan rows whose starts lie in its span.
+    let (plan_sql, limit, offset) = match page {
+        None => ("ORDER BY ord LIMIT ?2 OFFSET ?3", i64::MAX, 0),
+        Some((offset, limit)) if b.run_backwards => {
+            ("ORDER BY ord DESC LIMIT ?2 OFFSET ?3", limit, offset)
+        }
+        Some((offset, limit)) => ("ORDER BY ord LIMIT ?2 OFFSET ?3", limit, offset),
+    };
+    let (lo, hi) = match page {
+        None => (i64::MIN, i64::MAX),
+        Some(_) => {
+            let span: (Option<i64>, Option<i64>) = conn
+                .prepare(&format!(
+                    "SELECT MIN(interval_start), MAX(interval_start) FROM (
+                       SELECT interval_start FROM plan WHERE backfill_id = ?1 {plan_sql}) AS p"
+                ))?
+                .query_row(params![id, limit, offset], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            match span {
+                (Some(lo), Some(hi)) => (lo, hi),
+                // Past the end: no interval, the counts only.
+                _ => (1, 0),
+            }
+        }
     };
     let mut latest: Vec<LatestRun> = Vec::new();
     let mut stmt = conn.prepare(
         "SELECT interval_start, id, state, started_at, ended_at, error FROM runs
-         WHERE backfill_id = ?1 ORDER BY interval_start, id",
+         WHERE backfill_id = ?1 AND interval_start BETWEEN ?2 AND ?3 ORDER BY interval_start, id",
     )?;
-    let mut rows = stmt.query([id])?;
+    let mut rows = stmt.query(params![id, lo, hi])?;
     while let Some(r) = rows.next()? {
         let interval_start: i64 = r.get(0)?;
         let run = LatestRun {
@@ -487,12 +523,12 @@ pub fn show(conn: &Conn, id: i64) -> Result<Option<BackfillDetail>> {
             }
         }
     }
-    let mut stmt = conn.prepare(
+    let mut stmt = conn.prepare(&format!(
         "SELECT ord, interval_start, interval_end, action, reason FROM plan
-         WHERE backfill_id = ?1 ORDER BY ord",
-    )?;
+         WHERE backfill_id = ?1 {plan_sql}"
+    ))?;
     let mut out = Vec::new();
-    let mut rows = stmt.query([id])?;
+    let mut rows = stmt.query(params![id, limit, offset])?;
     while let Some(r) = rows.next()? {
         let start: i64 = r.get(1)?;
         let run = latest
@@ -529,22 +565,27 @@ pub fn show(conn: &Conn, id: i64) -> Result<Option<BackfillDetail>> {
             batch: t.and_then(|t| t.batch.clone()),
         });
     }
-    // The counts come from what was just read, not from another pass over the runs.
-    let mut counts = Counts::default();
-    for i in &out {
-        counts.total += 1;
-        if i.action == "run" {
-            counts.planned += 1;
-        } else {
-            counts.skipped += 1;
+    let counts = if page.is_some() {
+        counts(conn, Some(id))?.remove(&id).unwrap_or_default()
+    } else {
+        // The counts come from what was just read, not from another pass over the runs.
+        let mut counts = Counts::default();
+        for i in &out {
+            counts.total += 1;
+            if i.action == "run" {
+                counts.planned += 1;
+            } else {
+                counts.skipped += 1;
+            }
         }
-    }
-    for run in &latest {
-        counts.add_state(run.state, 1);
-    }
-    let starts = out.iter().map(|i| i.start.0.timestamp());
-    counts.span = starts.clone().min().zip(starts.max());
-    counts.finish();
+        for run in &latest {
+            counts.add_state(run.state, 1);
+        }
+        let starts = out.iter().map(|i| i.start.0.timestamp());
+        counts.span = starts.clone().min().zip(starts.max());
+        counts.finish();
+        counts
+    };
     let mut ran = HashMap::new();
     let mut stmt = conn.prepare_cached(
         "SELECT worker, COUNT(*) FROM runs WHERE backfill_id = ?1 AND worker IS NOT NULL

@@ -202,6 +202,14 @@ pub trait Reads {
     /// `(interval_start, id)` index order, their tries in `run_id` index order, and the plan by
     /// primary key. No per-row lookups and no sorts.
     fn show_backfill(&self, id: i64) -> Result<Option<BackfillDetail>>;
+    /// A backfill with `limit` of its intervals in time order from the `offset`-th, and the
+    /// counts of all of them (a page of the status page).
+    fn show_backfill_page(
+        &self,
+        id: i64,
+        offset: i64,
+        limit: i64,
+    ) -> Result<Option<BackfillDetail>>;
     /// Every run of a DAG whose interval starts in `[lo, hi]`, by interval then attempt: the runs
     /// in index order and their tries in `run_id` order, merged here.
     fn run_history(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<RunHistory>>;
@@ -621,6 +629,14 @@ impl Reads for Conn {
     }
     fn show_backfill(&self, id: i64) -> Result<Option<BackfillDetail>> {
         queries::show(self, id)
+    }
+    fn show_backfill_page(
+        &self,
+        id: i64,
+        offset: i64,
+        limit: i64,
+    ) -> Result<Option<BackfillDetail>> {
+        queries::show_page(self, id, offset, limit)
     }
     fn run_history(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<RunHistory>> {
         queries::runs(self, dag_id, lo, hi)

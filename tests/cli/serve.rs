@@ -550,6 +550,64 @@ fn hostile_requests_get_4xx_and_a_page_reads_only_the_projects_logs() {
     assert_eq!(s.stop(), 0);
 }
 
+/// A backfill of more intervals than a page holds (2,000), run backwards, with one failed hour
+/// on its second page: each page holds its own intervals in time order with their own states,
+/// and the counts are the whole backfill's.
+#[test]
+fn a_large_backfill_is_shown_a_page_at_a_time_in_time_order() {
+    let first = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z").unwrap();
+    let hour = |n: i64| first + chrono::Duration::hours(n);
+    let at = |n: i64| hour(n).format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let failing = hour(2005).format("%Y-%m-%dT%H").to_string();
+    let p = Project::new().dag(
+        "hourly",
+        &format!(
+            "schedule = \"@hourly\"\n[[tasks]]\nid = \"t\"\ncommand = 'case \"{{{{ data_interval_start }}}}\" in {failing}*) exit 1;; esac'\n"
+        ),
+    );
+    p.create(
+        "hourly",
+        "2026-01-01T00:00",
+        &hour(2009).format("%Y-%m-%dT%H:%M").to_string(),
+        &["--run-backwards", "--max-active-runs", "8"],
+    )
+    .code(3);
+    let s = Server::start(&p, "serve", &[]);
+    let intervals = |body: &str| -> Vec<(String, String)> {
+        body.split("data-interval=\"")
+            .skip(1)
+            .map(|rest| {
+                let start = rest[..rest.find('"').unwrap()].to_string();
+                let state = rest.split("data-state=\"").nth(1).unwrap();
+                (start, state[..state.find('"').unwrap()].to_string())
+            })
+            .collect()
+    };
+    let one = s.get("/backfills/1");
+    assert_eq!(one.status, 200);
+    let cells = intervals(&one.body);
+    assert_eq!(cells.len(), 2000);
+    let want: Vec<(String, String)> = (0..2000).map(|n| (at(n), "succeeded".into())).collect();
+    assert_eq!(cells, want, "page 1: the first 2,000 hours in time order");
+    assert!(one.body.contains("page 1 of 2"), "{}", &one.body[..2000]);
+    assert!(
+        one.body
+            .contains("2010 of 2010 intervals done: 2009 succeeded · 0 rejected · 1 failed"),
+        "the whole backfill's counts"
+    );
+    let two = s.get("/backfills/1?page=2");
+    let want: Vec<(String, String)> = (2000..2010)
+        .map(|n| {
+            let state = if n == 2005 { "failed" } else { "succeeded" };
+            (at(n), state.to_string())
+        })
+        .collect();
+    assert_eq!(intervals(&two.body), want, "page 2: the last ten hours");
+    assert!(two.body.contains("On this page (10 intervals)"));
+    // A page past the end is the last one.
+    assert_eq!(intervals(&s.get("/backfills/1?page=99").body), want);
+}
+
 #[test]
 fn a_project_without_a_manifest_yet_serves_an_empty_list_and_creates_nothing() {
     let p = Project::new().dag("exports", DAG).sqlite();

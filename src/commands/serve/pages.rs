@@ -370,16 +370,32 @@ pub(super) async fn backfill(
             &format!("`{id}` is not a backfill id (a number)."),
         );
     };
+    let asked = i64::from(p.page.unwrap_or(1).max(1));
     let read = app
         .read(move |conn, project| {
-            let Some(s) = super::super::read::shown(conn, project, id, false)? else {
+            // Only the page's intervals are read; the counts are of the whole backfill.
+            let per_page = CELLS_PER_PAGE as i64;
+            let page_of = |page: i64| {
+                super::super::read::shown_page(conn, project, id, (page - 1) * per_page, per_page)
+            };
+            let Some(mut s) = page_of(asked)? else {
                 return Ok(None);
             };
+            let total = s.detail.backfill.intervals.total.max(0);
+            let pages = ((total + per_page - 1) / per_page).max(1);
+            let mut page = asked;
+            if asked > pages {
+                page = pages;
+                s = match page_of(page)? {
+                    Some(s) => s,
+                    None => return Ok(None),
+                };
+            }
             let e = eta(conn, project, &s.detail.backfill)?;
-            Ok(Some((s, e)))
+            Ok(Some((s, e, page, pages)))
         })
         .await;
-    let (shown, eta) = match read {
+    let (shown, eta, page, pages) = match read {
         Ok(Some(Some(found))) => found,
         Ok(_) => return app.pages.no_backfill(id),
         Err(Unreadable(why)) => return app.pages.unreadable(&why),
@@ -388,14 +404,7 @@ pub(super) async fn backfill(
     let d = &shown.detail;
     let mut intervals: Vec<&IntervalDetail> = d.interval_details.iter().collect();
     intervals.sort_by_key(|i| i.start.0);
-    let pages = intervals.len().div_ceil(CELLS_PER_PAGE).max(1);
-    let page = (p.page.unwrap_or(1) as usize).clamp(1, pages);
-    let cells: Vec<Value> = intervals
-        .iter()
-        .skip((page - 1) * CELLS_PER_PAGE)
-        .take(CELLS_PER_PAGE)
-        .map(|i| cell(i, &labels))
-        .collect();
+    let cells: Vec<Value> = intervals.iter().map(|i| cell(i, &labels)).collect();
     let legend: Vec<Value> = tally(d.interval_details.iter())
         .into_iter()
         .filter(|(_, n)| *n > 0)
@@ -437,7 +446,10 @@ pub(super) async fn backfill(
             "legend": legend,
             "workers": workers,
             "members": members,
-            "pager": pager(page, pages),
+            "pager": pager(
+                usize::try_from(page).unwrap_or(1),
+                usize::try_from(pages).unwrap_or(1)
+            ),
         }),
         live,
     )

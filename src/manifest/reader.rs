@@ -6,10 +6,25 @@ use std::path::{Path, PathBuf};
 use super::{Result, db::Conn, open_read_conn};
 
 /// Read-only manifest connections kept for reuse within a process (asked before every
-/// publish).
-static READERS: std::sync::LazyLock<
-    std::sync::Mutex<std::collections::HashMap<PathBuf, Vec<Conn>>>,
-> = std::sync::LazyLock::new(Default::default);
+/// publish), each with the file it has open.
+static READERS: std::sync::LazyLock<std::sync::Mutex<Idle>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// The idle connections of each manifest.
+type Idle = std::collections::HashMap<PathBuf, Vec<(Conn, File)>>;
+
+/// The device and inode of a SQLite manifest's file when its connection was opened; `None` for
+/// a PostgreSQL manifest (or no file).
+type File = Option<(u64, u64)>;
+
+/// The file at `path` now, for a SQLite manifest.
+fn file_at(path: &Path) -> File {
+    use std::os::unix::fs::MetadataExt;
+    if super::is_url(path) {
+        return None;
+    }
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
 
 /// A read-only manifest connection that returns to the process's pool when dropped. It offers
 /// the manifest's [`Reads`](super::Reads) only: nothing can write through it.
@@ -28,15 +43,27 @@ static READERS: std::sync::LazyLock<
 pub struct Reader {
     conn: Option<Conn>,
     path: PathBuf,
+    file: File,
 }
 
 impl Reader {
-    /// An idle read-only connection to the manifest at `path`, else a new one.
+    /// An idle read-only connection to the manifest at `path`, else a new one. An idle
+    /// connection to a SQLite file that was replaced or removed since it was opened is closed
+    /// instead: a long-lived reader (`serve`) follows the file.
     pub fn take(path: &Path) -> Result<Self> {
-        let idle = READERS
-            .lock()
-            .ok()
-            .and_then(|mut p| p.get_mut(path).and_then(Vec::pop));
+        let file = file_at(path);
+        let mut stale = Vec::new();
+        let idle = READERS.lock().ok().and_then(|mut p| {
+            let idle = p.get_mut(path)?;
+            while let Some((conn, opened)) = idle.pop() {
+                if opened == file {
+                    return Some(conn);
+                }
+                stale.push(conn);
+            }
+            None
+        });
+        drop(stale);
         let conn = match idle {
             Some(c) => c,
             None => open_read_conn(path)?,
@@ -44,6 +71,7 @@ impl Reader {
         Ok(Self {
             conn: Some(conn),
             path: path.to_path_buf(),
+            file,
         })
     }
 }
@@ -70,7 +98,7 @@ impl Drop for Reader {
         if let (Some(conn), Ok(mut pool)) = (self.conn.take(), READERS.lock()) {
             let idle = pool.entry(std::mem::take(&mut self.path)).or_default();
             if idle.len() < 8 {
-                idle.push(conn);
+                idle.push((conn, self.file));
             }
         }
     }
@@ -78,7 +106,7 @@ impl Drop for Reader {
 
 /// Closes the process's idle read-only manifest connections.
 pub fn close_readers() {
-    let idle: Vec<Conn> = READERS
+    let idle: Vec<(Conn, File)> = READERS
         .lock()
         .map(|mut p| p.drain().flat_map(|(_, v)| v).collect())
         .unwrap_or_default();

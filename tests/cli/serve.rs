@@ -623,6 +623,29 @@ fn a_project_without_a_manifest_yet_serves_an_empty_list_and_creates_nothing() {
         m.body
     );
     assert!(!p.path(".backfill").exists(), "nothing written");
+
+    // A manifest made while it serves is read, and one put in its place is followed: the
+    // connections to the file it replaced are not used again.
+    p.create("exports", "2026-01-01", "2026-01-01", &[]);
+    let ids = |s: &Server| -> Vec<i64> {
+        s.get("/api/backfills")
+            .json()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["id"].as_i64().unwrap())
+            .collect()
+    };
+    assert_eq!(ids(&s), [1]);
+    let other = Project::new().dag("exports", DAG).sqlite();
+    for day in ["2026-01-02", "2026-01-03"] {
+        other.create("exports", day, day, &[]);
+    }
+    let moved = p.path("manifest.moved");
+    std::fs::rename(p.manifest_path(), &moved).unwrap();
+    assert_eq!(ids(&s), Vec::<i64>::new(), "no manifest there now");
+    std::fs::copy(other.manifest_path(), p.manifest_path()).unwrap();
+    assert_eq!(ids(&s), [1, 2], "the manifest put in its place");
 }
 
 #[test]

@@ -41,6 +41,14 @@ printf '{"rows": 1, "fingerprint": "%s"}' {{ ds }} > "$BACKFILL_RESULT"
 '''
 "#;
 
+/// What a project keeps out of version control: what `backfill` writes as it runs.
+pub const GITIGNORE: &str =
+    "# What backfill writes as it runs: the manifest, the tries' logs and audit files.
+/.backfill/
+# The example DAG's output.
+/out/
+";
+
 pub fn run(g: &Global, dir: Option<&Path>) -> Result<u8, Error> {
     let dir = dir.unwrap_or_else(|| Path::new("."));
     let project = dir.join(crate::project::PROJECT_FILE);
@@ -63,21 +71,24 @@ pub fn run(g: &Global, dir: Option<&Path>) -> Result<u8, Error> {
     };
     write(&project, PROJECT)?;
     write(&dag, EXAMPLE_DAG)?;
+    let mut wrote = vec![project.display().to_string(), dag.display().to_string()];
+    // A folder that has a .gitignore keeps its own.
+    let ignore = dir.join(".gitignore");
+    if !ignore.exists() {
+        write(&ignore, GITIGNORE)?;
+        wrote.push(ignore.display().to_string());
+    }
     let next = format!(
         "backfill -C {} create --dag example --from yesterday --to yesterday",
         out::shell_word(&dir.display().to_string())
     );
     if g.json {
         out::json(&serde_json::json!({
-            "wrote": [project.display().to_string(), dag.display().to_string()],
+            "wrote": wrote,
             "next": next,
         }))?;
     } else if !g.quiet {
-        out::note(&format!(
-            "wrote {} and {}; try: {next}",
-            project.display(),
-            dag.display()
-        ));
+        out::note(&format!("wrote {}; try: {next}", wrote.join(", ")));
     }
     Ok(exit::OK)
 }

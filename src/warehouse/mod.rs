@@ -351,8 +351,13 @@ pub fn check_task_keys(
     let target_columns =
         table_columns(conn, "main", &task.target).map_err(|e| problem("target")(e.to_string()))?;
     if target_columns.is_empty() {
+        let how = if task.warehouse.init.is_empty() {
+            "create it in the warehouse (CREATE TABLE with the partition column and the query's columns)"
+        } else {
+            "create it in the warehouse's init files"
+        };
         return Err(problem("target")(format!(
-            "target table `{}` does not exist in warehouse `{}`; create it in the warehouse's init files",
+            "target table `{}` does not exist in warehouse `{}`; {how}",
             task.target, task.warehouse.name
         )));
     }

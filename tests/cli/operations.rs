@@ -626,7 +626,23 @@ fn init_starts_a_working_project_and_never_overwrites() {
     let doc: serde_json::Value =
         serde_json::from_slice(&run(&["--output", "json", "init", other.to_str().unwrap()]).stdout)
             .unwrap();
-    assert_eq!(doc["wrote"].as_array().map(Vec::len), Some(2), "{doc}");
+    assert_eq!(doc["wrote"].as_array().map(Vec::len), Some(3), "{doc}");
+    // What runs write stays out of git; a folder's own .gitignore is kept.
+    assert_eq!(
+        std::fs::read_to_string(root.join(".gitignore")).unwrap(),
+        "# What backfill writes as it runs: the manifest, the tries' logs and audit files.\n/.backfill/\n# The example DAG's output.\n/out/\n"
+    );
+    let kept = dir.path().join("kept");
+    std::fs::create_dir_all(&kept).unwrap();
+    std::fs::write(kept.join(".gitignore"), "mine\n").unwrap();
+    assert_eq!(
+        run(&["init", kept.to_str().unwrap()]).status.code(),
+        Some(0)
+    );
+    assert_eq!(
+        std::fs::read_to_string(kept.join(".gitignore")).unwrap(),
+        "mine\n"
+    );
     let again = run(&["init", root.to_str().unwrap()]);
     assert_eq!(again.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&again.stderr).contains("backfill.toml exists already"));

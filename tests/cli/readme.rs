@@ -917,6 +917,56 @@ fn the_first_project_on_sqlite_works_as_written() {
         (35, 105, want),
         "7 days of 5 regions, every order once"
     );
+
+    // What the section says next. The files draw no warning.
+    let run = |args: &[&str]| {
+        output(
+            Command::new(env!("CARGO_BIN_EXE_backfill"))
+                .arg("-C")
+                .arg(root.join("my-pipelines"))
+                .args(args)
+                .env("BACKFILL_NOW", NOW)
+                .env_remove("BACKFILL_MANIFEST"),
+        )
+    };
+    let validate = run(&["dags", "validate"]);
+    validate.code(0);
+    assert!(!validate.stderr.contains("warning"), "{}", validate.stderr);
+    // A late order in a new region: `changed` reruns its day only, whose row count moved from
+    // the published one, so it is rejected as drift and keeps what is published; the rerun
+    // command it prints has --allow-drift, which publishes it.
+    wh.execute(
+        "INSERT INTO orders VALUES (9999, '2026-09-03 12:00:00', 'antarctica', 500)",
+        [],
+    )
+    .unwrap();
+    let week = ["--from", "2026-09-01", "--to", "2026-09-07"];
+    let day_rows = || -> i64 {
+        wh.query_row(
+            "SELECT COUNT(*) FROM orders_daily WHERE day = '2026-09-03'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    let mut args = vec!["create", "--dag", "orders_daily"];
+    args.extend(week);
+    args.extend(["--reprocess-behavior", "changed"]);
+    let changed = run(&args);
+    changed
+        .code(3)
+        .stderr_has("drift: row count 6 differs from the published 5")
+        .stderr_has("--allow-drift");
+    assert!(changed.stderr.contains("6 skipped"), "{}", changed.stderr);
+    assert_eq!(day_rows(), 5, "the published day stays");
+    args.push("--allow-drift");
+    run(&args).code(0);
+    assert_eq!(day_rows(), 6, "published with --allow-drift");
+    // Without its target table, `dags validate` says to create it in the database.
+    wh.execute_batch("DROP TABLE orders_daily").unwrap();
+    run(&["dags", "validate"]).code(2).stderr_has(
+        "target table `orders_daily` does not exist in warehouse `dw`; create it in the warehouse (CREATE TABLE",
+    );
 }
 
 #[test]

@@ -29,7 +29,7 @@ fn open(g: &Global, project: Option<&Project>) -> Result<(PathBuf, Option<Box<dy
 }
 
 /// Says whether each running backfill's owner is alive.
-fn judge_owners(
+pub(super) fn judge_owners(
     list: &mut [BackfillSummary],
     project: Option<&Project>,
     conn: &dyn Reads,

@@ -607,7 +607,7 @@ fn show_part(conn: &Conn, id: i64, page: Option<(i64, i64)>) -> Result<Option<Ba
     }))
 }
 
-fn list_one(conn: &Conn, id: i64) -> Result<Option<BackfillSummary>> {
+pub fn list_one(conn: &Conn, id: i64) -> Result<Option<BackfillSummary>> {
     let Some(b) = backfills::get(conn, id)? else {
         return Ok(None);
     };

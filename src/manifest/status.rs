@@ -154,6 +154,14 @@ pub fn leases(conn: &Conn) -> Result<Vec<LeaseView>> {
     Ok(rows.collect::<super::db::Result<_>>()?)
 }
 
+/// Every backfill's id, DAG and state, oldest first: what the status page's list filters and
+/// pages before it counts the intervals of the page's backfills only.
+pub fn heads(conn: &Conn) -> Result<Vec<(i64, String, crate::state::BackfillState)>> {
+    let mut stmt = conn.prepare("SELECT id, dag_id, state FROM backfills ORDER BY id")?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    Ok(rows.collect::<super::db::Result<_>>()?)
+}
+
 /// The DAGs the manifest has runs of, and how many interval starts each has.
 pub fn dags(conn: &Conn) -> Result<Vec<(String, i64)>> {
     let mut stmt = conn.prepare(

@@ -228,6 +228,10 @@ pub trait Reads {
     fn lease_views(&self) -> Result<Vec<status::LeaseView>>;
     /// The DAGs with runs, and how many interval starts each has.
     fn run_dags(&self) -> Result<Vec<(String, i64)>>;
+    /// Every backfill's id, DAG and state, oldest first.
+    fn backfill_heads(&self) -> Result<Vec<(i64, String, crate::state::BackfillState)>>;
+    /// One backfill as `list` shows it, with its counts.
+    fn backfill_summary(&self, id: i64) -> Result<Option<BackfillSummary>>;
     /// A page of the starts of a DAG's intervals with runs, newest first.
     fn dag_starts(&self, dag_id: &str, limit: i64, skip: i64) -> Result<Vec<i64>>;
     /// The published partitions of a DAG between two starts: `(start, rows)`.
@@ -658,6 +662,12 @@ impl Reads for Conn {
     }
     fn run_dags(&self) -> Result<Vec<(String, i64)>> {
         status::dags(self)
+    }
+    fn backfill_heads(&self) -> Result<Vec<(i64, String, crate::state::BackfillState)>> {
+        status::heads(self)
+    }
+    fn backfill_summary(&self, id: i64) -> Result<Option<BackfillSummary>> {
+        queries::list_one(self, id)
     }
     fn dag_starts(&self, dag_id: &str, limit: i64, skip: i64) -> Result<Vec<i64>> {
         status::dag_starts(self, dag_id, limit, skip)

@@ -608,6 +608,49 @@ fn a_large_backfill_is_shown_a_page_at_a_time_in_time_order() {
     assert_eq!(intervals(&s.get("/backfills/1?page=99").body), want);
 }
 
+/// The list: 50 backfills to a page, newest first, filtered before it is paged, each with its
+/// own counts.
+#[test]
+fn the_list_pages_the_backfills_newest_first_after_its_filters() {
+    let p = Project::new()
+        .dag(
+            "ok",
+            "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+        )
+        .dag(
+            "no",
+            "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"false\"\n",
+        );
+    for n in 1..=52 {
+        let day = crate::support::day(1 + n % 28);
+        let day = &day[..10];
+        if n % 13 == 0 {
+            p.create("no", day, day, &[]).code(3);
+        } else {
+            p.create("ok", day, day, &["--reprocess-behavior", "completed"])
+                .code(0);
+        }
+    }
+    let s = Server::start(&p, "serve", &[]);
+    let ids = |path: &str| -> Vec<i64> {
+        let a = s.get(path);
+        assert_eq!(a.status, 200, "{path}: {}", a.body);
+        a.body
+            .split("<tr data-backfill=\"")
+            .skip(1)
+            .map(|rest| rest[..rest.find('"').unwrap()].parse().unwrap())
+            .collect()
+    };
+    assert_eq!(ids("/"), (3..=52).rev().collect::<Vec<i64>>());
+    assert_eq!(ids("/?page=2"), [2, 1]);
+    assert_eq!(ids("/?state=failed"), [52, 39, 26, 13]);
+    let ok = ids("/?dag=ok");
+    assert_eq!(ok.len(), 48, "one page: {ok:?}");
+    assert!(ok.iter().all(|id| id % 13 != 0));
+    let failed = s.get("/?dag=no");
+    assert!(failed.body.contains("1 failed"), "each row its own counts");
+}
+
 #[test]
 fn a_project_without_a_manifest_yet_serves_an_empty_list_and_creates_nothing() {
     let p = Project::new().dag("exports", DAG).sqlite();

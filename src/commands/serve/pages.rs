@@ -265,23 +265,30 @@ pub(super) async fn backfills(
     let state = f.state.clone().filter(|s| !s.is_empty());
     let read = app
         .read(move |conn, project| {
-            let all = super::super::read::backfills(conn, project, None, false)?;
+            // Filtered and paged by what the backfills table says; then only the page's
+            // backfills have their intervals counted.
+            let heads = conn.backfill_heads()?;
             let dags: std::collections::BTreeSet<String> =
-                all.iter().map(|b| b.dag_id.clone()).collect();
-            let mut rows: Vec<BackfillSummary> = all
+                heads.iter().map(|h| h.1.clone()).collect();
+            let ids: Vec<i64> = heads
                 .into_iter()
                 .rev()
-                .filter(|b| dag.as_ref().is_none_or(|d| *d == b.dag_id))
-                .filter(|b| state.as_ref().is_none_or(|s| *s == b.state.to_string()))
+                .filter(|h| dag.as_ref().is_none_or(|d| *d == h.1))
+                .filter(|h| state.as_ref().is_none_or(|s| *s == h.2.to_string()))
+                .map(|h| h.0)
                 .collect();
-            let count = rows.len();
+            let count = ids.len();
             let pages = count.div_ceil(BACKFILLS_PER_PAGE).max(1);
             let page = (f.page.unwrap_or(1) as usize).clamp(1, pages);
-            rows = rows
+            let mut rows: Vec<BackfillSummary> = Vec::new();
+            for id in ids
                 .into_iter()
                 .skip((page - 1) * BACKFILLS_PER_PAGE)
                 .take(BACKFILLS_PER_PAGE)
-                .collect();
+            {
+                rows.extend(conn.backfill_summary(id)?);
+            }
+            super::super::read::judge_owners(&mut rows, project, conn)?;
             let mut out = Vec::with_capacity(rows.len());
             let mut labels: BTreeMap<String, Labeler> = BTreeMap::new();
             for b in &rows {

@@ -10,8 +10,8 @@
 //!   (`Authorization: Bearer`, or `?token=` once in a browser, kept in a cookie). Without a
 //!   token, a request must name this host as loopback (`Host`), so that a web page whose name
 //!   was rebound to 127.0.0.1 cannot read it.
-//! - At most [`AT_ONCE`] backfill pages and documents are made at a time (each holds the whole
-//!   backfill while it is made); reads and documents are made on blocking threads.
+//! - At most [`AT_ONCE`] backfill pages and JSON documents are made at a time (a document holds
+//!   the whole backfill while it is made); reads and documents are made on blocking threads.
 //! - Every value on a page is escaped by the templates (minijinja's HTML auto-escaping);
 //!   manifest locations are shown without their password.
 
@@ -281,10 +281,7 @@ async fn checked(app: &Arc<App>, request: Request, next: Next) -> Response {
             let (query, rest) = token_in_query(request.uri().query());
             if given(query.as_deref()) {
                 // Once in a browser: keep it in the cookie, and go to the address without it.
-                let to = match rest {
-                    Some(q) => format!("{}?{q}", request.uri().path()),
-                    None => request.uri().path().to_string(),
-                };
+                let to = same_address(request.uri().path(), rest.as_deref());
                 let mut r = StatusCode::SEE_OTHER.into_response();
                 if let (Ok(location), Ok(cookie)) = (
                     HeaderValue::from_str(&to),
@@ -312,8 +309,8 @@ async fn checked(app: &Arc<App>, request: Request, next: Next) -> Response {
             }
         }
     }
-    // A backfill's page and document hold the whole backfill while they are made: they take
-    // turns. The other answers are small and do not wait behind them.
+    // A backfill's page and JSON document are the largest answers: they take turns. The other
+    // answers are small and do not wait behind them.
     let _turn = if whole_backfill(request.uri().path()) {
         app.busy.acquire().await.ok()
     } else {
@@ -329,6 +326,16 @@ fn whole_backfill(path: &str) -> bool {
         .strip_prefix("/api/backfills/")
         .or_else(|| path.strip_prefix("/backfills/"));
     rest.is_some_and(|id| !id.is_empty() && !id.contains('/'))
+}
+
+/// Where the browser goes once its `?token=` is kept: the same path with the rest of its query.
+/// A path that starts with `//` would name another host: the list instead.
+fn same_address(path: &str, rest: Option<&str>) -> String {
+    let path = if path.starts_with("//") { "/" } else { path };
+    match rest {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    }
 }
 
 /// Whether a `Host` header names `name`, with or without a port.
@@ -518,6 +525,26 @@ mod tests {
         assert!(same(b"s3cret-token", b"s3cret-token"));
         assert!(!same(b"s3cret-token", b"s3cret-tokeN"));
         assert!(!same(b"s3cret", b"s3cret-token"));
+    }
+
+    #[test]
+    fn the_token_is_left_out_of_the_address_and_the_host_stays() {
+        assert_eq!(
+            token_in_query(Some("page=2&token=abcdefgh&x=1")),
+            (Some("abcdefgh".into()), Some("page=2&x=1".into()))
+        );
+        assert_eq!(
+            token_in_query(Some("token=abcdefgh")),
+            (Some("abcdefgh".into()), None)
+        );
+        assert_eq!(
+            same_address("/backfills/1", Some("page=2")),
+            "/backfills/1?page=2"
+        );
+        assert_eq!(same_address("//evil.example/x", None), "/");
+        assert!(same_host("LOCALHOST:8460", "localhost"));
+        assert!(same_host("[::1]:8460", "[::1]"));
+        assert!(!same_host("localhost.evil.example", "localhost"));
     }
 
     #[test]

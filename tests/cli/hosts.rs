@@ -197,8 +197,7 @@ impl Host {
             for &pid in &pids {
                 let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
             }
-            // A child that exited just before its parent stopped stays a zombie, doing nothing.
-            pids.iter().all(|&pid| stopped(pid as u32) || zombie(pid))
+            pids.iter().all(|&pid| frozen(pid))
         });
     }
 
@@ -224,12 +223,22 @@ impl Host {
     }
 }
 
-/// Whether a process has exited and waits to be reaped.
-fn zombie(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        s.rsplit_once(')')
-            .and_then(|(_, r)| r.split_whitespace().next())
-            == Some("Z")
+/// Whether a process that was sent SIGSTOP runs no more of its own code: each of its threads
+/// is stopped, or a zombie (a child that exited just before its parent stopped), or in the
+/// kernel (`D`), which it leaves only to stop. A thread that started a try with `vfork` waits
+/// there until the child `exec`s, and the child may be stopped before it does: that thread
+/// never shows `T`. A process gone meanwhile runs nothing either.
+fn frozen(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat")).map_or(true, |s| {
+            let state = s
+                .rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next());
+            matches!(state, Some("T" | "t" | "Z" | "X" | "D"))
+        })
     })
 }
 

@@ -421,22 +421,20 @@ fn show_part(conn: &Conn, id: i64, page: Option<(i64, i64)>) -> Result<Option<Ba
         }
         Some((offset, limit)) => ("ORDER BY ord LIMIT ?2 OFFSET ?3", limit, offset),
     };
-    let (lo, hi) = match page {
-        None => (i64::MIN, i64::MAX),
-        Some(_) => {
-            let span: (Option<i64>, Option<i64>) = conn
-                .prepare(&format!(
-                    "SELECT MIN(interval_start), MAX(interval_start) FROM (
-                       SELECT interval_start FROM plan WHERE backfill_id = ?1 {plan_sql}) AS p"
-                ))?
-                .query_row(params![id, limit, offset], |r| Ok((r.get(0)?, r.get(1)?)))?;
-            match span {
-                (Some(lo), Some(hi)) => (lo, hi),
-                // Past the end: no interval, the counts only.
-                _ => (1, 0),
-            }
-        }
-    };
+    // The plan's rows first: their span bounds the runs read next.
+    type PlanRead = (i64, i64, i64, String, Option<String>);
+    let plan: Vec<PlanRead> = conn
+        .prepare(&format!(
+            "SELECT ord, interval_start, interval_end, action, reason FROM plan
+             WHERE backfill_id = ?1 {plan_sql}"
+        ))?
+        .query_map(params![id, limit, offset], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })?
+        .collect::<super::db::Result<_>>()?;
+    let starts = plan.iter().map(|p| p.1);
+    // No plan row (a page past the end): no run either.
+    let (lo, hi) = starts.clone().min().zip(starts.max()).unwrap_or((1, 0));
     let mut latest: Vec<LatestRun> = Vec::new();
     let mut stmt = conn.prepare(
         "SELECT interval_start, id, state, started_at, ended_at, error FROM runs
@@ -523,14 +521,8 @@ fn show_part(conn: &Conn, id: i64, page: Option<(i64, i64)>) -> Result<Option<Ba
             }
         }
     }
-    let mut stmt = conn.prepare(&format!(
-        "SELECT ord, interval_start, interval_end, action, reason FROM plan
-         WHERE backfill_id = ?1 {plan_sql}"
-    ))?;
-    let mut out = Vec::new();
-    let mut rows = stmt.query(params![id, limit, offset])?;
-    while let Some(r) = rows.next()? {
-        let start: i64 = r.get(1)?;
+    let mut out = Vec::with_capacity(plan.len());
+    for (ord, start, end, action, reason) in plan {
         let run = latest
             .binary_search_by_key(&start, |l| l.interval_start)
             .ok()
@@ -542,11 +534,11 @@ fn show_part(conn: &Conn, id: i64, page: Option<(i64, i64)>) -> Result<Option<Ba
                 .map(|i| &tries[i])
         });
         out.push(IntervalDetail {
-            ord: r.get(0)?,
+            ord,
             start: Rfc3339(from_unix(start)),
-            end: Rfc3339(from_unix(r.get(2)?)),
-            action: r.get(3)?,
-            reason: r.get(4)?,
+            end: Rfc3339(from_unix(end)),
+            action,
+            reason,
             state: run.map(|x| match t.and_then(|t| t.waiting_for.as_ref()) {
                 Some(pool) if x.state == RunState::Running => format!("waiting for pool {pool}"),
                 _ => x.state.to_string(),

@@ -59,7 +59,7 @@ impl Pages {
     fn render(&self, status: StatusCode, template: &str, mut ctx: Value, live: bool) -> Response {
         if let Value::Object(m) = &mut ctx {
             m.insert("live".into(), json!(live));
-            m.entry("manifest").or_insert_with(|| json!(self.manifest));
+            m.insert("manifest".into(), json!(self.manifest));
             m.insert("version".into(), json!(env!("CARGO_PKG_VERSION")));
             m.insert("now".into(), json!(at_ms(crate::clock::now_ms())));
         }
@@ -325,7 +325,6 @@ pub(super) async fn backfills(
         "backfills.html",
         json!({
             "title": "Backfills",
-            "manifest": app.manifest.display().to_string(),
             "rows": rows,
             "count": count,
             "dags": dags,
@@ -445,7 +444,6 @@ pub(super) async fn backfill(
         "backfill.html",
         json!({
             "title": format!("Backfill {id} of {}", d.backfill.dag_id),
-            "manifest": app.manifest.display().to_string(),
             "b": backfill_row(&d.backfill, &labels, eta, &hosts),
             "batch_size": d.backfill.batch_size,
             "run_backwards": d.backfill.run_backwards,
@@ -464,13 +462,13 @@ pub(super) async fn backfill(
 
 /// The end of a try's log, when it is a file of this project's log folder on this host. The
 /// manifest names the file, and another host may write the manifest: nothing outside the log
-/// folder is read, nor anything but a regular file (a FIFO would block the read for ever).
+/// folder (`logs`, canonical) is read, nor anything but a regular file (a FIFO would block the
+/// read for ever).
 fn log_tail(logs: &std::path::Path, path: &str) -> Option<String> {
     use std::io::{Read, Seek, SeekFrom};
     use std::os::unix::fs::OpenOptionsExt;
-    let logs = logs.canonicalize().ok()?;
     let path = std::path::Path::new(path).canonicalize().ok()?;
-    if !path.starts_with(&logs) || !std::fs::metadata(&path).ok()?.is_file() {
+    if !path.starts_with(logs) || !std::fs::metadata(&path).ok()?.is_file() {
         return None;
     }
     // Without blocking, should it have become a FIFO meanwhile.
@@ -524,12 +522,10 @@ pub(super) async fn interval(
             let history = conn.run_history(&b.dag_id, unix, unix)?;
             let dag = project.and_then(|p| p.dag(&b.dag_id).ok());
             // The logs' ends, read here, off the threads that answer requests.
+            let logs = project.and_then(|p| p.logs_dir.canonicalize().ok());
             let tails: Vec<Option<String>> = tries
                 .iter()
-                .map(|t| {
-                    let logs = &project?.logs_dir;
-                    log_tail(logs, t.log.as_deref()?)
-                })
+                .map(|t| log_tail(logs.as_deref()?, t.log.as_deref()?))
                 .collect();
             Ok(Some((b.dag_id, tries, tails, history, dag)))
         })
@@ -570,7 +566,6 @@ pub(super) async fn interval(
         "interval.html",
         json!({
             "title": format!("{} · backfill {id}", labels.label(at)),
-            "manifest": app.manifest.display().to_string(),
             "id": id,
             "dag": dag_id,
             "label": labels.label(at),
@@ -734,7 +729,6 @@ pub(super) async fn dag(
         "dag.html",
         json!({
             "title": format!("DAG {dag_id}"),
-            "manifest": app.manifest.display().to_string(),
             "dag": dag_id,
             "description": dag.as_ref().and_then(|d| d.description.clone()),
             "schedule": dag.as_ref().map(|d| d.schedule.expr().to_string()),
@@ -817,7 +811,6 @@ pub(super) async fn pools(State(app): State<Arc<App>>) -> Response {
         "pools.html",
         json!({
             "title": "Pools and leases",
-            "manifest": app.manifest.display().to_string(),
             "pools": pools,
             "leases": leases,
             "timeout": took(limit),

@@ -60,7 +60,19 @@ fi
 port=$(sed -n 's/^port = \([0-9]*\)$/\1/p' "$dir/data/postgresql.conf" | tail -n 1)
 
 if ! as_server "$bin/pg_ctl" status -D "$dir/data" >/dev/null; then
-  as_server "$bin/pg_ctl" start -D "$dir/data" -l "$dir/data/server.log" -w >&2
+  # The port was free when it was chosen; another server may have taken it since: then another.
+  tries=0
+  until as_server "$bin/pg_ctl" start -D "$dir/data" -l "$dir/data/server.log" -w >&2; do
+    tries=$((tries + 1))
+    if [ "$tries" -ge 10 ] || ! tail -n 20 "$dir/data/server.log" | grep -q 'could not bind\|Address already in use'; then
+      tail -n 20 "$dir/data/server.log" >&2
+      exit 1
+    fi
+    port=$((20000 + RANDOM % 40000))
+    while (: <"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((20000 + RANDOM % 40000)); done
+    echo "port = $port" >>"$dir/data/postgresql.conf"
+    echo "the port was taken meanwhile; trying port $port" >&2
+  done
 else
   echo "reusing the server already running in $dir (stop it with: $0 stop $dir; rm -rf $dir for a fresh one)" >&2
 fi

@@ -23,6 +23,9 @@ into the empty and into the full target at --max-active-runs 1; target: <= 1.15x
 With --batch-size N it measures instead what batches change: the same backfill with
 --batch-size N against --batch-size 1, alternated, into the empty and the full target, at
 --max-active-runs 1 and 4; target: N at --max-active-runs 1 takes at most half the time of 1.
+It also times the floor under any batch size, alternated with them: one psql transaction that
+deletes the year from the target and inserts the year's rows with one statement (no gate, no
+measure, no record), into the empty and into the full target.
 With --unindexed-source the source has no index on its timestamp, so that each query reads all
 of it, as a query on a warehouse without partition pruning does. With --enriched each day's query
 also joins its events to each customer's current row in a customer history (the latest of two
@@ -293,13 +296,23 @@ class Bench:
         self.wh.check(f"backfill {' '.join(extra)}")
         return wall, cpu, server
 
-    def bare(self):
+    def bare(self, script=None):
         self.wh.settle()
         before = self.wh.server_cpu()
-        wall, cpu = timed(self.wh.psql + ["-f", "-"], stdin=self.script)
+        wall, cpu = timed(self.wh.psql + ["-f", "-"], stdin=script or self.script)
         server = self.wh.server_cpu() - before
         self.wh.check("the bare loop")
         return wall, cpu, server
+
+
+def floor_script(query):
+    """The least any batch size can take: the whole year's rows replaced by one statement in one
+    transaction, with no gate, no measure and no record."""
+    select = query.format(start="'2025-01-01 00:00:00+00'", end="'2026-01-01 00:00:00+00'")
+    return (
+        "BEGIN;\nDELETE FROM analytics.events_fact WHERE day >= '2025-01-01' AND day < '2026-01-01';\n"
+        f"INSERT INTO analytics.events_fact (event_id, day, region, amount)\n{select};\nCOMMIT;\n"
+    ).encode()
 
 
 def main():
@@ -391,6 +404,8 @@ def batch_cost(bench, wh, args):
     and 4; the exit status (target: N at -m 1 takes at most half the time of 1)."""
     size = str(args.batch_size)
     names = [f"{b}_{t}_{m}" for b in ("one", "batch") for t in ("empty", "full") for m in ("1", "4")]
+    names += ["floor_empty_1", "floor_full_1"]
+    floor = floor_script(ENRICHED if args.enriched else SELECT)
     wall, cpu, server_cpu = ({k: [] for k in names} for _ in range(3))
     for r in range(args.rounds):
         print(f"round {r + 1} of {args.rounds}...", file=sys.stderr)
@@ -407,6 +422,13 @@ def batch_cost(bench, wh, args):
                     wall[key].append(w)
                     cpu[key].append(c)
                     server_cpu[key].append(sc)
+        # The floor, after the runs at -m 1 it bounds: into the empty target, then the full one.
+        wh.run("TRUNCATE analytics.events_fact;")
+        for target in ("empty", "full"):
+            w, c, sc = bench.bare(floor)
+            wall[f"floor_{target}_1"].append(w)
+            cpu[f"floor_{target}_1"].append(c)
+            server_cpu[f"floor_{target}_1"].append(sc)
     med = {k: statistics.median(v) for k, v in wall.items()}
     cmed = {k: statistics.median(v) for k, v in cpu.items()}
     smed = {k: statistics.median(v) for k, v in server_cpu.items()}
@@ -428,6 +450,13 @@ def batch_cost(bench, wh, args):
             verdict = ("met" if ok else "MISSED") if goal else "-"
             print(f"  {t + ' target, --max-active-runs ' + m:<34} {med[b]:7.2f} ({cmed[b]:5.2f}, {smed[b]:5.2f})      "
                   f"{med[o]:7.2f} ({cmed[o]:5.2f}, {smed[o]:5.2f})      {ratio:6.2f}x  {'<= 0.5x ' + verdict if goal else ''}")
+    # What no batch size can go under: the year's rows written by one statement, nothing else.
+    for t in ("empty", "full"):
+        f, o = f"floor_{t}_1", f"one_{t}_1"
+        print(f"  {'the floor, ' + t + ' target':<34} {med[f]:7.2f} ({cmed[f]:5.2f}, {smed[f]:5.2f})      "
+              f"{med[o]:7.2f} ({cmed[o]:5.2f}, {smed[o]:5.2f})      {med[f] / med[o]:6.2f}x")
+    print("  (the floor: one psql transaction that deletes the year and inserts its rows with one statement,"
+          " no gate, no record; against --batch-size 1 at --max-active-runs 1)")
     return 1 if missed else 0
 
 

@@ -241,6 +241,77 @@ pub fn release(conn: &Conn, backfill_id: i64, dag_id: &str, interval_start: i64)
     Ok(())
 }
 
+/// What a batch of one process of a backfill holds of the intervals it was formed of (see
+/// [`reserve_batch`]), by start.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Reserved {
+    /// Now held by this process's batch, in the order given.
+    pub held: Vec<i64>,
+    /// Held by the batch of another live process of the backfill: not this process's to run.
+    pub others: Vec<i64>,
+    /// Not held by another, but after one that is or beyond what was wanted: left for a later
+    /// batch.
+    pub left: Vec<i64>,
+}
+
+/// Makes the batch of the process `f` names (the backfill's owner, or one of its workers) hold
+/// up to `want` of intervals `starts` of `dag_id` (consecutive, in the order they run): those
+/// that the batch of no other live process of the backfill holds, from the first such, up to
+/// the first that another holds after it. An interval is held by its lease's `batch_holder`: 0 the owner,
+/// else a worker's id, while that worker is `running` (once it ended or was recovered, its
+/// batches hold nothing). So that the processes of a backfill (`backfill join`) do not compute
+/// the same interval's rows twice, each forms its batches of the intervals this returns as
+/// held; which of them runs an interval is still decided by the commit that starts its run.
+pub fn reserve_batch(
+    conn: &Conn,
+    f: super::backfills::Fenced,
+    dag_id: &str,
+    starts: &[i64],
+    want: usize,
+) -> Result<Reserved> {
+    let (Some(&lo), Some(&hi)) = (starts.iter().min(), starts.iter().max()) else {
+        return Ok(Reserved::default());
+    };
+    let holder = f.owner().worker.unwrap_or(0);
+    let mut others: HashSet<i64> = HashSet::new();
+    {
+        let mut stmt = conn.prepare_cached(
+            "SELECT l.interval_start FROM leases l
+             WHERE l.backfill_id = ?1 AND l.dag_id = ?2
+               AND l.interval_start >= ?3 AND l.interval_start <= ?4
+               AND l.batch_holder IS NOT NULL AND l.batch_holder <> ?5
+               AND (l.batch_holder = 0 OR EXISTS (
+                   SELECT 1 FROM workers w WHERE w.id = l.batch_holder AND w.state = 'running'))",
+        )?;
+        let mut rows = stmt.query(params![f.backfill_id(), dag_id, lo, hi, holder])?;
+        while let Some(r) = rows.next()? {
+            others.insert(r.get::<_, i64>(0)?);
+        }
+    }
+    let mut out = Reserved::default();
+    // Taking until one that another holds comes after one taken: what is held is consecutive,
+    // so that its span names it.
+    let mut taking = true;
+    for &start in starts {
+        if others.contains(&start) {
+            out.others.push(start);
+            taking &= out.held.is_empty();
+        } else if taking && out.held.len() < want {
+            out.held.push(start);
+        } else {
+            out.left.push(start);
+        }
+    }
+    if let (Some(&a), Some(&b)) = (out.held.iter().min(), out.held.iter().max()) {
+        conn.prepare_cached(
+            "UPDATE leases SET batch_holder = ?1
+             WHERE backfill_id = ?2 AND dag_id = ?3 AND interval_start >= ?4 AND interval_start <= ?5",
+        )?
+        .execute(params![holder, f.backfill_id(), dag_id, a, b])?;
+    }
+    Ok(out)
+}
+
 /// Releases every lease of backfill `backfill_id` but those of its runs still queued or
 /// running (tries that could not be stopped keep their intervals in flight).
 pub fn release_all_but_running(conn: &Conn, backfill_id: i64) -> Result<()> {

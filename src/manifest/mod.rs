@@ -58,6 +58,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (8, include_str!("../../migrations/0008_workers.sql")),
     (9, include_str!("../../migrations/0009_definition.sql")),
     (10, include_str!("../../migrations/0010_batch_size.sql")),
+    (11, include_str!("../../migrations/0011_batch_holder.sql")),
 ];
 
 /// CHECK constraints a migration widens (SQLite cannot alter one): `(version, table, old, new)`.

@@ -49,6 +49,10 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
         5,
         include_str!("../../migrations/postgres/0005_batch_size.sql"),
     ),
+    (
+        6,
+        include_str!("../../migrations/postgres/0006_batch_holder.sql"),
+    ),
 ];
 
 /// How long the server lets a manifest session sit idle inside a transaction before it ends

@@ -57,7 +57,8 @@ pub trait Reads {
     fn workers(&self, backfill_id: i64) -> Result<Vec<Worker>>;
     /// Whether a backfill has ever had a worker.
     fn has_workers(&self, backfill_id: i64) -> Result<bool>;
-    /// The interval starts of a backfill's runs in progress under a worker still running.
+    /// The interval starts that a worker still running holds: its runs in progress, and the
+    /// intervals its batches hold (see [`leases::reserve_batch`]).
     fn worker_starts_in_flight(&self, backfill_id: i64) -> Result<HashSet<i64>>;
     /// Whether a run of backfill `backfill_id` succeeded.
     fn any_succeeded(&self, backfill_id: i64) -> Result<bool>;
@@ -316,6 +317,15 @@ pub trait Planning {
 
 /// Runs and their tries, from a pool slot to the recorded end, and the repair of those a gone owner left.
 pub trait Running: super::db::Answers {
+    /// Makes this process's next batch hold what it may of intervals `starts` (see
+    /// [`leases::reserve_batch`]).
+    fn reserve_batch(
+        &self,
+        f: Fenced,
+        dag_id: &str,
+        starts: &[i64],
+        want: usize,
+    ) -> Result<leases::Reserved>;
     /// Takes a slot of `pool` (of `size`) for try `try_id` if one is free; records that the try
     /// waits for the pool when none is.
     fn take_pool_slot(
@@ -779,6 +789,15 @@ impl Planning for Conn {
 }
 
 impl Running for Conn {
+    fn reserve_batch(
+        &self,
+        f: Fenced,
+        dag_id: &str,
+        starts: &[i64],
+        want: usize,
+    ) -> Result<leases::Reserved> {
+        leases::reserve_batch(self, f, dag_id, starts, want)
+    }
     fn take_pool_slot(
         &self,
         f: Fenced,

@@ -160,12 +160,16 @@ pub fn any(conn: &Conn, backfill_id: i64) -> Result<bool> {
         .is_some())
 }
 
-/// The interval starts of a backfill's runs in progress under a worker still running: they are
-/// that worker's, not to be recovered with the owner.
+/// The interval starts that a worker still running holds: its runs in progress, and the
+/// intervals its batches hold (see [`super::leases::reserve_batch`]). They are that worker's,
+/// neither recovered with the owner nor run by another process.
 pub fn starts_in_flight(conn: &Conn, backfill_id: i64) -> Result<std::collections::HashSet<i64>> {
     let mut stmt = conn.prepare_cached(
         "SELECT r.interval_start FROM runs r JOIN workers w ON w.id = r.worker
-         WHERE r.backfill_id = ?1 AND r.state IN ('queued', 'running') AND w.state = 'running'",
+         WHERE r.backfill_id = ?1 AND r.state IN ('queued', 'running') AND w.state = 'running'
+         UNION
+         SELECT l.interval_start FROM leases l JOIN workers w ON w.id = l.batch_holder
+         WHERE l.backfill_id = ?1 AND w.state = 'running'",
     )?;
     let rows = stmt.query_map([backfill_id], |r| r.get(0))?;
     Ok(rows.collect::<super::db::Result<_>>()?)

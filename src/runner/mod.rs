@@ -312,19 +312,31 @@ pub async fn run(
                 succeeded_by_end.insert(interval.end.timestamp(), false);
                 continue;
             }
-            let key = interval.start.timestamp();
-            holding.insert(key);
             if batch_size > 1 {
+                // Candidates beyond the batch's size, in case the batches of the backfill's
+                // other processes hold the first: theirs are theirs to run.
                 let mut intervals = vec![interval];
-                while intervals.len() < batch_size
+                while intervals.len() < batch_size * CANDIDATES
                     && let (Some(last), Some(next)) = (intervals.last(), queue.front())
                     && (last.end == next.start || next.end == last.start)
                 {
                     intervals.extend(queue.pop_front());
                 }
-                running.spawn(run_batch(shared.clone(), intervals, stop.clone()));
+                let intervals = match hold_batch(&shared, intervals, batch_size, &mut queue).await {
+                    Ok(held) => held,
+                    Err(e) => {
+                        fail(&shared, &mut first_error, e);
+                        break;
+                    }
+                };
+                if let Some(first) = intervals.first() {
+                    holding.insert(first.start.timestamp());
+                    running.spawn(run_batch(shared.clone(), intervals, stop.clone()));
+                }
                 continue;
             }
+            let key = interval.start.timestamp();
+            holding.insert(key);
             let slot = Slot {
                 freed: Some(shared.freed.clone()),
                 start: key,
@@ -415,6 +427,43 @@ fn count_failure(shared: &Shared, state: RunState) {
             .failed
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
+}
+
+/// How many batches' worth of consecutive intervals a batch is chosen from.
+const CANDIDATES: usize = 4;
+
+/// Makes a batch of up to `want` of `intervals` (consecutive, in run order) hold those that no
+/// batch of another live process of the backfill holds (see
+/// [`crate::manifest::leases::reserve_batch`]): those it holds, to run. Those another holds are
+/// dropped from this process's queue; the others go back to its front.
+async fn hold_batch(
+    shared: &Shared,
+    intervals: Vec<DataInterval>,
+    want: usize,
+    queue: &mut VecDeque<DataInterval>,
+) -> Result<Vec<DataInterval>, Error> {
+    let (owner, dag_id) = (shared.spec.owner, shared.spec.dag.id.clone());
+    let starts: Vec<i64> = intervals.iter().map(|i| i.start.timestamp()).collect();
+    let reserved = shared
+        .writer
+        .call(move |c| c.reserve_batch(c.fence(owner)?, &dag_id, &starts, want))
+        .await?;
+    tracing::debug!(
+        backfill = owner.backfill_id,
+        held = ?reserved.held,
+        others = ?reserved.others,
+        left = ?reserved.left,
+        "a batch holds what the batches of the backfill's other processes do not"
+    );
+    for i in intervals.iter().rev() {
+        if reserved.left.contains(&i.start.timestamp()) {
+            queue.push_front(*i);
+        }
+    }
+    Ok(intervals
+        .into_iter()
+        .filter(|i| reserved.held.contains(&i.start.timestamp()))
+        .collect())
 }
 
 /// Runs a batch's intervals one after the other (see [`batch`]), holding one slot: the first

@@ -781,3 +781,143 @@ fn a_command_that_knows_nothing_of_batches_still_runs_each_interval() {
         0
     );
 }
+
+/// Sixteen days in batches of four, two at once: each batch's command notes its range and the
+/// process that ran it, and waits for `go` (or `go-PID`, for the process PID alone) before it
+/// reports each day.
+const JOINED_DAG: &str = r#"
+schedule = "@daily"
+batch_size = 4
+max_active_runs = 2
+[[tasks]]
+id = "work"
+command = '''
+echo "{{ data_interval_start }} {{ data_interval_end }} $PPID" >> calls.txt
+while [ ! -f go ] && [ ! -f "go-$PPID" ]; do sleep 0.05; done
+if [ -z "$BACKFILL_BATCH" ]; then echo '{"rows": 1}' > "$BACKFILL_RESULT"; exit 0; fi
+days=$(printf '%s' "$BACKFILL_BATCH" | grep -o '"ds":"[0-9-]*"' | cut -d'"' -f4)
+sep=""; out=""
+for d in $days; do out="$out$sep\"$d\": {\"rows\": 1}"; sep=", "; done
+printf '{"intervals": { %s }}' "$out" > "$BACKFILL_RESULT"
+'''
+"#;
+
+/// The batches' commands noted in `calls.txt`: `(start, end, pid)`, sorted.
+fn calls(p: &Project) -> Vec<(String, String, u32)> {
+    let mut calls: Vec<(String, String, u32)> = std::fs::read_to_string(p.path("calls.txt"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let w: Vec<&str> = l.split(' ').collect();
+            (w[0].to_string(), w[1].to_string(), w[2].parse().unwrap())
+        })
+        .collect();
+    calls.sort();
+    calls
+}
+
+/// Starts the owner of the sixteen days, waits for its two batches, then a worker (`join`) and
+/// its two; returns both, their batches not yet let go.
+fn owner_and_worker_in_batches(p: &Project) -> (std::process::Child, std::process::Child) {
+    let owner = p.spawn(
+        "owner",
+        &[
+            "create",
+            "--dag",
+            "c",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-16",
+        ],
+    );
+    crate::support::wait_until(
+        "the owner's two batches",
+        std::time::Duration::from_secs(20),
+        || calls(p).len() == 2,
+    );
+    let worker = p.spawn("worker", &["join", "1"]);
+    crate::support::wait_until(
+        "the worker to hold two batches",
+        std::time::Duration::from_secs(20),
+        || {
+            p.count(
+                "SELECT COUNT(*) FROM leases WHERE batch_holder IS NOT NULL AND batch_holder <> 0",
+            ) == 8
+        },
+    );
+    (owner, worker)
+}
+
+const FOUR_BATCHES: [(&str, &str); 4] = [
+    ("2026-01-01T00:00:00Z", "2026-01-05T00:00:00Z"),
+    ("2026-01-05T00:00:00Z", "2026-01-09T00:00:00Z"),
+    ("2026-01-09T00:00:00Z", "2026-01-13T00:00:00Z"),
+    ("2026-01-13T00:00:00Z", "2026-01-17T00:00:00Z"),
+];
+
+fn each_of_sixteen_days_succeeded_once(p: &Project) {
+    assert_eq!(
+        p.count(
+            "SELECT COUNT(*) FROM (SELECT interval_start FROM runs WHERE state = 'succeeded'
+             GROUP BY interval_start HAVING COUNT(*) = 1) AS once"
+        ),
+        16
+    );
+}
+
+#[test]
+fn a_worker_that_joins_a_backfill_of_batches_never_computes_an_interval_its_owner_holds() {
+    let p = Project::new().dag("c", JOINED_DAG);
+    let (owner, worker) = owner_and_worker_in_batches(&p);
+    p.write("go", "");
+    let (owner_pid, worker_pid) = (owner.id(), worker.id());
+    let limit = std::time::Duration::from_secs(60);
+    crate::support::wait_within(&p, "worker", worker, limit).code(0);
+    crate::support::wait_within(&p, "owner", owner, limit).code(0);
+    // Each day's rows were computed once: the owner's two batches and the worker's two.
+    let ran: Vec<(String, String, u32)> = FOUR_BATCHES
+        .iter()
+        .zip([owner_pid, owner_pid, worker_pid, worker_pid])
+        .map(|((s, e), pid)| (s.to_string(), e.to_string(), pid))
+        .collect();
+    assert_eq!(calls(&p), ran);
+    each_of_sixteen_days_succeeded_once(&p);
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM runs WHERE state <> 'succeeded'"),
+        0
+    );
+    assert_eq!(p.count("SELECT COUNT(*) FROM leases"), 0);
+}
+
+#[test]
+fn the_owner_runs_the_batches_a_killed_worker_held() {
+    let p = Project::new().dag("c", JOINED_DAG);
+    p.write("backfill.toml", "lease_timeout = \"2s\"\n");
+    let (owner, mut worker) = owner_and_worker_in_batches(&p);
+    let (owner_pid, worker_pid) = (owner.id(), worker.id());
+    // The owner's batches end; the worker's first starts once they made room, and waits.
+    p.write(&format!("go-{owner_pid}"), "");
+    crate::support::wait_until(
+        "the worker's first batch",
+        std::time::Duration::from_secs(20),
+        || calls(&p).iter().any(|c| c.2 == worker_pid),
+    );
+    worker.kill().unwrap();
+    worker.wait().unwrap();
+    crate::support::wait_within(&p, "owner", owner, std::time::Duration::from_secs(60)).code(0);
+    // The worker's batches were computed again by the owner once it recovered the worker.
+    let by_owner: Vec<(String, String)> = calls(&p)
+        .into_iter()
+        .filter(|c| c.2 == owner_pid)
+        .map(|c| (c.0, c.1))
+        .collect();
+    assert_eq!(
+        by_owner,
+        FOUR_BATCHES
+            .iter()
+            .map(|(s, e)| (s.to_string(), e.to_string()))
+            .collect::<Vec<_>>()
+    );
+    each_of_sixteen_days_succeeded_once(&p);
+}

@@ -145,7 +145,7 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
         .code(0);
     assert_eq!(
         cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
-        "5"
+        "6"
     );
     assert_eq!(
         runs_per_interval(cluster, &db),
@@ -169,13 +169,14 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
          ALTER TABLE backfill_manifest.backfills DROP COLUMN definition;
          ALTER TABLE backfill_manifest.backfills DROP COLUMN batch_size;
          ALTER TABLE backfill_manifest.task_tries DROP COLUMN batch;
+         ALTER TABLE backfill_manifest.leases DROP COLUMN batch_holder;
          UPDATE backfill_manifest.schema_version SET version = 1",
     );
     p.run(&create_args(&url, "2026-01-04", "2026-01-04"))
         .code(0);
     assert_eq!(
         cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
-        "5"
+        "6"
     );
     assert_eq!(
         cluster.psql(
@@ -194,7 +195,7 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
         create_args(&url, "2026-01-05", "2026-01-05"),
     ] {
         p.run(&args).code(1).stderr_has(&format!(
-            "manifest {url}: schema version 99 is newer than this backfill understands (5); upgrade backfill"
+            "manifest {url}: schema version 99 is newer than this backfill understands (6); upgrade backfill"
         ));
     }
     assert_eq!(
@@ -518,7 +519,7 @@ fn a_connection_lost_while_the_schema_is_made_leaves_no_half_and_the_open_starts
     out.code(0);
     assert_eq!(
         cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
-        "5"
+        "6"
     );
     // Nothing was made outside the schema (in autocommit, where the search path leads
     // elsewhere).
@@ -554,7 +555,7 @@ fn a_running_backfill_stops_writing_once_a_newer_backfill_upgraded_the_schema() 
     );
     let out = wait_within(&p, "owner", owner, Duration::from_secs(60));
     out.code(1).stderr_has(
-        "the manifest's schema is now version 99, and this backfill knows version 5: a newer backfill changed it while this one ran, so this one writes nothing more",
+        "the manifest's schema is now version 99, and this backfill knows version 6: a newer backfill changed it while this one ran, so this one writes nothing more",
     );
     // It wrote nothing after the upgrade, not even its tries' ends: its runs are still in
     // progress, for the newer backfill to take up.

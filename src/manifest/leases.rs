@@ -254,8 +254,8 @@ pub struct Reserved {
     pub left: Vec<i64>,
 }
 
-/// Makes the batch of the process `f` names (the backfill's owner, or one of its workers) hold
-/// up to `want` of intervals `starts` of `dag_id` (consecutive, in the order they run): those
+/// Makes the batch of process `holder` of backfill `backfill_id` (0 its owner, else the id of
+/// one of its workers) hold up to `want` of intervals `starts` of `dag_id` (consecutive, in the order they run): those
 /// that the batch of no other live process of the backfill holds, from the first such, up to
 /// the first that another holds after it. An interval is held by its lease's `batch_holder`: 0 the owner,
 /// else a worker's id, while that worker is `running` (once it ended or was recovered, its
@@ -264,7 +264,7 @@ pub struct Reserved {
 /// held; which of them runs an interval is still decided by the commit that starts its run.
 pub fn reserve_batch(
     conn: &Conn,
-    f: super::backfills::Fenced,
+    (backfill_id, holder): (i64, i64),
     dag_id: &str,
     starts: &[i64],
     want: usize,
@@ -272,7 +272,6 @@ pub fn reserve_batch(
     let (Some(&lo), Some(&hi)) = (starts.iter().min(), starts.iter().max()) else {
         return Ok(Reserved::default());
     };
-    let holder = f.owner().worker.unwrap_or(0);
     let mut others: HashSet<i64> = HashSet::new();
     {
         let mut stmt = conn.prepare_cached(
@@ -283,7 +282,7 @@ pub fn reserve_batch(
                AND (l.batch_holder = 0 OR EXISTS (
                    SELECT 1 FROM workers w WHERE w.id = l.batch_holder AND w.state = 'running'))",
         )?;
-        let mut rows = stmt.query(params![f.backfill_id(), dag_id, lo, hi, holder])?;
+        let mut rows = stmt.query(params![backfill_id, dag_id, lo, hi, holder])?;
         while let Some(r) = rows.next()? {
             others.insert(r.get::<_, i64>(0)?);
         }
@@ -307,7 +306,7 @@ pub fn reserve_batch(
             "UPDATE leases SET batch_holder = ?1
              WHERE backfill_id = ?2 AND dag_id = ?3 AND interval_start >= ?4 AND interval_start <= ?5",
         )?
-        .execute(params![holder, f.backfill_id(), dag_id, a, b])?;
+        .execute(params![holder, backfill_id, dag_id, a, b])?;
     }
     Ok(out)
 }

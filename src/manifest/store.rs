@@ -796,7 +796,8 @@ impl Running for Conn {
         starts: &[i64],
         want: usize,
     ) -> Result<leases::Reserved> {
-        leases::reserve_batch(self, f, dag_id, starts, want)
+        let holder = f.owner().worker.unwrap_or(0);
+        leases::reserve_batch(self, (f.backfill_id(), holder), dag_id, starts, want)
     }
     fn take_pool_slot(
         &self,

@@ -181,7 +181,7 @@ pub fn take(
 ) -> Result<()> {
     const UPSERT: &str =
         "ON CONFLICT (dag_id, interval_start) DO UPDATE SET backfill_id = excluded.backfill_id,
-            run_id = NULL, pid = excluded.pid, host = excluded.host,
+            run_id = NULL, batch_holder = NULL, pid = excluded.pid, host = excluded.host,
             heartbeat_at = excluded.heartbeat_at";
     let Some(pg) = conn.postgres() else {
         // One prepared row at a time, with no copy of the values.
@@ -255,19 +255,22 @@ pub struct Reserved {
 }
 
 /// Makes the batch of process `holder` of backfill `backfill_id` (0 its owner, else the id of
-/// one of its workers) hold up to `want` of intervals `starts` of `dag_id` (consecutive, in the order they run): those
-/// that the batch of no other live process of the backfill holds, from the first such, up to
-/// the first that another holds after it. An interval is held by its lease's `batch_holder`: 0 the owner,
-/// else a worker's id, while that worker is `running` (once it ended or was recovered, its
-/// batches hold nothing). So that the processes of a backfill (`backfill join`) do not compute
-/// the same interval's rows twice, each forms its batches of the intervals this returns as
-/// held; which of them runs an interval is still decided by the commit that starts its run.
+/// one of its workers) hold up to `want` of intervals `starts` of `dag_id` (consecutive, in the
+/// order they run): those that the batch of no other live process of the backfill holds, from
+/// the first such, up to the first that another holds after it. An interval is held by its
+/// lease's `batch_holder`: 0 the owner, while it is `running` with a heartbeat fresh as `ctx`
+/// judges; else a worker's id, while that worker of the backfill is `running` (once it ended or
+/// was recovered, its batches hold nothing). So that the processes of a backfill (`backfill
+/// join`) do not compute the same interval's rows twice, each forms its batches of the
+/// intervals this returns as held; which of them runs an interval is still decided by the
+/// commit that starts its run.
 pub fn reserve_batch(
     conn: &Conn,
     (backfill_id, holder): (i64, i64),
     dag_id: &str,
     starts: &[i64],
     want: usize,
+    ctx: &LeaseCtx,
 ) -> Result<Reserved> {
     let (Some(&lo), Some(&hi)) = (starts.iter().min(), starts.iter().max()) else {
         return Ok(Reserved::default());
@@ -279,10 +282,14 @@ pub fn reserve_batch(
              WHERE l.backfill_id = ?1 AND l.dag_id = ?2
                AND l.interval_start >= ?3 AND l.interval_start <= ?4
                AND l.batch_holder IS NOT NULL AND l.batch_holder <> ?5
-               AND (l.batch_holder = 0 OR EXISTS (
-                   SELECT 1 FROM workers w WHERE w.id = l.batch_holder AND w.state = 'running'))",
+               AND ((l.batch_holder = 0 AND EXISTS (
+                        SELECT 1 FROM backfills b WHERE b.id = ?1 AND b.state = 'running'
+                          AND b.heartbeat_at > ?6))
+                    OR EXISTS (SELECT 1 FROM workers w WHERE w.id = l.batch_holder
+                               AND w.backfill_id = ?1 AND w.state = 'running'))",
         )?;
-        let mut rows = stmt.query(params![backfill_id, dag_id, lo, hi, holder])?;
+        let fresh = ctx.now_ms.saturating_sub(ctx.timeout_ms);
+        let mut rows = stmt.query(params![backfill_id, dag_id, lo, hi, holder, fresh])?;
         while let Some(r) = rows.next()? {
             others.insert(r.get::<_, i64>(0)?);
         }

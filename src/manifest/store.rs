@@ -325,6 +325,7 @@ pub trait Running: super::db::Answers {
         dag_id: &str,
         starts: &[i64],
         want: usize,
+        ctx: &LeaseCtx,
     ) -> Result<leases::Reserved>;
     /// Takes a slot of `pool` (of `size`) for try `try_id` if one is free; records that the try
     /// waits for the pool when none is.
@@ -795,9 +796,11 @@ impl Running for Conn {
         dag_id: &str,
         starts: &[i64],
         want: usize,
+        ctx: &LeaseCtx,
     ) -> Result<leases::Reserved> {
         let holder = f.owner().worker.unwrap_or(0);
-        leases::reserve_batch(self, (f.backfill_id(), holder), dag_id, starts, want)
+        let ctx = &*self.at(ctx)?;
+        leases::reserve_batch(self, (f.backfill_id(), holder), dag_id, starts, want, ctx)
     }
     fn take_pool_slot(
         &self,

@@ -169,7 +169,7 @@ pub fn starts_in_flight(conn: &Conn, backfill_id: i64) -> Result<std::collection
          WHERE r.backfill_id = ?1 AND r.state IN ('queued', 'running') AND w.state = 'running'
          UNION
          SELECT l.interval_start FROM leases l JOIN workers w ON w.id = l.batch_holder
-         WHERE l.backfill_id = ?1 AND w.state = 'running'",
+         WHERE l.backfill_id = ?1 AND w.backfill_id = ?1 AND w.state = 'running'",
     )?;
     let rows = stmt.query_map([backfill_id], |r| r.get(0))?;
     Ok(rows.collect::<super::db::Result<_>>()?)

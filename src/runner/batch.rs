@@ -26,6 +26,8 @@ pub(super) struct Batch {
     halves: OnceLock<[Arc<Batch>; 2]>,
     /// Which batch (`START/END`) each interval took its share of, by start.
     took: std::sync::Mutex<std::collections::HashMap<i64, String>>,
+    /// A run of it started, or it ended (see [`Batch::begin`]).
+    began: std::sync::atomic::AtomicBool,
 }
 
 /// A batch's query or command, once it ran.
@@ -72,7 +74,13 @@ impl Batch {
             computed: OnceCell::new(),
             halves: OnceLock::new(),
             took: std::sync::Mutex::default(),
+            began: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Notes that a run of the batch started (or that it ended): true the first time only.
+    pub(super) fn begin(&self) -> bool {
+        !self.began.swap(true, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The batch (`START/END`) whose one query or command computed `interval`'s share, once it

@@ -19,7 +19,7 @@ mod sql_try;
 mod step;
 mod tries;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -139,6 +139,22 @@ struct Shared {
     /// Run ids reserved for starts that spawn their first try's process first (see
     /// [`tries`] (`early_start`)); `None` once the manifest said it reserves none (SQLite).
     run_ids: tokio::sync::Mutex<Option<VecDeque<i64>>>,
+    /// Batches of this process formed (holding their intervals) whose first run has not
+    /// started yet: while one waits for a place of `max_active_runs`, no other is formed, so
+    /// that this process holds no intervals it has no room to run (the backfill's other
+    /// processes, `backfill join`, may run them).
+    unstarted_batches: std::sync::atomic::AtomicUsize,
+    /// Told when a batch's first run started, or it ended without one.
+    batch_began: tokio::sync::Notify,
+}
+
+impl Shared {
+    /// A batch's first run started, or it ended without one (see [`batch::Batch::begin`]).
+    fn batch_began(&self) {
+        self.unstarted_batches
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.batch_began.notify_one();
+    }
 }
 
 /// An interval's place among the `max_active_runs`, which it may give back before its task
@@ -268,6 +284,8 @@ pub async fn run(
         failed: std::sync::atomic::AtomicU32::new(0),
         one_database,
         run_ids: tokio::sync::Mutex::new(Some(VecDeque::new())),
+        unstarted_batches: std::sync::atomic::AtomicUsize::new(0),
+        batch_began: tokio::sync::Notify::new(),
     });
     // For depends_on_past: whether the interval ending at this instant succeeded here.
     let mut succeeded_by_end: HashMap<i64, bool> = if depends_on_past {
@@ -300,6 +318,14 @@ pub async fn run(
             let _ = shared.events.send(Event::MaxFailures { failed });
         }
         while holding.len() < max && *stop.borrow() == Stop::Run && !halted {
+            if batch_size > 1
+                && shared
+                    .unstarted_batches
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    > 0
+            {
+                break;
+            }
             let Some(interval) = queue.pop_front() else {
                 break;
             };
@@ -331,6 +357,9 @@ pub async fn run(
                 };
                 if let Some(first) = intervals.first() {
                     holding.insert(first.start.timestamp());
+                    shared
+                        .unstarted_batches
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     running.spawn(run_batch(shared.clone(), intervals, stop.clone()));
                 }
                 continue;
@@ -407,6 +436,7 @@ pub async fn run(
             Some(start) = freed_rx.recv() => {
                 holding.remove(&start);
             }
+            () = shared.batch_began.notified() => {}
             _ = stop_rx.changed() => {}
         }
     }
@@ -444,9 +474,11 @@ async fn hold_batch(
 ) -> Result<Vec<DataInterval>, Error> {
     let (owner, dag_id) = (shared.spec.owner, shared.spec.dag.id.clone());
     let starts: Vec<i64> = intervals.iter().map(|i| i.start.timestamp()).collect();
+    let ctx =
+        crate::manifest::leases::LeaseCtx::new(shared.spec.lease_timeout, &crate::process::LOCAL);
     let reserved = shared
         .writer
-        .call(move |c| c.reserve_batch(c.fence(owner)?, &dag_id, &starts, want))
+        .call(move |c| c.reserve_batch(c.fence(owner)?, &dag_id, &starts, want, &ctx))
         .await?;
     tracing::debug!(
         backfill = owner.backfill_id,
@@ -455,14 +487,18 @@ async fn hold_batch(
         left = ?reserved.left,
         "a batch holds what the batches of the backfill's other processes do not"
     );
+    let (held, left): (HashSet<i64>, HashSet<i64>) = (
+        reserved.held.into_iter().collect(),
+        reserved.left.into_iter().collect(),
+    );
     for i in intervals.iter().rev() {
-        if reserved.left.contains(&i.start.timestamp()) {
+        if left.contains(&i.start.timestamp()) {
             queue.push_front(*i);
         }
     }
     Ok(intervals
         .into_iter()
-        .filter(|i| reserved.held.contains(&i.start.timestamp()))
+        .filter(|i| held.contains(&i.start.timestamp()))
         .collect())
 }
 
@@ -479,6 +515,9 @@ async fn run_batch(
     let batch = batch::Batch::new(intervals.clone());
     let mut ended = Vec::with_capacity(intervals.len());
     let result = run_batch_intervals(&shared, intervals, &stop, &batch, &mut ended).await;
+    if batch.begin() {
+        shared.batch_began();
+    }
     // What holds the batch's rows is let go of on a blocking thread: a PostgreSQL batch drops
     // its table there.
     let _ = tokio::task::spawn_blocking(move || drop(batch)).await;

@@ -103,7 +103,14 @@ async fn tries(
             ),
         };
         let started = match claimed {
-            Claimed::Started(s) => s,
+            Claimed::Started(s) => {
+                if let Some(b) = batch
+                    && b.begin()
+                {
+                    shared.batch_began();
+                }
+                s
+            }
             Claimed::UpstreamNotReady => return Ok((TaskEnd::UpstreamNotReady, None)),
             Claimed::TakenOver
             | Claimed::Gone

@@ -640,7 +640,7 @@ fn stage_promote_rollback(c: &mut Chaos) {
         c.p.count(&format!(
             "SELECT COUNT(*) FROM (SELECT 1 FROM runs r JOIN task_tries t ON t.run_id = r.id
              WHERE r.backfill_id = {staged} AND t.staged = 'staged'
-             GROUP BY r.interval_start, t.task_id HAVING COUNT(*) > 1)"
+             GROUP BY r.interval_start, t.task_id HAVING COUNT(*) > 1) AS twice"
         )),
         0,
         "one staged output per task and interval\n{}",

@@ -820,18 +820,7 @@ fn calls(p: &Project) -> Vec<(String, String, u32)> {
 /// whose first batch holds the four days after them (it has no room to start it yet, so it
 /// holds no other); returns both, their batches not yet let go.
 fn owner_and_worker_in_batches(p: &Project) -> (std::process::Child, std::process::Child) {
-    let owner = p.spawn(
-        "owner",
-        &[
-            "create",
-            "--dag",
-            "c",
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-16",
-        ],
-    );
+    let owner = p.spawn("owner", crate::join::SIXTEEN_DAYS);
     crate::support::wait_until(
         "the owner's two batches",
         std::time::Duration::from_secs(20),

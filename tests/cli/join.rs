@@ -43,7 +43,8 @@ const EIGHT_DAYS: &[&str] = &[
     "2026-01-08",
 ];
 
-const SIXTEEN_DAYS: &[&str] = &[
+/// Sixteen days of DAG `c` (also the batches' tests').
+pub(crate) const SIXTEEN_DAYS: &[&str] = &[
     "create",
     "--dag",
     "c",

@@ -333,6 +333,107 @@ pub fn release_all_but_running(conn: &Conn, backfill_id: i64) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// A manifest with backfill 1 of DAG `d` (its owner's heartbeat at 100,000 ms), worker 2
+    /// running and worker 3 ended, and the leases of intervals 1 to 12 (starts 1..=12).
+    fn leased() -> (tempfile::TempDir, Conn) {
+        let dir = tempfile::tempdir().unwrap();
+        let c =
+            super::super::open_sqlite(&dir.path().join("m.db"), super::super::Durability::Normal)
+                .unwrap();
+        c.execute_batch(
+            "INSERT INTO backfills (id, dag_id, from_arg, to_arg, range_start, range_end,
+                 reprocess_behavior, max_active_runs, run_backwards, state, created_at, heartbeat_at)
+             VALUES (1, 'd', 'a', 'b', 1, 13, 'none', 2, 0, 'running', 0, 100000);
+             INSERT INTO workers (id, backfill_id, state, max_active_runs, started_at)
+             VALUES (2, 1, 'running', 2, 0), (3, 1, 'completed', 2, 0);
+             WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 12)
+             INSERT INTO leases (dag_id, interval_start, backfill_id, pid, host, heartbeat_at)
+             SELECT 'd', i, 1, 1, 'h', 0 FROM n;",
+        )
+        .unwrap();
+        (dir, Conn::Sqlite(c))
+    }
+
+    fn ctx(now_ms: i64) -> LeaseCtx {
+        LeaseCtx {
+            now_ms,
+            host: "here".into(),
+            pid: 1,
+            timeout_ms: 30_000,
+            here: &crate::process::LOCAL,
+        }
+    }
+
+    fn holders(c: &Conn) -> Vec<Option<i64>> {
+        let Conn::Sqlite(s) = c else { unreachable!() };
+        let mut stmt = s
+            .prepare("SELECT batch_holder FROM leases ORDER BY interval_start")
+            .unwrap();
+        stmt.query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<std::result::Result<_, _>>()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_batch_holds_what_no_live_process_of_its_backfill_holds() {
+        let (_dir, c) = leased();
+        let now = ctx(110_000);
+        // The owner takes 1 to 4 of 1 to 8; 5 to 8 go back to its queue.
+        let r = reserve_batch(&c, (1, 0), "d", &[1, 2, 3, 4, 5, 6, 7, 8], 4, &now).unwrap();
+        assert_eq!(r.held, [1, 2, 3, 4]);
+        assert_eq!(r.left, [5, 6, 7, 8]);
+        assert!(r.others.is_empty());
+        // Worker 2 finds them held and takes the four after; worker 3 has ended, so its hold
+        // on 9 counts for nothing.
+        let Conn::Sqlite(s) = &c else { unreachable!() };
+        s.execute(
+            "UPDATE leases SET batch_holder = 3 WHERE interval_start = 9",
+            [],
+        )
+        .unwrap();
+        let r = reserve_batch(&c, (1, 2), "d", &[2, 3, 4, 5, 6, 7, 8, 9], 4, &now).unwrap();
+        assert_eq!(r.others, [2, 3, 4]);
+        assert_eq!(r.held, [5, 6, 7, 8]);
+        assert_eq!(r.left, [9]);
+        // Newest first (`--run-backwards`): the owner stops at the first interval held by
+        // another after the ones it took, and what lies beyond that waits.
+        let r = reserve_batch(&c, (1, 0), "d", &[12, 11, 10, 9, 8, 7], 4, &now).unwrap();
+        assert_eq!(r.held, [12, 11, 10, 9]);
+        assert_eq!(r.others, [8, 7]);
+        assert!(r.left.is_empty());
+        let r = reserve_batch(&c, (1, 2), "d", &[10, 9, 8, 7, 6, 5, 4, 3], 8, &now).unwrap();
+        assert_eq!(r.others, [10, 9, 4, 3]);
+        assert_eq!(r.held, [8, 7, 6, 5]);
+        assert!(r.left.is_empty());
+        assert_eq!(holders(&c), [0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0].map(Some));
+        // What is free beyond another's hold is left, so that what a batch holds is
+        // consecutive.
+        s.execute(
+            "UPDATE leases SET batch_holder = NULL WHERE interval_start >= 9",
+            [],
+        )
+        .unwrap();
+        let r = reserve_batch(&c, (1, 0), "d", &[3, 4, 5, 6, 7, 8, 9, 10], 8, &now).unwrap();
+        assert_eq!(r.held, [3, 4]);
+        assert_eq!(r.others, [5, 6, 7, 8]);
+        assert_eq!(r.left, [9, 10]);
+        // Once the owner's heartbeat is older than the lease timeout, its holds count for
+        // nothing: the live worker takes what it held.
+        let late = ctx(140_001);
+        let r = reserve_batch(&c, (1, 2), "d", &[1, 2, 3, 4], 4, &late).unwrap();
+        assert_eq!(r.held, [1, 2, 3, 4]);
+        // A lease taken again drops its holder.
+        let at = |t: i64| chrono::DateTime::from_timestamp(t, 0).unwrap();
+        let five = DataInterval {
+            start: at(5),
+            end: at(6),
+        };
+        take(&c, 1, "d", std::iter::once(five), &late).unwrap();
+        assert_eq!(holders(&c)[4], None);
+        assert_eq!(holders(&c)[5], Some(2));
+    }
+
     #[test]
     fn liveness_rules() {
         let ctx = LeaseCtx {

@@ -258,8 +258,8 @@ pub struct Reserved {
 /// one of its workers) hold up to `want` of intervals `starts` of `dag_id` (consecutive, in the
 /// order they run): those that the batch of no other live process of the backfill holds, from
 /// the first such, up to the first that another holds after it. An interval is held by its
-/// lease's `batch_holder`: 0 the owner, while it is `running` with a heartbeat fresh as `ctx`
-/// judges; else a worker's id, while that worker of the backfill is `running` (once it ended or
+/// lease's `batch_holder`: 0 the owner, while it is alive as `ctx` judges a lease's owner
+/// ([`LeaseCtx::owner_alive`]); else a worker's id, while that worker of the backfill is `running` (once it ended or
 /// was recovered, its batches hold nothing). So that the processes of a backfill (`backfill
 /// join`) do not compute the same interval's rows twice, each forms its batches of the
 /// intervals this returns as held; which of them runs an interval is still decided by the
@@ -275,25 +275,42 @@ pub fn reserve_batch(
     let (Some(&lo), Some(&hi)) = (starts.iter().min(), starts.iter().max()) else {
         return Ok(Reserved::default());
     };
-    let mut others: HashSet<i64> = HashSet::new();
+    // The holds of this backfill's other processes: its workers' while they run, its owner's
+    // while it is alive (judged as any lease's owner is).
+    let mut holds: Vec<(i64, i64)> = Vec::new();
     {
         let mut stmt = conn.prepare_cached(
-            "SELECT l.interval_start FROM leases l
+            "SELECT l.interval_start, l.batch_holder FROM leases l
              WHERE l.backfill_id = ?1 AND l.dag_id = ?2
                AND l.interval_start >= ?3 AND l.interval_start <= ?4
                AND l.batch_holder IS NOT NULL AND l.batch_holder <> ?5
-               AND ((l.batch_holder = 0 AND EXISTS (
-                        SELECT 1 FROM backfills b WHERE b.id = ?1 AND b.state = 'running'
-                          AND b.heartbeat_at > ?6))
-                    OR EXISTS (SELECT 1 FROM workers w WHERE w.id = l.batch_holder
-                               AND w.backfill_id = ?1 AND w.state = 'running'))",
+               AND (l.batch_holder = 0 OR EXISTS (
+                   SELECT 1 FROM workers w WHERE w.id = l.batch_holder
+                     AND w.backfill_id = ?1 AND w.state = 'running'))",
         )?;
-        let fresh = ctx.now_ms.saturating_sub(ctx.timeout_ms);
-        let mut rows = stmt.query(params![backfill_id, dag_id, lo, hi, holder, fresh])?;
+        let mut rows = stmt.query(params![backfill_id, dag_id, lo, hi, holder])?;
         while let Some(r) = rows.next()? {
-            others.insert(r.get::<_, i64>(0)?);
+            holds.push((r.get(0)?, r.get(1)?));
         }
     }
+    let owner_alive = if holds.iter().any(|&(_, by)| by == 0) {
+        conn.prepare_cached(
+            "SELECT state, owner_pid, owner_host, heartbeat_at FROM backfills WHERE id = ?1",
+        )?
+        .query_row([backfill_id], |r| {
+            let host: Option<String> = r.get(2)?;
+            Ok(ctx.owner_alive(r.get(0)?, r.get(1)?, host.as_deref(), r.get(3)?))
+        })
+        .optional()?
+        .unwrap_or(false)
+    } else {
+        false
+    };
+    let others: HashSet<i64> = holds
+        .into_iter()
+        .filter(|&(_, by)| by != 0 || owner_alive)
+        .map(|(start, _)| start)
+        .collect();
     let mut out = Reserved::default();
     // Taking until one that another holds comes after one taken: what is held is consecutive,
     // so that its span names it.

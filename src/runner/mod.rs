@@ -149,11 +149,14 @@ struct Shared {
 }
 
 impl Shared {
-    /// A batch's first run started, or it ended without one (see [`batch::Batch::begin`]).
-    fn batch_began(&self) {
-        self.unstarted_batches
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        self.batch_began.notify_one();
+    /// Notes that a run of `batch` started, or that it ended: the first time, it no longer
+    /// counts as unstarted (see [`Shared::unstarted_batches`]).
+    fn batch_began(&self, batch: &batch::Batch) {
+        if batch.begin() {
+            self.unstarted_batches
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            self.batch_began.notify_one();
+        }
     }
 }
 
@@ -515,9 +518,7 @@ async fn run_batch(
     let batch = batch::Batch::new(intervals.clone());
     let mut ended = Vec::with_capacity(intervals.len());
     let result = run_batch_intervals(&shared, intervals, &stop, &batch, &mut ended).await;
-    if batch.begin() {
-        shared.batch_began();
-    }
+    shared.batch_began(&batch);
     // What holds the batch's rows is let go of on a blocking thread: a PostgreSQL batch drops
     // its table there.
     let _ = tokio::task::spawn_blocking(move || drop(batch)).await;

@@ -104,10 +104,8 @@ async fn tries(
         };
         let started = match claimed {
             Claimed::Started(s) => {
-                if let Some(b) = batch
-                    && b.begin()
-                {
-                    shared.batch_began();
+                if let Some(b) = batch {
+                    shared.batch_began(b);
                 }
                 s
             }

@@ -17,7 +17,9 @@
 //! needed by nothing else in the job): the batch's deferred statements go to the server
 //! together, pipelined in the round trip of the batch's `COMMIT` (and of the next batch's
 //! `BEGIN`, when jobs wait), and each job's answer is made from its rows then. So a batch of
-//! such jobs costs one round trip however many it holds. When one of them failed, the server
+//! such jobs costs one round trip however many it holds. Jobs that arrive while a batch's jobs
+//! run (each statement that is not deferred is a round trip) join that batch before it commits:
+//! a busy writer commits what waits in the round trip it sends anyway, instead of one later. When one of them failed, the server
 //! rolled the transaction back: the first job that failed, in order, is to blame (every later
 //! statement fails with it), and the others run again without it. When the connection is lost
 //! during that round trip and the server did commit, each answer the connection took with it
@@ -436,17 +438,31 @@ fn commit_postgres(
         }
         // The writers' lock is held from here to the commit.
         crate::fault::point("manifest-transaction");
-        // The jobs run, in order, up to the first that fails here.
+        // The jobs run, in order, up to the first that fails here. Those that came meanwhile
+        // join the batch, to commit with it rather than one round trip later.
         let mut ran = Vec::new();
-        for (i, (job, done)) in batch.iter_mut().zip(&skip).enumerate() {
-            if *done {
-                continue;
+        let mut i = 0;
+        loop {
+            if i == batch.len() {
+                let more = if batch.len() < MAX_BATCH {
+                    waiting()
+                } else {
+                    Vec::new()
+                };
+                if more.is_empty() {
+                    break;
+                }
+                skip.extend(more.iter().map(|_| false));
+                batch.extend(more);
             }
-            job.run(conn);
-            ran.push(i);
-            if s.is_broken() || job.failed() {
-                break;
+            if !skip[i] {
+                batch[i].run(conn);
+                ran.push(i);
+                if s.is_broken() || batch[i].failed() {
+                    break;
+                }
             }
+            i += 1;
         }
         // Every job ran: the batch commits, its deferred statements sent first in the same
         // round trip. Else they are sent alone, to find the job to blame.

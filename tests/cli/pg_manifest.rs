@@ -397,6 +397,36 @@ fn the_database_restarting_under_a_backfill_is_a_reconnect_and_every_interval_ru
     );
 }
 
+/// A job that reaches the writer while its batch runs commits with that batch, in the round trip
+/// the writer sends anyway: one transaction (the writer's token counts them), at one clock.
+#[test]
+fn a_job_queued_while_the_writers_batch_runs_commits_in_the_same_transaction() {
+    let Some((cluster, db, url)) = manifest_database() else {
+        return;
+    };
+    let writer = backfill::manifest::writer::Writer::open(
+        std::path::Path::new(&url),
+        backfill::manifest::Durability::Full,
+    )
+    .unwrap();
+    let (queued_tx, queued) = std::sync::mpsc::channel();
+    let handle = writer.clone();
+    let first = writer
+        .call_blocking(move |c| {
+            // Queued from inside the first job: it is waiting before the batch commits.
+            let _ = queued_tx.send(handle.submit(|c| c.clock_ms(0)));
+            c.clock_ms(0)
+        })
+        .unwrap();
+    let second = queued.recv().unwrap().blocking_recv().unwrap().unwrap();
+    assert_eq!(first, second, "both jobs read their transaction's clock");
+    assert_eq!(
+        cluster.psql(&db, "SELECT token FROM backfill_manifest.manifest_commits"),
+        "1"
+    );
+    writer.close();
+}
+
 #[test]
 fn a_host_frozen_inside_a_manifest_transaction_holds_the_others_up_for_seconds_only() {
     let Some((cluster, db, url)) = manifest_database() else {

@@ -134,8 +134,9 @@ impl Pg {
         ))
     }
 
-    /// Waits until the server has ended the sessions of killed processes that were inside a
-    /// transaction (it rolls their transactions back).
+    /// Waits until the server has ended the sessions of processes that are gone (killed, or
+    /// exited a moment ago: the server learns of the closed connection a little later) that
+    /// were inside a transaction (it rolls their transactions back).
     fn wait_for_killed_sessions(&self) {
         wait_until(
             "the killed process's session to end",
@@ -1870,7 +1871,9 @@ fn with_the_manifest_in_its_database_an_owner_thawed_after_its_recovery_publishe
     );
     assert_eq!(t.p.rows("SELECT try_id FROM published"), [["2"]]);
     assert_eq!(t.psql("SELECT try_id FROM backfill.publishes"), "2");
-    assert_eq!(t.open_transactions(), "0");
+    // The thawed owner exits with its transaction refused; the server may see its connection
+    // close a moment after the process is gone (under a loaded machine, after this check).
+    t.wait_for_killed_sessions();
 }
 
 #[test]

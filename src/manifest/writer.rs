@@ -291,18 +291,18 @@ fn run(conn: Conn, rx: mpsc::Receiver<Message>) {
                 let Ok(first) = rx.recv() else {
                     break;
                 };
-                (gather(Some(first), &rx, &mut closing), false)
+                (gather(Some(first), &rx, &mut closing, MAX_BATCH), false)
             }
         };
         if !batch.is_empty() {
             match &conn {
                 Conn::Sqlite(c) => commit_sqlite(&conn, c, batch),
                 Conn::Pg(s) => {
-                    let mut waiting = || {
+                    let mut waiting = |most| {
                         if closing.is_some() {
                             Vec::new()
                         } else {
-                            gather(None, &rx, &mut closing)
+                            gather(None, &rx, &mut closing, most)
                         }
                     };
                     carried = commit_postgres(
@@ -329,12 +329,13 @@ fn run(conn: Conn, rx: mpsc::Receiver<Message>) {
     }
 }
 
-/// The jobs waiting (after `first`), up to [`MAX_BATCH`], without waiting for more; a close
-/// request ends the gathering and is kept in `closing`.
+/// The jobs waiting (after `first`), up to `most` (at least one), without waiting for more; a
+/// close request ends the gathering and is kept in `closing`.
 fn gather(
     first: Option<Message>,
     rx: &mpsc::Receiver<Message>,
     closing: &mut Option<mpsc::Sender<()>>,
+    most: usize,
 ) -> Vec<Box<dyn Pending>> {
     let mut batch = Vec::new();
     let mut next = first.or_else(|| rx.try_recv().ok());
@@ -346,7 +347,7 @@ fn gather(
                 break;
             }
         }
-        if batch.len() < MAX_BATCH {
+        if batch.len() < most {
             next = rx.try_recv().ok();
         }
     }
@@ -396,7 +397,7 @@ fn commit_postgres(
     (writer, token): (&str, &mut i64),
     mut batch: Vec<Box<dyn Pending>>,
     mut begun: bool,
-    waiting: &mut dyn FnMut() -> Vec<Box<dyn Pending>>,
+    waiting: &mut dyn FnMut(usize) -> Vec<Box<dyn Pending>>,
 ) -> Option<(Vec<Box<dyn Pending>>, bool)> {
     // Connections lost again and again are tried for as long as one that cannot be made (see
     // `postgres::patience`), with a growing pause between tries.
@@ -444,8 +445,11 @@ fn commit_postgres(
         let mut i = 0;
         loop {
             if i == batch.len() {
+                // At most MAX_BATCH in all: a transaction lasts, and holds the writers' lock,
+                // no longer than a batch did before it could grow, and its jobs' clock (read
+                // when the lock was taken) is no older.
                 let more = if batch.len() < MAX_BATCH {
-                    waiting()
+                    waiting(MAX_BATCH - batch.len())
                 } else {
                     Vec::new()
                 };
@@ -473,7 +477,7 @@ fn commit_postgres(
             if let Some(delay) = crate::fault::slow_commit() {
                 std::thread::sleep(delay);
             }
-            next = waiting();
+            next = waiting(MAX_BATCH);
             Some(if next.is_empty() {
                 s.commit()
             } else {

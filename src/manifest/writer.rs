@@ -17,13 +17,15 @@
 //! needed by nothing else in the job): the batch's deferred statements go to the server
 //! together, pipelined in the round trip of the batch's `COMMIT` (and of the next batch's
 //! `BEGIN`, when jobs wait), and each job's answer is made from its rows then. So a batch of
-//! such jobs costs one round trip however many it holds. Jobs that arrive while a batch's jobs
-//! run (each statement that is not deferred is a round trip) join that batch before it commits:
-//! a busy writer commits what waits in the round trip it sends anyway, instead of one later. When one of them failed, the server
-//! rolled the transaction back: the first job that failed, in order, is to blame (every later
-//! statement fails with it), and the others run again without it. When the connection is lost
+//! such jobs costs one round trip however many it holds. When a deferred statement failed, the
+//! server rolled the transaction back: the first job that failed, in order, is to blame (every
+//! later statement fails with it), and the others run again without it. When the connection is lost
 //! during that round trip and the server did commit, each answer the connection took with it
 //! is read again from what its job recorded ([`super::db::Deferred`]).
+//!
+//! Jobs that arrive while a PostgreSQL batch's jobs run (each statement that is not deferred
+//! is a round trip) join that batch before it commits, up to `MAX_BATCH` in all: a busy
+//! writer commits what waits in the round trip it sends anyway, instead of one later.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;

@@ -427,6 +427,52 @@ fn a_job_queued_while_the_writers_batch_runs_commits_in_the_same_transaction() {
     writer.close();
 }
 
+/// A job that joined a batch while it ran and then failed is blamed alone: its error is its own,
+/// and the job it joined runs again without it and commits, in the writer's second transaction.
+#[test]
+fn a_job_that_joined_a_running_batch_and_failed_fails_alone() {
+    let Some((cluster, db, url)) = manifest_database() else {
+        return;
+    };
+    let writer = backfill::manifest::writer::Writer::open(
+        std::path::Path::new(&url),
+        backfill::manifest::Durability::Full,
+    )
+    .unwrap();
+    let (queued_tx, queued) = std::sync::mpsc::channel();
+    let handle = writer.clone();
+    let mut runs = 0;
+    let first = writer.call_blocking(move |c| {
+        runs += 1;
+        // Queued from inside its first run only: it joins that run's batch, and fails there.
+        if runs == 1 {
+            let _ = queued_tx.send(handle.submit(|_| -> backfill::manifest::Result<()> {
+                Err(backfill::manifest::Error::Invalid(
+                    "refused on purpose".into(),
+                ))
+            }));
+        }
+        Ok((runs, c.clock_ms(0)?))
+    });
+    let second = queued.recv().unwrap().blocking_recv().unwrap();
+    assert!(
+        second
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("refused on purpose")),
+        "{second:?}"
+    );
+    assert_eq!(
+        first.unwrap().0,
+        2,
+        "the first job ran again without the one to blame"
+    );
+    assert_eq!(
+        cluster.psql(&db, "SELECT token FROM backfill_manifest.manifest_commits"),
+        "2"
+    );
+    writer.close();
+}
+
 #[test]
 fn a_host_frozen_inside_a_manifest_transaction_holds_the_others_up_for_seconds_only() {
     let Some((cluster, db, url)) = manifest_database() else {

@@ -397,6 +397,15 @@ fn the_database_restarting_under_a_backfill_is_a_reconnect_and_every_interval_ru
     );
 }
 
+/// A manifest writer of this process on the manifest at `url`, as a backfill opens it.
+fn writer_on(url: &str) -> backfill::manifest::writer::Writer {
+    backfill::manifest::writer::Writer::open(
+        std::path::Path::new(url),
+        backfill::manifest::Durability::Full,
+    )
+    .unwrap()
+}
+
 /// A job that reaches the writer while its batch runs commits with that batch, in the round trip
 /// the writer sends anyway: one transaction (the writer's token counts them), at one clock.
 #[test]
@@ -404,11 +413,7 @@ fn a_job_queued_while_the_writers_batch_runs_commits_in_the_same_transaction() {
     let Some((cluster, db, url)) = manifest_database() else {
         return;
     };
-    let writer = backfill::manifest::writer::Writer::open(
-        std::path::Path::new(&url),
-        backfill::manifest::Durability::Full,
-    )
-    .unwrap();
+    let writer = writer_on(&url);
     let (queued_tx, queued) = std::sync::mpsc::channel();
     let handle = writer.clone();
     let first = writer
@@ -434,11 +439,7 @@ fn a_job_that_joined_a_running_batch_and_failed_fails_alone() {
     let Some((cluster, db, url)) = manifest_database() else {
         return;
     };
-    let writer = backfill::manifest::writer::Writer::open(
-        std::path::Path::new(&url),
-        backfill::manifest::Durability::Full,
-    )
-    .unwrap();
+    let writer = writer_on(&url);
     let (queued_tx, queued) = std::sync::mpsc::channel();
     let handle = writer.clone();
     let mut runs = 0;

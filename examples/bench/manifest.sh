@@ -3,7 +3,9 @@
 # --max-active-runs 8, on a fresh SQLite manifest, on a fresh PostgreSQL manifest (a database of
 # its own each round), and on a PostgreSQL manifest reached through a proxy that delays each
 # direction by 1 ms (2 ms more per round trip, as a network between hosts would), alternated;
-# medians of the wall time. The target: PostgreSQL within 1.3x of SQLite. The server is a
+# medians of the wall time, and of the CPU seconds spent: backfill's own (its `true` processes
+# included) and, on PostgreSQL, the server's (its sessions' processes, as the postmaster counts its
+# ended children). The target: PostgreSQL within 1.3x of SQLite. The server is a
 # throwaway one started here with PostgreSQL's default durability (fsync and synchronous_commit
 # on), on this machine, over TCP to 127.0.0.1.
 #
@@ -69,16 +71,37 @@ project() { # DIR
   printf 'schedule = "@hourly"\n[[tasks]]\nid = "noop"\ncommand = ["true"]\n' > "$1/dags/noop.toml"
 }
 
-# Runs a backfill of $intervals hourly intervals; appends "wall_seconds peak_kb" to FILE.
+# CPU seconds of the server's ended processes (the postmaster's reaped children: a session's
+# backend once it disconnects), read once the count is stable.
+server_cpu() {
+  local pm last now
+  pm=$(head -n 1 "$work/pg/postmaster.pid")
+  last=$(awk '{print $16 + $17}' "/proc/$pm/stat")
+  for _ in $(seq 100); do
+    sleep 0.05
+    now=$(awk '{print $16 + $17}' "/proc/$pm/stat")
+    if [ "$now" = "$last" ]; then break; fi
+    last=$now
+  done
+  awk -v t="$last" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.2f", t / hz}'
+}
+
+# Runs a backfill of $intervals hourly intervals; appends
+# "wall_seconds peak_kb client_cpu_seconds server_cpu_seconds" to FILE.
 measure() { # FILE [MANIFEST_URL]
   local d
   d=$(mktemp -d "$work/run.XXXXXX")
   project "$d"
   local args=(-C "$d" -q)
   if [ -n "${2:-}" ]; then args+=(--manifest "$2"); fi
-  /usr/bin/time -f "%e %M" -o "$work/one" "$bin" "${args[@]}" create --dag noop \
+  local before
+  before=$(server_cpu)
+  /usr/bin/time -f "%e %M %U %S" -o "$work/one" "$bin" "${args[@]}" create --dag noop \
     --from 2015-01-01T00:00:00Z --to "$to" --max-active-runs 8 > /dev/null
-  tail -n 1 "$work/one" >> "$1"
+  local after
+  after=$(server_cpu)
+  tail -n 1 "$work/one" | awk -v s="$(awk -v a="$after" -v b="$before" 'BEGIN {print a - b}')" \
+    '{printf "%s %s %.2f %.2f\n", $1, $2, $3 + $4, s}' >> "$1"
   rm -rf "$d"
 }
 
@@ -105,8 +128,24 @@ ok=$(awk -v r="$ratio" 'BEGIN {print (r <= 1.3) ? "ok" : "MISSED"}')
 # What the slower round trip adds to each interval, in round trips of the proxy's added time.
 grow=$(awk -v a="$f" -v b="$p" -v n="$intervals" -v far="$far_rt" -v near="$near_rt" 'BEGIN {d = (a - b) * 1000 / n; printf "%.2f ms an interval: %.2f of the %.2f ms each round trip gained", d, d / (far - near), far - near}')
 printf "%d no-op intervals at -m 8 (medians of %s rounds)\n" "$intervals" "$rounds"
-printf '  SQLite manifest               %6s s  (peak %s kB)\n' "$s" "$(median "$work/sqlite" 2)"
-printf '  PostgreSQL manifest           %6s s  (peak %s kB)\n' "$p" "$(median "$work/postgres" 2)"
+printf '  SQLite manifest               %6s s  (CPU: backfill %s s; peak %s kB)\n' "$s" \
+  "$(median "$work/sqlite" 3)" "$(median "$work/sqlite" 2)"
+printf '  PostgreSQL manifest           %6s s  (CPU: backfill %s s, server %s s; peak %s kB)\n' "$p" \
+  "$(median "$work/postgres" 3)" "$(median "$work/postgres" 4)" "$(median "$work/postgres" 2)"
 printf '  ratio                         %6sx  (target <= 1.3x: %s)\n' "$ratio" "$ok"
 printf '  PostgreSQL, +2 ms round trip  %6s s  (+%s)\n' "$f" "$grow"
+printf '  CPU seconds an interval: SQLite %s ms, PostgreSQL %s ms (backfill %s, server %s)\n' \
+  "$(awk -v c="$(median "$work/sqlite" 3)" -v n="$intervals" 'BEGIN {printf "%.3f", c * 1000 / n}')" \
+  "$(awk -v c="$(median "$work/postgres" 3)" -v v="$(median "$work/postgres" 4)" -v n="$intervals" 'BEGIN {printf "%.3f", (c + v) * 1000 / n}')" \
+  "$(awk -v c="$(median "$work/postgres" 3)" -v n="$intervals" 'BEGIN {printf "%.3f", c * 1000 / n}')" \
+  "$(awk -v c="$(median "$work/postgres" 4)" -v n="$intervals" 'BEGIN {printf "%.3f", c * 1000 / n}')"
+# How busy the machine's cores were (CPU seconds over wall seconds times cores), and the least
+# wall time the PostgreSQL run's CPU seconds allow at the SQLite run's busyness.
+cores=$(nproc)
+busy() { awk -v w="$1" -v c="$2" -v n="$cores" 'BEGIN {printf "%.0f%%", 100 * c / (w * n)}'; }
+pc=$(awk -v c="$(median "$work/postgres" 3)" -v v="$(median "$work/postgres" 4)" 'BEGIN {print c + v}')
+printf '  cores busy (of %d): SQLite %s, PostgreSQL %s; at SQLite'"'"'s, PostgreSQL'"'"'s CPU needs %.2f s (%.2fx)\n' \
+  "$cores" "$(busy "$s" "$(median "$work/sqlite" 3)")" "$(busy "$p" "$pc")" \
+  "$(awk -v pc="$pc" -v sc="$(median "$work/sqlite" 3)" -v s="$s" 'BEGIN {print pc * s / sc}')" \
+  "$(awk -v pc="$pc" -v sc="$(median "$work/sqlite" 3)" 'BEGIN {print pc / sc}')"
 [ "$ok" = ok ]

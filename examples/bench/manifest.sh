@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The no-op benchmark against each manifest: 10,000 hourly intervals of `true` at
-# --max-active-runs 8, on a fresh SQLite manifest, on a fresh PostgreSQL manifest (a database of
-# its own each round), and on a PostgreSQL manifest reached through a proxy that delays each
+# --max-active-runs 8 (or MAX_ACTIVE_RUNS), on a fresh SQLite manifest, on a fresh PostgreSQL
+# manifest (a database of its own each round), and on a PostgreSQL manifest reached through a proxy that delays each
 # direction by 1 ms (2 ms more per round trip, as a network between hosts would), alternated;
 # medians of the wall time, and of the CPU seconds spent: backfill's own (its `true` processes
 # included) and, on PostgreSQL, the server's (its sessions' processes, as the postmaster counts its
@@ -9,7 +9,7 @@
 # throwaway one started here with PostgreSQL's default durability (fsync and synchronous_commit
 # on), on this machine, over TCP to 127.0.0.1.
 #
-#   examples/bench/manifest.sh [ROUNDS] [INTERVALS]       (defaults 5 and 10000)
+#   examples/bench/manifest.sh [ROUNDS] [INTERVALS] [MAX_ACTIVE_RUNS]     (defaults 5, 10000, 8)
 #
 # Needs bash, GNU time (/usr/bin/time), python3 (the delay proxy), PostgreSQL's server binaries
 # (PG_BIN, or Debian's postgresql package) and, as root, the user `nobody` to run the server.
@@ -17,6 +17,7 @@ set -euo pipefail
 
 rounds=${1:-5}
 intervals=${2:-10000}
+slots=${3:-8}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d /tmp/backfill-bench-manifest.XXXXXX)
 pgbin=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)}
@@ -87,7 +88,8 @@ server_cpu() {
 }
 
 # Runs a backfill of $intervals hourly intervals; appends
-# "wall_seconds peak_kb client_cpu_seconds server_cpu_seconds" to FILE.
+# "wall_seconds peak_kb client_cpu_seconds server_cpu_seconds transactions" to FILE, the last
+# the transactions committed in the manifest's database (0 on SQLite).
 measure() { # FILE [MANIFEST_URL]
   local d
   d=$(mktemp -d "$work/run.XXXXXX")
@@ -97,11 +99,14 @@ measure() { # FILE [MANIFEST_URL]
   local before
   before=$(server_cpu)
   /usr/bin/time -f "%e %M %U %S" -o "$work/one" "$bin" "${args[@]}" create --dag noop \
-    --from 2015-01-01T00:00:00Z --to "$to" --max-active-runs 8 > /dev/null
-  local after
+    --from 2015-01-01T00:00:00Z --to "$to" --max-active-runs "$slots" > /dev/null
+  local after xacts=0
   after=$(server_cpu)
-  tail -n 1 "$work/one" | awk -v s="$(awk -v a="$after" -v b="$before" 'BEGIN {print a - b}')" \
-    '{printf "%s %s %.2f %.2f\n", $1, $2, $3 + $4, s}' >> "$1"
+  if [ -n "${2:-}" ]; then
+    xacts=$(psql -d postgres -c "SELECT xact_commit FROM pg_stat_database WHERE datname = '${2##*/}'")
+  fi
+  tail -n 1 "$work/one" | awk -v s="$(awk -v a="$after" -v b="$before" 'BEGIN {print a - b}')" -v x="$xacts" \
+    '{printf "%s %s %.2f %.2f %d\n", $1, $2, $3 + $4, s, x}' >> "$1"
   rm -rf "$d"
 }
 
@@ -127,13 +132,15 @@ ratio=$(awk -v a="$p" -v b="$s" 'BEGIN {printf "%.2f", a / b}')
 ok=$(awk -v r="$ratio" 'BEGIN {print (r <= 1.3) ? "ok" : "MISSED"}')
 # What the slower round trip adds to each interval, in round trips of the proxy's added time.
 grow=$(awk -v a="$f" -v b="$p" -v n="$intervals" -v far="$far_rt" -v near="$near_rt" 'BEGIN {d = (a - b) * 1000 / n; printf "%.2f ms an interval: %.2f of the %.2f ms each round trip gained", d, d / (far - near), far - near}')
-printf "%d no-op intervals at -m 8 (medians of %s rounds)\n" "$intervals" "$rounds"
+printf "%d no-op intervals at -m %d (medians of %s rounds)\n" "$intervals" "$slots" "$rounds"
 printf '  SQLite manifest               %6s s  (CPU: backfill %s s; peak %s kB)\n' "$s" \
   "$(median "$work/sqlite" 3)" "$(median "$work/sqlite" 2)"
 printf '  PostgreSQL manifest           %6s s  (CPU: backfill %s s, server %s s; peak %s kB)\n' "$p" \
   "$(median "$work/postgres" 3)" "$(median "$work/postgres" 4)" "$(median "$work/postgres" 2)"
 printf '  ratio                         %6sx  (target <= 1.3x: %s)\n' "$ratio" "$ok"
 printf '  PostgreSQL, +2 ms round trip  %6s s  (+%s)\n' "$f" "$grow"
+printf '  transactions committed: %s (%s an interval)\n' "$(median "$work/postgres" 5)" \
+  "$(awk -v x="$(median "$work/postgres" 5)" -v n="$intervals" 'BEGIN {printf "%.2f", x / n}')"
 printf '  CPU seconds an interval: SQLite %s ms, PostgreSQL %s ms (backfill %s, server %s)\n' \
   "$(awk -v c="$(median "$work/sqlite" 3)" -v n="$intervals" 'BEGIN {printf "%.3f", c * 1000 / n}')" \
   "$(awk -v c="$(median "$work/postgres" 3)" -v v="$(median "$work/postgres" 4)" -v n="$intervals" 'BEGIN {printf "%.3f", (c + v) * 1000 / n}')" \

@@ -6,7 +6,7 @@ SELECT; COMMIT` per day, on a generated warehouse in a throwaway server (730,000
 partition column and its key; one gated SQL task per day with a unique key and an exact source
 count). Each measurement alternates the two and reports medians.
 
-    examples/bench/postgres.py [--rounds N] [--keyed] [--rules] [--target-dir DIR]
+    examples/bench/postgres.py [--rounds N] [--keyed] [--rules] [--setting NAME=VALUE] [--target-dir DIR]
     examples/bench/postgres.py --batch-size N [--unindexed-source | --enriched] [--rounds N] [--keyed]
                                                                        (default 3 rounds)
 
@@ -32,6 +32,8 @@ also joins its events to each customer's current row in a customer history (the 
 versions of 100,000 customers, found by a DISTINCT ON over the whole history, which has no
 index): a fixed cost per query that does not grow with the rows it returns, as the per-query
 overhead of a warehouse does, while the gate's source count still reads the events by their index.
+With --setting NAME=VALUE (repeatable) the throwaway server runs with that setting (ALTER SYSTEM,
+then a restart), for both sides: e.g. --setting wal_buffers=16MB.
 The bare loop keeps no copy of what it replaces, so backfill runs with keep_versions = 0. Every
 backfill run gets a project folder of its own (a fresh manifest, so nothing is skipped), and its
 result is checked: as many rows as 2025's raw events, no duplicate event_id (exit 1 otherwise).
@@ -327,6 +329,8 @@ def main():
     parser.add_argument("--enriched", action="store_true",
                         help="with --batch-size: join each query's events to a customer history read whole, "
                              "a fixed cost per query")
+    parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="run the server with this setting (ALTER SYSTEM, then a restart); repeatable")
     parser.add_argument("--target-dir", default=os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target"),
                         help="cargo's target folder (default: $CARGO_TARGET_DIR, else target/)")
     args = parser.parse_args()
@@ -338,6 +342,17 @@ def main():
     try:
         print("starting a PostgreSQL server...", file=sys.stderr)
         wh = Warehouse(start_server(server), server)
+        if args.setting:
+            for setting in args.setting:
+                name, sep, value = setting.partition("=")
+                if not sep or not name.replace("_", "").replace(".", "").isalnum():
+                    sys.exit(f"--setting {setting!r}: give NAME=VALUE, e.g. wal_buffers=16MB")
+                wh.run(f"ALTER SYSTEM SET {name} = '{value.replace(chr(39), chr(39) * 2)}';")
+            subprocess.run([SERVER, "stop", server], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            wh = Warehouse(start_server(server), server)
+            for setting in args.setting:
+                name = setting.partition("=")[0]
+                print(f"server setting {name} = {wh.value(f'SHOW {name}')}", file=sys.stderr)
         print(f"generating the warehouse ({EVENTS:,} raw events)...", file=sys.stderr)
         wh.run(SCHEMA.replace("{key}", KEYS[args.keyed]))
         if args.unindexed_source:

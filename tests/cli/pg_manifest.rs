@@ -835,6 +835,113 @@ fn a_deadlock_that_aborts_the_writers_transaction_runs_it_again_and_records_the_
     drop(other);
 }
 
+/// The writer makes a lost connection again for as long as the server has been silent for its
+/// patience (the lease timeout), counted from the server's last answer: a transaction that
+/// waited most of that for the writers' lock, was answered, and then lost its connection is
+/// still run again, rather than its writes given up as if the server had been silent all along.
+#[test]
+fn a_connection_lost_after_a_long_wait_for_the_writers_lock_is_made_again() {
+    let Some((cluster, db, url)) = manifest_database() else {
+        return;
+    };
+    let p = Project::new().dag("c", DAG);
+    // Patience 10 s: the writer gives up a connection lost after 10 s of silence.
+    p.write("backfill.toml", "lease_timeout = \"10s\"\n");
+    let owner = p.spawn("owner", &create_args(&url, "2026-01-01", "2026-01-02"));
+    wait_until("two running tries", Duration::from_secs(30), || {
+        running_tries(cluster, &db) == "2"
+    });
+    let day1 = day_unix(1);
+    // One session holds the first day's run row, which its end updates; another holds the
+    // writers' lock.
+    let mut row = cluster.session(&db);
+    row.send(&format!(
+        "BEGIN; SELECT 1 FROM backfill_manifest.runs WHERE interval_start = {day1} FOR UPDATE;"
+    ));
+    wait_for_session(cluster, &db, "the row to be held", PSQL_IN_TRANSACTION);
+    let mut lock = cluster.session(&db);
+    lock.send("BEGIN; SELECT 1 FROM backfill_manifest.manifest_lock FOR UPDATE;");
+    wait_until("the lock to be held", Duration::from_secs(30), || {
+        cluster.psql(
+            &db,
+            &format!(
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = '{db}' AND {PSQL_IN_TRANSACTION}"
+            ),
+        ) == "2"
+    });
+    // The first day's try ends: the writer's transaction waits for the lock.
+    std::fs::write(p.path("go-2026-01-01"), "").unwrap();
+    wait_for_session(
+        cluster,
+        &db,
+        "the writer to wait for the lock",
+        BACKFILL_WAITING_FOR_A_LOCK,
+    );
+    let waiting_since = std::time::Instant::now();
+    // 7 s later the lock is free and the server answers (within the 10 s a round trip may
+    // take); the end then waits for the row.
+    std::thread::sleep(Duration::from_secs(7));
+    lock.send("ROLLBACK;");
+    wait_for_session(
+        cluster,
+        &db,
+        "the writer to wait for the row",
+        BACKFILL_WAITING_FOR_A_LOCK,
+    );
+    // More than 10 s after the transaction began, but 3.5 s after the server's last answer,
+    // its connection is lost.
+    std::thread::sleep(Duration::from_millis(10_500).saturating_sub(waiting_since.elapsed()));
+    assert_eq!(
+        cluster.psql(
+            &db,
+            &format!(
+                "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = '{db}' AND {BACKFILL_WAITING_FOR_A_LOCK}"
+            ),
+        ),
+        "1"
+    );
+    // The writer connects again and runs the transaction anew: its end waits for the row again.
+    let again = (0..200).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        cluster.psql(
+            &db,
+            &format!(
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = '{db}' AND {BACKFILL_WAITING_FOR_A_LOCK}"
+            ),
+        ) == "1"
+    });
+    row.send("ROLLBACK;");
+    std::fs::write(p.path("go"), "").unwrap();
+    let out = wait_within(&p, "owner", owner, Duration::from_secs(60));
+    assert!(
+        again,
+        "the writer did not run its transaction again\n{}",
+        p.read("owner.err")
+    );
+    assert!(
+        !out.stderr
+            .contains("the connection was lost in every transaction tried"),
+        "the writer gave its transaction up:\n{}",
+        out.stderr
+    );
+    // The heartbeat, behind the lock, was late by half the lease: the owner stopped its other
+    // try and exits, resumable. The first day's end, made again, is recorded.
+    out.code(1)
+        .stderr_has("cannot write the heartbeat")
+        .stderr_has("backfill 1 stays resumable");
+    assert_eq!(
+        runs_per_interval(cluster, &db),
+        vec![(day1, 1, 1), (day_unix(2), 1, 0)]
+    );
+    p.run(&["--manifest", &url, "resume", "1"]).code(0);
+    assert_eq!(
+        runs_per_interval(cluster, &db),
+        vec![(day1, 1, 1), (day_unix(2), 2, 1)]
+    );
+    assert_eq!(p.read("overlaps.txt"), "");
+    drop((row, lock));
+}
+
 #[test]
 fn runs_a_dead_owner_left_are_ended_at_the_databases_time_not_the_resuming_hosts() {
     let Some((cluster, db, url)) = manifest_database() else {

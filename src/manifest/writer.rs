@@ -402,10 +402,13 @@ fn commit_postgres(
     waiting: &mut dyn FnMut(usize) -> Vec<Box<dyn Pending>>,
 ) -> Option<(Vec<Box<dyn Pending>>, bool)> {
     // Connections lost again and again are tried for as long as one that cannot be made (see
-    // `postgres::patience`): until the server has been silent that long, counted from the
-    // batch's start or from its last answer, whichever is later (a long wait for the writers'
-    // lock that ended with an answer is not silence), with a growing pause between tries.
+    // `postgres::patience`), with a growing pause between tries: until the server has been
+    // silent that long when the connection was first lost, counted from the batch's start or
+    // from the server's last answer, whichever is later (a long wait for the writers' lock that
+    // ended with an answer is not silence). Fixed then: a batch that loses its connection each
+    // time the server answers (a statement that brings the server down) is not tried for ever.
     let started = std::time::Instant::now();
+    let mut deadline = None;
     let mut pause = std::time::Duration::from_millis(50);
     // Jobs that failed: answered with their error, not run again.
     let mut skip = vec![false; batch.len()];
@@ -414,7 +417,8 @@ fn commit_postgres(
     let mut again = 0;
     loop {
         if lost {
-            let deadline = (started + super::postgres::patience()).max(s.give_up_at());
+            let deadline = *deadline
+                .get_or_insert_with(|| (started + super::postgres::patience()).max(s.give_up_at()));
             if std::time::Instant::now() >= deadline {
                 answer_all(
                     batch,

@@ -155,8 +155,8 @@ impl Captured {
 
 /// A child process, forked and waiting at its gate. Dropped without [`Gated::release`] or
 /// [`Gated::discard`] (its task was cancelled), it kills the process: closing the gate alone is
-/// not enough, as other children waiting at their gates may hold copies of its end, and the
-/// thread that cloned it waits until it is gone.
+/// not enough, as a child cloned at the same moment holds a copy of its end until it has closed
+/// what it does not need, and the thread that cloned it waits until it is gone.
 pub struct Gated {
     pub group: Group,
     gate: Option<tokio::net::UnixStream>,
@@ -682,10 +682,85 @@ pub fn kill_group(group: Group, wait: Duration) -> bool {
 #[cfg(test)]
 mod tests {
 
+    /// The descriptors a process holds, as `fd -> what it points to`.
+    fn descriptors(pid: i64) -> std::collections::BTreeMap<i32, String> {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let fd = e.file_name().to_string_lossy().parse().unwrap();
+                let to = std::fs::read_link(e.path()).unwrap_or_default();
+                (fd, to.to_string_lossy().into_owned())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_child_at_its_gate_holds_nothing_but_its_stdio_and_its_gate() {
+        // Two tries gated at once, the second cloned while the first's pipes, the first's gate
+        // and a pipe of this process's own are open here: each holds its stdin, stdout, stderr
+        // and gate, and nothing of the other's or of this process.
+        let rt = runtime();
+        let dir = tempfile::tempdir().unwrap();
+        let (ours, _theirs) = std::io::pipe().unwrap();
+        let ours = std::fs::read_link(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&ours)
+        ))
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+        rt.block_on(async {
+            let program = Program::Argv(vec!["true".into()]);
+            let a = spawn(
+                &program,
+                &[],
+                dir.path(),
+                Output::Log(dir.path().join("a.log")),
+            )
+            .await
+            .unwrap();
+            let b = spawn(
+                &program,
+                &[],
+                dir.path(),
+                Output::Log(dir.path().join("b.log")),
+            )
+            .await
+            .unwrap();
+            let (held_a, held_b) = (descriptors(a.group.pgid), descriptors(b.group.pgid));
+            for held in [&held_a, &held_b] {
+                assert_eq!(
+                    held.keys().copied().collect::<Vec<_>>()[..3],
+                    [0, 1, 2],
+                    "{held:?}"
+                );
+                assert_eq!(held.len(), 4, "stdio and the gate only: {held:?}");
+                let gate = held.values().nth(3).unwrap();
+                assert!(gate.starts_with("socket:"), "the gate: {held:?}");
+                assert!(!held.values().any(|to| *to == ours), "{held:?}");
+            }
+            assert_ne!(held_a[&1], held_b[&1], "each its own output pipe");
+            assert_ne!(
+                held_a.values().nth(3),
+                held_b.values().nth(3),
+                "each its own gate"
+            );
+            let (_keep, mut stop) = watch::channel(Stop::Run);
+            for gated in [a, b] {
+                let spawned = gated.release().await.unwrap();
+                let f = finish(spawned, None, Duration::from_secs(5), &mut stop)
+                    .await
+                    .unwrap();
+                assert!(matches!(f.ended, Ended::Exited(s) if s.success()), "{f:?}");
+            }
+        });
+    }
+
     #[test]
     fn gated_tries_dropped_without_release_are_killed() {
-        // Two tries gated at once hold copies of each other's gate: closing a gate alone would
-        // leave both waiting for ever, and the runtime waiting for the threads that cloned them.
+        // Dropped at their gates, both are killed, and the threads that cloned them (which
+        // wait for the exec) are free: the runtime shuts down.
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()

@@ -151,6 +151,34 @@ pub(super) fn read_exact(fd: RawFd, buf: &mut [u8]) -> bool {
     true
 }
 
+/// Closes every descriptor from `first` on but `keep`. Async-signal-safe.
+fn close_from(first: RawFd, keep: RawFd) {
+    let close_range = |from: RawFd, to: libc::c_uint| {
+        // SAFETY: close_range(2) only closes this process's descriptors.
+        from as libc::c_uint > to
+            || unsafe { libc::syscall(libc::SYS_close_range, from as libc::c_uint, to, 0) } == 0
+    };
+    let below = u32::try_from(keep - 1).unwrap_or(0);
+    if close_range(first, below) && close_range(keep + 1, libc::c_uint::MAX) {
+        return;
+    }
+    // A kernel before 5.9: each descriptor up to the limit on open ones.
+    // SAFETY: getrlimit(2) and close(2) are async-signal-safe system calls on plain data.
+    unsafe {
+        let mut limit: libc::rlimit = std::mem::zeroed();
+        let most = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur.min(1 << 16) as RawFd
+        } else {
+            1024
+        };
+        for fd in first..most {
+            if fd != keep {
+                libc::close(fd);
+            }
+        }
+    }
+}
+
 extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` points to the parent's `ChildArgs`, alive and unchanged while the parent is
     // suspended in `clone`; only async-signal-safe system calls follow.
@@ -165,21 +193,34 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
         }
         libc::setpgid(0, 0);
         // Should the owner die while this waits at the gate, the kernel kills it: the gate's
-        // end of file cannot be relied on, as other children may hold copies of its write end.
+        // end of file alone cannot be relied on, as a child cloned at the same moment holds a
+        // copy of its write end until it has closed what it does not need (below).
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
         if libc::getppid() != a.parent {
             libc::_exit(GATE_CLOSED);
         }
-        let pid = libc::getpid().to_le_bytes();
-        let written = libc::write(a.gate, pid.as_ptr().cast(), pid.len());
-        let mut go = [0u8; 1];
-        if written != pid.len() as isize || !read_exact(a.gate, &mut go) {
-            // The owner let go (or went away) before recording this try: never run it.
-            libc::_exit(GATE_CLOSED);
-        }
-        if libc::dup2(a.stdin, 0) < 0 || libc::dup2(a.out, 1) < 0 || libc::dup2(a.err, 2) < 0 {
+        // While it waits at its gate, the child holds only what its command will have: its
+        // stdin, stdout and stderr, and the gate (kept above them, closed by the exec). Its
+        // copies of every other descriptor open when it was cloned would keep those open for as
+        // long as it waits: other tries' output pipes (their readers would wait for it), other
+        // children's gates, and the manifest's connections (one this program dropped would stay
+        // open at the server, its transaction and the writers' lock with it).
+        let gate = libc::fcntl(a.gate, libc::F_DUPFD_CLOEXEC, 3);
+        if gate < 0
+            || libc::dup2(a.stdin, 0) < 0
+            || libc::dup2(a.out, 1) < 0
+            || libc::dup2(a.err, 2) < 0
+        {
             a.error = *libc::__errno_location();
             libc::_exit(127);
+        }
+        close_from(3, gate);
+        let pid = libc::getpid().to_le_bytes();
+        let written = libc::write(gate, pid.as_ptr().cast(), pid.len());
+        let mut go = [0u8; 1];
+        if written != pid.len() as isize || !read_exact(gate, &mut go) {
+            // The owner let go (or went away) before recording this try: never run it.
+            libc::_exit(GATE_CLOSED);
         }
         if libc::chdir(a.cwd) != 0 {
             a.error = *libc::__errno_location();

@@ -156,9 +156,8 @@ pub(super) async fn start_claiming(
                 return Ok(Claimed::Halted);
             }
             // A process spawned for the start (see `early_start`) is not kept at its gate
-            // meanwhile: until it `exec`s, it holds copies of every descriptor this process had
-            // open when it was cloned, among them other tries' output pipes, whose end would
-            // wait for it.
+            // meanwhile: until it `exec`s, it holds a thread of the blocking pool (the one that
+            // cloned it waits for the exec), for as long as the backfill has no room.
             Claimed::Busy if early.is_some() => return Ok(Claimed::Busy),
             Claimed::Busy => {
                 if *stop.borrow() != super::Stop::Run {

@@ -1078,6 +1078,72 @@ fn answers_lost_with_the_connection_after_a_commit_are_read_from_the_record() {
     }
 }
 
+/// A connection this program gives up is closed at the server too, even while tries wait at
+/// their gates (forked before their start commits, they held copies of every descriptor): its
+/// session, inside the next transaction and holding the writers' lock, would otherwise live on
+/// until the server's timeout for a session idle in a transaction ended it, every writer of the
+/// manifest waiting meanwhile.
+#[test]
+fn a_connection_given_up_with_tries_at_their_gates_ends_its_session_at_once() {
+    if !pg::available("the PostgreSQL manifest tests") {
+        return;
+    }
+    let cluster = pg::shared();
+    let noop = "schedule = \"@hourly\"\n[[tasks]]\nid = \"noop\"\ncommand = [\"true\"]\n";
+    for n in [5, 14] {
+        let db = cluster.create_db();
+        let url = cluster.url(&db);
+        let p = Project::new().dag("n", noop);
+        // Commits slowed a little, so that the next jobs wait and each commit begins the next
+        // transaction in its round trip; the n-th loses its answers with its connection.
+        let fault = format!("slow-commit:5ms,manifest-answers-lost@{n}:fail");
+        p.run_with(
+            &[
+                "--manifest",
+                &url,
+                "create",
+                "--dag",
+                "n",
+                "--from",
+                "2015-01-01T00:00:00Z",
+                "--to",
+                "2015-01-09T07:00:00Z",
+                "--max-active-runs",
+                "8",
+            ],
+            &[("BACKFILL_FAULT", fault.as_str())],
+        )
+        .code(0)
+        .stderr_has("200 succeeded");
+        assert_eq!(
+            cluster.psql(
+                &db,
+                "SELECT COUNT(*), COUNT(DISTINCT interval_start), COUNT(*) FILTER (WHERE state = 'succeeded')
+                 FROM backfill_manifest.runs"
+            ),
+            "200|200|200",
+            "{fault}"
+        );
+        // The given-up session ended when its client closed it, not by the server's timeout.
+        wait_until("the sessions to end", Duration::from_secs(30), || {
+            cluster.psql(
+                &db,
+                &format!("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = '{db}' AND application_name = 'backfill'"),
+            ) == "0"
+        });
+        assert_eq!(
+            cluster.psql(
+                &db,
+                &format!(
+                    "SELECT sessions_fatal, sessions_abandoned > 0 FROM pg_stat_database WHERE datname = '{db}'"
+                ),
+            ),
+            "0|t",
+            "{fault}"
+        );
+    }
+}
+
 #[test]
 fn a_run_id_reserved_before_a_newer_run_of_its_interval_was_recorded_is_not_used() {
     let Some((cluster, db, url)) = manifest_database() else {

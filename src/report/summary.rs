@@ -29,6 +29,10 @@ pub struct Summary<'a> {
     pub elapsed_seconds: f64,
     /// The command that reruns the failed and rejected intervals, when there are any.
     pub rerun: Option<String>,
+    /// Another process took the backfill over while this one ran it: that one goes on with it
+    /// (or has finished it), so there is nothing here to resume.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub taken_over: bool,
 }
 
 /// What a rerun hint needs to know about the command that ran.
@@ -90,6 +94,7 @@ pub fn summary<'a>(
         warned: &outcome.warned,
         elapsed_seconds: elapsed.as_secs_f64(),
         rerun,
+        taken_over: false,
     }
 }
 
@@ -151,6 +156,10 @@ pub fn write(
         out.note(&text);
     }
     let next = match (s.exit_code, &s.rerun) {
+        (exit::INTERRUPTED, _) if s.taken_over => format!(
+            "; another process took its intervals over and goes on with them (`{}` shows it)",
+            hint("list")
+        ),
         (exit::INTERRUPTED, _) => format!(
             "; continue with `{}`",
             hint(&format!("resume {}", s.backfill_id))
@@ -197,7 +206,7 @@ pub fn write(
             "backfill {} of {}: {} — {} succeeded, {} failed, {} rejected, {} cancelled, {} skipped in {:.1}s{next}",
             s.backfill_id,
             s.dag_id,
-            s.state,
+            if s.taken_over { "taken over" } else { s.state },
             c.succeeded,
             c.failed,
             c.rejected,

@@ -271,12 +271,12 @@ fn run(
     let (state, code) = (judged.state(), judged.exit_code());
     let recorded =
         writer.call_blocking(move |c| c.finish_backfill(owner, state, crate::clock::now_ms()));
-    let (state, code) = match recorded {
-        Ok(()) => (state, code),
+    let (state, code, taken_over) = match recorded {
+        Ok(()) => (state, code, false),
         // Taken over: the process that took it over recorded it; this one was interrupted.
         Err(manifest::Error::Fenced { .. }) => {
             let taken = super::outcome::Outcome::Interrupted;
-            (taken.state(), taken.exit_code())
+            (taken.state(), taken.exit_code(), true)
         }
         Err(e) => return Err(e.into()),
     };
@@ -299,7 +299,8 @@ fn run(
         },
     )
     .filter(|_| reruns);
-    let summary = report::summary(&outcome, code, began.elapsed(), rerun);
+    let mut summary = report::summary(&outcome, code, began.elapsed(), rerun);
+    summary.taken_over = taken_over;
     let json = serde_json::to_string(&summary)
         .map_err(|e| Error::Internal(format!("cannot write the summary: {e}")))?;
     let mut out = Sink::new(

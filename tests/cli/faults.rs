@@ -110,9 +110,13 @@ fn an_owner_frozen_before_letting_a_try_go_is_taken_over_without_overlap() {
     taker.extend(["--reprocess-behavior", "failed"]);
     p.run(&taker).code(0);
     signal(&frozen, Signal::SIGCONT);
-    p.wait("frozen", frozen)
-        .code(130)
-        .stderr_has("another backfill took the intervals over");
+    let out = p.wait("frozen", frozen);
+    out.code(130)
+        .stderr_has("another backfill took the intervals over")
+        .stderr_has("backfill 1 of c: taken over — ")
+        .stderr_has("another process took its intervals over and goes on with them (`backfill ")
+        .stderr_has(" list` shows it)");
+    assert!(!out.stderr.contains("continue with"), "{}", out.stderr);
     assert_eq!(starts(&p), ["2026-01-01", "2026-01-02", "2026-01-03"]);
     assert_eq!(p.read("overlaps.txt"), "");
     assert_eq!(
@@ -148,9 +152,13 @@ fn resuming_the_same_backfill_fences_its_frozen_owner() {
         || p.count("SELECT owner_pid FROM backfills WHERE id = 1") == i64::from(resumer_pid),
     );
     signal(&frozen, Signal::SIGCONT);
-    p.wait("frozen", frozen)
-        .code(130)
-        .stderr_has("another backfill took the intervals over");
+    let out = p.wait("frozen", frozen);
+    out.code(130)
+        .stderr_has("another backfill took the intervals over")
+        .stderr_has("backfill 1 of c: taken over — ")
+        .stderr_has("another process took its intervals over and goes on with them (`backfill ")
+        .stderr_has(" list` shows it)");
+    assert!(!out.stderr.contains("continue with"), "{}", out.stderr);
     p.wait("resumer", resumer).code(0);
     assert_eq!(p.read("overlaps.txt"), "", "never two copies at once");
     assert_eq!(

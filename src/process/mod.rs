@@ -712,22 +712,10 @@ mod tests {
         .into_owned();
         rt.block_on(async {
             let program = Program::Argv(vec!["true".into()]);
-            let a = spawn(
-                &program,
-                &[],
-                dir.path(),
-                Output::Log(dir.path().join("a.log")),
-            )
-            .await
-            .unwrap();
-            let b = spawn(
-                &program,
-                &[],
-                dir.path(),
-                Output::Log(dir.path().join("b.log")),
-            )
-            .await
-            .unwrap();
+            let gated =
+                |log: &str| spawn(&program, &[], dir.path(), Output::Log(dir.path().join(log)));
+            let a = gated("a.log").await.unwrap();
+            let b = gated("b.log").await.unwrap();
             let (held_a, held_b) = (descriptors(a.group.pgid), descriptors(b.group.pgid));
             for held in [&held_a, &held_b] {
                 assert_eq!(

@@ -9,7 +9,7 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 
 use crate::support::{
-    Project, THREE_DAYS, alive, pg_manifest, signal, stopped, wait_stale, wait_until,
+    Out, Project, THREE_DAYS, alive, pg_manifest, signal, stopped, wait_stale, wait_until,
 };
 
 /// A task that holds a per-interval lock while it runs (another try of the same interval at
@@ -89,6 +89,17 @@ fn a_kill_right_after_a_try_is_spawned_never_lets_that_try_run() {
     }
 }
 
+/// What an owner taken over says as it stops: why, and that another process goes on with its
+/// intervals (not that it should be resumed).
+fn says_it_was_taken_over(out: &Out) {
+    out.code(130)
+        .stderr_has("another backfill took the intervals over")
+        .stderr_has("backfill 1 of c: taken over — ")
+        .stderr_has("another process took its intervals over and goes on with them (`backfill ")
+        .stderr_has(" list` shows it)");
+    assert!(!out.stderr.contains("continue with"), "{}", out.stderr);
+}
+
 #[test]
 fn an_owner_frozen_before_letting_a_try_go_is_taken_over_without_overlap() {
     let p = Project::new().dag("c", &locked_dag("0.3", ""));
@@ -110,13 +121,7 @@ fn an_owner_frozen_before_letting_a_try_go_is_taken_over_without_overlap() {
     taker.extend(["--reprocess-behavior", "failed"]);
     p.run(&taker).code(0);
     signal(&frozen, Signal::SIGCONT);
-    let out = p.wait("frozen", frozen);
-    out.code(130)
-        .stderr_has("another backfill took the intervals over")
-        .stderr_has("backfill 1 of c: taken over — ")
-        .stderr_has("another process took its intervals over and goes on with them (`backfill ")
-        .stderr_has(" list` shows it)");
-    assert!(!out.stderr.contains("continue with"), "{}", out.stderr);
+    says_it_was_taken_over(&p.wait("frozen", frozen));
     assert_eq!(starts(&p), ["2026-01-01", "2026-01-02", "2026-01-03"]);
     assert_eq!(p.read("overlaps.txt"), "");
     assert_eq!(
@@ -152,13 +157,7 @@ fn resuming_the_same_backfill_fences_its_frozen_owner() {
         || p.count("SELECT owner_pid FROM backfills WHERE id = 1") == i64::from(resumer_pid),
     );
     signal(&frozen, Signal::SIGCONT);
-    let out = p.wait("frozen", frozen);
-    out.code(130)
-        .stderr_has("another backfill took the intervals over")
-        .stderr_has("backfill 1 of c: taken over — ")
-        .stderr_has("another process took its intervals over and goes on with them (`backfill ")
-        .stderr_has(" list` shows it)");
-    assert!(!out.stderr.contains("continue with"), "{}", out.stderr);
+    says_it_was_taken_over(&p.wait("frozen", frozen));
     p.wait("resumer", resumer).code(0);
     assert_eq!(p.read("overlaps.txt"), "", "never two copies at once");
     assert_eq!(

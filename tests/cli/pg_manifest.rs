@@ -74,6 +74,26 @@ fn running_tries(cluster: &pg::Cluster, db: &str) -> String {
     )
 }
 
+/// An owner backfilling the first two days of 2026 of DAG `c` ([`DAG`], two at a time) on the
+/// manifest at `url` of `cluster`'s database `db`, with the project's `lease_timeout` when given,
+/// once both days' tries run (they wait for `go`).
+fn owner_running_two_days(
+    cluster: &pg::Cluster,
+    db: &str,
+    url: &str,
+    lease_timeout: Option<&str>,
+) -> (Project, std::process::Child) {
+    let p = Project::new().dag("c", DAG);
+    if let Some(lease) = lease_timeout {
+        p.write("backfill.toml", &format!("lease_timeout = \"{lease}\"\n"));
+    }
+    let owner = p.spawn("owner", &create_args(url, "2026-01-01", "2026-01-02"));
+    wait_until("two running tries", Duration::from_secs(30), || {
+        running_tries(cluster, db) == "2"
+    });
+    (p, owner)
+}
+
 /// A session of the test's `psql` inside an open transaction (see [`wait_for_session`]).
 const PSQL_IN_TRANSACTION: &str = "state = 'idle in transaction' AND application_name = 'psql'";
 
@@ -334,11 +354,7 @@ fn a_host_whose_clock_runs_ahead_takes_nothing_over_while_the_database_says_the_
     let Some((cluster, db, url)) = manifest_database() else {
         return;
     };
-    let p = Project::new().dag("c", DAG);
-    let owner = p.spawn("owner", &create_args(&url, "2026-01-01", "2026-01-02"));
-    wait_until("two running tries", Duration::from_secs(20), || {
-        running_tries(cluster, &db) == "2"
-    });
+    let (p, owner) = owner_running_two_days(cluster, &db, &url, None);
     // Its clock two minutes ahead, past the lease timeout (30 s): by its own clock the owner's
     // heartbeat is stale; by the database's it is fresh.
     let skewed = [("BACKFILL_FAULT", "clock-skew:+120s")];
@@ -524,12 +540,7 @@ fn an_owner_cut_off_from_the_manifest_stops_its_tries_before_its_lease_could_be_
     let own = pg::Cluster::start();
     let db = own.create_db();
     let url = own.url(&db);
-    let p = Project::new().dag("c", DAG);
-    p.write("backfill.toml", "lease_timeout = \"4s\"\n");
-    let owner = p.spawn("owner", &create_args(&url, "2026-01-01", "2026-01-02"));
-    wait_until("two running tries", Duration::from_secs(20), || {
-        running_tries(&own, &db) == "2"
-    });
+    let (p, owner) = owner_running_two_days(&own, &db, &url, Some("4s"));
     // The server stops answering, its connections open: the owner's heartbeat hangs.
     own.freeze();
     let tries_alive = || {
@@ -619,12 +630,7 @@ fn a_running_backfill_stops_writing_once_a_newer_backfill_upgraded_the_schema() 
     let Some((cluster, db, url)) = manifest_database() else {
         return;
     };
-    let p = Project::new().dag("c", DAG);
-    p.write("backfill.toml", "lease_timeout = \"4s\"\n");
-    let owner = p.spawn("owner", &create_args(&url, "2026-01-01", "2026-01-02"));
-    wait_until("two running tries", Duration::from_secs(30), || {
-        running_tries(cluster, &db) == "2"
-    });
+    let (p, owner) = owner_running_two_days(cluster, &db, &url, Some("4s"));
     // What a newer binary's migration leaves: a higher version.
     cluster.psql(
         &db,
@@ -844,13 +850,8 @@ fn a_connection_lost_after_a_long_wait_for_the_writers_lock_is_made_again() {
     let Some((cluster, db, url)) = manifest_database() else {
         return;
     };
-    let p = Project::new().dag("c", DAG);
     // Patience 10 s: the writer gives up a connection lost after 10 s of silence.
-    p.write("backfill.toml", "lease_timeout = \"10s\"\n");
-    let owner = p.spawn("owner", &create_args(&url, "2026-01-01", "2026-01-02"));
-    wait_until("two running tries", Duration::from_secs(30), || {
-        running_tries(cluster, &db) == "2"
-    });
+    let (p, owner) = owner_running_two_days(cluster, &db, &url, Some("10s"));
     let day1 = day_unix(1);
     // One session holds the first day's run row, which its end updates; another holds the
     // writers' lock.
@@ -947,11 +948,7 @@ fn runs_a_dead_owner_left_are_ended_at_the_databases_time_not_the_resuming_hosts
     let Some((cluster, db, url)) = manifest_database() else {
         return;
     };
-    let p = Project::new().dag("c", DAG);
-    let mut owner = p.spawn("owner", &create_args(&url, "2026-01-01", "2026-01-02"));
-    wait_until("two running tries", Duration::from_secs(30), || {
-        running_tries(cluster, &db) == "2"
-    });
+    let (p, mut owner) = owner_running_two_days(cluster, &db, &url, None);
     owner.kill().unwrap();
     owner.wait().unwrap();
     std::fs::write(p.path("go"), "").unwrap();

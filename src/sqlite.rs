@@ -9,6 +9,7 @@
 
 use std::path::Path;
 
+use nix::libc;
 use rusqlite::{Connection, OpenFlags};
 
 /// Opens `path` for reading only. Never creates or writes anything, next to it either.
@@ -54,8 +55,54 @@ fn immutable_uri(path: &Path) -> String {
     uri
 }
 
+/// The byte of a WAL database's `-shm` file that its writer locks (SQLite's `WAL_WRITE_LOCK`,
+/// the first of the locks at offset 120).
+const WAL_WRITE_LOCK_BYTE: libc::off_t = 120;
+
+/// Who holds the write lock of the WAL database at `path`, as the operating system's record of
+/// the lock says: the process's id and whether it is stopped (SIGSTOP, a debugger). `None`
+/// when no other process holds it or it cannot be told.
+pub fn write_lock_holder(path: &Path) -> Option<(i32, bool)> {
+    use std::os::fd::AsRawFd;
+    let mut shm = path.as_os_str().to_owned();
+    shm.push("-shm");
+    let shm = std::fs::File::open(shm).ok()?;
+    // SAFETY: a flock is plain data, filled by the kernel.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    lock.l_start = WAL_WRITE_LOCK_BYTE;
+    lock.l_len = 1;
+    // SAFETY: F_GETLK on a descriptor of ours only reads the lock table into `lock`.
+    if unsafe { libc::fcntl(shm.as_raw_fd(), libc::F_GETLK, &mut lock) } != 0
+        || lock.l_type == libc::F_UNLCK as libc::c_short
+        || lock.l_pid <= 0
+    {
+        return None;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", lock.l_pid)).unwrap_or_default();
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next());
+    Some((lock.l_pid, matches!(state, Some("T" | "t"))))
+}
+
+/// What a write that found the database at `path` locked adds to its error: who holds the lock
+/// and, when that process is stopped, how to let it go on.
+pub fn locked_by(path: &Path) -> String {
+    match write_lock_holder(path) {
+        Some((pid, true)) => format!(
+            "; its write lock is held by process {pid}, which is stopped: `kill -CONT {pid}` lets it go on (or end it)"
+        ),
+        Some((pid, false)) => format!("; its write lock is held by process {pid}"),
+        None => String::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::io::BufRead;
+
     use super::*;
 
     #[test]
@@ -64,5 +111,57 @@ mod tests {
             immutable_uri(Path::new("/a b/m?#%.db")),
             "file:/a%20b/m%3F%23%25.db?immutable=1"
         );
+    }
+
+    #[test]
+    fn a_write_lock_is_traced_to_the_process_that_holds_it_and_whether_it_is_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("m.db");
+        let c = Connection::open(&db).unwrap();
+        c.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (x)")
+            .unwrap();
+        assert_eq!(write_lock_holder(&db), None, "nobody writes");
+        // Another process begins a write and waits.
+        let holder = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import sqlite3, sys, time\n\
+                 c = sqlite3.connect(sys.argv[1], isolation_level=None)\n\
+                 c.execute('BEGIN IMMEDIATE')\n\
+                 print('held', flush=True)\n\
+                 time.sleep(60)",
+            ])
+            .arg(&db)
+            .stdout(std::process::Stdio::piped())
+            .spawn();
+        let Ok(mut holder) = holder else {
+            eprintln!("SKIPPED: no python3 to hold a SQLite write lock");
+            return;
+        };
+        let mut line = String::new();
+        std::io::BufReader::new(holder.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line, "held\n");
+        let pid = i32::try_from(holder.id()).unwrap();
+        assert_eq!(write_lock_holder(&db), Some((pid, false)));
+        assert_eq!(
+            locked_by(&db),
+            format!("; its write lock is held by process {pid}")
+        );
+        // Stopped, it is named as such, with how to let it go on.
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGSTOP,
+        )
+        .unwrap();
+        let stopped = (0..200).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            write_lock_holder(&db) == Some((pid, true))
+        });
+        let _ = holder.kill();
+        let _ = holder.wait();
+        assert!(stopped, "{:?}", write_lock_holder(&db));
+        assert_eq!(write_lock_holder(&db), None, "released when it died");
     }
 }

@@ -367,7 +367,17 @@ fn commit_sqlite(conn: &Conn, c: &rusqlite::Connection, mut batch: Vec<Box<dyn P
         .prepare_cached("BEGIN IMMEDIATE")
         .and_then(|mut s| s.execute([]))
     {
-        return answer_all(batch, Some(format!("cannot start a transaction: {e}")));
+        let holder = match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DatabaseBusy) => c
+                .path()
+                .map(|p| crate::sqlite::locked_by(std::path::Path::new(p)))
+                .unwrap_or_default(),
+            _ => String::new(),
+        };
+        return answer_all(
+            batch,
+            Some(format!("cannot start a transaction: {e}{holder}")),
+        );
     }
     for job in &mut batch {
         job.run(conn);

@@ -113,6 +113,18 @@ fn wait_for_session(cluster: &pg::Cluster, db: &str, what: &str, condition: &str
     });
 }
 
+/// Lets the first day's try of [`DAG`] end while another session holds the writers' lock, and
+/// waits until the writer's transaction for its end waits for that lock.
+fn end_first_day_behind_the_lock(cluster: &pg::Cluster, db: &str, p: &Project) {
+    std::fs::write(p.path("go-2026-01-01"), "").unwrap();
+    wait_for_session(
+        cluster,
+        db,
+        "the writer to wait for the lock",
+        BACKFILL_WAITING_FOR_A_LOCK,
+    );
+}
+
 /// A new role of database `db` that may log in, use the manifest's schema and have `grants` on
 /// all its tables: its name, and `url` with it as the user.
 fn role_with(
@@ -871,13 +883,7 @@ fn a_connection_lost_after_a_long_wait_for_the_writers_lock_is_made_again() {
         ) == "2"
     });
     // The first day's try ends: the writer's transaction waits for the lock.
-    std::fs::write(p.path("go-2026-01-01"), "").unwrap();
-    wait_for_session(
-        cluster,
-        &db,
-        "the writer to wait for the lock",
-        BACKFILL_WAITING_FOR_A_LOCK,
-    );
+    end_first_day_behind_the_lock(cluster, &db, &p);
     let waiting_since = std::time::Instant::now();
     // 7 s later the lock is free and the server answers (within the 10 s a round trip may
     // take); the end then waits for the row.
@@ -1008,13 +1014,7 @@ fn a_statement_refused_in_a_batch_sent_together_fails_its_own_job_and_the_others
             .unwrap()
             .success()
     };
-    std::fs::write(p.path("go-2026-01-01"), "").unwrap();
-    wait_for_session(
-        cluster,
-        &db,
-        "the writer to wait for the lock",
-        BACKFILL_WAITING_FOR_A_LOCK,
-    );
+    end_first_day_behind_the_lock(cluster, &db, &p);
     for d in [2, 3] {
         std::fs::write(p.path(&format!("go-2026-01-0{d}")), "").unwrap();
         wait_until("the try to end", Duration::from_secs(30), || ended(d));

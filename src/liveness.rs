@@ -56,6 +56,18 @@ pub fn elsewhere<'a>(recorded: Option<&'a str>, here: &str) -> Option<&'a str> {
     recorded.filter(|h| !same_host(h, here)).map(host_name)
 }
 
+/// The fields of `/proc/PID/stat` after the command name: state is the first.
+pub fn stat_fields(pid: i64) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+/// Whether a process of this host is stopped (SIGSTOP, a debugger).
+pub fn is_stopped(pid: i64) -> bool {
+    stat_fields(pid).is_some_and(|f| f.first().is_some_and(|s| s == "T" || s == "t"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

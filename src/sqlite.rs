@@ -80,11 +80,10 @@ pub fn write_lock_holder(path: &Path) -> Option<(i32, bool)> {
     {
         return None;
     }
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", lock.l_pid)).unwrap_or_default();
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().next());
-    Some((lock.l_pid, matches!(state, Some("T" | "t"))))
+    Some((
+        lock.l_pid,
+        crate::liveness::is_stopped(i64::from(lock.l_pid)),
+    ))
 }
 
 /// What a write that found the database at `path` locked adds to its error: who holds the lock

@@ -574,13 +574,6 @@ pub fn describe_exit(status: ExitStatus) -> String {
     }
 }
 
-/// The fields of `/proc/PID/stat` after the command name: state is the first.
-fn stat_fields(pid: i64) -> Option<Vec<String>> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    Some(rest.split_whitespace().map(str::to_string).collect())
-}
-
 /// Clock ticks since boot at which a process started.
 pub fn start_time(pid: i64) -> Option<i64> {
     // Read for every try: one read into a buffer on the stack, no allocation per field. The
@@ -615,7 +608,7 @@ pub fn pid_alive(pid: i64) -> bool {
         Err(_) => false,
     };
     // A zombie has exited; only its parent has not reaped it yet.
-    exists && stat_fields(pid).is_none_or(|f| f.first().is_none_or(|s| s != "Z"))
+    exists && crate::liveness::stat_fields(pid).is_none_or(|f| f.first().is_none_or(|s| s != "Z"))
 }
 
 /// Sends `signal` to every process of a process group. Returns whether any received it.
@@ -650,7 +643,7 @@ pub fn group_alive(group: Group) -> bool {
         let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i64>().ok()) else {
             return false;
         };
-        let Some(fields) = stat_fields(pid) else {
+        let Some(fields) = crate::liveness::stat_fields(pid) else {
             return false;
         };
         // state, ppid, pgrp, ...
@@ -845,7 +838,7 @@ mod tests {
     fn start_time_tells_a_process_from_a_reused_pid() {
         let me = i64::from(std::process::id());
         let t = start_time(me).unwrap();
-        let fields = stat_fields(me).unwrap();
+        let fields = crate::liveness::stat_fields(me).unwrap();
         assert_eq!(
             fields[19].parse::<i64>().ok(),
             Some(t),

@@ -234,6 +234,17 @@ fn run(
         (result, stopped, stats)
     });
     let (result, stopped, stats) = outcome;
+    // A heartbeat that could not be written while this process was being taken over (frozen
+    // past its lease, then thawed behind a lock or a connection made again): once the manifest
+    // answers, being taken over is what happened, and the end says so below.
+    if heartbeat_error.lock().is_ok_and(|h| h.is_some()) {
+        let asked = writer.call_blocking(move |c| c.heartbeat(owner, crate::clock::now_ms()));
+        if let Err(manifest::Error::Fenced { .. }) = asked
+            && let Ok(mut h) = heartbeat_error.lock()
+        {
+            h.take();
+        }
+    }
     // A heartbeat that could not be written is why whatever else failed did.
     if let Some(e) = heartbeat_error.lock().ok().and_then(|mut h| h.take()) {
         if owner.worker.is_none() {
@@ -378,6 +389,33 @@ async fn watch_signals(
     }
 }
 
+/// What `call` answers within `bound` of this process's own running time: a bound whose timer
+/// fired a whole heartbeat late ran out while this process was frozen (the manifest may have
+/// answered the moment it was thawed), so the call gets the bound again, once.
+async fn answered_within(
+    call: impl std::future::Future<Output = manifest::Result<Heartbeat>>,
+    bound: Duration,
+) -> manifest::Result<Heartbeat> {
+    let mut call = std::pin::pin!(call);
+    let mut deadline = Instant::now() + bound;
+    let mut again = true;
+    loop {
+        match tokio::time::timeout_at(deadline.into(), &mut call).await {
+            Ok(beat) => return beat,
+            Err(_) if again && deadline.elapsed() > HEARTBEAT => {
+                again = false;
+                deadline = Instant::now() + bound;
+            }
+            Err(_) => {
+                return Err(manifest::Error::Invalid(format!(
+                    "the manifest did not answer within {} (half the lease timeout)",
+                    humantime::format_duration(bound)
+                )));
+            }
+        }
+    }
+}
+
 /// Writes the heartbeat, reacts to `backfill cancel` from another process and to being taken
 /// over, and stops the backfill when the heartbeat cannot be written for half the lease
 /// timeout.
@@ -394,19 +432,18 @@ async fn keep_alive(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_ok = Instant::now();
     loop {
-        tick.tick().await;
+        let due = tick.tick().await.into_std();
+        // A tick a whole heartbeat late: this process did not run (frozen, then thawed), which
+        // says nothing of the manifest; it gets half a lease from now, as a new owner would.
+        if due.elapsed() > HEARTBEAT {
+            last_ok = Instant::now();
+        }
         // A heartbeat that has not answered within half the lease timeout (the manifest's
         // server unreachable, its connection being made again) counts as failed: the tries stop
         // before another host may take their intervals over. Each call gets that long: an owner
         // thawed after a freeze hears first whether it was taken over.
         let call = writer.call(move |c| c.heartbeat(owner, crate::clock::now_ms()));
-        let beat = match tokio::time::timeout(lease_timeout / 2, call).await {
-            Ok(beat) => beat,
-            Err(_) => Err(manifest::Error::Invalid(format!(
-                "the manifest did not answer within {} (half the lease timeout)",
-                humantime::format_duration(lease_timeout / 2)
-            ))),
-        };
+        let beat = answered_within(call, lease_timeout / 2).await;
         let why = match beat {
             Ok(Heartbeat::Carry) => {
                 last_ok = Instant::now();
@@ -430,7 +467,7 @@ async fn keep_alive(
             }
             Err(e) if last_ok.elapsed() >= lease_timeout / 2 => {
                 tracing::error!(backfill = owner.backfill_id, error = %e, "the heartbeat cannot be written");
-                let why = format!("internal error: cannot write the heartbeat: {e}");
+                let why = format!("cannot write the heartbeat: {e}");
                 if let Ok(mut slot) = failure.lock() {
                     slot.get_or_insert(Error::Manifest(e));
                 }

@@ -37,8 +37,9 @@ impl Global {
         let project = Project::discover(self.project_dir.as_deref())?;
         // The audit files of a manifest in PostgreSQL go to the project's own folder.
         crate::warehouse::set_state_dir(project.root.join(".backfill"));
-        // A manifest in PostgreSQL silent for longer than a lease is given up on.
-        crate::manifest::postgres::set_patience(project.lease_timeout);
+        // A manifest in PostgreSQL silent for longer than a lease is given up on, and a session
+        // of it frozen inside a transaction is ended well within half a lease.
+        crate::manifest::postgres::set_lease_timeout(project.lease_timeout);
         Ok(project)
     }
 

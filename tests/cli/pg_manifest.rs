@@ -544,6 +544,77 @@ fn a_host_frozen_inside_a_manifest_transaction_holds_the_others_up_for_seconds_o
     assert_eq!(p.read("overlaps.txt"), "");
 }
 
+/// With the shortest lease (1 s), a running backfill's heartbeat gives up after half of it; a
+/// host frozen holding the writers' lock must be ended by the server before that, or every
+/// healthy peer stops.
+#[test]
+fn a_host_frozen_inside_a_manifest_transaction_does_not_stop_a_peer_under_the_shortest_lease() {
+    let Some((cluster, db, url)) = manifest_database() else {
+        return;
+    };
+    let p = Project::new().dag("c", DAG).dag("d", DAG);
+    p.write("backfill.toml", "lease_timeout = \"1s\"\n");
+    // B runs first, its two tries waiting for `go` while its heartbeat is written.
+    let mut args = create_args(&url, "2026-01-01", "2026-01-02");
+    args[4] = "d";
+    let b = p.spawn("b", &args);
+    wait_until("b's tries to run", Duration::from_secs(20), || {
+        running_tries(cluster, &db) == "2"
+    });
+    // Host A freezes in its third manifest transaction, holding the writers' lock.
+    let a = p.spawn_with(
+        "a",
+        &create_args(&url, "2026-01-03", "2026-01-03"),
+        &[("BACKFILL_FAULT", "manifest-transaction@3:stop")],
+    );
+    wait_until("host A to freeze", Duration::from_secs(20), || {
+        stopped(a.id())
+    });
+    std::fs::write(p.path("go"), "").unwrap();
+    wait_within(&p, "b", b, Duration::from_secs(60))
+        .code(0)
+        .stderr_has("2 succeeded");
+    signal(&a, Signal::SIGCONT);
+    wait_within(&p, "a", a, Duration::from_secs(60))
+        .code(0)
+        .stderr_has("1 succeeded");
+    assert_eq!(p.read("overlaps.txt"), "");
+}
+
+/// An owner frozen past its lease and taken over, thawed while the writers' lock is held: its
+/// heartbeat cannot be written within half its lease, so it stops; once the manifest answers,
+/// it says it was taken over (exit 130), not that the manifest failed (exit 1).
+#[test]
+fn an_owner_thawed_after_a_takeover_behind_the_writers_lock_says_it_was_taken_over() {
+    let Some((cluster, db, url)) = manifest_database() else {
+        return;
+    };
+    let (p, owner) = owner_running_two_days(cluster, &db, &url, Some("1s"));
+    signal(&owner, Signal::SIGSTOP);
+    // Another process takes it over and finishes it.
+    std::fs::write(p.path("go"), "").unwrap();
+    let resumed = p.run(&["--manifest", &url, "resume", "1", "--wait"]);
+    resumed.code(0);
+    let mut lock = cluster.session(&db);
+    lock.send("BEGIN; SELECT 1 FROM backfill_manifest.manifest_lock FOR UPDATE;");
+    wait_for_session(cluster, &db, "the lock to be held", PSQL_IN_TRANSACTION);
+    signal(&owner, Signal::SIGCONT);
+    wait_until(
+        "the thawed owner to give up its heartbeat",
+        Duration::from_secs(30),
+        || p.read("owner.err").contains("cannot write the heartbeat"),
+    );
+    lock.send("ROLLBACK;");
+    let out = wait_within(&p, "owner", owner, Duration::from_secs(60));
+    out.code(130).stderr_has("backfill 1 of c: taken over");
+    assert!(!out.stderr.contains("error: "), "{}", out.stderr);
+    assert_eq!(
+        cluster.psql(&db, "SELECT state FROM backfill_manifest.backfills"),
+        "completed"
+    );
+    assert_eq!(p.read("overlaps.txt"), "");
+}
+
 #[test]
 fn an_owner_cut_off_from_the_manifest_stops_its_tries_before_its_lease_could_be_taken() {
     if !pg::available("the PostgreSQL manifest tests") {

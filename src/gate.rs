@@ -4,8 +4,10 @@
 //! Checks, in order; the first failure rejects:
 //! 1. every output row lies inside the interval (`row outside interval`);
 //! 2. the `unique_key` columns are unique in the output (and, with `unique_key_scope =
-//!    "table"`, held by no other partition); then the target's own constraints (a primary key,
-//!    a unique constraint or index, a check) accept the output (`target constraint`);
+//!    "table"`, held by no other partition); then the rules on values of severity `error`
+//!    (`not_null`, `accepted_values`, `range`, the checks); then the target's own constraints
+//!    (a primary key, a unique constraint or index, a check) accept the output (`target
+//!    constraint`): a rule the gate was given is named before a constraint, on every engine;
 //! 3. the source has rows but the output has none (`zero rows while source has data`);
 //! 4. source and output are both empty: published as an explicit empty partition with
 //!    `allow_empty = true`, rejected otherwise;
@@ -180,21 +182,29 @@ pub fn messages(found: &[Found], severity: Severity) -> Vec<String> {
 }
 
 /// What is recorded with a try that publishes without being said: the history, when there
-/// was less of it than asked (the first partitions of a new table have none).
+/// was less of it than asked (the first partitions of a new table have none), or when its
+/// median is 0 rows (nothing to measure a difference against).
 pub fn notes(m: &Measures, r: &Rules) -> Vec<String> {
     match (r.history, &m.history) {
-        (Some(h), Some(rows)) if rows.len() < h.partitions as usize && !r.allow_drift => {
-            vec![if rows.is_empty() {
-                format!(
+        (Some(h), Some(rows)) if !r.allow_drift => {
+            if rows.is_empty() {
+                vec![format!(
                     "history: no published partition before this one ({} asked); not judged",
                     h.partitions
-                )
-            } else {
-                format!(
+                )]
+            } else if median(rows).is_some_and(|mid| mid <= 0.0) {
+                vec![format!(
+                    "history: the median of {} is 0 rows; not judged",
+                    history_words(rows.len(), h.partitions)
+                )]
+            } else if rows.len() < h.partitions as usize {
+                vec![format!(
                     "history: judged against {}",
                     history_words(rows.len(), h.partitions)
-                )
-            }]
+                )]
+            } else {
+                Vec::new()
+            }
         }
         _ => Vec::new(),
     }
@@ -365,12 +375,14 @@ fn verdict(m: &Measures, r: &Rules) -> Verdict {
             "unique_key violated across partitions: key {found}; the source moved that record out of its old partition, so rerun the old partition first, then this one"
         ));
     }
-    if let Some(why) = &m.constraint {
-        return refused_by_target(why);
-    }
+    // The gate's own rules are named before the target's constraints, on every engine: a
+    // `not_null` that the target's NOT NULL would also refuse is said as the rule's violation.
     let broken = messages(&m.found, Severity::Error);
     if !broken.is_empty() {
         return Verdict::Reject(broken.join("; "));
+    }
+    if let Some(why) = &m.constraint {
+        return refused_by_target(why);
     }
     match m.source {
         Some(source) if source > 0 && m.rows == 0 => {
@@ -560,6 +572,24 @@ mod tests {
         assert_eq!(
             reason(judged(&refused, &RULES)),
             "target constraint violated: duplicate key value violates unique constraint \"t_pkey\""
+        );
+        // A rule the gate was given is named before the target's constraint that refuses the
+        // same rows (PostgreSQL writes into the target before the gate, SQLite does not).
+        let null_region = Found {
+            what: "not_null violated: region is NULL".into(),
+            severity: Severity::Error,
+            violations: 1,
+            of_rows: Some(5),
+            samples: vec!["(day 2026-09-01)".into()],
+        };
+        let named = Measures {
+            found: vec![null_region],
+            constraint: Some("null value in column \"region\" violates not-null constraint".into()),
+            ..refused.clone()
+        };
+        assert_eq!(
+            reason(judged(&named, &RULES)),
+            "not_null violated: region is NULL in 1 of 5 rows, e.g. (day 2026-09-01)"
         );
         let zero = Measures {
             constraint: None,
@@ -780,8 +810,19 @@ mod tests {
             ["history: no published partition before this one (4 asked); not judged"]
         );
         assert_eq!(judged(&with(10, &[]), &rules), Verdict::Publish);
-        // A median of zero (empty partitions) judges nothing; --allow-drift waives it.
+        // A median of zero (empty partitions) judges nothing, and says so; --allow-drift
+        // waives it.
         assert_eq!(judged(&with(10, &[0, 0, 5]), &rules), Verdict::Publish);
+        assert_eq!(
+            notes(&with(10, &[0, 0, 5]), &rules),
+            [
+                "history: the median of only 3 published partitions before this one (4 asked) is 0 rows; not judged"
+            ]
+        );
+        assert_eq!(
+            notes(&with(10, &[0, 0, 0, 7]), &rules),
+            ["history: the median of the last 4 published partitions is 0 rows; not judged"]
+        );
         let allowed = Rules {
             allow_drift: true,
             ..rules

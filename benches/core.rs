@@ -239,6 +239,7 @@ fn gate_checks(c: &mut Criterion) {
                     column: "amount_cents".into(),
                     min: Some(Literal::Int(0)),
                     max: Some(Literal::Int(100_000)),
+                    allow_non_finite: false,
                 },
             ),
             rule(

@@ -30,7 +30,7 @@
 //! pg/                          the PostgreSQL driver layer under the manifest and the
 //!                              warehouses: connections, TLS, errors, quoting; a leaf
 //! plan, gate, schedule, interval, state, clock, liveness, words, suggest, sqlite, fault,
-//! sample, params, task::template
+//! sample, params, query, task::template
 //!                              pure logic and the small shared pieces everything uses
 //! ```
 //!
@@ -56,6 +56,7 @@ pub mod plan;
 pub mod probe;
 pub mod process;
 pub mod project;
+pub mod query;
 pub mod recovery;
 pub mod report;
 pub mod runner;

@@ -195,6 +195,9 @@ pub enum RuleKind {
         column: String,
         min: Option<Literal>,
         max: Option<Literal>,
+        /// With numeric bounds: NaN and the infinities pass (`allow_non_finite = true`);
+        /// otherwise they are outside every range.
+        allow_non_finite: bool,
     },
     /// A query in the task's warehouse over the table `output`: the rows it returns are
     /// violations.
@@ -216,12 +219,24 @@ impl Rule {
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
-            RuleKind::Range { column, min, max } => match (min, max) {
-                (Some(a), Some(b)) => format!("range {column} from {a} to {b}"),
-                (Some(a), None) => format!("range {column} at least {a}"),
-                (None, Some(b)) => format!("range {column} at most {b}"),
-                (None, None) => format!("range {column}"),
-            },
+            RuleKind::Range {
+                column,
+                min,
+                max,
+                allow_non_finite,
+            } => {
+                let range = match (min, max) {
+                    (Some(a), Some(b)) => format!("range {column} from {a} to {b}"),
+                    (Some(a), None) => format!("range {column} at least {a}"),
+                    (None, Some(b)) => format!("range {column} at most {b}"),
+                    (None, None) => format!("range {column}"),
+                };
+                if *allow_non_finite {
+                    format!("{range}, NaN and infinities allowed")
+                } else {
+                    range
+                }
+            }
             RuleKind::Sql(_) => format!("check \"{}\"", self.name),
             RuleKind::Command(_) => format!("check \"{}\" (a command)", self.name),
         };

@@ -396,6 +396,14 @@ fn load_task(
         );
     }
     let gate = t.gate.as_ref().map(|g| load_gate(id, g, is_sql, errs));
+    if let Some(TaskKind::Sql(sql)) = &kind {
+        let dialect = if sql.warehouse.is_postgres() {
+            crate::query::Dialect::Postgres
+        } else {
+            crate::query::Dialect::Sqlite
+        };
+        super::task::read_only_queries(t, id, dialect, errs);
+    }
     let publish = match &t.publish {
         None => None,
         Some(p) if is_sql => {

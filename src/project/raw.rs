@@ -76,7 +76,7 @@ pub(crate) const GATE_KEYS: &[&str] = &[
 ];
 pub(crate) const CHECK_KEYS: &[&str] = &["name", "sql", "command", "severity"];
 pub(crate) const HISTORY_KEYS: &[&str] = &["partitions", "tolerance"];
-pub(crate) const RANGE_KEYS: &[&str] = &["min", "max"];
+pub(crate) const RANGE_KEYS: &[&str] = &["min", "max", "allow_non_finite"];
 pub(crate) const NOTIFY_KEYS: &[&str] = &["on_failure", "on_success", "on_finish", "timeout"];
 
 /// A `[notify]` table (in `backfill.toml`, or a DAG file's to override it).
@@ -217,6 +217,7 @@ pub(crate) struct RawRange {
     pub(crate) column: Spanned<String>,
     pub(crate) min: Option<Spanned<RawLiteral>>,
     pub(crate) max: Option<Spanned<RawLiteral>>,
+    pub(crate) allow_non_finite: Option<bool>,
 }
 
 #[derive(Debug)]
@@ -552,6 +553,7 @@ fn ranges(gate: &DeTable<'_>, errs: &mut FileErrors<'_>) -> Vec<RawRange> {
             column,
             min: bound("min", errs),
             max: bound("max", errs),
+            allow_non_finite: boolean(b, "allow_non_finite", errs),
         });
     }
     out

@@ -491,12 +491,24 @@ fn load_rules(
             *ok = false;
             continue;
         }
+        let text_bound = [&min, &max]
+            .into_iter()
+            .any(|l| matches!(l, Some(Literal::Text(_))));
+        if r.allow_non_finite == Some(true) && text_bound {
+            errs.at(
+                &r.column,
+                format!("key `range`: `{col}` has a text bound, so `allow_non_finite` (NaN and infinities in a numeric range) does not apply; remove it"),
+            );
+            *ok = false;
+            continue;
+        }
         rules.push(Rule {
             name: "range".into(),
             kind: RuleKind::Range {
                 column: col,
                 min,
                 max,
+                allow_non_finite: r.allow_non_finite.unwrap_or(false),
             },
             severity: Severity::Error,
         });
@@ -647,6 +659,50 @@ pub(crate) fn keep_versions(v: &Spanned<i128>, errs: &mut FileErrors<'_>) -> Opt
                 ),
             );
             None
+        }
+    }
+}
+
+/// Each query of a SQL task (its `sql`, its gate's `source_count` and `source_fingerprint`,
+/// and its checks) is one read-only query of its warehouse's engine (see [`crate::query`]);
+/// each that is not is reported at the place in its string that says why.
+pub(super) fn read_only_queries(
+    t: &RawTask,
+    id: &str,
+    dialect: crate::query::Dialect,
+    errs: &mut FileErrors<'_>,
+) {
+    let judge = |errs: &mut FileErrors<'_>, what: &str, span: std::ops::Range<usize>, sql: &str| {
+        if let Err(refused) = crate::query::read_only(sql, dialect) {
+            let token = errs.text.get(span.clone()).unwrap_or_default();
+            let offset = span.start + super::diagnostics::token_offset(token, refused.offset);
+            errs.at_offset(offset, refused.said(what, dialect));
+        }
+    };
+    if let Some(sql) = &t.sql {
+        judge(errs, "key `sql`", sql.span(), sql.get_ref());
+    }
+    let Some(gate) = &t.gate else {
+        return;
+    };
+    let gate = gate.get_ref();
+    for (key, raw) in [
+        ("source_count", &gate.source_count),
+        ("source_fingerprint", &gate.source_fingerprint),
+    ] {
+        if let Some(c) = raw
+            && let RawCommand::Shell(sql) = c.get_ref()
+        {
+            judge(errs, &format!("key `{key}`"), c.span(), sql);
+        }
+    }
+    for (i, check) in gate.checks.iter().enumerate() {
+        if let Some(sql) = &check.sql {
+            let what = match &check.name {
+                Some(name) => format!("check \"{}\" of task `{id}`", name.get_ref()),
+                None => format!("check {} of task `{id}`", i + 1),
+            };
+            judge(errs, &what, sql.span(), sql.get_ref());
         }
     }
 }

@@ -639,6 +639,22 @@ impl SqliteRules<'_> {
 impl super::rules::Engine for SqliteRules<'_> {
     type Error = Error;
 
+    fn dialect(&self) -> crate::query::Dialect {
+        crate::query::Dialect::Sqlite
+    }
+
+    fn texts_undone(&mut self, body: &str) -> Result<Vec<Vec<Option<String>>>> {
+        self.conn.execute_batch("SAVEPOINT backfill_check")?;
+        let rows = self.texts(body);
+        // Undone whatever the statement did, and the savepoint released, also after a failure.
+        let undone = self
+            .conn
+            .execute_batch("ROLLBACK TO backfill_check; RELEASE backfill_check");
+        let rows = rows?;
+        undone?;
+        Ok(rows)
+    }
+
     fn check(&mut self, sql: &str) -> Result<String> {
         Ok(sql.to_string())
     }

@@ -200,6 +200,7 @@ pub fn open(w: &Warehouse) -> Result<Connection> {
         // Pages are read through a memory map rather than one read call each: connections of
         // a backfill reread the source after every publish of another connection.
         conn.pragma_update(None, "mmap_size", MMAP_SIZE)?;
+        rules::register_number(&conn)?;
         Ok(conn)
     };
     setup().map_err(|e| e.at(w))
@@ -213,6 +214,7 @@ pub fn open_to_read(w: &Warehouse) -> Result<Connection> {
     let conn = crate::sqlite::open_read_only(&w.path).map_err(|e| Error::from(e).at(w))?;
     conn.busy_timeout(w.busy_timeout)
         .map_err(|e| Error::from(e).at(w))?;
+    rules::register_number(&conn).map_err(|e| Error::from(e).at(w))?;
     Ok(conn)
 }
 

@@ -456,7 +456,7 @@ fn dags_validate_prepares_every_sql_task_against_its_fixture_warehouse() {
     let out = p.run(&["dags", "validate"]);
     out.code(2)
         .stderr_has("error: dags/missing.toml:7:7: task `agg`: key `sql` does not prepare: no such table: raw_orders\n")
-        .stderr_has("error: dags/syntax.toml:10:7: task `agg`: key `sql` does not prepare: near \"WHERE\": syntax error\n")
+        .stderr_has("error: dags/syntax.toml:10:13: key `sql` cannot be read as one SQLite query (Expected: end of statement, found: ts); what a query does must be known before it runs, see docs/gate.md#what-a-query-may-do\n")
         .stderr_has("2 errors in DAG files");
     assert_eq!(out.stderr.matches("error:").count(), 2, "{}", out.stderr);
     assert!(

@@ -2647,11 +2647,12 @@ fn a_try_whose_begin_fails_commits_nothing_even_when_its_query_sets_the_guard() 
     // did not succeed leaves the partition and the bookings as they were.
     let query = QUERY.replace(
         "WHERE order_ts >= :data_interval_start",
-        "WHERE set_config('backfill.in_try', 'on', false) = 'on' AND order_ts >= :data_interval_start",
+        "WHERE public.sets_guard('on', false) = 'on' AND order_ts >= :data_interval_start",
     );
     let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(&query, GATE, "")) else {
         return;
     };
+    t.psql(SETS_GUARD);
     t.psql("INSERT INTO analytics.orders_fact VALUES (999, '2026-01-01', 'eu', 1)");
     let before = t.fact();
     set_lease_timeout(&t, "14days");
@@ -2673,6 +2674,10 @@ fn a_try_whose_begin_fails_commits_nothing_even_when_its_query_sets_the_guard() 
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     assert_eq!(t.open_transactions(), "0");
 }
+
+/// A function that sets backfill's own guard setting: what the parser cannot see, called from
+/// a query it lets through.
+const SETS_GUARD: &str = "CREATE FUNCTION public.sets_guard(v text, local boolean) RETURNS text LANGUAGE sql AS $$ SELECT set_config('backfill.in_try', v, local) $$";
 
 /// The project's `orders` DAG with its task in pool `api` of one slot, a DAG `other` whose
 /// command task takes the same pool, and leases that expire after 1 s.
@@ -2808,13 +2813,15 @@ fn a_source_count_that_overwrites_the_guard_setting_fails_its_try_and_commits_no
     // The guard reads `backfill.in_try` after the statement's other columns: a source_count
     // that overwrites backfill's own setting makes the guard fail the try, safely: nothing is
     // committed, and the message says why.
+    // A function of the user's hides the call from the parser that refuses `set_config`.
     let gate = GATE.replace(
         "SELECT count(*) FROM raw.orders WHERE",
-        "SELECT count(*) FROM raw.orders WHERE set_config('backfill.in_try', 'off', true) = 'off' AND",
+        "SELECT count(*) FROM raw.orders WHERE public.sets_guard('off', true) = 'off' AND",
     );
     let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(QUERY, &gate, "")) else {
         return;
     };
+    t.psql(SETS_GUARD);
     t.p.create("orders", "2026-01-01", "2026-01-01", &[])
         .code(3)
         .stderr_has("the statement is outside its try's transaction (off)");
@@ -3499,6 +3506,217 @@ fn the_rules_are_prepared_before_anything_runs_and_an_error_fails_the_try() {
         .stderr_has("division by zero");
     assert_eq!(t.p.rows("SELECT state FROM task_tries"), [["failed"]]);
     assert_eq!(t.fact(), "");
+    assert_eq!(t.open_transactions(), "0");
+}
+
+/// A check, `source_count`, `source_fingerprint` and the task's `sql` are each one read-only
+/// query: what writes, or what could close the statement around it and add its own, is
+/// refused by `dags validate` and `create` at its place (exit 2, nothing run, nothing
+/// recorded), and the warehouse keeps every row.
+#[test]
+fn a_query_that_writes_is_refused_before_anything_runs() {
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    t.psql("CREATE TABLE raw.victim (id int); INSERT INTO raw.victim SELECT generate_series(1, 5)");
+    let check = |sql: &str, severity: &str| {
+        format!(
+            "{GATE}\n[[tasks.gate.checks]]\nname = \"hostile\"\nseverity = \"{severity}\"\nsql = \"\"\"\n{sql}\n\"\"\"\n"
+        )
+    };
+    let hostile: [(String, String, &str); 6] = [
+        (
+            QUERY.into(),
+            check("DELETE FROM raw.victim RETURNING *", "warn"),
+            "check \"hostile\" of task `fact` must be one read-only query (a SELECT, or WITH ... SELECT): `DELETE` is a statement, not a query",
+        ),
+        (
+            QUERY.into(),
+            check("UPDATE analytics.orders_fact SET region = 'hacked' WHERE day <> :ds RETURNING *", "warn"),
+            "check \"hostile\" of task `fact` must be one read-only query (a SELECT, or WITH ... SELECT): `UPDATE` is a statement, not a query",
+        ),
+        (
+            QUERY.into(),
+            check("SELECT 1 WHERE false), evil AS (DELETE FROM raw.victim RETURNING 1), pad AS (SELECT 1", "error"),
+            "check \"hostile\" of task `fact` cannot be read as one PostgreSQL query (Expected: end of statement, found: ))",
+        ),
+        (
+            QUERY.into(),
+            GATE.replace(
+                "source_count = \"SELECT count(*) FROM raw.orders WHERE",
+                "source_count = \"WITH d AS (DELETE FROM raw.victim RETURNING *) SELECT count(*) FROM raw.orders WHERE",
+            ),
+            "key `source_count` must be one read-only query (a SELECT, or WITH ... SELECT): `DELETE` inside it writes to the warehouse",
+        ),
+        (
+            QUERY.into(),
+            format!("{GATE}\nsource_fingerprint = \"SELECT count(*) FROM raw.victim; DELETE FROM raw.victim\""),
+            "key `source_fingerprint` must be one read-only query (a SELECT, or WITH ... SELECT): it holds 2 statements",
+        ),
+        (
+            format!("WITH gone AS (DELETE FROM raw.victim RETURNING id)\n{QUERY}"),
+            GATE.into(),
+            "key `sql` must be one read-only query (a SELECT, or WITH ... SELECT): `DELETE` inside it writes to the warehouse",
+        ),
+    ];
+    for (query, gate, said) in hostile {
+        let toml = dag(&query, &gate, "");
+        std::fs::write(t.p.path("dags/orders.toml"), &toml).unwrap();
+        let out = t.p.run(&["dags", "validate"]);
+        out.code(2).stderr_has(said).stderr_has("dags/orders.toml:");
+        t.p.create("orders", "2026-01-01", "2026-01-03", &[])
+            .code(2)
+            .stderr_has(said);
+        assert!(!t.p.has_manifest(), "a refused backfill recorded nothing");
+        assert_eq!(t.psql("SELECT count(*) FROM raw.victim"), "5", "{said}");
+        assert_eq!(t.fact(), "", "{said}");
+    }
+    // Where the refusal points: the line and column of `DELETE` in the source_count.
+    let toml = dag(
+        QUERY,
+        &GATE.replace(
+            "source_count = \"SELECT count(*) FROM raw.orders WHERE",
+            "source_count = \"WITH d AS (DELETE FROM raw.victim RETURNING *) SELECT count(*) FROM raw.orders WHERE",
+        ),
+        "",
+    );
+    std::fs::write(t.p.path("dags/orders.toml"), &toml).unwrap();
+    let line = toml
+        .lines()
+        .position(|l| l.starts_with("source_count"))
+        .unwrap()
+        + 1;
+    t.p.run(&["dags", "validate"]).code(2).stderr_has(&format!(
+        "error: dags/orders.toml:{line}:28: key `source_count` must be one read-only query"
+    ));
+}
+
+/// A rule the gate was given is named by the gate, as on SQLite, before the target's own
+/// constraint that refuses the same rows; NaN and the infinities are outside a numeric range
+/// unless the rule allows them.
+#[test]
+fn the_gate_names_its_own_rules_before_the_targets_constraints_and_nan_is_out_of_range() {
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    let write = |query: &str, rules: &str| {
+        std::fs::write(
+            t.p.path("dags/orders.toml"),
+            dag(query, &format!("{GATE}\n{rules}"), ""),
+        )
+        .unwrap();
+    };
+    // The target's region is NOT NULL: the gate's not_null names the rows first.
+    let nulls = QUERY.replace(
+        "region, amount",
+        "CASE WHEN order_id = 13 THEN NULL ELSE region END AS region, amount",
+    );
+    write(&nulls, "not_null = [\"region\"]\n");
+    t.p.create("orders", "2026-01-02", "2026-01-02", &[])
+        .code(3)
+        .stderr_has("task `fact` rejected: not_null violated: region is NULL in 1 of 10 rows, e.g. (order_id 13)");
+    assert_eq!(t.fact(), "");
+    // Without the rule, the target's constraint is what refuses it.
+    write(&nulls, "");
+    t.p.create(
+        "orders",
+        "2026-01-02",
+        "2026-01-02",
+        &["--reprocess-behavior", "failed"],
+    )
+    .code(3)
+    .stderr_has(
+        "task `fact` rejected: target constraint violated: null value in column \"region\"",
+    );
+    // NaN sorts above every number in PostgreSQL: a `min` alone would let it through.
+    let special = QUERY.replace(
+        "region, amount",
+        "region, CASE order_id WHEN 13 THEN 'NaN'::numeric WHEN 16 THEN 'Infinity'::numeric ELSE amount END AS amount",
+    );
+    write(&special, "range = { amount = { min = 0 } }\n");
+    t.p.create(
+        "orders",
+        "2026-01-02",
+        "2026-01-02",
+        &["--reprocess-behavior", "failed"],
+    )
+    .code(3)
+    .stderr_has("task `fact` rejected: range violated: amount is below 0 in 2 of 10 rows, e.g. (order_id 13, amount NaN), (order_id 16, amount Infinity)");
+    assert_eq!(t.fact(), "");
+    write(
+        &special,
+        "range = { amount = { min = 0, allow_non_finite = true } }\n",
+    );
+    t.p.create(
+        "orders",
+        "2026-01-02",
+        "2026-01-02",
+        &["--reprocess-behavior", "failed"],
+    )
+    .code(0);
+    assert_eq!(
+        t.psql(
+            "SELECT amount FROM analytics.orders_fact WHERE order_id IN (13, 16) ORDER BY order_id"
+        ),
+        "NaN\nInfinity"
+    );
+    assert_eq!(t.open_transactions(), "0");
+}
+
+/// What a check executes is undone before the publish, and a check runs once per try: a
+/// function of the user's that deletes rows and counts its calls (a sequence, which no
+/// rollback undoes) is let through by the parser, and neither a `warn` check that publishes
+/// nor an `error` check that rejects leaves its delete behind.
+#[test]
+fn a_check_runs_once_and_nothing_it_executes_survives() {
+    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
+        return;
+    };
+    t.psql(
+        "CREATE TABLE raw.victim (id int); INSERT INTO raw.victim SELECT generate_series(1, 5);
+         CREATE SEQUENCE public.calls;
+         CREATE FUNCTION public.sneaky() RETURNS SETOF int LANGUAGE sql AS $$
+           DELETE FROM raw.victim; UPDATE analytics.orders_fact SET region = 'hacked';
+           SELECT nextval('public.calls')::int $$",
+    );
+    let check = |severity: &str| {
+        format!(
+            "{GATE}\n[[tasks.gate.checks]]\nname = \"sneaky\"\nseverity = \"{severity}\"\nsql = \"SELECT s AS call FROM public.sneaky() s\"\n"
+        )
+    };
+    std::fs::write(t.p.path("dags/orders.toml"), dag(QUERY, &check("warn"), "")).unwrap();
+    t.p.run(&["dags", "validate"]).code(0);
+    let out = t.p.create("orders", "2026-01-01", "2026-01-03", &[]);
+    out.code(0)
+        .stderr_has("check \"sneaky\" failed: 1 violation, e.g. (call ");
+    assert_eq!(
+        t.fact(),
+        t.expected(&[1, 2, 3]),
+        "published as the query made it"
+    );
+    assert_eq!(t.psql("SELECT count(*) FROM raw.victim"), "5");
+    assert_eq!(
+        t.psql("SELECT last_value FROM public.calls"),
+        "3",
+        "one call a try, three tries"
+    );
+    // At `error`, the check's rows reject the rerun; the partition keeps its rows.
+    std::fs::write(
+        t.p.path("dags/orders.toml"),
+        dag(QUERY, &check("error"), ""),
+    )
+    .unwrap();
+    t.p.create(
+        "orders",
+        "2026-01-02",
+        "2026-01-02",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(3)
+    .stderr_has("task `fact` rejected: check \"sneaky\" failed: 1 violation, e.g. (call 4)");
+    assert_eq!(t.fact(), t.expected(&[1, 2, 3]));
+    assert_eq!(t.psql("SELECT count(*) FROM raw.victim"), "5");
+    assert_eq!(t.psql("SELECT last_value FROM public.calls"), "4");
     assert_eq!(t.open_transactions(), "0");
 }
 

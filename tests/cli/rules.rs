@@ -347,14 +347,17 @@ FORM output WHERE amount_cents < 0
         .position(|l| l == "name = \"typo\"")
         .unwrap()
         + 2;
+    // Read as SQLite reads it before anything runs: the parser's words, at the word it stopped
+    // at (`FORM` is taken for an alias).
     let out = p.run(&["dags", "validate"]);
     out.code(2).stderr_has(&format!(
-        "dags/orders_fact.toml:{line}:7: task `load`: check \"typo\" does not prepare: near \"output\": syntax error"
+        "dags/orders_fact.toml:{}:6: check \"typo\" of task `load` cannot be read as one SQLite query (Expected: end of statement, found: output); what a query does must be known before it runs, see docs/gate.md#what-a-query-may-do",
+        line + 2
     ));
     // The backfill refuses it too, before anything is written.
     p.create("orders_fact", "2026-09-01", "2026-09-01", &[])
         .code(2)
-        .stderr_has("check \"typo\" does not prepare");
+        .stderr_has("check \"typo\" of task `load` cannot be read as one SQLite query");
     assert!(!p.has_manifest() || p.count("SELECT COUNT(*) FROM runs") == 0);
 
     // A check is a table expression of its own: a column it does not find in its own tables is
@@ -531,6 +534,187 @@ sql = "SELECT order_id FROM output WHERE amount_cents = 0"
                 "published"
             ],
             ["0", "published empty"]
+        ]
+    );
+}
+
+/// A check, `source_count`, `source_fingerprint` and the task's `sql` are each one read-only
+/// query of SQLite: what writes or holds more than one statement is refused by `dags validate`
+/// and `create` at its place (exit 2), before anything runs or is recorded.
+#[test]
+fn a_query_that_writes_is_refused_before_anything_runs() {
+    let p = shop();
+    let raw = wh_count(&p, "SELECT COUNT(*) FROM raw_orders");
+    let fact = p.read("dags/orders_fact.toml");
+    let check = |sql: &str| {
+        format!("[[tasks.gate.checks]]\nname = \"hostile\"\nseverity = \"warn\"\nsql = \"{sql}\"\n")
+    };
+    let cases: [(String, &str); 5] = [
+        (
+            format!("{fact}{}", check("DELETE FROM raw_orders RETURNING *")),
+            "check \"hostile\" of task `load` must be one read-only query (a SELECT, or WITH ... SELECT): `DELETE` is a statement, not a query",
+        ),
+        (
+            format!(
+                "{fact}{}",
+                check("SELECT 1 WHERE 0), evil AS (SELECT 1), pad AS (SELECT 1")
+            ),
+            "check \"hostile\" of task `load` cannot be read as one SQLite query (Expected: end of statement, found: ))",
+        ),
+        (
+            format!("{fact}{}", check("SELECT 1; DELETE FROM raw_orders")),
+            "check \"hostile\" of task `load` must be one read-only query (a SELECT, or WITH ... SELECT): it holds 2 statements",
+        ),
+        (
+            fact.replacen(
+                "source_count = \"\"\"\n",
+                "source_count = \"\"\"\nWITH d AS (DELETE FROM raw_orders RETURNING *)\n",
+                1,
+            ),
+            "key `source_count` must be one read-only query (a SELECT, or WITH ... SELECT): `DELETE` inside it writes to the warehouse",
+        ),
+        (
+            fact.replacen(
+                "sql = \"\"\"\nSELECT order_id, date(order_ts) AS order_day, order_ts, region, amount_cents\nFROM raw_orders\n",
+                "sql = \"\"\"\nUPDATE raw_orders SET region = 'x'\n",
+                1,
+            ),
+            "key `sql` must be one read-only query (a SELECT, or WITH ... SELECT): `UPDATE` is a statement, not a query",
+        ),
+    ];
+    for (toml, said) in cases {
+        p.write("dags/orders_fact.toml", &toml);
+        p.run(&["dags", "validate"])
+            .code(2)
+            .stderr_has(said)
+            .stderr_has("error: dags/orders_fact.toml:");
+        p.create("orders_fact", "2026-09-01", "2026-09-01", &[])
+            .code(2)
+            .stderr_has(said);
+        assert!(!p.has_manifest(), "{said}: nothing recorded");
+        assert_eq!(wh_count(&p, "SELECT COUNT(*) FROM raw_orders"), raw);
+        assert_eq!(
+            wh_count(&p, "SELECT COUNT(*) FROM raw_orders WHERE region = 'x'"),
+            0
+        );
+    }
+    // The place is the statement's: `DELETE` in the source_count's second line.
+    p.write(
+        "dags/orders_fact.toml",
+        &fact.replacen(
+            "source_count = \"\"\"\n",
+            "source_count = \"\"\"\nWITH d AS (DELETE FROM raw_orders RETURNING *)\n",
+            1,
+        ),
+    );
+    let line = fact
+        .lines()
+        .position(|l| l.starts_with("source_count"))
+        .unwrap()
+        + 2;
+    p.run(&["dags", "validate"]).code(2).stderr_has(&format!(
+        "error: dags/orders_fact.toml:{line}:12: key `source_count` must be one read-only query"
+    ));
+}
+
+/// A `range` with numeric bounds compares numbers, also where the query gives them as text
+/// (SQLite would compare a TEXT column with a number as text: '900' > '30000'), and a value
+/// outside it is shown as it is stored.
+#[test]
+fn a_numeric_range_compares_numbers_stored_as_text_as_numbers() {
+    let p = shop();
+    edit_dag(
+        &p,
+        "orders_fact",
+        "SELECT order_id, date(order_ts) AS order_day, order_ts, region, amount_cents",
+        "SELECT order_id, date(order_ts) AS order_day, order_ts, region, CAST(amount_cents AS TEXT) AS amount_cents",
+    );
+    let max = wh_count(&p, "SELECT MAX(amount_cents) FROM raw_orders");
+    let under = wh_count(
+        &p,
+        "SELECT COUNT(*) FROM raw_orders WHERE date(order_ts) = '2026-09-01' AND amount_cents < 10000",
+    );
+    assert!(
+        under > 0 && max >= 10000,
+        "the day has amounts of 4 and 5 digits"
+    );
+    add_rules(
+        &p,
+        &format!("range = {{ amount_cents = {{ min = 1, max = {max} }} }}\n"),
+    );
+    p.create("orders_fact", "2026-09-01", "2026-09-01", &[])
+        .code(0);
+    assert_eq!(
+        partition(&p, "2026-09-01").len() as i64,
+        day_count(&p, "2026-09-01", "1")
+    );
+    // One order above the bound, one below, and one that is no number at all.
+    let ids: Vec<i64> = {
+        let c = wh(&p);
+        let mut stmt = c
+            .prepare("SELECT order_id FROM raw_orders WHERE date(order_ts) = '2026-09-02' ORDER BY order_id LIMIT 3")
+            .unwrap();
+        stmt.query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    };
+    wh(&p)
+        .execute_batch(&format!(
+            "UPDATE raw_orders SET amount_cents = {} WHERE order_id = {};
+             UPDATE raw_orders SET amount_cents = 0 WHERE order_id = {};
+             UPDATE raw_orders SET amount_cents = 'n/a' WHERE order_id = {};",
+            max * 10,
+            ids[0],
+            ids[1],
+            ids[2]
+        ))
+        .unwrap();
+    p.create("orders_fact", "2026-09-02", "2026-09-02", &[])
+        .code(3)
+        .stderr_has(&format!(
+            "range violated: amount_cents is outside 1 to {max} in 3 of {} rows, e.g. (order_id {}, amount_cents {}), (order_id {}, amount_cents 0), (order_id {}, amount_cents n/a)",
+            thousands(day_count(&p, "2026-09-02", "1")),
+            ids[0],
+            max * 10,
+            ids[1],
+            ids[2]
+        ));
+    assert_eq!(partition(&p, "2026-09-02").len(), 0, "nothing published");
+}
+
+/// `history` judges nothing when the median of the published partitions is 0 rows, and says
+/// so with the try, as it does when there are fewer partitions than asked.
+#[test]
+fn history_says_when_the_median_it_would_judge_against_is_zero() {
+    let p = with_rules("history = { partitions = 2, tolerance = 0.5 }\nallow_empty = true\n");
+    wh(&p)
+        .execute_batch(
+            "DELETE FROM raw_orders WHERE date(order_ts) IN ('2026-09-01', '2026-09-02')",
+        )
+        .unwrap();
+    p.create(
+        "orders_fact",
+        "2026-09-01",
+        "2026-09-03",
+        &["--max-active-runs", "1"],
+    )
+    .code(0);
+    assert_eq!(
+        p.rows("SELECT verdict, reasons FROM task_tries ORDER BY id"),
+        [
+            [
+                "published empty",
+                "empty source; note: history: no published partition before this one (2 asked); not judged"
+            ],
+            [
+                "published empty",
+                "empty source; note: history: the median of only 1 published partition before this one (2 asked) is 0 rows; not judged"
+            ],
+            [
+                "published",
+                "note: history: the median of the last 2 published partitions is 0 rows; not judged"
+            ],
         ]
     );
 }

@@ -43,6 +43,18 @@ impl<'a> PgRules<'a> {
         }
     }
 
+    /// The values of the next statement's parameters: the partition's bounds, then the
+    /// checks' (taken: the next statement starts without any).
+    fn values(&mut self) -> Vec<Value> {
+        let mut values: Vec<Value> = self.bounds.to_vec();
+        values.extend(
+            std::mem::take(&mut self.params)
+                .into_iter()
+                .map(|p| Value::of(p, self.binds, self.tz)),
+        );
+        values
+    }
+
     /// The statement of `body` with `output` defined, and its parameters' values.
     fn statement(&mut self, body: &str) -> std::result::Result<tokio_postgres::Statement, Failure> {
         let sql = format!("WITH output AS ({}){body}", self.output);
@@ -63,6 +75,34 @@ impl<'a> PgRules<'a> {
 impl Engine for PgRules<'_> {
     type Error = Failure;
 
+    fn dialect(&self) -> crate::query::Dialect {
+        crate::query::Dialect::Postgres
+    }
+
+    fn texts_undone(
+        &mut self,
+        body: &str,
+    ) -> std::result::Result<Vec<Vec<Option<String>>>, Failure> {
+        let stmt = self.statement(body)?;
+        let values = self.values();
+        let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(Value::sql).collect();
+        // The savepoint, the statement and the rollback to it in one round trip, in order:
+        // after a statement that failed, the rollback makes the transaction usable again.
+        let (began, rows, undone) = self.c.wait(async {
+            Ok::<_, tokio_postgres::Error>(tokio::join!(
+                self.c.client.batch_execute("SAVEPOINT backfill_check"),
+                self.c.client.query(&stmt, &refs),
+                self.c.client.batch_execute(
+                    "ROLLBACK TO SAVEPOINT backfill_check; RELEASE SAVEPOINT backfill_check"
+                ),
+            ))
+        })?;
+        began?;
+        let rows = rows?;
+        undone?;
+        Ok(texts_of(&rows))
+    }
+
     fn check(&mut self, sql: &str) -> std::result::Result<String, Failure> {
         let p = positional_from(strip(sql), 3 + self.params.len())
             .map_err(|e| Error::Message(format!("a check's query: {}", e.message)))?;
@@ -72,22 +112,10 @@ impl Engine for PgRules<'_> {
 
     fn texts(&mut self, body: &str) -> std::result::Result<Vec<Vec<Option<String>>>, Failure> {
         let stmt = self.statement(body)?;
-        let mut values: Vec<Value> = self.bounds.to_vec();
-        values.extend(
-            std::mem::take(&mut self.params)
-                .into_iter()
-                .map(|p| Value::of(p, self.binds, self.tz)),
-        );
+        let values = self.values();
         let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(Value::sql).collect();
         let rows = self.c.wait(self.c.client.query(&stmt, &refs))?;
-        Ok(rows
-            .iter()
-            .map(|r| {
-                (0..r.len())
-                    .map(|i| r.get::<_, Option<String>>(i))
-                    .collect()
-            })
-            .collect())
+        Ok(texts_of(&rows))
     }
 
     fn columns(&mut self, body: &str) -> std::result::Result<Vec<String>, Failure> {
@@ -99,4 +127,15 @@ impl Engine for PgRules<'_> {
             .map(|c| c.name().to_string())
             .collect())
     }
+}
+
+/// Rows whose every column is text or `NULL`, as [`Engine::texts`] gives them.
+fn texts_of(rows: &[tokio_postgres::Row]) -> Vec<Vec<Option<String>>> {
+    rows.iter()
+        .map(|r| {
+            (0..r.len())
+                .map(|i| r.get::<_, Option<String>>(i))
+                .collect()
+        })
+        .collect()
 }

@@ -194,7 +194,9 @@ pub(super) fn write_measure(
     values.push(Value::Text(mark.clone()));
     let guard = in_try_guard(types.len());
     // The built-in rules on values are counted as the rows are written, in the same pass.
-    let rule_sums = w.gate.and_then(crate::warehouse::rules::built_in_sums);
+    let rule_sums = w
+        .gate
+        .and_then(|g| crate::warehouse::rules::built_in_sums(g, crate::query::Dialect::Postgres));
     let rule_counts = rule_sums.as_ref().map_or_else(
         || "NULL::int8[]".to_string(),
         |s| format!("ARRAY[{s}]::int8[]"),

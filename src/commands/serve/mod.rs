@@ -11,7 +11,8 @@
 //!   token, a request must name this host as loopback (`Host`), so that a web page whose name
 //!   was rebound to 127.0.0.1 cannot read it.
 //! - At most [`AT_ONCE`] backfill pages and JSON documents are made at a time (a document holds
-//!   the whole backfill while it is made); reads and documents are made on blocking threads.
+//!   the whole backfill while it is made), and at most [`READS_AT_ONCE`] reads of the manifest;
+//!   reads and documents are made on blocking threads.
 //! - Every value on a page is escaped by the templates (minijinja's HTML auto-escaping);
 //!   manifest locations are shown without their password.
 
@@ -37,6 +38,10 @@ use crate::session::Global;
 
 /// Backfill pages and documents made at once; the others wait their turn.
 const AT_ONCE: usize = 4;
+/// Reads of the manifest at once, each on a blocking thread with a connection of its own (kept
+/// for the next read); the others wait their turn. It bounds the connections and files the
+/// reads hold, whatever the number of requests.
+const READS_AT_ONCE: usize = 8;
 
 /// What every request shares.
 pub(super) struct App {
@@ -50,6 +55,8 @@ pub(super) struct App {
     /// Without a token: what a request's `Host` may name (loopback, the address listened on).
     hosts: Vec<String>,
     busy: tokio::sync::Semaphore,
+    /// Turns to read the manifest ([`READS_AT_ONCE`]).
+    reads: Arc<tokio::sync::Semaphore>,
     pages: pages::Pages,
 }
 
@@ -66,7 +73,14 @@ impl App {
         F: FnOnce(&dyn Reads, Option<&Project>) -> manifest::Result<T> + Send + 'static,
     {
         let app = Arc::clone(self);
+        // The turn is held by the read itself, which goes on should the request be dropped.
+        let Ok(turn) = Arc::clone(&self.reads).acquire_owned().await else {
+            return Err(Unreadable(
+                "no turn to read the manifest (never: the turns are never closed)".into(),
+            ));
+        };
         let joined = tokio::task::spawn_blocking(move || {
+            let _turn = turn;
             let reader = match manifest::Reader::take(&app.manifest) {
                 Ok(r) => r,
                 Err(manifest::Error::Missing { .. }) => return Ok(None),
@@ -163,6 +177,7 @@ pub fn run(g: &Global, listen: &str, token: Option<String>) -> Result<u8, Error>
             },
         ],
         busy: tokio::sync::Semaphore::new(AT_ONCE),
+        reads: Arc::new(tokio::sync::Semaphore::new(READS_AT_ONCE)),
         pages: pages::Pages::new(path.display().to_string()),
     });
     let router = routes(Arc::clone(&app));

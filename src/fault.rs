@@ -3,7 +3,8 @@
 //! (`stop`, as SIGSTOP), or fail (`fail`, as a full disk would) the N-th time (default: the
 //! first) it reaches POINT; `slow-commit:DURATION` delays every manifest commit (a slow disk);
 //! `clock-skew:+DURATION` or `clock-skew:-DURATION` sets this host's wall clock ahead or behind
-//! (a host whose clock is wrong).
+//! (a host whose clock is wrong); `serve-timeouts:DURATION` shortens `serve`'s header-read and
+//! idle timeouts to DURATION (a test cannot wait tens of seconds).
 //!
 //! Compiled in only with the `fault-injection` cargo feature, which the tests enable; release
 //! builds ignore the variable.
@@ -29,6 +30,7 @@ mod imp {
         hits: HashMap<String, u32>,
         slow_commit: Option<Duration>,
         skew_ms: i64,
+        serve_timeouts: Option<Duration>,
     }
 
     static PLAN: LazyLock<Mutex<Plan>> = LazyLock::new(|| {
@@ -37,6 +39,7 @@ mod imp {
             hits: HashMap::new(),
             slow_commit: None,
             skew_ms: 0,
+            serve_timeouts: None,
         };
         let spec = std::env::var("BACKFILL_FAULT").unwrap_or_default();
         for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -52,6 +55,10 @@ mod imp {
             }
             if point == "slow-commit" {
                 plan.slow_commit = humantime::parse_duration(action).ok();
+                continue;
+            }
+            if point == "serve-timeouts" {
+                plan.serve_timeouts = humantime::parse_duration(action).ok();
                 continue;
             }
             let (name, nth) = point.split_once('@').unwrap_or((point, "1"));
@@ -86,6 +93,12 @@ mod imp {
         PLAN.lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .skew_ms
+    }
+
+    pub fn serve_timeouts() -> Option<Duration> {
+        PLAN.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .serve_timeouts
     }
 }
 
@@ -132,5 +145,17 @@ pub fn clock_skew_ms() -> i64 {
     #[cfg(not(feature = "fault-injection"))]
     {
         0
+    }
+}
+
+/// What `serve`'s header-read and idle timeouts are shortened to, if configured.
+pub fn serve_timeouts() -> Option<std::time::Duration> {
+    #[cfg(feature = "fault-injection")]
+    {
+        imp::serve_timeouts()
+    }
+    #[cfg(not(feature = "fault-injection"))]
+    {
+        None
     }
 }

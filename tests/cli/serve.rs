@@ -52,6 +52,39 @@ impl Server {
         let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
         args.extend_from_slice(extra);
         let child = p.spawn(name, &args);
+        Self::listening(p, name, child)
+    }
+
+    /// Like [`Server::start`], with extra environment variables and, when given, a limit on
+    /// the files it may open (soft and hard, as `prlimit --nofile=N` sets them).
+    fn start_with(
+        p: &Project,
+        name: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        open_files: Option<u64>,
+    ) -> Self {
+        use std::os::unix::process::CommandExt;
+        let mut c = p.command(args);
+        c.envs(env.iter().copied())
+            .stdout(std::fs::File::create(p.path(&format!("{name}.out"))).unwrap())
+            .stderr(std::fs::File::create(p.path(&format!("{name}.err"))).unwrap());
+        if let Some(n) = open_files {
+            // SAFETY: setrlimit is async-signal-safe, and nothing else runs between fork and
+            // exec.
+            unsafe {
+                c.pre_exec(move || {
+                    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, n, n)
+                        .map_err(std::io::Error::from)
+                });
+            }
+        }
+        let child = c.spawn().expect("spawn backfill serve");
+        Self::listening(p, name, child)
+    }
+
+    /// The server `child` started as `name`, once it says where it listens.
+    fn listening(p: &Project, name: &str, child: Child) -> Self {
         let err = format!("{name}.err");
         let mut addr = String::new();
         wait_until("the server to listen", Duration::from_secs(20), || {
@@ -452,6 +485,158 @@ fn another_address_needs_a_token_and_every_request_then_carries_it() {
         .status,
         200
     );
+}
+
+/// The start of a request that never ends its headers: a header's value is left open.
+const HALF_SENT: &[u8] = b"GET / HTTP/1.1\r\nHost: x\r\nX-a: ";
+
+/// An authorized request's status, body and time, or `None` when no answer came within `limit`.
+fn answered_within(
+    addr: &str,
+    path: &str,
+    token: &str,
+    limit: Duration,
+) -> Option<(u16, String, Duration)> {
+    let start = std::time::Instant::now();
+    let mut s = TcpStream::connect_timeout(&addr.parse().ok()?, limit).ok()?;
+    s.set_read_timeout(Some(limit)).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((status, body, start.elapsed()))
+}
+
+/// Whether the server has closed `c` (an end of stream, or a reset), without waiting.
+fn closed_now(c: &mut TcpStream) -> bool {
+    c.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 256];
+    match c.read(&mut buf) {
+        Ok(0) => true,
+        Ok(n) => panic!(
+            "a half-sent request was answered: {}",
+            String::from_utf8_lossy(&buf[..n])
+        ),
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    }
+}
+
+/// Waits until the server has closed every connection of `open` (each with when its bytes
+/// were sent), at most `limit`; how long after its bytes each was closed.
+fn all_closed(open: &mut [(TcpStream, std::time::Instant)], limit: Duration) -> Vec<Duration> {
+    let start = std::time::Instant::now();
+    let mut after: Vec<Option<Duration>> = vec![None; open.len()];
+    while after.iter().any(Option::is_none) {
+        let left = after.iter().filter(|a| a.is_none()).count();
+        assert!(
+            start.elapsed() < limit,
+            "{left} of {} half-sent requests still open after {limit:?}",
+            open.len()
+        );
+        for ((c, sent), a) in open.iter_mut().zip(after.iter_mut()) {
+            if a.is_none() && closed_now(c) {
+                *a = Some(sent.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    after.into_iter().flatten().collect()
+}
+
+/// Clients that open a connection, send part of a request's headers and stop (a slow-loris):
+/// a few hundred of them must neither lock an authorized request out (with the open-files
+/// limit of the system, and with 128 files, where each of them would take one of the few
+/// left), nor keep their sockets past the header-read timeout (6 s here, `serve-timeouts`).
+#[test]
+fn requests_that_never_end_their_headers_lock_nobody_out_and_are_closed_after_the_timeout() {
+    const HALF: usize = 300;
+    let p = finished();
+    let token = "s3cret-token";
+    let (soft, _) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+    for open_files in [None, Some(128u64)] {
+        let what = open_files.map_or_else(
+            || format!("the system's limit of {soft} open files"),
+            |n| format!("a limit of {n} open files"),
+        );
+        let s = Server::start_with(
+            &p,
+            "serve",
+            &["serve", "--listen", "127.0.0.1:0", "--token", token],
+            &[("BACKFILL_FAULT", "serve-timeouts:6s")],
+            open_files,
+        );
+        let mut half: Vec<(TcpStream, std::time::Instant)> = (0..HALF)
+            .map(|_| {
+                let mut c =
+                    TcpStream::connect_timeout(&s.addr.parse().unwrap(), Duration::from_secs(10))
+                        .unwrap_or_else(|e| {
+                            panic!(
+                                "cannot connect with {what}: {e}: the server accepts nothing more"
+                            )
+                        });
+                // The server may have shed it already, when it has no room for all.
+                let _ = c.write_all(HALF_SENT);
+                (c, std::time::Instant::now())
+            })
+            .collect();
+        let Some((status, body, took)) =
+            answered_within(&s.addr, "/metrics", token, Duration::from_secs(10))
+        else {
+            panic!(
+                "/metrics did not answer within 10 s behind {HALF} half-sent requests, with {what}"
+            );
+        };
+        assert_eq!(status, 200, "{body}");
+        assert!(
+            body.lines().any(|l| l == "backfill_manifest_up 1"),
+            "{body}"
+        );
+        assert!(
+            took < Duration::from_secs(3),
+            "/metrics took {took:?} behind {HALF} half-sent requests, with {what}"
+        );
+        let open = half
+            .iter_mut()
+            .filter_map(|(c, _)| (!closed_now(c)).then_some(()))
+            .count();
+        match open_files {
+            // Room for every one: none is shed before its timeout.
+            None if soft >= 1024 => assert_eq!(open, HALF, "with {what}"),
+            None => {}
+            // The silent ones are shed to make room.
+            Some(n) => {
+                assert!(open < n as usize, "{open} open with {what}");
+                assert!(
+                    p.read("serve.err").contains(&format!(
+                        "connections at once: the limit on open files ({n}) leaves room for no more"
+                    )),
+                    "{}",
+                    p.read("serve.err")
+                );
+            }
+        }
+        let after = all_closed(&mut half, Duration::from_secs(30));
+        let (first, last) = (
+            after.iter().min().copied().unwrap_or_default(),
+            after.iter().max().copied().unwrap_or_default(),
+        );
+        eprintln!(
+            "with {what}: /metrics answered in {took:?} behind {HALF} half-sent requests, {open} of them open then; each closed {first:?} to {last:?} after its bytes were sent"
+        );
+        if open == HALF {
+            assert!(first >= Duration::from_secs(5), "closed after {first:?}");
+        }
+        let again = answered_within(&s.addr, "/pools", token, Duration::from_secs(10));
+        assert_eq!(again.map(|a| a.0), Some(200));
+        assert_eq!(s.stop(), 0);
+    }
 }
 
 /// What a hostile request or a hostile manifest could do: read a file the manifest names

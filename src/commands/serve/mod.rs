@@ -13,9 +13,12 @@
 //! - At most [`AT_ONCE`] backfill pages and JSON documents are made at a time (a document holds
 //!   the whole backfill while it is made), and at most [`READS_AT_ONCE`] reads of the manifest;
 //!   reads and documents are made on blocking threads.
+//! - Connections: a header-read timeout, an idle timeout and a bound on connections open at
+//!   once, below the open-files limit (see [`conns`]).
 //! - Every value on a page is escaped by the templates (minijinja's HTML auto-escaping);
 //!   manifest locations are shown without their password.
 
+mod conns;
 mod metrics;
 mod pages;
 
@@ -40,8 +43,17 @@ use crate::session::Global;
 const AT_ONCE: usize = 4;
 /// Reads of the manifest at once, each on a blocking thread with a connection of its own (kept
 /// for the next read); the others wait their turn. It bounds the connections and files the
-/// reads hold, whatever the number of requests.
+/// reads hold, whatever the number of requests (see [`FILES_BESIDES_CONNECTIONS`]).
 const READS_AT_ONCE: usize = 8;
+/// Files a read may hold: a SQLite manifest's connection (the database, its WAL and shared
+/// memory, a temporary file), kept for the next read, or a PostgreSQL session's socket; a DAG
+/// file, a try's log, a warehouse's file or session.
+const FILES_PER_READ: u64 = 8;
+/// Files the server holds beside its connections: stdin, stdout and stderr, the listening
+/// socket, the runtime's and the signals' descriptors, a connection accepted while it waits
+/// for a slot, with room to spare; and the reads'. What is left of the open-files limit is for
+/// connections.
+const FILES_BESIDES_CONNECTIONS: u64 = 24 + READS_AT_ONCE as u64 * FILES_PER_READ;
 
 /// What every request shares.
 pub(super) struct App {
@@ -187,11 +199,18 @@ pub fn run(g: &Global, listen: &str, token: Option<String>) -> Result<u8, Error>
             path.display()
         ));
     }
+    let limits = conns::Limits::of_this_process(FILES_BESIDES_CONNECTIONS);
+    if !g.quiet && limits.connections < conns::MOST_CONNECTIONS {
+        crate::report::out::note(&format!(
+            "at most {} connections at once: the limit on open files ({}) leaves room for no more; `ulimit -n` raises it",
+            limits.connections, limits.open_files
+        ));
+    }
+    let connections = conns::Connections::new(limits);
     let served = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
-        axum::serve(listener, router)
-            .with_graceful_shutdown(stopped())
-            .await
+        connections.serve(listener, router, stopped()).await;
+        Ok::<_, std::io::Error>(())
     });
     drop(runtime);
     crate::manifest::close_readers();

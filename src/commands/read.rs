@@ -28,19 +28,22 @@ fn open(g: &Global, project: Option<&Project>) -> Result<(PathBuf, Option<Box<dy
     Ok((path, conn))
 }
 
-/// Says whether each running backfill's owner is alive.
-pub(super) fn judge_owners(
-    list: &mut [BackfillSummary],
+/// How a read judges leases and owners: with the project's lease timeout, from this host, at
+/// the manifest's clock (the database's on PostgreSQL, read once here), as `resume` does.
+pub(super) fn lease_ctx(
     project: Option<&Project>,
     conn: &dyn Reads,
-) -> crate::manifest::Result<()> {
+) -> crate::manifest::Result<LeaseCtx> {
     let timeout = project.map_or(crate::project::DEFAULT_LEASE_TIMEOUT, |p| p.lease_timeout);
-    let ctx = LeaseCtx::new(timeout, &crate::process::LOCAL).at_manifest(conn)?;
+    LeaseCtx::new(timeout, &crate::process::LOCAL).at_manifest(conn)
+}
+
+/// Says whether each running backfill's owner is alive.
+pub(super) fn judge_owners(list: &mut [BackfillSummary], ctx: &LeaseCtx) {
     for b in list {
         let host = b.owner_host.clone();
         b.owner_alive = ctx.owner_alive(b.state, b.owner_pid, host.as_deref(), b.heartbeat_at);
     }
-    Ok(())
 }
 
 /// The backfills of `list`, with whether each owner is alive.
@@ -51,7 +54,7 @@ pub(super) fn backfills(
     active: bool,
 ) -> crate::manifest::Result<Vec<BackfillSummary>> {
     let mut rows = conn.list_backfills(dag, active)?;
-    judge_owners(&mut rows, project, conn)?;
+    judge_owners(&mut rows, &lease_ctx(project, conn)?);
     Ok(rows)
 }
 
@@ -147,7 +150,8 @@ fn shown_with(
     let Some(mut detail) = backfill(conn, id)? else {
         return Ok(None);
     };
-    judge_owners(std::slice::from_mut(&mut detail.backfill), project, conn)?;
+    let ctx = lease_ctx(project, conn)?;
+    judge_owners(std::slice::from_mut(&mut detail.backfill), &ctx);
     // Labels in the DAG's timezone while the DAG is in the project; UTC otherwise.
     let dag = project.and_then(|p| p.dag(&detail.backfill.dag_id).ok());
     // A cascade's first backfill shows the whole cascade, grouped by DAG.
@@ -156,12 +160,12 @@ fn shown_with(
         let ids = conn.cascade_members(id)?;
         for m in ids.iter().map(|b| b.id) {
             if let Some(mut d) = member(conn, m)? {
-                judge_owners(std::slice::from_mut(&mut d.backfill), project, conn)?;
+                judge_owners(std::slice::from_mut(&mut d.backfill), &ctx);
                 members.push(d);
             }
         }
     }
-    judge_workers(&mut detail, project, conn)?;
+    judge_workers(&mut detail, &ctx, conn)?;
     name_hosts(&mut detail, json);
     for m in &mut members {
         name_hosts(m, json);
@@ -253,17 +257,15 @@ pub fn show(g: &Global, id: i64, grid: bool) -> Result<u8, Error> {
 /// Whether each worker of a backfill is alive, judged as owners are.
 fn judge_workers(
     detail: &mut BackfillDetail,
-    project: Option<&Project>,
+    ctx: &LeaseCtx,
     conn: &dyn Reads,
 ) -> crate::manifest::Result<()> {
     if detail.workers.is_empty() {
         return Ok(());
     }
-    let timeout = project.map_or(crate::project::DEFAULT_LEASE_TIMEOUT, |p| p.lease_timeout);
-    let ctx = LeaseCtx::new(timeout, &crate::process::LOCAL).at_manifest(conn)?;
     let workers = conn.workers(detail.backfill.id)?;
     for s in &mut detail.workers {
-        s.alive = workers.iter().any(|w| w.id == s.id && w.alive(&ctx));
+        s.alive = workers.iter().any(|w| w.id == s.id && w.alive(ctx));
     }
     Ok(())
 }

@@ -288,7 +288,8 @@ pub(super) async fn backfills(
             {
                 rows.extend(conn.backfill_summary(id)?);
             }
-            super::super::read::judge_owners(&mut rows, project, conn)?;
+            let ctx = super::super::read::lease_ctx(project, conn)?;
+            super::super::read::judge_owners(&mut rows, &ctx);
             let mut out = Vec::with_capacity(rows.len());
             let mut labels: BTreeMap<String, Labeler> = BTreeMap::new();
             for b in &rows {

@@ -100,6 +100,9 @@ pub(super) struct Shown {
     pub detail: BackfillDetail,
     pub members: Vec<BackfillDetail>,
     pub dag: Option<crate::project::Dag>,
+    /// The manifest's clock when it was read (unix milliseconds), at which its owners and
+    /// workers were judged.
+    pub at_ms: i64,
 }
 
 pub(super) fn shown(
@@ -178,6 +181,7 @@ fn shown_with(
         detail,
         members,
         dag,
+        at_ms: ctx.now_ms,
     }))
 }
 
@@ -197,6 +201,7 @@ pub fn show(g: &Global, id: i64, grid: bool) -> Result<u8, Error> {
         detail,
         members,
         dag,
+        ..
     }) = shown(&*conn, project.as_ref(), id, g.json).map_err(|e| e.at(&path))?
     else {
         return Err(unknown_backfill(id, &path));

@@ -72,11 +72,16 @@ impl LeaseCtx {
         if state != BackfillState::Running {
             return false;
         }
-        let fresh = heartbeat_ms.is_some_and(|hb| self.now_ms.saturating_sub(hb) < self.timeout_ms);
+        let fresh = self.fresh(heartbeat_ms);
         // Its pid is looked at only when it was recorded in this very PID namespace: an owner
         // recorded by its host name alone (an earlier version) may have run in a container
         // that shares the name, so it is judged by its lease alone.
         fresh && (host != Some(self.host.as_str()) || pid.is_some_and(|p| self.here.pid_alive(p)))
+    }
+
+    /// Whether a heartbeat is within the lease timeout of this context's "now".
+    pub fn fresh(&self, heartbeat_ms: Option<i64>) -> bool {
+        heartbeat_ms.is_some_and(|hb| self.now_ms.saturating_sub(hb) < self.timeout_ms)
     }
 
     pub fn is_here(&self, host: Option<&str>) -> bool {

@@ -124,7 +124,7 @@ pub struct LeaseView {
     #[serde(skip)]
     pub heartbeat_ms: Option<i64>,
     pub heartbeat_at: Option<String>,
-    pub backfill_state: String,
+    pub backfill_state: crate::state::BackfillState,
 }
 
 /// The leases held, by backfill.

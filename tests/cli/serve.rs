@@ -969,6 +969,138 @@ fn a_manifest_server_that_goes_away_gives_a_page_that_says_so_and_it_recovers() 
     assert_eq!(count(&s.get("/backfills/1").body, "data-interval="), 1);
 }
 
+/// Tries running now in the manifest of database `db` (0 before its schema exists).
+fn running_tries(cluster: &crate::pg::Cluster, db: &str) -> String {
+    if cluster.psql(
+        db,
+        "SELECT to_regclass('backfill_manifest.task_tries') IS NULL",
+    ) == "t"
+    {
+        return "0".into();
+    }
+    cluster.psql(
+        db,
+        "SELECT COUNT(*) FROM backfill_manifest.task_tries WHERE state = 'running'",
+    )
+}
+
+/// The row of backfill `id` in a page's table (`data-backfill` of the list, a link in the
+/// leases' table).
+fn row_of<'a>(page: &'a str, marker: &str) -> &'a str {
+    let at = page
+        .find(marker)
+        .unwrap_or_else(|| panic!("no {marker} in {page}"));
+    let start = page[..at].rfind("<tr").unwrap_or(at);
+    let end = page[at..].find("</tr>").map_or(page.len(), |e| at + e);
+    &page[start..end]
+}
+
+/// On PostgreSQL, heartbeats are written with the database's clock: the status page must judge
+/// them with it, as `resume` and `list` do, and not with the clock of the host serving the page.
+/// Backfill 1 runs, its heartbeat fresh; backfill 2's owner, on another host, last sent one 60 s
+/// ago (the lease timeout is 30 s). Pages served from a host whose clock is two minutes ahead,
+/// then two minutes behind, say the same.
+#[test]
+fn the_status_page_judges_leases_by_the_databases_clock_not_the_serving_hosts() {
+    if !crate::pg::available("the status page's leases on a PostgreSQL manifest") {
+        return;
+    }
+    let cluster = crate::pg::shared();
+    let db = cluster.create_db();
+    let url = cluster.url(&db);
+    let p = Project::new()
+        .dag("c", crate::pg_manifest::DAG)
+        .dag("d", crate::pg_manifest::DAG);
+    let owner = p.spawn(
+        "owner",
+        &crate::pg_manifest::create_args(&url, "2026-01-01", "2026-01-02"),
+    );
+    wait_until("backfill 1's two tries", Duration::from_secs(30), || {
+        running_tries(cluster, &db) == "2"
+    });
+    let mut gone = p.spawn(
+        "gone",
+        &[
+            "--manifest",
+            &url,
+            "create",
+            "--dag",
+            "d",
+            // Another day than backfill 1's: the task locks its day.
+            "--from",
+            "2026-01-03",
+            "--to",
+            "2026-01-03",
+        ],
+    );
+    wait_until("backfill 2's try", Duration::from_secs(30), || {
+        running_tries(cluster, &db) == "3"
+    });
+    gone.kill().unwrap();
+    gone.wait().unwrap();
+    cluster.psql(
+        &db,
+        "UPDATE backfill_manifest.backfills SET owner_host = 'another-host',
+           heartbeat_at = CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS bigint) - 60000
+         WHERE id = 2",
+    );
+    for skew in ["+120s", "-120s"] {
+        let fault = format!("clock-skew:{skew}");
+        let s = Server::start_with(
+            &p,
+            "serve",
+            &["--manifest", &url, "serve", "--listen", "127.0.0.1:0"],
+            &[("BACKFILL_FAULT", &fault)],
+            None,
+        );
+        let pools = s.get("/pools");
+        assert_eq!(pools.status, 200, "{}", pools.body);
+        let live = row_of(&pools.body, r#"<a href="/backfills/1">"#);
+        assert!(
+            live.contains(r#"data-health="fresh""#),
+            "with the clock {skew}: {live}"
+        );
+        let expired = row_of(&pools.body, r#"<a href="/backfills/2">"#);
+        assert!(
+            expired.contains(r#"data-health="expired""#),
+            "with the clock {skew}: {expired}"
+        );
+        // The heartbeats' ages, on the list, a backfill's page and /metrics.
+        let list = s.get("/");
+        let first = row_of(&list.body, r#"data-backfill="1""#);
+        assert!(!first.contains(" min "), "with the clock {skew}: {first}");
+        assert!(
+            !first.contains("owner gone"),
+            "with the clock {skew}: {first}"
+        );
+        let second = row_of(&list.body, r#"data-backfill="2""#);
+        assert!(
+            second.contains("owner gone"),
+            "with the clock {skew}: {second}"
+        );
+        let page = s.get("/backfills/1");
+        assert!(
+            page.body.contains("heartbeat ") && !page.body.contains(" min 0 s ago"),
+            "with the clock {skew}: {}",
+            page.body
+        );
+        let metrics = s.get("/metrics");
+        let age: f64 = metrics
+            .body
+            .lines()
+            .find_map(|l| l.strip_prefix("backfill_oldest_heartbeat_age_seconds "))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no heartbeat age in {}", metrics.body));
+        assert!(
+            (59.0..90.0).contains(&age),
+            "with the clock {skew}: the oldest heartbeat is {age} s old, backfill 2's of 60 s"
+        );
+        assert_eq!(s.stop(), 0);
+    }
+    std::fs::write(p.path("go"), "").unwrap();
+    p.wait("owner", owner).code(0);
+}
+
 #[test]
 fn show_grid_draws_one_cell_per_interval_wrapped_to_the_width() {
     let p = finished();

@@ -162,12 +162,17 @@ pub(super) fn exposition(
 }
 
 pub(super) async fn metrics(State(app): State<Arc<App>>) -> Response {
-    let read = app.read(|conn, _| conn.figures()).await;
-    let figures = match read {
-        Ok(f) => Some(f.unwrap_or_default()),
+    // Ages are counted on the manifest's clock (the database's on PostgreSQL), which wrote the
+    // heartbeats.
+    let read = app
+        .read(|conn, _| Ok((conn.figures()?, conn.clock_ms(crate::clock::now_ms())?)))
+        .await;
+    let (figures, now_ms) = match read {
+        Ok(Some((f, now_ms))) => (Some(f), now_ms),
+        Ok(None) => (Some(Figures::default()), crate::clock::now_ms()),
         Err(Unreadable(why)) => {
             tracing::warn!("/metrics: {why}");
-            None
+            (None, crate::clock::now_ms())
         }
     };
     let sizes = app
@@ -175,7 +180,7 @@ pub(super) async fn metrics(State(app): State<Arc<App>>) -> Response {
         .as_ref()
         .map(|p| p.pools.clone())
         .unwrap_or_default();
-    let body = exposition(figures.as_ref(), crate::clock::now_ms(), &sizes);
+    let body = exposition(figures.as_ref(), now_ms, &sizes);
     (
         StatusCode::OK,
         [(

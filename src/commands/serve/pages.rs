@@ -16,9 +16,12 @@ use serde_json::{Value, json};
 
 use super::{App, Unreadable};
 use crate::interval::from_unix;
+use crate::manifest::leases::LeaseCtx;
 use crate::manifest::queries::{BackfillSummary, IntervalDetail, RunHistory};
+use crate::manifest::status::LeaseView;
 use crate::report::Labeler;
 use crate::report::cells::{Cell, tally};
+use crate::state::BackfillState;
 
 /// Backfills on one page of the list.
 const BACKFILLS_PER_PAGE: usize = 50;
@@ -159,17 +162,17 @@ fn pager(page: usize, pages: usize) -> Value {
     })
 }
 
-/// What the list says of a backfill.
+/// What the list says of a backfill, read at `now` (unix milliseconds, the manifest's clock).
 fn backfill_row(
     b: &BackfillSummary,
     labels: &Labeler,
     eta: Option<f64>,
     hosts: &[String],
+    now: i64,
 ) -> Value {
     let c = &b.intervals;
     let (from, to) = crate::report::list::range_labels(b, labels);
     let done = c.succeeded + c.failed + c.rejected + c.cancelled + c.skipped;
-    let now = crate::clock::now_ms();
     // Segments of the progress bar, in percent of the plan.
     let total = c.total.max(1) as f64;
     let mut x = 0.0;
@@ -310,7 +313,13 @@ pub(super) async fn backfills(
                         }
                     }
                 }
-                out.push(backfill_row(b, &l, eta(conn, project, b)?, &hosts));
+                out.push(backfill_row(
+                    b,
+                    &l,
+                    eta(conn, project, b)?,
+                    &hosts,
+                    ctx.now_ms,
+                ));
             }
             Ok((out, dags, count, page, pages))
         })
@@ -445,7 +454,7 @@ pub(super) async fn backfill(
         "backfill.html",
         json!({
             "title": format!("Backfill {id} of {}", d.backfill.dag_id),
-            "b": backfill_row(&d.backfill, &labels, eta, &hosts),
+            "b": backfill_row(&d.backfill, &labels, eta, &hosts, shown.at_ms),
             "batch_size": d.backfill.batch_size,
             "run_backwards": d.backfill.run_backwards,
             "cells": cells,
@@ -750,17 +759,27 @@ pub(super) async fn dag(
 /// owners' heartbeats are.
 pub(super) async fn pools(State(app): State<Arc<App>>) -> Response {
     let read = app
-        .read(|conn, _| Ok((conn.pool_slots()?, conn.lease_views()?)))
+        .read(|conn, project| {
+            Ok((
+                conn.pool_slots()?,
+                conn.lease_views()?,
+                super::super::read::lease_ctx(project, conn)?,
+            ))
+        })
         .await;
-    let (slots, leases) = match read {
+    let (slots, leases, ctx) = match read {
         Ok(Some(found)) => found,
-        Ok(None) => (Vec::new(), Vec::new()),
+        // No manifest yet: no lease to judge.
+        Ok(None) => {
+            let timeout = app
+                .project
+                .as_ref()
+                .map_or(crate::project::DEFAULT_LEASE_TIMEOUT, |p| p.lease_timeout);
+            let ctx = LeaseCtx::new(timeout, &crate::process::LOCAL);
+            (Vec::new(), Vec::new(), ctx)
+        }
         Err(Unreadable(why)) => return app.pages.unreadable(&why),
     };
-    let timeout = app
-        .project
-        .as_ref()
-        .map_or(crate::project::DEFAULT_LEASE_TIMEOUT, |p| p.lease_timeout);
     let sizes: BTreeMap<String, u32> = app
         .project
         .as_ref()
@@ -785,19 +804,11 @@ pub(super) async fn pools(State(app): State<Arc<App>>) -> Response {
         .into_iter()
         .map(|(name, (size, holders))| json!({ "name": name, "size": size, "used": holders.len(), "holders": holders }))
         .collect();
-    let now = crate::clock::now_ms();
-    let limit = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
     let leases: Vec<Value> = leases
         .iter()
         .map(|l| {
-            let age = l.heartbeat_ms.map(|h| (now - h).max(0));
-            let health = match age {
-                _ if l.backfill_state != "running" => "ended",
-                Some(a) if a > limit => "expired",
-                Some(a) if a > limit / 2 => "expiring",
-                Some(_) => "fresh",
-                None => "expired",
-            };
+            let age = l.heartbeat_ms.map(|h| (ctx.now_ms - h).max(0));
+            let health = health(l, &ctx);
             json!({
                 "backfill_id": l.backfill_id, "dag": l.dag_id, "leases": l.leases,
                 "first": l.first.to_string(), "last": l.last.to_string(),
@@ -814,10 +825,38 @@ pub(super) async fn pools(State(app): State<Arc<App>>) -> Response {
             "title": "Pools and leases",
             "pools": pools,
             "leases": leases,
-            "timeout": took(limit),
+            "timeout": took(ctx.timeout_ms),
         }),
         live,
     )
+}
+
+/// How a backfill's leases stand, judged as `resume` and `list` judge its owner
+/// ([`LeaseCtx::owner_alive`], at the manifest's clock: the database's on PostgreSQL, where
+/// heartbeats are written with it): `ended` (the backfill is not running), `expired` (no
+/// heartbeat within the lease timeout), `gone` (its process on this host has ended, its
+/// heartbeat not yet expired), `expiring` (alive, its heartbeat older than half the lease
+/// timeout), `fresh`.
+fn health(l: &LeaseView, ctx: &LeaseCtx) -> &'static str {
+    if l.backfill_state != BackfillState::Running {
+        return "ended";
+    }
+    if !ctx.owner_alive(
+        l.backfill_state,
+        l.owner_pid,
+        l.owner_host.as_deref(),
+        l.heartbeat_ms,
+    ) {
+        return if ctx.fresh(l.heartbeat_ms) {
+            "gone"
+        } else {
+            "expired"
+        };
+    }
+    match l.heartbeat_ms {
+        Some(h) if ctx.now_ms.saturating_sub(h) > ctx.timeout_ms / 2 => "expiring",
+        _ => "fresh",
+    }
 }
 
 /// A method other than GET or HEAD.
@@ -852,6 +891,53 @@ mod tests {
         let pages = Pages::new(String::new());
         let r = pages.message(StatusCode::NOT_FOUND, "<script>alert(1)</script>", "a & b");
         assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn a_lease_is_judged_by_the_manifests_rule_at_the_manifests_clock() {
+        let ctx = LeaseCtx {
+            now_ms: 1_000_000,
+            host: "here".into(),
+            pid: 1,
+            timeout_ms: 30_000,
+            here: &crate::process::LOCAL,
+        };
+        let lease = |state: BackfillState, host: &str, pid: i64, age: Option<i64>| LeaseView {
+            backfill_id: 1,
+            dag_id: "d".into(),
+            leases: 1,
+            first: crate::interval::Rfc3339(from_unix(0)),
+            last: crate::interval::Rfc3339(from_unix(0)),
+            owner_host: Some(host.into()),
+            owner_pid: Some(pid),
+            heartbeat_ms: age.map(|a| ctx.now_ms - a),
+            heartbeat_at: None,
+            backfill_state: state,
+        };
+        let running = BackfillState::Running;
+        let me = i64::from(std::process::id());
+        for (l, said) in [
+            (
+                lease(BackfillState::Completed, "here", me, Some(0)),
+                "ended",
+            ),
+            (lease(running, "elsewhere", 7, Some(1_000)), "fresh"),
+            (lease(running, "elsewhere", 7, Some(20_000)), "expiring"),
+            (lease(running, "elsewhere", 7, Some(30_000)), "expired"),
+            (lease(running, "elsewhere", 7, None), "expired"),
+            (lease(running, "here", me, Some(1_000)), "fresh"),
+            // A process of this host that has ended: its lease is stale before it expires.
+            (
+                lease(running, "here", i64::from(i32::MAX), Some(1_000)),
+                "gone",
+            ),
+            (
+                lease(running, "here", i64::from(i32::MAX), Some(40_000)),
+                "expired",
+            ),
+        ] {
+            assert_eq!(health(&l, &ctx), said, "{l:?}");
+        }
     }
 
     #[test]

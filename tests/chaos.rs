@@ -17,6 +17,8 @@
 //! `cargo test` runs a few iterations; `examples/chaos/run.sh ITERATIONS SEED` runs many
 //! (`CHAOS_ITERATIONS`, `CHAOS_SEED`).
 
+#[path = "parts/mod.rs"]
+mod parts;
 #[path = "pg/mod.rs"]
 mod pg;
 #[path = "cli/support.rs"]

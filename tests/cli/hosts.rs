@@ -4,15 +4,19 @@
 //! judged by its lease alone: when it dies or freezes, another host takes its backfill over once
 //! the lease has expired, and a frozen owner that comes back finds itself fenced and stops.
 //!
-//! Skipped loudly on a machine where namespaces cannot be made (not root); a failure under CI.
+//! Ignored on a machine where namespaces cannot be made (not root; `tests/parts`), a failure
+//! under CI.
 
 use std::fs::File;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+use crate::parts::{Part, UNSHARE};
 use crate::support::{
     NOW, Out, Project, THREE_DAYS, alive, day_unix, now_ms, stopped, wait_stale, wait_until,
     wait_within,
@@ -35,32 +39,6 @@ while [ ! -f release ]; do sleep 0.05; done
 echo "end {{ ds }} $(hostname)" >> events.txt
 '''
 "#;
-
-const UNSHARE: &[&str] = &["--pid", "--fork", "--kill-child", "--mount-proc", "--uts"];
-
-/// Whether hosts can be simulated here; says loudly why not, and fails under CI.
-pub(crate) fn available(test: &str) -> bool {
-    let made = Command::new("unshare")
-        .args(UNSHARE)
-        .arg("true")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if made {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "{test}: `unshare {}` fails here: run the tests as root (CI must)",
-        UNSHARE.join(" ")
-    );
-    eprintln!(
-        "SKIPPED {test}: `unshare {}` fails here (it needs root)",
-        UNSHARE.join(" ")
-    );
-    false
-}
 
 /// A backfill command running on a host of its own; the host dies when this is dropped.
 pub(crate) struct Host {
@@ -123,8 +101,13 @@ impl Host {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
+        // Tests that need namespaces are ignored where they cannot be made (`tests/parts`);
+        // one that runs all the same (CI) fails here, saying why.
+        static PROGRAM: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+        let program = PROGRAM.get_or_init(|| Part::Namespaces.find());
+        let program = program.as_ref().unwrap_or_else(|why| panic!("{why}"));
         let file = |ext: &str| File::create(p.path(&format!("{name}.{ext}"))).unwrap();
-        let mut command = Command::new("unshare");
+        let mut command = Command::new(program);
         command
             .args(unshare)
             .args(["sh", "-c", script, name])
@@ -327,10 +310,11 @@ fn project() -> Project {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn a_host_that_dies_is_taken_over_by_another_after_its_lease_and_nothing_stays_in_flight() {
-    if !available("the hosts tests") {
-        return;
-    }
     let p = project();
     let a = Host::start(&p, "hosta", THREE_DAYS);
     wait_until(
@@ -374,10 +358,11 @@ fn a_host_that_dies_is_taken_over_by_another_after_its_lease_and_nothing_stays_i
 }
 
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn a_frozen_host_is_taken_over_and_once_thawed_stops_recording_no_success() {
-    if !available("the hosts tests") {
-        return;
-    }
     let p = project();
     let a = frozen_owner_on_host_a(&p);
     wait_stale(&p, 1, 2000);
@@ -413,10 +398,11 @@ fn a_frozen_host_is_taken_over_and_once_thawed_stops_recording_no_success() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn resume_wait_waits_out_a_frozen_hosts_lease_then_takes_the_backfill_over() {
-    if !available("the hosts tests") {
-        return;
-    }
     let p = project();
     let a = frozen_owner_on_host_a(&p);
     // Without --wait, a lease still held is refused at once, as before.
@@ -457,10 +443,11 @@ fn resume_wait_waits_out_a_frozen_hosts_lease_then_takes_the_backfill_over() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn cancel_from_another_host_asks_the_owner_through_the_manifest_and_waits_for_it() {
-    if !available("the hosts tests") {
-        return;
-    }
     let p = project();
     let a = Host::start(&p, "hosta", THREE_DAYS);
     wait_until(
@@ -487,10 +474,11 @@ fn cancel_from_another_host_asks_the_owner_through_the_manifest_and_waits_for_it
 /// A pool's slot held by a try of a host that died is given to another host's try once the
 /// dead host's lease has expired, by a backfill of another DAG (which recovers nothing).
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn a_pool_slot_of_a_host_that_died_goes_to_another_host_after_the_lease() {
-    if !available("the hosts tests") {
-        return;
-    }
     let p = project();
     let pooled = DAG
         .replace("max_active_runs = 3\n", "")
@@ -553,10 +541,11 @@ fn a_pool_slot_of_a_host_that_died_goes_to_another_host_after_the_lease() {
 /// does): two hosts. Each judges the other by its lease, never by a process id that would name
 /// another process, or none, in its own namespace.
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn a_host_name_shared_by_two_pid_namespaces_names_two_hosts() {
-    if !available("the hosts tests") {
-        return;
-    }
     let p = project();
     let a = Host::start_sharing_the_name(&p, "a", THREE_DAYS);
     wait_until(
@@ -627,10 +616,11 @@ echo "publish-end {{ ds }} $(hostname)" >> events.txt
 /// taker publishes after it: the last output is the taker's. Once thawed, the old owner exits 130
 /// and records no success.
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn an_owner_frozen_alone_during_its_publish_command_records_no_success() {
-    if !available("the hosts tests") {
-        return;
-    }
     let p = Project::new().dag("c", PUBLISHING);
     p.write("backfill.toml", "lease_timeout = \"2s\"\n");
     let a = Host::start(&p, "hosta", ONE_DAY);
@@ -786,36 +776,40 @@ fn sqlite_owner_frozen_at(point: &str) {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn sqlite_owner_frozen_before_publish_is_refused_after_the_takeover() {
-    if !available("the hosts tests") {
-        return;
-    }
     sqlite_owner_frozen_at("before-publish");
 }
 
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn sqlite_owner_frozen_at_publish_is_refused_after_the_takeover() {
-    if !available("the hosts tests") {
-        return;
-    }
     sqlite_owner_frozen_at("publish");
 }
 
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn sqlite_owner_frozen_after_publish_records_nothing_after_the_takeover() {
-    if !available("the hosts tests") {
-        return;
-    }
     sqlite_owner_frozen_at("after-publish");
 }
 
 /// The same, frozen after its audit and before any publish intent (`after-audit`): the taker
 /// reruns the day with the newer source; the thawed owner must not publish its older rows.
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn sqlite_owner_frozen_after_audit_publishes_nothing_after_the_takeover() {
-    if !available("the hosts tests") {
-        return;
-    }
     let p = sqlite_project();
     let a = Host::start_env(
         &p,
@@ -847,10 +841,11 @@ fn sqlite_owner_frozen_after_audit_publishes_nothing_after_the_takeover() {
 /// README: "`show` names the host that ran each interval" (always in JSON). A SQL task's try
 /// run on another host.
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn show_names_the_host_of_a_sql_try_run_on_another_host() {
-    if !available("the hosts tests") {
-        return;
-    }
     let p = sqlite_project();
     Host::start(&p, "hostb", ONE_DAY)
         .wait(&p, Duration::from_secs(60))
@@ -879,10 +874,11 @@ fn show_names_the_host_of_a_sql_try_run_on_another_host() {
 /// Two hosts resume the same dead owner at once, and a third creates the same range: one
 /// takes the backfill over, and no interval is run twice by the takers.
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn two_hosts_racing_to_take_over_one_dead_owner_run_each_interval_once() {
-    if !available("the hosts tests") {
-        return;
-    }
     let p = project();
     let a = Host::start(&p, "hosta", THREE_DAYS);
     wait_until(
@@ -932,10 +928,11 @@ fn two_hosts_racing_to_take_over_one_dead_owner_run_each_interval_once() {
 /// A host name may hold `#` (Linux allows any byte but NUL): messages and `show` must name it
 /// whole, not cut at the first `#`.
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn a_host_name_with_a_hash_is_shown_whole() {
-    if !available("the hosts tests") {
-        return;
-    }
     let p = project();
     let a = Host::start_proc_name(&p, "etl#2", THREE_DAYS);
     wait_until(
@@ -956,10 +953,11 @@ fn a_host_name_with_a_hash_is_shown_whole() {
 /// host's name is another host, judged by its lease alone, whatever its pid names here (pid 1
 /// is alive in every namespace); one that is this host's name is this host, judged by its pid.
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn legacy_plain_host_names_are_judged_as_the_readme_says() {
-    if !available("the hosts tests") {
-        return;
-    }
     let p = project();
     let a = Host::start(&p, "hosta", THREE_DAYS);
     wait_until(
@@ -1010,10 +1008,11 @@ fn legacy_plain_host_names_are_judged_as_the_readme_says() {
 /// processes invisible and the owner frozen for less than the lease; `--dry-run` says
 /// `in flight`. Once the lease expired, the dry run predicts `run` and a `create` runs them.
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn no_takeover_while_the_lease_is_fresh_and_dry_run_predicts_across_hosts() {
-    if !available("the hosts tests") {
-        return;
-    }
     let p = project();
     p.write("backfill.toml", "lease_timeout = \"3s\"\n");
     let a = Host::start(&p, "hosta", THREE_DAYS);
@@ -1089,10 +1088,11 @@ fn no_takeover_while_the_lease_is_fresh_and_dry_run_predicts_across_hosts() {
 /// A pool of one slot shared by two DAGs on two live hosts: host B's try waits for host A's,
 /// whose owner is alive on another host; never two at once.
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn a_pool_slot_of_a_live_owner_on_another_host_is_not_taken() {
-    if !available("the hosts tests") {
-        return;
-    }
     let p = project();
     let pooled = DAG
         .replace("max_active_runs = 3\n", "")
@@ -1173,18 +1173,20 @@ exec "$1" "$2" "$3" resume 1
 }
 
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn legacy_owner_resumed_on_its_own_host_kills_its_tries() {
-    if !available("the hosts tests") {
-        return;
-    }
     legacy_owner_resumed_on_its_own_host("etl-2");
 }
 
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn legacy_owner_on_a_host_whose_name_has_a_hash_resumed_on_its_own_host_kills_its_tries() {
-    if !available("the hosts tests") {
-        return;
-    }
     legacy_owner_resumed_on_its_own_host("etl#2");
 }
 
@@ -1192,10 +1194,11 @@ fn legacy_owner_on_a_host_whose_name_has_a_hash_resumed_on_its_own_host_kills_it
 /// manifest; once the lease expired, the owner is gone and the backfill ends `cancelled`; the
 /// thawed owner exits 130, finishing nothing.
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn cancel_from_another_host_of_a_frozen_host() {
-    if !available("the hosts tests") {
-        return;
-    }
     let p = project();
     let a = Host::start(&p, "hosta", THREE_DAYS);
     wait_until(
@@ -1239,10 +1242,11 @@ fn cancel_from_another_host_of_a_frozen_host() {
 /// `cancel` from another host of a host that died (lease expired): recovers it, ends it
 /// `cancelled`, and a third host's `resume` runs every interval once.
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn cancel_from_another_host_of_a_dead_host_then_resume_from_a_third() {
-    if !available("the hosts tests") {
-        return;
-    }
     let p = project();
     let a = Host::start(&p, "hosta", THREE_DAYS);
     wait_until(
@@ -1267,10 +1271,11 @@ fn cancel_from_another_host_of_a_dead_host_then_resume_from_a_third() {
 /// An owner that froze alone while planning (`after-plan`) on another host: the taker
 /// finishes the plan and runs every interval once; the thawed owner exits 130.
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn an_owner_frozen_while_planning_is_taken_over_from_another_host() {
-    if !available("the hosts tests") {
-        return;
-    }
     let p = project();
     std::fs::write(p.path("release"), "").unwrap();
     let a = Host::start_env(
@@ -1300,10 +1305,11 @@ fn an_owner_frozen_while_planning_is_taken_over_from_another_host() {
 /// the PID-namespace identity fixed, back for every manifest row of an older version, as
 /// during a rolling upgrade).
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn legacy_row_of_a_live_owner_sharing_the_host_name_is_not_taken_over_while_fresh() {
-    if !available("the hosts tests") {
-        return;
-    }
     let p = project();
     let a = Host::start_sharing_the_name(&p, "a", THREE_DAYS);
     wait_until(
@@ -1362,10 +1368,11 @@ sleep 0.2
 "#;
 
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn two_hosts_backfilling_overlapping_ranges_at_once_run_each_interval_once() {
-    if !available("the hosts tests") {
-        return;
-    }
     let p = Project::new().dag("c", OVERLAP_DAG);
     let range = |from: &'static str, to: &'static str| {
         [
@@ -1413,10 +1420,11 @@ fn two_hosts_backfilling_overlapping_ranges_at_once_run_each_interval_once() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn cancel_of_an_owner_frozen_on_another_host_says_its_lease_expired() {
-    if !available("the hosts tests") {
-        return;
-    }
     let p = project();
     let a = Host::start(&p, "hosta", THREE_DAYS);
     wait_until(

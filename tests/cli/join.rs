@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::hosts::{Host, available, name_of};
+use crate::hosts::{Host, name_of};
 use crate::support::{Project, wait_until};
 
 /// Eight days, at most four at once. A try fails at once when `fail-HOST` of its host exists;
@@ -146,10 +146,11 @@ fn owner_and_worker_of(p: &Project, create: &[&str]) -> (Host, Host) {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn two_hosts_joined_on_one_backfill_never_exceed_its_max_active_runs_together() {
-    if !available("the join tests") {
-        return;
-    }
     let p = project();
     let (a, b) = owner_and_worker(&p);
     // Four run on host A: host B finds no room, and starts nothing.
@@ -206,9 +207,6 @@ fn two_hosts_joined_on_one_backfill_never_exceed_its_max_active_runs_together() 
 /// the owner, recovers them once the lease expired and runs them itself. A frozen worker that
 /// is thawed finds itself fenced and records nothing.
 fn a_worker_lost(die: bool) {
-    if !available("the join tests") {
-        return;
-    }
     let p = project();
     let (a, b) = owner_and_worker(&p);
     let lost = each_host_holds_two(&p);
@@ -268,20 +266,29 @@ fn a_worker_lost(die: bool) {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn a_worker_that_dies_is_recovered_by_the_owner_which_runs_its_days_again() {
     a_worker_lost(true);
 }
 
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn a_frozen_worker_is_recovered_by_the_owner_and_once_thawed_records_nothing() {
     a_worker_lost(false);
 }
 
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn cancel_stops_the_owner_and_its_workers_and_waits_for_both() {
-    if !available("the join tests") {
-        return;
-    }
     let p = project();
     let (a, b) = owner_and_worker(&p);
     p.run(&["cancel", "1"])
@@ -361,10 +368,11 @@ fn owner_dies_beside_a_running_worker() -> (Project, Host) {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn when_the_owner_dies_resume_takes_its_place_and_leaves_a_live_worker_its_runs() {
-    if !available("the join tests") {
-        return;
-    }
     let (p, b) = owner_dies_beside_a_running_worker();
     let c = Host::start(&p, "hostc", &["resume", "1"]);
     wait_until(
@@ -399,10 +407,11 @@ fn when_the_owner_dies_resume_takes_its_place_and_leaves_a_live_worker_its_runs(
 }
 
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn max_failures_counts_the_failures_of_every_process_of_the_backfill() {
-    if !available("the join tests") {
-        return;
-    }
     let p = project();
     let (a, b) = owner_and_worker_of(&p, &[SIXTEEN_DAYS, &["--max-failures", "1"]].concat());
     // Host B's tries fail: its first failure stops the whole backfill, host A included.
@@ -433,10 +442,11 @@ fn max_failures_counts_the_failures_of_every_process_of_the_backfill() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn cancel_of_a_gone_owner_waits_for_its_live_worker_to_stop() {
-    if !available("the join tests") {
-        return;
-    }
     let (p, b) = owner_dies_beside_a_running_worker();
     p.run(&["cancel", "1"])
         .code(0)
@@ -453,10 +463,11 @@ fn cancel_of_a_gone_owner_waits_for_its_live_worker_to_stop() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
 fn the_owner_recovers_a_frozen_worker_while_it_still_has_days_to_run() {
-    if !available("the join tests") {
-        return;
-    }
     let p = project();
     let (a, b) = owner_and_worker_of(&p, SIXTEEN_DAYS);
     let lost = each_host_holds_two(&p);

@@ -15,6 +15,8 @@ mod join;
 mod network;
 mod one_worker;
 mod operations;
+#[path = "../parts/mod.rs"]
+mod parts;
 #[path = "../pg/mod.rs"]
 mod pg;
 mod pg_manifest;

@@ -164,10 +164,11 @@ fn a_warehouse_that_accepts_and_never_answers_fails_within_connect_timeout() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn an_owner_whose_network_to_the_manifest_hangs_exits_within_about_its_lease_and_resumes() {
-    if !pg::available("the PostgreSQL manifest tests") {
-        return;
-    }
     let cluster = pg::shared();
     let db = cluster.create_db();
     let proxy = Proxy::start(cluster.port());
@@ -233,10 +234,11 @@ fn warehouse_behind_a_proxy(task: &str) -> (&'static pg::Cluster, String, Proxy,
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_sql_try_whose_warehouse_network_hangs_is_stopped_and_the_backfill_ends() {
-    if !pg::available("the PostgreSQL warehouse tests") {
-        return;
-    }
     let (cluster, db, proxy, p) = warehouse_behind_a_proxy(
         "sql = \"SELECT CAST(:ds AS date) AS d, 1 AS x FROM pg_sleep(60)\"",
     );
@@ -278,10 +280,11 @@ fn a_sql_try_whose_warehouse_network_hangs_is_stopped_and_the_backfill_ends() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn the_checks_before_a_backfill_end_when_the_warehouses_network_hangs() {
-    if !pg::available("the PostgreSQL warehouse tests") {
-        return;
-    }
     let (_, _, proxy, p) =
         warehouse_behind_a_proxy("sql = \"SELECT CAST(:ds AS date) AS d, 1 AS x\"");
     // Connected, the checks about to start: then the network hangs.

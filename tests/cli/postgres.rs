@@ -77,23 +77,20 @@ unique_key = ["order_id"]"#;
 
 impl Pg {
     /// `None` (the test returns) when this machine has no PostgreSQL server and this is not CI.
-    fn new(test: &str) -> Option<Self> {
-        Self::with_dag(test, &dag(QUERY, GATE, ""))
+    fn new() -> Self {
+        Self::with_dag(&dag(QUERY, GATE, ""))
     }
 
-    fn with_dag(test: &str, dag_toml: &str) -> Option<Self> {
-        Self::set_up(test, dag_toml, false)
+    fn with_dag(dag_toml: &str) -> Self {
+        Self::set_up(dag_toml, false)
     }
 
     /// The manifest in the warehouse's own database.
-    fn one_database(test: &str) -> Option<Self> {
-        Self::set_up(test, &dag(QUERY, GATE, ""), true)
+    fn one_database() -> Self {
+        Self::set_up(&dag(QUERY, GATE, ""), true)
     }
 
-    fn set_up(test: &str, dag_toml: &str, one_database: bool) -> Option<Self> {
-        if !pg::available(test) {
-            return None;
-        }
+    fn set_up(dag_toml: &str, one_database: bool) -> Self {
         let cluster = pg::shared();
         let db = cluster.create_db();
         cluster.psql(&db, &schema());
@@ -107,7 +104,7 @@ impl Pg {
             ),
         );
         p.write("dags/orders.toml", dag_toml);
-        Some(Self { p, db, cluster })
+        Self { p, db, cluster }
     }
 
     fn psql(&self, sql: &str) -> String {
@@ -155,10 +152,12 @@ impl Pg {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_backfill_publishes_exactly_the_source_and_a_rerun_replaces_it() {
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     // A row that the first backfill must replace, and one of another day that it must keep.
     t.psql("INSERT INTO analytics.orders_fact VALUES (999, '2026-01-02', 'eu', 1), (998, '2026-01-05', 'eu', 7)");
     let out = t.p.create("orders", "2026-01-01", "2026-01-03", &[]);
@@ -196,6 +195,10 @@ fn a_backfill_publishes_exactly_the_source_and_a_rerun_replaces_it() {
 /// way the statement counts: by sorting the keys first (an integer, a date, a text alone) or by
 /// grouping alone (a text among several columns, a `float8`).
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn duplicate_keys_are_counted_as_group_by_counts_them_null_keys_included() {
     let keyed = |key: &str, rows: &str| {
         format!(
@@ -213,12 +216,7 @@ unique_key = [{key}]
 "#
         )
     };
-    let Some(t) = Pg::with_dag(
-        "the PostgreSQL warehouse tests",
-        &keyed(r#""k""#, "(1, 'a', 1.5)"),
-    ) else {
-        return;
-    };
+    let t = Pg::with_dag(&keyed(r#""k""#, "(1, 'a', 1.5)"));
     t.psql("CREATE TABLE analytics.keyed (k int, j text, f float8, day date NOT NULL)");
     let once = |n: i64| match n {
         1 => Some("1 key value occurs more than once"),
@@ -299,10 +297,12 @@ unique_key = [{key}]
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn the_gate_rejects_in_the_transaction_and_readers_keep_the_old_partition() {
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     t.p.create("orders", "2026-01-01", "2026-01-03", &[])
         .code(0);
     let before = t.fact();
@@ -366,17 +366,23 @@ fn the_gate_rejects_in_the_transaction_and_readers_keep_the_old_partition() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_kill_at_any_step_of_a_try_leaves_old_or_new_and_resume_finishes() {
-    if let Some(t) = Pg::new("the PostgreSQL warehouse tests") {
-        kill_at_any_step(&t);
-    }
+    let t = Pg::new();
+    kill_at_any_step(&t);
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn with_the_manifest_in_its_database_a_kill_at_any_step_leaves_old_or_new_and_resume_finishes() {
-    if let Some(t) = Pg::one_database("the PostgreSQL warehouse tests") {
-        kill_at_any_step(&t);
-    }
+    let t = Pg::one_database();
+    kill_at_any_step(&t);
 }
 
 fn kill_at_any_step(t: &Pg) {
@@ -451,16 +457,15 @@ fn kill_at_any_step(t: &Pg) {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_timeout_cancels_the_statement_on_the_server() {
     let slow = "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount
 FROM raw.orders, pg_sleep(60)
 WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end";
-    let Some(t) = Pg::with_dag(
-        "the PostgreSQL warehouse tests",
-        &dag(slow, GATE, "timeout = \"1s\"\n"),
-    ) else {
-        return;
-    };
+    let t = Pg::with_dag(&dag(slow, GATE, "timeout = \"1s\"\n"));
     let started = std::time::Instant::now();
     let out = t.p.create("orders", "2026-01-01", "2026-01-02", &[]);
     out.code(3).stderr_has("timed out");
@@ -483,17 +488,16 @@ WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end";
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn bad_tasks_are_found_by_the_dry_run_against_the_server() {
-    let Some(t) = Pg::with_dag(
-        "the PostgreSQL warehouse tests",
-        &dag(
-            &QUERY.replace("region, amount", "region, amount, nope"),
-            GATE,
-            "",
-        ),
-    ) else {
-        return;
-    };
+    let t = Pg::with_dag(&dag(
+        &QUERY.replace("region, amount", "region, amount, nope"),
+        GATE,
+        "",
+    ));
     let out =
         t.p.create("orders", "2026-01-01", "2026-01-02", &["--dry-run"]);
     out.code(2).stderr_has("nope");
@@ -517,10 +521,11 @@ fn bad_tasks_are_found_by_the_dry_run_against_the_server() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn an_unreachable_server_is_named_without_its_password() {
-    if !pg::available("the PostgreSQL warehouse tests") {
-        return;
-    }
     let p = Project::new();
     // A port nothing listens on.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -552,11 +557,13 @@ fn an_unreachable_server_is_named_without_its_password() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_key_moved_across_partitions_is_rejected_with_table_scope() {
     let gate = format!("{GATE}\nunique_key_scope = \"table\"");
-    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(QUERY, &gate, "")) else {
-        return;
-    };
+    let t = Pg::with_dag(&dag(QUERY, &gate, ""));
     t.p.create("orders", "2026-01-01", "2026-01-03", &[])
         .code(0);
     // The source corrects order 3's date from Jan 1 to Jan 2.
@@ -597,6 +604,10 @@ fn a_key_moved_across_partitions_is_rejected_with_table_scope() {
 /// promote, rollback. The delete of a partition and the insert of its new rows are statements of
 /// their own, so that the insert never meets the keys the delete removes.
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn every_kind_of_key_holds_across_rerun_verify_promote_and_rollback() {
     if keyed() {
         // The test replaces the target's key with each kind in turn: once is enough.
@@ -628,9 +639,7 @@ fn every_kind_of_key_holds_across_rerun_verify_promote_and_rollback() {
             "ALTER TABLE analytics.orders_fact ADD PRIMARY KEY (day, order_id)",
         ),
     ] {
-        let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-            return;
-        };
+        let t = Pg::new();
         t.psql(ddl);
         let ok = |args: &[&str]| {
             let out = t.p.run(args);
@@ -700,11 +709,13 @@ fn order_4_twice_on_day_2(t: &Pg) {
 /// leaves the published partition and nothing else behind, and `resume` rejects the interval
 /// as the uninterrupted try would have.
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_kill_while_a_refused_output_is_measured_apart_keeps_the_partition() {
     let gate = COUNT_GATE;
-    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(QUERY, gate, "")) else {
-        return;
-    };
+    let t = Pg::with_dag(&dag(QUERY, gate, ""));
     if !keyed() {
         t.psql("ALTER TABLE analytics.orders_fact ADD PRIMARY KEY (order_id)");
     }
@@ -748,6 +759,10 @@ fn a_kill_while_a_refused_output_is_measured_apart_keeps_the_partition() {
 /// not name) is rejected with the database's words, and the published partition stays; with a
 /// deferred constraint too, whose violation would otherwise surface only at the commit.
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn an_output_the_targets_key_refuses_is_rejected_and_the_partition_kept() {
     if keyed() {
         // The test gives the target each kind of key itself: once is enough.
@@ -758,9 +773,7 @@ fn an_output_the_targets_key_refuses_is_rejected_and_the_partition_kept() {
         "ALTER TABLE analytics.orders_fact ADD PRIMARY KEY (order_id)",
         "ALTER TABLE analytics.orders_fact ADD CONSTRAINT orders_fact_once UNIQUE (order_id) DEFERRABLE INITIALLY DEFERRED",
     ] {
-        let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(QUERY, gate, "")) else {
-            return;
-        };
+        let t = Pg::with_dag(&dag(QUERY, gate, ""));
         t.psql(ddl);
         t.p.create("orders", "2026-01-01", "2026-01-03", &[])
             .code(0);
@@ -817,10 +830,11 @@ fn an_output_the_targets_key_refuses_is_rejected_and_the_partition_kept() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_server_restart_fails_running_tries_and_retries_finish_exactly() {
-    if !pg::available("the PostgreSQL warehouse tests") {
-        return;
-    }
     let own = pg::Cluster::start();
     let db = own.create_db();
     own.psql(&db, &schema());
@@ -873,10 +887,12 @@ fn staged_tables(t: &Pg) -> String {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn stage_diff_promote_and_discard_keep_the_output_in_the_warehouse() {
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     t.p.create("orders", "2026-01-01", "2026-01-03", &[])
         .code(0);
     let before = t.fact();
@@ -942,10 +958,12 @@ fn stage_diff_promote_and_discard_keep_the_output_in_the_warehouse() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_try_killed_after_staging_leaves_no_table_behind() {
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     // Killed after the staged table committed, before the manifest recorded the stage.
     let out = t.p.run_with(
         &[
@@ -978,10 +996,12 @@ fn a_try_killed_after_staging_leaves_no_table_behind() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn verify_computes_twice_without_publishing() {
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     t.p.run(&[
         "verify",
         "--dag",
@@ -1020,10 +1040,12 @@ fn verify_computes_twice_without_publishing() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn rollback_puts_the_replaced_rows_back() {
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     t.p.create("orders", "2026-01-01", "2026-01-02", &[])
         .code(0);
     let first = t.fact();
@@ -1094,10 +1116,11 @@ fn rollback_puts_the_replaced_rows_back() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn the_interval_predicates_are_served_by_the_partition_index() {
-    if !pg::available("the PostgreSQL warehouse tests") {
-        return;
-    }
     // A cluster of its own, so that its log holds only this test's plans.
     let own = pg::Cluster::start();
     let db = own.create_db();
@@ -1148,13 +1171,15 @@ fn the_interval_predicates_are_served_by_the_partition_index() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn changed_and_stale_compare_the_source_fingerprint_again() {
     let gate = format!(
         "{GATE}\nsource_fingerprint = \"SELECT count(*) || '/' || coalesce(sum(amount), 0) FROM raw.orders WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end\""
     );
-    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(QUERY, &gate, "")) else {
-        return;
-    };
+    let t = Pg::with_dag(&dag(QUERY, &gate, ""));
     t.p.create("orders", "2026-01-01", "2026-01-03", &[])
         .code(0);
     let stale = |t: &Pg| {
@@ -1199,10 +1224,12 @@ fn changed_and_stale_compare_the_source_fingerprint_again() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_serialization_failure_runs_the_transaction_again() {
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     t.p.create("orders", "2026-01-01", "2026-01-01", &[])
         .code(0);
     t.psql("UPDATE raw.orders SET amount = amount + 1");
@@ -1252,10 +1279,12 @@ fn a_serialization_failure_runs_the_transaction_again() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn two_dags_write_two_tables_at_once_and_two_promotes_race() {
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     t.psql("CREATE TABLE analytics.orders_copy (LIKE analytics.orders_fact INCLUDING INDEXES)");
     t.p.write(
         "dags/copy.toml",
@@ -1327,13 +1356,15 @@ fn two_dags_write_two_tables_at_once_and_two_promotes_race() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn ctrl_c_cancels_the_statement_on_the_server() {
     let slow = "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount
 FROM raw.orders, pg_sleep(60)
 WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end";
-    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(slow, GATE, "")) else {
-        return;
-    };
+    let t = Pg::with_dag(&dag(slow, GATE, ""));
     let running = |t: &Pg| {
         t.psql(&format!(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND query LIKE '%pg_sleep(60)%' AND state = 'active' AND pid <> pg_backend_pid()",
@@ -1367,10 +1398,12 @@ WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end";
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn an_owner_frozen_mid_try_does_not_hold_the_partition_past_its_takeover() {
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     // Frozen with its output written, its transaction open and day 1's rows locked.
     let frozen = freeze_day_1(&t, "before-publish");
     // Its session sits idle in its transaction: the server ends it after twice the lease
@@ -1457,17 +1490,16 @@ fn latest_backfill(t: &Pg) -> String {
 /// and the server holds no open transaction and no staged table. `CHAOS_ITERATIONS` and
 /// `CHAOS_SEED` run more (the default is a few, for `cargo test`).
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn random_kills_leave_every_partition_exact() {
     let slow = QUERY.replace("FROM raw.orders", "FROM raw.orders, pg_sleep(0.02)");
-    let Some(t) = Pg::with_dag(
-        "the PostgreSQL warehouse tests",
-        &dag(&slow, GATE, "").replace(
-            "retries = 0",
-            "retries = 2\nretry_delay = \"10ms\"\nmax_active_runs = 3",
-        ),
-    ) else {
-        return;
-    };
+    let t = Pg::with_dag(&dag(&slow, GATE, "").replace(
+        "retries = 0",
+        "retries = 2\nretry_delay = \"10ms\"\nmax_active_runs = 3",
+    ));
     let iterations: u64 = std::env::var("CHAOS_ITERATIONS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -1550,10 +1582,12 @@ fn random_kills_leave_every_partition_exact() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_manifest_made_again_at_the_same_path_is_a_new_manifest_to_the_warehouse() {
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     t.p.create("orders", "2026-01-01", "2026-01-02", &[])
         .code(0);
     std::fs::remove_dir_all(t.p.path(".backfill")).unwrap();
@@ -1577,10 +1611,12 @@ fn a_manifest_made_again_at_the_same_path_is_a_new_manifest_to_the_warehouse() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn recovery_waits_for_an_owner_frozen_in_its_first_publish_of_a_partition() {
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     // Frozen after booking its first publish of day 1, before the commit: the partition's row
     // in backfill.partitions exists only in its open transaction.
     let frozen = freeze_day_1(&t, "before-commit");
@@ -1621,10 +1657,12 @@ fn day_1(rows: &str) -> Vec<&str> {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn with_the_manifest_in_its_database_a_publish_and_its_record_commit_in_one_transaction() {
-    let Some(t) = Pg::one_database("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::one_database();
     t.p.create("orders", "2026-01-01", "2026-01-02", &[])
         .code(0);
     assert_eq!(t.fact(), t.expected(&[1, 2]));
@@ -1704,10 +1742,12 @@ fn with_the_manifest_in_its_database_a_publish_and_its_record_commit_in_one_tran
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn with_the_manifest_in_its_database_a_promote_and_a_rollback_commit_with_their_records() {
-    let Some(t) = Pg::one_database("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::one_database();
     t.p.create("orders", "2026-01-01", "2026-01-01", &[])
         .code(0);
     t.psql("UPDATE raw.orders SET amount = amount + 1000");
@@ -1767,11 +1807,13 @@ fn with_the_manifest_in_its_database_a_promote_and_a_rollback_commit_with_their_
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn with_the_manifest_in_its_database_a_warehouse_user_who_may_not_write_it_records_after_the_commit()
  {
-    let Some(t) = Pg::one_database("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::one_database();
     // The manifest's schema exists once a first backfill made it.
     t.p.create("orders", "2026-01-01", "2026-01-01", &[])
         .code(0);
@@ -1828,14 +1870,16 @@ fn with_the_manifest_in_its_database_a_warehouse_user_who_may_not_write_it_recor
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn with_the_manifest_in_its_database_an_owner_thawed_after_its_recovery_publishes_nothing() {
     // Frozen after the manifest allowed its publish (`before-commit`), its transaction open;
     // recovered meanwhile. Thawed, its commit carries the manifest's record of the try that
     // recovery ended: the server refuses it (the try's row changed after the transaction's
     // snapshot), and the rows roll back with it.
-    let Some(t) = Pg::one_database("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::one_database();
     // The server ends the frozen session after twice the lease timeout: long enough to thaw it
     // first.
     set_lease_timeout(&t, "5s");
@@ -1877,10 +1921,12 @@ fn with_the_manifest_in_its_database_an_owner_thawed_after_its_recovery_publishe
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_promoted_partition_can_be_rolled_back() {
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     t.p.create("orders", "2026-01-01", "2026-01-02", &[])
         .code(0);
     let first = t.fact();
@@ -1908,11 +1954,13 @@ fn a_promoted_partition_can_be_rolled_back() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_date_partition_refuses_intervals_shorter_than_a_day() {
     let hourly = dag(QUERY, GATE, "").replace("schedule = \"@daily\"", "schedule = \"@hourly\"");
-    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &hourly) else {
-        return;
-    };
+    let t = Pg::with_dag(&hourly);
     t.psql("INSERT INTO analytics.orders_fact VALUES (999, '2026-01-01', 'eu', 1)");
     let before = t.fact();
     t.p.create("orders", "2026-01-01T22:00", "2026-01-01T23:00", &[])
@@ -1922,17 +1970,16 @@ fn a_date_partition_refuses_intervals_shorter_than_a_day() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn the_dry_run_finds_a_column_whose_type_does_not_fit_and_verify_writes_nothing() {
-    let Some(t) = Pg::with_dag(
-        "the PostgreSQL warehouse tests",
-        &dag(
-            &QUERY.replace("SELECT order_id,", "SELECT :ds_nodash AS order_id,"),
-            GATE,
-            "",
-        ),
-    ) else {
-        return;
-    };
+    let t = Pg::with_dag(&dag(
+        &QUERY.replace("SELECT order_id,", "SELECT :ds_nodash AS order_id,"),
+        GATE,
+        "",
+    ));
     t.p.create("orders", "2026-01-01", "2026-01-02", &["--dry-run"])
         .code(2)
         .stderr_has("do not fit target table `analytics.orders_fact`")
@@ -1957,14 +2004,14 @@ fn the_dry_run_finds_a_column_whose_type_does_not_fit_and_verify_writes_nothing(
 
 /// A project whose query also returns `expr` as a column that the target gains as `column`,
 /// with day 1 published, then staged again after `change` to the source (backfill 2).
-fn staged_with_extra_column(expr: &str, column: &str, change: &str) -> Option<Pg> {
+fn staged_with_extra_column(expr: &str, column: &str, change: &str) -> Pg {
     let query = QUERY.replace(
         "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount",
         &format!(
             "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount, {expr}"
         ),
     );
-    let t = Pg::with_dag("the PostgreSQL warehouse tests", &dag(&query, GATE, ""))?;
+    let t = Pg::with_dag(&dag(&query, GATE, ""));
     t.psql(&format!(
         "ALTER TABLE analytics.orders_fact ADD COLUMN {column}"
     ));
@@ -1980,14 +2027,16 @@ fn staged_with_extra_column(expr: &str, column: &str, change: &str) -> Option<Pg
         &["--stage", "--reprocess-behavior", "completed"],
     )
     .code(0);
-    Some(t)
+    t
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn fingerprints_do_not_depend_on_the_session_time_zone() {
-    let Some(t) = staged_with_extra_column("order_ts", "order_ts timestamptz", "") else {
-        return;
-    };
+    let t = staged_with_extra_column("order_ts", "order_ts timestamptz", "");
     // The database's time zone changes between staging and promoting.
     t.psql(&format!(
         "ALTER DATABASE \"{}\" SET timezone = 'Asia/Tokyo'",
@@ -2009,14 +2058,16 @@ fn conn_reset(t: &Pg) {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn diff_compares_rows_whose_columns_have_no_equality_operator() {
-    let Some(t) = staged_with_extra_column(
+    let t = staged_with_extra_column(
         "json_build_object('a', amount) AS doc",
         "doc json",
         "UPDATE raw.orders SET amount = amount + 1 WHERE order_id = 3",
-    ) else {
-        return;
-    };
+    );
     let diff = t.p.run(&["diff", "2", "--output", "json"]);
     diff.code(0);
     assert!(!diff.stderr.contains("warning"), "{}", diff.stderr);
@@ -2026,6 +2077,10 @@ fn diff_compares_rows_whose_columns_have_no_equality_operator() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_task_reads_what_the_task_before_it_just_published() {
     // One process runs both tasks, one try at a time, on the same pooled connection: each try's
     // snapshot must be taken by its own statement (after the commit before it), so `daily`
@@ -2045,12 +2100,7 @@ WHERE day = :ds GROUP BY day
 source_count = "SELECT count(DISTINCT day) FROM analytics.orders_fact WHERE day = :ds"
 unique_key = ["day"]
 "#;
-    let Some(t) = Pg::with_dag(
-        "the PostgreSQL warehouse tests",
-        &format!("{}{daily}", dag(QUERY, GATE, "")),
-    ) else {
-        return;
-    };
+    let t = Pg::with_dag(&format!("{}{daily}", dag(QUERY, GATE, "")));
     t.psql("CREATE TABLE analytics.daily_totals (day date NOT NULL, orders bigint NOT NULL, amount numeric NOT NULL)");
     let totals =
         |t: &Pg| t.psql("SELECT day, orders, amount FROM analytics.daily_totals ORDER BY day");
@@ -2109,25 +2159,24 @@ source_count = "SELECT 2"
 "#;
 
 /// `orders` with a second task, `daily`, whose gate rejects its output, and its target.
-fn rejecting_daily() -> Option<Pg> {
-    let t = Pg::with_dag(
-        "the PostgreSQL warehouse tests",
-        &format!("{}{REJECTING_DAILY}", dag(QUERY, GATE, "")),
-    )?;
+fn rejecting_daily() -> Pg {
+    let t = Pg::with_dag(&format!("{}{REJECTING_DAILY}", dag(QUERY, GATE, "")));
     t.psql("CREATE TABLE analytics.daily_totals (day date NOT NULL, orders bigint NOT NULL)");
-    Some(t)
+    t
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_rejected_try_on_a_connection_another_try_just_used_publishes_nothing() {
     // The try of `daily` runs on the connection `fact`'s try just used. Its target has no kept
     // table yet (`keep_versions` is 1 by default), and making it must not end the try's
     // transaction: the statement would run in autocommit, and the rows of a try the gate
     // rejects (1 row, source_count says 2) would be published, booking included, without the
     // manifest being asked.
-    let Some(t) = rejecting_daily() else {
-        return;
-    };
+    let t = rejecting_daily();
     let out = t.p.create(
         "orders",
         "2026-01-01",
@@ -2157,14 +2206,16 @@ fn a_rejected_try_on_a_connection_another_try_just_used_publishes_nothing() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_try_killed_before_its_gate_on_a_reused_connection_is_not_recovered_as_published() {
     // The same two tasks; the process is killed right after `daily`'s statement returned
     // (before its gate judged it). Nothing of a try the gate never passed may be published:
     // the server must roll it back, and recovery must find no booking and run it again (to be
     // rejected again), not record it as succeeded.
-    let Some(t) = rejecting_daily() else {
-        return;
-    };
+    let t = rejecting_daily();
     // The first hit is `fact`'s try, the second `daily`'s.
     let out = t.p.run_with(
         &[
@@ -2221,10 +2272,10 @@ fn a_try_killed_before_its_gate_on_a_reused_connection_is_not_recovered_as_publi
 
 /// A project whose DAG `orders` has one task, `totals`, that writes `sql`'s rows into
 /// `analytics.daily_totals`, made by `table`.
-fn totals(sql: &str, table: &str) -> Option<Pg> {
-    let t = Pg::with_dag("the PostgreSQL warehouse tests", &totals_dag(sql))?;
+fn totals(sql: &str, table: &str) -> Pg {
+    let t = Pg::with_dag(&totals_dag(sql));
     t.psql(table);
-    Some(t)
+    t
 }
 
 /// Day 1 (or days 1 and 2) of `orders` succeeded; the tries' errors otherwise.
@@ -2262,9 +2313,7 @@ unique_key = ["region"]
 /// Publishes day 1, stages it again from the same source, and checks that `diff` finds the
 /// same fingerprint and that `promote` publishes the staged output.
 fn stage_same_rows_and_promote(table: &str, sql: &str) {
-    let Some(t) = totals(sql, table) else {
-        return;
-    };
+    let t = totals(sql, table);
     t.p.create("orders", "2026-01-01", "2026-01-01", &[])
         .code(0);
     let before = t.psql("SELECT * FROM analytics.daily_totals ORDER BY region");
@@ -2302,6 +2351,10 @@ WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end
 GROUP BY 1, 2";
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_sum_of_bigints_into_a_bigint_column_has_one_fingerprint_staged_and_promoted() {
     // `sum(bigint)` is `numeric` in the query, `bigint` in the table: the try, diff and promote
     // must all hash the column as the table holds it.
@@ -2312,6 +2365,10 @@ fn a_sum_of_bigints_into_a_bigint_column_has_one_fingerprint_staged_and_promoted
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_domain_column_has_one_fingerprint_staged_and_promoted() {
     // The query and the table agree on the type, a domain over bigint, which the protocol
     // names by its base type (`int8`) and `format_type` by the domain's name: every path must
@@ -2327,18 +2384,20 @@ fn a_domain_column_has_one_fingerprint_staged_and_promoted() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_count_into_a_numeric_column_still_publishes() {
     // `count(*)` is `bigint` in the query, `numeric` in the table (an assignment cast): the try
     // must hash the stored `numeric`, not call an integer hash on it.
-    let Some(t) = totals(
+    let t = totals(
         "SELECT (order_ts AT TIME ZONE 'UTC')::date AS day, region, count(*) AS orders
 FROM raw.orders
 WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end
 GROUP BY 1, 2",
         "CREATE TABLE analytics.daily_totals (day date NOT NULL, region text NOT NULL, orders numeric NOT NULL)",
-    ) else {
-        return;
-    };
+    );
     created(&t, "2026-01-02");
     assert_eq!(
         t.psql("SELECT day, region, orders FROM analytics.daily_totals ORDER BY 1, 2"),
@@ -2347,23 +2406,29 @@ GROUP BY 1, 2",
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_timestamp_into_a_timestamptz_column_still_publishes() {
     // A `timestamp` (UTC wall time) into a `timestamptz` column (an implicit cast): the try must
     // hash the stored `timestamptz`, not call the `timestamp` hash on it.
-    let Some(t) = totals(
+    let t = totals(
         "SELECT (order_ts AT TIME ZONE 'UTC')::date AS day, region, max(order_ts AT TIME ZONE 'UTC') AS last_order
 FROM raw.orders
 WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end
 GROUP BY 1, 2",
         "CREATE TABLE analytics.daily_totals (day date NOT NULL, region text NOT NULL, last_order timestamptz NOT NULL)",
-    ) else {
-        return;
-    };
+    );
     created(&t, "2026-01-01");
     assert_eq!(t.psql("SELECT count(*) FROM analytics.daily_totals"), "2");
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_pooled_connection_ended_by_the_server_is_replaced() {
     // Between day 1 and day 2 a command task has the server end every `backfill` session of the
     // database (as a restart or an administrator would) and waits until they are gone: day 2's
@@ -2372,9 +2437,7 @@ fn a_pooled_connection_ended_by_the_server_is_replaced() {
         .map(|b| b.join("psql"))
         .filter(|p| p.is_file())
         .map_or_else(|| "psql".to_string(), |p| p.display().to_string());
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     let url = t.cluster.url(&t.db);
     let wait = format!(
         r#"
@@ -2408,13 +2471,14 @@ command = "until [ \"$({psql} '{url}?sslmode=disable' -Atc \"SELECT count(pg_ter
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn fingerprints_of_timestamptz_arrays_do_not_depend_on_the_session_time_zone() {
     // Like `fingerprints_do_not_depend_on_the_session_time_zone`, with the instants in an array,
     // whose text is written in the session's `TimeZone`: it must be hashed in UTC.
-    let Some(t) = staged_with_extra_column("ARRAY[order_ts] AS seen", "seen timestamptz[]", "")
-    else {
-        return;
-    };
+    let t = staged_with_extra_column("ARRAY[order_ts] AS seen", "seen timestamptz[]", "");
     t.psql(&format!(
         "ALTER DATABASE \"{}\" SET timezone = 'Asia/Tokyo'",
         t.db
@@ -2434,14 +2498,16 @@ fn fingerprints_of_timestamptz_arrays_do_not_depend_on_the_session_time_zone() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_commit_that_fails_publishes_nothing_and_the_next_try_runs() {
     // A deferred constraint fails day 2's COMMIT (sent with the next try's BEGIN in one round
     // trip): the server rolls the transaction back, booking included, so the settling finds no
     // booking and the try fails; day 1, before it, and day 3, after it on the same pooled
     // connection, publish in transactions of their own.
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     t.psql(
         "CREATE FUNCTION analytics.no_day_2() RETURNS trigger LANGUAGE plpgsql AS $$ \
          BEGIN IF NEW.day = date '2026-01-02' THEN RAISE EXCEPTION 'day 2 refused at commit'; END IF; RETURN NULL; END $$; \
@@ -2474,6 +2540,10 @@ fn a_commit_that_fails_publishes_nothing_and_the_next_try_runs() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_publish_recovered_after_a_kill_keeps_its_source_fingerprint_and_gate_record() {
     // The intent is recorded before the try has measured anything, so a publish that committed
     // just before a kill is recorded by recovery from the booking: rows and fingerprint. What
@@ -2482,9 +2552,7 @@ fn a_publish_recovered_after_a_kill_keeps_its_source_fingerprint_and_gate_record
     let gate = format!(
         "{GATE}\nsource_fingerprint = \"SELECT count(*) || '/' || coalesce(sum(amount), 0) FROM raw.orders WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end\""
     );
-    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(QUERY, &gate, "")) else {
-        return;
-    };
+    let t = Pg::with_dag(&dag(QUERY, &gate, ""));
     let out = t.p.run_with(&DAY_1, &[("BACKFILL_FAULT", "after-publish")]);
     assert_ne!(out.code, 0, "the process was killed");
     t.p.run(&["resume", "1"]).code(0);
@@ -2517,12 +2585,14 @@ fn a_publish_recovered_after_a_kill_keeps_its_source_fingerprint_and_gate_record
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn old_bookings_of_ended_tries_are_pruned_and_recent_ones_kept() {
     // `backfill.publishes` is read only for tries the manifest has not recorded as ended; each
     // start of a backfill deletes this manifest's bookings of ended tries older than 7 days.
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     t.p.create("orders", "2026-01-01", "2026-01-02", &[])
         .code(0);
     let manifest = t.p.rows("SELECT id FROM identity")[0][0].clone();
@@ -2544,14 +2614,14 @@ fn old_bookings_of_ended_tries_are_pruned_and_recent_ones_kept() {
 // types and the pool cleanup of PostgreSQL tries.
 
 /// Like [`staged_with_extra_column`], with `setup` run before the target gains `column`.
-fn staged_with_setup(expr: &str, setup: &str, column: &str) -> Option<Pg> {
+fn staged_with_setup(expr: &str, setup: &str, column: &str) -> Pg {
     let query = QUERY.replace(
         "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount",
         &format!(
             "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount, {expr}"
         ),
     );
-    let t = Pg::with_dag("the PostgreSQL warehouse tests", &dag(&query, GATE, ""))?;
+    let t = Pg::with_dag(&dag(&query, GATE, ""));
     t.psql(setup);
     t.psql(&format!(
         "ALTER TABLE analytics.orders_fact ADD COLUMN {column}"
@@ -2565,7 +2635,7 @@ fn staged_with_setup(expr: &str, setup: &str, column: &str) -> Option<Pg> {
         &["--stage", "--reprocess-behavior", "completed"],
     )
     .code(0);
-    Some(t)
+    t
 }
 
 /// The database's time zone changes after staging: `diff` must still find the same
@@ -2591,42 +2661,48 @@ fn same_fingerprint_in_another_time_zone(t: &Pg) {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn fingerprints_of_tstzrange_columns_do_not_depend_on_the_session_time_zone() {
     // A `tstzrange`'s text writes both bounds in the session's TimeZone: it must be hashed in
     // UTC.
-    let Some(t) = staged_with_extra_column(
+    let t = staged_with_extra_column(
         "tstzrange(order_ts, order_ts + interval '1 hour') AS span",
         "span tstzrange",
         "",
-    ) else {
-        return;
-    };
+    );
     same_fingerprint_in_another_time_zone(&t);
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn fingerprints_of_a_domain_over_timestamptz_do_not_depend_on_the_session_time_zone() {
     // `format_type` names the column by its domain: it must be hashed as its base type, in UTC,
     // not by its text, which follows the session's TimeZone.
-    let Some(t) = staged_with_setup(
+    let t = staged_with_setup(
         "order_ts AS seen",
         "CREATE DOMAIN analytics.instant AS timestamptz",
         "seen analytics.instant",
-    ) else {
-        return;
-    };
+    );
     same_fingerprint_in_another_time_zone(&t);
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_lease_timeout_of_two_weeks_still_runs_postgres_tries() {
     // The try's session gets idle_in_transaction_session_timeout = twice the lease timeout in
     // milliseconds, in the simple query that carries its BEGIN: past 2^31 - 1 ms (a lease
     // timeout of about 12.4 days) the server would refuse the SET and no try could run; the
     // setting is capped at the server's limit.
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     set_lease_timeout(&t, "14days");
     let out = t.p.create("orders", "2026-01-01", "2026-01-01", &[]);
     assert_eq!(
@@ -2640,6 +2716,10 @@ fn a_lease_timeout_of_two_weeks_still_runs_postgres_tries() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_try_whose_begin_fails_commits_nothing_even_when_its_query_sets_the_guard() {
     // A query that itself sets `backfill.in_try` (at session level, as `set_config(..., false)`
     // does) must not pass the guard of a statement outside its try's transaction; with a lease
@@ -2649,9 +2729,7 @@ fn a_try_whose_begin_fails_commits_nothing_even_when_its_query_sets_the_guard() 
         "WHERE order_ts >= :data_interval_start",
         "WHERE public.sets_guard('on', false) = 'on' AND order_ts >= :data_interval_start",
     );
-    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(&query, GATE, "")) else {
-        return;
-    };
+    let t = Pg::with_dag(&dag(&query, GATE, ""));
     t.psql(SETS_GUARD);
     t.psql("INSERT INTO analytics.orders_fact VALUES (999, '2026-01-01', 'eu', 1)");
     let before = t.fact();
@@ -2692,14 +2770,16 @@ fn pooled_pg(t: &Pg) {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_publish_committed_before_its_slot_was_given_away_is_recorded_as_succeeded() {
     // The owner froze right after its PostgreSQL publish committed, before the manifest
     // recorded it. Its pool slot is given to another backfill's try. Thawed, the owner records
     // the publish: the partition holds its rows, so the manifest must say it succeeded, with
     // its gate record.
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     pooled_pg(&t);
     let frozen = freeze_day_1(&t, "after-publish");
     assert_eq!(t.fact(), t.expected(&[1]), "the publish committed");
@@ -2727,15 +2807,17 @@ fn a_publish_committed_before_its_slot_was_given_away_is_recorded_as_succeeded()
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn an_owner_frozen_after_its_manifest_allowed_the_commit_is_recorded_as_what_it_did() {
     // Frozen after the manifest allowed its publish (`before-commit`), its transaction open,
     // while its pool slot is given away. Thawed, it commits if the server has not ended its
     // idle transaction yet (twice a 5 s lease timeout), else its commit fails: either way the
     // manifest records what the warehouse holds (a consent given before the slot went cannot
     // be taken back; a publish not yet consented to is refused, see the test before).
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     pooled_pg(&t);
     set_lease_timeout(&t, "5s");
     let frozen = t.p.spawn_with(
@@ -2775,13 +2857,15 @@ fn an_owner_frozen_after_its_manifest_allowed_the_commit_is_recorded_as_what_it_
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_killed_owner_whose_committed_publish_was_cancelled_by_the_pool_cleanup_is_recovered() {
     // Killed right after its publish committed; another backfill takes the pool's slot, and the
     // cleanup leaves the dead owner's try (publishing = 1) to recovery. `resume` settles it
     // from the booking: succeeded, with its gate record, and without an error.
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     pooled_pg(&t);
     set_lease_timeout(&t, "1s");
     let out = t.p.run_with(&DAY_1, &[("BACKFILL_FAULT", "after-publish")]);
@@ -2809,6 +2893,10 @@ fn a_killed_owner_whose_committed_publish_was_cancelled_by_the_pool_cleanup_is_r
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_source_count_that_overwrites_the_guard_setting_fails_its_try_and_commits_nothing() {
     // The guard reads `backfill.in_try` after the statement's other columns: a source_count
     // that overwrites backfill's own setting makes the guard fail the try, safely: nothing is
@@ -2818,9 +2906,7 @@ fn a_source_count_that_overwrites_the_guard_setting_fails_its_try_and_commits_no
         "SELECT count(*) FROM raw.orders WHERE",
         "SELECT count(*) FROM raw.orders WHERE public.sets_guard('off', true) = 'off' AND",
     );
-    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(QUERY, &gate, "")) else {
-        return;
-    };
+    let t = Pg::with_dag(&dag(QUERY, &gate, ""));
     t.psql(SETS_GUARD);
     t.p.create("orders", "2026-01-01", "2026-01-01", &[])
         .code(3)
@@ -2831,13 +2917,15 @@ fn a_source_count_that_overwrites_the_guard_setting_fails_its_try_and_commits_no
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn every_committed_publish_books_its_judged_record() {
     // The judged record goes with the booking in the commit's round trip: each committed
     // publish of a backfill (and of a rerun on the same pooled connection) has it, and it
     // agrees with what the manifest recorded.
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     t.p.create(
         "orders",
         "2026-01-01",
@@ -2893,26 +2981,28 @@ const DATES_EXPR: &str = "CASE order_id % 4 WHEN 0 THEN 'infinity'::date WHEN 1 
 (date '2026-02-01' + order_id)::analytics.day_d AS billed, \
 ARRAY[date '2026-01-01' + order_id, NULL, 'infinity'::date] AS seen";
 
-fn dates_project() -> Option<Pg> {
+fn dates_project() -> Pg {
     let query = QUERY.replace(
         "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount",
         &format!(
             "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount, {DATES_EXPR}"
         ),
     );
-    let t = Pg::with_dag("the PostgreSQL warehouse tests", &dag(&query, GATE, ""))?;
+    let t = Pg::with_dag(&dag(&query, GATE, ""));
     t.psql(
         "CREATE DOMAIN analytics.day_d AS date CHECK (VALUE > date '2000-01-01'); \
          ALTER TABLE analytics.orders_fact ADD COLUMN due date, ADD COLUMN billed analytics.day_d, ADD COLUMN seen date[]",
     );
-    Some(t)
+    t
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn date_columns_have_one_fingerprint_in_verify_stage_promote_and_rollback() {
-    let Some(t) = dates_project() else {
-        return;
-    };
+    let t = dates_project();
     t.p.create("orders", "2026-01-01", "2026-01-02", &[])
         .code(0);
     let first = t.psql("SELECT * FROM analytics.orders_fact ORDER BY order_id");
@@ -2982,6 +3072,10 @@ fn date_columns_have_one_fingerprint_in_verify_stage_promote_and_rollback() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_date_past_the_timestamp_range_still_publishes_and_verifies() {
     // `date` reaches 5874897 AD, `timestamp` only 294276 AD: a fingerprint that casts one to the
     // other fails on a date that the column holds and that its text hashed without trouble.
@@ -2989,9 +3083,7 @@ fn a_date_past_the_timestamp_range_still_publishes_and_verifies() {
         "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount",
         "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount, date '300000-01-01' AS valid_to",
     );
-    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(&query, GATE, "")) else {
-        return;
-    };
+    let t = Pg::with_dag(&dag(&query, GATE, ""));
     t.psql("ALTER TABLE analytics.orders_fact ADD COLUMN valid_to date");
     let out = t.p.create("orders", "2026-01-01", "2026-01-01", &[]);
     assert_eq!(
@@ -3018,6 +3110,10 @@ fn a_date_past_the_timestamp_range_still_publishes_and_verifies() {
 /// a case-insensitive (nondeterministic) collation, a domain over such a text, `numeric` at
 /// different scales, `varchar(n)` and `char(n)`, arrays.
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn duplicate_keys_follow_group_by_equality_for_collations_domains_and_scales() {
     let keyed = |key: &str, rows: &str| {
         format!(
@@ -3035,12 +3131,7 @@ unique_key = [{key}]
 "#
         )
     };
-    let Some(t) = Pg::with_dag(
-        "the PostgreSQL warehouse tests",
-        &keyed(r#""t""#, "('a', 'a', 'a', 'a', 1.0, ARRAY[1], 1)"),
-    ) else {
-        return;
-    };
+    let t = Pg::with_dag(&keyed(r#""t""#, "('a', 'a', 'a', 'a', 1.0, ARRAY[1], 1)"));
     t.psql(
         "CREATE COLLATION analytics.ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false); \
          CREATE DOMAIN analytics.ci_text AS text COLLATE analytics.ci; \
@@ -3159,6 +3250,10 @@ unique_key = [{key}]
 /// flight at once (their statements waiting on the server) stops both statements and runs the
 /// DAG's `on_finish` hook; timeouts with retries and retry delays fire while statements wait.
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn one_worker_serves_cancel_timeouts_and_hooks_while_statements_wait() {
     let slow = "SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount
 FROM raw.orders, pg_sleep(60)
@@ -3171,9 +3266,7 @@ WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end";
             ),
         )
     };
-    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &header("retries = 0")) else {
-        return;
-    };
+    let t = Pg::with_dag(&header("retries = 0"));
     let running = |t: &Pg| {
         t.psql(&format!(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND query LIKE '%pg_sleep(60)%' AND state = 'active' AND pid <> pg_backend_pid()",
@@ -3280,18 +3373,17 @@ WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end";
 /// waits on a blocking thread, never on the async worker where the heartbeat runs (a DAG of SQL
 /// tasks has one).
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_rollback_waiting_on_a_frozen_server_session_does_not_stop_the_heartbeat() {
     use nix::sys::signal::{Signal, kill};
     use nix::unistd::Pid;
 
     use crate::support::{signal, stopped};
 
-    let Some(t) = Pg::with_dag(
-        "the PostgreSQL warehouse tests",
-        &dag(QUERY, "source_count = \"SELECT 999\"", ""),
-    ) else {
-        return;
-    };
+    let t = Pg::with_dag(&dag(QUERY, "source_count = \"SELECT 999\"", ""));
     let child = t.p.spawn_with(
         "frozen",
         &[
@@ -3370,11 +3462,13 @@ severity = "warn"
 /// back from the partition it just wrote), a `warn` publishes and is recorded, and readers
 /// keep the old partition whenever a rule rejects.
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn the_rules_on_values_judge_the_rows_the_transaction_wrote() {
     let gate = format!("{GATE}\n{RULES}");
-    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &dag(QUERY, &gate, "")) else {
-        return;
-    };
+    let t = Pg::with_dag(&dag(QUERY, &gate, ""));
     // Day 1 holds order 30 of 45.0: published, with the warning.
     let out = t.p.create("orders", "2026-01-01", "2026-01-03", &[]);
     out.code(0).stderr_has(
@@ -3469,12 +3563,14 @@ fn the_rules_on_values_judge_the_rows_the_transaction_wrote() {
 /// and a bound whose type does not fit its column, are named at their place; a check that
 /// fails while it runs fails the try, which never publishes.
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn the_rules_are_prepared_before_anything_runs_and_an_error_fails_the_try() {
     let bad = "\n[[tasks.gate.checks]]\nname = \"typo\"\nsql = \"SELECT order_id FROM output WHERE amont > 0\"\n";
     let toml = dag(QUERY, &format!("{GATE}\n{bad}"), "");
-    let Some(t) = Pg::with_dag("the PostgreSQL warehouse tests", &toml) else {
-        return;
-    };
+    let t = Pg::with_dag(&toml);
     let line = toml.lines().position(|l| l == "name = \"typo\"").unwrap() + 2;
     t.p.run(&["dags", "validate"]).code(2).stderr_has(&format!(
         "dags/orders.toml:{line}:7: task `fact`: check \"typo\" does not prepare: ERROR: column \"amont\" does not exist"
@@ -3514,10 +3610,12 @@ fn the_rules_are_prepared_before_anything_runs_and_an_error_fails_the_try() {
 /// refused by `dags validate` and `create` at its place (exit 2, nothing run, nothing
 /// recorded), and the warehouse keeps every row.
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_query_that_writes_is_refused_before_anything_runs() {
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     t.psql("CREATE TABLE raw.victim (id int); INSERT INTO raw.victim SELECT generate_series(1, 5)");
     let check = |sql: &str, severity: &str| {
         format!(
@@ -3595,10 +3693,12 @@ fn a_query_that_writes_is_refused_before_anything_runs() {
 /// constraint that refuses the same rows; NaN and the infinities are outside a numeric range
 /// unless the rule allows them.
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn the_gate_names_its_own_rules_before_the_targets_constraints_and_nan_is_out_of_range() {
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     let write = |query: &str, rules: &str| {
         std::fs::write(
             t.p.path("dags/orders.toml"),
@@ -3668,10 +3768,12 @@ fn the_gate_names_its_own_rules_before_the_targets_constraints_and_nan_is_out_of
 /// rollback undoes) is let through by the parser, and neither a `warn` check that publishes
 /// nor an `error` check that rejects leaves its delete behind.
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_check_runs_once_and_nothing_it_executes_survives() {
-    let Some(t) = Pg::new("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = Pg::new();
     t.psql(
         "CREATE TABLE raw.victim (id int); INSERT INTO raw.victim SELECT generate_series(1, 5);
          CREATE SEQUENCE public.calls;
@@ -3732,13 +3834,12 @@ SELECT order_id, (order_ts AT TIME ZONE 'UTC')::date, region, amount FROM raw.or
 WHERE order_id IN (SELECT order_id FROM raw.dupes)
   AND order_ts >= :data_interval_start AND order_ts < :data_interval_end";
 
-fn batch_pg(test: &str) -> Option<Pg> {
+fn batch_pg() -> Pg {
     let t = Pg::with_dag(
-        test,
         &dag(BATCH_QUERY, GATE, "").replace("retries = 0\n", "retries = 0\nbatch_size = 3\n"),
-    )?;
+    );
     t.psql("CREATE TABLE raw.dupes (order_id int); CREATE TABLE raw.bad (order_id int)");
-    Some(t)
+    t
 }
 
 /// Every try log of the project, one after the other.
@@ -3767,10 +3868,12 @@ fn latest_states(t: &Pg) -> Vec<String> {
 /// One query for three days, and one verdict each: a day with a duplicate key is rejected alone
 /// and keeps what it had, its neighbours publish; the batch's table is gone at the end.
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_batch_publishes_each_day_on_its_own_and_a_poisoned_day_is_rejected_alone() {
-    let Some(t) = batch_pg("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = batch_pg();
     // Newest first: the batch's rows still go to their own days.
     t.p.create(
         "orders",
@@ -3815,10 +3918,12 @@ fn a_batch_publishes_each_day_on_its_own_and_a_poisoned_day_is_rejected_alone() 
 /// kill in the middle of a batch is resumed with each day published once, the batch's table
 /// dropped by the recovery.
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_failing_batch_is_split_and_a_killed_one_is_resumed_and_swept() {
-    let Some(t) = batch_pg("the PostgreSQL warehouse tests") else {
-        return;
-    };
+    let t = batch_pg();
     // Order 5 is of 2026-01-03.
     t.psql("INSERT INTO raw.bad VALUES (5)");
     let out = t.p.create("orders", "2026-01-01", "2026-01-03", &[]);

@@ -506,13 +506,10 @@ fn the_shop_sections_paste_in_order() {
 }
 
 /// The README's lines that install the completions and the manual pages, run by `sh` as pasted
-/// in a home where `cargo install` put `backfill` into `~/.cargo/bin`: bash completes `--dag`
-/// with the project's DAG ids (found through `-C` or from the current folder), and man-db's
-/// `man` finds the page without `MANPATH`.
-#[test]
-fn the_completion_and_manual_lines_work_as_pasted() {
+/// in `p`'s `home`, where `cargo install` put `backfill` into `~/.cargo/bin`; and the `PATH`
+/// they ran with.
+fn completion_and_manual_lines_pasted(p: &Project) -> String {
     let block = block_with("backfill completions bash");
-    let p = Project::new();
     let home = p.path("home");
     let bin = home.join(".cargo/bin");
     std::fs::create_dir_all(&bin).unwrap();
@@ -530,6 +527,16 @@ fn the_completion_and_manual_lines_work_as_pasted() {
         )
         .code(0);
     }
+    path
+}
+
+/// The completion lines of the README, pasted: bash completes `--dag` with the project's DAG
+/// ids (found through `-C` or from the current folder).
+#[test]
+fn the_completion_lines_work_as_pasted() {
+    let p = Project::new();
+    completion_and_manual_lines_pasted(&p);
+    let home = p.path("home");
     let script = home.join(".local/share/bash-completion/completions/backfill");
     assert!(
         script.is_file(),
@@ -598,14 +605,21 @@ fn the_completion_and_manual_lines_work_as_pasted() {
     );
     // Outside any project, nothing to offer.
     assert!(complete(&home, &["backfill", "verify", "--dag", ""]).is_empty());
+}
 
-    let Ok(man) = Command::new("man").arg("--version").output() else {
-        eprintln!("SKIPPED: no `man` on this machine; the manual page's place is not checked");
-        return;
-    };
-    assert!(man.status.success());
+/// The manual page's lines of the README, pasted: man-db's `man` finds the page without
+/// `MANPATH`.
+#[test]
+#[cfg_attr(
+    missing = "man",
+    ignore = "no man on PATH: sudo apt-get install man-db"
+)]
+fn the_manual_lines_work_as_pasted() {
+    let p = Project::new();
+    let path = completion_and_manual_lines_pasted(&p);
+    let home = p.path("home");
     let found = output(
-        Command::new("man")
+        Command::new(crate::parts::Part::Man.require())
             .args(["-w", "backfill"])
             .env_clear()
             .env("HOME", &home)
@@ -970,10 +984,11 @@ fn the_first_project_on_sqlite_works_as_written() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn the_first_project_on_postgresql_works_as_written() {
-    if !crate::pg::available("the README's first project on PostgreSQL") {
-        return;
-    }
     let pg = crate::pg::shared();
     let db = pg.create_db();
     // The user's database: its schemas, its own orders, and the role `etl` (once per cluster).
@@ -1242,10 +1257,11 @@ impl Drop for ExampleServer {
 /// the warehouse's own database, whose try's log says it published and recorded in one
 /// transaction.
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn the_postgresql_example_works_as_pasted() {
-    if !crate::pg::available("the PostgreSQL example's blocks") {
-        return;
-    }
     use std::os::unix::fs::PermissionsExt;
     let p = Project::new();
     let root = p.path("");

@@ -4,12 +4,12 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::parts::Part;
 use crate::support::{Project, wait_until};
 
 /// A DAG of one command task whose gate compares the rows with `source-DAY`: day 2 is rejected
@@ -356,7 +356,6 @@ fn pages_json_and_metrics_of_a_finished_backfill_and_the_manifest_is_untouched()
             m.body
         );
     }
-    promtool(&m.body);
 
     assert_eq!(s.stop(), 0, "Ctrl-C ends the server with 0");
     if let (Some(m), Some(before)) = (manifest, before) {
@@ -368,22 +367,31 @@ fn pages_json_and_metrics_of_a_finished_backfill_and_the_manifest_is_untouched()
     }
 }
 
-/// `promtool check metrics` on `text`: a panic when it finds a problem. Without promtool, a
-/// panic under `CI=true`, else a loud skip.
+/// `/metrics` in the text format Prometheus reads, as its own checker says.
+#[test]
+#[cfg_attr(
+    missing = "promtool",
+    ignore = "no promtool on PATH: sudo apt-get install prometheus"
+)]
+fn metrics_pass_promtool_check() {
+    let p = finished();
+    let s = Server::start(&p, "serve", &[]);
+    let m = s.get("/metrics");
+    assert_eq!(m.status, 200);
+    promtool(&m.body);
+    assert_eq!(s.stop(), 0);
+}
+
+/// `promtool check metrics` on `text`: a panic when it finds a problem, or when there is no
+/// promtool (its test is ignored then: `tests/parts`).
 fn promtool(text: &str) {
-    let Ok(mut child) = Command::new("promtool")
+    let mut child = Command::new(Part::Promtool.require())
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-    else {
-        skip(
-            "promtool check metrics",
-            "no promtool: install it with `sudo apt-get install prometheus` (Debian, Ubuntu)",
-        );
-        return;
-    };
+        .expect("run promtool");
     child
         .stdin
         .take()
@@ -396,18 +404,6 @@ fn promtool(text: &str) {
         "promtool check metrics: {}{}\n{text}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A test part that cannot run here: a panic under `CI=true`, else a loud message on the
-/// process's stderr (the harness captures `eprintln!`).
-fn skip(what: &str, why: &str) {
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{what}: {why}");
-    }
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "\n*** SKIPPED {what}: {why} ***\n"
     );
 }
 
@@ -877,10 +873,11 @@ fn a_project_without_a_manifest_yet_serves_an_empty_list_and_creates_nothing() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn a_manifest_server_that_goes_away_gives_a_page_that_says_so_and_it_recovers() {
-    if !crate::pg::available("the status page against a PostgreSQL manifest that stops") {
-        return;
-    }
     let own = crate::pg::Cluster::start();
     let db = own.create_db();
     // A password in the URL (the test server trusts its users, so any will do) must never
@@ -1001,10 +998,11 @@ fn row_of<'a>(page: &'a str, marker: &str) -> &'a str {
 /// ago (the lease timeout is 30 s). Pages served from a host whose clock is two minutes ahead,
 /// then two minutes behind, say the same.
 #[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn the_status_page_judges_leases_by_the_databases_clock_not_the_serving_hosts() {
-    if !crate::pg::available("the status page's leases on a PostgreSQL manifest") {
-        return;
-    }
     let cluster = crate::pg::shared();
     let db = cluster.create_db();
     let url = cluster.url(&db);
@@ -1129,11 +1127,13 @@ fn show_grid_draws_one_cell_per_interval_wrapped_to_the_width() {
 }
 
 #[test]
+#[cfg_attr(
+    missing = "script",
+    ignore = "no script on PATH (util-linux's, for a pseudo-terminal): sudo apt-get install bsdutils"
+)]
 fn show_grid_on_a_terminal_is_in_colour_and_as_wide_as_the_terminal() {
     let p = finished();
-    let Some((code, text)) = crate::tables::on_terminal(&p, &["show", "1", "--grid"], 50) else {
-        return;
-    };
+    let (code, text) = crate::tables::on_terminal(&p, &["show", "1", "--grid"], 50);
     assert_eq!(code, 0, "{text}");
     assert!(
         text.contains("2026-01-01  \x1b[32m#\x1b[0m\x1b[1;35mR\x1b[0m\x1b[1;31mF\x1b[0m\n"),
@@ -1151,26 +1151,22 @@ struct Browser {
 }
 
 impl Browser {
-    /// `None` (after a skip) when Chromium or chromedriver is not installed.
-    fn start() -> Option<Self> {
-        let (chromium, chromedriver) = (Path::new("/usr/bin/chromium"), "chromedriver");
-        let found = Command::new(chromedriver)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !found || !chromium.exists() {
-            skip(
-                "the browser test",
-                "no Chromium or chromedriver: install them with `sudo apt-get install chromium chromium-driver` (Debian)",
-            );
-            return None;
-        }
+    /// A panic that names what is missing without Chromium or chromedriver (the test is
+    /// ignored then: `tests/parts`).
+    fn start() -> Self {
+        let found = [Part::Chromium, Part::Chromedriver].map(Part::find);
+        let missing: Vec<&str> = found
+            .iter()
+            .filter_map(|part| part.as_ref().err().map(String::as_str))
+            .collect();
+        assert!(missing.is_empty(), "{}", missing.join("; "));
+        let [chromium, chromedriver] = found.map(Result::unwrap);
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let driver = Command::new(chromedriver)
+        let driver = Command::new(&chromedriver)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -1193,12 +1189,12 @@ impl Browser {
             .as_str()
             .unwrap_or_else(|| panic!("no WebDriver session: {answer}"))
             .to_string();
-        Some(Self {
+        Self {
             driver,
             addr,
             session,
             _profile: profile,
-        })
+        }
     }
 
     fn call(&self, method: &str, path: &str, body: Value) -> Value {
@@ -1273,10 +1269,20 @@ impl Drop for Browser {
 }
 
 #[test]
+#[cfg_attr(
+    all(missing = "chromium", missing = "chromedriver"),
+    ignore = "no chromium nor chromedriver on PATH: sudo apt-get install chromium chromium-driver"
+)]
+#[cfg_attr(
+    all(missing = "chromium", not(missing = "chromedriver")),
+    ignore = "no chromium on PATH: sudo apt-get install chromium"
+)]
+#[cfg_attr(
+    all(missing = "chromedriver", not(missing = "chromium")),
+    ignore = "no chromedriver on PATH: sudo apt-get install chromium-driver"
+)]
 fn a_browser_clicks_the_rejected_cell_and_reads_its_reason() {
-    let Some(browser) = Browser::start() else {
-        return;
-    };
+    let browser = Browser::start();
     let p = finished();
     let s = Server::start(&p, "serve", &[]);
     browser.go(&format!("http://{}/", s.addr));

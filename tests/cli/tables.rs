@@ -190,9 +190,9 @@ fn columns_fits_the_tables_and_verbose_keeps_every_word() {
 }
 
 /// Runs `backfill ARGS` in a pseudo-terminal `cols` columns wide (through util-linux `script`)
-/// and returns its exit code and what the terminal received; `None`, said loudly, without
-/// `script`.
-pub(crate) fn on_terminal(p: &Project, args: &[&str], cols: u16) -> Option<(i32, String)> {
+/// and returns its exit code and what the terminal received. A test that calls it is ignored
+/// without `script` (`tests/parts`).
+pub(crate) fn on_terminal(p: &Project, args: &[&str], cols: u16) -> (i32, String) {
     let mut words = vec![
         env!("CARGO_BIN_EXE_backfill").to_string(),
         "-C".to_string(),
@@ -204,7 +204,7 @@ pub(crate) fn on_terminal(p: &Project, args: &[&str], cols: u16) -> Option<(i32,
         .map(|w| backfill::report::out::shell_word(w))
         .collect::<Vec<_>>()
         .join(" ");
-    let out = Command::new("script")
+    let out = Command::new(crate::parts::Part::Script.require())
         .envs(p.manifest_env())
         .args([
             "-qec",
@@ -216,26 +216,23 @@ pub(crate) fn on_terminal(p: &Project, args: &[&str], cols: u16) -> Option<(i32,
         .env("BACKFILL_NOW", NOW)
         .env_remove("COLUMNS")
         .stdin(Stdio::null())
-        .output();
-    match out {
-        Ok(out) => Some((
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n"),
-        )),
-        Err(e) => {
-            eprintln!("SKIPPED: no pseudo-terminal without util-linux `script`: {e}");
-            None
-        }
-    }
+        .output()
+        .expect("run script");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n"),
+    )
 }
 
 #[test]
+#[cfg_attr(
+    missing = "script",
+    ignore = "no script on PATH (util-linux's, for a pseudo-terminal): sudo apt-get install bsdutils"
+)]
 fn a_terminal_gets_tables_as_wide_as_it_is() {
     let p = project();
     for command in [&["runs", "--dag", "sales"][..], &["show", "1"]] {
-        let Some((code, text)) = on_terminal(&p, command, 100) else {
-            return;
-        };
+        let (code, text) = on_terminal(&p, command, 100);
         assert_eq!(code, 0, "{text}");
         assert!(text.contains('┌'), "{text}");
         assert!(widest(&text) <= 100, "{command:?}:\n{text}");
@@ -255,13 +252,14 @@ esac
 "#;
 
 #[test]
+#[cfg_attr(
+    missing = "script",
+    ignore = "no script on PATH (util-linux's, for a pseudo-terminal): sudo apt-get install bsdutils"
+)]
 fn a_terminal_shows_a_bar_and_only_the_failures_above_it() {
     let p = Project::new().dag("slow", SLOW);
     let create = ["create", "--dag", "slow", "--from", "2026-01-01"];
-    let Some((code, text)) = on_terminal(&p, &[&create[..], &["--to", "2026-01-04"]].concat(), 120)
-    else {
-        return;
-    };
+    let (code, text) = on_terminal(&p, &[&create[..], &["--to", "2026-01-04"]].concat(), 120);
     assert_eq!(code, 3, "{text}");
     assert!(
         text.contains("/4 intervals · "),
@@ -280,13 +278,11 @@ fn a_terminal_shows_a_bar_and_only_the_failures_above_it() {
         "{text}"
     );
     // -v adds the lines.
-    let Some((_, verbose)) = on_terminal(
+    let (_, verbose) = on_terminal(
         &p,
         &[&create[..], &["--to", "2026-01-05", "-v"]].concat(),
         120,
-    ) else {
-        return;
-    };
+    );
     assert!(verbose.contains("started    2026-01-05 (run "), "{verbose}");
     assert!(verbose.contains("succeeded  2026-01-05 ("), "{verbose}");
 }
@@ -309,6 +305,10 @@ fn without_a_terminal_there_is_no_bar_and_a_line_per_interval() {
 /// (dates, states, counts) never wrap, no line is wider than the terminal, and a column left out
 /// for the width is named.
 #[test]
+#[cfg_attr(
+    missing = "script",
+    ignore = "no script on PATH (util-linux's, for a pseudo-terminal): sudo apt-get install bsdutils"
+)]
 fn tables_fit_the_terminal_and_never_wrap_dates_states_or_counts() {
     let p = crate::gate::shop();
     p.create("orders_fact", "2026-09-01", "2026-09-10", &[])
@@ -333,9 +333,7 @@ fn tables_fit_the_terminal_and_never_wrap_dates_states_or_counts() {
             "runs --dag orders_fact --from 2026-09-01 --to 2026-09-10",
         ] {
             let words: Vec<&str> = args.split(' ').collect();
-            let Some((code, text)) = on_terminal(&p, &words, cols) else {
-                return;
-            };
+            let (code, text) = on_terminal(&p, &words, cols);
             assert_eq!(code, 0, "{text}");
             let lines: Vec<&str> = text.lines().collect();
             for l in &lines {

@@ -1,18 +1,24 @@
 //! Throwaway PostgreSQL clusters for the integration tests.
 //!
 //! A test binary includes this module with `#[path = "../pg/mod.rs"] mod pg;` (from
-//! `tests/cli/main.rs`, or `#[path = "pg/mod.rs"]` from a `tests/*.rs` file) and then:
+//! `tests/cli/main.rs`, or `#[path = "pg/mod.rs"]` from a `tests/*.rs` file), beside
+//! `tests/parts` as `crate::parts`, and then:
 //!
 //! ```ignore
-//! if !pg::available("the Postgres tests") {
-//!     return; // skipped loudly, or a panic under CI=true
+//! #[test]
+//! #[cfg_attr(
+//!     missing = "postgres",
+//!     ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres): install Debian's postgresql, or set PG_BIN"
+//! )]
+//! fn a_test() {
+//!     let url = pg::shared().create_db_url();     // a fresh, empty database on a shared cluster
+//!     let own = pg::Cluster::start();              // a cluster of its own, to stop and restart
 //! }
-//! let url = pg::shared().create_db_url();         // a fresh, empty database on a shared cluster
-//! let own = pg::Cluster::start();                  // a cluster of its own, to stop and restart
 //! ```
 //!
 //! The server binaries come from `PG_BIN`, else from the newest `/usr/lib/postgresql/*/bin`
-//! (Debian's `postgresql` package). A cluster lives in a fresh folder under `/tmp`: initdb with
+//! (Debian's `postgresql` package). Without them the test is ignored (`tests/parts`); when it
+//! runs all the same (`CI=true`, `--include-ignored`), starting a cluster fails and says why. A cluster lives in a fresh folder under `/tmp`: initdb with
 //! trust authentication, no fsync, locale C; the server listens on 127.0.0.1 on a free port and
 //! on a unix socket in its data folder, and its log is `server.log` next to the data folder.
 //! The server refuses to run as root, so under root every server program runs as `nobody`
@@ -39,59 +45,9 @@ const SERVER_USER: &str = "nobody";
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The folder of the server binaries: `PG_BIN` if set, else the newest
-/// `/usr/lib/postgresql/*/bin` that has `initdb` and `pg_ctl`.
+/// `/usr/lib/postgresql/*/bin` that has `initdb`, `pg_ctl` and `postgres` (`tests/parts`).
 pub fn bin_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("PG_BIN") {
-        return Some(PathBuf::from(dir));
-    }
-    let mut found: Vec<(Vec<u32>, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .flatten()
-        .filter_map(|entry| {
-            let version = entry
-                .file_name()
-                .to_str()?
-                .split('.')
-                .map(|part| part.parse().ok())
-                .collect::<Option<Vec<u32>>>()?;
-            let bin = entry.path().join("bin");
-            has_server(&bin).then_some((version, bin))
-        })
-        .collect();
-    found.sort();
-    found.pop().map(|(_, bin)| bin)
-}
-
-fn has_server(bin: &Path) -> bool {
-    ["initdb", "pg_ctl", "postgres"]
-        .iter()
-        .all(|program| bin.join(program).is_file())
-}
-
-/// Whether PostgreSQL server binaries exist. When they do not: a panic under `CI=true`, else a
-/// loud message on stderr that `what` is skipped, and `false`.
-pub fn available(what: &str) -> bool {
-    if bin_dir().is_some_and(|bin| has_server(&bin)) {
-        return true;
-    }
-    let why = match std::env::var_os("PG_BIN") {
-        Some(dir) => format!(
-            "no PostgreSQL server binaries in PG_BIN={}: set PG_BIN to the folder of initdb, pg_ctl and postgres, or install them with `sudo apt-get install postgresql` (Debian, Ubuntu)",
-            Path::new(&dir).display()
-        ),
-        None => "no PostgreSQL server binaries: install them with `sudo apt-get install postgresql` (Debian, Ubuntu), or set PG_BIN to the folder of initdb, pg_ctl and postgres".into(),
-    };
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{what}: {why}");
-    }
-    // Straight to the process's stderr: the test harness captures `eprintln!` of a test that
-    // passes, and a skip must be seen in plain `cargo test` output.
-    use std::io::Write;
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "\n*** SKIPPED {what}: {why} ***\n"
-    );
-    false
+    crate::parts::postgres().ok()
 }
 
 /// One cluster per test binary, started on first use, for tests that only need a database of
@@ -143,9 +99,7 @@ impl Cluster {
     /// [`Cluster::start`], `setup` run on the data folder after initdb; it returns more lines
     /// for postgresql.conf.
     fn start_with(setup: impl FnOnce(&Path) -> String) -> Cluster {
-        let bin = bin_dir()
-            .filter(|bin| has_server(bin))
-            .expect("no PostgreSQL server binaries (set PG_BIN or install Debian's postgresql); check pg::available() first");
+        let bin = crate::parts::Part::Postgres.require();
         // Under /tmp: `nobody` can traverse it, and the socket path stays short (~107 bytes max).
         let dir = tempfile::Builder::new()
             .prefix("backfill-pg-")

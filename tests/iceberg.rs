@@ -2,51 +2,107 @@
 //! folder, the real binary, and pyiceberg in a virtual environment.
 //!
 //! The Python comes from `BACKFILL_PYTHON` (a `python` whose environment has the example's
-//! `requirements.txt` installed; `.ci/run` sets it), else from `target/iceberg-venv`. Without
-//! either the tests are skipped with a message on stderr, except under CI (`CI=true`), where
-//! that is a failure.
+//! `requirements.txt` installed; `.ci/run` sets it), else from `target/iceberg-venv`. It is
+//! looked for when the tests run, since the build cannot watch a folder of `target/` that may
+//! not exist yet, so this binary has a harness of its own (libtest-mimic, `harness = false`)
+//! that can ignore a test as it runs: without that Python, the tests that need it are counted
+//! as ignored, with why, except under CI (`CI=true`) or with `--include-ignored`, where they
+//! fail.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use libtest_mimic::{Arguments, Completion, Trial};
 use serde_json::Value;
 
 /// The instant the binary believes it is: every interval of January 2026 is complete.
 const NOW: &str = "2026-11-29T12:00:00Z";
 
-/// The Python of the example's virtual environment, or `None` (with a loud message) when there
-/// is none on this machine and this is not CI.
-fn python() -> Option<PathBuf> {
-    let candidate = match std::env::var_os("BACKFILL_PYTHON") {
-        Some(p) => PathBuf::from(p),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/iceberg-venv/bin/python"),
+fn main() {
+    let args = Arguments::from_args();
+    // Without the Python, a test that needs it is ignored, unless it must run: under CI, or
+    // with --include-ignored.
+    let may_ignore = !(args.include_ignored || ci());
+    let with_python = |name: &str, test: fn(&Path)| {
+        Trial::ignorable_test(name, move || match python() {
+            Ok(python) => {
+                test(python);
+                Ok(Completion::Completed)
+            }
+            Err(why) if may_ignore => Ok(Completion::ignored_with(why)),
+            Err(why) => Err(why.as_str().into()),
+        })
     };
-    let usable = Command::new(&candidate)
-        .args(["-c", "import pyiceberg.catalog.sql, pyarrow"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if usable {
-        return Some(candidate);
-    }
-    let why = format!(
-        "no Python with pyiceberg at {}: create it with `python3 -m venv target/iceberg-venv && target/iceberg-venv/bin/pip install -r examples/iceberg/requirements.txt`, or set BACKFILL_PYTHON",
-        candidate.display()
-    );
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{why}");
-    }
-    // Straight to the process's stderr: the test harness captures `eprintln!` of a test that
-    // passes, and a skip must be seen in plain `cargo test` output.
-    use std::io::Write;
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "\n*** SKIPPED the Iceberg example's test: {why} ***\n"
-    );
-    None
+    let tests = vec![
+        with_python(
+            "seven_days_are_published_to_main_with_no_branch_left",
+            seven_days_are_published_to_main_with_no_branch_left,
+        ),
+        with_python(
+            "a_double_run_four_at_once_retries_its_commit_conflicts_and_keeps_the_rows",
+            a_double_run_four_at_once_retries_its_commit_conflicts_and_keeps_the_rows,
+        ),
+        with_python(
+            "a_rerun_after_a_day_of_raw_events_vanished_is_rejected_and_main_stays",
+            a_rerun_after_a_day_of_raw_events_vanished_is_rejected_and_main_stays,
+        ),
+        with_python(
+            "stage_keeps_main_then_promote_moves_it_and_discard_drops_the_branches",
+            stage_keeps_main_then_promote_moves_it_and_discard_drops_the_branches,
+        ),
+        with_python(
+            "kill_9_before_the_publish_commits_leaves_the_old_main_and_resume_finishes",
+            |python| kill_during_publish(python, "before-commit"),
+        ),
+        with_python(
+            "kill_9_after_the_publish_commits_leaves_the_new_main_and_resume_finishes",
+            |python| kill_during_publish(python, "after-commit"),
+        ),
+        Trial::test(
+            "cleanup_runs_for_rejected_and_discarded_outputs_and_staged_tries_know_it",
+            || {
+                cleanup_runs_for_rejected_and_discarded_outputs_and_staged_tries_know_it();
+                Ok(())
+            },
+        ),
+    ];
+    libtest_mimic::run(&args, tests).exit();
+}
+
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// The Python of the example's virtual environment, or what is missing and how to make it;
+/// looked for once.
+fn python() -> &'static Result<PathBuf, String> {
+    static PYTHON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    PYTHON.get_or_init(|| {
+        let candidate = match std::env::var_os("BACKFILL_PYTHON") {
+            Some(p) => PathBuf::from(p),
+            None => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/iceberg-venv/bin/python"),
+        };
+        let import = Command::new(&candidate)
+            .args(["-c", "import pyiceberg.catalog.sql, pyarrow"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output();
+        let why = match import {
+            Ok(out) if out.status.success() => return Ok(candidate),
+            Ok(out) => {
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                let last = stderr.lines().last().unwrap_or("").trim().to_string();
+                format!("{} cannot import pyiceberg and pyarrow ({last})", candidate.display())
+            }
+            Err(_) => format!("no Python at {}", candidate.display()),
+        };
+        Err(format!(
+            "{why}: create it with `python3 -m venv target/iceberg-venv && target/iceberg-venv/bin/pip install -r examples/iceberg/requirements.txt`, or set BACKFILL_PYTHON"
+        ))
+    })
 }
 
 /// A copy of `examples/iceberg` (without any catalog, lake or manifest of a local run).
@@ -283,10 +339,8 @@ fn block_with(needle: &str) -> String {
 /// of the example. Its first two lines make the virtual environment that `.ci/run` makes in
 /// `target/iceberg-venv` (or that BACKFILL_PYTHON names): the rest runs with that
 /// environment's `bin` first on the PATH, as `activate` puts it, and `backfill` on the PATH.
-#[test]
-fn seven_days_are_published_to_main_with_no_branch_left() {
-    let Some(python) = python() else { return };
-    let lake = Lake::new(&python);
+fn seven_days_are_published_to_main_with_no_branch_left(python: &Path) {
+    let lake = Lake::new(python);
     let block = block_with("backfill -C examples/iceberg create");
     let (setup, rest) = block.split_at(block.find("backfill ").expect("the backfill line"));
     assert_eq!(
@@ -313,10 +367,8 @@ fn seven_days_are_published_to_main_with_no_branch_left() {
     state.published_exactly();
 }
 
-#[test]
-fn a_double_run_four_at_once_retries_its_commit_conflicts_and_keeps_the_rows() {
-    let Some(python) = python() else { return };
-    let lake = Lake::new(&python);
+fn a_double_run_four_at_once_retries_its_commit_conflicts_and_keeps_the_rows(python: &Path) {
+    let lake = Lake::new(python);
     let range = ["--from", "2026-01-01", "--to", "2026-01-04"];
     let mut states = Vec::new();
     for (i, extra) in [&[][..], &["--reprocess-behavior", "completed"][..]]
@@ -350,10 +402,8 @@ fn a_double_run_four_at_once_retries_its_commit_conflicts_and_keeps_the_rows() {
     );
 }
 
-#[test]
-fn a_rerun_after_a_day_of_raw_events_vanished_is_rejected_and_main_stays() {
-    let Some(python) = python() else { return };
-    let lake = Lake::new(&python);
+fn a_rerun_after_a_day_of_raw_events_vanished_is_rejected_and_main_stays(python: &Path) {
+    let lake = Lake::new(python);
     lake.backfill(
         &[
             "create",
@@ -399,10 +449,8 @@ fn a_rerun_after_a_day_of_raw_events_vanished_is_rejected_and_main_stays() {
     );
 }
 
-#[test]
-fn stage_keeps_main_then_promote_moves_it_and_discard_drops_the_branches() {
-    let Some(python) = python() else { return };
-    let lake = Lake::new(&python);
+fn stage_keeps_main_then_promote_moves_it_and_discard_drops_the_branches(python: &Path) {
+    let lake = Lake::new(python);
     let published = lake.inspect("2026-01-01", "2026-01-03");
     lake.backfill(
         &[
@@ -452,9 +500,8 @@ fn stage_keeps_main_then_promote_moves_it_and_discard_drops_the_branches() {
 /// Kills `backfill` and its publish with SIGKILL where the publish of 2026-01-02 paused
 /// (`before-commit` or `after-commit`); `main` must be the snapshot it was, and `resume`
 /// must finish the backfill with no branch left.
-fn kill_during_publish(point: &str) {
-    let Some(python) = python() else { return };
-    let lake = Lake::new(&python);
+fn kill_during_publish(python: &Path, point: &str) {
+    let lake = Lake::new(python);
     let marker = lake.path().join("paused");
     let pause = format!("2026-01-02:{point}:{}", marker.display());
     let mut owner = lake.spawn(
@@ -513,20 +560,9 @@ fn kill_during_publish(point: &str) {
     lake.inspect("2026-01-02", "2026-01-02").published_exactly();
 }
 
-#[test]
-fn kill_9_before_the_publish_commits_leaves_the_old_main_and_resume_finishes() {
-    kill_during_publish("before-commit");
-}
-
-#[test]
-fn kill_9_after_the_publish_commits_leaves_the_new_main_and_resume_finishes() {
-    kill_during_publish("after-commit");
-}
-
 /// What the lake relies on in `backfill` itself, checked without Python: `cleanup` runs with
 /// `BACKFILL_CLEANUP` after a rejected try and for a discarded staged output, and a staged try
 /// sees `BACKFILL_STAGE`.
-#[test]
 fn cleanup_runs_for_rejected_and_discarded_outputs_and_staged_tries_know_it() {
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::create_dir(dir.path().join("dags")).unwrap();

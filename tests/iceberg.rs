@@ -100,7 +100,7 @@ fn python() -> &'static Result<PathBuf, String> {
             Err(_) => format!("no Python at {}", candidate.display()),
         };
         Err(format!(
-            "{why}: create it with `python3 -m venv target/iceberg-venv && target/iceberg-venv/bin/pip install -r examples/iceberg/requirements.txt`, or set BACKFILL_PYTHON"
+            "{why}: make the example's environment with `python3 -m venv target/iceberg-venv && target/iceberg-venv/bin/pip install -r examples/iceberg/requirements.txt`, or set BACKFILL_PYTHON to the python of one"
         ))
     })
 }

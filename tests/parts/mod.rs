@@ -15,8 +15,7 @@
 //! [`watched`] (those of `PATH`, `PG_BIN`, `/usr/lib/postgresql`): installing or removing a
 //! program changes its folder. Folders that do not exist are not watched (cargo would run the
 //! script, and rebuild the crate, on every build), so a part that appears in a folder created
-//! after the build is seen only at the next change of the others; `touch build.rs` says it at
-//! once.
+//! after the build is seen at the next change of the others, or after `touch build.rs`.
 //!
 //! A test binary includes it as `#[path = "parts/mod.rs"] mod parts;` at its root (or
 //! `"../parts/mod.rs"` from `tests/cli/main.rs`), where `tests/pg` finds it as `crate::parts`.

@@ -1,6 +1,6 @@
 //! SQL tasks on a PostgreSQL warehouse: the real binary against a real server that the tests
-//! start themselves (see `tests/pg`), skipped loudly on a machine without the server binaries
-//! (a failure under CI).
+//! start themselves (see `tests/pg`), ignored on a machine without the server binaries (a
+//! failure under CI).
 //!
 //! The suite runs twice (see `main.rs`): as `postgres`, against a target without a key, and as
 //! `postgres_keyed`, against the same target with `PRIMARY KEY (order_id)`, the common case in

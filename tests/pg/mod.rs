@@ -8,7 +8,7 @@
 //! #[test]
 //! #[cfg_attr(
 //!     missing = "postgres",
-//!     ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres): install Debian's postgresql, or set PG_BIN"
+//!     ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
 //! )]
 //! fn a_test() {
 //!     let url = pg::shared().create_db_url();     // a fresh, empty database on a shared cluster
@@ -18,9 +18,11 @@
 //!
 //! The server binaries come from `PG_BIN`, else from the newest `/usr/lib/postgresql/*/bin`
 //! (Debian's `postgresql` package). Without them the test is ignored (`tests/parts`); when it
-//! runs all the same (`CI=true`, `--include-ignored`), starting a cluster fails and says why. A cluster lives in a fresh folder under `/tmp`: initdb with
-//! trust authentication, no fsync, locale C; the server listens on 127.0.0.1 on a free port and
-//! on a unix socket in its data folder, and its log is `server.log` next to the data folder.
+//! runs all the same (`CI=true`, `--include-ignored`), starting a cluster fails and says why.
+//!
+//! A cluster lives in a fresh folder under `/tmp`: initdb with trust authentication, no fsync,
+//! locale C; the server listens on 127.0.0.1 on a free port and on a unix socket in its data
+//! folder, and its log is `server.log` next to the data folder.
 //! The server refuses to run as root, so under root every server program runs as `nobody`
 //! (through `setpriv`), which owns the cluster's folder.
 //!

@@ -97,6 +97,10 @@ pub struct RunSpec {
     /// For the owner of a backfill that other processes may have joined (`backfill join`):
     /// asked, once its own queue ran dry and its intervals ended, what is left to do.
     pub refill: Option<Refill>,
+    /// For a worker: once `true`, no run starts any more (its interval stays planned) and the
+    /// runner returns when the runs in flight have ended. Its process took the backfill over
+    /// (it goes on as the owner), or found the owner gone and cannot take its place.
+    pub wind_down: Option<watch::Receiver<bool>>,
 }
 
 /// What an owner whose queue ran dry does next (see [`RunSpec::refill`]).
@@ -149,6 +153,11 @@ struct Shared {
 }
 
 impl Shared {
+    /// Whether no run may start any more in this process (see [`RunSpec::wind_down`]).
+    fn winding_down(&self) -> bool {
+        self.spec.wind_down.as_ref().is_some_and(|w| *w.borrow())
+    }
+
     /// Notes that a run of `batch` started, or that it ended: the first time, it no longer
     /// counts as unstarted (see [`Shared::unstarted_batches`]).
     fn batch_began(&self, batch: &batch::Batch) {
@@ -304,6 +313,7 @@ pub async fn run(
         _ => 1,
     };
     let mut stop_rx = stop.clone();
+    let mut wind_down = shared.spec.wind_down.clone();
     let mut first_error: Option<Error> = None;
     let max_failures = shared.spec.max_failures;
     let mut failures: u32 = 0;
@@ -320,7 +330,11 @@ pub async fn run(
             let failed = max_failures.unwrap_or(failures).max(failures);
             let _ = shared.events.send(Event::MaxFailures { failed });
         }
-        while holding.len() < max && *stop.borrow() == Stop::Run && !halted {
+        while holding.len() < max
+            && *stop.borrow() == Stop::Run
+            && !halted
+            && !shared.winding_down()
+        {
             if batch_size > 1
                 && shared
                     .unstarted_batches
@@ -383,7 +397,10 @@ pub async fn run(
         if running.is_empty() {
             // Halted, the owner runs nothing more but still waits for its workers' runs: the
             // outcome is judged on every interval.
-            let idle = (queue.is_empty() || halted) && *stop.borrow() == Stop::Run;
+            // Wound down, what is left is another process's to run.
+            let idle = (queue.is_empty() || halted)
+                && *stop.borrow() == Stop::Run
+                && !shared.winding_down();
             match &shared.spec.refill {
                 Some(refill) if idle && first_error.is_none() => {
                     let (refill, more) = (refill.clone(), !halted);
@@ -441,11 +458,23 @@ pub async fn run(
             }
             () = shared.batch_began.notified() => {}
             _ = stop_rx.changed() => {}
+            () = wound_down(&mut wind_down) => {}
         }
     }
     match first_error {
         Some(e) => Err(e),
         None => Ok(halted),
+    }
+}
+
+/// Resolves when the wind-down flag (see [`RunSpec::wind_down`]) changes; never without one.
+async fn wound_down(flag: &mut Option<watch::Receiver<bool>>) {
+    let changed = match flag {
+        Some(f) => f.changed().await.is_ok(),
+        None => false,
+    };
+    if !changed {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -547,6 +576,7 @@ async fn run_batch_intervals(
         if *stop.borrow() != Stop::Run
             || reached
             || shared.halted.load(std::sync::atomic::Ordering::Relaxed)
+            || shared.winding_down()
         {
             break;
         }

@@ -135,8 +135,8 @@ pub(super) enum Claimed {
 /// meanwhile; for a cascade's downstream interval, that its upstream can be read.
 ///
 /// A run that cannot start yet because the backfill's other processes (`backfill join`) run
-/// `max_active_runs` intervals already waits here for a place; a stop meanwhile leaves the
-/// interval planned.
+/// `max_active_runs` intervals already waits here for a place; a stop or a wind-down (see
+/// [`super::RunSpec::wind_down`]) meanwhile leaves the interval planned.
 pub(super) async fn start_claiming(
     shared: &Shared,
     task: &Task,
@@ -148,6 +148,9 @@ pub(super) async fn start_claiming(
 ) -> Result<Claimed, Error> {
     let mut stop = shared.stop.subscribe();
     loop {
+        if run_id.is_none() && shared.winding_down() {
+            return Ok(Claimed::TakenOver);
+        }
         match start_once(shared, task, interval, run_id, try_number, claim, early).await? {
             Claimed::Halted => {
                 shared

@@ -87,7 +87,9 @@ async fn tries(
     let attempts = task.retries.saturating_add(1);
     let mut last_error = String::new();
     for try_number in 1..=attempts {
-        if *stop.borrow() != Stop::Run {
+        // A run not started yet starts no more once the process winds down; a started one
+        // goes on to its end, retries included.
+        if *stop.borrow() != Stop::Run || (run_id.is_none() && shared.winding_down()) {
             return Ok((TaskEnd::Cancelled, None));
         }
         // The first try of an interval of a batch may run the batch's command, not its own.

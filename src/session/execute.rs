@@ -174,6 +174,7 @@ fn run(
         lease_timeout: project.lease_timeout,
         upstream: e.upstream,
         refill,
+        wind_down: None,
     };
     let (quiet, verbose) = (g.quiet || g.json, g.verbose);
     let heartbeat_error: Arc<Mutex<Option<Error>>> = Arc::default();

@@ -199,6 +199,33 @@ pub fn take_over(
     }))
 }
 
+/// Like [`take_over`], for `worker`, a live worker of the backfill (`backfill join`) whose
+/// owner is gone: only while the worker's own lease holds (a worker taken over itself is
+/// [`manifest::Error::Fenced`]), the backfill runs and nobody asked to cancel it, all judged in
+/// the same transaction as the claim, so that a backfill cancelled or ended meanwhile is not run
+/// again. Of two workers that both find the owner gone, the first claim gives the backfill a
+/// live owner again, and the second finds it alive (`None`).
+pub fn take_over_running(
+    writer: &Writer,
+    worker: Owner,
+    ctx: &LeaseCtx,
+) -> Result<Option<TakenOver>, Error> {
+    let (backfill_id, c) = (worker.backfill_id, ctx.clone());
+    let claim = writer.call_blocking(move |conn| {
+        conn.fence(worker)?;
+        match conn.backfill(backfill_id)? {
+            Some(b) if b.state == crate::state::BackfillState::Running && !b.cancel_requested => {
+                claim_owner(conn, backfill_id, &c, true)
+            }
+            _ => Ok(None),
+        }
+    })?;
+    Ok(claim.map(|claim| TakenOver {
+        owner: claim.owner,
+        claim,
+    }))
+}
+
 /// Recovers what the old owner of a backfill taken over left.
 pub fn finish_takeover(
     writer: &Writer,

@@ -250,6 +250,23 @@ impl<W: Write> Reporter<W> {
                     plural(i64::from(*failed), "interval failed", "intervals failed")
                 ));
             }
+            Event::OwnerGone {
+                backfill_id,
+                worker,
+                owner,
+                refused,
+            } => {
+                let text = match refused {
+                    None => format!(
+                        "backfill {backfill_id}'s owner ({owner}) is gone: worker {worker} takes the backfill over and finishes it"
+                    ),
+                    Some(why) => format!(
+                        "backfill {backfill_id}'s owner ({owner}) is gone, and worker {worker} cannot take its place ({why}): it starts no more intervals, ends its runs in flight and stops; `{}` runs the rest",
+                        crate::words::hint(&format!("resume {backfill_id}"))
+                    ),
+                };
+                self.always(&text);
+            }
             Event::Stopping { hard, why } => {
                 let how = if *hard {
                     "killing running tasks now"
@@ -403,6 +420,29 @@ mod tests {
             "2 intervals failed (--max-failures 2): no new intervals; the running ones finish\n\
              interrupted (SIGINT): stopping: no new intervals; running tasks get SIGTERM (Ctrl-C again to kill now)\n"
         );
+    }
+
+    #[test]
+    fn a_worker_says_when_it_found_its_owner_gone_also_when_quiet() {
+        let gone = |refused: Option<&str>| Event::OwnerGone {
+            backfill_id: 7,
+            worker: 2,
+            owner: "pid 41, host hosta".into(),
+            refused: refused.map(String::from),
+        };
+        for progress in [Progress::Lines, Progress::Quiet] {
+            let out = Shared::default();
+            let mut reporter = Reporter::new(out.clone(), progress, fixtures::labels(), false);
+            let stats = Stats::new(5);
+            reporter.handle(&gone(None), &stats);
+            reporter.handle(&gone(Some("it is a cascade's backfill")), &stats);
+            reporter.finish();
+            assert_eq!(
+                out.text(),
+                "backfill 7's owner (pid 41, host hosta) is gone: worker 2 takes the backfill over and finishes it\n\
+                 backfill 7's owner (pid 41, host hosta) is gone, and worker 2 cannot take its place (it is a cascade's backfill): it starts no more intervals, ends its runs in flight and stops; `backfill resume 7` runs the rest\n"
+            );
+        }
     }
 
     #[test]

@@ -51,6 +51,15 @@ pub enum Event {
     MaxFailures {
         failed: u32,
     },
+    /// A worker (`backfill join`) found its backfill's owner gone: `owner` says which process
+    /// it was. The worker took the backfill over and finishes it, or, when `refused` says why
+    /// it cannot, starts no more intervals and leaves the rest to `backfill resume`.
+    OwnerGone {
+        backfill_id: i64,
+        worker: i64,
+        owner: String,
+        refused: Option<String>,
+    },
     /// A stop was requested: by a signal, or by `backfill cancel`.
     Stopping {
         hard: bool,
@@ -113,6 +122,7 @@ impl Stats {
             Event::TryFailed { .. }
             | Event::GateWarned { .. }
             | Event::MaxFailures { .. }
+            | Event::OwnerGone { .. }
             | Event::Stopping { .. } => {}
         }
     }

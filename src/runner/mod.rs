@@ -94,8 +94,10 @@ pub struct RunSpec {
     /// backfill runs an upstream interval it overlaps and none's latest run failed; else it is
     /// skipped as `upstream not successful`.
     pub upstream: Vec<Dag>,
-    /// For the owner of a backfill that other processes may have joined (`backfill join`):
-    /// asked, once its own queue ran dry and its intervals ended, what is left to do.
+    /// Asked, once this process's queue ran dry and its intervals ended, what is left to do:
+    /// for the owner of a backfill that other processes may have joined (`backfill join`), the
+    /// intervals of gone workers and the wait for live ones; for a worker, the wait while the
+    /// backfill runs, so that it is there to take the backfill over should its owner die.
     pub refill: Option<Refill>,
     /// For a worker: once `true`, no run starts any more (its interval stays planned) and the
     /// runner returns when the runs in flight have ended. Its process took the backfill over
@@ -107,14 +109,15 @@ pub struct RunSpec {
 pub enum Left {
     /// Run these intervals (a gone worker's, leased again).
     Run(Vec<DataInterval>),
-    /// Wait: workers still run intervals of the backfill.
+    /// Wait, and ask again: for an owner, workers still run intervals of the backfill; for a
+    /// worker, the backfill still runs.
     Wait,
     /// Nothing is left.
     Done,
 }
 
 /// Asks the manifest what is left (blocking: run off the async workers); with `false`, only
-/// whether to wait for workers (nothing more is to run).
+/// whether to wait (nothing more is to run: the backfill reached its `--max-failures`).
 pub type Refill = Arc<dyn Fn(bool) -> Result<Left, Error> + Send + Sync>;
 
 /// Shared by the interval tasks of one backfill.

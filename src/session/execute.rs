@@ -1,8 +1,12 @@
-//! Runs a backfill that this process owns (after `create` or `resume`): the dispatcher that
-//! owns the outside world. It watches signals (SIGINT, SIGTERM, SIGHUP) and the manifest's
-//! cancel flag, sends the heartbeat, feeds runner events to the reporter, records how the
-//! backfill ended and runs its notify hooks. Signals are listened to from the start to the end
-//! of the hooks: one during the hooks stops them, and the exit code is then 130.
+//! Runs a backfill that this process owns (after `create` or `resume`) or helps run (`join`):
+//! the dispatcher that owns the outside world. It watches signals (SIGINT, SIGTERM, SIGHUP) and
+//! the manifest's cancel flag, sends the heartbeat, feeds runner events to the reporter, records
+//! how the backfill ended and runs its notify hooks. Signals are listened to from the start to
+//! the end of the hooks: one during the hooks stops them, and the exit code is then 130.
+//!
+//! A worker also watches its owner (see [`super::succession`]): one that took the backfill over
+//! runs the rest of it here once its runs in flight ended, as the owner, with the same signals,
+//! writer and hooks.
 //!
 //! An owner that cannot write its heartbeat stops by itself before its lease could be judged
 //! stale: another process would otherwise take its intervals over while its tries still run.
@@ -15,6 +19,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::Global;
+use super::succession::Found;
 use crate::clock::HEARTBEAT;
 use crate::exit::{self, Error};
 use crate::interval::DataInterval;
@@ -46,12 +51,10 @@ pub struct Execution {
 /// Runs the intervals, then prints the summary and returns the exit code. The writer is closed
 /// (its WAL checkpointed) before returning.
 pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> Result<u8, Error> {
-    // A worker's end is not the backfill's: its owner runs the hooks.
-    let notify = if e.owner.worker.is_some() {
-        crate::project::Notify::default()
-    } else {
-        e.dag.notify.over(&project.notify)
-    };
+    let owners_notify = e.dag.notify.over(&project.notify);
+    // A worker's end is not the backfill's: its owner runs the hooks. A worker that took the
+    // backfill over ends as its owner.
+    let mut as_owner = e.owner.worker.is_none();
     let (backfill_id, dag_id) = (e.owner.backfill_id, e.dag.id.clone());
     // Two workers when tries are processes: spawning one blocks its thread until the child has
     // exec'd (vfork), and the other worker keeps reaping, recording and dispatching meanwhile.
@@ -70,7 +73,19 @@ pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> R
         .build()
         .map_err(|e| Error::io("cannot start the async runtime", e))?;
     let mut signals = runtime.block_on(async { Signals::listen() });
-    let result = run(g, project, e, &writer, &runtime, &mut signals);
+    let result = run(
+        g,
+        project,
+        e,
+        &writer,
+        (&runtime, &mut signals),
+        (false, &mut as_owner),
+    );
+    let notify = if as_owner {
+        owners_notify
+    } else {
+        crate::project::Notify::default()
+    };
     crate::warehouse::pool::close_all();
     crate::warehouse::postgres::conn::close_all();
     crate::manifest::close_readers();
@@ -122,6 +137,26 @@ pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> R
     })
 }
 
+impl Execution {
+    /// The same backfill with no intervals: what a worker that took it over runs as its owner
+    /// (see [`super::succession`]).
+    fn rest(&self) -> Self {
+        Self {
+            owner: self.owner,
+            dag: self.dag.clone(),
+            conf: self.conf.clone(),
+            max_active_runs: self.max_active_runs,
+            intervals: Vec::new(),
+            allow_drift: self.allow_drift,
+            reprs: self.reprs.clone(),
+            mode: self.mode.clone(),
+            max_failures: self.max_failures,
+            tasks: self.tasks.clone(),
+            upstream: self.upstream.clone(),
+        }
+    }
+}
+
 /// Failed intervals whose log's last lines the summary shows.
 const SUMMARY_LOG_TAILS: usize = 20;
 
@@ -132,16 +167,23 @@ struct End {
     summary: String,
 }
 
+/// Runs the backfill's intervals as `e.owner` (its owner, or a worker), then records and says
+/// how it ended. `stopped_before`: stopped before it began (a worker that took the backfill
+/// over and was stopped while its runs in flight ended), so it runs nothing and is judged
+/// interrupted. `as_owner` is set when the process goes on as the backfill's owner.
 fn run(
     g: &Global,
     project: &Project,
     e: Execution,
     writer: &Writer,
-    runtime: &tokio::runtime::Runtime,
-    signals: &mut Option<Signals>,
+    (runtime, signals): (&tokio::runtime::Runtime, &mut Option<Signals>),
+    (stopped_before, as_owner): (bool, &mut bool),
 ) -> Result<End, Error> {
     let began = Instant::now();
     let owner = e.owner;
+    let worker = owner.worker.is_some();
+    // What a worker that takes the backfill over runs as its owner.
+    let rest = worker.then(|| e.rest());
     let backfill_id = owner.backfill_id;
     let labels = crate::report::Labeler::new(&e.dag);
     let rerun_conf = e.conf.clone();
@@ -151,11 +193,16 @@ fn run(
     // A failed promote or rollback is not rerun by `create`: its lines say what failed.
     let reruns = matches!(e.mode, runner::Mode::Run | runner::Mode::Stage);
     let only_tasks = e.tasks.clone();
-    let refill = owner
-        .worker
-        .is_none()
-        .then(|| super::worker::refill(project, &e.dag.id, writer, owner));
-    let tend = refill.clone();
+    // A worker whose queue ran dry waits while the backfill runs (see `worker::linger`).
+    let lingering: Arc<std::sync::atomic::AtomicBool> = Arc::default();
+    let refill = if worker {
+        super::worker::linger(writer.path().to_path_buf(), backfill_id, lingering.clone())
+    } else {
+        super::worker::refill(project, &e.dag.id, writer, owner)
+    };
+    let tend = (!worker).then(|| refill.clone());
+    // A worker's runner winds down when its watch over the owner finds it gone.
+    let (wind_down, wound_down) = watch::channel(false);
     let spec = RunSpec {
         owner,
         dag: Arc::new(e.dag),
@@ -173,8 +220,8 @@ fn run(
         pools: project.pools.clone(),
         lease_timeout: project.lease_timeout,
         upstream: e.upstream,
-        refill,
-        wind_down: None,
+        refill: Some(refill),
+        wind_down: worker.then_some(wound_down),
     };
     let (quiet, verbose) = (g.quiet || g.json, g.verbose);
     let heartbeat_error: Arc<Mutex<Option<Error>>> = Arc::default();
@@ -182,7 +229,11 @@ fn run(
     let ended: Arc<std::sync::atomic::AtomicBool> = Arc::default();
     let lease_timeout = project.lease_timeout;
     let outcome = runtime.block_on(async {
-        let (stop_tx, _) = watch::channel(Stop::Run);
+        let (stop_tx, _) = watch::channel(if stopped_before {
+            Stop::Graceful
+        } else {
+            Stop::Run
+        });
         let (events_tx, mut events_rx) = mpsc::unbounded_channel::<Event>();
         let (done, watching) = oneshot::channel();
         let watcher = tokio::spawn(watch_signals(
@@ -198,8 +249,11 @@ fn run(
             stop_tx.clone(),
             events_tx.clone(),
             heartbeat_error.clone(),
-            ended.clone(),
+            (ended.clone(), lingering),
         ));
+        let watching = worker.then(|| {
+            super::succession::Watching::start(project, writer, owner, events_tx.clone(), wind_down)
+        });
         // The owner recovers gone workers as their leases expire, not only once its own queue
         // ran dry: their runs in flight would hold places of max_active_runs meanwhile.
         let tending = tend.map(|refill| {
@@ -223,6 +277,11 @@ fn run(
             stats
         });
         let result = runner::run(spec, writer.clone(), events_tx, stop_tx.clone()).await;
+        // A takeover under way is finished before the worker ends.
+        let found = match watching {
+            Some(w) => w.end().await,
+            None => Found::Nothing,
+        };
         let _ = done.send(());
         heartbeat.abort();
         if let Some(t) = tending {
@@ -232,9 +291,9 @@ fn run(
         let _ = heartbeat.await;
         let stats = reporter.await.unwrap_or_default();
         let stopped = *stop_tx.borrow() != Stop::Run;
-        (result, stopped, stats)
+        (result, stopped, stats, found)
     });
-    let (result, stopped, stats) = outcome;
+    let (result, stopped, stats, found) = outcome;
     // A heartbeat that could not be written while this process was being taken over (frozen
     // past its lease, then thawed behind a lock or a connection made again): once the manifest
     // answers, being taken over is what happened, and the end says so below.
@@ -260,11 +319,24 @@ fn run(
         return Err(e);
     }
     let halted = result?;
-    if owner.worker.is_some() {
+    if worker {
+        use super::worker::WorkerEnd;
         // A worker whose backfill ended while it had nothing in flight was not interrupted.
         let ended = ended.load(std::sync::atomic::Ordering::Relaxed) && stats.cancelled == 0;
+        let stopped = stopped && !ended;
+        let end = match &found {
+            Found::Nothing => WorkerEnd::Usual,
+            Found::TookOver(_) => WorkerEnd::TookOver,
+            Found::Refused => WorkerEnd::OwnerGone,
+        };
         let (code, state, summary) =
-            super::worker::finish_worker(g, writer, owner, stats, stopped && !ended, began)?;
+            super::worker::finish_worker(g, writer, owner, stats, (stopped, end), began)?;
+        if let (Found::TookOver(successor), Some(rest)) = (found, rest) {
+            *as_owner = true;
+            return go_on_as_owner(
+                g, project, rest, successor, stopped, writer, runtime, signals,
+            );
+        }
         return Ok(End {
             code,
             state,
@@ -330,6 +402,103 @@ fn run(
         state,
         summary: json,
     })
+}
+
+/// A worker that took the backfill over (see [`super::succession`]) goes on as its owner once
+/// its runs in flight ended: it says what recovering the old owner warned of, releases what
+/// other dead backfills hold of the DAG's intervals, leases the backfill's unfinished intervals
+/// and runs them, as `resume` would. Stopped meanwhile (a signal, `backfill cancel`), it runs
+/// nothing and records the backfill as interrupted.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the owner's run takes what the worker's had: the same session, one step on"
+)]
+fn go_on_as_owner(
+    g: &Global,
+    project: &Project,
+    rest: Execution,
+    successor: super::succession::Successor,
+    stopped: bool,
+    writer: &Writer,
+    runtime: &tokio::runtime::Runtime,
+    signals: &mut Option<Signals>,
+) -> Result<End, Error> {
+    let owner = successor.owner;
+    let (id, worker) = (owner.backfill_id, rest.owner.worker.unwrap_or_default());
+    let dag_id = rest.dag.id.clone();
+    let ctx = crate::manifest::leases::LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL);
+    let beat = successor.beat;
+    let prepared = (|| {
+        for w in successor.recovered? {
+            super::warn(g, w.as_str());
+        }
+        if stopped {
+            return Ok((Vec::new(), None));
+        }
+        let dags = crate::recovery::Dags::of(project);
+        let stale =
+            crate::recovery::release_stale(writer, &dags, &dag_id, &ctx.refreshed(), Some(id))?;
+        for w in &stale.warnings {
+            super::warn(g, w);
+        }
+        let (dag_id, c) = (dag_id.clone(), ctx.refreshed());
+        Ok::<_, Error>(writer.call_blocking(move |conn| {
+            // At most the backfill's max_active_runs, as any owner: a worker may have asked
+            // for more, which the manifest capped.
+            let max = conn.backfill(id)?.map(|b| b.max_active_runs);
+            Ok((
+                crate::recovery::lease_remaining(conn, owner, &dag_id, &c)?,
+                max,
+            ))
+        })?)
+    })();
+    // The owner's own heartbeat starts with its run.
+    drop(beat);
+    let (intervals, max) = match prepared {
+        Ok(prepared) => prepared,
+        // Taken over in turn (this process froze past its lease meanwhile, say).
+        Err(Error::Manifest(manifest::Error::Fenced { .. })) => {
+            eprintln!(
+                "backfill {id} was taken over by another process while worker {worker} made ready to run it as its owner; `{}` tells what it did",
+                crate::report::out::hint(&format!("show {id}"))
+            );
+            let (code, state) = (exit::INTERRUPTED, crate::state::BackfillState::Cancelled);
+            return Ok(End {
+                code,
+                state,
+                summary: serde_json::json!({
+                    "backfill_id": id,
+                    "dag_id": dag_id,
+                    "state": state.as_str(),
+                    "exit_code": code,
+                    "taken_over": true,
+                })
+                .to_string(),
+            });
+        }
+        Err(e) => return Err(e),
+    };
+    if !g.quiet && !g.json {
+        eprintln!(
+            "worker {worker} goes on with backfill {id} of {dag_id} as its owner: {} left to run",
+            crate::report::out::plural(intervals.len() as i64, "interval", "intervals")
+        );
+    }
+    let e = Execution {
+        owner,
+        max_active_runs: max.map_or(rest.max_active_runs, |m| m.min(rest.max_active_runs)),
+        intervals,
+        ..rest
+    };
+    let mut as_owner = true;
+    run(
+        g,
+        project,
+        e,
+        writer,
+        (runtime, signals),
+        (stopped, &mut as_owner),
+    )
 }
 
 /// SIGINT, SIGTERM and SIGHUP (the terminal closed), listened to from a backfill's start to the
@@ -427,7 +596,10 @@ async fn keep_alive(
     stop: watch::Sender<Stop>,
     events: mpsc::UnboundedSender<Event>,
     failure: Arc<Mutex<Option<Error>>>,
-    ended: Arc<std::sync::atomic::AtomicBool>,
+    (ended, lingering): (
+        Arc<std::sync::atomic::AtomicBool>,
+        Arc<std::sync::atomic::AtomicBool>,
+    ),
 ) {
     let mut tick = tokio::time::interval(HEARTBEAT);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -453,6 +625,11 @@ async fn keep_alive(
             Ok(Heartbeat::CancelRequested) => "cancelled by `backfill cancel`".to_string(),
             Ok(Heartbeat::Ended) => {
                 ended.store(true, std::sync::atomic::Ordering::Relaxed);
+                // A worker that waits for the backfill's end has nothing to stop: it ends at
+                // its next look (see `worker::linger`), without a word.
+                if lingering.load(std::sync::atomic::Ordering::Relaxed) {
+                    continue;
+                }
                 format!(
                     "backfill {} is no longer running: this worker stops",
                     owner.backfill_id

@@ -5,8 +5,15 @@
 //! the run, so no two processes start it), and that commit counts the backfill's runs in flight
 //! against its `max_active_runs`, across every process. The worker holds a lease of its own;
 //! once it is gone (killed, frozen past its lease, cut off), the owner recovers its runs and
-//! runs their intervals again (see `worker::refill`). A worker stops when the backfill stops running:
-//! cancelled, finished, or taken over and ended.
+//! runs their intervals again (see `worker::refill`). A worker stops when the backfill stops
+//! running: cancelled, finished, or taken over and ended; once its own queue ran dry it waits
+//! for that (see `worker::linger`).
+//!
+//! The other way round, a worker watches its owner: when the owner is gone (by the manifest's
+//! lease rule and clock, as `resume` judges it), the worker takes the whole backfill over and
+//! finishes it as its owner, or, for a backfill `resume` must continue (a cascade's, or one
+//! whose plan was still being written), says so, ends its runs in flight and exits 130 for
+//! `resume`. The decision and its reasons are in `succession`.
 
 use super::Global;
 use super::execute::{Execution, execute};
@@ -99,7 +106,7 @@ pub fn join(g: &Global, id: i64, max_active_runs: Option<u32>) -> Result<u8, Err
         );
     }
     let upstream = super::tasks::upstream_dags(&project, &dag, backfill.cascade_of.is_some());
-    execute(
+    let code = execute(
         g,
         &project,
         Execution {
@@ -116,7 +123,15 @@ pub fn join(g: &Global, id: i64, max_active_runs: Option<u32>) -> Result<u8, Err
             upstream,
         },
         writer,
-    )
+    )?;
+    // A promote's staged backfill is complete once nothing of it awaits promotion, as at the
+    // end of the promote's owner (which this worker may have become).
+    if let (crate::state::BackfillKind::Promote, Some(source)) =
+        (backfill.kind, backfill.source_backfill)
+    {
+        super::staged::settle_staged(&manifest_path, &project, source)?;
+    }
+    Ok(code)
 }
 
 /// Whether a backfill can be joined: running, its owner alive.

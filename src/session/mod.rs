@@ -13,6 +13,7 @@ pub mod launch;
 pub mod outcome;
 pub mod resume;
 pub mod staged;
+mod succession;
 pub mod tasks;
 mod worker;
 

@@ -1,8 +1,11 @@
 //! What the processes of one backfill share at their ends: the owner's refill once its own
-//! queue ran dry (its workers' intervals, recovered or waited for), and how a worker ends.
-//! `execute` runs both; `join` starts the workers.
+//! queue ran dry (its workers' intervals, recovered or waited for), a worker's wait for the
+//! backfill's end once its own queue ran dry, and how a worker ends. `execute` runs them;
+//! `join` starts the workers.
 
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use super::Global;
@@ -51,6 +54,37 @@ pub fn refill(project: &Project, dag_id: &str, writer: &Writer, owner: Owner) ->
     })
 }
 
+/// For a worker whose own queue ran dry: it waits while the backfill runs, so that it is there
+/// to take the backfill over should the owner die before the last interval ended (see
+/// `succession`), and ends with the backfill. Not once the backfill reached its
+/// `--max-failures`: nothing more starts, and a batch of this worker cut short holds its
+/// intervals for as long as the worker runs, which the owner would wait for. `lingering` says
+/// whether it waits.
+pub fn linger(path: PathBuf, backfill_id: i64, lingering: Arc<AtomicBool>) -> Refill {
+    Arc::new(move |more| {
+        let running = more && {
+            let reader = manifest::Reader::take(&path)?;
+            reader
+                .backfill(backfill_id)?
+                .is_some_and(|b| b.state == BackfillState::Running)
+        };
+        lingering.store(running, Ordering::Relaxed);
+        Ok(if running { Left::Wait } else { Left::Done })
+    })
+}
+
+/// How a worker ends, beside its own intervals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum WorkerEnd {
+    /// As workers do: its queue ran dry and the backfill ended, or it was stopped.
+    Usual,
+    /// Its owner is gone and it could not take its place: stopped, for `resume`.
+    OwnerGone,
+    /// It took the backfill over and goes on as its owner: its end is recorded, not said (the
+    /// owner's summary tells every interval's).
+    TookOver,
+}
+
 /// How a worker ended: its state and exit code (its own intervals: the backfill's outcome is
 /// its owner's to judge), recorded and said.
 pub(super) fn finish_worker(
@@ -58,9 +92,10 @@ pub(super) fn finish_worker(
     writer: &Writer,
     owner: Owner,
     stats: Stats,
-    stopped: bool,
+    (stopped, end): (bool, WorkerEnd),
     began: Instant,
 ) -> Result<(u8, BackfillState, String), Error> {
+    let stopped = stopped || end == WorkerEnd::OwnerGone;
     let (mut state, mut code) = if stopped {
         (BackfillState::Cancelled, exit::INTERRUPTED)
     } else if stats.failed + stats.rejected > 0 {
@@ -77,6 +112,9 @@ pub(super) fn finish_worker(
             (state, code) = (BackfillState::Cancelled, exit::INTERRUPTED);
         }
         Err(e) => return Err(e.into()),
+    }
+    if end == WorkerEnd::TookOver {
+        return Ok((code, state, String::new()));
     }
     let summary = serde_json::json!({
         "backfill_id": owner.backfill_id,
@@ -99,8 +137,18 @@ pub(super) fn finish_worker(
         }
     } else if !g.quiet {
         let ran = stats.succeeded + stats.failed + stats.rejected + stats.cancelled;
+        let next = match end {
+            WorkerEnd::OwnerGone => format!(
+                "its owner is gone: `{}` runs the rest",
+                crate::report::out::hint(&format!("resume {}", owner.backfill_id))
+            ),
+            _ => format!(
+                "`{}` tells how the backfill goes",
+                crate::report::out::hint(&format!("show {}", owner.backfill_id))
+            ),
+        };
         eprintln!(
-            "worker {} of backfill {} {}: ran {} here ({} succeeded, {} failed, {} rejected, {} cancelled); `{}` tells how the backfill goes",
+            "worker {} of backfill {} {}: ran {} here ({} succeeded, {} failed, {} rejected, {} cancelled); {next}",
             owner.worker.unwrap_or_default(),
             owner.backfill_id,
             state.as_str(),
@@ -109,7 +157,6 @@ pub(super) fn finish_worker(
             stats.failed,
             stats.rejected,
             stats.cancelled,
-            crate::report::out::hint(&format!("show {}", owner.backfill_id))
         );
     }
     Ok((code, state, summary.to_string()))

@@ -350,21 +350,63 @@ fn join_refuses_what_it_cannot_help_and_records_no_worker() {
     );
 }
 
-/// Host A owns the backfill and host B holds two days; host A ends its six, waits for host B's,
-/// and dies; its lease has expired on return.
-fn owner_dies_beside_a_running_worker() -> (Project, Host) {
-    let p = project();
-    let (a, b) = owner_and_worker(&p);
-    each_host_holds_two(&p);
+/// Host A owns the backfill (`create`, in project `p`) and host B holds two days; host A ends
+/// its six, waits for host B's, and dies; its lease has expired on return. Returns host B and
+/// host A's owner as it was recorded (`pid N, host hosta`).
+fn owner_dies_beside_a_running_worker(p: &Project, create: &[&str]) -> (Host, String) {
+    let (a, b) = owner_and_worker_of(p, create);
+    let owner = format!(
+        "pid {}, host hosta",
+        p.count("SELECT owner_pid FROM backfills WHERE id = 1")
+    );
+    each_host_holds_two(p);
     // Host A ends its two, waits for host B's, and dies.
-    release(&p, "hosta");
+    release(p, "hosta");
     // Recorded, not only ended: a try's end is noted before its run's end is recorded.
     wait_until("host A to record six days", Duration::from_secs(30), || {
         p.count("SELECT COUNT(*) FROM runs WHERE state = 'succeeded'") == 6
     });
     a.die();
-    crate::support::wait_stale(&p, 1, 2000);
-    (p, b)
+    // Its lease expired, or host B, finding it so, took the backfill over already.
+    wait_until("host A's lease to expire", Duration::from_secs(20), || {
+        let row = p.rows("SELECT heartbeat_at, epoch FROM backfills WHERE id = 1");
+        let (beat, epoch): (i64, i64) = (row[0][0].parse().unwrap(), row[0][1].parse().unwrap());
+        epoch > 0 || crate::support::now_ms() - beat > 2000
+    });
+    (b, owner)
+}
+
+/// The project with DAG `d` downstream of `c`: `create --cascade all` of `c` backfills `d` after
+/// it, which a worker of `c`'s backfill neither checked nor was asked to run.
+fn cascade_project() -> Project {
+    let p = project();
+    p.write(
+        "dags/d.toml",
+        "schedule = \"@daily\"\nupstream = [\"c\"]\n[[tasks]]\nid = \"after\"\ncommand = \"true\"\n",
+    );
+    p
+}
+
+/// A worker of a cascade's backfill cannot take its gone owner's place (`resume` goes on with
+/// the cascade): it says so within the lease timeout and leaves the backfill to `resume`.
+fn the_worker_leaves_it_to_resume(p: &Project, owner: &str) {
+    wait_until(
+        "host B to say that its owner is gone",
+        Duration::from_secs(2),
+        || {
+            p.read("hostb.err")
+                .contains("is gone, and worker 1 cannot take its place")
+        },
+    );
+    // (The hosts name the project as `-C DIR/`.)
+    assert!(
+        p.read("hostb.err").contains(&format!(
+            "backfill 1's owner ({owner}) is gone, and worker 1 cannot take its place (it is a cascade's backfill: `resume` goes on with the DAGs downstream): it starts no more intervals, ends its runs in flight and stops; `{}/ resume 1` runs the rest",
+            p.hint("").trim_end()
+        )),
+        "{}",
+        p.read("hostb.err")
+    );
 }
 
 #[test]
@@ -373,7 +415,10 @@ fn owner_dies_beside_a_running_worker() -> (Project, Host) {
     ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
 )]
 fn when_the_owner_dies_resume_takes_its_place_and_leaves_a_live_worker_its_runs() {
-    let (p, b) = owner_dies_beside_a_running_worker();
+    let p = cascade_project();
+    let (b, owner) =
+        owner_dies_beside_a_running_worker(&p, &[EIGHT_DAYS, &["--cascade", "all"]].concat());
+    the_worker_leaves_it_to_resume(&p, &owner);
     let c = Host::start(&p, "hostc", &["resume", "1"]);
     wait_until(
         "host C to own the backfill",
@@ -392,7 +437,70 @@ fn when_the_owner_dies_resume_takes_its_place_and_leaves_a_live_worker_its_runs(
     );
     release(&p, "hostb");
     c.wait(&p, Duration::from_secs(60)).code(0);
-    b.wait(&p, Duration::from_secs(60)).code(0);
+    // Host B ended its runs and stopped, as it said: resumable, its own runs succeeded.
+    b.wait(&p, Duration::from_secs(60)).code(130).stderr_has(&format!(
+        "worker 1 of backfill 1 cancelled: ran 2 intervals here (2 succeeded, 0 failed, 0 rejected, 0 cancelled); its owner is gone: `{}/ resume 1` runs the rest",
+        p.hint("").trim_end()
+    ));
+    let started = events(&p, "start");
+    assert_eq!(
+        started.iter().map(|e| e.0.clone()).collect::<Vec<_>>(),
+        days(),
+        "each day started once"
+    );
+    assert_eq!(events(&p, "end"), started);
+    assert_eq!(
+        p.rows(
+            "SELECT date(interval_start, 'unixepoch'), COUNT(*) FROM runs
+             WHERE state = 'succeeded' AND backfill_id = 1 GROUP BY interval_start ORDER BY interval_start"
+        ),
+        days()
+            .into_iter()
+            .map(|d| vec![d, "1".to_string()])
+            .collect::<Vec<_>>()
+    );
+    let show = p.run(&["--output", "json", "show", "1"]).json();
+    assert_eq!(show["state"], "completed");
+    assert_eq!(show["workers"][0]["runs"], 2);
+    // The resume went on with the cascade.
+    assert_eq!(
+        p.rows("SELECT id, dag_id, state FROM backfills ORDER BY id"),
+        [["1", "c", "completed"], ["2", "d", "completed"]]
+    );
+}
+
+#[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
+fn when_the_owner_dies_beside_a_running_worker_the_worker_takes_its_place_and_keeps_its_runs() {
+    let p = project();
+    let (b, owner) = owner_dies_beside_a_running_worker(&p, EIGHT_DAYS);
+    // Within the lease timeout of its expiry, host B owns the backfill, in a new epoch.
+    wait_until("host B to own the backfill", Duration::from_secs(2), || {
+        p.rows(&format!(
+            "SELECT {}, epoch FROM backfills WHERE id = 1",
+            name_of("owner_host")
+        )) == [["hostb", "1"]]
+    });
+    // Its two runs go on, as a worker's: not stopped, not run again.
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM runs WHERE worker = 1 AND state = 'running'"),
+        2
+    );
+    // The backfill has one owner: resume from elsewhere is refused.
+    p.run(&["resume", "1"])
+        .code(2)
+        .stderr_has("backfill 1 is still running (pid ");
+    release(&p, "hostb");
+    let out = b.wait(&p, Duration::from_secs(60));
+    out.code(0)
+        .stderr_has(&format!(
+            "backfill 1's owner ({owner}) is gone: worker 1 takes the backfill over and finishes it"
+        ))
+        .stderr_has("worker 1 goes on with backfill 1 of c as its owner: 0 intervals left to run")
+        .stderr_has("backfill 1 of c: completed — 8 succeeded, 0 failed, 0 rejected, 0 cancelled, 0 skipped in ");
     let started = events(&p, "start");
     assert_eq!(
         started.iter().map(|e| e.0.clone()).collect::<Vec<_>>(),
@@ -401,9 +509,52 @@ fn when_the_owner_dies_resume_takes_its_place_and_leaves_a_live_worker_its_runs(
     );
     assert_eq!(events(&p, "end"), started);
     each_day_succeeded_once(&p);
+    assert_eq!(
+        p.rows(&format!(
+            "SELECT state, epoch, {} FROM backfills",
+            name_of("owner_host")
+        )),
+        [["completed", "1", "hostb"]]
+    );
     let show = p.run(&["--output", "json", "show", "1"]).json();
     assert_eq!(show["state"], "completed");
+    assert_eq!(show["workers"][0]["state"], "completed");
     assert_eq!(show["workers"][0]["runs"], 2);
+}
+
+#[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
+fn a_worker_that_took_the_backfill_over_and_is_cancelled_records_it_cancelled() {
+    let p = project();
+    let (b, _) = owner_dies_beside_a_running_worker(&p, EIGHT_DAYS);
+    wait_until("host B to own the backfill", Duration::from_secs(2), || {
+        p.rows(&format!(
+            "SELECT {} FROM backfills WHERE id = 1",
+            name_of("owner_host")
+        )) == [["hostb"]]
+    });
+    // Cancelled while its runs in flight end: it stops them and, as the owner, records the end.
+    p.run(&["cancel", "1"])
+        .code(0)
+        .stderr_has("backfill 1 stopped: cancelled");
+    b.wait(&p, Duration::from_secs(20))
+        .code(130)
+        .stderr_has("cancelled by `backfill cancel`")
+        .stderr_has("worker 1 goes on with backfill 1 of c as its owner: 0 intervals left to run");
+    assert_eq!(
+        p.rows("SELECT state, epoch FROM backfills"),
+        [["cancelled", "1"]]
+    );
+    assert_eq!(p.rows("SELECT state FROM workers"), [["cancelled"]]);
+    assert_eq!(
+        p.rows("SELECT state, COUNT(*) FROM runs GROUP BY state ORDER BY state"),
+        [["cancelled", "2"], ["succeeded", "6"]]
+    );
+    assert_eq!(p.count("SELECT COUNT(*) FROM leases"), 0);
+    assert_eq!(events(&p, "end").len(), 6, "host B ended nothing");
 }
 
 #[test]
@@ -447,7 +598,10 @@ fn max_failures_counts_the_failures_of_every_process_of_the_backfill() {
     ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
 )]
 fn cancel_of_a_gone_owner_waits_for_its_live_worker_to_stop() {
-    let (p, b) = owner_dies_beside_a_running_worker();
+    let p = cascade_project();
+    let (b, owner) =
+        owner_dies_beside_a_running_worker(&p, &[EIGHT_DAYS, &["--cascade", "all"]].concat());
+    the_worker_leaves_it_to_resume(&p, &owner);
     p.run(&["cancel", "1"])
         .code(0)
         .stderr_has("backfill 1 cancelled; its process on host hosta sent no heartbeat");
@@ -562,4 +716,243 @@ fn a_join_whose_dag_differs_from_the_backfills_is_refused_and_resume_records_the
         recorded,
         "the same DAG, the same recorded definition"
     );
+}
+
+/// A try notes its start and end and waits for `release` before it ends (for a minute at
+/// most, so that none outlives a test that failed).
+const ONE_AT_A_TIME: &str = r#"
+schedule = "@daily"
+grace_period = "500ms"
+[[tasks]]
+id = "work"
+command = '''
+echo "start {{ ds }}" >> events.txt
+n=0
+while [ ! -f release ] && [ $n -lt 1200 ]; do sleep 0.05; n=$((n + 1)); done
+echo "end {{ ds }}" >> events.txt
+'''
+"#;
+
+/// The noted events, in the order they happened.
+fn noted(p: &Project) -> Vec<String> {
+    std::fs::read_to_string(p.path("events.txt"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// A process of a test, killed when dropped: a test that fails leaves none behind.
+struct Killed(Option<std::process::Child>);
+
+impl Killed {
+    fn take(mut self) -> std::process::Child {
+        self.0.take().expect("taken once")
+    }
+}
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A worker joined beside an owner that holds the backfill's only place with a slow day; the
+/// owner is killed (SIGKILL): its try goes on, orphaned, and its run holds the place. Returns
+/// the worker and the owner's pid.
+fn owner_killed_holding_the_only_place(p: &Project) -> (Killed, u32) {
+    let owner = Killed(Some(p.spawn(
+        "owner",
+        &[
+            "create",
+            "--dag",
+            "c",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-03",
+            "--max-active-runs",
+            "1",
+        ],
+    )));
+    wait_until(
+        "the owner to start its first day",
+        Duration::from_secs(20),
+        || noted(p).len() == 1,
+    );
+    let worker = Killed(Some(
+        p.spawn("worker", &["join", "latest", "--max-active-runs", "2"]),
+    ));
+    wait_until("the worker to join", Duration::from_secs(20), || {
+        p.count("SELECT COUNT(*) FROM workers WHERE state = 'running'") == 1
+    });
+    let pid = owner.0.as_ref().map(std::process::Child::id).unwrap();
+    // SIGKILL, and reaped.
+    drop(owner);
+    (worker, pid)
+}
+
+#[test]
+fn a_worker_takes_over_an_owner_killed_holding_the_only_place_and_finishes_the_backfill() {
+    let p = Project::new().dag("c", ONE_AT_A_TIME);
+    p.write("backfill.toml", "lease_timeout = \"3s\"\n");
+    let (worker, owner_pid) = owner_killed_holding_the_only_place(&p);
+    let worker_pid = worker.0.as_ref().map(|w| w.id().to_string()).unwrap();
+    // The dead owner's try is killed, its run recorded cancelled: the place is free again.
+    wait_until(
+        "the worker to take the backfill over",
+        Duration::from_secs(20),
+        || p.count("SELECT COUNT(*) FROM runs WHERE state = 'cancelled'") == 1,
+    );
+    std::fs::write(p.path("release"), "").unwrap();
+    let out = crate::support::wait_within(&p, "worker", worker.take(), Duration::from_secs(60));
+    out.code(0);
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(
+        lines[..4],
+        [
+            "note: latest: backfill 1",
+            "joined backfill 1 of c as worker 1: 2 intervals left to run, at most 2 at once here",
+            &format!(
+                "backfill 1's owner (pid {owner_pid}, host {}) is gone: worker 1 takes the backfill over and finishes it",
+                this_host()
+            ),
+            "worker 1 goes on with backfill 1 of c as its owner: 3 intervals left to run",
+        ],
+        "{}",
+        out.stderr
+    );
+    assert!(
+        lines[lines.len() - 1].starts_with(
+            "backfill 1 of c: completed — 3 succeeded, 0 failed, 0 rejected, 0 cancelled, 0 skipped in "
+        ),
+        "{}",
+        out.stderr
+    );
+    // The owner's first day was started, killed before it ended, and run again: each day ended
+    // once, in order, one at a time.
+    assert_eq!(
+        noted(&p),
+        [
+            "start 2026-01-01",
+            "start 2026-01-01",
+            "end 2026-01-01",
+            "start 2026-01-02",
+            "end 2026-01-02",
+            "start 2026-01-03",
+            "end 2026-01-03"
+        ]
+    );
+    assert_eq!(
+        p.rows(
+            "SELECT date(r.interval_start, 'unixepoch'), r.state, t.state, COALESCE(t.error, ''),
+                    COALESCE(r.worker, 0)
+             FROM runs r JOIN task_tries t ON t.run_id = r.id ORDER BY r.id"
+        ),
+        [
+            [
+                "2026-01-01",
+                "cancelled",
+                "cancelled",
+                "abandoned: the process of backfill 1 is gone",
+                "0"
+            ],
+            ["2026-01-01", "succeeded", "succeeded", "", "0"],
+            ["2026-01-02", "succeeded", "succeeded", "", "0"],
+            ["2026-01-03", "succeeded", "succeeded", "", "0"]
+        ]
+    );
+    // It owns the backfill in a new epoch and judged it; its end as a worker is recorded too.
+    assert_eq!(
+        p.rows("SELECT state, epoch, owner_pid FROM backfills"),
+        [["completed", "1", worker_pid.as_str()]]
+    );
+    assert_eq!(p.rows("SELECT state FROM workers"), [["completed"]]);
+    assert_eq!(p.count("SELECT COUNT(*) FROM leases"), 0);
+    let show = p.run(&["--output", "json", "show", "1"]).json();
+    assert_eq!(show["state"], "completed");
+    assert_eq!(show["intervals"]["succeeded"], 3);
+    assert_eq!(show["intervals"]["cancelled"], 0);
+    assert_eq!(show["workers"][0]["runs"], 0);
+}
+
+#[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
+fn of_two_workers_that_find_the_owner_gone_one_takes_the_backfill_over_and_the_other_helps_it() {
+    let p = project();
+    let (a, b) = owner_and_worker(&p);
+    let c = Host::start(&p, "hostc", &["join", "1"]);
+    wait_until("host C to join", Duration::from_secs(20), || {
+        p.count("SELECT COUNT(*) FROM workers WHERE state = 'running'") == 2
+    });
+    // Host A dies holding every place, its four tries with it.
+    a.die();
+    wait_until(
+        "a worker to take the backfill over and recover host A's days",
+        Duration::from_secs(20),
+        || p.count("SELECT COUNT(*) FROM runs WHERE state = 'cancelled'") == 4,
+    );
+    release(&p, "hostb");
+    release(&p, "hostc");
+    let outs = [
+        ("hostb", b.wait(&p, Duration::from_secs(60))),
+        ("hostc", c.wait(&p, Duration::from_secs(60))),
+    ];
+    for (_, out) in &outs {
+        out.code(0);
+    }
+    // Exactly one took it over (the manifest's first claim); the other went on as a worker.
+    let took: Vec<&str> = outs
+        .iter()
+        .filter(|(_, out)| {
+            out.stderr
+                .contains("takes the backfill over and finishes it")
+        })
+        .map(|(host, _)| *host)
+        .collect();
+    assert_eq!(took.len(), 1, "{outs:?}");
+    assert_eq!(
+        p.rows(&format!(
+            "SELECT state, epoch, {} FROM backfills",
+            name_of("owner_host")
+        )),
+        [["completed", "1", took[0]]]
+    );
+    assert_eq!(
+        p.rows("SELECT state FROM workers ORDER BY id"),
+        [["completed"], ["completed"]]
+    );
+    // Host A's four days were recovered as cancelled; every day then succeeded once, elsewhere.
+    assert_eq!(
+        p.rows(
+            "SELECT date(r.interval_start, 'unixepoch'), t.state, t.error FROM runs r
+             JOIN task_tries t ON t.run_id = r.id WHERE r.state = 'cancelled' ORDER BY r.interval_start"
+        ),
+        (1..=4)
+            .map(|d| {
+                vec![
+                    format!("2026-01-0{d}"),
+                    "cancelled".to_string(),
+                    "abandoned: the process of backfill 1 is gone".to_string(),
+                ]
+            })
+            .collect::<Vec<_>>()
+    );
+    each_day_succeeded_once(&p);
+    let ended = events(&p, "end");
+    assert_eq!(
+        ended.iter().map(|e| e.0.clone()).collect::<Vec<_>>(),
+        days(),
+        "each day ended once"
+    );
+    assert!(ended.iter().all(|e| e.1 != "hosta"), "{ended:?}");
+    let show = p.run(&["--output", "json", "show", "1"]).json();
+    assert_eq!(show["state"], "completed");
+    assert_eq!(show["intervals"]["succeeded"], 8);
 }

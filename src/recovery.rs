@@ -524,13 +524,20 @@ fn finish_publish(
         }),
     };
     let result = warehouse::publish::publish(&wh, &publish, &allowed);
+    // A promote's file is the staged output's own: unless this publish put it in place, the
+    // output stays staged (for the next `promote`), and so does its file.
+    let promoting = p.record.promoted_from.is_some();
     match result {
         Ok(rows) => {
             audit.remove();
             Ok(Finished::Published(rows, None))
         }
         Err(warehouse::Error::Refused) => {
-            audit.remove();
+            if promoting {
+                audit.keep();
+            } else {
+                audit.remove();
+            }
             Ok(Finished::Dropped(
                 "superseded by a newer publish, or finished by another process".into(),
             ))

@@ -1,5 +1,6 @@
 //! Exit codes, and the error type that maps onto them. Every exit code of the binary is here,
-//! and an error's code is decided by its kind alone.
+//! and an error's code is decided by its kind alone. (A panic, or an allocation that fails, is
+//! no error: the process aborts, see `crash`, and a shell shows 134.)
 
 use crate::interval::RangeError;
 use crate::project::ProjectError;

@@ -30,8 +30,9 @@
 //! pg/                          the PostgreSQL driver layer under the manifest and the
 //!                              warehouses: connections, TLS, errors, quoting; a leaf
 //! plan, gate, schedule, interval, state, clock, liveness, words, suggest, sqlite, fault,
-//! sample, params, query, task::template
-//!                              pure logic and the small shared pieces everything uses
+//! sample, params, query, task::template, crash
+//!                              pure logic and the small shared pieces everything uses; a
+//!                              panic that ends the process
 //! ```
 //!
 //! The manifest never looks at processes: it is handed a [`liveness::Host`] (the real one is
@@ -41,6 +42,7 @@ pub mod cascade;
 pub mod cli;
 pub mod clock;
 pub mod commands;
+pub mod crash;
 pub mod estimate;
 pub mod exit;
 pub mod fault;

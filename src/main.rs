@@ -28,6 +28,8 @@ fn print_json_error(kind: &str, message: &str, code: u8) {
 }
 
 fn main() -> ExitCode {
+    // Before anything else: a panic on any thread ends the process (see `crash`).
+    backfill::crash::install();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

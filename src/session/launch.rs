@@ -162,6 +162,7 @@ pub fn launch(
         crate::fault::point("after-release-stale");
         let first = ctx.refreshed();
         let owner = writer.call_blocking(move |c| c.insert_backfill(&request, &first))?;
+        crate::crash::running(owner.backfill_id);
         let beat = Beating::start(&writer, owner);
         let planned = write_plan(
             &writer,

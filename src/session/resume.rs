@@ -35,6 +35,7 @@ pub fn resume_found(
     wait: bool,
 ) -> Result<u8, Error> {
     let id = backfill.id;
+    crate::crash::running(id);
     let pending = conn
         .unfinished_intervals(id)
         .map_err(|e| e.at(manifest_path))?;

@@ -12,6 +12,7 @@ mod guard_rails;
 mod hosts;
 mod interrupt;
 mod join;
+mod limits;
 mod network;
 mod one_worker;
 mod operations;

@@ -1,0 +1,134 @@
+//! What the machine may refuse a run: memory. The limits are set on the binary as `prlimit`
+//! sets them (`setrlimit` in the child, before it `exec`s): a process that runs out of address
+//! space ends within seconds, whatever it was doing, and `resume` finishes its backfill.
+
+use std::os::unix::process::CommandExt;
+use std::process::Child;
+use std::time::Duration;
+
+use nix::sys::resource::{Resource, setrlimit};
+
+use crate::support::{Out, Project, wait_within};
+
+/// Longest a limited run may take: each ends in well under a second, or hangs for ever.
+const BOUND: Duration = Duration::from_secs(30);
+
+/// Starts the binary as [`Project::spawn_with`] does, with `limit` (soft, hard) on `resource`.
+fn spawn_limited(
+    p: &Project,
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    (resource, soft, hard): (Resource, u64, u64),
+) -> Child {
+    let mut c = p.command(args);
+    c.envs(env.iter().copied())
+        .stdout(std::fs::File::create(p.path(&format!("{name}.out"))).unwrap())
+        .stderr(std::fs::File::create(p.path(&format!("{name}.err"))).unwrap());
+    // SAFETY: setrlimit is async-signal-safe, and nothing else runs between fork and exec.
+    unsafe {
+        c.pre_exec(move || setrlimit(resource, soft, hard).map_err(std::io::Error::from));
+    }
+    c.spawn().expect("spawn backfill")
+}
+
+/// Runs the binary to its end under `limit`; fails the test when it has not ended in [`BOUND`].
+fn run_limited(
+    p: &Project,
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    limit: (Resource, u64, u64),
+) -> Out {
+    let child = spawn_limited(p, name, args, env, limit);
+    wait_within(p, name, child, BOUND)
+}
+
+/// Address space: `mib` MiB, soft and hard, as `prlimit --as=BYTES`.
+fn address_space(mib: u64) -> (Resource, u64, u64) {
+    (Resource::RLIMIT_AS, mib << 20, mib << 20)
+}
+
+/// The least address space (MiB) in which the binary starts at all (`--version`): its code,
+/// its libraries and its first allocations.
+fn least_to_start(p: &Project) -> u64 {
+    let (mut low, mut high) = (1, 4096);
+    while low < high {
+        let mid = (low + high) / 2;
+        let out = run_limited(p, "version", &["--version"], &[], address_space(mid));
+        if out.code == 0 {
+            high = mid;
+        } else {
+            low = mid + 1;
+        }
+    }
+    low
+}
+
+#[test]
+fn a_process_out_of_address_space_ends_at_once_and_resume_finishes_its_backfill() {
+    let dag = r#"schedule = "@daily"
+[[tasks]]
+id = "t"
+command = "true"
+"#;
+    let least = least_to_start(&Project::new());
+    // From the least that starts, where the threads and the first connections are refused one
+    // after another (1 MiB apart), to where a run mostly completes (8 MiB apart).
+    let sizes = (least..least + 24).chain((least + 24..=least + 160).step_by(8));
+    let four = [
+        "create",
+        "--dag",
+        "c",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-04",
+        "--max-active-runs",
+        "4",
+    ];
+    let mut ended = Vec::new();
+    for mib in sizes {
+        let p = Project::new().dag("c", dag);
+        let out = run_limited(&p, "limited", &four, &[], address_space(mib));
+        // A panic goes through the hook (an internal error, then abort), never on unwinding.
+        assert!(
+            !out.stderr.contains("panicked"),
+            "{mib} MiB: a panic unwound\n{}",
+            out.stderr
+        );
+        ended.push(format!("{mib}:{}", out.code));
+        if !p.has_manifest() || p.count("SELECT COUNT(*) FROM backfills") == 0 {
+            // Ended before the backfill was written: nothing to take up.
+            assert_ne!(out.code, 0, "{mib} MiB\n{}", out.stderr);
+            continue;
+        }
+        if out.code != 0 {
+            p.run(&["resume", "1"]).code(0);
+        }
+        assert_eq!(
+            p.rows(
+                "SELECT date(interval_start, 'unixepoch'), COUNT(*) FROM runs WHERE state = 'succeeded'
+                 GROUP BY interval_start ORDER BY interval_start"
+            ),
+            [
+                ["2026-01-01", "1"],
+                ["2026-01-02", "1"],
+                ["2026-01-03", "1"],
+                ["2026-01-04", "1"],
+            ],
+            "{mib} MiB: each interval succeeded once\n{}",
+            out.stderr
+        );
+        assert_eq!(
+            p.rows("SELECT state FROM backfills"),
+            [["completed"]],
+            "{mib} MiB"
+        );
+        assert_eq!(p.count("SELECT COUNT(*) FROM leases"), 0, "{mib} MiB");
+    }
+    eprintln!(
+        "sizes (MiB) and exit codes (-1: a signal): {}",
+        ended.join(" ")
+    );
+}

@@ -9,7 +9,8 @@ use crate::project::ProjectError;
 pub const OK: u8 = 0;
 /// An internal error: a bug, or the manifest or a warehouse could not be read or written.
 pub const INTERNAL: u8 = 1;
-/// Bad usage, bad configuration or bad input; nothing was written.
+/// Bad usage, bad configuration or bad input, or an open-files limit too low for the run;
+/// nothing was written.
 pub const USAGE: u8 = 2;
 /// One or more intervals failed or were rejected; the rest completed.
 pub const FAILED: u8 = 3;
@@ -32,7 +33,10 @@ pub enum Error {
     Manifest(#[from] crate::manifest::Error),
     #[error(transparent)]
     Warehouse(#[from] crate::warehouse::Error),
-    #[error("{context}: {source}")]
+    /// What the process may open or start is too little for the command; nothing was written.
+    #[error(transparent)]
+    Limit(#[from] crate::limits::Refused),
+    #[error("{context}: {}", crate::limits::io(source))]
     Io {
         context: String,
         source: std::io::Error,
@@ -49,7 +53,9 @@ impl Error {
     /// The exit code of this kind of error.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Usage(_) | Self::Project(_) | Self::Range(_) | Self::Now(_) => USAGE,
+            Self::Usage(_) | Self::Project(_) | Self::Range(_) | Self::Now(_) | Self::Limit(_) => {
+                USAGE
+            }
             Self::Manifest(
                 crate::manifest::Error::Missing { .. }
                 | crate::manifest::Error::ReadOnly { .. }
@@ -71,6 +77,7 @@ impl Error {
             Self::Range(_) => "range",
             Self::Manifest(_) => "manifest",
             Self::Warehouse(_) => "warehouse",
+            Self::Limit(_) => "limit",
             Self::Io { .. } => "io",
             Self::Internal(_) => "internal",
             Self::ClosedPipe => "closed pipe",

@@ -30,9 +30,9 @@
 //! pg/                          the PostgreSQL driver layer under the manifest and the
 //!                              warehouses: connections, TLS, errors, quoting; a leaf
 //! plan, gate, schedule, interval, state, clock, liveness, words, suggest, sqlite, fault,
-//! sample, params, query, task::template, crash
-//!                              pure logic and the small shared pieces everything uses; a
-//!                              panic that ends the process
+//! sample, params, query, task::template, limits, crash
+//!                              pure logic and the small shared pieces everything uses; what
+//!                              the process may open, and a panic that ends it
 //! ```
 //!
 //! The manifest never looks at processes: it is handed a [`liveness::Host`] (the real one is
@@ -48,6 +48,7 @@ pub mod exit;
 pub mod fault;
 pub mod gate;
 pub mod interval;
+pub mod limits;
 pub mod liveness;
 pub mod log;
 pub mod manifest;

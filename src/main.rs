@@ -28,8 +28,12 @@ fn print_json_error(kind: &str, message: &str, code: u8) {
 }
 
 fn main() -> ExitCode {
-    // Before anything else: a panic on any thread ends the process (see `crash`).
+    // Before anything else: a panic on any thread ends the process (see `crash`), SQLite's
+    // error log says why a file could not be opened, and the open-files limit is as high as
+    // the hard limit lets it be.
     backfill::crash::install();
+    backfill::limits::watch_sqlite();
+    backfill::limits::raise();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

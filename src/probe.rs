@@ -277,7 +277,13 @@ fn run_command(
             output: Output::Capture,
         })
         .await
-        .map_err(|e| format!("{key} command: cannot start `{}`: {e}", program.name()))?;
+        .map_err(|e| {
+            format!(
+                "{key} command: cannot start `{}`: {}",
+                program.name(),
+                crate::limits::io(&e)
+            )
+        })?;
         process::finish(spawned, Some(timeout), task.grace_period, &mut stop)
             .await
             .map_err(|e| format!("{key} command: {e}"))

@@ -81,6 +81,11 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
             }
         }
     };
+    let max_active_runs = args.max_active_runs.or(dag.max_active_runs).unwrap_or(1);
+    if !args.dry_run {
+        // Before a warehouse is created from its init files or the manifest is opened.
+        crate::limits::room_for_runs(max_active_runs, Some("--max-active-runs"))?;
+    }
     let reprs = check_tasks(&dag, &conf, &intervals)?;
     if dag.batch_size > 1
         && let Some(why) = dag.tasks.iter().find_map(crate::warehouse::batch_problem)
@@ -97,7 +102,6 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         }));
     }
     let reprocess = Reprocess::from(args.reprocess_behavior);
-    let max_active_runs = args.max_active_runs.or(dag.max_active_runs).unwrap_or(1);
     let options = plan::Options {
         reprocess,
         run_backwards: args.run_backwards,

@@ -54,6 +54,7 @@ fn backfill_id(g: &Global, r: BackfillRef, latest: Latest) -> Result<i64, Error>
 
 /// Runs the command; returns the exit code.
 pub fn run(cli: Cli) -> Result<u8, Error> {
+    crate::limits::claim_signal_pipe()?;
     if let Some(why) = cli
         .manifest
         .as_deref()

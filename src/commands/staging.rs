@@ -530,6 +530,8 @@ pub fn rollback(
     let now = clock::now()?;
     let range = resolve_args(from, to, now, dag.tz)?;
     let intervals = expand_nonempty(&dag.schedule, range, from, to)?;
+    let max_active_runs = max_active_runs.or(dag.max_active_runs).unwrap_or(1);
+    crate::limits::room_for_runs(max_active_runs, Some("--max-active-runs"))?;
     let window = DataInterval::new(intervals[0].start, intervals[intervals.len() - 1].end);
     let mut reprs = HashMap::new();
     for (task, sql) in &chosen {
@@ -539,7 +541,6 @@ pub fn rollback(
             .map_err(|p| problem(p.message))?;
         reprs.insert(task.id.clone(), repr);
     }
-    let max_active_runs = max_active_runs.or(dag.max_active_runs).unwrap_or(1);
     let (range_start, range_end) = crate::session::launch::unix_range(range);
     let tasks = (!only.is_empty()).then(|| only.to_vec());
     let request = NewBackfill {

@@ -448,10 +448,22 @@ impl Verifier<'_> {
             process::Output::Log(log.clone()),
         )
         .await
-        .map_err(|e| format!("cannot start `{}`: {e}", program.name()))?
+        .map_err(|e| {
+            format!(
+                "cannot start `{}`: {}",
+                program.name(),
+                crate::limits::io(&e)
+            )
+        })?
         .release()
         .await
-        .map_err(|e| format!("cannot start `{}`: {e}", program.name()))?;
+        .map_err(|e| {
+            format!(
+                "cannot start `{}`: {}",
+                program.name(),
+                crate::limits::io(&e)
+            )
+        })?;
         match process::supervise(spawned, task.timeout, task.grace_period, stop).await {
             Ok(Ended::Exited(status)) if status.success() => {}
             Ok(Ended::Exited(status)) => return Err(process::describe_exit(status)),

@@ -87,17 +87,17 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A SQLite error not yet attributed to a file (see [`Error::at`]).
-    #[error("{0}")]
+    #[error("{}", crate::limits::sqlite(.0))]
     Sql(#[from] rusqlite::Error),
     /// A PostgreSQL error not yet attributed to a database (see [`Error::at`]).
     #[error("{0}")]
     Pg(#[from] crate::pg::Error),
-    #[error("manifest {}: {source}", path.display())]
+    #[error("manifest {}: {}", path.display(), crate::limits::sqlite(source))]
     Db {
         path: PathBuf,
         source: rusqlite::Error,
     },
-    #[error("manifest {}: cannot create its folder: {source}", path.display())]
+    #[error("manifest {}: cannot create its folder: {}", path.display(), crate::limits::io(source))]
     Folder {
         path: PathBuf,
         source: std::io::Error,

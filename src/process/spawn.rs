@@ -132,6 +132,9 @@ struct ChildArgs {
     gate: RawFd,
     parent: libc::pid_t,
     mask: libc::sigset_t,
+    /// The open-files limit to give the command, when this process raised its own (see
+    /// `limits::raise`): the one it was started with.
+    nofile: Option<libc::rlimit>,
     /// The `errno` of a failed `chdir` or `exec`, written by the child.
     error: libc::c_int,
 }
@@ -227,6 +230,10 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
             libc::_exit(127);
         }
         libc::prctl(libc::PR_SET_PDEATHSIG, 0);
+        if let Some(limit) = &a.nofile {
+            // Lowering a soft limit cannot fail; the command keeps this process's otherwise.
+            libc::setrlimit(libc::RLIMIT_NOFILE, limit);
+        }
         libc::pthread_sigmask(libc::SIG_SETMASK, &a.mask, std::ptr::null_mut());
         libc::execve(a.path, a.argv, a.envp);
         a.error = *libc::__errno_location();
@@ -275,6 +282,10 @@ pub(super) fn clone_gated(p: &Prepared, wiring: Wiring) -> std::io::Result<Child
         parent: std::process::id() as libc::pid_t,
         // SAFETY: a sigset_t is plain data; filled below.
         mask: unsafe { std::mem::zeroed() },
+        nofile: crate::limits::inherited().map(|(soft, hard)| libc::rlimit {
+            rlim_cur: soft,
+            rlim_max: hard,
+        }),
         error: 0,
     };
     let mut stack = vec![0u8; 64 * 1024];

@@ -36,7 +36,13 @@ pub(super) async fn run_process(
             let gated = match process::spawn(program, env, &shared.spec.project_root, output).await
             {
                 Ok(s) => s,
-                Err(e) => return Ok(Err(format!("cannot start `{}`: {e}", program.name()))),
+                Err(e) => {
+                    return Ok(Err(format!(
+                        "cannot start `{}`: {}",
+                        program.name(),
+                        crate::limits::io(&e)
+                    )));
+                }
             };
             crate::fault::point("after-spawn");
             let (group, host) = (gated.group, shared.spec.host.clone());
@@ -68,7 +74,13 @@ pub(super) async fn run_process(
     );
     let spawned = match gated.release().await {
         Ok(s) => s,
-        Err(e) => return Ok(Err(format!("cannot start `{}`: {e}", program.name()))),
+        Err(e) => {
+            return Ok(Err(format!(
+                "cannot start `{}`: {}",
+                program.name(),
+                crate::limits::io(&e)
+            )));
+        }
     };
     Ok(Ok(process::supervise(
         spawned,

@@ -68,8 +68,9 @@ pub fn join(g: &Global, id: i64, max_active_runs: Option<u32>) -> Result<u8, Err
     let conf = backfill.conf_json()?;
     let mut window = intervals.clone();
     window.sort_unstable();
-    let reprs = super::tasks::check_tasks(&dag, &conf, &window)?;
     let max = max_active_runs.unwrap_or(backfill.max_active_runs);
+    crate::limits::room_for_runs(max, Some("--max-active-runs"))?;
+    let reprs = super::tasks::check_tasks(&dag, &conf, &window)?;
     let writer = Writer::open(&manifest_path, project.durability)?;
     let c = ctx.refreshed();
     let joined = writer.call_blocking(move |conn| {

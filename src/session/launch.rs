@@ -152,6 +152,7 @@ pub fn launch(
     let max_failures = request.max_failures;
     let tasks = request.tasks.clone();
     let upstream_dags = upstream_dags(project, &dag, request.cascade_of.is_some());
+    crate::limits::room_for_runs(max_active_runs, None)?;
     let writer = Writer::open(&manifest_path, project.durability)?;
     let dags = Dags::of(project);
     let result = (|| {

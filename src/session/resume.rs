@@ -35,6 +35,7 @@ pub fn resume_found(
     wait: bool,
 ) -> Result<u8, Error> {
     let id = backfill.id;
+    crate::limits::room_for_runs(backfill.max_active_runs, None)?;
     crate::crash::running(id);
     let pending = conn
         .unfinished_intervals(id)

@@ -57,7 +57,13 @@ pub async fn run(
         output: Output::Log(log.to_path_buf()),
     })
     .await
-    .map_err(|e| format!("cannot start `{}`: {e}", program.name()))?;
+    .map_err(|e| {
+        format!(
+            "cannot start `{}`: {}",
+            program.name(),
+            crate::limits::io(&e)
+        )
+    })?;
     let finished = process::finish(spawned, Some(timeout), grace, &mut stop)
         .await
         .map_err(|e| e.to_string())?;

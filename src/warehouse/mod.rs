@@ -46,7 +46,7 @@ pub fn backend_of(w: &Warehouse) -> &'static dyn backend::Backend {
 /// What can go wrong in a warehouse.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("warehouse `{name}` ({location}): {source}")]
+    #[error("warehouse `{name}` ({location}): {}", crate::limits::sqlite(source))]
     Db {
         name: String,
         location: String,
@@ -59,11 +59,11 @@ pub enum Error {
         location: String,
         message: String,
     },
-    #[error("{0}")]
+    #[error("{}", crate::limits::sqlite(.0))]
     Sql(#[from] rusqlite::Error),
     #[error("{0}")]
     Message(String),
-    #[error("audit file {}: {source}", path.display())]
+    #[error("audit file {}: {}", path.display(), crate::limits::io(source))]
     Audit {
         path: PathBuf,
         source: std::io::Error,

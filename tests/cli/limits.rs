@@ -1,6 +1,8 @@
-//! What the machine may refuse a run: memory. The limits are set on the binary as `prlimit`
-//! sets them (`setrlimit` in the child, before it `exec`s): a process that runs out of address
-//! space ends within seconds, whatever it was doing, and `resume` finishes its backfill.
+//! What the machine may refuse a run: file descriptors and memory. The limits are set on the
+//! binary as `prlimit` sets them (`setrlimit` in the child, before it `exec`s): a limit on open
+//! files too low for the run is refused before anything is written, a soft one is raised for
+//! the run; and a process that runs out of address space ends within seconds, whatever it was
+//! doing, and `resume` finishes its backfill.
 
 use std::os::unix::process::CommandExt;
 use std::process::Child;
@@ -8,7 +10,7 @@ use std::time::Duration;
 
 use nix::sys::resource::{Resource, setrlimit};
 
-use crate::support::{Out, Project, wait_within};
+use crate::support::{Out, Project, THREE_DAYS, wait_within};
 
 /// Longest a limited run may take: each ends in well under a second, or hangs for ever.
 const BOUND: Duration = Duration::from_secs(30);
@@ -42,6 +44,128 @@ fn run_limited(
 ) -> Out {
     let child = spawn_limited(p, name, args, env, limit);
     wait_within(p, name, child, BOUND)
+}
+
+/// Open files: soft and hard limit `n`, as `prlimit --nofile=N`.
+fn files(n: u64) -> (Resource, u64, u64) {
+    (Resource::RLIMIT_NOFILE, n, n)
+}
+
+/// A project whose DAG `c` writes the open-files limit its task sees (`ulimit -n`), and whose
+/// SQL DAG `s` computes into warehouse `w`, created from `init.sql` on first use.
+fn project() -> Project {
+    let p = Project::new().dag(
+        "c",
+        r#"schedule = "@daily"
+[[tasks]]
+id = "t"
+command = "mkdir -p seen && ulimit -n > seen/{{ ds }}"
+"#,
+    );
+    p.write(
+        "backfill.toml",
+        "lease_timeout = \"30s\"\n[warehouse.w]\npath = \"w.db\"\ninit = [\"init.sql\"]\n",
+    );
+    p.write(
+        "init.sql",
+        "CREATE TABLE events (day TEXT NOT NULL, n INTEGER NOT NULL);
+         INSERT INTO events VALUES ('2026-01-01', 1), ('2026-01-02', 2), ('2026-01-03', 3);
+         CREATE TABLE daily (day TEXT NOT NULL, n INTEGER NOT NULL);",
+    );
+    p.dag(
+        "s",
+        r#"schedule = "@daily"
+[[tasks]]
+id = "sum"
+warehouse = "w"
+target = "daily"
+partition_column = "day"
+sql = """
+SELECT day, SUM(n) AS n FROM events
+WHERE day >= date(:data_interval_start) AND day < date(:data_interval_end) GROUP BY day
+"""
+"#,
+    )
+}
+
+#[test]
+fn an_open_files_limit_too_low_for_the_run_is_refused_before_anything_is_written() {
+    let p = project();
+    let mut four = THREE_DAYS.to_vec();
+    four.extend(["--max-active-runs", "4"]);
+    let refused = run_limited(&p, "low", &four, &[], files(10));
+    refused
+        .code(2)
+        .stderr_has("the open-files limit of this process is 10 (`ulimit -n`), and a run of 4 intervals at a time needs at least 40: raise it, e.g. `ulimit -n 1024`")
+        .stderr_has("nothing was written");
+    assert!(!refused.stderr.contains("panicked"), "{}", refused.stderr);
+    assert!(!p.has_manifest(), "no manifest was written");
+    // Nor the warehouse a SQL DAG would have created from its init files.
+    let sql = [
+        "create",
+        "--dag",
+        "s",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-03",
+    ];
+    run_limited(&p, "low-sql", &sql, &[], files(10)).code(2);
+    assert!(!p.path("w.db").exists(), "no warehouse was created");
+    assert!(!p.has_manifest());
+
+    // With a manifest and a backfill in it: no new backfill, and none left running.
+    p.run(THREE_DAYS).code(0);
+    let again = run_limited(
+        &p,
+        "again",
+        &[
+            "create",
+            "--dag",
+            "c",
+            "--from",
+            "2026-01-04",
+            "--to",
+            "2026-01-05",
+        ],
+        &[],
+        files(10),
+    );
+    again
+        .code(2)
+        .stderr_has("the open-files limit of this process is 10");
+    assert_eq!(
+        p.rows("SELECT id, state FROM backfills"),
+        [["1", "completed"]]
+    );
+    // A limit that leaves room for fewer intervals at a time says how many fit.
+    run_limited(&p, "some", &four, &[], files(30))
+        .code(2)
+        .stderr_has("or run fewer at a time (--max-active-runs 2 fits)");
+    // A descriptor limit too low even to start the async runtime is refused as well.
+    run_limited(&p, "lowest", THREE_DAYS, &[], files(4))
+        .code(2)
+        .stderr_has("cannot start the async runtime: Too many open files (os error 24) (this process reached its open-files limit of 4 (`ulimit -n`)");
+    assert_eq!(p.count("SELECT COUNT(*) FROM backfills"), 1);
+}
+
+#[test]
+fn a_soft_open_files_limit_below_the_hard_one_is_raised_for_the_run_and_kept_for_its_tasks() {
+    let p = project();
+    let mut four = THREE_DAYS.to_vec();
+    four.extend(["--max-active-runs", "4"]);
+    let out = run_limited(
+        &p,
+        "raised",
+        &four,
+        &[],
+        (Resource::RLIMIT_NOFILE, 16, 4096),
+    );
+    out.code(0);
+    // Each task sees the limit the process was started with, not the one it raised itself to.
+    for day in ["2026-01-01", "2026-01-02", "2026-01-03"] {
+        assert_eq!(p.read(&format!("seen/{day}")).trim(), "16", "{day}");
+    }
 }
 
 /// Address space: `mib` MiB, soft and hard, as `prlimit --as=BYTES`.

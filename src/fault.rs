@@ -1,7 +1,8 @@
 //! Fault injection for the crash and chaos tests: `BACKFILL_FAULT=POINT[@N][:ACTION],...` makes
 //! the process abort (`abort`, the default, as `kill -9` or a power cut would), freeze itself
-//! (`stop`, as SIGSTOP), or fail (`fail`, as a full disk would) the N-th time (default: the
-//! first) it reaches POINT; `slow-commit:DURATION` delays every manifest commit (a slow disk);
+//! (`stop`, as SIGSTOP), fail (`fail`, as a full disk would), or take every file descriptor it
+//! may still open and keep them (`files`, as a process at its open-files limit) the N-th time
+//! (default: the first) it reaches POINT; `slow-commit:DURATION` delays every manifest commit (a slow disk);
 //! `clock-skew:+DURATION` or `clock-skew:-DURATION` sets this host's wall clock ahead or behind
 //! (a host whose clock is wrong); `serve-timeouts:DURATION` shortens `serve`'s header-read and
 //! idle timeouts to DURATION (a test cannot wait tens of seconds).
@@ -15,6 +16,7 @@ pub enum Action {
     Abort,
     Stop,
     Fail,
+    Files,
 }
 
 #[cfg(feature = "fault-injection")]
@@ -65,6 +67,7 @@ mod imp {
             let action = match action {
                 "stop" => Action::Stop,
                 "fail" => Action::Fail,
+                "files" => Action::Files,
                 _ => Action::Abort,
             };
             plan.points
@@ -114,6 +117,13 @@ pub fn point(name: &str) -> bool {
                 false
             }
             Some(Action::Fail) => true,
+            Some(Action::Files) => {
+                // Kept for the rest of the process: nothing closes them.
+                while let Ok(f) = std::fs::File::open("/dev/null") {
+                    std::mem::forget(f);
+                }
+                false
+            }
             None => false,
         }
     }

@@ -1,8 +1,9 @@
 //! What the machine may refuse a run: file descriptors and memory. The limits are set on the
 //! binary as `prlimit` sets them (`setrlimit` in the child, before it `exec`s): a limit on open
 //! files too low for the run is refused before anything is written, a soft one is raised for
-//! the run; and a process that runs out of address space ends within seconds, whatever it was
-//! doing, and `resume` finishes its backfill.
+//! the run, and an open that still hits the limit names it; and a process that runs out of
+//! address space ends within seconds, whatever it was doing, and `resume` finishes its
+//! backfill.
 
 use std::os::unix::process::CommandExt;
 use std::process::Child;
@@ -166,6 +167,52 @@ fn a_soft_open_files_limit_below_the_hard_one_is_raised_for_the_run_and_kept_for
     for day in ["2026-01-01", "2026-01-02", "2026-01-03"] {
         assert_eq!(p.read(&format!("seen/{day}")).trim(), "16", "{day}");
     }
+}
+
+#[test]
+fn an_open_that_fails_at_the_open_files_limit_names_the_limit() {
+    let p = project();
+    // Startup passes (a run of one interval at a time needs 22); then every descriptor left
+    // is taken, as by a leak: the opens that follow fail.
+    let sql = [
+        "create",
+        "--dag",
+        "s",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-01",
+    ];
+    let out = run_limited(
+        &p,
+        "sql",
+        &sql,
+        &[("BACKFILL_FAULT", "after-audit:files")],
+        files(64),
+    );
+    // SQLite's "unable to open database" (the audit file, attached for the publish), named.
+    out.stderr_has("unable to open database")
+        .stderr_has("(this process reached its open-files limit of 64 (`ulimit -n`): raise it, e.g. `ulimit -n 1024`");
+    assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
+    let two = [
+        "create",
+        "--dag",
+        "c",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+    ];
+    let out = run_limited(
+        &p,
+        "command",
+        &two,
+        &[("BACKFILL_FAULT", "after-spawn:files")],
+        files(64),
+    );
+    // The next try's pipes: "Too many open files", named.
+    out.stderr_has("Too many open files (os error 24) (this process reached its open-files limit of 64 (`ulimit -n`)");
+    assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
 }
 
 /// Address space: `mib` MiB, soft and hard, as `prlimit --as=BYTES`.

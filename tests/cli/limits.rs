@@ -97,7 +97,7 @@ fn an_open_files_limit_too_low_for_the_run_is_refused_before_anything_is_written
     let refused = run_limited(&p, "low", &four, &[], files(10));
     refused
         .code(2)
-        .stderr_has("the open-files limit of this process is 10 (`ulimit -n`), and a run of 4 intervals at a time needs at least 40: raise it, e.g. `ulimit -n 1024`")
+        .stderr_has("the open-files limit of this process is 10 (`ulimit -n`), and a run of 4 intervals at a time needs at least 48: raise it, e.g. `ulimit -n 1024`")
         .stderr_has("nothing was written");
     assert!(!refused.stderr.contains("panicked"), "{}", refused.stderr);
     assert!(!p.has_manifest(), "no manifest was written");
@@ -142,7 +142,7 @@ fn an_open_files_limit_too_low_for_the_run_is_refused_before_anything_is_written
     // A limit that leaves room for fewer intervals at a time says how many fit.
     run_limited(&p, "some", &four, &[], files(30))
         .code(2)
-        .stderr_has("or run fewer at a time (--max-active-runs 2 fits)");
+        .stderr_has("or run fewer at a time (--max-active-runs 1 fits)");
     // A descriptor limit too low even to start the async runtime is refused as well.
     run_limited(&p, "lowest", THREE_DAYS, &[], files(4))
         .code(2)
@@ -172,7 +172,7 @@ fn a_soft_open_files_limit_below_the_hard_one_is_raised_for_the_run_and_kept_for
 #[test]
 fn an_open_that_fails_at_the_open_files_limit_names_the_limit() {
     let p = project();
-    // Startup passes (a run of one interval at a time needs 22); then every descriptor left
+    // Startup passes (a run of one interval at a time needs 30); then every descriptor left
     // is taken, as by a leak: the opens that follow fail.
     let sql = [
         "create",

@@ -55,6 +55,21 @@ fn immutable_uri(path: &Path) -> String {
     uri
 }
 
+/// Whether this user may write the file at `path`, as the system says (`access(2)`): no
+/// descriptor is opened, so none is closed under SQLite's locks (closing any descriptor of a
+/// file lets go of every POSIX lock the process holds on it).
+pub fn writable(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: `c` is a NUL-terminated path that lives across the call, which only reads it.
+    if unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// The byte of a WAL database's `-shm` file that its writer locks (SQLite's `WAL_WRITE_LOCK`,
 /// the first of the locks at offset 120).
 const WAL_WRITE_LOCK_BYTE: libc::off_t = 120;

@@ -144,6 +144,7 @@ fn built_without(part: Part) -> bool {
         Part::Script => cfg!(missing = "script"),
         Part::Man => cfg!(missing = "man"),
         Part::Python3 => cfg!(missing = "python3"),
+        Part::Nobody => cfg!(missing = "nobody"),
     }
 }
 

@@ -121,13 +121,10 @@ pub enum Error {
         known: i64,
     },
     #[error(
-        "manifest {}: this user cannot write it ({source}); commands that only read it (list, show, runs, diff, create --dry-run) work, the others must run as a user who may write the file and its folder",
+        "manifest {}: this user cannot write it ({why}); commands that only read it (list, show, runs, diff, create --dry-run) work, the others must run as a user who may write the file and its folder",
         path.display()
     )]
-    ReadOnly {
-        path: PathBuf,
-        source: rusqlite::Error,
-    },
+    ReadOnly { path: PathBuf, why: String },
     /// A PostgreSQL role that may read the manifest but not write it (as [`Error::ReadOnly`]
     /// for a file).
     #[error(
@@ -250,6 +247,12 @@ pub fn open_sqlite(path: &Path, durability: Durability) -> Result<Connection> {
     }
     let setup = || -> Result<Connection> {
         let conn = Connection::open(path)?;
+        if let Some(why) = cannot_write(&conn, path) {
+            return Err(Error::ReadOnly {
+                path: path.to_path_buf(),
+                why,
+            });
+        }
         conn.busy_timeout(BUSY_TIMEOUT)?;
         stable_plans(&conn)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
@@ -271,12 +274,39 @@ pub fn open_sqlite(path: &Path, durability: Durability) -> Result<Connection> {
             Err(Error::Sql(source)) if is_read_only(&source) => {
                 return Err(Error::ReadOnly {
                     path: path.to_path_buf(),
-                    source,
+                    why: source.to_string(),
                 });
             }
             result => return result.map_err(|e| e.at(path)),
         }
     }
+}
+
+/// Why this user cannot write the manifest at `path`, just opened as `conn`; `None` when it
+/// can. SQLite opens a file it may not write read-only without a word, and a WAL manifest whose
+/// `-wal` and `-shm` files are left (every run leaves them) is then read through them: only the
+/// first write would fail. Asked of the system (`access`), never by opening a file: closing a
+/// descriptor of a file lets go of every lock this process holds on it, SQLite's too.
+fn cannot_write(conn: &Connection, path: &Path) -> Option<String> {
+    if conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
+        return Some(match crate::sqlite::writable(path) {
+            Err(e) => e.to_string(),
+            Ok(()) => "attempt to write a readonly database".to_string(),
+        });
+    }
+    for suffix in ["-wal", "-shm"] {
+        let mut file = path.as_os_str().to_owned();
+        file.push(suffix);
+        let file = PathBuf::from(file);
+        match crate::sqlite::writable(&file) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                let name = file.file_name().unwrap_or(file.as_os_str());
+                return Some(format!("{}: {e}", name.to_string_lossy()));
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// Opens an existing manifest for reading only: never creates, migrates or writes it, so it

@@ -9,6 +9,7 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 
 use crate::gate::shop;
+use crate::parts::{AS_NOBODY, Part};
 use crate::support::{Out, Project};
 
 /// The user the read-only commands run as: `nobody` when the tests run as root (who may write
@@ -221,6 +222,78 @@ fn read_commands_work_while_the_owner_writes_a_wal_manifest() {
         "the commit in the WAL is seen"
     );
     drop(owner);
+}
+
+/// `backfill ARGS` on project `p`, run as the user `nobody` through `setpriv` (the tests run as
+/// root, who may write any file).
+fn as_nobody(p: &Project, args: &[&str]) -> Out {
+    let setpriv = Part::Nobody.require();
+    let as_root = p.command(args);
+    let mut c = std::process::Command::new(setpriv);
+    c.args(AS_NOBODY)
+        .arg(as_root.get_program())
+        .args(as_root.get_args())
+        .stdin(std::process::Stdio::null());
+    for (name, value) in as_root.get_envs() {
+        match value {
+            Some(v) => c.env(name, v),
+            None => c.env_remove(name),
+        };
+    }
+    Out::of(&c.output().expect("run backfill through setpriv"))
+}
+
+#[test]
+#[cfg_attr(
+    missing = "nobody",
+    ignore = "no second user: `setpriv` must run programs as nobody (root, and util-linux's setpriv: sudo apt-get install util-linux)"
+)]
+fn a_reader_is_told_what_to_do_when_the_wal_and_shm_files_are_left() {
+    let p = shop().sqlite();
+    p.create("daily_orders", "2026-09-01", "2026-09-02", &["-q"])
+        .code(0);
+    // Every run leaves them: a reader of this manifest reads through them.
+    let dir = p.path(".backfill");
+    for f in ["manifest.db-wal", "manifest.db-shm"] {
+        assert!(dir.join(f).exists(), "{f} is left by the run");
+    }
+    // The project is root's, readable by everyone: files 0644, folders 0755.
+    let mut up = p.path("");
+    while up.starts_with(std::env::temp_dir()) && up != std::env::temp_dir() {
+        chmod(&up, 0o755);
+        up.pop();
+    }
+    for entry in walk(&p.path("")) {
+        chmod(&entry, if entry.is_dir() { 0o755 } else { 0o644 });
+    }
+    let before = snapshot(&dir);
+
+    let list = as_nobody(&p, &["list", "--output", "json"]);
+    list.code(0);
+    assert_eq!(list.json()[0]["state"], "completed", "{}", list.stdout);
+    as_nobody(&p, &["show", "1"])
+        .code(0)
+        .stdout_has("2026-09-02");
+    for args in [
+        &[
+            "create",
+            "--dag",
+            "daily_orders",
+            "--from",
+            "2026-09-03",
+            "--to",
+            "2026-09-03",
+        ][..],
+        &["resume", "1"],
+    ] {
+        as_nobody(&p, args)
+            .code(2)
+            .stderr_has(&format!(
+                "error: manifest {}: this user cannot write it (Permission denied (os error 13)); commands that only read it (list, show, runs, diff, create --dry-run) work, the others must run as a user who may write the file and its folder",
+                p.manifest_path().display()
+            ));
+    }
+    assert_eq!(snapshot(&dir), before, "nothing written");
 }
 
 fn raw(args: &[&[u8]]) -> Out {

@@ -48,10 +48,12 @@ pub enum Part {
     Man,
     /// `python3` on `PATH` (a second process holding a SQLite write lock).
     Python3,
+    /// A second user: `setpriv` running a program as `nobody` (root, util-linux's `setpriv`).
+    Nobody,
 }
 
 impl Part {
-    pub const ALL: [Part; 8] = [
+    pub const ALL: [Part; 9] = [
         Part::Postgres,
         Part::Chromium,
         Part::Chromedriver,
@@ -60,6 +62,7 @@ impl Part {
         Part::Script,
         Part::Man,
         Part::Python3,
+        Part::Nobody,
     ];
 
     pub fn name(self) -> &'static str {
@@ -72,6 +75,7 @@ impl Part {
             Part::Script => "script",
             Part::Man => "man",
             Part::Python3 => "python3",
+            Part::Nobody => "nobody",
         }
     }
 
@@ -105,6 +109,7 @@ impl Part {
                 "python3",
                 "install it with `sudo apt-get install python3` (Debian)",
             ),
+            Part::Nobody => nobody(),
         }
     }
 
@@ -239,6 +244,34 @@ fn namespaces() -> Result<PathBuf, String> {
         Err(format!(
             "`unshare {}` fails here: it needs root",
             UNSHARE.join(" ")
+        ))
+    }
+}
+
+/// What runs a program as the user `nobody` (see [`Part::Nobody`]): `setpriv` with these
+/// arguments before the program.
+pub const AS_NOBODY: &[&str] = &["--reuid=nobody", "--regid=nogroup", "--clear-groups"];
+
+/// `setpriv`, when it runs a program as `nobody` here (it needs root, and the user).
+fn nobody() -> Result<PathBuf, String> {
+    let setpriv = program_or(
+        "setpriv",
+        "install util-linux's with `sudo apt-get install util-linux` (Debian)",
+    )?;
+    let ran = Command::new(&setpriv)
+        .args(AS_NOBODY)
+        .arg("true")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if ran {
+        Ok(setpriv)
+    } else {
+        Err(format!(
+            "`setpriv {} true` fails here: it needs root and the user nobody (group nogroup)",
+            AS_NOBODY.join(" ")
         ))
     }
 }

@@ -58,6 +58,8 @@ impl Error {
             }
             Self::Manifest(
                 crate::manifest::Error::Missing { .. }
+                | crate::manifest::Error::NotAManifest { .. }
+                | crate::manifest::Error::Emptied { .. }
                 | crate::manifest::Error::ReadOnly { .. }
                 | crate::manifest::Error::ReadOnlyRole { .. }
                 | crate::manifest::Error::BadUrl { .. },

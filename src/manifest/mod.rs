@@ -10,6 +10,7 @@ pub mod cascades;
 pub mod copy;
 pub mod db;
 pub mod leases;
+pub mod ours;
 pub mod plans;
 pub mod pools;
 pub mod postgres;
@@ -133,6 +134,16 @@ pub enum Error {
     ReadOnlyRole { location: String, why: String },
     #[error("manifest {}: {}; nothing has been recorded there yet", path.display(), if is_url(path) { "no manifest in that database" } else { "no such file" })]
     Missing { path: PathBuf },
+    /// A database that is not a manifest (see [`ours`]); nothing was written to it.
+    #[error("{} is not a backfill manifest: {why}", path.display())]
+    NotAManifest { path: PathBuf, why: String },
+    /// An empty manifest file where the project's history says a manifest was (see [`ours`]).
+    #[error(
+        "manifest {}: the file is empty (0 bytes), but this project recorded backfills before ({} holds what they left): the manifest that recorded them was emptied or lost. Restore it from a backup; or, to start a new record knowingly (every interval then runs again), remove the empty file",
+        path.display(),
+        history.display()
+    )]
+    Emptied { path: PathBuf, history: PathBuf },
     /// Another process took this backfill over (a newer epoch): this one must stop.
     #[error("backfill {backfill_id} was taken over by another process")]
     Fenced { backfill_id: i64 },
@@ -246,7 +257,15 @@ pub fn open_sqlite(path: &Path, durability: Durability) -> Result<Connection> {
             })?;
     }
     let setup = || -> Result<Connection> {
+        // Whether the file was there, empty, before this process opened (and so made) it.
+        let emptied = std::fs::metadata(path).is_ok_and(|m| m.len() == 0);
         let conn = Connection::open(path)?;
+        let found = ours::inspect(&conn, path)?;
+        if emptied && found == ours::Found::Empty && ours::refuse_emptied(path)? {
+            // Another process was creating it: look again at what it made.
+            drop(conn);
+            return open_sqlite(path, durability);
+        }
         if let Some(why) = cannot_write(&conn, path) {
             return Err(Error::ReadOnly {
                 path: path.to_path_buf(),
@@ -330,8 +349,25 @@ fn open_sqlite_read_only(path: &Path) -> Result<Connection> {
             path: path.to_path_buf(),
         });
     }
+    if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
+        // Empty: nothing recorded, unless the project's history says a manifest was there.
+        return Err(match ours::history(path) {
+            Some(history) => Error::Emptied {
+                path: path.to_path_buf(),
+                history,
+            },
+            None => Error::Missing {
+                path: path.to_path_buf(),
+            },
+        });
+    }
     let open = || -> Result<Connection> {
         let conn = crate::sqlite::open_read_only(path)?;
+        if ours::inspect(&conn, path)? == ours::Found::Empty {
+            return Err(Error::Missing {
+                path: path.to_path_buf(),
+            });
+        }
         conn.busy_timeout(BUSY_TIMEOUT)?;
         stable_plans(&conn)?;
         // Reading a large backfill touches most pages once: map them rather than copy each
@@ -402,15 +438,23 @@ pub fn open_if_exists(path: &Path) -> Result<Option<Box<dyn Reads>>> {
     }
 }
 
+/// Brings the manifest to this binary's schema and marks it as a manifest (see [`ours`]), in
+/// one transaction.
 fn migrate(conn: &Connection, path: &Path) -> Result<()> {
     let latest = MIGRATIONS.last().map_or(0, |m| m.0);
     let current: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-    if current == latest {
+    let marked = |conn: &Connection| -> Result<bool> {
+        let id: i32 = conn.pragma_query_value(None, "application_id", |r| r.get(0))?;
+        Ok(id == ours::APPLICATION_ID)
+    };
+    if current == latest && marked(conn)? {
         return Ok(());
     }
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let result = (|| {
-        // Another process may have migrated while we waited for the lock.
+        // Another process may have migrated while we waited for the lock; and what the file
+        // holds is looked at again under the lock.
+        ours::inspect(conn, path)?;
         let current: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
         if current > latest {
             return Err(Error::TooNew {
@@ -418,6 +462,9 @@ fn migrate(conn: &Connection, path: &Path) -> Result<()> {
                 found: current,
                 known: latest,
             });
+        }
+        if !marked(conn)? {
+            conn.pragma_update(None, "application_id", ours::APPLICATION_ID)?;
         }
         for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
             conn.execute_batch(sql)

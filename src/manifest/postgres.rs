@@ -869,6 +869,38 @@ fn version(s: &Session) -> PgResult<Option<i64>> {
     })
 }
 
+/// Refuses a schema `backfill_manifest` that holds tables but no `schema_version`: another's,
+/// which the manifest's tables would be installed into (see [`super::ours`]).
+fn refuse_foreign(s: &Session, shown: &str) -> Result<()> {
+    let at = |e: PgError| Error::Pg(e).at(std::path::Path::new(shown));
+    let rows = s
+        .query(
+            "SELECT c.relname FROM pg_catalog.pg_class c
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = ?1 AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+               AND c.relname <> 'schema_version' ORDER BY c.oid",
+            &[Value::Text(SCHEMA.to_string())],
+        )
+        .map_err(at)?;
+    let tables: Vec<String> = rows
+        .into_iter()
+        .filter_map(|r| match r.into_iter().next() {
+            Some(Value::Text(t)) => Some(t),
+            _ => None,
+        })
+        .collect();
+    if tables.is_empty() {
+        return Ok(());
+    }
+    Err(Error::NotAManifest {
+        path: shown.into(),
+        why: format!(
+            "its schema `{SCHEMA}` has no `schema_version` table, and {}; give the manifest's own database, or rename that schema (`ALTER SCHEMA {SCHEMA} RENAME TO ...`) to let a manifest be made here",
+            super::ours::holds(&tables)
+        ),
+    })
+}
+
 fn latest() -> i64 {
     MIGRATIONS.last().map_or(0, |m| m.0)
 }
@@ -882,7 +914,11 @@ fn latest() -> i64 {
 pub fn open(url: &str, shown: &str) -> Result<Session> {
     let s = Session::connect(url, shown, false)?;
     let at = |e: PgError| Error::Pg(e).at(std::path::Path::new(shown));
-    if version(&s).map_err(at)? == Some(latest()) {
+    let found = version(&s).map_err(at)?;
+    if found.is_none() {
+        refuse_foreign(&s, shown)?;
+    }
+    if found == Some(latest()) {
         if !may_write(&s).map_err(at)? {
             return Err(read_only_role(
                 shown,
@@ -934,7 +970,14 @@ fn migrate(s: &Session, shown: &str) -> Result<()> {
              CREATE TABLE IF NOT EXISTS {SCHEMA}.schema_version (version bigint NOT NULL)"
         ))
         .map_err(at)?;
-        let current = version(s).map_err(at)?.unwrap_or(0);
+        let current = match version(s).map_err(at)? {
+            Some(v) => v,
+            None => {
+                // Made meanwhile by someone else than a backfill? Looked at under the lock.
+                refuse_foreign(s, shown)?;
+                0
+            }
+        };
         if current > latest() {
             return Err(Error::TooNew {
                 path: shown.into(),
@@ -980,7 +1023,10 @@ pub fn open_read_only(url: &str, shown: &str) -> Result<Session> {
     let s = Session::connect(url, shown, true)?;
     let path = std::path::PathBuf::from(shown);
     match version(&s).map_err(|e| Error::Pg(e).at(&path))? {
-        None => Err(Error::Missing { path }),
+        None => {
+            refuse_foreign(&s, shown)?;
+            Err(Error::Missing { path })
+        }
         Some(v) if v > latest() => Err(Error::TooNew {
             path,
             found: v,

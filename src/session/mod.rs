@@ -41,6 +41,8 @@ impl Global {
         // A manifest in PostgreSQL silent for longer than a lease is given up on, and a session
         // of it frozen inside a transaction is ended well within half a lease.
         crate::manifest::postgres::set_lease_timeout(project.lease_timeout);
+        // Logs of earlier runs say a manifest was there: an empty one is then refused.
+        crate::manifest::ours::set_history(vec![project.logs_dir.clone()]);
         Ok(project)
     }
 

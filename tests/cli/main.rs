@@ -10,6 +10,7 @@ mod faults;
 mod gate;
 mod guard_rails;
 mod hosts;
+mod identity;
 mod interrupt;
 mod join;
 mod limits;

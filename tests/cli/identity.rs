@@ -1,0 +1,237 @@
+//! The wrong file and the wrong project: a database that is not a manifest is refused and left
+//! as it was, an emptied manifest is refused where the project has a history, and an old
+//! manifest of this program is still taken (and marked).
+
+use std::path::Path;
+
+use rusqlite::Connection;
+
+use crate::gate::shop;
+use crate::support::{Out, Project};
+
+/// `create --dag daily_orders` over the first three days of September 2026.
+const THREE_DAYS: &[&str] = &[
+    "create",
+    "--dag",
+    "daily_orders",
+    "--from",
+    "2026-09-01",
+    "--to",
+    "2026-09-03",
+];
+
+/// The `application_id` that marks a manifest (`bkfl`).
+const MARK: i32 = 0x626b_666c;
+
+/// Every table of a SQLite database with its rows, its schema version and its mark: equal
+/// dumps mean a database left as it was.
+fn dump(path: &Path) -> String {
+    let c = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+    let mut out = String::new();
+    for pragma in ["user_version", "application_id", "journal_mode"] {
+        let v: rusqlite::types::Value = c.pragma_query_value(None, pragma, |r| r.get(0)).unwrap();
+        out.push_str(&format!("{pragma} = {v:?}\n"));
+    }
+    let tables: Vec<(String, String)> = c
+        .prepare("SELECT name, sql FROM sqlite_schema ORDER BY name")
+        .unwrap()
+        .query_map([], |r| {
+            Ok((
+                r.get(0)?,
+                r.get::<_, Option<String>>(1)?.unwrap_or_default(),
+            ))
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    for (name, sql) in tables {
+        out.push_str(&format!("{sql}\n"));
+        if sql.starts_with("CREATE TABLE") {
+            let mut stmt = c.prepare(&format!("SELECT * FROM \"{name}\"")).unwrap();
+            let n = stmt.column_count();
+            let mut rows = stmt.query([]).unwrap();
+            while let Some(r) = rows.next().unwrap() {
+                let values: Vec<String> = (0..n)
+                    .map(|i| format!("{:?}", r.get::<_, rusqlite::types::Value>(i).unwrap()))
+                    .collect();
+                out.push_str(&format!("  {}\n", values.join(" | ")));
+            }
+        }
+    }
+    out
+}
+
+fn application_id(path: &Path) -> i32 {
+    Connection::open(path)
+        .unwrap()
+        .pragma_query_value(None, "application_id", |r| r.get(0))
+        .unwrap()
+}
+
+/// `backfill --manifest MANIFEST ARGS` in project `p`.
+fn on(p: &Project, manifest: &Path, args: &[&str]) -> Out {
+    let mut all = vec!["--manifest", manifest.to_str().unwrap()];
+    all.extend_from_slice(args);
+    p.run(&all)
+}
+
+#[test]
+fn a_warehouse_given_as_the_manifest_is_refused_and_left_as_it_was() {
+    let p = shop().sqlite();
+    p.run(THREE_DAYS).code(0);
+    let warehouse = p.path("warehouse.db");
+    let (bytes, before) = (std::fs::read(&warehouse).unwrap(), dump(&warehouse));
+    let refused = format!(
+        "error: {} is not a backfill manifest: it holds the tables raw_orders, daily_orders, orders_fact, monthly_revenue; give the manifest's own path (--manifest, BACKFILL_MANIFEST or `manifest` in backfill.toml)\n",
+        warehouse.display()
+    );
+    for args in [THREE_DAYS, &["list"], &["show", "1"], &["resume", "1"]] {
+        let out = on(&p, &warehouse, args);
+        out.code(2);
+        assert_eq!(out.stderr, refused, "{args:?}");
+    }
+    assert_eq!(dump(&warehouse), before, "its tables and rows as before");
+    assert_eq!(
+        std::fs::read(&warehouse).unwrap(),
+        bytes,
+        "not a byte changed"
+    );
+    // The project's own manifest is still the one that recorded the backfill.
+    p.run(&["show", "1"]).code(0).stdout_has("2026-09-03");
+}
+
+#[test]
+fn a_foreign_database_in_place_of_the_manifest_is_refused_and_left_as_it_was() {
+    let p = shop().sqlite();
+    std::fs::create_dir_all(p.path(".backfill")).unwrap();
+    let manifest = p.manifest_path();
+    // Another program's database, and one that another program marked as its own.
+    for (setup, holds) in [
+        (
+            "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT); INSERT INTO notes (body) VALUES ('keep me');",
+            "it holds the table notes",
+        ),
+        (
+            "PRAGMA application_id = 1196444487; CREATE TABLE gpkg_contents (x);",
+            "it is marked as another program's file (application_id 0x47504b47) and it holds the table gpkg_contents",
+        ),
+    ] {
+        let _ = std::fs::remove_file(&manifest);
+        Connection::open(&manifest)
+            .unwrap()
+            .execute_batch(setup)
+            .unwrap();
+        let before = dump(&manifest);
+        for args in [THREE_DAYS, &["list"]] {
+            p.run(args).code(2).stderr_has(&format!(
+                "error: {} is not a backfill manifest: {holds}; give the manifest's own path",
+                manifest.display()
+            ));
+        }
+        assert_eq!(dump(&manifest), before, "left as it was");
+        assert!(
+            !p.path(".backfill/logs").exists(),
+            "nothing ran: no interval's log"
+        );
+    }
+}
+
+#[test]
+fn an_emptied_manifest_is_refused_where_the_project_has_a_history() {
+    let p = shop().sqlite();
+    p.run(THREE_DAYS).code(0);
+    // A disk that filled up, a bad restore, a `> manifest.db`.
+    std::fs::write(p.manifest_path(), "").unwrap();
+    let refused = format!(
+        "error: manifest {}: the file is empty (0 bytes), but this project recorded backfills before ({} holds what they left): the manifest that recorded them was emptied or lost. Restore it from a backup; or, to start a new record knowingly (every interval then runs again), remove the empty file\n",
+        p.manifest_path().display(),
+        p.path(".backfill/logs").display()
+    );
+    for args in [THREE_DAYS, &["list"], &["show", "1"]] {
+        let out = p.run(args);
+        out.code(2);
+        assert_eq!(out.stderr, refused, "{args:?}");
+    }
+    assert_eq!(
+        std::fs::metadata(p.manifest_path()).unwrap().len(),
+        0,
+        "left as it was"
+    );
+    // Removed knowingly, a new record starts and every interval runs again.
+    std::fs::remove_file(p.manifest_path()).unwrap();
+    p.run(THREE_DAYS).code(0).stderr_has("3 to run, 0 skipped");
+    assert_eq!(application_id(&p.manifest_path()), MARK);
+    // An empty file with no history is a new manifest (`touch manifest.db`).
+    let q = shop().sqlite();
+    std::fs::create_dir_all(q.path(".backfill")).unwrap();
+    std::fs::write(q.manifest_path(), "").unwrap();
+    q.run(&["list"]).code(0).stderr_has("no backfills yet");
+    q.run(THREE_DAYS).code(0).stderr_has("3 to run, 0 skipped");
+}
+
+#[test]
+fn a_new_manifest_is_marked_and_an_old_one_is_marked_when_it_is_upgraded() {
+    let p = Project::new().sqlite().dag(
+        "daily",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+    );
+    std::fs::create_dir_all(p.path(".backfill")).unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/manifest-v1.db");
+    assert_eq!(application_id(&fixture), 0, "written before the mark");
+    std::fs::copy(&fixture, p.manifest_path()).unwrap();
+    p.run(&["show", "1"]).code(0);
+    assert_eq!(application_id(&p.manifest_path()), MARK);
+    p.create("daily", "2026-01-04", "2026-01-04", &[]).code(0);
+    assert_eq!(application_id(&p.manifest_path()), MARK);
+    assert_eq!(p.count("SELECT COUNT(*) FROM backfills"), 2);
+}
+
+#[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
+fn a_schema_of_the_manifests_name_that_is_not_one_is_refused_and_left_as_it_was() {
+    let cluster = crate::pg::shared();
+    let db = cluster.create_db();
+    let url = cluster.url(&db);
+    cluster.psql(
+        &db,
+        "CREATE SCHEMA backfill_manifest;
+         CREATE TABLE backfill_manifest.notes (id int, body text);
+         INSERT INTO backfill_manifest.notes VALUES (1, 'keep me');",
+    );
+    let tables = "SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_tables WHERE schemaname = 'backfill_manifest'";
+    let p = Project::new().dag(
+        "daily",
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n",
+    );
+    let create = [
+        "--manifest",
+        &url,
+        "create",
+        "--dag",
+        "daily",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+    ];
+    for args in [&create[..], &["--manifest", &url, "list"]] {
+        p.run(args).code(2).stderr_has(
+            "is not a backfill manifest: its schema `backfill_manifest` has no `schema_version` table, and it holds the table notes; give the manifest's own database, or rename that schema",
+        );
+    }
+    assert_eq!(cluster.psql(&db, tables), "notes", "nothing installed");
+    assert_eq!(
+        cluster.psql(&db, "SELECT body FROM backfill_manifest.notes"),
+        "keep me"
+    );
+    // An empty schema of that name is the manifest's to make.
+    cluster.psql(&db, "DROP TABLE backfill_manifest.notes");
+    p.run(&create).code(0);
+    assert_eq!(
+        cluster.psql(&db, "SELECT COUNT(*) FROM backfill_manifest.backfills"),
+        "1"
+    );
+}

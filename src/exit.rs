@@ -41,6 +41,9 @@ pub enum Error {
         context: String,
         source: std::io::Error,
     },
+    /// What a backfill stood on went while it ran: its project folder, or its manifest's file.
+    #[error("{0}")]
+    Gone(String),
     /// A failure with no better kind: a bug.
     #[error("{0}")]
     Internal(String),
@@ -64,9 +67,11 @@ impl Error {
                 | crate::manifest::Error::ReadOnlyRole { .. }
                 | crate::manifest::Error::BadUrl { .. },
             ) => USAGE,
-            Self::Manifest(_) | Self::Warehouse(_) | Self::Io { .. } | Self::Internal(_) => {
-                INTERNAL
-            }
+            Self::Manifest(_)
+            | Self::Warehouse(_)
+            | Self::Io { .. }
+            | Self::Gone(_)
+            | Self::Internal(_) => INTERNAL,
             Self::ClosedPipe => OK,
         }
     }
@@ -81,6 +86,7 @@ impl Error {
             Self::Warehouse(_) => "warehouse",
             Self::Limit(_) => "limit",
             Self::Io { .. } => "io",
+            Self::Gone(_) => "environment",
             Self::Internal(_) => "internal",
             Self::ClosedPipe => "closed pipe",
         }

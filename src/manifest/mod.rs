@@ -248,13 +248,10 @@ pub fn open(path: &Path, durability: Durability) -> Result<db::Conn> {
 /// [`open`] for a SQLite file.
 pub fn open_sqlite(path: &Path, durability: Durability) -> Result<Connection> {
     if let Some(dir) = path.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .create(dir)
-            .map_err(|source| Error::Folder {
-                path: path.to_path_buf(),
-                source,
-            })?;
+        crate::process::folders::make_dir(dir, 0o777).map_err(|source| Error::Folder {
+            path: path.to_path_buf(),
+            source,
+        })?;
     }
     let setup = || -> Result<Connection> {
         // Whether the file was there, empty, before this process opened (and so made) it.

@@ -135,6 +135,9 @@ enum Message {
 pub struct Writer {
     tx: mpsc::Sender<Message>,
     path: PathBuf,
+    /// A SQLite manifest's file as it was opened: its device and inode (see
+    /// [`Writer::removed`]).
+    file: Option<(u64, u64)>,
 }
 
 impl Writer {
@@ -143,10 +146,12 @@ impl Writer {
     /// caller was told about is already committed, so nothing is lost if the process exits
     /// without closing.
     pub fn spawn(conn: Conn, path: &Path) -> Result<Writer> {
+        let mut file = None;
         if let Conn::Sqlite(c) = &conn {
             // Every statement of the runner's writes stays prepared (rusqlite keeps 16 by
             // default, fewer than the writes of one try use).
             c.set_prepared_statement_cache_capacity(64);
+            file = file_id(path);
         }
         let (tx, rx) = mpsc::channel::<Message>();
         std::thread::Builder::new()
@@ -156,7 +161,26 @@ impl Writer {
         Ok(Writer {
             tx,
             path: path.to_path_buf(),
+            file,
         })
+    }
+
+    /// Why the manifest's file is no longer at its path: removed (its connection, open, still
+    /// writes the file, which is lost once closed), or another file put in its place. `None`
+    /// while it is there, and for a manifest in PostgreSQL.
+    pub fn removed(&self) -> Option<String> {
+        let opened = self.file?;
+        match file_id(&self.path) {
+            Some(now) if now == opened => None,
+            Some(_) => Some(format!(
+                "the manifest {} was replaced by another file while this command ran: what it recorded since went to the file it replaced, which is lost",
+                self.path.display()
+            )),
+            None => Some(format!(
+                "the manifest {} was removed while this command ran: what it recorded is lost with the file",
+                self.path.display()
+            )),
+        }
     }
 
     /// Opens the manifest at `path` for writing (creating and migrating it as needed) and
@@ -238,6 +262,12 @@ impl Writer {
             let _ = wait.recv();
         }
     }
+}
+
+/// The device and inode of the file at `path`.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 fn in_savepoint<R>(

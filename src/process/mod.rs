@@ -15,7 +15,7 @@
 
 use std::io::Write;
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
@@ -28,6 +28,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, sleep_until};
 
+pub mod folders;
 mod spawn;
 pub use spawn::Child;
 
@@ -379,12 +380,10 @@ impl Gated {
     }
 }
 
-/// Creates a folder (and its parents) readable by its owner only.
+/// Creates a folder (and its parents) readable by its owner only; none below a project folder
+/// that is gone (see [`folders`]).
 pub fn private_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
+    folders::make_dir(dir, 0o700)
 }
 
 /// Opens a log file for appending: created readable by its owner only (logs carry

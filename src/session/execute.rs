@@ -225,6 +225,8 @@ fn run(
     };
     let (quiet, verbose) = (g.quiet || g.json, g.verbose);
     let heartbeat_error: Arc<Mutex<Option<Error>>> = Arc::default();
+    // What the heartbeat saw gone of the project folder or the manifest's file.
+    let gone: Arc<Mutex<Option<String>>> = Arc::default();
     // A worker told by its heartbeat that the backfill no longer runs.
     let ended: Arc<std::sync::atomic::AtomicBool> = Arc::default();
     let lease_timeout = project.lease_timeout;
@@ -250,6 +252,7 @@ fn run(
             events_tx.clone(),
             heartbeat_error.clone(),
             (ended.clone(), lingering),
+            gone.clone(),
         ));
         let watching = worker.then(|| {
             super::succession::Watching::start(project, writer, owner, events_tx.clone(), wind_down)
@@ -329,6 +332,9 @@ fn run(
             Found::TookOver(_) => WorkerEnd::TookOver,
             Found::Refused => WorkerEnd::OwnerGone,
         };
+        if let Some(e) = gone_error(writer, &gone, backfill_id, None) {
+            return Err(e);
+        }
         let (code, state, summary) =
             super::worker::finish_worker(g, writer, owner, stats, (stopped, end), began)?;
         if let (Found::TookOver(successor), Some(rest)) = (found, rest) {
@@ -365,6 +371,16 @@ fn run(
         Err(e) => return Err(e.into()),
     };
     outcome.backfill.state = state;
+    // Its surroundings gone, what it recorded says little (its manifest may be lost with its
+    // file): the error says what happened and what it came to, instead of a summary.
+    if let Some(e) = gone_error(
+        writer,
+        &gone,
+        backfill_id,
+        Some(&outcome.backfill.intervals),
+    ) {
+        return Err(e);
+    }
     // The end of each failed interval's log, for the summary (the first ones only: a run with
     // thousands of failures says how many and names them, it does not print every log).
     for f in outcome.failed.iter_mut().take(SUMMARY_LOG_TAILS) {
@@ -586,9 +602,67 @@ async fn answered_within(
     }
 }
 
+/// What of this backfill's surroundings is gone: the project folder (removed, moved or
+/// replaced), or the manifest's file (removed or replaced), each said once.
+fn vanished(writer: &Writer) -> Option<String> {
+    use crate::process::folders;
+    match (folders::project_gone(), writer.removed()) {
+        (None, None) => None,
+        (Some(project), None) => Some(project),
+        (None, Some(manifest)) => Some(manifest),
+        (Some(project), Some(_))
+            if folders::project_root().is_some_and(|root| writer.path().starts_with(root)) =>
+        {
+            Some(format!(
+                "{project}, and its manifest {} with it: what the manifest recorded is lost with the file",
+                writer.path().display()
+            ))
+        }
+        (Some(project), Some(manifest)) => Some(format!("{project}; {manifest}")),
+    }
+}
+
+/// The error a backfill ends with when its project folder or its manifest's file went while it
+/// ran (`seen` by its heartbeat, or now), with what its intervals came to: exit 1. `None` when
+/// nothing went.
+fn gone_error(
+    writer: &Writer,
+    seen: &Mutex<Option<String>>,
+    id: i64,
+    counts: Option<&crate::manifest::queries::Counts>,
+) -> Option<Error> {
+    let why = seen
+        .lock()
+        .ok()
+        .and_then(|g| g.clone())
+        .or_else(|| vanished(writer))?;
+    let came_to = counts.map_or(String::new(), |c| {
+        format!(
+            " ({} of {} succeeded, {} failed, {} stopped, {} not started)",
+            c.succeeded,
+            c.planned,
+            c.failed + c.rejected,
+            c.cancelled + c.running,
+            c.pending
+        )
+    });
+    let then = if writer.removed().is_some() {
+        "restore the manifest from a backup to keep its history".to_string()
+    } else {
+        format!("`backfill resume {id}` goes on with it once the project is back")
+    };
+    Some(Error::Gone(format!(
+        "{why}. Backfill {id} stopped starting intervals{came_to}; {then}"
+    )))
+}
+
 /// Writes the heartbeat, reacts to `backfill cancel` from another process and to being taken
 /// over, and stops the backfill when the heartbeat cannot be written for half the lease
-/// timeout.
+/// timeout, or when its project folder or its manifest's file is gone.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "what the heartbeat watches and where it says what it saw, each its own"
+)]
 async fn keep_alive(
     writer: Writer,
     owner: Owner,
@@ -600,12 +674,26 @@ async fn keep_alive(
         Arc<std::sync::atomic::AtomicBool>,
         Arc<std::sync::atomic::AtomicBool>,
     ),
+    gone: Arc<Mutex<Option<String>>>,
 ) {
     let mut tick = tokio::time::interval(HEARTBEAT);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_ok = Instant::now();
     loop {
         let due = tick.tick().await.into_std();
+        // The project folder or the manifest's file removed: no interval is started any more
+        // (their logs and records would go nowhere), and the end says why.
+        if let Some(why) = vanished(&writer) {
+            let first = gone.lock().is_ok_and(|mut g| {
+                let first = g.is_none();
+                g.get_or_insert(why.clone());
+                first
+            });
+            if first && *stop.borrow() == Stop::Run {
+                let _ = stop.send(Stop::Graceful);
+                let _ = events.send(Event::Stopping { hard: false, why });
+            }
+        }
         // A tick a whole heartbeat late: this process did not run (frozen, then thawed), which
         // says nothing of the manifest; it gets half a lease from now, as a new owner would.
         if due.elapsed() > HEARTBEAT {

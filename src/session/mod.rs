@@ -36,6 +36,9 @@ pub struct Global {
 impl Global {
     pub fn project(&self) -> Result<Project, Error> {
         let project = Project::discover(self.project_dir.as_deref())?;
+        // Its folders are made only while it is there (a project removed mid-run is not made
+        // again by the logs of the tries that follow).
+        crate::process::folders::set_project_root(&project.root);
         // The audit files of a manifest in PostgreSQL go to the project's own folder.
         crate::warehouse::set_state_dir(project.root.join(".backfill"));
         // A manifest in PostgreSQL silent for longer than a lease is given up on, and a session

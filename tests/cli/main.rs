@@ -31,6 +31,7 @@ mod postgres;
 mod postgres_keyed;
 mod read_only;
 mod readme;
+mod removed;
 mod reprocess;
 mod rules;
 mod running;

@@ -94,6 +94,9 @@ mod tests {
         let root = dir.path().join("project");
         std::fs::create_dir(&root).unwrap();
         set_project_root(&root);
+        // Made while the project is there: its inode cannot be the project's.
+        let other = dir.path().join("other");
+        std::fs::create_dir(&other).unwrap();
         let logs = root.join(".backfill/logs/dag/task");
         make_dir(&logs, 0o700).unwrap();
         assert!(logs.is_dir());
@@ -110,8 +113,8 @@ mod tests {
             )
         );
         assert!(!root.exists(), "not made again");
-        // A new folder at its path is not the project this process started in.
-        std::fs::create_dir(&root).unwrap();
+        // Another folder at its path is not the project this process started in.
+        std::fs::rename(&other, &root).unwrap();
         assert!(project_gone().is_some_and(|w| w.contains("was replaced")));
         assert!(make_dir(&logs, 0o700).is_err());
         assert!(!root.join(".backfill").exists());

@@ -79,6 +79,8 @@ fn large_manifest(dir: &std::path::Path, intervals: &[DataInterval]) -> manifest
         definition: None,
         batch_size: None,
         max_failures: None,
+        project: None,
+        warehouses: None,
     };
     let owner = backfills::insert(&conn, &request, &ctx).unwrap();
     let owner = backfills::fence(&conn, owner).unwrap();

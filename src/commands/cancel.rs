@@ -14,6 +14,9 @@ use crate::state::BackfillState;
 
 pub fn run(g: &Global, id: i64, wait: Duration) -> Result<u8, Error> {
     let (project, manifest_path, conn, backfill) = find_backfill(g, id)?;
+    // Recovering another project's backfill would finish its publishes into this project's
+    // warehouses.
+    crate::session::belonging::check_backfill(&project, &manifest_path, &backfill, "cancel")?;
     // A cascade runs one backfill at a time: cancelling any of its backfills stops the one
     // that runs, and with it the cascade.
     if backfill.state != BackfillState::Running

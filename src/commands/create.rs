@@ -240,6 +240,8 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         sample: sampled.as_ref().map(|(n, _)| *n),
         definition: None,
         batch_size: args.batch_size,
+        project: None,
+        warehouses: None,
     };
     let cascade = args.cascade.map(|c| c.mode());
     if cascade.is_some() {

@@ -8,6 +8,7 @@ use crate::report::out;
 use crate::session::Global;
 
 pub const PROJECT: &str = r#"# backfill.toml: the project's settings. Every key is optional.
+# project = "NAME"                     # its name in a shared manifest (default: the folder's name)
 # manifest = ".backfill/manifest.db"   # the run manifest (SQLite)
 # logs = ".backfill/logs"              # one log file per task try
 # lease_timeout = "30s"                # a backfill silent for this long is considered gone

@@ -31,6 +31,7 @@ type StagedBackfill = (Project, PathBuf, Box<dyn Reads>, Backfill, Dag);
 /// The staged backfill `id` for `verb`: a `create --stage` backfill that is not running.
 fn staged_backfill(g: &Global, id: i64, verb: &str) -> Result<StagedBackfill, Error> {
     let (project, path, conn, b) = find_backfill(g, id)?;
+    crate::session::belonging::check_backfill(&project, &path, &b, verb)?;
     if b.kind != BackfillKind::Stage {
         return Err(Error::Usage(format!(
             "backfill {id} is a `{}` backfill, not a staged one: `backfill {verb}` takes the id of a `backfill create --stage` backfill",

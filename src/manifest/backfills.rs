@@ -68,6 +68,10 @@ pub struct NewBackfill {
     pub definition: Option<String>,
     /// `create --batch-size N` (`None`: the DAG's `batch_size`).
     pub batch_size: Option<u32>,
+    /// The project it belongs to (its name, see `session::belonging`).
+    pub project: Option<String>,
+    /// The warehouses its DAG writes, as the project names them (JSON: name to location).
+    pub warehouses: Option<String>,
 }
 
 /// A backfill row.
@@ -106,6 +110,10 @@ pub struct Backfill {
     pub definition: Option<String>,
     /// `create --batch-size N`, which `resume` and `join` keep (`None`: the DAG's).
     pub batch_size: Option<u32>,
+    /// The project it belongs to; `None` for a backfill recorded before it was kept (anyone's).
+    pub project: Option<String>,
+    /// The warehouses its DAG wrote (JSON: name to location), as its project named them.
+    pub warehouses: Option<String>,
 }
 
 impl Backfill {
@@ -129,7 +137,7 @@ impl Backfill {
     }
 }
 
-pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks, max_failures, cascade, cascade_of, sample, definition, batch_size";
+pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks, max_failures, cascade, cascade_of, sample, definition, batch_size, project, warehouses";
 
 pub fn from_row(r: &Row<'_>) -> super::db::Result<Backfill> {
     let reprocess: String = r.get(6)?;
@@ -171,6 +179,8 @@ pub fn from_row(r: &Row<'_>) -> super::db::Result<Backfill> {
         sample: r.get(26)?,
         definition: r.get(27)?,
         batch_size: r.get(28)?,
+        project: r.get(29)?,
+        warehouses: r.get(30)?,
     })
 }
 
@@ -245,8 +255,8 @@ pub fn insert(conn: &Conn, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
         "INSERT INTO backfills (dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior,
             max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host,
             heartbeat_at, created_at, epoch, planning, kind, source_backfill, tasks, max_failures,
-            cascade, cascade_of, sample, definition, batch_size)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)
+            cascade, cascade_of, sample, definition, batch_size, project, warehouses)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)
          RETURNING id",
         params![
             b.dag_id,
@@ -273,11 +283,46 @@ pub fn insert(conn: &Conn, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
             b.cascade_of,
             b.sample,
             b.definition,
-            b.batch_size
+            b.batch_size,
+            b.project,
+            b.warehouses
         ],
         |r| r.get(0),
     )?;
     Ok(Owner::of(backfill_id, 0))
+}
+
+/// The projects whose backfills of `dag_id` the manifest holds (those recorded with one), the
+/// oldest first.
+pub fn dag_projects(conn: &Conn, dag_id: &str) -> Result<Vec<DagProject>> {
+    let rows = conn
+        .prepare_cached(
+            "SELECT project, MIN(id), MAX(id), COUNT(*), MAX(warehouses) FROM backfills
+             WHERE dag_id = ?1 AND project IS NOT NULL GROUP BY project ORDER BY MIN(id)",
+        )?
+        .query_map([dag_id], |r| {
+            Ok(DagProject {
+                project: r.get(0)?,
+                first: r.get(1)?,
+                last: r.get(2)?,
+                backfills: r.get(3)?,
+                warehouses: r.get(4)?,
+            })
+        })?
+        .collect::<super::db::Result<Vec<_>>>()?;
+    Ok(rows)
+}
+
+/// A project with backfills of a DAG in the manifest (see [`dag_projects`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DagProject {
+    pub project: String,
+    /// Its first and last backfill of the DAG, and how many it has.
+    pub first: i64,
+    pub last: i64,
+    pub backfills: i64,
+    /// The warehouses its latest-named backfill recorded (JSON).
+    pub warehouses: Option<String>,
 }
 
 /// Records what the backfill's DAG computes now, for its owner.

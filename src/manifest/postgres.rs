@@ -54,6 +54,10 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
         6,
         include_str!("../../migrations/postgres/0006_batch_holder.sql"),
     ),
+    (
+        7,
+        include_str!("../../migrations/postgres/0007_project.sql"),
+    ),
 ];
 
 /// The longest the server lets a manifest session sit idle inside a transaction before it ends

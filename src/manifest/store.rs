@@ -48,6 +48,9 @@ pub trait Reads {
     fn latest_backfill(&self, kind: Option<BackfillKind>) -> Result<Option<i64>>;
     /// The manifest's identity (see [`super::identity`]).
     fn identity(&self) -> Result<String>;
+    /// The projects whose backfills of `dag_id` the manifest holds (see
+    /// [`backfills::dag_projects`]).
+    fn dag_projects(&self, dag_id: &str) -> Result<Vec<backfills::DagProject>>;
     /// Which database holds the manifest, when it is PostgreSQL (see [`super::database_key`]).
     fn database_key(&self) -> Result<Option<String>>;
     /// "Now" for judging leases (unix milliseconds): `local`, the caller's clock, on SQLite; the
@@ -469,6 +472,9 @@ impl Reads for Conn {
     }
     fn identity(&self) -> Result<String> {
         Ok(self.query_row("SELECT id FROM identity", [], |r| r.get(0))?)
+    }
+    fn dag_projects(&self, dag_id: &str) -> Result<Vec<backfills::DagProject>> {
+        backfills::dag_projects(self, dag_id)
     }
     fn database_key(&self) -> Result<Option<String>> {
         if !self.is_postgres() {

@@ -98,6 +98,11 @@ fn known_hint(known: &[String], broken: &usize) -> String {
 #[derive(Debug, Clone)]
 pub struct Project {
     pub root: PathBuf,
+    /// The project's name, which a shared manifest records with its backfills: `project` in
+    /// `backfill.toml`, else the name of its folder (see `session::belonging`).
+    pub name: String,
+    /// Whether `backfill.toml` names it (`project`), rather than its folder.
+    pub named: bool,
     pub manifest_path: PathBuf,
     pub logs_dir: PathBuf,
     /// A lease whose owner has not sent a heartbeat for this long is stale; at least
@@ -214,6 +219,24 @@ pub const MAX_KEEP_VERSIONS: u32 = 100;
 /// The default `busy_timeout` of a warehouse.
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The name of the project folder `root`, as it was reached (`..` and `.` taken away, no
+/// symbolic link followed).
+fn folder_name(root: &Path) -> String {
+    let mut plain = PathBuf::new();
+    for c in root.components() {
+        match c {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                plain.pop();
+            }
+            other => plain.push(other),
+        }
+    }
+    plain
+        .file_name()
+        .map_or_else(|| "/".to_string(), |n| n.to_string_lossy().into_owned())
+}
+
 impl Project {
     /// Finds the project: `dir` itself when given (`-C`), else the nearest ancestor of the
     /// current directory holding `backfill.toml`.
@@ -295,6 +318,20 @@ impl Project {
             None => file("manifest", &raw.manifest, ".backfill/manifest.db"),
         };
         let logs_dir = file("logs", &raw.logs, ".backfill/logs");
+        let folder = folder_name(&root);
+        let (name, named) = match &raw.project {
+            Some(v) if v.get_ref().trim().is_empty() => {
+                errs.at(
+                    v,
+                    format!(
+                        "key `project` is empty; name the project (\"shop\"), or leave the key out to name it after its folder (`{folder}`)"
+                    ),
+                );
+                (folder, false)
+            }
+            Some(v) => (v.get_ref().trim().to_string(), true),
+            None => (folder, false),
+        };
         let lease_timeout = match &raw.lease_timeout {
             None => DEFAULT_LEASE_TIMEOUT,
             Some(v) => match parse_duration(v.get_ref()) {
@@ -531,6 +568,8 @@ impl Project {
             return Err(errs.into_errors());
         }
         Ok(Self {
+            name,
+            named,
             manifest_path,
             logs_dir,
             lease_timeout,

@@ -11,6 +11,7 @@ use super::diagnostics::{FileErrors, syntax_error, unknown_key};
 type Value<'i> = Spanned<DeValue<'i>>;
 
 pub(crate) const PROJECT_KEYS: &[&str] = &[
+    "project",
     "manifest",
     "logs",
     "lease_timeout",
@@ -118,6 +119,8 @@ impl RawNotify {
 /// `backfill.toml`.
 #[derive(Debug, Default)]
 pub(crate) struct RawProject {
+    /// The project's name (default: its folder's).
+    pub(crate) project: Option<Spanned<String>>,
     pub(crate) manifest: Option<Spanned<String>>,
     pub(crate) logs: Option<Spanned<String>>,
     pub(crate) lease_timeout: Option<Spanned<String>>,
@@ -334,6 +337,7 @@ impl RawProject {
         }
         pools.sort_by_key(|(n, _)| n.span().start);
         Some(Self {
+            project: string(&table, "project", "\"shop\"", errs),
             manifest: string(&table, "manifest", "\".backfill/manifest.db\"", errs),
             logs: string(&table, "logs", "\".backfill/logs\"", errs),
             lease_timeout: string(&table, "lease_timeout", "\"30s\"", errs),

@@ -517,6 +517,33 @@ fn settings(text: &str) -> Result<Project, Vec<String>> {
 }
 
 #[test]
+fn a_project_is_named_by_backfill_toml_else_by_its_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("etl");
+    std::fs::create_dir(&root).unwrap();
+    let p = Project::parse(root.clone(), "").unwrap();
+    assert_eq!((p.name.as_str(), p.named), ("etl", false));
+    // As reached: `.` and `..` do not name it.
+    let p = Project::parse(root.join("sub/.."), "").unwrap();
+    assert_eq!(p.name, "etl");
+    let p = Project::parse(root.join("."), "").unwrap();
+    assert_eq!(p.name, "etl");
+    let p = Project::parse(root.clone(), "project = \" shop \"\n").unwrap();
+    assert_eq!((p.name.as_str(), p.named), ("shop", true));
+    let found: Vec<String> = Project::parse(root, "project = \"\"\n")
+        .unwrap_err()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        found,
+        [
+            "backfill.toml:1:11: key `project` is empty; name the project (\"shop\"), or leave the key out to name it after its folder (`etl`)"
+        ]
+    );
+}
+
+#[test]
 fn backfill_toml_defaults_and_every_error() {
     let p = settings("").unwrap();
     assert_eq!(p.lease_timeout, Duration::from_secs(30));

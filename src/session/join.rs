@@ -28,6 +28,7 @@ use crate::state::BackfillState;
 /// of its intervals in flight in this process.
 pub fn join(g: &Global, id: i64, max_active_runs: Option<u32>) -> Result<u8, Error> {
     let (project, manifest_path, conn, backfill) = find_backfill(g, id)?;
+    super::belonging::check_backfill(&project, &manifest_path, &backfill, "join")?;
     let ctx = LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL).at_manifest(&*conn)?;
     joinable(&backfill, &ctx)?;
     let mut dag = match (&backfill.tasks, backfill.kind) {

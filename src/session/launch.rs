@@ -38,6 +38,9 @@ pub fn dry_plan(
 ) -> Result<(Vec<PlanRow>, crate::estimate::Estimate), Error> {
     let ctx = LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL);
     let conn = manifest::open_if_exists(manifest_path)?;
+    if let Some(conn) = &conn {
+        super::belonging::check_dag(project, manifest_path, &**conn, dag)?;
+    }
     let (prior, before) = match &conn {
         Some(conn) => {
             let before = conn
@@ -94,6 +97,8 @@ pub fn request_over(
         sample: None,
         definition: None,
         batch_size: None,
+        project: None,
+        warehouses: None,
     }
 }
 
@@ -145,6 +150,8 @@ pub fn launch(
     let ctx = LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL);
     let request = manifest::NewBackfill {
         definition: Some(super::tasks::definition_json(&dag)),
+        project: Some(project.name.clone()),
+        warehouses: super::belonging::warehouses_of(&dag),
         ..request
     };
     let max_active_runs = request.max_active_runs;
@@ -156,13 +163,38 @@ pub fn launch(
     let writer = Writer::open(&manifest_path, project.durability)?;
     let dags = Dags::of(project);
     let result = (|| {
+        // Another project's backfills of the DAG are neither recovered nor planned over.
+        let found = {
+            let dag_id = dag.id.clone();
+            writer.call_blocking(move |c| c.dag_projects(&dag_id))?
+        };
+        if let Some(theirs) = super::belonging::other_project(&project.name, &found) {
+            return Err(super::belonging::dag_refused(
+                project,
+                &manifest_path,
+                &dag,
+                theirs,
+            ));
+        }
         let report = recovery::release_stale(&writer, &dags, &dag.id, &ctx, None)?;
         for w in &report.warnings {
             warn(g, w);
         }
         crate::fault::point("after-release-stale");
         let first = ctx.refreshed();
-        let owner = writer.call_blocking(move |c| c.insert_backfill(&request, &first))?;
+        // Looked at again in the transaction that records the backfill: another project's may
+        // have been recorded since.
+        let name = project.name.clone();
+        let inserted = writer.call_blocking(move |c| {
+            let found = c.dag_projects(&request.dag_id)?;
+            match super::belonging::other_project(&name, &found) {
+                Some(theirs) => Ok(Err(theirs.clone())),
+                None => Ok(Ok(c.insert_backfill(&request, &first)?)),
+            }
+        })?;
+        let owner = inserted.map_err(|theirs| {
+            super::belonging::dag_refused(project, &manifest_path, &dag, &theirs)
+        })?;
         crate::crash::running(owner.backfill_id);
         let beat = Beating::start(&writer, owner);
         let planned = write_plan(

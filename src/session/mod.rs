@@ -5,6 +5,7 @@
 //! [`resume`].
 
 mod beat;
+pub mod belonging;
 pub mod cascade;
 pub mod chain;
 mod execute;

@@ -37,6 +37,12 @@ pub fn resume_found(
     let id = backfill.id;
     crate::limits::room_for_runs(backfill.max_active_runs, None)?;
     crate::crash::running(id);
+    // Another project's backfill is neither taken over nor run into this project's warehouses;
+    // nor is this one run beside another project's backfills of its DAG.
+    super::belonging::check_backfill(project, manifest_path, &backfill, "resume")?;
+    if let Ok(dag) = project.dag(&backfill.dag_id) {
+        super::belonging::check_dag(project, manifest_path, &*conn, &dag)?;
+    }
     let pending = conn
         .unfinished_intervals(id)
         .map_err(|e| e.at(manifest_path))?;

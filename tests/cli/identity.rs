@@ -235,3 +235,277 @@ fn a_schema_of_the_manifests_name_that_is_not_one_is_refused_and_left_as_it_was(
         "1"
     );
 }
+
+/// Where `p`'s manifest is, as `--manifest` takes it: its file, or its database's URL.
+fn manifest_of(p: &Project) -> String {
+    match p.manifest_db() {
+        Some(db) => crate::pg::shared().url(db),
+        None => p.manifest_path().display().to_string(),
+    }
+}
+
+/// A project's name when backfill.toml does not give one: its folder's.
+fn folder_name(p: &Project) -> String {
+    p.path("backfill.toml")
+        .parent()
+        .and_then(Path::file_name)
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn two_projects_sharing_a_manifest_refuse_each_others_backfills_naming_both() {
+    let (alpha, beta) = (shop(), shop());
+    let (a, b) = (folder_name(&alpha), folder_name(&beta));
+    let shared = manifest_of(&alpha);
+    alpha.run(THREE_DAYS).code(0);
+    alpha
+        .create(
+            "daily_orders",
+            "2026-09-04",
+            "2026-09-04",
+            &["--stage", "-q"],
+        )
+        .code(0);
+    let before = alpha.dump();
+    let beta_warehouse = std::fs::read(beta.path("warehouse.db")).unwrap();
+    let on_shared = |p: &Project, args: &[&str]| {
+        let mut all = vec!["--manifest", shared.as_str()];
+        all.extend_from_slice(args);
+        p.run(&all)
+    };
+    let theirs = |project: &str, p: &Project, notes: &str| {
+        format!(
+            "`{project}` ({notes}warehouse shop: {})",
+            p.path("warehouse.db").display()
+        )
+    };
+    let ours = |project: &str, p: &Project| {
+        format!(
+            "`{project}` (its folder's name: backfill.toml sets no `project`; warehouse shop: {})",
+            p.path("warehouse.db").display()
+        )
+    };
+    // Planning over the other project's runs: what `already exists` is not in this warehouse.
+    let dag_refused = format!(
+        "error: DAG `daily_orders` in the manifest {shared} belongs to project {}, not to this one, {}: what its runs there recorded (the intervals that `already exist`, those in flight) is not this project's. Rename this project's DAG (its `id`); give each project a manifest of its own (`manifest` in backfill.toml, or BACKFILL_MANIFEST); or, if both folders hold one project (its checkouts on several hosts), give them one name: `project = \"{a}\"` in the backfill.toml of each\n",
+        theirs(&a, &alpha, "2 backfills, 1 to 2; "),
+        ours(&b, &beta)
+    );
+    for args in [
+        &[
+            "create",
+            "--dag",
+            "daily_orders",
+            "--from",
+            "2026-09-01",
+            "--to",
+            "2026-09-05",
+        ][..],
+        &[
+            "create",
+            "--dag",
+            "daily_orders",
+            "--from",
+            "2026-09-01",
+            "--to",
+            "2026-09-05",
+            "--dry-run",
+        ],
+        &[
+            "rollback",
+            "--dag",
+            "daily_orders",
+            "--from",
+            "2026-09-01",
+            "--to",
+            "2026-09-01",
+        ],
+    ] {
+        let out = on_shared(&beta, args);
+        out.code(2);
+        assert_eq!(out.stderr, dag_refused, "{args:?}");
+    }
+    // The other project's backfills: neither resumed, joined, cancelled, promoted nor
+    // discarded here.
+    for (verb, id) in [
+        ("resume", "1"),
+        ("join", "1"),
+        ("cancel", "1"),
+        ("promote", "2"),
+        ("discard", "2"),
+    ] {
+        let out = on_shared(&beta, &[verb, id]);
+        out.code(2);
+        assert_eq!(
+            out.stderr,
+            format!(
+                "error: backfill {id} belongs to project {}, not to this one, {}: two projects share the manifest {shared}. Run `backfill {verb} {id}` from that project's folder; give each project a manifest of its own (`manifest` in backfill.toml, or BACKFILL_MANIFEST); or, if both folders hold one project (its checkouts on several hosts), give them one name: `project = \"{a}\"` in the backfill.toml of each\n",
+                theirs(&a, &alpha, ""),
+                ours(&b, &beta)
+            ),
+            "{verb}"
+        );
+    }
+    assert_eq!(alpha.dump(), before, "nothing written to the manifest");
+    assert_eq!(
+        std::fs::read(beta.path("warehouse.db")).unwrap(),
+        beta_warehouse,
+        "nor to the second project's warehouse"
+    );
+    // A DAG the other project never ran is this one's; and then the other refuses it in turn.
+    on_shared(
+        &beta,
+        &[
+            "create",
+            "--dag",
+            "orders_fact",
+            "--from",
+            "2026-09-01",
+            "--to",
+            "2026-09-01",
+        ],
+    )
+    .code(0);
+    let out = alpha.create("orders_fact", "2026-09-01", "2026-09-02", &[]);
+    out.code(2).stderr_has(&format!(
+        "error: DAG `orders_fact` in the manifest {shared} belongs to project {}, not to this one, {}",
+        theirs(&b, &beta, "backfill 3; "),
+        ours(&a, &alpha)
+    ));
+    // Named alike (one project, two checkouts), they share it.
+    beta.write(
+        "backfill.toml",
+        &format!("project = \"{a}\"\n{}", beta.read("backfill.toml")),
+    );
+    on_shared(&beta, &["resume", "1"]).code(0);
+}
+
+/// A copy of a project of DAG `c` (a command task) in folder `name` of `parent`, with
+/// `backfill.toml` holding `toml`.
+fn checkout(parent: &Path, name: &str, toml: &str) -> std::path::PathBuf {
+    let dir = parent.join(name);
+    std::fs::create_dir_all(dir.join("dags")).unwrap();
+    std::fs::write(dir.join("backfill.toml"), toml).unwrap();
+    std::fs::write(
+        dir.join("dags/c.toml"),
+        "schedule = \"@daily\"\n[[tasks]]\nid = \"t\"\ncommand = \"echo {{ ds }} >> ../done.txt\"\n",
+    )
+    .unwrap();
+    dir
+}
+
+/// `backfill -C dir ARGS` on the manifest at `url`.
+fn on_host(dir: &Path, url: &str, args: &[&str], env: &[(&str, &str)]) -> Out {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_backfill"))
+        .arg("-C")
+        .arg(dir)
+        .args(["--manifest", url])
+        .args(args)
+        .env("BACKFILL_NOW", crate::support::NOW)
+        .env_remove("BACKFILL_MANIFEST")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run backfill");
+    Out::of(&out)
+}
+
+#[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
+fn one_project_checked_out_on_two_hosts_shares_a_postgresql_manifest() {
+    let cluster = crate::pg::shared();
+    let db = cluster.create_db();
+    let url = cluster.url(&db);
+    // Two checkouts of one project, in different places: the same folder name, or, in a folder
+    // of another name, the project named in backfill.toml.
+    let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let cron = checkout(one.path(), "etl", "");
+    let ci = checkout(two.path(), "etl", "");
+    let runner = checkout(two.path(), "build-7", "project = \"etl\"\n");
+    fn days<'a>(from: &'a str, to: &'a str) -> Vec<&'a str> {
+        vec!["create", "--dag", "c", "--from", from, "--to", to]
+    }
+    on_host(&cron, &url, &days("2026-01-01", "2026-01-02"), &[]).code(0);
+    // The second checkout skips what the first did, and runs the rest.
+    on_host(&ci, &url, &days("2026-01-01", "2026-01-04"), &[])
+        .code(0)
+        .stderr_has("4 intervals, 2 to run, 2 skipped");
+    // A backfill whose owner died on one host is resumed from another.
+    on_host(
+        &ci,
+        &url,
+        &days("2026-01-05", "2026-01-06"),
+        &[("BACKFILL_FAULT", "after-plan:abort")],
+    );
+    on_host(&runner, &url, &["resume", "3"], &[])
+        .code(0)
+        .stderr_has("resuming backfill 3 of c: 2 intervals left to run");
+    assert_eq!(
+        cluster.psql(
+            &db,
+            "SELECT string_agg(DISTINCT project, ',') FROM backfill_manifest.backfills"
+        ),
+        "etl"
+    );
+    // A checkout in a folder of another name that does not name the project is another.
+    let stray = checkout(two.path(), "build-8", "");
+    on_host(&stray, &url, &days("2026-01-01", "2026-01-07"), &[])
+        .code(2)
+        .stderr_has("belongs to project `etl` (3 backfills, 1 to 3), not to this one, `build-8` (its folder's name: backfill.toml sets no `project`)");
+}
+
+#[test]
+fn a_manifest_of_the_previous_schema_gains_the_project_and_its_backfills_are_anyones() {
+    let (alpha, beta) = (shop().sqlite(), shop().sqlite());
+    // A backfill whose owner died once it was planned.
+    alpha.run_with(THREE_DAYS, &[("BACKFILL_FAULT", "after-plan:abort")]);
+    // As the previous schema left it: no project recorded, no mark.
+    alpha.exec(
+        "ALTER TABLE backfills DROP COLUMN project; ALTER TABLE backfills DROP COLUMN warehouses;
+         PRAGMA user_version = 11; PRAGMA application_id = 0;",
+    );
+    let shared = alpha.manifest_path();
+    // A backfill recorded before is anyone's: the second project may resume it.
+    on(&beta, &shared, &["resume", "1"])
+        .code(0)
+        .stderr_has("3 succeeded");
+    assert_eq!(alpha.count("PRAGMA user_version"), 12);
+    assert_eq!(application_id(&shared), MARK);
+    assert_eq!(
+        alpha.rows("SELECT id, project, warehouses FROM backfills"),
+        [["1", "NULL", "NULL"]]
+    );
+    // The first backfill recorded with a project makes the DAG that project's.
+    on(
+        &beta,
+        &shared,
+        &[
+            "create",
+            "--dag",
+            "daily_orders",
+            "--from",
+            "2026-09-04",
+            "--to",
+            "2026-09-04",
+        ],
+    )
+    .code(0);
+    assert_eq!(
+        alpha.rows("SELECT id, project FROM backfills ORDER BY id"),
+        [
+            ["1".to_string(), "NULL".to_string()],
+            ["2".to_string(), folder_name(&beta)]
+        ]
+    );
+    alpha
+        .create("daily_orders", "2026-09-05", "2026-09-05", &[])
+        .code(2)
+        .stderr_has(&format!(
+            "belongs to project `{}` (backfill 2;",
+            folder_name(&beta)
+        ));
+}

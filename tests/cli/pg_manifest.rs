@@ -175,7 +175,7 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
         .code(0);
     assert_eq!(
         cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
-        "6"
+        "7"
     );
     assert_eq!(
         runs_per_interval(cluster, &db),
@@ -186,6 +186,29 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
     // Nothing went to a file: the URL is not a path.
     assert!(!p.manifest_path().exists());
     assert!(!p.path("postgresql:").exists());
+    // A manifest of the previous schema version (before backfills recorded their project)
+    // gains the project: its backfills are anyone's, the new ones the project's.
+    cluster.psql(
+        &db,
+        "ALTER TABLE backfill_manifest.backfills DROP COLUMN project;
+         ALTER TABLE backfill_manifest.backfills DROP COLUMN warehouses;
+         UPDATE backfill_manifest.schema_version SET version = 6",
+    );
+    p.run(&create_args(&url, "2026-01-04", "2026-01-04"))
+        .code(0);
+    assert_eq!(
+        cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
+        "7"
+    );
+    let folder = p.path("backfill.toml");
+    let folder = folder.parent().and_then(|d| d.file_name()).unwrap();
+    assert_eq!(
+        cluster.psql(
+            &db,
+            "SELECT id || ':' || COALESCE(project, 'NULL') FROM backfill_manifest.backfills ORDER BY id"
+        ),
+        format!("1:NULL\n2:{}", folder.to_string_lossy())
+    );
     // A manifest of schema version 1 (before `backfill join`) is migrated on first use, its
     // history kept.
     cluster.psql(
@@ -200,20 +223,22 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
          ALTER TABLE backfill_manifest.backfills DROP COLUMN batch_size;
          ALTER TABLE backfill_manifest.task_tries DROP COLUMN batch;
          ALTER TABLE backfill_manifest.leases DROP COLUMN batch_holder;
+         ALTER TABLE backfill_manifest.backfills DROP COLUMN project;
+         ALTER TABLE backfill_manifest.backfills DROP COLUMN warehouses;
          UPDATE backfill_manifest.schema_version SET version = 1",
     );
-    p.run(&create_args(&url, "2026-01-04", "2026-01-04"))
+    p.run(&create_args(&url, "2026-01-05", "2026-01-05"))
         .code(0);
     assert_eq!(
         cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
-        "6"
+        "7"
     );
     assert_eq!(
         cluster.psql(
             &db,
             "SELECT COUNT(*) FROM backfill_manifest.runs WHERE state = 'succeeded' AND worker IS NULL"
         ),
-        "4"
+        "5"
     );
     // A schema written by a newer backfill is refused, by every command, before anything else.
     cluster.psql(
@@ -222,15 +247,15 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
     );
     for args in [
         vec!["--manifest", &url, "list"],
-        create_args(&url, "2026-01-05", "2026-01-05"),
+        create_args(&url, "2026-01-06", "2026-01-06"),
     ] {
         p.run(&args).code(1).stderr_has(&format!(
-            "manifest {url}: schema version 99 is newer than this backfill understands (6); upgrade backfill"
+            "manifest {url}: schema version 99 is newer than this backfill understands (7); upgrade backfill"
         ));
     }
     assert_eq!(
         cluster.psql(&db, "SELECT COUNT(*) FROM backfill_manifest.backfills"),
-        "2"
+        "3"
     );
 }
 
@@ -707,7 +732,7 @@ fn a_connection_lost_while_the_schema_is_made_leaves_no_half_and_the_open_starts
     out.code(0);
     assert_eq!(
         cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
-        "6"
+        "7"
     );
     // Nothing was made outside the schema (in autocommit, where the search path leads
     // elsewhere).
@@ -740,7 +765,7 @@ fn a_running_backfill_stops_writing_once_a_newer_backfill_upgraded_the_schema() 
     );
     let out = wait_within(&p, "owner", owner, Duration::from_secs(60));
     out.code(1).stderr_has(
-        "the manifest's schema is now version 99, and this backfill knows version 6: a newer backfill changed it while this one ran, so this one writes nothing more",
+        "the manifest's schema is now version 99, and this backfill knows version 7: a newer backfill changed it while this one ran, so this one writes nothing more",
     );
     // It wrote nothing after the upgrade, not even its tries' ends: its runs are still in
     // progress, for the newer backfill to take up.

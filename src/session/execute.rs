@@ -332,11 +332,12 @@ fn run(
             Found::TookOver(_) => WorkerEnd::TookOver,
             Found::Refused => WorkerEnd::OwnerGone,
         };
+        let (code, state, summary) =
+            super::worker::finish_worker(g, writer, owner, stats, (stopped, end), began)?;
+        // Recorded as ended, it goes on as the backfill's owner no more.
         if let Some(e) = gone_error(writer, &gone, backfill_id, None) {
             return Err(e);
         }
-        let (code, state, summary) =
-            super::worker::finish_worker(g, writer, owner, stats, (stopped, end), began)?;
         if let (Found::TookOver(successor), Some(rest)) = (found, rest) {
             *as_owner = true;
             return go_on_as_owner(

@@ -123,5 +123,22 @@ mod tests {
             .exit_code(),
             USAGE
         );
+        assert_eq!(
+            Error::Manifest(crate::manifest::Error::NotAManifest {
+                path: "w.db".into(),
+                why: "x".into()
+            })
+            .exit_code(),
+            USAGE
+        );
+        assert_eq!(
+            Error::Manifest(crate::manifest::Error::Emptied {
+                path: "m.db".into(),
+                history: "logs".into()
+            })
+            .exit_code(),
+            USAGE
+        );
+        assert_eq!(Error::Gone("x".into()).exit_code(), INTERNAL);
     }
 }

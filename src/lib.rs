@@ -30,7 +30,7 @@
 //! pg/                          the PostgreSQL driver layer under the manifest and the
 //!                              warehouses: connections, TLS, errors, quoting; a leaf
 //! plan, gate, schedule, interval, state, clock, liveness, words, suggest, sqlite, fault,
-//! sample, params, query, task::template, limits, crash
+//! sample, params, query, environment, task::template, limits, crash
 //!                              pure logic and the small shared pieces everything uses; what
 //!                              the process may open, and a panic that ends it
 //! ```
@@ -43,6 +43,7 @@ pub mod cli;
 pub mod clock;
 pub mod commands;
 pub mod crash;
+pub mod environment;
 pub mod estimate;
 pub mod exit;
 pub mod fault;

@@ -113,11 +113,49 @@ pub fn locked_by(path: &Path) -> String {
     }
 }
 
+/// A SQLite error in words: SQLite's message, or what its code means where the driver gave
+/// only the file's name (an open that failed before SQLite had a connection to say why, out of
+/// memory for one), which would otherwise read `manifest X: X`.
+pub fn describe(e: &rusqlite::Error) -> String {
+    match e {
+        rusqlite::Error::SqliteFailure(code, Some(message))
+            if !message.contains(char::is_whitespace) =>
+        {
+            let meaning = rusqlite::ffi::code_to_str(code.extended_code);
+            if message == meaning {
+                meaning.to_string()
+            } else {
+                format!("{meaning} ({message})")
+            }
+        }
+        other => other.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::BufRead;
 
     use super::*;
+
+    #[test]
+    fn an_error_that_names_only_its_file_says_what_failed() {
+        let nomem = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_NOMEM),
+            Some("/p/.backfill/manifest.db".into()),
+        );
+        assert_eq!(describe(&nomem), "out of memory (/p/.backfill/manifest.db)");
+        let worded = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+            Some("database or disk is full".into()),
+        );
+        assert_eq!(describe(&worded), "database or disk is full");
+        let interrupted = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_INTERRUPT),
+            Some("interrupted".into()),
+        );
+        assert_eq!(describe(&interrupted), "interrupted");
+    }
 
     #[test]
     fn uris_escape_what_sqlite_would_read_as_syntax() {

@@ -7,7 +7,9 @@ use crate::project::ProjectError;
 
 /// Every planned interval succeeded, or there was nothing to do.
 pub const OK: u8 = 0;
-/// An internal error: a bug, or the manifest or a warehouse could not be read or written.
+/// An internal error: a bug, or the manifest or a warehouse could not be read or written; or
+/// the environment failed (a full disk, no descriptors or memory left, see
+/// [`crate::environment`]), which stopped a backfill that `backfill resume` continues.
 pub const INTERNAL: u8 = 1;
 /// Bad usage, bad configuration or bad input, or an open-files limit too low for the run;
 /// nothing was written.
@@ -44,6 +46,9 @@ pub enum Error {
     /// What a backfill stood on went while it ran: its project folder, or its manifest's file.
     #[error("{0}")]
     Gone(String),
+    /// The machine or a service failed, not a task (see [`crate::environment`]).
+    #[error("{0}")]
+    Environment(crate::environment::Fault),
     /// A failure with no better kind: a bug.
     #[error("{0}")]
     Internal(String),
@@ -71,6 +76,7 @@ impl Error {
             | Self::Warehouse(_)
             | Self::Io { .. }
             | Self::Gone(_)
+            | Self::Environment(_)
             | Self::Internal(_) => INTERNAL,
             Self::ClosedPipe => OK,
         }
@@ -83,12 +89,25 @@ impl Error {
             Self::Project(_) => "configuration",
             Self::Range(_) => "range",
             Self::Manifest(_) => "manifest",
+            Self::Warehouse(crate::warehouse::Error::Environment(_)) | Self::Environment(_) => {
+                "environment"
+            }
             Self::Warehouse(_) => "warehouse",
             Self::Limit(_) => "limit",
             Self::Io { .. } => "io",
             Self::Gone(_) => "environment",
             Self::Internal(_) => "internal",
             Self::ClosedPipe => "closed pipe",
+        }
+    }
+
+    /// The environment fault this error is, if it is one: found as such where it happened
+    /// (see [`crate::environment`]).
+    pub fn environment(&self) -> Option<&crate::environment::Fault> {
+        match self {
+            Self::Environment(f) => Some(f),
+            Self::Warehouse(w) => w.environment(),
+            _ => None,
         }
     }
 

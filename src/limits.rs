@@ -221,7 +221,7 @@ fn sqlite_cause(e: &rusqlite::Error) -> Option<i32> {
 
 /// Shows a SQLite error, and the open-files limit when it is the cause.
 pub fn sqlite(e: &rusqlite::Error) -> impl fmt::Display + '_ {
-    Shown(e, sqlite_cause(e))
+    Shown(crate::sqlite::describe(e), sqlite_cause(e))
 }
 
 /// An error, and why when a descriptor could not be had.

@@ -815,7 +815,7 @@ impl Session {
 /// sits idle inside a transaction ended by the server, and for a reader, transactions the
 /// server keeps read-only.
 fn open_conn(url: &str, read_only: bool) -> std::result::Result<Conn, String> {
-    connect_with(
+    Ok(connect_with(
         url,
         &format!(
             "SET search_path = {SCHEMA}, pg_catalog; SET idle_in_transaction_session_timeout = {}{}",
@@ -826,7 +826,7 @@ fn open_conn(url: &str, read_only: bool) -> std::result::Result<Conn, String> {
                 ""
             }
         ),
-    )
+    )?)
 }
 
 /// Whether this session's role may write the manifest (the writers' lock and the records),

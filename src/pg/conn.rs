@@ -635,14 +635,44 @@ impl Conn {
 
 /// Opens a connection to the database at `url` (which may hold a password; no error repeats
 /// it).
-pub fn connect_url(url: &str) -> Result<Conn, String> {
+pub fn connect_url(url: &str) -> Result<Conn, ConnectError> {
     connect_with(url, "")
+}
+
+/// Why a connection could not be made: what a person reads, and whether the server is out of
+/// reach or of a resource (see [`super::Resource`]) rather than refusing this connection (a
+/// wrong password, a database that does not exist).
+#[derive(Debug, Clone)]
+pub struct ConnectError {
+    pub message: String,
+    pub resource: Option<super::Resource>,
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<String> for ConnectError {
+    fn from(message: String) -> Self {
+        Self {
+            message,
+            resource: None,
+        }
+    }
+}
+
+impl From<ConnectError> for String {
+    fn from(e: ConnectError) -> Self {
+        e.message
+    }
 }
 
 /// [`connect_url`], then `setup` (statements that set the session up) in the same round trip
 /// as the connection's own settings, all within the attempt's bound (see
 /// [`Target::attempt_bound`]).
-pub fn connect_with(url: &str, setup: &str) -> Result<Conn, String> {
+pub fn connect_with(url: &str, setup: &str) -> Result<Conn, ConnectError> {
     let target = target(url)?;
     let bound = target.attempt_bound();
     let started = Instant::now();
@@ -668,8 +698,14 @@ pub fn connect_with(url: &str, setup: &str) -> Result<Conn, String> {
         })
         .await
     })?
-    .map_err(|_| timed_out())?
-    .map_err(|e: tokio_postgres::Error| format!("cannot connect: {}", super::describe(&e)))?;
+    .map_err(|_| ConnectError {
+        message: timed_out(),
+        resource: Some(super::Resource::Unreachable),
+    })?
+    .map_err(|e: tokio_postgres::Error| ConnectError {
+        message: format!("cannot connect: {}", super::describe(&e)),
+        resource: super::error::resource(&e),
+    })?;
     // Output settings pinned, so that a row's text (which fingerprints hash) is the same in
     // every session whatever the database's defaults; `DateStyle = ISO` sets the output format
     // only, and keeps how dates are read.
@@ -690,8 +726,14 @@ pub fn connect_with(url: &str, setup: &str) -> Result<Conn, String> {
         conn.client.batch_execute(&settings),
         bound.saturating_sub(started.elapsed()),
     )
-    .ok_or_else(timed_out)?
-    .map_err(|e| format!("cannot set up the session: {}", super::describe(&e)))?;
+    .ok_or_else(|| ConnectError {
+        message: timed_out(),
+        resource: Some(super::Resource::Unreachable),
+    })?
+    .map_err(|e| ConnectError {
+        message: format!("cannot set up the session: {}", super::describe(&e)),
+        resource: super::error::resource(&e),
+    })?;
     Ok(conn)
 }
 

@@ -56,6 +56,45 @@ pub fn kind(e: &tokio_postgres::Error) -> Kind {
     }
 }
 
+/// What a failure says about the server, or the way to it, rather than about the statement:
+/// the server is out of a resource (SQLSTATE class 53), shutting down or starting (57P01 to
+/// 57P03), or the connection failed or is gone (class 08, a closed connection). Another try
+/// would meet it too; the layers above stop rather than fail the work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resource {
+    /// 53100 `disk_full`.
+    DiskFull,
+    /// 53200 `out_of_memory`.
+    OutOfMemory,
+    /// 53300 `too_many_connections`.
+    TooManyConnections,
+    /// Another of class 53 (53400 `configuration_limit_exceeded`).
+    Exhausted,
+    /// Shutting down, crashed, or not accepting connections yet (57P01, 57P02, 57P03).
+    ShuttingDown,
+    /// The connection could not be made or is gone (class 08, a closed connection, a
+    /// network error).
+    Unreachable,
+}
+
+/// The [`Resource`] a driver error is about, if it is about one.
+pub fn resource(e: &tokio_postgres::Error) -> Option<Resource> {
+    if let Some(code) = e.code() {
+        let code = code.code();
+        return match code {
+            "53100" => Some(Resource::DiskFull),
+            "53200" => Some(Resource::OutOfMemory),
+            "53300" => Some(Resource::TooManyConnections),
+            c if c.starts_with("53") => Some(Resource::Exhausted),
+            "57P01" | "57P02" | "57P03" => Some(Resource::ShuttingDown),
+            c if c.starts_with("08") => Some(Resource::Unreachable),
+            _ => None,
+        };
+    }
+    (e.is_closed() || e.source().is_some_and(|s| s.is::<std::io::Error>()))
+        .then_some(Resource::Unreachable)
+}
+
 /// A failure on a PostgreSQL session: its kind, its SQLSTATE when the server sent one, and what
 /// a person reads (see [`super::describe`]).
 #[derive(Debug, Clone)]

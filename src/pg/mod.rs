@@ -8,7 +8,7 @@ pub mod conn;
 pub mod error;
 pub mod url;
 
-pub use error::{Error, Kind};
+pub use error::{Error, Kind, Resource};
 
 use std::fmt::Write as _;
 

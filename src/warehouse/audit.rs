@@ -37,9 +37,15 @@ impl AuditFile {
     /// process is gone.
     pub fn create(dir: &Path, name: &str) -> Result<Self> {
         let path = dir.join(name);
-        let io = |source| Error::Audit {
-            path: path.clone(),
-            source,
+        let io = |source: std::io::Error| {
+            let what = format!("audit file {}", path.display());
+            match crate::environment::Fault::of_io(&source, &what, &path) {
+                Some(fault) => Error::Environment(fault),
+                None => Error::Audit {
+                    path: path.clone(),
+                    source,
+                },
+            }
         };
         crate::process::private_dir(dir).map_err(io)?;
         let fresh = dir.join(format!(".{name}.{}.new", std::process::id()));
@@ -142,6 +148,21 @@ pub(crate) fn uri(path: &Path) -> String {
     }
     out.push_str("?mode=rw");
     out
+}
+
+/// An error met writing the audit or batch file at `path` (`what` names its kind) on a
+/// warehouse connection, as an environment fault of that file when it is one (a full disk is
+/// the file's, not the warehouse's); otherwise as it was.
+pub fn fault_of(e: Error, what: &str, path: &Path) -> Error {
+    let fault = match &e {
+        Error::Sql(source) | Error::Db { source, .. } => crate::environment::Fault::of_sqlite(
+            source,
+            &format!("{what} {}", path.display()),
+            path,
+        ),
+        _ => None,
+    };
+    fault.map_or(e, Error::Environment)
 }
 
 /// Detaches the audit file from a connection, if attached.

@@ -343,11 +343,11 @@ impl Backend for Sqlite {
             let conn = super::pool::take(&task.warehouse)?;
             let handle = conn.get_interrupt_handle();
             cancel.on_set(Box::new(move || handle.interrupt()))?;
-            file.attach_batch(&conn)?;
-            let looked =
-                audit::write_batch(&conn, task, gate, &whole, &parts, tz, Some(cancel.flag()));
+            let looked = file.attach_batch(&conn).and_then(|()| {
+                audit::write_batch(&conn, task, gate, &whole, &parts, tz, Some(cancel.flag()))
+            });
             audit::detach_batch(&conn);
-            looked
+            looked.map_err(|e| audit::fault_of(e, "batch file", &file.path))
         })();
         match looked {
             Ok(looked) => Ok(Box::new(SqliteBatch {
@@ -486,10 +486,11 @@ fn audited(
         let conn = super::pool::take(&w.task.warehouse)?;
         let handle = conn.get_interrupt_handle();
         cancel.on_set(Box::new(move || handle.interrupt()))?;
-        file.attach(&conn)?;
-        let m = write(&conn);
+        // What fails for want of space, memory or descriptors here is the audit file's: the
+        // warehouse is only read.
+        let written = file.attach(&conn).and_then(|()| write(&conn));
         audit::detach(&conn);
-        m
+        written.map_err(|e| audit::fault_of(e, "audit file", &file.path))
     })();
     match measured {
         Ok(measures) => Ok(Box::new(Audited { file, measures })),
@@ -581,7 +582,9 @@ impl Pending for Audited {
             expect_fingerprint: p.expect_fingerprint,
             keep: p.keep,
         };
+        // The publish writes the warehouse: a full disk there is the warehouse's.
         publish::publish_noting(&conn, &publish, allowed, waiting)
+            .map_err(|e| e.at_file(&p.task.warehouse))
     }
 
     fn remove(self: Box<Self>) {

@@ -78,6 +78,12 @@ pub enum Error {
     /// it again gives the same rows.
     #[error("{}: {}", crate::gate::REFUSED_BY_TARGET, .0)]
     Constraint(String),
+    /// The machine or the warehouse's server failed, not the task: a full disk, no descriptors
+    /// or memory left, a file this user may not write, a server out of reach (see
+    /// [`crate::environment`]). The runner stops the backfill on it rather than failing the
+    /// interval.
+    #[error("{0}")]
+    Environment(crate::environment::Fault),
 }
 
 impl Error {
@@ -95,6 +101,33 @@ impl Error {
                 message,
             },
             other => other,
+        }
+    }
+
+    /// The environment fault this error is, if it is one.
+    pub fn environment(&self) -> Option<&crate::environment::Fault> {
+        match self {
+            Self::Environment(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// Names the warehouse in an error and tells an environment fault of its file apart: a
+    /// SQLite error met on `w`'s own file (opening it, publishing into it).
+    pub fn at_file(self, w: &Warehouse) -> Self {
+        let fault = match &self {
+            Self::Sql(e) | Self::Db { source: e, .. } if !w.is_postgres() => {
+                crate::environment::Fault::of_sqlite(
+                    e,
+                    &format!("warehouse `{}` ({})", w.name, w.location()),
+                    &w.path,
+                )
+            }
+            _ => None,
+        };
+        match fault {
+            Some(f) => Self::Environment(f),
+            None => self.at(w),
         }
     }
 
@@ -203,7 +236,7 @@ pub fn open(w: &Warehouse) -> Result<Connection> {
         rules::register_number(&conn)?;
         Ok(conn)
     };
-    setup().map_err(|e| e.at(w))
+    setup().map_err(|e| e.at_file(w))
 }
 
 /// Opens the warehouse to read it (created from its init files first if it does not exist):

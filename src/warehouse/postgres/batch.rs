@@ -48,7 +48,7 @@ pub(super) fn write_batch(
     let Some(span) = DataInterval::span(intervals) else {
         return Err(Error::Message("a batch of no intervals".into()));
     };
-    let mut c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
+    let mut c = conn::take_at(wh)?;
     cancel.on_set(c.canceller())?;
     let name = format!(
         "{PREFIX}{}",

@@ -186,7 +186,7 @@ pub fn settle_publish(
     try_id: i64,
 ) -> Result<Option<Booked>> {
     let wh = &task.warehouse;
-    let c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
+    let c = conn::take_at(wh)?;
     let result = (|| -> std::result::Result<Option<Booked>, tokio_postgres::Error> {
         if !has_bookings(&c)? {
             return Ok(None);
@@ -240,7 +240,7 @@ pub(super) const KEEP_BOOKINGS: &str = "7 days";
 /// recorded as ended, see `first_unfinished_try`), so that `backfill.publishes` does not grow
 /// without end.
 pub fn prune_bookings(w: &Warehouse, manifest: &str, below: i64) -> Result<u64> {
-    let c = conn::take(w).map_err(|e| Error::Message(e).at(w))?;
+    let c = conn::take_at(w)?;
     let result = (|| -> std::result::Result<u64, tokio_postgres::Error> {
         if !has_bookings(&c)? {
             return Ok(0);

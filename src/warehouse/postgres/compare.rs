@@ -12,7 +12,7 @@ pub fn published(
     staged: &str,
 ) -> Result<(i64, String)> {
     let wh = &task.warehouse;
-    let c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
+    let c = conn::take_at(wh)?;
     let result = (|| -> std::result::Result<(i64, String), Failure> {
         let (list, fp, lo, hi) = shape(&c, task, interval, tz, staged)?;
         let row = c.wait(c.client.query_one(
@@ -83,7 +83,7 @@ pub fn diff_keys(
     staged: &str,
 ) -> Result<Option<crate::warehouse::diff::KeyDiff>> {
     let wh = &task.warehouse;
-    let c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
+    let c = conn::take_at(wh)?;
     let result = (|| -> std::result::Result<Option<crate::warehouse::diff::KeyDiff>, Failure> {
         if target_columns(&c, staged)?.is_empty() {
             return Ok(None);

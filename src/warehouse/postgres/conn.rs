@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, LazyLock, Mutex};
 
-use crate::pg::conn::connect_url;
+use crate::pg::conn::{ConnectError, connect_url};
 use crate::project::{Warehouse, WarehouseKind};
 
 /// Idle connections kept per warehouse.
@@ -79,12 +79,9 @@ impl DerefMut for Conn {
 }
 
 /// Opens a connection to a PostgreSQL warehouse.
-pub fn connect(w: &Warehouse) -> Result<Conn, String> {
+pub fn connect(w: &Warehouse) -> Result<Conn, ConnectError> {
     let WarehouseKind::Postgres(url) = &w.kind else {
-        return Err(format!(
-            "warehouse `{}` is not a PostgreSQL warehouse",
-            w.name
-        ));
+        return Err(format!("warehouse `{}` is not a PostgreSQL warehouse", w.name).into());
     };
     Ok(Conn {
         conn: connect_url(url.secret().map_err(str::to_string)?)?,
@@ -99,8 +96,17 @@ pub fn connect(w: &Warehouse) -> Result<Conn, String> {
 
 static IDLE: LazyLock<Mutex<HashMap<String, Vec<Conn>>>> = LazyLock::new(Mutex::default);
 
+/// A connection from the warehouse's idle ones, or a new one, or why none can be made as the
+/// warehouse's error (an environment fault when its server is out of reach or of resources).
+pub fn take_at(w: &Warehouse) -> Result<Conn, super::Error> {
+    take(w).map_err(|e| match e.resource {
+        Some(r) => super::Error::Environment(super::errors::fault(w, r, &e.message)),
+        None => super::Error::Message(e.message).at(w),
+    })
+}
+
 /// A connection from the warehouse's idle ones, or a new one.
-pub fn take(w: &Warehouse) -> Result<Conn, String> {
+pub fn take(w: &Warehouse) -> Result<Conn, ConnectError> {
     if let WarehouseKind::Postgres(url) = &w.kind
         && let Ok(mut idle) = IDLE.lock()
         && let Ok(secret) = url.secret()

@@ -9,7 +9,51 @@ use super::*;
 /// `pg_cancel_backend`) is a failure like any other; one this process cancelled (a try's timeout,
 /// a stop) is told apart by the runner, which asked for it, not by the error's words.
 pub(super) fn pg(w: &Warehouse) -> impl Fn(tokio_postgres::Error) -> Error + '_ {
-    move |e| Error::Message(describe(&e)).at(w)
+    move |e| match crate::pg::error::resource(&e) {
+        Some(r) => Error::Environment(fault(w, r, &describe(&e))),
+        None => Error::Message(describe(&e)).at(w),
+    }
+}
+
+/// The environment fault of a warehouse whose server is out of `r` (see
+/// [`crate::environment`]), in the server's words.
+pub(super) fn fault(
+    w: &Warehouse,
+    r: crate::pg::Resource,
+    words: &str,
+) -> crate::environment::Fault {
+    use crate::pg::Resource as R;
+    let (what, fix) = match r {
+        R::DiskFull => ("its server's disk is full", "free space on the server"),
+        R::OutOfMemory => (
+            "its server is out of memory",
+            "free memory on the server, or lower --max-active-runs",
+        ),
+        R::TooManyConnections => (
+            "its server takes no more connections",
+            "lower --max-active-runs, or raise the server's max_connections (or the role's or database's connection limit)",
+        ),
+        R::Exhausted => (
+            "its server is out of a resource",
+            "see the server's message, and raise that limit",
+        ),
+        R::ShuttingDown => (
+            "its server is shutting down or starting",
+            "wait until the server accepts connections",
+        ),
+        R::Unreachable => (
+            "its server cannot be reached",
+            "check that the server runs and that this host reaches it",
+        ),
+    };
+    crate::environment::Fault::new(
+        format!(
+            "warehouse `{}` ({}): {what} ({words})",
+            w.name,
+            w.location()
+        ),
+        fix,
+    )
 }
 
 /// Whether the server asks for the transaction to be run again.

@@ -94,7 +94,7 @@ pub fn kept_version(
     key: i64,
 ) -> Result<Option<(crate::warehouse::versions::Version, String)>> {
     let wh = &task.warehouse;
-    let mut c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
+    let mut c = conn::take_at(wh)?;
     let result = (|| {
         let Some(v) = versions::find(&c, manifest, &task.target, key)? else {
             return Ok(None);
@@ -126,7 +126,7 @@ pub fn roll_back(
         ..
     } = *r;
     let wh = &task.warehouse;
-    let mut c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
+    let mut c = conn::take_at(wh)?;
     let result = (|| -> std::result::Result<i64, Failure> {
         book(&mut c)?;
         let columns = target_columns(&c, &task.target)?;
@@ -188,7 +188,7 @@ pub fn roll_back(
 /// with its index (all of it belongs to this manifest and target).
 pub fn storage(task: &SqlTask, manifest: &str) -> Result<crate::warehouse::versions::Storage> {
     let wh = &task.warehouse;
-    let c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
+    let c = conn::take_at(wh)?;
     let kept = versions::kept_table(manifest, &task.target);
     let row = c.wait(c.client.query_one(
         "SELECT CASE WHEN to_regclass('backfill.versions') IS NULL THEN 0 ELSE \

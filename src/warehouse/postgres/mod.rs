@@ -87,7 +87,7 @@ impl Backend for Postgres {
     }
 
     fn reachable(&self, w: &Warehouse) -> Result<()> {
-        let c = conn::take(w).map_err(|e| Error::Message(e).at(w))?;
+        let c = conn::take_at(w)?;
         conn::give(c);
         Ok(())
     }
@@ -210,7 +210,7 @@ fn write_try(
     batch: Option<&FromBatch<'_>>,
 ) -> Result<Box<dyn Pending>> {
     let wh = &w.task.warehouse;
-    let mut c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
+    let mut c = conn::take_at(wh)?;
     cancel.on_set(c.canceller())?;
     let mut attempt = 0;
     // The target's constraint refused the output: it is measured apart from the target.

@@ -107,7 +107,7 @@ pub fn shares_database(w: &Warehouse, manifest_key: &str) -> bool {
                        AND (relname <> 'published' OR has_table_privilege(oid, 'INSERT'))) FROM t) \
                 AND (SELECT count(*) = 1 AND bool_and(has_function_privilege(oid, 'EXECUTE')) FROM f)"
     );
-    let found = conn::take(w).and_then(|c| {
+    let found = conn::take(w).map_err(String::from).and_then(|c| {
         let row = c.wait(c.client.query_one(&sql, &[&manifest_key]));
         match row {
             Ok(row) => {

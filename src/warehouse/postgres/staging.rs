@@ -70,7 +70,7 @@ impl Pending for Staged {
         if !is_staged_table(&self.table) {
             return Err(Error::Message(format!("`{}` is not a staged table", self.table)).at(wh));
         }
-        let mut c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
+        let mut c = conn::take_at(wh)?;
         if crate::fault::point("publish") {
             conn::give(c);
             return Err(Error::Message("connection lost (injected)".into()).at(wh));
@@ -275,7 +275,7 @@ pub fn drop_staged(w: &Warehouse, table: &str) -> Result<()> {
     if !is_staged_table(table) {
         return Ok(());
     }
-    let c = conn::take(w).map_err(|e| Error::Message(e).at(w))?;
+    let c = conn::take_at(w)?;
     let dropped = c.wait(
         c.client
             .batch_execute(&format!("DROP TABLE IF EXISTS {table}")),
@@ -304,7 +304,7 @@ pub(super) fn sweep_tables(
     prefix: &str,
     mut gone: impl FnMut(&Conn, &str) -> std::result::Result<bool, tokio_postgres::Error>,
 ) -> Result<usize> {
-    let c = conn::take(w).map_err(|e| Error::Message(e).at(w))?;
+    let c = conn::take_at(w)?;
     let found = c.wait(c.client.query(
         "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
          WHERE n.nspname = 'backfill' AND c.relkind = 'r' AND starts_with(c.relname::text, $1)",

@@ -494,7 +494,7 @@ pub fn look(
     tz: chrono_tz::Tz,
 ) -> Result<(Option<i64>, Option<String>)> {
     let wh = &task.warehouse;
-    let mut c = conn::take(wh).map_err(|e| Error::Message(e).at(wh))?;
+    let mut c = conn::take_at(wh)?;
     let seen = c
         .wait(
             c.client

@@ -164,7 +164,7 @@ pub struct Gated {
     /// The spawn, which returns once the child has `exec`ed (or failed to).
     spawn: Option<JoinHandle<std::io::Result<Child>>>,
     /// Copies the child's output to its log or into memory.
-    output: Option<JoinHandle<()>>,
+    output: Option<JoinHandle<Option<LogFailure>>>,
     captured: Captured,
     /// Our end of the child's stdin and what to write there once it runs.
     input: Option<(pipe::Sender, Vec<u8>)>,
@@ -185,7 +185,7 @@ impl Drop for Gated {
 pub struct Spawned {
     child: Child,
     pub group: Group,
-    output: JoinHandle<()>,
+    output: JoinHandle<Option<LogFailure>>,
     captured: Captured,
     /// Writes the child's stdin; abandoned when the child ends or is stopped.
     input: Option<JoinHandle<()>>,
@@ -248,10 +248,11 @@ pub async fn spawn_gated(command: Command<'_>) -> std::io::Result<Gated> {
             let out_reader = pipe::Receiver::from_owned_fd(OwnedFd::from(out_reader))?;
             let err_reader = pipe::Receiver::from_owned_fd(OwnedFd::from(err_reader))?;
             let copy = async move {
-                tokio::join!(
+                let (out, err) = tokio::join!(
                     copy_to_log(out_reader, stdout),
                     copy_to_log(err_reader, stderr)
                 );
+                out.or(err)
             };
             (
                 OwnedFd::from(out_writer),
@@ -267,6 +268,7 @@ pub async fn spawn_gated(command: Command<'_>) -> std::io::Result<Gated> {
             let (stdout, stderr) = (captured.stdout.clone(), captured.stderr.clone());
             let collect = async move {
                 tokio::join!(collect(out_reader, stdout), collect(err_reader, stderr));
+                None
             };
             (
                 OwnedFd::from(out_writer),
@@ -400,20 +402,46 @@ pub fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
-async fn copy_to_log(mut pipe: pipe::Receiver, path: PathBuf) {
+/// A log that could not be created or written: the first error, and the file. What the child
+/// printed after it is drained and dropped, so that the child never blocks on its output.
+#[derive(Debug)]
+pub struct LogFailure {
+    pub path: PathBuf,
+    pub error: std::io::Error,
+}
+
+async fn copy_to_log(mut pipe: pipe::Receiver, path: PathBuf) -> Option<LogFailure> {
     use tokio::io::AsyncReadExt;
     let mut buf = vec![0u8; 16 * 1024];
     let mut file: Option<std::fs::File> = None;
+    let mut failure = None;
     loop {
         let n = match pipe.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => return failure,
             Ok(n) => n,
         };
-        if file.is_none() {
-            file = open_log(&path).ok();
+        if failure.is_some() {
+            continue;
         }
-        if let Some(f) = &mut file {
-            let _ = f.write_all(&buf[..n]);
+        if file.is_none() {
+            match open_log(&path) {
+                Ok(f) => file = Some(f),
+                Err(error) => {
+                    failure = Some(LogFailure {
+                        path: path.clone(),
+                        error,
+                    });
+                    continue;
+                }
+            }
+        }
+        if let Some(f) = &mut file
+            && let Err(error) = f.write_all(&buf[..n])
+        {
+            failure = Some(LogFailure {
+                path: path.clone(),
+                error,
+            });
         }
     }
 }
@@ -438,13 +466,15 @@ async fn collect(mut pipe: pipe::Receiver, into: Arc<Mutex<Vec<u8>>>) {
 /// daemon that left the group may hold the pipe open forever.
 const LOG_DRAIN: Duration = Duration::from_secs(2);
 
-/// Waits until the child's output is in its log or memory (or gives up after [`LOG_DRAIN`]).
-async fn drain_output(spawned: &mut Spawned) {
-    if tokio::time::timeout(LOG_DRAIN, &mut spawned.output)
-        .await
-        .is_err()
-    {
-        spawned.output.abort();
+/// Waits until the child's output is in its log or memory (or gives up after [`LOG_DRAIN`]):
+/// whether its log could not be written.
+async fn drain_output(spawned: &mut Spawned) -> Option<LogFailure> {
+    match tokio::time::timeout(LOG_DRAIN, &mut spawned.output).await {
+        Ok(joined) => joined.ok().flatten(),
+        Err(_) => {
+            spawned.output.abort();
+            None
+        }
     }
 }
 
@@ -456,12 +486,14 @@ pub enum Ended {
     Cancelled,
 }
 
-/// How a child ended and, with [`Output::Capture`], what it printed (empty otherwise).
+/// How a child ended and, with [`Output::Capture`], what it printed (empty otherwise); with a
+/// log, whether the log could not be created or written.
 #[derive(Debug)]
 pub struct Finished {
     pub ended: Ended,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
+    pub log_failure: Option<LogFailure>,
 }
 
 /// Waits for a released try, enforcing its timeout and reacting to `stop`.
@@ -488,12 +520,13 @@ pub async fn finish(
     if let Some(input) = spawned.input.take() {
         input.abort();
     }
-    drain_output(&mut spawned).await;
+    let log_failure = drain_output(&mut spawned).await;
     let (stdout, stderr) = spawned.captured.take();
     Ok(Finished {
         ended: ended?,
         stdout,
         stderr,
+        log_failure,
     })
 }
 

@@ -220,8 +220,12 @@ fn sqlite_cause(e: &rusqlite::Error) -> Option<i32> {
 }
 
 /// Shows a SQLite error, and the open-files limit when it is the cause.
-pub fn sqlite(e: &rusqlite::Error) -> impl fmt::Display + '_ {
-    Shown(crate::sqlite::describe(e), sqlite_cause(e))
+pub fn sqlite(e: &rusqlite::Error) -> String {
+    let described = crate::sqlite::describe(e);
+    match sqlite_cause(e) {
+        Some(errno) => format!("{described} ({})", why(errno)),
+        None => described,
+    }
 }
 
 /// An error, and why when a descriptor could not be had.

@@ -123,7 +123,7 @@ pub fn run(
         .enable_all()
         .build()
         .map_err(|e| Error::io("cannot start the async runtime", e))?;
-    let (checks, stopped) = runtime.block_on(async {
+    let (checks, stopped, fault) = runtime.block_on(async {
         let (stop_tx, stop) = watch::channel(Stop::Run);
         let signals = tokio::spawn(watch_signals(stop_tx));
         let verifier = Verifier {
@@ -132,6 +132,7 @@ pub fn run(
             conf: &conf,
             reprs: &reprs,
             audit_dir: &audit_dir,
+            fault: std::sync::Mutex::new(None),
         };
         let started = Instant::now();
         let first = verifier.pass(&intervals, 1, stop.clone()).await;
@@ -145,8 +146,13 @@ pub fn run(
         let second = verifier.pass(&intervals, 2, stop.clone()).await;
         signals.abort();
         let stopped = *stop.borrow() != Stop::Run;
-        (judge(&dag, &intervals, first, second), stopped)
+        let fault = verifier.fault.lock().ok().and_then(|mut f| f.take());
+        (judge(&dag, &intervals, first, second), stopped, fault)
     });
+    // Stopped by a full disk, or no descriptors or memory: nothing to conclude about the task.
+    if let Some(fault) = fault {
+        return Err(Error::Environment(fault));
+    }
     if stopped {
         eprintln!("verify interrupted; its tasks were stopped and its audit files removed");
         return Ok(exit::INTERRUPTED);
@@ -333,6 +339,9 @@ struct Verifier<'a> {
     conf: &'a serde_json::Value,
     reprs: &'a std::collections::HashMap<String, Option<Repr>>,
     audit_dir: &'a std::path::Path,
+    /// The environment fault that stopped the passes (a full disk, no descriptors or memory):
+    /// no computation starts after it.
+    fault: std::sync::Mutex<Option<crate::environment::Fault>>,
 }
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -347,7 +356,8 @@ impl Verifier<'_> {
         let mut out = Vec::new();
         for interval in intervals {
             for task in &self.dag.tasks {
-                if *stop.borrow() != Stop::Run {
+                let faulted = self.fault.lock().is_ok_and(|f| f.is_some());
+                if *stop.borrow() != Stop::Run || faulted {
                     out.push(Computed::failed("interrupted".into()));
                     continue;
                 }
@@ -404,7 +414,12 @@ impl Verifier<'_> {
                         error: None,
                         broken: crate::gate::messages(&m.found, crate::gate::Severity::Error),
                     },
-                    Step::Done(Err(e)) => Computed::failed(e.to_string()),
+                    Step::Done(Err(e)) => {
+                        if let (Some(fault), Ok(mut first)) = (e.environment(), self.fault.lock()) {
+                            first.get_or_insert_with(|| fault.clone());
+                        }
+                        Computed::failed(e.to_string())
+                    }
                     Step::TimedOut(_) => Computed::failed("timed out".into()),
                     Step::Cancelled(_) => Computed::failed("interrupted".into()),
                 }

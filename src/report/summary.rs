@@ -33,6 +33,10 @@ pub struct Summary<'a> {
     /// (or has finished it), so there is nothing here to resume.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub taken_over: bool,
+    /// The environment fault that stopped the backfill (a full disk, no descriptors or
+    /// memory, see [`crate::environment`]): its cause and fix. The backfill is resumable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<&'a crate::environment::Fault>,
 }
 
 /// What a rerun hint needs to know about the command that ran.
@@ -95,6 +99,7 @@ pub fn summary<'a>(
         elapsed_seconds: elapsed.as_secs_f64(),
         rerun,
         taken_over: false,
+        stopped_by: None,
     }
 }
 
@@ -156,6 +161,12 @@ pub fn write(
         out.note(&text);
     }
     let next = match (s.exit_code, &s.rerun) {
+        (_, _) if let Some(fault) = s.stopped_by => format!(
+            "; stopped: {}; {}, then `{}`",
+            fault.cause,
+            fault.fix,
+            hint(&format!("resume {}", s.backfill_id))
+        ),
         (exit::INTERRUPTED, _) if s.taken_over => format!(
             "; another process took its intervals over and goes on with them (`{}` shows it)",
             hint("list")

@@ -54,7 +54,12 @@ pub(super) async fn run(
             }
             TaskEnd::Cancelled | TaskEnd::UpstreamNotReady => {
                 state = RunState::Cancelled;
-                error = Some(format!("cancelled during task `{}`", task.id));
+                error = Some(match shared.fault() {
+                    Some(fault) => {
+                        format!("interrupted during task `{}`: {}", task.id, fault.cause)
+                    }
+                    None => format!("cancelled during task `{}`", task.id),
+                });
                 true
             }
         };

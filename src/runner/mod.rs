@@ -7,6 +7,12 @@
 //! turns them into [`Stop`] levels. The runner stops by itself, the same way, when it learns
 //! that another process took the backfill over (fenced) or when a manifest write fails: then it
 //! waits for every running try to stop before it returns, so nothing is left running.
+//!
+//! It stops the same way on an environment fault (see [`crate::environment`]): a try that
+//! meets a full disk, no descriptors or memory, a folder it may not write or a warehouse out of
+//! reach ends interrupted (`cancelled`, its error `interrupted: CAUSE`), not failed; no interval
+//! starts after it, the running ones are interrupted, and the fault is returned in [`Ran`] for
+//! the session to say, so that `resume` runs them all once the cause is gone.
 
 mod batch;
 pub mod events;
@@ -27,6 +33,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 pub use crate::process::Stop;
+
+use crate::environment::Fault;
 pub use events::{Event, Stats};
 pub(crate) use sql_try::{Step, blocking_step};
 
@@ -153,6 +161,8 @@ struct Shared {
     unstarted_batches: std::sync::atomic::AtomicUsize,
     /// Told when a batch's first run started, or it ended without one.
     batch_began: tokio::sync::Notify,
+    /// The first environment fault met: it stopped the backfill (see [`Shared::stop_for`]).
+    fault: Mutex<Option<Fault>>,
 }
 
 impl Shared {
@@ -250,6 +260,30 @@ impl Shared {
         }
     }
 
+    /// Stops the backfill because its environment failed (see [`crate::environment`]): as a
+    /// signal would, keeping the first fault for the outcome.
+    fn stop_for(&self, fault: &Fault) {
+        if let Ok(mut first) = self.fault.lock()
+            && first.is_none()
+        {
+            *first = Some(fault.clone());
+        }
+        tracing::error!(backfill = self.spec.owner.backfill_id, %fault, "stopping: the environment failed");
+        self.stop_because(fault.cause.clone());
+    }
+
+    /// The environment fault that stopped the backfill, if one did.
+    fn fault(&self) -> Option<Fault> {
+        self.fault.lock().ok().and_then(|f| f.clone())
+    }
+
+    /// Stops the backfill for `fault` and ends a try as interrupted by it: `cancelled`, its
+    /// error `interrupted: CAUSE` (`resume` runs it again).
+    fn interrupted(&self, fault: &Fault) -> outcome::Outcome {
+        self.stop_for(fault);
+        outcome::cancelled(&interrupted_by(fault))
+    }
+
     /// Stops the backfill from inside (fenced, or a manifest write failed), as a signal would.
     fn stop_because(&self, why: String) {
         if *self.stop.borrow() == Stop::Run {
@@ -259,15 +293,29 @@ impl Shared {
     }
 }
 
-/// Runs the backfill until every interval finished, a stop was requested, or `--max-failures`
-/// was reached (then `Ok(true)`). On an error, stops the running tries as for Ctrl-C, waits for
-/// them, and returns the first error.
+/// What a try interrupted by `fault` records as its error.
+fn interrupted_by(fault: &Fault) -> String {
+    format!("interrupted: {}", fault.cause)
+}
+
+/// How a run of the backfill's intervals ended, without an error.
+#[derive(Debug, Default)]
+pub struct Ran {
+    /// `--max-failures` was reached.
+    pub halted: bool,
+    /// An environment fault stopped it.
+    pub fault: Option<Fault>,
+}
+
+/// Runs the backfill until every interval finished, a stop was requested, `--max-failures`
+/// was reached, or an environment fault stopped it (see [`Ran`]). On an error, stops the
+/// running tries as for Ctrl-C, waits for them, and returns the first error.
 pub async fn run(
     mut spec: RunSpec,
     writer: Writer,
     events: mpsc::UnboundedSender<Event>,
     stop_tx: watch::Sender<Stop>,
-) -> Result<bool, Error> {
+) -> Result<Ran, Error> {
     let stop = stop_tx.subscribe();
     // Promotes and rollbacks put back what was computed already: no interval waits for another.
     let depends_on_past = spec.dag.depends_on_past && matches!(spec.mode, Mode::Run | Mode::Stage);
@@ -276,11 +324,20 @@ pub async fn run(
     } else {
         spec.max_active_runs.max(1)
     };
-    // Each task's folder for logs and result files, once: tries only add files to it.
+    // Each task's folder for logs and result files, once: tries only add files to it. One that
+    // cannot be made for want of space or permission stops the backfill before it starts.
+    let mut no_logs = None;
     for task in &spec.dag.tasks {
         let dir = spec.logs_dir.join(&spec.dag.id).join(&task.id);
-        crate::process::private_dir(&dir)
-            .map_err(|e| Error::io(format!("cannot create the log folder {}", dir.display()), e))?;
+        if let Err(e) = crate::process::private_dir(&dir) {
+            let what = format!("the log folder {}", dir.display());
+            match Fault::of_io(&e, &what, &dir) {
+                Some(fault) => {
+                    no_logs.get_or_insert(fault);
+                }
+                None => return Err(Error::io(format!("cannot create {what}"), e)),
+            }
+        }
     }
     let mut queue: VecDeque<DataInterval> = std::mem::take(&mut spec.intervals).into();
     let reprs = Mutex::new(spec.reprs.clone());
@@ -301,7 +358,11 @@ pub async fn run(
         run_ids: tokio::sync::Mutex::new(Some(VecDeque::new())),
         unstarted_batches: std::sync::atomic::AtomicUsize::new(0),
         batch_began: tokio::sync::Notify::new(),
+        fault: Mutex::new(None),
     });
+    if let Some(fault) = &no_logs {
+        shared.stop_for(fault);
+    }
     // For depends_on_past: whether the interval ending at this instant succeeded here.
     let mut succeeded_by_end: HashMap<i64, bool> = if depends_on_past {
         failed_predecessors(&shared, &queue).await?
@@ -466,7 +527,10 @@ pub async fn run(
     }
     match first_error {
         Some(e) => Err(e),
-        None => Ok(halted),
+        None => Ok(Ran {
+            halted,
+            fault: shared.fault(),
+        }),
     }
 }
 
@@ -655,9 +719,14 @@ pub fn fenced_why(owner: Owner) -> String {
     }
 }
 
-/// An interval ended in an error: being fenced stops the backfill as a cancel would; anything
-/// else is kept (the first one is returned) and stops it too.
+/// An interval ended in an error: being fenced stops the backfill as a cancel would, and so
+/// does an environment fault (kept for the outcome); anything else is kept (the first one is
+/// returned) and stops it too.
 fn fail(shared: &Shared, first_error: &mut Option<Error>, e: Error) {
+    if let Some(fault) = e.environment() {
+        shared.stop_for(fault);
+        return;
+    }
     if let Error::Manifest(m) = &e
         && m.is_fenced()
     {

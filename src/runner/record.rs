@@ -354,7 +354,12 @@ async fn read<T: Send + 'static>(
     })
     .await
     .map_err(|e| Error::Internal(format!("reading the manifest panicked: {e}")))?;
-    Ok(read?)
+    // A reader that cannot be opened for want of descriptors or memory stops the backfill as
+    // a fault of the machine; the manifest's own failures stay internal errors.
+    read.map_err(|e| match super::sql_try::environment_of_manifest(&e) {
+        Some(fault) => Error::Environment(fault),
+        None => e.into(),
+    })
 }
 
 /// The currently published try of a task and interval, its rows and content.

@@ -175,15 +175,28 @@ pub(super) async fn sql_try(
         intent,
         open_log
     );
-    let mut log = log.unwrap_or(TryLog(None));
+    let mut log = log.unwrap_or_else(|_| TryLog::none());
     for note in &batch_notes {
         log.line(note);
+    }
+    // A try whose log cannot be written publishes nothing: its record would lack its log, and
+    // so would every try after it.
+    if let Some(fault) = log.fault(&input.log_path) {
+        if let Step::Done(Ok(output)) = step {
+            let_go(output, false).await;
+        } else if let Step::TimedOut(late) | Step::Cancelled(late) = step {
+            discard(late).await;
+        }
+        return Ok(shared.interrupted(&fault));
     }
     let output = match step {
         Step::Done(Ok(v)) => v,
         Step::Done(Err(e)) => {
             let error = e.to_string();
             log.line(&error);
+            if let Some(fault) = e.environment() {
+                return Ok(shared.interrupted(fault));
+            }
             return Ok(failed(error, None));
         }
         Step::TimedOut(late) => {
@@ -420,9 +433,10 @@ pub(super) async fn publish_audited(
                 let mut waiting = waiting_log(&log_path);
                 output.publish(&p, &allowed, &mut waiting)
             }
-            Err(e) => Err(warehouse::Error::Message(format!(
-                "cannot read the manifest: {e}"
-            ))),
+            Err(e) => Err(match environment_of_manifest(e) {
+                Some(fault) => warehouse::Error::Environment(fault),
+                None => warehouse::Error::Message(format!("cannot read the manifest: {e}")),
+            }),
         };
         (output, result)
     })
@@ -482,11 +496,28 @@ pub(super) async fn publish_audited(
         Err(e) => {
             let error = format!("publish failed: {e}");
             log.line(&error);
-            let mut rec = TryRecord::new(TryState::Failed);
-            rec.error = Some(error.clone());
+            // Not published for want of space, memory or a warehouse that answers: the try is
+            // interrupted, and runs again on `resume`.
+            let fault = e.environment().cloned();
+            let mut rec = match &fault {
+                Some(fault) => {
+                    shared.stop_for(fault);
+                    let mut rec = TryRecord::new(TryState::Cancelled);
+                    rec.error = Some(super::interrupted_by(fault));
+                    rec
+                }
+                None => {
+                    let mut rec = TryRecord::new(TryState::Failed);
+                    rec.error = Some(error.clone());
+                    rec
+                }
+            };
             rec.promoted_from = record.promoted_from;
             end_unpublished(shared, try_id, &rec, output, promoting).await?;
-            Ok(Outcome::Failed(rec))
+            Ok(match fault {
+                Some(_) => Outcome::Cancelled(rec),
+                None => Outcome::Failed(rec),
+            })
         }
     }
 }
@@ -610,19 +641,61 @@ fn waiting_log(path: &Path) -> impl FnMut() + use<> {
     }
 }
 
-/// The log file of a SQL try.
-pub(super) struct TryLog(Option<std::fs::File>);
+/// The log file of a SQL try, and the first error opening or writing it.
+pub(super) struct TryLog {
+    file: Option<std::fs::File>,
+    failure: Option<std::io::Error>,
+}
 
 impl TryLog {
     pub(super) fn open(path: &Path) -> Self {
-        Self(crate::process::open_log(path).ok())
+        match crate::process::open_log(path) {
+            Ok(f) => Self {
+                file: Some(f),
+                failure: None,
+            },
+            Err(e) => Self {
+                file: None,
+                failure: Some(e),
+            },
+        }
+    }
+
+    /// No log (its opening panicked).
+    fn none() -> Self {
+        Self {
+            file: None,
+            failure: None,
+        }
     }
 
     pub(super) fn line(&mut self, text: &str) {
         use std::io::Write;
-        if let Some(f) = &mut self.0 {
-            let _ = writeln!(f, "{text}");
+        if let Some(f) = &mut self.file
+            && let Err(e) = writeln!(f, "{text}")
+        {
+            self.file = None;
+            self.failure.get_or_insert(e);
         }
+    }
+
+    /// The environment fault that kept the log at `path` from being written, if one did.
+    pub(super) fn fault(&self, path: &Path) -> Option<crate::environment::Fault> {
+        let e = self.failure.as_ref()?;
+        crate::environment::Fault::of_io(e, &format!("the log {}", path.display()), path)
+    }
+}
+
+/// The environment fault a failure to read the manifest is (a reader that cannot be opened for
+/// want of descriptors or memory), if it is one.
+pub(super) fn environment_of_manifest(e: &manifest::Error) -> Option<crate::environment::Fault> {
+    match e {
+        manifest::Error::Db { path, source } => crate::environment::Fault::of_sqlite(
+            source,
+            &format!("manifest {}", path.display()),
+            path,
+        ),
+        _ => None,
     }
 }
 
@@ -656,6 +729,13 @@ pub(super) async fn compute_batch(
     .await;
     match step {
         Step::Done(Ok(rows)) => Computed::Done(Rows::Sql(Arc::from(rows))),
+        // The batch's intervals are interrupted, not split: they would meet the same fault.
+        Step::Done(Err(e)) if e.environment().is_some() => {
+            if let Some(fault) = e.environment() {
+                shared.stop_for(fault);
+            }
+            Computed::Cancelled
+        }
         Step::Done(Err(e)) => Computed::Failed(e.to_string()),
         Step::TimedOut(_) => Computed::Failed(super::outcome::timed_out(task)),
         Step::Cancelled(_) => Computed::Cancelled,

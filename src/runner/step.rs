@@ -1,6 +1,9 @@
 //! One command of a try (the task's own command, its `publish` or its `source_count`): rendered,
 //! run in its own process group under the task's timeout and the backfill's stop, and judged by
-//! its exit.
+//! its exit. A command that cannot be started for want of descriptors, memory or processes,
+//! or whose output cannot be written to its log (a full or unwritable log folder), interrupts
+//! the try and stops the backfill (see [`crate::environment`]): its exit, whatever it was,
+//! cannot be told from the machine's failure, and its log would be missing from its record.
 
 use tokio::sync::watch;
 
@@ -14,7 +17,8 @@ use crate::task::command;
 
 /// Starts a command behind its gate, records its process group, lets it go and supervises it
 /// to its end; `recorded` is the command spawned already, its group recorded with its try's
-/// start (see [`super::tries`]). `Err` inside describes a failure to start it.
+/// start (see [`super::tries`]). `Err` inside is the try's outcome when the command could not
+/// be started, or its log not written.
 #[expect(
     clippy::too_many_arguments,
     reason = "the command's parts, each used once; a struct would only rename them"
@@ -28,7 +32,7 @@ pub(super) async fn run_process(
     task: &Task,
     recorded: Option<process::Gated>,
     stop: &mut watch::Receiver<Stop>,
-) -> Result<Result<Ended, String>, Error> {
+) -> Result<Result<Ended, Outcome>, Error> {
     let owner = shared.spec.owner;
     let gated = match recorded {
         Some(gated) => gated,
@@ -36,13 +40,7 @@ pub(super) async fn run_process(
             let gated = match process::spawn(program, env, &shared.spec.project_root, output).await
             {
                 Ok(s) => s,
-                Err(e) => {
-                    return Ok(Err(format!(
-                        "cannot start `{}`: {}",
-                        program.name(),
-                        crate::limits::io(&e)
-                    )));
-                }
+                Err(e) => return Ok(Err(not_started(shared, program, &e))),
             };
             crate::fault::point("after-spawn");
             let (group, host) = (gated.group, shared.spec.host.clone());
@@ -74,22 +72,29 @@ pub(super) async fn run_process(
     );
     let spawned = match gated.release().await {
         Ok(s) => s,
-        Err(e) => {
-            return Ok(Err(format!(
-                "cannot start `{}`: {}",
-                program.name(),
-                crate::limits::io(&e)
-            )));
-        }
+        Err(e) => return Ok(Err(not_started(shared, program, &e))),
     };
-    Ok(Ok(process::supervise(
-        spawned,
-        task.timeout,
-        task.grace_period,
-        stop,
-    )
-    .await
-    .map_err(|e| Error::io("cannot supervise a task", e))?))
+    let finished = process::finish(spawned, task.timeout, task.grace_period, stop)
+        .await
+        .map_err(|e| Error::io("cannot supervise a task", e))?;
+    if let Some(lost) = &finished.log_failure {
+        let what = format!("the log {}", lost.path.display());
+        if let Some(fault) = crate::environment::Fault::of_io(&lost.error, &what, &lost.path) {
+            return Ok(Err(shared.interrupted(&fault)));
+        }
+    }
+    Ok(Ok(finished.ended))
+}
+
+/// The outcome of a try whose command could not be started: interrupted by an environment
+/// fault (no descriptors, memory or processes left), or failed (a program that cannot be
+/// executed).
+fn not_started(shared: &Shared, program: &process::Program, e: &std::io::Error) -> Outcome {
+    let what = format!("cannot start `{}`", program.name());
+    match crate::environment::Fault::of_spawn(e, &what) {
+        Some(fault) => shared.interrupted(&fault),
+        None => failed(format!("{what}: {}", crate::limits::io(e)), None),
+    }
 }
 
 /// Maps how a process ended to a failure, or `None` when it succeeded.
@@ -136,7 +141,7 @@ pub(super) async fn run_step(
     .await?
     {
         Ok(ended) => ended,
-        Err(e) => return Ok(Err(failed(e, None))),
+        Err(outcome) => return Ok(Err(outcome)),
     };
     Ok(match (unsuccessful(&ended, task), what) {
         (None, _) => Ok(()),

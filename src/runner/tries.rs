@@ -25,6 +25,9 @@ use crate::task::cleanup;
 use crate::task::command::{self, TaskResult};
 use crate::task::template::IntervalValues;
 
+/// The error of a try stopped while it waited for a slot of its pool.
+const STOPPED_IN_POOL: &str = "stopped while waiting for a slot of its pool";
+
 /// Longest wait between two tries, whatever the backoff computes.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(3600);
 
@@ -146,13 +149,19 @@ async fn tries(
             None => None,
         };
         let outcome = match (&task.kind, slot) {
-            (_, Some(false)) => cancelled("stopped while waiting for a slot of its pool"),
+            (_, Some(false)) => cancelled(STOPPED_IN_POOL),
             (TaskKind::Command(command_spec), _) => {
                 command_try(shared, task, command_spec, &input, recorded.take(), stop).await?
             }
             (TaskKind::Sql(sql), _) => sql_try(shared, task, sql, &input, stop).await?,
         };
         let mut outcome = outcome;
+        // A try stopped because the backfill met an environment fault says what it was.
+        if let (Outcome::Cancelled(r), Some(fault)) = (&mut outcome, shared.fault())
+            && matches!(r.error.as_deref(), Some("cancelled" | STOPPED_IN_POOL))
+        {
+            r.error = Some(super::interrupted_by(&fault));
+        }
         if let Some(batch) = &input.batch {
             outcome.record_mut().batch = batch.took(interval);
         }

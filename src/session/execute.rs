@@ -321,7 +321,7 @@ fn run(
         }
         return Err(e);
     }
-    let halted = result?;
+    let runner::Ran { halted, fault } = result?;
     if worker {
         use super::worker::WorkerEnd;
         // A worker whose backfill ended while it had nothing in flight was not interrupted.
@@ -332,8 +332,14 @@ fn run(
             Found::TookOver(_) => WorkerEnd::TookOver,
             Found::Refused => WorkerEnd::OwnerGone,
         };
-        let (code, state, summary) =
-            super::worker::finish_worker(g, writer, owner, stats, (stopped, end), began)?;
+        let (code, state, summary) = super::worker::finish_worker(
+            g,
+            writer,
+            owner,
+            stats,
+            (stopped, end, fault.as_ref()),
+            began,
+        )?;
         // Recorded as ended, it goes on as the backfill's owner no more.
         if let Some(e) = gone_error(writer, &gone, backfill_id, None) {
             return Err(e);
@@ -358,7 +364,7 @@ fn run(
         })
     })?;
     let counts = &outcome.backfill.intervals;
-    let judged = super::outcome::Outcome::judge(halted, stopped, counts, staging);
+    let judged = super::outcome::Outcome::judge(fault.is_some(), halted, stopped, counts, staging);
     let (state, code) = (judged.state(), judged.exit_code());
     let recorded =
         writer.call_blocking(move |c| c.finish_backfill(owner, state, crate::clock::now_ms()));
@@ -402,6 +408,7 @@ fn run(
     .filter(|_| reruns);
     let mut summary = report::summary(&outcome, code, began.elapsed(), rerun);
     summary.taken_over = taken_over;
+    summary.stopped_by = fault.as_ref().filter(|_| !taken_over);
     let json = serde_json::to_string(&summary)
         .map_err(|e| Error::Internal(format!("cannot write the summary: {e}")))?;
     let mut out = Sink::new(

@@ -17,14 +17,26 @@ pub enum Outcome {
     Failed,
     /// Stopped (a signal, `cancel`, a takeover) before every interval ended; resumable.
     Interrupted,
+    /// Stopped by an environment fault (a full disk, no descriptors or memory, see
+    /// [`crate::environment`]): resumable once its cause is gone, and the process says so
+    /// with exit code 1, as for a warehouse that cannot be written.
+    Faulted,
 }
 
 impl Outcome {
-    /// Judges a run that ended: `halted` when `--max-failures` stopped dispatching, `stopped`
-    /// when a signal or `cancel` did, `counts` of the backfill's intervals as the manifest has
-    /// them, `staging` for `create --stage`.
-    pub fn judge(halted: bool, stopped: bool, counts: &Counts, staging: bool) -> Self {
-        if halted && !stopped && counts.cancelled == 0 {
+    /// Judges a run that ended: `faulted` when an environment fault stopped it, `halted` when
+    /// `--max-failures` stopped dispatching, `stopped` when a signal or `cancel` did, `counts`
+    /// of the backfill's intervals as the manifest has them, `staging` for `create --stage`.
+    pub fn judge(
+        faulted: bool,
+        halted: bool,
+        stopped: bool,
+        counts: &Counts,
+        staging: bool,
+    ) -> Self {
+        if faulted {
+            Self::Faulted
+        } else if halted && !stopped && counts.cancelled == 0 {
             Self::Failed
         } else if stopped || counts.pending > 0 || counts.cancelled > 0 {
             Self::Interrupted
@@ -43,7 +55,7 @@ impl Outcome {
             Self::Completed => BackfillState::Completed,
             Self::Staged => BackfillState::Staged,
             Self::Failed => BackfillState::Failed,
-            Self::Interrupted => BackfillState::Cancelled,
+            Self::Interrupted | Self::Faulted => BackfillState::Cancelled,
         }
     }
 
@@ -53,6 +65,7 @@ impl Outcome {
             Self::Completed | Self::Staged => exit::OK,
             Self::Failed => exit::FAILED,
             Self::Interrupted => exit::INTERRUPTED,
+            Self::Faulted => exit::INTERNAL,
         }
     }
 }
@@ -99,8 +112,20 @@ mod tests {
             ),
         ];
         for (halted, stopped, c, staging, want) in cases {
-            assert_eq!(Outcome::judge(halted, stopped, &c, staging), want, "{c:?}");
+            assert_eq!(
+                Outcome::judge(false, halted, stopped, &c, staging),
+                want,
+                "{c:?}"
+            );
+            // An environment fault stopped it: resumable, whatever else happened.
+            assert_eq!(
+                Outcome::judge(true, halted, stopped, &c, staging),
+                Outcome::Faulted,
+                "{c:?}"
+            );
         }
+        assert_eq!(Outcome::Faulted.exit_code(), exit::INTERNAL);
+        assert_eq!(Outcome::Faulted.state(), BackfillState::Cancelled);
         assert_eq!(Outcome::Staged.exit_code(), exit::OK);
         assert_eq!(Outcome::Staged.state(), BackfillState::Staged);
         assert_eq!(Outcome::Failed.exit_code(), exit::FAILED);

@@ -92,11 +92,13 @@ pub(super) fn finish_worker(
     writer: &Writer,
     owner: Owner,
     stats: Stats,
-    (stopped, end): (bool, WorkerEnd),
+    (stopped, end, fault): (bool, WorkerEnd, Option<&crate::environment::Fault>),
     began: Instant,
 ) -> Result<(u8, BackfillState, String), Error> {
     let stopped = stopped || end == WorkerEnd::OwnerGone;
-    let (mut state, mut code) = if stopped {
+    let (mut state, mut code) = if fault.is_some() {
+        (BackfillState::Cancelled, exit::INTERNAL)
+    } else if stopped {
         (BackfillState::Cancelled, exit::INTERRUPTED)
     } else if stats.failed + stats.rejected > 0 {
         (BackfillState::Failed, exit::FAILED)
@@ -130,6 +132,10 @@ pub(super) fn finish_worker(
         },
         "elapsed_seconds": began.elapsed().as_secs_f64(),
     });
+    let mut summary = summary;
+    if let Some(f) = fault {
+        summary["stopped_by"] = serde_json::json!(f);
+    }
     if g.json {
         match crate::report::out::json(&summary) {
             Ok(()) | Err(Error::ClosedPipe) => {}
@@ -138,6 +144,11 @@ pub(super) fn finish_worker(
     } else if !g.quiet {
         let ran = stats.succeeded + stats.failed + stats.rejected + stats.cancelled;
         let next = match end {
+            _ if fault.is_some() => format!(
+                "stopped: {}, then `{}` tells how the backfill goes",
+                fault.map(ToString::to_string).unwrap_or_default(),
+                crate::report::out::hint(&format!("show {}", owner.backfill_id))
+            ),
             WorkerEnd::OwnerGone => format!(
                 "its owner is gone: `{}` runs the rest",
                 crate::report::out::hint(&format!("resume {}", owner.backfill_id))

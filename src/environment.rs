@@ -103,6 +103,17 @@ impl Fault {
     /// memory, a file that cannot be opened for want of descriptors or permission, a database
     /// this user may not write.
     pub fn of_sqlite(e: &rusqlite::Error, what: &str, file: &Path) -> Option<Self> {
+        Self::of_sqlite_errno(e, what, file, None)
+    }
+
+    /// [`Fault::of_sqlite`] with the error number of the system call that failed, read right
+    /// after SQLite failed to open a file ([`last_errno`]): SQLite does not keep it.
+    pub fn of_sqlite_errno(
+        e: &rusqlite::Error,
+        what: &str,
+        file: &Path,
+        errno: Option<i32>,
+    ) -> Option<Self> {
         use rusqlite::ErrorCode as C;
         let code = e.sqlite_error_code()?;
         let words = crate::sqlite::describe(e);
@@ -126,7 +137,10 @@ impl Fault {
                 format!("{what}: this user may not write it ({words})"),
                 "give this user write access to the file and its folder, or run backfill as their owner",
             )),
-            C::CannotOpen => cannot_open(what, file),
+            C::CannotOpen => match errno.filter(|n| *n != 0) {
+                Some(n) => Self::of_errno(n, what, file).or_else(|| cannot_open(what, file)),
+                None => cannot_open(what, file),
+            },
             _ => None,
         }
     }
@@ -157,10 +171,16 @@ fn folder_of(path: &Path) -> &Path {
     }
 }
 
+/// The error number of this thread's last failed system call: read right after SQLite failed to
+/// open a file, it says why (see [`Fault::of_sqlite_errno`]).
+pub fn last_errno() -> Option<i32> {
+    std::io::Error::last_os_error().raw_os_error()
+}
+
 /// Why SQLite could not open `file`, found by opening it (and a file beside it) again: SQLite
-/// does not keep the error number. A file that opens now failed for want of descriptors that
-/// were freed meanwhile, when this process is near its limit; otherwise it is not a fault (a
-/// file that is gone, say).
+/// does not keep the error number. A file that is gone, or a folder that is, is not a fault. One
+/// that opens now failed for a shortage that passed: descriptors other tries freed meanwhile,
+/// almost always.
 fn cannot_open(what: &str, file: &Path) -> Option<Fault> {
     use std::os::unix::fs::OpenOptionsExt;
     let opened = if file.exists() {
@@ -189,18 +209,20 @@ fn cannot_open(what: &str, file: &Path) -> Option<Fault> {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Fault::of_io(&e, what, &beside),
     }
-    near_descriptor_limit()
-        .then(|| Fault::new(format!("{what}: {}", descriptors()), DESCRIPTORS_FIX))
-}
-
-/// Whether this process holds nearly as many file descriptors as it may.
-fn near_descriptor_limit() -> bool {
-    let Ok((soft, _)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-    else {
-        return false;
+    if !file.exists() {
+        // Gone (an audit file that whoever finished its publish removed): no shortage.
+        return None;
+    }
+    let limit = match nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
+        Ok((soft, _)) => format!("its limit is {soft}"),
+        Err(_) => "see `ulimit -n`".into(),
     };
-    let open = std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count) as u64;
-    open + open / 8 + 4 >= soft
+    Some(Fault::new(
+        format!(
+            "{what}: could not be opened, though it opens now: this process likely ran out of file descriptors ({limit})"
+        ),
+        DESCRIPTORS_FIX,
+    ))
 }
 
 #[cfg(test)]
@@ -298,11 +320,24 @@ mod tests {
                 "{code}"
             );
         }
-        // A file that cannot be opened because it is gone is not a fault; one that opens again
-        // with descriptors to spare neither.
+        // A file that cannot be opened because it is gone is not a fault; one that opens on a
+        // second look failed for a shortage that passed; the error number says which.
         let cantopen = failure(rusqlite::ffi::SQLITE_CANTOPEN, None);
         assert!(Fault::of_sqlite(&cantopen, "w", &dir.path().join("gone/w.db")).is_none());
         std::fs::write(&file, "").unwrap();
-        assert!(Fault::of_sqlite(&cantopen, "w", &file).is_none());
+        let passed = Fault::of_sqlite(&cantopen, "w", &file).unwrap();
+        assert!(
+            passed.cause.contains("likely ran out of file descriptors"),
+            "{passed}"
+        );
+        let emfile = Fault::of_sqlite_errno(&cantopen, "w", &file, Some(libc::EMFILE)).unwrap();
+        assert!(
+            emfile
+                .cause
+                .starts_with("w: this process has no file descriptors left"),
+            "{emfile}"
+        );
+        let gone = dir.path().join("gone.db");
+        assert!(Fault::of_sqlite_errno(&cantopen, "w", &gone, Some(libc::ENOENT)).is_none());
     }
 }

@@ -112,7 +112,16 @@ impl AuditFile {
         conn.execute(
             &format!("ATTACH DATABASE ?1 AS {schema}"),
             [uri(&self.path)],
-        )?;
+        )
+        .map_err(|e| {
+            // Why it could not be opened is in errno now, and nowhere later.
+            let errno = crate::environment::last_errno();
+            let what = format!("{schema} file {}", self.path.display());
+            match crate::environment::Fault::of_sqlite_errno(&e, &what, &self.path, errno) {
+                Some(fault) => Error::Environment(fault),
+                None => Error::Sql(e),
+            }
+        })?;
         // Private to this process: no other connection ever opens it while it is attached, so
         // it is locked once (no lock calls per transaction) and its page cache stays valid.
         conn.execute_batch(&format!(

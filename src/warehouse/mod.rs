@@ -224,7 +224,15 @@ pub fn quote(name: &str) -> String {
 pub fn open(w: &Warehouse) -> Result<Connection> {
     init::ensure(w)?;
     let setup = || -> Result<Connection> {
-        let conn = Connection::open(&w.path)?;
+        let conn = Connection::open(&w.path).map_err(|e| {
+            // Why it could not be opened is in errno now, and nowhere later.
+            let errno = crate::environment::last_errno();
+            let what = format!("warehouse `{}` ({})", w.name, w.location());
+            match crate::environment::Fault::of_sqlite_errno(&e, &what, &w.path, errno) {
+                Some(fault) => Error::Environment(fault),
+                None => Error::Sql(e),
+            }
+        })?;
         conn.busy_timeout(w.busy_timeout)?;
         retry_busy(None, || {
             conn.pragma_update(None, "journal_mode", "WAL")

@@ -145,6 +145,7 @@ fn built_without(part: Part) -> bool {
         Part::Man => cfg!(missing = "man"),
         Part::Python3 => cfg!(missing = "python3"),
         Part::Nobody => cfg!(missing = "nobody"),
+        Part::Tmpfs => cfg!(missing = "tmpfs"),
     }
 }
 

@@ -5,6 +5,7 @@ mod bad_input;
 mod batches;
 mod cascade;
 mod changes;
+mod environment;
 mod example;
 mod faults;
 mod gate;

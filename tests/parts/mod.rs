@@ -50,10 +50,13 @@ pub enum Part {
     Python3,
     /// A second user: `setpriv` running a program as `nobody` (root, util-linux's `setpriv`).
     Nobody,
+    /// `mount -t tmpfs` and `umount` that work here (root): small file systems to fill (the
+    /// tests of full disks).
+    Tmpfs,
 }
 
 impl Part {
-    pub const ALL: [Part; 9] = [
+    pub const ALL: [Part; 10] = [
         Part::Postgres,
         Part::Chromium,
         Part::Chromedriver,
@@ -63,6 +66,7 @@ impl Part {
         Part::Man,
         Part::Python3,
         Part::Nobody,
+        Part::Tmpfs,
     ];
 
     pub fn name(self) -> &'static str {
@@ -76,6 +80,7 @@ impl Part {
             Part::Man => "man",
             Part::Python3 => "python3",
             Part::Nobody => "nobody",
+            Part::Tmpfs => "tmpfs",
         }
     }
 
@@ -110,6 +115,7 @@ impl Part {
                 "install it with `sudo apt-get install python3` (Debian)",
             ),
             Part::Nobody => nobody(),
+            Part::Tmpfs => tmpfs(),
         }
     }
 
@@ -273,6 +279,42 @@ fn nobody() -> Result<PathBuf, String> {
             "`setpriv {} true` fails here: it needs root and the user nobody (group nogroup)",
             AS_NOBODY.join(" ")
         ))
+    }
+}
+
+/// `mount`, when it mounts a small tmpfs here (it needs root) and `umount` unmounts it.
+fn tmpfs() -> Result<PathBuf, String> {
+    let how = "install util-linux's with `sudo apt-get install mount` (Debian)";
+    let mount = program_or("mount", how)?;
+    let umount = program_or("umount", how)?;
+    let dir = std::env::temp_dir().join(format!("backfill-tmpfs-part-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let quiet = |program: &Path, args: &[&OsStr]| {
+        Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let mounted = quiet(
+        &mount,
+        &[
+            OsStr::new("-t"),
+            OsStr::new("tmpfs"),
+            OsStr::new("-o"),
+            OsStr::new("size=64k"),
+            OsStr::new("tmpfs"),
+            dir.as_os_str(),
+        ],
+    );
+    let unmounted = mounted && quiet(&umount, &[dir.as_os_str()]);
+    let _ = std::fs::remove_dir(&dir);
+    if unmounted {
+        Ok(mount)
+    } else {
+        Err("`mount -t tmpfs` fails here: it needs root".into())
     }
 }
 

@@ -867,6 +867,42 @@ mod tests {
     }
 
     #[test]
+    fn a_log_that_cannot_be_written_is_reported_and_the_child_still_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        // Its folder is a file: the log cannot be created.
+        std::fs::write(dir.path().join("logs"), "").unwrap();
+        let log = dir.path().join("logs/try.log");
+        let program = Program::Shell("seq 1 100000; echo done >&2".into());
+        let f = runtime().block_on(async {
+            let spawned = start(Command {
+                program: &program,
+                env: &[],
+                cwd: dir.path(),
+                input: Input::Null,
+                output: Output::Log(log.clone()),
+            })
+            .await
+            .unwrap();
+            let (_keep, mut stop) = watch::channel(Stop::Run);
+            finish(
+                spawned,
+                Some(Duration::from_secs(60)),
+                Duration::from_secs(5),
+                &mut stop,
+            )
+            .await
+            .unwrap()
+        });
+        assert!(matches!(f.ended, Ended::Exited(s) if s.success()), "{f:?}");
+        let failure = f.log_failure.expect("the log's failure is reported");
+        assert_eq!(failure.path, log);
+        assert!(failure.error.raw_os_error().is_some(), "{failure:?}");
+        // A log that can be written reports nothing.
+        let fine = runtime().block_on(run("echo hi", Input::Null, Duration::from_secs(60)));
+        assert!(fine.log_failure.is_none());
+    }
+
+    #[test]
     fn start_time_tells_a_process_from_a_reused_pid() {
         let me = i64::from(std::process::id());
         let t = start_time(me).unwrap();

@@ -331,6 +331,40 @@ mod tests {
     }
 
     #[test]
+    fn a_backfill_stopped_by_its_environment_says_the_cause_and_the_fix() {
+        let mut outcome = outcome();
+        outcome.failed.clear();
+        outcome.backfill.state = crate::state::BackfillState::Cancelled;
+        let fault = crate::environment::Fault::new(
+            "audit file /p/.backfill/audit/try-7.db: the disk of /p/.backfill/audit is full",
+            "free space on it",
+        );
+        let labels = fixtures::labels();
+        for json in [false, true] {
+            let mut s = summary(&outcome, exit::INTERNAL, Duration::from_millis(1500), None);
+            s.stopped_by = Some(&fault);
+            let (data, notes) = (Shared::default(), Shared::default());
+            let mut out = Sink::new(data.clone(), notes.clone(), json, Fit::default());
+            write(&mut out, &s, &labels, true).unwrap();
+            assert!(
+                notes.text().ends_with(
+                    "cancelled — 1 succeeded, 1 failed, 1 rejected, 1 cancelled, 1 skipped in 1.5s; stopped: audit file /p/.backfill/audit/try-7.db: the disk of /p/.backfill/audit is full; free space on it, then `backfill resume 1`\n"
+                ),
+                "{}",
+                notes.text()
+            );
+            if json {
+                let doc: serde_json::Value = serde_json::from_str(&data.text()).unwrap();
+                assert_eq!(doc["exit_code"], 1);
+                assert_eq!(
+                    doc["stopped_by"],
+                    serde_json::json!({"cause": fault.cause, "fix": fault.fix})
+                );
+            }
+        }
+    }
+
+    #[test]
     fn a_quiet_success_says_nothing() {
         let mut outcome = outcome();
         outcome.failed.clear();

@@ -356,10 +356,25 @@ async fn read<T: Send + 'static>(
     .map_err(|e| Error::Internal(format!("reading the manifest panicked: {e}")))?;
     // A reader that cannot be opened for want of descriptors or memory stops the backfill as
     // a fault of the machine; the manifest's own failures stay internal errors.
-    read.map_err(|e| match super::sql_try::environment_of_manifest(&e) {
+    read.map_err(|e| match environment_of_manifest(&e) {
         Some(fault) => Error::Environment(fault),
         None => e.into(),
     })
+}
+
+/// The environment fault a failure to read the manifest is (a reader that cannot be opened for
+/// want of descriptors or memory), if it is one.
+pub(super) fn environment_of_manifest(
+    e: &crate::manifest::Error,
+) -> Option<crate::environment::Fault> {
+    match e {
+        crate::manifest::Error::Db { path, source } => crate::environment::Fault::of_sqlite(
+            source,
+            &format!("manifest {}", path.display()),
+            path,
+        ),
+        _ => None,
+    }
 }
 
 /// The currently published try of a task and interval, its rows and content.

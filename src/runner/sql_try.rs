@@ -433,7 +433,7 @@ pub(super) async fn publish_audited(
                 let mut waiting = waiting_log(&log_path);
                 output.publish(&p, &allowed, &mut waiting)
             }
-            Err(e) => Err(match environment_of_manifest(e) {
+            Err(e) => Err(match super::record::environment_of_manifest(e) {
                 Some(fault) => warehouse::Error::Environment(fault),
                 None => warehouse::Error::Message(format!("cannot read the manifest: {e}")),
             }),
@@ -683,19 +683,6 @@ impl TryLog {
     pub(super) fn fault(&self, path: &Path) -> Option<crate::environment::Fault> {
         let e = self.failure.as_ref()?;
         crate::environment::Fault::of_io(e, &format!("the log {}", path.display()), path)
-    }
-}
-
-/// The environment fault a failure to read the manifest is (a reader that cannot be opened for
-/// want of descriptors or memory), if it is one.
-pub(super) fn environment_of_manifest(e: &manifest::Error) -> Option<crate::environment::Fault> {
-    match e {
-        manifest::Error::Db { path, source } => crate::environment::Fault::of_sqlite(
-            source,
-            &format!("manifest {}", path.display()),
-            path,
-        ),
-        _ => None,
     }
 }
 

@@ -27,6 +27,10 @@ pub struct Fault {
     pub cause: String,
     /// What to do before resuming: `free space on it`.
     pub fix: String,
+    /// It may pass by itself in a moment (a warehouse's server that restarts, a dropped
+    /// connection): a try with retries left is retried rather than stopping the backfill.
+    #[serde(skip)]
+    pub transient: bool,
 }
 
 impl Fault {
@@ -34,7 +38,15 @@ impl Fault {
         Self {
             cause: cause.into(),
             fix: fix.into(),
+            transient: false,
         }
+    }
+
+    /// The same fault, one that may pass by itself in a moment (see [`Fault::transient`]).
+    #[must_use]
+    pub fn passing(mut self) -> Self {
+        self.transient = true;
+        self
     }
 
     /// The fault of an I/O error met while opening or writing `path`, a file or folder of ours

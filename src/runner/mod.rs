@@ -33,11 +33,10 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 pub use crate::process::Stop;
-
-use crate::environment::Fault;
 pub use events::{Event, Stats};
 pub(crate) use sql_try::{Step, blocking_step};
 
+use crate::environment::Fault;
 use crate::exit::Error;
 use crate::interval::DataInterval;
 use crate::manifest::{Owner, writer::Writer};
@@ -282,6 +281,15 @@ impl Shared {
     fn interrupted(&self, fault: &Fault) -> outcome::Outcome {
         self.stop_for(fault);
         outcome::cancelled(&interrupted_by(fault))
+    }
+
+    /// How a try that met `fault` ends: failed with `error`, to be retried, when the fault may
+    /// pass by itself and `may_retry`; else interrupted (see [`Shared::interrupted`]).
+    fn met(&self, fault: &Fault, may_retry: bool, error: String) -> outcome::Outcome {
+        if fault.transient && may_retry {
+            return outcome::failed(error, None);
+        }
+        self.interrupted(fault)
     }
 
     /// Stops the backfill from inside (fenced, or a manifest write failed), as a signal would.

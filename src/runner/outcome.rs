@@ -72,6 +72,10 @@ pub(super) struct TryInput<'a> {
     /// The batch whose query computes this try's rows (the first try of an interval of a
     /// batch; see [`super::batch`]).
     pub batch: Option<std::sync::Arc<super::batch::Batch>>,
+    /// The task has a try left after this one: a fault that may pass by itself (see
+    /// [`crate::environment::Fault::transient`]) fails this try, to be retried, rather than
+    /// stopping the backfill.
+    pub may_retry: bool,
 }
 
 /// A try whose output passed its gate and is kept at `path`, unpublished, for `promote`.

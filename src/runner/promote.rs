@@ -190,6 +190,7 @@ async fn promote_sql(
             promoting: true,
             intent_recorded: false,
             in_manifest: shared.in_manifest(sql),
+            may_retry: false,
         },
         &mut log,
     )
@@ -231,6 +232,7 @@ async fn promote_command(
             result_path,
             audit_path: None,
             batch: None,
+            may_retry: false,
         };
         if let Err(mut outcome) = run_step(
             shared,

@@ -195,7 +195,7 @@ pub(super) async fn sql_try(
             let error = e.to_string();
             log.line(&error);
             if let Some(fault) = e.environment() {
-                return Ok(shared.interrupted(fault));
+                return Ok(shared.met(fault, input.may_retry, error));
             }
             return Ok(failed(error, None));
         }
@@ -302,6 +302,7 @@ pub(super) async fn sql_try(
             promoting: false,
             intent_recorded: early_intent,
             in_manifest,
+            may_retry: input.may_retry,
         },
         &mut log,
     )
@@ -332,6 +333,8 @@ pub(super) struct ToPublish<'a> {
     /// The publish's transaction records it in the manifest too (a PostgreSQL warehouse in the
     /// manifest's own database): no intent is recorded, and nothing is left to record after.
     pub in_manifest: bool,
+    /// The task has a try left after this one (see [`super::outcome::TryInput::may_retry`]).
+    pub may_retry: bool,
 }
 
 /// Records the decision to publish, then publishes in one short transaction that the manifest
@@ -355,6 +358,7 @@ pub(super) async fn publish_audited(
         promoting,
         intent_recorded,
         in_manifest,
+        may_retry,
     } = p;
     let owner = shared.spec.owner;
     let tz = shared.spec.dag.tz;
@@ -497,8 +501,12 @@ pub(super) async fn publish_audited(
             let error = format!("publish failed: {e}");
             log.line(&error);
             // Not published for want of space, memory or a warehouse that answers: the try is
-            // interrupted, and runs again on `resume`.
-            let fault = e.environment().cloned();
+            // interrupted, and runs again on `resume` (or, for a fault that may pass by itself,
+            // fails to be retried when it may).
+            let fault = e
+                .environment()
+                .filter(|f| !(f.transient && may_retry))
+                .cloned();
             let mut rec = match &fault {
                 Some(fault) => {
                     shared.stop_for(fault);
@@ -716,14 +724,15 @@ pub(super) async fn compute_batch(
     .await;
     match step {
         Step::Done(Ok(rows)) => Computed::Done(Rows::Sql(Arc::from(rows))),
-        // The batch's intervals are interrupted, not split: they would meet the same fault.
-        Step::Done(Err(e)) if e.environment().is_some() => {
-            if let Some(fault) = e.environment() {
+        // The batch's intervals are interrupted, not split: they would meet the same fault
+        // (one that may pass by itself fails the batch, whose intervals then run alone).
+        Step::Done(Err(e)) => match e.environment().filter(|f| !f.transient) {
+            Some(fault) => {
                 shared.stop_for(fault);
+                Computed::Cancelled
             }
-            Computed::Cancelled
-        }
-        Step::Done(Err(e)) => Computed::Failed(e.to_string()),
+            None => Computed::Failed(e.to_string()),
+        },
         Step::TimedOut(_) => Computed::Failed(super::outcome::timed_out(task)),
         Step::Cancelled(_) => Computed::Cancelled,
     }

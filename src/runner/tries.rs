@@ -143,6 +143,7 @@ async fn tries(
             result_path: started.result,
             audit_path: started.audit,
             batch: batch.filter(|_| try_number == 1).cloned(),
+            may_retry: try_number < attempts,
         };
         let slot = match &task.pool {
             Some(pool) => Some(take_slot(shared, task, pool, input.try_id, interval, stop).await?),
@@ -466,6 +467,7 @@ async fn batch_command(
             result_path: input.result_path.clone(),
             audit_path: None,
             batch: None,
+            may_retry: input.may_retry,
         };
         match measure_source(shared, task, gate, &one, &mut stop).await {
             Ok(Ok(seen)) => before.push(Some(seen)),
@@ -496,6 +498,7 @@ async fn batch_command(
         result_path: input.result_path.clone(),
         audit_path: None,
         batch: None,
+        may_retry: input.may_retry,
     };
     let step = run_step(
         shared,

@@ -46,14 +46,20 @@ pub(super) fn fault(
             "check that the server runs and that this host reaches it",
         ),
     };
-    crate::environment::Fault::new(
+    let fault = crate::environment::Fault::new(
         format!(
             "warehouse `{}` ({}): {what} ({words})",
             w.name,
             w.location()
         ),
         fix,
-    )
+    );
+    // A restart, a dropped connection or a full set of connections may pass in a moment: a
+    // try with retries left is retried; a full disk or memory on the server does not.
+    match r {
+        R::Unreachable | R::ShuttingDown | R::TooManyConnections => fault.passing(),
+        R::DiskFull | R::OutOfMemory | R::Exhausted => fault,
+    }
 }
 
 /// Whether the server asks for the transaction to be run again.

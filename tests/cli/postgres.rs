@@ -881,6 +881,74 @@ fn a_server_restart_fails_running_tries_and_retries_finish_exactly() {
     );
 }
 
+#[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
+fn a_server_that_goes_away_interrupts_the_backfill_and_resume_finishes_it() {
+    // Without retries, a warehouse whose server stops is an environment fault, not the
+    // interval's failure: the try is interrupted, the backfill stops, and `resume` runs it once
+    // the server is back.
+    let own = pg::Cluster::start();
+    let db = own.create_db();
+    own.psql(&db, &schema());
+    let p = Project::new();
+    p.write(
+        "backfill.toml",
+        &format!(
+            "[warehouse.dw]\nkind = \"postgres\"\nurl = \"{}?sslmode=disable&connect_timeout=2\"\n",
+            own.url(&db)
+        ),
+    );
+    let slow = QUERY.replace("FROM raw.orders", "FROM raw.orders, pg_sleep(0.3)");
+    p.write("dags/orders.toml", &dag(&slow, GATE, ""));
+    let child = p.spawn(
+        "run",
+        &[
+            "--output",
+            "json",
+            "create",
+            "--dag",
+            "orders",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-03",
+        ],
+    );
+    wait_until("the first publish", Duration::from_secs(60), || {
+        own.psql(&db, "SELECT to_regclass('backfill.publishes') IS NOT NULL") == "t"
+            && own.psql(&db, "SELECT count(*) FROM backfill.publishes") != "0"
+    });
+    own.stop();
+    let out = p.wait("run", child);
+    out.code(1);
+    let doc = out.json();
+    let cause = doc["stopped_by"]["cause"].as_str().unwrap_or_default();
+    assert!(
+        cause.starts_with("warehouse `dw` (") && cause.contains(": its server "),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(doc["intervals"]["failed"], 0, "{}", out.stdout);
+    let not_done = p.rows("SELECT state, error FROM task_tries WHERE state <> 'succeeded'");
+    assert!(!not_done.is_empty());
+    for t in &not_done {
+        assert!(
+            t[0] == "cancelled" && t[1].starts_with("interrupted: warehouse `dw` ("),
+            "{not_done:?}"
+        );
+    }
+    own.start_again();
+    p.run(&["resume", "1"]).code(0);
+    let fact = own.psql(
+        &db,
+        "SELECT count(*), count(DISTINCT order_id) FROM analytics.orders_fact",
+    );
+    assert_eq!(fact, "30|30");
+}
+
 /// The staged tables in the warehouse.
 fn staged_tables(t: &Pg) -> String {
     t.psql("SELECT count(*) FROM pg_tables WHERE schemaname = 'backfill' AND tablename LIKE 'staged\\_%'")

@@ -145,6 +145,15 @@ impl Fault {
                     "check the disk and its file system (`dmesg`)",
                 ))
             }
+            C::ReadOnly
+                if e.sqlite_error().map(|s| s.extended_code)
+                    == Some(rusqlite::ffi::SQLITE_READONLY_DBMOVED) =>
+            {
+                Some(Self::new(
+                    format!("{what}: the file was moved or removed while it was open"),
+                    "put it back where the project says it is",
+                ))
+            }
             C::ReadOnly => Some(Self::new(
                 format!("{what}: this user may not write it ({words})"),
                 "give this user write access to the file and its folder, or run backfill as their owner",

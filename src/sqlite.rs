@@ -122,7 +122,8 @@ pub fn describe(e: &rusqlite::Error) -> String {
             if !message.contains(char::is_whitespace) =>
         {
             let meaning = rusqlite::ffi::code_to_str(code.extended_code);
-            if message == meaning {
+            // The file's name: whoever reports the error names the file already.
+            if message == meaning || message.contains('/') {
                 meaning.to_string()
             } else {
                 format!("{meaning} ({message})")
@@ -144,7 +145,7 @@ mod tests {
             rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_NOMEM),
             Some("/p/.backfill/manifest.db".into()),
         );
-        assert_eq!(describe(&nomem), "out of memory (/p/.backfill/manifest.db)");
+        assert_eq!(describe(&nomem), "out of memory");
         let worded = rusqlite::Error::SqliteFailure(
             rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
             Some("database or disk is full".into()),

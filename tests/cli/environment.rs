@@ -491,8 +491,9 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// `create ARGS` with at most `limit` file descriptors open at once.
-fn with_open_files(p: &Project, args: &[&str], limit: u64) -> Out {
+fn with_open_files(p: &Project, args: &[&str], limit: u64, fault: &str) -> Out {
     let mut c = p.command(args);
+    c.env("BACKFILL_FAULT", fault);
     // SAFETY: setrlimit is async-signal-safe, and nothing else runs between fork and exec.
     unsafe {
         c.pre_exec(move || {
@@ -533,18 +534,19 @@ fn out_of_descriptors(p: &Project, out: &Out, limit: u64, task: &str) -> usize {
 
 #[test]
 fn too_few_file_descriptors_stop_the_backfill_and_name_the_limit() {
-    // Enough to start the backfill, not to start its tries' processes four at a time.
+    // Enough to start the backfill four intervals at a time; then, once its first try started,
+    // every descriptor left is taken, as by a leak: the next tries cannot start.
     let p = Project::new().dag("c", PRINTS);
-    let out = with_open_files(&p, TEN_DAYS, 24);
-    assert!(out_of_descriptors(&p, &out, 24, "say") < 10);
+    let out = with_open_files(&p, TEN_DAYS, 64, "after-spawn@1:files");
+    assert!(out_of_descriptors(&p, &out, 64, "say") < 10);
     p.run(&["resume", "1"])
         .code(0)
         .stderr_has("10 succeeded, 0 failed");
     every_log_written(&p);
     // SQL tries: the warehouse, the audit files and the manifest's readers.
     let p = shop();
-    let out = with_open_files(&p, SEPTEMBER, 24);
-    assert!(out_of_descriptors(&p, &out, 24, "aggregate") < 30);
+    let out = with_open_files(&p, SEPTEMBER, 64, "after-audit@1:files");
+    assert!(out_of_descriptors(&p, &out, 64, "aggregate") < 30);
     p.run(&["resume", "1"])
         .code(0)
         .stderr_has("30 succeeded, 0 failed");

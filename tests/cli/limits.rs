@@ -191,8 +191,10 @@ fn an_open_that_fails_at_the_open_files_limit_names_the_limit() {
         files(64),
     );
     // SQLite's "unable to open database" (the audit file, attached for the publish), named.
-    out.stderr_has("unable to open database")
-        .stderr_has("(this process reached its open-files limit of 64 (`ulimit -n`): raise it, e.g. `ulimit -n 1024`");
+    // The audit file, attached for the publish: an environment fault that stops the run.
+    out.code(1)
+        .stderr_has("this process has no file descriptors left (its limit is 64)")
+        .stderr_has("raise the limit (`ulimit -n`");
     assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
     let two = [
         "create",
@@ -210,8 +212,12 @@ fn an_open_that_fails_at_the_open_files_limit_names_the_limit() {
         &[("BACKFILL_FAULT", "after-spawn:files")],
         files(64),
     );
-    // The next try's pipes: "Too many open files", named.
-    out.stderr_has("Too many open files (os error 24) (this process reached its open-files limit of 64 (`ulimit -n`)");
+    // The next try's pipes: the run stops, naming the limit.
+    out.code(1)
+        .stderr_has(
+            "cannot start `sh`: this process has no file descriptors left (its limit is 64)",
+        )
+        .stderr_has("raise the limit (`ulimit -n`");
     assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
 }
 

@@ -37,6 +37,7 @@ pub(super) async fn run_process(
     let gated = match recorded {
         Some(gated) => gated,
         None => {
+            crate::fault::point("before-spawn");
             let gated = match process::spawn(program, env, &shared.spec.project_root, output).await
             {
                 Ok(s) => s,

@@ -290,6 +290,7 @@ async fn early_start(
             return Ok(None);
         };
         let output = crate::process::Output::Log(log);
+        crate::fault::point("before-spawn");
         let Ok(gated) = crate::process::spawn(&program, &env, &spec.project_root, output).await
         else {
             return Ok(None);

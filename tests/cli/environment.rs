@@ -534,10 +534,12 @@ fn out_of_descriptors(p: &Project, out: &Out, limit: u64, task: &str) -> usize {
 
 #[test]
 fn too_few_file_descriptors_stop_the_backfill_and_name_the_limit() {
-    // Enough to start the backfill four intervals at a time; then, once its first try started,
-    // every descriptor left is taken, as by a leak: the next tries cannot start.
+    // Enough to start the backfill; then, as the second try is about to start (one at a time:
+    // no try ends meanwhile to give descriptors back), every descriptor left is taken, as by a
+    // leak: it cannot start.
     let p = Project::new().dag("c", PRINTS);
-    let out = with_open_files(&p, TEN_DAYS, 64, "after-spawn@1:files");
+    let one_at_a_time = [TEN_DAYS, &["--max-active-runs", "1"]].concat();
+    let out = with_open_files(&p, &one_at_a_time, 64, "before-spawn@2:files");
     assert!(out_of_descriptors(&p, &out, 64, "say") < 10);
     p.run(&["resume", "1"])
         .code(0)

@@ -103,9 +103,9 @@ impl Error {
 
     /// The environment fault this error is, if it is one: found as such where it happened
     /// (see [`crate::environment`]).
-    pub fn environment(&self) -> Option<&crate::environment::Fault> {
+    pub fn environment(&self) -> Option<crate::environment::Fault> {
         match self {
-            Self::Environment(f) => Some(f),
+            Self::Environment(f) => Some(f.clone()),
             Self::Warehouse(w) => w.environment(),
             _ => None,
         }

@@ -68,6 +68,14 @@ pub fn is_stopped(pid: i64) -> bool {
     stat_fields(pid).is_some_and(|f| f.first().is_some_and(|s| s == "T" || s == "t"))
 }
 
+/// The CPU time a process of this host has used so far, in clock ticks (user and system,
+/// `/proc/PID/stat` fields 14 and 15): what tells a process that works from one that waits.
+pub fn cpu_ticks(pid: i64) -> Option<u64> {
+    let f = stat_fields(pid)?;
+    let field = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
+    Some(field(11)? + field(12)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -65,6 +65,9 @@ struct Acted {
     dropped: Vec<(i64, String)>,
     /// Publishes that could not be finished: try id -> why.
     failed: Vec<(i64, String)>,
+    /// Runs of publishes left for a later recovery: their warehouse is locked by a process that
+    /// gets nowhere (see [`warehouse::busy`]). They stay in progress, their intents pending.
+    left: Vec<i64>,
 }
 
 /// What recovery did, for the caller to report.
@@ -262,6 +265,10 @@ fn recover(
 ) -> Result<Report, Error> {
     let mut report = Report::default();
     let mut acted = Vec::new();
+    // A warehouse found locked by a process that gets nowhere: publishes are left for later
+    // from then on (each would wait as long again), and the recovery ends with it once what it
+    // did is recorded.
+    let mut locked = None;
     for claim in &claims {
         tracing::info!(
             backfill = claim.owner.backfill_id,
@@ -270,7 +277,7 @@ fn recover(
             publishes = claim.publishes.len(),
             "recovering what a gone owner left"
         );
-        let a = act(writer.path(), dags, claim, ctx);
+        let a = act(writer.path(), dags, claim, ctx, &mut locked);
         for (_, why) in &a.blocked {
             report.warnings.push(why.clone());
         }
@@ -296,6 +303,9 @@ fn recover(
         }
         Ok(())
     })?;
+    if let Some(e) = locked {
+        return Err(Error::Warehouse(e));
+    }
     sweep_audits(writer)?;
     sweep_staged_tables(writer, dags)?;
     Ok(report)
@@ -339,8 +349,15 @@ pub fn sweep_staged_tables(writer: &Writer, dags: &Dags) -> Result<usize, Error>
     Ok(removed)
 }
 
-/// Step 2 for one dead owner.
-fn act(manifest_path: &Path, dags: &Dags, claim: &Claim, ctx: &LeaseCtx) -> Acted {
+/// Step 2 for one dead owner. Once a publish found its warehouse locked by a process that gets
+/// nowhere (`locked`), the publishes are left for a later recovery.
+fn act(
+    manifest_path: &Path,
+    dags: &Dags,
+    claim: &Claim,
+    ctx: &LeaseCtx,
+    locked: &mut Option<warehouse::Error>,
+) -> Acted {
     let mut acted = Acted::default();
     let backfill_id = claim.owner.backfill_id;
     for t in claim.tries.iter().filter(|t| !t.publishing) {
@@ -397,6 +414,10 @@ fn act(manifest_path: &Path, dags: &Dags, claim: &Claim, ctx: &LeaseCtx) -> Acte
         }
     }
     for p in &claim.publishes {
+        if locked.is_some() {
+            acted.left.push(p.run_id);
+            continue;
+        }
         match finish_publish(manifest_path, dags, p) {
             Ok(Finished::Published(rows, booked)) => {
                 if let Some(booked) = booked {
@@ -411,13 +432,42 @@ fn act(manifest_path: &Path, dags: &Dags, claim: &Claim, ctx: &LeaseCtx) -> Acte
                 acted.published.insert(p.try_id, rows);
             }
             Ok(Finished::Dropped(why)) => acted.dropped.push((p.try_id, why)),
-            Err(why) => {
+            Err(Unfinished::Failed(why)) => {
                 tracing::warn!(backfill = backfill_id, try_id = p.try_id, "{why}");
                 acted.failed.push((p.try_id, why));
+            }
+            Err(Unfinished::Locked(e)) => {
+                tracing::warn!(backfill = backfill_id, try_id = p.try_id, "{e}");
+                acted.left.push(p.run_id);
+                *locked = Some(e);
             }
         }
     }
     acted
+}
+
+/// Why a decided publish was not finished.
+enum Unfinished {
+    /// It cannot be: recorded as failed, with why.
+    Failed(String),
+    /// Not now: its warehouse is locked by a process that gets nowhere
+    /// ([`warehouse::Error::LockedBy`]); it stays pending.
+    Locked(warehouse::Error),
+}
+
+impl From<String> for Unfinished {
+    fn from(why: String) -> Self {
+        Self::Failed(why)
+    }
+}
+
+impl From<warehouse::Error> for Unfinished {
+    fn from(e: warehouse::Error) -> Self {
+        match e {
+            warehouse::Error::LockedBy { .. } => Self::Locked(e),
+            other => Self::Failed(other.to_string()),
+        }
+    }
 }
 
 enum Finished {
@@ -433,12 +483,12 @@ fn finish_publish(
     manifest_path: &Path,
     dags: &Dags,
     p: &PendingPublish,
-) -> Result<Finished, String> {
+) -> Result<Finished, Unfinished> {
     let Some((task, tz)) = dags.sql_task(&p.dag_id, &p.task_id) else {
-        return Err(format!(
+        return Err(Unfinished::Failed(format!(
             "task `{}` of DAG `{}` is no longer a SQL task of the project",
             p.task_id, p.dag_id
-        ));
+        )));
     };
     let reader = manifest::open_read_only(manifest_path).map_err(|e| e.to_string())?;
     if task.warehouse.is_postgres() {
@@ -450,10 +500,10 @@ fn finish_publish(
             Ok(None) => Ok(Finished::Dropped(
                 "the publish did not commit (the server rolled its transaction back); the interval runs again".into(),
             )),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(Unfinished::Failed(e.to_string())),
         };
     }
-    let wh = warehouse::open(&task.warehouse).map_err(|e| e.to_string())?;
+    let wh = warehouse::open(&task.warehouse)?;
     if let Some(key) = p.record.restore_key {
         // A rollback: its transaction put the version back and dropped it, together. Judged
         // under the warehouse's write lock, which an owner frozen before its commit still
@@ -465,12 +515,12 @@ fn finish_publish(
         };
         return match warehouse::publish::rollback_committed(&wh, task, key, &allowed) {
             Ok(true) => Ok(Finished::Published(p.record.rows.unwrap_or(0), None)),
-            Ok(false) => Err(
+            Ok(false) => Err(Unfinished::Failed(
                 "the rollback did not commit: the partition is as it was; roll it back again"
                     .into(),
-            ),
+            )),
             Err(warehouse::Error::Refused) => Ok(Finished::Dropped("already finished".into())),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(e.into()),
         };
     }
     let audit = match (&p.audit_path, &p.audit_table) {
@@ -489,10 +539,10 @@ fn finish_publish(
         }
         return match published_matches(&wh, task, p, tz) {
             Ok(true) => Ok(Finished::Published(p.record.rows.unwrap_or(0), None)),
-            Ok(false) => Err(
+            Ok(false) => Err(Unfinished::Failed(
                 "its audit file is gone and the partition does not hold the audited rows".into(),
-            ),
-            Err(e) => Err(e.to_string()),
+            )),
+            Err(e) => Err(e.into()),
         };
     };
     let repr = publish_repr(&wh, task, &audit);
@@ -542,7 +592,7 @@ fn finish_publish(
                 "superseded by a newer publish, or finished by another process".into(),
             ))
         }
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -710,7 +760,14 @@ fn record(
         );
         return Ok(());
     }
-    let keep: Vec<i64> = a.blocked.iter().map(|b| b.0).collect();
+    // Runs whose try could not be stopped, or whose publish was left for later, stay in
+    // progress, their leases held.
+    let keep: Vec<i64> = a
+        .blocked
+        .iter()
+        .map(|b| b.0)
+        .chain(a.left.iter().copied())
+        .collect();
     let counts = |dag: &str| task_counts.get(dag).copied();
     conn.end_abandoned_runs(&claim.runs, &counts, &keep, &why, now)?;
     // A worker's intervals stay the backfill's: their leases were released with their runs,

@@ -74,31 +74,70 @@ pub fn writable(path: &Path) -> std::io::Result<()> {
 /// the first of the locks at offset 120).
 const WAL_WRITE_LOCK_BYTE: libc::off_t = 120;
 
-/// Who holds the write lock of the WAL database at `path`, as the operating system's record of
-/// the lock says: the process's id and whether it is stopped (SIGSTOP, a debugger). `None`
-/// when no other process holds it or it cannot be told.
-pub fn write_lock_holder(path: &Path) -> Option<(i32, bool)> {
-    use std::os::fd::AsRawFd;
+/// Who holds the write lock of a WAL database, as far as this host can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    /// No other process holds it.
+    Nobody,
+    /// Process `pid` (of this PID namespace); `stopped` when it is stopped (SIGSTOP, a debugger).
+    Process { pid: i32, stopped: bool },
+    /// A process this one cannot name (one of another PID namespace sharing the file), or a
+    /// lock that cannot be looked at (no `-shm` file to look into).
+    Unseen,
+}
+
+/// The bytes of a database file that a writer in rollback-journal mode locks (SQLite's
+/// `PENDING_BYTE` and `RESERVED_BYTE`, which follows it).
+const PENDING_BYTE: libc::off_t = 0x4000_0000;
+
+/// Who holds the write lock of the database at `path`, as the operating system's record of the
+/// lock says: the WAL write lock in its `-shm` file, else (a database in rollback-journal mode)
+/// the reserved and pending bytes of the file itself.
+pub fn lock_holder(path: &Path) -> Holder {
     let mut shm = path.as_os_str().to_owned();
     shm.push("-shm");
-    let shm = std::fs::File::open(shm).ok()?;
+    let wal = std::fs::File::open(shm).map(|f| holder_of(&f, WAL_WRITE_LOCK_BYTE, 1));
+    match wal {
+        Ok(Holder::Nobody) | Err(_) => {
+            std::fs::File::open(path).map_or(Holder::Unseen, |f| holder_of(&f, PENDING_BYTE, 2))
+        }
+        Ok(holder) => holder,
+    }
+}
+
+/// Who holds a lock that conflicts with a write lock of `len` bytes at `start` of `file`.
+fn holder_of(file: &std::fs::File, start: libc::off_t, len: libc::off_t) -> Holder {
+    use std::os::fd::AsRawFd;
     // SAFETY: a flock is plain data, filled by the kernel.
     let mut lock: libc::flock = unsafe { std::mem::zeroed() };
     lock.l_type = libc::F_WRLCK as libc::c_short;
     lock.l_whence = libc::SEEK_SET as libc::c_short;
-    lock.l_start = WAL_WRITE_LOCK_BYTE;
-    lock.l_len = 1;
+    lock.l_start = start;
+    lock.l_len = len;
     // SAFETY: F_GETLK on a descriptor of ours only reads the lock table into `lock`.
-    if unsafe { libc::fcntl(shm.as_raw_fd(), libc::F_GETLK, &mut lock) } != 0
-        || lock.l_type == libc::F_UNLCK as libc::c_short
-        || lock.l_pid <= 0
-    {
-        return None;
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETLK, &mut lock) } != 0 {
+        return Holder::Unseen;
     }
-    Some((
-        lock.l_pid,
-        crate::liveness::is_stopped(i64::from(lock.l_pid)),
-    ))
+    if lock.l_type == libc::F_UNLCK as libc::c_short {
+        return Holder::Nobody;
+    }
+    // The kernel says 0 for a process of a PID namespace this one cannot see.
+    if lock.l_pid <= 0 {
+        return Holder::Unseen;
+    }
+    Holder::Process {
+        pid: lock.l_pid,
+        stopped: crate::liveness::is_stopped(i64::from(lock.l_pid)),
+    }
+}
+
+/// Who holds the write lock of the WAL database at `path`: the process's id and whether it is
+/// stopped (SIGSTOP, a debugger). `None` when no other process holds it or it cannot be told.
+pub fn write_lock_holder(path: &Path) -> Option<(i32, bool)> {
+    match lock_holder(path) {
+        Holder::Process { pid, stopped } => Some((pid, stopped)),
+        Holder::Nobody | Holder::Unseen => None,
+    }
 }
 
 /// What a write that found the database at `path` locked adds to its error: who holds the lock
@@ -217,5 +256,48 @@ mod tests {
         let _ = holder.wait();
         assert!(stopped, "{:?}", write_lock_holder(&db));
         assert_eq!(write_lock_holder(&db), None, "released when it died");
+    }
+
+    #[test]
+    #[cfg_attr(
+        missing = "python3",
+        ignore = "no python3 on PATH: sudo apt-get install python3"
+    )]
+    fn a_writer_in_rollback_journal_mode_is_named_by_its_reserved_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("w.db");
+        Connection::open(&db)
+            .unwrap()
+            .execute_batch("CREATE TABLE t (x)")
+            .unwrap();
+        assert_eq!(lock_holder(&db), Holder::Nobody);
+        let mut holder = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import sqlite3, sys, time\n\
+                 c = sqlite3.connect(sys.argv[1], isolation_level=None)\n\
+                 c.execute('BEGIN IMMEDIATE')\n\
+                 print('held', flush=True)\n\
+                 time.sleep(60)",
+            ])
+            .arg(&db)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("no python3 on PATH to hold a SQLite write lock");
+        let mut line = String::new();
+        std::io::BufReader::new(holder.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let found = lock_holder(&db);
+        let _ = holder.kill();
+        let _ = holder.wait();
+        assert_eq!(line, "held\n");
+        assert_eq!(
+            found,
+            Holder::Process {
+                pid: i32::try_from(holder.id()).unwrap(),
+                stopped: false
+            }
+        );
     }
 }

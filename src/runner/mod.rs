@@ -732,7 +732,7 @@ pub fn fenced_why(owner: Owner) -> String {
 /// returned) and stops it too.
 fn fail(shared: &Shared, first_error: &mut Option<Error>, e: Error) {
     if let Some(fault) = e.environment() {
-        shared.stop_for(fault);
+        shared.stop_for(&fault);
         return;
     }
     if let Error::Manifest(m) = &e

@@ -195,7 +195,7 @@ pub(super) async fn sql_try(
             let error = e.to_string();
             log.line(&error);
             if let Some(fault) = e.environment() {
-                return Ok(shared.met(fault, input.may_retry, error));
+                return Ok(shared.met(&fault, input.may_retry, error));
             }
             return Ok(failed(error, None));
         }
@@ -505,11 +505,10 @@ pub(super) async fn publish_audited(
             // fails to be retried when it may).
             let fault = e
                 .environment()
-                .filter(|f| !(f.transient && may_retry))
-                .cloned();
+                .filter(|f| !(f.transient && may_retry));
             let mut rec = match &fault {
                 Some(fault) => {
-                    shared.stop_for(fault);
+                    shared.stop_for(&fault);
                     let mut rec = TryRecord::new(TryState::Cancelled);
                     rec.error = Some(super::interrupted_by(fault));
                     rec
@@ -728,7 +727,7 @@ pub(super) async fn compute_batch(
         // (one that may pass by itself fails the batch, whose intervals then run alone).
         Step::Done(Err(e)) => match e.environment().filter(|f| !f.transient) {
             Some(fault) => {
-                shared.stop_for(fault);
+                shared.stop_for(&fault);
                 Computed::Cancelled
             }
             None => Computed::Failed(e.to_string()),

@@ -233,7 +233,7 @@ pub fn write_and_measure(
     tz: chrono_tz::Tz,
     cancel: Option<&AtomicBool>,
 ) -> Result<AuditMeasures> {
-    retry_busy(cancel, || {
+    retry_busy(&task.warehouse, cancel, || {
         in_transaction(conn, || {
             let mut stmt = conn.prepare(&format!(
                 "CREATE TABLE {TABLE} AS {}",
@@ -356,7 +356,7 @@ pub fn write_batch(
             }
         },
     )?;
-    let looked = retry_busy(cancel, || {
+    let looked = retry_busy(&task.warehouse, cancel, || {
         in_transaction(conn, || {
             let mut stmt = conn.prepare(&format!(
                 "CREATE TABLE {BATCH_ROWS} AS SELECT q.*, {PART_FUNCTION}(q.{column}) AS {part} FROM ({query}) AS q",

@@ -12,6 +12,7 @@
 
 pub mod audit;
 pub mod backend;
+pub mod busy;
 pub mod diff;
 pub mod init;
 pub mod partition;
@@ -33,6 +34,7 @@ use crate::interval::DataInterval;
 use crate::project::{Gate, SourceCount, SqlTask, Warehouse, WarehouseKind};
 
 pub use audit::{AuditFile, AuditMeasures};
+pub use busy::{retry_busy, retry_busy_noting};
 pub use partition::Repr;
 
 /// The backend of a warehouse (here, where both engines are in view: neither imports the other).
@@ -70,6 +72,22 @@ pub enum Error {
     },
     #[error("cancelled while the warehouse was locked")]
     Cancelled,
+    /// Another process held the warehouse's write lock and got nowhere for
+    /// [`busy::PATIENCE`]: a fault of the environment (a frozen owner, a stray transaction),
+    /// not of the try. `holder` is the process, when this host can name it.
+    #[error(
+        "warehouse `{name}` ({}) is locked: {}; gave up after waiting {}",
+        path.display(),
+        locked_holder(*holder, *stopped),
+        humantime::format_duration(*waited)
+    )]
+    LockedBy {
+        name: String,
+        path: PathBuf,
+        holder: Option<i32>,
+        stopped: bool,
+        waited: Duration,
+    },
     /// The manifest no longer lets this try publish (it was fenced or already published).
     #[error("the manifest no longer allows this publish (taken over or already published)")]
     Refused,
@@ -104,10 +122,20 @@ impl Error {
         }
     }
 
-    /// The environment fault this error is, if it is one.
-    pub fn environment(&self) -> Option<&crate::environment::Fault> {
+    /// The environment fault this error is, if it is one: a fault found where it happened, or
+    /// a warehouse whose write lock a process that gets nowhere held past the wait's bound.
+    pub fn environment(&self) -> Option<crate::environment::Fault> {
         match self {
-            Self::Environment(f) => Some(f),
+            Self::Environment(f) => Some(f.clone()),
+            Self::LockedBy { holder, .. } => Some(crate::environment::Fault::new(
+                self.to_string(),
+                match holder {
+                    Some(pid) => format!(
+                        "let process {pid} go on (`kill -CONT {pid}` when it is stopped) or end it"
+                    ),
+                    None => "end the process that holds the warehouse's write lock".to_string(),
+                },
+            )),
             _ => None,
         }
     }
@@ -131,7 +159,7 @@ impl Error {
         }
     }
 
-    fn is_busy(&self) -> bool {
+    pub(crate) fn is_busy(&self) -> bool {
         let sqlite = match self {
             Self::Sql(e) | Self::Db { source: e, .. } => e,
             _ => return false,
@@ -144,6 +172,22 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Who holds a lock, and how to let a stopped holder go on, for [`Error::LockedBy`].
+fn locked_holder(holder: Option<i32>, stopped: bool) -> String {
+    match (holder, stopped) {
+        (Some(pid), true) => format!(
+            "its write lock is held by process {pid}, which is stopped: `kill -CONT {pid}` lets it go on (or end it)"
+        ),
+        (Some(pid), false) => format!(
+            "its write lock is held by process {pid}, which did nothing with it for {}",
+            humantime::format_duration(busy::PATIENCE)
+        ),
+        (None, _) => {
+            "its write lock is held by a process this one cannot name (another PID namespace or host)".to_string()
+        }
+    }
+}
 
 /// Bytes of a warehouse file mapped into memory for reading.
 const MMAP_SIZE: i64 = 1 << 30;
@@ -234,7 +278,7 @@ pub fn open(w: &Warehouse) -> Result<Connection> {
             }
         })?;
         conn.busy_timeout(w.busy_timeout)?;
-        retry_busy(None, || {
+        retry_busy(w, None, || {
             conn.pragma_update(None, "journal_mode", "WAL")
                 .map_err(Into::into)
         })?;
@@ -257,34 +301,6 @@ pub fn open_to_read(w: &Warehouse) -> Result<Connection> {
         .map_err(|e| Error::from(e).at(w))?;
     rules::register_number(&conn).map_err(|e| Error::from(e).at(w))?;
     Ok(conn)
-}
-
-/// Runs `f` until it does not fail with SQLITE_BUSY beyond the busy timeout: a warehouse locked
-/// by another process is waited for, never reported as a failure. Stops when `cancel` is set.
-pub fn retry_busy<R>(cancel: Option<&AtomicBool>, f: impl FnMut() -> Result<R>) -> Result<R> {
-    retry_busy_noting(cancel, &mut || {}, f)
-}
-
-/// [`retry_busy`], calling `waiting` each time the lock was not had within the busy timeout.
-pub fn retry_busy_noting<R>(
-    cancel: Option<&AtomicBool>,
-    waiting: &mut dyn FnMut(),
-    mut f: impl FnMut() -> Result<R>,
-) -> Result<R> {
-    let mut pause = Duration::from_millis(5);
-    loop {
-        match f() {
-            Err(e) if e.is_busy() => {
-                waiting();
-                if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
-                    return Err(Error::Cancelled);
-                }
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(200));
-            }
-            other => return other,
-        }
-    }
 }
 
 /// The parameters of a SQL task's query that name its interval rather than bound it (`:ds`,

@@ -1,7 +1,7 @@
 //! The publish transaction: delete exactly the target rows of the interval and insert the
 //! audited rows, in one short transaction. Publishes of one process into one warehouse queue on
 //! a lock (no busy retries between them); another process's write lock is waited for by
-//! SQLite's busy handler. Inside the transaction, once the warehouse's write lock is held, the
+//! SQLite's busy handler, then while its holder gets somewhere (see [`super::busy`]). Inside the transaction, once the warehouse's write lock is held, the
 //! caller's check asks the manifest whether this publish is still allowed: a frozen owner that
 //! was taken over, or a publish that a recoverer already finished, is refused, so a stale
 //! output never overwrites a newer one.
@@ -95,7 +95,7 @@ pub fn publish_noting(
             p.note_wait(&mut waits);
             waiting();
         };
-        retry_busy_noting(None, &mut noted, || transaction(conn, p, allowed))
+        retry_busy_noting(w, None, &mut noted, || transaction(conn, p, allowed))
     })();
     if p.audit.is_some() {
         audit::detach(conn);
@@ -212,7 +212,7 @@ pub fn rollback_committed(
         let _ = conn.execute_batch("ROLLBACK");
         judged
     };
-    retry_busy_noting(None, &mut noted, once).map_err(|e| e.at(w))
+    retry_busy_noting(w, None, &mut noted, once).map_err(|e| e.at(w))
 }
 
 /// Asks the manifest, inside the transaction, whether this publish may still happen.
@@ -281,5 +281,5 @@ pub fn roll_back(
             super::versions::restore(conn, task, key)
         })
     };
-    retry_busy_noting(None, &mut || {}, once).map_err(|e| e.at(w))
+    retry_busy_noting(w, None, &mut || {}, once).map_err(|e| e.at(w))
 }

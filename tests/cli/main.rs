@@ -42,3 +42,4 @@ mod staging;
 mod support;
 mod tables;
 mod tls;
+mod warehouse_lock;

@@ -20,6 +20,10 @@ pub trait Host: Send + Sync + std::fmt::Debug {
     fn pid_alive(&self, pid: i64) -> bool;
     /// Whether a member of `group` of this host is alive, its leader being the recorded one.
     fn group_alive(&self, group: Group) -> bool;
+    /// When process `pid` of this host started (clock ticks since boot), if it exists.
+    fn start_of(&self, pid: i64) -> Option<i64>;
+    /// Whether process `pid` of this host is stopped (SIGSTOP, a debugger).
+    fn stopped(&self, pid: i64) -> bool;
 }
 
 /// What owners and tries record as their host: the host name and, after `#`, the PID

@@ -40,7 +40,7 @@ pub fn copy(g: &Global, to: &str) -> Result<u8, Error> {
     for b in conn.list_backfills(None, true).map_err(|e| e.at(&from))? {
         if ctx.owner_alive(
             b.state,
-            b.owner_pid,
+            (b.owner_pid, b.owner_start),
             b.owner_host.as_deref(),
             b.heartbeat_at,
         ) {

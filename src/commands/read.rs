@@ -42,7 +42,12 @@ pub(super) fn lease_ctx(
 pub(super) fn judge_owners(list: &mut [BackfillSummary], ctx: &LeaseCtx) {
     for b in list {
         let host = b.owner_host.clone();
-        b.owner_alive = ctx.owner_alive(b.state, b.owner_pid, host.as_deref(), b.heartbeat_at);
+        b.owner_alive = ctx.owner_alive(
+            b.state,
+            (b.owner_pid, b.owner_start),
+            host.as_deref(),
+            b.heartbeat_at,
+        );
     }
 }
 

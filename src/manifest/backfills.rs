@@ -90,6 +90,9 @@ pub struct Backfill {
     pub conf: String,
     pub state: BackfillState,
     pub owner_pid: Option<i64>,
+    /// When the owner's process started (clock ticks since its host's boot); `None` when
+    /// recorded by an earlier version.
+    pub owner_start: Option<i64>,
     pub owner_host: Option<String>,
     pub heartbeat_at: Option<i64>,
     pub cancel_requested: bool,
@@ -120,7 +123,7 @@ impl Backfill {
     pub fn owner_alive(&self, ctx: &LeaseCtx) -> bool {
         ctx.owner_alive(
             self.state,
-            self.owner_pid,
+            (self.owner_pid, self.owner_start),
             self.owner_host.as_deref(),
             self.heartbeat_at,
         )
@@ -137,7 +140,7 @@ impl Backfill {
     }
 }
 
-pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks, max_failures, cascade, cascade_of, sample, definition, batch_size, project, warehouses";
+pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks, max_failures, cascade, cascade_of, sample, definition, batch_size, project, warehouses, owner_start";
 
 pub fn from_row(r: &Row<'_>) -> super::db::Result<Backfill> {
     let reprocess: String = r.get(6)?;
@@ -181,6 +184,7 @@ pub fn from_row(r: &Row<'_>) -> super::db::Result<Backfill> {
         batch_size: r.get(28)?,
         project: r.get(29)?,
         warehouses: r.get(30)?,
+        owner_start: r.get(31)?,
     })
 }
 
@@ -255,8 +259,8 @@ pub fn insert(conn: &Conn, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
         "INSERT INTO backfills (dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior,
             max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host,
             heartbeat_at, created_at, epoch, planning, kind, source_backfill, tasks, max_failures,
-            cascade, cascade_of, sample, definition, batch_size, project, warehouses)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)
+            cascade, cascade_of, sample, definition, batch_size, project, warehouses, owner_start)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)
          RETURNING id",
         params![
             b.dag_id,
@@ -285,7 +289,8 @@ pub fn insert(conn: &Conn, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
             b.definition,
             b.batch_size,
             b.project,
-            b.warehouses
+            b.warehouses,
+            ctx.start
         ],
         |r| r.get(0),
     )?;
@@ -427,14 +432,16 @@ pub fn take_ownership(
         conn.execute(
             "UPDATE backfills SET state = ?2, epoch = ?3, owner_pid = ?4, owner_host = ?5,
                 heartbeat_at = ?6, cancel_requested = 0, finished_at = NULL,
-                runs_before = (SELECT COALESCE(MAX(id), 0) FROM runs) WHERE id = ?1",
+                runs_before = (SELECT COALESCE(MAX(id), 0) FROM runs), owner_start = ?7
+             WHERE id = ?1",
             params![
                 backfill_id,
                 BackfillState::Running,
                 epoch,
                 ctx.pid,
                 ctx.host,
-                ctx.now_ms
+                ctx.now_ms,
+                ctx.start
             ],
         )?;
     } else {

@@ -1,9 +1,13 @@
 //! Leases: who may run an interval.
 //!
-//! A lease names its owner backfill; the owner row carries pid, host, heartbeat and epoch. An
-//! owner is alive while it is `running`, has sent a heartbeat within the lease timeout, and —
-//! when it runs on this host — its process exists; an owner on another host (another machine,
-//! or a container with a host name and process ids of its own) is judged by its lease alone. A lease whose owner is not alive is stale:
+//! A lease names its owner backfill; the owner row carries pid, process start, host, heartbeat
+//! and epoch. An owner is alive while it is `running`, has sent a heartbeat within the lease
+//! timeout, and — when it runs on this host — its process exists; an owner on another host
+//! (another machine, or a container with a host name and process ids of its own) is judged by
+//! its lease alone. An owner of this host whose very process (its pid and start) runs, not
+//! stopped, is alive whatever its heartbeat's age: this host's wall clock may have jumped, its
+//! process did not die (a stopped one is judged by its heartbeat, so that a frozen owner is
+//! taken over once its lease expired). A lease whose owner is not alive is stale:
 //! its owner must be recovered (claimed with a new epoch, its processes killed, its runs
 //! recorded; see `recovery`) before anyone else takes the lease. So a lease is only ever
 //! replaced when its owner is no longer `running` and its run is finished.
@@ -31,6 +35,8 @@ pub struct LeaseCtx {
     pub now_ms: i64,
     pub host: String,
     pub pid: i64,
+    /// When this process started (clock ticks since boot), recorded with its pid.
+    pub start: Option<i64>,
     pub timeout_ms: i64,
     /// What is alive on this host.
     pub here: &'static dyn Host,
@@ -38,10 +44,12 @@ pub struct LeaseCtx {
 
 impl LeaseCtx {
     pub fn new(timeout: Duration, here: &'static dyn Host) -> Self {
+        let pid = i64::from(std::process::id());
         Self {
             now_ms: now_ms(),
             host: here.name(),
-            pid: i64::from(std::process::id()),
+            pid,
+            start: here.start_of(pid),
             timeout_ms: i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX),
             here,
         }
@@ -61,11 +69,12 @@ impl LeaseCtx {
         }
     }
 
-    /// Whether a backfill with this owner information is alive.
+    /// Whether a backfill with this owner information (its process's pid and start, its host,
+    /// its last heartbeat) is alive.
     pub fn owner_alive(
         &self,
         state: BackfillState,
-        pid: Option<i64>,
+        (pid, start): (Option<i64>, Option<i64>),
         host: Option<&str>,
         heartbeat_ms: Option<i64>,
     ) -> bool {
@@ -76,7 +85,16 @@ impl LeaseCtx {
         // Its pid is looked at only when it was recorded in this very PID namespace: an owner
         // recorded by its host name alone (an earlier version) may have run in a container
         // that shares the name, so it is judged by its lease alone.
-        fresh && (host != Some(self.host.as_str()) || pid.is_some_and(|p| self.here.pid_alive(p)))
+        if host != Some(self.host.as_str()) {
+            return fresh;
+        }
+        let Some(pid) = pid.filter(|&p| self.here.pid_alive(p)) else {
+            return false;
+        };
+        // The very process that recorded itself (not a later one given its pid), running: alive,
+        // whatever this host's wall clock says of its heartbeat.
+        fresh
+            || start.is_some_and(|s| self.here.start_of(pid) == Some(s) && !self.here.stopped(pid))
     }
 
     /// Whether a heartbeat is within the lease timeout of this context's "now".
@@ -123,7 +141,7 @@ pub fn held(
 ) -> Result<HashSet<i64>> {
     let mut stmt = conn.prepare_cached(
         "SELECT l.interval_start, b.state, b.owner_pid, b.owner_host, b.heartbeat_at,
-                r.state, t.pgid, t.pgid_start, t.host
+                r.state, t.pgid, t.pgid_start, t.host, b.owner_start
          FROM leases l JOIN backfills b ON b.id = l.backfill_id
          LEFT JOIN runs r ON r.id = l.run_id
          LEFT JOIN task_tries t ON t.run_id = l.run_id AND t.state = 'running' AND t.pgid IS NOT NULL
@@ -144,7 +162,7 @@ pub fn held(
                     pgid,
                     leader_start: r.get(7).ok().flatten(),
                 });
-                ctx.owner_alive(state, r.get(2)?, host.as_deref(), r.get(4)?)
+                ctx.owner_alive(state, (r.get(2)?, r.get(9)?), host.as_deref(), r.get(4)?)
                     || group.is_some_and(|g| ctx.group_may_run(try_host.as_deref(), g))
             }
         };
@@ -160,14 +178,20 @@ pub fn held(
 /// [`live`]).
 pub fn stale(conn: &Conn, dag_id: &str, ctx: &LeaseCtx) -> Result<Vec<(i64, i64)>> {
     let mut stmt = conn.prepare_cached(
-        "SELECT l.interval_start, l.backfill_id, b.state, b.owner_pid, b.owner_host, b.heartbeat_at
+        "SELECT l.interval_start, l.backfill_id, b.state, b.owner_pid, b.owner_host, b.heartbeat_at,
+                b.owner_start
          FROM leases l JOIN backfills b ON b.id = l.backfill_id WHERE l.dag_id = ?1",
     )?;
     let mut rows = stmt.query([dag_id])?;
     let mut stale = Vec::new();
     while let Some(r) = rows.next()? {
         let host: Option<String> = r.get(4)?;
-        if !ctx.owner_alive(r.get(2)?, r.get(3)?, host.as_deref(), r.get(5)?) {
+        if !ctx.owner_alive(
+            r.get(2)?,
+            (r.get(3)?, r.get(6)?),
+            host.as_deref(),
+            r.get(5)?,
+        ) {
             stale.push((r.get(0)?, r.get(1)?));
         }
     }
@@ -300,11 +324,17 @@ pub fn reserve_batch(
     }
     let owner_alive = if holds.iter().any(|&(_, by)| by == 0) {
         conn.prepare_cached(
-            "SELECT state, owner_pid, owner_host, heartbeat_at FROM backfills WHERE id = ?1",
+            "SELECT state, owner_pid, owner_host, heartbeat_at, owner_start FROM backfills
+             WHERE id = ?1",
         )?
         .query_row([backfill_id], |r| {
             let host: Option<String> = r.get(2)?;
-            Ok(ctx.owner_alive(r.get(0)?, r.get(1)?, host.as_deref(), r.get(3)?))
+            Ok(ctx.owner_alive(
+                r.get(0)?,
+                (r.get(1)?, r.get(4)?),
+                host.as_deref(),
+                r.get(3)?,
+            ))
         })
         .optional()?
         .unwrap_or(false)
@@ -381,6 +411,7 @@ mod tests {
             now_ms,
             host: "here".into(),
             pid: 1,
+            start: None,
             timeout_ms: 30_000,
             here: &crate::process::LOCAL,
         }
@@ -462,35 +493,78 @@ mod tests {
             now_ms: 100_000,
             host: "here".into(),
             pid: 1,
+            start: None,
             timeout_ms: 30_000,
             here: &crate::process::LOCAL,
         };
         let me = i64::from(std::process::id());
         let running = BackfillState::Running;
-        assert!(ctx.owner_alive(running, Some(me), Some("here"), Some(90_000)));
+        assert!(ctx.owner_alive(running, (Some(me), None), Some("here"), Some(90_000)));
         // Silent for longer than the timeout.
-        assert!(!ctx.owner_alive(running, Some(me), Some("here"), Some(60_000)));
+        assert!(!ctx.owner_alive(running, (Some(me), None), Some("here"), Some(60_000)));
         // Finished owners hold nothing.
         assert!(!ctx.owner_alive(
             BackfillState::Cancelled,
-            Some(me),
+            (Some(me), None),
             Some("here"),
             Some(90_000)
         ));
         // A dead pid on this host.
         assert!(!ctx.owner_alive(
             running,
-            Some(i64::from(i32::MAX)),
+            (Some(i64::from(i32::MAX)), None),
             Some("here"),
             Some(90_000)
         ));
         // Another host: only the heartbeat can tell.
         assert!(ctx.owner_alive(
             running,
-            Some(i64::from(i32::MAX)),
+            (Some(i64::from(i32::MAX)), None),
             Some("there"),
             Some(90_000)
         ));
+        // This very process (its pid and start), running: alive whatever its heartbeat's age
+        // says (this host's clock jumped ahead); recorded without its start, or with another
+        // start (its pid given to a later process), by its heartbeat.
+        let started = crate::process::start_time(me);
+        assert!(started.is_some());
+        assert!(ctx.owner_alive(running, (Some(me), started), Some("here"), Some(0)));
+        assert!(ctx.owner_alive(running, (Some(me), started), Some("here"), None));
+        assert!(!ctx.owner_alive(running, (Some(me), None), Some("here"), Some(0)));
+        let other = started.map(|s| s + 1);
+        assert!(!ctx.owner_alive(running, (Some(me), other), Some("here"), Some(0)));
+        // Stopped (SIGSTOP, a debugger): by its heartbeat, so that a frozen owner is taken over.
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = i64::from(child.id());
+        let start = crate::process::start_time(pid);
+        let stop = |sig| {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
+        };
+        stop(nix::sys::signal::Signal::SIGSTOP);
+        let frozen = (0..200).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            crate::liveness::is_stopped(pid)
+        });
+        let judged_frozen = ctx.owner_alive(running, (Some(pid), start), Some("here"), Some(0));
+        let judged_frozen_fresh =
+            ctx.owner_alive(running, (Some(pid), start), Some("here"), Some(90_000));
+        stop(nix::sys::signal::Signal::SIGCONT);
+        let thawed = (0..200).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            !crate::liveness::is_stopped(pid)
+        });
+        let judged_thawed = ctx.owner_alive(running, (Some(pid), start), Some("here"), Some(0));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(frozen && thawed);
+        assert!(!judged_frozen);
+        assert!(judged_frozen_fresh);
+        assert!(judged_thawed);
+        // On another host, a start means nothing here.
+        assert!(!ctx.owner_alive(running, (Some(me), started), Some("there"), Some(0)));
         // A try's group here runs while a member is alive; one on another host is judged by
         // its owner's lease alone.
         let gone = Group {

@@ -63,7 +63,8 @@ pub fn take(
 }
 
 /// A slot's try: its id, state, process group (pgid, leader start) and host, and the state,
-/// pid, host and heartbeat of the process that runs it (its backfill's owner, or its worker).
+/// pid, host, heartbeat and start of the process that runs it (its backfill's owner, or its
+/// worker).
 type Holder = (
     i64,
     String,
@@ -73,6 +74,7 @@ type Holder = (
     BackfillState,
     Option<i64>,
     Option<String>,
+    Option<i64>,
     Option<i64>,
 );
 
@@ -87,7 +89,8 @@ fn free_dead(conn: &Conn, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate::liven
                     CASE WHEN w.id IS NULL THEN b.state ELSE w.state END,
                     CASE WHEN w.id IS NULL THEN b.owner_pid ELSE w.pid END,
                     CASE WHEN w.id IS NULL THEN b.owner_host ELSE w.host END,
-                    CASE WHEN w.id IS NULL THEN b.heartbeat_at ELSE w.heartbeat_at END
+                    CASE WHEN w.id IS NULL THEN b.heartbeat_at ELSE w.heartbeat_at END,
+                    CASE WHEN w.id IS NULL THEN b.owner_start ELSE w.start END
              FROM pool_slots s JOIN backfills b ON b.id = s.backfill_id
              LEFT JOIN task_tries t ON t.id = s.try_id
              LEFT JOIN runs r ON r.id = t.run_id
@@ -105,14 +108,17 @@ fn free_dead(conn: &Conn, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate::liven
                 r.get(6)?,
                 r.get(7)?,
                 r.get(8)?,
+                r.get(9)?,
             ))
         })?
         .collect::<super::db::Result<_>>()?;
     let mut survivors = Vec::new();
-    for (try_id, try_state, pgid, leader_start, try_host, state, pid, host, heartbeat) in holders {
+    for (try_id, try_state, pgid, leader_start, try_host, state, pid, host, heartbeat, start) in
+        holders
+    {
         let free = if try_state != "running" {
             true
-        } else if ctx.owner_alive(state, pid, host.as_deref(), heartbeat) {
+        } else if ctx.owner_alive(state, (pid, start), host.as_deref(), heartbeat) {
             false
         } else {
             let gone = match pgid {

@@ -58,6 +58,10 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
         7,
         include_str!("../../migrations/postgres/0007_project.sql"),
     ),
+    (
+        8,
+        include_str!("../../migrations/postgres/0008_owner_start.sql"),
+    ),
 ];
 
 /// The longest the server lets a manifest session sit idle inside a transaction before it ends

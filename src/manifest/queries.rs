@@ -70,6 +70,9 @@ pub struct BackfillSummary {
     /// The owner's last heartbeat (unix milliseconds), to judge `owner_alive`.
     #[serde(skip)]
     pub heartbeat_at: Option<i64>,
+    /// When the owner's process started, to judge `owner_alive`.
+    #[serde(skip)]
+    pub owner_start: Option<i64>,
     pub intervals: Counts,
     /// `run`, `stage`, `promote` or `rollback`.
     pub kind: String,
@@ -144,6 +147,7 @@ fn summary(b: Backfill, counts: Counts) -> BackfillSummary {
         owner_host: b.owner_host,
         owner_alive: false,
         heartbeat_at: b.heartbeat_at,
+        owner_start: b.owner_start,
         intervals: counts,
         kind: b.kind.as_str().to_string(),
         source_backfill: b.source_backfill,

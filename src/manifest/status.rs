@@ -125,15 +125,19 @@ pub struct LeaseView {
     pub heartbeat_ms: Option<i64>,
     pub heartbeat_at: Option<String>,
     pub backfill_state: crate::state::BackfillState,
+    /// When the owner's process started, to judge it.
+    #[serde(skip)]
+    pub owner_start: Option<i64>,
 }
 
 /// The leases held, by backfill.
 pub fn leases(conn: &Conn) -> Result<Vec<LeaseView>> {
     let mut stmt = conn.prepare(
         "SELECT l.backfill_id, l.dag_id, COUNT(*), MIN(l.interval_start), MAX(l.interval_start),
-                b.owner_host, b.owner_pid, b.heartbeat_at, b.state
+                b.owner_host, b.owner_pid, b.heartbeat_at, b.state, b.owner_start
          FROM leases l JOIN backfills b ON b.id = l.backfill_id
-         GROUP BY l.backfill_id, l.dag_id, b.owner_host, b.owner_pid, b.heartbeat_at, b.state
+         GROUP BY l.backfill_id, l.dag_id, b.owner_host, b.owner_pid, b.heartbeat_at, b.state,
+                  b.owner_start
          ORDER BY l.backfill_id",
     )?;
     let rows = stmt.query_map([], |r| {
@@ -149,6 +153,7 @@ pub fn leases(conn: &Conn) -> Result<Vec<LeaseView>> {
             heartbeat_ms: heartbeat,
             heartbeat_at: heartbeat.map(ms_to_rfc3339),
             backfill_state: r.get(8)?,
+            owner_start: r.get(9)?,
         })
     })?;
     Ok(rows.collect::<super::db::Result<_>>()?)

@@ -24,6 +24,8 @@ pub struct Worker {
     pub id: i64,
     pub backfill_id: i64,
     pub pid: Option<i64>,
+    /// When its process started (clock ticks since its host's boot), if recorded.
+    pub start: Option<i64>,
     pub host: Option<String>,
     pub heartbeat_at: Option<i64>,
     pub epoch: i64,
@@ -37,14 +39,14 @@ impl Worker {
     pub fn alive(&self, ctx: &LeaseCtx) -> bool {
         ctx.owner_alive(
             self.state,
-            self.pid,
+            (self.pid, self.start),
             self.host.as_deref(),
             self.heartbeat_at,
         )
     }
 }
 
-const COLUMNS: &str = "id, backfill_id, pid, host, heartbeat_at, epoch, state, max_active_runs, started_at, finished_at";
+const COLUMNS: &str = "id, backfill_id, pid, host, heartbeat_at, epoch, state, max_active_runs, started_at, finished_at, start";
 
 fn from_row(r: &super::db::Row<'_>) -> super::db::Result<Worker> {
     Ok(Worker {
@@ -58,6 +60,7 @@ fn from_row(r: &super::db::Row<'_>) -> super::db::Result<Worker> {
         max_active_runs: r.get(7)?,
         started_at: r.get(8)?,
         finished_at: r.get(9)?,
+        start: r.get(10)?,
     })
 }
 
@@ -75,15 +78,16 @@ pub fn of(conn: &Conn, backfill_id: i64) -> Result<Vec<Worker>> {
 pub fn join(conn: &Conn, backfill_id: i64, max_active_runs: u32, ctx: &LeaseCtx) -> Result<Owner> {
     let id: i64 = conn.query_row(
         "INSERT INTO workers (backfill_id, pid, host, heartbeat_at, epoch, state, max_active_runs,
-            started_at)
-         VALUES (?1, ?2, ?3, ?4, 0, ?5, ?6, ?4) RETURNING id",
+            started_at, start)
+         VALUES (?1, ?2, ?3, ?4, 0, ?5, ?6, ?4, ?7) RETURNING id",
         params![
             backfill_id,
             ctx.pid,
             ctx.host,
             ctx.now_ms,
             BackfillState::Running,
-            max_active_runs
+            max_active_runs,
+            ctx.start
         ],
         |r| r.get(0),
     )?;

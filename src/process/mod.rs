@@ -133,6 +133,19 @@ impl crate::liveness::Host for Local {
     fn group_alive(&self, group: Group) -> bool {
         group_alive(group)
     }
+
+    fn start_of(&self, pid: i64) -> Option<i64> {
+        // This process's own, asked for by every lease context it makes: read once.
+        static OWN: std::sync::OnceLock<Option<i64>> = std::sync::OnceLock::new();
+        if pid == i64::from(std::process::id()) {
+            return *OWN.get_or_init(|| start_time(pid));
+        }
+        start_time(pid)
+    }
+
+    fn stopped(&self, pid: i64) -> bool {
+        crate::liveness::is_stopped(pid)
+    }
 }
 
 /// What a child printed with [`Output::Capture`], filled while it runs.

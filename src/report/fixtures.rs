@@ -50,6 +50,7 @@ pub fn backfill() -> BackfillSummary {
         created_at: "2026-02-01T09:30:00Z".into(),
         finished_at: Some("2026-02-01T09:31:05Z".into()),
         owner_pid: None,
+        owner_start: None,
         owner_host: None,
         owner_alive: false,
         heartbeat_at: None,

@@ -843,7 +843,7 @@ fn health(l: &LeaseView, ctx: &LeaseCtx) -> &'static str {
     }
     if !ctx.owner_alive(
         l.backfill_state,
-        l.owner_pid,
+        (l.owner_pid, l.owner_start),
         l.owner_host.as_deref(),
         l.heartbeat_ms,
     ) {
@@ -899,6 +899,7 @@ mod tests {
             now_ms: 1_000_000,
             host: "here".into(),
             pid: 1,
+            start: None,
             timeout_ms: 30_000,
             here: &crate::process::LOCAL,
         };
@@ -913,6 +914,7 @@ mod tests {
             heartbeat_ms: age.map(|a| ctx.now_ms - a),
             heartbeat_at: None,
             backfill_state: state,
+            owner_start: None,
         };
         let running = BackfillState::Running;
         let me = i64::from(std::process::id());

@@ -38,6 +38,10 @@ pub struct LeaseCtx {
     /// When this process started (clock ticks since boot), recorded with its pid.
     pub start: Option<i64>,
     pub timeout_ms: i64,
+    /// A heartbeat this process watched stay as it was for a whole lease timeout, on its own
+    /// monotonic clock: stale, whatever its time says (a clock set back makes a heartbeat look
+    /// newer than it is).
+    pub silent: Option<i64>,
     /// What is alive on this host.
     pub here: &'static dyn Host,
 }
@@ -51,6 +55,7 @@ impl LeaseCtx {
             pid,
             start: here.start_of(pid),
             timeout_ms: i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX),
+            silent: None,
             here,
         }
     }
@@ -97,9 +102,21 @@ impl LeaseCtx {
             || start.is_some_and(|s| self.here.start_of(pid) == Some(s) && !self.here.stopped(pid))
     }
 
-    /// Whether a heartbeat is within the lease timeout of this context's "now".
+    /// Whether a heartbeat is within the lease timeout of this context's "now" (and not one
+    /// watched stay silent, see [`LeaseCtx::silent`]).
     pub fn fresh(&self, heartbeat_ms: Option<i64>) -> bool {
-        heartbeat_ms.is_some_and(|hb| self.now_ms.saturating_sub(hb) < self.timeout_ms)
+        heartbeat_ms.is_some_and(|hb| {
+            Some(hb) != self.silent && self.now_ms.saturating_sub(hb) < self.timeout_ms
+        })
+    }
+
+    /// This context, with `heartbeat` watched silent for a lease timeout (see
+    /// [`LeaseCtx::silent`]).
+    pub fn with_silent(&self, heartbeat: Option<i64>) -> Self {
+        Self {
+            silent: heartbeat,
+            ..self.clone()
+        }
     }
 
     pub fn is_here(&self, host: Option<&str>) -> bool {
@@ -413,6 +430,7 @@ mod tests {
             pid: 1,
             start: None,
             timeout_ms: 30_000,
+            silent: None,
             here: &crate::process::LOCAL,
         }
     }
@@ -495,6 +513,7 @@ mod tests {
             pid: 1,
             start: None,
             timeout_ms: 30_000,
+            silent: None,
             here: &crate::process::LOCAL,
         };
         let me = i64::from(std::process::id());

@@ -105,9 +105,18 @@ pub fn resume_found(
     let writer = Writer::open(manifest_path, project.durability)?;
     let ctx = LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL);
     let dags = Dags::of(project);
-    let mut waited = false;
+    let lease_ms = i64::try_from(project.lease_timeout.as_millis()).unwrap_or(i64::MAX);
+    // With `wait`: the owner's heartbeat as first seen, and when (this process's monotonic
+    // clock). Unchanged after a whole lease timeout, it is stale whatever its time says.
+    let mut watched: Option<(Option<i64>, std::time::Instant)> = None;
     let taken = loop {
-        if let Some(taken) = recovery::take_over(&writer, id, &ctx.refreshed())? {
+        let judge = match watched {
+            Some((heartbeat, since)) if since.elapsed() >= project.lease_timeout => {
+                ctx.refreshed().with_silent(heartbeat)
+            }
+            _ => ctx.refreshed(),
+        };
+        if let Some(taken) = recovery::take_over(&writer, id, &judge)? {
             break taken;
         }
         let reader = manifest::open_read_only(manifest_path)?;
@@ -116,33 +125,46 @@ pub fn resume_found(
             writer.close();
             return Err(unknown_backfill(id, manifest_path));
         };
-        // The lease left, by the manifest's clock: what another host judges it by.
+        // The lease left, by the manifest's clock: what another host judges it by. Never more
+        // than a lease timeout: a heartbeat from the future is a clock that was set back.
         let now = reader
             .clock_ms(clock::now_ms())
             .map_err(|e| e.at(manifest_path))?;
-        let lease_ms = i64::try_from(project.lease_timeout.as_millis()).unwrap_or(i64::MAX);
         let left = b
             .heartbeat_at
-            .map_or(0, |h| h.saturating_add(lease_ms).saturating_sub(now));
-        if wait && !waited && b.state == crate::state::BackfillState::Running {
-            waited = true;
-            let left = std::time::Duration::from_millis(u64::try_from(left.max(0)).unwrap_or(0));
+            .map_or(0, |h| h.saturating_add(lease_ms).saturating_sub(now))
+            .clamp(0, lease_ms);
+        if wait && watched.is_none() && b.state == crate::state::BackfillState::Running {
+            watched = Some((b.heartbeat_at, std::time::Instant::now()));
+            let left = std::time::Duration::from_millis(u64::try_from(left).unwrap_or(0));
+            let ahead = b.heartbeat_at.map_or(0, |h| h.saturating_sub(now)).max(0);
             super::note(
                 g,
                 &format!(
-                    "backfill {id}'s owner (pid {}, host {}) holds its lease for {} more unless it beats again: waiting for it to expire",
+                    "backfill {id}'s owner (pid {}, host {}) holds its lease for {} more unless it beats again: waiting for it to expire{}",
                     b.owner_pid.map_or("?".to_string(), |p| p.to_string()),
                     b.owner_host
                         .as_deref()
                         .map_or("?", crate::liveness::host_name),
                     humantime::format_duration(std::time::Duration::from_millis(
                         u64::try_from(left.as_millis() / 100 * 100).unwrap_or(0)
-                    ))
+                    )),
+                    if ahead > 1000 {
+                        format!(
+                            " (its last heartbeat is {} ahead of this host's clock, which was set back since: it counts as written now)",
+                            humantime::format_duration(std::time::Duration::from_secs(
+                                u64::try_from(ahead / 1000).unwrap_or(0)
+                            ))
+                        )
+                    } else {
+                        String::new()
+                    }
                 ),
             );
             std::thread::sleep(left + std::time::Duration::from_millis(200));
             continue;
         }
+        let beat_again = watched.is_some_and(|(heartbeat, _)| heartbeat != b.heartbeat_at);
         writer.close();
         return Err(Error::Usage(format!(
             "backfill {id} is still running (pid {}, host {}){}; wait for it, or stop it with `{}`",
@@ -150,7 +172,7 @@ pub fn resume_found(
             b.owner_host
                 .as_deref()
                 .map_or("?", crate::liveness::host_name),
-            if waited {
+            if beat_again {
                 ": its owner beat again while this waited"
             } else {
                 ""

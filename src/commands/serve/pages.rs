@@ -901,6 +901,7 @@ mod tests {
             pid: 1,
             start: None,
             timeout_ms: 30_000,
+            silent: None,
             here: &crate::process::LOCAL,
         };
         let lease = |state: BackfillState, host: &str, pid: i64, age: Option<i64>| LeaseView {

@@ -95,7 +95,11 @@ fn large_manifest(dir: &std::path::Path, intervals: &[DataInterval]) -> manifest
         else {
             panic!("the run of {i:?} did not start");
         };
-        runs::finish_run(&conn, owner, run, RunState::Succeeded, None, 1).unwrap();
+        let end = backfill::clock::End {
+            now_ms: 1,
+            elapsed_ms: None,
+        };
+        runs::finish_run(&conn, owner, run, RunState::Succeeded, None, end).unwrap();
     }
     conn.execute_batch("COMMIT").unwrap();
     conn

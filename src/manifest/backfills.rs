@@ -13,6 +13,7 @@ use super::db::{Conn, Row};
 
 use super::leases::LeaseCtx;
 use super::{Error, Result};
+use crate::clock::End;
 use crate::plan::Reprocess;
 use crate::state::{BackfillKind, BackfillState};
 
@@ -376,12 +377,17 @@ pub fn heartbeat(conn: &Conn, fenced: Fenced, now_ms: i64) -> Result<Heartbeat> 
     })
 }
 
-/// Records the end of a backfill by its owner and releases whatever leases it still holds.
-pub fn finish(conn: &Conn, fenced: Fenced, state: BackfillState, now_ms: i64) -> Result<()> {
+/// Records the end of a backfill by its owner and releases whatever leases it still holds: its
+/// creation plus the time since when this process created it, else now but never before its
+/// creation.
+pub fn finish(conn: &Conn, fenced: Fenced, state: BackfillState, end: End) -> Result<()> {
     let owner = fenced.owner();
     conn.execute(
-        "UPDATE backfills SET state = ?2, finished_at = ?3, heartbeat_at = ?3 WHERE id = ?1",
-        params![owner.backfill_id, state, now_ms],
+        &format!(
+            "UPDATE backfills SET state = ?2, finished_at = {}, heartbeat_at = ?3 WHERE id = ?1",
+            super::runs::ended("created_at", "?3", "?4")
+        ),
+        params![owner.backfill_id, state, end.now_ms, end.elapsed_ms],
     )?;
     // A run still in progress holds a try that could not be stopped: its lease stays, so that
     // its interval is not run again until the try is gone.
@@ -447,10 +453,13 @@ pub fn take_ownership(
     } else {
         // Only a running backfill changes state; a finished one keeps it.
         conn.execute(
-            "UPDATE backfills SET epoch = ?2,
-                state = CASE WHEN state = 'running' THEN 'cancelled' ELSE state END,
-                finished_at = CASE WHEN state = 'running' THEN ?3 ELSE finished_at END
-             WHERE id = ?1",
+            &format!(
+                "UPDATE backfills SET epoch = ?2,
+                    state = CASE WHEN state = 'running' THEN 'cancelled' ELSE state END,
+                    finished_at = CASE WHEN state = 'running' THEN {} ELSE finished_at END
+                 WHERE id = ?1",
+                super::runs::ended("created_at", "?3", "NULL")
+            ),
             params![backfill_id, epoch, ctx.now_ms],
         )?;
     }

@@ -416,6 +416,15 @@ impl Conn {
         }
     }
 
+    /// `end` at the manifest's clock (see [`Conn::now_ms`]); the time since its start that it
+    /// carries is the process's own.
+    pub fn at_manifest(&self, end: crate::clock::End) -> Result<crate::clock::End> {
+        Ok(crate::clock::End {
+            now_ms: self.now_ms(end.now_ms)?,
+            ..end
+        })
+    }
+
     /// A backfill's epoch and state as read earlier in this writer's transaction (PostgreSQL:
     /// a round trip saved; the writers' lock keeps every other writer out until it commits, and
     /// this transaction's own writes to `backfills` forget what was read).

@@ -138,11 +138,12 @@ fn free_dead(conn: &Conn, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate::liven
                 // cancelled, so that its owner, should it only be frozen and wake up, cannot
                 // start it, or another step of it, beside the slot's next holder. (A decided
                 // publish is left to recovery: it reads no source.)
-                conn.prepare_cached(
-                    "UPDATE task_tries SET state = 'cancelled', ended_at = ?2,
+                conn.prepare_cached(&format!(
+                    "UPDATE task_tries SET state = 'cancelled', ended_at = {},
                         error = 'its backfill''s owner was gone; its pool slot was given to another try'
                      WHERE id = ?1 AND state = 'running' AND publishing = 0",
-                )?
+                    super::runs::ended("started_at", "?2", "NULL")
+                ))?
                 .execute(params![try_id, ctx.now_ms])?;
             }
             gone

@@ -67,7 +67,8 @@ pub fn record_publish_intent(
 pub const IN_PUBLISH: &str = "WITH now AS (
      SELECT CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS bigint) AS ms),
  ended AS (
-     UPDATE backfill_manifest.task_tries SET state = 'succeeded', ended_at = (SELECT ms FROM now),
+     UPDATE backfill_manifest.task_tries SET state = 'succeeded',
+         ended_at = GREATEST((SELECT ms FROM now), started_at),
          rows = $2, fingerprint = $3, source_rows = $4, previous_rows = $5, verdict = $6,
          reasons = $7, source_fingerprint = $8, publishing = 0
      WHERE id = $1 AND state = 'running'

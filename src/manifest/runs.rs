@@ -10,6 +10,7 @@ use super::db::{Conn, Params, Row, Step};
 
 use super::Result;
 use super::backfills::{Fenced, Owner};
+use crate::clock::End;
 use crate::interval::DataInterval;
 use crate::liveness::Group;
 use crate::state::{RunState, TryState};
@@ -335,6 +336,17 @@ pub fn in_progress(conn: &Conn, run_id: i64) -> Result<bool> {
         .is_some_and(|s| !s.is_finished()))
 }
 
+/// The end of a row that started at column `started`, as SQL: the start plus `elapsed` (the
+/// milliseconds since, on the monotonic clock of the process that recorded the start), else
+/// `now` but never before the start. A wall clock set back while it ran cannot make it end
+/// before it began (see [`crate::clock::End`]).
+pub(super) fn ended(started: &str, now: &str, elapsed: &str) -> String {
+    format!(
+        "CASE WHEN CAST({elapsed} AS bigint) IS NOT NULL THEN {started} + CAST({elapsed} AS bigint)
+              WHEN CAST({now} AS bigint) < {started} THEN {started} ELSE CAST({now} AS bigint) END"
+    )
+}
+
 /// Records a finished run and releases its lease.
 pub fn finish_run(
     conn: &Conn,
@@ -342,37 +354,37 @@ pub fn finish_run(
     run_id: i64,
     state: RunState,
     error: Option<&str>,
-    now_ms: i64,
+    end: End,
 ) -> Result<()> {
-    end_run(conn, run_id, state, error, now_ms)
+    end_run(conn, run_id, state, error, end)
 }
 
+/// `UPDATE runs` of [`end_run`]: the run `?1` ends in state `?2` with error `?4` (now `?3`,
+/// `?5` milliseconds after its start).
+static END_RUN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "UPDATE runs SET state = ?2, ended_at = {}, error = ?4
+         WHERE id = ?1 AND state IN ('queued', 'running')",
+        ended("started_at", "?3", "?5")
+    )
+});
+
 /// Ends a run still in progress and releases the lease it holds.
-fn end_run(
-    conn: &Conn,
-    run_id: i64,
-    state: RunState,
-    error: Option<&str>,
-    now_ms: i64,
-) -> Result<()> {
+fn end_run(conn: &Conn, run_id: i64, state: RunState, error: Option<&str>, end: End) -> Result<()> {
+    let values = params![run_id, state, end.now_ms, error, end.elapsed_ms];
     if conn.is_postgres() {
         // One round trip: the run ended, and its lease (joined by primary key) released.
-        conn.prepare_cached(
-            "WITH ended AS (
-                 UPDATE runs SET state = ?2, ended_at = ?3, error = ?4
-                 WHERE id = ?1 AND state IN ('queued', 'running'))
+        conn.prepare_cached(&format!(
+            "WITH ended AS ({})
              DELETE FROM leases l USING runs r
              WHERE r.id = ?1 AND l.dag_id = r.dag_id AND l.interval_start = r.interval_start
                AND l.backfill_id = r.backfill_id",
-        )?
-        .execute(params![run_id, state, now_ms, error])?;
+            *END_RUN
+        ))?
+        .execute(values)?;
         return Ok(());
     }
-    conn.prepare_cached(
-        "UPDATE runs SET state = ?2, ended_at = ?3, error = ?4
-         WHERE id = ?1 AND state IN ('queued', 'running')",
-    )?
-    .execute(params![run_id, state, now_ms, error])?;
+    conn.prepare_cached(&END_RUN)?.execute(values)?;
     // By primary key: the lease of this run's interval, if this run's backfill holds it. (A
     // `DELETE ... WHERE (key) IN (SELECT ...)` would build a temporary table for every run.)
     let key = conn
@@ -582,29 +594,35 @@ pub fn finish_try(
     _fenced: Fenced,
     try_id: i64,
     rec: &TryRecord,
-    now_ms: i64,
+    end: End,
 ) -> Result<()> {
-    end_try(conn, try_id, rec, now_ms)
+    end_try(conn, try_id, rec, end)
 }
 
-/// A try's end: its record in `?2` to `?19`, the try `?1`, if it is still running.
-const END_TRY: &str = "UPDATE task_tries SET state = ?2, ended_at = ?3, exit_code = ?4, error = ?5,
+/// A try's end: its record in `?2` to `?19`, the try `?1`, if it is still running; `?3` is now
+/// and `?20` the milliseconds since its start (see [`ended`]).
+static END_TRY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "UPDATE task_tries SET state = ?2, ended_at = {}, exit_code = ?4, error = ?5,
         rows = ?6, partitions = ?7, inputs = ?8, fingerprint = ?9, source_rows = ?10,
         previous_rows = ?11, verdict = ?12, reasons = ?13, source_fingerprint = ?14, staged = ?15,
         staged_path = ?16, promoted_from = ?17, restored_from = ?18, batch = ?19, publishing = 0
-     WHERE id = ?1 AND state = 'running'";
+     WHERE id = ?1 AND state = 'running'",
+        ended("started_at", "?3", "?20")
+    )
+});
 
 /// The values of [`END_TRY`], then `more`.
 fn end_try_values<'a>(
     try_id: &'a i64,
     rec: &'a TryRecord,
-    now_ms: &'a i64,
+    end: &'a End,
     more: &[&'a dyn rusqlite::ToSql],
 ) -> Vec<&'a dyn rusqlite::ToSql> {
     let mut v: Vec<&dyn rusqlite::ToSql> = vec![
         try_id,
         &rec.state,
-        now_ms,
+        &end.now_ms,
         &rec.exit_code,
         &rec.error,
         &rec.rows,
@@ -621,6 +639,7 @@ fn end_try_values<'a>(
         &rec.promoted_from,
         &rec.restored_from,
         &rec.batch,
+        &end.elapsed_ms,
     ];
     v.extend_from_slice(more);
     v
@@ -637,22 +656,29 @@ pub fn finish_try_and_run(
     run_id: i64,
     state: RunState,
     error: Option<&str>,
-    now_ms: i64,
+    (try_end, run_end): (End, End),
 ) -> Result<Step<()>> {
     if !conn.is_postgres() || rec.staged == Some(crate::state::StagedState::Staged) {
-        finish_try(conn, fenced, try_id, rec, now_ms)?;
-        return finish_run(conn, fenced, run_id, state, error, now_ms).map(Step::Done);
+        finish_try(conn, fenced, try_id, rec, try_end)?;
+        return finish_run(conn, fenced, run_id, state, error, run_end).map(Step::Done);
     }
-    let values = end_try_values(&try_id, rec, &now_ms, &[&state, &error, &run_id]);
+    let values = end_try_values(
+        &try_id,
+        rec,
+        &try_end,
+        &[&state, &error, &run_id, &run_end.elapsed_ms],
+    );
     conn.defer(
         &format!(
-            "WITH ended_try AS ({END_TRY}),
+            "WITH ended_try AS ({}),
          ended AS (
-             UPDATE runs SET state = ?20, ended_at = ?3, error = ?21
-             WHERE id = ?22 AND state IN ('queued', 'running'))
+             UPDATE runs SET state = ?21, ended_at = {}, error = ?22
+             WHERE id = ?23 AND state IN ('queued', 'running'))
          DELETE FROM leases l USING runs r
-         WHERE r.id = ?22 AND l.dag_id = r.dag_id AND l.interval_start = r.interval_start
-           AND l.backfill_id = r.backfill_id"
+         WHERE r.id = ?23 AND l.dag_id = r.dag_id AND l.interval_start = r.interval_start
+           AND l.backfill_id = r.backfill_id",
+            *END_TRY,
+            ended("started_at", "?3", "?24")
         ),
         values.as_slice().values()?,
         |_| Ok(()),
@@ -666,10 +692,10 @@ pub fn finish_try_and_run(
 /// interval (an interval staged again after a crash): one staged output per task and interval
 /// awaits promotion, the newest, and the others are discarded (unless a promote is publishing
 /// one).
-pub fn end_try(conn: &Conn, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()> {
+pub fn end_try(conn: &Conn, try_id: i64, rec: &TryRecord, end: End) -> Result<()> {
     let ended = conn
-        .prepare_cached(END_TRY)?
-        .execute(end_try_values(&try_id, rec, &now_ms, &[]).as_slice())?;
+        .prepare_cached(&END_TRY)?
+        .execute(end_try_values(&try_id, rec, &end, &[]).as_slice())?;
     if ended == 1 && rec.staged == Some(crate::state::StagedState::Staged) {
         conn.prepare_cached(
             "UPDATE task_tries SET staged = 'discarded'
@@ -746,9 +772,9 @@ pub fn unfinished_tries(conn: &Conn, claimed: Owner) -> Result<Vec<UnfinishedTry
 /// Records the end of a try of a dead owner (killed, never started, or its publish finished by
 /// the recoverer). Only a try still unfinished changes; returns whether it did.
 pub fn end_abandoned_try(conn: &Conn, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<bool> {
-    let changed = conn
-        .prepare_cached(
-            "UPDATE task_tries SET state = ?2, ended_at = ?3, error = COALESCE(?4, error),
+    static END: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "UPDATE task_tries SET state = ?2, ended_at = {}, error = COALESCE(?4, error),
                 rows = COALESCE(?5, rows), fingerprint = COALESCE(?6, fingerprint),
                 source_rows = COALESCE(?7, source_rows),
                 previous_rows = COALESCE(?8, previous_rows),
@@ -757,20 +783,22 @@ pub fn end_abandoned_try(conn: &Conn, try_id: i64, rec: &TryRecord, now_ms: i64)
                 verdict = CASE WHEN ?2 = 'succeeded' THEN COALESCE(?10, verdict) END,
                 reasons = CASE WHEN ?2 = 'succeeded' THEN COALESCE(?11, reasons) END
              WHERE id = ?1 AND (state = 'running' OR publishing = 1)",
-        )?
-        .execute(params![
-            try_id,
-            rec.state,
-            now_ms,
-            rec.error,
-            rec.rows,
-            rec.fingerprint,
-            rec.source_rows,
-            rec.previous_rows,
-            rec.source_fingerprint,
-            rec.verdict,
-            rec.reasons
-        ])?;
+            ended("started_at", "?3", "NULL")
+        )
+    });
+    let changed = conn.prepare_cached(&END)?.execute(params![
+        try_id,
+        rec.state,
+        now_ms,
+        rec.error,
+        rec.rows,
+        rec.fingerprint,
+        rec.source_rows,
+        rec.previous_rows,
+        rec.source_fingerprint,
+        rec.verdict,
+        rec.reasons
+    ])?;
     Ok(changed == 1)
 }
 
@@ -802,6 +830,11 @@ pub fn end_abandoned_runs(
                  WHERE t.run_id = r.id AND t.state = 'succeeded')
          FROM runs r WHERE r.id = ?1 AND r.state IN ('queued', 'running')",
     )?;
+    // Ended by another process than the one that started it: now, never before its start.
+    let recovered = End {
+        now_ms,
+        elapsed_ms: None,
+    };
     for &run_id in runs {
         if keep.contains(&run_id) {
             continue;
@@ -817,9 +850,9 @@ pub fn end_abandoned_runs(
         let done = task_counts(&dag_id)
             .is_some_and(|n| usize::try_from(succeeded).is_ok_and(|s| s == n && n > 0));
         if done {
-            end_run(conn, run_id, RunState::Succeeded, None, now_ms)?;
+            end_run(conn, run_id, RunState::Succeeded, None, recovered)?;
         } else {
-            end_run(conn, run_id, RunState::Cancelled, Some(why), now_ms)?;
+            end_run(conn, run_id, RunState::Cancelled, Some(why), recovered)?;
         }
     }
     Ok(())

@@ -29,6 +29,7 @@ use super::runs::{Staged, TryRecord, UnfinishedTry};
 use super::status;
 use super::workers::{self, Worker};
 use super::{Result, backfills, cascades, leases, plans, pools, publishes, queries, runs};
+use crate::clock::End;
 use crate::interval::DataInterval;
 use crate::liveness::Group;
 use crate::plan::{PlanRow, Prior, RunState, SkipReason};
@@ -259,8 +260,9 @@ pub trait Ownership {
     /// Refreshes the owner heartbeat and reads what the owner must do; [`Error::Fenced`] when
     /// another process took the backfill over.
     fn heartbeat(&self, owner: Owner, now_ms: i64) -> Result<Heartbeat>;
-    /// Records the end of a backfill by its owner and releases whatever leases it still holds.
-    fn finish_backfill(&self, owner: Owner, state: BackfillState, now_ms: i64) -> Result<()>;
+    /// Records the end of a backfill by its owner and releases whatever leases it still holds
+    /// (`end`: see [`crate::clock::End`]).
+    fn finish_backfill(&self, owner: Owner, state: BackfillState, end: End) -> Result<()>;
     /// Asks the process running a backfill to stop (it polls the flag with its heartbeat).
     fn request_cancel(&self, backfill_id: i64) -> Result<()>;
     /// Records this process as a worker of `backfill_id` (found running, its owner alive).
@@ -364,7 +366,7 @@ pub trait Running: super::db::Answers {
         run_id: i64,
         state: RunState,
         error: Option<&str>,
-        now_ms: i64,
+        end: End,
     ) -> Result<()>;
     /// Records that a try started; returns its id, or `None` when its run was abandoned or its
     /// interval taken over.
@@ -389,7 +391,7 @@ pub trait Running: super::db::Answers {
     /// Records the audit file of a SQL try, so that it can be removed should the owner die.
     fn set_try_audit(&self, _fenced: Fenced, try_id: i64, path: &str) -> Result<()>;
     /// Records the end of a try of the owner.
-    fn finish_try(&self, _fenced: Fenced, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()>;
+    fn finish_try(&self, _fenced: Fenced, try_id: i64, rec: &TryRecord, end: End) -> Result<()>;
     /// Records a try's end and its run's end (see [`runs::finish_try_and_run`]).
     #[allow(clippy::too_many_arguments)]
     fn finish_try_and_run(
@@ -400,10 +402,10 @@ pub trait Running: super::db::Answers {
         run_id: i64,
         state: RunState,
         error: Option<&str>,
-        now_ms: i64,
+        ends: (End, End),
     ) -> Result<Step<()>>;
     /// Records the end of a try that is still running or publishing.
-    fn end_try(&self, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()>;
+    fn end_try(&self, try_id: i64, rec: &TryRecord, end: End) -> Result<()>;
     /// Records the end of a try of a dead owner (killed, never started, or its publish finished by
     /// the recoverer). Only a try still unfinished changes; returns whether it did.
     fn end_abandoned_try(&self, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<bool>;
@@ -719,12 +721,12 @@ impl Ownership for Conn {
             None => backfills::heartbeat(self, fenced, now_ms),
         }
     }
-    fn finish_backfill(&self, owner: Owner, state: BackfillState, now_ms: i64) -> Result<()> {
-        let now_ms = self.now_ms(now_ms)?;
+    fn finish_backfill(&self, owner: Owner, state: BackfillState, end: End) -> Result<()> {
+        let end = self.at_manifest(end)?;
         let fenced = backfills::fence(self, owner)?;
         match owner.worker {
-            Some(worker) => workers::finish(self, worker, state, now_ms),
-            None => backfills::finish(self, fenced, state, now_ms),
+            Some(worker) => workers::finish(self, worker, state, end.now_ms),
+            None => backfills::finish(self, fenced, state, end),
         }
     }
     fn request_cancel(&self, backfill_id: i64) -> Result<()> {
@@ -854,10 +856,10 @@ impl Running for Conn {
         run_id: i64,
         state: RunState,
         error: Option<&str>,
-        now_ms: i64,
+        end: End,
     ) -> Result<()> {
-        let now_ms = self.now_ms(now_ms)?;
-        runs::finish_run(self, _fenced, run_id, state, error, now_ms)
+        let end = self.at_manifest(end)?;
+        runs::finish_run(self, _fenced, run_id, state, error, end)
     }
     fn start_try(
         &self,
@@ -883,9 +885,9 @@ impl Running for Conn {
     fn set_try_audit(&self, _fenced: Fenced, try_id: i64, path: &str) -> Result<()> {
         runs::set_try_audit(self, _fenced, try_id, path)
     }
-    fn finish_try(&self, _fenced: Fenced, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()> {
-        let now_ms = self.now_ms(now_ms)?;
-        runs::finish_try(self, _fenced, try_id, rec, now_ms)
+    fn finish_try(&self, _fenced: Fenced, try_id: i64, rec: &TryRecord, end: End) -> Result<()> {
+        let end = self.at_manifest(end)?;
+        runs::finish_try(self, _fenced, try_id, rec, end)
     }
     fn finish_try_and_run(
         &self,
@@ -895,14 +897,14 @@ impl Running for Conn {
         run_id: i64,
         state: RunState,
         error: Option<&str>,
-        now_ms: i64,
+        (try_end, run_end): (End, End),
     ) -> Result<Step<()>> {
-        let now_ms = self.now_ms(now_ms)?;
-        runs::finish_try_and_run(self, fenced, try_id, rec, run_id, state, error, now_ms)
+        let ends = (self.at_manifest(try_end)?, self.at_manifest(run_end)?);
+        runs::finish_try_and_run(self, fenced, try_id, rec, run_id, state, error, ends)
     }
-    fn end_try(&self, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<()> {
-        let now_ms = self.now_ms(now_ms)?;
-        runs::end_try(self, try_id, rec, now_ms)
+    fn end_try(&self, try_id: i64, rec: &TryRecord, end: End) -> Result<()> {
+        let end = self.at_manifest(end)?;
+        runs::end_try(self, try_id, rec, end)
     }
     fn end_abandoned_try(&self, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<bool> {
         let now_ms = self.now_ms(now_ms)?;

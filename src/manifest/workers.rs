@@ -118,7 +118,10 @@ pub fn heartbeat(conn: &Conn, backfill_id: i64, worker: i64, now_ms: i64) -> Res
 /// worker's: they stay.
 pub fn finish(conn: &Conn, worker: i64, state: BackfillState, now_ms: i64) -> Result<()> {
     conn.execute(
-        "UPDATE workers SET state = ?2, finished_at = ?3, heartbeat_at = ?3 WHERE id = ?1",
+        &format!(
+            "UPDATE workers SET state = ?2, finished_at = {}, heartbeat_at = ?3 WHERE id = ?1",
+            super::runs::ended("started_at", "?3", "NULL")
+        ),
         params![worker, state, now_ms],
     )?;
     Ok(())
@@ -142,7 +145,10 @@ pub fn take_gone(conn: &Conn, backfill_id: i64, ctx: &LeaseCtx) -> Result<Vec<Ow
             "taking a gone worker's lease away"
         );
         conn.execute(
-            "UPDATE workers SET epoch = ?2, state = 'cancelled', finished_at = ?3 WHERE id = ?1",
+            &format!(
+                "UPDATE workers SET epoch = ?2, state = 'cancelled', finished_at = {} WHERE id = ?1",
+                super::runs::ended("started_at", "?3", "NULL")
+            ),
             params![w.id, epoch, ctx.now_ms],
         )?;
         claimed.push(Owner {

@@ -162,6 +162,8 @@ struct Shared {
     batch_began: tokio::sync::Notify,
     /// The first environment fault met: it stopped the backfill (see [`Shared::stop_for`]).
     fault: Mutex<Option<Fault>>,
+    /// When this process recorded the starts of its runs and tries, to record their ends.
+    marks: record::Marks,
 }
 
 impl Shared {
@@ -367,6 +369,7 @@ pub async fn run(
         unstarted_batches: std::sync::atomic::AtomicUsize::new(0),
         batch_began: tokio::sync::Notify::new(),
         fault: Mutex::new(None),
+        marks: record::Marks::default(),
     });
     if let Some(fault) = &no_logs {
         shared.stop_for(fault);

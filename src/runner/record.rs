@@ -1,9 +1,11 @@
 //! The runner's writes to the manifest for tries and runs, each fenced by the owner's epoch.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Mutex;
 
 use super::Shared;
-use crate::clock::now_ms;
+use crate::clock::{End, Mark, now_ms};
 use crate::exit::Error;
 use crate::interval::DataInterval;
 use crate::manifest::db::Step;
@@ -21,6 +23,47 @@ pub(super) struct Published {
     /// Recorded in the manifest by the publish's own transaction (a PostgreSQL warehouse in the
     /// manifest's database): the try's end and its publication are there already.
     pub recorded: bool,
+}
+
+/// When this process recorded the starts of its runs and tries, on the monotonic clock: their
+/// ends are recorded as their starts plus the time since, whatever the wall clock did meanwhile
+/// (see [`End`]).
+#[derive(Default)]
+pub(super) struct Marks {
+    runs: Mutex<HashMap<i64, Mark>>,
+    tries: Mutex<HashMap<i64, Mark>>,
+}
+
+impl Marks {
+    /// Notes the start of a try, and of its run when it started with it.
+    fn started(&self, run: Option<i64>, try_id: i64, at: Mark) {
+        if let Some(run) = run {
+            self.runs
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(run, at);
+        }
+        self.tries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(try_id, at);
+    }
+
+    /// The mark of a try's start, forgotten: its end is being recorded.
+    pub(super) fn try_end(&self, try_id: i64) -> Option<Mark> {
+        self.tries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&try_id)
+    }
+
+    /// The mark of a run's start, forgotten: its end is being recorded.
+    fn run_end(&self, run_id: i64) -> Option<Mark> {
+        self.runs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&run_id)
+    }
 }
 
 /// A try's end, not yet recorded: it is committed together with the end of its run when it is
@@ -49,8 +92,13 @@ pub(super) async fn record_end(
     }
     let dag_id = shared.spec.dag.id.clone();
     let owner = shared.spec.owner;
+    let try_began = last_try
+        .as_ref()
+        .and_then(|t| shared.marks.try_end(t.try_id));
+    let run_began = run_end.as_ref().and_then(|_| shared.marks.run_end(run_id));
     let committed = shared.writer.submit_step(move |c| {
         let now = now_ms();
+        let (try_end, run_end_at) = (End::since(try_began), End::since(run_began));
         let f = c.fence(owner)?;
         // The common end, in one statement (deferred: sent with the batch's others): a last try
         // that published nothing, and its run.
@@ -64,13 +112,13 @@ pub(super) async fn record_end(
                 run_id,
                 *state,
                 error.as_deref(),
-                now,
+                (try_end, run_end_at),
             );
         }
         if let Some(t) = &last_try
             && !t.published.as_ref().is_some_and(|p| p.recorded)
         {
-            c.finish_try(f, t.try_id, &t.record, now)?;
+            c.finish_try(f, t.try_id, &t.record, try_end)?;
             if let Some(p) = &t.published {
                 let publication = Publication {
                     try_id: t.try_id,
@@ -87,7 +135,7 @@ pub(super) async fn record_end(
             }
         }
         if let Some((state, error)) = &run_end {
-            c.finish_run(f, run_id, *state, error.as_deref(), now)?;
+            c.finish_run(f, run_id, *state, error.as_deref(), run_end_at)?;
         }
         Ok(Step::Done(()))
     });
@@ -104,6 +152,8 @@ pub(super) async fn record_end(
 pub(super) struct Started {
     pub run_id: i64,
     pub try_id: i64,
+    /// When its start was recorded, on the monotonic clock.
+    pub began: Mark,
     pub log: PathBuf,
     pub result: PathBuf,
     pub audit: Option<PathBuf>,
@@ -207,10 +257,11 @@ async fn start_once(
         Vec::new()
     };
     let ctx = LeaseCtx::new(spec.lease_timeout, &crate::process::LOCAL);
-    Ok(shared
+    let claimed = shared
         .writer
         .call_step(move |c| {
             let now = now_ms();
+            let began = Mark::now();
             let f = c.fence(owner)?;
             if let Some(staged) = claim
                 && !c.is_staged(staged)?
@@ -276,6 +327,7 @@ async fn start_once(
                                     interval,
                                     (run_id, try_id, try_number),
                                     None,
+                                    began,
                                 )),
                                 Err(refused) => refused,
                             })
@@ -301,9 +353,16 @@ async fn start_once(
                 interval,
                 (run_id, try_id, try_number),
                 audit,
+                began,
             ))))
         })
-        .await?)
+        .await?;
+    if let Claimed::Started(s) = &claimed {
+        shared
+            .marks
+            .started(run_id.is_none().then_some(s.run_id), s.try_id, s.began);
+    }
+    Ok(claimed)
 }
 
 /// The run's and the try's ids of a start, or why none started.
@@ -323,6 +382,7 @@ fn started(
     interval: DataInterval,
     (run_id, try_id, try_number): (i64, i64, u32),
     audit: Option<PathBuf>,
+    began: Mark,
 ) -> Started {
     let (log, result) = command::try_paths(
         logs_dir,
@@ -335,6 +395,7 @@ fn started(
     Started {
         run_id,
         try_id,
+        began,
         log,
         result,
         audit,

@@ -8,7 +8,7 @@ use super::Shared;
 use super::outcome::{Outcome, TaskEnd, cancelled, failed, settle, start_single};
 use super::record::{LastTry, Published, Started, published_try};
 use super::sql_try::TryLog;
-use crate::clock::now_ms;
+use crate::clock::End;
 use crate::exit::Error;
 use crate::interval::DataInterval;
 use crate::manifest::{self, TryRecord, publishes};
@@ -175,9 +175,10 @@ async fn rollback_sql(
             let mut rec = TryRecord::new(TryState::Failed);
             rec.error = Some(error);
             let done = rec.clone();
+            let began = shared.marks.try_end(try_id);
             shared
                 .writer
-                .call(move |c| c.finish_try(c.fence(owner)?, try_id, &done, now_ms()))
+                .call(move |c| c.finish_try(c.fence(owner)?, try_id, &done, End::since(began)))
                 .await?;
             Ok(Outcome::Failed(rec))
         }

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use super::outcome::{Outcome, TryInput, apply_verdict, cancelled, failed, rules, timed_out};
 use super::record::{Published, published_and_history};
 use super::{Shared, Stop};
-use crate::clock::now_ms;
+use crate::clock::End;
 use crate::exit::Error;
 use crate::gate::{self, Measures, Verdict};
 use crate::manifest::{self, TryRecord, publishes};
@@ -539,9 +539,10 @@ async fn end_unpublished(
     promoting: bool,
 ) -> Result<(), Error> {
     let (owner, done) = (shared.spec.owner, rec.clone());
+    let began = shared.marks.try_end(try_id);
     shared
         .writer
-        .call(move |c| c.finish_try(c.fence(owner)?, try_id, &done, now_ms()))
+        .call(move |c| c.finish_try(c.fence(owner)?, try_id, &done, End::since(began)))
         .await?;
     let_go(output, promoting).await;
     Ok(())

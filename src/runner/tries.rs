@@ -13,7 +13,7 @@ use super::record::{Claimed, LastTry, Published, published_and_history, start_cl
 use super::sql_try::sql_try;
 use super::step::run_step;
 use super::{Event, Shared, Stop};
-use crate::clock::now_ms;
+use crate::clock::End;
 use crate::exit::Error;
 use crate::gate::{self, Measures, Verdict};
 use crate::interval::DataInterval;
@@ -217,9 +217,10 @@ async fn tries(
             "retrying"
         );
         let (try_id, record, owner) = (last.try_id, last.record, spec.owner);
+        let began = shared.marks.try_end(try_id);
         shared
             .writer
-            .call(move |c| c.finish_try(c.fence(owner)?, try_id, &record, now_ms()))
+            .call(move |c| c.finish_try(c.fence(owner)?, try_id, &record, End::since(began)))
             .await?;
         if !wait_before_retry(task.retry_delay, try_number, stop).await {
             return Ok((TaskEnd::Cancelled, None));

@@ -15,6 +15,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::clock::End as Ended;
+
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -46,6 +48,9 @@ pub struct Execution {
     pub tasks: Option<Vec<String>>,
     /// A cascade's downstream backfill: the DAGs its intervals read (see [`RunSpec::upstream`]).
     pub upstream: Vec<Dag>,
+    /// When this process created the backfill, on the monotonic clock (`None`: another one
+    /// did): its end is recorded as its creation plus the time since.
+    pub created: Option<crate::clock::Mark>,
 }
 
 /// Runs the intervals, then prints the summary and returns the exit code. The writer is closed
@@ -153,6 +158,7 @@ impl Execution {
             max_failures: self.max_failures,
             tasks: self.tasks.clone(),
             upstream: self.upstream.clone(),
+            created: None,
         }
     }
 }
@@ -181,6 +187,7 @@ fn run(
 ) -> Result<End, Error> {
     let began = Instant::now();
     let owner = e.owner;
+    let created = e.created;
     let worker = owner.worker.is_some();
     // What a worker that takes the backfill over runs as its owner.
     let rest = worker.then(|| e.rest());
@@ -367,7 +374,7 @@ fn run(
     let judged = super::outcome::Outcome::judge(fault.is_some(), halted, stopped, counts, staging);
     let (state, code) = (judged.state(), judged.exit_code());
     let recorded =
-        writer.call_blocking(move |c| c.finish_backfill(owner, state, crate::clock::now_ms()));
+        writer.call_blocking(move |c| c.finish_backfill(owner, state, Ended::since(created)));
     let (state, code, taken_over) = match recorded {
         Ok(()) => (state, code, false),
         // Taken over: the process that took it over recorded it; this one was interrupted.

@@ -123,6 +123,7 @@ pub fn join(g: &Global, id: i64, max_active_runs: Option<u32>) -> Result<u8, Err
             tasks: backfill.tasks.clone(),
             mode: super::staged::mode_of(&backfill, &manifest_path)?,
             upstream,
+            created: None,
         },
         writer,
     )?;

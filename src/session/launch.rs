@@ -162,6 +162,7 @@ pub fn launch(
     crate::limits::room_for_runs(max_active_runs, None)?;
     let writer = Writer::open(&manifest_path, project.durability)?;
     let dags = Dags::of(project);
+    let mut created = None;
     let result = (|| {
         // Another project's backfills of the DAG are neither recovered nor planned over.
         let found = {
@@ -182,6 +183,7 @@ pub fn launch(
         }
         crate::fault::point("after-release-stale");
         let first = ctx.refreshed();
+        created = Some(crate::clock::Mark::now());
         // Looked at again in the transaction that records the backfill: another project's may
         // have been recorded since.
         let name = project.name.clone();
@@ -252,6 +254,7 @@ pub fn launch(
             tasks,
             mode,
             upstream: upstream_dags,
+            created,
         },
         writer,
     )?;

@@ -286,6 +286,7 @@ pub fn resume_found(
             }),
             mode: super::staged::mode_of(&backfill, manifest_path)?,
             upstream,
+            created: None,
         },
         writer,
     )?;

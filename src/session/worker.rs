@@ -106,7 +106,7 @@ pub(super) fn finish_worker(
         (BackfillState::Completed, exit::OK)
     };
     let recorded =
-        writer.call_blocking(move |c| c.finish_backfill(owner, state, crate::clock::now_ms()));
+        writer.call_blocking(move |c| c.finish_backfill(owner, state, crate::clock::End::now()));
     match recorded {
         Ok(()) => {}
         // Its lease was taken away (frozen or cut off): the owner recovered its runs.

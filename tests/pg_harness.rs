@@ -146,6 +146,7 @@ fn built_without(part: Part) -> bool {
         Part::Python3 => cfg!(missing = "python3"),
         Part::Nobody => cfg!(missing = "nobody"),
         Part::Tmpfs => cfg!(missing = "tmpfs"),
+        Part::Faketime => cfg!(missing = "faketime"),
     }
 }
 

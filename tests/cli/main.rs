@@ -5,6 +5,7 @@ mod bad_input;
 mod batches;
 mod cascade;
 mod changes;
+mod clocks;
 mod environment;
 mod example;
 mod faults;

@@ -12,8 +12,8 @@
 //!   build in a place the build script does not watch.
 //!
 //! The build script runs again when `PATH`, `PG_BIN` or `CI` change, or one of the folders of
-//! [`watched`] (those of `PATH`, `PG_BIN`, `/usr/lib/postgresql`): installing or removing a
-//! program changes its folder. Folders that do not exist are not watched (cargo would run the
+//! [`watched`] (those of `PATH`, `PG_BIN`, `/usr/lib/postgresql`, libfaketime's): installing or
+//! removing a program changes its folder. Folders that do not exist are not watched (cargo would run the
 //! script, and rebuild the crate, on every build), so a part that appears in a folder created
 //! after the build is seen at the next change of the others, or after `touch build.rs`.
 //!
@@ -53,10 +53,13 @@ pub enum Part {
     /// `mount -t tmpfs` and `umount` that work here (root): small file systems to fill (the
     /// tests of full disks).
     Tmpfs,
+    /// libfaketime's `libfaketime.so.1` (a process whose wall clock is set ahead or back, or
+    /// jumps while it runs).
+    Faketime,
 }
 
 impl Part {
-    pub const ALL: [Part; 10] = [
+    pub const ALL: [Part; 11] = [
         Part::Postgres,
         Part::Chromium,
         Part::Chromedriver,
@@ -67,6 +70,7 @@ impl Part {
         Part::Python3,
         Part::Nobody,
         Part::Tmpfs,
+        Part::Faketime,
     ];
 
     pub fn name(self) -> &'static str {
@@ -81,6 +85,7 @@ impl Part {
             Part::Python3 => "python3",
             Part::Nobody => "nobody",
             Part::Tmpfs => "tmpfs",
+            Part::Faketime => "faketime",
         }
     }
 
@@ -116,6 +121,7 @@ impl Part {
             ),
             Part::Nobody => nobody(),
             Part::Tmpfs => tmpfs(),
+            Part::Faketime => faketime(),
         }
     }
 
@@ -130,14 +136,15 @@ pub fn ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")
 }
 
-/// The folders whose changes may change what [`Part::find`] says: those of `PATH`, `PG_BIN`
-/// and `/usr/lib/postgresql`, each once and only when it exists.
+/// The folders whose changes may change what [`Part::find`] says: those of `PATH`, `PG_BIN`,
+/// `/usr/lib/postgresql` and libfaketime's, each once and only when it exists.
 pub fn watched() -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
         .map(|path| std::env::split_paths(&path).collect())
         .unwrap_or_default();
     dirs.extend(std::env::var_os("PG_BIN").map(PathBuf::from));
     dirs.push(PathBuf::from(DEBIAN_POSTGRESQL));
+    dirs.extend(FAKETIME_DIRS.iter().map(PathBuf::from));
     let mut seen = Vec::new();
     dirs.retain(|dir| {
         let Ok(real) = dir.canonicalize() else {
@@ -228,6 +235,29 @@ pub fn postgres_in(pg_bin: Option<&OsStr>, debian: &Path) -> Result<PathBuf, Str
             debian.display()
         )
     })
+}
+
+/// Where libfaketime's library is installed: Debian's and Ubuntu's multiarch folders, then
+/// the usual others.
+const FAKETIME_DIRS: [&str; 4] = [
+    "/usr/lib/x86_64-linux-gnu/faketime",
+    "/usr/lib/aarch64-linux-gnu/faketime",
+    "/usr/lib/faketime",
+    "/usr/local/lib/faketime",
+];
+
+/// libfaketime's library, to preload (`LD_PRELOAD`) into a process whose clock a test sets.
+fn faketime() -> Result<PathBuf, String> {
+    FAKETIME_DIRS
+        .iter()
+        .map(|dir| Path::new(dir).join("libfaketime.so.1"))
+        .find(|lib| lib.is_file())
+        .ok_or_else(|| {
+            format!(
+                "no libfaketime.so.1 in {}: install it with `sudo apt-get install libfaketime` (Debian, Ubuntu)",
+                FAKETIME_DIRS.join(", ")
+            )
+        })
 }
 
 /// `unshare`, when it makes the namespaces of a host here (it needs root).

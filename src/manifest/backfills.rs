@@ -385,7 +385,7 @@ pub fn finish(conn: &Conn, fenced: Fenced, state: BackfillState, end: End) -> Re
     conn.execute(
         &format!(
             "UPDATE backfills SET state = ?2, finished_at = {}, heartbeat_at = ?3 WHERE id = ?1",
-            super::runs::ended("created_at", "?3", "?4")
+            super::db::ended("created_at", "?3", "?4")
         ),
         params![owner.backfill_id, state, end.now_ms, end.elapsed_ms],
     )?;
@@ -458,7 +458,7 @@ pub fn take_ownership(
                     state = CASE WHEN state = 'running' THEN 'cancelled' ELSE state END,
                     finished_at = CASE WHEN state = 'running' THEN {} ELSE finished_at END
                  WHERE id = ?1",
-                super::runs::ended("created_at", "?3", "NULL")
+                super::db::ended("created_at", "?3", "NULL")
             ),
             params![backfill_id, epoch, ctx.now_ms],
         )?;

@@ -453,3 +453,14 @@ impl Conn {
         matches!(self, Conn::Pg(_))
     }
 }
+
+/// The end of a row that started at column `started`, as SQL: the start plus `elapsed` (the
+/// milliseconds since, on the monotonic clock of the process that recorded the start), else
+/// `now` but never before the start. A wall clock set back while it ran cannot make it end
+/// before it began (see [`crate::clock::End`]).
+pub fn ended(started: &str, now: &str, elapsed: &str) -> String {
+    format!(
+        "CASE WHEN CAST({elapsed} AS bigint) IS NOT NULL THEN {started} + CAST({elapsed} AS bigint)
+              WHEN CAST({now} AS bigint) < {started} THEN {started} ELSE CAST({now} AS bigint) END"
+    )
+}

@@ -142,7 +142,7 @@ fn free_dead(conn: &Conn, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate::liven
                     "UPDATE task_tries SET state = 'cancelled', ended_at = {},
                         error = 'its backfill''s owner was gone; its pool slot was given to another try'
                      WHERE id = ?1 AND state = 'running' AND publishing = 0",
-                    super::runs::ended("started_at", "?2", "NULL")
+                    super::db::ended("started_at", "?2", "NULL")
                 ))?
                 .execute(params![try_id, ctx.now_ms])?;
             }

@@ -6,7 +6,7 @@ use rusqlite::params;
 
 use super::db::Optional;
 
-use super::db::{Conn, Params, Row, Step};
+use super::db::{Conn, Params, Row, Step, ended};
 
 use super::Result;
 use super::backfills::{Fenced, Owner};
@@ -334,17 +334,6 @@ pub fn in_progress(conn: &Conn, run_id: i64) -> Result<bool> {
         .query_row([run_id], |r| r.get::<_, RunState>(0))
         .optional()?
         .is_some_and(|s| !s.is_finished()))
-}
-
-/// The end of a row that started at column `started`, as SQL: the start plus `elapsed` (the
-/// milliseconds since, on the monotonic clock of the process that recorded the start), else
-/// `now` but never before the start. A wall clock set back while it ran cannot make it end
-/// before it began (see [`crate::clock::End`]).
-pub(super) fn ended(started: &str, now: &str, elapsed: &str) -> String {
-    format!(
-        "CASE WHEN CAST({elapsed} AS bigint) IS NOT NULL THEN {started} + CAST({elapsed} AS bigint)
-              WHEN CAST({now} AS bigint) < {started} THEN {started} ELSE CAST({now} AS bigint) END"
-    )
 }
 
 /// Records a finished run and releases its lease.

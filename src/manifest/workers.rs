@@ -120,7 +120,7 @@ pub fn finish(conn: &Conn, worker: i64, state: BackfillState, now_ms: i64) -> Re
     conn.execute(
         &format!(
             "UPDATE workers SET state = ?2, finished_at = {}, heartbeat_at = ?3 WHERE id = ?1",
-            super::runs::ended("started_at", "?3", "NULL")
+            super::db::ended("started_at", "?3", "NULL")
         ),
         params![worker, state, now_ms],
     )?;
@@ -147,7 +147,7 @@ pub fn take_gone(conn: &Conn, backfill_id: i64, ctx: &LeaseCtx) -> Result<Vec<Ow
         conn.execute(
             &format!(
                 "UPDATE workers SET epoch = ?2, state = 'cancelled', finished_at = {} WHERE id = ?1",
-                super::runs::ended("started_at", "?3", "NULL")
+                super::db::ended("started_at", "?3", "NULL")
             ),
             params![w.id, epoch, ctx.now_ms],
         )?;

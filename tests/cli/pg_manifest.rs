@@ -175,7 +175,7 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
         .code(0);
     assert_eq!(
         cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
-        "7"
+        latest_schema()
     );
     assert_eq!(
         runs_per_interval(cluster, &db),
@@ -225,13 +225,14 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
          ALTER TABLE backfill_manifest.leases DROP COLUMN batch_holder;
          ALTER TABLE backfill_manifest.backfills DROP COLUMN project;
          ALTER TABLE backfill_manifest.backfills DROP COLUMN warehouses;
+         ALTER TABLE backfill_manifest.backfills DROP COLUMN owner_start;
          UPDATE backfill_manifest.schema_version SET version = 1",
     );
     p.run(&create_args(&url, "2026-01-05", "2026-01-05"))
         .code(0);
     assert_eq!(
         cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
-        "7"
+        latest_schema()
     );
     assert_eq!(
         cluster.psql(
@@ -250,7 +251,8 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
         create_args(&url, "2026-01-06", "2026-01-06"),
     ] {
         p.run(&args).code(1).stderr_has(&format!(
-            "manifest {url}: schema version 99 is newer than this backfill understands (7); upgrade backfill"
+            "manifest {url}: schema version 99 is newer than this backfill understands ({}); upgrade backfill",
+            latest_schema()
         ));
     }
     assert_eq!(
@@ -732,7 +734,7 @@ fn a_connection_lost_while_the_schema_is_made_leaves_no_half_and_the_open_starts
     out.code(0);
     assert_eq!(
         cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
-        "7"
+        latest_schema()
     );
     // Nothing was made outside the schema (in autocommit, where the search path leads
     // elsewhere).
@@ -764,9 +766,10 @@ fn a_running_backfill_stops_writing_once_a_newer_backfill_upgraded_the_schema() 
         "UPDATE backfill_manifest.schema_version SET version = 99",
     );
     let out = wait_within(&p, "owner", owner, Duration::from_secs(60));
-    out.code(1).stderr_has(
-        "the manifest's schema is now version 99, and this backfill knows version 7: a newer backfill changed it while this one ran, so this one writes nothing more",
-    );
+    out.code(1).stderr_has(&format!(
+        "the manifest's schema is now version 99, and this backfill knows version {}: a newer backfill changed it while this one ran, so this one writes nothing more",
+        latest_schema()
+    ));
     // It wrote nothing after the upgrade, not even its tries' ends: its runs are still in
     // progress, for the newer backfill to take up.
     assert_eq!(
@@ -1376,4 +1379,13 @@ fn a_role_that_may_write_the_tables_but_not_use_their_sequences_runs_backfills()
         ),
         "0"
     );
+}
+
+/// The schema version of a PostgreSQL manifest this build makes: its last migration's.
+fn latest_schema() -> String {
+    backfill::manifest::postgres::MIGRATIONS
+        .last()
+        .unwrap()
+        .0
+        .to_string()
 }

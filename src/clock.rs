@@ -55,8 +55,8 @@ impl Mark {
 
 /// When something ended, for the manifest: now on the wall clock (the database's on PostgreSQL)
 /// and, when this process recorded its start, the milliseconds since on the monotonic clock.
-/// The manifest records the end as the start plus those milliseconds when it has them, else as
-/// now but never before the start.
+/// The manifest records the end as now, never before the start; and as the start plus those
+/// milliseconds when they and now disagree by more than a second: the clock jumped meanwhile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct End {
     pub now_ms: i64,

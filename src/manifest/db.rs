@@ -454,13 +454,24 @@ impl Conn {
     }
 }
 
-/// The end of a row that started at column `started`, as SQL: the start plus `elapsed` (the
-/// milliseconds since, on the monotonic clock of the process that recorded the start), else
-/// `now` but never before the start. A wall clock set back while it ran cannot make it end
-/// before it began (see [`crate::clock::End`]).
+/// How far (milliseconds) the wall clock may disagree with the monotonic time since a start
+/// before an end counts as measured across a jump of the clock: starts on PostgreSQL are the
+/// database's clock when their transaction began, a little before the process marked them.
+const CLOCK_JUMP_MS: i64 = 1000;
+
+/// The end of a row that started at column `started`, as SQL, from `now` and `elapsed` (the
+/// milliseconds since the start on the monotonic clock of the process that recorded it, or
+/// NULL): `now`, never before the start; but when `now` and the start plus `elapsed` disagree by
+/// more than [`CLOCK_JUMP_MS`], the clock jumped while it ran, and the start plus `elapsed` is
+/// its end (see [`crate::clock::End`]).
 pub fn ended(started: &str, now: &str, elapsed: &str) -> String {
+    let (now, elapsed) = (
+        format!("CAST({now} AS bigint)"),
+        format!("CAST({elapsed} AS bigint)"),
+    );
     format!(
-        "CASE WHEN CAST({elapsed} AS bigint) IS NOT NULL THEN {started} + CAST({elapsed} AS bigint)
-              WHEN CAST({now} AS bigint) < {started} THEN {started} ELSE CAST({now} AS bigint) END"
+        "CASE WHEN {elapsed} IS NOT NULL AND abs({now} - ({started} + {elapsed})) > {CLOCK_JUMP_MS}
+                THEN {started} + {elapsed}
+              WHEN {now} < {started} THEN {started} ELSE {now} END"
     )
 }

@@ -107,12 +107,18 @@ fn a_clock_set_back_while_a_backfill_runs_never_makes_anything_end_before_it_sta
         &|| String::new(),
         || p.has_manifest() && running_tries(&p) == 2,
     );
+    let running = Instant::now();
     std::fs::write(&file, "-1h\n").unwrap();
     let real = crate::support::now_ms() / 1000;
     assert!(
         faked_now(&env) < real - 3000,
         "libfaketime did not set the clock back"
     );
+    // The first two days run for a while across the jump: their durations are measured.
+    let lasted = Duration::from_millis(1500);
+    wait_until("the first days to run a while", lasted * 2, || {
+        running.elapsed() >= lasted
+    });
     std::fs::write(p.path("go"), "").unwrap();
     let out = wait_within(&p, "owner", owner, Duration::from_secs(60));
     out.code(0).stderr_has("4 succeeded");
@@ -160,6 +166,8 @@ fn a_clock_set_back_while_a_backfill_runs_never_makes_anything_end_before_it_sta
         durations.iter().all(|d| (0..60_000).contains(d)),
         "{durations:?}"
     );
+    // Measured, not cut to nothing: the first two ran at least as long as this waited.
+    assert!(durations[..2].iter().all(|&d| d >= 1500), "{durations:?}");
     let runs = p.run(&["runs", "--dag", "c", "--output", "json"]);
     let runs = runs.code(0).json();
     assert!(

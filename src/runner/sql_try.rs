@@ -503,12 +503,10 @@ pub(super) async fn publish_audited(
             // Not published for want of space, memory or a warehouse that answers: the try is
             // interrupted, and runs again on `resume` (or, for a fault that may pass by itself,
             // fails to be retried when it may).
-            let fault = e
-                .environment()
-                .filter(|f| !(f.transient && may_retry));
+            let fault = e.environment().filter(|f| !(f.transient && may_retry));
             let mut rec = match &fault {
                 Some(fault) => {
-                    shared.stop_for(&fault);
+                    shared.stop_for(fault);
                     let mut rec = TryRecord::new(TryState::Cancelled);
                     rec.error = Some(super::interrupted_by(fault));
                     rec

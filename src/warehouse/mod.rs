@@ -127,13 +127,20 @@ impl Error {
     pub fn environment(&self) -> Option<crate::environment::Fault> {
         match self {
             Self::Environment(f) => Some(f.clone()),
-            Self::LockedBy { holder, .. } => Some(crate::environment::Fault::new(
+            Self::LockedBy {
+                holder, stopped, ..
+            } => Some(crate::environment::Fault::new(
                 self.to_string(),
-                match holder {
-                    Some(pid) => format!(
-                        "let process {pid} go on (`kill -CONT {pid}` when it is stopped) or end it"
+                match (holder, stopped) {
+                    (Some(pid), true) => {
+                        format!("let process {pid} go on (`kill -CONT {pid}`) or end it")
+                    }
+                    (Some(pid), false) => format!(
+                        "end process {pid}, or let it end the transaction that holds the lock"
                     ),
-                    None => "end the process that holds the warehouse's write lock".to_string(),
+                    (None, _) => {
+                        "end the process that holds the warehouse's write lock".to_string()
+                    }
                 },
             )),
             _ => None,

@@ -192,13 +192,15 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
         &db,
         "ALTER TABLE backfill_manifest.backfills DROP COLUMN project;
          ALTER TABLE backfill_manifest.backfills DROP COLUMN warehouses;
+         ALTER TABLE backfill_manifest.backfills DROP COLUMN owner_start;
+         ALTER TABLE backfill_manifest.workers DROP COLUMN start;
          UPDATE backfill_manifest.schema_version SET version = 6",
     );
     p.run(&create_args(&url, "2026-01-04", "2026-01-04"))
         .code(0);
     assert_eq!(
         cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
-        "7"
+        latest_schema()
     );
     let folder = p.path("backfill.toml");
     let folder = folder.parent().and_then(|d| d.file_name()).unwrap();

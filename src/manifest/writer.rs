@@ -455,11 +455,16 @@ fn commit_postgres(
     let mut lost = false;
     // Runs of the batch the server asked for again.
     let mut again = 0;
+    // Times the connection was lost: the batch is tried again at least once whatever the
+    // deadline, since a process frozen mid-batch finds its session ended by the server on
+    // waking, its deadline long past while the server never stopped answering.
+    let mut losses = 0;
     loop {
         if lost {
+            losses += 1;
             let deadline = *deadline
                 .get_or_insert_with(|| (started + super::postgres::patience()).max(s.give_up_at()));
-            if std::time::Instant::now() >= deadline {
+            if losses > 1 && std::time::Instant::now() >= deadline {
                 answer_all(
                     batch,
                     Some("the connection was lost in every transaction tried".into()),

@@ -622,6 +622,56 @@ fn a_host_frozen_inside_a_manifest_transaction_does_not_stop_a_peer_under_the_sh
     assert_eq!(p.read("overlaps.txt"), "");
 }
 
+/// An owner frozen inside a manifest transaction for longer than its patience, and taken over
+/// meanwhile: on waking, its session was ended by the server long ago. The transaction is tried
+/// again on a new connection (the server never stopped answering), which finds the owner taken
+/// over: exit 130, not "the connection was lost in every transaction tried" (exit 1).
+#[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
+fn an_owner_frozen_mid_transaction_past_its_patience_finds_itself_taken_over() {
+    let (cluster, db, url) = manifest_database();
+    let p = Project::new().dag("c", DAG);
+    // Its patience is the lease timeout, and never less than 10 s.
+    p.write("backfill.toml", "lease_timeout = \"10s\"\n");
+    // Its tries wait for `go`; it freezes in a later transaction (its heartbeat's, or a try's
+    // start), once the backfill is recorded.
+    let a = p.spawn_with(
+        "a",
+        &create_args(&url, "2026-01-01", "2026-01-03"),
+        &[("BACKFILL_FAULT", "manifest-transaction@10:stop")],
+    );
+    wait_until("host A to freeze", Duration::from_secs(20), || {
+        stopped(a.id())
+    });
+    let frozen = std::time::Instant::now();
+    // Its lease expires: another process takes the backfill over and finishes it.
+    std::fs::write(p.path("go"), "").unwrap();
+    p.run(&["--manifest", &url, "resume", "1", "--wait"])
+        .code(0)
+        .stderr_has("3 succeeded");
+    // Frozen for longer than its patience, then thawed.
+    std::thread::sleep(Duration::from_millis(10_500).saturating_sub(frozen.elapsed()));
+    signal(&a, Signal::SIGCONT);
+    let out = wait_within(&p, "a", a, Duration::from_secs(60));
+    out.code(130).stderr_has("backfill 1 of c: taken over");
+    assert!(
+        !out.stderr.contains("lost in every transaction"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        cluster.psql(
+            &db,
+            "SELECT COUNT(*), COUNT(DISTINCT interval_start) FROM backfill_manifest.runs WHERE state = 'succeeded'"
+        ),
+        "3|3"
+    );
+    assert_eq!(p.read("overlaps.txt"), "");
+}
+
 /// An owner frozen past its lease and taken over, thawed while the writers' lock is held: its
 /// heartbeat cannot be written within half its lease, so it stops; once the manifest answers,
 /// it says it was taken over (exit 130), not that the manifest failed (exit 1).

@@ -76,6 +76,47 @@ mod imp {
         Mutex::new(plan)
     });
 
+    /// Held (shared) by the SQLite manifest's writer over each transaction, and (exclusive) by
+    /// a process that freezes itself at a fault point.
+    static MANIFEST_TX: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+    thread_local! {
+        /// Whether this thread is inside a manifest transaction.
+        static IN_TX: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// A manifest transaction of this process, while it is open.
+    pub struct InTx {
+        _guard: std::sync::RwLockReadGuard<'static, ()>,
+    }
+
+    impl Drop for InTx {
+        fn drop(&mut self) {
+            IN_TX.with(|t| t.set(false));
+        }
+    }
+
+    pub fn manifest_tx() -> InTx {
+        let guard = MANIFEST_TX
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        IN_TX.with(|t| t.set(true));
+        InTx { _guard: guard }
+    }
+
+    /// Waits until no manifest transaction of this process is open, and keeps new ones from
+    /// beginning while held; nothing when this thread is inside one.
+    pub fn manifest_idle() -> Option<std::sync::RwLockWriteGuard<'static, ()>> {
+        if IN_TX.with(std::cell::Cell::get) {
+            return None;
+        }
+        Some(
+            MANIFEST_TX
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
     pub fn reached(point: &str) -> Option<Action> {
         let mut plan = PLAN
             .lock()
@@ -113,6 +154,10 @@ pub fn point(name: &str) -> bool {
         match imp::reached(name) {
             Some(Action::Abort) => std::process::abort(),
             Some(Action::Stop) => {
+                // Frozen between the SQLite manifest's transactions, as a test expects of a
+                // process frozen at this point: which lock a frozen process holds is then the
+                // point's, not a matter of timing.
+                let _idle = imp::manifest_idle();
                 let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
                 false
             }
@@ -168,4 +213,15 @@ pub fn serve_timeouts() -> Option<std::time::Duration> {
     {
         None
     }
+}
+
+/// Marks a SQLite manifest transaction of this process as open while the returned value lives:
+/// a process that freezes itself at a fault point does so between them.
+pub fn manifest_tx() -> impl Sized {
+    #[cfg(feature = "fault-injection")]
+    {
+        imp::manifest_tx()
+    }
+    #[cfg(not(feature = "fault-injection"))]
+    {}
 }

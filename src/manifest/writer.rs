@@ -393,6 +393,7 @@ fn answer_all(batch: Vec<Box<dyn Pending>>, failed: Option<String>) {
 }
 
 fn commit_sqlite(conn: &Conn, c: &rusqlite::Connection, mut batch: Vec<Box<dyn Pending>>) {
+    let _open = crate::fault::manifest_tx();
     if let Err(e) = c
         .prepare_cached("BEGIN IMMEDIATE")
         .and_then(|mut s| s.execute([]))

@@ -69,11 +69,15 @@ fn frozen_owner_and(taker: &str) {
     let named = format!(
         "its write lock is held by process {pid}, which is stopped: `kill -CONT {pid}` lets it go on (or end it)"
     );
-    wait_until(
-        &format!("{taker} to say who holds the lock"),
-        Duration::from_secs(15),
-        || p.read(&err).contains(&named),
-    );
+    let deadline = began + Duration::from_secs(15);
+    while !p.read(&err).contains(&named) {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {taker} to say who holds the lock; it said:\n{}",
+            p.read(&err)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let said = began.elapsed();
     let out = wait_within(&p, taker, child, PATIENCE + Duration::from_secs(30));
     let ended = began.elapsed();

@@ -163,10 +163,12 @@ fn gate_checks(c: &mut Criterion) {
         partition_column: "order_day".into(),
         sql: String::new(),
         keep_versions: 1,
+        write: Default::default(),
     };
     let g = Gate {
         unique_key: vec!["order_id".into()],
         unique_key_table: false,
+        max_changed: None,
         source_count: None,
         source_fingerprint: None,
         tolerance: 0.02,
@@ -199,6 +201,7 @@ fn gate_checks(c: &mut Criterion) {
         })
     });
     let measures = Measures {
+        merge: None,
         rows: 3000,
         outside: Some(0),
         outside_values: Vec::new(),
@@ -212,6 +215,7 @@ fn gate_checks(c: &mut Criterion) {
         history: None,
     };
     let rules = Rules {
+        max_changed: None,
         tolerance: 0.02,
         allow_empty: false,
         allow_drift: false,

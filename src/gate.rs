@@ -48,6 +48,58 @@ pub struct Measures {
     /// With `history`: the rows of the task's published partitions before this interval,
     /// newest first, as many as asked when there are that many.
     pub history: Option<Vec<i64>>,
+    /// With `write = "merge"`: what the merge would do to the partition. `rows` is then the
+    /// partition's rows after it (the output's, and with `on_missing = "keep"` the kept ones).
+    pub merge: Option<Merge>,
+}
+
+/// What a merge does to a partition, row by row: measured before the gate judges it, and
+/// recorded with the try once it published.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Merge {
+    /// Output rows whose key the target did not hold.
+    pub inserted: i64,
+    /// Output rows whose key the target held with other values (or in another partition, with
+    /// `unique_key_scope = "table"`: the row moves).
+    pub updated: i64,
+    /// Keys of the partition that the output no longer has, deleted.
+    pub deleted: i64,
+    /// Output rows equal to the target's: not written.
+    pub unchanged: i64,
+    /// Keys of the partition that the output no longer has, kept (`on_missing = "keep"`).
+    pub kept: i64,
+    /// Of `updated`, rows that another partition held (`unique_key_scope = "table"`): the
+    /// merge moves them into this one.
+    pub moved: i64,
+    /// Output rows with a `NULL` in the key, which no merge can match (the gate rejects them).
+    pub null_keys: i64,
+}
+
+impl Merge {
+    /// Rows inserted, updated or deleted.
+    pub fn changed(&self) -> i64 {
+        self.inserted
+            .saturating_add(self.updated)
+            .saturating_add(self.deleted)
+    }
+
+    /// The partition's rows before the merge.
+    pub fn before(&self) -> i64 {
+        (self.unchanged + self.updated - self.moved + self.deleted + self.kept).max(0)
+    }
+
+    /// The partition's rows after the merge.
+    pub fn after(&self) -> i64 {
+        self.inserted + self.updated + self.unchanged + self.kept
+    }
+
+    /// `+3 ~2 -1 =194`: inserted, updated, deleted and unchanged, as logs and tables show them.
+    pub fn short(&self) -> String {
+        format!(
+            "+{} ~{} -{} ={}",
+            self.inserted, self.updated, self.deleted, self.unchanged
+        )
+    }
 }
 
 /// What a rule on the output's values found.
@@ -125,7 +177,13 @@ pub struct Rules {
     /// `--allow-drift`: neither the published partition nor the history rejects a count.
     pub allow_drift: bool,
     pub history: Option<History>,
+    /// `max_changed` of a merge: the largest fraction of the partition's published rows it
+    /// may change.
+    pub max_changed: Option<f64>,
 }
+
+/// How a rejection by `max_changed` begins.
+pub const MAX_CHANGED: &str = "max_changed: ";
 
 /// `history = { partitions = N, tolerance = F }`: a try's rows against the median of the
 /// task's last `partitions` published partitions before its interval.
@@ -316,6 +374,8 @@ pub fn rules_named(reasons: &str) -> Vec<String> {
             "drift".into()
         } else if reason.starts_with(HISTORY) {
             "history".into()
+        } else if reason.starts_with(MAX_CHANGED) {
+            "max_changed".into()
         } else if reason.starts_with("zero rows") {
             "zero_rows".into()
         } else if reason.starts_with("row count") || reason.contains("while the source is empty") {
@@ -370,10 +430,27 @@ fn verdict(m: &Measures, r: &Rules) -> Verdict {
             }
         ));
     }
-    if let Some(found) = &m.elsewhere {
+    if let Some(n) = m.merge.map(|g| g.null_keys).filter(|n| *n > 0) {
         return Verdict::Reject(format!(
-            "unique_key violated across partitions: key {found}; the source moved that record out of its old partition, so rerun the old partition first, then this one"
+            "unique_key violated: {} a NULL in the key; a merge matches rows by their key and cannot match {}",
+            if n == 1 {
+                "1 row has".to_string()
+            } else {
+                format!("{} rows have", thousands(n))
+            },
+            if n == 1 { "it" } else { "them" }
         ));
+    }
+    if let Some(found) = &m.elsewhere {
+        return Verdict::Reject(if m.merge.is_some() {
+            format!(
+                "unique_key violated across partitions: key {found}, and this output puts it in this interval's partition; a merge would update the row of the other partition. If the record moved, set unique_key_scope = \"table\" to move it; otherwise the key is not unique at the target's grain"
+            )
+        } else {
+            format!(
+                "unique_key violated across partitions: key {found}; the source moved that record out of its old partition, so rerun the old partition first, then this one"
+            )
+        });
     }
     // The gate's own rules are named before the target's constraints, on every engine: a
     // `not_null` that the target's NOT NULL would also refuse is said as the rule's violation.
@@ -383,6 +460,25 @@ fn verdict(m: &Measures, r: &Rules) -> Verdict {
     }
     if let Some(why) = &m.constraint {
         return refused_by_target(why);
+    }
+    if let (Some(max), Some(merge)) = (r.max_changed, m.merge) {
+        // A partition that holds no rows yet has nothing a merge could wrongly change.
+        let before = merge.before();
+        if before > 0 {
+            let share = merge.changed() as f64 / before as f64;
+            if share > max {
+                return Verdict::Reject(format!(
+                    "{MAX_CHANGED}the merge would change {} of the partition's {} ({} inserted, {} updated, {} deleted), {} (at most {}); rerun with a higher max_changed if that is meant",
+                    thousands(merge.changed()),
+                    plural(before, "row", "rows"),
+                    thousands(merge.inserted),
+                    thousands(merge.updated),
+                    thousands(merge.deleted),
+                    percent(share),
+                    percent(max)
+                ));
+            }
+        }
     }
     match m.source {
         Some(source) if source > 0 && m.rows == 0 => {
@@ -497,6 +593,7 @@ mod tests {
         allow_empty: false,
         allow_drift: false,
         history: None,
+        max_changed: None,
     };
 
     fn m(rows: i64) -> Measures {
@@ -512,6 +609,7 @@ mod tests {
             constraint: None,
             found: Vec::new(),
             history: None,
+            merge: None,
         }
     }
 
@@ -556,6 +654,7 @@ mod tests {
             constraint: Some("duplicate key value violates unique constraint \"t_pkey\"".into()),
             found: Vec::new(),
             history: None,
+            merge: None,
         };
         assert!(reason(judged(&all_wrong, &RULES)).starts_with("row outside interval: 3"));
         let dupes = Measures {
@@ -719,8 +818,96 @@ mod tests {
             constraint: None,
             found: Vec::new(),
             history: None,
+            merge: None,
         };
         assert_eq!(judged(&command_task, &RULES), Verdict::Publish);
+    }
+
+    fn merged(inserted: i64, updated: i64, deleted: i64, unchanged: i64) -> Merge {
+        Merge {
+            inserted,
+            updated,
+            deleted,
+            unchanged,
+            ..Merge::default()
+        }
+    }
+
+    #[test]
+    fn max_changed_bounds_what_a_merge_changes_of_the_published_partition() {
+        let rules = Rules {
+            max_changed: Some(0.2),
+            ..RULES
+        };
+        // 100 rows before: 10 updated, 5 deleted, 5 inserted is 20%, allowed.
+        let within = Measures {
+            merge: Some(merged(5, 10, 5, 85)),
+            ..m(100)
+        };
+        assert_eq!(judged(&within, &rules), Verdict::Publish);
+        let beyond = Measures {
+            merge: Some(merged(5, 11, 5, 84)),
+            ..m(100)
+        };
+        assert_eq!(
+            reason(judged(&beyond, &rules)),
+            "max_changed: the merge would change 21 of the partition's 100 rows (5 inserted, 11 updated, 5 deleted), 21.0% (at most 20.0%); rerun with a higher max_changed if that is meant"
+        );
+        assert_eq!(
+            rules_named(&reason(judged(&beyond, &rules))),
+            ["max_changed"]
+        );
+        // A partition that held nothing is not judged; without max_changed nothing is.
+        let first = Measures {
+            merge: Some(merged(100, 0, 0, 0)),
+            ..m(100)
+        };
+        assert_eq!(judged(&first, &rules), Verdict::Publish);
+        assert_eq!(judged(&beyond, &RULES), Verdict::Publish);
+        // Rows moved in from another partition were not the partition's before.
+        let moved = Measures {
+            merge: Some(Merge {
+                moved: 10,
+                ..merged(0, 10, 0, 10)
+            }),
+            ..m(20)
+        };
+        assert!(reason(judged(&moved, &rules)).contains("10 of the partition's 10 rows"));
+    }
+
+    #[test]
+    fn a_merge_rejects_null_keys_and_keys_of_other_partitions_in_its_own_words() {
+        let nulls = Measures {
+            merge: Some(Merge {
+                null_keys: 2,
+                ..merged(2, 0, 0, 8)
+            }),
+            ..m(10)
+        };
+        assert_eq!(
+            reason(judged(&nulls, &RULES)),
+            "unique_key violated: 2 rows have a NULL in the key; a merge matches rows by their key and cannot match them"
+        );
+        let elsewhere = Measures {
+            elsewhere: Some("(7) in partition '2026-09-01'".into()),
+            merge: Some(merged(0, 1, 0, 9)),
+            ..m(10)
+        };
+        let why = reason(judged(&elsewhere, &RULES));
+        assert!(
+            why.starts_with("unique_key violated across partitions: key (7) in partition '2026-09-01', and this output puts it in this interval's partition; a merge would update the row of the other partition"),
+            "{why}"
+        );
+        assert_eq!(rules_named(&why), ["unique_key"]);
+    }
+
+    #[test]
+    fn a_merge_counts_the_partition_after_it() {
+        let m = merged(1, 2, 3, 4);
+        assert_eq!((m.changed(), m.before(), m.after()), (6, 9, 7));
+        let kept = Merge { kept: 5, ..m };
+        assert_eq!((kept.before(), kept.after()), (14, 12));
+        assert_eq!(m.short(), "+1 ~2 -3 =4");
     }
 
     fn found(severity: Severity, violations: i64, samples: &[&str]) -> Found {

@@ -311,6 +311,7 @@ mod tests {
         Gate {
             unique_key: Vec::new(),
             unique_key_table: false,
+            max_changed: None,
             source_count: count.then(|| SourceCount::Sql("SELECT 1".into())),
             source_fingerprint: fingerprint.then(|| SourceCount::Sql("SELECT 1".into())),
             tolerance: 0.0,

@@ -62,6 +62,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (11, include_str!("../../migrations/0011_batch_holder.sql")),
     (12, include_str!("../../migrations/0012_project.sql")),
     (13, include_str!("../../migrations/0013_owner_start.sql")),
+    (14, include_str!("../../migrations/0014_merge.sql")),
 ];
 
 /// CHECK constraints a migration widens (SQLite cannot alter one): `(version, table, old, new)`.

@@ -62,6 +62,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
         8,
         include_str!("../../migrations/postgres/0008_owner_start.sql"),
     ),
+    (9, include_str!("../../migrations/postgres/0009_merge.sql")),
 ];
 
 /// The longest the server lets a manifest session sit idle inside a transaction before it ends

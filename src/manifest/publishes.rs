@@ -31,7 +31,8 @@ pub fn record_publish_intent(
             "UPDATE task_tries SET publishing = 1, audit_path = ?2, rows = ?3, fingerprint = ?4,
                 source_rows = ?5, previous_rows = ?6, verdict = ?7, reasons = ?8,
                 source_fingerprint = ?9, promoted_from = ?10, restored_from = ?11,
-                restore_key = ?12
+                restore_key = ?12, rows_inserted = ?13, rows_updated = ?14, rows_deleted = ?15,
+                rows_unchanged = ?16
              WHERE id = ?1 AND state = 'running'",
         )?
         .execute(params![
@@ -46,7 +47,11 @@ pub fn record_publish_intent(
             rec.source_fingerprint,
             rec.promoted_from,
             rec.restored_from,
-            rec.restore_key
+            rec.restore_key,
+            rec.rows_inserted,
+            rec.rows_updated,
+            rec.rows_deleted,
+            rec.rows_unchanged
         ])?;
     Ok(changed == 1)
 }
@@ -62,7 +67,8 @@ pub fn record_publish_intent(
 ///
 /// `$1` try, `$2` rows, `$3` fingerprint, `$4` source rows, `$5` rows compared with, `$6`
 /// verdict, `$7` reasons, `$8` source fingerprint, `$9` DAG, `$10` task, `$11` and `$12` the
-/// interval (unix seconds), `$13` the staged try a promote publishes (then `promoted`). Times
+/// interval (unix seconds), `$13` the staged try a promote publishes (then `promoted`), `$14`
+/// to `$17` a merge's rows inserted, updated, deleted and unchanged. Times
 /// are the database's clock, as every manifest write's.
 pub const IN_PUBLISH: &str = "WITH now AS (
      SELECT CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS bigint) AS ms),
@@ -70,7 +76,8 @@ pub const IN_PUBLISH: &str = "WITH now AS (
      UPDATE backfill_manifest.task_tries SET state = 'succeeded',
          ended_at = GREATEST((SELECT ms FROM now), started_at),
          rows = $2, fingerprint = $3, source_rows = $4, previous_rows = $5, verdict = $6,
-         reasons = $7, source_fingerprint = $8, publishing = 0
+         reasons = $7, source_fingerprint = $8, publishing = 0, rows_inserted = $14,
+         rows_updated = $15, rows_deleted = $16, rows_unchanged = $17
      WHERE id = $1 AND state = 'running'
      RETURNING id),
  published AS (
@@ -164,7 +171,8 @@ pub fn pending_publishes(conn: &Conn, claimed: Owner) -> Result<Vec<PendingPubli
         "SELECT t.id, t.run_id, r.dag_id, t.task_id, r.interval_start, r.interval_end,
                 t.audit_path, t.audit_table, t.rows, t.fingerprint, t.source_rows,
                 t.previous_rows, t.verdict, t.reasons, t.source_fingerprint, t.promoted_from,
-                t.restored_from, t.restore_key
+                t.restored_from, t.restore_key, t.rows_inserted, t.rows_updated, t.rows_deleted,
+                t.rows_unchanged
          FROM runs r JOIN task_tries t ON t.run_id = r.id
          WHERE {runs} AND t.publishing = 1 ORDER BY t.id"
     ))?;
@@ -188,6 +196,10 @@ pub fn pending_publishes(conn: &Conn, claimed: Owner) -> Result<Vec<PendingPubli
                 promoted_from: r.get(15)?,
                 restored_from: r.get(16)?,
                 restore_key: r.get(17)?,
+                rows_inserted: r.get(18)?,
+                rows_updated: r.get(19)?,
+                rows_deleted: r.get(20)?,
+                rows_unchanged: r.get(21)?,
                 ..TryRecord::new(TryState::Succeeded)
             },
         })

@@ -517,6 +517,11 @@ pub struct TryRecord {
     pub restore_key: Option<i64>,
     /// The batch whose one query or command computed the output (`START/END`).
     pub batch: Option<String>,
+    /// A merge's rows inserted, updated, deleted and left unchanged (`write = "merge"`).
+    pub rows_inserted: Option<i64>,
+    pub rows_updated: Option<i64>,
+    pub rows_deleted: Option<i64>,
+    pub rows_unchanged: Option<i64>,
 }
 
 /// What the gate judged of a try, as JSON: kept with a PostgreSQL warehouse's booking of the
@@ -528,9 +533,30 @@ pub struct Judged {
     pub verdict: Option<String>,
     pub reasons: Option<String>,
     pub source_fingerprint: Option<String>,
+    /// A merge's counts: inserted, updated, deleted, unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merged: Option<[i64; 4]>,
 }
 
 impl TryRecord {
+    /// Records what a merge did.
+    pub fn set_merge(&mut self, m: &crate::gate::Merge) {
+        self.rows_inserted = Some(m.inserted);
+        self.rows_updated = Some(m.updated);
+        self.rows_deleted = Some(m.deleted);
+        self.rows_unchanged = Some(m.unchanged);
+    }
+
+    /// A merge's counts, when recorded: inserted, updated, deleted, unchanged.
+    pub fn merged(&self) -> Option<[i64; 4]> {
+        Some([
+            self.rows_inserted?,
+            self.rows_updated?,
+            self.rows_deleted?,
+            self.rows_unchanged?,
+        ])
+    }
+
     /// What the gate judged, as JSON.
     pub fn judged(&self) -> String {
         serde_json::to_string(&Judged {
@@ -539,6 +565,7 @@ impl TryRecord {
             verdict: self.verdict.clone(),
             reasons: self.reasons.clone(),
             source_fingerprint: self.source_fingerprint.clone(),
+            merged: self.merged(),
         })
         .unwrap_or_default()
     }
@@ -551,6 +578,10 @@ impl TryRecord {
         self.verdict = self.verdict.take().or(j.verdict);
         self.reasons = self.reasons.take().or(j.reasons);
         self.source_fingerprint = self.source_fingerprint.take().or(j.source_fingerprint);
+        if let (None, Some([i, u, d, n])) = (self.merged(), j.merged) {
+            (self.rows_inserted, self.rows_updated) = (Some(i), Some(u));
+            (self.rows_deleted, self.rows_unchanged) = (Some(d), Some(n));
+        }
     }
 
     pub fn new(state: TryState) -> Self {
@@ -570,6 +601,10 @@ impl TryRecord {
             restored_from: None,
             restore_key: None,
             batch: None,
+            rows_inserted: None,
+            rows_updated: None,
+            rows_deleted: None,
+            rows_unchanged: None,
             previous_rows: None,
             verdict: None,
             reasons: None,
@@ -588,14 +623,15 @@ pub fn finish_try(
     end_try(conn, try_id, rec, end)
 }
 
-/// A try's end: its record in `?2` to `?19`, the try `?1`, if it is still running; `?3` is now
-/// and `?20` the milliseconds since its start (see [`ended`]).
+/// A try's end: its record in `?2` to `?19` and `?21` to `?24`, the try `?1`, if it is still
+/// running; `?3` is now and `?20` the milliseconds since its start (see [`ended`]).
 static END_TRY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
         "UPDATE task_tries SET state = ?2, ended_at = {}, exit_code = ?4, error = ?5,
         rows = ?6, partitions = ?7, inputs = ?8, fingerprint = ?9, source_rows = ?10,
         previous_rows = ?11, verdict = ?12, reasons = ?13, source_fingerprint = ?14, staged = ?15,
-        staged_path = ?16, promoted_from = ?17, restored_from = ?18, batch = ?19, publishing = 0
+        staged_path = ?16, promoted_from = ?17, restored_from = ?18, batch = ?19, publishing = 0,
+        rows_inserted = ?21, rows_updated = ?22, rows_deleted = ?23, rows_unchanged = ?24
      WHERE id = ?1 AND state = 'running'",
         ended("started_at", "?3", "?20")
     )
@@ -629,6 +665,10 @@ fn end_try_values<'a>(
         &rec.restored_from,
         &rec.batch,
         &end.elapsed_ms,
+        &rec.rows_inserted,
+        &rec.rows_updated,
+        &rec.rows_deleted,
+        &rec.rows_unchanged,
     ];
     v.extend_from_slice(more);
     v
@@ -661,13 +701,13 @@ pub fn finish_try_and_run(
         &format!(
             "WITH ended_try AS ({}),
          ended AS (
-             UPDATE runs SET state = ?21, ended_at = {}, error = ?22
-             WHERE id = ?23 AND state IN ('queued', 'running'))
+             UPDATE runs SET state = ?25, ended_at = {}, error = ?26
+             WHERE id = ?27 AND state IN ('queued', 'running'))
          DELETE FROM leases l USING runs r
-         WHERE r.id = ?23 AND l.dag_id = r.dag_id AND l.interval_start = r.interval_start
+         WHERE r.id = ?27 AND l.dag_id = r.dag_id AND l.interval_start = r.interval_start
            AND l.backfill_id = r.backfill_id",
             *END_TRY,
-            ended("started_at", "?3", "?24")
+            ended("started_at", "?3", "?28")
         ),
         values.as_slice().values()?,
         |_| Ok(()),
@@ -768,6 +808,10 @@ pub fn end_abandoned_try(conn: &Conn, try_id: i64, rec: &TryRecord, now_ms: i64)
                 source_rows = COALESCE(?7, source_rows),
                 previous_rows = COALESCE(?8, previous_rows),
                 source_fingerprint = COALESCE(?9, source_fingerprint),
+                rows_inserted = COALESCE(?12, rows_inserted),
+                rows_updated = COALESCE(?13, rows_updated),
+                rows_deleted = COALESCE(?14, rows_deleted),
+                rows_unchanged = COALESCE(?15, rows_unchanged),
                 publishing = 0,
                 verdict = CASE WHEN ?2 = 'succeeded' THEN COALESCE(?10, verdict) END,
                 reasons = CASE WHEN ?2 = 'succeeded' THEN COALESCE(?11, reasons) END
@@ -786,7 +830,11 @@ pub fn end_abandoned_try(conn: &Conn, try_id: i64, rec: &TryRecord, now_ms: i64)
         rec.previous_rows,
         rec.source_fingerprint,
         rec.verdict,
-        rec.reasons
+        rec.reasons,
+        rec.rows_inserted,
+        rec.rows_updated,
+        rec.rows_deleted,
+        rec.rows_unchanged
     ])?;
     Ok(changed == 1)
 }

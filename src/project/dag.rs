@@ -138,6 +138,10 @@ pub struct TaskLocations {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per task of a loaded DAG, never in bulk"
+)]
 pub enum TaskKind {
     Command(CommandSpec),
     Sql(SqlTask),
@@ -153,6 +157,39 @@ pub struct SqlTask {
     /// Partitions replaced by publishes kept per interval, for rollback: the task's
     /// `keep_versions`, else its warehouse's.
     pub keep_versions: u32,
+    /// How the output becomes the partition (`write`).
+    pub write: WritePattern,
+}
+
+/// How a SQL task's output becomes its partition: the task's `write`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum WritePattern {
+    /// The interval's rows are deleted and the output inserted (`write = "replace"`).
+    #[default]
+    Replace,
+    /// By the gate's `unique_key` (`write = "merge"`): keys the target does not hold are
+    /// inserted, those whose other columns differ are updated (only the columns the query
+    /// returns), identical rows are not written, and the partition's keys that the output no
+    /// longer has are deleted, unless `keep_missing` (`on_missing = "keep"`, the upsert of a
+    /// change set). `key` is the gate's `unique_key`.
+    Merge {
+        key: Vec<String>,
+        keep_missing: bool,
+    },
+}
+
+impl WritePattern {
+    pub fn is_merge(&self) -> bool {
+        matches!(self, WritePattern::Merge { .. })
+    }
+
+    /// As written in a DAG file and shown: `replace`, `merge`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            WritePattern::Replace => "replace",
+            WritePattern::Merge { .. } => "merge",
+        }
+    }
 }
 
 /// The publication gate of a task (`[tasks.gate]`).
@@ -162,6 +199,9 @@ pub struct Gate {
     /// `unique_key_scope = "table"`: the output's keys must not be in any other partition of
     /// the target either (a record the source moved across the partition boundary).
     pub unique_key_table: bool,
+    /// With `write = "merge"`: the largest fraction of the partition's rows (as published) that
+    /// a merge may insert, update or delete; more is rejected.
+    pub max_changed: Option<f64>,
     pub source_count: Option<SourceCount>,
     /// What the source looks like now, as one value (a query or a command): recorded with each
     /// try and compared again by `--reprocess-behavior changed` and `backfill stale`.

@@ -378,6 +378,38 @@ fn load_tasks(
 }
 
 /// One task, every key checked; `None` when any is wrong.
+/// A merge needs its business key, and `max_changed` a merge.
+fn merge_needs(
+    t: &RawTask,
+    id: &str,
+    kind: &Option<TaskKind>,
+    gate: Option<&Gate>,
+    errs: &mut FileErrors<'_>,
+) {
+    let merge = matches!(kind, Some(TaskKind::Sql(s)) if s.write.is_merge());
+    let keyed = gate.is_some_and(|g| !g.unique_key.is_empty());
+    if let (true, false, Some(w)) = (merge, keyed, &t.write) {
+        errs.at(
+            w,
+            format!(
+                "task `{id}`: `write = \"merge\"` matches the output's rows to the target's by a business key; give it as `unique_key = [\"customer_id\"]` in [tasks.gate]"
+            ),
+        );
+    }
+    let max_changed = t
+        .gate
+        .as_ref()
+        .and_then(|g| g.get_ref().max_changed.as_ref());
+    if let (false, Some(m), Some(TaskKind::Sql(_))) = (merge, max_changed, kind) {
+        errs.at(
+            m,
+            format!(
+                "task `{id}`: `max_changed` bounds what a merge changes; it needs `write = \"merge\"` (a replace rewrites the whole partition), or remove it"
+            ),
+        );
+    }
+}
+
 fn load_task(
     t: &RawTask,
     id: &str,
@@ -385,7 +417,7 @@ fn load_task(
     warehouses: &BTreeMap<String, Warehouse>,
     errs: &mut FileErrors<'_>,
 ) -> Option<Task> {
-    let kind = task_kind(t, id, warehouses, errs);
+    let mut kind = task_kind(t, id, warehouses, errs);
     let is_sql = t.sql.is_some() && t.command.is_none();
     if let (false, Some(k)) = (is_sql, &t.keep_versions) {
         errs.at(
@@ -396,6 +428,12 @@ fn load_task(
         );
     }
     let gate = t.gate.as_ref().map(|g| load_gate(id, g, is_sql, errs));
+    merge_needs(t, id, &kind, gate.as_ref().and_then(Option::as_ref), errs);
+    if let (Some(TaskKind::Sql(sql)), Some(Some(g))) = (&mut kind, &gate)
+        && let WritePattern::Merge { key, .. } = &mut sql.write
+    {
+        key.clone_from(&g.unique_key);
+    }
     if let Some(TaskKind::Sql(sql)) = &kind {
         let dialect = if sql.warehouse.is_postgres() {
             crate::query::Dialect::Postgres

@@ -19,7 +19,8 @@ use std::time::Duration;
 
 pub use dag::{
     CommandSpec, Dag, Gate, History, Literal, Notify, Rule, RuleKind, Severity, SourceCount,
-    SqlTask, Task, TaskKind, TaskLocations, batchable, definition_changes, missing_conf,
+    SqlTask, Task, TaskKind, TaskLocations, WritePattern, batchable, definition_changes,
+    missing_conf,
 };
 pub use diagnostics::{ConfigError, StringAt};
 

@@ -61,10 +61,13 @@ pub(crate) const TASK_KEYS: &[&str] = &[
     "grace_period",
     "keep_versions",
     "pool",
+    "write",
+    "on_missing",
 ];
 pub(crate) const GATE_KEYS: &[&str] = &[
     "unique_key",
     "unique_key_scope",
+    "max_changed",
     "source_count",
     "source_fingerprint",
     "tolerance",
@@ -186,6 +189,10 @@ pub(crate) struct RawTask {
     pub(crate) grace_period: Option<Spanned<String>>,
     pub(crate) keep_versions: Option<Spanned<i128>>,
     pub(crate) pool: Option<Spanned<String>>,
+    /// `replace` (the default) or `merge`.
+    pub(crate) write: Option<Spanned<String>>,
+    /// With `write = "merge"`: `delete` (the default) or `keep`.
+    pub(crate) on_missing: Option<Spanned<String>>,
 }
 
 /// A `[tasks.gate]` table.
@@ -194,6 +201,8 @@ pub(crate) struct RawGate {
     pub(crate) unique_key: Vec<Spanned<String>>,
     /// `partition` (the default) or `table`.
     pub(crate) unique_key_scope: Option<Spanned<String>>,
+    /// With `write = "merge"`: the largest fraction of the partition's rows a merge may change.
+    pub(crate) max_changed: Option<Spanned<f64>>,
     pub(crate) source_count: Option<Spanned<RawCommand>>,
     pub(crate) source_fingerprint: Option<Spanned<RawCommand>>,
     pub(crate) tolerance: Option<Spanned<f64>>,
@@ -408,6 +417,7 @@ impl RawTask {
                 let gate = RawGate {
                     unique_key: strings(gt, "unique_key", "[\"day\", \"region\"]", errs),
                     unique_key_scope: string(gt, "unique_key_scope", "\"table\"", errs),
+                    max_changed: number(gt, "max_changed", "0.2", errs),
                     source_count: command(gt, "source_count", errs),
                     source_fingerprint: command(gt, "source_fingerprint", errs),
                     tolerance: number(gt, "tolerance", "0.02", errs),
@@ -449,6 +459,8 @@ impl RawTask {
             grace_period: string(t, "grace_period", "\"10s\"", errs),
             keep_versions: integer(t, "keep_versions", "1", errs),
             pool: string(t, "pool", "\"source_api\"", errs),
+            write: string(t, "write", "\"merge\"", errs),
+            on_missing: string(t, "on_missing", "\"keep\"", errs),
         }
     }
 }

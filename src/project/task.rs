@@ -84,6 +84,8 @@ pub(super) fn task_kind(
                 ("warehouse", &t.warehouse),
                 ("target", &t.target),
                 ("partition_column", &t.partition_column),
+                ("write", &t.write),
+                ("on_missing", &t.on_missing),
             ] {
                 if let Some(v) = value {
                     errs.at(
@@ -96,6 +98,7 @@ pub(super) fn task_kind(
             }
             let spec = command_spec(c, "command", errs)?;
             let sql_keys = t.warehouse.is_some() || t.target.is_some();
+            let sql_keys = sql_keys || t.write.is_some() || t.on_missing.is_some();
             (!sql_keys && t.partition_column.is_none()).then_some(TaskKind::Command(spec))
         }
         (None, Some(sql)) => {
@@ -185,6 +188,7 @@ pub(super) fn task_kind(
                 None => None,
                 Some(k) => Some(keep_versions(k, errs)?),
             };
+            let write = write_pattern(t, errs)?;
             let warehouse = warehouse?.clone();
             let (target, at) = (target?, t.target.as_ref()?);
             if !warehouse.is_postgres() && !sql_identifier(&target) {
@@ -203,6 +207,7 @@ pub(super) fn task_kind(
                 target,
                 partition_column: partition_column?,
                 sql: sql.get_ref().clone(),
+                write,
             }))
         }
         (Some(c), Some(_)) => {
@@ -223,6 +228,58 @@ pub(super) fn task_kind(
             None
         }
     }
+}
+
+/// The task's `write` and `on_missing`.
+fn write_pattern(t: &RawTask, errs: &mut FileErrors<'_>) -> Option<WritePattern> {
+    let merge = match &t.write {
+        None => false,
+        Some(w) => match w.get_ref().as_str() {
+            "replace" => false,
+            "merge" => true,
+            other => {
+                errs.at(
+                    w,
+                    format!(
+                        "key `write` is \"replace\" (delete the interval's rows, insert the output: the default) or \"merge\" (by the gate's `unique_key`: insert, update and delete only the rows that differ), not `{other}`; see docs/sql-tasks.md#write-patterns"
+                    ),
+                );
+                return None;
+            }
+        },
+    };
+    let keep_missing = match &t.on_missing {
+        None => false,
+        Some(m) if !merge => {
+            errs.at(
+                m,
+                "key `on_missing` says what a merge does with the partition's keys the output no longer has; it needs `write = \"merge\"`, or remove it",
+            );
+            return None;
+        }
+        Some(m) => match m.get_ref().as_str() {
+            "delete" => false,
+            "keep" => true,
+            other => {
+                errs.at(
+                    m,
+                    format!(
+                        "key `on_missing` is \"delete\" (the partition holds exactly the output's keys: the default) or \"keep\" (the output is a change set; keys it lacks stay), not `{other}`"
+                    ),
+                );
+                return None;
+            }
+        },
+    };
+    Some(if merge {
+        // The key is the gate's, set once the gate is loaded.
+        WritePattern::Merge {
+            key: Vec::new(),
+            keep_missing,
+        }
+    } else {
+        WritePattern::Replace
+    })
 }
 
 pub(super) fn load_gate(
@@ -279,6 +336,18 @@ pub(super) fn load_gate(
             }
         },
     };
+    let max_changed = match &raw.max_changed {
+        None => None,
+        Some(v) if (0.0..=1.0).contains(v.get_ref()) => Some(*v.get_ref()),
+        Some(v) => {
+            errs.at(
+                v,
+                "key `max_changed` must be a fraction from 0 to 1, such as 0.2 for at most 20% of the partition's rows",
+            );
+            ok = false;
+            None
+        }
+    };
     let tolerance = match &raw.tolerance {
         None => 0.0,
         Some(v) if v.get_ref().is_finite() && *v.get_ref() >= 0.0 => *v.get_ref(),
@@ -315,6 +384,7 @@ pub(super) fn load_gate(
     ok.then(|| Gate {
         unique_key: raw.unique_key.iter().map(|k| k.get_ref().clone()).collect(),
         unique_key_table,
+        max_changed,
         source_count,
         source_fingerprint,
         tolerance,

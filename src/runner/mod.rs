@@ -258,6 +258,12 @@ impl Shared {
             dag_id: self.spec.dag.id.clone(),
             task_id: task.id.clone(),
             promoted_from: record.promoted_from,
+            merged: [
+                record.rows_inserted,
+                record.rows_updated,
+                record.rows_deleted,
+                record.rows_unchanged,
+            ],
         }
     }
 

@@ -157,12 +157,14 @@ pub(super) fn rules(gate: Option<&Gate>, allow_drift: bool) -> Rules {
             allow_empty: g.allow_empty,
             allow_drift,
             history: g.history,
+            max_changed: g.max_changed,
         },
         None => Rules {
             tolerance: f64::INFINITY,
             allow_empty: true,
             allow_drift: true,
             history: None,
+            max_changed: None,
         },
     }
 }

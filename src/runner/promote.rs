@@ -74,6 +74,7 @@ fn judge_again(
         )));
     };
     let measures = Measures {
+        merge: None,
         rows,
         outside: None,
         outside_values: Vec::new(),

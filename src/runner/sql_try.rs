@@ -233,8 +233,10 @@ pub(super) async fn sql_try(
         }
     };
     let published = current.as_ref().map(|c| c.rows);
+    // A merge is judged by the partition as it will be after it.
+    let rows = measures.merge.map_or(measures.rows, |m| m.after());
     let gate_measures = Measures {
-        rows: measures.rows,
+        rows,
         outside: Some(measures.outside),
         outside_values: measures.outside_values.clone(),
         duplicate_keys: measures.duplicate_keys,
@@ -245,6 +247,7 @@ pub(super) async fn sql_try(
         constraint: measures.constraint.clone(),
         found: measures.found.clone(),
         history,
+        merge: measures.merge,
     };
     let rules = rules(task.gate.as_ref(), shared.spec.allow_drift);
     let verdict = match gate::judge(&gate_measures, &rules) {
@@ -256,20 +259,31 @@ pub(super) async fn sql_try(
         }
     };
     log.line(&format!(
-        "rows {} (source {}, published {}), fingerprint {}: {verdict}",
-        measures.rows,
+        "rows {rows} (source {}, published {}){}, fingerprint {}: {verdict}",
         measures.source.map_or("-".into(), |n| n.to_string()),
         published.map_or("-".into(), |n| n.to_string()),
+        measures
+            .merge
+            .map(|m| format!(", merge {}", m.short()))
+            .unwrap_or_default(),
         measures.fingerprint
     ));
     let mut record = TryRecord::new(TryState::Succeeded);
-    record.rows = Some(measures.rows);
+    record.rows = Some(rows);
+    if let Some(m) = &measures.merge {
+        record.set_merge(m);
+    }
     record.fingerprint = Some(measures.fingerprint.clone());
     apply_verdict(&mut record, &verdict, measures.source, published);
     record.source_fingerprint = measures.source_fingerprint.clone();
     if let Verdict::Reject(reason) = verdict {
         let_go(output, false).await;
         record.state = TryState::Rejected;
+        // What a merge would have done is in the reason when it is why; it did not happen.
+        record.rows_inserted = None;
+        record.rows_updated = None;
+        record.rows_deleted = None;
+        record.rows_unchanged = None;
         return Ok(Outcome::Rejected(record, reason));
     }
     let (warnings, notes) = (
@@ -399,6 +413,12 @@ pub(super) async fn publish_audited(
         .as_ref()
         .is_some_and(|c| c.fingerprint.is_some() && c.fingerprint == record.fingerprint);
     let judged = record.judged();
+    // A merge must do what the gate judged (a promote's is planned again by its publish).
+    let planned = if promoting {
+        None
+    } else {
+        output.measures().merge
+    };
     // Promotes take no pool slot (see `tries`).
     let pooled = task.pool.is_some() && !promoting;
     let recorded = in_manifest.then(|| shared.record_in_manifest(task, &record));
@@ -433,6 +453,7 @@ pub(super) async fn publish_audited(
                     table_keys: table_keys.as_deref(),
                     judged: Some(&judged),
                     in_manifest: recorded.as_ref(),
+                    planned,
                 };
                 let mut waiting = waiting_log(&log_path);
                 output.publish(&p, &allowed, &mut waiting)
@@ -491,6 +512,10 @@ pub(super) async fn publish_audited(
             log.line(&format!("not published: {verdict}"));
             let mut rec = record;
             rec.state = TryState::Rejected;
+            rec.rows_inserted = None;
+            rec.rows_updated = None;
+            rec.rows_deleted = None;
+            rec.rows_unchanged = None;
             let (source, previous) = (rec.source_rows, rec.previous_rows);
             apply_verdict(&mut rec, &verdict, source, previous);
             end_unpublished(shared, try_id, &rec, output, promoting).await?;

@@ -687,6 +687,7 @@ async fn gated_command(
     let (current, history) = published_and_history(shared, task, input.interval).await?;
     let published = current.map(|c| c.rows);
     let measures = Measures {
+        merge: None,
         rows,
         outside: None,
         outside_values: Vec::new(),

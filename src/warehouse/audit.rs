@@ -17,7 +17,7 @@ use rusqlite::types::ValueRef;
 
 use super::partition::{self, Classes, Repr};
 use super::{Binds, Error, Result, quote, retry_busy, source_count_query, wrapped_query};
-use crate::project::{Gate, SqlTask};
+use crate::project::{Gate, SqlTask, WritePattern};
 
 /// The table of an audit file that holds the try's rows.
 pub const TABLE: &str = "audit.rows";
@@ -219,6 +219,8 @@ pub struct AuditMeasures {
     pub constraint: Option<String>,
     /// What each rule on the output's values found (all but a command task's checks).
     pub found: Vec<crate::gate::Found>,
+    /// With `write = "merge"`: what the merge would do to the partition.
+    pub merge: Option<crate::gate::Merge>,
 }
 
 /// Computes the task's rows for the interval into the attached audit file, then measures them
@@ -625,8 +627,35 @@ pub fn measure(
     if outside == 0 {
         outside_values.clear();
     }
+    let merge = match (&task.write, gate) {
+        (WritePattern::Merge { keep_missing, .. }, Some(g)) if mixed.is_none() => {
+            let columns = super::table_columns(conn, "audit", "rows")?;
+            let m = super::merge::Merging::new(
+                &task.target,
+                TABLE,
+                &columns,
+                &g.unique_key,
+                &task.partition_column,
+                (repr, binds.interval, tz),
+                *keep_missing,
+            );
+            super::merge::index_source(conn, &m)?;
+            let mut plan = super::merge::plan(conn, &m)?;
+            if g.unique_key_table {
+                plan.moved = super::merge::moved(conn, &m)?;
+            }
+            Some(plan)
+        }
+        _ => None,
+    };
+    // A merge moves a key held by another partition with `unique_key_scope = "table"`, and
+    // would update the wrong row without it; a replace would hold the key twice with it.
+    let look_elsewhere = match &task.write {
+        WritePattern::Replace => gate.is_some_and(|g| g.unique_key_table),
+        WritePattern::Merge { .. } => gate.is_some_and(|g| !g.unique_key_table),
+    };
     let elsewhere = match (gate, repr) {
-        (Some(g), Some(r)) if g.unique_key_table && rows > 0 => {
+        (Some(g), Some(r)) if look_elsewhere && rows > 0 => {
             key_elsewhere(conn, task, &g.unique_key, r, binds, tz)?
         }
         _ => None,
@@ -644,6 +673,7 @@ pub fn measure(
         elsewhere,
         constraint: None,
         found: Vec::new(),
+        merge,
     })
 }
 

@@ -65,6 +65,8 @@ pub struct PublishAs<'a> {
     /// given only when the warehouse is in the manifest's own database (PostgreSQL, see
     /// [`super::postgres::shares_database`]).
     pub in_manifest: Option<&'a InManifest>,
+    /// What the gate judged that a merge does: the publish must do exactly that.
+    pub planned: Option<crate::gate::Merge>,
 }
 
 /// The manifest's record of a try's publish, written by the publish's own transaction when the
@@ -86,6 +88,8 @@ pub struct InManifest {
     pub dag_id: String,
     pub task_id: String,
     pub promoted_from: Option<i64>,
+    /// A merge's rows inserted, updated, deleted and unchanged.
+    pub merged: [Option<i64>; 4],
 }
 
 /// A rollback of one task's interval.
@@ -581,6 +585,7 @@ impl Pending for Audited {
             audit: (!p.empty).then_some(&self.file),
             expect_fingerprint: p.expect_fingerprint,
             keep: p.keep,
+            planned: p.planned,
         };
         // The publish writes the warehouse: a full disk there is the warehouse's.
         publish::publish_noting(&conn, &publish, allowed, waiting)

@@ -15,6 +15,7 @@ pub mod backend;
 pub mod busy;
 pub mod diff;
 pub mod init;
+pub mod merge;
 pub mod partition;
 pub mod pool;
 pub mod postgres;
@@ -292,6 +293,9 @@ pub fn open(w: &Warehouse) -> Result<Connection> {
         // Pages are read through a memory map rather than one read call each: connections of
         // a backfill reread the source after every publish of another connection.
         conn.pragma_update(None, "mmap_size", MMAP_SIZE)?;
+        // The target's foreign keys hold, as on PostgreSQL: a publish that would delete a row
+        // another table references is refused (SQLite leaves them unchecked by default).
+        conn.pragma_update(None, "foreign_keys", "ON")?;
         rules::register_number(&conn)?;
         Ok(conn)
     };
@@ -454,12 +458,18 @@ pub fn check_task_keys(
             )));
         }
     }
-    if let Some(g) = gate.filter(|g| g.unique_key_table && !g.unique_key.is_empty())
+    if let Some(g) =
+        gate.filter(|g| (g.unique_key_table || task.write.is_merge()) && !g.unique_key.is_empty())
         && !has_index_on(conn, &task.target, &g.unique_key)
             .map_err(|e| problem("gate.unique_key")(e.to_string()))?
     {
         return Err(problem("gate.unique_key")(format!(
-            "unique_key_scope = \"table\" looks the output's keys up in the whole table; create an index for it in the warehouse: CREATE INDEX {}_{} ON {} ({});",
+            "{} looks the output's keys up in the whole table; create an index for it in the warehouse: CREATE INDEX {}_{} ON {} ({});",
+            if task.write.is_merge() {
+                "write = \"merge\""
+            } else {
+                "unique_key_scope = \"table\""
+            },
             task.target,
             g.unique_key.join("_"),
             task.target,

@@ -16,7 +16,7 @@ use super::audit::{self, AuditFile};
 use super::partition::Repr;
 use super::{Error, Result, quote, retry_busy_noting, table_columns};
 use crate::interval::DataInterval;
-use crate::project::{SqlTask, Warehouse};
+use crate::project::{SqlTask, Warehouse, WritePattern};
 
 /// One lock per warehouse file: the publishes of this process take turns.
 static LOCKS: LazyLock<Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>> = LazyLock::new(Mutex::default);
@@ -42,6 +42,9 @@ pub struct Publish<'a> {
     pub expect_fingerprint: Option<&'a str>,
     /// Keep the rows being replaced, for rollback (see [`super::versions`]).
     pub keep: Option<super::versions::Keep>,
+    /// What the gate judged that a merge does: a merge that does otherwise (the target
+    /// changed since) fails, and nothing is published.
+    pub planned: Option<crate::gate::Merge>,
 }
 
 impl Publish<'_> {
@@ -122,7 +125,16 @@ fn transaction(
                 crate::clock::now_ms(),
             )?;
         }
-        delete_partition(conn, p.task, p.repr, p.interval, p.tz)?;
+        if let WritePattern::Merge { key, keep_missing } = &p.task.write {
+            ask(allowed)?;
+            return merge(conn, p, key, *keep_missing);
+        }
+        delete_partition(conn, p.task, p.repr, p.interval, p.tz).map_err(|e| match e {
+            Error::Sql(e) => {
+                super::merge::referenced(conn, &p.task.target, e, super::merge::REPLACE_DELETES)
+            }
+            e => e,
+        })?;
         ask(allowed)?;
         let inserted = match p.audit {
             None => 0,
@@ -151,9 +163,50 @@ fn transaction(
     })
 }
 
+/// The merge of a publish (`write = "merge"`), in its transaction: returns the partition's rows
+/// that came from the output. An explicit empty partition deletes the partition's rows (unless
+/// `keep_missing`).
+fn merge(conn: &Connection, p: &Publish<'_>, key: &[String], keep_missing: bool) -> Result<i64> {
+    let task = p.task;
+    if p.audit.is_none() {
+        if !keep_missing {
+            delete_partition(conn, task, p.repr, p.interval, p.tz).map_err(|e| match e {
+                Error::Sql(e) => {
+                    super::merge::referenced(conn, &task.target, e, super::merge::MERGE_DELETES)
+                }
+                e => e,
+            })?;
+        }
+        return Ok(0);
+    }
+    let columns = table_columns(conn, "audit", "rows")?;
+    let m = super::merge::Merging::new(
+        &task.target,
+        audit::TABLE,
+        &columns,
+        key,
+        &task.partition_column,
+        (p.repr, p.interval, p.tz),
+        keep_missing,
+    );
+    super::merge::index_source(conn, &m)?;
+    let done = super::merge::apply(conn, &m)?;
+    if let Some(planned) = p.planned {
+        let counts = |m: &crate::gate::Merge| [m.inserted, m.updated, m.deleted];
+        if counts(&planned) != counts(&done) {
+            return Err(Error::Message(format!(
+                "the merge would have done {} where the gate judged {}: the target changed since it was audited; nothing was published",
+                done.short(),
+                planned.short()
+            )));
+        }
+    }
+    Ok(done.inserted + done.updated + done.unchanged)
+}
+
 /// A constraint of the target that refused the audited rows (a primary key, a unique index, a
 /// check, a `NOT NULL`) as [`Error::Constraint`]; any other error as it is.
-fn refused_by_target(e: rusqlite::Error) -> Error {
+pub(super) fn refused_by_target(e: rusqlite::Error) -> Error {
     match e.sqlite_error_code() {
         Some(rusqlite::ErrorCode::ConstraintViolation) => Error::Constraint(match &e {
             rusqlite::Error::SqliteFailure(_, Some(message)) => message.clone(),
@@ -275,6 +328,16 @@ pub fn roll_back(
                     "the version kept for try {key} is gone from {}",
                     task.target
                 )));
+            }
+            if let WritePattern::Merge { key: columns, .. } = &task.write {
+                ask(allowed)?;
+                return super::versions::restore_merging(
+                    conn,
+                    task,
+                    columns,
+                    (repr, interval, tz),
+                    key,
+                );
             }
             delete_partition(conn, task, repr, interval, tz)?;
             ask(allowed)?;

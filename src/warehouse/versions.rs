@@ -379,6 +379,65 @@ pub fn restore(conn: &Connection, task: &SqlTask, replaced_by: i64) -> Result<i6
     Ok(i64::try_from(rows).unwrap_or(i64::MAX))
 }
 
+/// [`restore`] for a merge (`write = "merge"`): the kept rows are merged back by `key` rather
+/// than the partition deleted and refilled, so that rows another table references stay as
+/// long as the version holds them too. Rows the merges since inserted are deleted, those they
+/// updated or deleted are put back, every column as it was kept.
+pub fn restore_merging(
+    conn: &Connection,
+    task: &SqlTask,
+    key: &[String],
+    (repr, interval, tz): (Option<Repr>, DataInterval, chrono_tz::Tz),
+    replaced_by: i64,
+) -> Result<i64> {
+    let kept = kept_table(&task.target);
+    let source = "temp.backfill_restore";
+    let columns: Vec<String> = if has_table(conn, &kept)? {
+        let now = table_columns(conn, "main", &task.target)?;
+        table_columns(conn, "main", &kept)?
+            .into_iter()
+            .filter(|c| c != "_replaced_by" && now.contains(c))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let rows = if columns.is_empty() {
+        // Nothing was kept: the version is an empty partition.
+        super::publish::delete_partition(conn, task, repr, interval, tz)?;
+        0
+    } else {
+        let list = columns
+            .iter()
+            .map(|c| quote(c))
+            .collect::<Vec<_>>()
+            .join(", ");
+        conn.execute(&format!("DROP TABLE IF EXISTS {source}"), [])?;
+        conn.execute(
+            &format!(
+                "CREATE TABLE {source} AS SELECT {list} FROM main.{} WHERE _replaced_by = ?1",
+                quote(&kept)
+            ),
+            [replaced_by],
+        )?;
+        let m = super::merge::Merging::new(
+            &task.target,
+            source,
+            &columns,
+            key,
+            &task.partition_column,
+            (repr, interval, tz),
+            false,
+        );
+        super::merge::index_source(conn, &m)?;
+        let done = super::merge::apply(conn, &m);
+        conn.execute(&format!("DROP TABLE IF EXISTS {source}"), [])?;
+        let done = done?;
+        done.inserted + done.updated + done.unchanged
+    };
+    drop_version(conn, &task.target, replaced_by)?;
+    Ok(rows)
+}
+
 /// What the kept versions of a target cost: versions, rows, and bytes on disk (both tables and
 /// their indexes, as `dbstat` counts them).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]

@@ -225,7 +225,9 @@ pub(super) fn check_on(
         crate::warehouse::rules::check(&mut engine, &g.rules, &out, describe)
             .map_err(|(i, message)| crate::warehouse::rule_problem(i, message))?;
     }
-    if let Some(g) = gate.filter(|g| g.unique_key_table && !g.unique_key.is_empty()) {
+    if let Some(g) =
+        gate.filter(|g| (g.unique_key_table || task.write.is_merge()) && !g.unique_key.is_empty())
+    {
         let indexed: bool = c
             .wait(c.client.query_one(
                 "SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = to_regclass($1) \
@@ -238,7 +240,12 @@ pub(super) fn check_on(
             .get(0);
         if !indexed {
             return Err(problem("gate.unique_key")(format!(
-                "unique_key_scope = \"table\" looks the output's keys up in the whole table; create an index for it: CREATE INDEX ON {} ({})",
+                "{} looks the output's keys up in the whole table; create an index for it: CREATE INDEX ON {} ({})",
+                if task.write.is_merge() {
+                    "write = \"merge\""
+                } else {
+                    "unique_key_scope = \"table\""
+                },
                 task.target,
                 g.unique_key.join(", ")
             )));

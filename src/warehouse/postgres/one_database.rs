@@ -4,7 +4,7 @@
 use super::*;
 
 /// The types of an [`InManifest`] statement's parameters.
-pub(super) const IN_PUBLISH_TYPES: [Type; 13] = [
+pub(super) const IN_PUBLISH_TYPES: [Type; 17] = [
     Type::INT8,
     Type::INT8,
     Type::TEXT,
@@ -15,6 +15,10 @@ pub(super) const IN_PUBLISH_TYPES: [Type; 13] = [
     Type::TEXT,
     Type::TEXT,
     Type::TEXT,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
     Type::INT8,
     Type::INT8,
     Type::INT8,
@@ -40,7 +44,7 @@ impl<'a> InPublishValues<'a> {
         }
     }
 
-    pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 13] {
+    pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 17] {
         let m = self.m;
         [
             &self.try_id,
@@ -56,6 +60,10 @@ impl<'a> InPublishValues<'a> {
             &self.start,
             &self.end,
             &m.promoted_from,
+            &m.merged[0],
+            &m.merged[1],
+            &m.merged[2],
+            &m.merged[3],
         ]
     }
 

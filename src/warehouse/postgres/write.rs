@@ -282,6 +282,7 @@ pub(super) fn write_measure(
         elsewhere: row.get(5),
         constraint: refused.map(str::to_string),
         found: Vec::new(),
+        merge: None,
     };
     if let Some(g) = w.gate.filter(|g| !g.rules.is_empty()) {
         // The interval's rows, as this transaction wrote them: what the delete removed is

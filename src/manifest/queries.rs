@@ -36,6 +36,44 @@ pub type Recorded = std::collections::BTreeMap<
     ),
 >;
 
+/// What the merges of a run's succeeded tries did to their partitions (`write = "merge"`): rows
+/// inserted, updated, deleted, and left unchanged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Changes {
+    pub inserted: i64,
+    pub updated: i64,
+    pub deleted: i64,
+    pub unchanged: i64,
+}
+
+impl Changes {
+    /// Adds a try's recorded counts (read as the four columns `rows_inserted` ..
+    /// `rows_unchanged` from `at`), when it recorded them.
+    pub(super) fn add(
+        total: &mut Option<Changes>,
+        r: &super::db::Row<'_>,
+        at: usize,
+    ) -> super::db::Result<()> {
+        let counts: [Option<i64>; 4] = [r.get(at)?, r.get(at + 1)?, r.get(at + 2)?, r.get(at + 3)?];
+        if let [Some(i), Some(u), Some(d), Some(n)] = counts {
+            let t = total.get_or_insert_with(Changes::default);
+            t.inserted += i;
+            t.updated += u;
+            t.deleted += d;
+            t.unchanged += n;
+        }
+        Ok(())
+    }
+
+    /// `+3 ~2 -1 =194`, as tables show it.
+    pub fn short(&self) -> String {
+        format!(
+            "+{} ~{} -{} ={}",
+            self.inserted, self.updated, self.deleted, self.unchanged
+        )
+    }
+}
+
 /// A log path, when its file exists: a try that printed nothing leaves none.
 fn existing(log: Option<String>) -> Option<String> {
     log.filter(|p| std::path::Path::new(p).exists())
@@ -293,6 +331,9 @@ pub struct IntervalDetail {
     pub tries: i64,
     /// Rows reported by the latest run's tasks.
     pub rows: Option<i64>,
+    /// What the latest run's merges did (`write = "merge"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changes: Option<Changes>,
     pub verdict: Option<String>,
     /// Why the gate rejected the output, or `empty source` for an explicit empty partition.
     pub reasons: Option<String>,
@@ -370,6 +411,7 @@ struct TryAgg {
     run_id: i64,
     tries: i64,
     rows: Option<i64>,
+    changes: Option<Changes>,
     verdict: Option<String>,
     reasons: Option<String>,
     log: Option<String>,
@@ -473,7 +515,7 @@ fn show_part(conn: &Conn, id: i64, page: Option<(i64, i64)>) -> Result<Option<Ba
     if let (Some(lo), Some(hi)) = (run_ids.first(), run_ids.last()) {
         let mut stmt = conn.prepare(
             "SELECT run_id, state, rows, verdict, reasons, log_path, error, id, waiting_for, staged,
-                    host, batch
+                    host, batch, rows_inserted, rows_updated, rows_deleted, rows_unchanged
              FROM task_tries WHERE run_id BETWEEN ?1 AND ?2 ORDER BY run_id",
         )?;
         let mut rows = stmt.query([lo, hi])?;
@@ -501,6 +543,9 @@ fn show_part(conn: &Conn, id: i64, page: Option<(i64, i64)>) -> Result<Option<Ba
             }
             if succeeded && let Some(n) = r.get::<_, Option<i64>>(2)? {
                 agg.rows = Some(agg.rows.unwrap_or(0) + n);
+            }
+            if succeeded {
+                Changes::add(&mut agg.changes, &r, 12)?;
             }
             // The index yields a run's tries by task, not in the order they ran.
             let try_id: i64 = r.get(7)?;
@@ -550,6 +595,7 @@ fn show_part(conn: &Conn, id: i64, page: Option<(i64, i64)>) -> Result<Option<Ba
             attempts: run.map_or(0, |x| x.attempts),
             tries: t.map_or(0, |t| t.tries),
             rows: t.and_then(|t| t.rows),
+            changes: t.and_then(|t| t.changes),
             verdict: t.and_then(|t| t.verdict.clone()),
             reasons: t.and_then(|t| t.reasons.clone()),
             duration_ms: run.and_then(|x| x.ended.map(|e| e - x.started)),
@@ -669,6 +715,9 @@ pub struct RunHistory {
     pub duration_ms: Option<i64>,
     pub tries: i64,
     pub rows: Option<i64>,
+    /// What the run's merges did (`write = "merge"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changes: Option<Changes>,
     /// The gate verdict of the run's last gated try, and its reasons.
     pub verdict: Option<String>,
     pub reasons: Option<String>,
@@ -698,6 +747,7 @@ pub fn runs(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<RunHistor
                 error: r.get(7)?,
                 tries: 0,
                 rows: None,
+                changes: None,
                 verdict: None,
                 reasons: None,
             })
@@ -707,7 +757,8 @@ pub fn runs(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<RunHistor
     by_id.sort_unstable();
     if let (Some(first), Some(last)) = (by_id.first(), by_id.last()) {
         let mut stmt = conn.prepare(
-            "SELECT run_id, state, rows, verdict, reasons, id, staged FROM task_tries
+            "SELECT run_id, state, rows, verdict, reasons, id, staged, rows_inserted, rows_updated,
+                    rows_deleted, rows_unchanged FROM task_tries
              WHERE run_id BETWEEN ?1 AND ?2 ORDER BY run_id",
         )?;
         // The index yields a run's tries by task, not in the order they ran: the verdict of
@@ -722,10 +773,11 @@ pub fn runs(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<RunHistor
             let at = by_id[i].1;
             let run = &mut out[at];
             run.tries += 1;
-            if r.get::<_, TryState>(1)? == TryState::Succeeded
-                && let Some(n) = r.get::<_, Option<i64>>(2)?
-            {
-                run.rows = Some(run.rows.unwrap_or(0) + n);
+            if r.get::<_, TryState>(1)? == TryState::Succeeded {
+                if let Some(n) = r.get::<_, Option<i64>>(2)? {
+                    run.rows = Some(run.rows.unwrap_or(0) + n);
+                }
+                Changes::add(&mut run.changes, &r, 7)?;
             }
             let try_id: i64 = r.get(5)?;
             if try_id > verdict_try[at]

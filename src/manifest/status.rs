@@ -24,6 +24,8 @@ pub struct TryView {
     pub started_at: String,
     pub duration_ms: Option<i64>,
     pub rows: Option<i64>,
+    /// What the try's merge did (`write = "merge"`).
+    pub changes: Option<super::queries::Changes>,
     pub source_rows: Option<i64>,
     pub previous_rows: Option<i64>,
     pub verdict: Option<String>,
@@ -39,7 +41,8 @@ pub fn interval_tries(conn: &Conn, backfill_id: i64, start: i64) -> Result<Vec<T
     let mut stmt = conn.prepare(
         "SELECT r.id, r.state, t.id, t.task_id, t.try_number, t.state, t.host, t.started_at,
                 t.ended_at, t.rows, t.source_rows, t.previous_rows, t.verdict, t.reasons,
-                t.error, t.log_path, t.batch, t.staged
+                t.error, t.log_path, t.batch, t.staged, t.rows_inserted, t.rows_updated,
+                t.rows_deleted, t.rows_unchanged
          FROM runs r JOIN task_tries t ON t.run_id = r.id
          WHERE r.backfill_id = ?1 AND r.interval_start = ?2
          ORDER BY t.id",
@@ -48,7 +51,10 @@ pub fn interval_tries(conn: &Conn, backfill_id: i64, start: i64) -> Result<Vec<T
         let started: i64 = r.get(7)?;
         let ended: Option<i64> = r.get(8)?;
         let verdict: Option<String> = r.get(12)?;
+        let mut changes = None;
+        super::queries::Changes::add(&mut changes, r, 18)?;
         Ok(TryView {
+            changes,
             run_id: r.get(0)?,
             run_state: r.get(1)?,
             try_id: r.get(2)?,
@@ -217,6 +223,9 @@ pub struct Figures {
     pub rejections: Vec<(String, String)>,
     /// Leases held.
     pub leases: i64,
+    /// `(dag, inserted, updated, deleted, unchanged)`: what the merges of each DAG's
+    /// succeeded tries did.
+    pub merged: Vec<(String, [i64; 4])>,
 }
 
 /// The figures of `/metrics`.
@@ -264,5 +273,17 @@ pub fn figures(conn: &Conn) -> Result<Figures> {
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<super::db::Result<_>>()?;
     f.leases = conn.query_row("SELECT COUNT(*) FROM leases", [], |r| r.get(0))?;
+    let mut stmt = conn.prepare(
+        "SELECT r.dag_id, CAST(SUM(t.rows_inserted) AS BIGINT), CAST(SUM(t.rows_updated) AS BIGINT),
+                CAST(SUM(t.rows_deleted) AS BIGINT), CAST(SUM(t.rows_unchanged) AS BIGINT)
+         FROM task_tries t JOIN runs r ON r.id = t.run_id
+         WHERE t.state = 'succeeded' AND t.rows_inserted IS NOT NULL
+         GROUP BY r.dag_id ORDER BY r.dag_id",
+    )?;
+    f.merged = stmt
+        .query_map([], |r| {
+            Ok((r.get(0)?, [r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?]))
+        })?
+        .collect::<super::db::Result<_>>()?;
     Ok(f)
 }

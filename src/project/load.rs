@@ -386,9 +386,11 @@ fn merge_needs(
     gate: Option<&Gate>,
     errs: &mut FileErrors<'_>,
 ) {
-    let merge = matches!(kind, Some(TaskKind::Sql(s)) if s.write.is_merge());
+    // As written, so that a mistake in a key beside it does not hide this one.
+    let merge = t.write.as_ref().is_some_and(|w| w.get_ref() == "merge");
     let keyed = gate.is_some_and(|g| !g.unique_key.is_empty());
-    if let (true, false, Some(w)) = (merge, keyed, &t.write) {
+    let sql = matches!(kind, Some(TaskKind::Sql(_)));
+    if let (true, false, true, Some(w)) = (merge, keyed, sql, &t.write) {
         errs.at(
             w,
             format!(
@@ -400,7 +402,7 @@ fn merge_needs(
         .gate
         .as_ref()
         .and_then(|g| g.get_ref().max_changed.as_ref());
-    if let (false, Some(m), Some(TaskKind::Sql(_))) = (merge, max_changed, kind) {
+    if let (false, Some(m), true) = (merge, max_changed, t.sql.is_some()) {
         errs.at(
             m,
             format!(

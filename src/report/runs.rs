@@ -22,11 +22,11 @@ pub fn write(
         return Ok(());
     }
     let mut t = Grid::new(vec![
-        "interval", "run", "backfill", "state", "started", "duration", "tries", "rows", "verdict",
-        "error",
+        "interval", "run", "backfill", "state", "started", "duration", "tries", "rows", "changes",
+        "verdict", "error",
     ])
     .droppable(&[
-        "backfill", "tries", "duration", "started", "verdict", "run", "rows",
+        "backfill", "tries", "duration", "started", "changes", "verdict", "run", "rows",
     ]);
     for (k, r) in runs.iter().enumerate() {
         t.row_at(
@@ -42,6 +42,7 @@ pub fn write(
                     duration_ms(r.duration_ms),
                     r.tries.to_string(),
                     or_empty(r.rows),
+                    r.changes.map(|c| c.short()).unwrap_or_default(),
                     match (&r.verdict, &r.reasons) {
                         (Some(v), Some(why)) => format!("{v}: {why}"),
                         (Some(v), None) => v.clone(),
@@ -61,6 +62,7 @@ pub fn write(
                     r.duration_ms.is_some(),
                     true,
                     r.rows.is_some(),
+                    r.changes.is_some(),
                     text(&r.verdict),
                     text(&r.error),
                 ]
@@ -88,6 +90,7 @@ mod tests {
                 duration_ms: Some(1250),
                 tries: 1,
                 rows,
+                changes: None,
                 verdict: verdict.map(String::from),
                 reasons: error.filter(|_| state == "rejected").map(|_| {
                     "row count 5 differs from the source count 10 by 50.0% (tolerance 0.0%)".into()

@@ -87,6 +87,7 @@ pub fn write(
         "attempts",
         "tries",
         "rows",
+        "changes",
         "verdict",
         "gate reasons",
         "duration",
@@ -94,7 +95,8 @@ pub fn write(
         "error",
     ])
     .droppable(&[
-        "action", "attempts", "tries", "host", "duration", "#", "verdict", "reason", "rows",
+        "action", "attempts", "tries", "host", "duration", "#", "changes", "verdict", "reason",
+        "rows",
     ]);
     let total = detail.interval_details.len();
     for (k, i) in detail.interval_details.iter().enumerate() {
@@ -111,6 +113,7 @@ pub fn write(
                     i.attempts.to_string(),
                     i.tries.to_string(),
                     or_empty(i.rows),
+                    i.changes.map(|c| c.short()).unwrap_or_default(),
                     or_empty(i.verdict.as_ref()),
                     i.reasons.clone().unwrap_or_default(),
                     duration_ms(i.duration_ms),
@@ -129,6 +132,7 @@ pub fn write(
                     true,
                     true,
                     i.rows.is_some(),
+                    i.changes.is_some(),
                     text(&i.verdict),
                     text(&i.reasons),
                     i.duration_ms.is_some(),
@@ -209,6 +213,7 @@ mod tests {
                 attempts: 1,
                 tries: 1,
                 rows,
+                changes: None,
                 verdict: verdict.map(String::from),
                 reasons: error.filter(|_| state == "rejected").map(|_| {
                     "row count 5 differs from the source count 10 by 50.0% (tolerance 0.0%)".into()

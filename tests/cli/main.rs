@@ -16,6 +16,7 @@ mod identity;
 mod interrupt;
 mod join;
 mod limits;
+mod merge;
 mod network;
 mod one_worker;
 mod operations;

@@ -148,6 +148,22 @@ pub(super) fn exposition(
             *by_rule.entry((dag.as_str(), rule)).or_default() += 1;
         }
     }
+    let kinds = ["inserted", "updated", "deleted", "unchanged"];
+    family(
+        &mut out,
+        "backfill_merged_rows_total",
+        "counter",
+        "Rows the merges of each DAG's published tries inserted, updated, deleted and left unchanged (write = \"merge\").",
+        &f.merged
+            .iter()
+            .flat_map(|(d, counts)| {
+                kinds
+                    .iter()
+                    .zip(counts)
+                    .map(move |(k, c)| (format!("dag=\"{}\",change=\"{k}\"", label(d)), n(*c)))
+            })
+            .collect::<Vec<_>>(),
+    );
     family(
         &mut out,
         "backfill_rejections_total",

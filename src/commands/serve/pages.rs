@@ -554,7 +554,7 @@ pub(super) async fn interval(
                 "run_id": t.run_id, "run_state": t.run_state.to_string(), "task": t.task,
                 "try_number": t.try_number, "state": t.state.to_string(), "host": t.host.as_deref().map(crate::liveness::host_name),
                 "started_at": t.started_at, "duration": t.duration_ms.map(took),
-                "rows": t.rows, "source_rows": t.source_rows, "previous_rows": t.previous_rows,
+                "rows": t.rows, "changes": t.changes, "source_rows": t.source_rows, "previous_rows": t.previous_rows,
                 "verdict": t.verdict, "reasons": t.reasons, "error": t.error,
                 "batch": t.batch, "log": t.log, "log_tail": tail,
             })

@@ -454,3 +454,75 @@ fn a_merge_needs_its_key_an_index_and_words_it_knows() {
     );
     assert!(!p.path(".backfill/manifest.db").exists() || p.manifest_db().is_some());
 }
+
+#[test]
+fn a_merge_killed_at_any_point_of_its_publish_is_finished_by_resume_and_writes_each_row_once() {
+    for point in [
+        "after-audit",
+        "before-publish",
+        "before-commit",
+        "after-publish",
+    ] {
+        let p = project("", "");
+        p.create("customers", "2026-09-01", "2026-09-01", &[])
+            .code(0);
+        exec(
+            &p,
+            "UPDATE src SET name = 'bobby' WHERE customer_id = 2;
+             DELETE FROM src WHERE customer_id = 3;
+             INSERT INTO src VALUES (6, '2026-09-01', 'fay');
+             DELETE FROM writes;",
+        );
+        let crashed = p.run_with(
+            &[
+                "create",
+                "--dag",
+                "customers",
+                "--from",
+                "2026-09-01",
+                "--to",
+                "2026-09-01",
+                "--reprocess-behavior",
+                "completed",
+            ],
+            &[("BACKFILL_FAULT", point)],
+        );
+        assert_ne!(crashed.code, 0, "{point}: {}", crashed.stderr);
+        p.run(&["resume", "2"]).code(0);
+        assert_eq!(
+            writes(&p),
+            [
+                "Text(\"delete\")|Integer(3)",
+                "Text(\"insert\")|Integer(6)",
+                "Text(\"update\")|Integer(2)"
+            ],
+            "{point}"
+        );
+        assert_eq!(
+            wh_rows(
+                &p,
+                "SELECT id, customer_id, name FROM customers ORDER BY customer_id"
+            ),
+            [
+                "Integer(1)|Integer(1)|Text(\"ada\")",
+                "Integer(2)|Integer(2)|Text(\"bobby\")",
+                "Integer(4)|Integer(6)|Text(\"fay\")"
+            ],
+            "{point}"
+        );
+        assert_eq!(
+            p.rows(
+                "SELECT t.state, t.rows_inserted, t.rows_updated, t.rows_deleted, t.rows_unchanged
+                 FROM task_tries t JOIN runs r ON r.id = t.run_id
+                 WHERE r.backfill_id = 2 AND t.state = 'succeeded'"
+            ),
+            [row(&["succeeded", "1", "1", "1", "1"])],
+            "{point}"
+        );
+        assert_eq!(
+            p.count("SELECT count(*) FROM task_tries WHERE publishing = 1 OR state = 'running'"),
+            0,
+            "{point}"
+        );
+    }
+}

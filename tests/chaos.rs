@@ -131,6 +131,7 @@ INSERT INTO raw
   FROM n;
 CREATE TABLE daily_totals (day TEXT NOT NULL, region TEXT NOT NULL, n INTEGER, total INTEGER);
 CREATE INDEX daily_totals_day ON daily_totals (day);
+CREATE UNIQUE INDEX daily_totals_key ON daily_totals (day, region);
 ";
 
 /// The range every backfill of an iteration works on: 2026-01-01 .. 2026-01-12.
@@ -769,12 +770,13 @@ fn iteration(seed: u64, n: u64) {
         log: Vec::new(),
         seq: 0,
     };
-    // The SQL DAG one interval per query, or in batches of four (one query each): each kind in
-    // turn, so that any three iterations in a row cover all three.
-    let (dag, batched) = match n % 3 {
-        0 => ("cmd", false),
-        1 => ("sql", false),
-        _ => ("sql", true),
+    // The SQL DAG one interval per query, in batches of four (one query each), or merged by
+    // its key: each kind in turn, so that any four iterations in a row cover all four.
+    let (dag, batched, merged) = match n % 4 {
+        0 => ("cmd", false, false),
+        1 => ("sql", false, false),
+        2 => ("sql", true, false),
+        _ => ("sql", false, true),
     };
     if batched {
         c.p.write(
@@ -785,9 +787,24 @@ fn iteration(seed: u64, n: u64) {
             ),
         );
     }
+    if merged {
+        c.p.write(
+            "dags/sql.toml",
+            &SQL_DAG.replace(
+                "partition_column = \"day\"\n",
+                "partition_column = \"day\"\nwrite = \"merge\"\n",
+            ),
+        );
+    }
     c.log.push(format!(
         "seed {seed} iteration {n}: {dag}{}",
-        if batched { " in batches of 4" } else { "" }
+        if batched {
+            " in batches of 4"
+        } else if merged {
+            " merged by its key"
+        } else {
+            ""
+        }
     ));
     let first = c.start(&["create", "--dag", dag, "--from", FROM, "--to", TO]);
     let rounds = 1 + c.rng.below(3);

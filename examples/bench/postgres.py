@@ -8,6 +8,7 @@ count). Each measurement alternates the two and reports medians.
 
     examples/bench/postgres.py [--rounds N] [--keyed] [--rules] [--setting NAME=VALUE] [--target-dir DIR]
     examples/bench/postgres.py --batch-size N [--unindexed-source | --enriched] [--rounds N] [--keyed]
+    examples/bench/postgres.py --merge [--rounds N] [--keyed]
                                                                        (default 3 rounds)
 
 With --keyed the target has PRIMARY KEY (event_id) in place of its plain index on event_id, as
@@ -32,6 +33,12 @@ also joins its events to each customer's current row in a customer history (the 
 versions of 100,000 customers, found by a DISTINCT ON over the whole history, which has no
 index): a fixed cost per query that does not grow with the rows it returns, as the per-query
 overhead of a warehouse does, while the gate's source count still reads the events by their index.
+With --merge it measures instead a rerun of the full target after 1% of the source's rows
+changed (every hundredth event, a different hundredth before each run, spread over every day):
+the task with write = "merge" against the same task replacing its partitions, alternated, at
+--max-active-runs 1, with the WAL each writes (pg_current_wal_lsn before and after) and the
+target's rows written (n_tup_ins + n_tup_upd + n_tup_del); and the same with nothing changed.
+Target: the merge takes at most half the replace's time with 1% changed.
 With --setting NAME=VALUE (repeatable) the throwaway server runs with that setting (ALTER SYSTEM,
 then a restart), for both sides: e.g. --setting wal_buffers=16MB.
 The bare loop keeps no copy of what it replaces, so backfill runs with keep_versions = 0. Every
@@ -329,6 +336,8 @@ def main():
     parser.add_argument("--enriched", action="store_true",
                         help="with --batch-size: join each query's events to a customer history read whole, "
                              "a fixed cost per query")
+    parser.add_argument("--merge", action="store_true",
+                        help="measure a rerun with 1%% of the source changed under write = \"merge\" against replace instead")
     parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
                         help="run the server with this setting (ALTER SYSTEM, then a restart); repeatable")
     parser.add_argument("--target-dir", default=os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target"),
@@ -367,6 +376,8 @@ def main():
             sys.exit(rules_cost(bench, wh, args))
         if args.batch_size:
             sys.exit(batch_cost(bench, wh, args))
+        if args.merge:
+            sys.exit(merge_cost(bench, wh, args))
         names = ("bf_empty", "bare_empty", "bf_full", "bare_full", "bf_full_4", "bare_full_4")
         wall, cpu, server_cpu = ({k: [] for k in names} for _ in range(3))
 
@@ -472,6 +483,76 @@ def batch_cost(bench, wh, args):
               f"{med[o]:7.2f} ({cmed[o]:5.2f}, {smed[o]:5.2f})      {med[f] / med[o]:6.2f}x")
     print("  (the floor: one psql transaction that deletes the year and inserts its rows with one statement,"
           " no gate, no record; against --batch-size 1 at --max-active-runs 1)")
+    return 1 if missed else 0
+
+
+MERGE_DAG = DAG.replace('partition_column = "day"\n', 'partition_column = "day"\nwrite = "merge"\n')
+assert MERGE_DAG != DAG
+
+
+def merge_cost(bench, wh, args):
+    """A rerun with 1% of the source changed, write = "merge" against replace, alternated; and
+    with nothing changed. The exit status (target: merge <= 0.5x replace with 1% changed)."""
+    names = [f"{w}_{c}" for w in ("merge", "replace") for c in ("changed", "same")]
+    wall, cpu, server_cpu, wal, written = ({k: [] for k in names} for _ in range(5))
+    # The full target, as a first backfill leaves it.
+    wh.run("TRUNCATE analytics.events_fact;")
+    bench.backfill("--max-active-runs", "1")
+    step = 0
+
+    def change():
+        """Every hundredth event changed: a different hundredth each time."""
+        nonlocal step
+        wh.run(f"UPDATE raw.events SET amount = amount + 1 WHERE event_id % 100 = {step % 100};\n"
+               "VACUUM ANALYZE raw.events;")
+        step += 1
+        wh.settle_source()
+
+    def run(key, dag):
+        wh.settle()
+        lsn = wh.value("SELECT pg_current_wal_lsn()")
+        tuples = wh.value("SELECT n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables "
+                          "WHERE relid = 'analytics.events_fact'::regclass")
+        w, c, sc = bench.backfill("--reprocess-behavior", "completed", "--max-active-runs", "1", dag=dag)
+        wal[key].append(int(wh.value(f"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '{lsn}')::bigint")))
+        after = wh.value("SELECT n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_user_tables "
+                         "WHERE relid = 'analytics.events_fact'::regclass")
+        written[key].append(int(after) - int(tuples))
+        wall[key].append(w)
+        cpu[key].append(c)
+        server_cpu[key].append(sc)
+        mismatch = wh.value(
+            "SELECT count(*) FROM (SELECT event_id, region, amount FROM analytics.events_fact "
+            "EXCEPT SELECT event_id, region, amount FROM raw.events) d")
+        if mismatch != "0":
+            sys.exit(f"{key}: {mismatch} rows of the target differ from the source")
+
+    for r in range(args.rounds):
+        print(f"round {r + 1} of {args.rounds}...", file=sys.stderr)
+        order = [("merge", MERGE_DAG), ("replace", DAG)]
+        if r % 2:
+            order.reverse()
+        for name, dag in order:
+            change()
+            run(f"{name}_changed", dag)
+        for name, dag in order:
+            run(f"{name}_same", dag)
+    med = lambda d, k: statistics.median(d[k])
+    target = "a target with PRIMARY KEY (event_id)" if args.keyed else "a target indexed on event_id"
+    print(f"{target}; a rerun of 365 partitions of 2,000 rows at --max-active-runs 1; medians of "
+          f"{args.rounds} round(s): wall seconds (client CPU, server CPU), WAL, target rows written")
+    print(f"  {'measurement':<28} {'merge':>34} {'replace':>34} {'ratio':>7}  target")
+    missed = 0
+    for c, label in (("changed", "1% of the rows changed"), ("same", "nothing changed")):
+        m, p = f"merge_{c}", f"replace_{c}"
+        ratio = med(wall, m) / med(wall, p)
+        goal = c == "changed"
+        ok = ratio <= 0.5
+        missed += goal and not ok
+        cell = lambda k: (f"{med(wall, k):6.2f} ({med(cpu, k):4.2f}, {med(server_cpu, k):5.2f}) "
+                          f"{med(wal, k) / 1e6:5.1f} MB {int(med(written, k)):>7,}")
+        print(f"  {label:<28} {cell(m):>34} {cell(p):>34} {ratio:6.2f}x  "
+              f"{('<= 0.5x ' + ('met' if ok else 'MISSED')) if goal else ''}")
     return 1 if missed else 0
 
 

@@ -575,6 +575,7 @@ fn finish_publish(
         // Redone after a commit, a merge finds nothing left to write: it is not held to the
         // counts its try recorded.
         planned: None,
+        merged: std::cell::Cell::default(),
     };
     let result = warehouse::publish::publish(&wh, &publish, &allowed);
     // A promote's file is the staged output's own: unless this publish put it in place, the

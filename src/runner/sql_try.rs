@@ -471,6 +471,11 @@ pub(super) async fn publish_audited(
     match result {
         Ok(rows) => {
             crate::fault::point("after-publish");
+            let mut record = record;
+            if let (true, Some(m)) = (promoting, output.merged()) {
+                // Merged into the partition as it is now: what it did, not what staging saw.
+                record.set_merge(&m);
+            }
             output.remove();
             log.line(&format!(
                 "published {} into {}{}",

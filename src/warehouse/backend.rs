@@ -129,6 +129,12 @@ pub trait Pending: Send {
         waiting: &mut dyn FnMut(),
     ) -> Result<i64>;
 
+    /// What the last publish's merge did (`write = "merge"`), when it was not judged before
+    /// (a staged output, merged into the partition as it is when it is promoted).
+    fn merged(&self) -> Option<crate::gate::Merge> {
+        None
+    }
+
     /// Done with it: after a publish, after a rejection, or to give it up.
     fn remove(self: Box<Self>);
 
@@ -497,7 +503,11 @@ fn audited(
         written.map_err(|e| audit::fault_of(e, "audit file", &file.path))
     })();
     match measured {
-        Ok(measures) => Ok(Box::new(Audited { file, measures })),
+        Ok(measures) => Ok(Box::new(Audited {
+            file,
+            measures,
+            merged: None,
+        })),
         Err(e) => {
             file.remove();
             Err(e.at(&w.task.warehouse))
@@ -546,6 +556,8 @@ impl Drop for SqliteBatch {
 pub struct Audited {
     pub file: AuditFile,
     pub measures: AuditMeasures,
+    /// What the last publish's merge did.
+    pub merged: Option<crate::gate::Merge>,
 }
 
 impl Audited {
@@ -554,6 +566,7 @@ impl Audited {
         Self {
             file,
             measures: AuditMeasures::default(),
+            merged: None,
         }
     }
 }
@@ -565,6 +578,10 @@ impl Pending for Audited {
 
     fn file(&self) -> Option<&Path> {
         Some(&self.file.path)
+    }
+
+    fn merged(&self) -> Option<crate::gate::Merge> {
+        self.merged
     }
 
     fn publish(
@@ -586,10 +603,13 @@ impl Pending for Audited {
             expect_fingerprint: p.expect_fingerprint,
             keep: p.keep,
             planned: p.planned,
+            merged: std::cell::Cell::default(),
         };
         // The publish writes the warehouse: a full disk there is the warehouse's.
-        publish::publish_noting(&conn, &publish, allowed, waiting)
-            .map_err(|e| e.at_file(&p.task.warehouse))
+        let rows = publish::publish_noting(&conn, &publish, allowed, waiting)
+            .map_err(|e| e.at_file(&p.task.warehouse))?;
+        self.merged = publish.merged.get();
+        Ok(rows)
     }
 
     fn remove(self: Box<Self>) {

@@ -45,6 +45,8 @@ pub struct Publish<'a> {
     /// What the gate judged that a merge does: a merge that does otherwise (the target
     /// changed since) fails, and nothing is published.
     pub planned: Option<crate::gate::Merge>,
+    /// What the merge did, once it did it.
+    pub merged: std::cell::Cell<Option<crate::gate::Merge>>,
 }
 
 impl Publish<'_> {
@@ -201,6 +203,7 @@ fn merge(conn: &Connection, p: &Publish<'_>, key: &[String], keep_missing: bool)
             )));
         }
     }
+    p.merged.set(Some(done));
     Ok(done.inserted + done.updated + done.unchanged)
 }
 

@@ -380,6 +380,14 @@ fn a_staged_merge_is_promoted_as_a_merge() {
         ["Text(\"update\")|Integer(3)"],
         "only the changed row is written"
     );
+    // The promote records what its merge did to the partition as it was then.
+    assert_eq!(
+        p.rows(
+            "SELECT t.rows_inserted, t.rows_updated, t.rows_deleted, t.rows_unchanged
+             FROM task_tries t JOIN runs r ON r.id = t.run_id WHERE r.backfill_id = 3"
+        ),
+        [row(&["0", "1", "0", "2"])]
+    );
     assert_eq!(
         wh_rows(&p, "SELECT id, name FROM customers ORDER BY customer_id"),
         [

@@ -534,3 +534,39 @@ fn a_merge_killed_at_any_point_of_its_publish_is_finished_by_resume_and_writes_e
         );
     }
 }
+
+#[test]
+fn changed_reruns_only_what_changed_and_verify_judges_a_merge_task_as_any() {
+    let p = project(
+        "",
+        "source_fingerprint = \"SELECT group_concat(name) FROM src WHERE signup_day >= :ds AND signup_day < :next_ds\"",
+    );
+    p.create("customers", "2026-09-01", "2026-09-02", &[])
+        .code(0);
+    exec(
+        &p,
+        "UPDATE src SET name = 'eva' WHERE customer_id = 5; DELETE FROM writes;",
+    );
+    p.create(
+        "customers",
+        "2026-09-01",
+        "2026-09-02",
+        &["--reprocess-behavior", "changed"],
+    )
+    .code(0)
+    .stderr_has("1 succeeded")
+    .stderr_has("1 skipped");
+    assert_eq!(writes(&p), ["Text(\"update\")|Integer(5)"]);
+    p.run(&[
+        "verify",
+        "--dag",
+        "customers",
+        "--from",
+        "2026-09-01",
+        "--to",
+        "2026-09-02",
+    ])
+    .code(0)
+    .stdout_has("deterministic");
+    assert_eq!(writes(&p), Vec::<String>::new(), "verify writes nothing");
+}

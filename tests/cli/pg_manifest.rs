@@ -194,6 +194,10 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
          ALTER TABLE backfill_manifest.backfills DROP COLUMN warehouses;
          ALTER TABLE backfill_manifest.backfills DROP COLUMN owner_start;
          ALTER TABLE backfill_manifest.workers DROP COLUMN start;
+         ALTER TABLE backfill_manifest.task_tries DROP COLUMN rows_inserted;
+         ALTER TABLE backfill_manifest.task_tries DROP COLUMN rows_updated;
+         ALTER TABLE backfill_manifest.task_tries DROP COLUMN rows_deleted;
+         ALTER TABLE backfill_manifest.task_tries DROP COLUMN rows_unchanged;
          UPDATE backfill_manifest.schema_version SET version = 6",
     );
     p.run(&create_args(&url, "2026-01-04", "2026-01-04"))
@@ -228,6 +232,10 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
          ALTER TABLE backfill_manifest.backfills DROP COLUMN project;
          ALTER TABLE backfill_manifest.backfills DROP COLUMN warehouses;
          ALTER TABLE backfill_manifest.backfills DROP COLUMN owner_start;
+         ALTER TABLE backfill_manifest.task_tries DROP COLUMN rows_inserted;
+         ALTER TABLE backfill_manifest.task_tries DROP COLUMN rows_updated;
+         ALTER TABLE backfill_manifest.task_tries DROP COLUMN rows_deleted;
+         ALTER TABLE backfill_manifest.task_tries DROP COLUMN rows_unchanged;
          UPDATE backfill_manifest.schema_version SET version = 1",
     );
     p.run(&create_args(&url, "2026-01-05", "2026-01-05"))

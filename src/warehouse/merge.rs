@@ -89,30 +89,27 @@ impl<'a> Merging<'a> {
 
     /// Rows `t` and `o` have the same key.
     fn matches(&self, t: &str, o: &str) -> String {
-        self.key
-            .iter()
-            .map(|k| format!("{t}.{c} = {o}.{c}", c = quote(k)))
-            .collect::<Vec<_>>()
-            .join(" AND ")
+        each(self.key, " AND ", |c| format!("{t}.{c} = {o}.{c}"))
     }
 
     /// Rows `t` and `o` hold the same values in every column the source has.
     fn same(&self, t: &str, o: &str) -> String {
-        self.columns
-            .iter()
-            .map(|k| format!("{t}.{c} IS {o}.{c}", c = quote(k)))
-            .collect::<Vec<_>>()
-            .join(" AND ")
+        each(self.columns, " AND ", |c| format!("{t}.{c} IS {o}.{c}"))
     }
 
     /// The source has a `NULL` in its key.
     fn null_key(&self, o: &str) -> String {
-        self.key
-            .iter()
-            .map(|k| format!("{o}.{} IS NULL", quote(k)))
-            .collect::<Vec<_>>()
-            .join(" OR ")
+        each(self.key, " OR ", |c| format!("{o}.{c} IS NULL"))
     }
+}
+
+/// `term` of each column (quoted), joined by `by`.
+fn each(columns: &[String], by: &str, term: impl Fn(&str) -> String) -> String {
+    columns
+        .iter()
+        .map(|c| term(&quote(c)))
+        .collect::<Vec<_>>()
+        .join(by)
 }
 
 /// An index on the source's key, for the lookups of the partition's rows in it.

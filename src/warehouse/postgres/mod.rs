@@ -18,7 +18,7 @@
 //! This file holds the [`Backend`] implementation; the rest, by what it does: `write` (a try's
 //! transaction), `bookkeeping` (bookings and settling), `one_database` (a warehouse in the
 //! manifest's database), `staging` (staged outputs and promote), `kept` (kept versions and
-//! rollback; `versions` their tables), `compare` (published rows and diffs), `checks` (the dry
+//! rollback; `versions` their tables), `merge` (`write = "merge"`: a try's merge by key), `compare` (published rows and diffs), `checks` (the dry
 //! run), `sql` (names, values, statements, catalog), `fingerprint`, `errors`, `conn`
 //! (connections) and `params` (the task's bind parameters).
 
@@ -30,6 +30,7 @@ pub mod conn;
 mod errors;
 mod fingerprint;
 mod kept;
+mod merge;
 mod one_database;
 pub use crate::params;
 mod rules;
@@ -52,7 +53,7 @@ use super::partition::Repr;
 use super::{AuditMeasures, Binds, Cancel, Error, Result, TaskProblem, strip};
 use crate::gate::SHOWN;
 use crate::interval::DataInterval;
-use crate::project::{Gate, SourceCount, SqlTask, Warehouse};
+use crate::project::{Gate, SourceCount, SqlTask, Warehouse, WritePattern};
 
 pub use self::bookkeeping::{Booked, prune_bookings, settle_publish};
 pub use self::one_database::shares_database;

@@ -9,6 +9,10 @@ use super::*;
 /// insert the query's rows and measure them and the source; then check the target's deferred
 /// constraints, so that the gate hears of a violation before it judges, not the commit after.
 ///
+/// A merge task (`write = "merge"`) writes its output to a temporary table shaped like the
+/// target instead, measured the same, and merges it into the partition in the same round trip
+/// (see [`super::merge`]): its counts go with the measures for the gate.
+///
 /// With `refused` (the target's constraint refused the output in an earlier pass, with this
 /// message), and for a try that is only measured, the output goes to a temporary table shaped
 /// like the target instead, and the target is neither changed nor locked: the measures are the
@@ -26,6 +30,11 @@ pub(super) fn write_measure(
     let task = w.task;
     // Measured apart from the target: nothing is deleted, locked or booked.
     let apart = w.measure_only || refused.is_some();
+    // `write = "merge"`: the key, and whether the partition's keys the output lacks stay.
+    let merge = match &task.write {
+        WritePattern::Merge { key, keep_missing } => Some((key.as_slice(), *keep_missing)),
+        WritePattern::Replace => None,
+    };
     if !apart {
         book(c)?;
     }
@@ -65,11 +74,12 @@ pub(super) fn write_measure(
     let table = quote_name(&task.target);
     let pc = quote_ident(&task.partition_column);
     // A staged output goes to a table of its own, a measured one to a temporary table; the
-    // target is not touched.
+    // target is not touched. A merge's output goes to the temporary table too, to be merged
+    // into the target from there.
     let staged = w.stage.then(|| staged_table(w.manifest, w.try_id));
     let dest = match &staged {
         Some(name) => name.as_str(),
-        None if apart => SCRATCH,
+        None if apart || merge.is_some() => SCRATCH,
         None => &table,
     };
     let list = out
@@ -80,16 +90,7 @@ pub(super) fn write_measure(
     // The output's rows are hashed as the target's types hold them (what `RETURNING` gives, and
     // what verify, promote and kept versions hash later), not as the query's types.
     let target_types = cached_columns(c, &task.target)?;
-    let typed: Vec<(String, String)> = out
-        .iter()
-        .map(|n| {
-            let ty = target_types
-                .iter()
-                .find(|(t, _)| t == n)
-                .map_or_else(|| "text".to_string(), |(_, ty)| ty.clone());
-            (n.clone(), ty)
-        })
-        .collect();
+    let typed = merge::typed(&target_types, &out);
     let outside = format!("(NOT ({pc} >= $1 AND {pc} < $2) OR {pc} IS NULL)");
     let keys = w
         .gate
@@ -105,8 +106,15 @@ pub(super) fn write_measure(
         (Some(g), Some(k)) => duplicates_sql(&g.unique_key, k, &typed),
         _ => "NULL::int8".to_string(),
     };
+    // A replace would hold a key twice if another partition has it, with
+    // `unique_key_scope = "table"`; a merge would update that partition's row without it (and
+    // moves the row with it).
+    let look_elsewhere = |g: &Gate| match merge {
+        None => g.unique_key_table,
+        Some(_) => !g.unique_key_table,
+    };
     let elsewhere = match (w.gate, &keys) {
-        (Some(g), Some(k)) if g.unique_key_table => format!(
+        (Some(g), Some(k)) if look_elsewhere(g) => format!(
             "(SELECT concat_ws(' ', ({tk})::text, 'in partition', t.{pc}::text) FROM {table} t \
              WHERE ({tk}) IN (SELECT {k} FROM ins) AND NOT (t.{pc} >= $1 AND t.{pc} < $2) LIMIT 1)",
             tk = g
@@ -145,10 +153,35 @@ pub(super) fn write_measure(
         None
     };
     let mark = try_mark(w.try_id);
+    // A merge of the output, read from `source` (see `super::merge`).
+    let merging_from = |source: &str, guard: Option<&'static str>| {
+        merge.map(|(key, keep_missing)| merge::Merging {
+            table: table.clone(),
+            source: source.to_string(),
+            columns: &typed,
+            key,
+            partition_column: &task.partition_column,
+            keep_missing,
+            guard,
+        })
+    };
+    // Into the target, from the temporary table, in this transaction.
+    let merging = merging_from(SCRATCH, Some(DELETE_GUARD)).filter(|_| replaces);
+    // What a merge of the output would do, counted by the statement that measures it (whose
+    // rows are `ins`): all of it for an output that is staged or measured apart (nothing is
+    // merged), only what the merge's own statements do not tell for one merged into the
+    // target, nothing for one that is only measured (`verify`).
+    let merge_counts = match merging_from("ins", None) {
+        Some(m) if !w.measure_only => m.counted(
+            w.gate.is_some_and(|g| g.unique_key_table),
+            merging.is_none(),
+        ),
+        _ => "NULL::int8[]".to_string(),
+    };
     // The partition's rows go first, in a statement of their own: the parts of one statement
     // all see its snapshot, so an insert beside the delete would meet the very keys it removes.
     let delete = match &kept {
-        _ if !replaces => None,
+        _ if !replaces || merging.is_some() => None,
         Some(kept) => {
             let cols = versions::shared_columns(c, kept, &task.target)?.join(", ");
             Some(format!(
@@ -207,7 +240,8 @@ pub(super) fn write_measure(
            coalesce(sum({hash}), 0) AS h, {rule_counts} AS rules FROM ins){booking}\n\
          SELECT m.n, m.outside, \
          CASE WHEN m.outside > 0 THEN (SELECT array_agg(v) FROM (SELECT DISTINCT coalesce({pc}::text, 'NULL') AS v FROM ins WHERE {outside} ORDER BY 1 LIMIT {more}) o) END, \
-         m.n::text || ':' || m.h::text, {duplicates}, {elsewhere}, {source_count}, {source_fingerprint}, {guard}, m.rules FROM m",
+         m.n::text || ':' || m.h::text, {duplicates}, {elsewhere}, {source_count}, {source_fingerprint}, {guard}, m.rules, \
+         {merge_counts} FROM m",
         query_sql,
         more = SHOWN + 1,
         hash = row_hash(&typed),
@@ -217,20 +251,61 @@ pub(super) fn write_measure(
     }
     let begin = begin_sql(idle_ms(w), &mark);
     let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(Value::sql).collect();
-    let (row, moved) = match &delete {
-        None => {
+    // The types are given with the values for the statements that are not kept prepared.
+    let typed_refs: Vec<(&(dyn ToSql + Sync), Type)> =
+        refs.iter().copied().zip(types.iter().cloned()).collect();
+    let (row, moved, done) = match (&merging, &delete) {
+        (Some(merging), _) => {
+            // The partition's rows are copied for rollback (the merge changes only some).
+            let keep = match &kept {
+                Some(kept) => {
+                    let cols = versions::shared_columns(c, kept, &task.target)?.join(", ");
+                    Some(format!(
+                        "WITH k AS (INSERT INTO {kept} ({cols}, _replaced_by) \
+                         SELECT {cols}, $4 FROM {table} WHERE {pc} >= $1 AND {pc} < $2 AND {DELETE_GUARD} \
+                         RETURNING 1) SELECT count(*) FROM k"
+                    ))
+                }
+                None => None,
+            };
+            let merge_params: [(&(dyn ToSql + Sync), Type); 4] = [
+                (values[0].sql(), types[0].clone()),
+                (values[1].sql(), types[1].clone()),
+                (&mark, Type::TEXT),
+                (&w.try_id, Type::INT8),
+            ];
+            let (row, kept_rows, done) = merge::in_try(
+                c,
+                &format!(
+                    "{begin}; CREATE TEMPORARY TABLE {SCRATCH} ON COMMIT DROP \
+                     AS SELECT {list} FROM {table} WITH NO DATA"
+                ),
+                (&statement, &typed_refs),
+                keep,
+                merging,
+                &merge_params,
+            )?;
+            (row, kept_rows, Some(done))
+        }
+        (None, None) => {
             let create = match &staged {
                 Some(name) => format!("CREATE TABLE {name}"),
                 None => format!("CREATE TEMPORARY TABLE {SCRATCH} ON COMMIT DROP"),
             };
-            c.wait(c.client.batch_execute(&format!(
-                "{begin}; {create} AS SELECT {list} FROM {table} WITH NO DATA"
-            )))?;
-            // The table is new in every try: its statement is not kept prepared.
-            let measure = c.wait(c.client.prepare_typed(&statement, &types))?;
-            (c.wait(c.client.query_one(&measure, &refs))?, None)
+            let create = format!("{begin}; {create} AS SELECT {list} FROM {table} WITH NO DATA");
+            // The table is new in every try: its statement is not kept prepared, and goes in
+            // the round trip that creates the table, after it.
+            let row = c.wait(async {
+                let (created, row) = tokio::join!(
+                    c.client.batch_execute(&create),
+                    c.client.query_typed_one(&statement, &typed_refs)
+                );
+                created?;
+                row
+            })?;
+            (row, None, None)
         }
-        Some(delete) => {
+        (None, Some(delete)) => {
             // Prepared outside the transaction; then its BEGIN and the statements go in one
             // round trip, in order. Should the BEGIN fail, the statements run outside a
             // transaction, where the delete's guard matches no row and the measure's fails it
@@ -243,7 +318,7 @@ pub(super) fn write_measure(
             )?;
             let delete_params: [&(dyn ToSql + Sync); 4] =
                 [values[0].sql(), values[1].sql(), &mark, &w.try_id];
-            c.wait(async {
+            let (row, moved) = c.wait(async {
                 let (began, deleted, row, checked) = tokio::join!(
                     c.client.batch_execute(&begin),
                     c.client.execute(&delete, &delete_params),
@@ -259,7 +334,8 @@ pub(super) fn write_measure(
                     kept.is_some()
                         .then(|| i64::try_from(deleted).unwrap_or(i64::MAX)),
                 ))
-            })?
+            })?;
+            (row, moved, None)
         }
     };
     crate::fault::point("before-source-count");
@@ -282,7 +358,15 @@ pub(super) fn write_measure(
         elsewhere: row.get(5),
         constraint: refused.map(str::to_string),
         found: Vec::new(),
-        merge: None,
+        merge: merge.and_then(|(_, keep_missing)| {
+            let counted = merge::Counted::of(&row.get::<_, Option<Vec<i64>>>(10)?);
+            match done {
+                Some([missing, updated, inserted]) => {
+                    Some(counted.merge(rows, inserted, updated, missing, keep_missing))
+                }
+                None => counted.planned(rows, keep_missing),
+            }
+        }),
     };
     if let Some(g) = w.gate.filter(|g| !g.rules.is_empty()) {
         // The interval's rows, as this transaction wrote them: what the delete removed is

@@ -1,0 +1,455 @@
+//! The merge of a PostgreSQL warehouse (`write = "merge"`): rows matched to the partition's by
+//! the gate's `unique_key`, so that only what differs is written.
+//!
+//! A try writes its output to the temporary table [`SCRATCH`] (measured as any output), then,
+//! in the same transaction and the same round trip, merges it into the target in statements
+//! of their own, each seeing what the one before it did: the partition's keys the output no
+//! longer has are deleted (first, so that a unique constraint of the target is free again),
+//! the rows whose values differ are updated (only the columns the query returns: a surrogate
+//! id or a `first_seen_at` the query leaves out survives), and the new keys are inserted. What
+//! the statements did is what the gate judges, and the transaction it publishes: the counts
+//! are exact by construction. A row whose values are all equal is not written at all, so an
+//! unchanged rerun leaves the target's tuples alone.
+//!
+//! Keys are matched with `=`: a `NULL` in the key matches nothing (the gate rejects an output
+//! that has one). Values are compared null-safely with `IS DISTINCT FROM`, by their text for
+//! the types whose equality is not identity (a `numeric` 1.0 equals 1.00; a `json` has no
+//! equality): what a fingerprint hashes is what is compared.
+
+use futures_util::future::join_all;
+
+use super::*;
+use crate::gate::Merge;
+
+/// How a merge reads its rows and writes the target. Statements built from it take the
+/// partition's bounds as `$1` and `$2`.
+pub(super) struct Merging<'a> {
+    /// The target, quoted.
+    pub(super) table: String,
+    /// The rows to merge, read as `o`: a table's name, or a query in parentheses.
+    pub(super) source: String,
+    /// The columns the merge writes, with their types as the target holds them.
+    pub(super) columns: &'a [(String, String)],
+    pub(super) key: &'a [String],
+    pub(super) partition_column: &'a str,
+    /// `on_missing = "keep"`: keys of the partition that the source lacks stay.
+    pub(super) keep_missing: bool,
+    /// A condition each writing statement adds (the try's guard), if any.
+    pub(super) guard: Option<&'a str>,
+}
+
+impl Merging<'_> {
+    /// Rows `t` and `o` have the same key.
+    fn matches(&self) -> String {
+        self.key
+            .iter()
+            .map(|k| format!("t.{c} = o.{c}", c = quote_ident(k)))
+            .collect::<Vec<_>>()
+            .join(" AND ")
+    }
+
+    /// `t` is in the interval's partition.
+    fn in_partition(&self) -> String {
+        let pc = quote_ident(self.partition_column);
+        format!("t.{pc} >= $1 AND t.{pc} < $2")
+    }
+
+    /// The columns besides the key's: the ones an update writes.
+    fn values(&self) -> Vec<&(String, String)> {
+        self.columns
+            .iter()
+            .filter(|(n, _)| !self.key.contains(n))
+            .collect()
+    }
+
+    /// `t` and `o` differ in a column besides the key's (`None` when there is none), as a
+    /// row comparison that takes `NULL` for a value.
+    fn differ(&self) -> Option<String> {
+        let values = self.values();
+        if values.is_empty() {
+            return None;
+        }
+        let side = |alias: &str| {
+            values
+                .iter()
+                .map(|(n, ty)| compared(&format!("{alias}.{}", quote_ident(n)), ty))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        Some(format!(
+            "ROW({}) IS DISTINCT FROM ROW({})",
+            side("t"),
+            side("o")
+        ))
+    }
+
+    fn guarded(&self) -> String {
+        self.guard.map(|g| format!(" AND {g}")).unwrap_or_default()
+    }
+
+    /// Deletes the partition's rows whose key the source lacks; answers how many.
+    pub(super) fn delete(&self) -> String {
+        format!(
+            "WITH d AS (DELETE FROM {t} AS t WHERE {partition} AND NOT EXISTS \
+             (SELECT 1 FROM {s} AS o WHERE {matches}){guard} RETURNING 1) SELECT count(*) FROM d",
+            t = self.table,
+            s = self.source,
+            partition = self.in_partition(),
+            matches = self.matches(),
+            guard = self.guarded(),
+        )
+    }
+
+    /// How many of the partition's rows have a key the source lacks (kept with `keep_missing`).
+    pub(super) fn missing(&self) -> String {
+        format!(
+            "SELECT count(*) FROM {t} AS t WHERE {partition} AND NOT EXISTS \
+             (SELECT 1 FROM {s} AS o WHERE {matches})",
+            t = self.table,
+            s = self.source,
+            partition = self.in_partition(),
+            matches = self.matches(),
+        )
+    }
+
+    /// Deletes the missing keys, or counts them when they stay.
+    pub(super) fn delete_or_count(&self) -> String {
+        if self.keep_missing {
+            self.missing()
+        } else {
+            self.delete()
+        }
+    }
+
+    /// Updates the rows of the whole table whose key the source has and whose values differ
+    /// (a row another partition held moves, with `unique_key_scope = "table"`); answers how
+    /// many. `None` when the source has no column besides the key's.
+    pub(super) fn update(&self) -> Option<String> {
+        let differ = self.differ()?;
+        let set = self
+            .values()
+            .iter()
+            .map(|(n, _)| format!("{c} = o.{c}", c = quote_ident(n)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Some(format!(
+            "WITH u AS (UPDATE {t} AS t SET {set} FROM {s} AS o WHERE {matches} AND {differ}{guard} \
+             RETURNING 1) SELECT count(*) FROM u",
+            t = self.table,
+            s = self.source,
+            matches = self.matches(),
+            guard = self.guarded(),
+        ))
+    }
+
+    /// Inserts the source's rows whose key the target does not hold; answers how many.
+    pub(super) fn insert(&self) -> String {
+        let list = |alias: &str| {
+            self.columns
+                .iter()
+                .map(|(n, _)| format!("{alias}{}", quote_ident(n)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!(
+            "WITH i AS (INSERT INTO {t} ({cols}) SELECT {from} FROM {s} AS o WHERE NOT EXISTS \
+             (SELECT 1 FROM {t} AS t WHERE {matches}){guard} RETURNING 1) SELECT count(*) FROM i",
+            t = self.table,
+            s = self.source,
+            cols = list(""),
+            from = list("o."),
+            matches = self.matches(),
+            guard = self.guarded(),
+        )
+    }
+
+    /// The statements that merge, in the order they must run: delete (or count the missing
+    /// keys), update, insert.
+    pub(super) fn statements(&self) -> Vec<String> {
+        let mut all = vec![self.delete_or_count()];
+        all.extend(self.update());
+        all.push(self.insert());
+        all
+    }
+
+    /// What a merge of the source would do, counted without writing, as an `int8[]` of SQL:
+    /// the source's rows with a `NULL` in the key and, with `moved`, those whose key another
+    /// partition holds; with `plan`, also the rows to insert, the rows left as they are and
+    /// the partition's keys the source lacks. Read by [`Counted::of`].
+    pub(super) fn counted(&self, moved: bool, plan: bool) -> String {
+        let (t, s, matches) = (&self.table, &self.source, self.matches());
+        let null_key = self
+            .key
+            .iter()
+            .map(|k| format!("o.{} IS NULL", quote_ident(k)))
+            .collect::<Vec<_>>()
+            .join(" OR ");
+        let mut parts = vec![
+            format!("(SELECT count(*) FROM {s} AS o WHERE {null_key})"),
+            if moved {
+                format!(
+                    "(SELECT count(*) FROM {s} AS o WHERE EXISTS (SELECT 1 FROM {t} AS t \
+                     WHERE {matches} AND NOT ({partition})))",
+                    partition = self.in_partition()
+                )
+            } else {
+                "0".to_string()
+            },
+        ];
+        if plan {
+            let same = self
+                .differ()
+                .map_or_else(String::new, |d| format!(" AND NOT ({d})"));
+            parts.extend([
+                format!(
+                    "(SELECT count(*) FROM {s} AS o WHERE NOT EXISTS (SELECT 1 FROM {t} AS t WHERE {matches}))"
+                ),
+                format!(
+                    "(SELECT count(*) FROM {s} AS o WHERE EXISTS (SELECT 1 FROM {t} AS t WHERE {matches}{same}))"
+                ),
+                format!("({})", self.missing()),
+            ]);
+        }
+        format!("ARRAY[{}]::int8[]", parts.join(", "))
+    }
+}
+
+/// A column as a merge compares it: itself when its type's equality is identity, a text
+/// byte by byte (whatever the column's collation), any other by its text (what a fingerprint
+/// hashes), so that a row counts as unchanged only when it is.
+fn compared(column: &str, ty: &str) -> String {
+    if ty.ends_with("[]") {
+        return format!("{column}::text");
+    }
+    match ty.split('(').next().unwrap_or(ty).trim() {
+        "bigint"
+        | "integer"
+        | "smallint"
+        | "boolean"
+        | "uuid"
+        | "bytea"
+        | "date"
+        | "timestamp"
+        | "timestamp with time zone"
+        | "timestamp without time zone" => column.to_string(),
+        "text" | "character varying" | "character" => format!("{column} COLLATE \"C\""),
+        _ => format!("{column}::text"),
+    }
+}
+
+/// What [`Merging::counted`] gave.
+pub(super) struct Counted {
+    pub(super) null_keys: i64,
+    pub(super) moved: i64,
+    /// Rows to insert, rows left as they are, partition keys the source lacks.
+    pub(super) plan: Option<[i64; 3]>,
+}
+
+impl Counted {
+    pub(super) fn of(values: &[i64]) -> Self {
+        let at = |i: usize| values.get(i).copied().unwrap_or(0);
+        Counted {
+            null_keys: at(0),
+            moved: at(1),
+            plan: (values.len() >= 5).then(|| [at(2), at(3), at(4)]),
+        }
+    }
+
+    /// The merge that the plan counted, of a source of `rows` rows.
+    pub(super) fn planned(&self, rows: i64, keep_missing: bool) -> Option<Merge> {
+        let [inserted, unchanged, missing] = self.plan?;
+        Some(self.merge(
+            rows,
+            inserted,
+            rows - inserted - unchanged,
+            missing,
+            keep_missing,
+        ))
+    }
+
+    /// The merge of a source of `rows` rows that inserted, updated and deleted (or, with
+    /// `keep_missing`, kept) so many.
+    pub(super) fn merge(
+        &self,
+        rows: i64,
+        inserted: i64,
+        updated: i64,
+        missing: i64,
+        keep_missing: bool,
+    ) -> Merge {
+        let (deleted, kept) = if keep_missing {
+            (0, missing)
+        } else {
+            (missing, 0)
+        };
+        Merge {
+            inserted,
+            updated,
+            deleted,
+            unchanged: rows - inserted - updated,
+            kept,
+            moved: self.moved,
+            null_keys: self.null_keys,
+        }
+    }
+}
+
+/// What the merge statements of [`Merging::statements`] answered: rows deleted (or missing
+/// keys kept), updated, inserted.
+pub(super) fn done(m: &Merging<'_>, answers: &[i64]) -> [i64; 3] {
+    let at = |i: usize| answers.get(i).copied().unwrap_or(0);
+    if m.update().is_some() {
+        [at(0), at(1), at(2)]
+    } else {
+        [at(0), 0, at(1)]
+    }
+}
+
+/// Runs `statements` in order, pipelined (sent together, one round trip), each with the
+/// same parameters; answers their one number each. The first failure, in the order sent, is
+/// the answer: the statements after it fail only because it aborted the transaction.
+///
+/// Unnamed statements: they read a table that is new in every try (or a staged one), whose
+/// prepared statements would be of no use after it.
+pub(super) async fn counts(
+    client: &tokio_postgres::Client,
+    statements: &[String],
+    params: &[(&(dyn ToSql + Sync), Type)],
+) -> std::result::Result<Vec<i64>, tokio_postgres::Error> {
+    // Polled in order: the statements are sent in this order.
+    let answers = join_all(statements.iter().map(|s| client.query_typed_one(s, params))).await;
+    answers
+        .into_iter()
+        .map(|r| r.map(|row| row.get::<_, i64>(0)))
+        .collect()
+}
+
+/// A merge try's transaction up to the gate, in one round trip, in order: `begin` (which
+/// begins the transaction and creates the temporary table), the statement that writes the
+/// output there and measures it (`measure`, with its parameters), then `keep` (which copies the
+/// partition's rows to the kept table, when versions are kept) and the merge's statements, then
+/// the check of the target's deferred constraints, so that a key the merge deletes while
+/// another table references it refuses the output before the gate judges it. Should the BEGIN
+/// fail, every statement fails or matches no row (they are guarded, see `begin_sql`): nothing
+/// is committed. Returns the measure's row, the rows kept, and what the merge did (see
+/// [`done`]).
+pub(super) fn in_try(
+    c: &Conn,
+    begin: &str,
+    (measure, params): (&str, &[(&(dyn ToSql + Sync), Type)]),
+    keep: Option<String>,
+    m: &Merging<'_>,
+    merge_params: &[(&(dyn ToSql + Sync), Type)],
+) -> std::result::Result<(tokio_postgres::Row, Option<i64>, [i64; 3]), tokio_postgres::Error> {
+    let kept = keep.is_some();
+    let statements: Vec<String> = keep.into_iter().chain(m.statements()).collect();
+    c.wait(async {
+        let (began, row, answers, checked) = tokio::join!(
+            c.client.batch_execute(begin),
+            c.client.query_typed_one(measure, params),
+            counts(&c.client, &statements, merge_params),
+            c.client.batch_execute("SET CONSTRAINTS ALL IMMEDIATE")
+        );
+        began?;
+        let row = row?;
+        let answers = answers?;
+        checked?;
+        let (kept_rows, merged) = if kept {
+            (answers.first().copied(), &answers[1..])
+        } else {
+            (None, &answers[..])
+        };
+        Ok((row, kept_rows, done(m, merged)))
+    })
+}
+
+/// The columns `wanted`, in order, with their types in the target (`target`, as
+/// [`target_columns`] gives them; text for one it lacks).
+pub(super) fn typed(target: &[(String, String)], wanted: &[String]) -> Vec<(String, String)> {
+    wanted
+        .iter()
+        .map(|n| {
+            let ty = target
+                .iter()
+                .find(|(t, _)| t == n)
+                .map_or_else(|| "text".to_string(), |(_, ty)| ty.clone());
+            (n.clone(), ty)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn merging<'a>(columns: &'a [(String, String)], key: &'a [String]) -> Merging<'a> {
+        Merging {
+            table: "\"t\"".into(),
+            source: "src".into(),
+            columns,
+            key,
+            partition_column: "day",
+            keep_missing: false,
+            guard: Some("g"),
+        }
+    }
+
+    fn cols(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(n, t)| (n.to_string(), t.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn values_are_compared_by_text_unless_their_equality_is_identity() {
+        let c = cols(&[
+            ("id", "integer"),
+            ("day", "date"),
+            ("amount", "numeric(10,2)"),
+            ("doc", "json"),
+            ("name", "character varying(20)"),
+            ("tags", "integer[]"),
+        ]);
+        let key = vec!["id".to_string()];
+        assert_eq!(
+            merging(&c, &key).differ().unwrap(),
+            "ROW(t.\"day\", t.\"amount\"::text, t.\"doc\"::text, t.\"name\" COLLATE \"C\", t.\"tags\"::text) \
+             IS DISTINCT FROM ROW(o.\"day\", o.\"amount\"::text, o.\"doc\"::text, o.\"name\" COLLATE \"C\", o.\"tags\"::text)"
+        );
+    }
+
+    #[test]
+    fn a_source_of_keys_alone_updates_nothing() {
+        let c = cols(&[("id", "integer")]);
+        let key = vec!["id".to_string()];
+        let m = merging(&c, &key);
+        assert!(m.update().is_none());
+        assert_eq!(m.statements().len(), 2);
+        assert_eq!(done(&m, &[1, 2]), [1, 0, 2]);
+        // Every row of the source that the target holds is then unchanged.
+        assert!(
+            m.counted(false, true)
+                .contains("WHERE t.\"id\" = o.\"id\"))")
+        );
+    }
+
+    #[test]
+    fn counts_add_up_to_the_source() {
+        let counted = Counted::of(&[0, 1, 2, 5, 3]);
+        let m = counted.planned(10, false).unwrap();
+        assert_eq!(
+            (
+                m.inserted,
+                m.updated,
+                m.deleted,
+                m.unchanged,
+                m.kept,
+                m.moved
+            ),
+            (2, 3, 3, 5, 0, 1)
+        );
+        let kept = counted.planned(10, true).unwrap();
+        assert_eq!((kept.deleted, kept.kept), (0, 3));
+        assert!(Counted::of(&[0, 0]).planned(10, false).is_none());
+    }
+}

@@ -108,8 +108,8 @@ pub fn kept_version(
     result.map_err(|e: Failure| e.at(wh))
 }
 
-/// Rolls the interval back to the version kept for the publish of `key`, in one transaction
-/// that the manifest must allow, booked like a publish (as try `try_id`), and recorded in the
+/// Rolls the interval back to the version kept for the publish of `key` (merged back by key
+/// for a merge task, see [`merge::back`]), in one transaction that the manifest must allow, booked like a publish (as try `try_id`), and recorded in the
 /// manifest by that transaction when the manifest is in this database.
 pub fn roll_back(
     r: &crate::warehouse::backend::RollBack<'_>,
@@ -153,14 +153,23 @@ pub fn roll_back(
             ))
             .into());
         }
-        c.wait(c.client.execute(
-            &format!(
-                "DELETE FROM {} WHERE {pc} >= $1 AND {pc} < $2",
-                quote_name(&task.target)
-            ),
-            &[lo.sql(), hi.sql()],
-        ))?;
-        let rows = versions::restore(&mut c, manifest, &task.target, key)?;
+        let rows = match &task.write {
+            // Merged back by key: the rows another table references stay while the version
+            // holds them too.
+            WritePattern::Merge { key: by, .. } => {
+                merge::back(&mut c, manifest, task, by, ([&lo, &hi], ty.pg_type()), key)?
+            }
+            WritePattern::Replace => {
+                c.wait(c.client.execute(
+                    &format!(
+                        "DELETE FROM {} WHERE {pc} >= $1 AND {pc} < $2",
+                        quote_name(&task.target)
+                    ),
+                    &[lo.sql(), hi.sql()],
+                ))?;
+                versions::restore(&mut c, manifest, &task.target, key)?
+            }
+        };
         lock_and_book(
             &mut c,
             &task.target,

@@ -11,6 +11,7 @@
 //! are exact by construction. A row whose values are all equal is not written at all, so an
 //! unchanged rerun leaves the target's tuples alone.
 //!
+//! The same statements merge a kept version back at rollback (every column the version kept).
 //! Keys are matched with `=`: a `NULL` in the key matches nothing (the gate rejects an output
 //! that has one). Values are compared null-safely with `IS DISTINCT FROM`, by their text for
 //! the types whose equality is not identity (a `numeric` 1.0 equals 1.00; a `json` has no
@@ -361,6 +362,67 @@ pub(super) fn in_try(
         };
         Ok((row, kept_rows, done(m, merged)))
     })
+}
+
+/// Inside a rollback's transaction: merges the version kept for the publish of `replaced_by`
+/// back into the task's partition by `key` (bounds `lo`, `hi` of type `ty`), every column the
+/// kept table shares with the target: the partition's keys the version lacks are deleted (the
+/// rows the merges since inserted), the rows whose values differ are updated back, the kept
+/// rows whose keys are gone are inserted again; then the target's deferred constraints are
+/// checked. Forgets the version. Returns its rows.
+pub(super) fn back(
+    c: &mut Conn,
+    manifest: &str,
+    task: &SqlTask,
+    key: &[String],
+    ([lo, hi], ty): ([&Value; 2], Type),
+    replaced_by: i64,
+) -> std::result::Result<i64, Failure> {
+    let target = &task.target;
+    let kept = versions::kept_table(manifest, target);
+    let now = cached_columns(c, target)?;
+    let names: Vec<String> = cached_columns(c, &kept)?
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| n != "_replaced_by" && now.iter().any(|(t, _)| t == n))
+        .collect();
+    if names.is_empty() {
+        return Err(Error::Message(format!("the versions kept for {target} are gone")).into());
+    }
+    let columns = typed(&now, &names);
+    let list = names
+        .iter()
+        .map(|n| quote_ident(n))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let m = Merging {
+        table: quote_name(target),
+        source: format!("(SELECT {list} FROM {kept} WHERE _replaced_by = $3)"),
+        columns: &columns,
+        key,
+        partition_column: &task.partition_column,
+        keep_missing: false,
+        guard: None,
+    };
+    let mut statements = m.statements();
+    statements.push(format!(
+        "SELECT count(*) FROM {kept} WHERE _replaced_by = $3"
+    ));
+    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+        (lo.sql(), ty.clone()),
+        (hi.sql(), ty),
+        (&replaced_by, Type::INT8),
+    ];
+    let answers = c.wait(async {
+        let (answers, checked) = tokio::join!(
+            counts(&c.client, &statements, &params),
+            c.client.batch_execute("SET CONSTRAINTS ALL IMMEDIATE")
+        );
+        let answers = answers?;
+        checked.map(|()| answers)
+    })?;
+    versions::drop_version(c, manifest, target, replaced_by)?;
+    Ok(answers.last().copied().unwrap_or(0))
 }
 
 /// The columns `wanted`, in order, with their types in the target (`target`, as

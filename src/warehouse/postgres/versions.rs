@@ -140,7 +140,8 @@ pub(super) fn record(
     Ok(())
 }
 
-fn drop_version(c: &Conn, manifest: &str, target: &str, by: i64) -> Result<(), Failure> {
+/// Forgets the version kept for the publish of `by`: its rows and its record.
+pub(super) fn drop_version(c: &Conn, manifest: &str, target: &str, by: i64) -> Result<(), Failure> {
     let kept = kept_table(manifest, target);
     let there: bool = c
         .wait(

@@ -472,8 +472,10 @@ pub(super) async fn publish_audited(
         Ok(rows) => {
             crate::fault::point("after-publish");
             let mut record = record;
-            if let (true, Some(m)) = (promoting, output.merged()) {
-                // Merged into the partition as it is now: what it did, not what staging saw.
+            // A promote's merge is planned by its publish, against the partition as it is now:
+            // what it did is recorded, not what staging saw.
+            let merged = output.merged().or(output.measures().merge);
+            if let (true, Some(m)) = (promoting, merged) {
                 record.set_merge(&m);
             }
             output.remove();

@@ -11,11 +11,12 @@
 //! are exact by construction. A row whose values are all equal is not written at all, so an
 //! unchanged rerun leaves the target's tuples alone.
 //!
-//! The same statements merge a kept version back at rollback (every column the version kept).
-//! Keys are matched with `=`: a `NULL` in the key matches nothing (the gate rejects an output
-//! that has one). Values are compared null-safely with `IS DISTINCT FROM`, by their text for
-//! the types whose equality is not identity (a `numeric` 1.0 equals 1.00; a `json` has no
-//! equality): what a fingerprint hashes is what is compared.
+//! The same statements merge a staged output at promote, and a kept version back at rollback
+//! (every column the version kept). Keys are matched with `=`: a `NULL` in the key matches
+//! nothing (the gate rejects an output that has one). Values are compared null-safely with
+//! `IS DISTINCT FROM`, by their text for the types whose equality is not identity (a
+//! `numeric` 1.0 equals 1.00; a `json` has no equality): what a fingerprint hashes is what is
+//! compared.
 
 use futures_util::future::join_all;
 
@@ -171,6 +172,28 @@ impl Merging<'_> {
         all.extend(self.update());
         all.push(self.insert());
         all
+    }
+
+    /// A key of the source that a partition of the target other than the interval's holds,
+    /// with that partition, as SQL (`NULL` when there is none).
+    fn elsewhere(&self) -> String {
+        let keys = |alias: &str| {
+            self.key
+                .iter()
+                .map(|k| format!("{alias}.{}", quote_ident(k)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!(
+            "(SELECT concat_ws(' ', ({tk})::text, 'in partition', t.{pc}::text) FROM {t} AS t \
+             WHERE ({tk}) IN (SELECT {ok} FROM {s} AS o) AND NOT ({partition}) LIMIT 1)",
+            tk = keys("t"),
+            ok = keys("o"),
+            pc = quote_ident(self.partition_column),
+            t = self.table,
+            s = self.source,
+            partition = self.in_partition(),
+        )
     }
 
     /// What a merge of the source would do, counted without writing, as an `int8[]` of SQL:
@@ -423,6 +446,75 @@ pub(super) fn back(
     })?;
     versions::drop_version(c, manifest, target, replaced_by)?;
     Ok(answers.last().copied().unwrap_or(0))
+}
+
+/// Inside a promote's transaction: merges the staged output (the source of `m`) into the
+/// partition, in one round trip, in order: first what the staged rows are (their fingerprint,
+/// by `row_hash`; their keys that another partition holds: with `table_scope` rows the merge
+/// moves, without it a refusal that names the key and its partition), then `keep` (which
+/// copies the partition's rows to the kept table, when versions are kept) and the merge's
+/// statements, then the check of the target's deferred constraints. The statements take the
+/// partition's bounds `lo` and `hi` (of type `ty`) and the promoting try as `$3`. Returns the
+/// rows kept, the staged rows' fingerprint and what the merge did.
+pub(super) fn promote(
+    c: &Conn,
+    m: &Merging<'_>,
+    table_scope: bool,
+    keep: Option<String>,
+    ([lo, hi], ty, try_id): ([&Value; 2], Type, i64),
+    row_hash: &str,
+) -> std::result::Result<(Option<i64>, String, Merge), Failure> {
+    let first = format!(
+        "SELECT {}, {}, {}",
+        m.counted(table_scope, false),
+        fingerprint_sql(row_hash, &format!("{} AS o", m.source)),
+        if table_scope {
+            "NULL::text".to_string()
+        } else {
+            m.elsewhere()
+        }
+    );
+    let kept = keep.is_some();
+    let statements: Vec<String> = keep.into_iter().chain(m.statements()).collect();
+    let params: [(&(dyn ToSql + Sync), Type); 3] = [
+        (lo.sql(), ty.clone()),
+        (hi.sql(), ty),
+        (&try_id, Type::INT8),
+    ];
+    let (row, answers) = c.wait(async {
+        let (row, answers, checked) = tokio::join!(
+            c.client.query_typed_one(&first, &params),
+            counts(&c.client, &statements, &params),
+            c.client.batch_execute("SET CONSTRAINTS ALL IMMEDIATE")
+        );
+        let row = row?;
+        let answers = answers?;
+        checked.map(|()| (row, answers))
+    })?;
+    if let Some(found) = row.get::<_, Option<String>>(2) {
+        return Err(Error::Message(format!(
+            "unique_key violated across partitions: key {found}, and the staged output puts it in this interval's partition; a merge would update the row of the other partition, so nothing was promoted. If the record moved, set unique_key_scope = \"table\" to move it, and promote again"
+        ))
+        .into());
+    }
+    let fingerprint: String = row.get(1);
+    let rows: i64 = fingerprint
+        .split(':')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    let (kept_rows, merged) = if kept {
+        (answers.first().copied(), &answers[1..])
+    } else {
+        (None, &answers[..])
+    };
+    let [missing, updated, inserted] = done(m, merged);
+    let counted = Counted::of(&row.get::<_, Vec<i64>>(0));
+    Ok((
+        kept_rows,
+        fingerprint,
+        counted.merge(rows, inserted, updated, missing, m.keep_missing),
+    ))
 }
 
 /// The columns `wanted`, in order, with their types in the target (`target`, as

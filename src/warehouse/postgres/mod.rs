@@ -18,8 +18,8 @@
 //! This file holds the [`Backend`] implementation; the rest, by what it does: `write` (a try's
 //! transaction), `bookkeeping` (bookings and settling), `one_database` (a warehouse in the
 //! manifest's database), `staging` (staged outputs and promote), `kept` (kept versions and
-//! rollback; `versions` their tables), `merge` (`write = "merge"`: a try's and a rollback's merge
-//! by key), `compare` (published rows and diffs), `checks` (the dry
+//! rollback; `versions` their tables), `merge` (`write = "merge"`: a try's, a promote's and a
+//! rollback's merge by key), `compare` (published rows and diffs), `checks` (the dry
 //! run), `sql` (names, values, statements, catalog), `fingerprint`, `errors`, `conn`
 //! (connections) and `params` (the task's bind parameters).
 

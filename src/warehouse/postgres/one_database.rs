@@ -31,6 +31,9 @@ pub(super) struct InPublishValues<'a> {
     pub(super) m: &'a InManifest,
     pub(super) start: i64,
     pub(super) end: i64,
+    /// A merge's rows inserted, updated, deleted and unchanged: the runner's, or what a
+    /// promote's merge did.
+    pub(super) merged: [Option<i64>; 4],
 }
 
 impl<'a> InPublishValues<'a> {
@@ -41,7 +44,16 @@ impl<'a> InPublishValues<'a> {
             m,
             start: interval.start.timestamp(),
             end: interval.end.timestamp(),
+            merged: m.merged,
         }
+    }
+
+    /// With the counts of the merge that this transaction did.
+    pub(super) fn merged(mut self, done: Option<&crate::gate::Merge>) -> Self {
+        if let Some(d) = done {
+            self.merged = [d.inserted, d.updated, d.deleted, d.unchanged].map(Some);
+        }
+        self
     }
 
     pub(super) fn params(&self) -> [&(dyn ToSql + Sync); 17] {
@@ -60,10 +72,10 @@ impl<'a> InPublishValues<'a> {
             &self.start,
             &self.end,
             &m.promoted_from,
-            &m.merged[0],
-            &m.merged[1],
-            &m.merged[2],
-            &m.merged[3],
+            &self.merged[0],
+            &self.merged[1],
+            &self.merged[2],
+            &self.merged[3],
         ]
     }
 

@@ -58,8 +58,8 @@ impl Pending for Staged {
     }
 
     /// Promotes: in one transaction, the interval's rows of the target are replaced by the
-    /// staged rows, whose fingerprint must still be the one the gate saw; the staged table goes
-    /// with the same commit.
+    /// staged rows (merged into them, for a merge task), whose fingerprint must still be the
+    /// one the gate saw; the staged table goes with the same commit.
     fn publish(
         &mut self,
         p: &PublishAs<'_>,
@@ -80,7 +80,13 @@ impl Pending for Staged {
             let _ = c.wait(c.client.batch_execute("ROLLBACK"));
         }
         conn::give(c);
-        result.map_err(|e| e.at(wh))
+        // What a merge did, for the promoting try's record.
+        result
+            .map(|(rows, merged)| {
+                self.measures.merge = merged;
+                rows
+            })
+            .map_err(|e| e.at(wh))
     }
 
     fn remove(self: Box<Self>) {}
@@ -92,6 +98,8 @@ impl Pending for Staged {
     }
 }
 
+/// Promotes the staged table `staged` (see [`Staged::publish`]): the rows published, and what
+/// the merge did for a merge task.
 pub(super) fn promote_in(
     c: &mut Conn,
     p: &PublishAs<'_>,
@@ -99,7 +107,7 @@ pub(super) fn promote_in(
     manifest: &str,
     try_id: i64,
     allowed: &Allowed<'_>,
-) -> std::result::Result<i64, Failure> {
+) -> std::result::Result<(i64, Option<crate::gate::Merge>), Failure> {
     let task = p.task;
     book(c)?;
     let (schema, name) = staged.split_once('.').unwrap_or(("backfill", staged));
@@ -143,6 +151,52 @@ pub(super) fn promote_in(
         c.client
             .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ"),
     )?;
+    if let WritePattern::Merge { key, keep_missing } = &task.write {
+        let merging = merge::Merging {
+            table: table.clone(),
+            source: staged_q.clone(),
+            columns: &typed,
+            key,
+            partition_column: &task.partition_column,
+            keep_missing: *keep_missing,
+            guard: None,
+        };
+        let keep = match &kept {
+            Some(kept) => {
+                let cols = versions::shared_columns(c, kept, &task.target)?.join(", ");
+                Some(format!(
+                    "WITH k AS (INSERT INTO {kept} ({cols}, _replaced_by) \
+                     SELECT {cols}, $3 FROM {table} WHERE {pc} >= $1 AND {pc} < $2 RETURNING 1) \
+                     SELECT count(*) FROM k"
+                ))
+            }
+            None => None,
+        };
+        let (moved, fingerprint, done) = merge::promote(
+            c,
+            &merging,
+            p.table_keys.is_some(),
+            keep,
+            ([&lo, &hi], ty.pg_type(), try_id),
+            &row_hash(&typed),
+        )
+        .map_err(refused_promote)?;
+        let rows = done.inserted + done.updated + done.unchanged;
+        let written = Written {
+            moved,
+            columns: cols,
+        };
+        return published(
+            c,
+            p,
+            (staged, &staged_q),
+            (manifest, try_id, allowed),
+            written,
+            (rows, &format!("pg:{fingerprint}")),
+            Some(done),
+        )
+        .map(|rows| (rows, Some(done)));
+    }
     let moved = match &kept {
         Some(kept) => {
             let keep_cols = versions::shared_columns(c, kept, &task.target)?.join(", ");
@@ -186,18 +240,7 @@ pub(super) fn promote_in(
             c.wait(c.client.batch_execute("SET CONSTRAINTS ALL IMMEDIATE"))
                 .map(|()| row)
         })
-        .map_err(|e| -> Failure {
-            if is_constraint(&e) {
-                Error::Message(format!(
-                    "{}: {}; nothing was promoted: stage the interval again once the conflicting rows are gone",
-                    crate::gate::REFUSED_BY_TARGET,
-                    constraint_message(&e)
-                ))
-                .into()
-            } else {
-                e.into()
-            }
-        })?;
+        .map_err(|e| refused_promote(e.into()))?;
     let fingerprint = format!("pg:{}", row.get::<_, String>(0));
     let rows: i64 = fingerprint
         .trim_start_matches("pg:")
@@ -205,6 +248,37 @@ pub(super) fn promote_in(
         .next()
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
+    let written = Written {
+        moved,
+        columns: cols,
+    };
+    published(
+        c,
+        p,
+        (staged, &staged_q),
+        (manifest, try_id, allowed),
+        written,
+        (rows, &fingerprint),
+        None,
+    )
+    .map(|rows| (rows, None))
+}
+
+/// The end of a promote, once the staged rows are in the target (`written`: what went to the
+/// kept table), of `rows` rows and `fingerprint`: checks that they are the rows the gate
+/// judged, records the version they replaced, books the publish (and records it in the
+/// manifest, with what a merge did, when the manifest is in this database), drops the staged
+/// table and commits. Returns the rows published.
+fn published(
+    c: &mut Conn,
+    p: &PublishAs<'_>,
+    (staged, staged_q): (&str, &str),
+    (manifest, try_id, allowed): (&str, i64, &Allowed<'_>),
+    written: Written,
+    (rows, fingerprint): (i64, &str),
+    merged: Option<crate::gate::Merge>,
+) -> std::result::Result<i64, Failure> {
+    let task = p.task;
     if let Some(expected) = p.expect_fingerprint
         && expected != fingerprint
     {
@@ -213,11 +287,7 @@ pub(super) fn promote_in(
         ))
         .into());
     }
-    let written = Written {
-        moved,
-        columns: cols,
-    };
-    finish_versions(c, manifest, p, &written, try_id, &fingerprint)?;
+    finish_versions(c, manifest, p, &written, try_id, fingerprint)?;
     lock_and_book(
         c,
         &task.target,
@@ -225,17 +295,32 @@ pub(super) fn promote_in(
         manifest,
         try_id,
         rows,
-        &fingerprint,
+        fingerprint,
     )?;
     ask(allowed)?;
     if let Some(m) = p.in_manifest {
-        InPublishValues::of(m, try_id, rows, p.interval).run(c)?;
+        InPublishValues::of(m, try_id, rows, p.interval)
+            .merged(merged.as_ref())
+            .run(c)?;
     }
     let committed = c.wait(
         c.client
             .batch_execute(&format!("DROP TABLE {staged_q}; COMMIT")),
     );
     settled(c, committed, task, p.interval, manifest, try_id).map(|()| rows)
+}
+
+/// A promote's failure: a constraint of the target that refused the staged rows, said so.
+fn refused_promote(e: Failure) -> Failure {
+    match e {
+        Failure::Pg(e) if is_constraint(&e) => Error::Message(format!(
+            "{}: {}; nothing was promoted: stage the interval again once the conflicting rows are gone",
+            crate::gate::REFUSED_BY_TARGET,
+            constraint_message(&e)
+        ))
+        .into(),
+        e => e,
+    }
 }
 
 /// A key of the staged output that a partition of the target other than the interval's holds,

@@ -17,6 +17,7 @@ mod interrupt;
 mod join;
 mod limits;
 mod merge;
+mod merge_pg;
 mod network;
 mod one_worker;
 mod operations;

@@ -318,6 +318,25 @@ impl Counted {
     }
 }
 
+/// Copies the partition's rows (bounds `$1`, `$2`) of `table` (quoted) into the kept table
+/// `kept`, its columns `cols` (quoted, joined), as replaced by the try bound as `$try_param`,
+/// when `guard` holds; answers how many. A merge changes only some of the partition's rows: a
+/// rollback needs all of them, as they were.
+pub(super) fn keep(
+    kept: &str,
+    cols: &str,
+    (table, partition_column): (&str, &str),
+    try_param: usize,
+    guard: Option<&str>,
+) -> String {
+    let pc = quote_ident(partition_column);
+    format!(
+        "WITH k AS (INSERT INTO {kept} ({cols}, _replaced_by) SELECT {cols}, ${try_param} \
+         FROM {table} WHERE {pc} >= $1 AND {pc} < $2{guard} RETURNING 1) SELECT count(*) FROM k",
+        guard = guard.map(|g| format!(" AND {g}")).unwrap_or_default(),
+    )
+}
+
 /// What the merge statements of [`Merging::statements`] answered: rows deleted (or missing
 /// keys kept), updated, inserted.
 pub(super) fn done(m: &Merging<'_>, answers: &[i64]) -> [i64; 3] {

@@ -162,14 +162,13 @@ pub(super) fn promote_in(
             guard: None,
         };
         let keep = match &kept {
-            Some(kept) => {
-                let cols = versions::shared_columns(c, kept, &task.target)?.join(", ");
-                Some(format!(
-                    "WITH k AS (INSERT INTO {kept} ({cols}, _replaced_by) \
-                     SELECT {cols}, $3 FROM {table} WHERE {pc} >= $1 AND {pc} < $2 RETURNING 1) \
-                     SELECT count(*) FROM k"
-                ))
-            }
+            Some(kept) => Some(merge::keep(
+                kept,
+                &versions::shared_columns(c, kept, &task.target)?.join(", "),
+                (&table, &task.partition_column),
+                3,
+                None,
+            )),
             None => None,
         };
         let (moved, fingerprint, done) = merge::promote(

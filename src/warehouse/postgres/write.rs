@@ -256,16 +256,14 @@ pub(super) fn write_measure(
         refs.iter().copied().zip(types.iter().cloned()).collect();
     let (row, moved, done) = match (&merging, &delete) {
         (Some(merging), _) => {
-            // The partition's rows are copied for rollback (the merge changes only some).
             let keep = match &kept {
-                Some(kept) => {
-                    let cols = versions::shared_columns(c, kept, &task.target)?.join(", ");
-                    Some(format!(
-                        "WITH k AS (INSERT INTO {kept} ({cols}, _replaced_by) \
-                         SELECT {cols}, $4 FROM {table} WHERE {pc} >= $1 AND {pc} < $2 AND {DELETE_GUARD} \
-                         RETURNING 1) SELECT count(*) FROM k"
-                    ))
-                }
+                Some(kept) => Some(merge::keep(
+                    kept,
+                    &versions::shared_columns(c, kept, &task.target)?.join(", "),
+                    (&table, &task.partition_column),
+                    4,
+                    Some(DELETE_GUARD),
+                )),
                 None => None,
             };
             let merge_params: [(&(dyn ToSql + Sync), Type); 4] = [

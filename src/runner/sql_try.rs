@@ -478,6 +478,12 @@ pub(super) async fn publish_audited(
             if let (true, Some(m)) = (promoting, merged) {
                 record.set_merge(&m);
             }
+            // A merge's partition is what the gate judged: with `on_missing = "keep"`, more
+            // than the output's rows (drift compares the next rerun with it).
+            let rows = match (&sql.write, promoting, record.rows) {
+                (crate::project::WritePattern::Merge { .. }, false, Some(judged)) => judged,
+                _ => rows,
+            };
             output.remove();
             log.line(&format!(
                 "published {} into {}{}",

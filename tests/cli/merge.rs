@@ -208,6 +208,19 @@ fn a_key_gone_from_the_source_is_deleted_unless_on_missing_keeps_it() {
             &row(&expected),
             "{task}"
         );
+        // What drift compares the next rerun with: the partition, not the change set.
+        assert_eq!(
+            p.rows("SELECT rows FROM published"),
+            [row(&[expected[1]])],
+            "{task}"
+        );
+        p.create(
+            "customers",
+            "2026-09-01",
+            "2026-09-01",
+            &["--reprocess-behavior", "completed"],
+        )
+        .code(0);
     }
 }
 

@@ -609,6 +609,13 @@ pub(super) struct Open {
 }
 
 impl Open {
+    /// The partition's rows once this output is published: a merge's with the keys it keeps.
+    fn rows_after(&self) -> i64 {
+        self.measures
+            .merge
+            .map_or(self.measures.rows, |m| m.after())
+    }
+
     pub(super) fn end(&mut self) {
         if let Some(c) = self.conn.take() {
             let _ = c.wait(c.client.batch_execute("ROLLBACK"));
@@ -643,6 +650,7 @@ impl Pending for Open {
             // Measured apart from the target, which it never entered: the gate rejects it.
             return Err(Error::Constraint(why.clone()));
         }
+        let rows_after = self.rows_after();
         let Some(c) = self.conn.as_mut() else {
             return Err(Error::Message("the try's transaction is gone".into()).at(wh));
         };
@@ -694,7 +702,7 @@ impl Pending for Open {
         let params: [&(dyn ToSql + Sync); 3] = [&self.manifest, &self.try_id, &p.judged];
         let in_manifest = p
             .in_manifest
-            .map(|m| InPublishValues::of(m, self.try_id, self.measures.rows, p.interval));
+            .map(|m| InPublishValues::of(m, self.try_id, rows_after, p.interval));
         let (judged, recorded, committed) = c.wait(async {
             tokio::join!(
                 c.client.execute(&update, &params),
@@ -733,7 +741,7 @@ impl Pending for Open {
             conn::give(c);
         }
         result
-            .map(|()| self.measures.rows)
+            .map(|()| self.rows_after())
             .map_err(|e: Failure| e.at(wh))
     }
 

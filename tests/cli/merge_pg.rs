@@ -609,3 +609,87 @@ fn with_the_manifest_in_its_database_a_merge_and_its_promote_record_their_counts
         "4|4|dee\n5|5|eve\n6|6|fay"
     );
 }
+
+#[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
+fn a_merge_killed_at_any_point_of_its_try_is_finished_by_resume_writing_each_row_once() {
+    for point in [
+        "after-audit",
+        "before-source-count",
+        "before-publish",
+        "before-commit",
+        "after-publish",
+    ] {
+        let t = Mg::new(&dag(GATE, ""));
+        t.run(1, 1, &[]).code(0);
+        let sids = t.psql("SELECT id, sid FROM dw.customers ORDER BY id");
+        t.psql(
+            "UPDATE raw.customers SET name = 'bobby' WHERE id = 2;
+             DELETE FROM raw.customers WHERE id = 3;
+             INSERT INTO raw.customers VALUES (6, '2026-01-01', 'fay', 6);",
+        );
+        // Committed writes only: a trigger's rows go with its transaction (the server's
+        // counters also count the writes of a transaction the kill rolled back).
+        t.psql(
+            "CREATE TABLE dw.writes (op text, id int);
+             CREATE FUNCTION dw.note() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               INSERT INTO dw.writes VALUES (lower(TG_OP), CASE WHEN TG_OP = 'DELETE' THEN OLD.id ELSE NEW.id END);
+               RETURN NULL;
+             END $$;
+             CREATE TRIGGER noted AFTER INSERT OR UPDATE OR DELETE ON dw.customers
+               FOR EACH ROW EXECUTE FUNCTION dw.note();",
+        );
+        let crashed = t.p.run_with(
+            &[
+                "create",
+                "--dag",
+                "customers",
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-01",
+                "--reprocess-behavior",
+                "completed",
+            ],
+            &[("BACKFILL_FAULT", point)],
+        );
+        assert_ne!(crashed.code, 0, "{point}: {}", crashed.stderr);
+        t.p.run(&["resume", "2"]).code(0);
+        // One insert, one update, one delete, whatever was redone.
+        assert_eq!(
+            t.psql("SELECT op, id FROM dw.writes ORDER BY op, id"),
+            "delete|3\ninsert|6\nupdate|2",
+            "{point}"
+        );
+        // The kept rows keep their surrogate ids.
+        let kept: Vec<&str> = sids.lines().filter(|l| !l.starts_with("3|")).collect();
+        assert_eq!(
+            t.psql("SELECT id, sid FROM dw.customers WHERE id <> 6 ORDER BY id"),
+            kept.join("\n"),
+            "{point}"
+        );
+        assert_eq!(
+            t.psql("SELECT id, name FROM dw.customers ORDER BY id"),
+            "1|ann\n2|bobby\n6|fay",
+            "{point}"
+        );
+        assert_eq!(
+            t.p.rows(
+                "SELECT t.rows_inserted, t.rows_updated, t.rows_deleted, t.rows_unchanged
+                 FROM task_tries t JOIN runs r ON r.id = t.run_id
+                 WHERE r.backfill_id = 2 AND t.state = 'succeeded'"
+            ),
+            [["1", "1", "1", "1"]],
+            "{point}"
+        );
+        assert_eq!(
+            t.p.count("SELECT count(*) FROM task_tries WHERE publishing = 1 OR state = 'running'"),
+            0,
+            "{point}"
+        );
+    }
+}

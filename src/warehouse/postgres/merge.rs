@@ -1,7 +1,7 @@
 //! The merge of a PostgreSQL warehouse (`write = "merge"`): rows matched to the partition's by
 //! the gate's `unique_key`, so that only what differs is written.
 //!
-//! A try writes its output to the temporary table [`SCRATCH`] (measured as any output), then,
+//! A try writes its output to a temporary table (see `write::scratch_table`) (measured as any output), then,
 //! in the same transaction and the same round trip, merges it into the target in statements
 //! of their own, each seeing what the one before it did: the partition's keys the output no
 //! longer has are deleted (first, so that a unique constraint of the target is free again),
@@ -378,7 +378,7 @@ pub(super) async fn counts(
 /// [`done`]).
 pub(super) fn in_try(
     c: &Conn,
-    begin: &str,
+    (create, begin): (&str, &str),
     (measure, params): (&str, &[(&(dyn ToSql + Sync), Type)]),
     keep: Option<String>,
     m: &Merging<'_>,
@@ -387,12 +387,15 @@ pub(super) fn in_try(
     let kept = keep.is_some();
     let statements: Vec<String> = keep.into_iter().chain(m.statements()).collect();
     c.wait(async {
-        let (began, row, answers, checked) = tokio::join!(
+        let (created, began, row, answers, checked) = tokio::join!(
+            // A message of its own: outside the try's transaction.
+            c.client.batch_execute(create),
             c.client.batch_execute(begin),
             c.client.query_typed_one(measure, params),
             counts(&c.client, &statements, merge_params),
             c.client.batch_execute("SET CONSTRAINTS ALL IMMEDIATE")
         );
+        created?;
         began?;
         let row = row?;
         let answers = answers?;

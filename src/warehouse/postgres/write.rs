@@ -77,11 +77,6 @@ pub(super) fn write_measure(
     // target is not touched. A merge's output goes to the temporary table too, to be merged
     // into the target from there.
     let staged = w.stage.then(|| staged_table(w.manifest, w.try_id));
-    let dest = match &staged {
-        Some(name) => name.as_str(),
-        None if apart || merge.is_some() => SCRATCH,
-        None => &table,
-    };
     let list = out
         .iter()
         .map(|c| quote_ident(c))
@@ -91,6 +86,12 @@ pub(super) fn write_measure(
     // what verify, promote and kept versions hash later), not as the query's types.
     let target_types = cached_columns(c, &task.target)?;
     let typed = merge::typed(&target_types, &out);
+    let scratch = scratch_table(&task.target, &typed);
+    let dest = match &staged {
+        Some(name) => name.as_str(),
+        None if apart || merge.is_some() => scratch.as_str(),
+        None => &table,
+    };
     let outside = format!("(NOT ({pc} >= $1 AND {pc} < $2) OR {pc} IS NULL)");
     let keys = w
         .gate
@@ -166,7 +167,7 @@ pub(super) fn write_measure(
         })
     };
     // Into the target, from the temporary table, in this transaction.
-    let merging = merging_from(SCRATCH, Some(DELETE_GUARD)).filter(|_| replaces);
+    let merging = merging_from(&scratch, Some(DELETE_GUARD)).filter(|_| replaces);
     // What a merge of the output would do, counted by the statement that measures it (whose
     // rows are `ins`): all of it for an output that is staged or measured apart (nothing is
     // merged), only what the merge's own statements do not tell for one merged into the
@@ -274,10 +275,7 @@ pub(super) fn write_measure(
             ];
             let (row, kept_rows, done) = merge::in_try(
                 c,
-                &format!(
-                    "{begin}; CREATE TEMPORARY TABLE {SCRATCH} ON COMMIT DROP \
-                     AS SELECT {list} FROM {table} WITH NO DATA"
-                ),
+                (&create_scratch(&scratch, &list, &table), &begin),
                 (&statement, &typed_refs),
                 keep,
                 merging,
@@ -286,19 +284,32 @@ pub(super) fn write_measure(
             (row, kept_rows, Some(done))
         }
         (None, None) => {
-            let create = match &staged {
-                Some(name) => format!("CREATE TABLE {name}"),
-                None => format!("CREATE TEMPORARY TABLE {SCRATCH} ON COMMIT DROP"),
+            // A staged table is made inside the try's transaction; the scratch table outside
+            // it, in a message of its own (the statements of one message share a transaction).
+            let (first, then) = match &staged {
+                Some(name) => (
+                    format!(
+                        "{begin}; CREATE TABLE {name} AS SELECT {list} FROM {table} WITH NO DATA"
+                    ),
+                    None,
+                ),
+                None => (create_scratch(&scratch, &list, &table), Some(begin.clone())),
             };
-            let create = format!("{begin}; {create} AS SELECT {list} FROM {table} WITH NO DATA");
-            // The table is new in every try: its statement is not kept prepared, and goes in
-            // the round trip that creates the table, after it.
+            // A staged table is new in every try: its statement is not kept prepared, and goes
+            // in the round trip that creates the table, after it.
             let row = c.wait(async {
-                let (created, row) = tokio::join!(
-                    c.client.batch_execute(&create),
+                let (created, began, row) = tokio::join!(
+                    c.client.batch_execute(&first),
+                    async {
+                        match &then {
+                            Some(begin) => c.client.batch_execute(begin).await,
+                            None => Ok(()),
+                        }
+                    },
                     c.client.query_typed_one(&statement, &typed_refs)
                 );
                 created?;
+                began?;
                 row
             })?;
             (row, None, None)
@@ -406,9 +417,26 @@ pub(super) struct FromBatch<'a> {
     pub source_fingerprint: Option<String>,
 }
 
-/// The temporary table that an output measured apart from the target goes to (gone with its
-/// transaction).
-pub(super) const SCRATCH: &str = "pg_temp.backfill_output";
+/// The temporary table that an output measured apart from the target, or merged into it, goes
+/// to: one per target and shape (its columns and their types), made once per session and kept,
+/// its rows gone when their transaction ends. Making it in every try cost more than the rest of
+/// a merge's writes (catalog rows written and removed, WAL for them, a plan for every statement
+/// that reads it).
+pub(super) fn scratch_table(target: &str, typed: &[(String, String)]) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (target, typed).hash(&mut h);
+    format!("pg_temp.backfill_output_{:016x}", h.finish())
+}
+
+/// Makes [`scratch_table`] `name` shaped like `list` of `table`, unless this session has it:
+/// outside any transaction, so that a try that rolls back does not take it along.
+pub(super) fn create_scratch(name: &str, list: &str, table: &str) -> String {
+    format!(
+        "CREATE TEMPORARY TABLE IF NOT EXISTS {name} ON COMMIT DELETE ROWS \
+         AS SELECT {list} FROM {table} WITH NO DATA"
+    )
+}
 
 /// The condition of a try's delete that holds only inside the transaction that [`begin_sql`]
 /// began with the try's mark, bound as `$3`: outside it, the delete matches no row.

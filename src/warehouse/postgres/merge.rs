@@ -56,6 +56,18 @@ impl Merging<'_> {
         format!("t.{pc} >= $1 AND t.{pc} < $2")
     }
 
+    /// Row `alias` of the target has the key of `o` and is in the interval's partition.
+    fn in_partition_as(&self, alias: &str) -> String {
+        let pc = quote_ident(self.partition_column);
+        let key = self
+            .key
+            .iter()
+            .map(|k| format!("{alias}.{c} = o.{c}", c = quote_ident(k)))
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        format!("{key} AND {alias}.{pc} >= $1 AND {alias}.{pc} < $2")
+    }
+
     /// The columns besides the key's: the ones an update writes.
     fn values(&self) -> Vec<&(String, String)> {
         self.columns
@@ -123,29 +135,16 @@ impl Merging<'_> {
         }
     }
 
-    /// Updates the rows of the whole table whose key the source has and whose values differ
-    /// (a row another partition held moves, with `unique_key_scope = "table"`); answers how
-    /// many. `None` when the source has no column besides the key's.
-    pub(super) fn update(&self) -> Option<String> {
-        let differ = self.differ()?;
-        let set = self
-            .values()
-            .iter()
-            .map(|(n, _)| format!("{c} = o.{c}", c = quote_ident(n)))
-            .collect::<Vec<_>>()
-            .join(", ");
-        Some(format!(
-            "WITH u AS (UPDATE {t} AS t SET {set} FROM {s} AS o WHERE {matches} AND {differ}{guard} \
-             RETURNING 1) SELECT count(*) FROM u",
-            t = self.table,
-            s = self.source,
-            matches = self.matches(),
-            guard = self.guarded(),
-        ))
-    }
-
-    /// Inserts the source's rows whose key the target does not hold; answers how many.
-    pub(super) fn insert(&self) -> String {
+    /// Updates the rows whose key the source has and whose values differ, then inserts the
+    /// source's rows whose key the target does not hold, in one statement; answers how many
+    /// it updated and inserted. The source's keys are matched with the partition's rows first
+    /// (one hash join over both, where probing the key's index once per row of the source
+    /// cost twice as much), and only those the partition lacks are looked up in the whole
+    /// table: a row another partition holds moves (with `unique_key_scope = "table"`), a key
+    /// no row holds is inserted. The updates and the insert touch different rows.
+    pub(super) fn upsert(&self) -> String {
+        let (t, s) = (&self.table, &self.source);
+        let (matches, partition, guard) = (self.matches(), self.in_partition(), self.guarded());
         let list = |alias: &str| {
             self.columns
                 .iter()
@@ -153,25 +152,41 @@ impl Merging<'_> {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        format!(
-            "WITH i AS (INSERT INTO {t} ({cols}) SELECT {from} FROM {s} AS o WHERE NOT EXISTS \
-             (SELECT 1 FROM {t} AS t WHERE {matches}){guard} RETURNING 1) SELECT count(*) FROM i",
-            t = self.table,
-            s = self.source,
+        let absent = format!(
+            "absent AS MATERIALIZED (SELECT * FROM {s} AS o WHERE NOT EXISTS \
+             (SELECT 1 FROM {t} AS t WHERE {matches} AND {partition}))"
+        );
+        let insert = format!(
+            "ins AS (INSERT INTO {t} ({cols}) SELECT {from} FROM absent AS o WHERE NOT EXISTS \
+             (SELECT 1 FROM {t} AS t WHERE {matches}){guard} RETURNING 1)",
             cols = list(""),
             from = list("o."),
-            matches = self.matches(),
-            guard = self.guarded(),
+        );
+        let Some(differ) = self.differ() else {
+            return format!("WITH {absent}, {insert} SELECT 0::int8, (SELECT count(*) FROM ins)");
+        };
+        let set = self
+            .values()
+            .iter()
+            .map(|(n, _)| format!("{c} = o.{c}", c = quote_ident(n)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "WITH {absent}, \
+             here AS (UPDATE {t} AS t SET {set} FROM {s} AS o \
+               WHERE {matches} AND {partition} AND {differ}{guard} RETURNING 1), \
+             moved AS (UPDATE {t} AS t SET {set} FROM absent AS o \
+               WHERE {matches} AND NOT ({partition}) AND {differ}{guard} RETURNING 1), \
+             {insert} \
+             SELECT (SELECT count(*) FROM here) + (SELECT count(*) FROM moved), \
+               (SELECT count(*) FROM ins)"
         )
     }
 
     /// The statements that merge, in the order they must run: delete (or count the missing
-    /// keys), update, insert.
+    /// keys), then update and insert.
     pub(super) fn statements(&self) -> Vec<String> {
-        let mut all = vec![self.delete_or_count()];
-        all.extend(self.update());
-        all.push(self.insert());
-        all
+        vec![self.delete_or_count(), self.upsert()]
     }
 
     /// A key of the source that a partition of the target other than the interval's holds,
@@ -184,14 +199,17 @@ impl Merging<'_> {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        // Only the keys the partition lacks are looked up in the rest of the table.
         format!(
-            "(SELECT concat_ws(' ', ({tk})::text, 'in partition', t.{pc}::text) FROM {t} AS t \
-             WHERE ({tk}) IN (SELECT {ok} FROM {s} AS o) AND NOT ({partition}) LIMIT 1)",
+            "(SELECT concat_ws(' ', ({tk})::text, 'in partition', t.{pc}::text) FROM {s} AS o \
+             JOIN {t} AS t ON {matches} WHERE NOT EXISTS (SELECT 1 FROM {t} AS p WHERE {inside}) \
+             AND NOT ({partition}) LIMIT 1)",
             tk = keys("t"),
-            ok = keys("o"),
             pc = quote_ident(self.partition_column),
             t = self.table,
             s = self.source,
+            matches = self.matches(),
+            inside = self.in_partition_as("p"),
             partition = self.in_partition(),
         )
     }
@@ -211,9 +229,12 @@ impl Merging<'_> {
         let mut parts = vec![
             format!("(SELECT count(*) FROM {s} AS o WHERE {null_key})"),
             if moved {
+                // A key the partition holds is not looked up in the rest of the table.
                 format!(
-                    "(SELECT count(*) FROM {s} AS o WHERE EXISTS (SELECT 1 FROM {t} AS t \
+                    "(SELECT count(*) FROM {s} AS o WHERE NOT EXISTS (SELECT 1 FROM {t} AS p \
+                     WHERE {inside}) AND EXISTS (SELECT 1 FROM {t} AS t \
                      WHERE {matches} AND NOT ({partition})))",
+                    inside = self.in_partition_as("p"),
                     partition = self.in_partition()
                 )
             } else {
@@ -339,17 +360,13 @@ pub(super) fn keep(
 
 /// What the merge statements of [`Merging::statements`] answered: rows deleted (or missing
 /// keys kept), updated, inserted.
-pub(super) fn done(m: &Merging<'_>, answers: &[i64]) -> [i64; 3] {
+pub(super) fn done(answers: &[i64]) -> [i64; 3] {
     let at = |i: usize| answers.get(i).copied().unwrap_or(0);
-    if m.update().is_some() {
-        [at(0), at(1), at(2)]
-    } else {
-        [at(0), 0, at(1)]
-    }
+    [at(0), at(1), at(2)]
 }
 
 /// Runs `statements` in order, pipelined (sent together, one round trip), each with the
-/// same parameters; answers their one number each. The first failure, in the order sent, is
+/// same parameters; answers their numbers, in order. The first failure, in the order sent, is
 /// the answer: the statements after it fail only because it aborted the transaction.
 ///
 /// Unnamed statements: they read a table that is new in every try (or a staged one), whose
@@ -361,10 +378,12 @@ pub(super) async fn counts(
 ) -> std::result::Result<Vec<i64>, tokio_postgres::Error> {
     // Polled in order: the statements are sent in this order.
     let answers = join_all(statements.iter().map(|s| client.query_typed_one(s, params))).await;
-    answers
-        .into_iter()
-        .map(|r| r.map(|row| row.get::<_, i64>(0)))
-        .collect()
+    let mut all = Vec::new();
+    for row in answers {
+        let row = row?;
+        all.extend((0..row.len()).map(|i| row.get::<_, i64>(i)));
+    }
+    Ok(all)
 }
 
 /// A merge try's transaction up to the gate, in one round trip, in order: `begin` (which
@@ -405,7 +424,7 @@ pub(super) fn in_try(
         } else {
             (None, &answers[..])
         };
-        Ok((row, kept_rows, done(m, merged)))
+        Ok((row, kept_rows, done(merged)))
     })
 }
 
@@ -530,7 +549,7 @@ pub(super) fn promote(
     } else {
         (None, &answers[..])
     };
-    let [missing, updated, inserted] = done(m, merged);
+    let [missing, updated, inserted] = done(merged);
     let counted = Counted::of(&row.get::<_, Vec<i64>>(0));
     Ok((
         kept_rows,
@@ -599,9 +618,13 @@ mod tests {
         let c = cols(&[("id", "integer")]);
         let key = vec!["id".to_string()];
         let m = merging(&c, &key);
-        assert!(m.update().is_none());
+        assert!(m.differ().is_none());
         assert_eq!(m.statements().len(), 2);
-        assert_eq!(done(&m, &[1, 2]), [1, 0, 2]);
+        assert!(
+            m.upsert()
+                .contains("SELECT 0::int8, (SELECT count(*) FROM ins)")
+        );
+        assert_eq!(done(&[1, 0, 2]), [1, 0, 2]);
         // Every row of the source that the target holds is then unchanged.
         assert!(
             m.counted(false, true)

@@ -114,17 +114,32 @@ pub(super) fn write_measure(
         None => g.unique_key_table,
         Some(_) => !g.unique_key_table,
     };
+    // The output's keys that the partition holds are not looked up in the rest of the table
+    // (one hash join with the partition, rather than a probe of the key's index per row).
     let elsewhere = match (w.gate, &keys) {
-        (Some(g), Some(k)) if look_elsewhere(g) => format!(
-            "(SELECT concat_ws(' ', ({tk})::text, 'in partition', t.{pc}::text) FROM {table} t \
-             WHERE ({tk}) IN (SELECT {k} FROM ins) AND NOT (t.{pc} >= $1 AND t.{pc} < $2) LIMIT 1)",
-            tk = g
-                .unique_key
-                .iter()
-                .map(|c| format!("t.{}", quote_ident(c)))
-                .collect::<Vec<_>>()
-                .join(", "),
-        ),
+        (Some(g), Some(_)) if look_elsewhere(g) => {
+            let on = |a: &str, b: &str| {
+                g.unique_key
+                    .iter()
+                    .map(|c| format!("{a}.{c} = {b}.{c}", c = quote_ident(c)))
+                    .collect::<Vec<_>>()
+                    .join(" AND ")
+            };
+            format!(
+                "(SELECT concat_ws(' ', ({tk})::text, 'in partition', t.{pc}::text) \
+                 FROM ins o JOIN {table} t ON {ot} \
+                 WHERE NOT EXISTS (SELECT 1 FROM {table} p WHERE {op} AND p.{pc} >= $1 AND p.{pc} < $2) \
+                 AND NOT (t.{pc} >= $1 AND t.{pc} < $2) LIMIT 1)",
+                tk = g
+                    .unique_key
+                    .iter()
+                    .map(|c| format!("t.{}", quote_ident(c)))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                ot = on("o", "t"),
+                op = on("o", "p"),
+            )
+        }
         _ => "NULL::text".to_string(),
     };
     let col_type = ty.pg_type();

@@ -21,6 +21,9 @@ use std::cell::Cell;
 use std::io::Write;
 use std::sync::atomic::{AtomicI64, Ordering};
 
+/// How long the hook may take to end the process before SIGALRM ends it.
+const ALARM_SECS: u32 = 5;
+
 /// The backfill this process runs (0 for none yet), for the hook's message.
 static BACKFILL: AtomicI64 = AtomicI64::new(0);
 
@@ -35,6 +38,11 @@ pub fn install() {
         if CATCHING.with(Cell::get) {
             return;
         }
+        // Whatever happens below, the process ends: out of memory, saying what failed or
+        // capturing the backtrace fails to allocate, and a process under an address-space
+        // limit was once seen to stay alive after Rust's own "memory allocation failed"
+        // message. SIGALRM's default action ends it.
+        nix::unistd::alarm::set(ALARM_SECS);
         let what = message(info.payload());
         let thread = std::thread::current();
         let at = info

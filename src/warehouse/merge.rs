@@ -194,7 +194,7 @@ pub(super) fn referenced(
     e: rusqlite::Error,
     deleted: &str,
 ) -> super::Error {
-    let refused = super::publish::refused_by_target(e);
+    let refused = refused_by_target(e);
     let super::Error::Constraint(why) = &refused else {
         return refused;
     };
@@ -250,8 +250,7 @@ pub fn apply(conn: &Connection, m: &Merging<'_>) -> Result<Merge> {
             matches = m.matches("t", "o"),
             same = m.same("t", "o"),
         );
-        conn.execute(&sql, [])
-            .map_err(super::publish::refused_by_target)?
+        conn.execute(&sql, []).map_err(refused_by_target)?
     };
     let list = m
         .columns
@@ -268,7 +267,7 @@ pub fn apply(conn: &Connection, m: &Merging<'_>) -> Result<Merge> {
             ),
             [],
         )
-        .map_err(super::publish::refused_by_target)?;
+        .map_err(refused_by_target)?;
     let rows: i64 = conn.query_row(&format!("SELECT count(*) FROM {s}"), [], |r| r.get(0))?;
     let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
     let (inserted, updated, deleted) = (count(inserted), count(updated), count(deleted));
@@ -281,4 +280,16 @@ pub fn apply(conn: &Connection, m: &Merging<'_>) -> Result<Merge> {
         moved: 0,
         null_keys: 0,
     })
+}
+
+/// A constraint of the target that refused the audited rows (a primary key, a unique index, a
+/// check, a `NOT NULL`) as [`super::Error::Constraint`]; any other error as it is.
+pub(super) fn refused_by_target(e: rusqlite::Error) -> super::Error {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::ConstraintViolation) => super::Error::Constraint(match &e {
+            rusqlite::Error::SqliteFailure(_, Some(message)) => message.clone(),
+            _ => e.to_string(),
+        }),
+        _ => super::Error::Sql(e),
+    }
 }

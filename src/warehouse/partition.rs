@@ -20,6 +20,7 @@ use rusqlite::types::Value;
 
 use super::{Result, quote};
 use crate::interval::DataInterval;
+use crate::project::SqlTask;
 
 /// The representation of a partition column's values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -357,6 +358,33 @@ pub fn describe_mix(classes: &Classes) -> String {
                 .join(" and ")
         ),
     }
+}
+
+/// The statement that deletes the interval's rows, for `EXPLAIN QUERY PLAN` and for use.
+pub fn delete_sql(task: &SqlTask, repr: Repr) -> String {
+    format!(
+        "DELETE FROM main.{} WHERE {}",
+        quote(&task.target),
+        repr.predicate(&task.partition_column, 1)
+    )
+}
+
+/// Deletes the target rows of the interval. Without a known representation, every
+/// representation's range.
+pub fn delete_partition(
+    conn: &Connection,
+    task: &SqlTask,
+    repr: Option<Repr>,
+    interval: DataInterval,
+    tz: chrono_tz::Tz,
+) -> Result<()> {
+    let reprs = Repr::known_or_all(repr);
+    for r in reprs {
+        let (lo, hi) = r.bounds(interval, tz);
+        conn.prepare_cached(&delete_sql(task, r))?
+            .execute(rusqlite::params![lo, hi])?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

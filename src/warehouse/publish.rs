@@ -13,7 +13,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use rusqlite::Connection;
 
 use super::audit::{self, AuditFile};
-use super::partition::Repr;
+use super::partition::{Repr, delete_partition};
 use super::{Error, Result, quote, retry_busy_noting, table_columns};
 use crate::interval::DataInterval;
 use crate::project::{SqlTask, Warehouse, WritePattern};
@@ -158,7 +158,7 @@ fn transaction(
                     ),
                     [],
                 )
-                .map_err(refused_by_target)?
+                .map_err(super::merge::refused_by_target)?
             }
         };
         Ok(i64::try_from(inserted).unwrap_or(i64::MAX))
@@ -205,18 +205,6 @@ fn merge(conn: &Connection, p: &Publish<'_>, key: &[String], keep_missing: bool)
     }
     p.merged.set(Some(done));
     Ok(done.inserted + done.updated + done.unchanged)
-}
-
-/// A constraint of the target that refused the audited rows (a primary key, a unique index, a
-/// check, a `NOT NULL`) as [`Error::Constraint`]; any other error as it is.
-pub(super) fn refused_by_target(e: rusqlite::Error) -> Error {
-    match e.sqlite_error_code() {
-        Some(rusqlite::ErrorCode::ConstraintViolation) => Error::Constraint(match &e {
-            rusqlite::Error::SqliteFailure(_, Some(message)) => message.clone(),
-            _ => e.to_string(),
-        }),
-        _ => Error::Sql(e),
-    }
 }
 
 /// Runs `f` in a transaction that takes the write lock first; commits what it did, or rolls
@@ -278,33 +266,6 @@ fn ask(allowed: &dyn Fn() -> std::result::Result<bool, String>) -> Result<()> {
         Ok(false) => Err(Error::Refused),
         Err(e) => Err(Error::Message(format!("cannot ask the manifest: {e}"))),
     }
-}
-
-/// The statement that deletes the interval's rows, for `EXPLAIN QUERY PLAN` and for use.
-pub fn delete_sql(task: &SqlTask, repr: Repr) -> String {
-    format!(
-        "DELETE FROM main.{} WHERE {}",
-        quote(&task.target),
-        repr.predicate(&task.partition_column, 1)
-    )
-}
-
-/// Deletes the target rows of the interval. Without a known representation, every
-/// representation's range.
-pub fn delete_partition(
-    conn: &Connection,
-    task: &SqlTask,
-    repr: Option<Repr>,
-    interval: DataInterval,
-    tz: chrono_tz::Tz,
-) -> Result<()> {
-    let reprs = Repr::known_or_all(repr);
-    for r in reprs {
-        let (lo, hi) = r.bounds(interval, tz);
-        conn.prepare_cached(&delete_sql(task, r))?
-            .execute(rusqlite::params![lo, hi])?;
-    }
-    Ok(())
 }
 
 /// The rollback transaction: replaces the interval's rows by the kept version that the publish

@@ -403,7 +403,7 @@ pub fn restore_merging(
     };
     let rows = if columns.is_empty() {
         // Nothing was kept: the version is an empty partition.
-        super::publish::delete_partition(conn, task, repr, interval, tz)?;
+        super::partition::delete_partition(conn, task, repr, interval, tz)?;
         0
     } else {
         let list = columns

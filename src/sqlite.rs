@@ -178,6 +178,29 @@ mod tests {
 
     use super::*;
 
+    /// Another process that begins a write on `db` and waits: it and the line it said once it
+    /// held the lock.
+    fn hold_write_lock(db: &Path) -> (std::process::Child, String) {
+        let mut holder = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import sqlite3, sys, time\n\
+                 c = sqlite3.connect(sys.argv[1], isolation_level=None)\n\
+                 c.execute('BEGIN IMMEDIATE')\n\
+                 print('held', flush=True)\n\
+                 time.sleep(60)",
+            ])
+            .arg(db)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("no python3 on PATH to hold a SQLite write lock");
+        let mut line = String::new();
+        std::io::BufReader::new(holder.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        (holder, line)
+    }
+
     #[test]
     fn an_error_that_names_only_its_file_says_what_failed() {
         let nomem = rusqlite::Error::SqliteFailure(
@@ -218,23 +241,7 @@ mod tests {
             .unwrap();
         assert_eq!(write_lock_holder(&db), None, "nobody writes");
         // Another process begins a write and waits.
-        let mut holder = std::process::Command::new("python3")
-            .args([
-                "-c",
-                "import sqlite3, sys, time\n\
-                 c = sqlite3.connect(sys.argv[1], isolation_level=None)\n\
-                 c.execute('BEGIN IMMEDIATE')\n\
-                 print('held', flush=True)\n\
-                 time.sleep(60)",
-            ])
-            .arg(&db)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("no python3 on PATH to hold a SQLite write lock");
-        let mut line = String::new();
-        std::io::BufReader::new(holder.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let (mut holder, line) = hold_write_lock(&db);
         assert_eq!(line, "held\n");
         let pid = i32::try_from(holder.id()).unwrap();
         assert_eq!(write_lock_holder(&db), Some((pid, false)));
@@ -271,23 +278,7 @@ mod tests {
             .execute_batch("CREATE TABLE t (x)")
             .unwrap();
         assert_eq!(lock_holder(&db), Holder::Nobody);
-        let mut holder = std::process::Command::new("python3")
-            .args([
-                "-c",
-                "import sqlite3, sys, time\n\
-                 c = sqlite3.connect(sys.argv[1], isolation_level=None)\n\
-                 c.execute('BEGIN IMMEDIATE')\n\
-                 print('held', flush=True)\n\
-                 time.sleep(60)",
-            ])
-            .arg(&db)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("no python3 on PATH to hold a SQLite write lock");
-        let mut line = String::new();
-        std::io::BufReader::new(holder.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let (mut holder, line) = hold_write_lock(&db);
         let found = lock_holder(&db);
         let _ = holder.kill();
         let _ = holder.wait();

@@ -67,10 +67,14 @@ impl Changes {
 
     /// `+3 ~2 -1 =194`, as tables show it.
     pub fn short(&self) -> String {
-        format!(
-            "+{} ~{} -{} ={}",
-            self.inserted, self.updated, self.deleted, self.unchanged
-        )
+        crate::gate::Merge {
+            inserted: self.inserted,
+            updated: self.updated,
+            deleted: self.deleted,
+            unchanged: self.unchanged,
+            ..crate::gate::Merge::default()
+        }
+        .short()
     }
 }
 

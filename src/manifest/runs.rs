@@ -547,6 +547,14 @@ impl TryRecord {
         self.rows_unchanged = Some(m.unchanged);
     }
 
+    /// Forgets what a merge would have done: it did not happen (the try was rejected).
+    pub fn clear_merge(&mut self) {
+        self.rows_inserted = None;
+        self.rows_updated = None;
+        self.rows_deleted = None;
+        self.rows_unchanged = None;
+    }
+
     /// A merge's counts, when recorded: inserted, updated, deleted, unchanged.
     pub fn merged(&self) -> Option<[i64; 4]> {
         Some([

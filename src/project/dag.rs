@@ -179,6 +179,16 @@ pub enum WritePattern {
 }
 
 impl WritePattern {
+    /// Whether the output's keys are looked up in the target's other partitions: a replace
+    /// would hold a key twice if another partition has it, with `unique_key_scope = "table"`;
+    /// a merge would update that partition's row without it (and moves the row with it).
+    pub fn looks_elsewhere(&self, gate: &Gate) -> bool {
+        match self {
+            WritePattern::Replace => gate.unique_key_table,
+            WritePattern::Merge { .. } => !gate.unique_key_table,
+        }
+    }
+
     pub fn is_merge(&self) -> bool {
         matches!(self, WritePattern::Merge { .. })
     }

@@ -280,10 +280,7 @@ pub(super) async fn sql_try(
         let_go(output, false).await;
         record.state = TryState::Rejected;
         // What a merge would have done is in the reason when it is why; it did not happen.
-        record.rows_inserted = None;
-        record.rows_updated = None;
-        record.rows_deleted = None;
-        record.rows_unchanged = None;
+        record.clear_merge();
         return Ok(Outcome::Rejected(record, reason));
     }
     let (warnings, notes) = (
@@ -525,10 +522,7 @@ pub(super) async fn publish_audited(
             log.line(&format!("not published: {verdict}"));
             let mut rec = record;
             rec.state = TryState::Rejected;
-            rec.rows_inserted = None;
-            rec.rows_updated = None;
-            rec.rows_deleted = None;
-            rec.rows_unchanged = None;
+            rec.clear_merge();
             let (source, previous) = (rec.source_rows, rec.previous_rows);
             apply_verdict(&mut rec, &verdict, source, previous);
             end_unpublished(shared, try_id, &rec, output, promoting).await?;

@@ -648,14 +648,8 @@ pub fn measure(
         }
         _ => None,
     };
-    // A merge moves a key held by another partition with `unique_key_scope = "table"`, and
-    // would update the wrong row without it; a replace would hold the key twice with it.
-    let look_elsewhere = match &task.write {
-        WritePattern::Replace => gate.is_some_and(|g| g.unique_key_table),
-        WritePattern::Merge { .. } => gate.is_some_and(|g| !g.unique_key_table),
-    };
     let elsewhere = match (gate, repr) {
-        (Some(g), Some(r)) if look_elsewhere && rows > 0 => {
+        (Some(g), Some(r)) if task.write.looks_elsewhere(g) && rows > 0 => {
             key_elsewhere(conn, task, &g.unique_key, r, binds, tz)?
         }
         _ => None,

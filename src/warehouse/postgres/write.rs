@@ -107,17 +107,10 @@ pub(super) fn write_measure(
         (Some(g), Some(k)) => duplicates_sql(&g.unique_key, k, &typed),
         _ => "NULL::int8".to_string(),
     };
-    // A replace would hold a key twice if another partition has it, with
-    // `unique_key_scope = "table"`; a merge would update that partition's row without it (and
-    // moves the row with it).
-    let look_elsewhere = |g: &Gate| match merge {
-        None => g.unique_key_table,
-        Some(_) => !g.unique_key_table,
-    };
     // The output's keys that the partition holds are not looked up in the rest of the table
     // (one hash join with the partition, rather than a probe of the key's index per row).
     let elsewhere = match (w.gate, &keys) {
-        (Some(g), Some(_)) if look_elsewhere(g) => {
+        (Some(g), Some(_)) if task.write.looks_elsewhere(g) => {
             let on = |a: &str, b: &str| {
                 g.unique_key
                     .iter()

@@ -140,10 +140,16 @@ fn look(w: &Warehouse, holder: Holder, began: Instant, now: Instant) -> Duration
         at: began,
         since: began,
     };
+    // A holder that is stopped got nowhere since it was seen stopped, however long ago: a
+    // write that waits after a try's compute (seconds on a busy machine) gives up at once too.
+    let still_stopped = |s: &Seen| match holder {
+        Holder::Process { pid, stopped: true } => s.holder.is_some_and(|(p, _)| p == pid),
+        _ => false,
+    };
     let before = seen
         .get(&w.path)
         .copied()
-        .filter(|s| now.duration_since(s.at) <= recent)
+        .filter(|s| now.duration_since(s.at) <= recent || still_stopped(s))
         .unwrap_or(fresh);
     let after = before.then(holder, now);
     seen.insert(w.path.clone(), after);

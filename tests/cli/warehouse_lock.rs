@@ -107,7 +107,8 @@ fn frozen_owner_and(taker: &str) {
     );
     assert!(
         ended >= PATIENCE && ended < PATIENCE + Duration::from_secs(15),
-        "{taker} gave up after {ended:?}"
+        "{taker} gave up after {ended:?}:\n{}",
+        out.stderr
     );
     // The publishes are left as they were: decided, not failed.
     assert_eq!(

@@ -81,6 +81,7 @@ fn large_manifest(dir: &std::path::Path, intervals: &[DataInterval]) -> manifest
         max_failures: None,
         project: None,
         warehouses: None,
+        atomic: false,
     };
     let owner = backfills::insert(&conn, &request, &ctx).unwrap();
     let owner = backfills::fence(&conn, owner).unwrap();

@@ -215,6 +215,10 @@ pub enum Command {
         /// Skip the gate's drift check against the published partition.
         #[arg(long)]
         allow_drift: bool,
+        /// Publish every staged interval in one warehouse transaction: all of them, or none
+        /// (readers see the old rows until the commit). SQL tasks of one warehouse only.
+        #[arg(long)]
+        atomic: bool,
     },
     /// Drop the outputs of a staged backfill without publishing them.
     #[command(after_help = INTERVAL_HELP)]
@@ -359,6 +363,10 @@ pub struct CreateArgs {
     /// diff` and `backfill promote` (or `backfill discard`).
     #[arg(long)]
     pub stage: bool,
+    /// Stage every interval, then publish them all in one warehouse transaction, or none
+    /// (`--stage` then `promote --atomic`). SQL tasks of one warehouse only.
+    #[arg(long, conflicts_with = "stage")]
+    pub atomic: bool,
     /// Stop starting intervals once N failed or were rejected; the running ones finish, the
     /// rest stay planned for `backfill resume`.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]

@@ -413,37 +413,158 @@ fn act(
             acted.blocked.push((t.run_id, why));
         }
     }
+    if claim.publishes.len() > 1
+        && locked.is_none()
+        && is_atomic(manifest_path, backfill_id)
+        && let Some(group) = finish_group(manifest_path, dags, &claim.publishes)
+    {
+        match group {
+            Ok(finished) => {
+                for (p, f) in claim.publishes.iter().zip(finished) {
+                    take((&mut acted, backfill_id), p, Ok(f), locked);
+                }
+            }
+            Err(Unfinished::Failed(why)) => {
+                for p in &claim.publishes {
+                    take(
+                        (&mut acted, backfill_id),
+                        p,
+                        Err(Unfinished::Failed(why.clone())),
+                        locked,
+                    );
+                }
+            }
+            Err(Unfinished::Locked(e)) => {
+                acted.left.extend(claim.publishes.iter().map(|p| p.run_id));
+                *locked = Some(e);
+            }
+        }
+        return acted;
+    }
     for p in &claim.publishes {
         if locked.is_some() {
             acted.left.push(p.run_id);
             continue;
         }
-        match finish_publish(manifest_path, dags, p) {
-            Ok(Finished::Published(rows, booked)) => {
-                if let Some(booked) = booked {
-                    acted.booked.insert(p.try_id, booked);
-                }
-                tracing::info!(
-                    backfill = backfill_id,
-                    try_id = p.try_id,
-                    rows,
-                    "finished the publish of a gone owner"
-                );
-                acted.published.insert(p.try_id, rows);
-            }
-            Ok(Finished::Dropped(why)) => acted.dropped.push((p.try_id, why)),
-            Err(Unfinished::Failed(why)) => {
-                tracing::warn!(backfill = backfill_id, try_id = p.try_id, "{why}");
-                acted.failed.push((p.try_id, why));
-            }
-            Err(Unfinished::Locked(e)) => {
-                tracing::warn!(backfill = backfill_id, try_id = p.try_id, "{e}");
-                acted.left.push(p.run_id);
-                *locked = Some(e);
-            }
-        }
+        take(
+            (&mut acted, backfill_id),
+            p,
+            finish_publish(manifest_path, dags, p),
+            locked,
+        );
     }
     acted
+}
+
+/// Notes how finishing one decided publish went.
+fn take(
+    (acted, backfill_id): (&mut Acted, i64),
+    p: &PendingPublish,
+    result: Result<Finished, Unfinished>,
+    locked: &mut Option<warehouse::Error>,
+) {
+    match result {
+        Ok(Finished::Published(rows, booked)) => {
+            if let Some(booked) = booked {
+                acted.booked.insert(p.try_id, booked);
+            }
+            tracing::info!(
+                backfill = backfill_id,
+                try_id = p.try_id,
+                rows,
+                "finished the publish of a gone owner"
+            );
+            acted.published.insert(p.try_id, rows);
+        }
+        Ok(Finished::Dropped(why)) => acted.dropped.push((p.try_id, why)),
+        Err(Unfinished::Failed(why)) => {
+            tracing::warn!(backfill = backfill_id, try_id = p.try_id, "{why}");
+            acted.failed.push((p.try_id, why));
+        }
+        Err(Unfinished::Locked(e)) => {
+            tracing::warn!(backfill = backfill_id, try_id = p.try_id, "{e}");
+            acted.left.push(p.run_id);
+            *locked = Some(e);
+        }
+    }
+}
+
+/// Whether backfill `id` is a `promote --atomic`, whose publishes are finished together.
+fn is_atomic(manifest_path: &Path, id: i64) -> bool {
+    manifest::open_read_only(manifest_path)
+        .ok()
+        .and_then(|r| r.backfill(id).ok().flatten())
+        .is_some_and(|b| b.atomic)
+}
+
+/// Finishes the decided publishes of a `promote --atomic` together, in one transaction of
+/// their SQLite warehouse, when every one still has its audit file: its owner may have died
+/// before its transaction committed, so readers must see all of them at once, or none. `None`
+/// when they are finished one by one: a PostgreSQL warehouse's transaction committed or was
+/// rolled back as a whole (its bookings say which), and an audit file that is gone means the
+/// group committed (each is then checked on its own).
+fn finish_group(
+    manifest_path: &Path,
+    dags: &Dags,
+    group: &[PendingPublish],
+) -> Option<Result<Vec<Finished>, Unfinished>> {
+    let mut tasks = Vec::with_capacity(group.len());
+    let mut audits = Vec::with_capacity(group.len());
+    for p in group {
+        let (task, tz) = dags.sql_task(&p.dag_id, &p.task_id)?;
+        if task.warehouse.is_postgres() || p.record.restore_key.is_some() {
+            return None;
+        }
+        audits.push(AuditFile::existing(Path::new(p.audit_path.as_deref()?))?);
+        tasks.push((task, tz));
+    }
+    Some((|| {
+        let reader = manifest::open_read_only(manifest_path).map_err(|e| e.to_string())?;
+        let wh = warehouse::open(&tasks[0].0.warehouse)?;
+        let mut publishes = Vec::with_capacity(group.len());
+        for ((p, (task, tz)), audit) in group.iter().zip(&tasks).zip(&audits) {
+            publishes.push(publish_of(&wh, reader.as_ref(), task, *tz, p, audit)?);
+        }
+        let allowed = || {
+            for p in group {
+                if !reader
+                    .may_publish(p.try_id, None, true)
+                    .map_err(|e| e.to_string())?
+                {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        };
+        match warehouse::publish::publish_group(&wh, &mut publishes, &allowed, &mut || {}) {
+            Ok(rows) => {
+                drop(publishes);
+                for a in audits {
+                    a.remove();
+                }
+                Ok(rows
+                    .into_iter()
+                    .map(|r| Finished::Published(r, None))
+                    .collect())
+            }
+            Err(warehouse::Error::Refused) => {
+                drop(publishes);
+                // Staged outputs: they stay staged, for the next `promote`.
+                for a in audits {
+                    a.keep();
+                }
+                Ok(group
+                    .iter()
+                    .map(|_| {
+                        Finished::Dropped(
+                            "superseded by a newer publish, or finished by another process".into(),
+                        )
+                    })
+                    .collect())
+            }
+            Err(e) => Err(e.into()),
+        }
+    })())
 }
 
 /// Why a decided publish was not finished.
@@ -545,38 +666,12 @@ fn finish_publish(
             Err(e) => Err(e.into()),
         };
     };
-    let repr = publish_repr(&wh, task, &audit);
     let allowed = || {
         reader
             .may_publish(p.try_id, None, true)
             .map_err(|e| e.to_string())
     };
-    // The rows being replaced are kept as the version of the current publish's content.
-    let current = reader
-        .current_publication(&p.dag_id, &p.task_id, p.interval.start.timestamp())
-        .map_err(|e| e.to_string())?;
-    let version_of = current.as_ref().and_then(|c| c.content);
-    let same_content = current.as_ref().is_some_and(|c| {
-        c.fingerprint.is_some() && c.fingerprint.as_deref() == p.record.fingerprint.as_deref()
-    });
-    let publish = warehouse::publish::Publish {
-        task,
-        interval: p.interval,
-        tz,
-        repr,
-        audit: Some(&audit),
-        expect_fingerprint: p.record.fingerprint.as_deref(),
-        keep: Some(warehouse::versions::Keep {
-            by_try: p.try_id,
-            version_of,
-            keep: task.keep_versions,
-            same_content,
-        }),
-        // Redone after a commit, a merge finds nothing left to write: it is not held to the
-        // counts its try recorded.
-        planned: None,
-        merged: std::cell::Cell::default(),
-    };
+    let publish = publish_of(&wh, reader.as_ref(), task, tz, p, &audit)?;
     let result = warehouse::publish::publish(&wh, &publish, &allowed);
     // A promote's file is the staged output's own: unless this publish put it in place, the
     // output stays staged (for the next `promote`), and so does its file.
@@ -598,6 +693,44 @@ fn finish_publish(
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// How to finish the decided publish `p` from its audit file: the rows being replaced are
+/// kept as the version of the current publish's content.
+fn publish_of<'a>(
+    wh: &rusqlite::Connection,
+    reader: &dyn Reads,
+    task: &'a SqlTask,
+    tz: chrono_tz::Tz,
+    p: &'a PendingPublish,
+    audit: &'a AuditFile,
+) -> Result<warehouse::publish::Publish<'a>, Unfinished> {
+    let current = reader
+        .current_publication(&p.dag_id, &p.task_id, p.interval.start.timestamp())
+        .map_err(|e| e.to_string())?;
+    let version_of = current.as_ref().and_then(|c| c.content);
+    let same_content = current.as_ref().is_some_and(|c| {
+        c.fingerprint.is_some() && c.fingerprint.as_deref() == p.record.fingerprint.as_deref()
+    });
+    Ok(warehouse::publish::Publish {
+        task,
+        interval: p.interval,
+        tz,
+        repr: publish_repr(wh, task, audit),
+        audit: Some(audit),
+        expect_fingerprint: p.record.fingerprint.as_deref(),
+        keep: Some(warehouse::versions::Keep {
+            by_try: p.try_id,
+            version_of,
+            keep: task.keep_versions,
+            same_content,
+        }),
+        // Redone after a commit, a merge finds nothing left to write: it is not held to the
+        // counts its try recorded.
+        planned: None,
+        merged: std::cell::Cell::default(),
+        rows_in: None,
+    })
 }
 
 /// Whether the target's partition holds exactly the rows the gate audited (same count and

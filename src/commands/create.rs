@@ -20,9 +20,20 @@ use crate::session::launch::{
 use crate::session::tasks::{check_tasks, only_tasks};
 use crate::state::BackfillKind;
 
-pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
+pub fn run(g: &Global, mut args: CreateArgs) -> Result<u8, Error> {
     let project = g.project()?;
     let mut dag = only_tasks(project.dag(&args.dag)?, &args.tasks)?;
+    if args.atomic {
+        if args.cascade.is_some() {
+            return Err(Error::Usage(
+                "--atomic cannot be used with --cascade: each DAG of a cascade publishes on its own; drop one of them".into(),
+            ));
+        }
+        crate::commands::staging::atomic_refusal(&dag, "create --atomic")?;
+    }
+    let atomic = std::mem::take(&mut args.atomic);
+    // Staged first; published at once below.
+    args.stage |= atomic;
     if let Some(n) = args.batch_size {
         if n > 1
             && let Err(why) =
@@ -242,6 +253,7 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         batch_size: args.batch_size,
         project: None,
         warehouses: None,
+        atomic: false,
     };
     let cascade = args.cascade.map(|c| c.mode());
     if cascade.is_some() {
@@ -271,6 +283,9 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
             },
         },
     )?;
+    if let (true, Some(id)) = (atomic, id) {
+        return promote_staged(g, id, code, args.allow_drift);
+    }
     if let (true, false, Some(id)) = (args.stage, g.json, id) {
         // The handle `diff`, `promote` and `discard` need, as data: `id=$(backfill create
         // ... --stage -q)`. (With --output json, the summary carries it.)
@@ -295,6 +310,24 @@ pub fn run(g: &Global, args: CreateArgs) -> Result<u8, Error> {
         }
         _ => Ok(code),
     }
+}
+
+/// `create --atomic`, once its range is staged: every interval staged is published at once;
+/// when an interval did not stage, nothing is published (the staged outputs wait for `promote
+/// ID --atomic`).
+fn promote_staged(g: &Global, id: i64, code: u8, allow_drift: bool) -> Result<u8, Error> {
+    if code != exit::OK {
+        crate::session::warn(
+            g,
+            &format!(
+                "nothing published: not every interval of backfill {id} was staged (`{}` says why); `{}` publishes what was, all at once",
+                crate::report::out::hint(&format!("show {id}")),
+                crate::report::out::hint(&format!("promote {id} --atomic"))
+            ),
+        );
+        return Ok(code);
+    }
+    crate::commands::staging::promote(g, id, &[], allow_drift, true)
 }
 
 /// Whether an interval of backfill `id` succeeded, as far as the manifest can be read (a

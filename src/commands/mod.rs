@@ -111,11 +111,13 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
             id,
             intervals,
             allow_drift,
+            atomic,
         } => staging::promote(
             &g,
             backfill_id(&g, id, Latest::Staged)?,
             &intervals,
             allow_drift,
+            atomic,
         ),
         Command::Discard { id, intervals } => {
             staging::discard(&g, backfill_id(&g, id, Latest::Staged)?, &intervals)

@@ -93,7 +93,13 @@ fn intervals_of(staged: &[&runs::Staged]) -> Vec<DataInterval> {
 
 /// `backfill promote ID`: a backfill of kind `promote` that publishes the staged outputs,
 /// through the gate and the crash-safe publish.
-pub fn promote(g: &Global, id: i64, whens: &[String], allow_drift: bool) -> Result<u8, Error> {
+pub fn promote(
+    g: &Global,
+    id: i64,
+    whens: &[String],
+    allow_drift: bool,
+    atomic: bool,
+) -> Result<u8, Error> {
     let (project, path, conn, source, dag) = staged_backfill(g, id, "promote")?;
     let all = conn.staged_outputs(id).map_err(|e| e.at(&path))?;
     drop(conn);
@@ -116,6 +122,14 @@ pub fn promote(g: &Global, id: i64, whens: &[String], allow_drift: bool) -> Resu
             dag.file,
             hint(&format!("discard {id}"))
         )));
+    }
+    if atomic {
+        // The tasks it publishes: those with a staged output.
+        let mut staged_tasks = dag.clone();
+        staged_tasks
+            .tasks
+            .retain(|t| waiting.iter().any(|s| s.task_id == t.id));
+        atomic_refusal(&staged_tasks, "promote --atomic")?;
     }
     let conf = source.conf_json()?;
     let intervals = intervals_of(&waiting);
@@ -153,6 +167,7 @@ pub fn promote(g: &Global, id: i64, whens: &[String], allow_drift: bool) -> Resu
     }
     let request = NewBackfill {
         allow_drift,
+        atomic,
         source_backfill: Some(id),
         ..request_over(
             &dag,
@@ -175,11 +190,42 @@ pub fn promote(g: &Global, id: i64, whens: &[String], allow_drift: bool) -> Resu
             changed: &HashSet::new(),
             upstream: &HashMap::new(),
             reprs,
-            mode: Mode::Promote(outputs),
+            mode: if atomic {
+                Mode::PromoteAtomic(outputs)
+            } else {
+                Mode::Promote(outputs)
+            },
         },
     )?;
     settle_staged(&path, &project, id)?;
     Ok(code)
+}
+
+/// Why the tasks of `dag` cannot be published in one transaction (`verb`: the command asked):
+/// a command task's publish commands cannot share it, nor can tasks of several warehouses.
+pub fn atomic_refusal(dag: &Dag, verb: &str) -> Result<(), Error> {
+    let mut first: Option<(&str, &crate::project::Warehouse)> = None;
+    for task in &dag.tasks {
+        match &task.kind {
+            TaskKind::Command(_) => {
+                return Err(Error::Usage(format!(
+                    "`{verb}` publishes in one warehouse transaction, and task `{}` of DAG `{}` is a command task, whose publish cannot share one; promote without --atomic, or leave the task out (`--tasks`)",
+                    task.id, dag.id
+                )));
+            }
+            TaskKind::Sql(sql) => match first {
+                None => first = Some((&task.id, &sql.warehouse)),
+                Some((other, w)) if w.name != sql.warehouse.name => {
+                    return Err(Error::Usage(format!(
+                        "`{verb}` publishes in one warehouse transaction, and DAG `{}` writes two warehouses: task `{other}` writes `{}`, task `{}` writes `{}`; promote without --atomic",
+                        dag.id, w.name, task.id, sql.warehouse.name
+                    )));
+                }
+                Some(_) => {}
+            },
+        }
+    }
+    Ok(())
 }
 
 /// Nothing to promote or discard: said, exit 0 (promoting twice is harmless).

@@ -73,6 +73,8 @@ pub struct NewBackfill {
     pub project: Option<String>,
     /// The warehouses its DAG writes, as the project names them (JSON: name to location).
     pub warehouses: Option<String>,
+    /// A promote that publishes all its staged outputs in one warehouse transaction, or none.
+    pub atomic: bool,
 }
 
 /// A backfill row.
@@ -118,6 +120,8 @@ pub struct Backfill {
     pub project: Option<String>,
     /// The warehouses its DAG wrote (JSON: name to location), as its project named them.
     pub warehouses: Option<String>,
+    /// `promote --atomic`: every staged output in one warehouse transaction, or none.
+    pub atomic: bool,
 }
 
 impl Backfill {
@@ -141,7 +145,7 @@ impl Backfill {
     }
 }
 
-pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks, max_failures, cascade, cascade_of, sample, definition, batch_size, project, warehouses, owner_start";
+pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks, max_failures, cascade, cascade_of, sample, definition, batch_size, project, warehouses, owner_start, atomic";
 
 pub fn from_row(r: &Row<'_>) -> super::db::Result<Backfill> {
     let reprocess: String = r.get(6)?;
@@ -186,6 +190,7 @@ pub fn from_row(r: &Row<'_>) -> super::db::Result<Backfill> {
         project: r.get(29)?,
         warehouses: r.get(30)?,
         owner_start: r.get(31)?,
+        atomic: r.get(32)?,
     })
 }
 
@@ -260,8 +265,8 @@ pub fn insert(conn: &Conn, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
         "INSERT INTO backfills (dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior,
             max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host,
             heartbeat_at, created_at, epoch, planning, kind, source_backfill, tasks, max_failures,
-            cascade, cascade_of, sample, definition, batch_size, project, warehouses, owner_start)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)
+            cascade, cascade_of, sample, definition, batch_size, project, warehouses, owner_start, atomic)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)
          RETURNING id",
         params![
             b.dag_id,
@@ -291,7 +296,8 @@ pub fn insert(conn: &Conn, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
             b.batch_size,
             b.project,
             b.warehouses,
-            ctx.start
+            ctx.start,
+            b.atomic
         ],
         |r| r.get(0),
     )?;

@@ -63,6 +63,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (12, include_str!("../../migrations/0012_project.sql")),
     (13, include_str!("../../migrations/0013_owner_start.sql")),
     (14, include_str!("../../migrations/0014_merge.sql")),
+    (15, include_str!("../../migrations/0015_atomic.sql")),
 ];
 
 /// CHECK constraints a migration widens (SQLite cannot alter one): `(version, table, old, new)`.

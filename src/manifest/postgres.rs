@@ -63,6 +63,10 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../../migrations/postgres/0008_owner_start.sql"),
     ),
     (9, include_str!("../../migrations/postgres/0009_merge.sql")),
+    (
+        10,
+        include_str!("../../migrations/postgres/0010_atomic.sql"),
+    ),
 ];
 
 /// The longest the server lets a manifest session sit idle inside a transaction before it ends

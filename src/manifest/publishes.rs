@@ -56,6 +56,31 @@ pub fn record_publish_intent(
     Ok(changed == 1)
 }
 
+/// Records the decision to publish a group of outputs in one warehouse transaction (`promote
+/// --atomic`): every intent, or none when any try may no longer publish (its lease is gone, or
+/// it is not running). Recovery finishes the group's publishes together.
+pub fn record_group_intent(
+    conn: &Conn,
+    fenced: Fenced,
+    group: &[(i64, Option<String>, TryRecord)],
+) -> Result<bool> {
+    for (try_id, _, _) in group {
+        let running = conn
+            .prepare_cached("SELECT 1 FROM task_tries WHERE id = ?1 AND state = 'running'")?
+            .query_row([try_id], |_| Ok(()))
+            .optional()?
+            .is_some();
+        if !running || !try_holds_lease(conn, *try_id)? {
+            return Ok(false);
+        }
+    }
+    for (try_id, path, rec) in group {
+        // Each was checked above, in this transaction: none can be refused now.
+        record_publish_intent(conn, fenced, *try_id, path.as_deref(), rec)?;
+    }
+    Ok(true)
+}
+
 /// The manifest's record of a publish, run by a PostgreSQL warehouse in the manifest's own
 /// database as the last statement of the publish's transaction: the try ends `succeeded` with
 /// its judged record and becomes its partition's publication, both only while it is still

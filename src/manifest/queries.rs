@@ -120,6 +120,10 @@ pub struct BackfillSummary {
     pub kind: String,
     /// A promote: the staged backfill whose outputs it publishes.
     pub source_backfill: Option<i64>,
+    /// `promote --atomic`: every output in one warehouse transaction, or none (left out when
+    /// not).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub atomic: bool,
     /// The tasks it ran (`None`: every task).
     pub tasks: Option<Vec<String>>,
     /// `--max-failures`.
@@ -193,6 +197,7 @@ fn summary(b: Backfill, counts: Counts) -> BackfillSummary {
         intervals: counts,
         kind: b.kind.as_str().to_string(),
         source_backfill: b.source_backfill,
+        atomic: b.atomic,
         tasks: b.tasks,
         max_failures: b.max_failures,
         cascade: b.cascade,

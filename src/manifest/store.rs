@@ -434,6 +434,13 @@ pub trait Publishing {
         audit_path: Option<&str>,
         rec: &TryRecord,
     ) -> Result<bool>;
+    /// Records the decision to publish a group of outputs in one warehouse transaction: every
+    /// intent (try id, file, record), or none (`false`).
+    fn record_group_intent(
+        &self,
+        _fenced: Fenced,
+        group: &[(i64, Option<String>, TryRecord)],
+    ) -> Result<bool>;
     /// Makes a try the published try of its task and interval.
     fn mark_published(&self, p: &Publication<'_>, now_ms: i64) -> Result<()>;
     /// Records that try `try_id` promotes the staged try `staged_try`.
@@ -932,6 +939,13 @@ impl Publishing for Conn {
         rec: &TryRecord,
     ) -> Result<bool> {
         publishes::record_publish_intent(self, _fenced, try_id, audit_path, rec)
+    }
+    fn record_group_intent(
+        &self,
+        fenced: Fenced,
+        group: &[(i64, Option<String>, TryRecord)],
+    ) -> Result<bool> {
+        publishes::record_group_intent(self, fenced, group)
     }
     fn mark_published(&self, p: &Publication<'_>, now_ms: i64) -> Result<()> {
         let now_ms = self.now_ms(now_ms)?;

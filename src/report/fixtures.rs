@@ -64,6 +64,7 @@ pub fn backfill() -> BackfillSummary {
         },
         kind: "run".into(),
         source_backfill: None,
+        atomic: false,
         tasks: None,
         max_failures: None,
         cascade: None,

@@ -32,6 +32,9 @@ fn kind_text(b: &BackfillSummary) -> String {
         format!("staged (awaits `{}`)", hint(&format!("promote {}", b.id)))
     } else {
         match (b.kind.as_str(), b.source_backfill) {
+            ("promote", Some(source)) if b.atomic => {
+                format!("{} (atomic promote of {source})", b.state)
+            }
             ("promote", Some(source)) => format!("{} (promote of {source})", b.state),
             ("run", _) => match (&b.cascade, b.cascade_of) {
                 (Some(mode), _) => format!("{} (cascade {mode})", b.state),

@@ -14,6 +14,7 @@
 //! starts after it, the running ones are interrupted, and the fault is returned in [`Ran`] for
 //! the session to say, so that `resume` runs them all once the cause is gone.
 
+mod atomic;
 mod batch;
 pub mod events;
 mod interval;
@@ -54,6 +55,8 @@ pub enum Mode {
     Stage,
     /// Publish the staged outputs of another backfill, by interval start and task.
     Promote(HashMap<(i64, String), StagedTry>),
+    /// Publish them all in one warehouse transaction, or none (`promote --atomic`).
+    PromoteAtomic(HashMap<(i64, String), StagedTry>),
     /// Put back the partitions that the current publishes replaced: every SQL task, or the
     /// named ones.
     Rollback(Option<Vec<String>>),
@@ -379,6 +382,17 @@ pub async fn run(
     });
     if let Some(fault) = &no_logs {
         shared.stop_for(fault);
+    }
+    if matches!(shared.spec.mode, Mode::PromoteAtomic(_)) {
+        // One group, claimed, judged and published together by this process.
+        let intervals: Vec<DataInterval> = queue.drain(..).collect();
+        if no_logs.is_none() {
+            atomic::run(&shared, intervals, &stop).await?;
+        }
+        return Ok(Ran {
+            halted: false,
+            fault: shared.fault(),
+        });
     }
     // For depends_on_past: whether the interval ending at this instant succeeded here.
     let mut succeeded_by_end: HashMap<i64, bool> = if depends_on_past {

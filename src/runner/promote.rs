@@ -60,7 +60,7 @@ pub(super) async fn promote_task(
 }
 
 /// The staged measures judged again, against the rows published now.
-fn judge_again(
+pub(super) fn judge_again(
     shared: &Shared,
     task: &Task,
     staged: &StagedTry,

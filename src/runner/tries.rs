@@ -52,7 +52,7 @@ pub(super) async fn run_task(
         task = %task.id,
     );
     match &shared.spec.mode {
-        super::Mode::Promote(staged) => {
+        super::Mode::Promote(staged) | super::Mode::PromoteAtomic(staged) => {
             let staged = staged.get(&(interval.start.timestamp(), task.id.clone()));
             super::promote::promote_task(shared, task, interval, run_id, staged, stop)
                 .instrument(span)

@@ -140,6 +140,11 @@ pub fn join(g: &Global, id: i64, max_active_runs: Option<u32>) -> Result<u8, Err
 /// Whether a backfill can be joined: running, its owner alive.
 fn joinable(b: &manifest::Backfill, ctx: &LeaseCtx) -> Result<(), Error> {
     let id = b.id;
+    if b.atomic {
+        return Err(Error::Usage(format!(
+            "backfill {id} is a `promote --atomic`, which one process publishes in one transaction; it cannot be joined"
+        )));
+    }
     if b.state != BackfillState::Running {
         return Err(Error::Usage(format!(
             "backfill {id} is not running (it is {}); only a running backfill can be joined{}",

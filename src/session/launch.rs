@@ -99,6 +99,7 @@ pub fn request_over(
         batch_size: None,
         project: None,
         warehouses: None,
+        atomic: false,
     }
 }
 

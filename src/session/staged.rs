@@ -23,7 +23,12 @@ pub fn mode_of(b: &Backfill, manifest_path: &Path) -> Result<Mode, Error> {
                     b.id
                 ))
             })?;
-            Mode::Promote(staged_outputs(manifest_path, source)?)
+            let staged = staged_outputs(manifest_path, source)?;
+            if b.atomic {
+                Mode::PromoteAtomic(staged)
+            } else {
+                Mode::Promote(staged)
+            }
         }
         BackfillKind::Rollback => Mode::Rollback(b.tasks.clone()),
     })

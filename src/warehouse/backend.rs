@@ -135,6 +135,12 @@ pub trait Pending: Send {
         None
     }
 
+    /// Itself, as a publish of several outputs at once takes it ([`super::publish_group`]); `None`
+    /// when its warehouse publishes outputs one at a time only.
+    fn member(&mut self) -> Option<Member<'_>> {
+        None
+    }
+
     /// Done with it: after a publish, after a rejection, or to give it up.
     fn remove(self: Box<Self>);
 
@@ -144,6 +150,20 @@ pub trait Pending: Send {
 
     /// Keeps the output for `backfill promote`, durably: where it is kept.
     fn stage(self: Box<Self>) -> std::result::Result<PathBuf, String>;
+}
+
+/// A pending output, as a publish of several at once ([`super::publish_group`]) takes it.
+pub enum Member<'a> {
+    /// SQLite: its audit file.
+    Audited(&'a mut Audited),
+    /// PostgreSQL: a staged table, promoted as `try_id` of `manifest`; `merged` is set to what
+    /// its merge did.
+    Staged {
+        table: &'a str,
+        manifest: &'a str,
+        try_id: i64,
+        merged: &'a mut Option<crate::gate::Merge>,
+    },
 }
 
 /// A batch's rows, computed by one query for several consecutive intervals (see
@@ -584,6 +604,10 @@ impl Pending for Audited {
         self.merged
     }
 
+    fn member(&mut self) -> Option<Member<'_>> {
+        Some(Member::Audited(self))
+    }
+
     fn publish(
         &mut self,
         p: &PublishAs<'_>,
@@ -604,6 +628,7 @@ impl Pending for Audited {
             keep: p.keep,
             planned: p.planned,
             merged: std::cell::Cell::default(),
+            rows_in: None,
         };
         // The publish writes the warehouse: a full disk there is the warehouse's.
         let rows = publish::publish_noting(&conn, &publish, allowed, waiting)

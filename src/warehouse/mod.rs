@@ -46,6 +46,82 @@ pub fn backend_of(w: &Warehouse) -> &'static dyn backend::Backend {
     }
 }
 
+/// Publishes pending outputs of one warehouse in one transaction (`promote --atomic`): all of
+/// them, or none. `group` pairs each output with how to publish it. `allowed` is asked inside
+/// the transaction, as for one publish. Returns each one's rows, in order; what a merge did is
+/// each output's [`backend::Pending::merged`].
+pub fn publish_group(
+    group: &mut [(
+        &mut (dyn backend::Pending + 'static),
+        backend::PublishAs<'_>,
+    )],
+    allowed: &backend::Allowed<'_>,
+    waiting: &mut dyn FnMut(),
+) -> Result<Vec<i64>> {
+    let mut audited = Vec::new();
+    let mut staged = Vec::new();
+    for (output, p) in group.iter_mut() {
+        match output.member() {
+            Some(backend::Member::Audited(a)) => audited.push((a, &*p)),
+            Some(m @ backend::Member::Staged { .. }) => staged.push((m, &*p)),
+            None => {
+                return Err(Error::Message(format!(
+                    "the output of `{}` for {} cannot be published together with others",
+                    p.task.target, p.interval
+                )));
+            }
+        }
+    }
+    if !staged.is_empty() {
+        if !audited.is_empty() {
+            return Err(Error::Message(
+                "the outputs are in more than one warehouse: one transaction cannot publish them all".into(),
+            ));
+        }
+        return postgres::promote_group(&mut staged, allowed);
+    }
+    let Some((_, first)) = audited.first() else {
+        return Ok(Vec::new());
+    };
+    let w = first.task.warehouse.clone();
+    if let Some((_, p)) = audited
+        .iter()
+        .find(|(_, p)| p.task.warehouse.path != w.path)
+    {
+        return Err(Error::Message(format!(
+            "`{}` is in warehouse `{}`, not `{}`: one transaction cannot publish them all",
+            p.task.target, p.task.warehouse.name, w.name
+        )));
+    }
+    let conn = pool::take(&w)?;
+    if crate::fault::point("publish") {
+        return Err(Error::Message("disk I/O error (injected)".into()));
+    }
+    let mut publishes: Vec<publish::Publish<'_>> = audited
+        .iter()
+        .map(|(a, p)| publish::Publish {
+            task: p.task,
+            interval: p.interval,
+            tz: p.tz,
+            repr: p.repr,
+            audit: (!p.empty).then_some(&a.file),
+            expect_fingerprint: p.expect_fingerprint,
+            keep: p.keep,
+            planned: p.planned,
+            merged: std::cell::Cell::default(),
+            rows_in: None,
+        })
+        .collect();
+    let rows = publish::publish_group(&conn, &mut publishes, allowed, waiting)
+        .map_err(|e| e.at_file(&w))?;
+    let merged: Vec<_> = publishes.iter().map(|p| p.merged.get()).collect();
+    drop(publishes);
+    for ((a, _), m) in audited.iter_mut().zip(merged) {
+        a.merged = m;
+    }
+    Ok(rows)
+}
+
 /// What can go wrong in a warehouse.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -106,6 +182,15 @@ pub enum Error {
 }
 
 impl Error {
+    /// Says which output of a group (`promote --atomic`) a refusal or failure is about.
+    pub fn of(self, what: &str) -> Self {
+        match self {
+            Self::Message(m) => Self::Message(format!("{what}: {m}")),
+            Self::Constraint(m) => Self::Constraint(format!("{what}: {m}")),
+            other => other,
+        }
+    }
+
     /// Names the warehouse in an error that does not say which database it is about.
     pub fn at(self, w: &Warehouse) -> Self {
         match self {

@@ -47,9 +47,20 @@ pub struct Publish<'a> {
     pub planned: Option<crate::gate::Merge>,
     /// What the merge did, once it did it.
     pub merged: std::cell::Cell<Option<crate::gate::Merge>>,
+    /// The temporary table that holds the audited rows, when they were copied out of the audit
+    /// file (a publish of a group, see [`publish_group`]); `None`: the attached audit file's.
+    pub rows_in: Option<String>,
 }
 
 impl Publish<'_> {
+    /// The schema and table that hold the audited rows.
+    fn rows_at(&self) -> (&str, &str) {
+        match &self.rows_in {
+            Some(table) => ("temp", table),
+            None => ("audit", "rows"),
+        }
+    }
+
     /// Called when another process holds the warehouse's write lock past the busy timeout.
     fn note_wait(&self, waits: &mut u32) {
         *waits += 1;
@@ -108,61 +119,164 @@ pub fn publish_noting(
     result.map_err(|e| e.at(w))
 }
 
+/// Publishes several outputs into one warehouse in one transaction (`promote --atomic`): all
+/// of them, or none. Each output's rows are first copied out of its audit file into a
+/// temporary table (SQLite attaches no file inside a transaction, and at most ten at once), its
+/// fingerprint checked; then one transaction publishes every one as [`publish`] would, asking
+/// `allowed` once the write lock is held. Returns each one's rows, in order; what a merge did is
+/// in its [`Publish::merged`].
+pub fn publish_group(
+    conn: &Connection,
+    group: &mut [Publish<'_>],
+    allowed: &dyn Fn() -> std::result::Result<bool, String>,
+    waiting: &mut dyn FnMut(),
+) -> Result<Vec<i64>> {
+    let Some(first) = group.first() else {
+        return Ok(Vec::new());
+    };
+    let w = first.task.warehouse.clone();
+    let copied = copy_out(conn, group);
+    let result =
+        copied.and_then(|()| {
+            let lock = lock_for(&w);
+            let _turn = lock
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut waits = 0;
+            let mut noted = || {
+                group[0].note_wait(&mut waits);
+                waiting();
+            };
+            // Asked once: the transaction holds the write lock from its first statement on.
+            let asked = std::cell::Cell::new(false);
+            let once = || -> std::result::Result<bool, String> {
+                if asked.get() {
+                    return Ok(true);
+                }
+                let may = allowed()?;
+                asked.set(may);
+                Ok(may)
+            };
+            retry_busy_noting(&w, None, &mut noted, || {
+                asked.set(false);
+                immediate(conn, || {
+                    let mut rows = Vec::with_capacity(group.len());
+                    for p in group.iter() {
+                        p.merged.set(None);
+                        rows.push(publish_in(conn, p, &once).map_err(|e| {
+                            e.of(&format!("`{}` for {}", p.task.target, p.interval))
+                        })?);
+                    }
+                    Ok(rows)
+                })
+            })
+        });
+    for p in group.iter() {
+        if let Some(table) = &p.rows_in {
+            let _ = conn.execute_batch(&format!("DROP TABLE IF EXISTS temp.{}", quote(table)));
+        }
+    }
+    result.map_err(|e| e.at(&w))
+}
+
+/// Copies each audited output of a group into a temporary table of its own, named in its
+/// [`Publish::rows_in`], checking its fingerprint on the way.
+fn copy_out(conn: &Connection, group: &mut [Publish<'_>]) -> Result<()> {
+    for (i, p) in group.iter_mut().enumerate() {
+        let Some(a) = p.audit else {
+            continue;
+        };
+        let table = format!("backfill_group_{i}");
+        a.attach(conn)?;
+        let copied = (|| {
+            if let Some(expected) = p.expect_fingerprint {
+                let (_, found) = audit::fingerprint(conn, audit::TABLE)?;
+                if found != expected {
+                    return Err(Error::Message(format!(
+                        "the audit file {}'s rows (fingerprint {found}) are not the audited ones ({expected}); it was damaged",
+                        a.path.display()
+                    )));
+                }
+            }
+            conn.execute_batch(&format!(
+                "DROP TABLE IF EXISTS temp.{t}; CREATE TEMP TABLE {t} AS SELECT * FROM {};",
+                audit::TABLE,
+                t = quote(&table)
+            ))?;
+            Ok(())
+        })();
+        audit::detach(conn);
+        copied?;
+        p.rows_in = Some(table);
+    }
+    Ok(())
+}
+
 fn transaction(
     conn: &Connection,
     p: &Publish<'_>,
     allowed: &dyn Fn() -> std::result::Result<bool, String>,
 ) -> Result<i64> {
     // The write lock first: the transaction reads (the kept versions) before it writes.
-    immediate(conn, || {
-        if let Some(k) = p.keep {
-            super::versions::keep(
-                conn,
-                p.task,
-                p.repr,
-                p.interval,
-                p.tz,
-                k,
-                p.audit.is_some(),
-                crate::clock::now_ms(),
-            )?;
-        }
-        if let WritePattern::Merge { key, keep_missing } = &p.task.write {
-            ask(allowed)?;
-            return merge(conn, p, key, *keep_missing);
-        }
-        delete_partition(conn, p.task, p.repr, p.interval, p.tz).map_err(|e| match e {
-            Error::Sql(e) => {
-                super::merge::referenced(conn, &p.task.target, e, super::merge::REPLACE_DELETES)
-            }
-            e => e,
-        })?;
+    immediate(conn, || publish_in(conn, p, allowed))
+}
+
+/// Replaces (or merges into) the interval's rows, inside a transaction that holds the write
+/// lock.
+fn publish_in(
+    conn: &Connection,
+    p: &Publish<'_>,
+    allowed: &dyn Fn() -> std::result::Result<bool, String>,
+) -> Result<i64> {
+    if let Some(k) = p.keep {
+        super::versions::keep(
+            conn,
+            p.task,
+            p.repr,
+            p.interval,
+            p.tz,
+            k,
+            p.audit.map(|_| p.rows_at()),
+            crate::clock::now_ms(),
+        )?;
+    }
+    if let WritePattern::Merge { key, keep_missing } = &p.task.write {
         ask(allowed)?;
-        let inserted = match p.audit {
-            None => 0,
-            Some(_) => {
-                let columns = table_columns(conn, "audit", "rows")?;
-                if columns.is_empty() {
-                    return Err(Error::Message("the audit file has no rows table".into()));
-                }
-                let list = columns
-                    .iter()
-                    .map(|c| quote(c))
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                conn.execute(
-                    &format!(
-                        "INSERT INTO main.{} ({list}) SELECT {list} FROM {}",
-                        quote(&p.task.target),
-                        audit::TABLE
-                    ),
-                    [],
-                )
-                .map_err(super::merge::refused_by_target)?
+        return merge(conn, p, key, *keep_missing);
+    }
+    delete_partition(conn, p.task, p.repr, p.interval, p.tz).map_err(|e| match e {
+        Error::Sql(e) => {
+            super::merge::referenced(conn, &p.task.target, e, super::merge::REPLACE_DELETES)
+        }
+        e => e,
+    })?;
+    ask(allowed)?;
+    let inserted = match p.audit {
+        None => 0,
+        Some(_) => {
+            let (schema, rows) = p.rows_at();
+            let columns = table_columns(conn, schema, rows)?;
+            if columns.is_empty() {
+                return Err(Error::Message("the audit file has no rows table".into()));
             }
-        };
-        Ok(i64::try_from(inserted).unwrap_or(i64::MAX))
-    })
+            let list = columns
+                .iter()
+                .map(|c| quote(c))
+                .collect::<Vec<_>>()
+                .join(", ");
+            conn.execute(
+                &format!(
+                    "INSERT INTO main.{} ({list}) SELECT {list} FROM {}.{}",
+                    quote(&p.task.target),
+                    quote(schema),
+                    quote(rows)
+                ),
+                [],
+            )
+            .map_err(super::merge::refused_by_target)?
+        }
+    };
+    Ok(i64::try_from(inserted).unwrap_or(i64::MAX))
 }
 
 /// The merge of a publish (`write = "merge"`), in its transaction: returns the partition's rows
@@ -181,10 +295,12 @@ fn merge(conn: &Connection, p: &Publish<'_>, key: &[String], keep_missing: bool)
         }
         return Ok(0);
     }
-    let columns = table_columns(conn, "audit", "rows")?;
+    let (schema, rows) = p.rows_at();
+    let columns = table_columns(conn, schema, rows)?;
+    let source = format!("{}.{}", quote(schema), quote(rows));
     let m = super::merge::Merging::new(
         &task.target,
-        audit::TABLE,
+        &source,
         &columns,
         key,
         &task.partition_column,

@@ -100,7 +100,7 @@ fn ranges(repr: Option<Repr>) -> Vec<Repr> {
 /// `k.keep`. Returns the rows kept.
 #[expect(
     clippy::too_many_arguments,
-    reason = "the publish transaction's parts, as `save` takes them, and whether it has an audit table"
+    reason = "the publish transaction's parts, as `save` takes them, and where its audited rows are"
 )]
 pub fn keep(
     conn: &Connection,
@@ -109,7 +109,7 @@ pub fn keep(
     interval: DataInterval,
     tz: chrono_tz::Tz,
     k: Keep,
-    audited: bool,
+    audited: Option<(&str, &str)>,
     now_ms: i64,
 ) -> Result<i64> {
     if let (true, Some(of)) = (k.same_content, k.version_of)
@@ -127,24 +127,25 @@ pub fn keep(
     Ok(rows)
 }
 
-/// Whether the partition holds exactly the rows about to be published: those of the attached
-/// audit table (same columns, count and fingerprint), or none for an empty publish. `false`
-/// when that cannot be told (the partition column's representation is unknown).
+/// Whether the partition holds exactly the rows about to be published: those of the audited
+/// table `audited` (schema, table: same columns, count and fingerprint), or none for an empty
+/// publish. `false` when that cannot be told (the partition column's representation is
+/// unknown).
 fn holds_the_new_rows(
     conn: &Connection,
     task: &SqlTask,
     repr: Option<Repr>,
     interval: DataInterval,
     tz: chrono_tz::Tz,
-    audited: bool,
+    audited: Option<(&str, &str)>,
 ) -> Result<bool> {
     let Some(repr) = repr else {
         return Ok(false);
     };
-    if !audited {
+    let Some((schema, table)) = audited else {
         return partition_is_empty(conn, task, Some(repr), interval, tz);
-    }
-    let columns = table_columns(conn, "audit", "rows")?;
+    };
+    let columns = table_columns(conn, schema, table)?;
     let target = table_columns(conn, "main", &task.target)?;
     if columns.is_empty()
         || columns.len() != target.len()
@@ -164,7 +165,11 @@ fn holds_the_new_rows(
         repr.predicate(&task.partition_column, 1)
     ))?;
     let now = super::audit::fingerprint_rows(&mut stmt, params![lo, hi])?;
-    let mut stmt = conn.prepare(&format!("SELECT {list} FROM {}", super::audit::TABLE))?;
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {list} FROM {}.{}",
+        quote(schema),
+        quote(table)
+    ))?;
     let new = super::audit::fingerprint_rows(&mut stmt, [])?;
     Ok(now == new)
 }

@@ -1,6 +1,7 @@
 //! End-to-end tests: the real `backfill` binary against projects in temporary folders.
 
 mod airflow;
+mod atomic;
 mod bad_input;
 mod batches;
 mod cascade;

@@ -583,3 +583,51 @@ fn changed_reruns_only_what_changed_and_verify_judges_a_merge_task_as_any() {
     .stdout_has("deterministic");
     assert_eq!(writes(&p), Vec::<String>::new(), "verify writes nothing");
 }
+
+#[test]
+fn an_atomic_promote_of_merges_publishes_both_days_or_neither() {
+    let p = project("", "");
+    p.create("customers", "2026-09-01", "2026-09-02", &[])
+        .code(0);
+    let before = customers(&p);
+    exec(
+        &p,
+        "INSERT INTO orders VALUES (10, 4);
+         UPDATE src SET name = 'bobby' WHERE customer_id = 2;
+         DELETE FROM src WHERE customer_id = 4;",
+    );
+    writes(&p);
+    rerun(&p, "2026-09-01", "2026-09-02", &["--stage"]).code(0);
+    // 09-02 deletes a key that an order references: 09-01's update, made first in the same
+    // transaction, is undone with it.
+    p.run(&["promote", "2", "--atomic", "--allow-drift"])
+        .code(3)
+        .stderr_has("still referenced by orders.customer_id");
+    assert_eq!(customers(&p), before, "neither day published");
+    assert_eq!(writes(&p), Vec::<String>::new(), "no write committed");
+    exec(&p, "DELETE FROM orders");
+    p.run(&["promote", "2", "--atomic", "--allow-drift"])
+        .code(0);
+    assert_eq!(
+        customers(&p),
+        [
+            "Integer(1)|Integer(1)|Text(\"2026-09-01\")|Text(\"ada\")",
+            "Integer(2)|Integer(2)|Text(\"2026-09-01\")|Text(\"bobby\")",
+            "Integer(3)|Integer(3)|Text(\"2026-09-01\")|Text(\"cy\")",
+            "Integer(5)|Integer(5)|Text(\"2026-09-02\")|Text(\"eve\")",
+        ],
+        "merged in place: bobby keeps bob's surrogate id"
+    );
+    assert_eq!(
+        writes(&p),
+        ["Text(\"delete\")|Integer(4)", "Text(\"update\")|Integer(2)"]
+    );
+    assert_eq!(
+        p.rows(
+            "SELECT t.rows_inserted, t.rows_updated, t.rows_deleted, t.rows_unchanged
+             FROM task_tries t JOIN runs r ON r.id = t.run_id
+             WHERE r.backfill_id = 4 ORDER BY r.interval_start"
+        ),
+        [["0", "1", "0", "2"], ["0", "0", "1", "1"]]
+    );
+}

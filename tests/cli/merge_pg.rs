@@ -693,3 +693,118 @@ fn a_merge_killed_at_any_point_of_its_try_is_finished_by_resume_writing_each_row
         );
     }
 }
+
+/// The writes of a DAG `dag(GATE, "")` made to replace its partitions instead.
+fn replacing(dag_toml: &str) -> String {
+    dag_toml.replace("write = \"merge\"\n", "")
+}
+
+#[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
+fn an_atomic_promote_killed_at_any_point_publishes_both_days_or_neither_and_resume_finishes_it() {
+    for write in ["merge", "replace"] {
+        for point in ["before-publish", "before-commit", "after-publish"] {
+            let what = format!("{write}, killed at {point}");
+            let toml = dag(GATE, "");
+            let t = Mg::new(&if write == "merge" {
+                toml
+            } else {
+                replacing(&toml)
+            });
+            t.run(1, 2, &[]).code(0);
+            let before = t.rows();
+            t.psql(
+                "UPDATE raw.customers SET name = 'bobby' WHERE id = 2;
+                 DELETE FROM raw.customers WHERE id = 5;
+                 INSERT INTO raw.customers VALUES (6, '2026-01-02', 'fay', 6);",
+            );
+            t.run(1, 2, &["--stage", "--reprocess-behavior", "completed"])
+                .code(0);
+            let killed =
+                t.p.run_with(&["promote", "2", "--atomic"], &[("BACKFILL_FAULT", point)]);
+            assert_eq!(
+                killed.code, -1,
+                "{what}: died of a signal: {}",
+                killed.stderr
+            );
+            if point == "after-publish" {
+                assert_ne!(t.rows(), before, "{what}: committed");
+            } else {
+                assert_eq!(t.rows(), before, "{what}: the server rolled both days back");
+            }
+            t.p.run(&["resume", "3"]).code(0);
+            assert_eq!(
+                t.psql("SELECT id, day, name FROM dw.customers ORDER BY id"),
+                "1|2026-01-01|ann\n2|2026-01-01|bobby\n3|2026-01-01|cy\n4|2026-01-02|dee\n6|2026-01-02|fay",
+                "{what}"
+            );
+            if write == "merge" {
+                // Updated in place: bobby keeps bob's surrogate id.
+                assert_eq!(
+                    t.psql("SELECT sid FROM dw.customers WHERE id = 2"),
+                    "2",
+                    "{what}"
+                );
+            }
+            assert_eq!(
+                t.p.rows(
+                    "SELECT t.promoted_from, t.state FROM task_tries t JOIN runs r ON r.id = t.run_id
+                     WHERE r.backfill_id = 3 AND t.state = 'succeeded' ORDER BY t.promoted_from"
+                ),
+                [["3", "succeeded"], ["4", "succeeded"]],
+                "{what}"
+            );
+            assert_eq!(
+                t.p.count(
+                    "SELECT count(*) FROM task_tries WHERE publishing = 1 OR state = 'running'"
+                ),
+                0,
+                "{what}"
+            );
+            assert_eq!(
+                t.psql("SELECT count(*) FROM pg_tables WHERE schemaname = 'backfill' AND tablename LIKE 'staged\\_%'"),
+                "0",
+                "{what}"
+            );
+        }
+    }
+}
+
+#[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
+fn a_referenced_key_on_one_day_keeps_an_atomic_promote_from_publishing_either_day() {
+    let t = Mg::new(&dag(GATE, ""));
+    t.run(1, 2, &[]).code(0);
+    t.psql(
+        "CREATE TABLE dw.orders (order_id int PRIMARY KEY, customer_id int REFERENCES dw.customers (id));
+         INSERT INTO dw.orders VALUES (100, 5);",
+    );
+    let before = t.rows();
+    t.psql(
+        "UPDATE raw.customers SET name = 'bobby' WHERE id = 2;
+         DELETE FROM raw.customers WHERE id = 5;",
+    );
+    t.run(1, 2, &["--stage", "--reprocess-behavior", "completed"])
+        .code(0);
+    t.p.run(&["promote", "2", "--atomic"])
+        .code(3)
+        .stderr_has("orders");
+    assert_eq!(t.rows(), before, "neither day published");
+    assert_eq!(
+        t.psql("SELECT count(*) FROM pg_tables WHERE schemaname = 'backfill' AND tablename LIKE 'staged\\_%'"),
+        "2",
+        "both staged outputs kept"
+    );
+    t.psql("DELETE FROM dw.orders");
+    t.p.run(&["promote", "2", "--atomic"]).code(0);
+    assert_eq!(
+        t.psql("SELECT id, name FROM dw.customers ORDER BY id"),
+        "1|ann\n2|bobby\n3|cy\n4|dee"
+    );
+}

@@ -58,7 +58,9 @@ use crate::project::{Gate, SourceCount, SqlTask, Warehouse, WritePattern};
 
 pub use self::bookkeeping::{Booked, prune_bookings, settle_publish};
 pub use self::one_database::shares_database;
-pub use self::staging::{is_staged_table, staged, staged_table, sweep_staged};
+pub use self::staging::{
+    Staged, is_staged_table, promote_group, staged, staged_table, sweep_staged,
+};
 use self::{
     bookkeeping::*, checks::*, compare::*, errors::*, fingerprint::*, kept::*, one_database::*,
     rules::*, sql::*, staging::*, write::*,

@@ -75,7 +75,15 @@ impl Pending for Staged {
             conn::give(c);
             return Err(Error::Message("connection lost (injected)".into()).at(wh));
         }
-        let result = promote_in(&mut c, p, &self.table, &self.manifest, self.try_id, allowed);
+        let result = promote_in(
+            &mut c,
+            p,
+            &self.table,
+            &self.manifest,
+            self.try_id,
+            allowed,
+            false,
+        );
         if result.is_err() {
             let _ = c.wait(c.client.batch_execute("ROLLBACK"));
         }
@@ -89,6 +97,15 @@ impl Pending for Staged {
             .map_err(|e| e.at(wh))
     }
 
+    fn member(&mut self) -> Option<crate::warehouse::backend::Member<'_>> {
+        Some(crate::warehouse::backend::Member::Staged {
+            table: &self.table,
+            manifest: &self.manifest,
+            try_id: self.try_id,
+            merged: &mut self.measures.merge,
+        })
+    }
+
     fn remove(self: Box<Self>) {}
 
     fn keep(self: Box<Self>) {}
@@ -98,8 +115,92 @@ impl Pending for Staged {
     }
 }
 
+/// Promotes several staged outputs of one warehouse in one transaction (`promote --atomic`):
+/// all of them, or none. Each is promoted as [`Staged::publish`] would; the manifest is asked
+/// once. Returns each one's rows, in order; what a merge did is in its measures.
+pub fn promote_group(
+    group: &mut [(crate::warehouse::backend::Member<'_>, &PublishAs<'_>)],
+    allowed: &Allowed<'_>,
+) -> Result<Vec<i64>> {
+    use crate::warehouse::backend::Member;
+    // Only staged tables: (table, manifest, try id, what its merge did).
+    let mut staged = Vec::with_capacity(group.len());
+    for (m, p) in group.iter_mut() {
+        match m {
+            Member::Staged {
+                table,
+                manifest,
+                try_id,
+                merged,
+            } => staged.push(((*table, *manifest, *try_id, &mut **merged), &**p)),
+            Member::Audited(_) => {
+                return Err(Error::Message(
+                    "an audit file cannot be promoted into PostgreSQL".into(),
+                ));
+            }
+        }
+    }
+    let group = &mut staged;
+    let Some((_, first)) = group.first() else {
+        return Ok(Vec::new());
+    };
+    let wh = first.task.warehouse.clone();
+    if let Some(((table, ..), _)) = group.iter().find(|((t, ..), _)| !is_staged_table(t)) {
+        return Err(Error::Message(format!("`{table}` is not a staged table")).at(&wh));
+    }
+    let mut c = conn::take_at(&wh)?;
+    if crate::fault::point("publish") {
+        conn::give(c);
+        return Err(Error::Message("connection lost (injected)".into()).at(&wh));
+    }
+    let asked = std::cell::Cell::new(false);
+    let once = || -> std::result::Result<bool, String> {
+        if asked.get() {
+            return Ok(true);
+        }
+        let may = allowed()?;
+        asked.set(may);
+        Ok(may)
+    };
+    let result = (|| -> std::result::Result<Vec<i64>, Failure> {
+        book(&mut c)?;
+        for ((_, manifest, ..), p) in group.iter() {
+            if p.keep.is_some_and(|k| k.keep > 0) {
+                versions::ensure_kept(&mut c, manifest, &p.task.target)?;
+            }
+        }
+        c.wait(
+            c.client
+                .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ"),
+        )?;
+        let mut rows = Vec::with_capacity(group.len());
+        for ((table, manifest, try_id, merged), p) in group.iter_mut() {
+            let what = format!("`{}` for {}", p.task.target, p.interval);
+            let (n, done) = promote_in(&mut c, p, table, manifest, *try_id, &once, true).map_err(
+                |e| match e {
+                    Failure::Other(e) => Failure::Other(e.of(&what)),
+                    e => e,
+                },
+            )?;
+            **merged = done;
+            rows.push(n);
+        }
+        crate::fault::point("before-commit");
+        let committed = c.wait(c.client.batch_execute("COMMIT"));
+        let ((_, manifest, try_id, _), p) = &group[0];
+        settled(&c, committed, p.task, p.interval, manifest, *try_id)?;
+        Ok(rows)
+    })();
+    if result.is_err() {
+        let _ = c.wait(c.client.batch_execute("ROLLBACK"));
+    }
+    conn::give(c);
+    result.map_err(|e| e.at(&wh))
+}
+
 /// Promotes the staged table `staged` (see [`Staged::publish`]): the rows published, and what
-/// the merge did for a merge task.
+/// the merge did for a merge task. In a `group`, the caller's transaction is open already,
+/// and it commits.
 pub(super) fn promote_in(
     c: &mut Conn,
     p: &PublishAs<'_>,
@@ -107,6 +208,7 @@ pub(super) fn promote_in(
     manifest: &str,
     try_id: i64,
     allowed: &Allowed<'_>,
+    group: bool,
 ) -> std::result::Result<(i64, Option<crate::gate::Merge>), Failure> {
     let task = p.task;
     book(c)?;
@@ -147,10 +249,12 @@ pub(super) fn promote_in(
         Some(k) if k.keep > 0 => Some(versions::ensure_kept(c, manifest, &task.target)?),
         _ => None,
     };
-    c.wait(
-        c.client
-            .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ"),
-    )?;
+    if !group {
+        c.wait(
+            c.client
+                .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ"),
+        )?;
+    }
     if let WritePattern::Merge { key, keep_missing } = &task.write {
         let merging = merge::Merging {
             table: table.clone(),
@@ -189,7 +293,7 @@ pub(super) fn promote_in(
             c,
             p,
             (staged, &staged_q),
-            (manifest, try_id, allowed),
+            (manifest, try_id, allowed, group),
             written,
             (rows, &format!("pg:{fingerprint}")),
             Some(done),
@@ -255,7 +359,7 @@ pub(super) fn promote_in(
         c,
         p,
         (staged, &staged_q),
-        (manifest, try_id, allowed),
+        (manifest, try_id, allowed, group),
         written,
         (rows, &fingerprint),
         None,
@@ -267,12 +371,12 @@ pub(super) fn promote_in(
 /// kept table), of `rows` rows and `fingerprint`: checks that they are the rows the gate
 /// judged, records the version they replaced, books the publish (and records it in the
 /// manifest, with what a merge did, when the manifest is in this database), drops the staged
-/// table and commits. Returns the rows published.
+/// table and commits (in a `group`, the caller commits). Returns the rows published.
 fn published(
     c: &mut Conn,
     p: &PublishAs<'_>,
     (staged, staged_q): (&str, &str),
-    (manifest, try_id, allowed): (&str, i64, &Allowed<'_>),
+    (manifest, try_id, allowed, group): (&str, i64, &Allowed<'_>, bool),
     written: Written,
     (rows, fingerprint): (i64, &str),
     merged: Option<crate::gate::Merge>,
@@ -301,6 +405,10 @@ fn published(
         InPublishValues::of(m, try_id, rows, p.interval)
             .merged(merged.as_ref())
             .run(c)?;
+    }
+    if group {
+        c.wait(c.client.batch_execute(&format!("DROP TABLE {staged_q}")))?;
+        return Ok(rows);
     }
     let committed = c.wait(
         c.client

@@ -1,0 +1,581 @@
+//! `promote --atomic`: every staged output of a promote published in one warehouse
+//! transaction, or none. Each output is claimed and judged again by the gate as by a promote of
+//! its own; the decision to publish them all is recorded in one manifest transaction; one
+//! warehouse transaction publishes them (see [`crate::warehouse::publish_group`]);
+//! then each try's end is recorded. A crash after the decision is finished by recovery, all
+//! outputs together; before it, nothing was published, and `resume` promotes them again.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use super::outcome::{Outcome, TaskEnd, cancelled, failed, settle, start_single};
+use super::promote::judge_again;
+use super::record::{Claimed, LastTry, Published, Started, published_try, record_end};
+use super::sql_try::TryLog;
+use super::{Event, Mode, Shared, StagedTry, Stop};
+use crate::exit::Error;
+use crate::gate::Verdict;
+use crate::interval::DataInterval;
+use crate::manifest::{self, TryRecord};
+use crate::plan::RunState;
+use crate::project::{Task, TaskKind};
+use crate::state::TryState;
+use crate::warehouse::{self, backend};
+
+/// One staged output of the group, claimed by its promoting try.
+struct Member {
+    /// Its task, by index in the DAG.
+    task: usize,
+    interval: DataInterval,
+    started: Started,
+    staged: StagedTry,
+    /// Judged: its record, whether it publishes an empty partition, its reopened output and
+    /// what is published now. `None` until judged, or when it did not pass.
+    judged: Option<Judged>,
+    /// How it ended, once decided.
+    outcome: Option<Outcome>,
+}
+
+struct Judged {
+    record: TryRecord,
+    empty: bool,
+    output: Box<dyn backend::Pending>,
+    current: Option<manifest::publishes::Current>,
+}
+
+/// Promotes the staged outputs of `intervals` all at once; records every run's end.
+pub(super) async fn run(
+    shared: &Arc<Shared>,
+    intervals: Vec<DataInterval>,
+    stop: &watch::Receiver<Stop>,
+) -> Result<(), Error> {
+    let Mode::PromoteAtomic(staged) = &shared.spec.mode else {
+        return Err(Error::Internal(
+            "an atomic promote without staged outputs".into(),
+        ));
+    };
+    let began = tokio::time::Instant::now();
+    let tz = shared.spec.dag.tz;
+    let tasks = &shared.spec.dag.tasks;
+    let mut members: Vec<Member> = Vec::new();
+    // Runs by interval: (interval, run id, its members' indexes).
+    let mut runs: Vec<(DataInterval, i64, Vec<usize>)> = Vec::new();
+    // Why the group cannot publish, once known.
+    let mut trouble: Option<String> = None;
+    'claim: for interval in intervals {
+        let mut run_id = None;
+        let mut here = Vec::new();
+        for (i, task) in tasks.iter().enumerate() {
+            let Some(s) = staged.get(&(interval.start.timestamp(), task.id.clone())) else {
+                continue;
+            };
+            if *stop.borrow() != Stop::Run {
+                trouble = Some("cancelled".into());
+            }
+            if !matches!(task.kind, TaskKind::Sql(_)) {
+                trouble = Some(format!(
+                    "task `{}` is not a SQL task: its publish cannot share a transaction",
+                    task.id
+                ));
+            }
+            if trouble.is_some() {
+                break 'claim;
+            }
+            match start_single(shared, task, interval, &mut run_id, Some(s.try_id)).await? {
+                Claimed::Started(started) => {
+                    here.push(members.len());
+                    members.push(Member {
+                        task: i,
+                        interval,
+                        started,
+                        staged: s.clone(),
+                        judged: None,
+                        outcome: None,
+                    });
+                }
+                // Promoted or discarded since: nothing of it to publish.
+                Claimed::Gone => {}
+                Claimed::TakenOver | Claimed::Busy | Claimed::Halted | Claimed::Stale => {
+                    trouble = Some(format!(
+                        "{} of task `{}` is another process's now",
+                        label(interval, tz),
+                        task.id
+                    ));
+                }
+                Claimed::UpstreamNotReady => {
+                    trouble = Some(format!(
+                        "{} of task `{}` waits for its upstream",
+                        label(interval, tz),
+                        task.id
+                    ));
+                }
+            }
+            if trouble.is_some() {
+                if let Some(run) = run_id {
+                    runs.push((interval, run, here));
+                }
+                break 'claim;
+            }
+        }
+        match run_id {
+            Some(run) => runs.push((interval, run, here)),
+            None => super::skip(shared, interval, crate::plan::SkipReason::NothingStaged).await?,
+        }
+    }
+    if trouble.is_none() {
+        trouble = judge(shared, &mut members).await?;
+    }
+    match trouble {
+        Some(why) => refuse(shared, &mut members, &why).await?,
+        None => publish(shared, &mut members).await?,
+    }
+    // Each run's end, with its members' tries.
+    for (interval, run_id, here) in runs {
+        let mut state = RunState::Succeeded;
+        let mut error = None;
+        let mut ends: Vec<Option<LastTry>> = Vec::new();
+        for &m in &here {
+            let member = &mut members[m];
+            let task = &tasks[member.task];
+            let outcome = member
+                .outcome
+                .take()
+                .unwrap_or_else(|| cancelled("cancelled"));
+            let (end, last) = settle(shared, outcome, &member.started, task, interval);
+            let (s, e) = match end {
+                TaskEnd::Succeeded | TaskEnd::Skipped | TaskEnd::UpstreamNotReady => {
+                    (RunState::Succeeded, None)
+                }
+                TaskEnd::Failed(e) => (
+                    RunState::Failed,
+                    Some(format!("task `{}` failed: {e}", task.id)),
+                ),
+                TaskEnd::Rejected(r) => (
+                    RunState::Rejected,
+                    Some(format!("task `{}` rejected: {r}", task.id)),
+                ),
+                TaskEnd::Cancelled => (
+                    RunState::Cancelled,
+                    Some(format!("cancelled during task `{}`", task.id)),
+                ),
+            };
+            if rank(s) > rank(state) {
+                (state, error) = (s, e);
+            }
+            ends.push(last);
+        }
+        let count = ends.len();
+        for (k, last) in ends.into_iter().enumerate() {
+            let run_end = (k + 1 == count).then(|| (state, error.clone()));
+            record_end(shared, run_id, last, run_end, None).await?;
+        }
+        let _ = shared.events.send(Event::IntervalFinished {
+            interval,
+            run_id,
+            state,
+            elapsed: began.elapsed(),
+            error,
+        });
+    }
+    Ok(())
+}
+
+/// Which of two run states a run with both ends in.
+fn rank(s: RunState) -> u8 {
+    match s {
+        RunState::Rejected => 3,
+        RunState::Failed => 2,
+        RunState::Cancelled => 1,
+        _ => 0,
+    }
+}
+
+/// Judges every member again, against what is published now (each one, so that every
+/// rejection is told): why the group cannot publish, if it cannot.
+async fn judge(shared: &Arc<Shared>, members: &mut [Member]) -> Result<Option<String>, Error> {
+    let manifest = crate::manifest::identity(&shared.spec.manifest_path)?;
+    let tz = shared.spec.dag.tz;
+    let mut trouble = None;
+    for m in members.iter_mut() {
+        let task = &shared.spec.dag.tasks[m.task];
+        let TaskKind::Sql(sql) = &task.kind else {
+            continue;
+        };
+        let mut log = TryLog::open(&m.started.log);
+        log.line(&format!(
+            "promoting the output staged by try {} ({}), with every other staged output of the promote at once",
+            m.staged.try_id, m.staged.path
+        ));
+        let reopened = warehouse::backend_of(&sql.warehouse).staged(
+            sql,
+            &m.staged.path,
+            &manifest,
+            m.started.try_id,
+        );
+        let Some(output) = reopened else {
+            let why = format!(
+                "the staged output {} is gone; stage the interval again",
+                m.staged.path
+            );
+            log.line(&why);
+            trouble.get_or_insert(format!(
+                "task `{}`, {}: {why}",
+                task.id,
+                label(m.interval, tz)
+            ));
+            m.outcome = Some(failed(why, None));
+            continue;
+        };
+        let current = published_try(shared, task, m.interval).await?;
+        match judge_again(shared, task, &m.staged, current.as_ref().map(|c| c.rows)) {
+            Ok((record, verdict)) => {
+                log.line(&format!(
+                    "rows {} (published {}): {verdict}",
+                    record.rows.unwrap_or(0),
+                    current.as_ref().map_or("-".into(), |c| c.rows.to_string()),
+                ));
+                m.judged = Some(Judged {
+                    record,
+                    empty: verdict == Verdict::PublishEmpty,
+                    output,
+                    current,
+                });
+            }
+            Err(outcome) => {
+                output.keep();
+                let why = match outcome.as_ref() {
+                    Outcome::Rejected(_, why) => format!("rejected: {why}"),
+                    Outcome::Failed(TryRecord {
+                        error: Some(why), ..
+                    }) => why.clone(),
+                    _ => "not judged".into(),
+                };
+                log.line(&why);
+                trouble.get_or_insert(format!(
+                    "task `{}`, {}: {why}",
+                    task.id,
+                    label(m.interval, tz)
+                ));
+                m.outcome = Some(*outcome);
+            }
+        }
+    }
+    Ok(trouble)
+}
+
+/// Nothing publishes: every member that has no outcome of its own yet ends as not published,
+/// saying why; its staged output stays, for `diff` and a later `promote`.
+async fn refuse(shared: &Arc<Shared>, members: &mut [Member], why: &str) -> Result<(), Error> {
+    for m in members.iter_mut() {
+        if let Some(j) = m.judged.take() {
+            j.output.keep();
+        }
+        if m.outcome.is_none() {
+            let text = format!("not published: {why}; `promote --atomic` publishes all or none");
+            TryLog::open(&m.started.log).line(&text);
+            let mut rec = TryRecord::new(if why == "cancelled" {
+                TryState::Cancelled
+            } else {
+                TryState::Failed
+            });
+            rec.error = Some(text);
+            rec.promoted_from = Some(m.staged.try_id);
+            m.outcome = Some(match rec.state {
+                TryState::Cancelled => Outcome::Cancelled(rec),
+                _ => Outcome::Failed(rec),
+            });
+        }
+    }
+    let _ = shared;
+    Ok(())
+}
+
+/// Records the decision to publish every member, publishes them in one warehouse
+/// transaction, and sets each one's outcome.
+async fn publish(shared: &Arc<Shared>, members: &mut [Member]) -> Result<(), Error> {
+    let owner = shared.spec.owner;
+    let intents: Vec<(i64, Option<String>, TryRecord)> = members
+        .iter()
+        .filter_map(|m| {
+            let j = m.judged.as_ref()?;
+            Some((
+                m.started.try_id,
+                j.output.file().map(|p| p.display().to_string()),
+                j.record.clone(),
+            ))
+        })
+        .collect();
+    if intents.is_empty() {
+        return Ok(());
+    }
+    let decided = shared
+        .writer
+        .call(move |c| c.record_group_intent(c.fence(owner)?, &intents))
+        .await;
+    match decided {
+        Ok(true) => {}
+        Ok(false) => return refuse(shared, members, "cancelled").await,
+        Err(e) => {
+            refuse(shared, members, "cancelled").await?;
+            return Err(e.into());
+        }
+    }
+    crate::fault::point("before-publish");
+    // What the blocking publish takes: each output and how to publish it.
+    let mut group: Vec<(usize, Box<dyn backend::Pending>, Prepared)> = Vec::new();
+    for (k, m) in members.iter_mut().enumerate() {
+        if let Some(j) = m.judged.take() {
+            let prepared = Prepared::of(shared, m, &j);
+            group.push((k, j.output, prepared));
+            m.judged = Some(Judged {
+                output: Box::new(Gone(warehouse::AuditMeasures::default())),
+                ..j
+            });
+        }
+    }
+    let tries: Vec<i64> = group
+        .iter()
+        .map(|(k, _, _)| members[*k].started.try_id)
+        .collect();
+    let first_log = members[group[0].0].started.log.clone();
+    let spawned = Arc::clone(shared);
+    let joined = tokio::task::spawn_blocking(move || {
+        let shared = spawned;
+        let result = match manifest::Reader::take(&shared.spec.manifest_path) {
+            Ok(reader) => {
+                let allowed = || {
+                    for t in &tries {
+                        if !reader
+                            .may_publish(*t, Some(owner), true)
+                            .map_err(|e| e.to_string())?
+                        {
+                            return Ok(false);
+                        }
+                    }
+                    Ok(true)
+                };
+                let mut pairs: Vec<(
+                    &mut (dyn backend::Pending + 'static),
+                    backend::PublishAs<'_>,
+                )> = group
+                    .iter_mut()
+                    .map(|(_, output, p)| (output.as_mut(), p.publish_as(&shared)))
+                    .collect();
+                let mut noted = false;
+                let mut waiting = || {
+                    if !std::mem::replace(&mut noted, true) {
+                        TryLog::open(&first_log)
+                            .line("the warehouse is locked by another writer; waiting for it");
+                    }
+                };
+                warehouse::publish_group(&mut pairs, &allowed, &mut waiting)
+            }
+            Err(e) => Err(warehouse::Error::Message(format!(
+                "cannot read the manifest: {e}"
+            ))),
+        };
+        (group, result)
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("publish panicked: {e}")))?;
+    let (group, result) = joined;
+    let others = group.len().saturating_sub(1);
+    match result {
+        Ok(rows) => {
+            crate::fault::point("after-publish");
+            for ((k, output, _), rows) in group.into_iter().zip(rows) {
+                let m = &mut members[k];
+                let task = &shared.spec.dag.tasks[m.task];
+                let Some(j) = m.judged.take() else { continue };
+                let mut record = j.record;
+                if let Some(merged) = output.merged().or(output.measures().merge) {
+                    record.set_merge(&merged);
+                }
+                output.remove();
+                if let TaskKind::Sql(sql) = &task.kind {
+                    TryLog::open(&m.started.log).line(&format!(
+                        "published {} into {}, in one transaction with {}",
+                        crate::words::plural(rows, "row", "rows"),
+                        sql.target,
+                        crate::words::plural(
+                            i64::try_from(others).unwrap_or(i64::MAX),
+                            "other output",
+                            "other outputs"
+                        ),
+                    ));
+                }
+                let fingerprint = record.fingerprint.clone();
+                m.outcome = Some(Outcome::Succeeded(
+                    record,
+                    Some(Published {
+                        rows,
+                        fingerprint,
+                        recorded: false,
+                    }),
+                ));
+            }
+            Ok(())
+        }
+        Err(warehouse::Error::Refused) => {
+            for (k, output, _) in group {
+                output.keep();
+                members[k].judged = None;
+            }
+            refuse(shared, members, "cancelled").await
+        }
+        Err(e) => {
+            let fault = e.environment();
+            let why = format!("not published: {e}; `promote --atomic` publishes all or none");
+            let mut ended = Vec::new();
+            for (k, output, _) in group {
+                output.keep();
+                let m = &mut members[k];
+                m.judged = None;
+                TryLog::open(&m.started.log).line(&why);
+                let mut rec = match &fault {
+                    Some(f) => {
+                        let mut rec = TryRecord::new(TryState::Cancelled);
+                        rec.error = Some(super::interrupted_by(f));
+                        rec
+                    }
+                    None => {
+                        let mut rec = TryRecord::new(TryState::Failed);
+                        rec.error = Some(why.clone());
+                        rec
+                    }
+                };
+                rec.promoted_from = Some(m.staged.try_id);
+                ended.push((m.started.try_id, rec.clone()));
+                m.outcome = Some(match fault {
+                    Some(_) => Outcome::Cancelled(rec),
+                    None => Outcome::Failed(rec),
+                });
+            }
+            if let Some(f) = &fault {
+                shared.stop_for(f);
+            }
+            // Every intent ends in one transaction: a recoverer never finds part of the
+            // group still decided.
+            let ends: Vec<_> = ended
+                .into_iter()
+                .map(|(t, rec)| (t, rec, shared.marks.try_end(t)))
+                .collect();
+            shared
+                .writer
+                .call(move |c| {
+                    let f = c.fence(owner)?;
+                    for (t, rec, began) in &ends {
+                        c.finish_try(f, *t, rec, crate::clock::End::since(*began))?;
+                    }
+                    Ok(())
+                })
+                .await?;
+            Ok(())
+        }
+    }
+}
+
+/// How to publish one member, owned, for the blocking publish.
+struct Prepared {
+    task: usize,
+    interval: DataInterval,
+    repr: Option<warehouse::Repr>,
+    empty: bool,
+    expect: Option<String>,
+    keep: warehouse::versions::Keep,
+    table_keys: Option<Vec<String>>,
+    judged: String,
+}
+
+impl Prepared {
+    fn of(shared: &Shared, m: &Member, j: &Judged) -> Self {
+        let task = &shared.spec.dag.tasks[m.task];
+        let keep_versions = match &task.kind {
+            TaskKind::Sql(sql) => sql.keep_versions,
+            TaskKind::Command(_) => 0,
+        };
+        let current = j.current.as_ref();
+        Self {
+            task: m.task,
+            interval: m.interval,
+            repr: shared
+                .reprs
+                .lock()
+                .ok()
+                .and_then(|r| r.get(&task.id).copied().flatten()),
+            empty: j.empty,
+            expect: j.record.fingerprint.clone(),
+            keep: warehouse::versions::Keep {
+                by_try: m.started.try_id,
+                version_of: current.and_then(|c| c.content),
+                keep: keep_versions,
+                same_content: current.is_some_and(|c| {
+                    c.fingerprint.is_some() && c.fingerprint == j.record.fingerprint
+                }),
+            },
+            table_keys: task
+                .gate
+                .as_ref()
+                .filter(|g| g.unique_key_table)
+                .map(|g| g.unique_key.clone()),
+            judged: j.record.judged(),
+        }
+    }
+
+    fn publish_as<'a>(&'a self, shared: &'a Shared) -> backend::PublishAs<'a> {
+        let task: &Task = &shared.spec.dag.tasks[self.task];
+        let TaskKind::Sql(sql) = &task.kind else {
+            unreachable!("only SQL tasks are members of a group")
+        };
+        backend::PublishAs {
+            task: sql,
+            interval: self.interval,
+            tz: shared.spec.dag.tz,
+            repr: self.repr,
+            empty: self.empty,
+            expect_fingerprint: self.expect.as_deref(),
+            keep: Some(self.keep),
+            table_keys: self.table_keys.as_deref(),
+            judged: Some(&self.judged),
+            in_manifest: None,
+            planned: None,
+        }
+    }
+}
+
+/// What stands in for an output handed to the blocking publish.
+struct Gone(warehouse::AuditMeasures);
+
+impl backend::Pending for Gone {
+    fn measures(&self) -> &warehouse::AuditMeasures {
+        &self.0
+    }
+    fn file(&self) -> Option<&std::path::Path> {
+        None
+    }
+    fn publish(
+        &mut self,
+        _: &backend::PublishAs<'_>,
+        _: &backend::Allowed<'_>,
+        _: &mut dyn FnMut(),
+    ) -> warehouse::Result<i64> {
+        Err(warehouse::Error::Message(
+            "the output was handed over".into(),
+        ))
+    }
+    fn remove(self: Box<Self>) {}
+    fn keep(self: Box<Self>) {}
+    fn stage(self: Box<Self>) -> std::result::Result<std::path::PathBuf, String> {
+        Err("the output was handed over".into())
+    }
+}
+
+/// An interval as messages name it: its day for a daily or longer interval, else its start.
+fn label(i: DataInterval, tz: chrono_tz::Tz) -> String {
+    if i.duration() >= chrono::Duration::days(1) {
+        i.ds(tz)
+    } else {
+        crate::interval::rfc3339(i.start)
+    }
+}

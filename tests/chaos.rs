@@ -610,6 +610,21 @@ fn totals(c: &Chaos, delta: i64) -> (Vec<String>, Vec<String>) {
     )
 }
 
+/// How many days of the SQL DAG hold the staged (promoted) totals: the source's amounts as
+/// they are now, one more than what the first publish saw.
+fn promoted_days(c: &Chaos) -> usize {
+    let wh = rusqlite::Connection::open(c.p.path("w.db")).unwrap();
+    let mut stmt = wh
+        .prepare(
+            "SELECT COUNT(*) FROM (SELECT date(ts) AS day, SUM(amount) AS want FROM raw
+               WHERE ts >= '2026-01-01' AND ts < '2026-01-13' GROUP BY 1) r
+             WHERE r.want = (SELECT SUM(total) FROM daily_totals d WHERE d.day = r.day)",
+        )
+        .unwrap();
+    let n: i64 = stmt.query_row([], |r| r.get(0)).unwrap();
+    usize::try_from(n).unwrap()
+}
+
 /// Stage a rerun of the SQL DAG over a changed source, promote it, roll it back, each under
 /// kills and freezes; after each step the warehouse must be what the manifest says.
 fn stage_promote_rollback(c: &mut Chaos) {
@@ -649,9 +664,25 @@ fn stage_promote_rollback(c: &mut Chaos) {
         "one staged output per task and interval\n{}",
         c.log.join("\n")
     );
-    c.attack(&["promote", &id], "kind = 'promote'", &["promote", &id]);
+    // Half the iterations promote with --atomic: then, whatever was killed or frozen, the
+    // range is published whole or not at all each time every process has ended.
+    let atomic = c.rng.below(2) == 0;
+    let mut promote = vec!["promote", id.as_str()];
+    if atomic {
+        promote.push("--atomic");
+    }
+    c.log.push(format!("promote atomic: {atomic}"));
+    c.attack(&promote, "kind = 'promote'", &promote);
+    if atomic {
+        let promoted = promoted_days(c);
+        assert!(
+            promoted == 0 || promoted == DAYS,
+            "an atomic promote published {promoted} of {DAYS} days\n{}",
+            c.log.join("\n")
+        );
+    }
     c.resume_unfinished("kind = 'promote'");
-    let out = c.run(&["promote", &id]);
+    let out = c.run(&promote);
     assert_eq!(out.code, 0, "{}\n{}", out.stderr, c.log.join("\n"));
     let (published, direct) = totals(c, 0);
     assert_eq!(published, direct, "promoted\n{}", c.log.join("\n"));

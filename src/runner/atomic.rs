@@ -309,6 +309,7 @@ async fn publish(shared: &Arc<Shared>, members: &mut [Member]) -> Result<(), Err
     if intents.is_empty() {
         return Ok(());
     }
+    crate::fault::point("before-intent");
     let decided = shared
         .writer
         .call(move |c| c.record_group_intent(c.fence(owner)?, &intents))

@@ -386,8 +386,15 @@ pub async fn run(
     if matches!(shared.spec.mode, Mode::PromoteAtomic(_)) {
         // One group, claimed, judged and published together by this process.
         let intervals: Vec<DataInterval> = queue.drain(..).collect();
-        if no_logs.is_none() {
-            atomic::run(&shared, intervals, &stop).await?;
+        if no_logs.is_none()
+            && let Err(e) = atomic::run(&shared, intervals, &stop).await
+        {
+            // Fenced, or a fault of the environment: the backfill stops as any would.
+            let mut first_error = None;
+            fail(&shared, &mut first_error, e);
+            if let Some(e) = first_error {
+                return Err(e);
+            }
         }
         return Ok(Ran {
             halted: false,

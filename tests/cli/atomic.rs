@@ -243,6 +243,7 @@ fn a_refusal_by_the_target_inside_the_transaction_undoes_the_days_before_it() {
 #[test]
 fn an_atomic_promote_killed_at_any_point_publishes_all_or_nothing_and_resume_finishes_it() {
     for (fault, committed) in [
+        ("before-intent", false),
         ("before-publish", false),
         ("before-commit", false),
         ("after-publish", true),

@@ -706,7 +706,12 @@ fn replacing(dag_toml: &str) -> String {
 )]
 fn an_atomic_promote_killed_at_any_point_publishes_both_days_or_neither_and_resume_finishes_it() {
     for write in ["merge", "replace"] {
-        for point in ["before-publish", "before-commit", "after-publish"] {
+        for point in [
+            "before-intent",
+            "before-publish",
+            "before-commit",
+            "after-publish",
+        ] {
             let what = format!("{write}, killed at {point}");
             let toml = dag(GATE, "");
             let t = Mg::new(&if write == "merge" {

@@ -346,3 +346,49 @@ source_count = "echo 2"
     p.create("orders_fact", DAYS[0], DAYS[1], &["--atomic", "--stage"])
         .code(2);
 }
+
+#[test]
+fn the_guide_s_atomic_lines_work_as_pasted() {
+    let p = Project::new();
+    let shop = crate::gate::whole_shop(&p, "examples/shop");
+    let bin = p.path("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_backfill"), bin.join("backfill")).unwrap();
+    let block = crate::support::block_with("--to 2026-09-30 --atomic");
+    let out = std::process::Command::new("/bin/sh")
+        .args(["-e", "-c", &block])
+        .current_dir(p.path("."))
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .env_remove("BACKFILL_MANIFEST")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    // September published twice, at once each time: the second promote replaced every day.
+    let manifest = rusqlite::Connection::open(shop.join(".backfill/manifest.db")).unwrap();
+    let backfills: Vec<(String, i64, String)> = manifest
+        .prepare("SELECT kind, atomic, state FROM backfills ORDER BY id")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let row = |k: &str, a: i64| (k.to_string(), a, "completed".to_string());
+    assert_eq!(
+        backfills,
+        [
+            row("stage", 0),
+            row("promote", 1),
+            row("stage", 0),
+            row("promote", 1)
+        ]
+    );
+    let published: i64 = manifest
+        .query_row(
+            "SELECT COUNT(*) FROM published p JOIN task_tries t ON t.id = p.try_id
+             JOIN runs r ON r.id = t.run_id WHERE r.backfill_id = 4",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(published, 30);
+}

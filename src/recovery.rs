@@ -413,9 +413,14 @@ fn act(
             acted.blocked.push((t.run_id, why));
         }
     }
-    if claim.publishes.len() > 1
-        && locked.is_none()
-        && is_atomic(manifest_path, backfill_id)
+    let atomic = (claim.publishes.len() > 1 && locked.is_none())
+        .then(|| is_atomic(manifest_path, backfill_id));
+    if let Some(None) = atomic {
+        // Whether they are one group cannot be read now: they stay decided, for later.
+        acted.left.extend(claim.publishes.iter().map(|p| p.run_id));
+        return acted;
+    }
+    if let Some(Some(true)) = atomic
         && let Some(group) = finish_group(manifest_path, dags, &claim.publishes)
     {
         match group {
@@ -489,12 +494,11 @@ fn take(
     }
 }
 
-/// Whether backfill `id` is a `promote --atomic`, whose publishes are finished together.
-fn is_atomic(manifest_path: &Path, id: i64) -> bool {
-    manifest::open_read_only(manifest_path)
-        .ok()
-        .and_then(|r| r.backfill(id).ok().flatten())
-        .is_some_and(|b| b.atomic)
+/// Whether backfill `id` is a `promote --atomic`, whose publishes are finished together;
+/// `None` when the manifest cannot say.
+fn is_atomic(manifest_path: &Path, id: i64) -> Option<bool> {
+    let reader = manifest::open_read_only(manifest_path).ok()?;
+    Some(reader.backfill(id).ok()?.is_some_and(|b| b.atomic))
 }
 
 /// Finishes the decided publishes of a `promote --atomic` together, in one transaction of
@@ -502,20 +506,32 @@ fn is_atomic(manifest_path: &Path, id: i64) -> bool {
 /// before its transaction committed, so readers must see all of them at once, or none. `None`
 /// when they are finished one by one: a PostgreSQL warehouse's transaction committed or was
 /// rolled back as a whole (its bookings say which), and an audit file that is gone means the
-/// group committed (each is then checked on its own).
+/// group committed (the files go only after its commit; each is then checked on its own). A
+/// member whose task is no longer a SQL task of the project fails them all: none is published
+/// without the others.
 fn finish_group(
     manifest_path: &Path,
     dags: &Dags,
     group: &[PendingPublish],
 ) -> Option<Result<Vec<Finished>, Unfinished>> {
-    let mut tasks = Vec::with_capacity(group.len());
     let mut audits = Vec::with_capacity(group.len());
     for p in group {
-        let (task, tz) = dags.sql_task(&p.dag_id, &p.task_id)?;
-        if task.warehouse.is_postgres() || p.record.restore_key.is_some() {
+        if p.audit_path.is_none() || p.record.restore_key.is_some() {
             return None;
         }
         audits.push(AuditFile::existing(Path::new(p.audit_path.as_deref()?))?);
+    }
+    let mut tasks = Vec::with_capacity(group.len());
+    for p in group {
+        let Some((task, tz)) = dags.sql_task(&p.dag_id, &p.task_id) else {
+            return Some(Err(Unfinished::Failed(format!(
+                "task `{}` of DAG `{}` is no longer a SQL task of the project: the promote's outputs, published all at once or not at all, are left unpublished",
+                p.task_id, p.dag_id
+            ))));
+        };
+        if task.warehouse.is_postgres() {
+            return None;
+        }
         tasks.push((task, tz));
     }
     Some((|| {

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 
 use super::outcome::{Outcome, TaskEnd, cancelled, failed, settle, start_single};
 use super::promote::judge_again;
-use super::record::{Claimed, LastTry, Published, Started, published_try, record_end};
+use super::record::{Claimed, LastTry, Published, Started, published_try, record_ends};
 use super::sql_try::TryLog;
 use super::{Event, Mode, Shared, StagedTry, Stop};
 use crate::exit::Error;
@@ -62,7 +62,7 @@ pub(super) async fn run(
     // Runs by interval: (interval, run id, its members' indexes).
     let mut runs: Vec<(DataInterval, i64, Vec<usize>)> = Vec::new();
     // Why the group cannot publish, once known.
-    let mut trouble: Option<String> = None;
+    let mut trouble: Option<Trouble> = None;
     'claim: for interval in intervals {
         let mut run_id = None;
         let mut here = Vec::new();
@@ -71,44 +71,43 @@ pub(super) async fn run(
                 continue;
             };
             if *stop.borrow() != Stop::Run {
-                trouble = Some("cancelled".into());
-            }
-            if !matches!(task.kind, TaskKind::Sql(_)) {
-                trouble = Some(format!(
+                trouble = Some(Trouble::Stopped("cancelled".into()));
+            } else if !matches!(task.kind, TaskKind::Sql(_)) {
+                trouble = Some(Trouble::Refused(format!(
                     "task `{}` is not a SQL task: its publish cannot share a transaction",
                     task.id
-                ));
-            }
-            if trouble.is_some() {
-                break 'claim;
-            }
-            match start_single(shared, task, interval, &mut run_id, Some(s.try_id)).await? {
-                Claimed::Started(started) => {
-                    here.push(members.len());
-                    members.push(Member {
-                        task: i,
-                        interval,
-                        started,
-                        staged: s.clone(),
-                        judged: None,
-                        outcome: None,
-                    });
-                }
-                // Promoted or discarded since: nothing of it to publish.
-                Claimed::Gone => {}
-                Claimed::TakenOver | Claimed::Busy | Claimed::Halted | Claimed::Stale => {
-                    trouble = Some(format!(
-                        "{} of task `{}` is another process's now",
-                        label(interval, tz),
-                        task.id
-                    ));
-                }
-                Claimed::UpstreamNotReady => {
-                    trouble = Some(format!(
-                        "{} of task `{}` waits for its upstream",
-                        label(interval, tz),
-                        task.id
-                    ));
+                )));
+            } else {
+                match start_single(shared, task, interval, &mut run_id, Some(s.try_id)).await? {
+                    Claimed::Started(started) => {
+                        here.push(members.len());
+                        members.push(Member {
+                            task: i,
+                            interval,
+                            started,
+                            staged: s.clone(),
+                            judged: None,
+                            outcome: None,
+                        });
+                    }
+                    // Promoted or discarded since: nothing of it to publish.
+                    Claimed::Gone => {}
+                    // Cancelled, or another process's now: what was claimed is let go, to be
+                    // promoted again (all of it) by `resume`.
+                    Claimed::TakenOver | Claimed::Busy | Claimed::Halted | Claimed::Stale => {
+                        trouble = Some(Trouble::Stopped(format!(
+                            "{} of task `{}` could not be claimed (cancelled, or another process's now)",
+                            label(interval, tz),
+                            task.id
+                        )));
+                    }
+                    Claimed::UpstreamNotReady => {
+                        trouble = Some(Trouble::Stopped(format!(
+                            "{} of task `{}` waits for its upstream",
+                            label(interval, tz),
+                            task.id
+                        )));
+                    }
                 }
             }
             if trouble.is_some() {
@@ -124,17 +123,19 @@ pub(super) async fn run(
         }
     }
     if trouble.is_none() {
-        trouble = judge(shared, &mut members).await?;
+        trouble = judge(shared, &mut members).await?.map(Trouble::Refused);
     }
     match trouble {
-        Some(why) => refuse(shared, &mut members, &why).await?,
+        Some(why) => refuse(&mut members, &why),
         None => publish(shared, &mut members).await?,
     }
-    // Each run's end, with its members' tries.
+    // Every run's end, with its members' tries, in one manifest transaction.
+    let mut ends = Vec::with_capacity(runs.len());
+    let mut finished = Vec::with_capacity(runs.len());
     for (interval, run_id, here) in runs {
         let mut state = RunState::Succeeded;
         let mut error = None;
-        let mut ends: Vec<Option<LastTry>> = Vec::new();
+        let mut tries: Vec<LastTry> = Vec::new();
         for &m in &here {
             let member = &mut members[m];
             let task = &tasks[member.task];
@@ -163,13 +164,13 @@ pub(super) async fn run(
             if rank(s) > rank(state) {
                 (state, error) = (s, e);
             }
-            ends.push(last);
+            tries.extend(last);
         }
-        let count = ends.len();
-        for (k, last) in ends.into_iter().enumerate() {
-            let run_end = (k + 1 == count).then(|| (state, error.clone()));
-            record_end(shared, run_id, last, run_end, None).await?;
-        }
+        finished.push((interval, run_id, state, error.clone()));
+        ends.push((run_id, tries, (state, error)));
+    }
+    record_ends(shared, ends).await?;
+    for (interval, run_id, state, error) in finished {
         let _ = shared.events.send(Event::IntervalFinished {
             interval,
             run_id,
@@ -264,9 +265,23 @@ async fn judge(shared: &Arc<Shared>, members: &mut [Member]) -> Result<Option<St
     Ok(trouble)
 }
 
+/// Why a group publishes nothing.
+enum Trouble {
+    /// Stopped before it could decide (cancelled, taken over, an interval it could not claim):
+    /// its members end `cancelled`, and `resume` promotes them again, all at once.
+    Stopped(String),
+    /// Decided against: an output was rejected, is gone, or was refused by the target. Its
+    /// members end `failed` (the outputs stay staged, for a later `promote`).
+    Refused(String),
+}
+
 /// Nothing publishes: every member that has no outcome of its own yet ends as not published,
 /// saying why; its staged output stays, for `diff` and a later `promote`.
-async fn refuse(shared: &Arc<Shared>, members: &mut [Member], why: &str) -> Result<(), Error> {
+fn refuse(members: &mut [Member], trouble: &Trouble) {
+    let (state, why) = match trouble {
+        Trouble::Stopped(why) => (TryState::Cancelled, why),
+        Trouble::Refused(why) => (TryState::Failed, why),
+    };
     for m in members.iter_mut() {
         if let Some(j) = m.judged.take() {
             j.output.keep();
@@ -274,21 +289,15 @@ async fn refuse(shared: &Arc<Shared>, members: &mut [Member], why: &str) -> Resu
         if m.outcome.is_none() {
             let text = format!("not published: {why}; `promote --atomic` publishes all or none");
             TryLog::open(&m.started.log).line(&text);
-            let mut rec = TryRecord::new(if why == "cancelled" {
-                TryState::Cancelled
-            } else {
-                TryState::Failed
-            });
+            let mut rec = TryRecord::new(state);
             rec.error = Some(text);
             rec.promoted_from = Some(m.staged.try_id);
-            m.outcome = Some(match rec.state {
+            m.outcome = Some(match state {
                 TryState::Cancelled => Outcome::Cancelled(rec),
                 _ => Outcome::Failed(rec),
             });
         }
     }
-    let _ = shared;
-    Ok(())
 }
 
 /// Records the decision to publish every member, publishes them in one warehouse
@@ -316,9 +325,18 @@ async fn publish(shared: &Arc<Shared>, members: &mut [Member]) -> Result<(), Err
         .await;
     match decided {
         Ok(true) => {}
-        Ok(false) => return refuse(shared, members, "cancelled").await,
+        Ok(false) => {
+            refuse(
+                members,
+                &Trouble::Stopped("taken over by another process".into()),
+            );
+            return Ok(());
+        }
         Err(e) => {
-            refuse(shared, members, "cancelled").await?;
+            refuse(
+                members,
+                &Trouble::Stopped(format!("cannot record the decision: {e}")),
+            );
             return Err(e.into());
         }
     }
@@ -372,9 +390,10 @@ async fn publish(shared: &Arc<Shared>, members: &mut [Member]) -> Result<(), Err
                 };
                 warehouse::publish_group(&mut pairs, &allowed, &mut waiting)
             }
-            Err(e) => Err(warehouse::Error::Message(format!(
-                "cannot read the manifest: {e}"
-            ))),
+            Err(e) => Err(match super::record::environment_of_manifest(&e) {
+                Some(fault) => warehouse::Error::Environment(fault),
+                None => warehouse::Error::Message(format!("cannot read the manifest: {e}")),
+            }),
         };
         (group, result)
     })
@@ -423,7 +442,11 @@ async fn publish(shared: &Arc<Shared>, members: &mut [Member]) -> Result<(), Err
                 output.keep();
                 members[k].judged = None;
             }
-            refuse(shared, members, "cancelled").await
+            refuse(
+                members,
+                &Trouble::Stopped("taken over by another process before publishing".into()),
+            );
+            Ok(())
         }
         Err(e) => {
             let fault = e.environment();

@@ -76,6 +76,67 @@ pub(super) struct LastTry {
     pub published: Option<Published>,
 }
 
+/// A run's end: the run, its tries' ends, and its state and error.
+pub(super) type RunEnd = (i64, Vec<LastTry>, (RunState, Option<String>));
+
+/// The ends of several runs, each with its tries, recorded in one manifest transaction: a
+/// `promote --atomic`, whose runs end together (a kill between two of them would leave some
+/// runs to be promoted again on their own).
+pub(super) async fn record_ends(shared: &Shared, runs: Vec<RunEnd>) -> Result<(), Error> {
+    if crate::fault::point("record-end") {
+        return Err(Error::Manifest(crate::manifest::Error::Invalid(
+            "disk I/O error (injected)".into(),
+        )));
+    }
+    let dag_id = shared.spec.dag.id.clone();
+    let owner = shared.spec.owner;
+    let runs: Vec<_> = runs
+        .into_iter()
+        .map(|(run_id, tries, end)| {
+            let tries: Vec<_> = tries
+                .into_iter()
+                .map(|t| {
+                    let began = shared.marks.try_end(t.try_id);
+                    (t, began)
+                })
+                .collect();
+            (run_id, tries, end, shared.marks.run_end(run_id))
+        })
+        .collect();
+    shared
+        .writer
+        .call(move |c| {
+            let now = now_ms();
+            let f = c.fence(owner)?;
+            for (run_id, tries, (state, error), run_began) in &runs {
+                for (t, began) in tries {
+                    if t.published.as_ref().is_some_and(|p| p.recorded) {
+                        continue;
+                    }
+                    c.finish_try(f, t.try_id, &t.record, End::since(*began))?;
+                    if let Some(p) = &t.published {
+                        let publication = Publication {
+                            try_id: t.try_id,
+                            dag_id: &dag_id,
+                            task_id: &t.task_id,
+                            interval: t.interval,
+                            rows: p.rows,
+                            fingerprint: p.fingerprint.as_deref(),
+                        };
+                        c.mark_published(&publication, now)?;
+                        if let Some(staged) = t.record.promoted_from {
+                            c.set_staged(staged, crate::state::StagedState::Promoted)?;
+                        }
+                    }
+                }
+                c.finish_run(f, *run_id, *state, error.as_deref(), End::since(*run_began))?;
+            }
+            Ok(())
+        })
+        .await?;
+    Ok(())
+}
+
 /// Records the end of a task's last try and, when given, of the run, in one commit. `slot`, when
 /// given, is freed once the commit is queued: the next interval's first commit queues behind it.
 pub(super) async fn record_end(

@@ -123,8 +123,10 @@ pub fn index_source(conn: &Connection, m: &Merging<'_>) -> Result<()> {
         .map(|k| quote(k))
         .collect::<Vec<_>>()
         .join(", ");
+    // Named after its table: several sources of one schema (a group's) each have their own.
+    let index = quote(&format!("backfill_merge_key_{}", table.trim_matches('"')));
     conn.execute_batch(&format!(
-        "CREATE INDEX IF NOT EXISTS {schema}.backfill_merge_key ON {table} ({key})"
+        "CREATE INDEX IF NOT EXISTS {schema}.{index} ON {table} ({key})"
     ))?;
     Ok(())
 }

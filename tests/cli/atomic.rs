@@ -198,6 +198,16 @@ fn a_rejected_interval_publishes_none_and_the_outputs_stay_staged() {
             &["1788480000", "failed", "failed", "all or none"],
         ])
     );
+    // Every run of the refused promote ended with it: `resume` has nothing of it to publish.
+    p.run(&["resume", "3"])
+        .code(3)
+        .stderr_has("0 intervals left to run");
+    assert_eq!(
+        published(&p),
+        before,
+        "resume publishes none of a refused promote"
+    );
+    assert_eq!(staged_states(&p), rows(&[&["staged", "4"]]));
     // Reviewed and accepted: all four publish, at once.
     p.run(&["promote", "2", "--atomic", "--allow-drift"])
         .code(0);

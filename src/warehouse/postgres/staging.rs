@@ -117,7 +117,7 @@ impl Pending for Staged {
 
 /// Promotes several staged outputs of one warehouse in one transaction (`promote --atomic`):
 /// all of them, or none. Each is promoted as [`Staged::publish`] would; the manifest is asked
-/// once. Returns each one's rows, in order; what a merge did is in its measures.
+/// once, last. Returns each one's rows, in order; what each merge did is in its member.
 pub fn promote_group(
     group: &mut [(crate::warehouse::backend::Member<'_>, &PublishAs<'_>)],
     allowed: &Allowed<'_>,
@@ -153,15 +153,9 @@ pub fn promote_group(
         conn::give(c);
         return Err(Error::Message("connection lost (injected)".into()).at(&wh));
     }
-    let asked = std::cell::Cell::new(false);
-    let once = || -> std::result::Result<bool, String> {
-        if asked.get() {
-            return Ok(true);
-        }
-        let may = allowed()?;
-        asked.set(may);
-        Ok(may)
-    };
+    // The manifest is asked once every member's partition is locked and booked: a recoverer
+    // that settles any member then waits for this transaction to end.
+    let not_yet = || -> std::result::Result<bool, String> { Ok(true) };
     let result = (|| -> std::result::Result<Vec<i64>, Failure> {
         book(&mut c)?;
         for ((_, manifest, ..), p) in group.iter() {
@@ -176,15 +170,15 @@ pub fn promote_group(
         let mut rows = Vec::with_capacity(group.len());
         for ((table, manifest, try_id, merged), p) in group.iter_mut() {
             let what = format!("`{}` for {}", p.task.target, p.interval);
-            let (n, done) = promote_in(&mut c, p, table, manifest, *try_id, &once, true).map_err(
-                |e| match e {
+            let (n, done) = promote_in(&mut c, p, table, manifest, *try_id, &not_yet, true)
+                .map_err(|e| match e {
                     Failure::Other(e) => Failure::Other(e.of(&what)),
                     e => e,
-                },
-            )?;
+                })?;
             **merged = done;
             rows.push(n);
         }
+        ask(allowed)?;
         crate::fault::point("before-commit");
         let committed = c.wait(c.client.batch_execute("COMMIT"));
         let ((_, manifest, try_id, _), p) = &group[0];

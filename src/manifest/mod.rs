@@ -431,8 +431,13 @@ pub fn open_if_exists(path: &Path) -> Result<Option<Box<dyn Reads>>> {
         Ok(c) => Ok(Some(c)),
         Err(Error::Missing { .. }) => Ok(None),
         Err(outdated @ Error::Outdated { .. }) => {
-            // Upgrading needs write access; without it, say what to do.
-            drop(open(path, Durability::Normal).map_err(|_| outdated)?);
+            // Upgrading needs write access; without it, say what to do. Any other failure (a
+            // migration that failed) is said as it is.
+            match open(path, Durability::Normal) {
+                Ok(writer) => drop(writer),
+                Err(Error::ReadOnly { .. }) => return Err(outdated),
+                Err(e) => return Err(e),
+            }
             open_read_only(path).map(Some)
         }
         Err(e) => Err(e),

@@ -469,6 +469,7 @@ fn a_manifest_of_the_previous_schema_gains_the_project_and_its_backfills_are_any
          ALTER TABLE backfills DROP COLUMN owner_start; ALTER TABLE workers DROP COLUMN start;
          ALTER TABLE task_tries DROP COLUMN rows_inserted; ALTER TABLE task_tries DROP COLUMN rows_updated;
          ALTER TABLE task_tries DROP COLUMN rows_deleted; ALTER TABLE task_tries DROP COLUMN rows_unchanged;
+         ALTER TABLE backfills DROP COLUMN atomic;
          PRAGMA user_version = 11; PRAGMA application_id = 0;",
     );
     let shared = alpha.manifest_path();
@@ -514,4 +515,17 @@ fn a_manifest_of_the_previous_schema_gains_the_project_and_its_backfills_are_any
             "belongs to project `{}` (backfill 2;",
             folder_name(&beta)
         ));
+}
+
+#[test]
+fn a_manifest_whose_upgrade_fails_says_why_not_that_it_cannot_be_written() {
+    let p = shop().sqlite();
+    p.create("daily_orders", "2026-09-01", "2026-09-01", &[])
+        .code(0);
+    // Said to be one schema older, with the newest schema's column already there: the last
+    // migration cannot run.
+    let last = backfill::manifest::MIGRATIONS.last().unwrap().0;
+    p.exec(&format!("PRAGMA user_version = {};", last - 1));
+    p.run(&["list"]).code(1).stderr_has("duplicate column name");
+    assert!(!p.run(&["list"]).stderr.contains("cannot be written"));
 }

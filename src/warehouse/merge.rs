@@ -80,7 +80,27 @@ impl<'a> Merging<'a> {
         format!("({})", each.join(" OR "))
     }
 
-    fn params(&self) -> Vec<&dyn rusqlite::ToSql> {
+    /// The target's name, unquoted.
+    pub fn target_name(&self) -> &str {
+        self.target
+            .strip_prefix("main.")
+            .unwrap_or(&self.target)
+            .trim_matches('"')
+    }
+
+    /// `SELECT {select}` of the target's rows (as `t`) outside the interval's partition whose
+    /// key the source has: the rows the merge moves into it (bounds as parameters 1 and up).
+    pub fn moved_rows(&self, select: &str) -> String {
+        format!(
+            "SELECT {select} FROM {s} AS o JOIN {t} AS t ON {matches} WHERE NOT {partition}",
+            s = self.source,
+            t = self.target,
+            matches = self.matches("t", "o"),
+            partition = self.in_partition("t"),
+        )
+    }
+
+    pub(super) fn params(&self) -> Vec<&dyn rusqlite::ToSql> {
         self.bounds
             .iter()
             .flat_map(|(_, (lo, hi))| [lo as &dyn rusqlite::ToSql, hi])

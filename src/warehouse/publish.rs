@@ -308,6 +308,11 @@ fn merge(conn: &Connection, p: &Publish<'_>, key: &[String], keep_missing: bool)
         keep_missing,
     );
     super::merge::index_source(conn, &m)?;
+    if let Some(k) = p.keep.filter(|k| k.keep > 0) {
+        // What it moves in from other partitions (`unique_key_scope = "table"`) goes back
+        // there on a rollback.
+        super::versions::keep_moved(conn, &m, k.by_try)?;
+    }
     let done = super::merge::apply(conn, &m)?;
     if let Some(planned) = p.planned {
         let counts = |m: &crate::gate::Merge| [m.inserted, m.updated, m.deleted];

@@ -6,7 +6,11 @@
 //! - `_backfill_versions` (one per warehouse): one row per kept version: the target table, the
 //!   interval, the try whose publish replaced the rows (`replaced_by`), the try that had
 //!   published them (`version_of`, NULL when they predate the manifest), and their count;
-//! - `_backfill_kept_TARGET` (one per target): the rows, with the `_replaced_by` try.
+//! - `_backfill_kept_TARGET` (one per target): the rows, with the `_replaced_by` try. A merge
+//!   under `unique_key_scope = "table"` also moves rows into its partition from others: those
+//!   rows, as they were where they came from, are kept under the negative of the try
+//!   (`_replaced_by = -try`), so that a rollback moves them back rather than deleting them. They
+//!   are not the partition's: its version's count and fingerprint leave them out.
 //!
 //! A publish that is redone (recovery finishing a publish that had committed) finds its version
 //! kept already and keeps nothing twice.
@@ -174,6 +178,34 @@ fn holds_the_new_rows(
     Ok(now == new)
 }
 
+/// Inside a merge's publish transaction, before the merge, once the partition's version was
+/// kept (see [`keep`]): keeps the rows of other partitions that the merge moves into this one
+/// (their keys are in `source`), as they are there, under `-by_try`. Nothing when no version
+/// is kept for `by_try`, or when the rows were moved already (a publish being redone).
+pub fn keep_moved(conn: &Connection, m: &super::merge::Merging<'_>, by_try: i64) -> Result<()> {
+    let target = m.target_name();
+    if find(conn, target, by_try)?.is_none() {
+        return Ok(());
+    }
+    let kept = kept_table(target);
+    let columns = shared_columns(conn, target)?;
+    let list = columns
+        .iter()
+        .map(|c| format!("t.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    conn.execute(
+        &format!(
+            "INSERT INTO main.{} (_replaced_by, {}) {}",
+            quote(&kept),
+            columns.join(", "),
+            m.moved_rows(&format!("-{by_try}, {list}"))
+        ),
+        m.params().as_slice(),
+    )?;
+    Ok(())
+}
+
 /// The version replaced by the publish of `from` becomes the one replaced by `to` (nothing
 /// when none is kept, or it moved already: a publish being redone).
 fn carry(conn: &Connection, target: &str, from: i64, to: i64) -> Result<()> {
@@ -188,7 +220,8 @@ fn carry(conn: &Connection, target: &str, from: i64, to: i64) -> Result<()> {
     if has_table(conn, &kept)? {
         conn.execute(
             &format!(
-                "UPDATE main.{} SET _replaced_by = ?2 WHERE _replaced_by = ?1",
+                "UPDATE main.{} SET _replaced_by = CASE WHEN _replaced_by < 0 THEN -?2 ELSE ?2 END
+                 WHERE _replaced_by IN (?1, -?1)",
                 quote(&kept)
             ),
             params![from, to],
@@ -319,7 +352,10 @@ fn drop_version(conn: &Connection, target: &str, replaced_by: i64) -> Result<()>
     let kept = kept_table(target);
     if has_table(conn, &kept)? {
         conn.execute(
-            &format!("DELETE FROM main.{} WHERE _replaced_by = ?1", quote(&kept)),
+            &format!(
+                "DELETE FROM main.{} WHERE _replaced_by IN (?1, -?1)",
+                quote(&kept)
+            ),
             [replaced_by],
         )?;
     }
@@ -417,12 +453,22 @@ pub fn restore_merging(
             .collect::<Vec<_>>()
             .join(", ");
         conn.execute(&format!("DROP TABLE IF EXISTS {source}"), [])?;
+        // The partition's rows, and those the merge moved in from other partitions (as they
+        // were there): the merge back moves them back.
         conn.execute(
             &format!(
-                "CREATE TABLE {source} AS SELECT {list} FROM main.{} WHERE _replaced_by = ?1",
+                "CREATE TABLE {source} AS SELECT {list} FROM main.{} WHERE _replaced_by IN (?1, -?1)",
                 quote(&kept)
             ),
             [replaced_by],
+        )?;
+        let moved: i64 = conn.query_row(
+            &format!(
+                "SELECT count(*) FROM main.{} WHERE _replaced_by = -?1",
+                quote(&kept)
+            ),
+            [replaced_by],
+            |r| r.get(0),
         )?;
         let m = super::merge::Merging::new(
             &task.target,
@@ -437,7 +483,7 @@ pub fn restore_merging(
         let done = super::merge::apply(conn, &m);
         conn.execute(&format!("DROP TABLE IF EXISTS {source}"), [])?;
         let done = done?;
-        done.inserted + done.updated + done.unchanged
+        done.inserted + done.updated + done.unchanged - moved
     };
     drop_version(conn, &task.target, replaced_by)?;
     Ok(rows)

@@ -299,6 +299,39 @@ fn a_key_published_in_another_partition_is_rejected_per_partition_and_moved_per_
                 counts(&p, "2026-09-01").last().unwrap(),
                 &row(&["succeeded", "4", "0", "1", "0", "3"])
             );
+            // A rollback of the 1st moves the row back where it came from, as it was there
+            // (its id too): it is not lost with the 1st's version.
+            let rolled = p.run(&[
+                "rollback",
+                "--dag",
+                "customers",
+                "--from",
+                "2026-09-01",
+                "--to",
+                "2026-09-01",
+            ]);
+            rolled.code(0);
+            assert_eq!(
+                wh_rows(
+                    &p,
+                    "SELECT id, signup_day, name FROM customers WHERE customer_id = 4"
+                ),
+                ["Integer(4)|Text(\"2026-09-02\")|Text(\"dee\")"]
+            );
+            assert_eq!(customers(&p).len(), 5);
+            // The rollback's try publishes the 1st's own rows: 3.
+            assert_eq!(
+                p.rows(
+                    "SELECT t.rows FROM task_tries t JOIN runs r ON r.id = t.run_id
+                     JOIN backfills b ON b.id = r.backfill_id WHERE b.kind = 'rollback'"
+                ),
+                [["3"]]
+            );
+            assert_eq!(
+                wh_count(&p, "SELECT count(*) FROM _backfill_kept_customers"),
+                0,
+                "the version and the moved row's copy went with the rollback"
+            );
         }
     }
 }

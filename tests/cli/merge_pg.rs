@@ -367,6 +367,28 @@ fn a_key_moved_across_partitions_is_rejected_by_partition_scope_and_moved_by_tab
          4|4|2026-01-01|dee|4\n5|5|2026-01-02|eve|5"
     );
     assert_eq!(t.last_try(), row("succeeded", 4, [0, 1, 0, 3]));
+    // A rollback of Jan 1 moves the row back where it came from, as it was there: it is not
+    // lost with Jan 1's version; the rollback publishes Jan 1's own 3 rows.
+    t.p.run(&[
+        "rollback",
+        "--dag",
+        "customers",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-01",
+    ])
+    .code(0);
+    assert_eq!(t.rows(), before, "rolled back, dee back on Jan 2");
+    assert_eq!(t.tries().last().unwrap()[..2], ["succeeded", "3"]);
+    // Jan 1's version went, with its copy of the moved row (Jan 2 was published once: it
+    // has none).
+    assert_eq!(t.psql("SELECT count(*) FROM backfill.versions"), "0");
+    let kept = t.psql(
+        "SELECT schemaname || '.' || tablename FROM pg_tables WHERE schemaname = 'backfill' AND tablename LIKE 'kept\\_%'",
+    );
+    assert_eq!(t.psql(&format!("SELECT count(*) FROM {kept}")), "0");
+    t.rerun(1, 1).code(0);
     // Day 2 holds only eve now, as its rerun finds.
     t.rerun(2, 2).code(0);
     assert_eq!(t.last_try(), row("succeeded", 1, [0, 0, 0, 1]));

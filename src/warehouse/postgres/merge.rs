@@ -339,22 +339,29 @@ impl Counted {
     }
 }
 
-/// Copies the partition's rows (bounds `$1`, `$2`) of `table` (quoted) into the kept table
-/// `kept`, its columns `cols` (quoted, joined), as replaced by the try bound as `$try_param`,
-/// when `guard` holds; answers how many. A merge changes only some of the partition's rows: a
-/// rollback needs all of them, as they were.
-pub(super) fn keep(
-    kept: &str,
-    cols: &str,
-    (table, partition_column): (&str, &str),
-    try_param: usize,
-    guard: Option<&str>,
-) -> String {
-    let pc = quote_ident(partition_column);
+/// The statement that copies the partition's rows (with the guard, if any) to the kept table
+/// `kept` as the version replaced by the try bound as `$try_param`, and the rows of other
+/// partitions whose key the source has (those the merge moves in), as they are there, under
+/// the negative of the try: a rollback moves them back. Answers how many of the partition's
+/// rows it kept. `cols` are the columns both tables have, quoted.
+pub(super) fn keep(m: &Merging<'_>, kept: &str, cols: &[String], try_param: usize) -> String {
+    let list = cols.join(", ");
+    let from_t = cols
+        .iter()
+        .map(|c| format!("t.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ");
     format!(
-        "WITH k AS (INSERT INTO {kept} ({cols}, _replaced_by) SELECT {cols}, ${try_param} \
-         FROM {table} WHERE {pc} >= $1 AND {pc} < $2{guard} RETURNING 1) SELECT count(*) FROM k",
-        guard = guard.map(|g| format!(" AND {g}")).unwrap_or_default(),
+        "WITH k AS (INSERT INTO {kept} ({list}, _replaced_by) SELECT {from_t}, ${try_param} \
+         FROM {table} AS t WHERE {partition}{guard} RETURNING 1), \
+         mv AS (INSERT INTO {kept} ({list}, _replaced_by) SELECT {from_t}, -(${try_param}::int8) \
+         FROM {source} AS o JOIN {table} AS t ON {matches} WHERE NOT ({partition}){guard} RETURNING 1) \
+         SELECT count(*) FROM k",
+        table = m.table,
+        source = m.source,
+        partition = m.in_partition(),
+        matches = m.matches(),
+        guard = m.guarded(),
     )
 }
 
@@ -461,7 +468,9 @@ pub(super) fn back(
         .join(", ");
     let m = Merging {
         table: quote_name(target),
-        source: format!("(SELECT {list} FROM {kept} WHERE _replaced_by = $3)"),
+        // The partition's rows, and those the merge had moved in from other partitions (as
+        // they were there): the merge back moves them back.
+        source: format!("(SELECT {list} FROM {kept} WHERE _replaced_by IN ($3, -($3::int8)))"),
         columns: &columns,
         key,
         partition_column: &task.partition_column,

@@ -261,11 +261,10 @@ pub(super) fn promote_in(
         };
         let keep = match &kept {
             Some(kept) => Some(merge::keep(
+                &merging,
                 kept,
-                &versions::shared_columns(c, kept, &task.target)?.join(", "),
-                (&table, &task.partition_column),
+                &versions::shared_columns(c, kept, &task.target)?,
                 3,
-                None,
             )),
             None => None,
         };

@@ -99,11 +99,14 @@ pub(super) fn record(
                 // A republish of the same rows: the version to put back is still the one the
                 // current content replaced.
                 c.wait(c.client.execute(
-                    &format!("DELETE FROM {kept} WHERE _replaced_by = $1"),
+                    &format!("DELETE FROM {kept} WHERE _replaced_by IN ($1, -($1::int8))"),
                     &[&k.by_try],
                 ))?;
                 c.wait(c.client.execute(
-                    &format!("UPDATE {kept} SET _replaced_by = $2 WHERE _replaced_by = $1"),
+                    &format!(
+                        "UPDATE {kept} SET _replaced_by = CASE WHEN _replaced_by < 0 THEN -($2::int8) ELSE $2 END \
+                         WHERE _replaced_by IN ($1, -($1::int8))"
+                    ),
                     &[&of, &k.by_try],
                 ))?;
                 c.wait(c.client.execute(
@@ -113,7 +116,12 @@ pub(super) fn record(
                 ))?;
             }
             _ if moved == 0 && k.version_of.is_none() => {
-                // Backfilled for the first time: nothing to put back.
+                // Backfilled for the first time: nothing to put back (nor to move back: a
+                // rollback finds no version).
+                c.wait(c.client.execute(
+                    &format!("DELETE FROM {kept} WHERE _replaced_by = -$1::int8"),
+                    &[&k.by_try],
+                ))?;
             }
             _ => {
                 c.wait(c.client.execute(
@@ -151,7 +159,7 @@ pub(super) fn drop_version(c: &Conn, manifest: &str, target: &str, by: i64) -> R
         .get(0);
     if there {
         c.wait(c.client.execute(
-            &format!("DELETE FROM {kept} WHERE _replaced_by = $1"),
+            &format!("DELETE FROM {kept} WHERE _replaced_by IN ($1, -($1::int8))"),
             &[&by],
         ))?;
     }

@@ -267,11 +267,10 @@ pub(super) fn write_measure(
         (Some(merging), _) => {
             let keep = match &kept {
                 Some(kept) => Some(merge::keep(
+                    merging,
                     kept,
-                    &versions::shared_columns(c, kept, &task.target)?.join(", "),
-                    (&table, &task.partition_column),
+                    &versions::shared_columns(c, kept, &task.target)?,
                     4,
-                    Some(DELETE_GUARD),
                 )),
                 None => None,
             };

@@ -182,6 +182,29 @@ pub struct Rules {
     pub max_changed: Option<f64>,
 }
 
+/// Why a merge that does `merge` breaks `max_changed = max`, if it does: it changes more than
+/// that share of the rows the partition held (a partition that held none is not judged).
+pub fn too_many_changes(merge: &Merge, max: f64) -> Option<String> {
+    // A partition that holds no rows yet has nothing a merge could wrongly change.
+    let before = merge.before();
+    if before == 0 {
+        return None;
+    }
+    let share = merge.changed() as f64 / before as f64;
+    (share > max).then(|| {
+        format!(
+            "{MAX_CHANGED}the merge would change {} of the partition's {} ({} inserted, {} updated, {} deleted), {} (at most {}); rerun with a higher max_changed if that is meant",
+            thousands(merge.changed()),
+            plural(before, "row", "rows"),
+            thousands(merge.inserted),
+            thousands(merge.updated),
+            thousands(merge.deleted),
+            percent(share),
+            percent(max)
+        )
+    })
+}
+
 /// How a rejection by `max_changed` begins.
 pub const MAX_CHANGED: &str = "max_changed: ";
 
@@ -461,24 +484,10 @@ fn verdict(m: &Measures, r: &Rules) -> Verdict {
     if let Some(why) = &m.constraint {
         return refused_by_target(why);
     }
-    if let (Some(max), Some(merge)) = (r.max_changed, m.merge) {
-        // A partition that holds no rows yet has nothing a merge could wrongly change.
-        let before = merge.before();
-        if before > 0 {
-            let share = merge.changed() as f64 / before as f64;
-            if share > max {
-                return Verdict::Reject(format!(
-                    "{MAX_CHANGED}the merge would change {} of the partition's {} ({} inserted, {} updated, {} deleted), {} (at most {}); rerun with a higher max_changed if that is meant",
-                    thousands(merge.changed()),
-                    plural(before, "row", "rows"),
-                    thousands(merge.inserted),
-                    thousands(merge.updated),
-                    thousands(merge.deleted),
-                    percent(share),
-                    percent(max)
-                ));
-            }
-        }
+    if let (Some(max), Some(merge)) = (r.max_changed, m.merge)
+        && let Some(why) = too_many_changes(&merge, max)
+    {
+        return Verdict::Reject(why);
     }
     match m.source {
         Some(source) if source > 0 && m.rows == 0 => {

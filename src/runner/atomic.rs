@@ -229,7 +229,34 @@ async fn judge(shared: &Arc<Shared>, members: &mut [Member]) -> Result<Option<St
             continue;
         };
         let current = published_try(shared, task, m.interval).await?;
-        match judge_again(shared, task, &m.staged, current.as_ref().map(|c| c.rows)) {
+        let repr = shared
+            .reprs
+            .lock()
+            .ok()
+            .and_then(|r| r.get(&task.id).copied().flatten());
+        let (output, planned) =
+            super::promote::plan_now(shared, task, sql, m.interval, repr, output).await?;
+        let planned = match planned {
+            Ok(planned) => planned,
+            Err(why) => {
+                output.keep();
+                log.line(&why);
+                trouble.get_or_insert(format!(
+                    "task `{}`, {}: {why}",
+                    task.id,
+                    label(m.interval, tz)
+                ));
+                m.outcome = Some(failed(why, None));
+                continue;
+            }
+        };
+        match judge_again(
+            shared,
+            task,
+            &m.staged,
+            current.as_ref().map(|c| c.rows),
+            planned,
+        ) {
             Ok((record, verdict)) => {
                 log.line(&format!(
                     "rows {} (published {}): {verdict}",

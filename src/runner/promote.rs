@@ -65,6 +65,7 @@ pub(super) fn judge_again(
     task: &Task,
     staged: &StagedTry,
     published: Option<i64>,
+    merge: Option<gate::Merge>,
 ) -> Result<(TryRecord, Verdict), Box<Outcome>> {
     let s = &staged.record;
     let Some(rows) = s.rows else {
@@ -74,7 +75,8 @@ pub(super) fn judge_again(
         )));
     };
     let measures = Measures {
-        merge: None,
+        // What merging it into the partition as it is now would do (`max_changed`).
+        merge,
         rows,
         outside: None,
         outside_values: Vec::new(),
@@ -149,32 +151,46 @@ async fn promote_sql(
         return Ok(failed(error, None));
     };
     let current = published_try(shared, task, interval).await?;
-    let (record, verdict) =
-        match judge_again(shared, task, staged, current.as_ref().map(|c| c.rows)) {
-            Ok(v) => v,
-            Err(outcome) => {
-                // Still staged: a later `promote` (with --allow-drift, say) can publish it.
-                output.keep();
-                if let Outcome::Rejected(_, why)
-                | Outcome::Failed(TryRecord {
-                    error: Some(why), ..
-                }) = outcome.as_ref()
-                {
-                    log.line(why);
-                }
-                return Ok(*outcome);
-            }
-        };
-    log.line(&format!(
-        "rows {} (published {}): {verdict}",
-        record.rows.unwrap_or(0),
-        current.as_ref().map_or("-".into(), |c| c.rows.to_string()),
-    ));
     let repr = shared
         .reprs
         .lock()
         .ok()
         .and_then(|r| r.get(&task.id).copied().flatten());
+    let (output, planned) = plan_now(shared, task, sql, interval, repr, output).await?;
+    let planned = match planned {
+        Ok(planned) => planned,
+        Err(why) => {
+            output.keep();
+            log.line(&why);
+            return Ok(failed(why, None));
+        }
+    };
+    let (record, verdict) = match judge_again(
+        shared,
+        task,
+        staged,
+        current.as_ref().map(|c| c.rows),
+        planned,
+    ) {
+        Ok(v) => v,
+        Err(outcome) => {
+            // Still staged: a later `promote` (with --allow-drift, say) can publish it.
+            output.keep();
+            if let Outcome::Rejected(_, why)
+            | Outcome::Failed(TryRecord {
+                error: Some(why), ..
+            }) = outcome.as_ref()
+            {
+                log.line(why);
+            }
+            return Ok(*outcome);
+        }
+    };
+    log.line(&format!(
+        "rows {} (published {}): {verdict}",
+        record.rows.unwrap_or(0),
+        current.as_ref().map_or("-".into(), |c| c.rows.to_string()),
+    ));
     publish_audited(
         shared,
         ToPublish {
@@ -198,6 +214,50 @@ async fn promote_sql(
     .await
 }
 
+/// What merging a staged output into its partition as the partition is now would do, when
+/// `max_changed` is to judge it (`None` otherwise): the output, handed back, and the counts or
+/// why they could not be had.
+pub(super) async fn plan_now(
+    shared: &Shared,
+    task: &Task,
+    sql: &SqlTask,
+    interval: DataInterval,
+    repr: Option<crate::warehouse::Repr>,
+    mut output: Box<dyn crate::warehouse::backend::Pending>,
+) -> Result<
+    (
+        Box<dyn crate::warehouse::backend::Pending>,
+        Result<Option<gate::Merge>, String>,
+    ),
+    Error,
+> {
+    if task.gate.as_ref().and_then(|g| g.max_changed).is_none() {
+        return Ok((output, Ok(None)));
+    }
+    let (sql, tz) = (sql.clone(), shared.spec.dag.tz);
+    tokio::task::spawn_blocking(move || {
+        let p = crate::warehouse::backend::PublishAs {
+            task: &sql,
+            interval,
+            tz,
+            repr,
+            empty: false,
+            expect_fingerprint: None,
+            keep: None,
+            table_keys: None,
+            judged: None,
+            in_manifest: None,
+            planned: None,
+        };
+        let planned = output
+            .plan_merge(&p)
+            .map_err(|e| format!("cannot count what the merge would change: {e}"));
+        (output, planned)
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("counting a merge panicked: {e}")))
+}
+
 async fn promote_command(
     shared: &Shared,
     task: &Task,
@@ -207,7 +267,7 @@ async fn promote_command(
     stop: &mut watch::Receiver<Stop>,
 ) -> Result<Outcome, Error> {
     let current = published_try(shared, task, interval).await?;
-    let (record, _) = match judge_again(shared, task, staged, current.map(|c| c.rows)) {
+    let (record, _) = match judge_again(shared, task, staged, current.map(|c| c.rows), None) {
         Ok(v) => v,
         Err(outcome) => return Ok(*outcome),
     };

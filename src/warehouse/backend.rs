@@ -129,6 +129,14 @@ pub trait Pending: Send {
         waiting: &mut dyn FnMut(),
     ) -> Result<i64>;
 
+    /// What merging this output into its partition as the partition is now would do
+    /// (`write = "merge"`), counted without writing: a staged output is judged again by
+    /// `max_changed` when it is promoted. `None` when the task replaces its partition.
+    fn plan_merge(&mut self, p: &PublishAs<'_>) -> Result<Option<crate::gate::Merge>> {
+        let _ = p;
+        Ok(None)
+    }
+
     /// What the last publish's merge did (`write = "merge"`), when it was not judged before
     /// (a staged output, merged into the partition as it is when it is promoted).
     fn merged(&self) -> Option<crate::gate::Merge> {
@@ -606,6 +614,30 @@ impl Pending for Audited {
 
     fn member(&mut self) -> Option<Member<'_>> {
         Some(Member::Audited(self))
+    }
+
+    fn plan_merge(&mut self, p: &PublishAs<'_>) -> Result<Option<crate::gate::Merge>> {
+        let crate::project::WritePattern::Merge { key, keep_missing } = &p.task.write else {
+            return Ok(None);
+        };
+        let conn = super::pool::take(&p.task.warehouse)?;
+        self.file.attach(&conn)?;
+        let planned = (|| {
+            let columns = super::table_columns(&conn, "audit", "rows")?;
+            let m = super::merge::Merging::new(
+                &p.task.target,
+                "\"audit\".\"rows\"",
+                &columns,
+                key,
+                &p.task.partition_column,
+                (p.repr, p.interval, p.tz),
+                *keep_missing,
+            );
+            super::merge::index_source(&conn, &m)?;
+            super::merge::plan(&conn, &m)
+        })();
+        audit::detach(&conn);
+        planned.map(Some).map_err(|e| e.at(&p.task.warehouse))
     }
 
     fn publish(

@@ -664,3 +664,40 @@ fn an_atomic_promote_of_merges_publishes_both_days_or_neither() {
         [["0", "1", "0", "2"], ["0", "0", "1", "1"]]
     );
 }
+
+#[test]
+fn a_promote_is_judged_by_max_changed_against_the_partition_as_it_is_then() {
+    let p = project("", "max_changed = 0.5");
+    p.create("customers", "2026-09-01", "2026-09-01", &[])
+        .code(0);
+    // Staged: one name of three changed, a third of the partition.
+    exec(&p, "UPDATE src SET name = 'ada!' WHERE customer_id = 1");
+    rerun(&p, "2026-09-01", "2026-09-01", &["--stage"]).code(0);
+    // Meanwhile the other two are published changed, one at a time.
+    exec(
+        &p,
+        "UPDATE src SET name = 'ada' WHERE customer_id = 1;
+         UPDATE src SET name = 'bob2' WHERE customer_id = 2;",
+    );
+    rerun(&p, "2026-09-01", "2026-09-01", &[]).code(0);
+    exec(&p, "UPDATE src SET name = 'cy2' WHERE customer_id = 3");
+    rerun(&p, "2026-09-01", "2026-09-01", &[]).code(0);
+    let before = customers(&p);
+    // Promoted now, the staged output would change all three.
+    for atomic in [false, true] {
+        let mut args = vec!["promote", "2"];
+        if atomic {
+            args.push("--atomic");
+        }
+        p.run(&args).code(3).stderr_has(
+            "max_changed: the merge would change 3 of the partition's 3 rows (0 inserted, 3 updated, 0 deleted), 100.0% (at most 50.0%)",
+        );
+        assert_eq!(customers(&p), before, "atomic: {atomic}");
+    }
+    assert_eq!(
+        p.rows(
+            "SELECT t.staged FROM task_tries t JOIN runs r ON r.id = t.run_id WHERE r.backfill_id = 2"
+        ),
+        [["staged"]]
+    );
+}

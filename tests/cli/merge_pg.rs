@@ -579,6 +579,27 @@ fn max_changed_rejects_a_merge_that_would_change_too_much() {
         "1|1|2026-01-01|ann|0\n2|2|2026-01-01|bob|2\n3|3|2026-01-01|cy|"
     );
     assert_eq!(t.last_try(), row("succeeded", 3, [0, 1, 0, 2]));
+    // Staged within it (ann back to 1.5: one row), then the two others are published changed,
+    // one at a time: promoted now, the staged output would change all three.
+    t.psql("UPDATE raw.customers SET score = 1.5 WHERE id = 1");
+    t.run(1, 1, &["--stage", "--reprocess-behavior", "completed"])
+        .code(0);
+    let staged = t.p.rows("SELECT max(backfill_id) FROM runs")[0][0].clone();
+    t.psql("UPDATE raw.customers SET score = 0 WHERE id = 1; UPDATE raw.customers SET name = 'bob2' WHERE id = 2");
+    t.rerun(1, 1).code(0);
+    t.psql("UPDATE raw.customers SET name = 'cy2' WHERE id = 3");
+    t.rerun(1, 1).code(0);
+    let published = t.rows();
+    for atomic in [false, true] {
+        let mut args = vec!["promote", staged.as_str()];
+        if atomic {
+            args.push("--atomic");
+        }
+        t.p.run(&args).code(3).stderr_has(
+            "max_changed: the merge would change 3 of the partition's 3 rows (0 inserted, 3 updated, 0 deleted), 100.0% (at most 40.0%)",
+        );
+        assert_eq!(t.rows(), published, "atomic: {atomic}");
+    }
 }
 
 #[test]

@@ -183,6 +183,25 @@ impl Merging<'_> {
         )
     }
 
+    /// What the merge would do, counted without writing: the source's rows, those whose key the
+    /// target lacks, those equal to the target's row, and the partition's keys the source
+    /// lacks (bounds `$1`, `$2`).
+    pub(super) fn plan(&self) -> String {
+        let (t, s) = (&self.table, &self.source);
+        let same = self
+            .differ()
+            .map(|d| format!(" AND NOT ({d})"))
+            .unwrap_or_default();
+        format!(
+            "SELECT (SELECT count(*) FROM {s} AS o), \
+             (SELECT count(*) FROM {s} AS o WHERE NOT EXISTS (SELECT 1 FROM {t} AS t WHERE {matches})), \
+             (SELECT count(*) FROM {s} AS o WHERE EXISTS (SELECT 1 FROM {t} AS t WHERE {matches}{same})), \
+             ({missing})",
+            matches = self.matches(),
+            missing = self.missing(),
+        )
+    }
+
     /// The statements that merge, in the order they must run: delete (or count the missing
     /// keys), then update and insert.
     pub(super) fn statements(&self) -> Vec<String> {

@@ -97,6 +97,67 @@ impl Pending for Staged {
             .map_err(|e| e.at(wh))
     }
 
+    fn plan_merge(&mut self, p: &PublishAs<'_>) -> Result<Option<crate::gate::Merge>> {
+        let WritePattern::Merge { key, keep_missing } = &p.task.write else {
+            return Ok(None);
+        };
+        let wh = &p.task.warehouse;
+        let c = conn::take_at(wh)?;
+        let planned = (|| -> std::result::Result<crate::gate::Merge, Failure> {
+            let (schema, name) = self
+                .table
+                .split_once('.')
+                .unwrap_or(("backfill", &self.table));
+            let typed = target_columns(&c, &format!("{schema}.{name}"))?;
+            if typed.is_empty() {
+                return Err(Error::Message(format!(
+                    "the staged output {} is gone; stage the interval again",
+                    self.table
+                ))
+                .into());
+            }
+            let ty = target_columns(&c, &p.task.target)?
+                .iter()
+                .find(|(n, _)| *n == p.task.partition_column)
+                .and_then(|(_, t)| ColumnType::of(t))
+                .ok_or_else(|| {
+                    Error::Message(format!(
+                        "target table `{}` has no date, timestamp or timestamptz column `{}`",
+                        p.task.target, p.task.partition_column
+                    ))
+                })?;
+            let [lo, hi] = ty.bounds(p.interval, p.tz)?;
+            let m = merge::Merging {
+                table: quote_name(&p.task.target),
+                source: format!("{}.{}", quote_ident(schema), quote_ident(name)),
+                columns: &typed,
+                key,
+                partition_column: &p.task.partition_column,
+                keep_missing: *keep_missing,
+                guard: None,
+            };
+            let row = c.wait(c.client.query_one(&m.plan(), &[lo.sql(), hi.sql()]))?;
+            let (rows, inserted, unchanged, missing): (i64, i64, i64, i64) =
+                (row.get(0), row.get(1), row.get(2), row.get(3));
+            let (deleted, kept) = if *keep_missing {
+                (0, missing)
+            } else {
+                (missing, 0)
+            };
+            Ok(crate::gate::Merge {
+                inserted,
+                updated: rows - inserted - unchanged,
+                deleted,
+                unchanged,
+                kept,
+                moved: 0,
+                null_keys: 0,
+            })
+        })();
+        conn::give(c);
+        planned.map(Some).map_err(|e| e.at(wh))
+    }
+
     fn member(&mut self) -> Option<crate::warehouse::backend::Member<'_>> {
         Some(crate::warehouse::backend::Member::Staged {
             table: &self.table,

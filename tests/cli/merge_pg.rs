@@ -856,3 +856,37 @@ fn a_referenced_key_on_one_day_keeps_an_atomic_promote_from_publishing_either_da
         "1|ann\n2|bobby\n3|cy\n4|dee"
     );
 }
+
+#[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
+fn readers_see_the_old_days_until_an_atomic_promote_commits() {
+    use crate::support::{signal, stopped};
+    let t = Mg::new(&dag(GATE, ""));
+    t.run(1, 2, &[]).code(0);
+    let before = t.rows();
+    t.psql(
+        "UPDATE raw.customers SET name = 'bobby' WHERE id = 2;
+         UPDATE raw.customers SET name = 'evie' WHERE id = 5;",
+    );
+    t.run(1, 2, &["--stage", "--reprocess-behavior", "completed"])
+        .code(0);
+    // Frozen with both days written in its transaction, not committed.
+    let frozen = t.p.spawn_with(
+        "promote",
+        &["promote", "2", "--atomic"],
+        &[("BACKFILL_FAULT", "before-commit:stop")],
+    );
+    wait_until("the promote to freeze", Duration::from_secs(30), || {
+        stopped(frozen.id())
+    });
+    assert_eq!(t.rows(), before, "a reader sees both old days");
+    signal(&frozen, nix::sys::signal::Signal::SIGCONT);
+    t.p.wait("promote", frozen).code(0);
+    assert_eq!(
+        t.psql("SELECT id, name FROM dw.customers ORDER BY id"),
+        "1|ann\n2|bobby\n3|cy\n4|dee\n5|evie"
+    );
+}

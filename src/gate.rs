@@ -76,6 +76,32 @@ pub struct Merge {
 }
 
 impl Merge {
+    /// What a merge of `rows` output rows would do, counted: `inserted` of them have a key the
+    /// target lacks, `unchanged` equal the target's row, the rest are updated; `missing` keys of
+    /// the partition the output lacks are deleted (or kept, with `keep_missing`).
+    pub fn counted(
+        rows: i64,
+        inserted: i64,
+        unchanged: i64,
+        missing: i64,
+        keep_missing: bool,
+    ) -> Self {
+        let (deleted, kept) = if keep_missing {
+            (0, missing)
+        } else {
+            (missing, 0)
+        };
+        Self {
+            inserted,
+            updated: rows - inserted - unchanged,
+            deleted,
+            unchanged,
+            kept,
+            moved: 0,
+            null_keys: 0,
+        }
+    }
+
     /// Rows inserted, updated or deleted.
     pub fn changed(&self) -> i64 {
         self.inserted

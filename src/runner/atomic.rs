@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use super::outcome::{Outcome, TaskEnd, cancelled, failed, settle, start_single};
+use super::outcome::{Outcome, cancelled, failed, settle, start_single};
 use super::promote::judge_again;
 use super::record::{Claimed, LastTry, Published, Started, published_try, record_ends};
 use super::sql_try::TryLog;
@@ -144,22 +144,9 @@ pub(super) async fn run(
                 .take()
                 .unwrap_or_else(|| cancelled("cancelled"));
             let (end, last) = settle(shared, outcome, &member.started, task, interval);
-            let (s, e) = match end {
-                TaskEnd::Succeeded | TaskEnd::Skipped | TaskEnd::UpstreamNotReady => {
-                    (RunState::Succeeded, None)
-                }
-                TaskEnd::Failed(e) => (
-                    RunState::Failed,
-                    Some(format!("task `{}` failed: {e}", task.id)),
-                ),
-                TaskEnd::Rejected(r) => (
-                    RunState::Rejected,
-                    Some(format!("task `{}` rejected: {r}", task.id)),
-                ),
-                TaskEnd::Cancelled => (
-                    RunState::Cancelled,
-                    Some(format!("cancelled during task `{}`", task.id)),
-                ),
+            let (s, e) = match end.run_end(&task.id, shared.fault()) {
+                Some((s, e)) => (s, Some(e)),
+                None => (RunState::Succeeded, None),
             };
             if rank(s) > rank(state) {
                 (state, error) = (s, e);
@@ -214,11 +201,8 @@ async fn judge(shared: &Arc<Shared>, members: &mut [Member]) -> Result<Option<St
             &manifest,
             m.started.try_id,
         );
-        let Some(output) = reopened else {
-            let why = format!(
-                "the staged output {} is gone; stage the interval again",
-                m.staged.path
-            );
+        // A member that cannot be judged fails, and so does the group.
+        let mut fail = |m: &mut Member, why: String| {
             log.line(&why);
             trouble.get_or_insert(format!(
                 "task `{}`, {}: {why}",
@@ -226,6 +210,15 @@ async fn judge(shared: &Arc<Shared>, members: &mut [Member]) -> Result<Option<St
                 label(m.interval, tz)
             ));
             m.outcome = Some(failed(why, None));
+        };
+        let Some(output) = reopened else {
+            fail(
+                m,
+                format!(
+                    "the staged output {} is gone; stage the interval again",
+                    m.staged.path
+                ),
+            );
             continue;
         };
         let current = published_try(shared, task, m.interval).await?;
@@ -240,13 +233,7 @@ async fn judge(shared: &Arc<Shared>, members: &mut [Member]) -> Result<Option<St
             Ok(planned) => planned,
             Err(why) => {
                 output.keep();
-                log.line(&why);
-                trouble.get_or_insert(format!(
-                    "task `{}`, {}: {why}",
-                    task.id,
-                    label(m.interval, tz)
-                ));
-                m.outcome = Some(failed(why, None));
+                fail(m, why);
                 continue;
             }
         };

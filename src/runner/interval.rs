@@ -40,28 +40,13 @@ pub(super) async fn run(
             return Ok((interval, RunState::Cancelled));
         }
         let skipped = matches!(end, TaskEnd::Skipped);
-        let ends_run = match end {
-            TaskEnd::Succeeded | TaskEnd::Skipped => i + 1 == tasks.len(),
-            TaskEnd::Failed(e) => {
-                state = RunState::Failed;
-                error = Some(format!("task `{}` failed: {e}", task.id));
+        let ends_run = match end.run_end(&task.id, shared.fault()) {
+            Some((ended, why)) => {
+                state = ended;
+                error = Some(why);
                 true
             }
-            TaskEnd::Rejected(reason) => {
-                state = RunState::Rejected;
-                error = Some(format!("task `{}` rejected: {reason}", task.id));
-                true
-            }
-            TaskEnd::Cancelled | TaskEnd::UpstreamNotReady => {
-                state = RunState::Cancelled;
-                error = Some(match shared.fault() {
-                    Some(fault) => {
-                        format!("interrupted during task `{}`: {}", task.id, fault.cause)
-                    }
-                    None => format!("cancelled during task `{}`", task.id),
-                });
-                true
-            }
+            None => i + 1 == tasks.len(),
         };
         let Some(run) = run_id else {
             if skipped && !ends_run {

@@ -28,6 +28,36 @@ pub(super) enum TaskEnd {
     UpstreamNotReady,
 }
 
+impl TaskEnd {
+    /// How this end of task `task_id` ends its run: its state and error; `None` when the run
+    /// goes on with its next task (or ends succeeded). `fault`: what stopped the backfill, if
+    /// anything did.
+    pub(super) fn run_end(
+        &self,
+        task_id: &str,
+        fault: Option<crate::environment::Fault>,
+    ) -> Option<(crate::plan::RunState, String)> {
+        use crate::plan::RunState;
+        Some(match self {
+            Self::Succeeded | Self::Skipped => return None,
+            Self::Failed(e) => (RunState::Failed, format!("task `{task_id}` failed: {e}")),
+            Self::Rejected(reason) => (
+                RunState::Rejected,
+                format!("task `{task_id}` rejected: {reason}"),
+            ),
+            Self::Cancelled | Self::UpstreamNotReady => (
+                RunState::Cancelled,
+                match fault {
+                    Some(fault) => {
+                        format!("interrupted during task `{task_id}`: {}", fault.cause)
+                    }
+                    None => format!("cancelled during task `{task_id}`"),
+                },
+            ),
+        })
+    }
+}
+
 /// How one try ended.
 pub(super) enum Outcome {
     Succeeded(TryRecord, Option<Published>),

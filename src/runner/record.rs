@@ -76,6 +76,37 @@ pub(super) struct LastTry {
     pub published: Option<Published>,
 }
 
+/// Records a try's end in the caller's manifest transaction and, when it published, its
+/// publication (and a promoted output's new state); nothing when its publish's own
+/// transaction recorded it.
+fn end_try(
+    c: &dyn crate::manifest::Store,
+    f: crate::manifest::backfills::Fenced,
+    t: &LastTry,
+    dag_id: &str,
+    (end, now): (End, i64),
+) -> crate::manifest::Result<()> {
+    if t.published.as_ref().is_some_and(|p| p.recorded) {
+        return Ok(());
+    }
+    c.finish_try(f, t.try_id, &t.record, end)?;
+    if let Some(p) = &t.published {
+        let publication = Publication {
+            try_id: t.try_id,
+            dag_id,
+            task_id: &t.task_id,
+            interval: t.interval,
+            rows: p.rows,
+            fingerprint: p.fingerprint.as_deref(),
+        };
+        c.mark_published(&publication, now)?;
+        if let Some(staged) = t.record.promoted_from {
+            c.set_staged(staged, crate::state::StagedState::Promoted)?;
+        }
+    }
+    Ok(())
+}
+
 /// A run's end: the run, its tries' ends, and its state and error.
 pub(super) type RunEnd = (i64, Vec<LastTry>, (RunState, Option<String>));
 
@@ -110,24 +141,7 @@ pub(super) async fn record_ends(shared: &Shared, runs: Vec<RunEnd>) -> Result<()
             let f = c.fence(owner)?;
             for (run_id, tries, (state, error), run_began) in &runs {
                 for (t, began) in tries {
-                    if t.published.as_ref().is_some_and(|p| p.recorded) {
-                        continue;
-                    }
-                    c.finish_try(f, t.try_id, &t.record, End::since(*began))?;
-                    if let Some(p) = &t.published {
-                        let publication = Publication {
-                            try_id: t.try_id,
-                            dag_id: &dag_id,
-                            task_id: &t.task_id,
-                            interval: t.interval,
-                            rows: p.rows,
-                            fingerprint: p.fingerprint.as_deref(),
-                        };
-                        c.mark_published(&publication, now)?;
-                        if let Some(staged) = t.record.promoted_from {
-                            c.set_staged(staged, crate::state::StagedState::Promoted)?;
-                        }
-                    }
+                    end_try(c, f, t, &dag_id, (End::since(*began), now))?;
                 }
                 c.finish_run(f, *run_id, *state, error.as_deref(), End::since(*run_began))?;
             }
@@ -176,24 +190,8 @@ pub(super) async fn record_end(
                 (try_end, run_end_at),
             );
         }
-        if let Some(t) = &last_try
-            && !t.published.as_ref().is_some_and(|p| p.recorded)
-        {
-            c.finish_try(f, t.try_id, &t.record, try_end)?;
-            if let Some(p) = &t.published {
-                let publication = Publication {
-                    try_id: t.try_id,
-                    dag_id: &dag_id,
-                    task_id: &t.task_id,
-                    interval: t.interval,
-                    rows: p.rows,
-                    fingerprint: p.fingerprint.as_deref(),
-                };
-                c.mark_published(&publication, now)?;
-                if let Some(staged) = t.record.promoted_from {
-                    c.set_staged(staged, crate::state::StagedState::Promoted)?;
-                }
-            }
+        if let Some(t) = &last_try {
+            end_try(c, f, t, &dag_id, (try_end, now))?;
         }
         if let Some((state, error)) = &run_end {
             c.finish_run(f, run_id, *state, error.as_deref(), run_end_at)?;

@@ -171,19 +171,9 @@ pub fn plan(conn: &Connection, m: &Merging<'_>) -> Result<Merge> {
         conn.prepare(&sql)?.query_row(m.params().as_slice(), |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
         })?;
-    let (deleted, kept) = if m.keep_missing {
-        (0, missing)
-    } else {
-        (missing, 0)
-    };
     Ok(Merge {
-        inserted,
-        updated: rows - inserted - unchanged,
-        deleted,
-        unchanged,
-        kept,
-        moved: 0,
         null_keys,
+        ..Merge::counted(rows, inserted, unchanged, missing, m.keep_missing)
     })
 }
 

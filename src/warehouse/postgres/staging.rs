@@ -137,22 +137,13 @@ impl Pending for Staged {
                 guard: None,
             };
             let row = c.wait(c.client.query_one(&m.plan(), &[lo.sql(), hi.sql()]))?;
-            let (rows, inserted, unchanged, missing): (i64, i64, i64, i64) =
-                (row.get(0), row.get(1), row.get(2), row.get(3));
-            let (deleted, kept) = if *keep_missing {
-                (0, missing)
-            } else {
-                (missing, 0)
-            };
-            Ok(crate::gate::Merge {
-                inserted,
-                updated: rows - inserted - unchanged,
-                deleted,
-                unchanged,
-                kept,
-                moved: 0,
-                null_keys: 0,
-            })
+            Ok(crate::gate::Merge::counted(
+                row.get(0),
+                row.get(1),
+                row.get(2),
+                row.get(3),
+                *keep_missing,
+            ))
         })();
         conn::give(c);
         planned.map(Some).map_err(|e| e.at(wh))

@@ -6,31 +6,10 @@
 use std::time::Duration;
 
 use crate::gate::{shop, wh, wh_rows};
+use crate::staging::{day_is_exact, published};
 use crate::support::{Project, signal, stopped, wait_until};
 
 const DAYS: [&str; 4] = ["2026-09-01", "2026-09-02", "2026-09-03", "2026-09-04"];
-
-/// Every published row of `orders_fact`, in order.
-fn published(p: &Project) -> Vec<String> {
-    wh_rows(p, "SELECT * FROM orders_fact ORDER BY order_id")
-}
-
-/// Whether `orders_fact` holds exactly what the raw orders say for `day`.
-fn day_is_exact(p: &Project, day: &str) -> bool {
-    wh_rows(
-        p,
-        &format!(
-            "SELECT order_id, order_day, order_ts, region, amount_cents FROM orders_fact
-             WHERE order_day = '{day}' ORDER BY order_id"
-        ),
-    ) == wh_rows(
-        p,
-        &format!(
-            "SELECT order_id, date(order_ts), order_ts, region, amount_cents FROM raw_orders
-             WHERE date(order_ts) = '{day}' ORDER BY order_id"
-        ),
-    )
-}
 
 /// The shop with 09-01..09-04 published (backfill 1), then its source corrected on every day
 /// (one cent more on each day's first order) and the range staged again (backfill 2). Returns

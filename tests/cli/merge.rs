@@ -91,6 +91,20 @@ fn row(cells: &[&str]) -> Vec<String> {
     cells.iter().map(ToString::to_string).collect()
 }
 
+/// `rollback` of the day `day` of September 2026.
+fn rollback(p: &Project, day: u32) -> crate::support::Out {
+    let day = format!("2026-09-{day:02}");
+    p.run(&[
+        "rollback",
+        "--dag",
+        "customers",
+        "--from",
+        &day,
+        "--to",
+        &day,
+    ])
+}
+
 fn rerun(p: &Project, from: &str, to: &str, extra: &[&str]) -> crate::support::Out {
     let mut args = vec!["--reprocess-behavior", "completed", "--allow-drift"];
     args.extend_from_slice(extra);
@@ -301,15 +315,7 @@ fn a_key_published_in_another_partition_is_rejected_per_partition_and_moved_per_
             );
             // A rollback of the 1st moves the row back where it came from, as it was there
             // (its id too): it is not lost with the 1st's version.
-            let rolled = p.run(&[
-                "rollback",
-                "--dag",
-                "customers",
-                "--from",
-                "2026-09-01",
-                "--to",
-                "2026-09-01",
-            ]);
+            let rolled = rollback(&p, 1);
             rolled.code(0);
             assert_eq!(
                 wh_rows(
@@ -381,16 +387,7 @@ fn rollback_after_merges_puts_back_what_they_updated_and_deleted_and_removes_wha
         ),
         1
     );
-    p.run(&[
-        "rollback",
-        "--dag",
-        "customers",
-        "--from",
-        "2026-09-01",
-        "--to",
-        "2026-09-01",
-    ])
-    .code(0);
+    rollback(&p, 1).code(0);
     // Every row as it was, ids and first_seen_at included; the referenced key was never
     // deleted (its order still points at it).
     assert_eq!(customers(&p), published);

@@ -107,6 +107,20 @@ impl Mg {
         )
     }
 
+    /// `rollback` of the day `day` of January 2026.
+    fn rollback(&self, day: u32) -> crate::support::Out {
+        let day = format!("2026-01-{day:02}");
+        self.p.run(&[
+            "rollback",
+            "--dag",
+            "customers",
+            "--from",
+            &day,
+            "--to",
+            &day,
+        ])
+    }
+
     /// [`Mg::run`] of partitions already published.
     fn rerun(&self, from: u32, to: u32) -> crate::support::Out {
         self.run(from, to, &["--reprocess-behavior", "completed"])
@@ -369,16 +383,7 @@ fn a_key_moved_across_partitions_is_rejected_by_partition_scope_and_moved_by_tab
     assert_eq!(t.last_try(), row("succeeded", 4, [0, 1, 0, 3]));
     // A rollback of Jan 1 moves the row back where it came from, as it was there: it is not
     // lost with Jan 1's version; the rollback publishes Jan 1's own 3 rows.
-    t.p.run(&[
-        "rollback",
-        "--dag",
-        "customers",
-        "--from",
-        "2026-01-01",
-        "--to",
-        "2026-01-01",
-    ])
-    .code(0);
+    t.rollback(1).code(0);
     assert_eq!(t.rows(), before, "rolled back, dee back on Jan 2");
     assert_eq!(t.tries().last().unwrap()[..2], ["succeeded", "3"]);
     // Jan 1's version went, with its copy of the moved row (Jan 2 was published once: it
@@ -430,16 +435,7 @@ fn rollback_of_a_merge_puts_back_what_it_updated_or_deleted_and_removes_what_it_
         "3",
         "the partition as it was"
     );
-    t.p.run(&[
-        "rollback",
-        "--dag",
-        "customers",
-        "--from",
-        "2026-01-01",
-        "--to",
-        "2026-01-01",
-    ])
-    .code(0);
+    t.rollback(1).code(0);
     // Bob is back with his surrogate id and the time he was first seen, Ann is ann again,
     // fay is gone; the order's customer never left.
     assert_eq!(t.rows(), first);
@@ -492,16 +488,7 @@ fn a_staged_merge_is_promoted_by_merging_and_records_what_the_promote_did() {
         "0"
     );
     // The promote kept the partition it changed: a rollback puts it back.
-    t.p.run(&[
-        "rollback",
-        "--dag",
-        "customers",
-        "--from",
-        "2026-01-01",
-        "--to",
-        "2026-01-01",
-    ])
-    .code(0);
+    t.rollback(1).code(0);
     assert_eq!(t.rows(), first);
 }
 

@@ -14,12 +14,12 @@ fn create(p: &Project, from: &str, to: &str, extra: &[&str]) -> crate::support::
 }
 
 /// Every published row of `orders_fact`, in order.
-fn published(p: &Project) -> Vec<String> {
+pub(crate) fn published(p: &Project) -> Vec<String> {
     wh_rows(p, "SELECT * FROM orders_fact ORDER BY order_id")
 }
 
 /// `orders_fact` for one day, and what the raw orders say it must hold.
-fn day_is_exact(p: &Project, day: &str) -> bool {
+pub(crate) fn day_is_exact(p: &Project, day: &str) -> bool {
     wh_rows(
         p,
         &format!(

@@ -125,6 +125,10 @@ pub(super) async fn run(
     if trouble.is_none() {
         trouble = judge(shared, &mut members).await?.map(Trouble::Refused);
     }
+    if trouble.is_none() && *stop.borrow() != Stop::Run {
+        // Stopped while it judged: nothing is decided yet.
+        trouble = Some(Trouble::Stopped("cancelled".into()));
+    }
     match trouble {
         Some(why) => refuse(&mut members, &why),
         None => publish(shared, &mut members).await?,

@@ -9,6 +9,7 @@ count). Each measurement alternates the two and reports medians.
     examples/bench/postgres.py [--rounds N] [--keyed] [--rules] [--setting NAME=VALUE] [--target-dir DIR]
     examples/bench/postgres.py --batch-size N [--unindexed-source | --enriched] [--rounds N] [--keyed]
     examples/bench/postgres.py --merge [--rounds N] [--keyed]
+    examples/bench/postgres.py --atomic [--rounds N] [--keyed]
                                                                        (default 3 rounds)
 
 With --keyed the target has PRIMARY KEY (event_id) in place of its plain index on event_id, as
@@ -39,6 +40,10 @@ the task with write = "merge" against the same task replacing its partitions, al
 --max-active-runs 1, with the WAL each writes (pg_current_wal_lsn before and after) and the
 target's rows written (n_tup_ins + n_tup_upd + n_tup_del); and the same with nothing changed.
 Target: the merge takes at most half the replace's time with 1% changed.
+With --atomic it measures instead what publishing a range at once costs: a rerun of the year staged
+(--stage, --max-active-runs 4), then promoted with `promote ID --atomic` (one transaction) against
+`promote ID` (one transaction per day, four at a time), alternated, each from a staging of its own;
+no target: a figure for the guide.
 With --setting NAME=VALUE (repeatable) the throwaway server runs with that setting (ALTER SYSTEM,
 then a restart), for both sides: e.g. --setting wal_buffers=16MB.
 The bare loop keeps no copy of what it replaces, so backfill runs with keep_versions = 0. Every
@@ -338,6 +343,8 @@ def main():
                              "a fixed cost per query")
     parser.add_argument("--merge", action="store_true",
                         help="measure a rerun with 1%% of the source changed under write = \"merge\" against replace instead")
+    parser.add_argument("--atomic", action="store_true",
+                        help="measure promote --atomic of a staged year against promote instead")
     parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
                         help="run the server with this setting (ALTER SYSTEM, then a restart); repeatable")
     parser.add_argument("--target-dir", default=os.environ.get("CARGO_TARGET_DIR") or os.path.join(ROOT, "target"),
@@ -378,6 +385,8 @@ def main():
             sys.exit(batch_cost(bench, wh, args))
         if args.merge:
             sys.exit(merge_cost(bench, wh, args))
+        if args.atomic:
+            sys.exit(atomic_cost(bench, wh, binary, args))
         names = ("bf_empty", "bare_empty", "bf_full", "bare_full", "bf_full_4", "bare_full_4")
         wall, cpu, server_cpu = ({k: [] for k in names} for _ in range(3))
 
@@ -554,6 +563,43 @@ def merge_cost(bench, wh, args):
         print(f"  {label:<28} {cell(m):>34} {cell(p):>34} {ratio:6.2f}x  "
               f"{('<= 0.5x ' + ('met' if ok else 'MISSED')) if goal else ''}")
     return 1 if missed else 0
+
+
+def atomic_cost(bench, wh, binary, args):
+    """A staged rerun of the year promoted at once (--atomic) against promoted a day at a time,
+    alternated, each from a staging of its own. No target: the exit status is 0."""
+    wall, cpu, server_cpu = ({k: [] for k in ("atomic", "each")} for _ in range(3))
+    wh.run("TRUNCATE analytics.events_fact;")
+    bench.backfill("--max-active-runs", "1")
+    env = dict(os.environ, BACKFILL_NOW=NOW)
+    for r in range(args.rounds):
+        print(f"round {r + 1} of {args.rounds}...", file=sys.stderr)
+        order = ["atomic", "each"] if r % 2 == 0 else ["each", "atomic"]
+        for name in order:
+            project = bench.project()
+            staged = subprocess.run(
+                [binary, "-C", project, "-q", "create", "--dag", "events", "--from", "2025-01-01",
+                 "--to", "2025-12-31", "--reprocess-behavior", "completed", "--max-active-runs", "4",
+                 "--stage"], env=env, capture_output=True, text=True)
+            if staged.returncode != 0:
+                sys.exit(f"staging exited with {staged.returncode}:\n{staged.stderr}")
+            wh.settle()
+            before = wh.server_cpu()
+            argv = [binary, "-C", project, "-q", "promote", staged.stdout.strip()]
+            w, c = timed(argv + (["--atomic"] if name == "atomic" else []), env)
+            server_cpu[name].append(wh.server_cpu() - before)
+            wall[name].append(w)
+            cpu[name].append(c)
+            wh.check(f"promote ({name})")
+    med = lambda d, k: statistics.median(d[k])
+    target = "a target with PRIMARY KEY (event_id)" if args.keyed else "a target indexed on event_id"
+    print(f"{target}; a staged rerun of 365 partitions of 2,000 rows, promoted; medians of "
+          f"{args.rounds} round(s): wall seconds (client CPU, server CPU)")
+    cell = lambda k: f"{med(wall, k):6.2f} ({med(cpu, k):4.2f}, {med(server_cpu, k):5.2f})"
+    print(f"  promote --atomic (one transaction)   {cell('atomic')}")
+    print(f"  promote (a transaction per day, -m 4) {cell('each')}")
+    print(f"  ratio {med(wall, 'atomic') / med(wall, 'each'):.2f}x")
+    return 0
 
 
 def rules_cost(bench, wh, args):

@@ -453,6 +453,14 @@ fn load_task(
             );
             Some(None)
         }
+        Some(p) if t.gate.is_none() => {
+            // It would never run: a command task's `publish` runs once its gate passed.
+            errs.at(
+                p,
+                "key `publish`: it runs once the task's gate passed, and this task has no `[tasks.gate]`; add one (the command then reports its rows: {\"rows\": N} in $BACKFILL_RESULT), or do the publishing in `command`",
+            );
+            Some(None)
+        }
         Some(p) => Some(command_spec(p, "publish", errs)),
     };
     let cleanup = match &t.cleanup {

@@ -62,6 +62,8 @@ depends_on = ["extract"]
 command = "echo {{ ds }}"
 publish = ["true"]
 retries = 0
+[tasks.gate]
+source_count = "echo 2"
 
 [[tasks]]
 id = "extract"
@@ -85,7 +87,7 @@ command = ["echo", "{{ data_interval_start }}", "{{ conf.region }}"]
             command: Some("dags/demo.toml:12:11".into()),
             publish: Some("dags/demo.toml:13:11".into()),
             cleanup: None,
-            source_count: None,
+            source_count: Some("dags/demo.toml:16:16".into()),
             source_fingerprint: None,
             target: None,
             sql: None,
@@ -95,7 +97,7 @@ command = ["echo", "{{ data_interval_start }}", "{{ conf.region }}"]
     );
     assert_eq!(
         dag.tasks[0].locations.command.as_deref(),
-        Some("dags/demo.toml:18:11")
+        Some("dags/demo.toml:20:11")
     );
 }
 
@@ -390,6 +392,23 @@ tolerance = -1
 }
 
 #[test]
+fn a_publish_without_a_gate_is_refused_at_its_line() {
+    // It would never run: `publish` runs once the gate passed.
+    let e = first_error(
+        r#"schedule = "@daily"
+[[tasks]]
+id = "export"
+command = "export {{ ds }}"
+publish = "move {{ ds }}"
+"#,
+    );
+    assert!(
+        e.starts_with("dags/demo.toml:5:11: key `publish`: it runs once the task's gate passed, and this task has no `[tasks.gate]`"),
+        "{e}"
+    );
+}
+
+#[test]
 fn missing_conf_names_each_key_at_its_command() {
     let dag = load(
         r#"schedule = "@daily"
@@ -397,6 +416,8 @@ fn missing_conf_names_each_key_at_its_command() {
 id = "t"
 command = "load --region {{ conf.region }} --db {{ conf.db.host }} {{ conf.x | upper }}"
 publish = ["publish", "{{ conf.region }}"]
+[tasks.gate]
+source_count = "echo 2"
 "#,
     )
     .unwrap();

@@ -537,8 +537,9 @@ fn verify_calls_a_task_without_a_fingerprint_unverifiable_and_never_publishes() 
 schedule = "@daily"
 [[tasks]]
 id = "export"
-command = "true"
+command = '''printf '{"rows": 1}' > "$BACKFILL_RESULT"'''
 publish = "touch published"
+[tasks.gate]
 [[tasks]]
 id = "sum"
 depends_on = ["export"]

@@ -381,3 +381,34 @@ fn the_guide_s_atomic_lines_work_as_pasted() {
         .unwrap();
     assert_eq!(published, 30);
 }
+
+#[test]
+fn an_atomic_promote_of_a_two_task_dag_publishes_both_tasks_of_every_day_in_one_commit() {
+    let p = crate::staging::two_tasks();
+    p.create("two", DAYS[0], DAYS[2], &[]).code(0);
+    crate::staging::bump_03(&p, 1);
+    p.create(
+        "two",
+        DAYS[0],
+        DAYS[2],
+        &["--stage", "--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    p.run_with(
+        &["promote", "2", "--atomic"],
+        &[("BACKFILL_FAULT", "before-commit@2")],
+    )
+    .code(0);
+    for day in &DAYS[..3] {
+        assert!(day_is_exact(&p, day), "{day}");
+    }
+    // Each day's run ended with both its tasks' tries, and every staged output is promoted.
+    assert_eq!(
+        p.rows(
+            "SELECT r.state, COUNT(*) FROM runs r JOIN task_tries t ON t.run_id = r.id
+             WHERE r.backfill_id = 3 AND t.state = 'succeeded' GROUP BY r.id, r.state ORDER BY r.id"
+        ),
+        rows(&[&["succeeded", "2"], &["succeeded", "2"], &["succeeded", "2"]])
+    );
+    assert_eq!(staged_states(&p), rows(&[&["promoted", "6"]]));
+}

@@ -952,7 +952,7 @@ fn a_rollback_frozen_before_its_commit_is_judged_only_once_it_committed() {
 
 /// The shop with one DAG `two` of two SQL tasks per day: `load` (orders_fact), then
 /// `aggregate` (daily_orders).
-fn two_tasks() -> Project {
+pub(crate) fn two_tasks() -> Project {
     let p = shop();
     for f in ["dags/daily_orders.toml", "dags/orders_fact.toml"] {
         std::fs::remove_file(p.path(f)).unwrap();
@@ -989,7 +989,7 @@ FROM orders_fact WHERE order_day >= :ds AND order_day < :next_ds GROUP BY 1, 2
 }
 
 /// Adds `by` to the amounts of 2026-09-03's raw orders.
-fn bump_03(p: &Project, by: i64) {
+pub(crate) fn bump_03(p: &Project, by: i64) {
     wh(p)
         .execute(
             "UPDATE raw_orders SET amount_cents = amount_cents + ?1 WHERE date(order_ts) = '2026-09-03'",

@@ -360,15 +360,14 @@ async fn publish(shared: &Arc<Shared>, members: &mut [Member]) -> Result<(), Err
     }
     crate::fault::point("before-publish");
     // What the blocking publish takes: each output and how to publish it.
+    // Its record stays here, by member: what was judged is what its try records.
     let mut group: Vec<(usize, Box<dyn backend::Pending>, Prepared)> = Vec::new();
+    let mut records: Vec<Option<TryRecord>> = vec![None; members.len()];
     for (k, m) in members.iter_mut().enumerate() {
         if let Some(j) = m.judged.take() {
             let prepared = Prepared::of(shared, m, &j);
+            records[k] = Some(j.record);
             group.push((k, j.output, prepared));
-            m.judged = Some(Judged {
-                output: Box::new(Gone(warehouse::AuditMeasures::default())),
-                ..j
-            });
         }
     }
     let tries: Vec<i64> = group
@@ -425,8 +424,9 @@ async fn publish(shared: &Arc<Shared>, members: &mut [Member]) -> Result<(), Err
             for ((k, output, _), rows) in group.into_iter().zip(rows) {
                 let m = &mut members[k];
                 let task = &shared.spec.dag.tasks[m.task];
-                let Some(j) = m.judged.take() else { continue };
-                let mut record = j.record;
+                let Some(mut record) = records[k].take() else {
+                    continue;
+                };
                 if let Some(merged) = output.merged().or(output.measures().merge) {
                     record.set_merge(&merged);
                 }
@@ -456,9 +456,8 @@ async fn publish(shared: &Arc<Shared>, members: &mut [Member]) -> Result<(), Err
             Ok(())
         }
         Err(warehouse::Error::Refused) => {
-            for (k, output, _) in group {
+            for (_, output, _) in group {
                 output.keep();
-                members[k].judged = None;
             }
             refuse(
                 members,
@@ -473,7 +472,6 @@ async fn publish(shared: &Arc<Shared>, members: &mut [Member]) -> Result<(), Err
             for (k, output, _) in group {
                 output.keep();
                 let m = &mut members[k];
-                m.judged = None;
                 TryLog::open(&m.started.log).line(&why);
                 let mut rec = match &fault {
                     Some(f) => {
@@ -583,33 +581,6 @@ impl Prepared {
             in_manifest: None,
             planned: None,
         }
-    }
-}
-
-/// What stands in for an output handed to the blocking publish.
-struct Gone(warehouse::AuditMeasures);
-
-impl backend::Pending for Gone {
-    fn measures(&self) -> &warehouse::AuditMeasures {
-        &self.0
-    }
-    fn file(&self) -> Option<&std::path::Path> {
-        None
-    }
-    fn publish(
-        &mut self,
-        _: &backend::PublishAs<'_>,
-        _: &backend::Allowed<'_>,
-        _: &mut dyn FnMut(),
-    ) -> warehouse::Result<i64> {
-        Err(warehouse::Error::Message(
-            "the output was handed over".into(),
-        ))
-    }
-    fn remove(self: Box<Self>) {}
-    fn keep(self: Box<Self>) {}
-    fn stage(self: Box<Self>) -> std::result::Result<std::path::PathBuf, String> {
-        Err("the output was handed over".into())
     }
 }
 

@@ -47,6 +47,8 @@ struct Claim {
     publishes: Vec<PendingPublish>,
     /// Its runs still in progress when it was claimed: the only ones this claim may end.
     runs: Vec<i64>,
+    /// A `promote --atomic`: its publishes are finished together.
+    atomic: bool,
 }
 
 /// How the act step left each thing it touched.
@@ -125,6 +127,9 @@ fn claim_of(conn: &dyn Reads, claimed: Owner) -> manifest::Result<Claim> {
         tries: conn.unfinished_tries(claimed)?,
         publishes: conn.pending_publishes(claimed)?,
         runs: conn.runs_in_progress(claimed)?,
+        atomic: conn
+            .backfill(claimed.backfill_id)?
+            .is_some_and(|b| b.atomic),
     })
 }
 
@@ -413,14 +418,9 @@ fn act(
             acted.blocked.push((t.run_id, why));
         }
     }
-    let atomic = (claim.publishes.len() > 1 && locked.is_none())
-        .then(|| is_atomic(manifest_path, backfill_id));
-    if let Some(None) = atomic {
-        // Whether they are one group cannot be read now: they stay decided, for later.
-        acted.left.extend(claim.publishes.iter().map(|p| p.run_id));
-        return acted;
-    }
-    if let Some(Some(true)) = atomic
+    if claim.atomic
+        && claim.publishes.len() > 1
+        && locked.is_none()
         && let Some(group) = finish_group(manifest_path, dags, &claim.publishes)
     {
         match group {
@@ -492,13 +492,6 @@ fn take(
             *locked = Some(e);
         }
     }
-}
-
-/// Whether backfill `id` is a `promote --atomic`, whose publishes are finished together;
-/// `None` when the manifest cannot say.
-fn is_atomic(manifest_path: &Path, id: i64) -> Option<bool> {
-    let reader = manifest::open_read_only(manifest_path).ok()?;
-    Some(reader.backfill(id).ok()?.is_some_and(|b| b.atomic))
 }
 
 /// Finishes the decided publishes of a `promote --atomic` together, in one transaction of

@@ -589,6 +589,22 @@ pub struct Audited {
 }
 
 impl Audited {
+    /// The SQLite publish of this audit file, as `p` asks for it.
+    pub fn publish_as<'a>(&'a self, p: &PublishAs<'a>) -> publish::Publish<'a> {
+        publish::Publish {
+            task: p.task,
+            interval: p.interval,
+            tz: p.tz,
+            repr: p.repr,
+            audit: (!p.empty).then_some(&self.file),
+            expect_fingerprint: p.expect_fingerprint,
+            keep: p.keep,
+            planned: p.planned,
+            merged: std::cell::Cell::default(),
+            rows_in: None,
+        }
+    }
+
     /// A staged output's file, to promote; its measures are the staged record's.
     pub fn staged(file: AuditFile) -> Self {
         Self {
@@ -650,18 +666,7 @@ impl Pending for Audited {
         if crate::fault::point("publish") {
             return Err(Error::Message("disk I/O error (injected)".into()));
         }
-        let publish = publish::Publish {
-            task: p.task,
-            interval: p.interval,
-            tz: p.tz,
-            repr: p.repr,
-            audit: (!p.empty).then_some(&self.file),
-            expect_fingerprint: p.expect_fingerprint,
-            keep: p.keep,
-            planned: p.planned,
-            merged: std::cell::Cell::default(),
-            rows_in: None,
-        };
+        let publish = self.publish_as(p);
         // The publish writes the warehouse: a full disk there is the warehouse's.
         let rows = publish::publish_noting(&conn, &publish, allowed, waiting)
             .map_err(|e| e.at_file(&p.task.warehouse))?;

@@ -97,21 +97,8 @@ pub fn publish_group(
     if crate::fault::point("publish") {
         return Err(Error::Message("disk I/O error (injected)".into()));
     }
-    let mut publishes: Vec<publish::Publish<'_>> = audited
-        .iter()
-        .map(|(a, p)| publish::Publish {
-            task: p.task,
-            interval: p.interval,
-            tz: p.tz,
-            repr: p.repr,
-            audit: (!p.empty).then_some(&a.file),
-            expect_fingerprint: p.expect_fingerprint,
-            keep: p.keep,
-            planned: p.planned,
-            merged: std::cell::Cell::default(),
-            rows_in: None,
-        })
-        .collect();
+    let mut publishes: Vec<publish::Publish<'_>> =
+        audited.iter().map(|(a, p)| a.publish_as(p)).collect();
     let rows = publish::publish_group(&conn, &mut publishes, allowed, waiting)
         .map_err(|e| e.at_file(&w))?;
     let merged: Vec<_> = publishes.iter().map(|p| p.merged.get()).collect();

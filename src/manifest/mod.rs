@@ -64,6 +64,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (13, include_str!("../../migrations/0013_owner_start.sql")),
     (14, include_str!("../../migrations/0014_merge.sql")),
     (15, include_str!("../../migrations/0015_atomic.sql")),
+    (16, include_str!("../../migrations/0016_reports.sql")),
 ];
 
 /// CHECK constraints a migration widens (SQLite cannot alter one): `(version, table, old, new)`.

@@ -67,6 +67,10 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
         10,
         include_str!("../../migrations/postgres/0010_atomic.sql"),
     ),
+    (
+        11,
+        include_str!("../../migrations/postgres/0011_reports.sql"),
+    ),
 ];
 
 /// The longest the server lets a manifest session sit idle inside a transaction before it ends

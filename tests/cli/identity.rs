@@ -465,7 +465,8 @@ fn a_manifest_of_the_previous_schema_gains_the_project_and_its_backfills_are_any
     alpha.run_with(THREE_DAYS, &[("BACKFILL_FAULT", "after-plan:abort")]);
     // As the previous schema left it: no project recorded, no mark.
     alpha.exec(
-        "ALTER TABLE backfills DROP COLUMN project; ALTER TABLE backfills DROP COLUMN warehouses;
+        "DROP VIEW report_backfills; DROP VIEW report_runs; DROP VIEW report_tries; DROP VIEW report_published;
+         ALTER TABLE backfills DROP COLUMN project; ALTER TABLE backfills DROP COLUMN warehouses;
          ALTER TABLE backfills DROP COLUMN owner_start; ALTER TABLE workers DROP COLUMN start;
          ALTER TABLE task_tries DROP COLUMN rows_inserted; ALTER TABLE task_tries DROP COLUMN rows_updated;
          ALTER TABLE task_tries DROP COLUMN rows_deleted; ALTER TABLE task_tries DROP COLUMN rows_unchanged;
@@ -526,6 +527,6 @@ fn a_manifest_whose_upgrade_fails_says_why_not_that_it_cannot_be_written() {
     // migration cannot run.
     let last = backfill::manifest::MIGRATIONS.last().unwrap().0;
     p.exec(&format!("PRAGMA user_version = {};", last - 1));
-    p.run(&["list"]).code(1).stderr_has("duplicate column name");
+    p.run(&["list"]).code(1).stderr_has("already exists");
     assert!(!p.run(&["list"]).stderr.contains("cannot be written"));
 }

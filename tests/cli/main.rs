@@ -37,6 +37,7 @@ mod postgres_keyed;
 mod read_only;
 mod readme;
 mod removed;
+mod reports;
 mod reprocess;
 mod rules;
 mod running;

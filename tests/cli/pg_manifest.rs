@@ -190,7 +190,9 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
     // gains the project: its backfills are anyone's, the new ones the project's.
     cluster.psql(
         &db,
-        "ALTER TABLE backfill_manifest.backfills DROP COLUMN project;
+        "DROP VIEW backfill_manifest.report_backfills, backfill_manifest.report_runs,
+           backfill_manifest.report_tries, backfill_manifest.report_published;
+         ALTER TABLE backfill_manifest.backfills DROP COLUMN project;
          ALTER TABLE backfill_manifest.backfills DROP COLUMN warehouses;
          ALTER TABLE backfill_manifest.backfills DROP COLUMN owner_start;
          ALTER TABLE backfill_manifest.workers DROP COLUMN start;
@@ -220,7 +222,9 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
     // history kept.
     cluster.psql(
         &db,
-        "DROP INDEX backfill_manifest.runs_in_flight;
+        "DROP VIEW backfill_manifest.report_backfills, backfill_manifest.report_runs,
+           backfill_manifest.report_tries, backfill_manifest.report_published;
+         DROP INDEX backfill_manifest.runs_in_flight;
          DROP INDEX backfill_manifest.runs_failed;
          ALTER TABLE backfill_manifest.backfills DROP COLUMN runs_before;
          ALTER TABLE backfill_manifest.runs DROP COLUMN worker;

@@ -36,8 +36,9 @@ fn hourly(p: &Project, from: &str, to: &str, extra: &[&str]) -> crate::support::
 /// `(day, action, reason)` of a backfill's plan.
 fn plan(p: &Project, backfill: i64) -> Vec<[String; 3]> {
     p.rows(&format!(
-        "SELECT date(interval_start + 7200, 'unixepoch'), action, COALESCE(reason, '') FROM plan
-         WHERE backfill_id = {backfill} ORDER BY ord"
+        "SELECT {}, action, COALESCE(reason, '') FROM plan
+         WHERE backfill_id = {backfill} ORDER BY ord",
+        p.day_of("interval_start + 7200")
     ))
     .into_iter()
     .map(|r| [r[0].clone(), r[1].clone(), r[2].clone()])

@@ -283,7 +283,7 @@ fn resume_wait_waits_no_longer_than_the_lease_timeout_for_a_heartbeat_from_the_f
     assert_eq!(thawed.code, 130, "{}", thawed.stderr);
     assert_eq!(
         p.rows(
-            "SELECT date(interval_start, 'unixepoch'), COUNT(*) FROM runs
+            "SELECT date(interval_start), COUNT(*) FROM report_runs
              WHERE state = 'succeeded' GROUP BY 1 ORDER BY 1"
         ),
         (1..=4)

@@ -15,7 +15,7 @@ command = "touch report-{{ ds }}"
 
 /// `(interval start day, state)` of every run, in order.
 fn runs(p: &Project) -> Vec<(String, String)> {
-    p.rows("SELECT date(interval_start, 'unixepoch'), state FROM runs ORDER BY interval_start, id")
+    p.rows("SELECT date(interval_start), state FROM report_runs ORDER BY interval_start, run_id")
         .into_iter()
         .map(|r| (r[0].clone(), r[1].clone()))
         .collect()

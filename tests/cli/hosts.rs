@@ -249,20 +249,13 @@ fn on(host: &str, what: &str) -> Vec<String> {
         .collect()
 }
 
-/// SQL for the host name of a recorded host (`NAME#PID-NAMESPACE`).
-pub(crate) fn name_of(column: &str) -> String {
-    format!(
-        "CASE WHEN instr({column}, '#') > 0 THEN substr({column}, 1, instr({column}, '#') - 1) ELSE {column} END"
-    )
-}
-
 /// Host A's three tries were cancelled and host B ran each interval once, to success, owning
 /// the backfill in its second epoch.
 fn taken_over_by_host_b(p: &Project) {
     assert_eq!(
         p.rows(&format!(
             "SELECT state, {} FROM task_tries ORDER BY id",
-            name_of("host")
+            p.before("host", '#')
         )),
         [
             ["cancelled", "hosta"],
@@ -281,7 +274,7 @@ fn taken_over_by_host_b(p: &Project) {
     assert_eq!(
         p.rows(&format!(
             "SELECT state, {}, epoch FROM backfills",
-            name_of("owner_host")
+            p.before("owner_host", '#')
         )),
         [["completed", "hostb", "1"]]
     );
@@ -325,14 +318,14 @@ fn a_host_that_dies_is_taken_over_by_another_after_its_lease_and_nothing_stays_i
     assert_eq!(
         p.rows(&format!(
             "SELECT DISTINCT {} FROM backfills",
-            name_of("owner_host")
+            p.before("owner_host", '#')
         )),
         [["hosta"]]
     );
     assert_eq!(
         p.rows(&format!(
             "SELECT DISTINCT {} FROM task_tries",
-            name_of("host")
+            p.before("host", '#')
         )),
         [["hosta"]]
     );
@@ -373,7 +366,7 @@ fn a_frozen_host_is_taken_over_and_once_thawed_stops_recording_no_success() {
         || {
             p.rows(&format!(
                 "SELECT {} FROM backfills WHERE id = 1",
-                name_of("owner_host")
+                p.before("owner_host", '#')
             )) == [["hostb"]]
         },
     );
@@ -418,7 +411,7 @@ fn resume_wait_waits_out_a_frozen_hosts_lease_then_takes_the_backfill_over() {
         || {
             p.rows(&format!(
                 "SELECT {} FROM backfills WHERE id = 1",
-                name_of("owner_host")
+                p.before("owner_host", '#')
             )) == [["hostc"]]
         },
     );
@@ -526,7 +519,7 @@ fn a_pool_slot_of_a_host_that_died_goes_to_another_host_after_the_lease() {
     assert_eq!(
         p.rows(&format!(
             "SELECT state, {} FROM task_tries ORDER BY id",
-            name_of("host")
+            p.before("host", '#')
         )),
         [["cancelled", "hosta"], ["succeeded", "hostb"]]
     );
@@ -560,7 +553,7 @@ fn a_host_name_shared_by_two_pid_namespaces_names_two_hosts() {
     assert_eq!(
         p.rows(&format!(
             "SELECT owner_pid, {} FROM backfills",
-            name_of("owner_host")
+            p.before("owner_host", '#')
         )),
         [["1200".to_string(), here.clone()]]
     );
@@ -658,14 +651,14 @@ fn an_owner_frozen_alone_during_its_publish_command_records_no_success() {
     assert_eq!(
         p.rows(&format!(
             "SELECT state, {} FROM task_tries ORDER BY id",
-            name_of("host")
+            p.before("host", '#')
         )),
         [["cancelled", "hosta"], ["succeeded", "hostb"]]
     );
     assert_eq!(
         p.rows(&format!(
             "SELECT state, {}, epoch FROM backfills",
-            name_of("owner_host")
+            p.before("owner_host", '#')
         )),
         [["completed", "hostb", "1"]]
     );
@@ -769,7 +762,7 @@ fn sqlite_owner_frozen_at(point: &str) {
     assert_eq!(
         p.rows(&format!(
             "SELECT state, {}, epoch FROM backfills",
-            name_of("owner_host")
+            p.before("owner_host", '#')
         )),
         [["completed", "hostb", "1"]]
     );
@@ -852,7 +845,10 @@ fn show_names_the_host_of_a_sql_try_run_on_another_host() {
         .code(0);
     assert_eq!(warehouse_rows(&p), [("2026-01-01".to_string(), 1)]);
     assert_eq!(
-        p.rows(&format!("SELECT {} FROM backfills", name_of("owner_host"))),
+        p.rows(&format!(
+            "SELECT {} FROM backfills",
+            p.before("owner_host", '#')
+        )),
         [["hostb"]]
     );
     let json = p.run(&["--output", "json", "show", "1"]).json();

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::hosts::{Host, name_of};
+use crate::hosts::Host;
 use crate::support::{Project, wait_until};
 
 /// Eight days, at most four at once. A try fails at once when `fail-HOST` of its host exists;
@@ -117,7 +117,7 @@ fn each_host_holds_two(p: &Project) -> Vec<String> {
 fn each_day_succeeded_once(p: &Project) {
     assert_eq!(
         p.rows(
-            "SELECT date(interval_start, 'unixepoch'), COUNT(*) FROM runs
+            "SELECT date(interval_start), COUNT(*) FROM report_runs
              WHERE state = 'succeeded' AND backfill_id = 1 GROUP BY interval_start ORDER BY interval_start"
         ),
         days()
@@ -185,7 +185,7 @@ fn two_hosts_joined_on_one_backfill_never_exceed_its_max_active_runs_together() 
     assert_eq!(
         p.rows(&format!(
             "SELECT DISTINCT {} FROM task_tries t JOIN runs r ON r.id = t.run_id WHERE r.worker = 1",
-            name_of("t.host")
+            p.before("t.host", '#')
         )),
         [["hostb"]]
     );
@@ -426,7 +426,7 @@ fn when_the_owner_dies_resume_takes_its_place_and_leaves_a_live_worker_its_runs(
         || {
             p.rows(&format!(
                 "SELECT {} FROM backfills WHERE id = 1",
-                name_of("owner_host")
+                p.before("owner_host", '#')
             )) == [["hostc"]]
         },
     );
@@ -451,7 +451,7 @@ fn when_the_owner_dies_resume_takes_its_place_and_leaves_a_live_worker_its_runs(
     assert_eq!(events(&p, "end"), started);
     assert_eq!(
         p.rows(
-            "SELECT date(interval_start, 'unixepoch'), COUNT(*) FROM runs
+            "SELECT date(interval_start), COUNT(*) FROM report_runs
              WHERE state = 'succeeded' AND backfill_id = 1 GROUP BY interval_start ORDER BY interval_start"
         ),
         days()
@@ -481,7 +481,7 @@ fn when_the_owner_dies_beside_a_running_worker_the_worker_takes_its_place_and_ke
     wait_until("host B to own the backfill", Duration::from_secs(2), || {
         p.rows(&format!(
             "SELECT {}, epoch FROM backfills WHERE id = 1",
-            name_of("owner_host")
+            p.before("owner_host", '#')
         )) == [["hostb", "1"]]
     });
     // Its two runs go on, as a worker's: not stopped, not run again.
@@ -512,7 +512,7 @@ fn when_the_owner_dies_beside_a_running_worker_the_worker_takes_its_place_and_ke
     assert_eq!(
         p.rows(&format!(
             "SELECT state, epoch, {} FROM backfills",
-            name_of("owner_host")
+            p.before("owner_host", '#')
         )),
         [["completed", "1", "hostb"]]
     );
@@ -533,7 +533,7 @@ fn a_worker_that_took_the_backfill_over_and_is_cancelled_records_it_cancelled() 
     wait_until("host B to own the backfill", Duration::from_secs(2), || {
         p.rows(&format!(
             "SELECT {} FROM backfills WHERE id = 1",
-            name_of("owner_host")
+            p.before("owner_host", '#')
         )) == [["hostb"]]
     });
     // Cancelled while its runs in flight end: it stops them and, as the owner, records the end.
@@ -645,7 +645,8 @@ fn the_owner_recovers_a_frozen_worker_while_it_still_has_days_to_run() {
         assert_eq!(
             p.count(&format!(
                 "SELECT COUNT(*) FROM runs WHERE state = 'succeeded' AND worker IS NULL
-                 AND date(interval_start, 'unixepoch') = '{day}'"
+                 AND {} = '{day}'",
+                p.day_of("interval_start")
             )),
             1
         );
@@ -847,11 +848,11 @@ fn a_worker_takes_over_an_owner_killed_holding_the_only_place_and_finishes_the_b
         ]
     );
     assert_eq!(
-        p.rows(
-            "SELECT date(r.interval_start, 'unixepoch'), r.state, t.state, COALESCE(t.error, ''),
-                    COALESCE(r.worker, 0)
-             FROM runs r JOIN task_tries t ON t.run_id = r.id ORDER BY r.id"
-        ),
+        p.rows(&format!(
+            "SELECT {}, r.state, t.state, COALESCE(t.error, ''), COALESCE(r.worker, 0)
+             FROM runs r JOIN task_tries t ON t.run_id = r.id ORDER BY r.id",
+            p.day_of("r.interval_start")
+        )),
         [
             [
                 "2026-01-01",
@@ -920,7 +921,7 @@ fn of_two_workers_that_find_the_owner_gone_one_takes_the_backfill_over_and_the_o
     assert_eq!(
         p.rows(&format!(
             "SELECT state, epoch, {} FROM backfills",
-            name_of("owner_host")
+            p.before("owner_host", '#')
         )),
         [["completed", "1", took[0]]]
     );
@@ -931,8 +932,9 @@ fn of_two_workers_that_find_the_owner_gone_one_takes_the_backfill_over_and_the_o
     // Host A's four days were recovered as cancelled; every day then succeeded once, elsewhere.
     assert_eq!(
         p.rows(
-            "SELECT date(r.interval_start, 'unixepoch'), t.state, t.error FROM runs r
-             JOIN task_tries t ON t.run_id = r.id WHERE r.state = 'cancelled' ORDER BY r.interval_start"
+            "SELECT date(interval_start), state, error FROM report_tries
+             WHERE run_id IN (SELECT run_id FROM report_runs WHERE state = 'cancelled')
+             ORDER BY interval_start"
         ),
         (1..=4)
             .map(|d| {

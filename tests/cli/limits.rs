@@ -285,7 +285,7 @@ command = "true"
         }
         assert_eq!(
             p.rows(
-                "SELECT date(interval_start, 'unixepoch'), COUNT(*) FROM runs WHERE state = 'succeeded'
+                "SELECT date(interval_start), COUNT(*) FROM report_runs WHERE state = 'succeeded'
                  GROUP BY interval_start ORDER BY interval_start"
             ),
             [

@@ -81,9 +81,8 @@ fn writes(p: &Project) -> Vec<String> {
 /// The counts each try of a day recorded: state, rows, inserted, updated, deleted, unchanged.
 fn counts(p: &Project, day: &str) -> Vec<Vec<String>> {
     p.rows(&format!(
-        "SELECT t.state, t.rows, t.rows_inserted, t.rows_updated, t.rows_deleted, t.rows_unchanged
-         FROM task_tries t JOIN runs r ON r.id = t.run_id
-         WHERE date(r.interval_start, 'unixepoch') = '{day}' ORDER BY t.id"
+        "SELECT state, rows, rows_inserted, rows_updated, rows_deleted, rows_unchanged
+         FROM report_tries WHERE date(interval_start) = '{day}' ORDER BY try_id"
     ))
 }
 

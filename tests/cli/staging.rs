@@ -937,8 +937,8 @@ fn a_rollback_frozen_before_its_commit_is_judged_only_once_it_committed() {
         // The manifest says what the warehouse holds: the rollback's try is published.
         assert_eq!(
             p.rows(
-                "SELECT t.state, t.verdict FROM published p JOIN task_tries t ON t.id = p.try_id
-                 WHERE p.interval_start = strftime('%s', '2026-09-03')"
+                "SELECT t.state, t.verdict FROM report_published p JOIN report_tries t USING (try_id)
+                 WHERE p.interval_start = '2026-09-03T00:00:00Z'"
             ),
             [["succeeded", "rolled back"]],
             "{taker}"

@@ -102,21 +102,7 @@ impl Project {
         )
         .unwrap();
         std::fs::create_dir(dir.path().join("dags")).unwrap();
-        let manifest_db = pg_manifest().then(|| {
-            let db = crate::pg::shared().create_db();
-            // What the tests' own queries of the manifest use of SQLite's functions.
-            crate::pg::shared().psql(
-                &db,
-                "CREATE FUNCTION date(bigint, text) RETURNS text LANGUAGE sql IMMUTABLE
-                   AS $$ SELECT to_char(to_timestamp($1) AT TIME ZONE 'UTC', 'YYYY-MM-DD') $$;
-                 CREATE FUNCTION instr(text, text) RETURNS integer LANGUAGE sql IMMUTABLE
-                   AS $$ SELECT strpos($1, $2) $$;
-                 CREATE FUNCTION strftime(text, text) RETURNS bigint LANGUAGE sql IMMUTABLE
-                   AS $$ SELECT CAST(extract(epoch FROM CAST($2 AS timestamp)) AS bigint)
-                         WHERE $1 = '%s' $$;",
-            );
-            db
-        });
+        let manifest_db = pg_manifest().then(|| crate::pg::shared().create_db());
         Self { dir, manifest_db }
     }
 
@@ -200,7 +186,7 @@ impl Project {
         let out = crate::pg::shared().psql(
             db,
             &format!(
-                "\\pset null NULL\n\\pset fieldsep '\\037'\n\\pset recordsep_zero\nSET search_path = backfill_manifest, public;\n{sql}"
+                "\\pset null NULL\n\\pset fieldsep '\\037'\n\\pset recordsep_zero\nSET search_path = backfill_manifest, public;\nSET TimeZone = 'UTC';\n{sql}"
             ),
         );
         out.split('\0')
@@ -402,6 +388,26 @@ impl Project {
             );
         }
         out
+    }
+
+    /// SQL for the UTC day (`2026-09-01`) of `instant`, an expression in unix seconds, in the
+    /// manifest's engine.
+    pub fn day_of(&self, instant: &str) -> String {
+        match self.manifest_db {
+            Some(_) => format!("to_char(to_timestamp({instant}) AT TIME ZONE 'UTC', 'YYYY-MM-DD')"),
+            None => format!("date({instant}, 'unixepoch')"),
+        }
+    }
+
+    /// SQL for the part of the text `column` before its first `sep`, all of it without one, in
+    /// the manifest's engine.
+    pub fn before(&self, column: &str, sep: char) -> String {
+        match self.manifest_db {
+            Some(_) => format!("split_part({column}, '{sep}', 1)"),
+            None => format!(
+                "CASE WHEN instr({column}, '{sep}') > 0 THEN substr({column}, 1, instr({column}, '{sep}') - 1) ELSE {column} END"
+            ),
+        }
     }
 
     pub fn count(&self, sql: &str) -> i64 {

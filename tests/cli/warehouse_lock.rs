@@ -124,7 +124,7 @@ fn frozen_owner_and(taker: &str) {
     // Each day succeeded once, and the warehouse holds exactly the source's orders.
     assert_eq!(
         p.rows(
-            "SELECT date(interval_start, 'unixepoch'), COUNT(*) FROM runs WHERE state = 'succeeded'
+            "SELECT date(interval_start), COUNT(*) FROM report_runs WHERE state = 'succeeded'
              GROUP BY 1 ORDER BY 1"
         ),
         [

@@ -1,9 +1,18 @@
 //! `backfill`: a crash-safe backfill orchestrator for batch data pipelines.
 //!
-//! The binary is a thin shell over [`commands::run`]. The modules are layers; a module imports
-//! only from the layers below its own, or its own line; no two modules import each other, and no
-//! files go round in a circle of imports (checked by the test `tests/layers.rs`, which reads this
-//! table and every `crate::` and `super::` path; no exception today):
+//! The binary is a thin shell over [`commands::run`]. The modules are layers, one a line of the
+//! table below, top to bottom:
+//!
+//! - a module imports only from its own line or from the lines below;
+//! - names on one line separated by commas may import one another, one way; names separated by
+//!   `|` are siblings that never import each other (a line whose names end with `,` or `|` goes
+//!   on to the names of the next line);
+//! - no modules import each other, two of them or more in a circle;
+//! - no files go round in a circle of imports (a file's imports of the modules it sits in aside).
+//!
+//! The test `tests/layers.rs` reads this table and every path of `src/` that names the crate, and
+//! checks all four. A path that must break one of the first three says why in a comment
+//! `layer exception:` on its line or the line above; there is none today.
 //!
 //! ```text
 //! main.rs, log                 parse (clap), run, map the error to an exit code; diagnostics
@@ -20,11 +29,12 @@
 //!                              takeover and repair; what cascades decide; estimates; looking
 //!                              at a source again
 //! exit                         the error type and its exit codes
-//! manifest/                    the only code that speaks SQL to the manifest: manifest::Store
+//! manifest/ |                  the only code that speaks SQL to the manifest: manifest::Store
 //!                              is its typed interface, grouped by role (a read-only handle
 //!                              has Reads only), over one dialect layer for SQLite and
 //!                              PostgreSQL; the writer thread batches its commits
-//! warehouse/                   what a SQL task needs of its warehouse, SQLite or PostgreSQL
+//! warehouse/                   what a SQL task needs of its warehouse, SQLite or PostgreSQL;
+//!                              the runner hands it the manifest's record statement
 //! task/, process/              command tasks; the one way to run a child process
 //! project/                     backfill.toml and dags/*.toml: raw, validated model, loading
 //! pg/                          the PostgreSQL driver layer under the manifest and the

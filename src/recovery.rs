@@ -34,7 +34,7 @@ use crate::manifest::writer::Writer;
 use crate::manifest::{self, Owner, Reads, Store, TryRecord};
 use crate::project::{Dag, Project, SqlTask, TaskKind};
 use crate::state::TryState;
-use crate::warehouse::{self, AuditFile, Repr, partition};
+use crate::warehouse::{self, AuditFile, Repr, Settlement, partition};
 
 /// How long a killed group may take to disappear before it counts as unstoppable.
 const KILL_WAIT: Duration = Duration::from_secs(5);
@@ -62,7 +62,7 @@ struct Acted {
     published: HashMap<i64, i64>,
     /// What PostgreSQL bookings say of publishes finished: a PostgreSQL try records its
     /// intent before it has measured and judged its output.
-    booked: HashMap<i64, warehouse::postgres::Booked>,
+    booked: HashMap<i64, warehouse::Booked>,
     /// Publishes not needed any more (superseded or already finished).
     dropped: Vec<(i64, String)>,
     /// Publishes that could not be finished: try id -> why.
@@ -316,16 +316,16 @@ fn recover(
     Ok(report)
 }
 
-/// Drops the staged tables in PostgreSQL warehouses that no staged output or running try of
-/// this manifest needs: those of tries killed after staging and before recording it; and
-/// prunes the old bookings of publishes whose tries are recorded as ended. A warehouse that
-/// cannot be reached is skipped (the next recovery tries again).
+/// Removes from the project's warehouses what tries of this manifest that died left there
+/// and nobody needs (see [`warehouse::backend::Backend::sweep_left`]): the staged tables of
+/// tries killed after staging and before recording it, and the old bookings of publishes whose
+/// tries are recorded as ended. A warehouse that cannot be reached is skipped (the next
+/// recovery tries again).
 pub fn sweep_staged_tables(writer: &Writer, dags: &Dags) -> Result<usize, Error> {
     let mut warehouses: Vec<&crate::project::Warehouse> = Vec::new();
     for dag in dags.0.values() {
         for task in &dag.tasks {
             if let TaskKind::Sql(sql) = &task.kind
-                && sql.warehouse.is_postgres()
                 && !warehouses.iter().any(|w| w.name == sql.warehouse.name)
             {
                 warehouses.push(&sql.warehouse);
@@ -340,12 +340,9 @@ pub fn sweep_staged_tables(writer: &Writer, dags: &Dags) -> Result<usize, Error>
     let manifest = manifest::identity(writer.path())?;
     let mut removed = 0;
     for w in warehouses {
-        match warehouse::postgres::sweep_staged(w, &manifest, &|t| keep.contains(&t)) {
+        match warehouse::backend_of(w).sweep_left(w, &manifest, &|t| keep.contains(&t), below) {
             Ok(n) => removed += n,
             Err(e) => tracing::warn!("cannot look for staged tables nobody needs: {e}"),
-        }
-        if let Err(e) = warehouse::postgres::prune_bookings(w, &manifest, below) {
-            tracing::warn!("cannot prune old bookings of publishes: {e}");
         }
     }
     if removed > 0 {
@@ -522,7 +519,9 @@ fn finish_group(
                 p.task_id, p.dag_id
             ))));
         };
-        if task.warehouse.is_postgres() {
+        // Outputs held in their tries' own transactions were settled from the warehouse's
+        // bookings: the server committed them together, or none.
+        if warehouse::backend_of(&task.warehouse).holding() != warehouse::Holding::AuditFile {
             return None;
         }
         tasks.push((task, tz));
@@ -538,7 +537,7 @@ fn finish_group(
             for p in group {
                 if !reader
                     .may_publish(p.try_id, None, true)
-                    .map_err(|e| e.to_string())?
+                    .map_err(warehouse::AskError::from)?
                 {
                     return Ok(false);
                 }
@@ -602,7 +601,7 @@ impl From<warehouse::Error> for Unfinished {
 
 enum Finished {
     /// Rows, and what the warehouse booked, when it books its publishes.
-    Published(i64, Option<warehouse::postgres::Booked>),
+    Published(i64, Option<warehouse::Booked>),
     Dropped(String),
 }
 
@@ -621,17 +620,17 @@ fn finish_publish(
         )));
     };
     let reader = manifest::open_read_only(manifest_path).map_err(|e| e.to_string())?;
-    if task.warehouse.is_postgres() {
-        // The publish was the owner's own transaction: it committed, or the server rolled it
-        // back when the owner's connection ended. The warehouse's bookkeeping says which.
-        let manifest = manifest::identity(manifest_path).map_err(|e| e.to_string())?;
-        return match warehouse::postgres::settle_publish(task, p.interval, &manifest, p.try_id) {
-            Ok(Some(booked)) => Ok(Finished::Published(booked.rows, Some(booked))),
-            Ok(None) => Ok(Finished::Dropped(
-                "the publish did not commit (the server rolled its transaction back); the interval runs again".into(),
-            )),
-            Err(e) => Err(Unfinished::Failed(e.to_string())),
-        };
+    let manifest = manifest::identity(manifest_path).map_err(|e| e.to_string())?;
+    let backend = warehouse::backend_of(&task.warehouse);
+    match backend.settle(task, p.interval, &manifest, p.try_id) {
+        Ok(Settlement::Booked(Some(booked))) => {
+            return Ok(Finished::Published(booked.rows, Some(booked)));
+        }
+        Ok(Settlement::Booked(None)) => return Ok(Finished::Dropped(
+            "the publish did not commit (the server rolled its transaction back); the interval runs again".into(),
+        )),
+        Err(e) => return Err(Unfinished::Failed(e.to_string())),
+        Ok(Settlement::FromAudit) => {}
     }
     let wh = warehouse::open(&task.warehouse)?;
     if let Some(key) = p.record.restore_key {
@@ -641,7 +640,7 @@ fn finish_publish(
         let allowed = || {
             reader
                 .may_publish(p.try_id, None, true)
-                .map_err(|e| e.to_string())
+                .map_err(warehouse::AskError::from)
         };
         return match warehouse::publish::rollback_committed(&wh, task, key, &allowed) {
             Ok(true) => Ok(Finished::Published(p.record.rows.unwrap_or(0), None)),
@@ -678,7 +677,7 @@ fn finish_publish(
     let allowed = || {
         reader
             .may_publish(p.try_id, None, true)
-            .map_err(|e| e.to_string())
+            .map_err(warehouse::AskError::from)
     };
     let publish = publish_of(&wh, reader.as_ref(), task, tz, p, &audit)?;
     let result = warehouse::publish::publish(&wh, &publish, &allowed);
@@ -936,7 +935,7 @@ fn record(
 /// Fills what a try's intent did not record (a PostgreSQL try records it before it measured)
 /// from its booking: fingerprint, source rows and fingerprint, verdict, reasons, the rows it was
 /// compared with.
-fn fill_from_booking(rec: &mut TryRecord, booked: &warehouse::postgres::Booked) {
+fn fill_from_booking(rec: &mut TryRecord, booked: &warehouse::Booked) {
     if rec.fingerprint.is_none() {
         rec.fingerprint.clone_from(&booked.fingerprint);
     }

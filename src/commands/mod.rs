@@ -55,6 +55,11 @@ fn backfill_id(g: &Global, r: BackfillRef, latest: Latest) -> Result<i64, Error>
 /// Runs the command; returns the exit code.
 pub fn run(cli: Cli) -> Result<u8, Error> {
     crate::limits::claim_signal_pipe()?;
+    // What a warehouse says while it works goes to stderr (a closed one is not an error).
+    crate::warehouse::on_notice(|text| {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "{text}");
+    });
     if let Some(why) = cli
         .manifest
         .as_deref()

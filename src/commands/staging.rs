@@ -323,7 +323,7 @@ pub fn discard(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
             if let Err(why) =
                 crate::warehouse::backend_of(&sql.warehouse).drop_staged(sql, location, &audits)
             {
-                warn(g, &why);
+                warn(g, &why.to_string());
             }
         } else if Path::new(location).starts_with(&audits) {
             let _ = std::fs::remove_file(location);

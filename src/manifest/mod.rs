@@ -417,7 +417,7 @@ pub fn identity(path: &Path) -> Result<String> {
 /// Which database holds the manifest at `path`: `None` for a SQLite file; for PostgreSQL, the
 /// server instance (its start time) and the database's oid, so that a warehouse can tell
 /// whether it shares the manifest's database whatever URL names it (see
-/// `warehouse::postgres::shares_database`). Asked once per run, before its first try.
+/// `warehouse::backend::Backend::shares_manifest`). Asked once per run, before its first try.
 pub fn database_key(path: &Path) -> Result<Option<String>> {
     if !is_url(path) {
         return Ok(None);

@@ -220,6 +220,7 @@ impl<W: Write> Reporter<W> {
                 );
                 self.line(&text);
             }
+            Event::Warning { warning } => self.always(&format!("warning: {warning}")),
             Event::IntervalSkipped { interval, reason } => {
                 if self.routine() {
                     let text = format!(

@@ -384,7 +384,7 @@ async fn publish(shared: &Arc<Shared>, members: &mut [Member]) -> Result<(), Err
                     for t in &tries {
                         if !reader
                             .may_publish(*t, Some(owner), true)
-                            .map_err(|e| e.to_string())?
+                            .map_err(crate::warehouse::AskError::from)?
                         {
                             return Ok(false);
                         }

@@ -35,6 +35,11 @@ pub enum Event {
         task_id: String,
         warning: String,
     },
+    /// What a run says of its setting before its first try (e.g. of a warehouse): shown also
+    /// when quiet.
+    Warning {
+        warning: String,
+    },
     /// Skipped while running (e.g. `depends_on_past` after a failure).
     IntervalSkipped {
         interval: DataInterval,
@@ -121,6 +126,7 @@ impl Stats {
             }
             Event::TryFailed { .. }
             | Event::GateWarned { .. }
+            | Event::Warning { .. }
             | Event::MaxFailures { .. }
             | Event::OwnerGone { .. }
             | Event::Stopping { .. } => {}

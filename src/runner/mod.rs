@@ -361,7 +361,10 @@ pub async fn run(
     let mut queue: VecDeque<DataInterval> = std::mem::take(&mut spec.intervals).into();
     let reprs = Mutex::new(spec.reprs.clone());
     let (freed, mut freed_rx) = mpsc::unbounded_channel();
-    let one_database = sql_try::one_database(&spec).await;
+    let (one_database, said) = sql_try::one_database(&spec).await;
+    for warning in said {
+        let _ = events.send(Event::Warning { warning });
+    }
     let shared = Arc::new(Shared {
         conf_text: spec.conf.to_string(),
         spec,

@@ -130,7 +130,7 @@ async fn rollback_sql(
         let allowed = || {
             reader
                 .may_publish(try_id, Some(owner), true)
-                .map_err(|e| e.to_string())
+                .map_err(crate::warehouse::AskError::from)
         };
         let r = backend::RollBack {
             task: &s,

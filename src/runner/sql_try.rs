@@ -89,7 +89,8 @@ pub(super) async fn sql_try(
         .lock()
         .ok()
         .and_then(|r| r.get(&task.id).copied().flatten());
-    let in_its_publish = crate::warehouse::backend_of(&sql.warehouse).writes_in_its_publish();
+    let in_its_publish = crate::warehouse::backend_of(&sql.warehouse).holding()
+        == crate::warehouse::Holding::OwnTransaction;
     let staging = matches!(shared.spec.mode, super::Mode::Stage);
     let in_manifest = in_its_publish && !staging && shared.in_manifest(sql);
     let into = if in_its_publish {
@@ -428,9 +429,11 @@ pub(super) async fn publish_audited(
                 let allowed = || {
                     let may = reader
                         .may_publish(try_id, Some(owner), !in_manifest)
-                        .map_err(|e| e.to_string())?;
+                        .map_err(crate::warehouse::AskError::from)?;
                     if may && pooled {
-                        return reader.holds_pool_slot(try_id).map_err(|e| e.to_string());
+                        return reader
+                            .holds_pool_slot(try_id)
+                            .map_err(crate::warehouse::AskError::from);
                     }
                     Ok(may)
                 };
@@ -578,38 +581,43 @@ async fn end_unpublished(
     Ok(())
 }
 
-/// The PostgreSQL warehouses (by name) of the run's SQL tasks that are in the manifest's own
-/// database, their users allowed to write the manifest's record of a publish: their publishes'
-/// transactions record them (see [`Shared::in_manifest`]). Looked up once, before the first
-/// try; a failed look-up counts as "no" (a publish is then recorded after it commits, which is
-/// always safe).
-pub(super) async fn one_database(spec: &super::RunSpec) -> HashSet<String> {
+/// The warehouses (by name) of the run's SQL tasks that are in the manifest's own database,
+/// their users allowed to write the manifest's record of a publish: their publishes'
+/// transactions record them (see [`Shared::in_manifest`]); and what to say of those whose users
+/// may not. Looked up once, before the first try; a failed look-up counts as "no" (a publish is
+/// then recorded after it commits, which is always safe).
+pub(super) async fn one_database(spec: &super::RunSpec) -> (HashSet<String>, Vec<String>) {
     if !manifest::is_url(&spec.manifest_path) {
-        return HashSet::new();
+        return Default::default();
     }
     let mut warehouses: Vec<crate::project::Warehouse> = Vec::new();
     for task in &spec.dag.tasks {
         if let crate::project::TaskKind::Sql(sql) = &task.kind
-            && sql.warehouse.is_postgres()
             && !warehouses.iter().any(|w| w.name == sql.warehouse.name)
         {
             warehouses.push(sql.warehouse.clone());
         }
     }
     if warehouses.is_empty() {
-        return HashSet::new();
+        return Default::default();
     }
     let path = spec.manifest_path.clone();
     tokio::task::spawn_blocking(move || match manifest::database_key(&path) {
-        Ok(Some(key)) => warehouses
-            .into_iter()
-            .filter(|w| warehouse::postgres::shares_database(w, &key))
-            .map(|w| w.name)
-            .collect(),
-        Ok(None) => HashSet::new(),
+        Ok(Some(key)) => {
+            let (mut shared, mut said) = (HashSet::new(), Vec::new());
+            for w in warehouses {
+                let sharing = warehouse::backend_of(&w).shares_manifest(&w, &key);
+                said.extend(sharing.warning(&w.name));
+                if sharing == warehouse::Sharing::Shared {
+                    shared.insert(w.name);
+                }
+            }
+            (shared, said)
+        }
+        Ok(None) => Default::default(),
         Err(e) => {
             tracing::warn!("cannot tell which database holds the manifest: {e}");
-            HashSet::new()
+            Default::default()
         }
     })
     .await
@@ -630,7 +638,7 @@ pub(super) fn recorded_too(in_manifest: bool) -> &'static str {
 async fn stage(output: Box<dyn Pending>, record: TryRecord, log: &mut TryLog) -> Outcome {
     let staged = tokio::task::spawn_blocking(move || output.stage())
         .await
-        .unwrap_or_else(|e| Err(format!("staging panicked: {e}")));
+        .unwrap_or_else(|e| Err(warehouse::Error::Message(format!("staging panicked: {e}"))));
     match staged {
         Ok(path) => {
             crate::fault::point("after-stage");
@@ -641,6 +649,7 @@ async fn stage(output: Box<dyn Pending>, record: TryRecord, log: &mut TryLog) ->
             super::outcome::staged(record, &path)
         }
         Err(error) => {
+            let error = error.to_string();
             log.line(&error);
             failed(error, None)
         }

@@ -70,7 +70,8 @@ pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> R
     // this process: not measured to gain, they keep two.
     let all_in_servers = e.dag.tasks.iter().all(|t| {
         matches!(&t.kind, crate::project::TaskKind::Sql(s)
-            if !crate::warehouse::backend_of(&s.warehouse).works_in_this_process())
+            if crate::warehouse::backend_of(&s.warehouse).holding()
+                == crate::warehouse::Holding::OwnTransaction)
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(if all_in_servers { 1 } else { 2 })
@@ -91,8 +92,7 @@ pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> R
     } else {
         crate::project::Notify::default()
     };
-    crate::warehouse::pool::close_all();
-    crate::warehouse::postgres::conn::close_all();
+    crate::warehouse::close_all();
     crate::manifest::close_readers();
     writer.close();
     let ended = match &result {

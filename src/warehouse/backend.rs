@@ -16,6 +16,63 @@ use super::{AuditFile, AuditMeasures, Binds, Cancel, Error, Result, TaskProblem,
 use crate::interval::DataInterval;
 use crate::project::{Gate, SqlTask, Warehouse};
 
+/// Whether a warehouse is in the manifest's own database (see [`Backend::shares_manifest`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sharing {
+    /// In a database of its own: a publish is recorded in the manifest after it commits.
+    Apart,
+    /// In the manifest's database, its user allowed to write the manifest's record of a
+    /// publish: the publish's transaction records it.
+    Shared,
+    /// In the manifest's database, but its user may not write the manifest's record: as
+    /// [`Sharing::Apart`], which the run says (see [`Sharing::warning`]).
+    SharedReadOnly,
+}
+
+impl Sharing {
+    /// What a run says of warehouse `name` before its first try, when it says anything.
+    pub fn warning(self, name: &str) -> Option<String> {
+        (self == Self::SharedReadOnly).then(|| format!(
+            "warehouse `{name}` is in the manifest's database, but its user may not write the manifest's tables (backfill_manifest.task_tries and .published: SELECT, INSERT, UPDATE; EXECUTE on backfill_manifest.publish_refused): its publishes are recorded in the manifest after they commit, as with any other warehouse"
+        ))
+    }
+}
+
+/// Where a try's work runs and where its output waits for the gate (see [`Backend::holding`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holding {
+    /// Computed in this process into an audit file, and published from it after the gate: a
+    /// crash is settled from the file, so the intent to publish is recorded once the output is
+    /// measured and judged.
+    AuditFile,
+    /// Computed by the warehouse's server inside the try's own transaction, which publishes it
+    /// and books the publish: a crash is settled from that booking, so the intent may be
+    /// recorded before the output is measured; the try waits for the server on a thread of its
+    /// own.
+    OwnTransaction,
+}
+
+/// How a publish that its owner left unfinished is settled (see [`Backend::settle`]).
+#[derive(Debug)]
+pub enum Settlement {
+    /// The publish was the owner's own transaction, which booked it: it committed (what it
+    /// booked), or the server rolled it back when the owner's connection ended (`None`).
+    Booked(Option<Booked>),
+    /// The warehouse books nothing: the publish is finished from the try's audit file, in a
+    /// transaction that asks the manifest whether it still stands.
+    FromAudit,
+}
+
+/// What a warehouse that books its publishes booked of one: its rows and fingerprint, and the
+/// try's judged record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Booked {
+    pub rows: i64,
+    pub fingerprint: Option<String>,
+    /// The try's judged record as JSON (see [`PublishAs::judged`]).
+    pub judged: Option<String>,
+}
+
 /// What one try writes.
 pub struct Write<'a> {
     pub task: &'a SqlTask,
@@ -107,8 +164,7 @@ pub struct RollBack<'a> {
     pub in_manifest: Option<&'a InManifest>,
 }
 
-/// Whether the manifest still allows a publish; asked inside the publish transaction.
-pub type Allowed<'a> = dyn Fn() -> std::result::Result<bool, String> + 'a;
+pub use super::{Allowed, AskError};
 
 /// A written, measured output that nobody reads yet.
 pub trait Pending: Send {
@@ -157,7 +213,7 @@ pub trait Pending: Send {
     fn keep(self: Box<Self>);
 
     /// Keeps the output for `backfill promote`, durably: where it is kept.
-    fn stage(self: Box<Self>) -> std::result::Result<PathBuf, String>;
+    fn stage(self: Box<Self>) -> Result<PathBuf>;
 }
 
 /// A pending output, as a publish of several at once ([`super::publish_group`]) takes it.
@@ -229,6 +285,42 @@ pub trait Backend: Sync {
     /// Removes what crashed commands left in the warehouse that nobody needs.
     fn sweep(&self, w: &Warehouse);
 
+    /// Removes what the tries of manifest `manifest` that died left in the warehouse, with
+    /// the manifest's knowledge: the staged outputs `keep` does not claim, and the bookings of
+    /// publishes by tries below `below` (all of them ended). How many staged outputs went.
+    /// Nothing for a warehouse that keeps staged outputs in files (recovery sweeps those).
+    fn sweep_left(
+        &self,
+        w: &Warehouse,
+        manifest: &str,
+        keep: &dyn Fn(i64) -> bool,
+        below: i64,
+    ) -> Result<usize> {
+        let _ = (w, manifest, keep, below);
+        Ok(0)
+    }
+
+    /// Whether the warehouse is in the manifest's own database, whose key is `manifest_key`
+    /// (see `manifest::database_key`), where a publish and its record commit together.
+    fn shares_manifest(&self, w: &Warehouse, manifest_key: &str) -> Sharing {
+        let _ = (w, manifest_key);
+        Sharing::Apart
+    }
+
+    /// How the publish of try `try_id` (of manifest `manifest`), which its owner left
+    /// unfinished, is settled: by what the warehouse booked in the publish transaction, or,
+    /// for a warehouse that books nothing, from the try's audit file.
+    fn settle(
+        &self,
+        task: &SqlTask,
+        interval: DataInterval,
+        manifest: &str,
+        try_id: i64,
+    ) -> Result<Settlement> {
+        let _ = (task, interval, manifest, try_id);
+        Ok(Settlement::FromAudit)
+    }
+
     /// The output staged at `location` (as [`Pending::stage`] said), reopened to promote it as
     /// try `try_id` of manifest `manifest`; `None` when it is gone.
     fn staged(
@@ -240,12 +332,7 @@ pub trait Backend: Sync {
     ) -> Option<Box<dyn Pending>>;
 
     /// Removes a discarded staged output.
-    fn drop_staged(
-        &self,
-        task: &SqlTask,
-        location: &str,
-        audit_dir: &Path,
-    ) -> std::result::Result<(), String>;
+    fn drop_staged(&self, task: &SqlTask, location: &str, audit_dir: &Path) -> Result<()>;
 
     /// The interval's rows of the target now and their fingerprint, over the columns of the
     /// staged output at `location`.
@@ -283,17 +370,9 @@ pub trait Backend: Sync {
     /// What the kept versions of a task's target cost (read only; nothing when none exist).
     fn storage(&self, task: &SqlTask, manifest: &str) -> super::versions::Storage;
 
-    /// Whether a try writes its output inside its publish transaction, which books the publish
-    /// in the warehouse (no audit file): a crash is settled from that booking, so the intent to
-    /// publish may be recorded before the output is measured.
-    fn writes_in_its_publish(&self) -> bool {
-        false
-    }
-
-    /// Whether a try's work (its audit) runs in this process rather than in the warehouse's
-    /// server, which it then waits for on a thread of its own.
-    fn works_in_this_process(&self) -> bool {
-        true
+    /// Where a try's work runs and where its output waits for the gate.
+    fn holding(&self) -> Holding {
+        Holding::AuditFile
     }
 
     /// What promoting the staged output at `location` would change, by the key `key`; `None`
@@ -408,12 +487,7 @@ impl Backend for Sqlite {
             .map(|file| Box::new(Audited::staged(file)) as Box<dyn Pending>)
     }
 
-    fn drop_staged(
-        &self,
-        _: &SqlTask,
-        location: &str,
-        audit_dir: &Path,
-    ) -> std::result::Result<(), String> {
+    fn drop_staged(&self, _: &SqlTask, location: &str, audit_dir: &Path) -> Result<()> {
         // Only files of the audit folder: a command task's result file stays with its logs.
         let file = Path::new(location);
         if file.starts_with(audit_dir) {
@@ -682,14 +756,14 @@ impl Pending for Audited {
         self.file.keep();
     }
 
-    fn stage(self: Box<Self>) -> std::result::Result<PathBuf, String> {
+    fn stage(self: Box<Self>) -> Result<PathBuf> {
         let path = self.file.path.clone();
         if let Err(e) = std::fs::File::open(&path).and_then(|f| f.sync_all()) {
             self.file.remove();
-            return Err(format!(
+            return Err(Error::Message(format!(
                 "cannot keep the staged output {}: {e}",
                 path.display()
-            ));
+            )));
         }
         self.file.keep();
         Ok(path)

@@ -183,11 +183,11 @@ fn say_once(w: &Warehouse, holder: Holder) {
             "its write lock is held by a process this one cannot name (another PID namespace or host); waiting up to {patience}"
         ),
     };
-    eprintln!(
+    super::notice(format!(
         "warning: warehouse `{}` ({}) is locked: {what}",
         w.name,
         w.location()
-    );
+    ));
 }
 
 /// The error of a write that gave up on `holder`'s lock after `waited`.

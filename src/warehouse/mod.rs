@@ -35,6 +35,7 @@ use crate::interval::DataInterval;
 use crate::project::{Gate, SourceCount, SqlTask, Warehouse, WarehouseKind};
 
 pub use audit::{AuditFile, AuditMeasures};
+pub use backend::{Booked, Holding, Settlement, Sharing};
 pub use busy::{retry_busy, retry_busy_noting};
 pub use partition::Repr;
 
@@ -44,6 +45,36 @@ pub fn backend_of(w: &Warehouse) -> &'static dyn backend::Backend {
         WarehouseKind::Sqlite => &backend::Sqlite,
         WarehouseKind::Postgres(_) => &postgres::Postgres,
     }
+}
+
+/// Whether the manifest still allows a publish; asked inside the publish transaction.
+pub type Allowed<'a> = dyn Fn() -> std::result::Result<bool, AskError> + 'a;
+
+/// Why the manifest could not say whether a publish may happen: its own error, kept whole
+/// (the warehouse never looks into the manifest).
+pub type AskError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Where what a warehouse has to say while it works goes (see [`on_notice`]).
+static NOTICES: std::sync::OnceLock<fn(&str)> = std::sync::OnceLock::new();
+
+/// Hands what a warehouse has to say while it works (that a write waits for another
+/// process's lock, which can last minutes) to `say`, once per process: the warehouse never
+/// writes to the terminal itself. Unless it is called, notices are dropped.
+pub fn on_notice(say: fn(&str)) {
+    let _ = NOTICES.set(say);
+}
+
+/// Says `text` through the process's [`on_notice`].
+fn notice(text: String) {
+    if let Some(say) = NOTICES.get() {
+        say(&text);
+    }
+}
+
+/// Closes every idle warehouse connection of this process, of both engines.
+pub fn close_all() {
+    pool::close_all();
+    postgres::conn::close_all();
 }
 
 /// Publishes pending outputs of one warehouse in one transaction (`promote --atomic`): all of
@@ -129,6 +160,9 @@ pub enum Error {
     Sql(#[from] rusqlite::Error),
     #[error("{0}")]
     Message(String),
+    /// The manifest could not say whether a publish may happen.
+    #[error("cannot ask the manifest: {0}")]
+    Ask(AskError),
     #[error("audit file {}: {}", path.display(), crate::limits::io(source))]
     Audit {
         path: PathBuf,

@@ -14,7 +14,7 @@ use rusqlite::Connection;
 
 use super::audit::{self, AuditFile};
 use super::partition::{Repr, delete_partition};
-use super::{Error, Result, quote, retry_busy_noting, table_columns};
+use super::{Allowed, AskError, Error, Result, quote, retry_busy_noting, table_columns};
 use crate::interval::DataInterval;
 use crate::project::{SqlTask, Warehouse, WritePattern};
 
@@ -73,11 +73,7 @@ impl Publish<'_> {
 /// Publishes into the warehouse: returns the rows inserted. `allowed` runs inside the
 /// transaction, after the write lock is taken; when it says no, nothing changes and the result
 /// is [`Error::Refused`]. Redoing a publish gives the same result.
-pub fn publish(
-    conn: &Connection,
-    p: &Publish<'_>,
-    allowed: &dyn Fn() -> std::result::Result<bool, String>,
-) -> Result<i64> {
+pub fn publish(conn: &Connection, p: &Publish<'_>, allowed: &Allowed<'_>) -> Result<i64> {
     publish_noting(conn, p, allowed, &mut || {})
 }
 
@@ -86,7 +82,7 @@ pub fn publish(
 pub fn publish_noting(
     conn: &Connection,
     p: &Publish<'_>,
-    allowed: &dyn Fn() -> std::result::Result<bool, String>,
+    allowed: &Allowed<'_>,
     waiting: &mut dyn FnMut(),
 ) -> Result<i64> {
     let w = &p.task.warehouse;
@@ -128,7 +124,7 @@ pub fn publish_noting(
 pub fn publish_group(
     conn: &Connection,
     group: &mut [Publish<'_>],
-    allowed: &dyn Fn() -> std::result::Result<bool, String>,
+    allowed: &Allowed<'_>,
     waiting: &mut dyn FnMut(),
 ) -> Result<Vec<i64>> {
     let Some(first) = group.first() else {
@@ -149,7 +145,7 @@ pub fn publish_group(
             };
             // Asked once: the transaction holds the write lock from its first statement on.
             let asked = std::cell::Cell::new(false);
-            let once = || -> std::result::Result<bool, String> {
+            let once = || -> std::result::Result<bool, AskError> {
                 if asked.get() {
                     return Ok(true);
                 }
@@ -212,22 +208,14 @@ fn copy_out(conn: &Connection, group: &mut [Publish<'_>]) -> Result<()> {
     Ok(())
 }
 
-fn transaction(
-    conn: &Connection,
-    p: &Publish<'_>,
-    allowed: &dyn Fn() -> std::result::Result<bool, String>,
-) -> Result<i64> {
+fn transaction(conn: &Connection, p: &Publish<'_>, allowed: &Allowed<'_>) -> Result<i64> {
     // The write lock first: the transaction reads (the kept versions) before it writes.
     immediate(conn, || publish_in(conn, p, allowed))
 }
 
 /// Replaces (or merges into) the interval's rows, inside a transaction that holds the write
 /// lock.
-fn publish_in(
-    conn: &Connection,
-    p: &Publish<'_>,
-    allowed: &dyn Fn() -> std::result::Result<bool, String>,
-) -> Result<i64> {
+fn publish_in(conn: &Connection, p: &Publish<'_>, allowed: &Allowed<'_>) -> Result<i64> {
     if let Some(k) = p.keep {
         super::versions::keep(
             conn,
@@ -354,7 +342,7 @@ pub fn rollback_committed(
     conn: &Connection,
     task: &SqlTask,
     key: i64,
-    allowed: &dyn Fn() -> std::result::Result<bool, String>,
+    allowed: &Allowed<'_>,
 ) -> Result<bool> {
     let w = &task.warehouse;
     let lock = lock_for(w);
@@ -381,11 +369,11 @@ pub fn rollback_committed(
 }
 
 /// Asks the manifest, inside the transaction, whether this publish may still happen.
-fn ask(allowed: &dyn Fn() -> std::result::Result<bool, String>) -> Result<()> {
+fn ask(allowed: &Allowed<'_>) -> Result<()> {
     match allowed() {
         Ok(true) => Ok(()),
         Ok(false) => Err(Error::Refused),
-        Err(e) => Err(Error::Message(format!("cannot ask the manifest: {e}"))),
+        Err(e) => Err(Error::Ask(e)),
     }
 }
 
@@ -399,7 +387,7 @@ pub fn roll_back(
     interval: DataInterval,
     tz: chrono_tz::Tz,
     key: i64,
-    allowed: &dyn Fn() -> std::result::Result<bool, String>,
+    allowed: &Allowed<'_>,
 ) -> Result<i64> {
     let w = &task.warehouse;
     let lock = lock_for(w);

@@ -3,6 +3,7 @@
 //! whose owner died, is settled.
 
 use super::*;
+use crate::warehouse::backend::Booked;
 
 /// Asks the manifest whether this publish may still commit: [`Error::Refused`] when not.
 pub(super) fn ask(allowed: &Allowed<'_>) -> std::result::Result<(), Failure> {
@@ -164,15 +165,6 @@ pub(super) fn has_bookings(c: &Conn) -> std::result::Result<bool, tokio_postgres
             .query_one("SELECT to_regclass('backfill.publishes') IS NOT NULL", &[]),
     )?
     .get(0))
-}
-
-/// A publish that committed, as the warehouse booked it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Booked {
-    pub rows: i64,
-    pub fingerprint: Option<String>,
-    /// The try's judged record as JSON (see [`PublishAs::judged`]).
-    pub judged: Option<String>,
 }
 
 /// After a crash: whether the publish of try `try_id` (recorded by manifest `manifest`)

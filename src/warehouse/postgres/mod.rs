@@ -56,7 +56,7 @@ use crate::gate::SHOWN;
 use crate::interval::DataInterval;
 use crate::project::{Gate, SourceCount, SqlTask, Warehouse, WritePattern};
 
-pub use self::bookkeeping::{Booked, prune_bookings, settle_publish};
+pub use self::bookkeeping::{prune_bookings, settle_publish};
 pub use self::one_database::shares_database;
 pub use self::staging::{
     Staged, is_staged_table, promote_group, staged, staged_table, sweep_staged,
@@ -122,6 +122,34 @@ impl Backend for Postgres {
         }
     }
 
+    fn sweep_left(
+        &self,
+        w: &Warehouse,
+        manifest: &str,
+        keep: &dyn Fn(i64) -> bool,
+        below: i64,
+    ) -> Result<usize> {
+        let removed = sweep_staged(w, manifest, keep)?;
+        if let Err(e) = prune_bookings(w, manifest, below) {
+            tracing::warn!(warehouse = %w.name, "cannot prune old bookings of publishes: {e}");
+        }
+        Ok(removed)
+    }
+
+    fn shares_manifest(&self, w: &Warehouse, manifest_key: &str) -> super::backend::Sharing {
+        shares_database(w, manifest_key)
+    }
+
+    fn settle(
+        &self,
+        task: &SqlTask,
+        interval: DataInterval,
+        manifest: &str,
+        try_id: i64,
+    ) -> Result<super::backend::Settlement> {
+        settle_publish(task, interval, manifest, try_id).map(super::backend::Settlement::Booked)
+    }
+
     fn staged(
         &self,
         _: &SqlTask,
@@ -132,14 +160,9 @@ impl Backend for Postgres {
         is_staged_table(location).then(|| staged(location, manifest, try_id))
     }
 
-    fn drop_staged(
-        &self,
-        task: &SqlTask,
-        location: &str,
-        _: &Path,
-    ) -> std::result::Result<(), String> {
+    fn drop_staged(&self, task: &SqlTask, location: &str, _: &Path) -> Result<()> {
         drop_staged(&task.warehouse, location).map_err(|e| {
-            format!("cannot drop the discarded staged table {location} (the next recovery drops it): {e}")
+            Error::Message(format!("cannot drop the discarded staged table {location} (the next recovery drops it): {e}"))
         })
     }
 
@@ -166,12 +189,8 @@ impl Backend for Postgres {
         roll_back(r, allowed)
     }
 
-    fn writes_in_its_publish(&self) -> bool {
-        true
-    }
-
-    fn works_in_this_process(&self) -> bool {
-        false
+    fn holding(&self) -> super::backend::Holding {
+        super::backend::Holding::OwnTransaction
     }
 
     fn storage(&self, task: &SqlTask, manifest: &str) -> crate::warehouse::versions::Storage {

@@ -2,6 +2,7 @@
 //! of a publish written by the publish's own transaction.
 
 use super::*;
+use crate::warehouse::backend::Sharing;
 
 /// The types of an [`InManifest`] statement's parameters.
 pub(super) const IN_PUBLISH_TYPES: [Type; 17] = [
@@ -109,8 +110,8 @@ pub(super) fn refused_by_manifest(e: &tokio_postgres::Error, code: &str, try_id:
 /// Whether warehouse `w` is in the manifest's own database (`manifest_key`, see
 /// [`crate::manifest::database_key`]) and its user may write the manifest's record of a
 /// publish: then a publish and that record commit in one transaction. Asked once per run
-/// (see `runner::sql_try::one_database`), which also says once when it may not.
-pub fn shares_database(w: &Warehouse, manifest_key: &str) -> bool {
+/// (see `runner::sql_try::one_database`), which says it when it may not.
+pub fn shares_database(w: &Warehouse, manifest_key: &str) -> Sharing {
     // Looked up by oid in the catalogs, which anyone may read: a user without access to the
     // manifest's schema gets "no", not an error. (A privilege function given several
     // privileges says whether any is held: each is asked alone.)
@@ -138,20 +139,13 @@ pub fn shares_database(w: &Warehouse, manifest_key: &str) -> bool {
         }
     });
     match found {
-        Ok((same, may_write)) => {
-            let may_write = may_write == Some(true);
-            if same && !may_write {
-                eprintln!(
-                    "warning: warehouse `{}` is in the manifest's database, but its user may not write the manifest's tables (backfill_manifest.task_tries and .published: SELECT, INSERT, UPDATE; EXECUTE on backfill_manifest.publish_refused): its publishes are recorded in the manifest after they commit, as with any other warehouse",
-                    w.name
-                );
-            }
-            same && may_write
-        }
+        Ok((false, _)) => Sharing::Apart,
+        Ok((true, Some(true))) => Sharing::Shared,
+        Ok((true, _)) => Sharing::SharedReadOnly,
         Err(e) => {
             // The try meets the problem itself; recording after the commit is always safe.
             tracing::warn!(warehouse = %w.name, "cannot tell whether the warehouse is in the manifest's database: {e}");
-            false
+            Sharing::Apart
         }
     }
 }

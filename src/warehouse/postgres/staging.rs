@@ -162,7 +162,7 @@ impl Pending for Staged {
 
     fn keep(self: Box<Self>) {}
 
-    fn stage(self: Box<Self>) -> std::result::Result<PathBuf, String> {
+    fn stage(self: Box<Self>) -> Result<PathBuf> {
         Ok(PathBuf::from(&self.table))
     }
 }
@@ -207,7 +207,7 @@ pub fn promote_group(
     }
     // The manifest is asked once every member's partition is locked and booked: a recoverer
     // that settles any member then waits for this transaction to end.
-    let not_yet = || -> std::result::Result<bool, String> { Ok(true) };
+    let not_yet = || -> std::result::Result<bool, crate::warehouse::AskError> { Ok(true) };
     let result = (|| -> std::result::Result<Vec<i64>, Failure> {
         book(&mut c)?;
         for ((_, manifest, ..), p) in group.iter() {

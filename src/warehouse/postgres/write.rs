@@ -788,16 +788,18 @@ impl Pending for Open {
         self.end();
     }
 
-    fn stage(mut self: Box<Self>) -> std::result::Result<PathBuf, String> {
+    fn stage(mut self: Box<Self>) -> Result<PathBuf> {
         let (Some(c), Some(table)) = (self.conn.take(), self.staged.clone()) else {
             self.end();
-            return Err("this try wrote to the target, not to a staged table".into());
+            return Err(Error::Message(
+                "this try wrote to the target, not to a staged table".into(),
+            ));
         };
         // Committed like any table of the database: a crash of the machine keeps it.
         let committed = c.wait(c.client.batch_execute("COMMIT"));
         conn::give(c);
         committed
             .map(|()| PathBuf::from(table))
-            .map_err(|e| format!("cannot keep the staged output: {}", describe(&e)))
+            .map_err(|e| Error::Message(format!("cannot keep the staged output: {}", describe(&e))))
     }
 }

@@ -45,6 +45,18 @@ impl Reprocess {
     }
 }
 
+impl fmt::Display for Reprocess {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for Reprocess {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
 impl FromStr for Reprocess {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

@@ -130,6 +130,86 @@ impl RunState {
     }
 }
 
+stored_enum! {
+    /// What a backfill's plan does with an interval (its reason, when skipped, is recorded
+    /// beside it).
+    PlanAction {
+        Run => "run",
+        Skip => "skip",
+    }
+}
+
+stored_enum! {
+    /// The gate's verdict on a try's output, as the manifest records it.
+    Verdict {
+        Published => "published",
+        /// An explicit empty partition: zero rows from an empty source.
+        PublishedEmpty => "published empty",
+        Rejected => "rejected",
+        /// Kept unpublished for `promote`.
+        Staged => "staged",
+        /// A rollback's try: the partition put back as an earlier publish left it.
+        RolledBack => "rolled back",
+    }
+}
+
+/// A verdict as the reads show it: a staged output's says what became of it (`staged,
+/// promoted`, `staged, discarded`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShownVerdict {
+    pub verdict: Verdict,
+    /// What became of a staged output (`None` for the other verdicts, or an old record).
+    pub staged: Option<StagedState>,
+}
+
+impl fmt::Display for ShownVerdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.verdict, self.staged) {
+            (Verdict::Staged, Some(s)) if s != StagedState::Staged => write!(f, "staged, {s}"),
+            (v, _) => f.write_str(v.as_str()),
+        }
+    }
+}
+
+impl serde::Serialize for ShownVerdict {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Where an interval's latest run stands, as the reads show it: its state, or, while its try
+/// waits for a slot of a pool, that pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IntervalState {
+    Run(RunState),
+    WaitingForPool(String),
+}
+
+impl IntervalState {
+    /// The run's state (a run waiting for a pool is running).
+    pub fn run_state(&self) -> RunState {
+        match self {
+            Self::Run(s) => *s,
+            Self::WaitingForPool(_) => RunState::Running,
+        }
+    }
+}
+
+impl fmt::Display for IntervalState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Run(s) => f.write_str(s.as_str()),
+            Self::WaitingForPool(pool) => write!(f, "waiting for pool {pool}"),
+        }
+    }
+}
+
+impl serde::Serialize for IntervalState {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

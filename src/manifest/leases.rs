@@ -29,6 +29,22 @@ use crate::state::BackfillState;
 
 use crate::clock::now_ms;
 
+/// How a backfill's leases stand, as the status page shows them (see [`LeaseCtx::health`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LeaseHealth {
+    /// The backfill is not running.
+    Ended,
+    /// No heartbeat within the lease timeout: another process may take its intervals over.
+    Expired,
+    /// Its process, on this host, has ended; its heartbeat has not expired yet.
+    Gone,
+    /// Alive, its heartbeat older than half the lease timeout.
+    Expiring,
+    /// Alive, its heartbeat recent.
+    Fresh,
+}
+
 /// Everything needed to judge liveness and to stamp new leases.
 #[derive(Debug, Clone)]
 pub struct LeaseCtx {
@@ -100,6 +116,32 @@ impl LeaseCtx {
         // whatever this host's wall clock says of its heartbeat.
         fresh
             || start.is_some_and(|s| self.here.start_of(pid) == Some(s) && !self.here.stopped(pid))
+    }
+
+    /// How a backfill's leases stand (see [`LeaseHealth`]), judged as its owner is judged
+    /// ([`LeaseCtx::owner_alive`]): from its state, its owner's process (pid and start) and
+    /// host, and its last heartbeat.
+    pub fn health(
+        &self,
+        state: BackfillState,
+        owner: (Option<i64>, Option<i64>),
+        host: Option<&str>,
+        heartbeat_ms: Option<i64>,
+    ) -> LeaseHealth {
+        if state != BackfillState::Running {
+            return LeaseHealth::Ended;
+        }
+        if !self.owner_alive(state, owner, host, heartbeat_ms) {
+            return if self.fresh(heartbeat_ms) {
+                LeaseHealth::Gone
+            } else {
+                LeaseHealth::Expired
+            };
+        }
+        match heartbeat_ms {
+            Some(h) if self.now_ms.saturating_sub(h) > self.timeout_ms / 2 => LeaseHealth::Expiring,
+            _ => LeaseHealth::Fresh,
+        }
     }
 
     /// Whether a heartbeat is within the lease timeout of this context's "now" (and not one
@@ -401,6 +443,64 @@ pub fn release_all_but_running(conn: &Conn, backfill_id: i64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lease_is_judged_by_the_owners_rule_at_the_contexts_clock() {
+        let ctx = LeaseCtx {
+            now_ms: 1_000_000,
+            host: "here".into(),
+            pid: 1,
+            start: None,
+            timeout_ms: 30_000,
+            silent: None,
+            here: &crate::process::LOCAL,
+        };
+        let health = |state: BackfillState, host: &str, pid: i64, age: Option<i64>| {
+            ctx.health(
+                state,
+                (Some(pid), None),
+                Some(host),
+                age.map(|a| ctx.now_ms - a),
+            )
+        };
+        let running = BackfillState::Running;
+        let me = i64::from(std::process::id());
+        for (said, health) in [
+            (
+                LeaseHealth::Ended,
+                health(BackfillState::Completed, "here", me, Some(0)),
+            ),
+            (
+                LeaseHealth::Fresh,
+                health(running, "elsewhere", 7, Some(1_000)),
+            ),
+            (
+                LeaseHealth::Expiring,
+                health(running, "elsewhere", 7, Some(20_000)),
+            ),
+            (
+                LeaseHealth::Expired,
+                health(running, "elsewhere", 7, Some(30_000)),
+            ),
+            (LeaseHealth::Expired, health(running, "elsewhere", 7, None)),
+            (LeaseHealth::Fresh, health(running, "here", me, Some(1_000))),
+            // A process of this host that has ended: its lease is stale before it expires.
+            (
+                LeaseHealth::Gone,
+                health(running, "here", i64::from(i32::MAX), Some(1_000)),
+            ),
+            (
+                LeaseHealth::Expired,
+                health(running, "here", i64::from(i32::MAX), Some(40_000)),
+            ),
+        ] {
+            assert_eq!(health, said);
+        }
+        assert_eq!(
+            serde_json::to_value(LeaseHealth::Expiring).unwrap(),
+            "expiring"
+        );
+    }
 
     /// A manifest with backfill 1 of DAG `d` (its owner's heartbeat at 100,000 ms), worker 2
     /// running and worker 3 ended, and the leases of intervals 1 to 12 (starts 1..=12).

@@ -11,7 +11,11 @@ use serde::Serialize;
 use super::Result;
 use super::backfills::{self, Backfill};
 use crate::interval::{DataInterval, Rfc3339, from_unix, rfc3339};
-use crate::state::{BackfillState, RunState, TryState};
+use crate::plan::Reprocess;
+use crate::state::{
+    BackfillKind, BackfillState, IntervalState, PlanAction, RunState, ShownVerdict, TryState,
+    Verdict,
+};
 
 pub(super) fn ms_to_rfc3339(ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(ms)
@@ -95,7 +99,7 @@ pub struct BackfillSummary {
     /// `--from` and `--to` as typed (`today-7d`).
     pub from_arg: String,
     pub to_arg: String,
-    pub reprocess_behavior: String,
+    pub reprocess_behavior: Reprocess,
     pub max_active_runs: u32,
     /// `create --batch-size N` (left out when none was given: the DAG's `batch_size`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -116,8 +120,7 @@ pub struct BackfillSummary {
     #[serde(skip)]
     pub owner_start: Option<i64>,
     pub intervals: Counts,
-    /// `run`, `stage`, `promote` or `rollback`.
-    pub kind: String,
+    pub kind: BackfillKind,
     /// A promote: the staged backfill whose outputs it publishes.
     pub source_backfill: Option<i64>,
     /// `promote --atomic`: every output in one warehouse transaction, or none (left out when
@@ -181,7 +184,7 @@ fn summary(b: Backfill, counts: Counts) -> BackfillSummary {
         to: counts.span.map(|s| Rfc3339(from_unix(s.1))),
         from_arg: b.from_arg,
         to_arg: b.to_arg,
-        reprocess_behavior: b.reprocess.as_str().to_string(),
+        reprocess_behavior: b.reprocess,
         max_active_runs: b.max_active_runs,
         batch_size: b.batch_size,
         run_backwards: b.run_backwards,
@@ -195,7 +198,7 @@ fn summary(b: Backfill, counts: Counts) -> BackfillSummary {
         heartbeat_at: b.heartbeat_at,
         owner_start: b.owner_start,
         intervals: counts,
-        kind: b.kind.as_str().to_string(),
+        kind: b.kind,
         source_backfill: b.source_backfill,
         atomic: b.atomic,
         tasks: b.tasks,
@@ -330,10 +333,10 @@ pub struct IntervalDetail {
     pub ord: i64,
     pub start: Rfc3339,
     pub end: Rfc3339,
-    pub action: String,
+    pub action: PlanAction,
     pub reason: Option<String>,
     /// State of this backfill's latest run of the interval.
-    pub state: Option<String>,
+    pub state: Option<IntervalState>,
     /// Runs of this interval by this backfill (a resume adds one).
     pub attempts: i64,
     /// Task tries of the latest run.
@@ -343,7 +346,7 @@ pub struct IntervalDetail {
     /// What the latest run's merges did (`write = "merge"`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub changes: Option<Changes>,
-    pub verdict: Option<String>,
+    pub verdict: Option<ShownVerdict>,
     /// Why the gate rejected the output, or `empty source` for an explicit empty partition.
     pub reasons: Option<String>,
     pub duration_ms: Option<i64>,
@@ -377,7 +380,7 @@ pub struct WorkerSummary {
     pub id: i64,
     pub host: Option<String>,
     pub pid: Option<i64>,
-    pub state: String,
+    pub state: BackfillState,
     /// Running, with a heartbeat within the lease timeout (judged by the caller).
     pub alive: bool,
     pub max_active_runs: u32,
@@ -393,7 +396,7 @@ impl WorkerSummary {
             id: w.id,
             host: w.host.clone(),
             pid: w.pid,
-            state: w.state.as_str().to_string(),
+            state: w.state,
             alive,
             max_active_runs: w.max_active_runs,
             started_at: ms_to_rfc3339(w.started_at),
@@ -421,7 +424,7 @@ struct TryAgg {
     tries: i64,
     rows: Option<i64>,
     changes: Option<Changes>,
-    verdict: Option<String>,
+    verdict: Option<ShownVerdict>,
     reasons: Option<String>,
     log: Option<String>,
     error: Option<String>,
@@ -436,15 +439,12 @@ struct TryAgg {
     batch: Option<String>,
 }
 
-/// A staged try's verdict says what became of its output: `staged, promoted`,
-/// `staged, discarded`.
-pub(super) fn staged_verdict(verdict: String, staged: Option<crate::state::StagedState>) -> String {
-    match staged {
-        Some(s) if verdict == "staged" && s != crate::state::StagedState::Staged => {
-            format!("staged, {s}")
-        }
-        _ => verdict,
-    }
+/// A try's verdict as the reads show it, with what became of a staged output.
+pub(super) fn shown_verdict(
+    verdict: Verdict,
+    staged: Option<crate::state::StagedState>,
+) -> ShownVerdict {
+    ShownVerdict { verdict, staged }
 }
 
 /// A backfill and every interval of its plan; `None` when there is no such backfill.
@@ -477,7 +477,7 @@ fn show_part(conn: &Conn, id: i64, page: Option<(i64, i64)>) -> Result<Option<Ba
         Some((offset, limit)) => ("ORDER BY ord LIMIT ?2 OFFSET ?3", limit, offset),
     };
     // The plan's rows first: their span bounds the runs read next.
-    type PlanRead = (i64, i64, i64, String, Option<String>);
+    type PlanRead = (i64, i64, i64, PlanAction, Option<String>);
     let plan: Vec<PlanRead> = conn
         .prepare(&format!(
             "SELECT ord, interval_start, interval_end, action, reason FROM plan
@@ -559,9 +559,9 @@ fn show_part(conn: &Conn, id: i64, page: Option<(i64, i64)>) -> Result<Option<Ba
             // The index yields a run's tries by task, not in the order they ran.
             let try_id: i64 = r.get(7)?;
             if try_id > agg.verdict_try
-                && let Some(v) = r.get::<_, Option<String>>(3)?
+                && let Some(v) = r.get::<_, Option<Verdict>>(3)?
             {
-                agg.verdict = Some(staged_verdict(v, r.get(9)?));
+                agg.verdict = Some(shown_verdict(v, r.get(9)?));
                 agg.reasons = r.get(4)?;
                 agg.verdict_try = try_id;
             }
@@ -598,14 +598,16 @@ fn show_part(conn: &Conn, id: i64, page: Option<(i64, i64)>) -> Result<Option<Ba
             action,
             reason,
             state: run.map(|x| match t.and_then(|t| t.waiting_for.as_ref()) {
-                Some(pool) if x.state == RunState::Running => format!("waiting for pool {pool}"),
-                _ => x.state.to_string(),
+                Some(pool) if x.state == RunState::Running => {
+                    IntervalState::WaitingForPool(pool.clone())
+                }
+                _ => IntervalState::Run(x.state),
             }),
             attempts: run.map_or(0, |x| x.attempts),
             tries: t.map_or(0, |t| t.tries),
             rows: t.and_then(|t| t.rows),
             changes: t.and_then(|t| t.changes),
-            verdict: t.and_then(|t| t.verdict.clone()),
+            verdict: t.and_then(|t| t.verdict),
             reasons: t.and_then(|t| t.reasons.clone()),
             duration_ms: run.and_then(|x| x.ended.map(|e| e - x.started)),
             error: run
@@ -623,7 +625,7 @@ fn show_part(conn: &Conn, id: i64, page: Option<(i64, i64)>) -> Result<Option<Ba
         let mut counts = Counts::default();
         for i in &out {
             counts.total += 1;
-            if i.action == "run" {
+            if i.action == PlanAction::Run {
                 counts.planned += 1;
             } else {
                 counts.skipped += 1;
@@ -685,7 +687,7 @@ fn counts(conn: &Conn, id: Option<i64>) -> Result<HashMap<i64, Counts>> {
         let (lo, hi): (i64, i64) = (r.get(3)?, r.get(4)?);
         c.span = Some(c.span.map_or((lo, hi), |(a, b)| (a.min(lo), b.max(hi))));
         c.total += n;
-        if r.get::<_, String>(1)? == "run" {
+        if r.get::<_, PlanAction>(1)? == PlanAction::Run {
             c.planned += n;
         } else {
             c.skipped += n;
@@ -728,7 +730,7 @@ pub struct RunHistory {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub changes: Option<Changes>,
     /// The gate verdict of the run's last gated try, and its reasons.
-    pub verdict: Option<String>,
+    pub verdict: Option<ShownVerdict>,
     pub reasons: Option<String>,
     pub error: Option<String>,
 }
@@ -790,9 +792,9 @@ pub fn runs(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<RunHistor
             }
             let try_id: i64 = r.get(5)?;
             if try_id > verdict_try[at]
-                && let Some(v) = r.get::<_, Option<String>>(3)?
+                && let Some(v) = r.get::<_, Option<Verdict>>(3)?
             {
-                run.verdict = Some(staged_verdict(v, r.get(6)?));
+                run.verdict = Some(shown_verdict(v, r.get(6)?));
                 run.reasons = r.get(4)?;
                 verdict_try[at] = try_id;
             }

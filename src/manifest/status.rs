@@ -7,8 +7,9 @@ use serde::Serialize;
 
 use super::Result;
 use super::db::Conn;
-use super::queries::{ms_to_rfc3339, staged_verdict};
+use super::queries::{ms_to_rfc3339, shown_verdict};
 use crate::interval::{Rfc3339, from_unix};
+use crate::state::{BackfillState, ShownVerdict, Verdict};
 use crate::state::{RunState, TryState};
 
 /// One try of an interval, as the status page shows it.
@@ -28,7 +29,7 @@ pub struct TryView {
     pub changes: Option<super::queries::Changes>,
     pub source_rows: Option<i64>,
     pub previous_rows: Option<i64>,
-    pub verdict: Option<String>,
+    pub verdict: Option<ShownVerdict>,
     pub reasons: Option<String>,
     pub error: Option<String>,
     pub log: Option<String>,
@@ -50,7 +51,7 @@ pub fn interval_tries(conn: &Conn, backfill_id: i64, start: i64) -> Result<Vec<T
     let rows = stmt.query_map(params![backfill_id, start], |r| {
         let started: i64 = r.get(7)?;
         let ended: Option<i64> = r.get(8)?;
-        let verdict: Option<String> = r.get(12)?;
+        let verdict: Option<Verdict> = r.get(12)?;
         let mut changes = None;
         super::queries::Changes::add(&mut changes, r, 18)?;
         Ok(TryView {
@@ -68,7 +69,7 @@ pub fn interval_tries(conn: &Conn, backfill_id: i64, start: i64) -> Result<Vec<T
             source_rows: r.get(10)?,
             previous_rows: r.get(11)?,
             verdict: match verdict {
-                Some(v) => Some(staged_verdict(v, r.get(17)?)),
+                Some(v) => Some(shown_verdict(v, r.get(17)?)),
                 None => None,
             },
             reasons: r.get(13)?,
@@ -208,9 +209,9 @@ pub fn published(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<(i64
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Figures {
     /// `(dag, state, intervals)`: each interval by the state of its latest run.
-    pub intervals: Vec<(String, String, i64)>,
+    pub intervals: Vec<(String, RunState, i64)>,
     /// `(state, backfills)`.
-    pub backfills: Vec<(String, i64)>,
+    pub backfills: Vec<(BackfillState, i64)>,
     /// Task tries running now.
     pub tries_running: i64,
     /// The oldest heartbeat (unix ms) of a running backfill, when one runs.

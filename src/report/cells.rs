@@ -6,6 +6,7 @@ use super::Labeler;
 use super::out::{Sink, plural};
 use crate::exit::Error;
 use crate::manifest::queries::{BackfillDetail, IntervalDetail};
+use crate::state::{IntervalState, PlanAction, RunState, Verdict};
 
 /// What an interval came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -43,25 +44,29 @@ impl Cell {
 
     /// The interval's cell.
     pub fn of(i: &IntervalDetail) -> Self {
-        if i.action == "skip" {
+        if i.action == PlanAction::Skip {
             return Self::Skipped;
         }
-        Self::of_run(i.state.as_deref(), i.verdict.as_deref())
+        Self::of_run(
+            i.state.as_ref().map(IntervalState::run_state),
+            i.verdict.map(|v| v.verdict),
+        )
     }
 
     /// The cell of an interval whose latest run is in `state` (`None`: no run yet) with the
     /// gate's `verdict`.
-    pub fn of_run(state: Option<&str>, verdict: Option<&str>) -> Self {
-        let verdict = verdict.unwrap_or_default();
+    pub fn of_run(state: Option<RunState>, verdict: Option<Verdict>) -> Self {
         match state {
             None => Self::Pending,
-            Some("queued" | "running") => Self::Running,
-            Some("succeeded") if verdict == "published empty" => Self::Empty,
-            Some("succeeded") if verdict.starts_with("staged") => Self::Staged,
-            Some("succeeded") => Self::Succeeded,
-            Some("rejected") => Self::Rejected,
-            Some("failed") => Self::Failed,
-            Some(_) => Self::Cancelled,
+            Some(RunState::Queued | RunState::Running) => Self::Running,
+            Some(RunState::Succeeded) => match verdict {
+                Some(Verdict::PublishedEmpty) => Self::Empty,
+                Some(Verdict::Staged) => Self::Staged,
+                _ => Self::Succeeded,
+            },
+            Some(RunState::Rejected) => Self::Rejected,
+            Some(RunState::Failed) => Self::Failed,
+            Some(RunState::Cancelled) => Self::Cancelled,
         }
     }
 

@@ -41,7 +41,7 @@ pub fn backfill() -> BackfillSummary {
         to: Some(at(4)),
         from_arg: "2026-01-01".into(),
         to_arg: "2026-01-04".into(),
-        reprocess_behavior: "none".into(),
+        reprocess_behavior: crate::plan::Reprocess::None,
         max_active_runs: 1,
         batch_size: None,
         run_backwards: false,
@@ -62,7 +62,7 @@ pub fn backfill() -> BackfillSummary {
             rejected: 1,
             ..Counts::default()
         },
-        kind: "run".into(),
+        kind: crate::state::BackfillKind::Run,
         source_backfill: None,
         atomic: false,
         tasks: None,

@@ -6,7 +6,7 @@ use super::grid::Grid;
 use super::out::{Sink, hint};
 use crate::exit::Error;
 use crate::manifest::queries::BackfillSummary;
-use crate::state::BackfillState;
+use crate::state::{BackfillKind, BackfillState};
 
 /// A backfill's state as a person should read it: a running backfill whose owner is gone says
 /// so, and how to continue it.
@@ -31,12 +31,14 @@ fn kind_text(b: &BackfillSummary) -> String {
     } else if b.state == BackfillState::Staged {
         format!("staged (awaits `{}`)", hint(&format!("promote {}", b.id)))
     } else {
-        match (b.kind.as_str(), b.source_backfill) {
-            ("promote", Some(source)) if b.atomic => {
+        match (b.kind, b.source_backfill) {
+            (BackfillKind::Promote, Some(source)) if b.atomic => {
                 format!("{} (atomic promote of {source})", b.state)
             }
-            ("promote", Some(source)) => format!("{} (promote of {source})", b.state),
-            ("run", _) => match (&b.cascade, b.cascade_of) {
+            (BackfillKind::Promote, Some(source)) => {
+                format!("{} (promote of {source})", b.state)
+            }
+            (BackfillKind::Run, _) => match (&b.cascade, b.cascade_of) {
                 (Some(mode), _) => format!("{} (cascade {mode})", b.state),
                 (None, Some(root)) => format!("{} (cascade of {root})", b.state),
                 _ => b.state.to_string(),
@@ -93,7 +95,7 @@ pub fn write(
             state_text(b),
             from,
             to,
-            b.reprocess_behavior.clone(),
+            b.reprocess_behavior.to_string(),
             c.planned.to_string(),
             c.skipped.to_string(),
             c.succeeded.to_string(),
@@ -119,7 +121,7 @@ mod tests {
         running.to = None;
         running.from_arg = "today-7d".into();
         running.to_arg = "yesterday".into();
-        running.reprocess_behavior = "failed".into();
+        running.reprocess_behavior = crate::plan::Reprocess::Failed;
         vec![fixtures::backfill(), running]
     }
 

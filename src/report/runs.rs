@@ -45,7 +45,7 @@ pub fn write(
                     r.changes.map(|c| c.short()).unwrap_or_default(),
                     match (&r.verdict, &r.reasons) {
                         (Some(v), Some(why)) => format!("{v}: {why}"),
-                        (Some(v), None) => v.clone(),
+                        (Some(v), None) => v.to_string(),
                         _ => String::new(),
                     },
                     r.error.clone().unwrap_or_default(),
@@ -63,7 +63,7 @@ pub fn write(
                     true,
                     r.rows.is_some(),
                     r.changes.is_some(),
-                    text(&r.verdict),
+                    r.verdict.is_some(),
                     text(&r.error),
                 ]
             },
@@ -91,7 +91,10 @@ mod tests {
                 tries: 1,
                 rows,
                 changes: None,
-                verdict: verdict.map(String::from),
+                verdict: verdict.map(|v| crate::state::ShownVerdict {
+                    verdict: v.parse().expect("a verdict"),
+                    staged: None,
+                }),
                 reasons: error.filter(|_| state == "rejected").map(|_| {
                     "row count 5 differs from the source count 10 by 50.0% (tolerance 0.0%)".into()
                 }),

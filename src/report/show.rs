@@ -9,6 +9,7 @@ use super::list::{range_labels, state_text};
 use super::out::{Sink, plural};
 use crate::exit::Error;
 use crate::manifest::queries::BackfillDetail;
+use crate::state::BackfillState;
 use crate::warehouse::versions::Storage;
 
 /// The document of `show --output json`: the backfill, and what the kept versions of its DAG's
@@ -107,7 +108,7 @@ pub fn write(
                 vec![
                     (i.ord + 1).to_string(),
                     labels.label(i.start.0),
-                    i.action.clone(),
+                    i.action.to_string(),
                     i.reason.clone().unwrap_or_default(),
                     or_empty(i.state.as_ref()),
                     i.attempts.to_string(),
@@ -126,14 +127,14 @@ pub fn write(
                 vec![
                     true,
                     true,
-                    has_content(&i.action),
+                    true,
                     text(&i.reason),
-                    text(&i.state),
+                    i.state.is_some(),
                     true,
                     true,
                     i.rows.is_some(),
                     i.changes.is_some(),
-                    text(&i.verdict),
+                    i.verdict.is_some(),
                     text(&i.reasons),
                     i.duration_ms.is_some(),
                     text(&i.host),
@@ -144,8 +145,10 @@ pub fn write(
     }
     out.text(&t.render(out.fit))?;
     for w in &detail.workers {
-        let state = match (w.state.as_str(), w.alive) {
-            ("running", false) => "gone (no heartbeat within the lease timeout)".to_string(),
+        let state = match (w.state, w.alive) {
+            (BackfillState::Running, false) => {
+                "gone (no heartbeat within the lease timeout)".to_string()
+            }
             (state, _) => state.to_string(),
         };
         out.line(&format!(
@@ -207,14 +210,19 @@ mod tests {
                 ord: i64::from(d) - 1,
                 start: at(d),
                 end: at(d + 1),
-                action: "run".into(),
+                action: crate::state::PlanAction::Run,
                 reason: None,
-                state: Some(state.into()),
+                state: Some(crate::state::IntervalState::Run(
+                    state.parse().expect("a run state"),
+                )),
                 attempts: 1,
                 tries: 1,
                 rows,
                 changes: None,
-                verdict: verdict.map(String::from),
+                verdict: verdict.map(|v| crate::state::ShownVerdict {
+                    verdict: v.parse().expect("a verdict"),
+                    staged: None,
+                }),
                 reasons: error.filter(|_| state == "rejected").map(|_| {
                     "row count 5 differs from the source count 10 by 50.0% (tolerance 0.0%)".into()
                 }),

@@ -65,7 +65,7 @@ pub(super) fn exposition(
         "Backfills in the manifest by state.",
         &f.backfills
             .iter()
-            .map(|(s, c)| (format!("state=\"{}\"", label(s)), n(*c)))
+            .map(|(s, c)| (format!("state=\"{}\"", label(s.as_str())), n(*c)))
             .collect::<Vec<_>>(),
     );
     family(
@@ -77,7 +77,7 @@ pub(super) fn exposition(
             .iter()
             .map(|(d, s, c)| {
                 (
-                    format!("dag=\"{}\",state=\"{}\"", label(d), label(s)),
+                    format!("dag=\"{}\",state=\"{}\"", label(d), label(s.as_str())),
                     n(*c),
                 )
             })

@@ -18,10 +18,8 @@ use super::{App, Unreadable};
 use crate::interval::from_unix;
 use crate::manifest::leases::LeaseCtx;
 use crate::manifest::queries::{BackfillSummary, IntervalDetail, RunHistory};
-use crate::manifest::status::LeaseView;
 use crate::report::Labeler;
 use crate::report::cells::{Cell, tally};
-use crate::state::BackfillState;
 
 /// Backfills on one page of the list.
 const BACKFILLS_PER_PAGE: usize = 50;
@@ -565,7 +563,7 @@ pub(super) async fn interval(
         .map(|r: &RunHistory| {
             json!({
                 "run_id": r.run_id, "backfill_id": r.backfill_id, "state": r.state.to_string(),
-                "cell": Cell::of_run(Some(&r.state.to_string()), r.verdict.as_deref()).name(),
+                "cell": Cell::of_run(Some(r.state), r.verdict.map(|v| v.verdict)).name(),
                 "started_at": r.started_at, "duration": r.duration_ms.map(took), "tries": r.tries,
                 "rows": r.rows, "verdict": r.verdict, "reasons": r.reasons, "error": r.error,
             })
@@ -667,8 +665,7 @@ pub(super) async fn dag(
             let label = labels.label(start);
             match latest.get(s) {
                 Some(r) => {
-                    let state = r.state.to_string();
-                    let c = Cell::of_run(Some(&state), r.verdict.as_deref());
+                    let c = Cell::of_run(Some(r.state), r.verdict.map(|v| v.verdict));
                     let is_published = published.contains_key(s);
                     let mut title = format!("{label}: {}", c.words());
                     if is_published {
@@ -808,7 +805,12 @@ pub(super) async fn pools(State(app): State<Arc<App>>) -> Response {
         .iter()
         .map(|l| {
             let age = l.heartbeat_ms.map(|h| (ctx.now_ms - h).max(0));
-            let health = health(l, &ctx);
+            let health = ctx.health(
+                l.backfill_state,
+                (l.owner_pid, l.owner_start),
+                l.owner_host.as_deref(),
+                l.heartbeat_ms,
+            );
             json!({
                 "backfill_id": l.backfill_id, "dag": l.dag_id, "leases": l.leases,
                 "first": l.first.to_string(), "last": l.last.to_string(),
@@ -829,34 +831,6 @@ pub(super) async fn pools(State(app): State<Arc<App>>) -> Response {
         }),
         live,
     )
-}
-
-/// How a backfill's leases stand, judged as `resume` and `list` judge its owner
-/// ([`LeaseCtx::owner_alive`], at the manifest's clock: the database's on PostgreSQL, where
-/// heartbeats are written with it): `ended` (the backfill is not running), `expired` (no
-/// heartbeat within the lease timeout), `gone` (its process on this host has ended, its
-/// heartbeat not yet expired), `expiring` (alive, its heartbeat older than half the lease
-/// timeout), `fresh`.
-fn health(l: &LeaseView, ctx: &LeaseCtx) -> &'static str {
-    if l.backfill_state != BackfillState::Running {
-        return "ended";
-    }
-    if !ctx.owner_alive(
-        l.backfill_state,
-        (l.owner_pid, l.owner_start),
-        l.owner_host.as_deref(),
-        l.heartbeat_ms,
-    ) {
-        return if ctx.fresh(l.heartbeat_ms) {
-            "gone"
-        } else {
-            "expired"
-        };
-    }
-    match l.heartbeat_ms {
-        Some(h) if ctx.now_ms.saturating_sub(h) > ctx.timeout_ms / 2 => "expiring",
-        _ => "fresh",
-    }
 }
 
 /// A method other than GET or HEAD.
@@ -891,56 +865,6 @@ mod tests {
         let pages = Pages::new(String::new());
         let r = pages.message(StatusCode::NOT_FOUND, "<script>alert(1)</script>", "a & b");
         assert_eq!(r.status(), StatusCode::NOT_FOUND);
-    }
-
-    #[test]
-    fn a_lease_is_judged_by_the_manifests_rule_at_the_manifests_clock() {
-        let ctx = LeaseCtx {
-            now_ms: 1_000_000,
-            host: "here".into(),
-            pid: 1,
-            start: None,
-            timeout_ms: 30_000,
-            silent: None,
-            here: &crate::process::LOCAL,
-        };
-        let lease = |state: BackfillState, host: &str, pid: i64, age: Option<i64>| LeaseView {
-            backfill_id: 1,
-            dag_id: "d".into(),
-            leases: 1,
-            first: crate::interval::Rfc3339(from_unix(0)),
-            last: crate::interval::Rfc3339(from_unix(0)),
-            owner_host: Some(host.into()),
-            owner_pid: Some(pid),
-            heartbeat_ms: age.map(|a| ctx.now_ms - a),
-            heartbeat_at: None,
-            backfill_state: state,
-            owner_start: None,
-        };
-        let running = BackfillState::Running;
-        let me = i64::from(std::process::id());
-        for (l, said) in [
-            (
-                lease(BackfillState::Completed, "here", me, Some(0)),
-                "ended",
-            ),
-            (lease(running, "elsewhere", 7, Some(1_000)), "fresh"),
-            (lease(running, "elsewhere", 7, Some(20_000)), "expiring"),
-            (lease(running, "elsewhere", 7, Some(30_000)), "expired"),
-            (lease(running, "elsewhere", 7, None), "expired"),
-            (lease(running, "here", me, Some(1_000)), "fresh"),
-            // A process of this host that has ended: its lease is stale before it expires.
-            (
-                lease(running, "here", i64::from(i32::MAX), Some(1_000)),
-                "gone",
-            ),
-            (
-                lease(running, "here", i64::from(i32::MAX), Some(40_000)),
-                "expired",
-            ),
-        ] {
-            assert_eq!(health(&l, &ctx), said, "{l:?}");
-        }
     }
 
     #[test]

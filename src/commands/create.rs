@@ -4,6 +4,7 @@
 //! for the commands that review it.
 
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 
 use crate::cli::CreateArgs;
 use crate::clock;
@@ -11,6 +12,7 @@ use crate::exit::{self, Error};
 use crate::interval::{DataInterval, expand_nonempty, resolve_args};
 use crate::manifest::NewBackfill;
 use crate::plan::{self, Action, PlanRow, Reprocess, SkipReason};
+use crate::project::{Dag, Project};
 use crate::report::out::Sink;
 use crate::report::plan::{self as plan_view, PlanOptions};
 use crate::session::Global;
@@ -22,245 +24,28 @@ use crate::state::BackfillKind;
 
 pub fn run(g: &Global, mut args: CreateArgs) -> Result<u8, Error> {
     let project = g.project()?;
-    let mut dag = only_tasks(project.dag(&args.dag)?, &args.tasks)?;
-    if args.atomic {
-        if args.cascade.is_some() {
-            return Err(Error::Usage(
-                "--atomic cannot be used with --cascade: each DAG of a cascade publishes on its own; drop one of them".into(),
-            ));
-        }
-        crate::commands::staging::atomic_refusal(&dag, "create --atomic")?;
-    }
     let atomic = std::mem::take(&mut args.atomic);
-    // Staged first; published at once below.
-    args.stage |= atomic;
-    if let Some(n) = args.batch_size {
-        if n > 1
-            && let Err(why) =
-                crate::project::batchable(&dag.tasks, dag.depends_on_past, !dag.upstream.is_empty())
-        {
-            return Err(Error::Usage(format!(
-                "--batch-size {n} cannot be used with DAG `{}` ({}): {why}; drop --batch-size",
-                dag.id, dag.file
-            )));
-        }
-        dag.batch_size = n;
-    }
-    // `--tasks` as recorded: each once, in the DAG's order.
-    let only: Option<Vec<String>> =
-        (!args.tasks.is_empty()).then(|| dag.tasks.iter().map(|t| t.id.clone()).collect());
-    if args.run_backwards && dag.depends_on_past {
-        return Err(Error::Usage(format!(
-            "--run-backwards cannot be used with DAG `{}`: it sets depends_on_past = true in {}, so each interval needs the one before it; drop --run-backwards",
-            dag.id, dag.file
-        )));
-    }
-    let conf = parse_conf(args.conf.as_deref())?;
-    let now = clock::now()?;
-    let range = resolve_args(&args.from, &args.to, now, dag.tz)?;
-    let intervals = expand_nonempty(&dag.schedule, range, &args.from, &args.to)?;
-    let manifest_path = g.manifest_path(Some(&project))?;
-    // `--sample N`: the intervals it rehearses, and why each was picked.
-    let (intervals, sampled) = match args.sample {
-        None => (intervals, None),
-        Some(_) if dag.depends_on_past => {
-            return Err(Error::Usage(format!(
-                "--sample cannot be used with DAG `{}`: it sets depends_on_past = true in {}, so each interval needs the one before it and a sample would skip all but its first; run the range, or a shorter one",
-                dag.id, dag.file
-            )));
-        }
-        Some(n) => {
-            let manifest = crate::manifest::open_if_exists(&manifest_path)?;
-            match sample_of(
-                manifest.as_deref(),
-                &manifest_path,
-                &dag,
-                &intervals,
-                n,
-                now,
-            )? {
-                Some((picked, why)) => (picked, Some((n, why))),
-                None => {
-                    crate::session::note(
-                        g,
-                        &format!(
-                            "--sample {n}: the range has no more than {n} complete intervals, so all of them run"
-                        ),
-                    );
-                    (intervals, None)
-                }
-            }
-        }
-    };
-    let max_active_runs = args.max_active_runs.or(dag.max_active_runs).unwrap_or(1);
-    if !args.dry_run {
-        // Before a warehouse is created from its init files or the manifest is opened.
-        crate::limits::room_for_runs(max_active_runs, Some("--max-active-runs"))?;
-    }
-    let reprs = check_tasks(&dag, &conf, &intervals)?;
-    if dag.batch_size > 1
-        && let Some(why) = dag.tasks.iter().find_map(crate::warehouse::batch_problem)
-    {
-        return Err(Error::Usage(match args.batch_size {
-            Some(n) => format!(
-                "--batch-size {n} cannot be used with DAG `{}` ({}): {why}; drop --batch-size",
-                dag.id, dag.file
-            ),
-            None => format!(
-                "{}: `batch_size = {}` cannot be used: {why}; remove `batch_size`",
-                dag.file, dag.batch_size
-            ),
-        }));
-    }
-    let reprocess = Reprocess::from(args.reprocess_behavior);
-    let options = plan::Options {
-        reprocess,
-        run_backwards: args.run_backwards,
-        depends_on_past: dag.depends_on_past,
-        now,
-    };
-    let changed = match reprocess {
-        Reprocess::Changed => source_changes(g, &project, &dag, &conf, &intervals, &manifest_path)?,
-        _ => HashSet::new(),
-    };
-
+    let dag = checked_dag(&project, &mut args, atomic)?;
+    let prepared = prepare(g, &project, &dag, &args)?;
     if args.dry_run {
-        let (rows, estimate) = dry_plan(
-            &project,
-            &manifest_path,
-            &dag,
-            &intervals,
-            options,
-            &changed,
-            max_active_runs,
-        )?;
-        let root = (dag, rows, estimate, max_active_runs, reprocess);
-        let Some(mode) = args.cascade.map(|c| c.mode()) else {
-            let (dag, rows, estimate, max_active_runs, reprocess) = root;
-            plan_view::write(
-                &mut Sink::std(g.json, g.verbose),
-                &dag,
-                &rows,
-                &PlanOptions {
-                    reprocess: reprocess.as_str(),
-                    run_backwards: args.run_backwards,
-                    max_active_runs,
-                    estimate: &estimate,
-                    sampled: sampled.as_ref().map(|(_, why)| why),
-                },
-            )?;
-            return Ok(exit::OK);
-        };
-        // The whole chain: each downstream DAG over what its upstream plans run.
-        let runs = |rows: &[PlanRow]| -> Vec<DataInterval> {
-            rows.iter()
-                .filter(|r| r.action == Action::Run)
-                .map(|r| r.interval)
-                .collect()
-        };
-        let root_runs = runs(&root.1);
-        let conn = crate::manifest::open_if_exists(&manifest_path)?;
-        // The root's intervals whose output stands: downstream intervals over them that never
-        // succeeded are planned too, as the cascade will.
-        let mut standing = Vec::new();
-        for r in &root.1 {
-            let stands = match (r.action, &conn) {
-                (Action::Skip(SkipReason::SourceUnchanged), _) => true,
-                (Action::Skip(SkipReason::AlreadyExists), Some(c)) => {
-                    c.latest_computing_state(&root.0.id, r.interval.start.timestamp())
-                        .map_err(|e| Error::Manifest(e.at(&manifest_path)))?
-                        == Some(crate::plan::RunState::Succeeded)
-                }
-                _ => false,
-            };
-            if stands {
-                standing.push(r.interval);
-            }
-        }
-        let mut all = vec![root];
-        let root_id = all[0].0.id.clone();
-        crate::session::chain::walk_chain(
-            &project,
-            conn.as_deref(),
-            &root_id,
-            root_runs,
-            standing,
-            |d, ivs| {
-                let opts = plan::Options {
-                    reprocess: Reprocess::Completed,
-                    run_backwards: false,
-                    depends_on_past: d.depends_on_past,
-                    now,
-                };
-                let max = d.max_active_runs.unwrap_or(max_active_runs);
-                check_tasks(d, &conf, ivs)?;
-                let (rows, estimate) =
-                    dry_plan(&project, &manifest_path, d, ivs, opts, &HashSet::new(), max)?;
-                let to_run = runs(&rows);
-                all.push((d.clone(), rows, estimate, max, Reprocess::Completed));
-                Ok(to_run)
-            },
-        )?;
-        plan_view::write_cascade(
-            &mut Sink::std(g.json, g.verbose),
-            &all.iter()
-                .map(|(d, rows, estimate, max, reprocess)| {
-                    (
-                        d,
-                        rows.as_slice(),
-                        PlanOptions {
-                            reprocess: reprocess.as_str(),
-                            run_backwards: args.run_backwards && d.id == all[0].0.id,
-                            max_active_runs: *max,
-                            estimate,
-                            sampled: sampled
-                                .as_ref()
-                                .filter(|_| d.id == all[0].0.id)
-                                .map(|(_, why)| why),
-                        },
-                    )
-                })
-                .collect::<Vec<_>>(),
-            mode,
-        )?;
-        return Ok(exit::OK);
+        return dry_run(g, &project, dag, &args, &prepared);
     }
-
-    let (range_start, range_end) = unix_range(range);
-    let request = NewBackfill {
-        dag_id: dag.id.clone(),
-        from_arg: args.from.clone(),
-        to_arg: args.to.clone(),
-        range_start,
-        range_end,
-        reprocess,
-        max_active_runs,
-        run_backwards: args.run_backwards,
-        allow_drift: args.allow_drift,
-        conf: conf.to_string(),
-        kind: if args.stage {
-            BackfillKind::Stage
-        } else {
-            BackfillKind::Run
-        },
-        source_backfill: None,
-        tasks: only,
-        cascade: None,
-        cascade_of: None,
-        max_failures: args.max_failures,
-        sample: sampled.as_ref().map(|(n, _)| *n),
-        definition: None,
-        batch_size: args.batch_size,
-        project: None,
-        warehouses: None,
-        atomic: false,
-    };
+    let request = request(&dag, &args, &prepared);
     let cascade = args.cascade.map(|c| c.mode());
     if cascade.is_some() {
         // Every DAG the cascade will run is checked now, not after the first one ran.
-        crate::session::chain::check_chain(&project, &dag, &intervals, &conf)?;
+        crate::session::chain::check_chain(&project, &dag, &prepared.intervals, &prepared.conf)?;
     }
     let root_dag_id = dag.id.clone();
+    let Prepared {
+        conf,
+        intervals,
+        options,
+        changed,
+        reprs,
+        manifest_path,
+        ..
+    } = prepared;
     let (code, id) = launch(
         g,
         &project,
@@ -310,6 +95,326 @@ pub fn run(g: &Global, mut args: CreateArgs) -> Result<u8, Error> {
         }
         _ => Ok(code),
     }
+}
+
+/// The DAG `create` runs, with `--tasks` and `--batch-size` applied, once the options are
+/// known to fit it (`--atomic` with a DAG that publishes all at once, `--run-backwards` with one
+/// that does not depend on its past). `--atomic` stages the range first.
+fn checked_dag(project: &Project, args: &mut CreateArgs, atomic: bool) -> Result<Dag, Error> {
+    let mut dag = only_tasks(project.dag(&args.dag)?, &args.tasks)?;
+    if atomic {
+        if args.cascade.is_some() {
+            return Err(Error::Usage(
+                "--atomic cannot be used with --cascade: each DAG of a cascade publishes on its own; drop one of them".into(),
+            ));
+        }
+        crate::commands::staging::atomic_refusal(&dag, "create --atomic")?;
+    }
+    // Staged first; published at once below.
+    args.stage |= atomic;
+    if let Some(n) = args.batch_size {
+        if n > 1
+            && let Err(why) =
+                crate::project::batchable(&dag.tasks, dag.depends_on_past, !dag.upstream.is_empty())
+        {
+            return Err(Error::Usage(format!(
+                "--batch-size {n} cannot be used with DAG `{}` ({}): {why}; drop --batch-size",
+                dag.id, dag.file
+            )));
+        }
+        dag.batch_size = n;
+    }
+    if args.run_backwards && dag.depends_on_past {
+        return Err(Error::Usage(format!(
+            "--run-backwards cannot be used with DAG `{}`: it sets depends_on_past = true in {}, so each interval needs the one before it; drop --run-backwards",
+            dag.id, dag.file
+        )));
+    }
+    Ok(dag)
+}
+
+/// What `create` knows before it plans: the run's configuration, its intervals (a sample's,
+/// with why each was picked), the manifest, how many run at once, the tasks checked against
+/// their warehouses, and how earlier runs are reprocessed.
+struct Prepared {
+    conf: serde_json::Value,
+    /// `--tasks` as recorded: each once, in the DAG's order.
+    only: Option<Vec<String>>,
+    range: crate::interval::Range,
+    intervals: Vec<DataInterval>,
+    /// `--sample N`: N, and why each interval that runs was picked.
+    sampled: Option<(u32, HashMap<i64, &'static str>)>,
+    manifest_path: PathBuf,
+    max_active_runs: u32,
+    /// Each task's partition representation, decided by its warehouse.
+    reprs: HashMap<String, Option<crate::warehouse::Repr>>,
+    reprocess: Reprocess,
+    options: plan::Options,
+    /// With `--reprocess-behavior changed`: the intervals whose source changed.
+    changed: HashSet<i64>,
+}
+
+fn prepare(g: &Global, project: &Project, dag: &Dag, args: &CreateArgs) -> Result<Prepared, Error> {
+    let only: Option<Vec<String>> =
+        (!args.tasks.is_empty()).then(|| dag.tasks.iter().map(|t| t.id.clone()).collect());
+    let conf = parse_conf(args.conf.as_deref())?;
+    let now = clock::now()?;
+    let range = resolve_args(&args.from, &args.to, now, dag.tz)?;
+    let intervals = expand_nonempty(&dag.schedule, range, &args.from, &args.to)?;
+    let manifest_path = g.manifest_path(Some(project))?;
+    let (intervals, sampled) = sample(g, dag, args, &manifest_path, intervals, now)?;
+    let max_active_runs = args.max_active_runs.or(dag.max_active_runs).unwrap_or(1);
+    if !args.dry_run {
+        // Before a warehouse is created from its init files or the manifest is opened.
+        crate::limits::room_for_runs(max_active_runs, Some("--max-active-runs"))?;
+    }
+    let reprs = check_tasks(dag, &conf, &intervals)?;
+    if dag.batch_size > 1
+        && let Some(why) = dag.tasks.iter().find_map(crate::warehouse::batch_problem)
+    {
+        return Err(Error::Usage(match args.batch_size {
+            Some(n) => format!(
+                "--batch-size {n} cannot be used with DAG `{}` ({}): {why}; drop --batch-size",
+                dag.id, dag.file
+            ),
+            None => format!(
+                "{}: `batch_size = {}` cannot be used: {why}; remove `batch_size`",
+                dag.file, dag.batch_size
+            ),
+        }));
+    }
+    let reprocess = Reprocess::from(args.reprocess_behavior);
+    let options = plan::Options {
+        reprocess,
+        run_backwards: args.run_backwards,
+        depends_on_past: dag.depends_on_past,
+        now,
+    };
+    let changed = match reprocess {
+        Reprocess::Changed => source_changes(g, project, dag, &conf, &intervals, &manifest_path)?,
+        _ => HashSet::new(),
+    };
+    Ok(Prepared {
+        conf,
+        only,
+        range,
+        intervals,
+        sampled,
+        manifest_path,
+        max_active_runs,
+        reprs,
+        reprocess,
+        options,
+        changed,
+    })
+}
+
+/// `--sample N`: the intervals it rehearses, and why each was picked; all of them when the
+/// range has no more than N.
+fn sample(
+    g: &Global,
+    dag: &Dag,
+    args: &CreateArgs,
+    manifest_path: &std::path::Path,
+    intervals: Vec<DataInterval>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<Sampled, Error> {
+    let Some(n) = args.sample else {
+        return Ok((intervals, None));
+    };
+    if dag.depends_on_past {
+        return Err(Error::Usage(format!(
+            "--sample cannot be used with DAG `{}`: it sets depends_on_past = true in {}, so each interval needs the one before it and a sample would skip all but its first; run the range, or a shorter one",
+            dag.id, dag.file
+        )));
+    }
+    let manifest = crate::manifest::open_if_exists(manifest_path)?;
+    match sample_of(manifest.as_deref(), manifest_path, dag, &intervals, n, now)? {
+        Some((picked, why)) => Ok((picked, Some((n, why)))),
+        None => {
+            crate::session::note(
+                g,
+                &format!(
+                    "--sample {n}: the range has no more than {n} complete intervals, so all of them run"
+                ),
+            );
+            Ok((intervals, None))
+        }
+    }
+}
+
+/// The intervals a sample runs, with `--sample`'s N and why each was picked.
+type Sampled = (Vec<DataInterval>, Option<(u32, HashMap<i64, &'static str>)>);
+
+/// The backfill `create` records.
+fn request(dag: &Dag, args: &CreateArgs, p: &Prepared) -> NewBackfill {
+    let (range_start, range_end) = unix_range(p.range);
+    NewBackfill {
+        dag_id: dag.id.clone(),
+        from_arg: args.from.clone(),
+        to_arg: args.to.clone(),
+        range_start,
+        range_end,
+        reprocess: p.reprocess,
+        max_active_runs: p.max_active_runs,
+        run_backwards: args.run_backwards,
+        allow_drift: args.allow_drift,
+        conf: p.conf.to_string(),
+        kind: if args.stage {
+            BackfillKind::Stage
+        } else {
+            BackfillKind::Run
+        },
+        source_backfill: None,
+        tasks: p.only.clone(),
+        cascade: None,
+        cascade_of: None,
+        max_failures: args.max_failures,
+        sample: p.sampled.as_ref().map(|(n, _)| *n),
+        definition: None,
+        batch_size: args.batch_size,
+        project: None,
+        warehouses: None,
+        atomic: false,
+    }
+}
+
+/// `create --dry-run`: the plan, with its estimate, written and nothing else; with
+/// `--cascade`, the plans of every DAG the cascade would run.
+fn dry_run(
+    g: &Global,
+    project: &Project,
+    dag: Dag,
+    args: &CreateArgs,
+    p: &Prepared,
+) -> Result<u8, Error> {
+    let (rows, estimate) = dry_plan(
+        project,
+        &p.manifest_path,
+        &dag,
+        &p.intervals,
+        p.options,
+        &p.changed,
+        p.max_active_runs,
+    )?;
+    let sampled = p.sampled.as_ref().map(|(_, why)| why);
+    let Some(mode) = args.cascade.map(|c| c.mode()) else {
+        plan_view::write(
+            &mut Sink::std(g.json, g.verbose),
+            &dag,
+            &rows,
+            &PlanOptions {
+                reprocess: p.reprocess.as_str(),
+                run_backwards: args.run_backwards,
+                max_active_runs: p.max_active_runs,
+                estimate: &estimate,
+                sampled,
+            },
+        )?;
+        return Ok(exit::OK);
+    };
+    let all = chain_plans(project, (dag, rows, estimate), p)?;
+    let root = all[0].0.id.clone();
+    plan_view::write_cascade(
+        &mut Sink::std(g.json, g.verbose),
+        &all.iter()
+            .map(|(d, rows, estimate, max, reprocess)| {
+                (
+                    d,
+                    rows.as_slice(),
+                    PlanOptions {
+                        reprocess: reprocess.as_str(),
+                        run_backwards: args.run_backwards && d.id == root,
+                        max_active_runs: *max,
+                        estimate,
+                        sampled: sampled.filter(|_| d.id == root),
+                    },
+                )
+            })
+            .collect::<Vec<_>>(),
+        mode,
+    )?;
+    Ok(exit::OK)
+}
+
+/// A DAG's dry-run plan: its rows, its estimate, how many run at once and how earlier runs
+/// are reprocessed.
+type DryPlan = (Dag, Vec<PlanRow>, crate::estimate::Estimate, u32, Reprocess);
+
+/// The plans of the whole chain a cascade of the root would run: each downstream DAG over what
+/// its upstream plans run, and over the root's intervals whose output stands.
+fn chain_plans(
+    project: &Project,
+    (dag, rows, estimate): (Dag, Vec<PlanRow>, crate::estimate::Estimate),
+    p: &Prepared,
+) -> Result<Vec<DryPlan>, Error> {
+    let runs = |rows: &[PlanRow]| -> Vec<DataInterval> {
+        rows.iter()
+            .filter(|r| r.action == Action::Run)
+            .map(|r| r.interval)
+            .collect()
+    };
+    let root_runs = runs(&rows);
+    let conn = crate::manifest::open_if_exists(&p.manifest_path)?;
+    let standing = standing(&dag, &rows, conn.as_deref(), &p.manifest_path)?;
+    let root_id = dag.id.clone();
+    let mut all = vec![(dag, rows, estimate, p.max_active_runs, p.reprocess)];
+    crate::session::chain::walk_chain(
+        project,
+        conn.as_deref(),
+        &root_id,
+        root_runs,
+        standing,
+        |d, ivs| {
+            let opts = plan::Options {
+                reprocess: Reprocess::Completed,
+                run_backwards: false,
+                depends_on_past: d.depends_on_past,
+                now: p.options.now,
+            };
+            let max = d.max_active_runs.unwrap_or(p.max_active_runs);
+            check_tasks(d, &p.conf, ivs)?;
+            let (rows, estimate) = dry_plan(
+                project,
+                &p.manifest_path,
+                d,
+                ivs,
+                opts,
+                &HashSet::new(),
+                max,
+            )?;
+            let to_run = runs(&rows);
+            all.push((d.clone(), rows, estimate, max, Reprocess::Completed));
+            Ok(to_run)
+        },
+    )?;
+    Ok(all)
+}
+
+/// The root's intervals whose output stands: downstream intervals over them that never
+/// succeeded are planned too, as the cascade will.
+fn standing(
+    root: &Dag,
+    rows: &[PlanRow],
+    conn: Option<&dyn crate::manifest::Reads>,
+    manifest_path: &std::path::Path,
+) -> Result<Vec<DataInterval>, Error> {
+    let mut standing = Vec::new();
+    for r in rows {
+        let stands = match (r.action, conn) {
+            (Action::Skip(SkipReason::SourceUnchanged), _) => true,
+            (Action::Skip(SkipReason::AlreadyExists), Some(c)) => {
+                c.latest_computing_state(&root.id, r.interval.start.timestamp())
+                    .map_err(|e| Error::Manifest(e.at(manifest_path)))?
+                    == Some(crate::plan::RunState::Succeeded)
+            }
+            _ => false,
+        };
+        if stands {
+            standing.push(r.interval);
+        }
+    }
+    Ok(standing)
 }
 
 /// `create --atomic`, once its range is staged: every interval staged is published at once;

@@ -117,22 +117,9 @@ pub(super) async fn sql_try(
     let lease_timeout = shared.spec.lease_timeout;
     // The first try of an interval of a batch takes its rows from the batch's one query.
     let mut batch_notes = Vec::new();
-    let share = match &input.batch {
-        Some(batch) => {
-            batch
-                .share_of(input.interval, &mut batch_notes, |intervals| {
-                    compute_batch(shared, task, sql, intervals, stop.clone())
-                })
-                .await
-        }
-        None => super::batch::Share::Own,
-    };
-    let share = match share {
-        super::batch::Share::Of(super::batch::Rows::Sql(rows), k) => Some((rows, k)),
-        super::batch::Share::Of(super::batch::Rows::Command(_), _) | super::batch::Share::Own => {
-            None
-        }
-        super::batch::Share::Cancelled => return Ok(cancelled("cancelled")),
+    let share = match batch_share(shared, task, sql, input, stop, &mut batch_notes).await {
+        Ok(share) => share,
+        Err(outcome) => return Ok(outcome),
     };
     let write = blocking_step(task.timeout, stop, move |cancel| {
         let write = backend::Write {
@@ -180,36 +167,9 @@ pub(super) async fn sql_try(
     for note in &batch_notes {
         log.line(note);
     }
-    // A try whose log cannot be written publishes nothing: its record would lack its log, and
-    // so would every try after it.
-    if let Some(fault) = log.fault(&input.log_path) {
-        if let Step::Done(Ok(output)) = step {
-            let_go(output, false).await;
-        } else if let Step::TimedOut(late) | Step::Cancelled(late) = step {
-            discard(late).await;
-        }
-        return Ok(shared.interrupted(&fault));
-    }
-    let output = match step {
-        Step::Done(Ok(v)) => v,
-        Step::Done(Err(e)) => {
-            let error = e.to_string();
-            log.line(&error);
-            if let Some(fault) = e.environment() {
-                return Ok(shared.met(&fault, input.may_retry, error));
-            }
-            return Ok(failed(error, None));
-        }
-        Step::TimedOut(late) => {
-            discard(late).await;
-            let error = timed_out(task);
-            log.line(&error);
-            return Ok(failed(error, None));
-        }
-        Step::Cancelled(late) => {
-            discard(late).await;
-            return Ok(cancelled("cancelled"));
-        }
+    let output = match written(shared, task, input, step, &mut log).await {
+        Ok(output) => output,
+        Err(outcome) => return Ok(outcome),
     };
     let measures = output.measures().clone();
     crate::fault::point("after-audit");
@@ -234,49 +194,24 @@ pub(super) async fn sql_try(
         }
     };
     let published = current.as_ref().map(|c| c.rows);
-    // A merge is judged by the partition as it will be after it.
-    let rows = measures.merge.map_or(measures.rows, |m| m.after());
-    let gate_measures = Measures {
-        rows,
-        outside: Some(measures.outside),
-        outside_values: measures.outside_values.clone(),
-        duplicate_keys: measures.duplicate_keys,
-        source: measures.source,
-        published,
-        mixed: measures.mixed.clone(),
-        elsewhere: measures.elsewhere.clone(),
-        constraint: measures.constraint.clone(),
-        found: measures.found.clone(),
-        history,
-        merge: measures.merge,
-    };
-    let rules = rules(task.gate.as_ref(), shared.spec.allow_drift);
-    let verdict = match gate::judge(&gate_measures, &rules) {
-        Ok(v) => v,
+    let judged = match judge(
+        shared,
+        task,
+        input.interval,
+        &measures,
+        (published, history),
+        &mut log,
+    ) {
+        Ok(judged) => judged,
         Err(why) => {
             let_go(output, false).await;
-            log.line(&why);
             return Ok(failed(why, None));
         }
     };
-    log.line(&format!(
-        "rows {rows} (source {}, published {}){}, fingerprint {}: {verdict}",
-        measures.source.map_or("-".into(), |n| n.to_string()),
-        published.map_or("-".into(), |n| n.to_string()),
-        measures
-            .merge
-            .map(|m| format!(", merge {}", m.short()))
-            .unwrap_or_default(),
-        measures.fingerprint
-    ));
-    let mut record = TryRecord::new(TryState::Succeeded);
-    record.rows = Some(rows);
-    if let Some(m) = &measures.merge {
-        record.set_merge(m);
-    }
-    record.fingerprint = Some(measures.fingerprint.clone());
-    apply_verdict(&mut record, &verdict, measures.source, published);
-    record.source_fingerprint = measures.source_fingerprint.clone();
+    let Judged {
+        mut record,
+        verdict,
+    } = judged;
     if let Verdict::Reject(reason) = verdict {
         let_go(output, false).await;
         record.state = TryState::Rejected;
@@ -284,17 +219,6 @@ pub(super) async fn sql_try(
         record.clear_merge();
         return Ok(Outcome::Rejected(record, reason));
     }
-    let (warnings, notes) = (
-        gate::warnings(&gate_measures),
-        gate::notes(&gate_measures, &rules),
-    );
-    for w in &warnings {
-        log.line(&format!("warning: {w}"));
-    }
-    for n in &notes {
-        log.line(&format!("note: {n}"));
-    }
-    super::outcome::warn(shared, task, input.interval, &mut record, &warnings, &notes);
     if matches!(shared.spec.mode, super::Mode::Stage) {
         return Ok(stage(output, record, &mut log).await);
     }
@@ -319,6 +243,148 @@ pub(super) async fn sql_try(
         &mut log,
     )
     .await
+}
+
+/// The rows of a batch's one query that the interval takes (`None`: its own query), once the
+/// batch is computed; what to say of the batch goes into `notes`. Stopped meanwhile, the try's
+/// outcome.
+async fn batch_share(
+    shared: &Shared,
+    task: &Task,
+    sql: &SqlTask,
+    input: &TryInput<'_>,
+    stop: &mut watch::Receiver<Stop>,
+    notes: &mut Vec<String>,
+) -> Result<Option<(std::sync::Arc<dyn backend::Batched>, usize)>, Outcome> {
+    let share = match &input.batch {
+        Some(batch) => {
+            batch
+                .share_of(input.interval, notes, |intervals| {
+                    compute_batch(shared, task, sql, intervals, stop.clone())
+                })
+                .await
+        }
+        None => super::batch::Share::Own,
+    };
+    match share {
+        super::batch::Share::Of(super::batch::Rows::Sql(rows), k) => Ok(Some((rows, k))),
+        super::batch::Share::Of(super::batch::Rows::Command(_), _) | super::batch::Share::Own => {
+            Ok(None)
+        }
+        super::batch::Share::Cancelled => Err(cancelled("cancelled")),
+    }
+}
+
+/// The written output of the try's write step, or the try's outcome when there is none: the
+/// step failed, timed out or was stopped, or the try's log cannot be written (a try whose log
+/// cannot be written publishes nothing: its record would lack its log, and so would every try
+/// after it).
+async fn written(
+    shared: &Shared,
+    task: &Task,
+    input: &TryInput<'_>,
+    step: Step<Box<dyn Pending>>,
+    log: &mut TryLog,
+) -> Result<Box<dyn Pending>, Outcome> {
+    if let Some(fault) = log.fault(&input.log_path) {
+        if let Step::Done(Ok(output)) = step {
+            let_go(output, false).await;
+        } else if let Step::TimedOut(late) | Step::Cancelled(late) = step {
+            discard(late).await;
+        }
+        return Err(shared.interrupted(&fault));
+    }
+    match step {
+        Step::Done(Ok(v)) => Ok(v),
+        Step::Done(Err(e)) => {
+            let error = e.to_string();
+            log.line(&error);
+            if let Some(fault) = e.environment() {
+                return Err(shared.met(&fault, input.may_retry, error));
+            }
+            Err(failed(error, None))
+        }
+        Step::TimedOut(late) => {
+            discard(late).await;
+            let error = timed_out(task);
+            log.line(&error);
+            Err(failed(error, None))
+        }
+        Step::Cancelled(late) => {
+            discard(late).await;
+            Err(cancelled("cancelled"))
+        }
+    }
+}
+
+/// A try's output as the gate judged it: its record (rows, fingerprint, verdict and reasons,
+/// warnings and notes) and the verdict.
+struct Judged {
+    record: TryRecord,
+    verdict: Verdict,
+}
+
+/// Judges the measured output by the task's gate, against what the partition holds now
+/// (`published` rows) and its `history`, and says the verdict in the try's log. `Err`: the
+/// gate could not judge it, and why.
+fn judge(
+    shared: &Shared,
+    task: &Task,
+    interval: crate::interval::DataInterval,
+    measures: &warehouse::AuditMeasures,
+    (published, history): (Option<i64>, Option<Vec<i64>>),
+    log: &mut TryLog,
+) -> Result<Judged, String> {
+    // A merge is judged by the partition as it will be after it.
+    let rows = measures.merge.map_or(measures.rows, |m| m.after());
+    let gate_measures = Measures {
+        rows,
+        outside: Some(measures.outside),
+        outside_values: measures.outside_values.clone(),
+        duplicate_keys: measures.duplicate_keys,
+        source: measures.source,
+        published,
+        mixed: measures.mixed.clone(),
+        elsewhere: measures.elsewhere.clone(),
+        constraint: measures.constraint.clone(),
+        found: measures.found.clone(),
+        history,
+        merge: measures.merge,
+    };
+    let rules = rules(task.gate.as_ref(), shared.spec.allow_drift);
+    let verdict = gate::judge(&gate_measures, &rules).inspect_err(|why| log.line(why))?;
+    log.line(&format!(
+        "rows {rows} (source {}, published {}){}, fingerprint {}: {verdict}",
+        measures.source.map_or("-".into(), |n| n.to_string()),
+        published.map_or("-".into(), |n| n.to_string()),
+        measures
+            .merge
+            .map(|m| format!(", merge {}", m.short()))
+            .unwrap_or_default(),
+        measures.fingerprint
+    ));
+    let mut record = TryRecord::new(TryState::Succeeded);
+    record.rows = Some(rows);
+    if let Some(m) = &measures.merge {
+        record.set_merge(m);
+    }
+    record.fingerprint = Some(measures.fingerprint.clone());
+    apply_verdict(&mut record, &verdict, measures.source, published);
+    record.source_fingerprint = measures.source_fingerprint.clone();
+    if !matches!(verdict, Verdict::Reject(_)) {
+        let (warnings, notes) = (
+            gate::warnings(&gate_measures),
+            gate::notes(&gate_measures, &rules),
+        );
+        for w in &warnings {
+            log.line(&format!("warning: {w}"));
+        }
+        for n in &notes {
+            log.line(&format!("note: {n}"));
+        }
+        super::outcome::warn(shared, task, interval, &mut record, &warnings, &notes);
+    }
+    Ok(Judged { record, verdict })
 }
 
 /// An audited output that passed its gate, to publish.
@@ -362,7 +428,7 @@ pub(super) async fn publish_audited(
         interval,
         try_id,
         log_path,
-        mut output,
+        output,
         record,
         repr,
         empty,
@@ -372,19 +438,23 @@ pub(super) async fn publish_audited(
         in_manifest,
         may_retry,
     } = p;
-    let owner = shared.spec.owner;
-    let tz = shared.spec.dag.tz;
-    let intent = record.clone();
-    let path_text = output.file().map(|p| p.display().to_string());
+    let at = Publishing {
+        task,
+        sql,
+        interval,
+        try_id,
+        log_path,
+        repr,
+        empty,
+        promoting,
+        in_manifest,
+        may_retry,
+    };
     let may_publish = if intent_recorded || in_manifest {
         Ok(true)
     } else {
-        shared
-            .writer
-            .call(move |c| {
-                c.record_publish_intent(c.fence(owner)?, try_id, path_text.as_deref(), &intent)
-            })
-            .await
+        let file = output.file().map(|p| p.display().to_string());
+        record_intent(shared, &at, &record, file).await
     };
     match may_publish {
         Ok(true) => {}
@@ -398,29 +468,93 @@ pub(super) async fn publish_audited(
         }
     }
     crate::fault::point("before-publish");
-    let (s, manifest_path) = (sql.clone(), shared.spec.manifest_path.clone());
-    let log_path = log_path.to_path_buf();
-    let expect = promoting.then(|| record.fingerprint.clone()).flatten();
-    let table_keys = task
+    let (output, result) = publish_blocking(shared, &at, &record, current.as_ref(), output).await?;
+    match result {
+        Ok(rows) => Ok(published(shared, &at, record, output, rows, log)),
+        Err(warehouse::Error::Refused) => {
+            // Taken over: whoever took the interval over decides what is published. The file
+            // stays: a recorded intent without its file would read as a publish that
+            // committed; the recoverer (or the sweep, once the intent is settled) removes it.
+            output.keep();
+            log.line("not published: another process took this interval over");
+            Ok(cancelled("taken over by another process before publishing"))
+        }
+        Err(warehouse::Error::Constraint(why)) => {
+            refused_by_target(shared, &at, record, output, &why, log).await
+        }
+        Err(e) => publish_failed(shared, &at, record, output, &e, log).await,
+    }
+}
+
+/// What a publish is of, besides its output and record (see [`ToPublish`]).
+#[derive(Clone, Copy)]
+struct Publishing<'a> {
+    task: &'a Task,
+    sql: &'a SqlTask,
+    interval: crate::interval::DataInterval,
+    try_id: i64,
+    log_path: &'a Path,
+    repr: Option<warehouse::Repr>,
+    empty: bool,
+    promoting: bool,
+    in_manifest: bool,
+    may_retry: bool,
+}
+
+/// Records the decision to publish (the output's `file` with it): whether the manifest still
+/// lets this owner publish.
+async fn record_intent(
+    shared: &Shared,
+    at: &Publishing<'_>,
+    record: &TryRecord,
+    path_text: Option<String>,
+) -> Result<bool, manifest::Error> {
+    let (owner, try_id) = (shared.spec.owner, at.try_id);
+    let intent = record.clone();
+    shared
+        .writer
+        .call(move |c| {
+            c.record_publish_intent(c.fence(owner)?, try_id, path_text.as_deref(), &intent)
+        })
+        .await
+}
+
+/// Publishes the output in one transaction that the manifest must still allow, on the
+/// blocking pool: the output back, with the rows published or why not.
+async fn publish_blocking(
+    shared: &Shared,
+    at: &Publishing<'_>,
+    record: &TryRecord,
+    current: Option<&publishes::Current>,
+    mut output: Box<dyn Pending>,
+) -> Result<(Box<dyn Pending>, Result<i64, warehouse::Error>), Error> {
+    let owner = shared.spec.owner;
+    let tz = shared.spec.dag.tz;
+    let (try_id, in_manifest, interval, repr, empty) =
+        (at.try_id, at.in_manifest, at.interval, at.repr, at.empty);
+    let (s, manifest_path) = (at.sql.clone(), shared.spec.manifest_path.clone());
+    let log_path = at.log_path.to_path_buf();
+    let expect = at.promoting.then(|| record.fingerprint.clone()).flatten();
+    let table_keys = at
+        .task
         .gate
         .as_ref()
         .filter(|g| g.unique_key_table)
         .map(|g| g.unique_key.clone());
-    let version_of = current.as_ref().and_then(|c| c.content);
-    let same_content = current
-        .as_ref()
-        .is_some_and(|c| c.fingerprint.is_some() && c.fingerprint == record.fingerprint);
+    let version_of = current.and_then(|c| c.content);
+    let same_content =
+        current.is_some_and(|c| c.fingerprint.is_some() && c.fingerprint == record.fingerprint);
     let judged = record.judged();
     // A merge must do what the gate judged (a promote's is planned again by its publish).
-    let planned = if promoting {
+    let planned = if at.promoting {
         None
     } else {
         output.measures().merge
     };
     // Promotes take no pool slot (see `tries`).
-    let pooled = task.pool.is_some() && !promoting;
-    let recorded = in_manifest.then(|| shared.record_in_manifest(task, &record));
-    let joined = tokio::task::spawn_blocking(move || {
+    let pooled = at.task.pool.is_some() && !at.promoting;
+    let recorded = in_manifest.then(|| shared.record_in_manifest(at.task, record));
+    tokio::task::spawn_blocking(move || {
         let reader = manifest::Reader::take(&manifest_path);
         let result = match &reader {
             Ok(reader) => {
@@ -466,100 +600,112 @@ pub(super) async fn publish_audited(
         (output, result)
     })
     .await
-    .map_err(|e| Error::Internal(format!("publish panicked: {e}")))?;
-    let (output, result) = joined;
-    match result {
-        Ok(rows) => {
-            crate::fault::point("after-publish");
-            let mut record = record;
-            // A promote's merge is planned by its publish, against the partition as it is now:
-            // what it did is recorded, not what staging saw.
-            let merged = output.merged().or(output.measures().merge);
-            if let (true, Some(m)) = (promoting, merged) {
-                record.set_merge(&m);
-            }
-            // A merge's partition is what the gate judged: with `on_missing = "keep"`, more
-            // than the output's rows (drift compares the next rerun with it).
-            let rows = match (&sql.write, promoting, record.rows) {
-                (crate::project::WritePattern::Merge { .. }, false, Some(judged)) => judged,
-                _ => rows,
-            };
-            output.remove();
-            log.line(&format!(
-                "published {} into {}{}",
-                crate::words::plural(rows, "row", "rows"),
-                sql.target,
-                recorded_too(in_manifest)
-            ));
-            tracing::debug!(
-                backfill = owner.backfill_id,
-                dag = %shared.spec.dag.id,
-                task = %task.id,
-                interval = %interval,
-                try_id,
-                rows,
-                "published"
-            );
-            let fingerprint = record.fingerprint.clone();
-            Ok(Outcome::Succeeded(
-                record,
-                Some(Published {
-                    rows,
-                    fingerprint,
-                    recorded: in_manifest,
-                }),
-            ))
-        }
-        Err(warehouse::Error::Refused) => {
-            // Taken over: whoever took the interval over decides what is published. The file
-            // stays: a recorded intent without its file would read as a publish that
-            // committed; the recoverer (or the sweep, once the intent is settled) removes it.
-            output.keep();
-            log.line("not published: another process took this interval over");
-            Ok(cancelled("taken over by another process before publishing"))
-        }
-        Err(warehouse::Error::Constraint(why)) => {
-            // The target itself refused the rows the gate passed (a SQLite target's key, which
-            // the audit file does not have): rejected as by the gate, the partition untouched.
-            let verdict = gate::refused_by_target(&why);
-            log.line(&format!("not published: {verdict}"));
-            let mut rec = record;
-            rec.state = TryState::Rejected;
-            rec.clear_merge();
-            let (source, previous) = (rec.source_rows, rec.previous_rows);
-            apply_verdict(&mut rec, &verdict, source, previous);
-            end_unpublished(shared, try_id, &rec, output, promoting).await?;
-            let reason = verdict.reason().unwrap_or_default().to_string();
-            Ok(Outcome::Rejected(rec, reason))
-        }
-        Err(e) => {
-            let error = format!("publish failed: {e}");
-            log.line(&error);
-            // Not published for want of space, memory or a warehouse that answers: the try is
-            // interrupted, and runs again on `resume` (or, for a fault that may pass by itself,
-            // fails to be retried when it may).
-            let fault = e.environment().filter(|f| !(f.transient && may_retry));
-            let mut rec = match &fault {
-                Some(fault) => {
-                    shared.stop_for(fault);
-                    let mut rec = TryRecord::new(TryState::Cancelled);
-                    rec.error = Some(super::interrupted_by(fault));
-                    rec
-                }
-                None => {
-                    let mut rec = TryRecord::new(TryState::Failed);
-                    rec.error = Some(error.clone());
-                    rec
-                }
-            };
-            rec.promoted_from = record.promoted_from;
-            end_unpublished(shared, try_id, &rec, output, promoting).await?;
-            Ok(match fault {
-                Some(_) => Outcome::Cancelled(rec),
-                None => Outcome::Failed(rec),
-            })
-        }
+    .map_err(|e| Error::Internal(format!("publish panicked: {e}")))
+}
+
+/// A publish that committed `rows`: the try succeeded, its output removed.
+fn published(
+    shared: &Shared,
+    at: &Publishing<'_>,
+    mut record: TryRecord,
+    output: Box<dyn Pending>,
+    rows: i64,
+    log: &mut TryLog,
+) -> Outcome {
+    crate::fault::point("after-publish");
+    // A promote's merge is planned by its publish, against the partition as it is now: what it
+    // did is recorded, not what staging saw.
+    let merged = output.merged().or(output.measures().merge);
+    if let (true, Some(m)) = (at.promoting, merged) {
+        record.set_merge(&m);
     }
+    // A merge's partition is what the gate judged: with `on_missing = "keep"`, more than the
+    // output's rows (drift compares the next rerun with it).
+    let rows = match (&at.sql.write, at.promoting, record.rows) {
+        (crate::project::WritePattern::Merge { .. }, false, Some(judged)) => judged,
+        _ => rows,
+    };
+    output.remove();
+    log.line(&format!(
+        "published {} into {}{}",
+        crate::words::plural(rows, "row", "rows"),
+        at.sql.target,
+        recorded_too(at.in_manifest)
+    ));
+    tracing::debug!(
+        backfill = shared.spec.owner.backfill_id,
+        dag = %shared.spec.dag.id,
+        task = %at.task.id,
+        interval = %at.interval,
+        try_id = at.try_id,
+        rows,
+        "published"
+    );
+    let fingerprint = record.fingerprint.clone();
+    Outcome::Succeeded(
+        record,
+        Some(Published {
+            rows,
+            fingerprint,
+            recorded: at.in_manifest,
+        }),
+    )
+}
+
+/// The target itself refused the rows the gate passed (a SQLite target's key, which the audit
+/// file does not have): rejected as by the gate, the partition untouched.
+async fn refused_by_target(
+    shared: &Shared,
+    at: &Publishing<'_>,
+    mut rec: TryRecord,
+    output: Box<dyn Pending>,
+    why: &str,
+    log: &mut TryLog,
+) -> Result<Outcome, Error> {
+    let verdict = gate::refused_by_target(why);
+    log.line(&format!("not published: {verdict}"));
+    rec.state = TryState::Rejected;
+    rec.clear_merge();
+    let (source, previous) = (rec.source_rows, rec.previous_rows);
+    apply_verdict(&mut rec, &verdict, source, previous);
+    end_unpublished(shared, at.try_id, &rec, output, at.promoting).await?;
+    let reason = verdict.reason().unwrap_or_default().to_string();
+    Ok(Outcome::Rejected(rec, reason))
+}
+
+/// A publish that failed with `e`. Not published for want of space, memory or a warehouse that
+/// answers, the try is interrupted, and runs again on `resume` (or, for a fault that may pass
+/// by itself, fails to be retried when it may).
+async fn publish_failed(
+    shared: &Shared,
+    at: &Publishing<'_>,
+    record: TryRecord,
+    output: Box<dyn Pending>,
+    e: &warehouse::Error,
+    log: &mut TryLog,
+) -> Result<Outcome, Error> {
+    let error = format!("publish failed: {e}");
+    log.line(&error);
+    let fault = e.environment().filter(|f| !(f.transient && at.may_retry));
+    let mut rec = match &fault {
+        Some(fault) => {
+            shared.stop_for(fault);
+            let mut rec = TryRecord::new(TryState::Cancelled);
+            rec.error = Some(super::interrupted_by(fault));
+            rec
+        }
+        None => {
+            let mut rec = TryRecord::new(TryState::Failed);
+            rec.error = Some(error.clone());
+            rec
+        }
+    };
+    rec.promoted_from = record.promoted_from;
+    end_unpublished(shared, at.try_id, &rec, output, at.promoting).await?;
+    Ok(match fault {
+        Some(_) => Outcome::Cancelled(rec),
+        None => Outcome::Failed(rec),
+    })
 }
 
 /// Records the end of a try whose publish did not happen, then lets its output go: in that

@@ -187,23 +187,120 @@ fn run(
 ) -> Result<End, Error> {
     let began = Instant::now();
     let owner = e.owner;
-    let created = e.created;
     let worker = owner.worker.is_some();
     // What a worker that takes the backfill over runs as its owner.
     let rest = worker.then(|| e.rest());
-    let backfill_id = owner.backfill_id;
-    let labels = crate::report::Labeler::new(&e.dag);
-    let rerun_conf = e.conf.clone();
-    let allow_drift = e.allow_drift;
+    let after = After {
+        created: e.created,
+        labels: crate::report::Labeler::new(&e.dag),
+        conf: e.conf.clone(),
+        allow_drift: e.allow_drift,
+        staging: matches!(e.mode, runner::Mode::Stage),
+        // A failed promote or rollback is not rerun by `create`: its lines say what failed.
+        reruns: matches!(e.mode, runner::Mode::Run | runner::Mode::Stage),
+        only_tasks: e.tasks.clone(),
+        began,
+    };
+    let watch = Watch::default();
     let total = e.intervals.len() as u64;
-    let staging = matches!(e.mode, runner::Mode::Stage);
-    // A failed promote or rollback is not rerun by `create`: its lines say what failed.
-    let reruns = matches!(e.mode, runner::Mode::Run | runner::Mode::Stage);
-    let only_tasks = e.tasks.clone();
-    // A worker whose queue ran dry waits while the backfill runs (see `worker::linger`).
-    let lingering: Arc<std::sync::atomic::AtomicBool> = Arc::default();
+    let (spec, tend, wind_down) = spec_of(project, e, writer, &watch);
+    let (quiet, verbose) = (g.quiet || g.json, g.verbose);
+    let driven = Driven {
+        writer,
+        project,
+        owner,
+        stopped_before,
+        total,
+        labels: after.labels,
+        quiet,
+        verbose,
+    };
+    let (result, stopped, stats, found) =
+        runtime.block_on(drive(driven, spec, signals, (tend, wind_down), &watch));
+    if let Some(e) = heartbeat_failure(g, writer, owner, &watch.heartbeat_error) {
+        return Err(e);
+    }
+    let runner::Ran { halted, fault } = result?;
+    if worker {
+        use super::worker::WorkerEnd;
+        // A worker whose backfill ended while it had nothing in flight was not interrupted.
+        let ended = watch.ended.load(std::sync::atomic::Ordering::Relaxed) && stats.cancelled == 0;
+        let stopped = stopped && !ended;
+        let end = match &found {
+            Found::Nothing => WorkerEnd::Usual,
+            Found::TookOver(_) => WorkerEnd::TookOver,
+            Found::Refused => WorkerEnd::OwnerGone,
+        };
+        let (code, state, summary) = super::worker::finish_worker(
+            g,
+            writer,
+            owner,
+            stats,
+            (stopped, end, fault.as_ref()),
+            began,
+        )?;
+        // Recorded as ended, it goes on as the backfill's owner no more.
+        if let Some(e) = gone_error(writer, &watch.gone, owner.backfill_id, None) {
+            return Err(e);
+        }
+        if let (Found::TookOver(successor), Some(rest)) = (found, rest) {
+            *as_owner = true;
+            return go_on_as_owner(
+                g, project, rest, successor, stopped, writer, runtime, signals,
+            );
+        }
+        return Ok(End {
+            code,
+            state,
+            summary,
+        });
+    }
+    finish_owner(g, writer, owner, &watch, (halted, fault, stopped), after)
+}
+
+/// What the end of a backfill's run needs to know of how it began, to record and say it.
+struct After {
+    created: Option<crate::clock::Mark>,
+    labels: crate::report::Labeler,
+    /// What a rerun command repeats.
+    conf: serde_json::Value,
+    allow_drift: bool,
+    only_tasks: Option<Vec<String>>,
+    staging: bool,
+    /// Whether the summary offers a command that reruns the failures.
+    reruns: bool,
+    began: Instant,
+}
+
+/// What the run's helpers saw, shared with them.
+#[derive(Default)]
+struct Watch {
+    /// Why the heartbeat could not be written.
+    heartbeat_error: Arc<Mutex<Option<Error>>>,
+    /// What the heartbeat saw gone of the project folder or the manifest's file.
+    gone: Arc<Mutex<Option<String>>>,
+    /// A worker told by its heartbeat that the backfill no longer runs.
+    ended: Arc<std::sync::atomic::AtomicBool>,
+    /// A worker whose queue ran dry waits while the backfill runs (see `worker::linger`).
+    lingering: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// What the runner is handed; with what the owner tends (its gone workers' intervals, see
+/// `worker::refill`) and, for a worker, the sender that winds its runner down.
+fn spec_of(
+    project: &Project,
+    e: Execution,
+    writer: &Writer,
+    watch: &Watch,
+) -> (RunSpec, Option<runner::Refill>, watch::Sender<bool>) {
+    let owner = e.owner;
+    let worker = owner.worker.is_some();
     let refill = if worker {
-        super::worker::linger(writer.path().to_path_buf(), backfill_id, lingering.clone())
+        super::worker::linger(
+            writer.path().to_path_buf(),
+            owner.backfill_id,
+            watch.lingering.clone(),
+        )
     } else {
         super::worker::refill(project, &e.dag.id, writer, owner)
     };
@@ -230,83 +327,122 @@ fn run(
         refill: Some(refill),
         wind_down: worker.then_some(wound_down),
     };
-    let (quiet, verbose) = (g.quiet || g.json, g.verbose);
-    let heartbeat_error: Arc<Mutex<Option<Error>>> = Arc::default();
-    // What the heartbeat saw gone of the project folder or the manifest's file.
-    let gone: Arc<Mutex<Option<String>>> = Arc::default();
-    // A worker told by its heartbeat that the backfill no longer runs.
-    let ended: Arc<std::sync::atomic::AtomicBool> = Arc::default();
+    (spec, tend, wind_down)
+}
+
+/// What [`drive`] runs with, besides the runner's spec.
+struct Driven<'a> {
+    writer: &'a Writer,
+    project: &'a Project,
+    owner: Owner,
+    stopped_before: bool,
+    total: u64,
+    labels: crate::report::Labeler,
+    quiet: bool,
+    verbose: bool,
+}
+
+/// The runner's result, whether it was stopped, its counts, and what a worker's watch over
+/// its owner found.
+type Drove = (Result<runner::Ran, Error>, bool, Stats, Found);
+
+/// Runs the runner with its company: the signal watcher, the heartbeat, a worker's watch over
+/// its owner, the owner's tending of its gone workers, and the reporter of its events; then
+/// stops them all.
+async fn drive(
+    d: Driven<'_>,
+    spec: RunSpec,
+    signals: &mut Option<Signals>,
+    (tend, wind_down): (Option<runner::Refill>, watch::Sender<bool>),
+    watch: &Watch,
+) -> Drove {
+    let Driven {
+        writer,
+        project,
+        owner,
+        stopped_before,
+        total,
+        labels,
+        quiet,
+        verbose,
+    } = d;
     let lease_timeout = project.lease_timeout;
-    let outcome = runtime.block_on(async {
-        let (stop_tx, _) = watch::channel(if stopped_before {
-            Stop::Graceful
-        } else {
-            Stop::Run
-        });
-        let (events_tx, mut events_rx) = mpsc::unbounded_channel::<Event>();
-        let (done, watching) = oneshot::channel();
-        let watcher = tokio::spawn(watch_signals(
-            signals.take(),
-            stop_tx.clone(),
-            Some(events_tx.clone()),
-            watching,
-        ));
-        let heartbeat = tokio::spawn(keep_alive(
-            writer.clone(),
-            owner,
-            lease_timeout,
-            stop_tx.clone(),
-            events_tx.clone(),
-            heartbeat_error.clone(),
-            (ended.clone(), lingering),
-            gone.clone(),
-        ));
-        let watching = worker.then(|| {
-            super::succession::Watching::start(project, writer, owner, events_tx.clone(), wind_down)
-        });
-        // The owner recovers gone workers as their leases expire, not only once its own queue
-        // ran dry: their runs in flight would hold places of max_active_runs meanwhile.
-        let tending = tend.map(|refill| {
-            tokio::spawn(async move {
-                let every = (lease_timeout / 2).max(HEARTBEAT);
-                loop {
-                    tokio::time::sleep(every).await;
-                    let r = refill.clone();
-                    let _ = tokio::task::spawn_blocking(move || r(false)).await;
-                }
-            })
-        });
-        let reporter = tokio::spawn(async move {
-            let mut reporter = Reporter::stderr(total, labels, quiet, verbose);
-            let mut stats = Stats::new(total);
-            while let Some(event) = events_rx.recv().await {
-                stats.record(&event);
-                reporter.handle(&event, &stats);
-            }
-            reporter.finish();
-            stats
-        });
-        let result = runner::run(spec, writer.clone(), events_tx, stop_tx.clone()).await;
-        // A takeover under way is finished before the worker ends.
-        let found = match watching {
-            Some(w) => w.end().await,
-            None => Found::Nothing,
-        };
-        let _ = done.send(());
-        heartbeat.abort();
-        if let Some(t) = tending {
-            t.abort();
-        }
-        *signals = watcher.await.ok().flatten();
-        let _ = heartbeat.await;
-        let stats = reporter.await.unwrap_or_default();
-        let stopped = *stop_tx.borrow() != Stop::Run;
-        (result, stopped, stats, found)
+    let (stop_tx, _) = watch::channel(if stopped_before {
+        Stop::Graceful
+    } else {
+        Stop::Run
     });
-    let (result, stopped, stats, found) = outcome;
-    // A heartbeat that could not be written while this process was being taken over (frozen
-    // past its lease, then thawed behind a lock or a connection made again): once the manifest
-    // answers, being taken over is what happened, and the end says so below.
+    let (events_tx, mut events_rx) = mpsc::unbounded_channel::<Event>();
+    let (done, watching) = oneshot::channel();
+    let watcher = tokio::spawn(watch_signals(
+        signals.take(),
+        stop_tx.clone(),
+        Some(events_tx.clone()),
+        watching,
+    ));
+    let heartbeat = tokio::spawn(keep_alive(
+        writer.clone(),
+        owner,
+        lease_timeout,
+        stop_tx.clone(),
+        events_tx.clone(),
+        watch.heartbeat_error.clone(),
+        (watch.ended.clone(), watch.lingering.clone()),
+        watch.gone.clone(),
+    ));
+    let watching = owner.worker.is_some().then(|| {
+        super::succession::Watching::start(project, writer, owner, events_tx.clone(), wind_down)
+    });
+    // The owner recovers gone workers as their leases expire, not only once its own queue
+    // ran dry: their runs in flight would hold places of max_active_runs meanwhile.
+    let tending = tend.map(|refill| {
+        tokio::spawn(async move {
+            let every = (lease_timeout / 2).max(HEARTBEAT);
+            loop {
+                tokio::time::sleep(every).await;
+                let r = refill.clone();
+                let _ = tokio::task::spawn_blocking(move || r(false)).await;
+            }
+        })
+    });
+    let reporter = tokio::spawn(async move {
+        let mut reporter = Reporter::stderr(total, labels, quiet, verbose);
+        let mut stats = Stats::new(total);
+        while let Some(event) = events_rx.recv().await {
+            stats.record(&event);
+            reporter.handle(&event, &stats);
+        }
+        reporter.finish();
+        stats
+    });
+    let result = runner::run(spec, writer.clone(), events_tx, stop_tx.clone()).await;
+    // A takeover under way is finished before the worker ends.
+    let found = match watching {
+        Some(w) => w.end().await,
+        None => Found::Nothing,
+    };
+    let _ = done.send(());
+    heartbeat.abort();
+    if let Some(t) = tending {
+        t.abort();
+    }
+    *signals = watcher.await.ok().flatten();
+    let _ = heartbeat.await;
+    let stats = reporter.await.unwrap_or_default();
+    let stopped = *stop_tx.borrow() != Stop::Run;
+    (result, stopped, stats, found)
+}
+
+/// Why the run stopped when its heartbeat could not be written: a heartbeat that could not be
+/// written is why whatever else failed did. One that failed while this process was being
+/// taken over (frozen past its lease, then thawed behind a lock or a connection made again)
+/// is not: once the manifest answers, being taken over is what happened, and the end says so.
+fn heartbeat_failure(
+    g: &Global,
+    writer: &Writer,
+    owner: Owner,
+    heartbeat_error: &Mutex<Option<Error>>,
+) -> Option<Error> {
     if heartbeat_error.lock().is_ok_and(|h| h.is_some()) {
         let asked = writer.call_blocking(move |c| c.heartbeat(owner, crate::clock::now_ms()));
         if let Err(manifest::Error::Fenced { .. }) = asked
@@ -315,64 +451,43 @@ fn run(
             h.take();
         }
     }
-    // A heartbeat that could not be written is why whatever else failed did.
-    if let Some(e) = heartbeat_error.lock().ok().and_then(|mut h| h.take()) {
-        if owner.worker.is_none() {
-            super::warn(
-                g,
-                &format!(
-                    "backfill {id} stays resumable: `backfill resume {id}` takes it up again once the manifest answers",
-                    id = owner.backfill_id
-                ),
-            );
-        }
-        return Err(e);
-    }
-    let runner::Ran { halted, fault } = result?;
-    if worker {
-        use super::worker::WorkerEnd;
-        // A worker whose backfill ended while it had nothing in flight was not interrupted.
-        let ended = ended.load(std::sync::atomic::Ordering::Relaxed) && stats.cancelled == 0;
-        let stopped = stopped && !ended;
-        let end = match &found {
-            Found::Nothing => WorkerEnd::Usual,
-            Found::TookOver(_) => WorkerEnd::TookOver,
-            Found::Refused => WorkerEnd::OwnerGone,
-        };
-        let (code, state, summary) = super::worker::finish_worker(
+    let e = heartbeat_error.lock().ok().and_then(|mut h| h.take())?;
+    if owner.worker.is_none() {
+        super::warn(
             g,
-            writer,
-            owner,
-            stats,
-            (stopped, end, fault.as_ref()),
-            began,
-        )?;
-        // Recorded as ended, it goes on as the backfill's owner no more.
-        if let Some(e) = gone_error(writer, &gone, backfill_id, None) {
-            return Err(e);
-        }
-        if let (Found::TookOver(successor), Some(rest)) = (found, rest) {
-            *as_owner = true;
-            return go_on_as_owner(
-                g, project, rest, successor, stopped, writer, runtime, signals,
-            );
-        }
-        return Ok(End {
-            code,
-            state,
-            summary,
-        });
+            &format!(
+                "backfill {id} stays resumable: `backfill resume {id}` takes it up again once the manifest answers",
+                id = owner.backfill_id
+            ),
+        );
     }
-    // How the backfill ended, judged on its own runs in the manifest. The outcome holds counts
-    // and the failed intervals only, so memory does not grow with the number of intervals.
+    Some(e)
+}
+
+/// The owner's end of a run: how the backfill ended, judged on its own runs in the manifest
+/// (`halted`, the environment's `fault`, whether it was `stopped`), recorded, and said in the
+/// summary.
+fn finish_owner(
+    g: &Global,
+    writer: &Writer,
+    owner: Owner,
+    watch: &Watch,
+    (halted, fault, stopped): (bool, Option<crate::environment::Fault>, bool),
+    after: After,
+) -> Result<End, Error> {
+    let backfill_id = owner.backfill_id;
+    // The outcome holds counts and the failed intervals only, so memory does not grow with
+    // the number of intervals.
     let mut outcome = writer.call_blocking(move |c| {
         c.outcome(backfill_id)?.ok_or_else(|| {
             manifest::Error::Invalid(format!("backfill {backfill_id} vanished from the manifest"))
         })
     })?;
     let counts = &outcome.backfill.intervals;
-    let judged = super::outcome::Outcome::judge(fault.is_some(), halted, stopped, counts, staging);
+    let judged =
+        super::outcome::Outcome::judge(fault.is_some(), halted, stopped, counts, after.staging);
     let (state, code) = (judged.state(), judged.exit_code());
+    let created = after.created;
     let recorded =
         writer.call_blocking(move |c| c.finish_backfill(owner, state, Ended::since(created)));
     let (state, code, taken_over) = match recorded {
@@ -389,7 +504,7 @@ fn run(
     // file): the error says what happened and what it came to, instead of a summary.
     if let Some(e) = gone_error(
         writer,
-        &gone,
+        &watch.gone,
         backfill_id,
         Some(&outcome.backfill.intervals),
     ) {
@@ -405,15 +520,15 @@ fn run(
     }
     let rerun = report::rerun_command(
         &outcome,
-        &labels,
+        &after.labels,
         &report::Rerun {
-            conf: &rerun_conf,
-            allow_drift,
-            tasks: only_tasks.as_deref(),
+            conf: &after.conf,
+            allow_drift: after.allow_drift,
+            tasks: after.only_tasks.as_deref(),
         },
     )
-    .filter(|_| reruns);
-    let mut summary = report::summary(&outcome, code, began.elapsed(), rerun);
+    .filter(|_| after.reruns);
+    let mut summary = report::summary(&outcome, code, after.began.elapsed(), rerun);
     summary.taken_over = taken_over;
     summary.stopped_by = fault.as_ref().filter(|_| !taken_over);
     let json = serde_json::to_string(&summary)
@@ -424,7 +539,7 @@ fn run(
         g.json,
         Fit::stderr(g.verbose),
     );
-    match report::summary::write(&mut out, &summary, &labels, g.quiet) {
+    match report::summary::write(&mut out, &summary, &after.labels, g.quiet) {
         Ok(()) | Err(Error::ClosedPipe) => {}
         Err(e) => return Err(e),
     }

@@ -467,18 +467,50 @@ fn show_part(conn: &Conn, id: i64, page: Option<(i64, i64)>) -> Result<Option<Ba
     let Some(b) = backfills::get(conn, id)? else {
         return Ok(None);
     };
-    // The plan's order is the run order: by start, or backwards by start. A page is in time
-    // order, and holds the plan rows whose starts lie in its span.
+    // The plan's rows first: their span bounds the runs read next.
+    let plan = plan_rows(conn, id, page, b.run_backwards)?;
+    let starts = plan.iter().map(|p| p.1);
+    // No plan row (a page past the end): no run either.
+    let (lo, hi) = starts.clone().min().zip(starts.max()).unwrap_or((1, 0));
+    let latest = latest_runs(conn, id, lo, hi)?;
+    let mut run_ids: Vec<i64> = latest.iter().map(|r| r.run_id).collect();
+    run_ids.sort_unstable();
+    let tries = try_aggs(conn, &run_ids)?;
+    let out = interval_details(plan, &latest, &tries);
+    let counts = if page.is_some() {
+        counts(conn, Some(id))?.remove(&id).unwrap_or_default()
+    } else {
+        // The counts come from what was just read, not from another pass over the runs.
+        counts_of(&out, &latest)
+    };
+    Ok(Some(BackfillDetail {
+        backfill: summary(b, counts),
+        interval_details: out,
+        cascade_backfills: None,
+        workers: worker_summaries(conn, id)?,
+    }))
+}
+
+/// A plan row: order, interval start and end, action and reason.
+type PlanRead = (i64, i64, i64, PlanAction, Option<String>);
+
+/// The plan rows of backfill `id`, or of a page of it (`(offset, limit)`). The plan's order is
+/// the run order: by start, or backwards by start. A page is in time order, and holds the plan
+/// rows whose starts lie in its span.
+fn plan_rows(
+    conn: &Conn,
+    id: i64,
+    page: Option<(i64, i64)>,
+    run_backwards: bool,
+) -> Result<Vec<PlanRead>> {
     let (plan_sql, limit, offset) = match page {
         None => ("ORDER BY ord LIMIT ?2 OFFSET ?3", i64::MAX, 0),
-        Some((offset, limit)) if b.run_backwards => {
+        Some((offset, limit)) if run_backwards => {
             ("ORDER BY ord DESC LIMIT ?2 OFFSET ?3", limit, offset)
         }
         Some((offset, limit)) => ("ORDER BY ord LIMIT ?2 OFFSET ?3", limit, offset),
     };
-    // The plan's rows first: their span bounds the runs read next.
-    type PlanRead = (i64, i64, i64, PlanAction, Option<String>);
-    let plan: Vec<PlanRead> = conn
+    Ok(conn
         .prepare(&format!(
             "SELECT ord, interval_start, interval_end, action, reason FROM plan
              WHERE backfill_id = ?1 {plan_sql}"
@@ -486,10 +518,12 @@ fn show_part(conn: &Conn, id: i64, page: Option<(i64, i64)>) -> Result<Option<Ba
         .query_map(params![id, limit, offset], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
         })?
-        .collect::<super::db::Result<_>>()?;
-    let starts = plan.iter().map(|p| p.1);
-    // No plan row (a page past the end): no run either.
-    let (lo, hi) = starts.clone().min().zip(starts.max()).unwrap_or((1, 0));
+        .collect::<super::db::Result<_>>()?)
+}
+
+/// The latest run of each interval of backfill `id` whose start is in `[lo, hi]`, with how many
+/// runs it had, by start: one ordered range scan.
+fn latest_runs(conn: &Conn, id: i64, lo: i64, hi: i64) -> Result<Vec<LatestRun>> {
     let mut latest: Vec<LatestRun> = Vec::new();
     let mut stmt = conn.prepare(
         "SELECT interval_start, id, state, started_at, ended_at, error FROM runs
@@ -517,68 +551,88 @@ fn show_part(conn: &Conn, id: i64, page: Option<(i64, i64)>) -> Result<Option<Ba
             _ => latest.push(run),
         }
     }
-    drop(rows);
-    let mut run_ids: Vec<i64> = latest.iter().map(|r| r.run_id).collect();
-    run_ids.sort_unstable();
+    Ok(latest)
+}
+
+/// The tries of each run of `run_ids` (sorted), aggregated, by run: one ordered range scan.
+fn try_aggs(conn: &Conn, run_ids: &[i64]) -> Result<Vec<TryAgg>> {
     let mut tries: Vec<TryAgg> = Vec::with_capacity(run_ids.len());
-    if let (Some(lo), Some(hi)) = (run_ids.first(), run_ids.last()) {
-        let mut stmt = conn.prepare(
-            "SELECT run_id, state, rows, verdict, reasons, log_path, error, id, waiting_for, staged,
-                    host, batch, rows_inserted, rows_updated, rows_deleted, rows_unchanged
-             FROM task_tries WHERE run_id BETWEEN ?1 AND ?2 ORDER BY run_id",
-        )?;
-        let mut rows = stmt.query([lo, hi])?;
-        while let Some(r) = rows.next()? {
-            let run_id: i64 = r.get(0)?;
-            if run_ids.binary_search(&run_id).is_err() {
-                continue;
-            }
-            if tries.last().is_none_or(|t| t.run_id != run_id) {
-                tries.push(TryAgg {
-                    run_id,
-                    ..TryAgg::default()
-                });
-            }
-            let Some(agg) = tries.last_mut() else {
-                continue;
-            };
-            agg.tries += 1;
-            let state: TryState = r.get(1)?;
-            let succeeded = state == TryState::Succeeded;
-            if state == TryState::Running
-                && let Some(pool) = r.get::<_, Option<String>>(8)?
-            {
-                agg.waiting_for = Some(pool);
-            }
-            if succeeded && let Some(n) = r.get::<_, Option<i64>>(2)? {
-                agg.rows = Some(agg.rows.unwrap_or(0) + n);
-            }
-            if succeeded {
-                Changes::add(&mut agg.changes, &r, 12)?;
-            }
-            // The index yields a run's tries by task, not in the order they ran.
-            let try_id: i64 = r.get(7)?;
-            if try_id > agg.verdict_try
-                && let Some(v) = r.get::<_, Option<Verdict>>(3)?
-            {
-                agg.verdict = Some(shown_verdict(v, r.get(9)?));
-                agg.reasons = r.get(4)?;
-                agg.verdict_try = try_id;
-            }
-            if try_id > agg.host_try {
-                agg.host = r.get(10)?;
-                agg.host_try = try_id;
-            }
-            if agg.batch.is_none() {
-                agg.batch = r.get(11)?;
-            }
-            if !succeeded && try_id > agg.error_try {
-                agg.log = r.get(5)?;
-                agg.error = r.get(6)?;
-                agg.error_try = try_id;
-            }
+    let (Some(lo), Some(hi)) = (run_ids.first(), run_ids.last()) else {
+        return Ok(tries);
+    };
+    let mut stmt = conn.prepare(
+        "SELECT run_id, state, rows, verdict, reasons, log_path, error, id, waiting_for, staged,
+                host, batch, rows_inserted, rows_updated, rows_deleted, rows_unchanged
+         FROM task_tries WHERE run_id BETWEEN ?1 AND ?2 ORDER BY run_id",
+    )?;
+    let mut rows = stmt.query([lo, hi])?;
+    while let Some(r) = rows.next()? {
+        let run_id: i64 = r.get(0)?;
+        if run_ids.binary_search(&run_id).is_err() {
+            continue;
+        }
+        if tries.last().is_none_or(|t| t.run_id != run_id) {
+            tries.push(TryAgg {
+                run_id,
+                ..TryAgg::default()
+            });
+        }
+        if let Some(agg) = tries.last_mut() {
+            agg.add(&r)?;
         }
     }
+    Ok(tries)
+}
+
+impl TryAgg {
+    /// Adds one try of the run, read as [`try_aggs`] selects it.
+    fn add(&mut self, r: &super::db::Row<'_>) -> super::db::Result<()> {
+        self.tries += 1;
+        let state: TryState = r.get(1)?;
+        let succeeded = state == TryState::Succeeded;
+        if state == TryState::Running
+            && let Some(pool) = r.get::<_, Option<String>>(8)?
+        {
+            self.waiting_for = Some(pool);
+        }
+        if succeeded && let Some(n) = r.get::<_, Option<i64>>(2)? {
+            self.rows = Some(self.rows.unwrap_or(0) + n);
+        }
+        if succeeded {
+            Changes::add(&mut self.changes, r, 12)?;
+        }
+        // The index yields a run's tries by task, not in the order they ran.
+        let try_id: i64 = r.get(7)?;
+        if try_id > self.verdict_try
+            && let Some(v) = r.get::<_, Option<Verdict>>(3)?
+        {
+            self.verdict = Some(shown_verdict(v, r.get(9)?));
+            self.reasons = r.get(4)?;
+            self.verdict_try = try_id;
+        }
+        if try_id > self.host_try {
+            self.host = r.get(10)?;
+            self.host_try = try_id;
+        }
+        if self.batch.is_none() {
+            self.batch = r.get(11)?;
+        }
+        if !succeeded && try_id > self.error_try {
+            self.log = r.get(5)?;
+            self.error = r.get(6)?;
+            self.error_try = try_id;
+        }
+        Ok(())
+    }
+}
+
+/// Each plan row with its interval's latest run and that run's tries: merged in memory, by
+/// binary search, without per-row lookups.
+fn interval_details(
+    plan: Vec<PlanRead>,
+    latest: &[LatestRun],
+    tries: &[TryAgg],
+) -> Vec<IntervalDetail> {
     let mut out = Vec::with_capacity(plan.len());
     for (ord, start, end, action, reason) in plan {
         let run = latest
@@ -618,27 +672,31 @@ fn show_part(conn: &Conn, id: i64, page: Option<(i64, i64)>) -> Result<Option<Ba
             batch: t.and_then(|t| t.batch.clone()),
         });
     }
-    let counts = if page.is_some() {
-        counts(conn, Some(id))?.remove(&id).unwrap_or_default()
-    } else {
-        // The counts come from what was just read, not from another pass over the runs.
-        let mut counts = Counts::default();
-        for i in &out {
-            counts.total += 1;
-            if i.action == PlanAction::Run {
-                counts.planned += 1;
-            } else {
-                counts.skipped += 1;
-            }
+    out
+}
+
+/// The counts of a whole backfill, from its intervals and their latest runs as just read.
+fn counts_of(out: &[IntervalDetail], latest: &[LatestRun]) -> Counts {
+    let mut counts = Counts::default();
+    for i in out {
+        counts.total += 1;
+        if i.action == PlanAction::Run {
+            counts.planned += 1;
+        } else {
+            counts.skipped += 1;
         }
-        for run in &latest {
-            counts.add_state(run.state, 1);
-        }
-        let starts = out.iter().map(|i| i.start.0.timestamp());
-        counts.span = starts.clone().min().zip(starts.max());
-        counts.finish();
-        counts
-    };
+    }
+    for run in latest {
+        counts.add_state(run.state, 1);
+    }
+    let starts = out.iter().map(|i| i.start.0.timestamp());
+    counts.span = starts.clone().min().zip(starts.max());
+    counts.finish();
+    counts
+}
+
+/// The workers of backfill `id`, each with how many intervals it started.
+fn worker_summaries(conn: &Conn, id: i64) -> Result<Vec<WorkerSummary>> {
     let mut ran = HashMap::new();
     let mut stmt = conn.prepare_cached(
         "SELECT worker, COUNT(*) FROM runs WHERE backfill_id = ?1 AND worker IS NOT NULL
@@ -648,16 +706,10 @@ fn show_part(conn: &Conn, id: i64, page: Option<(i64, i64)>) -> Result<Option<Ba
     while let Some(r) = rows.next()? {
         ran.insert(r.get::<_, i64>(0)?, r.get::<_, i64>(1)?);
     }
-    let workers = super::workers::of(conn, id)?
+    Ok(super::workers::of(conn, id)?
         .iter()
         .map(|w| WorkerSummary::of(w, false, ran.get(&w.id).copied().unwrap_or(0)))
-        .collect();
-    Ok(Some(BackfillDetail {
-        backfill: summary(b, counts),
-        interval_details: out,
-        cascade_backfills: None,
-        workers,
-    }))
+        .collect())
 }
 
 pub fn list_one(conn: &Conn, id: i64) -> Result<Option<BackfillSummary>> {

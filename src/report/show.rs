@@ -8,7 +8,7 @@ use super::grid::{Grid, duration_ms, has_content, or_empty};
 use super::list::{range_labels, state_text};
 use super::out::{Sink, plural};
 use crate::exit::Error;
-use crate::manifest::queries::BackfillDetail;
+use crate::manifest::queries::{BackfillDetail, BackfillSummary};
 use crate::state::BackfillState;
 use crate::warehouse::versions::Storage;
 
@@ -34,7 +34,14 @@ pub fn write(
             kept_versions,
         });
     }
-    let b = &detail.backfill;
+    write_heading(out, &detail.backfill, labels)?;
+    out.text(&intervals(detail, labels).render(out.fit))?;
+    write_workers(out, detail)?;
+    write_kept(out, kept_versions.unwrap_or_default())
+}
+
+/// The backfill's two lines: what it is, and how its intervals stand.
+fn write_heading(out: &mut Sink<'_>, b: &BackfillSummary, labels: &Labeler) -> Result<(), Error> {
     let c = &b.intervals;
     let (from, to) = range_labels(b, labels);
     let typed = if (from.as_str(), to.as_str()) == (b.from_arg.as_str(), b.to_arg.as_str()) {
@@ -79,6 +86,11 @@ pub fn write(
         c.pending,
         c.skipped,
     ))?;
+    Ok(())
+}
+
+/// The table of the backfill's intervals.
+fn intervals(detail: &BackfillDetail, labels: &Labeler) -> Grid {
     let mut t = Grid::new(vec![
         "#",
         "interval",
@@ -143,7 +155,11 @@ pub fn write(
             },
         );
     }
-    out.text(&t.render(out.fit))?;
+    t
+}
+
+/// A line for each worker that joined the backfill.
+fn write_workers(out: &mut Sink<'_>, detail: &BackfillDetail) -> Result<(), Error> {
     for w in &detail.workers {
         let state = match (w.state, w.alive) {
             (BackfillState::Running, false) => {
@@ -165,11 +181,12 @@ pub fn write(
                 .unwrap_or_default(),
         ))?;
     }
-    for k in kept_versions
-        .unwrap_or_default()
-        .iter()
-        .filter(|k| k.versions > 0)
-    {
+    Ok(())
+}
+
+/// What the tasks' targets keep for rollback.
+fn write_kept(out: &mut Sink<'_>, kept_versions: &[Storage]) -> Result<(), Error> {
+    for k in kept_versions.iter().filter(|k| k.versions > 0) {
         out.line(&format!(
             "kept for rollback in `{}`: {}, {}, {}",
             k.target,

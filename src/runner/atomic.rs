@@ -321,6 +321,47 @@ fn refuse(members: &mut [Member], trouble: &Trouble) {
 /// Records the decision to publish every member, publishes them in one warehouse
 /// transaction, and sets each one's outcome.
 async fn publish(shared: &Arc<Shared>, members: &mut [Member]) -> Result<(), Error> {
+    if !record_intents(shared, members).await? {
+        return Ok(());
+    }
+    crate::fault::point("before-publish");
+    // What the blocking publish takes: each output and how to publish it.
+    // Its record stays here, by member: what was judged is what its try records.
+    let mut group: Group = Vec::new();
+    let mut records: Vec<Option<TryRecord>> = vec![None; members.len()];
+    for (k, m) in members.iter_mut().enumerate() {
+        if let Some(j) = m.judged.take() {
+            let prepared = Prepared::of(shared, m, &j);
+            records[k] = Some(j.record);
+            group.push((k, j.output, prepared));
+        }
+    }
+    let (group, result) = publish_blocking(shared, members, group).await?;
+    match result {
+        Ok(rows) => {
+            published(shared, members, group, rows, records);
+            Ok(())
+        }
+        Err(warehouse::Error::Refused) => {
+            for (_, output, _) in group {
+                output.keep();
+            }
+            refuse(
+                members,
+                &Trouble::Stopped("taken over by another process before publishing".into()),
+            );
+            Ok(())
+        }
+        Err(e) => not_published(shared, members, group, &e).await,
+    }
+}
+
+/// The members' outputs, each with its member's place and how to publish it.
+type Group = Vec<(usize, Box<dyn backend::Pending>, Prepared)>;
+
+/// Records the decision to publish every judged member, in one manifest transaction: whether
+/// it stands (refused, the members say why).
+async fn record_intents(shared: &Arc<Shared>, members: &mut [Member]) -> Result<bool, Error> {
     let owner = shared.spec.owner;
     let intents: Vec<(i64, Option<String>, TryRecord)> = members
         .iter()
@@ -334,7 +375,7 @@ async fn publish(shared: &Arc<Shared>, members: &mut [Member]) -> Result<(), Err
         })
         .collect();
     if intents.is_empty() {
-        return Ok(());
+        return Ok(false);
     }
     crate::fault::point("before-intent");
     let decided = shared
@@ -342,41 +383,39 @@ async fn publish(shared: &Arc<Shared>, members: &mut [Member]) -> Result<(), Err
         .call(move |c| c.record_group_intent(c.fence(owner)?, &intents))
         .await;
     match decided {
-        Ok(true) => {}
+        Ok(true) => Ok(true),
         Ok(false) => {
             refuse(
                 members,
                 &Trouble::Stopped("taken over by another process".into()),
             );
-            return Ok(());
+            Ok(false)
         }
         Err(e) => {
             refuse(
                 members,
                 &Trouble::Stopped(format!("cannot record the decision: {e}")),
             );
-            return Err(e.into());
+            Err(e.into())
         }
     }
-    crate::fault::point("before-publish");
-    // What the blocking publish takes: each output and how to publish it.
-    // Its record stays here, by member: what was judged is what its try records.
-    let mut group: Vec<(usize, Box<dyn backend::Pending>, Prepared)> = Vec::new();
-    let mut records: Vec<Option<TryRecord>> = vec![None; members.len()];
-    for (k, m) in members.iter_mut().enumerate() {
-        if let Some(j) = m.judged.take() {
-            let prepared = Prepared::of(shared, m, &j);
-            records[k] = Some(j.record);
-            group.push((k, j.output, prepared));
-        }
-    }
+}
+
+/// Publishes the group in one warehouse transaction that the manifest must still allow for
+/// every member, on the blocking pool: the group back, with each one's rows or why none.
+async fn publish_blocking(
+    shared: &Arc<Shared>,
+    members: &[Member],
+    mut group: Group,
+) -> Result<(Group, Result<Vec<i64>, warehouse::Error>), Error> {
+    let owner = shared.spec.owner;
     let tries: Vec<i64> = group
         .iter()
         .map(|(k, _, _)| members[*k].started.try_id)
         .collect();
     let first_log = members[group[0].0].started.log.clone();
     let spawned = Arc::clone(shared);
-    let joined = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         let shared = spawned;
         let result = match manifest::Reader::take(&shared.spec.manifest_path) {
             Ok(reader) => {
@@ -415,105 +454,108 @@ async fn publish(shared: &Arc<Shared>, members: &mut [Member]) -> Result<(), Err
         (group, result)
     })
     .await
-    .map_err(|e| Error::Internal(format!("publish panicked: {e}")))?;
-    let (group, result) = joined;
+    .map_err(|e| Error::Internal(format!("publish panicked: {e}")))
+}
+
+/// The group committed: each member succeeded with its `rows`, its output removed.
+fn published(
+    shared: &Arc<Shared>,
+    members: &mut [Member],
+    group: Group,
+    rows: Vec<i64>,
+    mut records: Vec<Option<TryRecord>>,
+) {
+    crate::fault::point("after-publish");
     let others = group.len().saturating_sub(1);
-    match result {
-        Ok(rows) => {
-            crate::fault::point("after-publish");
-            for ((k, output, _), rows) in group.into_iter().zip(rows) {
-                let m = &mut members[k];
-                let task = &shared.spec.dag.tasks[m.task];
-                let Some(mut record) = records[k].take() else {
-                    continue;
-                };
-                if let Some(merged) = output.merged().or(output.measures().merge) {
-                    record.set_merge(&merged);
-                }
-                output.remove();
-                if let TaskKind::Sql(sql) = &task.kind {
-                    TryLog::open(&m.started.log).line(&format!(
-                        "published {} into {}, in one transaction with {}",
-                        crate::words::plural(rows, "row", "rows"),
-                        sql.target,
-                        crate::words::plural(
-                            i64::try_from(others).unwrap_or(i64::MAX),
-                            "other output",
-                            "other outputs"
-                        ),
-                    ));
-                }
-                let fingerprint = record.fingerprint.clone();
-                m.outcome = Some(Outcome::Succeeded(
-                    record,
-                    Some(Published {
-                        rows,
-                        fingerprint,
-                        recorded: false,
-                    }),
-                ));
-            }
-            Ok(())
+    for ((k, output, _), rows) in group.into_iter().zip(rows) {
+        let m = &mut members[k];
+        let task = &shared.spec.dag.tasks[m.task];
+        let Some(mut record) = records[k].take() else {
+            continue;
+        };
+        if let Some(merged) = output.merged().or(output.measures().merge) {
+            record.set_merge(&merged);
         }
-        Err(warehouse::Error::Refused) => {
-            for (_, output, _) in group {
-                output.keep();
-            }
-            refuse(
-                members,
-                &Trouble::Stopped("taken over by another process before publishing".into()),
-            );
-            Ok(())
+        output.remove();
+        if let TaskKind::Sql(sql) = &task.kind {
+            TryLog::open(&m.started.log).line(&format!(
+                "published {} into {}, in one transaction with {}",
+                crate::words::plural(rows, "row", "rows"),
+                sql.target,
+                crate::words::plural(
+                    i64::try_from(others).unwrap_or(i64::MAX),
+                    "other output",
+                    "other outputs"
+                ),
+            ));
         }
-        Err(e) => {
-            let fault = e.environment();
-            let why = format!("not published: {e}; `promote --atomic` publishes all or none");
-            let mut ended = Vec::new();
-            for (k, output, _) in group {
-                output.keep();
-                let m = &mut members[k];
-                TryLog::open(&m.started.log).line(&why);
-                let mut rec = match &fault {
-                    Some(f) => {
-                        let mut rec = TryRecord::new(TryState::Cancelled);
-                        rec.error = Some(super::interrupted_by(f));
-                        rec
-                    }
-                    None => {
-                        let mut rec = TryRecord::new(TryState::Failed);
-                        rec.error = Some(why.clone());
-                        rec
-                    }
-                };
-                rec.promoted_from = Some(m.staged.try_id);
-                ended.push((m.started.try_id, rec.clone()));
-                m.outcome = Some(match fault {
-                    Some(_) => Outcome::Cancelled(rec),
-                    None => Outcome::Failed(rec),
-                });
-            }
-            if let Some(f) = &fault {
-                shared.stop_for(f);
-            }
-            // Every intent ends in one transaction: a recoverer never finds part of the
-            // group still decided.
-            let ends: Vec<_> = ended
-                .into_iter()
-                .map(|(t, rec)| (t, rec, shared.marks.try_end(t)))
-                .collect();
-            shared
-                .writer
-                .call(move |c| {
-                    let f = c.fence(owner)?;
-                    for (t, rec, began) in &ends {
-                        c.finish_try(f, *t, rec, crate::clock::End::since(*began))?;
-                    }
-                    Ok(())
-                })
-                .await?;
-            Ok(())
-        }
+        let fingerprint = record.fingerprint.clone();
+        m.outcome = Some(Outcome::Succeeded(
+            record,
+            Some(Published {
+                rows,
+                fingerprint,
+                recorded: false,
+            }),
+        ));
     }
+}
+
+/// The group's transaction failed with `e`: nothing was published; every member's try ends
+/// failed (or interrupted, for a fault of the environment), its staged output kept, and every
+/// intent ends in one manifest transaction, so that a recoverer never finds part of the group
+/// still decided.
+async fn not_published(
+    shared: &Arc<Shared>,
+    members: &mut [Member],
+    group: Group,
+    e: &warehouse::Error,
+) -> Result<(), Error> {
+    let owner = shared.spec.owner;
+    let fault = e.environment();
+    let why = format!("not published: {e}; `promote --atomic` publishes all or none");
+    let mut ended = Vec::new();
+    for (k, output, _) in group {
+        output.keep();
+        let m = &mut members[k];
+        TryLog::open(&m.started.log).line(&why);
+        let mut rec = match &fault {
+            Some(f) => {
+                let mut rec = TryRecord::new(TryState::Cancelled);
+                rec.error = Some(super::interrupted_by(f));
+                rec
+            }
+            None => {
+                let mut rec = TryRecord::new(TryState::Failed);
+                rec.error = Some(why.clone());
+                rec
+            }
+        };
+        rec.promoted_from = Some(m.staged.try_id);
+        ended.push((m.started.try_id, rec.clone()));
+        m.outcome = Some(match fault {
+            Some(_) => Outcome::Cancelled(rec),
+            None => Outcome::Failed(rec),
+        });
+    }
+    if let Some(f) = &fault {
+        shared.stop_for(f);
+    }
+    let ends: Vec<_> = ended
+        .into_iter()
+        .map(|(t, rec)| (t, rec, shared.marks.try_end(t)))
+        .collect();
+    shared
+        .writer
+        .call(move |c| {
+            let f = c.fence(owner)?;
+            for (t, rec, began) in &ends {
+                c.finish_try(f, *t, rec, crate::clock::End::since(*began))?;
+            }
+            Ok(())
+        })
+        .await?;
+    Ok(())
 }
 
 /// How to publish one member, owned, for the blocking publish.

@@ -338,29 +338,10 @@ pub async fn run(
     let stop = stop_tx.subscribe();
     // Promotes and rollbacks put back what was computed already: no interval waits for another.
     let depends_on_past = spec.dag.depends_on_past && matches!(spec.mode, Mode::Run | Mode::Stage);
-    let max = if depends_on_past {
-        1
-    } else {
-        spec.max_active_runs.max(1)
-    };
-    // Each task's folder for logs and result files, once: tries only add files to it. One that
-    // cannot be made for want of space or permission stops the backfill before it starts.
-    let mut no_logs = None;
-    for task in &spec.dag.tasks {
-        let dir = spec.logs_dir.join(&spec.dag.id).join(&task.id);
-        if let Err(e) = crate::process::private_dir(&dir) {
-            let what = format!("the log folder {}", dir.display());
-            match Fault::of_io(&e, &what, &dir) {
-                Some(fault) => {
-                    no_logs.get_or_insert(fault);
-                }
-                None => return Err(Error::io(format!("cannot create {what}"), e)),
-            }
-        }
-    }
-    let mut queue: VecDeque<DataInterval> = std::mem::take(&mut spec.intervals).into();
+    let no_logs = log_folders(&spec)?;
+    let queue: VecDeque<DataInterval> = std::mem::take(&mut spec.intervals).into();
     let reprs = Mutex::new(spec.reprs.clone());
-    let (freed, mut freed_rx) = mpsc::unbounded_channel();
+    let (freed, freed_rx) = mpsc::unbounded_channel();
     let (one_database, said) = sql_try::one_database(&spec).await;
     for warning in said {
         let _ = events.send(Event::Warning { warning });
@@ -388,7 +369,7 @@ pub async fn run(
     }
     if matches!(shared.spec.mode, Mode::PromoteAtomic(_)) {
         // One group, claimed, judged and published together by this process.
-        let intervals: Vec<DataInterval> = queue.drain(..).collect();
+        let intervals: Vec<DataInterval> = queue.into_iter().collect();
         if no_logs.is_none()
             && let Err(e) = atomic::run(&shared, intervals, &stop).await
         {
@@ -404,174 +385,312 @@ pub async fn run(
             fault: shared.fault(),
         });
     }
-    // For depends_on_past: whether the interval ending at this instant succeeded here.
-    let mut succeeded_by_end: HashMap<i64, bool> = if depends_on_past {
-        failed_predecessors(&shared, &queue).await?
-    } else {
-        HashMap::new()
-    };
-    // Each spawned task runs an interval, or a batch of them one after the other; it holds one
-    // slot, named by its first interval's start.
-    let mut running: JoinSet<Result<Ended, Error>> = JoinSet::new();
-    let batch_size = match shared.spec.mode {
-        Mode::Run | Mode::Stage if !depends_on_past => shared.spec.dag.batch_size.max(1) as usize,
-        _ => 1,
-    };
-    let mut stop_rx = stop.clone();
-    let mut wind_down = shared.spec.wind_down.clone();
-    let mut first_error: Option<Error> = None;
-    let max_failures = shared.spec.max_failures;
-    let mut failures: u32 = 0;
-    let mut halted = false;
-    // The intervals (by start) that hold a slot: spawned, and neither freed nor joined.
-    let mut holding: std::collections::HashSet<i64> = std::collections::HashSet::new();
+    let mut d = Dispatch::new(shared, queue, stop, freed_rx, depends_on_past).await?;
     loop {
-        while let Ok(start) = freed_rx.try_recv() {
-            holding.remove(&start);
+        d.note_freed();
+        d.start_more().await;
+        if d.running.is_empty() {
+            if d.refill().await {
+                continue;
+            }
+            break;
         }
-        if !halted && shared.halted.load(std::sync::atomic::Ordering::Relaxed) {
-            // Another process's failures (or this one's, counted in the manifest) reached it.
-            halted = true;
-            let failed = max_failures.unwrap_or(failures).max(failures);
-            let _ = shared.events.send(Event::MaxFailures { failed });
+        d.wait().await;
+    }
+    match d.first_error {
+        Some(e) => Err(e),
+        None => Ok(Ran {
+            halted: d.halted,
+            fault: d.shared.fault(),
+        }),
+    }
+}
+
+/// Makes each task's folder for logs and result files, once: tries only add files to it. One
+/// that cannot be made for want of space or permission stops the backfill before it starts
+/// (the fault); any other failure is an error.
+fn log_folders(spec: &RunSpec) -> Result<Option<Fault>, Error> {
+    let mut no_logs = None;
+    for task in &spec.dag.tasks {
+        let dir = spec.logs_dir.join(&spec.dag.id).join(&task.id);
+        if let Err(e) = crate::process::private_dir(&dir) {
+            let what = format!("the log folder {}", dir.display());
+            match Fault::of_io(&e, &what, &dir) {
+                Some(fault) => {
+                    no_logs.get_or_insert(fault);
+                }
+                None => return Err(Error::io(format!("cannot create {what}"), e)),
+            }
         }
-        while holding.len() < max
-            && *stop.borrow() == Stop::Run
-            && !halted
-            && !shared.winding_down()
+    }
+    Ok(no_logs)
+}
+
+/// The dispatcher of a run: the intervals left, the ones that hold a slot, and how the run
+/// stands (failures, halted, its first error).
+struct Dispatch {
+    shared: Arc<Shared>,
+    queue: VecDeque<DataInterval>,
+    stop: watch::Receiver<Stop>,
+    stop_rx: watch::Receiver<Stop>,
+    wind_down: Option<watch::Receiver<bool>>,
+    freed_rx: mpsc::UnboundedReceiver<i64>,
+    depends_on_past: bool,
+    /// How many intervals run at once.
+    max: usize,
+    batch_size: usize,
+    /// For depends_on_past: whether the interval ending at this instant succeeded here.
+    succeeded_by_end: HashMap<i64, bool>,
+    /// Each spawned task runs an interval, or a batch of them one after the other; it holds
+    /// one slot, named by its first interval's start.
+    running: JoinSet<Result<Ended, Error>>,
+    /// The intervals (by start) that hold a slot: spawned, and neither freed nor joined.
+    holding: std::collections::HashSet<i64>,
+    first_error: Option<Error>,
+    failures: u32,
+    halted: bool,
+}
+
+impl Dispatch {
+    async fn new(
+        shared: Arc<Shared>,
+        queue: VecDeque<DataInterval>,
+        stop: watch::Receiver<Stop>,
+        freed_rx: mpsc::UnboundedReceiver<i64>,
+        depends_on_past: bool,
+    ) -> Result<Self, Error> {
+        let max = if depends_on_past {
+            1
+        } else {
+            shared.spec.max_active_runs.max(1)
+        };
+        let succeeded_by_end = if depends_on_past {
+            failed_predecessors(&shared, &queue).await?
+        } else {
+            HashMap::new()
+        };
+        let batch_size = match shared.spec.mode {
+            Mode::Run | Mode::Stage if !depends_on_past => {
+                shared.spec.dag.batch_size.max(1) as usize
+            }
+            _ => 1,
+        };
+        Ok(Self {
+            stop_rx: stop.clone(),
+            wind_down: shared.spec.wind_down.clone(),
+            shared,
+            queue,
+            stop,
+            freed_rx,
+            depends_on_past,
+            max,
+            batch_size,
+            succeeded_by_end,
+            running: JoinSet::new(),
+            holding: std::collections::HashSet::new(),
+            first_error: None,
+            failures: 0,
+            halted: false,
+        })
+    }
+
+    /// Frees the slots of the intervals that said so, and halts once another process's
+    /// failures (or this one's, counted in the manifest) reached `--max-failures`.
+    fn note_freed(&mut self) {
+        while let Ok(start) = self.freed_rx.try_recv() {
+            self.holding.remove(&start);
+        }
+        if !self.halted
+            && self
+                .shared
+                .halted
+                .load(std::sync::atomic::Ordering::Relaxed)
         {
-            if batch_size > 1
-                && shared
+            self.halted = true;
+            let failed = self
+                .shared
+                .spec
+                .max_failures
+                .unwrap_or(self.failures)
+                .max(self.failures);
+            let _ = self.shared.events.send(Event::MaxFailures { failed });
+        }
+    }
+
+    /// Starts intervals (or batches) while slots are free and the run goes on.
+    async fn start_more(&mut self) {
+        while self.holding.len() < self.max
+            && *self.stop.borrow() == Stop::Run
+            && !self.halted
+            && !self.shared.winding_down()
+        {
+            if self.batch_size > 1
+                && self
+                    .shared
                     .unstarted_batches
                     .load(std::sync::atomic::Ordering::Relaxed)
                     > 0
             {
                 break;
             }
-            let Some(interval) = queue.pop_front() else {
+            let Some(interval) = self.queue.pop_front() else {
                 break;
             };
-            if depends_on_past && succeeded_by_end.get(&interval.start.timestamp()) == Some(&false)
+            if self.depends_on_past
+                && self.succeeded_by_end.get(&interval.start.timestamp()) == Some(&false)
             {
-                if let Err(e) = skip(&shared, interval, SkipReason::PreviousNotSuccessful).await {
-                    fail(&shared, &mut first_error, e);
+                if let Err(e) =
+                    skip(&self.shared, interval, SkipReason::PreviousNotSuccessful).await
+                {
+                    fail(&self.shared, &mut self.first_error, e);
                     break;
                 }
-                succeeded_by_end.insert(interval.end.timestamp(), false);
+                self.succeeded_by_end
+                    .insert(interval.end.timestamp(), false);
                 continue;
             }
-            if batch_size > 1 {
-                // Candidates beyond the batch's size, in case the batches of the backfill's
-                // other processes hold the first: theirs are theirs to run.
-                let mut intervals = vec![interval];
-                while intervals.len() < batch_size * CANDIDATES
-                    && let (Some(last), Some(next)) = (intervals.last(), queue.front())
-                    && (last.end == next.start || next.end == last.start)
-                {
-                    intervals.extend(queue.pop_front());
-                }
-                let intervals = match hold_batch(&shared, intervals, batch_size, &mut queue).await {
-                    Ok(held) => held,
-                    Err(e) => {
-                        fail(&shared, &mut first_error, e);
-                        break;
-                    }
-                };
-                if let Some(first) = intervals.first() {
-                    holding.insert(first.start.timestamp());
-                    shared
-                        .unstarted_batches
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    running.spawn(run_batch(shared.clone(), intervals, stop.clone()));
+            if self.batch_size > 1 {
+                if !self.start_batch(interval).await {
+                    break;
                 }
                 continue;
             }
             let key = interval.start.timestamp();
-            holding.insert(key);
+            self.holding.insert(key);
             let slot = Slot {
-                freed: Some(shared.freed.clone()),
+                freed: Some(self.shared.freed.clone()),
                 start: key,
             };
-            let (shared, stop) = (shared.clone(), stop.clone());
-            running.spawn(async move {
+            let (shared, stop) = (self.shared.clone(), self.stop.clone());
+            self.running.spawn(async move {
                 let ended = interval::run(shared.clone(), interval, stop, slot, None).await?;
                 count_failure(&shared, ended.1);
                 Ok((key, vec![ended]))
             });
         }
-        if running.is_empty() {
-            // Halted, the owner runs nothing more but still waits for its workers' runs: the
-            // outcome is judged on every interval.
-            // Wound down, what is left is another process's to run.
-            let idle = (queue.is_empty() || halted)
-                && *stop.borrow() == Stop::Run
-                && !shared.winding_down();
-            match &shared.spec.refill {
-                Some(refill) if idle && first_error.is_none() => {
-                    let (refill, more) = (refill.clone(), !halted);
-                    let left = tokio::task::spawn_blocking(move || refill(more))
-                        .await
-                        .map_err(|e| Error::Internal(format!("reading the manifest panicked: {e}")))
-                        .and_then(|left| left);
-                    match left {
-                        Ok(Left::Run(more)) => {
-                            queue.extend(more);
-                            continue;
-                        }
-                        Ok(Left::Wait) => {
-                            tokio::select! {
-                                () = tokio::time::sleep(crate::clock::HEARTBEAT) => {}
-                                _ = stop_rx.changed() => {}
-                            }
-                            continue;
-                        }
-                        Ok(Left::Done) => {}
-                        Err(e) => fail(&shared, &mut first_error, e),
-                    }
-                }
-                _ => {}
-            }
-            break;
+    }
+
+    /// Starts a batch from `interval` and the adjacent ones queued after it; `false` when the
+    /// run failed meanwhile.
+    async fn start_batch(&mut self, interval: DataInterval) -> bool {
+        // Candidates beyond the batch's size, in case the batches of the backfill's other
+        // processes hold the first: theirs are theirs to run.
+        let mut intervals = vec![interval];
+        while intervals.len() < self.batch_size * CANDIDATES
+            && let (Some(last), Some(next)) = (intervals.last(), self.queue.front())
+            && (last.end == next.start || next.end == last.start)
+        {
+            intervals.extend(self.queue.pop_front());
         }
-        tokio::select! {
-            joined = running.join_next() => {
-                if let Some(Ok(Ok((key, ended)))) = &joined {
-                    holding.remove(key);
-                    for (_, state) in ended {
-                        if matches!(state, RunState::Failed | RunState::Rejected) {
-                            failures += 1;
-                        }
-                    }
-                    if max_failures.is_some_and(|m| failures >= m) && !halted && !queue.is_empty() {
-                        halted = true;
-                        let _ = shared.events.send(Event::MaxFailures { failed: failures });
-                    }
+        let intervals =
+            match hold_batch(&self.shared, intervals, self.batch_size, &mut self.queue).await {
+                Ok(held) => held,
+                Err(e) => {
+                    fail(&self.shared, &mut self.first_error, e);
+                    return false;
                 }
-                match joined {
-                    Some(Ok(Ok((_, ended)))) if depends_on_past => {
-                        for (interval, state) in ended {
-                            succeeded_by_end.insert(interval.end.timestamp(), state == RunState::Succeeded);
-                        }
-                    }
-                    Some(Ok(Err(e))) => fail(&shared, &mut first_error, e),
-                    Some(Err(e)) => fail(&shared, &mut first_error, Error::Internal(format!("an interval's task panicked: {e}"))),
-                    Some(Ok(Ok(_))) | None => {}
+            };
+        if let Some(first) = intervals.first() {
+            self.holding.insert(first.start.timestamp());
+            self.shared
+                .unstarted_batches
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.running
+                .spawn(run_batch(self.shared.clone(), intervals, self.stop.clone()));
+        }
+        true
+    }
+
+    /// With nothing running: whether there is more to do. Halted, the owner runs nothing more
+    /// but still waits for its workers' runs (the outcome is judged on every interval); wound
+    /// down, what is left is another process's to run.
+    async fn refill(&mut self) -> bool {
+        let idle = (self.queue.is_empty() || self.halted)
+            && *self.stop.borrow() == Stop::Run
+            && !self.shared.winding_down();
+        let Some(refill) = &self.shared.spec.refill else {
+            return false;
+        };
+        if !idle || self.first_error.is_some() {
+            return false;
+        }
+        let (refill, more) = (refill.clone(), !self.halted);
+        let left = tokio::task::spawn_blocking(move || refill(more))
+            .await
+            .map_err(|e| Error::Internal(format!("reading the manifest panicked: {e}")))
+            .and_then(|left| left);
+        match left {
+            Ok(Left::Run(more)) => {
+                self.queue.extend(more);
+                true
+            }
+            Ok(Left::Wait) => {
+                tokio::select! {
+                    () = tokio::time::sleep(crate::clock::HEARTBEAT) => {}
+                    _ = self.stop_rx.changed() => {}
                 }
+                true
             }
-            Some(start) = freed_rx.recv() => {
-                holding.remove(&start);
+            Ok(Left::Done) => false,
+            Err(e) => {
+                fail(&self.shared, &mut self.first_error, e);
+                false
             }
-            () = shared.batch_began.notified() => {}
-            _ = stop_rx.changed() => {}
-            () = wound_down(&mut wind_down) => {}
         }
     }
-    match first_error {
-        Some(e) => Err(e),
-        None => Ok(Ran {
-            halted,
-            fault: shared.fault(),
-        }),
+
+    /// Waits for the next thing that may let more run: a slot joined or freed, a batch begun, a
+    /// stop, or a wind-down.
+    async fn wait(&mut self) {
+        tokio::select! {
+            joined = self.running.join_next() => self.joined(joined),
+            Some(start) = self.freed_rx.recv() => {
+                self.holding.remove(&start);
+            }
+            () = self.shared.batch_began.notified() => {}
+            _ = self.stop_rx.changed() => {}
+            () = wound_down(&mut self.wind_down) => {}
+        }
+    }
+
+    /// Counts what a joined slot ended with, halting at `--max-failures`.
+    fn joined(&mut self, joined: Option<Result<Result<Ended, Error>, tokio::task::JoinError>>) {
+        if let Some(Ok(Ok((key, ended)))) = &joined {
+            self.holding.remove(key);
+            for (_, state) in ended {
+                if matches!(state, RunState::Failed | RunState::Rejected) {
+                    self.failures += 1;
+                }
+            }
+            if self
+                .shared
+                .spec
+                .max_failures
+                .is_some_and(|m| self.failures >= m)
+                && !self.halted
+                && !self.queue.is_empty()
+            {
+                self.halted = true;
+                let _ = self.shared.events.send(Event::MaxFailures {
+                    failed: self.failures,
+                });
+            }
+        }
+        match joined {
+            Some(Ok(Ok((_, ended)))) if self.depends_on_past => {
+                for (interval, state) in ended {
+                    self.succeeded_by_end
+                        .insert(interval.end.timestamp(), state == RunState::Succeeded);
+                }
+            }
+            Some(Ok(Err(e))) => fail(&self.shared, &mut self.first_error, e),
+            Some(Err(e)) => fail(
+                &self.shared,
+                &mut self.first_error,
+                Error::Internal(format!("an interval's task panicked: {e}")),
+            ),
+            Some(Ok(Ok(_))) | None => {}
+        }
     }
 }
 

@@ -50,20 +50,8 @@ async fn rollback_sql(
         log.line(&error);
         return Ok(failed(error, None));
     };
-    let s = sql.clone();
     let manifest = manifest::identity(&shared.spec.manifest_path)?;
-    let m = manifest.clone();
-    let found = tokio::task::spawn_blocking(move || -> Result<_, warehouse::Error> {
-        let Some(key) = content else {
-            return Ok(None);
-        };
-        Ok(crate::warehouse::backend_of(&s.warehouse)
-            .kept_version(&s, &m, key)?
-            .map(|(v, f)| (key, v, f)))
-    })
-    .await
-    .map_err(|e| Error::Internal(format!("reading the warehouse panicked: {e}")))?;
-    let (key, version, fingerprint) = match found {
+    let (key, version, fingerprint) = match kept_version(sql, &manifest, content).await? {
         Ok(Some(v)) => v,
         Ok(None) => {
             let error = match content {
@@ -113,40 +101,15 @@ async fn rollback_sql(
     crate::fault::point("before-publish");
     let in_manifest = shared.in_manifest(sql);
     let recorded = in_manifest.then(|| shared.record_in_manifest(task, &record));
-    let (s, manifest_path, tz, print) = (
-        sql.clone(),
-        shared.spec.manifest_path.clone(),
-        shared.spec.dag.tz,
-        fingerprint.clone(),
-    );
-    let repr = shared
-        .reprs
-        .lock()
-        .ok()
-        .and_then(|r| r.get(&task.id).copied().flatten());
-    let result = tokio::task::spawn_blocking(move || {
-        let reader = manifest::Reader::take(&manifest_path)
-            .map_err(|e| warehouse::Error::Message(format!("cannot read the manifest: {e}")))?;
-        let allowed = || {
-            reader
-                .may_publish(try_id, Some(owner), true)
-                .map_err(crate::warehouse::AskError::from)
-        };
-        let r = backend::RollBack {
-            task: &s,
-            repr,
-            interval,
-            tz,
-            key,
-            manifest: &manifest,
-            try_id,
-            fingerprint: &print,
-            in_manifest: recorded.as_ref(),
-        };
-        crate::warehouse::backend_of(&s.warehouse).roll_back(&r, &allowed)
-    })
-    .await
-    .map_err(|e| Error::Internal(format!("rollback panicked: {e}")))?;
+    let put_back = PutBack {
+        interval,
+        key,
+        manifest,
+        try_id,
+        fingerprint: fingerprint.clone(),
+        recorded,
+    };
+    let result = roll_back(shared, task, sql, put_back).await?;
     match result {
         Ok(rows) => {
             crate::fault::point("after-publish");
@@ -183,4 +146,79 @@ async fn rollback_sql(
             Ok(Outcome::Failed(rec))
         }
     }
+}
+
+/// The version kept for the publish of try `content` (the partition's content now), with its
+/// key and the fingerprint of its rows; `None` when none is kept.
+async fn kept_version(
+    sql: &SqlTask,
+    manifest: &str,
+    content: Option<i64>,
+) -> Result<Result<Option<(i64, warehouse::versions::Version, String)>, warehouse::Error>, Error> {
+    let (s, m) = (sql.clone(), manifest.to_string());
+    tokio::task::spawn_blocking(move || -> Result<_, warehouse::Error> {
+        let Some(key) = content else {
+            return Ok(None);
+        };
+        Ok(crate::warehouse::backend_of(&s.warehouse)
+            .kept_version(&s, &m, key)?
+            .map(|(v, f)| (key, v, f)))
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("reading the warehouse panicked: {e}")))
+}
+
+/// What a rollback puts back: the version kept under `key`, as try `try_id` of `manifest`
+/// (whose rows' fingerprint is `fingerprint`), recorded by its own transaction when `recorded`.
+struct PutBack {
+    interval: DataInterval,
+    key: i64,
+    manifest: String,
+    try_id: i64,
+    fingerprint: String,
+    recorded: Option<backend::InManifest>,
+}
+
+/// Puts the kept version back in one warehouse transaction that the manifest must still
+/// allow, on the blocking pool: the rows put back, or why not.
+async fn roll_back(
+    shared: &Shared,
+    task: &Task,
+    sql: &SqlTask,
+    p: PutBack,
+) -> Result<Result<i64, warehouse::Error>, Error> {
+    let owner = shared.spec.owner;
+    let (s, manifest_path, tz) = (
+        sql.clone(),
+        shared.spec.manifest_path.clone(),
+        shared.spec.dag.tz,
+    );
+    let repr = shared
+        .reprs
+        .lock()
+        .ok()
+        .and_then(|r| r.get(&task.id).copied().flatten());
+    tokio::task::spawn_blocking(move || {
+        let reader = manifest::Reader::take(&manifest_path)
+            .map_err(|e| warehouse::Error::Message(format!("cannot read the manifest: {e}")))?;
+        let allowed = || {
+            reader
+                .may_publish(p.try_id, Some(owner), true)
+                .map_err(crate::warehouse::AskError::from)
+        };
+        let r = backend::RollBack {
+            task: &s,
+            repr,
+            interval: p.interval,
+            tz,
+            key: p.key,
+            manifest: &p.manifest,
+            try_id: p.try_id,
+            fingerprint: &p.fingerprint,
+            in_manifest: p.recorded.as_ref(),
+        };
+        crate::warehouse::backend_of(&s.warehouse).roll_back(&r, &allowed)
+    })
+    .await
+    .map_err(|e| Error::Internal(format!("rollback panicked: {e}")))
 }

@@ -95,34 +95,11 @@ async fn tries(
         if *stop.borrow() != Stop::Run || (run_id.is_none() && shared.winding_down()) {
             return Ok((TaskEnd::Cancelled, None));
         }
-        // The first try of an interval of a batch may run the batch's command, not its own.
-        let early = match batch {
-            Some(_) if try_number == 1 => None,
-            _ => early_start(shared, task, interval, &values, *run_id, try_number).await?,
-        };
-        let (claimed, mut recorded) = match early {
-            Some(early) => early,
-            None => (
-                start_claiming(shared, task, interval, *run_id, try_number, None, None).await?,
-                None,
-            ),
-        };
-        let started = match claimed {
-            Claimed::Started(s) => {
-                if let Some(b) = batch {
-                    shared.batch_began(b);
-                }
-                s
-            }
-            Claimed::UpstreamNotReady => return Ok((TaskEnd::UpstreamNotReady, None)),
-            Claimed::TakenOver
-            | Claimed::Gone
-            | Claimed::Busy
-            | Claimed::Halted
-            | Claimed::Stale => {
-                return Ok((TaskEnd::Cancelled, None));
-            }
-        };
+        let (started, recorded) =
+            match claim(shared, task, interval, &values, *run_id, try_number, batch).await? {
+                Ok(claimed) => claimed,
+                Err(end) => return Ok((end, None)),
+            };
         if run_id.is_none() {
             *run_id = Some(started.run_id);
             let _ = shared.events.send(Event::IntervalStarted {
@@ -145,36 +122,7 @@ async fn tries(
             batch: batch.filter(|_| try_number == 1).cloned(),
             may_retry: try_number < attempts,
         };
-        let slot = match &task.pool {
-            Some(pool) => Some(take_slot(shared, task, pool, input.try_id, interval, stop).await?),
-            None => None,
-        };
-        let outcome = match (&task.kind, slot) {
-            (_, Some(false)) => cancelled(STOPPED_IN_POOL),
-            (TaskKind::Command(command_spec), _) => {
-                command_try(shared, task, command_spec, &input, recorded.take(), stop).await?
-            }
-            (TaskKind::Sql(sql), _) => sql_try(shared, task, sql, &input, stop).await?,
-        };
-        let mut outcome = outcome;
-        // A try stopped because the backfill met an environment fault says what it was.
-        if let (Outcome::Cancelled(r), Some(fault)) = (&mut outcome, shared.fault())
-            && matches!(r.error.as_deref(), Some("cancelled" | STOPPED_IN_POOL))
-        {
-            r.error = Some(super::interrupted_by(&fault));
-        }
-        if let Some(batch) = &input.batch {
-            outcome.record_mut().batch = batch.took(interval);
-        }
-        let why = match &outcome {
-            Outcome::Succeeded(..) => None,
-            Outcome::Rejected(..) => Some(cleanup::Why::Rejected),
-            Outcome::Failed(..) => Some(cleanup::Why::Failed),
-            Outcome::Cancelled(..) => Some(cleanup::Why::Cancelled),
-        };
-        if let (Some(why), Some(spec)) = (why, &task.cleanup) {
-            clean_up(shared, task, spec, &input, why).await;
-        }
+        let outcome = attempt(shared, task, &input, recorded, stop).await?;
         let (record, end, published) = match outcome {
             Outcome::Succeeded(r, p) => (r, Some(TaskEnd::Succeeded), p),
             Outcome::Rejected(r, reason) => (r, Some(TaskEnd::Rejected(reason)), None),
@@ -227,6 +175,85 @@ async fn tries(
         }
     }
     Ok((TaskEnd::Failed(last_error), None))
+}
+
+/// Claims try `try_number` of the task for `interval` (the first try of an interval of a batch
+/// may run the batch's command, not its own): the try started, with what an early start of its
+/// command recorded; or how the task ends when it cannot start.
+async fn claim(
+    shared: &Shared,
+    task: &Task,
+    interval: DataInterval,
+    values: &IntervalValues,
+    run_id: Option<i64>,
+    try_number: u32,
+    batch: Option<&Arc<super::batch::Batch>>,
+) -> Result<Result<(super::record::Started, Option<crate::process::Gated>), TaskEnd>, Error> {
+    let early = match batch {
+        Some(_) if try_number == 1 => None,
+        _ => early_start(shared, task, interval, values, run_id, try_number).await?,
+    };
+    let (claimed, recorded) = match early {
+        Some(early) => early,
+        None => (
+            start_claiming(shared, task, interval, run_id, try_number, None, None).await?,
+            None,
+        ),
+    };
+    Ok(match claimed {
+        Claimed::Started(s) => {
+            if let Some(b) = batch {
+                shared.batch_began(b);
+            }
+            Ok((s, recorded))
+        }
+        Claimed::UpstreamNotReady => Err(TaskEnd::UpstreamNotReady),
+        Claimed::TakenOver | Claimed::Gone | Claimed::Busy | Claimed::Halted | Claimed::Stale => {
+            Err(TaskEnd::Cancelled)
+        }
+    })
+}
+
+/// Runs one started try (once it holds a slot of its pool): its outcome, saying what
+/// environment fault stopped it and which batch computed it, once its cleanup ran.
+async fn attempt(
+    shared: &Shared,
+    task: &Task,
+    input: &TryInput<'_>,
+    mut recorded: Option<crate::process::Gated>,
+    stop: &mut watch::Receiver<Stop>,
+) -> Result<Outcome, Error> {
+    let interval = input.interval;
+    let slot = match &task.pool {
+        Some(pool) => Some(take_slot(shared, task, pool, input.try_id, interval, stop).await?),
+        None => None,
+    };
+    let mut outcome = match (&task.kind, slot) {
+        (_, Some(false)) => cancelled(STOPPED_IN_POOL),
+        (TaskKind::Command(command_spec), _) => {
+            command_try(shared, task, command_spec, input, recorded.take(), stop).await?
+        }
+        (TaskKind::Sql(sql), _) => sql_try(shared, task, sql, input, stop).await?,
+    };
+    // A try stopped because the backfill met an environment fault says what it was.
+    if let (Outcome::Cancelled(r), Some(fault)) = (&mut outcome, shared.fault())
+        && matches!(r.error.as_deref(), Some("cancelled" | STOPPED_IN_POOL))
+    {
+        r.error = Some(super::interrupted_by(&fault));
+    }
+    if let Some(batch) = &input.batch {
+        outcome.record_mut().batch = batch.took(interval);
+    }
+    let why = match &outcome {
+        Outcome::Succeeded(..) => None,
+        Outcome::Rejected(..) => Some(cleanup::Why::Rejected),
+        Outcome::Failed(..) => Some(cleanup::Why::Failed),
+        Outcome::Cancelled(..) => Some(cleanup::Why::Cancelled),
+    };
+    if let (Some(why), Some(spec)) = (why, &task.cleanup) {
+        clean_up(shared, task, spec, input, why).await;
+    }
+    Ok(outcome)
 }
 
 /// The environment of a try: `BACKFILL_*`, and `BACKFILL_STAGE` when its output will wait for

@@ -25,10 +25,20 @@ mod backfills;
 mod leases;
 #[path = "conformance/plans.rs"]
 mod plans;
+#[path = "conformance/pools.rs"]
+mod pools;
+#[path = "conformance/publishes.rs"]
+mod publishes;
+#[path = "conformance/queries.rs"]
+mod queries;
 #[path = "conformance/runs.rs"]
 mod runs;
+#[path = "conformance/staging.rs"]
+mod staging;
 #[path = "conformance/support.rs"]
 mod support;
+#[path = "conformance/workers.rs"]
+mod workers;
 
 /// A test per engine for each behaviour: `stores` take a fresh [`support::Engine`], `kinds`
 /// the engine's [`support::Kind`] (they make their manifests themselves).
@@ -99,6 +109,18 @@ engines! {
         runs::what_a_gone_owner_left_is_ended_once,
         runs::run_ids_are_reserved_ahead_on_postgresql_only,
         runs::a_staged_end_goes_through_the_combined_end,
+        pools::pool_slots_are_taken_up_to_the_size_and_freed_when_their_try_ends,
+        pools::a_gone_owners_slot_is_freed_once_its_group_is_gone,
+        workers::a_worker_joins_beats_runs_and_ends,
+        workers::a_worker_hears_that_its_backfill_ended,
+        workers::a_gone_worker_is_taken_away_and_fenced,
+        publishes::a_publish_is_an_intent_a_consent_and_a_published_row,
+        publishes::an_intent_needs_the_lease_and_a_newer_publish_supersedes_it,
+        publishes::a_group_records_every_intent_or_none,
+        publishes::a_rollbacks_publication_holds_the_rows_it_put_back,
+        staging::staged_outputs_are_promoted_or_discarded_once,
+        queries::list_show_and_runs_read_what_was_recorded,
+        queries::a_cascade_is_its_first_backfill_and_its_members,
     ],
     kinds: [],
 }

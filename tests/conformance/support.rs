@@ -32,8 +32,6 @@ pub struct Engine {
     pub kind: Kind,
     /// The file, or the PostgreSQL URL.
     pub location: PathBuf,
-    /// The PostgreSQL database's name.
-    pub db: Option<String>,
     writer: Option<Writer>,
     reader: Box<dyn Reads>,
     /// Keeps the SQLite file's folder.
@@ -45,31 +43,17 @@ impl Engine {
     pub fn sqlite() -> Engine {
         let dir = tempfile::tempdir().expect("a temporary folder");
         let location = dir.path().join("manifest.db");
-        Self::open(Kind::Sqlite, location, None, Some(dir))
+        Self::open(Kind::Sqlite, location, Some(dir))
     }
 
     /// A new, empty manifest in a fresh database of the shared test cluster.
     pub fn postgres() -> Engine {
-        let db = crate::pg::shared().create_db();
-        let location = PathBuf::from(crate::pg::shared().url(&db));
-        Self::open(Kind::Postgres, location, Some(db), None)
-    }
-
-    /// A new, empty manifest on `kind`.
-    pub fn new(kind: Kind) -> Engine {
-        match kind {
-            Kind::Sqlite => Self::sqlite(),
-            Kind::Postgres => Self::postgres(),
-        }
+        let location = PathBuf::from(crate::pg::shared().create_db_url());
+        Self::open(Kind::Postgres, location, None)
     }
 
     /// The manifest at `location` (created or upgraded as the program opens it for writing).
-    pub fn open(
-        kind: Kind,
-        location: PathBuf,
-        db: Option<String>,
-        dir: Option<tempfile::TempDir>,
-    ) -> Engine {
+    pub fn open(kind: Kind, location: PathBuf, dir: Option<tempfile::TempDir>) -> Engine {
         let writer = Writer::open(&location, Durability::Normal)
             .unwrap_or_else(|e| panic!("open the manifest {}: {e}", location.display()));
         let reader = manifest::open_read_only(&location)
@@ -77,7 +61,6 @@ impl Engine {
         Engine {
             kind,
             location,
-            db,
             writer: Some(writer),
             reader,
             _dir: dir,
@@ -522,7 +505,7 @@ pub fn try_started(m: &Engine, t: i64) -> i64 {
     m.int(&format!("SELECT started_at FROM task_tries WHERE id = {t}"))
 }
 
-/// An error's text, for a failure that must be a fence's.
+/// `r` is the refusal of a write by an owner that lost its claim on backfill `backfill_id`.
 #[track_caller]
 pub fn assert_fenced<T: std::fmt::Debug>(r: manifest::Result<T>, backfill_id: i64) {
     match r {
@@ -531,7 +514,7 @@ pub fn assert_fenced<T: std::fmt::Debug>(r: manifest::Result<T>, backfill_id: i6
     }
 }
 
-/// `a` and `b` as sets, for answers whose order no one promised.
+/// `v` in order, for answers whose order no one promised.
 pub fn sorted<T: Ord>(mut v: Vec<T>) -> Vec<T> {
     v.sort();
     v

@@ -39,6 +39,8 @@ mod staging;
 mod support;
 #[path = "conformance/workers.rs"]
 mod workers;
+#[path = "conformance/writer.rs"]
+mod writer;
 
 /// A test per engine for each behaviour: `stores` take a fresh [`support::Engine`], `kinds`
 /// the engine's [`support::Kind`] (they make their manifests themselves).
@@ -121,6 +123,9 @@ engines! {
         staging::staged_outputs_are_promoted_or_discarded_once,
         queries::list_show_and_runs_read_what_was_recorded,
         queries::a_cascade_is_its_first_backfill_and_its_members,
+        writer::a_fence_is_checked_again_after_a_takeover_in_the_same_transaction,
+        writer::a_failing_job_rolls_back_alone,
+        writer::an_interval_is_claimed_once_when_processes_race,
     ],
     kinds: [],
 }

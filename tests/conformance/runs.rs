@@ -153,15 +153,30 @@ pub fn a_start_is_refused_when_lost_busy_halted_or_cancelled(m: &Engine) {
         max_failures: Some(1),
         ..request("e")
     };
-    let h = planned(m, limited, 3, &alive());
+    let h = planned(m, limited, 3, &dead());
     let first = start_run(m, h, "e", 0, "t");
     end_run(m, h, first, RunState::Failed, record(TryState::Failed));
     assert_eq!(try_start(m, h, "e", 1, "t"), (Start::Halted, None));
+    // Its failures count from when its owner took it: a new owner starts afresh.
+    let c = other();
+    let taken = m
+        .ok(move |s| s.take_ownership(h.backfill_id, &c, true))
+        .unwrap();
+    assert_fenced(
+        m.step(move |s| {
+            let now = backfill::clock::now_ms();
+            s.start_run_and_try(s.fence(h)?, "e", day(1), now, TIMEOUT_MS, "t", 1, LOG, None)
+        }),
+        h.backfill_id,
+    );
+    let again = start_run(m, taken, "e", 1, "t");
+    end_run(m, taken, again, RunState::Failed, record(TryState::Failed));
+    assert_eq!(try_start(m, taken, "e", 2, "t"), (Start::Halted, None));
     // Cancelled.
     m.ok(move |s| s.request_cancel(b.backfill_id));
     assert_eq!(try_start(m, b, "d", 5, "t"), (Start::Lost, None));
-    assert_eq!(m.int("SELECT COUNT(*) FROM runs"), 2);
-    assert_eq!(m.int("SELECT COUNT(*) FROM task_tries"), 2);
+    assert_eq!(m.int("SELECT COUNT(*) FROM runs"), 3);
+    assert_eq!(m.int("SELECT COUNT(*) FROM task_tries"), 3);
 }
 
 /// A record with every field a try's end can carry; it names try `earlier` as the output it

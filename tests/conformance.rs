@@ -21,8 +21,12 @@ mod pg;
 
 #[path = "conformance/backfills.rs"]
 mod backfills;
+#[path = "conformance/copy.rs"]
+mod copy;
 #[path = "conformance/leases.rs"]
 mod leases;
+#[path = "conformance/migrations.rs"]
+mod migrations;
 #[path = "conformance/plans.rs"]
 mod plans;
 #[path = "conformance/pools.rs"]
@@ -127,5 +131,7 @@ engines! {
         writer::a_failing_job_rolls_back_alone,
         writer::an_interval_is_claimed_once_when_processes_race,
     ],
-    kinds: [],
+    kinds: [
+        migrations::every_earlier_schema_upgrades_and_keeps_its_rows,
+    ],
 }

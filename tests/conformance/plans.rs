@@ -313,3 +313,49 @@ pub fn planning_reads_what_earlier_runs_computed(m: &Engine) {
     assert!(r.any_succeeded(1).unwrap());
     assert!(!r.any_succeeded(3).unwrap());
 }
+
+/// A plan chunk far larger than one statement's parameters (PostgreSQL writes it in several)
+/// is written whole, in its order, with every lease.
+pub fn a_large_plan_chunk_is_written_whole(m: &Engine) {
+    const N: i64 = 5_000;
+    let ctx = alive();
+    let owner = insert(m, request("d"), &ctx);
+    let rows: Vec<(i64, PlanRow)> = (0..N)
+        .map(|i| {
+            let action = if i % 7 == 3 {
+                Action::Skip(SkipReason::AlreadyExists)
+            } else {
+                Action::Run
+            };
+            (
+                i,
+                PlanRow {
+                    interval: day(N - 1 - i),
+                    action,
+                },
+            )
+        })
+        .collect();
+    let skipped = rows.iter().filter(|(_, r)| r.action != Action::Run).count() as i64;
+    plan(m, owner, "d", rows, &ctx);
+    let r = m.read();
+    assert_eq!(r.planned_starts(1).unwrap().len() as i64, N);
+    let unfinished = r.unfinished_intervals(1).unwrap();
+    assert_eq!(unfinished.len() as i64, N - skipped);
+    assert_eq!(unfinished[0], day(N - 1));
+    assert_eq!(*unfinished.last().unwrap(), day(0));
+    assert!(
+        unfinished.windows(2).all(|w| w[0].start > w[1].start),
+        "in plan order"
+    );
+    assert_eq!(r.figures().unwrap().leases, N - skipped);
+    let c = &r.backfill_summary(1).unwrap().unwrap().intervals;
+    assert_eq!((c.total, c.planned, c.skipped), (N, N - skipped, skipped));
+    assert_eq!(c.span, Some((start(0), start(N - 1))));
+    let outcomes = r.plan_outcomes(1).unwrap();
+    assert_eq!(outcomes.len() as i64, N);
+    assert!(
+        outcomes.windows(2).all(|w| w[0].start < w[1].start),
+        "by start"
+    );
+}

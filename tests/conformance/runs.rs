@@ -646,3 +646,107 @@ pub fn a_staged_end_goes_through_the_combined_end(m: &Engine) {
     assert!(m.read().is_staged(ids.1).unwrap());
     assert!(!m.read().holds_lease(1, "d", start(0)).unwrap());
 }
+
+/// Text that the manifest is given: quotes, backslashes, `?1` and `$1` as the statements
+/// write parameters, percent signs, every plane of Unicode, empty text, and a long value.
+pub const TEXTS: &[&str] = &[
+    "it's \"quoted\" \\ back\\slashed",
+    "?1 ?2 $1 %s %% _ ;--",
+    "ünïcødé 日本語 🦀 \u{7f} \t\r\n",
+    "",
+];
+
+/// Every text and integer a try's record can carry reads back exactly as it was written,
+/// whatever it holds, at the extremes of the integers.
+pub fn values_round_trip_exactly(m: &Engine) {
+    let long = "x".repeat(200_000);
+    let owner = planned(m, request("d"), 1, &alive());
+    let (_, t) = start_run(m, owner, "d", 0, "t");
+    let mut texts: Vec<String> = TEXTS.iter().map(|s| s.to_string()).collect();
+    texts.push(long);
+    let mut rec = record(TryState::Failed);
+    rec.error = Some(texts.concat());
+    rec.partitions = Some(texts[0].clone());
+    rec.inputs = Some(texts[1].clone());
+    rec.fingerprint = Some(texts[2].clone());
+    rec.verdict = Some(texts[3].clone());
+    rec.reasons = Some(texts[4].clone());
+    rec.source_fingerprint = Some(texts[2].clone());
+    rec.rows = Some(i64::MAX);
+    rec.source_rows = Some(i64::MIN);
+    rec.previous_rows = Some(0);
+    rec.exit_code = Some(i32::MIN);
+    rec.rows_inserted = Some(-1);
+    let written = rec.clone();
+    m.ok(move |s| s.finish_try(s.fence(owner)?, t, &written, after(3_000)));
+    let v = |s: &str| Value::Text(s.to_string());
+    assert_eq!(
+        m.rows(&format!(
+            "SELECT error, partitions, inputs, fingerprint, verdict, reasons, source_fingerprint,
+                    rows, source_rows, previous_rows, exit_code, rows_inserted
+             FROM task_tries WHERE id = {t}"
+        )),
+        [vec![
+            v(&texts.concat()),
+            v(&texts[0]),
+            v(&texts[1]),
+            v(&texts[2]),
+            v(&texts[3]),
+            v(&texts[4]),
+            v(&texts[2]),
+            Value::Integer(i64::MAX),
+            Value::Integer(i64::MIN),
+            Value::Integer(0),
+            Value::Integer(i64::from(i32::MIN)),
+            Value::Integer(-1),
+        ]]
+    );
+    let tries = m.read().interval_tries(1, start(0)).unwrap();
+    assert_eq!(tries[0].error.as_deref(), Some(texts.concat().as_str()));
+    assert_eq!(tries[0].rows, Some(i64::MAX));
+    // A backfill's own texts.
+    let req = NewBackfill {
+        from_arg: TEXTS[0].into(),
+        to_arg: TEXTS[1].into(),
+        conf: r#"{"q": "it's ?1 \"x\" 🦀"}"#.into(),
+        definition: Some(TEXTS[2].into()),
+        ..request("dag ?1 'quoted' 🦀")
+    };
+    let b = insert(m, req, &alive());
+    let got = m.read().backfill(b.backfill_id).unwrap().unwrap();
+    assert_eq!(
+        (
+            got.dag_id.as_str(),
+            got.from_arg.as_str(),
+            got.to_arg.as_str()
+        ),
+        ("dag ?1 'quoted' 🦀", TEXTS[0], TEXTS[1])
+    );
+    assert_eq!(got.conf, r#"{"q": "it's ?1 \"x\" 🦀"}"#);
+    assert_eq!(got.definition.as_deref(), Some(TEXTS[2]));
+    assert_eq!(m.read().latest_backfill(None).unwrap(), Some(b.backfill_id));
+    assert_eq!(
+        m.read()
+            .list_backfills(Some("dag ?1 'quoted' 🦀"), false)
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+/// A NUL character is text like any other: what a task's result file says (its fingerprint,
+/// say) is recorded and reads back as it was.
+pub fn a_nul_character_round_trips(m: &Engine) {
+    let owner = planned(m, request("d"), 1, &alive());
+    let (_, t) = start_run(m, owner, "d", 0, "t");
+    let mut rec = record(TryState::Succeeded);
+    rec.fingerprint = Some("before\0after".into());
+    m.write(move |s| s.finish_try(s.fence(owner)?, t, &rec, after(3_000)))
+        .unwrap_or_else(|e| panic!("a fingerprint holding a NUL was not recorded: {e}"));
+    assert_eq!(
+        m.value(&format!(
+            "SELECT fingerprint FROM task_tries WHERE id = {t}"
+        )),
+        Value::Text("before\0after".into())
+    );
+}

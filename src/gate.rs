@@ -327,6 +327,15 @@ pub enum Verdict {
 
 impl Verdict {
     /// The verdict as the manifest records it.
+    pub fn recorded(&self) -> crate::state::Verdict {
+        match self {
+            Self::Publish => crate::state::Verdict::Published,
+            Self::PublishEmpty => crate::state::Verdict::PublishedEmpty,
+            Self::Reject(_) => crate::state::Verdict::Rejected,
+        }
+    }
+
+    /// The verdict's words.
     pub fn as_str(&self) -> &'static str {
         match self {
             Self::Publish => "published",

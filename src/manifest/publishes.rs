@@ -358,4 +358,4 @@ pub fn history(
 }
 
 /// The verdict of a rollback try.
-pub const ROLLED_BACK: &str = "rolled back";
+pub const ROLLED_BACK: &str = crate::state::Verdict::RolledBack.as_str();

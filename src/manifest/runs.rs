@@ -501,7 +501,7 @@ pub struct TryRecord {
     /// Gate: source rows, rows of the published try compared with, verdict and reasons.
     pub source_rows: Option<i64>,
     pub previous_rows: Option<i64>,
-    pub verdict: Option<String>,
+    pub verdict: Option<crate::state::Verdict>,
     pub reasons: Option<String>,
     /// What the gate's `source_fingerprint` gave.
     pub source_fingerprint: Option<String>,
@@ -530,7 +530,7 @@ pub struct TryRecord {
 pub struct Judged {
     pub source_rows: Option<i64>,
     pub previous_rows: Option<i64>,
-    pub verdict: Option<String>,
+    pub verdict: Option<crate::state::Verdict>,
     pub reasons: Option<String>,
     pub source_fingerprint: Option<String>,
     /// A merge's counts: inserted, updated, deleted, unchanged.
@@ -570,7 +570,7 @@ impl TryRecord {
         serde_json::to_string(&Judged {
             source_rows: self.source_rows,
             previous_rows: self.previous_rows,
-            verdict: self.verdict.clone(),
+            verdict: self.verdict,
             reasons: self.reasons.clone(),
             source_fingerprint: self.source_fingerprint.clone(),
             merged: self.merged(),

@@ -255,7 +255,7 @@ impl Shared {
             fingerprint: record.fingerprint.clone(),
             source_rows: record.source_rows,
             previous_rows: record.previous_rows,
-            verdict: record.verdict.clone(),
+            verdict: record.verdict.map(|v| v.as_str().to_string()),
             reasons: record.reasons.clone(),
             source_fingerprint: record.source_fingerprint.clone(),
             dag_id: self.spec.dag.id.clone(),

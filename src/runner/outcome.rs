@@ -110,7 +110,7 @@ pub(super) struct TryInput<'a> {
 
 /// A try whose output passed its gate and is kept at `path`, unpublished, for `promote`.
 pub(super) fn staged(mut record: TryRecord, path: &Path) -> Outcome {
-    record.verdict = Some("staged".into());
+    record.verdict = Some(crate::state::Verdict::Staged);
     record.staged = Some(crate::state::StagedState::Staged);
     record.staged_path = Some(path.display().to_string());
     Outcome::Succeeded(record, None)
@@ -207,7 +207,7 @@ pub(super) fn apply_verdict(
 ) {
     record.source_rows = source;
     record.previous_rows = published;
-    record.verdict = Some(verdict.as_str().to_string());
+    record.verdict = Some(verdict.recorded());
     record.reasons = verdict.reason().map(str::to_string);
 }
 

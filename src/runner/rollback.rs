@@ -76,7 +76,7 @@ async fn rollback_sql(
     record.rows = Some(version.rows);
     record.fingerprint = Some(fingerprint.clone());
     record.previous_rows = Some(current_rows);
-    record.verdict = Some(publishes::ROLLED_BACK.into());
+    record.verdict = Some(crate::state::Verdict::RolledBack);
     record.restored_from = version.version_of;
     record.restore_key = Some(key);
     log.line(&format!(

@@ -9,7 +9,7 @@ use backfill::manifest::copy::{self, Refused};
 use backfill::manifest::publishes::Publication;
 use backfill::manifest::{self, Durability, NewBackfill, Reads};
 use backfill::plan::{Action, PlanRow, RunState, SkipReason};
-use backfill::state::{BackfillKind, BackfillState, StagedState, TryState};
+use backfill::state::{BackfillKind, BackfillState, StagedState, TryState, Verdict};
 
 use crate::support::*;
 
@@ -109,7 +109,7 @@ fn populate(m: &Engine) {
     rec.fingerprint = Some("fp0".into());
     rec.source_rows = Some(43);
     rec.previous_rows = Some(41);
-    rec.verdict = Some("passed".into());
+    rec.verdict = Some(Verdict::Published);
     rec.reasons = Some("warning: w".into());
     rec.source_fingerprint = Some("s0".into());
     rec.batch = Some("b".into());
@@ -162,7 +162,7 @@ fn populate(m: &Engine) {
     let mut staged = record(TryState::Succeeded);
     staged.staged = Some(StagedState::Staged);
     staged.staged_path = Some("/staged/e0".into());
-    staged.verdict = Some("staged".into());
+    staged.verdict = Some(Verdict::Staged);
     end_run(m, s, (rs, ts), RunState::Succeeded, staged);
     m.ok(move |st| st.finish_backfill(s, BackfillState::Staged, after(9_000)));
     let promote = NewBackfill {
@@ -195,7 +195,7 @@ fn populate(m: &Engine) {
     let mut rec = record(TryState::Succeeded);
     rec.restored_from = Some(t0);
     rec.restore_key = Some(99);
-    rec.verdict = Some(backfill::manifest::publishes::ROLLED_BACK.into());
+    rec.verdict = Some(Verdict::RolledBack);
     assert!(m.ok(move |st| st.record_publish_intent(st.fence(back)?, tb, None, &rec)));
 }
 

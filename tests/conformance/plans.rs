@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use backfill::manifest::NewBackfill;
 use backfill::manifest::queries::Seen;
 use backfill::plan::{Action, PlanRow, Prior, RunState, SkipReason};
-use backfill::state::{BackfillKind, TryState};
+use backfill::state::{BackfillKind, PlanAction, TryState, Verdict};
 
 use crate::support::*;
 
@@ -79,14 +79,7 @@ pub fn a_plan_is_written_in_chunks_and_read_back_in_order(m: &Engine) {
     let details = |d: &backfill::manifest::queries::BackfillDetail| {
         d.interval_details
             .iter()
-            .map(|i| {
-                (
-                    i.ord,
-                    i.start.to_string(),
-                    i.action.clone(),
-                    i.reason.clone(),
-                )
-            })
+            .map(|i| (i.ord, i.start.to_string(), i.action, i.reason.clone()))
             .collect::<Vec<_>>()
     };
     let show = r.show_backfill(1).unwrap().unwrap();
@@ -94,12 +87,12 @@ pub fn a_plan_is_written_in_chunks_and_read_back_in_order(m: &Engine) {
     assert_eq!(
         details(&show),
         [
-            (0, rfc(5), "run".into(), None),
-            (1, rfc(4), "run".into(), None),
-            (2, rfc(3), "skip".into(), skip("already exists")),
-            (3, rfc(2), "run".into(), None),
-            (4, rfc(1), "skip".into(), skip("not yet complete")),
-            (5, rfc(0), "run".into(), None),
+            (0, rfc(5), PlanAction::Run, None),
+            (1, rfc(4), PlanAction::Run, None),
+            (2, rfc(3), PlanAction::Skip, skip("already exists")),
+            (3, rfc(2), PlanAction::Run, None),
+            (4, rfc(1), PlanAction::Skip, skip("not yet complete")),
+            (5, rfc(0), PlanAction::Run, None),
         ]
     );
     // A page of a backwards plan is in time order; its counts are the whole plan's.
@@ -107,9 +100,9 @@ pub fn a_plan_is_written_in_chunks_and_read_back_in_order(m: &Engine) {
     assert_eq!(
         details(&page),
         [
-            (4, rfc(1), "skip".into(), skip("not yet complete")),
-            (3, rfc(2), "run".into(), None),
-            (2, rfc(3), "skip".into(), skip("already exists")),
+            (4, rfc(1), PlanAction::Skip, skip("not yet complete")),
+            (3, rfc(2), PlanAction::Run, None),
+            (2, rfc(3), PlanAction::Skip, skip("already exists")),
         ]
     );
     let c = &page.backfill.intervals;
@@ -199,7 +192,7 @@ pub fn planning_reads_what_earlier_runs_computed(m: &Engine) {
     let s = planned_days(m, stage, [1], &ctx);
     let s1 = start_run(m, s, "d", 1, "t");
     let mut staged = t(11, 101, "f1");
-    staged.verdict = Some("staged".into());
+    staged.verdict = Some(Verdict::Staged);
     end_run(m, s, s1, RunState::Succeeded, staged);
     let partial = NewBackfill {
         tasks: Some(vec!["t".into()]),

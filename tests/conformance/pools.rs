@@ -41,7 +41,11 @@ pub fn pool_slots_are_taken_up_to_the_size_and_freed_when_their_try_ends(m: &Eng
     );
     let show = r.show_backfill(1).unwrap().unwrap();
     assert_eq!(
-        show.interval_details[1].state.as_deref(),
+        show.interval_details[1]
+            .state
+            .as_ref()
+            .map(ToString::to_string)
+            .as_deref(),
         Some("waiting for pool p")
     );
     let slots: Vec<_> = r
@@ -127,6 +131,8 @@ pub fn pool_slots_are_taken_up_to_the_size_and_freed_when_their_try_ends(m: &Eng
     assert_eq!(
         r.show_backfill(1).unwrap().unwrap().interval_details[1]
             .state
+            .as_ref()
+            .map(ToString::to_string)
             .as_deref(),
         Some("running")
     );

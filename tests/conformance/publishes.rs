@@ -2,10 +2,10 @@
 //! asked inside the warehouse's transaction, and the published partition afterwards.
 
 use backfill::manifest::backfills::Owner;
-use backfill::manifest::publishes::{Current, Publication, ROLLED_BACK};
+use backfill::manifest::publishes::{Current, Publication};
 use backfill::manifest::{NewBackfill, TryRecord};
 use backfill::plan::RunState;
-use backfill::state::{BackfillKind, TryState};
+use backfill::state::{BackfillKind, TryState, Verdict};
 use rusqlite::types::Value;
 
 use crate::support::*;
@@ -17,7 +17,7 @@ fn judged(rows: i64) -> TryRecord {
         fingerprint: Some(format!("fp-{rows}")),
         source_rows: Some(rows + 1),
         previous_rows: Some(rows - 1),
-        verdict: Some("passed".into()),
+        verdict: Some(Verdict::Published),
         reasons: Some("warning: grew".into()),
         source_fingerprint: Some("src".into()),
         promoted_from: None,
@@ -333,7 +333,7 @@ pub fn a_rollbacks_publication_holds_the_rows_it_put_back(m: &Engine) {
     let back = planned_days(m, rollback, [1], &alive());
     let ids = start_run(m, back, "d", 1, "t");
     let mut rec = record(TryState::Succeeded);
-    rec.verdict = Some(ROLLED_BACK.into());
+    rec.verdict = Some(Verdict::RolledBack);
     rec.restored_from = Some(tries[0]);
     rec.rows = Some(10);
     end_run(m, back, ids, RunState::Succeeded, rec);

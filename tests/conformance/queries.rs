@@ -5,7 +5,7 @@ use backfill::manifest::NewBackfill;
 use backfill::manifest::backfills::Owner;
 use backfill::manifest::runs::Start;
 use backfill::plan::{Action, RunState};
-use backfill::state::{BackfillState, TryState};
+use backfill::state::{BackfillState, TryState, Verdict};
 use serde_json::json;
 
 use crate::support::*;
@@ -66,7 +66,7 @@ pub fn list_show_and_runs_read_what_was_recorded(m: &Engine) {
         .unwrap();
     let mut rec = record(TryState::Succeeded);
     rec.rows = Some(5);
-    rec.verdict = Some("passed".into());
+    rec.verdict = Some(Verdict::Published);
     rec.reasons = Some("warning: few rows".into());
     rec.batch = Some("B".into());
     end_run(m, a, (r0, load), RunState::Succeeded, rec);
@@ -76,7 +76,7 @@ pub fn list_show_and_runs_read_what_was_recorded(m: &Engine) {
     end_run(m, a, (r1, t1), RunState::Failed, rec);
     let (r2, t2) = start_run(m, a, "d", 2, "extract");
     let mut rec = record(TryState::Rejected);
-    rec.verdict = Some("rejected".into());
+    rec.verdict = Some(Verdict::Rejected);
     rec.reasons = Some("rows: 0 < 1".into());
     end_run(m, a, (r2, t2), RunState::Rejected, rec);
     // Another DAG's backfill, completed.
@@ -160,7 +160,7 @@ pub fn list_show_and_runs_read_what_was_recorded(m: &Engine) {
             {"ord": 0, "start": rfc(0), "end": rfc(1), "action": "run", "reason": null,
              "state": "succeeded", "attempts": 1, "tries": 2, "rows": 15,
              "changes": {"inserted": 1, "updated": 2, "deleted": 3, "unchanged": 4},
-             "verdict": "passed", "reasons": "warning: few rows", "duration_ms": RUN_MS + r0,
+             "verdict": "published", "reasons": "warning: few rows", "duration_ms": RUN_MS + r0,
              "error": null, "log": null, "host": HERE, "batch": "B"},
             {"ord": 1, "start": rfc(1), "end": rfc(2), "action": "run", "reason": null,
              "state": "failed", "attempts": 1, "tries": 1, "rows": null, "verdict": null,
@@ -188,7 +188,7 @@ pub fn list_show_and_runs_read_what_was_recorded(m: &Engine) {
             {"run_id": r0, "backfill_id": 1, "start": rfc(0), "end": rfc(1), "state": "succeeded",
              "started_at": started(r0), "duration_ms": RUN_MS + r0, "tries": 2, "rows": 15,
              "changes": {"inserted": 1, "updated": 2, "deleted": 3, "unchanged": 4},
-             "verdict": "passed", "reasons": "warning: few rows", "error": null},
+             "verdict": "published", "reasons": "warning: few rows", "error": null},
             {"run_id": r1, "backfill_id": 1, "start": rfc(1), "end": rfc(2), "state": "failed",
              "started_at": started(r1), "duration_ms": RUN_MS + r1, "tries": 1, "rows": null,
              "verdict": null, "reasons": null, "error": format!("run {r1}: failed")},
@@ -221,13 +221,16 @@ pub fn list_show_and_runs_read_what_was_recorded(m: &Engine) {
     assert_eq!(
         f.intervals,
         [
-            (s("d"), s("failed"), 1),
-            (s("d"), s("rejected"), 1),
-            (s("d"), s("succeeded"), 1),
-            (s("e"), s("succeeded"), 1)
+            (s("d"), RunState::Failed, 1),
+            (s("d"), RunState::Rejected, 1),
+            (s("d"), RunState::Succeeded, 1),
+            (s("e"), RunState::Succeeded, 1)
         ]
     );
-    assert_eq!(f.backfills, [(s("completed"), 1), (s("running"), 1)]);
+    assert_eq!(
+        f.backfills,
+        [(BackfillState::Completed, 1), (BackfillState::Running, 1)]
+    );
     assert_eq!(f.tries_running, 0);
     assert_eq!(f.oldest_heartbeat_ms, one.heartbeat_at);
     assert_eq!(f.rejections, [(s("d"), s("rows: 0 < 1"))]);

@@ -8,7 +8,7 @@ use backfill::manifest::backfills::Owner;
 use backfill::manifest::runs::{Early, Start};
 use backfill::manifest::{Error, TryRecord};
 use backfill::plan::RunState;
-use backfill::state::{BackfillState, StagedState, TryState};
+use backfill::state::{BackfillState, StagedState, TryState, Verdict};
 use rusqlite::types::Value;
 use serde_json::json;
 
@@ -106,9 +106,16 @@ pub fn a_run_and_its_first_try_start_under_the_lease(m: &Engine) {
     assert!(!r.any_succeeded(1).unwrap());
     let f = r.figures().unwrap();
     assert_eq!(f.tries_running, 1);
-    assert_eq!(f.intervals, [("d".to_string(), "running".to_string(), 1)]);
+    assert_eq!(f.intervals, [("d".to_string(), RunState::Running, 1)]);
     let show = r.show_backfill(1).unwrap().unwrap();
-    assert_eq!(show.interval_details[0].state.as_deref(), Some("running"));
+    assert_eq!(
+        show.interval_details[0]
+            .state
+            .as_ref()
+            .map(ToString::to_string)
+            .as_deref(),
+        Some("running")
+    );
     assert_eq!(
         (
             show.interval_details[0].attempts,
@@ -192,7 +199,7 @@ fn full_record(earlier: i64) -> TryRecord {
         fingerprint: Some("fp-out".into()),
         source_rows: Some(130),
         previous_rows: Some(110),
-        verdict: Some("passed".into()),
+        verdict: Some(Verdict::Published),
         reasons: Some("warning: rows grew".into()),
         source_fingerprint: Some("fp-src".into()),
         staged: None,
@@ -254,7 +261,7 @@ pub fn a_try_records_every_field_of_its_end(m: &Engine) {
             v("fp-out"),
             Value::Integer(130),
             Value::Integer(110),
-            v("passed"),
+            v("published"),
             v("warning: rows grew"),
             v("fp-src"),
             Value::Null,
@@ -304,7 +311,7 @@ pub fn a_try_records_every_field_of_its_end(m: &Engine) {
             "try_number": 1, "state": "succeeded", "host": "host-b",
             "started_at": rfc_ms(try_started(m, t)), "duration_ms": 3_000, "rows": 120,
             "changes": {"inserted": 4, "updated": 3, "deleted": 2, "unchanged": 111},
-            "source_rows": 130, "previous_rows": 110, "verdict": "passed",
+            "source_rows": 130, "previous_rows": 110, "verdict": "published",
             "reasons": "warning: rows grew", "error": "warned",
             "log": format!("/logs/run{run}.try1.log"),
             "batch": "2026-01-01T00:00:00Z/2026-01-02T00:00:00Z"
@@ -424,7 +431,11 @@ pub fn a_try_and_its_run_end_together(m: &Engine) {
     let show = m.read().show_backfill(1).unwrap().unwrap();
     let d0 = &show.interval_details[0];
     assert_eq!(
-        (d0.state.as_deref(), d0.attempts, d0.tries),
+        (
+            d0.state.as_ref().map(ToString::to_string).as_deref(),
+            d0.attempts,
+            d0.tries
+        ),
         (Some("succeeded"), 2, 1)
     );
     assert_eq!(d0.duration_ms, Some(RUN_MS + again.0));
@@ -445,7 +456,7 @@ pub fn what_a_gone_owner_left_is_ended_once(m: &Engine) {
     let mut intent = record(TryState::Succeeded);
     intent.rows = Some(5);
     intent.fingerprint = Some("fp".into());
-    intent.verdict = Some("passed".into());
+    intent.verdict = Some(Verdict::Published);
     let decided =
         m.ok(move |s| s.record_publish_intent(s.fence(gone)?, t2, Some("/a/t2.db"), &intent));
     assert!(decided);
@@ -504,7 +515,7 @@ pub fn what_a_gone_owner_left_is_ended_once(m: &Engine) {
     // A decided publish finished by the recoverer: what the intent recorded stays where the
     // end says nothing.
     let mut published = record(TryState::Succeeded);
-    published.verdict = Some("passed, redone".into());
+    published.verdict = Some(Verdict::PublishedEmpty);
     published.source_rows = Some(9);
     assert!(m.ok(move |s| s.end_abandoned_try(t2, &published, now)));
     assert_eq!(
@@ -515,7 +526,7 @@ pub fn what_a_gone_owner_left_is_ended_once(m: &Engine) {
             Value::Text("succeeded".into()),
             Value::Integer(5),
             Value::Text("fp".into()),
-            Value::Text("passed, redone".into()),
+            Value::Text("published empty".into()),
             Value::Integer(9),
             Value::Integer(0),
         ]]
@@ -669,7 +680,7 @@ pub fn values_round_trip_exactly(m: &Engine) {
     rec.partitions = Some(texts[0].clone());
     rec.inputs = Some(texts[1].clone());
     rec.fingerprint = Some(texts[2].clone());
-    rec.verdict = Some(texts[3].clone());
+    rec.verdict = Some(Verdict::Rejected);
     rec.reasons = Some(texts[4].clone());
     rec.source_fingerprint = Some(texts[2].clone());
     rec.rows = Some(i64::MAX);
@@ -691,7 +702,7 @@ pub fn values_round_trip_exactly(m: &Engine) {
             v(&texts[0]),
             v(&texts[1]),
             v(&texts[2]),
-            v(&texts[3]),
+            v("rejected"),
             v(&texts[4]),
             v(&texts[2]),
             Value::Integer(i64::MAX),

@@ -3,7 +3,7 @@
 
 use backfill::manifest::NewBackfill;
 use backfill::plan::RunState;
-use backfill::state::{BackfillKind, BackfillState, StagedState, TryState};
+use backfill::state::{BackfillKind, BackfillState, StagedState, TryState, Verdict};
 
 use crate::support::*;
 
@@ -11,7 +11,7 @@ fn staged(rows: i64, path: &str) -> backfill::manifest::TryRecord {
     let mut rec = record(TryState::Succeeded);
     rec.staged = Some(StagedState::Staged);
     rec.staged_path = Some(path.to_string());
-    rec.verdict = Some("staged".into());
+    rec.verdict = Some(Verdict::Staged);
     rec.reasons = Some("warning: small".into());
     rec.rows = Some(rows);
     rec.fingerprint = Some(format!("f{rows}"));
@@ -81,12 +81,12 @@ pub fn staged_outputs_are_promoted_or_discarded_once(m: &Engine) {
         (Some(7), Some("f7"), Some(8), Some("src"))
     );
     assert_eq!(
+        (first.verdict, first.reasons.as_deref(), first.state),
         (
-            first.verdict.as_deref(),
-            first.reasons.as_deref(),
-            first.state
-        ),
-        (Some("staged"), Some("warning: small"), TryState::Succeeded)
+            Some(Verdict::Staged),
+            Some("warning: small"),
+            TryState::Succeeded
+        )
     );
     assert!(r.is_staged(s0).unwrap() && r.is_staged(s1).unwrap());
     let kept = r.keeping_staged_tables().unwrap();
@@ -187,7 +187,7 @@ pub fn staged_outputs_are_promoted_or_discarded_once(m: &Engine) {
     let verdicts: Vec<_> = show
         .interval_details
         .iter()
-        .map(|i| i.verdict.clone())
+        .map(|i| i.verdict.map(|v| v.to_string()))
         .collect();
     assert_eq!(
         verdicts,
@@ -200,7 +200,7 @@ pub fn staged_outputs_are_promoted_or_discarded_once(m: &Engine) {
         .run_history("d", start(0), start(1))
         .unwrap()
         .into_iter()
-        .map(|h| (h.run_id, h.verdict))
+        .map(|h| (h.run_id, h.verdict.map(|v| v.to_string())))
         .collect();
     assert_eq!(
         history,
@@ -213,7 +213,10 @@ pub fn staged_outputs_are_promoted_or_discarded_once(m: &Engine) {
     );
     let tries = r.interval_tries(1, start(0)).unwrap();
     assert_eq!(
-        tries.iter().map(|t| t.verdict.clone()).collect::<Vec<_>>(),
+        tries
+            .iter()
+            .map(|t| t.verdict.map(|v| v.to_string()))
+            .collect::<Vec<_>>(),
         [
             Some("staged, discarded".to_string()),
             Some("staged, promoted".to_string())

@@ -1,0 +1,145 @@
+//! Values between the manifest's dialect layer and PostgreSQL: SQLite's five types as
+//! parameters and from rows, and `?N` parameters as `$N`.
+
+use bytes::BytesMut;
+use rusqlite::types::Value;
+use tokio_postgres::types::{FromSql, IsNull, ToSql, Type};
+
+use crate::pg::error::{Error as PgError, Result as PgResult};
+
+/// Rows as SQLite's values.
+pub(super) fn values_of(rows: &[tokio_postgres::Row]) -> PgResult<Vec<Vec<Value>>> {
+    rows.iter()
+        .map(|r| {
+            (0..r.len())
+                .map(|i| {
+                    r.try_get::<_, Read>(i)
+                        .map(|c| c.0)
+                        .map_err(|e| PgError::from(&e))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Values as a statement's parameters.
+pub(super) fn params_of(values: &[Value]) -> Vec<Param<'_>> {
+    values.iter().map(Param).collect()
+}
+
+/// Parameters as the driver takes them.
+pub(super) fn refs<'a>(params: &'a [Param<'a>]) -> Vec<&'a (dyn ToSql + Sync)> {
+    params.iter().map(|p| p as &(dyn ToSql + Sync)).collect()
+}
+
+/// A value passed to PostgreSQL as the type the server asks for.
+#[derive(Debug)]
+pub(super) struct Param<'a>(&'a Value);
+
+impl ToSql for Param<'_> {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut BytesMut,
+    ) -> std::result::Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        let v = self.0;
+        match (v, ty) {
+            (Value::Null, _) => Ok(IsNull::Yes),
+            (Value::Integer(i), &Type::INT8) => i.to_sql(ty, out),
+            (Value::Integer(i), &Type::INT4) => i32::try_from(*i)?.to_sql(ty, out),
+            (Value::Integer(i), &Type::INT2) => i16::try_from(*i)?.to_sql(ty, out),
+            (Value::Integer(i), &Type::BOOL) => (*i != 0).to_sql(ty, out),
+            #[allow(clippy::cast_precision_loss)]
+            (Value::Integer(i), &Type::FLOAT8) => (*i as f64).to_sql(ty, out),
+            (Value::Integer(i), t) if is_text(t) => i.to_string().as_str().to_sql(&Type::TEXT, out),
+            (Value::Real(f), &Type::FLOAT8) => f.to_sql(ty, out),
+            (Value::Text(s), t) if is_text(t) => {
+                out.extend_from_slice(s.as_bytes());
+                Ok(IsNull::No)
+            }
+            (Value::Blob(b), &Type::BYTEA) => b.as_slice().to_sql(ty, out),
+            (v, t) => Err(format!("cannot pass {:?} as PostgreSQL type {t}", v.data_type()).into()),
+        }
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    tokio_postgres::types::to_sql_checked!();
+}
+
+fn is_text(t: &Type) -> bool {
+    [
+        Type::TEXT,
+        Type::VARCHAR,
+        Type::BPCHAR,
+        Type::NAME,
+        Type::UNKNOWN,
+    ]
+    .contains(t)
+}
+
+/// A value read from PostgreSQL, as SQLite's type.
+struct Read(Value);
+
+impl<'a> FromSql<'a> for Read {
+    fn from_sql(
+        ty: &Type,
+        raw: &'a [u8],
+    ) -> std::result::Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(Read(match *ty {
+            Type::INT8 => Value::Integer(i64::from_sql(ty, raw)?),
+            Type::INT4 => Value::Integer(i32::from_sql(ty, raw)?.into()),
+            Type::INT2 => Value::Integer(i16::from_sql(ty, raw)?.into()),
+            Type::OID => Value::Integer(u32::from_sql(ty, raw)?.into()),
+            Type::BOOL => Value::Integer(bool::from_sql(ty, raw)?.into()),
+            Type::FLOAT8 => Value::Real(f64::from_sql(ty, raw)?),
+            Type::FLOAT4 => Value::Real(f32::from_sql(ty, raw)?.into()),
+            Type::BYTEA => Value::Blob(raw.to_vec()),
+            ref t if is_text(t) => Value::Text(String::from_sql(&Type::TEXT, raw)?),
+            ref t => return Err(format!("the manifest reads no PostgreSQL type {t}").into()),
+        }))
+    }
+
+    fn from_sql_null(
+        _: &Type,
+    ) -> std::result::Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(Read(Value::Null))
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+}
+
+/// `?N` parameters as `$N`, outside quoted text.
+pub(super) fn translate(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut quoted = false;
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                quoted = !quoted;
+                out.push(c);
+            }
+            '?' if !quoted && chars.peek().is_some_and(char::is_ascii_digit) => out.push('$'),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_become_numbered_dollars_outside_quotes() {
+        assert_eq!(
+            translate("SELECT 1 FROM t WHERE a = ?1 AND b = '?2' AND c IN (?10, ?2)"),
+            "SELECT 1 FROM t WHERE a = $1 AND b = '?2' AND c IN ($10, $2)"
+        );
+    }
+}

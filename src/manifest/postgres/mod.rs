@@ -13,6 +13,7 @@
 //! of the lease timeout, at most [`IDLE_IN_TRANSACTION`]), which frees the lock for the others
 //! well before their heartbeats give up. "Now" is the database's clock.
 
+mod deferrals;
 mod schema;
 mod session;
 mod timeouts;

@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use rusqlite::types::Value;
 use tokio_postgres::types::ToSql;
 
+use super::deferrals::Deferrals;
 use super::timeouts::{idle_in_transaction, patience};
-use super::values::{Param, params_of, refs, translate, values_of};
+use super::values::{params_of, refs, translate, values_of};
 use super::{SCHEMA, failure, lost};
 use crate::manifest::{Error, Result};
 use crate::pg::conn::{Conn, connect_with};
@@ -47,17 +48,9 @@ pub struct Session {
     /// The fences read in earlier transactions (keys as in `fences`): read again with the next
     /// transaction's lock, in the same round trip, since this writer's owner asks for them.
     pub(super) fenced_before: RefCell<std::collections::BTreeSet<i64>>,
-    /// Statements of the writer's transaction deferred (see [`Session::defer`]) and not sent
-    /// yet, with their tickets.
-    pub(super) unsent: RefCell<Vec<(usize, String, Vec<Value>)>>,
-    /// The deferred statements' answers not taken yet, by ticket.
-    pub(super) answers: RefCell<HashMap<usize, PgResult<Vec<Vec<Value>>>>>,
-    /// The next deferred statement's ticket.
-    pub(super) tickets: Cell<usize>,
-    /// The first of the transaction's deferred statements that the server refused, by ticket:
-    /// the transaction cannot commit. Kept past its commit for the writer to ask
-    /// ([`Session::refused_commit`]); the next transaction begun alone forgets it.
-    pub(super) refused: RefCell<Option<(usize, PgError)>>,
+    /// Statements of the writer's transaction deferred (see [`Session::defer`]), their
+    /// answers, and the first the server refused.
+    pub(super) deferred: RefCell<Deferrals>,
 }
 
 impl Session {
@@ -88,10 +81,7 @@ impl Session {
             gave_up: Cell::new(None),
             fences: RefCell::default(),
             fenced_before: RefCell::default(),
-            unsent: RefCell::default(),
-            answers: RefCell::default(),
-            tickets: Cell::new(0),
-            refused: RefCell::default(),
+            deferred: RefCell::default(),
         })
     }
 
@@ -220,7 +210,7 @@ impl Session {
         }
     }
 
-    fn statement(
+    pub(super) fn statement(
         &self,
         conn: &Conn,
         prepared: &RefCell<HashMap<String, tokio_postgres::Statement>>,
@@ -251,7 +241,7 @@ impl Session {
     }
 
     /// Forgets the fences read when `sql` may change a backfill.
-    fn written(&self, sql: &str) {
+    pub(super) fn written(&self, sql: &str) {
         // Statements that only read them (a run's start joins `backfills`) keep what was read.
         const WRITES: [&str; 6] = [
             "UPDATE backfills",
@@ -300,155 +290,6 @@ impl Session {
             self.answer(conn, conn.client.query(s, refs))
         })?;
         values_of(&rows)
-    }
-
-    /// Whether a statement asked for now may be deferred (see [`Session::defer`]): inside the
-    /// writer's transaction.
-    pub fn defers(&self) -> bool {
-        self.in_tx.get()
-    }
-
-    /// Queues `sql` to be sent with the transaction's other deferred statements, in one round
-    /// trip, when the writer asks for their answers ([`Session::flush`]) or before any statement
-    /// that is not deferred; returns the ticket of its answer ([`Session::take_answer`]). The
-    /// server runs the statements in the order they were asked for, and once one fails, every
-    /// later one of the transaction fails too.
-    pub fn defer(&self, sql: &str, values: Vec<Value>) -> usize {
-        let ticket = self.tickets.get();
-        self.tickets.set(ticket.wrapping_add(1));
-        self.unsent
-            .borrow_mut()
-            .push((ticket, sql.to_string(), values));
-        ticket
-    }
-
-    /// Sends the deferred statements not sent yet, together, and waits for their answers
-    /// (pipelined: one round trip, however many). A connection lost or silent meanwhile marks
-    /// the session as such, and every statement unanswered has that error.
-    pub fn flush(&self) -> PgResult<()> {
-        if self.unsent.borrow().is_empty() {
-            return Ok(());
-        }
-        match self.flush_then(None) {
-            // The connection is gone: nothing more can be sent in this transaction.
-            Err(e) if self.is_broken() => Err(e),
-            _ => Ok(()),
-        }
-    }
-
-    /// [`Session::flush`], and `last` (statements without parameters) sent after the deferred
-    /// ones in the same round trip: its messages, or the failure of the round trip (a
-    /// connection lost or silent, a statement that could not be prepared).
-    pub(super) fn flush_then(
-        &self,
-        last: Option<&str>,
-    ) -> PgResult<Vec<tokio_postgres::SimpleQueryMessage>> {
-        let unsent = std::mem::take(&mut *self.unsent.borrow_mut());
-        for (_, sql, _) in &unsent {
-            self.written(sql);
-        }
-        let mut answered: Vec<PgResult<Vec<Vec<Value>>>> = Vec::new();
-        let sent = self.with(|conn, prepared| {
-            let statements = unsent
-                .iter()
-                .map(|(_, sql, _)| self.statement(conn, prepared, sql))
-                .collect::<PgResult<Vec<_>>>()?;
-            let params: Vec<Vec<Param<'_>>> = unsent
-                .iter()
-                .map(|(_, _, values)| params_of(values))
-                .collect();
-            let refs: Vec<Vec<&(dyn ToSql + Sync)>> = params.iter().map(|p| refs(p)).collect();
-            let queries = futures_util::future::join_all(
-                statements
-                    .iter()
-                    .zip(&refs)
-                    .map(|(s, refs)| conn.client.query(s, refs.as_slice())),
-            );
-            // Polled in order: the deferred statements are sent first.
-            let then = async {
-                match last {
-                    Some(sql) => conn.client.simple_query(sql).await,
-                    None => Ok(Vec::new()),
-                }
-            };
-            let (rows, messages) = self.answer(conn, async {
-                Ok(futures_util::future::join(queries, then).await)
-            })?;
-            let mut refused = self.refused.borrow_mut();
-            answered = rows
-                .into_iter()
-                .zip(&unsent)
-                .map(|(r, (ticket, _, _))| {
-                    // The server's error (a value this side could not send never reached it).
-                    let by_server = r.as_ref().is_err_and(|e| e.code().is_some());
-                    let rows = r.map_err(|e| PgError::from(&e));
-                    // The server's refusals, not this side's failures to read a row: the
-                    // first (in the order sent) is why the transaction cannot commit.
-                    if let Err(e) = &rows
-                        && by_server
-                        && refused.as_ref().is_none_or(|(t, _)| ticket < t)
-                    {
-                        *refused = Some((*ticket, e.clone()));
-                    }
-                    rows.and_then(|rows| values_of(&rows))
-                })
-                .collect();
-            drop(refused);
-            if last.is_some()
-                && !unsent.is_empty()
-                && messages.is_ok()
-                && crate::fault::point("manifest-answers-lost")
-            {
-                // The server committed, and the connection is lost before the answers arrive.
-                self.broken.set(true);
-                let gone = lost("the connection was lost after the commit (injected)".into());
-                answered = unsent.iter().map(|_| Err(gone.clone())).collect();
-                return Err(gone);
-            }
-            // A connection lost part way is the session's failure (the answers that came before
-            // are kept).
-            if let Some(e) = answered
-                .iter()
-                .find_map(|r| r.as_ref().err().filter(|e| e.is_disconnected()))
-            {
-                return Err(e.clone());
-            }
-            messages.map_err(|e| PgError::from(&e))
-        });
-        // Each statement's answer; those that got none, the round trip's failure.
-        let mut answered = answered.into_iter();
-        let mut answers = self.answers.borrow_mut();
-        for (ticket, _, _) in &unsent {
-            let answer = answered.next().unwrap_or_else(|| match &sent {
-                Err(e) => Err(e.clone()),
-                Ok(_) => Err(failure("a deferred statement got no answer".into())),
-            });
-            answers.insert(*ticket, answer);
-        }
-        sent
-    }
-
-    /// The server's refusal of one of the transaction's deferred statements, the first in the
-    /// order they were sent.
-    pub(super) fn deferred_failure(&self) -> Option<PgError> {
-        self.refused.borrow().as_ref().map(|(_, e)| e.clone())
-    }
-
-    /// Whether the last commit did not happen because the server refused one of its deferred
-    /// statements (asked once): then one of the jobs is to blame, and the others run again.
-    pub fn refused_commit(&self) -> bool {
-        self.refused.borrow_mut().take().is_some()
-    }
-
-    /// The answer of a deferred statement (see [`Session::defer`]), once: sent first if it was
-    /// not.
-    pub fn take_answer(&self, ticket: usize) -> PgResult<Vec<Vec<Value>>> {
-        // A failure to send is each statement's answer.
-        let _ = self.flush();
-        self.answers
-            .borrow_mut()
-            .remove(&ticket)
-            .unwrap_or_else(|| Err(failure("a deferred statement's answer is missing".into())))
     }
 
     /// Inserts rows of `width` values each (`values`, row after row), many rows to a statement

@@ -4,9 +4,14 @@
 
 use std::collections::HashMap;
 
+use rusqlite::types::Value;
+use tokio_postgres::types::ToSql;
+
+use super::deferrals::Rows;
 use super::session::Session;
-use super::{failure, latest};
-use crate::pg::error::Result as PgResult;
+use super::values::{Param, params_of, refs, values_of};
+use super::{failure, latest, lost};
+use crate::pg::error::{Error as PgError, Result as PgResult};
 
 /// The writers' lock and the schema's version, the two statements of every writer's `BEGIN`
 /// round trip (see [`Session::begin`]), `$1` the writer and `$2` its token. The lock is a
@@ -39,8 +44,7 @@ impl Session {
         if before.is_empty() {
             // After a commit in the same round trip, the answers of its deferred statements are
             // kept for the writer to take.
-            self.answers.borrow_mut().clear();
-            self.refused.borrow_mut().take();
+            self.deferred.borrow_mut().forget_answers();
         }
         // The two statements every transaction begins with are prepared once per connection
         // and sent as `EXECUTE` in the same query string, so that they are not parsed and
@@ -163,7 +167,7 @@ impl Session {
     /// Ends the transaction on this side: its deferred statements not sent are dropped, and
     /// the answers of those sent are kept until the next transaction begins.
     pub(super) fn end_tx(&self) {
-        self.unsent.borrow_mut().clear();
+        self.deferred.borrow_mut().drop_unsent();
         self.in_tx.set(false);
         self.tx_now.set(None);
         self.fences.borrow_mut().clear();
@@ -213,5 +217,134 @@ impl Session {
             .collect();
         // The lock's row, then the token's, if this writer recorded one.
         Ok(rows.get(1).and_then(|t| t.parse::<i64>().ok()) == Some(token))
+    }
+
+    /// Whether a statement asked for now may be deferred (see [`Session::defer`]): inside the
+    /// writer's transaction.
+    pub fn defers(&self) -> bool {
+        self.in_tx.get()
+    }
+
+    /// Queues `sql` to be sent with the transaction's other deferred statements, in one round
+    /// trip, when the writer asks for their answers ([`Session::flush`]) or before any statement
+    /// that is not deferred; returns the ticket of its answer ([`Session::take_answer`]). The
+    /// server runs the statements in the order they were asked for, and once one fails, every
+    /// later one of the transaction fails too.
+    pub fn defer(&self, sql: &str, values: Vec<Value>) -> usize {
+        self.deferred.borrow_mut().push(sql, values)
+    }
+
+    /// Sends the deferred statements not sent yet, together, and waits for their answers
+    /// (pipelined: one round trip, however many). A connection lost or silent meanwhile marks
+    /// the session as such, and every statement unanswered has that error.
+    pub fn flush(&self) -> PgResult<()> {
+        if !self.deferred.borrow().has_unsent() {
+            return Ok(());
+        }
+        match self.flush_then(None) {
+            // The connection is gone: nothing more can be sent in this transaction.
+            Err(e) if self.is_broken() => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// [`Session::flush`], and `last` (statements without parameters) sent after the deferred
+    /// ones in the same round trip: its messages, or the failure of the round trip (a
+    /// connection lost or silent, a statement that could not be prepared).
+    pub(super) fn flush_then(
+        &self,
+        last: Option<&str>,
+    ) -> PgResult<Vec<tokio_postgres::SimpleQueryMessage>> {
+        let unsent = self.deferred.borrow_mut().take_unsent();
+        for u in &unsent {
+            self.written(&u.sql);
+        }
+        let mut answered: Vec<PgResult<Rows>> = Vec::new();
+        let sent = self.with(|conn, prepared| {
+            let statements = unsent
+                .iter()
+                .map(|u| self.statement(conn, prepared, &u.sql))
+                .collect::<PgResult<Vec<_>>>()?;
+            let params: Vec<Vec<Param<'_>>> = unsent.iter().map(|u| params_of(&u.values)).collect();
+            let refs: Vec<Vec<&(dyn ToSql + Sync)>> = params.iter().map(|p| refs(p)).collect();
+            let queries = futures_util::future::join_all(
+                statements
+                    .iter()
+                    .zip(&refs)
+                    .map(|(s, refs)| conn.client.query(s, refs.as_slice())),
+            );
+            // Polled in order: the deferred statements are sent first.
+            let then = async {
+                match last {
+                    Some(sql) => conn.client.simple_query(sql).await,
+                    None => Ok(Vec::new()),
+                }
+            };
+            let (rows, messages) = self.answer(conn, async {
+                Ok(futures_util::future::join(queries, then).await)
+            })?;
+            answered = rows
+                .into_iter()
+                .zip(&unsent)
+                .map(|(r, u)| {
+                    // The server's error (a value this side could not send never reached it).
+                    let by_server = r.as_ref().is_err_and(|e| e.code().is_some());
+                    let rows = r.map_err(|e| PgError::from(&e));
+                    // The server's refusals, not this side's failures to read a row: the
+                    // first (in the order sent) is why the transaction cannot commit.
+                    if let Err(e) = &rows
+                        && by_server
+                    {
+                        self.deferred.borrow_mut().refuse(u.ticket, e);
+                    }
+                    rows.and_then(|rows| values_of(&rows))
+                })
+                .collect();
+            if last.is_some()
+                && !unsent.is_empty()
+                && messages.is_ok()
+                && crate::fault::point("manifest-answers-lost")
+            {
+                // The server committed, and the connection is lost before the answers arrive.
+                self.broken.set(true);
+                let gone = lost("the connection was lost after the commit (injected)".into());
+                answered = unsent.iter().map(|_| Err(gone.clone())).collect();
+                return Err(gone);
+            }
+            // A connection lost part way is the session's failure (the answers that came before
+            // are kept).
+            if let Some(e) = answered
+                .iter()
+                .find_map(|r| r.as_ref().err().filter(|e| e.is_disconnected()))
+            {
+                return Err(e.clone());
+            }
+            messages.map_err(|e| PgError::from(&e))
+        });
+        // Each statement's answer; those that got none, the round trip's failure.
+        self.deferred
+            .borrow_mut()
+            .answered(&unsent, answered, sent.as_ref().err());
+        sent
+    }
+
+    /// The server's refusal of one of the transaction's deferred statements, the first in the
+    /// order they were sent.
+    pub(super) fn deferred_failure(&self) -> Option<PgError> {
+        self.deferred.borrow().refusal()
+    }
+
+    /// Whether the last commit did not happen because the server refused one of its deferred
+    /// statements (asked once): then one of the jobs is to blame, and the others run again.
+    pub fn refused_commit(&self) -> bool {
+        self.deferred.borrow_mut().take_refusal()
+    }
+
+    /// The answer of a deferred statement (see [`Session::defer`]), once: sent first if it was
+    /// not.
+    pub fn take_answer(&self, ticket: usize) -> PgResult<Rows> {
+        // A failure to send is each statement's answer.
+        let _ = self.flush();
+        self.deferred.borrow_mut().take_answer(ticket)
     }
 }

@@ -16,6 +16,7 @@
 mod deferrals;
 mod schema;
 mod session;
+mod state;
 mod timeouts;
 mod transaction;
 mod values;

@@ -6,6 +6,7 @@ use std::time::Instant;
 use rusqlite::types::Value;
 
 use super::session::Session;
+use super::state::State;
 use super::timeouts::patience;
 use super::{MIGRATIONS, SCHEMA, latest};
 use crate::manifest::{Error, Result};
@@ -143,7 +144,9 @@ fn migrate(s: &Session, shown: &str) -> Result<()> {
             Error::Pg(e).at(std::path::Path::new(shown))
         }
     };
-    s.in_tx.set(true);
+    // The session is inside this transaction from its first statement: a connection lost in it
+    // is not made again mid-way.
+    s.go(State::begin);
     let result = (|| {
         // Several processes may create it at once: one migrates, the others wait and find it
         // done. The lock is the transaction's, so a lost connection cannot leave it held.

@@ -3,13 +3,14 @@
 //! writer's transaction.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use rusqlite::types::Value;
 use tokio_postgres::types::ToSql;
 
 use super::deferrals::Deferrals;
+use super::state::{Fence, State};
 use super::timeouts::{idle_in_transaction, patience};
 use super::values::{params_of, refs, translate, values_of};
 use super::{SCHEMA, failure, lost};
@@ -17,37 +18,44 @@ use crate::manifest::{Error, Result};
 use crate::pg::conn::{Conn, connect_with};
 use crate::pg::error::{Error as PgError, Result as PgResult};
 
+/// A connection and what is prepared on it: made again whole when the connection is replaced.
+pub(super) struct Link {
+    pub conn: Conn,
+    /// Statements prepared on it, by their SQL.
+    prepared: RefCell<HashMap<String, tokio_postgres::Statement>>,
+    /// The statements of the writer's `BEGIN` (see `transaction::LOCK_AND_TOKEN`) are
+    /// prepared on it.
+    pub begin_prepared: Cell<bool>,
+}
+
+impl Link {
+    fn new(conn: Conn) -> Link {
+        Link {
+            conn,
+            prepared: RefCell::default(),
+            begin_prepared: Cell::new(false),
+        }
+    }
+}
+
 /// A session with the manifest's database.
 pub struct Session {
-    pub(super) url: String,
+    url: String,
     /// A reader's session: every transaction read-only, enforced by the server.
-    pub(super) read_only: bool,
+    read_only: bool,
     /// Shown in messages: the URL without its password.
-    pub(super) shown: String,
-    pub(super) conn: RefCell<Option<Conn>>,
-    pub(super) prepared: RefCell<HashMap<String, tokio_postgres::Statement>>,
-    /// The statements of the writer's `BEGIN` ([`LOCK_AND_TOKEN`], [`SCHEMA_VERSION`]) are
-    /// prepared on this connection.
-    pub(super) begin_prepared: Cell<bool>,
-    /// Inside the writer's transaction: a lost connection must not be replaced mid-way.
-    pub(super) in_tx: Cell<bool>,
-    /// The transaction's "now", read when its lock was taken.
-    pub(super) tx_now: Cell<Option<i64>>,
-    /// The connection was lost inside a transaction.
-    pub(super) broken: Cell<bool>,
-    /// A round trip got no answer within [`patience`]: the connection is in no known state.
-    pub(super) hung: Cell<bool>,
+    shown: String,
+    /// The connection, and what is prepared on it.
+    pub(super) link: RefCell<Link>,
+    /// Inside a transaction or not, and whether the connection can be used (see
+    /// [`State`]); changed only by its transitions.
+    state: RefCell<State>,
     /// When the server last answered.
-    pub(super) last_answer: Cell<Instant>,
-    /// When making the connection again was last given up: until [`patience`] has passed since,
-    /// every call fails at once (a process that lost its manifest ends without waiting again
-    /// for each record it would write).
-    pub(super) gave_up: Cell<Option<Instant>>,
-    /// Backfills' epochs and states read in the writer's transaction (see `Conn::fenced`).
-    pub(super) fences: RefCell<HashMap<i64, (i64, crate::state::BackfillState)>>,
-    /// The fences read in earlier transactions (keys as in `fences`): read again with the next
-    /// transaction's lock, in the same round trip, since this writer's owner asks for them.
-    pub(super) fenced_before: RefCell<std::collections::BTreeSet<i64>>,
+    last_answer: Cell<Instant>,
+    /// The fences read in earlier transactions (keys as in `state::Tx::fences`): read again with
+    /// the next transaction's lock, in the same round trip, since this writer's owner asks for
+    /// them.
+    pub(super) fenced_before: RefCell<BTreeSet<i64>>,
     /// Statements of the writer's transaction deferred (see [`Session::defer`]), their
     /// answers, and the first the server refused.
     pub(super) deferred: RefCell<Deferrals>,
@@ -70,16 +78,9 @@ impl Session {
             url: url.to_string(),
             read_only,
             shown: shown.to_string(),
-            conn: RefCell::new(Some(conn)),
-            prepared: RefCell::default(),
-            begin_prepared: Cell::new(false),
-            in_tx: Cell::new(false),
-            tx_now: Cell::new(None),
-            broken: Cell::new(false),
-            hung: Cell::new(false),
+            link: RefCell::new(Link::new(conn)),
+            state: RefCell::new(State::Idle),
             last_answer: Cell::new(Instant::now()),
-            gave_up: Cell::new(None),
-            fences: RefCell::default(),
             fenced_before: RefCell::default(),
             deferred: RefCell::default(),
         })
@@ -104,9 +105,7 @@ impl Session {
                 humantime::format_duration(patience())
             )
         };
-        if let Some(at) = self.gave_up.get()
-            && at.elapsed() < patience()
-        {
+        if self.state.borrow().refuses_reconnecting(patience()) {
             return Err(lost(silent()));
         }
         let deadline = self.give_up_at();
@@ -114,18 +113,14 @@ impl Session {
         loop {
             match open_conn(&self.url, self.read_only) {
                 Ok(c) => {
-                    *self.conn.borrow_mut() = Some(c);
-                    self.prepared.borrow_mut().clear();
-                    self.begin_prepared.set(false);
-                    self.broken.set(false);
-                    self.hung.set(false);
-                    // Not an answer to a statement: a server that takes connections and answers
-                    // nothing is still silent.
-                    self.gave_up.set(None);
+                    *self.link.borrow_mut() = Link::new(c);
+                    // Not an answer to a statement (`last_answer` stays): a server that takes
+                    // connections and answers nothing is still silent.
+                    self.state.borrow_mut().reconnected();
                     return Ok(());
                 }
                 Err(why) if Instant::now() >= deadline => {
-                    self.gave_up.set(Some(Instant::now()));
+                    self.state.borrow_mut().give_up(Instant::now());
                     return Err(lost(format!("{}; last: {why}", silent())));
                 }
                 Err(why) => {
@@ -137,11 +132,19 @@ impl Session {
         }
     }
 
-    /// Whether the connection is gone (lost inside a transaction, or closed).
+    /// Whether the connection is gone (lost, silent, or closed).
     pub fn is_broken(&self) -> bool {
-        self.broken.get()
-            || self.hung.get()
-            || self.conn.borrow().as_ref().is_none_or(Conn::is_closed)
+        self.state.borrow().is_lost() || self.link.borrow().conn.is_closed()
+    }
+
+    /// Inside a transaction (its connection lost or not).
+    pub(super) fn in_tx(&self) -> bool {
+        self.state.borrow().in_tx()
+    }
+
+    /// Moves the session's state by `transition` (see [`State`]).
+    pub(super) fn go(&self, transition: impl FnOnce(&mut State)) {
+        transition(&mut self.state.borrow_mut());
     }
 
     /// Waits for the server's answer to `f`, for [`patience`] at most.
@@ -157,7 +160,8 @@ impl Session {
             }
             Some(Err(e)) => Err(PgError::from(&e)),
             None => {
-                self.hung.set(true);
+                // The connection is in no known state.
+                self.go(State::lose);
                 Err(lost(format!(
                     "the manifest did not answer within {}",
                     humantime::format_duration(patience())
@@ -168,33 +172,21 @@ impl Session {
 
     /// Runs `f` on the connection; outside a transaction, a lost connection is replaced and `f`
     /// runs again (every statement run outside one is a read or commits alone).
-    pub(super) fn with<T>(
-        &self,
-        mut f: impl FnMut(&Conn, &RefCell<HashMap<String, tokio_postgres::Statement>>) -> PgResult<T>,
-    ) -> PgResult<T> {
+    pub(super) fn with<T>(&self, mut f: impl FnMut(&Link) -> PgResult<T>) -> PgResult<T> {
         let started = Instant::now();
-        if !self.in_tx.get()
-            && self.gave_up.get().is_none()
-            && self.last_answer.get().elapsed() > patience()
-        {
+        if self.state.borrow().asks_afresh() && self.last_answer.get().elapsed() > patience() {
             // Silence while nothing was asked is not silence: the patience counts from here.
             self.last_answer.set(started);
         }
         loop {
-            if !self.in_tx.get() && self.is_broken() {
+            if !self.in_tx() && self.is_broken() {
                 self.reconnect()?;
             }
-            let result = {
-                let conn = self.conn.borrow();
-                let conn = conn
-                    .as_ref()
-                    .ok_or_else(|| lost("the connection is closed".into()))?;
-                f(conn, &self.prepared)
-            };
+            let result = f(&self.link.borrow());
             match result {
                 Err(e) if e.is_disconnected() => {
-                    if self.in_tx.get() {
-                        self.broken.set(true);
+                    if self.in_tx() {
+                        self.go(State::lose);
                         return Err(e);
                     }
                     // Tried again within the patience only: a server that takes connections
@@ -210,28 +202,26 @@ impl Session {
         }
     }
 
-    pub(super) fn statement(
-        &self,
-        conn: &Conn,
-        prepared: &RefCell<HashMap<String, tokio_postgres::Statement>>,
-        sql: &str,
-    ) -> PgResult<tokio_postgres::Statement> {
-        if let Some(s) = prepared.borrow().get(sql) {
+    /// `sql` prepared on `link`'s connection (once: kept while the connection lasts).
+    pub(super) fn statement(&self, link: &Link, sql: &str) -> PgResult<tokio_postgres::Statement> {
+        if let Some(s) = link.prepared.borrow().get(sql) {
             return Ok(s.clone());
         }
         let text = translate(sql);
-        let s = self.answer(conn, conn.client.prepare(&text))?;
-        crate::pg::keep_prepared(&mut prepared.borrow_mut(), sql, s.clone());
+        let s = self.answer(&link.conn, link.conn.client.prepare(&text))?;
+        crate::pg::keep_prepared(&mut link.prepared.borrow_mut(), sql, s.clone());
         Ok(s)
     }
 
-    pub fn fenced(&self, backfill_id: i64) -> Option<(i64, crate::state::BackfillState)> {
-        self.fences.borrow().get(&backfill_id).copied()
+    pub fn fenced(&self, backfill_id: i64) -> Option<Fence> {
+        self.state
+            .borrow()
+            .tx()
+            .and_then(|tx| tx.fences.get(&backfill_id).copied())
     }
 
-    pub fn remember_fence(&self, backfill_id: i64, row: (i64, crate::state::BackfillState)) {
-        if self.in_tx.get() {
-            self.fences.borrow_mut().insert(backfill_id, row);
+    pub fn remember_fence(&self, backfill_id: i64, row: Fence) {
+        if self.state.borrow_mut().remember(backfill_id, row) {
             let mut before = self.fenced_before.borrow_mut();
             // A handful at most (an owner, a cascade's members); bounded all the same.
             if before.len() < 16 {
@@ -256,7 +246,7 @@ impl Session {
         }
         let flat = sql.split_whitespace().collect::<Vec<_>>().join(" ");
         if WRITES.iter().any(|w| flat.contains(w)) {
-            self.fences.borrow_mut().clear();
+            self.go(State::forget_fences);
         }
     }
 
@@ -271,10 +261,10 @@ impl Session {
         // order they were asked for.
         self.flush()?;
         self.written(sql);
-        self.with(|conn, prepared| {
-            let s = self.statement(conn, prepared, sql)?;
+        self.with(|link| {
+            let s = self.statement(link, sql)?;
             let params = params_of(values);
-            f(conn, &s, &refs(&params))
+            f(&link.conn, &s, &refs(&params))
         })
     }
 
@@ -323,13 +313,13 @@ impl Session {
     pub fn batch(&self, sql: &str) -> PgResult<()> {
         self.flush()?;
         self.written(sql);
-        self.with(|conn, _| self.answer(conn, conn.client.batch_execute(sql)))
+        self.with(|link| self.answer(&link.conn, link.conn.client.batch_execute(sql)))
     }
 
     /// The database's clock (unix milliseconds): the transaction's, read when its lock was
     /// taken, else now.
     pub fn now_ms(&self) -> PgResult<i64> {
-        if let Some(now) = self.tx_now.get() {
+        if let Some(now) = self.state.borrow().tx().and_then(|tx| tx.now) {
             return Ok(now);
         }
         let rows = self.query(

@@ -9,6 +9,7 @@ use tokio_postgres::types::ToSql;
 
 use super::deferrals::Rows;
 use super::session::Session;
+use super::state::State;
 use super::values::{Param, params_of, refs, values_of};
 use super::{failure, latest, lost};
 use crate::pg::error::{Error as PgError, Result as PgResult};
@@ -52,22 +53,20 @@ impl Session {
         // failure still ends the statements after it. Prepared outside a transaction, by the
         // first begin; should that fail, the connection is made again (a statement prepared
         // before the failure would make the next attempt fail on its name).
-        if !self.begin_prepared.get() && before.is_empty() {
+        if !self.link.borrow().begin_prepared.get() && before.is_empty() {
             let prepare = format!(
                 "PREPARE backfill_lock(text, bigint) AS {LOCK_AND_TOKEN};
                  PREPARE backfill_schema AS {SCHEMA_VERSION}"
             );
             if let Err(e) =
-                self.with(|conn, _| self.answer(conn, conn.client.batch_execute(&prepare)))
+                self.with(|link| self.answer(&link.conn, link.conn.client.batch_execute(&prepare)))
             {
-                self.broken.set(true);
+                self.go(State::lose);
                 return Err(e);
             }
-            self.begin_prepared.set(true);
+            self.link.borrow().begin_prepared.set(true);
         }
-        self.in_tx.set(true);
-        self.tx_now.set(None);
-        self.fences.borrow_mut().clear();
+        self.go(State::begin);
         // The fences this writer read before are read again under the new lock, in the same
         // round trip: an owner's first write of the transaction then needs no read of its own.
         let (backfills, workers): (Vec<i64>, Vec<i64>) =
@@ -79,7 +78,7 @@ impl Session {
                 .join(", ")
         };
         // Every value is made here (hex and numbers): nothing from outside is spliced in.
-        let mut sql = if self.begin_prepared.get() {
+        let mut sql = if self.link.borrow().begin_prepared.get() {
             format!(
                 "{before}BEGIN; EXECUTE backfill_lock('{writer}', {token}); EXECUTE backfill_schema"
             )
@@ -152,8 +151,7 @@ impl Session {
         });
         match begun {
             Ok((now, read)) => {
-                self.tx_now.set(Some(now));
-                *self.fences.borrow_mut() = read;
+                self.go(|s| s.begun(now, read));
                 Ok(())
             }
             Err(e) => {
@@ -168,9 +166,7 @@ impl Session {
     /// the answers of those sent are kept until the next transaction begins.
     pub(super) fn end_tx(&self) {
         self.deferred.borrow_mut().drop_unsent();
-        self.in_tx.set(false);
-        self.tx_now.set(None);
-        self.fences.borrow_mut().clear();
+        self.go(State::end);
     }
 
     /// Commits the writer's transaction, its deferred statements sent first in the same round
@@ -189,7 +185,8 @@ impl Session {
 
     pub fn rollback(&self) {
         if !self.is_broken() {
-            let _ = self.with(|conn, _| self.answer(conn, conn.client.batch_execute("ROLLBACK")));
+            let _ = self
+                .with(|link| self.answer(&link.conn, link.conn.client.batch_execute("ROLLBACK")));
         }
         self.end_tx();
     }
@@ -204,7 +201,7 @@ impl Session {
         let sql = format!(
             "BEGIN; SELECT 1 FROM manifest_lock FOR UPDATE; SELECT token FROM manifest_commits WHERE writer = '{writer}'; ROLLBACK"
         );
-        let found = self.with(|conn, _| self.answer(conn, conn.client.simple_query(&sql)));
+        let found = self.with(|link| self.answer(&link.conn, link.conn.client.simple_query(&sql)));
         if found.is_err() && !self.is_broken() {
             let _ = self.batch("ROLLBACK");
         }
@@ -222,7 +219,7 @@ impl Session {
     /// Whether a statement asked for now may be deferred (see [`Session::defer`]): inside the
     /// writer's transaction.
     pub fn defers(&self) -> bool {
-        self.in_tx.get()
+        self.in_tx()
     }
 
     /// Queues `sql` to be sent with the transaction's other deferred statements, in one round
@@ -260,10 +257,11 @@ impl Session {
             self.written(&u.sql);
         }
         let mut answered: Vec<PgResult<Rows>> = Vec::new();
-        let sent = self.with(|conn, prepared| {
+        let sent = self.with(|link| {
+            let conn = &link.conn;
             let statements = unsent
                 .iter()
-                .map(|u| self.statement(conn, prepared, &u.sql))
+                .map(|u| self.statement(link, &u.sql))
                 .collect::<PgResult<Vec<_>>>()?;
             let params: Vec<Vec<Param<'_>>> = unsent.iter().map(|u| params_of(&u.values)).collect();
             let refs: Vec<Vec<&(dyn ToSql + Sync)>> = params.iter().map(|p| refs(p)).collect();
@@ -306,7 +304,7 @@ impl Session {
                 && crate::fault::point("manifest-answers-lost")
             {
                 // The server committed, and the connection is lost before the answers arrive.
-                self.broken.set(true);
+                self.go(State::lose);
                 let gone = lost("the connection was lost after the commit (injected)".into());
                 answered = unsent.iter().map(|_| Err(gone.clone())).collect();
                 return Err(gone);

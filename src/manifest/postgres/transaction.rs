@@ -2,14 +2,14 @@
 //! committed with its deferred statements in another (or the two in one), rolled back, and
 //! asked afterwards whether it committed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use rusqlite::types::Value;
 use tokio_postgres::types::ToSql;
 
 use super::deferrals::Rows;
 use super::session::Session;
-use super::state::State;
+use super::state::{Fence, State};
 use super::values::{Param, params_of, refs, values_of};
 use super::{failure, latest, lost};
 use crate::pg::error::{Error as PgError, Result as PgResult};
@@ -46,60 +46,16 @@ impl Session {
             // After a commit in the same round trip, the answers of its deferred statements are
             // kept for the writer to take.
             self.deferred.borrow_mut().forget_answers();
-        }
-        // The two statements every transaction begins with are prepared once per connection
-        // and sent as `EXECUTE` in the same query string, so that they are not parsed and
-        // planned again each time (planning them took twice as long as running them), and a
-        // failure still ends the statements after it. Prepared outside a transaction, by the
-        // first begin; should that fail, the connection is made again (a statement prepared
-        // before the failure would make the next attempt fail on its name).
-        if !self.link.borrow().begin_prepared.get() && before.is_empty() {
-            let prepare = format!(
-                "PREPARE backfill_lock(text, bigint) AS {LOCK_AND_TOKEN};
-                 PREPARE backfill_schema AS {SCHEMA_VERSION}"
-            );
-            if let Err(e) =
-                self.with(|link| self.answer(&link.conn, link.conn.client.batch_execute(&prepare)))
-            {
-                self.go(State::lose);
-                return Err(e);
-            }
-            self.link.borrow().begin_prepared.set(true);
+            self.prepare_begin()?;
         }
         self.go(State::begin);
-        // The fences this writer read before are read again under the new lock, in the same
-        // round trip: an owner's first write of the transaction then needs no read of its own.
-        let (backfills, workers): (Vec<i64>, Vec<i64>) =
-            self.fenced_before.borrow().iter().partition(|k| **k > 0);
-        let list = |ids: &[i64]| {
-            ids.iter()
-                .map(|k| k.abs().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        // Every value is made here (hex and numbers): nothing from outside is spliced in.
-        let mut sql = if self.link.borrow().begin_prepared.get() {
-            format!(
-                "{before}BEGIN; EXECUTE backfill_lock('{writer}', {token}); EXECUTE backfill_schema"
-            )
-        } else {
-            let lock = LOCK_AND_TOKEN
-                .replace("$1", &format!("'{writer}'"))
-                .replace("$2", &token.to_string());
-            format!("{before}BEGIN; {lock}; {SCHEMA_VERSION}")
-        };
-        if !backfills.is_empty() {
-            sql.push_str(&format!(
-                "; SELECT id, epoch, state FROM backfills WHERE id IN ({})",
-                list(&backfills)
-            ));
-        }
-        if !workers.is_empty() {
-            sql.push_str(&format!(
-                "; SELECT -id, epoch, state FROM workers WHERE id IN ({})",
-                list(&workers)
-            ));
-        }
+        let sql = begin_sql(
+            before,
+            writer,
+            token,
+            self.link.borrow().begin_prepared.get(),
+            &self.fenced_before.borrow(),
+        );
         // The deferred statements of the transaction it commits go first.
         let begun = self.flush_then(Some(&sql)).and_then(|messages| {
             // A deferred statement failed: the commit before was a rollback, and the
@@ -107,47 +63,7 @@ impl Session {
             if let Some(e) = self.deferred_failure() {
                 return Err(e);
             }
-            let mut rows = messages.iter().filter_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
-                _ => None,
-            });
-            // Without the lock's row the insert returns nothing, and the first row is the
-            // schema's.
-            let now = rows
-                .next()
-                .filter(|r| r.get(0) != Some("schema"))
-                .and_then(|r| r.get(0).and_then(|v| v.parse::<i64>().ok()))
-                .ok_or_else(|| {
-                    failure(
-                        "the manifest has no writers' lock row (manifest_lock); its schema is damaged"
-                            .into(),
-                    )
-                })?;
-            // A newer backfill may have upgraded the schema while this one ran: then this one
-            // writes nothing more.
-            let schema = rows
-                .next()
-                .and_then(|r| r.get(1).and_then(|v| v.parse::<i64>().ok()))
-                .unwrap_or(0);
-            if schema != latest() {
-                return Err(failure(format!(
-                    "the manifest's schema is now version {schema}, and this backfill knows version {}: a {} backfill changed it while this one ran, so this one writes nothing more; go on with the backfill of that version (`backfill resume`)",
-                    latest(),
-                    if schema > latest() { "newer" } else { "different" }
-                )));
-            }
-            let mut read = HashMap::new();
-            for r in rows {
-                let key = r.get(0).and_then(|v| v.parse::<i64>().ok());
-                let epoch = r.get(1).and_then(|v| v.parse::<i64>().ok());
-                let state = r
-                    .get(2)
-                    .and_then(|v| v.parse::<crate::state::BackfillState>().ok());
-                if let (Some(key), Some(epoch), Some(state)) = (key, epoch, state) {
-                    read.insert(key, (epoch, state));
-                }
-            }
-            Ok((now, read))
+            read_begun(&messages)
         });
         match begun {
             Ok((now, read)) => {
@@ -160,6 +76,32 @@ impl Session {
                 Err(e)
             }
         }
+    }
+
+    /// Prepares the two statements every transaction begins with, once per connection: they
+    /// are sent as `EXECUTE` in the same query string, so that they are not parsed and planned
+    /// again each time (planning them took twice as long as running them), and a failure still
+    /// ends the statements after it. Prepared outside a transaction, by the first begin; should
+    /// that fail, the connection is made again (a statement prepared before the failure would
+    /// make the next attempt fail on its name).
+    fn prepare_begin(&self) -> PgResult<()> {
+        if self.link.borrow().begin_prepared.get() {
+            return Ok(());
+        }
+        let prepare = format!(
+            "PREPARE backfill_lock(text, bigint) AS {LOCK_AND_TOKEN};
+             PREPARE backfill_schema AS {SCHEMA_VERSION}"
+        );
+        if let Err(e) =
+            self.with(|link| self.answer(&link.conn, link.conn.client.batch_execute(&prepare)))
+        {
+            self.go(State::lose);
+            return Err(e);
+        }
+        // On the connection it was prepared on (made again by `with`, should it have been
+        // lost).
+        self.link.borrow().begin_prepared.set(true);
+        Ok(())
     }
 
     /// Ends the transaction on this side: its deferred statements not sent are dropped, and
@@ -344,5 +286,140 @@ impl Session {
         // A failure to send is each statement's answer.
         let _ = self.flush();
         self.deferred.borrow_mut().take_answer(ticket)
+    }
+}
+
+/// The query string that begins a writer's transaction, after `before` (a `COMMIT`, or
+/// nothing): `BEGIN`, the writers' lock with `writer`'s `token` (as `EXECUTE` when `prepared`),
+/// the schema's version, and the fences read before (`fenced_before`: backfills' ids, workers'
+/// negated) read again under the new lock, in the same round trip: an owner's first write of
+/// the transaction then needs no read of its own.
+fn begin_sql(
+    before: &str,
+    writer: &str,
+    token: i64,
+    prepared: bool,
+    fenced_before: &BTreeSet<i64>,
+) -> String {
+    let (backfills, workers): (Vec<i64>, Vec<i64>) = fenced_before.iter().partition(|k| **k > 0);
+    let list = |ids: &[i64]| {
+        ids.iter()
+            .map(|k| k.abs().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    // Every value is made here (hex and numbers): nothing from outside is spliced in.
+    let mut sql = if prepared {
+        format!(
+            "{before}BEGIN; EXECUTE backfill_lock('{writer}', {token}); EXECUTE backfill_schema"
+        )
+    } else {
+        let lock = LOCK_AND_TOKEN
+            .replace("$1", &format!("'{writer}'"))
+            .replace("$2", &token.to_string());
+        format!("{before}BEGIN; {lock}; {SCHEMA_VERSION}")
+    };
+    if !backfills.is_empty() {
+        sql.push_str(&format!(
+            "; SELECT id, epoch, state FROM backfills WHERE id IN ({})",
+            list(&backfills)
+        ));
+    }
+    if !workers.is_empty() {
+        sql.push_str(&format!(
+            "; SELECT -id, epoch, state FROM workers WHERE id IN ({})",
+            list(&workers)
+        ));
+    }
+    sql
+}
+
+/// What the `BEGIN` round trip read (see [`begin_sql`]): the transaction's clock, and the
+/// fences read again. Refused when the lock's row is missing, or when the schema is no longer
+/// this binary's.
+fn read_begun(
+    messages: &[tokio_postgres::SimpleQueryMessage],
+) -> PgResult<(i64, HashMap<i64, Fence>)> {
+    let mut rows = messages.iter().filter_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
+        _ => None,
+    });
+    // Without the lock's row the insert returns nothing, and the first row is the
+    // schema's.
+    let now = rows
+        .next()
+        .filter(|r| r.get(0) != Some("schema"))
+        .and_then(|r| r.get(0).and_then(|v| v.parse::<i64>().ok()))
+        .ok_or_else(|| {
+            failure(
+                "the manifest has no writers' lock row (manifest_lock); its schema is damaged"
+                    .into(),
+            )
+        })?;
+    // A newer backfill may have upgraded the schema while this one ran: then this one
+    // writes nothing more.
+    let schema = rows
+        .next()
+        .and_then(|r| r.get(1).and_then(|v| v.parse::<i64>().ok()))
+        .unwrap_or(0);
+    if schema != latest() {
+        return Err(failure(format!(
+            "the manifest's schema is now version {schema}, and this backfill knows version {}: a {} backfill changed it while this one ran, so this one writes nothing more; go on with the backfill of that version (`backfill resume`)",
+            latest(),
+            if schema > latest() {
+                "newer"
+            } else {
+                "different"
+            }
+        )));
+    }
+    let mut read = HashMap::new();
+    for r in rows {
+        let key = r.get(0).and_then(|v| v.parse::<i64>().ok());
+        let epoch = r.get(1).and_then(|v| v.parse::<i64>().ok());
+        let state = r
+            .get(2)
+            .and_then(|v| v.parse::<crate::state::BackfillState>().ok());
+        if let (Some(key), Some(epoch), Some(state)) = (key, epoch, state) {
+            read.insert(key, (epoch, state));
+        }
+    }
+    Ok((now, read))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transaction_begins_with_the_lock_the_schema_and_the_fences_read_before() {
+        let before = BTreeSet::from([-3, 1, 2]);
+        assert_eq!(
+            begin_sql("COMMIT; ", "ab-1", 5, true, &before),
+            "COMMIT; BEGIN; EXECUTE backfill_lock('ab-1', 5); EXECUTE backfill_schema; \
+             SELECT id, epoch, state FROM backfills WHERE id IN (1, 2); \
+             SELECT -id, epoch, state FROM workers WHERE id IN (3)"
+        );
+        assert_eq!(
+            begin_sql("", "ab-1", 5, true, &BTreeSet::new()),
+            "BEGIN; EXECUTE backfill_lock('ab-1', 5); EXECUTE backfill_schema"
+        );
+    }
+
+    #[test]
+    fn a_transaction_begun_before_its_statements_were_prepared_spells_them_out() {
+        let sql = begin_sql("COMMIT; ", "ab-1", 5, false, &BTreeSet::from([4]));
+        assert!(
+            sql.starts_with("COMMIT; BEGIN; WITH lock AS (SELECT 1 FROM manifest_lock FOR UPDATE)"),
+            "{sql}"
+        );
+        assert!(sql.contains("SELECT 'ab-1', 5, CAST("), "{sql}");
+        assert!(!sql.contains('$') && !sql.contains("EXECUTE"), "{sql}");
+        assert!(
+            sql.ends_with(&format!(
+                "RETURNING at; {SCHEMA_VERSION}; SELECT id, epoch, state FROM backfills WHERE id IN (4)"
+            )),
+            "{sql}"
+        );
     }
 }

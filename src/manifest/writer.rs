@@ -29,6 +29,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -315,7 +316,7 @@ fn run(conn: Conn, rx: mpsc::Receiver<Message>) {
     let mut closing = None;
     // The next batch, gathered at the previous one's commit, and whether its transaction was
     // begun in that commit's round trip (PostgreSQL).
-    let mut carried: Option<(Vec<Box<dyn Pending>>, bool)> = None;
+    let mut carried: Carried = None;
     loop {
         let (batch, begun) = match carried.take() {
             Some(next) => next,
@@ -337,14 +338,14 @@ fn run(conn: Conn, rx: mpsc::Receiver<Message>) {
                             gather(None, &rx, &mut closing, most)
                         }
                     };
-                    carried = commit_postgres(
-                        &conn,
+                    let mut w = PgWriter {
+                        conn: &conn,
                         s,
-                        (&writer, &mut token),
-                        batch,
-                        begun,
-                        &mut waiting,
-                    );
+                        name: &writer,
+                        token: &mut token,
+                        waiting: &mut waiting,
+                    };
+                    carried = commit_postgres(&mut w, batch, begun);
                 }
             }
         }
@@ -427,210 +428,493 @@ fn commit_sqlite(conn: &Conn, c: &rusqlite::Connection, mut batch: Vec<Box<dyn P
     answer_all(batch, commit.map(|e| format!("commit failed: {e}")));
 }
 
-/// Runs a batch in one transaction of the writers' lock and commits it (`begun`: its
-/// transaction is open already). When more jobs wait by the time it commits, they are the next
-/// batch, returned with whether its transaction was begun in the commit's own round trip (one
-/// round trip less per batch while the writer is busy).
 /// How many times a batch runs again when the server asks for it (see [`Pending::retryable`]).
 const RUN_AGAIN: u32 = 5;
 
-fn commit_postgres(
-    conn: &Conn,
-    s: &Session,
-    (writer, token): (&str, &mut i64),
-    mut batch: Vec<Box<dyn Pending>>,
-    mut begun: bool,
-    waiting: &mut dyn FnMut(usize) -> Vec<Box<dyn Pending>>,
-) -> Option<(Vec<Box<dyn Pending>>, bool)> {
-    // Connections lost again and again are tried for as long as one that cannot be made (see
-    // `postgres::patience`), with a growing pause between tries: until the server has been
-    // silent that long when the connection was first lost, counted from the batch's start or
-    // from the server's last answer, whichever is later (a long wait for the writers' lock that
-    // ended with an answer is not silence). Fixed then: a batch that loses its connection each
-    // time the server answers (a statement that brings the server down) is not tried for ever.
-    let started = std::time::Instant::now();
-    let mut deadline = None;
-    let mut pause = std::time::Duration::from_millis(50);
-    // Jobs that failed: answered with their error, not run again.
-    let mut skip = vec![false; batch.len()];
+/// The jobs of the next batch, gathered at a commit, and whether their transaction was begun in
+/// that commit's round trip (PostgreSQL).
+type Carried = Option<(Vec<Box<dyn Pending>>, bool)>;
+
+/// The PostgreSQL writer as one batch sees it: the session, what names its transactions (to
+/// ask afterwards whether one committed), and the jobs waiting.
+struct PgWriter<'a> {
+    conn: &'a Conn,
+    s: &'a Session,
+    /// This process's writer, in hex.
+    name: &'a str,
+    /// The token of its latest transaction.
+    token: &'a mut i64,
+    /// The jobs waiting, up to a number, without waiting for more.
+    waiting: &'a mut dyn FnMut(usize) -> Vec<Box<dyn Pending>>,
+}
+
+/// A batch on PostgreSQL: its jobs, which of them failed alone, and how often the server asked
+/// for it to run again.
+struct Batch {
+    jobs: Vec<Box<dyn Pending>>,
+    /// Jobs that failed: answered with their error, not run again.
+    skip: Vec<bool>,
+    /// Runs of the batch the server asked for again.
+    again: u32,
+}
+
+/// How one try of a batch ended.
+enum Try {
+    /// Every job is answered; the next batch, when jobs were gathered at the commit.
+    Answered(Carried),
+    /// The connection was lost: the batch is tried again after a pause, within its deadline.
+    Lost,
+    /// The batch runs again at once: without the job to blame, or because the server asked.
+    Again,
+}
+
+/// Who is to blame for a batch that did not commit, among its jobs.
+#[derive(Debug, PartialEq)]
+enum Blame {
+    /// No job that ran failed.
+    Nobody,
+    /// The first job that failed, set aside: it keeps its error, and the others run again
+    /// without it, as if it had failed alone.
+    Job,
+    /// The first job that failed because the server asks for the transaction to run again:
+    /// the whole batch does (its writes are undone with it).
+    Server,
+}
+
+/// What a batch's commit did, or the sending of its deferred statements when it did not reach
+/// its commit.
+struct Sent {
+    /// The commit's result; `None` when the batch did not reach it.
+    committed: Option<crate::pg::error::Result<()>>,
+    /// The jobs gathered at the commit for the next batch.
+    next: Vec<Box<dyn Pending>>,
+    /// The token of the transaction committed.
+    token: i64,
+}
+
+/// The pace at which a batch whose connection was lost is tried again. Connections lost again
+/// and again are tried for as long as one that cannot be made (see `postgres::patience`), with
+/// a growing pause between tries: until the server has been silent that long when the
+/// connection was first lost, counted from the batch's start or from the server's last answer,
+/// whichever is later (a long wait for the writers' lock that ended with an answer is not
+/// silence). Fixed then: a batch that loses its connection each time the server answers (a
+/// statement that brings the server down) is not tried for ever.
+struct Losses {
+    started: Instant,
+    deadline: Option<Instant>,
+    pause: Duration,
+    /// Times the connection was lost: the batch is tried again at least once whatever the
+    /// deadline, since a process frozen mid-batch finds its session ended by the server on
+    /// waking, its deadline long past while the server never stopped answering.
+    count: u32,
+}
+
+impl Losses {
+    fn new(started: Instant) -> Losses {
+        Losses {
+            started,
+            deadline: None,
+            pause: Duration::from_millis(50),
+            count: 0,
+        }
+    }
+
+    /// After a loss at `now`: the pause before the batch is tried again, or `None` when it is
+    /// given up. `patience` and the session's `give_up_at` fix the deadline at the first loss.
+    fn next_pause(
+        &mut self,
+        now: Instant,
+        patience: Duration,
+        give_up_at: Instant,
+    ) -> Option<Duration> {
+        self.count += 1;
+        let deadline = *self
+            .deadline
+            .get_or_insert_with(|| (self.started + patience).max(give_up_at));
+        if self.count > 1 && now >= deadline {
+            return None;
+        }
+        let pause = self.pause;
+        self.pause = (pause * 2).min(Duration::from_secs(2));
+        Some(pause)
+    }
+}
+
+impl Batch {
+    fn new(jobs: Vec<Box<dyn Pending>>) -> Batch {
+        Batch {
+            skip: vec![false; jobs.len()],
+            jobs,
+            again: 0,
+        }
+    }
+
+    /// Jobs that arrived meanwhile join the batch.
+    fn join(&mut self, more: Vec<Box<dyn Pending>>) {
+        self.skip.extend(more.iter().map(|_| false));
+        self.jobs.extend(more);
+    }
+
+    /// Answers every job: its result, or `failed`.
+    fn answer(&mut self, failed: Option<String>) {
+        answer_all(std::mem::take(&mut self.jobs), failed);
+    }
+
+    /// Who is to blame among the jobs that `ran`, in order, when nothing was committed: the
+    /// first that failed (the server fails every statement of a transaction after one that
+    /// failed). Set aside unless the server asked for the transaction to run again, which it
+    /// does [`RUN_AGAIN`] times at most.
+    fn blame(&mut self, ran: &[usize]) -> Blame {
+        let Some(i) = ran.iter().copied().find(|&i| self.jobs[i].failed()) else {
+            return Blame::Nobody;
+        };
+        if self.jobs[i].retryable() && self.again < RUN_AGAIN {
+            Blame::Server
+        } else {
+            self.skip[i] = true;
+            Blame::Job
+        }
+    }
+}
+
+/// Runs a batch in one transaction of the writers' lock and commits it (`begun`: its
+/// transaction is open already), trying it again while its connection is lost (see
+/// [`Losses`]). When more jobs wait by the time it commits, they are the next batch, returned
+/// with whether its transaction was begun in the commit's own round trip (one round trip less
+/// per batch while the writer is busy).
+fn commit_postgres(w: &mut PgWriter<'_>, jobs: Vec<Box<dyn Pending>>, mut begun: bool) -> Carried {
+    let mut batch = Batch::new(jobs);
+    let mut losses = Losses::new(Instant::now());
     let mut lost = false;
-    // Runs of the batch the server asked for again.
-    let mut again = 0;
-    // Times the connection was lost: the batch is tried again at least once whatever the
-    // deadline, since a process frozen mid-batch finds its session ended by the server on
-    // waking, its deadline long past while the server never stopped answering.
-    let mut losses = 0;
     loop {
         if lost {
-            losses += 1;
-            let deadline = *deadline
-                .get_or_insert_with(|| (started + super::postgres::patience()).max(s.give_up_at()));
-            if losses > 1 && std::time::Instant::now() >= deadline {
-                answer_all(
-                    batch,
-                    Some("the connection was lost in every transaction tried".into()),
-                );
-                return None;
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(std::time::Duration::from_secs(2));
-        }
-        lost = true;
-        if !std::mem::take(&mut begun) {
-            *token += 1;
-            if s.is_broken()
-                && let Err(e) = s.reconnect()
-            {
-                answer_all(batch, Some(format!("cannot start a transaction: {e}")));
-                return None;
-            }
-            if let Err(e) = s.begin(writer, *token) {
-                if s.is_broken() {
-                    continue;
+            let now = Instant::now();
+            match losses.next_pause(now, super::postgres::patience(), w.s.give_up_at()) {
+                Some(pause) => std::thread::sleep(pause),
+                None => {
+                    batch.answer(Some(
+                        "the connection was lost in every transaction tried".into(),
+                    ));
+                    return None;
                 }
-                answer_all(batch, Some(format!("cannot start a transaction: {e}")));
-                return None;
             }
+        }
+        match w.try_batch(&mut batch, std::mem::take(&mut begun)) {
+            Try::Answered(next) => return next,
+            Try::Lost => lost = true,
+            Try::Again => lost = false,
+        }
+    }
+}
+
+impl PgWriter<'_> {
+    /// One try of the batch, in one transaction: begun (unless `begun`), its jobs run, then
+    /// committed; or, when it did not commit, why.
+    fn try_batch(&mut self, batch: &mut Batch, begun: bool) -> Try {
+        if !begun && let Err(ended) = self.begin(batch) {
+            return ended;
         }
         // The writers' lock is held from here to the commit.
         crate::fault::point("manifest-transaction");
-        // The jobs run, in order, up to the first that fails here. Those that came meanwhile
-        // join the batch, to commit with it rather than one round trip later.
+        let ran = self.run_jobs(batch);
+        let mut sent = self.send(batch, &ran);
+        for &i in &ran {
+            batch.jobs[i].settle(self.conn);
+        }
+        // When nothing was committed (the batch did not reach its commit, or the server refused
+        // one of its statements), the first job that failed, in order, is the one to blame: the
+        // server fails every statement of a transaction after one that failed. A commit that
+        // happened is never run again: an answer that could not be made is its job's error.
+        let refused = self.s.refused_commit();
+        let blame = if !self.s.is_broken() && (sent.committed.is_none() || refused) {
+            batch.blame(&ran)
+        } else {
+            Blame::Nobody
+        };
+        match (sent.committed.take(), blame) {
+            (Some(Ok(())), Blame::Nobody) => {
+                batch.answer(None);
+                Try::Answered((!sent.next.is_empty()).then_some((sent.next, true)))
+            }
+            (Some(Err(e)), Blame::Nobody) => self.commit_failed(batch, &ran, e, sent),
+            (_, blame) => self.not_committed(batch, &blame, sent.next),
+        }
+    }
+
+    /// Begins the batch's transaction under a new token, on a connection made again first if
+    /// it was lost. `Err`: how the try ends.
+    fn begin(&mut self, batch: &mut Batch) -> Result<(), Try> {
+        *self.token += 1;
+        if self.s.is_broken()
+            && let Err(e) = self.s.reconnect()
+        {
+            batch.answer(Some(format!("cannot start a transaction: {e}")));
+            return Err(Try::Answered(None));
+        }
+        if let Err(e) = self.s.begin(self.name, *self.token) {
+            if self.s.is_broken() {
+                return Err(Try::Lost);
+            }
+            batch.answer(Some(format!("cannot start a transaction: {e}")));
+            return Err(Try::Answered(None));
+        }
+        Ok(())
+    }
+
+    /// Runs the jobs, in order, up to the first that fails here or loses the connection. Those
+    /// that came meanwhile join the batch, to commit with it rather than one round trip later.
+    /// Returns the jobs that ran, in order.
+    fn run_jobs(&mut self, batch: &mut Batch) -> Vec<usize> {
         let mut ran = Vec::new();
         let mut i = 0;
         loop {
-            if i == batch.len() {
+            if i == batch.jobs.len() {
                 // At most MAX_BATCH in all: a transaction lasts, and holds the writers' lock,
                 // no longer than a batch did before it could grow, and its jobs' clock (read
                 // when the lock was taken) is no older.
-                let more = if batch.len() < MAX_BATCH {
-                    waiting(MAX_BATCH - batch.len())
+                let more = if batch.jobs.len() < MAX_BATCH {
+                    (self.waiting)(MAX_BATCH - batch.jobs.len())
                 } else {
                     Vec::new()
                 };
                 if more.is_empty() {
                     break;
                 }
-                skip.extend(more.iter().map(|_| false));
-                batch.extend(more);
+                batch.join(more);
             }
-            if !skip[i] {
-                batch[i].run(conn);
+            if !batch.skip[i] {
+                batch.jobs[i].run(self.conn);
                 ran.push(i);
-                if s.is_broken() || batch[i].failed() {
+                if self.s.is_broken() || batch.jobs[i].failed() {
                     break;
                 }
             }
             i += 1;
         }
-        // Every job ran: the batch commits, its deferred statements sent first in the same
-        // round trip. Else they are sent alone, to find the job to blame.
-        let ran_all = !s.is_broken() && !ran.last().is_some_and(|&i| batch[i].failed());
-        let mut next = Vec::new();
-        let this = *token;
-        let committed = if ran_all {
-            if let Some(delay) = crate::fault::slow_commit() {
-                std::thread::sleep(delay);
-            }
-            next = waiting(MAX_BATCH);
-            Some(if next.is_empty() {
-                s.commit()
-            } else {
-                tracing::trace!(
-                    jobs = next.len(),
-                    "the next batch begins in this commit's round trip"
-                );
-                *token += 1;
-                s.commit_and_begin(writer, *token)
-            })
+        ran
+    }
+
+    /// Every job ran: the batch commits, its deferred statements sent first in the same round
+    /// trip (and the next batch's transaction begun in it too, when jobs wait). Else the
+    /// deferred statements are sent alone, to find the job to blame.
+    fn send(&mut self, batch: &Batch, ran: &[usize]) -> Sent {
+        let ran_all = !self.s.is_broken() && !ran.last().is_some_and(|&i| batch.jobs[i].failed());
+        let token = *self.token;
+        if !ran_all {
+            // A connection lost here is seen by the caller (`is_broken`).
+            let _ = self.s.flush();
+            return Sent {
+                committed: None,
+                next: Vec::new(),
+                token,
+            };
+        }
+        if let Some(delay) = crate::fault::slow_commit() {
+            std::thread::sleep(delay);
+        }
+        let next = (self.waiting)(MAX_BATCH);
+        let committed = if next.is_empty() {
+            self.s.commit()
         } else {
-            // A connection lost here is seen below (`is_broken`).
-            let _ = s.flush();
-            None
+            tracing::trace!(
+                jobs = next.len(),
+                "the next batch begins in this commit's round trip"
+            );
+            *self.token += 1;
+            self.s.commit_and_begin(self.name, *self.token)
         };
-        for &i in &ran {
-            batch[i].settle(conn);
+        Sent {
+            committed: Some(committed),
+            next,
+            token,
         }
-        // When nothing was committed (the batch did not reach its commit, or the server refused
-        // one of its statements), the first job that failed, in order, is the one to blame: the
-        // server fails every statement of a transaction after one that failed. A commit that
-        // happened is never run again: an answer that could not be made is its job's error.
-        let refused = s.refused_commit();
-        let (mut failed, mut retry) = (false, false);
-        if !s.is_broken()
-            && (committed.is_none() || refused)
-            && let Some(i) = ran.iter().copied().find(|&i| batch[i].failed())
-        {
-            if batch[i].retryable() && again < RUN_AGAIN {
-                // The whole transaction runs again (its writes are undone with it).
-                retry = true;
-            } else {
-                // Its writes are undone with everyone's; it keeps its error, the others run
-                // again without it, as if it had failed alone.
-                skip[i] = true;
-                failed = true;
-            }
-        }
-        let committed = match committed {
-            Some(committed) if !failed && !retry => committed,
-            _ => {
-                s.rollback();
-                // A job that failed is not a lost connection: the others run again at once.
-                lost = !failed && !retry;
-                if retry {
-                    again += 1;
-                    tracing::info!(manifest = %s.shown(), attempt = again, "the server asked for the manifest's transaction to run again");
-                    std::thread::sleep(std::time::Duration::from_millis(10 << again));
-                }
-                // Jobs gathered for the next batch join this one.
-                skip.extend(next.iter().map(|_| false));
-                batch.extend(next);
-                continue;
+    }
+
+    /// The batch did not commit: its transaction is rolled back, and it runs again, with the
+    /// jobs gathered for the next batch. A job that failed is not a lost connection: the
+    /// others run again at once.
+    fn not_committed(
+        &mut self,
+        batch: &mut Batch,
+        blame: &Blame,
+        next: Vec<Box<dyn Pending>>,
+    ) -> Try {
+        self.s.rollback();
+        let again = match blame {
+            Blame::Nobody => Try::Lost,
+            Blame::Job => Try::Again,
+            Blame::Server => {
+                batch.again += 1;
+                tracing::info!(manifest = %self.s.shown(), attempt = batch.again, "the server asked for the manifest's transaction to run again");
+                std::thread::sleep(Duration::from_millis(10 << batch.again));
+                Try::Again
             }
         };
-        let e = match committed {
-            Ok(()) => {
-                answer_all(batch, None);
-                return (!next.is_empty()).then_some((next, true));
-            }
-            Err(e) => e,
-        };
-        // Did it commit? (The error may be the next transaction's, or the connection went
-        // during the commit.)
-        // (`committed` connects again first when the connection is gone.)
-        let broken = s.is_broken();
+        // Jobs gathered for the next batch join this one.
+        batch.join(next);
+        again
+    }
+
+    /// The commit failed with `e`: did it happen? (The error may be the next transaction's,
+    /// or the connection went during the commit.) Asked by the token the transaction recorded;
+    /// `committed` connects again first when the connection is gone.
+    fn commit_failed(
+        &mut self,
+        batch: &mut Batch,
+        ran: &[usize],
+        e: crate::pg::Error,
+        sent: Sent,
+    ) -> Try {
+        let next = sent.next;
+        let broken = self.s.is_broken();
         let known = if broken || !next.is_empty() {
-            s.committed(writer, this)
+            self.s.committed(self.name, sent.token)
         } else {
             Ok(false)
         };
         match known {
             Ok(true) => {
                 if broken {
-                    tracing::warn!(manifest = %s.shown(), "the manifest's connection was lost during a commit that happened; what it did not answer is read from the record: {e}");
+                    tracing::warn!(manifest = %self.s.shown(), "the manifest's connection was lost during a commit that happened; what it did not answer is read from the record: {e}");
                 }
                 // The answers that the connection took with it are read from the record.
-                for &i in &ran {
-                    batch[i].recover(conn);
+                for &i in ran {
+                    batch.jobs[i].recover(self.conn);
                 }
-                answer_all(batch, None);
-                return (!next.is_empty()).then_some((next, false));
+                batch.answer(None);
+                Try::Answered((!next.is_empty()).then_some((next, false)))
             }
             Ok(false) if broken => {
-                tracing::warn!(manifest = %s.shown(), "the manifest's connection was lost during a commit that did not happen; running the jobs again: {e}");
+                tracing::warn!(manifest = %self.s.shown(), "the manifest's connection was lost during a commit that did not happen; running the jobs again: {e}");
                 // The waiting jobs join this batch.
-                skip.extend(next.iter().map(|_| false));
-                batch.extend(next);
+                batch.join(next);
+                Try::Lost
             }
             Ok(false) => {
-                s.rollback();
-                answer_all(batch, Some(format!("commit failed: {e}")));
-                return (!next.is_empty()).then_some((next, false));
+                self.s.rollback();
+                batch.answer(Some(format!("commit failed: {e}")));
+                Try::Answered((!next.is_empty()).then_some((next, false)))
             }
             Err(e2) => {
-                answer_all(batch, Some(format!("commit failed: {e}; {e2}")));
-                return (!next.is_empty()).then_some((next, false));
+                batch.answer(Some(format!("commit failed: {e}; {e2}")));
+                Try::Answered((!next.is_empty()).then_some((next, false)))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A job that failed or not, as it says.
+    struct Fake {
+        failed: bool,
+        retryable: bool,
+    }
+
+    impl Pending for Fake {
+        fn run(&mut self, _: &Conn) {}
+        fn settle(&mut self, _: &Conn) {}
+        fn recover(&mut self, _: &Conn) {}
+        fn failed(&self) -> bool {
+            self.failed
+        }
+        fn retryable(&self) -> bool {
+            self.retryable
+        }
+        fn answer(self: Box<Self>, _: Option<String>) {}
+    }
+
+    /// A batch of jobs that failed (`f`), failed for the server to run them again (`r`) or
+    /// not (`-`).
+    fn batch(jobs: &str) -> Batch {
+        Batch::new(
+            jobs.chars()
+                .map(|c| {
+                    Box::new(Fake {
+                        failed: c != '-',
+                        retryable: c == 'r',
+                    }) as Box<dyn Pending>
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn the_first_job_that_failed_among_those_that_ran_is_set_aside() {
+        let mut b = batch("--f-f");
+        assert_eq!(
+            b.blame(&[0, 1]),
+            Blame::Nobody,
+            "those that ran did not fail"
+        );
+        assert_eq!(b.skip, [false; 5]);
+        assert_eq!(b.blame(&[0, 1, 2, 3, 4]), Blame::Job);
+        assert_eq!(b.skip, [false, false, true, false, false], "only the first");
+        // Run again without it, the next is to blame.
+        assert_eq!(b.blame(&[0, 1, 3, 4]), Blame::Job);
+        assert_eq!(b.skip, [false, false, true, false, true]);
+    }
+
+    #[test]
+    fn a_batch_the_server_asks_to_run_again_runs_whole_a_few_times_then_the_job_is_blamed() {
+        let mut b = batch("-r-");
+        assert_eq!(b.blame(&[0, 1]), Blame::Server);
+        assert_eq!(
+            b.skip, [false; 3],
+            "nobody set aside: the whole batch runs again"
+        );
+        b.again = RUN_AGAIN;
+        assert_eq!(b.blame(&[0, 1]), Blame::Job);
+        assert_eq!(b.skip, [false, true, false]);
+    }
+
+    #[test]
+    fn jobs_that_join_a_batch_are_run_like_the_others() {
+        let mut b = batch("f");
+        b.blame(&[0]);
+        b.join(vec![Box::new(Fake {
+            failed: false,
+            retryable: false,
+        })]);
+        assert_eq!(b.jobs.len(), 2);
+        assert_eq!(b.skip, [true, false]);
+    }
+
+    #[test]
+    fn a_lost_batch_is_tried_again_with_growing_pauses_until_its_deadline() {
+        let start = Instant::now();
+        let patience = Duration::from_secs(30);
+        let mut l = Losses::new(start);
+        let ms = |d: Option<Duration>| d.map(|d| d.as_millis());
+        // The deadline is the later of the batch's start and the last answer, plus patience.
+        let give_up_at = start + Duration::from_secs(40);
+        assert_eq!(ms(l.next_pause(start, patience, give_up_at)), Some(50));
+        assert_eq!(ms(l.next_pause(start, patience, give_up_at)), Some(100));
+        // Fixed at the first loss: a later answer does not move it.
+        let later = start + Duration::from_secs(100);
+        assert_eq!(
+            ms(l.next_pause(start + Duration::from_secs(39), patience, later)),
+            Some(200)
+        );
+        assert_eq!(l.next_pause(give_up_at, patience, later), None);
+        let mut l = Losses::new(start);
+        let pauses: Vec<_> = (0..8)
+            .map(|_| ms(l.next_pause(start, patience, start)).unwrap())
+            .collect();
+        assert_eq!(pauses, [50, 100, 200, 400, 800, 1600, 2000, 2000]);
+    }
+
+    #[test]
+    fn a_batch_lost_past_its_deadline_is_tried_again_once_all_the_same() {
+        // A process frozen mid-batch for longer than its patience wakes to a session the
+        // server ended: it tries once more before it gives up.
+        let start = Instant::now();
+        let mut l = Losses::new(start);
+        let woke = start + Duration::from_secs(300);
+        let patience = Duration::from_secs(30);
+        assert!(l.next_pause(woke, patience, start).is_some());
+        assert!(l.next_pause(woke, patience, start).is_none());
     }
 }

@@ -12,6 +12,70 @@
 //! transaction (a frozen host) is ended by the server after [`idle_in_transaction`] (a fifth
 //! of the lease timeout, at most [`IDLE_IN_TRANSACTION`]), which frees the lock for the others
 //! well before their heartbeats give up. "Now" is the database's clock.
+//!
+//! # A session's states
+//!
+//! A [`Session`] is always in one of five states (`state::State`), and its state changes only
+//! by the transitions below, so that what it may do next is decided in one place, and a
+//! combination that cannot happen (a transaction's clock outside a transaction, a session both
+//! given up and usable) cannot be written down:
+//!
+//! | state | what it means | a statement asked for |
+//! |---|---|---|
+//! | `Idle` | outside a transaction, the connection not known to be lost | runs; on a lost connection, the connection is made again and the statement runs again, within the patience |
+//! | `InTx(tx)` | inside the writer's transaction (or a migration's); `tx` holds its clock and the fences read under its lock | runs, or is deferred; on a lost connection, fails |
+//! | `LostInTx(tx)` | the connection was lost, or went silent, inside the transaction | fails: nothing of the transaction reaches the server any more |
+//! | `Lost` | outside a transaction, the connection lost or in no known state | makes the connection again first |
+//! | `GaveUp { at }` | making the connection again was given up `at` | fails at once until the patience has passed since, then tries again |
+//!
+//! The transitions, and what makes each:
+//!
+//! - `begin`: `Idle` to `InTx` with no clock yet, as the writer's `BEGIN` (or a migration's)
+//!   is sent; from `InTx` to a fresh `InTx` when a commit and the next `BEGIN` share a round
+//!   trip. On a connection known to be lost, to `LostInTx` (the writer makes the connection
+//!   again before it begins, so this only guards).
+//! - `begun`: the `BEGIN` round trip answered: the transaction's clock and its fences.
+//! - `lose`: `Idle` to `Lost`, `InTx` to `LostInTx`: a statement inside a transaction found the
+//!   connection gone, a round trip got no answer within the patience (the connection is then in
+//!   no known state, inside a transaction or not), the `PREPARE` of the `BEGIN` statements
+//!   failed (a statement prepared before the failure would make the next attempt fail on its
+//!   name), or a fault point lost the connection after a commit.
+//! - `end`: `InTx` to `Idle`, `LostInTx` to `Lost`: committed or rolled back (a rollback sends
+//!   nothing on a lost connection), or a migration done.
+//! - `reconnected`: a new connection; `Lost`, `GaveUp`, and an `Idle` whose connection the
+//!   driver saw close, to `Idle`.
+//! - `give_up`: the connection could not be made again within the patience: `GaveUp`.
+//!
+//! Why these and no others:
+//!
+//! - A connection lost inside a transaction is not made again until the transaction has ended
+//!   on this side: the server rolled back what it did, and a statement run on a new connection
+//!   would commit alone, outside the writers' lock and without the writes before it. The
+//!   writer rolls the transaction back on this side, and runs the whole batch again in a new
+//!   one (see `manifest::writer`). Outside a transaction every statement is a read or commits
+//!   alone, so running it again on a new connection is safe.
+//! - A transaction's clock and fences live in the transaction's state: a fence is true only
+//!   under the writers' lock, and "now" is the transaction's only inside it; neither can
+//!   outlast it.
+//! - A connection lost inside a transaction and one that went silent were two flags that were
+//!   only ever read together: one state, `LostInTx` or `Lost`.
+//! - `GaveUp` is a lost connection that is not tried again for a while: a process that lost its
+//!   manifest ends without waiting the patience again for each record it would write.
+//!
+//! Beside the state, a session keeps what is not a state of the session: its connection with
+//! what is prepared on it (replaced whole with it; whether the connection closed is asked of
+//! the driver), when the server last answered (the patience counts from it), the fences read
+//! in earlier transactions (read again at each `BEGIN`), and the deferred statements with their
+//! answers (`deferrals::Deferrals`: an answer outlives its transaction, for the writer to
+//! take after the commit).
+//!
+//! # Files
+//!
+//! `schema` makes, migrates and checks the schema; `session` is the connection and its
+//! statements; `state` the session's states; `transaction` the writer's transaction (begin,
+//! deferred statements sent, commit, rollback, whether a commit happened); `deferrals` the
+//! queue of deferred statements; `timeouts` the patience and the idle-in-transaction timeout;
+//! `values` the values that cross to PostgreSQL and back.
 
 mod deferrals;
 mod schema;

@@ -146,7 +146,7 @@ fn migrate(s: &Session, shown: &str) -> Result<()> {
     };
     // The session is inside this transaction from its first statement: a connection lost in it
     // is not made again mid-way.
-    s.go(State::begin);
+    s.transition(State::begin);
     let result = (|| {
         // Several processes may create it at once: one migrates, the others wait and find it
         // done. The lock is the transaction's, so a lost connection cannot leave it held.

@@ -116,11 +116,11 @@ impl Session {
                     *self.link.borrow_mut() = Link::new(c);
                     // Not an answer to a statement (`last_answer` stays): a server that takes
                     // connections and answers nothing is still silent.
-                    self.state.borrow_mut().reconnected();
+                    self.transition(State::reconnected);
                     return Ok(());
                 }
                 Err(why) if Instant::now() >= deadline => {
-                    self.state.borrow_mut().give_up(Instant::now());
+                    self.transition(|s| s.give_up(Instant::now()));
                     return Err(lost(format!("{}; last: {why}", silent())));
                 }
                 Err(why) => {
@@ -142,9 +142,10 @@ impl Session {
         self.state.borrow().in_tx()
     }
 
-    /// Moves the session's state by `transition` (see [`State`]).
-    pub(super) fn go(&self, transition: impl FnOnce(&mut State)) {
-        transition(&mut self.state.borrow_mut());
+    /// Moves the session's state by one of its transitions (see [`State`]): the only way it
+    /// changes.
+    pub(super) fn transition<T>(&self, transition: impl FnOnce(&mut State) -> T) -> T {
+        transition(&mut self.state.borrow_mut())
     }
 
     /// Waits for the server's answer to `f`, for [`patience`] at most.
@@ -161,7 +162,7 @@ impl Session {
             Some(Err(e)) => Err(PgError::from(&e)),
             None => {
                 // The connection is in no known state.
-                self.go(State::lose);
+                self.transition(State::lose);
                 Err(lost(format!(
                     "the manifest did not answer within {}",
                     humantime::format_duration(patience())
@@ -186,7 +187,7 @@ impl Session {
             match result {
                 Err(e) if e.is_disconnected() => {
                     if self.in_tx() {
-                        self.go(State::lose);
+                        self.transition(State::lose);
                         return Err(e);
                     }
                     // Tried again within the patience only: a server that takes connections
@@ -221,7 +222,7 @@ impl Session {
     }
 
     pub fn remember_fence(&self, backfill_id: i64, row: Fence) {
-        if self.state.borrow_mut().remember(backfill_id, row) {
+        if self.transition(|s| s.remember(backfill_id, row)) {
             let mut before = self.fenced_before.borrow_mut();
             // A handful at most (an owner, a cascade's members); bounded all the same.
             if before.len() < 16 {
@@ -246,7 +247,7 @@ impl Session {
         }
         let flat = sql.split_whitespace().collect::<Vec<_>>().join(" ");
         if WRITES.iter().any(|w| flat.contains(w)) {
-            self.go(State::forget_fences);
+            self.transition(State::forget_fences);
         }
     }
 

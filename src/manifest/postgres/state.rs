@@ -1,5 +1,6 @@
 //! Where a manifest session stands: inside a transaction or not, and whether its connection
-//! can be used, as one value (see the states and transitions in `manifest::postgres`).
+//! can be used, as one value (the states, their transitions and why they are so are told in
+//! `manifest::postgres`).
 //!
 //! Only bookkeeping: the session does the talking, and moves its state with these transitions,
 //! so that their rules are tested here without a server.

@@ -48,7 +48,7 @@ impl Session {
             self.deferred.borrow_mut().forget_answers();
             self.prepare_begin()?;
         }
-        self.go(State::begin);
+        self.transition(State::begin);
         let sql = begin_sql(
             before,
             writer,
@@ -67,7 +67,7 @@ impl Session {
         });
         match begun {
             Ok((now, read)) => {
-                self.go(|s| s.begun(now, read));
+                self.transition(|s| s.begun(now, read));
                 Ok(())
             }
             Err(e) => {
@@ -95,7 +95,7 @@ impl Session {
         if let Err(e) =
             self.with(|link| self.answer(&link.conn, link.conn.client.batch_execute(&prepare)))
         {
-            self.go(State::lose);
+            self.transition(State::lose);
             return Err(e);
         }
         // On the connection it was prepared on (made again by `with`, should it have been
@@ -108,7 +108,7 @@ impl Session {
     /// the answers of those sent are kept until the next transaction begins.
     pub(super) fn end_tx(&self) {
         self.deferred.borrow_mut().drop_unsent();
-        self.go(State::end);
+        self.transition(State::end);
     }
 
     /// Commits the writer's transaction, its deferred statements sent first in the same round
@@ -246,7 +246,7 @@ impl Session {
                 && crate::fault::point("manifest-answers-lost")
             {
                 // The server committed, and the connection is lost before the answers arrive.
-                self.go(State::lose);
+                self.transition(State::lose);
                 let gone = lost("the connection was lost after the commit (injected)".into());
                 answered = unsent.iter().map(|_| Err(gone.clone())).collect();
                 return Err(gone);

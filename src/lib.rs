@@ -23,6 +23,8 @@
 //!                              plan and lease in chunks, heartbeats, signals, the dispatcher,
 //!                              cascades; Outcome decides the recorded state and the exit code
 //! report/                      a pure consumer: views of events and read models into a Sink
+//! reads                        the manifest read as list, show and the status page show it:
+//!                              owners and workers judged by the lease rule at its clock
 //! runner/, notify              tries: bounded concurrency, pools, retries, timeouts, the gate,
 //!                              publishes; events with counts (runner::Stats); alert hooks
 //! recovery, cascade, estimate, probe
@@ -71,6 +73,7 @@ pub mod probe;
 pub mod process;
 pub mod project;
 pub mod query;
+pub mod reads;
 pub mod recovery;
 pub mod report;
 pub mod runner;

@@ -6,10 +6,9 @@ use std::path::PathBuf;
 use crate::clock;
 use crate::exit::{self, Error};
 use crate::interval::resolve_args;
-use crate::manifest::leases::LeaseCtx;
-use crate::manifest::queries::{BackfillDetail, BackfillSummary};
 use crate::manifest::{self, Reads};
 use crate::project::Project;
+use crate::reads::{Shown, backfills, kept_versions, shown};
 use crate::report::out::Sink;
 use crate::report::{self, Labeler};
 use crate::session::{Global, note, unknown_backfill, warn};
@@ -26,41 +25,6 @@ fn open(g: &Global, project: Option<&Project>) -> Result<(PathBuf, Option<Box<dy
         manifest::open_if_exists(&path)?
     };
     Ok((path, conn))
-}
-
-/// How a read judges leases and owners: with the project's lease timeout, from this host, at
-/// the manifest's clock (the database's on PostgreSQL, read once here), as `resume` does.
-pub(super) fn lease_ctx(
-    project: Option<&Project>,
-    conn: &dyn Reads,
-) -> crate::manifest::Result<LeaseCtx> {
-    let timeout = project.map_or(crate::project::DEFAULT_LEASE_TIMEOUT, |p| p.lease_timeout);
-    LeaseCtx::new(timeout, &crate::process::LOCAL).at_manifest(conn)
-}
-
-/// Says whether each running backfill's owner is alive.
-pub(super) fn judge_owners(list: &mut [BackfillSummary], ctx: &LeaseCtx) {
-    for b in list {
-        let host = b.owner_host.clone();
-        b.owner_alive = ctx.owner_alive(
-            b.state,
-            (b.owner_pid, b.owner_start),
-            host.as_deref(),
-            b.heartbeat_at,
-        );
-    }
-}
-
-/// The backfills of `list`, with whether each owner is alive.
-pub(super) fn backfills(
-    conn: &dyn Reads,
-    project: Option<&Project>,
-    dag: Option<&str>,
-    active: bool,
-) -> crate::manifest::Result<Vec<BackfillSummary>> {
-    let mut rows = conn.list_backfills(dag, active)?;
-    judge_owners(&mut rows, &lease_ctx(project, conn)?);
-    Ok(rows)
 }
 
 pub fn list(g: &Global, dag: Option<&str>, active: bool) -> Result<u8, Error> {
@@ -96,98 +60,6 @@ pub fn list(g: &Global, dag: Option<&str>, active: bool) -> Result<u8, Error> {
     };
     report::list::write(&mut Sink::std(g.json, g.verbose), &rows, &labels, &what)?;
     Ok(exit::OK)
-}
-
-/// A backfill as `show` reads it: its detail (owners and workers judged, hosts named; with
-/// `json`, a cascade's members inside it), the members of its cascade for people, and its DAG
-/// when the project has it. `None` when the manifest has no such backfill.
-pub(super) struct Shown {
-    pub detail: BackfillDetail,
-    pub members: Vec<BackfillDetail>,
-    pub dag: Option<crate::project::Dag>,
-    /// The manifest's clock when it was read (unix milliseconds), at which its owners and
-    /// workers were judged.
-    pub at_ms: i64,
-}
-
-pub(super) fn shown(
-    conn: &dyn Reads,
-    project: Option<&Project>,
-    id: i64,
-    json: bool,
-) -> crate::manifest::Result<Option<Shown>> {
-    shown_with(
-        conn,
-        project,
-        id,
-        json,
-        &|c, id| c.show_backfill(id),
-        &|c, id| c.show_backfill(id),
-    )
-}
-
-/// Like [`shown`] for people, with `limit` of the backfill's intervals in time order from the
-/// `offset`-th, and its cascade's members with their counts only: a page of the status page.
-pub(super) fn shown_page(
-    conn: &dyn Reads,
-    project: Option<&Project>,
-    id: i64,
-    offset: i64,
-    limit: i64,
-) -> crate::manifest::Result<Option<Shown>> {
-    shown_with(
-        conn,
-        project,
-        id,
-        false,
-        &|c, id| c.show_backfill_page(id, offset, limit),
-        &|c, id| c.show_backfill_page(id, 0, 0),
-    )
-}
-
-type Fetch<'a> = &'a dyn Fn(&dyn Reads, i64) -> crate::manifest::Result<Option<BackfillDetail>>;
-
-fn shown_with(
-    conn: &dyn Reads,
-    project: Option<&Project>,
-    id: i64,
-    json: bool,
-    backfill: Fetch<'_>,
-    member: Fetch<'_>,
-) -> crate::manifest::Result<Option<Shown>> {
-    let Some(mut detail) = backfill(conn, id)? else {
-        return Ok(None);
-    };
-    let ctx = lease_ctx(project, conn)?;
-    judge_owners(std::slice::from_mut(&mut detail.backfill), &ctx);
-    // Labels in the DAG's timezone while the DAG is in the project; UTC otherwise.
-    let dag = project.and_then(|p| p.dag(&detail.backfill.dag_id).ok());
-    // A cascade's first backfill shows the whole cascade, grouped by DAG.
-    let mut members = Vec::new();
-    if detail.backfill.cascade.is_some() {
-        let ids = conn.cascade_members(id)?;
-        for m in ids.iter().map(|b| b.id) {
-            if let Some(mut d) = member(conn, m)? {
-                judge_owners(std::slice::from_mut(&mut d.backfill), &ctx);
-                members.push(d);
-            }
-        }
-    }
-    judge_workers(&mut detail, &ctx, conn)?;
-    name_hosts(&mut detail, json);
-    for m in &mut members {
-        name_hosts(m, json);
-    }
-    // JSON carries the cascade's members inside the one document; people get a table each.
-    if json && detail.backfill.cascade.is_some() {
-        detail.cascade_backfills = Some(std::mem::take(&mut members));
-    }
-    Ok(Some(Shown {
-        detail,
-        members,
-        dag,
-        at_ms: ctx.now_ms,
-    }))
 }
 
 pub fn show(g: &Global, id: i64, grid: bool) -> Result<u8, Error> {
@@ -259,67 +131,6 @@ pub fn show(g: &Global, id: i64, grid: bool) -> Result<u8, Error> {
         report::show::write(&mut out, m, None, &Labeler::of(member_dag.as_ref()))?;
     }
     Ok(exit::OK)
-}
-
-/// The hosts of a backfill's tries by their names. A table shows them only when a try ran on
-/// another host than this one (the column is left out when every cell is empty); JSON always
-/// does.
-/// Whether each worker of a backfill is alive, judged as owners are.
-fn judge_workers(
-    detail: &mut BackfillDetail,
-    ctx: &LeaseCtx,
-    conn: &dyn Reads,
-) -> crate::manifest::Result<()> {
-    if detail.workers.is_empty() {
-        return Ok(());
-    }
-    let workers = conn.workers(detail.backfill.id)?;
-    for s in &mut detail.workers {
-        s.alive = workers.iter().any(|w| w.id == s.id && w.alive(ctx));
-    }
-    Ok(())
-}
-
-fn name_hosts(detail: &mut BackfillDetail, json: bool) {
-    let here = crate::liveness::Host::name(&crate::process::LOCAL);
-    let elsewhere = detail
-        .interval_details
-        .iter()
-        .any(|i| crate::liveness::elsewhere(i.host.as_deref(), &here).is_some());
-    for w in &mut detail.workers {
-        w.host = w
-            .host
-            .take()
-            .map(|h| crate::liveness::host_name(&h).to_string());
-    }
-    for i in &mut detail.interval_details {
-        i.host = i
-            .host
-            .take()
-            .filter(|_| json || elsewhere)
-            .map(|h| crate::liveness::host_name(&h).to_string());
-    }
-}
-
-/// What the kept versions of each SQL target of the DAG cost, read without creating or
-/// changing a warehouse (one that does not exist keeps nothing).
-pub(super) fn kept_versions(
-    dag: &crate::project::Dag,
-    manifest_path: &std::path::Path,
-) -> Vec<crate::warehouse::versions::Storage> {
-    let mut seen = std::collections::HashSet::new();
-    let mut out = Vec::new();
-    for task in &dag.tasks {
-        let crate::project::TaskKind::Sql(sql) = &task.kind else {
-            continue;
-        };
-        if !seen.insert((sql.warehouse.name.clone(), sql.target.clone())) {
-            continue;
-        }
-        let manifest = crate::manifest::identity(manifest_path).unwrap_or_default();
-        out.push(crate::warehouse::backend_of(&sql.warehouse).storage(sql, &manifest));
-    }
-    out
 }
 
 pub fn runs(g: &Global, dag_id: &str, from: Option<&str>, to: Option<&str>) -> Result<u8, Error> {

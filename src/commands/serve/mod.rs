@@ -474,7 +474,7 @@ async fn api_backfills(
     // The document is built where it is read, off the threads that answer requests.
     let read = app
         .read(move |conn, project| {
-            let rows = super::read::backfills(conn, project, q.dag.as_deref(), q.active)?;
+            let rows = crate::reads::backfills(conn, project, q.dag.as_deref(), q.active)?;
             let labels = |dag: &str| {
                 crate::report::Labeler::of(project.and_then(|p| p.dag(dag).ok()).as_ref())
             };
@@ -510,13 +510,13 @@ async fn api_backfill(State(app): State<Arc<App>>, Path(id): Path<String>) -> Re
     let manifest = app.manifest.clone();
     let read = app
         .read(move |conn, project| {
-            let Some(shown) = super::read::shown(conn, project, id, true)? else {
+            let Some(shown) = crate::reads::shown(conn, project, id, true)? else {
                 return Ok(None);
             };
             let kept = shown
                 .dag
                 .as_ref()
-                .map(|d| super::read::kept_versions(d, &manifest));
+                .map(|d| crate::reads::kept_versions(d, &manifest));
             let labels = crate::report::Labeler::of(shown.dag.as_ref());
             Ok(Some(document(|sink| {
                 crate::report::show::write(sink, &shown.detail, kept.as_deref(), &labels)

@@ -289,8 +289,8 @@ pub(super) async fn backfills(
             {
                 rows.extend(conn.backfill_summary(id)?);
             }
-            let ctx = super::super::read::lease_ctx(project, conn)?;
-            super::super::read::judge_owners(&mut rows, &ctx);
+            let ctx = crate::reads::lease_ctx(project, conn)?;
+            crate::reads::judge_owners(&mut rows, &ctx);
             let mut out = Vec::with_capacity(rows.len());
             let mut labels: BTreeMap<String, Labeler> = BTreeMap::new();
             for b in &rows {
@@ -390,7 +390,7 @@ pub(super) async fn backfill(
             // Only the page's intervals are read; the counts are of the whole backfill.
             let per_page = CELLS_PER_PAGE as i64;
             let page_of = |page: i64| {
-                super::super::read::shown_page(conn, project, id, (page - 1) * per_page, per_page)
+                crate::reads::shown_page(conn, project, id, (page - 1) * per_page, per_page)
             };
             let Some(mut s) = page_of(asked)? else {
                 return Ok(None);
@@ -760,7 +760,7 @@ pub(super) async fn pools(State(app): State<Arc<App>>) -> Response {
             Ok((
                 conn.pool_slots()?,
                 conn.lease_views()?,
-                super::super::read::lease_ctx(project, conn)?,
+                crate::reads::lease_ctx(project, conn)?,
             ))
         })
         .await;

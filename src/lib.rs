@@ -16,12 +16,14 @@
 //!
 //! ```text
 //! main.rs, log                 parse (clap), run, map the error to an exit code; diagnostics
-//! commands/                    one module per subcommand: options in, a session or a read of
-//!                              the manifest, the result to report
+//! commands/                    one module per subcommand: options in, a session, a read of the
+//!                              manifest or the status page, the result to report
 //! cli                          clap definitions only
 //! session/                     a backfill from launch to outcome: check its tasks, recover,
 //!                              plan and lease in chunks, heartbeats, signals, the dispatcher,
 //!                              cascades; Outcome decides the recorded state and the exit code
+//! serve/                       the status page: HTML, JSON and metrics over HTTP, read-only;
+//!                              it reads as list and show do and never starts a session
 //! report/                      a pure consumer: views of events and read models into a Sink
 //! reads                        the manifest read as list, show and the status page show it:
 //!                              owners and workers judged by the lease rule at its clock
@@ -79,6 +81,7 @@ pub mod report;
 pub mod runner;
 pub mod sample;
 pub mod schedule;
+pub mod serve;
 pub mod session;
 pub mod sqlite;
 pub mod state;

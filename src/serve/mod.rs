@@ -1,6 +1,11 @@
-//! `backfill serve`: a read-only status page of the manifest, its JSON documents and Prometheus
-//! metrics over HTTP (axum, on a tokio runtime of its own).
+//! The status page of `backfill serve`: a read-only view of the manifest, its JSON documents
+//! and Prometheus metrics over HTTP (axum, on a tokio runtime of its own). The command checks
+//! its options and hands them here ([`Options`]).
 //!
+//! - The page says what `list` and `show` say: it reads backfills as they do ([`crate::reads`]),
+//!   and judges owners, workers and leases by the manifest's lease rule
+//!   ([`crate::manifest::leases::LeaseCtx`]) at the manifest's clock (the database's on
+//!   PostgreSQL), never by the clock of the host serving it.
 //! - Read-only: every request reads through a pooled read-only manifest handle
 //!   ([`crate::manifest::Reader`]: SQLite opened read-only, PostgreSQL sessions whose
 //!   transactions are read-only). Nothing is written, not even a new manifest.
@@ -22,7 +27,7 @@ mod conns;
 mod metrics;
 mod pages;
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -34,10 +39,9 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
-use crate::exit::{self, Error};
+use crate::exit::Error;
 use crate::manifest::{self, Reads};
 use crate::project::Project;
-use crate::session::Global;
 
 /// Backfill pages and documents made at once; the others wait their turn.
 const AT_ONCE: usize = 4;
@@ -121,40 +125,33 @@ impl App {
     }
 }
 
-/// The address to listen on, from `--listen`.
-fn address(listen: &str) -> Result<SocketAddr, Error> {
-    let bad = || {
-        Error::Usage(format!(
-            "--listen {listen}: not an address to listen on; give HOST:PORT, such as 127.0.0.1:8460 or [::1]:8460"
-        ))
-    };
-    listen
-        .to_socket_addrs()
-        .map_err(|_| bad())?
-        .next()
-        .ok_or_else(bad)
+/// What `backfill serve` was given, checked (see `commands::serve`).
+pub struct Options {
+    /// The address to listen on.
+    pub addr: SocketAddr,
+    /// `--listen` as it was given, which errors name.
+    pub listen: String,
+    /// The token every request must carry, if any (another address than loopback has one).
+    pub token: Option<String>,
+    /// The manifest to read (a URL stands here without its password).
+    pub manifest: PathBuf,
+    /// The project, when there is one: its DAGs label the pages, its pools are shown and its
+    /// lease timeout judges the leases.
+    pub project: Option<Project>,
+    /// Whether to leave out the notes on stderr (`--quiet`).
+    pub quiet: bool,
 }
 
-pub fn run(g: &Global, listen: &str, token: Option<String>) -> Result<u8, Error> {
-    let addr = address(listen)?;
-    let token = token.filter(|t| !t.is_empty());
-    if let Some(t) = &token
-        && (t.len() < 8
-            || !t
-                .bytes()
-                .all(|c| c.is_ascii_alphanumeric() || b"._~-".contains(&c)))
-    {
-        return Err(Error::Usage(
-            "--token (or BACKFILL_SERVE_TOKEN): give at least 8 characters, each a letter, a digit or one of . _ ~ - (they travel in an address and a cookie as they are), such as the output of `openssl rand -hex 16`".into(),
-        ));
-    }
-    if !addr.ip().is_loopback() && token.is_none() {
-        return Err(Error::Usage(format!(
-            "--listen {listen}: another address than loopback lets every host that reaches it read the manifest; give --token (or BACKFILL_SERVE_TOKEN) as well, which every request must then carry"
-        )));
-    }
-    let project = g.project().ok();
-    let path = g.manifest_path(project.as_ref())?;
+/// Serves the page until Ctrl-C or SIGTERM.
+pub fn run(options: Options) -> Result<(), Error> {
+    let Options {
+        addr,
+        listen,
+        token,
+        manifest: path,
+        project,
+        quiet,
+    } = options;
     // A page waits for a PostgreSQL manifest that went away as briefly as a read may (a
     // backfill's owner waits its lease timeout), then says so; the next request tries again.
     crate::manifest::postgres::set_patience(std::time::Duration::ZERO);
@@ -193,14 +190,14 @@ pub fn run(g: &Global, listen: &str, token: Option<String>) -> Result<u8, Error>
         pages: pages::Pages::new(path.display().to_string()),
     });
     let router = routes(Arc::clone(&app));
-    if !g.quiet {
+    if !quiet {
         crate::report::out::note(&format!(
             "serving the manifest {} at http://{bound}/ (read-only; Ctrl-C stops)",
             path.display()
         ));
     }
     let limits = conns::Limits::of_this_process(FILES_BESIDES_CONNECTIONS);
-    if !g.quiet && limits.connections < conns::MOST_CONNECTIONS {
+    if !quiet && limits.connections < conns::MOST_CONNECTIONS {
         crate::report::out::note(&format!(
             "at most {} connections at once: the limit on open files ({}) leaves room for no more; `ulimit -n` raises it",
             limits.connections, limits.open_files
@@ -214,8 +211,7 @@ pub fn run(g: &Global, listen: &str, token: Option<String>) -> Result<u8, Error>
     });
     drop(runtime);
     crate::manifest::close_readers();
-    served.map_err(|e| Error::io("the server failed", e))?;
-    Ok(exit::OK)
+    served.map_err(|e| Error::io("the server failed", e))
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -591,13 +587,5 @@ mod tests {
         assert!(!whole_backfill("/api/backfills"));
         assert!(!whole_backfill("/api/backfills/"));
         assert!(!whole_backfill("/metrics"));
-    }
-
-    #[test]
-    fn listen_addresses() {
-        assert!(address("127.0.0.1:8460").unwrap().ip().is_loopback());
-        assert!(address("[::1]:0").unwrap().ip().is_loopback());
-        assert!(matches!(address("8460"), Err(Error::Usage(_))));
-        assert!(matches!(address("nowhere:x"), Err(Error::Usage(_))));
     }
 }

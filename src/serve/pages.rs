@@ -596,61 +596,58 @@ struct DayCell {
     backfill: Option<i64>,
 }
 
-/// `/dags/DAG`: the DAG's partitions over time, newest page first: the latest run of each
-/// interval, whether it is published, and the intervals of its schedule that never ran.
-pub(super) async fn dag(
-    State(app): State<Arc<App>>,
-    Path(dag_id): Path<String>,
-    p: Result<Query<Paging>, QueryRejection>,
-) -> Response {
-    let Ok(Query(p)) = p else {
-        return bad_query(&app, "page=N (a page number from 1)");
+/// A page of a DAG's calendar as the manifest has it.
+struct DagPage {
+    /// The runs of the page's interval starts, by start, then attempt.
+    history: Vec<RunHistory>,
+    /// The page's published starts, with the rows published.
+    published: BTreeMap<i64, i64>,
+    /// The DAG, when the project has it.
+    dag: Option<crate::project::Dag>,
+    /// Whether older starts are left for the next page.
+    more: bool,
+    /// The oldest and the newest start of the page (unix seconds).
+    lo: i64,
+    hi: i64,
+}
+
+/// Reads a page of `dag_id`'s calendar: [`DAG_STARTS_PER_PAGE`] of its interval starts that
+/// ran, newest first from the `skip`-th; `None` when there are none.
+fn read_dag_page(
+    conn: &dyn crate::manifest::Reads,
+    project: Option<&crate::project::Project>,
+    dag_id: &str,
+    skip: i64,
+) -> crate::manifest::Result<Option<DagPage>> {
+    let starts = conn.dag_starts(dag_id, DAG_STARTS_PER_PAGE + 1, skip)?;
+    let more = starts.len() > usize::try_from(DAG_STARTS_PER_PAGE).unwrap_or(0);
+    let starts = &starts[..starts.len().min(DAG_STARTS_PER_PAGE as usize)];
+    let (Some(&hi), Some(&lo)) = (starts.first(), starts.last()) else {
+        return Ok(None);
     };
-    // A u32 page: its offset fits an i64, and the next page number a u64.
-    let page = u64::from(p.page.unwrap_or(1).max(1));
-    let skip = i64::from(p.page.unwrap_or(1).max(1) - 1) * DAG_STARTS_PER_PAGE;
-    let id = dag_id.clone();
-    let read = app
-        .read(move |conn, project| {
-            let starts = conn.dag_starts(&id, DAG_STARTS_PER_PAGE + 1, skip)?;
-            let more = starts.len() > usize::try_from(DAG_STARTS_PER_PAGE).unwrap_or(0);
-            let starts = &starts[..starts.len().min(DAG_STARTS_PER_PAGE as usize)];
-            let (Some(&hi), Some(&lo)) = (starts.first(), starts.last()) else {
-                return Ok(None);
-            };
-            let history = conn.run_history(&id, lo, hi)?;
-            let published = conn.published_starts(&id, lo, hi)?;
-            let dag = project.and_then(|p| p.dag(&id).ok());
-            Ok(Some((history, published, dag, more, lo, hi)))
-        })
-        .await;
-    let (history, published, dag, more, lo, hi) = match read {
-        Ok(Some(Some(found))) => found,
-        Ok(_) => {
-            return app.pages.message(
-                StatusCode::NOT_FOUND,
-                "No runs of this DAG",
-                &format!(
-                    "The manifest has no run of DAG `{dag_id}`{}.",
-                    if page > 1 { " on this page" } else { "" }
-                ),
-            );
-        }
-        Err(Unreadable(why)) => return app.pages.unreadable(&why),
-    };
-    let labels = Labeler::of(dag.as_ref());
-    let published: BTreeMap<i64, i64> = published.into_iter().collect();
+    Ok(Some(DagPage {
+        history: conn.run_history(dag_id, lo, hi)?,
+        published: conn.published_starts(dag_id, lo, hi)?.into_iter().collect(),
+        dag: project.and_then(|p| p.dag(dag_id).ok()),
+        more,
+        lo,
+        hi,
+    }))
+}
+
+/// The cells of a page of the calendar, in time order: the latest run of each start, and the
+/// schedule's intervals in the page's span that never ran, when the DAG is known.
+fn day_cells(page: &DagPage, labels: &Labeler) -> Vec<DayCell> {
     // The latest run of each start (the history is by start, then attempt).
     let mut latest: BTreeMap<i64, &RunHistory> = BTreeMap::new();
-    for r in &history {
+    for r in &page.history {
         latest.insert(r.start.0.timestamp(), r);
     }
-    // The schedule's intervals in the page's span that never ran, when the DAG is known.
     let mut starts: Vec<i64> = latest.keys().copied().collect();
-    if let Some(d) = &dag {
+    if let Some(d) = &page.dag {
         let never: Vec<i64> = d
             .schedule
-            .fire_times(from_unix(lo), from_unix(hi))
+            .fire_times(from_unix(page.lo), from_unix(page.hi))
             .take(10_000)
             .map(|t| t.timestamp())
             .filter(|t| !latest.contains_key(t))
@@ -658,47 +655,55 @@ pub(super) async fn dag(
         starts.extend(never);
         starts.sort_unstable();
     }
-    let cells: Vec<DayCell> = starts
+    starts
         .iter()
-        .map(|s| {
-            let start = from_unix(*s);
-            let label = labels.label(start);
-            match latest.get(s) {
-                Some(r) => {
-                    let c = Cell::of_run(Some(r.state), r.verdict.map(|v| v.verdict));
-                    let is_published = published.contains_key(s);
-                    let mut title = format!("{label}: {}", c.words());
-                    if is_published {
-                        title.push_str(&format!(" · published, {} rows", published[s]));
-                    }
-                    if let Some(why) = r.reasons.as_deref().or(r.error.as_deref()) {
-                        title.push_str(" · ");
-                        title.push_str(&why.chars().take(200).collect::<String>());
-                    }
-                    title.push_str(&format!(" · backfill {}", r.backfill_id));
-                    DayCell {
-                        start: crate::interval::rfc3339(start),
-                        label,
-                        state: c.name(),
-                        title,
-                        backfill: Some(r.backfill_id),
-                    }
-                }
-                None => DayCell {
-                    start: crate::interval::rfc3339(start),
-                    title: format!("{label}: never run"),
-                    label,
-                    state: "never",
-                    backfill: None,
-                },
-            }
-        })
-        .collect();
-    // Rows of the calendar: a month of days, a day of shorter intervals.
-    let daily = dag.as_ref().is_none_or(|d| d.schedule.at_most_daily());
+        .map(|s| day_cell(*s, latest.get(s).copied(), page.published.get(s), labels))
+        .collect()
+}
+
+/// The cell of the interval that starts at `start`: its latest run (`None`: it never ran), and
+/// the rows it published, if it is published.
+fn day_cell(
+    start: i64,
+    latest: Option<&RunHistory>,
+    published: Option<&i64>,
+    labels: &Labeler,
+) -> DayCell {
+    let start = from_unix(start);
+    let label = labels.label(start);
+    let Some(r) = latest else {
+        return DayCell {
+            start: crate::interval::rfc3339(start),
+            title: format!("{label}: never run"),
+            label,
+            state: "never",
+            backfill: None,
+        };
+    };
+    let c = Cell::of_run(Some(r.state), r.verdict.map(|v| v.verdict));
+    let mut title = format!("{label}: {}", c.words());
+    if let Some(rows) = published {
+        title.push_str(&format!(" · published, {rows} rows"));
+    }
+    if let Some(why) = r.reasons.as_deref().or(r.error.as_deref()) {
+        title.push_str(" · ");
+        title.push_str(&why.chars().take(200).collect::<String>());
+    }
+    title.push_str(&format!(" · backfill {}", r.backfill_id));
+    DayCell {
+        start: crate::interval::rfc3339(start),
+        label,
+        state: c.name(),
+        title,
+        backfill: Some(r.backfill_id),
+    }
+}
+
+/// Rows of the calendar: a month of days (`daily`), or a day of shorter intervals.
+fn calendar_rows(cells: &[DayCell], daily: bool) -> Vec<Value> {
     let mut rows: Vec<Value> = Vec::new();
     let mut current: Option<(String, Vec<&DayCell>)> = None;
-    for c in &cells {
+    for c in cells {
         let key = if daily {
             c.label.get(..7).unwrap_or(&c.label).to_string()
         } else {
@@ -717,8 +722,13 @@ pub(super) async fn dag(
     if let Some((k, v)) = current {
         rows.push(json!({ "label": k, "cells": v }));
     }
+    rows
+}
+
+/// The calendar's legend: each state its cells are in, with its words and how many they are.
+fn calendar_legend(cells: &[DayCell]) -> Vec<Value> {
     let mut legend: BTreeMap<&str, usize> = BTreeMap::new();
-    for c in &cells {
+    for c in cells {
         *legend.entry(c.state).or_default() += 1;
     }
     let words = |s: &str| {
@@ -727,25 +737,61 @@ pub(super) async fn dag(
             .find(|c| c.name() == s)
             .map_or("never run", |c| c.words())
     };
-    let legend: Vec<Value> = legend
+    legend
         .into_iter()
         .map(|(s, n)| json!({ "state": s, "words": words(s), "count": n }))
-        .collect();
+        .collect()
+}
+
+/// `/dags/DAG`: the DAG's partitions over time, newest page first: the latest run of each
+/// interval, whether it is published, and the intervals of its schedule that never ran.
+pub(super) async fn dag(
+    State(app): State<Arc<App>>,
+    Path(dag_id): Path<String>,
+    p: Result<Query<Paging>, QueryRejection>,
+) -> Response {
+    let Ok(Query(p)) = p else {
+        return bad_query(&app, "page=N (a page number from 1)");
+    };
+    // A u32 page: its offset fits an i64, and the next page number a u64.
+    let page = u64::from(p.page.unwrap_or(1).max(1));
+    let skip = i64::from(p.page.unwrap_or(1).max(1) - 1) * DAG_STARTS_PER_PAGE;
+    let id = dag_id.clone();
+    let read = app
+        .read(move |conn, project| read_dag_page(conn, project, &id, skip))
+        .await;
+    let found = match read {
+        Ok(Some(Some(found))) => found,
+        Ok(_) => {
+            return app.pages.message(
+                StatusCode::NOT_FOUND,
+                "No runs of this DAG",
+                &format!(
+                    "The manifest has no run of DAG `{dag_id}`{}.",
+                    if page > 1 { " on this page" } else { "" }
+                ),
+            );
+        }
+        Err(Unreadable(why)) => return app.pages.unreadable(&why),
+    };
+    let dag = found.dag.as_ref();
+    let cells = day_cells(&found, &Labeler::of(dag));
+    let daily = dag.is_none_or(|d| d.schedule.at_most_daily());
     app.pages.render(
         StatusCode::OK,
         "dag.html",
         json!({
             "title": format!("DAG {dag_id}"),
             "dag": dag_id,
-            "description": dag.as_ref().and_then(|d| d.description.clone()),
-            "schedule": dag.as_ref().map(|d| d.schedule.expr().to_string()),
-            "rows": rows,
-            "legend": legend,
+            "description": dag.and_then(|d| d.description.clone()),
+            "schedule": dag.map(|d| d.schedule.expr().to_string()),
+            "rows": calendar_rows(&cells, daily),
+            "legend": calendar_legend(&cells),
             "known": dag.is_some(),
             "pager": json!({
                 "page": page,
                 "previous": (page > 1).then(|| page - 1),
-                "next": more.then_some(page + 1),
+                "next": found.more.then_some(page + 1),
             }),
         }),
         false,

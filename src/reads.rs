@@ -56,9 +56,9 @@ pub struct Shown {
     pub detail: BackfillDetail,
     pub members: Vec<BackfillDetail>,
     pub dag: Option<Dag>,
-    /// The manifest's clock when it was read (unix milliseconds), at which its owners and
-    /// workers were judged.
-    pub at_ms: i64,
+    /// How its owners and workers were judged: the lease rule at the manifest's clock when it
+    /// was read, at which a page counts the age of its heartbeat too.
+    pub ctx: LeaseCtx,
 }
 
 /// The backfill `id` as `show` reads it (see [`Shown`]); `json` for `--output json`.
@@ -139,7 +139,7 @@ fn shown_with(
         detail,
         members,
         dag,
-        at_ms: ctx.now_ms,
+        ctx,
     }))
 }
 

@@ -139,16 +139,23 @@ impl LeaseCtx {
             };
         }
         match heartbeat_ms {
-            Some(h) if self.now_ms.saturating_sub(h) > self.timeout_ms / 2 => LeaseHealth::Expiring,
+            Some(h) if self.heartbeat_age_ms(h) > self.timeout_ms / 2 => LeaseHealth::Expiring,
             _ => LeaseHealth::Fresh,
         }
+    }
+
+    /// How old a heartbeat is at this context's "now" (milliseconds): what [`LeaseCtx::fresh`]
+    /// and [`LeaseCtx::health`] judge, and what a page shows. A heartbeat from this clock's
+    /// future (another host's clock ahead of it, on SQLite) is 0 ms old.
+    pub fn heartbeat_age_ms(&self, heartbeat_ms: i64) -> i64 {
+        self.now_ms.saturating_sub(heartbeat_ms).max(0)
     }
 
     /// Whether a heartbeat is within the lease timeout of this context's "now" (and not one
     /// watched stay silent, see [`LeaseCtx::silent`]).
     pub fn fresh(&self, heartbeat_ms: Option<i64>) -> bool {
         heartbeat_ms.is_some_and(|hb| {
-            Some(hb) != self.silent && self.now_ms.saturating_sub(hb) < self.timeout_ms
+            Some(hb) != self.silent && self.heartbeat_age_ms(hb) < self.timeout_ms
         })
     }
 
@@ -500,6 +507,15 @@ mod tests {
             serde_json::to_value(LeaseHealth::Expiring).unwrap(),
             "expiring"
         );
+    }
+
+    #[test]
+    fn a_heartbeat_is_as_old_as_the_contexts_clock_says_and_never_less_than_new() {
+        let ctx = LeaseCtx::new(Duration::from_secs(30), &crate::process::LOCAL);
+        let now = ctx.now_ms;
+        assert_eq!(ctx.heartbeat_age_ms(now - 1_500), 1_500);
+        assert_eq!(ctx.heartbeat_age_ms(now + 60_000), 0);
+        assert_eq!(ctx.heartbeat_age_ms(i64::MIN), i64::MAX);
     }
 
     /// A manifest with backfill 1 of DAG `d` (its owner's heartbeat at 100,000 ms), worker 2

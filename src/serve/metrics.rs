@@ -40,21 +40,45 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(Stri
     }
 }
 
-/// The exposition of `f`, read at `now_ms`, with the project's pool sizes.
-pub(super) fn exposition(
-    f: Option<&Figures>,
-    now_ms: i64,
-    sizes: &BTreeMap<String, u32>,
-) -> String {
+/// What a scrape read of the manifest.
+#[derive(Default)]
+pub(super) struct Scrape {
+    figures: Figures,
+    /// How old the oldest heartbeat of a running backfill is (milliseconds), by the lease rule
+    /// at the manifest's clock, which wrote the heartbeats; `None` when none runs.
+    oldest_heartbeat_age_ms: Option<i64>,
+}
+
+/// Reads the figures of a scrape, and judges the age of the oldest heartbeat as leases are
+/// judged (see [`crate::reads::lease_ctx`]).
+fn scrape(
+    conn: &dyn crate::manifest::Reads,
+    project: Option<&crate::project::Project>,
+) -> crate::manifest::Result<Scrape> {
+    let figures = conn.figures()?;
+    let ctx = crate::reads::lease_ctx(project, conn)?;
+    Ok(Scrape {
+        oldest_heartbeat_age_ms: figures.oldest_heartbeat_ms.map(|h| ctx.heartbeat_age_ms(h)),
+        figures,
+    })
+}
+
+/// The exposition of what a scrape read (`None`: the manifest could not be read), with the
+/// project's pool sizes.
+pub(super) fn exposition(read: Option<&Scrape>, sizes: &BTreeMap<String, u32>) -> String {
     let mut out = String::new();
     family(
         &mut out,
         "backfill_manifest_up",
         "gauge",
         "Whether the manifest could be read (1) or not (0) at this scrape.",
-        &[(String::new(), if f.is_some() { 1.0 } else { 0.0 })],
+        &[(String::new(), if read.is_some() { 1.0 } else { 0.0 })],
     );
-    let Some(f) = f else {
+    let Some(Scrape {
+        figures: f,
+        oldest_heartbeat_age_ms,
+    }) = read
+    else {
         return out;
     };
     let n = |v: i64| v as f64;
@@ -97,8 +121,7 @@ pub(super) fn exposition(
         "Seconds since the oldest heartbeat of a running backfill (0 when none runs).",
         &[(
             String::new(),
-            f.oldest_heartbeat_ms
-                .map_or(0.0, |h| ((now_ms - h).max(0) as f64) / 1000.0),
+            oldest_heartbeat_age_ms.map_or(0.0, |age| age as f64 / 1000.0),
         )],
     );
     family(
@@ -178,17 +201,13 @@ pub(super) fn exposition(
 }
 
 pub(super) async fn metrics(State(app): State<Arc<App>>) -> Response {
-    // Ages are counted on the manifest's clock (the database's on PostgreSQL), which wrote the
-    // heartbeats.
-    let read = app
-        .read(|conn, _| Ok((conn.figures()?, conn.clock_ms(crate::clock::now_ms())?)))
-        .await;
-    let (figures, now_ms) = match read {
-        Ok(Some((f, now_ms))) => (Some(f), now_ms),
-        Ok(None) => (Some(Figures::default()), crate::clock::now_ms()),
+    let read = match app.read(scrape).await {
+        Ok(Some(read)) => Some(read),
+        // No manifest yet: nothing recorded, nothing to judge.
+        Ok(None) => Some(Scrape::default()),
         Err(Unreadable(why)) => {
             tracing::warn!("/metrics: {why}");
-            (None, crate::clock::now_ms())
+            None
         }
     };
     let sizes = app
@@ -196,7 +215,7 @@ pub(super) async fn metrics(State(app): State<Arc<App>>) -> Response {
         .as_ref()
         .map(|p| p.pools.clone())
         .unwrap_or_default();
-    let body = exposition(figures.as_ref(), now_ms, &sizes);
+    let body = exposition(read.as_ref(), &sizes);
     (
         StatusCode::OK,
         [(
@@ -219,7 +238,7 @@ mod tests {
 
     #[test]
     fn an_unreadable_manifest_says_so() {
-        let text = exposition(None, 0, &BTreeMap::new());
+        let text = exposition(None, &BTreeMap::new());
         assert!(text.ends_with("backfill_manifest_up 0\n"), "{text}");
     }
 }

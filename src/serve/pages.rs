@@ -2,7 +2,7 @@
 //! auto-escaping on (every value from the manifest or a DAG file is text, never markup), strict
 //! undefined values (a template that names a missing value fails, it does not print nothing).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use axum::extract::rejection::QueryRejection;
@@ -18,6 +18,7 @@ use super::{App, Unreadable};
 use crate::interval::from_unix;
 use crate::manifest::leases::LeaseCtx;
 use crate::manifest::queries::{BackfillSummary, IntervalDetail, RunHistory};
+use crate::manifest::status::LeaseView;
 use crate::report::Labeler;
 use crate::report::cells::{Cell, tally};
 
@@ -56,13 +57,24 @@ impl Pages {
         Self { env, manifest }
     }
 
-    /// A page: `template` rendered with `ctx` and the page's common values.
-    fn render(&self, status: StatusCode, template: &str, mut ctx: Value, live: bool) -> Response {
+    /// A page: `template` rendered with `ctx` and the page's common values. Its footer says when
+    /// it was read: `judged_at`, the manifest's clock at which the page judged owners and
+    /// heartbeats (unix milliseconds), so that the time agrees with the ages shown; a page that
+    /// judged none says when it was made.
+    fn render(
+        &self,
+        status: StatusCode,
+        template: &str,
+        mut ctx: Value,
+        live: bool,
+        judged_at: Option<i64>,
+    ) -> Response {
         if let Value::Object(m) = &mut ctx {
             m.insert("live".into(), json!(live));
             m.insert("manifest".into(), json!(self.manifest));
             m.insert("version".into(), json!(env!("CARGO_PKG_VERSION")));
-            m.insert("now".into(), json!(at_ms(crate::clock::now_ms())));
+            let read_at = judged_at.unwrap_or_else(crate::clock::now_ms);
+            m.insert("now".into(), json!(at_ms(read_at)));
         }
         let rendered = self
             .env
@@ -91,6 +103,7 @@ impl Pages {
             "message.html",
             json!({ "title": title, "text": text, "code": status.as_u16() }),
             false,
+            None,
         )
     }
 
@@ -114,6 +127,7 @@ impl Pages {
                 "code": 503,
             }),
             true,
+            None,
         )
     }
 }
@@ -160,13 +174,14 @@ fn pager(page: usize, pages: usize) -> Value {
     })
 }
 
-/// What the list says of a backfill, read at `now` (unix milliseconds, the manifest's clock).
+/// What the list says of a backfill, judged by `ctx` (the lease rule at the manifest's clock),
+/// which counts the age of its heartbeat.
 fn backfill_row(
     b: &BackfillSummary,
     labels: &Labeler,
     eta: Option<f64>,
     hosts: &[String],
-    now: i64,
+    ctx: &LeaseCtx,
 ) -> Value {
     let c = &b.intervals;
     let (from, to) = crate::report::list::range_labels(b, labels);
@@ -209,7 +224,7 @@ fn backfill_row(
         "eta": eta.map(|s| took((s * 1000.0) as i64)),
         "hosts": hosts,
         "heartbeat_age": b.heartbeat_at.filter(|_| b.state == crate::state::BackfillState::Running)
-            .map(|h| took((now - h).max(0))),
+            .map(|h| took(ctx.heartbeat_age_ms(h))),
         "created_at": b.created_at,
         "finished_at": b.finished_at,
         "reprocess": b.reprocess_behavior,
@@ -251,6 +266,110 @@ pub(super) struct ListFilter {
     page: Option<u32>,
 }
 
+/// A page of the list as read.
+struct ListPage {
+    /// Its backfills, as [`backfill_row`] says them.
+    rows: Vec<Value>,
+    /// Every DAG the manifest has a backfill of, for the filter.
+    dags: BTreeSet<String>,
+    /// The backfills the filter keeps, on every page.
+    count: usize,
+    /// The page shown (from 1), of `pages`.
+    page: usize,
+    pages: usize,
+    /// The manifest's clock at which its owners were judged; `None` without a manifest.
+    judged_at: Option<i64>,
+}
+
+impl ListPage {
+    /// The list of a manifest that does not exist yet.
+    fn empty() -> Self {
+        Self {
+            rows: Vec::new(),
+            dags: BTreeSet::new(),
+            count: 0,
+            page: 1,
+            pages: 1,
+            judged_at: None,
+        }
+    }
+}
+
+/// Reads page `asked` of the backfills of `dag` in `state` (each when given), newest first.
+/// Filtered and paged by what the backfills table says; then only the page's backfills have
+/// their intervals counted and their owners judged.
+fn read_list_page(
+    conn: &dyn crate::manifest::Reads,
+    project: Option<&crate::project::Project>,
+    dag: Option<&str>,
+    state: Option<&str>,
+    asked: Option<u32>,
+) -> crate::manifest::Result<ListPage> {
+    let heads = conn.backfill_heads()?;
+    let dags: BTreeSet<String> = heads.iter().map(|h| h.1.clone()).collect();
+    let ids: Vec<i64> = heads
+        .into_iter()
+        .rev()
+        .filter(|h| dag.is_none_or(|d| d == h.1))
+        .filter(|h| state.is_none_or(|s| s == h.2.to_string()))
+        .map(|h| h.0)
+        .collect();
+    let count = ids.len();
+    let pages = count.div_ceil(BACKFILLS_PER_PAGE).max(1);
+    let page = (asked.unwrap_or(1) as usize).clamp(1, pages);
+    let mut backfills: Vec<BackfillSummary> = Vec::new();
+    for id in ids
+        .into_iter()
+        .skip((page - 1) * BACKFILLS_PER_PAGE)
+        .take(BACKFILLS_PER_PAGE)
+    {
+        backfills.extend(conn.backfill_summary(id)?);
+    }
+    let ctx = crate::reads::lease_ctx(project, conn)?;
+    crate::reads::judge_owners(&mut backfills, &ctx);
+    let mut rows = Vec::with_capacity(backfills.len());
+    let mut labels: BTreeMap<String, Labeler> = BTreeMap::new();
+    for b in &backfills {
+        let l = *labels
+            .entry(b.dag_id.clone())
+            .or_insert_with(|| Labeler::of(project.and_then(|p| p.dag(&b.dag_id).ok()).as_ref()));
+        let hosts = running_hosts(conn, b)?;
+        rows.push(backfill_row(b, &l, eta(conn, project, b)?, &hosts, &ctx));
+    }
+    Ok(ListPage {
+        rows,
+        dags,
+        count,
+        page,
+        pages,
+        judged_at: Some(ctx.now_ms),
+    })
+}
+
+/// The hosts a running backfill runs on, by their names: its owner's, then its workers'.
+/// None when it is not running.
+fn running_hosts(
+    conn: &dyn crate::manifest::Reads,
+    b: &BackfillSummary,
+) -> crate::manifest::Result<Vec<String>> {
+    let mut hosts: Vec<String> = Vec::new();
+    if b.state != crate::state::BackfillState::Running {
+        return Ok(hosts);
+    }
+    if let Some(h) = &b.owner_host {
+        hosts.push(crate::liveness::host_name(h).to_string());
+    }
+    for w in conn.workers(b.id)? {
+        if let Some(h) = w.host.as_deref() {
+            let h = crate::liveness::host_name(h).to_string();
+            if !hosts.contains(&h) {
+                hosts.push(h);
+            }
+        }
+    }
+    Ok(hosts)
+}
+
 /// `/`: the backfills, newest first, filtered by DAG and state.
 pub(super) async fn backfills(
     State(app): State<Arc<App>>,
@@ -266,82 +385,30 @@ pub(super) async fn backfills(
     let state = f.state.clone().filter(|s| !s.is_empty());
     let read = app
         .read(move |conn, project| {
-            // Filtered and paged by what the backfills table says; then only the page's
-            // backfills have their intervals counted.
-            let heads = conn.backfill_heads()?;
-            let dags: std::collections::BTreeSet<String> =
-                heads.iter().map(|h| h.1.clone()).collect();
-            let ids: Vec<i64> = heads
-                .into_iter()
-                .rev()
-                .filter(|h| dag.as_ref().is_none_or(|d| *d == h.1))
-                .filter(|h| state.as_ref().is_none_or(|s| *s == h.2.to_string()))
-                .map(|h| h.0)
-                .collect();
-            let count = ids.len();
-            let pages = count.div_ceil(BACKFILLS_PER_PAGE).max(1);
-            let page = (f.page.unwrap_or(1) as usize).clamp(1, pages);
-            let mut rows: Vec<BackfillSummary> = Vec::new();
-            for id in ids
-                .into_iter()
-                .skip((page - 1) * BACKFILLS_PER_PAGE)
-                .take(BACKFILLS_PER_PAGE)
-            {
-                rows.extend(conn.backfill_summary(id)?);
-            }
-            let ctx = crate::reads::lease_ctx(project, conn)?;
-            crate::reads::judge_owners(&mut rows, &ctx);
-            let mut out = Vec::with_capacity(rows.len());
-            let mut labels: BTreeMap<String, Labeler> = BTreeMap::new();
-            for b in &rows {
-                let l = *labels.entry(b.dag_id.clone()).or_insert_with(|| {
-                    Labeler::of(project.and_then(|p| p.dag(&b.dag_id).ok()).as_ref())
-                });
-                let mut hosts: Vec<String> = Vec::new();
-                if b.state == crate::state::BackfillState::Running {
-                    if let Some(h) = &b.owner_host {
-                        hosts.push(crate::liveness::host_name(h).to_string());
-                    }
-                    for w in conn.workers(b.id)? {
-                        if let Some(h) = w.host.as_deref() {
-                            let h = crate::liveness::host_name(h).to_string();
-                            if !hosts.contains(&h) {
-                                hosts.push(h);
-                            }
-                        }
-                    }
-                }
-                out.push(backfill_row(
-                    b,
-                    &l,
-                    eta(conn, project, b)?,
-                    &hosts,
-                    ctx.now_ms,
-                ));
-            }
-            Ok((out, dags, count, page, pages))
+            read_list_page(conn, project, dag.as_deref(), state.as_deref(), f.page)
         })
         .await;
-    let (rows, dags, count, page, pages) = match read {
+    let list = match read {
         Ok(Some(found)) => found,
-        Ok(None) => (Vec::new(), Default::default(), 0, 1, 1),
+        Ok(None) => ListPage::empty(),
         Err(Unreadable(why)) => return app.pages.unreadable(&why),
     };
-    let live = rows.iter().any(|r| r["raw_state"] == "running");
+    let live = list.rows.iter().any(|r| r["raw_state"] == "running");
     app.pages.render(
         StatusCode::OK,
         "backfills.html",
         json!({
             "title": "Backfills",
-            "rows": rows,
-            "count": count,
-            "dags": dags,
+            "rows": list.rows,
+            "count": list.count,
+            "dags": list.dags,
             "states": ["running", "completed", "failed", "cancelled"],
             "dag": f.dag.unwrap_or_default(),
             "state": f.state.unwrap_or_default(),
-            "pager": pager(page, pages),
+            "pager": pager(list.page, list.pages),
         }),
         live,
+        list.judged_at,
     )
 }
 
@@ -452,7 +519,7 @@ pub(super) async fn backfill(
         "backfill.html",
         json!({
             "title": format!("Backfill {id} of {}", d.backfill.dag_id),
-            "b": backfill_row(&d.backfill, &labels, eta, &hosts, shown.at_ms),
+            "b": backfill_row(&d.backfill, &labels, eta, &hosts, &shown.ctx),
             "batch_size": d.backfill.batch_size,
             "run_backwards": d.backfill.run_backwards,
             "cells": cells,
@@ -465,6 +532,7 @@ pub(super) async fn backfill(
             ),
         }),
         live,
+        Some(shown.ctx.now_ms),
     )
 }
 
@@ -582,6 +650,7 @@ pub(super) async fn interval(
             "runs": runs,
         }),
         false,
+        None,
     )
 }
 
@@ -795,7 +864,26 @@ pub(super) async fn dag(
             }),
         }),
         false,
+        None,
     )
+}
+
+/// A row of the leases held: a backfill's leases, its owner, and how its heartbeat stands, by
+/// the lease rule at the manifest's clock (`ctx`).
+fn lease_row(l: &LeaseView, ctx: &LeaseCtx) -> Value {
+    let health = ctx.health(
+        l.backfill_state,
+        (l.owner_pid, l.owner_start),
+        l.owner_host.as_deref(),
+        l.heartbeat_ms,
+    );
+    json!({
+        "backfill_id": l.backfill_id, "dag": l.dag_id, "leases": l.leases,
+        "first": l.first.to_string(), "last": l.last.to_string(),
+        "host": l.owner_host.as_deref().map(crate::liveness::host_name), "pid": l.owner_pid,
+        "heartbeat_age": l.heartbeat_ms.map(|h| took(ctx.heartbeat_age_ms(h))),
+        "health": health, "state": l.backfill_state,
+    })
 }
 
 /// `/pools`: the pools' slots in use and who holds them; the leases held and how fresh their
@@ -810,17 +898,17 @@ pub(super) async fn pools(State(app): State<Arc<App>>) -> Response {
             ))
         })
         .await;
-    let (slots, leases, ctx) = match read {
-        Ok(Some(found)) => found,
+    let (slots, leases, judged_at) = match read {
+        Ok(Some((slots, leases, ctx))) => (
+            slots,
+            leases
+                .iter()
+                .map(|l| lease_row(l, &ctx))
+                .collect::<Vec<_>>(),
+            Some(ctx.now_ms),
+        ),
         // No manifest yet: no lease to judge.
-        Ok(None) => {
-            let timeout = app
-                .project
-                .as_ref()
-                .map_or(crate::project::DEFAULT_LEASE_TIMEOUT, |p| p.lease_timeout);
-            let ctx = LeaseCtx::new(timeout, &crate::process::LOCAL);
-            (Vec::new(), Vec::new(), ctx)
-        }
+        Ok(None) => (Vec::new(), Vec::new(), None),
         Err(Unreadable(why)) => return app.pages.unreadable(&why),
     };
     let sizes: BTreeMap<String, u32> = app
@@ -847,25 +935,8 @@ pub(super) async fn pools(State(app): State<Arc<App>>) -> Response {
         .into_iter()
         .map(|(name, (size, holders))| json!({ "name": name, "size": size, "used": holders.len(), "holders": holders }))
         .collect();
-    let leases: Vec<Value> = leases
-        .iter()
-        .map(|l| {
-            let age = l.heartbeat_ms.map(|h| (ctx.now_ms - h).max(0));
-            let health = ctx.health(
-                l.backfill_state,
-                (l.owner_pid, l.owner_start),
-                l.owner_host.as_deref(),
-                l.heartbeat_ms,
-            );
-            json!({
-                "backfill_id": l.backfill_id, "dag": l.dag_id, "leases": l.leases,
-                "first": l.first.to_string(), "last": l.last.to_string(),
-                "host": l.owner_host.as_deref().map(crate::liveness::host_name), "pid": l.owner_pid,
-                "heartbeat_age": age.map(took), "health": health, "state": l.backfill_state,
-            })
-        })
-        .collect();
     let live = leases.iter().any(|l| l["state"] == "running");
+    let timeout = crate::reads::lease_timeout(app.project.as_ref());
     app.pages.render(
         StatusCode::OK,
         "pools.html",
@@ -873,9 +944,10 @@ pub(super) async fn pools(State(app): State<Arc<App>>) -> Response {
             "title": "Pools and leases",
             "pools": pools,
             "leases": leases,
-            "timeout": took(ctx.timeout_ms),
+            "timeout": took(i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX)),
         }),
         live,
+        judged_at,
     )
 }
 

@@ -992,11 +992,22 @@ fn row_of<'a>(page: &'a str, marker: &str) -> &'a str {
     &page[start..end]
 }
 
+/// The time a page's footer says it was read at.
+fn read_at(page: &str) -> chrono::DateTime<chrono::Utc> {
+    let (_, rest) = page
+        .split_once("read at <time>")
+        .unwrap_or_else(|| panic!("no time read at in {page}"));
+    let (at, _) = rest.split_once("</time>").unwrap_or_default();
+    chrono::DateTime::parse_from_rfc3339(at)
+        .unwrap_or_else(|e| panic!("read at `{at}`: {e}"))
+        .with_timezone(&chrono::Utc)
+}
+
 /// On PostgreSQL, heartbeats are written with the database's clock: the status page must judge
 /// them with it, as `resume` and `list` do, and not with the clock of the host serving the page.
 /// Backfill 1 runs, its heartbeat fresh; backfill 2's owner, on another host, last sent one 60 s
 /// ago (the lease timeout is 30 s). Pages served from a host whose clock is two minutes ahead,
-/// then two minutes behind, say the same.
+/// then two minutes behind, say the same, and say they were read at the database's time.
 #[test]
 #[cfg_attr(
     missing = "postgres",
@@ -1082,6 +1093,12 @@ fn the_status_page_judges_leases_by_the_databases_clock_not_the_serving_hosts() 
             "with the clock {skew}: {}",
             page.body
         );
+        // The time each of them says it was read at, which their ages count from.
+        for (name, answer) in [("/pools", &pools), ("/", &list), ("/backfills/1", &page)] {
+            let at = read_at(&answer.body);
+            let off = (at - chrono::Utc::now()).num_seconds().abs();
+            assert!(off < 60, "with the clock {skew}: {name} was read at {at}");
+        }
         let metrics = s.get("/metrics");
         let age: f64 = metrics
             .body

@@ -732,15 +732,26 @@ fn an_owner_cut_off_from_the_manifest_stops_its_tries_before_its_lease_could_be_
     let db = own.create_db();
     let url = own.url(&db);
     let (p, owner) = owner_running_two_days(&own, &db, &url, Some("4s"));
-    // The server stops answering, its connections open: the owner's heartbeat hangs.
-    own.freeze();
+    // This project's tries only: other tests' tries of the same DAG run meanwhile, in folders
+    // of their own.
+    let folder = std::fs::canonicalize(p.path("")).unwrap();
     let tries_alive = || {
         std::process::Command::new("pgrep")
             .args(["-f", "locks/2026-01-0"])
             .output()
-            .map(|o| !o.stdout.is_empty())
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .split_whitespace()
+                    .any(|pid| {
+                        std::fs::read_link(format!("/proc/{pid}/cwd"))
+                            .is_ok_and(|cwd| cwd == folder)
+                    })
+            })
             .unwrap_or(false)
     };
+    assert!(tries_alive(), "the tries run, in {}", folder.display());
+    // The server stops answering, its connections open: the owner's heartbeat hangs.
+    own.freeze();
     // Within half the lease timeout (2 s) and a heartbeat, its tries get SIGTERM, long before
     // the lease (4 s) could be judged expired by another host.
     let stopped_in_time = (0..100).any(|_| {

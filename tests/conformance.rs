@@ -151,12 +151,10 @@ engines! {
         writer::a_fence_is_checked_again_after_a_takeover_in_the_same_transaction,
         writer::a_failing_job_rolls_back_alone,
         writer::an_interval_is_claimed_once_when_processes_race,
+        runs::a_nul_character_round_trips,
     ],
     kinds: [
         migrations::every_earlier_schema_upgrades_and_keeps_its_rows,
     ],
-    postgres_bugs: [
-        runs::a_nul_character_round_trips
-            => "BUG: PostgreSQL text cannot hold a NUL character, which SQLite records: the write fails (SQLSTATE 22021)",
-    ],
+    postgres_bugs: [],
 }

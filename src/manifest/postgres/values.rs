@@ -54,7 +54,7 @@ impl ToSql for Param<'_> {
             (Value::Integer(i), t) if is_text(t) => i.to_string().as_str().to_sql(&Type::TEXT, out),
             (Value::Real(f), &Type::FLOAT8) => f.to_sql(ty, out),
             (Value::Text(s), t) if is_text(t) => {
-                out.extend_from_slice(s.as_bytes());
+                escape_into(s, out);
                 Ok(IsNull::No)
             }
             (Value::Blob(b), &Type::BYTEA) => b.as_slice().to_sql(ty, out),
@@ -67,6 +67,61 @@ impl ToSql for Param<'_> {
     }
 
     tokio_postgres::types::to_sql_checked!();
+}
+
+/// What stands for a NUL character in PostgreSQL's text, which cannot hold one, and for
+/// itself: the noncharacter U+FFFF, then `0` for a NUL or U+FFFF again for itself. A text
+/// holding neither (every text the program writes itself) is stored as it is; one holding
+/// either (a task's fingerprint, say, or an error quoting hostile data) reads back exactly as
+/// it was written, as on SQLite, and compares equal in a statement to the same text passed as
+/// a parameter.
+const ESCAPE: char = '\u{FFFF}';
+
+/// Writes `s` as PostgreSQL's text holds it (see [`ESCAPE`]).
+fn escape_into(s: &str, out: &mut BytesMut) {
+    if !s.contains(['\0', ESCAPE]) {
+        out.extend_from_slice(s.as_bytes());
+        return;
+    }
+    let mut buf = [0; 4];
+    for c in s.chars() {
+        match c {
+            '\0' => {
+                out.extend_from_slice(ESCAPE.encode_utf8(&mut buf).as_bytes());
+                out.extend_from_slice(b"0");
+            }
+            ESCAPE => {
+                out.extend_from_slice(ESCAPE.encode_utf8(&mut buf).as_bytes());
+                out.extend_from_slice(ESCAPE.encode_utf8(&mut buf).as_bytes());
+            }
+            c => out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes()),
+        }
+    }
+}
+
+/// The text PostgreSQL holds, as it was written (see [`ESCAPE`]).
+fn unescape(s: String) -> String {
+    if !s.contains(ESCAPE) {
+        return s;
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match (c, c == ESCAPE) {
+            (_, true) => match chars.next() {
+                Some('0') => out.push('\0'),
+                Some(ESCAPE) => out.push(ESCAPE),
+                // Not written by this program: kept as it is.
+                Some(other) => {
+                    out.push(ESCAPE);
+                    out.push(other);
+                }
+                None => out.push(ESCAPE),
+            },
+            (c, false) => out.push(c),
+        }
+    }
+    out
 }
 
 fn is_text(t: &Type) -> bool {
@@ -97,7 +152,7 @@ impl<'a> FromSql<'a> for Read {
             Type::FLOAT8 => Value::Real(f64::from_sql(ty, raw)?),
             Type::FLOAT4 => Value::Real(f32::from_sql(ty, raw)?.into()),
             Type::BYTEA => Value::Blob(raw.to_vec()),
-            ref t if is_text(t) => Value::Text(String::from_sql(&Type::TEXT, raw)?),
+            ref t if is_text(t) => Value::Text(unescape(String::from_sql(&Type::TEXT, raw)?)),
             ref t => return Err(format!("the manifest reads no PostgreSQL type {t}").into()),
         }))
     }

@@ -27,27 +27,200 @@ pub(super) fn write_measure(
     refused: Option<&str>,
     batch: Option<&FromBatch<'_>>,
 ) -> std::result::Result<(AuditMeasures, Written), Failure> {
-    let task = w.task;
     // Measured apart from the target: nothing is deleted, locked or booked.
     let apart = w.measure_only || refused.is_some();
-    // `write = "merge"`: the key, and whether the partition's keys the output lacks stay.
-    let merge = match &task.write {
-        WritePattern::Merge { key, keep_missing } => Some((key.as_slice(), *keep_missing)),
-        WritePattern::Replace => None,
-    };
     if !apart {
         book(c)?;
     }
-    let ty = partition_type(c, task)?;
-    let (query_sql, query_types, query_values) = match batch {
+    let (out, mut params) = Output::of(c, w, batch, apart)?;
+    let sources = source_measures(w, batch, &mut params)?;
+    let replaces = out.staged.is_none() && !apart;
+    let kept = if replaces && w.task.keep_versions > 0 {
+        Some(versions::ensure_kept(c, w.manifest, &w.task.target)?)
+    } else {
+        None
+    };
+    let change = if !replaces {
+        Change::Apart
+    } else if let Some(merging) = out.merging_from(&out.scratch, Some(DELETE_GUARD)) {
+        // Into the target, from the temporary table, in this transaction.
+        Change::Merge(merging)
+    } else {
+        Change::Replace(delete_sql(c, &out, kept.as_deref())?)
+    };
+    let measuring = Measuring::new(w, &out, &change, sources, params);
+    if cancel.is_set() {
+        return Err(Error::Cancelled.into());
+    }
+    let wrote = match &change {
+        Change::Merge(merging) => merge_in_try(c, w, &out, merging, kept.as_deref(), &measuring)?,
+        Change::Apart => write_apart(c, &out, &measuring)?,
+        Change::Replace(delete) => replace_in_try(c, w, delete, kept.as_deref(), &measuring)?,
+    };
+    crate::fault::point("before-source-count");
+    let mut m = measures(w, &out, refused, &wrote)?;
+    if let Some(g) = w.gate.filter(|g| !g.rules.is_empty()) {
+        m.found = run_rules(c, w, g, &out, &measuring.params, m.rows, wrote.row.get(9))?;
+    }
+    if wrote.moved.is_some() {
+        c.has_versions = Some(true);
+    }
+    Ok((
+        m,
+        Written {
+            moved: wrote.moved,
+            columns: out.columns,
+        },
+    ))
+}
+
+/// What a try writes and where: the rows of its query (or of its share of a batch), their
+/// columns as the target's types hold them, and the table that receives them.
+struct Output<'a> {
+    task: &'a SqlTask,
+    /// `write = "merge"`: the key, and whether the partition's keys the output lacks stay.
+    merge: Option<(&'a [String], bool)>,
+    /// The rows' query (see [`output_query`]).
+    query: String,
+    /// The query's columns; as the target's types hold them; quoted, in a list.
+    columns: Vec<String>,
+    typed: Vec<(String, String)>,
+    list: String,
+    /// The target and its partition column, quoted.
+    table: String,
+    pc: String,
+    /// The table of a staged output, and the temporary table of one measured apart or merged.
+    staged: Option<String>,
+    scratch: String,
+    /// Measured apart from the target.
+    apart: bool,
+}
+
+impl<'a> Output<'a> {
+    /// The output of try `w`, and the parameters of its statement so far: the interval's
+    /// bounds as values of the partition column (`$1` and `$2`), then the query's.
+    fn of(
+        c: &mut Conn,
+        w: &Write<'a>,
+        batch: Option<&FromBatch<'_>>,
+        apart: bool,
+    ) -> std::result::Result<(Self, Params), Failure> {
+        let task = w.task;
+        let merge = match &task.write {
+            WritePattern::Merge { key, keep_missing } => Some((key.as_slice(), *keep_missing)),
+            WritePattern::Replace => None,
+        };
+        let ty = partition_type(c, task)?;
+        let query = output_query(w, batch)?;
+        let columns = query_columns(c, &query)?;
+        let [lo, hi] = ty.bounds(w.binds.interval, w.tz)?;
+        let list = columns
+            .iter()
+            .map(|c| quote_ident(c))
+            .collect::<Vec<_>>()
+            .join(", ");
+        // The output's rows are hashed as the target's types hold them (what `RETURNING` gives,
+        // and what verify, promote and kept versions hash later), not as the query's types.
+        let target_types = cached_columns(c, &task.target)?;
+        let typed = merge::typed(&target_types, &columns);
+        let col_type = ty.pg_type();
+        let mut params = Params {
+            types: vec![col_type.clone(), col_type],
+            values: vec![lo, hi],
+        };
+        params.types.extend(query.types);
+        params.values.extend(query.values);
+        let out = Self {
+            task,
+            merge,
+            query: query.sql,
+            scratch: scratch_table(&task.target, &typed),
+            columns,
+            typed,
+            list,
+            table: quote_name(&task.target),
+            pc: quote_ident(&task.partition_column),
+            staged: w.stage.then(|| staged_table(w.manifest, w.try_id)),
+            apart,
+        };
+        Ok((out, params))
+    }
+
+    /// Where the rows go. A staged output goes to a table of its own, a measured one to a
+    /// temporary table; the target is not touched. A merge's output goes to the temporary table
+    /// too, to be merged into the target from there.
+    fn dest(&self) -> &str {
+        match &self.staged {
+            Some(name) => name.as_str(),
+            None if self.apart || self.merge.is_some() => self.scratch.as_str(),
+            None => &self.table,
+        }
+    }
+
+    /// A merge of the output, read from `source` (see `super::merge`).
+    fn merging_from(
+        &self,
+        source: &str,
+        guard: Option<&'static str>,
+    ) -> Option<merge::Merging<'_>> {
+        self.merge.map(|(key, keep_missing)| merge::Merging {
+            table: self.table.clone(),
+            source: source.to_string(),
+            columns: &self.typed,
+            key,
+            partition_column: &self.task.partition_column,
+            keep_missing,
+            guard,
+        })
+    }
+}
+
+/// The parameters of a try's statement, their types and values in order.
+struct Params {
+    types: Vec<Type>,
+    values: Vec<Value>,
+}
+
+impl Params {
+    fn refs(&self) -> Vec<&(dyn ToSql + Sync)> {
+        self.values.iter().map(Value::sql).collect()
+    }
+
+    /// The values with their types, for the statements that are not kept prepared.
+    fn typed_refs(&self) -> Vec<(&(dyn ToSql + Sync), Type)> {
+        self.values
+            .iter()
+            .map(Value::sql)
+            .zip(self.types.iter().cloned())
+            .collect()
+    }
+}
+
+/// The rows a try writes, with the types and values of their parameters from `$3` on.
+struct Query {
+    sql: String,
+    types: Vec<Type>,
+    values: Vec<Value>,
+}
+
+/// The task's query; with `batch`, the interval's share of the batch's table instead.
+fn output_query(
+    w: &Write<'_>,
+    batch: Option<&FromBatch<'_>>,
+) -> std::result::Result<Query, Failure> {
+    Ok(match batch {
         None => {
             let query =
-                Statement::new("sql", &task.sql, 3).map_err(|p| Error::Message(p.message))?;
+                Statement::new("sql", &w.task.sql, 3).map_err(|p| Error::Message(p.message))?;
             let (types, values) = (query.types(), query.values(w.binds, w.tz));
-            (query.sql, types, values)
+            Query {
+                sql: query.sql,
+                types,
+                values,
+            }
         }
-        Some(b) => (
-            format!(
+        Some(b) => Query {
+            sql: format!(
                 "SELECT {} FROM {} WHERE {} IN ($3, -1)",
                 b.columns
                     .iter()
@@ -57,60 +230,170 @@ pub(super) fn write_measure(
                 b.table,
                 quote_ident(super::batch::PART)
             ),
-            vec![Type::INT8],
-            vec![Value::Int(b.k)],
-        ),
-    };
-    let subquery = wrapped(&query_sql);
+            types: vec![Type::INT8],
+            values: vec![Value::Int(b.k)],
+        },
+    })
+}
+
+/// The columns of `query`, as the server prepares it.
+fn query_columns(c: &mut Conn, query: &Query) -> std::result::Result<Vec<String>, Failure> {
     let mut shape_types = vec![Type::TEXT, Type::TEXT];
-    shape_types.extend(query_types.iter().cloned());
-    let shape = prepared(c, &subquery, &shape_types)?;
-    let out: Vec<String> = shape
+    shape_types.extend(query.types.iter().cloned());
+    let shape = prepared(c, &wrapped(&query.sql), &shape_types)?;
+    Ok(shape
         .columns()
         .iter()
         .map(|c| c.name().to_string())
-        .collect();
-    let [lo, hi] = ty.bounds(w.binds.interval, w.tz)?;
-    let table = quote_name(&task.target);
-    let pc = quote_ident(&task.partition_column);
-    // A staged output goes to a table of its own, a measured one to a temporary table; the
-    // target is not touched. A merge's output goes to the temporary table too, to be merged
-    // into the target from there.
-    let staged = w.stage.then(|| staged_table(w.manifest, w.try_id));
-    let list = out
-        .iter()
-        .map(|c| quote_ident(c))
-        .collect::<Vec<_>>()
-        .join(", ");
-    // The output's rows are hashed as the target's types hold them (what `RETURNING` gives, and
-    // what verify, promote and kept versions hash later), not as the query's types.
-    let target_types = cached_columns(c, &task.target)?;
-    let typed = merge::typed(&target_types, &out);
-    let scratch = scratch_table(&task.target, &typed);
-    let dest = match &staged {
-        Some(name) => name.as_str(),
-        None if apart || merge.is_some() => scratch.as_str(),
-        None => &table,
+        .collect())
+}
+
+/// The source's measures as SQL of the try's statement: the gate's source queries, their
+/// parameters added to `params`; for a batch's share, what the batch's snapshot gave.
+fn source_measures(
+    w: &Write<'_>,
+    batch: Option<&FromBatch<'_>>,
+    params: &mut Params,
+) -> std::result::Result<[String; 2], Failure> {
+    let Some(b) = batch else {
+        return source_queries(w.gate, w.binds, w.tz, &mut params.types, &mut params.values);
     };
-    let outside = format!("(NOT ({pc} >= $1 AND {pc} < $2) OR {pc} IS NULL)");
-    let keys = w
-        .gate
-        .map(|g| {
-            g.unique_key
-                .iter()
-                .map(|k| quote_ident(k))
-                .collect::<Vec<_>>()
-                .join(", ")
-        })
-        .filter(|k| !k.is_empty());
-    let duplicates = match (w.gate, &keys) {
-        (Some(g), Some(k)) => duplicates_sql(&g.unique_key, k, &typed),
-        _ => "NULL::int8".to_string(),
-    };
-    // The output's keys that the partition holds are not looked up in the rest of the table
-    // (one hash join with the partition, rather than a probe of the key's index per row).
-    let elsewhere = match (w.gate, &keys) {
-        (Some(g), Some(_)) if task.write.looks_elsewhere(g) => {
+    Ok([
+        b.source
+            .map_or_else(|| "NULL::int8".to_string(), |n| format!("{n}::int8")),
+        match &b.source_fingerprint {
+            None => "NULL::text".to_string(),
+            Some(fp) => {
+                params.types.push(Type::TEXT);
+                params.values.push(Value::Text(fp.clone()));
+                format!("${}::text", params.types.len())
+            }
+        },
+    ])
+}
+
+/// What a try's transaction does to the target.
+enum Change<'a> {
+    /// Nothing: the output is staged, or measured apart, in a table of its own.
+    Apart,
+    /// The output, written to the temporary table, is merged into the partition from there.
+    Merge(merge::Merging<'a>),
+    /// The partition's rows are deleted by this statement (see [`delete_sql`]), then the output
+    /// is inserted.
+    Replace(String),
+}
+
+/// The delete of the interval's rows of the target, which moves them to `kept` when versions
+/// are kept, and matches no row outside the try's transaction ([`DELETE_GUARD`]). The
+/// partition's rows go first, in a statement of their own: the parts of one statement all see
+/// its snapshot, so an insert beside the delete would meet the very keys it removes.
+fn delete_sql(
+    c: &mut Conn,
+    out: &Output<'_>,
+    kept: Option<&str>,
+) -> std::result::Result<String, Failure> {
+    let (table, pc) = (&out.table, &out.pc);
+    Ok(match kept {
+        Some(kept) => {
+            let cols = versions::shared_columns(c, kept, &out.task.target)?.join(", ");
+            format!(
+                "WITH d AS (DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2 AND {DELETE_GUARD} RETURNING *) \
+                 INSERT INTO {kept} ({cols}, _replaced_by) SELECT {cols}, $4 FROM d"
+            )
+        }
+        None => format!("DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2 AND {DELETE_GUARD}"),
+    })
+}
+
+/// The statement that writes a try's output and measures it in the same pass, ready to send:
+/// its parameters, the mark of the try's transaction, and the BEGIN that opens it.
+struct Measuring {
+    statement: String,
+    params: Params,
+    mark: String,
+    begin: String,
+}
+
+impl Measuring {
+    /// The statement: the output inserted into its table, then counted, hashed and checked
+    /// against the gate (rows outside the interval, duplicate keys, keys in other partitions,
+    /// the built-in rules, what a merge would do) beside the source's measures `sources`; for a
+    /// try that changes the target, with the partition's lock and the publish's booking.
+    fn new(
+        w: &Write<'_>,
+        out: &Output<'_>,
+        change: &Change<'_>,
+        [source_count, source_fingerprint]: [String; 2],
+        mut params: Params,
+    ) -> Self {
+        let mark = try_mark(w.try_id);
+        let (dest, list, pc) = (out.dest(), &out.list, &out.pc);
+        let outside = format!("(NOT ({pc} >= $1 AND {pc} < $2) OR {pc} IS NULL)");
+        let keys = w
+            .gate
+            .map(|g| {
+                g.unique_key
+                    .iter()
+                    .map(|k| quote_ident(k))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .filter(|k| !k.is_empty());
+        let duplicates = match (w.gate, &keys) {
+            (Some(g), Some(k)) => duplicates_sql(&g.unique_key, k, &out.typed),
+            _ => "NULL::int8".to_string(),
+        };
+        let elsewhere = elsewhere_sql(w, out, keys.is_some());
+        let merge_counts = merge_counts_sql(w, out, change);
+        // A try that will publish takes the partition's row lock and books its publish in the
+        // same statement (see `lock_and_book`): a rejected or rolled-back try leaves neither.
+        let booking = match change {
+            Change::Apart => String::new(),
+            Change::Merge(_) | Change::Replace(_) => booking_ctes(w, &mut params),
+        };
+        params.types.push(Type::TEXT);
+        params.values.push(Value::Text(mark.clone()));
+        let guard = in_try_guard(params.types.len());
+        // The built-in rules on values are counted as the rows are written, in the same pass.
+        let rule_counts = w
+            .gate
+            .and_then(|g| {
+                crate::warehouse::rules::built_in_sums(g, crate::query::Dialect::Postgres)
+            })
+            .map_or_else(
+                || "NULL::int8[]".to_string(),
+                |s| format!("ARRAY[{s}]::int8[]"),
+            );
+        let statement = format!(
+            "WITH ins AS (\n  INSERT INTO {dest} ({list})\n  SELECT {list} FROM (\n{}\n) q\n  RETURNING {list}\n),\n\
+             m AS (SELECT count(*) AS n, count(*) FILTER (WHERE {outside}) AS outside, \
+               coalesce(sum({hash}), 0) AS h, {rule_counts} AS rules FROM ins){booking}\n\
+             SELECT m.n, m.outside, \
+             CASE WHEN m.outside > 0 THEN (SELECT array_agg(v) FROM (SELECT DISTINCT coalesce({pc}::text, 'NULL') AS v FROM ins WHERE {outside} ORDER BY 1 LIMIT {more}) o) END, \
+             m.n::text || ':' || m.h::text, {duplicates}, {elsewhere}, {source_count}, {source_fingerprint}, {guard}, m.rules, \
+             {merge_counts} FROM m",
+            out.query,
+            more = SHOWN + 1,
+            hash = row_hash(&out.typed),
+        );
+        Self {
+            statement,
+            params,
+            begin: begin_sql(idle_ms(w), &mark),
+            mark,
+        }
+    }
+}
+
+/// A key of the output (`ins`) that a partition of the target other than the interval's holds,
+/// with that partition, as SQL; `NULL::text` unless the gate has a unique key that the task's
+/// write looks for elsewhere. The output's keys that the partition holds are not looked up in
+/// the rest of the table (one hash join with the partition, rather than a probe of the key's
+/// index per row).
+fn elsewhere_sql(w: &Write<'_>, out: &Output<'_>, keyed: bool) -> String {
+    let (table, pc) = (&out.table, &out.pc);
+    match w.gate {
+        Some(g) if keyed && w.task.write.looks_elsewhere(g) => {
             let on = |a: &str, b: &str| {
                 g.unique_key
                     .iter()
@@ -134,238 +417,215 @@ pub(super) fn write_measure(
             )
         }
         _ => "NULL::text".to_string(),
-    };
-    let col_type = ty.pg_type();
-    let mut types = vec![col_type.clone(), col_type];
-    types.extend(query_types);
-    let mut values = vec![lo, hi];
-    values.extend(query_values);
-    let [source_count, source_fingerprint] = match batch {
-        None => source_queries(w.gate, w.binds, w.tz, &mut types, &mut values)?,
-        Some(b) => [
-            b.source
-                .map_or_else(|| "NULL::int8".to_string(), |n| format!("{n}::int8")),
-            match &b.source_fingerprint {
-                None => "NULL::text".to_string(),
-                Some(fp) => {
-                    types.push(Type::TEXT);
-                    values.push(Value::Text(fp.clone()));
-                    format!("${}::text", types.len())
-                }
-            },
-        ],
-    };
-    let replaces = staged.is_none() && !apart;
-    let kept = if replaces && task.keep_versions > 0 {
-        Some(versions::ensure_kept(c, w.manifest, &task.target)?)
-    } else {
-        None
-    };
-    let mark = try_mark(w.try_id);
-    // A merge of the output, read from `source` (see `super::merge`).
-    let merging_from = |source: &str, guard: Option<&'static str>| {
-        merge.map(|(key, keep_missing)| merge::Merging {
-            table: table.clone(),
-            source: source.to_string(),
-            columns: &typed,
-            key,
-            partition_column: &task.partition_column,
-            keep_missing,
-            guard,
-        })
-    };
-    // Into the target, from the temporary table, in this transaction.
-    let merging = merging_from(&scratch, Some(DELETE_GUARD)).filter(|_| replaces);
-    // What a merge of the output would do, counted by the statement that measures it (whose
-    // rows are `ins`): all of it for an output that is staged or measured apart (nothing is
-    // merged), only what the merge's own statements do not tell for one merged into the
-    // target, nothing for one that is only measured (`verify`).
-    let merge_counts = match merging_from("ins", None) {
+    }
+}
+
+/// What a merge of the output would do, counted by the statement that measures it (whose rows
+/// are `ins`): all of it for an output that is staged or measured apart (nothing is merged),
+/// only what the merge's own statements do not tell for one merged into the target, nothing
+/// for one that is only measured (`verify`), nor for a task that does not merge.
+fn merge_counts_sql(w: &Write<'_>, out: &Output<'_>, change: &Change<'_>) -> String {
+    match out.merging_from("ins", None) {
         Some(m) if !w.measure_only => m.counted(
             w.gate.is_some_and(|g| g.unique_key_table),
-            merging.is_none(),
+            !matches!(change, Change::Merge(_)),
         ),
         _ => "NULL::int8[]".to_string(),
-    };
-    // The partition's rows go first, in a statement of their own: the parts of one statement
-    // all see its snapshot, so an insert beside the delete would meet the very keys it removes.
-    let delete = match &kept {
-        _ if !replaces || merging.is_some() => None,
-        Some(kept) => {
-            let cols = versions::shared_columns(c, kept, &task.target)?.join(", ");
-            Some(format!(
-                "WITH d AS (DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2 AND {DELETE_GUARD} RETURNING *) \
-                 INSERT INTO {kept} ({cols}, _replaced_by) SELECT {cols}, $4 FROM d"
-            ))
-        }
-        None => Some(format!(
-            "DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2 AND {DELETE_GUARD}"
-        )),
-    };
-    // A try that will publish takes the partition's row lock and books its publish in the same
-    // statement (see `lock_and_book`): a rejected or rolled-back try leaves neither.
-    let booking = if replaces {
-        let first = types.len() + 1;
-        types.extend([
-            Type::TEXT,
-            Type::TIMESTAMPTZ,
-            Type::TEXT,
-            Type::INT8,
-            Type::TIMESTAMPTZ,
-        ]);
-        values.extend([
-            Value::Text(task.target.clone()),
-            Value::At(w.binds.interval.start),
-            Value::Text(w.manifest.to_string()),
-            Value::Int(w.try_id),
-            Value::At(w.binds.interval.end),
-        ]);
-        let params = [0, 1, 2, 3, 4].map(|i| format!("${}", first + i));
-        format!(
-            ",\n{}",
-            lock_and_book_ctes(
-                &params,
-                ["m.n", "'pg:' || m.n::text || ':' || m.h::text"],
-                "lock, m"
-            )
-        )
-    } else {
-        String::new()
-    };
-    types.push(Type::TEXT);
-    values.push(Value::Text(mark.clone()));
-    let guard = in_try_guard(types.len());
-    // The built-in rules on values are counted as the rows are written, in the same pass.
-    let rule_sums = w
-        .gate
-        .and_then(|g| crate::warehouse::rules::built_in_sums(g, crate::query::Dialect::Postgres));
-    let rule_counts = rule_sums.as_ref().map_or_else(
-        || "NULL::int8[]".to_string(),
-        |s| format!("ARRAY[{s}]::int8[]"),
-    );
-    let statement = format!(
-        "WITH ins AS (\n  INSERT INTO {dest} ({list})\n  SELECT {list} FROM (\n{}\n) q\n  RETURNING {list}\n),\n\
-         m AS (SELECT count(*) AS n, count(*) FILTER (WHERE {outside}) AS outside, \
-           coalesce(sum({hash}), 0) AS h, {rule_counts} AS rules FROM ins){booking}\n\
-         SELECT m.n, m.outside, \
-         CASE WHEN m.outside > 0 THEN (SELECT array_agg(v) FROM (SELECT DISTINCT coalesce({pc}::text, 'NULL') AS v FROM ins WHERE {outside} ORDER BY 1 LIMIT {more}) o) END, \
-         m.n::text || ':' || m.h::text, {duplicates}, {elsewhere}, {source_count}, {source_fingerprint}, {guard}, m.rules, \
-         {merge_counts} FROM m",
-        query_sql,
-        more = SHOWN + 1,
-        hash = row_hash(&typed),
-    );
-    if cancel.is_set() {
-        return Err(Error::Cancelled.into());
     }
-    let begin = begin_sql(idle_ms(w), &mark);
-    let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(Value::sql).collect();
-    // The types are given with the values for the statements that are not kept prepared.
-    let typed_refs: Vec<(&(dyn ToSql + Sync), Type)> =
-        refs.iter().copied().zip(types.iter().cloned()).collect();
-    let (row, moved, done) = match (&merging, &delete) {
-        (Some(merging), _) => {
-            let keep = match &kept {
-                Some(kept) => Some(merge::keep(
-                    merging,
-                    kept,
-                    &versions::shared_columns(c, kept, &task.target)?,
-                    4,
-                )),
-                None => None,
-            };
-            let merge_params: [(&(dyn ToSql + Sync), Type); 4] = [
-                (values[0].sql(), types[0].clone()),
-                (values[1].sql(), types[1].clone()),
-                (&mark, Type::TEXT),
-                (&w.try_id, Type::INT8),
-            ];
-            let (row, kept_rows, done) = merge::in_try(
-                c,
-                (&create_scratch(&scratch, &list, &table), &begin),
-                (&statement, &typed_refs),
-                keep,
-                merging,
-                &merge_params,
-            )?;
-            (row, kept_rows, Some(done))
-        }
-        (None, None) => {
-            // A staged table is made inside the try's transaction; the scratch table outside
-            // it, in a message of its own (the statements of one message share a transaction).
-            let (first, then) = match &staged {
-                Some(name) => (
-                    format!(
-                        "{begin}; CREATE TABLE {name} AS SELECT {list} FROM {table} WITH NO DATA"
-                    ),
-                    None,
-                ),
-                None => (create_scratch(&scratch, &list, &table), Some(begin.clone())),
-            };
-            // A staged table is new in every try: its statement is not kept prepared, and goes
-            // in the round trip that creates the table, after it.
-            let row = c.wait(async {
-                let (created, began, row) = tokio::join!(
-                    c.client.batch_execute(&first),
-                    async {
-                        match &then {
-                            Some(begin) => c.client.batch_execute(begin).await,
-                            None => Ok(()),
-                        }
-                    },
-                    c.client.query_typed_one(&statement, &typed_refs)
-                );
-                created?;
-                began?;
-                row
-            })?;
-            (row, None, None)
-        }
-        (None, Some(delete)) => {
-            // Prepared outside the transaction; then its BEGIN and the statements go in one
-            // round trip, in order. Should the BEGIN fail, the statements run outside a
-            // transaction, where the delete's guard matches no row and the measure's fails it
-            // (see `begin_sql`): nothing is committed.
-            let measure = prepared(c, &statement, &types)?;
-            let delete = prepared(
-                c,
-                delete,
-                &[types[0].clone(), types[1].clone(), Type::TEXT, Type::INT8],
-            )?;
-            let delete_params: [&(dyn ToSql + Sync); 4] =
-                [values[0].sql(), values[1].sql(), &mark, &w.try_id];
-            let (row, moved) = c.wait(async {
-                let (began, deleted, row, checked) = tokio::join!(
-                    c.client.batch_execute(&begin),
-                    c.client.execute(&delete, &delete_params),
-                    c.client.query_one(&measure, &refs),
-                    c.client.batch_execute("SET CONSTRAINTS ALL IMMEDIATE")
-                );
-                began?;
-                let deleted = deleted?;
-                let row = row?;
-                checked?;
-                Ok::<_, tokio_postgres::Error>((
-                    row,
-                    kept.is_some()
-                        .then(|| i64::try_from(deleted).unwrap_or(i64::MAX)),
-                ))
-            })?;
-            (row, moved, None)
-        }
+}
+
+/// The CTEs that take the partition's row lock and book the try's publish (see
+/// [`lock_and_book_ctes`]), their parameters added to `params`.
+fn booking_ctes(w: &Write<'_>, params: &mut Params) -> String {
+    let first = params.types.len() + 1;
+    params.types.extend([
+        Type::TEXT,
+        Type::TIMESTAMPTZ,
+        Type::TEXT,
+        Type::INT8,
+        Type::TIMESTAMPTZ,
+    ]);
+    params.values.extend([
+        Value::Text(w.task.target.clone()),
+        Value::At(w.binds.interval.start),
+        Value::Text(w.manifest.to_string()),
+        Value::Int(w.try_id),
+        Value::At(w.binds.interval.end),
+    ]);
+    let names = [0, 1, 2, 3, 4].map(|i| format!("${}", first + i));
+    format!(
+        ",\n{}",
+        lock_and_book_ctes(
+            &names,
+            ["m.n", "'pg:' || m.n::text || ':' || m.h::text"],
+            "lock, m"
+        )
+    )
+}
+
+/// What a try's transaction answered: the measuring statement's row, the rows of the partition
+/// moved to the kept table, and, for a merge into the target, what the merge did.
+struct Wrote {
+    row: tokio_postgres::Row,
+    moved: Option<i64>,
+    merged: Option<[i64; 3]>,
+}
+
+/// A merge try's transaction (see [`merge::in_try`]): the output written to the temporary
+/// table and measured, the partition's rows copied to `kept` when versions are kept, and the
+/// output merged into the partition.
+fn merge_in_try(
+    c: &mut Conn,
+    w: &Write<'_>,
+    out: &Output<'_>,
+    merging: &merge::Merging<'_>,
+    kept: Option<&str>,
+    m: &Measuring,
+) -> std::result::Result<Wrote, Failure> {
+    let keep = match kept {
+        Some(kept) => Some(merge::keep(
+            merging,
+            kept,
+            &versions::shared_columns(c, kept, &w.task.target)?,
+            4,
+        )),
+        None => None,
     };
-    crate::fault::point("before-source-count");
+    let (types, values) = (&m.params.types, &m.params.values);
+    let merge_params: [(&(dyn ToSql + Sync), Type); 4] = [
+        (values[0].sql(), types[0].clone()),
+        (values[1].sql(), types[1].clone()),
+        (&m.mark, Type::TEXT),
+        (&w.try_id, Type::INT8),
+    ];
+    let (row, moved, done) = merge::in_try(
+        c,
+        (
+            &create_scratch(&out.scratch, &out.list, &out.table),
+            &m.begin,
+        ),
+        (&m.statement, &m.params.typed_refs()),
+        keep,
+        merging,
+        &merge_params,
+    )?;
+    Ok(Wrote {
+        row,
+        moved,
+        merged: Some(done),
+    })
+}
+
+/// The transaction of a try whose output is staged or measured apart: written to a table of
+/// its own and measured, the target untouched.
+fn write_apart(c: &Conn, out: &Output<'_>, m: &Measuring) -> std::result::Result<Wrote, Failure> {
+    // A staged table is made inside the try's transaction; the scratch table outside it, in a
+    // message of its own (the statements of one message share a transaction).
+    let (first, then) = match &out.staged {
+        Some(name) => (
+            format!(
+                "{begin}; CREATE TABLE {name} AS SELECT {list} FROM {table} WITH NO DATA",
+                begin = m.begin,
+                list = out.list,
+                table = out.table,
+            ),
+            None,
+        ),
+        None => (
+            create_scratch(&out.scratch, &out.list, &out.table),
+            Some(m.begin.clone()),
+        ),
+    };
+    let typed_refs = m.params.typed_refs();
+    // A staged table is new in every try: its statement is not kept prepared, and goes in the
+    // round trip that creates the table, after it.
+    let row = c.wait(async {
+        let (created, began, row) = tokio::join!(
+            c.client.batch_execute(&first),
+            async {
+                match &then {
+                    Some(begin) => c.client.batch_execute(begin).await,
+                    None => Ok(()),
+                }
+            },
+            c.client.query_typed_one(&m.statement, &typed_refs)
+        );
+        created?;
+        began?;
+        row
+    })?;
+    Ok(Wrote {
+        row,
+        moved: None,
+        merged: None,
+    })
+}
+
+/// The transaction of a try that replaces the partition: `delete` (see [`delete_sql`]), then
+/// the statement that writes the output into the target and measures it, then the check of
+/// the target's deferred constraints, so that the gate hears of a violation before it judges.
+fn replace_in_try(
+    c: &mut Conn,
+    w: &Write<'_>,
+    delete: &str,
+    kept: Option<&str>,
+    m: &Measuring,
+) -> std::result::Result<Wrote, Failure> {
+    // Prepared outside the transaction; then its BEGIN and the statements go in one round
+    // trip, in order. Should the BEGIN fail, the statements run outside a transaction, where
+    // the delete's guard matches no row and the measure's fails it (see `begin_sql`): nothing
+    // is committed.
+    let (types, values) = (&m.params.types, &m.params.values);
+    let measure = prepared(c, &m.statement, types)?;
+    let delete = prepared(
+        c,
+        delete,
+        &[types[0].clone(), types[1].clone(), Type::TEXT, Type::INT8],
+    )?;
+    let delete_params: [&(dyn ToSql + Sync); 4] =
+        [values[0].sql(), values[1].sql(), &m.mark, &w.try_id];
+    let refs = m.params.refs();
+    let (row, moved) = c.wait(async {
+        let (began, deleted, row, checked) = tokio::join!(
+            c.client.batch_execute(&m.begin),
+            c.client.execute(&delete, &delete_params),
+            c.client.query_one(&measure, &refs),
+            c.client.batch_execute("SET CONSTRAINTS ALL IMMEDIATE")
+        );
+        began?;
+        let deleted = deleted?;
+        let row = row?;
+        checked?;
+        Ok::<_, tokio_postgres::Error>((
+            row,
+            kept.is_some()
+                .then(|| i64::try_from(deleted).unwrap_or(i64::MAX)),
+        ))
+    })?;
+    Ok(Wrote {
+        row,
+        moved,
+        merged: None,
+    })
+}
+
+/// The measures of a try's output, as its statement's row in `wrote` gives them.
+fn measures(
+    w: &Write<'_>,
+    out: &Output<'_>,
+    refused: Option<&str>,
+    wrote: &Wrote,
+) -> std::result::Result<AuditMeasures, Failure> {
+    let row = &wrote.row;
     let rows: i64 = row.get(0);
-    let rule_counts: Option<Vec<i64>> = row.get(9);
     let fingerprint: String = row.get(3);
     let source = counted(w.gate, row.get(6))?;
-    let mut m = AuditMeasures {
+    let keyed = w.gate.is_some_and(|g| !g.unique_key.is_empty());
+    Ok(AuditMeasures {
         rows,
         outside: row.get(1),
         outside_values: row.get::<_, Option<Vec<String>>>(2).unwrap_or_default(),
-        duplicate_keys: keys
-            .is_some()
-            .then(|| row.get::<_, Option<i64>>(4).unwrap_or(0)),
+        duplicate_keys: keyed.then(|| row.get::<_, Option<i64>>(4).unwrap_or(0)),
         fingerprint: format!("pg:{fingerprint}"),
         repr: None,
         mixed: None,
@@ -374,43 +634,43 @@ pub(super) fn write_measure(
         elsewhere: row.get(5),
         constraint: refused.map(str::to_string),
         found: Vec::new(),
-        merge: merge.and_then(|(_, keep_missing)| {
+        merge: out.merge.and_then(|(_, keep_missing)| {
             let counted = merge::Counted::of(&row.get::<_, Option<Vec<i64>>>(10)?);
-            match done {
+            match wrote.merged {
                 Some([missing, updated, inserted]) => {
                     Some(counted.merge(rows, inserted, updated, missing, keep_missing))
                 }
                 None => counted.planned(rows, keep_missing),
             }
         }),
-    };
-    if let Some(g) = w.gate.filter(|g| !g.rules.is_empty()) {
-        // The interval's rows, as this transaction wrote them: what the delete removed is
-        // gone and only the output is there (rows outside the interval are rejected first);
-        // the query's columns, as a staged or a temporary table holds them too.
-        let mut engine = PgRules::new(
-            c,
-            format!("SELECT {list} FROM {dest} WHERE {pc} >= $1 AND {pc} < $2"),
-            [values[0].clone(), values[1].clone()],
-            types[0].clone(),
-            w.binds,
-            w.tz,
-            dest == table,
-        );
-        let shown = crate::warehouse::audit::shown_columns(task, g);
-        m.found =
-            crate::warehouse::rules::run(&mut engine, g, rows, &shown, rule_counts.as_deref())?;
-    }
-    if moved.is_some() {
-        c.has_versions = Some(true);
-    }
-    Ok((
-        m,
-        Written {
-            moved,
-            columns: out,
-        },
-    ))
+    })
+}
+
+/// The gate's rules on the output's values, over the interval's rows as this transaction
+/// wrote them: what the delete removed is gone and only the output is there (rows outside the
+/// interval are rejected first); the query's columns, as a staged or a temporary table holds
+/// them too. `counted`: what the try's statement counted of the built-in rules.
+fn run_rules(
+    c: &mut Conn,
+    w: &Write<'_>,
+    g: &Gate,
+    out: &Output<'_>,
+    params: &Params,
+    rows: i64,
+    counted: Option<Vec<i64>>,
+) -> std::result::Result<Vec<crate::gate::Found>, Failure> {
+    let (dest, list, pc) = (out.dest(), &out.list, &out.pc);
+    let mut engine = PgRules::new(
+        c,
+        format!("SELECT {list} FROM {dest} WHERE {pc} >= $1 AND {pc} < $2"),
+        [params.values[0].clone(), params.values[1].clone()],
+        params.types[0].clone(),
+        w.binds,
+        w.tz,
+        dest == out.table,
+    );
+    let shown = crate::warehouse::audit::shown_columns(w.task, g);
+    crate::warehouse::rules::run(&mut engine, g, rows, &shown, counted.as_deref())
 }
 
 /// An interval's share of a batch, to write as its try's output (see [`write_measure`]).

@@ -82,7 +82,7 @@ impl Pending for Staged {
             &self.manifest,
             self.try_id,
             allowed,
-            false,
+            Transaction::Own,
         );
         if result.is_err() {
             let _ = c.wait(c.client.batch_execute("ROLLBACK"));
@@ -222,11 +222,19 @@ pub fn promote_group(
         let mut rows = Vec::with_capacity(group.len());
         for ((table, manifest, try_id, merged), p) in group.iter_mut() {
             let what = format!("`{}` for {}", p.task.target, p.interval);
-            let (n, done) = promote_in(&mut c, p, table, manifest, *try_id, &not_yet, true)
-                .map_err(|e| match e {
-                    Failure::Other(e) => Failure::Other(e.of(&what)),
-                    e => e,
-                })?;
+            let (n, done) = promote_in(
+                &mut c,
+                p,
+                table,
+                manifest,
+                *try_id,
+                &not_yet,
+                Transaction::Group,
+            )
+            .map_err(|e| match e {
+                Failure::Other(e) => Failure::Other(e.of(&what)),
+                e => e,
+            })?;
             **merged = done;
             rows.push(n);
         }
@@ -244,9 +252,18 @@ pub fn promote_group(
     result.map_err(|e| e.at(&wh))
 }
 
+/// Whose transaction a promote runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Transaction {
+    /// Its own: the promote begins it and commits.
+    Own,
+    /// A group's (`promote --atomic`): open already, and the caller commits.
+    Group,
+}
+
 /// Promotes the staged table `staged` (see [`Staged::publish`]): the rows published, and what
-/// the merge did for a merge task. In a `group`, the caller's transaction is open already,
-/// and it commits.
+/// the merge did for a merge task. In a [`Transaction::Group`], the caller's transaction is
+/// open already, and the caller commits.
 pub(super) fn promote_in(
     c: &mut Conn,
     p: &PublishAs<'_>,
@@ -254,64 +271,134 @@ pub(super) fn promote_in(
     manifest: &str,
     try_id: i64,
     allowed: &Allowed<'_>,
-    group: bool,
+    transaction: Transaction,
 ) -> std::result::Result<(i64, Option<crate::gate::Merge>), Failure> {
-    let task = p.task;
     book(c)?;
-    let (schema, name) = staged.split_once('.').unwrap_or(("backfill", staged));
-    let typed: Vec<(String, String)> = target_columns(c, &format!("{schema}.{name}"))?;
-    let cols: Vec<String> = typed.iter().map(|(n, _)| n.clone()).collect();
-    if cols.is_empty() {
-        return Err(Error::Message(format!(
-            "the staged output {staged} is gone; stage the interval again"
-        ))
-        .into());
-    }
-    let columns = target_columns(c, &task.target)?;
-    let Some(ty) = columns
-        .iter()
-        .find(|(n, _)| *n == task.partition_column)
-        .and_then(|(_, t)| ColumnType::of(t))
-    else {
-        return Err(Error::Message(format!(
-            "target table `{}` has no date, timestamp or timestamptz column `{}`",
-            task.target, task.partition_column
-        ))
-        .into());
-    };
-    let [lo, hi] = ty.bounds(p.interval, p.tz)?;
-    let (table, pc) = (
-        quote_name(&task.target),
-        quote_ident(&task.partition_column),
-    );
-    let list = cols
-        .iter()
-        .map(|c| quote_ident(c))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let staged_q = format!("{}.{}", quote_ident(schema), quote_ident(name));
-    // The rows being replaced are kept for rollback, as by any publish.
-    let kept = match p.keep {
-        Some(k) if k.keep > 0 => Some(versions::ensure_kept(c, manifest, &task.target)?),
-        _ => None,
-    };
-    if !group {
+    let promoting = Promoting::of(c, p, staged, manifest, try_id)?;
+    if transaction == Transaction::Own {
         c.wait(
             c.client
                 .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ"),
         )?;
     }
-    if let WritePattern::Merge { key, keep_missing } = &task.write {
+    let promoted = match &p.task.write {
+        WritePattern::Merge { key, keep_missing } => promoting.merge(c, p, key, *keep_missing)?,
+        WritePattern::Replace => promoting.replace(c, p)?,
+    };
+    let merged = promoted.merged;
+    published(
+        c,
+        p,
+        (staged, &promoting.staged),
+        (manifest, try_id, allowed, transaction),
+        promoted.written,
+        (promoted.rows, &promoted.fingerprint),
+        merged,
+    )
+    .map(|rows| (rows, merged))
+}
+
+/// What a promote of a staged output into its target's partition is made of.
+struct Promoting<'a> {
+    task: &'a SqlTask,
+    /// The staged table, quoted; its columns with their types, and their names.
+    staged: String,
+    typed: Vec<(String, String)>,
+    cols: Vec<String>,
+    /// The target and its partition column, quoted.
+    table: String,
+    pc: String,
+    /// The partition column's type, and the interval's bounds as its values.
+    ty: ColumnType,
+    lo: Value,
+    hi: Value,
+    /// The kept table, when the rows being replaced are kept for rollback.
+    kept: Option<String>,
+    try_id: i64,
+}
+
+/// What a promote wrote into the target, before its end (see [`published`]).
+struct Promoted {
+    written: Written,
+    rows: i64,
+    fingerprint: String,
+    merged: Option<crate::gate::Merge>,
+}
+
+impl<'a> Promoting<'a> {
+    /// The staged table `staged` (which must still be there) and the target's partition of
+    /// `p`; the kept table made ready when versions are kept.
+    fn of(
+        c: &mut Conn,
+        p: &PublishAs<'a>,
+        staged: &str,
+        manifest: &str,
+        try_id: i64,
+    ) -> std::result::Result<Self, Failure> {
+        let task = p.task;
+        let (schema, name) = staged.split_once('.').unwrap_or(("backfill", staged));
+        let typed: Vec<(String, String)> = target_columns(c, &format!("{schema}.{name}"))?;
+        let cols: Vec<String> = typed.iter().map(|(n, _)| n.clone()).collect();
+        if cols.is_empty() {
+            return Err(Error::Message(format!(
+                "the staged output {staged} is gone; stage the interval again"
+            ))
+            .into());
+        }
+        let columns = target_columns(c, &task.target)?;
+        let Some(ty) = columns
+            .iter()
+            .find(|(n, _)| *n == task.partition_column)
+            .and_then(|(_, t)| ColumnType::of(t))
+        else {
+            return Err(Error::Message(format!(
+                "target table `{}` has no date, timestamp or timestamptz column `{}`",
+                task.target, task.partition_column
+            ))
+            .into());
+        };
+        let [lo, hi] = ty.bounds(p.interval, p.tz)?;
+        let staged = format!("{}.{}", quote_ident(schema), quote_ident(name));
+        // The rows being replaced are kept for rollback, as by any publish.
+        let kept = match p.keep {
+            Some(k) if k.keep > 0 => Some(versions::ensure_kept(c, manifest, &task.target)?),
+            _ => None,
+        };
+        Ok(Self {
+            task,
+            staged,
+            typed,
+            cols,
+            table: quote_name(&task.target),
+            pc: quote_ident(&task.partition_column),
+            ty,
+            lo,
+            hi,
+            kept,
+            try_id,
+        })
+    }
+
+    /// A merge task's promote: the staged rows merged into the partition by `key` (see
+    /// [`merge::promote`]).
+    fn merge(
+        &self,
+        c: &mut Conn,
+        p: &PublishAs<'_>,
+        key: &[String],
+        keep_missing: bool,
+    ) -> std::result::Result<Promoted, Failure> {
+        let task = self.task;
         let merging = merge::Merging {
-            table: table.clone(),
-            source: staged_q.clone(),
-            columns: &typed,
+            table: self.table.clone(),
+            source: self.staged.clone(),
+            columns: &self.typed,
             key,
             partition_column: &task.partition_column,
-            keep_missing: *keep_missing,
+            keep_missing,
             guard: None,
         };
-        let keep = match &kept {
+        let keep = match &self.kept {
             Some(kept) => Some(merge::keep(
                 &merging,
                 kept,
@@ -325,103 +412,120 @@ pub(super) fn promote_in(
             &merging,
             p.table_keys.is_some(),
             keep,
-            ([&lo, &hi], ty.pg_type(), try_id),
-            &row_hash(&typed),
+            ([&self.lo, &self.hi], self.ty.pg_type(), self.try_id),
+            &row_hash(&self.typed),
         )
         .map_err(refused_promote)?;
-        let rows = done.inserted + done.updated + done.unchanged;
-        let written = Written {
-            moved,
-            columns: cols,
-        };
-        return published(
-            c,
-            p,
-            (staged, &staged_q),
-            (manifest, try_id, allowed, group),
-            written,
-            (rows, &format!("pg:{fingerprint}")),
-            Some(done),
-        )
-        .map(|rows| (rows, Some(done)));
-    }
-    let moved = match &kept {
-        Some(kept) => {
-            let keep_cols = versions::shared_columns(c, kept, &task.target)?.join(", ");
-            let n = c.wait(c.client.execute(
-                &format!(
-                    "WITH d AS (DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2 RETURNING *) \
-                     INSERT INTO {kept} ({keep_cols}, _replaced_by) SELECT {keep_cols}, $3::int8 FROM d"
-                ),
-                &[lo.sql(), hi.sql(), &try_id],
-            ))?;
-            Some(i64::try_from(n).unwrap_or(i64::MAX))
-        }
-        None => {
-            c.wait(c.client.execute(
-                &format!("DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2"),
-                &[lo.sql(), hi.sql()],
-            ))?;
-            None
-        }
-    };
-    // Before the insert, which a key of the target would refuse with less to say.
-    if let Some(keys) = p.table_keys.filter(|k| !k.is_empty())
-        && let Some(found) = key_elsewhere(c, task, keys, &lo, &hi, &staged_q)?
-    {
-        return Err(Error::Message(format!(
-            "unique_key violated across partitions: key {found}; the source moved that record out of its old partition, so rerun the old partition first, then promote again"
-        ))
-        .into());
-    }
-    let row = c
-        .wait(c.client.query_one(
-            &format!(
-                "WITH ins AS (INSERT INTO {table} ({list}) SELECT {list} FROM {staged_q} RETURNING *) \
-                 SELECT {}",
-                fingerprint_sql(&row_hash(&typed), "ins")
-            ),
-            &[],
-        ))
-        .and_then(|row| {
-            // A deferred constraint is checked now, before anything is booked.
-            c.wait(c.client.batch_execute("SET CONSTRAINTS ALL IMMEDIATE"))
-                .map(|()| row)
+        Ok(Promoted {
+            written: Written {
+                moved,
+                columns: self.cols.clone(),
+            },
+            rows: done.inserted + done.updated + done.unchanged,
+            fingerprint: format!("pg:{fingerprint}"),
+            merged: Some(done),
         })
-        .map_err(|e| refused_promote(e.into()))?;
-    let fingerprint = format!("pg:{}", row.get::<_, String>(0));
-    let rows: i64 = fingerprint
-        .trim_start_matches("pg:")
-        .split(':')
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
-    let written = Written {
-        moved,
-        columns: cols,
-    };
-    published(
-        c,
-        p,
-        (staged, &staged_q),
-        (manifest, try_id, allowed, group),
-        written,
-        (rows, &fingerprint),
-        None,
-    )
-    .map(|rows| (rows, None))
+    }
+
+    /// A replace task's promote: the partition's rows deleted (moved to the kept table when
+    /// versions are kept), the staged rows' keys looked for in other partitions when the key
+    /// is table-wide, then the staged rows inserted.
+    fn replace(&self, c: &mut Conn, p: &PublishAs<'_>) -> std::result::Result<Promoted, Failure> {
+        let moved = self.delete_partition(c)?;
+        // Before the insert, which a key of the target would refuse with less to say.
+        if let Some(keys) = p.table_keys.filter(|k| !k.is_empty())
+            && let Some(found) =
+                key_elsewhere(c, self.task, keys, &self.lo, &self.hi, &self.staged)?
+        {
+            return Err(Error::Message(format!(
+                "unique_key violated across partitions: key {found}; the source moved that record out of its old partition, so rerun the old partition first, then promote again"
+            ))
+            .into());
+        }
+        let fingerprint = self.insert_staged(c)?;
+        let rows: i64 = fingerprint
+            .trim_start_matches("pg:")
+            .split(':')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        Ok(Promoted {
+            written: Written {
+                moved,
+                columns: self.cols.clone(),
+            },
+            rows,
+            fingerprint,
+            merged: None,
+        })
+    }
+
+    /// Deletes the interval's rows of the target, moving them to the kept table when versions
+    /// are kept: how many moved then.
+    fn delete_partition(&self, c: &mut Conn) -> std::result::Result<Option<i64>, Failure> {
+        let (table, pc, lo, hi) = (&self.table, &self.pc, &self.lo, &self.hi);
+        Ok(match &self.kept {
+            Some(kept) => {
+                let keep_cols = versions::shared_columns(c, kept, &self.task.target)?.join(", ");
+                let n = c.wait(c.client.execute(
+                    &format!(
+                        "WITH d AS (DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2 RETURNING *) \
+                         INSERT INTO {kept} ({keep_cols}, _replaced_by) SELECT {keep_cols}, $3::int8 FROM d"
+                    ),
+                    &[lo.sql(), hi.sql(), &self.try_id],
+                ))?;
+                Some(i64::try_from(n).unwrap_or(i64::MAX))
+            }
+            None => {
+                c.wait(c.client.execute(
+                    &format!("DELETE FROM {table} WHERE {pc} >= $1 AND {pc} < $2"),
+                    &[lo.sql(), hi.sql()],
+                ))?;
+                None
+            }
+        })
+    }
+
+    /// Inserts the staged rows into the target and checks its deferred constraints: the
+    /// fingerprint of the rows inserted.
+    fn insert_staged(&self, c: &Conn) -> std::result::Result<String, Failure> {
+        let (table, staged_q) = (&self.table, &self.staged);
+        let list = self
+            .cols
+            .iter()
+            .map(|c| quote_ident(c))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let row = c
+            .wait(c.client.query_one(
+                &format!(
+                    "WITH ins AS (INSERT INTO {table} ({list}) SELECT {list} FROM {staged_q} RETURNING *) \
+                     SELECT {}",
+                    fingerprint_sql(&row_hash(&self.typed), "ins")
+                ),
+                &[],
+            ))
+            .and_then(|row| {
+                // A deferred constraint is checked now, before anything is booked.
+                c.wait(c.client.batch_execute("SET CONSTRAINTS ALL IMMEDIATE"))
+                    .map(|()| row)
+            })
+            .map_err(|e| refused_promote(e.into()))?;
+        Ok(format!("pg:{}", row.get::<_, String>(0)))
+    }
 }
 
 /// The end of a promote, once the staged rows are in the target (`written`: what went to the
 /// kept table), of `rows` rows and `fingerprint`: checks that they are the rows the gate
 /// judged, records the version they replaced, books the publish (and records it in the
 /// manifest, with what a merge did, when the manifest is in this database), drops the staged
-/// table and commits (in a `group`, the caller commits). Returns the rows published.
+/// table and commits (in a [`Transaction::Group`], the caller commits). Returns the rows
+/// published.
 fn published(
     c: &mut Conn,
     p: &PublishAs<'_>,
     (staged, staged_q): (&str, &str),
-    (manifest, try_id, allowed, group): (&str, i64, &Allowed<'_>, bool),
+    (manifest, try_id, allowed, transaction): (&str, i64, &Allowed<'_>, Transaction),
     written: Written,
     (rows, fingerprint): (i64, &str),
     merged: Option<crate::gate::Merge>,
@@ -451,7 +555,7 @@ fn published(
             .merged(merged.as_ref())
             .run(c)?;
     }
-    if group {
+    if transaction == Transaction::Group {
         c.wait(c.client.batch_execute(&format!("DROP TABLE {staged_q}")))?;
         return Ok(rows);
     }

@@ -411,7 +411,10 @@ pub fn stray_rows(n: i64, column: &str) -> String {
 /// Copies interval `k`'s share of the attached batch file (its rows, and the rows of no
 /// interval) into the attached audit file, then measures and judges it as
 /// [`write_and_measure`] does, with what the batch's snapshot gave its source queries.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the try's parts as `write_and_measure` takes them, and its share of the batch"
+)]
 pub fn write_share(
     conn: &Connection,
     task: &SqlTask,
@@ -519,73 +522,163 @@ pub fn measure(
     tz: chrono_tz::Tz,
     source: Option<i64>,
 ) -> Result<AuditMeasures> {
-    const REPRS: [Repr; 4] = Repr::ALL;
-    let bounds = REPRS.map(|r| r.bounds(binds.interval, tz));
-    let mut inside = [0i64; 4];
-    // Values outside the interval of their own representation: when the output holds one
-    // representation (else the gate rejects it as mixed), those of the rows counted outside.
-    let mut outside_values: Vec<String> = Vec::new();
-    let mut found = Classes::default();
-    let mut stmt = conn.prepare(&format!("SELECT * FROM {TABLE}"))?;
-    let column = stmt
-        .column_names()
-        .position(|c| c == task.partition_column)
-        .ok_or_else(|| {
-            Error::Message(format!(
-                "the output has no column `{}`",
-                task.partition_column
-            ))
-        })?;
-    let names: Vec<String> = stmt.column_names().map(String::from).collect();
-    let key: Vec<usize> = gate
-        .map(|g| {
-            g.unique_key
-                .iter()
-                .filter_map(|k| names.iter().position(|c| c == k))
-                .collect()
-        })
-        .unwrap_or_default();
-    // Keys are hashed on the way; only when two hashes meet does SQL count exactly.
-    let mut keys: std::collections::HashSet<u64> = std::collections::HashSet::new();
-    let mut key_collision = false;
-    let mut hasher = Fingerprint::default();
-    let n = stmt.column_count();
-    let mut rows = stmt.query([])?;
-    while let Some(r) = rows.next()? {
-        hasher.add_row(r, n)?;
-        if !key.is_empty() && !key_collision {
-            let mut h = Fnv::new();
-            for &i in &key {
-                // As GROUP BY compares: 1 and 1.0 are one key.
-                match r.get_ref(i)? {
-                    ValueRef::Real(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => {
-                        hash_value(&mut h, ValueRef::Integer(f as i64));
-                    }
-                    v => hash_value(&mut h, v),
-                }
-            }
-            key_collision = !keys.insert(h.0);
+    let scan = Scan::of(conn, task, gate, binds, tz)?;
+    let (repr, mixed) = representation(repr, &scan.found, task);
+    let inside = match repr {
+        Some(r) if mixed.is_none() => Repr::ALL
+            .iter()
+            .position(|x| *x == r)
+            .map_or(0, |i| scan.inside[i]),
+        _ => 0,
+    };
+    let duplicate_keys = duplicate_keys(conn, gate, scan.key_collision)?;
+    let rows = scan.rows;
+    let outside = rows - inside;
+    let mut outside_values = scan.outside_values;
+    if outside == 0 {
+        outside_values.clear();
+    }
+    let merge =
+        match (&task.write, gate) {
+            (WritePattern::Merge { keep_missing, .. }, Some(g)) if mixed.is_none() => Some(
+                merge_plan(conn, task, g, (repr, binds.interval, tz), *keep_missing)?,
+            ),
+            _ => None,
+        };
+    let elsewhere = match (gate, repr) {
+        (Some(g), Some(r)) if task.write.looks_elsewhere(g) && rows > 0 => {
+            key_elsewhere(conn, task, &g.unique_key, r, binds, tz)?
         }
-        let v = r.get_ref(column)?;
+        _ => None,
+    };
+    Ok(AuditMeasures {
+        rows,
+        outside,
+        outside_values,
+        duplicate_keys,
+        fingerprint: scan.fingerprint,
+        repr,
+        mixed,
+        source,
+        source_fingerprint: None,
+        elsewhere,
+        constraint: None,
+        found: Vec::new(),
+        merge,
+    })
+}
+
+/// What one pass over the audited rows found.
+#[derive(Default)]
+struct Scan {
+    rows: i64,
+    fingerprint: String,
+    /// The rows inside the interval, by representation (in the order of [`Repr::ALL`]).
+    inside: [i64; 4],
+    /// Values outside the interval of their own representation: when the output holds one
+    /// representation (else the gate rejects it as mixed), those of the rows counted outside.
+    outside_values: Vec<String>,
+    /// The representations of the partition values.
+    found: Classes,
+    /// Two rows' keys hashed alike: only then does SQL count the duplicates exactly.
+    key_collision: bool,
+}
+
+impl Scan {
+    /// Reads the audited rows once: hashes them, hashes their keys, and places their
+    /// partition values inside or outside the interval.
+    fn of(
+        conn: &Connection,
+        task: &SqlTask,
+        gate: Option<&Gate>,
+        binds: &Binds,
+        tz: chrono_tz::Tz,
+    ) -> Result<Self> {
+        let bounds = Repr::ALL.map(|r| r.bounds(binds.interval, tz));
+        let mut scan = Self::default();
+        let mut stmt = conn.prepare(&format!("SELECT * FROM {TABLE}"))?;
+        let column = stmt
+            .column_names()
+            .position(|c| c == task.partition_column)
+            .ok_or_else(|| {
+                Error::Message(format!(
+                    "the output has no column `{}`",
+                    task.partition_column
+                ))
+            })?;
+        let names: Vec<String> = stmt.column_names().map(String::from).collect();
+        let key: Vec<usize> = gate
+            .map(|g| {
+                g.unique_key
+                    .iter()
+                    .filter_map(|k| names.iter().position(|c| c == k))
+                    .collect()
+            })
+            .unwrap_or_default();
+        // Keys are hashed on the way; only when two hashes meet does SQL count exactly.
+        let mut keys: std::collections::HashSet<u64> = std::collections::HashSet::new();
+        let mut hasher = Fingerprint::default();
+        let n = stmt.column_count();
+        let mut rows = stmt.query([])?;
+        while let Some(r) = rows.next()? {
+            hasher.add_row(r, n)?;
+            if !key.is_empty() && !scan.key_collision {
+                scan.key_collision = !keys.insert(key_hash(r, &key)?);
+            }
+            scan.place(r.get_ref(column)?, &bounds);
+        }
+        drop(rows);
+        drop(stmt);
+        (scan.rows, scan.fingerprint) = hasher.finish();
+        Ok(scan)
+    }
+
+    /// Counts partition value `v` inside the interval (`bounds`, by representation) when it
+    /// lies there in its own representation; else shows it among the values outside.
+    fn place(
+        &mut self,
+        v: ValueRef<'_>,
+        bounds: &[(rusqlite::types::Value, rusqlite::types::Value); 4],
+    ) {
         let class = partition::classify(v);
-        found.add_class(class, || partition::show(v));
+        self.found.add_class(class, || partition::show(v));
         if let partition::Class::Of(of) = class
-            && let Some(i) = REPRS.iter().position(|x| *x == of)
+            && let Some(i) = Repr::ALL.iter().position(|x| *x == of)
             && of.contains(v, &bounds[i].0, &bounds[i].1)
         {
-            inside[i] += 1;
-        } else if outside_values.len() <= crate::gate::SHOWN {
+            self.inside[i] += 1;
+        } else if self.outside_values.len() <= crate::gate::SHOWN {
             let shown = partition::show_short(v);
-            if !outside_values.contains(&shown) {
-                outside_values.push(shown);
+            if !self.outside_values.contains(&shown) {
+                self.outside_values.push(shown);
             }
         }
     }
-    drop(rows);
-    drop(stmt);
-    let (rows, fingerprint) = hasher.finish();
-    let (repr, mixed) = match (repr, found.reprs.as_slice(), &found.other) {
-        (_, _, Some(_)) => (repr, Some(partition::describe_mix(&found))),
+}
+
+/// The hash of row `r`'s key (its columns `key`), as GROUP BY compares: 1 and 1.0 are one key.
+fn key_hash(r: &rusqlite::Row<'_>, key: &[usize]) -> Result<u64> {
+    let mut h = Fnv::new();
+    for &i in key {
+        match r.get_ref(i)? {
+            ValueRef::Real(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => {
+                hash_value(&mut h, ValueRef::Integer(f as i64));
+            }
+            v => hash_value(&mut h, v),
+        }
+    }
+    Ok(h.0)
+}
+
+/// The representation of the output's partition values (`repr`, the partition column's, when
+/// known), and why the output mixes representations when it does.
+fn representation(
+    repr: Option<Repr>,
+    found: &Classes,
+    task: &SqlTask,
+) -> (Option<Repr>, Option<String>) {
+    match (repr, found.reprs.as_slice(), &found.other) {
+        (_, _, Some(_)) => (repr, Some(partition::describe_mix(found))),
         (Some(r), [], None) => (Some(r), None),
         (None, [], None) => (None, None),
         (Some(r), [one], None) if *one == r => (Some(r), None),
@@ -594,18 +687,19 @@ pub fn measure(
             Some(r),
             Some(format!(
                 "{}, while the target's `{}` holds {r}",
-                partition::describe_mix(&found),
+                partition::describe_mix(found),
                 task.partition_column
             )),
         ),
-        (None, _, None) => (None, Some(partition::describe_mix(&found))),
-    };
-    let inside = match repr {
-        Some(r) if mixed.is_none() => REPRS.iter().position(|x| *x == r).map_or(0, |i| inside[i]),
-        _ => 0,
-    };
-    let duplicate_keys = match gate {
-        Some(g) if !g.unique_key.is_empty() && !key_collision => Some(0),
+        (None, _, None) => (None, Some(partition::describe_mix(found))),
+    }
+}
+
+/// How many values of the gate's unique key occur more than once: none when no two keys'
+/// hashes met (`collision`), else counted by SQL.
+fn duplicate_keys(conn: &Connection, gate: Option<&Gate>, collision: bool) -> Result<Option<i64>> {
+    Ok(match gate {
+        Some(g) if !g.unique_key.is_empty() && !collision => Some(0),
         Some(g) if !g.unique_key.is_empty() => {
             let key = g
                 .unique_key
@@ -622,53 +716,34 @@ pub fn measure(
             )?)
         }
         _ => None,
-    };
-    let outside = rows - inside;
-    if outside == 0 {
-        outside_values.clear();
-    }
-    let merge = match (&task.write, gate) {
-        (WritePattern::Merge { keep_missing, .. }, Some(g)) if mixed.is_none() => {
-            let columns = super::table_columns(conn, "audit", "rows")?;
-            let m = super::merge::Merging::new(
-                &task.target,
-                TABLE,
-                &columns,
-                &g.unique_key,
-                &task.partition_column,
-                (repr, binds.interval, tz),
-                *keep_missing,
-            );
-            super::merge::index_source(conn, &m)?;
-            let mut plan = super::merge::plan(conn, &m)?;
-            if g.unique_key_table {
-                plan.moved = super::merge::moved(conn, &m)?;
-            }
-            Some(plan)
-        }
-        _ => None,
-    };
-    let elsewhere = match (gate, repr) {
-        (Some(g), Some(r)) if task.write.looks_elsewhere(g) && rows > 0 => {
-            key_elsewhere(conn, task, &g.unique_key, r, binds, tz)?
-        }
-        _ => None,
-    };
-    Ok(AuditMeasures {
-        rows,
-        outside,
-        outside_values,
-        duplicate_keys,
-        fingerprint,
-        repr,
-        mixed,
-        source,
-        source_fingerprint: None,
-        elsewhere,
-        constraint: None,
-        found: Vec::new(),
-        merge,
     })
+}
+
+/// What a merge of the audited rows into the target's partition would do (`write = "merge"`),
+/// by the gate's key.
+fn merge_plan(
+    conn: &Connection,
+    task: &SqlTask,
+    g: &Gate,
+    partition: (Option<Repr>, crate::interval::DataInterval, chrono_tz::Tz),
+    keep_missing: bool,
+) -> Result<crate::gate::Merge> {
+    let columns = super::table_columns(conn, "audit", "rows")?;
+    let m = super::merge::Merging::new(
+        &task.target,
+        TABLE,
+        &columns,
+        &g.unique_key,
+        &task.partition_column,
+        partition,
+        keep_missing,
+    );
+    super::merge::index_source(conn, &m)?;
+    let mut plan = super::merge::plan(conn, &m)?;
+    if g.unique_key_table {
+        plan.moved = super::merge::moved(conn, &m)?;
+    }
+    Ok(plan)
 }
 
 /// The rules of the SQLite warehouse: `output` is the audit file's table, and a check binds

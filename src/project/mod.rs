@@ -26,7 +26,7 @@ pub use diagnostics::{ConfigError, StringAt};
 
 use diagnostics::{FileErrors, line_col, parse_duration};
 use load::DagFile;
-use raw::RawProject;
+use raw::{RawProject, RawWarehouse};
 
 /// How hard a commit of the manifest's writer tries to reach the disk (`durability` in
 /// `backfill.toml`).
@@ -238,6 +238,373 @@ fn folder_name(root: &Path) -> String {
         .map_or_else(|| "/".to_string(), |n| n.to_string_lossy().into_owned())
 }
 
+/// `manifest`: a PostgreSQL URL (`${NAME}` puts an environment variable in, to keep a password
+/// out of the file), else a path relative to the project.
+fn manifest_location(raw: &RawProject, root: &Path, errs: &mut FileErrors<'_>) -> PathBuf {
+    if let Some(v) = &raw.manifest
+        && let Some(why) = load::expand_env(v.get_ref())
+            .ok()
+            .and_then(|value| crate::pg::url::not_a_location(&value))
+    {
+        errs.at(v, format!("key `manifest`: {why}"));
+    }
+    let url = match &raw.manifest {
+        Some(v) if v.get_ref().contains("${") || crate::pg::url::is_url(Path::new(v.get_ref())) => {
+            match load::expand_env(v.get_ref()) {
+                Ok(url) if crate::pg::url::is_url(Path::new(&url)) => {
+                    Some(crate::pg::url::location(&url))
+                }
+                Ok(other) if other.trim().is_empty() => {
+                    errs.at(v, "key `manifest`: the environment variable it names is empty; set it to a PostgreSQL URL or a path".to_string());
+                    None
+                }
+                Ok(other) => Some(root.join(other)),
+                Err(why) => {
+                    errs.at(v, format!("key `manifest`: {why}"));
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    match url {
+        Some(location) => location,
+        None => project_path(
+            root,
+            "manifest",
+            &raw.manifest,
+            ".backfill/manifest.db",
+            errs,
+        ),
+    }
+}
+
+/// A path of `backfill.toml` at `key`, relative to the project: `default` when the key is left
+/// out, or empty (which is an error).
+fn project_path(
+    root: &Path,
+    key: &str,
+    value: &Option<toml::Spanned<String>>,
+    default: &str,
+    errs: &mut FileErrors<'_>,
+) -> PathBuf {
+    match value {
+        Some(v) if v.get_ref().trim().is_empty() => {
+            errs.at(
+                v,
+                format!("key `{key}` is empty; leave it out for \"{default}\""),
+            );
+            root.join(default)
+        }
+        Some(v) => root.join(v.get_ref()),
+        None => root.join(default),
+    }
+}
+
+/// The project's name, and whether `project` gives it (else it is its folder's).
+fn project_name(raw: &RawProject, root: &Path, errs: &mut FileErrors<'_>) -> (String, bool) {
+    let folder = folder_name(root);
+    match &raw.project {
+        Some(v) if v.get_ref().trim().is_empty() => {
+            errs.at(
+                v,
+                format!(
+                    "key `project` is empty; name the project (\"shop\"), or leave the key out to name it after its folder (`{folder}`)"
+                ),
+            );
+            (folder, false)
+        }
+        Some(v) => (v.get_ref().trim().to_string(), true),
+        None => (folder, false),
+    }
+}
+
+/// `lease_timeout`: at least [`MIN_LEASE_TIMEOUT`]; the default otherwise.
+fn lease_timeout(raw: &RawProject, errs: &mut FileErrors<'_>) -> Duration {
+    let Some(v) = &raw.lease_timeout else {
+        return DEFAULT_LEASE_TIMEOUT;
+    };
+    match parse_duration(v.get_ref()) {
+        Ok(d) if d < MIN_LEASE_TIMEOUT => {
+            errs.at(
+                v,
+                format!(
+                    "key `lease_timeout`: `{}` is too short; a running backfill writes a heartbeat every {}, and a shorter timeout would judge a live one dead; use at least \"{}\" (the default is \"{}\")",
+                    v.get_ref(),
+                    humantime::format_duration(HEARTBEAT),
+                    humantime::format_duration(MIN_LEASE_TIMEOUT),
+                    humantime::format_duration(DEFAULT_LEASE_TIMEOUT),
+                ),
+            );
+            DEFAULT_LEASE_TIMEOUT
+        }
+        Ok(d) => d,
+        Err(e) => {
+            errs.at(v, format!("key `lease_timeout`: {e}"));
+            DEFAULT_LEASE_TIMEOUT
+        }
+    }
+}
+
+/// `durability`: "normal" (the default) or "full".
+fn durability(raw: &RawProject, errs: &mut FileErrors<'_>) -> Durability {
+    match raw.durability.as_ref().map(|d| (d, d.get_ref().as_str())) {
+        None | Some((_, "normal")) => Durability::Normal,
+        Some((_, "full")) => Durability::Full,
+        Some((d, other)) => {
+            errs.at(
+                d,
+                format!(
+                    "key `durability`: `{other}` is neither \"normal\" (survives kill -9) nor \"full\" (also survives a power cut)"
+                ),
+            );
+            Durability::Normal
+        }
+    }
+}
+
+/// The `[warehouse.NAME]` tables, by name; one whose kind or location is wrong is left out, its
+/// error said.
+fn warehouses(
+    raw: &RawProject,
+    root: &Path,
+    errs: &mut FileErrors<'_>,
+) -> BTreeMap<String, Warehouse> {
+    let mut warehouses: BTreeMap<String, Warehouse> = BTreeMap::new();
+    for w in &raw.warehouses {
+        if let Some(warehouse) = warehouse(w, root, &warehouses, errs) {
+            warehouses.insert(warehouse.name.clone(), warehouse);
+        }
+    }
+    warehouses
+}
+
+/// A `[warehouse.NAME]` table, given the warehouses before it (`known`).
+fn warehouse(
+    w: &RawWarehouse,
+    root: &Path,
+    known: &BTreeMap<String, Warehouse>,
+    errs: &mut FileErrors<'_>,
+) -> Option<Warehouse> {
+    let name = w.name.get_ref();
+    if !sql_identifier(name) {
+        errs.at(
+            &w.name,
+            format!(
+                "invalid warehouse name `{name}`: use letters, digits and `_`, starting with a letter or `_`"
+            ),
+        );
+    }
+    match warehouse_kind(w, errs)? {
+        WarehouseKind::Postgres(url) => Some(postgres_warehouse(w, url, errs)),
+        WarehouseKind::Sqlite => sqlite_warehouse(w, root, known, errs),
+    }
+}
+
+/// A warehouse's `kind`, with a PostgreSQL warehouse's `url`; `None` when either is wrong.
+fn warehouse_kind(w: &RawWarehouse, errs: &mut FileErrors<'_>) -> Option<WarehouseKind> {
+    let name = w.name.get_ref();
+    match w.kind.as_ref().map(|k| (k, k.get_ref().as_str())) {
+        None | Some((_, "sqlite")) => Some(WarehouseKind::Sqlite),
+        Some((_, "postgres" | "postgresql")) => match &w.url {
+            Some(u) => postgres_url(u, name, errs).map(WarehouseKind::Postgres),
+            None => {
+                errs.at(
+                    &w.name,
+                    format!("warehouse `{name}` of kind \"postgres\" needs `url`, such as url = \"postgresql://etl@db.internal/analytics\" or url = \"${{ANALYTICS_PG_URL}}\""),
+                );
+                None
+            }
+        },
+        Some((k, other)) => {
+            errs.at(
+                k,
+                format!("warehouse `{name}`: key `kind` is \"sqlite\" (the default) or \"postgres\", not `{other}`"),
+            );
+            None
+        }
+    }
+}
+
+/// The `url` `u` of PostgreSQL warehouse `name`, its environment variables put in: kept as
+/// written, with why, when one is not set or what they give is no PostgreSQL URL (only a
+/// command that connects to the warehouse needs it); `None` when it is wrong as written.
+fn postgres_url(u: &toml::Spanned<String>, name: &str, errs: &mut FileErrors<'_>) -> Option<PgUrl> {
+    match load::expand_env(u.get_ref()) {
+        Ok(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            Some(PgUrl::new(url))
+        }
+        // What a variable gave is judged where the warehouse is used, as a variable that is
+        // not set is.
+        Ok(_) if u.get_ref().contains("${") => Some(PgUrl::unresolved(
+            u.get_ref().clone(),
+            format!(
+                "{}: warehouse `{name}`: key `url`: the environment variables it names do not make a PostgreSQL URL such as \"postgresql://etl@db.internal:5432/analytics\"; set them to one",
+                errs.location(u.span().start)
+            ),
+        )),
+        Ok(_) => {
+            errs.at(
+                u,
+                format!("warehouse `{name}`: key `url` must be a PostgreSQL URL such as \"postgresql://etl@db.internal:5432/analytics\""),
+            );
+            None
+        }
+        Err(load::EnvError::Unset(why)) => Some(PgUrl::unresolved(
+            u.get_ref().clone(),
+            format!(
+                "{}: warehouse `{name}`: key `url`: {why}",
+                errs.location(u.span().start)
+            ),
+        )),
+        Err(why) => {
+            errs.at(u, format!("warehouse `{name}`: key `url`: {why}"));
+            None
+        }
+    }
+}
+
+/// A PostgreSQL warehouse at `url`: it has no key of a SQLite warehouse's.
+fn postgres_warehouse(w: &RawWarehouse, url: PgUrl, errs: &mut FileErrors<'_>) -> Warehouse {
+    let name = w.name.get_ref();
+    for (key, given) in [
+        ("path", w.path.is_some()),
+        ("busy_timeout", w.busy_timeout.is_some()),
+        ("init", !w.init.is_empty()),
+    ] {
+        if given {
+            errs.at(
+                &w.name,
+                format!("warehouse `{name}`: key `{key}` is for SQLite warehouses; a PostgreSQL warehouse has only `url` and `keep_versions`"),
+            );
+        }
+    }
+    Warehouse {
+        name: name.clone(),
+        kind: WarehouseKind::Postgres(url),
+        path: PathBuf::new(),
+        init: Vec::new(),
+        busy_timeout: DEFAULT_BUSY_TIMEOUT,
+        keep_versions: warehouse_keep_versions(w, errs),
+    }
+}
+
+/// A SQLite warehouse: its file (its own, not one of the warehouses `known` before it), its
+/// init files, its `busy_timeout`; `None` without a file.
+fn sqlite_warehouse(
+    w: &RawWarehouse,
+    root: &Path,
+    known: &BTreeMap<String, Warehouse>,
+    errs: &mut FileErrors<'_>,
+) -> Option<Warehouse> {
+    let name = w.name.get_ref();
+    if let Some(u) = &w.url {
+        errs.at(
+            u,
+            format!("warehouse `{name}`: key `url` needs kind = \"postgres\"; a SQLite warehouse has `path`"),
+        );
+    }
+    let path = match &w.path {
+        Some(p) if !p.get_ref().trim().is_empty() => root.join(p.get_ref()),
+        Some(p) => {
+            errs.at(
+                p,
+                format!("warehouse `{name}`: key `path` is empty; name the SQLite database file, such as path = \"warehouse.db\""),
+            );
+            return None;
+        }
+        None => {
+            errs.at(
+                &w.name,
+                format!("warehouse `{name}` needs `path`, its SQLite database file, such as path = \"warehouse.db\""),
+            );
+            return None;
+        }
+    };
+    if let Some(other) = known
+        .values()
+        .find(|o| o.path.components().eq(path.components()))
+        && let Some(p) = &w.path
+    {
+        errs.at(
+            p,
+            format!(
+                "warehouse `{name}` uses the same file as warehouse `{}`; give each warehouse its own file",
+                other.name
+            ),
+        );
+    }
+    let mut init = Vec::new();
+    for file in &w.init {
+        let full = root.join(file.get_ref());
+        if !full.is_file() {
+            errs.at(
+                file,
+                format!(
+                    "warehouse `{name}`: init file `{}` does not exist (paths are relative to the project folder)",
+                    file.get_ref()
+                ),
+            );
+        }
+        init.push(full);
+    }
+    let busy_timeout = match &w.busy_timeout {
+        None => DEFAULT_BUSY_TIMEOUT,
+        Some(b) => match diagnostics::parse_duration(b.get_ref()) {
+            Ok(d) => d,
+            Err(why) => {
+                errs.at(b, format!("warehouse `{name}`: key `busy_timeout`: {why}"));
+                DEFAULT_BUSY_TIMEOUT
+            }
+        },
+    };
+    Some(Warehouse {
+        name: name.clone(),
+        kind: WarehouseKind::Sqlite,
+        path,
+        init,
+        busy_timeout,
+        keep_versions: warehouse_keep_versions(w, errs),
+    })
+}
+
+/// A warehouse's `keep_versions`: [`DEFAULT_KEEP_VERSIONS`] when left out or wrong.
+fn warehouse_keep_versions(w: &RawWarehouse, errs: &mut FileErrors<'_>) -> u32 {
+    match &w.keep_versions {
+        None => DEFAULT_KEEP_VERSIONS,
+        Some(k) => task::keep_versions(k, errs).unwrap_or(DEFAULT_KEEP_VERSIONS),
+    }
+}
+
+/// `[pools]`: each pool's size, from 1 to [`MAX_POOL_SIZE`].
+fn pools(raw: &RawProject, errs: &mut FileErrors<'_>) -> BTreeMap<String, u32> {
+    let mut pools = BTreeMap::new();
+    for (name, size) in &raw.pools {
+        if !sql_identifier(name.get_ref()) {
+            errs.at(
+                name,
+                format!(
+                    "invalid pool name `{}`: use letters, digits and `_`, starting with a letter or `_`",
+                    name.get_ref()
+                ),
+            );
+        }
+        match u32::try_from(*size.get_ref()) {
+            Ok(n) if (1..=MAX_POOL_SIZE).contains(&n) => {
+                pools.insert(name.get_ref().clone(), n);
+            }
+            _ => errs.at(
+                size,
+                format!(
+                    "pool `{}`: its size is how many tries may run at once, a whole number from 1 to {MAX_POOL_SIZE}",
+                    name.get_ref()
+                ),
+            ),
+        }
+    }
+    pools
+}
+
 impl Project {
     /// Finds the project: `dir` itself when given (`-C`), else the nearest ancestor of the
     /// current directory holding `backfill.toml`.
@@ -272,299 +639,14 @@ impl Project {
         let Some(raw) = RawProject::read(text, &mut errs) else {
             return Err(errs.into_errors());
         };
-        // A PostgreSQL URL (`${NAME}` puts an environment variable in, to keep a password out
-        // of the file), else a path relative to the project.
-        if let Some(v) = &raw.manifest
-            && let Some(why) = load::expand_env(v.get_ref())
-                .ok()
-                .and_then(|value| crate::pg::url::not_a_location(&value))
-        {
-            errs.at(v, format!("key `manifest`: {why}"));
-        }
-        let manifest_url = match &raw.manifest {
-            Some(v)
-                if v.get_ref().contains("${") || crate::pg::url::is_url(Path::new(v.get_ref())) =>
-            {
-                match load::expand_env(v.get_ref()) {
-                    Ok(url) if crate::pg::url::is_url(Path::new(&url)) => {
-                        Some(crate::pg::url::location(&url))
-                    }
-                    Ok(other) if other.trim().is_empty() => {
-                        errs.at(v, "key `manifest`: the environment variable it names is empty; set it to a PostgreSQL URL or a path".to_string());
-                        None
-                    }
-                    Ok(other) => Some(root.join(other)),
-                    Err(why) => {
-                        errs.at(v, format!("key `manifest`: {why}"));
-                        None
-                    }
-                }
-            }
-            _ => None,
-        };
-        let mut file = |key: &str, value: &Option<toml::Spanned<String>>, default: &str| match value
-        {
-            Some(v) if v.get_ref().trim().is_empty() => {
-                errs.at(
-                    v,
-                    format!("key `{key}` is empty; leave it out for \"{default}\""),
-                );
-                root.join(default)
-            }
-            Some(v) => root.join(v.get_ref()),
-            None => root.join(default),
-        };
-        let manifest_path = match manifest_url {
-            Some(location) => location,
-            None => file("manifest", &raw.manifest, ".backfill/manifest.db"),
-        };
-        let logs_dir = file("logs", &raw.logs, ".backfill/logs");
-        let folder = folder_name(&root);
-        let (name, named) = match &raw.project {
-            Some(v) if v.get_ref().trim().is_empty() => {
-                errs.at(
-                    v,
-                    format!(
-                        "key `project` is empty; name the project (\"shop\"), or leave the key out to name it after its folder (`{folder}`)"
-                    ),
-                );
-                (folder, false)
-            }
-            Some(v) => (v.get_ref().trim().to_string(), true),
-            None => (folder, false),
-        };
-        let lease_timeout = match &raw.lease_timeout {
-            None => DEFAULT_LEASE_TIMEOUT,
-            Some(v) => match parse_duration(v.get_ref()) {
-                Ok(d) if d < MIN_LEASE_TIMEOUT => {
-                    errs.at(
-                        v,
-                        format!(
-                            "key `lease_timeout`: `{}` is too short; a running backfill writes a heartbeat every {}, and a shorter timeout would judge a live one dead; use at least \"{}\" (the default is \"{}\")",
-                            v.get_ref(),
-                            humantime::format_duration(HEARTBEAT),
-                            humantime::format_duration(MIN_LEASE_TIMEOUT),
-                            humantime::format_duration(DEFAULT_LEASE_TIMEOUT),
-                        ),
-                    );
-                    DEFAULT_LEASE_TIMEOUT
-                }
-                Ok(d) => d,
-                Err(e) => {
-                    errs.at(v, format!("key `lease_timeout`: {e}"));
-                    DEFAULT_LEASE_TIMEOUT
-                }
-            },
-        };
-        let durability = match raw.durability.as_ref().map(|d| (d, d.get_ref().as_str())) {
-            None | Some((_, "normal")) => Durability::Normal,
-            Some((_, "full")) => Durability::Full,
-            Some((d, other)) => {
-                errs.at(
-                    d,
-                    format!(
-                        "key `durability`: `{other}` is neither \"normal\" (survives kill -9) nor \"full\" (also survives a power cut)"
-                    ),
-                );
-                Durability::Normal
-            }
-        };
-        let mut warehouses: BTreeMap<String, Warehouse> = BTreeMap::new();
-        for w in &raw.warehouses {
-            let name = w.name.get_ref();
-            if !sql_identifier(name) {
-                errs.at(
-                    &w.name,
-                    format!(
-                        "invalid warehouse name `{name}`: use letters, digits and `_`, starting with a letter or `_`"
-                    ),
-                );
-            }
-            let kind = match w.kind.as_ref().map(|k| (k, k.get_ref().as_str())) {
-                None | Some((_, "sqlite")) => None,
-                Some((_, "postgres" | "postgresql")) => match &w.url {
-                    Some(u) => match load::expand_env(u.get_ref()) {
-                        Ok(url)
-                            if url.starts_with("postgres://")
-                                || url.starts_with("postgresql://") =>
-                        {
-                            Some(PgUrl::new(url))
-                        }
-                        // What a variable gave is judged where the warehouse is used, as
-                        // a variable that is not set is.
-                        Ok(_) if u.get_ref().contains("${") => Some(PgUrl::unresolved(
-                            u.get_ref().clone(),
-                            format!(
-                                "{}: warehouse `{name}`: key `url`: the environment variables it names do not make a PostgreSQL URL such as \"postgresql://etl@db.internal:5432/analytics\"; set them to one",
-                                errs.location(u.span().start)
-                            ),
-                        )),
-                        Ok(_) => {
-                            errs.at(
-                                u,
-                                format!("warehouse `{name}`: key `url` must be a PostgreSQL URL such as \"postgresql://etl@db.internal:5432/analytics\""),
-                            );
-                            continue;
-                        }
-                        Err(load::EnvError::Unset(why)) => Some(PgUrl::unresolved(
-                            u.get_ref().clone(),
-                            format!(
-                                "{}: warehouse `{name}`: key `url`: {why}",
-                                errs.location(u.span().start)
-                            ),
-                        )),
-                        Err(why) => {
-                            errs.at(u, format!("warehouse `{name}`: key `url`: {why}"));
-                            continue;
-                        }
-                    },
-                    None => {
-                        errs.at(
-                            &w.name,
-                            format!("warehouse `{name}` of kind \"postgres\" needs `url`, such as url = \"postgresql://etl@db.internal/analytics\" or url = \"${{ANALYTICS_PG_URL}}\""),
-                        );
-                        continue;
-                    }
-                },
-                Some((k, other)) => {
-                    errs.at(
-                        k,
-                        format!("warehouse `{name}`: key `kind` is \"sqlite\" (the default) or \"postgres\", not `{other}`"),
-                    );
-                    continue;
-                }
-            };
-            if let Some(url) = kind {
-                for (key, given) in [
-                    ("path", w.path.is_some()),
-                    ("busy_timeout", w.busy_timeout.is_some()),
-                    ("init", !w.init.is_empty()),
-                ] {
-                    if given {
-                        errs.at(
-                            &w.name,
-                            format!("warehouse `{name}`: key `{key}` is for SQLite warehouses; a PostgreSQL warehouse has only `url` and `keep_versions`"),
-                        );
-                    }
-                }
-                let keep_versions = match &w.keep_versions {
-                    None => DEFAULT_KEEP_VERSIONS,
-                    Some(k) => task::keep_versions(k, &mut errs).unwrap_or(DEFAULT_KEEP_VERSIONS),
-                };
-                warehouses.insert(
-                    name.clone(),
-                    Warehouse {
-                        name: name.clone(),
-                        kind: WarehouseKind::Postgres(url),
-                        path: PathBuf::new(),
-                        init: Vec::new(),
-                        busy_timeout: DEFAULT_BUSY_TIMEOUT,
-                        keep_versions,
-                    },
-                );
-                continue;
-            }
-            if let Some(u) = &w.url {
-                errs.at(
-                    u,
-                    format!("warehouse `{name}`: key `url` needs kind = \"postgres\"; a SQLite warehouse has `path`"),
-                );
-            }
-            let path = match &w.path {
-                Some(p) if !p.get_ref().trim().is_empty() => root.join(p.get_ref()),
-                Some(p) => {
-                    errs.at(
-                        p,
-                        format!("warehouse `{name}`: key `path` is empty; name the SQLite database file, such as path = \"warehouse.db\""),
-                    );
-                    continue;
-                }
-                None => {
-                    errs.at(
-                        &w.name,
-                        format!("warehouse `{name}` needs `path`, its SQLite database file, such as path = \"warehouse.db\""),
-                    );
-                    continue;
-                }
-            };
-            if let Some(other) = warehouses
-                .values()
-                .find(|o| o.path.components().eq(path.components()))
-                && let Some(p) = &w.path
-            {
-                errs.at(
-                    p,
-                    format!(
-                        "warehouse `{name}` uses the same file as warehouse `{}`; give each warehouse its own file",
-                        other.name
-                    ),
-                );
-            }
-            let mut init = Vec::new();
-            for file in &w.init {
-                let full = root.join(file.get_ref());
-                if !full.is_file() {
-                    errs.at(
-                        file,
-                        format!(
-                            "warehouse `{name}`: init file `{}` does not exist (paths are relative to the project folder)",
-                            file.get_ref()
-                        ),
-                    );
-                }
-                init.push(full);
-            }
-            let busy_timeout = match &w.busy_timeout {
-                None => DEFAULT_BUSY_TIMEOUT,
-                Some(b) => match diagnostics::parse_duration(b.get_ref()) {
-                    Ok(d) => d,
-                    Err(why) => {
-                        errs.at(b, format!("warehouse `{name}`: key `busy_timeout`: {why}"));
-                        DEFAULT_BUSY_TIMEOUT
-                    }
-                },
-            };
-            let keep_versions = match &w.keep_versions {
-                None => DEFAULT_KEEP_VERSIONS,
-                Some(k) => task::keep_versions(k, &mut errs).unwrap_or(DEFAULT_KEEP_VERSIONS),
-            };
-            warehouses.insert(
-                name.clone(),
-                Warehouse {
-                    name: name.clone(),
-                    kind: WarehouseKind::Sqlite,
-                    path,
-                    init,
-                    busy_timeout,
-                    keep_versions,
-                },
-            );
-        }
+        let manifest_path = manifest_location(&raw, &root, &mut errs);
+        let logs_dir = project_path(&root, "logs", &raw.logs, ".backfill/logs", &mut errs);
+        let (name, named) = project_name(&raw, &root, &mut errs);
+        let lease_timeout = lease_timeout(&raw, &mut errs);
+        let durability = durability(&raw, &mut errs);
+        let warehouses = warehouses(&raw, &root, &mut errs);
         let notify = load::notify(raw.notify.as_ref(), &mut errs);
-        let mut pools = BTreeMap::new();
-        for (name, size) in &raw.pools {
-            if !sql_identifier(name.get_ref()) {
-                errs.at(
-                    name,
-                    format!(
-                        "invalid pool name `{}`: use letters, digits and `_`, starting with a letter or `_`",
-                        name.get_ref()
-                    ),
-                );
-            }
-            match u32::try_from(*size.get_ref()) {
-                Ok(n) if (1..=MAX_POOL_SIZE).contains(&n) => {
-                    pools.insert(name.get_ref().clone(), n);
-                }
-                _ => errs.at(
-                    size,
-                    format!(
-                        "pool `{}`: its size is how many tries may run at once, a whole number from 1 to {MAX_POOL_SIZE}",
-                        name.get_ref()
-                    ),
-                ),
-            }
-        }
+        let pools = pools(&raw, &mut errs);
         if !errs.is_empty() {
             return Err(errs.into_errors());
         }

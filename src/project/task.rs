@@ -8,7 +8,7 @@ use toml::Spanned;
 
 use super::dag::*;
 use super::diagnostics::FileErrors;
-use super::raw::{RawCommand, RawGate, RawHistory, RawLiteral, RawTask};
+use super::raw::{RawCheck, RawCommand, RawGate, RawHistory, RawLiteral, RawRange, RawTask};
 use super::{Warehouse, sql_identifier};
 use crate::task::template;
 
@@ -79,137 +79,8 @@ pub(super) fn task_kind(
     errs: &mut FileErrors<'_>,
 ) -> Option<TaskKind> {
     match (&t.command, &t.sql) {
-        (Some(c), None) => {
-            for (key, value) in [
-                ("warehouse", &t.warehouse),
-                ("target", &t.target),
-                ("partition_column", &t.partition_column),
-                ("write", &t.write),
-                ("on_missing", &t.on_missing),
-            ] {
-                if let Some(v) = value {
-                    errs.at(
-                        v,
-                        format!(
-                            "task `{id}`: key `{key}` belongs to SQL tasks; a command task cannot have it"
-                        ),
-                    );
-                }
-            }
-            let spec = command_spec(c, "command", errs)?;
-            let sql_keys = t.warehouse.is_some() || t.target.is_some();
-            let sql_keys = sql_keys || t.write.is_some() || t.on_missing.is_some();
-            (!sql_keys && t.partition_column.is_none()).then_some(TaskKind::Command(spec))
-        }
-        (None, Some(sql)) => {
-            let mut missing = Vec::new();
-            let mut field = |v: &Option<Spanned<String>>, key: &'static str, ident: bool| match v {
-                None => {
-                    missing.push(key);
-                    None
-                }
-                Some(v) if ident && !sql_identifier(v.get_ref()) => {
-                    errs.at(
-                        v,
-                        format!(
-                            "key `{key}`: `{}` is not a plain SQL name (letters, digits and `_`, starting with a letter or `_`)",
-                            v.get_ref()
-                        ),
-                    );
-                    None
-                }
-                Some(v) => Some(v.get_ref().clone()),
-            };
-            let warehouse = field(&t.warehouse, "warehouse", false);
-            // PostgreSQL targets may name their schema: checked again once the warehouse is known.
-            let target = field(&t.target, "target", false);
-            let partition_column = field(&t.partition_column, "partition_column", true);
-            let target = target.filter(|name| {
-                let qualified = name
-                    .split_once('.')
-                    .is_some_and(|(s, n)| sql_identifier(s) && sql_identifier(n));
-                if !sql_identifier(name) && !qualified {
-                    if let Some(at) = &t.target {
-                        errs.at(
-                            at,
-                            format!(
-                                "key `target`: `{name}` is not a plain SQL name (letters, digits and `_`, starting with a letter or `_`), or schema.table on a PostgreSQL warehouse"
-                            ),
-                        );
-                    }
-                    return false;
-                }
-                true
-            });
-            if !missing.is_empty() {
-                errs.at(
-                    sql,
-                    format!(
-                        "SQL task `{id}` needs {}; see docs/sql-tasks.md",
-                        missing
-                            .iter()
-                            .map(|k| format!("`{k}`"))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                );
-            }
-            if sql.get_ref().trim().is_empty() {
-                errs.at(
-                    sql,
-                    "key `sql` is empty; write the SELECT whose rows fill the interval's partition",
-                );
-            }
-            let warehouse = match (&t.warehouse, warehouse) {
-                (Some(w), Some(name)) => match warehouses.get(&name) {
-                    Some(warehouse) => Some(warehouse),
-                    None => {
-                        let known: Vec<&str> = warehouses.keys().map(String::as_str).collect();
-                        errs.at(
-                            w,
-                            format!(
-                                "unknown warehouse `{name}`; declare it in backfill.toml as [warehouse.{name}] (known: {})",
-                                if known.is_empty() {
-                                    "none".to_string()
-                                } else {
-                                    known.join(", ")
-                                }
-                            ),
-                        );
-                        None
-                    }
-                },
-                _ => None,
-            };
-            if sql.get_ref().trim().is_empty() {
-                return None;
-            }
-            let keep = match &t.keep_versions {
-                None => None,
-                Some(k) => Some(keep_versions(k, errs)?),
-            };
-            let write = write_pattern(t, errs)?;
-            let warehouse = warehouse?.clone();
-            let (target, at) = (target?, t.target.as_ref()?);
-            if !warehouse.is_postgres() && !sql_identifier(&target) {
-                errs.at(
-                    at,
-                    format!(
-                        "key `target`: `{target}` names a schema; a SQLite warehouse's tables are plain names such as `{}`",
-                        target.rsplit('.').next().unwrap_or_default()
-                    ),
-                );
-                return None;
-            }
-            Some(TaskKind::Sql(SqlTask {
-                keep_versions: keep.unwrap_or(warehouse.keep_versions),
-                warehouse,
-                target,
-                partition_column: partition_column?,
-                sql: sql.get_ref().clone(),
-                write,
-            }))
-        }
+        (Some(c), None) => command_task(t, id, c, errs),
+        (None, Some(sql)) => sql_task(t, id, sql, warehouses, errs),
         (Some(c), Some(_)) => {
             errs.at(
                 c,
@@ -228,6 +99,185 @@ pub(super) fn task_kind(
             None
         }
     }
+}
+
+/// A command task: its `command`, and none of the keys of a SQL task.
+fn command_task(
+    t: &RawTask,
+    id: &str,
+    c: &Spanned<RawCommand>,
+    errs: &mut FileErrors<'_>,
+) -> Option<TaskKind> {
+    for (key, value) in [
+        ("warehouse", &t.warehouse),
+        ("target", &t.target),
+        ("partition_column", &t.partition_column),
+        ("write", &t.write),
+        ("on_missing", &t.on_missing),
+    ] {
+        if let Some(v) = value {
+            errs.at(
+                v,
+                format!(
+                    "task `{id}`: key `{key}` belongs to SQL tasks; a command task cannot have it"
+                ),
+            );
+        }
+    }
+    let spec = command_spec(c, "command", errs)?;
+    let sql_keys = t.warehouse.is_some() || t.target.is_some();
+    let sql_keys = sql_keys || t.write.is_some() || t.on_missing.is_some();
+    (!sql_keys && t.partition_column.is_none()).then_some(TaskKind::Command(spec))
+}
+
+/// A SQL task: its query `sql`, its warehouse (declared in `backfill.toml`), target and
+/// partition column, how it writes, and how many versions it keeps.
+fn sql_task(
+    t: &RawTask,
+    id: &str,
+    sql: &Spanned<String>,
+    warehouses: &BTreeMap<String, Warehouse>,
+    errs: &mut FileErrors<'_>,
+) -> Option<TaskKind> {
+    let keys = SqlKeys::of(t, errs);
+    if !keys.missing.is_empty() {
+        errs.at(
+            sql,
+            format!(
+                "SQL task `{id}` needs {}; see docs/sql-tasks.md",
+                keys.missing
+                    .iter()
+                    .map(|k| format!("`{k}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        );
+    }
+    if sql.get_ref().trim().is_empty() {
+        errs.at(
+            sql,
+            "key `sql` is empty; write the SELECT whose rows fill the interval's partition",
+        );
+    }
+    let warehouse = match (&t.warehouse, keys.warehouse) {
+        (Some(w), Some(name)) => declared_warehouse(w, &name, warehouses, errs),
+        _ => None,
+    };
+    if sql.get_ref().trim().is_empty() {
+        return None;
+    }
+    let keep = match &t.keep_versions {
+        None => None,
+        Some(k) => Some(keep_versions(k, errs)?),
+    };
+    let write = write_pattern(t, errs)?;
+    let warehouse = warehouse?.clone();
+    let (target, at) = (keys.target?, t.target.as_ref()?);
+    if !warehouse.is_postgres() && !sql_identifier(&target) {
+        errs.at(
+            at,
+            format!(
+                "key `target`: `{target}` names a schema; a SQLite warehouse's tables are plain names such as `{}`",
+                target.rsplit('.').next().unwrap_or_default()
+            ),
+        );
+        return None;
+    }
+    Some(TaskKind::Sql(SqlTask {
+        keep_versions: keep.unwrap_or(warehouse.keep_versions),
+        warehouse,
+        target,
+        partition_column: keys.partition_column?,
+        sql: sql.get_ref().clone(),
+        write,
+    }))
+}
+
+/// A SQL task's `warehouse`, `target` and `partition_column`, each when given and well
+/// written, and the keys it lacks.
+struct SqlKeys {
+    warehouse: Option<String>,
+    target: Option<String>,
+    partition_column: Option<String>,
+    missing: Vec<&'static str>,
+}
+
+impl SqlKeys {
+    /// The keys of task `t`: a partition column is a plain SQL name; a target is one too, or
+    /// schema.table (checked again once the warehouse is known: only PostgreSQL has schemas).
+    fn of(t: &RawTask, errs: &mut FileErrors<'_>) -> Self {
+        let mut missing = Vec::new();
+        let mut given = |v: &Option<Spanned<String>>, key: &'static str| {
+            if v.is_none() {
+                missing.push(key);
+            }
+            v.as_ref().map(|v| v.get_ref().clone())
+        };
+        let warehouse = given(&t.warehouse, "warehouse");
+        let target = given(&t.target, "target");
+        let partition_column = given(&t.partition_column, "partition_column").filter(|name| {
+            if sql_identifier(name) {
+                return true;
+            }
+            if let Some(at) = &t.partition_column {
+                errs.at(
+                    at,
+                    format!(
+                        "key `partition_column`: `{name}` is not a plain SQL name (letters, digits and `_`, starting with a letter or `_`)"
+                    ),
+                );
+            }
+            false
+        });
+        let target = target.filter(|name| {
+            let qualified = name
+                .split_once('.')
+                .is_some_and(|(s, n)| sql_identifier(s) && sql_identifier(n));
+            if !sql_identifier(name) && !qualified {
+                if let Some(at) = &t.target {
+                    errs.at(
+                        at,
+                        format!(
+                            "key `target`: `{name}` is not a plain SQL name (letters, digits and `_`, starting with a letter or `_`), or schema.table on a PostgreSQL warehouse"
+                        ),
+                    );
+                }
+                return false;
+            }
+            true
+        });
+        Self {
+            warehouse,
+            target,
+            partition_column,
+            missing,
+        }
+    }
+}
+
+/// The warehouse `name` (written at `w`) that `backfill.toml` declares.
+fn declared_warehouse<'w>(
+    w: &Spanned<String>,
+    name: &str,
+    warehouses: &'w BTreeMap<String, Warehouse>,
+    errs: &mut FileErrors<'_>,
+) -> Option<&'w Warehouse> {
+    let found = warehouses.get(name);
+    if found.is_none() {
+        let known: Vec<&str> = warehouses.keys().map(String::as_str).collect();
+        errs.at(
+            w,
+            format!(
+                "unknown warehouse `{name}`; declare it in backfill.toml as [warehouse.{name}] (known: {})",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            ),
+        );
+    }
+    found
 }
 
 /// The task's `write` and `on_missing`.
@@ -479,33 +529,15 @@ fn load_rules(
     errs: &mut FileErrors<'_>,
 ) -> Vec<Rule> {
     let raw = g.get_ref();
-    let mut rules = Vec::new();
-    let column = |key: &str, c: &Spanned<String>, ok: &mut bool, errs: &mut FileErrors<'_>| {
-        if !is_sql {
-            errs.at(
-                c,
-                format!(
-                    "task `{task}`: `{key}` needs a SQL task (its rows are audited in a table); for a command task, write a [[tasks.gate.checks]] with a `command` that prints the number of violations"
-                ),
-            );
-            *ok = false;
-            return None;
-        }
-        if !sql_identifier(c.get_ref()) {
-            errs.at(
-                c,
-                format!(
-                    "key `{key}`: `{}` is not a plain SQL column name",
-                    c.get_ref()
-                ),
-            );
-            *ok = false;
-            return None;
-        }
-        Some(c.get_ref().clone())
+    let mut load = RuleLoader {
+        task,
+        is_sql,
+        ok,
+        errs,
     };
+    let mut rules = Vec::new();
     for c in &raw.not_null {
-        if let Some(c) = column("not_null", c, ok, errs) {
+        if let Some(c) = load.column("not_null", c) {
             rules.push(Rule {
                 name: "not_null".into(),
                 kind: RuleKind::NotNull(c),
@@ -514,37 +546,93 @@ fn load_rules(
         }
     }
     for (c, values) in &raw.accepted_values {
-        let Some(col) = column("accepted_values", c, ok, errs) else {
-            continue;
-        };
+        rules.extend(load.accepted_values(c, values));
+    }
+    for r in &raw.range {
+        rules.extend(load.range(r));
+    }
+    let mut names = std::collections::HashSet::new();
+    for (i, c) in raw.checks.iter().enumerate() {
+        rules.extend(load.check(i, c, &mut names));
+    }
+    rules
+}
+
+/// Loads the rules of task `task`'s gate, one at a time: a rule with an error is left out, and
+/// clears `ok`.
+struct RuleLoader<'a, 'e> {
+    task: &'a str,
+    is_sql: bool,
+    ok: &'a mut bool,
+    errs: &'a mut FileErrors<'e>,
+}
+
+impl RuleLoader<'_, '_> {
+    /// The column `c` of a built-in rule `key`: a plain SQL name, in a SQL task.
+    fn column(&mut self, key: &str, c: &Spanned<String>) -> Option<String> {
+        if !self.is_sql {
+            self.errs.at(
+                c,
+                format!(
+                    "task `{}`: `{key}` needs a SQL task (its rows are audited in a table); for a command task, write a [[tasks.gate.checks]] with a `command` that prints the number of violations",
+                    self.task
+                ),
+            );
+            *self.ok = false;
+            return None;
+        }
+        if !sql_identifier(c.get_ref()) {
+            self.errs.at(
+                c,
+                format!(
+                    "key `{key}`: `{}` is not a plain SQL column name",
+                    c.get_ref()
+                ),
+            );
+            *self.ok = false;
+            return None;
+        }
+        Some(c.get_ref().clone())
+    }
+
+    /// `accepted_values` of column `c`: at least one value.
+    fn accepted_values(
+        &mut self,
+        c: &Spanned<String>,
+        values: &[Spanned<RawLiteral>],
+    ) -> Option<Rule> {
+        let col = self.column("accepted_values", c)?;
         if values.is_empty() {
-            errs.at(
+            self.errs.at(
                 c,
                 format!("key `accepted_values`: `{col}` lists no value; write the values it may hold, such as {col} = [\"eu\", \"us\"]"),
             );
-            *ok = false;
-            continue;
+            *self.ok = false;
+            return None;
         }
-        let values: Vec<Literal> = values.iter().filter_map(|v| literal(v, ok, errs)).collect();
-        rules.push(Rule {
+        let values: Vec<Literal> = values
+            .iter()
+            .filter_map(|v| literal(v, self.ok, self.errs))
+            .collect();
+        Some(Rule {
             name: "accepted_values".into(),
             kind: RuleKind::AcceptedValues(col, values),
             severity: Severity::Error,
-        });
+        })
     }
-    for r in &raw.range {
-        let Some(col) = column("range", &r.column, ok, errs) else {
-            continue;
-        };
-        let min = r.min.as_ref().and_then(|v| literal(v, ok, errs));
-        let max = r.max.as_ref().and_then(|v| literal(v, ok, errs));
+
+    /// A `range`: a bound at least, numbers in order, and `allow_non_finite` only with numbers.
+    fn range(&mut self, r: &RawRange) -> Option<Rule> {
+        let col = self.column("range", &r.column)?;
+        let min = r.min.as_ref().and_then(|v| literal(v, self.ok, self.errs));
+        let max = r.max.as_ref().and_then(|v| literal(v, self.ok, self.errs));
         if r.min.is_none() && r.max.is_none() {
-            errs.at(
+            self.errs.at(
                 &r.column,
                 format!("key `range`: `{col}` has neither `min` nor `max`; write at least one, such as {col} = {{ min = 0 }}"),
             );
-            *ok = false;
-            continue;
+            *self.ok = false;
+            return None;
         }
         let number = |l: &Option<Literal>| match l {
             Some(Literal::Int(i)) => Some(*i as f64),
@@ -554,25 +642,25 @@ fn load_rules(
         // Numbers only: strings compare as the warehouse's collation says, not as bytes.
         let backwards = matches!((number(&min), number(&max)), (Some(a), Some(b)) if a > b);
         if backwards {
-            errs.at(
+            self.errs.at(
                 &r.column,
                 format!("key `range`: `{col}` has `min` above `max`; no value could pass"),
             );
-            *ok = false;
-            continue;
+            *self.ok = false;
+            return None;
         }
         let text_bound = [&min, &max]
             .into_iter()
             .any(|l| matches!(l, Some(Literal::Text(_))));
         if r.allow_non_finite == Some(true) && text_bound {
-            errs.at(
+            self.errs.at(
                 &r.column,
                 format!("key `range`: `{col}` has a text bound, so `allow_non_finite` (NaN and infinities in a numeric range) does not apply; remove it"),
             );
-            *ok = false;
-            continue;
+            *self.ok = false;
+            return None;
         }
-        rules.push(Rule {
+        Some(Rule {
             name: "range".into(),
             kind: RuleKind::Range {
                 column: col,
@@ -581,71 +669,82 @@ fn load_rules(
                 allow_non_finite: r.allow_non_finite.unwrap_or(false),
             },
             severity: Severity::Error,
-        });
+        })
     }
-    let mut names = std::collections::HashSet::new();
-    for (i, c) in raw.checks.iter().enumerate() {
-        let which = format!("check {} of task `{task}`", i + 1);
+
+    /// Check `i` (from 0) of the task, `c`: a name of its own among `names`, a severity, and
+    /// what it runs (a query in a SQL task, a command in a command task).
+    fn check(
+        &mut self,
+        i: usize,
+        c: &RawCheck,
+        names: &mut std::collections::HashSet<String>,
+    ) -> Option<Rule> {
+        let which = format!("check {} of task `{}`", i + 1, self.task);
         let name = match &c.name {
             Some(n) if !n.get_ref().trim().is_empty() => {
                 if !names.insert(n.get_ref().clone()) {
-                    errs.at(
+                    self.errs.at(
                         n,
                         format!("{which}: another check of the task is named `{}`; give each its own name", n.get_ref()),
                     );
-                    *ok = false;
+                    *self.ok = false;
                 }
                 n.get_ref().clone()
             }
             _ => {
-                errs.at_offset(
+                self.errs.at_offset(
                     c.at.start,
                     format!("{which} has no `name`; name it as a rejection will, such as name = \"no negative revenue\""),
                 );
-                *ok = false;
-                continue;
+                *self.ok = false;
+                return None;
             }
         };
         let severity = match c.severity.as_ref().map(|s| (s, s.get_ref().as_str())) {
             None | Some((_, "error")) => Severity::Error,
             Some((_, "warn")) => Severity::Warn,
             Some((s, other)) => {
-                errs.at(
+                self.errs.at(
                     s,
                     format!("key `severity` is \"error\" (reject the try, the default) or \"warn\" (record and publish), not `{other}`"),
                 );
-                *ok = false;
-                continue;
+                *self.ok = false;
+                return None;
             }
         };
-        let kind = match (&c.sql, &c.command, is_sql) {
+        let kind = self.check_kind(&which, c)?;
+        Some(Rule {
+            name,
+            kind,
+            severity,
+        })
+    }
+
+    /// What check `c` (`which`, for messages) runs: `sql` in a SQL task, `command` in a
+    /// command task.
+    fn check_kind(&mut self, which: &str, c: &RawCheck) -> Option<RuleKind> {
+        let kind = match (&c.sql, &c.command, self.is_sql) {
             (Some(sql), None, true) if !sql.get_ref().trim().is_empty() => {
-                RuleKind::Sql(sql.get_ref().clone())
+                Some(RuleKind::Sql(sql.get_ref().clone()))
             }
             (Some(sql), None, true) => {
-                errs.at(sql, format!("{which}: `sql` is empty; write a query whose rows are the violations, such as SELECT * FROM output WHERE amount < 0"));
-                *ok = false;
-                continue;
+                self.errs.at(sql, format!("{which}: `sql` is empty; write a query whose rows are the violations, such as SELECT * FROM output WHERE amount < 0"));
+                None
             }
-            (None, Some(cmd), false) => match command_spec(cmd, "command", errs) {
-                Some(spec) => RuleKind::Command(spec),
-                None => {
-                    *ok = false;
-                    continue;
-                }
-            },
+            (None, Some(cmd), false) => {
+                command_spec(cmd, "command", self.errs).map(RuleKind::Command)
+            }
             (Some(sql), _, false) => {
-                errs.at(sql, format!("{which}: a command task's check is a `command` that prints the number of violations, not `sql`"));
-                *ok = false;
-                continue;
+                self.errs.at(sql, format!("{which}: a command task's check is a `command` that prints the number of violations, not `sql`"));
+                None
             }
             (_, Some(cmd), true) => {
-                errs.at(cmd, format!("{which}: a SQL task's check is a `sql` query over the table `output` whose rows are the violations, not a `command`"));
-                *ok = false;
-                continue;
+                self.errs.at(cmd, format!("{which}: a SQL task's check is a `sql` query over the table `output` whose rows are the violations, not a `command`"));
+                None
             }
             (None, None, sql) => {
-                errs.at_offset(
+                self.errs.at_offset(
                     c.at.start,
                     if sql {
                         format!("{which} has no `sql`; write a query over the table `output` whose rows are the violations")
@@ -653,17 +752,14 @@ fn load_rules(
                         format!("{which} has no `command`; write one that prints the number of violations")
                     },
                 );
-                *ok = false;
-                continue;
+                None
             }
         };
-        rules.push(Rule {
-            name,
-            kind,
-            severity,
-        });
+        if kind.is_none() {
+            *self.ok = false;
+        }
+        kind
     }
-    rules
 }
 
 /// Where each rule of [`load_rules`] is written, in its order: a built-in rule's column, a

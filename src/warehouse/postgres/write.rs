@@ -820,34 +820,46 @@ pub(super) fn source_queries(
     types: &mut Vec<Type>,
     values: &mut Vec<Value>,
 ) -> std::result::Result<[String; 2], Failure> {
-    let mut one = |key: &'static str, spec: Option<&SourceCount>, count: bool| {
+    let mut one = |key: &'static str, spec: Option<&SourceCount>, answer: Answer| {
         let Some(SourceCount::Sql(sql)) = spec else {
-            return Ok(if count { "NULL::int8" } else { "NULL::text" }.to_string());
+            return Ok(match answer {
+                Answer::Count => "NULL::int8",
+                Answer::Value => "NULL::text",
+            }
+            .to_string());
         };
         let s = Statement::new(key, sql, types.len() + 1).map_err(|p| Error::Message(p.message))?;
         types.extend(s.types());
         values.extend(s.values(binds, tz));
-        Ok::<_, Failure>(if count {
-            format!("(SELECT s.c::int8 FROM (\n{}\n) AS s(c))", s.sql)
-        } else {
-            format!(
+        Ok::<_, Failure>(match answer {
+            Answer::Count => format!("(SELECT s.c::int8 FROM (\n{}\n) AS s(c))", s.sql),
+            Answer::Value => format!(
                 "(SELECT coalesce(s.c::text, 'NULL') FROM (\n{}\n) AS s(c))",
                 s.sql
-            )
+            ),
         })
     };
     Ok([
         one(
             "gate.source_count",
             gate.and_then(|g| g.source_count.as_ref()),
-            true,
+            Answer::Count,
         )?,
         one(
             "gate.source_fingerprint",
             gate.and_then(|g| g.source_fingerprint.as_ref()),
-            false,
+            Answer::Value,
         )?,
     ])
+}
+
+/// What a gate's source query answers, as a try's statement reads it.
+#[derive(Clone, Copy)]
+enum Answer {
+    /// `source_count`: an integer.
+    Count,
+    /// `source_fingerprint`: one value of any type, as text (`NULL` spelled out).
+    Value,
 }
 
 /// The source count a [`source_queries`] subquery gave: a `source_count` query must give one.

@@ -17,7 +17,7 @@ use crate::project::Dag;
 
 /// How a cascade decides whether a downstream interval runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// Whenever all of its upstream intervals succeeded.
     All,
     /// Only when, moreover, the output of one of them changed.
@@ -25,14 +25,14 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::All => "all",
             Self::Changed => "changed",
         }
     }
 
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         match s {
             "all" => Some(Self::All),
             "changed" => Some(Self::Changed),
@@ -42,7 +42,7 @@ impl Mode {
 }
 
 /// The DAGs downstream of `root`, transitively, each after every upstream of it among them.
-pub fn downstream<'a>(dags: &'a [Dag], root: &str) -> Vec<&'a Dag> {
+pub(crate) fn downstream<'a>(dags: &'a [Dag], root: &str) -> Vec<&'a Dag> {
     let mut members: HashSet<&str> = HashSet::from([root]);
     loop {
         let before = members.len();
@@ -80,7 +80,10 @@ pub fn downstream<'a>(dags: &'a [Dag], root: &str) -> Vec<&'a Dag> {
 
 /// The intervals of `dag` that overlap any of `upstream` (ascending, any order in); an error
 /// when they are more than [`crate::interval::MAX_INTERVALS`].
-pub fn overlapping(dag: &Dag, upstream: &[DataInterval]) -> Result<Vec<DataInterval>, String> {
+pub(crate) fn overlapping(
+    dag: &Dag,
+    upstream: &[DataInterval],
+) -> Result<Vec<DataInterval>, String> {
     let (Some(lo), Some(hi)) = (
         upstream.iter().map(|i| i.start).min(),
         upstream.iter().map(|i| i.end).max(),
@@ -122,7 +125,7 @@ pub fn overlapping(dag: &Dag, upstream: &[DataInterval]) -> Result<Vec<DataInter
 }
 
 /// The intervals of `upstream` (ascending) that `interval` depends on: those overlapping it.
-pub fn depends<'a>(
+pub(crate) fn depends<'a>(
     interval: &'a DataInterval,
     upstream: &'a [DataInterval],
 ) -> impl Iterator<Item = &'a DataInterval> + 'a {
@@ -134,7 +137,7 @@ pub fn depends<'a>(
 
 /// What a cascade's backfill of an upstream DAG did with one interval of its plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Upstream {
+pub(crate) struct Upstream {
     pub dag: String,
     pub interval: DataInterval,
     /// Its output is there to read: it ran and succeeded here, or it was skipped because what
@@ -150,7 +153,7 @@ pub struct Upstream {
 /// `in flight` (another backfill runs it), `not yet complete`, or after a failure does not
 /// count as succeeded; one skipped as `already exists` counts as succeeded only if its latest
 /// run did.
-pub fn upstream_outcomes(
+pub(crate) fn upstream_outcomes(
     conn: &dyn Reads,
     dag_id: &str,
     backfill_id: i64,
@@ -191,7 +194,7 @@ pub fn upstream_outcomes(
 /// outcome the cascade knows already (`known`, by start), with whether each can be read: not
 /// while another backfill runs it, nor when its latest run did not succeed (one that never ran
 /// has nothing to wait for).
-pub fn outside_outcomes(
+pub(crate) fn outside_outcomes(
     conn: &dyn Reads,
     upstream: &Dag,
     intervals: &[DataInterval],
@@ -225,7 +228,7 @@ pub fn outside_outcomes(
 /// For each of `ups` (intervals of DAG `dag_id`, ascending): whether its output can be read
 /// now: no other backfill holds its lease (as `judge` says), and its latest computing run
 /// succeeded (or it never ran).
-pub fn readable(
+pub(crate) fn readable(
     conn: &dyn Reads,
     dag_id: &str,
     ups: &[DataInterval],
@@ -256,7 +259,7 @@ pub fn readable(
 /// that had ended by then. A task that reports no fingerprint, or had not succeeded by then,
 /// counts as changed: nothing can say it is the same. An interval that never succeeded has
 /// nothing to read, and so has not changed.
-pub fn changed_since(
+pub(crate) fn changed_since(
     conn: &dyn Reads,
     dag_id: &str,
     start: i64,
@@ -281,7 +284,7 @@ pub fn changed_since(
 /// the cascade: one that did not succeed skips it (`upstream not successful`); with `changed`,
 /// it runs only if `changed(interval, upstream)` says so of one of them (else `upstream
 /// unchanged`).
-pub fn decide<E>(
+pub(crate) fn decide<E>(
     intervals: &[DataInterval],
     upstream: &[Upstream],
     mode: Mode,

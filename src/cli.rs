@@ -397,7 +397,7 @@ pub enum CascadeArg {
 }
 
 impl CascadeArg {
-    pub fn mode(self) -> crate::cascade::Mode {
+    pub(crate) fn mode(self) -> crate::cascade::Mode {
         match self {
             Self::All => crate::cascade::Mode::All,
             Self::Changed => crate::cascade::Mode::Changed,

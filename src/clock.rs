@@ -9,10 +9,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, Utc};
 
-pub const ENV: &str = "BACKFILL_NOW";
+pub(crate) const ENV: &str = "BACKFILL_NOW";
 
 /// How often an owner writes its heartbeat (and reads the cancel flag).
-pub const HEARTBEAT: Duration = Duration::from_millis(250);
+pub(crate) const HEARTBEAT: Duration = Duration::from_millis(250);
 
 /// Wall-clock milliseconds since the epoch, for event timestamps and heartbeats.
 pub fn now_ms() -> i64 {
@@ -27,10 +27,10 @@ pub fn now_ms() -> i64 {
 /// machine's sleep, as the wall clock does, and no step of the wall clock), taken when it
 /// recorded a start: what the end is measured from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Mark(std::time::Duration);
+pub(crate) struct Mark(std::time::Duration);
 
 impl Mark {
-    pub fn now() -> Self {
+    pub(crate) fn now() -> Self {
         let mut ts = nix::libc::timespec {
             tv_sec: 0,
             tv_nsec: 0,
@@ -47,7 +47,7 @@ impl Mark {
     }
 
     /// Milliseconds from this mark to now.
-    pub fn elapsed_ms(self) -> i64 {
+    pub(crate) fn elapsed_ms(self) -> i64 {
         let ms = Self::now().0.saturating_sub(self.0).as_millis();
         i64::try_from(ms).unwrap_or(i64::MAX)
     }
@@ -70,7 +70,7 @@ impl End {
     }
 
     /// Now, and the time since `began` when this process marked the start.
-    pub fn since(began: Option<Mark>) -> Self {
+    pub(crate) fn since(began: Option<Mark>) -> Self {
         Self {
             now_ms: now_ms(),
             elapsed_ms: began.map(Mark::elapsed_ms),
@@ -89,7 +89,7 @@ pub struct BadNow {
 }
 
 /// Now, as planning sees it: `BACKFILL_NOW` when set, else the real clock.
-pub fn now() -> Result<DateTime<Utc>, BadNow> {
+pub(crate) fn now() -> Result<DateTime<Utc>, BadNow> {
     match std::env::var(ENV) {
         Ok(value) => DateTime::parse_from_rfc3339(&value)
             .map(|t| t.with_timezone(&Utc))

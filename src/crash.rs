@@ -76,7 +76,7 @@ fn after() -> String {
 }
 
 /// Records the backfill this process runs, for the hook's message.
-pub fn running(backfill_id: i64) {
+pub(crate) fn running(backfill_id: i64) {
     BACKFILL.store(backfill_id, Ordering::Relaxed);
 }
 
@@ -91,7 +91,7 @@ fn message(payload: &(dyn std::any::Any + Send)) -> &str {
 
 /// Runs `f`, turning a panic on this thread into an error that carries its message. Only for
 /// code that leaves nothing waiting when it unwinds (no thread started, no lock held).
-pub fn catching<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+pub(crate) fn catching<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     let before = CATCHING.with(|c| c.replace(true));
     let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
     CATCHING.with(|c| c.set(before));

@@ -34,7 +34,7 @@ pub struct Fault {
 }
 
 impl Fault {
-    pub fn new(cause: impl Into<String>, fix: impl Into<String>) -> Self {
+    pub(crate) fn new(cause: impl Into<String>, fix: impl Into<String>) -> Self {
         Self {
             cause: cause.into(),
             fix: fix.into(),
@@ -44,19 +44,19 @@ impl Fault {
 
     /// The same fault, one that may pass by itself in a moment (see [`Fault::transient`]).
     #[must_use]
-    pub fn passing(mut self) -> Self {
+    pub(crate) fn passing(mut self) -> Self {
         self.transient = true;
         self
     }
 
     /// The fault of an I/O error met while opening or writing `path`, a file or folder of ours
     /// described by `what` (`the log /p/x.log`), if the error is one.
-    pub fn of_io(e: &std::io::Error, what: &str, path: &Path) -> Option<Self> {
+    pub(crate) fn of_io(e: &std::io::Error, what: &str, path: &Path) -> Option<Self> {
         Self::of_errno(e.raw_os_error()?, what, path)
     }
 
     /// [`Fault::of_io`] by the error's number.
-    pub fn of_errno(errno: i32, what: &str, path: &Path) -> Option<Self> {
+    pub(crate) fn of_errno(errno: i32, what: &str, path: &Path) -> Option<Self> {
         let dir = folder_of(path);
         let (reason, fix): (String, &str) = match errno {
             libc::ENOSPC => (format!("the disk of {} is full", dir.display()), FREE_SPACE),
@@ -93,7 +93,7 @@ impl Fault {
     /// The fault of a failure to start a process (`what`: `cannot start `sh``): no file
     /// descriptors, memory or processes left. A program that cannot be executed (missing, not
     /// executable) is the task's failure.
-    pub fn of_spawn(e: &std::io::Error, what: &str) -> Option<Self> {
+    pub(crate) fn of_spawn(e: &std::io::Error, what: &str) -> Option<Self> {
         let (reason, fix): (String, &str) = match e.raw_os_error()? {
             libc::EMFILE => (descriptors(), DESCRIPTORS_FIX),
             libc::ENFILE => (
@@ -114,13 +114,13 @@ impl Fault {
     /// /p/.backfill/audit/try-3.db`), the one being written: a full disk, an I/O error, no
     /// memory, a file that cannot be opened for want of descriptors or permission, a database
     /// this user may not write.
-    pub fn of_sqlite(e: &rusqlite::Error, what: &str, file: &Path) -> Option<Self> {
+    pub(crate) fn of_sqlite(e: &rusqlite::Error, what: &str, file: &Path) -> Option<Self> {
         Self::of_sqlite_errno(e, what, file, None)
     }
 
     /// [`Fault::of_sqlite`] with the error number of the system call that failed, read right
     /// after SQLite failed to open a file ([`last_errno`]): SQLite does not keep it.
-    pub fn of_sqlite_errno(
+    pub(crate) fn of_sqlite_errno(
         e: &rusqlite::Error,
         what: &str,
         file: &Path,
@@ -194,7 +194,7 @@ fn folder_of(path: &Path) -> &Path {
 
 /// The error number of this thread's last failed system call: read right after SQLite failed to
 /// open a file, it says why (see [`Fault::of_sqlite_errno`]).
-pub fn last_errno() -> Option<i32> {
+pub(crate) fn last_errno() -> Option<i32> {
     std::io::Error::last_os_error().raw_os_error()
 }
 

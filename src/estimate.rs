@@ -7,11 +7,11 @@ use crate::manifest::Reads;
 use crate::project::Dag;
 
 /// Tries per task the median is taken over: recent ones say most about the next.
-pub const RECENT_TRIES: i64 = 20;
+pub(crate) const RECENT_TRIES: i64 = 20;
 
 /// An estimate: `seconds` is `None` when some task has no successful try yet.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Estimate {
+pub(crate) struct Estimate {
     pub seconds: Option<f64>,
     /// How many tries the medians come from.
     pub tries: i64,
@@ -22,7 +22,7 @@ pub struct Estimate {
 }
 
 /// The median duration (seconds) of each task's recent successful tries, and their number.
-pub fn history(
+pub(crate) fn history(
     conn: &dyn Reads,
     dag: &Dag,
 ) -> crate::manifest::Result<BTreeMap<String, (f64, i64)>> {
@@ -41,7 +41,7 @@ pub fn history(
 /// The wall time of `to_run` intervals: each interval runs its tasks one after the other, at
 /// most `concurrency` intervals at once, and a pooled task's tries at most the pool's size at
 /// once (whichever bound is slower decides).
-pub fn estimate(
+pub(crate) fn estimate(
     dag: &Dag,
     history: &BTreeMap<String, (f64, i64)>,
     to_run: usize,
@@ -68,7 +68,10 @@ pub fn estimate(
             lanes,
         };
     }
-    #[allow(clippy::cast_precision_loss)]
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "a count of intervals, far below 2^52"
+    )]
     let n = to_run as f64;
     let concurrency = f64::from(lanes).min(n.max(1.0));
     let per_interval: f64 = dag.tasks.iter().map(|t| history[&t.id].0).sum();

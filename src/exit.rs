@@ -10,14 +10,14 @@ pub const OK: u8 = 0;
 /// An internal error: a bug, or the manifest or a warehouse could not be read or written; or
 /// the environment failed (a full disk, no descriptors or memory left, see
 /// [`crate::environment`]), which stopped a backfill that `backfill resume` continues.
-pub const INTERNAL: u8 = 1;
+pub(crate) const INTERNAL: u8 = 1;
 /// Bad usage, bad configuration or bad input, or an open-files limit too low for the run;
 /// nothing was written.
 pub const USAGE: u8 = 2;
 /// One or more intervals failed or were rejected; the rest completed.
-pub const FAILED: u8 = 3;
+pub(crate) const FAILED: u8 = 3;
 /// Interrupted (Ctrl-C, SIGTERM, SIGHUP, `backfill cancel`); resumable with `backfill resume ID`.
-pub const INTERRUPTED: u8 = 130;
+pub(crate) const INTERRUPTED: u8 = 130;
 
 /// Every error the library reports.
 #[derive(Debug, thiserror::Error)]
@@ -103,7 +103,7 @@ impl Error {
 
     /// The environment fault this error is, if it is one: found as such where it happened
     /// (see [`crate::environment`]).
-    pub fn environment(&self) -> Option<crate::environment::Fault> {
+    pub(crate) fn environment(&self) -> Option<crate::environment::Fault> {
         match self {
             Self::Environment(f) => Some(f.clone()),
             Self::Warehouse(w) => w.environment(),
@@ -111,7 +111,7 @@ impl Error {
         }
     }
 
-    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Self::Io {
             context: context.into(),
             source,

@@ -12,7 +12,7 @@
 
 /// What to do at a fault point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     Abort,
     Stop,
     Fail,
@@ -86,7 +86,7 @@ mod imp {
     }
 
     /// A manifest transaction of this process, while it is open.
-    pub struct InTx {
+    pub(crate) struct InTx {
         _guard: std::sync::RwLockReadGuard<'static, ()>,
     }
 
@@ -96,7 +96,7 @@ mod imp {
         }
     }
 
-    pub fn manifest_tx() -> InTx {
+    pub(crate) fn manifest_tx() -> InTx {
         let guard = MANIFEST_TX
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -106,7 +106,7 @@ mod imp {
 
     /// Waits until no manifest transaction of this process is open, and keeps new ones from
     /// beginning while held; nothing when this thread is inside one.
-    pub fn manifest_idle() -> Option<std::sync::RwLockWriteGuard<'static, ()>> {
+    pub(crate) fn manifest_idle() -> Option<std::sync::RwLockWriteGuard<'static, ()>> {
         if IN_TX.with(std::cell::Cell::get) {
             return None;
         }
@@ -117,7 +117,7 @@ mod imp {
         )
     }
 
-    pub fn reached(point: &str) -> Option<Action> {
+    pub(crate) fn reached(point: &str) -> Option<Action> {
         let mut plan = PLAN
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -127,19 +127,19 @@ mod imp {
         (*hits == nth).then_some(action)
     }
 
-    pub fn slow_commit() -> Option<Duration> {
+    pub(crate) fn slow_commit() -> Option<Duration> {
         PLAN.lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .slow_commit
     }
 
-    pub fn skew_ms() -> i64 {
+    pub(crate) fn skew_ms() -> i64 {
         PLAN.lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .skew_ms
     }
 
-    pub fn serve_timeouts() -> Option<Duration> {
+    pub(crate) fn serve_timeouts() -> Option<Duration> {
         PLAN.lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .serve_timeouts
@@ -148,7 +148,7 @@ mod imp {
 
 /// Reaches a fault point: aborts or freezes the process when configured to; returns true when
 /// the caller must fail as if its write had failed.
-pub fn point(name: &str) -> bool {
+pub(crate) fn point(name: &str) -> bool {
     #[cfg(feature = "fault-injection")]
     {
         match imp::reached(name) {
@@ -180,7 +180,7 @@ pub fn point(name: &str) -> bool {
 }
 
 /// How long to delay each manifest commit (a slow disk), if configured.
-pub fn slow_commit() -> Option<std::time::Duration> {
+pub(crate) fn slow_commit() -> Option<std::time::Duration> {
     #[cfg(feature = "fault-injection")]
     {
         imp::slow_commit()
@@ -192,7 +192,7 @@ pub fn slow_commit() -> Option<std::time::Duration> {
 }
 
 /// How far this host's wall clock is set off (milliseconds), if configured.
-pub fn clock_skew_ms() -> i64 {
+pub(crate) fn clock_skew_ms() -> i64 {
     #[cfg(feature = "fault-injection")]
     {
         imp::skew_ms()
@@ -204,7 +204,7 @@ pub fn clock_skew_ms() -> i64 {
 }
 
 /// What `serve`'s header-read and idle timeouts are shortened to, if configured.
-pub fn serve_timeouts() -> Option<std::time::Duration> {
+pub(crate) fn serve_timeouts() -> Option<std::time::Duration> {
     #[cfg(feature = "fault-injection")]
     {
         imp::serve_timeouts()
@@ -217,7 +217,7 @@ pub fn serve_timeouts() -> Option<std::time::Duration> {
 
 /// Marks a SQLite manifest transaction of this process as open while the returned value lives:
 /// a process that freezes itself at a fault point does so between them.
-pub fn manifest_tx() -> impl Sized {
+pub(crate) fn manifest_tx() -> impl Sized {
     #[cfg(feature = "fault-injection")]
     {
         imp::manifest_tx()

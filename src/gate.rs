@@ -79,7 +79,7 @@ impl Merge {
     /// What a merge of `rows` output rows would do, counted: `inserted` of them have a key the
     /// target lacks, `unchanged` equal the target's row, the rest are updated; `missing` keys of
     /// the partition the output lacks are deleted (or kept, with `keep_missing`).
-    pub fn counted(
+    pub(crate) fn counted(
         rows: i64,
         inserted: i64,
         unchanged: i64,
@@ -103,24 +103,24 @@ impl Merge {
     }
 
     /// Rows inserted, updated or deleted.
-    pub fn changed(&self) -> i64 {
+    pub(crate) fn changed(&self) -> i64 {
         self.inserted
             .saturating_add(self.updated)
             .saturating_add(self.deleted)
     }
 
     /// The partition's rows before the merge.
-    pub fn before(&self) -> i64 {
+    pub(crate) fn before(&self) -> i64 {
         (self.unchanged + self.updated - self.moved + self.deleted + self.kept).max(0)
     }
 
     /// The partition's rows after the merge.
-    pub fn after(&self) -> i64 {
+    pub(crate) fn after(&self) -> i64 {
         self.inserted + self.updated + self.unchanged + self.kept
     }
 
     /// `+3 ~2 -1 =194`: inserted, updated, deleted and unchanged, as logs and tables show them.
-    pub fn short(&self) -> String {
+    pub(crate) fn short(&self) -> String {
         format!(
             "+{} ~{} -{} ={}",
             self.inserted, self.updated, self.deleted, self.unchanged
@@ -143,11 +143,11 @@ pub struct Found {
 }
 
 /// How many violating rows a rule's message shows.
-pub const SAMPLES: usize = 5;
+pub(crate) const SAMPLES: usize = 5;
 
 impl Found {
     /// The rule's message: what, how many, and a few of the rows.
-    pub fn message(&self) -> String {
+    pub(crate) fn message(&self) -> String {
         let n = thousands(self.violations);
         let count = match self.of_rows {
             Some(rows) => format!(
@@ -188,13 +188,13 @@ pub enum Severity {
 }
 
 /// How a rejection for drift against the published partition begins.
-pub const DRIFT: &str = "drift: ";
+pub(crate) const DRIFT: &str = "drift: ";
 
 /// How a rejection by `history` begins.
-pub const HISTORY: &str = "history: ";
+pub(crate) const HISTORY: &str = "history: ";
 
 /// How many partition values outside the interval a rejection shows.
-pub const SHOWN: usize = 3;
+pub(crate) const SHOWN: usize = 3;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Rules {
@@ -210,7 +210,7 @@ pub struct Rules {
 
 /// Why a merge that does `merge` breaks `max_changed = max`, if it does: it changes more than
 /// that share of the rows the partition held (a partition that held none is not judged).
-pub fn too_many_changes(merge: &Merge, max: f64) -> Option<String> {
+pub(crate) fn too_many_changes(merge: &Merge, max: f64) -> Option<String> {
     // A partition that holds no rows yet has nothing a merge could wrongly change.
     let before = merge.before();
     if before == 0 {
@@ -232,7 +232,7 @@ pub fn too_many_changes(merge: &Merge, max: f64) -> Option<String> {
 }
 
 /// How a rejection by `max_changed` begins.
-pub const MAX_CHANGED: &str = "max_changed: ";
+pub(crate) const MAX_CHANGED: &str = "max_changed: ";
 
 /// `history = { partitions = N, tolerance = F }`: a try's rows against the median of the
 /// task's last `partitions` published partitions before its interval.
@@ -243,7 +243,7 @@ pub struct History {
 }
 
 /// The median of some counts (`None` for none).
-pub fn median(rows: &[i64]) -> Option<f64> {
+pub(crate) fn median(rows: &[i64]) -> Option<f64> {
     let mut sorted = rows.to_vec();
     sorted.sort_unstable();
     let n = sorted.len();
@@ -275,12 +275,12 @@ fn history_words(found: usize, asked: u32) -> String {
 
 /// What is recorded with a try that publishes and said as it happens: each `warn` rule that
 /// found violations.
-pub fn warnings(m: &Measures) -> Vec<String> {
+pub(crate) fn warnings(m: &Measures) -> Vec<String> {
     messages(&m.found, Severity::Warn)
 }
 
 /// The messages of the rules of `severity` that found violations.
-pub fn messages(found: &[Found], severity: Severity) -> Vec<String> {
+pub(crate) fn messages(found: &[Found], severity: Severity) -> Vec<String> {
     found
         .iter()
         .filter(|f| f.severity == severity && f.violations > 0)
@@ -291,7 +291,7 @@ pub fn messages(found: &[Found], severity: Severity) -> Vec<String> {
 /// What is recorded with a try that publishes without being said: the history, when there
 /// was less of it than asked (the first partitions of a new table have none), or when its
 /// median is 0 rows (nothing to measure a difference against).
-pub fn notes(m: &Measures, r: &Rules) -> Vec<String> {
+pub(crate) fn notes(m: &Measures, r: &Rules) -> Vec<String> {
     match (r.history, &m.history) {
         (Some(h), Some(rows)) if !r.allow_drift => {
             if rows.is_empty() {
@@ -327,7 +327,7 @@ pub enum Verdict {
 
 impl Verdict {
     /// The verdict as the manifest records it.
-    pub fn recorded(&self) -> crate::state::Verdict {
+    pub(crate) fn recorded(&self) -> crate::state::Verdict {
         match self {
             Self::Publish => crate::state::Verdict::Published,
             Self::PublishEmpty => crate::state::Verdict::PublishedEmpty,
@@ -336,7 +336,7 @@ impl Verdict {
     }
 
     /// The verdict's words.
-    pub fn as_str(&self) -> &'static str {
+    pub(crate) fn as_str(&self) -> &'static str {
         match self {
             Self::Publish => "published",
             Self::PublishEmpty => "published empty",
@@ -345,7 +345,7 @@ impl Verdict {
     }
 
     /// The reason recorded with the verdict.
-    pub fn reason(&self) -> Option<&str> {
+    pub(crate) fn reason(&self) -> Option<&str> {
         match self {
             Self::Publish => None,
             Self::PublishEmpty => Some("empty source"),
@@ -383,7 +383,7 @@ fn shown(values: &[String]) -> String {
 
 /// The counts a task or command reported, checked before any verdict: `Err` says why the try
 /// failed.
-pub fn check_counts(m: &Measures) -> Result<(), String> {
+pub(crate) fn check_counts(m: &Measures) -> Result<(), String> {
     if m.rows < 0 {
         return Err(format!(
             "the task reported {} rows; a row count cannot be negative",
@@ -408,18 +408,18 @@ pub fn judge(m: &Measures, r: &Rules) -> Result<Verdict, String> {
 /// The rejection of an output that a constraint of the target refused (`why`, the database's
 /// words): judged with the other checks where the output is written into the target before the
 /// gate (PostgreSQL), and when the publish meets it where it is not (SQLite).
-pub fn refused_by_target(why: &str) -> Verdict {
+pub(crate) fn refused_by_target(why: &str) -> Verdict {
     Verdict::Reject(format!("{REFUSED_BY_TARGET}: {why}"))
 }
 
 /// How a rejection by a constraint of the target begins.
-pub const REFUSED_BY_TARGET: &str = "target constraint violated";
+pub(crate) const REFUSED_BY_TARGET: &str = "target constraint violated";
 
 /// The rules a rejection's reasons name, one for each reason (`/metrics` counts rejections by
 /// rule): `partition_column`, `unique_key`, `target_constraint`, `source_count`, `zero_rows`,
 /// `drift`, `history`, a rule on values by its kind (`not_null`, `accepted_values`, `range`), a
 /// check as `check:NAME`, else `other`.
-pub fn rules_named(reasons: &str) -> Vec<String> {
+pub(crate) fn rules_named(reasons: &str) -> Vec<String> {
     let named = |reason: &str| -> String {
         let reason = reason.trim();
         if reason.starts_with("row outside interval") {

@@ -26,14 +26,14 @@ pub struct DataInterval {
 impl DataInterval {
     /// From the earliest start to the latest end of `intervals` (a batch's whole range);
     /// `None` for none.
-    pub fn span(intervals: &[DataInterval]) -> Option<DataInterval> {
+    pub(crate) fn span(intervals: &[DataInterval]) -> Option<DataInterval> {
         let start = intervals.iter().map(|i| i.start).min()?;
         let end = intervals.iter().map(|i| i.end).max()?;
         Some(DataInterval::new(start, end))
     }
 
     /// The first day of 1970 (UTC): an interval to prepare statements with.
-    pub const EPOCH_DAY: Self = Self {
+    pub(crate) const EPOCH_DAY: Self = Self {
         start: DateTime::<Utc>::UNIX_EPOCH,
         end: DateTime::<Utc>::from_timestamp(86_400, 0).expect("a valid instant"),
     };
@@ -51,11 +51,11 @@ impl DataInterval {
     }
 
     /// The local date of the interval start in `tz` (`ds`), as `YYYY-MM-DD`.
-    pub fn ds(&self, tz: Tz) -> String {
+    pub(crate) fn ds(&self, tz: Tz) -> String {
         self.start.with_timezone(&tz).format("%Y-%m-%d").to_string()
     }
 
-    pub fn duration(&self) -> Duration {
+    pub(crate) fn duration(&self) -> Duration {
         self.end - self.start
     }
 }
@@ -68,13 +68,13 @@ impl fmt::Display for DataInterval {
 
 /// An interval in a JSON document: `{"start", "end"}`, RFC 3339 UTC.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
-pub struct IntervalDoc {
+pub(crate) struct IntervalDoc {
     pub start: Rfc3339,
     pub end: Rfc3339,
 }
 
 impl IntervalDoc {
-    pub fn of(i: DataInterval) -> Self {
+    pub(crate) fn of(i: DataInterval) -> Self {
         Self {
             start: Rfc3339(i.start),
             end: Rfc3339(i.end),
@@ -95,7 +95,7 @@ pub struct Rfc3339(pub DateTime<Utc>);
 
 impl Rfc3339 {
     /// The 20 ASCII bytes, for years 0 to 9999 (`None` outside).
-    pub fn bytes(self) -> Option<[u8; 20]> {
+    pub(crate) fn bytes(self) -> Option<[u8; 20]> {
         use chrono::{Datelike, Timelike};
         let t = self.0;
         let year = u32::try_from(t.year()).ok().filter(|y| *y <= 9999)?;
@@ -134,13 +134,13 @@ impl serde::Serialize for Rfc3339 {
     }
 }
 
-pub fn from_unix(secs: i64) -> DateTime<Utc> {
+pub(crate) fn from_unix(secs: i64) -> DateTime<Utc> {
     DateTime::from_timestamp(secs, 0).unwrap_or_default()
 }
 
 /// A parsed `WHEN` argument, before it is resolved against a timezone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum When {
+pub(crate) enum When {
     /// A calendar date in the DAG timezone (`2026-09-01`, `today`, `yesterday`, `today-7d`).
     Date(NaiveDate),
     /// A wall-clock time in the DAG timezone (`2026-09-01T06:00`).
@@ -200,7 +200,7 @@ fn in_zone(t: DateTime<Utc>, tz: Tz) -> String {
 
 /// Parses a `WHEN` argument. `now` is the clock's current instant; `tz` the DAG timezone,
 /// which decides what `today` is. Never panics: a time that cannot be represented is an error.
-pub fn parse_when(input: &str, now: DateTime<Utc>, tz: Tz) -> Result<When, RangeError> {
+pub(crate) fn parse_when(input: &str, now: DateTime<Utc>, tz: Tz) -> Result<When, RangeError> {
     let bad = |reason: &str| RangeError::BadWhen {
         input: input.to_string(),
         reason: reason.to_string(),
@@ -350,7 +350,7 @@ pub struct Range {
 impl Range {
     /// The first and the last whole unix second at which an interval of the range can start,
     /// both inclusive: the bounds that select this range's intervals among recorded ones.
-    pub fn unix_start_bounds(&self) -> (i64, i64) {
+    pub(crate) fn unix_start_bounds(&self) -> (i64, i64) {
         let first = self.start.timestamp() + i64::from(self.start.timestamp_subsec_nanos() > 0);
         let end = self.end_exclusive;
         let last = end.timestamp() - i64::from(end.timestamp_subsec_nanos() == 0);
@@ -359,7 +359,7 @@ impl Range {
 }
 
 /// Resolves `--from` and `--to` in `tz` into a range of interval starts.
-pub fn resolve_range(from: When, to: When, tz: Tz) -> Result<Range, RangeError> {
+pub(crate) fn resolve_range(from: When, to: When, tz: Tz) -> Result<Range, RangeError> {
     let out_of_range = |w: When| RangeError::BadWhen {
         input: describe_when(w),
         reason: OUT_OF_RANGE.to_string(),
@@ -390,7 +390,12 @@ pub fn resolve_range(from: When, to: When, tz: Tz) -> Result<Range, RangeError> 
 }
 
 /// Parses and resolves `--from` and `--to` in `tz`, with `now` deciding relative times.
-pub fn resolve_args(from: &str, to: &str, now: DateTime<Utc>, tz: Tz) -> Result<Range, RangeError> {
+pub(crate) fn resolve_args(
+    from: &str,
+    to: &str,
+    now: DateTime<Utc>,
+    tz: Tz,
+) -> Result<Range, RangeError> {
     resolve_range(parse_when(from, now, tz)?, parse_when(to, now, tz)?, tz)
 }
 
@@ -448,7 +453,7 @@ pub fn expand(
 
 /// Like [`expand`] with at most [`MAX_INTERVALS`], but an empty result or too many intervals is
 /// an error that names the range.
-pub fn expand_nonempty(
+pub(crate) fn expand_nonempty(
     schedule: &Schedule,
     range: Range,
     from: &str,

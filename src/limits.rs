@@ -59,7 +59,7 @@ pub fn raise() {
 
 /// The limit to give a child before it `exec`s (soft, hard): the one this process was started
 /// with, when [`raise`] changed it.
-pub fn inherited() -> Option<(u64, u64)> {
+pub(crate) fn inherited() -> Option<(u64, u64)> {
     let (soft, hard) = (
         STARTED_WITH.load(Ordering::Relaxed),
         HARD.load(Ordering::Relaxed),
@@ -68,12 +68,12 @@ pub fn inherited() -> Option<(u64, u64)> {
 }
 
 /// This process's open-files limit (the soft one, which [`raise`] set to the hard one).
-pub fn open_files() -> u64 {
+pub(crate) fn open_files() -> u64 {
     getrlimit(Resource::RLIMIT_NOFILE).map_or(u64::MAX, |(soft, _)| soft)
 }
 
 /// The fewest descriptors a run of `max_active_runs` intervals at a time needs.
-pub fn needed(max_active_runs: u32) -> u64 {
+pub(crate) fn needed(max_active_runs: u32) -> u64 {
     BASE + PER_RUN * u64::from(max_active_runs.max(1))
 }
 
@@ -111,7 +111,10 @@ pub enum Refused {
 
 /// Whether this process may open what a run of `max_active_runs` intervals at a time needs.
 /// `lower`: the command's option that sets it (`--max-active-runs`), named in the message.
-pub fn room_for_runs(max_active_runs: u32, lower: Option<&'static str>) -> Result<(), Refused> {
+pub(crate) fn room_for_runs(
+    max_active_runs: u32,
+    lower: Option<&'static str>,
+) -> Result<(), Refused> {
     let limit = open_files();
     let needed = needed(max_active_runs);
     if limit >= needed {
@@ -131,7 +134,7 @@ pub fn room_for_runs(max_active_runs: u32, lower: Option<&'static str>) -> Resul
 /// for the whole process, when the first runtime with I/O is built, and panics when it cannot
 /// (at the open-files limit): building (and dropping) one here, before a command writes
 /// anything, turns that into an error, and no later runtime needs the pipe again.
-pub fn claim_signal_pipe() -> Result<(), Refused> {
+pub(crate) fn claim_signal_pipe() -> Result<(), Refused> {
     // What building it opens: the poll and a copy of it, its waker, the pipe, and a copy of
     // the pipe's end.
     const OPENS: u64 = 6;
@@ -192,21 +195,13 @@ fn why(errno: i32) -> String {
 }
 
 /// Whether an I/O error says that a descriptor could not be had (EMFILE, ENFILE).
-pub fn io_shortage(e: &std::io::Error) -> bool {
+pub(crate) fn io_shortage(e: &std::io::Error) -> bool {
     e.raw_os_error().is_some_and(is_shortage)
 }
 
 /// Shows an I/O error, and the open-files limit when it is the cause.
-pub fn io(e: &std::io::Error) -> impl fmt::Display + '_ {
+pub(crate) fn io(e: &std::io::Error) -> impl fmt::Display + '_ {
     Shown(e, e.raw_os_error().filter(|&n| is_shortage(n)))
-}
-
-/// Whether a SQLite error is an open that failed for want of a descriptor: `unable to open
-/// database file` when the last open SQLite could not make failed with EMFILE or ENFILE (its
-/// error log says so, see [`watch_sqlite`]), or, without that log, when this process has no
-/// descriptor left now.
-pub fn sqlite_shortage(e: &rusqlite::Error) -> bool {
-    sqlite_cause(e).is_some()
 }
 
 fn sqlite_cause(e: &rusqlite::Error) -> Option<i32> {
@@ -220,7 +215,7 @@ fn sqlite_cause(e: &rusqlite::Error) -> Option<i32> {
 }
 
 /// Shows a SQLite error, and the open-files limit when it is the cause.
-pub fn sqlite(e: &rusqlite::Error) -> String {
+pub(crate) fn sqlite(e: &rusqlite::Error) -> String {
     let described = crate::sqlite::describe(e);
     match sqlite_cause(e) {
         Some(errno) => format!("{described} ({})", why(errno)),

@@ -28,7 +28,7 @@ pub trait Host: Send + Sync + std::fmt::Debug {
 
 /// What owners and tries record as their host: the host name and, after `#`, the PID
 /// namespace whose numbering their process ids follow (when known).
-pub fn identity(host: &str, pid_namespace: Option<&str>) -> String {
+pub(crate) fn identity(host: &str, pid_namespace: Option<&str>) -> String {
     match pid_namespace {
         Some(ns) => format!("{host}#{ns}"),
         None => host.to_string(),
@@ -45,36 +45,36 @@ fn namespace(recorded: &str) -> Option<(&str, &str)> {
 }
 
 /// The host name of a recorded host, for people.
-pub fn host_name(recorded: &str) -> &str {
+pub(crate) fn host_name(recorded: &str) -> &str {
     namespace(recorded).map_or(recorded, |(name, _)| name)
 }
 
 /// Whether a recorded host is `here` (an [`identity`]). A host recorded without its PID
 /// namespace (by an earlier version) is taken by its name.
-pub fn same_host(recorded: &str, here: &str) -> bool {
+pub(crate) fn same_host(recorded: &str, here: &str) -> bool {
     recorded == here || namespace(recorded).is_none() && recorded == host_name(here)
 }
 
 /// The name of a recorded host when it is not `here`, for saying where something runs.
-pub fn elsewhere<'a>(recorded: Option<&'a str>, here: &str) -> Option<&'a str> {
+pub(crate) fn elsewhere<'a>(recorded: Option<&'a str>, here: &str) -> Option<&'a str> {
     recorded.filter(|h| !same_host(h, here)).map(host_name)
 }
 
 /// The fields of `/proc/PID/stat` after the command name: state is the first.
-pub fn stat_fields(pid: i64) -> Option<Vec<String>> {
+pub(crate) fn stat_fields(pid: i64) -> Option<Vec<String>> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let (_, rest) = stat.rsplit_once(')')?;
     Some(rest.split_whitespace().map(str::to_string).collect())
 }
 
 /// Whether a process of this host is stopped (SIGSTOP, a debugger).
-pub fn is_stopped(pid: i64) -> bool {
+pub(crate) fn is_stopped(pid: i64) -> bool {
     stat_fields(pid).is_some_and(|f| f.first().is_some_and(|s| s == "T" || s == "t"))
 }
 
 /// The CPU time a process of this host has used so far, in clock ticks (user and system,
 /// `/proc/PID/stat` fields 14 and 15): what tells a process that works from one that waits.
-pub fn cpu_ticks(pid: i64) -> Option<u64> {
+pub(crate) fn cpu_ticks(pid: i64) -> Option<u64> {
     let f = stat_fields(pid)?;
     let field = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
     Some(field(11)? + field(12)?)

@@ -10,7 +10,7 @@ use crate::cli::LogFormat;
 use crate::exit::Error;
 
 /// The environment variable that holds the filter directive.
-pub const ENV: &str = "BACKFILL_LOG";
+pub(crate) const ENV: &str = "BACKFILL_LOG";
 
 /// Installs the subscriber for this process.
 pub fn init(verbose: u8, format: LogFormat) -> Result<(), Error> {

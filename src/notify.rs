@@ -19,10 +19,10 @@ use crate::process::{self, Input, Output, Program, Stop};
 use crate::project::{CommandSpec, Notify};
 
 /// How long a hook may take unless `timeout` says otherwise.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How a backfill ended, for its hooks.
-pub struct Ended<'a> {
+pub(crate) struct Ended<'a> {
     pub backfill_id: i64,
     pub dag_id: &'a str,
     pub state: &'a str,
@@ -46,12 +46,12 @@ fn due(notify: &Notify, exit_code: u8) -> Vec<(&'static str, &CommandSpec)> {
 }
 
 /// How long a hook gets between SIGTERM and SIGKILL once its timeout passed or it was stopped.
-pub const GRACE: Duration = Duration::from_secs(5);
+pub(crate) const GRACE: Duration = Duration::from_secs(5);
 
 /// Runs the hooks that apply, one after the other; returns a warning for each that failed or
 /// did not run. Once `stop` leaves [`Stop::Run`], the running hook is stopped (SIGTERM, SIGKILL
 /// after [`GRACE`], at once on [`Stop::Kill`]) and no other starts.
-pub async fn run(
+pub(crate) async fn run(
     notify: &Notify,
     root: &Path,
     logs: &Path,

@@ -35,7 +35,7 @@ pub enum Reprocess {
 }
 
 impl Reprocess {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::None => "none",
             Self::Failed => "failed",
@@ -87,7 +87,7 @@ pub enum SkipReason {
 }
 
 impl SkipReason {
-    pub const ALL: [SkipReason; 8] = [
+    pub(crate) const ALL: [SkipReason; 8] = [
         Self::AlreadyExists,
         Self::InFlight,
         Self::NotYetComplete,
@@ -98,7 +98,7 @@ impl SkipReason {
         Self::UpstreamUnchanged,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::AlreadyExists => "already exists",
             Self::InFlight => "in flight",
@@ -162,7 +162,7 @@ pub struct PlanRow {
 /// Plans intervals one at a time, ascending, so that a large plan can be written in chunks:
 /// it carries what `depends_on_past` needs from one interval to the next.
 #[derive(Debug, Clone)]
-pub struct Planner {
+pub(crate) struct Planner {
     opts: Options,
     /// Whether the previous interval has succeeded or will run earlier in this plan.
     previous_ok: bool,
@@ -170,7 +170,7 @@ pub struct Planner {
 
 impl Planner {
     /// `before_range` is the latest state of the interval just before the first one.
-    pub fn new(before_range: Option<RunState>, opts: Options) -> Self {
+    pub(crate) fn new(before_range: Option<RunState>, opts: Options) -> Self {
         Self {
             opts,
             previous_ok: matches!(before_range, None | Some(RunState::Succeeded)),
@@ -181,7 +181,7 @@ impl Planner {
     /// [`Planner::next`], with the interval skipped for `forced` (a cascade's upstream) where it
     /// would run: with `depends_on_past`, the intervals after it then wait for it as for a
     /// failure.
-    pub fn next_forced(
+    pub(crate) fn next_forced(
         &mut self,
         interval: &DataInterval,
         p: Prior,
@@ -196,7 +196,7 @@ impl Planner {
         }
     }
 
-    pub fn next(&mut self, interval: &DataInterval, p: Prior) -> Action {
+    pub(crate) fn next(&mut self, interval: &DataInterval, p: Prior) -> Action {
         let mut action = judge(interval, p, self.opts);
         if self.opts.depends_on_past {
             match action {
@@ -214,7 +214,7 @@ impl Planner {
 }
 
 /// The position of the `index`-th interval (ascending) of `total` in execution order.
-pub fn ord(index: usize, total: usize, run_backwards: bool) -> usize {
+pub(crate) fn ord(index: usize, total: usize, run_backwards: bool) -> usize {
     if run_backwards {
         total - 1 - index
     } else {
@@ -281,7 +281,7 @@ fn judge(interval: &DataInterval, p: Prior, opts: Options) -> Action {
 /// The batches of intervals to run (in plan order): at most `size` consecutive intervals each,
 /// never across an interval the plan leaves out (each batch's intervals meet end to start, in
 /// the plan's direction).
-pub fn batches(intervals: &[DataInterval], size: u32) -> Vec<std::ops::Range<usize>> {
+pub(crate) fn batches(intervals: &[DataInterval], size: u32) -> Vec<std::ops::Range<usize>> {
     let size = size.max(1) as usize;
     let mut out = Vec::new();
     let mut first = 0;

@@ -16,7 +16,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::interval::DataInterval;
-pub use crate::manifest::queries::{Recorded, Seen};
+pub(crate) use crate::manifest::queries::{Recorded, Seen};
 use crate::project::{Dag, Gate, SourceCount, Task, TaskKind};
 use crate::task::command;
 use crate::task::template::IntervalValues;
@@ -26,7 +26,7 @@ use crate::warehouse::Binds;
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The tasks of `dag` that can tell whether a source changed, and those that cannot.
-pub fn watchers(dag: &Dag) -> (Vec<&Task>, Vec<&Task>) {
+pub(crate) fn watchers(dag: &Dag) -> (Vec<&Task>, Vec<&Task>) {
     dag.tasks
         .iter()
         .partition(|t| t.gate.as_ref().is_some_and(Gate::watches_source))
@@ -34,7 +34,7 @@ pub fn watchers(dag: &Dag) -> (Vec<&Task>, Vec<&Task>) {
 
 /// What `changed` and `stale` cannot see in a DAG whose tasks have no `source_fingerprint`.
 #[derive(Debug, Clone)]
-pub enum BlindSpot<'a> {
+pub(crate) enum BlindSpot<'a> {
     /// No task has a `source_count` or a `source_fingerprint`: nothing can tell.
     Everything,
     /// These tasks watch their source through a `source_count` alone.
@@ -43,7 +43,7 @@ pub enum BlindSpot<'a> {
 
 /// What `changed` and `stale` cannot see in `dag`'s sources: `None` when a task of it has a
 /// `source_fingerprint`.
-pub fn blind_spot(dag: &Dag) -> Option<BlindSpot<'_>> {
+pub(crate) fn blind_spot(dag: &Dag) -> Option<BlindSpot<'_>> {
     let gates = || dag.tasks.iter().filter_map(|t| Some((t, t.gate.as_ref()?)));
     if gates().any(|(_, g)| g.source_fingerprint.is_some()) {
         return None;
@@ -61,7 +61,7 @@ pub fn blind_spot(dag: &Dag) -> Option<BlindSpot<'_>> {
 
 impl BlindSpot<'_> {
     /// The warning of `changed` and `stale` for `dag`.
-    pub fn warning(&self, dag: &Dag) -> String {
+    pub(crate) fn warning(&self, dag: &Dag) -> String {
         match self {
             Self::Everything => format!(
                 "no task of DAG `{}` has a gate `source_count` or `source_fingerprint`, so nothing can tell whether a source changed: late or corrected rows go unnoticed, intervals that succeeded count as unchanged and only failed ones run; give the task that reads the source a `source_fingerprint`",
@@ -88,7 +88,7 @@ impl BlindSpot<'_> {
     /// The warnings of `dags validate` for `dag`, each with where it is written: only for a
     /// DAG that watches its source through counts alone (one that watches nothing makes no
     /// claim until `changed` or `stale` is asked).
-    pub fn validate_warnings(&self) -> Vec<(String, String)> {
+    pub(crate) fn validate_warnings(&self) -> Vec<(String, String)> {
         let Self::CountsOnly(tasks) = self else {
             return Vec::new();
         };
@@ -109,7 +109,7 @@ impl BlindSpot<'_> {
 
 /// The note for a DAG where some tasks cannot tell, while another has a `source_fingerprint`:
 /// a change the watching tasks see reruns the whole interval.
-pub fn partly_blind(watching: &[&Task], blind: &[&Task]) -> String {
+pub(crate) fn partly_blind(watching: &[&Task], blind: &[&Task]) -> String {
     let names = |tasks: &[&Task]| {
         tasks
             .iter()
@@ -132,7 +132,7 @@ const COUNT_MISSES: &str = "sees a late or removed row only when it changes that
 const FINGERPRINT_FIX: &str = "add a gate `source_fingerprint` that changes with every row, such as `SELECT COUNT(*) || '/' || SUM(amount) FROM ...` over the rows the task reads";
 
 /// Why the source differs from what was recorded, or `None` when it does not.
-pub fn changed(gate: &Gate, recorded: &Seen, now: &Seen) -> Option<String> {
+pub(crate) fn changed(gate: &Gate, recorded: &Seen, now: &Seen) -> Option<String> {
     let mut why = Vec::new();
     if gate.source_count.is_some() && recorded.source_rows != now.source_rows {
         why.push(format!(
@@ -157,7 +157,7 @@ fn show(v: Option<String>) -> String {
 
 /// A task of an interval whose source is not what its latest successful run saw.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct Stale {
+pub(crate) struct Stale {
     pub interval: crate::interval::IntervalDoc,
     pub task: String,
     pub recorded: Seen,
@@ -168,7 +168,12 @@ pub struct Stale {
 
 /// Looks at the source of every recorded interval for each task that can tell, and returns
 /// those whose source changed (or could not be looked at: rerunning is the way to know).
-pub fn survey(root: &Path, dag: &Dag, conf: &serde_json::Value, recorded: &Recorded) -> Vec<Stale> {
+pub(crate) fn survey(
+    root: &Path,
+    dag: &Dag,
+    conf: &serde_json::Value,
+    recorded: &Recorded,
+) -> Vec<Stale> {
     let (watching, _) = watchers(dag);
     let mut stale = Vec::new();
     for (interval, tasks) in recorded.values() {
@@ -196,7 +201,7 @@ pub fn survey(root: &Path, dag: &Dag, conf: &serde_json::Value, recorded: &Recor
 }
 
 /// Evaluates a task's `source_count` and `source_fingerprint` for an interval now.
-pub fn look(
+pub(crate) fn look(
     root: &Path,
     dag: &Dag,
     task: &Task,

@@ -46,7 +46,7 @@ impl Dialect {
 
 /// Why a query was refused, and where in its text (a byte offset).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     pub offset: usize,
     pub kind: Refused,
     pub message: String,
@@ -54,7 +54,7 @@ pub struct Refusal {
 
 /// What a refused query is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refused {
+pub(crate) enum Refused {
     /// It cannot be read as SQL of its dialect: the message is the parser's words.
     Unreadable,
     /// It can, and it does more than read: the message says what.
@@ -71,7 +71,7 @@ impl Refusal {
     }
 
     /// The refusal of the query of `what` (`key `sql``) in `dialect`, as an error says it.
-    pub fn said(&self, what: &str, dialect: Dialect) -> String {
+    pub(crate) fn said(&self, what: &str, dialect: Dialect) -> String {
         match self.kind {
             Refused::Unreadable => format!(
                 "{what} cannot be read as one {} query ({}); what a query does must be known before it runs, see docs/gate.md#what-a-query-may-do",
@@ -121,7 +121,7 @@ const POSTGRES_LASTING: &[(&str, &str)] = &[
 const SQLITE_LASTING: &[(&str, &str)] = &[("load_extension", "loads code into the connection")];
 
 /// `Ok` when `sql` is one read-only query in `dialect` (see the module's doc).
-pub fn read_only(sql: &str, dialect: Dialect) -> Result<(), Refusal> {
+pub(crate) fn read_only(sql: &str, dialect: Dialect) -> Result<(), Refusal> {
     let statements = match dialect {
         Dialect::Sqlite => Parser::parse_sql(&SQLiteDialect {}, sql),
         Dialect::Postgres => Parser::parse_sql(&PostgreSqlDialect {}, sql),

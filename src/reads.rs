@@ -14,18 +14,21 @@ use crate::manifest::queries::{BackfillDetail, BackfillSummary};
 use crate::project::{Dag, Project};
 
 /// The lease timeout leases are judged with: the project's, or the default without a project.
-pub fn lease_timeout(project: Option<&Project>) -> Duration {
+pub(crate) fn lease_timeout(project: Option<&Project>) -> Duration {
     project.map_or(crate::project::DEFAULT_LEASE_TIMEOUT, |p| p.lease_timeout)
 }
 
 /// How a read judges leases and owners: with the project's lease timeout, from this host, at
 /// the manifest's clock (the database's on PostgreSQL, read once here), as `resume` does.
-pub fn lease_ctx(project: Option<&Project>, conn: &dyn Reads) -> crate::manifest::Result<LeaseCtx> {
+pub(crate) fn lease_ctx(
+    project: Option<&Project>,
+    conn: &dyn Reads,
+) -> crate::manifest::Result<LeaseCtx> {
     LeaseCtx::new(lease_timeout(project), &crate::process::LOCAL).at_manifest(conn)
 }
 
 /// Says whether each running backfill's owner is alive.
-pub fn judge_owners(list: &mut [BackfillSummary], ctx: &LeaseCtx) {
+pub(crate) fn judge_owners(list: &mut [BackfillSummary], ctx: &LeaseCtx) {
     for b in list {
         let host = b.owner_host.clone();
         b.owner_alive = ctx.owner_alive(
@@ -38,7 +41,7 @@ pub fn judge_owners(list: &mut [BackfillSummary], ctx: &LeaseCtx) {
 }
 
 /// The backfills of `list`, with whether each owner is alive.
-pub fn backfills(
+pub(crate) fn backfills(
     conn: &dyn Reads,
     project: Option<&Project>,
     dag: Option<&str>,
@@ -52,7 +55,7 @@ pub fn backfills(
 /// A backfill as `show` reads it: its detail (owners and workers judged, hosts named; with
 /// `json`, a cascade's members inside it), the members of its cascade for people, and its DAG
 /// when the project has it. `None` when the manifest has no such backfill.
-pub struct Shown {
+pub(crate) struct Shown {
     pub detail: BackfillDetail,
     pub members: Vec<BackfillDetail>,
     pub dag: Option<Dag>,
@@ -62,7 +65,7 @@ pub struct Shown {
 }
 
 /// The backfill `id` as `show` reads it (see [`Shown`]); `json` for `--output json`.
-pub fn shown(
+pub(crate) fn shown(
     conn: &dyn Reads,
     project: Option<&Project>,
     id: i64,
@@ -80,7 +83,7 @@ pub fn shown(
 
 /// Like [`shown`] for people, with `limit` of the backfill's intervals in time order from the
 /// `offset`-th, and its cascade's members with their counts only: a page of the status page.
-pub fn shown_page(
+pub(crate) fn shown_page(
     conn: &dyn Reads,
     project: Option<&Project>,
     id: i64,
@@ -185,7 +188,7 @@ fn name_hosts(detail: &mut BackfillDetail, json: bool) {
 
 /// What the kept versions of each SQL target of the DAG cost, read without creating or
 /// changing a warehouse (one that does not exist keeps nothing).
-pub fn kept_versions(
+pub(crate) fn kept_versions(
     dag: &Dag,
     manifest_path: &std::path::Path,
 ) -> Vec<crate::warehouse::versions::Storage> {

@@ -19,7 +19,7 @@
 //! lease, and a thawed one is fenced at its next heartbeat).
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use rusqlite::Connection;
@@ -74,16 +74,16 @@ struct Acted {
 
 /// What recovery did, for the caller to report.
 #[derive(Debug, Default)]
-pub struct Report {
+pub(crate) struct Report {
     pub warnings: Vec<String>,
     pub owners: Vec<i64>,
 }
 
 /// The DAGs of the project by id, for finishing publishes of any of them.
-pub struct Dags(HashMap<String, Dag>);
+pub(crate) struct Dags(HashMap<String, Dag>);
 
 impl Dags {
-    pub fn of(project: &Project) -> Self {
+    pub(crate) fn of(project: &Project) -> Self {
         Self(
             project
                 .load_all()
@@ -136,7 +136,7 @@ fn claim_of(conn: &dyn Reads, claimed: Owner) -> manifest::Result<Claim> {
 /// Recovers the workers of backfill `backfill_id` that are gone (their lease expired): their
 /// tries stopped and ended, their runs ended, so that their intervals can be run again; the
 /// backfill's owner calls it. Returns how many were recovered.
-pub fn recover_workers(
+pub(crate) fn recover_workers(
     writer: &Writer,
     dags: &Dags,
     backfill_id: i64,
@@ -157,7 +157,7 @@ pub fn recover_workers(
 
 /// Releases the stale leases of a DAG: recovers every dead owner that holds one. Run before
 /// planning, so that the plan sees them free.
-pub fn release_stale(
+pub(crate) fn release_stale(
     writer: &Writer,
     dags: &Dags,
     dag_id: &str,
@@ -186,7 +186,7 @@ pub fn release_stale(
 }
 
 /// A backfill this process took ownership of, with what its old owner left still to recover.
-pub struct TakenOver {
+pub(crate) struct TakenOver {
     pub owner: Owner,
     claim: Claim,
 }
@@ -194,7 +194,7 @@ pub struct TakenOver {
 /// Makes this process the owner of a backfill whose owner is gone (a new epoch, in one
 /// transaction). `None` when the owner is alive. The caller starts its heartbeat, then calls
 /// [`finish_takeover`].
-pub fn take_over(
+pub(crate) fn take_over(
     writer: &Writer,
     backfill_id: i64,
     ctx: &LeaseCtx,
@@ -213,7 +213,7 @@ pub fn take_over(
 /// the same transaction as the claim, so that a backfill cancelled or ended meanwhile is not run
 /// again. Of two workers that both find the owner gone, the first claim gives the backfill a
 /// live owner again, and the second finds it alive (`None`).
-pub fn take_over_running(
+pub(crate) fn take_over_running(
     writer: &Writer,
     worker: Owner,
     ctx: &LeaseCtx,
@@ -235,7 +235,7 @@ pub fn take_over_running(
 }
 
 /// Recovers what the old owner of a backfill taken over left.
-pub fn finish_takeover(
+pub(crate) fn finish_takeover(
     writer: &Writer,
     dags: &Dags,
     taken: TakenOver,
@@ -246,7 +246,7 @@ pub fn finish_takeover(
 
 /// Ends a backfill whose owner is gone as `cancelled`, after recovering what it left, and
 /// releases its leases. `false` when the owner is alive.
-pub fn cancel_dead(
+pub(crate) fn cancel_dead(
     writer: &Writer,
     dags: &Dags,
     backfill_id: i64,
@@ -321,7 +321,7 @@ fn recover(
 /// tries killed after staging and before recording it, and the old bookings of publishes whose
 /// tries are recorded as ended. A warehouse that cannot be reached is skipped (the next
 /// recovery tries again).
-pub fn sweep_staged_tables(writer: &Writer, dags: &Dags) -> Result<usize, Error> {
+pub(crate) fn sweep_staged_tables(writer: &Writer, dags: &Dags) -> Result<usize, Error> {
     let mut warehouses: Vec<&crate::project::Warehouse> = Vec::new();
     for dag in dags.0.values() {
         for task in &dag.tasks {
@@ -945,7 +945,7 @@ fn fill_from_booking(rec: &mut TryRecord, booked: &warehouse::Booked) {
 }
 
 /// Removes the audit files that no live process holds and no pending publish needs.
-pub fn sweep_audits(writer: &Writer) -> Result<usize, Error> {
+pub(crate) fn sweep_audits(writer: &Writer) -> Result<usize, Error> {
     let dir = warehouse::audit_dir(writer.path());
     if !dir.exists() {
         return Ok(0);
@@ -960,7 +960,7 @@ pub fn sweep_audits(writer: &Writer) -> Result<usize, Error> {
 
 /// The intervals of a backfill's plan still to run, leased for its new owner; intervals that a
 /// live lease of another backfill holds are recorded as skipped (`in flight`).
-pub fn lease_remaining(
+pub(crate) fn lease_remaining(
     conn: &dyn Store,
     owner: Owner,
     dag_id: &str,
@@ -1015,9 +1015,4 @@ pub fn lease_remaining(
     }
     conn.take_leases(owner.backfill_id, dag_id, &mut free.iter().copied(), ctx)?;
     Ok(free)
-}
-
-/// Where a manifest's audit files are, for messages.
-pub fn audit_dir(manifest: &Path) -> PathBuf {
-    warehouse::audit_dir(manifest)
 }

@@ -16,7 +16,7 @@ use crate::interval::DataInterval;
 
 /// Why an interval is in the sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
+pub(crate) enum Reason {
     First,
     Last,
     /// Its latest run failed or was rejected.
@@ -31,7 +31,7 @@ pub enum Reason {
 
 impl Reason {
     /// As the dry run shows it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::First => "sample: first",
             Self::Last => "sample: last",
@@ -48,7 +48,7 @@ impl Reason {
 /// Picks `n` (at least 1) of `intervals` (ascending): by index, with why. `unsuccessful` holds
 /// the starts (unix seconds) of the intervals whose latest run failed or was rejected. All of
 /// them when `n` is at least their number.
-pub fn pick(
+pub(crate) fn pick(
     intervals: &[DataInterval],
     n: usize,
     tz: Tz,

@@ -119,22 +119,22 @@ impl Schedule {
 
     /// Whether it fires at most once a day (one time of day): its intervals are named by their
     /// date.
-    pub fn at_most_daily(&self) -> bool {
+    pub(crate) fn at_most_daily(&self) -> bool {
         self.times.len() == 1
     }
 
-    pub fn expr(&self) -> &str {
+    pub(crate) fn expr(&self) -> &str {
         &self.expr
     }
 
-    pub fn tz(&self) -> Tz {
+    pub(crate) fn tz(&self) -> Tz {
         self.tz
     }
 
     /// The fire times `t` with `start <= t < end`, ascending, computed as they are consumed:
     /// taking the first `n` costs `n` fire times and a day or two around them, however long the
     /// range.
-    pub fn fire_times(&self, start: DateTime<Utc>, end: DateTime<Utc>) -> FireTimes<'_> {
+    pub(crate) fn fire_times(&self, start: DateTime<Utc>, end: DateTime<Utc>) -> FireTimes<'_> {
         // Every wall-clock time that maps to an instant at or after `start` lies on this day or
         // later: its wall clock is at most a clock jump before that of `start`, which is at most
         // an offset before `start` read as UTC.
@@ -155,12 +155,14 @@ impl Schedule {
     }
 
     /// The first fire time `>= t`, or `None` when the schedule never fires again.
-    pub fn next_at_or_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    #[cfg(test)]
+    pub(crate) fn next_at_or_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
         self.fire_times(t, DateTime::<Utc>::MAX_UTC).next()
     }
 
     /// The first fire time strictly after `t`.
-    pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    #[cfg(test)]
+    pub(crate) fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
         self.next_at_or_after(t.checked_add_signed(Duration::nanoseconds(1))?)
     }
 
@@ -230,7 +232,7 @@ impl Schedule {
 
 /// The fire times of a schedule in a range, ascending: see [`Schedule::fire_times`].
 #[derive(Debug)]
-pub struct FireTimes<'a> {
+pub(crate) struct FireTimes<'a> {
     schedule: &'a Schedule,
     start: DateTime<Utc>,
     end: DateTime<Utc>,
@@ -510,7 +512,7 @@ fn check_number(field: &Field, text: &str, part: &str) -> Result<u16, String> {
 /// Resolves a wall-clock time to an instant with the project's DST rules: the first occurrence of
 /// a repeated time, and the first instant after the gap for a time that does not exist. `None`
 /// only for a wall-clock time at the edge of the range of instants that can be represented.
-pub fn resolve_local(tz: Tz, naive: NaiveDateTime) -> Option<DateTime<Utc>> {
+pub(crate) fn resolve_local(tz: Tz, naive: NaiveDateTime) -> Option<DateTime<Utc>> {
     match tz.from_local_datetime(&naive) {
         LocalResult::Single(t) => Some(t.with_timezone(&Utc)),
         LocalResult::Ambiguous(first, _) => Some(first.with_timezone(&Utc)),

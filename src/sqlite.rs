@@ -13,7 +13,7 @@ use nix::libc;
 use rusqlite::{Connection, OpenFlags};
 
 /// Opens `path` for reading only. Never creates or writes anything, next to it either.
-pub fn open_read_only(path: &Path) -> rusqlite::Result<Connection> {
+pub(crate) fn open_read_only(path: &Path) -> rusqlite::Result<Connection> {
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
         | OpenFlags::SQLITE_OPEN_NO_MUTEX
         | OpenFlags::SQLITE_OPEN_URI;
@@ -58,7 +58,7 @@ fn immutable_uri(path: &Path) -> String {
 /// Whether this user may write the file at `path`, as the system says (`access(2)`): no
 /// descriptor is opened, so none is closed under SQLite's locks (closing any descriptor of a
 /// file lets go of every POSIX lock the process holds on it).
-pub fn writable(path: &Path) -> std::io::Result<()> {
+pub(crate) fn writable(path: &Path) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
@@ -76,7 +76,7 @@ const WAL_WRITE_LOCK_BYTE: libc::off_t = 120;
 
 /// Who holds the write lock of a WAL database, as far as this host can tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Holder {
+pub(crate) enum Holder {
     /// No other process holds it.
     Nobody,
     /// Process `pid` (of this PID namespace); `stopped` when it is stopped (SIGSTOP, a debugger).
@@ -93,7 +93,7 @@ const PENDING_BYTE: libc::off_t = 0x4000_0000;
 /// Who holds the write lock of the database at `path`, as the operating system's record of the
 /// lock says: the WAL write lock in its `-shm` file, else (a database in rollback-journal mode)
 /// the reserved and pending bytes of the file itself.
-pub fn lock_holder(path: &Path) -> Holder {
+pub(crate) fn lock_holder(path: &Path) -> Holder {
     let mut shm = path.as_os_str().to_owned();
     shm.push("-shm");
     let wal = std::fs::File::open(shm).map(|f| holder_of(&f, WAL_WRITE_LOCK_BYTE, 1));
@@ -133,7 +133,7 @@ fn holder_of(file: &std::fs::File, start: libc::off_t, len: libc::off_t) -> Hold
 
 /// Who holds the write lock of the WAL database at `path`: the process's id and whether it is
 /// stopped (SIGSTOP, a debugger). `None` when no other process holds it or it cannot be told.
-pub fn write_lock_holder(path: &Path) -> Option<(i32, bool)> {
+pub(crate) fn write_lock_holder(path: &Path) -> Option<(i32, bool)> {
     match lock_holder(path) {
         Holder::Process { pid, stopped } => Some((pid, stopped)),
         Holder::Nobody | Holder::Unseen => None,
@@ -142,7 +142,7 @@ pub fn write_lock_holder(path: &Path) -> Option<(i32, bool)> {
 
 /// What a write that found the database at `path` locked adds to its error: who holds the lock
 /// and, when that process is stopped, how to let it go on.
-pub fn locked_by(path: &Path) -> String {
+pub(crate) fn locked_by(path: &Path) -> String {
     match write_lock_holder(path) {
         Some((pid, true)) => format!(
             "; its write lock is held by process {pid}, which is stopped: `kill -CONT {pid}` lets it go on (or end it)"
@@ -155,7 +155,7 @@ pub fn locked_by(path: &Path) -> String {
 /// A SQLite error in words: SQLite's message, or what its code means where the driver gave
 /// only the file's name (an open that failed before SQLite had a connection to say why, out of
 /// memory for one), which would otherwise read `manifest X: X`.
-pub fn describe(e: &rusqlite::Error) -> String {
+pub(crate) fn describe(e: &rusqlite::Error) -> String {
     match e {
         rusqlite::Error::SqliteFailure(code, Some(message))
             if !message.contains(char::is_whitespace) =>

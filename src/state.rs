@@ -17,9 +17,9 @@ macro_rules! stored_enum {
         }
 
         impl $name {
-            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+            pub(crate) const ALL: &'static [$name] = &[$($name::$variant),+];
 
-            pub const fn as_str(self) -> &'static str {
+            pub(crate) const fn as_str(self) -> &'static str {
                 match self {
                     $($name::$variant => $text),+
                 }
@@ -132,7 +132,7 @@ stored_enum! {
 }
 
 impl RunState {
-    pub fn is_finished(self) -> bool {
+    pub(crate) fn is_finished(self) -> bool {
         !matches!(self, Self::Queued | Self::Running)
     }
 }
@@ -194,7 +194,7 @@ pub enum IntervalState {
 
 impl IntervalState {
     /// The run's state (a run waiting for a pool is running).
-    pub fn run_state(&self) -> RunState {
+    pub(crate) fn run_state(&self) -> RunState {
         match self {
             Self::Run(s) => *s,
             Self::WaitingForPool(_) => RunState::Running,

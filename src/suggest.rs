@@ -1,7 +1,7 @@
 //! "Did you mean": the known name nearest to a mistyped one. Pure.
 
 /// The known name nearest to `name` when it is a plausible typo (a few edits away).
-pub fn closest<'k>(name: &str, known: &[&'k str]) -> Option<&'k str> {
+pub(crate) fn closest<'k>(name: &str, known: &[&'k str]) -> Option<&'k str> {
     let lower = name.to_ascii_lowercase();
     known
         .iter()

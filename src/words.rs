@@ -8,7 +8,7 @@ pub fn plural(n: impl Into<i64>, one: &str, many: &str) -> String {
 }
 
 /// `12,345`.
-pub fn thousands(n: i64) -> String {
+pub(crate) fn thousands(n: i64) -> String {
     let digits = n.unsigned_abs().to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3 + 1);
     if n < 0 {

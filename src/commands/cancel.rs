@@ -12,7 +12,7 @@ use crate::recovery::{self, Dags};
 use crate::session::{Global, find_backfill, warn};
 use crate::state::BackfillState;
 
-pub fn run(g: &Global, id: i64, wait: Duration) -> Result<u8, Error> {
+pub(crate) fn run(g: &Global, id: i64, wait: Duration) -> Result<u8, Error> {
     let (project, manifest_path, conn, backfill) = find_backfill(g, id)?;
     // Recovering another project's backfill would finish its publishes into this project's
     // warehouses.

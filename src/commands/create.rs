@@ -22,7 +22,7 @@ use crate::session::launch::{
 use crate::session::tasks::{check_tasks, only_tasks};
 use crate::state::BackfillKind;
 
-pub fn run(g: &Global, mut args: CreateArgs) -> Result<u8, Error> {
+pub(crate) fn run(g: &Global, mut args: CreateArgs) -> Result<u8, Error> {
     let project = g.project()?;
     let atomic = std::mem::take(&mut args.atomic);
     let dag = checked_dag(&project, &mut args, atomic)?;

@@ -7,7 +7,7 @@ use crate::exit::{self, Error};
 use crate::report::{self, out};
 use crate::session::Global;
 
-pub fn run(g: &Global, validate: bool) -> Result<u8, Error> {
+pub(crate) fn run(g: &Global, validate: bool) -> Result<u8, Error> {
     let project = g.project()?;
     let (dags, mut errors) = project.load_all();
     if validate {

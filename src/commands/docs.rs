@@ -16,7 +16,7 @@ fn write_error(e: std::io::Error) -> Error {
     }
 }
 
-pub fn completions(shell: Shell) -> Result<u8, Error> {
+pub(crate) fn completions(shell: Shell) -> Result<u8, Error> {
     let shell = match shell {
         Shell::Bash => clap_complete::Shell::Bash,
         Shell::Zsh => clap_complete::Shell::Zsh,
@@ -91,7 +91,7 @@ fn bash_with_dags(script: &str) -> String {
     out
 }
 
-pub fn man(g: &super::Global, dir: Option<&std::path::Path>) -> Result<u8, Error> {
+pub(crate) fn man(g: &super::Global, dir: Option<&std::path::Path>) -> Result<u8, Error> {
     if let Some(dir) = dir {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;

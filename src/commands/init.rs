@@ -7,7 +7,7 @@ use crate::exit::{self, Error};
 use crate::report::out;
 use crate::session::Global;
 
-pub const PROJECT: &str = r#"# backfill.toml: the project's settings. Every key is optional.
+pub(crate) const PROJECT: &str = r#"# backfill.toml: the project's settings. Every key is optional.
 # project = "NAME"                     # its name in a shared manifest (default: the folder's name)
 # manifest = ".backfill/manifest.db"   # the run manifest (SQLite)
 # logs = ".backfill/logs"              # one log file per task try
@@ -23,7 +23,7 @@ pub const PROJECT: &str = r#"# backfill.toml: the project's settings. Every key 
 # on_failure = "mail -s 'backfill failed' you@example.com"
 "#;
 
-pub const EXAMPLE_DAG: &str = r#"# An example DAG: one file per day under out/, replaced atomically (write, then rename).
+pub(crate) const EXAMPLE_DAG: &str = r#"# An example DAG: one file per day under out/, replaced atomically (write, then rename).
 # Try it:  backfill create --dag example --from yesterday --to yesterday
 description = "Writes out/DAY.txt for each day."
 schedule = "@daily"
@@ -43,14 +43,14 @@ printf '{"rows": 1, "fingerprint": "%s"}' {{ ds }} > "$BACKFILL_RESULT"
 "#;
 
 /// What a project keeps out of version control: what `backfill` writes as it runs.
-pub const GITIGNORE: &str =
+pub(crate) const GITIGNORE: &str =
     "# What backfill writes as it runs: the manifest, the tries' logs and audit files.
 /.backfill/
 # The example DAG's output.
 /out/
 ";
 
-pub fn run(g: &Global, dir: Option<&Path>) -> Result<u8, Error> {
+pub(crate) fn run(g: &Global, dir: Option<&Path>) -> Result<u8, Error> {
     let dir = dir.unwrap_or_else(|| Path::new("."));
     let project = dir.join(crate::project::PROJECT_FILE);
     let dag = dir.join(crate::project::DAGS_DIR).join("example.toml");

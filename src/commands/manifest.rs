@@ -9,7 +9,7 @@ use crate::manifest::{self, Reads, db::Conn, leases::LeaseCtx};
 use crate::report::out::plural;
 use crate::session::{Global, note};
 
-pub fn copy(g: &Global, to: &str) -> Result<u8, Error> {
+pub(crate) fn copy(g: &Global, to: &str) -> Result<u8, Error> {
     let project = g.project().ok();
     let from = g.manifest_path(project.as_ref())?;
     if manifest::is_url(&from) {

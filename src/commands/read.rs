@@ -27,7 +27,7 @@ fn open(g: &Global, project: Option<&Project>) -> Result<(PathBuf, Option<Box<dy
     Ok((path, conn))
 }
 
-pub fn list(g: &Global, dag: Option<&str>, active: bool) -> Result<u8, Error> {
+pub(crate) fn list(g: &Global, dag: Option<&str>, active: bool) -> Result<u8, Error> {
     let project = g.project().ok();
     let (path, conn) = open(g, project.as_ref())?;
     let rows = match &conn {
@@ -62,7 +62,7 @@ pub fn list(g: &Global, dag: Option<&str>, active: bool) -> Result<u8, Error> {
     Ok(exit::OK)
 }
 
-pub fn show(g: &Global, id: i64, grid: bool) -> Result<u8, Error> {
+pub(crate) fn show(g: &Global, id: i64, grid: bool) -> Result<u8, Error> {
     if grid && g.json {
         return Err(Error::Usage(
             "show --grid draws cells for people; --output json has every interval: give one of them"
@@ -133,7 +133,12 @@ pub fn show(g: &Global, id: i64, grid: bool) -> Result<u8, Error> {
     Ok(exit::OK)
 }
 
-pub fn runs(g: &Global, dag_id: &str, from: Option<&str>, to: Option<&str>) -> Result<u8, Error> {
+pub(crate) fn runs(
+    g: &Global,
+    dag_id: &str,
+    from: Option<&str>,
+    to: Option<&str>,
+) -> Result<u8, Error> {
     let project = g.project()?;
     let dag = project.dag(dag_id).ok();
     let (lo, hi) = match (from, to) {
@@ -164,7 +169,7 @@ pub fn runs(g: &Global, dag_id: &str, from: Option<&str>, to: Option<&str>) -> R
 
 /// `backfill stale`: the intervals whose latest run succeeded and whose source changed since,
 /// by the tasks' gate `source_count` and `source_fingerprint`. Runs nothing, writes nothing.
-pub fn stale(
+pub(crate) fn stale(
     g: &Global,
     dag_id: &str,
     from: &str,

@@ -7,7 +7,7 @@ use crate::session::{Global, find_backfill};
 
 /// Resumes backfill `id`; for a backfill of a cascade, then continues the cascade.
 /// With `wait`, a lease its owner still holds is waited out first.
-pub fn run(g: &Global, id: i64, wait: bool) -> Result<u8, Error> {
+pub(crate) fn run(g: &Global, id: i64, wait: bool) -> Result<u8, Error> {
     let (project, path, conn, backfill) = find_backfill(g, id)?;
     let code = resume_found(g, &project, &path, conn, backfill.clone(), wait)?;
     if let (crate::state::BackfillKind::Promote, Some(source)) =

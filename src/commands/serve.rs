@@ -6,7 +6,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use crate::exit::{self, Error};
 use crate::session::Global;
 
-pub fn run(g: &Global, listen: &str, token: Option<String>) -> Result<u8, Error> {
+pub(crate) fn run(g: &Global, listen: &str, token: Option<String>) -> Result<u8, Error> {
     let addr = address(listen)?;
     let token = token.filter(|t| !t.is_empty());
     if let Some(t) = &token

@@ -93,7 +93,7 @@ fn intervals_of(staged: &[&runs::Staged]) -> Vec<DataInterval> {
 
 /// `backfill promote ID`: a backfill of kind `promote` that publishes the staged outputs,
 /// through the gate and the crash-safe publish.
-pub fn promote(
+pub(crate) fn promote(
     g: &Global,
     id: i64,
     whens: &[String],
@@ -203,7 +203,7 @@ pub fn promote(
 
 /// Why the tasks of `dag` cannot be published in one transaction (`verb`: the command asked):
 /// a command task's publish commands cannot share it, nor can tasks of several warehouses.
-pub fn atomic_refusal(dag: &Dag, verb: &str) -> Result<(), Error> {
+pub(crate) fn atomic_refusal(dag: &Dag, verb: &str) -> Result<(), Error> {
     let mut first: Option<(&str, &crate::project::Warehouse)> = None;
     for task in &dag.tasks {
         match &task.kind {
@@ -258,7 +258,7 @@ fn nothing_left(g: &Global, id: i64, chosen: &[runs::Staged], verb: &str) -> Res
 }
 
 /// `backfill discard ID`: the staged outputs are dropped and recorded as discarded.
-pub fn discard(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
+pub(crate) fn discard(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
     let (project, path, conn, staged, dag) = staged_backfill(g, id, "discard")?;
     let promoting = conn.promoting(id).map_err(|e| e.at(&path))?;
     if let Some(p) = promoting {
@@ -416,7 +416,7 @@ fn clean_up_discarded(
 }
 
 /// `backfill diff ID`: per staged interval and task, what promoting it would change.
-pub fn diff(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
+pub(crate) fn diff(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
     let (_project, path, conn, source, dag) = staged_backfill(g, id, "diff")?;
     let all = conn.staged_outputs(id).map_err(|e| e.at(&path))?;
     let chosen = select(all, whens, &dag, id)?;
@@ -456,7 +456,10 @@ pub fn diff(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
         let change_pct = match (published_rows, staged_rows) {
             (Some(0), Some(0)) => Some(0.0),
             (Some(p), Some(n)) if p != 0 => {
-                #[allow(clippy::cast_precision_loss)]
+                #[expect(
+                    clippy::cast_precision_loss,
+                    reason = "a percentage for people: row counts far below 2^52"
+                )]
                 let pct = (n - p) as f64 * 100.0 / p as f64;
                 Some((pct * 100.0).round() / 100.0)
             }
@@ -527,7 +530,7 @@ pub fn diff(g: &Global, id: i64, whens: &[String]) -> Result<u8, Error> {
 /// `backfill rollback`: a backfill of kind `rollback` that puts back, per interval, the rows
 /// that the current publish of each chosen SQL task replaced. An interval without a kept version
 /// for a chosen task fails (exit 3) and is left untouched.
-pub fn rollback(
+pub(crate) fn rollback(
     g: &Global,
     dag_id: &str,
     from: &str,

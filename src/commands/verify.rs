@@ -94,7 +94,7 @@ struct Check {
     result: Verdict,
 }
 
-pub fn run(
+pub(crate) fn run(
     g: &Global,
     dag_id: &str,
     from: &str,

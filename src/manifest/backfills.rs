@@ -145,9 +145,9 @@ impl Backfill {
     }
 }
 
-pub const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks, max_failures, cascade, cascade_of, sample, definition, batch_size, project, warehouses, owner_start, atomic";
+pub(crate) const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks, max_failures, cascade, cascade_of, sample, definition, batch_size, project, warehouses, owner_start, atomic";
 
-pub fn from_row(r: &Row<'_>) -> super::db::Result<Backfill> {
+pub(crate) fn from_row(r: &Row<'_>) -> super::db::Result<Backfill> {
     let reprocess: String = r.get(6)?;
     Ok(Backfill {
         id: r.get(0)?,
@@ -194,7 +194,7 @@ pub fn from_row(r: &Row<'_>) -> super::db::Result<Backfill> {
     })
 }
 
-pub fn get(conn: &Conn, id: i64) -> Result<Option<Backfill>> {
+pub(crate) fn get(conn: &Conn, id: i64) -> Result<Option<Backfill>> {
     Ok(conn
         .prepare_cached(&format!("SELECT {COLUMNS} FROM backfills WHERE id = ?1"))?
         .query_row([id], from_row)
@@ -202,7 +202,7 @@ pub fn get(conn: &Conn, id: i64) -> Result<Option<Backfill>> {
 }
 
 /// The id of the newest backfill, or of the newest of `kind`; `None` when there is none.
-pub fn latest(conn: &Conn, kind: Option<BackfillKind>) -> Result<Option<i64>> {
+pub(crate) fn latest(conn: &Conn, kind: Option<BackfillKind>) -> Result<Option<i64>> {
     Ok(conn
         .prepare_cached("SELECT MAX(id) FROM backfills WHERE kind = ?1 OR ?1 IS NULL")?
         .query_row([kind], |r| r.get(0))?)
@@ -306,7 +306,7 @@ pub fn insert(conn: &Conn, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
 
 /// The projects whose backfills of `dag_id` the manifest holds (those recorded with one), the
 /// oldest first.
-pub fn dag_projects(conn: &Conn, dag_id: &str) -> Result<Vec<DagProject>> {
+pub(crate) fn dag_projects(conn: &Conn, dag_id: &str) -> Result<Vec<DagProject>> {
     let rows = conn
         .prepare_cached(
             "SELECT project, MIN(id), MAX(id), COUNT(*), MAX(warehouses) FROM backfills
@@ -338,7 +338,7 @@ pub struct DagProject {
 }
 
 /// Records what the backfill's DAG computes now, for its owner.
-pub fn record_definition(conn: &Conn, owner: Owner, definition: &str) -> Result<()> {
+pub(crate) fn record_definition(conn: &Conn, owner: Owner, definition: &str) -> Result<()> {
     let owner = fence(conn, owner)?.owner();
     conn.execute(
         "UPDATE backfills SET definition = ?2 WHERE id = ?1",
@@ -348,7 +348,7 @@ pub fn record_definition(conn: &Conn, owner: Owner, definition: &str) -> Result<
 }
 
 /// Records that the plan is complete.
-pub fn planned(conn: &Conn, owner: Owner) -> Result<()> {
+pub(crate) fn planned(conn: &Conn, owner: Owner) -> Result<()> {
     let owner = fence(conn, owner)?.owner();
     conn.execute(
         "UPDATE backfills SET planning = 0 WHERE id = ?1",
@@ -369,7 +369,7 @@ pub enum Heartbeat {
 
 /// Refreshes the heartbeat of a backfill's owner (not a worker's: see
 /// [`super::workers::heartbeat`]) and reads what the owner must do.
-pub fn heartbeat(conn: &Conn, fenced: Fenced, now_ms: i64) -> Result<Heartbeat> {
+pub(crate) fn heartbeat(conn: &Conn, fenced: Fenced, now_ms: i64) -> Result<Heartbeat> {
     let owner = fenced.owner();
     conn.prepare_cached("UPDATE backfills SET heartbeat_at = ?2 WHERE id = ?1")?
         .execute(params![owner.backfill_id, now_ms])?;
@@ -386,7 +386,7 @@ pub fn heartbeat(conn: &Conn, fenced: Fenced, now_ms: i64) -> Result<Heartbeat> 
 /// Records the end of a backfill by its owner and releases whatever leases it still holds: its
 /// creation plus the time since when this process created it, else now but never before its
 /// creation.
-pub fn finish(conn: &Conn, fenced: Fenced, state: BackfillState, end: End) -> Result<()> {
+pub(crate) fn finish(conn: &Conn, fenced: Fenced, state: BackfillState, end: End) -> Result<()> {
     let owner = fenced.owner();
     conn.execute(
         &format!(
@@ -407,7 +407,7 @@ pub fn finish(conn: &Conn, fenced: Fenced, state: BackfillState, end: End) -> Re
 
 /// Asks the process running a backfill to stop (it polls the flag with its heartbeat, and so do
 /// its workers).
-pub fn request_cancel(conn: &Conn, backfill_id: i64) -> Result<()> {
+pub(crate) fn request_cancel(conn: &Conn, backfill_id: i64) -> Result<()> {
     conn.execute(
         "UPDATE backfills SET cancel_requested = 1 WHERE id = ?1",
         [backfill_id],
@@ -419,7 +419,7 @@ pub fn request_cancel(conn: &Conn, backfill_id: i64) -> Result<()> {
 /// the old owner, should it wake up, is refused everything. With `me`, this process becomes
 /// the owner and the backfill runs again; without, the backfill ends as `cancelled`. Returns
 /// the new [`Owner`], or `None` when the backfill's owner is alive after all (nothing changed).
-pub fn take_ownership(
+pub(crate) fn take_ownership(
     conn: &Conn,
     backfill_id: i64,
     ctx: &LeaseCtx,
@@ -473,7 +473,7 @@ pub fn take_ownership(
 }
 
 /// The running promote backfill of staged backfill `staged`, if any.
-pub fn promoting(conn: &Conn, staged: i64) -> Result<Option<i64>> {
+pub(crate) fn promoting(conn: &Conn, staged: i64) -> Result<Option<i64>> {
     Ok(conn
         .query_row(
             "SELECT id FROM backfills WHERE kind = 'promote' AND source_backfill = ?1
@@ -485,7 +485,7 @@ pub fn promoting(conn: &Conn, staged: i64) -> Result<Option<i64>> {
 }
 
 /// Once no output of staged backfill `id` awaits promotion, it is complete.
-pub fn settle_staged(conn: &Conn, id: i64) -> Result<()> {
+pub(crate) fn settle_staged(conn: &Conn, id: i64) -> Result<()> {
     conn.execute(
         "UPDATE backfills SET state = 'completed'
          WHERE id = ?1 AND state = 'staged' AND NOT EXISTS (

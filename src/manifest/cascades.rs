@@ -22,7 +22,7 @@ pub struct PlanOutcome {
 }
 
 /// Every row of the plan of backfill `backfill_id`, by interval start.
-pub fn plan_outcomes(conn: &Conn, backfill_id: i64) -> Result<Vec<PlanOutcome>> {
+pub(crate) fn plan_outcomes(conn: &Conn, backfill_id: i64) -> Result<Vec<PlanOutcome>> {
     let mut stmt = conn.prepare(
         "SELECT p.interval_start, p.interval_end, p.action, p.reason,
                 (SELECT r.state FROM runs r WHERE r.backfill_id = p.backfill_id
@@ -65,7 +65,11 @@ pub fn plan_outcomes(conn: &Conn, backfill_id: i64) -> Result<Vec<PlanOutcome>> 
 
 /// The state of the latest run of an interval that computed it (staged, rollback and
 /// partial `--tasks` runs left out).
-pub fn latest_state(conn: &Conn, dag_id: &str, start: i64) -> super::db::Result<Option<RunState>> {
+pub(crate) fn latest_state(
+    conn: &Conn,
+    dag_id: &str,
+    start: i64,
+) -> super::db::Result<Option<RunState>> {
     conn.prepare_cached(&format!(
         "SELECT state FROM runs WHERE dag_id = ?1 AND interval_start = ?2
            AND backfill_id NOT IN {NOT_COMPUTING}
@@ -77,7 +81,11 @@ pub fn latest_state(conn: &Conn, dag_id: &str, start: i64) -> super::db::Result<
 
 /// When the latest successful run of an interval of `dag_id` started (unix ms), staged runs
 /// left out: what it read of its upstream is what was published then.
-pub fn last_success(conn: &Conn, dag_id: &str, start: i64) -> super::db::Result<Option<i64>> {
+pub(crate) fn last_success(
+    conn: &Conn,
+    dag_id: &str,
+    start: i64,
+) -> super::db::Result<Option<i64>> {
     conn.prepare_cached(&format!(
         "SELECT MAX(started_at) FROM runs WHERE dag_id = ?1 AND interval_start = ?2
            AND state = 'succeeded' AND backfill_id NOT IN {NOT_COMPUTING}"
@@ -86,11 +94,11 @@ pub fn last_success(conn: &Conn, dag_id: &str, start: i64) -> super::db::Result<
 }
 
 /// A succeeded try: its task, fingerprint and when it ended (unix ms).
-pub type SucceededTry = (String, Option<String>, Option<i64>);
+pub(crate) type SucceededTry = (String, Option<String>, Option<i64>);
 
 /// The succeeded, unstaged tries of an interval in the order they were made: task, fingerprint
 /// and when it ended (unix ms).
-pub fn succeeded_tries(
+pub(crate) fn succeeded_tries(
     conn: &Conn,
     dag_id: &str,
     start: i64,
@@ -109,7 +117,7 @@ pub fn succeeded_tries(
 }
 
 /// The backfills of the cascade of `root` after `root` itself, oldest first.
-pub fn members(conn: &Conn, root: i64) -> Result<Vec<Backfill>> {
+pub(crate) fn members(conn: &Conn, root: i64) -> Result<Vec<Backfill>> {
     let mut stmt = conn.prepare(&format!(
         "SELECT {} FROM backfills WHERE cascade_of = ?1 ORDER BY id",
         backfills::COLUMNS
@@ -120,7 +128,7 @@ pub fn members(conn: &Conn, root: i64) -> Result<Vec<Backfill>> {
 
 /// How many planned intervals of backfill `id` have not ended (not started, or cancelled):
 /// a cascade goes on past it only once it has none.
-pub fn unfinished(conn: &Conn, id: i64) -> Result<i64> {
+pub(crate) fn unfinished(conn: &Conn, id: i64) -> Result<i64> {
     Ok(conn.query_row(
         "SELECT COUNT(*) FROM plan p WHERE p.backfill_id = ?1 AND p.action = 'run'
            AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.backfill_id = p.backfill_id
@@ -133,7 +141,7 @@ pub fn unfinished(conn: &Conn, id: i64) -> Result<i64> {
 
 /// The running backfill of the cascade of `root` (`root` itself or one of its members), the
 /// newest if several.
-pub fn running_member(conn: &Conn, root: i64) -> Result<Option<i64>> {
+pub(crate) fn running_member(conn: &Conn, root: i64) -> Result<Option<i64>> {
     Ok(conn
         .query_row(
             "SELECT id FROM backfills WHERE (id = ?1 OR cascade_of = ?1) AND state = 'running'

@@ -27,7 +27,7 @@ const TABLES: &[(&str, &str)] = &[
 const PARAMS_PER_STATEMENT: usize = 4096;
 
 /// Rows copied, by table (in [`TABLES`] order).
-pub type Copied = Vec<(&'static str, usize)>;
+pub(crate) type Copied = Vec<(&'static str, usize)>;
 
 /// Why a copy cannot start: said to the user as bad input (nothing was written).
 #[derive(Debug)]

@@ -41,10 +41,10 @@ impl From<rusqlite::Error> for Error {
     }
 }
 
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// [`rusqlite::OptionalExtension`] for this layer's results: no row is `None`.
-pub trait Optional<T> {
+pub(crate) trait Optional<T> {
     fn optional(self) -> Result<Option<T>>;
 }
 
@@ -59,7 +59,7 @@ impl<T> Optional<T> for Result<T> {
 }
 
 /// A statement's parameters: rusqlite's `params![...]`, an array of values, or `[]`.
-pub trait Params: rusqlite::Params {
+pub(crate) trait Params: rusqlite::Params {
     fn values(&self) -> Result<Vec<Value>>;
 }
 
@@ -109,7 +109,7 @@ macro_rules! array_params {
 array_params!(1 2 3 4);
 
 /// An index into a row's columns (a `usize`, as rusqlite's `get` takes).
-pub trait Idx {
+pub(crate) trait Idx {
     fn idx(self) -> usize;
 }
 
@@ -121,13 +121,13 @@ impl Idx for usize {
 
 /// One row of a result.
 #[derive(Clone, Copy)]
-pub enum Row<'a> {
+pub(crate) enum Row<'a> {
     Sqlite(&'a rusqlite::Row<'a>),
     Pg(&'a [Value]),
 }
 
 impl Row<'_> {
-    pub fn get<I: Idx, T: FromSql>(&self, i: I) -> Result<T> {
+    pub(crate) fn get<I: Idx, T: FromSql>(&self, i: I) -> Result<T> {
         let i = i.idx();
         match self {
             Row::Sqlite(r) => Ok(r.get(i)?),
@@ -179,14 +179,14 @@ pub struct Deferred<R> {
 }
 
 /// Makes a deferred statement's rows into its job's answer.
-pub type Decode<R> = Box<dyn FnOnce(Vec<Vec<Value>>) -> super::Result<R> + Send>;
+pub(crate) type Decode<R> = Box<dyn FnOnce(Vec<Vec<Value>>) -> super::Result<R> + Send>;
 
 /// Reads a deferred statement's answer from what its committed transaction recorded.
-pub type Recover<R> = Box<dyn FnOnce(&Conn) -> super::Result<R> + Send>;
+pub(crate) type Recover<R> = Box<dyn FnOnce(&Conn) -> super::Result<R> + Send>;
 
 impl<R: Send + 'static> Step<R> {
     /// The answer made into another by `f`, now or once the statement is answered.
-    pub fn map<S>(
+    pub(crate) fn map<S>(
         self,
         f: impl FnOnce(R) -> super::Result<S> + Send + 'static,
     ) -> super::Result<Step<S>> {
@@ -211,7 +211,7 @@ impl<R: Send + 'static> Step<R> {
     }
 
     /// The answer, and what reads it again should it be lost (see [`Deferred`]).
-    pub fn settle(self, conn: &dyn Answers) -> (super::Result<R>, Option<Recover<R>>) {
+    pub(crate) fn settle(self, conn: &dyn Answers) -> (super::Result<R>, Option<Recover<R>>) {
         match self {
             Step::Done(r) => (Ok(r), None),
             Step::Later(d) => {
@@ -254,7 +254,7 @@ impl Answers for Conn {
 }
 
 /// A prepared statement.
-pub enum Stmt<'c> {
+pub(crate) enum Stmt<'c> {
     Sqlite(rusqlite::CachedStatement<'c>),
     /// Run rarely: not kept among SQLite's cached statements.
     SqliteOnce(rusqlite::Statement<'c>),
@@ -262,14 +262,13 @@ pub enum Stmt<'c> {
 }
 
 /// The rows of a query, one at a time.
-pub enum Rows<'s> {
+pub(crate) enum Rows<'s> {
     Sqlite(rusqlite::Rows<'s>),
     Pg(std::vec::IntoIter<Vec<Value>>, Option<Vec<Value>>),
 }
 
 impl Rows<'_> {
-    #[allow(clippy::should_implement_trait)]
-    pub fn next(&mut self) -> Result<Option<Row<'_>>> {
+    pub(crate) fn next(&mut self) -> Result<Option<Row<'_>>> {
         match self {
             Rows::Sqlite(rows) => Ok(rows.next()?.map(Row::Sqlite)),
             Rows::Pg(rest, current) => {
@@ -281,7 +280,7 @@ impl Rows<'_> {
 }
 
 impl Stmt<'_> {
-    pub fn execute<P: Params>(&mut self, p: P) -> Result<usize> {
+    pub(crate) fn execute<P: Params>(&mut self, p: P) -> Result<usize> {
         match self {
             Stmt::Sqlite(s) => Ok(s.execute(p)?),
             Stmt::SqliteOnce(s) => Ok(s.execute(p)?),
@@ -289,7 +288,7 @@ impl Stmt<'_> {
         }
     }
 
-    pub fn query<P: Params>(&mut self, p: P) -> Result<Rows<'_>> {
+    pub(crate) fn query<P: Params>(&mut self, p: P) -> Result<Rows<'_>> {
         match self {
             Stmt::Sqlite(s) => Ok(Rows::Sqlite(s.query(p)?)),
             Stmt::SqliteOnce(s) => Ok(Rows::Sqlite(s.query(p)?)),
@@ -300,7 +299,7 @@ impl Stmt<'_> {
         }
     }
 
-    pub fn query_row<T, P: Params>(
+    pub(crate) fn query_row<T, P: Params>(
         &mut self,
         p: P,
         f: impl FnOnce(&Row<'_>) -> Result<T>,
@@ -313,7 +312,7 @@ impl Stmt<'_> {
     }
 
     /// Every row, mapped by `f`.
-    pub fn query_map<T, P: Params>(
+    pub(crate) fn query_map<T, P: Params>(
         &mut self,
         p: P,
         mut f: impl FnMut(&Row<'_>) -> Result<T>,
@@ -328,7 +327,7 @@ impl Stmt<'_> {
 }
 
 impl Conn {
-    pub fn prepare_cached(&self, sql: &str) -> Result<Stmt<'_>> {
+    pub(crate) fn prepare_cached(&self, sql: &str) -> Result<Stmt<'_>> {
         match self {
             Conn::Sqlite(c) => Ok(Stmt::Sqlite(c.prepare_cached(sql)?)),
             Conn::Pg(s) => Ok(Stmt::Pg(s, sql.to_string())),
@@ -336,21 +335,21 @@ impl Conn {
     }
 
     /// A statement run rarely: SQLite does not keep it among the cached ones.
-    pub fn prepare(&self, sql: &str) -> Result<Stmt<'_>> {
+    pub(crate) fn prepare(&self, sql: &str) -> Result<Stmt<'_>> {
         match self {
             Conn::Sqlite(c) => Ok(Stmt::SqliteOnce(c.prepare(sql)?)),
             Conn::Pg(_) => self.prepare_cached(sql),
         }
     }
 
-    pub fn execute<P: Params>(&self, sql: &str, p: P) -> Result<usize> {
+    pub(crate) fn execute<P: Params>(&self, sql: &str, p: P) -> Result<usize> {
         match self {
             Conn::Sqlite(c) => Ok(c.execute(sql, p)?),
             Conn::Pg(s) => Ok(s.execute(sql, &p.values()?)?),
         }
     }
 
-    pub fn query_row<T, P: Params>(
+    pub(crate) fn query_row<T, P: Params>(
         &self,
         sql: &str,
         p: P,
@@ -361,7 +360,7 @@ impl Conn {
 
     /// Runs `sql`, or defers it (see [`Step`]): its rows are made into the answer by `decode`;
     /// `recover` reads the answer from the committed record instead, should the rows be lost.
-    pub fn defer<R: Send + 'static>(
+    pub(crate) fn defer<R: Send + 'static>(
         &self,
         sql: &str,
         values: Vec<Value>,
@@ -409,7 +408,7 @@ impl Conn {
     /// "Now" for the manifest's records (unix milliseconds): the caller's clock on SQLite,
     /// which only this machine writes; the database's clock on PostgreSQL, so that hosts whose
     /// clocks disagree judge leases alike.
-    pub fn now_ms(&self, local: i64) -> Result<i64> {
+    pub(crate) fn now_ms(&self, local: i64) -> Result<i64> {
         match self {
             Conn::Sqlite(_) => Ok(local),
             Conn::Pg(s) => Ok(s.now_ms()?),
@@ -418,7 +417,7 @@ impl Conn {
 
     /// `end` at the manifest's clock (see [`Conn::now_ms`]); the time since its start that it
     /// carries is the process's own.
-    pub fn at_manifest(&self, end: crate::clock::End) -> Result<crate::clock::End> {
+    pub(crate) fn at_manifest(&self, end: crate::clock::End) -> Result<crate::clock::End> {
         Ok(crate::clock::End {
             now_ms: self.now_ms(end.now_ms)?,
             ..end
@@ -428,28 +427,28 @@ impl Conn {
     /// A backfill's epoch and state as read earlier in this writer's transaction (PostgreSQL:
     /// a round trip saved; the writers' lock keeps every other writer out until it commits, and
     /// this transaction's own writes to `backfills` forget what was read).
-    pub fn fenced(&self, backfill_id: i64) -> Option<(i64, crate::state::BackfillState)> {
+    pub(crate) fn fenced(&self, backfill_id: i64) -> Option<(i64, crate::state::BackfillState)> {
         match self {
             Conn::Sqlite(_) => None,
             Conn::Pg(s) => s.fenced(backfill_id),
         }
     }
 
-    pub fn remember_fence(&self, backfill_id: i64, row: (i64, crate::state::BackfillState)) {
+    pub(crate) fn remember_fence(&self, backfill_id: i64, row: (i64, crate::state::BackfillState)) {
         if let Conn::Pg(s) = self {
             s.remember_fence(backfill_id, row);
         }
     }
 
     /// The PostgreSQL session, when the manifest is in PostgreSQL.
-    pub fn postgres(&self) -> Option<&Session> {
+    pub(crate) fn postgres(&self) -> Option<&Session> {
         match self {
             Conn::Pg(s) => Some(s),
             Conn::Sqlite(_) => None,
         }
     }
 
-    pub fn is_postgres(&self) -> bool {
+    pub(crate) fn is_postgres(&self) -> bool {
         matches!(self, Conn::Pg(_))
     }
 }
@@ -464,7 +463,7 @@ const CLOCK_JUMP_MS: i64 = 1000;
 /// NULL): `now`, never before the start; but when `now` and the start plus `elapsed` disagree by
 /// more than [`CLOCK_JUMP_MS`], the clock jumped while it ran, and the start plus `elapsed` is
 /// its end (see [`crate::clock::End`]).
-pub fn ended(started: &str, now: &str, elapsed: &str) -> String {
+pub(crate) fn ended(started: &str, now: &str, elapsed: &str) -> String {
     let (now, elapsed) = (
         format!("CAST({now} AS bigint)"),
         format!("CAST({elapsed} AS bigint)"),

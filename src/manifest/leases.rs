@@ -32,7 +32,7 @@ use crate::clock::now_ms;
 /// How a backfill's leases stand, as the status page shows them (see [`LeaseCtx::health`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum LeaseHealth {
+pub(crate) enum LeaseHealth {
     /// The backfill is not running.
     Ended,
     /// No heartbeat within the lease timeout: another process may take its intervals over.
@@ -77,7 +77,7 @@ impl LeaseCtx {
     }
 
     /// This context at the manifest's clock (see [`super::Reads::clock_ms`]).
-    pub fn at_manifest(mut self, store: &dyn super::Reads) -> Result<Self> {
+    pub(crate) fn at_manifest(mut self, store: &dyn super::Reads) -> Result<Self> {
         self.now_ms = store.clock_ms(self.now_ms)?;
         Ok(self)
     }
@@ -92,7 +92,7 @@ impl LeaseCtx {
 
     /// Whether a backfill with this owner information (its process's pid and start, its host,
     /// its last heartbeat) is alive.
-    pub fn owner_alive(
+    pub(crate) fn owner_alive(
         &self,
         state: BackfillState,
         (pid, start): (Option<i64>, Option<i64>),
@@ -121,7 +121,7 @@ impl LeaseCtx {
     /// How a backfill's leases stand (see [`LeaseHealth`]), judged as its owner is judged
     /// ([`LeaseCtx::owner_alive`]): from its state, its owner's process (pid and start) and
     /// host, and its last heartbeat.
-    pub fn health(
+    pub(crate) fn health(
         &self,
         state: BackfillState,
         owner: (Option<i64>, Option<i64>),
@@ -147,13 +147,13 @@ impl LeaseCtx {
     /// How old a heartbeat is at this context's "now" (milliseconds): what [`LeaseCtx::fresh`]
     /// and [`LeaseCtx::health`] judge, and what a page shows. A heartbeat from this clock's
     /// future (another host's clock ahead of it, on SQLite) is 0 ms old.
-    pub fn heartbeat_age_ms(&self, heartbeat_ms: i64) -> i64 {
+    pub(crate) fn heartbeat_age_ms(&self, heartbeat_ms: i64) -> i64 {
         self.now_ms.saturating_sub(heartbeat_ms).max(0)
     }
 
     /// Whether a heartbeat is within the lease timeout of this context's "now" (and not one
     /// watched stay silent, see [`LeaseCtx::silent`]).
-    pub fn fresh(&self, heartbeat_ms: Option<i64>) -> bool {
+    pub(crate) fn fresh(&self, heartbeat_ms: Option<i64>) -> bool {
         heartbeat_ms.is_some_and(|hb| {
             Some(hb) != self.silent && self.heartbeat_age_ms(hb) < self.timeout_ms
         })
@@ -168,7 +168,7 @@ impl LeaseCtx {
         }
     }
 
-    pub fn is_here(&self, host: Option<&str>) -> bool {
+    pub(crate) fn is_here(&self, host: Option<&str>) -> bool {
         host.is_some_and(|h| crate::liveness::same_host(h, &self.host))
     }
 
@@ -178,7 +178,7 @@ impl LeaseCtx {
     /// expired the try counts as stopped, because an owner that could not renew its lease stops
     /// its tries itself (see `session::execute::keep_alive`), and one that comes back after a
     /// freeze finds itself fenced at its next heartbeat and stops them then, publishing nothing.
-    pub fn group_may_run(&self, host: Option<&str>, group: Group) -> bool {
+    pub(crate) fn group_may_run(&self, host: Option<&str>, group: Group) -> bool {
         self.is_here(host) && self.here.group_alive(group)
     }
 }
@@ -197,7 +197,7 @@ pub enum Judge {
 }
 
 /// Interval starts of `dag_id` in `[lo, hi]` whose lease is held, as `judge` says.
-pub fn held(
+pub(crate) fn held(
     conn: &Conn,
     dag_id: &str,
     lo: i64,
@@ -242,7 +242,7 @@ pub fn held(
 /// The leases of `dag_id` whose owner is gone: `(interval_start, owner backfill)`. Their owners
 /// are to be recovered (a lease whose run's try is still running after that stays live, see
 /// [`live`]).
-pub fn stale(conn: &Conn, dag_id: &str, ctx: &LeaseCtx) -> Result<Vec<(i64, i64)>> {
+pub(crate) fn stale(conn: &Conn, dag_id: &str, ctx: &LeaseCtx) -> Result<Vec<(i64, i64)>> {
     let mut stmt = conn.prepare_cached(
         "SELECT l.interval_start, l.backfill_id, b.state, b.owner_pid, b.owner_host, b.heartbeat_at,
                 b.owner_start
@@ -267,7 +267,7 @@ pub fn stale(conn: &Conn, dag_id: &str, ctx: &LeaseCtx) -> Result<Vec<(i64, i64)
 /// Leases `intervals` for `backfill_id`. The caller has checked (in this transaction, with
 /// [`Judge::Strict`]) that no other backfill holds them; a lease of a finished or recovered
 /// backfill is replaced.
-pub fn take(
+pub(crate) fn take(
     conn: &Conn,
     backfill_id: i64,
     dag_id: &str,
@@ -317,7 +317,12 @@ pub fn take(
 }
 
 /// Whether `backfill_id` still holds the lease of an interval.
-pub fn holds(conn: &Conn, backfill_id: i64, dag_id: &str, interval_start: i64) -> Result<bool> {
+pub(crate) fn holds(
+    conn: &Conn,
+    backfill_id: i64,
+    dag_id: &str,
+    interval_start: i64,
+) -> Result<bool> {
     Ok(conn
         .prepare_cached(
             "SELECT 1 FROM leases WHERE dag_id = ?1 AND interval_start = ?2 AND backfill_id = ?3",
@@ -328,7 +333,12 @@ pub fn holds(conn: &Conn, backfill_id: i64, dag_id: &str, interval_start: i64) -
 }
 
 /// Releases one lease if `backfill_id` holds it.
-pub fn release(conn: &Conn, backfill_id: i64, dag_id: &str, interval_start: i64) -> Result<()> {
+pub(crate) fn release(
+    conn: &Conn,
+    backfill_id: i64,
+    dag_id: &str,
+    interval_start: i64,
+) -> Result<()> {
     conn.prepare_cached(
         "DELETE FROM leases WHERE dag_id = ?1 AND interval_start = ?2 AND backfill_id = ?3",
     )?
@@ -359,7 +369,7 @@ pub struct Reserved {
 /// join`) do not compute the same interval's rows twice, each forms its batches of the
 /// intervals this returns as held; which of them runs an interval is still decided by the
 /// commit that starts its run.
-pub fn reserve_batch(
+pub(crate) fn reserve_batch(
     conn: &Conn,
     (backfill_id, holder): (i64, i64),
     dag_id: &str,
@@ -438,7 +448,7 @@ pub fn reserve_batch(
 
 /// Releases every lease of backfill `backfill_id` but those of its runs still queued or
 /// running (tries that could not be stopped keep their intervals in flight).
-pub fn release_all_but_running(conn: &Conn, backfill_id: i64) -> Result<()> {
+pub(crate) fn release_all_but_running(conn: &Conn, backfill_id: i64) -> Result<()> {
     conn.execute(
         "DELETE FROM leases WHERE backfill_id = ?1 AND (run_id IS NULL OR run_id NOT IN
            (SELECT r.id FROM runs r WHERE r.backfill_id = ?1 AND r.state IN ('queued', 'running')))",

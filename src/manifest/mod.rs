@@ -6,7 +6,7 @@
 //! process is killed and no warehouse is touched from here (see `recovery`).
 
 pub mod backfills;
-pub mod cascades;
+pub(crate) mod cascades;
 pub mod copy;
 pub mod db;
 pub mod leases;
@@ -18,9 +18,9 @@ pub mod publishes;
 pub mod queries;
 mod reader;
 pub mod runs;
-pub mod status;
-pub mod store;
-pub mod workers;
+pub(crate) mod status;
+pub(crate) mod store;
+pub(crate) mod workers;
 pub mod writer;
 
 use std::path::{Path, PathBuf};
@@ -29,8 +29,8 @@ use std::time::Duration;
 use rusqlite::Connection;
 
 pub use backfills::{Backfill, NewBackfill, Owner};
-pub use publishes::{PendingPublish, Publication};
-pub use reader::{Reader, close_readers};
+pub(crate) use publishes::Publication;
+pub(crate) use reader::{Reader, close_readers};
 pub use runs::TryRecord;
 pub use store::{Ownership, Planning, Publishing, Reads, Running, Staging, Store};
 
@@ -38,7 +38,7 @@ pub use store::{Ownership, Planning, Publishing, Reads, Running, Staging, Store}
 /// runs publish nothing, rollbacks put back what earlier runs computed, and a `--tasks` run ran
 /// only some tasks. Planning (`already exists`), `--reprocess-behavior changed` and cascades
 /// look at the other runs.
-pub const NOT_COMPUTING: &str =
+pub(crate) const NOT_COMPUTING: &str =
     "(SELECT id FROM backfills WHERE kind IN ('stage', 'rollback') OR tasks IS NOT NULL)";
 
 /// `(user_version after applying, SQL)`, in order.
@@ -165,7 +165,7 @@ pub enum Error {
 
 impl Error {
     /// Names the manifest file in a SQLite error.
-    pub fn at(self, path: &Path) -> Self {
+    pub(crate) fn at(self, path: &Path) -> Self {
         match self {
             Self::Pg(source) => Self::Postgres {
                 location: path.display().to_string(),
@@ -185,7 +185,7 @@ impl Error {
 
     /// Whether the PostgreSQL server refused a statement on a connection that still works (bad
     /// data, a constraint), rather than the connection or the file failing.
-    pub fn is_statement_error(&self) -> bool {
+    pub(crate) fn is_statement_error(&self) -> bool {
         matches!(self, Self::Pg(e) if !e.is_disconnected())
     }
 }
@@ -203,7 +203,7 @@ impl From<db::Error> for Error {
 }
 
 use crate::pg::url::url_of;
-pub use crate::pg::url::{is_url, location, not_a_location};
+pub(crate) use crate::pg::url::{is_url, location, not_a_location};
 pub use crate::project::Durability;
 
 /// The `synchronous` setting of a durability.
@@ -427,7 +427,7 @@ pub fn database_key(path: &Path) -> Result<Option<String>> {
 
 /// Opens the manifest for reading when it exists; `None` when nothing was recorded yet. A
 /// manifest of an older schema is upgraded first when it can be written.
-pub fn open_if_exists(path: &Path) -> Result<Option<Box<dyn Reads>>> {
+pub(crate) fn open_if_exists(path: &Path) -> Result<Option<Box<dyn Reads>>> {
     match open_read_only(path) {
         Ok(c) => Ok(Some(c)),
         Err(Error::Missing { .. }) => Ok(None),
@@ -527,7 +527,7 @@ fn widen_checks(conn: &Connection, version: i64) -> Result<()> {
 
 /// Copies the WAL back into the database file, so that `manifest.db` alone is a complete copy
 /// once the command ends.
-pub fn checkpoint(conn: &Connection) -> Result<()> {
+pub(crate) fn checkpoint(conn: &Connection) -> Result<()> {
     conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
     Ok(())
 }

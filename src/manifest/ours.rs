@@ -37,7 +37,7 @@ const NAMED: usize = 5;
 
 /// What a SQLite database holds, as far as the manifest is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Found {
+pub(crate) enum Found {
     /// Nothing: no table, no schema version, no mark (a new or an empty file).
     Empty,
     /// A manifest of this program; `marked` once it carries the mark.
@@ -46,7 +46,7 @@ pub enum Found {
 
 /// What the database at `path`, opened as `conn` (nothing written yet), holds; a database that
 /// is not a manifest is [`Error::NotAManifest`].
-pub fn inspect(conn: &Connection, path: &Path) -> Result<Found> {
+pub(crate) fn inspect(conn: &Connection, path: &Path) -> Result<Found> {
     let id: i32 = conn.pragma_query_value(None, "application_id", |r| r.get(0))?;
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     let tables = tables(conn)?;
@@ -82,7 +82,7 @@ pub fn inspect(conn: &Connection, path: &Path) -> Result<Found> {
 }
 
 /// `it holds the tables a, b, ...`: what a refused database holds, the first few by name.
-pub fn holds(tables: &[String]) -> String {
+pub(crate) fn holds(tables: &[String]) -> String {
     let shown: Vec<&str> = tables.iter().take(NAMED).map(String::as_str).collect();
     let more = tables.len().saturating_sub(NAMED);
     format!(
@@ -114,7 +114,7 @@ fn tables(conn: &Connection) -> Result<Vec<String>> {
 static HISTORY: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
 /// Sets the folders of the project's history (see the module's documentation).
-pub fn set_history(folders: Vec<PathBuf>) {
+pub(crate) fn set_history(folders: Vec<PathBuf>) {
     if let Ok(mut h) = HISTORY.lock() {
         *h = folders;
     }
@@ -122,7 +122,7 @@ pub fn set_history(folders: Vec<PathBuf>) {
 
 /// The first folder of the project's history that holds a file, for the manifest at `path`:
 /// those [`set_history`] named, and the `audit` folder beside the manifest.
-pub fn history(path: &Path) -> Option<PathBuf> {
+pub(crate) fn history(path: &Path) -> Option<PathBuf> {
     let mut folders = HISTORY.lock().map(|h| h.clone()).unwrap_or_default();
     if let Some(dir) = path.parent() {
         folders.push(dir.join("audit"));
@@ -149,7 +149,7 @@ const CREATING: Duration = Duration::from_secs(1);
 /// Refuses the empty manifest at `path` when the project's history says a manifest was there
 /// ([`Error::Emptied`]), unless another process fills it within [`CREATING`]: it is creating
 /// it. `Ok(true)`: it was filled meanwhile, to be looked at again.
-pub fn refuse_emptied(path: &Path) -> Result<bool> {
+pub(crate) fn refuse_emptied(path: &Path) -> Result<bool> {
     let Some(history) = history(path) else {
         return Ok(false);
     };

@@ -62,7 +62,7 @@ pub fn priors(
 
 /// The latest state of the interval that ends where `start` begins, if any (for
 /// `depends_on_past`).
-pub fn state_before(conn: &Conn, dag_id: &str, start: i64) -> Result<Option<RunState>> {
+pub(crate) fn state_before(conn: &Conn, dag_id: &str, start: i64) -> Result<Option<RunState>> {
     let before: Option<(i64, RunState)> = conn
         .prepare_cached(&format!(
             "SELECT interval_end, state FROM runs
@@ -141,7 +141,10 @@ pub fn insert_chunk(
 }
 
 /// Interval starts that already have a plan row in a backfill.
-pub fn planned_starts(conn: &Conn, backfill_id: i64) -> Result<std::collections::HashSet<i64>> {
+pub(crate) fn planned_starts(
+    conn: &Conn,
+    backfill_id: i64,
+) -> Result<std::collections::HashSet<i64>> {
     let mut stmt = conn.prepare_cached("SELECT interval_start FROM plan WHERE backfill_id = ?1")?;
     let rows = stmt.query_map([backfill_id], |r| r.get(0))?;
     Ok(rows.collect::<super::db::Result<_>>()?)
@@ -149,7 +152,7 @@ pub fn planned_starts(conn: &Conn, backfill_id: i64) -> Result<std::collections:
 
 /// Changes a planned interval to a skip (decided while running, e.g. `depends_on_past`) and
 /// releases its lease.
-pub fn skip_planned(
+pub(crate) fn skip_planned(
     conn: &Conn,
     f: Fenced,
     dag_id: &str,
@@ -161,7 +164,7 @@ pub fn skip_planned(
 }
 
 /// Records a planned interval as skipped.
-pub fn mark_skipped(
+pub(crate) fn mark_skipped(
     conn: &Conn,
     backfill_id: i64,
     interval_start: i64,
@@ -176,7 +179,7 @@ pub fn mark_skipped(
 
 /// The planned intervals of a backfill that have not finished (`succeeded`, `failed` or
 /// `rejected`) in it, in plan order.
-pub fn unfinished(conn: &Conn, backfill_id: i64) -> Result<Vec<DataInterval>> {
+pub(crate) fn unfinished(conn: &Conn, backfill_id: i64) -> Result<Vec<DataInterval>> {
     let mut stmt = conn.prepare(
         "SELECT p.interval_start, p.interval_end FROM plan p
          WHERE p.backfill_id = ?1 AND p.action = 'run' AND NOT EXISTS (
@@ -193,7 +196,7 @@ pub fn unfinished(conn: &Conn, backfill_id: i64) -> Result<Vec<DataInterval>> {
 
 /// The latest run of each interval of `dag_id` starting in `[lo, hi]`: its state, backfill and
 /// start time (unix milliseconds).
-pub fn latest_runs(
+pub(crate) fn latest_runs(
     conn: &Conn,
     dag_id: &str,
     lo: i64,

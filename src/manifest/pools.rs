@@ -28,7 +28,7 @@ pub enum Take {
 
 /// Takes a slot of `pool` (of `size`) for try `try_id` if one is free; records that the try
 /// waits for the pool when none is.
-pub fn take(
+pub(crate) fn take(
     conn: &Conn,
     f: Fenced,
     pool: &str,
@@ -157,7 +157,7 @@ fn free_dead(conn: &Conn, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate::liven
 }
 
 /// Whether try `try_id` holds a slot of a pool.
-pub fn holds(conn: &Conn, try_id: i64) -> Result<bool> {
+pub(crate) fn holds(conn: &Conn, try_id: i64) -> Result<bool> {
     Ok(conn
         .prepare_cached("SELECT EXISTS (SELECT 1 FROM pool_slots WHERE try_id = ?1)")?
         .query_row([try_id], |r| r.get(0))?)

@@ -16,7 +16,7 @@ use crate::state::TryState;
 
 /// Records the gate's decision to publish before the warehouse is touched: a crash between this
 /// and [`mark_published`] is repaired by redoing the publish from the audit file.
-pub fn record_publish_intent(
+pub(crate) fn record_publish_intent(
     conn: &Conn,
     _fenced: Fenced,
     try_id: i64,
@@ -59,7 +59,7 @@ pub fn record_publish_intent(
 /// Records the decision to publish a group of outputs in one warehouse transaction (`promote
 /// --atomic`): every intent, or none when any try may no longer publish (its lease is gone, or
 /// it is not running). Recovery finishes the group's publishes together.
-pub fn record_group_intent(
+pub(crate) fn record_group_intent(
     conn: &Conn,
     fenced: Fenced,
     group: &[(i64, Option<String>, TryRecord)],
@@ -95,7 +95,7 @@ pub fn record_group_intent(
 /// interval (unix seconds), `$13` the staged try a promote publishes (then `promoted`), `$14`
 /// to `$17` a merge's rows inserted, updated, deleted and unchanged. Times
 /// are the database's clock, as every manifest write's.
-pub const IN_PUBLISH: &str = "WITH now AS (
+pub(crate) const IN_PUBLISH: &str = "WITH now AS (
      SELECT CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS bigint) AS ms),
  ended AS (
      UPDATE backfill_manifest.task_tries SET state = 'succeeded',
@@ -120,7 +120,7 @@ pub const IN_PUBLISH: &str = "WITH now AS (
              ELSE backfill_manifest.publish_refused($1) END";
 
 /// The SQLSTATE that [`IN_PUBLISH`] raises for a try that may not publish.
-pub const PUBLISH_REFUSED: &str = "BF001";
+pub(crate) const PUBLISH_REFUSED: &str = "BF001";
 
 /// A try's output that became the published partition of its task and interval.
 #[derive(Debug, Clone)]
@@ -134,7 +134,7 @@ pub struct Publication<'a> {
 }
 
 /// Makes a try the published try of its task and interval.
-pub fn mark_published(conn: &Conn, p: &Publication<'_>, now_ms: i64) -> Result<()> {
+pub(crate) fn mark_published(conn: &Conn, p: &Publication<'_>, now_ms: i64) -> Result<()> {
     conn.prepare_cached(
         "INSERT INTO published
             (dag_id, task_id, interval_start, interval_end, try_id, rows, fingerprint, published_at)
@@ -157,7 +157,7 @@ pub fn mark_published(conn: &Conn, p: &Publication<'_>, now_ms: i64) -> Result<(
 }
 
 /// The currently published try of a task and interval: `(try_id, rows, fingerprint)`.
-pub fn published(
+pub(crate) fn published(
     conn: &Conn,
     dag_id: &str,
     task_id: &str,
@@ -190,7 +190,7 @@ pub struct PendingPublish {
 }
 
 /// Tries of a backfill's runs that recorded a publish intent and never finished it.
-pub fn pending_publishes(conn: &Conn, claimed: Owner) -> Result<Vec<PendingPublish>> {
+pub(crate) fn pending_publishes(conn: &Conn, claimed: Owner) -> Result<Vec<PendingPublish>> {
     let (runs, id) = super::runs::claimed_runs(claimed);
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT t.id, t.run_id, r.dag_id, t.task_id, r.interval_start, r.interval_end,
@@ -233,7 +233,7 @@ pub fn pending_publishes(conn: &Conn, claimed: Owner) -> Result<Vec<PendingPubli
 }
 
 /// Whether a try still has an unfinished publish intent.
-pub fn publishing(conn: &Conn, try_id: i64) -> Result<bool> {
+pub(crate) fn publishing(conn: &Conn, try_id: i64) -> Result<bool> {
     Ok(conn
         .prepare_cached("SELECT publishing FROM task_tries WHERE id = ?1")?
         .query_row([try_id], |r| r.get::<_, bool>(0))
@@ -246,7 +246,12 @@ pub fn publishing(conn: &Conn, try_id: i64) -> Result<bool> {
 /// interval's lease, no newer try of its task and interval is published, and (for the owner's
 /// own publish) the owner's epoch is current. Asked inside the warehouse's publish
 /// transaction, after the warehouse's write lock is taken.
-pub fn may_publish(conn: &Conn, try_id: i64, owner: Option<Owner>, intent: bool) -> Result<bool> {
+pub(crate) fn may_publish(
+    conn: &Conn,
+    try_id: i64,
+    owner: Option<Owner>,
+    intent: bool,
+) -> Result<bool> {
     type Row = (
         bool,
         i64,
@@ -313,7 +318,7 @@ pub struct Current {
 }
 
 /// The currently published try of a task and interval, with its rows and content.
-pub fn current(
+pub(crate) fn current(
     conn: &Conn,
     dag_id: &str,
     task_id: &str,
@@ -341,7 +346,7 @@ pub fn current(
 /// The rows of a task's published partitions before `before` (an interval's start), newest
 /// first, at most `limit`: what the gate's `history` compares with. Read through the
 /// primary key, never a scan.
-pub fn history(
+pub(crate) fn history(
     conn: &Conn,
     dag_id: &str,
     task_id: &str,
@@ -358,4 +363,4 @@ pub fn history(
 }
 
 /// The verdict of a rollback try.
-pub const ROLLED_BACK: &str = crate::state::Verdict::RolledBack.as_str();
+pub(crate) const ROLLED_BACK: &str = crate::state::Verdict::RolledBack.as_str();

@@ -32,7 +32,7 @@ pub struct Seen {
 
 /// What the tries of an interval's latest run recorded, when that run succeeded: its interval
 /// and, per task, what the gate saw of the source.
-pub type Recorded = std::collections::BTreeMap<
+pub(crate) type Recorded = std::collections::BTreeMap<
     i64,
     (
         crate::interval::DataInterval,
@@ -70,7 +70,7 @@ impl Changes {
     }
 
     /// `+3 ~2 -1 =194`, as tables show it.
-    pub fn short(&self) -> String {
+    pub(crate) fn short(&self) -> String {
         crate::gate::Merge {
             inserted: self.inserted,
             updated: self.updated,
@@ -210,7 +210,11 @@ fn summary(b: Backfill, counts: Counts) -> BackfillSummary {
 }
 
 /// Backfills, newest last, optionally of one DAG and/or only the running ones.
-pub fn list(conn: &Conn, dag_id: Option<&str>, active_only: bool) -> Result<Vec<BackfillSummary>> {
+pub(crate) fn list(
+    conn: &Conn,
+    dag_id: Option<&str>,
+    active_only: bool,
+) -> Result<Vec<BackfillSummary>> {
     let mut stmt = conn.prepare(&format!(
         "SELECT {} FROM backfills
          WHERE (dag_id = ?1 OR ?1 IS NULL) AND (?2 = 0 OR state = 'running') ORDER BY id",
@@ -265,9 +269,9 @@ pub struct WarnedInterval {
 }
 
 /// How many warned intervals a backfill's outcome lists.
-pub const WARNED_SHOWN: i64 = 100;
+pub(crate) const WARNED_SHOWN: i64 = 100;
 
-pub fn outcome(conn: &Conn, id: i64) -> Result<Option<Outcome>> {
+pub(crate) fn outcome(conn: &Conn, id: i64) -> Result<Option<Outcome>> {
     let Some(backfill) = list_one(conn, id)? else {
         return Ok(None);
     };
@@ -391,7 +395,7 @@ pub struct WorkerSummary {
 }
 
 impl WorkerSummary {
-    pub fn of(w: &super::workers::Worker, alive: bool, runs: i64) -> Self {
+    pub(crate) fn of(w: &super::workers::Worker, alive: bool, runs: i64) -> Self {
         Self {
             id: w.id,
             host: w.host.clone(),
@@ -452,14 +456,19 @@ pub(super) fn shown_verdict(
 /// Three ordered range scans whatever the size, merged here: the backfill's runs in
 /// `(interval_start, id)` index order, their tries in `run_id` index order, and the plan by
 /// primary key. No per-row lookups and no sorts.
-pub fn show(conn: &Conn, id: i64) -> Result<Option<BackfillDetail>> {
+pub(crate) fn show(conn: &Conn, id: i64) -> Result<Option<BackfillDetail>> {
     show_part(conn, id, None)
 }
 
 /// A backfill with the intervals of one page of its plan in time order (`limit` from the
 /// `offset`-th), and the counts of all of them: the same range scans, bounded by the page's
 /// span, so that a page costs what it shows, not what the backfill holds.
-pub fn show_page(conn: &Conn, id: i64, offset: i64, limit: i64) -> Result<Option<BackfillDetail>> {
+pub(crate) fn show_page(
+    conn: &Conn,
+    id: i64,
+    offset: i64,
+    limit: i64,
+) -> Result<Option<BackfillDetail>> {
     show_part(conn, id, Some((offset, limit)))
 }
 
@@ -712,7 +721,7 @@ fn worker_summaries(conn: &Conn, id: i64) -> Result<Vec<WorkerSummary>> {
         .collect())
 }
 
-pub fn list_one(conn: &Conn, id: i64) -> Result<Option<BackfillSummary>> {
+pub(crate) fn list_one(conn: &Conn, id: i64) -> Result<Option<BackfillSummary>> {
     let Some(b) = backfills::get(conn, id)? else {
         return Ok(None);
     };
@@ -789,7 +798,7 @@ pub struct RunHistory {
 
 /// Every run of a DAG whose interval starts in `[lo, hi]`, by interval then attempt: the runs
 /// in index order and their tries in `run_id` order, merged here.
-pub fn runs(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<RunHistory>> {
+pub(crate) fn runs(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<RunHistory>> {
     let mut stmt = conn.prepare(
         "SELECT id, backfill_id, interval_start, interval_end, state, started_at, ended_at, error
          FROM runs WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
@@ -859,7 +868,7 @@ pub fn runs(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<RunHistor
 /// intervals of a DAG starting in `[lo, hi]` whose latest run succeeded.
 /// How many intervals of a DAG between two starts (unix seconds, both included) have a latest
 /// run that did not succeed, by its state: what `stale` leaves out.
-pub fn unsettled(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<(String, i64)>> {
+pub(crate) fn unsettled(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<(String, i64)>> {
     let mut stmt = conn.prepare(&format!(
         "SELECT r.state, COUNT(*)
          FROM runs r
@@ -875,7 +884,7 @@ pub fn unsettled(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<(Str
     Ok(rows.collect::<super::db::Result<_>>()?)
 }
 
-pub fn recorded_sources(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Recorded> {
+pub(crate) fn recorded_sources(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Recorded> {
     let mut stmt = conn.prepare(&format!(
         "SELECT r.interval_start, r.interval_end, t.task_id, t.source_rows, t.source_fingerprint
          FROM runs r
@@ -909,7 +918,7 @@ pub fn recorded_sources(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<R
 }
 
 /// How long (ms) the latest `limit` successful tries of a task took, newest first.
-pub fn recent_durations_ms(
+pub(crate) fn recent_durations_ms(
     conn: &Conn,
     dag_id: &str,
     task_id: &str,

@@ -40,7 +40,7 @@ fn file_at(path: &Path) -> File {
 /// r.request_cancel(1)?; // a write: not offered
 /// # Ok(()) }
 /// ```
-pub struct Reader {
+pub(crate) struct Reader {
     conn: Option<Conn>,
     path: PathBuf,
     file: File,
@@ -50,7 +50,7 @@ impl Reader {
     /// An idle read-only connection to the manifest at `path`, else a new one. An idle
     /// connection to a SQLite file that was replaced or removed since it was opened is closed
     /// instead: a long-lived reader (`serve`) follows the file.
-    pub fn take(path: &Path) -> Result<Self> {
+    pub(crate) fn take(path: &Path) -> Result<Self> {
         let file = file_at(path);
         let mut stale = Vec::new();
         let idle = READERS.lock().ok().and_then(|mut p| {
@@ -79,7 +79,7 @@ impl Reader {
 impl Reader {
     /// Closes the connection rather than keeping it for reuse: after a failure, the next
     /// reader opens a new one.
-    pub fn discard(mut self) {
+    pub(crate) fn discard(mut self) {
         drop(self.conn.take());
     }
 }
@@ -105,7 +105,7 @@ impl Drop for Reader {
 }
 
 /// Closes the process's idle read-only manifest connections.
-pub fn close_readers() {
+pub(crate) fn close_readers() {
     let idle: Vec<(Conn, File)> = READERS
         .lock()
         .map(|mut p| p.drain().flat_map(|(_, v)| v).collect())

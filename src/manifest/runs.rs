@@ -52,7 +52,7 @@ pub struct Early {
 /// (its writer is in this process, and a start there costs no round trip to save), nor for a
 /// role that may write the tables but not use their sequences (its inserts take the columns'
 /// defaults, which need no privilege on them; asking for an id would fail the transaction).
-pub fn reserve_run_ids(conn: &Conn, n: u32) -> Result<Vec<i64>> {
+pub(crate) fn reserve_run_ids(conn: &Conn, n: u32) -> Result<Vec<i64>> {
     if !conn.is_postgres() {
         return Ok(Vec::new());
     }
@@ -170,8 +170,11 @@ pub fn start_run(
 /// path is `log.0`, the run's id, then `log.1`: one round trip on PostgreSQL. Returns the try's
 /// id with [`Start::Run`]. With `early` (PostgreSQL only), the run takes its reserved id and the
 /// try its process group, in the same statement.
-#[allow(clippy::too_many_arguments)]
-pub fn start_run_and_try(
+#[expect(
+    clippy::too_many_arguments,
+    reason = "a run and its first try, started in one statement batch: the parts of both"
+)]
+pub(crate) fn start_run_and_try(
     conn: &Conn,
     fenced: Fenced,
     dag_id: &str,
@@ -300,7 +303,7 @@ pub fn start_run_and_try(
 
 /// Whether the backfill of a try's run still holds that interval's lease: a try whose interval
 /// was taken over may neither be let go nor publish.
-pub fn try_holds_lease(conn: &Conn, try_id: i64) -> Result<bool> {
+pub(crate) fn try_holds_lease(conn: &Conn, try_id: i64) -> Result<bool> {
     Ok(conn
         .prepare_cached(
             "SELECT 1 FROM task_tries t JOIN runs r ON r.id = t.run_id
@@ -328,7 +331,7 @@ fn run_holds_lease(conn: &Conn, run_id: i64) -> Result<bool> {
 }
 
 /// Whether a run is still in progress (not abandoned by a taker).
-pub fn in_progress(conn: &Conn, run_id: i64) -> Result<bool> {
+pub(crate) fn in_progress(conn: &Conn, run_id: i64) -> Result<bool> {
     Ok(conn
         .prepare_cached("SELECT state FROM runs WHERE id = ?1")?
         .query_row([run_id], |r| r.get::<_, RunState>(0))
@@ -397,7 +400,7 @@ fn end_run(conn: &Conn, run_id: i64, state: RunState, error: Option<&str>, end: 
 
 /// Records that a try started; returns its id, or `None` when its run was abandoned or its
 /// interval taken over.
-pub fn start_try(
+pub(crate) fn start_try(
     conn: &Conn,
     fenced: Fenced,
     run_id: i64,
@@ -413,7 +416,7 @@ pub fn start_try(
 }
 
 /// Records the first try of a run started in the same transaction (which checked the lease).
-pub fn insert_try(
+pub(crate) fn insert_try(
     conn: &Conn,
     _fenced: Fenced,
     run_id: i64,
@@ -448,7 +451,7 @@ pub fn insert_try(
 
 /// Records the process group of a try before it is let go; `false` when the try is no longer
 /// running (it must then never be let go).
-pub fn set_try_group(
+pub(crate) fn set_try_group(
     conn: &Conn,
     _fenced: Fenced,
     try_id: i64,
@@ -480,7 +483,7 @@ pub fn set_try_group(
 }
 
 /// Records the audit file of a SQL try, so that it can be removed should the owner die.
-pub fn set_try_audit(conn: &Conn, _fenced: Fenced, try_id: i64, path: &str) -> Result<()> {
+pub(crate) fn set_try_audit(conn: &Conn, _fenced: Fenced, try_id: i64, path: &str) -> Result<()> {
     conn.prepare_cached(
         "UPDATE task_tries SET audit_path = ?2 WHERE id = ?1 AND state = 'running'",
     )?
@@ -527,7 +530,7 @@ pub struct TryRecord {
 /// What the gate judged of a try, as JSON: kept with a PostgreSQL warehouse's booking of the
 /// publish, for the recovery of a publish that committed before the manifest recorded it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Judged {
+pub(crate) struct Judged {
     pub source_rows: Option<i64>,
     pub previous_rows: Option<i64>,
     pub verdict: Option<crate::state::Verdict>,
@@ -540,7 +543,7 @@ pub struct Judged {
 
 impl TryRecord {
     /// Records what a merge did.
-    pub fn set_merge(&mut self, m: &crate::gate::Merge) {
+    pub(crate) fn set_merge(&mut self, m: &crate::gate::Merge) {
         self.rows_inserted = Some(m.inserted);
         self.rows_updated = Some(m.updated);
         self.rows_deleted = Some(m.deleted);
@@ -548,7 +551,7 @@ impl TryRecord {
     }
 
     /// Forgets what a merge would have done: it did not happen (the try was rejected).
-    pub fn clear_merge(&mut self) {
+    pub(crate) fn clear_merge(&mut self) {
         self.rows_inserted = None;
         self.rows_updated = None;
         self.rows_deleted = None;
@@ -566,7 +569,7 @@ impl TryRecord {
     }
 
     /// What the gate judged, as JSON.
-    pub fn judged(&self) -> String {
+    pub(crate) fn judged(&self) -> String {
         serde_json::to_string(&Judged {
             source_rows: self.source_rows,
             previous_rows: self.previous_rows,
@@ -579,7 +582,7 @@ impl TryRecord {
     }
 
     /// Fills what this record lacks from a [`TryRecord::judged`] (unreadable JSON fills nothing).
-    pub fn fill_judged(&mut self, json: &str) {
+    pub(crate) fn fill_judged(&mut self, json: &str) {
         let j: Judged = serde_json::from_str(json).unwrap_or_default();
         self.source_rows = self.source_rows.or(j.source_rows);
         self.previous_rows = self.previous_rows.or(j.previous_rows);
@@ -621,7 +624,7 @@ impl TryRecord {
 }
 
 /// Records the end of a try of the owner.
-pub fn finish_try(
+pub(crate) fn finish_try(
     conn: &Conn,
     _fenced: Fenced,
     try_id: i64,
@@ -684,8 +687,11 @@ fn end_try_values<'a>(
 
 /// Records a try's end and its run's end, releasing the run's lease: one round trip on
 /// PostgreSQL (a try that stages an output also discards older ones, see [`end_try`]).
-#[allow(clippy::too_many_arguments)]
-pub fn finish_try_and_run(
+#[expect(
+    clippy::too_many_arguments,
+    reason = "a run's last try and the run, ended in one statement batch: the parts of both"
+)]
+pub(crate) fn finish_try_and_run(
     conn: &Conn,
     fenced: Fenced,
     try_id: i64,
@@ -729,7 +735,7 @@ pub fn finish_try_and_run(
 /// interval (an interval staged again after a crash): one staged output per task and interval
 /// awaits promotion, the newest, and the others are discarded (unless a promote is publishing
 /// one).
-pub fn end_try(conn: &Conn, try_id: i64, rec: &TryRecord, end: End) -> Result<()> {
+pub(crate) fn end_try(conn: &Conn, try_id: i64, rec: &TryRecord, end: End) -> Result<()> {
     let ended = conn
         .prepare_cached(&END_TRY)?
         .execute(end_try_values(&try_id, rec, &end, &[]).as_slice())?;
@@ -780,7 +786,7 @@ pub(super) fn claimed_runs(claimed: Owner) -> (&'static str, i64) {
 }
 
 /// The tries of the runs `claimed` settles (see [`claimed_runs`]) still running or publishing.
-pub fn unfinished_tries(conn: &Conn, claimed: Owner) -> Result<Vec<UnfinishedTry>> {
+pub(crate) fn unfinished_tries(conn: &Conn, claimed: Owner) -> Result<Vec<UnfinishedTry>> {
     let (runs, id) = claimed_runs(claimed);
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT t.id, t.run_id, r.dag_id, r.interval_start, t.pgid, t.pgid_start, t.host,
@@ -808,7 +814,12 @@ pub fn unfinished_tries(conn: &Conn, claimed: Owner) -> Result<Vec<UnfinishedTry
 
 /// Records the end of a try of a dead owner (killed, never started, or its publish finished by
 /// the recoverer). Only a try still unfinished changes; returns whether it did.
-pub fn end_abandoned_try(conn: &Conn, try_id: i64, rec: &TryRecord, now_ms: i64) -> Result<bool> {
+pub(crate) fn end_abandoned_try(
+    conn: &Conn,
+    try_id: i64,
+    rec: &TryRecord,
+    now_ms: i64,
+) -> Result<bool> {
     static END: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         format!(
             "UPDATE task_tries SET state = ?2, ended_at = {}, error = COALESCE(?4, error),
@@ -848,7 +859,7 @@ pub fn end_abandoned_try(conn: &Conn, try_id: i64, rec: &TryRecord, now_ms: i64)
 }
 
 /// The runs `claimed` settles (see [`claimed_runs`]) still in progress.
-pub fn runs_in_progress(conn: &Conn, claimed: Owner) -> Result<Vec<i64>> {
+pub(crate) fn runs_in_progress(conn: &Conn, claimed: Owner) -> Result<Vec<i64>> {
     let (runs, id) = claimed_runs(claimed);
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT r.id FROM runs r WHERE {runs} AND r.state IN ('queued', 'running')"
@@ -861,7 +872,7 @@ pub fn runs_in_progress(conn: &Conn, claimed: Owner) -> Result<Vec<i64>> {
 /// whose every task has a succeeded try succeeded (a crash after its last publish); the others
 /// are cancelled, except those whose interval is still held by a try that could not be stopped
 /// (`keep`). Releases their leases.
-pub fn end_abandoned_runs(
+pub(crate) fn end_abandoned_runs(
     conn: &Conn,
     runs: &[i64],
     task_counts: &dyn Fn(&str) -> Option<usize>,
@@ -905,7 +916,11 @@ pub fn end_abandoned_runs(
 
 /// Records what became of a staged output (promoted or discarded); `false` when it was no
 /// longer staged.
-pub fn set_staged(conn: &Conn, staged_try: i64, to: crate::state::StagedState) -> Result<bool> {
+pub(crate) fn set_staged(
+    conn: &Conn,
+    staged_try: i64,
+    to: crate::state::StagedState,
+) -> Result<bool> {
     let changed = conn
         .prepare_cached("UPDATE task_tries SET staged = ?2 WHERE id = ?1 AND staged = 'staged'")?
         .execute(params![staged_try, to])?;
@@ -926,7 +941,7 @@ pub struct Staged {
 }
 
 /// The staged outputs of a backfill, whatever became of them since, by interval then try.
-pub fn staged(conn: &Conn, backfill_id: i64) -> Result<Vec<Staged>> {
+pub(crate) fn staged(conn: &Conn, backfill_id: i64) -> Result<Vec<Staged>> {
     let mut stmt = conn.prepare_cached(
         "SELECT r.interval_start, r.interval_end, t.task_id, t.id, t.rows, t.fingerprint,
                 t.source_rows, t.source_fingerprint, t.verdict, t.reasons, t.staged_path,
@@ -959,7 +974,7 @@ pub fn staged(conn: &Conn, backfill_id: i64) -> Result<Vec<Staged>> {
 }
 
 /// Whether a staged try's output still awaits promotion.
-pub fn is_staged(conn: &Conn, staged_try: i64) -> Result<bool> {
+pub(crate) fn is_staged(conn: &Conn, staged_try: i64) -> Result<bool> {
     Ok(conn
         .prepare_cached("SELECT 1 FROM task_tries WHERE id = ?1 AND staged = 'staged'")?
         .query_row([staged_try], |_| Ok(()))
@@ -968,7 +983,7 @@ pub fn is_staged(conn: &Conn, staged_try: i64) -> Result<bool> {
 }
 
 /// Records that try `try_id` promotes the staged try `staged_try`.
-pub fn set_promoted_from(conn: &Conn, try_id: i64, staged_try: i64) -> Result<()> {
+pub(crate) fn set_promoted_from(conn: &Conn, try_id: i64, staged_try: i64) -> Result<()> {
     conn.prepare_cached("UPDATE task_tries SET promoted_from = ?2 WHERE id = ?1")?
         .execute(params![try_id, staged_try])?;
     Ok(())
@@ -976,7 +991,7 @@ pub fn set_promoted_from(conn: &Conn, try_id: i64, staged_try: i64) -> Result<()
 
 /// Discards a staged output unless a promote of it is running: `false` when it was not
 /// discarded.
-pub fn discard_staged(conn: &Conn, staged_try: i64) -> Result<bool> {
+pub(crate) fn discard_staged(conn: &Conn, staged_try: i64) -> Result<bool> {
     let changed = conn
         .prepare_cached(
             "UPDATE task_tries SET staged = 'discarded'
@@ -990,7 +1005,7 @@ pub fn discard_staged(conn: &Conn, staged_try: i64) -> Result<bool> {
 
 /// The tries whose audit files must stay: publishes that were decided (a recovery redoes
 /// them) and staged outputs, kept until promoted or discarded.
-pub fn needing_audit_files(conn: &Conn) -> Result<std::collections::HashSet<i64>> {
+pub(crate) fn needing_audit_files(conn: &Conn) -> Result<std::collections::HashSet<i64>> {
     let mut stmt =
         conn.prepare("SELECT id FROM task_tries WHERE publishing = 1 OR staged = 'staged'")?;
     let ids = stmt.query_map([], |r| r.get(0))?;
@@ -999,7 +1014,7 @@ pub fn needing_audit_files(conn: &Conn) -> Result<std::collections::HashSet<i64>
 
 /// The lowest id of a try still running or publishing, else one above every try: the tries
 /// below it are all recorded as ended.
-pub fn first_unfinished_try(conn: &Conn) -> Result<i64> {
+pub(crate) fn first_unfinished_try(conn: &Conn) -> Result<i64> {
     Ok(conn.query_row(
         "SELECT COALESCE((SELECT MIN(id) FROM task_tries WHERE state = 'running' OR publishing = 1),
                          (SELECT COALESCE(MAX(id), 0) + 1 FROM task_tries))",
@@ -1009,7 +1024,7 @@ pub fn first_unfinished_try(conn: &Conn) -> Result<i64> {
 }
 
 /// The tries whose staged tables must stay: staged outputs and tries still running.
-pub fn keeping_staged_tables(conn: &Conn) -> Result<std::collections::HashSet<i64>> {
+pub(crate) fn keeping_staged_tables(conn: &Conn) -> Result<std::collections::HashSet<i64>> {
     let mut stmt =
         conn.prepare("SELECT id FROM task_tries WHERE staged = 'staged' OR state = 'running'")?;
     let ids = stmt.query_map([], |r| r.get(0))?;
@@ -1017,7 +1032,10 @@ pub fn keeping_staged_tables(conn: &Conn) -> Result<std::collections::HashSet<i6
 }
 
 /// The interval starts of backfill `backfill_id` whose runs are still queued or running.
-pub fn starts_in_progress(conn: &Conn, backfill_id: i64) -> Result<std::collections::HashSet<i64>> {
+pub(crate) fn starts_in_progress(
+    conn: &Conn,
+    backfill_id: i64,
+) -> Result<std::collections::HashSet<i64>> {
     Ok(conn
         .prepare(
             "SELECT interval_start FROM runs WHERE backfill_id = ?1 AND state IN ('queued', 'running')",
@@ -1028,7 +1046,7 @@ pub fn starts_in_progress(conn: &Conn, backfill_id: i64) -> Result<std::collecti
 
 /// Whether a run of backfill `backfill_id` succeeded: the first one found, through the index
 /// on runs by backfill, so the answer reads a few pages whatever the backfill's size.
-pub fn any_succeeded(conn: &Conn, backfill_id: i64) -> Result<bool> {
+pub(crate) fn any_succeeded(conn: &Conn, backfill_id: i64) -> Result<bool> {
     Ok(conn
         .prepare_cached(
             "SELECT EXISTS (SELECT 1 FROM runs WHERE backfill_id = ?1 AND state = 'succeeded')",

@@ -38,7 +38,7 @@ pub struct TryView {
 
 /// Every try of every run of a backfill's interval that starts at `start` (unix seconds), in
 /// the order they ran.
-pub fn interval_tries(conn: &Conn, backfill_id: i64, start: i64) -> Result<Vec<TryView>> {
+pub(crate) fn interval_tries(conn: &Conn, backfill_id: i64, start: i64) -> Result<Vec<TryView>> {
     let mut stmt = conn.prepare(
         "SELECT r.id, r.state, t.id, t.task_id, t.try_number, t.state, t.host, t.started_at,
                 t.ended_at, t.rows, t.source_rows, t.previous_rows, t.verdict, t.reasons,
@@ -95,7 +95,7 @@ pub struct SlotView {
 }
 
 /// The pools' slots in use, by pool then age.
-pub fn pool_slots(conn: &Conn) -> Result<Vec<SlotView>> {
+pub(crate) fn pool_slots(conn: &Conn) -> Result<Vec<SlotView>> {
     let mut stmt = conn.prepare(
         "SELECT p.pool, p.backfill_id, p.try_id, r.dag_id, r.interval_start, t.task_id, t.host,
                 p.taken_at
@@ -138,7 +138,7 @@ pub struct LeaseView {
 }
 
 /// The leases held, by backfill.
-pub fn leases(conn: &Conn) -> Result<Vec<LeaseView>> {
+pub(crate) fn leases(conn: &Conn) -> Result<Vec<LeaseView>> {
     let mut stmt = conn.prepare(
         "SELECT l.backfill_id, l.dag_id, COUNT(*), MIN(l.interval_start), MAX(l.interval_start),
                 b.owner_host, b.owner_pid, b.heartbeat_at, b.state, b.owner_start
@@ -168,14 +168,14 @@ pub fn leases(conn: &Conn) -> Result<Vec<LeaseView>> {
 
 /// Every backfill's id, DAG and state, oldest first: what the status page's list filters and
 /// pages before it counts the intervals of the page's backfills only.
-pub fn heads(conn: &Conn) -> Result<Vec<(i64, String, crate::state::BackfillState)>> {
+pub(crate) fn heads(conn: &Conn) -> Result<Vec<(i64, String, crate::state::BackfillState)>> {
     let mut stmt = conn.prepare("SELECT id, dag_id, state FROM backfills ORDER BY id")?;
     let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
     Ok(rows.collect::<super::db::Result<_>>()?)
 }
 
 /// The DAGs the manifest has runs of, and how many interval starts each has.
-pub fn dags(conn: &Conn) -> Result<Vec<(String, i64)>> {
+pub(crate) fn dags(conn: &Conn) -> Result<Vec<(String, i64)>> {
     let mut stmt = conn.prepare(
         "SELECT dag_id, COUNT(DISTINCT interval_start) FROM runs GROUP BY dag_id ORDER BY dag_id",
     )?;
@@ -185,7 +185,7 @@ pub fn dags(conn: &Conn) -> Result<Vec<(String, i64)>> {
 
 /// The starts (unix seconds) of a DAG's intervals that have runs, newest first: `limit` of
 /// them after skipping `skip`.
-pub fn dag_starts(conn: &Conn, dag_id: &str, limit: i64, skip: i64) -> Result<Vec<i64>> {
+pub(crate) fn dag_starts(conn: &Conn, dag_id: &str, limit: i64, skip: i64) -> Result<Vec<i64>> {
     let mut stmt = conn.prepare(
         "SELECT DISTINCT interval_start FROM runs WHERE dag_id = ?1
          ORDER BY interval_start DESC LIMIT ?2 OFFSET ?3",
@@ -195,7 +195,7 @@ pub fn dag_starts(conn: &Conn, dag_id: &str, limit: i64, skip: i64) -> Result<Ve
 }
 
 /// The starts of a DAG's published partitions in `[lo, hi]` (unix seconds), with their rows.
-pub fn published(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<(i64, i64)>> {
+pub(crate) fn published(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<(i64, i64)>> {
     let mut stmt = conn.prepare(
         "SELECT interval_start, CAST(SUM(rows) AS BIGINT) FROM published
          WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
@@ -230,7 +230,7 @@ pub struct Figures {
 }
 
 /// The figures of `/metrics`.
-pub fn figures(conn: &Conn) -> Result<Figures> {
+pub(crate) fn figures(conn: &Conn) -> Result<Figures> {
     let mut f = Figures::default();
     let mut stmt = conn.prepare(
         "SELECT r.dag_id, r.state, COUNT(*) FROM runs r

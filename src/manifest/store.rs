@@ -344,7 +344,10 @@ pub trait Running: super::db::Answers {
     ) -> Result<Take>;
     /// Records that an interval's run started and its first try (see
     /// [`runs::start_run_and_try`]).
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "a run and its first try, started in one statement batch: the parts of both"
+    )]
     fn start_run_and_try(
         &self,
         fenced: Fenced,
@@ -393,7 +396,10 @@ pub trait Running: super::db::Answers {
     /// Records the end of a try of the owner.
     fn finish_try(&self, _fenced: Fenced, try_id: i64, rec: &TryRecord, end: End) -> Result<()>;
     /// Records a try's end and its run's end (see [`runs::finish_try_and_run`]).
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "a run's last try and the run, ended in one statement batch: the parts of both"
+    )]
     fn finish_try_and_run(
         &self,
         fenced: Fenced,

@@ -65,7 +65,7 @@ fn from_row(r: &super::db::Row<'_>) -> super::db::Result<Worker> {
 }
 
 /// The workers of a backfill, oldest first.
-pub fn of(conn: &Conn, backfill_id: i64) -> Result<Vec<Worker>> {
+pub(crate) fn of(conn: &Conn, backfill_id: i64) -> Result<Vec<Worker>> {
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT {COLUMNS} FROM workers WHERE backfill_id = ?1 ORDER BY id"
     ))?;
@@ -75,7 +75,12 @@ pub fn of(conn: &Conn, backfill_id: i64) -> Result<Vec<Worker>> {
 
 /// Records this process as a worker of `backfill_id`, which the caller found running with a
 /// live owner in this transaction.
-pub fn join(conn: &Conn, backfill_id: i64, max_active_runs: u32, ctx: &LeaseCtx) -> Result<Owner> {
+pub(crate) fn join(
+    conn: &Conn,
+    backfill_id: i64,
+    max_active_runs: u32,
+    ctx: &LeaseCtx,
+) -> Result<Owner> {
     let id: i64 = conn.query_row(
         "INSERT INTO workers (backfill_id, pid, host, heartbeat_at, epoch, state, max_active_runs,
             started_at, start)
@@ -99,7 +104,12 @@ pub fn join(conn: &Conn, backfill_id: i64, max_active_runs: u32, ctx: &LeaseCtx)
 }
 
 /// A worker's heartbeat (its fence already checked): what it must do.
-pub fn heartbeat(conn: &Conn, backfill_id: i64, worker: i64, now_ms: i64) -> Result<Heartbeat> {
+pub(crate) fn heartbeat(
+    conn: &Conn,
+    backfill_id: i64,
+    worker: i64,
+    now_ms: i64,
+) -> Result<Heartbeat> {
     conn.prepare_cached("UPDATE workers SET heartbeat_at = ?2 WHERE id = ?1")?
         .execute(params![worker, now_ms])?;
     let (cancel, state): (bool, BackfillState) = conn
@@ -116,7 +126,7 @@ pub fn heartbeat(conn: &Conn, backfill_id: i64, worker: i64, now_ms: i64) -> Res
 
 /// Records the end of a worker (its fence already checked). The backfill's leases are not the
 /// worker's: they stay.
-pub fn finish(conn: &Conn, worker: i64, state: BackfillState, now_ms: i64) -> Result<()> {
+pub(crate) fn finish(conn: &Conn, worker: i64, state: BackfillState, now_ms: i64) -> Result<()> {
     conn.execute(
         &format!(
             "UPDATE workers SET state = ?2, finished_at = {}, heartbeat_at = ?3 WHERE id = ?1",
@@ -130,7 +140,7 @@ pub fn finish(conn: &Conn, worker: i64, state: BackfillState, now_ms: i64) -> Re
 /// Takes the leases of the gone workers of backfill `backfill_id` away: a new epoch each, so
 /// that should one wake up it is refused everything, and the state `cancelled`. Returns them as
 /// claimed (their runs are to be recovered); live workers and ended ones are left as they are.
-pub fn take_gone(conn: &Conn, backfill_id: i64, ctx: &LeaseCtx) -> Result<Vec<Owner>> {
+pub(crate) fn take_gone(conn: &Conn, backfill_id: i64, ctx: &LeaseCtx) -> Result<Vec<Owner>> {
     let mut claimed = Vec::new();
     for w in of(conn, backfill_id)? {
         if w.state != BackfillState::Running || w.alive(ctx) {
@@ -162,7 +172,7 @@ pub fn take_gone(conn: &Conn, backfill_id: i64, ctx: &LeaseCtx) -> Result<Vec<Ow
 
 /// Whether a backfill has ever had a worker (its runs are then counted against its
 /// `max_active_runs` in the manifest, across its processes).
-pub fn any(conn: &Conn, backfill_id: i64) -> Result<bool> {
+pub(crate) fn any(conn: &Conn, backfill_id: i64) -> Result<bool> {
     Ok(conn
         .prepare_cached("SELECT 1 FROM workers WHERE backfill_id = ?1 LIMIT 1")?
         .query_row([backfill_id], |_| Ok(()))
@@ -173,7 +183,10 @@ pub fn any(conn: &Conn, backfill_id: i64) -> Result<bool> {
 /// The interval starts that a worker still running holds: its runs in progress, and the
 /// intervals its batches hold (see [`super::leases::reserve_batch`]). They are that worker's,
 /// neither recovered with the owner nor run by another process.
-pub fn starts_in_flight(conn: &Conn, backfill_id: i64) -> Result<std::collections::HashSet<i64>> {
+pub(crate) fn starts_in_flight(
+    conn: &Conn,
+    backfill_id: i64,
+) -> Result<std::collections::HashSet<i64>> {
     let mut stmt = conn.prepare_cached(
         "SELECT r.interval_start FROM runs r JOIN workers w ON w.id = r.worker
          WHERE r.backfill_id = ?1 AND r.state IN ('queued', 'running') AND w.state = 'running'

@@ -146,7 +146,7 @@ impl Writer {
     /// ends when [`Writer::close`] is called or the last handle is dropped. Every write a
     /// caller was told about is already committed, so nothing is lost if the process exits
     /// without closing.
-    pub fn spawn(conn: Conn, path: &Path) -> Result<Writer> {
+    pub(crate) fn spawn(conn: Conn, path: &Path) -> Result<Writer> {
         let mut file = None;
         if let Conn::Sqlite(c) = &conn {
             // Every statement of the runner's writes stays prepared (rusqlite keeps 16 by
@@ -169,7 +169,7 @@ impl Writer {
     /// Why the manifest's file is no longer at its path: removed (its connection, open, still
     /// writes the file, which is lost once closed), or another file put in its place. `None`
     /// while it is there, and for a manifest in PostgreSQL.
-    pub fn removed(&self) -> Option<String> {
+    pub(crate) fn removed(&self) -> Option<String> {
         let opened = self.file?;
         match file_id(&self.path) {
             Some(now) if now == opened => None,
@@ -190,7 +190,7 @@ impl Writer {
         Self::spawn(super::open(path, durability)?, path)
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
@@ -227,7 +227,7 @@ impl Writer {
     }
 
     /// Runs `f` in the writer and waits until it is committed.
-    pub async fn call<R, F>(&self, f: F) -> Result<R>
+    pub(crate) async fn call<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
         F: FnMut(&dyn super::Store) -> Result<R> + Send + 'static,
@@ -236,7 +236,7 @@ impl Writer {
     }
 
     /// [`Writer::call`] for a job whose last statement may be deferred (see [`Step`]).
-    pub async fn call_step<R, F>(&self, f: F) -> Result<R>
+    pub(crate) async fn call_step<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
         F: FnMut(&dyn super::Store) -> Result<Step<R>> + Send + 'static,

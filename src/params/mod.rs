@@ -25,7 +25,7 @@ use std::fmt;
 /// The same five names as the SQLite warehouse's binds, so that a task reads the same for
 /// either kind of warehouse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Param {
+pub(crate) enum Param {
     /// `:data_interval_start`: the first instant of the interval.
     DataIntervalStart,
     /// `:data_interval_end`: the first instant after the interval.
@@ -40,7 +40,7 @@ pub enum Param {
 
 impl Param {
     /// Every parameter, in the order the error messages list them.
-    pub const ALL: [Param; 5] = [
+    pub(crate) const ALL: [Param; 5] = [
         Self::DataIntervalStart,
         Self::DataIntervalEnd,
         Self::Ds,
@@ -50,7 +50,7 @@ impl Param {
 
     /// The name as a task writes it, with its `:`: what the lexer matches and what the error
     /// messages show.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::DataIntervalStart => ":data_interval_start",
             Self::DataIntervalEnd => ":data_interval_end",
@@ -64,7 +64,7 @@ impl Param {
     /// makes `:ds` compare as a date and `:data_interval_start` as an instant, where an
     /// untyped parameter would take whatever type PostgreSQL infers from its first use (or
     /// fail to infer one, as in `SELECT :ds`).
-    pub fn pg_type(self) -> &'static str {
+    pub(crate) fn pg_type(self) -> &'static str {
         match self {
             Self::DataIntervalStart | Self::DataIntervalEnd => "timestamptz",
             Self::Ds | Self::NextDs => "date",
@@ -81,7 +81,7 @@ impl Param {
 
 /// A statement rewritten for PostgreSQL.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Positional {
+pub(crate) struct Positional {
     /// The statement with each named parameter replaced by `$k`, every other byte as it was.
     pub sql: String,
     /// What to bind: `$first` is `params[0]`, `$first + 1` is `params[1]`, ... Each distinct
@@ -95,7 +95,7 @@ pub struct Positional {
 /// The offset lets the caller point at the `file:line:col` of the offending parameter inside
 /// the task's SQL, as the SQLite warehouse's checks do.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParamError {
+pub(crate) struct ParamError {
     /// Byte offset in the input of the offending parameter's first byte: the `:` of an
     /// unknown name, or the `$` of a positional parameter.
     pub offset: usize,
@@ -116,14 +116,15 @@ impl std::error::Error for ParamError {}
 /// An unknown `:name` and a positional `$k` in code are errors (a positional parameter would
 /// have no value: only the named ones are bound). Parameters in strings, quoted identifiers,
 /// comments and dollar quotes are text and stay as they are.
-pub fn positional(sql: &str) -> Result<Positional, ParamError> {
+#[cfg(test)]
+pub(crate) fn positional(sql: &str) -> Result<Positional, ParamError> {
     positional_from(sql, 1)
 }
 
 /// Rewrites a statement's named parameters as `$first..`, for a statement that is wrapped in
 /// one that binds its own parameters first (`$1..$first - 1`). `first` is meant to be at
 /// least 1 (PostgreSQL has no `$0`); a number past `usize::MAX` is an error.
-pub fn positional_from(sql: &str, first: usize) -> Result<Positional, ParamError> {
+pub(crate) fn positional_from(sql: &str, first: usize) -> Result<Positional, ParamError> {
     Lexer::new(sql, first).run()
 }
 

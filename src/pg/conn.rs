@@ -35,13 +35,13 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// TCP keepalives when the URL does not say (`keepalives_idle`, `keepalives_interval`,
 /// `keepalives_count`): an idle connection whose peer is gone is given up after about
 /// 10 + 3 x 5 = 25 seconds.
-pub const KEEPALIVES_IDLE: Duration = Duration::from_secs(10);
+pub(crate) const KEEPALIVES_IDLE: Duration = Duration::from_secs(10);
 const KEEPALIVES_INTERVAL: Duration = Duration::from_secs(5);
 const KEEPALIVES_COUNT: u32 = 3;
 
 /// How long sent data may stay unacknowledged before the connection is given up, when the URL
 /// does not say (`tcp_user_timeout`, in milliseconds as libpq reads it).
-pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const TCP_USER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How a connection is secured, from `sslmode`.
 #[derive(Clone)]
@@ -54,7 +54,7 @@ enum Tls {
 
 /// A database's URL, parsed once.
 #[derive(Clone)]
-pub struct Target {
+pub(crate) struct Target {
     config: tokio_postgres::Config,
     tls: Tls,
 }
@@ -62,7 +62,7 @@ pub struct Target {
 impl Target {
     /// How long one connection attempt may take in all: `connect_timeout` for each host the
     /// URL names, tried in turn (as libpq does).
-    pub fn attempt_bound(&self) -> Duration {
+    pub(crate) fn attempt_bound(&self) -> Duration {
         let timeout = self
             .config
             .get_connect_timeout()
@@ -76,7 +76,7 @@ impl Target {
 /// Parses a URL as libpq does, with the modes `tokio-postgres` lacks (`verify-ca`,
 /// `verify-full`) done by the TLS verifier. Never puts the URL in an error: it may hold a
 /// password.
-pub fn target(url: &str) -> Result<Target, String> {
+pub(crate) fn target(url: &str) -> Result<Target, String> {
     let (base, query) = match url.split_once('?') {
         Some((b, q)) => (b, q),
         None => (url, ""),
@@ -452,7 +452,7 @@ impl Wake for Unpark {
 
 /// Waits for `f` on this thread, parked between polls: for futures that a task of [`IO`] makes
 /// ready (a client's requests, a join handle), from any thread, inside a runtime or not.
-pub fn block_on<F: Future>(f: F) -> F::Output {
+pub(crate) fn block_on<F: Future>(f: F) -> F::Output {
     let mut f = pin!(f);
     let waker = Arc::new(Unpark(std::thread::current())).into();
     let mut cx = Context::from_waker(&waker);
@@ -473,7 +473,7 @@ fn on_io<T: Send + 'static>(f: impl Future<Output = T> + Send + 'static) -> Resu
 type Driver = std::pin::Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send>>;
 
 /// One connection.
-pub struct Conn {
+pub(crate) struct Conn {
     pub client: Client,
     /// Driven by the thread that waits for an answer (see [`Conn::wait`]); `None` once it
     /// ended (the connection closed).
@@ -493,16 +493,16 @@ pub struct Conn {
 /// gives the connection up (closes it, and the wait ends with the driver's "connection
 /// closed"). A server that got the cancel request answers in milliseconds; one behind a network
 /// that hangs never would. The statement's transaction cannot commit: its client is gone.
-pub const GIVE_UP_AFTER_CANCEL: Duration = Duration::from_secs(10);
+pub(crate) const GIVE_UP_AFTER_CANCEL: Duration = Duration::from_secs(10);
 
 impl Conn {
     /// The URL the connection was opened with (it may hold a password: never show it).
-    pub fn url(&self) -> &str {
+    pub(crate) fn url(&self) -> &str {
         &self.url
     }
 
     /// Waits for `f`, driving the connection meanwhile.
-    pub fn wait<F: Future>(&self, f: F) -> F::Output {
+    pub(crate) fn wait<F: Future>(&self, f: F) -> F::Output {
         match self.drive(f, None) {
             Some(v) => v,
             None => unreachable!("a wait without a deadline ends only with its answer"),
@@ -511,7 +511,7 @@ impl Conn {
 
     /// [`Conn::wait`] for at most `bound`: `None` when `f` has not finished by then. The
     /// connection is then in no known state (a request half answered): drop it.
-    pub fn wait_within<F: Future>(&self, f: F, bound: Duration) -> Option<F::Output> {
+    pub(crate) fn wait_within<F: Future>(&self, f: F, bound: Duration) -> Option<F::Output> {
         self.drive(f, Some(Instant::now() + bound))
     }
 
@@ -572,7 +572,7 @@ impl Conn {
     /// Cancels what the connection's server process is running, from another thread: a cancel
     /// request on a connection of its own, so the server stops the statement (not only this
     /// client waiting for it).
-    pub fn canceller(&self) -> Box<dyn Fn() + Send> {
+    pub(crate) fn canceller(&self) -> Box<dyn Fn() + Send> {
         let (token, tls, bound) = (self.cancel.clone(), self.tls.clone(), self.bound);
         let cancelled = self.cancelled.clone();
         Box::new(move || {
@@ -605,12 +605,12 @@ impl Conn {
     }
 
     /// How long one connection attempt may take (see [`Target::attempt_bound`]).
-    pub fn attempt_bound(&self) -> Duration {
+    pub(crate) fn attempt_bound(&self) -> Duration {
         self.bound
     }
 
     /// Forgets a cancel: the statement it was for has ended, and the connection serves another.
-    pub fn forget_cancel(&self) {
+    pub(crate) fn forget_cancel(&self) {
         if let Ok(mut c) = self.cancelled.lock() {
             *c = None;
         }
@@ -618,7 +618,7 @@ impl Conn {
 
     /// Whether the connection is closed: its socket is looked at once (a server that restarted
     /// while the connection sat idle closed it) without waiting.
-    pub fn is_closed(&self) -> bool {
+    pub(crate) fn is_closed(&self) -> bool {
         let mut driver = self
             .driver
             .lock()
@@ -635,7 +635,7 @@ impl Conn {
 
 /// Opens a connection to the database at `url` (which may hold a password; no error repeats
 /// it).
-pub fn connect_url(url: &str) -> Result<Conn, ConnectError> {
+pub(crate) fn connect_url(url: &str) -> Result<Conn, ConnectError> {
     connect_with(url, "")
 }
 
@@ -643,7 +643,7 @@ pub fn connect_url(url: &str) -> Result<Conn, ConnectError> {
 /// reach or of a resource (see [`super::Resource`]) rather than refusing this connection (a
 /// wrong password, a database that does not exist).
 #[derive(Debug, Clone)]
-pub struct ConnectError {
+pub(crate) struct ConnectError {
     pub message: String,
     pub resource: Option<super::Resource>,
 }
@@ -672,7 +672,7 @@ impl From<ConnectError> for String {
 /// [`connect_url`], then `setup` (statements that set the session up) in the same round trip
 /// as the connection's own settings, all within the attempt's bound (see
 /// [`Target::attempt_bound`]).
-pub fn connect_with(url: &str, setup: &str) -> Result<Conn, ConnectError> {
+pub(crate) fn connect_with(url: &str, setup: &str) -> Result<Conn, ConnectError> {
     let target = target(url)?;
     let bound = target.attempt_bound();
     let started = Instant::now();

@@ -8,7 +8,7 @@ use tokio_postgres::error::SqlState;
 
 /// What a failure means to the code that met it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// The connection is gone (the server restarted or ended the session, the network dropped):
     /// an open transaction did not commit, and a new connection may succeed.
     Disconnected,
@@ -26,7 +26,7 @@ pub enum Kind {
 }
 
 /// The kind of a driver error.
-pub fn kind(e: &tokio_postgres::Error) -> Kind {
+pub(crate) fn kind(e: &tokio_postgres::Error) -> Kind {
     if e.is_closed() || e.source().is_some_and(|s| s.is::<std::io::Error>()) {
         return Kind::Disconnected;
     }
@@ -61,7 +61,7 @@ pub fn kind(e: &tokio_postgres::Error) -> Kind {
 /// 57P03), or the connection failed or is gone (class 08, a closed connection). Another try
 /// would meet it too; the layers above stop rather than fail the work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Resource {
+pub(crate) enum Resource {
     /// 53100 `disk_full`.
     DiskFull,
     /// 53200 `out_of_memory`.
@@ -78,7 +78,7 @@ pub enum Resource {
 }
 
 /// The [`Resource`] a driver error is about, if it is about one.
-pub fn resource(e: &tokio_postgres::Error) -> Option<Resource> {
+pub(crate) fn resource(e: &tokio_postgres::Error) -> Option<Resource> {
     if let Some(code) = e.code() {
         let code = code.code();
         return match code {
@@ -100,32 +100,25 @@ pub fn resource(e: &tokio_postgres::Error) -> Option<Resource> {
 #[derive(Debug, Clone)]
 pub struct Error {
     kind: Kind,
-    code: Option<String>,
     message: String,
 }
 
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     /// A failure met by the code above the driver (a reply it cannot use).
-    pub fn new(kind: Kind, message: impl Into<String>) -> Self {
+    pub(crate) fn new(kind: Kind, message: impl Into<String>) -> Self {
         Self {
             kind,
-            code: None,
             message: message.into(),
         }
     }
 
-    pub fn kind(&self) -> Kind {
+    pub(crate) fn kind(&self) -> Kind {
         self.kind
     }
 
-    /// The SQLSTATE the server sent, if it sent one.
-    pub fn code(&self) -> Option<&str> {
-        self.code.as_deref()
-    }
-
-    pub fn is_disconnected(&self) -> bool {
+    pub(crate) fn is_disconnected(&self) -> bool {
         self.kind == Kind::Disconnected
     }
 }
@@ -134,7 +127,6 @@ impl From<&tokio_postgres::Error> for Error {
     fn from(e: &tokio_postgres::Error) -> Self {
         Self {
             kind: kind(e),
-            code: e.code().map(|c| c.code().to_string()),
             message: super::describe(e),
         }
     }

@@ -4,11 +4,11 @@
 //! leaf: it imports nothing else of the crate, and knows nothing of its users (as
 //! `sqlx-postgres` under sqlx).
 
-pub mod conn;
-pub mod error;
-pub mod url;
+pub(crate) mod conn;
+pub(crate) mod error;
+pub(crate) mod url;
 
-pub use error::{Error, Kind, Resource};
+pub(crate) use error::{Error, Kind, Resource};
 
 use std::fmt::Write as _;
 
@@ -16,11 +16,15 @@ use std::fmt::Write as _;
 /// (the statements are closed), so that a long run with ever new statement texts cannot grow
 /// the client and the server session without bound. The program's own statements and a DAG's
 /// tasks are a few dozen.
-pub const PREPARED_KEPT: usize = 256;
+pub(crate) const PREPARED_KEPT: usize = 256;
 
 /// Keeps `value` under `key` in a connection's cache of prepared statements, which starts afresh
 /// when it holds [`PREPARED_KEPT`] already.
-pub fn keep_prepared<V>(cache: &mut std::collections::HashMap<String, V>, key: &str, value: V) {
+pub(crate) fn keep_prepared<V>(
+    cache: &mut std::collections::HashMap<String, V>,
+    key: &str,
+    value: V,
+) {
     if cache.len() >= PREPARED_KEPT && !cache.contains_key(key) {
         cache.clear();
     }
@@ -29,7 +33,7 @@ pub fn keep_prepared<V>(cache: &mut std::collections::HashMap<String, V>, key: &
 
 /// A PostgreSQL error as a person reads it: the server's message, detail, hint and SQLSTATE,
 /// or what failed on the way to the server.
-pub fn describe(e: &tokio_postgres::Error) -> String {
+pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
         let mut s = format!("{}: {}", db.severity(), db.message());
         if let Some(d) = db.detail() {
@@ -51,7 +55,7 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
 }
 
 /// `name` quoted for PostgreSQL; `schema.table` quoted part by part.
-pub fn quote_name(name: &str) -> String {
+pub(crate) fn quote_name(name: &str) -> String {
     name.split('.')
         .map(|part| format!("\"{}\"", part.replace('"', "\"\"")))
         .collect::<Vec<_>>()
@@ -59,13 +63,13 @@ pub fn quote_name(name: &str) -> String {
 }
 
 /// A column's name quoted for PostgreSQL.
-pub fn quote_ident(name: &str) -> String {
+pub(crate) fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 /// Which database a session is in: its server instance (the time it started) and the
 /// database's oid. The same on every connection to one database, whatever URL names it.
-pub const DATABASE_KEY: &str = "SELECT CAST(extract(epoch FROM pg_postmaster_start_time()) AS text) || '/' || \
+pub(crate) const DATABASE_KEY: &str = "SELECT CAST(extract(epoch FROM pg_postmaster_start_time()) AS text) || '/' || \
      CAST((SELECT oid FROM pg_database WHERE datname = current_database()) AS text)";
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 /// the last `@`, so a password with an unencoded `/`, `?` or `@` goes whole), and a `password=`
 /// or `sslpassword=` parameter its value, however its key is written (`pass%77ord`, as the
 /// driver decodes keys too).
-pub fn redact_url(url: &str) -> String {
+pub(crate) fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
@@ -48,7 +48,7 @@ pub fn redact_url(url: &str) -> String {
 }
 
 /// Whether a manifest location is a PostgreSQL URL.
-pub fn is_url(path: &Path) -> bool {
+pub(crate) fn is_url(path: &Path) -> bool {
     path.to_str().is_some_and(|s| {
         let lower = s.trim_start().to_ascii_lowercase();
         lower.starts_with("postgresql://") || lower.starts_with("postgres://")
@@ -57,7 +57,7 @@ pub fn is_url(path: &Path) -> bool {
 
 /// Why `value` cannot name a manifest: a libpq keyword/value string (`host=db dbname=x`) would
 /// otherwise become a file name, its password with it. Never repeats the value.
-pub fn not_a_location(value: &str) -> Option<String> {
+pub(crate) fn not_a_location(value: &str) -> Option<String> {
     const KEYS: &[&str] = &[
         "host", "hostaddr", "port", "dbname", "user", "password", "sslmode",
     ];
@@ -79,7 +79,7 @@ static URLS: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<Path
 /// The location of the manifest that `value` names: a path, or a PostgreSQL URL. A URL's
 /// location is the URL without its password, so that every message may show it; the URL
 /// itself is kept for connecting.
-pub fn location(value: &str) -> PathBuf {
+pub(crate) fn location(value: &str) -> PathBuf {
     let value = value.trim();
     if !is_url(Path::new(value)) {
         return PathBuf::from(value);
@@ -98,7 +98,7 @@ pub fn location(value: &str) -> PathBuf {
 }
 
 /// The URL to connect to for a location given by [`location`].
-pub fn url_of(path: &Path) -> String {
+pub(crate) fn url_of(path: &Path) -> String {
     URLS.lock()
         .ok()
         .and_then(|urls| urls.get(path).cloned())

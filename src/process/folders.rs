@@ -14,7 +14,7 @@ static PROJECT: Mutex<Option<(PathBuf, u64, u64)>> = Mutex::new(None);
 
 /// Records the project folder this process works in (once found, before anything is made in
 /// it).
-pub fn set_project_root(root: &Path) {
+pub(crate) fn set_project_root(root: &Path) {
     let Ok(meta) = std::fs::metadata(root) else {
         return;
     };
@@ -24,7 +24,7 @@ pub fn set_project_root(root: &Path) {
 }
 
 /// The project folder this process works in, when one was recorded.
-pub fn project_root() -> Option<PathBuf> {
+pub(crate) fn project_root() -> Option<PathBuf> {
     PROJECT
         .lock()
         .ok()?
@@ -34,7 +34,7 @@ pub fn project_root() -> Option<PathBuf> {
 
 /// Why the project folder is no longer the one this process started in: removed, moved or
 /// replaced since; `None` while it is there (or none was recorded).
-pub fn project_gone() -> Option<String> {
+pub(crate) fn project_gone() -> Option<String> {
     let (root, dev, ino) = PROJECT.lock().ok()?.clone()?;
     match std::fs::metadata(&root) {
         Ok(m) if m.dev() == dev && m.ino() == ino => None,
@@ -52,7 +52,7 @@ pub fn project_gone() -> Option<String> {
 /// Makes `dir` and its parents with `mode`. Below the project folder, they are made one at a
 /// time from it down, and none once it is gone (the error then says so): a command never makes
 /// a removed project's folders again.
-pub fn make_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
+pub(crate) fn make_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
     let project = PROJECT.lock().ok().and_then(|p| p.clone());
     let below = project.and_then(|(root, _, _)| {
         let rest = dir.strip_prefix(&root).ok()?.to_path_buf();

@@ -28,13 +28,13 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, sleep_until};
 
-pub mod folders;
+pub(crate) mod folders;
 mod spawn;
-pub use spawn::Child;
+pub(crate) use spawn::Child;
 
 /// How far a backfill is from stopping. Sent to every running child.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Stop {
+pub(crate) enum Stop {
     /// Keep running.
     Run,
     /// Stop dispatching; SIGTERM running children, SIGKILL after their grace period.
@@ -45,14 +45,14 @@ pub enum Stop {
 
 /// What to run: an argument vector (no shell) or a line for `sh -c`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Program {
+pub(crate) enum Program {
     Argv(Vec<String>),
     Shell(String),
 }
 
 impl Program {
     /// The program's name, for messages.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         match self {
             Self::Argv(argv) => argv.first().map_or("", String::as_str),
             Self::Shell(_) => "sh",
@@ -62,7 +62,7 @@ impl Program {
 
 /// What a child reads on its stdin.
 #[derive(Debug, Clone, Default)]
-pub enum Input {
+pub(crate) enum Input {
     /// Nothing: `/dev/null`.
     #[default]
     Null,
@@ -74,7 +74,7 @@ pub enum Input {
 
 /// Where a child's stdout and stderr go.
 #[derive(Debug, Clone)]
-pub enum Output {
+pub(crate) enum Output {
     /// Both into one log file, appended to; created (without following symlinks and readable
     /// by its owner only) when the first byte arrives: a child that prints nothing costs no file.
     Log(PathBuf),
@@ -88,7 +88,7 @@ pub enum Output {
 /// A child process to start: the program, the variables added to this process's environment,
 /// the folder it runs in, its stdin and where its output goes.
 #[derive(Debug, Clone)]
-pub struct Command<'a> {
+pub(crate) struct Command<'a> {
     pub program: &'a Program,
     pub env: &'a [(String, String)],
     pub cwd: &'a Path,
@@ -96,7 +96,7 @@ pub struct Command<'a> {
     pub output: Output,
 }
 
-pub use crate::liveness::Group;
+pub(crate) use crate::liveness::Group;
 
 /// This host's processes, as the manifest's lease judgements see them.
 #[derive(Debug)]
@@ -171,7 +171,7 @@ impl Captured {
 /// [`Gated::discard`] (its task was cancelled), it kills the process: closing the gate alone is
 /// not enough, as a child cloned at the same moment holds a copy of its end until it has closed
 /// what it does not need, and the thread that cloned it waits until it is gone.
-pub struct Gated {
+pub(crate) struct Gated {
     pub group: Group,
     gate: Option<tokio::net::UnixStream>,
     /// The spawn, which returns once the child has `exec`ed (or failed to).
@@ -195,7 +195,7 @@ impl Drop for Gated {
 }
 
 /// A released child, running its command.
-pub struct Spawned {
+pub(crate) struct Spawned {
     child: Child,
     pub group: Group,
     output: JoinHandle<Option<LogFailure>>,
@@ -206,7 +206,7 @@ pub struct Spawned {
 
 /// Forks a try's `program` in its own process group, stopped at its gate before `exec`, with
 /// `/dev/null` on its stdin and its output as `output` says.
-pub async fn spawn(
+pub(crate) async fn spawn(
     program: &Program,
     env: &[(String, String)],
     cwd: &Path,
@@ -225,7 +225,7 @@ pub async fn spawn(
 /// Forks `command` in its own process group, stopped at its gate before `exec`. Must be called
 /// inside the async runtime; [`Gated::release`] lets it run and [`Gated::discard`] makes it exit
 /// without running anything.
-pub async fn spawn_gated(command: Command<'_>) -> std::io::Result<Gated> {
+pub(crate) async fn spawn_gated(command: Command<'_>) -> std::io::Result<Gated> {
     use std::ffi::OsStr;
     let argv: Vec<&OsStr> = match command.program {
         Program::Argv(argv) => argv.iter().map(OsStr::new).collect(),
@@ -337,17 +337,17 @@ pub async fn spawn_gated(command: Command<'_>) -> std::io::Result<Gated> {
 
 /// Starts `command` at once (nothing to record before it runs): [`spawn_gated`], then
 /// [`Gated::release`].
-pub async fn start(command: Command<'_>) -> std::io::Result<Spawned> {
+pub(crate) async fn start(command: Command<'_>) -> std::io::Result<Spawned> {
     spawn_gated(command).await?.release().await
 }
 
 /// The exit code of a gated child whose owner went away before letting it start.
-pub const GATE_CLOSED: i32 = 125;
+pub(crate) const GATE_CLOSED: i32 = 125;
 
 impl Gated {
     /// Opens the gate: the child `exec`s its command, and its stdin starts being written. `Err`
     /// when it could not start (a program that cannot be executed).
-    pub async fn release(mut self) -> std::io::Result<Spawned> {
+    pub(crate) async fn release(mut self) -> std::io::Result<Spawned> {
         let (spawn, output) = (self.spawn.take(), self.output.take());
         let (Some(spawn), Some(output)) = (spawn, output) else {
             return Err(std::io::Error::other("the child was already let go"));
@@ -381,7 +381,7 @@ impl Gated {
     }
 
     /// Closes the gate without letting the child run: it is killed before it runs anything.
-    pub async fn discard(mut self) {
+    pub(crate) async fn discard(mut self) {
         self.gate = None;
         signal_group(self.group.pgid, Signal::SIGKILL);
         if let Some(spawn) = self.spawn.take()
@@ -397,13 +397,13 @@ impl Gated {
 
 /// Creates a folder (and its parents) readable by its owner only; none below a project folder
 /// that is gone (see [`folders`]).
-pub fn private_dir(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn private_dir(dir: &Path) -> std::io::Result<()> {
     folders::make_dir(dir, 0o700)
 }
 
 /// Opens a log file for appending: created readable by its owner only (logs carry
 /// `BACKFILL_CONF` and whatever tasks print), never through a symlink.
-pub fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
+pub(crate) fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
     if let Some(dir) = path.parent() {
         private_dir(dir)?;
     }
@@ -418,7 +418,7 @@ pub fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
 /// A log that could not be created or written: the first error, and the file. What the child
 /// printed after it is drained and dropped, so that the child never blocks on its output.
 #[derive(Debug)]
-pub struct LogFailure {
+pub(crate) struct LogFailure {
     pub path: PathBuf,
     pub error: std::io::Error,
 }
@@ -493,7 +493,7 @@ async fn drain_output(spawned: &mut Spawned) -> Option<LogFailure> {
 
 /// How a child ended.
 #[derive(Debug)]
-pub enum Ended {
+pub(crate) enum Ended {
     Exited(ExitStatus),
     TimedOut,
     Cancelled,
@@ -502,7 +502,7 @@ pub enum Ended {
 /// How a child ended and, with [`Output::Capture`], what it printed (empty otherwise); with a
 /// log, whether the log could not be created or written.
 #[derive(Debug)]
-pub struct Finished {
+pub(crate) struct Finished {
     pub ended: Ended,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
@@ -510,7 +510,7 @@ pub struct Finished {
 }
 
 /// Waits for a released try, enforcing its timeout and reacting to `stop`.
-pub async fn supervise(
+pub(crate) async fn supervise(
     spawned: Spawned,
     timeout: Option<Duration>,
     grace: Duration,
@@ -523,7 +523,7 @@ pub async fn supervise(
 /// sends SIGTERM to its group and SIGKILL after `grace` (at once on [`Stop::Kill`]). Anything
 /// the child left running in its group is killed when it exits; what it did not read of its
 /// stdin is dropped.
-pub async fn finish(
+pub(crate) async fn finish(
     mut spawned: Spawned,
     timeout: Option<Duration>,
     grace: Duration,
@@ -607,7 +607,7 @@ async fn terminate(
 }
 
 /// Describes how a process exited, for the manifest.
-pub fn describe_exit(status: ExitStatus) -> String {
+pub(crate) fn describe_exit(status: ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(code), _) => format!("exit code {code}"),
@@ -620,7 +620,7 @@ pub fn describe_exit(status: ExitStatus) -> String {
 }
 
 /// Clock ticks since boot at which a process started.
-pub fn start_time(pid: i64) -> Option<i64> {
+pub(crate) fn start_time(pid: i64) -> Option<i64> {
     // Read for every try: one read into a buffer on the stack, no allocation per field. The
     // line is far shorter than the buffer (52 numbers after the command name).
     use std::io::Read;
@@ -641,7 +641,7 @@ pub fn start_time(pid: i64) -> Option<i64> {
 }
 
 /// Whether a process exists and is not a zombie.
-pub fn pid_alive(pid: i64) -> bool {
+pub(crate) fn pid_alive(pid: i64) -> bool {
     let Ok(raw) = i32::try_from(pid) else {
         return false;
     };
@@ -657,7 +657,7 @@ pub fn pid_alive(pid: i64) -> bool {
 }
 
 /// Sends `signal` to every process of a process group. Returns whether any received it.
-pub fn signal_group(pgid: i64, signal: Signal) -> bool {
+pub(crate) fn signal_group(pgid: i64, signal: Signal) -> bool {
     match i32::try_from(pgid) {
         Ok(raw) if raw > 1 => killpg(Pid::from_raw(raw), signal).is_ok(),
         _ => false,
@@ -667,7 +667,7 @@ pub fn signal_group(pgid: i64, signal: Signal) -> bool {
 /// Whether the recorded group still has a live member. A group whose number now belongs to a
 /// newer process (its leader started at another time) is not the recorded one. Zombies do not
 /// count: they have exited and only wait for their parent, which may be a frozen owner.
-pub fn group_alive(group: Group) -> bool {
+pub(crate) fn group_alive(group: Group) -> bool {
     let pgid = group.pgid;
     let exists = match i32::try_from(pgid) {
         Ok(raw) if raw > 1 => killpg(Pid::from_raw(raw), None).is_ok(),
@@ -700,7 +700,7 @@ pub fn group_alive(group: Group) -> bool {
 /// Kills a group left by a dead owner and waits (up to `wait`) until no member is alive.
 /// Returns whether it is proven gone; a group that is not the recorded one (its number was
 /// reused) counts as gone and is not touched.
-pub fn kill_group(group: Group, wait: Duration) -> bool {
+pub(crate) fn kill_group(group: Group, wait: Duration) -> bool {
     if !group_alive(group) {
         return true;
     }

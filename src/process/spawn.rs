@@ -321,7 +321,7 @@ pub(super) fn clone_gated(p: &Prepared, wiring: Wiring) -> std::io::Result<Child
 }
 
 /// A child process of ours, waited for through a pidfd.
-pub struct Child {
+pub(crate) struct Child {
     pid: libc::pid_t,
     pidfd: Option<AsyncFd<OwnedFd>>,
     status: Option<ExitStatus>,
@@ -346,10 +346,6 @@ impl Child {
             pidfd,
             status: None,
         }
-    }
-
-    pub fn id(&self) -> i64 {
-        i64::from(self.pid)
     }
 
     /// Reaps the child if it has ended.
@@ -380,7 +376,7 @@ impl Child {
     }
 
     /// Waits until the child ends. Cancel-safe.
-    pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+    pub(crate) async fn wait(&mut self) -> std::io::Result<ExitStatus> {
         loop {
             if let Some(s) = self.try_reap()? {
                 return Ok(s);

@@ -8,13 +8,14 @@ use chrono_tz::Tz;
 
 use super::Warehouse;
 use super::diagnostics::{ConfigError, StringAt};
-pub use crate::gate::{History, Severity};
+pub(crate) use crate::gate::History;
+pub use crate::gate::Severity;
 use crate::schedule::Schedule;
 use crate::task::template;
 
 /// A validated DAG.
 #[derive(Debug, Clone)]
-pub struct Dag {
+pub(crate) struct Dag {
     pub id: String,
     /// The file, relative to the project root.
     pub file: String,
@@ -38,7 +39,11 @@ pub struct Dag {
 /// Whether a DAG of `tasks` may run its intervals in batches (`batch_size` above 1): why not
 /// otherwise, as a message says it (the caller says how to fix it). `upstream`: the DAG reads
 /// what other DAGs publish.
-pub fn batchable(tasks: &[Task], depends_on_past: bool, upstream: bool) -> Result<(), String> {
+pub(crate) fn batchable(
+    tasks: &[Task],
+    depends_on_past: bool,
+    upstream: bool,
+) -> Result<(), String> {
     if depends_on_past {
         return Err(
             "it sets `depends_on_past = true`, so each interval runs after the one before it"
@@ -65,7 +70,7 @@ pub fn batchable(tasks: &[Task], depends_on_past: bool, upstream: bool) -> Resul
 /// stdin. Not templated: they read `BACKFILL_ID`, `BACKFILL_DAG`, `BACKFILL_STATE` and
 /// `BACKFILL_EXIT_CODE` from their environment.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Notify {
+pub(crate) struct Notify {
     /// When an interval failed or was rejected, or the backfill hit an internal error.
     pub on_failure: Option<CommandSpec>,
     /// When every planned interval succeeded.
@@ -78,7 +83,7 @@ pub struct Notify {
 
 impl Notify {
     /// These settings, each key that is not set taken from `base`.
-    pub fn over(&self, base: &Notify) -> Notify {
+    pub(crate) fn over(&self, base: &Notify) -> Notify {
         Notify {
             on_failure: self.on_failure.clone().or_else(|| base.on_failure.clone()),
             on_success: self.on_success.clone().or_else(|| base.on_success.clone()),
@@ -89,7 +94,7 @@ impl Notify {
 }
 
 #[derive(Debug, Clone)]
-pub struct Task {
+pub(crate) struct Task {
     pub id: String,
     pub depends_on: Vec<String>,
     pub kind: TaskKind,
@@ -113,7 +118,7 @@ pub struct Task {
 
 /// Where a task's keys are written in its DAG file, each as `file:line:col` of the value.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TaskLocations {
+pub(crate) struct TaskLocations {
     /// The task's `id`.
     pub id: String,
     /// `command`, for a command task.
@@ -142,7 +147,7 @@ pub struct TaskLocations {
     clippy::large_enum_variant,
     reason = "one per task of a loaded DAG, never in bulk"
 )]
-pub enum TaskKind {
+pub(crate) enum TaskKind {
     Command(CommandSpec),
     Sql(SqlTask),
 }
@@ -182,23 +187,15 @@ impl WritePattern {
     /// Whether the output's keys are looked up in the target's other partitions: a replace
     /// would hold a key twice if another partition has it, with `unique_key_scope = "table"`;
     /// a merge would update that partition's row without it (and moves the row with it).
-    pub fn looks_elsewhere(&self, gate: &Gate) -> bool {
+    pub(crate) fn looks_elsewhere(&self, gate: &Gate) -> bool {
         match self {
             WritePattern::Replace => gate.unique_key_table,
             WritePattern::Merge { .. } => !gate.unique_key_table,
         }
     }
 
-    pub fn is_merge(&self) -> bool {
+    pub(crate) fn is_merge(&self) -> bool {
         matches!(self, WritePattern::Merge { .. })
-    }
-
-    /// As written in a DAG file and shown: `replace`, `merge`.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            WritePattern::Replace => "replace",
-            WritePattern::Merge { .. } => "merge",
-        }
     }
 }
 
@@ -258,7 +255,7 @@ pub enum RuleKind {
 
 impl Rule {
     /// The rule as the dry run lists it: `not_null region`, `check "no refunds" (warn)`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let what = match &self.kind {
             RuleKind::NotNull(c) => format!("not_null {c}"),
             RuleKind::AcceptedValues(c, values) => format!(
@@ -299,7 +296,7 @@ impl Rule {
 
 impl Gate {
     /// The rules on values and the history, as the dry run lists them.
-    pub fn described_rules(&self) -> Vec<String> {
+    pub(crate) fn described_rules(&self) -> Vec<String> {
         let mut out: Vec<String> = self.rules.iter().map(Rule::describe).collect();
         if let Some(h) = self.history {
             out.push(format!(
@@ -314,7 +311,7 @@ impl Gate {
 
 impl RuleKind {
     /// The column a built-in rule is about.
-    pub fn column(&self) -> Option<&str> {
+    pub(crate) fn column(&self) -> Option<&str> {
         match self {
             Self::NotNull(c) | Self::AcceptedValues(c, _) | Self::Range { column: c, .. } => {
                 Some(c)
@@ -334,7 +331,7 @@ pub enum Literal {
 
 impl Literal {
     /// The value as a SQL literal (SQLite and PostgreSQL read it alike).
-    pub fn sql(&self) -> String {
+    pub(crate) fn sql(&self) -> String {
         match self {
             Self::Int(i) => i.to_string(),
             Self::Float(f) => format!("{f:?}"),
@@ -364,7 +361,7 @@ pub enum SourceCount {
 
 impl Gate {
     /// Whether the gate can tell that an interval's source changed.
-    pub fn watches_source(&self) -> bool {
+    pub(crate) fn watches_source(&self) -> bool {
         self.source_count.is_some() || self.source_fingerprint.is_some()
     }
 }
@@ -426,7 +423,7 @@ impl Task {
 
 /// One error per `conf` key that a command template of `task` uses and `conf` (the `--conf`
 /// object) does not give, at the command's `file:line:col`.
-pub fn missing_conf(task: &Task, conf: &serde_json::Value) -> Vec<ConfigError> {
+pub(crate) fn missing_conf(task: &Task, conf: &serde_json::Value) -> Vec<ConfigError> {
     let mut errors = Vec::new();
     for (_, spec, at) in task.commands() {
         let mut reported = HashSet::new();
@@ -481,7 +478,7 @@ impl Dag {
     /// zone, `depends_on_past`, and for each task what it runs and how its output is judged.
     /// Not how many run at once, where messages go, or a warehouse's URL (its password stays
     /// out of the manifest): a warehouse is named.
-    pub fn definition(&self) -> std::collections::BTreeMap<String, String> {
+    pub(crate) fn definition(&self) -> std::collections::BTreeMap<String, String> {
         let mut d = std::collections::BTreeMap::new();
         d.insert("schedule".to_string(), self.schedule.expr().to_string());
         d.insert("timezone".to_string(), self.tz.name().to_string());
@@ -519,7 +516,7 @@ impl Dag {
 
 /// What differs between two definitions (see [`Dag::definition`]), one key each: changed,
 /// added or removed.
-pub fn definition_changes(
+pub(crate) fn definition_changes(
     recorded: &std::collections::BTreeMap<String, String>,
     now: &std::collections::BTreeMap<String, String>,
 ) -> Vec<String> {

@@ -36,7 +36,7 @@ pub(crate) fn location(file: &str, text: &str, offset: usize) -> String {
 /// Where a string value is written in its file, to point at a place inside the value (a
 /// mistake in a multi-line `sql` or `command`) as `file:line:col`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StringAt {
+pub(crate) struct StringAt {
     file: String,
     /// Line and column (1-based, in characters) of the token's first character.
     line: usize,
@@ -58,12 +58,12 @@ impl StringAt {
     }
 
     /// `file:line:col` of the value's start (its opening delimiter).
-    pub fn start(&self) -> String {
+    pub(crate) fn start(&self) -> String {
         format!("{}:{}:{}", self.file, self.line, self.col)
     }
 
     /// `file:line:col` of byte `offset` of the value.
-    pub fn at(&self, offset: usize) -> String {
+    pub(crate) fn at(&self, offset: usize) -> String {
         let raw = token_offset(&self.token, offset);
         let before = self.token.get(..raw).unwrap_or_default();
         let (line, col) = match before.rsplit_once('\n') {

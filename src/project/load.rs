@@ -74,7 +74,7 @@ const MAX_ID_LEN: usize = 100;
 const MAX_RETRIES: u32 = 1000;
 
 /// The largest `batch_size`: a batch's query and its per-interval audit stay one read snapshot.
-pub const MAX_BATCH_SIZE: u32 = 1000;
+pub(crate) const MAX_BATCH_SIZE: u32 = 1000;
 
 const ID_RULE: &str = "start with a letter, digit or `_`, then use letters, digits, `_`, `-` and `.` only; at most 100 characters";
 

@@ -17,12 +17,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use dag::{
-    CommandSpec, Dag, Gate, History, Literal, Notify, Rule, RuleKind, Severity, SourceCount,
-    SqlTask, Task, TaskKind, TaskLocations, WritePattern, batchable, definition_changes,
-    missing_conf,
+pub(crate) use dag::{
+    CommandSpec, Dag, Notify, Task, TaskKind, batchable, definition_changes, missing_conf,
 };
-pub use diagnostics::{ConfigError, StringAt};
+pub use dag::{Gate, Literal, Rule, RuleKind, Severity, SourceCount, SqlTask, WritePattern};
+pub(crate) use diagnostics::{ConfigError, StringAt};
 
 use diagnostics::{FileErrors, line_col, parse_duration};
 use load::DagFile;
@@ -40,16 +39,16 @@ pub enum Durability {
     Full,
 }
 
-pub const PROJECT_FILE: &str = "backfill.toml";
-pub const DAGS_DIR: &str = "dags";
+pub(crate) const PROJECT_FILE: &str = "backfill.toml";
+pub(crate) const DAGS_DIR: &str = "dags";
 
-pub use crate::clock::HEARTBEAT;
-pub use crate::pg::url::redact_url;
+pub(crate) use crate::clock::HEARTBEAT;
+pub(crate) use crate::pg::url::redact_url;
 /// The shortest `lease_timeout`: several heartbeats, so that a live backfill is never judged
 /// dead because one heartbeat was late.
-pub const MIN_LEASE_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const MIN_LEASE_TIMEOUT: Duration = Duration::from_secs(1);
 /// `lease_timeout` when `backfill.toml` does not set it.
-pub const DEFAULT_LEASE_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_LEASE_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProjectError {
@@ -97,7 +96,7 @@ fn known_hint(known: &[String], broken: &usize) -> String {
 
 /// A loaded project: its root, settings and DAG files.
 #[derive(Debug, Clone)]
-pub struct Project {
+pub(crate) struct Project {
     pub root: PathBuf,
     /// The project's name, which a shared manifest records with its backfills: `project` in
     /// `backfill.toml`, else the name of its folder (see `session::belonging`).
@@ -160,7 +159,7 @@ pub struct PgUrl {
 }
 
 impl PgUrl {
-    pub fn new(url: String) -> Self {
+    pub(crate) fn new(url: String) -> Self {
         Self {
             url,
             unresolved: None,
@@ -168,7 +167,7 @@ impl PgUrl {
     }
 
     /// A URL as written (`${NAME}` not put in) and why it could not be: `file:line:col: ...`.
-    pub fn unresolved(written: String, why: String) -> Self {
+    pub(crate) fn unresolved(written: String, why: String) -> Self {
         Self {
             url: written,
             unresolved: Some(why),
@@ -176,7 +175,7 @@ impl PgUrl {
     }
 
     /// The URL itself, to connect with; `Err` says why there is none.
-    pub fn secret(&self) -> Result<&str, &str> {
+    pub(crate) fn secret(&self) -> Result<&str, &str> {
         match &self.unresolved {
             None => Ok(&self.url),
             Some(why) => Err(why),
@@ -184,7 +183,7 @@ impl PgUrl {
     }
 
     /// The URL without its password (in the user part or a `password` parameter).
-    pub fn redacted(&self) -> String {
+    pub(crate) fn redacted(&self) -> String {
         redact_url(&self.url)
     }
 }
@@ -197,25 +196,25 @@ impl std::fmt::Debug for PgUrl {
 
 impl Warehouse {
     /// Where the warehouse is, for messages: its file, or its URL without the password.
-    pub fn location(&self) -> String {
+    pub(crate) fn location(&self) -> String {
         match &self.kind {
             WarehouseKind::Sqlite => self.path.display().to_string(),
             WarehouseKind::Postgres(url) => url.redacted(),
         }
     }
 
-    pub fn is_postgres(&self) -> bool {
+    pub(crate) fn is_postgres(&self) -> bool {
         matches!(self.kind, WarehouseKind::Postgres(_))
     }
 }
 
 /// The largest pool.
-pub const MAX_POOL_SIZE: u32 = 10_000;
+pub(crate) const MAX_POOL_SIZE: u32 = 10_000;
 
 /// The default `keep_versions` of a warehouse.
 pub const DEFAULT_KEEP_VERSIONS: u32 = 1;
 /// The most versions a warehouse or task may keep.
-pub const MAX_KEEP_VERSIONS: u32 = 100;
+pub(crate) const MAX_KEEP_VERSIONS: u32 = 100;
 
 /// The default `busy_timeout` of a warehouse.
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -608,7 +607,7 @@ fn pools(raw: &RawProject, errs: &mut FileErrors<'_>) -> BTreeMap<String, u32> {
 impl Project {
     /// Finds the project: `dir` itself when given (`-C`), else the nearest ancestor of the
     /// current directory holding `backfill.toml`.
-    pub fn discover(dir: Option<&Path>) -> Result<Self, ProjectError> {
+    pub(crate) fn discover(dir: Option<&Path>) -> Result<Self, ProjectError> {
         let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
         let root = match dir {
             Some(d) => {
@@ -665,7 +664,7 @@ impl Project {
     }
 
     /// Paths of every DAG file, sorted.
-    pub fn dag_files(&self) -> Vec<PathBuf> {
+    pub(crate) fn dag_files(&self) -> Vec<PathBuf> {
         let mut files: Vec<PathBuf> = std::fs::read_dir(self.root.join(DAGS_DIR))
             .map(|entries| {
                 entries
@@ -712,7 +711,7 @@ impl Project {
     }
 
     /// Loads every DAG file. Returns the valid DAGs and every error found.
-    pub fn load_all(&self) -> (Vec<Dag>, Vec<ConfigError>) {
+    pub(crate) fn load_all(&self) -> (Vec<Dag>, Vec<ConfigError>) {
         let mut dags = Vec::new();
         let mut errors = Vec::new();
         for f in self.load_files() {
@@ -726,7 +725,7 @@ impl Project {
 
     /// Loads one DAG by id. A broken file of another DAG does not prevent it, unless the two
     /// publish into one table.
-    pub fn dag(&self, id: &str) -> Result<Dag, ProjectError> {
+    pub(crate) fn dag(&self, id: &str) -> Result<Dag, ProjectError> {
         let mut broken = None;
         let mut known = Vec::new();
         let mut unloadable = 0;
@@ -753,7 +752,7 @@ impl Project {
     }
 
     /// A path relative to the project root, for messages.
-    pub fn display_path(&self, path: &Path) -> String {
+    pub(crate) fn display_path(&self, path: &Path) -> String {
         path.strip_prefix(&self.root)
             .unwrap_or(path)
             .display()
@@ -955,7 +954,7 @@ fn table_key(s: &SqlTask) -> String {
 }
 
 /// A name that may be spliced into SQL: letters, digits and `_`, not starting with a digit.
-pub fn sql_identifier(name: &str) -> bool {
+pub(crate) fn sql_identifier(name: &str) -> bool {
     let mut chars = name.chars();
     chars
         .next()

@@ -445,7 +445,7 @@ pub(super) fn load_gate(
 }
 
 /// The most partitions `history` may look back over.
-pub const MAX_HISTORY: u32 = 1000;
+pub(crate) const MAX_HISTORY: u32 = 1000;
 
 /// `history = { partitions = N, tolerance = F }`: both given, N from 1 to [`MAX_HISTORY`].
 fn load_history(h: &RawHistory, ok: &mut bool, errs: &mut FileErrors<'_>) -> Option<History> {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
+use super::dag::TaskLocations;
 use super::*;
 
 fn load_with(

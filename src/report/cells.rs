@@ -10,7 +10,7 @@ use crate::state::{IntervalState, PlanAction, RunState, Verdict};
 
 /// What an interval came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Cell {
+pub(crate) enum Cell {
     /// Published with rows.
     Succeeded,
     /// Published as an empty partition (`allow_empty`).
@@ -30,7 +30,7 @@ pub enum Cell {
 
 impl Cell {
     /// Every kind, in the order a legend lists them.
-    pub const ALL: [Cell; 9] = [
+    pub(crate) const ALL: [Cell; 9] = [
         Cell::Succeeded,
         Cell::Empty,
         Cell::Staged,
@@ -43,7 +43,7 @@ impl Cell {
     ];
 
     /// The interval's cell.
-    pub fn of(i: &IntervalDetail) -> Self {
+    pub(crate) fn of(i: &IntervalDetail) -> Self {
         if i.action == PlanAction::Skip {
             return Self::Skipped;
         }
@@ -55,7 +55,7 @@ impl Cell {
 
     /// The cell of an interval whose latest run is in `state` (`None`: no run yet) with the
     /// gate's `verdict`.
-    pub fn of_run(state: Option<RunState>, verdict: Option<Verdict>) -> Self {
+    pub(crate) fn of_run(state: Option<RunState>, verdict: Option<Verdict>) -> Self {
         match state {
             None => Self::Pending,
             Some(RunState::Queued | RunState::Running) => Self::Running,
@@ -71,7 +71,7 @@ impl Cell {
     }
 
     /// Its name: the `data-state` of the status page's cells and the words of the legends.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Succeeded => "succeeded",
             Self::Empty => "empty",
@@ -86,7 +86,7 @@ impl Cell {
     }
 
     /// What a legend says of it.
-    pub fn words(self) -> &'static str {
+    pub(crate) fn words(self) -> &'static str {
         match self {
             Self::Succeeded => "published",
             Self::Empty => "published empty",
@@ -101,7 +101,7 @@ impl Cell {
     }
 
     /// Its character in the terminal: distinct without colour too.
-    pub fn symbol(self) -> char {
+    pub(crate) fn symbol(self) -> char {
         match self {
             Self::Succeeded => '#',
             Self::Empty => '0',
@@ -131,7 +131,9 @@ impl Cell {
 }
 
 /// How many of a backfill's intervals came to each kind, in legend order, leaving out none.
-pub fn tally<'a>(intervals: impl IntoIterator<Item = &'a IntervalDetail>) -> Vec<(Cell, usize)> {
+pub(crate) fn tally<'a>(
+    intervals: impl IntoIterator<Item = &'a IntervalDetail>,
+) -> Vec<(Cell, usize)> {
     let mut counts = [0usize; Cell::ALL.len()];
     for i in intervals {
         let c = Cell::of(i);
@@ -145,7 +147,7 @@ pub fn tally<'a>(intervals: impl IntoIterator<Item = &'a IntervalDetail>) -> Vec
 /// `show --grid`: a line about the backfill, then its intervals as cells in run order, each
 /// line of cells headed by the label of its first interval and as long as the width allows,
 /// then a legend with the count of each kind. Colour when `colour`.
-pub fn write(
+pub(crate) fn write(
     out: &mut Sink<'_>,
     detail: &BackfillDetail,
     labels: &Labeler,

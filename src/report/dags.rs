@@ -27,7 +27,7 @@ struct TaskDoc<'a> {
 }
 
 /// The DAGs as JSON documents.
-pub fn dag_docs(dags: &[Dag]) -> serde_json::Value {
+pub(crate) fn dag_docs(dags: &[Dag]) -> serde_json::Value {
     serde_json::to_value(dag_doc_list(dags)).unwrap_or(serde_json::Value::Null)
 }
 
@@ -56,7 +56,7 @@ fn dag_doc_list(dags: &[Dag]) -> Vec<DagDoc<'_>> {
         .collect()
 }
 
-pub fn write(out: &mut Sink<'_>, dags: &[Dag]) -> Result<(), Error> {
+pub(crate) fn write(out: &mut Sink<'_>, dags: &[Dag]) -> Result<(), Error> {
     if out.json {
         return out.json(&dag_doc_list(dags));
     }

@@ -9,7 +9,7 @@ use crate::exit::Error;
 
 /// One row of `backfill diff`.
 #[derive(Debug, serde::Serialize)]
-pub struct DiffRow {
+pub(crate) struct DiffRow {
     pub interval: crate::interval::IntervalDoc,
     pub task: String,
     pub published_rows: Option<i64>,
@@ -20,7 +20,12 @@ pub struct DiffRow {
 }
 
 /// `id` is the staged backfill, for the note when nothing awaits promotion.
-pub fn write(out: &mut Sink<'_>, rows: &[DiffRow], labels: &Labeler, id: i64) -> Result<(), Error> {
+pub(crate) fn write(
+    out: &mut Sink<'_>,
+    rows: &[DiffRow],
+    labels: &Labeler,
+    id: i64,
+) -> Result<(), Error> {
     if out.json {
         return out.json(rows);
     }

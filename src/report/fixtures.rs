@@ -11,15 +11,15 @@ use super::out::{Fit, Sink};
 use crate::interval::{DataInterval, Rfc3339};
 use crate::manifest::queries::{BackfillSummary, Counts};
 
-pub const REJECTED: &str = "task `export` rejected: row count 5 differs from the source count 10 by 50.0% (tolerance 0.0%)";
-pub const FAILED: &str = "task `export` failed: exit code 2";
+pub(crate) const REJECTED: &str = "task `export` rejected: row count 5 differs from the source count 10 by 50.0% (tolerance 0.0%)";
+pub(crate) const FAILED: &str = "task `export` failed: exit code 2";
 
-pub fn labels() -> Labeler {
+pub(crate) fn labels() -> Labeler {
     Labeler::in_zone(chrono_tz::Europe::Berlin, true)
 }
 
 /// The interval of local day `d` of January 2026 in Berlin (starts at 23:00 UTC the day before).
-pub fn day(d: u32) -> DataInterval {
+pub(crate) fn day(d: u32) -> DataInterval {
     let start = Utc.with_ymd_and_hms(2026, 1, d, 0, 0, 0).unwrap() - chrono::Duration::hours(1);
     DataInterval {
         start,
@@ -27,12 +27,12 @@ pub fn day(d: u32) -> DataInterval {
     }
 }
 
-pub fn at(d: u32) -> Rfc3339 {
+pub(crate) fn at(d: u32) -> Rfc3339 {
     Rfc3339(day(d).start)
 }
 
 /// Backfill 1 of `sales` over January 1 to 4: 2 succeeded, 1 failed, 1 rejected.
-pub fn backfill() -> BackfillSummary {
+pub(crate) fn backfill() -> BackfillSummary {
     BackfillSummary {
         id: 1,
         dag_id: "sales".into(),
@@ -75,10 +75,10 @@ pub fn backfill() -> BackfillSummary {
 
 /// A writer whose bytes can be read while it is held by a sink.
 #[derive(Clone, Default)]
-pub struct Shared(Arc<Mutex<Vec<u8>>>);
+pub(crate) struct Shared(Arc<Mutex<Vec<u8>>>);
 
 impl Shared {
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
     }
 }
@@ -94,7 +94,7 @@ impl Write for Shared {
 }
 
 /// A sink into buffers, and the buffers: (data, notes).
-pub fn sink(json: bool, fit: Fit) -> (Sink<'static>, Shared, Shared) {
+pub(crate) fn sink(json: bool, fit: Fit) -> (Sink<'static>, Shared, Shared) {
     let (data, notes) = (Shared::default(), Shared::default());
     (
         Sink::new(data.clone(), notes.clone(), json, fit),
@@ -104,6 +104,6 @@ pub fn sink(json: bool, fit: Fit) -> (Sink<'static>, Shared, Shared) {
 }
 
 /// The widest line of `text`, in characters.
-pub fn widest(text: &str) -> usize {
+pub(crate) fn widest(text: &str) -> usize {
     text.lines().map(|l| l.chars().count()).max().unwrap_or(0)
 }

@@ -11,10 +11,10 @@ use comfy_table::{ColumnConstraint, ContentArrangement, Row, Table, presets::UTF
 use super::out::{Fit, plural};
 
 /// Rows of a human table beyond which only the first and last half of this are shown.
-pub const TABLE_LIMIT: usize = 200;
+pub(crate) const TABLE_LIMIT: usize = 200;
 
 /// A table being built: headings and rows of cells.
-pub struct Grid {
+pub(crate) struct Grid {
     headings: Vec<&'static str>,
     rows: Vec<Vec<String>>,
     /// Rows added with [`Grid::row_at`] that will not be printed.
@@ -27,12 +27,12 @@ pub struct Grid {
 }
 
 /// Whether a cell counts as content (a column whose every cell is empty is left out).
-pub fn has_content(cell: &str) -> bool {
+pub(crate) fn has_content(cell: &str) -> bool {
     !cell.is_empty() && cell != "-"
 }
 
 impl Grid {
-    pub fn new(headings: Vec<&'static str>) -> Self {
+    pub(crate) fn new(headings: Vec<&'static str>) -> Self {
         let filled = vec![false; headings.len()];
         Self {
             headings,
@@ -45,12 +45,12 @@ impl Grid {
 
     /// The columns that may be left out when the width cannot hold the others' short cells
     /// whole, in the order to leave them out.
-    pub fn droppable(mut self, order: &[&'static str]) -> Self {
+    pub(crate) fn droppable(mut self, order: &[&'static str]) -> Self {
         self.droppable = order.to_vec();
         self
     }
 
-    pub fn row(&mut self, cells: Vec<String>) {
+    pub(crate) fn row(&mut self, cells: Vec<String>) {
         self.rows.push(cells);
     }
 
@@ -58,7 +58,7 @@ impl Grid {
     /// printed: a long table prints its first and last rows, and formatting the rest would
     /// cost more than reading them. For a row left out, `filled` says which of its cells have
     /// content, so that which columns are shown does not depend on which rows are.
-    pub fn row_at(
+    pub(crate) fn row_at(
         &mut self,
         index: usize,
         total: usize,
@@ -76,12 +76,8 @@ impl Grid {
         }
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.rows.len() + self.left_out
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// The widest line of column `i`'s heading and of its cells in `rows`.
@@ -95,7 +91,7 @@ impl Grid {
     }
 
     /// The table as text, columns that are empty in every row left out, fitted to `fit`.
-    pub fn render(&self, fit: Fit) -> String {
+    pub(crate) fn render(&self, fit: Fit) -> String {
         let mut keep: Vec<usize> = (0..self.headings.len())
             .filter(|&i| {
                 self.filled[i]
@@ -218,13 +214,13 @@ fn whole_columns(widths: &[usize], width: usize) -> Vec<bool> {
 }
 
 /// A duration in milliseconds as a cell: `1.50s`.
-pub fn duration_ms(ms: Option<i64>) -> String {
+pub(crate) fn duration_ms(ms: Option<i64>) -> String {
     ms.map(|ms| format!("{:.2}s", ms as f64 / 1000.0))
         .unwrap_or_default()
 }
 
 /// A value as a cell, empty when there is none.
-pub fn or_empty<T: ToString>(v: Option<T>) -> String {
+pub(crate) fn or_empty<T: ToString>(v: Option<T>) -> String {
     v.map(|v| v.to_string()).unwrap_or_default()
 }
 

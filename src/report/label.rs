@@ -10,13 +10,13 @@ use crate::project::Dag;
 
 /// How a DAG's intervals are written.
 #[derive(Debug, Clone, Copy)]
-pub struct Labeler {
+pub(crate) struct Labeler {
     tz: Tz,
     daily: bool,
 }
 
 impl Labeler {
-    pub fn new(dag: &Dag) -> Self {
+    pub(crate) fn new(dag: &Dag) -> Self {
         Self {
             tz: dag.tz,
             daily: dag.schedule.at_most_daily(),
@@ -24,7 +24,7 @@ impl Labeler {
     }
 
     /// For intervals whose DAG is no longer in the project: UTC, with the time.
-    pub fn utc() -> Self {
+    pub(crate) fn utc() -> Self {
         Self {
             tz: Tz::UTC,
             daily: false,
@@ -33,11 +33,11 @@ impl Labeler {
 
     /// Labels in `tz`, as dates when `daily`.
     #[cfg(test)]
-    pub fn in_zone(tz: Tz, daily: bool) -> Self {
+    pub(crate) fn in_zone(tz: Tz, daily: bool) -> Self {
         Self { tz, daily }
     }
 
-    pub fn of(dag: Option<&Dag>) -> Self {
+    pub(crate) fn of(dag: Option<&Dag>) -> Self {
         dag.map_or_else(Self::utc, Self::new)
     }
 
@@ -51,7 +51,7 @@ impl Labeler {
     }
 
     /// The interval's name for humans.
-    pub fn label(&self, start: DateTime<Utc>) -> String {
+    pub(crate) fn label(&self, start: DateTime<Utc>) -> String {
         let local = start.with_timezone(&self.tz);
         if self.daily {
             local.format("%Y-%m-%d").to_string()
@@ -63,7 +63,7 @@ impl Labeler {
     }
 
     /// A `WHEN` that selects this interval start as `--from` or `--to`, as a user would type it.
-    pub fn when(&self, start: DateTime<Utc>) -> String {
+    pub(crate) fn when(&self, start: DateTime<Utc>) -> String {
         let local = start.with_timezone(&self.tz);
         if self.daily {
             local.format("%Y-%m-%d").to_string()

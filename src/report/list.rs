@@ -10,7 +10,7 @@ use crate::state::{BackfillKind, BackfillState};
 
 /// A backfill's state as a person should read it: a running backfill whose owner is gone says
 /// so, and how to continue it.
-pub fn state_text(b: &BackfillSummary) -> String {
+pub(crate) fn state_text(b: &BackfillSummary) -> String {
     let text = kind_text(b);
     match b.sample {
         Some(n) => format!(
@@ -50,7 +50,7 @@ fn kind_text(b: &BackfillSummary) -> String {
 
 /// A backfill's first and last interval, for humans: labels in its DAG's timezone, or the
 /// `--from` and `--to` as typed before anything was planned.
-pub fn range_labels(b: &BackfillSummary, labels: &Labeler) -> (String, String) {
+pub(crate) fn range_labels(b: &BackfillSummary, labels: &Labeler) -> (String, String) {
     match (b.from, b.to) {
         (Some(from), Some(to)) => (labels.label(from.0), labels.label(to.0)),
         _ => (b.from_arg.clone(), b.to_arg.clone()),
@@ -59,7 +59,7 @@ pub fn range_labels(b: &BackfillSummary, labels: &Labeler) -> (String, String) {
 
 /// `labels` gives each DAG's labeler; `what` is what was asked, for the note when nothing
 /// matches (`no active backfills`).
-pub fn write(
+pub(crate) fn write(
     out: &mut Sink<'_>,
     list: &[BackfillSummary],
     labels: &dyn Fn(&str) -> Labeler,

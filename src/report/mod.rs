@@ -12,22 +12,22 @@
 //! built on [`grid`] (the human table, fitted to the terminal's width), [`label`] (how an
 //! interval is written) and [`out`] (where output goes, closed pipes).
 
-pub mod cells;
-pub mod dags;
-pub mod diff;
+pub(crate) mod cells;
+pub(crate) mod dags;
+pub(crate) mod diff;
 #[cfg(test)]
 mod fixtures;
-pub mod grid;
-pub mod label;
-pub mod list;
+pub(crate) mod grid;
+pub(crate) mod label;
+pub(crate) mod list;
 pub mod out;
-pub mod plan;
-pub mod progress;
-pub mod runs;
-pub mod show;
-pub mod stale;
-pub mod summary;
+pub(crate) mod plan;
+pub(crate) mod progress;
+pub(crate) mod runs;
+pub(crate) mod show;
+pub(crate) mod stale;
+pub(crate) mod summary;
 
-pub use label::Labeler;
-pub use progress::Reporter;
-pub use summary::{Rerun, Summary, rerun_command, summary};
+pub(crate) use label::Labeler;
+pub(crate) use progress::Reporter;
+pub(crate) use summary::{Rerun, rerun_command, summary};

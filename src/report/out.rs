@@ -14,7 +14,7 @@ use serde::Serialize;
 use crate::exit::Error;
 
 /// Maps a write error: a closed pipe becomes [`Error::ClosedPipe`].
-pub fn closed(e: std::io::Error) -> Error {
+pub(crate) fn closed(e: std::io::Error) -> Error {
     if e.kind() == std::io::ErrorKind::BrokenPipe {
         Error::ClosedPipe
     } else {
@@ -23,7 +23,7 @@ pub fn closed(e: std::io::Error) -> Error {
 }
 
 /// Writes `text` and a newline to stdout.
-pub fn data(text: &str) -> Result<(), Error> {
+pub(crate) fn data(text: &str) -> Result<(), Error> {
     let mut out = std::io::stdout().lock();
     write_line(&mut out, text)
 }
@@ -35,7 +35,7 @@ fn write_line(out: &mut dyn Write, text: &str) -> Result<(), Error> {
 }
 
 /// Writes one JSON document and a newline to stdout.
-pub fn json<T: Serialize + ?Sized>(value: &T) -> Result<(), Error> {
+pub(crate) fn json<T: Serialize + ?Sized>(value: &T) -> Result<(), Error> {
     write_json(&mut std::io::stdout().lock(), value)
 }
 
@@ -50,14 +50,14 @@ fn write_json<T: Serialize + ?Sized>(out: &mut dyn Write, value: &T) -> Result<(
 }
 
 /// Writes a line for humans to stderr (a closed stderr is ignored).
-pub fn note(text: &str) {
+pub(crate) fn note(text: &str) {
     let mut err = std::io::stderr().lock();
     let _ = writeln!(err, "{text}");
 }
 
 /// How human output fits the screen.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Fit {
+pub(crate) struct Fit {
     /// The width tables and long lines must fit in; `None`: no limit.
     pub width: Option<u16>,
     /// Long cells in full (`-v`); otherwise a cell is cut after [`Fit::CELL_LINES`] lines.
@@ -66,10 +66,10 @@ pub struct Fit {
 
 impl Fit {
     /// Lines a wrapped cell may take before it is cut with `…`, unless [`Fit::full`].
-    pub const CELL_LINES: usize = 3;
+    pub(crate) const CELL_LINES: usize = 3;
 
     /// The width of what goes to stdout.
-    pub fn stdout(full: bool) -> Self {
+    pub(crate) fn stdout(full: bool) -> Self {
         Self {
             width: width(&console::Term::stdout()),
             full,
@@ -77,7 +77,7 @@ impl Fit {
     }
 
     /// The width of what goes to stderr.
-    pub fn stderr(full: bool) -> Self {
+    pub(crate) fn stderr(full: bool) -> Self {
         Self {
             width: width(&console::Term::stderr()),
             full,
@@ -98,7 +98,7 @@ fn columns(value: Option<&str>) -> Option<u16> {
 
 /// Where a view writes: data (stdout for a command), notes for people (stderr), and whether as
 /// JSON or fitted to a width.
-pub struct Sink<'a> {
+pub(crate) struct Sink<'a> {
     data: Box<dyn Write + 'a>,
     notes: Box<dyn Write + 'a>,
     /// `--output json`: one JSON document instead of human output.
@@ -109,7 +109,7 @@ pub struct Sink<'a> {
 impl Sink<'static> {
     /// The process's stdout and stderr, fitted to stdout's width; `verbose` keeps long cells
     /// whole.
-    pub fn std(json: bool, verbose: bool) -> Self {
+    pub(crate) fn std(json: bool, verbose: bool) -> Self {
         Self::new(
             std::io::stdout().lock(),
             std::io::stderr(),
@@ -120,7 +120,7 @@ impl Sink<'static> {
 }
 
 impl<'a> Sink<'a> {
-    pub fn new(data: impl Write + 'a, notes: impl Write + 'a, json: bool, fit: Fit) -> Self {
+    pub(crate) fn new(data: impl Write + 'a, notes: impl Write + 'a, json: bool, fit: Fit) -> Self {
         Self {
             data: Box::new(data),
             notes: Box::new(notes),
@@ -130,7 +130,7 @@ impl<'a> Sink<'a> {
     }
 
     /// Writes a line of data, wrapped at spaces to the width.
-    pub fn line(&mut self, text: &str) -> Result<(), Error> {
+    pub(crate) fn line(&mut self, text: &str) -> Result<(), Error> {
         match self.fit.width {
             Some(width) => write_line(&mut self.data, &wrap(text, usize::from(width))),
             None => write_line(&mut self.data, text),
@@ -138,24 +138,24 @@ impl<'a> Sink<'a> {
     }
 
     /// Writes text as it is (a table already fitted), then a newline.
-    pub fn text(&mut self, text: &str) -> Result<(), Error> {
+    pub(crate) fn text(&mut self, text: &str) -> Result<(), Error> {
         write_line(&mut self.data, text)
     }
 
     /// Writes one JSON document and a newline.
-    pub fn json<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
+    pub(crate) fn json<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
         write_json(&mut self.data, value)
     }
 
     /// Writes a line for people (a closed stderr is ignored).
-    pub fn note(&mut self, text: &str) {
+    pub(crate) fn note(&mut self, text: &str) {
         let _ = writeln!(self.notes, "{text}");
     }
 }
 
 /// Wraps each line of `text` at spaces so that no line is wider than `width` characters;
 /// continuation lines are indented by two spaces. A word wider than the width is cut.
-pub fn wrap(text: &str, width: usize) -> String {
+pub(crate) fn wrap(text: &str, width: usize) -> String {
     const INDENT: &str = "  ";
     let width = width.max(INDENT.len() + 1);
     let mut out = String::with_capacity(text.len() + 16);

@@ -120,7 +120,7 @@ impl Serialize for PlanItems<'_> {
 }
 
 /// How a plan was asked for.
-pub struct PlanOptions<'a> {
+pub(crate) struct PlanOptions<'a> {
     pub reprocess: &'a str,
     pub run_backwards: bool,
     pub max_active_runs: u32,
@@ -151,7 +151,7 @@ fn plan_doc<'a>(dag: &'a Dag, rows: &'a [PlanRow], o: &PlanOptions<'a>) -> PlanD
 
 /// A cascade's dry run: the plan of each DAG, the first one's then each downstream DAG's in the
 /// order the cascade runs them. JSON: `{"cascade", "plans": [plan, ...]}`.
-pub fn write_cascade(
+pub(crate) fn write_cascade(
     out: &mut Sink<'_>,
     plans: &[(&Dag, &[PlanRow], PlanOptions<'_>)],
     mode: crate::cascade::Mode,
@@ -185,7 +185,7 @@ pub fn write_cascade(
 }
 
 /// One DAG's plan.
-pub fn write(
+pub(crate) fn write(
     out: &mut Sink<'_>,
     dag: &Dag,
     rows: &[PlanRow],

@@ -23,7 +23,7 @@ fn seconds(d: Duration) -> String {
 }
 
 /// How progress is shown.
-pub enum Progress {
+pub(crate) enum Progress {
     /// A bar; lines go above it.
     Bar(ProgressBar),
     Lines,
@@ -33,7 +33,7 @@ pub enum Progress {
 impl Progress {
     /// For stderr: quiet with `quiet`, a bar when stderr is a terminal that can redraw one, plain
     /// lines otherwise.
-    pub fn for_stderr(total: u64, quiet: bool) -> Self {
+    pub(crate) fn for_stderr(total: u64, quiet: bool) -> Self {
         if quiet {
             Self::Quiet
         } else if can_draw() {
@@ -52,7 +52,7 @@ fn can_draw() -> bool {
 }
 
 /// The progress bar of `total` intervals, drawn on `target`.
-pub fn bar(total: u64, target: ProgressDrawTarget) -> ProgressBar {
+pub(crate) fn bar(total: u64, target: ProgressDrawTarget) -> ProgressBar {
     let bar = ProgressBar::with_draw_target(Some(total), target);
     let template = if std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty()) {
         "{bar:30} {pos}/{len} intervals · {msg} · {elapsed_precise} elapsed · ETA {eta}"
@@ -81,7 +81,7 @@ fn message(stats: &Stats) -> String {
 }
 
 /// Renders events as they come, into `out` (stderr for a backfill; a buffer in tests).
-pub struct Reporter<W: Write> {
+pub(crate) struct Reporter<W: Write> {
     out: W,
     progress: Progress,
     labels: Labeler,
@@ -90,7 +90,7 @@ pub struct Reporter<W: Write> {
 
 impl Reporter<std::io::Stderr> {
     /// Progress of `total` intervals on stderr (see [`Progress::for_stderr`]).
-    pub fn stderr(total: u64, labels: Labeler, quiet: bool, verbose: bool) -> Self {
+    pub(crate) fn stderr(total: u64, labels: Labeler, quiet: bool, verbose: bool) -> Self {
         Self::new(
             std::io::stderr(),
             Progress::for_stderr(total, quiet),
@@ -101,7 +101,7 @@ impl Reporter<std::io::Stderr> {
 }
 
 impl<W: Write> Reporter<W> {
-    pub fn new(out: W, progress: Progress, labels: Labeler, verbose: bool) -> Self {
+    pub(crate) fn new(out: W, progress: Progress, labels: Labeler, verbose: bool) -> Self {
         if let Progress::Bar(bar) = &progress {
             bar.set_message(message(&Stats::new(bar.length().unwrap_or(0))));
         }
@@ -144,7 +144,7 @@ impl<W: Write> Reporter<W> {
     }
 
     /// Shows `event`; `stats` are the counts with the event recorded.
-    pub fn handle(&mut self, event: &Event, stats: &Stats) {
+    pub(crate) fn handle(&mut self, event: &Event, stats: &Stats) {
         match event {
             Event::IntervalStarted { interval, run_id } => {
                 if self.verbose {
@@ -284,7 +284,7 @@ impl<W: Write> Reporter<W> {
     }
 
     /// Clears the bar.
-    pub fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         if let Progress::Bar(bar) = &self.progress {
             bar.finish_and_clear();
         }
@@ -302,9 +302,8 @@ mod tests {
     /// its log's tail, the 5th is skipped. `log` is the failed try's log file.
     fn events(log: &str) -> Vec<Event> {
         let ms = Duration::from_millis;
-        let finished = |d, run_id, state, error: Option<&str>| Event::IntervalFinished {
+        let finished = |d, _run: i64, state, error: Option<&str>| Event::IntervalFinished {
             interval: day(d),
-            run_id,
             state,
             elapsed: ms(1250),
             error: error.map(String::from),

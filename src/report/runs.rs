@@ -8,7 +8,7 @@ use crate::exit::Error;
 use crate::manifest::queries::RunHistory;
 
 /// `what` is what was asked, for the note when no run matches.
-pub fn write(
+pub(crate) fn write(
     out: &mut Sink<'_>,
     runs: &[RunHistory],
     labels: &Labeler,

@@ -22,7 +22,7 @@ struct Show<'a> {
     kept_versions: Option<&'a [Storage]>,
 }
 
-pub fn write(
+pub(crate) fn write(
     out: &mut Sink<'_>,
     detail: &BackfillDetail,
     kept_versions: Option<&[Storage]>,

@@ -8,7 +8,7 @@ use crate::exit::Error;
 use crate::probe::{Seen, Stale};
 
 /// `what` is what was asked, for the note when no source changed.
-pub fn write(
+pub(crate) fn write(
     out: &mut Sink<'_>,
     stale: &[Stale],
     labels: &Labeler,

@@ -15,7 +15,7 @@ use crate::manifest::queries::{Counts, FailedInterval, Outcome, WarnedInterval};
 
 /// The document `create` and `resume` print with `--output json`.
 #[derive(Debug, Serialize)]
-pub struct Summary<'a> {
+pub(crate) struct Summary<'a> {
     pub backfill_id: i64,
     pub dag_id: &'a str,
     pub state: &'a str,
@@ -40,7 +40,7 @@ pub struct Summary<'a> {
 }
 
 /// What a rerun hint needs to know about the command that ran.
-pub struct Rerun<'a> {
+pub(crate) struct Rerun<'a> {
     pub conf: &'a serde_json::Value,
     pub allow_drift: bool,
     /// `--tasks` of the backfill.
@@ -48,7 +48,11 @@ pub struct Rerun<'a> {
 }
 
 /// The complete command that reruns exactly the failed and rejected intervals of a backfill.
-pub fn rerun_command(outcome: &Outcome, labels: &Labeler, how: &Rerun<'_>) -> Option<String> {
+pub(crate) fn rerun_command(
+    outcome: &Outcome,
+    labels: &Labeler,
+    how: &Rerun<'_>,
+) -> Option<String> {
     let first = outcome.failed.iter().map(|f| f.start.0).min()?;
     let last = outcome.failed.iter().map(|f| f.start.0).max()?;
     let mut words: Vec<String> = Vec::new();
@@ -81,7 +85,7 @@ pub fn rerun_command(outcome: &Outcome, labels: &Labeler, how: &Rerun<'_>) -> Op
 }
 
 /// Builds the summary of a finished (or stopped) backfill from its outcome in the manifest.
-pub fn summary<'a>(
+pub(crate) fn summary<'a>(
     outcome: &'a Outcome,
     exit_code: u8,
     elapsed: Duration,
@@ -106,7 +110,7 @@ pub fn summary<'a>(
 /// Writes the summary: JSON as data with `--output json`, else a table and a line as notes
 /// (nothing on success with `-q`). Failures are always listed as notes, with the command that
 /// reruns them.
-pub fn write(
+pub(crate) fn write(
     out: &mut Sink<'_>,
     s: &Summary<'_>,
     labels: &Labeler,

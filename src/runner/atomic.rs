@@ -157,14 +157,13 @@ pub(super) async fn run(
             }
             tries.extend(last);
         }
-        finished.push((interval, run_id, state, error.clone()));
+        finished.push((interval, state, error.clone()));
         ends.push((run_id, tries, (state, error)));
     }
     record_ends(shared, ends).await?;
-    for (interval, run_id, state, error) in finished {
+    for (interval, state, error) in finished {
         let _ = shared.events.send(Event::IntervalFinished {
             interval,
-            run_id,
             state,
             elapsed: began.elapsed(),
             error,

@@ -7,7 +7,7 @@ use crate::interval::DataInterval;
 use crate::plan::{RunState, SkipReason};
 
 #[derive(Debug, Clone)]
-pub enum Event {
+pub(crate) enum Event {
     IntervalStarted {
         interval: DataInterval,
         run_id: i64,
@@ -23,7 +23,6 @@ pub enum Event {
     },
     IntervalFinished {
         interval: DataInterval,
-        run_id: i64,
         state: RunState,
         elapsed: Duration,
         error: Option<String>,
@@ -76,7 +75,7 @@ pub enum Event {
 /// and hands the counts to the reporter with the event, so that the reporter shows them and
 /// never counts by itself.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Stats {
+pub(crate) struct Stats {
     /// Intervals this run is to run.
     pub total: u64,
     /// Intervals started and not finished.
@@ -94,7 +93,7 @@ pub struct Stats {
 }
 
 impl Stats {
-    pub fn new(total: u64) -> Self {
+    pub(crate) fn new(total: u64) -> Self {
         Self {
             total,
             ..Self::default()
@@ -102,7 +101,7 @@ impl Stats {
     }
 
     /// Counts what `event` says happened.
-    pub fn record(&mut self, event: &Event) {
+    pub(crate) fn record(&mut self, event: &Event) {
         match event {
             Event::IntervalStarted { .. } => self.running += 1,
             Event::IntervalFinished { state, .. } => {
@@ -134,7 +133,7 @@ impl Stats {
     }
 
     /// Intervals that failed or were rejected.
-    pub fn failures(&self) -> u64 {
+    pub(crate) fn failures(&self) -> u64 {
         self.failed + self.rejected
     }
 }
@@ -151,7 +150,6 @@ mod tests {
         };
         let finished = |state| Event::IntervalFinished {
             interval,
-            run_id: 1,
             state,
             elapsed: Duration::ZERO,
             error: None,

@@ -67,10 +67,9 @@ pub(super) async fn run(
             break;
         }
     }
-    if let Some(run_id) = run_id {
+    if run_id.is_some() {
         let _ = shared.events.send(Event::IntervalFinished {
             interval,
-            run_id,
             state,
             elapsed: began.elapsed(),
             error,

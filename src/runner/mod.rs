@@ -16,7 +16,7 @@
 
 mod atomic;
 mod batch;
-pub mod events;
+pub(crate) mod events;
 mod interval;
 mod outcome;
 mod promote;
@@ -33,8 +33,8 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
-pub use crate::process::Stop;
-pub use events::{Event, Stats};
+pub(crate) use crate::process::Stop;
+pub(crate) use events::{Event, Stats};
 pub(crate) use sql_try::{Step, blocking_step};
 
 use crate::environment::Fault;
@@ -47,7 +47,7 @@ use crate::warehouse::Repr;
 
 /// What the runner does with each interval's tasks.
 #[derive(Debug, Clone, Default)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// Compute, audit and publish.
     #[default]
     Run,
@@ -64,7 +64,7 @@ pub enum Mode {
 
 /// A staged output, to promote.
 #[derive(Debug, Clone)]
-pub struct StagedTry {
+pub(crate) struct StagedTry {
     pub try_id: i64,
     /// Its run and try number: a command task's `publish` is rendered as for the staged try.
     pub run_id: i64,
@@ -76,7 +76,7 @@ pub struct StagedTry {
 }
 
 /// Everything the runner needs for one backfill.
-pub struct RunSpec {
+pub(crate) struct RunSpec {
     pub owner: Owner,
     pub dag: Arc<Dag>,
     pub conf: serde_json::Value,
@@ -116,7 +116,7 @@ pub struct RunSpec {
 }
 
 /// What an owner whose queue ran dry does next (see [`RunSpec::refill`]).
-pub enum Left {
+pub(crate) enum Left {
     /// Run these intervals (a gone worker's, leased again).
     Run(Vec<DataInterval>),
     /// Wait, and ask again: for an owner, workers still run intervals of the backfill; for a
@@ -128,7 +128,7 @@ pub enum Left {
 
 /// Asks the manifest what is left (blocking: run off the async workers); with `false`, only
 /// whether to wait (nothing more is to run: the backfill reached its `--max-failures`).
-pub type Refill = Arc<dyn Fn(bool) -> Result<Left, Error> + Send + Sync>;
+pub(crate) type Refill = Arc<dyn Fn(bool) -> Result<Left, Error> + Send + Sync>;
 
 /// Shared by the interval tasks of one backfill.
 struct Shared {
@@ -319,7 +319,7 @@ fn interrupted_by(fault: &Fault) -> String {
 
 /// How a run of the backfill's intervals ended, without an error.
 #[derive(Debug, Default)]
-pub struct Ran {
+pub(crate) struct Ran {
     /// `--max-failures` was reached.
     pub halted: bool,
     /// An environment fault stopped it.
@@ -329,7 +329,7 @@ pub struct Ran {
 /// Runs the backfill until every interval finished, a stop was requested, `--max-failures`
 /// was reached, or an environment fault stopped it (see [`Ran`]). On an error, stops the
 /// running tries as for Ctrl-C, waits for them, and returns the first error.
-pub async fn run(
+pub(crate) async fn run(
     mut spec: RunSpec,
     writer: Writer,
     events: mpsc::UnboundedSender<Event>,
@@ -867,7 +867,7 @@ async fn skip(shared: &Shared, interval: DataInterval, reason: SkipReason) -> Re
 }
 
 /// Why a process stops once it finds itself fenced.
-pub fn fenced_why(owner: Owner) -> String {
+pub(crate) fn fenced_why(owner: Owner) -> String {
     match owner.worker {
         None => {
             "another backfill took the intervals over (no heartbeat within lease_timeout)".into()

@@ -243,10 +243,10 @@ pub(super) fn warn(
 }
 
 /// How each of the gate's warnings begins in a try's reasons.
-pub const WARNING: &str = "warning: ";
+pub(crate) const WARNING: &str = "warning: ";
 
 /// How each of the gate's notes begins in a try's reasons.
-pub const NOTE: &str = "note: ";
+pub(crate) const NOTE: &str = "note: ";
 
 /// The error of a try stopped by its task's `timeout`.
 pub(super) fn timed_out(task: &Task) -> String {

@@ -909,7 +909,7 @@ async fn take_slot(
 }
 
 /// `retry_delay * 2^(try_number - 1)`, capped.
-pub fn retry_delay(base: Duration, try_number: u32) -> Duration {
+pub(crate) fn retry_delay(base: Duration, try_number: u32) -> Duration {
     let factor = 2u32.saturating_pow(try_number.saturating_sub(1));
     base.checked_mul(factor)
         .unwrap_or(MAX_RETRY_DELAY)

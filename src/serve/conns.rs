@@ -32,21 +32,21 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 
 /// How long a client has to send a request's head.
-pub const HEADER_READ: Duration = Duration::from_secs(20);
+pub(crate) const HEADER_READ: Duration = Duration::from_secs(20);
 /// How long a connection may stay silent (no byte read or written) while no request on it is
 /// being worked on.
-pub const IDLE: Duration = Duration::from_secs(60);
+pub(crate) const IDLE: Duration = Duration::from_secs(60);
 /// The most connections open at once, however many files the process may open.
-pub const MOST_CONNECTIONS: usize = 512;
+pub(crate) const MOST_CONNECTIONS: usize = 512;
 /// The fewest, however few files it may open (reads may then fail for want of files, and say so
 /// on their page).
 const FEWEST_CONNECTIONS: usize = 8;
 /// How long the answers in flight at Ctrl-C have to finish.
-pub const GRACE: Duration = Duration::from_secs(10);
+pub(crate) const GRACE: Duration = Duration::from_secs(10);
 
 /// The server's bounds.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub(crate) struct Limits {
     pub header_read: Duration,
     pub idle: Duration,
     pub connections: usize,
@@ -58,7 +58,7 @@ impl Limits {
     /// This process's: as many connections as its open-files limit (the soft one) leaves room
     /// for beside the `besides` files the rest of the server may hold, up to
     /// [`MOST_CONNECTIONS`]; the timeouts as the tests may shorten them (`BACKFILL_FAULT`).
-    pub fn of_this_process(besides: u64) -> Self {
+    pub(crate) fn of_this_process(besides: u64) -> Self {
         use nix::sys::resource::{Resource, getrlimit};
         let (header_read, idle) = match crate::fault::serve_timeouts() {
             Some(d) => (d, d),
@@ -199,14 +199,14 @@ impl Registry {
 }
 
 /// The server's connections.
-pub struct Connections {
+pub(crate) struct Connections {
     limits: Limits,
     slots: Arc<Semaphore>,
     registry: Registry,
 }
 
 impl Connections {
-    pub fn new(limits: Limits) -> Arc<Self> {
+    pub(crate) fn new(limits: Limits) -> Arc<Self> {
         Arc::new(Self {
             limits,
             slots: Arc::new(Semaphore::new(limits.connections)),
@@ -226,7 +226,7 @@ impl Connections {
 
     /// Serves `router` on the connections `listener` accepts, until `stop`; then lets the
     /// answers in flight finish (for at most [`GRACE`]).
-    pub async fn serve(
+    pub(crate) async fn serve(
         self: Arc<Self>,
         listener: TcpListener,
         router: Router,

@@ -126,7 +126,7 @@ impl App {
 }
 
 /// What `backfill serve` was given, checked (see `commands::serve`).
-pub struct Options {
+pub(crate) struct Options {
     /// The address to listen on.
     pub addr: SocketAddr,
     /// `--listen` as it was given, which errors name.
@@ -143,7 +143,7 @@ pub struct Options {
 }
 
 /// Serves the page until Ctrl-C or SIGTERM.
-pub fn run(options: Options) -> Result<(), Error> {
+pub(crate) fn run(options: Options) -> Result<(), Error> {
     let Options {
         addr,
         listen,

@@ -25,7 +25,7 @@ use crate::report::cells::{Cell, tally};
 /// Backfills on one page of the list.
 const BACKFILLS_PER_PAGE: usize = 50;
 /// Cells on one page of a backfill.
-pub const CELLS_PER_PAGE: usize = 2_000;
+pub(crate) const CELLS_PER_PAGE: usize = 2_000;
 /// Interval starts on one page of a DAG's calendar.
 const DAG_STARTS_PER_PAGE: i64 = 500;
 /// The most of a try's log a page shows: its end.
@@ -39,7 +39,7 @@ pub(super) struct Pages {
 }
 
 impl Pages {
-    pub fn new(manifest: String) -> Self {
+    pub(crate) fn new(manifest: String) -> Self {
         let mut env = Environment::new();
         env.set_undefined_behavior(UndefinedBehavior::Strict);
         for (name, source) in [
@@ -97,7 +97,7 @@ impl Pages {
     }
 
     /// A page that says one thing: an error, a missing backfill.
-    pub fn message(&self, status: StatusCode, title: &str, text: &str) -> Response {
+    pub(crate) fn message(&self, status: StatusCode, title: &str, text: &str) -> Response {
         self.render(
             status,
             "message.html",

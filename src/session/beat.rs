@@ -10,13 +10,13 @@ use crate::manifest::writer::Writer;
 use crate::manifest::{self, Owner};
 
 /// Writes the owner's heartbeat every [`HEARTBEAT`] until dropped.
-pub struct Beating {
+pub(crate) struct Beating {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Beating {
-    pub fn start(writer: &Writer, owner: Owner) -> Self {
+    pub(crate) fn start(writer: &Writer, owner: Owner) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let (w, s) = (writer.clone(), stop.clone());
         let thread = std::thread::Builder::new()

@@ -41,7 +41,7 @@ use crate::project::{Dag, Project, TaskKind};
 /// The warehouses `dag`'s SQL tasks write, as `project` declares them: JSON, each name with its
 /// location (a SQLite file's path, a PostgreSQL URL without its password). `None` for a DAG of
 /// command tasks only.
-pub fn warehouses_of(dag: &Dag) -> Option<String> {
+pub(crate) fn warehouses_of(dag: &Dag) -> Option<String> {
     let found: BTreeMap<&str, String> = dag
         .tasks
         .iter()
@@ -103,7 +103,7 @@ fn fix(theirs: &str, what: &str) -> String {
 
 /// Refuses backfill `b` when it belongs to another project (exit 2, naming both); `command` is
 /// what was asked of it (`resume`, `join`, ...).
-pub fn check_backfill(
+pub(crate) fn check_backfill(
     project: &Project,
     manifest: &Path,
     b: &Backfill,
@@ -130,13 +130,18 @@ pub fn check_backfill(
 }
 
 /// The first project other than `ours` with backfills of the DAG, of those the manifest holds.
-pub fn other_project<'a>(ours: &str, found: &'a [DagProject]) -> Option<&'a DagProject> {
+pub(crate) fn other_project<'a>(ours: &str, found: &'a [DagProject]) -> Option<&'a DagProject> {
     found.iter().find(|p| p.project != ours)
 }
 
 /// The refusal to plan `dag` where the manifest at `manifest` holds `theirs`, another
 /// project's backfills of it.
-pub fn dag_refused(project: &Project, manifest: &Path, dag: &Dag, theirs: &DagProject) -> Error {
+pub(crate) fn dag_refused(
+    project: &Project,
+    manifest: &Path,
+    dag: &Dag,
+    theirs: &DagProject,
+) -> Error {
     let backfills = if theirs.backfills == 1 {
         format!("backfill {}", theirs.first)
     } else {
@@ -160,7 +165,7 @@ pub fn dag_refused(project: &Project, manifest: &Path, dag: &Dag, theirs: &DagPr
 
 /// Refuses to plan `dag` where the manifest holds another project's backfills of it (exit 2,
 /// naming both).
-pub fn check_dag(
+pub(crate) fn check_dag(
     project: &Project,
     manifest: &Path,
     reads: &dyn Reads,

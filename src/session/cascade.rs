@@ -19,7 +19,7 @@ use crate::state::{BackfillKind, BackfillState};
 /// Runs the cascade's downstream DAGs that have not run yet (and resumes an interrupted one),
 /// after its first backfill `root` ended. Goes past a backfill only once every interval it
 /// planned has ended; stops at an interruption.
-pub fn continue_cascade(
+pub(crate) fn continue_cascade(
     g: &Global,
     project: &Project,
     root: i64,
@@ -129,7 +129,13 @@ pub fn continue_cascade(
 /// After a backfill without `--cascade`: names the DAGs downstream of it, whose partitions
 /// may now be stale, and the command that would cascade.
 /// `from` and `to` are the range as the user typed it.
-pub fn name_stale_downstream(g: &Global, project: &Project, dag: &str, from: &str, to: &str) {
+pub(crate) fn name_stale_downstream(
+    g: &Global,
+    project: &Project,
+    dag: &str,
+    from: &str,
+    to: &str,
+) {
     let (dags, _) = project.load_all();
     let below: Vec<String> = cascade::downstream(&dags, dag)
         .iter()

@@ -19,7 +19,7 @@ use crate::plan::SkipReason;
 use crate::project::{Dag, Project, ProjectError};
 
 /// The worse of two exit codes: interrupted, then internal error, then failed, then success.
-pub fn worst(a: u8, b: u8) -> u8 {
+pub(crate) fn worst(a: u8, b: u8) -> u8 {
     let rank = |c: u8| match c {
         exit::INTERRUPTED => 3,
         exit::INTERNAL => 2,
@@ -31,7 +31,7 @@ pub fn worst(a: u8, b: u8) -> u8 {
 
 /// Every DAG of the project, for a cascade: every DAG file must load, as a broken one could
 /// be downstream.
-pub fn all_dags(project: &Project) -> Result<Vec<Dag>, Error> {
+pub(crate) fn all_dags(project: &Project) -> Result<Vec<Dag>, Error> {
     let (dags, errors) = project.load_all();
     if !errors.is_empty() {
         return Err(Error::Project(ProjectError::Config(errors)));
@@ -41,7 +41,7 @@ pub fn all_dags(project: &Project) -> Result<Vec<Dag>, Error> {
 
 /// The intervals of downstream DAG `d` that the cascade plans, from what its upstream
 /// backfills (`backfill_of`, by DAG) did, with the ones skipped for their upstream.
-pub fn plan_member(
+pub(crate) fn plan_member(
     conn: &dyn Reads,
     project: &Project,
     dags: &[Dag],
@@ -106,7 +106,7 @@ pub fn plan_member(
 /// interval the cascade acted on (`touched`), and those overlapping an upstream interval whose
 /// output it left standing (`standing`) that have no successful run of their own in the
 /// manifest (`None`: nothing was recorded).
-pub fn downstream_intervals(
+pub(crate) fn downstream_intervals(
     conn: Option<&dyn Reads>,
     d: &Dag,
     touched: &[DataInterval],
@@ -139,7 +139,7 @@ pub fn downstream_intervals(
 }
 
 /// The backfill of each DAG of the cascade of `root` so far, by DAG.
-pub fn backfills_of(
+pub(crate) fn backfills_of(
     conn: &dyn Reads,
     root: i64,
     root_dag: &str,
@@ -157,7 +157,7 @@ pub fn backfills_of(
 /// (`root_intervals` for `root`; for another DAG, what `each` returns for it), and over
 /// `root_standing`, the root's intervals whose output stands, where it has no successful run
 /// in the manifest `conn`. A DAG that overlaps nothing is left out.
-pub fn walk_chain(
+pub(crate) fn walk_chain(
     project: &Project,
     conn: Option<&dyn Reads>,
     root: &str,
@@ -192,7 +192,7 @@ pub fn walk_chain(
 
 /// Checks, before anything runs, every DAG a cascade of `root` over `intervals` would run:
 /// each loads, and each task renders and prepares over the intervals it would get.
-pub fn check_chain(
+pub(crate) fn check_chain(
     project: &Project,
     root: &Dag,
     intervals: &[DataInterval],

@@ -34,7 +34,7 @@ use crate::report::{self, Reporter};
 use crate::runner::{self, Event, RunSpec, Stats, Stop};
 use crate::warehouse::Repr;
 
-pub struct Execution {
+pub(crate) struct Execution {
     pub owner: Owner,
     pub dag: Dag,
     pub conf: serde_json::Value,
@@ -55,7 +55,12 @@ pub struct Execution {
 
 /// Runs the intervals, then prints the summary and returns the exit code. The writer is closed
 /// (its WAL checkpointed) before returning.
-pub fn execute(g: &Global, project: &Project, e: Execution, writer: Writer) -> Result<u8, Error> {
+pub(crate) fn execute(
+    g: &Global,
+    project: &Project,
+    e: Execution,
+    writer: Writer,
+) -> Result<u8, Error> {
     let owners_notify = e.dag.notify.over(&project.notify);
     // A worker's end is not the backfill's: its owner runs the hooks. A worker that took the
     // backfill over ends as its owner.

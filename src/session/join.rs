@@ -26,7 +26,7 @@ use crate::state::BackfillState;
 
 /// Joins backfill `id` as a worker, with at most `max_active_runs` (default: the backfill's)
 /// of its intervals in flight in this process.
-pub fn join(g: &Global, id: i64, max_active_runs: Option<u32>) -> Result<u8, Error> {
+pub(crate) fn join(g: &Global, id: i64, max_active_runs: Option<u32>) -> Result<u8, Error> {
     let (project, manifest_path, conn, backfill) = find_backfill(g, id)?;
     super::belonging::check_backfill(&project, &manifest_path, &backfill, "join")?;
     let ctx = LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL).at_manifest(&*conn)?;

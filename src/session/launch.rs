@@ -24,10 +24,10 @@ use crate::warehouse::Repr;
 
 /// Intervals planned and leased per manifest transaction: small enough that other backfills'
 /// heartbeats never wait long for the write lock.
-pub const PLAN_CHUNK: usize = 5_000;
+pub(crate) const PLAN_CHUNK: usize = 5_000;
 
 /// The plan a dry run prints for one DAG, and its estimate.
-pub fn dry_plan(
+pub(crate) fn dry_plan(
     project: &crate::project::Project,
     manifest_path: &std::path::Path,
     dag: &Dag,
@@ -68,7 +68,7 @@ pub fn dry_plan(
 /// The request of a backfill that runs every one of `intervals` (ascending, not empty) of
 /// `dag`, whatever ran before: a promote, a rollback, a cascade's downstream backfill. Its range
 /// is the intervals it was given; callers set what else differs.
-pub fn request_over(
+pub(crate) fn request_over(
     dag: &Dag,
     intervals: &[DataInterval],
     kind: BackfillKind,
@@ -104,7 +104,7 @@ pub fn request_over(
 }
 
 /// The plan options of such a backfill: every interval runs, oldest first.
-pub fn run_every(depends_on_past: bool) -> Result<plan::Options, Error> {
+pub(crate) fn run_every(depends_on_past: bool) -> Result<plan::Options, Error> {
     Ok(plan::Options {
         reprocess: Reprocess::Completed,
         run_backwards: false,
@@ -114,7 +114,7 @@ pub fn run_every(depends_on_past: bool) -> Result<plan::Options, Error> {
 }
 
 /// A backfill to write and run.
-pub struct Launch<'a> {
+pub(crate) struct Launch<'a> {
     pub dag: Dag,
     pub conf: serde_json::Value,
     /// Its intervals, ascending.
@@ -131,7 +131,7 @@ pub struct Launch<'a> {
 
 /// Recovers what dead owners left on the DAG's leases, writes the backfill and its plan, then
 /// runs it: the exit code, and the backfill's id once it was written.
-pub fn launch(
+pub(crate) fn launch(
     g: &Global,
     project: &crate::project::Project,
     l: Launch<'_>,
@@ -264,7 +264,7 @@ pub fn launch(
 
 /// A backfill taken over by another process while this one recovered or planned ends here as
 /// interrupted (130); any other error stays what it is.
-pub fn taken_over(e: Error) -> Result<u8, Error> {
+pub(crate) fn taken_over(e: Error) -> Result<u8, Error> {
     match e {
         Error::Manifest(manifest::Error::Fenced { backfill_id }) => {
             eprintln!(
@@ -279,13 +279,13 @@ pub fn taken_over(e: Error) -> Result<u8, Error> {
 
 /// Interval starts `s` with `start <= s < end` in whole unix seconds, for the manifest: the
 /// same bounds every command resolves a range to.
-pub fn unix_range(range: Range) -> (i64, i64) {
+pub(crate) fn unix_range(range: Range) -> (i64, i64) {
     let (first, last) = range.unix_start_bounds();
     (first, last.saturating_add(1))
 }
 
 /// The plan as written.
-pub struct Planned {
+pub(crate) struct Planned {
     pub total: usize,
     /// The intervals to run, in execution order.
     pub to_run: Vec<DataInterval>,
@@ -294,7 +294,7 @@ pub struct Planned {
 /// What is known of intervals before they are planned: those that already have a plan row
 /// (from an interrupted planning), and those whose source changed (`changed`).
 #[derive(Clone, Copy)]
-pub struct Marks<'a> {
+pub(crate) struct Marks<'a> {
     pub already: &'a HashSet<i64>,
     pub changed: &'a HashSet<i64>,
     /// A cascade's downstream intervals skipped for their upstream, by start.
@@ -304,7 +304,7 @@ pub struct Marks<'a> {
 /// Plans `intervals` (ascending) and writes the plan with its leases in chunks of
 /// [`PLAN_CHUNK`], one transaction each, then records the plan as complete. Intervals whose
 /// start is in `already` have a plan row from an earlier, interrupted planning and are left out.
-pub fn write_plan(
+pub(crate) fn write_plan(
     writer: &Writer,
     owner: Owner,
     dag: &Dag,
@@ -411,7 +411,7 @@ fn mark_changed(prior: &mut [Prior], intervals: &[DataInterval], changed: &HashS
 /// For `--reprocess-behavior changed`: the starts of the intervals (of those whose latest run
 /// succeeded) whose source changed since, by the tasks' gate `source_count` and
 /// `source_fingerprint`. Says which tasks cannot tell.
-pub fn source_changes(
+pub(crate) fn source_changes(
     g: &Global,
     project: &crate::project::Project,
     dag: &Dag,
@@ -456,7 +456,7 @@ pub fn source_changes(
 }
 
 /// `--conf` must be a JSON object.
-pub fn parse_conf(conf: Option<&str>) -> Result<serde_json::Value, Error> {
+pub(crate) fn parse_conf(conf: Option<&str>) -> Result<serde_json::Value, Error> {
     let Some(text) = conf else {
         return Ok(serde_json::Value::Object(serde_json::Map::new()));
     };
@@ -472,12 +472,12 @@ pub fn parse_conf(conf: Option<&str>) -> Result<serde_json::Value, Error> {
 }
 
 /// A sample: its intervals (ascending) and why each was picked, by start.
-pub type Sampled = (Vec<DataInterval>, HashMap<i64, &'static str>);
+pub(crate) type Sampled = (Vec<DataInterval>, HashMap<i64, &'static str>);
 
 /// The intervals a `--sample N` backfill runs, picked from `intervals` (ascending) by
 /// [`crate::sample::pick`] over those already complete, with why each was picked (by start);
 /// `None` when the range has no more than N complete intervals, which then all run.
-pub fn sample_of(
+pub(crate) fn sample_of(
     manifest: Option<&dyn crate::manifest::Reads>,
     manifest_path: &std::path::Path,
     dag: &Dag,

@@ -5,17 +5,17 @@
 //! [`resume`].
 
 mod beat;
-pub mod belonging;
-pub mod cascade;
-pub mod chain;
+pub(crate) mod belonging;
+pub(crate) mod cascade;
+pub(crate) mod chain;
 mod execute;
-pub mod join;
-pub mod launch;
-pub mod outcome;
-pub mod resume;
-pub mod staged;
+pub(crate) mod join;
+pub(crate) mod launch;
+pub(crate) mod outcome;
+pub(crate) mod resume;
+pub(crate) mod staged;
 mod succession;
-pub mod tasks;
+pub(crate) mod tasks;
 mod worker;
 
 use std::path::PathBuf;
@@ -23,10 +23,8 @@ use std::path::PathBuf;
 use crate::exit::Error;
 use crate::project::Project;
 
-pub use launch::{Launch, launch};
-
 /// Options that every command shares.
-pub struct Global {
+pub(crate) struct Global {
     pub project_dir: Option<PathBuf>,
     pub manifest: Option<PathBuf>,
     pub json: bool,
@@ -35,7 +33,7 @@ pub struct Global {
 }
 
 impl Global {
-    pub fn project(&self) -> Result<Project, Error> {
+    pub(crate) fn project(&self) -> Result<Project, Error> {
         let project = Project::discover(self.project_dir.as_deref())?;
         // Its folders are made only while it is there (a project removed mid-run is not made
         // again by the logs of the tries that follow).
@@ -51,7 +49,7 @@ impl Global {
     }
 
     /// `--manifest`, else the project's manifest.
-    pub fn manifest_path(&self, project: Option<&Project>) -> Result<PathBuf, Error> {
+    pub(crate) fn manifest_path(&self, project: Option<&Project>) -> Result<PathBuf, Error> {
         match (&self.manifest, project) {
             (Some(p), _) => Ok(p.clone()),
             (None, Some(project)) => Ok(project.manifest_path.clone()),
@@ -61,13 +59,13 @@ impl Global {
 }
 
 /// A warning for the user, on stderr (also with `-q`: something needs attention).
-pub fn warn(_g: &Global, text: &str) {
+pub(crate) fn warn(_g: &Global, text: &str) {
     eprintln!("warning: {text}");
 }
 
 /// Something worth knowing that is not a problem: left out by `-q`, so that a quiet success
 /// stays silent.
-pub fn note(g: &Global, text: &str) {
+pub(crate) fn note(g: &Global, text: &str) {
     if !g.quiet {
         eprintln!("note: {text}");
     }
@@ -75,7 +73,7 @@ pub fn note(g: &Global, text: &str) {
 
 /// The project, its manifest's path, a read-only connection and backfill `id`; exit 2 when the
 /// manifest or the backfill does not exist.
-pub fn find_backfill(
+pub(crate) fn find_backfill(
     g: &Global,
     id: i64,
 ) -> Result<
@@ -99,7 +97,7 @@ pub fn find_backfill(
 }
 
 /// The error for a task name the DAG does not have (`what` is the option as typed).
-pub fn unknown_task(dag: &crate::project::Dag, what: &str, name: &str) -> Error {
+pub(crate) fn unknown_task(dag: &crate::project::Dag, what: &str, name: &str) -> Error {
     Error::Usage(format!(
         "{what}: DAG `{}` has no task `{name}` (its tasks: {})",
         dag.id,
@@ -112,7 +110,7 @@ pub fn unknown_task(dag: &crate::project::Dag, what: &str, name: &str) -> Error 
 }
 
 /// The error for a backfill id the manifest does not have.
-pub fn unknown_backfill(id: i64, manifest: &std::path::Path) -> Error {
+pub(crate) fn unknown_backfill(id: i64, manifest: &std::path::Path) -> Error {
     Error::Usage(format!(
         "no backfill {id} in the manifest {}; `{}` shows the backfills",
         manifest.display(),

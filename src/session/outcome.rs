@@ -7,7 +7,7 @@ use crate::state::BackfillState;
 
 /// The final outcome of a backfill's run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Every planned interval succeeded, or there was nothing to do.
     Completed,
     /// A staged backfill whose outputs await `promote`.
@@ -27,7 +27,7 @@ impl Outcome {
     /// Judges a run that ended: `faulted` when an environment fault stopped it, `halted` when
     /// `--max-failures` stopped dispatching, `stopped` when a signal or `cancel` did, `counts`
     /// of the backfill's intervals as the manifest has them, `staging` for `create --stage`.
-    pub fn judge(
+    pub(crate) fn judge(
         faulted: bool,
         halted: bool,
         stopped: bool,
@@ -50,7 +50,7 @@ impl Outcome {
     }
 
     /// The state the manifest records.
-    pub fn state(self) -> BackfillState {
+    pub(crate) fn state(self) -> BackfillState {
         match self {
             Self::Completed => BackfillState::Completed,
             Self::Staged => BackfillState::Staged,
@@ -60,7 +60,7 @@ impl Outcome {
     }
 
     /// The exit code of the process.
-    pub fn exit_code(self) -> u8 {
+    pub(crate) fn exit_code(self) -> u8 {
         match self {
             Self::Completed | Self::Staged => exit::OK,
             Self::Failed => exit::FAILED,

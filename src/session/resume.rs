@@ -19,14 +19,14 @@ use crate::plan;
 use crate::recovery::{self, Dags};
 
 /// Resumes backfill `id` alone.
-pub fn resume_one(g: &Global, id: i64) -> Result<u8, Error> {
+pub(crate) fn resume_one(g: &Global, id: i64) -> Result<u8, Error> {
     let (project, manifest_path, conn, backfill) = find_backfill(g, id)?;
     resume_found(g, &project, &manifest_path, conn, backfill, false)
 }
 
 /// Resumes a backfill read from the manifest (`conn`, read-only); with `wait`, once the lease
 /// its owner still holds has expired.
-pub fn resume_found(
+pub(crate) fn resume_found(
     g: &Global,
     project: &crate::project::Project,
     manifest_path: &std::path::Path,

@@ -12,7 +12,7 @@ use crate::runner::{Mode, StagedTry};
 use crate::state::BackfillKind;
 
 /// What the runner does for a backfill of this kind (`resume` asks).
-pub fn mode_of(b: &Backfill, manifest_path: &Path) -> Result<Mode, Error> {
+pub(crate) fn mode_of(b: &Backfill, manifest_path: &Path) -> Result<Mode, Error> {
     Ok(match b.kind {
         BackfillKind::Run => Mode::Run,
         BackfillKind::Stage => Mode::Stage,
@@ -35,7 +35,7 @@ pub fn mode_of(b: &Backfill, manifest_path: &Path) -> Result<Mode, Error> {
 }
 
 /// The outputs of a staged backfill still awaiting promotion, by interval start and task.
-pub fn staged_outputs(
+pub(crate) fn staged_outputs(
     manifest_path: &Path,
     backfill_id: i64,
 ) -> Result<HashMap<(i64, String), StagedTry>, Error> {
@@ -64,7 +64,7 @@ pub fn staged_outputs(
 
 /// Once no output of a staged backfill awaits promotion, it is complete. Written through the
 /// manifest's writer, as every write is.
-pub fn settle_staged(path: &Path, project: &Project, id: i64) -> Result<(), Error> {
+pub(crate) fn settle_staged(path: &Path, project: &Project, id: i64) -> Result<(), Error> {
     let writer = Writer::open(path, project.durability)?;
     let settled = writer.call_blocking(move |c| c.settle_staged(id));
     writer.close();

@@ -80,7 +80,7 @@ pub(super) struct Watching {
 impl Watching {
     /// Starts watching the owner of the backfill that `worker` joined: `events` hears what it
     /// finds, and `wind_down` tells the worker's runner to start no more runs.
-    pub fn start(
+    pub(crate) fn start(
         project: &Project,
         writer: &Writer,
         worker: Owner,
@@ -104,7 +104,7 @@ impl Watching {
     }
 
     /// Ends the watch (a takeover under way is finished first) and says what it found.
-    pub async fn end(self) -> Found {
+    pub(crate) async fn end(self) -> Found {
         let _ = self.done.send(());
         self.task.await.unwrap_or(Found::Nothing)
     }

@@ -13,7 +13,7 @@ use crate::task::{command, template};
 use crate::warehouse::Repr;
 
 /// `--tasks`: the DAG with only the named tasks, in their order; an unknown name is exit 2.
-pub fn only_tasks(mut dag: Dag, names: &[String]) -> Result<Dag, Error> {
+pub(crate) fn only_tasks(mut dag: Dag, names: &[String]) -> Result<Dag, Error> {
     if names.is_empty() {
         return Ok(dag);
     }
@@ -35,7 +35,7 @@ pub fn only_tasks(mut dag: Dag, names: &[String]) -> Result<Dag, Error> {
 /// key that was not given fails now; each SQL task prepares exactly what it will run against
 /// its warehouse (created from its init files if needed), and its partition column's
 /// representation is decided over the range. Returns those representations by task.
-pub fn check_tasks(
+pub(crate) fn check_tasks(
     dag: &Dag,
     conf: &serde_json::Value,
     intervals: &[DataInterval],
@@ -98,7 +98,11 @@ pub fn check_tasks(
 /// The DAGs whose intervals the intervals of `dag` read, when it is a downstream DAG of a
 /// cascade: each of its intervals starts only while they can be read (see
 /// [`crate::runner::RunSpec::upstream`]). Empty for any other backfill.
-pub fn upstream_dags(project: &crate::project::Project, dag: &Dag, in_cascade: bool) -> Vec<Dag> {
+pub(crate) fn upstream_dags(
+    project: &crate::project::Project,
+    dag: &Dag,
+    in_cascade: bool,
+) -> Vec<Dag> {
     if !in_cascade || dag.upstream.is_empty() {
         return Vec::new();
     }
@@ -111,13 +115,13 @@ pub fn upstream_dags(project: &crate::project::Project, dag: &Dag, in_cascade: b
 }
 
 /// What `dag` computes, as recorded with a backfill (see [`Dag::definition`]).
-pub fn definition_json(dag: &Dag) -> String {
+pub(crate) fn definition_json(dag: &Dag) -> String {
     serde_json::to_string(&dag.definition()).unwrap_or_default()
 }
 
 /// What differs between the definition recorded with a backfill and `dag` now: `None` when the
 /// backfill recorded none (it is older than the record), else the changed keys (empty: none).
-pub fn definition_changes(recorded: Option<&str>, dag: &Dag) -> Option<Vec<String>> {
+pub(crate) fn definition_changes(recorded: Option<&str>, dag: &Dag) -> Option<Vec<String>> {
     let recorded: std::collections::BTreeMap<String, String> =
         serde_json::from_str(recorded?).ok()?;
     Some(project::definition_changes(&recorded, &dag.definition()))
@@ -126,7 +130,11 @@ pub fn definition_changes(recorded: Option<&str>, dag: &Dag) -> Option<Vec<Strin
 /// Gives `dag` the `--batch-size` its backfill was created with; unless the DAG can no longer
 /// run batches (it changed since), and then its intervals run one query each, and a note says
 /// why.
-pub fn keep_batch_size(g: &super::Global, dag: &mut Dag, backfill: &crate::manifest::Backfill) {
+pub(crate) fn keep_batch_size(
+    g: &super::Global,
+    dag: &mut Dag,
+    backfill: &crate::manifest::Backfill,
+) {
     if let Some(n) = backfill.batch_size {
         dag.batch_size = n;
     }

@@ -22,7 +22,7 @@ use crate::state::BackfillState;
 /// workers joined it; then the gone workers are recovered, their intervals leased again and
 /// returned to run, and while a live worker still runs an interval the owner waits for it
 /// (the backfill's outcome is judged on every interval's end).
-pub fn refill(project: &Project, dag_id: &str, writer: &Writer, owner: Owner) -> Refill {
+pub(crate) fn refill(project: &Project, dag_id: &str, writer: &Writer, owner: Owner) -> Refill {
     let dags = Arc::new(Dags::of(project));
     let (writer, dag_id) = (writer.clone(), dag_id.to_string());
     let ctx = LeaseCtx::new(project.lease_timeout, &crate::process::LOCAL);
@@ -60,7 +60,7 @@ pub fn refill(project: &Project, dag_id: &str, writer: &Writer, owner: Owner) ->
 /// `--max-failures`: nothing more starts, and a batch of this worker cut short holds its
 /// intervals for as long as the worker runs, which the owner would wait for. `lingering` says
 /// whether it waits.
-pub fn linger(path: PathBuf, backfill_id: i64, lingering: Arc<AtomicBool>) -> Refill {
+pub(crate) fn linger(path: PathBuf, backfill_id: i64, lingering: Arc<AtomicBool>) -> Refill {
     Arc::new(move |more| {
         let running = more && {
             let reader = manifest::Reader::take(&path)?;

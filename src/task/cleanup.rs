@@ -11,11 +11,11 @@ use std::time::Duration;
 use crate::process::{self, Ended, Input, Output, Program};
 
 /// How long a cleanup may take when its task sets no `timeout`.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Why a try's output is being cleaned up: the value of `BACKFILL_CLEANUP`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Why {
+pub(crate) enum Why {
     Rejected,
     Failed,
     Cancelled,
@@ -23,7 +23,7 @@ pub enum Why {
 }
 
 impl Why {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Rejected => "rejected",
             Self::Failed => "failed",
@@ -36,7 +36,7 @@ impl Why {
 /// Runs a rendered `cleanup` command in `cwd` with the try's environment, its output appended to
 /// `log`. `Err` says why it did not succeed, for a warning: a failed cleanup never changes how
 /// the try ended.
-pub async fn run(
+pub(crate) async fn run(
     program: &Program,
     env: &[(String, String)],
     why: Why,

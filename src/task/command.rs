@@ -12,7 +12,7 @@ use crate::task::template::{self, Context};
 
 /// Renders a command for one try: each element of an argument vector on its own (each stays
 /// one argument), or a shell line whose inserted values are quoted as one shell word each.
-pub fn render(spec: &CommandSpec, ctx: &Context<'_>) -> Result<Program, String> {
+pub(crate) fn render(spec: &CommandSpec, ctx: &Context<'_>) -> Result<Program, String> {
     match spec {
         CommandSpec::Argv(args) => args
             .iter()
@@ -26,7 +26,7 @@ pub fn render(spec: &CommandSpec, ctx: &Context<'_>) -> Result<Program, String> 
 /// What a task may report in the file named by `BACKFILL_RESULT`.
 #[derive(Debug, Clone, Default, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct TaskResult {
+pub(crate) struct TaskResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rows: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -38,7 +38,7 @@ pub struct TaskResult {
 }
 
 /// Reads the result JSON if the task wrote one.
-pub fn read_result(path: &Path) -> Result<Option<TaskResult>, String> {
+pub(crate) fn read_result(path: &Path) -> Result<Option<TaskResult>, String> {
     match std::fs::read_to_string(path) {
         Ok(text) => serde_json::from_str(&text).map(Some).map_err(|e| {
             format!(
@@ -52,7 +52,7 @@ pub fn read_result(path: &Path) -> Result<Option<TaskResult>, String> {
 }
 
 /// The last `lines` lines of a log file.
-pub fn log_tail(path: &Path, lines: usize) -> String {
+pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
     use std::io::{Read, Seek, SeekFrom};
     let Ok(mut f) = std::fs::File::open(path) else {
         return String::new();
@@ -71,7 +71,7 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
 
 /// Where a try's log and result file live: `LOGS/DAG/TASK/INTERVAL.runR.tryN.log`. Run ids are
 /// never reused, so the result file of a new try cannot exist yet.
-pub fn try_paths(
+pub(crate) fn try_paths(
     logs_dir: &Path,
     dag_id: &str,
     interval_start: chrono::DateTime<chrono::Utc>,
@@ -93,7 +93,7 @@ pub fn try_paths(
 
 /// A try's log path as the text before and after its run's id (for the manifest to record it
 /// in the statement that makes the run).
-pub fn log_path_around_run(
+pub(crate) fn log_path_around_run(
     logs_dir: &Path,
     dag_id: &str,
     interval_start: chrono::DateTime<chrono::Utc>,
@@ -109,7 +109,11 @@ pub fn log_path_around_run(
 }
 
 /// The `BACKFILL_*` environment of a try.
-pub fn environment(ctx: &Context<'_>, conf: &str, result_path: &Path) -> Vec<(String, String)> {
+pub(crate) fn environment(
+    ctx: &Context<'_>,
+    conf: &str,
+    result_path: &Path,
+) -> Vec<(String, String)> {
     vec![
         ("BACKFILL_DAG_ID".into(), ctx.dag_id.into()),
         ("BACKFILL_TASK_ID".into(), ctx.task_id.into()),

@@ -1,5 +1,5 @@
 //! Tasks: command tasks (process groups, templating, environment, logs, result JSON).
 
-pub mod cleanup;
-pub mod command;
-pub mod template;
+pub(crate) mod cleanup;
+pub(crate) mod command;
+pub(crate) mod template;

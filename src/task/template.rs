@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::interval::{DataInterval, rfc3339};
 
 /// Names a command template may use.
-pub const NAMES: &[&str] = &[
+pub(crate) const NAMES: &[&str] = &[
     "ds",
     "ds_nodash",
     "data_interval_start",
@@ -26,7 +26,7 @@ pub const NAMES: &[&str] = &[
 
 /// What a template sees for one task try.
 #[derive(Debug, Clone, Serialize)]
-pub struct Context<'a> {
+pub(crate) struct Context<'a> {
     pub ds: &'a str,
     pub ds_nodash: &'a str,
     pub data_interval_start: &'a str,
@@ -40,7 +40,7 @@ pub struct Context<'a> {
 
 /// An interval's values as templates and the `BACKFILL_*` environment see them.
 #[derive(Debug, Clone)]
-pub struct IntervalValues {
+pub(crate) struct IntervalValues {
     pub ds: String,
     pub ds_nodash: String,
     pub start: String,
@@ -48,7 +48,7 @@ pub struct IntervalValues {
 }
 
 impl IntervalValues {
-    pub fn new(interval: DataInterval, tz: Tz) -> Self {
+    pub(crate) fn new(interval: DataInterval, tz: Tz) -> Self {
         let ds = interval.ds(tz);
         Self {
             ds_nodash: ds.replace('-', ""),
@@ -59,7 +59,7 @@ impl IntervalValues {
     }
 
     /// The template context of one try.
-    pub fn context<'a>(
+    pub(crate) fn context<'a>(
         &'a self,
         dag_id: &'a str,
         task_id: &'a str,
@@ -117,7 +117,7 @@ fn has_template(text: &str) -> bool {
 
 /// A mistake in a template, found before any run: what is wrong, and where in the template.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TemplateError {
+pub(crate) struct TemplateError {
     /// Byte offset in the template of the mistake (of the line, for a syntax error).
     pub offset: usize,
     pub message: String,
@@ -126,7 +126,7 @@ pub struct TemplateError {
 /// Checks syntax and that only known names are used (at load time, before any run): every
 /// unknown name, each at its first use, in the order of the template. The messages do not
 /// repeat the template; the offsets say where the mistakes are.
-pub fn check(text: &str) -> Result<(), Vec<TemplateError>> {
+pub(crate) fn check(text: &str) -> Result<(), Vec<TemplateError>> {
     if !has_template(text) {
         return Ok(());
     }
@@ -237,7 +237,7 @@ fn first_use(text: &str, name: &str) -> Option<usize> {
 /// `region`, `{{ conf.db.host }}` gives `db.host`. Sorted; empty when the template cannot be
 /// read (which [`check`] reports). A lookup that is not a plain attribute (`conf["x"]`) is not
 /// listed.
-pub fn conf_keys(text: &str) -> Vec<String> {
+pub(crate) fn conf_keys(text: &str) -> Vec<String> {
     if !has_template(text) {
         return Vec::new();
     }
@@ -263,7 +263,7 @@ pub fn conf_keys(text: &str) -> Vec<String> {
 
 /// Renders one template as is: for an element of an array command (one argument, no shell).
 /// Fails on any undefined name (e.g. a `conf` key not given).
-pub fn render(text: &str, ctx: &Context<'_>) -> Result<String, String> {
+pub(crate) fn render(text: &str, ctx: &Context<'_>) -> Result<String, String> {
     if !has_template(text) {
         return Ok(text.to_string());
     }
@@ -274,7 +274,7 @@ pub fn render(text: &str, ctx: &Context<'_>) -> Result<String, String> {
 /// is quoted as one shell word, so `--conf` values cannot inject commands; values such as
 /// `2026-09-01` need no quotes and stay as they are. `{{ value | safe }}` inserts the value as
 /// is, for a value that is meant to be shell syntax.
-pub fn render_shell(text: &str, ctx: &Context<'_>) -> Result<String, String> {
+pub(crate) fn render_shell(text: &str, ctx: &Context<'_>) -> Result<String, String> {
     if !has_template(text) {
         return Ok(text.to_string());
     }

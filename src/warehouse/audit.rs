@@ -20,7 +20,7 @@ use super::{Binds, Error, Result, quote, retry_busy, source_count_query, wrapped
 use crate::project::{Gate, SqlTask, WritePattern};
 
 /// The table of an audit file that holds the try's rows.
-pub const TABLE: &str = "audit.rows";
+pub(crate) const TABLE: &str = "audit.rows";
 
 /// An audit file, locked by this process while it exists (unless it was found locked by a
 /// frozen process and is only read, to finish that process's publish).
@@ -71,7 +71,7 @@ impl AuditFile {
 
     /// Opens an existing audit file left by a process that died, locking it; `None` when there
     /// is no such file or a live process holds it.
-    pub fn adopt(path: &Path) -> Option<Self> {
+    pub(crate) fn adopt(path: &Path) -> Option<Self> {
         let lock = File::options().write(true).open(path).ok()?;
         lock.try_lock().ok()?;
         Some(Self {
@@ -83,7 +83,7 @@ impl AuditFile {
     /// An existing audit file, to finish the publish of an owner that was taken over: locked
     /// when its owner is dead, only read when the owner is frozen and still holds it. `None`
     /// when it does not exist.
-    pub fn existing(path: &Path) -> Option<Self> {
+    pub(crate) fn existing(path: &Path) -> Option<Self> {
         if !path.is_file() {
             return None;
         }
@@ -95,7 +95,7 @@ impl AuditFile {
 
     /// Attaches the file to a warehouse connection as `batch` (a batch's rows, see
     /// [`write_batch`]), as [`AuditFile::attach`] does as `audit`.
-    pub fn attach_batch(&self, conn: &Connection) -> Result<()> {
+    pub(crate) fn attach_batch(&self, conn: &Connection) -> Result<()> {
         self.attach_as(conn, "batch")
     }
 
@@ -133,12 +133,12 @@ impl AuditFile {
 
     /// Lets go of the file without removing it: whoever finishes its publish (or the sweep, once
     /// the manifest no longer needs it) removes it.
-    pub fn keep(self) {
+    pub(crate) fn keep(self) {
         drop(self.lock);
     }
 
     /// Removes the file; the lock goes with it.
-    pub fn remove(self) {
+    pub(crate) fn remove(self) {
         let _ = std::fs::remove_file(&self.path);
         drop(self.lock);
     }
@@ -162,7 +162,7 @@ pub(crate) fn uri(path: &Path) -> String {
 /// An error met writing the audit or batch file at `path` (`what` names its kind) on a
 /// warehouse connection, as an environment fault of that file when it is one (a full disk is
 /// the file's, not the warehouse's); otherwise as it was.
-pub fn fault_of(e: Error, what: &str, path: &Path) -> Error {
+pub(crate) fn fault_of(e: Error, what: &str, path: &Path) -> Error {
     let fault = match &e {
         Error::Sql(source) | Error::Db { source, .. } => crate::environment::Fault::of_sqlite(
             source,
@@ -175,17 +175,17 @@ pub fn fault_of(e: Error, what: &str, path: &Path) -> Error {
 }
 
 /// Detaches the audit file from a connection, if attached.
-pub fn detach(conn: &Connection) {
+pub(crate) fn detach(conn: &Connection) {
     let _ = conn.execute_batch("DETACH DATABASE audit");
 }
 
 /// Detaches a batch file from a connection, if attached.
-pub fn detach_batch(conn: &Connection) {
+pub(crate) fn detach_batch(conn: &Connection) {
     let _ = conn.execute_batch("DETACH DATABASE batch");
 }
 
 /// The name of a new batch file of this process.
-pub fn batch_file() -> String {
+pub(crate) fn batch_file() -> String {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     format!("batch-{}-{n}.db", std::process::id())
@@ -226,7 +226,7 @@ pub struct AuditMeasures {
 /// Computes the task's rows for the interval into the attached audit file, then measures them
 /// and counts the source, all from one read snapshot of the warehouse. `repr` is the partition
 /// column's representation, when known; otherwise the output's decides.
-pub fn write_and_measure(
+pub(crate) fn write_and_measure(
     conn: &Connection,
     task: &SqlTask,
     gate: Option<&Gate>,
@@ -282,7 +282,7 @@ fn judge_measures(
 
 /// Runs the gate's `source_count` and `source_fingerprint` queries for one interval, in the
 /// connection's snapshot.
-pub fn look(conn: &Connection, gate: Option<&Gate>, binds: &Binds) -> Result<Looked> {
+pub(crate) fn look(conn: &Connection, gate: Option<&Gate>, binds: &Binds) -> Result<Looked> {
     let source = match gate.and_then(|g| g.source_count.as_ref()) {
         Some(crate::project::SourceCount::Sql(q)) => Some(source_count(conn, q, binds)?),
         _ => None,
@@ -299,7 +299,7 @@ pub fn look(conn: &Connection, gate: Option<&Gate>, binds: &Binds) -> Result<Loo
 
 /// What the gate's source queries gave one interval, from the read snapshot of its rows.
 #[derive(Debug, Clone, Default)]
-pub struct Looked {
+pub(crate) struct Looked {
     pub source: Option<i64>,
     pub source_fingerprint: Option<String>,
 }
@@ -316,7 +316,7 @@ const PART_FUNCTION: &str = "backfill_batch_part";
 /// batch's whole range, `whole`) into the attached batch file, assigns each row to its interval
 /// by its partition value (as [`measure`] counts a row inside an interval), and runs the gate's
 /// source queries for each interval (`parts`), all from one read snapshot of the warehouse.
-pub fn write_batch(
+pub(crate) fn write_batch(
     conn: &Connection,
     task: &SqlTask,
     gate: Option<&Gate>,
@@ -400,7 +400,7 @@ pub fn write_batch(
 
 /// Why a batch whose output has rows of none of its intervals fails (it is then split, so that
 /// the gate judges the interval whose own query makes them).
-pub fn stray_rows(n: i64, column: &str) -> String {
+pub(crate) fn stray_rows(n: i64, column: &str) -> String {
     format!(
         "{n} {} of the batch's output {} in none of its intervals (`{column}` outside the batch, NULL or not a date or timestamp)",
         if n == 1 { "row" } else { "rows" },
@@ -415,7 +415,7 @@ pub fn stray_rows(n: i64, column: &str) -> String {
     clippy::too_many_arguments,
     reason = "the try's parts as `write_and_measure` takes them, and its share of the batch"
 )]
-pub fn write_share(
+pub(crate) fn write_share(
     conn: &Connection,
     task: &SqlTask,
     gate: Option<&Gate>,
@@ -461,7 +461,7 @@ fn in_transaction<T>(conn: &Connection, f: impl FnOnce() -> Result<T>) -> Result
 }
 
 /// Runs a `source_count` query: one integer.
-pub fn source_count(conn: &Connection, sql: &str, binds: &Binds) -> Result<i64> {
+pub(crate) fn source_count(conn: &Connection, sql: &str, binds: &Binds) -> Result<i64> {
     let mut stmt = conn.prepare(&source_count_query(sql))?;
     binds.bind(&mut stmt)?;
     let mut rows = stmt.raw_query();
@@ -483,7 +483,7 @@ pub fn source_count(conn: &Connection, sql: &str, binds: &Binds) -> Result<i64> 
 }
 
 /// Runs a `source_fingerprint` query: its one value, as text (NULL as `NULL`, a blob in hex).
-pub fn source_value(conn: &Connection, sql: &str, binds: &Binds) -> Result<String> {
+pub(crate) fn source_value(conn: &Connection, sql: &str, binds: &Binds) -> Result<String> {
     let mut stmt = conn.prepare(&source_count_query(sql))?;
     binds.bind(&mut stmt)?;
     let mut rows = stmt.raw_query();
@@ -817,7 +817,7 @@ impl super::rules::Engine for SqliteRules<'_> {
 }
 
 /// The columns a rule's sample rows are shown by: the unique key, or the partition column.
-pub fn shown_columns(task: &SqlTask, gate: &Gate) -> Vec<String> {
+pub(crate) fn shown_columns(task: &SqlTask, gate: &Gate) -> Vec<String> {
     if gate.unique_key.is_empty() {
         vec![task.partition_column.clone()]
     } else {
@@ -870,13 +870,13 @@ fn key_elsewhere(
 
 /// Row count and an order-independent fingerprint of a table: the wrapping sum of a 64-bit
 /// FNV-1a hash of each row's typed values, in hex.
-pub fn fingerprint(conn: &Connection, table: &str) -> Result<(i64, String)> {
+pub(crate) fn fingerprint(conn: &Connection, table: &str) -> Result<(i64, String)> {
     let mut stmt = conn.prepare(&format!("SELECT * FROM {table}"))?;
     fingerprint_rows(&mut stmt, [])
 }
 
 /// Row count and fingerprint of the rows of a statement.
-pub fn fingerprint_rows(
+pub(crate) fn fingerprint_rows(
     stmt: &mut rusqlite::Statement<'_>,
     params: impl rusqlite::Params,
 ) -> Result<(i64, String)> {
@@ -954,19 +954,19 @@ impl Fnv {
 }
 
 /// The audit file name of a try.
-pub fn try_file(try_id: i64) -> String {
+pub(crate) fn try_file(try_id: i64) -> String {
     format!("try-{try_id}.db")
 }
 
 /// The try an audit file belongs to, from its name.
-pub fn try_of(name: &str) -> Option<i64> {
+pub(crate) fn try_of(name: &str) -> Option<i64> {
     name.strip_prefix("try-")?.strip_suffix(".db")?.parse().ok()
 }
 
 /// Removes the audit files of the folder that no live process holds and that `keep` does not
 /// name (`keep` gets the try id of a try's file, `None` for other files such as a `verify`
 /// pass's). Returns how many were removed.
-pub fn sweep(dir: &Path, keep: &dyn Fn(Option<i64>) -> bool) -> usize {
+pub(crate) fn sweep(dir: &Path, keep: &dyn Fn(Option<i64>) -> bool) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };

@@ -18,7 +18,7 @@ use crate::project::{Gate, SqlTask, Warehouse};
 
 /// Whether a warehouse is in the manifest's own database (see [`Backend::shares_manifest`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sharing {
+pub(crate) enum Sharing {
     /// In a database of its own: a publish is recorded in the manifest after it commits.
     Apart,
     /// In the manifest's database, its user allowed to write the manifest's record of a
@@ -31,7 +31,7 @@ pub enum Sharing {
 
 impl Sharing {
     /// What a run says of warehouse `name` before its first try, when it says anything.
-    pub fn warning(self, name: &str) -> Option<String> {
+    pub(crate) fn warning(self, name: &str) -> Option<String> {
         (self == Self::SharedReadOnly).then(|| format!(
             "warehouse `{name}` is in the manifest's database, but its user may not write the manifest's tables (backfill_manifest.task_tries and .published: SELECT, INSERT, UPDATE; EXECUTE on backfill_manifest.publish_refused): its publishes are recorded in the manifest after they commit, as with any other warehouse"
         ))
@@ -40,7 +40,7 @@ impl Sharing {
 
 /// Where a try's work runs and where its output waits for the gate (see [`Backend::holding`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Holding {
+pub(crate) enum Holding {
     /// Computed in this process into an audit file, and published from it after the gate: a
     /// crash is settled from the file, so the intent to publish is recorded once the output is
     /// measured and judged.
@@ -54,7 +54,7 @@ pub enum Holding {
 
 /// How a publish that its owner left unfinished is settled (see [`Backend::settle`]).
 #[derive(Debug)]
-pub enum Settlement {
+pub(crate) enum Settlement {
     /// The publish was the owner's own transaction, which booked it: it committed (what it
     /// booked), or the server rolled it back when the owner's connection ended (`None`).
     Booked(Option<Booked>),
@@ -66,7 +66,7 @@ pub enum Settlement {
 /// What a warehouse that books its publishes booked of one: its rows and fingerprint, and the
 /// try's judged record.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Booked {
+pub(crate) struct Booked {
     pub rows: i64,
     pub fingerprint: Option<String>,
     /// The try's judged record as JSON (see [`PublishAs::judged`]).
@@ -74,7 +74,7 @@ pub struct Booked {
 }
 
 /// What one try writes.
-pub struct Write<'a> {
+pub(crate) struct Write<'a> {
     pub task: &'a SqlTask,
     pub gate: Option<&'a Gate>,
     pub binds: &'a Binds,
@@ -100,7 +100,7 @@ pub struct Write<'a> {
 }
 
 /// How to publish a pending output.
-pub struct PublishAs<'a> {
+pub(crate) struct PublishAs<'a> {
     pub task: &'a SqlTask,
     pub interval: DataInterval,
     pub tz: chrono_tz::Tz,
@@ -132,7 +132,7 @@ pub struct PublishAs<'a> {
 /// parameters `$1` try id, `$2` rows published, `$3` fingerprint, `$4` source rows, `$5` rows
 /// compared with, `$6` verdict, `$7` reasons, `$8` source fingerprint, `$9` DAG, `$10` task,
 /// `$11` and `$12` the interval's start and end (Unix seconds), `$13` the staged try promoted.
-pub struct InManifest {
+pub(crate) struct InManifest {
     pub statement: &'static str,
     /// The SQLSTATE the statement raises when the try may no longer publish.
     pub refused: &'static str,
@@ -150,7 +150,7 @@ pub struct InManifest {
 }
 
 /// A rollback of one task's interval.
-pub struct RollBack<'a> {
+pub(crate) struct RollBack<'a> {
     pub task: &'a SqlTask,
     pub repr: Option<Repr>,
     pub interval: DataInterval,
@@ -164,10 +164,10 @@ pub struct RollBack<'a> {
     pub in_manifest: Option<&'a InManifest>,
 }
 
-pub use super::{Allowed, AskError};
+pub(crate) use super::Allowed;
 
 /// A written, measured output that nobody reads yet.
-pub trait Pending: Send {
+pub(crate) trait Pending: Send {
     fn measures(&self) -> &AuditMeasures;
 
     /// The file that holds the output, recorded with the decision to publish so that a
@@ -217,7 +217,7 @@ pub trait Pending: Send {
 }
 
 /// A pending output, as a publish of several at once ([`super::publish_group`]) takes it.
-pub enum Member<'a> {
+pub(crate) enum Member<'a> {
     /// SQLite: its audit file.
     Audited(&'a mut Audited),
     /// PostgreSQL: a staged table, promoted as `try_id` of `manifest`; `merged` is set to what
@@ -232,7 +232,7 @@ pub enum Member<'a> {
 
 /// A batch's rows, computed by one query for several consecutive intervals (see
 /// [`Backend::write_batch`]), from which each interval takes its share.
-pub trait Batched: Send + Sync {
+pub(crate) trait Batched: Send + Sync {
     /// Writes and measures the share of the batch's interval `k` as [`Backend::write`] writes
     /// and measures an interval's own output: a pending output of its own, judged, published
     /// or dropped on its own.
@@ -240,7 +240,7 @@ pub trait Batched: Send + Sync {
 }
 
 /// What a kind of warehouse does for SQL tasks.
-pub trait Backend: Sync {
+pub(crate) trait Backend: Sync {
     /// Checks a task before anything runs (its statements prepare exactly as they will run,
     /// its columns fit the target) and decides the partition column's representation over the
     /// backfill's window, where the warehouse needs one.
@@ -389,7 +389,7 @@ pub trait Backend: Sync {
 }
 
 /// The SQLite warehouse: audit files attached to a connection (see [`super::audit`]).
-pub struct Sqlite;
+pub(crate) struct Sqlite;
 
 impl Backend for Sqlite {
     fn prepare(
@@ -655,7 +655,7 @@ impl Drop for SqliteBatch {
     }
 }
 
-pub struct Audited {
+pub(crate) struct Audited {
     pub file: AuditFile,
     pub measures: AuditMeasures,
     /// What the last publish's merge did.
@@ -664,7 +664,7 @@ pub struct Audited {
 
 impl Audited {
     /// The SQLite publish of this audit file, as `p` asks for it.
-    pub fn publish_as<'a>(&'a self, p: &PublishAs<'a>) -> publish::Publish<'a> {
+    pub(crate) fn publish_as<'a>(&'a self, p: &PublishAs<'a>) -> publish::Publish<'a> {
         publish::Publish {
             task: p.task,
             interval: p.interval,
@@ -680,7 +680,7 @@ impl Audited {
     }
 
     /// A staged output's file, to promote; its measures are the staged record's.
-    pub fn staged(file: AuditFile) -> Self {
+    pub(crate) fn staged(file: AuditFile) -> Self {
         Self {
             file,
             measures: AuditMeasures::default(),

@@ -23,15 +23,15 @@ use crate::sqlite::Holder;
 
 /// How long a write waits for a lock whose holder gets nowhere: as long as the manifest's lock
 /// is waited for (its busy timeout).
-pub const PATIENCE: Duration = Duration::from_secs(30);
+pub(crate) const PATIENCE: Duration = Duration::from_secs(30);
 
 /// After how long a wait for another process's lock is said on stderr.
-pub const SAY_AFTER: Duration = Duration::from_secs(3);
+pub(crate) const SAY_AFTER: Duration = Duration::from_secs(3);
 
 /// Runs `f` until it does not fail with SQLITE_BUSY beyond the busy timeout: a warehouse locked
 /// by another process is waited for while its holder gets somewhere, and given up on with
 /// [`Error::LockedBy`] once it has not for [`PATIENCE`]. Stops when `cancel` is set.
-pub fn retry_busy<R>(
+pub(crate) fn retry_busy<R>(
     w: &Warehouse,
     cancel: Option<&AtomicBool>,
     f: impl FnMut() -> Result<R>,
@@ -40,7 +40,7 @@ pub fn retry_busy<R>(
 }
 
 /// [`retry_busy`], calling `waiting` each time the lock was not had within the busy timeout.
-pub fn retry_busy_noting<R>(
+pub(crate) fn retry_busy_noting<R>(
     w: &Warehouse,
     cancel: Option<&AtomicBool>,
     waiting: &mut dyn FnMut(),

@@ -14,10 +14,10 @@ use crate::interval::DataInterval;
 use crate::project::SqlTask;
 
 /// How many example keys of each kind are shown.
-pub const EXAMPLES: usize = 5;
+pub(crate) const EXAMPLES: usize = 5;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct KeyDiff {
+pub(crate) struct KeyDiff {
     pub added: i64,
     pub removed: i64,
     pub changed: i64,
@@ -27,14 +27,14 @@ pub struct KeyDiff {
 /// Up to [`EXAMPLES`] keys of each kind, smallest first: a value for a one-column key, an
 /// array for a key of several columns.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Examples {
+pub(crate) struct Examples {
     pub added: Vec<serde_json::Value>,
     pub removed: Vec<serde_json::Value>,
     pub changed: Vec<serde_json::Value>,
 }
 
 /// Compares the staged rows in `staged` with the interval's published rows of the target.
-pub fn keys(
+pub(crate) fn keys(
     conn: &Connection,
     task: &SqlTask,
     key: &[String],
@@ -134,7 +134,7 @@ fn json(v: ValueRef<'_>) -> serde_json::Value {
 /// The rows the target holds for the interval now, and their fingerprint over the query's
 /// columns: what is published, whatever the manifest recorded (the table may have been changed
 /// by hand since).
-pub fn published(
+pub(crate) fn published(
     conn: &Connection,
     task: &SqlTask,
     repr: Option<Repr>,

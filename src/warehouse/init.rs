@@ -13,7 +13,7 @@ use super::{Error, Result};
 use crate::project::Warehouse;
 
 /// Creates the warehouse from its init files if its file does not exist.
-pub fn ensure(w: &Warehouse) -> Result<()> {
+pub(crate) fn ensure(w: &Warehouse) -> Result<()> {
     if w.path.exists() {
         return Ok(());
     }
@@ -87,7 +87,7 @@ fn remove_with_sidecars(path: &Path) {
 }
 
 /// Removes the temporary files of warehouse creations whose process died (their lock is free).
-pub fn remove_abandoned(path: &Path) {
+pub(crate) fn remove_abandoned(path: &Path) {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
         return;
     };

@@ -23,7 +23,7 @@ use crate::gate::Merge;
 use crate::interval::DataInterval;
 
 /// Where a merge reads from and writes to.
-pub struct Merging<'a> {
+pub(crate) struct Merging<'a> {
     /// The target, as `main."name"`.
     pub target: String,
     /// The rows to merge (`audit.rows`, or a kept version's rows).
@@ -39,7 +39,7 @@ pub struct Merging<'a> {
 }
 
 impl<'a> Merging<'a> {
-    pub fn new(
+    pub(crate) fn new(
         target: &str,
         source: &'a str,
         columns: &'a [String],
@@ -81,7 +81,7 @@ impl<'a> Merging<'a> {
     }
 
     /// The target's name, unquoted.
-    pub fn target_name(&self) -> &str {
+    pub(crate) fn target_name(&self) -> &str {
         self.target
             .strip_prefix("main.")
             .unwrap_or(&self.target)
@@ -90,7 +90,7 @@ impl<'a> Merging<'a> {
 
     /// `SELECT {select}` of the target's rows (as `t`) outside the interval's partition whose
     /// key the source has: the rows the merge moves into it (bounds as parameters 1 and up).
-    pub fn moved_rows(&self, select: &str) -> String {
+    pub(crate) fn moved_rows(&self, select: &str) -> String {
         format!(
             "SELECT {select} FROM {s} AS o JOIN {t} AS t ON {matches} WHERE NOT {partition}",
             s = self.source,
@@ -133,7 +133,7 @@ fn each(columns: &[String], by: &str, term: impl Fn(&str) -> String) -> String {
 }
 
 /// An index on the source's key, for the lookups of the partition's rows in it.
-pub fn index_source(conn: &Connection, m: &Merging<'_>) -> Result<()> {
+pub(crate) fn index_source(conn: &Connection, m: &Merging<'_>) -> Result<()> {
     let Some((schema, table)) = m.source.split_once('.') else {
         return Ok(());
     };
@@ -153,7 +153,7 @@ pub fn index_source(conn: &Connection, m: &Merging<'_>) -> Result<()> {
 
 /// What the merge would do, counted without writing (with the source's rows that have a `NULL`
 /// in their key, which no merge can match).
-pub fn plan(conn: &Connection, m: &Merging<'_>) -> Result<Merge> {
+pub(crate) fn plan(conn: &Connection, m: &Merging<'_>) -> Result<Merge> {
     let (t, s) = (&m.target, m.source);
     let sql = format!(
         "SELECT
@@ -179,7 +179,7 @@ pub fn plan(conn: &Connection, m: &Merging<'_>) -> Result<Merge> {
 
 /// How many of the source's keys the target holds outside the interval's partition: the rows
 /// a merge moves into it.
-pub fn moved(conn: &Connection, m: &Merging<'_>) -> Result<i64> {
+pub(crate) fn moved(conn: &Connection, m: &Merging<'_>) -> Result<i64> {
     let sql = format!(
         "SELECT count(*) FROM {s} o WHERE EXISTS (SELECT 1 FROM {t} t WHERE {matches} AND NOT {partition})",
         s = m.source,
@@ -234,7 +234,7 @@ pub(super) fn referenced(
 }
 
 /// Merges the source into the target, in the caller's transaction: returns what it did.
-pub fn apply(conn: &Connection, m: &Merging<'_>) -> Result<Merge> {
+pub(crate) fn apply(conn: &Connection, m: &Merging<'_>) -> Result<Merge> {
     let (t, s) = (&m.target, m.source);
     let deleted = if m.keep_missing {
         0

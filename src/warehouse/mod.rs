@@ -11,18 +11,18 @@
 //! to be plain identifiers when the DAG was loaded.
 
 pub mod audit;
-pub mod backend;
-pub mod busy;
-pub mod diff;
-pub mod init;
-pub mod merge;
-pub mod partition;
-pub mod pool;
-pub mod postgres;
-pub mod publish;
+pub(crate) mod backend;
+pub(crate) mod busy;
+pub(crate) mod diff;
+pub(crate) mod init;
+pub(crate) mod merge;
+pub(crate) mod partition;
+pub(crate) mod pool;
+pub(crate) mod postgres;
+pub(crate) mod publish;
 pub mod rules;
-pub mod validate;
-pub mod versions;
+pub(crate) mod validate;
+pub(crate) mod versions;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,12 +35,12 @@ use crate::interval::DataInterval;
 use crate::project::{Gate, SourceCount, SqlTask, Warehouse, WarehouseKind};
 
 pub use audit::{AuditFile, AuditMeasures};
-pub use backend::{Booked, Holding, Settlement, Sharing};
-pub use busy::{retry_busy, retry_busy_noting};
+pub(crate) use backend::{Booked, Holding, Settlement, Sharing};
+pub(crate) use busy::{retry_busy, retry_busy_noting};
 pub use partition::Repr;
 
 /// The backend of a warehouse (here, where both engines are in view: neither imports the other).
-pub fn backend_of(w: &Warehouse) -> &'static dyn backend::Backend {
+pub(crate) fn backend_of(w: &Warehouse) -> &'static dyn backend::Backend {
     match w.kind {
         WarehouseKind::Sqlite => &backend::Sqlite,
         WarehouseKind::Postgres(_) => &postgres::Postgres,
@@ -48,11 +48,11 @@ pub fn backend_of(w: &Warehouse) -> &'static dyn backend::Backend {
 }
 
 /// Whether the manifest still allows a publish; asked inside the publish transaction.
-pub type Allowed<'a> = dyn Fn() -> std::result::Result<bool, AskError> + 'a;
+pub(crate) type Allowed<'a> = dyn Fn() -> std::result::Result<bool, AskError> + 'a;
 
 /// Why the manifest could not say whether a publish may happen: its own error, kept whole
 /// (the warehouse never looks into the manifest).
-pub type AskError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type AskError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Where what a warehouse has to say while it works goes (see [`on_notice`]).
 static NOTICES: std::sync::OnceLock<fn(&str)> = std::sync::OnceLock::new();
@@ -60,7 +60,7 @@ static NOTICES: std::sync::OnceLock<fn(&str)> = std::sync::OnceLock::new();
 /// Hands what a warehouse has to say while it works (that a write waits for another
 /// process's lock, which can last minutes) to `say`, once per process: the warehouse never
 /// writes to the terminal itself. Unless it is called, notices are dropped.
-pub fn on_notice(say: fn(&str)) {
+pub(crate) fn on_notice(say: fn(&str)) {
     let _ = NOTICES.set(say);
 }
 
@@ -72,7 +72,7 @@ fn notice(text: String) {
 }
 
 /// Closes every idle warehouse connection of this process, of both engines.
-pub fn close_all() {
+pub(crate) fn close_all() {
     pool::close_all();
     postgres::conn::close_all();
 }
@@ -81,7 +81,7 @@ pub fn close_all() {
 /// them, or none. `group` pairs each output with how to publish it. `allowed` is asked inside
 /// the transaction, as for one publish. Returns each one's rows, in order; what a merge did is
 /// each output's [`backend::Pending::merged`].
-pub fn publish_group(
+pub(crate) fn publish_group(
     group: &mut [(
         &mut (dyn backend::Pending + 'static),
         backend::PublishAs<'_>,
@@ -204,7 +204,7 @@ pub enum Error {
 
 impl Error {
     /// Says which output of a group (`promote --atomic`) a refusal or failure is about.
-    pub fn of(self, what: &str) -> Self {
+    pub(crate) fn of(self, what: &str) -> Self {
         match self {
             Self::Message(m) => Self::Message(format!("{what}: {m}")),
             Self::Constraint(m) => Self::Constraint(format!("{what}: {m}")),
@@ -213,7 +213,7 @@ impl Error {
     }
 
     /// Names the warehouse in an error that does not say which database it is about.
-    pub fn at(self, w: &Warehouse) -> Self {
+    pub(crate) fn at(self, w: &Warehouse) -> Self {
         match self {
             Self::Sql(source) => Self::Db {
                 name: w.name.clone(),
@@ -231,7 +231,7 @@ impl Error {
 
     /// The environment fault this error is, if it is one: a fault found where it happened, or
     /// a warehouse whose write lock a process that gets nowhere held past the wait's bound.
-    pub fn environment(&self) -> Option<crate::environment::Fault> {
+    pub(crate) fn environment(&self) -> Option<crate::environment::Fault> {
         match self {
             Self::Environment(f) => Some(f.clone()),
             Self::LockedBy {
@@ -256,7 +256,7 @@ impl Error {
 
     /// Names the warehouse in an error and tells an environment fault of its file apart: a
     /// SQLite error met on `w`'s own file (opening it, publishing into it).
-    pub fn at_file(self, w: &Warehouse) -> Self {
+    pub(crate) fn at_file(self, w: &Warehouse) -> Self {
         let fault = match &self {
             Self::Sql(e) | Self::Db { source: e, .. } if !w.is_postgres() => {
                 crate::environment::Fault::of_sqlite(
@@ -285,7 +285,7 @@ impl Error {
     }
 }
 
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Who holds a lock, and how to let a stopped holder go on, for [`Error::LockedBy`].
 fn locked_holder(holder: Option<i32>, stopped: bool) -> String {
@@ -307,7 +307,7 @@ fn locked_holder(holder: Option<i32>, stopped: bool) -> String {
 const MMAP_SIZE: i64 = 1 << 30;
 
 /// The bind parameters a SQL task may use.
-pub const PARAMS: &[&str] = &[
+pub(crate) const PARAMS: &[&str] = &[
     ":data_interval_start",
     ":data_interval_end",
     ":ds",
@@ -358,7 +358,7 @@ impl Binds {
     }
 
     /// Binds every parameter of `stmt`; an unknown name is an error.
-    pub fn bind(&self, stmt: &mut Statement<'_>) -> Result<()> {
+    pub(crate) fn bind(&self, stmt: &mut Statement<'_>) -> Result<()> {
         for i in 1..=stmt.parameter_count() {
             let name = stmt.parameter_name(i).unwrap_or("?").to_string();
             let value = self.value(&name).ok_or_else(|| {
@@ -374,7 +374,7 @@ impl Binds {
 }
 
 /// Quotes an identifier for SQLite.
-pub fn quote(name: &str) -> String {
+pub(crate) fn quote(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
@@ -411,7 +411,7 @@ pub fn open(w: &Warehouse) -> Result<Connection> {
 /// Opens the warehouse to read it (created from its init files first if it does not exist):
 /// enough to prepare a task's statements and look at its partition column, and possible for a
 /// user who may read the warehouse but not write it.
-pub fn open_to_read(w: &Warehouse) -> Result<Connection> {
+pub(crate) fn open_to_read(w: &Warehouse) -> Result<Connection> {
     init::ensure(w)?;
     let conn = crate::sqlite::open_read_only(&w.path).map_err(|e| Error::from(e).at(w))?;
     conn.busy_timeout(w.busy_timeout)
@@ -423,7 +423,7 @@ pub fn open_to_read(w: &Warehouse) -> Result<Connection> {
 /// The parameters of a SQL task's query that name its interval rather than bound it (`:ds`,
 /// `:next_ds`, `:ds_nodash`), as its warehouse reads the query: a batch binds them once for all
 /// its intervals, so a query that labels its rows with one cannot run in batches.
-pub fn labels(task: &SqlTask) -> Result<Vec<&'static str>, String> {
+pub(crate) fn labels(task: &SqlTask) -> Result<Vec<&'static str>, String> {
     const LABELS: [&str; 3] = ["ds", "next_ds", "ds_nodash"];
     let named: Vec<String> = match &task.warehouse.kind {
         crate::project::WarehouseKind::Sqlite => {
@@ -452,7 +452,7 @@ pub fn labels(task: &SqlTask) -> Result<Vec<&'static str>, String> {
 }
 
 /// Why `task` of a DAG of batches cannot run in batches (see [`labels`]), if it cannot.
-pub fn batch_problem(task: &crate::project::Task) -> Option<String> {
+pub(crate) fn batch_problem(task: &crate::project::Task) -> Option<String> {
     let crate::project::TaskKind::Sql(sql) = &task.kind else {
         return None;
     };
@@ -472,7 +472,7 @@ pub fn batch_problem(task: &crate::project::Task) -> Option<String> {
 
 /// A SQL task's query as it runs: wrapped as a subquery on lines of its own, so that a trailing
 /// `-- comment` or `;` cannot swallow the closing parenthesis.
-pub fn wrapped_query(sql: &str) -> String {
+pub(crate) fn wrapped_query(sql: &str) -> String {
     format!("{WRAPPED_BEFORE}{}\n)", strip(sql))
 }
 
@@ -480,22 +480,15 @@ pub fn wrapped_query(sql: &str) -> String {
 const WRAPPED_BEFORE: &str = "SELECT * FROM (\n";
 
 /// A statement's text without surrounding blanks and trailing semicolons.
-pub fn strip(sql: &str) -> &str {
+pub(crate) fn strip(sql: &str) -> &str {
     sql.trim()
         .trim_end_matches(|c: char| c == ';' || c.is_whitespace())
 }
 
-/// Checks a SQL task against its warehouse before anything runs: the statements that will run
-/// prepare (exactly as they will run), use only known bind parameters, and produce columns that
-/// the target table has.
-pub fn check_task(conn: &Connection, task: &SqlTask, gate: Option<&Gate>) -> Result<(), String> {
-    check_task_keys(conn, task, gate).map_err(|p| p.message)
-}
-
-/// What [`check_task`] found wrong, with the key it is about and, when SQLite points at a
+/// What [`check_task_keys`] found wrong, with the key it is about and, when SQLite points at a
 /// token of a query that does not prepare, that token's byte offset in the key's query.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskProblem {
+pub(crate) struct TaskProblem {
     /// `sql`, `target`, `gate.source_count` or `gate.source_fingerprint`.
     pub key: &'static str,
     pub offset: Option<usize>,
@@ -504,8 +497,10 @@ pub struct TaskProblem {
     pub rule: Option<usize>,
 }
 
-/// [`check_task`], saying which key each problem is about.
-pub fn check_task_keys(
+/// Checks a SQL task against its warehouse before anything runs: the statements that will run
+/// prepare (exactly as they will run), use only known bind parameters, and produce columns that
+/// the target table has; each problem says which key it is about.
+pub(crate) fn check_task_keys(
     conn: &Connection,
     task: &SqlTask,
     gate: Option<&Gate>,
@@ -622,7 +617,7 @@ pub fn check_task_keys(
 }
 
 /// A problem of the gate's rule `i`.
-pub fn rule_problem(i: usize, message: String) -> TaskProblem {
+pub(crate) fn rule_problem(i: usize, message: String) -> TaskProblem {
     TaskProblem {
         key: "gate.rules",
         offset: None,
@@ -680,7 +675,7 @@ fn not_prepared(key: &'static str, e: &rusqlite::Error, sql: &str, before: usize
 }
 
 /// The source count query as it runs.
-pub fn source_count_query(sql: &str) -> String {
+pub(crate) fn source_count_query(sql: &str) -> String {
     format!("{}\n", strip(sql))
 }
 
@@ -704,7 +699,11 @@ fn check_params(stmt: &Statement<'_>, key: &str) -> Result<(), String> {
 /// The query's columns as a select list over a table that has the columns `have`: a column it
 /// lacks (added to the target since) reads as NULL, never as a name that SQLite would take for
 /// a string.
-pub fn query_columns_over(conn: &Connection, task: &SqlTask, have: &[String]) -> Result<String> {
+pub(crate) fn query_columns_over(
+    conn: &Connection,
+    task: &SqlTask,
+    have: &[String],
+) -> Result<String> {
     Ok(conn
         .prepare(&wrapped_query(&task.sql))?
         .column_names()
@@ -719,7 +718,7 @@ pub fn query_columns_over(conn: &Connection, task: &SqlTask, have: &[String]) ->
         .join(", "))
 }
 
-pub fn table_columns(conn: &Connection, schema: &str, table: &str) -> Result<Vec<String>> {
+pub(crate) fn table_columns(conn: &Connection, schema: &str, table: &str) -> Result<Vec<String>> {
     let mut stmt = conn.prepare(&format!(
         "PRAGMA {}.table_info({})",
         quote(schema),
@@ -732,7 +731,7 @@ pub fn table_columns(conn: &Connection, schema: &str, table: &str) -> Result<Vec
 }
 
 /// The declared type of a column, upper-cased (empty when none was declared).
-pub fn declared_type(conn: &Connection, table: &str, column: &str) -> Result<String> {
+pub(crate) fn declared_type(conn: &Connection, table: &str, column: &str) -> Result<String> {
     let mut stmt = conn.prepare(&format!("PRAGMA main.table_info({})", quote(table)))?;
     let mut rows = stmt.query([])?;
     while let Some(r) = rows.next()? {
@@ -747,7 +746,7 @@ pub fn declared_type(conn: &Connection, table: &str, column: &str) -> Result<Str
 /// its values in the backfill's window (served by the column's index), else from the ends of the
 /// column, else from its declared type. `None` when the table is empty and its type says
 /// nothing: the first output decides. A column that mixes representations is an error.
-pub fn decide_repr(
+pub(crate) fn decide_repr(
     conn: &Connection,
     task: &SqlTask,
     window: DataInterval,
@@ -785,17 +784,17 @@ pub fn decide_repr(
 /// step is running (SQLite's interrupt handle, PostgreSQL's cancel request), which the step
 /// installs once it has a connection.
 #[derive(Clone, Default)]
-pub struct Cancel {
+pub(crate) struct Cancel {
     flag: Arc<AtomicBool>,
     interrupt: Arc<Mutex<Option<Interrupter>>>,
 }
 
 /// Interrupts the statement a step is running.
-pub type Interrupter = Box<dyn Fn() + Send>;
+pub(crate) type Interrupter = Box<dyn Fn() + Send>;
 
 impl Cancel {
     /// Sets the flag and interrupts the running statement, if one was installed.
-    pub fn set(&self) {
+    pub(crate) fn set(&self) {
         self.flag.store(true, Ordering::Relaxed);
         if let Ok(slot) = self.interrupt.lock()
             && let Some(interrupt) = slot.as_ref()
@@ -804,17 +803,17 @@ impl Cancel {
         }
     }
 
-    pub fn flag(&self) -> &AtomicBool {
+    pub(crate) fn flag(&self) -> &AtomicBool {
         &self.flag
     }
 
-    pub fn is_set(&self) -> bool {
+    pub(crate) fn is_set(&self) -> bool {
         self.flag.load(Ordering::Relaxed)
     }
 
     /// Installs how to interrupt the step's statements; when the flag is already set, the
     /// step is told so (an error), so that it does not start a statement nobody interrupts.
-    pub fn on_set(&self, interrupt: Interrupter) -> Result<()> {
+    pub(crate) fn on_set(&self, interrupt: Interrupter) -> Result<()> {
         if let Ok(mut slot) = self.interrupt.lock() {
             *slot = Some(interrupt);
         }
@@ -830,13 +829,13 @@ impl Cancel {
 static STATE_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 
 /// Sets where the audit files of a PostgreSQL manifest go: the project's `.backfill` folder.
-pub fn set_state_dir(dir: PathBuf) {
+pub(crate) fn set_state_dir(dir: PathBuf) {
     let _ = STATE_DIR.set(dir);
 }
 
 /// The folder of audit files: next to a manifest file; in the project's `.backfill` folder for
 /// a manifest in PostgreSQL (each host keeps the audit files of the tries it ran).
-pub fn audit_dir(manifest: &Path) -> PathBuf {
+pub(crate) fn audit_dir(manifest: &Path) -> PathBuf {
     if crate::pg::url::is_url(manifest) {
         return STATE_DIR
             .get()

@@ -46,7 +46,7 @@ impl fmt::Display for Repr {
 
 /// A SQL expression naming the representation class of `column`: `date`, `ts `, `tsT`, `unix`,
 /// `null` or `other`.
-pub fn class_sql(column: &str) -> String {
+pub(crate) fn class_sql(column: &str) -> String {
     let c = quote(column);
     format!(
         "CASE typeof({c}) \
@@ -64,7 +64,7 @@ pub fn class_sql(column: &str) -> String {
 
 impl Repr {
     /// Every representation a partition column may hold.
-    pub const ALL: [Repr; 4] = [
+    pub(crate) const ALL: [Repr; 4] = [
         Repr::Date,
         Repr::Timestamp(' '),
         Repr::Timestamp('T'),
@@ -73,12 +73,12 @@ impl Repr {
 
     /// `repr`, or, when it is not known, every representation: whatever selects an interval's
     /// rows then covers each one's range.
-    pub fn known_or_all(repr: Option<Repr>) -> Vec<Repr> {
+    pub(crate) fn known_or_all(repr: Option<Repr>) -> Vec<Repr> {
         repr.map_or_else(|| Self::ALL.to_vec(), |r| vec![r])
     }
 
     /// The representation of a class name from [`class_sql`].
-    pub fn from_class(class: &str) -> Option<Self> {
+    pub(crate) fn from_class(class: &str) -> Option<Self> {
         match class {
             "date" => Some(Self::Date),
             "ts " => Some(Self::Timestamp(' ')),
@@ -89,7 +89,7 @@ impl Repr {
     }
 
     /// The representation a declared column type implies, for a table without rows.
-    pub fn from_declared(declared: &str) -> Option<Self> {
+    pub(crate) fn from_declared(declared: &str) -> Option<Self> {
         let t = declared.to_ascii_uppercase();
         if t == "DATE" {
             Some(Self::Date)
@@ -103,7 +103,7 @@ impl Repr {
     }
 
     /// `[lo, hi)` of the interval in this representation.
-    pub fn bounds(self, interval: DataInterval, tz: chrono_tz::Tz) -> (Value, Value) {
+    pub(crate) fn bounds(self, interval: DataInterval, tz: chrono_tz::Tz) -> (Value, Value) {
         match self {
             Self::Date => {
                 let date = |t: chrono::DateTime<chrono::Utc>| {
@@ -126,7 +126,7 @@ impl Repr {
 
     /// `column` lies in `[?lo, ?hi)` (parameters numbered `lo` and `lo + 1`), in this
     /// representation: a range the column's index serves.
-    pub fn predicate(self, column: &str, lo: usize) -> String {
+    pub(crate) fn predicate(self, column: &str, lo: usize) -> String {
         let c = quote(column);
         let hi = lo + 1;
         match self {
@@ -141,7 +141,7 @@ impl Repr {
 
 /// What one value of a partition column is, as [`class_sql`] says for a column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Class {
+pub(crate) enum Class {
     Of(Repr),
     Null,
     Other,
@@ -152,7 +152,7 @@ fn digits(b: &[u8]) -> bool {
 }
 
 /// The class of one value: the same rules as [`class_sql`], without SQL.
-pub fn classify(v: rusqlite::types::ValueRef<'_>) -> Class {
+pub(crate) fn classify(v: rusqlite::types::ValueRef<'_>) -> Class {
     use rusqlite::types::ValueRef;
     match v {
         ValueRef::Integer(_) | ValueRef::Real(_) => Class::Of(Repr::UnixSeconds),
@@ -190,7 +190,7 @@ pub fn classify(v: rusqlite::types::ValueRef<'_>) -> Class {
 impl Repr {
     /// Whether a value of this representation lies in `[lo, hi)` (bounds from
     /// [`Repr::bounds`]), as [`Repr::predicate`] judges it in SQL.
-    pub fn contains(self, v: rusqlite::types::ValueRef<'_>, lo: &Value, hi: &Value) -> bool {
+    pub(crate) fn contains(self, v: rusqlite::types::ValueRef<'_>, lo: &Value, hi: &Value) -> bool {
         use rusqlite::types::ValueRef;
         match (self, v, lo, hi) {
             (Self::UnixSeconds, ValueRef::Integer(x), Value::Integer(l), Value::Integer(h)) => {
@@ -212,7 +212,7 @@ impl Repr {
 
 /// The representations found among some values, by class.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Classes {
+pub(crate) struct Classes {
     pub reprs: Vec<Repr>,
     /// Values in no supported representation (text like `2026/09/01`, offsets, blobs).
     pub other: Option<String>,
@@ -220,7 +220,7 @@ pub struct Classes {
 
 impl Classes {
     /// Adds the class of one value (`example` names it should it be of no representation).
-    pub fn add_class(&mut self, class: Class, example: impl FnOnce() -> String) {
+    pub(crate) fn add_class(&mut self, class: Class, example: impl FnOnce() -> String) {
         match class {
             Class::Of(r) if !self.reprs.contains(&r) => self.reprs.push(r),
             Class::Of(_) | Class::Null => {}
@@ -249,7 +249,7 @@ impl Classes {
 /// The classes of `column` in `table` (schema-qualified as given) among rows whose value lies
 /// in the window `[lo, hi)` of any representation (so that the index on the column serves it),
 /// or among all rows when `window` is `None`.
-pub fn classes(
+pub(crate) fn classes(
     conn: &Connection,
     table: &str,
     column: &str,
@@ -291,7 +291,7 @@ pub fn classes(
 
 /// The representations at the two ends of the column (its smallest and largest non-NULL
 /// values: two index lookups when the column is indexed).
-pub fn endpoint_classes(conn: &Connection, table: &str, column: &str) -> Result<Classes> {
+pub(crate) fn endpoint_classes(conn: &Connection, table: &str, column: &str) -> Result<Classes> {
     let c = quote(column);
     let class = class_sql(column);
     let mut out = Classes::default();
@@ -310,12 +310,12 @@ pub fn endpoint_classes(conn: &Connection, table: &str, column: &str) -> Result<
 }
 
 /// A value as the messages show it.
-pub fn show(v: rusqlite::types::ValueRef<'_>) -> String {
+pub(crate) fn show(v: rusqlite::types::ValueRef<'_>) -> String {
     example(v).unwrap_or_default()
 }
 
 /// A value as a short message shows it: text longer than 40 characters is cut, with `...`.
-pub fn show_short(v: rusqlite::types::ValueRef<'_>) -> String {
+pub(crate) fn show_short(v: rusqlite::types::ValueRef<'_>) -> String {
     const LONGEST: usize = 40;
     match v {
         rusqlite::types::ValueRef::Text(t) if t.len() > LONGEST => {
@@ -343,7 +343,7 @@ fn example(v: rusqlite::types::ValueRef<'_>) -> Option<String> {
 }
 
 /// Why a column's representation cannot be decided.
-pub fn describe_mix(classes: &Classes) -> String {
+pub(crate) fn describe_mix(classes: &Classes) -> String {
     match &classes.other {
         Some(example) => format!(
             "holds {example}, which is none of YYYY-MM-DD dates, UTC timestamps (`YYYY-MM-DD HH:MM:SS`, `YYYY-MM-DDTHH:MM:SS[Z]`) or unix seconds"
@@ -361,7 +361,7 @@ pub fn describe_mix(classes: &Classes) -> String {
 }
 
 /// The statement that deletes the interval's rows, for `EXPLAIN QUERY PLAN` and for use.
-pub fn delete_sql(task: &SqlTask, repr: Repr) -> String {
+pub(crate) fn delete_sql(task: &SqlTask, repr: Repr) -> String {
     format!(
         "DELETE FROM main.{} WHERE {}",
         quote(&task.target),
@@ -371,7 +371,7 @@ pub fn delete_sql(task: &SqlTask, repr: Repr) -> String {
 
 /// Deletes the target rows of the interval. Without a known representation, every
 /// representation's range.
-pub fn delete_partition(
+pub(crate) fn delete_partition(
     conn: &Connection,
     task: &SqlTask,
     repr: Option<Repr>,

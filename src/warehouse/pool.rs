@@ -21,13 +21,13 @@ const KEEP: usize = 8;
 static POOL: LazyLock<Mutex<HashMap<PathBuf, Vec<Connection>>>> = LazyLock::new(Mutex::default);
 
 /// A warehouse connection that returns to the pool when dropped.
-pub struct Pooled {
+pub(crate) struct Pooled {
     conn: Option<Connection>,
     key: PathBuf,
 }
 
 /// A connection to `w`: an idle one, else a new one.
-pub fn take(w: &Warehouse) -> Result<Pooled> {
+pub(crate) fn take(w: &Warehouse) -> Result<Pooled> {
     let idle = POOL
         .lock()
         .ok()
@@ -94,7 +94,7 @@ fn attached(conn: &Connection) -> rusqlite::Result<Vec<String>> {
 
 /// Closes every idle connection: the last connection to a warehouse copies its WAL back into
 /// the database file, so the file alone is complete once a command ends.
-pub fn close_all() {
+pub(crate) fn close_all() {
     let idle: Vec<Connection> = POOL
         .lock()
         .map(|mut p| p.drain().flat_map(|(_, v)| v).collect())

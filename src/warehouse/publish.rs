@@ -29,7 +29,7 @@ fn lock_for(w: &Warehouse) -> Arc<Mutex<()>> {
 }
 
 /// What to publish.
-pub struct Publish<'a> {
+pub(crate) struct Publish<'a> {
     pub task: &'a SqlTask,
     pub interval: DataInterval,
     pub tz: chrono_tz::Tz,
@@ -73,13 +73,13 @@ impl Publish<'_> {
 /// Publishes into the warehouse: returns the rows inserted. `allowed` runs inside the
 /// transaction, after the write lock is taken; when it says no, nothing changes and the result
 /// is [`Error::Refused`]. Redoing a publish gives the same result.
-pub fn publish(conn: &Connection, p: &Publish<'_>, allowed: &Allowed<'_>) -> Result<i64> {
+pub(crate) fn publish(conn: &Connection, p: &Publish<'_>, allowed: &Allowed<'_>) -> Result<i64> {
     publish_noting(conn, p, allowed, &mut || {})
 }
 
 /// [`publish`], calling `waiting` each time another process's write lock was not released
 /// within the busy timeout (the publish keeps waiting).
-pub fn publish_noting(
+pub(crate) fn publish_noting(
     conn: &Connection,
     p: &Publish<'_>,
     allowed: &Allowed<'_>,
@@ -121,7 +121,7 @@ pub fn publish_noting(
 /// fingerprint checked; then one transaction publishes every one as [`publish`] would, asking
 /// `allowed` once the write lock is held. Returns each one's rows, in order; what a merge did is
 /// in its [`Publish::merged`].
-pub fn publish_group(
+pub(crate) fn publish_group(
     conn: &Connection,
     group: &mut [Publish<'_>],
     allowed: &Allowed<'_>,
@@ -338,7 +338,7 @@ fn immediate<T>(conn: &Connection, f: impl FnOnce() -> Result<T>) -> Result<T> {
 /// the answer waits until that transaction committed or its process is gone, and a rollback
 /// judged as not committed can never commit afterwards. `allowed` is asked under the lock as
 /// for a publish: [`Error::Refused`] when the rollback was settled by another process.
-pub fn rollback_committed(
+pub(crate) fn rollback_committed(
     conn: &Connection,
     task: &SqlTask,
     key: i64,
@@ -380,7 +380,7 @@ fn ask(allowed: &Allowed<'_>) -> Result<()> {
 /// The rollback transaction: replaces the interval's rows by the kept version that the publish
 /// of `key` replaced, and forgets that version (its rows are the partition again). `allowed`
 /// is asked as for a publish. Returns the rows put back.
-pub fn roll_back(
+pub(crate) fn roll_back(
     conn: &Connection,
     task: &SqlTask,
     repr: Option<Repr>,

@@ -38,13 +38,13 @@ pub trait Engine {
 
 /// The name of the SQLite function that reads a value as a number (see [`sqlite_number`]):
 /// registered on every connection to a SQLite warehouse.
-pub const NUMBER_FUNCTION: &str = "backfill_number";
+pub(crate) const NUMBER_FUNCTION: &str = "backfill_number";
 
 /// A SQLite value as a number, for a `range` with numeric bounds: an integer or a real as it
 /// is, a text that is a number (`'1000'`, `' 2.5 '`) as that number, and `NULL` for anything
 /// else (a text that is not a number, a blob), which no numeric range holds. An infinite real
 /// is `NULL` too, unless `non_finite` (the rule's `allow_non_finite`).
-pub fn sqlite_number(
+pub(crate) fn sqlite_number(
     v: rusqlite::types::ValueRef<'_>,
     non_finite: bool,
 ) -> Option<rusqlite::types::Value> {
@@ -74,7 +74,7 @@ pub fn sqlite_number(
 
 /// Registers [`NUMBER_FUNCTION`] on a SQLite connection: `backfill_number(v)`, and
 /// `backfill_number(v, 1)` that lets infinities through.
-pub fn register_number(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+pub(crate) fn register_number(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
     use rusqlite::functions::FunctionFlags;
     let flags = FunctionFlags::SQLITE_UTF8
         | FunctionFlags::SQLITE_DETERMINISTIC
@@ -100,7 +100,7 @@ fn numeric(min: Option<&Literal>, max: Option<&Literal>) -> bool {
 /// check). A range with numeric bounds compares numbers: on SQLite a number stored as text is
 /// read as its number and a text that is not one is outside the range; on both engines NaN
 /// and the infinities are outside it unless the rule allows them.
-pub fn violation(kind: &RuleKind, dialect: Dialect) -> Option<String> {
+pub(crate) fn violation(kind: &RuleKind, dialect: Dialect) -> Option<String> {
     let list = |values: &[Literal]| {
         values
             .iter()
@@ -163,7 +163,7 @@ fn count_of(cond: &str) -> String {
 }
 
 /// What a rule says it found: `not_null violated: region is NULL`.
-pub fn what(rule: &Rule) -> String {
+pub(crate) fn what(rule: &Rule) -> String {
     match &rule.kind {
         RuleKind::NotNull(c) => format!("not_null violated: {c} is NULL"),
         RuleKind::AcceptedValues(c, values) => {
@@ -213,7 +213,7 @@ fn body(ctes: &[String], select: &str) -> String {
 /// The body of the statement that counts the violations of the built-in `rules` (each has a
 /// [`violation`]), one text column per rule in their order, in one row whatever the output
 /// holds, in one pass over `output`: `None` without any.
-pub fn counting(rules: &[&Rule], dialect: Dialect) -> Option<String> {
+pub(crate) fn counting(rules: &[&Rule], dialect: Dialect) -> Option<String> {
     let sums: Vec<String> = rules
         .iter()
         .filter_map(|r| violation(&r.kind, dialect))
@@ -224,7 +224,7 @@ pub fn counting(rules: &[&Rule], dialect: Dialect) -> Option<String> {
 }
 
 /// The rules of `gate` that a warehouse judges: all but a command task's checks.
-pub fn judged_here(gate: &Gate) -> Vec<&Rule> {
+pub(crate) fn judged_here(gate: &Gate) -> Vec<&Rule> {
     gate.rules
         .iter()
         .filter(|r| !matches!(r.kind, RuleKind::Command(_)))
@@ -234,7 +234,7 @@ pub fn judged_here(gate: &Gate) -> Vec<&Rule> {
 /// How many rows violate each built-in rule of [`judged_here`], as aggregates over the
 /// output's rows, in their order, for a statement that reads those rows anyway (PostgreSQL's
 /// insert counts them as it writes them): `None` when there is none.
-pub fn built_in_sums(gate: &Gate, dialect: Dialect) -> Option<String> {
+pub(crate) fn built_in_sums(gate: &Gate, dialect: Dialect) -> Option<String> {
     let sums: Vec<String> = judged_here(gate)
         .iter()
         .filter_map(|r| violation(&r.kind, dialect).map(|cond| count_of(&cond)))
@@ -440,7 +440,7 @@ fn shown_value(v: Option<&str>) -> String {
 /// prepares as it will run (a check's syntax, its tables and columns, its bind parameters,
 /// the type of a bound against its column). `Err` names the first rule that does not, by its
 /// place in `rules`, with the engine's words (`describe`). Nothing is run.
-pub fn check<E: Engine>(
+pub(crate) fn check<E: Engine>(
     e: &mut E,
     rules: &[Rule],
     columns: &[String],

@@ -9,7 +9,7 @@ use super::TaskProblem;
 use crate::project::{ConfigError, Dag, Task, TaskKind};
 
 /// The `file:line:col` of the key a problem of `task` is about, when known.
-pub fn location(task: &Task, problem: &TaskProblem) -> Option<String> {
+pub(crate) fn location(task: &Task, problem: &TaskProblem) -> Option<String> {
     let at = &task.locations;
     match problem.key {
         "target" => at.target.clone(),
@@ -29,7 +29,7 @@ pub fn location(task: &Task, problem: &TaskProblem) -> Option<String> {
 /// Every problem of every SQL task of `dags` against its warehouse, one per task, in the order
 /// of the DAGs and their tasks. A warehouse that cannot be opened is one problem, at the first
 /// task that uses it.
-pub fn sql_tasks(dags: &[Dag]) -> Vec<ConfigError> {
+pub(crate) fn sql_tasks(dags: &[Dag]) -> Vec<ConfigError> {
     let mut errors = Vec::new();
     let mut warehouses = HashMap::new();
     for dag in dags {

@@ -23,16 +23,16 @@ use crate::interval::DataInterval;
 use crate::project::SqlTask;
 
 /// The table of kept versions.
-pub const META: &str = "_backfill_versions";
+pub(crate) const META: &str = "_backfill_versions";
 
 /// The table that keeps the replaced rows of `target`.
-pub fn kept_table(target: &str) -> String {
+pub(crate) fn kept_table(target: &str) -> String {
     format!("_backfill_kept_{target}")
 }
 
 /// What a publish keeps: the rows it replaces, as the version replaced by `by_try`.
 #[derive(Debug, Clone, Copy)]
-pub struct Keep {
+pub(crate) struct Keep {
     /// The try whose publish replaces the partition.
     pub by_try: i64,
     /// The try whose output the partition holds now (from the manifest), if any.
@@ -49,7 +49,7 @@ pub struct Keep {
 
 /// One kept version.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Version {
+pub(crate) struct Version {
     pub replaced_by: i64,
     pub version_of: Option<i64>,
     pub rows: i64,
@@ -106,7 +106,7 @@ fn ranges(repr: Option<Repr>) -> Vec<Repr> {
     clippy::too_many_arguments,
     reason = "the publish transaction's parts, as `save` takes them, and where its audited rows are"
 )]
-pub fn keep(
+pub(crate) fn keep(
     conn: &Connection,
     task: &SqlTask,
     repr: Option<Repr>,
@@ -182,7 +182,11 @@ fn holds_the_new_rows(
 /// kept (see [`keep`]): keeps the rows of other partitions that the merge moves into this one
 /// (their keys are in `source`), as they are there, under `-by_try`. Nothing when no version
 /// is kept for `by_try`, or when the rows were moved already (a publish being redone).
-pub fn keep_moved(conn: &Connection, m: &super::merge::Merging<'_>, by_try: i64) -> Result<()> {
+pub(crate) fn keep_moved(
+    conn: &Connection,
+    m: &super::merge::Merging<'_>,
+    by_try: i64,
+) -> Result<()> {
     let target = m.target_name();
     if find(conn, target, by_try)?.is_none() {
         return Ok(());
@@ -232,7 +236,7 @@ fn carry(conn: &Connection, target: &str, from: i64, to: i64) -> Result<()> {
 
 /// [`keep`] without the retention: keeps the partition's rows as the version replaced by
 /// `k.by_try` (nothing when `k.keep` is 0).
-pub fn save(
+pub(crate) fn save(
     conn: &Connection,
     task: &SqlTask,
     repr: Option<Repr>,
@@ -331,7 +335,7 @@ fn partition_is_empty(
 }
 
 /// Drops the versions of an interval beyond the newest `keep`.
-pub fn trim(conn: &Connection, target: &str, start: i64, keep: u32) -> Result<()> {
+pub(crate) fn trim(conn: &Connection, target: &str, start: i64, keep: u32) -> Result<()> {
     if !has_table(conn, META)? {
         return Ok(());
     }
@@ -367,7 +371,7 @@ fn drop_version(conn: &Connection, target: &str, replaced_by: i64) -> Result<()>
 }
 
 /// The version that the publish of `replaced_by` replaced, if it was kept.
-pub fn find(conn: &Connection, target: &str, replaced_by: i64) -> Result<Option<Version>> {
+pub(crate) fn find(conn: &Connection, target: &str, replaced_by: i64) -> Result<Option<Version>> {
     if !has_table(conn, META)? {
         return Ok(None);
     }
@@ -388,7 +392,11 @@ pub fn find(conn: &Connection, target: &str, replaced_by: i64) -> Result<Option<
 
 /// The order-independent fingerprint of a kept version's rows, over the query's columns: what
 /// the partition will hold once it is put back.
-pub fn fingerprint(conn: &Connection, task: &SqlTask, replaced_by: i64) -> Result<(i64, String)> {
+pub(crate) fn fingerprint(
+    conn: &Connection,
+    task: &SqlTask,
+    replaced_by: i64,
+) -> Result<(i64, String)> {
     // What the partition holds once the version is put back: the kept columns, and NULL for
     // a column added to the target since.
     let kept = table_columns(conn, "main", &kept_table(&task.target))?;
@@ -402,7 +410,7 @@ pub fn fingerprint(conn: &Connection, task: &SqlTask, replaced_by: i64) -> Resul
 
 /// Inside the rollback transaction, after the partition was cleared: puts the version back and
 /// forgets it (its rows are the partition again). Returns the rows put back.
-pub fn restore(conn: &Connection, task: &SqlTask, replaced_by: i64) -> Result<i64> {
+pub(crate) fn restore(conn: &Connection, task: &SqlTask, replaced_by: i64) -> Result<i64> {
     let kept = kept_table(&task.target);
     let mut rows = 0;
     if has_table(conn, &kept)? {
@@ -424,7 +432,7 @@ pub fn restore(conn: &Connection, task: &SqlTask, replaced_by: i64) -> Result<i6
 /// than the partition deleted and refilled, so that rows another table references stay as
 /// long as the version holds them too. Rows the merges since inserted are deleted, those they
 /// updated or deleted are put back, every column as it was kept.
-pub fn restore_merging(
+pub(crate) fn restore_merging(
     conn: &Connection,
     task: &SqlTask,
     key: &[String],
@@ -492,14 +500,14 @@ pub fn restore_merging(
 /// What the kept versions of a target cost: versions, rows, and bytes on disk (both tables and
 /// their indexes, as `dbstat` counts them).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Storage {
+pub(crate) struct Storage {
     pub target: String,
     pub versions: i64,
     pub rows: i64,
     pub bytes: i64,
 }
 
-pub fn storage(conn: &Connection, target: &str) -> Result<Storage> {
+pub(crate) fn storage(conn: &Connection, target: &str) -> Result<Storage> {
     let mut s = Storage {
         target: target.to_string(),
         ..Storage::default()

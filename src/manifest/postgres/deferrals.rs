@@ -43,7 +43,7 @@ pub(super) struct Deferrals {
 
 impl Deferrals {
     /// Queues `sql`; returns the ticket of its answer.
-    pub fn push(&mut self, sql: &str, values: Vec<Value>) -> usize {
+    pub(crate) fn push(&mut self, sql: &str, values: Vec<Value>) -> usize {
         let ticket = self.next_ticket;
         self.next_ticket = ticket.wrapping_add(1);
         self.unsent.push(Unsent {
@@ -54,43 +54,43 @@ impl Deferrals {
         ticket
     }
 
-    pub fn has_unsent(&self) -> bool {
+    pub(crate) fn has_unsent(&self) -> bool {
         !self.unsent.is_empty()
     }
 
     /// The statements not sent yet, in order, to be sent now.
-    pub fn take_unsent(&mut self) -> Vec<Unsent> {
+    pub(crate) fn take_unsent(&mut self) -> Vec<Unsent> {
         std::mem::take(&mut self.unsent)
     }
 
     /// Drops the statements not sent (their transaction ended); the answers of those sent are
     /// kept.
-    pub fn drop_unsent(&mut self) {
+    pub(crate) fn drop_unsent(&mut self) {
         self.unsent.clear();
     }
 
     /// The server refused statement `ticket`: remembered when it is the first, in the order
     /// sent, that it refused.
-    pub fn refuse(&mut self, ticket: usize, e: &PgError) {
+    pub(crate) fn refuse(&mut self, ticket: usize, e: &PgError) {
         if self.refused.as_ref().is_none_or(|(t, _)| ticket < *t) {
             self.refused = Some((ticket, e.clone()));
         }
     }
 
     /// The first refusal of the transaction's statements.
-    pub fn refusal(&self) -> Option<PgError> {
+    pub(crate) fn refusal(&self) -> Option<PgError> {
         self.refused.as_ref().map(|(_, e)| e.clone())
     }
 
     /// Whether a statement was refused, asked once: forgotten then.
-    pub fn take_refusal(&mut self) -> bool {
+    pub(crate) fn take_refusal(&mut self) -> bool {
         self.refused.take().is_some()
     }
 
     /// Records the answers of the statements `sent` (in order): `answered` holds the first
     /// ones, and those that got none have the round trip's `failure`, or, should it have none,
     /// a failure of their own.
-    pub fn answered(
+    pub(crate) fn answered(
         &mut self,
         sent: &[Unsent],
         answered: Vec<PgResult<Rows>>,
@@ -109,7 +109,7 @@ impl Deferrals {
     }
 
     /// The answer of statement `ticket`, once.
-    pub fn take_answer(&mut self, ticket: usize) -> PgResult<Rows> {
+    pub(crate) fn take_answer(&mut self, ticket: usize) -> PgResult<Rows> {
         self.answers
             .remove(&ticket)
             .unwrap_or_else(|| Err(failure("a deferred statement's answer is missing".into())))
@@ -117,7 +117,7 @@ impl Deferrals {
 
     /// Forgets the answers not taken and the refusal, at the start of a transaction begun
     /// alone (one begun in a commit's round trip leaves them to the writer).
-    pub fn forget_answers(&mut self) {
+    pub(crate) fn forget_answers(&mut self) {
         self.answers.clear();
         self.refused = None;
     }

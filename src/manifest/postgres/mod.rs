@@ -85,11 +85,9 @@ mod timeouts;
 mod transaction;
 mod values;
 
-pub use schema::{open, open_read_only};
+pub(crate) use schema::{open, open_read_only};
 pub use session::Session;
-pub use timeouts::{
-    IDLE_IN_TRANSACTION, PATIENCE, idle_in_transaction, patience, set_lease_timeout, set_patience,
-};
+pub(crate) use timeouts::{patience, set_lease_timeout, set_patience};
 
 use crate::pg::error::{Error as PgError, Kind};
 

@@ -94,7 +94,7 @@ fn refuse_foreign(s: &Session, shown: &str) -> Result<()> {
 /// are: a connection lost in it (a server restarting during a first open) ends the attempt,
 /// which the server rolls back whole, and the next attempt starts afresh on a new connection,
 /// reading the version again. No statement of it ever runs outside its transaction.
-pub fn open(url: &str, shown: &str) -> Result<Session> {
+pub(crate) fn open(url: &str, shown: &str) -> Result<Session> {
     let s = Session::connect(url, shown, false)?;
     let at = |e: PgError| Error::Pg(e).at(std::path::Path::new(shown));
     let found = version(&s).map_err(at)?;
@@ -204,7 +204,7 @@ fn prune_commits(s: &Session) {
 }
 
 /// Opens the manifest's database for reading: its schema must be this binary's.
-pub fn open_read_only(url: &str, shown: &str) -> Result<Session> {
+pub(crate) fn open_read_only(url: &str, shown: &str) -> Result<Session> {
     let s = Session::connect(url, shown, true)?;
     let path = std::path::PathBuf::from(shown);
     match version(&s).map_err(|e| Error::Pg(e).at(&path))? {

@@ -86,19 +86,19 @@ impl Session {
         })
     }
 
-    pub fn shown(&self) -> &str {
+    pub(crate) fn shown(&self) -> &str {
         &self.shown
     }
 
     /// When a lost connection is given up: [`patience`] after the last answer, and not before
     /// one attempt to connect again.
-    pub fn give_up_at(&self) -> Instant {
+    pub(crate) fn give_up_at(&self) -> Instant {
         self.last_answer.get() + patience()
     }
 
     /// Replaces a lost connection, trying again with a growing pause until [`patience`] has
     /// passed since the server last answered (at least once).
-    pub fn reconnect(&self) -> PgResult<()> {
+    pub(crate) fn reconnect(&self) -> PgResult<()> {
         let silent = || {
             format!(
                 "the manifest has not answered for {}: giving up (a backfill's owner waits its lease timeout, lease_timeout)",
@@ -133,7 +133,7 @@ impl Session {
     }
 
     /// Whether the connection is gone (lost, silent, or closed).
-    pub fn is_broken(&self) -> bool {
+    pub(crate) fn is_broken(&self) -> bool {
         self.state.borrow().is_lost() || self.link.borrow().conn.is_closed()
     }
 
@@ -214,14 +214,14 @@ impl Session {
         Ok(s)
     }
 
-    pub fn fenced(&self, backfill_id: i64) -> Option<Fence> {
+    pub(crate) fn fenced(&self, backfill_id: i64) -> Option<Fence> {
         self.state
             .borrow()
             .tx()
             .and_then(|tx| tx.fences.get(&backfill_id).copied())
     }
 
-    pub fn remember_fence(&self, backfill_id: i64, row: Fence) {
+    pub(crate) fn remember_fence(&self, backfill_id: i64, row: Fence) {
         if self.transition(|s| s.remember(backfill_id, row)) {
             let mut before = self.fenced_before.borrow_mut();
             // A handful at most (an owner, a cascade's members); bounded all the same.
@@ -269,7 +269,7 @@ impl Session {
         })
     }
 
-    pub fn execute(&self, sql: &str, values: &[Value]) -> PgResult<usize> {
+    pub(crate) fn execute(&self, sql: &str, values: &[Value]) -> PgResult<usize> {
         let n = self.run(sql, values, |conn, s, refs| {
             self.answer(conn, conn.client.execute(s, refs))
         })?;
@@ -286,7 +286,7 @@ impl Session {
     /// Inserts rows of `width` values each (`values`, row after row), many rows to a statement
     /// (each statement is a round trip): `head` is `INSERT INTO t (columns)`, `tail` what
     /// follows the values (an `ON CONFLICT` clause, or nothing).
-    pub fn insert_many(
+    pub(crate) fn insert_many(
         &self,
         head: &str,
         tail: &str,
@@ -311,7 +311,7 @@ impl Session {
         Ok(())
     }
 
-    pub fn batch(&self, sql: &str) -> PgResult<()> {
+    pub(crate) fn batch(&self, sql: &str) -> PgResult<()> {
         self.flush()?;
         self.written(sql);
         self.with(|link| self.answer(&link.conn, link.conn.client.batch_execute(sql)))
@@ -319,7 +319,7 @@ impl Session {
 
     /// The database's clock (unix milliseconds): the transaction's, read when its lock was
     /// taken, else now.
-    pub fn now_ms(&self) -> PgResult<i64> {
+    pub(crate) fn now_ms(&self) -> PgResult<i64> {
         if let Some(now) = self.state.borrow().tx().and_then(|tx| tx.now) {
             return Ok(now);
         }

@@ -52,13 +52,13 @@ pub(super) enum State {
 impl State {
     /// Inside a transaction, its connection lost or not: statements are deferred, and a lost
     /// connection is not made again.
-    pub fn in_tx(&self) -> bool {
+    pub(crate) fn in_tx(&self) -> bool {
         matches!(self, State::InTx(_) | State::LostInTx(_))
     }
 
     /// Whether the connection is known to be lost (the session also asks the connection
     /// whether it closed).
-    pub fn is_lost(&self) -> bool {
+    pub(crate) fn is_lost(&self) -> bool {
         matches!(
             self,
             State::LostInTx(_) | State::Lost | State::GaveUp { .. }
@@ -66,7 +66,7 @@ impl State {
     }
 
     /// The transaction the session is in.
-    pub fn tx(&self) -> Option<&Tx> {
+    pub(crate) fn tx(&self) -> Option<&Tx> {
         match self {
             State::InTx(tx) | State::LostInTx(tx) => Some(tx),
             _ => None,
@@ -82,21 +82,21 @@ impl State {
 
     /// Whether making the connection again fails at once: it was given up less than
     /// `patience` ago.
-    pub fn refuses_reconnecting(&self, patience: Duration) -> bool {
+    pub(crate) fn refuses_reconnecting(&self, patience: Duration) -> bool {
         matches!(self, State::GaveUp { at } if at.elapsed() < patience)
     }
 
     /// Whether a statement asked now starts the count of the server's silence afresh, when
     /// nothing was asked for longer than the patience: outside a transaction, unless making
     /// the connection again was given up (that silence is the server's).
-    pub fn asks_afresh(&self) -> bool {
+    pub(crate) fn asks_afresh(&self) -> bool {
         matches!(self, State::Idle | State::Lost)
     }
 
     /// A transaction begins on this side (its `BEGIN` is about to be sent): with no clock and
     /// no fences yet. Begun inside another, that one was committed in the same round trip. On
     /// a connection known to be lost, it is lost at once: nothing of it reaches the server.
-    pub fn begin(&mut self) {
+    pub(crate) fn begin(&mut self) {
         *self = match self {
             State::Idle | State::InTx(_) => State::InTx(Tx::default()),
             State::LostInTx(_) | State::Lost | State::GaveUp { .. } => {
@@ -106,7 +106,7 @@ impl State {
     }
 
     /// The transaction's `BEGIN` was answered: its clock, and the fences read with its lock.
-    pub fn begun(&mut self, now: i64, fences: HashMap<i64, Fence>) {
+    pub(crate) fn begun(&mut self, now: i64, fences: HashMap<i64, Fence>) {
         if let Some(tx) = self.tx_mut() {
             tx.now = Some(now);
             tx.fences = fences;
@@ -115,7 +115,7 @@ impl State {
 
     /// A fence read in the transaction (ignored outside one: nothing keeps it true then).
     /// Whether it was kept.
-    pub fn remember(&mut self, key: i64, fence: Fence) -> bool {
+    pub(crate) fn remember(&mut self, key: i64, fence: Fence) -> bool {
         match self.tx_mut() {
             Some(tx) => {
                 tx.fences.insert(key, fence);
@@ -126,14 +126,14 @@ impl State {
     }
 
     /// The transaction wrote a backfill or a worker: what it read of them is forgotten.
-    pub fn forget_fences(&mut self) {
+    pub(crate) fn forget_fences(&mut self) {
         if let Some(tx) = self.tx_mut() {
             tx.fences.clear();
         }
     }
 
     /// The connection was lost, or a round trip got no answer in time.
-    pub fn lose(&mut self) {
+    pub(crate) fn lose(&mut self) {
         *self = match std::mem::replace(self, State::Idle) {
             State::Idle => State::Lost,
             State::InTx(tx) => State::LostInTx(tx),
@@ -143,7 +143,7 @@ impl State {
 
     /// The transaction ended on this side (committed, rolled back, or given up with its
     /// connection).
-    pub fn end(&mut self) {
+    pub(crate) fn end(&mut self) {
         *self = match std::mem::replace(self, State::Idle) {
             State::InTx(_) => State::Idle,
             State::LostInTx(_) => State::Lost,
@@ -153,7 +153,7 @@ impl State {
 
     /// A new connection replaces the old. Only ever done outside a transaction; were it done
     /// inside one, the transaction would go on, on this side, on the new connection.
-    pub fn reconnected(&mut self) {
+    pub(crate) fn reconnected(&mut self) {
         *self = match std::mem::replace(self, State::Idle) {
             State::InTx(tx) | State::LostInTx(tx) => State::InTx(tx),
             State::Idle | State::Lost | State::GaveUp { .. } => State::Idle,
@@ -162,7 +162,7 @@ impl State {
 
     /// Making the connection again was given up `at` that instant. Only ever done outside a
     /// transaction; inside one, the transaction is lost.
-    pub fn give_up(&mut self, at: Instant) {
+    pub(crate) fn give_up(&mut self, at: Instant) {
         *self = match std::mem::replace(self, State::Idle) {
             State::InTx(tx) | State::LostInTx(tx) => State::LostInTx(tx),
             State::Idle | State::Lost | State::GaveUp { .. } => State::GaveUp { at },

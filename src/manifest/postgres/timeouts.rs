@@ -6,7 +6,7 @@ use std::time::Duration;
 /// The longest the server lets a manifest session sit idle inside a transaction before it ends
 /// the session (and rolls its transaction back): a frozen host holds the writers' lock no
 /// longer than this, nor than a fifth of the lease timeout (see [`idle_in_transaction`]).
-pub const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(5);
+pub(crate) const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(5);
 
 /// The idle-in-transaction timeout of this process's manifest sessions, in milliseconds (see
 /// [`set_lease_timeout`]).
@@ -15,7 +15,7 @@ static IDLE_MS: std::sync::atomic::AtomicU64 =
 
 /// How long the server lets a session of this process sit idle inside a transaction: a peer
 /// waits for the writers' lock behind a frozen process at most about that long.
-pub fn idle_in_transaction() -> Duration {
+pub(crate) fn idle_in_transaction() -> Duration {
     Duration::from_millis(IDLE_MS.load(std::sync::atomic::Ordering::Relaxed))
 }
 
@@ -24,7 +24,7 @@ pub fn idle_in_transaction() -> Duration {
 /// most [`IDLE_IN_TRANSACTION`]), so that a peer that waits behind a frozen writer for the
 /// writers' lock hears back within half its lease, the time after which its heartbeat gives
 /// up; and the patience is the lease (see [`set_patience`]).
-pub fn set_lease_timeout(lease: Duration) {
+pub(crate) fn set_lease_timeout(lease: Duration) {
     let idle = (lease / 5).min(IDLE_IN_TRANSACTION);
     let ms = u64::try_from(idle.as_millis()).unwrap_or(u64::MAX).max(100);
     IDLE_MS.store(ms, std::sync::atomic::Ordering::Relaxed);
@@ -33,7 +33,7 @@ pub fn set_lease_timeout(lease: Duration) {
 
 /// How long the manifest may go without answering before this process gives up on it, when
 /// nothing set it (see [`set_patience`]).
-pub const PATIENCE: Duration = Duration::from_secs(30);
+pub(crate) const PATIENCE: Duration = Duration::from_secs(30);
 
 /// The patience of this process, in milliseconds (see [`set_patience`]).
 static PATIENCE_MS: std::sync::atomic::AtomicU64 =
@@ -47,12 +47,12 @@ static PATIENCE_MS: std::sync::atomic::AtomicU64 =
 /// Never less than twice [`IDLE_IN_TRANSACTION`]: waiting for the writers' lock behind a host
 /// frozen inside a transaction (which the server ends after at most that long) is not silence,
 /// and a server that restarts is waited for that long at least.
-pub fn set_patience(d: Duration) {
+pub(crate) fn set_patience(d: Duration) {
     let d = d.max(IDLE_IN_TRANSACTION * 2);
     let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1);
     PATIENCE_MS.store(ms, std::sync::atomic::Ordering::Relaxed);
 }
 
-pub fn patience() -> Duration {
+pub(crate) fn patience() -> Duration {
     Duration::from_millis(PATIENCE_MS.load(std::sync::atomic::Ordering::Relaxed))
 }

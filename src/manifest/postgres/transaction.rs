@@ -28,14 +28,14 @@ impl Session {
     /// Starts the writer's transaction: takes the writers' lock, records `token` as this
     /// writer's latest commit (see [`Session::committed`]) and reads the clock, in one round
     /// trip.
-    pub fn begin(&self, writer: &str, token: i64) -> PgResult<()> {
+    pub(crate) fn begin(&self, writer: &str, token: i64) -> PgResult<()> {
         self.begin_after("", writer, token)
     }
 
     /// Commits the writer's transaction and starts the next one (see [`Session::begin`]) in
     /// one round trip: for a writer whose next jobs are already waiting. On an error, whether
     /// the commit happened is for [`Session::committed`] to say; no transaction is open then.
-    pub fn commit_and_begin(&self, writer: &str, token: i64) -> PgResult<()> {
+    pub(crate) fn commit_and_begin(&self, writer: &str, token: i64) -> PgResult<()> {
         // The failure may be the new transaction's (then rolled back), not the commit's.
         self.begin_after("COMMIT; ", writer, token)
     }
@@ -115,7 +115,7 @@ impl Session {
     /// trip. When one of them failed, nothing was committed (the server ends a transaction
     /// that holds a failure with a rollback, which it reports for `COMMIT`): that failure is
     /// the error.
-    pub fn commit(&self) -> PgResult<()> {
+    pub(crate) fn commit(&self) -> PgResult<()> {
         let r = self.flush_then(Some("COMMIT")).map(|_| ());
         let r = match self.deferred_failure() {
             Some(e) if r.is_ok() => Err(e),
@@ -125,7 +125,7 @@ impl Session {
         r
     }
 
-    pub fn rollback(&self) {
+    pub(crate) fn rollback(&self) {
         if !self.is_broken() {
             let _ = self
                 .with(|link| self.answer(&link.conn, link.conn.client.batch_execute("ROLLBACK")));
@@ -135,7 +135,7 @@ impl Session {
 
     /// Whether the transaction that recorded `token` for `writer` committed (asked after the
     /// connection was lost during its `COMMIT`).
-    pub fn committed(&self, writer: &str, token: i64) -> PgResult<bool> {
+    pub(crate) fn committed(&self, writer: &str, token: i64) -> PgResult<bool> {
         // Under the writers' lock: a commit still under way (slow, or waiting for a standby)
         // holds it, and is seen once it is done, never read as "not committed" meanwhile. The
         // writer's name is made by this program (hex and dashes): nothing from outside. Rolled
@@ -160,7 +160,7 @@ impl Session {
 
     /// Whether a statement asked for now may be deferred (see [`Session::defer`]): inside the
     /// writer's transaction.
-    pub fn defers(&self) -> bool {
+    pub(crate) fn defers(&self) -> bool {
         self.in_tx()
     }
 
@@ -169,14 +169,14 @@ impl Session {
     /// that is not deferred; returns the ticket of its answer ([`Session::take_answer`]). The
     /// server runs the statements in the order they were asked for, and once one fails, every
     /// later one of the transaction fails too.
-    pub fn defer(&self, sql: &str, values: Vec<Value>) -> usize {
+    pub(crate) fn defer(&self, sql: &str, values: Vec<Value>) -> usize {
         self.deferred.borrow_mut().push(sql, values)
     }
 
     /// Sends the deferred statements not sent yet, together, and waits for their answers
     /// (pipelined: one round trip, however many). A connection lost or silent meanwhile marks
     /// the session as such, and every statement unanswered has that error.
-    pub fn flush(&self) -> PgResult<()> {
+    pub(crate) fn flush(&self) -> PgResult<()> {
         if !self.deferred.borrow().has_unsent() {
             return Ok(());
         }
@@ -276,13 +276,13 @@ impl Session {
 
     /// Whether the last commit did not happen because the server refused one of its deferred
     /// statements (asked once): then one of the jobs is to blame, and the others run again.
-    pub fn refused_commit(&self) -> bool {
+    pub(crate) fn refused_commit(&self) -> bool {
         self.deferred.borrow_mut().take_refusal()
     }
 
     /// The answer of a deferred statement (see [`Session::defer`]), once: sent first if it was
     /// not.
-    pub fn take_answer(&self, ticket: usize) -> PgResult<Rows> {
+    pub(crate) fn take_answer(&self, ticket: usize) -> PgResult<Rows> {
         // A failure to send is each statement's answer.
         let _ = self.flush();
         self.deferred.borrow_mut().take_answer(ticket)

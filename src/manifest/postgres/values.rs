@@ -49,7 +49,10 @@ impl ToSql for Param<'_> {
             (Value::Integer(i), &Type::INT4) => i32::try_from(*i)?.to_sql(ty, out),
             (Value::Integer(i), &Type::INT2) => i16::try_from(*i)?.to_sql(ty, out),
             (Value::Integer(i), &Type::BOOL) => (*i != 0).to_sql(ty, out),
-            #[allow(clippy::cast_precision_loss)]
+            #[expect(
+                clippy::cast_precision_loss,
+                reason = "an integer where the server asks for a double, converted as SQLite converts it"
+            )]
             (Value::Integer(i), &Type::FLOAT8) => (*i as f64).to_sql(ty, out),
             (Value::Integer(i), t) if is_text(t) => i.to_string().as_str().to_sql(&Type::TEXT, out),
             (Value::Real(f), &Type::FLOAT8) => f.to_sql(ty, out),

@@ -81,7 +81,11 @@ pub(super) fn write_batch(
 
 /// Makes the batch's table and runs the source queries: the query's columns, and what each
 /// interval's source queries gave.
-#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+#[expect(
+    clippy::too_many_arguments,
+    clippy::type_complexity,
+    reason = "the batch's connection, task, gate, intervals and cancel as write_batch has them, and the columns and source answers it returns"
+)]
 fn compute(
     c: &mut Conn,
     task: &SqlTask,

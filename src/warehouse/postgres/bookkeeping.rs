@@ -171,7 +171,7 @@ pub(super) fn has_bookings(c: &Conn) -> std::result::Result<bool, tokio_postgres
 /// committed, as it was booked. Judged under the partition's row lock, which a publish holds
 /// from before it asks the manifest until it commits: an owner frozen in between is waited
 /// for, and one that has not got there yet will be refused by the manifest.
-pub fn settle_publish(
+pub(crate) fn settle_publish(
     task: &SqlTask,
     interval: DataInterval,
     manifest: &str,
@@ -231,7 +231,7 @@ pub(super) const KEEP_BOOKINGS: &str = "7 days";
 /// Deletes this manifest's bookings older than [`KEEP_BOOKINGS`] of tries below `below` (all
 /// recorded as ended, see `first_unfinished_try`), so that `backfill.publishes` does not grow
 /// without end.
-pub fn prune_bookings(w: &Warehouse, manifest: &str, below: i64) -> Result<u64> {
+pub(crate) fn prune_bookings(w: &Warehouse, manifest: &str, below: i64) -> Result<u64> {
     let c = conn::take_at(w)?;
     let result = (|| -> std::result::Result<u64, tokio_postgres::Error> {
         if !has_bookings(&c)? {

@@ -6,7 +6,7 @@ use super::*;
 /// Checks a SQL task against the server before anything runs: the target and its partition
 /// column exist, every statement prepares exactly as it will run, the query's columns fit the
 /// target, and a table-wide unique key has an index to check it with. Writes nothing.
-pub fn check(task: &SqlTask, gate: Option<&Gate>) -> std::result::Result<(), TaskProblem> {
+pub(crate) fn check(task: &SqlTask, gate: Option<&Gate>) -> std::result::Result<(), TaskProblem> {
     let wh = &task.warehouse;
     let mut c = conn::take(wh)
         .map_err(|e| problem("sql")(format!("warehouse `{}` ({}): {e}", wh.name, wh.location())))?;

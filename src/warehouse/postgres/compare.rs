@@ -5,7 +5,7 @@ use super::*;
 
 /// The rows the target holds for the interval now, with their fingerprint over the columns
 /// `cols` (those of the staged output), whatever the manifest recorded.
-pub fn published(
+pub(crate) fn published(
     task: &SqlTask,
     interval: DataInterval,
     tz: chrono_tz::Tz,
@@ -75,7 +75,7 @@ pub(super) fn shape(
 
 /// What promoting the staged output in `staged` would change in the interval's published rows,
 /// by the unique key `key`: computed in the server.
-pub fn diff_keys(
+pub(crate) fn diff_keys(
     task: &SqlTask,
     key: &[String],
     interval: DataInterval,

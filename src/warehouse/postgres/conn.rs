@@ -14,7 +14,7 @@ use crate::project::{Warehouse, WarehouseKind};
 const KEEP_IDLE: usize = 16;
 
 /// One connection to a warehouse.
-pub struct Conn {
+pub(crate) struct Conn {
     conn: crate::pg::conn::Conn,
     /// Statements prepared on this connection, by text.
     pub prepared: HashMap<String, tokio_postgres::Statement>,
@@ -37,7 +37,7 @@ impl Conn {
     /// How to cancel the statement this connection runs, for as long as the try that took it
     /// holds it (see [`crate::pg::conn::Conn::canceller`]): a try's timeout that fires after the
     /// connection went back to the pool must not cancel the next try's statement.
-    pub fn canceller(&self) -> Box<dyn Fn() + Send> {
+    pub(crate) fn canceller(&self) -> Box<dyn Fn() + Send> {
         while_lent(self.lent.clone(), self.conn.canceller())
     }
 }
@@ -79,7 +79,7 @@ impl DerefMut for Conn {
 }
 
 /// Opens a connection to a PostgreSQL warehouse.
-pub fn connect(w: &Warehouse) -> Result<Conn, ConnectError> {
+pub(crate) fn connect(w: &Warehouse) -> Result<Conn, ConnectError> {
     let WarehouseKind::Postgres(url) = &w.kind else {
         return Err(format!("warehouse `{}` is not a PostgreSQL warehouse", w.name).into());
     };
@@ -98,7 +98,7 @@ static IDLE: LazyLock<Mutex<HashMap<String, Vec<Conn>>>> = LazyLock::new(Mutex::
 
 /// A connection from the warehouse's idle ones, or a new one, or why none can be made as the
 /// warehouse's error (an environment fault when its server is out of reach or of resources).
-pub fn take_at(w: &Warehouse) -> Result<Conn, super::Error> {
+pub(crate) fn take_at(w: &Warehouse) -> Result<Conn, super::Error> {
     take(w).map_err(|e| match e.resource {
         Some(r) => super::Error::Environment(super::errors::fault(w, r, &e.message)),
         None => super::Error::Message(e.message).at(w),
@@ -106,7 +106,7 @@ pub fn take_at(w: &Warehouse) -> Result<Conn, super::Error> {
 }
 
 /// A connection from the warehouse's idle ones, or a new one.
-pub fn take(w: &Warehouse) -> Result<Conn, ConnectError> {
+pub(crate) fn take(w: &Warehouse) -> Result<Conn, ConnectError> {
     if let WarehouseKind::Postgres(url) = &w.kind
         && let Ok(mut idle) = IDLE.lock()
         && let Ok(secret) = url.secret()
@@ -124,7 +124,7 @@ pub fn take(w: &Warehouse) -> Result<Conn, ConnectError> {
 }
 
 /// Gives a connection back for the next try (a closed one is dropped).
-pub fn give(conn: Conn) {
+pub(crate) fn give(conn: Conn) {
     end_lending(&conn);
     if conn.is_closed() {
         return;
@@ -138,7 +138,7 @@ pub fn give(conn: Conn) {
 }
 
 /// Closes every idle connection.
-pub fn close_all() {
+pub(crate) fn close_all() {
     if let Ok(mut idle) = IDLE.lock() {
         idle.clear();
     }

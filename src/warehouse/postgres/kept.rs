@@ -88,7 +88,7 @@ pub(super) fn kept_fingerprint(
 
 /// The version kept for the publish of try `key`, with the fingerprint of its rows over the
 /// query's columns (what the partition holds once it is put back).
-pub fn kept_version(
+pub(crate) fn kept_version(
     task: &SqlTask,
     manifest: &str,
     key: i64,
@@ -111,7 +111,7 @@ pub fn kept_version(
 /// Rolls the interval back to the version kept for the publish of `key` (merged back by key
 /// for a merge task, see [`merge::back`]), in one transaction that the manifest must allow, booked like a publish (as try `try_id`), and recorded in the
 /// manifest by that transaction when the manifest is in this database.
-pub fn roll_back(
+pub(crate) fn roll_back(
     r: &crate::warehouse::backend::RollBack<'_>,
     allowed: &Allowed<'_>,
 ) -> Result<i64> {
@@ -195,7 +195,10 @@ pub fn roll_back(
 
 /// What the kept versions of a task's target cost: versions, rows, and bytes of the kept table
 /// with its index (all of it belongs to this manifest and target).
-pub fn storage(task: &SqlTask, manifest: &str) -> Result<crate::warehouse::versions::Storage> {
+pub(crate) fn storage(
+    task: &SqlTask,
+    manifest: &str,
+) -> Result<crate::warehouse::versions::Storage> {
     let wh = &task.warehouse;
     let c = conn::take_at(wh)?;
     let kept = versions::kept_table(manifest, &task.target);

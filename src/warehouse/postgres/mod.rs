@@ -27,17 +27,17 @@ mod batch;
 mod bookkeeping;
 mod checks;
 mod compare;
-pub mod conn;
+pub(crate) mod conn;
 mod errors;
 mod fingerprint;
 mod kept;
 mod merge;
 mod one_database;
-pub use crate::params;
+pub(crate) use crate::params;
 mod rules;
 mod sql;
 mod staging;
-pub mod versions;
+pub(crate) mod versions;
 mod write;
 
 use std::fmt::Write as _;
@@ -56,10 +56,10 @@ use crate::gate::SHOWN;
 use crate::interval::DataInterval;
 use crate::project::{Gate, SourceCount, SqlTask, Warehouse, WritePattern};
 
-pub use self::bookkeeping::{prune_bookings, settle_publish};
-pub use self::one_database::shares_database;
-pub use self::staging::{
-    Staged, is_staged_table, promote_group, staged, staged_table, sweep_staged,
+pub(crate) use self::bookkeeping::{prune_bookings, settle_publish};
+pub(crate) use self::one_database::shares_database;
+pub(crate) use self::staging::{
+    is_staged_table, promote_group, staged, staged_table, sweep_staged,
 };
 use self::{
     bookkeeping::*, checks::*, compare::*, errors::*, fingerprint::*, kept::*, one_database::*,
@@ -72,7 +72,7 @@ use crate::pg::{DATABASE_KEY, describe, quote_ident, quote_name};
 const RETRIES: u32 = 5;
 
 /// The PostgreSQL backend.
-pub struct Postgres;
+pub(crate) struct Postgres;
 
 impl Backend for Postgres {
     fn prepare(

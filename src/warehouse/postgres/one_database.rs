@@ -111,7 +111,7 @@ pub(super) fn refused_by_manifest(e: &tokio_postgres::Error, code: &str, try_id:
 /// [`crate::manifest::database_key`]) and its user may write the manifest's record of a
 /// publish: then a publish and that record commit in one transaction. Asked once per run
 /// (see `runner::sql_try::one_database`), which says it when it may not.
-pub fn shares_database(w: &Warehouse, manifest_key: &str) -> Sharing {
+pub(crate) fn shares_database(w: &Warehouse, manifest_key: &str) -> Sharing {
     // Looked up by oid in the catalogs, which anyone may read: a user without access to the
     // manifest's schema gets "no", not an error. (A privilege function given several
     // privileges says whether any is held: each is asked alone.)

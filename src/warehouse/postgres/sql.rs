@@ -11,7 +11,7 @@ pub(super) fn is_timestamptz(formatted: &str) -> bool {
 
 /// What a partition column holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ColumnType {
+pub(crate) enum ColumnType {
     /// Local dates of the DAG's time zone.
     Date,
     /// Timestamps without time zone, in UTC (as SQLite's text timestamps).

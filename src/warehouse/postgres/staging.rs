@@ -6,7 +6,7 @@ use super::*;
 /// The table that holds the staged output of try `try_id` of a manifest: in the schema of the
 /// bookkeeping tables, named by a hash of the manifest's name and the try, so that backfills of
 /// several manifests staging into one database never meet.
-pub fn staged_table(manifest: &str, try_id: i64) -> String {
+pub(crate) fn staged_table(manifest: &str, try_id: i64) -> String {
     // FNV-1a: the same on every machine and every build.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in manifest.bytes() {
@@ -24,14 +24,14 @@ pub(super) fn staged_prefix(manifest: &str) -> String {
 }
 
 /// Whether `location` (as recorded for a staged try) names a staged table.
-pub fn is_staged_table(location: &str) -> bool {
+pub(crate) fn is_staged_table(location: &str) -> bool {
     location
         .strip_prefix("backfill.staged_")
         .is_some_and(|rest| rest.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
 }
 
 /// A staged output, reopened to promote it.
-pub struct Staged {
+pub(crate) struct Staged {
     pub(super) table: String,
     pub(super) manifest: String,
     pub(super) try_id: i64,
@@ -39,7 +39,7 @@ pub struct Staged {
 }
 
 /// Reopens the staged output in `table` for try `try_id` (the promoting try) of `manifest`.
-pub fn staged(table: &str, manifest: &str, try_id: i64) -> Box<dyn Pending> {
+pub(crate) fn staged(table: &str, manifest: &str, try_id: i64) -> Box<dyn Pending> {
     Box::new(Staged {
         table: table.to_string(),
         manifest: manifest.to_string(),
@@ -170,7 +170,7 @@ impl Pending for Staged {
 /// Promotes several staged outputs of one warehouse in one transaction (`promote --atomic`):
 /// all of them, or none. Each is promoted as [`Staged::publish`] would; the manifest is asked
 /// once, last. Returns each one's rows, in order; what each merge did is in its member.
-pub fn promote_group(
+pub(crate) fn promote_group(
     group: &mut [(crate::warehouse::backend::Member<'_>, &PublishAs<'_>)],
     allowed: &Allowed<'_>,
 ) -> Result<Vec<i64>> {
@@ -612,7 +612,7 @@ pub(super) fn key_elsewhere(
 }
 
 /// Drops a staged table (a discarded output); a table that is gone already is not an error.
-pub fn drop_staged(w: &Warehouse, table: &str) -> Result<()> {
+pub(crate) fn drop_staged(w: &Warehouse, table: &str) -> Result<()> {
     if !is_staged_table(table) {
         return Ok(());
     }
@@ -628,7 +628,11 @@ pub fn drop_staged(w: &Warehouse, table: &str) -> Result<()> {
 /// Drops the staged tables of manifest `manifest` whose try `keep` does not name: outputs of
 /// tries that were killed between staging and recording it, or whose staging the manifest
 /// settled otherwise. Returns how many went.
-pub fn sweep_staged(w: &Warehouse, manifest: &str, keep: &dyn Fn(i64) -> bool) -> Result<usize> {
+pub(crate) fn sweep_staged(
+    w: &Warehouse,
+    manifest: &str,
+    keep: &dyn Fn(i64) -> bool,
+) -> Result<usize> {
     let prefix = staged_prefix(manifest);
     sweep_tables(w, &prefix, |_, name| {
         let try_id = name

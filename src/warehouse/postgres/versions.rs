@@ -19,7 +19,7 @@ pub(super) fn short_hash(text: &str) -> String {
 }
 
 /// The table that keeps the replaced rows of `target` for a manifest.
-pub fn kept_table(manifest: &str, target: &str) -> String {
+pub(crate) fn kept_table(manifest: &str, target: &str) -> String {
     format!(
         "backfill.kept_{}_{}",
         short_hash(manifest),

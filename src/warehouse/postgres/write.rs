@@ -877,7 +877,7 @@ pub(super) fn counted(
 }
 
 /// The gate's source queries now, from one snapshot.
-pub fn look(
+pub(crate) fn look(
     task: &SqlTask,
     gate: Option<&Gate>,
     binds: &Binds,

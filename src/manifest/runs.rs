@@ -15,6 +15,10 @@ use crate::interval::DataInterval;
 use crate::liveness::Group;
 use crate::state::{RunState, TryState};
 
+pub use super::record::TryRecord;
+pub use super::staged::Staged;
+pub(crate) use super::staged::{discard_staged, is_staged, set_promoted_from, set_staged, staged};
+
 /// What came of starting an interval's run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Start {
@@ -491,138 +495,6 @@ pub(crate) fn set_try_audit(conn: &Conn, _fenced: Fenced, try_id: i64, path: &st
     Ok(())
 }
 
-/// What a finished try recorded.
-#[derive(Debug, Clone)]
-pub struct TryRecord {
-    pub state: TryState,
-    pub exit_code: Option<i32>,
-    pub error: Option<String>,
-    pub rows: Option<i64>,
-    pub partitions: Option<String>,
-    pub inputs: Option<String>,
-    pub fingerprint: Option<String>,
-    /// Gate: source rows, rows of the published try compared with, verdict and reasons.
-    pub source_rows: Option<i64>,
-    pub previous_rows: Option<i64>,
-    pub verdict: Option<crate::state::Verdict>,
-    pub reasons: Option<String>,
-    /// What the gate's `source_fingerprint` gave.
-    pub source_fingerprint: Option<String>,
-    /// A staged output: kept unpublished at `staged_path` (the audit file of a SQL try, the
-    /// result file of a command try).
-    pub staged: Option<crate::state::StagedState>,
-    pub staged_path: Option<String>,
-    /// A promoting try: the staged try whose output it publishes.
-    pub promoted_from: Option<i64>,
-    /// A rollback try: the try whose rows it put back (`None` when they predate the manifest).
-    pub restored_from: Option<i64>,
-    /// A rollback try: the kept version it puts back.
-    pub restore_key: Option<i64>,
-    /// The batch whose one query or command computed the output (`START/END`).
-    pub batch: Option<String>,
-    /// A merge's rows inserted, updated, deleted and left unchanged (`write = "merge"`).
-    pub rows_inserted: Option<i64>,
-    pub rows_updated: Option<i64>,
-    pub rows_deleted: Option<i64>,
-    pub rows_unchanged: Option<i64>,
-}
-
-/// What the gate judged of a try, as JSON: kept with a PostgreSQL warehouse's booking of the
-/// publish, for the recovery of a publish that committed before the manifest recorded it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub(crate) struct Judged {
-    pub source_rows: Option<i64>,
-    pub previous_rows: Option<i64>,
-    pub verdict: Option<crate::state::Verdict>,
-    pub reasons: Option<String>,
-    pub source_fingerprint: Option<String>,
-    /// A merge's counts: inserted, updated, deleted, unchanged.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub merged: Option<[i64; 4]>,
-}
-
-impl TryRecord {
-    /// Records what a merge did.
-    pub(crate) fn set_merge(&mut self, m: &crate::gate::Merge) {
-        self.rows_inserted = Some(m.inserted);
-        self.rows_updated = Some(m.updated);
-        self.rows_deleted = Some(m.deleted);
-        self.rows_unchanged = Some(m.unchanged);
-    }
-
-    /// Forgets what a merge would have done: it did not happen (the try was rejected).
-    pub(crate) fn clear_merge(&mut self) {
-        self.rows_inserted = None;
-        self.rows_updated = None;
-        self.rows_deleted = None;
-        self.rows_unchanged = None;
-    }
-
-    /// A merge's counts, when recorded: inserted, updated, deleted, unchanged.
-    pub fn merged(&self) -> Option<[i64; 4]> {
-        Some([
-            self.rows_inserted?,
-            self.rows_updated?,
-            self.rows_deleted?,
-            self.rows_unchanged?,
-        ])
-    }
-
-    /// What the gate judged, as JSON.
-    pub(crate) fn judged(&self) -> String {
-        serde_json::to_string(&Judged {
-            source_rows: self.source_rows,
-            previous_rows: self.previous_rows,
-            verdict: self.verdict,
-            reasons: self.reasons.clone(),
-            source_fingerprint: self.source_fingerprint.clone(),
-            merged: self.merged(),
-        })
-        .unwrap_or_default()
-    }
-
-    /// Fills what this record lacks from a [`TryRecord::judged`] (unreadable JSON fills nothing).
-    pub(crate) fn fill_judged(&mut self, json: &str) {
-        let j: Judged = serde_json::from_str(json).unwrap_or_default();
-        self.source_rows = self.source_rows.or(j.source_rows);
-        self.previous_rows = self.previous_rows.or(j.previous_rows);
-        self.verdict = self.verdict.take().or(j.verdict);
-        self.reasons = self.reasons.take().or(j.reasons);
-        self.source_fingerprint = self.source_fingerprint.take().or(j.source_fingerprint);
-        if let (None, Some([i, u, d, n])) = (self.merged(), j.merged) {
-            (self.rows_inserted, self.rows_updated) = (Some(i), Some(u));
-            (self.rows_deleted, self.rows_unchanged) = (Some(d), Some(n));
-        }
-    }
-
-    pub fn new(state: TryState) -> Self {
-        Self {
-            state,
-            exit_code: None,
-            error: None,
-            rows: None,
-            partitions: None,
-            inputs: None,
-            fingerprint: None,
-            source_rows: None,
-            source_fingerprint: None,
-            staged: None,
-            staged_path: None,
-            promoted_from: None,
-            restored_from: None,
-            restore_key: None,
-            batch: None,
-            rows_inserted: None,
-            rows_updated: None,
-            rows_deleted: None,
-            rows_unchanged: None,
-            previous_rows: None,
-            verdict: None,
-            reasons: None,
-        }
-    }
-}
-
 /// Records the end of a try of the owner.
 pub(crate) fn finish_try(
     conn: &Conn,
@@ -912,95 +784,6 @@ pub(crate) fn end_abandoned_runs(
         }
     }
     Ok(())
-}
-
-/// Records what became of a staged output (promoted or discarded); `false` when it was no
-/// longer staged.
-pub(crate) fn set_staged(
-    conn: &Conn,
-    staged_try: i64,
-    to: crate::state::StagedState,
-) -> Result<bool> {
-    let changed = conn
-        .prepare_cached("UPDATE task_tries SET staged = ?2 WHERE id = ?1 AND staged = 'staged'")?
-        .execute(params![staged_try, to])?;
-    Ok(changed == 1)
-}
-
-/// A staged output still awaiting promotion.
-#[derive(Debug, Clone)]
-pub struct Staged {
-    pub interval: DataInterval,
-    pub task_id: String,
-    pub try_id: i64,
-    pub run_id: i64,
-    pub try_number: u32,
-    pub record: TryRecord,
-    pub path: Option<String>,
-    pub state: crate::state::StagedState,
-}
-
-/// The staged outputs of a backfill, whatever became of them since, by interval then try.
-pub(crate) fn staged(conn: &Conn, backfill_id: i64) -> Result<Vec<Staged>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT r.interval_start, r.interval_end, t.task_id, t.id, t.rows, t.fingerprint,
-                t.source_rows, t.source_fingerprint, t.verdict, t.reasons, t.staged_path,
-                r.id, t.try_number, t.staged
-         FROM runs r JOIN task_tries t ON t.run_id = r.id
-         WHERE r.backfill_id = ?1 AND t.staged IS NOT NULL
-         ORDER BY r.interval_start, t.id",
-    )?;
-    let rows = stmt.query_map([backfill_id], |r| {
-        Ok(Staged {
-            interval: DataInterval::from_unix(r.get(0)?, r.get(1)?),
-            task_id: r.get(2)?,
-            try_id: r.get(3)?,
-            run_id: r.get(11)?,
-            try_number: r.get(12)?,
-            record: TryRecord {
-                rows: r.get(4)?,
-                fingerprint: r.get(5)?,
-                source_rows: r.get(6)?,
-                source_fingerprint: r.get(7)?,
-                verdict: r.get(8)?,
-                reasons: r.get(9)?,
-                ..TryRecord::new(TryState::Succeeded)
-            },
-            path: r.get(10)?,
-            state: r.get(13)?,
-        })
-    })?;
-    Ok(rows.collect::<super::db::Result<_>>()?)
-}
-
-/// Whether a staged try's output still awaits promotion.
-pub(crate) fn is_staged(conn: &Conn, staged_try: i64) -> Result<bool> {
-    Ok(conn
-        .prepare_cached("SELECT 1 FROM task_tries WHERE id = ?1 AND staged = 'staged'")?
-        .query_row([staged_try], |_| Ok(()))
-        .optional()?
-        .is_some())
-}
-
-/// Records that try `try_id` promotes the staged try `staged_try`.
-pub(crate) fn set_promoted_from(conn: &Conn, try_id: i64, staged_try: i64) -> Result<()> {
-    conn.prepare_cached("UPDATE task_tries SET promoted_from = ?2 WHERE id = ?1")?
-        .execute(params![try_id, staged_try])?;
-    Ok(())
-}
-
-/// Discards a staged output unless a promote of it is running: `false` when it was not
-/// discarded.
-pub(crate) fn discard_staged(conn: &Conn, staged_try: i64) -> Result<bool> {
-    let changed = conn
-        .prepare_cached(
-            "UPDATE task_tries SET staged = 'discarded'
-             WHERE id = ?1 AND staged = 'staged' AND NOT EXISTS (
-                 SELECT 1 FROM task_tries p
-                 WHERE p.promoted_from = ?1 AND (p.state = 'running' OR p.publishing = 1))",
-        )?
-        .execute([staged_try])?;
-    Ok(changed == 1)
 }
 
 /// The tries whose audit files must stay: publishes that were decided (a recovery redoes

@@ -32,7 +32,8 @@ use rusqlite::Connection;
 
 pub use backfills::{Backfill, NewBackfill, Owner};
 pub(crate) use publishes::Publication;
-pub(crate) use reader::{Reader, close_readers};
+pub use reader::Reader;
+pub(crate) use reader::close_readers;
 pub use runs::TryRecord;
 pub use store::{Ownership, Planning, Publishing, Reads, Running, Staging, Store};
 

@@ -35,12 +35,12 @@ fn file_at(path: &Path) -> File {
 /// # Ok(()) }
 /// ```
 ///
-/// ```compile_fail
+/// ```compile_fail,E0599
 /// # fn f(r: &backfill::manifest::Reader) -> backfill::manifest::Result<()> {
 /// r.request_cancel(1)?; // a write: not offered
 /// # Ok(()) }
 /// ```
-pub(crate) struct Reader {
+pub struct Reader {
     conn: Option<Conn>,
     path: PathBuf,
     file: File,

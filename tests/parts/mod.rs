@@ -317,7 +317,12 @@ fn tmpfs() -> Result<PathBuf, String> {
     let how = "install util-linux's with `sudo apt-get install mount` (Debian)";
     let mount = program_or("mount", how)?;
     let umount = program_or("umount", how)?;
-    let dir = std::env::temp_dir().join(format!("backfill-tmpfs-part-{}", std::process::id()));
+    // A folder of this call's own: tests that run at once probe at once, and one's unmount or
+    // removal of a shared folder failed another's mount.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir =
+        std::env::temp_dir().join(format!("backfill-tmpfs-part-{}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let quiet = |program: &Path, args: &[&OsStr]| {
         Command::new(program)

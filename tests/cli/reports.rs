@@ -201,7 +201,7 @@ fn the_views_for_people_have_the_documented_columns_and_the_guides_queries_answe
         &p,
         "SELECT try_id, run_id, backfill_id, task_id, try_number, interval_start, interval_end,
                 state, verdict, rows, started_at, ended_at, duration_s >= 0
-         FROM report_tries ORDER BY try_id",
+         FROM report_tries ORDER BY backfill_id, interval_start, try_id",
     );
     assert_eq!(tries.len(), 4, "{tries:#?}");
     for (t, day) in tries.iter().zip(["01", "02", "03", "02"]) {

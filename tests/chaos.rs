@@ -707,8 +707,9 @@ fn stage_promote_rollback(c: &mut Chaos) {
     for day in 1..=DAYS {
         let start = format!("2026-01-{day:02}");
         let verdict = c.p.rows(&format!(
-            "SELECT t.verdict FROM published p JOIN task_tries t ON t.id = p.try_id
-             WHERE p.dag_id = 'sql' AND p.interval_start = strftime('%s', '{start}')"
+            "SELECT verdict FROM report_published JOIN report_tries USING (try_id)
+             WHERE report_published.dag_id = 'sql'
+               AND report_published.interval_start = '{start}T00:00:00Z'"
         ));
         let delta = if verdict == [["rolled back"]] { -1 } else { 0 };
         let (now, want): (i64, i64) = wh

@@ -7,6 +7,7 @@ partition column and its key; one gated SQL task per day with a unique key and a
 count). Each measurement alternates the two and reports medians.
 
     examples/bench/postgres.py [--rounds N] [--keyed] [--rules] [--setting NAME=VALUE] [--target-dir DIR]
+    examples/bench/postgres.py --small [--batch-size N] [--rounds N]
     examples/bench/postgres.py --batch-size N [--unindexed-source | --enriched] [--rounds N] [--keyed]
     examples/bench/postgres.py --merge [--rounds N] [--keyed]
     examples/bench/postgres.py --atomic [--rounds N] [--keyed]
@@ -14,6 +15,11 @@ count). Each measurement alternates the two and reports medians.
 
 With --keyed the target has PRIMARY KEY (event_id) in place of its plain index on event_id, as
 most production tables do: each partition's delete must then be done before its insert starts.
+With --small the workload is small partitions instead, as daily aggregates are: 328,500 orders
+over 2025 (900 a day, raw.orders indexed on its timestamp) aggregated into 15 rows a day (five
+regions by three bands of amount) of analytics.orders_daily, PRIMARY KEY (day, region, band); the
+gate as in the README (unique_key, a source_count of the distinct groups, a source_fingerprint).
+It runs the three measurements below, or with --batch-size N the batches' measurements.
 
 Targets (exit status 1 when one is missed):
   1. 365 daily partitions into an empty target, --max-active-runs 1: backfill <= 1.5x the bare loop
@@ -157,6 +163,78 @@ ENRICHED_DAG = DAG.replace(
 )
 assert ENRICHED_DAG != DAG
 
+TARGET = "analytics.events_fact"
+COLUMNS = "event_id, day, region, amount"
+SMALL = False  # --small: the small-partition workload below instead
+
+# --small: a daily aggregate of 900 orders a day (328,500 over 2025, read through an index on
+# their timestamp) into 15 rows a day (five regions by three bands of amount), a keyed target.
+ORDERS = 328_500  # one every 96 seconds
+SMALL_SCHEMA = f"""
+CREATE TABLE raw.orders (
+    order_id bigint PRIMARY KEY,
+    order_ts timestamptz NOT NULL,
+    region   text NOT NULL,
+    amount   int NOT NULL
+);
+INSERT INTO raw.orders
+SELECT i,
+       timestamptz '2025-01-01 00:00:00+00' + i * interval '96 seconds',
+       (ARRAY['eu', 'us', 'apac', 'latam', 'mea'])[1 + (i * 2654435761 % 4294967296) * 5 / 4294967296],
+       (i * 40503) % 25000
+FROM generate_series(0::bigint, {ORDERS - 1}) AS i;
+CREATE INDEX orders_by_ts ON raw.orders (order_ts);
+CREATE TABLE analytics.orders_daily (
+    day     date NOT NULL,
+    region  text NOT NULL,
+    band    int NOT NULL,
+    orders  bigint NOT NULL,
+    amount  bigint NOT NULL,
+    PRIMARY KEY (day, region, band)
+);
+VACUUM ANALYZE;
+"""
+
+SMALL_SELECT = """SELECT (order_ts AT TIME ZONE 'UTC')::date AS day, region, amount / 10000 AS band,
+       count(*) AS orders, sum(amount) AS amount
+FROM raw.orders
+WHERE order_ts >= {start} AND order_ts < {end}
+GROUP BY 1, 2, 3"""
+
+SMALL_DAG = f'''schedule = "@daily"
+timezone = "UTC"
+
+[[tasks]]
+id = "daily"
+warehouse = "dw"
+target = "analytics.orders_daily"
+partition_column = "day"
+sql = """
+{SMALL_SELECT.format(start=":data_interval_start", end=":data_interval_end")}
+"""
+
+[tasks.gate]
+unique_key = ["day", "region", "band"]
+source_count = """
+SELECT count(*) FROM (
+    SELECT DISTINCT region, amount / 10000 FROM raw.orders
+    WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end
+) AS bands
+"""
+source_fingerprint = """
+SELECT count(*) || '/' || sum(amount) FROM raw.orders
+WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end
+"""
+'''
+
+
+def use_small():
+    """Makes the small-partition workload the one measured."""
+    global TARGET, COLUMNS, SMALL, SELECT, DAG
+    TARGET, COLUMNS, SMALL = "analytics.orders_daily", "day, region, band, orders, amount", True
+    SELECT, DAG = SMALL_SELECT, SMALL_DAG
+
+
 RULES = """not_null = ["event_id", "region"]
 accepted_values = { region = ["eu", "us", "apac", "latam", "mea"] }
 range = { amount = { min = 0, max = 25000 } }
@@ -222,22 +300,33 @@ class Warehouse:
             last = now
         return last
 
+    def check_small(self, who):
+        got = self.value(f"SELECT count(*) || ' ' || sum(orders) FROM {TARGET}")
+        want = self.value("SELECT count(DISTINCT ((order_ts AT TIME ZONE 'UTC')::date, region, amount / 10000))"
+                          " || ' ' || count(*) FROM raw.orders"
+                          " WHERE order_ts >= '2025-01-01 00:00:00+00' AND order_ts < '2026-01-01 00:00:00+00'")
+        if got != want:
+            sys.exit(f"{who} left a wrong target: {got} (rows, orders), expected {want}")
+
     def settle_source(self):
         """The raw events as autovacuum leaves a table some time after it was loaded: every page
         marked all-visible, so that counting the source by its index reads no table page. A
         VACUUM right after the load may mark no page, so it is repeated until every page is."""
         for _ in range(100):
-            self.run("VACUUM raw.events;")
-            if self.value("SELECT relallvisible >= relpages FROM pg_class WHERE oid = 'raw.events'::regclass") == "t":
+            self.run("VACUUM raw.events;" + ("\nVACUUM raw.orders;" if SMALL else ""))
+            if self.value("SELECT bool_and(relallvisible >= relpages) FROM pg_class"
+                          " WHERE oid IN ('raw.events'::regclass, to_regclass('raw.orders'))") == "t":
                 return
             time.sleep(0.1)
         sys.exit("raw.events: VACUUM did not mark its pages all-visible")
 
     def settle(self):
         """Before a timed run: no dead rows left for autovacuum to pick up mid-run, nothing dirty."""
-        self.run("VACUUM ANALYZE analytics.events_fact;\nCHECKPOINT;\n")
+        self.run(f"VACUUM ANALYZE {TARGET};\nCHECKPOINT;\n")
 
     def check(self, who):
+        if SMALL:
+            return self.check_small(who)
         got = self.value("SELECT count(*) || ' ' || count(DISTINCT event_id) FROM analytics.events_fact")
         want = self.value("SELECT count(*) FROM raw.events WHERE event_ts >= '2025-01-01 00:00:00+00' AND event_ts < '2026-01-01 00:00:00+00'")
         rows, distinct = got.split()
@@ -275,8 +364,8 @@ def bare_script():
         day, nxt = first + datetime.timedelta(days=d), first + datetime.timedelta(days=d + 1)
         select = SELECT.format(start=f"'{day} 00:00:00+00'", end=f"'{nxt} 00:00:00+00'")
         parts.append(
-            f"BEGIN;\nDELETE FROM analytics.events_fact WHERE day >= '{day}' AND day < '{nxt}';\n"
-            f"INSERT INTO analytics.events_fact (event_id, day, region, amount)\n{select};\nCOMMIT;\n"
+            f"BEGIN;\nDELETE FROM {TARGET} WHERE day >= '{day}' AND day < '{nxt}';\n"
+            f"INSERT INTO {TARGET} ({COLUMNS})\n{select};\nCOMMIT;\n"
         )
     return "".join(parts).encode()
 
@@ -286,7 +375,7 @@ class Bench:
         self.binary, self.wh, self.work, self.runs = binary, wh, work, 0
         self.script = bare_script()
 
-    def project(self, dag=DAG):
+    def project(self, dag=None):
         """A new project folder: a fresh manifest, so no interval is skipped as done. (A new folder
         rather than deleting .backfill: a manifest recreated at the same path numbers its tries from
         1 again, and those try ids are already booked in backfill.publishes, whose primary key is
@@ -297,10 +386,10 @@ class Bench:
         with open(os.path.join(d, "backfill.toml"), "w") as f:
             f.write(f'[warehouse.dw]\nkind = "postgres"\nurl = "{self.wh.url}?sslmode=disable"\nkeep_versions = 0\n')
         with open(os.path.join(d, "dags", "events.toml"), "w") as f:
-            f.write(dag)
+            f.write(dag or DAG)
         return d
 
-    def backfill(self, *extra, dag=DAG):
+    def backfill(self, *extra, dag=None):
         self.wh.settle()
         argv = [self.binary, "-C", self.project(dag), "-q", "create", "--dag", "events",
                 "--from", "2025-01-01", "--to", "2025-12-31"] + list(extra)
@@ -324,8 +413,8 @@ def floor_script(query):
     transaction, with no gate, no measure and no record."""
     select = query.format(start="'2025-01-01 00:00:00+00'", end="'2026-01-01 00:00:00+00'")
     return (
-        "BEGIN;\nDELETE FROM analytics.events_fact WHERE day >= '2025-01-01' AND day < '2026-01-01';\n"
-        f"INSERT INTO analytics.events_fact (event_id, day, region, amount)\n{select};\nCOMMIT;\n"
+        f"BEGIN;\nDELETE FROM {TARGET} WHERE day >= '2025-01-01' AND day < '2026-01-01';\n"
+        f"INSERT INTO {TARGET} ({COLUMNS})\n{select};\nCOMMIT;\n"
     ).encode()
 
 
@@ -333,6 +422,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--keyed", action="store_true", help="give the target a primary key (event_id)")
+    parser.add_argument("--small", action="store_true",
+                        help="the small-partition workload: 900 orders a day aggregated into 15 keyed rows a day")
     parser.add_argument("--rules", action="store_true", help="measure the cost of three rules on values instead")
     parser.add_argument("--batch-size", type=int, help="measure --batch-size N against --batch-size 1 instead")
     parser.add_argument("--unindexed-source", action="store_true",
@@ -371,6 +462,11 @@ def main():
                 print(f"server setting {name} = {wh.value(f'SHOW {name}')}", file=sys.stderr)
         print(f"generating the warehouse ({EVENTS:,} raw events)...", file=sys.stderr)
         wh.run(SCHEMA.replace("{key}", KEYS[args.keyed]))
+        if args.small:
+            if args.merge or args.atomic or args.rules or args.enriched or args.unindexed_source:
+                sys.exit("--small measures the default runs and --batch-size N only")
+            use_small()
+            wh.run(SMALL_SCHEMA)
         if args.unindexed_source:
             wh.run("DROP INDEX raw.events_by_ts; ANALYZE raw.events;")
         if args.enriched:
@@ -398,9 +494,9 @@ def main():
         for r in range(args.rounds):
             print(f"round {r + 1} of {args.rounds}...", file=sys.stderr)
             # 1. Into an empty target, one interval at a time.
-            wh.run("TRUNCATE analytics.events_fact;")
+            wh.run(f"TRUNCATE {TARGET};")
             record("bare_empty", bench.bare())
-            wh.run("TRUNCATE analytics.events_fact;")
+            wh.run(f"TRUNCATE {TARGET};")
             record("bf_empty", bench.backfill("--max-active-runs", "1"))
             # 2. Into the full target, every partition replaced, one at a time.
             record("bare_full", bench.bare())
@@ -417,6 +513,8 @@ def main():
             ("3. full target, reprocess completed, -m 4", "bf_full_4", "bare_full_4", "<", 1.0),
         ]
         target = "a target with PRIMARY KEY (event_id)" if args.keyed else "a target without a key"
+        if SMALL:
+            target = "small partitions (15 rows a day from 900 orders, PRIMARY KEY (day, region, band))"
         print(f"{target}; medians of {args.rounds} round(s), wall seconds (client CPU seconds, server CPU seconds):")
         print(f"  {'measurement':<43} {'backfill':>22} {'bare loop':>22} {'ratio':>7}  target")
         missed = 0
@@ -449,7 +547,7 @@ def batch_cost(bench, wh, args):
             order.reverse()
         for m in ("1", "4"):
             for name, n in order:
-                wh.run("TRUNCATE analytics.events_fact;")
+                wh.run(f"TRUNCATE {TARGET};")
                 for target, extra in (("empty", []), ("full", ["--reprocess-behavior", "completed"])):
                     w, c, sc = bench.backfill("--max-active-runs", m, "--batch-size", n, *extra,
                                               dag=ENRICHED_DAG if args.enriched else DAG)
@@ -458,7 +556,7 @@ def batch_cost(bench, wh, args):
                     cpu[key].append(c)
                     server_cpu[key].append(sc)
         # The floor, after the runs at -m 1 it bounds: into the empty target, then the full one.
-        wh.run("TRUNCATE analytics.events_fact;")
+        wh.run(f"TRUNCATE {TARGET};")
         for target in ("empty", "full"):
             w, c, sc = bench.bare(floor)
             wall[f"floor_{target}_1"].append(w)
@@ -468,6 +566,8 @@ def batch_cost(bench, wh, args):
     cmed = {k: statistics.median(v) for k, v in cpu.items()}
     smed = {k: statistics.median(v) for k, v in server_cpu.items()}
     target = "a target with PRIMARY KEY (event_id)" if args.keyed else "a target without a key"
+    if SMALL:
+        target = "small partitions (15 rows a day from 900 orders, PRIMARY KEY (day, region, band))"
     if args.unindexed_source:
         target += ", a source without an index on its timestamp"
     if args.enriched:
@@ -505,7 +605,7 @@ def merge_cost(bench, wh, args):
     names = [f"{w}_{c}" for w in ("merge", "replace") for c in ("changed", "same")]
     wall, cpu, server_cpu, wal, written = ({k: [] for k in names} for _ in range(5))
     # The full target, as a first backfill leaves it.
-    wh.run("TRUNCATE analytics.events_fact;")
+    wh.run(f"TRUNCATE {TARGET};")
     bench.backfill("--max-active-runs", "1")
     step = 0
 
@@ -569,7 +669,7 @@ def atomic_cost(bench, wh, binary, args):
     """A staged rerun of the year promoted at once (--atomic) against promoted a day at a time,
     alternated, each from a staging of its own. No target: the exit status is 0."""
     wall, cpu, server_cpu = ({k: [] for k in ("atomic", "each")} for _ in range(3))
-    wh.run("TRUNCATE analytics.events_fact;")
+    wh.run(f"TRUNCATE {TARGET};")
     bench.backfill("--max-active-runs", "1")
     env = dict(os.environ, BACKFILL_NOW=NOW)
     for r in range(args.rounds):
@@ -614,7 +714,7 @@ def rules_cost(bench, wh, args):
         if r % 2:
             order.reverse()
         for name, dag in order:
-            wh.run("TRUNCATE analytics.events_fact;")
+            wh.run(f"TRUNCATE {TARGET};")
             wall[f"{name}_empty"].append(bench.backfill("--max-active-runs", "1", dag=dag)[0])
         for name, dag in order:
             wall[f"{name}_full"].append(

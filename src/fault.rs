@@ -11,6 +11,7 @@
 //! builds ignore the variable.
 
 /// What to do at a fault point.
+#[cfg(feature = "fault-injection")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Action {
     Abort,

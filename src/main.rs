@@ -51,7 +51,7 @@ fn main() -> ExitCode {
     };
     let json = cli.output == Output::Json;
     if let Err(e) = backfill::log::init(cli.verbose, cli.log_format) {
-        eprintln!("error: {e}");
+        backfill::report::out::say(&format!("error: {e}"));
         if json {
             print_json_error(e.kind(), &e.to_string(), e.exit_code());
         }
@@ -62,7 +62,7 @@ fn main() -> ExitCode {
         Err(Error::ClosedPipe) => ExitCode::from(exit::OK),
         Err(e) => {
             for line in e.to_string().lines() {
-                eprintln!("error: {line}");
+                backfill::report::out::say(&format!("error: {line}"));
             }
             if json {
                 print_json_error(e.kind(), &e.to_string(), e.exit_code());

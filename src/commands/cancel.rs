@@ -27,19 +27,19 @@ pub(crate) fn run(g: &Global, id: i64, wait: Duration) -> Result<u8, Error> {
             .running_member(root)
             .map_err(|e| e.at(&manifest_path))?;
         if let Some(member) = running {
-            eprintln!(
+            crate::report::out::say(&format!(
                 "backfill {id} is {}; cancelling backfill {member} of its cascade",
                 backfill.state
-            );
+            ));
             drop(conn);
             return run(g, member, wait);
         }
     }
     if backfill.state != BackfillState::Running {
-        eprintln!(
+        crate::report::out::say(&format!(
             "backfill {id} is already {}; nothing to cancel",
             backfill.state
-        );
+        ));
         document(g, id, backfill.state.as_str(), "nothing to cancel")?;
         return Ok(exit::OK);
     }
@@ -67,13 +67,13 @@ fn cancel(
     if backfill.owner_alive(&ctx()?) {
         writer.call_blocking(move |c| c.request_cancel(id))?;
         let here = crate::liveness::Host::name(&crate::process::LOCAL);
-        eprintln!(
+        crate::report::out::say(&format!(
             "asked backfill {id} (pid {}{}) to stop…",
             backfill.owner_pid.unwrap_or_default(),
             crate::liveness::elsewhere(backfill.owner_host.as_deref(), &here)
                 .map(|host| format!(" on host {host}"))
                 .unwrap_or_default()
-        );
+        ));
         let deadline = Instant::now()
             .checked_add(wait)
             .unwrap_or_else(Instant::now);
@@ -84,7 +84,7 @@ fn cancel(
             };
             if now.state != BackfillState::Running {
                 settle_workers(g, project, writer, conn, id, deadline)?;
-                eprintln!("backfill {id} stopped: {}", now.state);
+                crate::report::out::say(&format!("backfill {id} stopped: {}", now.state));
                 document(g, id, now.state.as_str(), "stopped by its process")?;
                 return Ok(exit::OK);
             }
@@ -92,11 +92,11 @@ fn cancel(
                 break;
             }
             if Instant::now() >= deadline {
-                eprintln!(
+                crate::report::out::say(&format!(
                     "backfill {id} was asked to stop and is still stopping after {} (its tasks get SIGTERM, then SIGKILL after their grace_period); `{}` tells when it has",
                     humantime::format_duration(wait),
                     crate::report::out::hint(&format!("show {id}"))
-                );
+                ));
                 document(g, id, now.state.as_str(), "still stopping")?;
                 return Ok(exit::OK);
             }
@@ -126,14 +126,16 @@ fn cancel(
                 }
                 None => "its process was gone".to_string(),
             };
-            eprintln!(
+            crate::report::out::say(&format!(
                 "backfill {id} cancelled; {gone}, so its leases were released here; `{}` continues it",
                 crate::report::out::hint(&format!("resume {id}"))
-            );
+            ));
             document(g, id, "cancelled", &format!("cancelled here: {gone}"))?;
         }
         None => {
-            eprintln!("backfill {id} is running again (resumed meanwhile); nothing done");
+            crate::report::out::say(&format!(
+                "backfill {id} is running again (resumed meanwhile); nothing done"
+            ));
             document(g, id, "running", "resumed meanwhile: nothing done")?;
         }
     }

@@ -154,7 +154,9 @@ pub(crate) fn run(
         return Err(Error::Environment(fault));
     }
     if stopped {
-        eprintln!("verify interrupted; its tasks were stopped and its audit files removed");
+        crate::report::out::say(
+            "verify interrupted; its tasks were stopped and its audit files removed",
+        );
         return Ok(exit::INTERRUPTED);
     }
     let mut out = Sink::std(g.json, g.verbose);
@@ -169,11 +171,11 @@ pub(crate) fn run(
             Verdict::Deterministic => continue,
             Verdict::Unverifiable => {
                 if !g.quiet {
-                    eprintln!(
+                    crate::report::out::say(&format!(
                         "task `{}` for {} is unverifiable: it reports no fingerprint; write {{\"fingerprint\": ...}} to $BACKFILL_RESULT",
                         c.task_id,
                         Labeler::new(&dag).label(c.start.0)
-                    );
+                    ));
                 }
                 continue;
             }
@@ -192,12 +194,12 @@ pub(crate) fn run(
                 } else {
                     &c.first.broken
                 };
-                eprintln!(
+                crate::report::out::say(&format!(
                     "task `{}` for interval {} would be rejected by its gate: {}",
                     c.task_id,
                     Labeler::new(&dag).label(c.start.0),
                     broken.join("; ")
-                );
+                ));
                 continue;
             }
             Verdict::NotDeterministic => format!(
@@ -209,11 +211,11 @@ pub(crate) fn run(
             ),
         };
         bad += 1;
-        eprintln!(
+        crate::report::out::say(&format!(
             "task `{}` is not deterministic for interval {}: {why}",
             c.task_id,
             Labeler::new(&dag).label(c.start.0)
-        );
+        ));
     }
     if !g.quiet {
         let count = |v: Verdict| checks.iter().filter(|c| c.result == v).count();
@@ -223,7 +225,7 @@ pub(crate) fn run(
         } else {
             String::new()
         };
-        eprintln!(
+        crate::report::out::say(&format!(
             "verified {} of {}: {} deterministic, {} not, {unverifiable} unverifiable{rejected_words}",
             crate::words::plural(
                 i64::try_from(checks.len()).unwrap_or(i64::MAX),
@@ -233,7 +235,7 @@ pub(crate) fn run(
             dag.id,
             checks.len() - bad - unverifiable,
             bad - rejected,
-        );
+        ));
     }
     Ok(if bad == 0 { exit::OK } else { exit::FAILED })
 }

@@ -233,23 +233,10 @@ fn natural_group(intervals: &[&IntervalDetail]) -> usize {
 
 /// Items separated by two spaces, wrapped to `width` (measured without colour codes).
 fn wrap_items(items: &[String], width: usize) -> String {
-    let visible = |s: &str| {
-        let mut n = 0;
-        let mut in_code = false;
-        for c in s.chars() {
-            match (in_code, c) {
-                (false, '\x1b') => in_code = true,
-                (true, 'm') => in_code = false,
-                (false, _) => n += 1,
-                _ => {}
-            }
-        }
-        n
-    };
     let mut out = String::new();
     let mut line = 0;
     for item in items {
-        let w = visible(item);
+        let w = super::out::visible_width(item);
         if line > 0 && line + 2 + w > width {
             out.push('\n');
             line = 0;

@@ -85,6 +85,16 @@ impl Fit {
     }
 }
 
+/// Writes a line for people on stderr, wrapped at spaces to its width (see [`Fit::stderr`]), so
+/// that a terminal never breaks a word; a closed stderr is ignored.
+pub fn say(text: &str) {
+    let text = match Fit::stderr(false).width {
+        Some(width) => wrap(text, usize::from(width)),
+        None => text.to_string(),
+    };
+    let _ = writeln!(std::io::stderr(), "{text}");
+}
+
 /// `COLUMNS` when it holds a width, else the terminal's width when `term` is a terminal.
 fn width(term: &console::Term) -> Option<u16> {
     columns(std::env::var("COLUMNS").ok().as_deref())
@@ -104,18 +114,22 @@ pub(crate) struct Sink<'a> {
     /// `--output json`: one JSON document instead of human output.
     pub json: bool,
     pub fit: Fit,
+    /// The width notes are wrapped to (see [`wrap`]); `None`: as they are.
+    notes_width: Option<u16>,
 }
 
 impl Sink<'static> {
     /// The process's stdout and stderr, fitted to stdout's width; `verbose` keeps long cells
     /// whole.
     pub(crate) fn std(json: bool, verbose: bool) -> Self {
-        Self::new(
+        let mut sink = Self::new(
             std::io::stdout().lock(),
             std::io::stderr(),
             json,
             Fit::stdout(verbose),
-        )
+        );
+        sink.notes_width = Fit::stderr(verbose).width;
+        sink
     }
 }
 
@@ -126,6 +140,7 @@ impl<'a> Sink<'a> {
             notes: Box::new(notes),
             json,
             fit,
+            notes_width: fit.width,
         }
     }
 
@@ -147,14 +162,19 @@ impl<'a> Sink<'a> {
         write_json(&mut self.data, value)
     }
 
-    /// Writes a line for people (a closed stderr is ignored).
+    /// Writes a line for people, wrapped at spaces to the notes' width (a closed stderr is
+    /// ignored).
     pub(crate) fn note(&mut self, text: &str) {
-        let _ = writeln!(self.notes, "{text}");
+        let _ = match self.notes_width {
+            Some(width) => writeln!(self.notes, "{}", wrap(text, usize::from(width))),
+            None => writeln!(self.notes, "{text}"),
+        };
     }
 }
 
 /// Wraps each line of `text` at spaces so that no line is wider than `width` characters;
-/// continuation lines are indented by two spaces. A word wider than the width is cut.
+/// continuation lines are indented by two spaces. A word wider than the width is cut. Colour
+/// codes (ANSI escape sequences) take no width, and are never cut.
 pub(crate) fn wrap(text: &str, width: usize) -> String {
     const INDENT: &str = "  ";
     let width = width.max(INDENT.len() + 1);
@@ -163,14 +183,14 @@ pub(crate) fn wrap(text: &str, width: usize) -> String {
         if n > 0 {
             out.push('\n');
         }
-        if line.chars().count() <= width {
+        if visible_width(line) <= width {
             out.push_str(line);
             continue;
         }
         let mut used = 0;
         for word in line.split(' ') {
-            let mut word: Vec<char> = word.chars().collect();
-            if used > 0 && used + 1 + word.len() <= width {
+            let w = visible_width(word);
+            if used > 0 && used + 1 + w <= width {
                 out.push(' ');
                 used += 1;
             } else if used > 0 {
@@ -178,19 +198,54 @@ pub(crate) fn wrap(text: &str, width: usize) -> String {
                 out.push_str(INDENT);
                 used = INDENT.len();
             }
-            while used + word.len() > width {
-                let room = width - used;
-                out.extend(&word[..room]);
-                out.push('\n');
-                out.push_str(INDENT);
-                used = INDENT.len();
-                word.drain(..room);
+            // A colour code goes with the character after it (a reset, with the one before),
+            // so that a cut word keeps each character's colour.
+            let mut held = String::new();
+            for (piece, pw) in pieces(word) {
+                if pw == 0 && !matches!(piece, "\x1b[0m" | "\x1b[m") {
+                    held.push_str(piece);
+                    continue;
+                }
+                if pw > 0 && used + pw > width {
+                    out.push('\n');
+                    out.push_str(INDENT);
+                    used = INDENT.len();
+                }
+                out.push_str(&held);
+                held.clear();
+                out.push_str(piece);
+                used += pw;
             }
-            out.extend(&word);
-            used += word.len();
+            out.push_str(&held);
         }
     }
     out
+}
+
+/// How many columns `text` takes on a terminal: its characters, less its colour codes.
+pub(crate) fn visible_width(text: &str) -> usize {
+    pieces(text).map(|(_, w)| w).sum()
+}
+
+/// `text` as its characters (width 1 each) and its ANSI escape sequences (`ESC [ ... letter`,
+/// width 0), in order.
+fn pieces(text: &str) -> impl Iterator<Item = (&str, usize)> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        let c = rest.chars().next()?;
+        let (len, width) = match rest.strip_prefix("\x1b[") {
+            Some(code) => {
+                let end = code
+                    .find(|c: char| c.is_ascii_alphabetic())
+                    .map_or(code.len(), |k| k + 1);
+                (2 + end, 0)
+            }
+            None => (c.len_utf8(), 1),
+        };
+        let (piece, after) = rest.split_at(len);
+        rest = after;
+        Some((piece, width))
+    })
 }
 
 pub use crate::words::{hint, plural, set_invocation, shell_word};
@@ -222,6 +277,28 @@ mod tests {
         assert_eq!(
             wrap(&"x".repeat(25), 10),
             "xxxxxxxxxx\n  xxxxxxxx\n  xxxxxxx"
+        );
+    }
+
+    #[test]
+    fn colour_codes_take_no_width_and_are_never_cut() {
+        let cell = "\x1b[32m#\x1b[0m";
+        let week = cell.repeat(7);
+        let line = format!("2026-09-01  {week} {week} {week} {week} {week} {week} {week} {week}");
+        // 12 + 8 weeks of 7 cells and their spaces: 75 columns, one line at 80.
+        assert_eq!(visible_width(&line), 75);
+        assert_eq!(wrap(&line, 80), line);
+        let wrapped = wrap(&line, 40);
+        assert!(
+            wrapped.lines().all(|l| visible_width(l) <= 40),
+            "{wrapped:?}"
+        );
+        assert_eq!(wrapped.matches(cell).count(), 56, "{wrapped:?}");
+        assert_eq!(wrap(&cell.repeat(12), 5).matches(cell).count(), 12);
+        assert!(
+            wrap(&cell.repeat(12), 5)
+                .lines()
+                .all(|l| visible_width(l) <= 5)
         );
     }
 

@@ -37,7 +37,10 @@ impl Progress {
         if quiet {
             Self::Quiet
         } else if can_draw() {
-            Self::Bar(bar(total, ProgressDrawTarget::stderr()))
+            let width = console::Term::stderr()
+                .size_checked()
+                .map(|(_, w)| usize::from(w));
+            Self::Bar(bar(total, ProgressDrawTarget::stderr(), width))
         } else {
             Self::Lines
         }
@@ -51,24 +54,43 @@ fn can_draw() -> bool {
         && std::env::var("TERM").is_ok_and(|t| !t.is_empty() && t != "dumb")
 }
 
-/// The progress bar of `total` intervals, drawn on `target`.
-pub(crate) fn bar(total: u64, target: ProgressDrawTarget) -> ProgressBar {
+/// The progress bar of `total` intervals, drawn on `target`, as fits its width.
+pub(crate) fn bar(total: u64, target: ProgressDrawTarget, width: Option<usize>) -> ProgressBar {
     let bar = ProgressBar::with_draw_target(Some(total), target);
-    let template = if std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty()) {
-        "{bar:30} {pos}/{len} intervals · {msg} · {elapsed_precise} elapsed · ETA {eta}"
-    } else {
-        "{bar:30.cyan/blue} {pos}/{len} intervals · {msg} · {elapsed_precise} elapsed · ETA {eta}"
-    };
+    let colour = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     bar.set_style(
-        ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(&template(width, colour))
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     bar.enable_steady_tick(Duration::from_millis(200));
     bar
 }
 
+/// A terminal this wide (or wider) gets the bar's every word.
+const WIDE: usize = 120;
+
+/// The bar's template for a terminal `width` columns wide (`None`: unknown): the bar takes what
+/// the words leave, and the words are fewer on a narrower terminal, so that the line does not
+/// wrap (a test checks the widest counts at 60 columns and more).
+fn template(width: Option<usize>, colour: bool) -> String {
+    let words = match width {
+        Some(w) if w < 70 => "{pos}/{len} · {msg}",
+        Some(w) if w < WIDE => "{pos}/{len} · {msg} · {elapsed_precise}",
+        _ => "{pos}/{len} intervals · {msg} · {elapsed_precise} elapsed · ETA {eta}",
+    };
+    let bar = if colour {
+        "{wide_bar:.cyan/blue}"
+    } else {
+        "{wide_bar}"
+    };
+    format!("{bar} {words}")
+}
+
 /// The bar's message: what runs and what failed.
-fn message(stats: &Stats) -> String {
-    let waiting = if stats.waiting > 0 {
+fn message(stats: &Stats, width: Option<usize>) -> String {
+    let waiting = if stats.waiting > 0 && width.is_some_and(|w| w < WIDE) {
+        format!(" ({} waiting)", stats.waiting)
+    } else if stats.waiting > 0 {
         format!(" ({} waiting for a pool)", stats.waiting)
     } else {
         String::new()
@@ -86,36 +108,62 @@ pub(crate) struct Reporter<W: Write> {
     progress: Progress,
     labels: Labeler,
     verbose: bool,
+    /// The width lines are wrapped to (see [`super::out::wrap`]); `None`: as they are.
+    width: Option<usize>,
+    /// The intervals (by start) whose failure or rejection it wrote, reason and all.
+    written: std::collections::HashSet<i64>,
+    /// The error of the last try of an interval (by start) that it wrote, until the interval's
+    /// end is written.
+    failed_with: std::collections::HashMap<i64, String>,
+}
+
+/// Whether a log line only says `error` again (the line a try writes of why it failed).
+fn says_again(line: &str, error: &str) -> bool {
+    let line = line.trim();
+    line.len() >= 12 && error.contains(line)
 }
 
 impl Reporter<std::io::Stderr> {
     /// Progress of `total` intervals on stderr (see [`Progress::for_stderr`]).
     pub(crate) fn stderr(total: u64, labels: Labeler, quiet: bool, verbose: bool) -> Self {
-        Self::new(
+        let mut reporter = Self::new(
             std::io::stderr(),
             Progress::for_stderr(total, quiet),
             labels,
             verbose,
-        )
+        );
+        reporter.width = super::out::Fit::stderr(false).width.map(usize::from);
+        reporter
     }
 }
 
 impl<W: Write> Reporter<W> {
     pub(crate) fn new(out: W, progress: Progress, labels: Labeler, verbose: bool) -> Self {
         if let Progress::Bar(bar) = &progress {
-            bar.set_message(message(&Stats::new(bar.length().unwrap_or(0))));
+            bar.set_message(message(&Stats::new(bar.length().unwrap_or(0)), None));
         }
         Self {
             out,
             progress,
             labels,
             verbose,
+            width: None,
+            written: std::collections::HashSet::new(),
+            failed_with: std::collections::HashMap::new(),
         }
     }
 
-    /// Writes a line (above the bar when there is one), unless quiet. A closed stderr is
-    /// ignored.
+    /// Writes a line (above the bar when there is one), unless quiet, wrapped to the width. A
+    /// closed stderr is ignored.
     fn line(&mut self, text: &str) {
+        let wrapped;
+        let text = match self.width {
+            Some(width) => {
+                wrapped = super::out::wrap(text, width);
+                wrapped.as_str()
+            }
+            None => text,
+        };
         match &self.progress {
             Progress::Bar(bar) => bar.suspend(|| {
                 let _ = writeln!(self.out, "{text}");
@@ -131,6 +179,10 @@ impl<W: Write> Reporter<W> {
     fn always(&mut self, text: &str) {
         match &self.progress {
             Progress::Quiet => {
+                let text = match self.width {
+                    Some(width) => super::out::wrap(text, width),
+                    None => text.to_string(),
+                };
                 let _ = writeln!(self.out, "{text}");
             }
             _ => self.line(text),
@@ -180,10 +232,13 @@ impl<W: Write> Reporter<W> {
                     self.labels.label(interval.start)
                 );
                 if !*will_retry && !log_tail.is_empty() {
-                    for l in log_tail.lines() {
+                    // A line that only says the error again is left out.
+                    for l in log_tail.lines().filter(|l| !says_again(l, error)) {
                         text.push_str("\n  | ");
                         text.push_str(l);
                     }
+                    self.failed_with
+                        .insert(interval.start.timestamp(), error.clone());
                 }
                 self.line(&text);
             }
@@ -195,6 +250,9 @@ impl<W: Write> Reporter<W> {
                 ..
             } => {
                 let failed = matches!(state, RunState::Failed | RunState::Rejected);
+                if failed && !matches!(self.progress, Progress::Quiet) {
+                    self.written.insert(interval.start.timestamp());
+                }
                 if failed || self.routine() {
                     let mut text = format!(
                         "{:<10} {} ({})",
@@ -202,9 +260,16 @@ impl<W: Write> Reporter<W> {
                         self.labels.label(interval.start),
                         seconds(*elapsed)
                     );
+                    // Its last try's line, just above, gave the error.
+                    let said = self.failed_with.remove(&interval.start.timestamp());
                     if let Some(e) = error {
-                        text.push_str(": ");
-                        text.push_str(e);
+                        match said {
+                            Some(s) if e.ends_with(&s) => text.push_str(": as written above"),
+                            _ => {
+                                text.push_str(": ");
+                                text.push_str(e);
+                            }
+                        }
                     }
                     self.line(&text);
                 }
@@ -279,8 +344,14 @@ impl<W: Write> Reporter<W> {
         }
         if let Progress::Bar(bar) = &self.progress {
             bar.set_position(stats.finished);
-            bar.set_message(message(stats));
+            bar.set_message(message(stats, self.width));
         }
+    }
+
+    /// The intervals (by start) whose failure or rejection it wrote with its reason: the
+    /// summary need not say it again.
+    pub(crate) fn written(&self) -> &std::collections::HashSet<i64> {
+        &self.written
     }
 
     /// Clears the bar.
@@ -381,7 +452,7 @@ mod tests {
     }
 
     fn hidden_bar() -> Progress {
-        Progress::Bar(bar(5, ProgressDrawTarget::hidden()))
+        Progress::Bar(bar(5, ProgressDrawTarget::hidden(), Some(120)))
     }
 
     #[test]
@@ -446,8 +517,32 @@ mod tests {
     }
 
     #[test]
+    fn the_bar_line_fits_its_terminal() {
+        // Wide values: ten years of hours, 16 running and waiting for a pool, an hour elapsed.
+        let stats = Stats {
+            total: 99_999,
+            running: 16,
+            waiting: 16,
+            failed: 999,
+            ..Stats::default()
+        };
+        for width in [60, 70, 80, 100, 119, 120, 200] {
+            let msg = message(&stats, Some(width));
+            let words = template(Some(width), false)
+                .replace("{wide_bar} ", "")
+                .replace("{pos}", "99999")
+                .replace("{len}", "99999")
+                .replace("{msg}", &msg)
+                .replace("{elapsed_precise}", "01:00:00")
+                .replace("{eta}", "59m");
+            // At least five columns of bar are left.
+            assert!(words.chars().count() + 6 <= width, "{width}: {words}");
+        }
+    }
+
+    #[test]
     fn the_bar_shows_the_counts_it_is_handed() {
-        let bar = bar(5, ProgressDrawTarget::hidden());
+        let bar = bar(5, ProgressDrawTarget::hidden(), Some(80));
         let mut reporter = Reporter::new(
             Shared::default(),
             Progress::Bar(bar.clone()),

@@ -115,6 +115,7 @@ pub(crate) fn write(
     s: &Summary<'_>,
     labels: &Labeler,
     quiet: bool,
+    written: &std::collections::HashSet<i64>,
 ) -> Result<(), Error> {
     let json = out.json;
     if json {
@@ -145,7 +146,18 @@ pub(crate) fn write(
         }
         out.note(&table.to_string());
     }
+    // A failure written as it happened, with its reason (and its log's end), is only named
+    // here, with its log; one of an earlier process, or of a quiet run, in full.
     for f in s.failed {
+        if !json && !quiet && written.contains(&f.start.0.timestamp()) {
+            out.note(&format!(
+                "{} {}: as written above; log: {}",
+                f.state,
+                labels.label(f.start.0),
+                f.log.as_deref().unwrap_or("none (the try printed nothing)")
+            ));
+            continue;
+        }
         let mut text = format!(
             "{} {}: {}{}",
             f.state,
@@ -280,6 +292,22 @@ mod tests {
     }
 
     fn summary_of(outcome: &Outcome, code: u8, json: bool, quiet: bool) -> (String, String) {
+        summary_written(
+            outcome,
+            code,
+            json,
+            quiet,
+            &std::collections::HashSet::new(),
+        )
+    }
+
+    fn summary_written(
+        outcome: &Outcome,
+        code: u8,
+        json: bool,
+        quiet: bool,
+        written: &std::collections::HashSet<i64>,
+    ) -> (String, String) {
         let labels = fixtures::labels();
         let rerun = rerun_command(
             outcome,
@@ -293,8 +321,30 @@ mod tests {
         let s = summary(outcome, code, Duration::from_millis(65_400), rerun);
         let (data, notes) = (Shared::default(), Shared::default());
         let mut out = Sink::new(data.clone(), notes.clone(), json, Fit::default());
-        write(&mut out, &s, &labels, quiet).unwrap();
+        write(&mut out, &s, &labels, quiet, written).unwrap();
         (data.text(), notes.text())
+    }
+
+    #[test]
+    fn a_failure_written_as_it_happened_is_only_named_in_the_summary() {
+        let written = [fixtures::at(2).0.timestamp()].into_iter().collect();
+        let (_, notes) = summary_written(&outcome(), exit::FAILED, false, false, &written);
+        // The rejection was written above with its reason: named, with its log.
+        assert!(
+            notes.contains(
+                "rejected 2026-01-02: as written above; log: none (the try printed nothing)\n"
+            ),
+            "{notes}"
+        );
+        assert_eq!(notes.matches(REJECTED).count(), 0, "{notes}");
+        // The failure was not (an earlier process's, say): in full.
+        assert!(
+            notes.contains("failed 2026-01-03: task `export` failed: exit code 2\n  log: [logs]/try2.log\n  | connecting\n"),
+            "{notes}"
+        );
+        // Quiet, nothing was written above: in full.
+        let (_, quiet) = summary_written(&outcome(), exit::FAILED, false, true, &written);
+        assert_eq!(quiet.matches(REJECTED).count(), 1, "{quiet}");
     }
 
     #[test]
@@ -349,7 +399,14 @@ mod tests {
             s.stopped_by = Some(&fault);
             let (data, notes) = (Shared::default(), Shared::default());
             let mut out = Sink::new(data.clone(), notes.clone(), json, Fit::default());
-            write(&mut out, &s, &labels, true).unwrap();
+            write(
+                &mut out,
+                &s,
+                &labels,
+                true,
+                &std::collections::HashSet::new(),
+            )
+            .unwrap();
             assert!(
                 notes.text().ends_with(
                     "cancelled — 1 succeeded, 1 failed, 1 rejected, 1 cancelled, 1 skipped in 1.5s; stopped: audit file /p/.backfill/audit/try-7.db: the disk of /p/.backfill/audit is full; free space on it, then `backfill resume 1`\n"

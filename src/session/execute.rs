@@ -288,6 +288,8 @@ struct Watch {
     ended: Arc<std::sync::atomic::AtomicBool>,
     /// A worker whose queue ran dry waits while the backfill runs (see `worker::linger`).
     lingering: Arc<std::sync::atomic::AtomicBool>,
+    /// The intervals (by start) whose failure the reporter wrote with its reason.
+    written: Arc<Mutex<std::collections::HashSet<i64>>>,
 }
 
 /// What the runner is handed; with what the owner tends (its gone workers' intervals, see
@@ -410,6 +412,7 @@ async fn drive(
             }
         })
     });
+    let written = watch.written.clone();
     let reporter = tokio::spawn(async move {
         let mut reporter = Reporter::stderr(total, labels, quiet, verbose);
         let mut stats = Stats::new(total);
@@ -418,6 +421,9 @@ async fn drive(
             reporter.handle(&event, &stats);
         }
         reporter.finish();
+        if let Ok(mut w) = written.lock() {
+            w.clone_from(reporter.written());
+        }
         stats
     });
     let result = runner::run(spec, writer.clone(), events_tx, stop_tx.clone()).await;
@@ -544,7 +550,8 @@ fn finish_owner(
         g.json,
         Fit::stderr(g.verbose),
     );
-    match report::summary::write(&mut out, &summary, &after.labels, g.quiet) {
+    let written = watch.written.lock().map(|w| w.clone()).unwrap_or_default();
+    match report::summary::write(&mut out, &summary, &after.labels, g.quiet, &written) {
         Ok(()) | Err(Error::ClosedPipe) => {}
         Err(e) => return Err(e),
     }
@@ -609,10 +616,10 @@ fn go_on_as_owner(
         Ok(prepared) => prepared,
         // Taken over in turn (this process froze past its lease meanwhile, say).
         Err(Error::Manifest(manifest::Error::Fenced { .. })) => {
-            eprintln!(
+            crate::report::out::say(&format!(
                 "backfill {id} was taken over by another process while worker {worker} made ready to run it as its owner; `{}` tells what it did",
                 crate::report::out::hint(&format!("show {id}"))
-            );
+            ));
             let (code, state) = (exit::INTERRUPTED, crate::state::BackfillState::Cancelled);
             return Ok(End {
                 code,
@@ -630,10 +637,10 @@ fn go_on_as_owner(
         Err(e) => return Err(e),
     };
     if !g.quiet && !g.json {
-        eprintln!(
+        crate::report::out::say(&format!(
             "worker {worker} goes on with backfill {id} of {dag_id} as its owner: {} left to run",
             crate::report::out::plural(intervals.len() as i64, "interval", "intervals")
-        );
+        ));
     }
     let e = Execution {
         owner,

@@ -100,12 +100,12 @@ pub(crate) fn join(g: &Global, id: i64, max_active_runs: Option<u32>) -> Result<
     };
     intervals.retain(|i| !busy.contains(&i.start.timestamp()));
     if !g.quiet && !g.json {
-        eprintln!(
+        crate::report::out::say(&format!(
             "joined backfill {id} of {} as worker {}: {} left to run, at most {max} at once here",
             dag.id,
             owner.worker.unwrap_or_default(),
             crate::report::out::plural(intervals.len() as i64, "interval", "intervals")
-        );
+        ));
     }
     let upstream = super::tasks::upstream_dags(&project, &dag, backfill.cascade_of.is_some());
     let code = execute(

@@ -226,7 +226,7 @@ pub(crate) fn launch(
     };
     let to_run = planned.to_run;
     if !g.quiet && !g.json {
-        eprintln!(
+        crate::report::out::say(&format!(
             "backfill {} of {}: {}, {} to run, {} skipped, up to {max_active_runs} at a time{}",
             owner.backfill_id,
             dag.id,
@@ -238,7 +238,7 @@ pub(crate) fn launch(
             } else {
                 String::new()
             }
-        );
+        ));
     }
     let code = execute(
         g,
@@ -267,10 +267,10 @@ pub(crate) fn launch(
 pub(crate) fn taken_over(e: Error) -> Result<u8, Error> {
     match e {
         Error::Manifest(manifest::Error::Fenced { backfill_id }) => {
-            eprintln!(
+            crate::report::out::say(&format!(
                 "backfill {backfill_id} was taken over by another process while it was being prepared; `{}` tells what it did",
                 crate::report::out::hint(&format!("show {backfill_id}"))
-            );
+            ));
             Ok(exit::INTERRUPTED)
         }
         other => Err(other),

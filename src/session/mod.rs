@@ -60,14 +60,14 @@ impl Global {
 
 /// A warning for the user, on stderr (also with `-q`: something needs attention).
 pub(crate) fn warn(_g: &Global, text: &str) {
-    eprintln!("warning: {text}");
+    crate::report::out::say(&format!("warning: {text}"));
 }
 
 /// Something worth knowing that is not a problem: left out by `-q`, so that a quiet success
 /// stays silent.
 pub(crate) fn note(g: &Global, text: &str) {
     if !g.quiet {
-        eprintln!("note: {text}");
+        crate::report::out::say(&format!("note: {text}"));
     }
 }
 

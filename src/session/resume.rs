@@ -108,11 +108,11 @@ pub(crate) fn resume_found(
         }
     };
     if !g.quiet && !g.json {
-        eprintln!(
+        crate::report::out::say(&format!(
             "resuming backfill {id} of {}: {} left to run",
             dag.id,
             crate::report::out::plural(intervals.len() as i64, "interval", "intervals")
-        );
+        ));
     }
     let upstream = super::tasks::upstream_dags(project, &dag, backfill.cascade_of.is_some());
     let code = execute(

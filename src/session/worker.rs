@@ -158,7 +158,7 @@ pub(super) fn finish_worker(
                 crate::report::out::hint(&format!("show {}", owner.backfill_id))
             ),
         };
-        eprintln!(
+        crate::report::out::say(&format!(
             "worker {} of backfill {} {}: ran {} here ({} succeeded, {} failed, {} rejected, {} cancelled); {next}",
             owner.worker.unwrap_or_default(),
             owner.backfill_id,
@@ -168,7 +168,7 @@ pub(super) fn finish_worker(
             stats.failed,
             stats.rejected,
             stats.cancelled,
-        );
+        ));
     }
     Ok((code, state, summary.to_string()))
 }

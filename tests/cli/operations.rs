@@ -430,7 +430,7 @@ fn intervals_are_written_one_way_in_the_dags_timezone() {
     let out = p.run(&three_days("flaky"));
     out.code(3)
         .stderr_has("failed     2026-01-02 (")
-        .stderr_has("failed 2026-01-02: task `load` failed")
+        .stderr_has("failed 2026-01-02: as written above; log: ")
         .stderr_has("--from 2026-01-02 --to 2026-01-02");
     p.run(&["runs", "--dag", "flaky"])
         .code(0)

@@ -1159,6 +1159,86 @@ fn show_grid_on_a_terminal_is_in_colour_and_as_wide_as_the_terminal() {
     assert!(text.contains("\x1b[1;35mR\x1b[0m rejected 1"), "{text:?}");
 }
 
+const DAILY_TRUE: &str = r#"
+schedule = "@daily"
+max_active_runs = 8
+[[tasks]]
+id = "noop"
+command = "true"
+"#;
+
+/// What a terminal shows of `show ID --grid`, its colour codes taken out, and checks that no
+/// line is wider than `cols`: the grid's lines (a date, then the cells).
+fn grid_lines(p: &Project, id: &str, cols: u16) -> Vec<String> {
+    let (code, text) = crate::tables::on_terminal(p, &["show", id, "--grid"], cols);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("\x1b[32m#\x1b[0m"), "in colour: {text:?}");
+    let plain = strip_colour(&text);
+    for line in plain.lines() {
+        assert!(
+            line.chars().count() <= usize::from(cols),
+            "wider than {cols}: {line:?} in\n{plain}"
+        );
+    }
+    plain
+        .lines()
+        .filter(|l| l.starts_with("2025-") || l.starts_with("2026-"))
+        .map(String::from)
+        .collect()
+}
+
+fn strip_colour(text: &str) -> String {
+    let mut out = String::new();
+    let mut code = false;
+    for c in text.chars() {
+        match (code, c) {
+            (false, '\x1b') => code = true,
+            (true, c) if c.is_ascii_alphabetic() => code = false,
+            (false, c) => out.push(c),
+            _ => {}
+        }
+    }
+    out
+}
+
+#[test]
+#[cfg_attr(
+    missing = "script",
+    ignore = "no script on PATH (util-linux's, for a pseudo-terminal): sudo apt-get install bsdutils"
+)]
+fn show_grid_in_colour_keeps_a_month_and_a_year_of_days_on_full_lines_at_any_width() {
+    let p = Project::new().dag("daily", DAILY_TRUE);
+    p.create("daily", "2026-01-01", "2026-01-30", &[]).code(0);
+    p.create("daily", "2025-01-01", "2025-12-31", &[]).code(0);
+    let week = "#######";
+    // A month at 80 columns: one line, the weeks a space apart.
+    assert_eq!(
+        grid_lines(&p, "1", 80),
+        [format!("2026-01-01  {} ##", [week; 4].join(" "))]
+    );
+    // A year: as many whole weeks a line as fit after the date (10 columns and 2 spaces).
+    for (cols, weeks) in [(60u16, 6usize), (80, 8), (200, 23)] {
+        let lines = grid_lines(&p, "2", cols);
+        let per_line = weeks * 7;
+        assert_eq!(
+            lines.len(),
+            365usize.div_ceil(per_line),
+            "{cols} columns: {lines:#?}"
+        );
+        for (n, line) in lines.iter().enumerate() {
+            let first = chrono::NaiveDate::from_ymd_opt(2025, 1, 1).unwrap()
+                + chrono::Days::new(u64::try_from(n * per_line).unwrap());
+            let cells = (365 - n * per_line).min(per_line);
+            let mut want = format!("{first}  ");
+            let groups: Vec<String> = (0..cells.div_ceil(7))
+                .map(|g| "#".repeat((cells - g * 7).min(7)))
+                .collect();
+            want.push_str(&groups.join(" "));
+            assert_eq!(line, &want, "{cols} columns, line {n}");
+        }
+    }
+}
+
 /// chromedriver's WebDriver: a session of headless Chromium.
 struct Browser {
     driver: Child,

@@ -358,8 +358,10 @@ fn rollback_restores_the_exact_previous_rows() {
         ],
     )
     .code(3)
-    .stderr_has("failed 2026-09-01: task `load` failed: no earlier version is kept")
-    .stderr_has("failed 2026-09-03: task `load` failed: no earlier version is kept")
+    .stderr_has("for 2026-09-01 failed: no earlier version is kept")
+    .stderr_has("for 2026-09-03 failed: no earlier version is kept")
+    .stderr_has("failed 2026-09-01: as written above; log: ")
+    .stderr_has("failed 2026-09-03: as written above; log: ")
     .stderr_has("backfill 3 of orders_fact: failed — 1 succeeded, 2 failed");
     let doc = p.run(&["show", "3", "--output", "json"]).json();
     assert_eq!(doc["kind"], "rollback");
@@ -432,7 +434,8 @@ fn rollback_restores_the_exact_previous_rows() {
         ],
     )
     .code(3)
-    .stderr_has("failed 2026-09-02: task `load` failed: no earlier version is kept");
+    .stderr_has("for 2026-09-02 failed: no earlier version is kept")
+    .stderr_has("failed 2026-09-02: as written above; log: ");
     assert_eq!(day("2026-09-02"), first);
     assert_eq!(
         p.rows("SELECT t.verdict FROM published p JOIN task_tries t ON t.id = p.try_id WHERE p.interval_start = 1788307200"),

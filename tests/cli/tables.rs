@@ -239,6 +239,79 @@ fn a_terminal_gets_tables_as_wide_as_it_is() {
     }
 }
 
+/// The lines a terminal shows of `text` (what `script` recorded): split at newlines and at
+/// carriage returns (a bar redrawn), colour and cursor codes taken out.
+fn screen_lines(text: &str) -> Vec<String> {
+    let mut plain = String::new();
+    let mut code = false;
+    for c in text.chars() {
+        match (code, c) {
+            (false, '\x1b') => code = true,
+            (true, c) if c.is_ascii_alphabetic() => code = false,
+            (false, c) => plain.push(c),
+            _ => {}
+        }
+    }
+    plain
+        .split(['\n', '\r'])
+        .map(|l| l.trim_end().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+#[test]
+#[cfg_attr(
+    missing = "script",
+    ignore = "no script on PATH (util-linux's, for a pseudo-terminal): sudo apt-get install bsdutils"
+)]
+fn create_writes_no_line_wider_than_its_terminal_and_each_reason_once() {
+    let p = Project::new().dag("sales", GATED).dag("slow", SLOW);
+    for (n, cols) in [60u16, 80, 100].into_iter().enumerate() {
+        let dag = if n == 1 { "slow" } else { "sales" };
+        let (code, text) = on_terminal(
+            &p,
+            &[
+                "create",
+                "--dag",
+                dag,
+                "--from",
+                "2026-01-01",
+                "--to",
+                "2026-01-04",
+                "--reprocess-behavior",
+                "completed",
+            ],
+            cols,
+        );
+        assert_eq!(code, 3, "{text}");
+        let lines = screen_lines(&text);
+        for line in &lines {
+            assert!(
+                line.chars().count() <= usize::from(cols),
+                "{cols} columns: {line:?} in\n{}",
+                lines.join("\n")
+            );
+        }
+        // Cut at words: the start line and the summary's last line, joined again, read whole.
+        let joined = lines.join(" ").replace("   ", " ").replace("  ", " ");
+        assert!(
+            joined.contains(&format!(
+                "backfill {} of {dag}: 4 intervals, 4 to run, 0 skipped, up to",
+                n + 1
+            )),
+            "{joined}"
+        );
+        assert!(joined.contains("1 failed,"), "{joined}");
+        // The failed try's reason: above the bar, then named in the summary.
+        let reason = if dag == "sales" {
+            "row count 5 differs from the source count 10"
+        } else {
+            "upstream missing"
+        };
+        assert_eq!(joined.matches(reason).count(), 1, "{cols}: {joined}");
+    }
+}
+
 const SLOW: &str = r#"
 schedule = "@daily"
 [[tasks]]

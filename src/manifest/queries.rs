@@ -347,6 +347,9 @@ pub struct IntervalDetail {
     pub tries: i64,
     /// Rows reported by the latest run's tasks.
     pub rows: Option<i64>,
+    /// Rows the latest run's rejected tries computed (published nothing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rejected_rows: Option<i64>,
     /// What the latest run's merges did (`write = "merge"`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub changes: Option<Changes>,
@@ -427,6 +430,7 @@ struct TryAgg {
     run_id: i64,
     tries: i64,
     rows: Option<i64>,
+    rejected_rows: Option<i64>,
     changes: Option<Changes>,
     verdict: Option<ShownVerdict>,
     reasons: Option<String>,
@@ -563,6 +567,17 @@ fn latest_runs(conn: &Conn, id: i64, lo: i64, hi: i64) -> Result<Vec<LatestRun>>
     Ok(latest)
 }
 
+/// Adds a try's `n` rows to a run's: to those it published when it succeeded, to those it
+/// computed and did not publish when it was rejected.
+fn add_rows(state: TryState, n: i64, rows: &mut Option<i64>, rejected: &mut Option<i64>) {
+    let to = match state {
+        TryState::Succeeded => rows,
+        TryState::Rejected => rejected,
+        _ => return,
+    };
+    *to = Some(to.unwrap_or(0) + n);
+}
+
 /// The tries of each run of `run_ids` (sorted), aggregated, by run: one ordered range scan.
 fn try_aggs(conn: &Conn, run_ids: &[i64]) -> Result<Vec<TryAgg>> {
     let mut tries: Vec<TryAgg> = Vec::with_capacity(run_ids.len());
@@ -604,8 +619,8 @@ impl TryAgg {
         {
             self.waiting_for = Some(pool);
         }
-        if succeeded && let Some(n) = r.get::<_, Option<i64>>(2)? {
-            self.rows = Some(self.rows.unwrap_or(0) + n);
+        if let Some(n) = r.get::<_, Option<i64>>(2)? {
+            add_rows(state, n, &mut self.rows, &mut self.rejected_rows);
         }
         if succeeded {
             Changes::add(&mut self.changes, r, 12)?;
@@ -669,6 +684,7 @@ fn interval_details(
             attempts: run.map_or(0, |x| x.attempts),
             tries: t.map_or(0, |t| t.tries),
             rows: t.and_then(|t| t.rows),
+            rejected_rows: t.and_then(|t| t.rejected_rows),
             changes: t.and_then(|t| t.changes),
             verdict: t.and_then(|t| t.verdict),
             reasons: t.and_then(|t| t.reasons.clone()),
@@ -787,6 +803,9 @@ pub struct RunHistory {
     pub duration_ms: Option<i64>,
     pub tries: i64,
     pub rows: Option<i64>,
+    /// Rows the run's rejected tries computed (published nothing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rejected_rows: Option<i64>,
     /// What the run's merges did (`write = "merge"`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub changes: Option<Changes>,
@@ -819,6 +838,7 @@ pub(crate) fn runs(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<Ru
                 error: r.get(7)?,
                 tries: 0,
                 rows: None,
+                rejected_rows: None,
                 changes: None,
                 verdict: None,
                 reasons: None,
@@ -845,10 +865,11 @@ pub(crate) fn runs(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<Ru
             let at = by_id[i].1;
             let run = &mut out[at];
             run.tries += 1;
-            if r.get::<_, TryState>(1)? == TryState::Succeeded {
-                if let Some(n) = r.get::<_, Option<i64>>(2)? {
-                    run.rows = Some(run.rows.unwrap_or(0) + n);
-                }
+            let state = r.get::<_, TryState>(1)?;
+            if let Some(n) = r.get::<_, Option<i64>>(2)? {
+                add_rows(state, n, &mut run.rows, &mut run.rejected_rows);
+            }
+            if state == TryState::Succeeded {
                 Changes::add(&mut run.changes, &r, 7)?;
             }
             let try_id: i64 = r.get(5)?;

@@ -224,9 +224,54 @@ pub(crate) fn or_empty<T: ToString>(v: Option<T>) -> String {
     v.map(|v| v.to_string()).unwrap_or_default()
 }
 
+/// A run's rows as a cell: those it published, else those its rejected tries computed, marked
+/// as such (`5 rejected`).
+pub(crate) fn rows_cell(published: Option<i64>, rejected: Option<i64>) -> String {
+    match (published, rejected) {
+        (Some(n), _) => n.to_string(),
+        (None, Some(n)) => format!("{n} rejected"),
+        (None, None) => String::new(),
+    }
+}
+
+/// A run's error as a cell: empty when it only says the gate's reasons again (a rejection's
+/// error is `task `T` rejected: REASONS`), which have their own column, beside a state that says
+/// `rejected`.
+pub(crate) fn error_cell(error: Option<&str>, reasons: Option<&str>) -> String {
+    let Some(error) = error else {
+        return String::new();
+    };
+    let says_reasons = reasons
+        .filter(|r| !r.is_empty())
+        .and_then(|r| error.strip_suffix(r))
+        .is_some_and(|e| e.starts_with("task `") && e.ends_with("` rejected: "));
+    if says_reasons {
+        String::new()
+    } else {
+        error.to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rejection_shows_its_rows_and_its_reasons_once() {
+        assert_eq!(rows_cell(Some(10), None), "10");
+        assert_eq!(rows_cell(None, Some(5)), "5 rejected");
+        assert_eq!(rows_cell(None, None), "");
+        let why = "row count 5 differs from the source count 10";
+        let error = format!("task `export` rejected: {why}");
+        assert_eq!(error_cell(Some(&error), Some(why)), "");
+        assert_eq!(
+            error_cell(Some("task `export` failed: no earlier version"), Some(why)),
+            "task `export` failed: no earlier version"
+        );
+        assert_eq!(error_cell(Some("exit code 2"), Some(why)), "exit code 2");
+        assert_eq!(error_cell(Some("exit code 2"), None), "exit code 2");
+        assert_eq!(error_cell(None, Some(why)), "");
+    }
 
     #[test]
     fn empty_columns_are_left_out_and_long_tables_say_what_they_skip() {

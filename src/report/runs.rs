@@ -2,7 +2,7 @@
 //! attempt, with its gate verdict and error; with `--output json` the runs as recorded.
 
 use super::Labeler;
-use super::grid::{Grid, duration_ms, has_content, or_empty};
+use super::grid::{Grid, duration_ms, error_cell, has_content, rows_cell};
 use super::out::Sink;
 use crate::exit::Error;
 use crate::manifest::queries::RunHistory;
@@ -26,7 +26,7 @@ pub(crate) fn write(
         "verdict", "error",
     ])
     .droppable(&[
-        "backfill", "tries", "duration", "started", "changes", "verdict", "run", "rows",
+        "tries", "duration", "changes", "started", "backfill", "verdict", "run", "rows",
     ]);
     for (k, r) in runs.iter().enumerate() {
         t.row_at(
@@ -41,14 +41,21 @@ pub(crate) fn write(
                     r.started_at.clone(),
                     duration_ms(r.duration_ms),
                     r.tries.to_string(),
-                    or_empty(r.rows),
+                    rows_cell(r.rows, r.rejected_rows),
                     r.changes.map(|c| c.short()).unwrap_or_default(),
                     match (&r.verdict, &r.reasons) {
+                        // The state says it was rejected.
+                        (Some(v), Some(why))
+                            if r.state == crate::state::RunState::Rejected
+                                && v.verdict == crate::state::Verdict::Rejected =>
+                        {
+                            why.clone()
+                        }
                         (Some(v), Some(why)) => format!("{v}: {why}"),
                         (Some(v), None) => v.to_string(),
                         _ => String::new(),
                     },
-                    r.error.clone().unwrap_or_default(),
+                    error_cell(r.error.as_deref(), r.reasons.as_deref()),
                 ]
             },
             || {
@@ -61,7 +68,7 @@ pub(crate) fn write(
                     has_content(&r.started_at),
                     r.duration_ms.is_some(),
                     true,
-                    r.rows.is_some(),
+                    r.rows.or(r.rejected_rows).is_some(),
                     r.changes.is_some(),
                     r.verdict.is_some(),
                     text(&r.error),
@@ -90,6 +97,7 @@ mod tests {
                 duration_ms: Some(1250),
                 tries: 1,
                 rows,
+                rejected_rows: (state == "rejected").then_some(5),
                 changes: None,
                 verdict: verdict.map(|v| crate::state::ShownVerdict {
                     verdict: v.parse().expect("a verdict"),

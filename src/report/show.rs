@@ -4,7 +4,7 @@
 //! `--output json`, the backfill, its intervals and the kept versions as one document.
 
 use super::Labeler;
-use super::grid::{Grid, duration_ms, has_content, or_empty};
+use super::grid::{Grid, duration_ms, error_cell, has_content, or_empty, rows_cell};
 use super::list::{range_labels, state_text};
 use super::out::{Sink, plural};
 use crate::exit::Error;
@@ -125,13 +125,13 @@ fn intervals(detail: &BackfillDetail, labels: &Labeler) -> Grid {
                     or_empty(i.state.as_ref()),
                     i.attempts.to_string(),
                     i.tries.to_string(),
-                    or_empty(i.rows),
+                    rows_cell(i.rows, i.rejected_rows),
                     i.changes.map(|c| c.short()).unwrap_or_default(),
                     or_empty(i.verdict.as_ref()),
                     i.reasons.clone().unwrap_or_default(),
                     duration_ms(i.duration_ms),
                     i.host.clone().unwrap_or_default(),
-                    i.error.clone().unwrap_or_default(),
+                    error_cell(i.error.as_deref(), i.reasons.as_deref()),
                 ]
             },
             || {
@@ -144,7 +144,7 @@ fn intervals(detail: &BackfillDetail, labels: &Labeler) -> Grid {
                     i.state.is_some(),
                     true,
                     true,
-                    i.rows.is_some(),
+                    i.rows.or(i.rejected_rows).is_some(),
                     i.changes.is_some(),
                     i.verdict.is_some(),
                     text(&i.reasons),
@@ -235,6 +235,7 @@ mod tests {
                 attempts: 1,
                 tries: 1,
                 rows,
+                rejected_rows: (state == "rejected").then_some(5),
                 changes: None,
                 verdict: verdict.map(|v| crate::state::ShownVerdict {
                     verdict: v.parse().expect("a verdict"),

@@ -633,7 +633,8 @@ pub(super) async fn interval(
                 "run_id": r.run_id, "backfill_id": r.backfill_id, "state": r.state.to_string(),
                 "cell": Cell::of_run(Some(r.state), r.verdict.map(|v| v.verdict)).name(),
                 "started_at": r.started_at, "duration": r.duration_ms.map(took), "tries": r.tries,
-                "rows": r.rows, "verdict": r.verdict, "reasons": r.reasons, "error": r.error,
+                "rows": crate::report::grid::rows_cell(r.rows, r.rejected_rows),
+                "verdict": r.verdict, "reasons": r.reasons, "error": r.error,
             })
         })
         .collect();

@@ -440,7 +440,9 @@ fn drift_against_the_published_partition_is_rejected_unless_allowed() {
         ]]
     );
     let runs = p.run(&["runs", "--dag", "orders_fact"]);
-    runs.code(0).stdout_has("rejected: drift");
+    runs.code(0)
+        .stdout_has(" rejected ")
+        .stdout_has(" drift: row count ");
     create(
         &p,
         "orders_fact",

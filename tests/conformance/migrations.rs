@@ -277,7 +277,8 @@ fn upgraded_reads(m: &Engine, version: i64) {
         show,
         json!([
             {"ord": 0, "start": rfc(1), "end": rfc(2), "action": "run", "reason": null,
-             "state": "failed", "attempts": 1, "tries": 1, "rows": null, "verdict": "rejected",
+             "state": "failed", "attempts": 1, "tries": 1, "rows": null, "rejected_rows": 3,
+             "verdict": "rejected",
              "reasons": "rows: 3 < 4", "duration_ms": 40, "error": "boom", "log": null,
              "host": "old-host"},
             {"ord": 1, "start": rfc(0), "end": rfc(1), "action": "skip",

@@ -91,11 +91,84 @@ fn bash_with_dags(script: &str) -> String {
     out
 }
 
+/// The manual page of `cmd`, its synopsis with each option's value (`-C DIR`, which
+/// clap_mangen leaves out).
+fn page(cmd: clap::Command) -> std::io::Result<String> {
+    let mut cmd = cmd;
+    cmd.build();
+    let mut buf = Vec::new();
+    clap_mangen::Man::new(cmd.clone()).render(&mut buf)?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let mut out = String::with_capacity(text.len() + 256);
+    let mut synopsis = false;
+    for line in text.lines() {
+        if synopsis {
+            out.push_str(&with_values(line, &cmd));
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+        synopsis = line == ".SH SYNOPSIS";
+    }
+    Ok(out)
+}
+
+/// The synopsis line `line` with the value of each option of `cmd` that takes one after its
+/// name (`[\fB\-\-manifest\fR \fIPATH\fR]`).
+fn with_values(line: &str, cmd: &clap::Command) -> String {
+    let mut line = line.to_string();
+    for arg in cmd.get_arguments().filter(|a| !a.is_hide_set()) {
+        if !arg.get_num_args().is_some_and(|n| n.takes_values()) || arg.is_positional() {
+            continue;
+        }
+        let choices: Vec<String> = arg
+            .get_possible_values()
+            .iter()
+            .filter(|v| !v.is_hide_set())
+            .map(|v| v.get_name().to_string())
+            .collect();
+        // A choice of a few words reads better than its name (`text|json`, not `OUTPUT`).
+        let value = match arg.get_value_names().and_then(|v| v.first()) {
+            _ if !choices.is_empty() => choices.join("|"),
+            Some(name) => name.to_string(),
+            None => arg.get_id().as_str().to_uppercase(),
+        };
+        let name = match (arg.get_long(), arg.get_short()) {
+            (Some(long), _) => format!("\\fB\\-\\-{}\\fR", long.replace('-', "\\-")),
+            (None, Some(short)) => format!("\\fB\\-{short} \\fR"),
+            (None, None) => continue,
+        };
+        for end in ["]", ">"] {
+            let at = format!("{name}{end}");
+            if line.contains(&at) {
+                line = line.replacen(&at, &format!("{name} \\fI{value}\\fR{end}"), 1);
+                break;
+            }
+        }
+    }
+    line
+}
+
+/// Writes the manual page of `cmd` and of each of its subcommands into `dir` (`backfill.1`,
+/// `backfill-create.1`, ...), as `clap_mangen::generate_to` does.
+fn write_pages(cmd: clap::Command, dir: &std::path::Path) -> std::io::Result<()> {
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        write_pages(sub.clone(), dir)?;
+    }
+    let name = cmd
+        .get_display_name()
+        .unwrap_or_else(|| cmd.get_name())
+        .to_string();
+    std::fs::write(dir.join(format!("{name}.1")), page(cmd)?)
+}
+
 pub(crate) fn man(g: &super::Global, dir: Option<&std::path::Path>) -> Result<u8, Error> {
     if let Some(dir) = dir {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;
-        clap_mangen::generate_to(Cli::command(), dir).map_err(|e| {
+        let mut cmd = Cli::command().disable_help_subcommand(true);
+        cmd.build();
+        write_pages(cmd, dir).map_err(|e| {
             Error::io(
                 format!("cannot write manual pages into {}", dir.display()),
                 e,
@@ -109,14 +182,11 @@ pub(crate) fn man(g: &super::Global, dir: Option<&std::path::Path>) -> Result<u8
         }
         return Ok(exit::OK);
     }
-    let mut buf = Vec::new();
-    clap_mangen::Man::new(Cli::command())
-        .render(&mut buf)
-        .map_err(|e| Error::io("cannot render the manual page", e))?;
+    let text = page(Cli::command()).map_err(|e| Error::io("cannot render the manual page", e))?;
     use std::io::Write;
     std::io::stdout()
         .lock()
-        .write_all(&buf)
+        .write_all(text.as_bytes())
         .map_err(write_error)?;
     Ok(exit::OK)
 }

@@ -685,10 +685,23 @@ fn completions_man_page_and_examples_in_help() {
     assert!(run(&["completions", "fish"]).contains("complete -c backfill"));
     let man = run(&["man"]);
     assert!(man.contains(".TH backfill"), "{man}");
+    // The synopsis names each option's value.
+    assert!(
+        man.contains(r"[\fB\-C\fR|\fB\-\-project\fR \fIDIR\fR] [\fB\-\-manifest\fR \fIPATH|URL\fR] [\fB\-\-output\fR \fIhuman|json\fR]"),
+        "{man}"
+    );
     let pages = tempfile::tempdir().unwrap();
     run(&["man", "--dir", pages.path().to_str().unwrap()]);
     let create = std::fs::read_to_string(pages.path().join("backfill-create.1")).unwrap();
     assert!(create.contains("reprocess\\-behavior"), "{create}");
+    assert!(
+        create.contains(r"<\fB\-\-dag\fR \fIDAG\fR> <\fB\-\-from\fR \fIWHEN\fR>"),
+        "{create}"
+    );
+    assert!(
+        create.contains(r"[\fB\-\-reprocess\-behavior\fR \fInone|failed|completed|changed\fR]"),
+        "{create}"
+    );
     let help = run(&["create", "--help"]);
     assert!(
         help.contains(

@@ -6,7 +6,7 @@ use rusqlite::params;
 use serde::Serialize;
 
 use super::Result;
-use super::db::Conn;
+use super::db::{Conn, Optional};
 use super::queries::{ms_to_rfc3339, shown_verdict};
 use crate::interval::{Rfc3339, from_unix};
 use crate::state::{BackfillState, ShownVerdict, Verdict};
@@ -260,12 +260,7 @@ pub(crate) fn figures(conn: &Conn) -> Result<Figures> {
     f.pool_slots = stmt
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<super::db::Result<_>>()?;
-    let mut stmt = conn.prepare(
-        "SELECT dag_id, MAX(interval_end) FROM published GROUP BY dag_id ORDER BY dag_id",
-    )?;
-    f.last_published = stmt
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<super::db::Result<_>>()?;
+    f.last_published = last_published(conn)?;
     let mut stmt = conn.prepare(
         "SELECT r.dag_id, t.reasons FROM task_tries t JOIN runs r ON r.id = t.run_id
          WHERE t.verdict = 'rejected' AND t.reasons IS NOT NULL ORDER BY t.id",
@@ -287,4 +282,35 @@ pub(crate) fn figures(conn: &Conn) -> Result<Figures> {
         })?
         .collect::<super::db::Result<_>>()?;
     Ok(f)
+}
+
+/// The end of the latest published interval of each DAG: of the partitions its tasks published,
+/// or of its latest succeeded run that was not only staged (a task without a gate publishes
+/// what it wrote as it succeeds, and records no partition).
+fn last_published(conn: &Conn) -> Result<Vec<(String, i64)>> {
+    let mut stmt = conn.prepare(
+        "SELECT dag_id, MAX(interval_end) FROM published GROUP BY dag_id ORDER BY dag_id",
+    )?;
+    let mut ends: std::collections::BTreeMap<String, i64> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<super::db::Result<_>>()?;
+    let mut dags = conn.prepare("SELECT DISTINCT dag_id FROM backfills")?;
+    let dags: Vec<String> = dags
+        .query_map([], |r| r.get(0))?
+        .collect::<super::db::Result<_>>()?;
+    // The DAG's runs from its latest interval down (the index's order): the first that
+    // succeeded, in a backfill that published.
+    let mut latest = conn.prepare(
+        "SELECT r.interval_end FROM runs r JOIN backfills b ON b.id = r.backfill_id
+         WHERE r.dag_id = ?1 AND r.state = 'succeeded' AND b.kind <> 'stage'
+         ORDER BY r.interval_start DESC LIMIT 1",
+    )?;
+    for dag in dags {
+        let end: Option<i64> = latest.query_row([&dag], |r| r.get(0)).optional()?;
+        if let Some(end) = end {
+            let e = ends.entry(dag).or_insert(end);
+            *e = (*e).max(end);
+        }
+    }
+    Ok(ends.into_iter().collect())
 }

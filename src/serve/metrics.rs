@@ -159,7 +159,7 @@ pub(super) fn exposition(read: Option<&Scrape>, sizes: &BTreeMap<String, u32>) -
         &mut out,
         "backfill_last_published_interval_end_seconds",
         "gauge",
-        "End (unix seconds) of the latest interval of each DAG that a task published.",
+        "End (unix seconds) of the latest interval of each DAG that its tasks published (a task without a gate publishes as it succeeds).",
         &f.last_published
             .iter()
             .map(|(d, end)| (format!("dag=\"{}\"", label(d)), n(*end)))

@@ -299,6 +299,12 @@ fn pages_json_and_metrics_of_a_finished_backfill_and_the_manifest_is_untouched()
             .body
             .contains(r#"<section class="try" data-try="1" data-state="rejected">"#)
     );
+    // The runs' table shows the rows the rejected try computed, marked as not published.
+    assert!(
+        rejected.body.contains("<td>10 rejected</td>"),
+        "{}",
+        rejected.body
+    );
 
     // Every value is text: the markup a source count printed, and the DAG's description.
     let failed = s.get("/backfills/1/intervals/2026-01-03T00:00:00Z");
@@ -365,6 +371,26 @@ fn pages_json_and_metrics_of_a_finished_backfill_and_the_manifest_is_untouched()
             "the manifest file is unchanged byte for byte"
         );
     }
+}
+
+#[test]
+fn metrics_give_the_last_published_interval_of_a_dag_of_tasks_without_a_gate() {
+    let p = Project::new().dag("daily", DAILY_TRUE);
+    p.create("daily", "2026-01-01", "2026-01-03", &[]).code(0);
+    // Staged days are not published.
+    p.create("daily", "2026-01-04", "2026-01-05", &["--stage"])
+        .code(0);
+    let s = Server::start(&p, "metrics", &[]);
+    let m = s.get("/metrics");
+    assert_eq!(m.status, 200);
+    // The end of 2026-01-03.
+    let line = "backfill_last_published_interval_end_seconds{dag=\"daily\"} 1767484800";
+    assert!(
+        m.body.lines().any(|l| l == line),
+        "no `{line}` in\n{}",
+        m.body
+    );
+    assert_eq!(s.stop(), 0);
 }
 
 /// `/metrics` in the text format Prometheus reads, as its own checker says.

@@ -187,39 +187,63 @@ pub(crate) fn wrap(text: &str, width: usize) -> String {
             out.push_str(line);
             continue;
         }
+        // A line of parts (`state · range · reprocess none`) breaks between its parts first,
+        // so that a part stays whole where it fits on a line.
         let mut used = 0;
-        for word in line.split(' ') {
-            let w = visible_width(word);
-            if used > 0 && used + 1 + w <= width {
-                out.push(' ');
-                used += 1;
-            } else if used > 0 {
+        for (k, part) in line.split(SEPARATOR).enumerate() {
+            let w = visible_width(part);
+            if k > 0 && used + SEPARATOR.len() + w <= width {
+                out.push_str(SEPARATOR);
+                used += visible_width(SEPARATOR);
+            } else if k > 0 {
                 out.push('\n');
                 out.push_str(INDENT);
-                used = INDENT.len();
+                out.push_str("· ");
+                used = INDENT.len() + 2;
             }
-            // A colour code goes with the character after it (a reset, with the one before),
-            // so that a cut word keeps each character's colour.
-            let mut held = String::new();
-            for (piece, pw) in pieces(word) {
-                if pw == 0 && !matches!(piece, "\x1b[0m" | "\x1b[m") {
-                    held.push_str(piece);
-                    continue;
-                }
-                if pw > 0 && used + pw > width {
-                    out.push('\n');
-                    out.push_str(INDENT);
-                    used = INDENT.len();
-                }
-                out.push_str(&held);
-                held.clear();
-                out.push_str(piece);
-                used += pw;
-            }
-            out.push_str(&held);
+            words(part, width, &mut out, &mut used);
         }
     }
     out
+}
+
+/// What separates the parts of a line (see [`wrap`]).
+const SEPARATOR: &str = " · ";
+
+/// Writes `text` onto `out`, whose last line is `used` columns wide, wrapped at spaces to
+/// `width` (see [`wrap`]).
+fn words(text: &str, width: usize, out: &mut String, used: &mut usize) {
+    const INDENT: &str = "  ";
+    for (k, word) in text.split(' ').enumerate() {
+        let w = visible_width(word);
+        if k > 0 && *used + 1 + w <= width {
+            out.push(' ');
+            *used += 1;
+        } else if k > 0 {
+            out.push('\n');
+            out.push_str(INDENT);
+            *used = INDENT.len();
+        }
+        // A colour code goes with the character after it (a reset, with the one before),
+        // so that a cut word keeps each character's colour.
+        let mut held = String::new();
+        for (piece, pw) in pieces(word) {
+            if pw == 0 && !matches!(piece, "\x1b[0m" | "\x1b[m") {
+                held.push_str(piece);
+                continue;
+            }
+            if pw > 0 && *used + pw > width {
+                out.push('\n');
+                out.push_str(INDENT);
+                *used = INDENT.len();
+            }
+            out.push_str(&held);
+            held.clear();
+            out.push_str(piece);
+            *used += pw;
+        }
+        out.push_str(&held);
+    }
 }
 
 /// How many columns `text` takes on a terminal: its characters, less its colour codes.
@@ -277,6 +301,23 @@ mod tests {
         assert_eq!(
             wrap(&"x".repeat(25), 10),
             "xxxxxxxxxx\n  xxxxxxxx\n  xxxxxxx"
+        );
+    }
+
+    #[test]
+    fn a_line_of_parts_breaks_between_its_parts() {
+        let header = "backfill 1 of sales: failed · 2026-01-01 to 2026-01-04 · reprocess none · max active runs 1";
+        assert_eq!(
+            wrap(header, 60),
+            "backfill 1 of sales: failed · 2026-01-01 to 2026-01-04\n  · reprocess none · max active runs 1"
+        );
+        // A part wider than the line wraps at its words.
+        let long = format!("short · {}", "word ".repeat(12).trim_end());
+        let wrapped = wrap(&long, 20);
+        assert!(wrapped.lines().all(|l| visible_width(l) <= 20), "{wrapped}");
+        assert!(
+            wrapped.starts_with("short\n  · word word word"),
+            "{wrapped}"
         );
     }
 

@@ -82,22 +82,29 @@ NOW = "2026-11-29T12:00:00Z"
 DAYS = 365
 EVENTS = 730_000  # 2,000 a day: one every 43.2 seconds
 
-SCHEMA = f"""
-CREATE SCHEMA raw;
-CREATE SCHEMA analytics;
-CREATE TABLE raw.events (
-    event_id bigint PRIMARY KEY,
-    event_ts timestamptz NOT NULL,
+
+def source_table(name, key, ts, rows, every):
+    """A source table of `rows` rows from 2025-01-01 on, one every `every` seconds, with
+    deterministic pseudo-random regions and amounts, indexed on its timestamp."""
+    return f"""CREATE TABLE raw.{name} (
+    {key} bigint PRIMARY KEY,
+    {ts} timestamptz NOT NULL,
     region   text NOT NULL,
     amount   int NOT NULL
 );
-INSERT INTO raw.events
+INSERT INTO raw.{name}
 SELECT i,
-       timestamptz '2025-01-01 00:00:00+00' + i * interval '43.2 seconds',
+       timestamptz '2025-01-01 00:00:00+00' + i * interval '{every} seconds',
        (ARRAY['eu', 'us', 'apac', 'latam', 'mea'])[1 + (i * 2654435761 % 4294967296) * 5 / 4294967296],
        (i * 40503) % 25000
-FROM generate_series(0::bigint, {EVENTS - 1}) AS i;
-CREATE INDEX events_by_ts ON raw.events (event_ts);
+FROM generate_series(0::bigint, {rows - 1}) AS i;
+CREATE INDEX {name}_by_ts ON raw.{name} ({ts});"""
+
+
+SCHEMA = f"""
+CREATE SCHEMA raw;
+CREATE SCHEMA analytics;
+{source_table("events", "event_id", "event_ts", EVENTS, 43.2)}
 CREATE TABLE analytics.events_fact (
     event_id bigint NOT NULL,
     day      date NOT NULL,
@@ -171,19 +178,7 @@ SMALL = False  # --small: the small-partition workload below instead
 # their timestamp) into 15 rows a day (five regions by three bands of amount), a keyed target.
 ORDERS = 328_500  # one every 96 seconds
 SMALL_SCHEMA = f"""
-CREATE TABLE raw.orders (
-    order_id bigint PRIMARY KEY,
-    order_ts timestamptz NOT NULL,
-    region   text NOT NULL,
-    amount   int NOT NULL
-);
-INSERT INTO raw.orders
-SELECT i,
-       timestamptz '2025-01-01 00:00:00+00' + i * interval '96 seconds',
-       (ARRAY['eu', 'us', 'apac', 'latam', 'mea'])[1 + (i * 2654435761 % 4294967296) * 5 / 4294967296],
-       (i * 40503) % 25000
-FROM generate_series(0::bigint, {ORDERS - 1}) AS i;
-CREATE INDEX orders_by_ts ON raw.orders (order_ts);
+{source_table("orders", "order_id", "order_ts", ORDERS, 96)}
 CREATE TABLE analytics.orders_daily (
     day     date NOT NULL,
     region  text NOT NULL,

@@ -1199,7 +1199,7 @@ fn grid_lines(p: &Project, id: &str, cols: u16) -> Vec<String> {
     let (code, text) = crate::tables::on_terminal(p, &["show", id, "--grid"], cols);
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("\x1b[32m#\x1b[0m"), "in colour: {text:?}");
-    let plain = strip_colour(&text);
+    let plain = crate::tables::strip_codes(&text);
     for line in plain.lines() {
         assert!(
             line.chars().count() <= usize::from(cols),
@@ -1211,20 +1211,6 @@ fn grid_lines(p: &Project, id: &str, cols: u16) -> Vec<String> {
         .filter(|l| l.starts_with("2025-") || l.starts_with("2026-"))
         .map(String::from)
         .collect()
-}
-
-fn strip_colour(text: &str) -> String {
-    let mut out = String::new();
-    let mut code = false;
-    for c in text.chars() {
-        match (code, c) {
-            (false, '\x1b') => code = true,
-            (true, c) if c.is_ascii_alphabetic() => code = false,
-            (false, c) => out.push(c),
-            _ => {}
-        }
-    }
-    out
 }
 
 #[test]

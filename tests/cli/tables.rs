@@ -239,9 +239,8 @@ fn a_terminal_gets_tables_as_wide_as_it_is() {
     }
 }
 
-/// The lines a terminal shows of `text` (what `script` recorded): split at newlines and at
-/// carriage returns (a bar redrawn), colour and cursor codes taken out.
-fn screen_lines(text: &str) -> Vec<String> {
+/// `text` without its colour and cursor codes (`ESC [ ... letter`).
+pub(crate) fn strip_codes(text: &str) -> String {
     let mut plain = String::new();
     let mut code = false;
     for c in text.chars() {
@@ -253,6 +252,12 @@ fn screen_lines(text: &str) -> Vec<String> {
         }
     }
     plain
+}
+
+/// The lines a terminal shows of `text` (what `script` recorded): split at newlines and at
+/// carriage returns (a bar redrawn), colour and cursor codes taken out.
+fn screen_lines(text: &str) -> Vec<String> {
+    strip_codes(text)
         .split(['\n', '\r'])
         .map(|l| l.trim_end().to_string())
         .filter(|l| !l.is_empty())

@@ -190,6 +190,14 @@ pub enum Severity {
 /// How a rejection for drift against the published partition begins.
 pub(crate) const DRIFT: &str = "drift: ";
 
+/// How each of the gate's warnings begins in a try's reasons (`; ` between them).
+pub(crate) const WARNING: &str = "warning: ";
+
+/// Whether a published try's `reasons` hold a warning of the gate.
+pub(crate) fn has_warnings(reasons: &str) -> bool {
+    reasons.split("; ").any(|r| r.starts_with(WARNING))
+}
+
 /// How a rejection by `history` begins.
 pub(crate) const HISTORY: &str = "history: ";
 

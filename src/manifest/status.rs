@@ -222,6 +222,9 @@ pub struct Figures {
     pub last_published: Vec<(String, i64)>,
     /// `(dag, reasons)` of every rejected try, for counting rejections by rule.
     pub rejections: Vec<(String, String)>,
+    /// `(dag, reasons)` of every try published with the gate's warnings, for counting them by
+    /// rule.
+    pub warnings: Vec<(String, String)>,
     /// Leases held.
     pub leases: i64,
     /// `(dag, inserted, updated, deleted, unchanged)`: what the merges of each DAG's
@@ -266,6 +269,13 @@ pub(crate) fn figures(conn: &Conn) -> Result<Figures> {
          WHERE t.verdict = 'rejected' AND t.reasons IS NOT NULL ORDER BY t.id",
     )?;
     f.rejections = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<super::db::Result<_>>()?;
+    let mut stmt = conn.prepare(
+        "SELECT r.dag_id, t.reasons FROM task_tries t JOIN runs r ON r.id = t.run_id
+         WHERE t.state = 'succeeded' AND t.reasons LIKE '%warning: %' ORDER BY t.id",
+    )?;
+    f.warnings = stmt
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<super::db::Result<_>>()?;
     f.leases = conn.query_row("SELECT COUNT(*) FROM leases", [], |r| r.get(0))?;

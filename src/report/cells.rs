@@ -13,6 +13,8 @@ use crate::state::{IntervalState, PlanAction, RunState, Verdict};
 pub(crate) enum Cell {
     /// Published with rows.
     Succeeded,
+    /// Published with the gate's warnings (a `warn` rule, too little history).
+    Warned,
     /// Published as an empty partition (`allow_empty`).
     Empty,
     /// Computed and kept aside by `create --stage`, not published yet.
@@ -30,8 +32,9 @@ pub(crate) enum Cell {
 
 impl Cell {
     /// Every kind, in the order a legend lists them.
-    pub(crate) const ALL: [Cell; 9] = [
+    pub(crate) const ALL: [Cell; 10] = [
         Cell::Succeeded,
+        Cell::Warned,
         Cell::Empty,
         Cell::Staged,
         Cell::Rejected,
@@ -50,18 +53,24 @@ impl Cell {
         Self::of_run(
             i.state.as_ref().map(IntervalState::run_state),
             i.verdict.map(|v| v.verdict),
+            i.reasons.as_deref(),
         )
     }
 
     /// The cell of an interval whose latest run is in `state` (`None`: no run yet) with the
-    /// gate's `verdict`.
-    pub(crate) fn of_run(state: Option<RunState>, verdict: Option<Verdict>) -> Self {
+    /// gate's `verdict` and `reasons`.
+    pub(crate) fn of_run(
+        state: Option<RunState>,
+        verdict: Option<Verdict>,
+        reasons: Option<&str>,
+    ) -> Self {
         match state {
             None => Self::Pending,
             Some(RunState::Queued | RunState::Running) => Self::Running,
             Some(RunState::Succeeded) => match verdict {
                 Some(Verdict::PublishedEmpty) => Self::Empty,
                 Some(Verdict::Staged) => Self::Staged,
+                _ if reasons.is_some_and(crate::gate::has_warnings) => Self::Warned,
                 _ => Self::Succeeded,
             },
             Some(RunState::Rejected) => Self::Rejected,
@@ -74,6 +83,7 @@ impl Cell {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Succeeded => "succeeded",
+            Self::Warned => "warned",
             Self::Empty => "empty",
             Self::Staged => "staged",
             Self::Rejected => "rejected",
@@ -89,6 +99,7 @@ impl Cell {
     pub(crate) fn words(self) -> &'static str {
         match self {
             Self::Succeeded => "published",
+            Self::Warned => "published with warnings",
             Self::Empty => "published empty",
             Self::Staged => "staged",
             Self::Rejected => "rejected",
@@ -104,6 +115,7 @@ impl Cell {
     pub(crate) fn symbol(self) -> char {
         match self {
             Self::Succeeded => '#',
+            Self::Warned => 'W',
             Self::Empty => '0',
             Self::Staged => 's',
             Self::Rejected => 'R',
@@ -119,6 +131,7 @@ impl Cell {
     fn sgr(self) -> &'static str {
         match self {
             Self::Succeeded => "32",
+            Self::Warned => "1;33",
             Self::Empty => "36",
             Self::Staged => "34",
             Self::Rejected => "1;35",

@@ -34,14 +34,34 @@ pub(crate) fn write(
             kept_versions,
         });
     }
-    write_heading(out, &detail.backfill, labels)?;
+    let warned = detail
+        .interval_details
+        .iter()
+        .filter(|i| super::cells::Cell::of(i) == super::cells::Cell::Warned)
+        .count();
+    write_heading(out, &detail.backfill, labels, warned)?;
     out.text(&intervals(detail, labels).render(out.fit))?;
     write_workers(out, detail)?;
     write_kept(out, kept_versions.unwrap_or_default())
 }
 
+/// ` (N with warnings)` after a count of succeeded intervals, when N is not 0.
+pub(crate) fn with_warnings(n: usize) -> String {
+    if n == 0 {
+        String::new()
+    } else {
+        format!(" ({n} with warnings)")
+    }
+}
+
 /// The backfill's two lines: what it is, and how its intervals stand.
-fn write_heading(out: &mut Sink<'_>, b: &BackfillSummary, labels: &Labeler) -> Result<(), Error> {
+/// `warned`: how many of the succeeded intervals were published with the gate's warnings.
+fn write_heading(
+    out: &mut Sink<'_>,
+    b: &BackfillSummary,
+    labels: &Labeler,
+    warned: usize,
+) -> Result<(), Error> {
     let c = &b.intervals;
     let (from, to) = range_labels(b, labels);
     let typed = if (from.as_str(), to.as_str()) == (b.from_arg.as_str(), b.to_arg.as_str()) {
@@ -70,7 +90,7 @@ fn write_heading(out: &mut Sink<'_>, b: &BackfillSummary, labels: &Labeler) -> R
                 .unwrap_or_default(),
     ))?;
     out.line(&format!(
-        "created {}{} · {}: {} to run ({} succeeded, {} failed, {} rejected, {} cancelled, {} running, {} not started), {} skipped",
+        "created {}{} · {}: {} to run ({} succeeded{}, {} failed, {} rejected, {} cancelled, {} running, {} not started), {} skipped",
         b.created_at,
         b.finished_at
             .as_ref()
@@ -79,6 +99,7 @@ fn write_heading(out: &mut Sink<'_>, b: &BackfillSummary, labels: &Labeler) -> R
         plural(c.total, "interval", "intervals"),
         c.planned,
         c.succeeded,
+        with_warnings(warned),
         c.failed,
         c.rejected,
         c.cancelled,

@@ -107,6 +107,13 @@ pub(crate) fn summary<'a>(
     }
 }
 
+/// The labels of the intervals published with warnings, each once, in order.
+fn warned_days(warned: &[WarnedInterval], labels: &Labeler) -> Vec<String> {
+    let mut days: Vec<String> = warned.iter().map(|w| labels.label(w.start.0)).collect();
+    days.dedup();
+    days
+}
+
 /// Writes the summary: JSON as data with `--output json`, else a table and a line as notes
 /// (nothing on success with `-q`). Failures are always listed as notes, with the command that
 /// reruns them.
@@ -130,8 +137,13 @@ pub(crate) fn write(
             table.set_width(width);
         }
         table.set_header(vec!["intervals", "count"]);
+        let warned = warned_days(s.warned, labels);
         for (name, n) in [
             ("succeeded", c.succeeded),
+            (
+                "  with warnings",
+                i64::try_from(warned.len()).unwrap_or(i64::MAX),
+            ),
             ("failed", c.failed),
             ("rejected", c.rejected),
             ("cancelled", c.cancelled),
@@ -145,6 +157,18 @@ pub(crate) fn write(
             table.add_row(vec![format!("skipped: {reason}"), n.to_string()]);
         }
         out.note(&table.to_string());
+        if !warned.is_empty() {
+            out.note(&format!(
+                "published with warnings: {}{} (`{}` shows them)",
+                warned.join(", "),
+                if s.warned.len() >= crate::manifest::queries::WARNED_SHOWN as usize {
+                    ", ..."
+                } else {
+                    ""
+                },
+                hint(&format!("show {}", s.backfill_id))
+            ));
+        }
     }
     // A failure written as it happened, with its reason (and its log's end), is only named
     // here, with its log; one of an earlier process, or of a quiet run, in full.
@@ -230,11 +254,12 @@ pub(crate) fn write(
     // on stdout too: it is what a cron job mails.
     if (!json && !quiet) || s.exit_code != exit::OK {
         out.note(&format!(
-            "backfill {} of {}: {} — {} succeeded, {} failed, {} rejected, {} cancelled, {} skipped in {:.1}s{next}",
+            "backfill {} of {}: {} — {} succeeded{}, {} failed, {} rejected, {} cancelled, {} skipped in {:.1}s{next}",
             s.backfill_id,
             s.dag_id,
             if s.taken_over { "taken over" } else { s.state },
             c.succeeded,
+            super::show::with_warnings(warned_days(s.warned, labels).len()),
             c.failed,
             c.rejected,
             c.cancelled,

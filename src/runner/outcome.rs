@@ -242,8 +242,7 @@ pub(super) fn warn(
     }
 }
 
-/// How each of the gate's warnings begins in a try's reasons.
-pub(crate) const WARNING: &str = "warning: ";
+pub(crate) use crate::gate::WARNING;
 
 /// How each of the gate's notes begins in a try's reasons.
 pub(crate) const NOTE: &str = "note: ";

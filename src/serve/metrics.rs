@@ -197,6 +197,27 @@ pub(super) fn exposition(read: Option<&Scrape>, sizes: &BTreeMap<String, u32>) -
             .map(|((d, r), c)| (format!("dag=\"{}\",rule=\"{}\"", label(d), label(r)), n(*c)))
             .collect::<Vec<_>>(),
     );
+    let mut warned: BTreeMap<(&str, String), i64> = BTreeMap::new();
+    for (dag, reasons) in &f.warnings {
+        let warnings = reasons
+            .split("; ")
+            .filter_map(|r| r.strip_prefix(crate::gate::WARNING));
+        for warning in warnings {
+            for rule in crate::gate::rules_named(warning).into_iter().take(1) {
+                *warned.entry((dag.as_str(), rule)).or_default() += 1;
+            }
+        }
+    }
+    family(
+        &mut out,
+        "backfill_warnings_total",
+        "counter",
+        "Warnings the gate published tries with, by DAG and by the rule that warned.",
+        &warned
+            .iter()
+            .map(|((d, r), c)| (format!("dag=\"{}\",rule=\"{}\"", label(d), label(r)), n(*c)))
+            .collect::<Vec<_>>(),
+    );
     out
 }
 

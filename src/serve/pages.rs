@@ -631,7 +631,7 @@ pub(super) async fn interval(
         .map(|r: &RunHistory| {
             json!({
                 "run_id": r.run_id, "backfill_id": r.backfill_id, "state": r.state.to_string(),
-                "cell": Cell::of_run(Some(r.state), r.verdict.map(|v| v.verdict)).name(),
+                "cell": Cell::of_run(Some(r.state), r.verdict.map(|v| v.verdict), r.reasons.as_deref()).name(),
                 "started_at": r.started_at, "duration": r.duration_ms.map(took), "tries": r.tries,
                 "rows": crate::report::grid::rows_cell(r.rows, r.rejected_rows),
                 "verdict": r.verdict, "reasons": r.reasons, "error": r.error,
@@ -750,7 +750,11 @@ fn day_cell(
             backfill: None,
         };
     };
-    let c = Cell::of_run(Some(r.state), r.verdict.map(|v| v.verdict));
+    let c = Cell::of_run(
+        Some(r.state),
+        r.verdict.map(|v| v.verdict),
+        r.reasons.as_deref(),
+    );
     let mut title = format!("{label}: {}", c.words());
     if let Some(rows) = published {
         title.push_str(&format!(" · published, {rows} rows"));

@@ -239,6 +239,48 @@ severity = "warn"
     let doc = out.code(0).json();
     assert_eq!(doc["warned"][0]["task"], "load");
     assert_eq!(doc["warned"][0]["warnings"], recorded.as_str());
+    // Counted and named in the summary, marked in `show`, its grid and /metrics (the day before
+    // has large orders too).
+    let out = p.create(
+        "orders_fact",
+        "2026-09-02",
+        day,
+        &["--reprocess-behavior", "completed"],
+    );
+    out.code(0)
+        .stderr_has("published with warnings: 2026-09-02, 2026-09-03 (`backfill -C ")
+        .stderr_has(" show 3` shows them)")
+        .stderr_has("— 2 succeeded (2 with warnings), 0 failed");
+    let table: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("with warnings ┆ 2"))
+        .collect();
+    assert_eq!(table.len(), 1, "{}", out.stderr);
+    p.run(&["show", "3"])
+        .code(0)
+        .stdout_has("(2 succeeded (2 with warnings), 0 failed");
+    p.run(&["show", "3", "--grid"])
+        .code(0)
+        .stdout_has("2026-09-02  WW\n")
+        .stdout_has("W published with warnings 2");
+    let s = crate::serve::Server::start(&p, "warned", &[]);
+    let page = s.get("/backfills/3");
+    assert!(
+        page.body
+            .contains(r#"data-interval="2026-09-03T00:00:00Z" data-state="warned""#),
+        "{}",
+        page.body
+    );
+    let metrics = s.get("/metrics");
+    // One warning in each of the three runs of 09-03, and in the one of 09-02.
+    let line = "backfill_warnings_total{dag=\"orders_fact\",rule=\"check:large orders\"} 4";
+    assert!(
+        metrics.body.lines().any(|l| l == line),
+        "no `{line}` in\n{}",
+        metrics.body
+    );
+    drop(s);
     // A quiet run says nothing of it.
     let quiet = p.create(
         "orders_fact",

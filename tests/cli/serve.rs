@@ -42,13 +42,13 @@ fn finished() -> Project {
 }
 
 /// A running `backfill serve`, stopped (SIGTERM) when dropped.
-struct Server {
+pub(crate) struct Server {
     child: Option<Child>,
     addr: String,
 }
 
 impl Server {
-    fn start(p: &Project, name: &str, extra: &[&str]) -> Self {
+    pub(crate) fn start(p: &Project, name: &str, extra: &[&str]) -> Self {
         let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
         args.extend_from_slice(extra);
         let child = p.spawn(name, &args);
@@ -102,7 +102,7 @@ impl Server {
         }
     }
 
-    fn get(&self, path: &str) -> Answer {
+    pub(crate) fn get(&self, path: &str) -> Answer {
         http(&self.addr, "GET", path, &[], None)
     }
 
@@ -128,10 +128,10 @@ impl Drop for Server {
 }
 
 /// An HTTP answer.
-struct Answer {
-    status: u16,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
     headers: Vec<(String, String)>,
-    body: String,
+    pub(crate) body: String,
 }
 
 impl Answer {

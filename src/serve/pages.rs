@@ -412,27 +412,61 @@ pub(super) async fn backfills(
     )
 }
 
-/// A cell of a backfill's grid.
-fn cell(i: &IntervalDetail, labels: &Labeler) -> Value {
+/// A cell of a backfill's grid; `kept`, the rows of the partition published before that a
+/// rejected or failed interval leaves in place.
+fn cell(i: &IntervalDetail, labels: &Labeler, kept: Option<i64>) -> Value {
     let c = Cell::of(i);
     let label = labels.label(i.start.0);
     let mut title = format!("{label}: {}", c.words());
-    if let Some(r) = i
+    let why = i
         .reason
         .as_deref()
         .or(i.reasons.as_deref())
-        .or(i.error.as_deref())
-    {
+        .or(i.error.as_deref());
+    if let Some(r) = why {
         title.push_str(" · ");
         title.push_str(&r.chars().take(200).collect::<String>());
+    }
+    let kept = kept.filter(|_| matches!(c, Cell::Rejected | Cell::Failed));
+    if let Some(rows) = kept {
+        title.push_str(&format!(" · {}", still_published(rows)));
     }
     let start = crate::interval::rfc3339(i.start.0);
     json!({
         "start": start,
         "label": label,
         "state": c.name(),
+        "words": c.words(),
         "title": title,
+        "why": why,
+        "kept": kept.map(still_published),
     })
+}
+
+/// What a rejected or failed interval left published.
+fn still_published(rows: i64) -> String {
+    format!(
+        "the partition published before ({}) stays published",
+        crate::report::out::plural(rows, "row", "rows")
+    )
+}
+
+/// A backfill's cells in rows of a natural group (a week of days, a day of hours, a year of
+/// months, else ten), each row headed by the label of its first interval.
+fn grid_rows(cells: &[Value], intervals: &[&IntervalDetail]) -> Vec<Value> {
+    let group = match intervals
+        .first()
+        .map(|i| (i.end.0 - i.start.0).num_seconds())
+    {
+        Some(86_400) => 7,
+        Some(3_600) => 24,
+        Some(2_419_200..=2_678_400) => 12,
+        _ => 10,
+    };
+    cells
+        .chunks(group)
+        .map(|row| json!({ "label": row[0]["label"], "cells": row }))
+        .collect()
 }
 
 /// `/backfills/ID`: one cell per interval, a page of them at a time.
@@ -473,10 +507,20 @@ pub(super) async fn backfill(
                 };
             }
             let e = eta(conn, project, &s.detail.backfill)?;
-            Ok(Some((s, e, page, pages)))
+            // What the page's rejected and failed intervals left published.
+            let starts = s
+                .detail
+                .interval_details
+                .iter()
+                .map(|i| i.start.0.timestamp());
+            let kept = match (starts.clone().min(), starts.max()) {
+                (Some(lo), Some(hi)) => conn.published_starts(&s.detail.backfill.dag_id, lo, hi)?,
+                _ => Vec::new(),
+            };
+            Ok(Some((s, e, page, pages, kept)))
         })
         .await;
-    let (shown, eta, page, pages) = match read {
+    let (shown, eta, page, pages, kept) = match read {
         Ok(Some(Some(found))) => found,
         Ok(_) => return app.pages.no_backfill(id),
         Err(Unreadable(why)) => return app.pages.unreadable(&why),
@@ -485,7 +529,15 @@ pub(super) async fn backfill(
     let d = &shown.detail;
     let mut intervals: Vec<&IntervalDetail> = d.interval_details.iter().collect();
     intervals.sort_by_key(|i| i.start.0);
-    let cells: Vec<Value> = intervals.iter().map(|i| cell(i, &labels)).collect();
+    let kept: std::collections::HashMap<i64, i64> = kept.into_iter().collect();
+    let cells: Vec<Value> = intervals
+        .iter()
+        .map(|i| cell(i, &labels, kept.get(&i.start.0.timestamp()).copied()))
+        .collect();
+    let went_wrong: Vec<&Value> = cells
+        .iter()
+        .filter(|c| matches!(c["state"].as_str(), Some("rejected" | "failed")))
+        .collect();
     let legend: Vec<Value> = tally(d.interval_details.iter())
         .into_iter()
         .filter(|(_, n)| *n > 0)
@@ -523,6 +575,8 @@ pub(super) async fn backfill(
             "batch_size": d.backfill.batch_size,
             "run_backwards": d.backfill.run_backwards,
             "cells": cells,
+            "rows": grid_rows(&cells, &intervals),
+            "went_wrong": went_wrong,
             "legend": legend,
             "workers": workers,
             "members": members,

@@ -393,6 +393,58 @@ fn metrics_give_the_last_published_interval_of_a_dag_of_tasks_without_a_gate() {
     assert_eq!(s.stop(), 0);
 }
 
+#[test]
+fn a_rejected_rerun_says_on_the_page_that_the_partition_published_before_stays() {
+    let p = Project::new().dag("exports", DAG);
+    for day in [
+        "2026-01-01",
+        "2026-01-02",
+        "2026-01-03",
+        "2026-01-04",
+        "2026-01-05",
+    ] {
+        p.write(&format!("source-{day}"), "10\n");
+    }
+    p.create("exports", "2026-01-01", "2026-01-05", &[]).code(0);
+    // The source of 01-03 doubles: its rerun is rejected and its 10 rows stay published.
+    p.write("source-2026-01-03", "20\n");
+    p.create(
+        "exports",
+        "2026-01-01",
+        "2026-01-05",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(3);
+    let s = Server::start(&p, "serve", &[]);
+    let page = s.get("/backfills/2");
+    assert_eq!(page.status, 200);
+    // A week of days a row, headed by its first day.
+    assert!(
+        page.body.contains("<tr><th>2026-01-01</th><td>"),
+        "{}",
+        page.body
+    );
+    assert_eq!(page.body.matches("<tr><th>2026-").count(), 1, "{}", page.body);
+    assert!(
+        page.body.contains(
+            r#"class="cell s-rejected kept" href="/backfills/2/intervals/2026-01-03T00:00:00Z""#
+        ),
+        "{}",
+        page.body
+    );
+    assert!(
+        page.body
+            .contains("the partition published before (10 rows) stays published"),
+        "{}",
+        page.body
+    );
+    // No pager for one page.
+    assert!(!page.body.contains("page 1 of"), "{}", page.body);
+    let dag = s.get("/dags/exports");
+    assert!(!dag.body.contains("class=\"pager\""), "{}", dag.body);
+    assert_eq!(s.stop(), 0);
+}
+
 /// `/metrics` in the text format Prometheus reads, as its own checker says.
 #[test]
 #[cfg_attr(
@@ -1405,6 +1457,24 @@ fn a_browser_clicks_the_rejected_cell_and_reads_its_reason() {
         .map(|c| browser.attribute(c, "data-state"))
         .collect();
     assert_eq!(states, ["succeeded", "rejected", "failed"]);
+    // The grid's rows are dated, and what went wrong is listed under it with its reasons.
+    let dates: Vec<String> = browser
+        .all("#grid th")
+        .iter()
+        .map(|e| browser.text(e))
+        .collect();
+    assert_eq!(dates, ["2026-01-01"]);
+    let wrong: Vec<String> = browser
+        .all(".went-wrong tbody tr")
+        .iter()
+        .map(|e| browser.text(e))
+        .collect();
+    assert_eq!(wrong.len(), 2, "{wrong:?}");
+    assert!(
+        wrong[0].starts_with("2026-01-02 rejected row count 10 differs from the source count 20"),
+        "{wrong:?}"
+    );
+    assert!(wrong[1].starts_with("2026-01-03 failed"), "{wrong:?}");
     // The cell is drawn: it has a size on the page.
     let rect = browser.call("GET", &format!("/element/{}/rect", cells[1]), Value::Null);
     assert!(rect["width"].as_f64().unwrap() >= 10.0, "{rect}");
@@ -1419,6 +1489,12 @@ fn a_browser_clicks_the_rejected_cell_and_reads_its_reason() {
     );
     let reasons = browser.all(".try .reasons");
     assert_eq!(reasons.len(), 1);
+    // The runs table's durations never wrap (`8` / `ms`).
+    let took = browser.all("td.took");
+    assert_eq!(
+        browser.call("GET", &format!("/element/{}/css/white-space", took[0]), Value::Null),
+        "nowrap"
+    );
     assert_eq!(
         browser.text(&reasons[0]),
         "row count 10 differs from the source count 20 by 50.0% (tolerance 0.0%)"

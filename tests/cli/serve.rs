@@ -301,7 +301,7 @@ fn pages_json_and_metrics_of_a_finished_backfill_and_the_manifest_is_untouched()
     );
     // The runs' table shows the rows the rejected try computed, marked as not published.
     assert!(
-        rejected.body.contains("<td>10 rejected</td>"),
+        rejected.body.contains(r#"<td class="rows">10 rejected</td>"#),
         "{}",
         rejected.body
     );

@@ -236,7 +236,11 @@ pub fn list_show_and_runs_read_what_was_recorded(m: &Engine) {
     assert_eq!(f.rejections, [(s("d"), s("rows: 0 < 1"))]);
     assert_eq!(f.merged, [(s("d"), [1, 2, 3, 4])]);
     assert_eq!(f.leases, 1, "day 3's");
-    assert!(f.pool_slots.is_empty() && f.last_published.is_empty());
+    assert!(f.pool_slots.is_empty());
+    assert_eq!(f.warnings, [(s("d"), s("warning: few rows"))]);
+    // Nothing was recorded as published: the end of each DAG's latest succeeded run, day 0 of
+    // each (a task without a gate publishes as it succeeds).
+    assert_eq!(f.last_published, [(s("d"), start(1)), (s("e"), start(1))]);
 }
 
 /// A cascade is its first backfill and the backfills made for it, oldest first; its running

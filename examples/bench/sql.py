@@ -7,6 +7,7 @@ source count). Each measurement alternates the two, on fresh copies, and reports
 
     examples/bench/sql.py [--rounds N]        (default 3 rounds)
     examples/bench/sql.py --batch-size N [--enriched] [--rounds N]
+    examples/bench/sql.py --small [--batch-size N] [--rounds N]
 
 Targets (exit status 1 when one is missed):
   1. 365 daily partitions into an empty target: backfill <= 1.5x the bare loop
@@ -23,6 +24,12 @@ into the full target, each result checked (every raw event published once); no t
 --enriched each day's query also joins its events to each customer's current row in a customer
 history (the latest of two versions of 100,000 customers, found by a window over the whole
 history, which has no index): a fixed cost per query, as a warehouse's per-query overhead.
+With --small it measures small partitions instead, as daily aggregates are: 328,500 orders over
+2025 (900 a day, indexed on their timestamp) aggregated into 15 rows a day (five regions by three
+bands of amount) of a target with PRIMARY KEY (day, region, band), the gate as in the README
+(unique_key, a source_count of the distinct groups, a source_fingerprint): backfill against the
+bare loop into the empty and the full target at --max-active-runs 1, and the full target at 4;
+with --batch-size N, --batch-size N against 1 at --max-active-runs 1. No target: figures.
 Wall and CPU seconds come from GNU time (/usr/bin/time). Needs Python 3 and a Rust toolchain.
 """
 
@@ -111,6 +118,137 @@ JOIN (SELECT customer_id, status
 WHERE e.event_ts >= :data_interval_start AND e.event_ts < :data_interval_end AND c.status = 'active'"""
 ENRICHED_DAG = DAG.replace(QUERY, ENRICHED)
 assert ENRICHED_DAG != DAG
+
+
+SMALL_SCHEMA = """
+CREATE TABLE raw_orders (
+    order_id INTEGER PRIMARY KEY,
+    order_ts TEXT    NOT NULL,
+    region   TEXT    NOT NULL,
+    amount   INTEGER NOT NULL
+);
+WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 328499)
+INSERT INTO raw_orders (order_id, order_ts, region, amount)
+SELECT i,
+       datetime(2460676.5 + (i * 96.0 / 86400)),
+       CASE (i * 2654435761 % 4294967296) / 858993460
+         WHEN 0 THEN 'eu' WHEN 1 THEN 'us' WHEN 2 THEN 'apac' WHEN 3 THEN 'latam' ELSE 'mea' END,
+       (i * 40503) % 25000
+FROM n;
+CREATE INDEX raw_orders_by_ts ON raw_orders (order_ts);
+CREATE TABLE orders_daily (
+    day    TEXT    NOT NULL,
+    region TEXT    NOT NULL,
+    band   INTEGER NOT NULL,
+    orders INTEGER NOT NULL,
+    amount INTEGER NOT NULL,
+    PRIMARY KEY (day, region, band)
+);
+"""
+
+SMALL_QUERY = """SELECT date(order_ts) AS day, region, amount / 10000 AS band, COUNT(*) AS orders,
+       SUM(amount) AS amount
+FROM raw_orders
+WHERE order_ts >= {start} AND order_ts < {end}
+GROUP BY 1, 2, 3"""
+
+SMALL_DAG = f'''schedule = "@daily"
+timezone = "UTC"
+
+[[tasks]]
+id = "daily"
+warehouse = "bench"
+target = "orders_daily"
+partition_column = "day"
+sql = """
+{SMALL_QUERY.format(start=":data_interval_start", end=":data_interval_end")}
+"""
+
+[tasks.gate]
+unique_key = ["day", "region", "band"]
+source_count = """
+SELECT COUNT(*) FROM (
+    SELECT DISTINCT region, amount / 10000 FROM raw_orders
+    WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end
+)
+"""
+source_fingerprint = """
+SELECT COUNT(*) || '/' || SUM(amount) FROM raw_orders
+WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end
+"""
+'''
+
+SMALL_BARE = r"""
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+query = sys.argv[2]
+for d in range(365):
+    conn.execute("BEGIN")
+    day = conn.execute("SELECT date('2025-01-01', ?)", (f"+{d} days",)).fetchone()[0]
+    nxt = conn.execute("SELECT date('2025-01-01', ?)", (f"+{d + 1} days",)).fetchone()[0]
+    conn.execute("DELETE FROM orders_daily WHERE day = ?", (day,))
+    conn.execute("INSERT INTO orders_daily " + query, (day + " 00:00:00", nxt + " 00:00:00"))
+    conn.execute("COMMIT")
+"""
+
+
+def small(binary, rounds, size):
+    """Small partitions: backfill against the bare loop, or --batch-size `size` against 1."""
+    work = tempfile.mkdtemp(prefix="backfill-small-bench.")
+    try:
+        print("generating the warehouse (328,500 orders)...", file=sys.stderr)
+        path = os.path.join(work, "template.db")
+        conn = sqlite3.connect(path)
+        conn.executescript(SMALL_SCHEMA)
+        conn.commit()
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.close()
+        query = SMALL_QUERY.format(start="?", end="?")
+        bare_loop = lambda p: timed([sys.executable, "-c", SMALL_BARE, os.path.join(p, "warehouse.db"), query])
+        want = (5475, 328500)
+        check = lambda p: (count(p, "SELECT COUNT(*) FROM orders_daily"), count(p, "SELECT SUM(orders) FROM orders_daily"))
+        wall, cpu = {}, {}
+
+        def record(key, measured):
+            wall.setdefault(key, []).append(measured[0])
+            cpu.setdefault(key, []).append(measured[1])
+
+        for r in range(rounds):
+            print(f"round {r + 1} of {rounds}...", file=sys.stderr)
+            if size:
+                order = [("one", "1"), ("batch", str(size))]
+                if r % 2:
+                    order.reverse()
+                for label, n in order:
+                    p = fresh_project(work, label, path, dag=SMALL_DAG)
+                    for target, extra in (("empty", []), ("full", ["--reprocess-behavior", "completed"])):
+                        record(f"{label}_{target}", backfill(binary, p, "--max-active-runs", "1", "--batch-size", n, *extra))
+                        assert check(p) == want, check(p)
+                continue
+            b = fresh_project(work, "bare", path, dag=SMALL_DAG)
+            record("bare_empty", bare_loop(b))
+            p = fresh_project(work, "bf", path, dag=SMALL_DAG)
+            record("bf_empty", backfill(binary, p, "--max-active-runs", "1"))
+            assert check(p) == want, check(p)
+            record("bare_full", bare_loop(b))
+            record("bf_full", backfill(binary, p, "--max-active-runs", "1", "--reprocess-behavior", "completed"))
+            record("bare_full_4", bare_loop(b))
+            record("bf_full_4", backfill(binary, p, "--max-active-runs", "4", "--reprocess-behavior", "completed"))
+            assert check(p) == want and check(b) == want, (check(p), check(b))
+        med = {k: statistics.median(v) for k, v in wall.items()}
+        cmed = {k: statistics.median(v) for k, v in cpu.items()}
+        print(f"small partitions (15 rows a day from 900 orders); medians of {rounds} rounds, wall seconds (cpu):")
+        pairs = ([(f"into the {t} target, --max-active-runs 1", f"batch_{t}", f"one_{t}") for t in ("empty", "full")]
+                 if size else
+                 [("into the empty target, --max-active-runs 1", "bf_empty", "bare_empty"),
+                  ("into the full target, --max-active-runs 1", "bf_full", "bare_full"),
+                  ("into the full target, --max-active-runs 4", "bf_full_4", "bare_full_4")])
+        against = f"--batch-size {size} against 1" if size else "backfill against the bare loop"
+        print(f"  ({against})")
+        for name, a, b in pairs:
+            print(f"  {name:<45} {med[a]:6.2f} ({cmed[a]:5.2f})  {med[b]:6.2f} ({cmed[b]:5.2f})  {med[a] / med[b]:5.2f}x")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def build():
@@ -268,8 +406,13 @@ def main():
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--enriched", action="store_true",
                         help="with --batch-size: join each query's events to a customer history read whole")
+    parser.add_argument("--small", action="store_true",
+                        help="small partitions: 900 orders a day aggregated into 15 keyed rows a day")
     args = parser.parse_args()
     binary = build()
+    if args.small:
+        small(binary, args.rounds, args.batch_size)
+        return
     if args.batch_size:
         batches(binary, args.rounds, args.batch_size, args.enriched)
         return

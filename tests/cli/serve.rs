@@ -301,7 +301,9 @@ fn pages_json_and_metrics_of_a_finished_backfill_and_the_manifest_is_untouched()
     );
     // The runs' table shows the rows the rejected try computed, marked as not published.
     assert!(
-        rejected.body.contains(r#"<td class="rows">10 rejected</td>"#),
+        rejected
+            .body
+            .contains(r#"<td class="rows">10 rejected</td>"#),
         "{}",
         rejected.body
     );
@@ -424,7 +426,12 @@ fn a_rejected_rerun_says_on_the_page_that_the_partition_published_before_stays()
         "{}",
         page.body
     );
-    assert_eq!(page.body.matches("<tr><th>2026-").count(), 1, "{}", page.body);
+    assert_eq!(
+        page.body.matches("<tr><th>2026-").count(),
+        1,
+        "{}",
+        page.body
+    );
     assert!(
         page.body.contains(
             r#"class="cell s-rejected kept" href="/backfills/2/intervals/2026-01-03T00:00:00Z""#
@@ -1492,7 +1499,11 @@ fn a_browser_clicks_the_rejected_cell_and_reads_its_reason() {
     // The runs table's durations never wrap (`8` / `ms`).
     let took = browser.all("td.took");
     assert_eq!(
-        browser.call("GET", &format!("/element/{}/css/white-space", took[0]), Value::Null),
+        browser.call(
+            "GET",
+            &format!("/element/{}/css/white-space", took[0]),
+            Value::Null
+        ),
         "nowrap"
     );
     assert_eq!(

@@ -133,6 +133,8 @@ fn with_values(line: &str, cmd: &clap::Command) -> String {
             Some(name) => name.to_string(),
             None => arg.get_id().as_str().to_uppercase(),
         };
+        // As roff writes them: a backslash doubled, a hyphen as `\-`.
+        let value = value.replace('\\', "\\\\").replace('-', "\\-");
         let name = match (arg.get_long(), arg.get_short()) {
             (Some(long), _) => format!("\\fB\\-\\-{}\\fR", long.replace('-', "\\-")),
             (None, Some(short)) => format!("\\fB\\-{short} \\fR"),

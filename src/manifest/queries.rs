@@ -257,6 +257,8 @@ pub struct Outcome {
     /// Intervals whose latest run published with the gate's warnings (at most
     /// [`WARNED_SHOWN`]).
     pub warned: Vec<WarnedInterval>,
+    /// How many intervals' latest runs published with the gate's warnings, all of them.
+    pub warned_count: i64,
 }
 
 /// An interval whose output was published with the gate's warnings.
@@ -311,7 +313,8 @@ pub(crate) fn outcome(conn: &Conn, id: i64) -> Result<Option<Outcome>> {
          JOIN (SELECT MAX(id) AS id FROM runs WHERE backfill_id = ?1 GROUP BY interval_start) m
            ON m.id = r.id
          JOIN task_tries t ON t.run_id = r.id
-         WHERE t.state = 'succeeded' AND t.reasons LIKE '%warning: %'
+         WHERE r.state = 'succeeded' AND t.state = 'succeeded' AND t.reasons LIKE '%warning: %'
+           AND COALESCE(t.verdict, '') <> 'staged'
          ORDER BY r.interval_start, t.id LIMIT ?2",
     )?;
     let warned = stmt
@@ -323,11 +326,23 @@ pub(crate) fn outcome(conn: &Conn, id: i64) -> Result<Option<Outcome>> {
             })
         })?
         .collect::<super::db::Result<_>>()?;
+    let warned_count = conn.query_row(
+        "SELECT COUNT(DISTINCT r.interval_start)
+         FROM runs r
+         JOIN (SELECT MAX(id) AS id FROM runs WHERE backfill_id = ?1 GROUP BY interval_start) m
+           ON m.id = r.id
+         JOIN task_tries t ON t.run_id = r.id
+         WHERE r.state = 'succeeded' AND t.state = 'succeeded' AND t.reasons LIKE '%warning: %'
+           AND COALESCE(t.verdict, '') <> 'staged'",
+        [id],
+        |r| r.get(0),
+    )?;
     Ok(Some(Outcome {
         backfill,
         skipped,
         failed,
         warned,
+        warned_count,
     }))
 }
 
@@ -350,6 +365,9 @@ pub struct IntervalDetail {
     /// Rows the latest run's rejected tries computed (published nothing).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rejected_rows: Option<i64>,
+    /// Whether a try of the latest run published with the gate's warnings.
+    #[serde(skip)]
+    pub warned: bool,
     /// What the latest run's merges did (`write = "merge"`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub changes: Option<Changes>,
@@ -431,6 +449,7 @@ struct TryAgg {
     tries: i64,
     rows: Option<i64>,
     rejected_rows: Option<i64>,
+    warned: bool,
     changes: Option<Changes>,
     verdict: Option<ShownVerdict>,
     reasons: Option<String>,
@@ -578,6 +597,13 @@ fn add_rows(state: TryState, n: i64, rows: &mut Option<i64>, rejected: &mut Opti
     *to = Some(to.unwrap_or(0) + n);
 }
 
+/// Whether a try in `state` with `verdict` and `reasons` published with the gate's warnings.
+fn published_warned(state: TryState, verdict: Option<Verdict>, reasons: Option<String>) -> bool {
+    state == TryState::Succeeded
+        && verdict != Some(Verdict::Staged)
+        && reasons.is_some_and(|r| crate::gate::has_warnings(&r))
+}
+
 /// The tries of each run of `run_ids` (sorted), aggregated, by run: one ordered range scan.
 fn try_aggs(conn: &Conn, run_ids: &[i64]) -> Result<Vec<TryAgg>> {
     let mut tries: Vec<TryAgg> = Vec::with_capacity(run_ids.len());
@@ -622,6 +648,7 @@ impl TryAgg {
         if let Some(n) = r.get::<_, Option<i64>>(2)? {
             add_rows(state, n, &mut self.rows, &mut self.rejected_rows);
         }
+        self.warned |= published_warned(state, r.get(3)?, r.get(4)?);
         if succeeded {
             Changes::add(&mut self.changes, r, 12)?;
         }
@@ -685,6 +712,7 @@ fn interval_details(
             tries: t.map_or(0, |t| t.tries),
             rows: t.and_then(|t| t.rows),
             rejected_rows: t.and_then(|t| t.rejected_rows),
+            warned: t.is_some_and(|t| t.warned),
             changes: t.and_then(|t| t.changes),
             verdict: t.and_then(|t| t.verdict),
             reasons: t.and_then(|t| t.reasons.clone()),
@@ -806,6 +834,9 @@ pub struct RunHistory {
     /// Rows the run's rejected tries computed (published nothing).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rejected_rows: Option<i64>,
+    /// Whether a try of the run published with the gate's warnings.
+    #[serde(skip)]
+    pub warned: bool,
     /// What the run's merges did (`write = "merge"`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub changes: Option<Changes>,
@@ -839,6 +870,7 @@ pub(crate) fn runs(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<Ru
                 tries: 0,
                 rows: None,
                 rejected_rows: None,
+                warned: false,
                 changes: None,
                 verdict: None,
                 reasons: None,
@@ -869,6 +901,7 @@ pub(crate) fn runs(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<Ru
             if let Some(n) = r.get::<_, Option<i64>>(2)? {
                 add_rows(state, n, &mut run.rows, &mut run.rejected_rows);
             }
+            run.warned |= published_warned(state, r.get(3)?, r.get(4)?);
             if state == TryState::Succeeded {
                 Changes::add(&mut run.changes, &r, 7)?;
             }

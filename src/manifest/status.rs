@@ -273,7 +273,8 @@ pub(crate) fn figures(conn: &Conn) -> Result<Figures> {
         .collect::<super::db::Result<_>>()?;
     let mut stmt = conn.prepare(
         "SELECT r.dag_id, t.reasons FROM task_tries t JOIN runs r ON r.id = t.run_id
-         WHERE t.state = 'succeeded' AND t.reasons LIKE '%warning: %' ORDER BY t.id",
+         WHERE t.state = 'succeeded' AND t.reasons LIKE '%warning: %'
+           AND COALESCE(t.verdict, '') <> 'staged' ORDER BY t.id",
     )?;
     f.warnings = stmt
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?

@@ -53,24 +53,20 @@ impl Cell {
         Self::of_run(
             i.state.as_ref().map(IntervalState::run_state),
             i.verdict.map(|v| v.verdict),
-            i.reasons.as_deref(),
+            i.warned,
         )
     }
 
     /// The cell of an interval whose latest run is in `state` (`None`: no run yet) with the
-    /// gate's `verdict` and `reasons`.
-    pub(crate) fn of_run(
-        state: Option<RunState>,
-        verdict: Option<Verdict>,
-        reasons: Option<&str>,
-    ) -> Self {
+    /// gate's `verdict`; `warned` when one of its tries published with the gate's warnings.
+    pub(crate) fn of_run(state: Option<RunState>, verdict: Option<Verdict>, warned: bool) -> Self {
         match state {
             None => Self::Pending,
             Some(RunState::Queued | RunState::Running) => Self::Running,
             Some(RunState::Succeeded) => match verdict {
                 Some(Verdict::PublishedEmpty) => Self::Empty,
                 Some(Verdict::Staged) => Self::Staged,
-                _ if reasons.is_some_and(crate::gate::has_warnings) => Self::Warned,
+                _ if warned => Self::Warned,
                 _ => Self::Succeeded,
             },
             Some(RunState::Rejected) => Self::Rejected,

@@ -89,7 +89,7 @@ impl Fit {
 /// that a terminal never breaks a word; a closed stderr is ignored.
 pub fn say(text: &str) {
     let text = match Fit::stderr(false).width {
-        Some(width) => wrap(text, usize::from(width)),
+        Some(width) => wrap_whole(text, usize::from(width)),
         None => text.to_string(),
     };
     let _ = writeln!(std::io::stderr(), "{text}");
@@ -166,17 +166,37 @@ impl<'a> Sink<'a> {
     /// ignored).
     pub(crate) fn note(&mut self, text: &str) {
         let _ = match self.notes_width {
-            Some(width) => writeln!(self.notes, "{}", wrap(text, usize::from(width))),
+            Some(width) => writeln!(self.notes, "{}", wrap_whole(text, usize::from(width))),
             None => writeln!(self.notes, "{text}"),
         };
     }
 }
 
-/// Wraps each line of `text` at spaces so that no line is wider than `width` characters;
+/// Wraps each line of `text` at spaces so that no line is wider than `width` columns;
 /// continuation lines are indented by two spaces. A word wider than the width is cut. Colour
-/// codes (ANSI escape sequences) take no width, and are never cut.
+/// codes (ANSI escape sequences) take no width, and are never cut; a span between backquotes
+/// (a command to copy) is one word.
 pub(crate) fn wrap(text: &str, width: usize) -> String {
-    const INDENT: &str = "  ";
+    fill(text, width, Cut::Words)
+}
+
+/// [`wrap`] for what people read and copy from (notes, progress, errors): a word wider than
+/// the width (a path) is never cut but put on a line of its own, which the terminal folds.
+pub(crate) fn wrap_whole(text: &str, width: usize) -> String {
+    fill(text, width, Cut::Never)
+}
+
+/// Whether a word wider than the line is cut.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    Words,
+    Never,
+}
+
+/// The indent of a continuation line.
+const INDENT: &str = "  ";
+
+fn fill(text: &str, width: usize, cut: Cut) -> String {
     let width = width.max(INDENT.len() + 1);
     let mut out = String::with_capacity(text.len() + 16);
     for (n, line) in text.split('\n').enumerate() {
@@ -192,7 +212,7 @@ pub(crate) fn wrap(text: &str, width: usize) -> String {
         let mut used = 0;
         for (k, part) in line.split(SEPARATOR).enumerate() {
             let w = visible_width(part);
-            if k > 0 && used + SEPARATOR.len() + w <= width {
+            if k > 0 && used + visible_width(SEPARATOR) + w <= width {
                 out.push_str(SEPARATOR);
                 used += visible_width(SEPARATOR);
             } else if k > 0 {
@@ -201,7 +221,7 @@ pub(crate) fn wrap(text: &str, width: usize) -> String {
                 out.push_str("· ");
                 used = INDENT.len() + 2;
             }
-            words(part, width, &mut out, &mut used);
+            words(part, width, cut, &mut out, &mut used);
         }
     }
     out
@@ -210,11 +230,37 @@ pub(crate) fn wrap(text: &str, width: usize) -> String {
 /// What separates the parts of a line (see [`wrap`]).
 const SEPARATOR: &str = " · ";
 
+/// `text`'s words: split at spaces, but a span from a word that opens a backquote to the word
+/// that closes it is one word.
+fn tokens(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut open: Option<String> = None;
+    for word in text.split(' ') {
+        match open.take() {
+            Some(mut span) => {
+                span.push(' ');
+                span.push_str(word);
+                if word.contains('`') {
+                    out.push(span);
+                } else {
+                    open = Some(span);
+                }
+            }
+            None if word.matches('`').count() % 2 == 1 => open = Some(word.to_string()),
+            None => out.push(word.to_string()),
+        }
+    }
+    // A backquote never closed: its words stay words.
+    if let Some(span) = open {
+        out.extend(span.split(' ').map(String::from));
+    }
+    out
+}
+
 /// Writes `text` onto `out`, whose last line is `used` columns wide, wrapped at spaces to
 /// `width` (see [`wrap`]).
-fn words(text: &str, width: usize, out: &mut String, used: &mut usize) {
-    const INDENT: &str = "  ";
-    for (k, word) in text.split(' ').enumerate() {
+fn words(text: &str, width: usize, cut: Cut, out: &mut String, used: &mut usize) {
+    for (k, word) in tokens(text).iter().enumerate() {
         let w = visible_width(word);
         if k > 0 && *used + 1 + w <= width {
             out.push(' ');
@@ -223,6 +269,11 @@ fn words(text: &str, width: usize, out: &mut String, used: &mut usize) {
             out.push('\n');
             out.push_str(INDENT);
             *used = INDENT.len();
+        }
+        if cut == Cut::Never {
+            out.push_str(word);
+            *used += w;
+            continue;
         }
         // A colour code goes with the character after it (a reset, with the one before),
         // so that a cut word keeps each character's colour.
@@ -246,25 +297,28 @@ fn words(text: &str, width: usize, out: &mut String, used: &mut usize) {
     }
 }
 
-/// How many columns `text` takes on a terminal: its characters, less its colour codes.
+/// How many columns `text` takes on a terminal: its characters' widths (two for a wide one, none
+/// for a combining mark, eight for a tab at most), less its colour codes.
 pub(crate) fn visible_width(text: &str) -> usize {
     pieces(text).map(|(_, w)| w).sum()
 }
 
-/// `text` as its characters (width 1 each) and its ANSI escape sequences (`ESC [ ... letter`,
-/// width 0), in order.
+/// `text` as its characters, each with its width, and its ANSI escape sequences (`ESC [`, then
+/// parameters, up to a final byte from `@` to `~`; width 0), in order.
 fn pieces(text: &str) -> impl Iterator<Item = (&str, usize)> {
+    use unicode_width::UnicodeWidthChar;
     let mut rest = text;
     std::iter::from_fn(move || {
         let c = rest.chars().next()?;
         let (len, width) = match rest.strip_prefix("\x1b[") {
             Some(code) => {
                 let end = code
-                    .find(|c: char| c.is_ascii_alphabetic())
+                    .find(|c: char| ('@'..='~').contains(&c))
                     .map_or(code.len(), |k| k + 1);
                 (2 + end, 0)
             }
-            None => (c.len_utf8(), 1),
+            None if c == '\t' => (1, 8),
+            None => (c.len_utf8(), c.width().unwrap_or(0)),
         };
         let (piece, after) = rest.split_at(len);
         rest = after;
@@ -302,6 +356,35 @@ mod tests {
             wrap(&"x".repeat(25), 10),
             "xxxxxxxxxx\n  xxxxxxxx\n  xxxxxxx"
         );
+    }
+
+    #[test]
+    fn what_people_copy_is_never_cut() {
+        let path = "/tmp/project/.backfill/logs/sales/export/20260102T230000Z.run3.try1.log";
+        let note = format!("failed 2026-01-03: as written above; log: {path}");
+        assert_eq!(
+            wrap_whole(&note, 40),
+            format!("failed 2026-01-03: as written above;\n  log:\n  {path}")
+        );
+        // A command between backquotes is one word, however wide.
+        let rerun =
+            "rerun the failures with `backfill create --dag sales --reprocess-behavior failed`";
+        assert_eq!(
+            wrap_whole(rerun, 30),
+            "rerun the failures with\n  `backfill create --dag sales --reprocess-behavior failed`"
+        );
+        // A backquote never closed leaves the words as they are.
+        assert_eq!(wrap_whole("a `b c d e f", 6), "a `b c\n  d e\n  f");
+    }
+
+    #[test]
+    fn widths_are_the_terminals() {
+        assert_eq!(visible_width("日本"), 4);
+        assert_eq!(visible_width("e\u{301}"), 1);
+        assert_eq!(visible_width("a\tb"), 10);
+        // A code ends at its final byte, whatever it is (a bracketed paste mark here).
+        assert_eq!(visible_width("\x1b[200~text"), 4);
+        assert_eq!(visible_width("\x1b[1;31mred\x1b[0m"), 3);
     }
 
     #[test]

@@ -37,9 +37,8 @@ impl Progress {
         if quiet {
             Self::Quiet
         } else if can_draw() {
-            let width = console::Term::stderr()
-                .size_checked()
-                .map(|(_, w)| usize::from(w));
+            // As the lines are wrapped: `COLUMNS`, else the terminal's width.
+            let width = super::out::Fit::stderr(false).width.map(usize::from);
             Self::Bar(bar(total, ProgressDrawTarget::stderr(), width))
         } else {
             Self::Lines
@@ -74,6 +73,7 @@ const WIDE: usize = 120;
 /// wrap (a test checks the widest counts at 60 columns and more).
 fn template(width: Option<usize>, colour: bool) -> String {
     let words = match width {
+        Some(w) if w < 60 => "{pos}/{len}",
         Some(w) if w < 70 => "{pos}/{len} · {msg}",
         Some(w) if w < WIDE => "{pos}/{len} · {msg} · {elapsed_precise}",
         _ => "{pos}/{len} intervals · {msg} · {elapsed_precise} elapsed · ETA {eta}",
@@ -159,7 +159,7 @@ impl<W: Write> Reporter<W> {
         let wrapped;
         let text = match self.width {
             Some(width) => {
-                wrapped = super::out::wrap(text, width);
+                wrapped = super::out::wrap_whole(text, width);
                 wrapped.as_str()
             }
             None => text,
@@ -180,7 +180,7 @@ impl<W: Write> Reporter<W> {
         match &self.progress {
             Progress::Quiet => {
                 let text = match self.width {
-                    Some(width) => super::out::wrap(text, width),
+                    Some(width) => super::out::wrap_whole(text, width),
                     None => text.to_string(),
                 };
                 let _ = writeln!(self.out, "{text}");
@@ -526,7 +526,7 @@ mod tests {
             failed: 999,
             ..Stats::default()
         };
-        for width in [60, 70, 80, 100, 119, 120, 200] {
+        for width in [40, 59, 60, 70, 80, 100, 119, 120, 200] {
             let msg = message(&stats, Some(width));
             let words = template(Some(width), false)
                 .replace("{wide_bar} ", "")

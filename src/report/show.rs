@@ -257,6 +257,7 @@ mod tests {
                 tries: 1,
                 rows,
                 rejected_rows: (state == "rejected").then_some(5),
+                warned: false,
                 changes: None,
                 verdict: verdict.map(|v| crate::state::ShownVerdict {
                     verdict: v.parse().expect("a verdict"),

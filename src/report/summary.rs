@@ -26,6 +26,9 @@ pub(crate) struct Summary<'a> {
     /// Intervals published with the gate's warnings (a `warn` rule, too little history).
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     pub warned: &'a [WarnedInterval],
+    /// How many intervals were published with warnings (`warned` lists the first of them).
+    #[serde(skip)]
+    pub warned_count: i64,
     pub elapsed_seconds: f64,
     /// The command that reruns the failed and rejected intervals, when there are any.
     pub rerun: Option<String>,
@@ -100,6 +103,7 @@ pub(crate) fn summary<'a>(
         skipped: &outcome.skipped,
         failed: &outcome.failed,
         warned: &outcome.warned,
+        warned_count: outcome.warned_count,
         elapsed_seconds: elapsed.as_secs_f64(),
         rerun,
         taken_over: false,
@@ -140,10 +144,7 @@ pub(crate) fn write(
         let warned = warned_days(s.warned, labels);
         for (name, n) in [
             ("succeeded", c.succeeded),
-            (
-                "  with warnings",
-                i64::try_from(warned.len()).unwrap_or(i64::MAX),
-            ),
+            ("  with warnings", s.warned_count),
             ("failed", c.failed),
             ("rejected", c.rejected),
             ("cancelled", c.cancelled),
@@ -161,7 +162,7 @@ pub(crate) fn write(
             out.note(&format!(
                 "published with warnings: {}{} (`{}` shows them)",
                 warned.join(", "),
-                if s.warned.len() >= crate::manifest::queries::WARNED_SHOWN as usize {
+                if s.warned_count > i64::try_from(warned.len()).unwrap_or(i64::MAX) {
                     ", ..."
                 } else {
                     ""
@@ -259,7 +260,7 @@ pub(crate) fn write(
             s.dag_id,
             if s.taken_over { "taken over" } else { s.state },
             c.succeeded,
-            super::show::with_warnings(warned_days(s.warned, labels).len()),
+            super::show::with_warnings(usize::try_from(s.warned_count).unwrap_or(0)),
             c.failed,
             c.rejected,
             c.cancelled,
@@ -309,6 +310,7 @@ mod tests {
                 },
             ],
             warned: Vec::new(),
+            warned_count: 0,
         }
     }
 

@@ -412,17 +412,21 @@ pub(super) async fn backfills(
     )
 }
 
-/// A cell of a backfill's grid; `kept`, the rows of the partition published before that a
-/// rejected or failed interval leaves in place.
+/// A cell of a backfill's grid; `kept`, the rows published for a rejected or failed interval,
+/// which stay.
 fn cell(i: &IntervalDetail, labels: &Labeler, kept: Option<i64>) -> Value {
     let c = Cell::of(i);
     let label = labels.label(i.start.0);
     let mut title = format!("{label}: {}", c.words());
-    let why = i
-        .reason
-        .as_deref()
-        .or(i.reasons.as_deref())
-        .or(i.error.as_deref());
+    // A failure's error says why (its reasons may be an earlier task's warnings).
+    let why = match c {
+        Cell::Failed => i.error.as_deref().or(i.reasons.as_deref()),
+        _ => i
+            .reason
+            .as_deref()
+            .or(i.reasons.as_deref())
+            .or(i.error.as_deref()),
+    };
     if let Some(r) = why {
         title.push_str(" · ");
         title.push_str(&r.chars().take(200).collect::<String>());
@@ -443,10 +447,10 @@ fn cell(i: &IntervalDetail, labels: &Labeler, kept: Option<i64>) -> Value {
     })
 }
 
-/// What a rejected or failed interval left published.
+/// What stays published of a rejected or failed interval.
 fn still_published(rows: i64) -> String {
     format!(
-        "the partition published before ({}) stays published",
+        "{} stay published",
         crate::report::out::plural(rows, "row", "rows")
     )
 }
@@ -685,7 +689,7 @@ pub(super) async fn interval(
         .map(|r: &RunHistory| {
             json!({
                 "run_id": r.run_id, "backfill_id": r.backfill_id, "state": r.state.to_string(),
-                "cell": Cell::of_run(Some(r.state), r.verdict.map(|v| v.verdict), r.reasons.as_deref()).name(),
+                "cell": Cell::of_run(Some(r.state), r.verdict.map(|v| v.verdict), r.warned).name(),
                 "started_at": r.started_at, "duration": r.duration_ms.map(took), "tries": r.tries,
                 "rows": crate::report::grid::rows_cell(r.rows, r.rejected_rows),
                 "verdict": r.verdict, "reasons": r.reasons, "error": r.error,
@@ -804,11 +808,7 @@ fn day_cell(
             backfill: None,
         };
     };
-    let c = Cell::of_run(
-        Some(r.state),
-        r.verdict.map(|v| v.verdict),
-        r.reasons.as_deref(),
-    );
+    let c = Cell::of_run(Some(r.state), r.verdict.map(|v| v.verdict), r.warned);
     let mut title = format!("{label}: {}", c.words());
     if let Some(rows) = published {
         title.push_str(&format!(" · published, {rows} rows"));

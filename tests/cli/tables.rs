@@ -290,7 +290,13 @@ fn create_writes_no_line_wider_than_its_terminal_and_each_reason_once() {
         );
         assert_eq!(code, 3, "{text}");
         let lines = screen_lines(&text);
-        for line in &lines {
+        // A line may be wider only as one word that must not be cut (a path, a command between
+        // backquotes): the terminal folds it, and it is still whole when copied.
+        let one_word = |l: &str| {
+            let outside: String = l.trim().split('`').step_by(2).collect();
+            !outside.contains(' ')
+        };
+        for line in lines.iter().filter(|l| !one_word(l)) {
             assert!(
                 line.chars().count() <= usize::from(cols),
                 "{cols} columns: {line:?} in\n{}",

@@ -227,7 +227,7 @@ fn paint(cell: Cell, colour: bool) -> String {
 }
 
 /// How many cells make a group: 7 days, 24 hours, 12 months, else 10.
-fn natural_group(intervals: &[&IntervalDetail]) -> usize {
+pub(crate) fn natural_group(intervals: &[&IntervalDetail]) -> usize {
     let Some(first) = intervals.first() else {
         return 10;
     };

@@ -88,11 +88,16 @@ impl Fit {
 /// Writes a line for people on stderr, wrapped at spaces to its width (see [`Fit::stderr`]), so
 /// that a terminal never breaks a word; a closed stderr is ignored.
 pub fn say(text: &str) {
-    let text = match Fit::stderr(false).width {
-        Some(width) => wrap_whole(text, usize::from(width)),
-        None => text.to_string(),
-    };
-    let _ = writeln!(std::io::stderr(), "{text}");
+    let width = Fit::stderr(false).width.map(usize::from);
+    let _ = writeln!(std::io::stderr(), "{}", fitted(text, width));
+}
+
+/// `text` wrapped to `width` as people read it (see [`wrap_whole`]), or as it is without one.
+pub(crate) fn fitted(text: &str, width: Option<usize>) -> std::borrow::Cow<'_, str> {
+    match width {
+        Some(width) => wrap_whole(text, width).into(),
+        None => text.into(),
+    }
 }
 
 /// `COLUMNS` when it holds a width, else the terminal's width when `term` is a terminal.
@@ -165,10 +170,8 @@ impl<'a> Sink<'a> {
     /// Writes a line for people, wrapped at spaces to the notes' width (a closed stderr is
     /// ignored).
     pub(crate) fn note(&mut self, text: &str) {
-        let _ = match self.notes_width {
-            Some(width) => writeln!(self.notes, "{}", wrap_whole(text, usize::from(width))),
-            None => writeln!(self.notes, "{text}"),
-        };
+        let width = self.notes_width.map(usize::from);
+        let _ = writeln!(self.notes, "{}", fitted(text, width));
     }
 }
 

@@ -156,14 +156,7 @@ impl<W: Write> Reporter<W> {
     /// Writes a line (above the bar when there is one), unless quiet, wrapped to the width. A
     /// closed stderr is ignored.
     fn line(&mut self, text: &str) {
-        let wrapped;
-        let text = match self.width {
-            Some(width) => {
-                wrapped = super::out::wrap_whole(text, width);
-                wrapped.as_str()
-            }
-            None => text,
-        };
+        let text = super::out::fitted(text, self.width);
         match &self.progress {
             Progress::Bar(bar) => bar.suspend(|| {
                 let _ = writeln!(self.out, "{text}");
@@ -179,11 +172,7 @@ impl<W: Write> Reporter<W> {
     fn always(&mut self, text: &str) {
         match &self.progress {
             Progress::Quiet => {
-                let text = match self.width {
-                    Some(width) => super::out::wrap_whole(text, width),
-                    None => text.to_string(),
-                };
-                let _ = writeln!(self.out, "{text}");
+                let _ = writeln!(self.out, "{}", super::out::fitted(text, self.width));
             }
             _ => self.line(text),
         }

@@ -458,17 +458,8 @@ fn still_published(rows: i64) -> String {
 /// A backfill's cells in rows of a natural group (a week of days, a day of hours, a year of
 /// months, else ten), each row headed by the label of its first interval.
 fn grid_rows(cells: &[Value], intervals: &[&IntervalDetail]) -> Vec<Value> {
-    let group = match intervals
-        .first()
-        .map(|i| (i.end.0 - i.start.0).num_seconds())
-    {
-        Some(86_400) => 7,
-        Some(3_600) => 24,
-        Some(2_419_200..=2_678_400) => 12,
-        _ => 10,
-    };
     cells
-        .chunks(group)
+        .chunks(crate::report::cells::natural_group(intervals))
         .map(|row| json!({ "label": row[0]["label"], "cells": row }))
         .collect()
 }

@@ -51,6 +51,28 @@ fn a_shared_cluster_gives_fresh_empty_databases() {
     missing = "postgres",
     ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
 )]
+fn a_dropped_database_goes_even_with_a_session_in_it() {
+    let cluster = pg::shared();
+    let db = cluster.create_db();
+    let _held = cluster.session(&db);
+    let exists = format!("SELECT count(*) FROM pg_database WHERE datname = '{db}'");
+    assert_eq!(cluster.psql("postgres", &exists), "1");
+    pg::Cluster::drop_shared_db(db.clone());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while cluster.psql("postgres", &exists) != "0" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{db} is still there a minute after its drop"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn psql_round_trips_and_says_why_it_fails() {
     let cluster = pg::shared();
     let db = cluster.create_db();

@@ -75,6 +75,12 @@ WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end
 const GATE: &str = r#"source_count = "SELECT count(*) FROM raw.orders WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end"
 unique_key = ["order_id"]"#;
 
+impl Drop for Pg {
+    fn drop(&mut self) {
+        pg::Cluster::drop_shared_db(std::mem::take(&mut self.db));
+    }
+}
+
 impl Pg {
     /// `None` (the test returns) when this machine has no PostgreSQL server and this is not CI.
     fn new() -> Self {

@@ -26,6 +26,8 @@ pub struct Project {
     /// With `BACKFILL_TEST_MANIFEST=postgres`: the manifest's database (on the shared test
     /// cluster), given to every command as `BACKFILL_MANIFEST`.
     manifest_db: Option<String>,
+    /// The database this project created for its manifest, dropped with the project.
+    own_db: Option<String>,
 }
 
 /// Whether this run puts every project's manifest in PostgreSQL (`BACKFILL_TEST_MANIFEST=postgres`):
@@ -93,6 +95,14 @@ impl Out {
     }
 }
 
+impl Drop for Project {
+    fn drop(&mut self) {
+        if let Some(db) = self.own_db.take() {
+            crate::pg::Cluster::drop_shared_db(db);
+        }
+    }
+}
+
 impl Project {
     pub fn new() -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -103,7 +113,11 @@ impl Project {
         .unwrap();
         std::fs::create_dir(dir.path().join("dags")).unwrap();
         let manifest_db = pg_manifest().then(|| crate::pg::shared().create_db());
-        Self { dir, manifest_db }
+        Self {
+            dir,
+            own_db: manifest_db.clone(),
+            manifest_db,
+        }
     }
 
     /// The manifest stays a SQLite file whatever `BACKFILL_TEST_MANIFEST` says: for the tests of

@@ -190,6 +190,11 @@ impl Drop for Engine {
         if let Some(w) = self.writer.take() {
             w.close();
         }
+        if self.kind == Kind::Postgres
+            && let Some(db) = self.location.to_str().and_then(|u| u.rsplit('/').next())
+        {
+            crate::pg::Cluster::drop_shared_db(db.to_string());
+        }
     }
 }
 

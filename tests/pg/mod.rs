@@ -222,6 +222,25 @@ impl Cluster {
         name
     }
 
+    /// Drops database `db` of the shared cluster, its sessions ended first (`WITH (FORCE)`), on a
+    /// thread of its own so that the test does not wait. A database costs about 8 MB, and a run
+    /// of the suite creates hundreds on the shared cluster: dropped as their tests end, the
+    /// cluster stays small instead of growing to gigabytes. A drop that fails (the server
+    /// stopping as the process ends) is of no consequence: the cluster's folder goes with it.
+    pub fn drop_shared_db(db: String) {
+        std::thread::spawn(move || {
+            let _ = clean_env(&mut Command::new(shared().psql_program()))
+                .args(["-X", "-q", "-c"])
+                .arg(format!("DROP DATABASE IF EXISTS \"{db}\" WITH (FORCE)"))
+                .arg("-d")
+                .arg(shared().url("postgres"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        });
+    }
+
     /// Create a fresh, empty database and return its URL.
     pub fn create_db_url(&self) -> String {
         self.url(&self.create_db())

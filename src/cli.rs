@@ -101,6 +101,14 @@ Pages: / (backfills), /backfills/ID (one cell per interval), /dags/DAG (its part
 time), /pools (slots and leases). JSON: /api/backfills and /api/backfills/ID, the documents of \
 list and show --output json. Prometheus metrics: /metrics. The server only reads the manifest.";
 
+const FORGET_HELP: &str = "Examples:
+  backfill forget --dag daily_orders --dry-run
+  backfill forget --dag daily_orders --from 2026-09-01 --to 2026-09-30 --yes
+
+WHEN is read as by create --from and --to, in the DAG's timezone. The removal is recorded in \
+the manifest's `forgets` table. A backfill of the DAG that is running, or holds staged outputs \
+of the range, must end first.";
+
 const INTERVAL_HELP: &str = "Examples:
   backfill diff 7
   backfill promote 7 --interval 2026-09-03 --interval 2026-09-04
@@ -246,6 +254,25 @@ pub enum Command {
         /// Most intervals in flight at once; default: the DAG's max_active_runs, else 1.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
         max_active_runs: Option<u32>,
+    },
+    /// Remove a DAG's history, over a range or all of it, so that it starts again: its
+    /// backfills, runs, tries and published records in the manifest, the versions its SQL
+    /// tasks kept in their warehouses, and its log files. The rows in its targets stay.
+    #[command(after_help = FORGET_HELP)]
+    Forget {
+        #[arg(long)]
+        dag: String,
+        /// Only the intervals from WHEN (with --to); default: all of them.
+        #[arg(long, value_name = "WHEN", requires = "to")]
+        from: Option<String>,
+        #[arg(long, value_name = "WHEN", requires = "from")]
+        to: Option<String>,
+        /// Say what would be removed, and remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Do not ask (needed where there is no terminal to ask on).
+        #[arg(long)]
+        yes: bool,
     },
     /// Check that tasks are deterministic: compute each interval twice without publishing and
     /// compare row counts and fingerprints.

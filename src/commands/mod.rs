@@ -4,6 +4,7 @@ mod cancel;
 mod create;
 mod dags;
 mod docs;
+mod forget;
 mod init;
 mod manifest;
 mod read;
@@ -140,6 +141,22 @@ pub fn run(cli: Cli) -> Result<u8, Error> {
             to,
             conf,
         } => verify::run(&g, &dag, &from, &to, conf.as_deref()),
+        Command::Forget {
+            dag,
+            from,
+            to,
+            dry_run,
+            yes,
+        } => forget::run(
+            &g,
+            &forget::Ask {
+                dag_id: &dag,
+                from: from.as_deref(),
+                to: to.as_deref(),
+                dry_run,
+                yes,
+            },
+        ),
         Command::Dags { action } => dags::run(&g, action.is_some()),
         Command::Manifest {
             action: crate::cli::ManifestAction::Copy { to },

@@ -150,7 +150,7 @@ pub(crate) fn runs(
         _ => (i64::MIN, i64::MAX),
     };
     let (path, conn) = open(g, Some(&project))?;
-    let rows = match conn {
+    let rows = match &conn {
         Some(conn) => conn.run_history(dag_id, lo, hi).map_err(|e| e.at(&path))?,
         None => Vec::new(),
     };
@@ -164,6 +164,26 @@ pub(crate) fn runs(
         &Labeler::of(dag.as_ref()),
         &what,
     )?;
+    // What `forget` removed is not shown, and said to be gone.
+    if let Some(conn) = &conn {
+        for f in conn.forgets_of(dag_id).map_err(|e| e.at(&path))? {
+            let when = chrono::DateTime::from_timestamp_millis(f.created_at)
+                .map(|t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string())
+                .unwrap_or_default();
+            let range = match &f.args {
+                Some((from, to)) => format!("--from {from} --to {to}"),
+                None => "every interval".into(),
+            };
+            note(
+                g,
+                &format!(
+                    "forget {} removed {} of DAG {dag_id} ({range}) at {when}",
+                    f.id,
+                    crate::report::out::plural(f.runs, "run", "runs")
+                ),
+            );
+        }
+    }
     Ok(exit::OK)
 }
 

@@ -261,13 +261,15 @@ pub fn fence(conn: &Conn, owner: Owner) -> Result<Fenced> {
 
 /// Records a new backfill owned by this process, its plan still to be written.
 pub fn insert(conn: &Conn, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
+    // An id above every one given, also to backfills that `forget` removed.
+    let (id, new_id) = super::forgets::new_id(conn, "backfills");
     let backfill_id: i64 = conn.query_row(
-        "INSERT INTO backfills (dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior,
+        &format!("INSERT INTO backfills ({id}dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior,
             max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host,
             heartbeat_at, created_at, epoch, planning, kind, source_backfill, tasks, max_failures,
             cascade, cascade_of, sample, definition, batch_size, project, warehouses, owner_start, atomic)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)
-         RETURNING id",
+         VALUES ({new_id}?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)
+         RETURNING id"),
         params![
             b.dag_id,
             b.from_arg,

@@ -21,6 +21,7 @@ const TABLES: &[(&str, &str)] = &[
     ("leases", "dag_id, interval_start"),
     ("published", "dag_id, task_id, interval_start"),
     ("pool_slots", "try_id"),
+    ("forgets", "id"),
 ];
 
 /// Parameters per statement (PostgreSQL takes at most 65535).
@@ -77,10 +78,18 @@ pub fn to_postgres(
             "INSERT INTO identity (id) VALUES (?1)",
             &[Value::Text(identity)],
         )?;
-        for table in ["backfills", "workers", "runs", "task_tries"] {
+        // Above every id the SQLite manifest gave, also those of rows `forget` removed.
+        for (table, last) in [
+            ("backfills", "last_backfill"),
+            ("workers", "0"),
+            ("runs", "last_run"),
+            ("task_tries", "last_try"),
+            ("forgets", "0"),
+        ] {
             s.query(
                 &format!(
-                    "SELECT setval(pg_get_serial_sequence('{}.{table}', 'id'), COALESCE(MAX(id), 0) + 1, false) FROM {table}",
+                    "SELECT setval(pg_get_serial_sequence('{}.{table}', 'id'), \
+                     GREATEST(COALESCE(MAX(id), 0), (SELECT COALESCE(MAX({last}), 0) FROM forgets)) + 1, false) FROM {table}",
                     postgres::SCHEMA
                 ),
                 &[],

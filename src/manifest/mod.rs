@@ -9,6 +9,7 @@ pub mod backfills;
 pub(crate) mod cascades;
 pub mod copy;
 pub mod db;
+pub mod forgets;
 pub mod leases;
 pub mod ours;
 pub mod plans;
@@ -68,6 +69,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (14, include_str!("../../migrations/0014_merge.sql")),
     (15, include_str!("../../migrations/0015_atomic.sql")),
     (16, include_str!("../../migrations/0016_reports.sql")),
+    (17, include_str!("../../migrations/0017_forgets.sql")),
 ];
 
 /// CHECK constraints a migration widens (SQLite cannot alter one): `(version, table, old, new)`.

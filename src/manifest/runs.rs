@@ -156,12 +156,14 @@ pub fn start_run(
     if verdict != 3 {
         return Ok(refused(verdict));
     }
+    // An id above every one given, also to runs that `forget` removed.
+    let (id, new_id) = super::forgets::new_id(conn, "runs");
     let run_id: i64 = conn
-        .prepare_cached(
-            "INSERT INTO runs (backfill_id, dag_id, interval_start, interval_end, state, started_at,
-                               worker)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) RETURNING id",
-        )?
+        .prepare_cached(&format!(
+            "INSERT INTO runs ({id}backfill_id, dag_id, interval_start, interval_end, state,
+                               started_at, worker)
+             VALUES ({new_id}?1, ?2, ?3, ?4, ?5, ?6, ?7) RETURNING id",
+        ))?
         .query_row(&row[..7], |r| r.get(0))?;
     conn.prepare_cached(
         "UPDATE leases SET run_id = ?4 WHERE dag_id = ?1 AND interval_start = ?2 AND backfill_id = ?3",
@@ -431,15 +433,18 @@ pub(crate) fn insert_try(
 ) -> Result<i64> {
     // A try runs on the host of the process that started its run (the owner, or a worker):
     // recorded now, for tries with no process group too (SQL).
+    // An id above every one given, also to tries that `forget` removed.
+    let (id, new_id) = super::forgets::new_id(conn, "task_tries");
     Ok(conn
-        .prepare_cached(
-            "INSERT INTO task_tries (run_id, task_id, try_number, state, started_at, log_path, host)
-             SELECT r.id, CAST(?2 AS TEXT), CAST(?3 AS BIGINT), CAST(?4 AS TEXT), CAST(?5 AS BIGINT),
+        .prepare_cached(&format!(
+            "INSERT INTO task_tries ({id}run_id, task_id, try_number, state, started_at, log_path,
+                                     host)
+             SELECT {new_id}r.id, CAST(?2 AS TEXT), CAST(?3 AS BIGINT), CAST(?4 AS TEXT), CAST(?5 AS BIGINT),
                     CAST(?6 AS TEXT), COALESCE(w.host, b.owner_host)
              FROM runs r JOIN backfills b ON b.id = r.backfill_id
              LEFT JOIN workers w ON w.id = r.worker WHERE r.id = ?1
              RETURNING id",
-        )?
+        ))?
         .query_row(
             params![
                 run_id,

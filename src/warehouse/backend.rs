@@ -370,6 +370,20 @@ pub(crate) trait Backend: Sync {
     /// What the kept versions of a task's target cost (read only; nothing when none exist).
     fn storage(&self, task: &SqlTask, manifest: &str) -> super::versions::Storage;
 
+    /// `backfill forget`: removes what the warehouse keeps for manifest `manifest` of the
+    /// target's intervals starting within `range` (unix seconds, both included; `None`: every
+    /// interval) and published by its tries up to `last_try`: kept versions, and the
+    /// bookkeeping of their publishes. The kept table goes once it keeps nothing. With `dry`,
+    /// only counts. Returns how many kept versions went (or would).
+    fn forget(
+        &self,
+        task: &SqlTask,
+        manifest: &str,
+        range: Option<(i64, i64)>,
+        last_try: i64,
+        dry: bool,
+    ) -> Result<i64>;
+
     /// Where a try's work runs and where its output waits for the gate.
     fn holding(&self) -> Holding {
         Holding::AuditFile
@@ -527,6 +541,23 @@ impl Backend for Sqlite {
     fn roll_back(&self, r: &RollBack<'_>, allowed: &Allowed<'_>) -> Result<i64> {
         let conn = super::pool::take(&r.task.warehouse)?;
         publish::roll_back(&conn, r.task, r.repr, r.interval, r.tz, r.key, allowed)
+    }
+
+    fn forget(
+        &self,
+        task: &SqlTask,
+        _: &str,
+        range: Option<(i64, i64)>,
+        last_try: i64,
+        dry: bool,
+    ) -> Result<i64> {
+        // A warehouse that does not exist keeps nothing, and is not created to say so.
+        if !task.warehouse.path.exists() {
+            return Ok(0);
+        }
+        let conn = super::pool::take(&task.warehouse)?;
+        super::versions::forget(&conn, &task.target, range, last_try, dry)
+            .map_err(|e| e.at(&task.warehouse))
     }
 
     fn storage(&self, task: &SqlTask, _: &str) -> super::versions::Storage {

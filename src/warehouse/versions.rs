@@ -352,6 +352,60 @@ pub(crate) fn trim(conn: &Connection, target: &str, start: i64, keep: u32) -> Re
     Ok(())
 }
 
+/// `backfill forget`: removes the versions of `target` kept for the publishes of tries up to
+/// `last_try` over the intervals starting within `range` (unix seconds, both included; `None`:
+/// every interval), in one transaction, and the kept table once it keeps nothing. With `dry`,
+/// only counts them. Returns how many versions went (or would).
+pub(crate) fn forget(
+    conn: &Connection,
+    target: &str,
+    range: Option<(i64, i64)>,
+    last_try: i64,
+    dry: bool,
+) -> Result<i64> {
+    if !has_table(conn, META)? {
+        return Ok(0);
+    }
+    let (lo, hi) = range.unwrap_or((i64::MIN, i64::MAX));
+    let doomed: Vec<i64> = conn
+        .prepare(&format!(
+            "SELECT replaced_by FROM main.{META} WHERE target = ?1
+               AND interval_start BETWEEN ?2 AND ?3 AND replaced_by <= ?4"
+        ))?
+        .query_map(params![target, lo, hi, last_try], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let count = i64::try_from(doomed.len()).unwrap_or(i64::MAX);
+    if dry {
+        return Ok(count);
+    }
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let done = (|| -> Result<()> {
+        for &by in &doomed {
+            drop_version(conn, target, by)?;
+        }
+        let kept = kept_table(target);
+        let left: i64 = conn.query_row(
+            &format!("SELECT count(*) FROM main.{META} WHERE target = ?1"),
+            [target],
+            |r| r.get(0),
+        )?;
+        if left == 0 && has_table(conn, &kept)? {
+            conn.execute_batch(&format!("DROP TABLE main.{}", quote(&kept)))?;
+        }
+        Ok(())
+    })();
+    match done {
+        Ok(()) => {
+            conn.execute_batch("COMMIT")?;
+            Ok(count)
+        }
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
 fn drop_version(conn: &Connection, target: &str, replaced_by: i64) -> Result<()> {
     let kept = kept_table(target);
     if has_table(conn, &kept)? {

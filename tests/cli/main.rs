@@ -10,6 +10,7 @@ mod clocks;
 mod environment;
 mod example;
 mod faults;
+mod forget;
 mod gate;
 mod guard_rails;
 mod hosts;

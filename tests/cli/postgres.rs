@@ -138,8 +138,9 @@ impl Pg {
     }
 
     /// Waits until the server has ended the sessions of processes that are gone (killed, or
-    /// exited a moment ago: the server learns of the closed connection a little later) that
-    /// were inside a transaction (it rolls their transactions back).
+    /// exited a moment ago: the server learns of the closed connection a little later, later
+    /// still on a busy machine) that were inside a transaction (it rolls their transactions
+    /// back). Nothing may stay open: a session still in a transaction after 20 s fails.
     fn wait_for_killed_sessions(&self) {
         wait_until(
             "the killed process's session to end",
@@ -193,7 +194,7 @@ fn a_backfill_publishes_exactly_the_source_and_a_rerun_replaces_it() {
     quiet.code(0);
     assert_eq!((quiet.stdout.as_str(), quiet.stderr.as_str()), ("", ""));
     assert_eq!(t.fact(), expected);
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 /// The gate counts the values of a unique key that occur more than once as `GROUP BY` groups
@@ -368,7 +369,7 @@ fn the_gate_rejects_in_the_transaction_and_readers_keep_the_old_partition() {
     .code(3)
     .stderr_has("row outside interval: 10 of 10 rows have a partition value outside the interval: 2026-01-04");
     assert_eq!(t.fact(), before);
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 #[test]
@@ -459,7 +460,7 @@ fn kill_at_any_step(t: &Pg) {
         old = t.fact();
         t.psql("UPDATE raw.orders SET amount = amount + 1");
     }
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 #[test]
@@ -694,7 +695,7 @@ fn every_kind_of_key_holds_across_rerun_verify_promote_and_rollback() {
             [["succeeded", "15"]].map(|r| r.map(String::from).to_vec()),
             "{kind}"
         );
-        assert_eq!(t.open_transactions(), "0", "{kind}");
+        t.wait_for_killed_sessions();
     }
 }
 
@@ -758,7 +759,7 @@ fn a_kill_while_a_refused_output_is_measured_apart_keeps_the_partition() {
         "1",
         "only the first backfill's publish of day 2"
     );
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 /// An output that the target's own key refuses (a duplicate that the gate's `unique_key` does
@@ -831,7 +832,7 @@ fn an_output_the_targets_key_refuses_is_rejected_and_the_partition_kept() {
             .stderr_has("Key (order_id)=(4) already exists")
             .stderr_has("nothing was promoted");
         assert_eq!(t.fact(), before, "{ddl}");
-        assert_eq!(t.open_transactions(), "0", "{ddl}");
+        t.wait_for_killed_sessions();
     }
 }
 
@@ -1028,7 +1029,7 @@ fn stage_diff_promote_and_discard_keep_the_output_in_the_warehouse() {
     t.p.run(&["discard", "4"]).code(0);
     assert_eq!(staged_tables(&t), "0");
     assert_eq!(t.fact(), published);
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 #[test]
@@ -1118,6 +1119,78 @@ fn verify_computes_twice_without_publishing() {
     missing = "postgres",
     ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
 )]
+fn forget_removes_the_kept_versions_and_the_bookkeeping_and_leaves_the_rows() {
+    let t = Pg::new();
+    t.p.create("orders", "2026-01-01", "2026-01-02", &[])
+        .code(0);
+    t.psql("UPDATE raw.orders SET amount = amount * 2");
+    t.p.create(
+        "orders",
+        "2026-01-01",
+        "2026-01-02",
+        &["--reprocess-behavior", "completed"],
+    )
+    .code(0);
+    let rows = t.fact();
+    let kept = t.psql(
+        "SELECT count(*) FROM pg_tables WHERE schemaname = 'backfill' AND tablename LIKE 'kept_%'",
+    );
+    assert_eq!(kept, "1");
+    assert_eq!(t.psql("SELECT count(*) FROM backfill.versions"), "2");
+    assert_eq!(t.psql("SELECT count(*) FROM backfill.partitions"), "2");
+    let dry =
+        t.p.run(&["forget", "--dag", "orders", "--dry-run", "--output", "json"]);
+    dry.code(0);
+    assert_eq!(dry.json()["kept_versions"], 2);
+    // The 1st only: its version, its claim and its bookings go; the 2nd's stay.
+    t.p.run(&[
+        "forget",
+        "--dag",
+        "orders",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-01",
+        "--yes",
+        "-q",
+    ])
+    .code(0);
+    assert_eq!(
+        t.psql("SELECT count(*), min(interval_start)::date FROM backfill.versions"),
+        "1|2026-01-02"
+    );
+    assert_eq!(
+        t.psql("SELECT count(*), min(partition_start)::date FROM backfill.partitions"),
+        "1|2026-01-02"
+    );
+    assert_eq!(
+        t.psql("SELECT count(DISTINCT partition_start) FROM backfill.publishes"),
+        "1"
+    );
+    // All of it: the kept table goes with its last version.
+    t.p.run(&["forget", "--dag", "orders", "--yes", "-q"])
+        .code(0);
+    assert_eq!(t.psql("SELECT count(*) FROM backfill.versions"), "0");
+    assert_eq!(t.psql("SELECT count(*) FROM backfill.partitions"), "0");
+    assert_eq!(t.psql("SELECT count(*) FROM backfill.publishes"), "0");
+    assert_eq!(
+        t.psql(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'backfill' AND tablename LIKE 'kept_%'"
+        ),
+        "0"
+    );
+    assert_eq!(t.fact(), rows, "the target's rows stay");
+    // The next backfill runs both days again, and keeps what they replace.
+    t.p.create("orders", "2026-01-01", "2026-01-02", &["-q"])
+        .code(0);
+    assert_eq!(t.psql("SELECT count(*) FROM backfill.partitions"), "2");
+}
+
+#[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
 fn rollback_puts_the_replaced_rows_back() {
     let t = Pg::new();
     t.p.create("orders", "2026-01-01", "2026-01-02", &[])
@@ -1186,7 +1259,7 @@ fn rollback_puts_the_replaced_rows_back() {
     .code(3)
     .stderr_has("no earlier version is kept");
     assert_eq!(t.fact(), first);
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 #[test]
@@ -1426,7 +1499,7 @@ fn two_dags_write_two_tables_at_once_and_two_promotes_race() {
         "each interval promoted once"
     );
     assert_eq!(staged_tables(&t), "0");
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 #[test]
@@ -1468,7 +1541,7 @@ WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end";
         || running(&t) == "0",
     );
     assert_eq!(t.fact(), "");
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 #[test]
@@ -1504,7 +1577,7 @@ fn an_owner_frozen_mid_try_does_not_hold_the_partition_past_its_takeover() {
         "1"
     );
     assert_eq!(t.psql("SELECT count(*) FROM backfill.publishes"), "1");
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 /// Lets leases expire after 1 s, and starts a backfill of day 1 that freezes itself (SIGSTOP)
@@ -1650,7 +1723,7 @@ fn random_kills_leave_every_partition_exact() {
             "iteration {it} (how {how})"
         );
         succeeded_once_each(&t, &id, 3, &format!("iteration {it}"));
-        assert_eq!(t.open_transactions(), "0");
+        t.wait_for_killed_sessions();
         assert_eq!(staged_tables(&t), "0");
     }
 }
@@ -2208,7 +2281,7 @@ unique_key = ["day"]
     .code(0);
     assert_eq!(totals(&t), from_source(&t));
     assert_eq!(t.fact(), t.expected(&[1, 2, 3]));
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2276,7 +2349,7 @@ fn a_rejected_try_on_a_connection_another_try_just_used_publishes_nothing() {
         "0",
         "the rejected try left a booking"
     );
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 #[test]
@@ -2541,7 +2614,7 @@ command = "until [ \"$({psql} '{url}?sslmode=disable' -Atc \"SELECT count(pg_ter
         t.p.rows("SELECT id, task_id, state, error FROM task_tries ORDER BY id")
     );
     assert_eq!(t.fact(), t.expected(&[1, 2]));
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 #[test]
@@ -2610,7 +2683,7 @@ fn a_commit_that_fails_publishes_nothing_and_the_next_try_runs() {
         vec!["succeeded 0", "failed 0", "succeeded 0"]
     );
     assert_eq!(t.p.count("SELECT count(*) FROM published"), 2);
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 #[test]
@@ -2824,7 +2897,7 @@ fn a_try_whose_begin_fails_commits_nothing_even_when_its_query_sets_the_guard() 
         wrong.push(format!("{booked} booking(s) of a try that did not succeed"));
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 /// A function that sets backfill's own guard setting: what the parser cannot see, called from
@@ -2927,7 +3000,7 @@ fn an_owner_frozen_after_its_manifest_allowed_the_commit_is_recorded_as_what_it_
         assert_eq!(tries, [["succeeded", "0"]], "{context}");
         assert_eq!(published, [["1"]], "{context}");
     }
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 #[test]
@@ -2987,7 +3060,7 @@ fn a_source_count_that_overwrites_the_guard_setting_fails_its_try_and_commits_no
         .stderr_has("the statement is outside its try's transaction (off)");
     assert_eq!(t.fact(), "");
     assert_eq!(t.psql("SELECT count(*) FROM backfill.publishes"), "0");
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 #[test]
@@ -3142,7 +3215,7 @@ fn date_columns_have_one_fingerprint_in_verify_stage_promote_and_rollback() {
         t.psql("SELECT * FROM analytics.orders_fact ORDER BY order_id"),
         first
     );
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 #[test]
@@ -3440,7 +3513,7 @@ WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end";
     wait_until("the statements to stop", Duration::from_secs(10), || {
         running(&t) == "0"
     });
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 /// The owner keeps its lease while its warehouse does not answer: a rejected try's rollback
@@ -3510,7 +3583,7 @@ fn a_rollback_waiting_on_a_frozen_server_session_does_not_stop_the_heartbeat() {
     drop(thaw);
     t.p.wait("frozen", child).code(3).stderr_has("source count");
     assert_eq!(t.fact(), "", "the rejected output was rolled back");
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 /// The gate's rules of the PostgreSQL tests: the source holds `eu` and `us` orders of 1.5 to
@@ -3567,7 +3640,7 @@ fn the_rules_on_values_judge_the_rows_the_transaction_wrote() {
         out.code(3)
             .stderr_has(&format!("task `fact` rejected: {reason}"));
         assert_eq!(t.fact(), before, "the partition is untouched");
-        assert_eq!(t.open_transactions(), "0");
+        t.wait_for_killed_sessions();
     };
     // Day 2 is orders 1, 4, ..., 28.
     t.psql("UPDATE raw.orders SET region = 'mars' WHERE order_id IN (4, 7)");
@@ -3676,7 +3749,7 @@ fn the_rules_are_prepared_before_anything_runs_and_an_error_fails_the_try() {
         .stderr_has("division by zero");
     assert_eq!(t.p.rows("SELECT state FROM task_tries"), [["failed"]]);
     assert_eq!(t.fact(), "");
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 /// A check, `source_count`, `source_fingerprint` and the task's `sql` are each one read-only
@@ -3834,7 +3907,7 @@ fn the_gate_names_its_own_rules_before_the_targets_constraints_and_nan_is_out_of
         ),
         "NaN\nInfinity"
     );
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 /// What a check executes is undone before the publish, and a check runs once per try: a
@@ -3893,7 +3966,7 @@ fn a_check_runs_once_and_nothing_it_executes_survives() {
     assert_eq!(t.fact(), t.expected(&[1, 2, 3]));
     assert_eq!(t.psql("SELECT count(*) FROM raw.victim"), "5");
     assert_eq!(t.psql("SELECT last_value FROM public.calls"), "4");
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 /// A batch's query over three days: only the range, as a batch binds it (`:ds` would be the
@@ -3985,7 +4058,7 @@ fn a_batch_publishes_each_day_on_its_own_and_a_poisoned_day_is_rejected_alone() 
         "days 1 and 3 have the new amounts, day 2 its old ones"
     );
     assert_eq!(batch_tables(&t), "0");
-    assert_eq!(t.open_transactions(), "0");
+    t.wait_for_killed_sessions();
 }
 
 /// A query that fails on one day's data only: the batch is split, that day fails alone; and a

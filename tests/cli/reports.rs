@@ -117,7 +117,8 @@ fn the_views_for_people_have_the_documented_columns_and_the_guides_queries_answe
             "report_backfills",
             "report_runs",
             "report_tries",
-            "report_published"
+            "report_published",
+            "report_forgets"
         ]
     );
     for (view, documented) in &views {

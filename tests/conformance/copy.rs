@@ -23,6 +23,7 @@ const TABLES: &[(&str, &str)] = &[
     ("leases", "dag_id, interval_start"),
     ("published", "dag_id, task_id, interval_start"),
     ("pool_slots", "try_id"),
+    ("forgets", "id"),
     ("identity", "id"),
 ];
 
@@ -197,6 +198,21 @@ fn populate(m: &Engine) {
     rec.restore_key = Some(99);
     rec.verdict = Some(Verdict::RolledBack);
     assert!(m.ok(move |st| st.record_publish_intent(st.fence(back)?, tb, None, &rec)));
+
+    // The newest backfill, of DAG z, forgotten: its ids are not given again.
+    let z = planned_days(m, request("z"), [0], &ctx);
+    let (rz, tz) = start_run(m, z, "z", 0, "t");
+    end_run(
+        m,
+        z,
+        (rz, tz),
+        RunState::Succeeded,
+        record(TryState::Succeeded),
+    );
+    m.ok(move |st| st.finish_backfill(z, BackfillState::Completed, after(7_000)));
+    let forgot = m.ok(move |st| st.forget("z", Default::default(), ("host-a", 7), 1_000));
+    let forgot = forgot.expect("nothing of z runs");
+    m.ok(move |st| st.finish_forget(forgot.id, 0, 2_000));
 }
 
 /// The columns of a table of the record on each engine.
@@ -305,7 +321,7 @@ fn a_sqlite_manifest_copied_to_postgresql_keeps_every_row_and_value() {
     let copied = copy::to_postgres(&sqlite, Path::new(&url))
         .unwrap()
         .unwrap();
-    let want: Vec<(&str, usize)> = TABLES[..8]
+    let want: Vec<(&str, usize)> = TABLES[..9]
         .iter()
         .zip(&counts)
         .map(|((t, _), n)| (*t, usize::try_from(*n).unwrap()))
@@ -329,8 +345,22 @@ fn a_sqlite_manifest_copied_to_postgresql_keeps_every_row_and_value() {
         assert_eq!(x, y);
     }
 
-    // New records are numbered after the copied ones.
-    let max = |t: &str| from.int(&format!("SELECT MAX(id) FROM {t}"));
+    // New records are numbered after the copied ones, and after the forgotten ones.
+    let max = |t: &str| {
+        let last = match t {
+            "backfills" => "last_backfill",
+            "runs" => "last_run",
+            "task_tries" => "last_try",
+            _ => "0",
+        };
+        from.int(&format!(
+            "SELECT max((SELECT MAX(id) FROM {t}), (SELECT MAX({last}) FROM forgets))"
+        ))
+    };
+    assert!(
+        max("backfills") > from.int("SELECT MAX(id) FROM backfills"),
+        "the newest backfill was forgotten"
+    );
     let owner = planned_days(&to, request("g"), [0], &alive());
     assert_eq!(owner.backfill_id, max("backfills") + 1);
     let (run, t) = start_run(&to, owner, "g", 0, "t");

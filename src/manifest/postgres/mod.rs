@@ -140,6 +140,10 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
         11,
         include_str!("../../../migrations/postgres/0011_reports.sql"),
     ),
+    (
+        12,
+        include_str!("../../../migrations/postgres/0012_forgets.sql"),
+    ),
 ];
 
 /// A failure of this side, not the server's.

@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use super::super::backfills::{Backfill, Fenced, Heartbeat, NewBackfill, Owner};
 use super::super::cascades::{PlanOutcome, SucceededTry};
 use super::super::db::{Conn, Step};
+use super::super::forgets::{self, Busy, Forget, Scope, Span};
 use super::super::leases::{Judge, LeaseCtx};
 use super::super::pools::Take;
 use super::super::publishes::{Current, PendingPublish, Publication};
@@ -14,7 +15,7 @@ use super::super::runs::{Staged, TryRecord, UnfinishedTry};
 use super::super::status;
 use super::super::workers::{self, Worker};
 use super::super::{Result, backfills, cascades, leases, plans, pools, publishes, queries, runs};
-use super::{Ownership, Planning, Publishing, Reads, Running, Staging};
+use super::{Forgetting, Ownership, Planning, Publishing, Reads, Running, Staging};
 use crate::clock::End;
 use crate::interval::DataInterval;
 use crate::liveness::Group;
@@ -43,6 +44,15 @@ impl Reads for Conn {
     }
     fn identity(&self) -> Result<String> {
         Ok(self.query_row("SELECT id FROM identity", [], |r| r.get(0))?)
+    }
+    fn forget_scope(&self, dag_id: &str, range: Option<(i64, i64)>) -> Result<Scope> {
+        forgets::scope(self, dag_id, range)
+    }
+    fn unfinished_forgets(&self) -> Result<Vec<Forget>> {
+        forgets::unfinished(self)
+    }
+    fn forgets_of(&self, dag_id: &str) -> Result<Vec<Forget>> {
+        forgets::of_dag(self, dag_id)
     }
     fn dag_projects(&self, dag_id: &str) -> Result<Vec<backfills::DagProject>> {
         backfills::dag_projects(self, dag_id)
@@ -515,6 +525,21 @@ impl Publishing for Conn {
     }
     fn set_promoted_from(&self, try_id: i64, staged_try: i64) -> Result<()> {
         runs::set_promoted_from(self, try_id, staged_try)
+    }
+}
+
+impl Forgetting for Conn {
+    fn forget(
+        &self,
+        dag_id: &str,
+        range: Span<'_>,
+        by: (&str, i64),
+        now_ms: i64,
+    ) -> Result<std::result::Result<Forget, Busy>> {
+        forgets::forget(self, dag_id, range, by, now_ms)
+    }
+    fn finish_forget(&self, id: i64, versions: i64, now_ms: i64) -> Result<()> {
+        forgets::finish(self, id, versions, now_ms)
     }
 }
 

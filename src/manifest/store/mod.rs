@@ -21,6 +21,7 @@ use std::collections::{HashMap, HashSet};
 use super::backfills::{Backfill, Fenced, Heartbeat, NewBackfill, Owner};
 use super::cascades::{PlanOutcome, SucceededTry};
 use super::db::Step;
+use super::forgets::{Busy, Forget, Scope, Span};
 use super::leases::{Judge, LeaseCtx};
 use super::pools::Take;
 use super::publishes::{Current, PendingPublish, Publication};
@@ -37,9 +38,15 @@ use crate::state::{BackfillKind, BackfillState};
 
 /// The manifest, as a backfill's owner and its writer see it: every role. Commands that only
 /// read hold a [`Reads`], which cannot write.
-pub trait Store: Reads + Ownership + Planning + Running + Publishing + Staging {}
+pub trait Store:
+    Reads + Ownership + Planning + Running + Publishing + Staging + Forgetting
+{
+}
 
-impl<T: Reads + Ownership + Planning + Running + Publishing + Staging + ?Sized> Store for T {}
+impl<T: Reads + Ownership + Planning + Running + Publishing + Staging + Forgetting + ?Sized> Store
+    for T
+{
+}
 
 /// What a backfill and its history hold, read without writing: every command's reads, the checks a writer makes inside its transaction, and all a read-only handle ([`super::Reader`], [`super::open_read_only`]) offers.
 pub trait Reads {
@@ -49,6 +56,13 @@ pub trait Reads {
     fn latest_backfill(&self, kind: Option<BackfillKind>) -> Result<Option<i64>>;
     /// The manifest's identity (see [`super::identity`]).
     fn identity(&self) -> Result<String>;
+    /// What removing `dag_id`'s history over `range` would take away (see
+    /// [`Forgetting::forget`]).
+    fn forget_scope(&self, dag_id: &str, range: Option<(i64, i64)>) -> Result<Scope>;
+    /// The removals whose warehouse clean-up is not done, oldest first.
+    fn unfinished_forgets(&self) -> Result<Vec<Forget>>;
+    /// The removals of `dag_id`'s history, oldest first.
+    fn forgets_of(&self, dag_id: &str) -> Result<Vec<Forget>>;
     /// The projects whose backfills of `dag_id` the manifest holds (see
     /// [`backfills::dag_projects`]).
     fn dag_projects(&self, dag_id: &str) -> Result<Vec<backfills::DagProject>>;
@@ -463,6 +477,24 @@ pub trait Staging {
     fn discard_staged(&self, staged_try: i64) -> Result<bool>;
     /// Once no output of staged backfill `id` awaits promotion, it is complete.
     fn settle_staged(&self, id: i64) -> Result<()>;
+}
+
+/// `backfill forget`: a DAG's history removed, and each removal recorded (see
+/// [`super::forgets`]).
+pub trait Forgetting {
+    /// Removes `dag_id`'s history over `range` (`--from` and `--to` as typed, and the interval
+    /// starts they select in unix seconds, both included; `None`: all of it) and records the
+    /// removal, its warehouse clean-up to do; nothing when a backfill of the DAG runs or holds
+    /// staged outputs of the range.
+    fn forget(
+        &self,
+        dag_id: &str,
+        range: Span<'_>,
+        by: (&str, i64),
+        now_ms: i64,
+    ) -> Result<std::result::Result<Forget, Busy>>;
+    /// Records that removal `id`'s warehouse clean-up is done, `versions` kept versions gone.
+    fn finish_forget(&self, id: i64, versions: i64, now_ms: i64) -> Result<()>;
 }
 
 mod conn;

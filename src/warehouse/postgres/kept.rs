@@ -219,3 +219,102 @@ pub(crate) fn storage(
         bytes: row.get(2),
     })
 }
+
+/// `backfill forget`: removes what the warehouse keeps for manifest `manifest` of the
+/// target's intervals starting within `range` (unix seconds, both included; `None`: every
+/// interval) and published by its tries up to `last_try`: the kept versions, the bookings of
+/// their publishes and the partitions' claims, in one transaction; then the kept table, once
+/// it keeps nothing. With `dry`, only counts the versions. Returns how many versions went (or
+/// would).
+pub(crate) fn forget(
+    task: &SqlTask,
+    manifest: &str,
+    range: Option<(i64, i64)>,
+    last_try: i64,
+    dry: bool,
+) -> Result<i64> {
+    let wh = &task.warehouse;
+    let c = conn::take_at(wh)?;
+    let (lo, hi) = range.unwrap_or((i64::MIN, i64::MAX));
+    let kept = versions::kept_table(manifest, &task.target);
+    let within = |column: &str| {
+        format!(
+            "manifest = $1 AND target = $2 AND extract(epoch FROM {column})::int8 BETWEEN $3 AND $4"
+        )
+    };
+    let result = (|| -> std::result::Result<i64, tokio_postgres::Error> {
+        let there: bool = c
+            .wait(
+                c.client
+                    .query_one("SELECT to_regclass('backfill.versions') IS NOT NULL", &[]),
+            )?
+            .get(0);
+        if !there {
+            return Ok(0);
+        }
+        let doomed: Vec<i64> = c
+            .wait(c.client.query(
+                &format!(
+                    "SELECT replaced_by FROM backfill.versions WHERE {} AND replaced_by <= $5",
+                    within("interval_start")
+                ),
+                &[&manifest, &task.target, &lo, &hi, &last_try],
+            ))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let count = i64::try_from(doomed.len()).unwrap_or(i64::MAX);
+        if dry {
+            return Ok(count);
+        }
+        c.wait(c.client.batch_execute("BEGIN"))?;
+        let done = (|| -> std::result::Result<(), tokio_postgres::Error> {
+            let has_kept: bool = c
+                .wait(
+                    c.client
+                        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&kept]),
+                )?
+                .get(0);
+            if has_kept {
+                c.wait(c.client.execute(
+                    &format!(
+                        "DELETE FROM {kept} WHERE _replaced_by = ANY($1) OR -_replaced_by = ANY($1)"
+                    ),
+                    &[&doomed],
+                ))?;
+            }
+            c.wait(c.client.execute(
+                &format!(
+                    "DELETE FROM backfill.versions WHERE {} AND replaced_by <= $5",
+                    within("interval_start")
+                ),
+                &[&manifest, &task.target, &lo, &hi, &last_try],
+            ))?;
+            for table in ["backfill.publishes", "backfill.partitions"] {
+                c.wait(c.client.execute(
+                    &format!(
+                        "DELETE FROM {table} WHERE {} AND try_id <= $5",
+                        within("partition_start")
+                    ),
+                    &[&manifest, &task.target, &lo, &hi, &last_try],
+                ))?;
+            }
+            let left: bool = c
+                .wait(c.client.query_one(
+                    "SELECT EXISTS (SELECT 1 FROM backfill.versions WHERE manifest = $1 AND target = $2)",
+                    &[&manifest, &task.target],
+                ))?
+                .get(0);
+            if has_kept && !left {
+                c.wait(c.client.batch_execute(&format!("DROP TABLE {kept}")))?;
+            }
+            c.wait(c.client.batch_execute("COMMIT"))
+        })();
+        if done.is_err() {
+            let _ = c.wait(c.client.batch_execute("ROLLBACK"));
+        }
+        done.map(|()| count)
+    })();
+    conn::give(c);
+    result.map_err(pg(wh))
+}

@@ -193,6 +193,17 @@ impl Backend for Postgres {
         super::backend::Holding::OwnTransaction
     }
 
+    fn forget(
+        &self,
+        task: &SqlTask,
+        manifest: &str,
+        range: Option<(i64, i64)>,
+        last_try: i64,
+        dry: bool,
+    ) -> Result<i64> {
+        kept::forget(task, manifest, range, last_try, dry)
+    }
+
     fn storage(&self, task: &SqlTask, manifest: &str) -> crate::warehouse::versions::Storage {
         storage(task, manifest).unwrap_or_else(|_| crate::warehouse::versions::Storage {
             target: task.target.clone(),

@@ -1,0 +1,455 @@
+//! `backfill forget --dag ID [--from WHEN --to WHEN]`: removes a DAG's history, over a range
+//! or all of it, so that it can start again: from the manifest its backfills, runs, tries and
+//! published records (one transaction, recorded in `forgets`), then from each SQL task's
+//! warehouse the versions kept for `rollback` and the bookkeeping of their publishes, and the
+//! log files of the removed runs. The data in the targets stays: forget removes what was
+//! recorded about it, not the rows.
+//!
+//! A dry run counts and writes nothing. Otherwise it asks on a terminal, and elsewhere needs
+//! `--yes`. A removal killed after its manifest transaction is recorded `cleaning`, and the
+//! next `forget` (of any DAG) finishes its warehouse and log clean-up first.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::Path;
+
+use crate::exit::{self, Error};
+use crate::manifest;
+use crate::manifest::forgets::{Busy, Forget, Scope};
+use crate::manifest::writer::Writer;
+use crate::project::{Dag, Project, TaskKind};
+use crate::report::out::{hint, plural, say};
+use crate::session::{Global, note, warn};
+
+/// What the command was asked.
+pub(crate) struct Ask<'a> {
+    pub dag_id: &'a str,
+    pub from: Option<&'a str>,
+    pub to: Option<&'a str>,
+    pub dry_run: bool,
+    pub yes: bool,
+}
+
+pub(crate) fn run(g: &Global, ask: &Ask<'_>) -> Result<u8, Error> {
+    let project = g.project()?;
+    let dag = project.dag(ask.dag_id).ok();
+    let range = match (ask.from, ask.to, &dag) {
+        (Some(from), Some(to), Some(dag)) => Some(
+            crate::interval::resolve_args(from, to, crate::clock::now()?, dag.tz)?
+                .unix_start_bounds(),
+        ),
+        (Some(_), Some(_), None) => {
+            return Err(Error::Usage(format!(
+                "DAG `{}` is not in this project, so its time zone, which --from and --to are read in, is unknown: forget all of its history (without --from and --to)",
+                ask.dag_id
+            )));
+        }
+        _ => None,
+    };
+    // Without a terminal to ask on, --yes is needed: refused before anything is read.
+    let ask_first = !ask.dry_run && !ask.yes;
+    if ask_first && (!std::io::stdin().is_terminal() || !std::io::stderr().is_terminal()) {
+        return Err(Error::Usage(format!(
+            "forget removes the history of DAG {} for good: add --yes to go on (--dry-run shows what it would remove, and writes nothing)",
+            ask.dag_id
+        )));
+    }
+    let path = g.manifest_path(Some(&project))?;
+    let Some(conn) = manifest::open_if_exists(&path)? else {
+        say(&format!(
+            "nothing to forget: the manifest {} records nothing yet",
+            path.display()
+        ));
+        return Ok(exit::OK);
+    };
+    let at = |e: manifest::Error| e.at(&path);
+    let unfinished = conn.unfinished_forgets().map_err(at)?;
+    let scope = conn.forget_scope(ask.dag_id, range).map_err(at)?;
+    let identity = conn.identity().map_err(at)?;
+    if let Some(busy) = busy(&scope) {
+        return Err(Error::Usage(busy_words(ask.dag_id, &busy)));
+    }
+    let versions = kept(dag.as_ref(), &identity, range)?;
+    let what = What {
+        dag_id: ask.dag_id,
+        from: ask.from,
+        to: ask.to,
+        scope: &scope,
+        versions,
+    };
+    if g.json {
+        crate::report::out::json(&what.json(ask.dry_run))?;
+    } else if ask.dry_run || !g.quiet {
+        what.write()?;
+    }
+    if dag.is_none() {
+        warn(
+            g,
+            &format!(
+                "DAG `{}` is not in this project: the versions its SQL tasks kept in their warehouses cannot be found, and stay there",
+                ask.dag_id
+            ),
+        );
+    }
+    if ask.dry_run {
+        note(g, "a dry run: nothing was forgotten");
+        return Ok(exit::OK);
+    }
+    if scope.is_empty() && versions == 0 && unfinished.is_empty() {
+        note(g, "nothing to forget");
+        return Ok(exit::OK);
+    }
+    if ask_first && !confirmed(ask.dag_id)? {
+        say("nothing was forgotten");
+        return Ok(exit::INTERNAL);
+    }
+    drop(conn);
+    let writer = Writer::open(&path, project.durability)?;
+    let result = forget(g, &project, &writer, ask, range, &identity);
+    writer.close();
+    result
+}
+
+fn forget(
+    g: &Global,
+    project: &Project,
+    writer: &Writer,
+    ask: &Ask<'_>,
+    range: Option<(i64, i64)>,
+    identity: &str,
+) -> Result<u8, Error> {
+    // Removals that an earlier forget left half done are finished first.
+    let conn = manifest::open_read_only(writer.path())?;
+    for f in conn.unfinished_forgets().map_err(|e| e.at(writer.path()))? {
+        say(&format!(
+            "finishing forget {} of DAG {}, which stopped before its warehouse clean-up",
+            f.id, f.dag_id
+        ));
+        clean(g, project, writer, &f, identity)?;
+    }
+    drop(conn);
+    let dag_id = ask.dag_id.to_string();
+    let args = ask
+        .from
+        .zip(ask.to)
+        .map(|(f, t)| (f.to_string(), t.to_string()));
+    let host = crate::liveness::Host::name(&crate::process::LOCAL);
+    let pid = i64::from(std::process::id());
+    let now = crate::clock::now_ms();
+    // What is left once they are: a range that the manifest and the warehouses no longer
+    // hold is not recorded as a removal.
+    let conn = manifest::open_read_only(writer.path())?;
+    let scope = conn
+        .forget_scope(ask.dag_id, range)
+        .map_err(|e| e.at(writer.path()))?;
+    drop(conn);
+    if scope.is_empty() && kept(project.dag(ask.dag_id).ok().as_ref(), identity, range)? == 0 {
+        note(g, "nothing to forget");
+        return Ok(exit::OK);
+    }
+    let forgot = writer.call_blocking(move |c| {
+        let args = args.as_ref().map(|(f, t)| (f.as_str(), t.as_str()));
+        let span = crate::manifest::forgets::Span {
+            args,
+            starts: range,
+        };
+        c.forget(&dag_id, span, (&host, pid), now)
+    })?;
+    let f = match forgot {
+        Ok(f) => f,
+        Err(busy) => return Err(Error::Usage(busy_words(ask.dag_id, &busy))),
+    };
+    crate::fault::point("forget-recorded");
+    let versions = clean(g, project, writer, &f, identity)?;
+    note(
+        g,
+        &format!(
+            "forgot {}, {} and {} of DAG {} ({} no longer recorded as published, {} removed from its warehouses), recorded as forget {}: its next backfill runs these intervals",
+            plural(f.backfills, "backfill", "backfills"),
+            plural(f.runs, "run", "runs"),
+            plural(f.tries, "try", "tries"),
+            ask.dag_id,
+            plural(f.published, "partition", "partitions"),
+            plural(versions, "kept version", "kept versions"),
+            f.id
+        ),
+    );
+    Ok(exit::OK)
+}
+
+/// The warehouse and log clean-up of removal `f`, then its record `done`: the kept versions
+/// removed.
+fn clean(
+    g: &Global,
+    project: &Project,
+    writer: &Writer,
+    f: &Forget,
+    identity: &str,
+) -> Result<i64, Error> {
+    let mut versions = 0;
+    match project.dag(&f.dag_id) {
+        Ok(dag) => {
+            for task in targets(&dag) {
+                versions += crate::warehouse::backend_of(&task.warehouse)
+                    .forget(&task, identity, f.range, f.last_try, false)
+                    .map_err(|e| {
+                        Error::Warehouse(crate::warehouse::Error::Message(format!(
+                            "{e}; forget {} removed DAG {}'s history from the manifest, but not yet what its warehouse keeps: run `{}` again to finish",
+                            f.id,
+                            f.dag_id,
+                            hint(&format!("forget --dag {} --yes", f.dag_id))
+                        )))
+                    })?;
+            }
+        }
+        Err(_) => warn(
+            g,
+            &format!(
+                "DAG `{}` is no longer in this project: what its SQL tasks kept in their warehouses stays there",
+                f.dag_id
+            ),
+        ),
+    }
+    remove_logs(&project.logs_dir, f);
+    let (id, now) = (f.id, crate::clock::now_ms());
+    writer.call_blocking(move |c| c.finish_forget(id, versions, now))?;
+    Ok(versions)
+}
+
+/// How many versions the DAG's SQL tasks keep in their warehouses for the range.
+fn kept(dag: Option<&Dag>, identity: &str, range: Option<(i64, i64)>) -> Result<i64, Error> {
+    let mut versions = 0;
+    for task in dag.map(targets).unwrap_or_default() {
+        versions += crate::warehouse::backend_of(&task.warehouse).forget(
+            &task,
+            identity,
+            range,
+            i64::MAX,
+            true,
+        )?;
+    }
+    Ok(versions)
+}
+
+/// The SQL tasks of a DAG, one per warehouse and target.
+fn targets(dag: &Dag) -> Vec<crate::project::SqlTask> {
+    let mut seen = std::collections::HashSet::new();
+    dag.tasks
+        .iter()
+        .filter_map(|t| match &t.kind {
+            TaskKind::Sql(sql) => Some(sql),
+            TaskKind::Command(_) => None,
+        })
+        .filter(|sql| seen.insert((sql.warehouse.name.clone(), sql.target.clone())))
+        .cloned()
+        .collect()
+}
+
+/// Removes the log and result files of the removal's runs: in `logs/DAG/TASK/`, those of
+/// intervals starting within its range, of runs up to its last run (a later run's files
+/// belong to a backfill that started after it). A file that cannot be removed stays.
+fn remove_logs(logs_dir: &Path, f: &Forget) {
+    let Ok(tasks) = std::fs::read_dir(logs_dir.join(&f.dag_id)) else {
+        return;
+    };
+    for task in tasks.flatten() {
+        let Ok(files) = std::fs::read_dir(task.path()) else {
+            continue;
+        };
+        for file in files.flatten() {
+            let name = file.file_name();
+            if log_of(&name.to_string_lossy(), f) {
+                let _ = std::fs::remove_file(file.path());
+            }
+        }
+        // The task's folder goes once it is empty.
+        let _ = std::fs::remove_dir(task.path());
+    }
+    let _ = std::fs::remove_dir(logs_dir.join(&f.dag_id));
+}
+
+/// Whether a file of `logs/DAG/TASK/` (`20260901T000000Z.run7.try1.log`, `.result.json`) is of
+/// a run the removal took away.
+fn log_of(name: &str, f: &Forget) -> bool {
+    let mut parts = name.splitn(3, '.');
+    let (Some(start), Some(run)) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    let Ok(start) = chrono::NaiveDateTime::parse_from_str(start, "%Y%m%dT%H%M%SZ") else {
+        return false;
+    };
+    let Some(run) = run.strip_prefix("run").and_then(|r| r.parse::<i64>().ok()) else {
+        return false;
+    };
+    let start = start.and_utc().timestamp();
+    let (lo, hi) = f.range.unwrap_or((i64::MIN, i64::MAX));
+    (lo..=hi).contains(&start) && run <= f.last_run
+}
+
+/// Why the range cannot be forgotten now, if it cannot.
+fn busy(scope: &Scope) -> Option<Busy> {
+    if !scope.running.is_empty() {
+        Some(Busy::Running(scope.running.clone()))
+    } else if !scope.staged.is_empty() {
+        Some(Busy::Staged(scope.staged.clone()))
+    } else {
+        None
+    }
+}
+
+fn busy_words(dag_id: &str, busy: &Busy) -> String {
+    let ids = |ids: &[i64]| {
+        ids.iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match busy {
+        Busy::Running(ids_) => format!(
+            "backfill {} of DAG {dag_id} is recorded as running: forget once it has ended (`{}` continues it, `{}` stops it); nothing was forgotten",
+            ids(ids_),
+            hint(&format!("resume {}", ids_[0])),
+            hint(&format!("cancel {}", ids_[0]))
+        ),
+        Busy::Staged(ids_) => format!(
+            "backfill {} of DAG {dag_id} holds staged outputs of this range: promote or discard them first (`{}`); nothing was forgotten",
+            ids(ids_),
+            hint(&format!("discard {}", ids_[0]))
+        ),
+    }
+}
+
+/// Asks on the terminal.
+fn confirmed(dag_id: &str) -> Result<bool, Error> {
+    let mut err = std::io::stderr();
+    let _ = write!(
+        err,
+        "Forget this history of DAG {dag_id}? It cannot be undone. [y/N] "
+    );
+    let _ = err.flush();
+    let mut answer = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|e| Error::Io {
+            context: "read the answer".into(),
+            source: e,
+        })?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "Yes"))
+}
+
+/// What a removal takes away, as the command says it.
+struct What<'a> {
+    dag_id: &'a str,
+    from: Option<&'a str>,
+    to: Option<&'a str>,
+    scope: &'a Scope,
+    versions: i64,
+}
+
+impl What<'_> {
+    fn range_words(&self) -> String {
+        match (self.from, self.to) {
+            (Some(from), Some(to)) => format!("intervals from {from} to {to}"),
+            _ => "every interval".into(),
+        }
+    }
+
+    fn write(&self) -> Result<(), Error> {
+        let s = self.scope;
+        let ids = |ids: &[i64]| {
+            if ids.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " ({})",
+                    ids.iter()
+                        .map(i64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }
+        };
+        let mut lines = vec![
+            format!("forget DAG {}, {}:", self.dag_id, self.range_words()),
+            format!(
+                "  backfills       {}{}",
+                s.backfills.len(),
+                ids(&s.backfills)
+            ),
+        ];
+        if !s.kept_backfills.is_empty() {
+            lines.push(format!(
+                "  backfills kept  {}{}: their intervals outside the range stay",
+                s.kept_backfills.len(),
+                ids(&s.kept_backfills)
+            ));
+        }
+        lines.extend([
+            format!("  runs            {}", s.runs),
+            format!("  tries           {}", s.tries),
+            format!(
+                "  published       {}: no longer recorded; the rows stay in the target",
+                s.published
+            ),
+            format!("  kept versions   {}", self.versions),
+        ]);
+        let mut sink = crate::report::out::Sink::std(false, false);
+        for line in lines {
+            sink.line(&line)?;
+        }
+        Ok(())
+    }
+
+    fn json(&self, dry_run: bool) -> serde_json::Value {
+        let s = self.scope;
+        serde_json::json!({
+            "dag": self.dag_id,
+            "from": self.from,
+            "to": self.to,
+            "dry_run": dry_run,
+            "backfills": s.backfills,
+            "backfills_kept": s.kept_backfills,
+            "runs": s.runs,
+            "tries": s.tries,
+            "published": s.published,
+            "kept_versions": self.versions,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn removal(range: Option<(i64, i64)>, last_run: i64) -> Forget {
+        Forget {
+            id: 1,
+            dag_id: "d".into(),
+            args: None,
+            range,
+            done: false,
+            backfills: 0,
+            runs: 0,
+            tries: 0,
+            published: 0,
+            versions: None,
+            last_try: 0,
+            last_run,
+            created_at: 0,
+        }
+    }
+
+    #[test]
+    fn a_log_file_is_the_removals_when_its_interval_and_run_are() {
+        // 2026-09-01T00:00:00Z is 1788220800.
+        let sept = removal(Some((1_788_220_800, 1_788_307_199)), 7);
+        assert!(log_of("20260901T000000Z.run7.try1.log", &sept));
+        assert!(log_of("20260901T000000Z.run3.try2.result.json", &sept));
+        // A run after the removal, a day outside its range, a file of another shape.
+        assert!(!log_of("20260901T000000Z.run8.try1.log", &sept));
+        assert!(!log_of("20260902T000000Z.run5.try1.log", &sept));
+        assert!(!log_of("notes.txt", &sept));
+        assert!(!log_of("20260901T000000Z.runx.try1.log", &sept));
+        assert!(log_of("20200101T000000Z.run1.try1.log", &removal(None, 1)));
+    }
+}

@@ -2,7 +2,7 @@
 -- removed are gone; this row says what went, when and by whom, and holds the largest ids the
 -- manifest had given by then: SQLite gives a new row the largest id of its table plus one, so
 -- without them the ids of removed rows would be given again, and a log file, a kept version or
--- a warehouse's booking would name two tries.
+-- a warehouse's booking would name two tries, and a worker's fence two workers.
 CREATE TABLE forgets (
     id             INTEGER PRIMARY KEY,
     dag_id         TEXT    NOT NULL,
@@ -19,6 +19,7 @@ CREATE TABLE forgets (
     last_backfill  INTEGER NOT NULL,
     last_run       INTEGER NOT NULL,
     last_try       INTEGER NOT NULL,
+    last_worker    INTEGER NOT NULL DEFAULT 0,
     host           TEXT    NOT NULL,
     pid            INTEGER NOT NULL,
     created_at     INTEGER NOT NULL,

@@ -206,3 +206,119 @@ pub(crate) fn kept_versions(
     }
     out
 }
+
+/// A published partition whose target no longer holds as many rows as were published: rows
+/// deleted or added behind the manifest's back (a truncated table, a fix by hand, a restore).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Unlike {
+    pub task_id: String,
+    pub interval: crate::interval::DataInterval,
+    pub published: i64,
+    pub now: i64,
+}
+
+/// The partitions of the DAG's SQL tasks that replace their partition (`write = "replace"`;
+/// a merge's partition may hold rows it did not write) recorded as published with a start
+/// between `lo` and `hi`, whose target holds another number of rows now. A warehouse that
+/// cannot be read is left out: what this says is a warning, and the run that follows reports
+/// such a warehouse itself.
+pub(crate) fn unlike_published(
+    dag: &Dag,
+    conn: &dyn crate::manifest::Reads,
+    (lo, hi): (i64, i64),
+    reprs: &std::collections::HashMap<String, Option<crate::warehouse::Repr>>,
+) -> crate::manifest::Result<Vec<Unlike>> {
+    let recorded = conn.published_partitions(&dag.id, lo, hi)?;
+    let mut out = Vec::new();
+    for task in &dag.tasks {
+        let crate::project::TaskKind::Sql(sql) = &task.kind else {
+            continue;
+        };
+        if sql.write != crate::project::WritePattern::Replace {
+            continue;
+        }
+        let mine: Vec<_> = recorded.iter().filter(|r| r.task_id == task.id).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let intervals: Vec<_> = mine.iter().map(|r| r.interval).collect();
+        let repr = reprs.get(&task.id).copied().flatten();
+        let counted = crate::warehouse::backend_of(&sql.warehouse)
+            .partition_rows(sql, repr, &intervals, dag.tz);
+        let Ok(now) = counted else {
+            tracing::debug!(task = %task.id, "the target's partitions could not be counted");
+            continue;
+        };
+        for (r, now) in mine.into_iter().zip(now) {
+            if r.rows != now {
+                out.push(Unlike {
+                    task_id: task.id.clone(),
+                    interval: r.interval,
+                    published: r.rows,
+                    now,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// What [`unlike_published`] found, as a warning: each partition (five at most), `then` (what
+/// becomes of them), and the command that computes them again: over their dates for a daily
+/// DAG, else over `range` (`--from` and `--to`). `None` when nothing was found.
+pub(crate) fn unlike_words(
+    dag: &Dag,
+    unlike: &[Unlike],
+    then: &str,
+    range: (&str, &str),
+) -> Option<String> {
+    const SHOWN: usize = 5;
+    let starts = unlike.iter().map(|u| u.interval.start);
+    let (first, last) = (starts.clone().min()?, starts.max()?);
+    let label = crate::report::label::Labeler::new(dag);
+    let tasks: std::collections::HashSet<&str> =
+        unlike.iter().map(|u| u.task_id.as_str()).collect();
+    let mut each: Vec<String> = unlike
+        .iter()
+        .take(SHOWN)
+        .map(|u| {
+            let task = if tasks.len() > 1 {
+                format!("task `{}` ", u.task_id)
+            } else {
+                String::new()
+            };
+            format!(
+                "{task}{} ({} rows published, {} now)",
+                label.label(u.interval.start),
+                u.published,
+                u.now
+            )
+        })
+        .collect();
+    if unlike.len() > SHOWN {
+        each.push(format!("and {} more", unlike.len() - SHOWN));
+    }
+    // Dates name a daily DAG's intervals exactly; other DAGs are rerun over the range.
+    let (from, to) = if dag.schedule.at_most_daily() {
+        (label.label(first), label.label(last))
+    } else {
+        (range.0.to_string(), range.1.to_string())
+    };
+    let one = unlike.len() == 1;
+    Some(format!(
+        "{} of DAG {} recorded as published no longer {} the rows that were published: {}; {then}, and `{}` computes {} again",
+        crate::report::out::plural(
+            i64::try_from(unlike.len()).unwrap_or(i64::MAX),
+            "partition",
+            "partitions"
+        ),
+        dag.id,
+        if one { "holds" } else { "hold" },
+        each.join(", "),
+        crate::report::out::hint(&format!(
+            "create --dag {} --from {from} --to {to} --reprocess-behavior completed",
+            dag.id
+        )),
+        if one { "it" } else { "them" },
+    ))
+}

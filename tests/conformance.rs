@@ -1,5 +1,5 @@
 //! The storage layer's conformance suite: every method of the manifest's role traits
-//! (`Reads`, `Ownership`, `Planning`, `Running`, `Publishing`, `Staging`), `manifest copy` and
+//! (`Reads`, `Ownership`, `Planning`, `Running`, `Publishing`, `Staging`, `Forgetting`), `manifest copy` and
 //! the upgrade from every earlier schema, with exact expectations, on each engine that can hold
 //! a manifest. An engine conforms when it passes every behaviour here.
 //!
@@ -23,6 +23,8 @@ mod pg;
 mod backfills;
 #[path = "conformance/copy.rs"]
 mod copy;
+#[path = "conformance/forgets.rs"]
+mod forgets;
 #[path = "conformance/leases.rs"]
 mod leases;
 #[path = "conformance/migrations.rs"]
@@ -152,6 +154,8 @@ engines! {
         writer::a_failing_job_rolls_back_alone,
         writer::an_interval_is_claimed_once_when_processes_race,
         runs::a_nul_character_round_trips,
+        forgets::a_range_is_removed_and_recorded,
+        forgets::a_range_in_use_is_not_removed,
     ],
     kinds: [
         migrations::every_earlier_schema_upgrades_and_keeps_its_rows,

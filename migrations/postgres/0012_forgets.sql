@@ -18,6 +18,7 @@ CREATE TABLE forgets (
     last_backfill  bigint NOT NULL,
     last_run       bigint NOT NULL,
     last_try       bigint NOT NULL,
+    last_worker    bigint NOT NULL DEFAULT 0,
     host           text   NOT NULL,
     pid            bigint NOT NULL,
     created_at     bigint NOT NULL,

@@ -27,6 +27,7 @@ pub(crate) fn run(g: &Global, mut args: CreateArgs) -> Result<u8, Error> {
     let atomic = std::mem::take(&mut args.atomic);
     let dag = checked_dag(&project, &mut args, atomic)?;
     let prepared = prepare(g, &project, &dag, &args)?;
+    warn_unlike_published(g, &dag, &args, &prepared);
     if args.dry_run {
         return dry_run(g, &project, dag, &args, &prepared);
     }
@@ -207,6 +208,33 @@ fn prepare(g: &Global, project: &Project, dag: &Dag, args: &CreateArgs) -> Resul
         options,
         changed,
     })
+}
+
+/// Partitions recorded as published whose target holds another number of rows now (a table
+/// truncated or changed by hand) are skipped as `already exists` by every behaviour but
+/// `completed`: said before the run, with the command that computes them again. Nothing is
+/// said when the manifest or a warehouse cannot be read: the run reports that itself.
+fn warn_unlike_published(g: &Global, dag: &Dag, args: &CreateArgs, prepared: &Prepared) {
+    if prepared.reprocess == Reprocess::Completed {
+        return;
+    }
+    let Ok(Some(conn)) = crate::manifest::open_if_exists(&prepared.manifest_path) else {
+        return;
+    };
+    let bounds = prepared.range.unix_start_bounds();
+    let Ok(unlike) = crate::reads::unlike_published(dag, &*conn, bounds, &prepared.reprs) else {
+        return;
+    };
+    let behaviour = format!(
+        "--reprocess-behavior {} skips {} as already existing",
+        prepared.reprocess.as_str(),
+        if unlike.len() == 1 { "it" } else { "them" }
+    );
+    if let Some(words) =
+        crate::reads::unlike_words(dag, &unlike, &behaviour, (&args.from, &args.to))
+    {
+        crate::session::warn(g, &words);
+    }
 }
 
 /// `--sample N`: the intervals it rehearses, and why each was picked; all of them when the

@@ -209,8 +209,8 @@ mod tests {
         let script = bash_with_dags(&String::from_utf8(buf).unwrap());
         let lines: Vec<&str> = script.lines().map(str::trim).collect();
         let dag_cases: Vec<usize> = (0..lines.len()).filter(|&i| lines[i] == "--dag)").collect();
-        // create, list, runs, stale, rollback, verify.
-        assert_eq!(dag_cases.len(), 6, "{script}");
+        // create, list, runs, stale, rollback, verify, forget.
+        assert_eq!(dag_cases.len(), 7, "{script}");
         for i in dag_cases {
             assert_eq!(
                 lines[i + 1],

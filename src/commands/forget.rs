@@ -55,31 +55,41 @@ pub(crate) fn run(g: &Global, ask: &Ask<'_>) -> Result<u8, Error> {
     }
     let path = g.manifest_path(Some(&project))?;
     let Some(conn) = manifest::open_if_exists(&path)? else {
-        say(&format!(
-            "nothing to forget: the manifest {} records nothing yet",
-            path.display()
-        ));
+        note(
+            g,
+            &format!(
+                "nothing to forget: the manifest {} records nothing yet",
+                path.display()
+            ),
+        );
         return Ok(exit::OK);
     };
     let at = |e: manifest::Error| e.at(&path);
+    // Another project's backfills of a DAG of the same id are not this project's to remove.
+    let found = conn.dag_projects(ask.dag_id).map_err(at)?;
+    match &dag {
+        Some(dag) => crate::session::belonging::check_dag(&project, &path, &*conn, dag)?,
+        None => {
+            if let Some(theirs) = crate::session::belonging::other_project(&project.name, &found) {
+                return Err(Error::Usage(format!(
+                    "the manifest {} holds backfills of DAG `{}` by project `{}`, not this one (`{}`): forget it from that project",
+                    path.display(),
+                    ask.dag_id,
+                    theirs.project,
+                    project.name
+                )));
+            }
+        }
+    }
     let unfinished = conn.unfinished_forgets().map_err(at)?;
     let scope = conn.forget_scope(ask.dag_id, range).map_err(at)?;
     let identity = conn.identity().map_err(at)?;
-    if let Some(busy) = busy(&scope) {
+    if let Some(busy) = scope.busy() {
         return Err(Error::Usage(busy_words(ask.dag_id, &busy)));
     }
-    let versions = kept(dag.as_ref(), &identity, range)?;
-    let what = What {
-        dag_id: ask.dag_id,
-        from: ask.from,
-        to: ask.to,
-        scope: &scope,
-        versions,
-    };
-    if g.json {
-        crate::report::out::json(&what.json(ask.dry_run))?;
-    } else if ask.dry_run || !g.quiet {
-        what.write()?;
+    let versions = kept(g, dag.as_ref(), &identity, range);
+    if !g.json && (ask.dry_run || !g.quiet) {
+        what(ask, &scope, versions).write()?;
     }
     if dag.is_none() {
         warn(
@@ -91,22 +101,46 @@ pub(crate) fn run(g: &Global, ask: &Ask<'_>) -> Result<u8, Error> {
         );
     }
     if ask.dry_run {
+        if g.json {
+            crate::report::out::json(&what(ask, &scope, versions).json(None))?;
+        }
+        if !unfinished.is_empty() {
+            note(
+                g,
+                &format!(
+                    "{} stopped before its warehouse clean-up, which the next forget finishes first",
+                    plural_ids(
+                        "forget",
+                        "forgets",
+                        &unfinished.iter().map(|f| f.id).collect::<Vec<_>>()
+                    )
+                ),
+            );
+        }
         note(g, "a dry run: nothing was forgotten");
         return Ok(exit::OK);
     }
-    if scope.is_empty() && versions == 0 && unfinished.is_empty() {
-        note(g, "nothing to forget");
-        return Ok(exit::OK);
-    }
-    if ask_first && !confirmed(ask.dag_id)? {
+    let nothing = scope.is_empty() && versions == Some(0);
+    if ask_first && !nothing && !confirmed(ask.dag_id)? {
         say("nothing was forgotten");
-        return Ok(exit::INTERNAL);
+        return Ok(exit::OK);
     }
     drop(conn);
     let writer = Writer::open(&path, project.durability)?;
     let result = forget(g, &project, &writer, ask, range, &identity);
     writer.close();
     result
+}
+
+/// What the command says it removes (or removed).
+fn what<'a>(ask: &Ask<'a>, scope: &'a Scope, versions: Option<i64>) -> What<'a> {
+    What {
+        dag_id: ask.dag_id,
+        from: ask.from,
+        to: ask.to,
+        scope,
+        versions,
+    }
 }
 
 fn forget(
@@ -117,16 +151,50 @@ fn forget(
     range: Option<(i64, i64)>,
     identity: &str,
 ) -> Result<u8, Error> {
-    // Removals that an earlier forget left half done are finished first.
-    let conn = manifest::open_read_only(writer.path())?;
-    for f in conn.unfinished_forgets().map_err(|e| e.at(writer.path()))? {
-        say(&format!(
-            "finishing forget {} of DAG {}, which stopped before its warehouse clean-up",
-            f.id, f.dag_id
-        ));
-        clean(g, project, writer, &f, identity)?;
+    let reads = || manifest::open_read_only(writer.path());
+    let at = |e: manifest::Error| e.at(writer.path());
+    // Removals that an earlier forget left half done are finished first, each once its DAG
+    // is not in use; one that cannot be finished now stays for the next forget.
+    for f in reads()?.unfinished_forgets().map_err(at)? {
+        let busy = reads()?
+            .forget_scope(&f.dag_id, f.range)
+            .map_err(at)?
+            .busy();
+        if let Some(busy) = busy {
+            warn(
+                g,
+                &format!(
+                    "forget {} of DAG {} stopped before its warehouse clean-up, which waits: {}",
+                    f.id,
+                    f.dag_id,
+                    busy_words(&f.dag_id, &busy)
+                ),
+            );
+            continue;
+        }
+        note(
+            g,
+            &format!(
+                "finishing forget {} of DAG {}, which stopped before its warehouse clean-up",
+                f.id, f.dag_id
+            ),
+        );
+        if let Err(e) = clean(g, project, writer, &f, identity) {
+            warn(g, &e.to_string());
+        }
     }
-    drop(conn);
+    // What is left once they are: a range that the manifest and the warehouses no longer
+    // hold is not recorded as a removal.
+    let scope = reads()?.forget_scope(ask.dag_id, range).map_err(at)?;
+    if scope.is_empty()
+        && kept(g, project.dag(ask.dag_id).ok().as_ref(), identity, range) == Some(0)
+    {
+        if g.json {
+            crate::report::out::json(&what(ask, &scope, Some(0)).json(Some(None)))?;
+        }
+        note(g, "nothing to forget");
+        return Ok(exit::OK);
+    }
     let dag_id = ask.dag_id.to_string();
     let args = ask
         .from
@@ -135,17 +203,6 @@ fn forget(
     let host = crate::liveness::Host::name(&crate::process::LOCAL);
     let pid = i64::from(std::process::id());
     let now = crate::clock::now_ms();
-    // What is left once they are: a range that the manifest and the warehouses no longer
-    // hold is not recorded as a removal.
-    let conn = manifest::open_read_only(writer.path())?;
-    let scope = conn
-        .forget_scope(ask.dag_id, range)
-        .map_err(|e| e.at(writer.path()))?;
-    drop(conn);
-    if scope.is_empty() && kept(project.dag(ask.dag_id).ok().as_ref(), identity, range)? == 0 {
-        note(g, "nothing to forget");
-        return Ok(exit::OK);
-    }
     let forgot = writer.call_blocking(move |c| {
         let args = args.as_ref().map(|(f, t)| (f.as_str(), t.as_str()));
         let span = crate::manifest::forgets::Span {
@@ -160,6 +217,9 @@ fn forget(
     };
     crate::fault::point("forget-recorded");
     let versions = clean(g, project, writer, &f, identity)?;
+    if g.json {
+        crate::report::out::json(&what(ask, &scope, Some(versions)).json(Some(Some(f.id))))?;
+    }
     note(
         g,
         &format!(
@@ -215,19 +275,33 @@ fn clean(
     Ok(versions)
 }
 
-/// How many versions the DAG's SQL tasks keep in their warehouses for the range.
-fn kept(dag: Option<&Dag>, identity: &str, range: Option<(i64, i64)>) -> Result<i64, Error> {
-    let mut versions = 0;
+/// How many versions the DAG's SQL tasks keep in their warehouses for the range; `None` when
+/// a warehouse cannot be read (said as a warning: the removal of the manifest's record does
+/// not wait for it, and the next forget finishes the warehouse's part).
+fn kept(g: &Global, dag: Option<&Dag>, identity: &str, range: Option<(i64, i64)>) -> Option<i64> {
+    let mut versions = Some(0);
     for task in dag.map(targets).unwrap_or_default() {
-        versions += crate::warehouse::backend_of(&task.warehouse).forget(
+        match crate::warehouse::backend_of(&task.warehouse).forget(
             &task,
             identity,
             range,
             i64::MAX,
             true,
-        )?;
+        ) {
+            Ok(n) => versions = versions.map(|v| v + n),
+            Err(e) => {
+                warn(
+                    g,
+                    &format!(
+                        "the kept versions of `{}` cannot be counted: {e}",
+                        task.target
+                    ),
+                );
+                versions = None;
+            }
+        }
     }
-    Ok(versions)
+    versions
 }
 
 /// The SQL tasks of a DAG, one per warehouse and target.
@@ -285,37 +359,44 @@ fn log_of(name: &str, f: &Forget) -> bool {
     (lo..=hi).contains(&start) && run <= f.last_run
 }
 
-/// Why the range cannot be forgotten now, if it cannot.
-fn busy(scope: &Scope) -> Option<Busy> {
-    if !scope.running.is_empty() {
-        Some(Busy::Running(scope.running.clone()))
-    } else if !scope.staged.is_empty() {
-        Some(Busy::Staged(scope.staged.clone()))
-    } else {
-        None
+/// `backfill 3` or `backfills 3 and 5`.
+fn plural_ids(one: &str, many: &str, ids: &[i64]) -> String {
+    let list: Vec<String> = ids.iter().map(i64::to_string).collect();
+    match list.as_slice() {
+        [only] => format!("{one} {only}"),
+        [init @ .., last] => format!("{many} {} and {last}", init.join(", ")),
+        [] => many.to_string(),
     }
 }
 
 fn busy_words(dag_id: &str, busy: &Busy) -> String {
-    let ids = |ids: &[i64]| {
-        ids.iter()
-            .map(i64::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
+    let (Busy::Running(ids) | Busy::InFlight(ids) | Busy::Cascade(ids) | Busy::Staged(ids)) = busy;
+    let who = plural_ids("backfill", "backfills", ids);
+    let one = ids.len() == 1;
+    let is = if one { "is" } else { "are" };
+    let first = ids.first().copied().unwrap_or_default();
+    let why = match busy {
+        Busy::Running(_) => format!(
+            "{who} of DAG {dag_id} {is} recorded as running: forget once {} ended (`{}` continues it, `{}` stops it)",
+            if one { "it has" } else { "they have" },
+            hint(&format!("resume {first}")),
+            hint(&format!("cancel {first}"))
+        ),
+        Busy::InFlight(_) => format!(
+            "{who} of DAG {dag_id} {is} still at work on this range (a try not stopped yet, a worker still stopping): forget once `{}` shows nothing running",
+            hint(&format!("show {first}"))
+        ),
+        Busy::Cascade(_) => format!(
+            "{who} {is} running in a cascade with backfills of DAG {dag_id}: forget once it has ended (`{}` stops it)",
+            hint(&format!("cancel {first}"))
+        ),
+        Busy::Staged(_) => format!(
+            "{who} of DAG {dag_id} {} staged outputs of this range: promote or discard them first (`{}`)",
+            if one { "holds" } else { "hold" },
+            hint(&format!("discard {first}"))
+        ),
     };
-    match busy {
-        Busy::Running(ids_) => format!(
-            "backfill {} of DAG {dag_id} is recorded as running: forget once it has ended (`{}` continues it, `{}` stops it); nothing was forgotten",
-            ids(ids_),
-            hint(&format!("resume {}", ids_[0])),
-            hint(&format!("cancel {}", ids_[0]))
-        ),
-        Busy::Staged(ids_) => format!(
-            "backfill {} of DAG {dag_id} holds staged outputs of this range: promote or discard them first (`{}`); nothing was forgotten",
-            ids(ids_),
-            hint(&format!("discard {}", ids_[0]))
-        ),
-    }
+    format!("{why}; nothing was forgotten")
 }
 
 /// Asks on the terminal.
@@ -343,7 +424,8 @@ struct What<'a> {
     from: Option<&'a str>,
     to: Option<&'a str>,
     scope: &'a Scope,
-    versions: i64,
+    /// `None` when a warehouse could not be read.
+    versions: Option<i64>,
 }
 
 impl What<'_> {
@@ -391,7 +473,13 @@ impl What<'_> {
                 "  published       {}: no longer recorded; the rows stay in the target",
                 s.published
             ),
-            format!("  kept versions   {}", self.versions),
+            format!(
+                "  kept versions   {}",
+                self.versions.map_or_else(
+                    || "unknown (a warehouse cannot be read)".into(),
+                    |v| v.to_string()
+                )
+            ),
         ]);
         let mut sink = crate::report::out::Sink::std(false, false);
         for line in lines {
@@ -400,13 +488,16 @@ impl What<'_> {
         Ok(())
     }
 
-    fn json(&self, dry_run: bool) -> serde_json::Value {
+    /// The JSON document: of a dry run (`forget` `None`), or of a removal, recorded as
+    /// `Some(id)` (`Some(None)`: nothing was left to remove).
+    fn json(&self, forget: Option<Option<i64>>) -> serde_json::Value {
         let s = self.scope;
         serde_json::json!({
             "dag": self.dag_id,
             "from": self.from,
             "to": self.to,
-            "dry_run": dry_run,
+            "dry_run": forget.is_none(),
+            "forget_id": forget.flatten(),
             "backfills": s.backfills,
             "backfills_kept": s.kept_backfills,
             "runs": s.runs,

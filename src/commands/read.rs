@@ -108,6 +108,7 @@ pub(crate) fn show(g: &Global, id: i64, grid: bool) -> Result<u8, Error> {
                 colour,
             )?;
         }
+        warn_unlike(g, dag.as_ref(), &*conn, id);
         return Ok(exit::OK);
     }
     let kept = dag.as_ref().map(|d| kept_versions(d, &path));
@@ -130,7 +131,28 @@ pub(crate) fn show(g: &Global, id: i64, grid: bool) -> Result<u8, Error> {
         ))?;
         report::show::write(&mut out, m, None, &Labeler::of(member_dag.as_ref()))?;
     }
+    warn_unlike(g, dag.as_ref(), &*conn, id);
     Ok(exit::OK)
+}
+
+/// The partitions of the backfill's range recorded as published whose target no longer holds
+/// the rows that were published (truncated, changed by hand), as a warning. Nothing when the
+/// DAG is gone from the project or a warehouse cannot be read.
+fn warn_unlike(g: &Global, dag: Option<&crate::project::Dag>, conn: &dyn Reads, id: i64) {
+    let (Some(dag), Ok(Some(b))) = (dag, conn.backfill(id)) else {
+        return;
+    };
+    let bounds = (b.range_start, b.range_end.saturating_sub(1));
+    let Ok(unlike) = crate::reads::unlike_published(dag, conn, bounds, &Default::default()) else {
+        return;
+    };
+    let then = format!(
+        "a rerun with --reprocess-behavior none or failed skips {} as already existing",
+        if unlike.len() == 1 { "it" } else { "them" }
+    );
+    if let Some(words) = crate::reads::unlike_words(dag, &unlike, &then, (&b.from_arg, &b.to_arg)) {
+        warn(g, &words);
+    }
 }
 
 pub(crate) fn runs(

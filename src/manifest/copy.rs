@@ -81,7 +81,7 @@ pub fn to_postgres(
         // Above every id the SQLite manifest gave, also those of rows `forget` removed.
         for (table, last) in [
             ("backfills", "last_backfill"),
-            ("workers", "0"),
+            ("workers", "last_worker"),
             ("runs", "last_run"),
             ("task_tries", "last_try"),
             ("forgets", "0"),

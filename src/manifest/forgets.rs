@@ -36,6 +36,13 @@ pub struct Scope {
     /// Backfills with outputs of the range still staged (`create --stage`, not yet promoted
     /// or discarded): a removal waits for them to be promoted or discarded.
     pub staged: Vec<i64>,
+    /// Backfills, ended or not, with work of the range still in flight: a run queued or
+    /// running, a try running or publishing, a lease held, a worker running (a try that could
+    /// not be stopped, another host's worker still stopping). A removal waits for them.
+    pub in_flight: Vec<i64>,
+    /// Running backfills of a cascade that one of the removed backfills belongs to (its root
+    /// or a member): a removal waits for the cascade to end.
+    pub cascades: Vec<i64>,
 }
 
 impl Scope {
@@ -96,7 +103,8 @@ pub(crate) fn scope(conn: &Conn, dag_id: &str, range: Option<(i64, i64)>) -> Res
                      AND r.interval_start BETWEEN ?2 AND ?3)
              OR EXISTS (SELECT 1 FROM plan p WHERE p.backfill_id = b.id
                         AND p.interval_start BETWEEN ?2 AND ?3)
-             OR NOT EXISTS (SELECT 1 FROM plan p WHERE p.backfill_id = b.id))
+             OR (NOT EXISTS (SELECT 1 FROM plan p WHERE p.backfill_id = b.id)
+                 AND b.range_start <= ?3 AND b.range_end > ?2))
          ORDER BY id")?;
     let beyond = ids(
         "SELECT DISTINCT b.id FROM backfills b WHERE dag_id = ?1 AND (
@@ -106,7 +114,8 @@ pub(crate) fn scope(conn: &Conn, dag_id: &str, range: Option<(i64, i64)>) -> Res
                         AND p.interval_start NOT BETWEEN ?2 AND ?3))
          ORDER BY b.id",
     )?;
-    let (kept_backfills, backfills) = touched.into_iter().partition(|id| beyond.contains(id));
+    let (kept_backfills, backfills): (Vec<i64>, Vec<i64>) =
+        touched.into_iter().partition(|id| beyond.contains(id));
     let running = {
         let mut stmt = conn.prepare(
             "SELECT id FROM backfills WHERE dag_id = ?1 AND state = 'running' ORDER BY id",
@@ -118,6 +127,35 @@ pub(crate) fn scope(conn: &Conn, dag_id: &str, range: Option<(i64, i64)>) -> Res
         "SELECT DISTINCT r.backfill_id FROM runs r JOIN task_tries t ON t.run_id = r.id
          WHERE r.id IN ({RUNS}) AND t.staged = 'staged' ORDER BY r.backfill_id"
     ))?;
+    let in_flight = ids(&format!(
+        "SELECT backfill_id FROM runs WHERE id IN ({RUNS}) AND state IN ('queued', 'running')
+         UNION SELECT r.backfill_id FROM runs r JOIN task_tries t ON t.run_id = r.id
+               WHERE r.id IN ({RUNS}) AND (t.state = 'running' OR t.publishing = 1)
+         UNION SELECT backfill_id FROM leases WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
+         UNION SELECT w.backfill_id FROM workers w JOIN backfills b ON b.id = w.backfill_id
+               WHERE b.dag_id = ?1 AND w.state = 'running'
+         ORDER BY 1"
+    ))?;
+    let cascades = if backfills.is_empty() {
+        Vec::new()
+    } else {
+        let list = backfills
+            .iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        // The removed backfills and the roots of their cascades.
+        let roots = format!(
+            "SELECT id FROM backfills WHERE id IN ({list})
+             UNION SELECT cascade_of FROM backfills WHERE id IN ({list}) AND cascade_of IS NOT NULL"
+        );
+        let mut stmt = conn.prepare(&format!(
+            "SELECT id FROM backfills WHERE state = 'running'
+               AND (id IN ({roots}) OR cascade_of IN ({roots})) ORDER BY id"
+        ))?;
+        let rows = stmt.query_map([], |r| r.get(0))?;
+        rows.collect::<super::db::Result<Vec<i64>>>()?
+    };
     Ok(Scope {
         backfills,
         kept_backfills,
@@ -126,6 +164,8 @@ pub(crate) fn scope(conn: &Conn, dag_id: &str, range: Option<(i64, i64)>) -> Res
         published,
         running,
         staged,
+        in_flight,
+        cascades,
     })
 }
 
@@ -137,11 +177,30 @@ pub struct Span<'a> {
     pub starts: Option<(i64, i64)>,
 }
 
-/// Why a removal did not happen: something of the range is still in use.
+/// Why a removal did not happen: something of the range is still in use, by these backfills.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Busy {
     Running(Vec<i64>),
+    InFlight(Vec<i64>),
+    Cascade(Vec<i64>),
     Staged(Vec<i64>),
+}
+
+impl Scope {
+    /// Why the range cannot be removed now, if it cannot.
+    pub fn busy(&self) -> Option<Busy> {
+        if !self.running.is_empty() {
+            Some(Busy::Running(self.running.clone()))
+        } else if !self.in_flight.is_empty() {
+            Some(Busy::InFlight(self.in_flight.clone()))
+        } else if !self.cascades.is_empty() {
+            Some(Busy::Cascade(self.cascades.clone()))
+        } else if !self.staged.is_empty() {
+            Some(Busy::Staged(self.staged.clone()))
+        } else {
+            None
+        }
+    }
 }
 
 /// Removes `dag_id`'s history over `range` and records the removal as `cleaning`, in the
@@ -158,11 +217,8 @@ pub(crate) fn forget(
     now_ms: i64,
 ) -> Result<std::result::Result<Forget, Busy>> {
     let s = scope(conn, dag_id, range)?;
-    if !s.running.is_empty() {
-        return Ok(Err(Busy::Running(s.running)));
-    }
-    if !s.staged.is_empty() {
-        return Ok(Err(Busy::Staged(s.staged)));
+    if let Some(busy) = s.busy() {
+        return Ok(Err(busy));
     }
     let (lo, hi) = bounds(range);
     let greatest = if conn.is_postgres() {
@@ -183,6 +239,7 @@ pub(crate) fn forget(
     let last_backfill = last("backfills", "last_backfill")?;
     let last_run = last("runs", "last_run")?;
     let last_try = last("task_tries", "last_try")?;
+    let last_worker = last("workers", "last_worker")?;
     let tries = format!("SELECT id FROM task_tries WHERE run_id IN ({RUNS})");
     let p = params![dag_id, lo, hi];
     conn.execute(
@@ -244,8 +301,9 @@ pub(crate) fn forget(
     );
     let id: i64 = conn.query_row(
         "INSERT INTO forgets (dag_id, range_start, range_end, state, backfills, runs, tries,
-             published, last_backfill, last_run, last_try, host, pid, created_at, from_arg, to_arg)
-         VALUES (?1, ?2, ?3, 'cleaning', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)
+             published, last_backfill, last_run, last_try, host, pid, created_at, from_arg, to_arg,
+             last_worker)
+         VALUES (?1, ?2, ?3, 'cleaning', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
          RETURNING id",
         params![
             dag_id,
@@ -262,7 +320,8 @@ pub(crate) fn forget(
             pid,
             now_ms,
             args.map(|a| a.0),
-            args.map(|a| a.1)
+            args.map(|a| a.1),
+            last_worker
         ],
         |r| r.get(0),
     )?;
@@ -286,8 +345,7 @@ pub(crate) fn forget(
 /// Records that a removal's warehouse clean-up is done: `versions` kept versions went.
 pub(crate) fn finish(conn: &Conn, id: i64, versions: i64, now_ms: i64) -> Result<()> {
     let changed = conn.execute(
-        "UPDATE forgets SET state = 'done', versions = coalesce(versions, 0) + ?2, finished_at = ?3
-         WHERE id = ?1",
+        "UPDATE forgets SET state = 'done', versions = ?2, finished_at = ?3 WHERE id = ?1",
         params![id, versions, now_ms],
     )?;
     if changed == 0 {
@@ -339,8 +397,8 @@ pub(crate) fn of_dag(conn: &Conn, dag_id: &str) -> Result<Vec<Forget>> {
     Ok(rows.collect::<super::db::Result<_>>()?)
 }
 
-/// On SQLite, the column and the value that give a new row of `table` (`backfills`, `runs`
-/// or `task_tries`) an id above every id the manifest gave, removed ones included: to put
+/// On SQLite, the column and the value that give a new row of `table` (`backfills`, `runs`,
+/// `task_tries` or `workers`) an id above every id the manifest gave, removed ones included: to put
 /// before an `INSERT`'s columns and its values. Nothing on PostgreSQL, whose sequences never
 /// go back.
 pub(crate) fn new_id(conn: &Conn, table: &str) -> (&'static str, String) {
@@ -350,6 +408,7 @@ pub(crate) fn new_id(conn: &Conn, table: &str) -> (&'static str, String) {
     let column = match table {
         "backfills" => "last_backfill",
         "runs" => "last_run",
+        "workers" => "last_worker",
         _ => "last_try",
     };
     (

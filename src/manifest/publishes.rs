@@ -364,3 +364,30 @@ pub(crate) fn history(
 
 /// The verdict of a rollback try.
 pub(crate) const ROLLED_BACK: &str = crate::state::Verdict::RolledBack.as_str();
+
+/// A task's published partition as the manifest records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    pub task_id: String,
+    pub interval: DataInterval,
+    pub rows: i64,
+}
+
+/// The published partitions of a DAG whose interval starts between `lo` and `hi` (unix
+/// seconds, both included), by task then start.
+pub(crate) fn partitions(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<Recorded>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT task_id, interval_start, interval_end, rows FROM published
+         WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
+         ORDER BY task_id, interval_start",
+    )?;
+    let rows = stmt.query_map(params![dag_id, lo, hi], |r| {
+        let (start, end): (i64, i64) = (r.get(1)?, r.get(2)?);
+        Ok(Recorded {
+            task_id: r.get(0)?,
+            interval: DataInterval::from_unix(start, end),
+            rows: r.get(3)?,
+        })
+    })?;
+    Ok(rows.collect::<super::db::Result<_>>()?)
+}

@@ -81,10 +81,15 @@ pub(crate) fn join(
     max_active_runs: u32,
     ctx: &LeaseCtx,
 ) -> Result<Owner> {
+    // An id above every one given, also to workers of backfills that `forget` removed: a
+    // worker's fence names its id.
+    let (id, new_id) = super::forgets::new_id(conn, "workers");
     let id: i64 = conn.query_row(
-        "INSERT INTO workers (backfill_id, pid, host, heartbeat_at, epoch, state, max_active_runs,
-            started_at, start)
-         VALUES (?1, ?2, ?3, ?4, 0, ?5, ?6, ?4, ?7) RETURNING id",
+        &format!(
+            "INSERT INTO workers ({id}backfill_id, pid, host, heartbeat_at, epoch, state,
+                max_active_runs, started_at, start)
+             VALUES ({new_id}?1, ?2, ?3, ?4, 0, ?5, ?6, ?4, ?7) RETURNING id"
+        ),
         params![
             backfill_id,
             ctx.pid,

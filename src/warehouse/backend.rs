@@ -345,6 +345,15 @@ pub(crate) trait Backend: Sync {
         location: &str,
     ) -> Result<(i64, String)>;
 
+    /// How many rows the target holds in each interval now (read only).
+    fn partition_rows(
+        &self,
+        task: &SqlTask,
+        repr: Option<Repr>,
+        intervals: &[DataInterval],
+        tz: chrono_tz::Tz,
+    ) -> Result<Vec<i64>>;
+
     /// The gate's `source_count` and `source_fingerprint` queries now, from one snapshot.
     fn look(
         &self,
@@ -541,6 +550,18 @@ impl Backend for Sqlite {
     fn roll_back(&self, r: &RollBack<'_>, allowed: &Allowed<'_>) -> Result<i64> {
         let conn = super::pool::take(&r.task.warehouse)?;
         publish::roll_back(&conn, r.task, r.repr, r.interval, r.tz, r.key, allowed)
+    }
+
+    fn partition_rows(
+        &self,
+        task: &SqlTask,
+        repr: Option<Repr>,
+        intervals: &[DataInterval],
+        tz: chrono_tz::Tz,
+    ) -> Result<Vec<i64>> {
+        let conn = super::open_to_read(&task.warehouse)?;
+        super::diff::partition_rows(&conn, task, repr, intervals, tz)
+            .map_err(|e| e.at(&task.warehouse))
     }
 
     fn forget(

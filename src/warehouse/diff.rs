@@ -151,6 +151,28 @@ pub(crate) fn published(
     super::audit::fingerprint_rows(&mut stmt, rusqlite::params_from_iter(binds.iter()))
 }
 
+/// How many rows the target holds in each interval now.
+pub(crate) fn partition_rows(
+    conn: &Connection,
+    task: &SqlTask,
+    repr: Option<Repr>,
+    intervals: &[DataInterval],
+    tz: chrono_tz::Tz,
+) -> Result<Vec<i64>> {
+    intervals
+        .iter()
+        .map(|&interval| {
+            let (predicates, binds) = ranges(task, repr, interval, tz);
+            Ok(conn
+                .prepare_cached(&format!(
+                    "SELECT count(*) FROM main.{} WHERE {predicates}",
+                    quote(&task.target),
+                ))?
+                .query_row(rusqlite::params_from_iter(binds.iter()), |r| r.get(0))?)
+        })
+        .collect()
+}
+
 /// The predicate that selects the interval's rows of the target, with its parameters: one
 /// range per representation when it is not known.
 fn ranges(

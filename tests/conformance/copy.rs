@@ -351,6 +351,7 @@ fn a_sqlite_manifest_copied_to_postgresql_keeps_every_row_and_value() {
             "backfills" => "last_backfill",
             "runs" => "last_run",
             "task_tries" => "last_try",
+            "workers" => "last_worker",
             _ => "0",
         };
         from.int(&format!(

@@ -270,6 +270,14 @@ impl Reads for Conn {
     fn dag_starts(&self, dag_id: &str, limit: i64, skip: i64) -> Result<Vec<i64>> {
         status::dag_starts(self, dag_id, limit, skip)
     }
+    fn published_partitions(
+        &self,
+        dag_id: &str,
+        lo: i64,
+        hi: i64,
+    ) -> Result<Vec<publishes::Recorded>> {
+        publishes::partitions(self, dag_id, lo, hi)
+    }
     fn published_starts(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<(i64, i64)>> {
         status::published(self, dag_id, lo, hi)
     }

@@ -253,6 +253,14 @@ pub trait Reads {
     fn backfill_summary(&self, id: i64) -> Result<Option<BackfillSummary>>;
     /// A page of the starts of a DAG's intervals with runs, newest first.
     fn dag_starts(&self, dag_id: &str, limit: i64, skip: i64) -> Result<Vec<i64>>;
+    /// The published partitions of a DAG's tasks between two starts (unix seconds, both
+    /// included), by task then start.
+    fn published_partitions(
+        &self,
+        dag_id: &str,
+        lo: i64,
+        hi: i64,
+    ) -> Result<Vec<super::publishes::Recorded>>;
     /// The published partitions of a DAG between two starts: `(start, rows)`.
     fn published_starts(&self, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<(i64, i64)>>;
     /// The figures of `/metrics`.

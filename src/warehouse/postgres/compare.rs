@@ -36,6 +36,45 @@ pub(crate) fn published(
     result.map_err(|e| e.at(wh))
 }
 
+/// How many rows the target holds in each interval now.
+pub(crate) fn partition_rows(
+    task: &SqlTask,
+    intervals: &[DataInterval],
+    tz: chrono_tz::Tz,
+) -> Result<Vec<i64>> {
+    let wh = &task.warehouse;
+    let c = conn::take_at(wh)?;
+    let result = (|| -> std::result::Result<Vec<i64>, Failure> {
+        let target = target_columns(&c, &task.target)?;
+        let ty = target
+            .iter()
+            .find(|(n, _)| *n == task.partition_column)
+            .and_then(|(_, t)| ColumnType::of(t))
+            .ok_or_else(|| {
+                Error::Message(format!(
+                    "target table `{}` has no partition column `{}`",
+                    task.target, task.partition_column
+                ))
+            })?;
+        let sql = format!(
+            "SELECT count(*) FROM {} WHERE {pc} >= $1 AND {pc} < $2",
+            quote_name(&task.target),
+            pc = quote_ident(&task.partition_column),
+        );
+        let mut rows = Vec::with_capacity(intervals.len());
+        for &interval in intervals {
+            let [lo, hi] = ty.bounds(interval, tz)?;
+            rows.push(
+                c.wait(c.client.query_one(&sql, &[lo.sql(), hi.sql()]))?
+                    .get(0),
+            );
+        }
+        Ok(rows)
+    })();
+    conn::give(c);
+    result.map_err(|e| e.at(wh))
+}
+
 /// The staged table's columns as a select list, and the interval's bounds on the partition
 /// column.
 pub(super) fn shape(

@@ -306,7 +306,23 @@ pub(crate) fn forget(
                 ))?
                 .get(0);
             if has_kept && !left {
-                c.wait(c.client.batch_execute(&format!("DROP TABLE {kept}")))?;
+                // Dropped only once it holds nothing: a publish that moved rows into it and
+                // has not committed yet is waited for (the lock), and its rows keep it.
+                c.wait(c.client.batch_execute(&format!(
+                    "SELECT pg_advisory_xact_lock(7262150319); LOCK TABLE {kept} IN ACCESS EXCLUSIVE MODE"
+                )))?;
+                let empty: bool = c
+                    .wait(c.client.query_one(
+                        &format!(
+                            "SELECT NOT EXISTS (SELECT 1 FROM {kept}) AND NOT EXISTS \
+                             (SELECT 1 FROM backfill.versions WHERE manifest = $1 AND target = $2)"
+                        ),
+                        &[&manifest, &task.target],
+                    ))?
+                    .get(0);
+                if empty {
+                    c.wait(c.client.batch_execute(&format!("DROP TABLE {kept}")))?;
+                }
             }
             c.wait(c.client.batch_execute("COMMIT"))
         })();

@@ -193,6 +193,16 @@ impl Backend for Postgres {
         super::backend::Holding::OwnTransaction
     }
 
+    fn partition_rows(
+        &self,
+        task: &SqlTask,
+        _: Option<Repr>,
+        intervals: &[DataInterval],
+        tz: chrono_tz::Tz,
+    ) -> Result<Vec<i64>> {
+        compare::partition_rows(task, intervals, tz)
+    }
+
     fn forget(
         &self,
         task: &SqlTask,

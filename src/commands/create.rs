@@ -231,7 +231,7 @@ fn warn_unlike_published(g: &Global, dag: &Dag, args: &CreateArgs, prepared: &Pr
         if unlike.len() == 1 { "it" } else { "them" }
     );
     if let Some(words) =
-        crate::reads::unlike_words(dag, &unlike, &behaviour, (&args.from, &args.to))
+        crate::report::unlike::words(dag, &unlike, &behaviour, (&args.from, &args.to))
     {
         crate::session::warn(g, &words);
     }

@@ -150,7 +150,8 @@ fn warn_unlike(g: &Global, dag: Option<&crate::project::Dag>, conn: &dyn Reads, 
         "a rerun with --reprocess-behavior none or failed skips {} as already existing",
         if unlike.len() == 1 { "it" } else { "them" }
     );
-    if let Some(words) = crate::reads::unlike_words(dag, &unlike, &then, (&b.from_arg, &b.to_arg)) {
+    if let Some(words) = crate::report::unlike::words(dag, &unlike, &then, (&b.from_arg, &b.to_arg))
+    {
         warn(g, &words);
     }
 }

@@ -27,6 +27,7 @@ pub(crate) mod runs;
 pub(crate) mod show;
 pub(crate) mod stale;
 pub(crate) mod summary;
+pub(crate) mod unlike;
 
 pub(crate) use label::Labeler;
 pub(crate) use progress::Reporter;

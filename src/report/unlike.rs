@@ -1,0 +1,62 @@
+//! Partitions recorded as published that their target no longer holds (see
+//! [`crate::reads::unlike_published`]), in words.
+
+/// What [`crate::reads::unlike_published`] found, as a warning: each partition (five at most), `then` (what
+/// becomes of them), and the command that computes them again: over their dates for a daily
+/// DAG, else over `range` (`--from` and `--to`). `None` when nothing was found.
+pub(crate) fn words(
+    dag: &crate::project::Dag,
+    unlike: &[crate::reads::Unlike],
+    then: &str,
+    range: (&str, &str),
+) -> Option<String> {
+    const SHOWN: usize = 5;
+    let starts = unlike.iter().map(|u| u.interval.start);
+    let (first, last) = (starts.clone().min()?, starts.max()?);
+    let label = super::Labeler::new(dag);
+    let tasks: std::collections::HashSet<&str> =
+        unlike.iter().map(|u| u.task_id.as_str()).collect();
+    let mut each: Vec<String> = unlike
+        .iter()
+        .take(SHOWN)
+        .map(|u| {
+            let task = if tasks.len() > 1 {
+                format!("task `{}` ", u.task_id)
+            } else {
+                String::new()
+            };
+            format!(
+                "{task}{} ({} rows published, {} now)",
+                label.label(u.interval.start),
+                u.published,
+                u.now
+            )
+        })
+        .collect();
+    if unlike.len() > SHOWN {
+        each.push(format!("and {} more", unlike.len() - SHOWN));
+    }
+    // Dates name a daily DAG's intervals exactly; other DAGs are rerun over the range.
+    let (from, to) = if dag.schedule.at_most_daily() {
+        (label.label(first), label.label(last))
+    } else {
+        (range.0.to_string(), range.1.to_string())
+    };
+    let one = unlike.len() == 1;
+    Some(format!(
+        "{} of DAG {} recorded as published no longer {} the rows that were published: {}; {then}, and `{}` computes {} again",
+        super::out::plural(
+            i64::try_from(unlike.len()).unwrap_or(i64::MAX),
+            "partition",
+            "partitions"
+        ),
+        dag.id,
+        if one { "holds" } else { "hold" },
+        each.join(", "),
+        super::out::hint(&format!(
+            "create --dag {} --from {from} --to {to} --reprocess-behavior completed",
+            dag.id
+        )),
+        if one { "it" } else { "them" },
+    ))
+}

@@ -108,7 +108,7 @@ pub(crate) fn show(g: &Global, id: i64, grid: bool) -> Result<u8, Error> {
                 colour,
             )?;
         }
-        warn_unlike(g, dag.as_ref(), &*conn, id);
+        warn_unlike(g, project.as_ref(), dag.as_ref(), &*conn, id);
         return Ok(exit::OK);
     }
     let kept = dag.as_ref().map(|d| kept_versions(d, &path));
@@ -131,17 +131,29 @@ pub(crate) fn show(g: &Global, id: i64, grid: bool) -> Result<u8, Error> {
         ))?;
         report::show::write(&mut out, m, None, &Labeler::of(member_dag.as_ref()))?;
     }
-    warn_unlike(g, dag.as_ref(), &*conn, id);
+    warn_unlike(g, project.as_ref(), dag.as_ref(), &*conn, id);
     Ok(exit::OK)
 }
 
 /// The partitions of the backfill's range recorded as published whose target no longer holds
 /// the rows that were published (truncated, changed by hand), as a warning. Nothing when the
 /// DAG is gone from the project or a warehouse cannot be read.
-fn warn_unlike(g: &Global, dag: Option<&crate::project::Dag>, conn: &dyn Reads, id: i64) {
-    let (Some(dag), Ok(Some(b))) = (dag, conn.backfill(id)) else {
+fn warn_unlike(
+    g: &Global,
+    project: Option<&Project>,
+    dag: Option<&crate::project::Dag>,
+    conn: &dyn Reads,
+    id: i64,
+) {
+    let (Some(project), Some(dag), Ok(Some(b))) = (project, dag, conn.backfill(id)) else {
         return;
     };
+    // Another project's records of a DAG of the same id are not about this project's
+    // warehouses.
+    match conn.dag_projects(&dag.id) {
+        Ok(found) if crate::session::belonging::other_project(&project.name, &found).is_none() => {}
+        _ => return,
+    }
     let bounds = (b.range_start, b.range_end.saturating_sub(1));
     let Ok(unlike) = crate::reads::unlike_published(dag, conn, bounds, &Default::default()) else {
         return;

@@ -140,6 +140,7 @@ engines! {
         plans::a_large_plan_chunk_is_written_whole,
         pools::pool_slots_are_taken_up_to_the_size_and_freed_when_their_try_ends,
         pools::a_gone_owners_slot_is_freed_once_its_group_is_gone,
+        pools::a_pools_rate_bounds_its_starts_in_any_window,
         workers::a_worker_joins_beats_runs_and_ends,
         workers::a_worker_hears_that_its_backfill_ended,
         workers::a_gone_worker_is_taken_away_and_fenced,

@@ -70,6 +70,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (15, include_str!("../../migrations/0015_atomic.sql")),
     (16, include_str!("../../migrations/0016_reports.sql")),
     (17, include_str!("../../migrations/0017_forgets.sql")),
+    (18, include_str!("../../migrations/0018_pool_rates.sql")),
 ];
 
 /// CHECK constraints a migration widens (SQLite cannot alter one): `(version, table, old, new)`.

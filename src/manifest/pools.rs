@@ -20,19 +20,35 @@ pub enum Take {
     Taken,
     /// Every slot is held; the try is recorded as waiting.
     Full,
+    /// A slot is free, but the pool's rate allows no start before `until` (unix ms at the
+    /// manifest's clock, `wait_ms` from now); the try is recorded as waiting, and holds no
+    /// slot.
+    Rate {
+        wait_ms: i64,
+    },
     /// Slots are held by tries whose owner is gone but whose process groups (on this host) may
     /// still run: they must be killed before their slots are free, or the pool would run more
     /// than its size.
     Kill(Vec<crate::liveness::Group>),
 }
 
-/// Takes a slot of `pool` (of `size`) for try `try_id` if one is free; records that the try
-/// waits for the pool when none is.
+/// How long a start of a pool with a rate is kept (milliseconds), its period if longer.
+const KEEP_STARTS_MS: i64 = 3_600_000;
+
+/// A pool's size and its rate: at most `rate.0` starts in any `rate.1` milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub size: u32,
+    pub rate: Option<(u32, i64)>,
+}
+
+/// Takes a slot of `pool` for try `try_id` if one is free and its rate allows a start now;
+/// records that the try waits for the pool (`pool`, or `pool (rate)`) when not.
 pub(crate) fn take(
     conn: &Conn,
     f: Fenced,
     pool: &str,
-    size: u32,
+    limits: Limits,
     try_id: i64,
     ctx: &LeaseCtx,
 ) -> Result<Take> {
@@ -40,16 +56,50 @@ pub(crate) fn take(
     let held: i64 = conn
         .prepare_cached("SELECT COUNT(*) FROM pool_slots WHERE pool = ?1")?
         .query_row([pool], |r| r.get(0))?;
-    if held >= i64::from(size) {
+    let waits = |what: String| -> Result<()> {
         conn.prepare_cached(
-            "UPDATE task_tries SET waiting_for = ?2 WHERE id = ?1 AND waiting_for IS NULL",
+            "UPDATE task_tries SET waiting_for = ?2 WHERE id = ?1
+               AND (waiting_for IS NULL OR waiting_for <> ?2)",
         )?
-        .execute(params![try_id, pool])?;
+        .execute(params![try_id, what])?;
+        Ok(())
+    };
+    if held >= i64::from(limits.size) {
+        waits(pool.to_string())?;
         return Ok(if survivors.is_empty() {
             Take::Full
         } else {
             Take::Kill(survivors)
         });
+    }
+    if let Some((starts, per_ms)) = limits.rate {
+        // Counted at the manifest's clock (`ctx` is at it), which every host shares on
+        // PostgreSQL.
+        let now = ctx.now_ms;
+        // Starts are kept an hour at least, for whoever looks into how a pool was used.
+        conn.prepare_cached("DELETE FROM pool_starts WHERE pool = ?1 AND at <= ?2")?
+            .execute(params![pool, now - per_ms.max(KEEP_STARTS_MS)])?;
+        let recent: i64 = conn
+            .prepare_cached("SELECT COUNT(*) FROM pool_starts WHERE pool = ?1 AND at > ?2")?
+            .query_row(params![pool, now - per_ms], |r| r.get(0))?;
+        if recent >= i64::from(starts) {
+            // The window has room again once its oldest starts beyond the rate leave it.
+            let oldest: i64 = conn
+                .prepare_cached(
+                    "SELECT at FROM pool_starts WHERE pool = ?1 AND at > ?2
+                     ORDER BY at LIMIT 1 OFFSET ?3",
+                )?
+                .query_row(
+                    params![pool, now - per_ms, recent - i64::from(starts)],
+                    |r| r.get(0),
+                )?;
+            waits(format!("{pool} (rate)"))?;
+            return Ok(Take::Rate {
+                wait_ms: (oldest + per_ms - now).max(1),
+            });
+        }
+        conn.prepare_cached("INSERT INTO pool_starts (pool, at, try_id) VALUES (?1, ?2, ?3)")?
+            .execute(params![pool, now, try_id])?;
     }
     conn.prepare_cached(
         "INSERT INTO pool_slots (try_id, pool, backfill_id, taken_at) VALUES (?1, ?2, ?3, ?4)

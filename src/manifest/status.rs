@@ -100,6 +100,7 @@ pub(crate) fn pool_slots(conn: &Conn) -> Result<Vec<SlotView>> {
         "SELECT p.pool, p.backfill_id, p.try_id, r.dag_id, r.interval_start, t.task_id, t.host,
                 p.taken_at
          FROM pool_slots p JOIN task_tries t ON t.id = p.try_id JOIN runs r ON r.id = t.run_id
+         WHERE t.state = 'running'
          ORDER BY p.pool, p.taken_at, p.try_id",
     )?;
     let rows = stmt.query_map([], |r| {

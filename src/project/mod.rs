@@ -117,6 +117,65 @@ pub(crate) struct Project {
     /// `[pools]`: the most tries of a pool's tasks running at once, across every backfill of
     /// the manifest.
     pub pools: BTreeMap<String, u32>,
+    /// `[pools]`' `rate`s: the most tries of a pool's tasks that start in any period, across
+    /// every backfill, process and host of the manifest.
+    pub pool_rates: BTreeMap<String, Rate>,
+}
+
+/// A pool's `rate = "N/PERIOD"`: at most `starts` tries start in any window of `per`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    pub starts: u32,
+    pub per: Duration,
+}
+
+impl Rate {
+    /// Reads `100/min`, `5/s`, `1000/hour`, `30/10s`, `2/1m30s`.
+    pub fn parse(text: &str) -> Result<Rate, String> {
+        let how = "write it as starts per period, such as \"100/min\", \"5/s\", \"1000/hour\" or \"30/10s\"";
+        let Some((n, period)) = text.split_once('/') else {
+            return Err(format!("`{text}` is not a rate: {how}"));
+        };
+        let starts = match n.trim().parse::<u32>() {
+            Ok(n) if n >= 1 => n,
+            _ => {
+                return Err(format!(
+                    "`{text}`: the number of starts must be a whole number of at least 1; {how}"
+                ));
+            }
+        };
+        let period = period.trim();
+        let per = match period {
+            "s" | "sec" | "second" => Duration::from_secs(1),
+            "m" | "min" | "minute" => Duration::from_secs(60),
+            "h" | "hour" => Duration::from_secs(3600),
+            "d" | "day" => Duration::from_secs(86_400),
+            other => humantime::parse_duration(other)
+                .map_err(|_| format!("`{text}`: `{other}` is not a period; {how}"))?,
+        };
+        if per < Duration::from_millis(100) || per > Duration::from_secs(86_400) {
+            return Err(format!(
+                "`{text}`: the period must be from 100ms to a day; {how}"
+            ));
+        }
+        Ok(Rate { starts, per })
+    }
+
+    /// The period in milliseconds.
+    pub fn per_ms(&self) -> i64 {
+        i64::try_from(self.per.as_millis()).unwrap_or(i64::MAX)
+    }
+}
+
+impl std::fmt::Display for Rate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{}",
+            self.starts,
+            humantime::format_duration(self.per)
+        )
+    }
 }
 
 /// A warehouse declared in `backfill.toml`.
@@ -575,10 +634,24 @@ fn warehouse_keep_versions(w: &RawWarehouse, errs: &mut FileErrors<'_>) -> u32 {
     }
 }
 
-/// `[pools]`: each pool's size, from 1 to [`MAX_POOL_SIZE`].
-fn pools(raw: &RawProject, errs: &mut FileErrors<'_>) -> BTreeMap<String, u32> {
+/// `[pools]`: each pool's size, from 1 to [`MAX_POOL_SIZE`], and the rates of those that have
+/// one.
+fn pools(
+    raw: &RawProject,
+    errs: &mut FileErrors<'_>,
+) -> (BTreeMap<String, u32>, BTreeMap<String, Rate>) {
     let mut pools = BTreeMap::new();
-    for (name, size) in &raw.pools {
+    let mut rates = BTreeMap::new();
+    for pool in &raw.pools {
+        let (name, size) = (&pool.name, &pool.slots);
+        if let Some(rate) = &pool.rate {
+            match Rate::parse(rate.get_ref()) {
+                Ok(r) => {
+                    rates.insert(name.get_ref().clone(), r);
+                }
+                Err(why) => errs.at(rate, format!("pool `{}`: rate {why}", name.get_ref())),
+            }
+        }
         if !sql_identifier(name.get_ref()) {
             errs.at(
                 name,
@@ -601,7 +674,7 @@ fn pools(raw: &RawProject, errs: &mut FileErrors<'_>) -> BTreeMap<String, u32> {
             ),
         }
     }
-    pools
+    (pools, rates)
 }
 
 impl Project {
@@ -645,7 +718,7 @@ impl Project {
         let durability = durability(&raw, &mut errs);
         let warehouses = warehouses(&raw, &root, &mut errs);
         let notify = load::notify(raw.notify.as_ref(), &mut errs);
-        let pools = pools(&raw, &mut errs);
+        let (pools, pool_rates) = pools(&raw, &mut errs);
         if !errs.is_empty() {
             return Err(errs.into_errors());
         }
@@ -659,6 +732,7 @@ impl Project {
             durability,
             notify,
             pools,
+            pool_rates,
             root,
         })
     }

@@ -130,8 +130,16 @@ pub(crate) struct RawProject {
     pub(crate) durability: Option<Spanned<String>>,
     pub(crate) warehouses: Vec<RawWarehouse>,
     pub(crate) notify: Option<RawNotify>,
-    /// `[pools]`: each name with its size.
-    pub(crate) pools: Vec<(Spanned<String>, Spanned<i128>)>,
+    /// `[pools]`: each pool.
+    pub(crate) pools: Vec<RawPool>,
+}
+
+/// A pool of `[pools]`: `name = SLOTS`, or `name = { slots = SLOTS, rate = "N/PERIOD" }`.
+#[derive(Debug)]
+pub(crate) struct RawPool {
+    pub(crate) name: Spanned<String>,
+    pub(crate) slots: Spanned<i128>,
+    pub(crate) rate: Option<Spanned<String>>,
 }
 
 /// A `[warehouse.NAME]` table.
@@ -326,12 +334,35 @@ impl RawProject {
         if let Some(p) = get(&table, "pools") {
             match p.get_ref() {
                 DeValue::Table(all) => {
-                    for (name, _) in all {
-                        if let Some(size) = integer(all, name.get_ref(), "2", errs) {
-                            pools.push((
-                                Spanned::new(name.span(), name.get_ref().to_string()),
-                                size,
-                            ));
+                    for (name, value) in all {
+                        let name_at = Spanned::new(name.span(), name.get_ref().to_string());
+                        if let DeValue::Table(t) = value.get_ref() {
+                            let key = format!("pools.{}", name.get_ref());
+                            unknown_keys(t, &key, &["slots", "rate"], errs);
+                            let slots = integer(t, "slots", "4", errs);
+                            let rate = string(t, "rate", "\"100/min\"", errs);
+                            match slots {
+                                Some(slots) => pools.push(RawPool {
+                                    name: name_at,
+                                    slots,
+                                    rate,
+                                }),
+                                None if get(t, "slots").is_none() => errs.at(
+                                    value,
+                                    format!(
+                                        "pool `{}` needs `slots`, how many of its tries may run at once: {} = {{ slots = 4, rate = \"100/min\" }}",
+                                        name.get_ref(),
+                                        name.get_ref()
+                                    ),
+                                ),
+                                None => {}
+                            }
+                        } else if let Some(slots) = integer(all, name.get_ref(), "2", errs) {
+                            pools.push(RawPool {
+                                name: name_at,
+                                slots,
+                                rate: None,
+                            });
                         }
                     }
                 }
@@ -344,7 +375,7 @@ impl RawProject {
                 ),
             }
         }
-        pools.sort_by_key(|(n, _)| n.span().start);
+        pools.sort_by_key(|p| p.name.span().start);
         Some(Self {
             project: string(&table, "project", "\"shop\"", errs),
             manifest: string(&table, "manifest", "\".backfill/manifest.db\"", errs),

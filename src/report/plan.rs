@@ -277,16 +277,23 @@ pub(crate) fn write(
         }
     }
     let e = o.estimate;
+    let rate = match (&e.rate, to_run) {
+        (Some((pool, rate, floor)), 1..) if *floor > 0.0 => format!(
+            "; the rate of pool `{pool}` ({rate}) alone takes {}",
+            about(*floor)
+        ),
+        _ => String::new(),
+    };
     out.line(&match (e.seconds, to_run) {
         (_, 0) => "estimate: nothing to run".to_string(),
         (Some(s), _) => format!(
-            "estimate: {} at up to {} at a time (median durations of {} recent successful tries)",
+            "estimate: {} at up to {} at a time (median durations of {} recent successful tries){rate}",
             about(s),
             e.lanes,
             e.tries
         ),
         (None, _) => format!(
-            "estimate: none yet ({} never succeeded; each task's median duration comes from its recent successful tries)",
+            "estimate: none yet ({} never succeeded; each task's median duration comes from its recent successful tries){rate}",
             e.unknown
                 .iter()
                 .map(|t| format!("`{t}`"))

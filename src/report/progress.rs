@@ -290,10 +290,12 @@ impl<W: Write> Reporter<W> {
                 task_id,
                 pool,
                 waiting,
+                rate,
             } => {
                 if *waiting && self.verbose {
+                    let what = if *rate { "the rate" } else { "a slot" };
                     let text = format!(
-                        "waiting    {} task `{task_id}` for a slot of pool `{pool}`",
+                        "waiting    {} task `{task_id}` for {what} of pool `{pool}`",
                         self.labels.label(interval.start)
                     );
                     self.line(&text);
@@ -398,12 +400,14 @@ mod tests {
                 task_id: "export".into(),
                 pool: "warehouse".into(),
                 waiting: true,
+                rate: false,
             },
             Event::PoolWait {
                 interval: day(3),
                 task_id: "export".into(),
                 pool: "warehouse".into(),
                 waiting: false,
+                rate: false,
             },
             failed_try(1, true, "/nowhere/try1.log", ""),
             failed_try(2, false, log, "connecting to upstream\nupstream missing"),

@@ -44,12 +44,14 @@ pub(crate) enum Event {
         interval: DataInterval,
         reason: SkipReason,
     },
-    /// A try waits for a slot of its pool (`waiting`), or got one.
+    /// A try waits for a slot of its pool (`waiting`), or got one; `rate` when what it first
+    /// waited for was the pool's rate, not a slot.
     PoolWait {
         interval: DataInterval,
         task_id: String,
         pool: String,
         waiting: bool,
+        rate: bool,
     },
     /// `--max-failures` was reached: no new interval starts; running ones finish.
     MaxFailures {
@@ -159,6 +161,7 @@ mod tests {
             task_id: "t".into(),
             pool: "p".into(),
             waiting,
+            rate: false,
         };
         let mut stats = Stats::new(5);
         for e in [

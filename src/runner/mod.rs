@@ -96,8 +96,10 @@ pub(crate) struct RunSpec {
     pub mode: Mode,
     /// `--max-failures`: stop dispatching after this many failed or rejected intervals.
     pub max_failures: Option<u32>,
-    /// `[pools]` sizes, and the lease timeout that judges whether a slot's owner is gone.
+    /// `[pools]` sizes and rates, and the lease timeout that judges whether a slot's owner is
+    /// gone.
     pub pools: std::collections::BTreeMap<String, u32>,
+    pub pool_rates: std::collections::BTreeMap<String, crate::project::Rate>,
     pub lease_timeout: std::time::Duration,
     /// The DAGs whose output an interval reads, for a cascade's downstream backfill (empty
     /// otherwise): an interval starts only if, in the commit that starts its run, no other

@@ -225,7 +225,12 @@ async fn attempt(
 ) -> Result<Outcome, Error> {
     let interval = input.interval;
     let slot = match &task.pool {
-        Some(pool) => Some(take_slot(shared, task, pool, input.try_id, interval, stop).await?),
+        Some(pool) => {
+            // A share of a batch that ran already starts nothing at the source: it takes a slot
+            // (the pool's size counts it), but is no start of the pool's rate.
+            let starts = !input.batch.as_ref().is_some_and(|b| b.is_computed());
+            Some(take_slot(shared, task, pool, (input.try_id, starts), interval, stop).await?)
+        }
         None => None,
     };
     let mut outcome = match (&task.kind, slot) {
@@ -838,17 +843,26 @@ async fn source_command(
 /// How often a try waiting for a pool slot asks again.
 const POOL_POLL: Duration = Duration::from_millis(200);
 
-/// Waits until the try holds a slot of `pool` (`true`), or a stop (`false`). A slot is freed by
-/// the end of the try that holds it (see [`crate::manifest::pools`]).
+/// Waits until the try holds a slot of `pool` (`true`), or a stop (`false`); a try that
+/// `starts` something at the source also waits for the pool's rate. A slot is freed by the end
+/// of the try that holds it (see [`crate::manifest::pools`]).
 async fn take_slot(
     shared: &Shared,
     task: &Task,
     pool: &str,
-    try_id: i64,
+    (try_id, starts): (i64, bool),
     interval: DataInterval,
     stop: &mut watch::Receiver<Stop>,
 ) -> Result<bool, Error> {
-    let size = shared.spec.pools.get(pool).copied().unwrap_or(1);
+    let limits = crate::manifest::pools::Limits {
+        size: shared.spec.pools.get(pool).copied().unwrap_or(1),
+        rate: shared
+            .spec
+            .pool_rates
+            .get(pool)
+            .filter(|_| starts)
+            .map(|r| (r.starts, r.per_ms())),
+    };
     let ctx =
         crate::manifest::leases::LeaseCtx::new(shared.spec.lease_timeout, &crate::process::LOCAL);
     let owner = shared.spec.owner;
@@ -857,11 +871,18 @@ async fn take_slot(
         let (p, c) = (pool.to_string(), ctx.refreshed());
         let taken = shared
             .writer
-            .call(move |conn| conn.take_pool_slot(conn.fence(owner)?, &p, size, try_id, &c))
+            .call(move |conn| conn.take_pool_slot(conn.fence(owner)?, &p, limits, try_id, &c))
             .await?;
+        let mut pause = POOL_POLL;
+        let mut rate = false;
         match taken {
             crate::manifest::pools::Take::Taken => break true,
             crate::manifest::pools::Take::Full => {}
+            crate::manifest::pools::Take::Rate { wait_ms } => {
+                // Asked again when the window has room, at most a second later.
+                rate = true;
+                pause = Duration::from_millis(u64::try_from(wait_ms).unwrap_or(1).clamp(1, 1000));
+            }
             crate::manifest::pools::Take::Kill(groups) => {
                 // Tries of a gone owner still run: they hold their slots until they are dead.
                 tracing::warn!(
@@ -885,9 +906,10 @@ async fn take_slot(
                 task_id: task.id.clone(),
                 pool: pool.to_string(),
                 waiting: true,
+                rate,
             });
         }
-        let sleep = tokio::time::sleep(POOL_POLL);
+        let sleep = tokio::time::sleep(pause);
         tokio::pin!(sleep);
         tokio::select! {
             () = &mut sleep => {}
@@ -903,6 +925,7 @@ async fn take_slot(
             task_id: task.id.clone(),
             pool: pool.to_string(),
             waiting: false,
+            rate: false,
         });
     }
     Ok(got)

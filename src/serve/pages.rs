@@ -253,7 +253,7 @@ fn eta(
         &history,
         usize::try_from(left).unwrap_or(0),
         b.max_active_runs,
-        &project.pools,
+        (&project.pools, &project.pool_rates),
     );
     Ok(e.seconds)
 }
@@ -981,9 +981,23 @@ pub(super) async fn pools(State(app): State<Arc<App>>) -> Response {
                 "host": s.host.as_deref().map(crate::liveness::host_name), "taken_at": s.taken_at,
             }));
     }
+    let rates = app
+        .project
+        .as_ref()
+        .map(|p| p.pool_rates.clone())
+        .unwrap_or_default();
     let pools: Vec<Value> = pools
         .into_iter()
-        .map(|(name, (size, holders))| json!({ "name": name, "size": size, "used": holders.len(), "holders": holders }))
+        .map(|(name, (size, holders))| {
+            let rate = rates.get(&name).map(|r| {
+                format!(
+                    "{} per {}",
+                    crate::report::out::plural(i64::from(r.starts), "start", "starts"),
+                    humantime::format_duration(r.per)
+                )
+            });
+            json!({ "name": name, "size": size, "rate": rate, "used": holders.len(), "holders": holders })
+        })
         .collect();
     let live = leases.iter().any(|l| l["state"] == "running");
     let timeout = crate::reads::lease_timeout(app.project.as_ref());

@@ -329,6 +329,7 @@ fn spec_of(
         mode: e.mode,
         max_failures: e.max_failures,
         pools: project.pools.clone(),
+        pool_rates: project.pool_rates.clone(),
         lease_timeout: project.lease_timeout,
         upstream: e.upstream,
         refill: Some(refill),

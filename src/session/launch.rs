@@ -60,8 +60,13 @@ pub(crate) fn dry_plan(
         None => Default::default(),
     };
     let to_run = rows.iter().filter(|r| r.action == Action::Run).count();
-    let estimate =
-        crate::estimate::estimate(dag, &history, to_run, max_active_runs, &project.pools);
+    let estimate = crate::estimate::estimate(
+        dag,
+        &history,
+        to_run,
+        max_active_runs,
+        (&project.pools, &project.pool_rates),
+    );
     Ok((rows, estimate))
 }
 

@@ -111,7 +111,7 @@ fn tasks_runs_only_the_named_tasks_and_is_recorded() {
 }
 
 /// A task in pool `api` that records how many tasks of the pool run at once.
-fn pooled(name: &str) -> String {
+pub(crate) fn pooled(name: &str) -> String {
     format!(
         r#"
 schedule = "@daily"
@@ -171,6 +171,74 @@ fn two_backfills_in_two_processes_share_a_pool_of_two() {
     );
 }
 
+/// The starts of pool `pool` as the manifest recorded them (milliseconds at its clock),
+/// checked: no window of `per_ms` holds more than `n` of them. Returns them in order.
+pub(crate) fn rate_kept(p: &Project, pool: &str, n: usize, per_ms: i64) -> Vec<i64> {
+    let starts: Vec<i64> = p
+        .rows(&format!(
+            "SELECT at FROM pool_starts WHERE pool = '{pool}' ORDER BY at"
+        ))
+        .into_iter()
+        .map(|r| r[0].parse().unwrap())
+        .collect();
+    for w in starts.windows(n + 1) {
+        assert!(
+            w[n] - w[0] >= per_ms,
+            "{} starts within {} ms: {w:?} (all: {starts:?})",
+            n + 1,
+            w[n] - w[0]
+        );
+    }
+    starts
+}
+
+#[test]
+fn a_pools_rate_bounds_the_starts_of_two_backfills_in_two_processes() {
+    let p = Project::new().dag("a", &pooled("a")).dag("b", &pooled("b"));
+    p.write(
+        "backfill.toml",
+        "[pools]\napi = { slots = 10, rate = \"3/1s\" }\n",
+    );
+    let args = |dag: &'static str| {
+        vec![
+            "create",
+            "--dag",
+            dag,
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-06",
+        ]
+    };
+    let a = p.spawn("a", &args("a"));
+    let b = p.spawn("b", &args("b"));
+    // 12 starts at 3 a second: tries wait for the rate, and `show` says so.
+    crate::support::wait_until(
+        "show to say that a try waits for the pool's rate",
+        std::time::Duration::from_secs(20),
+        || {
+            p.has_manifest()
+                && ["1", "2"].iter().any(|id| {
+                    p.run(&["show", id])
+                        .stdout
+                        .contains("waiting for pool api (rate)")
+                })
+        },
+    );
+    p.wait("a", a).code(0);
+    p.wait("b", b).code(0);
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM runs WHERE state = 'succeeded'"),
+        12
+    );
+    let starts = rate_kept(&p, "api", 3, 1000);
+    assert_eq!(starts.len(), 12, "{starts:?}");
+    // The rate is used, not starved: 4 windows of starts, the last 3 s after the first (a
+    // try that waits asks again as the window makes room, at most a second later).
+    let span = starts[11] - starts[0];
+    assert!((3000..8000).contains(&span), "{span} ms: {starts:?}");
+}
+
 #[test]
 fn an_unknown_pool_or_a_bad_size_is_a_validation_error() {
     let p = Project::new().dag("a", &pooled("a"));
@@ -182,6 +250,17 @@ fn an_unknown_pool_or_a_bad_size_is_a_validation_error() {
     p.run(&["dags", "validate"])
         .code(2)
         .stderr_has("dags/a.toml:6:8: task `fetch`: unknown pool `api`; declare it in backfill.toml as [pools] api = 2 (known: other)");
+    // Rates: a period that is none, a pool without slots, a misspelt key; nothing written.
+    p.write(
+        "backfill.toml",
+        "[pools]\napi = { slots = 2, rate = \"3/fortnight\" }\nweb = { rate = \"1/s\" }\nx = { slots = 1, rat = \"1/s\" }\n",
+    );
+    let out = p.create("a", "2026-01-01", "2026-01-01", &[]);
+    out.code(2)
+        .stderr_has("backfill.toml:2:27: pool `api`: rate `3/fortnight`: `fortnight` is not a period; write it as starts per period, such as \"100/min\", \"5/s\", \"1000/hour\" or \"30/10s\"")
+        .stderr_has("backfill.toml:3:7: pool `web` needs `slots`, how many of its tries may run at once: web = { slots = 4, rate = \"100/min\" }")
+        .stderr_has("backfill.toml:4:18: unknown key `rat` in pools.x; did you mean `rate`?");
+    assert!(!p.has_manifest());
 }
 
 #[test]
@@ -229,6 +308,17 @@ fn the_dry_run_estimates_the_wall_time_from_the_history() {
     p.write("dags/d.toml", &dag);
     let doc = dry(&["--max-active-runs", "4", "--output", "json"]).json();
     assert_eq!(doc["estimate_seconds"], 12.0);
+    // A rate of 2 starts a minute: the 12 tries of `report` start over 6 minutes, the last 5
+    // minutes after the first.
+    p.write(
+        "backfill.toml",
+        "[pools]\nreports = { slots = 1, rate = \"2/min\" }\n",
+    );
+    let doc = dry(&["--max-active-runs", "4", "--output", "json"]).json();
+    assert_eq!(doc["estimate_seconds"], 300.0);
+    dry(&["--max-active-runs", "4"]).code(0).stdout_has(
+        "estimate: about 5m 0s at up to 4 at a time (median durations of 10 recent successful tries); the rate of pool `reports` (2/1m) alone takes about 5m 0s",
+    );
 }
 
 #[test]

@@ -1439,3 +1439,46 @@ fn cancel_of_an_owner_frozen_on_another_host_says_its_lease_expired() {
     assert_eq!(p.rows("SELECT state FROM backfills"), [["cancelled"]]);
     assert_eq!(p.count("SELECT COUNT(*) FROM leases"), 0);
 }
+
+/// A pool's rate holds across hosts: two hosts' backfills start at most 3 tries of pool `api`
+/// in any second, counted at the manifest's clock, and between them use the rate.
+#[test]
+#[cfg_attr(
+    missing = "namespaces",
+    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
+)]
+fn a_pools_rate_holds_across_two_hosts_and_is_used() {
+    let p = Project::new()
+        .dag("a", &crate::guard_rails::pooled("a"))
+        .dag("b", &crate::guard_rails::pooled("b"));
+    p.write(
+        "backfill.toml",
+        "lease_timeout = \"2s\"\n\n[pools]\napi = { slots = 10, rate = \"3/1s\" }\n",
+    );
+    let args = |dag: &'static str| {
+        [
+            "create",
+            "--dag",
+            dag,
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-06",
+        ]
+    };
+    let a = Host::start(&p, "hosta", &args("a"));
+    let b = Host::start(&p, "hostb", &args("b"));
+    a.wait(&p, Duration::from_secs(60)).code(0);
+    b.wait(&p, Duration::from_secs(60)).code(0);
+    let starts = crate::guard_rails::rate_kept(&p, "api", 3, 1000);
+    assert_eq!(starts.len(), 12, "{starts:?}");
+    let span = starts[11] - starts[0];
+    assert!((3000..8000).contains(&span), "{span} ms: {starts:?}");
+    assert_eq!(
+        p.rows(&format!(
+            "SELECT {} AS h, COUNT(*) FROM task_tries GROUP BY h ORDER BY h",
+            p.before("host", '#')
+        )),
+        [["hosta", "6"], ["hostb", "6"]]
+    );
+}

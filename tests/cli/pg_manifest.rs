@@ -202,6 +202,7 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
          ALTER TABLE backfill_manifest.task_tries DROP COLUMN rows_unchanged;
          ALTER TABLE backfill_manifest.backfills DROP COLUMN atomic;
          DROP TABLE backfill_manifest.forgets CASCADE;
+         DROP TABLE backfill_manifest.pool_starts;
          UPDATE backfill_manifest.schema_version SET version = 6",
     );
     p.run(&create_args(&url, "2026-01-04", "2026-01-04"))
@@ -244,6 +245,7 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
          ALTER TABLE backfill_manifest.task_tries DROP COLUMN rows_unchanged;
          ALTER TABLE backfill_manifest.backfills DROP COLUMN atomic;
          DROP TABLE backfill_manifest.forgets CASCADE;
+         DROP TABLE backfill_manifest.pool_starts;
          UPDATE backfill_manifest.schema_version SET version = 1",
     );
     p.run(&create_args(&url, "2026-01-05", "2026-01-05"))

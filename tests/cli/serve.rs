@@ -1530,3 +1530,28 @@ fn a_browser_clicks_the_rejected_cell_and_reads_its_reason() {
     .json();
     assert_eq!(alert["value"]["error"], "no such alert", "{alert}");
 }
+
+#[test]
+fn the_pools_page_gives_each_pools_size_and_rate() {
+    let p = Project::new().dag("a", &crate::guard_rails::pooled("a"));
+    p.write(
+        "backfill.toml",
+        "[pools]\napi = { slots = 10, rate = \"3/1s\" }\nweb = 2\n",
+    );
+    p.create("a", "2026-01-01", "2026-01-01", &["-q"]).code(0);
+    let s = Server::start(&p, "serve", &[]);
+    let pools = s.get("/pools");
+    assert_eq!(pools.status, 200, "{}", pools.body);
+    assert!(
+        pools
+            .body
+            .contains("api: 0 of 10 slots in use · rate at most 3 starts per 1s</h3>"),
+        "{}",
+        pools.body
+    );
+    assert!(
+        pools.body.contains("web: 0 of 2 slots in use</h3>"),
+        "{}",
+        pools.body
+    );
+}

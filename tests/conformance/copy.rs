@@ -6,6 +6,7 @@ use std::path::Path;
 
 use backfill::liveness::Group;
 use backfill::manifest::copy::{self, Refused};
+use backfill::manifest::pools::Limits;
 use backfill::manifest::publishes::Publication;
 use backfill::manifest::{self, Durability, NewBackfill, Reads};
 use backfill::plan::{Action, PlanRow, RunState, SkipReason};
@@ -142,7 +143,18 @@ fn populate(m: &Engine) {
     m.ok(move |s| s.reserve_batch(s.fence(w)?, "d", &starts, 3, &c));
     let (_, t1) = start_run(m, w, "d", 1, "t");
     let c = remote();
-    m.ok(move |s| s.take_pool_slot(s.fence(w)?, "p", 1, t1, &c));
+    m.ok(move |s| {
+        s.take_pool_slot(
+            s.fence(w)?,
+            "p",
+            Limits {
+                size: 1,
+                rate: None,
+            },
+            t1,
+            &c,
+        )
+    });
     let (r2, t2) = start_run(m, w, "d", 2, "t");
     let mut failed = record(TryState::Failed);
     failed.error = Some("boom".into());

@@ -1,7 +1,7 @@
 //! Pools: at most a pool's size of tries hold its slots at once, across backfills; a slot is
 //! freed when its try ended, or its owner is gone and its process group with it.
 
-use backfill::manifest::pools::Take;
+use backfill::manifest::pools::{Limits, Take};
 use backfill::plan::RunState;
 use backfill::state::TryState;
 use rusqlite::types::Value;
@@ -20,7 +20,7 @@ pub fn pool_slots_are_taken_up_to_the_size_and_freed_when_their_try_ends(m: &Eng
     let (_, tb) = start_run(m, b, "e", 0, "u");
     let take_at =
         |who, t: i64, pool: &'static str, size: u32, c: backfill::manifest::leases::LeaseCtx| {
-            m.ok(move |s| s.take_pool_slot(s.fence(who)?, pool, size, t, &c))
+            m.ok(move |s| s.take_pool_slot(s.fence(who)?, pool, Limits { size, rate: None }, t, &c))
         };
     let take = |who, t, pool, size| take_at(who, t, pool, size, other());
     let now = other();
@@ -156,7 +156,7 @@ pub fn a_gone_owners_slot_is_freed_once_its_group_is_gone(m: &Engine) {
     }
     let take_at =
         |who, t: i64, pool: &'static str, size: u32, c: backfill::manifest::leases::LeaseCtx| {
-            m.ok(move |s| s.take_pool_slot(s.fence(who)?, pool, size, t, &c))
+            m.ok(move |s| s.take_pool_slot(s.fence(who)?, pool, Limits { size, rate: None }, t, &c))
         };
     let take = |who, t, pool, size| take_at(who, t, pool, size, other());
     assert_eq!(take(gone, g0, "p", 1), Take::Taken);
@@ -193,4 +193,68 @@ pub fn a_gone_owners_slot_is_freed_once_its_group_is_gone(m: &Engine) {
         m.value(&format!("SELECT state FROM task_tries WHERE id = {g0}")),
         Value::Text("running".into())
     );
+}
+
+/// A pool's rate: at most its number of starts in any window of its period, counted at the
+/// manifest's clock across backfills; a try refused by the rate holds no slot, is recorded as
+/// waiting for `pool (rate)`, and is told how long until the window has room.
+pub fn a_pools_rate_bounds_its_starts_in_any_window(m: &Engine) {
+    let a = planned(m, request("d"), 3, &alive());
+    let b = planned_days(m, request("e"), [0], &other());
+    let (_, t0) = start_run(m, a, "d", 0, "t");
+    let (_, t1) = start_run(m, a, "d", 1, "t");
+    let (_, t2) = start_run(m, a, "d", 2, "t");
+    let (_, tb) = start_run(m, b, "e", 0, "u");
+    let per_ms = 400;
+    let limits = Limits {
+        size: 5,
+        rate: Some((2, per_ms)),
+    };
+    let take = |who, t: i64| {
+        let c = other();
+        m.ok(move |s| s.take_pool_slot(s.fence(who)?, "r", limits, t, &c))
+    };
+    assert_eq!(take(a, t0), Take::Taken);
+    assert_eq!(
+        take(b, tb),
+        Take::Taken,
+        "another backfill's start counts too"
+    );
+    let Take::Rate { wait_ms } = take(a, t1) else {
+        panic!("a third start within the period");
+    };
+    assert!((1..=per_ms).contains(&wait_ms), "{wait_ms}");
+    let r = m.read();
+    assert!(
+        !r.holds_pool_slot(t1).unwrap(),
+        "a try waiting for the rate holds no slot"
+    );
+    assert_eq!(
+        m.rows(&format!(
+            "SELECT waiting_for FROM task_tries WHERE id = {t1}"
+        )),
+        [vec![Value::Text("r (rate)".into())]]
+    );
+    let show = r.show_backfill(a.backfill_id).unwrap().unwrap();
+    assert_eq!(
+        show.interval_details[1]
+            .state
+            .as_ref()
+            .map(ToString::to_string)
+            .as_deref(),
+        Some("waiting for pool r (rate)")
+    );
+    // Once the window has moved past the first two starts, two more may start, and no third.
+    std::thread::sleep(std::time::Duration::from_millis(
+        u64::try_from(per_ms).unwrap() + 100,
+    ));
+    assert_eq!(take(a, t1), Take::Taken);
+    assert_eq!(
+        m.rows(&format!(
+            "SELECT waiting_for FROM task_tries WHERE id = {t1}"
+        )),
+        [vec![Value::Null]]
+    );
+    assert_eq!(take(a, t2), Take::Taken);
+    assert!(matches!(take(b, tb), Take::Rate { .. }));
 }

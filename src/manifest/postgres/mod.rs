@@ -144,6 +144,10 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
         12,
         include_str!("../../../migrations/postgres/0012_forgets.sql"),
     ),
+    (
+        13,
+        include_str!("../../../migrations/postgres/0013_pool_rates.sql"),
+    ),
 ];
 
 /// A failure of this side, not the server's.

@@ -8,7 +8,7 @@ use super::super::cascades::{PlanOutcome, SucceededTry};
 use super::super::db::{Conn, Step};
 use super::super::forgets::{self, Busy, Forget, Scope, Span};
 use super::super::leases::{Judge, LeaseCtx};
-use super::super::pools::Take;
+use super::super::pools::{Limits, Take};
 use super::super::publishes::{Current, PendingPublish, Publication};
 use super::super::queries::{BackfillDetail, BackfillSummary, Outcome, Recorded, RunHistory};
 use super::super::runs::{Staged, TryRecord, UnfinishedTry};
@@ -401,12 +401,12 @@ impl Running for Conn {
         &self,
         f: Fenced,
         pool: &str,
-        size: u32,
+        limits: Limits,
         try_id: i64,
         ctx: &LeaseCtx,
     ) -> Result<Take> {
         let ctx = &*self.at(ctx)?;
-        pools::take(self, f, pool, size, try_id, ctx)
+        pools::take(self, f, pool, limits, try_id, ctx)
     }
     fn start_run_and_try(
         &self,

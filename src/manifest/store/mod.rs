@@ -23,7 +23,7 @@ use super::cascades::{PlanOutcome, SucceededTry};
 use super::db::Step;
 use super::forgets::{Busy, Forget, Scope, Span};
 use super::leases::{Judge, LeaseCtx};
-use super::pools::Take;
+use super::pools::{Limits, Take};
 use super::publishes::{Current, PendingPublish, Publication};
 use super::queries::{BackfillDetail, BackfillSummary, Outcome, Recorded, RunHistory};
 use super::runs::{Staged, TryRecord, UnfinishedTry};
@@ -360,7 +360,7 @@ pub trait Running: super::db::Answers {
         &self,
         f: Fenced,
         pool: &str,
-        size: u32,
+        limits: Limits,
         try_id: i64,
         ctx: &LeaseCtx,
     ) -> Result<Take>;

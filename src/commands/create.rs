@@ -113,6 +113,9 @@ fn checked_dag(project: &Project, args: &mut CreateArgs, atomic: bool) -> Result
     }
     // Staged first; published at once below.
     args.stage |= atomic;
+    if args.stage {
+        stage_refusal(&dag)?;
+    }
     if let Some(n) = args.batch_size {
         if n > 1
             && let Err(why) =
@@ -132,6 +135,23 @@ fn checked_dag(project: &Project, args: &mut CreateArgs, atomic: bool) -> Result
         )));
     }
     Ok(dag)
+}
+
+/// `--stage` holds every output back until `promote`: a command task without a `publish`
+/// command writes its output where readers find it, so nothing of it could wait (the run
+/// would be recorded `staged` with nothing to promote).
+fn stage_refusal(dag: &Dag) -> Result<(), Error> {
+    let unheld = dag
+        .tasks
+        .iter()
+        .find(|t| matches!(t.kind, crate::project::TaskKind::Command(_)) && t.publish.is_none());
+    match unheld {
+        Some(task) => Err(Error::Usage(format!(
+            "--stage cannot hold back task `{}` of DAG `{}` ({}): a command task without a `publish` command writes its output where readers find it; give it a `publish` command that moves the output into place (docs/review.md), leave it out with --tasks, or run without --stage",
+            task.id, dag.id, dag.file
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// What `create` knows before it plans: the run's configuration, its intervals (a sample's,
@@ -170,8 +190,24 @@ fn prepare(g: &Global, project: &Project, dag: &Dag, args: &CreateArgs) -> Resul
         crate::limits::room_for_runs(max_active_runs, Some("--max-active-runs"))?;
     }
     let reprs = check_tasks(dag, &conf, &intervals)?;
+    // A batch that fails is split and its halves run again: calls at the source that a pool's
+    // rate, counting one start a try, could not bound.
+    let rated = |t: &crate::project::Task| {
+        t.pool
+            .as_ref()
+            .filter(|p| project.pool_rates.contains_key(*p))
+            .map(|p| {
+                format!(
+                    "task `{}` is in pool `{p}`, which has a rate, and a batch that fails is run again in halves, starts its rate could not count",
+                    t.id
+                )
+            })
+    };
     if dag.batch_size > 1
-        && let Some(why) = dag.tasks.iter().find_map(crate::warehouse::batch_problem)
+        && let Some(why) = dag
+            .tasks
+            .iter()
+            .find_map(|t| crate::warehouse::batch_problem(t).or_else(|| rated(t)))
     {
         return Err(Error::Usage(match args.batch_size {
             Some(n) => format!(

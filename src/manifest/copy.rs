@@ -22,6 +22,7 @@ const TABLES: &[(&str, &str)] = &[
     ("published", "dag_id, task_id, interval_start"),
     ("pool_slots", "try_id"),
     ("forgets", "id"),
+    ("pool_starts", "pool, at, try_id"),
 ];
 
 /// Parameters per statement (PostgreSQL takes at most 65535).

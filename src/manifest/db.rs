@@ -415,6 +415,15 @@ impl Conn {
         }
     }
 
+    /// The manifest's clock read now (unix milliseconds), not when its transaction began: this
+    /// process's on SQLite, the database's on PostgreSQL.
+    pub(crate) fn clock_now_ms(&self) -> Result<i64> {
+        match self {
+            Conn::Sqlite(_) => Ok(crate::clock::now_ms()),
+            Conn::Pg(s) => Ok(s.clock_now_ms()?),
+        }
+    }
+
     /// `end` at the manifest's clock (see [`Conn::now_ms`]); the time since its start that it
     /// carries is the process's own.
     pub(crate) fn at_manifest(&self, end: crate::clock::End) -> Result<crate::clock::End> {

@@ -20,9 +20,8 @@ pub enum Take {
     Taken,
     /// Every slot is held; the try is recorded as waiting.
     Full,
-    /// A slot is free, but the pool's rate allows no start before `until` (unix ms at the
-    /// manifest's clock, `wait_ms` from now); the try is recorded as waiting, and holds no
-    /// slot.
+    /// A slot is free, but the pool's rate allows no start for `wait_ms` (at the manifest's
+    /// clock); the try is recorded as waiting, and holds no slot.
     Rate {
         wait_ms: i64,
     },
@@ -73,9 +72,10 @@ pub(crate) fn take(
         });
     }
     if let Some((starts, per_ms)) = limits.rate {
-        // Counted at the manifest's clock (`ctx` is at it), which every host shares on
-        // PostgreSQL.
-        let now = ctx.now_ms;
+        // Counted at the manifest's clock as the start is recorded (under the writers' lock,
+        // not when the request was made or its transaction began), which every host shares
+        // on PostgreSQL.
+        let now = conn.clock_now_ms()?;
         // Starts are kept an hour at least, for whoever looks into how a pool was used.
         conn.prepare_cached("DELETE FROM pool_starts WHERE pool = ?1 AND at <= ?2")?
             .execute(params![pool, now - per_ms.max(KEEP_STARTS_MS)])?;

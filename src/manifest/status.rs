@@ -259,8 +259,11 @@ pub(crate) fn figures(conn: &Conn) -> Result<Figures> {
         [],
         |r| r.get(0),
     )?;
-    let mut stmt =
-        conn.prepare("SELECT pool, COUNT(*) FROM pool_slots GROUP BY pool ORDER BY pool")?;
+    // A slot is held by a running try; one whose try ended waits for the next taker to free it.
+    let mut stmt = conn.prepare(
+        "SELECT p.pool, COUNT(*) FROM pool_slots p JOIN task_tries t ON t.id = p.try_id
+         WHERE t.state = 'running' GROUP BY p.pool ORDER BY p.pool",
+    )?;
     f.pool_slots = stmt
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<super::db::Result<_>>()?;

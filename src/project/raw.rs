@@ -357,12 +357,23 @@ impl RawProject {
                                 ),
                                 None => {}
                             }
-                        } else if let Some(slots) = integer(all, name.get_ref(), "2", errs) {
-                            pools.push(RawPool {
-                                name: name_at,
-                                slots,
-                                rate: None,
-                            });
+                        } else if let DeValue::Integer(_) = value.get_ref() {
+                            if let Some(slots) = integer(all, name.get_ref(), "2", errs) {
+                                pools.push(RawPool {
+                                    name: name_at,
+                                    slots,
+                                    rate: None,
+                                });
+                            }
+                        } else {
+                            errs.at(
+                                value,
+                                format!(
+                                    "pool `{n}` must be its number of slots ({n} = 2) or a table ({n} = {{ slots = 4, rate = \"100/min\" }}), not {}",
+                                    a_type(value.get_ref()),
+                                    n = name.get_ref()
+                                ),
+                            );
                         }
                     }
                 }

@@ -83,12 +83,6 @@ impl Batch {
         !self.began.swap(true, std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Whether its one query or command ran already: a share of it then starts nothing at
-    /// the source (a pool's rate counts the batch's run once).
-    pub(super) fn is_computed(&self) -> bool {
-        self.computed.get().is_some()
-    }
-
     /// The batch (`START/END`) whose one query or command computed `interval`'s share, once it
     /// took it.
     pub(super) fn took(&self, interval: DataInterval) -> Option<String> {

@@ -225,12 +225,7 @@ async fn attempt(
 ) -> Result<Outcome, Error> {
     let interval = input.interval;
     let slot = match &task.pool {
-        Some(pool) => {
-            // A share of a batch that ran already starts nothing at the source: it takes a slot
-            // (the pool's size counts it), but is no start of the pool's rate.
-            let starts = !input.batch.as_ref().is_some_and(|b| b.is_computed());
-            Some(take_slot(shared, task, pool, (input.try_id, starts), interval, stop).await?)
-        }
+        Some(pool) => Some(take_slot(shared, task, pool, input.try_id, interval, stop).await?),
         None => None,
     };
     let mut outcome = match (&task.kind, slot) {
@@ -843,14 +838,14 @@ async fn source_command(
 /// How often a try waiting for a pool slot asks again.
 const POOL_POLL: Duration = Duration::from_millis(200);
 
-/// Waits until the try holds a slot of `pool` (`true`), or a stop (`false`); a try that
-/// `starts` something at the source also waits for the pool's rate. A slot is freed by the end
-/// of the try that holds it (see [`crate::manifest::pools`]).
+/// Waits until the try holds a slot of `pool` (`true`), or a stop (`false`), and a start of its
+/// rate if it has one. A slot is freed by the end of the try that holds it (see
+/// [`crate::manifest::pools`]).
 async fn take_slot(
     shared: &Shared,
     task: &Task,
     pool: &str,
-    (try_id, starts): (i64, bool),
+    try_id: i64,
     interval: DataInterval,
     stop: &mut watch::Receiver<Stop>,
 ) -> Result<bool, Error> {
@@ -860,7 +855,6 @@ async fn take_slot(
             .spec
             .pool_rates
             .get(pool)
-            .filter(|_| starts)
             .map(|r| (r.starts, r.per_ms())),
     };
     let ctx =

@@ -261,6 +261,10 @@ fn an_unknown_pool_or_a_bad_size_is_a_validation_error() {
         .stderr_has("backfill.toml:3:7: pool `web` needs `slots`, how many of its tries may run at once: web = { slots = 4, rate = \"100/min\" }")
         .stderr_has("backfill.toml:4:18: unknown key `rat` in pools.x; did you mean `rate`?");
     assert!(!p.has_manifest());
+    p.write("backfill.toml", "[pools]\napi = \"x\"\n");
+    p.run(&["dags", "validate"])
+        .code(2)
+        .stderr_has("backfill.toml:2:7: pool `api` must be its number of slots (api = 2) or a table (api = { slots = 4, rate = \"100/min\" }), not a string");
 }
 
 #[test]

@@ -68,7 +68,18 @@ fn a_sample_prefers_the_interval_whose_latest_run_failed() {
 
 #[test]
 fn a_staged_sample_does_not_count_as_a_run_of_the_range_and_a_plain_one_does() {
-    let p = Project::new().dag("flaky", FLAKY);
+    // A stage holds back a command task's `publish` command, which runs after its gate.
+    let p = Project::new().dag(
+        "flaky",
+        r#"schedule = "@daily"
+[[tasks]]
+id = "load"
+command = '''test {{ ds }} != 2026-03-11 && printf '{"rows": 1}' > "$BACKFILL_RESULT"'''
+publish = "touch published-{{ ds }}"
+[tasks.gate]
+source_count = "echo 1"
+"#,
+    );
     let staged = p.create(
         "flaky",
         "2026-03-01",

@@ -379,9 +379,10 @@ fn pages_json_and_metrics_of_a_finished_backfill_and_the_manifest_is_untouched()
 fn metrics_give_the_last_published_interval_of_a_dag_of_tasks_without_a_gate() {
     let p = Project::new().dag("daily", DAILY_TRUE);
     p.create("daily", "2026-01-01", "2026-01-03", &[]).code(0);
-    // Staged days are not published.
+    // Such a task writes where readers find it: nothing of it can be staged.
     p.create("daily", "2026-01-04", "2026-01-05", &["--stage"])
-        .code(0);
+        .code(2)
+        .stderr_has("--stage cannot hold back task `noop` of DAG `daily`");
     let s = Server::start(&p, "metrics", &[]);
     let m = s.get("/metrics");
     assert_eq!(m.status, 200);

@@ -25,6 +25,7 @@ const TABLES: &[(&str, &str)] = &[
     ("published", "dag_id, task_id, interval_start"),
     ("pool_slots", "try_id"),
     ("forgets", "id"),
+    ("pool_starts", "pool, at, try_id"),
     ("identity", "id"),
 ];
 
@@ -149,7 +150,7 @@ fn populate(m: &Engine) {
             "p",
             Limits {
                 size: 1,
-                rate: None,
+                rate: Some((5, 60_000)),
             },
             t1,
             &c,
@@ -333,7 +334,7 @@ fn a_sqlite_manifest_copied_to_postgresql_keeps_every_row_and_value() {
     let copied = copy::to_postgres(&sqlite, Path::new(&url))
         .unwrap()
         .unwrap();
-    let want: Vec<(&str, usize)> = TABLES[..9]
+    let want: Vec<(&str, usize)> = TABLES[..10]
         .iter()
         .zip(&counts)
         .map(|((t, _), n)| (*t, usize::try_from(*n).unwrap()))

@@ -323,6 +323,11 @@ impl Session {
         if let Some(now) = self.state.borrow().tx().and_then(|tx| tx.now) {
             return Ok(now);
         }
+        self.clock_now_ms()
+    }
+
+    /// The database's clock as this statement reads it, not the transaction's start.
+    pub(crate) fn clock_now_ms(&self) -> PgResult<i64> {
         let rows = self.query(
             "SELECT CAST(floor(extract(epoch FROM clock_timestamp()) * 1000) AS bigint)",
             &[],

@@ -29,6 +29,10 @@ struct PlanDoc<'a> {
     estimate_seconds: Option<f64>,
     /// How many tries the estimate comes from.
     estimate_tries: i64,
+    /// The least time the slowest pool rate gives the plan, known without history: `{"pool",
+    /// "rate", "seconds"}`; left out when no task's pool has a rate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    estimate_rate: Option<serde_json::Value>,
     /// The gate's rules on values of each task that has some, as the dry run lists them.
     rules: std::collections::BTreeMap<&'a str, Vec<String>>,
     intervals: PlanItems<'a>,
@@ -144,6 +148,9 @@ fn plan_doc<'a>(dag: &'a Dag, rows: &'a [PlanRow], o: &PlanOptions<'a>) -> PlanD
         to_skip: rows.len() - to_run,
         estimate_seconds: o.estimate.seconds.map(|s| (s * 10.0).round() / 10.0),
         estimate_tries: o.estimate.tries,
+        estimate_rate: o.estimate.rate.as_ref().map(|(pool, rate, seconds)| {
+            serde_json::json!({"pool": pool, "rate": rate.to_string(), "seconds": seconds})
+        }),
         rules: rules(dag),
         intervals: PlanItems(rows, o.sampled, batch_numbers(dag, rows, o.run_backwards)),
     }

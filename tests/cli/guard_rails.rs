@@ -320,6 +320,10 @@ fn the_dry_run_estimates_the_wall_time_from_the_history() {
     );
     let doc = dry(&["--max-active-runs", "4", "--output", "json"]).json();
     assert_eq!(doc["estimate_seconds"], 300.0);
+    assert_eq!(
+        doc["estimate_rate"],
+        serde_json::json!({"pool": "reports", "rate": "2/1m", "seconds": 300.0})
+    );
     dry(&["--max-active-runs", "4"]).code(0).stdout_has(
         "estimate: about 5m 0s at up to 4 at a time (median durations of 10 recent successful tries); the rate of pool `reports` (2/1m) alone takes about 5m 0s",
     );

@@ -341,15 +341,7 @@ fn forget_waits_for_a_backfill_that_runs_or_holds_staged_outputs() {
     let p = shop();
     // A backfill killed in the middle is still recorded as running.
     let killed = p.run_with(
-        &[
-            "create",
-            "--dag",
-            "daily_orders",
-            "--from",
-            "2026-09-01",
-            "--to",
-            "2026-09-03",
-        ],
+        crate::identity::THREE_DAYS,
         &[("BACKFILL_FAULT", "after-publish@2")],
     );
     assert_ne!(killed.code, 0);

@@ -124,36 +124,46 @@ command = "mkdir -p running && touch running/{name}-{{{{ ds }}}} && ls running |
     )
 }
 
-#[test]
-fn two_backfills_in_two_processes_share_a_pool_of_two() {
+/// `create` of DAG `dag` (a [`pooled`] one) over six days.
+pub(crate) fn six_days(dag: &'static str) -> [&'static str; 7] {
+    [
+        "create",
+        "--dag",
+        dag,
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-06",
+    ]
+}
+
+/// Two processes, each a backfill of six days of a [`pooled`] DAG (`a`, `b`) under the pools of
+/// `pools` (`backfill.toml`); waits until `show` says `waiting` of one of their tries, then for
+/// both to succeed.
+fn two_pooled_backfills(pools: &str, waiting: &str) -> Project {
     let p = Project::new().dag("a", &pooled("a")).dag("b", &pooled("b"));
-    p.write("backfill.toml", "[pools]\napi = 2\n");
-    let args = |dag: &'static str| {
-        vec![
-            "create",
-            "--dag",
-            dag,
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-06",
-        ]
-    };
-    let a = p.spawn("a", &args("a"));
-    let b = p.spawn("b", &args("b"));
-    // With 8 intervals wanting to run and 2 slots, tries wait, and `show` says so.
+    p.write("backfill.toml", pools);
+    let a = p.spawn("a", &six_days("a"));
+    let b = p.spawn("b", &six_days("b"));
     crate::support::wait_until(
-        "show to say that a try waits for the pool",
+        &format!("show to say `{waiting}`"),
         std::time::Duration::from_secs(20),
         || {
             p.has_manifest()
                 && ["1", "2"]
                     .iter()
-                    .any(|id| p.run(&["show", id]).stdout.contains("waiting for pool api"))
+                    .any(|id| p.run(&["show", id]).stdout.contains(waiting))
         },
     );
     p.wait("a", a).code(0);
     p.wait("b", b).code(0);
+    p
+}
+
+#[test]
+fn two_backfills_in_two_processes_share_a_pool_of_two() {
+    // With 8 intervals wanting to run and 2 slots, tries wait, and `show` says so.
+    let p = two_pooled_backfills("[pools]\napi = 2\n", "waiting for pool api");
     let seen: Vec<u32> = p
         .read("seen")
         .lines()
@@ -194,39 +204,11 @@ pub(crate) fn rate_kept(p: &Project, pool: &str, n: usize, per_ms: i64) -> Vec<i
 
 #[test]
 fn a_pools_rate_bounds_the_starts_of_two_backfills_in_two_processes() {
-    let p = Project::new().dag("a", &pooled("a")).dag("b", &pooled("b"));
-    p.write(
-        "backfill.toml",
-        "[pools]\napi = { slots = 10, rate = \"3/1s\" }\n",
-    );
-    let args = |dag: &'static str| {
-        vec![
-            "create",
-            "--dag",
-            dag,
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-06",
-        ]
-    };
-    let a = p.spawn("a", &args("a"));
-    let b = p.spawn("b", &args("b"));
     // 12 starts at 3 a second: tries wait for the rate, and `show` says so.
-    crate::support::wait_until(
-        "show to say that a try waits for the pool's rate",
-        std::time::Duration::from_secs(20),
-        || {
-            p.has_manifest()
-                && ["1", "2"].iter().any(|id| {
-                    p.run(&["show", id])
-                        .stdout
-                        .contains("waiting for pool api (rate)")
-                })
-        },
+    let p = two_pooled_backfills(
+        "[pools]\napi = { slots = 10, rate = \"3/1s\" }\n",
+        "waiting for pool api (rate)",
     );
-    p.wait("a", a).code(0);
-    p.wait("b", b).code(0);
     assert_eq!(
         p.count("SELECT COUNT(*) FROM runs WHERE state = 'succeeded'"),
         12

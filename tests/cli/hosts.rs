@@ -1455,19 +1455,8 @@ fn a_pools_rate_holds_across_two_hosts_and_is_used() {
         "backfill.toml",
         "lease_timeout = \"2s\"\n\n[pools]\napi = { slots = 10, rate = \"3/1s\" }\n",
     );
-    let args = |dag: &'static str| {
-        [
-            "create",
-            "--dag",
-            dag,
-            "--from",
-            "2026-01-01",
-            "--to",
-            "2026-01-06",
-        ]
-    };
-    let a = Host::start(&p, "hosta", &args("a"));
-    let b = Host::start(&p, "hostb", &args("b"));
+    let a = Host::start(&p, "hosta", &crate::guard_rails::six_days("a"));
+    let b = Host::start(&p, "hostb", &crate::guard_rails::six_days("b"));
     a.wait(&p, Duration::from_secs(60)).code(0);
     b.wait(&p, Duration::from_secs(60)).code(0);
     let starts = crate::guard_rails::rate_kept(&p, "api", 3, 1000);

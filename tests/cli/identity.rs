@@ -10,7 +10,7 @@ use crate::gate::shop;
 use crate::support::{Out, Project};
 
 /// `create --dag daily_orders` over the first three days of September 2026.
-const THREE_DAYS: &[&str] = &[
+pub(crate) const THREE_DAYS: &[&str] = &[
     "create",
     "--dag",
     "daily_orders",

@@ -45,17 +45,7 @@ pub(crate) fn partition_rows(
     let wh = &task.warehouse;
     let c = conn::take_at(wh)?;
     let result = (|| -> std::result::Result<Vec<i64>, Failure> {
-        let target = target_columns(&c, &task.target)?;
-        let ty = target
-            .iter()
-            .find(|(n, _)| *n == task.partition_column)
-            .and_then(|(_, t)| ColumnType::of(t))
-            .ok_or_else(|| {
-                Error::Message(format!(
-                    "target table `{}` has no partition column `{}`",
-                    task.target, task.partition_column
-                ))
-            })?;
+        let ty = partition_type_now(&c, task)?;
         let sql = format!(
             "SELECT count(*) FROM {} WHERE {pc} >= $1 AND {pc} < $2",
             quote_name(&task.target),
@@ -91,17 +81,7 @@ pub(super) fn shape(
         ))
         .into());
     }
-    let target = target_columns(c, &task.target)?;
-    let ty = target
-        .iter()
-        .find(|(n, _)| *n == task.partition_column)
-        .and_then(|(_, t)| ColumnType::of(t))
-        .ok_or_else(|| {
-            Error::Message(format!(
-                "target table `{}` has no partition column `{}`",
-                task.target, task.partition_column
-            ))
-        })?;
+    let ty = partition_type_now(c, task)?;
     let [lo, hi] = ty.bounds(interval, tz)?;
     let list = cols
         .iter()

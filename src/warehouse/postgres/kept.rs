@@ -129,17 +129,7 @@ pub(crate) fn roll_back(
     let mut c = conn::take_at(wh)?;
     let result = (|| -> std::result::Result<i64, Failure> {
         book(&mut c)?;
-        let columns = target_columns(&c, &task.target)?;
-        let ty = columns
-            .iter()
-            .find(|(n, _)| *n == task.partition_column)
-            .and_then(|(_, t)| ColumnType::of(t))
-            .ok_or_else(|| {
-                Error::Message(format!(
-                    "target table `{}` has no partition column `{}`",
-                    task.target, task.partition_column
-                ))
-            })?;
+        let ty = partition_type_now(&c, task)?;
         let [lo, hi] = ty.bounds(interval, tz)?;
         let pc = quote_ident(&task.partition_column);
         c.wait(

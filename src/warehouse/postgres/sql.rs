@@ -199,8 +199,23 @@ pub(super) fn partition_type(
     c: &mut Conn,
     task: &SqlTask,
 ) -> std::result::Result<ColumnType, Failure> {
-    let columns = cached_columns(c, &task.target)?;
-    let ty = columns
+    partition_of(&cached_columns(c, &task.target)?, task)
+}
+
+/// [`partition_type`] as the target is now, read afresh (not from the connection's cache).
+pub(super) fn partition_type_now(
+    c: &Conn,
+    task: &SqlTask,
+) -> std::result::Result<ColumnType, Failure> {
+    partition_of(&target_columns(c, &task.target)?, task)
+}
+
+/// The type of the partition column among the target's `columns`.
+fn partition_of(
+    columns: &[(String, String)],
+    task: &SqlTask,
+) -> std::result::Result<ColumnType, Failure> {
+    columns
         .iter()
         .find(|(n, _)| *n == task.partition_column)
         .and_then(|(_, t)| ColumnType::of(t))
@@ -209,6 +224,6 @@ pub(super) fn partition_type(
                 "target table `{}` has no date, timestamp or timestamptz column `{}` (partition_column)",
                 task.target, task.partition_column
             ))
-        })?;
-    Ok(ty)
+            .into()
+        })
 }

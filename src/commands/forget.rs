@@ -83,6 +83,14 @@ pub(crate) fn run(g: &Global, ask: &Ask<'_>) -> Result<u8, Error> {
     }
     let unfinished = conn.unfinished_forgets().map_err(at)?;
     let scope = conn.forget_scope(ask.dag_id, range).map_err(at)?;
+    // A DAG that neither the project nor the manifest has is a typo: said as `create` says it.
+    if dag.is_none()
+        && found.is_empty()
+        && scope.is_empty()
+        && let Err(unknown) = project.dag(ask.dag_id)
+    {
+        return Err(unknown.into());
+    }
     let identity = conn.identity().map_err(at)?;
     if let Some(busy) = scope.busy() {
         return Err(Error::Usage(busy_words(ask.dag_id, &busy)));
@@ -91,7 +99,7 @@ pub(crate) fn run(g: &Global, ask: &Ask<'_>) -> Result<u8, Error> {
     if !g.json && (ask.dry_run || !g.quiet) {
         what(ask, &scope, versions).write()?;
     }
-    if dag.is_none() {
+    if dag.is_none() && ask.dry_run {
         warn(
             g,
             &format!(
@@ -256,7 +264,14 @@ fn clean(
                             "{e}; forget {} removed DAG {}'s history from the manifest, but not yet what its warehouse keeps: run `{}` again to finish",
                             f.id,
                             f.dag_id,
-                            hint(&format!("forget --dag {} --yes", f.dag_id))
+                            hint(&format!(
+                                "forget --dag {}{} --yes",
+                                f.dag_id,
+                                f.args
+                                    .as_ref()
+                                    .map(|(from, to)| format!(" --from {from} --to {to}"))
+                                    .unwrap_or_default()
+                            ))
                         )))
                     })?;
             }
@@ -335,10 +350,8 @@ fn remove_logs(logs_dir: &Path, f: &Forget) {
                 let _ = std::fs::remove_file(file.path());
             }
         }
-        // The task's folder goes once it is empty.
-        let _ = std::fs::remove_dir(task.path());
+        // The folders stay: a backfill of the DAG may be starting, and writes its logs there.
     }
-    let _ = std::fs::remove_dir(logs_dir.join(&f.dag_id));
 }
 
 /// Whether a file of `logs/DAG/TASK/` (`20260901T000000Z.run7.try1.log`, `.result.json`) is of
@@ -415,7 +428,7 @@ fn confirmed(dag_id: &str) -> Result<bool, Error> {
             context: "read the answer".into(),
             source: e,
         })?;
-    Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "Yes"))
+    Ok(matches!(answer.trim().to_lowercase().as_str(), "y" | "yes"))
 }
 
 /// What a removal takes away, as the command says it.

@@ -846,16 +846,28 @@ impl Project {
                 .iter()
                 .filter_map(|t| {
                     let pool = t.pool.as_ref()?;
-                    (!self.pools.contains_key(pool)).then(|| ConfigError {
-                        location: t.locations.pool.clone().unwrap_or_else(|| f.file.clone()),
+                    let location = t.locations.pool.clone().unwrap_or_else(|| f.file.clone());
+                    if !self.pools.contains_key(pool) {
+                        return Some(ConfigError {
+                            location,
+                            message: format!(
+                                "task `{}`: unknown pool `{pool}`; declare it in backfill.toml as [pools] {pool} = 2 (known: {})",
+                                t.id,
+                                if self.pools.is_empty() {
+                                    "none".to_string()
+                                } else {
+                                    self.pools.keys().cloned().collect::<Vec<_>>().join(", ")
+                                }
+                            ),
+                        });
+                    }
+                    // A batch that fails runs again in halves: calls at the source that the
+                    // pool's rate, one start a try, could not count.
+                    (dag.batch_size > 1 && self.pool_rates.contains_key(pool)).then(|| ConfigError {
+                        location,
                         message: format!(
-                            "task `{}`: unknown pool `{pool}`; declare it in backfill.toml as [pools] {pool} = 2 (known: {})",
-                            t.id,
-                            if self.pools.is_empty() {
-                                "none".to_string()
-                            } else {
-                                self.pools.keys().cloned().collect::<Vec<_>>().join(", ")
-                            }
+                            "task `{}`: pool `{pool}` has a rate, and this DAG's batch_size = {} would run its intervals in batches, which a rate cannot bound (a batch that fails runs again in halves); remove batch_size, or the pool's rate",
+                            t.id, dag.batch_size
                         ),
                     })
                 })

@@ -26,9 +26,9 @@ pub(crate) fn words(
                 String::new()
             };
             format!(
-                "{task}{} ({} rows published, {} now)",
+                "{task}{} ({} published, {} now)",
                 label.label(u.interval.start),
-                u.published,
+                super::out::plural(u.published, "row", "rows"),
                 u.now
             )
         })
@@ -36,11 +36,15 @@ pub(crate) fn words(
     if unlike.len() > SHOWN {
         each.push(format!("and {} more", unlike.len() - SHOWN));
     }
-    // Dates name a daily DAG's intervals exactly; other DAGs are rerun over the range.
+    // Dates name a daily DAG's intervals exactly, instants any other's (an interval starting
+    // then); `range` (`--from` and `--to` as typed) would move with a relative one.
+    let _ = range;
     let (from, to) = if dag.schedule.at_most_daily() {
         (label.label(first), label.label(last))
     } else {
-        (range.0.to_string(), range.1.to_string())
+        let instant =
+            |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        (instant(first), instant(last))
     };
     let one = unlike.len() == 1;
     Some(format!(

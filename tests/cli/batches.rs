@@ -653,7 +653,7 @@ printf '{"intervals": { %s }}' "$out" > "$BACKFILL_RESULT"
     );
     p.create("c", "2026-01-01", "2026-01-06", &["-q"])
         .code(2)
-        .stderr_has("task `work` is in pool `api`, which has a rate");
+        .stderr_has("dags/c.toml:7:8: task `work`: pool `api` has a rate, and this DAG's batch_size = 3 would run its intervals in batches");
     p.write("backfill.toml", "[pools]\napi = 1\n");
     p.create("c", "2026-01-01", "2026-01-06", &["-q"]).code(0);
     let mut calls: Vec<String> = p.read("calls.txt").lines().map(String::from).collect();

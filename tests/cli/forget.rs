@@ -224,7 +224,7 @@ fn forgetting_a_whole_dag_leaves_the_other_dags_and_gives_no_id_twice() {
         0
     );
     assert_eq!(versions(&p), 0);
-    assert!(!p.path(".backfill/logs/daily_orders").exists());
+    assert!(logs(&p).is_empty(), "{:?}", logs(&p));
     assert!(p.path(".backfill/logs/orders_fact").exists());
     assert_eq!(
         p.rows(
@@ -384,6 +384,11 @@ fn forget_waits_for_a_backfill_that_runs_or_holds_staged_outputs() {
     p.run(&["forget", "--dag", "daily_orders", "--yes", "-q"])
         .code(0);
     assert_eq!(p.count("SELECT count(*) FROM backfills"), 0);
+
+    // A DAG that neither the project nor the manifest has is a typo.
+    p.run(&["forget", "--dag", "daily_order", "--yes"])
+        .code(2)
+        .stderr_has("unknown DAG `daily_order`; known DAGs: daily_orders, orders_fact");
 
     // A range needs the DAG, whose time zone reads it.
     let out = p.run(&[

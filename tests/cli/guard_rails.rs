@@ -243,6 +243,19 @@ fn an_unknown_pool_or_a_bad_size_is_a_validation_error() {
         .stderr_has("backfill.toml:3:7: pool `web` needs `slots`, how many of its tries may run at once: web = { slots = 4, rate = \"100/min\" }")
         .stderr_has("backfill.toml:4:18: unknown key `rat` in pools.x; did you mean `rate`?");
     assert!(!p.has_manifest());
+    // A pool with a rate takes no batches: said where the DAG names the pool.
+    p.write(
+        "backfill.toml",
+        "[pools]\napi = { slots = 2, rate = \"2/s\" }\n",
+    );
+    p.write(
+        "dags/a.toml",
+        &pooled("a").replace("max_active_runs = 4", "max_active_runs = 4\nbatch_size = 3"),
+    );
+    p.run(&["dags", "validate"])
+        .code(2)
+        .stderr_has("dags/a.toml:7:8: task `fetch`: pool `api` has a rate, and this DAG's batch_size = 3 would run its intervals in batches");
+    p.write("dags/a.toml", &pooled("a"));
     p.write("backfill.toml", "[pools]\napi = \"x\"\n");
     p.run(&["dags", "validate"])
         .code(2)

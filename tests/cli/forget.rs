@@ -507,3 +507,40 @@ fn create_and_show_say_when_a_published_partition_is_no_longer_in_the_target() {
     let after = p.create("daily_orders", "2026-09-01", "2026-09-05", &["--dry-run"]);
     assert!(!after.stderr.contains("warning"), "{}", after.stderr);
 }
+
+#[test]
+fn a_warehouse_that_cannot_be_read_leaves_the_removal_for_the_next_forget_of_the_same_range() {
+    let p = shop_with_versions();
+    let good = std::fs::read(p.path("warehouse.db")).unwrap();
+    std::fs::write(p.path("warehouse.db"), "not a database").unwrap();
+    let out = p.run(&[FORGET_4_5, &["--yes"]].concat());
+    out.code(1);
+    assert!(
+        out.stderr.contains(&format!(
+            "forget 1 removed DAG daily_orders's history from the manifest, but not yet what its warehouse keeps: run `{}` again to finish",
+            p.hint("forget --dag daily_orders --from 2026-09-04 --to 2026-09-05 --yes")
+        )),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        p.rows("SELECT state FROM forgets"),
+        [["cleaning"]],
+        "the manifest's part is done, the warehouse's waits"
+    );
+    std::fs::write(p.path("warehouse.db"), good).unwrap();
+    let again = p.run(&[FORGET_4_5, &["--yes"]].concat());
+    again.code(0);
+    assert!(
+        again.stderr.contains("finishing forget 1"),
+        "{}",
+        again.stderr
+    );
+    assert_eq!(p.rows("SELECT state FROM forgets"), [["done"]]);
+    assert_eq!(versions(&p), 0);
+    assert_eq!(
+        p.count("SELECT count(*) FROM runs"),
+        3,
+        "the rest of the history stays"
+    );
+}

@@ -42,6 +42,7 @@ SELECT f.id AS forget_id,
        f.published,
        f.versions AS kept_versions,
        f.host,
+       f.pid,
        strftime('%Y-%m-%dT%H:%M:%fZ', f.created_at / 1000.0, 'unixepoch') AS created_at,
        strftime('%Y-%m-%dT%H:%M:%fZ', f.finished_at / 1000.0, 'unixepoch') AS finished_at
 FROM forgets f;

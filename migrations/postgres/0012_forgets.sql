@@ -41,6 +41,7 @@ SELECT f.id AS forget_id,
        f.published,
        f.versions AS kept_versions,
        f.host,
+       f.pid,
        to_timestamp(f.created_at / 1000.0) AS created_at,
        to_timestamp(f.finished_at / 1000.0) AS finished_at
 FROM forgets f;

@@ -219,15 +219,23 @@ pub(crate) struct Unlike {
 
 /// The partitions of the DAG's SQL tasks that replace their partition (`write = "replace"`;
 /// a merge's partition may hold rows it did not write) recorded as published with a start
-/// between `lo` and `hi`, whose target holds another number of rows now. A warehouse that
+/// between `lo` and `hi`, whose target holds another number of rows now (none when the
+/// manifest holds another project's backfills of the DAG). A warehouse that
 /// cannot be read is left out: what this says is a warning, and the run that follows reports
 /// such a warehouse itself.
 pub(crate) fn unlike_published(
+    project: &Project,
     dag: &Dag,
     conn: &dyn crate::manifest::Reads,
     (lo, hi): (i64, i64),
     reprs: &std::collections::HashMap<String, Option<crate::warehouse::Repr>>,
 ) -> crate::manifest::Result<Vec<Unlike>> {
+    // Another project's records of a DAG of the same id are not about this project's
+    // warehouses.
+    let found = conn.dag_projects(&dag.id)?;
+    if crate::manifest::backfills::other_project(&project.name, &found).is_some() {
+        return Ok(Vec::new());
+    }
     let recorded = conn.published_partitions(&dag.id, lo, hi)?;
     let mut out = Vec::new();
     for task in &dag.tasks {

@@ -27,7 +27,7 @@ pub(crate) fn run(g: &Global, mut args: CreateArgs) -> Result<u8, Error> {
     let atomic = std::mem::take(&mut args.atomic);
     let dag = checked_dag(&project, &mut args, atomic)?;
     let prepared = prepare(g, &project, &dag, &args)?;
-    warn_unlike_published(g, &project, &dag, &args, &prepared);
+    warn_unlike_published(g, &project, &dag, &prepared);
     if args.dry_run {
         return dry_run(g, &project, dag, &args, &prepared);
     }
@@ -250,36 +250,19 @@ fn prepare(g: &Global, project: &Project, dag: &Dag, args: &CreateArgs) -> Resul
 /// truncated or changed by hand) are skipped as `already exists` by every behaviour but
 /// `completed`: said before the run, with the command that computes them again. Nothing is
 /// said when the manifest or a warehouse cannot be read: the run reports that itself.
-fn warn_unlike_published(
-    g: &Global,
-    project: &Project,
-    dag: &Dag,
-    args: &CreateArgs,
-    prepared: &Prepared,
-) {
+fn warn_unlike_published(g: &Global, project: &Project, dag: &Dag, prepared: &Prepared) {
     if prepared.reprocess == Reprocess::Completed {
         return;
     }
     let Ok(Some(conn)) = crate::manifest::open_if_exists(&prepared.manifest_path) else {
         return;
     };
-    // Another project's records of a DAG of the same id are not about this project's
-    // warehouses (and the run refuses them).
-    match conn.dag_projects(&dag.id) {
-        Ok(found) if crate::session::belonging::other_project(&project.name, &found).is_none() => {}
-        _ => return,
-    }
     let bounds = prepared.range.unix_start_bounds();
-    let Ok(unlike) = crate::reads::unlike_published(dag, &*conn, bounds, &prepared.reprs) else {
-        return;
-    };
-    let behaviour = format!(
-        "--reprocess-behavior {} skips {} as already existing",
-        prepared.reprocess.as_str(),
-        if unlike.len() == 1 { "it" } else { "them" }
-    );
-    if let Some(words) =
-        crate::report::unlike::words(dag, &unlike, &behaviour, (&args.from, &args.to))
+    let unlike = crate::reads::unlike_published(project, dag, &*conn, bounds, &prepared.reprs);
+    let skipper = format!("--reprocess-behavior {}", prepared.reprocess.as_str());
+    if let Some(words) = unlike
+        .ok()
+        .and_then(|u| crate::report::unlike::words(dag, &u, &skipper))
     {
         crate::session::warn(g, &words);
     }

@@ -148,21 +148,12 @@ fn warn_unlike(
     let (Some(project), Some(dag), Ok(Some(b))) = (project, dag, conn.backfill(id)) else {
         return;
     };
-    // Another project's records of a DAG of the same id are not about this project's
-    // warehouses.
-    match conn.dag_projects(&dag.id) {
-        Ok(found) if crate::session::belonging::other_project(&project.name, &found).is_none() => {}
-        _ => return,
-    }
     let bounds = (b.range_start, b.range_end.saturating_sub(1));
-    let Ok(unlike) = crate::reads::unlike_published(dag, conn, bounds, &Default::default()) else {
-        return;
-    };
-    let then = format!(
-        "a rerun with --reprocess-behavior none or failed skips {} as already existing",
-        if unlike.len() == 1 { "it" } else { "them" }
-    );
-    if let Some(words) = crate::report::unlike::words(dag, &unlike, &then, (&b.from_arg, &b.to_arg))
+    let unlike = crate::reads::unlike_published(project, dag, conn, bounds, &Default::default());
+    let skipper = "a rerun with --reprocess-behavior none or failed";
+    if let Some(words) = unlike
+        .ok()
+        .and_then(|u| crate::report::unlike::words(dag, &u, skipper))
     {
         warn(g, &words);
     }

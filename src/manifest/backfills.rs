@@ -497,3 +497,8 @@ pub(crate) fn settle_staged(conn: &Conn, id: i64) -> Result<()> {
     )?;
     Ok(())
 }
+
+/// The first project other than `ours` with backfills of the DAG, of those the manifest holds.
+pub(crate) fn other_project<'a>(ours: &str, found: &'a [DagProject]) -> Option<&'a DagProject> {
+    found.iter().find(|p| p.project != ours)
+}

@@ -1,14 +1,13 @@
 //! Partitions recorded as published that their target no longer holds (see
 //! [`crate::reads::unlike_published`]), in words.
 
-/// What [`crate::reads::unlike_published`] found, as a warning: each partition (five at most), `then` (what
-/// becomes of them), and the command that computes them again: over their dates for a daily
-/// DAG, else over `range` (`--from` and `--to`). `None` when nothing was found.
+/// What [`crate::reads::unlike_published`] found, as a warning: each partition (five at most),
+/// that `skipper` (the reprocess behaviours that do) skips them, and the command that computes
+/// them again. `None` when nothing was found.
 pub(crate) fn words(
     dag: &crate::project::Dag,
     unlike: &[crate::reads::Unlike],
-    then: &str,
-    range: (&str, &str),
+    skipper: &str,
 ) -> Option<String> {
     const SHOWN: usize = 5;
     let starts = unlike.iter().map(|u| u.interval.start);
@@ -37,8 +36,7 @@ pub(crate) fn words(
         each.push(format!("and {} more", unlike.len() - SHOWN));
     }
     // Dates name a daily DAG's intervals exactly, instants any other's (an interval starting
-    // then); `range` (`--from` and `--to` as typed) would move with a relative one.
-    let _ = range;
+    // then); `--from` and `--to` as typed would move with a relative one.
     let (from, to) = if dag.schedule.at_most_daily() {
         (label.label(first), label.label(last))
     } else {
@@ -48,7 +46,7 @@ pub(crate) fn words(
     };
     let one = unlike.len() == 1;
     Some(format!(
-        "{} of DAG {} recorded as published no longer {} the rows that were published: {}; {then}, and `{}` computes {} again",
+        "{} of DAG {} recorded as published no longer {} the rows that were published: {}; {skipper} skips {} as already existing, and `{}` computes {} again",
         super::out::plural(
             i64::try_from(unlike.len()).unwrap_or(i64::MAX),
             "partition",
@@ -57,6 +55,7 @@ pub(crate) fn words(
         dag.id,
         if one { "holds" } else { "hold" },
         each.join(", "),
+        if one { "it" } else { "them" },
         super::out::hint(&format!(
             "create --dag {} --from {from} --to {to} --reprocess-behavior completed",
             dag.id

@@ -129,10 +129,7 @@ pub(crate) fn check_backfill(
     )))
 }
 
-/// The first project other than `ours` with backfills of the DAG, of those the manifest holds.
-pub(crate) fn other_project<'a>(ours: &str, found: &'a [DagProject]) -> Option<&'a DagProject> {
-    found.iter().find(|p| p.project != ours)
-}
+pub(crate) use crate::manifest::backfills::other_project;
 
 /// The refusal to plan `dag` where the manifest at `manifest` holds `theirs`, another
 /// project's backfills of it.

@@ -80,17 +80,14 @@ pub fn to_postgres(
             &[Value::Text(identity)],
         )?;
         // Above every id the SQLite manifest gave, also those of rows `forget` removed.
-        for (table, last) in [
-            ("backfills", "last_backfill"),
-            ("workers", "last_worker"),
-            ("runs", "last_run"),
-            ("task_tries", "last_try"),
-            ("forgets", "0"),
-        ] {
+        for table in ["backfills", "workers", "runs", "task_tries", "forgets"] {
+            let largest = match table {
+                "forgets" => "COALESCE((SELECT MAX(id) FROM forgets), 0)".to_string(),
+                _ => super::forgets::largest_id(table, "GREATEST"),
+            };
             s.query(
                 &format!(
-                    "SELECT setval(pg_get_serial_sequence('{}.{table}', 'id'), \
-                     GREATEST(COALESCE(MAX(id), 0), (SELECT COALESCE(MAX({last}), 0) FROM forgets)) + 1, false) FROM {table}",
+                    "SELECT setval(pg_get_serial_sequence('{}.{table}', 'id'), {largest} + 1, false)",
                     postgres::SCHEMA
                 ),
                 &[],

@@ -226,20 +226,17 @@ pub(crate) fn forget(
     } else {
         "max"
     };
-    let last = |table: &str, column: &str| -> Result<i64> {
+    let last = |table: &str| -> Result<i64> {
         Ok(conn.query_row(
-            &format!(
-                "SELECT {greatest}(coalesce((SELECT max(id) FROM {table}), 0),
-                                   coalesce((SELECT max({column}) FROM forgets), 0))"
-            ),
+            &format!("SELECT {}", largest_id(table, greatest)),
             [],
             |r| r.get(0),
         )?)
     };
-    let last_backfill = last("backfills", "last_backfill")?;
-    let last_run = last("runs", "last_run")?;
-    let last_try = last("task_tries", "last_try")?;
-    let last_worker = last("workers", "last_worker")?;
+    let last_backfill = last("backfills")?;
+    let last_run = last("runs")?;
+    let last_try = last("task_tries")?;
+    let last_worker = last("workers")?;
     let tries = format!("SELECT id FROM task_tries WHERE run_id IN ({RUNS})");
     let p = params![dag_id, lo, hi];
     conn.execute(
@@ -405,17 +402,21 @@ pub(crate) fn new_id(conn: &Conn, table: &str) -> (&'static str, String) {
     if conn.is_postgres() {
         return ("", String::new());
     }
+    ("id, ", format!("{} + 1, ", largest_id(table, "max")))
+}
+
+/// The largest id `table` (`backfills`, `runs`, `task_tries` or `workers`) ever gave, rows that
+/// `forget` removed included, as an SQL expression; `greatest` is the engine's maximum of two
+/// values (`max` on SQLite, `greatest` on PostgreSQL).
+pub(crate) fn largest_id(table: &str, greatest: &str) -> String {
     let column = match table {
         "backfills" => "last_backfill",
         "runs" => "last_run",
         "workers" => "last_worker",
         _ => "last_try",
     };
-    (
-        "id, ",
-        format!(
-            "max(coalesce((SELECT max(id) FROM {table}), 0),
-                 coalesce((SELECT max({column}) FROM forgets), 0)) + 1, "
-        ),
+    format!(
+        "{greatest}(coalesce((SELECT max(id) FROM {table}), 0),
+                    coalesce((SELECT max({column}) FROM forgets), 0))"
     )
 }

@@ -135,7 +135,14 @@ pub(crate) fn run(g: &Global, ask: &Ask<'_>) -> Result<u8, Error> {
     }
     drop(conn);
     let writer = Writer::open(&path, project.durability)?;
-    let result = forget(g, &project, &writer, ask, range, &identity);
+    let result = forget(
+        g,
+        &project,
+        &writer,
+        ask,
+        (range, scope, versions),
+        &identity,
+    );
     writer.close();
     result
 }
@@ -151,23 +158,24 @@ fn what<'a>(ask: &Ask<'a>, scope: &'a Scope, versions: Option<i64>) -> What<'a> 
     }
 }
 
+/// Removes the range, once the removals an earlier forget left half done are finished.
+/// `scope` and `versions` are what the range held when the command counted it (the manifest
+/// and the kept versions), counted again only if finishing those removals may have changed it.
 fn forget(
     g: &Global,
     project: &Project,
     writer: &Writer,
     ask: &Ask<'_>,
-    range: Option<(i64, i64)>,
+    (range, scope, versions): (Option<(i64, i64)>, Scope, Option<i64>),
     identity: &str,
 ) -> Result<u8, Error> {
-    let reads = || manifest::open_read_only(writer.path());
     let at = |e: manifest::Error| e.at(writer.path());
+    let reads = manifest::open_read_only(writer.path())?;
+    let mut finished = false;
     // Removals that an earlier forget left half done are finished first, each once its DAG
     // is not in use; one that cannot be finished now stays for the next forget.
-    for f in reads()?.unfinished_forgets().map_err(at)? {
-        let busy = reads()?
-            .forget_scope(&f.dag_id, f.range)
-            .map_err(at)?
-            .busy();
+    for f in reads.unfinished_forgets().map_err(at)? {
+        let busy = reads.forget_scope(&f.dag_id, f.range).map_err(at)?.busy();
         if let Some(busy) = busy {
             warn(
                 g,
@@ -187,16 +195,24 @@ fn forget(
                 f.id, f.dag_id
             ),
         );
+        finished = true;
         if let Err(e) = clean(g, project, writer, &f, identity) {
             warn(g, &e.to_string());
         }
     }
     // What is left once they are: a range that the manifest and the warehouses no longer
     // hold is not recorded as a removal.
-    let scope = reads()?.forget_scope(ask.dag_id, range).map_err(at)?;
-    if scope.is_empty()
-        && kept(g, project.dag(ask.dag_id).ok().as_ref(), identity, range) == Some(0)
-    {
+    let (scope, versions) = if finished {
+        let dag = project.dag(ask.dag_id).ok();
+        (
+            reads.forget_scope(ask.dag_id, range).map_err(at)?,
+            kept(g, dag.as_ref(), identity, range),
+        )
+    } else {
+        (scope, versions)
+    };
+    drop(reads);
+    if scope.is_empty() && versions == Some(0) {
         if g.json {
             crate::report::out::json(&what(ask, &scope, Some(0)).json(Some(None)))?;
         }

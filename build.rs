@@ -46,7 +46,7 @@ fn main() {
 }
 
 /// The release binary keeps its line tables, so that a backtrace names the file and line of each
-/// frame, and its linker compresses them (zlib): 114 MB uncompressed, 51 MB compressed, where
+/// frame, and its linker compresses them (zlib): 114 MB uncompressed, 52 MB compressed, where
 /// stripping them altogether would leave 28 MB and backtraces without lines. The standard
 /// library's backtrace reads compressed sections. GNU ld, gold, lld and mold all take the flag;
 /// other systems' linkers are left alone. `cargo install` builds this profile.

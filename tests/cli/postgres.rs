@@ -3516,6 +3516,101 @@ WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end";
     t.wait_for_killed_sessions();
 }
 
+/// A process that found the table of kept versions missing, then waited while another process
+/// made it and began tries that move rows into it, does not wait for those tries: under the
+/// lock it looks again, and changes nothing on a table that exists.
+#[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
+fn a_kept_table_another_process_just_made_is_used_without_waiting_for_its_tries() {
+    let t = Pg::new();
+    t.p.create("orders", "2026-01-01", "2026-01-01", &[])
+        .code(0);
+    let kept = t.psql(
+        "SELECT tablename FROM pg_tables WHERE schemaname = 'backfill' AND tablename LIKE 'kept\\_%'",
+    );
+    assert!(kept.starts_with("kept_"), "{kept}");
+    t.psql(&format!("ALTER TABLE backfill.{kept} RENAME TO kept_aside"));
+    t.psql("UPDATE raw.orders SET amount = amount + 1");
+    let psql = pg::bin_dir().map_or("psql".into(), |b| b.join("psql"));
+    let hold = |sql: &str| {
+        std::process::Command::new(&psql)
+            .args(["-X", "-q", &t.cluster.url(&t.db), "-c"])
+            .arg(sql)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let active = |marker: &str| {
+        t.psql(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND query LIKE '%{marker}%' AND state = 'active' AND pid <> pg_backend_pid()",
+            t.db
+        )) == "1"
+    };
+    // Another process holds the lock under which the table is made...
+    let mut maker = hold("BEGIN; SELECT pg_advisory_xact_lock(7262150319); SELECT pg_sleep(600.1)");
+    wait_until("the lock to be held", Duration::from_secs(20), || {
+        active("pg_sleep(600.1)")
+    });
+    let mut child = t.p.spawn(
+        "run",
+        &[
+            "create",
+            "--dag",
+            "orders",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-01",
+            "--reprocess-behavior",
+            "completed",
+        ],
+    );
+    crate::support::wait_while_running(
+        &t.p,
+        "run",
+        &mut child,
+        "backfill to wait for the lock",
+        Duration::from_secs(30),
+        &|| String::new(),
+        || {
+            t.psql(&format!(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND wait_event = 'advisory'",
+                t.db
+            )) == "1"
+        },
+    );
+    // ...makes it, and one of its tries moves rows into it and goes on.
+    t.psql(&format!("ALTER TABLE backfill.kept_aside RENAME TO {kept}"));
+    let mut try_ = hold(&format!(
+        "BEGIN; LOCK TABLE backfill.{kept} IN ROW EXCLUSIVE MODE; SELECT pg_sleep(600.2)"
+    ));
+    wait_until("the try to hold the table", Duration::from_secs(20), || {
+        active("pg_sleep(600.2)")
+    });
+    t.psql(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{}' AND query LIKE '%pg_sleep(600.1)%' AND pid <> pg_backend_pid()",
+        t.db
+    ));
+    let _ = maker.wait();
+    let out = crate::support::wait_within(&t.p, "run", child, Duration::from_secs(60));
+    t.psql(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{}' AND query LIKE '%pg_sleep(600.2)%' AND pid <> pg_backend_pid()",
+        t.db
+    ));
+    let _ = try_.wait();
+    out.code(0);
+    assert_eq!(t.fact(), t.expected(&[1]));
+    assert_eq!(
+        t.psql("SELECT count(*) FROM backfill.versions"),
+        "1",
+        "the replaced rows were kept"
+    );
+}
+
 /// The owner keeps its lease while its warehouse does not answer: a rejected try's rollback
 /// waits on a blocking thread, never on the async worker where the heartbeat runs (a DAG of SQL
 /// tasks has one).

@@ -14,6 +14,37 @@ pub(super) fn ask(allowed: &Allowed<'_>) -> std::result::Result<(), Failure> {
     }
 }
 
+/// Runs `make` when `there` (one boolean) says false. Several processes may run it at once: one
+/// at a time, under the advisory lock `lock`, and only the first. One that found it needed
+/// before another ran it looks again under the lock: its statements, even those that change
+/// nothing (`ADD COLUMN IF NOT EXISTS`, `CREATE INDEX IF NOT EXISTS`), would wait for the locks
+/// of every try that the tables the first one made already serve.
+pub(super) fn create_once(
+    c: &mut Conn,
+    lock: i64,
+    there: &str,
+    make: &str,
+) -> std::result::Result<(), Failure> {
+    if c.wait(c.client.query_one(there, &[]))?.get::<_, bool>(0) {
+        return Ok(());
+    }
+    c.wait(
+        c.client
+            .batch_execute(&format!("BEGIN; SELECT pg_advisory_xact_lock({lock})")),
+    )?;
+    let made = (|| -> std::result::Result<(), tokio_postgres::Error> {
+        if !c.wait(c.client.query_one(there, &[]))?.get::<_, bool>(0) {
+            c.wait(c.client.batch_execute(make))?;
+        }
+        c.wait(c.client.batch_execute("COMMIT"))
+    })();
+    if let Err(e) = made {
+        let _ = c.wait(c.client.batch_execute("ROLLBACK"));
+        return Err(e.into());
+    }
+    Ok(())
+}
+
 /// Creates the bookkeeping tables when they do not exist (once per connection).
 pub(super) fn book(c: &mut Conn) -> std::result::Result<(), Failure> {
     if c.booked {
@@ -22,21 +53,11 @@ pub(super) fn book(c: &mut Conn) -> std::result::Result<(), Failure> {
     const THERE: &str = "SELECT to_regclass('backfill.partitions') IS NOT NULL AND to_regclass('backfill.versions') IS NOT NULL \
          AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('backfill.publishes') \
            AND attname = 'judged' AND NOT attisdropped)";
-    let there: bool = c.wait(c.client.query_one(THERE, &[]))?.get(0);
-    if !there {
-        // Several processes may create them at once: one at a time, and only the first. One
-        // that found them missing before another made them looks again under the lock: its
-        // statements, even those that change nothing (`ADD COLUMN IF NOT EXISTS`), would wait
-        // for the locks of every try that the first one's tables already serve.
-        c.wait(
-            c.client
-                .batch_execute("BEGIN; SELECT pg_advisory_xact_lock(7262150318)"),
-        )?;
-        let made = (|| -> std::result::Result<(), tokio_postgres::Error> {
-            let there: bool = c.wait(c.client.query_one(THERE, &[]))?.get(0);
-            if !there {
-                c.wait(c.client.batch_execute(
-                    "CREATE SCHEMA IF NOT EXISTS backfill; \
+    create_once(
+        c,
+        7262150318,
+        THERE,
+        "CREATE SCHEMA IF NOT EXISTS backfill; \
                      CREATE TABLE IF NOT EXISTS backfill.partitions ( \
                        target text NOT NULL, partition_start timestamptz NOT NULL, \
                        manifest text NOT NULL, try_id bigint NOT NULL, \
@@ -57,15 +78,7 @@ pub(super) fn book(c: &mut Conn) -> std::result::Result<(), Failure> {
                      CREATE INDEX IF NOT EXISTS versions_by_interval \
                        ON backfill.versions (manifest, target, interval_start, replaced_by); \
                      ALTER TABLE backfill.publishes ADD COLUMN IF NOT EXISTS judged text;",
-                ))?;
-            }
-            c.wait(c.client.batch_execute("COMMIT"))
-        })();
-        if let Err(e) = made {
-            let _ = c.wait(c.client.batch_execute("ROLLBACK"));
-            return Err(e.into());
-        }
-    }
+    )?;
     c.booked = true;
     Ok(())
 }

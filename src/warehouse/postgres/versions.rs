@@ -34,23 +34,22 @@ pub(super) fn ensure_kept(c: &mut Conn, manifest: &str, target: &str) -> Result<
     if c.kept.contains(&kept) {
         return Ok(kept);
     }
-    let there: bool = c
-        .wait(
-            c.client
-                .query_one("SELECT to_regclass($1) IS NOT NULL", &[&kept]),
-        )?
-        .get(0);
-    if !there {
-        c.wait(c.client.batch_execute(&format!(
-            "BEGIN; SELECT pg_advisory_xact_lock(7262150319); \
-             CREATE TABLE IF NOT EXISTS {kept} (LIKE {t}); \
+    // The name is the manifest's and the target's hashes: nothing to quote.
+    super::bookkeeping::create_once(
+        c,
+        7262150319,
+        &format!(
+            "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('{kept}') \
+             AND attname = '_replaced_by' AND NOT attisdropped)"
+        ),
+        &format!(
+            "CREATE TABLE IF NOT EXISTS {kept} (LIKE {t}); \
              ALTER TABLE {kept} ADD COLUMN IF NOT EXISTS _replaced_by bigint; \
-             CREATE INDEX IF NOT EXISTS {idx} ON {kept} (_replaced_by); \
-             COMMIT;",
+             CREATE INDEX IF NOT EXISTS {idx} ON {kept} (_replaced_by);",
             t = quote_name(target),
             idx = quote_ident(&format!("{}_by_try", kept.trim_start_matches("backfill."))),
-        )))?;
-    }
+        ),
+    )?;
     c.kept.insert(kept.clone());
     Ok(kept)
 }

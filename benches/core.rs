@@ -82,6 +82,8 @@ fn large_manifest(dir: &std::path::Path, intervals: &[DataInterval]) -> manifest
         project: None,
         warehouses: None,
         atomic: false,
+        wait_ready: None,
+        require_ready: false,
     };
     let owner = backfills::insert(&conn, &request, &ctx).unwrap();
     let owner = backfills::fence(&conn, owner).unwrap();

@@ -398,6 +398,14 @@ pub struct CreateArgs {
     /// rest stay planned for `backfill resume`.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_failures: Option<u32>,
+    /// How long an interval may wait for its sources (`[tasks.ready]`), for every task: overrides
+    /// each task's `wait` (0s: ask once). Kept by `resume`.
+    #[arg(long, value_name = "DURATION", value_parser = parse_wait)]
+    pub wait_ready: Option<std::time::Duration>,
+    /// Exit with code 4 when the sources of an interval were not ready, so it did not run
+    /// (without it, such an interval is recorded `not ready` and the exit code is 0).
+    #[arg(long)]
+    pub require_ready: bool,
     /// Run only these tasks of each interval (comma-separated); the tasks they depend on count
     /// as done.
     #[arg(long, value_name = "TASK,...", value_delimiter = ',')]

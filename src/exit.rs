@@ -16,6 +16,9 @@ pub(crate) const INTERNAL: u8 = 1;
 pub const USAGE: u8 = 2;
 /// One or more intervals failed or were rejected; the rest completed.
 pub(crate) const FAILED: u8 = 3;
+/// `--require-ready`: every interval that ran succeeded, and the sources of one or more were
+/// not ready (`[tasks.ready]`), so they did not run.
+pub(crate) const NOT_READY: u8 = 4;
 /// Interrupted (Ctrl-C, SIGTERM, SIGHUP, `backfill cancel`); resumable with `backfill resume ID`.
 pub(crate) const INTERRUPTED: u8 = 130;
 

@@ -84,10 +84,12 @@ pub enum SkipReason {
     UpstreamNotSuccessful,
     /// A cascade with `changed`: no upstream output it depends on changed.
     UpstreamUnchanged,
+    /// `[tasks.ready]`: its sources were still not ready when its wait ran out.
+    NotReady,
 }
 
 impl SkipReason {
-    pub(crate) const ALL: [SkipReason; 8] = [
+    pub(crate) const ALL: [SkipReason; 9] = [
         Self::AlreadyExists,
         Self::InFlight,
         Self::NotYetComplete,
@@ -96,6 +98,7 @@ impl SkipReason {
         Self::NothingStaged,
         Self::UpstreamNotSuccessful,
         Self::UpstreamUnchanged,
+        Self::NotReady,
     ];
 
     pub(crate) fn as_str(self) -> &'static str {
@@ -108,6 +111,7 @@ impl SkipReason {
             Self::NothingStaged => "nothing staged",
             Self::UpstreamNotSuccessful => "upstream not successful",
             Self::UpstreamUnchanged => "upstream unchanged",
+            Self::NotReady => "not ready",
         }
     }
 }

@@ -131,6 +131,18 @@ stored_enum! {
     }
 }
 
+stored_enum! {
+    /// Where the readiness of an interval's sources stands (`[tasks.ready]`), for one task.
+    ReadyState {
+        /// Not ready yet: asked again until its wait runs out.
+        Waiting => "waiting",
+        /// Ready: the interval's run could start.
+        Ready => "ready",
+        /// Still not ready when its wait ran out: the interval was not run.
+        NotReady => "not ready",
+    }
+}
+
 impl RunState {
     pub(crate) fn is_finished(self) -> bool {
         !matches!(self, Self::Queued | Self::Running)
@@ -190,6 +202,9 @@ impl serde::Serialize for ShownVerdict {
 pub enum IntervalState {
     Run(RunState),
     WaitingForPool(String),
+    /// No run yet: its sources are not ready (`[tasks.ready]`), and it may wait this much
+    /// longer (milliseconds).
+    WaitingForSources(i64),
 }
 
 impl IntervalState {
@@ -198,6 +213,7 @@ impl IntervalState {
         match self {
             Self::Run(s) => *s,
             Self::WaitingForPool(_) => RunState::Running,
+            Self::WaitingForSources(_) => RunState::Queued,
         }
     }
 }
@@ -207,6 +223,13 @@ impl fmt::Display for IntervalState {
         match self {
             Self::Run(s) => f.write_str(s.as_str()),
             Self::WaitingForPool(pool) => write!(f, "waiting for pool {pool}"),
+            Self::WaitingForSources(left_ms) => write!(
+                f,
+                "waiting for sources ({} left)",
+                crate::words::duration_short(std::time::Duration::from_millis(
+                    u64::try_from(*left_ms).unwrap_or(0)
+                ))
+            ),
         }
     }
 }

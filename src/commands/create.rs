@@ -335,6 +335,10 @@ fn request(dag: &Dag, args: &CreateArgs, p: &Prepared) -> NewBackfill {
         project: None,
         warehouses: None,
         atomic: false,
+        wait_ready: args
+            .wait_ready
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        require_ready: args.require_ready,
     }
 }
 

@@ -75,6 +75,12 @@ pub struct NewBackfill {
     pub warehouses: Option<String>,
     /// A promote that publishes all its staged outputs in one warehouse transaction, or none.
     pub atomic: bool,
+    /// `create --wait-ready`: how long an interval may wait for its sources, in milliseconds
+    /// (`None`: each task's own `wait`).
+    pub wait_ready: Option<i64>,
+    /// `create --require-ready`: an interval whose sources were not ready fails the backfill's
+    /// exit code.
+    pub require_ready: bool,
 }
 
 /// A backfill row.
@@ -122,6 +128,10 @@ pub struct Backfill {
     pub warehouses: Option<String>,
     /// `promote --atomic`: every staged output in one warehouse transaction, or none.
     pub atomic: bool,
+    /// `create --wait-ready` in milliseconds, which `resume` and `join` keep.
+    pub wait_ready: Option<i64>,
+    /// `create --require-ready`, which `resume` and `join` keep.
+    pub require_ready: bool,
 }
 
 impl Backfill {
@@ -145,7 +155,7 @@ impl Backfill {
     }
 }
 
-pub(crate) const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks, max_failures, cascade, cascade_of, sample, definition, batch_size, project, warehouses, owner_start, atomic";
+pub(crate) const COLUMNS: &str = "id, dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior, max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host, heartbeat_at, cancel_requested, created_at, finished_at, epoch, planning, kind, source_backfill, tasks, max_failures, cascade, cascade_of, sample, definition, batch_size, project, warehouses, owner_start, atomic, wait_ready, require_ready";
 
 pub(crate) fn from_row(r: &Row<'_>) -> super::db::Result<Backfill> {
     let reprocess: String = r.get(6)?;
@@ -191,6 +201,8 @@ pub(crate) fn from_row(r: &Row<'_>) -> super::db::Result<Backfill> {
         warehouses: r.get(30)?,
         owner_start: r.get(31)?,
         atomic: r.get(32)?,
+        wait_ready: r.get(33)?,
+        require_ready: r.get(34)?,
     })
 }
 
@@ -267,8 +279,9 @@ pub fn insert(conn: &Conn, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
         &format!("INSERT INTO backfills ({id}dag_id, from_arg, to_arg, range_start, range_end, reprocess_behavior,
             max_active_runs, run_backwards, allow_drift, conf, state, owner_pid, owner_host,
             heartbeat_at, created_at, epoch, planning, kind, source_backfill, tasks, max_failures,
-            cascade, cascade_of, sample, definition, batch_size, project, warehouses, owner_start, atomic)
-         VALUES ({new_id}?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)
+            cascade, cascade_of, sample, definition, batch_size, project, warehouses, owner_start, atomic,
+            wait_ready, require_ready)
+         VALUES ({new_id}?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29)
          RETURNING id"),
         params![
             b.dag_id,
@@ -299,7 +312,9 @@ pub fn insert(conn: &Conn, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
             b.project,
             b.warehouses,
             ctx.start,
-            b.atomic
+            b.atomic,
+            b.wait_ready,
+            b.require_ready
         ],
         |r| r.get(0),
     )?;

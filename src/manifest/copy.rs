@@ -23,6 +23,7 @@ const TABLES: &[(&str, &str)] = &[
     ("pool_slots", "try_id"),
     ("forgets", "id"),
     ("pool_starts", "pool, at, try_id"),
+    ("readiness", "backfill_id, interval_start, task_id"),
 ];
 
 /// Parameters per statement (PostgreSQL takes at most 65535).

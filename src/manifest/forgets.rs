@@ -273,12 +273,17 @@ pub(crate) fn forget(
            AND backfill_id IN (SELECT id FROM backfills WHERE dag_id = ?1)",
         p,
     )?;
+    conn.execute(
+        "DELETE FROM readiness WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3",
+        p,
+    )?;
     for &id in &s.backfills {
         for sql in [
             "DELETE FROM pool_slots WHERE backfill_id = ?1",
             "DELETE FROM leases WHERE backfill_id = ?1",
             "UPDATE runs SET worker = NULL WHERE worker IN (SELECT id FROM workers WHERE backfill_id = ?1)",
             "DELETE FROM workers WHERE backfill_id = ?1",
+            "DELETE FROM readiness WHERE backfill_id = ?1",
             "UPDATE backfills SET source_backfill = NULL WHERE source_backfill = ?1",
             "UPDATE backfills SET cascade_of = NULL WHERE cascade_of = ?1",
             "DELETE FROM backfills WHERE id = ?1",

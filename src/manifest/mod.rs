@@ -18,6 +18,7 @@ pub mod postgres;
 pub mod publishes;
 pub mod queries;
 mod reader;
+pub mod readiness;
 pub(crate) mod record;
 pub mod runs;
 pub(crate) mod staged;
@@ -71,6 +72,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (16, include_str!("../../migrations/0016_reports.sql")),
     (17, include_str!("../../migrations/0017_forgets.sql")),
     (18, include_str!("../../migrations/0018_pool_rates.sql")),
+    (19, include_str!("../../migrations/0019_readiness.sql")),
 ];
 
 /// CHECK constraints a migration widens (SQLite cannot alter one): `(version, table, old, new)`.

@@ -384,6 +384,41 @@ pub struct IntervalDetail {
     /// The batch (`START/END`) whose one query or command computed the latest run's output.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub batch: Option<String>,
+    /// What its readiness checks answered before its run (`[tasks.ready]`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ready: Vec<ReadyDetail>,
+}
+
+/// What one task's readiness check answered for an interval of a backfill.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReadyDetail {
+    pub task: String,
+    pub state: crate::state::ReadyState,
+    pub asks: i64,
+    pub answer: Option<String>,
+    /// How long the interval waited for it (milliseconds).
+    pub waited_ms: i64,
+    /// How long it may still wait, while `waiting` (milliseconds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub left_ms: Option<i64>,
+}
+
+impl ReadyDetail {
+    /// `task `load` not ready after 7 asks over 2h: no file yet`.
+    pub(crate) fn said(&self) -> String {
+        let over = crate::words::duration_short(std::time::Duration::from_millis(
+            u64::try_from(self.waited_ms).unwrap_or(0),
+        ));
+        let asks = crate::words::plural(self.asks, "ask", "asks");
+        let answer = self
+            .answer
+            .as_deref()
+            .map_or(String::new(), |a| format!(": {a}"));
+        format!(
+            "task `{}` {} after {asks} over {over}{answer}",
+            self.task, self.state
+        )
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -508,7 +543,8 @@ fn show_part(conn: &Conn, id: i64, page: Option<(i64, i64)>) -> Result<Option<Ba
     let mut run_ids: Vec<i64> = latest.iter().map(|r| r.run_id).collect();
     run_ids.sort_unstable();
     let tries = try_aggs(conn, &run_ids)?;
-    let out = interval_details(plan, &latest, &tries);
+    let mut out = interval_details(plan, &latest, &tries);
+    add_readiness(conn, id, (lo, hi), b.state, &mut out)?;
     let counts = if page.is_some() {
         counts(conn, Some(id))?.remove(&id).unwrap_or_default()
     } else {
@@ -677,6 +713,59 @@ impl TryAgg {
     }
 }
 
+/// Adds what the backfill's readiness checks answered to its intervals (by start, within
+/// `span`): an interval with no run whose sources are awaited shows as waiting while the
+/// backfill runs, and one skipped as `not ready` says what the check answered.
+fn add_readiness(
+    conn: &Conn,
+    id: i64,
+    (lo, hi): (i64, i64),
+    state: BackfillState,
+    out: &mut [IntervalDetail],
+) -> Result<()> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT interval_start, task_id, state, asks, answer, first_asked_at, last_asked_at, deadline
+         FROM readiness WHERE backfill_id = ?1 AND interval_start BETWEEN ?2 AND ?3
+         ORDER BY interval_start, first_asked_at",
+    )?;
+    let mut rows = stmt.query(rusqlite::params![id, lo, hi])?;
+    let now = crate::clock::now_ms();
+    // The plan's order may run backwards.
+    let at: HashMap<i64, usize> = out
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (d.start.0.timestamp(), i))
+        .collect();
+    while let Some(r) = rows.next()? {
+        let start: i64 = r.get(0)?;
+        let Some(&i) = at.get(&start) else {
+            continue;
+        };
+        let d = &mut out[i];
+        let ready_state: crate::state::ReadyState = r.get(2)?;
+        let (first, last, deadline): (i64, i64, i64) = (r.get(5)?, r.get(6)?, r.get(7)?);
+        let waiting = ready_state == crate::state::ReadyState::Waiting
+            && state == BackfillState::Running
+            && d.state.is_none();
+        let detail = ReadyDetail {
+            task: r.get(1)?,
+            state: ready_state,
+            asks: r.get(3)?,
+            answer: r.get(4)?,
+            waited_ms: last - first,
+            left_ms: waiting.then(|| (deadline - now).max(0)),
+        };
+        if let Some(left) = detail.left_ms {
+            d.state = Some(IntervalState::WaitingForSources(left));
+        }
+        if ready_state == crate::state::ReadyState::NotReady {
+            d.error = Some(detail.said());
+        }
+        d.ready.push(detail);
+    }
+    Ok(())
+}
+
 /// Each plan row with its interval's latest run and that run's tries: merged in memory, by
 /// binary search, without per-row lookups.
 fn interval_details(
@@ -723,6 +812,7 @@ fn interval_details(
             log: t.and_then(|t| existing(t.log.clone())),
             host: t.and_then(|t| t.host.clone()),
             batch: t.and_then(|t| t.batch.clone()),
+            ready: Vec::new(),
         });
     }
     out

@@ -55,6 +55,14 @@ pub(crate) fn batchable(
         // that its upstream intervals stand (and are not being rerun) when it starts.
         return Err("it reads what its `upstream` DAGs publish, which each interval checks when it starts, after a batch would have read it".into());
     }
+    if let Some(t) = tasks.iter().find(|t| t.ready.is_some()) {
+        // A batch's command computes all its intervals at once: an interval whose sources are
+        // not ready would hold the others back, or split the batch.
+        return Err(format!(
+            "task `{}` asks whether each interval's sources are ready ([tasks.ready]), and a batch computes its intervals at once",
+            t.id
+        ));
+    }
     // A batch runs its intervals one after the other, so it holds at most one slot of a pool,
     // as one interval would.
     if tasks.len() != 1 {
@@ -112,8 +120,32 @@ pub(crate) struct Task {
     pub grace_period: Duration,
     /// The `[pools]` pool whose slots its tries take.
     pub pool: Option<String>,
+    /// `[tasks.ready]`: asked before an interval starts, whether its sources are there.
+    pub ready: Option<Ready>,
     /// Where the task's keys are written, for messages about them.
     pub locations: TaskLocations,
+}
+
+/// A task's `[tasks.ready]`: how to ask whether an interval's sources are ready, and how long
+/// to keep asking.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Ready {
+    pub check: ReadyCheck,
+    /// How long an interval may wait for its sources (0: a source not ready is not waited
+    /// for).
+    pub wait: Duration,
+    /// How often to ask again while it waits.
+    pub every: Duration,
+}
+
+/// How readiness is asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ReadyCheck {
+    /// One read-only query of the task's warehouse: one value, true or a number other than 0
+    /// when ready.
+    Sql(String),
+    /// A command: exit 0 when ready, 1 when not; any other end is an error.
+    Command(CommandSpec),
 }
 
 /// Where a task's keys are written in its DAG file, each as `file:line:col` of the value.
@@ -137,6 +169,8 @@ pub(crate) struct TaskLocations {
     pub sql: Option<StringAt>,
     /// `pool`, when the task has one.
     pub pool: Option<String>,
+    /// `[tasks.ready]`, when the task has it: its `sql` or `command`.
+    pub ready: Option<String>,
     /// Each rule of the gate, in the order of `Gate::rules`: where it is written (a check's
     /// `sql`, with places inside it, or its `command`; a built-in rule's column name).
     pub rules: Vec<StringAt>,
@@ -200,7 +234,7 @@ impl WritePattern {
 }
 
 /// The publication gate of a task (`[tasks.gate]`).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Gate {
     pub unique_key: Vec<String>,
     /// `unique_key_scope = "table"`: the output's keys must not be in any other partition of
@@ -417,6 +451,16 @@ impl Task {
         {
             out.push(("source_fingerprint", spec, at.as_str()));
         }
+        if let (
+            Some(Ready {
+                check: ReadyCheck::Command(spec),
+                ..
+            }),
+            Some(at),
+        ) = (&self.ready, &self.locations.ready)
+        {
+            out.push(("ready.command", spec, at.as_str()));
+        }
         out
     }
 }
@@ -508,6 +552,9 @@ impl Dag {
             }
             if let Some(c) = &t.cleanup {
                 put("cleanup", format!("{c:?}"));
+            }
+            if let Some(r) = &t.ready {
+                put("ready", format!("{:?}", r.check));
             }
         }
         d

@@ -11,7 +11,7 @@ use toml::Spanned;
 
 use super::Warehouse;
 use super::diagnostics::{ConfigError, FileErrors, StringAt, parse_duration};
-use super::raw::{RawCommand, RawDag, RawTask};
+use super::raw::{RawCommand, RawDag, RawReady, RawTask};
 use super::task::{command_spec, load_gate, task_kind};
 use crate::schedule::Schedule;
 use crate::suggest::closest;
@@ -474,6 +474,7 @@ fn load_task(
         }
         Some(c) => Some(command_spec(c, "cleanup", errs)),
     };
+    let ready = t.ready.as_ref().map(|r| load_ready(r, id, is_sql, errs));
     // Each is `None` when the key is wrong (and reported).
     let retries = match &t.retries {
         None => Some(defaults.retries),
@@ -521,6 +522,14 @@ fn load_task(
             .filter(|_| is_sql)
             .map(|s| StringAt::new(errs, s.span())),
         pool: t.pool.as_ref().map(|p| errs.location(p.span().start)),
+        ready: t.ready.as_ref().map(|r| {
+            let r = r.get_ref();
+            let at = r.sql.as_ref().map(Spanned::span);
+            errs.location(
+                at.or_else(|| r.command.as_ref().map(Spanned::span))
+                    .map_or(0, |s| s.start),
+            )
+        }),
         rules: t
             .gate
             .as_ref()
@@ -542,7 +551,102 @@ fn load_task(
         timeout: timeout?,
         grace_period: grace_period?,
         pool: t.pool.as_ref().map(|p| p.get_ref().clone()),
+        ready: ready.map_or(Some(None), |r| r.map(Some))?,
         locations,
+    })
+}
+
+/// How often readiness is asked again when `every` is not given: a minute, or the whole
+/// `wait` when shorter.
+const READY_EVERY: Duration = Duration::from_secs(60);
+
+/// `[tasks.ready]`, every key checked; `None` when one is wrong (reported).
+fn load_ready(
+    r: &Spanned<RawReady>,
+    id: &str,
+    is_sql: bool,
+    errs: &mut FileErrors<'_>,
+) -> Option<Ready> {
+    let raw = r.get_ref();
+    let check = match (&raw.sql, &raw.command) {
+        (Some(_), Some(c)) => {
+            errs.at(
+                c,
+                format!(
+                    "task `{id}`: [tasks.ready] asks with `sql` or with `command`, not both; remove one"
+                ),
+            );
+            None
+        }
+        (None, None) => {
+            errs.at(
+                r,
+                format!(
+                    "task `{id}`: [tasks.ready] needs `sql` (one read-only query of the task's warehouse, true when ready) or `command` (exit 0 when ready, 1 when not)"
+                ),
+            );
+            None
+        }
+        (Some(sql), None) if !is_sql => {
+            errs.at(
+                sql,
+                format!(
+                    "task `{id}`: a command task has no warehouse to run `sql` on; ask with `command = [...]` (exit 0 when ready, 1 when not)"
+                ),
+            );
+            None
+        }
+        (Some(sql), None) if sql.get_ref().trim().is_empty() => {
+            errs.at(
+                sql,
+                format!("task `{id}`: key `sql` of [tasks.ready] is empty; write a query such as SELECT count(*) > 0 FROM raw.loads WHERE day = :ds"),
+            );
+            None
+        }
+        (Some(sql), None) => Some(ReadyCheck::Sql(sql.get_ref().clone())),
+        (None, Some(c)) => command_spec(c, "ready.command", errs).map(ReadyCheck::Command),
+    };
+    let wait = match &raw.wait {
+        None => Some(Duration::ZERO),
+        Some(w) => duration(w, "wait", errs),
+    };
+    let every = match &raw.every {
+        None => wait.map(|w| {
+            if w.is_zero() {
+                READY_EVERY
+            } else {
+                w.min(READY_EVERY)
+            }
+        }),
+        Some(e) => match duration(e, "every", errs) {
+            Some(d) if d.is_zero() => {
+                errs.at(
+                    e,
+                    format!("task `{id}`: key `every` must be longer than 0s, such as \"5m\""),
+                );
+                None
+            }
+            d => d,
+        },
+    };
+    if let (Some(w), Some(e), Some(at)) = (wait, every, &raw.every)
+        && !w.is_zero()
+        && w < e
+    {
+        errs.at(
+            at,
+            format!(
+                "task `{id}`: `every = \"{}\"` is longer than `wait = \"{}\"`, so readiness would be asked once; ask more often than the wait, or wait longer",
+                at.get_ref(),
+                raw.wait.as_ref().map_or("", |w| w.get_ref())
+            ),
+        );
+        return None;
+    }
+    Some(Ready {
+        check: check?,
+        wait: wait?,
+        every: every?,
     })
 }
 

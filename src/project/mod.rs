@@ -18,7 +18,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub(crate) use dag::{
-    CommandSpec, Dag, Notify, Task, TaskKind, batchable, definition_changes, missing_conf,
+    CommandSpec, Dag, Notify, ReadyCheck, Task, TaskKind, batchable, definition_changes,
+    missing_conf,
 };
 pub use dag::{Gate, Literal, Rule, RuleKind, Severity, SourceCount, SqlTask, WritePattern};
 pub(crate) use diagnostics::{ConfigError, StringAt};

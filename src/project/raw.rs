@@ -63,7 +63,9 @@ pub(crate) const TASK_KEYS: &[&str] = &[
     "pool",
     "write",
     "on_missing",
+    "ready",
 ];
+pub(crate) const READY_KEYS: &[&str] = &["sql", "command", "wait", "every"];
 pub(crate) const GATE_KEYS: &[&str] = &[
     "unique_key",
     "unique_key_scope",
@@ -201,6 +203,16 @@ pub(crate) struct RawTask {
     pub(crate) write: Option<Spanned<String>>,
     /// With `write = "merge"`: `delete` (the default) or `keep`.
     pub(crate) on_missing: Option<Spanned<String>>,
+    pub(crate) ready: Option<Spanned<RawReady>>,
+}
+
+/// A `[tasks.ready]` table: how to ask whether an interval's sources are ready.
+#[derive(Debug)]
+pub(crate) struct RawReady {
+    pub(crate) sql: Option<Spanned<String>>,
+    pub(crate) command: Option<Spanned<RawCommand>>,
+    pub(crate) wait: Option<Spanned<String>>,
+    pub(crate) every: Option<Spanned<String>>,
 }
 
 /// A `[tasks.gate]` table.
@@ -483,6 +495,23 @@ impl RawTask {
                 None
             }
         });
+        let ready = table(t, "ready", "[tasks.ready]", errs).map(|(value, rt)| {
+            unknown_keys(rt, "[tasks.ready]", READY_KEYS, errs);
+            Spanned::new(
+                value.span(),
+                RawReady {
+                    sql: string(
+                        rt,
+                        "sql",
+                        "\"SELECT count(*) > 0 FROM raw.loads WHERE day = :ds\"",
+                        errs,
+                    ),
+                    command: command(rt, "command", errs),
+                    wait: string(rt, "wait", "\"2h\"", errs),
+                    every: string(rt, "every", "\"5m\"", errs),
+                },
+            )
+        });
         Self {
             at: item.span().start,
             id: string(t, "id", "\"extract\"", errs),
@@ -503,6 +532,7 @@ impl RawTask {
             pool: string(t, "pool", "\"source_api\"", errs),
             write: string(t, "write", "\"merge\"", errs),
             on_missing: string(t, "on_missing", "\"keep\"", errs),
+            ready,
         }
     }
 }

@@ -848,6 +848,14 @@ pub(super) fn read_only_queries(
     if let Some(sql) = &t.sql {
         judge(errs, "key `sql`", sql.span(), sql.get_ref());
     }
+    if let Some(sql) = t.ready.as_ref().and_then(|r| r.get_ref().sql.as_ref()) {
+        judge(
+            errs,
+            "key `sql` of [tasks.ready]",
+            sql.span(),
+            sql.get_ref(),
+        );
+    }
     let Some(gate) = &t.gate else {
         return;
     };

@@ -93,6 +93,7 @@ command = ["echo", "{{ data_interval_start }}", "{{ conf.region }}"]
             target: None,
             sql: None,
             pool: None,
+            ready: None,
             rules: Vec::new(),
         }
     );

@@ -95,8 +95,13 @@ fn message(stats: &Stats, width: Option<usize>) -> String {
     } else {
         String::new()
     };
+    let ready = match stats.waiting_ready {
+        0 => String::new(),
+        n if width.is_some_and(|w| w < WIDE) => format!(" · {n} not ready"),
+        n => format!(" · {n} waiting for sources"),
+    };
     format!(
-        "{} running{waiting} · {} failed",
+        "{} running{waiting}{ready} · {} failed",
         stats.running,
         stats.failures()
     )
@@ -276,7 +281,8 @@ impl<W: Write> Reporter<W> {
             }
             Event::Warning { warning } => self.always(&format!("warning: {warning}")),
             Event::IntervalSkipped { interval, reason } => {
-                if self.routine() {
+                // Sources not ready is said above a bar too: the interval was not run.
+                if self.routine() || *reason == crate::plan::SkipReason::NotReady {
                     let text = format!(
                         "{:<10} {} ({reason})",
                         "skipped",
@@ -297,6 +303,21 @@ impl<W: Write> Reporter<W> {
                     let text = format!(
                         "waiting    {} task `{task_id}` for {what} of pool `{pool}`",
                         self.labels.label(interval.start)
+                    );
+                    self.line(&text);
+                }
+            }
+            Event::ReadyWait {
+                interval,
+                task_id,
+                waiting,
+                left,
+            } => {
+                if *waiting && self.routine() {
+                    let text = format!(
+                        "waiting    {} task `{task_id}` for its sources ({} left)",
+                        self.labels.label(interval.start),
+                        crate::words::duration_short(*left)
                     );
                     self.line(&text);
                 }

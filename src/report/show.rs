@@ -267,6 +267,7 @@ mod tests {
                     "row count 5 differs from the source count 10 by 50.0% (tolerance 0.0%)".into()
                 }),
                 duration_ms: Some(1250),
+                ready: Vec::new(),
                 error: error.map(String::from),
                 log: None,
                 host: None,

@@ -53,6 +53,14 @@ pub(crate) enum Event {
         waiting: bool,
         rate: bool,
     },
+    /// An interval waits for its sources (`[tasks.ready]`, `waiting`, with the time its wait
+    /// has `left`), or stopped waiting (ready, not ready, or stopped).
+    ReadyWait {
+        interval: DataInterval,
+        task_id: String,
+        waiting: bool,
+        left: Duration,
+    },
     /// `--max-failures` was reached: no new interval starts; running ones finish.
     MaxFailures {
         failed: u32,
@@ -90,8 +98,12 @@ pub(crate) struct Stats {
     pub failed: u64,
     pub rejected: u64,
     pub cancelled: u64,
-    /// Skipped while running (`depends_on_past` after a failure).
+    /// Skipped while running (`depends_on_past` after a failure, sources not ready).
     pub skipped: u64,
+    /// Intervals waiting for their sources (`[tasks.ready]`).
+    pub waiting_ready: u64,
+    /// Skipped because their sources were not ready when their wait ran out.
+    pub not_ready: u64,
 }
 
 impl Stats {
@@ -117,9 +129,16 @@ impl Stats {
                     RunState::Queued | RunState::Running => {}
                 }
             }
-            Event::IntervalSkipped { .. } => {
+            Event::IntervalSkipped { reason, .. } => {
                 self.finished += 1;
                 self.skipped += 1;
+                if *reason == SkipReason::NotReady {
+                    self.not_ready += 1;
+                }
+            }
+            Event::ReadyWait { waiting: true, .. } => self.waiting_ready += 1,
+            Event::ReadyWait { waiting: false, .. } => {
+                self.waiting_ready = self.waiting_ready.saturating_sub(1);
             }
             Event::PoolWait { waiting: true, .. } => self.waiting += 1,
             Event::PoolWait { waiting: false, .. } => {
@@ -207,6 +226,8 @@ mod tests {
                 rejected: 1,
                 cancelled: 0,
                 skipped: 1,
+                waiting_ready: 0,
+                not_ready: 0,
             }
         );
         assert_eq!(stats.failures(), 1);

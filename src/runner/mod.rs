@@ -20,6 +20,7 @@ pub(crate) mod events;
 mod interval;
 mod outcome;
 mod promote;
+mod ready;
 mod record;
 mod rollback;
 mod sql_try;
@@ -111,6 +112,9 @@ pub(crate) struct RunSpec {
     /// intervals of gone workers and the wait for live ones; for a worker, the wait while the
     /// backfill runs, so that it is there to take the backfill over should its owner die.
     pub refill: Option<Refill>,
+    /// `--wait-ready`: how long an interval may wait for its sources, for every task's
+    /// `[tasks.ready]` (`None`: each task's own `wait`).
+    pub wait_ready: Option<std::time::Duration>,
     /// For a worker: once `true`, no run starts any more (its interval stays planned) and the
     /// runner returns when the runs in flight have ended. Its process took the backfill over
     /// (it goes on as the owner), or found the owner gone and cannot take its place.
@@ -391,7 +395,7 @@ pub(crate) async fn run(
     loop {
         d.note_freed();
         d.start_more().await;
-        if d.running.is_empty() {
+        if d.running.is_empty() && d.readying.is_empty() {
             if d.refill().await {
                 continue;
             }
@@ -448,6 +452,14 @@ struct Dispatch {
     running: JoinSet<Result<Ended, Error>>,
     /// The intervals (by start) that hold a slot: spawned, and neither freed nor joined.
     holding: std::collections::HashSet<i64>,
+    /// Whether intervals wait for their sources before they start (`[tasks.ready]`).
+    asks_ready: bool,
+    /// Intervals waiting for their sources (see [`ready`]); they hold no slot.
+    readying: JoinSet<Result<(DataInterval, ready::Waited), Error>>,
+    /// Intervals whose sources are ready, to start before the queue's next.
+    ready: VecDeque<DataInterval>,
+    /// Bounds how many readiness checks run at once.
+    asking: Arc<tokio::sync::Semaphore>,
     first_error: Option<Error>,
     failures: u32,
     halted: bool,
@@ -477,7 +489,13 @@ impl Dispatch {
             }
             _ => 1,
         };
+        let asks_ready = matches!(shared.spec.mode, Mode::Run | Mode::Stage)
+            && ready::asks(&shared.spec.dag.tasks);
         Ok(Self {
+            asks_ready,
+            readying: JoinSet::new(),
+            ready: VecDeque::new(),
+            asking: Arc::new(tokio::sync::Semaphore::new(max)),
             stop_rx: stop.clone(),
             wind_down: shared.spec.wind_down.clone(),
             shared,
@@ -535,6 +553,14 @@ impl Dispatch {
             {
                 break;
             }
+            if let Some(interval) = self.ready.pop_front() {
+                self.spawn_interval(interval);
+                continue;
+            }
+            // In order, with `depends_on_past`: one interval at a time.
+            if self.depends_on_past && !self.readying.is_empty() {
+                break;
+            }
             let Some(interval) = self.queue.pop_front() else {
                 break;
             };
@@ -557,6 +583,23 @@ impl Dispatch {
                 }
                 continue;
             }
+            if self.asks_ready {
+                // It takes its slot once its sources are ready.
+                let (shared, stop) = (self.shared.clone(), self.stop.clone());
+                let asking = self.asking.clone();
+                self.readying.spawn(async move {
+                    let waited = ready::wait_until_ready(shared, interval, stop, asking).await?;
+                    Ok((interval, waited))
+                });
+                continue;
+            }
+            self.spawn_interval(interval);
+        }
+    }
+
+    /// Runs one interval, which holds a slot until it frees it or ends.
+    fn spawn_interval(&mut self, interval: DataInterval) {
+        {
             let key = interval.start.timestamp();
             self.holding.insert(key);
             let slot = Slot {
@@ -569,6 +612,30 @@ impl Dispatch {
                 count_failure(&shared, ended.1);
                 Ok((key, vec![ended]))
             });
+        }
+    }
+
+    /// Takes in how an interval's wait for its sources ended.
+    fn readied(
+        &mut self,
+        joined: Result<Result<(DataInterval, ready::Waited), Error>, tokio::task::JoinError>,
+    ) {
+        match joined {
+            Ok(Ok((interval, ready::Waited::Ready))) => self.ready.push_back(interval),
+            Ok(Ok((interval, ready::Waited::NotReady))) => {
+                if self.depends_on_past {
+                    self.succeeded_by_end
+                        .insert(interval.end.timestamp(), false);
+                }
+            }
+            // It stays planned, for `resume`.
+            Ok(Ok((_, ready::Waited::Stopped))) => {}
+            Ok(Err(e)) => fail(&self.shared, &mut self.first_error, e),
+            Err(e) => fail(
+                &self.shared,
+                &mut self.first_error,
+                Error::Internal(format!("an interval's wait for its sources panicked: {e}")),
+            ),
         }
     }
 
@@ -607,7 +674,7 @@ impl Dispatch {
     /// but still waits for its workers' runs (the outcome is judged on every interval); wound
     /// down, what is left is another process's to run.
     async fn refill(&mut self) -> bool {
-        let idle = (self.queue.is_empty() || self.halted)
+        let idle = ((self.queue.is_empty() && self.ready.is_empty()) || self.halted)
             && *self.stop.borrow() == Stop::Run
             && !self.shared.winding_down();
         let Some(refill) = &self.shared.spec.refill else {
@@ -645,7 +712,8 @@ impl Dispatch {
     /// stop, or a wind-down.
     async fn wait(&mut self) {
         tokio::select! {
-            joined = self.running.join_next() => self.joined(joined),
+            Some(joined) = self.running.join_next() => self.joined(Some(joined)),
+            Some(readied) = self.readying.join_next() => self.readied(readied),
             Some(start) = self.freed_rx.recv() => {
                 self.holding.remove(&start);
             }

@@ -51,6 +51,31 @@ pub(crate) struct Execution {
     /// When this process created the backfill, on the monotonic clock (`None`: another one
     /// did): its end is recorded as its creation plus the time since.
     pub created: Option<crate::clock::Mark>,
+    /// `--wait-ready` and `--require-ready`, as the backfill recorded them.
+    pub ready: Readiness,
+}
+
+/// How a backfill treats intervals whose sources are not ready (`[tasks.ready]`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Readiness {
+    /// `--wait-ready`: how long an interval may wait, for every task (`None`: each task's
+    /// `wait`).
+    pub wait: Option<std::time::Duration>,
+    /// `--require-ready`: an interval not ready makes the exit code [`crate::exit::NOT_READY`].
+    pub require: bool,
+}
+
+impl Readiness {
+    /// As a backfill's record holds it.
+    pub(crate) fn of(b: &crate::manifest::Backfill) -> Self {
+        Self {
+            wait: b
+                .wait_ready
+                .and_then(|ms| u64::try_from(ms).ok())
+                .map(std::time::Duration::from_millis),
+            require: b.require_ready,
+        }
+    }
 }
 
 /// Runs the intervals, then prints the summary and returns the exit code. The writer is closed
@@ -164,6 +189,7 @@ impl Execution {
             tasks: self.tasks.clone(),
             upstream: self.upstream.clone(),
             created: None,
+            ready: self.ready,
         }
     }
 }
@@ -204,6 +230,7 @@ fn run(
         // A failed promote or rollback is not rerun by `create`: its lines say what failed.
         reruns: matches!(e.mode, runner::Mode::Run | runner::Mode::Stage),
         only_tasks: e.tasks.clone(),
+        ready: e.ready,
         began,
     };
     let watch = Watch::default();
@@ -274,6 +301,7 @@ struct After {
     staging: bool,
     /// Whether the summary offers a command that reruns the failures.
     reruns: bool,
+    ready: Readiness,
     began: Instant,
 }
 
@@ -332,6 +360,7 @@ fn spec_of(
         pool_rates: project.pool_rates.clone(),
         lease_timeout: project.lease_timeout,
         upstream: e.upstream,
+        wait_ready: e.ready.wait,
         refill: Some(refill),
         wind_down: worker.then_some(wound_down),
     };
@@ -498,7 +527,15 @@ fn finish_owner(
     let counts = &outcome.backfill.intervals;
     let judged =
         super::outcome::Outcome::judge(fault.is_some(), halted, stopped, counts, after.staging);
-    let (state, code) = (judged.state(), judged.exit_code());
+    let (state, mut code) = (judged.state(), judged.exit_code());
+    let not_ready = outcome
+        .skipped
+        .get(crate::plan::SkipReason::NotReady.as_str())
+        .copied()
+        .unwrap_or(0);
+    if after.ready.require && not_ready > 0 && code == crate::exit::OK {
+        code = crate::exit::NOT_READY;
+    }
     let created = after.created;
     let recorded =
         writer.call_blocking(move |c| c.finish_backfill(owner, state, Ended::since(created)));

@@ -124,6 +124,7 @@ pub(crate) fn join(g: &Global, id: i64, max_active_runs: Option<u32>) -> Result<
             mode: super::staged::mode_of(&backfill, &manifest_path)?,
             upstream,
             created: None,
+            ready: super::execute::Readiness::of(&backfill),
         },
         writer,
     )?;

@@ -136,6 +136,7 @@ pub(crate) fn resume_found(
             mode: super::staged::mode_of(&backfill, manifest_path)?,
             upstream,
             created: None,
+            ready: super::execute::Readiness::of(&backfill),
         },
         writer,
     )?;

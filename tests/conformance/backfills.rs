@@ -91,6 +91,8 @@ fn full_request() -> NewBackfill {
         project: Some("shop".into()),
         warehouses: Some(r#"{"main": "/data/w.db"}"#.into()),
         atomic: true,
+        wait_ready: Some(7_200_000),
+        require_ready: true,
     }
 }
 
@@ -148,6 +150,7 @@ pub fn a_backfill_reads_back_every_field_it_was_recorded_with(m: &Engine) {
             true
         )
     );
+    assert_eq!((b.wait_ready, b.require_ready), (Some(7_200_000), true));
     // Its owner: this process, alive, running, its plan still to be written.
     assert_eq!(
         (b.state, b.owner_pid, b.owner_start, b.owner_host.as_deref()),
@@ -190,6 +193,7 @@ pub fn a_backfill_reads_back_every_field_it_was_recorded_with(m: &Engine) {
     );
     assert_eq!((p.sample, &p.definition, p.batch_size), (None, &None, None));
     assert_eq!((&p.project, &p.warehouses, p.atomic), (&None, &None, false));
+    assert_eq!((p.wait_ready, p.require_ready), (None, false));
     assert_eq!(p.conf, "{}");
 
     let r = m.read();

@@ -370,6 +370,8 @@ pub fn request(dag: &str) -> NewBackfill {
         project: None,
         warehouses: None,
         atomic: false,
+        wait_ready: None,
+        require_ready: false,
     }
 }
 

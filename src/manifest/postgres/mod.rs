@@ -148,6 +148,10 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
         13,
         include_str!("../../../migrations/postgres/0013_pool_rates.sql"),
     ),
+    (
+        14,
+        include_str!("../../../migrations/postgres/0014_readiness.sql"),
+    ),
 ];
 
 /// A failure of this side, not the server's.

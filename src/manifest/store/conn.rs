@@ -382,6 +382,9 @@ impl Planning for Conn {
     ) -> Result<()> {
         plans::mark_skipped(self, backfill_id, interval_start, reason)
     }
+    fn note_readiness(&self, f: Fenced, asked: &super::super::readiness::Asked) -> Result<()> {
+        super::super::readiness::note(self, f, asked)
+    }
 }
 
 impl Running for Conn {

@@ -340,6 +340,9 @@ pub trait Planning {
     /// Records a planned interval as skipped.
     fn mark_skipped(&self, backfill_id: i64, interval_start: i64, reason: SkipReason)
     -> Result<()>;
+    /// Records what an interval's readiness check answered; skips the interval when it is
+    /// `not ready` (see [`super::readiness`]).
+    fn note_readiness(&self, f: Fenced, asked: &super::readiness::Asked) -> Result<()>;
 }
 
 /// Runs and their tries, from a pool slot to the recorded end, and the repair of those a gone owner left.

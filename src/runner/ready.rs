@@ -1,0 +1,288 @@
+//! Readiness (`[tasks.ready]`): before an interval's run starts, each of its tasks that has a
+//! readiness check is asked, in `depends_on` order, whether the interval's sources are there.
+//! The interval waits, asking again every `every`, until all answer ready or one's `wait` runs
+//! out: then it is not run, and its plan row says `not ready`. A waiting interval holds no place
+//! of `max_active_runs` and no slot of a pool (the dispatcher starts it once it is ready), and
+//! each answer is recorded in the manifest, so that `show` and the status page see the wait.
+//!
+//! A check that fails (a query error, a command that exits with neither 0 nor 1, or runs out of
+//! time) counts as not ready, its error as the answer, and is said once as a warning: a source
+//! that is not there yet can make a query fail (a table not created yet).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{Event, Shared, Stop};
+use crate::exit::Error;
+use crate::interval::DataInterval;
+use crate::manifest::readiness::Asked;
+use crate::project::{Gate, ReadyCheck, SourceCount, Task, TaskKind};
+use crate::state::ReadyState;
+use crate::task::command;
+use crate::task::template::IntervalValues;
+
+/// How an interval's wait for its sources ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Waited {
+    /// Every check answered ready: the run may start.
+    Ready,
+    /// A check was still not ready when its wait ran out (recorded: the interval is skipped).
+    NotReady,
+    /// A stop came first: the interval stays planned, for `resume`.
+    Stopped,
+}
+
+/// How long a readiness command may take, at least (else its `every`).
+const LEAST_COMMAND_TIME: Duration = Duration::from_secs(30);
+
+/// Whether a DAG of `tasks` asks readiness before its intervals.
+pub(super) fn asks(tasks: &[Task]) -> bool {
+    tasks.iter().any(|t| t.ready.is_some())
+}
+
+/// Waits until the interval's sources are ready (see the module's doc). `asking` bounds how
+/// many checks run at once.
+pub(super) async fn wait_until_ready(
+    shared: Arc<Shared>,
+    interval: DataInterval,
+    mut stop: watch::Receiver<Stop>,
+    asking: Arc<tokio::sync::Semaphore>,
+) -> Result<Waited, Error> {
+    let spec = &shared.spec;
+    let mut said_waiting = false;
+    let mut warned = false;
+    let mut ended = Waited::Ready;
+    // A worker that winds down starts no run: it stops waiting too.
+    let mut wind_down = spec.wind_down.clone();
+    for task in &spec.dag.tasks {
+        let Some(ready) = &task.ready else { continue };
+        let wait = spec.wait_ready.unwrap_or(ready.wait);
+        let began = Instant::now();
+        let mut asks = 0u32;
+        loop {
+            if *stop.borrow() != Stop::Run || shared.winding_down() {
+                ended = Waited::Stopped;
+                break;
+            }
+            let answer = {
+                let _permit = asking.acquire().await;
+                ask(&shared, task, &ready.check, interval, ready.every).await
+            };
+            asks += 1;
+            let waited = began.elapsed();
+            let (state, text) = match answer {
+                Ok(Answer::Ready(text)) => (ReadyState::Ready, text),
+                Ok(Answer::NotReady(text)) => (ReadyState::Waiting, text),
+                Err(error) => {
+                    if !warned {
+                        warned = true;
+                        let _ = shared.events.send(Event::Warning {
+                            warning: format!(
+                                "{interval}: the readiness check of task `{}` failed (counted as not ready): {error}",
+                                task.id
+                            ),
+                        });
+                    }
+                    (ReadyState::Waiting, format!("the check failed: {error}"))
+                }
+            };
+            // Not asked again when the next ask would come after the wait ran out.
+            let state = match state {
+                ReadyState::Waiting if waited + ready.every > wait => ReadyState::NotReady,
+                s => s,
+            };
+            let asked = Asked {
+                dag_id: spec.dag.id.clone(),
+                interval,
+                task_id: task.id.clone(),
+                state,
+                asks,
+                answer: Some(text).filter(|t| !t.is_empty()),
+                waited_ms: i64::try_from(waited.as_millis()).unwrap_or(i64::MAX),
+                wait_ms: i64::try_from(wait.as_millis()).unwrap_or(i64::MAX),
+            };
+            let owner = spec.owner;
+            let noted = asked.clone();
+            shared
+                .writer
+                .call(move |c| c.note_readiness(c.fence(owner)?, &noted))
+                .await?;
+            match state {
+                ReadyState::Ready => break,
+                ReadyState::NotReady => {
+                    let _ = shared.events.send(Event::IntervalSkipped {
+                        interval,
+                        reason: crate::plan::SkipReason::NotReady,
+                    });
+                    ended = Waited::NotReady;
+                    break;
+                }
+                ReadyState::Waiting => {}
+            }
+            if !said_waiting {
+                said_waiting = true;
+                let _ = shared.events.send(Event::ReadyWait {
+                    interval,
+                    task_id: task.id.clone(),
+                    waiting: true,
+                    left: wait.saturating_sub(waited),
+                });
+            }
+            let sleep = tokio::time::sleep(ready.every);
+            tokio::pin!(sleep);
+            tokio::select! {
+                () = &mut sleep => {}
+                _ = stop.changed() => {}
+                () = super::wound_down(&mut wind_down) => {}
+            }
+        }
+        if ended != Waited::Ready {
+            break;
+        }
+    }
+    if said_waiting {
+        let _ = shared.events.send(Event::ReadyWait {
+            interval,
+            task_id: String::new(),
+            waiting: false,
+            left: Duration::ZERO,
+        });
+    }
+    Ok(ended)
+}
+
+/// What a readiness check answered, with what it said (the query's value, or the command's
+/// last line of output).
+enum Answer {
+    Ready(String),
+    NotReady(String),
+}
+
+/// Asks a task's readiness check once for `interval`; `Err` when the check itself failed.
+async fn ask(
+    shared: &Shared,
+    task: &Task,
+    check: &ReadyCheck,
+    interval: DataInterval,
+    every: Duration,
+) -> Result<Answer, String> {
+    match (check, &task.kind) {
+        (ReadyCheck::Sql(sql), TaskKind::Sql(s)) => {
+            let (s, sql, tz) = (s.clone(), sql.clone(), shared.spec.dag.tz);
+            tokio::task::spawn_blocking(move || ask_sql(&s, &sql, interval, tz))
+                .await
+                .map_err(|e| format!("the check panicked: {e}"))?
+        }
+        (ReadyCheck::Sql(_), TaskKind::Command(_)) => {
+            Err("a command task has no warehouse to run `sql` on".into())
+        }
+        (ReadyCheck::Command(spec), _) => ask_command(shared, task, spec, interval, every).await,
+    }
+}
+
+/// Runs the query in the task's warehouse: its one value (no row is NULL) says ready when it
+/// is true or a number other than 0.
+fn ask_sql(
+    task: &crate::project::SqlTask,
+    sql: &str,
+    interval: DataInterval,
+    tz: chrono_tz::Tz,
+) -> Result<Answer, String> {
+    // One row always: the query's first value, or NULL when it has none.
+    let one = format!("SELECT (\n{}\n)", crate::warehouse::strip(sql));
+    let gate = Gate {
+        source_fingerprint: Some(SourceCount::Sql(one)),
+        ..Gate::default()
+    };
+    let binds = crate::warehouse::Binds::new(interval, tz);
+    let (_, value) = crate::warehouse::backend_of(&task.warehouse)
+        .look(task, &gate, &binds, tz)
+        .map_err(|e| e.to_string())?;
+    let value = value.unwrap_or_else(|| "NULL".into());
+    Ok(if truthy(&value) {
+        Answer::Ready(value)
+    } else {
+        Answer::NotReady(value)
+    })
+}
+
+/// Whether a query's value says ready: true, or a number other than 0.
+fn truthy(value: &str) -> bool {
+    let v = value.trim().to_ascii_lowercase();
+    match v.as_str() {
+        "t" | "true" => true,
+        _ => v.parse::<f64>().is_ok_and(|n| n != 0.0),
+    }
+}
+
+/// Runs the command (rendered as a try's, in the project folder), its output appended to the
+/// interval's readiness log: exit 0 is ready, 1 not ready; its last line of output is the
+/// answer.
+async fn ask_command(
+    shared: &Shared,
+    task: &Task,
+    spec: &crate::project::CommandSpec,
+    interval: DataInterval,
+    every: Duration,
+) -> Result<Answer, String> {
+    let s = &shared.spec;
+    let values = IntervalValues::new(interval, s.dag.tz);
+    let ctx = values.context(&s.dag.id, &task.id, "", 0, &s.conf);
+    let log = s.logs_dir.join(&s.dag.id).join(&task.id).join(format!(
+        "{}.ready.log",
+        interval.start.format("%Y-%m-%dT%H%M%SZ")
+    ));
+    let env = command::environment(&ctx, &shared.conf_text, &log.with_extension("result"));
+    let program = command::render(spec, &ctx)?;
+    crate::process::open_log(&log).map_err(|e| format!("cannot open its log: {e}"))?;
+    let spawned = crate::process::start(crate::process::Command {
+        program: &program,
+        env: &env,
+        cwd: &s.project_root,
+        input: crate::process::Input::Null,
+        output: crate::process::Output::Log(log.clone()),
+    })
+    .await
+    .map_err(|e| format!("cannot start: {e}"))?;
+    // Never stopped by the backfill's stop: a check is short, and waited for.
+    let (_keep, mut never) = watch::channel(Stop::Run);
+    let time = every.max(LEAST_COMMAND_TIME);
+    let finished = crate::process::finish(spawned, Some(time), task.grace_period, &mut never)
+        .await
+        .map_err(|e| format!("cannot be waited for: {e}"))?;
+    let said = command::log_tail(&log, 1).trim().to_string();
+    match finished.ended {
+        crate::process::Ended::Exited(status) if status.success() => Ok(Answer::Ready(said)),
+        crate::process::Ended::Exited(status) if status.code() == Some(1) => {
+            Ok(Answer::NotReady(said))
+        }
+        crate::process::Ended::Exited(status) => Err(format!(
+            "{} (0 is ready, 1 not ready; see {})",
+            crate::process::describe_exit(status),
+            log.display()
+        )),
+        crate::process::Ended::TimedOut => Err(format!(
+            "it did not answer within {} and was stopped",
+            humantime::format_duration(time)
+        )),
+        crate::process::Ended::Cancelled => Err("it was stopped by a signal".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::truthy;
+
+    #[test]
+    fn true_and_numbers_other_than_zero_are_ready() {
+        for ready in ["t", "true", "TRUE", "1", "42", "0.5", "-1"] {
+            assert!(truthy(ready), "{ready}");
+        }
+        for not in ["f", "false", "0", "0.0", "NULL", "", "yes", "landed"] {
+            assert!(!truthy(not), "{not}");
+        }
+    }
+}

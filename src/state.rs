@@ -226,7 +226,7 @@ impl fmt::Display for IntervalState {
             Self::WaitingForSources(left_ms) => write!(
                 f,
                 "waiting for sources ({} left)",
-                crate::words::duration_short(std::time::Duration::from_millis(
+                crate::words::duration_left(std::time::Duration::from_millis(
                     u64::try_from(*left_ms).unwrap_or(0)
                 ))
             ),

@@ -53,6 +53,11 @@ pub fn shell_word(word: &str) -> String {
     shlex::try_quote(word).map_or_else(|_| word.to_string(), |q| q.into_owned())
 }
 
+/// What is left of a wait, in whole seconds rounded up, as people read it: `1h 59m 58s`.
+pub(crate) fn duration_left(d: std::time::Duration) -> String {
+    duration_short(d.saturating_add(std::time::Duration::from_nanos(999_999_999)))
+}
+
 /// A duration in whole seconds, as people read it: `1h 59m 58s`, `0s`.
 pub(crate) fn duration_short(d: std::time::Duration) -> String {
     humantime::format_duration(std::time::Duration::from_secs(d.as_secs())).to_string()

@@ -317,10 +317,21 @@ impl<W: Write> Reporter<W> {
                     let text = format!(
                         "waiting    {} task `{task_id}` for its sources ({} left)",
                         self.labels.label(interval.start),
-                        crate::words::duration_short(*left)
+                        crate::words::duration_left(*left)
                     );
                     self.line(&text);
                 }
+            }
+            Event::ReadyCheckFailed {
+                interval,
+                task_id,
+                error,
+            } => {
+                let text = format!(
+                    "warning: {} task `{task_id}`: the readiness check failed (counted as not ready): {error}",
+                    self.labels.label(interval.start)
+                );
+                self.always(&text);
             }
             Event::MaxFailures { failed } => {
                 self.always(&format!(

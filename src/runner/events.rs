@@ -61,6 +61,12 @@ pub(crate) enum Event {
         waiting: bool,
         left: Duration,
     },
+    /// A readiness check failed (said once per interval and task): it counts as not ready.
+    ReadyCheckFailed {
+        interval: DataInterval,
+        task_id: String,
+        error: String,
+    },
     /// `--max-failures` was reached: no new interval starts; running ones finish.
     MaxFailures {
         failed: u32,
@@ -145,6 +151,7 @@ impl Stats {
                 self.waiting = self.waiting.saturating_sub(1);
             }
             Event::TryFailed { .. }
+            | Event::ReadyCheckFailed { .. }
             | Event::GateWarned { .. }
             | Event::Warning { .. }
             | Event::MaxFailures { .. }

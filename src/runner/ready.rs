@@ -79,19 +79,18 @@ pub(super) async fn wait_until_ready(
                 Err(error) => {
                     if !warned {
                         warned = true;
-                        let _ = shared.events.send(Event::Warning {
-                            warning: format!(
-                                "{interval}: the readiness check of task `{}` failed (counted as not ready): {error}",
-                                task.id
-                            ),
+                        let _ = shared.events.send(Event::ReadyCheckFailed {
+                            interval,
+                            task_id: task.id.clone(),
+                            error: error.clone(),
                         });
                     }
                     (ReadyState::Waiting, format!("the check failed: {error}"))
                 }
             };
-            // Not asked again when the next ask would come after the wait ran out.
+            // Asked a last time when the wait runs out.
             let state = match state {
-                ReadyState::Waiting if waited + ready.every > wait => ReadyState::NotReady,
+                ReadyState::Waiting if waited >= wait => ReadyState::NotReady,
                 s => s,
             };
             let asked = Asked {
@@ -131,7 +130,7 @@ pub(super) async fn wait_until_ready(
                     left: wait.saturating_sub(waited),
                 });
             }
-            let sleep = tokio::time::sleep(ready.every);
+            let sleep = tokio::time::sleep(ready.every.min(wait.saturating_sub(waited)));
             tokio::pin!(sleep);
             tokio::select! {
                 () = &mut sleep => {}

@@ -37,6 +37,7 @@ mod postgres;
 mod postgres_keyed;
 mod read_only;
 mod readme;
+mod ready;
 mod removed;
 mod reports;
 mod reprocess;

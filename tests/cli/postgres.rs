@@ -4211,3 +4211,35 @@ fn a_failing_batch_is_split_and_a_killed_one_is_resumed_and_swept() {
     );
     assert_eq!(batch_tables(&t), "0");
 }
+
+/// `[tasks.ready]` asks the warehouse: a day without orders yet is not ready (PostgreSQL's
+/// `false`), the days with orders run, and the next backfill runs the day once orders landed.
+#[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
+fn readiness_is_asked_of_the_warehouse() {
+    let t = Pg::with_dag(&format!(
+        "{}\n[tasks.ready]\nsql = \"SELECT count(*) > 0 FROM raw.orders WHERE order_ts >= :data_interval_start AND order_ts < :data_interval_end\"\n",
+        dag(QUERY, GATE, "")
+    ));
+    t.p.create("orders", "2026-01-01", "2026-01-04", &[])
+        .code(0)
+        .stderr_has("skipped    2026-01-04 (not ready)");
+    assert_eq!(t.fact(), t.expected(&[1, 2, 3]));
+    assert_eq!(
+        t.p.rows("SELECT state, answer FROM readiness ORDER BY interval_start"),
+        [
+            ["ready", "true"],
+            ["ready", "true"],
+            ["ready", "true"],
+            ["not ready", "false"]
+        ]
+    );
+    t.psql("INSERT INTO raw.orders VALUES (31, '2026-01-04 10:00+00', 'eu', 7)");
+    t.p.create("orders", "2026-01-01", "2026-01-04", &[])
+        .code(0)
+        .stderr_has("1 to run, 3 skipped");
+    assert_eq!(t.fact(), t.expected(&[1, 2, 3, 4]));
+}

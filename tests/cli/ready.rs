@@ -1,0 +1,346 @@
+//! `[tasks.ready]`: intervals that wait until their sources have landed, on the shop's
+//! warehouse, whose orders of September 30 arrive late.
+
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use crate::gate::{shop, wh, wh_rows};
+use crate::support::{Project, signal, wait_until};
+
+/// The days of the range.
+const FROM: &str = "2026-09-28";
+const TO: &str = "2026-09-30";
+
+/// The shop with a `loads` table that says which days' orders have landed (the 28th and 29th),
+/// September 30's orders held back, a readiness check on `loads` that may wait `wait`, and an
+/// `on_failure` hook that leaves `mailed` behind.
+fn late_shop(wait: &str) -> Project {
+    let p = shop();
+    p.write(
+        "backfill.toml",
+        &format!(
+            "{}\n[notify]\non_failure = \"touch mailed\"\n",
+            p.read("backfill.toml")
+        ),
+    );
+    p.write(
+        "dags/daily_orders.toml",
+        &format!(
+            "{}\n[tasks.ready]\nsql = \"SELECT count(*) > 0 FROM loads WHERE day = :ds\"\nwait = \"{wait}\"\nevery = \"200ms\"\n",
+            p.read("dags/daily_orders.toml")
+        ),
+    );
+    // The warehouse exists once a first command opened it.
+    p.run(&["dags"]).code(0);
+    wh(&p)
+        .execute_batch(
+            "CREATE TABLE loads (day TEXT NOT NULL);
+             INSERT INTO loads VALUES ('2026-09-28'), ('2026-09-29');
+             CREATE TABLE late_orders AS SELECT * FROM raw_orders WHERE date(order_ts) = '2026-09-30';
+             DELETE FROM raw_orders WHERE date(order_ts) = '2026-09-30';",
+        )
+        .unwrap();
+    p
+}
+
+/// September 30's orders land, and the load says so.
+fn land(p: &Project) {
+    wh(p)
+        .execute_batch(
+            "INSERT INTO raw_orders SELECT * FROM late_orders;
+             INSERT INTO loads VALUES ('2026-09-30');",
+        )
+        .unwrap();
+}
+
+/// The start of a UTC day, in unix seconds.
+fn unix(day: &str) -> i64 {
+    chrono::NaiveDate::parse_from_str(day, "%Y-%m-%d")
+        .unwrap()
+        .and_hms_opt(0, 0, 0)
+        .unwrap()
+        .and_utc()
+        .timestamp()
+}
+
+/// A day's published rows, and the source's as they should be published.
+fn published(p: &Project, day: &str) -> (Vec<String>, Vec<String>) {
+    (
+        wh_rows(
+            p,
+            &format!(
+                "SELECT day, region, orders, revenue_cents FROM daily_orders WHERE day = '{day}' ORDER BY region"
+            ),
+        ),
+        wh_rows(
+            p,
+            &format!(
+                "SELECT date(order_ts), region, COUNT(*), SUM(amount_cents) FROM raw_orders
+                 WHERE date(order_ts) = '{day}' GROUP BY 1, 2 ORDER BY 2"
+            ),
+        ),
+    )
+}
+
+/// Waits until the manifest says an interval waits for its sources.
+fn wait_for_waiting(p: &Project) {
+    wait_until(
+        "an interval to wait for its sources",
+        Duration::from_secs(30),
+        || {
+            p.has_manifest()
+                && p.count("SELECT COUNT(*) FROM readiness WHERE state = 'waiting'") == 1
+        },
+    );
+}
+
+/// The cron case: the nightly rerun starts before September 30's orders land. The day waits
+/// (holding no place: the other days run meanwhile), `show` says so, and once the orders land
+/// it runs and publishes; nothing is rejected and no failure is mailed.
+#[test]
+fn a_late_source_is_waited_for_then_published_and_nothing_is_mailed() {
+    let p = late_shop("1m");
+    let child = p.spawn(
+        "run",
+        &[
+            "create",
+            "--dag",
+            "daily_orders",
+            "--from",
+            FROM,
+            "--to",
+            TO,
+            "-v",
+        ],
+    );
+    wait_for_waiting(&p);
+    // The two days whose sources are there ran meanwhile.
+    wait_until(
+        "the landed days to succeed",
+        Duration::from_secs(30),
+        || p.count("SELECT COUNT(*) FROM runs WHERE state = 'succeeded'") == 2,
+    );
+    let shown = p.run(&["show", "latest"]);
+    shown.code(0).stdout_has("waiting for sources (");
+    let json = p.run(&["show", "latest", "--output", "json"]).json();
+    let day30 = &json["interval_details"][2];
+    assert_eq!(day30["ready"][0]["task"], "aggregate");
+    assert_eq!(day30["ready"][0]["state"], "waiting");
+    assert_eq!(day30["ready"][0]["answer"], "0");
+    assert!(
+        day30["ready"][0]["left_ms"].as_i64().unwrap() > 30_000,
+        "{day30}"
+    );
+
+    land(&p);
+    let out = crate::support::wait_within(&p, "run", child, Duration::from_secs(60));
+    out.code(0)
+        .stderr_has("waiting    2026-09-30 task `aggregate` for its sources (")
+        .stderr_has("succeeded  2026-09-30");
+    for day in ["2026-09-28", "2026-09-29", "2026-09-30"] {
+        let (got, want) = published(&p, day);
+        assert!(!want.is_empty());
+        assert_eq!(got, want, "{day}");
+    }
+    assert!(!p.path("mailed").exists(), "no failure was mailed");
+    let row = |day: &str, asked_again: &str| {
+        [
+            unix(day).to_string(),
+            "ready".into(),
+            asked_again.into(),
+            "1".into(),
+        ]
+    };
+    assert_eq!(
+        p.rows(
+            "SELECT interval_start, state, CASE WHEN asks > 1 THEN 'again' ELSE 'once' END, answer
+             FROM readiness ORDER BY interval_start"
+        ),
+        [
+            row("2026-09-28", "once"),
+            row("2026-09-29", "once"),
+            row("2026-09-30", "again")
+        ]
+    );
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM runs WHERE state <> 'succeeded'"),
+        0,
+        "one run a day, each succeeded"
+    );
+}
+
+/// A source that never lands: the day is recorded `not ready` with what the check answered,
+/// the backfill completes with exit 0 (4 with `--require-ready`), nothing of the day is
+/// written, and the next backfill runs it once its source is there.
+#[test]
+fn a_source_that_never_lands_is_not_ready_and_the_next_backfill_runs_it() {
+    let p = late_shop("1s");
+    p.create("daily_orders", FROM, TO, &[])
+        .code(0)
+        .stderr_has("skipped    2026-09-30 (not ready)")
+        .stderr_has("not ready");
+    assert!(!p.path("mailed").exists());
+    assert_eq!(published(&p, "2026-09-30").0, Vec::<String>::new());
+    assert_eq!(
+        p.rows("SELECT action, COALESCE(reason, '-') FROM plan ORDER BY interval_start"),
+        [["run", "-"], ["run", "-"], ["skip", "not ready"]]
+    );
+    let json = p.run(&["show", "1", "--output", "json"]).json();
+    let day30 = &json["interval_details"][2];
+    assert_eq!(day30["reason"], "not ready");
+    let said = day30["error"].as_str().unwrap();
+    assert!(
+        said.starts_with("task `aggregate` not ready after ") && said.ends_with(" asks over 1s: 0"),
+        "{said}"
+    );
+    assert_eq!(day30["ready"][0]["state"], "not ready");
+
+    // Asked once (`--wait-ready 0s`), still not there: exit 4 with --require-ready.
+    p.create(
+        "daily_orders",
+        FROM,
+        TO,
+        &["--wait-ready", "0s", "--require-ready"],
+    )
+    .code(4);
+    assert_eq!(
+        p.rows("SELECT asks FROM readiness WHERE backfill_id = 2"),
+        vec![vec!["1".to_string()]]
+    );
+
+    // Once the orders landed, the next nightly run (reprocess none) runs that day only.
+    land(&p);
+    p.create("daily_orders", FROM, TO, &["--require-ready"])
+        .code(0)
+        .stderr_has("1 to run, 2 skipped");
+    let (got, want) = published(&p, "2026-09-30");
+    assert!(!want.is_empty());
+    assert_eq!(got, want);
+}
+
+/// A kill -9 while intervals wait loses nothing: `resume` asks again and runs them, and the
+/// days that ran before the kill are not run again.
+#[test]
+fn a_kill_while_intervals_wait_is_resumed_and_they_wait_again() {
+    let p = late_shop("1m");
+    let mut child = p.spawn(
+        "run",
+        &[
+            "create",
+            "--dag",
+            "daily_orders",
+            "--from",
+            FROM,
+            "--to",
+            TO,
+        ],
+    );
+    wait_for_waiting(&p);
+    wait_until(
+        "the landed days to succeed",
+        Duration::from_secs(30),
+        || p.count("SELECT COUNT(*) FROM runs WHERE state = 'succeeded'") == 2,
+    );
+    let asked_first = "SELECT first_asked_at FROM readiness WHERE state = 'waiting'";
+    let before = p.count(asked_first);
+    signal(&child, Signal::SIGKILL);
+    let _ = child.wait();
+    let resumed = p.spawn("resume", &["resume", "1"]);
+    wait_until(
+        "the resumed backfill to wait again",
+        Duration::from_secs(30),
+        || p.count(asked_first) > before,
+    );
+    land(&p);
+    crate::support::wait_within(&p, "resume", resumed, Duration::from_secs(60)).code(0);
+    for day in ["2026-09-28", "2026-09-29", "2026-09-30"] {
+        let (got, want) = published(&p, day);
+        assert_eq!(got, want, "{day}");
+    }
+    assert_eq!(
+        p.rows("SELECT COUNT(*), COUNT(DISTINCT interval_start) FROM runs"),
+        vec![vec!["3".to_string(), "3".to_string()]],
+        "each day ran once"
+    );
+}
+
+/// Readiness that cannot work is refused before anything is written, at its file:line.
+#[test]
+fn bad_readiness_configuration_is_refused_at_its_line() {
+    let p = Project::new();
+    let cases = [
+        (
+            "id = \"a\"\nschedule = \"@daily\"\n\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n\n[tasks.ready]\nsql = \"SELECT 1\"\ncommand = \"true\"\n",
+            "dags/a.toml:10:11: task `t`: [tasks.ready] asks with `sql` or with `command`, not both; remove one",
+        ),
+        (
+            "id = \"a\"\nschedule = \"@daily\"\n\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n\n[tasks.ready]\nsql = \"SELECT 1\"\n",
+            "dags/a.toml:9:7: task `t`: a command task has no warehouse to run `sql` on; ask with `command = [...]`",
+        ),
+        (
+            "id = \"a\"\nschedule = \"@daily\"\n\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n\n[tasks.ready]\nwait = \"1h\"\n",
+            "task `t`: [tasks.ready] needs `sql`",
+        ),
+        (
+            "id = \"a\"\nschedule = \"@daily\"\n\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n\n[tasks.ready]\ncommand = \"true\"\nwait = \"1m\"\nevery = \"5m\"\n",
+            "dags/a.toml:11:9: task `t`: `every = \"5m\"` is longer than `wait = \"1m\"`, so readiness would be asked once",
+        ),
+        (
+            "id = \"a\"\nschedule = \"@daily\"\n\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n\n[tasks.ready]\ncommand = \"true\"\nwiat = \"1m\"\n",
+            "dags/a.toml:10:1: unknown key `wiat` in [tasks.ready]; did you mean `wait`?",
+        ),
+        (
+            "id = \"a\"\nschedule = \"@daily\"\nbatch_size = 7\n\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n\n[tasks.ready]\ncommand = \"true\"\n",
+            "dags/a.toml:3:14: key `batch_size` = 7 cannot be used here: task `t` asks whether each interval's sources are ready ([tasks.ready])",
+        ),
+    ];
+    for (dag, said) in cases {
+        p.write("dags/a.toml", dag);
+        p.create("a", "2026-01-01", "2026-01-02", &[])
+            .code(2)
+            .stderr_has(said);
+        assert!(!p.has_manifest(), "nothing written for {dag}");
+    }
+    // A query that writes is refused where it is written.
+    let s = shop();
+    s.write(
+        "dags/daily_orders.toml",
+        &format!(
+            "{}\n[tasks.ready]\nsql = \"DELETE FROM raw_orders WHERE :ds = :ds\"\n",
+            s.read("dags/daily_orders.toml")
+        ),
+    );
+    s.create("daily_orders", FROM, TO, &[])
+        .code(2)
+        .stderr_has("key `sql` of [tasks.ready] must be one read-only query");
+}
+
+/// A command check: exit 0 is ready, 1 not ready (its last line the answer), any other exit
+/// an error that counts as not ready and is said once.
+#[test]
+fn a_command_check_answers_by_its_exit_code() {
+    let p = Project::new().dag(
+        "c",
+        "id = \"c\"\nschedule = \"@daily\"\n\n[[tasks]]\nid = \"t\"\ncommand = \"echo {{ ds }} >> ran\"\n\n[tasks.ready]\ncommand = \"if [ -e landed/{{ ds }} ]; then echo here; elif [ {{ ds }} = 2026-01-03 ]; then echo broken; exit 7; else echo no file yet; exit 1; fi\"\nwait = \"1s\"\nevery = \"300ms\"\n",
+    );
+    std::fs::create_dir_all(p.path("landed")).unwrap();
+    std::fs::write(p.path("landed/2026-01-01"), "").unwrap();
+    p.create("c", "2026-01-01", "2026-01-03", &[])
+        .code(0)
+        .stderr_has("warning: 2026-01-03 task `t`: the readiness check failed (counted as not ready): exit code 7 (0 is ready, 1 not ready; see ");
+    assert_eq!(p.read("ran"), "2026-01-01\n");
+    let json = p.run(&["show", "1", "--output", "json"]).json();
+    let d = &json["interval_details"];
+    assert_eq!(d[0]["ready"][0]["answer"], "here");
+    assert_eq!(d[1]["ready"][0]["answer"], "no file yet");
+    assert_eq!(d[1]["reason"], "not ready");
+    assert!(
+        d[2]["ready"][0]["answer"]
+            .as_str()
+            .unwrap()
+            .starts_with("the check failed: exit code 7"),
+        "{}",
+        d[2]
+    );
+}

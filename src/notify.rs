@@ -1,8 +1,10 @@
 //! Alerts: the `[notify]` commands run when a `create` or `resume` ends, also when it was
 //! interrupted. `on_failure` runs when an interval failed or was rejected (or the backfill hit
-//! an internal error), `on_success` when every planned interval succeeded, `on_finish` always.
+//! an internal error), `on_not_ready` when the sources of one or more intervals were not ready
+//! (`[tasks.ready]`), `on_success` when every planned interval succeeded, `on_finish` always.
 //! Each runs in the project folder with the JSON summary on stdin and `BACKFILL_ID`,
-//! `BACKFILL_DAG`, `BACKFILL_STATE` and `BACKFILL_EXIT_CODE` in its environment, in its own
+//! `BACKFILL_DAG`, `BACKFILL_STATE`, `BACKFILL_EXIT_CODE` and `BACKFILL_NOT_READY` (how many
+//! intervals were not ready) in its environment, in its own
 //! process group, stopped after its timeout (default 30 s): SIGTERM to the group, SIGKILL after
 //! [`GRACE`]. The timeout also bounds the summary's delivery: a hook that does not read its
 //! stdin is stopped like any other. Its output goes to `LOGS/notify/ID.EVENT.log`. A hook that
@@ -27,19 +29,26 @@ pub(crate) struct Ended<'a> {
     pub dag_id: &'a str,
     pub state: &'a str,
     pub exit_code: u8,
+    /// Intervals whose sources were not ready.
+    pub not_ready: i64,
     /// The JSON summary (as `--output json` prints it), given on stdin.
     pub summary: String,
 }
 
 /// The hooks that apply to an end, in the order they run.
-fn due(notify: &Notify, exit_code: u8) -> Vec<(&'static str, &CommandSpec)> {
+fn due(notify: &Notify, exit_code: u8, not_ready: i64) -> Vec<(&'static str, &CommandSpec)> {
     let mut hooks = Vec::new();
     match exit_code {
-        exit::OK => hooks.extend(notify.on_success.as_ref().map(|c| ("on_success", c))),
+        exit::OK if not_ready == 0 => {
+            hooks.extend(notify.on_success.as_ref().map(|c| ("on_success", c)));
+        }
         exit::FAILED | exit::INTERNAL => {
             hooks.extend(notify.on_failure.as_ref().map(|c| ("on_failure", c)));
         }
         _ => {}
+    }
+    if not_ready > 0 && exit_code != exit::INTERRUPTED {
+        hooks.extend(notify.on_not_ready.as_ref().map(|c| ("on_not_ready", c)));
     }
     hooks.extend(notify.on_finish.as_ref().map(|c| ("on_finish", c)));
     hooks
@@ -60,7 +69,7 @@ pub(crate) async fn run(
 ) -> Vec<String> {
     let timeout = notify.timeout.unwrap_or(DEFAULT_TIMEOUT);
     let mut warnings = Vec::new();
-    for (event, spec) in due(notify, ended.exit_code) {
+    for (event, spec) in due(notify, ended.exit_code, ended.not_ready) {
         if *stop.borrow() != Stop::Run {
             warnings.push(format!(
                 "notify hook `{event}` did not run: backfill was stopped by a signal"
@@ -100,6 +109,7 @@ async fn hook(
         ("BACKFILL_DAG", ended.dag_id.to_string()),
         ("BACKFILL_STATE", ended.state.to_string()),
         ("BACKFILL_EXIT_CODE", ended.exit_code.to_string()),
+        ("BACKFILL_NOT_READY", ended.not_ready.to_string()),
     ]
     .map(|(k, v)| (k.to_string(), v));
     let mut summary = Vec::with_capacity(ended.summary.len() + 1);
@@ -135,18 +145,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hooks_follow_the_exit_code() {
+    fn hooks_follow_the_exit_code_and_sources_not_ready() {
         let shell = |s: &str| Some(CommandSpec::Shell(s.into()));
         let n = Notify {
             on_failure: shell("f"),
             on_success: shell("s"),
+            on_not_ready: shell("n"),
             on_finish: shell("x"),
             timeout: None,
         };
-        let names = |code| due(&n, code).into_iter().map(|h| h.0).collect::<Vec<_>>();
-        assert_eq!(names(exit::OK), ["on_success", "on_finish"]);
-        assert_eq!(names(exit::FAILED), ["on_failure", "on_finish"]);
-        assert_eq!(names(exit::INTERNAL), ["on_failure", "on_finish"]);
-        assert_eq!(names(exit::INTERRUPTED), ["on_finish"]);
+        let names = |code, not_ready| {
+            due(&n, code, not_ready)
+                .into_iter()
+                .map(|h| h.0)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(exit::OK, 0), ["on_success", "on_finish"]);
+        assert_eq!(names(exit::FAILED, 0), ["on_failure", "on_finish"]);
+        assert_eq!(names(exit::INTERNAL, 0), ["on_failure", "on_finish"]);
+        assert_eq!(names(exit::INTERRUPTED, 0), ["on_finish"]);
+        // Not ready: not a success, not a failure.
+        assert_eq!(names(exit::OK, 2), ["on_not_ready", "on_finish"]);
+        assert_eq!(names(exit::NOT_READY, 2), ["on_not_ready", "on_finish"]);
+        assert_eq!(
+            names(exit::FAILED, 1),
+            ["on_failure", "on_not_ready", "on_finish"]
+        );
+        assert_eq!(names(exit::INTERRUPTED, 1), ["on_finish"]);
     }
 }

@@ -231,6 +231,10 @@ pub struct Figures {
     /// `(dag, inserted, updated, deleted, unchanged)`: what the merges of each DAG's
     /// succeeded tries did.
     pub merged: Vec<(String, [i64; 4])>,
+    /// `(dag, intervals)` waiting for their sources now, in running backfills.
+    pub waiting_for_sources: Vec<(String, i64)>,
+    /// `(dag, times)` an interval was given up on as `not ready`.
+    pub not_ready: Vec<(String, i64)>,
 }
 
 /// The figures of `/metrics`.
@@ -243,6 +247,20 @@ pub(crate) fn figures(conn: &Conn) -> Result<Figures> {
     )?;
     f.intervals = stmt
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<super::db::Result<_>>()?;
+    let mut stmt = conn.prepare(
+        "SELECT r.dag_id, COUNT(*) FROM readiness r JOIN backfills b ON b.id = r.backfill_id
+         WHERE r.state = 'waiting' AND b.state = 'running' GROUP BY r.dag_id ORDER BY r.dag_id",
+    )?;
+    f.waiting_for_sources = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<super::db::Result<_>>()?;
+    let mut stmt = conn.prepare(
+        "SELECT dag_id, COUNT(*) FROM readiness WHERE state = 'not ready'
+         GROUP BY dag_id ORDER BY dag_id",
+    )?;
+    f.not_ready = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<super::db::Result<_>>()?;
     let mut stmt =
         conn.prepare("SELECT state, COUNT(*) FROM backfills GROUP BY state ORDER BY state")?;

@@ -83,6 +83,8 @@ pub(crate) struct Notify {
     pub on_failure: Option<CommandSpec>,
     /// When every planned interval succeeded.
     pub on_success: Option<CommandSpec>,
+    /// When the sources of one or more intervals were not ready (`[tasks.ready]`).
+    pub on_not_ready: Option<CommandSpec>,
     /// Whenever it ends, also when it is interrupted.
     pub on_finish: Option<CommandSpec>,
     /// How long each may take (default 30s).
@@ -95,6 +97,10 @@ impl Notify {
         Notify {
             on_failure: self.on_failure.clone().or_else(|| base.on_failure.clone()),
             on_success: self.on_success.clone().or_else(|| base.on_success.clone()),
+            on_not_ready: self
+                .on_not_ready
+                .clone()
+                .or_else(|| base.on_not_ready.clone()),
             on_finish: self.on_finish.clone().or_else(|| base.on_finish.clone()),
             timeout: self.timeout.or(base.timeout),
         }

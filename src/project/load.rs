@@ -63,6 +63,7 @@ pub(crate) fn notify(raw: Option<&super::raw::RawNotify>, errs: &mut FileErrors<
     Notify {
         on_failure: spec(&raw.on_failure, "on_failure", errs),
         on_success: spec(&raw.on_success, "on_success", errs),
+        on_not_ready: spec(&raw.on_not_ready, "on_not_ready", errs),
         on_finish: spec(&raw.on_finish, "on_finish", errs),
         timeout,
     }

@@ -83,13 +83,20 @@ pub(crate) const GATE_KEYS: &[&str] = &[
 pub(crate) const CHECK_KEYS: &[&str] = &["name", "sql", "command", "severity"];
 pub(crate) const HISTORY_KEYS: &[&str] = &["partitions", "tolerance"];
 pub(crate) const RANGE_KEYS: &[&str] = &["min", "max", "allow_non_finite"];
-pub(crate) const NOTIFY_KEYS: &[&str] = &["on_failure", "on_success", "on_finish", "timeout"];
+pub(crate) const NOTIFY_KEYS: &[&str] = &[
+    "on_failure",
+    "on_success",
+    "on_not_ready",
+    "on_finish",
+    "timeout",
+];
 
 /// A `[notify]` table (in `backfill.toml`, or a DAG file's to override it).
 #[derive(Debug, Default)]
 pub(crate) struct RawNotify {
     pub(crate) on_failure: Option<Spanned<RawCommand>>,
     pub(crate) on_success: Option<Spanned<RawCommand>>,
+    pub(crate) on_not_ready: Option<Spanned<RawCommand>>,
     pub(crate) on_finish: Option<Spanned<RawCommand>>,
     pub(crate) timeout: Option<Spanned<String>>,
 }
@@ -103,6 +110,7 @@ impl RawNotify {
                 Some(Self {
                     on_failure: command(t, "on_failure", errs),
                     on_success: command(t, "on_success", errs),
+                    on_not_ready: command(t, "on_not_ready", errs),
                     on_finish: command(t, "on_finish", errs),
                     timeout: string(t, "timeout", "\"30s\"", errs),
                 })

@@ -50,6 +50,10 @@ impl Cell {
         if i.action == PlanAction::Skip {
             return Self::Skipped;
         }
+        // Waiting for its sources, it has not started.
+        if let Some(IntervalState::WaitingForSources(_)) = i.state {
+            return Self::Pending;
+        }
         Self::of_run(
             i.state.as_ref().map(IntervalState::run_state),
             i.verdict.map(|v| v.verdict),

@@ -109,6 +109,26 @@ pub(super) fn exposition(read: Option<&Scrape>, sizes: &BTreeMap<String, u32>) -
     );
     family(
         &mut out,
+        "backfill_intervals_waiting_for_sources",
+        "gauge",
+        "Intervals of running backfills waiting for their sources ([tasks.ready]), by DAG.",
+        &f.waiting_for_sources
+            .iter()
+            .map(|(d, c)| (format!("dag=\"{}\"", label(d)), n(*c)))
+            .collect::<Vec<_>>(),
+    );
+    family(
+        &mut out,
+        "backfill_not_ready_total",
+        "counter",
+        "Intervals not run because their sources were not ready when their wait ran out, by DAG.",
+        &f.not_ready
+            .iter()
+            .map(|(d, c)| (format!("dag=\"{}\"", label(d)), n(*c)))
+            .collect::<Vec<_>>(),
+    );
+    family(
+        &mut out,
         "backfill_tries_running",
         "gauge",
         "Task tries running now, on every host.",

@@ -419,8 +419,15 @@ fn cell(i: &IntervalDetail, labels: &Labeler, kept: Option<i64>) -> Value {
     let label = labels.label(i.start.0);
     let mut title = format!("{label}: {}", c.words());
     // A failure's error says why (its reasons may be an earlier task's warnings).
+    let waiting = match &i.state {
+        Some(s @ crate::state::IntervalState::WaitingForSources(_)) => Some(s.to_string()),
+        _ => None,
+    };
     let why = match c {
         Cell::Failed => i.error.as_deref().or(i.reasons.as_deref()),
+        // Not ready: what its check answered.
+        Cell::Skipped if !i.ready.is_empty() => i.error.as_deref().or(i.reason.as_deref()),
+        Cell::Pending if waiting.is_some() => waiting.as_deref(),
         _ => i
             .reason
             .as_deref()

@@ -131,6 +131,7 @@ pub(crate) fn execute(
             dag_id: &dag_id,
             state: end.state.as_str(),
             exit_code: end.code,
+            not_ready: end.not_ready,
             summary: end.summary.clone(),
         },
         Err(e) => crate::notify::Ended {
@@ -138,6 +139,7 @@ pub(crate) fn execute(
             dag_id: &dag_id,
             state: crate::state::BackfillState::Failed.as_str(),
             exit_code: e.exit_code(),
+            not_ready: 0,
             summary: serde_json::json!({
                 "backfill_id": backfill_id,
                 "dag_id": dag_id,
@@ -202,6 +204,8 @@ struct End {
     code: u8,
     state: crate::state::BackfillState,
     summary: String,
+    /// Intervals whose sources were not ready (`[tasks.ready]`).
+    not_ready: i64,
 }
 
 /// Runs the backfill's intervals as `e.owner` (its owner, or a worker), then records and says
@@ -285,6 +289,7 @@ fn run(
             code,
             state,
             summary,
+            not_ready: 0,
         });
     }
     finish_owner(g, writer, owner, &watch, (halted, fault, stopped), after)
@@ -597,6 +602,7 @@ fn finish_owner(
         code,
         state,
         summary: json,
+        not_ready,
     })
 }
 
@@ -662,6 +668,7 @@ fn go_on_as_owner(
             return Ok(End {
                 code,
                 state,
+                not_ready: 0,
                 summary: serde_json::json!({
                     "backfill_id": id,
                     "dag_id": dag_id,

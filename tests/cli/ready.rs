@@ -14,13 +14,14 @@ const TO: &str = "2026-09-30";
 
 /// The shop with a `loads` table that says which days' orders have landed (the 28th and 29th),
 /// September 30's orders held back, a readiness check on `loads` that may wait `wait`, and an
-/// `on_failure` hook that leaves `mailed` behind.
+/// `on_failure` hook that leaves `mailed` behind and an `on_not_ready` one that appends its
+/// count and exit code to `not-ready`.
 fn late_shop(wait: &str) -> Project {
     let p = shop();
     p.write(
         "backfill.toml",
         &format!(
-            "{}\n[notify]\non_failure = \"touch mailed\"\n",
+            "{}\n[notify]\non_failure = \"touch mailed\"\non_not_ready = \"echo $BACKFILL_NOT_READY $BACKFILL_EXIT_CODE >> not-ready\"\n",
             p.read("backfill.toml")
         ),
     );
@@ -132,6 +133,21 @@ fn a_late_source_is_waited_for_then_published_and_nothing_is_mailed() {
         day30["ready"][0]["left_ms"].as_i64().unwrap() > 30_000,
         "{day30}"
     );
+    // The status page and the metrics see the wait too.
+    let s = crate::serve::Server::start(&p, "serve", &[]);
+    let page = s.get("/backfills/1");
+    assert!(
+        page.body
+            .contains("2026-09-30: not started · waiting for sources ("),
+        "{}",
+        page.body
+    );
+    let m = s.get("/metrics").body;
+    assert!(
+        m.contains("backfill_intervals_waiting_for_sources{dag=\"daily_orders\"} 1"),
+        "{m}"
+    );
+    drop(s);
 
     land(&p);
     let out = crate::support::wait_within(&p, "run", child, Duration::from_secs(60));
@@ -144,6 +160,7 @@ fn a_late_source_is_waited_for_then_published_and_nothing_is_mailed() {
         assert_eq!(got, want, "{day}");
     }
     assert!(!p.path("mailed").exists(), "no failure was mailed");
+    assert!(!p.path("not-ready").exists());
     let row = |day: &str, asked_again: &str| {
         [
             unix(day).to_string(),
@@ -181,6 +198,7 @@ fn a_source_that_never_lands_is_not_ready_and_the_next_backfill_runs_it() {
         .stderr_has("skipped    2026-09-30 (not ready)")
         .stderr_has("not ready");
     assert!(!p.path("mailed").exists());
+    assert_eq!(p.read("not-ready"), "1 0\n");
     assert_eq!(published(&p, "2026-09-30").0, Vec::<String>::new());
     assert_eq!(
         p.rows("SELECT action, COALESCE(reason, '-') FROM plan ORDER BY interval_start"),
@@ -195,6 +213,22 @@ fn a_source_that_never_lands_is_not_ready_and_the_next_backfill_runs_it() {
         "{said}"
     );
     assert_eq!(day30["ready"][0]["state"], "not ready");
+    let s = crate::serve::Server::start(&p, "serve", &[]);
+    let page = s.get("/backfills/1").body;
+    assert!(
+        page.contains("2026-09-30: skipped · task `aggregate` not ready after "),
+        "{page}"
+    );
+    let m = s.get("/metrics").body;
+    assert!(
+        m.contains("backfill_not_ready_total{dag=\"daily_orders\"} 1"),
+        "{m}"
+    );
+    assert!(
+        !m.contains("backfill_intervals_waiting_for_sources{"),
+        "{m}"
+    );
+    drop(s);
 
     // Asked once (`--wait-ready 0s`), still not there: exit 4 with --require-ready.
     p.create(
@@ -208,6 +242,7 @@ fn a_source_that_never_lands_is_not_ready_and_the_next_backfill_runs_it() {
         p.rows("SELECT asks FROM readiness WHERE backfill_id = 2"),
         vec![vec!["1".to_string()]]
     );
+    assert_eq!(p.read("not-ready"), "1 0\n1 4\n");
 
     // Once the orders landed, the next nightly run (reprocess none) runs that day only.
     land(&p);
@@ -217,6 +252,8 @@ fn a_source_that_never_lands_is_not_ready_and_the_next_backfill_runs_it() {
     let (got, want) = published(&p, "2026-09-30");
     assert!(!want.is_empty());
     assert_eq!(got, want);
+    assert_eq!(p.read("not-ready"), "1 0\n1 4\n", "all ready: no hook");
+    assert!(!p.path("mailed").exists());
 }
 
 /// A kill -9 while intervals wait loses nothing: `resume` asks again and runs them, and the

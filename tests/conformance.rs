@@ -157,6 +157,7 @@ engines! {
         runs::a_nul_character_round_trips,
         forgets::a_range_is_removed_and_recorded,
         forgets::a_range_in_use_is_not_removed,
+        plans::readiness_answers_are_kept_and_not_ready_skips_the_interval,
     ],
     kinds: [
         migrations::every_earlier_schema_upgrades_and_keeps_its_rows,

@@ -203,6 +203,9 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
          ALTER TABLE backfill_manifest.backfills DROP COLUMN atomic;
          DROP TABLE backfill_manifest.forgets CASCADE;
          DROP TABLE backfill_manifest.pool_starts;
+         DROP TABLE backfill_manifest.readiness;
+         ALTER TABLE backfill_manifest.backfills DROP COLUMN wait_ready;
+         ALTER TABLE backfill_manifest.backfills DROP COLUMN require_ready;
          UPDATE backfill_manifest.schema_version SET version = 6",
     );
     p.run(&create_args(&url, "2026-01-04", "2026-01-04"))
@@ -246,6 +249,9 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
          ALTER TABLE backfill_manifest.backfills DROP COLUMN atomic;
          DROP TABLE backfill_manifest.forgets CASCADE;
          DROP TABLE backfill_manifest.pool_starts;
+         DROP TABLE backfill_manifest.readiness;
+         ALTER TABLE backfill_manifest.backfills DROP COLUMN wait_ready;
+         ALTER TABLE backfill_manifest.backfills DROP COLUMN require_ready;
          UPDATE backfill_manifest.schema_version SET version = 1",
     );
     p.run(&create_args(&url, "2026-01-05", "2026-01-05"))

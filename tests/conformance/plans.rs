@@ -352,3 +352,60 @@ pub fn a_large_plan_chunk_is_written_whole(m: &Engine) {
         "by start"
     );
 }
+
+/// A readiness answer is one row per backfill, interval and task, written again at each ask;
+/// `not ready` skips the interval in its plan (and releases its lease) in the same
+/// transaction; `show` reads the answers, and the wait of an interval still awaited.
+pub fn readiness_answers_are_kept_and_not_ready_skips_the_interval(m: &Engine) {
+    use backfill::manifest::readiness::Asked;
+    use backfill::state::ReadyState;
+    let ctx = alive();
+    let a = planned(m, request("d"), 3, &ctx);
+    let ask = move |d: i64, state: ReadyState, asks: u32, answer: &str, waited_ms: i64| {
+        let asked = Asked {
+            dag_id: "d".into(),
+            interval: day(d),
+            task_id: "t".into(),
+            state,
+            asks,
+            answer: Some(answer.to_string()),
+            waited_ms,
+            wait_ms: 600_000,
+        };
+        m.ok(move |s| s.note_readiness(s.fence(a)?, &asked));
+    };
+    ask(1, ReadyState::Waiting, 1, "0", 0);
+    ask(1, ReadyState::Waiting, 2, "0", 300_000);
+    ask(2, ReadyState::Waiting, 1, "no file", 0);
+    ask(2, ReadyState::NotReady, 3, "still no file", 600_000);
+    let shown = m
+        .read()
+        .show_backfill(a.backfill_id)
+        .unwrap()
+        .expect("backfill");
+    let d = &shown.interval_details;
+    assert!(d[0].ready.is_empty());
+    let one = &d[1].ready[0];
+    assert_eq!(
+        (one.state, one.asks, one.answer.as_deref(), one.waited_ms),
+        (ReadyState::Waiting, 2, Some("0"), 300_000)
+    );
+    // Its deadline is 10 minutes after its first ask: 5 minutes are left.
+    let left = one.left_ms.expect("still awaited");
+    assert!((295_000..=300_000).contains(&left), "{left}");
+    assert_eq!(
+        d[1].state,
+        Some(backfill::state::IntervalState::WaitingForSources(left))
+    );
+    let two = &d[2];
+    assert_eq!(
+        (two.action, two.reason.as_deref()),
+        (backfill::state::PlanAction::Skip, Some("not ready"))
+    );
+    assert_eq!(
+        two.error.as_deref(),
+        Some("task `t` not ready after 3 asks over 10m: still no file")
+    );
+    assert_eq!(two.ready[0].left_ms, None);
+    assert_eq!(shown.backfill.intervals.skipped, 1);
+}

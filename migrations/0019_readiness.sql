@@ -23,3 +23,19 @@ CREATE INDEX readiness_by_interval ON readiness (dag_id, interval_start);
 -- `--require-ready` (1), which `resume` and `join` keep.
 ALTER TABLE backfills ADD COLUMN wait_ready INTEGER;
 ALTER TABLE backfills ADD COLUMN require_ready INTEGER NOT NULL DEFAULT 0;
+
+-- What readiness checks answered, for people (docs/manifest.md, "Querying the manifest").
+CREATE VIEW report_readiness AS
+SELECT r.backfill_id,
+       r.dag_id,
+       r.task_id,
+       strftime('%Y-%m-%dT%H:%M:%SZ', r.interval_start, 'unixepoch') AS interval_start,
+       strftime('%Y-%m-%dT%H:%M:%SZ', r.interval_end, 'unixepoch') AS interval_end,
+       r.state,
+       r.asks,
+       r.answer,
+       strftime('%Y-%m-%dT%H:%M:%fZ', r.first_asked_at / 1000.0, 'unixepoch') AS first_asked_at,
+       strftime('%Y-%m-%dT%H:%M:%fZ', r.last_asked_at / 1000.0, 'unixepoch') AS last_asked_at,
+       strftime('%Y-%m-%dT%H:%M:%fZ', r.deadline / 1000.0, 'unixepoch') AS deadline,
+       (r.last_asked_at - r.first_asked_at) / 1000.0 AS waited_s
+FROM readiness r;

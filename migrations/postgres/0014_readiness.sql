@@ -23,3 +23,19 @@ CREATE INDEX readiness_by_interval ON readiness (dag_id, interval_start);
 -- `--require-ready` (1), which `resume` and `join` keep.
 ALTER TABLE backfills ADD COLUMN wait_ready bigint;
 ALTER TABLE backfills ADD COLUMN require_ready bigint NOT NULL DEFAULT 0;
+
+-- What readiness checks answered, for people (docs/manifest.md, "Querying the manifest").
+CREATE VIEW report_readiness AS
+SELECT r.backfill_id,
+       r.dag_id,
+       r.task_id,
+       to_timestamp(r.interval_start) AS interval_start,
+       to_timestamp(r.interval_end) AS interval_end,
+       r.state,
+       r.asks,
+       r.answer,
+       to_timestamp(r.first_asked_at / 1000.0) AS first_asked_at,
+       to_timestamp(r.last_asked_at / 1000.0) AS last_asked_at,
+       to_timestamp(r.deadline / 1000.0) AS deadline,
+       ((r.last_asked_at - r.first_asked_at) / 1000.0)::double precision AS waited_s
+FROM readiness r;

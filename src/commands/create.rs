@@ -26,6 +26,17 @@ pub(crate) fn run(g: &Global, mut args: CreateArgs) -> Result<u8, Error> {
     let project = g.project()?;
     let atomic = std::mem::take(&mut args.atomic);
     let dag = checked_dag(&project, &mut args, atomic)?;
+    if (args.wait_ready.is_some() || args.require_ready)
+        && !dag.tasks.iter().any(|t| t.ready.is_some())
+    {
+        crate::session::note(
+            g,
+            &format!(
+                "--wait-ready and --require-ready change nothing here: no task of DAG `{}` asks whether its sources are ready ([tasks.ready] in {})",
+                dag.id, dag.file
+            ),
+        );
+    }
     let prepared = prepare(g, &project, &dag, &args)?;
     warn_unlike_published(g, &project, &dag, &prepared);
     if args.dry_run {

@@ -471,7 +471,7 @@ fn a_manifest_of_the_previous_schema_gains_the_project_and_its_backfills_are_any
          ALTER TABLE task_tries DROP COLUMN rows_inserted; ALTER TABLE task_tries DROP COLUMN rows_updated;
          ALTER TABLE task_tries DROP COLUMN rows_deleted; ALTER TABLE task_tries DROP COLUMN rows_unchanged;
          ALTER TABLE backfills DROP COLUMN atomic; DROP VIEW report_forgets; DROP TABLE forgets; DROP TABLE pool_starts;
-         DROP TABLE readiness; ALTER TABLE backfills DROP COLUMN wait_ready;
+         DROP VIEW report_readiness; DROP TABLE readiness; ALTER TABLE backfills DROP COLUMN wait_ready;
          ALTER TABLE backfills DROP COLUMN require_ready;
          PRAGMA user_version = 11; PRAGMA application_id = 0;",
     );

@@ -203,7 +203,7 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
          ALTER TABLE backfill_manifest.backfills DROP COLUMN atomic;
          DROP TABLE backfill_manifest.forgets CASCADE;
          DROP TABLE backfill_manifest.pool_starts;
-         DROP TABLE backfill_manifest.readiness;
+         DROP TABLE backfill_manifest.readiness CASCADE;
          ALTER TABLE backfill_manifest.backfills DROP COLUMN wait_ready;
          ALTER TABLE backfill_manifest.backfills DROP COLUMN require_ready;
          UPDATE backfill_manifest.schema_version SET version = 6",
@@ -249,7 +249,7 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
          ALTER TABLE backfill_manifest.backfills DROP COLUMN atomic;
          DROP TABLE backfill_manifest.forgets CASCADE;
          DROP TABLE backfill_manifest.pool_starts;
-         DROP TABLE backfill_manifest.readiness;
+         DROP TABLE backfill_manifest.readiness CASCADE;
          ALTER TABLE backfill_manifest.backfills DROP COLUMN wait_ready;
          ALTER TABLE backfill_manifest.backfills DROP COLUMN require_ready;
          UPDATE backfill_manifest.schema_version SET version = 1",

@@ -213,6 +213,19 @@ fn a_source_that_never_lands_is_not_ready_and_the_next_backfill_runs_it() {
         "{said}"
     );
     assert_eq!(day30["ready"][0]["state"], "not ready");
+    // The view for people says the same.
+    assert_eq!(
+        p.rows(
+            "SELECT dag_id, task_id, state, answer,
+                    CASE WHEN asks > 1 AND waited_s >= 1 AND waited_s < 30 THEN 'waited' ELSE 'no' END
+             FROM report_readiness WHERE backfill_id = 1 ORDER BY interval_start"
+        ),
+        [
+            ["daily_orders", "aggregate", "ready", "1", "no"],
+            ["daily_orders", "aggregate", "ready", "1", "no"],
+            ["daily_orders", "aggregate", "not ready", "0", "waited"]
+        ]
+    );
     let s = crate::serve::Server::start(&p, "serve", &[]);
     let page = s.get("/backfills/1").body;
     assert!(
@@ -235,9 +248,12 @@ fn a_source_that_never_lands_is_not_ready_and_the_next_backfill_runs_it() {
         "daily_orders",
         FROM,
         TO,
-        &["--wait-ready", "0s", "--require-ready"],
+        &["--wait-ready", "0s", "--require-ready", "-q"],
     )
-    .code(4);
+    .code(4)
+    // What a quiet cron job mails.
+    .stderr_has("backfill 2 of daily_orders: completed — 0 succeeded, 0 failed, 0 rejected, 0 cancelled, 3 skipped in ")
+    .stderr_has("; 1 interval not ready (`backfill ");
     assert_eq!(
         p.rows("SELECT asks FROM readiness WHERE backfill_id = 2"),
         vec![vec!["1".to_string()]]

@@ -118,7 +118,8 @@ fn the_views_for_people_have_the_documented_columns_and_the_guides_queries_answe
             "report_runs",
             "report_tries",
             "report_published",
-            "report_forgets"
+            "report_forgets",
+            "report_readiness"
         ]
     );
     for (view, documented) in &views {
@@ -140,6 +141,7 @@ fn the_views_for_people_have_the_documented_columns_and_the_guides_queries_answe
                 "report_backfills.duration_s double precision",
                 "report_published.interval_start timestamp with time zone",
                 "report_published.rows bigint",
+                "report_readiness.interval_start timestamp with time zone",
                 "report_runs.interval_start timestamp with time zone",
                 "report_runs.started_at timestamp with time zone",
                 "report_runs.duration_s double precision",

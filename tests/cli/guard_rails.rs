@@ -465,3 +465,68 @@ fn a_frozen_holder_whose_slot_was_given_away_never_starts_its_try() {
         [["cancelled"]]
     );
 }
+
+/// A try held back by its pool's rate holds no slot and stops waiting at `cancel`: the backfill
+/// ends interrupted at once, the waiting try recorded as stopped in the pool, and `resume`
+/// runs it.
+#[test]
+fn a_try_waiting_for_the_rate_stops_at_cancel_and_resume_runs_it() {
+    let p = Project::new().dag("a", &pooled("a"));
+    p.write(
+        "backfill.toml",
+        "[pools]\napi = { slots = 4, rate = \"1/1h\" }\n",
+    );
+    let child = p.spawn(
+        "run",
+        &[
+            "create",
+            "--dag",
+            "a",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+        ],
+    );
+    crate::support::wait_until(
+        "a try to wait for the rate",
+        std::time::Duration::from_secs(20),
+        || {
+            p.has_manifest()
+                && p.run(&["show", "1"])
+                    .stdout
+                    .contains("waiting for pool api (rate)")
+        },
+    );
+    // One started and ended; the other waits, holding no slot.
+    crate::support::wait_until(
+        "the first try to end",
+        std::time::Duration::from_secs(20),
+        || p.count("SELECT COUNT(*) FROM task_tries WHERE state = 'succeeded'") == 1,
+    );
+    assert_eq!(
+        p.count(
+            "SELECT COUNT(*) FROM pool_slots s JOIN task_tries t ON t.id = s.try_id
+             WHERE t.state = 'running'"
+        ),
+        0
+    );
+    let began = std::time::Instant::now();
+    p.run(&["cancel", "1"]).code(0);
+    crate::support::wait_within(&p, "run", child, std::time::Duration::from_secs(30)).code(130);
+    assert!(began.elapsed() < std::time::Duration::from_secs(10));
+    assert_eq!(
+        p.rows("SELECT state, error FROM task_tries ORDER BY id"),
+        [
+            ["succeeded", "NULL"],
+            ["cancelled", "stopped while waiting for a slot of its pool"]
+        ]
+    );
+    // An hour later (the start leaves the window), `resume` runs the rest.
+    p.exec("UPDATE pool_starts SET at = at - 3600000");
+    p.run(&["resume", "1"]).code(0);
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM runs WHERE state = 'succeeded'"),
+        2
+    );
+}

@@ -1471,37 +1471,3 @@ fn a_pools_rate_holds_across_two_hosts_and_is_used() {
         [["hosta", "6"], ["hostb", "6"]]
     );
 }
-
-/// A pool's rate holds across hosts: two hosts, each a backfill of six days of a DAG of pool
-/// `api` (3 starts a second), start their 12 tries at most 3 in any second, counted at the
-/// manifest's clock, and use the rate (4 windows of starts, not more).
-#[test]
-#[cfg_attr(
-    missing = "namespaces",
-    ignore = "no PID and UTS namespaces: `unshare --pid --fork --kill-child --mount-proc --uts` needs root"
-)]
-fn a_pools_rate_bounds_the_starts_of_two_hosts() {
-    let p = Project::new()
-        .dag("a", &crate::guard_rails::pooled("a"))
-        .dag("b", &crate::guard_rails::pooled("b"));
-    p.write(
-        "backfill.toml",
-        "lease_timeout = \"5s\"\n\n[pools]\napi = { slots = 10, rate = \"3/1s\" }\n",
-    );
-    let a = Host::start(&p, "hosta", &crate::guard_rails::six_days("a"));
-    let b = Host::start(&p, "hostb", &crate::guard_rails::six_days("b"));
-    a.wait(&p, Duration::from_secs(60)).code(0);
-    b.wait(&p, Duration::from_secs(60)).code(0);
-    let starts = crate::guard_rails::rate_kept(&p, "api", 3, 1000);
-    assert_eq!(starts.len(), 12, "{starts:?}");
-    let span = starts[11] - starts[0];
-    assert!((3000..8000).contains(&span), "{span} ms: {starts:?}");
-    // Both hosts started tries, and each try once.
-    assert_eq!(
-        p.rows(&format!(
-            "SELECT {}, COUNT(*) FROM task_tries GROUP BY 1 ORDER BY 1",
-            p.before("host", '#')
-        )),
-        [["hosta", "6"], ["hostb", "6"]]
-    );
-}

@@ -84,6 +84,31 @@ fn published(p: &Project, day: &str) -> (Vec<String>, Vec<String>) {
     )
 }
 
+/// Starts the nightly backfill of the three days (`-v`), and waits until September 30 waits
+/// for its orders while the two days whose orders are there ran (holding no place meanwhile).
+fn start_nightly(p: &Project) -> std::process::Child {
+    let child = p.spawn(
+        "run",
+        &[
+            "create",
+            "--dag",
+            "daily_orders",
+            "--from",
+            FROM,
+            "--to",
+            TO,
+            "-v",
+        ],
+    );
+    wait_for_waiting(p);
+    wait_until(
+        "the landed days to succeed",
+        Duration::from_secs(30),
+        || p.count("SELECT COUNT(*) FROM runs WHERE state = 'succeeded'") == 2,
+    );
+    child
+}
+
 /// Waits until the manifest says an interval waits for its sources.
 fn wait_for_waiting(p: &Project) {
     wait_until(
@@ -102,26 +127,7 @@ fn wait_for_waiting(p: &Project) {
 #[test]
 fn a_late_source_is_waited_for_then_published_and_nothing_is_mailed() {
     let p = late_shop("1m");
-    let child = p.spawn(
-        "run",
-        &[
-            "create",
-            "--dag",
-            "daily_orders",
-            "--from",
-            FROM,
-            "--to",
-            TO,
-            "-v",
-        ],
-    );
-    wait_for_waiting(&p);
-    // The two days whose sources are there ran meanwhile.
-    wait_until(
-        "the landed days to succeed",
-        Duration::from_secs(30),
-        || p.count("SELECT COUNT(*) FROM runs WHERE state = 'succeeded'") == 2,
-    );
+    let child = start_nightly(&p);
     let shown = p.run(&["show", "latest"]);
     shown.code(0).stdout_has("waiting for sources (");
     let json = p.run(&["show", "latest", "--output", "json"]).json();
@@ -277,24 +283,7 @@ fn a_source_that_never_lands_is_not_ready_and_the_next_backfill_runs_it() {
 #[test]
 fn a_kill_while_intervals_wait_is_resumed_and_they_wait_again() {
     let p = late_shop("1m");
-    let mut child = p.spawn(
-        "run",
-        &[
-            "create",
-            "--dag",
-            "daily_orders",
-            "--from",
-            FROM,
-            "--to",
-            TO,
-        ],
-    );
-    wait_for_waiting(&p);
-    wait_until(
-        "the landed days to succeed",
-        Duration::from_secs(30),
-        || p.count("SELECT COUNT(*) FROM runs WHERE state = 'succeeded'") == 2,
-    );
+    let mut child = start_nightly(&p);
     let asked_first = "SELECT first_asked_at FROM readiness WHERE state = 'waiting'";
     let before = p.count(asked_first);
     signal(&child, Signal::SIGKILL);

@@ -22,7 +22,7 @@ CREATE INDEX readiness_by_interval ON readiness (dag_id, interval_start);
 -- `create --wait-ready DURATION` (milliseconds; NULL: each task's own `wait`) and
 -- `--require-ready` (1), which `resume` and `join` keep.
 ALTER TABLE backfills ADD COLUMN wait_ready bigint;
-ALTER TABLE backfills ADD COLUMN require_ready bigint NOT NULL DEFAULT 0;
+ALTER TABLE backfills ADD COLUMN require_ready boolean NOT NULL DEFAULT false;
 
 -- What readiness checks answered, for people (docs/manifest.md, "Querying the manifest").
 CREATE VIEW report_readiness AS

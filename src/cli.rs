@@ -400,7 +400,7 @@ pub struct CreateArgs {
     pub max_failures: Option<u32>,
     /// How long an interval may wait for its sources (`[tasks.ready]`), for every task: overrides
     /// each task's `wait` (0s: ask once). Kept by `resume`.
-    #[arg(long, value_name = "DURATION", value_parser = parse_wait)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_wait_ready)]
     pub wait_ready: Option<std::time::Duration>,
     /// Exit with code 4 when the sources of an interval were not ready, so it did not run
     /// (without it, such an interval is recorded `not ready` and the exit code is 0).
@@ -465,6 +465,17 @@ fn parse_backfill(text: &str) -> Result<BackfillRef, String> {
 fn parse_wait(text: &str) -> Result<std::time::Duration, String> {
     humantime::parse_duration(text)
         .map_err(|e| format!("cannot read `{text}` as a duration ({e}); write it like 30s or 2m"))
+}
+
+/// `--wait-ready`: a duration of at most a year, as a DAG file's `wait`.
+fn parse_wait_ready(text: &str) -> Result<std::time::Duration, String> {
+    const YEAR: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 3600);
+    match parse_wait(text)? {
+        d if d > YEAR => Err(format!(
+            "`{text}` is longer than a year; write a wait such as 2h"
+        )),
+        d => Ok(d),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -26,10 +26,26 @@ pub struct Asked {
     pub wait_ms: i64,
 }
 
-/// Records an answer (see the module's doc); a `not ready` one skips the interval.
-pub(crate) fn note(conn: &Conn, f: Fenced, a: &Asked) -> Result<()> {
-    let now = conn.clock_now_ms()?;
+/// Records an answer (see the module's doc); a `not ready` one skips the interval. Only an
+/// interval the backfill still plans to run and has not started is answered for: `false`, and
+/// nothing written, when another process of the backfill (`backfill join`) started it or gave
+/// up on it meanwhile.
+pub(crate) fn note(conn: &Conn, f: Fenced, a: &Asked) -> Result<bool> {
     let start = a.interval.start.timestamp();
+    let open: i64 = conn
+        .prepare_cached(
+            "SELECT COUNT(*) FROM plan p JOIN leases l
+               ON l.dag_id = ?2 AND l.interval_start = p.interval_start
+              AND l.backfill_id = p.backfill_id AND l.run_id IS NULL
+             WHERE p.backfill_id = ?1 AND p.interval_start = ?3 AND p.action = 'run'",
+        )?
+        .query_row(rusqlite::params![f.backfill_id(), a.dag_id, start], |r| {
+            r.get(0)
+        })?;
+    if open == 0 {
+        return Ok(false);
+    }
+    let now = conn.clock_now_ms()?;
     conn.prepare_cached(
         "INSERT INTO readiness (backfill_id, dag_id, interval_start, interval_end, task_id, state,
             asks, answer, first_asked_at, last_asked_at, deadline)
@@ -48,12 +64,12 @@ pub(crate) fn note(conn: &Conn, f: Fenced, a: &Asked) -> Result<()> {
         a.state,
         i64::from(a.asks),
         a.answer,
-        now - a.waited_ms,
+        now.saturating_sub(a.waited_ms),
         now,
-        now - a.waited_ms + a.wait_ms,
+        now.saturating_sub(a.waited_ms).saturating_add(a.wait_ms),
     ])?;
     if a.state == ReadyState::NotReady {
         super::plans::skip_planned(conn, f, &a.dag_id, start, SkipReason::NotReady)?;
     }
-    Ok(())
+    Ok(true)
 }

@@ -226,19 +226,23 @@ pub(crate) fn write(
                 .unwrap_or_default()
         ),
         (exit::FAILED, Some(rerun)) => format!("; rerun the failures with `{rerun}`"),
-        (exit::NOT_READY, _) => format!(
-            "; {} not ready (`{}` says what each check answered): the next backfill over the range runs {}",
-            plural(
-                s.skipped
-                    .get(crate::plan::SkipReason::NotReady.as_str())
-                    .copied()
-                    .unwrap_or(0),
-                "interval",
-                "intervals"
-            ),
-            hint(&format!("show {}", s.backfill_id)),
-            "them once their sources are there"
-        ),
+        (exit::NOT_READY, _) => {
+            let n = s
+                .skipped
+                .get(crate::plan::SkipReason::NotReady.as_str())
+                .copied()
+                .unwrap_or(0);
+            format!(
+                "; {} not ready (`{}` says what each check answered): the next backfill over the range runs {}",
+                plural(n, "interval", "intervals"),
+                hint(&format!("show {}", s.backfill_id)),
+                if n == 1 {
+                    "it once its sources are there"
+                } else {
+                    "them once their sources are there"
+                }
+            )
+        }
         _ => String::new(),
     };
     // A rerun of an interval rejected for drift is rejected again unless the change is wanted.

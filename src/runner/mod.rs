@@ -454,12 +454,20 @@ struct Dispatch {
     holding: std::collections::HashSet<i64>,
     /// Whether intervals wait for their sources before they start (`[tasks.ready]`).
     asks_ready: bool,
-    /// Intervals waiting for their sources (see [`ready`]); they hold no slot.
-    readying: JoinSet<Result<(DataInterval, ready::Waited), Error>>,
-    /// Intervals whose sources are ready, to start before the queue's next.
-    ready: VecDeque<DataInterval>,
+    /// Intervals waiting for their sources (see [`ready`]), each with its place in the queue;
+    /// they hold no slot.
+    readying: JoinSet<Result<(usize, DataInterval, ready::Waited), Error>>,
+    /// Intervals whose sources are ready, by their place in the queue: they start before the
+    /// queue's next, in the queue's order.
+    ready: std::collections::BTreeMap<usize, DataInterval>,
+    /// The place in the queue of the next interval that waits for its sources.
+    asked: usize,
     /// Bounds how many readiness checks run at once.
     asking: Arc<tokio::sync::Semaphore>,
+    /// The places of the intervals whose first readiness answer is not in yet: one found ready
+    /// starts only once those before it answered (see [`ready::FirstAnswer`]).
+    unanswered: std::collections::BTreeSet<usize>,
+    answered: (mpsc::UnboundedSender<usize>, mpsc::UnboundedReceiver<usize>),
     first_error: Option<Error>,
     failures: u32,
     halted: bool,
@@ -494,7 +502,10 @@ impl Dispatch {
         Ok(Self {
             asks_ready,
             readying: JoinSet::new(),
-            ready: VecDeque::new(),
+            ready: std::collections::BTreeMap::new(),
+            asked: 0,
+            unanswered: std::collections::BTreeSet::new(),
+            answered: mpsc::unbounded_channel(),
             asking: Arc::new(tokio::sync::Semaphore::new(max)),
             stop_rx: stop.clone(),
             wind_down: shared.spec.wind_down.clone(),
@@ -527,6 +538,7 @@ impl Dispatch {
                 .load(std::sync::atomic::Ordering::Relaxed)
         {
             self.halted = true;
+            self.readying.abort_all();
             let failed = self
                 .shared
                 .spec
@@ -553,7 +565,14 @@ impl Dispatch {
             {
                 break;
             }
-            if let Some(interval) = self.ready.pop_front() {
+            while let Ok(place) = self.answered.1.try_recv() {
+                self.unanswered.remove(&place);
+            }
+            let first = self.ready.first_key_value().map(|(&place, _)| place);
+            if let Some(place) = first
+                && self.unanswered.first().is_none_or(|&before| before > place)
+                && let Some((_, interval)) = self.ready.pop_first()
+            {
                 self.spawn_interval(interval);
                 continue;
             }
@@ -586,10 +605,14 @@ impl Dispatch {
             if self.asks_ready {
                 // It takes its slot once its sources are ready.
                 let (shared, stop) = (self.shared.clone(), self.stop.clone());
-                let asking = self.asking.clone();
+                let (asking, place) = (self.asking.clone(), self.asked);
+                self.asked += 1;
+                self.unanswered.insert(place);
+                let first = ready::FirstAnswer::new(place, self.answered.0.clone());
                 self.readying.spawn(async move {
-                    let waited = ready::wait_until_ready(shared, interval, stop, asking).await?;
-                    Ok((interval, waited))
+                    let waited =
+                        ready::wait_until_ready(shared, interval, stop, asking, first).await?;
+                    Ok((place, interval, waited))
                 });
                 continue;
             }
@@ -618,18 +641,22 @@ impl Dispatch {
     /// Takes in how an interval's wait for its sources ended.
     fn readied(
         &mut self,
-        joined: Result<Result<(DataInterval, ready::Waited), Error>, tokio::task::JoinError>,
+        joined: Result<Result<(usize, DataInterval, ready::Waited), Error>, tokio::task::JoinError>,
     ) {
         match joined {
-            Ok(Ok((interval, ready::Waited::Ready))) => self.ready.push_back(interval),
-            Ok(Ok((interval, ready::Waited::NotReady))) => {
+            Ok(Ok((place, interval, ready::Waited::Ready))) => {
+                self.ready.insert(place, interval);
+            }
+            Ok(Ok((_, interval, ready::Waited::NotReady))) => {
                 if self.depends_on_past {
                     self.succeeded_by_end
                         .insert(interval.end.timestamp(), false);
                 }
             }
-            // It stays planned, for `resume`.
-            Ok(Ok((_, ready::Waited::Stopped))) => {}
+            // It stays planned, for `resume` (stopped, halted at `--max-failures`, or another
+            // process's now).
+            Ok(Ok((_, _, ready::Waited::Stopped))) => {}
+            Err(e) if e.is_cancelled() => {}
             Ok(Err(e)) => fail(&self.shared, &mut self.first_error, e),
             Err(e) => fail(
                 &self.shared,
@@ -714,6 +741,9 @@ impl Dispatch {
         tokio::select! {
             Some(joined) = self.running.join_next() => self.joined(Some(joined)),
             Some(readied) = self.readying.join_next() => self.readied(readied),
+            Some(place) = self.answered.1.recv() => {
+                self.unanswered.remove(&place);
+            }
             Some(start) = self.freed_rx.recv() => {
                 self.holding.remove(&start);
             }
@@ -732,15 +762,19 @@ impl Dispatch {
                     self.failures += 1;
                 }
             }
+            let left =
+                !self.queue.is_empty() || !self.readying.is_empty() || !self.ready.is_empty();
             if self
                 .shared
                 .spec
                 .max_failures
                 .is_some_and(|m| self.failures >= m)
                 && !self.halted
-                && !self.queue.is_empty()
+                && left
             {
                 self.halted = true;
+                // The intervals waiting for their sources stop waiting: they stay planned.
+                self.readying.abort_all();
                 let _ = self.shared.events.send(Event::MaxFailures {
                     failed: self.failures,
                 });

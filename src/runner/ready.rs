@@ -35,8 +35,9 @@ pub(super) enum Waited {
     Stopped,
 }
 
-/// How long a readiness command may take, at least (else its `every`).
+/// How long a readiness check may take to answer, at least and at most (else its `every`).
 const LEAST_COMMAND_TIME: Duration = Duration::from_secs(30);
+const MOST_COMMAND_TIME: Duration = Duration::from_secs(600);
 
 /// Whether a DAG of `tasks` asks readiness before its intervals.
 pub(super) fn asks(tasks: &[Task]) -> bool {
@@ -50,17 +51,55 @@ pub(super) async fn wait_until_ready(
     interval: DataInterval,
     mut stop: watch::Receiver<Stop>,
     asking: Arc<tokio::sync::Semaphore>,
+    first: FirstAnswer,
+) -> Result<Waited, Error> {
+    let waited = wait(&shared, interval, &mut stop, &asking, &first).await;
+    first.said();
+    waited
+}
+
+/// Tells the dispatcher that an interval's first answer is in, or that it ended without one:
+/// the intervals found ready start in the plan's order, so one found ready waits for the first
+/// answers of those before it.
+pub(super) struct FirstAnswer {
+    place: usize,
+    to: tokio::sync::mpsc::UnboundedSender<usize>,
+}
+
+impl FirstAnswer {
+    pub(super) fn new(place: usize, to: tokio::sync::mpsc::UnboundedSender<usize>) -> Self {
+        Self { place, to }
+    }
+
+    /// Said again after the first time, it changes nothing.
+    fn said(&self) {
+        let _ = self.to.send(self.place);
+    }
+}
+
+async fn wait(
+    shared: &Arc<Shared>,
+    interval: DataInterval,
+    stop: &mut watch::Receiver<Stop>,
+    asking: &tokio::sync::Semaphore,
+    first: &FirstAnswer,
 ) -> Result<Waited, Error> {
     let spec = &shared.spec;
+    // One process of the backfill waits for an interval (`backfill join`): it holds it as a
+    // batch holds its intervals, and the others leave it alone.
+    if !hold(shared, interval).await? {
+        return Ok(Waited::Stopped);
+    }
     let mut said_waiting = false;
     let mut warned = false;
     let mut ended = Waited::Ready;
     // A worker that winds down starts no run: it stops waiting too.
     let mut wind_down = spec.wind_down.clone();
+    // One wait for the interval, whichever of its tasks it waits for.
+    let began = Instant::now();
     for task in &spec.dag.tasks {
         let Some(ready) = &task.ready else { continue };
         let wait = spec.wait_ready.unwrap_or(ready.wait);
-        let began = Instant::now();
         let mut asks = 0u32;
         loop {
             if *stop.borrow() != Stop::Run || shared.winding_down() {
@@ -69,8 +108,13 @@ pub(super) async fn wait_until_ready(
             }
             let answer = {
                 let _permit = asking.acquire().await;
-                ask(&shared, task, &ready.check, interval, ready.every).await
+                ask(shared, task, &ready.check, interval, ready.every, stop).await
             };
+            // Stopped while it asked: no answer counts, the interval stays planned.
+            if *stop.borrow() != Stop::Run || shared.winding_down() {
+                ended = Waited::Stopped;
+                break;
+            }
             asks += 1;
             let waited = began.elapsed();
             let (state, text) = match answer {
@@ -85,7 +129,10 @@ pub(super) async fn wait_until_ready(
                             error: error.clone(),
                         });
                     }
-                    (ReadyState::Waiting, format!("the check failed: {error}"))
+                    (
+                        ReadyState::Waiting,
+                        Some(format!("the check failed: {error}")),
+                    )
                 }
             };
             // Asked a last time when the wait runs out.
@@ -99,16 +146,21 @@ pub(super) async fn wait_until_ready(
                 task_id: task.id.clone(),
                 state,
                 asks,
-                answer: Some(text).filter(|t| !t.is_empty()),
+                answer: text.filter(|t| !t.is_empty()),
                 waited_ms: i64::try_from(waited.as_millis()).unwrap_or(i64::MAX),
                 wait_ms: i64::try_from(wait.as_millis()).unwrap_or(i64::MAX),
             };
             let owner = spec.owner;
-            let noted = asked.clone();
-            shared
+            let noted = shared
                 .writer
-                .call(move |c| c.note_readiness(c.fence(owner)?, &noted))
+                .call(move |c| c.note_readiness(c.fence(owner)?, &asked))
                 .await?;
+            if !noted {
+                // Started or given up on by another process of the backfill meanwhile.
+                ended = Waited::Stopped;
+                break;
+            }
+            first.said();
             match state {
                 ReadyState::Ready => break,
                 ReadyState::NotReady => {
@@ -153,11 +205,26 @@ pub(super) async fn wait_until_ready(
     Ok(ended)
 }
 
+/// Makes this process hold `interval` while it waits for its sources (see
+/// [`crate::manifest::leases::reserve_batch`]); `false` when another live process of the
+/// backfill holds it.
+async fn hold(shared: &Shared, interval: DataInterval) -> Result<bool, Error> {
+    let (owner, dag_id) = (shared.spec.owner, shared.spec.dag.id.clone());
+    let ctx =
+        crate::manifest::leases::LeaseCtx::new(shared.spec.lease_timeout, &crate::process::LOCAL);
+    let start = interval.start.timestamp();
+    let reserved = shared
+        .writer
+        .call(move |c| c.reserve_batch(c.fence(owner)?, &dag_id, &[start], 1, &ctx))
+        .await?;
+    Ok(!reserved.held.is_empty())
+}
+
 /// What a readiness check answered, with what it said (the query's value, or the command's
 /// last line of output).
 enum Answer {
-    Ready(String),
-    NotReady(String),
+    Ready(Option<String>),
+    NotReady(Option<String>),
 }
 
 /// Asks a task's readiness check once for `interval`; `Err` when the check itself failed.
@@ -167,19 +234,36 @@ async fn ask(
     check: &ReadyCheck,
     interval: DataInterval,
     every: Duration,
+    stop: &mut watch::Receiver<Stop>,
 ) -> Result<Answer, String> {
+    let time = answer_time(every);
     match (check, &task.kind) {
         (ReadyCheck::Sql(sql), TaskKind::Sql(s)) => {
             let (s, sql, tz) = (s.clone(), sql.clone(), shared.spec.dag.tz);
-            tokio::task::spawn_blocking(move || ask_sql(&s, &sql, interval, tz))
-                .await
-                .map_err(|e| format!("the check panicked: {e}"))?
+            let query = tokio::task::spawn_blocking(move || ask_sql(&s, &sql, interval, tz));
+            // A query that does not answer in time, or a stop, is not waited for: it is left
+            // to end on its thread (the process ends without waiting for it).
+            tokio::select! {
+                answered = query => answered.map_err(|e| format!("the check panicked: {e}"))?,
+                () = tokio::time::sleep(time) => Err(format!(
+                    "it did not answer within {}",
+                    humantime::format_duration(time)
+                )),
+                _ = stop.changed() => Err("stopped".into()),
+            }
         }
         (ReadyCheck::Sql(_), TaskKind::Command(_)) => {
             Err("a command task has no warehouse to run `sql` on".into())
         }
-        (ReadyCheck::Command(spec), _) => ask_command(shared, task, spec, interval, every).await,
+        (ReadyCheck::Command(spec), _) => {
+            ask_command(shared, task, spec, interval, time, stop).await
+        }
     }
+}
+
+/// How long a check may take to answer: its `every`, at least 30 s and at most 10 minutes.
+fn answer_time(every: Duration) -> Duration {
+    every.clamp(LEAST_COMMAND_TIME, MOST_COMMAND_TIME)
 }
 
 /// Runs the query in the task's warehouse: its one value (no row is NULL) says ready when it
@@ -202,9 +286,9 @@ fn ask_sql(
         .map_err(|e| e.to_string())?;
     let value = value.unwrap_or_else(|| "NULL".into());
     Ok(if truthy(&value) {
-        Answer::Ready(value)
+        Answer::Ready(Some(value))
     } else {
-        Answer::NotReady(value)
+        Answer::NotReady(Some(value))
     })
 }
 
@@ -213,7 +297,7 @@ fn truthy(value: &str) -> bool {
     let v = value.trim().to_ascii_lowercase();
     match v.as_str() {
         "t" | "true" => true,
-        _ => v.parse::<f64>().is_ok_and(|n| n != 0.0),
+        _ => v.parse::<f64>().is_ok_and(|n| n.is_finite() && n != 0.0),
     }
 }
 
@@ -225,7 +309,8 @@ async fn ask_command(
     task: &Task,
     spec: &crate::project::CommandSpec,
     interval: DataInterval,
-    every: Duration,
+    time: Duration,
+    stop: &mut watch::Receiver<Stop>,
 ) -> Result<Answer, String> {
     let s = &shared.spec;
     let values = IntervalValues::new(interval, s.dag.tz);
@@ -236,6 +321,8 @@ async fn ask_command(
     ));
     let env = command::environment(&ctx, &shared.conf_text, &log.with_extension("result"));
     let program = command::render(spec, &ctx)?;
+    // The log holds this ask's output only: its last line is this ask's answer.
+    let _ = std::fs::remove_file(&log);
     crate::process::open_log(&log).map_err(|e| format!("cannot open its log: {e}"))?;
     let spawned = crate::process::start(crate::process::Command {
         program: &program,
@@ -246,13 +333,11 @@ async fn ask_command(
     })
     .await
     .map_err(|e| format!("cannot start: {e}"))?;
-    // Never stopped by the backfill's stop: a check is short, and waited for.
-    let (_keep, mut never) = watch::channel(Stop::Run);
-    let time = every.max(LEAST_COMMAND_TIME);
-    let finished = crate::process::finish(spawned, Some(time), task.grace_period, &mut never)
+    // Stopped (SIGTERM, then SIGKILL after the task's grace period) by a stop of the backfill.
+    let finished = crate::process::finish(spawned, Some(time), task.grace_period, stop)
         .await
         .map_err(|e| format!("cannot be waited for: {e}"))?;
-    let said = command::log_tail(&log, 1).trim().to_string();
+    let said = Some(command::log_tail(&log, 1).trim().to_string()).filter(|l| !l.is_empty());
     match finished.ended {
         crate::process::Ended::Exited(status) if status.success() => Ok(Answer::Ready(said)),
         crate::process::Ended::Exited(status) if status.code() == Some(1) => {
@@ -267,7 +352,7 @@ async fn ask_command(
             "it did not answer within {} and was stopped",
             humantime::format_duration(time)
         )),
-        crate::process::Ended::Cancelled => Err("it was stopped by a signal".into()),
+        crate::process::Ended::Cancelled => Err("stopped".into()),
     }
 }
 
@@ -280,7 +365,19 @@ mod tests {
         for ready in ["t", "true", "TRUE", "1", "42", "0.5", "-1"] {
             assert!(truthy(ready), "{ready}");
         }
-        for not in ["f", "false", "0", "0.0", "NULL", "", "yes", "landed"] {
+        for not in [
+            "f",
+            "false",
+            "0",
+            "0.0",
+            "NULL",
+            "",
+            "yes",
+            "landed",
+            "nan",
+            "inf",
+            "-infinity",
+        ] {
             assert!(!truthy(not), "{not}");
         }
     }

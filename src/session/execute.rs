@@ -164,6 +164,9 @@ pub(crate) fn execute(
     for warning in warnings {
         super::warn(g, &warning);
     }
+    // Everything the run waits for has ended; a readiness query that never answered (left on
+    // its thread, see `runner::ready`) does not hold the process.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
     let interrupted = *stop_tx.borrow() != Stop::Run;
     result.map(|end| {
         if interrupted {

@@ -386,3 +386,99 @@ fn a_command_check_answers_by_its_exit_code() {
         d[2]
     );
 }
+
+/// A DAG of one command task whose readiness check is `check`, waiting `wait`, asked every
+/// 200 ms; the task appends its day to `ran`.
+fn checked(check: &str, wait: &str, extra: &str) -> Project {
+    Project::new().dag(
+        "c",
+        &format!(
+            "id = \"c\"\nschedule = \"@daily\"\n{extra}\n[[tasks]]\nid = \"t\"\ncommand = \"echo {{{{ ds }}}} >> ran\"\n\n[tasks.ready]\ncommand = \"{check}\"\nwait = \"{wait}\"\nevery = \"200ms\"\n"
+        ),
+    )
+}
+
+/// Ctrl-C while a check runs stops the check at once: the backfill ends interrupted, its
+/// intervals stay planned (none is `not ready`), and `resume` asks again and runs them.
+#[test]
+fn a_stop_while_a_check_runs_stops_it_and_the_intervals_stay_planned() {
+    let p = checked(
+        "if [ -e go ]; then exit 0; fi; touch asked; sleep 1000",
+        "1h",
+        "max_active_runs = 2",
+    );
+    let child = p.spawn(
+        "run",
+        &[
+            "create",
+            "--dag",
+            "c",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-02",
+        ],
+    );
+    wait_until("a check to run", Duration::from_secs(30), || {
+        p.path("asked").exists()
+    });
+    let began = std::time::Instant::now();
+    signal(&child, Signal::SIGINT);
+    crate::support::wait_within(&p, "run", child, Duration::from_secs(30)).code(130);
+    assert!(
+        began.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        began.elapsed()
+    );
+    assert_eq!(
+        p.rows("SELECT action, COALESCE(reason, '-') FROM plan ORDER BY interval_start"),
+        [["run", "-"], ["run", "-"]]
+    );
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM readiness WHERE state = 'not ready'"),
+        0
+    );
+    std::fs::write(p.path("go"), "").unwrap();
+    p.run(&["resume", "1"]).code(0);
+    let mut ran: Vec<String> = p.read("ran").lines().map(String::from).collect();
+    ran.sort();
+    assert_eq!(ran, ["2026-01-01", "2026-01-02"]);
+}
+
+/// `--max-failures` stops the intervals that wait for their sources too: they stay planned
+/// for `resume`, not `not ready`.
+#[test]
+fn max_failures_stops_the_waiting_intervals_and_leaves_them_planned() {
+    let p = Project::new().dag(
+        "c",
+        "id = \"c\"\nschedule = \"@daily\"\nmax_active_runs = 2\n\n[[tasks]]\nid = \"t\"\nretries = 0\ncommand = \"test {{ ds }} != 2026-01-01\"\n\n[tasks.ready]\ncommand = \"test {{ ds }} = 2026-01-01\"\nwait = \"1h\"\nevery = \"200ms\"\n",
+    );
+    p.create("c", "2026-01-01", "2026-01-03", &["--max-failures", "1"])
+        .code(3)
+        .stderr_has("2 intervals not started: continue with `");
+    assert_eq!(
+        p.rows("SELECT action, COALESCE(reason, '-') FROM plan ORDER BY interval_start"),
+        [["run", "-"], ["run", "-"], ["run", "-"]]
+    );
+}
+
+/// Intervals found ready start in the plan's order, backwards too; `--wait-ready` longer than
+/// a year is refused.
+#[test]
+fn ready_intervals_start_in_the_plans_order() {
+    let p = checked("true", "1m", "max_active_runs = 1");
+    p.create("c", "2026-01-01", "2026-01-06", &["--run-backwards"])
+        .code(0);
+    assert_eq!(
+        p.read("ran"),
+        "2026-01-06\n2026-01-05\n2026-01-04\n2026-01-03\n2026-01-02\n2026-01-01\n"
+    );
+    p.create(
+        "c",
+        "2026-01-07",
+        "2026-01-07",
+        &["--wait-ready", "200000000000d"],
+    )
+    .code(2)
+    .stderr_has("is longer than a year");
+}

@@ -372,12 +372,18 @@ pub fn readiness_answers_are_kept_and_not_ready_skips_the_interval(m: &Engine) {
             waited_ms,
             wait_ms: 600_000,
         };
-        m.ok(move |s| s.note_readiness(s.fence(a)?, &asked));
+        m.ok(move |s| s.note_readiness(s.fence(a)?, &asked))
     };
-    ask(1, ReadyState::Waiting, 1, "0", 0);
-    ask(1, ReadyState::Waiting, 2, "0", 300_000);
-    ask(2, ReadyState::Waiting, 1, "no file", 0);
-    ask(2, ReadyState::NotReady, 3, "still no file", 600_000);
+    assert!(ask(1, ReadyState::Waiting, 1, "0", 0));
+    assert!(ask(1, ReadyState::Waiting, 2, "0", 300_000));
+    assert!(ask(2, ReadyState::Waiting, 1, "no file", 0));
+    assert!(ask(2, ReadyState::NotReady, 3, "still no file", 600_000));
+    // Given up on: a later answer (another process's) changes nothing.
+    assert!(!ask(2, ReadyState::Ready, 4, "1", 600_000));
+    // Started (by another process of the backfill, say): not ready is not recorded, and the
+    // interval stays as it is.
+    let _run = start_run(m, a, "d", 0, "t");
+    assert!(!ask(0, ReadyState::NotReady, 1, "0", 600_000));
     let shown = m
         .read()
         .show_backfill(a.backfill_id)
@@ -385,6 +391,7 @@ pub fn readiness_answers_are_kept_and_not_ready_skips_the_interval(m: &Engine) {
         .expect("backfill");
     let d = &shown.interval_details;
     assert!(d[0].ready.is_empty());
+    assert_eq!(d[0].action, backfill::state::PlanAction::Run);
     let one = &d[1].ready[0];
     assert_eq!(
         (one.state, one.asks, one.answer.as_deref(), one.waited_ms),
@@ -408,4 +415,5 @@ pub fn readiness_answers_are_kept_and_not_ready_skips_the_interval(m: &Engine) {
     );
     assert_eq!(two.ready[0].left_ms, None);
     assert_eq!(shown.backfill.intervals.skipped, 1);
+    assert_eq!(two.ready[0].state, ReadyState::NotReady);
 }

@@ -382,7 +382,7 @@ impl Planning for Conn {
     ) -> Result<()> {
         plans::mark_skipped(self, backfill_id, interval_start, reason)
     }
-    fn note_readiness(&self, f: Fenced, asked: &super::super::readiness::Asked) -> Result<()> {
+    fn note_readiness(&self, f: Fenced, asked: &super::super::readiness::Asked) -> Result<bool> {
         super::super::readiness::note(self, f, asked)
     }
 }

@@ -342,7 +342,7 @@ pub trait Planning {
     -> Result<()>;
     /// Records what an interval's readiness check answered; skips the interval when it is
     /// `not ready` (see [`super::readiness`]).
-    fn note_readiness(&self, f: Fenced, asked: &super::readiness::Asked) -> Result<()>;
+    fn note_readiness(&self, f: Fenced, asked: &super::readiness::Asked) -> Result<bool>;
 }
 
 /// Runs and their tries, from a pool slot to the recorded end, and the repair of those a gone owner left.

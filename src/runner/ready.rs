@@ -146,7 +146,7 @@ async fn wait(
                 task_id: task.id.clone(),
                 state,
                 asks,
-                answer: text.filter(|t| !t.is_empty()),
+                answer: text.filter(|t| !t.is_empty()).map(|t| shortened(&t)),
                 waited_ms: i64::try_from(waited.as_millis()).unwrap_or(i64::MAX),
                 wait_ms: i64::try_from(wait.as_millis()).unwrap_or(i64::MAX),
             };
@@ -203,6 +203,32 @@ async fn wait(
         });
     }
     Ok(ended)
+}
+
+/// The longest answer recorded, in characters: what a check says is a line, not a report.
+const LONGEST_ANSWER: usize = 500;
+
+/// An answer as it is recorded: at most [`LONGEST_ANSWER`] characters, control characters
+/// (a terminal's colours) left out.
+fn shortened(answer: &str) -> String {
+    // A terminal's escape sequence (`ESC [ ... letter`) goes whole.
+    let mut kept = String::with_capacity(answer.len());
+    let mut chars = answer.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            for e in chars.by_ref() {
+                if e.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else if !c.is_control() {
+            kept.push(c);
+        }
+    }
+    match kept.char_indices().nth(LONGEST_ANSWER) {
+        Some((at, _)) => format!("{}...", &kept[..at]),
+        None => kept,
+    }
 }
 
 /// Makes this process hold `interval` while it waits for its sources (see
@@ -359,6 +385,16 @@ async fn ask_command(
 #[cfg(test)]
 mod tests {
     use super::truthy;
+
+    #[test]
+    fn answers_are_one_short_line() {
+        assert_eq!(
+            super::shortened("\u{1b}[31mno file\u{1b}[0m\u{7}"),
+            "no file"
+        );
+        let long = "x".repeat(2000);
+        assert_eq!(super::shortened(&long).len(), super::LONGEST_ANSWER + 3);
+    }
 
     #[test]
     fn true_and_numbers_other_than_zero_are_ready() {

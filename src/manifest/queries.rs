@@ -744,9 +744,12 @@ fn add_readiness(
         let d = &mut out[i];
         let ready_state: crate::state::ReadyState = r.get(2)?;
         let (first, last, deadline): (i64, i64, i64) = (r.get(5)?, r.get(6)?, r.get(7)?);
+        // Past its deadline (and a minute for the last ask), a wait no process records any
+        // more: its process is gone, until the backfill is resumed.
         let waiting = ready_state == crate::state::ReadyState::Waiting
             && state == BackfillState::Running
-            && d.state.is_none();
+            && d.state.is_none()
+            && now <= deadline + 60_000;
         let detail = ReadyDetail {
             task: r.get(1)?,
             state: ready_state,

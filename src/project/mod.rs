@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub(crate) use dag::{
-    CommandSpec, Dag, Notify, ReadyCheck, Task, TaskKind, batchable, definition_changes,
+    CommandSpec, Dag, Notify, Ready, ReadyCheck, Task, TaskKind, batchable, definition_changes,
     missing_conf,
 };
 pub use dag::{Gate, Literal, Rule, RuleKind, Severity, SourceCount, SqlTask, WritePattern};

@@ -643,6 +643,9 @@ impl Dispatch {
         &mut self,
         joined: Result<Result<(usize, DataInterval, ready::Waited), Error>, tokio::task::JoinError>,
     ) {
+        if let Ok(Ok((place, _, _))) = &joined {
+            self.unanswered.remove(place);
+        }
         match joined {
             Ok(Ok((place, interval, ready::Waited::Ready))) => {
                 self.ready.insert(place, interval);

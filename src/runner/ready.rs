@@ -53,14 +53,12 @@ pub(super) async fn wait_until_ready(
     asking: Arc<tokio::sync::Semaphore>,
     first: FirstAnswer,
 ) -> Result<Waited, Error> {
-    let waited = wait(&shared, interval, &mut stop, &asking, &first).await;
-    first.said();
-    waited
+    wait(&shared, interval, &mut stop, &asking, &first).await
 }
 
-/// Tells the dispatcher that an interval's first answer is in, or that it ended without one:
-/// the intervals found ready start in the plan's order, so one found ready waits for the first
-/// answers of those before it.
+/// Tells the dispatcher that an interval's first answer was not ready: the intervals found
+/// ready start in the plan's order, so one found ready waits for the first answers of those
+/// before it (an interval's end, ready or not, the dispatcher learns when it joins its wait).
 pub(super) struct FirstAnswer {
     place: usize,
     to: tokio::sync::mpsc::UnboundedSender<usize>,
@@ -160,7 +158,6 @@ async fn wait(
                 ended = Waited::Stopped;
                 break;
             }
-            first.said();
             match state {
                 ReadyState::Ready => break,
                 ReadyState::NotReady => {
@@ -171,7 +168,7 @@ async fn wait(
                     ended = Waited::NotReady;
                     break;
                 }
-                ReadyState::Waiting => {}
+                ReadyState::Waiting => first.said(),
             }
             if !said_waiting {
                 said_waiting = true;

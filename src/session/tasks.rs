@@ -86,13 +86,56 @@ pub(crate) fn check_tasks(
                         None => problem(p.message),
                     })?;
                 reprs.insert(task.id.clone(), repr);
+                if let Some(project::Ready {
+                    check: project::ReadyCheck::Sql(ready),
+                    ..
+                }) = &task.ready
+                {
+                    check_ready_sql(dag, task, sql, ready)?;
+                }
             }
+        }
+        if let Some(project::Ready {
+            check: project::ReadyCheck::Command(c),
+            ..
+        }) = &task.ready
+        {
+            commands.push(c);
         }
         for spec in commands {
             command::render(spec, &ctx).map_err(problem)?;
         }
     }
     Ok(reprs)
+}
+
+/// A task's readiness query prepares in its warehouse, with known parameters and one column,
+/// as the gate's source queries do; a problem is said at the query's place in the DAG file.
+fn check_ready_sql(
+    dag: &Dag,
+    task: &project::Task,
+    sql: &project::SqlTask,
+    ready: &str,
+) -> Result<(), Error> {
+    let gate = Gate {
+        source_fingerprint: Some(SourceCount::Sql(ready.to_string())),
+        ..Gate::default()
+    };
+    let Err(p) = crate::warehouse::backend_of(&sql.warehouse).check(sql, Some(&gate)) else {
+        return Ok(());
+    };
+    let message = p
+        .message
+        .replace(
+            "key `gate.source_fingerprint`",
+            "key `sql` of [tasks.ready]",
+        )
+        .replace("gate.source_fingerprint", "[tasks.ready] sql");
+    let at = match (p.key, &task.locations.ready) {
+        ("gate.source_fingerprint", Some(at)) => at.clone(),
+        _ => dag.file.clone(),
+    };
+    Err(Error::Usage(format!("{at}: task `{}`: {message}", task.id)))
 }
 
 /// The DAGs whose intervals the intervals of `dag` read, when it is a downstream DAG of a

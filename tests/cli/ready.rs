@@ -356,6 +356,33 @@ fn bad_readiness_configuration_is_refused_at_its_line() {
     s.create("daily_orders", FROM, TO, &[])
         .code(2)
         .stderr_has("key `sql` of [tasks.ready] must be one read-only query");
+    // A query that does not prepare, or names an unknown parameter, is found before anything
+    // runs, where it is written.
+    for (sql, said) in [
+        (
+            "SELECT count(*) FROM loadz WHERE day = :ds",
+            "no such table: loadz",
+        ),
+        ("SELECT :nope", "uses bind parameter `:nope`"),
+        ("SELECT 1, 2", "must return exactly one column"),
+    ] {
+        let s = shop();
+        s.write(
+            "dags/daily_orders.toml",
+            &format!(
+                "{}\n[tasks.ready]\nsql = \"{sql}\"\n",
+                s.read("dags/daily_orders.toml")
+            ),
+        );
+        let line = s.read("dags/daily_orders.toml").lines().count();
+        let out = s.create("daily_orders", FROM, TO, &[]);
+        out.code(2)
+            .stderr_has(&format!(
+                "dags/daily_orders.toml:{line}:7: task `aggregate`: "
+            ))
+            .stderr_has(said);
+        assert!(!s.has_manifest(), "nothing written for {sql}");
+    }
 }
 
 /// A command check: exit 0 is ready, 1 not ready (its last line the answer), any other exit

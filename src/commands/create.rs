@@ -32,7 +32,7 @@ pub(crate) fn run(g: &Global, mut args: CreateArgs) -> Result<u8, Error> {
         crate::session::note(
             g,
             &format!(
-                "--wait-ready and --require-ready change nothing here: no task of DAG `{}` asks whether its sources are ready ([tasks.ready] in {})",
+                "--wait-ready and --require-ready change nothing here: no task this backfill of DAG `{}` runs asks whether its sources are ready ([tasks.ready] in {})",
                 dag.id, dag.file
             ),
         );

@@ -561,6 +561,9 @@ fn load_task(
 /// `wait` when shorter.
 const READY_EVERY: Duration = Duration::from_secs(60);
 
+/// The least `every`.
+const LEAST_EVERY: Duration = Duration::from_millis(100);
+
 /// `[tasks.ready]`, every key checked; `None` when one is wrong (reported).
 fn load_ready(
     r: &Spanned<RawReady>,
@@ -620,10 +623,12 @@ fn load_ready(
             }
         }),
         Some(e) => match duration(e, "every", errs) {
-            Some(d) if d.is_zero() => {
+            Some(d) if d < LEAST_EVERY => {
                 errs.at(
                     e,
-                    format!("task `{id}`: key `every` must be longer than 0s, such as \"5m\""),
+                    format!(
+                        "task `{id}`: key `every` must be at least 100ms (a source is not asked hundreds of times a second), such as \"5m\""
+                    ),
                 );
                 None
             }

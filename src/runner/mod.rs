@@ -457,9 +457,13 @@ struct Dispatch {
     /// Intervals waiting for their sources (see [`ready`]), each with its place in the queue;
     /// they hold no slot.
     readying: JoinSet<Result<(usize, DataInterval, ready::Waited), Error>>,
-    /// Intervals whose sources are ready, by their place in the queue: they start before the
-    /// queue's next, in the queue's order.
-    ready: std::collections::BTreeMap<usize, DataInterval>,
+    /// Intervals whose sources are ready, by their place in the queue, with when they were
+    /// found ready: they start before the queue's next, in the queue's order (see
+    /// [`ORDER_GRACE`]).
+    ready: std::collections::BTreeMap<usize, (DataInterval, tokio::time::Instant)>,
+    /// When the first ready interval may start even though an interval before it has not
+    /// answered yet (see [`ORDER_GRACE`]).
+    order_wait: Option<tokio::time::Instant>,
     /// The place in the queue of the next interval that waits for its sources.
     asked: usize,
     /// Bounds how many readiness checks run at once.
@@ -503,6 +507,7 @@ impl Dispatch {
             asks_ready,
             readying: JoinSet::new(),
             ready: std::collections::BTreeMap::new(),
+            order_wait: None,
             asked: 0,
             unanswered: std::collections::BTreeSet::new(),
             answered: mpsc::unbounded_channel(),
@@ -568,13 +573,16 @@ impl Dispatch {
             while let Ok(place) = self.answered.1.try_recv() {
                 self.unanswered.remove(&place);
             }
-            let first = self.ready.first_key_value().map(|(&place, _)| place);
-            if let Some(place) = first
-                && self.unanswered.first().is_none_or(|&before| before > place)
-                && let Some((_, interval)) = self.ready.pop_first()
-            {
-                self.spawn_interval(interval);
-                continue;
+            self.order_wait = None;
+            if let Some((&place, &(_, since))) = self.ready.first_key_value() {
+                let before = self.unanswered.first().is_some_and(|&b| b < place);
+                if !before || since.elapsed() >= ORDER_GRACE {
+                    if let Some((_, (interval, _))) = self.ready.pop_first() {
+                        self.spawn_interval(interval);
+                    }
+                    continue;
+                }
+                self.order_wait = Some(since + ORDER_GRACE);
             }
             // In order, with `depends_on_past`: one interval at a time.
             if self.depends_on_past && !self.readying.is_empty() {
@@ -648,7 +656,8 @@ impl Dispatch {
         }
         match joined {
             Ok(Ok((place, interval, ready::Waited::Ready))) => {
-                self.ready.insert(place, interval);
+                self.ready
+                    .insert(place, (interval, tokio::time::Instant::now()));
             }
             Ok(Ok((_, interval, ready::Waited::NotReady))) => {
                 if self.depends_on_past {
@@ -747,6 +756,8 @@ impl Dispatch {
             Some(place) = self.answered.1.recv() => {
                 self.unanswered.remove(&place);
             }
+            () = tokio::time::sleep_until(self.order_wait.unwrap_or_else(tokio::time::Instant::now)),
+                if self.order_wait.is_some() => {}
             Some(start) = self.freed_rx.recv() => {
                 self.holding.remove(&start);
             }
@@ -824,6 +835,11 @@ fn count_failure(shared: &Shared, state: RunState) {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
+
+/// How long an interval found ready waits for the first answers of the intervals before it in
+/// the queue, so that ready intervals start in the queue's order: not longer, so that a check
+/// that hangs on one interval does not hold the others back.
+const ORDER_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How many batches' worth of consecutive intervals a batch is chosen from.
 const CANDIDATES: usize = 4;

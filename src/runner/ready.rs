@@ -83,12 +83,8 @@ async fn wait(
     first: &FirstAnswer,
 ) -> Result<Waited, Error> {
     let spec = &shared.spec;
-    // One process of the backfill waits for an interval (`backfill join`): it holds it as a
-    // batch holds its intervals, and the others leave it alone.
-    if !hold(shared, interval).await? {
-        return Ok(Waited::Stopped);
-    }
     let mut said_waiting = false;
+    let mut held = false;
     let mut warned = false;
     let mut ended = Waited::Ready;
     // A worker that winds down starts no run: it stops waiting too.
@@ -138,6 +134,16 @@ async fn wait(
                 ReadyState::Waiting if waited >= wait => ReadyState::NotReady,
                 s => s,
             };
+            // One process of the backfill waits for an interval (`backfill join`): it holds
+            // it as a batch holds its intervals, and the others leave it alone. (One found
+            // ready at once is claimed as any interval is: by the commit that starts its run.)
+            if state != ReadyState::Ready && !held {
+                if !hold(shared, interval).await? {
+                    ended = Waited::Stopped;
+                    break;
+                }
+                held = true;
+            }
             let asked = Asked {
                 dag_id: spec.dag.id.clone(),
                 interval,

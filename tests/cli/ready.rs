@@ -337,6 +337,10 @@ fn bad_readiness_configuration_is_refused_at_its_line() {
             "dags/a.toml:3:14: key `batch_size` = 7 cannot be used here: task `t` asks whether each interval's sources are ready ([tasks.ready])",
         ),
     ];
+    let cases = cases.into_iter().chain([(
+        "id = \"a\"\nschedule = \"@daily\"\n\n[[tasks]]\nid = \"t\"\ncommand = \"true\"\n\n[tasks.ready]\ncommand = \"true\"\nwait = \"1m\"\nevery = \"1ns\"\n",
+        "dags/a.toml:11:9: task `t`: key `every` must be at least 100ms",
+    )]);
     for (dag, said) in cases {
         p.write("dags/a.toml", dag);
         p.create("a", "2026-01-01", "2026-01-02", &[])
@@ -508,4 +512,33 @@ fn ready_intervals_start_in_the_plans_order() {
     )
     .code(2)
     .stderr_has("is longer than a year");
+}
+
+/// A check that hangs on one interval does not hold back the others, whose sources are there:
+/// they run while it waits.
+#[test]
+fn a_check_that_hangs_on_one_interval_does_not_hold_the_others_back() {
+    let p = checked(
+        "if [ {{ ds }} = 2026-01-01 ]; then sleep 1000; fi",
+        "1h",
+        "max_active_runs = 2",
+    );
+    let child = p.spawn(
+        "run",
+        &[
+            "create",
+            "--dag",
+            "c",
+            "--from",
+            "2026-01-01",
+            "--to",
+            "2026-01-03",
+        ],
+    );
+    wait_until("the other days to run", Duration::from_secs(20), || {
+        p.path("ran").exists() && p.read("ran").lines().count() == 2
+    });
+    signal(&child, Signal::SIGINT);
+    crate::support::wait_within(&p, "run", child, Duration::from_secs(30)).code(130);
+    assert_eq!(p.read("ran"), "2026-01-02\n2026-01-03\n");
 }

@@ -71,14 +71,15 @@ impl Host {
     }
 
     /// Like [`Host::start`], in a PID namespace of its own but with this machine's host name
-    /// (as a container with `--network host`); its backfill is process 1200 there, which no
-    /// process of this test's namespace is.
-    fn start_sharing_the_name(p: &Project, label: &'static str, args: &[&str]) -> Self {
+    /// (as a container with `--network host`); its backfill is process `pid` there, which no
+    /// process of this test's namespace is (see [`free_pid`]).
+    fn start_sharing_the_name(p: &Project, label: &'static str, args: &[&str], pid: i32) -> Self {
+        let script = format!("echo {} > /proc/sys/kernel/ns_last_pid && \"$@\"", pid - 1);
         Self::spawn(
             p,
             label,
             &["--pid", "--fork", "--kill-child", "--mount-proc"],
-            "echo 1199 > /proc/sys/kernel/ns_last_pid && \"$@\"",
+            &script,
             args,
         )
     }
@@ -294,6 +295,16 @@ fn frozen_owner_on_host_a(p: &Project) -> Host {
     wait_until("a heartbeat", Duration::from_secs(10), || beat() != last);
     a.freeze();
     a
+}
+
+/// A process id no process of this namespace has now: the pid of an owner in a namespace of
+/// its own that this namespace must not judge by its pid. (Ids are given again once they wrap,
+/// so a fixed one may be any process of a busy machine.)
+fn free_pid() -> i32 {
+    (20_000..32_000)
+        .rev()
+        .find(|&n| !alive(n))
+        .expect("a free process id")
 }
 
 fn project() -> Project {
@@ -540,7 +551,8 @@ fn a_pool_slot_of_a_host_that_died_goes_to_another_host_after_the_lease() {
 )]
 fn a_host_name_shared_by_two_pid_namespaces_names_two_hosts() {
     let p = project();
-    let a = Host::start_sharing_the_name(&p, "a", THREE_DAYS);
+    let pid = free_pid();
+    let a = Host::start_sharing_the_name(&p, "a", THREE_DAYS, pid);
     wait_until(
         "host A to run the three days",
         Duration::from_secs(20),
@@ -555,16 +567,15 @@ fn a_host_name_shared_by_two_pid_namespaces_names_two_hosts() {
             "SELECT owner_pid, {} FROM backfills",
             p.before("owner_host", '#')
         )),
-        [["1200".to_string(), here.clone()]]
+        [[pid.to_string(), here.clone()]]
     );
-    // From this namespace, with the same host name: alive by its lease, whatever process 1200
-    // is here (none).
-    assert!(!alive(1200));
+    // From this namespace, with the same host name: alive by its lease, whatever process `pid`
+    // is here (none, when it was chosen).
     let resume = p.spawn("resume", &["resume", "1"]);
     wait_within(&p, "resume", resume, Duration::from_secs(20))
         .code(2)
         .stderr_has(&format!(
-            "backfill 1 is still running (pid 1200, host {here})"
+            "backfill 1 is still running (pid {pid}, host {here})"
         ));
     a.die();
     assert_eq!(events(&p, "end"), Vec::<String>::new());
@@ -1307,7 +1318,7 @@ fn an_owner_frozen_while_planning_is_taken_over_from_another_host() {
 )]
 fn legacy_row_of_a_live_owner_sharing_the_host_name_is_not_taken_over_while_fresh() {
     let p = project();
-    let a = Host::start_sharing_the_name(&p, "a", THREE_DAYS);
+    let a = Host::start_sharing_the_name(&p, "a", THREE_DAYS, free_pid());
     wait_until(
         "host A to run the three days",
         Duration::from_secs(20),

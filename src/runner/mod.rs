@@ -630,20 +630,18 @@ impl Dispatch {
 
     /// Runs one interval, which holds a slot until it frees it or ends.
     fn spawn_interval(&mut self, interval: DataInterval) {
-        {
-            let key = interval.start.timestamp();
-            self.holding.insert(key);
-            let slot = Slot {
-                freed: Some(self.shared.freed.clone()),
-                start: key,
-            };
-            let (shared, stop) = (self.shared.clone(), self.stop.clone());
-            self.running.spawn(async move {
-                let ended = interval::run(shared.clone(), interval, stop, slot, None).await?;
-                count_failure(&shared, ended.1);
-                Ok((key, vec![ended]))
-            });
-        }
+        let key = interval.start.timestamp();
+        self.holding.insert(key);
+        let slot = Slot {
+            freed: Some(self.shared.freed.clone()),
+            start: key,
+        };
+        let (shared, stop) = (self.shared.clone(), self.stop.clone());
+        self.running.spawn(async move {
+            let ended = interval::run(shared.clone(), interval, stop, slot, None).await?;
+            count_failure(&shared, ended.1);
+            Ok((key, vec![ended]))
+        });
     }
 
     /// Takes in how an interval's wait for its sources ended.

@@ -68,12 +68,16 @@ pub(crate) struct Readiness {
 impl Readiness {
     /// As a backfill's record holds it.
     pub(crate) fn of(b: &crate::manifest::Backfill) -> Self {
+        Self::recorded(b.wait_ready, b.require_ready)
+    }
+
+    /// From the recorded `wait_ready` (milliseconds) and `require_ready`.
+    pub(crate) fn recorded(wait_ms: Option<i64>, require: bool) -> Self {
         Self {
-            wait: b
-                .wait_ready
+            wait: wait_ms
                 .and_then(|ms| u64::try_from(ms).ok())
                 .map(std::time::Duration::from_millis),
-            require: b.require_ready,
+            require,
         }
     }
 }

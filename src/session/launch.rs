@@ -165,13 +165,7 @@ pub(crate) fn launch(
     let max_active_runs = request.max_active_runs;
     let allow_drift = request.allow_drift;
     let max_failures = request.max_failures;
-    let ready = super::execute::Readiness {
-        wait: request
-            .wait_ready
-            .and_then(|ms| u64::try_from(ms).ok())
-            .map(std::time::Duration::from_millis),
-        require: request.require_ready,
-    };
+    let ready = super::execute::Readiness::recorded(request.wait_ready, request.require_ready);
     let tasks = request.tasks.clone();
     let upstream_dags = upstream_dags(project, &dag, request.cascade_of.is_some());
     crate::limits::room_for_runs(max_active_runs, None)?;

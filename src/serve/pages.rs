@@ -720,6 +720,8 @@ struct DayCell {
     title: String,
     /// The backfill of the interval's latest run.
     backfill: Option<i64>,
+    /// Its latest run was rejected or failed and an earlier run's rows stay published.
+    kept: bool,
 }
 
 /// A page of a DAG's calendar as the manifest has it.
@@ -804,6 +806,7 @@ fn day_cell(
             label,
             state: "never",
             backfill: None,
+            kept: false,
         };
     };
     let c = Cell::of_run(Some(r.state), r.verdict.map(|v| v.verdict), r.warned);
@@ -822,6 +825,7 @@ fn day_cell(
         state: c.name(),
         title,
         backfill: Some(r.backfill_id),
+        kept: published.is_some() && matches!(c, Cell::Rejected | Cell::Failed),
     }
 }
 
@@ -913,6 +917,7 @@ pub(super) async fn dag(
             "schedule": dag.map(|d| d.schedule.expr().to_string()),
             "rows": calendar_rows(&cells, daily),
             "legend": calendar_legend(&cells),
+            "kept": cells.iter().any(|c| c.kept),
             "known": dag.is_some(),
             "pager": json!({
                 "page": page,

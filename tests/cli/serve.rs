@@ -449,6 +449,21 @@ fn a_rejected_rerun_says_on_the_page_that_the_partition_published_before_stays()
     assert!(!page.body.contains("page 1 of"), "{}", page.body);
     let dag = s.get("/dags/exports");
     assert!(!dag.body.contains("class=\"pager\""), "{}", dag.body);
+    // The DAG's calendar marks the same day: its latest run was rejected, its rows stay.
+    assert!(
+        dag.body.contains(
+            r#"class="cell s-rejected kept" href="/backfills/2/intervals/2026-01-03T00:00:00Z""#
+        ),
+        "{}",
+        dag.body
+    );
+    assert_eq!(dag.body.matches(" kept\"").count(), 1, "{}", dag.body);
+    assert!(
+        dag.body
+            .contains("still has rows published by an earlier run"),
+        "{}",
+        dag.body
+    );
     assert_eq!(s.stop(), 0);
 }
 

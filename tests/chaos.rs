@@ -557,7 +557,7 @@ fn check_clean(c: &Chaos) {
         why()
     );
     assert_eq!(
-        p.count("SELECT COUNT(*) FROM task_tries WHERE state = 'running' OR publishing = 1"),
+        p.count("SELECT COUNT(*) FROM task_tries WHERE state = 'running' OR publishing = TRUE"),
         0,
         "unfinished tries\n{}",
         why()

@@ -161,6 +161,7 @@ engines! {
     ],
     kinds: [
         migrations::every_earlier_schema_upgrades_and_keeps_its_rows,
+        migrations::flags_are_booleans_documents_json_and_the_unfinished_tries_index_serves,
     ],
     postgres_bugs: [],
 }

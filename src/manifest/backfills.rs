@@ -208,7 +208,7 @@ pub(crate) fn from_row(r: &Row<'_>) -> super::db::Result<Backfill> {
 
 pub(crate) fn get(conn: &Conn, id: i64) -> Result<Option<Backfill>> {
     Ok(conn
-        .prepare_cached(&format!("SELECT {COLUMNS} FROM backfills WHERE id = ?1"))?
+        .prepare_cached(&format!("SELECT {COLUMNS} FROM backfills WHERE id = $1"))?
         .query_row([id], from_row)
         .optional()?)
 }
@@ -216,7 +216,7 @@ pub(crate) fn get(conn: &Conn, id: i64) -> Result<Option<Backfill>> {
 /// The id of the newest backfill, or of the newest of `kind`; `None` when there is none.
 pub(crate) fn latest(conn: &Conn, kind: Option<BackfillKind>) -> Result<Option<i64>> {
     Ok(conn
-        .prepare_cached("SELECT MAX(id) FROM backfills WHERE kind = ?1 OR ?1 IS NULL")?
+        .prepare_cached("SELECT MAX(id) FROM backfills WHERE kind = $1 OR $1 IS NULL")?
         .query_row([kind], |r| r.get(0))?)
 }
 
@@ -246,9 +246,9 @@ pub fn fence(conn: &Conn, owner: Owner) -> Result<Fenced> {
     let (key, sql) = match owner.worker {
         None => (
             owner.backfill_id,
-            "SELECT epoch, state FROM backfills WHERE id = ?1",
+            "SELECT epoch, state FROM backfills WHERE id = $1",
         ),
-        Some(w) => (-w, "SELECT epoch, state FROM workers WHERE id = ?1"),
+        Some(w) => (-w, "SELECT epoch, state FROM workers WHERE id = $1"),
     };
     let row: Option<(i64, BackfillState)> = match conn.fenced(key) {
         Some(known) => Some(known),
@@ -281,7 +281,7 @@ pub fn insert(conn: &Conn, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
             heartbeat_at, created_at, epoch, planning, kind, source_backfill, tasks, max_failures,
             cascade, cascade_of, sample, definition, batch_size, project, warehouses, owner_start, atomic,
             wait_ready, require_ready)
-         VALUES ({new_id}?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, 0, 1, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29)
+         VALUES ({new_id}$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $14, 0, TRUE, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29)
          RETURNING id"),
         params![
             b.dag_id,
@@ -326,8 +326,8 @@ pub fn insert(conn: &Conn, b: &NewBackfill, ctx: &LeaseCtx) -> Result<Owner> {
 pub(crate) fn dag_projects(conn: &Conn, dag_id: &str) -> Result<Vec<DagProject>> {
     let rows = conn
         .prepare_cached(
-            "SELECT project, MIN(id), MAX(id), COUNT(*), MAX(warehouses) FROM backfills
-             WHERE dag_id = ?1 AND project IS NOT NULL GROUP BY project ORDER BY MIN(id)",
+            "SELECT project, MIN(id), MAX(id), COUNT(*), MAX(CAST(warehouses AS TEXT)) FROM backfills
+             WHERE dag_id = $1 AND project IS NOT NULL GROUP BY project ORDER BY MIN(id)",
         )?
         .query_map([dag_id], |r| {
             Ok(DagProject {
@@ -358,7 +358,7 @@ pub struct DagProject {
 pub(crate) fn record_definition(conn: &Conn, owner: Owner, definition: &str) -> Result<()> {
     let owner = fence(conn, owner)?.owner();
     conn.execute(
-        "UPDATE backfills SET definition = ?2 WHERE id = ?1",
+        "UPDATE backfills SET definition = $2 WHERE id = $1",
         params![owner.backfill_id, definition],
     )?;
     Ok(())
@@ -368,7 +368,7 @@ pub(crate) fn record_definition(conn: &Conn, owner: Owner, definition: &str) -> 
 pub(crate) fn planned(conn: &Conn, owner: Owner) -> Result<()> {
     let owner = fence(conn, owner)?.owner();
     conn.execute(
-        "UPDATE backfills SET planning = 0 WHERE id = ?1",
+        "UPDATE backfills SET planning = FALSE WHERE id = $1",
         [owner.backfill_id],
     )?;
     Ok(())
@@ -388,10 +388,10 @@ pub enum Heartbeat {
 /// [`super::workers::heartbeat`]) and reads what the owner must do.
 pub(crate) fn heartbeat(conn: &Conn, fenced: Fenced, now_ms: i64) -> Result<Heartbeat> {
     let owner = fenced.owner();
-    conn.prepare_cached("UPDATE backfills SET heartbeat_at = ?2 WHERE id = ?1")?
+    conn.prepare_cached("UPDATE backfills SET heartbeat_at = $2 WHERE id = $1")?
         .execute(params![owner.backfill_id, now_ms])?;
     let cancel: bool = conn
-        .prepare_cached("SELECT cancel_requested FROM backfills WHERE id = ?1")?
+        .prepare_cached("SELECT cancel_requested FROM backfills WHERE id = $1")?
         .query_row([owner.backfill_id], |r| r.get(0))?;
     Ok(if cancel {
         Heartbeat::CancelRequested
@@ -407,16 +407,16 @@ pub(crate) fn finish(conn: &Conn, fenced: Fenced, state: BackfillState, end: End
     let owner = fenced.owner();
     conn.execute(
         &format!(
-            "UPDATE backfills SET state = ?2, finished_at = {}, heartbeat_at = ?3 WHERE id = ?1",
-            super::db::ended("created_at", "?3", "?4")
+            "UPDATE backfills SET state = $2, finished_at = {}, heartbeat_at = $3 WHERE id = $1",
+            super::db::ended("created_at", "$3", "$4")
         ),
         params![owner.backfill_id, state, end.now_ms, end.elapsed_ms],
     )?;
     // A run still in progress holds a try that could not be stopped: its lease stays, so that
     // its interval is not run again until the try is gone.
     conn.execute(
-        "DELETE FROM leases WHERE backfill_id = ?1 AND (run_id IS NULL OR run_id NOT IN
-           (SELECT id FROM runs WHERE backfill_id = ?1 AND state IN ('queued', 'running')))",
+        "DELETE FROM leases WHERE backfill_id = $1 AND (run_id IS NULL OR run_id NOT IN
+           (SELECT id FROM runs WHERE backfill_id = $1 AND state IN ('queued', 'running')))",
         [owner.backfill_id],
     )?;
     Ok(())
@@ -426,7 +426,7 @@ pub(crate) fn finish(conn: &Conn, fenced: Fenced, state: BackfillState, end: End
 /// its workers).
 pub(crate) fn request_cancel(conn: &Conn, backfill_id: i64) -> Result<()> {
     conn.execute(
-        "UPDATE backfills SET cancel_requested = 1 WHERE id = ?1",
+        "UPDATE backfills SET cancel_requested = TRUE WHERE id = $1",
         [backfill_id],
     )?;
     Ok(())
@@ -459,10 +459,10 @@ pub(crate) fn take_ownership(
     );
     if me {
         conn.execute(
-            "UPDATE backfills SET state = ?2, epoch = ?3, owner_pid = ?4, owner_host = ?5,
-                heartbeat_at = ?6, cancel_requested = 0, finished_at = NULL,
-                runs_before = (SELECT COALESCE(MAX(id), 0) FROM runs), owner_start = ?7
-             WHERE id = ?1",
+            "UPDATE backfills SET state = $2, epoch = $3, owner_pid = $4, owner_host = $5,
+                heartbeat_at = $6, cancel_requested = FALSE, finished_at = NULL,
+                runs_before = (SELECT COALESCE(MAX(id), 0) FROM runs), owner_start = $7
+             WHERE id = $1",
             params![
                 backfill_id,
                 BackfillState::Running,
@@ -477,11 +477,11 @@ pub(crate) fn take_ownership(
         // Only a running backfill changes state; a finished one keeps it.
         conn.execute(
             &format!(
-                "UPDATE backfills SET epoch = ?2,
+                "UPDATE backfills SET epoch = $2,
                     state = CASE WHEN state = 'running' THEN 'cancelled' ELSE state END,
                     finished_at = CASE WHEN state = 'running' THEN {} ELSE finished_at END
-                 WHERE id = ?1",
-                super::db::ended("created_at", "?3", "NULL")
+                 WHERE id = $1",
+                super::db::ended("created_at", "$3", "NULL")
             ),
             params![backfill_id, epoch, ctx.now_ms],
         )?;
@@ -493,7 +493,7 @@ pub(crate) fn take_ownership(
 pub(crate) fn promoting(conn: &Conn, staged: i64) -> Result<Option<i64>> {
     Ok(conn
         .query_row(
-            "SELECT id FROM backfills WHERE kind = 'promote' AND source_backfill = ?1
+            "SELECT id FROM backfills WHERE kind = 'promote' AND source_backfill = $1
              AND state = 'running' LIMIT 1",
             [staged],
             |r| r.get(0),
@@ -505,9 +505,9 @@ pub(crate) fn promoting(conn: &Conn, staged: i64) -> Result<Option<i64>> {
 pub(crate) fn settle_staged(conn: &Conn, id: i64) -> Result<()> {
     conn.execute(
         "UPDATE backfills SET state = 'completed'
-         WHERE id = ?1 AND state = 'staged' AND NOT EXISTS (
+         WHERE id = $1 AND state = 'staged' AND NOT EXISTS (
              SELECT 1 FROM runs r JOIN task_tries t ON t.run_id = r.id
-             WHERE r.backfill_id = ?1 AND t.staged = 'staged')",
+             WHERE r.backfill_id = $1 AND t.staged = 'staged')",
         [id],
     )?;
     Ok(())

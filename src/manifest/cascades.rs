@@ -27,7 +27,7 @@ pub(crate) fn plan_outcomes(conn: &Conn, backfill_id: i64) -> Result<Vec<PlanOut
         "SELECT p.interval_start, p.interval_end, p.action, p.reason,
                 (SELECT r.state FROM runs r WHERE r.backfill_id = p.backfill_id
                    AND r.interval_start = p.interval_start ORDER BY r.id DESC LIMIT 1)
-         FROM plan p WHERE p.backfill_id = ?1 ORDER BY p.interval_start",
+         FROM plan p WHERE p.backfill_id = $1 ORDER BY p.interval_start",
     )?;
     let rows = stmt.query_map([backfill_id], |r| {
         let action: String = r.get(2)?;
@@ -71,7 +71,7 @@ pub(crate) fn latest_state(
     start: i64,
 ) -> super::db::Result<Option<RunState>> {
     conn.prepare_cached(&format!(
-        "SELECT state FROM runs WHERE dag_id = ?1 AND interval_start = ?2
+        "SELECT state FROM runs WHERE dag_id = $1 AND interval_start = $2
            AND backfill_id NOT IN {NOT_COMPUTING}
          ORDER BY id DESC LIMIT 1"
     ))?
@@ -87,7 +87,7 @@ pub(crate) fn last_success(
     start: i64,
 ) -> super::db::Result<Option<i64>> {
     conn.prepare_cached(&format!(
-        "SELECT MAX(started_at) FROM runs WHERE dag_id = ?1 AND interval_start = ?2
+        "SELECT MAX(started_at) FROM runs WHERE dag_id = $1 AND interval_start = $2
            AND state = 'succeeded' AND backfill_id NOT IN {NOT_COMPUTING}"
     ))?
     .query_row(params![dag_id, start], |r| r.get(0))
@@ -106,7 +106,7 @@ pub(crate) fn succeeded_tries(
     conn.prepare_cached(
         "SELECT t.task_id, t.fingerprint, t.ended_at FROM runs r
          JOIN task_tries t ON t.run_id = r.id
-         WHERE r.dag_id = ?1 AND r.interval_start = ?2 AND t.state = 'succeeded'
+         WHERE r.dag_id = $1 AND r.interval_start = $2 AND t.state = 'succeeded'
            AND COALESCE(t.verdict, '') != 'staged'
          ORDER BY t.id",
     )?
@@ -119,7 +119,7 @@ pub(crate) fn succeeded_tries(
 /// The backfills of the cascade of `root` after `root` itself, oldest first.
 pub(crate) fn members(conn: &Conn, root: i64) -> Result<Vec<Backfill>> {
     let mut stmt = conn.prepare(&format!(
-        "SELECT {} FROM backfills WHERE cascade_of = ?1 ORDER BY id",
+        "SELECT {} FROM backfills WHERE cascade_of = $1 ORDER BY id",
         backfills::COLUMNS
     ))?;
     let rows = stmt.query_map([root], backfills::from_row)?;
@@ -130,7 +130,7 @@ pub(crate) fn members(conn: &Conn, root: i64) -> Result<Vec<Backfill>> {
 /// a cascade goes on past it only once it has none.
 pub(crate) fn unfinished(conn: &Conn, id: i64) -> Result<i64> {
     Ok(conn.query_row(
-        "SELECT COUNT(*) FROM plan p WHERE p.backfill_id = ?1 AND p.action = 'run'
+        "SELECT COUNT(*) FROM plan p WHERE p.backfill_id = $1 AND p.action = 'run'
            AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.backfill_id = p.backfill_id
                              AND r.interval_start = p.interval_start
                              AND r.state IN ('succeeded', 'failed', 'rejected'))",
@@ -144,7 +144,7 @@ pub(crate) fn unfinished(conn: &Conn, id: i64) -> Result<i64> {
 pub(crate) fn running_member(conn: &Conn, root: i64) -> Result<Option<i64>> {
     Ok(conn
         .query_row(
-            "SELECT id FROM backfills WHERE (id = ?1 OR cascade_of = ?1) AND state = 'running'
+            "SELECT id FROM backfills WHERE (id = $1 OR cascade_of = $1) AND state = 'running'
              ORDER BY id DESC LIMIT 1",
             [root],
             |r| r.get(0),

@@ -77,7 +77,7 @@ pub fn to_postgres(
         let identity: String = from.query_row("SELECT id FROM identity", [], |r| r.get(0))?;
         s.execute("DELETE FROM identity", &[])?;
         s.execute(
-            "INSERT INTO identity (id) VALUES (?1)",
+            "INSERT INTO identity (id) VALUES ($1)",
             &[Value::Text(identity)],
         )?;
         // Above every id the SQLite manifest gave, also those of rows `forget` removed.

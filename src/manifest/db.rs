@@ -1,9 +1,13 @@
 //! The manifest's connection, whichever engine holds it: a SQLite file or a PostgreSQL
 //! database. The submodules of `manifest` write their SQL once, in the dialect both engines
-//! take (`?N` parameters, `ON CONFLICT` upserts, `RETURNING`), and run it through [`Conn`],
-//! whose statements and rows have the shape of rusqlite's. Values cross the seam as SQLite's
-//! five types, so the manifest's own types convert the same way on both engines (the
-//! PostgreSQL schema keeps every flag and time as a `bigint`).
+//! take (`ON CONFLICT` upserts, `RETURNING`, flags compared with TRUE and FALSE), and run it
+//! through [`Conn`], whose statements and rows have the shape of rusqlite's. Parameters are
+//! `$N`, as PostgreSQL numbers them: the text goes to either engine as it is written, rewritten
+//! by nothing. SQLite reads `$N` as a named parameter, numbered by where it first appears, so
+//! values are bound to it by the number in its name ([`bind_numbered`]), not by position.
+//! Values cross the seam as SQLite's five types, so the manifest's own types convert the same
+//! way on both engines; the PostgreSQL side converts them to the column's own type (`boolean`,
+//! `json`) as it binds (see `postgres::values`).
 //!
 //! A failure is this layer's own [`Error`]: SQLite's error, PostgreSQL's (see
 //! [`crate::pg::Error`], classified by SQLSTATE), or a query that returned no row.
@@ -279,19 +283,61 @@ impl Rows<'_> {
     }
 }
 
+/// Binds `values` to SQLite's `stmt` by their numbers: `$N` (or `?N`) takes the N-th value,
+/// wherever it first appears in the text. The last value must be taken (as SQLite asks of
+/// `?N`): a statement assembled from parts may leave out a value before it.
+fn bind_numbered(stmt: &mut rusqlite::Statement<'_>, values: &[Value]) -> Result<()> {
+    let mut largest = 0;
+    for i in 1..=stmt.parameter_count() {
+        let n = match stmt.parameter_name(i) {
+            None => i,
+            Some(name) => name
+                .strip_prefix(['$', '?'])
+                .and_then(|n| n.parse::<usize>().ok())
+                .filter(|n| *n > 0)
+                .ok_or_else(|| {
+                    rusqlite::Error::InvalidParameterName(format!(
+                        "{name}: the manifest's parameters are $1, $2, ..."
+                    ))
+                })?,
+        };
+        let value = values
+            .get(n - 1)
+            .ok_or(rusqlite::Error::InvalidParameterCount(values.len(), n))?;
+        stmt.raw_bind_parameter(i, value)?;
+        largest = largest.max(n);
+    }
+    if largest != values.len() {
+        return Err(rusqlite::Error::InvalidParameterCount(values.len(), largest).into());
+    }
+    Ok(())
+}
+
 impl Stmt<'_> {
     pub(crate) fn execute<P: Params>(&mut self, p: P) -> Result<usize> {
         match self {
-            Stmt::Sqlite(s) => Ok(s.execute(p)?),
-            Stmt::SqliteOnce(s) => Ok(s.execute(p)?),
+            Stmt::Sqlite(s) => {
+                bind_numbered(s, &p.values()?)?;
+                Ok(s.raw_execute()?)
+            }
+            Stmt::SqliteOnce(s) => {
+                bind_numbered(s, &p.values()?)?;
+                Ok(s.raw_execute()?)
+            }
             Stmt::Pg(session, sql) => Ok(session.execute(sql, &p.values()?)?),
         }
     }
 
     pub(crate) fn query<P: Params>(&mut self, p: P) -> Result<Rows<'_>> {
         match self {
-            Stmt::Sqlite(s) => Ok(Rows::Sqlite(s.query(p)?)),
-            Stmt::SqliteOnce(s) => Ok(Rows::Sqlite(s.query(p)?)),
+            Stmt::Sqlite(s) => {
+                bind_numbered(s, &p.values()?)?;
+                Ok(Rows::Sqlite(s.raw_query()))
+            }
+            Stmt::SqliteOnce(s) => {
+                bind_numbered(s, &p.values()?)?;
+                Ok(Rows::Sqlite(s.raw_query()))
+            }
             Stmt::Pg(session, sql) => Ok(Rows::Pg(
                 session.query(sql, &p.values()?)?.into_iter(),
                 None,
@@ -344,7 +390,11 @@ impl Conn {
 
     pub(crate) fn execute<P: Params>(&self, sql: &str, p: P) -> Result<usize> {
         match self {
-            Conn::Sqlite(c) => Ok(c.execute(sql, p)?),
+            Conn::Sqlite(c) => {
+                let mut s = c.prepare(sql)?;
+                bind_numbered(&mut s, &p.values()?)?;
+                Ok(s.raw_execute()?)
+            }
             Conn::Pg(s) => Ok(s.execute(sql, &p.values()?)?),
         }
     }
@@ -379,9 +429,8 @@ impl Conn {
             Conn::Sqlite(c) => {
                 let mut stmt = c.prepare_cached(sql).map_err(Error::from)?;
                 let width = stmt.column_count();
-                let mut rows = stmt
-                    .query(rusqlite::params_from_iter(values))
-                    .map_err(Error::from)?;
+                bind_numbered(&mut stmt, &values)?;
+                let mut rows = stmt.raw_query();
                 let mut out = Vec::new();
                 while let Some(r) = rows.next().map_err(Error::from)? {
                     out.push(
@@ -482,4 +531,51 @@ pub(crate) fn ended(started: &str, now: &str, elapsed: &str) -> String {
                 THEN {started} + {elapsed}
               WHEN {now} < {started} THEN {started} ELSE {now} END"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sqlite() -> Conn {
+        Conn::Sqlite(rusqlite::Connection::open_in_memory().unwrap())
+    }
+
+    /// `$N` takes the N-th value wherever it first appears and however often, as PostgreSQL
+    /// reads the same text.
+    #[test]
+    fn numbered_parameters_take_their_values_by_number_not_by_place() {
+        let c = sqlite();
+        let got: (String, i64, String, i64) = c
+            .query_row(
+                "SELECT $3, $1, $2, $1 + 1",
+                rusqlite::params![5, "b", "c"],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .unwrap();
+        assert_eq!(got, ("c".into(), 5, "b".into(), 6));
+        c.execute_batch("CREATE TABLE t (a, b)").unwrap();
+        c.execute(
+            "INSERT INTO t (b, a) VALUES ($2, $1)",
+            rusqlite::params![1, 2],
+        )
+        .unwrap();
+        let row: (i64, i64) = c
+            .query_row("SELECT a, b FROM t", [], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap();
+        assert_eq!(row, (1, 2));
+    }
+
+    /// A value too few, a value too many (past the last the text takes), or a parameter of
+    /// another name is an error, never a value bound to the wrong place.
+    #[test]
+    fn parameters_and_values_that_do_not_match_are_refused() {
+        let c = sqlite();
+        let one = |sql: &str, p: &[&dyn ToSql]| c.query_row(sql, p, |r| r.get::<_, i64>(0));
+        assert!(one("SELECT $2", &[&1]).is_err());
+        assert!(one("SELECT $1", &[&1, &2]).is_err());
+        assert_eq!(one("SELECT $2", &[&1, &2]).unwrap(), 2, "$1 left out");
+        assert!(one("SELECT :a", &[&1]).is_err());
+        assert_eq!(one("SELECT $1 + ?2", &[&1, &2]).unwrap(), 3);
+    }
 }

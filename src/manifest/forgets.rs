@@ -18,7 +18,7 @@ use rusqlite::params;
 
 /// The runs of the DAG whose interval starts within the range (unix seconds, both bounds
 /// included).
-const RUNS: &str = "SELECT id FROM runs WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3";
+const RUNS: &str = "SELECT id FROM runs WHERE dag_id = $1 AND interval_start BETWEEN $2 AND $3";
 
 /// What a removal takes away, counted before it does.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -96,29 +96,29 @@ pub(crate) fn scope(conn: &Conn, dag_id: &str, range: Option<(i64, i64)>) -> Res
         "SELECT count(*) FROM task_tries WHERE run_id IN ({RUNS})"
     ))?;
     let published = count(
-        "SELECT count(*) FROM published WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3",
+        "SELECT count(*) FROM published WHERE dag_id = $1 AND interval_start BETWEEN $2 AND $3",
     )?;
-    let touched = ids("SELECT id FROM backfills b WHERE dag_id = ?1 AND (
+    let touched = ids("SELECT id FROM backfills b WHERE dag_id = $1 AND (
              EXISTS (SELECT 1 FROM runs r WHERE r.backfill_id = b.id
-                     AND r.interval_start BETWEEN ?2 AND ?3)
+                     AND r.interval_start BETWEEN $2 AND $3)
              OR EXISTS (SELECT 1 FROM plan p WHERE p.backfill_id = b.id
-                        AND p.interval_start BETWEEN ?2 AND ?3)
+                        AND p.interval_start BETWEEN $2 AND $3)
              OR (NOT EXISTS (SELECT 1 FROM plan p WHERE p.backfill_id = b.id)
-                 AND b.range_start <= ?3 AND b.range_end > ?2))
+                 AND b.range_start <= $3 AND b.range_end > $2))
          ORDER BY id")?;
     let beyond = ids(
-        "SELECT DISTINCT b.id FROM backfills b WHERE dag_id = ?1 AND (
+        "SELECT DISTINCT b.id FROM backfills b WHERE dag_id = $1 AND (
              EXISTS (SELECT 1 FROM runs r WHERE r.backfill_id = b.id
-                     AND r.interval_start NOT BETWEEN ?2 AND ?3)
+                     AND r.interval_start NOT BETWEEN $2 AND $3)
              OR EXISTS (SELECT 1 FROM plan p WHERE p.backfill_id = b.id
-                        AND p.interval_start NOT BETWEEN ?2 AND ?3))
+                        AND p.interval_start NOT BETWEEN $2 AND $3))
          ORDER BY b.id",
     )?;
     let (kept_backfills, backfills): (Vec<i64>, Vec<i64>) =
         touched.into_iter().partition(|id| beyond.contains(id));
     let running = {
         let mut stmt = conn.prepare(
-            "SELECT id FROM backfills WHERE dag_id = ?1 AND state = 'running' ORDER BY id",
+            "SELECT id FROM backfills WHERE dag_id = $1 AND state = 'running' ORDER BY id",
         )?;
         let rows = stmt.query_map([dag_id], |r| r.get(0))?;
         rows.collect::<super::db::Result<Vec<i64>>>()?
@@ -130,10 +130,10 @@ pub(crate) fn scope(conn: &Conn, dag_id: &str, range: Option<(i64, i64)>) -> Res
     let in_flight = ids(&format!(
         "SELECT backfill_id FROM runs WHERE id IN ({RUNS}) AND state IN ('queued', 'running')
          UNION SELECT r.backfill_id FROM runs r JOIN task_tries t ON t.run_id = r.id
-               WHERE r.id IN ({RUNS}) AND (t.state = 'running' OR t.publishing = 1)
-         UNION SELECT backfill_id FROM leases WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
+               WHERE r.id IN ({RUNS}) AND (t.state = 'running' OR t.publishing = TRUE)
+         UNION SELECT backfill_id FROM leases WHERE dag_id = $1 AND interval_start BETWEEN $2 AND $3
          UNION SELECT w.backfill_id FROM workers w JOIN backfills b ON b.id = w.backfill_id
-               WHERE b.dag_id = ?1 AND w.state = 'running'
+               WHERE b.dag_id = $1 AND w.state = 'running'
          ORDER BY 1"
     ))?;
     let cascades = if backfills.is_empty() {
@@ -244,7 +244,7 @@ pub(crate) fn forget(
         p,
     )?;
     conn.execute(
-        "DELETE FROM published WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3",
+        "DELETE FROM published WHERE dag_id = $1 AND interval_start BETWEEN $2 AND $3",
         p,
     )?;
     // A promote's try names the staged try it published; both are of the interval, so both go,
@@ -261,32 +261,32 @@ pub(crate) fn forget(
         p,
     )?;
     conn.execute(
-        "DELETE FROM leases WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3",
+        "DELETE FROM leases WHERE dag_id = $1 AND interval_start BETWEEN $2 AND $3",
         p,
     )?;
     conn.execute(
-        "DELETE FROM runs WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3",
+        "DELETE FROM runs WHERE dag_id = $1 AND interval_start BETWEEN $2 AND $3",
         p,
     )?;
     conn.execute(
-        "DELETE FROM plan WHERE interval_start BETWEEN ?2 AND ?3
-           AND backfill_id IN (SELECT id FROM backfills WHERE dag_id = ?1)",
+        "DELETE FROM plan WHERE interval_start BETWEEN $2 AND $3
+           AND backfill_id IN (SELECT id FROM backfills WHERE dag_id = $1)",
         p,
     )?;
     conn.execute(
-        "DELETE FROM readiness WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3",
+        "DELETE FROM readiness WHERE dag_id = $1 AND interval_start BETWEEN $2 AND $3",
         p,
     )?;
     for &id in &s.backfills {
         for sql in [
-            "DELETE FROM pool_slots WHERE backfill_id = ?1",
-            "DELETE FROM leases WHERE backfill_id = ?1",
-            "UPDATE runs SET worker = NULL WHERE worker IN (SELECT id FROM workers WHERE backfill_id = ?1)",
-            "DELETE FROM workers WHERE backfill_id = ?1",
-            "DELETE FROM readiness WHERE backfill_id = ?1",
-            "UPDATE backfills SET source_backfill = NULL WHERE source_backfill = ?1",
-            "UPDATE backfills SET cascade_of = NULL WHERE cascade_of = ?1",
-            "DELETE FROM backfills WHERE id = ?1",
+            "DELETE FROM pool_slots WHERE backfill_id = $1",
+            "DELETE FROM leases WHERE backfill_id = $1",
+            "UPDATE runs SET worker = NULL WHERE worker IN (SELECT id FROM workers WHERE backfill_id = $1)",
+            "DELETE FROM workers WHERE backfill_id = $1",
+            "DELETE FROM readiness WHERE backfill_id = $1",
+            "UPDATE backfills SET source_backfill = NULL WHERE source_backfill = $1",
+            "UPDATE backfills SET cascade_of = NULL WHERE cascade_of = $1",
+            "DELETE FROM backfills WHERE id = $1",
         ] {
             conn.execute(sql, [id])?;
         }
@@ -305,7 +305,7 @@ pub(crate) fn forget(
         "INSERT INTO forgets (dag_id, range_start, range_end, state, backfills, runs, tries,
              published, last_backfill, last_run, last_try, host, pid, created_at, from_arg, to_arg,
              last_worker)
-         VALUES (?1, ?2, ?3, 'cleaning', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)
+         VALUES ($1, $2, $3, 'cleaning', $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
          RETURNING id",
         params![
             dag_id,
@@ -347,7 +347,7 @@ pub(crate) fn forget(
 /// Records that a removal's warehouse clean-up is done: `versions` kept versions went.
 pub(crate) fn finish(conn: &Conn, id: i64, versions: i64, now_ms: i64) -> Result<()> {
     let changed = conn.execute(
-        "UPDATE forgets SET state = 'done', versions = ?2, finished_at = ?3 WHERE id = ?1",
+        "UPDATE forgets SET state = 'done', versions = $2, finished_at = $3 WHERE id = $1",
         params![id, versions, now_ms],
     )?;
     if changed == 0 {
@@ -393,7 +393,7 @@ pub(crate) fn unfinished(conn: &Conn) -> Result<Vec<Forget>> {
 /// The removals of a DAG's history, oldest first.
 pub(crate) fn of_dag(conn: &Conn, dag_id: &str) -> Result<Vec<Forget>> {
     let mut stmt = conn.prepare(&format!(
-        "SELECT {COLUMNS} FROM forgets WHERE dag_id = ?1 ORDER BY id"
+        "SELECT {COLUMNS} FROM forgets WHERE dag_id = $1 ORDER BY id"
     ))?;
     let rows = stmt.query_map([dag_id], from_row)?;
     Ok(rows.collect::<super::db::Result<_>>()?)

@@ -211,7 +211,7 @@ pub(crate) fn held(
          FROM leases l JOIN backfills b ON b.id = l.backfill_id
          LEFT JOIN runs r ON r.id = l.run_id
          LEFT JOIN task_tries t ON t.run_id = l.run_id AND t.state = 'running' AND t.pgid IS NOT NULL
-         WHERE l.dag_id = ?1 AND l.interval_start BETWEEN ?2 AND ?3",
+         WHERE l.dag_id = $1 AND l.interval_start BETWEEN $2 AND $3",
     )?;
     let mut rows = stmt.query(params![dag_id, lo, hi])?;
     let mut held = HashSet::new();
@@ -246,7 +246,7 @@ pub(crate) fn stale(conn: &Conn, dag_id: &str, ctx: &LeaseCtx) -> Result<Vec<(i6
     let mut stmt = conn.prepare_cached(
         "SELECT l.interval_start, l.backfill_id, b.state, b.owner_pid, b.owner_host, b.heartbeat_at,
                 b.owner_start
-         FROM leases l JOIN backfills b ON b.id = l.backfill_id WHERE l.dag_id = ?1",
+         FROM leases l JOIN backfills b ON b.id = l.backfill_id WHERE l.dag_id = $1",
     )?;
     let mut rows = stmt.query([dag_id])?;
     let mut stale = Vec::new();
@@ -282,7 +282,7 @@ pub(crate) fn take(
         // One prepared row at a time, with no copy of the values.
         let mut stmt = conn.prepare_cached(&format!(
             "INSERT INTO leases (dag_id, interval_start, backfill_id, pid, host, heartbeat_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6) {UPSERT}"
+             VALUES ($1, $2, $3, $4, $5, $6) {UPSERT}"
         ))?;
         for i in intervals {
             stmt.execute(params![
@@ -325,7 +325,7 @@ pub(crate) fn holds(
 ) -> Result<bool> {
     Ok(conn
         .prepare_cached(
-            "SELECT 1 FROM leases WHERE dag_id = ?1 AND interval_start = ?2 AND backfill_id = ?3",
+            "SELECT 1 FROM leases WHERE dag_id = $1 AND interval_start = $2 AND backfill_id = $3",
         )?
         .query_row(params![dag_id, interval_start, backfill_id], |_| Ok(()))
         .optional()?
@@ -340,7 +340,7 @@ pub(crate) fn release(
     interval_start: i64,
 ) -> Result<()> {
     conn.prepare_cached(
-        "DELETE FROM leases WHERE dag_id = ?1 AND interval_start = ?2 AND backfill_id = ?3",
+        "DELETE FROM leases WHERE dag_id = $1 AND interval_start = $2 AND backfill_id = $3",
     )?
     .execute(params![dag_id, interval_start, backfill_id])?;
     Ok(())
@@ -386,12 +386,12 @@ pub(crate) fn reserve_batch(
     {
         let mut stmt = conn.prepare_cached(
             "SELECT l.interval_start, l.batch_holder FROM leases l
-             WHERE l.backfill_id = ?1 AND l.dag_id = ?2
-               AND l.interval_start >= ?3 AND l.interval_start <= ?4
-               AND l.batch_holder IS NOT NULL AND l.batch_holder <> ?5
+             WHERE l.backfill_id = $1 AND l.dag_id = $2
+               AND l.interval_start >= $3 AND l.interval_start <= $4
+               AND l.batch_holder IS NOT NULL AND l.batch_holder <> $5
                AND (l.batch_holder = 0 OR EXISTS (
                    SELECT 1 FROM workers w WHERE w.id = l.batch_holder
-                     AND w.backfill_id = ?1 AND w.state = 'running'))",
+                     AND w.backfill_id = $1 AND w.state = 'running'))",
         )?;
         let mut rows = stmt.query(params![backfill_id, dag_id, lo, hi, holder])?;
         while let Some(r) = rows.next()? {
@@ -401,7 +401,7 @@ pub(crate) fn reserve_batch(
     let owner_alive = if holds.iter().any(|&(_, by)| by == 0) {
         conn.prepare_cached(
             "SELECT state, owner_pid, owner_host, heartbeat_at, owner_start FROM backfills
-             WHERE id = ?1",
+             WHERE id = $1",
         )?
         .query_row([backfill_id], |r| {
             let host: Option<String> = r.get(2)?;
@@ -438,8 +438,8 @@ pub(crate) fn reserve_batch(
     }
     if let (Some(&a), Some(&b)) = (out.held.iter().min(), out.held.iter().max()) {
         conn.prepare_cached(
-            "UPDATE leases SET batch_holder = ?1
-             WHERE backfill_id = ?2 AND dag_id = ?3 AND interval_start >= ?4 AND interval_start <= ?5",
+            "UPDATE leases SET batch_holder = $1
+             WHERE backfill_id = $2 AND dag_id = $3 AND interval_start >= $4 AND interval_start <= $5",
         )?
         .execute(params![holder, backfill_id, dag_id, a, b])?;
     }
@@ -450,8 +450,8 @@ pub(crate) fn reserve_batch(
 /// running (tries that could not be stopped keep their intervals in flight).
 pub(crate) fn release_all_but_running(conn: &Conn, backfill_id: i64) -> Result<()> {
     conn.execute(
-        "DELETE FROM leases WHERE backfill_id = ?1 AND (run_id IS NULL OR run_id NOT IN
-           (SELECT r.id FROM runs r WHERE r.backfill_id = ?1 AND r.state IN ('queued', 'running')))",
+        "DELETE FROM leases WHERE backfill_id = $1 AND (run_id IS NULL OR run_id NOT IN
+           (SELECT r.id FROM runs r WHERE r.backfill_id = $1 AND r.state IN ('queued', 'running')))",
         [backfill_id],
     )?;
     Ok(())

@@ -73,6 +73,7 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
     (17, include_str!("../../migrations/0017_forgets.sql")),
     (18, include_str!("../../migrations/0018_pool_rates.sql")),
     (19, include_str!("../../migrations/0019_readiness.sql")),
+    (20, include_str!("../../migrations/0020_booleans.sql")),
 ];
 
 /// CHECK constraints a migration widens (SQLite cannot alter one): `(version, table, old, new)`.

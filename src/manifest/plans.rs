@@ -37,7 +37,7 @@ pub fn priors(
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT r.interval_start, r.state FROM runs r
          JOIN (SELECT MAX(id) AS id FROM runs
-               WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
+               WHERE dag_id = $1 AND interval_start BETWEEN $2 AND $3
                  AND backfill_id NOT IN {}
                GROUP BY interval_start) m ON r.id = m.id",
         crate::manifest::NOT_COMPUTING
@@ -66,7 +66,7 @@ pub(crate) fn state_before(conn: &Conn, dag_id: &str, start: i64) -> Result<Opti
     let before: Option<(i64, RunState)> = conn
         .prepare_cached(&format!(
             "SELECT interval_end, state FROM runs
-             WHERE dag_id = ?1 AND interval_start < ?2 AND backfill_id NOT IN {}
+             WHERE dag_id = $1 AND interval_start < $2 AND backfill_id NOT IN {}
              ORDER BY interval_start DESC, id DESC LIMIT 1",
             crate::manifest::NOT_COMPUTING
         ))?
@@ -98,7 +98,7 @@ pub fn insert_chunk(
         // One prepared row at a time, with no copy of the values.
         let mut insert = conn.prepare_cached(
             "INSERT INTO plan (backfill_id, ord, interval_start, interval_end, action, reason)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+             VALUES ($1, $2, $3, $4, $5, $6)",
         )?;
         for (ord, row) in rows {
             let (action, reason) = match row.action {
@@ -145,7 +145,7 @@ pub(crate) fn planned_starts(
     conn: &Conn,
     backfill_id: i64,
 ) -> Result<std::collections::HashSet<i64>> {
-    let mut stmt = conn.prepare_cached("SELECT interval_start FROM plan WHERE backfill_id = ?1")?;
+    let mut stmt = conn.prepare_cached("SELECT interval_start FROM plan WHERE backfill_id = $1")?;
     let rows = stmt.query_map([backfill_id], |r| r.get(0))?;
     Ok(rows.collect::<super::db::Result<_>>()?)
 }
@@ -171,7 +171,7 @@ pub(crate) fn mark_skipped(
     reason: SkipReason,
 ) -> Result<()> {
     conn.prepare_cached(
-        "UPDATE plan SET action = 'skip', reason = ?3 WHERE backfill_id = ?1 AND interval_start = ?2",
+        "UPDATE plan SET action = 'skip', reason = $3 WHERE backfill_id = $1 AND interval_start = $2",
     )?
     .execute(params![backfill_id, interval_start, reason.as_str()])?;
     Ok(())
@@ -182,7 +182,7 @@ pub(crate) fn mark_skipped(
 pub(crate) fn unfinished(conn: &Conn, backfill_id: i64) -> Result<Vec<DataInterval>> {
     let mut stmt = conn.prepare(
         "SELECT p.interval_start, p.interval_end FROM plan p
-         WHERE p.backfill_id = ?1 AND p.action = 'run' AND NOT EXISTS (
+         WHERE p.backfill_id = $1 AND p.action = 'run' AND NOT EXISTS (
             SELECT 1 FROM runs r WHERE r.backfill_id = p.backfill_id
               AND r.interval_start = p.interval_start
               AND r.state IN ('succeeded', 'failed', 'rejected'))
@@ -205,7 +205,7 @@ pub(crate) fn latest_runs(
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT r.interval_start, r.state, r.backfill_id, r.started_at FROM runs r
          JOIN (SELECT MAX(id) AS id FROM runs
-               WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
+               WHERE dag_id = $1 AND interval_start BETWEEN $2 AND $3
                  AND backfill_id NOT IN {}
                GROUP BY interval_start) m ON r.id = m.id",
         crate::manifest::NOT_COMPUTING

@@ -53,12 +53,12 @@ pub(crate) fn take(
 ) -> Result<Take> {
     let survivors = free_dead(conn, pool, ctx)?;
     let held: i64 = conn
-        .prepare_cached("SELECT COUNT(*) FROM pool_slots WHERE pool = ?1")?
+        .prepare_cached("SELECT COUNT(*) FROM pool_slots WHERE pool = $1")?
         .query_row([pool], |r| r.get(0))?;
     let waits = |what: String| -> Result<()> {
         conn.prepare_cached(
-            "UPDATE task_tries SET waiting_for = ?2 WHERE id = ?1
-               AND (waiting_for IS NULL OR waiting_for <> ?2)",
+            "UPDATE task_tries SET waiting_for = $2 WHERE id = $1
+               AND (waiting_for IS NULL OR waiting_for <> $2)",
         )?
         .execute(params![try_id, what])?;
         Ok(())
@@ -77,17 +77,17 @@ pub(crate) fn take(
         // on PostgreSQL.
         let now = conn.clock_now_ms()?;
         // Starts are kept an hour at least, for whoever looks into how a pool was used.
-        conn.prepare_cached("DELETE FROM pool_starts WHERE pool = ?1 AND at <= ?2")?
+        conn.prepare_cached("DELETE FROM pool_starts WHERE pool = $1 AND at <= $2")?
             .execute(params![pool, now - per_ms.max(KEEP_STARTS_MS)])?;
         let recent: i64 = conn
-            .prepare_cached("SELECT COUNT(*) FROM pool_starts WHERE pool = ?1 AND at > ?2")?
+            .prepare_cached("SELECT COUNT(*) FROM pool_starts WHERE pool = $1 AND at > $2")?
             .query_row(params![pool, now - per_ms], |r| r.get(0))?;
         if recent >= i64::from(starts) {
             // The window has room again once its oldest starts beyond the rate leave it.
             let oldest: i64 = conn
                 .prepare_cached(
-                    "SELECT at FROM pool_starts WHERE pool = ?1 AND at > ?2
-                     ORDER BY at LIMIT 1 OFFSET ?3",
+                    "SELECT at FROM pool_starts WHERE pool = $1 AND at > $2
+                     ORDER BY at LIMIT 1 OFFSET $3",
                 )?
                 .query_row(
                     params![pool, now - per_ms, recent - i64::from(starts)],
@@ -98,16 +98,16 @@ pub(crate) fn take(
                 wait_ms: (oldest + per_ms - now).max(1),
             });
         }
-        conn.prepare_cached("INSERT INTO pool_starts (pool, at, try_id) VALUES (?1, ?2, ?3)")?
+        conn.prepare_cached("INSERT INTO pool_starts (pool, at, try_id) VALUES ($1, $2, $3)")?
             .execute(params![pool, now, try_id])?;
     }
     conn.prepare_cached(
-        "INSERT INTO pool_slots (try_id, pool, backfill_id, taken_at) VALUES (?1, ?2, ?3, ?4)
+        "INSERT INTO pool_slots (try_id, pool, backfill_id, taken_at) VALUES ($1, $2, $3, $4)
          ON CONFLICT (try_id) DO UPDATE SET pool = excluded.pool,
             backfill_id = excluded.backfill_id, taken_at = excluded.taken_at",
     )?
     .execute(params![try_id, pool, f.owner().backfill_id, ctx.now_ms])?;
-    conn.prepare_cached("UPDATE task_tries SET waiting_for = NULL WHERE id = ?1")?
+    conn.prepare_cached("UPDATE task_tries SET waiting_for = NULL WHERE id = $1")?
         .execute([try_id])?;
     Ok(Take::Taken)
 }
@@ -145,7 +145,7 @@ fn free_dead(conn: &Conn, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate::liven
              LEFT JOIN task_tries t ON t.id = s.try_id
              LEFT JOIN runs r ON r.id = t.run_id
              LEFT JOIN workers w ON w.id = r.worker
-             WHERE s.pool = ?1",
+             WHERE s.pool = $1",
         )?
         .query_map([pool], |r| {
             Ok((
@@ -191,15 +191,15 @@ fn free_dead(conn: &Conn, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate::liven
                 conn.prepare_cached(&format!(
                     "UPDATE task_tries SET state = 'cancelled', ended_at = {},
                         error = 'its backfill''s owner was gone; its pool slot was given to another try'
-                     WHERE id = ?1 AND state = 'running' AND publishing = 0",
-                    super::db::ended("started_at", "?2", "NULL")
+                     WHERE id = $1 AND state = 'running' AND publishing = FALSE",
+                    super::db::ended("started_at", "$2", "NULL")
                 ))?
                 .execute(params![try_id, ctx.now_ms])?;
             }
             gone
         };
         if free {
-            conn.prepare_cached("DELETE FROM pool_slots WHERE try_id = ?1")?
+            conn.prepare_cached("DELETE FROM pool_slots WHERE try_id = $1")?
                 .execute([try_id])?;
         }
     }
@@ -209,6 +209,6 @@ fn free_dead(conn: &Conn, pool: &str, ctx: &LeaseCtx) -> Result<Vec<crate::liven
 /// Whether try `try_id` holds a slot of a pool.
 pub(crate) fn holds(conn: &Conn, try_id: i64) -> Result<bool> {
     Ok(conn
-        .prepare_cached("SELECT EXISTS (SELECT 1 FROM pool_slots WHERE try_id = ?1)")?
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM pool_slots WHERE try_id = $1)")?
         .query_row([try_id], |r| r.get(0))?)
 }

@@ -28,12 +28,12 @@ pub(crate) fn record_publish_intent(
     }
     let changed = conn
         .prepare_cached(
-            "UPDATE task_tries SET publishing = 1, audit_path = ?2, rows = ?3, fingerprint = ?4,
-                source_rows = ?5, previous_rows = ?6, verdict = ?7, reasons = ?8,
-                source_fingerprint = ?9, promoted_from = ?10, restored_from = ?11,
-                restore_key = ?12, rows_inserted = ?13, rows_updated = ?14, rows_deleted = ?15,
-                rows_unchanged = ?16
-             WHERE id = ?1 AND state = 'running'",
+            "UPDATE task_tries SET publishing = TRUE, audit_path = $2, rows = $3, fingerprint = $4,
+                source_rows = $5, previous_rows = $6, verdict = $7, reasons = $8,
+                source_fingerprint = $9, promoted_from = $10, restored_from = $11,
+                restore_key = $12, rows_inserted = $13, rows_updated = $14, rows_deleted = $15,
+                rows_unchanged = $16
+             WHERE id = $1 AND state = 'running'",
         )?
         .execute(params![
             try_id,
@@ -66,7 +66,7 @@ pub(crate) fn record_group_intent(
 ) -> Result<bool> {
     for (try_id, _, _) in group {
         let running = conn
-            .prepare_cached("SELECT 1 FROM task_tries WHERE id = ?1 AND state = 'running'")?
+            .prepare_cached("SELECT 1 FROM task_tries WHERE id = $1 AND state = 'running'")?
             .query_row([try_id], |_| Ok(()))
             .optional()?
             .is_some();
@@ -101,7 +101,7 @@ pub(crate) const IN_PUBLISH: &str = "WITH now AS (
      UPDATE backfill_manifest.task_tries SET state = 'succeeded',
          ended_at = GREATEST((SELECT ms FROM now), started_at),
          rows = $2, fingerprint = $3, source_rows = $4, previous_rows = $5, verdict = $6,
-         reasons = $7, source_fingerprint = $8, publishing = 0, rows_inserted = $14,
+         reasons = $7, source_fingerprint = $8, publishing = FALSE, rows_inserted = $14,
          rows_updated = $15, rows_deleted = $16, rows_unchanged = $17
      WHERE id = $1 AND state = 'running'
      RETURNING id),
@@ -138,7 +138,7 @@ pub(crate) fn mark_published(conn: &Conn, p: &Publication<'_>, now_ms: i64) -> R
     conn.prepare_cached(
         "INSERT INTO published
             (dag_id, task_id, interval_start, interval_end, try_id, rows, fingerprint, published_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
          ON CONFLICT (dag_id, task_id, interval_start) DO UPDATE SET
             interval_end = excluded.interval_end, try_id = excluded.try_id, rows = excluded.rows,
             fingerprint = excluded.fingerprint, published_at = excluded.published_at",
@@ -166,7 +166,7 @@ pub(crate) fn published(
     Ok(conn
         .prepare_cached(
             "SELECT try_id, rows, fingerprint FROM published
-             WHERE dag_id = ?1 AND task_id = ?2 AND interval_start = ?3",
+             WHERE dag_id = $1 AND task_id = $2 AND interval_start = $3",
         )?
         .query_row(params![dag_id, task_id, interval_start], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?))
@@ -199,7 +199,7 @@ pub(crate) fn pending_publishes(conn: &Conn, claimed: Owner) -> Result<Vec<Pendi
                 t.restored_from, t.restore_key, t.rows_inserted, t.rows_updated, t.rows_deleted,
                 t.rows_unchanged
          FROM runs r JOIN task_tries t ON t.run_id = r.id
-         WHERE {runs} AND t.publishing = 1 ORDER BY t.id"
+         WHERE {runs} AND t.publishing = TRUE ORDER BY t.id"
     ))?;
     let rows = stmt.query_map([id], |r| {
         Ok(PendingPublish {
@@ -235,7 +235,7 @@ pub(crate) fn pending_publishes(conn: &Conn, claimed: Owner) -> Result<Vec<Pendi
 /// Whether a try still has an unfinished publish intent.
 pub(crate) fn publishing(conn: &Conn, try_id: i64) -> Result<bool> {
     Ok(conn
-        .prepare_cached("SELECT publishing FROM task_tries WHERE id = ?1")?
+        .prepare_cached("SELECT publishing FROM task_tries WHERE id = $1")?
         .query_row([try_id], |r| r.get::<_, bool>(0))
         .optional()?
         .unwrap_or(false))
@@ -264,11 +264,11 @@ pub(crate) fn may_publish(
     );
     let row: Option<Row> = conn
         .prepare_cached(
-            "SELECT (t.publishing = 1 OR ?2 = 0) AND t.state = 'running', b.id, b.epoch, r.dag_id, t.task_id,
+            "SELECT (t.publishing = TRUE OR $2 = 0) AND t.state = 'running', b.id, b.epoch, r.dag_id, t.task_id,
                     r.interval_start, r.worker, w.epoch
              FROM task_tries t JOIN runs r ON r.id = t.run_id JOIN backfills b ON b.id = r.backfill_id
              LEFT JOIN workers w ON w.id = r.worker
-             WHERE t.id = ?1",
+             WHERE t.id = $1",
         )?
         .query_row(params![try_id, intent], |r| {
             Ok((
@@ -327,10 +327,10 @@ pub(crate) fn current(
     Ok(conn
         .prepare_cached(
             "SELECT p.try_id, p.rows,
-                    CASE WHEN t.verdict = ?4 THEN t.restored_from ELSE p.try_id END,
+                    CASE WHEN t.verdict = $4 THEN t.restored_from ELSE p.try_id END,
                     p.fingerprint
              FROM published p LEFT JOIN task_tries t ON t.id = p.try_id
-             WHERE p.dag_id = ?1 AND p.task_id = ?2 AND p.interval_start = ?3",
+             WHERE p.dag_id = $1 AND p.task_id = $2 AND p.interval_start = $3",
         )?
         .query_row(params![dag_id, task_id, interval_start, ROLLED_BACK], |r| {
             Ok(Current {
@@ -355,8 +355,8 @@ pub(crate) fn history(
 ) -> Result<Vec<i64>> {
     let mut stmt = conn.prepare_cached(
         "SELECT rows FROM published
-         WHERE dag_id = ?1 AND task_id = ?2 AND interval_start < ?3
-         ORDER BY interval_start DESC LIMIT ?4",
+         WHERE dag_id = $1 AND task_id = $2 AND interval_start < $3
+         ORDER BY interval_start DESC LIMIT $4",
     )?;
     let rows = stmt.query_map(params![dag_id, task_id, before, limit], |r| r.get(0))?;
     Ok(rows.collect::<super::db::Result<_>>()?)
@@ -378,7 +378,7 @@ pub struct Recorded {
 pub(crate) fn partitions(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<Recorded>> {
     let mut stmt = conn.prepare_cached(
         "SELECT task_id, interval_start, interval_end, rows FROM published
-         WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
+         WHERE dag_id = $1 AND interval_start BETWEEN $2 AND $3
          ORDER BY task_id, interval_start",
     )?;
     let rows = stmt.query_map(params![dag_id, lo, hi], |r| {

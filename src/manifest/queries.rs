@@ -217,7 +217,7 @@ pub(crate) fn list(
 ) -> Result<Vec<BackfillSummary>> {
     let mut stmt = conn.prepare(&format!(
         "SELECT {} FROM backfills
-         WHERE (dag_id = ?1 OR ?1 IS NULL) AND (?2 = 0 OR state = 'running') ORDER BY id",
+         WHERE (dag_id = $1 OR $1 IS NULL) AND ($2 = 0 OR state = 'running') ORDER BY id",
         backfills::COLUMNS
     ))?;
     let backfills: Vec<Backfill> = stmt
@@ -279,7 +279,7 @@ pub(crate) fn outcome(conn: &Conn, id: i64) -> Result<Option<Outcome>> {
     };
     let mut stmt = conn.prepare(
         "SELECT COALESCE(reason, ''), COUNT(*) FROM plan
-         WHERE backfill_id = ?1 AND action = 'skip' GROUP BY reason",
+         WHERE backfill_id = $1 AND action = 'skip' GROUP BY reason",
     )?;
     let skipped = stmt
         .query_map([id], |r| Ok((r.get(0)?, r.get(1)?)))?
@@ -291,7 +291,7 @@ pub(crate) fn outcome(conn: &Conn, id: i64) -> Result<Option<Outcome>> {
                 (SELECT t.task_id FROM task_tries t WHERE t.run_id = r.id AND t.state != 'succeeded'
                  ORDER BY t.id DESC LIMIT 1)
          FROM runs r
-         JOIN (SELECT MAX(id) AS id FROM runs WHERE backfill_id = ?1 GROUP BY interval_start) m
+         JOIN (SELECT MAX(id) AS id FROM runs WHERE backfill_id = $1 GROUP BY interval_start) m
            ON m.id = r.id
          WHERE r.state IN ('failed', 'rejected') ORDER BY r.interval_start",
     )?;
@@ -310,12 +310,12 @@ pub(crate) fn outcome(conn: &Conn, id: i64) -> Result<Option<Outcome>> {
     let mut stmt = conn.prepare(
         "SELECT r.interval_start, t.task_id, t.reasons
          FROM runs r
-         JOIN (SELECT MAX(id) AS id FROM runs WHERE backfill_id = ?1 GROUP BY interval_start) m
+         JOIN (SELECT MAX(id) AS id FROM runs WHERE backfill_id = $1 GROUP BY interval_start) m
            ON m.id = r.id
          JOIN task_tries t ON t.run_id = r.id
          WHERE r.state = 'succeeded' AND t.state = 'succeeded' AND t.reasons LIKE '%warning: %'
            AND COALESCE(t.verdict, '') <> 'staged'
-         ORDER BY r.interval_start, t.id LIMIT ?2",
+         ORDER BY r.interval_start, t.id LIMIT $2",
     )?;
     let warned = stmt
         .query_map(rusqlite::params![id, WARNED_SHOWN], |r| {
@@ -329,7 +329,7 @@ pub(crate) fn outcome(conn: &Conn, id: i64) -> Result<Option<Outcome>> {
     let warned_count = conn.query_row(
         "SELECT COUNT(DISTINCT r.interval_start)
          FROM runs r
-         JOIN (SELECT MAX(id) AS id FROM runs WHERE backfill_id = ?1 GROUP BY interval_start) m
+         JOIN (SELECT MAX(id) AS id FROM runs WHERE backfill_id = $1 GROUP BY interval_start) m
            ON m.id = r.id
          JOIN task_tries t ON t.run_id = r.id
          WHERE r.state = 'succeeded' AND t.state = 'succeeded' AND t.reasons LIKE '%warning: %'
@@ -572,16 +572,16 @@ fn plan_rows(
     run_backwards: bool,
 ) -> Result<Vec<PlanRead>> {
     let (plan_sql, limit, offset) = match page {
-        None => ("ORDER BY ord LIMIT ?2 OFFSET ?3", i64::MAX, 0),
+        None => ("ORDER BY ord LIMIT $2 OFFSET $3", i64::MAX, 0),
         Some((offset, limit)) if run_backwards => {
-            ("ORDER BY ord DESC LIMIT ?2 OFFSET ?3", limit, offset)
+            ("ORDER BY ord DESC LIMIT $2 OFFSET $3", limit, offset)
         }
-        Some((offset, limit)) => ("ORDER BY ord LIMIT ?2 OFFSET ?3", limit, offset),
+        Some((offset, limit)) => ("ORDER BY ord LIMIT $2 OFFSET $3", limit, offset),
     };
     Ok(conn
         .prepare(&format!(
             "SELECT ord, interval_start, interval_end, action, reason FROM plan
-             WHERE backfill_id = ?1 {plan_sql}"
+             WHERE backfill_id = $1 {plan_sql}"
         ))?
         .query_map(params![id, limit, offset], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
@@ -595,7 +595,7 @@ fn latest_runs(conn: &Conn, id: i64, lo: i64, hi: i64) -> Result<Vec<LatestRun>>
     let mut latest: Vec<LatestRun> = Vec::new();
     let mut stmt = conn.prepare(
         "SELECT interval_start, id, state, started_at, ended_at, error FROM runs
-         WHERE backfill_id = ?1 AND interval_start BETWEEN ?2 AND ?3 ORDER BY interval_start, id",
+         WHERE backfill_id = $1 AND interval_start BETWEEN $2 AND $3 ORDER BY interval_start, id",
     )?;
     let mut rows = stmt.query(params![id, lo, hi])?;
     while let Some(r) = rows.next()? {
@@ -649,7 +649,7 @@ fn try_aggs(conn: &Conn, run_ids: &[i64]) -> Result<Vec<TryAgg>> {
     let mut stmt = conn.prepare(
         "SELECT run_id, state, rows, verdict, reasons, log_path, error, id, waiting_for, staged,
                 host, batch, rows_inserted, rows_updated, rows_deleted, rows_unchanged
-         FROM task_tries WHERE run_id BETWEEN ?1 AND ?2 ORDER BY run_id",
+         FROM task_tries WHERE run_id BETWEEN $1 AND $2 ORDER BY run_id",
     )?;
     let mut rows = stmt.query([lo, hi])?;
     while let Some(r) = rows.next()? {
@@ -725,7 +725,7 @@ fn add_readiness(
 ) -> Result<()> {
     let mut stmt = conn.prepare_cached(
         "SELECT interval_start, task_id, state, asks, answer, first_asked_at, last_asked_at, deadline
-         FROM readiness WHERE backfill_id = ?1 AND interval_start BETWEEN ?2 AND ?3
+         FROM readiness WHERE backfill_id = $1 AND interval_start BETWEEN $2 AND $3
          ORDER BY interval_start, first_asked_at",
     )?;
     let mut rows = stmt.query(rusqlite::params![id, lo, hi])?;
@@ -845,7 +845,7 @@ fn counts_of(out: &[IntervalDetail], latest: &[LatestRun]) -> Counts {
 fn worker_summaries(conn: &Conn, id: i64) -> Result<Vec<WorkerSummary>> {
     let mut ran = HashMap::new();
     let mut stmt = conn.prepare_cached(
-        "SELECT worker, COUNT(*) FROM runs WHERE backfill_id = ?1 AND worker IS NOT NULL
+        "SELECT worker, COUNT(*) FROM runs WHERE backfill_id = $1 AND worker IS NOT NULL
          GROUP BY worker",
     )?;
     let mut rows = stmt.query([id])?;
@@ -869,7 +869,7 @@ pub(crate) fn list_one(conn: &Conn, id: i64) -> Result<Option<BackfillSummary>> 
 /// Interval counts of one backfill, or of all: the plan's actions, and the state of the latest
 /// run of each interval.
 fn counts(conn: &Conn, id: Option<i64>) -> Result<HashMap<i64, Counts>> {
-    // A literal filter rather than `?1 IS NULL OR ...`, so that one backfill's counts use the
+    // A literal filter rather than `$1 IS NULL OR ...`, so that one backfill's counts use the
     // primary key and index.
     let only = |column: &str| id.map_or(String::new(), |id| format!("WHERE {column} = {id}"));
     let mut counts: HashMap<i64, Counts> = HashMap::new();
@@ -944,7 +944,7 @@ pub struct RunHistory {
 pub(crate) fn runs(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<RunHistory>> {
     let mut stmt = conn.prepare(
         "SELECT id, backfill_id, interval_start, interval_end, state, started_at, ended_at, error
-         FROM runs WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
+         FROM runs WHERE dag_id = $1 AND interval_start BETWEEN $2 AND $3
          ORDER BY interval_start, id",
     )?;
     let mut out: Vec<RunHistory> = stmt
@@ -976,7 +976,7 @@ pub(crate) fn runs(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<Ru
         let mut stmt = conn.prepare(
             "SELECT run_id, state, rows, verdict, reasons, id, staged, rows_inserted, rows_updated,
                     rows_deleted, rows_unchanged FROM task_tries
-             WHERE run_id BETWEEN ?1 AND ?2 ORDER BY run_id",
+             WHERE run_id BETWEEN $1 AND $2 ORDER BY run_id",
         )?;
         // The index yields a run's tries by task, not in the order they ran: the verdict of
         // the latest gated try wins.
@@ -1020,7 +1020,7 @@ pub(crate) fn unsettled(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<V
         "SELECT r.state, COUNT(*)
          FROM runs r
          JOIN (SELECT MAX(id) AS id FROM runs
-               WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
+               WHERE dag_id = $1 AND interval_start BETWEEN $2 AND $3
                  AND backfill_id NOT IN {}
                GROUP BY interval_start) m ON r.id = m.id
          WHERE r.state <> 'succeeded'
@@ -1036,7 +1036,7 @@ pub(crate) fn recorded_sources(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> R
         "SELECT r.interval_start, r.interval_end, t.task_id, t.source_rows, t.source_fingerprint
          FROM runs r
          JOIN (SELECT MAX(id) AS id FROM runs
-               WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
+               WHERE dag_id = $1 AND interval_start BETWEEN $2 AND $3
                  AND backfill_id NOT IN {}
                GROUP BY interval_start) m ON r.id = m.id
          LEFT JOIN task_tries t ON t.run_id = r.id AND t.state = 'succeeded'
@@ -1073,8 +1073,8 @@ pub(crate) fn recent_durations_ms(
 ) -> Result<Vec<i64>> {
     let mut stmt = conn.prepare_cached(
         "SELECT t.ended_at - t.started_at FROM task_tries t JOIN runs r ON r.id = t.run_id
-         WHERE r.dag_id = ?1 AND t.task_id = ?2 AND t.state = 'succeeded' AND t.ended_at IS NOT NULL
-         ORDER BY t.id DESC LIMIT ?3",
+         WHERE r.dag_id = $1 AND t.task_id = $2 AND t.state = 'succeeded' AND t.ended_at IS NOT NULL
+         ORDER BY t.id DESC LIMIT $3",
     )?;
     let rows = stmt.query_map(rusqlite::params![dag_id, task_id, limit], |r| r.get(0))?;
     Ok(rows.collect::<super::db::Result<_>>()?)

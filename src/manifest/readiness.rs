@@ -35,9 +35,9 @@ pub(crate) fn note(conn: &Conn, f: Fenced, a: &Asked) -> Result<bool> {
     let open: i64 = conn
         .prepare_cached(
             "SELECT COUNT(*) FROM plan p JOIN leases l
-               ON l.dag_id = ?2 AND l.interval_start = p.interval_start
+               ON l.dag_id = $2 AND l.interval_start = p.interval_start
               AND l.backfill_id = p.backfill_id AND l.run_id IS NULL
-             WHERE p.backfill_id = ?1 AND p.interval_start = ?3 AND p.action = 'run'",
+             WHERE p.backfill_id = $1 AND p.interval_start = $3 AND p.action = 'run'",
         )?
         .query_row(rusqlite::params![f.backfill_id(), a.dag_id, start], |r| {
             r.get(0)
@@ -49,7 +49,7 @@ pub(crate) fn note(conn: &Conn, f: Fenced, a: &Asked) -> Result<bool> {
     conn.prepare_cached(
         "INSERT INTO readiness (backfill_id, dag_id, interval_start, interval_end, task_id, state,
             asks, answer, first_asked_at, last_asked_at, deadline)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
          ON CONFLICT (backfill_id, interval_start, task_id) DO UPDATE SET
             state = excluded.state, asks = excluded.asks, answer = excluded.answer,
             first_asked_at = excluded.first_asked_at, last_asked_at = excluded.last_asked_at,

@@ -64,7 +64,7 @@ pub(crate) fn reserve_run_ids(conn: &Conn, n: u32) -> Result<Vec<i64>> {
     // The privilege is a condition of the whole query, judged before any row is made.
     let mut stmt = conn.prepare_cached(
         "WITH s AS (SELECT pg_get_serial_sequence('runs', 'id') AS seq)
-         SELECT nextval(s.seq) FROM s, generate_series(1, ?1)
+         SELECT nextval(s.seq) FROM s, generate_series(1, $1)
          WHERE has_sequence_privilege(s.seq, 'USAGE') OR has_sequence_privilege(s.seq, 'UPDATE')",
     )?;
     let mut rows = stmt.query([i64::from(n)])?;
@@ -74,38 +74,38 @@ pub(crate) fn reserve_run_ids(conn: &Conn, n: u32) -> Result<Vec<i64>> {
     Ok(ids)
 }
 
-/// The lease of interval `?2`/`?3` is the backfill `?1`'s, no run of it is in flight, and the
+/// The lease of interval `$2`/`$3` is the backfill `$1`'s, no run of it is in flight, and the
 /// backfill was not asked to stop (its processes hear of it at their next heartbeat: none
 /// starts a run meanwhile).
 const FREE_LEASE: &str = "SELECT 1 FROM leases l
-     WHERE l.dag_id = ?2 AND l.interval_start = ?3 AND l.backfill_id = ?1
+     WHERE l.dag_id = $2 AND l.interval_start = $3 AND l.backfill_id = $1
        AND (l.run_id IS NULL OR NOT EXISTS (
            SELECT 1 FROM runs f WHERE f.id = l.run_id AND f.state IN ('queued', 'running')))
-       AND EXISTS (SELECT 1 FROM backfills c WHERE c.id = ?1 AND c.cancel_requested = 0)";
+       AND EXISTS (SELECT 1 FROM backfills c WHERE c.id = $1 AND c.cancel_requested = FALSE)";
 
-/// Backfill `?1` has reached its `--max-failures`: that many of its runs failed or were
+/// Backfill `$1` has reached its `--max-failures`: that many of its runs failed or were
 /// rejected since its owner took it, in any of its processes.
 const HALTED: &str = "SELECT 1 FROM backfills h
-     WHERE h.id = ?1 AND h.max_failures IS NOT NULL
-       AND (SELECT COUNT(*) FROM runs x WHERE x.backfill_id = ?1
+     WHERE h.id = $1 AND h.max_failures IS NOT NULL
+       AND (SELECT COUNT(*) FROM runs x WHERE x.backfill_id = $1
               AND x.state IN ('failed', 'rejected') AND x.id > h.runs_before) >= h.max_failures";
 
-/// Backfill `?1` may start another run in the process `?7` (a worker, or NULL: the owner): it
+/// Backfill `$1` may start another run in the process `$7` (a worker, or NULL: the owner): it
 /// has no running worker (its one process bounds its runs), or fewer runs in flight than its
 /// `max_active_runs`, of which this process runs fewer than its even share among the backfill's
-/// live processes (the owner and the workers with a heartbeat since `?6 - ?8`), so that each
+/// live processes (the owner and the workers with a heartbeat since `$6 - $8`), so that each
 /// of them gets its turn.
 const ROOM: &str = "SELECT 1 WHERE NOT EXISTS (
-         SELECT 1 FROM workers WHERE backfill_id = ?1 AND state = 'running')
-     OR ((SELECT COUNT(*) FROM runs WHERE backfill_id = ?1 AND state IN ('queued', 'running'))
-            < (SELECT max_active_runs FROM backfills WHERE id = ?1)
-         AND (SELECT COUNT(*) FROM runs WHERE backfill_id = ?1 AND state IN ('queued', 'running')
-                AND COALESCE(worker, 0) = COALESCE(CAST(?7 AS bigint), 0))
-            < ((SELECT max_active_runs FROM backfills WHERE id = ?1)
-               + (SELECT COUNT(*) FROM workers WHERE backfill_id = ?1 AND state = 'running'
-                    AND heartbeat_at > CAST(?6 AS bigint) - CAST(?8 AS bigint)))
-              / (1 + (SELECT COUNT(*) FROM workers WHERE backfill_id = ?1 AND state = 'running'
-                    AND heartbeat_at > CAST(?6 AS bigint) - CAST(?8 AS bigint))))";
+         SELECT 1 FROM workers WHERE backfill_id = $1 AND state = 'running')
+     OR ((SELECT COUNT(*) FROM runs WHERE backfill_id = $1 AND state IN ('queued', 'running'))
+            < (SELECT max_active_runs FROM backfills WHERE id = $1)
+         AND (SELECT COUNT(*) FROM runs WHERE backfill_id = $1 AND state IN ('queued', 'running')
+                AND COALESCE(worker, 0) = COALESCE(CAST($7 AS bigint), 0))
+            < ((SELECT max_active_runs FROM backfills WHERE id = $1)
+               + (SELECT COUNT(*) FROM workers WHERE backfill_id = $1 AND state = 'running'
+                    AND heartbeat_at > CAST($6 AS bigint) - CAST($8 AS bigint)))
+              / (1 + (SELECT COUNT(*) FROM workers WHERE backfill_id = $1 AND state = 'running'
+                    AND heartbeat_at > CAST($6 AS bigint) - CAST($8 AS bigint))))";
 
 /// Whether a run may start, in one query over the run's values (see [`start_run`]): 0 the lease
 /// is not free ([`Start::Lost`]), 2 [`Start::Halted`], 1 no room ([`Start::Busy`]), 3 it may.
@@ -149,7 +149,7 @@ pub fn start_run(
         &worker,
         &lease_timeout_ms,
     ];
-    // Bound by position: the verdict reads ?1 to ?3 and ?6 to ?8 of the run's values.
+    // Bound by position: the verdict reads $1 to $3 and $6 to $8 of the run's values.
     let verdict: i64 = conn
         .prepare_cached(&VERDICT)?
         .query_row(row, |r| r.get(0))?;
@@ -162,11 +162,11 @@ pub fn start_run(
         .prepare_cached(&format!(
             "INSERT INTO runs ({id}backfill_id, dag_id, interval_start, interval_end, state,
                                started_at, worker)
-             VALUES ({new_id}?1, ?2, ?3, ?4, ?5, ?6, ?7) RETURNING id",
+             VALUES ({new_id}$1, $2, $3, $4, $5, $6, $7) RETURNING id",
         ))?
         .query_row(&row[..7], |r| r.get(0))?;
     conn.prepare_cached(
-        "UPDATE leases SET run_id = ?4 WHERE dag_id = ?1 AND interval_start = ?2 AND backfill_id = ?3",
+        "UPDATE leases SET run_id = $4 WHERE dag_id = $1 AND interval_start = $2 AND backfill_id = $3",
     )?
     .execute(params![dag_id, start, fenced.backfill_id(), run_id])?;
     Ok(Start::Run(run_id))
@@ -232,7 +232,7 @@ pub(crate) fn start_run_and_try(
     // The reserved id, when there is one; else the column's own default (which, unlike a
     // `nextval` in the statement, needs no privilege on the sequence).
     let (id, reserved) = if early.is_some() {
-        ("id, ", "CAST(?13 AS bigint), ")
+        ("id, ", "CAST($13 AS bigint), ")
     } else {
         ("", "")
     };
@@ -242,30 +242,30 @@ pub(crate) fn start_run_and_try(
              halted AS ({HALTED}),
              room AS ({ROOM}),
              fresh AS (
-                 SELECT 1 WHERE CAST(?13 AS bigint) IS NULL
-                    OR (CAST(?13 AS bigint) > (SELECT runs_before FROM backfills WHERE id = ?1)
-                        AND NOT EXISTS (SELECT 1 FROM runs WHERE dag_id = ?2
-                                        AND interval_start = ?3 AND id > ?13))),
+                 SELECT 1 WHERE CAST($13 AS bigint) IS NULL
+                    OR (CAST($13 AS bigint) > (SELECT runs_before FROM backfills WHERE id = $1)
+                        AND NOT EXISTS (SELECT 1 FROM runs WHERE dag_id = $2
+                                        AND interval_start = $3 AND id > $13))),
              run AS (
                  INSERT INTO runs ({id}backfill_id, dag_id, interval_start, interval_end, state,
                                    started_at, worker)
-                 SELECT {reserved}CAST(?1 AS bigint), CAST(?2 AS text), CAST(?3 AS bigint),
-                        CAST(?4 AS bigint), CAST(?5 AS text), CAST(?6 AS bigint),
-                        CAST(?7 AS bigint)
+                 SELECT {reserved}CAST($1 AS bigint), CAST($2 AS text), CAST($3 AS bigint),
+                        CAST($4 AS bigint), CAST($5 AS text), CAST($6 AS bigint),
+                        CAST($7 AS bigint)
                  FROM held, room, fresh WHERE NOT EXISTS (SELECT 1 FROM halted) RETURNING id),
              named AS (
                  UPDATE leases SET run_id = (SELECT id FROM run)
-                 WHERE dag_id = ?2 AND interval_start = ?3 AND backfill_id = ?1
+                 WHERE dag_id = $2 AND interval_start = $3 AND backfill_id = $1
                    AND EXISTS (SELECT 1 FROM run)),
              try AS (
                  INSERT INTO task_tries (run_id, task_id, try_number, state, started_at, log_path,
                                          host, pgid, pgid_start)
-                 SELECT run.id, CAST(?9 AS text), CAST(?10 AS bigint), 'running',
-                        CAST(?6 AS bigint),
-                        CAST(?11 AS text) || CAST(run.id AS text) || CAST(?12 AS text),
-                        COALESCE(w.host, b.owner_host), CAST(?14 AS bigint), CAST(?15 AS bigint)
-                 FROM run JOIN backfills b ON b.id = CAST(?1 AS bigint)
-                 LEFT JOIN workers w ON w.id = CAST(?7 AS bigint)
+                 SELECT run.id, CAST($9 AS text), CAST($10 AS bigint), 'running',
+                        CAST($6 AS bigint),
+                        CAST($11 AS text) || CAST(run.id AS text) || CAST($12 AS text),
+                        COALESCE(w.host, b.owner_host), CAST($14 AS bigint), CAST($15 AS bigint)
+                 FROM run JOIN backfills b ON b.id = CAST($1 AS bigint)
+                 LEFT JOIN workers w ON w.id = CAST($7 AS bigint)
                  RETURNING id)
              SELECT (SELECT id FROM run), (SELECT id FROM try),
                     CASE WHEN NOT EXISTS (SELECT 1 FROM held) THEN 0
@@ -289,9 +289,9 @@ pub(crate) fn start_run_and_try(
             let started = conn
                 .prepare_cached(
                     "SELECT r.id, t.id FROM runs r JOIN task_tries t ON t.run_id = r.id
-                     WHERE r.backfill_id = ?1 AND r.dag_id = ?2 AND r.interval_start = ?3
-                       AND r.started_at = ?4 AND t.try_number = ?5
-                       AND COALESCE(r.worker, 0) = COALESCE(CAST(?6 AS bigint), 0)
+                     WHERE r.backfill_id = $1 AND r.dag_id = $2 AND r.interval_start = $3
+                       AND r.started_at = $4 AND t.try_number = $5
+                       AND COALESCE(r.worker, 0) = COALESCE(CAST($6 AS bigint), 0)
                      ORDER BY r.id DESC LIMIT 1",
                 )?
                 .query_row(
@@ -315,7 +315,7 @@ pub(crate) fn try_holds_lease(conn: &Conn, try_id: i64) -> Result<bool> {
             "SELECT 1 FROM task_tries t JOIN runs r ON r.id = t.run_id
              JOIN leases l ON l.dag_id = r.dag_id AND l.interval_start = r.interval_start
                           AND l.backfill_id = r.backfill_id
-             WHERE t.id = ?1",
+             WHERE t.id = $1",
         )?
         .query_row([try_id], |_| Ok(()))
         .optional()?
@@ -329,7 +329,7 @@ fn run_holds_lease(conn: &Conn, run_id: i64) -> Result<bool> {
             "SELECT 1 FROM runs r
              JOIN leases l ON l.dag_id = r.dag_id AND l.interval_start = r.interval_start
                           AND l.backfill_id = r.backfill_id
-             WHERE r.id = ?1",
+             WHERE r.id = $1",
         )?
         .query_row([run_id], |_| Ok(()))
         .optional()?
@@ -339,7 +339,7 @@ fn run_holds_lease(conn: &Conn, run_id: i64) -> Result<bool> {
 /// Whether a run is still in progress (not abandoned by a taker).
 pub(crate) fn in_progress(conn: &Conn, run_id: i64) -> Result<bool> {
     Ok(conn
-        .prepare_cached("SELECT state FROM runs WHERE id = ?1")?
+        .prepare_cached("SELECT state FROM runs WHERE id = $1")?
         .query_row([run_id], |r| r.get::<_, RunState>(0))
         .optional()?
         .is_some_and(|s| !s.is_finished()))
@@ -357,13 +357,13 @@ pub fn finish_run(
     end_run(conn, run_id, state, error, end)
 }
 
-/// `UPDATE runs` of [`end_run`]: the run `?1` ends in state `?2` with error `?4` (now `?3`,
-/// `?5` milliseconds after its start).
+/// `UPDATE runs` of [`end_run`]: the run `$1` ends in state `$2` with error `$4` (now `$3`,
+/// `$5` milliseconds after its start).
 static END_RUN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "UPDATE runs SET state = ?2, ended_at = {}, error = ?4
-         WHERE id = ?1 AND state IN ('queued', 'running')",
-        ended("started_at", "?3", "?5")
+        "UPDATE runs SET state = $2, ended_at = {}, error = $4
+         WHERE id = $1 AND state IN ('queued', 'running')",
+        ended("started_at", "$3", "$5")
     )
 });
 
@@ -375,7 +375,7 @@ fn end_run(conn: &Conn, run_id: i64, state: RunState, error: Option<&str>, end: 
         conn.prepare_cached(&format!(
             "WITH ended AS ({})
              DELETE FROM leases l USING runs r
-             WHERE r.id = ?1 AND l.dag_id = r.dag_id AND l.interval_start = r.interval_start
+             WHERE r.id = $1 AND l.dag_id = r.dag_id AND l.interval_start = r.interval_start
                AND l.backfill_id = r.backfill_id",
             *END_RUN
         ))?
@@ -386,7 +386,7 @@ fn end_run(conn: &Conn, run_id: i64, state: RunState, error: Option<&str>, end: 
     // By primary key: the lease of this run's interval, if this run's backfill holds it. (A
     // `DELETE ... WHERE (key) IN (SELECT ...)` would build a temporary table for every run.)
     let key = conn
-        .prepare_cached("SELECT dag_id, interval_start, backfill_id FROM runs WHERE id = ?1")?
+        .prepare_cached("SELECT dag_id, interval_start, backfill_id FROM runs WHERE id = $1")?
         .query_row([run_id], |r| {
             Ok((
                 r.get::<_, String>(0)?,
@@ -397,7 +397,7 @@ fn end_run(conn: &Conn, run_id: i64, state: RunState, error: Option<&str>, end: 
         .optional()?;
     if let Some((dag_id, interval_start, backfill_id)) = key {
         conn.prepare_cached(
-            "DELETE FROM leases WHERE dag_id = ?1 AND interval_start = ?2 AND backfill_id = ?3",
+            "DELETE FROM leases WHERE dag_id = $1 AND interval_start = $2 AND backfill_id = $3",
         )?
         .execute(params![dag_id, interval_start, backfill_id])?;
     }
@@ -439,10 +439,10 @@ pub(crate) fn insert_try(
         .prepare_cached(&format!(
             "INSERT INTO task_tries ({id}run_id, task_id, try_number, state, started_at, log_path,
                                      host)
-             SELECT {new_id}r.id, CAST(?2 AS TEXT), CAST(?3 AS BIGINT), CAST(?4 AS TEXT), CAST(?5 AS BIGINT),
-                    CAST(?6 AS TEXT), COALESCE(w.host, b.owner_host)
+             SELECT {new_id}r.id, CAST($2 AS TEXT), CAST($3 AS BIGINT), CAST($4 AS TEXT), CAST($5 AS BIGINT),
+                    CAST($6 AS TEXT), COALESCE(w.host, b.owner_host)
              FROM runs r JOIN backfills b ON b.id = r.backfill_id
-             LEFT JOIN workers w ON w.id = r.worker WHERE r.id = ?1
+             LEFT JOIN workers w ON w.id = r.worker WHERE r.id = $1
              RETURNING id",
         ))?
         .query_row(
@@ -469,8 +469,8 @@ pub(crate) fn set_try_group(
 ) -> Result<Step<bool>> {
     // Only while the try's backfill holds its interval's lease (see [`try_holds_lease`]).
     conn.defer(
-        "UPDATE task_tries SET pgid = ?2, pgid_start = ?3, host = ?4
-         WHERE id = ?1 AND state = 'running' AND EXISTS (
+        "UPDATE task_tries SET pgid = $2, pgid_start = $3, host = $4
+         WHERE id = $1 AND state = 'running' AND EXISTS (
              SELECT 1 FROM runs r
              JOIN leases l ON l.dag_id = r.dag_id AND l.interval_start = r.interval_start
                           AND l.backfill_id = r.backfill_id
@@ -482,7 +482,7 @@ pub(crate) fn set_try_group(
         move |conn| {
             Ok(conn
                 .prepare_cached(
-                    "SELECT 1 FROM task_tries WHERE id = ?1 AND pgid = ?2 AND state = 'running'",
+                    "SELECT 1 FROM task_tries WHERE id = $1 AND pgid = $2 AND state = 'running'",
                 )?
                 .query_row(params![try_id, group.pgid], |_| Ok(()))
                 .optional()?
@@ -494,7 +494,7 @@ pub(crate) fn set_try_group(
 /// Records the audit file of a SQL try, so that it can be removed should the owner die.
 pub(crate) fn set_try_audit(conn: &Conn, _fenced: Fenced, try_id: i64, path: &str) -> Result<()> {
     conn.prepare_cached(
-        "UPDATE task_tries SET audit_path = ?2 WHERE id = ?1 AND state = 'running'",
+        "UPDATE task_tries SET audit_path = $2 WHERE id = $1 AND state = 'running'",
     )?
     .execute(params![try_id, path])?;
     Ok(())
@@ -511,17 +511,17 @@ pub(crate) fn finish_try(
     end_try(conn, try_id, rec, end)
 }
 
-/// A try's end: its record in `?2` to `?19` and `?21` to `?24`, the try `?1`, if it is still
-/// running; `?3` is now and `?20` the milliseconds since its start (see [`ended`]).
+/// A try's end: its record in `$2` to `$19` and `$21` to `$24`, the try `$1`, if it is still
+/// running; `$3` is now and `$20` the milliseconds since its start (see [`ended`]).
 static END_TRY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "UPDATE task_tries SET state = ?2, ended_at = {}, exit_code = ?4, error = ?5,
-        rows = ?6, partitions = ?7, inputs = ?8, fingerprint = ?9, source_rows = ?10,
-        previous_rows = ?11, verdict = ?12, reasons = ?13, source_fingerprint = ?14, staged = ?15,
-        staged_path = ?16, promoted_from = ?17, restored_from = ?18, batch = ?19, publishing = 0,
-        rows_inserted = ?21, rows_updated = ?22, rows_deleted = ?23, rows_unchanged = ?24
-     WHERE id = ?1 AND state = 'running'",
-        ended("started_at", "?3", "?20")
+        "UPDATE task_tries SET state = $2, ended_at = {}, exit_code = $4, error = $5,
+        rows = $6, partitions = $7, inputs = $8, fingerprint = $9, source_rows = $10,
+        previous_rows = $11, verdict = $12, reasons = $13, source_fingerprint = $14, staged = $15,
+        staged_path = $16, promoted_from = $17, restored_from = $18, batch = $19, publishing = FALSE,
+        rows_inserted = $21, rows_updated = $22, rows_deleted = $23, rows_unchanged = $24
+     WHERE id = $1 AND state = 'running'",
+        ended("started_at", "$3", "$20")
     )
 });
 
@@ -592,13 +592,13 @@ pub(crate) fn finish_try_and_run(
         &format!(
             "WITH ended_try AS ({}),
          ended AS (
-             UPDATE runs SET state = ?25, ended_at = {}, error = ?26
-             WHERE id = ?27 AND state IN ('queued', 'running'))
+             UPDATE runs SET state = $25, ended_at = {}, error = $26
+             WHERE id = $27 AND state IN ('queued', 'running'))
          DELETE FROM leases l USING runs r
-         WHERE r.id = ?27 AND l.dag_id = r.dag_id AND l.interval_start = r.interval_start
+         WHERE r.id = $27 AND l.dag_id = r.dag_id AND l.interval_start = r.interval_start
            AND l.backfill_id = r.backfill_id",
             *END_TRY,
-            ended("started_at", "?3", "?28")
+            ended("started_at", "$3", "$28")
         ),
         values.as_slice().values()?,
         |_| Ok(()),
@@ -619,16 +619,16 @@ pub(crate) fn end_try(conn: &Conn, try_id: i64, rec: &TryRecord, end: End) -> Re
     if ended == 1 && rec.staged == Some(crate::state::StagedState::Staged) {
         conn.prepare_cached(
             "UPDATE task_tries SET staged = 'discarded'
-             WHERE staged = 'staged' AND id != ?1
-               AND task_id = (SELECT task_id FROM task_tries WHERE id = ?1)
+             WHERE staged = 'staged' AND id != $1
+               AND task_id = (SELECT task_id FROM task_tries WHERE id = $1)
                AND run_id IN (
                    SELECT o.id FROM runs o
-                   JOIN runs r ON r.id = (SELECT run_id FROM task_tries WHERE id = ?1)
+                   JOIN runs r ON r.id = (SELECT run_id FROM task_tries WHERE id = $1)
                    WHERE o.backfill_id = r.backfill_id AND o.dag_id = r.dag_id
                      AND o.interval_start = r.interval_start)
                AND NOT EXISTS (
                    SELECT 1 FROM task_tries p WHERE p.promoted_from = task_tries.id
-                     AND (p.state = 'running' OR p.publishing = 1))",
+                     AND (p.state = 'running' OR p.publishing = TRUE))",
         )?
         .execute([try_id])?;
     }
@@ -653,10 +653,10 @@ pub struct UnfinishedTry {
 /// running (a live worker's runs are its own to finish).
 pub(super) fn claimed_runs(claimed: Owner) -> (&'static str, i64) {
     match claimed.worker {
-        Some(w) => ("r.worker = ?1", w),
+        Some(w) => ("r.worker = $1", w),
         None => (
-            "r.backfill_id = ?1 AND (r.worker IS NULL OR r.worker NOT IN
-                (SELECT id FROM workers WHERE backfill_id = ?1 AND state = 'running'))",
+            "r.backfill_id = $1 AND (r.worker IS NULL OR r.worker NOT IN
+                (SELECT id FROM workers WHERE backfill_id = $1 AND state = 'running'))",
             claimed.backfill_id,
         ),
     }
@@ -669,7 +669,7 @@ pub(crate) fn unfinished_tries(conn: &Conn, claimed: Owner) -> Result<Vec<Unfini
         "SELECT t.id, t.run_id, r.dag_id, r.interval_start, t.pgid, t.pgid_start, t.host,
                 t.audit_path, t.publishing
          FROM runs r JOIN task_tries t ON t.run_id = r.id
-         WHERE {runs} AND (t.state = 'running' OR t.publishing = 1)
+         WHERE {runs} AND (t.state = 'running' OR t.publishing = TRUE)
          ORDER BY t.id"
     ))?;
     let rows = stmt.query_map([id], |r| {
@@ -699,20 +699,20 @@ pub(crate) fn end_abandoned_try(
 ) -> Result<bool> {
     static END: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         format!(
-            "UPDATE task_tries SET state = ?2, ended_at = {}, error = COALESCE(?4, error),
-                rows = COALESCE(?5, rows), fingerprint = COALESCE(?6, fingerprint),
-                source_rows = COALESCE(?7, source_rows),
-                previous_rows = COALESCE(?8, previous_rows),
-                source_fingerprint = COALESCE(?9, source_fingerprint),
-                rows_inserted = COALESCE(?12, rows_inserted),
-                rows_updated = COALESCE(?13, rows_updated),
-                rows_deleted = COALESCE(?14, rows_deleted),
-                rows_unchanged = COALESCE(?15, rows_unchanged),
-                publishing = 0,
-                verdict = CASE WHEN ?2 = 'succeeded' THEN COALESCE(?10, verdict) END,
-                reasons = CASE WHEN ?2 = 'succeeded' THEN COALESCE(?11, reasons) END
-             WHERE id = ?1 AND (state = 'running' OR publishing = 1)",
-            ended("started_at", "?3", "NULL")
+            "UPDATE task_tries SET state = $2, ended_at = {}, error = COALESCE($4, error),
+                rows = COALESCE($5, rows), fingerprint = COALESCE($6, fingerprint),
+                source_rows = COALESCE($7, source_rows),
+                previous_rows = COALESCE($8, previous_rows),
+                source_fingerprint = COALESCE($9, source_fingerprint),
+                rows_inserted = COALESCE($12, rows_inserted),
+                rows_updated = COALESCE($13, rows_updated),
+                rows_deleted = COALESCE($14, rows_deleted),
+                rows_unchanged = COALESCE($15, rows_unchanged),
+                publishing = FALSE,
+                verdict = CASE WHEN $2 = 'succeeded' THEN COALESCE($10, verdict) END,
+                reasons = CASE WHEN $2 = 'succeeded' THEN COALESCE($11, reasons) END
+             WHERE id = $1 AND (state = 'running' OR publishing = TRUE)",
+            ended("started_at", "$3", "NULL")
         )
     });
     let changed = conn.prepare_cached(&END)?.execute(params![
@@ -761,7 +761,7 @@ pub(crate) fn end_abandoned_runs(
         "SELECT r.dag_id,
                 (SELECT COUNT(DISTINCT t.task_id) FROM task_tries t
                  WHERE t.run_id = r.id AND t.state = 'succeeded')
-         FROM runs r WHERE r.id = ?1 AND r.state IN ('queued', 'running')",
+         FROM runs r WHERE r.id = $1 AND r.state IN ('queued', 'running')",
     )?;
     // Ended by another process than the one that started it: now, never before its start.
     let recovered = End {
@@ -795,7 +795,7 @@ pub(crate) fn end_abandoned_runs(
 /// them) and staged outputs, kept until promoted or discarded.
 pub(crate) fn needing_audit_files(conn: &Conn) -> Result<std::collections::HashSet<i64>> {
     let mut stmt =
-        conn.prepare("SELECT id FROM task_tries WHERE publishing = 1 OR staged = 'staged'")?;
+        conn.prepare("SELECT id FROM task_tries WHERE publishing = TRUE OR staged = 'staged'")?;
     let ids = stmt.query_map([], |r| r.get(0))?;
     Ok(ids.collect::<super::db::Result<_>>()?)
 }
@@ -804,7 +804,7 @@ pub(crate) fn needing_audit_files(conn: &Conn) -> Result<std::collections::HashS
 /// below it are all recorded as ended.
 pub(crate) fn first_unfinished_try(conn: &Conn) -> Result<i64> {
     Ok(conn.query_row(
-        "SELECT COALESCE((SELECT MIN(id) FROM task_tries WHERE state = 'running' OR publishing = 1),
+        "SELECT COALESCE((SELECT MIN(id) FROM task_tries WHERE state = 'running' OR publishing = TRUE),
                          (SELECT COALESCE(MAX(id), 0) + 1 FROM task_tries))",
         [],
         |r| r.get(0),
@@ -826,7 +826,7 @@ pub(crate) fn starts_in_progress(
 ) -> Result<std::collections::HashSet<i64>> {
     Ok(conn
         .prepare(
-            "SELECT interval_start FROM runs WHERE backfill_id = ?1 AND state IN ('queued', 'running')",
+            "SELECT interval_start FROM runs WHERE backfill_id = $1 AND state IN ('queued', 'running')",
         )?
         .query_map([backfill_id], |r| r.get(0))?
         .collect::<super::db::Result<_>>()?)
@@ -837,7 +837,7 @@ pub(crate) fn starts_in_progress(
 pub(crate) fn any_succeeded(conn: &Conn, backfill_id: i64) -> Result<bool> {
     Ok(conn
         .prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM runs WHERE backfill_id = ?1 AND state = 'succeeded')",
+            "SELECT EXISTS (SELECT 1 FROM runs WHERE backfill_id = $1 AND state = 'succeeded')",
         )?
         .query_row([backfill_id], |r| r.get(0))?)
 }

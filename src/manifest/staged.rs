@@ -17,7 +17,7 @@ pub(crate) fn set_staged(
     to: crate::state::StagedState,
 ) -> Result<bool> {
     let changed = conn
-        .prepare_cached("UPDATE task_tries SET staged = ?2 WHERE id = ?1 AND staged = 'staged'")?
+        .prepare_cached("UPDATE task_tries SET staged = $2 WHERE id = $1 AND staged = 'staged'")?
         .execute(params![staged_try, to])?;
     Ok(changed == 1)
 }
@@ -42,7 +42,7 @@ pub(crate) fn staged(conn: &Conn, backfill_id: i64) -> Result<Vec<Staged>> {
                 t.source_rows, t.source_fingerprint, t.verdict, t.reasons, t.staged_path,
                 r.id, t.try_number, t.staged
          FROM runs r JOIN task_tries t ON t.run_id = r.id
-         WHERE r.backfill_id = ?1 AND t.staged IS NOT NULL
+         WHERE r.backfill_id = $1 AND t.staged IS NOT NULL
          ORDER BY r.interval_start, t.id",
     )?;
     let rows = stmt.query_map([backfill_id], |r| {
@@ -71,7 +71,7 @@ pub(crate) fn staged(conn: &Conn, backfill_id: i64) -> Result<Vec<Staged>> {
 /// Whether a staged try's output still awaits promotion.
 pub(crate) fn is_staged(conn: &Conn, staged_try: i64) -> Result<bool> {
     Ok(conn
-        .prepare_cached("SELECT 1 FROM task_tries WHERE id = ?1 AND staged = 'staged'")?
+        .prepare_cached("SELECT 1 FROM task_tries WHERE id = $1 AND staged = 'staged'")?
         .query_row([staged_try], |_| Ok(()))
         .optional()?
         .is_some())
@@ -79,7 +79,7 @@ pub(crate) fn is_staged(conn: &Conn, staged_try: i64) -> Result<bool> {
 
 /// Records that try `try_id` promotes the staged try `staged_try`.
 pub(crate) fn set_promoted_from(conn: &Conn, try_id: i64, staged_try: i64) -> Result<()> {
-    conn.prepare_cached("UPDATE task_tries SET promoted_from = ?2 WHERE id = ?1")?
+    conn.prepare_cached("UPDATE task_tries SET promoted_from = $2 WHERE id = $1")?
         .execute(params![try_id, staged_try])?;
     Ok(())
 }
@@ -90,9 +90,9 @@ pub(crate) fn discard_staged(conn: &Conn, staged_try: i64) -> Result<bool> {
     let changed = conn
         .prepare_cached(
             "UPDATE task_tries SET staged = 'discarded'
-             WHERE id = ?1 AND staged = 'staged' AND NOT EXISTS (
+             WHERE id = $1 AND staged = 'staged' AND NOT EXISTS (
                  SELECT 1 FROM task_tries p
-                 WHERE p.promoted_from = ?1 AND (p.state = 'running' OR p.publishing = 1))",
+                 WHERE p.promoted_from = $1 AND (p.state = 'running' OR p.publishing = TRUE))",
         )?
         .execute([staged_try])?;
     Ok(changed == 1)

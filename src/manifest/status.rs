@@ -45,7 +45,7 @@ pub(crate) fn interval_tries(conn: &Conn, backfill_id: i64, start: i64) -> Resul
                 t.error, t.log_path, t.batch, t.staged, t.rows_inserted, t.rows_updated,
                 t.rows_deleted, t.rows_unchanged
          FROM runs r JOIN task_tries t ON t.run_id = r.id
-         WHERE r.backfill_id = ?1 AND r.interval_start = ?2
+         WHERE r.backfill_id = $1 AND r.interval_start = $2
          ORDER BY t.id",
     )?;
     let rows = stmt.query_map(params![backfill_id, start], |r| {
@@ -188,8 +188,8 @@ pub(crate) fn dags(conn: &Conn) -> Result<Vec<(String, i64)>> {
 /// them after skipping `skip`.
 pub(crate) fn dag_starts(conn: &Conn, dag_id: &str, limit: i64, skip: i64) -> Result<Vec<i64>> {
     let mut stmt = conn.prepare(
-        "SELECT DISTINCT interval_start FROM runs WHERE dag_id = ?1
-         ORDER BY interval_start DESC LIMIT ?2 OFFSET ?3",
+        "SELECT DISTINCT interval_start FROM runs WHERE dag_id = $1
+         ORDER BY interval_start DESC LIMIT $2 OFFSET $3",
     )?;
     let rows = stmt.query_map(params![dag_id, limit, skip], |r| r.get(0))?;
     Ok(rows.collect::<super::db::Result<_>>()?)
@@ -199,7 +199,7 @@ pub(crate) fn dag_starts(conn: &Conn, dag_id: &str, limit: i64, skip: i64) -> Re
 pub(crate) fn published(conn: &Conn, dag_id: &str, lo: i64, hi: i64) -> Result<Vec<(i64, i64)>> {
     let mut stmt = conn.prepare(
         "SELECT interval_start, CAST(SUM(rows) AS BIGINT) FROM published
-         WHERE dag_id = ?1 AND interval_start BETWEEN ?2 AND ?3
+         WHERE dag_id = $1 AND interval_start BETWEEN $2 AND $3
          GROUP BY interval_start ORDER BY interval_start",
     )?;
     let rows = stmt.query_map(params![dag_id, lo, hi], |r| Ok((r.get(0)?, r.get(1)?)))?;
@@ -335,7 +335,7 @@ fn last_published(conn: &Conn) -> Result<Vec<(String, i64)>> {
     // succeeded, in a backfill that published.
     let mut latest = conn.prepare(
         "SELECT r.interval_end FROM runs r JOIN backfills b ON b.id = r.backfill_id
-         WHERE r.dag_id = ?1 AND r.state = 'succeeded' AND b.kind <> 'stage'
+         WHERE r.dag_id = $1 AND r.state = 'succeeded' AND b.kind <> 'stage'
          ORDER BY r.interval_start DESC LIMIT 1",
     )?;
     for dag in dags {

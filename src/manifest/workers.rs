@@ -67,7 +67,7 @@ fn from_row(r: &super::db::Row<'_>) -> super::db::Result<Worker> {
 /// The workers of a backfill, oldest first.
 pub(crate) fn of(conn: &Conn, backfill_id: i64) -> Result<Vec<Worker>> {
     let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM workers WHERE backfill_id = ?1 ORDER BY id"
+        "SELECT {COLUMNS} FROM workers WHERE backfill_id = $1 ORDER BY id"
     ))?;
     let rows = stmt.query_map([backfill_id], from_row)?;
     Ok(rows.collect::<super::db::Result<_>>()?)
@@ -88,7 +88,7 @@ pub(crate) fn join(
         &format!(
             "INSERT INTO workers ({id}backfill_id, pid, host, heartbeat_at, epoch, state,
                 max_active_runs, started_at, start)
-             VALUES ({new_id}?1, ?2, ?3, ?4, 0, ?5, ?6, ?4, ?7) RETURNING id"
+             VALUES ({new_id}$1, $2, $3, $4, 0, $5, $6, $4, $7) RETURNING id"
         ),
         params![
             backfill_id,
@@ -115,10 +115,10 @@ pub(crate) fn heartbeat(
     worker: i64,
     now_ms: i64,
 ) -> Result<Heartbeat> {
-    conn.prepare_cached("UPDATE workers SET heartbeat_at = ?2 WHERE id = ?1")?
+    conn.prepare_cached("UPDATE workers SET heartbeat_at = $2 WHERE id = $1")?
         .execute(params![worker, now_ms])?;
     let (cancel, state): (bool, BackfillState) = conn
-        .prepare_cached("SELECT cancel_requested, state FROM backfills WHERE id = ?1")?
+        .prepare_cached("SELECT cancel_requested, state FROM backfills WHERE id = $1")?
         .query_row([backfill_id], |r| Ok((r.get(0)?, r.get(1)?)))?;
     Ok(if cancel {
         Heartbeat::CancelRequested
@@ -134,8 +134,8 @@ pub(crate) fn heartbeat(
 pub(crate) fn finish(conn: &Conn, worker: i64, state: BackfillState, now_ms: i64) -> Result<()> {
     conn.execute(
         &format!(
-            "UPDATE workers SET state = ?2, finished_at = {}, heartbeat_at = ?3 WHERE id = ?1",
-            super::db::ended("started_at", "?3", "NULL")
+            "UPDATE workers SET state = $2, finished_at = {}, heartbeat_at = $3 WHERE id = $1",
+            super::db::ended("started_at", "$3", "NULL")
         ),
         params![worker, state, now_ms],
     )?;
@@ -161,8 +161,8 @@ pub(crate) fn take_gone(conn: &Conn, backfill_id: i64, ctx: &LeaseCtx) -> Result
         );
         conn.execute(
             &format!(
-                "UPDATE workers SET epoch = ?2, state = 'cancelled', finished_at = {} WHERE id = ?1",
-                super::db::ended("started_at", "?3", "NULL")
+                "UPDATE workers SET epoch = $2, state = 'cancelled', finished_at = {} WHERE id = $1",
+                super::db::ended("started_at", "$3", "NULL")
             ),
             params![w.id, epoch, ctx.now_ms],
         )?;
@@ -179,7 +179,7 @@ pub(crate) fn take_gone(conn: &Conn, backfill_id: i64, ctx: &LeaseCtx) -> Result
 /// `max_active_runs` in the manifest, across its processes).
 pub(crate) fn any(conn: &Conn, backfill_id: i64) -> Result<bool> {
     Ok(conn
-        .prepare_cached("SELECT 1 FROM workers WHERE backfill_id = ?1 LIMIT 1")?
+        .prepare_cached("SELECT 1 FROM workers WHERE backfill_id = $1 LIMIT 1")?
         .query_row([backfill_id], |_| Ok(()))
         .optional()?
         .is_some())
@@ -194,10 +194,10 @@ pub(crate) fn starts_in_flight(
 ) -> Result<std::collections::HashSet<i64>> {
     let mut stmt = conn.prepare_cached(
         "SELECT r.interval_start FROM runs r JOIN workers w ON w.id = r.worker
-         WHERE r.backfill_id = ?1 AND r.state IN ('queued', 'running') AND w.state = 'running'
+         WHERE r.backfill_id = $1 AND r.state IN ('queued', 'running') AND w.state = 'running'
          UNION
          SELECT l.interval_start FROM leases l JOIN workers w ON w.id = l.batch_holder
-         WHERE l.backfill_id = ?1 AND w.backfill_id = ?1 AND w.state = 'running'",
+         WHERE l.backfill_id = $1 AND w.backfill_id = $1 AND w.state = 'running'",
     )?;
     let rows = stmt.query_map([backfill_id], |r| r.get(0))?;
     Ok(rows.collect::<super::db::Result<_>>()?)

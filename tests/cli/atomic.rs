@@ -66,7 +66,7 @@ fn all_published(p: &Project, what: &str) {
     );
     assert_eq!(staged_states(p), rows(&[&["promoted", "4"]]), "{what}");
     assert_eq!(
-        p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = 1"),
+        p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = TRUE"),
         0,
         "{what}"
     );
@@ -212,7 +212,7 @@ fn a_refusal_by_the_target_inside_the_transaction_undoes_the_days_before_it() {
     assert_eq!(published(&p), before, "09-01 and 09-02 were rolled back");
     assert_eq!(staged_states(&p), rows(&[&["staged", "4"]]));
     assert_eq!(
-        p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = 1"),
+        p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = TRUE"),
         0
     );
     assert_eq!(

@@ -296,7 +296,7 @@ fn an_audit_file_left_by_a_crash_before_the_publish_intent_is_removed() {
     assert_eq!(crashed.code, -1, "aborted: {}", crashed.stderr);
     assert_eq!(audit_files(&p), ["try-1.db"], "the dead try's audit file");
     assert_eq!(
-        p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = 1"),
+        p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = TRUE"),
         0
     );
     p.run(&["resume", "1"]).code(0);

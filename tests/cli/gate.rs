@@ -231,7 +231,7 @@ fn a_crash_right_after_the_publish_commit_is_repaired_without_recomputing() {
     assert_eq!(crashed.status.code(), None, "the process died of a signal");
     // The warehouse has the partition; the manifest only knows the intent.
     assert_eq!(
-        p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = 1"),
+        p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = TRUE"),
         1
     );
     assert_eq!(p.count("SELECT COUNT(*) FROM published"), 0);
@@ -269,7 +269,7 @@ fn a_crash_before_the_publish_is_repaired_from_the_audit_table() {
         0,
         "nothing published yet"
     );
-    let audit = p.rows("SELECT audit_path FROM task_tries WHERE publishing = 1");
+    let audit = p.rows("SELECT audit_path FROM task_tries WHERE publishing = TRUE");
     assert_eq!(audit.len(), 1);
     let audit_file = PathBuf::from(&audit[0][0]);
     assert!(
@@ -727,7 +727,7 @@ fn a_locked_warehouse_is_waited_for_not_failed() {
     wait_until(
         "both days to wait to publish",
         Duration::from_secs(20),
-        || p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = 1") == 2,
+        || p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = TRUE") == 2,
     );
     holder.execute_batch("COMMIT").unwrap();
     p.wait("run", child).code(0);

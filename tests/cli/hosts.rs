@@ -747,7 +747,7 @@ fn sqlite_owner_frozen_at(point: &str) {
     let a = Host::start_env(&p, "hosta", ONE_DAY, &[("BACKFILL_FAULT", &fault)]);
     wait_self_frozen(&a);
     assert_eq!(
-        p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = 1"),
+        p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = TRUE"),
         1
     );
     wait_stale(&p, 1, 2000);
@@ -1398,7 +1398,7 @@ fn two_hosts_backfilling_overlapping_ranges_at_once_run_each_interval_once() {
     let b = Host::start(&p, "hostb", &range("2026-01-04", "2026-01-09"));
     // Both plan while the shared days are in flight, then the work goes on.
     wait_until("both hosts to plan", Duration::from_secs(30), || {
-        p.has_manifest() && p.count("SELECT COUNT(*) FROM backfills WHERE planning = 0") == 2
+        p.has_manifest() && p.count("SELECT COUNT(*) FROM backfills WHERE planning = FALSE") == 2
     });
     std::fs::write(p.path("release"), "").unwrap();
     a.wait(&p, Duration::from_secs(60)).code(0);

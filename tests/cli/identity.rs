@@ -525,10 +525,15 @@ fn a_manifest_whose_upgrade_fails_says_why_not_that_it_cannot_be_written() {
     let p = shop().sqlite();
     p.create("daily_orders", "2026-09-01", "2026-09-01", &[])
         .code(0);
-    // Said to be one schema older, with the newest schema's column already there: the last
-    // migration cannot run.
-    let last = backfill::manifest::MIGRATIONS.last().unwrap().0;
-    p.exec(&format!("PRAGMA user_version = {};", last - 1));
+    // Said to be older than the newest migration that makes a table, with that table already
+    // there: the migration cannot run.
+    let making = backfill::manifest::MIGRATIONS
+        .iter()
+        .rev()
+        .find(|m| m.1.contains("CREATE TABLE"))
+        .unwrap()
+        .0;
+    p.exec(&format!("PRAGMA user_version = {};", making - 1));
     p.run(&["list"]).code(1).stderr_has("already exists");
     assert!(!p.run(&["list"]).stderr.contains("cannot be written"));
 }

@@ -570,7 +570,7 @@ fn a_merge_killed_at_any_point_of_its_publish_is_finished_by_resume_and_writes_e
             "{point}"
         );
         assert_eq!(
-            p.count("SELECT count(*) FROM task_tries WHERE publishing = 1 OR state = 'running'"),
+            p.count("SELECT count(*) FROM task_tries WHERE publishing = TRUE OR state = 'running'"),
             0,
             "{point}"
         );

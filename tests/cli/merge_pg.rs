@@ -717,7 +717,9 @@ fn a_merge_killed_at_any_point_of_its_try_is_finished_by_resume_writing_each_row
             "{point}"
         );
         assert_eq!(
-            t.p.count("SELECT count(*) FROM task_tries WHERE publishing = 1 OR state = 'running'"),
+            t.p.count(
+                "SELECT count(*) FROM task_tries WHERE publishing = TRUE OR state = 'running'"
+            ),
             0,
             "{point}"
         );
@@ -794,7 +796,7 @@ fn an_atomic_promote_killed_at_any_point_publishes_both_days_or_neither_and_resu
             );
             assert_eq!(
                 t.p.count(
-                    "SELECT count(*) FROM task_tries WHERE publishing = 1 OR state = 'running'"
+                    "SELECT count(*) FROM task_tries WHERE publishing = TRUE OR state = 'running'"
                 ),
                 0,
                 "{what}"

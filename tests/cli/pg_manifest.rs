@@ -158,6 +158,36 @@ fn runs_per_interval(cluster: &pg::Cluster, db: &str) -> Vec<(i64, i64, i64)> {
         .collect()
 }
 
+/// Undoes the native types of the manifest's flags and documents (its schema's version 15), for
+/// a test that makes an earlier version of a manifest by hand.
+const BEFORE_NATIVE_TYPES: &str = "DROP VIEW backfill_manifest.report_backfills;
+DROP INDEX backfill_manifest.task_tries_unfinished;
+ALTER TABLE backfill_manifest.backfills
+    ALTER COLUMN run_backwards TYPE bigint USING run_backwards::int,
+    ALTER COLUMN allow_drift DROP DEFAULT,
+    ALTER COLUMN allow_drift TYPE bigint USING allow_drift::int,
+    ALTER COLUMN allow_drift SET DEFAULT 0,
+    ALTER COLUMN cancel_requested DROP DEFAULT,
+    ALTER COLUMN cancel_requested TYPE bigint USING cancel_requested::int,
+    ALTER COLUMN cancel_requested SET DEFAULT 0,
+    ALTER COLUMN planning DROP DEFAULT,
+    ALTER COLUMN planning TYPE bigint USING planning::int,
+    ALTER COLUMN planning SET DEFAULT 0,
+    ALTER COLUMN conf DROP DEFAULT,
+    ALTER COLUMN conf TYPE text,
+    ALTER COLUMN conf SET DEFAULT '{}',
+    ALTER COLUMN tasks TYPE text,
+    ALTER COLUMN definition TYPE text;
+ALTER TABLE backfill_manifest.task_tries
+    DROP CONSTRAINT task_tries_verdict_check,
+    ALTER COLUMN publishing DROP DEFAULT,
+    ALTER COLUMN publishing TYPE bigint USING publishing::int,
+    ALTER COLUMN publishing SET DEFAULT 0,
+    ALTER COLUMN partitions TYPE text,
+    ALTER COLUMN inputs TYPE text;
+CREATE INDEX task_tries_unfinished ON backfill_manifest.task_tries (run_id)
+    WHERE state = 'running' OR publishing = 1;";
+
 #[test]
 #[cfg_attr(
     missing = "postgres",
@@ -188,9 +218,10 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
     assert!(!p.path("postgresql:").exists());
     // A manifest of the previous schema version (before backfills recorded their project)
     // gains the project: its backfills are anyone's, the new ones the project's.
+    cluster.psql(&db, BEFORE_NATIVE_TYPES);
     cluster.psql(
         &db,
-        "DROP VIEW backfill_manifest.report_backfills, backfill_manifest.report_runs,
+        "DROP VIEW backfill_manifest.report_runs,
            backfill_manifest.report_tries, backfill_manifest.report_published;
          ALTER TABLE backfill_manifest.backfills DROP COLUMN project;
          ALTER TABLE backfill_manifest.backfills DROP COLUMN warehouses;
@@ -225,9 +256,10 @@ fn a_postgresql_manifest_is_created_on_first_use_and_a_newer_schema_is_refused()
     );
     // A manifest of schema version 1 (before `backfill join`) is migrated on first use, its
     // history kept.
+    cluster.psql(&db, BEFORE_NATIVE_TYPES);
     cluster.psql(
         &db,
-        "DROP VIEW backfill_manifest.report_backfills, backfill_manifest.report_runs,
+        "DROP VIEW backfill_manifest.report_runs,
            backfill_manifest.report_tries, backfill_manifest.report_published;
          DROP INDEX backfill_manifest.runs_in_flight;
          DROP INDEX backfill_manifest.runs_failed;
@@ -1465,6 +1497,127 @@ fn a_role_that_may_write_the_tables_but_not_use_their_sequences_runs_backfills()
             "SELECT COUNT(*) FROM backfill_manifest.task_tries WHERE state <> 'succeeded' OR pgid IS NULL"
         ),
         "0"
+    );
+}
+
+/// A manifest of the version before its flags were `boolean` (made by that release's
+/// migrations, with one backfill recorded), upgraded by a `create` that is killed (`kill -9`)
+/// once the conversion ran but before it committed: the manifest is still the earlier version,
+/// whole, and the next command converts it, keeping what it held.
+#[test]
+#[cfg_attr(
+    missing = "postgres",
+    ignore = "no PostgreSQL server binaries (initdb, pg_ctl, postgres) in PG_BIN or /usr/lib/postgresql/*/bin: sudo apt-get install postgresql"
+)]
+fn an_upgrade_to_boolean_flags_killed_before_its_commit_leaves_the_earlier_version_and_is_done_again()
+ {
+    let (cluster, db, url) = manifest_database();
+    let before = backfill::manifest::postgres::MIGRATIONS
+        .iter()
+        .position(|m| m.1.contains("TYPE boolean USING run_backwards"))
+        .expect("the migration that makes flags boolean");
+    let mut sql =
+        "CREATE SCHEMA backfill_manifest; SET search_path = backfill_manifest, pg_catalog;
+         CREATE TABLE schema_version (version bigint NOT NULL);\n"
+            .to_string();
+    for (_, migration) in &backfill::manifest::postgres::MIGRATIONS[..before] {
+        sql.push_str(migration);
+        sql.push('\n');
+    }
+    let old = backfill::manifest::postgres::MIGRATIONS[before - 1].0;
+    sql.push_str(&format!(
+        "INSERT INTO schema_version VALUES ({old});
+         INSERT INTO backfills (dag_id, from_arg, to_arg, range_start, range_end,
+             reprocess_behavior, max_active_runs, run_backwards, allow_drift, state, owner_pid,
+             owner_host, heartbeat_at, created_at, finished_at)
+         VALUES ('c', '2025-12-01', '2025-12-02', {}, {}, 'none', 2, 1, 1, 'completed', 1, 'h',
+                 1000, 900, 1100);",
+        day_unix(1) - 31 * 86_400,
+        day_unix(1) - 30 * 86_400
+    ));
+    cluster.psql(&db, &sql);
+    let types = || {
+        cluster.psql(
+            &db,
+            "SELECT string_agg(column_name || ' ' || data_type, ', ' ORDER BY column_name)
+             FROM information_schema.columns
+             WHERE table_schema = 'backfill_manifest' AND table_name = 'backfills'
+               AND column_name IN ('run_backwards', 'allow_drift', 'planning')",
+        )
+    };
+    assert_eq!(
+        types(),
+        "allow_drift bigint, planning bigint, run_backwards bigint"
+    );
+    let p = Project::new().dag("c", DAG);
+    std::fs::write(p.path("go"), "").unwrap();
+    let mut child = p.spawn_with(
+        "create",
+        &create_args(&url, "2026-01-01", "2026-01-02"),
+        &[("BACKFILL_FAULT", "manifest-migration@1:stop")],
+    );
+    wait_until(
+        "the upgrade frozen after its conversion",
+        Duration::from_secs(30),
+        || stopped(child.id()),
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_until(
+        "the killed process's session to end",
+        Duration::from_secs(30),
+        || {
+            cluster.psql(
+                &db,
+                &format!(
+                    "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = '{db}' AND pid <> pg_backend_pid()"
+                ),
+            ) == "0"
+        },
+    );
+    assert_eq!(
+        cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
+        old.to_string()
+    );
+    assert_eq!(
+        types(),
+        "allow_drift bigint, planning bigint, run_backwards bigint"
+    );
+    // The next command converts it, and what it held reads as it was written.
+    p.run(&create_args(&url, "2026-01-01", "2026-01-02"))
+        .code(0);
+    assert_eq!(
+        cluster.psql(&db, "SELECT version FROM backfill_manifest.schema_version"),
+        latest_schema()
+    );
+    assert_eq!(
+        types(),
+        "allow_drift boolean, planning boolean, run_backwards boolean"
+    );
+    assert_eq!(
+        cluster.psql(
+            &db,
+            "SELECT id, run_backwards, allow_drift, planning FROM backfill_manifest.backfills ORDER BY id"
+        ),
+        "1|t|t|f\n2|f|f|f"
+    );
+    let shown: serde_json::Value = serde_json::from_str(
+        &p.run(&["--manifest", &url, "show", "1", "--output", "json"])
+            .code(0)
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            &shown["run_backwards"],
+            &shown["allow_drift"],
+            &shown["state"]
+        ),
+        (
+            &serde_json::json!(true),
+            &serde_json::json!(true),
+            &serde_json::json!("completed")
+        )
     );
 }
 

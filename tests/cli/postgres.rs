@@ -3010,7 +3010,7 @@ fn an_owner_frozen_after_its_manifest_allowed_the_commit_is_recorded_as_what_it_
 )]
 fn a_killed_owner_whose_committed_publish_was_cancelled_by_the_pool_cleanup_is_recovered() {
     // Killed right after its publish committed; another backfill takes the pool's slot, and the
-    // cleanup leaves the dead owner's try (publishing = 1) to recovery. `resume` settles it
+    // cleanup leaves the dead owner's try (publishing = TRUE) to recovery. `resume` settles it
     // from the booking: succeeded, with its gate record, and without an error.
     let t = Pg::new();
     pooled_pg(&t);

@@ -132,12 +132,13 @@ fn the_views_for_people_have_the_documented_columns_and_the_guides_queries_answe
                 "SELECT table_name || '.' || column_name || ' ' || data_type
                  FROM information_schema.columns
                  WHERE table_schema = 'backfill_manifest' AND table_name LIKE 'report\\_%'
-                   AND column_name IN ('started_at', 'interval_start', 'duration_s', 'atomic', 'rows')
+                   AND column_name IN ('started_at', 'interval_start', 'duration_s', 'atomic', 'tasks', 'rows')
                  ORDER BY table_name, ordinal_position"
             )
             .concat(),
             [
                 "report_backfills.atomic boolean",
+                "report_backfills.tasks json",
                 "report_backfills.duration_s double precision",
                 "report_published.interval_start timestamp with time zone",
                 "report_published.rows bigint",

@@ -706,7 +706,7 @@ fn a_killed_rollback_is_finished_by_the_next_rollback_and_not_redone() {
     assert_eq!(killed.status.code(), None);
     // The warehouse holds the restored rows; the manifest only knows the intent.
     assert_eq!(
-        p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = 1"),
+        p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = TRUE"),
         1
     );
     // The next rollback first finishes the killed one (the process is gone), then rolls back
@@ -947,7 +947,7 @@ fn a_rollback_frozen_before_its_commit_is_judged_only_once_it_committed() {
             "{taker}"
         );
         assert_eq!(
-            p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = 1"),
+            p.count("SELECT COUNT(*) FROM task_tries WHERE publishing = TRUE"),
             0
         );
     }

@@ -112,7 +112,7 @@ fn frozen_owner_and(taker: &str) {
     );
     // The publishes are left as they were: decided, not failed.
     assert_eq!(
-        p.rows("SELECT DISTINCT state, publishing FROM task_tries WHERE publishing = 1 OR state = 'failed'"),
+        p.rows("SELECT DISTINCT state, publishing FROM task_tries WHERE publishing = TRUE OR state = 'failed'"),
         [["running", "1"]],
         "{taker}"
     );
@@ -135,7 +135,7 @@ fn frozen_owner_and(taker: &str) {
         "{taker}"
     );
     assert_eq!(
-        p.count("SELECT COUNT(*) FROM task_tries WHERE state = 'failed' OR publishing = 1"),
+        p.count("SELECT COUNT(*) FROM task_tries WHERE state = 'failed' OR publishing = TRUE"),
         0,
         "{taker}"
     );

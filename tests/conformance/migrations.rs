@@ -35,7 +35,7 @@ fn seed() -> String {
              host, exit_code, error, log_path, rows, partitions, inputs, fingerprint, source_rows,
              previous_rows, verdict, reasons)
          VALUES (1, 't', 1, 'rejected', 951, 989, 77, 'old-host', 2, 'exit code 2', '/logs/x', 3,
-                 'p', 'i', 'fp', 4, 5, 'rejected', 'rows: 3 < 4');
+                 '[\"p\"]', '[{{\"i\": 1}}]', 'fp', 4, 5, 'rejected', 'rows: 3 < 4');
          INSERT INTO leases (dag_id, interval_start, backfill_id, run_id, pid, host, heartbeat_at)
          VALUES ('daily', {s5}, 2, NULL, 124, 'old-host', 1200);"
     )
@@ -338,4 +338,141 @@ fn the_first_releases_sqlite_file_upgrades() {
         show.interval_details[1].error.as_deref(),
         Some("task `t` failed: exit code 1")
     );
+}
+
+/// The flags and documents a manifest keeps, upgraded from the version before they were
+/// converted: `boolean` and `json` on PostgreSQL (a team's query reads `WHERE NOT
+/// run_backwards` and `conf ->> 'k'`), their values kept, a try's verdict checked; the
+/// program's statements compare flags with TRUE and FALSE, and the index of the tries not yet
+/// finished still serves such a query on both engines.
+pub fn flags_are_booleans_documents_json_and_the_unfinished_tries_index_serves(kind: Kind) {
+    const FLAGS: &[(&str, &str)] = &[
+        ("backfills", "allow_drift"),
+        ("backfills", "atomic"),
+        ("backfills", "cancel_requested"),
+        ("backfills", "planning"),
+        ("backfills", "require_ready"),
+        ("backfills", "run_backwards"),
+        ("task_tries", "publishing"),
+    ];
+    const DOCUMENTS: &[(&str, &str)] = &[
+        ("backfills", "conf"),
+        ("backfills", "definition"),
+        ("backfills", "tasks"),
+        ("backfills", "warehouses"),
+        ("task_tries", "inputs"),
+        ("task_tries", "partitions"),
+    ];
+    const UNFINISHED: &str = "SELECT id FROM task_tries
+         WHERE run_id = 1 AND (state = 'running' OR publishing = TRUE)";
+    let before = latest(kind) - 1;
+    match kind {
+        Kind::Sqlite => {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("manifest.db");
+            sqlite_at(&path, before);
+            let m = Engine::open(kind, path.clone(), Some(dir));
+            let plan = sqlite_rows(&path, &format!("EXPLAIN QUERY PLAN {UNFINISHED}"));
+            assert!(
+                format!("{plan:?}").contains("USING INDEX task_tries_unfinished"),
+                "{plan:?}"
+            );
+            assert_eq!(
+                m.rows("SELECT run_backwards, allow_drift, planning FROM backfills ORDER BY id"),
+                vec![
+                    vec![Value::Integer(1), Value::Integer(1), Value::Integer(0)],
+                    vec![Value::Integer(0), Value::Integer(0), Value::Integer(0)]
+                ]
+            );
+        }
+        Kind::Postgres => {
+            let cluster = crate::pg::shared();
+            let db = cluster.create_db();
+            postgres_at(&db, before);
+            // A document that is not JSON (as no release wrote, a hand-edited manifest might).
+            cluster.psql(
+                &db,
+                "UPDATE backfill_manifest.backfills SET definition = 'not json' WHERE id = 2",
+            );
+            let m = Engine::open(kind, PathBuf::from(cluster.url(&db)), None);
+            // It is kept as a JSON string; the other documents as they were written.
+            assert_eq!(
+                m.rows("SELECT id, definition, conf FROM backfills ORDER BY id"),
+                vec![
+                    vec![
+                        Value::Integer(1),
+                        Value::Null,
+                        Value::Text(r#"{"k": 1}"#.into())
+                    ],
+                    vec![
+                        Value::Integer(2),
+                        Value::Text(r#""not json""#.into()),
+                        Value::Text("{}".into())
+                    ]
+                ]
+            );
+            assert_eq!(
+                m.rows("SELECT partitions, inputs FROM task_tries"),
+                vec![vec![
+                    Value::Text(r#"["p"]"#.into()),
+                    Value::Text(r#"[{"i": 1}]"#.into())
+                ]]
+            );
+            let types = cluster.psql(
+                &db,
+                "SELECT table_name || '.' || column_name || ' ' || data_type
+                 FROM information_schema.columns
+                 WHERE table_schema = 'backfill_manifest'
+                   AND data_type IN ('boolean', 'json') AND table_name NOT LIKE 'report\\_%'
+                 ORDER BY 1",
+            );
+            let mut want: Vec<String> = FLAGS
+                .iter()
+                .map(|(t, c)| format!("{t}.{c} boolean"))
+                .chain(DOCUMENTS.iter().map(|(t, c)| format!("{t}.{c} json")))
+                .collect();
+            want.sort();
+            assert_eq!(types.lines().collect::<Vec<_>>(), want);
+            // A team's query, in PostgreSQL's own words; the values are the seed's.
+            assert_eq!(
+                cluster.psql(
+                    &db,
+                    "SELECT dag_id || ' ' || from_arg || ' ' || (conf ->> 'k')
+                     FROM backfill_manifest.backfills
+                     WHERE run_backwards AND allow_drift AND NOT planning AND NOT cancel_requested"
+                ),
+                "daily 2026-01-01 1"
+            );
+            let verdicts = cluster.psql(
+                &db,
+                "SELECT pg_get_constraintdef(oid) FROM pg_constraint
+                 WHERE conname = 'task_tries_verdict_check'",
+            );
+            for v in [
+                "'published'",
+                "'published empty'",
+                "'rejected'",
+                "'staged'",
+                "'rolled back'",
+            ] {
+                assert!(verdicts.contains(v), "{verdicts}");
+            }
+            let plan = cluster.psql(
+                &db,
+                &format!(
+                    "SET search_path = backfill_manifest; SET enable_seqscan = off;
+                     EXPLAIN {UNFINISHED}"
+                ),
+            );
+            assert!(plan.contains("task_tries_unfinished"), "{plan}");
+            // The program reads them as it always did.
+            assert_eq!(
+                m.rows("SELECT run_backwards, allow_drift, planning FROM backfills ORDER BY id"),
+                vec![
+                    vec![Value::Integer(1), Value::Integer(1), Value::Integer(0)],
+                    vec![Value::Integer(0), Value::Integer(0), Value::Integer(0)]
+                ]
+            );
+        }
+    }
 }

@@ -675,10 +675,15 @@ pub fn values_round_trip_exactly(m: &Engine) {
     let (_, t) = start_run(m, owner, "d", 0, "t");
     let mut texts: Vec<String> = TEXTS.iter().map(|s| s.to_string()).collect();
     texts.push(long);
+    // Documents (a try's partitions and inputs, a backfill's conf and definition) are JSON,
+    // holding any text, as the program writes them: spaced as written, a NUL escaped.
+    let doc = |values: &[&str]| serde_json::to_string(values).unwrap();
+    let partitions = doc(&[&texts[0], "nul \0 and \u{FFFF}", &texts[2]]);
+    let inputs = format!("[ {} ,\n {{\"b\": 1, \"a\": [] }} ]", doc(&[&texts[1]]));
     let mut rec = record(TryState::Failed);
     rec.error = Some(texts.concat());
-    rec.partitions = Some(texts[0].clone());
-    rec.inputs = Some(texts[1].clone());
+    rec.partitions = Some(partitions.clone());
+    rec.inputs = Some(inputs.clone());
     rec.fingerprint = Some(texts[2].clone());
     rec.verdict = Some(Verdict::Rejected);
     rec.reasons = Some(texts[4].clone());
@@ -699,8 +704,8 @@ pub fn values_round_trip_exactly(m: &Engine) {
         )),
         [vec![
             v(&texts.concat()),
-            v(&texts[0]),
-            v(&texts[1]),
+            v(&partitions),
+            v(&inputs),
             v(&texts[2]),
             v("rejected"),
             v(&texts[4]),
@@ -720,7 +725,7 @@ pub fn values_round_trip_exactly(m: &Engine) {
         from_arg: TEXTS[0].into(),
         to_arg: TEXTS[1].into(),
         conf: r#"{"q": "it's ?1 \"x\" 🦀"}"#.into(),
-        definition: Some(TEXTS[2].into()),
+        definition: Some(doc(&[TEXTS[2]])),
         ..request("dag ?1 'quoted' 🦀")
     };
     let b = insert(m, req, &alive());
@@ -734,7 +739,7 @@ pub fn values_round_trip_exactly(m: &Engine) {
         ("dag ?1 'quoted' 🦀", TEXTS[0], TEXTS[1])
     );
     assert_eq!(got.conf, r#"{"q": "it's ?1 \"x\" 🦀"}"#);
-    assert_eq!(got.definition.as_deref(), Some(TEXTS[2]));
+    assert_eq!(got.definition, Some(doc(&[TEXTS[2]])));
     assert_eq!(m.read().latest_backfill(None).unwrap(), Some(b.backfill_id));
     assert_eq!(
         m.read()

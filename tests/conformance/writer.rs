@@ -49,10 +49,10 @@ pub fn a_failing_job_rolls_back_alone(m: &Engine) {
     let owner = insert(m, request("d"), &alive());
     let stranger = Owner::of(1, 7);
     let w = m.writer();
-    let first = w.submit(move |s| s.record_definition(owner, "first"));
+    let first = w.submit(move |s| s.record_definition(owner, r#"{"v": "first"}"#));
     let failing = w.submit(move |s| {
         s.mark_planned(owner)?;
-        s.record_definition(owner, "failing")?;
+        s.record_definition(owner, r#"{"v": "failing"}"#)?;
         s.fence(stranger).map(|_| ())
     });
     let third = w.submit(move |s| s.heartbeat(owner, backfill::clock::now_ms()));
@@ -63,7 +63,7 @@ pub fn a_failing_job_rolls_back_alone(m: &Engine) {
     }
     assert!(third.blocking_recv().unwrap().is_ok());
     let b = m.read().backfill(1).unwrap().unwrap();
-    assert_eq!(b.definition.as_deref(), Some("first"));
+    assert_eq!(b.definition.as_deref(), Some(r#"{"v": "first"}"#));
     assert!(b.planning, "the failed job's write is undone");
     assert_eq!(b.state, BackfillState::Running);
 }

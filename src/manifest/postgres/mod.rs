@@ -152,6 +152,10 @@ pub const MIGRATIONS: &[(i64, &str)] = &[
         14,
         include_str!("../../../migrations/postgres/0014_readiness.sql"),
     ),
+    (
+        15,
+        include_str!("../../../migrations/postgres/0015_native_types.sql"),
+    ),
 ];
 
 /// A failure of this side, not the server's.
@@ -167,4 +171,39 @@ fn lost(message: String) -> PgError {
 /// The schema version this binary makes and knows.
 fn latest() -> i64 {
     MIGRATIONS.last().map_or(0, |m| m.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MIGRATIONS;
+    use crate::state::{
+        BackfillKind, BackfillState, PlanAction, ReadyState, RunState, StagedState, TryState,
+        Verdict,
+    };
+
+    /// `CHECK (column IN ('a', 'b'))` of the names given.
+    fn check(column: &str, names: impl Iterator<Item = &'static str>) -> String {
+        let list: Vec<String> = names.map(|n| format!("'{n}'")).collect();
+        format!("CHECK ({column} IN ({}))", list.join(", "))
+    }
+
+    /// Every state the program records is one its PostgreSQL schema allows, and no other: each
+    /// stored enum is a `CHECK` of the schema, value for value.
+    #[test]
+    fn the_schemas_checks_allow_exactly_the_states_the_program_records() {
+        let schema: String = MIGRATIONS.iter().map(|m| m.1).collect();
+        let wanted = [
+            check("state", BackfillState::ALL.iter().map(|s| s.as_str())),
+            check("kind", BackfillKind::ALL.iter().map(|s| s.as_str())),
+            check("action", PlanAction::ALL.iter().map(|s| s.as_str())),
+            check("state", RunState::ALL.iter().map(|s| s.as_str())),
+            check("state", TryState::ALL.iter().map(|s| s.as_str())),
+            check("staged", StagedState::ALL.iter().map(|s| s.as_str())),
+            check("state", ReadyState::ALL.iter().map(|s| s.as_str())),
+            check("verdict", Verdict::ALL.iter().map(|s| s.as_str())),
+        ];
+        for c in wanted {
+            assert!(schema.contains(&c), "no {c} in the PostgreSQL schema");
+        }
+    }
 }

@@ -43,7 +43,7 @@ fn read_only_role(shown: &str, what: &str) -> Error {
 /// The schema version of the manifest's database; `None` when it has none yet.
 fn version(s: &Session) -> PgResult<Option<i64>> {
     let exists = s.query(
-        "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = ?1 AND tablename = 'schema_version'",
+        "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = $1 AND tablename = 'schema_version'",
         &[Value::Text(SCHEMA.to_string())],
     )?;
     if exists.is_empty() {
@@ -64,7 +64,7 @@ fn refuse_foreign(s: &Session, shown: &str) -> Result<()> {
         .query(
             "SELECT c.relname FROM pg_catalog.pg_class c
              JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-             WHERE n.nspname = ?1 AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+             WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
                AND c.relname <> 'schema_version' ORDER BY c.oid",
             &[Value::Text(SCHEMA.to_string())],
         )

@@ -12,7 +12,7 @@ use tokio_postgres::types::ToSql;
 use super::deferrals::Deferrals;
 use super::state::{Fence, State};
 use super::timeouts::{idle_in_transaction, patience};
-use super::values::{params_of, refs, translate, values_of};
+use super::values::{params_of, refs, values_of};
 use super::{SCHEMA, failure, lost};
 use crate::manifest::{Error, Result};
 use crate::pg::conn::{Conn, connect_with};
@@ -208,8 +208,7 @@ impl Session {
         if let Some(s) = link.prepared.borrow().get(sql) {
             return Ok(s.clone());
         }
-        let text = translate(sql);
-        let s = self.answer(&link.conn, link.conn.client.prepare(&text))?;
+        let s = self.answer(&link.conn, link.conn.client.prepare(sql))?;
         crate::pg::keep_prepared(&mut link.prepared.borrow_mut(), sql, s.clone());
         Ok(s)
     }
@@ -298,7 +297,7 @@ impl Session {
             let tuples: Vec<String> = (0..chunk.len() / width)
                 .map(|r| {
                     let cells: Vec<String> = (r * width + 1..=(r + 1) * width)
-                        .map(|i| format!("?{i}"))
+                        .map(|i| format!("${i}"))
                         .collect();
                     format!("({})", cells.join(", "))
                 })

@@ -1,5 +1,6 @@
 //! Values between the manifest's dialect layer and PostgreSQL: SQLite's five types as
-//! parameters and from rows, and `?N` parameters as `$N`.
+//! parameters (converted to the type the server asks for: an integer to a `boolean`, a text to
+//! `json`) and from rows.
 
 use bytes::BytesMut;
 use rusqlite::types::Value;
@@ -127,9 +128,11 @@ fn unescape(s: String) -> String {
     out
 }
 
+/// Types read and written as text: `json` is the document as it was written.
 fn is_text(t: &Type) -> bool {
     [
         Type::TEXT,
+        Type::JSON,
         Type::VARCHAR,
         Type::BPCHAR,
         Type::NAME,
@@ -168,36 +171,5 @@ impl<'a> FromSql<'a> for Read {
 
     fn accepts(_: &Type) -> bool {
         true
-    }
-}
-
-/// `?N` parameters as `$N`, outside quoted text.
-pub(super) fn translate(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len());
-    let mut quoted = false;
-    let mut chars = sql.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '\'' => {
-                quoted = !quoted;
-                out.push(c);
-            }
-            '?' if !quoted && chars.peek().is_some_and(char::is_ascii_digit) => out.push('$'),
-            _ => out.push(c),
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parameters_become_numbered_dollars_outside_quotes() {
-        assert_eq!(
-            translate("SELECT 1 FROM t WHERE a = ?1 AND b = '?2' AND c IN (?10, ?2)"),
-            "SELECT 1 FROM t WHERE a = $1 AND b = '?2' AND c IN ($10, $2)"
-        );
     }
 }

@@ -11,6 +11,10 @@
 //! the clock), which branch on the engine where they are written. Two implementations would
 //! repeat some three thousand lines of SQL whose meaning must not drift apart: the guarantees
 //! (fencing, leases, the publish protocol) are written once and tested on both engines.
+//! What differs is kept below the statements: their `$N` parameters are taken as written by
+//! both engines (SQLite binds them by number, see [`super::db`]), and PostgreSQL's own types
+//! for flags (`boolean`) and documents (`json`) are met by its value layer, which converts a
+//! value to the type the server asks for as it binds it.
 //!
 //! Every write that a backfill's owner makes carries its [`Fenced`] proof (from
 //! [`Ownership::fence`] in the same transaction), so that an owner that lost its claim writes

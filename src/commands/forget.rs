@@ -371,7 +371,8 @@ fn remove_logs(logs_dir: &Path, f: &Forget) {
 }
 
 /// Whether a file of `logs/DAG/TASK/` (`20260901T000000Z.run7.try1.log`, `.result.json`) is of
-/// a run the removal took away.
+/// a run the removal took away, or is what a readiness check of an interval in its range said
+/// (`20260901T000000Z.ready.log`: of no run, asked before its interval's run started).
 fn log_of(name: &str, f: &Forget) -> bool {
     let mut parts = name.splitn(3, '.');
     let (Some(start), Some(run)) = (parts.next(), parts.next()) else {
@@ -380,12 +381,17 @@ fn log_of(name: &str, f: &Forget) -> bool {
     let Ok(start) = chrono::NaiveDateTime::parse_from_str(start, "%Y%m%dT%H%M%SZ") else {
         return false;
     };
-    let Some(run) = run.strip_prefix("run").and_then(|r| r.parse::<i64>().ok()) else {
-        return false;
-    };
     let start = start.and_utc().timestamp();
     let (lo, hi) = f.range.unwrap_or((i64::MIN, i64::MAX));
-    (lo..=hi).contains(&start) && run <= f.last_run
+    if !(lo..=hi).contains(&start) {
+        return false;
+    }
+    if run == "ready" {
+        return true;
+    }
+    run.strip_prefix("run")
+        .and_then(|r| r.parse::<i64>().ok())
+        .is_some_and(|run| run <= f.last_run)
 }
 
 /// `backfill 3` or `backfills 3 and 5`.

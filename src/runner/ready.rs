@@ -344,11 +344,8 @@ async fn ask_command(
     let s = &shared.spec;
     let values = IntervalValues::new(interval, s.dag.tz);
     let ctx = values.context(&s.dag.id, &task.id, "", 0, &s.conf);
-    let log = s.logs_dir.join(&s.dag.id).join(&task.id).join(format!(
-        "{}.ready.log",
-        interval.start.format("%Y-%m-%dT%H%M%SZ")
-    ));
-    let env = command::environment(&ctx, &shared.conf_text, &log.with_extension("result"));
+    let (log, result) = command::ready_paths(&s.logs_dir, &s.dag.id, interval.start, &task.id);
+    let env = command::environment(&ctx, &shared.conf_text, &result);
     let program = command::render(spec, &ctx)?;
     // The log holds this ask's output only: its last line is this ask's answer.
     let _ = std::fs::remove_file(&log);

@@ -91,6 +91,23 @@ pub(crate) fn try_paths(
     )
 }
 
+/// Where an interval's readiness check (`[tasks.ready]`, a command) writes:
+/// `LOGS/DAG/TASK/INTERVAL.ready.log` and its result file beside it. One pair an interval,
+/// rewritten by each ask: its last line is the last ask's answer.
+pub(crate) fn ready_paths(
+    logs_dir: &Path,
+    dag_id: &str,
+    interval_start: chrono::DateTime<chrono::Utc>,
+    task_id: &str,
+) -> (PathBuf, PathBuf) {
+    let dir = logs_dir.join(dag_id).join(task_id);
+    let stem = format!("{}.ready", interval_start.format("%Y%m%dT%H%M%SZ"));
+    (
+        dir.join(format!("{stem}.log")),
+        dir.join(format!("{stem}.result.json")),
+    )
+}
+
 /// A try's log path as the text before and after its run's id (for the manifest to record it
 /// in the statement that makes the run).
 pub(crate) fn log_path_around_run(

@@ -416,6 +416,43 @@ fn a_command_check_answers_by_its_exit_code() {
         "{}",
         d[2]
     );
+    // What each interval's last ask said, beside the tries' logs, until `forget` takes the
+    // intervals' history and them with it.
+    let logs = p.path(".backfill/logs/c/t");
+    let listed = || {
+        let mut names: Vec<String> = std::fs::read_dir(&logs)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".ready."))
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(
+        listed(),
+        [
+            "20260101T000000Z.ready.log",
+            "20260102T000000Z.ready.log",
+            "20260103T000000Z.ready.log"
+        ]
+    );
+    assert_eq!(
+        std::fs::read_to_string(logs.join("20260102T000000Z.ready.log")).unwrap(),
+        "no file yet\n"
+    );
+    p.run(&[
+        "forget",
+        "--dag",
+        "c",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-02",
+        "--yes",
+    ])
+    .code(0);
+    assert_eq!(listed(), ["20260103T000000Z.ready.log"]);
 }
 
 /// A DAG of one command task whose readiness check is `check`, waiting `wait`, asked every

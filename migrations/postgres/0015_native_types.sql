@@ -14,8 +14,11 @@
 DROP VIEW report_backfills;
 
 -- A document that is not JSON (no release wrote one; a hand-edited manifest might hold one) is
--- kept as a JSON string rather than failing the upgrade: each table is converted by the plain
--- cast, and only when that fails, again value by value.
+-- kept as a JSON string rather than failing the upgrade: each table is converted with the plain
+-- cast first (`json_strict`), and only when a value is not JSON, again with `json_or_string`,
+-- value by value. `convert_columns` runs an ALTER TABLE whose documents are cast by `%1$s`.
+CREATE FUNCTION json_strict(text) RETURNS json LANGUAGE sql IMMUTABLE AS $f$ SELECT $1::json $f$;
+
 CREATE FUNCTION json_or_string(t text) RETURNS json LANGUAGE plpgsql IMMUTABLE AS $f$
 BEGIN
     RETURN t::json;
@@ -24,29 +27,15 @@ EXCEPTION WHEN invalid_text_representation THEN
 END
 $f$;
 
-DO $$
+CREATE FUNCTION convert_columns(alter_table text) RETURNS void LANGUAGE plpgsql AS $f$
 BEGIN
-    ALTER TABLE backfills
-        ALTER COLUMN run_backwards TYPE boolean USING run_backwards <> 0,
-        ALTER COLUMN allow_drift DROP DEFAULT,
-        ALTER COLUMN allow_drift TYPE boolean USING allow_drift <> 0,
-        ALTER COLUMN allow_drift SET DEFAULT false,
-        ALTER COLUMN cancel_requested DROP DEFAULT,
-        ALTER COLUMN cancel_requested TYPE boolean USING cancel_requested <> 0,
-        ALTER COLUMN cancel_requested SET DEFAULT false,
-        ALTER COLUMN planning DROP DEFAULT,
-        ALTER COLUMN planning TYPE boolean USING planning <> 0,
-        ALTER COLUMN planning SET DEFAULT false,
-        ALTER COLUMN atomic DROP DEFAULT,
-        ALTER COLUMN atomic TYPE boolean USING atomic <> 0,
-        ALTER COLUMN atomic SET DEFAULT false,
-        ALTER COLUMN conf DROP DEFAULT,
-        ALTER COLUMN conf TYPE json USING conf::json,
-        ALTER COLUMN conf SET DEFAULT '{}',
-        ALTER COLUMN tasks TYPE json USING tasks::json,
-        ALTER COLUMN definition TYPE json USING definition::json,
-        ALTER COLUMN warehouses TYPE json USING warehouses::json;
+    EXECUTE format(alter_table, 'json_strict');
 EXCEPTION WHEN invalid_text_representation THEN
+    EXECUTE format(alter_table, 'json_or_string');
+END
+$f$;
+
+SELECT convert_columns($a$
     ALTER TABLE backfills
         ALTER COLUMN run_backwards TYPE boolean USING run_backwards <> 0,
         ALTER COLUMN allow_drift DROP DEFAULT,
@@ -62,13 +51,12 @@ EXCEPTION WHEN invalid_text_representation THEN
         ALTER COLUMN atomic TYPE boolean USING atomic <> 0,
         ALTER COLUMN atomic SET DEFAULT false,
         ALTER COLUMN conf DROP DEFAULT,
-        ALTER COLUMN conf TYPE json USING json_or_string(conf),
+        ALTER COLUMN conf TYPE json USING %1$s(conf),
         ALTER COLUMN conf SET DEFAULT '{}',
-        ALTER COLUMN tasks TYPE json USING json_or_string(tasks),
-        ALTER COLUMN definition TYPE json USING json_or_string(definition),
-        ALTER COLUMN warehouses TYPE json USING json_or_string(warehouses);
-END
-$$;
+        ALTER COLUMN tasks TYPE json USING %1$s(tasks),
+        ALTER COLUMN definition TYPE json USING %1$s(definition),
+        ALTER COLUMN warehouses TYPE json USING %1$s(warehouses)
+$a$);
 
 CREATE VIEW report_backfills AS
 SELECT b.id AS backfill_id,
@@ -102,28 +90,19 @@ FROM backfills b;
 
 DROP INDEX task_tries_unfinished;
 
-DO $$
-BEGIN
+SELECT convert_columns($a$
     ALTER TABLE task_tries
         ALTER COLUMN publishing DROP DEFAULT,
         ALTER COLUMN publishing TYPE boolean USING publishing <> 0,
         ALTER COLUMN publishing SET DEFAULT false,
-        ALTER COLUMN partitions TYPE json USING partitions::json,
-        ALTER COLUMN inputs TYPE json USING inputs::json,
+        ALTER COLUMN partitions TYPE json USING %1$s(partitions),
+        ALTER COLUMN inputs TYPE json USING %1$s(inputs),
         ADD CONSTRAINT task_tries_verdict_check
-            CHECK (verdict IN ('published', 'published empty', 'rejected', 'staged', 'rolled back'));
-EXCEPTION WHEN invalid_text_representation THEN
-    ALTER TABLE task_tries
-        ALTER COLUMN publishing DROP DEFAULT,
-        ALTER COLUMN publishing TYPE boolean USING publishing <> 0,
-        ALTER COLUMN publishing SET DEFAULT false,
-        ALTER COLUMN partitions TYPE json USING json_or_string(partitions),
-        ALTER COLUMN inputs TYPE json USING json_or_string(inputs),
-        ADD CONSTRAINT task_tries_verdict_check
-            CHECK (verdict IN ('published', 'published empty', 'rejected', 'staged', 'rolled back'));
-END
-$$;
+            CHECK (verdict IN ('published', 'published empty', 'rejected', 'staged', 'rolled back'))
+$a$);
 
 CREATE INDEX task_tries_unfinished ON task_tries (run_id) WHERE state = 'running' OR publishing = TRUE;
 
+DROP FUNCTION convert_columns(text);
 DROP FUNCTION json_or_string(text);
+DROP FUNCTION json_strict(text);

@@ -231,10 +231,23 @@ pub struct Figures {
     /// `(dag, inserted, updated, deleted, unchanged)`: what the merges of each DAG's
     /// succeeded tries did.
     pub merged: Vec<(String, [i64; 4])>,
-    /// `(dag, intervals)` waiting for their sources now, in running backfills.
-    pub waiting_for_sources: Vec<(String, i64)>,
+    /// The intervals waiting for their sources, by DAG and backfill recorded as running, with
+    /// what judges whether its owner still runs.
+    pub waiting_for_sources: Vec<Waiting>,
     /// `(dag, times)` an interval was given up on as `not ready`.
     pub not_ready: Vec<(String, i64)>,
+}
+
+/// Intervals of one DAG in one backfill recorded as running that wait for their sources, and
+/// the backfill's owner, as the lease rule judges it (a killed owner's waits are no one's).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Waiting {
+    pub dag_id: String,
+    pub intervals: i64,
+    pub owner_pid: Option<i64>,
+    pub owner_start: Option<i64>,
+    pub owner_host: Option<String>,
+    pub heartbeat_at: Option<i64>,
 }
 
 /// The figures of `/metrics`.
@@ -249,11 +262,23 @@ pub(crate) fn figures(conn: &Conn) -> Result<Figures> {
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
         .collect::<super::db::Result<_>>()?;
     let mut stmt = conn.prepare(
-        "SELECT r.dag_id, COUNT(*) FROM readiness r JOIN backfills b ON b.id = r.backfill_id
-         WHERE r.state = 'waiting' AND b.state = 'running' GROUP BY r.dag_id ORDER BY r.dag_id",
+        "SELECT r.dag_id, COUNT(*), b.owner_pid, b.owner_start, b.owner_host, b.heartbeat_at
+         FROM readiness r JOIN backfills b ON b.id = r.backfill_id
+         WHERE r.state = 'waiting' AND b.state = 'running'
+         GROUP BY r.dag_id, b.id, b.owner_pid, b.owner_start, b.owner_host, b.heartbeat_at
+         ORDER BY r.dag_id, b.id",
     )?;
     f.waiting_for_sources = stmt
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .query_map([], |r| {
+            Ok(Waiting {
+                dag_id: r.get(0)?,
+                intervals: r.get(1)?,
+                owner_pid: r.get(2)?,
+                owner_start: r.get(3)?,
+                owner_host: r.get(4)?,
+                heartbeat_at: r.get(5)?,
+            })
+        })?
         .collect::<super::db::Result<_>>()?;
     let mut stmt = conn.prepare(
         "SELECT dag_id, COUNT(*) FROM readiness WHERE state = 'not ready'

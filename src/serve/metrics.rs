@@ -11,6 +11,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::{App, Unreadable};
+use crate::manifest::leases::LeaseHealth;
 use crate::manifest::status::Figures;
 
 /// A label value, escaped as the format asks (backslash, double quote, line feed).
@@ -47,6 +48,9 @@ pub(super) struct Scrape {
     /// How old the oldest heartbeat of a running backfill is (milliseconds), by the lease rule
     /// at the manifest's clock, which wrote the heartbeats; `None` when none runs.
     oldest_heartbeat_age_ms: Option<i64>,
+    /// `(dag, intervals)` waiting for their sources in backfills whose owner runs, by the lease
+    /// rule: a killed backfill's intervals wait for no one until it is resumed.
+    waiting_for_sources: Vec<(String, i64)>,
 }
 
 /// Reads the figures of a scrape, and judges the age of the oldest heartbeat as leases are
@@ -57,8 +61,21 @@ fn scrape(
 ) -> crate::manifest::Result<Scrape> {
     let figures = conn.figures()?;
     let ctx = crate::reads::lease_ctx(project, conn)?;
+    let mut waiting: BTreeMap<String, i64> = BTreeMap::new();
+    for w in &figures.waiting_for_sources {
+        let health = ctx.health(
+            crate::state::BackfillState::Running,
+            (w.owner_pid, w.owner_start),
+            w.owner_host.as_deref(),
+            w.heartbeat_at,
+        );
+        if matches!(health, LeaseHealth::Fresh | LeaseHealth::Expiring) {
+            *waiting.entry(w.dag_id.clone()).or_default() += w.intervals;
+        }
+    }
     Ok(Scrape {
         oldest_heartbeat_age_ms: figures.oldest_heartbeat_ms.map(|h| ctx.heartbeat_age_ms(h)),
+        waiting_for_sources: waiting.into_iter().collect(),
         figures,
     })
 }
@@ -77,6 +94,7 @@ pub(super) fn exposition(read: Option<&Scrape>, sizes: &BTreeMap<String, u32>) -
     let Some(Scrape {
         figures: f,
         oldest_heartbeat_age_ms,
+        waiting_for_sources,
     }) = read
     else {
         return out;
@@ -111,8 +129,8 @@ pub(super) fn exposition(read: Option<&Scrape>, sizes: &BTreeMap<String, u32>) -
         &mut out,
         "backfill_intervals_waiting_for_sources",
         "gauge",
-        "Intervals of running backfills waiting for their sources ([tasks.ready]), by DAG.",
-        &f.waiting_for_sources
+        "Intervals waiting for their sources ([tasks.ready]) in backfills whose process runs, by DAG.",
+        &waiting_for_sources
             .iter()
             .map(|(d, c)| (format!("dag=\"{}\"", label(d)), n(*c)))
             .collect::<Vec<_>>(),

@@ -288,12 +288,27 @@ fn a_kill_while_intervals_wait_is_resumed_and_they_wait_again() {
     let before = p.count(asked_first);
     signal(&child, Signal::SIGKILL);
     let _ = child.wait();
+    // Killed, its intervals wait for no one: /metrics counts none waiting (the manifest still
+    // records them as waiting, in a backfill recorded as running).
+    let gauge = "backfill_intervals_waiting_for_sources{dag=\"daily_orders\"}";
+    let metrics = || {
+        let s = crate::serve::Server::start(&p, "serve", &[]);
+        s.get("/metrics").body
+    };
+    assert_eq!(
+        p.count("SELECT COUNT(*) FROM readiness WHERE state = 'waiting'"),
+        1
+    );
+    let m = metrics();
+    assert!(!m.contains(gauge), "{m}");
     let resumed = p.spawn("resume", &["resume", "1"]);
     wait_until(
         "the resumed backfill to wait again",
         Duration::from_secs(30),
         || p.count(asked_first) > before,
     );
+    let m = metrics();
+    assert!(m.contains(&format!("{gauge} 1")), "{m}");
     land(&p);
     crate::support::wait_within(&p, "resume", resumed, Duration::from_secs(60)).code(0);
     for day in ["2026-09-28", "2026-09-29", "2026-09-30"] {

@@ -125,11 +125,13 @@ fn shown_with(
         for m in ids.iter().map(|b| b.id) {
             if let Some(mut d) = member(conn, m)? {
                 judge_owners(std::slice::from_mut(&mut d.backfill), &ctx);
+                no_wait_without_a_process(&mut d);
                 members.push(d);
             }
         }
     }
     judge_workers(&mut detail, &ctx, conn)?;
+    no_wait_without_a_process(&mut detail);
     name_hosts(&mut detail, json);
     for m in &mut members {
         name_hosts(m, json);
@@ -144,6 +146,26 @@ fn shown_with(
         dag,
         ctx,
     }))
+}
+
+/// A backfill none of whose processes runs (killed while its intervals waited for their
+/// sources) waits for nothing: the intervals the manifest records as waiting show as not
+/// started, as `/metrics` counts them, until `resume` asks again.
+fn no_wait_without_a_process(detail: &mut BackfillDetail) {
+    if detail.backfill.owner_alive || detail.workers.iter().any(|w| w.alive) {
+        return;
+    }
+    for d in &mut detail.interval_details {
+        if matches!(
+            d.state,
+            Some(crate::state::IntervalState::WaitingForSources(_))
+        ) {
+            d.state = None;
+            for r in &mut d.ready {
+                r.left_ms = None;
+            }
+        }
+    }
 }
 
 /// Whether each worker of a backfill is alive, judged as owners are.

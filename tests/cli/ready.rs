@@ -301,6 +301,28 @@ fn a_kill_while_intervals_wait_is_resumed_and_they_wait_again() {
     );
     let m = metrics();
     assert!(!m.contains(gauge), "{m}");
+    // show says so too: not started, no time left to wait.
+    let shown = p.run(&["show", "1"]);
+    assert!(
+        !shown.code(0).stdout.contains("waiting for sources"),
+        "{}",
+        shown.stdout
+    );
+    let json = p.run(&["show", "1", "--output", "json"]).json();
+    let day30 = &json["interval_details"][2];
+    assert_eq!(
+        (
+            &day30["state"],
+            &day30["ready"][0]["state"],
+            &day30["ready"][0]["left_ms"]
+        ),
+        (
+            &serde_json::Value::Null,
+            &serde_json::json!("waiting"),
+            &serde_json::Value::Null
+        ),
+        "{day30}"
+    );
     let resumed = p.spawn("resume", &["resume", "1"]);
     wait_until(
         "the resumed backfill to wait again",
@@ -309,6 +331,9 @@ fn a_kill_while_intervals_wait_is_resumed_and_they_wait_again() {
     );
     let m = metrics();
     assert!(m.contains(&format!("{gauge} 1")), "{m}");
+    p.run(&["show", "1"])
+        .code(0)
+        .stdout_has("waiting for sources (");
     land(&p);
     crate::support::wait_within(&p, "resume", resumed, Duration::from_secs(60)).code(0);
     for day in ["2026-09-28", "2026-09-29", "2026-09-30"] {

@@ -8,9 +8,17 @@
 --   task's reported partition may hold; cast to `jsonb` to index or compare by containment;
 -- - a try's verdict is checked against the verdicts the program records, as states already are.
 -- It runs in the migrations' one transaction: a process killed during it leaves the manifest at
--- its earlier version, which the next command converts. The view that reads these columns and
+-- its earlier version, which the next command converts. The view for people keeps its columns'
+-- types (`tasks` stays text there). The view that reads these columns and
 -- the partial index on `publishing` are made again around it (PostgreSQL changes no column's
 -- type under a view, nor a predicate's): `backfills` first, then `task_tries`.
+-- PostgreSQL drops what was granted on a view with it: kept here, granted again once the view
+-- is made again below, so that a team's read-only role still reads it.
+CREATE TABLE report_backfills_grants AS
+SELECT a.grantee, a.privilege_type
+FROM pg_class c, aclexplode(c.relacl) a
+WHERE c.oid = 'report_backfills'::regclass AND a.grantee <> c.relowner;
+
 DROP VIEW report_backfills;
 
 -- A document that is not JSON (no release wrote one; a hand-edited manifest might hold one) is
@@ -72,7 +80,7 @@ SELECT b.id AS backfill_id,
        b.max_active_runs,
        b.run_backwards,
        b.atomic,
-       b.tasks,
+       CAST(b.tasks AS text) AS tasks,
        b.source_backfill,
        b.cascade_of,
        b.owner_host AS host,
@@ -87,6 +95,18 @@ SELECT b.id AS backfill_id,
        (SELECT COUNT(*) FROM runs r WHERE r.backfill_id = b.id AND r.state = 'cancelled') AS runs_cancelled,
        (SELECT COUNT(*) FROM runs r WHERE r.backfill_id = b.id AND r.state IN ('queued', 'running')) AS runs_in_flight
 FROM backfills b;
+
+DO $$
+DECLARE
+    g record;
+BEGIN
+    FOR g IN SELECT grantee, privilege_type FROM report_backfills_grants LOOP
+        EXECUTE format('GRANT %s ON report_backfills TO %s', g.privilege_type,
+                       CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END);
+    END LOOP;
+END
+$$;
+DROP TABLE report_backfills_grants;
 
 DROP INDEX task_tries_unfinished;
 

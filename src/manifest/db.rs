@@ -283,24 +283,23 @@ impl Rows<'_> {
     }
 }
 
-/// Binds `values` to SQLite's `stmt` by their numbers: `$N` (or `?N`) takes the N-th value,
-/// wherever it first appears in the text. The last value must be taken (as SQLite asks of
-/// `?N`): a statement assembled from parts may leave out a value before it.
+/// Binds `values` to SQLite's `stmt` by their numbers: `$N` takes the N-th value, wherever it
+/// first appears in the text. The last value must be taken (as SQLite asks of `?N`): a
+/// statement assembled from parts may leave out a value before it. Any other parameter (`?N`,
+/// which SQLite would give a `$N`'s place, or `?`) is refused: PostgreSQL takes only `$N`.
 fn bind_numbered(stmt: &mut rusqlite::Statement<'_>, values: &[Value]) -> Result<()> {
     let mut largest = 0;
     for i in 1..=stmt.parameter_count() {
-        let n = match stmt.parameter_name(i) {
-            None => i,
-            Some(name) => name
-                .strip_prefix(['$', '?'])
-                .and_then(|n| n.parse::<usize>().ok())
-                .filter(|n| *n > 0)
-                .ok_or_else(|| {
-                    rusqlite::Error::InvalidParameterName(format!(
-                        "{name}: the manifest's parameters are $1, $2, ..."
-                    ))
-                })?,
-        };
+        let name = stmt.parameter_name(i).unwrap_or("?");
+        let n = name
+            .strip_prefix('$')
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|n| *n > 0)
+            .ok_or_else(|| {
+                rusqlite::Error::InvalidParameterName(format!(
+                    "{name}: the manifest's parameters are $1, $2, ..."
+                ))
+            })?;
         let value = values
             .get(n - 1)
             .ok_or(rusqlite::Error::InvalidParameterCount(values.len(), n))?;
@@ -567,7 +566,7 @@ mod tests {
     }
 
     /// A value too few, a value too many (past the last the text takes), or a parameter of
-    /// another name is an error, never a value bound to the wrong place.
+    /// another kind than `$N` is an error, never a value bound to the wrong place.
     #[test]
     fn parameters_and_values_that_do_not_match_are_refused() {
         let c = sqlite();
@@ -576,6 +575,42 @@ mod tests {
         assert!(one("SELECT $1", &[&1, &2]).is_err());
         assert_eq!(one("SELECT $2", &[&1, &2]).unwrap(), 2, "$1 left out");
         assert!(one("SELECT :a", &[&1]).is_err());
-        assert_eq!(one("SELECT $1 + ?2", &[&1, &2]).unwrap(), 3);
+        assert!(one("SELECT ?1", &[&1]).is_err());
+        assert!(one("SELECT ?", &[&1]).is_err());
+    }
+
+    /// No statement of the manifest's names a parameter `?N`: SQLite would give a `?N` that
+    /// follows a `$N` the `$N`'s place (which no binding can see), and PostgreSQL refuses it.
+    /// (`mod.rs` runs SQLite's own migrations through rusqlite, not through [`Conn`].)
+    #[test]
+    fn the_manifests_statements_name_no_question_mark_parameter() {
+        fn files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            for e in std::fs::read_dir(dir).unwrap().flatten() {
+                let path = e.path();
+                if path.is_dir() {
+                    files(&path, out);
+                } else if path.extension().is_some_and(|x| x == "rs") {
+                    out.push(path);
+                }
+            }
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/manifest");
+        let mut all = Vec::new();
+        files(&root, &mut all);
+        assert!(all.len() > 20, "{all:?}");
+        for path in all {
+            if path == root.join("mod.rs") || path == root.join("db.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let bytes = text.as_bytes();
+            for (at, pair) in bytes.windows(2).enumerate() {
+                assert!(
+                    !(pair[0] == b'?' && pair[1].is_ascii_digit()),
+                    "{}: `?N` at byte {at}; the manifest's parameters are $1, $2, ...",
+                    path.display()
+                );
+            }
+        }
     }
 }

@@ -138,7 +138,7 @@ fn the_views_for_people_have_the_documented_columns_and_the_guides_queries_answe
             .concat(),
             [
                 "report_backfills.atomic boolean",
-                "report_backfills.tasks json",
+                "report_backfills.tasks text",
                 "report_backfills.duration_s double precision",
                 "report_published.interval_start timestamp with time zone",
                 "report_published.rows bigint",

@@ -389,12 +389,40 @@ pub fn flags_are_booleans_documents_json_and_the_unfinished_tries_index_serves(k
             let cluster = crate::pg::shared();
             let db = cluster.create_db();
             postgres_at(&db, before);
-            // A document that is not JSON (as no release wrote, a hand-edited manifest might).
+            // A document that is not JSON (as no release wrote, a hand-edited manifest might),
+            // and a team's read-only role that reads the views.
+            let reader = format!("reader_{db}");
             cluster.psql(
                 &db,
-                "UPDATE backfill_manifest.backfills SET definition = 'not json' WHERE id = 2",
+                &format!(
+                    "UPDATE backfill_manifest.backfills SET definition = 'not json' WHERE id = 2;
+                     CREATE ROLE {reader};
+                     GRANT USAGE ON SCHEMA backfill_manifest TO {reader};
+                     GRANT SELECT ON backfill_manifest.report_backfills,
+                                     backfill_manifest.report_runs TO {reader};"
+                ),
             );
             let m = Engine::open(kind, PathBuf::from(cluster.url(&db)), None);
+            // The view made again is granted again; the view for people keeps `tasks` as text.
+            assert_eq!(
+                cluster.psql(
+                    &db,
+                    &format!(
+                        "SELECT has_table_privilege('{reader}', 'backfill_manifest.report_backfills', 'SELECT'),
+                                has_table_privilege('{reader}', 'backfill_manifest.report_backfills', 'INSERT'),
+                                (SELECT data_type FROM information_schema.columns
+                                 WHERE table_name = 'report_backfills' AND column_name = 'tasks')"
+                    )
+                ),
+                "t|f|text"
+            );
+            assert_eq!(
+                cluster.psql(
+                    &db,
+                    "SELECT count(*) FROM pg_tables WHERE tablename = 'report_backfills_grants'"
+                ),
+                "0"
+            );
             // It is kept as a JSON string; the other documents as they were written.
             assert_eq!(
                 m.rows("SELECT id, definition, conf FROM backfills ORDER BY id"),

@@ -11,7 +11,6 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::{App, Unreadable};
-use crate::manifest::leases::LeaseHealth;
 use crate::manifest::status::Figures;
 
 /// A label value, escaped as the format asks (backslash, double quote, line feed).
@@ -63,13 +62,12 @@ fn scrape(
     let ctx = crate::reads::lease_ctx(project, conn)?;
     let mut waiting: BTreeMap<String, i64> = BTreeMap::new();
     for w in &figures.waiting_for_sources {
-        let health = ctx.health(
+        if ctx.owner_alive(
             crate::state::BackfillState::Running,
             (w.owner_pid, w.owner_start),
             w.owner_host.as_deref(),
             w.heartbeat_at,
-        );
-        if matches!(health, LeaseHealth::Fresh | LeaseHealth::Expiring) {
+        ) {
             *waiting.entry(w.dag_id.clone()).or_default() += w.intervals;
         }
     }

@@ -79,12 +79,26 @@ pub(crate) fn try_paths(
     run_id: i64,
     try_number: u32,
 ) -> (PathBuf, PathBuf) {
-    // One folder per task, created once: a folder per interval would cost two inodes a try.
+    interval_files(
+        logs_dir,
+        dag_id,
+        interval_start,
+        task_id,
+        &format!("run{run_id}.try{try_number}"),
+    )
+}
+
+/// `LOGS/DAG/TASK/INTERVAL.WHAT.log` and `.result.json`: one folder per task, created once (a
+/// folder per interval would cost two inodes a try).
+fn interval_files(
+    logs_dir: &Path,
+    dag_id: &str,
+    interval_start: chrono::DateTime<chrono::Utc>,
+    task_id: &str,
+    what: &str,
+) -> (PathBuf, PathBuf) {
     let dir = logs_dir.join(dag_id).join(task_id);
-    let stem = format!(
-        "{}.run{run_id}.try{try_number}",
-        interval_start.format("%Y%m%dT%H%M%SZ")
-    );
+    let stem = format!("{}.{what}", interval_start.format("%Y%m%dT%H%M%SZ"));
     (
         dir.join(format!("{stem}.log")),
         dir.join(format!("{stem}.result.json")),
@@ -100,12 +114,7 @@ pub(crate) fn ready_paths(
     interval_start: chrono::DateTime<chrono::Utc>,
     task_id: &str,
 ) -> (PathBuf, PathBuf) {
-    let dir = logs_dir.join(dag_id).join(task_id);
-    let stem = format!("{}.ready", interval_start.format("%Y%m%dT%H%M%SZ"));
-    (
-        dir.join(format!("{stem}.log")),
-        dir.join(format!("{stem}.result.json")),
-    )
+    interval_files(logs_dir, dag_id, interval_start, task_id, "ready")
 }
 
 /// A try's log path as the text before and after its run's id (for the manifest to record it

@@ -64,7 +64,10 @@ impl<T> Optional<T> for Result<T> {
 
 /// A statement's parameters: rusqlite's `params![...]`, an array of values, or `[]`.
 pub(crate) trait Params: rusqlite::Params {
+    /// Each value, owned (for PostgreSQL, whose statements may be deferred).
     fn values(&self) -> Result<Vec<Value>>;
+    /// Each value, borrowed (for SQLite, which binds them at once).
+    fn each(&self) -> Vec<&dyn ToSql>;
 }
 
 fn owned(v: &dyn ToSql) -> Result<Value> {
@@ -93,11 +96,17 @@ impl Params for &[&dyn ToSql] {
     fn values(&self) -> Result<Vec<Value>> {
         self.iter().map(|v| owned(*v)).collect()
     }
+    fn each(&self) -> Vec<&dyn ToSql> {
+        self.to_vec()
+    }
 }
 
 impl Params for [&(dyn ToSql + Send + Sync); 0] {
     fn values(&self) -> Result<Vec<Value>> {
         Ok(Vec::new())
+    }
+    fn each(&self) -> Vec<&dyn ToSql> {
+        Vec::new()
     }
 }
 
@@ -106,6 +115,9 @@ macro_rules! array_params {
         impl<T: ToSql> Params for [T; $n] {
             fn values(&self) -> Result<Vec<Value>> {
                 self.iter().map(|v| owned(v)).collect()
+            }
+            fn each(&self) -> Vec<&dyn ToSql> {
+                self.iter().map(|v| v as &dyn ToSql).collect()
             }
         }
     )+};
@@ -287,7 +299,7 @@ impl Rows<'_> {
 /// first appears in the text. The last value must be taken (as SQLite asks of `?N`): a
 /// statement assembled from parts may leave out a value before it. Any other parameter (`?N`,
 /// which SQLite would give a `$N`'s place, or `?`) is refused: PostgreSQL takes only `$N`.
-fn bind_numbered(stmt: &mut rusqlite::Statement<'_>, values: &[Value]) -> Result<()> {
+fn bind_numbered(stmt: &mut rusqlite::Statement<'_>, values: &[&dyn ToSql]) -> Result<()> {
     let mut largest = 0;
     for i in 1..=stmt.parameter_count() {
         let name = stmt.parameter_name(i).unwrap_or("?");
@@ -316,11 +328,11 @@ impl Stmt<'_> {
     pub(crate) fn execute<P: Params>(&mut self, p: P) -> Result<usize> {
         match self {
             Stmt::Sqlite(s) => {
-                bind_numbered(s, &p.values()?)?;
+                bind_numbered(s, &p.each())?;
                 Ok(s.raw_execute()?)
             }
             Stmt::SqliteOnce(s) => {
-                bind_numbered(s, &p.values()?)?;
+                bind_numbered(s, &p.each())?;
                 Ok(s.raw_execute()?)
             }
             Stmt::Pg(session, sql) => Ok(session.execute(sql, &p.values()?)?),
@@ -330,11 +342,11 @@ impl Stmt<'_> {
     pub(crate) fn query<P: Params>(&mut self, p: P) -> Result<Rows<'_>> {
         match self {
             Stmt::Sqlite(s) => {
-                bind_numbered(s, &p.values()?)?;
+                bind_numbered(s, &p.each())?;
                 Ok(Rows::Sqlite(s.raw_query()))
             }
             Stmt::SqliteOnce(s) => {
-                bind_numbered(s, &p.values()?)?;
+                bind_numbered(s, &p.each())?;
                 Ok(Rows::Sqlite(s.raw_query()))
             }
             Stmt::Pg(session, sql) => Ok(Rows::Pg(
@@ -391,7 +403,7 @@ impl Conn {
         match self {
             Conn::Sqlite(c) => {
                 let mut s = c.prepare(sql)?;
-                bind_numbered(&mut s, &p.values()?)?;
+                bind_numbered(&mut s, &p.each())?;
                 Ok(s.raw_execute()?)
             }
             Conn::Pg(s) => Ok(s.execute(sql, &p.values()?)?),
@@ -428,7 +440,8 @@ impl Conn {
             Conn::Sqlite(c) => {
                 let mut stmt = c.prepare_cached(sql).map_err(Error::from)?;
                 let width = stmt.column_count();
-                bind_numbered(&mut stmt, &values)?;
+                let each: Vec<&dyn ToSql> = values.iter().map(|v| v as &dyn ToSql).collect();
+                bind_numbered(&mut stmt, &each)?;
                 let mut rows = stmt.raw_query();
                 let mut out = Vec::new();
                 while let Some(r) = rows.next().map_err(Error::from)? {
